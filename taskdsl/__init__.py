@@ -1,0 +1,15 @@
+"""taskdsl: an embedded Python DSL for tensor programs in the task-mapping paradigm (Hidet).
+
+Write kernels with `@td.kernel`, schedule their work with `spatial(...)` / `repeat(...)`
+task mappings, and run them on the cpu target (numba) or compile them to CUDA (NVRTC).
+"""
+from .errors import DSLError, SourceLoc
+from .frontend.decorators import func, kernel
+from .ir.types import bf16, boolean, f16, f32, f64, i8, i16, i32, i64, u8, u32, u64
+from .lang import *  # noqa: F401,F403 - the kernel language: threadIdx, shared, syncthreads, exp, ...
+from .lang import cdiv, warp_size
+from .mapping import TaskMapping, repeat, spatial
+from .runtime.config import debug, get_target, gpu_status, set_target
+from .runtime.kernel import CompiledKernel, Kernel
+
+__version__ = "0.1.0"

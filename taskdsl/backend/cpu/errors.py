@@ -1,0 +1,22 @@
+"""Turn the cpu debug checks' raw exceptions into DSLErrors at the kernel's source line."""
+from __future__ import annotations
+
+from ...errors import DSLError
+from .codegen import DebugSite
+
+_RACES = {0: "reads an element that thread {other} wrote",
+          1: "writes an element that thread {other} wrote",
+          2: "writes an element that thread {other} read"}
+
+
+def debug_error(site: DebugSite, exc: Exception) -> DSLError:
+    """The DSLError for a failed bounds check (IndexError) or a detected race (RuntimeError)."""
+    if isinstance(exc, IndexError):
+        _, dim, index, extent = exc.args
+        return DSLError(f"out-of-bounds {site.access} of '{site.buffer}': index {index} on axis {dim} is outside "
+                        f"[0, {extent})", site.loc, "Guard the access with an 'if' or a conditional expression.")
+    _, kind, element, tid, other = exc.args
+    who = "several threads" if other == -1 else str(other)
+    message = f"shared-memory race on '{site.buffer}' (element {element}): thread {tid} " + \
+        _RACES[kind].format(other=who) + " with no syncthreads() in between"
+    return DSLError(message, site.loc, "Add td.syncthreads() between the write and the other thread's access.")

@@ -1,0 +1,385 @@
+"""Barrier fission: a block's body as a sequence of per-thread regions and block-level steps.
+
+The MCUDA / work-item-loop technique. Statements are split at every `syncthreads()` and
+warp shuffle; each maximal barrier-free run becomes a `Region` (later a loop over the
+block's threads). Control flow that contains a split point must be uniform across the
+block and stays outside, at block level, with only its body split; a warp-uniform `if`
+around shuffles becomes a per-thread predicate guarding each region of its body.
+Variables the block-level steps read (loop bounds, conditions) are block variables and
+are assigned once per block; variables used by several regions become per-thread arrays.
+
+A shuffle `x = shfl_*(v, lane)` splits like a barrier: the region before it ends with
+every thread publishing `v` (ShflPut), the region after it starts with every thread
+reading its source lane's value (ShflGet).
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass, field
+
+from ... import ir
+from ...errors import DSLError
+from ...passes.uniformity import UNIFORM, WARP, WARP_FUNCS, Uniformity
+
+_sites = itertools.count()
+
+
+# ------------------------------------------------------------------ block program
+@dataclass(eq=False)
+class Region:
+    """Statements every thread runs, in thread order (no barrier inside)."""
+
+    stmts: list
+    guards: list = field(default_factory=list)   # per-thread predicates (warp-uniform ifs)
+    in_block_loop: bool = False
+
+
+@dataclass(eq=False)
+class Barrier:
+    """A `syncthreads()` between regions."""
+
+    loc: object
+
+
+@dataclass(eq=False)
+class BlockAssign:
+    """A block variable's assignment, done once per block."""
+
+    stmt: ir.Assign
+
+
+@dataclass(eq=False)
+class BlockFor:
+    loop: ir.For
+    body: list
+
+
+@dataclass(eq=False)
+class BlockWhile:
+    loop: ir.While
+    body: list
+
+
+@dataclass(eq=False)
+class BlockIf:
+    cond: ir.Expr
+    then: list
+    orelse: list
+
+
+@dataclass(eq=False)
+class BlockJump:
+    """A uniform `break` / `continue` of a block-level loop."""
+
+    stmt: ir.Stmt
+
+
+@dataclass(frozen=True, eq=False)
+class ShflPut(ir.Stmt):
+    """Thread publishes `value` for shuffle `site`."""
+
+    site: int
+    value: ir.Expr
+    loc: object = None
+
+
+@dataclass(frozen=True, eq=False)
+class ShflGet(ir.Stmt):
+    """Thread reads shuffle `site`'s value from the lane `func` selects, into `var`."""
+
+    site: int
+    var: ir.Var
+    func: str
+    lane: ir.Expr
+    width: int
+    loc: object = None
+
+
+@dataclass
+class BlockProgram:
+    """The fissioned body plus what the code generator must allocate."""
+
+    items: list
+    block_vars: set           # Var uids assigned at block level
+    thread_arrays: dict       # Var uid -> Var: per-thread arrays
+    shuffle_sites: dict       # site -> dtype
+
+
+# ------------------------------------------------------------------ helpers
+def _flatten(s) -> list:
+    if s is None:
+        return []
+    return [x for y in s.stmts for x in _flatten(y)] if isinstance(s, ir.Seq) else [s]
+
+
+def _is_shuffle_assign(s) -> bool:
+    return isinstance(s, ir.Assign) and isinstance(s.value, ir.Call) and s.value.func in WARP_FUNCS
+
+
+def _vars_read(e) -> set:
+    return {v.uid for v in ir.collect(e, ir.Var)} if e is not None else set()
+
+
+def _own_jumps(s) -> bool:
+    """Whether `s` holds a break/continue that leaves a loop enclosing `s`."""
+    if isinstance(s, (ir.Break, ir.Continue)):
+        return True
+    if isinstance(s, (ir.For, ir.While)):
+        return False
+    if isinstance(s, ir.Seq):
+        return any(_own_jumps(x) for x in s.stmts)
+    if isinstance(s, ir.If):
+        return _own_jumps(s.then) or (s.orelse is not None and _own_jumps(s.orelse))
+    return False
+
+
+class _Hoister(ir.Rewriter):
+    """Moves each warp shuffle out of its expression into `tmp = shfl(...)` before the statement."""
+
+    def __init__(self):
+        self.pending: list = []
+
+    def visit_Call(self, e):
+        e = self.generic_visit(e)
+        if e.func not in WARP_FUNCS:
+            return e
+        tmp = ir.Var(f"{e.func}_v", e.dtype)
+        self.pending.append(ir.Assign(tmp, e))
+        return tmp
+
+    def stmt_list(self, stmts) -> list:
+        out = []
+        for s in stmts:
+            if isinstance(s, (ir.For, ir.While, ir.If)):
+                if isinstance(s, ir.While) and any(c.func in WARP_FUNCS for c in ir.collect(s.cond, ir.Call)):
+                    raise DSLError("a warp shuffle in a while condition is not supported", s.loc,
+                                   "Compute it into a variable before the loop and at the end of its body.")
+                head = {f: self.visit(getattr(s, f)) for f in ("start", "stop", "cond") if hasattr(s, f)}
+                out.extend(self._take())
+                bodies = {f: self.block(getattr(s, f)) for f in ("body", "then", "orelse") if hasattr(s, f)}
+                out.append(dataclasses.replace(s, **head, **bodies))
+            elif _is_shuffle_assign(s):
+                value = ir.Call(s.value.func, tuple(self.visit(a) for a in s.value.args), s.value.dtype)
+                out.extend(self._take())
+                out.append(ir.Assign(s.var, value, s.loc))
+            else:
+                new = self.visit(s)
+                out.extend(ir.Assign(p.var, p.value, s.loc) for p in self._take())
+                out.append(new)
+        return out
+
+    def block(self, s):
+        return None if s is None else ir.seq(self.stmt_list(_flatten(s))) if _flatten(s) else ir.Seq(())
+
+    def _take(self) -> list:
+        taken, self.pending = self.pending, []
+        return taken
+
+
+# ------------------------------------------------------------------ fission
+class _Fission:
+    def __init__(self, fn: ir.Function):
+        self.fn = fn
+        self.uniformity = Uniformity(fn)
+        self.block_vars: set = set()
+        self.sites: dict = {}
+
+    def has_split(self, s) -> bool:
+        return any(isinstance(x, ir.SyncThreads) or _is_shuffle_assign(x) for x in _walk_stmts(s))
+
+    def is_block_level(self, s, in_block_loop: bool) -> bool:
+        if self.has_split(s):
+            return True
+        if any(isinstance(x, ir.Assign) and x.var.uid in self.block_vars for x in _walk_stmts(s)):
+            return True
+        return in_block_loop and _own_jumps(s)
+
+    def collect_block_vars(self, body) -> None:
+        """Fixed point: variables read by block-level control flow, and by their assignments."""
+        changed = True
+        while changed:
+            before = set(self.block_vars)
+            self._scan(body, False)
+            assigns = [a for a in ir.collect(body, ir.Assign) if a.var.uid in self.block_vars]
+            for a in assigns:
+                self.block_vars |= _vars_read(a.value)
+            changed = before != self.block_vars
+
+    def _scan(self, s, in_block_loop) -> None:
+        for x in _flatten(s):
+            if not self.is_block_level(x, in_block_loop):
+                continue
+            if isinstance(x, ir.For):
+                self.block_vars |= _vars_read(x.start) | _vars_read(x.stop) | {x.var.uid}
+                self._scan(x.body, True)
+            elif isinstance(x, ir.While):
+                self.block_vars |= _vars_read(x.cond)
+                self._scan(x.body, True)
+            elif isinstance(x, ir.If):
+                if self.uniformity.level(x.cond) == UNIFORM:
+                    self.block_vars |= _vars_read(x.cond)
+                self._scan(x.then, in_block_loop)
+                self._scan(x.orelse, in_block_loop)
+
+    def split(self, s, in_block_loop: bool) -> list:
+        items, current = [], []
+
+        def flush():
+            nonlocal current
+            if current:
+                items.append(Region(current, in_block_loop=in_block_loop))
+            current = []
+
+        for x in _flatten(s):
+            if not self.is_block_level(x, in_block_loop):
+                current.append(x)
+            elif isinstance(x, ir.SyncThreads):
+                flush()
+                items.append(Barrier(x.loc))
+            elif _is_shuffle_assign(x):
+                site = next(_sites)
+                value, lane, width = x.value.args
+                self.sites[site] = value.dtype
+                current.append(ShflPut(site, value, x.loc))
+                flush()
+                current.append(ShflGet(site, x.var, x.value.func, lane, width.value, x.loc))
+            elif isinstance(x, ir.Assign):
+                self.require_uniform(x.value, x, "a variable that controls a barrier")
+                flush()
+                items.append(BlockAssign(x))
+            elif isinstance(x, ir.For):
+                self.require_uniform(x.start, x, "the bounds of a loop containing a barrier")
+                self.require_uniform(x.stop, x, "the bounds of a loop containing a barrier")
+                flush()
+                items.append(BlockFor(x, self.split(x.body, True)))
+            elif isinstance(x, ir.While):
+                self.require_uniform(x.cond, x, "the condition of a loop containing a barrier")
+                flush()
+                items.append(BlockWhile(x, self.split(x.body, True)))
+            elif isinstance(x, ir.If):
+                level = self.uniformity.level(x.cond)
+                if level == UNIFORM:
+                    flush()
+                    items.append(BlockIf(x.cond, self.split(x.then, in_block_loop),
+                                         self.split(x.orelse, in_block_loop)))
+                elif level == WARP and not _own_jumps(x):
+                    pred = ir.Var("warp_pred", x.cond.dtype)
+                    current.append(ir.Assign(pred, x.cond, x.loc))
+                    flush()
+                    items += _guard(self.split(x.then, in_block_loop), pred)
+                    items += _guard(self.split(x.orelse, in_block_loop), ir.Unary("not", pred, pred.dtype))
+                else:
+                    raise DSLError("a barrier or shuffle under a condition that differs between threads", x.loc,
+                                   "Every thread of the block must reach a barrier (every lane of a warp a shuffle).")
+            else:  # break / continue of a block-level loop
+                flush()
+                items.append(BlockJump(x))
+        flush()
+        return items
+
+    def require_uniform(self, e, s, what: str) -> None:
+        if self.uniformity.level(e) != UNIFORM:
+            raise DSLError(f"{what} must be the same in every thread of the block (it depends on threadIdx or on "
+                           "per-thread data)", s.loc, "A barrier must be reached by every thread of the block.")
+
+
+def _walk_stmts(s):
+    if s is None:
+        return
+    yield s
+    for name in ("stmts",):
+        for x in getattr(s, name, ()):
+            yield from _walk_stmts(x)
+    for name in ("body", "then", "orelse"):
+        yield from _walk_stmts(getattr(s, name, None))
+
+
+def _guard(items: list, pred: ir.Expr) -> list:
+    out = []
+    for it in items:
+        if isinstance(it, Region):
+            out.append(Region(it.stmts, it.guards + [pred], it.in_block_loop))
+        elif isinstance(it, BlockFor):
+            out.append(BlockFor(it.loop, _guard(it.body, pred)))
+        elif isinstance(it, BlockWhile):
+            out.append(BlockWhile(it.loop, _guard(it.body, pred)))
+        elif isinstance(it, BlockIf):
+            out.append(BlockIf(it.cond, _guard(it.then, pred), _guard(it.orelse, pred)))
+        else:
+            out.append(it)
+    return out
+
+
+def _regions(items):
+    for it in items:
+        if isinstance(it, Region):
+            yield it
+        for name in ("body", "then", "orelse"):
+            yield from _regions(getattr(it, name, []))
+
+
+def _live_in(s, defined: set, live: set, assigned: set) -> None:
+    """Add to `live` the variables `s` reads before it surely assigned them; `defined` is updated."""
+    if s is None:
+        return
+    reads = lambda e: {v.uid for v in ir.collect(e, ir.Var)} - defined if e is not None else set()
+    if isinstance(s, ir.Seq):
+        for x in s.stmts:
+            _live_in(x, defined, live, assigned)
+    elif isinstance(s, (ir.Assign, ShflGet)):
+        live |= reads(s.value if isinstance(s, ir.Assign) else s.lane)
+        defined.add(s.var.uid)
+        assigned.add(s.var.uid)
+    elif isinstance(s, ir.For):
+        live |= reads(s.start) | reads(s.stop)
+        assigned.add(s.var.uid)
+        _live_in(s.body, defined | {s.var.uid}, live, assigned)
+    elif isinstance(s, ir.While):
+        live |= reads(s.cond)
+        _live_in(s.body, set(defined), live, assigned)
+    elif isinstance(s, ir.If):
+        live |= reads(s.cond)
+        then_defined, else_defined = set(defined), set(defined)
+        _live_in(s.then, then_defined, live, assigned)
+        _live_in(s.orelse, else_defined, live, assigned)
+        defined |= then_defined & else_defined
+    else:  # Store, Evaluate, ShflPut, Break, Continue, Allocate
+        for name in ("indices", "value", "expr"):
+            value = getattr(s, name, None)
+            for e in (value if isinstance(value, tuple) else (value,)):
+                live |= reads(e)
+
+
+def _region_vars(region: Region) -> tuple[set, set]:
+    """(uids the region reads before surely assigning them, uids it assigns)."""
+    live, assigned = set(), set()
+    for g in region.guards:
+        live |= {v.uid for v in ir.collect(g, ir.Var)}
+    _live_in(ir.seq(region.stmts) if region.stmts else None, set(), live, assigned)
+    return live, assigned
+
+
+def fission(fn: ir.Function) -> BlockProgram:
+    """Split the body of a lowered kernel into regions and block-level steps."""
+    hoisted = _Hoister().block(fn.body)
+    fn = ir.Function(fn.name, fn.params, fn.sizes, hoisted, fn.block, fn.source_file)
+    f = _Fission(fn)
+    f.collect_block_vars(fn.body)
+    items = f.split(fn.body, False)
+    # A variable lives in a per-thread array when a region reads a value of it that another region
+    # (or the same region, in an earlier iteration of a block-level loop) assigned.
+    regions = list(_regions(items))
+    info = [(r, *_region_vars(r)) for r in regions]
+    local_vars = {v.uid: v for v in ir.collect(hoisted, ir.Var) if v.kind not in ("size", "param")}
+    local_vars.update({g.var.uid: g.var for r in regions for g in r.stmts if isinstance(g, ShflGet)})
+    for r in regions:
+        for g in r.guards:
+            local_vars.update({v.uid: v for v in ir.collect(g, ir.Var)})
+    arrays = {}
+    for region, live, _ in info:
+        for uid in live - f.block_vars:
+            writers = [r for r, _, assigned in info if uid in assigned]
+            if any(w is not region or region.in_block_loop for w in writers) and uid in local_vars:
+                arrays[uid] = local_vars[uid]
+    return BlockProgram(items, f.block_vars, arrays, f.sites)

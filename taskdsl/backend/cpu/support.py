@@ -1,0 +1,178 @@
+"""numba-compiled helpers the generated cpu code calls: math, shuffles, atomics, debug checks.
+
+Debug checks raise exceptions whose first argument is a site number; the runtime maps it
+back to the kernel source line (see `backend/cpu/errors.py`).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+WARP = 32
+
+
+@njit(cache=True, inline="always")
+def rsqrt(x):
+    return 1.0 / math.sqrt(x)
+
+
+@njit(cache=True, inline="always")
+def sigmoid(x):
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+@njit(cache=True, inline="always")
+def exp2(x):
+    return math.pow(2.0, x)
+
+
+@njit(cache=True, inline="always")
+def fma(a, b, c):
+    return a * b + c
+
+
+# -------------------------------------------------------------- warp shuffles (CUDA semantics)
+# Each returns the thread (block-linear) whose value `tid` reads; own value when out of segment.
+@njit(cache=True, inline="always")
+def shfl_xor_src(tid, mask, width, nthreads):
+    lane = tid % WARP
+    seg = lane - lane % width
+    j = lane ^ mask
+    if j < seg or j >= seg + width:
+        j = lane
+    src = tid - lane + j
+    return src if src < nthreads else tid
+
+
+@njit(cache=True, inline="always")
+def shfl_down_src(tid, delta, width, nthreads):
+    lane = tid % WARP
+    seg = lane - lane % width
+    j = lane + delta
+    if j >= seg + width:
+        j = lane
+    src = tid - lane + j
+    return src if src < nthreads else tid
+
+
+@njit(cache=True, inline="always")
+def shfl_up_src(tid, delta, width, nthreads):
+    lane = tid % WARP
+    seg = lane - lane % width
+    j = lane - delta
+    if j < seg:
+        j = lane
+    return tid - lane + j
+
+
+@njit(cache=True, inline="always")
+def shfl_idx_src(tid, src_lane, width, nthreads):
+    lane = tid % WARP
+    seg = lane - lane % width
+    src = tid - lane + seg + src_lane % width
+    return src if src < nthreads else tid
+
+
+# -------------------------------------------------------------- atomics (blocks run serially then)
+@njit(cache=True, inline="always")
+def atomic_add(a, idx, v):
+    old = a[idx]
+    a[idx] = old + v
+    return old
+
+
+@njit(cache=True, inline="always")
+def atomic_sub(a, idx, v):
+    old = a[idx]
+    a[idx] = old - v
+    return old
+
+
+@njit(cache=True, inline="always")
+def atomic_max(a, idx, v):
+    old = a[idx]
+    if v > old:
+        a[idx] = v
+    return old
+
+
+@njit(cache=True, inline="always")
+def atomic_min(a, idx, v):
+    old = a[idx]
+    if v < old:
+        a[idx] = v
+    return old
+
+
+@njit(cache=True, inline="always")
+def atomic_exch(a, idx, v):
+    old = a[idx]
+    a[idx] = v
+    return old
+
+
+# -------------------------------------------------------------- debug mode
+@njit(cache=True)
+def check_index(a, idx, site):
+    """`idx`, after raising IndexError(site, dim, index, extent) if it is outside the array."""
+    for d in range(len(idx)):
+        if idx[d] < 0 or idx[d] >= a.shape[d]:
+            raise IndexError(site, d, idx[d], a.shape[d])
+    return idx
+
+
+@njit(cache=True)
+def _flat(a, idx):
+    flat = 0
+    for d in range(len(idx)):
+        flat = flat * a.shape[d] + idx[d]
+    return flat
+
+
+@njit(cache=True)
+def new_shadow(a):
+    """Per-element race bookkeeping of a shared buffer: writer epoch/thread, reader epoch/thread."""
+    return np.zeros((4, a.size), np.int64)
+
+
+@njit(cache=True)
+def load_checked(a, idx, site):
+    check_index(a, idx, site)
+    return a[idx]
+
+
+@njit(cache=True)
+def store_checked(a, idx, value, site):
+    check_index(a, idx, site)
+    a[idx] = value
+
+
+@njit(cache=True)
+def load_shared_checked(a, idx, shadow, tid, epoch, site):
+    """A bounds-checked shared load that reports a read of another thread's unsynchronized write."""
+    check_index(a, idx, site)
+    e = _flat(a, idx)
+    if shadow[0, e] == epoch and shadow[1, e] != tid:
+        raise RuntimeError(site, 0, e, tid, shadow[1, e])
+    if shadow[2, e] == epoch and shadow[3, e] != tid:
+        shadow[3, e] = -1  # several readers
+    elif shadow[2, e] != epoch:
+        shadow[2, e] = epoch
+        shadow[3, e] = tid
+    return a[idx]
+
+
+@njit(cache=True)
+def store_shared_checked(a, idx, value, shadow, tid, epoch, site):
+    """A bounds-checked shared store that reports a write racing another thread's access."""
+    check_index(a, idx, site)
+    e = _flat(a, idx)
+    if shadow[0, e] == epoch and shadow[1, e] != tid:
+        raise RuntimeError(site, 1, e, tid, shadow[1, e])
+    if shadow[2, e] == epoch and shadow[3, e] != tid:
+        raise RuntimeError(site, 2, e, tid, shadow[3, e])
+    shadow[0, e] = epoch
+    shadow[1, e] = tid
+    a[idx] = value

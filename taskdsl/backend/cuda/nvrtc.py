@@ -1,0 +1,48 @@
+"""CUDA C++ -> cubin with NVRTC (through cuda.core's Program); needs no GPU and no toolkit."""
+from __future__ import annotations
+
+import functools
+import re
+
+from ...errors import DSLError, SourceLoc
+
+_ERROR_LINE = re.compile(r'^(?P<file>.+?)\((?P<line>\d+)\): (?:catastrophic )?error: (?P<msg>.*)$', re.M)
+
+
+def normalize_arch(arch) -> str:
+    """'sm_90' from 'sm_90', '90', 90 or (9, 0); ValueError for anything else."""
+    if isinstance(arch, tuple) and len(arch) == 2:
+        arch = f"{arch[0]}{arch[1]}"
+    text = str(arch).lower().removeprefix("sm_").removeprefix("compute_")
+    if not re.fullmatch(r"\d{2,3}[af]?", text):
+        raise ValueError(f"unknown CUDA architecture {arch!r}; use a form like 'sm_90' or 'sm_80'")
+    return f"sm_{text}"
+
+
+@functools.cache
+def nvrtc_version() -> str:
+    """The NVRTC version string, e.g. '13.0' (part of every compile-cache key)."""
+    from cuda.bindings import nvrtc
+    err, major, minor = nvrtc.nvrtcVersion()
+    return f"{major}.{minor}"
+
+
+def compile_cubin(source: str, arch: str = "sm_90", name: str = "kernel") -> bytes:
+    """Compile a CUDA C++ translation unit to a cubin for `arch`.
+
+    A compile error becomes a DSLError at the Python line named by the failing line's
+    `#line` directive, with the whole NVRTC log attached.
+    """
+    from cuda.core import Program, ProgramOptions
+
+    options = ProgramOptions(arch=normalize_arch(arch), std="c++17", lineinfo=True, name=f"{name}.cu")
+    try:
+        return bytes(Program(source, code_type="c++", options=options).compile("cubin").code)
+    except Exception as exc:  # noqa: BLE001 - cuda.core raises its own NVRTCError type
+        log = str(exc)
+        if "NVRTC_ERROR_COMPILATION" not in log and "error" not in log:
+            raise
+        match = _ERROR_LINE.search(log)
+        loc = SourceLoc(match["file"], int(match["line"])) if match else None
+        message = f"CUDA compilation failed: {match['msg'].strip()}" if match else "CUDA compilation failed"
+        raise DSLError(message, loc, "NVRTC log:\n" + log.strip()) from None

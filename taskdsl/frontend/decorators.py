@@ -1,0 +1,73 @@
+"""`@td.kernel` and `@td.func`: the entry points from Python functions into the compiler."""
+from __future__ import annotations
+
+import inspect
+from functools import cached_property
+
+from ..errors import DSLError, SourceLoc
+from ..ir import types as T
+from .source import ParsedSource, parse_function
+
+_PY_DTYPES = {int: T.i32, float: T.f32, bool: T.boolean}
+
+
+def resolve_annotations(fn) -> dict:
+    """The parameter annotations of `fn`, evaluated (string annotations are evaluated in its globals)."""
+    out = {}
+    for name, ann in inspect.get_annotations(fn).items():
+        if isinstance(ann, str):
+            try:
+                ann = eval(ann, fn.__globals__)  # noqa: S307 - the user's own annotation text
+            except Exception as exc:  # noqa: BLE001
+                raise DSLError(f"cannot evaluate the annotation of '{name}': {exc}",
+                               SourceLoc(inspect.getsourcefile(fn) or "<unknown>", fn.__code__.co_firstlineno)) from None
+        out[name] = _PY_DTYPES.get(ann, ann)
+    return out
+
+
+class DeviceFunction:
+    """A `@td.func`: inlined into the kernels that call it."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.name = fn.__name__
+        annotations = resolve_annotations(fn)
+        names = list(inspect.signature(fn).parameters)
+        self.params = [(n, annotations.get(n) if isinstance(annotations.get(n), T.DataType) else None) for n in names]
+        ret = annotations.get("return")
+        if ret is not None and not isinstance(ret, T.DataType):
+            raise TypeError(f"@td.func '{self.name}': the return annotation must be a dtype such as td.f32, got {ret!r}")
+        self.return_dtype = ret
+        self.__doc__ = fn.__doc__
+
+    def source(self) -> ParsedSource:
+        return self._source
+
+    @cached_property
+    def _source(self) -> ParsedSource:
+        return parse_function(self.fn)
+
+    def __call__(self, *args):
+        raise RuntimeError(f"@td.func '{self.name}' can only be called from a @td.kernel or another @td.func")
+
+    def __repr__(self) -> str:
+        return f"<td.func {self.name}>"
+
+
+def func(fn) -> DeviceFunction:
+    """Mark `fn` as a device function callable from kernels (annotate params and return with dtypes)."""
+    return DeviceFunction(fn)
+
+
+def kernel(fn=None, *, grid=1, block=1, name: str | None = None):
+    """Make a Python function a GPU-style kernel launched on `grid` blocks of `block` threads.
+
+    `grid` and `block` are ints, tuples, or callables whose parameter names are size symbols
+    (or scalar parameters) of the kernel, evaluated per call.
+    """
+    from ..runtime.kernel import Kernel
+
+    def wrap(f):
+        return Kernel(f, grid=grid, block=block, name=name or f.__name__)
+
+    return wrap(fn) if fn is not None else wrap

@@ -1,0 +1,42 @@
+"""Parsed source of a decorated Python function, with positions mapped back to the user's file."""
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from dataclasses import dataclass
+
+from ..errors import DSLError, SourceLoc
+
+
+@dataclass(frozen=True)
+class ParsedSource:
+    """The FunctionDef of a Python function, and the offsets that map its positions to the file."""
+
+    tree: ast.FunctionDef
+    file: str
+    line_offset: int
+    col_offset: int
+
+    def loc(self, node: ast.AST) -> SourceLoc:
+        """The file position of an AST node."""
+        return SourceLoc(self.file, node.lineno + self.line_offset, node.col_offset + self.col_offset)
+
+
+def parse_function(fn) -> ParsedSource:
+    """Parse the source of `fn`; a clear error where Python cannot find it (e.g. `exec` strings)."""
+    try:
+        lines, first_line = inspect.getsourcelines(fn)
+        file = inspect.getsourcefile(fn) or inspect.getfile(fn)
+    except (OSError, TypeError) as exc:
+        raise DSLError(f"cannot read the source of '{fn.__qualname__}' ({exc}); kernels must be defined in a "
+                       "file, a notebook cell or a REPL that keeps source (IPython)") from None
+    text = "".join(lines)
+    dedented = textwrap.dedent(text)
+    indent = len(lines[0]) - len(lines[0].lstrip()) if dedented != text else 0
+    module = ast.parse(dedented)
+    tree = module.body[0]
+    assert isinstance(tree, (ast.FunctionDef, ast.AsyncFunctionDef)), "decorated object is not a def"
+    if isinstance(tree, ast.AsyncFunctionDef):
+        raise DSLError("kernels cannot be async functions", SourceLoc(file, first_line))
+    return ParsedSource(tree, file, first_line - 1, indent)

@@ -1,0 +1,753 @@
+"""Python AST -> typed tensor IR.
+
+Names bound to Python values (ints, tuples, task mappings, functions) are compile-time
+constants: expressions over them are evaluated while translating, so `if` on them picks a
+branch and `for` over a tuple unrolls. Names assigned more than once (or augmented, or
+annotated) are runtime variables; a runtime variable takes the widest type it is assigned
+(`acc = 0` then `acc += x` with `x: f32` makes `acc` an f32: translation restarts when a
+later assignment widens a variable).
+"""
+from __future__ import annotations
+
+import ast
+import builtins
+import operator
+
+from .. import ir
+from ..errors import DSLError, SourceLoc
+from ..ir import types as T
+from ..lang import intrinsics as L
+from ..mapping import MappingLoop, TaskMapping
+from .source import ParsedSource
+
+_BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//", ast.Mod: "%",
+           ast.BitAnd: "&", ast.BitOr: "|", ast.BitXor: "^", ast.LShift: "<<", ast.RShift: ">>", ast.Pow: "**"}
+_PY_BINOPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
+              "//": operator.floordiv, "%": operator.mod, "&": operator.and_, "|": operator.or_,
+              "^": operator.xor, "<<": operator.lshift, ">>": operator.rshift, "**": operator.pow}
+_CMPOPS = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!="}
+_PY_CMPOPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq,
+              "!=": operator.ne}
+_ALLOWED_BUILTINS = {"range", "len", "min", "max", "abs", "int", "float", "bool", "tuple", "list", "zip",
+                     "enumerate", "reversed", "print", "isinstance", "sum", "True", "False", "None"}
+_PY_TYPE_DTYPES = {int: T.i32, float: T.f32, bool: T.boolean}
+
+
+class _Restart(Exception):
+    """A runtime variable was widened; translate again with the wider type."""
+
+
+def is_runtime(value) -> bool:
+    """True for values only known when the kernel runs (IR expressions)."""
+    return isinstance(value, ir.Expr)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (bool, int, float)) or (hasattr(value, "dtype") and hasattr(value, "item")
+                                                   and getattr(value, "shape", None) == ())
+
+
+def _assigned_names(tree: ast.FunctionDef) -> tuple[set, set]:
+    """(names assigned more than once / augmented / annotated, names that are loop targets)."""
+    counts: dict = {}
+    loop_targets: set = set()
+
+    def names_of(target):
+        if isinstance(target, ast.Name):
+            yield target.id
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            for t in target.elts:
+                yield from names_of(t)
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            for t in node.targets:
+                for n in names_of(t):
+                    counts[n] = counts.get(n, 0) + 1
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)) and isinstance(node.target, ast.Name):
+            counts[node.target.id] = counts.get(node.target.id, 0) + 2
+        elif isinstance(node, ast.For):
+            loop_targets.update(names_of(node.target))
+    return {n for n, c in counts.items() if c > 1}, loop_targets
+
+
+def _always_returns(stmts: list) -> bool:
+    """Whether every path through `stmts` ends in `return`."""
+    if not stmts:
+        return False
+    last = stmts[-1]
+    if isinstance(last, ast.Return):
+        return True
+    if isinstance(last, ast.If):
+        return _always_returns(last.body) and _always_returns(last.orelse)
+    return False
+
+
+class FunctionTranslator:
+    """Translates one Python function body (a kernel, or an inlined `@td.func`) into IR statements."""
+
+    def __init__(self, source: ParsedSource, fn, env: dict, var_types: dict, return_var: ir.Var | None = None,
+                 depth: int = 0):
+        self.src = source
+        self.fn = fn
+        self.env = dict(env)
+        self.var_types = var_types
+        self.return_var = return_var
+        self.depth = depth
+        self.runtime_names, self.loop_names = _assigned_names(source.tree)
+        self.loop_depth = 0
+        self.pending: list = []   # statements an expression emits before its own (allocations, inlined calls)
+        self.namespace = dict(fn.__globals__)
+        if fn.__closure__:
+            self.namespace.update(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__)))
+
+    # ----------------------------------------------------------------- errors
+    def error(self, node: ast.AST, message: str, hint: str | None = None) -> DSLError:
+        return DSLError(message, self.src.loc(node), hint)
+
+    def loc(self, node: ast.AST) -> SourceLoc:
+        return self.src.loc(node)
+
+    # ----------------------------------------------------------------- statements
+    def block(self, stmts: list) -> ir.Stmt:
+        """Translate a statement list; `if ...: return` makes the rest of the list its else branch."""
+        out = []
+        for i, node in enumerate(stmts):
+            if isinstance(node, ast.Return):
+                out.append(self.stmt_return(node))
+                break
+            if isinstance(node, ast.If) and (_always_returns(node.body) or _always_returns(node.orelse)):
+                rest = stmts[i + 1:]
+                then_body, else_body = list(node.body), list(node.orelse)
+                if _always_returns(node.body):
+                    else_body += rest
+                else:
+                    then_body += rest
+                out.append(self.stmt_if(node, then_body, else_body))
+                break
+            out.append(self.stmt(node))
+        return ir.seq([s for s in out if s is not None]) if out else ir.Seq(())
+
+    def stmt(self, node: ast.stmt) -> ir.Stmt | None:
+        method = getattr(self, "stmt_" + type(node).__name__.lower(), None)
+        if method is None:
+            raise self.error(node, f"'{type(node).__name__}' statements are not supported in kernels",
+                             "Kernels may use assignments, if/elif/else, for, while, break, continue and calls.")
+        outer, self.pending = self.pending, []
+        try:
+            result = method(node)
+            emitted = self.pending + ([result] if result is not None else [])
+        finally:
+            self.pending = outer
+        return ir.seq(emitted) if emitted else None
+
+    def stmt_pass(self, node):
+        return None
+
+    def stmt_expr(self, node: ast.Expr):
+        if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            return None  # docstring
+        if not isinstance(node.value, ast.Call):
+            raise self.error(node, "this expression statement has no effect")
+        result = self.expr(node.value, statement=True)
+        if isinstance(result, ir.Stmt):
+            return result
+        if isinstance(result, ir.Atomic):
+            return ir.Evaluate(result, self.loc(node))
+        return None
+
+    def stmt_return(self, node: ast.Return):
+        if self.loop_depth:
+            raise self.error(node, "'return' inside a loop is not supported",
+                             "Use a flag and 'break', or restructure with if/else.")
+        if self.return_var is None:
+            if node.value is not None:
+                raise self.error(node, "a kernel cannot return a value", "Write results into an output tensor.")
+            return None
+        if node.value is None:
+            raise self.error(node, "this @td.func declares a return type, so 'return' needs a value")
+        value = self.runtime_value(node.value, self.return_var.dtype)
+        return ir.Assign(self.return_var, value, self.loc(node))
+
+    def stmt_assign(self, node: ast.Assign):
+        if len(node.targets) != 1:
+            raise self.error(node, "chained assignment (a = b = ...) is not supported")
+        target = node.targets[0]
+        if isinstance(target, (ast.Tuple, ast.List)):
+            if isinstance(node.value, (ast.Tuple, ast.List)):
+                if len(node.value.elts) != len(target.elts):
+                    raise self.error(node, f"cannot unpack {len(node.value.elts)} values into {len(target.elts)} names")
+                values = [self.expr(v, name_hint=self._name_of(t)) for t, v in zip(target.elts, node.value.elts)]
+            else:
+                value = self.expr(node.value)
+                if not isinstance(value, (tuple, list)):
+                    raise self.error(node.value, "only a tuple known at compile time can be unpacked")
+                if len(value) != len(target.elts):
+                    raise self.error(node, f"cannot unpack {len(value)} values into {len(target.elts)} names")
+                values = list(value)
+            return ir.seq([s for s in (self.assign_to(t, v, node) for t, v in zip(target.elts, values)) if s]
+                          ) if values else None
+        value = self.expr(node.value, name_hint=self._name_of(target))
+        return self.assign_to(target, value, node)
+
+    def stmt_annassign(self, node: ast.AnnAssign):
+        if not isinstance(node.target, ast.Name):
+            raise self.error(node, "annotated assignment needs a plain name")
+        dtype = self.dtype_of(node.annotation)
+        name = node.target.id
+        key = (id(self.fn), name)
+        self.var_types[key] = dtype
+        var = self.env.get(name)
+        if not isinstance(var, ir.Var) or var.dtype != dtype:
+            self.env[name] = ir.Var(name, dtype)
+        if node.value is None:
+            return None
+        return self.assign_to(node.target, self.expr(node.value), node)
+
+    def stmt_augassign(self, node: ast.AugAssign):
+        op = _BINOPS.get(type(node.op))
+        if op is None or op == "**":
+            raise self.error(node, f"'{type(node.op).__name__}=' is not supported")
+        value = self.expr(node.value)
+        if isinstance(node.target, ast.Subscript):
+            buf, idx = self.subscript_target(node.target)
+            current = ir.Load(buf, idx)
+            return ir.Store(buf, idx, self.cast_to(self.binop(op, current, value, node), buf.dtype, node),
+                            self.loc(node))
+        if not isinstance(node.target, ast.Name):
+            raise self.error(node, "augmented assignment needs a name or a tensor element")
+        current = self.lookup(node.target.id, node.target)
+        return self.assign_to(node.target, self.binop(op, current, value, node), node)
+
+    def assign_to(self, target: ast.expr, value, node: ast.stmt):
+        """Bind or assign `value` to `target` (a name or a tensor element)."""
+        if isinstance(target, ast.Subscript):
+            buf, idx = self.subscript_target(target)
+            return ir.Store(buf, idx, self.cast_to(value, buf.dtype, target), self.loc(node))
+        if not isinstance(target, ast.Name):
+            raise self.error(target, f"cannot assign to a {type(target).__name__}")
+        name = target.id
+        if isinstance(self.env.get(name), ir.Var) and self.env[name].kind == "loop":
+            raise self.error(target, f"cannot assign to the loop variable '{name}'")
+        if isinstance(self.env.get(name), ir.Var) and self.env[name].kind in ("size", "param"):
+            raise self.error(target, f"cannot assign to the parameter '{name}'")
+        if name not in self.runtime_names and not isinstance(self.env.get(name), ir.Var):
+            if not is_runtime(value):
+                self.env[name] = value  # a compile-time value (or a buffer)
+                return None
+            var = ir.Var(name, value.dtype)
+            self.env[name] = var
+            return ir.Assign(var, value, self.loc(node))
+        if isinstance(value, ir.Buffer) or not (is_runtime(value) or _is_number(value)):
+            raise self.error(node, f"'{name}' is assigned more than once, so it is a runtime variable, and "
+                                   f"a {type(value).__name__} cannot be stored in one",
+                             "Give compile-time values (tensors, mappings, tuples) a name of their own.")
+        return self.assign_var(name, value, node)
+
+    def assign_var(self, name: str, value, node: ast.AST) -> ir.Assign:
+        """Assign to the runtime variable `name`, widening its type (and restarting) when needed."""
+        key = (id(self.fn), name)
+        value = ir.as_expr(value)
+        known = self.var_types.get(key)
+        if known is None:
+            self.var_types[key] = known = value.dtype
+        elif known != value.dtype and _widens(known, value.dtype):
+            self.var_types[key] = T.promote(known, value.dtype)
+            raise _Restart()
+        var = self.env.get(name)
+        if not isinstance(var, ir.Var) or var.dtype != known:
+            var = ir.Var(name, known)
+            self.env[name] = var
+        return ir.Assign(var, self.cast_to(value, known, node), self.loc(node))
+
+    def stmt_if(self, node: ast.If, body=None, orelse=None):
+        body = node.body if body is None else body
+        orelse = node.orelse if orelse is None else orelse
+        cond = self.expr(node.test)
+        if not is_runtime(cond):
+            return self.block(body if cond else orelse)
+        cond = self.condition(cond, node.test)
+        then = self.block(body)
+        other = self.block(orelse) if orelse else None
+        return ir.If(cond, then, other, self.loc(node))
+
+    def stmt_while(self, node: ast.While):
+        if node.orelse:
+            raise self.error(node, "'while ... else' is not supported")
+        cond = self.condition(self.expr(node.test), node.test)
+        self.loop_depth += 1
+        body = self.block(node.body)
+        self.loop_depth -= 1
+        return ir.While(cond, body, self.loc(node))
+
+    def stmt_break(self, node):
+        return self._loop_jump(node, ir.Break)
+
+    def stmt_continue(self, node):
+        return self._loop_jump(node, ir.Continue)
+
+    def _loop_jump(self, node, cls):
+        if not self.loop_depth:
+            raise self.error(node, f"'{cls.__name__.lower()}' outside a runtime loop",
+                             "Loops over compile-time tuples are unrolled and cannot be left early.")
+        return cls(self.loc(node))
+
+    def stmt_for(self, node: ast.For):
+        if node.orelse:
+            raise self.error(node, "'for ... else' is not supported")
+        it = node.iter
+        if isinstance(it, ast.Call):
+            func = self.expr(it.func)
+            if func is builtins.range or func is L.unroll:
+                return self.for_range(node, it, unroll=func is L.unroll)
+        source = self.expr(it)
+        if isinstance(source, MappingLoop):
+            return self.for_mapping(node, source)
+        if isinstance(source, TaskMapping):
+            raise self.error(it, "a task mapping must be called on a worker index to be iterated",
+                             "Write 'for i, j in mapping(threadIdx.x):'.")
+        if isinstance(source, (tuple, list, range)) or hasattr(source, "__iter__") and not is_runtime(source):
+            return self.for_unrolled(node, list(source))
+        raise self.error(it, f"cannot iterate over {type(source).__name__}",
+                         "Loop over range(...), td.unroll(...), a task mapping call, or a compile-time tuple.")
+
+    def for_range(self, node: ast.For, call: ast.Call, unroll: bool):
+        if call.keywords or not 1 <= len(call.args) <= 3:
+            raise self.error(call, "range() takes 1 to 3 positional arguments")
+        args = [self.expr(a) for a in call.args]
+        start, stop, step = (0, args[0], 1) if len(args) == 1 else (args[0], args[1], args[2] if len(args) == 3 else 1)
+        if is_runtime(step) or not isinstance(step, int) or step == 0:
+            raise self.error(call, "the step of range() must be a non-zero int known at compile time")
+        if not isinstance(node.target, ast.Name):
+            raise self.error(node.target, "range() loops take a single loop variable")
+        for bound, arg in ((start, call.args[0]), (stop, call.args[-1] if len(args) > 1 else call.args[0])):
+            if not (is_runtime(bound) and bound.dtype.is_integer) and not (isinstance(bound, int) and not isinstance(bound, bool)):
+                raise self.error(arg, "range() bounds must be integers")
+        dtype = T.promote(ir.as_expr(start).dtype, ir.as_expr(stop).dtype)
+        var = ir.Var(node.target.id, dtype, kind="loop")
+        body = self.loop_body(node, {node.target.id: var})
+        return ir.For(var, ir.as_expr(start, dtype), ir.as_expr(stop, dtype), ir.const(step, dtype), body, unroll,
+                      self.loc(node))
+
+    def for_mapping(self, node: ast.For, source: MappingLoop):
+        rank = len(source.mapping.task_shape)
+        targets = node.target.elts if isinstance(node.target, ast.Tuple) else [node.target]
+        if len(targets) != rank or not all(isinstance(t, ast.Name) for t in targets):
+            raise self.error(node.target, f"the mapping {source.mapping!r} has {rank}-d tasks, so the loop needs "
+                                          f"{rank} variable name{'s' if rank > 1 else ''}, got {len(targets)}")
+        worker = ir.as_expr(source.worker)
+        if not worker.dtype.is_integer:
+            raise self.error(node.iter, "a task mapping's worker index must be an integer")
+        loop_vars = tuple(ir.Var(t.id, T.i32, kind="loop") for t in targets)
+        body = self.loop_body(node, {v.name: v for v in loop_vars})
+        return ir.ForMapping(loop_vars, source.mapping, worker, body, self.loc(node))
+
+    def for_unrolled(self, node: ast.For, values: list):
+        out = []
+        for value in values:
+            self.bind_target(node.target, value)
+            out.append(self.block(node.body))
+        return ir.seq(out) if out else None
+
+    def bind_target(self, target: ast.expr, value):
+        if isinstance(target, ast.Name):
+            self.env[target.id] = value
+        elif isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, (tuple, list)) \
+                and len(value) == len(target.elts):
+            for t, v in zip(target.elts, value):
+                self.bind_target(t, v)
+        else:
+            raise self.error(target, "cannot unpack this loop value into the loop variables")
+
+    def loop_body(self, node: ast.For, bindings: dict) -> ir.Stmt:
+        saved = {n: self.env.get(n) for n in bindings}
+        self.env.update(bindings)
+        self.loop_depth += 1
+        body = self.block(node.body)
+        self.loop_depth -= 1
+        for n, v in saved.items():
+            if v is None:
+                self.env.pop(n, None)
+            else:
+                self.env[n] = v
+        return body
+
+    # ----------------------------------------------------------------- expressions
+    def expr(self, node: ast.expr, name_hint: str | None = None, statement: bool = False):
+        method = getattr(self, "expr_" + type(node).__name__.lower(), None)
+        if method is None:
+            raise self.error(node, f"'{type(node).__name__}' expressions are not supported in kernels")
+        if isinstance(node, ast.Call):
+            return method(node, name_hint=name_hint, statement=statement)
+        return method(node)
+
+    def runtime_value(self, node: ast.expr, dtype: T.DataType | None = None) -> ir.Expr:
+        value = self.expr(node)
+        if not (is_runtime(value) or _is_number(value)):
+            raise self.error(node, f"expected a number, got {type(value).__name__}")
+        value = ir.as_expr(value, dtype)
+        return self.cast_to(value, dtype, node) if dtype is not None else value
+
+    def expr_constant(self, node: ast.Constant):
+        return node.value
+
+    def expr_name(self, node: ast.Name):
+        return self.lookup(node.id, node)
+
+    def lookup(self, name: str, node: ast.AST):
+        if name in self.env:
+            return self.env[name]
+        if name in self.namespace:
+            return self.namespace[name]
+        if name in _ALLOWED_BUILTINS:
+            return getattr(builtins, name)
+        if hasattr(builtins, name):
+            raise self.error(node, f"the Python builtin '{name}' cannot be used in kernels")
+        raise self.error(node, f"name '{name}' is not defined")
+
+    def expr_attribute(self, node: ast.Attribute):
+        base = self.expr(node.value)
+        if isinstance(base, ir.Buffer):
+            if node.attr == "shape":
+                return tuple(d.value if isinstance(d, ir.Const) else d for d in base.shape)
+            if node.attr == "dtype":
+                return base.dtype
+            raise self.error(node, f"tensors have no attribute '{node.attr}' in kernels (use .shape or .dtype)")
+        if is_runtime(base):
+            if node.attr == "dtype":
+                return base.dtype
+            raise self.error(node, f"runtime values have no attribute '{node.attr}'")
+        try:
+            return getattr(base, node.attr)
+        except AttributeError:
+            raise self.error(node, f"'{type(base).__name__}' object has no attribute '{node.attr}'") from None
+
+    def expr_tuple(self, node: ast.Tuple):
+        return tuple(self.expr(e) for e in node.elts)
+
+    expr_list = expr_tuple
+
+    def expr_subscript(self, node: ast.Subscript):
+        base = self.expr(node.value)
+        if isinstance(base, ir.Buffer):
+            buf, idx = self.buffer_indices(base, node)
+            return ir.Load(buf, idx)
+        index = self.expr(node.slice)
+        if is_runtime(index):
+            raise self.error(node, "a compile-time tuple can only be indexed by a compile-time value")
+        if isinstance(base, T.DataType):
+            return base[index]
+        try:
+            return base[index]
+        except Exception as exc:  # noqa: BLE001 - any Python indexing error is the user's
+            raise self.error(node, f"indexing failed: {exc}") from None
+
+    def subscript_target(self, node: ast.Subscript):
+        base = self.expr(node.value)
+        if not isinstance(base, ir.Buffer):
+            raise self.error(node, f"only tensors can be assigned to by index, not {type(base).__name__}")
+        return self.buffer_indices(base, node)
+
+    def buffer_indices(self, buf: ir.Buffer, node: ast.Subscript):
+        raw = node.slice
+        parts = raw.elts if isinstance(raw, ast.Tuple) else [raw]
+        if any(isinstance(p, ast.Slice) for p in parts):
+            raise self.error(node, "slices of tensors are not supported in kernels; index one element")
+        idx = []
+        for p in parts:
+            v = self.expr(p)
+            if isinstance(v, tuple):
+                idx.extend(v)
+            else:
+                idx.append(v)
+        if len(idx) != len(buf.shape):
+            raise self.error(node, f"'{buf.name}' has {len(buf.shape)} dimension{'s' if len(buf.shape) != 1 else ''}"
+                                   f" but is indexed with {len(idx)} index{'es' if len(idx) != 1 else ''}")
+        out = []
+        for v, p in zip(idx, parts if len(parts) == len(idx) else [node] * len(idx)):
+            e = ir.as_expr(v) if (is_runtime(v) or _is_number(v)) else None
+            if e is None or not (e.dtype.is_integer or e.dtype.is_bool):
+                raise self.error(p, f"tensor indices must be integers, got {e.dtype.name if e is not None else type(v).__name__}")
+            out.append(e)
+        return buf, tuple(out)
+
+    def expr_binop(self, node: ast.BinOp):
+        op = _BINOPS.get(type(node.op))
+        if op is None:
+            raise self.error(node, f"the operator '{type(node.op).__name__}' is not supported")
+        return self.binop(op, self.expr(node.left), self.expr(node.right), node)
+
+    def binop(self, op: str, a, b, node: ast.AST):
+        if not is_runtime(a) and not is_runtime(b):
+            try:
+                return _PY_BINOPS[op](a, b)
+            except Exception as exc:  # noqa: BLE001 - a compile-time Python error in user code
+                raise self.error(node, f"compile-time '{op}' failed: {exc}") from None
+        for v in (a, b):
+            if not (is_runtime(v) or _is_number(v)):
+                raise self.error(node, f"unsupported operand {type(v).__name__} for '{op}'")
+        if op == "**":
+            return self.math_call("pow", [a, b], node)
+        ea, eb = ir.as_expr(a, b.dtype if is_runtime(b) else None), ir.as_expr(b, a.dtype if is_runtime(a) else None)
+        if op in ("&", "|", "^", "<<", ">>") and (ea.dtype.is_float or eb.dtype.is_float):
+            raise self.error(node, f"'{op}' needs integer operands, got {ea.dtype.name} and {eb.dtype.name}")
+        return ir.binary(op, ea, eb)
+
+    def expr_unaryop(self, node: ast.UnaryOp):
+        v = self.expr(node.operand)
+        if not is_runtime(v):
+            return {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Not: operator.not_,
+                    ast.Invert: operator.invert}[type(node.op)](v)
+        if isinstance(node.op, ast.UAdd):
+            return v
+        if isinstance(node.op, ast.Not):
+            return ir.Unary("not", self.condition(v, node), T.boolean)
+        if isinstance(node.op, ast.Invert):
+            if not v.dtype.is_integer:
+                raise self.error(node, "'~' needs an integer operand")
+            return ir.Unary("~", v, v.dtype)
+        return ir.Unary("-", v, T.i32 if v.dtype.is_bool else v.dtype)
+
+    def expr_compare(self, node: ast.Compare):
+        left = self.expr(node.left)
+        result = None
+        for op_node, right_node in zip(node.ops, node.comparators):
+            op = _CMPOPS.get(type(op_node))
+            if op is None:
+                raise self.error(node, f"the comparison '{type(op_node).__name__}' is not supported")
+            right = self.expr(right_node)
+            if not is_runtime(left) and not is_runtime(right):
+                part = _PY_CMPOPS[op](left, right)
+            else:
+                part = self.binop(op, left, right, node) if op not in ("==", "!=") else self._equality(op, left, right, node)
+            result = part if result is None else self.logical("and", result, part, node)
+            left = right
+        return result
+
+    def _equality(self, op, a, b, node):
+        for v in (a, b):
+            if not (is_runtime(v) or _is_number(v)):
+                raise self.error(node, f"cannot compare a runtime value with {type(v).__name__}")
+        ea = ir.as_expr(a, b.dtype if is_runtime(b) else None)
+        return ir.binary(op, ea, ir.as_expr(b, ea.dtype))
+
+    def expr_boolop(self, node: ast.BoolOp):
+        op = "and" if isinstance(node.op, ast.And) else "or"
+        result = self.expr(node.values[0])
+        for v in node.values[1:]:
+            if not is_runtime(result):  # Python short-circuit at compile time
+                if (op == "and") != bool(result):
+                    return result
+                result = self.expr(v)
+                continue
+            result = self.logical(op, result, self.expr(v), node)
+        return result
+
+    def logical(self, op: str, a, b, node):
+        if not is_runtime(b):
+            if (op == "and") == bool(b):
+                return self.condition(a, node)
+            return bool(b)
+        if not is_runtime(a):
+            return self.condition(b, node) if (op == "and") == bool(a) else bool(a)
+        return ir.Binary(op, self.condition(a, node), self.condition(b, node), T.boolean)
+
+    def condition(self, value, node) -> ir.Expr:
+        """`value` as a bool expression (numbers compare with zero, as in Python)."""
+        if not is_runtime(value):
+            return ir.const(bool(value))
+        if value.dtype.is_bool:
+            return value
+        return ir.binary("!=", value, ir.as_expr(0, value.dtype))
+
+    def expr_ifexp(self, node: ast.IfExp):
+        cond = self.expr(node.test)
+        if not is_runtime(cond):
+            return self.expr(node.body if cond else node.orelse)
+        a, b = self.expr(node.body), self.expr(node.orelse)
+        for v, n in ((a, node.body), (b, node.orelse)):
+            if not (is_runtime(v) or _is_number(v)):
+                raise self.error(n, f"a runtime conditional expression needs numbers, got {type(v).__name__}")
+        ea = ir.as_expr(a, b.dtype if is_runtime(b) else None)
+        eb = ir.as_expr(b, ea.dtype)
+        dtype = T.promote(ea.dtype, eb.dtype) if ea.dtype != eb.dtype else ea.dtype
+        return ir.Select(self.condition(cond, node.test), self.cast_to(ea, dtype, node), self.cast_to(eb, dtype, node),
+                         dtype)
+
+    # ----------------------------------------------------------------- calls
+    def expr_call(self, node: ast.Call, name_hint: str | None = None, statement: bool = False):
+        func = self.expr(node.func)
+        if isinstance(func, L.Intrinsic):
+            return self.intrinsic_call(func, node, name_hint)
+        from .decorators import DeviceFunction  # the decorator module imports this one
+        if isinstance(func, DeviceFunction):
+            return self.inline_call(func, node)
+        if func is builtins.range or func is L.unroll:
+            raise self.error(node, f"{'range' if func is builtins.range else 'td.unroll'}() can only be a for-loop source")
+        args = [self.expr(a) for a in node.args]
+        kwargs = {k.arg: self.expr(k.value) for k in node.keywords}
+        if any(k.arg is None for k in node.keywords) or any(isinstance(a, ast.Starred) for a in node.args):
+            raise self.error(node, "*args and **kwargs are not supported in kernel calls")
+        runtime_args = any(is_runtime(v) for v in list(args) + list(kwargs.values()))
+        if runtime_args and func in (builtins.min, builtins.max, builtins.abs):
+            return self.math_call(func.__name__, args, node)
+        if runtime_args and func in _PY_TYPE_DTYPES:
+            return self.cast_to(ir.as_expr(args[0]), _PY_TYPE_DTYPES[func], node)
+        if isinstance(func, T.DataType):
+            if len(args) != 1:
+                raise self.error(node, f"{func.name}(x) takes one value")
+            return self.cast_to(ir.as_expr(args[0], func), func, node) if runtime_args or _is_number(args[0]) else func(*args)
+        try:
+            return func(*args, **kwargs)
+        except DSLError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - user code raised at compile time
+            name = getattr(func, "__name__", repr(func))
+            hint = ("Functions called with runtime values must only use arithmetic on them; "
+                    "decorate device functions with @td.func.") if runtime_args else None
+            raise self.error(node, f"calling '{name}' at compile time failed: {type(exc).__name__}: {exc}", hint) from None
+
+    def intrinsic_call(self, fn: L.Intrinsic, node: ast.Call, name_hint: str | None):
+        kwargs = {k.arg: k.value for k in node.keywords}
+        if fn.kind == "math":
+            if kwargs:
+                raise self.error(node, f"td.{fn.name}() takes no keyword arguments")
+            return self.math_call(fn.name, [self.expr(a) for a in node.args], node)
+        if fn.kind == "memory":
+            return self.alloc_call(fn, node, name_hint)
+        if fn.kind == "barrier":
+            if node.args or kwargs:
+                raise self.error(node, "td.syncthreads() takes no arguments")
+            return ir.SyncThreads(self.loc(node))
+        if fn.kind == "cast":
+            if len(node.args) != 2 or kwargs:
+                raise self.error(node, "td.cast(value, dtype) takes two arguments")
+            dtype = self.dtype_of(node.args[1])
+            return self.cast_to(self.runtime_value(node.args[0]), dtype, node)
+        if fn.kind == "atomic":
+            return self.atomic_call(fn, node)
+        if fn.kind == "warp":
+            return self.warp_call(fn, node, kwargs)
+        raise self.error(node, f"td.{fn.name}() can only be used as a for-loop source")
+
+    def math_call(self, name: str, args: list, node: ast.AST):
+        arity = L.MATH_ARITY.get(name, 1)
+        if len(args) != arity:
+            raise self.error(node, f"{name}() takes {arity} argument{'s' if arity > 1 else ''}, got {len(args)}")
+        if not any(is_runtime(a) for a in args):
+            return L.MATH[name].host(*args)
+        for a in args:
+            if not (is_runtime(a) or _is_number(a)):
+                raise self.error(node, f"{name}() needs numbers, got {type(a).__name__}")
+        exprs = [ir.as_expr(a) for a in args]
+        typed = [e for e, a in zip(exprs, args) if is_runtime(a)]
+        dtype = typed[0].dtype
+        for e in typed[1:]:
+            dtype = T.promote(dtype, e.dtype)
+        if name not in ("max", "min", "abs") and not dtype.is_float:
+            dtype = T.f32  # transcendental functions of integers are computed in f32
+        if dtype.is_bool:
+            dtype = T.i32
+        exprs = [self.cast_to(ir.as_expr(a, dtype), dtype, node) for a in args]
+        return ir.Call(name, tuple(exprs), dtype)
+
+    def alloc_call(self, fn: L.Intrinsic, node: ast.Call, name_hint: str | None):
+        if len(node.args) != 2 or node.keywords:
+            raise self.error(node, f"td.{fn.name}(dtype, shape) takes two arguments")
+        dtype = self.dtype_of(node.args[0])
+        shape = self.expr(node.args[1])
+        shape = shape if isinstance(shape, tuple) else (shape,)
+        if not shape or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
+            raise self.error(node.args[1], f"the shape of td.{fn.name}() must be positive ints known at compile time, "
+                                           f"got {shape!r}")
+        scope = "shared" if fn.name == "shared" else "register"
+        buf = ir.Buffer(name_hint or scope, dtype, tuple(ir.const(d) for d in shape), scope)
+        self.pending.append(ir.Allocate(buf, self.loc(node)))
+        return buf
+
+    def atomic_call(self, fn: L.Intrinsic, node: ast.Call):
+        if len(node.args) != 2 or node.keywords or not isinstance(node.args[0], ast.Subscript):
+            raise self.error(node, f"td.{fn.name}(tensor[index], value) takes a tensor element and a value")
+        buf, idx = self.subscript_target(node.args[0])
+        if buf.scope == "register":
+            raise self.error(node, "atomics work on global or shared tensors, not registers")
+        value = self.cast_to(self.runtime_value(node.args[1], buf.dtype), buf.dtype, node)
+        return ir.Atomic(fn.name.removeprefix("atomic_"), buf, idx, value)
+
+    def warp_call(self, fn: L.Intrinsic, node: ast.Call, kwargs: dict):
+        if len(node.args) != 2 or set(kwargs) - {"width"}:
+            raise self.error(node, f"td.{fn.name}(value, lane, width=32) takes a value and a lane argument")
+        width = self.expr(kwargs["width"]) if "width" in kwargs else 32
+        if not isinstance(width, int) or width not in (1, 2, 4, 8, 16, 32):
+            raise self.error(node, "the width of a warp shuffle must be a power of two <= 32 known at compile time")
+        value = self.runtime_value(node.args[0])
+        if value.dtype.bits > 64 or value.dtype.is_bool:
+            raise self.error(node.args[0], f"cannot shuffle a {value.dtype.name}")
+        lane = self.cast_to(self.runtime_value(node.args[1], T.i32), T.i32, node.args[1])
+        return ir.Call(fn.name, (value, lane, ir.const(width)), value.dtype)
+
+    def inline_call(self, dfn, node: ast.Call) -> ir.Expr | None:
+        """Inline a `@td.func`: arguments bind its parameters (by value; tensors by reference)."""
+        if node.keywords:
+            raise self.error(node, "keyword arguments are not supported in @td.func calls")
+        if self.depth > 32:
+            raise self.error(node, f"@td.func '{dfn.name}' nests too deeply (recursion is not supported)")
+        if len(node.args) != len(dfn.params):
+            raise self.error(node, f"'{dfn.name}' takes {len(dfn.params)} argument(s), got {len(node.args)}")
+        src = dfn.source()
+        callee_env = {}
+        prologue = []
+        for (pname, pdtype), arg_node in zip(dfn.params, node.args):
+            value = self.expr(arg_node)
+            if isinstance(value, ir.Buffer) or not is_runtime(value):
+                callee_env[pname] = value
+                continue
+            dtype = pdtype or value.dtype
+            var = ir.Var(pname, dtype)
+            prologue.append(ir.Assign(var, self.cast_to(value, dtype, arg_node), self.loc(arg_node)))
+            callee_env[pname] = var
+        ret = ir.Var(f"{dfn.name}_ret", dfn.return_dtype) if dfn.return_dtype is not None else None
+        callee = FunctionTranslator(src, dfn.fn, callee_env, self.var_types, ret, self.depth + 1)
+        body = callee.block(src.tree.body)
+        self.pending.extend(prologue)
+        self.pending.append(body)
+        return ret
+
+    # ----------------------------------------------------------------- types
+    def dtype_of(self, node: ast.expr) -> T.DataType:
+        value = self.expr(node)
+        if isinstance(value, T.DataType):
+            return value
+        if value in _PY_TYPE_DTYPES:
+            return _PY_TYPE_DTYPES[value]
+        raise self.error(node, f"expected a dtype such as td.f32, got {value!r}")
+
+    def cast_to(self, value, dtype: T.DataType, node: ast.AST) -> ir.Expr:
+        if not (is_runtime(value) or _is_number(value)):
+            raise self.error(node, f"expected a number, got {type(value).__name__}")
+        value = ir.as_expr(value, dtype)
+        if value.dtype == dtype:
+            return value
+        if isinstance(value, ir.Const):
+            return ir.const(value.value, dtype)
+        return ir.Cast(value, dtype)
+
+    @staticmethod
+    def _name_of(target: ast.expr) -> str | None:
+        return target.id if isinstance(target, ast.Name) else None
+
+
+def _widens(old: T.DataType, new: T.DataType) -> bool:
+    """Whether assigning a `new` value to an `old` variable should widen the variable (int -> float)."""
+    return (new.is_float and not old.is_float) or (new.is_float and old.is_float and new.bits > old.bits)
+
+
+def translate_body(source: ParsedSource, fn, env: dict) -> ir.Stmt:
+    """Translate a kernel body to IR, restarting when a runtime variable's type widens."""
+    var_types: dict = {}
+    for _ in range(16):
+        try:
+            return FunctionTranslator(source, fn, env, var_types).block(source.tree.body)
+        except _Restart:
+            continue
+    raise DSLError("variable types did not settle during translation", source.loc(source.tree))

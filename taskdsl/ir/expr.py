@@ -1,0 +1,202 @@
+"""Expressions of the tensor IR: small immutable nodes, each with its result type.
+
+Nodes compare by identity (`==` is not overloaded to build IR); arithmetic and ordering
+operators are overloaded so that Python code such as task-mapping functions and `td.cdiv`
+can be evaluated on IR values as well as on ints.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from .types import DataType, boolean, f32, i32, promote
+
+_ids = itertools.count()
+
+
+class Expr:
+    """Base class of expressions; subclasses are frozen dataclasses with a `dtype`."""
+
+    dtype: DataType
+
+    def __add__(self, o): return binary("+", self, o)
+    def __radd__(self, o): return binary("+", o, self)
+    def __sub__(self, o): return binary("-", self, o)
+    def __rsub__(self, o): return binary("-", o, self)
+    def __mul__(self, o): return binary("*", self, o)
+    def __rmul__(self, o): return binary("*", o, self)
+    def __truediv__(self, o): return binary("/", self, o)
+    def __rtruediv__(self, o): return binary("/", o, self)
+    def __floordiv__(self, o): return binary("//", self, o)
+    def __rfloordiv__(self, o): return binary("//", o, self)
+    def __mod__(self, o): return binary("%", self, o)
+    def __rmod__(self, o): return binary("%", o, self)
+    def __neg__(self): return Unary("-", self, self.dtype)
+    def __lt__(self, o): return binary("<", self, o)
+    def __le__(self, o): return binary("<=", self, o)
+    def __gt__(self, o): return binary(">", self, o)
+    def __ge__(self, o): return binary(">=", self, o)
+    __hash__ = object.__hash__
+
+    def __bool__(self):
+        raise TypeError("an IR expression has no Python truth value (it is only known when the kernel runs)")
+
+
+@dataclass(frozen=True, eq=False)
+class Const(Expr):
+    """A literal of a given type."""
+
+    value: object
+    dtype: DataType
+
+
+@dataclass(frozen=True, eq=False)
+class Var(Expr):
+    """A named scalar: a local, a loop variable, a scalar parameter or a size symbol ('size')."""
+
+    name: str
+    dtype: DataType
+    kind: str = "local"
+    uid: int = field(default_factory=lambda: next(_ids))
+
+
+@dataclass(frozen=True, eq=False)
+class SpecialReg(Expr):
+    """A CUDA built-in index register: threadIdx / blockIdx / blockDim / gridDim, axis x|y|z."""
+
+    name: str
+    axis: str
+    dtype: DataType = i32
+
+
+@dataclass(frozen=True, eq=False)
+class Binary(Expr):
+    """`a op b` for arithmetic, comparison, logical and bitwise operators."""
+
+    op: str
+    a: Expr
+    b: Expr
+    dtype: DataType
+
+
+@dataclass(frozen=True, eq=False)
+class Unary(Expr):
+    """`op a` for '-', 'not' and '~'."""
+
+    op: str
+    a: Expr
+    dtype: DataType
+
+
+@dataclass(frozen=True, eq=False)
+class Select(Expr):
+    """`a if cond else b` (only the chosen branch is evaluated)."""
+
+    cond: Expr
+    a: Expr
+    b: Expr
+    dtype: DataType
+
+
+@dataclass(frozen=True, eq=False)
+class Cast(Expr):
+    """Conversion of `value` to `dtype`."""
+
+    value: Expr
+    dtype: DataType
+
+
+@dataclass(frozen=True, eq=False)
+class Call(Expr):
+    """A math or warp intrinsic by name (see `taskdsl.lang.intrinsics`)."""
+
+    func: str
+    args: tuple
+    dtype: DataType
+
+
+@dataclass(frozen=True, eq=False)
+class Buffer:
+    """A tensor in a memory scope: 'global' (a kernel parameter), 'shared' or 'register'."""
+
+    name: str
+    dtype: DataType
+    shape: tuple
+    scope: str = "global"
+    uid: int = field(default_factory=lambda: next(_ids))
+
+    def __post_init__(self):
+        assert self.scope in ("global", "shared", "register"), self.scope
+
+
+@dataclass(frozen=True, eq=False)
+class Load(Expr):
+    """`buffer[indices]`; after flattening, `indices` is a single linear index."""
+
+    buffer: Buffer
+    indices: tuple
+
+    @property
+    def dtype(self) -> DataType:
+        return self.buffer.dtype
+
+
+@dataclass(frozen=True, eq=False)
+class Atomic(Expr):
+    """`buffer[indices] op= value` done atomically; its value is the old element."""
+
+    op: str
+    buffer: Buffer
+    indices: tuple
+    value: Expr
+
+    @property
+    def dtype(self) -> DataType:
+        return self.buffer.dtype
+
+
+ARITH_OPS = ("+", "-", "*", "/", "//", "%")
+COMPARE_OPS = ("<", "<=", ">", ">=", "==", "!=")
+LOGIC_OPS = ("and", "or")
+BITWISE_OPS = ("&", "|", "^", "<<", ">>")
+
+
+def const(value, dtype: DataType | None = None) -> Const:
+    """A literal; Python bool -> bool, int -> i32, float -> f32 unless `dtype` says otherwise."""
+    if dtype is None:
+        dtype = boolean if isinstance(value, bool) else i32 if isinstance(value, int) else f32
+    if dtype.is_float:
+        value = float(value)
+    elif dtype.is_bool:
+        value = bool(value)
+    else:
+        value = int(value)
+    return Const(value, dtype)
+
+
+def as_expr(value, like: DataType | None = None) -> Expr:
+    """An Expr for `value`; a Python number takes the type of `like` when compatible (weak literals)."""
+    if isinstance(value, Expr):
+        return value
+    if isinstance(value, (bool, int, float)) and like is not None and not isinstance(value, bool):
+        if like.is_float or (like.is_integer and isinstance(value, int)):
+            return const(value, like)
+    if isinstance(value, (bool, int, float)):
+        return const(value)
+    if hasattr(value, "item") and hasattr(value, "dtype"):  # numpy scalar
+        return as_expr(value.item(), like)
+    raise TypeError(f"cannot use {type(value).__name__} value {value!r} in a kernel expression")
+
+
+def binary(op: str, a, b) -> Expr:
+    """Build `a op b` with C-like type promotion; Python numbers adopt the other operand's type."""
+    a = as_expr(a, b.dtype if isinstance(b, Expr) else None)
+    b = as_expr(b, a.dtype)
+    if op in COMPARE_OPS:
+        return Binary(op, a, b, boolean)
+    if op in LOGIC_OPS:
+        return Binary(op, a, b, boolean)
+    dtype = promote(a.dtype, b.dtype)
+    if op == "/" and not dtype.is_float:
+        dtype = f32
+    return Binary(op, a, b, dtype)

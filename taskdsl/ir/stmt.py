@@ -1,0 +1,128 @@
+"""Statements of the tensor IR. Each carries the user's source location for errors and `#line`."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import SourceLoc
+from .expr import Buffer, Expr, Var
+
+
+class Stmt:
+    """Base class of statements; subclasses are frozen dataclasses whose last field is `loc`."""
+
+    loc: SourceLoc | None
+
+
+@dataclass(frozen=True, eq=False)
+class Seq(Stmt):
+    """Statements run in order."""
+
+    stmts: tuple
+    loc: SourceLoc | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Assign(Stmt):
+    """`var = value` (locals are function-wide, as in Python)."""
+
+    var: Var
+    value: Expr
+    loc: SourceLoc | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Store(Stmt):
+    """`buffer[indices] = value`."""
+
+    buffer: Buffer
+    indices: tuple
+    value: Expr
+    loc: SourceLoc | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Allocate(Stmt):
+    """Declares a shared or register buffer (per block / per thread)."""
+
+    buffer: Buffer
+    loc: SourceLoc | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class For(Stmt):
+    """`for var in range(start, stop, step)`; `unroll` asks the backend to unroll it."""
+
+    var: Var
+    start: Expr
+    stop: Expr
+    step: Expr
+    body: Stmt
+    unroll: bool = False
+    loc: SourceLoc | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class ForMapping(Stmt):
+    """`for vars in mapping(worker)`: runs body on each task of `worker` (see expand_mappings)."""
+
+    vars: tuple
+    mapping: object
+    worker: Expr
+    body: Stmt
+    loc: SourceLoc | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class If(Stmt):
+    """`if cond: then else: orelse` (orelse may be None)."""
+
+    cond: Expr
+    then: Stmt
+    orelse: Stmt | None = None
+    loc: SourceLoc | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class While(Stmt):
+    """`while cond: body`."""
+
+    cond: Expr
+    body: Stmt
+    loc: SourceLoc | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Break(Stmt):
+    """Leaves the innermost loop."""
+
+    loc: SourceLoc | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Continue(Stmt):
+    """Goes to the next iteration of the innermost loop."""
+
+    loc: SourceLoc | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class SyncThreads(Stmt):
+    """A barrier of all the threads of a block (`__syncthreads()`)."""
+
+    loc: SourceLoc | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Evaluate(Stmt):
+    """An expression run for its effect (an atomic whose old value is unused)."""
+
+    expr: Expr
+    loc: SourceLoc | None = None
+
+
+def seq(stmts) -> Stmt:
+    """A Seq of `stmts` with nested Seqs flattened (a single statement is returned as is)."""
+    flat = []
+    for s in stmts:
+        flat.extend(s.stmts if isinstance(s, Seq) else [s])
+    return flat[0] if len(flat) == 1 else Seq(tuple(flat))

@@ -1,0 +1,98 @@
+"""Scalar data types and tensor annotations (`f32["M", "K"]`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class DataType:
+    """A scalar type: its DSL name, kind ('float', 'int', 'uint', 'bool') and width."""
+
+    name: str
+    kind: str
+    bits: int
+    c_name: str
+
+    @property
+    def is_float(self) -> bool:
+        return self.kind == "float"
+
+    @property
+    def is_integer(self) -> bool:
+        return self.kind in ("int", "uint")
+
+    @property
+    def is_bool(self) -> bool:
+        return self.kind == "bool"
+
+    @property
+    def numpy(self) -> np.dtype:
+        """The numpy dtype holding this type (bf16 is stored as its raw 16 bits)."""
+        return np.dtype(_NUMPY_NAMES[self.name])
+
+    def __getitem__(self, dims) -> "TensorSpec":
+        """`f32["M", 64]`: a tensor parameter annotation (dims are ints or size-symbol names)."""
+        dims = dims if isinstance(dims, tuple) else (dims,)
+        for d in dims:
+            if isinstance(d, bool) or not isinstance(d, (int, str)) or (isinstance(d, int) and d < 0):
+                raise TypeError(f"tensor dims must be non-negative ints or size-symbol names, got {d!r}")
+        return TensorSpec(self, tuple(dims))
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """The annotation of a tensor parameter: dtype and dims (ints or symbol names)."""
+
+    dtype: DataType
+    dims: tuple
+
+    def __repr__(self) -> str:
+        return f"{self.dtype.name}[{', '.join(repr(d) for d in self.dims)}]"
+
+
+f16 = DataType("f16", "float", 16, "__half")
+bf16 = DataType("bf16", "float", 16, "__nv_bfloat16")
+f32 = DataType("f32", "float", 32, "float")
+f64 = DataType("f64", "float", 64, "double")
+i8 = DataType("i8", "int", 8, "signed char")
+i16 = DataType("i16", "int", 16, "short")
+i32 = DataType("i32", "int", 32, "int")
+i64 = DataType("i64", "int", 64, "long long")
+u8 = DataType("u8", "uint", 8, "unsigned char")
+u32 = DataType("u32", "uint", 32, "unsigned int")
+u64 = DataType("u64", "uint", 64, "unsigned long long")
+boolean = DataType("bool", "bool", 8, "bool")
+
+_NUMPY_NAMES = {"f16": "float16", "bf16": "uint16", "f32": "float32", "f64": "float64", "i8": "int8",
+                "i16": "int16", "i32": "int32", "i64": "int64", "u8": "uint8", "u32": "uint32",
+                "u64": "uint64", "bool": "bool"}
+ALL_DTYPES = (f16, bf16, f32, f64, i8, i16, i32, i64, u8, u32, u64, boolean)
+BY_NAME = {t.name: t for t in ALL_DTYPES}
+
+
+def from_numpy(dtype) -> DataType:
+    """The DataType of a numpy dtype; TypeError for dtypes the DSL has no type for."""
+    dtype = np.dtype(dtype)
+    for t in ALL_DTYPES:
+        if t.name != "bf16" and t.numpy == dtype:
+            return t
+    raise TypeError(f"numpy dtype {dtype} has no taskdsl type; use one of "
+                    f"{', '.join(str(t.numpy) for t in ALL_DTYPES if t.name != 'bf16')}")
+
+
+def promote(a: DataType, b: DataType) -> DataType:
+    """The type arithmetic on two operands is computed in (C rules: float beats int, wider wins,
+    integers narrower than 32 bits and bools widen to i32, f16 with bf16 gives f32)."""
+    if a.is_float or b.is_float:
+        if a.is_float and b.is_float and a != b:
+            return f32 if a.bits == b.bits == 16 else max(a, b, key=lambda t: t.bits)
+        return a if a.is_float else b
+    if a.bits < 32 and b.bits < 32:
+        return i32
+    widest = max((a, b), key=lambda t: (t.bits, t.kind == "uint"))
+    return widest if widest.bits >= 32 else i32

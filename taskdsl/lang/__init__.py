@@ -1,0 +1,7 @@
+"""The kernel language: everything a `@td.kernel` body may refer to."""
+from .intrinsics import (ATOMICS, MATH, WARP_OPS, Intrinsic, blockDim, blockIdx, cast, cdiv, gridDim, registers,
+                         shared, syncthreads, threadIdx, unroll, warp_size)
+
+globals().update(MATH)
+globals().update(ATOMICS)
+globals().update(WARP_OPS)

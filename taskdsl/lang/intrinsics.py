@@ -1,0 +1,70 @@
+"""What kernel bodies may call: index registers, memory, barriers, math, casts, atomics, warp ops.
+
+Each entry is a marker the frontend recognises; math functions also work on plain Python
+numbers outside kernels, so host code and tests can share formulas with kernels.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..ir.expr import SpecialReg
+
+
+class _Dim3:
+    """`threadIdx` / `blockIdx` / `blockDim` / `gridDim`: `.x`, `.y`, `.z` are IR index registers."""
+
+    def __init__(self, name: str):
+        self._name = name
+        self.x, self.y, self.z = (SpecialReg(name, axis) for axis in "xyz")
+
+    def __repr__(self) -> str:
+        return self._name
+
+
+threadIdx, blockIdx, blockDim, gridDim = (_Dim3(n) for n in ("threadIdx", "blockIdx", "blockDim", "gridDim"))
+warp_size = 32
+
+
+@dataclass(frozen=True)
+class Intrinsic:
+    """A function kernels may call; `kind` says how the frontend lowers it."""
+
+    name: str
+    kind: str          # 'math', 'memory', 'barrier', 'cast', 'atomic', 'warp', 'loop'
+    host: object = None
+
+    def __call__(self, *args, **kwargs):
+        if self.host is None:
+            raise RuntimeError(f"td.{self.name}() can only be used inside a @td.kernel or @td.func body")
+        return self.host(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"td.{self.name}"
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+_MATH_HOST = {
+    "exp": math.exp, "exp2": lambda x: 2.0 ** x, "log": math.log, "log2": math.log2, "sqrt": math.sqrt,
+    "rsqrt": lambda x: 1.0 / math.sqrt(x), "sin": math.sin, "cos": math.cos, "tanh": math.tanh,
+    "erf": math.erf, "abs": abs, "floor": math.floor, "ceil": math.ceil, "max": max, "min": min,
+    "pow": pow, "fma": lambda a, b, c: a * b + c, "sigmoid": _sigmoid,
+}
+MATH_ARITY = {"max": 2, "min": 2, "pow": 2, "fma": 3}
+MATH = {name: Intrinsic(name, "math", fn) for name, fn in _MATH_HOST.items()}
+
+shared = Intrinsic("shared", "memory")
+registers = Intrinsic("registers", "memory")
+syncthreads = Intrinsic("syncthreads", "barrier")
+cast = Intrinsic("cast", "cast")
+unroll = Intrinsic("unroll", "loop")
+ATOMICS = {f"atomic_{op}": Intrinsic(f"atomic_{op}", "atomic") for op in ("add", "sub", "max", "min", "exch")}
+WARP_OPS = {name: Intrinsic(name, "warp") for name in ("shfl_xor", "shfl_down", "shfl_up", "shfl_idx")}
+
+
+def cdiv(a, b):
+    """Ceiling division, on ints (host code, grid lambdas) and IR values (kernel bodies)."""
+    return (a + b - 1) // b

@@ -1,0 +1,31 @@
+"""Reject barriers and warp shuffles that not every thread (of the block / warp) reaches."""
+from __future__ import annotations
+
+from .. import ir
+from ..errors import DSLError
+from .uniformity import THREAD, UNIFORM, WARP_FUNCS, Uniformity
+
+
+def _warp_calls(s: ir.Stmt) -> list:
+    """Warp shuffles evaluated by the statement itself (not by nested statements)."""
+    fields = [getattr(s, f) for f in ("value", "expr", "cond", "start", "stop") if hasattr(s, f)]
+    fields += list(getattr(s, "indices", ()))
+    found = []
+    for f in fields:
+        if isinstance(f, ir.Expr):
+            found += [c for c in ir.collect(f, ir.Call) if c.func in WARP_FUNCS]
+    return found
+
+
+def check_barriers(fn: ir.Function) -> ir.Function:
+    """Raise DSLError for a barrier under thread-dependent control flow, or a shuffle under
+    lane-dependent control flow; return `fn` unchanged otherwise."""
+    uniformity = Uniformity(fn)
+    for s, level in uniformity.control_levels(fn):
+        if isinstance(s, ir.SyncThreads) and level > UNIFORM:
+            raise DSLError("'syncthreads()' inside a branch or loop that depends on threadIdx", s.loc,
+                           "A barrier must be reached by every thread of the block.")
+        if level >= THREAD and not isinstance(s, (ir.Seq, ir.For, ir.While, ir.If)) and _warp_calls(s):
+            raise DSLError(f"'{_warp_calls(s)[0].func}()' inside a branch or loop that differs between the lanes "
+                           "of a warp", s.loc, "Every lane of a warp must reach a shuffle together.")
+    return fn

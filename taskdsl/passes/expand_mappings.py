@@ -1,0 +1,72 @@
+"""Replace `for i, j in m(w)` loops by plain loops and index arithmetic.
+
+For a composition of atoms a_1 * ... * a_k (outermost first), atom a_t sees worker
+w_t = (w // n_{t+1..k}) % n_t; spatial(d) gives the task unravel(w_t, d), repeat(d) a
+loop nest over d (unrolled), a custom mapping the tasks its function returns on the
+symbolic w_t. Coordinates combine as in the paper's f1 * f2: t = t_outer * d_inner + t_inner.
+The loop variables are replaced by their coordinate expressions, which lets simplify turn
+`i % 4` of `i = (w // 16) * 4 + r` into `r`. A worker index that may exceed the mapping's workers is guarded by `if w < n`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from .. import ir
+from ..ir import types as T
+from ..mapping import RepeatMapping, SpatialMapping, unravel
+from .bounds import int_range
+
+
+def expand_mappings(fn: ir.Function) -> ir.Function:
+    """`fn` with every ForMapping lowered to For loops and Assigns of the task coordinates."""
+    return dataclasses.replace(fn, body=_Expander(fn.block).visit(fn.body))
+
+
+class _Expander(ir.Rewriter):
+    def __init__(self, block: tuple):
+        self.block = block
+
+    def visit_ForMapping(self, s: ir.ForMapping) -> ir.Stmt:
+        body = self.visit(s.body)
+        atoms = s.mapping.atoms()
+        workers_after = [math.prod(a.num_workers for a in atoms[t + 1:]) for t in range(len(atoms))]
+        expanded = self._emit(s, atoms, workers_after, 0, None, body)
+        bound = int_range(s.worker, self.block, {})
+        if bound is not None and 0 <= bound[0] and bound[1] < s.mapping.num_workers:
+            return expanded
+        return ir.If(ir.binary("<", s.worker, s.mapping.num_workers), expanded, None, s.loc)
+
+    def _emit(self, s: ir.ForMapping, atoms, workers_after, t, coords, body) -> ir.Stmt:
+        if t == len(atoms):  # the loop variables are read-only, so their uses take the coordinates
+            return _Substitute({v.uid: ir.as_expr(c, T.i32) for v, c in zip(s.vars, coords)}).visit(body)
+        atom = atoms[t]
+        worker = s.worker if workers_after[t] == 1 else s.worker // workers_after[t]
+        if t > 0 and atom.num_workers > 1:
+            worker = worker % atom.num_workers
+
+        def combine(task):
+            if coords is None:
+                return tuple(task)
+            return tuple(c * d + x for c, d, x in zip(coords, atom.task_shape, task))
+
+        if isinstance(atom, SpatialMapping):
+            return self._emit(s, atoms, workers_after, t + 1, combine(unravel(worker, atom.dims, atom.ranks)), body)
+        if isinstance(atom, RepeatMapping):
+            loop_vars = [ir.Var(f"{s.vars[d].name}_r{t}", T.i32, kind="loop") if n > 1 else 0
+                         for d, n in enumerate(atom.dims)]
+            inner = self._emit(s, atoms, workers_after, t + 1, combine(loop_vars), body)
+            for d in sorted(range(len(atom.dims)), key=lambda i: atom.ranks[i], reverse=True):
+                if atom.dims[d] > 1:  # the rank-0 dimension ends up outermost
+                    inner = ir.For(loop_vars[d], ir.const(0), ir.const(atom.dims[d]), ir.const(1), inner, True, s.loc)
+            return inner
+        tasks = atom.worker_to_tasks(worker)
+        return ir.seq([self._emit(s, atoms, workers_after, t + 1, combine(tuple(task)), body) for task in tasks])
+
+
+class _Substitute(ir.Rewriter):
+    def __init__(self, values: dict):
+        self.values = values
+
+    def visit_Var(self, v: ir.Var):
+        return self.values.get(v.uid, v)

@@ -1,0 +1,135 @@
+"""Constant folding and the algebraic identities index arithmetic needs.
+
+Folds operations on literals (with the DSL's Python semantics: `//` and `%` floor), drops
+`x + 0`, `x * 1`, `x // 1`, removes `% c` and `// c` when the operand's range makes them
+no-ops, and keeps only the taken branch of an `if` on a constant.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import operator
+
+import numpy as np
+
+from .. import ir
+from .bounds import int_range
+
+_FOLD = {"+": operator.add, "-": operator.sub, "*": operator.mul, "//": operator.floordiv, "%": operator.mod,
+         "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq,
+         "!=": operator.ne, "&": operator.and_, "|": operator.or_, "^": operator.xor, "<<": operator.lshift,
+         ">>": operator.rshift}
+
+
+def simplify(fn: ir.Function) -> ir.Function:
+    """`fn` with constant expressions folded and trivial arithmetic removed."""
+    return dataclasses.replace(fn, body=_Simplifier(fn.block).visit(fn.body))
+
+
+def _fold_value(op: str, a, b, dtype):
+    if op in ("and", "or"):
+        return (a and b) if op == "and" else (a or b)
+    if op == "/":
+        return np.float32(a) / np.float32(b) if dtype.bits <= 32 else a / b
+    if dtype.is_float and op in ("+", "-", "*") and dtype.bits == 32:
+        return float(_FOLD[op](np.float32(a), np.float32(b)))
+    return _FOLD[op](a, b)
+
+
+class _Simplifier(ir.Rewriter):
+    def __init__(self, block: tuple):
+        self.block = block
+        self.ranges: dict = {}
+
+    def _range(self, e):
+        return int_range(e, self.block, self.ranges)
+
+    def visit_For(self, s: ir.For):
+        start, stop = self.visit(s.start), self.visit(s.stop)
+        lo, hi = self._range(start), self._range(stop)
+        step = s.step.value
+        if lo is not None and hi is not None and step > 0:
+            self.ranges[s.var.uid] = (lo[0], max(lo[0], hi[1] - 1))
+        body = self.visit(s.body)
+        return dataclasses.replace(s, start=start, stop=stop, body=body)
+
+    def visit_If(self, s: ir.If):
+        cond = self.visit(s.cond)
+        if isinstance(cond, ir.Const):
+            chosen = s.then if cond.value else s.orelse
+            return self.visit(chosen) if chosen is not None else ir.Seq(())
+        return dataclasses.replace(s, cond=cond, then=self.visit(s.then), orelse=self.visit(s.orelse))
+
+    def visit_Select(self, e: ir.Select):
+        cond = self.visit(e.cond)
+        if isinstance(cond, ir.Const):
+            return self.visit(e.a if cond.value else e.b)
+        return dataclasses.replace(e, cond=cond, a=self.visit(e.a), b=self.visit(e.b))
+
+    def visit_Cast(self, e: ir.Cast):
+        value = self.visit(e.value)
+        if isinstance(value, ir.Const) and not (e.dtype.is_integer and value.dtype.is_float):
+            return ir.const(value.value, e.dtype)
+        return value if value.dtype == e.dtype else dataclasses.replace(e, value=value)
+
+    def visit_Unary(self, e: ir.Unary):
+        a = self.visit(e.a)
+        if isinstance(a, ir.Const):
+            value = {"-": operator.neg, "not": operator.not_, "~": operator.invert}[e.op](a.value)
+            return ir.const(value, e.dtype)
+        return a if a is e.a else dataclasses.replace(e, a=a)
+
+    def visit_Binary(self, e: ir.Binary):
+        a, b = self.visit(e.a), self.visit(e.b)
+        op = e.op
+        if isinstance(a, ir.Const) and isinstance(b, ir.Const):
+            if not (op in ("//", "%", "/") and b.value == 0):
+                value = _fold_value(op, a.value, b.value, a.dtype if op in ir.expr.COMPARE_OPS else e.dtype)
+                if not (isinstance(value, float) and not math.isfinite(value)):
+                    return ir.const(value, e.dtype)
+        if e.dtype.is_integer:
+            simpler = self._integer_identity(op, a, b)
+            if simpler is not None:
+                return simpler
+        if a is e.a and b is e.b:
+            return e
+        return dataclasses.replace(e, a=a, b=b)
+
+    def _integer_identity(self, op, a, b):
+        bv = b.value if isinstance(b, ir.Const) else None
+        av = a.value if isinstance(a, ir.Const) else None
+        if (op in ("+", "-") and bv == 0) or (op in ("*", "//") and bv == 1):
+            return a
+        if (op == "+" and av == 0) or (op == "*" and av == 1):
+            return b
+        if op == "*" and (av == 0 or bv == 0):
+            return ir.const(0, a.dtype if av == 0 else b.dtype)
+        if op in ("%", "//") and bv is not None and bv != 0 and isinstance(a, ir.Binary) and a.op in ("+", "*"):
+            split = _split_multiple(a, bv)
+            if split is not None:  # floor semantics: (q*c + r) % c == r % c and (q*c + r) // c == q + r // c
+                q, r = split
+                rest = self.visit(ir.binary(op, r, b)) if r is not None else ir.const(0, a.dtype)
+                return rest if op == "%" else self.visit(ir.binary("+", q, rest))
+        if op in ("%", "//") and bv is not None and bv > 0:
+            r = self._range(a)
+            if r is not None and 0 <= r[0] and r[1] < bv:
+                return a if op == "%" else ir.const(0, a.dtype)
+        if op == "%" and bv == 1:
+            return ir.const(0, a.dtype)
+        return None
+
+
+def _split_multiple(e: ir.Expr, c: int):
+    """(q, r) with e == q * c + r for a sum of terms some of which are multiples of c, else None."""
+    if isinstance(e, ir.Binary) and e.op == "*":
+        for x, y in ((e.a, e.b), (e.b, e.a)):
+            if isinstance(y, ir.Const) and y.value % c == 0:
+                return (x * (y.value // c) if y.value != c else x), None
+        return None
+    if isinstance(e, ir.Binary) and e.op == "+":
+        for x, y in ((e.a, e.b), (e.b, e.a)):
+            split = _split_multiple(x, c)
+            if split is not None:
+                q, r = split
+                return q, (y if r is None else r + y)
+    return None

@@ -1,0 +1,63 @@
+"""Process-wide settings: target, debug mode, cache directory."""
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+TARGETS = ("cpu", "cuda")
+_state = {"target": None, "debug": None}
+
+
+def cache_dir() -> Path:
+    """Where compiled artifacts live (`TASKDSL_CACHE_DIR`, default ~/.cache/taskdsl)."""
+    path = Path(os.environ.get("TASKDSL_CACHE_DIR") or Path.home() / ".cache" / "taskdsl")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@functools.cache
+def gpu_status() -> tuple[bool, str]:
+    """(usable, reason): whether a CUDA device can be used, and why not when it cannot."""
+    try:
+        from cuda.core import Device
+        device = Device(0)
+        device.set_current()
+        return True, f"{device.name} (sm_{device.compute_capability.major}{device.compute_capability.minor})"
+    except Exception as exc:  # noqa: BLE001 - any failure means no usable GPU; keep the reason
+        return False, f"{type(exc).__name__}: {exc}".strip()
+
+
+def set_target(name: str) -> None:
+    """Run kernels on 'cpu' or 'cuda' from now on (RuntimeError if 'cuda' has no usable GPU)."""
+    if name not in TARGETS:
+        raise ValueError(f"unknown target {name!r}; choose one of {', '.join(TARGETS)}")
+    if name == "cuda":
+        usable, reason = gpu_status()
+        if not usable:
+            raise RuntimeError(f"the cuda target needs a usable GPU, but none was found ({reason}). "
+                               "Use td.set_target('cpu') to run kernels on the CPU.")
+    _state["target"] = name
+
+
+def get_target() -> str:
+    """The current target: set_target's, else $TASKDSL_TARGET, else 'cuda' with a usable GPU, else 'cpu'."""
+    if _state["target"] is not None:
+        return _state["target"]
+    env = os.environ.get("TASKDSL_TARGET")
+    if env:
+        set_target(env.strip().lower())
+        return _state["target"]
+    return "cuda" if gpu_status()[0] else "cpu"
+
+
+def debug(enabled: bool = True) -> None:
+    """Turn the cpu target's debug mode on or off: bounds checks and shared-memory race reports."""
+    _state["debug"] = bool(enabled)
+
+
+def debug_enabled() -> bool:
+    """Whether debug mode is on (`td.debug(True)` or TASKDSL_DEBUG=1)."""
+    if _state["debug"] is not None:
+        return _state["debug"]
+    return os.environ.get("TASKDSL_DEBUG", "0") not in ("", "0", "false", "False")

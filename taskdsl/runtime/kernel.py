@@ -1,0 +1,217 @@
+"""Kernel objects: argument binding, per-specialization compilation, launch."""
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import ir
+from ..errors import DSLError
+from ..ir import types as T
+from .config import debug_enabled, get_target
+
+
+@dataclass
+class Binding:
+    """One call's arguments matched to the kernel's parameters."""
+
+    values: list        # arrays and scalars, in parameter order
+    sizes: dict         # size-symbol name -> int
+    grid: tuple
+    block: tuple
+
+
+@dataclass(frozen=True)
+class CompiledKernel:
+    """A compiled specialization: the generated source and, for cuda, the cubin."""
+
+    target: str
+    source: str
+    binary: bytes | None = None
+    arch: str | None = None
+
+
+def _dims3(value, what: str, kernel: str) -> tuple:
+    dims = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+    if not 1 <= len(dims) <= 3 or not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in dims):
+        raise ValueError(f"kernel '{kernel}': {what} must be an int or a tuple of 1-3 ints, got {value!r}")
+    dims = tuple(int(d) for d in dims) + (1,) * (3 - len(dims))
+    low = 0 if what == "grid" else 1
+    if any(d < low for d in dims):
+        raise ValueError(f"kernel '{kernel}': {what} dims must be >= {low}, got {dims}")
+    return dims
+
+
+class Kernel:
+    """A `@td.kernel` function: call it on arrays to run it on the current target."""
+
+    def __init__(self, fn, grid, block, name: str):
+        from ..frontend.builder import kernel_params
+        self.fn = fn
+        self.name = name
+        self.grid_spec = grid
+        self.block_spec = block
+        self.params = kernel_params(fn)
+        self._lowered: dict = {}
+        self._frontend: dict = {}
+        self._cpu: dict = {}
+        self._cuda: dict = {}
+        functools.update_wrapper(self, fn)
+
+    def __repr__(self) -> str:
+        sig = ", ".join(f"{n}: {s!r}" for n, s in self.params)
+        return f"<td.kernel {self.name}({sig})>"
+
+    # ------------------------------------------------------------------ binding
+    def bind(self, args: tuple) -> Binding:
+        """Check `args` against the annotations and bind the size symbols."""
+        if len(args) != len(self.params):
+            raise TypeError(f"kernel '{self.name}' takes {len(self.params)} arguments "
+                            f"({', '.join(n for n, _ in self.params)}), got {len(args)}")
+        sizes: dict = {}
+        values = []
+        for (pname, spec), arg in zip(self.params, args):
+            if isinstance(spec, T.TensorSpec):
+                values.append(self._bind_tensor(pname, spec, arg, sizes))
+            else:
+                values.append(self._bind_scalar(pname, spec, arg))
+        scalars = {n: v for (n, s), v in zip(self.params, values) if isinstance(s, T.DataType)}
+        grid = _dims3(self._evaluate(self.grid_spec, sizes, scalars, "grid"), "grid", self.name)
+        block = _dims3(self._evaluate(self.block_spec, sizes, scalars, "block"), "block", self.name)
+        if block[0] * block[1] * block[2] > 1024:
+            raise ValueError(f"kernel '{self.name}': a block has at most 1024 threads, got {block}")
+        return Binding(values, sizes, grid, block)
+
+    def _bind_tensor(self, pname, spec: T.TensorSpec, arg, sizes: dict):
+        if not isinstance(arg, np.ndarray):
+            raise TypeError(f"kernel '{self.name}': argument '{pname}' must be a numpy array, got {type(arg).__name__}")
+        if arg.dtype != spec.dtype.numpy:
+            raise TypeError(f"kernel '{self.name}': argument '{pname}' must have dtype {spec.dtype.numpy} "
+                            f"({spec.dtype.name}), got {arg.dtype}; convert it with .astype(np.{spec.dtype.numpy})")
+        if arg.ndim != len(spec.dims):
+            raise ValueError(f"kernel '{self.name}': argument '{pname}' must be {len(spec.dims)}-d ({spec!r}), "
+                             f"got shape {arg.shape}")
+        for axis, (dim, n) in enumerate(zip(spec.dims, arg.shape)):
+            if isinstance(dim, str):
+                if sizes.setdefault(dim, n) != n:
+                    raise ValueError(f"kernel '{self.name}': size '{dim}' is {sizes[dim]} from an earlier argument "
+                                     f"but {n} in '{pname}' (axis {axis}, shape {arg.shape})")
+            elif dim != n:
+                raise ValueError(f"kernel '{self.name}': axis {axis} of '{pname}' must be {dim}, got shape {arg.shape}")
+        return arg
+
+    def _bind_scalar(self, pname, dtype: T.DataType, arg):
+        if isinstance(arg, np.ndarray) or not isinstance(arg, (bool, int, float, np.number, np.bool_)):
+            raise TypeError(f"kernel '{self.name}': argument '{pname}' must be a {dtype.name} scalar, "
+                            f"got {type(arg).__name__}")
+        if dtype.is_integer and isinstance(arg, (float, np.floating)):
+            raise TypeError(f"kernel '{self.name}': argument '{pname}' must be an integer ({dtype.name}), got {arg!r}")
+        return dtype.numpy.type(arg)
+
+    def _evaluate(self, spec, sizes: dict, scalars: dict, what: str):
+        if not callable(spec):
+            return spec
+        known = {**sizes, **scalars}
+        names = list(inspect.signature(spec).parameters)
+        missing = [n for n in names if n not in known]
+        if missing:
+            raise ValueError(f"kernel '{self.name}': the {what} callable asks for {', '.join(map(repr, missing))}, "
+                             f"which is not a size symbol or scalar parameter (known: {', '.join(known) or 'none'})")
+        return spec(*(int(known[n]) if isinstance(known[n], (int, np.integer)) else known[n] for n in names))
+
+    # ------------------------------------------------------------------ compilation stages
+    def _frontend_ir(self, block: tuple) -> ir.Function:
+        if block not in self._frontend:
+            from ..frontend.builder import build_function
+            self._frontend[block] = build_function(self.fn, self.name, self.params, block)
+        return self._frontend[block]
+
+    def _lowered_ir(self, block: tuple) -> ir.Function:
+        if block not in self._lowered:
+            from ..passes import lower
+            self._lowered[block] = lower(self._frontend_ir(block))
+        return self._lowered[block]
+
+    def _cpu_kernel(self, block: tuple, debug: bool):
+        key = (block, debug)
+        if key not in self._cpu:
+            from ..backend.cpu.codegen import emit_python
+            from ..backend.cpu.compile import load_cpu_kernel
+            src = emit_python(self._lowered_ir(block), debug)
+            self._cpu[key] = (load_cpu_kernel(src), src)
+        return self._cpu[key]
+
+    def _cuda_source(self, binding: Binding) -> str:
+        from ..backend.cuda.codegen import emit_cuda
+        from ..passes import lower_for_cuda
+        return emit_cuda(lower_for_cuda(self._lowered_ir(binding.block), binding.sizes))
+
+    # ------------------------------------------------------------------ public API
+    def __call__(self, *args) -> None:
+        binding = self.bind(args)
+        target = get_target()
+        if 0 in binding.grid:
+            return
+        if target == "cpu":
+            self._run_cpu(binding)
+        else:
+            raise NotImplementedError("launching kernels on a GPU is not implemented yet; this build compiles CUDA "
+                                      "(kernel.compile(..., target='cuda')) and runs kernels on the cpu target")
+
+    def _run_cpu(self, binding: Binding) -> None:
+        debug = debug_enabled()
+        run, src = self._cpu_kernel(binding.block, debug)
+        fn = self._lowered_ir(binding.block)
+        sizes = [binding.sizes[s.name] for s in fn.sizes]
+        try:
+            run(*binding.values, *sizes, *binding.grid)
+        except (IndexError, RuntimeError) as exc:
+            if debug and exc.args and isinstance(exc.args[0], int) and exc.args[0] < len(src.sites):
+                from ..backend.cpu.errors import debug_error
+                raise debug_error(src.sites[exc.args[0]], exc) from None
+            raise
+
+    def ir(self, *args, stage: str = "frontend") -> str:
+        """The IR text of the specialization for `args`: stage 'frontend', 'lowered' or 'cuda'."""
+        binding = self.bind(args)
+        if stage == "frontend":
+            return ir.function_str(self._frontend_ir(binding.block))
+        if stage == "lowered":
+            return ir.function_str(self._lowered_ir(binding.block))
+        if stage == "cuda":
+            from ..passes import lower_for_cuda
+            return ir.function_str(lower_for_cuda(self._lowered_ir(binding.block), binding.sizes))
+        raise ValueError(f"unknown stage {stage!r}; use 'frontend', 'lowered' or 'cuda'")
+
+    def source(self, *args, target: str | None = None) -> str:
+        """The generated source for `args`: CUDA C++ (target='cuda') or the numba module (target='cpu')."""
+        target = target or get_target()
+        binding = self.bind(args)
+        if target == "cuda":
+            return self._cuda_source(binding)
+        if target == "cpu":
+            from ..backend.cpu.codegen import emit_python
+            return emit_python(self._lowered_ir(binding.block), debug_enabled()).text
+        raise ValueError(f"unknown target {target!r}; use 'cpu' or 'cuda'")
+
+    def compile(self, *args, target: str | None = None, arch: str | None = None) -> CompiledKernel:
+        """Compile the specialization for `args` without running it (cuda: a cubin for `arch`, default sm_90)."""
+        target = target or get_target()
+        binding = self.bind(args)
+        if target == "cuda":
+            from ..backend.cuda.nvrtc import compile_cubin, normalize_arch
+            arch = normalize_arch(arch or "sm_90")
+            key = (binding.block, tuple(sorted(binding.sizes.items())), arch)
+            if key not in self._cuda:
+                source = self._cuda_source(binding)
+                self._cuda[key] = CompiledKernel("cuda", source, compile_cubin(source, arch, self.name), arch)
+            return self._cuda[key]
+        if target == "cpu":
+            _, src = self._cpu_kernel(binding.block, debug_enabled())
+            return CompiledKernel("cpu", src.text)
+        raise ValueError(f"unknown target {target!r}; use 'cpu' or 'cuda'")
+
+
+__all__ = ["Kernel", "CompiledKernel", "DSLError"]
