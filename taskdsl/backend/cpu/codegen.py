@@ -14,7 +14,7 @@ Generated shape (see fission.py for how regions come about):
                 for tid in range(256): ... # region 2
 
 Blocks run in parallel unless the kernel does atomics on global memory (then serially,
-which makes those atomics exact). In debug mode every access goes through a checking
+which makes those atomics exact) or debug mode is on. In debug mode every access goes through a checking
 helper, and shared accesses also feed the race detector.
 """
 from __future__ import annotations
@@ -86,7 +86,7 @@ class _PythonEmitter:
     def emit(self) -> CpuSource:
         fn = self.fn
         global_atomics = any(a.buffer.scope == "global" for a in ir.collect(fn.body, ir.Atomic))
-        parallel = not global_atomics
+        parallel = not (global_atomics or self.debug)  # debug: serial blocks report the first error exactly
         args = [self.name(p) for p in fn.params] + [self.name(s) for s in fn.sizes] + ["grid_x", "grid_y", "grid_z"]
         entry = "kernel_" + self.name(ir.Var(fn.name, ir.types.i32))
         out = ["import math", "import numpy as np", "from numba import njit, prange",

@@ -1,0 +1,50 @@
+"""Shared test set-up: cpu target, a private cache, NVRTC compilation of every kernel that runs.
+
+Every kernel specialization a test launches on the cpu target also has its CUDA C++
+generated and compiled to an sm_90 cubin by NVRTC (once per kernel and block shape), so
+the suite proves the CUDA path on machines without a GPU.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import taskdsl as td
+from taskdsl.runtime.kernel import Kernel
+
+_compiled: set = set()
+
+
+def pytest_configure(config):
+    os.environ.setdefault("TASKDSL_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".taskdsl-test-cache"))
+
+
+@pytest.fixture(autouse=True)
+def _cpu_target_and_nvrtc(monkeypatch, request):
+    """Run on the cpu target (cuda for @pytest.mark.gpu tests) and NVRTC-compile each launched kernel."""
+    if request.node.get_closest_marker("gpu") is None:
+        td.set_target("cpu")
+    original = Kernel.__call__
+
+    def call_and_compile(self, *args):
+        original(self, *args)
+        binding = self.bind(args)
+        key = (id(self), binding.block)
+        if key not in _compiled and 0 not in binding.grid:
+            self.compile(*args, target="cuda", arch="sm_90")
+            _compiled.add(key)
+
+    monkeypatch.setattr(Kernel, "__call__", call_and_compile)
+    yield
+    td.debug(False)
+
+
+def pytest_collection_modifyitems(config, items):
+    usable, reason = td.gpu_status()
+    if usable:
+        return
+    skip = pytest.mark.skip(reason=f"no usable GPU ({reason})")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)
