@@ -54,6 +54,8 @@ class Kernel:
         self.grid_spec = grid
         self.block_spec = block
         self.params = kernel_params(fn)
+        self._callable_args = {what: list(inspect.signature(spec).parameters) if callable(spec) else None
+                               for what, spec in (("grid", grid), ("block", block))}
         self._lowered: dict = {}
         self._frontend: dict = {}
         self._cpu: dict = {}
@@ -114,7 +116,7 @@ class Kernel:
         if not callable(spec):
             return spec
         known = {**sizes, **scalars}
-        names = list(inspect.signature(spec).parameters)
+        names = self._callable_args[what]
         missing = [n for n in names if n not in known]
         if missing:
             raise ValueError(f"kernel '{self.name}': the {what} callable asks for {', '.join(map(repr, missing))}, "

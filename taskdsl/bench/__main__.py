@@ -1,0 +1,25 @@
+"""Benchmarks: `python -m taskdsl.bench NAME`. Each prints taskdsl against the best local peer."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+BENCHMARKS = {
+    "cpu-matmul": ("the DESIGN matmul on the cpu target vs numpy (512^3, 1024^3) and compile times",
+                   "taskdsl.bench.cpu_matmul"),
+}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m taskdsl.bench", description=__doc__)
+    parser.add_argument("name", choices=sorted(BENCHMARKS), help="; ".join(f"{k}: {v[0]}" for k, v in BENCHMARKS.items()))
+    parser.add_argument("--sizes", type=int, nargs="+", help="problem sizes (default: the benchmark's own)")
+    args = parser.parse_args(argv)
+    import importlib
+    module = importlib.import_module(BENCHMARKS[args.name][1])
+    module.run(**({"sizes": tuple(args.sizes)} if args.sizes else {}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
