@@ -644,8 +644,8 @@ class FunctionTranslator:
         dtype = typed[0].dtype
         for e in typed[1:]:
             dtype = T.promote(dtype, e.dtype)
-        if name not in ("max", "min", "abs") and not dtype.is_float:
-            dtype = T.f32  # transcendental functions of integers are computed in f32
+        if (name not in ("max", "min", "abs") and not dtype.is_float) or (dtype.is_float and dtype.bits == 16):
+            dtype = T.f32  # transcendental functions of integers, and all math on 16-bit floats, are f32
         if dtype.is_bool:
             dtype = T.i32
         exprs = [self.cast_to(ir.as_expr(a, dtype), dtype, node) for a in args]

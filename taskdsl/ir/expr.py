@@ -197,6 +197,10 @@ def binary(op: str, a, b) -> Expr:
     if op in LOGIC_OPS:
         return Binary(op, a, b, boolean)
     dtype = promote(a.dtype, b.dtype)
-    if op == "/" and not dtype.is_float:
-        dtype = f32
+    if (op == "/" and not dtype.is_float) or (dtype.is_float and dtype.bits == 16):
+        dtype = f32  # 16-bit floats are a storage format: arithmetic on them is done in f32
+    if dtype != a.dtype:
+        a = Cast(a, dtype) if not isinstance(a, Const) else const(a.value, dtype)
+    if dtype != b.dtype:
+        b = Cast(b, dtype) if not isinstance(b, Const) else const(b.value, dtype)
     return Binary(op, a, b, dtype)

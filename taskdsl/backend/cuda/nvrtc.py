@@ -27,6 +27,17 @@ def nvrtc_version() -> str:
     return f"{major}.{minor}"
 
 
+@functools.cache
+def _cuda_include_dir() -> str:
+    """The CUDA runtime headers (cuda_fp16.h, ...) shipped by the nvidia-cuda-runtime wheel."""
+    from cuda.pathfinder import find_nvidia_header_directory
+    path = find_nvidia_header_directory("cudart")
+    if path is None:
+        raise RuntimeError("f16/bf16 kernels need the CUDA headers of the 'nvidia-cuda-runtime' package: "
+                           "pip install 'nvidia-cuda-runtime==13.*'")
+    return path
+
+
 def compile_cubin(source: str, arch: str = "sm_90", name: str = "kernel") -> bytes:
     """Compile a CUDA C++ translation unit to a cubin for `arch`.
 
@@ -35,7 +46,9 @@ def compile_cubin(source: str, arch: str = "sm_90", name: str = "kernel") -> byt
     """
     from cuda.core import Program, ProgramOptions
 
-    options = ProgramOptions(arch=normalize_arch(arch), std="c++17", lineinfo=True, name=f"{name}.cu")
+    include = [_cuda_include_dir()] if "#include <cuda_" in source else None
+    options = ProgramOptions(arch=normalize_arch(arch), std="c++17", lineinfo=True, name=f"{name}.cu",
+                             include_path=include)
     try:
         return bytes(Program(source, code_type="c++", options=options).compile("cubin").code)
     except Exception as exc:  # noqa: BLE001 - cuda.core raises its own NVRTCError type
