@@ -2,8 +2,10 @@
 
 Common to every target:  expand_mappings -> simplify -> check_barriers.
 CUDA then specializes:   bind_sizes -> flatten_buffers -> simplify.
-The cpu target keeps sizes symbolic and multi-dimensional accesses (numba indexes
-n-d arrays directly), and splits blocks at barriers in `backend/cpu/fission.py`.
+The cpu target keeps sizes symbolic (one numba compile serves every shape):
+                         unroll_loops -> flatten_buffers -> simplify,
+except in debug mode, which keeps n-d accesses so each index can be checked per axis.
+Blocks are then split at barriers in `backend/cpu/fission.py`.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from .check_barriers import check_barriers
 from .expand_mappings import expand_mappings
 from .simplify import simplify
 from .specialize import bind_sizes, flatten_buffers
+from .unroll import unroll_loops
 
 COMMON_PIPELINE = (expand_mappings, simplify, check_barriers)
 
@@ -26,3 +29,10 @@ def lower(fn: ir.Function) -> ir.Function:
 def lower_for_cuda(fn: ir.Function, sizes: dict) -> ir.Function:
     """A lowered kernel fixed to `sizes` with 1-D addressing, as the CUDA code generator wants it."""
     return simplify(flatten_buffers(bind_sizes(fn, sizes)))
+
+
+def lower_for_cpu(fn: ir.Function, debug: bool) -> ir.Function:
+    """A lowered kernel prepared for the numba code generator (n-d accesses kept in debug mode)."""
+    if debug:
+        return fn
+    return simplify(flatten_buffers(simplify(unroll_loops(fn))))

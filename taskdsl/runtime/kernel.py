@@ -141,7 +141,8 @@ class Kernel:
         if key not in self._cpu:
             from ..backend.cpu.codegen import emit_python
             from ..backend.cpu.compile import load_cpu_kernel
-            src = emit_python(self._lowered_ir(block), debug)
+            from ..passes import lower_for_cpu
+            src = emit_python(lower_for_cpu(self._lowered_ir(block), debug), debug)
             self._cpu[key] = (load_cpu_kernel(src), src)
         return self._cpu[key]
 
@@ -167,8 +168,9 @@ class Kernel:
         run, src = self._cpu_kernel(binding.block, debug)
         fn = self._lowered_ir(binding.block)
         sizes = [binding.sizes[s.name] for s in fn.sizes]
+        from ..backend.cpu.launch import launch_cpu
         try:
-            run(*binding.values, *sizes, *binding.grid)
+            launch_cpu(run, src, binding.values, sizes, binding.grid)
         except (IndexError, RuntimeError) as exc:
             if debug and exc.args and isinstance(exc.args[0], int) and exc.args[0] < len(src.sites):
                 from ..backend.cpu.errors import debug_error
@@ -194,8 +196,7 @@ class Kernel:
         if target == "cuda":
             return self._cuda_source(binding)
         if target == "cpu":
-            from ..backend.cpu.codegen import emit_python
-            return emit_python(self._lowered_ir(binding.block), debug_enabled()).text
+            return self._cpu_kernel(binding.block, debug_enabled())[1].text
         raise ValueError(f"unknown target {target!r}; use 'cpu' or 'cuda'")
 
     def compile(self, *args, target: str | None = None, arch: str | None = None) -> CompiledKernel:

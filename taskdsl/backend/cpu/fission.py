@@ -33,6 +33,8 @@ class Region:
     stmts: list
     guards: list = field(default_factory=list)   # per-thread predicates (warp-uniform ifs)
     in_block_loop: bool = False
+    live: set = field(default_factory=set)       # uids read before the region surely assigns them
+    assigned: set = field(default_factory=set)   # uids the region assigns
 
 
 @dataclass(eq=False)
@@ -299,7 +301,7 @@ def _guard(items: list, pred: ir.Expr) -> list:
     out = []
     for it in items:
         if isinstance(it, Region):
-            out.append(Region(it.stmts, it.guards + [pred], it.in_block_loop))
+            out.append(dataclasses.replace(it, guards=it.guards + [pred]))
         elif isinstance(it, BlockFor):
             out.append(BlockFor(it.loop, _guard(it.body, pred)))
         elif isinstance(it, BlockWhile):
@@ -370,7 +372,9 @@ def fission(fn: ir.Function) -> BlockProgram:
     # A variable lives in a per-thread array when a region reads a value of it that another region
     # (or the same region, in an earlier iteration of a block-level loop) assigned.
     regions = list(_regions(items))
-    info = [(r, *_region_vars(r)) for r in regions]
+    for r in regions:
+        r.live, r.assigned = _region_vars(r)
+    info = [(r, r.live, r.assigned) for r in regions]
     local_vars = {v.uid: v for v in ir.collect(hoisted, ir.Var) if v.kind not in ("size", "param")}
     local_vars.update({g.var.uid: g.var for r in regions for g in r.stmts if isinstance(g, ShflGet)})
     for r in regions:

@@ -1,0 +1,65 @@
+"""Calling a generated cpu kernel: flat views of the tensors, blocks split over a thread pool."""
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import functools
+import os
+
+import numpy as np
+
+from .codegen import CpuSource
+
+
+@contextlib.contextmanager
+def _slp_vectorizer():
+    """numba leaves LLVM's SLP vectorizer off by default; unrolled register tiles need it."""
+    from numba.core import config
+    saved = config.SLP_VECTORIZE
+    config.SLP_VECTORIZE = 1
+    try:
+        yield
+    finally:
+        config.SLP_VECTORIZE = saved
+
+
+def num_threads() -> int:
+    """Worker threads for block-parallel launches ($TASKDSL_NUM_THREADS, default: the CPU count)."""
+    return max(1, int(os.environ.get("TASKDSL_NUM_THREADS") or os.cpu_count() or 1))
+
+
+@functools.cache
+def _pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
+    return concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="taskdsl-cpu")
+
+
+def launch_cpu(run, src: CpuSource, values: list, sizes: list, grid: tuple) -> None:
+    """Run the dispatcher `run` on `values` (arrays and scalars), `sizes` and the `grid` of blocks.
+
+    In flat mode each array goes in as a 1-D view; a non-contiguous one is copied into a
+    contiguous buffer and copied back afterwards, so callers still see in-place writes.
+    """
+    args, copy_back = [], []
+    for v in values:
+        if src.flat and isinstance(v, np.ndarray):
+            if v.flags.c_contiguous:
+                args.append(v.reshape(-1))
+            else:
+                tmp = np.ascontiguousarray(v)
+                copy_back.append((v, tmp))
+                args.append(tmp.reshape(-1))
+        else:
+            args.append(v)
+    blocks = grid[0] * grid[1] * grid[2]
+    workers = min(num_threads(), blocks) if src.parallel else 1
+    with _slp_vectorizer():
+        run(*args, *sizes, *grid, 0, min(blocks, 1))  # compiles (once) before the threads start
+    if workers <= 1:
+        run(*args, *sizes, *grid, 1, blocks)
+    else:
+        bounds = [1 + (blocks - 1) * w // workers for w in range(workers + 1)]
+        futures = [_pool(workers).submit(run, *args, *sizes, *grid, lo, hi) for lo, hi in zip(bounds, bounds[1:])]
+        for f in futures:
+            f.result()
+    for original, tmp in copy_back:
+        np.copyto(original, tmp)

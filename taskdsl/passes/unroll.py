@@ -1,0 +1,61 @@
+"""Fully unroll loops with constant bounds and small bodies.
+
+The CUDA compiler does this itself; the cpu target needs it done in the IR so that
+register-tile indices become constants (the cpu code generator then keeps those elements
+in locals) and LLVM's SLP vectorizer sees straight-line code.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from .. import ir
+
+MAX_COPIES = 256  # statements one unrolled loop nest may produce
+
+
+def unroll_loops(fn: ir.Function, max_copies: int = MAX_COPIES) -> ir.Function:
+    """`fn` with each For of constant bounds replaced by copies of its body, up to `max_copies` statements."""
+    return dataclasses.replace(fn, body=_Unroller(max_copies).visit(fn.body))
+
+
+def _copies(s) -> int:
+    """How many copies of its innermost statements an already unrolled tree holds (a size measure)."""
+    return max(1, len(ir.collect(s, ir.Store)) + len(ir.collect(s, ir.Assign)))
+
+
+class _Unroller(ir.Rewriter):
+    def __init__(self, max_copies: int):
+        self.max_copies = max_copies
+
+    def visit_For(self, s: ir.For):
+        body = self.visit(s.body)
+        s = s if body is s.body else dataclasses.replace(s, body=body)
+        if not all(isinstance(x, ir.Const) for x in (s.start, s.stop, s.step)):
+            return s
+        trips = range(s.start.value, s.stop.value, s.step.value)
+        if len(trips) * _copies(body) > self.max_copies or any(isinstance(x, (ir.Break, ir.Continue))
+                                                                 for x in _loop_jumps(body)):
+            return s
+        return ir.seq([_Bind(s.var.uid, ir.const(t, s.var.dtype)).visit(body) for t in trips]) if trips \
+            else ir.Seq(())
+
+
+def _loop_jumps(s):
+    """Break/continue statements of this loop level (not of nested loops)."""
+    if isinstance(s, (ir.Break, ir.Continue)):
+        yield s
+    elif isinstance(s, ir.Seq):
+        for x in s.stmts:
+            yield from _loop_jumps(x)
+    elif isinstance(s, ir.If):
+        yield from _loop_jumps(s.then)
+        if s.orelse is not None:
+            yield from _loop_jumps(s.orelse)
+
+
+class _Bind(ir.Rewriter):
+    def __init__(self, uid: int, value: ir.Expr):
+        self.uid, self.value = uid, value
+
+    def visit_Var(self, v: ir.Var):
+        return self.value if v.uid == self.uid else v

@@ -1,0 +1,1080 @@
+"""Every construct of the kernel language, run on the cpu target and compared with numpy.
+
+Each kernel is small and checks one construct against a reference computed here with
+numpy (or plain Python), never with taskdsl itself. Hypothesis draws the sizes; a kernel
+is compiled once per block shape, so the block shapes are fixed and only sizes vary.
+"""
+import math
+
+import numpy as np
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+import taskdsl as td
+from taskdsl import blockDim, blockIdx, f32, f64, gridDim, i32, repeat, spatial, threadIdx
+
+FEW = settings(max_examples=6, deadline=None)
+SIZES = st.integers(1, 300) | st.sampled_from([1, 2, 31, 32, 33, 63, 64, 65, 127, 257])
+
+
+def rand_f32(rng, *shape, low=-2.0, high=2.0):
+    return rng.uniform(low, high, size=shape).astype(np.float32)
+
+
+# --------------------------------------------------------------------------- elementwise + guard
+@td.kernel(grid=lambda N: td.cdiv(N, 64), block=64)
+def axpb(X: f32["N"], Y: f32["N"]):
+    i = blockIdx.x * 64 + threadIdx.x
+    if i < N:
+        Y[i] = X[i] * 2.0 + 1.0
+
+
+@FEW
+@given(n=SIZES, seed=st.integers(0, 2**16))
+@example(n=1, seed=0)
+@example(n=64, seed=1)
+@example(n=65, seed=2)
+def test_elementwise_with_bounds_guard(n, seed):
+    rng = np.random.default_rng(seed)
+    x = rand_f32(rng, n)
+    y = np.full(n, np.nan, np.float32)
+    axpb(x, y)
+    np.testing.assert_allclose(y, x * np.float32(2) + np.float32(1), rtol=1e-6)
+
+
+def test_grid_of_zero_blocks_does_nothing():
+    x = np.zeros(0, np.float32)
+    y = np.zeros(0, np.float32)
+    axpb(x, y)  # cdiv(0, 64) == 0 blocks: a no-op, not an error
+    assert y.shape == (0,)
+
+
+def test_tail_elements_beyond_n_are_untouched():
+    # a view of the first 70 elements of a bigger buffer: the guard keeps the 2nd block in bounds
+    x = np.arange(70, dtype=np.float32)
+    y = np.full(70, -5.0, np.float32)
+    axpb(x, y)
+    np.testing.assert_array_equal(y, x * 2 + 1)
+
+
+# --------------------------------------------------------------------------- math functions
+@td.kernel(grid=lambda N: td.cdiv(N, 64), block=64)
+def math_all(X: f32["N"], Y: f32["N"], Out: f32[24, "N"]):
+    i = blockIdx.x * 64 + threadIdx.x
+    if i < N:
+        x = X[i]
+        y = Y[i]
+        Out[0, i] = td.exp(y)
+        Out[1, i] = td.log(x)
+        Out[2, i] = td.sqrt(x)
+        Out[3, i] = td.rsqrt(x)
+        Out[4, i] = td.tanh(y)
+        Out[5, i] = td.erf(y)
+        Out[6, i] = td.abs(y)
+        Out[7, i] = td.max(x, y)
+        Out[8, i] = td.min(x, y)
+        Out[9, i] = td.pow(x, y)
+        Out[10, i] = td.sin(y)
+        Out[11, i] = td.cos(y)
+        Out[12, i] = td.exp2(y)
+        Out[13, i] = td.log2(x)
+        Out[14, i] = td.floor(y * 3.0)
+        Out[15, i] = td.ceil(y * 3.0)
+        Out[16, i] = td.sigmoid(y)
+        Out[17, i] = td.fma(x, y, 0.5)
+        Out[18, i] = max(x, y)
+        Out[19, i] = min(x, y)
+        Out[20, i] = abs(y)
+        Out[21, i] = x ** y
+        Out[22, i] = y ** 2
+        Out[23, i] = y / x
+
+
+def math_reference(x, y):
+    x64, y64 = x.astype(np.float64), y.astype(np.float64)
+    erf = np.vectorize(math.erf)
+    y3 = (y * np.float32(3.0)).astype(np.float64)  # the kernel multiplies in f32
+    return [np.exp(y64), np.log(x64), np.sqrt(x64), 1 / np.sqrt(x64), np.tanh(y64), erf(y64), np.abs(y64),
+            np.maximum(x64, y64), np.minimum(x64, y64), x64 ** y64, np.sin(y64), np.cos(y64), 2.0 ** y64,
+            np.log2(x64), np.floor(y3), np.ceil(y3), 1 / (1 + np.exp(-y64)), x64 * y64 + 0.5,
+            np.maximum(x64, y64), np.minimum(x64, y64), np.abs(y64), x64 ** y64, y64 ** 2, y64 / x64]
+
+
+@FEW
+@given(n=SIZES, seed=st.integers(0, 2**16))
+@example(n=1, seed=3)
+def test_math_functions(n, seed):
+    rng = np.random.default_rng(seed)
+    x = rand_f32(rng, n, low=0.1, high=3.0)
+    y = rand_f32(rng, n, low=-3.0, high=3.0)
+    out = np.full((24, n), np.nan, np.float32)
+    math_all(x, y, out)
+    for row, ref in enumerate(math_reference(x, y)):
+        np.testing.assert_allclose(out[row], ref, rtol=2e-6, atol=2e-6, err_msg=f"row {row}")
+
+
+@td.kernel(grid=1, block=32)
+def math_of_ints(I: i32[32], Out: f32[3, 32], Imax: i32[2, 32]):
+    t = threadIdx.x
+    Out[0, t] = td.sqrt(I[t])          # integer argument: computed in f32
+    Out[1, t] = td.exp(I[t] * 0.125)
+    Out[2, t] = td.abs(I[t] - 16)      # integer abs stays an integer, stored as f32
+    Imax[0, t] = max(I[t], 16 - I[t])
+    Imax[1, t] = td.min(I[t], 16 - I[t])
+
+
+def test_math_on_integer_values():
+    i = np.arange(32, dtype=np.int32)
+    out = np.zeros((3, 32), np.float32)
+    imax = np.zeros((2, 32), np.int32)
+    math_of_ints(i, out, imax)
+    np.testing.assert_allclose(out[0], np.sqrt(i), rtol=1e-6)
+    np.testing.assert_allclose(out[1], np.exp(i * 0.125), rtol=1e-6)
+    np.testing.assert_array_equal(out[2], np.abs(i - 16))
+    np.testing.assert_array_equal(imax[0], np.maximum(i, 16 - i))
+    np.testing.assert_array_equal(imax[1], np.minimum(i, 16 - i))
+
+
+def test_math_functions_work_on_host_numbers():
+    assert td.exp(0.0) == 1.0
+    assert td.max(2, 7) == 7
+    assert td.fma(2.0, 3.0, 1.0) == 7.0
+    assert td.cdiv(10, 4) == 3 and td.cdiv(0, 4) == 0
+
+
+# --------------------------------------------------------------------------- casts
+@td.kernel(grid=lambda N: td.cdiv(N, 64), block=64)
+def casts(X: f32["N"], I: i32["N"], T1: i32["N"], T2: i32["N"], F1: f32["N"], F2: f32["N"], F3: f32["N"]):
+    i = blockIdx.x * 64 + threadIdx.x
+    if i < N:
+        T1[i] = td.cast(X[i], td.i32)
+        T2[i] = int(X[i] * 2.0)
+        F1[i] = td.cast(I[i], f32) * 0.5
+        F2[i] = f32(I[i]) + 0.25
+        F3[i] = I[i] / 4            # true division of integers gives a float
+
+
+@FEW
+@given(n=SIZES, seed=st.integers(0, 2**16))
+def test_casts(n, seed):
+    rng = np.random.default_rng(seed)
+    x = rand_f32(rng, n, low=-50.0, high=50.0)
+    x[: min(n, 4)] = np.array([-2.7, 2.7, -0.5, 0.0], np.float32)[: min(n, 4)]
+    ints = rng.integers(-1000, 1000, size=n).astype(np.int32)
+    t1, t2 = np.zeros(n, np.int32), np.zeros(n, np.int32)
+    f1, f2, f3 = (np.zeros(n, np.float32) for _ in range(3))
+    casts(x, ints, t1, t2, f1, f2, f3)
+    np.testing.assert_array_equal(t1, np.trunc(x).astype(np.int32))  # C: toward zero, not floor
+    np.testing.assert_array_equal(t2, np.trunc(x * np.float32(2)).astype(np.int32))
+    np.testing.assert_array_equal(f1, ints.astype(np.float32) * np.float32(0.5))
+    np.testing.assert_array_equal(f2, ints.astype(np.float32) + np.float32(0.25))
+    np.testing.assert_allclose(f3, ints / 4.0, rtol=1e-7)
+
+
+@td.kernel(grid=1, block=8)
+def cast_f64(X: f64[8], Y: f32[8], Z: f64[8]):
+    t = threadIdx.x
+    Y[t] = X[t]                    # stores convert to the tensor's dtype
+    Z[t] = td.cast(X[t], f32)      # f64 -> f32 -> f64 rounds to f32 precision
+
+
+def test_f64_to_f32_conversion():
+    x = np.array([1 / 3, 1e-9, -2.5, 1e10, 0.1, 7.0, -1 / 7, 3.0000001], np.float64)
+    y, z = np.zeros(8, np.float32), np.zeros(8, np.float64)
+    cast_f64(x, y, z)
+    np.testing.assert_array_equal(y, x.astype(np.float32))
+    np.testing.assert_array_equal(z, x.astype(np.float32).astype(np.float64))
+
+
+# --------------------------------------------------------------------------- integer arithmetic
+@td.kernel(grid=lambda N: td.cdiv(N, 64), block=64)
+def int_divmod(A: i32["N"], B: i32["N"], Q: i32["N"], R: i32["N"], Q4: i32["N"], R4: i32["N"],
+               FQ: f32["N"], FR: f32["N"]):
+    i = blockIdx.x * 64 + threadIdx.x
+    if i < N:
+        a = A[i]
+        b = B[i]
+        Q[i] = a // b
+        R[i] = a % b
+        Q4[i] = a // 4
+        R4[i] = (a * 8 + 3) % 4     # simplifiable: (q*c + r) % c == r % c
+        FQ[i] = f32(a) // f32(b)
+        FR[i] = f32(a) % f32(b)
+
+
+@FEW
+@given(n=SIZES, seed=st.integers(0, 2**16))
+@example(n=8, seed=0)
+def test_integer_floor_division_and_modulo_follow_python(n, seed):
+    rng = np.random.default_rng(seed)
+    a = rng.integers(-100, 100, size=n).astype(np.int32)
+    b = rng.integers(1, 9, size=n).astype(np.int32) * rng.choice([-1, 1], size=n).astype(np.int32)
+    fixed = [(7, 2), (-7, 2), (7, -2), (-7, -2), (0, 3), (-1, 3), (1, -3), (-9, 3)]
+    for k, (p, q) in enumerate(fixed[:n]):
+        a[k], b[k] = p, q
+    outs = [np.zeros(n, np.int32) for _ in range(4)] + [np.zeros(n, np.float32) for _ in range(2)]
+    int_divmod(a, b, *outs)
+    q, r, q4, r4, fq, fr = outs
+    # Python's (floor) semantics, computed with Python ints
+    np.testing.assert_array_equal(q, [int(x) // int(y) for x, y in zip(a, b)])
+    np.testing.assert_array_equal(r, [int(x) % int(y) for x, y in zip(a, b)])
+    np.testing.assert_array_equal(q4, [int(x) // 4 for x in a])
+    np.testing.assert_array_equal(r4, [(int(x) * 8 + 3) % 4 for x in a])
+    np.testing.assert_array_equal(fq, [float(x) // float(y) for x, y in zip(a, b)])
+    np.testing.assert_array_equal(fr, [float(x) % float(y) for x, y in zip(a, b)])
+
+
+@td.kernel(grid=lambda N: td.cdiv(N, 64), block=64)
+def bitwise(A: i32["N"], B: i32["N"], Out: i32[7, "N"]):
+    i = blockIdx.x * 64 + threadIdx.x
+    if i < N:
+        a = A[i]
+        b = B[i]
+        Out[0, i] = a & b
+        Out[1, i] = a | b
+        Out[2, i] = a ^ b
+        Out[3, i] = (a | 7) ^ -1       # ~a is tested with the unary operators
+        Out[4, i] = (a & 0xFFFF) << (b & 7)
+        Out[5, i] = a >> (b & 15)        # arithmetic shift of negative numbers
+        Out[6, i] = (a ^ b) & (a | 255)
+
+
+@FEW
+@given(n=SIZES, seed=st.integers(0, 2**16))
+def test_bitwise_operators(n, seed):
+    rng = np.random.default_rng(seed)
+    a = rng.integers(-2**31, 2**31, size=n, dtype=np.int64).astype(np.int32)
+    b = rng.integers(-2**31, 2**31, size=n, dtype=np.int64).astype(np.int32)
+    out = np.zeros((7, n), np.int32)
+    bitwise(a, b, out)
+    np.testing.assert_array_equal(out[0], a & b)
+    np.testing.assert_array_equal(out[1], a | b)
+    np.testing.assert_array_equal(out[2], a ^ b)
+    np.testing.assert_array_equal(out[3], ~(a | np.int32(7)))
+    np.testing.assert_array_equal(out[4], (a & np.int32(0xFFFF)) << (b & np.int32(7)))
+    np.testing.assert_array_equal(out[5], a >> (b & np.int32(15)))
+    np.testing.assert_array_equal(out[6], (a ^ b) & (a | np.int32(255)))
+
+
+@td.kernel(grid=1, block=8)
+def unary_ops(X: f32[8], A: i32[8], Y: f32[8], B: i32[8], C: i32[8]):
+    t = threadIdx.x
+    Y[t] = -X[t] + +X[t] * 0.5
+    B[t] = ~A[t]
+    C[t] = 1 if not (A[t] > 0) else -A[t]
+
+
+def test_unary_operators():
+    x = np.array([1.5, -2.0, 0.0, 3.25, -0.5, 7.0, -8.0, 100.0], np.float32)
+    a = np.array([0, 1, -1, 5, -6, 2**31 - 1, -2**31, 12345], np.int32)
+    y, b, c = np.zeros(8, np.float32), np.zeros(8, np.int32), np.zeros(8, np.int32)
+    unary_ops(x, a, y, b, c)
+    np.testing.assert_array_equal(y, -x + x * np.float32(0.5))
+    np.testing.assert_array_equal(b, ~a)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(c, np.where(a > 0, -a, 1))
+
+
+@td.kernel(grid=1, block=8)
+def int32_wrap(A: i32[8], Out: i32[3, 8]):
+    t = threadIdx.x
+    a = A[t]
+    Out[0, t] = (a << 4) >> 4           # i32 shifts drop the high bits, as in CUDA
+    Out[1, t] = (a * 65536) // 65536    # i32 multiplication wraps around
+    Out[2, t] = 1 if a * 2 < 0 else 0   # ... also inside a comparison
+
+
+def test_int32_arithmetic_wraps_like_cuda():
+    a = np.array([0x12345678, 0x0FFFFFFF, 0x40000000, -1, 5, 0x7FFFFFFF, -0x80000000, 0x00F00000], np.int32)
+    out = np.zeros((3, 8), np.int32)
+    int32_wrap(a, out)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(out[0], (a << np.int32(4)) >> np.int32(4))
+        np.testing.assert_array_equal(out[1], (a * np.int32(65536)) // np.int32(65536))
+        np.testing.assert_array_equal(out[2], ((a * np.int32(2)) < 0).astype(np.int32))
+
+
+# --------------------------------------------------------------------------- conditional expressions
+@td.kernel(grid=lambda N: td.cdiv(N, 64), block=64)
+def shift_left(X: f32["N"], Y: f32["N"], Z: f32["N"]):
+    i = blockIdx.x * 64 + threadIdx.x
+    if i < N:
+        Y[i] = X[i + 1] if i + 1 < N else -1.0          # the load must not run when i + 1 == N
+        Z[i] = X[i - 1] * 2.0 if i >= 1 and X[i - 1] > 0.0 else X[i]   # 'and' short-circuits
+
+
+@FEW
+@given(n=SIZES, seed=st.integers(0, 2**16))
+@example(n=1, seed=0)
+def test_conditional_expression_with_guarded_load(n, seed):
+    rng = np.random.default_rng(seed)
+    x = rand_f32(rng, n)
+    y, z = np.zeros(n, np.float32), np.zeros(n, np.float32)
+    shift_left(x, y, z)
+    np.testing.assert_array_equal(y, np.append(x[1:], np.float32(-1.0)))
+    prev = np.concatenate([[0.0], x[:-1]]).astype(np.float32)
+    want = np.where((np.arange(n) >= 1) & (prev > 0), prev * np.float32(2), x)
+    np.testing.assert_array_equal(z, want)
+
+
+def test_conditional_expression_guarded_load_in_debug_mode():
+    td.debug(True)
+    x = np.arange(5, dtype=np.float32)
+    y, z = np.zeros(5, np.float32), np.zeros(5, np.float32)
+    shift_left(x, y, z)  # bounds-checked: a lazy conditional never reads X[N] or X[-1]
+    np.testing.assert_array_equal(y, [1, 2, 3, 4, -1])
+    np.testing.assert_array_equal(z, [0, 1, 2, 4, 6])
+
+
+# --------------------------------------------------------------------------- loops
+@td.kernel(grid=lambda N: td.cdiv(N, 32), block=32)
+def collatz(A: i32["N"], Steps: i32["N"], Last: i32["N"]):
+    i = blockIdx.x * 32 + threadIdx.x
+    if i < N:
+        n = A[i]
+        steps = 0
+        while n != 1:
+            if steps >= 40:
+                break
+            steps += 1
+            if n % 2 == 0:
+                n = n // 2
+                continue
+            n = 3 * n + 1
+        Steps[i] = steps
+        Last[i] = n
+
+
+def collatz_ref(n):
+    steps = 0
+    while n != 1:
+        if steps >= 40:
+            break
+        steps += 1
+        n = n // 2 if n % 2 == 0 else 3 * n + 1
+    return steps, n
+
+
+@FEW
+@given(n=SIZES, seed=st.integers(0, 2**16))
+def test_while_break_continue(n, seed):
+    rng = np.random.default_rng(seed)
+    a = rng.integers(1, 200, size=n).astype(np.int32)
+    steps, last = np.zeros(n, np.int32), np.zeros(n, np.int32)
+    collatz(a, steps, last)
+    ref = [collatz_ref(int(v)) for v in a]
+    np.testing.assert_array_equal(steps, [s for s, _ in ref])
+    np.testing.assert_array_equal(last, [v for _, v in ref])
+
+
+@td.kernel(grid=lambda M: td.cdiv(M, 32), block=32)
+def row_scan(X: f32["M", "K"], S: f32["M"], Stop: i32["M"]):
+    r = blockIdx.x * 32 + threadIdx.x
+    if r < M:
+        acc = 0                      # an int, widened to f32 by the += below
+        stop = -1
+        for j in range(K):
+            v = X[r, j]
+            if v < 0.0:
+                continue             # skip negatives
+            if v > 1.5:
+                stop = j
+                break                # stop at the first big value
+            acc += v
+        S[r] = acc
+        Stop[r] = stop
+
+
+@FEW
+@given(m=st.integers(1, 70), k=st.integers(1, 20), seed=st.integers(0, 2**16))
+def test_for_with_break_continue_and_type_widening(m, k, seed):
+    rng = np.random.default_rng(seed)
+    x = rand_f32(rng, m, k)
+    s, stop = np.zeros(m, np.float32), np.zeros(m, np.int32)
+    row_scan(x, s, stop)
+    for r in range(m):
+        acc, where = np.float32(0), -1
+        for j in range(k):
+            if x[r, j] < 0:
+                continue
+            if x[r, j] > 1.5:
+                where = j
+                break
+            acc = np.float32(acc + x[r, j])
+        assert stop[r] == where
+        np.testing.assert_allclose(s[r], acc, rtol=1e-6)
+
+
+@td.kernel(grid=lambda N: td.cdiv(N, 32), block=32)
+def range_forms(X: f32["N", 12], Out: f32["N", 4]):
+    r = blockIdx.x * 32 + threadIdx.x
+    if r < N:
+        a = 0.0
+        for j in range(3, 12, 3):          # start, stop, step
+            a += X[r, j]
+        b = 0.0
+        for j in range(11, -1, -2):        # negative step
+            b += X[r, j] * j
+        c = 0.0
+        for j in td.unroll(4):             # unrolled
+            c += X[r, j] * (j + 1)
+        d = 0.0
+        for w in (0.5, 2.0, -1.0):         # compile-time tuple: unrolled with constants
+            d += w * X[r, 0]
+        for j, w in enumerate((1.0, 10.0)):
+            d += w * X[r, j + 1]
+        Out[r, 0] = a
+        Out[r, 1] = b
+        Out[r, 2] = c
+        Out[r, 3] = d
+
+
+@FEW
+@given(n=SIZES, seed=st.integers(0, 2**16))
+def test_range_unroll_and_compile_time_tuple_loops(n, seed):
+    rng = np.random.default_rng(seed)
+    x = rand_f32(rng, n, 12)
+    out = np.zeros((n, 4), np.float32)
+    range_forms(x, out)
+    x64 = x.astype(np.float64)
+    np.testing.assert_allclose(out[:, 0], x64[:, [3, 6, 9]].sum(1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out[:, 1], (x64[:, 11::-2] * np.arange(11, -1, -2)).sum(1), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(out[:, 2], (x64[:, :4] * [1, 2, 3, 4]).sum(1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out[:, 3], 1.5 * x64[:, 0] + x64[:, 1] + 10 * x64[:, 2], rtol=1e-5, atol=1e-5)
+
+
+def make_select_kernel(mode):
+    @td.kernel(grid=1, block=16)
+    def select_mode(X: f32[16], Y: f32[16]):
+        t = threadIdx.x
+        if mode == "square":        # a compile-time condition picks one branch
+            Y[t] = X[t] * X[t]
+        elif mode == "neg":
+            Y[t] = X[t] * -1.0
+        else:
+            Y[t] = X[t] + float(len(mode))
+        Y[t] += X.shape[0]          # T.shape: compile-time dims
+
+    return select_mode
+
+
+def test_compile_time_if_and_shape():
+    x = np.arange(16, dtype=np.float32) - 4
+    for mode, want in (("square", x * x), ("neg", -x), ("other", x + 5)):
+        y = np.zeros(16, np.float32)
+        make_select_kernel(mode)(x, y)
+        np.testing.assert_array_equal(y, want + 16)
+    assert "X[" in make_select_kernel("neg").ir(x, x)
+
+
+def test_tuple_unpacking_and_augmented_assignment():
+    @td.kernel(grid=1, block=8)
+    def swap(X: i32[8], Y: i32[8]):
+        t = threadIdx.x
+        a, b = X[t], t * 10
+        a, b = b, a
+        a -= 1
+        b *= 3
+        a += b
+        Y[t] = a
+        Y[t] -= 2
+
+    x = np.arange(8, dtype=np.int32) * 7
+    y = np.zeros(8, np.int32)
+    swap(x, y)
+    np.testing.assert_array_equal(y, np.arange(8) * 10 - 1 + 3 * x - 2)
+
+
+# --------------------------------------------------------------------------- device functions
+@td.func
+def relu(x: f32) -> f32:
+    if x < 0.0:
+        return 0.0
+    return x
+
+
+@td.func
+def scaled_relu(x: f32, s: f32) -> f32:
+    r = relu(x)
+    return r * s
+
+
+@td.func
+def load_or(T, i: i32, n: i32, fill: f32) -> f32:
+    if i >= n:
+        return fill
+    return T[i]
+
+
+@td.func
+def accumulate(T, i: i32, v: f32):
+    T[i] = T[i] + v
+
+
+@td.func
+def to_int(x: f32) -> i32:
+    return x          # converted to the declared return type
+
+
+@td.kernel(grid=lambda N: td.cdiv(N, 64), block=64)
+def funcs(X: f32["N"], Y: f32["N"], Z: f32["N"], W: i32["N"]):
+    i = blockIdx.x * 64 + threadIdx.x
+    if i < N:
+        Y[i] = scaled_relu(X[i], 3.0) + relu(0.0 - X[i])
+        Z[i] = load_or(X, i + 2, N, 100.0)
+        accumulate(Z, i, 0.5)
+        W[i] = to_int(X[i] * 10.0)
+
+
+@FEW
+@given(n=SIZES, seed=st.integers(0, 2**16))
+@example(n=1, seed=0)
+def test_device_functions(n, seed):
+    rng = np.random.default_rng(seed)
+    x = rand_f32(rng, n)
+    y, z, w = np.zeros(n, np.float32), np.zeros(n, np.float32), np.zeros(n, np.int32)
+    funcs(x, y, z, w)
+    np.testing.assert_allclose(y, np.maximum(x, 0) * 3 + np.maximum(-x, 0), rtol=1e-6)
+    shifted = np.append(x[2:], np.full(min(n, 2), 100.0, np.float32))
+    np.testing.assert_array_equal(z, shifted + np.float32(0.5))
+    np.testing.assert_array_equal(w, np.trunc(x * np.float32(10)).astype(np.int32))
+
+
+@td.func
+def clamp_pos(x: f32, hi: f32) -> f32:
+    if x > 0.0:
+        if x > hi:
+            return hi          # a return nested two ifs deep must end the function
+    return x
+
+
+@td.kernel(grid=1, block=8)
+def nested_return_func(X: f32[8], Y: f32[8]):
+    Y[threadIdx.x] = clamp_pos(X[threadIdx.x], 10.0)
+
+
+def test_device_function_return_nested_in_ifs():
+    x = np.array([-1, 5, 20, 11, 10, 0, -30, 9.5], np.float32)
+    y = np.zeros(8, np.float32)
+    nested_return_func(x, y)
+    np.testing.assert_array_equal(y, np.where(x > 10, 10, x))
+
+
+@td.kernel(grid=1, block=8)
+def nested_return_kernel(X: f32[8], Y: f32[8]):
+    i = threadIdx.x
+    if i < 6:
+        if X[i] < 0.0:
+            return             # early return from the kernel: the store below must not run
+    Y[i] = 1.0
+
+
+def test_kernel_early_return_nested_in_ifs():
+    x = np.array([-1, 2, -3, 4, 5, -6, -7, 8], np.float32)
+    y = np.zeros(8, np.float32)
+    nested_return_kernel(x, y)
+    np.testing.assert_array_equal(y, [0, 1, 0, 1, 1, 0, 1, 1])
+
+
+@td.kernel(grid=1, block=8)
+def early_return_kernel(X: f32[8], Y: f32[8]):
+    i = threadIdx.x
+    if X[i] < 0.0:
+        return
+    Y[i] = X[i] * 2.0
+
+
+def test_kernel_early_return():
+    x = np.array([-1, 2, -3, 4, 5, -6, -7, 8], np.float32)
+    y = np.full(8, 9.0, np.float32)
+    early_return_kernel(x, y)
+    np.testing.assert_array_equal(y, np.where(x < 0, 9, 2 * x))
+
+
+@td.func
+def poly(x: f32, coeffs: tuple) -> f32:
+    acc = 0.0
+    for c in coeffs:            # a compile-time tuple argument
+        acc = acc * x + c
+    return acc
+
+
+@td.func
+def poly_twice(x: f32) -> f32:
+    r = poly(poly(x, (1.0, 0.0)), (2.0, -1.0, 0.5))
+    return r
+
+
+@td.kernel(grid=1, block=16)
+def nested_funcs(X: f32[16], Y: f32[16]):
+    Y[threadIdx.x] = poly_twice(X[threadIdx.x])
+
+
+def test_nested_device_functions_with_compile_time_args():
+    x = np.linspace(-2, 2, 16).astype(np.float32)
+    y = np.zeros(16, np.float32)
+    nested_funcs(x, y)
+    np.testing.assert_allclose(y, 2 * x ** 2 - x + 0.5, rtol=1e-6, atol=1e-6)
+
+
+@td.func
+def double(x: f32) -> f32:
+    return x * 2.0
+
+
+@td.func
+def quadruple_plus_one(x: f32) -> f32:
+    if x < 0.0:
+        return double(x) + 1.0       # a call inside a return expression
+    return double(double(x)) + 1.0
+
+
+@td.kernel(grid=1, block=8)
+def call_in_return(X: f32[8], Y: f32[8]):
+    Y[threadIdx.x] = quadruple_plus_one(X[threadIdx.x])
+
+
+def test_device_function_call_in_return_expression():
+    x = np.array([-1, 0, 1, 2, -3, 4, 5, 6], np.float32)
+    y = np.zeros(8, np.float32)
+    call_in_return(x, y)
+    np.testing.assert_array_equal(y, np.where(x < 0, 2 * x + 1, 4 * x + 1))
+
+
+# --------------------------------------------------------------------------- scalar params
+@td.kernel(grid=lambda N, chunk: td.cdiv(N, 32 * chunk), block=32)
+def saxpy_chunked(X: f32["N"], Y: f32["N"], alpha: f32, shift: i32, chunk: i32):
+    base = (blockIdx.x * 32 + threadIdx.x) * chunk
+    for k in range(chunk):
+        i = base + k
+        if i < N:
+            Y[i] = alpha * X[i] + Y[i] + shift
+
+
+@FEW
+@given(n=SIZES, alpha=st.floats(-4, 4, width=32), shift=st.integers(-100, 100), chunk=st.integers(1, 5),
+       seed=st.integers(0, 2**16))
+def test_scalar_params(n, alpha, shift, chunk, seed):
+    rng = np.random.default_rng(seed)
+    x, y = rand_f32(rng, n), rand_f32(rng, n)
+    want = np.float32(alpha) * x + y + np.float32(shift)
+    saxpy_chunked(x, y, alpha, shift, chunk)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- 2-D and 3-D blocks
+@td.kernel(grid=lambda N: (N // 384, 3, 2), block=(8, 4, 2))
+def index_registers(Out: i32["N", 12]):
+    b = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x
+    t = (threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x
+    g = b * 64 + t
+    Out[g, 0] = threadIdx.x
+    Out[g, 1] = threadIdx.y
+    Out[g, 2] = threadIdx.z
+    Out[g, 3] = blockIdx.x
+    Out[g, 4] = blockIdx.y
+    Out[g, 5] = blockIdx.z
+    Out[g, 6] = blockDim.x
+    Out[g, 7] = blockDim.y
+    Out[g, 8] = blockDim.z
+    Out[g, 9] = gridDim.x
+    Out[g, 10] = gridDim.y
+    Out[g, 11] = gridDim.z
+
+
+@FEW
+@given(gx=st.integers(1, 3))
+def test_3d_blocks_and_grid_registers(gx):
+    n = gx * 3 * 2 * 64
+    out = np.full((n, 12), -1, np.int32)
+    index_registers(out)
+    bz, by, bx, tz, ty, tx = np.meshgrid(range(2), range(3), range(gx), range(2), range(4), range(8), indexing="ij")
+    cols = [tx, ty, tz, bx, by, bz] + [np.full_like(tx, v) for v in (8, 4, 2, gx, 3, 2)]
+    want = np.stack([c.reshape(-1) for c in cols], axis=1)
+    np.testing.assert_array_equal(out, want)
+
+
+@td.kernel(grid=lambda M, N: (td.cdiv(N, 16), td.cdiv(M, 8)), block=(16, 8))
+def transpose_2d(X: f32["M", "N"], Y: f32["N", "M"]):
+    r = blockIdx.y * blockDim.y + threadIdx.y
+    c = blockIdx.x * blockDim.x + threadIdx.x
+    if r < M and c < N:
+        Y[c, r] = X[r, c]
+
+
+@FEW
+@given(m=SIZES, n=st.integers(1, 70), seed=st.integers(0, 2**16))
+@example(m=1, n=1, seed=0)
+def test_2d_block_transpose(m, n, seed):
+    x = rand_f32(np.random.default_rng(seed), m, n)
+    y = np.zeros((n, m), np.float32)
+    transpose_2d(x, y)
+    np.testing.assert_array_equal(y, x.T)
+
+
+# --------------------------------------------------------------------------- registers and shared memory
+@td.kernel(grid=lambda N: td.cdiv(N, 32 * 4), block=32)
+def register_scan(X: f32["N"], Y: f32["N"]):
+    regs = td.registers(f32, (4,))
+    base = (blockIdx.x * 32 + threadIdx.x) * 4
+    for k in range(4):
+        regs[k] = X[base + k] if base + k < N else 0.0
+    for k in range(1, 4):
+        regs[k] += regs[k - 1]              # inclusive prefix sum of the thread's 4 values
+    for k in range(4):
+        if base + k < N:
+            Y[base + k] = regs[3 - k]       # written back reversed
+
+
+@FEW
+@given(n=SIZES, seed=st.integers(0, 2**16))
+@example(n=1, seed=0)
+def test_registers(n, seed):
+    x = rand_f32(np.random.default_rng(seed), n)
+    y = np.zeros(n, np.float32)
+    register_scan(x, y)
+    padded = np.zeros(-(-n // 4) * 4, np.float32)
+    padded[:n] = x
+    want = np.cumsum(padded.reshape(-1, 4), axis=1, dtype=np.float32)[:, ::-1].reshape(-1)[:n]
+    np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-6)
+
+
+@td.kernel(grid=lambda M, N: (td.cdiv(N, 32), td.cdiv(M, 32)), block=(32, 8))
+def transpose_shared(X: f32["M", "N"], Y: f32["N", "M"]):
+    tile = td.shared(f32, (32, 33))     # padded against bank conflicts
+    for k in range(0, 32, 8):
+        r, c = blockIdx.y * 32 + threadIdx.y + k, blockIdx.x * 32 + threadIdx.x
+        tile[threadIdx.y + k, threadIdx.x] = X[r, c] if r < M and c < N else 0.0
+    td.syncthreads()
+    for k in range(0, 32, 8):
+        r, c = blockIdx.x * 32 + threadIdx.y + k, blockIdx.y * 32 + threadIdx.x
+        if r < N and c < M:
+            Y[r, c] = tile[threadIdx.x, threadIdx.y + k]
+
+
+@FEW
+@given(m=SIZES, n=SIZES, seed=st.integers(0, 2**16))
+@example(m=1, n=1, seed=0)
+@example(m=33, n=31, seed=0)
+def test_shared_memory_transpose(m, n, seed):
+    x = rand_f32(np.random.default_rng(seed), m, n)
+    y = np.zeros((n, m), np.float32)
+    transpose_shared(x, y)
+    np.testing.assert_array_equal(y, x.T)
+
+
+# --------------------------------------------------------------------------- atomics
+@td.kernel(grid=lambda N: td.cdiv(N, 64), block=64)
+def histogram(Vals: i32["N"], Hist: i32["B"], Total: f32[1]):
+    i = blockIdx.x * 64 + threadIdx.x
+    if i < N:
+        td.atomic_add(Hist[Vals[i]], 1)
+        td.atomic_add(Total[0], 1.0)
+
+
+@FEW
+@given(n=SIZES, bins=st.integers(1, 40), seed=st.integers(0, 2**16))
+def test_atomic_add_histogram(n, bins, seed):
+    vals = np.random.default_rng(seed).integers(0, bins, size=n).astype(np.int32)
+    hist, total = np.zeros(bins, np.int32), np.zeros(1, np.float32)
+    histogram(vals, hist, total)
+    np.testing.assert_array_equal(hist, np.bincount(vals, minlength=bins))
+    assert total[0] == n
+
+
+@td.kernel(grid=lambda N: td.cdiv(N, 64), block=64)
+def atomic_extrema(X: f32["N"], I: i32["N"], Mx: f32[1], Mn: f32[1], IMx: i32[1], IMn: i32[1], Sub: i32[1]):
+    i = blockIdx.x * 64 + threadIdx.x
+    if i < N:
+        td.atomic_max(Mx[0], X[i])
+        td.atomic_min(Mn[0], X[i])
+        td.atomic_max(IMx[0], I[i])
+        td.atomic_min(IMn[0], I[i])
+        td.atomic_sub(Sub[0], I[i])
+
+
+@FEW
+@given(n=SIZES, seed=st.integers(0, 2**16))
+def test_atomic_max_min_sub(n, seed):
+    rng = np.random.default_rng(seed)
+    x = rand_f32(rng, n, low=-100, high=100)
+    ints = rng.integers(-1000, 1000, size=n).astype(np.int32)
+    mx, mn = np.array([-1e30], np.float32), np.array([1e30], np.float32)
+    imx, imn, sub = np.array([-10**9], np.int32), np.array([10**9], np.int32), np.array([7], np.int32)
+    atomic_extrema(x, ints, mx, mn, imx, imn, sub)
+    assert mx[0] == x.max() and mn[0] == x.min()
+    assert imx[0] == ints.max() and imn[0] == ints.min()
+    assert sub[0] == 7 - int(ints.sum())
+
+
+@td.kernel(grid=lambda N: td.cdiv(N, 64), block=64)
+def atomic_tickets(Counter: i32[1], Slot: i32[1], Ticket: i32["N"], Prev: i32["N"]):
+    i = blockIdx.x * 64 + threadIdx.x
+    if i < N:
+        Ticket[i] = td.atomic_add(Counter[0], 1)    # the value before the add
+        old = td.atomic_exch(Slot[0], i)
+        Prev[i] = old
+
+
+@FEW
+@given(n=SIZES)
+@example(n=1)
+def test_atomics_return_old_value(n):
+    counter, slot = np.array([5], np.int32), np.array([-1], np.int32)
+    ticket, prev = np.zeros(n, np.int32), np.zeros(n, np.int32)
+    atomic_tickets(counter, slot, ticket, prev)
+    assert counter[0] == 5 + n
+    np.testing.assert_array_equal(np.sort(ticket), np.arange(5, 5 + n))   # every ticket once
+    # the exchanges form a chain: the old values plus the final value are the initial value plus every i
+    np.testing.assert_array_equal(np.sort(np.append(prev, slot[0])), np.arange(-1, n))
+
+
+@td.kernel(grid=lambda N: td.cdiv(N, 128), block=128)
+def block_histogram(Vals: i32["N"], Hist: i32["G", 8]):
+    local = td.shared(i32, (8,))
+    t = threadIdx.x
+    if t < 8:
+        local[t] = 0
+    td.syncthreads()
+    i = blockIdx.x * 128 + t
+    if i < N:
+        td.atomic_add(local[Vals[i]], 1)        # shared-memory atomics
+    td.syncthreads()
+    if t < 8:
+        Hist[blockIdx.x, t] = local[t]
+
+
+@FEW
+@given(n=SIZES, seed=st.integers(0, 2**16))
+def test_shared_memory_atomics(n, seed):
+    vals = np.random.default_rng(seed).integers(0, 8, size=n).astype(np.int32)
+    g = -(-n // 128)
+    hist = np.full((g, 8), -1, np.int32)
+    block_histogram(vals, hist)
+    padded = np.full(g * 128, -1)
+    padded[:n] = vals
+    want = np.stack([np.bincount(b[b >= 0], minlength=8) for b in padded.reshape(g, 128)])
+    np.testing.assert_array_equal(hist, want)
+
+
+# --------------------------------------------------------------------------- warp shuffles
+def shuffle_reference(vals, mode, b, width, nthreads):
+    """PTX shfl.sync semantics (segmask = 32 - width; up uses clamp 0, the others 0x1f)."""
+    out = np.empty_like(vals)
+    segmask = 32 - width
+    for tid in range(nthreads):
+        lane = tid % 32
+        bval = int(b[tid]) & 31
+        cval = 0 if mode == "up" else 31
+        max_lane = (lane & segmask) | (cval & ~segmask)
+        min_lane = lane & segmask
+        if mode == "up":
+            j = lane - bval
+            ok = j >= max_lane
+        elif mode == "down":
+            j = lane + bval
+            ok = j <= max_lane
+        elif mode == "xor":
+            j = lane ^ bval
+            ok = j <= max_lane
+        else:
+            j = min_lane | (bval & ~segmask)
+            ok = j <= max_lane
+        src = tid - lane + (j if ok else lane)
+        assert src < nthreads, "the test reads a lane of a partial warp that does not exist"
+        out[tid] = vals[src]
+    return out
+
+
+def make_shuffle_kernel(block, width, dtype):
+    @td.kernel(grid=lambda N: td.cdiv(N, block), block=block)
+    def shuffles(X: dtype["N"], Out: dtype[4, "N"], mask: i32, delta: i32, mul: i32, add: i32):
+        g = blockIdx.x * block + threadIdx.x
+        v = X[g] if g < N else 0
+        lane = threadIdx.x % 32
+        a = td.shfl_xor(v, mask, width=width)
+        b = td.shfl_down(v, delta, width=width)
+        c = td.shfl_up(v, delta, width=width)
+        d = td.shfl_idx(v, lane * mul + add, width=width)
+        if g < N:
+            Out[0, g] = a
+            Out[1, g] = b
+            Out[2, g] = c
+            Out[3, g] = d
+
+    return shuffles
+
+
+SHUFFLE_CASES = [(64, 32, f32), (96, 8, f32), (48, 16, f32), (32, 4, i32)]
+_shuffle_kernels = {}
+
+
+@pytest.mark.parametrize("block,width,dtype", SHUFFLE_CASES, ids=lambda v: getattr(v, "name", str(v)))
+@settings(max_examples=5, deadline=None)
+@given(blocks=st.integers(1, 3), data=st.data())
+def test_warp_shuffles(block, width, dtype, blocks, data):
+    key = (block, width, dtype.name)
+    if key not in _shuffle_kernels:
+        _shuffle_kernels[key] = make_shuffle_kernel(block, width, dtype)
+    kernel = _shuffle_kernels[key]
+    n = data.draw(st.integers((blocks - 1) * block + 1, blocks * block), label="n")
+    mask = data.draw(st.integers(0, width - 1), label="mask")
+    delta = data.draw(st.integers(0, width), label="delta")
+    mul = data.draw(st.integers(0, 7), label="mul")
+    add = data.draw(st.integers(-40, 40), label="add")
+    rng = np.random.default_rng(n * 7919 + mask)
+    x = (rng.integers(-1000, 1000, size=n)).astype(dtype.numpy)
+    out = np.zeros((4, n), dtype.numpy)
+    kernel(x, out, mask, delta, mul, add)
+    padded = np.zeros(blocks * block, dtype.numpy)
+    padded[:n] = x
+    for row, mode in enumerate(("xor", "down", "up", "idx")):
+        want = []
+        for blk in range(blocks):
+            vals = padded[blk * block:(blk + 1) * block]
+            lanes = np.arange(block) % 32
+            b = {"xor": np.full(block, mask), "down": np.full(block, delta), "up": np.full(block, delta),
+                 "idx": lanes * mul + add}[mode]
+            want.append(shuffle_reference(vals, mode, b, width, block))
+        np.testing.assert_array_equal(out[row], np.concatenate(want)[:n], err_msg=mode)
+
+
+@td.kernel(grid=1, block=32)
+def xor_across_segments(X: f32[32], Out: f32[2, 32]):
+    v = X[threadIdx.x]
+    Out[0, threadIdx.x] = td.shfl_xor(v, 16, width=16)    # lanes 16..31 may read the earlier segment
+    Out[1, threadIdx.x] = td.shfl_xor(v, 12, width=8)
+
+
+def test_shfl_xor_lane_mask_beyond_width():
+    # CUDA (PTX shfl.sync.bfly with c = ((32 - width) << 8) | 0x1f): a lane may read from an earlier
+    # segment, while reading from a later one gives its own value.
+    x = np.arange(32, dtype=np.float32) * 3
+    out = np.zeros((2, 32), np.float32)
+    xor_across_segments(x, out)
+    for row, (mask, width) in enumerate(((16, 16), (12, 8))):
+        want = shuffle_reference(x, "xor", np.full(32, mask), width, 32)
+        np.testing.assert_array_equal(out[row], want)
+    np.testing.assert_array_equal(out[0], np.concatenate([x[:16], x[:16]]))
+
+
+@td.kernel(grid=lambda N: td.cdiv(N, 64), block=64)
+def warp_sums(X: f32["N"], Out: f32["W"]):
+    g = blockIdx.x * 64 + threadIdx.x
+    v = X[g] if g < N else 0.0
+    for off in (16, 8, 4, 2, 1):
+        v += td.shfl_down(v, off)
+    if threadIdx.x % 32 == 0:
+        Out[g // 32] = v
+
+
+@FEW
+@given(n=SIZES, seed=st.integers(0, 2**16))
+def test_warp_shuffle_reduction(n, seed):
+    x = rng_vals = rand_f32(np.random.default_rng(seed), n)
+    w = -(-n // 64) * 2
+    out = np.zeros(w, np.float32)
+    warp_sums(x, out)
+    padded = np.zeros(w * 32, np.float64)
+    padded[:n] = rng_vals
+    np.testing.assert_allclose(out, padded.reshape(w, 32).sum(1), rtol=1e-5, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- task mappings
+def _pairs(w):
+    return [(w,), (15 - w,)]
+
+
+PAIRS = td.TaskMapping((16,), 8, _pairs)     # worker w takes tasks w and 15 - w
+
+
+@td.kernel(grid=1, block=32)
+def custom_mapping(Out: i32[32], Hits: i32[32]):
+    k = 0
+    for (t) in (repeat(2) * PAIRS)(threadIdx.x):   # 8 workers on a block of 32 threads
+        Out[t] = threadIdx.x * 100 + k
+        k += 1
+    Hits[threadIdx.x] = k
+
+
+def test_custom_task_mapping():
+    out, hits = np.full(32, -1, np.int32), np.zeros(32, np.int32)
+    custom_mapping(out, hits)
+    want = np.full(32, -1)
+    for w in range(8):
+        for k, t in enumerate((w, 15 - w, 16 + w, 31 - w)):
+            want[t] = w * 100 + k
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(hits, [4] * 8 + [0] * 24)   # threads 8..31 have no tasks
+
+
+@td.kernel(grid=1, block=32)
+def ranked_mapping(Out: i32[8, 24]):
+    k = 0
+    for i, j in (spatial(4, 8, ranks=[1, 0]) * repeat(2, 3, ranks=[1, 0]))(threadIdx.x):
+        Out[i, j] = threadIdx.x * 100 + k
+        k += 1
+
+
+def test_mapping_with_ranks():
+    out = np.full((8, 24), -1, np.int32)
+    ranked_mapping(out)
+    want = np.full((8, 24), -1)
+    for w in range(32):
+        si, sj = w % 4, w // 4                      # ranks=[1, 0]: dimension 0 varies fastest
+        order = [(a, b) for b in range(3) for a in range(2)]   # repeat: dimension 1 outermost
+        for k, (ri, rj) in enumerate(order):
+            want[si * 2 + ri, sj * 3 + rj] = w * 100 + k
+    np.testing.assert_array_equal(out, want)
+
+
+@td.kernel(grid=lambda N: N, block=40)
+def small_mapping(Out: i32["N", 8, 8], Hits: i32["N", 40]):
+    hits = 0
+    for i, j in (spatial(4, 4) * repeat(2, 2))(threadIdx.x):   # 16 workers, 40 threads
+        Out[blockIdx.x, i, j] = threadIdx.x + blockIdx.x * 1000
+        hits += 1
+    Hits[blockIdx.x, threadIdx.x] = hits
+
+
+@FEW
+@given(n=st.integers(1, 5))
+def test_mapping_with_fewer_workers_than_threads(n):
+    out, hits = np.full((n, 8, 8), -1, np.int32), np.full((n, 40), -1, np.int32)
+    small_mapping(out, hits)
+    i, j = np.meshgrid(range(8), range(8), indexing="ij")
+    owner = (i // 2) * 4 + j // 2
+    np.testing.assert_array_equal(out, owner[None] + 1000 * np.arange(n)[:, None, None])
+    np.testing.assert_array_equal(hits, np.tile([4] * 16 + [0] * 24, (n, 1)))
+
+
+@td.kernel(grid=1, block=64)
+def mapping_on_expression(Out: i32[4, 16]):
+    warp, lane = threadIdx.x // 32, threadIdx.x % 32
+    for i, j in spatial(2, 16)(lane):           # worker index is any integer expression
+        if lane < 32:
+            Out[warp * 2 + i, j] = threadIdx.x
+
+
+def test_mapping_on_an_expression_worker():
+    out = np.full((4, 16), -1, np.int32)
+    mapping_on_expression(out)
+    np.testing.assert_array_equal(out, np.arange(64).reshape(4, 16))
+
+
+# --------------------------------------------------------------------------- inspection API
+def test_ir_and_source_stages():
+    x = np.zeros(10, np.float32)
+    y = np.zeros(10, np.float32)
+    assert "blockIdx.x" in axpb.ir(x, y, stage="frontend")
+    assert axpb.ir(x, y, stage="lowered")
+    assert "10" in axpb.ir(x, y, stage="cuda")           # sizes bound in the cuda stage
+    cuda = axpb.source(x, y, target="cuda")
+    assert '__global__' in cuda and "axpb" in cuda
+    cpu = axpb.source(x, y, target="cpu")
+    assert "njit" in cpu
+    compiled = axpb.compile(x, y, target="cuda", arch="sm_80")
+    assert isinstance(compiled.binary, bytes) and compiled.binary
+    with pytest.raises(ValueError):
+        axpb.ir(x, y, stage="nope")
