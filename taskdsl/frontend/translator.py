@@ -87,12 +87,13 @@ class FunctionTranslator:
     """Translates one Python function body (a kernel, or an inlined `@td.func`) into IR statements."""
 
     def __init__(self, source: ParsedSource, fn, env: dict, var_types: dict, return_var: ir.Var | None = None,
-                 depth: int = 0):
+                 depth: int = 0, is_func: bool = False):
         self.src = source
         self.fn = fn
         self.env = dict(env)
         self.var_types = var_types
         self.return_var = return_var
+        self.is_func = is_func
         self.depth = depth
         self.runtime_names, self.loop_names = _assigned_names(source.tree)
         self.loop_depth = 0
@@ -160,12 +161,18 @@ class FunctionTranslator:
         if self.loop_depth:
             raise self.error(node, "'return' inside a loop is not supported",
                              "Use a flag and 'break', or restructure with if/else.")
-        if self.return_var is None:
+        if not self.is_func:
             if node.value is not None:
                 raise self.error(node, "a kernel cannot return a value", "Write results into an output tensor.")
             return None
         if node.value is None:
-            raise self.error(node, "this @td.func declares a return type, so 'return' needs a value")
+            if self.return_var is not None:
+                raise self.error(node, "this @td.func returns a value, so every 'return' needs one")
+            return None
+        if self.return_var is None:  # no return annotation: the first returned value fixes the type
+            value = self.runtime_value(node.value)
+            self.return_var = ir.Var(f"{self.fn.__name__}_ret", value.dtype)
+            return ir.Assign(self.return_var, value, self.loc(node))
         value = self.runtime_value(node.value, self.return_var.dtype)
         return ir.Assign(self.return_var, value, self.loc(node))
 
@@ -196,7 +203,7 @@ class FunctionTranslator:
         dtype = self.dtype_of(node.annotation)
         name = node.target.id
         key = (id(self.fn), name)
-        self.var_types[key] = dtype
+        self.var_types[key] = (dtype, True)
         var = self.env.get(name)
         if not isinstance(var, ir.Var) or var.dtype != dtype:
             self.env[name] = ir.Var(name, dtype)
@@ -229,8 +236,11 @@ class FunctionTranslator:
         name = target.id
         if isinstance(self.env.get(name), ir.Var) and self.env[name].kind == "loop":
             raise self.error(target, f"cannot assign to the loop variable '{name}'")
-        if isinstance(self.env.get(name), ir.Var) and self.env[name].kind in ("size", "param"):
-            raise self.error(target, f"cannot assign to the parameter '{name}'")
+        bound = self.env.get(name)
+        if (isinstance(bound, ir.Var) and bound.kind in ("size", "param")) or \
+                (isinstance(bound, ir.Buffer) and bound.scope == "global"):
+            raise self.error(target, f"cannot assign to the parameter '{name}'",
+                             "Parameters and size symbols are read-only names; use a new variable.")
         if name not in self.runtime_names and not isinstance(self.env.get(name), ir.Var):
             if not is_runtime(value):
                 self.env[name] = value  # a compile-time value (or a buffer)
@@ -248,11 +258,12 @@ class FunctionTranslator:
         """Assign to the runtime variable `name`, widening its type (and restarting) when needed."""
         key = (id(self.fn), name)
         value = ir.as_expr(value)
-        known = self.var_types.get(key)
+        known, annotated = self.var_types.get(key, (None, False))
         if known is None:
-            self.var_types[key] = known = value.dtype
-        elif known != value.dtype and _widens(known, value.dtype):
-            self.var_types[key] = T.promote(known, value.dtype)
+            known = value.dtype
+            self.var_types[key] = (known, False)
+        elif not annotated and known != value.dtype and _widens(known, value.dtype):
+            self.var_types[key] = (T.promote(known, value.dtype), False)
             raise _Restart()
         var = self.env.get(name)
         if not isinstance(var, ir.Var) or var.dtype != known:
@@ -506,7 +517,9 @@ class FunctionTranslator:
             if not v.dtype.is_integer:
                 raise self.error(node, "'~' needs an integer operand")
             return ir.Unary("~", v, v.dtype)
-        return ir.Unary("-", v, T.i32 if v.dtype.is_bool else v.dtype)
+        if v.dtype.is_bool or (v.dtype.is_float and v.dtype.bits == 16):
+            v = ir.Cast(v, T.i32 if v.dtype.is_bool else T.f32)  # 16-bit floats compute in f32
+        return ir.Unary("-", v, v.dtype)
 
     def expr_compare(self, node: ast.Compare):
         left = self.expr(node.left)
@@ -671,6 +684,8 @@ class FunctionTranslator:
         buf, idx = self.subscript_target(node.args[0])
         if buf.scope == "register":
             raise self.error(node, "atomics work on global or shared tensors, not registers")
+        if buf.dtype.bits < 32 or buf.dtype.is_bool:
+            raise self.error(node, f"atomics need 32- or 64-bit elements; '{buf.name}' holds {buf.dtype.name}")
         value = self.cast_to(self.runtime_value(node.args[1], buf.dtype), buf.dtype, node)
         return ir.Atomic(fn.name.removeprefix("atomic_"), buf, idx, value)
 
@@ -707,11 +722,11 @@ class FunctionTranslator:
             prologue.append(ir.Assign(var, self.cast_to(value, dtype, arg_node), self.loc(arg_node)))
             callee_env[pname] = var
         ret = ir.Var(f"{dfn.name}_ret", dfn.return_dtype) if dfn.return_dtype is not None else None
-        callee = FunctionTranslator(src, dfn.fn, callee_env, self.var_types, ret, self.depth + 1)
+        callee = FunctionTranslator(src, dfn.fn, callee_env, self.var_types, ret, self.depth + 1, is_func=True)
         body = callee.block(src.tree.body)
         self.pending.extend(prologue)
         self.pending.append(body)
-        return ret
+        return callee.return_var
 
     # ----------------------------------------------------------------- types
     def dtype_of(self, node: ast.expr) -> T.DataType:

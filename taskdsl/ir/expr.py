@@ -193,6 +193,8 @@ def binary(op: str, a, b) -> Expr:
     a = as_expr(a, b.dtype if isinstance(b, Expr) else None)
     b = as_expr(b, a.dtype)
     if op in COMPARE_OPS:
+        if a.dtype.is_float and a.dtype.bits == 16 or b.dtype.is_float and b.dtype.bits == 16:
+            a, b = (x if x.dtype == f32 else Cast(x, f32) for x in (a, b))   # compare 16-bit floats in f32
         return Binary(op, a, b, boolean)
     if op in LOGIC_OPS:
         return Binary(op, a, b, boolean)

@@ -77,7 +77,7 @@ class _Simplifier(ir.Rewriter):
         if isinstance(a, ir.Const):
             value = {"-": operator.neg, "not": operator.not_, "~": operator.invert}[e.op](a.value)
             return ir.const(value, e.dtype)
-        return a if a is e.a else dataclasses.replace(e, a=a)
+        return e if a is e.a else dataclasses.replace(e, a=a)
 
     def visit_Binary(self, e: ir.Binary):
         a, b = self.visit(e.a), self.visit(e.b)

@@ -89,6 +89,8 @@ class Kernel:
     def _bind_tensor(self, pname, spec: T.TensorSpec, arg, sizes: dict):
         if not isinstance(arg, np.ndarray):
             raise TypeError(f"kernel '{self.name}': argument '{pname}' must be a numpy array, got {type(arg).__name__}")
+        if spec.dtype.name == "bf16" and arg.dtype.name == "bfloat16":
+            arg = arg.view(np.uint16)  # ml_dtypes' bfloat16: the kernel works on its bits
         if arg.dtype != spec.dtype.numpy:
             raise TypeError(f"kernel '{self.name}': argument '{pname}' must have dtype {spec.dtype.numpy} "
                             f"({spec.dtype.name}), got {arg.dtype}; convert it with .astype(np.{spec.dtype.numpy})")

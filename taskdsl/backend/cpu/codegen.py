@@ -24,6 +24,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from ... import ir
 from ..naming import NameTable
 from . import fission as F
@@ -32,7 +34,7 @@ _MATH = {"exp": "math.exp", "log": "math.log", "log2": "math.log2", "sqrt": "mat
          "cos": "math.cos", "tanh": "math.tanh", "erf": "math.erf", "floor": "math.floor", "ceil": "math.ceil",
          "pow": "math.pow", "abs": "abs", "max": "max", "min": "min", "rsqrt": "rt.rsqrt", "exp2": "rt.exp2",
          "sigmoid": "rt.sigmoid", "fma": "rt.fma"}
-_NP_TYPES = {"f32": "np.float32", "f64": "np.float64", "i8": "np.int8", "i16": "np.int16", "i32": "np.int32",
+_NP_TYPES = {"f16": "np.uint16", "bf16": "np.uint16", "f32": "np.float32", "f64": "np.float64", "i8": "np.int8", "i16": "np.int16", "i32": "np.int32",
              "i64": "np.int64", "u8": "np.uint8", "u32": "np.uint32", "u64": "np.uint64", "bool": "np.bool_"}
 _PY_OPS = {"and": "and", "or": "or"}
 
@@ -58,10 +60,12 @@ class CpuSource:
 
 
 def np_type(dtype) -> str:
-    """The numpy constructor numba uses for `dtype` (f16/bf16 are not supported on the cpu target yet)."""
-    if dtype.name not in _NP_TYPES:
-        raise NotImplementedError(f"{dtype.name} tensors are not supported on the cpu target yet")
+    """The numpy type numba holds `dtype` in (f16/bf16 as their uint16 bit patterns)."""
     return _NP_TYPES[dtype.name]
+
+
+def _is_half(dtype) -> bool:
+    return dtype.is_float and dtype.bits == 16
 
 
 def emit_python(fn: ir.Function, debug: bool = False) -> CpuSource:
@@ -331,16 +335,25 @@ class _PythonEmitter:
         text = self.expr(e)
         if e.dtype == dtype:
             return text
+        if _is_half(e.dtype):  # bits -> f32 first
+            text = f"rt.{e.dtype.name}_to_f32({text})"
+            if dtype == ir.types.f32:
+                return text
+        if _is_half(dtype):
+            return f"rt.f32_to_{dtype.name}(np.float32({text}))"
         if dtype.is_bool:
             return text if e.dtype.is_bool else f"({text} != 0)"
-        if dtype.is_integer and (e.dtype.is_integer or e.dtype.is_bool) and dtype.bits >= 32 and dtype.kind == "int":
-            return text  # ints are computed in numba's int64; no wrap-around emulation
+        if dtype.kind == "int" and dtype.bits >= 32 and (e.dtype.is_bool or (e.dtype.is_integer and e.dtype.bits <= 32)):
+            return text  # widening: ints are computed in numba's int64 anyway
         return f"{np_type(dtype)}({text})"
 
     def expr(self, e: ir.Expr) -> str:
         if isinstance(e, ir.Const):
             if e.dtype.is_bool:
                 return "True" if e.value else "False"
+            if _is_half(e.dtype):
+                from . import support
+                return f"np.uint16({getattr(support, 'f32_to_' + e.dtype.name)(np.float32(e.value))})"
             if e.dtype.is_float:
                 value = e.value
                 literal = repr(value) if math.isfinite(value) else f"np.{'nan' if math.isnan(value) else 'inf'}"

@@ -41,6 +41,8 @@ def launch_cpu(run, src: CpuSource, values: list, sizes: list, grid: tuple) -> N
     """
     args, copy_back = [], []
     for v in values:
+        if isinstance(v, np.ndarray) and v.dtype == np.float16:
+            v = v.view(np.uint16)   # numba has no float16: kernels read and write the bits
         if src.flat and isinstance(v, np.ndarray):
             if v.flags.c_contiguous:
                 args.append(v.reshape(-1))

@@ -176,3 +176,65 @@ def store_shared_checked(a, idx, value, shadow, tid, epoch, site):
     shadow[0, e] = epoch
     shadow[1, e] = tid
     a[idx] = value
+
+
+# -------------------------------------------------------------- 16-bit floats (held as uint16 bits)
+# numba has no float16; f16/bf16 values travel as their bit patterns and are computed in f32.
+@njit(cache=True, inline="always")
+def f16_to_f32(bits):
+    b = np.int64(bits)
+    exp, mant = (b >> 10) & 0x1F, b & 0x3FF
+    if exp == 0:
+        value = math.ldexp(mant, -24)
+    elif exp == 31:
+        value = math.inf if mant == 0 else math.nan
+    else:
+        value = math.ldexp(mant + 1024, exp - 25)
+    return np.float32(-value if b & 0x8000 else value)
+
+
+@njit(cache=True, inline="always")
+def bf16_to_f32(bits):
+    b = np.int64(bits)
+    exp, mant = (b >> 7) & 0xFF, b & 0x7F
+    if exp == 0:
+        value = math.ldexp(mant, -133)
+    elif exp == 255:
+        value = math.inf if mant == 0 else math.nan
+    else:
+        value = math.ldexp(mant + 128, exp - 134)
+    return np.float32(-value if b & 0x8000 else value)
+
+
+@njit(cache=True, inline="always")
+def _round_to_bits(x, mant_bits, exp_bias, exp_max):
+    """IEEE round-to-nearest-even of float `x` to a narrower format's sign|exponent|mantissa bits."""
+    if x != x:
+        return (exp_max << mant_bits) | (1 << (mant_bits - 1))
+    sign = 0x8000 if x < 0.0 or (x == 0.0 and math.copysign(1.0, x) < 0.0) else 0
+    a = abs(np.float64(x))
+    if a == math.inf:
+        return sign | (exp_max << mant_bits)
+    if a == 0.0:
+        return sign
+    m, e = math.frexp(a)              # a = m * 2**e, 0.5 <= m < 1
+    biased = e - 1 + exp_bias
+    if biased <= 0:                   # subnormal: units of 2**(1 - bias - mant_bits)
+        return sign | np.int64(np.rint(math.ldexp(a, exp_bias - 1 + mant_bits)))
+    frac = np.int64(np.rint((2.0 * m - 1.0) * (1 << mant_bits)))
+    if frac == (1 << mant_bits):
+        frac = 0
+        biased += 1
+    if biased >= exp_max:
+        return sign | (exp_max << mant_bits)
+    return sign | (biased << mant_bits) | frac
+
+
+@njit(cache=True, inline="always")
+def f32_to_f16(x):
+    return np.uint16(_round_to_bits(x, 10, 15, 31))
+
+
+@njit(cache=True, inline="always")
+def f32_to_bf16(x):
+    return np.uint16(_round_to_bits(x, 7, 127, 255))

@@ -24,16 +24,16 @@ _HELPERS = {
   T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }""",
     "td_fmodf": "__device__ __forceinline__ float td_fmodf(float a, float b) { return a - floorf(a / b) * b; }",
     "td_fmod": "__device__ __forceinline__ double td_fmod(double a, double b) { return a - floor(a / b) * b; }",
-    "td_atomic_max": """__device__ __forceinline__ float td_atomic_max(float* p, float v) {
-  int* ip = (int*)p; int old = *ip, assumed;
-  do { assumed = old; if (__int_as_float(assumed) >= v) break;
-       old = atomicCAS(ip, assumed, __float_as_int(v)); } while (assumed != old);
-  return __int_as_float(old); }""",
-    "td_atomic_min": """__device__ __forceinline__ float td_atomic_min(float* p, float v) {
-  int* ip = (int*)p; int old = *ip, assumed;
-  do { assumed = old; if (__int_as_float(assumed) <= v) break;
-       old = atomicCAS(ip, assumed, __float_as_int(v)); } while (assumed != old);
-  return __int_as_float(old); }""",
+    "td_atomic_rmw": """// Read-modify-write by compare-and-swap, for atomics CUDA has no instruction for.
+template <int N> struct td_uint;
+template <> struct td_uint<4> { typedef unsigned int type; };
+template <> struct td_uint<8> { typedef unsigned long long type; };
+template <typename T, typename Op> __device__ __forceinline__ T td_atomic_rmw(T* p, T v, Op op) {
+  typedef typename td_uint<sizeof(T)>::type U;  // atomics need 32- or 64-bit elements
+  U* up = reinterpret_cast<U*>(p); U old = *up, assumed;
+  do { assumed = old; T cur; memcpy(&cur, &assumed, sizeof(T)); T next = op(cur, v); U bits;
+       memcpy(&bits, &next, sizeof(T)); old = atomicCAS(up, assumed, bits); } while (assumed != old);
+  T result; memcpy(&result, &old, sizeof(T)); return result; }""",
 }
 
 _F32_MATH = {"exp": "expf", "exp2": "exp2f", "log": "logf", "log2": "log2f", "sqrt": "sqrtf", "rsqrt": "rsqrtf",
@@ -42,6 +42,11 @@ _F32_MATH = {"exp": "expf", "exp2": "exp2f", "log": "logf", "log2": "log2f", "sq
 _SHUFFLES = {"shfl_xor": "__shfl_xor_sync", "shfl_down": "__shfl_down_sync", "shfl_up": "__shfl_up_sync",
              "shfl_idx": "__shfl_sync"}
 _C_OPS = {"and": "&&", "or": "||"}
+# (op, dtype) pairs CUDA has an atomic instruction for (sm_60+); others go through td_atomic_rmw.
+_NATIVE_ATOMICS = {("add", t) for t in ("i32", "u32", "u64", "f32", "f64")} | {("sub", t) for t in ("i32", "u32")} | \
+    {(op, t) for op in ("max", "min") for t in ("i32", "u32", "i64", "u64")} | \
+    {("exch", t) for t in ("i32", "u32", "u64", "f32")}
+_RMW_OPS = {"add": "a + b", "sub": "a - b", "max": "(a > b ? a : b)", "min": "(a < b ? a : b)", "exch": "b"}
 
 
 def emit_cuda(fn: ir.Function) -> str:
@@ -230,8 +235,7 @@ class _CudaEmitter:
     def atomic(self, e: ir.Atomic) -> str:
         ptr = f"&{self.name(e.buffer)}[{self.expr(e.indices[0])}]"
         value = self.expr(e.value)
-        if e.dtype.is_float and e.op in ("max", "min"):
-            return f"td_atomic_{e.op}({ptr}, {value})"
-        if e.op == "sub" and e.dtype.is_float:
-            return f"atomicAdd({ptr}, -({value}))"
-        return f"atomic{e.op.capitalize()}({ptr}, {value})"
+        if (e.op, e.dtype.name) in _NATIVE_ATOMICS:
+            return f"atomic{e.op.capitalize()}({ptr}, {value})"
+        c = e.dtype.c_name
+        return f"td_atomic_rmw({ptr}, {value}, []({c} a, {c} b) {{ return {_RMW_OPS[e.op]}; }})"
