@@ -14,13 +14,16 @@ _PY_DTYPES = {int: T.i32, float: T.f32, bool: T.boolean}
 def resolve_annotations(fn) -> dict:
     """The parameter annotations of `fn`, evaluated (string annotations are evaluated in its globals)."""
     out = {}
+    closure = inspect.getclosurevars(fn).nonlocals
     for name, ann in inspect.get_annotations(fn).items():
         if isinstance(ann, str):
             try:
-                ann = eval(ann, fn.__globals__)  # noqa: S307 - the user's own annotation text
+                ann = eval(ann, fn.__globals__, closure)  # noqa: S307 - the user's own annotation text
             except Exception as exc:  # noqa: BLE001
                 raise DSLError(f"cannot evaluate the annotation of '{name}': {exc}",
-                               SourceLoc(inspect.getsourcefile(fn) or "<unknown>", fn.__code__.co_firstlineno)) from None
+                               SourceLoc(inspect.getsourcefile(fn) or "<unknown>", fn.__code__.co_firstlineno),
+                               "With 'from __future__ import annotations', annotations are strings evaluated in "
+                               "the module's globals: use module-level dtypes, or drop that import.") from None
         out[name] = _PY_DTYPES.get(ann, ann)
     return out
 

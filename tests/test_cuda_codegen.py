@@ -1,0 +1,113 @@
+"""The CUDA path without a GPU: generated source, #line mapping, NVRTC errors, arches, atomics, f16."""
+
+import inspect
+import re
+
+import numpy as np
+import pytest
+
+import taskdsl as td
+from taskdsl import f16, f32, i32, threadIdx, blockIdx
+from taskdsl.backend.cuda.nvrtc import compile_cubin, normalize_arch
+
+
+def _line_of(fn, marker: str) -> int:
+    lines, first = inspect.getsourcelines(fn)
+    return first + next(i for i, text in enumerate(lines) if marker in text)
+
+
+@td.kernel(grid=lambda N: td.cdiv(N, 64), block=64)
+def axpy(X: f32["N"], Y: f32["N"], a: f32):
+    i = blockIdx.x * 64 + threadIdx.x
+    if i < N:
+        Y[i] = a * X[i] + Y[i]   # marker: axpy-store
+
+
+def test_line_directives_point_at_python_lines():
+    x = np.ones(100, np.float32)
+    src = axpy.source(x, x, 2.0, target="cuda")
+    expected = _line_of(axpy.fn, "marker: axpy-store")
+    directives = re.findall(r'#line (\d+) "([^"]+)"', src)
+    assert (str(expected), __file__) in directives
+    store_at = src.index("Y[i] = ")
+    last_directive = src.rfind("#line", 0, store_at)
+    assert src[last_directive:store_at].startswith(f'#line {expected} "{__file__}"')
+
+
+def test_sizes_are_specialized_and_params_const():
+    x = np.ones(100, np.float32)
+    src = axpy.source(x, x, 2.0, target="cuda")
+    assert "(i < 100)" in src
+    assert "const float* __restrict__ X" in src and "float* __restrict__ Y" in src
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90", 90, "80"])
+def test_compiles_for_each_arch(arch):
+    x = np.ones(10, np.float32)
+    compiled = axpy.compile(x, x, 1.0, target="cuda", arch=arch)
+    assert isinstance(compiled.binary, bytes) and compiled.binary[:4] == b"\x7fELF"
+    assert compiled.arch == normalize_arch(arch)
+
+
+def test_bad_arch_is_a_clear_error():
+    with pytest.raises(ValueError, match="sm_90"):
+        normalize_arch("hopper")
+
+
+def test_nvrtc_error_maps_to_python_line():
+    source = '#line 42 "user_kernels.py"\nextern "C" __global__ void k(float* a) { a[0] = not_declared; }\n'
+    with pytest.raises(td.DSLError) as info:
+        compile_cubin(source, "sm_90")
+    assert info.value.loc.file == "user_kernels.py" and info.value.loc.line == 42
+    assert "not_declared" in str(info.value) and "NVRTC log" in str(info.value)
+
+
+@pytest.mark.parametrize("dtype", [td.i32, td.u32, td.i64, td.u64, td.f32, td.f64])
+@pytest.mark.parametrize("op", ["add", "sub", "max", "min", "exch"])
+def test_every_atomic_compiles(dtype, op):
+    atomic = getattr(td, f"atomic_{op}")
+
+    @td.kernel(block=4)
+    def k(x: dtype[4]):
+        old = atomic(x[0], x[threadIdx.x])
+        x[1] = old
+
+    src = k.source(np.zeros(4, dtype.numpy), target="cuda")
+    assert src.count("atomic") >= 1
+    assert k.compile(np.zeros(4, dtype.numpy), target="cuda").binary
+
+
+def test_half_kernels_compile_with_runtime_headers():
+    @td.kernel(grid=1, block=32)
+    def half_scale(X: f16["N"], Y: f16["N"]):
+        i = threadIdx.x
+        if i < N:
+            Y[i] = X[i] * 0.5
+
+    x = np.ones(8, np.float16)
+    src = half_scale.source(x, x, target="cuda")
+    assert "#include <cuda_fp16.h>" in src and "__half" in src
+    assert half_scale.compile(x, x, target="cuda").binary
+
+
+def test_python_floor_division_on_possibly_negative_values():
+    @td.kernel(grid=1, block=8)
+    def floors(X: i32[8], Y: i32[8]):
+        Y[threadIdx.x] = X[threadIdx.x] // 3 + X[threadIdx.x] % 3
+
+    x = np.arange(-4, 4, dtype=np.int32)
+    src = floors.source(x, x, target="cuda")
+    assert "td_floordiv<int>" in src and "td_floormod<int>" in src   # operands may be negative
+    out = np.empty_like(x)
+    floors(x, out)
+    np.testing.assert_array_equal(out, x // 3 + x % 3)
+    index_src = axpy.source(np.ones(4, np.float32), np.ones(4, np.float32), 1.0, target="cuda")
+    assert "td_floordiv" not in index_src   # index arithmetic on threadIdx/blockIdx stays plain
+
+
+def test_cuda_launch_without_gpu_is_a_clear_error():
+    usable, _ = td.gpu_status()
+    if usable:
+        pytest.skip("a GPU is present")
+    with pytest.raises(RuntimeError, match="set_target\\('cpu'\\)"):
+        td.set_target("cuda")

@@ -1,0 +1,129 @@
+"""Targets, argument binding and launch details of Kernel objects."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import taskdsl as td
+from taskdsl import f16, bf16, f32, i32, threadIdx, blockIdx
+
+
+@td.kernel(grid=lambda M, N: (td.cdiv(N, 16), M), block=16)
+def add_rows(A: f32["M", "N"], B: f32["M", "N"], C: f32["M", "N"]):
+    j = blockIdx.x * 16 + threadIdx.x
+    if j < N:
+        C[blockIdx.y, j] = A[blockIdx.y, j] + B[blockIdx.y, j]
+
+
+def test_unknown_target_rejected():
+    with pytest.raises(ValueError, match="cpu, cuda"):
+        td.set_target("tpu")
+
+
+def test_target_from_environment():
+    code = "import taskdsl as td; print(td.get_target())"
+    env = dict(os.environ, TASKDSL_TARGET="cpu")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "cpu"
+
+
+def test_non_contiguous_arrays_are_written_in_place():
+    a = np.arange(60, dtype=np.float32).reshape(6, 10)
+    b = np.ones((10, 6), np.float32).T
+    out = np.zeros((10, 12), np.float32)[:, ::2].T     # a strided (6, 10) view
+    add_rows(a, b, out)
+    np.testing.assert_array_equal(out, a + 1)
+
+
+@settings(max_examples=8, deadline=None)
+@given(m=st.integers(0, 5), n=st.integers(0, 37))
+def test_empty_and_odd_shapes(m, n):
+    a = np.random.default_rng(m * 100 + n).standard_normal((m, n)).astype(np.float32)
+    b = np.full((m, n), 2.0, np.float32)
+    c = np.full((m, n), np.nan, np.float32)
+    add_rows(a, b, c)            # m == 0 or n == 0: an empty grid runs nothing
+    np.testing.assert_array_equal(c, a + b)
+
+
+def test_binding_errors_say_what_to_do():
+    a = np.ones((2, 3), np.float32)
+    with pytest.raises(TypeError, match="astype"):
+        add_rows(a.astype(np.float64), a, a)
+    with pytest.raises(ValueError, match="must be 2-d"):
+        add_rows(np.ones(3, np.float32), a, a)
+    with pytest.raises(ValueError, match="size 'N' is 3"):
+        add_rows(a, a, np.ones((2, 4), np.float32))
+    with pytest.raises(TypeError, match="takes 3 arguments"):
+        add_rows(a, a)
+    with pytest.raises(TypeError, match="numpy array"):
+        add_rows([[1.0]], a, a)
+
+
+def test_scalar_binding_and_grid_callable_errors():
+    @td.kernel(grid=lambda N, Q: 1, block=1)
+    def needs_q(X: f32["N"]):
+        X[0] = 1.0
+
+    with pytest.raises(ValueError, match="'Q'"):
+        needs_q(np.ones(2, np.float32))
+
+    @td.kernel(grid=1, block=1)
+    def int_scalar(X: i32[1], k: i32):
+        X[0] = k
+
+    with pytest.raises(TypeError, match="integer"):
+        int_scalar(np.ones(1, np.int32), 1.5)
+    x = np.zeros(1, np.int32)
+    int_scalar(x, 7)
+    assert x[0] == 7
+
+
+def test_block_limit():
+    @td.kernel(grid=1, block=2048)
+    def too_big(X: f32[1]):
+        X[0] = 1.0
+
+    with pytest.raises(ValueError, match="1024"):
+        too_big(np.ones(1, np.float32))
+
+
+@settings(max_examples=6, deadline=None)
+@given(n=st.sampled_from([1, 7, 31, 64, 97]))
+def test_half_precision_on_cpu_matches_numpy(n):
+    @td.kernel(grid=1, block=128)
+    def mix(X: f16["N"], W: bf16["N"], Y: f16["N"], Z: f32["N"]):
+        i = threadIdx.x
+        if i < N:
+            Y[i] = X[i] * 1.5 - (-X[i])
+            Z[i] = td.exp(X[i]) + W[i]
+
+    import ml_dtypes
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal(n).astype(np.float16)
+    w = rng.standard_normal(n).astype(ml_dtypes.bfloat16)
+    y = np.zeros(n, np.float16)
+    z = np.zeros(n, np.float32)
+    mix(x, w, y, z)
+    xf = x.astype(np.float32)
+    np.testing.assert_array_equal(y, (xf * 1.5 + xf).astype(np.float16))
+    np.testing.assert_allclose(z, np.exp(xf) + w.astype(np.float32), rtol=1e-5, atol=1e-6)
+
+
+def test_disk_cache_is_reused_by_a_new_process(tmp_path):
+    code = ("import numpy as np, taskdsl as td\n"
+            "@td.kernel(grid=1, block=4)\n"
+            "def k(X: td.f32[4]):\n"
+            "    X[td.threadIdx.x] = td.threadIdx.x * 2.0\n"
+            "x = np.zeros(4, np.float32); k(x); print(x.tolist())\n")
+    script = tmp_path / "kern.py"
+    script.write_text(code)
+    env = dict(os.environ, TASKDSL_CACHE_DIR=str(tmp_path / "cache"), TASKDSL_TARGET="cpu")
+    for _ in range(2):
+        out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == "[0.0, 2.0, 4.0, 6.0]"
+    cached = list((tmp_path / "cache" / "cpu").glob("*.py"))
+    assert len(cached) == 1 and list((tmp_path / "cache" / "cpu" / "__pycache__").glob("*.nbi"))
