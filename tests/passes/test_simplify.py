@@ -1,0 +1,44 @@
+"""simplify: constant folding and the identities index arithmetic needs."""
+from hypothesis import given, settings, strategies as st
+
+from taskdsl import ir, threadIdx
+from taskdsl.ir import types as T
+from taskdsl.passes import simplify
+
+from .ir_eval import evaluate
+
+
+def _simplified(e, block=(256, 1, 1)):
+    x = ir.Buffer("x", T.f32, (ir.const(1),))
+    fn = ir.Function("k", (x,), (), ir.Store(x, (ir.const(0),), ir.Cast(e, T.f32)), block)
+    return simplify(fn).body.value.value if isinstance(simplify(fn).body.value, ir.Cast) else simplify(fn).body.value
+
+
+def test_folds_constants_with_python_floor_semantics():
+    e = ir.binary("//", ir.const(-7), ir.const(2))
+    assert _simplified(e).value == -4
+    assert _simplified(ir.binary("%", ir.const(-7), ir.const(2))).value == 1
+
+
+def test_range_based_removal_of_mod_and_div():
+    tid = threadIdx.x
+    assert _simplified(tid % 256) is tid
+    assert _simplified(tid // 256).value == 0
+    assert _simplified(tid % 128) is not tid
+
+
+def test_unary_minus_is_kept():
+    v = ir.Var("v", T.f32)
+    e = _simplified(ir.Unary("-", v, T.f32))
+    assert isinstance(e, ir.Unary) and e.a is v
+
+
+@settings(max_examples=200, deadline=None)
+@given(q=st.integers(-50, 50), r=st.integers(-50, 50), c=st.integers(1, 9), k=st.integers(1, 4),
+       op=st.sampled_from(["%", "//"]))
+def test_multiple_splitting_matches_python(q, r, c, k, op):
+    qv, rv = ir.Var("q", T.i32), ir.Var("r", T.i32)
+    e = ir.binary(op, qv * (c * k) + rv, ir.const(c))
+    env = {qv.uid: q, rv.uid: r}
+    expected = (q * c * k + r) // c if op == "//" else (q * c * k + r) % c
+    assert evaluate(_simplified(e), env, (0, 0, 0)) == expected
