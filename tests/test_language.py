@@ -58,6 +58,19 @@ def test_tail_elements_beyond_n_are_untouched():
     np.testing.assert_array_equal(y, x * 2 + 1)
 
 
+def test_non_contiguous_arguments_are_read_and_written_in_place():
+    base = np.arange(200, dtype=np.float32)
+    x = base[::2]                        # a strided input
+    out = np.zeros((100, 3), np.float32)
+    axpb(x, out[:, 1])                   # a strided output: writes must land in `out`
+    np.testing.assert_array_equal(out[:, 1], base[::2] * 2 + 1)
+    np.testing.assert_array_equal(out[:, [0, 2]], 0)
+    m = np.asfortranarray(np.arange(35, dtype=np.float32).reshape(5, 7))
+    t = np.zeros((7, 5), np.float32)
+    transpose_2d(m, t)
+    np.testing.assert_array_equal(t, np.arange(35).reshape(5, 7).T)
+
+
 # --------------------------------------------------------------------------- math functions
 @td.kernel(grid=lambda N: td.cdiv(N, 64), block=64)
 def math_all(X: f32["N"], Y: f32["N"], Out: f32[24, "N"]):
@@ -187,10 +200,33 @@ def test_f64_to_f32_conversion():
     np.testing.assert_array_equal(z, x.astype(np.float32).astype(np.float64))
 
 
+@td.kernel(grid=1, block=32)
+def f64_math(X: f64[32], S: f32[32], Out: f64[5, 32]):
+    t = threadIdx.x
+    x = X[t]
+    Out[0, t] = td.exp(x)
+    Out[1, t] = td.sqrt(x) + td.tanh(x)
+    Out[2, t] = x * S[t]                 # f64 * f32 computes in f64
+    Out[3, t] = td.shfl_xor(x, 1)        # 64-bit shuffle
+    Out[4, t] = x / 3.0 + 1e-12          # the literal stays double
+
+
+def test_f64_math_keeps_double_precision():
+    x = np.linspace(0.1, 3.0, 32)
+    s = np.linspace(-1, 1, 32).astype(np.float32)
+    out = np.zeros((5, 32))
+    f64_math(x, s, out)
+    np.testing.assert_allclose(out[0], np.exp(x), rtol=1e-14)
+    np.testing.assert_allclose(out[1], np.sqrt(x) + np.tanh(x), rtol=1e-14)
+    np.testing.assert_allclose(out[2], x * s.astype(np.float64), rtol=1e-15)
+    np.testing.assert_array_equal(out[3], x[np.arange(32) ^ 1])
+    np.testing.assert_allclose(out[4], x / 3 + 1e-12, rtol=1e-15)
+
+
 # --------------------------------------------------------------------------- integer arithmetic
 @td.kernel(grid=lambda N: td.cdiv(N, 64), block=64)
 def int_divmod(A: i32["N"], B: i32["N"], Q: i32["N"], R: i32["N"], Q4: i32["N"], R4: i32["N"],
-               FQ: f32["N"], FR: f32["N"]):
+               FQ: f32["N"], FR: f32["N"], QN: i32["N"], RN: i32["N"]):
     i = blockIdx.x * 64 + threadIdx.x
     if i < N:
         a = A[i]
@@ -201,6 +237,8 @@ def int_divmod(A: i32["N"], B: i32["N"], Q: i32["N"], R: i32["N"], Q4: i32["N"],
         R4[i] = (a * 8 + 3) % 4     # simplifiable: (q*c + r) % c == r % c
         FQ[i] = f32(a) // f32(b)
         FR[i] = f32(a) % f32(b)
+        QN[i] = (a * 6 + 5) // -3   # constant negative divisor
+        RN[i] = a % -3
 
 
 @FEW
@@ -214,8 +252,11 @@ def test_integer_floor_division_and_modulo_follow_python(n, seed):
     for k, (p, q) in enumerate(fixed[:n]):
         a[k], b[k] = p, q
     outs = [np.zeros(n, np.int32) for _ in range(4)] + [np.zeros(n, np.float32) for _ in range(2)]
+    outs += [np.zeros(n, np.int32) for _ in range(2)]
     int_divmod(a, b, *outs)
-    q, r, q4, r4, fq, fr = outs
+    q, r, q4, r4, fq, fr, qn, rn = outs
+    np.testing.assert_array_equal(qn, [(int(x) * 6 + 5) // -3 for x in a])
+    np.testing.assert_array_equal(rn, [int(x) % -3 for x in a])
     # Python's (floor) semantics, computed with Python ints
     np.testing.assert_array_equal(q, [int(x) // int(y) for x, y in zip(a, b)])
     np.testing.assert_array_equal(r, [int(x) % int(y) for x, y in zip(a, b)])
@@ -277,22 +318,23 @@ def test_unary_operators():
 
 
 @td.kernel(grid=1, block=8)
-def int32_wrap(A: i32[8], Out: i32[3, 8]):
+def int32_shifts(A: i32[8], Out: i32[3, 8]):
     t = threadIdx.x
     a = A[t]
-    Out[0, t] = (a << 4) >> 4           # i32 shifts drop the high bits, as in CUDA
-    Out[1, t] = (a * 65536) // 65536    # i32 multiplication wraps around
-    Out[2, t] = 1 if a * 2 < 0 else 0   # ... also inside a comparison
+    Out[0, t] = (a << 4) >> 4           # an i32 shift drops the high bits, as on a GPU
+    Out[1, t] = 1 if (a << 4) < 0 else 0
+    Out[2, t] = (a << 4) // 16
 
 
-def test_int32_arithmetic_wraps_like_cuda():
-    a = np.array([0x12345678, 0x0FFFFFFF, 0x40000000, -1, 5, 0x7FFFFFFF, -0x80000000, 0x00F00000], np.int32)
+def test_int32_shifts_drop_high_bits():
+    # non-negative values whose a * 16 fits in 32 unsigned bits: well defined in CUDA C++17
+    a = np.array([0x12345678, 0x0FFFFFFF, 0x0F000000, 0x08000000, 5, 0, 0x07FFFFFF, 0x00F00000], np.int32)
     out = np.zeros((3, 8), np.int32)
-    int32_wrap(a, out)
-    with np.errstate(over="ignore"):
-        np.testing.assert_array_equal(out[0], (a << np.int32(4)) >> np.int32(4))
-        np.testing.assert_array_equal(out[1], (a * np.int32(65536)) // np.int32(65536))
-        np.testing.assert_array_equal(out[2], ((a * np.int32(2)) < 0).astype(np.int32))
+    int32_shifts(a, out)
+    shifted = a << np.int32(4)           # numpy int32 keeps 32 bits, like the GPU's registers
+    np.testing.assert_array_equal(out[0], shifted >> np.int32(4))
+    np.testing.assert_array_equal(out[1], (shifted < 0).astype(np.int32))
+    np.testing.assert_array_equal(out[2], shifted // np.int32(16))
 
 
 # --------------------------------------------------------------------------- conditional expressions
@@ -325,6 +367,40 @@ def test_conditional_expression_guarded_load_in_debug_mode():
     shift_left(x, y, z)  # bounds-checked: a lazy conditional never reads X[N] or X[-1]
     np.testing.assert_array_equal(y, [1, 2, 3, 4, -1])
     np.testing.assert_array_equal(z, [0, 1, 2, 4, 6])
+
+
+@td.kernel(grid=lambda N: td.cdiv(N, 64), block=64)
+def boolean_forms(X: f32["N"], I: i32["N"], Out: i32[6, "N"]):
+    i = blockIdx.x * 64 + threadIdx.x
+    if i < N:
+        x = X[i]
+        k = I[i]
+        Out[0, i] = 1 if -1.0 <= x < 1.0 else 0          # chained comparison
+        Out[1, i] = 1 if x < -1.5 or x > 1.5 else 0
+        Out[2, i] = 1 if not (k % 3 == 0) and k != 7 else 0
+        Out[3, i] = 1 if k else 0                        # numbers are true when non-zero
+        Out[4, i] = (x > 0.0) + (k > 0) * 2              # bools do arithmetic as ints
+        Out[5, i] = 0
+        if k > 2 and x > 0.0 or k == -1:
+            Out[5, i] = 1
+        elif k < -5:
+            Out[5, i] = 2
+
+
+@FEW
+@given(n=SIZES, seed=st.integers(0, 2**16))
+def test_boolean_operators_and_chained_comparisons(n, seed):
+    rng = np.random.default_rng(seed)
+    x = rand_f32(rng, n)
+    k = rng.integers(-10, 10, size=n).astype(np.int32)
+    out = np.full((6, n), -9, np.int32)
+    boolean_forms(x, k, out)
+    np.testing.assert_array_equal(out[0], (-1 <= x) & (x < 1))
+    np.testing.assert_array_equal(out[1], (x < -1.5) | (x > 1.5))
+    np.testing.assert_array_equal(out[2], (k % 3 != 0) & (k != 7))
+    np.testing.assert_array_equal(out[3], k != 0)
+    np.testing.assert_array_equal(out[4], (x > 0).astype(int) + 2 * (k > 0))
+    np.testing.assert_array_equal(out[5], np.where(((k > 2) & (x > 0)) | (k == -1), 1, np.where(k < -5, 2, 0)))
 
 
 # --------------------------------------------------------------------------- loops
@@ -442,6 +518,48 @@ def test_range_unroll_and_compile_time_tuple_loops(n, seed):
     np.testing.assert_allclose(out[:, 1], (x64[:, 11::-2] * np.arange(11, -1, -2)).sum(1), rtol=1e-5, atol=1e-4)
     np.testing.assert_allclose(out[:, 2], (x64[:, :4] * [1, 2, 3, 4]).sum(1), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(out[:, 3], 1.5 * x64[:, 0] + x64[:, 1] + 10 * x64[:, 2], rtol=1e-5, atol=1e-5)
+
+
+@td.kernel(grid=lambda N: td.cdiv(N, 32), block=32)
+def constant_trip_loops(X: f32["N", 8], S: f32["N"], Stop: i32["N"]):
+    r = blockIdx.x * 32 + threadIdx.x
+    if r < N:
+        acc = 0.0
+        stop = -1
+        for j in range(8):                  # constant bounds, left early
+            if X[r, j] < 0.0:
+                continue
+            if X[r, j] > 1.5:
+                stop = j
+                break
+            acc += X[r, j]
+        for j in range(2):
+            for q in range(3):              # an inner constant loop with a break of its own
+                if q == 2:
+                    break
+                acc += X[r, j * 3 + q] * 0.5
+        S[r] = acc
+        Stop[r] = stop
+
+
+@FEW
+@given(n=SIZES, seed=st.integers(0, 2**16))
+def test_constant_trip_loops_with_break_and_continue(n, seed):
+    x = rand_f32(np.random.default_rng(seed), n, 8)
+    s, stop = np.zeros(n, np.float32), np.zeros(n, np.int32)
+    constant_trip_loops(x, s, stop)
+    for r in range(n):
+        acc, where = 0.0, -1
+        for j in range(8):
+            if x[r, j] < 0:
+                continue
+            if x[r, j] > 1.5:
+                where = j
+                break
+            acc += float(x[r, j])
+        acc += 0.5 * float(x[r, [0, 1, 3, 4]].astype(np.float64).sum())
+        assert stop[r] == where
+        np.testing.assert_allclose(s[r], acc, rtol=1e-5, atol=1e-5)
 
 
 def make_select_kernel(mode):
@@ -740,6 +858,79 @@ def test_registers(n, seed):
     np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-6)
 
 
+@td.kernel(grid=lambda N: td.cdiv(N, 32), block=32)
+def register_gather(X: f32["N", 4], Sel: i32["N", 3], Y: f32["N", 3]):
+    regs = td.registers(f32, (4,))
+    r = blockIdx.x * 32 + threadIdx.x
+    if r < N:
+        for k in range(4):
+            regs[k] = X[r, k]
+        regs[Sel[r, 0]] += 10.0             # a register element picked by data
+        for k in range(3):
+            Y[r, k] = regs[Sel[r, k]]
+
+
+@FEW
+@given(n=SIZES, seed=st.integers(0, 2**16))
+def test_registers_with_data_dependent_indices(n, seed):
+    rng = np.random.default_rng(seed)
+    x = rand_f32(rng, n, 4)
+    sel = rng.integers(0, 4, size=(n, 3)).astype(np.int32)
+    y = np.zeros((n, 3), np.float32)
+    register_gather(x, sel, y)
+    regs = x.copy()
+    regs[np.arange(n), sel[:, 0]] += np.float32(10)
+    np.testing.assert_array_equal(y, np.take_along_axis(regs, sel, axis=1))
+
+
+@td.kernel(grid=lambda R: R, block=lambda W: W)
+def row_sums_block_per_row(X: f32["R", "W"], Y: f32["R", "W"]):
+    s = td.shared(f32, (256,))
+    t = threadIdx.x
+    s[t] = X[blockIdx.x, t]
+    td.syncthreads()
+    acc = 0.0
+    for k in range(blockDim.x):             # blockDim comes from the block callable
+        acc += s[k]
+    Y[blockIdx.x, t] = acc - s[t]
+
+
+@FEW
+@given(rows=st.integers(1, 9), width=st.sampled_from([40, 256]), seed=st.integers(0, 2**16))
+def test_block_shape_from_a_callable(rows, width, seed):
+    x = np.random.default_rng(seed).integers(-9, 9, size=(rows, width)).astype(np.float32)
+    y = np.zeros_like(x)
+    row_sums_block_per_row(x, y)
+    np.testing.assert_array_equal(y, x.sum(1, keepdims=True) - x)
+
+
+@td.kernel(grid=lambda R: td.cdiv(R, 4), block=(32, 4))
+def shuffle_rows(X: f32["R", 32], Y: f32["R", 32]):
+    r = blockIdx.x * 4 + threadIdx.y
+    v = X[r, threadIdx.x] if r < R else 0.0
+    if threadIdx.y % 2 == 1:                # warp-uniform: threadIdx.y with blockDim.x == 32
+        v = td.shfl_down(v, 1)
+    else:
+        v = td.shfl_up(v, 2)
+    if r < R:
+        Y[r, threadIdx.x] = v
+
+
+@FEW
+@given(rows=st.integers(1, 13), seed=st.integers(0, 2**16))
+def test_shuffles_in_a_2d_block_under_warp_uniform_if(rows, seed):
+    x = rand_f32(np.random.default_rng(seed), rows, 32)
+    y = np.zeros_like(x)
+    shuffle_rows(x, y)
+    want = x.copy()
+    for r in range(rows):
+        if (r % 4) % 2 == 1:
+            want[r, :31] = x[r, 1:]
+        else:
+            want[r, 2:] = x[r, :30]
+    np.testing.assert_array_equal(y, want)
+
+
 @td.kernel(grid=lambda M, N: (td.cdiv(N, 32), td.cdiv(M, 32)), block=(32, 8))
 def transpose_shared(X: f32["M", "N"], Y: f32["N", "M"]):
     tile = td.shared(f32, (32, 33))     # padded against bank conflicts
@@ -775,6 +966,7 @@ def histogram(Vals: i32["N"], Hist: i32["B"], Total: f32[1]):
 
 @FEW
 @given(n=SIZES, bins=st.integers(1, 40), seed=st.integers(0, 2**16))
+@example(n=60000, bins=3, seed=0)        # many blocks hitting the same few bins
 def test_atomic_add_histogram(n, bins, seed):
     vals = np.random.default_rng(seed).integers(0, bins, size=n).astype(np.int32)
     hist, total = np.zeros(bins, np.int32), np.zeros(1, np.float32)
@@ -972,12 +1164,12 @@ def warp_sums(X: f32["N"], Out: f32["W"]):
 @FEW
 @given(n=SIZES, seed=st.integers(0, 2**16))
 def test_warp_shuffle_reduction(n, seed):
-    x = rng_vals = rand_f32(np.random.default_rng(seed), n)
+    x = rand_f32(np.random.default_rng(seed), n)
     w = -(-n // 64) * 2
     out = np.zeros(w, np.float32)
     warp_sums(x, out)
     padded = np.zeros(w * 32, np.float64)
-    padded[:n] = rng_vals
+    padded[:n] = x
     np.testing.assert_allclose(out, padded.reshape(w, 32).sum(1), rtol=1e-5, atol=1e-5)
 
 

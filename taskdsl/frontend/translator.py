@@ -71,6 +71,11 @@ def _assigned_names(tree: ast.FunctionDef) -> tuple[set, set]:
     return {n for n, c in counts.items() if c > 1}, loop_targets
 
 
+def _may_return(node: ast.stmt) -> bool:
+    """Whether a `return` can happen inside `node`."""
+    return any(isinstance(n, ast.Return) for n in ast.walk(node))
+
+
 def _always_returns(stmts: list) -> bool:
     """Whether every path through `stmts` ends in `return`."""
     if not stmts:
@@ -98,6 +103,7 @@ class FunctionTranslator:
         self.runtime_names, self.loop_names = _assigned_names(source.tree)
         self.loop_depth = 0
         self.pending: list = []   # statements an expression emits before its own (allocations, inlined calls)
+        self.returned: ir.Var | None = None
         self.namespace = dict(fn.__globals__)
         if fn.__closure__:
             self.namespace.update(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__)))
@@ -111,26 +117,48 @@ class FunctionTranslator:
 
     # ----------------------------------------------------------------- statements
     def block(self, stmts: list) -> ir.Stmt:
-        """Translate a statement list; `if ...: return` makes the rest of the list its else branch."""
+        """Translate a statement list, lowering `return`s that are not the last statement.
+
+        `if c: ... return` makes the rest of the list the other branch; a return deeper inside
+        sets the function's `returned` flag, and the rest of the list runs under `if not returned`.
+        """
         out = []
         for i, node in enumerate(stmts):
+            rest = stmts[i + 1:]
             if isinstance(node, ast.Return):
-                out.append(self.stmt_return(node))
+                out.append(self.stmt(node))
                 break
-            if isinstance(node, ast.If) and (_always_returns(node.body) or _always_returns(node.orelse)):
-                rest = stmts[i + 1:]
+            if isinstance(node, ast.If) and rest and (_always_returns(node.body) or _always_returns(node.orelse)):
                 then_body, else_body = list(node.body), list(node.orelse)
                 if _always_returns(node.body):
                     else_body += rest
                 else:
                     then_body += rest
-                out.append(self.stmt_if(node, then_body, else_body))
+                out.append(self.stmt(node, lambda n: self.stmt_if(n, then_body, else_body)))
                 break
             out.append(self.stmt(node))
+            if rest and _may_return(node):
+                out.append(ir.If(ir.Unary("not", self.returned_flag(), T.boolean), self.block(rest), None,
+                                 self.loc(rest[0])))
+                break
         return ir.seq([s for s in out if s is not None]) if out else ir.Seq(())
 
-    def stmt(self, node: ast.stmt) -> ir.Stmt | None:
-        method = getattr(self, "stmt_" + type(node).__name__.lower(), None)
+    def function_body(self) -> ir.Stmt:
+        """The whole body; starts by clearing the `returned` flag when a return needs one."""
+        body = self.block(self.src.tree.body)
+        if self.returned is None:
+            return body
+        return ir.seq([ir.Assign(self.returned, ir.const(False), self.loc(self.src.tree)), body])
+
+    def returned_flag(self) -> ir.Var:
+        """The flag a `return` before the end of the function sets (created on first use)."""
+        if self.returned is None:
+            self.returned = ir.Var("returned", T.boolean)
+        return self.returned
+
+    def stmt(self, node: ast.stmt, translate=None) -> ir.Stmt | None:
+        """Translate one statement, with the statements its expressions emit (allocations, inlined calls)."""
+        method = translate or getattr(self, "stmt_" + type(node).__name__.lower(), None)
         if method is None:
             raise self.error(node, f"'{type(node).__name__}' statements are not supported in kernels",
                              "Kernels may use assignments, if/elif/else, for, while, break, continue and calls.")
@@ -161,20 +189,20 @@ class FunctionTranslator:
         if self.loop_depth:
             raise self.error(node, "'return' inside a loop is not supported",
                              "Use a flag and 'break', or restructure with if/else.")
+        flag = ir.Assign(self.returned_flag(), ir.const(True), self.loc(node))
         if not self.is_func:
             if node.value is not None:
                 raise self.error(node, "a kernel cannot return a value", "Write results into an output tensor.")
-            return None
+            return flag
         if node.value is None:
             if self.return_var is not None:
                 raise self.error(node, "this @td.func returns a value, so every 'return' needs one")
-            return None
+            return flag
         if self.return_var is None:  # no return annotation: the first returned value fixes the type
             value = self.runtime_value(node.value)
             self.return_var = ir.Var(f"{self.fn.__name__}_ret", value.dtype)
-            return ir.Assign(self.return_var, value, self.loc(node))
-        value = self.runtime_value(node.value, self.return_var.dtype)
-        return ir.Assign(self.return_var, value, self.loc(node))
+        value = self.cast_to(self.runtime_value(node.value, self.return_var.dtype), self.return_var.dtype, node)
+        return ir.seq([ir.Assign(self.return_var, value, self.loc(node)), flag])
 
     def stmt_assign(self, node: ast.Assign):
         if len(node.targets) != 1:
@@ -192,8 +220,16 @@ class FunctionTranslator:
                 if len(value) != len(target.elts):
                     raise self.error(node, f"cannot unpack {len(value)} values into {len(target.elts)} names")
                 values = list(value)
-            return ir.seq([s for s in (self.assign_to(t, v, node) for t, v in zip(target.elts, values)) if s]
-                          ) if values else None
+            # Python evaluates the whole right side first: `a, b = b, a` must read the old values.
+            snapshots = []
+            targeted = {self.env[n].uid for n in map(self._name_of, target.elts) if isinstance(self.env.get(n), ir.Var)}
+            for k, v in enumerate(values):
+                if is_runtime(v) and any(x.uid in targeted for x in ir.collect(v, ir.Var)):
+                    tmp = ir.Var(f"{self._name_of(target.elts[k]) or 'tmp'}_new", v.dtype)
+                    snapshots.append(ir.Assign(tmp, v, self.loc(node)))
+                    values[k] = tmp
+            assigns = [self.assign_to(t, v, node) for t, v in zip(target.elts, values)]
+            return ir.seq(snapshots + [s for s in assigns if s]) if values else None
         value = self.expr(node.value, name_hint=self._name_of(target))
         return self.assign_to(target, value, node)
 
@@ -671,8 +707,9 @@ class FunctionTranslator:
         shape = self.expr(node.args[1])
         shape = shape if isinstance(shape, tuple) else (shape,)
         if not shape or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
+            shown = ", ".join(ir.expr_str(d) if is_runtime(d) else repr(d) for d in shape)
             raise self.error(node.args[1], f"the shape of td.{fn.name}() must be positive ints known at compile time, "
-                                           f"got {shape!r}")
+                                           f"got ({shown})")
         scope = "shared" if fn.name == "shared" else "register"
         buf = ir.Buffer(name_hint or scope, dtype, tuple(ir.const(d) for d in shape), scope)
         self.pending.append(ir.Allocate(buf, self.loc(node)))
@@ -723,7 +760,7 @@ class FunctionTranslator:
             callee_env[pname] = var
         ret = ir.Var(f"{dfn.name}_ret", dfn.return_dtype) if dfn.return_dtype is not None else None
         callee = FunctionTranslator(src, dfn.fn, callee_env, self.var_types, ret, self.depth + 1, is_func=True)
-        body = callee.block(src.tree.body)
+        body = callee.function_body()
         self.pending.extend(prologue)
         self.pending.append(body)
         return callee.return_var
@@ -762,7 +799,7 @@ def translate_body(source: ParsedSource, fn, env: dict) -> ir.Stmt:
     var_types: dict = {}
     for _ in range(16):
         try:
-            return FunctionTranslator(source, fn, env, var_types).block(source.tree.body)
+            return FunctionTranslator(source, fn, env, var_types).function_body()
         except _Restart:
             continue
     raise DSLError("variable types did not settle during translation", source.loc(source.tree))

@@ -6,6 +6,10 @@ computed only from these, loads at uniform addresses), WARP (same within a warp:
 and THREAD. A variable's level is the highest of its assigned values and of the control
 flow its assignments sit under; a loop left by a `break` under a divergent condition is
 itself divergent from then on.
+
+`relaxed_uniform` answers a second question, for code that runs under a warp-uniform
+branch: is a value the same in every thread that runs that branch? (A variable assigned
+only inside one such branch, from uniform values, is.)
 """
 from __future__ import annotations
 
@@ -21,19 +25,51 @@ class Uniformity:
     def __init__(self, fn: ir.Function):
         self.block = fn.block
         self.var_level: dict = {}
-        self.loop_level: dict = {}   # id(loop stmt) -> level of its trip count
+        self.relaxed_level: dict = {}  # as var_level, but ignoring warp-uniform control flow
+        self.branches: dict = {}       # var uid -> warp-uniform branches its assignments sit in
+        self.loop_level: dict = {}     # id(loop stmt) -> level of its trip count
+        self.tid_aliases = self._tid_aliases(fn)
         changed = True
         while changed:
             self._changed = False
-            self._walk(fn.body, UNIFORM, None)
+            self._walk(fn.body, UNIFORM, None, UNIFORM, None)
             changed = self._changed
 
+    @staticmethod
+    def _tid_aliases(fn: ir.Function) -> set:
+        """Variables assigned once, to threadIdx.x (or to another such variable)."""
+        assigns: dict = {}
+        for a in ir.collect(fn.body, ir.Assign):
+            assigns.setdefault(a.var.uid, []).append(a.value)
+        aliases: set = set()
+        changed = True
+        while changed:
+            changed = False
+            for uid, values in assigns.items():
+                v = values[0]
+                is_tid = (isinstance(v, ir.SpecialReg) and v.name == "threadIdx" and v.axis == "x") or \
+                    (isinstance(v, ir.Var) and v.uid in aliases)
+                if len(values) == 1 and is_tid and uid not in aliases:
+                    aliases.add(uid)
+                    changed = True
+        return aliases
+
     # -------------------------------------------------------------- expressions
-    def level(self, e: ir.Expr) -> int:
+    def relaxed_uniform(self, e: ir.Expr) -> bool:
+        """Whether `e` is the same in every thread running the one warp-uniform branch it is used in."""
+        if self.level(e) == UNIFORM:
+            return True
+        local = [v for v in ir.collect(e, ir.Var) if v.kind not in ("size", "param")]
+        if len({b for v in local for b in self.branches.get(v.uid, ())}) > 1:
+            return False
+        return self.level(e, self.relaxed_level) == UNIFORM
+
+    def level(self, e: ir.Expr, var_level: dict | None = None) -> int:
+        var_level = self.var_level if var_level is None else var_level
         if isinstance(e, ir.Const):
             return UNIFORM
         if isinstance(e, ir.Var):
-            return UNIFORM if e.kind in ("size", "param") else self.var_level.get(e.uid, UNIFORM)
+            return UNIFORM if e.kind in ("size", "param") else var_level.get(e.uid, UNIFORM)
         if isinstance(e, ir.SpecialReg):
             if e.name != "threadIdx":
                 return UNIFORM
@@ -43,24 +79,25 @@ class Uniformity:
         if isinstance(e, ir.Binary):
             if self._warp_pattern(e):
                 return WARP
-            return max(self.level(e.a), self.level(e.b))
+            return max(self.level(e.a, var_level), self.level(e.b, var_level))
         if isinstance(e, ir.Load):
             if e.buffer.scope == "register":
                 return THREAD
-            return max((self.level(i) for i in e.indices), default=UNIFORM)
+            return max((self.level(i, var_level) for i in e.indices), default=UNIFORM)
         if isinstance(e, ir.Atomic):
             return THREAD
         if isinstance(e, ir.Call) and e.func in WARP_FUNCS:
             return THREAD
         children = [getattr(e, f) for f in ("a", "b", "cond", "value") if hasattr(e, f)]
         children += list(getattr(e, "args", ()))
-        return max((self.level(c) for c in children), default=UNIFORM)
+        return max((self.level(c, var_level) for c in children), default=UNIFORM)
 
     def _warp_pattern(self, e: ir.Binary) -> bool:
         """threadIdx.x // (32k) and threadIdx.x compared with a multiple of 32 are warp-uniform."""
         if self.block[0] % 32 != 0:
             return False
-        tid_x = lambda x: isinstance(x, ir.SpecialReg) and x.name == "threadIdx" and x.axis == "x"
+        tid_x = lambda x: (isinstance(x, ir.SpecialReg) and x.name == "threadIdx" and x.axis == "x") or \
+            (isinstance(x, ir.Var) and x.uid in self.tid_aliases)
         multiple = lambda x: isinstance(x, ir.Const) and x.dtype.is_integer and x.value % 32 == 0
         if e.op == "//":
             return tid_x(e.a) and multiple(e.b)
@@ -69,30 +106,40 @@ class Uniformity:
         return False
 
     # -------------------------------------------------------------- statements
-    def _set(self, var: ir.Var, level: int) -> None:
-        if level > self.var_level.get(var.uid, UNIFORM):
-            self.var_level[var.uid] = level
+    def _set(self, var: ir.Var, level: int, relaxed: int, branch) -> None:
+        for table, value in ((self.var_level, level), (self.relaxed_level, relaxed)):
+            if value > table.get(var.uid, UNIFORM):
+                table[var.uid] = value
+                self._changed = True
+        if branch is not None and branch not in self.branches.setdefault(var.uid, set()):
+            self.branches[var.uid].add(branch)
             self._changed = True
 
-    def _walk(self, s, ctl: int, loop) -> None:
+    def _walk(self, s, ctl: int, loop, rctl: int, branch) -> None:
+        """`ctl`: level of the control flow around `s`; `rctl`: the same counting only thread-level
+        conditions; `branch`: the innermost warp-uniform if-branch around `s`."""
         if s is None:
             return
+        relaxed = lambda e: self.level(e, self.relaxed_level)
         if isinstance(s, ir.Seq):
             for x in s.stmts:
-                self._walk(x, ctl, loop)
+                self._walk(x, ctl, loop, rctl, branch)
         elif isinstance(s, ir.Assign):
-            self._set(s.var, max(ctl, self.level(s.value)))
-        elif isinstance(s, ir.For):
-            level = max(ctl, self.level(s.start), self.level(s.stop), self.loop_level.get(id(s), UNIFORM))
-            self._set(s.var, level)
-            self._walk(s.body, level, s)
-        elif isinstance(s, ir.While):
-            level = max(ctl, self.level(s.cond), self.loop_level.get(id(s), UNIFORM))
-            self._walk(s.body, level, s)
+            self._set(s.var, max(ctl, self.level(s.value)), max(rctl, relaxed(s.value)), branch)
+        elif isinstance(s, (ir.For, ir.While)):
+            heads = (s.start, s.stop) if isinstance(s, ir.For) else (s.cond,)
+            trips = self.loop_level.get(id(s), UNIFORM)
+            level = max([ctl, trips] + [self.level(h) for h in heads])
+            rlevel = max([rctl] + [THREAD if max(trips, relaxed(h)) == THREAD else UNIFORM for h in heads])
+            if isinstance(s, ir.For):
+                self._set(s.var, level, rlevel, branch)
+            self._walk(s.body, level, s, rlevel, branch)
         elif isinstance(s, ir.If):
-            level = max(ctl, self.level(s.cond))
-            self._walk(s.then, level, loop)
-            self._walk(s.orelse, level, loop)
+            cond = self.level(s.cond)
+            level, rlevel = max(ctl, cond), max(rctl, THREAD if cond == THREAD else UNIFORM)
+            inner = lambda side: (id(s), side) if cond == WARP else branch
+            self._walk(s.then, level, loop, rlevel, inner("then"))
+            self._walk(s.orelse, level, loop, rlevel, inner("else"))
         elif isinstance(s, (ir.Break, ir.Continue)) and loop is not None:
             if ctl > self.loop_level.get(id(loop), UNIFORM):
                 self.loop_level[id(loop)] = ctl

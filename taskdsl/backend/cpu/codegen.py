@@ -46,6 +46,7 @@ class DebugSite:
     loc: object
     buffer: str
     access: str
+    hidden_axes: int = 0   # registers carry a leading per-thread axis the user never wrote
 
 
 @dataclass
@@ -285,7 +286,7 @@ class _PythonEmitter:
         return (["tid"] if buf.uid in self.registers else []) + idx
 
     def site(self, buf: ir.Buffer, access: str) -> int:
-        self.sites.append(DebugSite(self.loc, buf.name, access))
+        self.sites.append(DebugSite(self.loc, buf.name, access, 1 if buf.uid in self.registers else 0))
         return len(self.sites) - 1
 
     def promoted_element(self, buf: ir.Buffer, indices) -> str | None:
@@ -375,7 +376,11 @@ class _PythonEmitter:
         if isinstance(e, ir.Binary):
             if e.dtype.is_float and e.op in ir.expr.ARITH_OPS:
                 return f"({self.cast(e.a, e.dtype)} {e.op} {self.cast(e.b, e.dtype)})"
-            return f"({self.expr(e.a)} {_PY_OPS.get(e.op, e.op)} {self.expr(e.b)})"
+            text = f"({self.expr(e.a)} {_PY_OPS.get(e.op, e.op)} {self.expr(e.b)})"
+            # Wrap-around CUDA defines (left shifts, unsigned arithmetic); signed +-* overflow is UB there.
+            if e.dtype.is_integer and (e.op == "<<" or (e.dtype.kind == "uint" and e.op in ("+", "-", "*"))):
+                return f"{np_type(e.dtype)}({text})"
+            return text
         if isinstance(e, ir.Unary):
             return f"({'not ' if e.op == 'not' else e.op}{self.expr(e.a)})"
         if isinstance(e, ir.Select):

@@ -13,7 +13,8 @@ def debug_error(site: DebugSite, exc: Exception) -> DSLError:
     """The DSLError for a failed bounds check (IndexError) or a detected race (RuntimeError)."""
     if isinstance(exc, IndexError):
         _, dim, index, extent = exc.args
-        return DSLError(f"out-of-bounds {site.access} of '{site.buffer}': index {index} on axis {dim} is outside "
+        return DSLError(f"out-of-bounds {site.access} of '{site.buffer}': index {index} on axis "
+                        f"{dim - site.hidden_axes} is outside "
                         f"[0, {extent})", site.loc, "Guard the access with an 'if' or a conditional expression.")
     _, kind, element, tid, other = exc.args
     who = "several threads" if other == -1 else str(other)

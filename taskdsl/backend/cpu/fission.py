@@ -219,12 +219,13 @@ class _Fission:
                 self.block_vars |= _vars_read(x.cond)
                 self._scan(x.body, True)
             elif isinstance(x, ir.If):
-                if self.uniformity.level(x.cond) == UNIFORM:
+                if self.uniformity.relaxed_uniform(x.cond):
                     self.block_vars |= _vars_read(x.cond)
                 self._scan(x.then, in_block_loop)
                 self._scan(x.orelse, in_block_loop)
 
-    def split(self, s, in_block_loop: bool) -> list:
+    def split(self, s, in_block_loop: bool, guarded: bool = False) -> list:
+        """Items for statement `s`; `guarded`: inside a warp-uniform branch (regions get its predicate)."""
         items, current = [], []
 
         def flush():
@@ -247,30 +248,30 @@ class _Fission:
                 flush()
                 current.append(ShflGet(site, x.var, x.value.func, lane, width.value, x.loc))
             elif isinstance(x, ir.Assign):
-                self.require_uniform(x.value, x, "a variable that controls a barrier")
+                self.require_uniform(x.value, x, "a variable that controls a barrier or shuffle", guarded)
                 flush()
                 items.append(BlockAssign(x))
             elif isinstance(x, ir.For):
-                self.require_uniform(x.start, x, "the bounds of a loop containing a barrier")
-                self.require_uniform(x.stop, x, "the bounds of a loop containing a barrier")
+                self.require_uniform(x.start, x, "the bounds of a loop containing a barrier or shuffle", guarded)
+                self.require_uniform(x.stop, x, "the bounds of a loop containing a barrier or shuffle", guarded)
                 flush()
-                items.append(BlockFor(x, self.split(x.body, True)))
+                items.append(BlockFor(x, self.split(x.body, True, guarded)))
             elif isinstance(x, ir.While):
-                self.require_uniform(x.cond, x, "the condition of a loop containing a barrier")
+                self.require_uniform(x.cond, x, "the condition of a loop containing a barrier or shuffle", guarded)
                 flush()
-                items.append(BlockWhile(x, self.split(x.body, True)))
+                items.append(BlockWhile(x, self.split(x.body, True, guarded)))
             elif isinstance(x, ir.If):
                 level = self.uniformity.level(x.cond)
-                if level == UNIFORM:
+                if level == UNIFORM or (guarded and self.uniformity.relaxed_uniform(x.cond)):
                     flush()
-                    items.append(BlockIf(x.cond, self.split(x.then, in_block_loop),
-                                         self.split(x.orelse, in_block_loop)))
+                    items.append(BlockIf(x.cond, self.split(x.then, in_block_loop, guarded),
+                                         self.split(x.orelse, in_block_loop, guarded)))
                 elif level == WARP and not _own_jumps(x):
                     pred = ir.Var("warp_pred", x.cond.dtype)
                     current.append(ir.Assign(pred, x.cond, x.loc))
                     flush()
-                    items += _guard(self.split(x.then, in_block_loop), pred)
-                    items += _guard(self.split(x.orelse, in_block_loop), ir.Unary("not", pred, pred.dtype))
+                    items += _guard(self.split(x.then, in_block_loop, True), pred)
+                    items += _guard(self.split(x.orelse, in_block_loop, True), ir.Unary("not", pred, pred.dtype))
                 else:
                     raise DSLError("a barrier or shuffle under a condition that differs between threads", x.loc,
                                    "Every thread of the block must reach a barrier (every lane of a warp a shuffle).")
@@ -280,8 +281,8 @@ class _Fission:
         flush()
         return items
 
-    def require_uniform(self, e, s, what: str) -> None:
-        if self.uniformity.level(e) != UNIFORM:
+    def require_uniform(self, e, s, what: str, guarded: bool) -> None:
+        if self.uniformity.level(e) != UNIFORM and not (guarded and self.uniformity.relaxed_uniform(e)):
             raise DSLError(f"{what} must be the same in every thread of the block (it depends on threadIdx or on "
                            "per-thread data)", s.loc, "A barrier must be reached by every thread of the block.")
 

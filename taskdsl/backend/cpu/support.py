@@ -34,45 +34,47 @@ def fma(a, b, c):
 
 
 # -------------------------------------------------------------- warp shuffles (CUDA semantics)
-# Each returns the thread (block-linear) whose value `tid` reads; own value when out of segment.
+# PTX shfl.sync: a segment of `width` lanes spans [min_lane, max_lane]; a computed source lane
+# beyond max_lane (below min_lane for `up`) yields the thread's own value. Each helper returns
+# the block-linear thread whose value `tid` reads.
+@njit(cache=True, inline="always")
+def _segment(tid, width):
+    lane = tid % WARP
+    min_lane = lane & (WARP - width)
+    return lane, min_lane, min_lane | (width - 1)
+
+
+@njit(cache=True, inline="always")
+def _source(tid, lane, j, nthreads):
+    src = tid - lane + j
+    return src if src < nthreads else tid   # a lane past the end of the block: undefined in CUDA
+
+
 @njit(cache=True, inline="always")
 def shfl_xor_src(tid, mask, width, nthreads):
-    lane = tid % WARP
-    seg = lane - lane % width
-    j = lane ^ mask
-    if j < seg or j >= seg + width:
-        j = lane
-    src = tid - lane + j
-    return src if src < nthreads else tid
+    lane, _, max_lane = _segment(tid, width)
+    j = lane ^ (mask & (WARP - 1))
+    return _source(tid, lane, lane if j > max_lane else j, nthreads)
 
 
 @njit(cache=True, inline="always")
 def shfl_down_src(tid, delta, width, nthreads):
-    lane = tid % WARP
-    seg = lane - lane % width
-    j = lane + delta
-    if j >= seg + width:
-        j = lane
-    src = tid - lane + j
-    return src if src < nthreads else tid
+    lane, _, max_lane = _segment(tid, width)
+    j = lane + (delta & (WARP - 1))
+    return _source(tid, lane, lane if j > max_lane else j, nthreads)
 
 
 @njit(cache=True, inline="always")
 def shfl_up_src(tid, delta, width, nthreads):
-    lane = tid % WARP
-    seg = lane - lane % width
-    j = lane - delta
-    if j < seg:
-        j = lane
-    return tid - lane + j
+    lane, min_lane, _ = _segment(tid, width)
+    j = lane - (delta & (WARP - 1))
+    return _source(tid, lane, lane if j < min_lane else j, nthreads)
 
 
 @njit(cache=True, inline="always")
 def shfl_idx_src(tid, src_lane, width, nthreads):
-    lane = tid % WARP
-    seg = lane - lane % width
-    src = tid - lane + seg + src_lane % width
-    return src if src < nthreads else tid
+    lane, min_lane, _ = _segment(tid, width)
+    return _source(tid, lane, min_lane | (src_lane & (width - 1)), nthreads)
 
 
 # -------------------------------------------------------------- atomics (blocks run serially then)

@@ -220,7 +220,10 @@ class _CudaEmitter:
         args = [self.expr(a) for a in e.args]
         if e.func in _SHUFFLES:
             value, lane, width = args
-            return f"{_SHUFFLES[e.func]}(0xffffffffu, {value}, {lane}, {width})"
+            # A partial last warp has fewer lanes; shuffles only run under warp-uniform control,
+            # so the active mask is exactly the lanes that exist.
+            mask = "0xffffffffu" if self.fn.num_threads % 32 == 0 else "__activemask()"
+            return f"{_SHUFFLES[e.func]}({mask}, {value}, {lane}, {width})"
         if e.func == "sigmoid":
             one = "1.0f" if e.dtype.bits == 32 else "1.0"
             exp = "expf" if e.dtype.bits == 32 else "exp"

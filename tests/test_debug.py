@@ -1,0 +1,300 @@
+"""Debug mode (`td.debug(True)`) on the cpu target: bounds checks and shared-memory race reports,
+each a DSLError at the kernel line that made the bad access; correct kernels stay silent."""
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import taskdsl as td
+from taskdsl import blockIdx, f32, i32, repeat, spatial, threadIdx
+
+THIS_FILE = Path(__file__).resolve()
+LINES = THIS_FILE.read_text().splitlines()
+
+
+def line_of(tag: str) -> int:
+    marker = re.compile(r"#\s*" + re.escape(tag) + r"(\s|$)")
+    hits = [n for n, text in enumerate(LINES, 1) if marker.search(text)]
+    assert len(hits) == 1, f"marker {tag!r} found {len(hits)} times"
+    return hits[0]
+
+
+def debug_error(call, tags, pattern: str) -> td.DSLError:
+    """Run `call` in debug mode; expect a DSLError matching `pattern` at one of the marked lines."""
+    td.debug(True)
+    with pytest.raises(td.DSLError) as info:
+        call()
+    err = info.value
+    lines = {line_of(t) for t in ([tags] if isinstance(tags, str) else tags)}
+    assert err.loc is not None and os.path.samefile(err.loc.file, THIS_FILE), str(err)
+    assert err.loc.line in lines, f"expected a line in {sorted(lines)}, got {err.loc.line}: {err}"
+    assert re.search(pattern, err.message), f"{pattern!r} does not match {err.message!r}"
+    assert LINES[err.loc.line - 1].strip() in str(err)
+    return err
+
+
+# --------------------------------------------------------------------------- bounds
+@td.kernel(grid=lambda N: td.cdiv(N, 32), block=32)
+def read_past_end(X: f32["N"], Y: f32["N"]):
+    i = blockIdx.x * 32 + threadIdx.x
+    if i < N:
+        Y[i] = X[i + 1]  # D_READ
+
+
+def test_out_of_bounds_read():
+    x, y = np.arange(32, dtype=np.float32), np.zeros(32, np.float32)
+    err = debug_error(lambda: read_past_end(x, y), "D_READ",
+                      r"^out-of-bounds read of 'X': index 32 on axis 0 is outside \[0, 32\)")
+    assert err.loc.col == LINES[err.loc.line - 1].index("Y[i]")
+
+
+@settings(max_examples=4, deadline=None)
+@given(n=st.integers(1, 200))
+def test_out_of_bounds_read_reports_the_size(n):
+    x, y = np.arange(n, dtype=np.float32), np.zeros(n, np.float32)
+    debug_error(lambda: read_past_end(x, y), "D_READ",
+                rf"^out-of-bounds read of 'X': index {n} on axis 0 is outside \[0, {n}\)")
+
+
+@td.kernel(grid=lambda N: td.cdiv(N, 32), block=32)
+def write_before_start(X: f32["N"], Y: f32["N"]):
+    i = blockIdx.x * 32 + threadIdx.x
+    if i < N:
+        v = X[i]
+        Y[i - 1] = v  # D_WRITE
+
+
+def test_out_of_bounds_write_with_a_negative_index():
+    x, y = np.arange(40, dtype=np.float32), np.zeros(40, np.float32)
+    debug_error(lambda: write_before_start(x, y), "D_WRITE",
+                r"^out-of-bounds write of 'Y': index -1 on axis 0 is outside \[0, 40\)")
+
+
+@td.kernel(grid=1, block=(8, 4))
+def read_2d(X: f32[4, 8], Y: f32[4, 8]):
+    r, c = threadIdx.y, threadIdx.x
+    Y[r, c] = X[r, c + 1] if c < 8 else 0.0  # D_READ2D
+
+
+def test_out_of_bounds_on_the_second_axis():
+    x, y = np.zeros((4, 8), np.float32), np.zeros((4, 8), np.float32)
+    debug_error(lambda: read_2d(x, y), "D_READ2D",
+                r"^out-of-bounds read of 'X': index 8 on axis 1 is outside \[0, 8\)")
+
+
+@td.kernel(grid=1, block=32)
+def shared_overflow(X: f32[32]):
+    s = td.shared(f32, (32,))
+    s[threadIdx.x + 1] = X[threadIdx.x]  # D_SHARED
+    td.syncthreads()
+    X[threadIdx.x] = s[threadIdx.x]
+
+
+def test_out_of_bounds_shared_memory_write():
+    x = np.zeros(32, np.float32)
+    debug_error(lambda: shared_overflow(x), "D_SHARED",
+                r"^out-of-bounds write of 's': index 32 on axis 0 is outside \[0, 32\)")
+
+
+@td.kernel(grid=1, block=4)
+def registers_overflow(X: f32[4], k: i32):
+    regs = td.registers(f32, (4,))
+    for j in range(k):
+        regs[j] = X[threadIdx.x]  # D_REGS
+    X[threadIdx.x] = regs[0]
+
+
+def test_out_of_bounds_register_write():
+    x = np.zeros(4, np.float32)
+    registers_overflow(x, 4)             # in bounds: no error, also in debug mode
+    td.debug(True)
+    registers_overflow(x, 4)
+    debug_error(lambda: registers_overflow(x, 5), "D_REGS",
+                r"^out-of-bounds write of 'regs': index 4 on axis 0 is outside \[0, 4\)")
+
+
+@td.kernel(grid=lambda N: td.cdiv(N, 32), block=32)
+def bad_histogram(V: i32["N"], H: i32[8]):
+    i = blockIdx.x * 32 + threadIdx.x
+    if i < N:
+        td.atomic_add(H[V[i]], 1)  # D_ATOMIC
+
+
+def test_out_of_bounds_atomic():
+    v, h = np.array([0, 3, 8, 1], np.int32), np.zeros(8, np.int32)
+    debug_error(lambda: bad_histogram(v, h), "D_ATOMIC", r"'H': index 8 on axis 0 is outside \[0, 8\)")
+
+
+# --------------------------------------------------------------------------- races
+@td.kernel(grid=lambda N: td.cdiv(N, 64), block=64)
+def rotate_racy(X: f32["N"], Y: f32["N"]):
+    s = td.shared(f32, (64,))
+    t = threadIdx.x
+    g = blockIdx.x * 64 + t
+    s[t] = X[g] if g < N else 0.0  # D_RACE_W
+    v = s[(t + 1) % 64]  # D_RACE_R
+    if g < N:
+        Y[g] = v
+
+
+@td.kernel(grid=lambda N: td.cdiv(N, 64), block=64)
+def rotate_synced(X: f32["N"], Y: f32["N"]):
+    s = td.shared(f32, (64,))
+    t = threadIdx.x
+    g = blockIdx.x * 64 + t
+    s[t] = X[g] if g < N else 0.0
+    td.syncthreads()
+    v = s[(t + 1) % 64]
+    if g < N:
+        Y[g] = v
+
+
+def test_shared_memory_race_without_barrier_is_reported():
+    x, y = np.arange(100, dtype=np.float32), np.zeros(100, np.float32)
+    debug_error(lambda: rotate_racy(x, y), ["D_RACE_W", "D_RACE_R"], r"^shared-memory race on 's'")
+
+
+@settings(max_examples=4, deadline=None)
+@given(n=st.integers(1, 300))
+def test_the_same_kernel_with_the_barrier_is_silent_and_correct(n):
+    td.debug(True)
+    x, y = np.random.default_rng(n).uniform(-1, 1, n).astype(np.float32), np.zeros(n, np.float32)
+    rotate_synced(x, y)
+    blocks = np.zeros(-(-n // 64) * 64, np.float32)
+    blocks[:n] = x
+    np.testing.assert_array_equal(y, np.roll(blocks.reshape(-1, 64), -1, axis=1).reshape(-1)[:n])
+
+
+@td.kernel(grid=1, block=64)
+def write_after_read(X: f32[64]):
+    s = td.shared(f32, (64,))
+    t = threadIdx.x
+    s[t] = X[t]
+    td.syncthreads()
+    v = s[63 - t]  # D_WAR_R
+    s[t] = v * 2.0  # D_WAR_W
+    td.syncthreads()
+    X[t] = s[t]
+
+
+def test_write_after_read_race_is_reported():
+    x = np.arange(64, dtype=np.float32)
+    debug_error(lambda: write_after_read(x), ["D_WAR_R", "D_WAR_W"], r"^shared-memory race on 's'")
+
+
+@td.kernel(grid=1, block=32)
+def same_slot(X: f32[32]):
+    s = td.shared(f32, (1,))
+    s[0] = X[threadIdx.x]  # D_WAW
+    td.syncthreads()
+    X[threadIdx.x] = s[0]
+
+
+def test_write_write_race_is_reported():
+    x = np.arange(32, dtype=np.float32)
+    debug_error(lambda: same_slot(x), "D_WAW", r"^shared-memory race on 's'")
+
+
+# --------------------------------------------------------------------------- correct kernels stay silent
+@td.kernel(grid=lambda N: td.cdiv(N, 128), block=128)
+def reduce_sum(X: f32["N"], Out: f32["G"]):
+    sm = td.shared(f32, (128,))
+    t = threadIdx.x
+    g = blockIdx.x * 128 + t
+    sm[t] = X[g] if g < N else 0.0
+    td.syncthreads()
+    s = 64
+    while s > 0:
+        if t < s:
+            sm[t] += sm[t + s]
+        td.syncthreads()
+        s //= 2
+    if t == 0:
+        Out[blockIdx.x] = sm[0]
+
+
+@settings(max_examples=4, deadline=None)
+@given(n=st.integers(1, 400))
+def test_reduction_is_silent_in_debug_mode(n):
+    td.debug(True)
+    x = np.random.default_rng(n).uniform(-1, 1, n).astype(np.float32)
+    out = np.zeros(-(-n // 128), np.float32)
+    reduce_sum(x, out)
+    padded = np.zeros(len(out) * 128)
+    padded[:n] = x
+    np.testing.assert_allclose(out, padded.reshape(-1, 128).sum(1), rtol=1e-5, atol=1e-5)
+
+
+TILE = 16
+
+
+@td.kernel(grid=lambda M, N: (td.cdiv(N, TILE), td.cdiv(M, TILE)), block=64)
+def small_matmul(A: f32["M", "K"], B: f32["K", "N"], C: f32["M", "N"]):
+    sa = td.shared(f32, (TILE, 4))
+    sb = td.shared(f32, (4, TILE))
+    acc = td.registers(f32, (2, 2))
+    c_map = spatial(8, 8) * repeat(2, 2)
+    for i, j in c_map(threadIdx.x):
+        acc[i % 2, j % 2] = 0.0
+    for k0 in range(0, K, 4):
+        for i, k in spatial(TILE, 4)(threadIdx.x):
+            gi, gk = blockIdx.y * TILE + i, k0 + k
+            sa[i, k] = A[gi, gk] if gi < M and gk < K else 0.0
+        for k, j in spatial(4, TILE)(threadIdx.x):
+            gk, gj = k0 + k, blockIdx.x * TILE + j
+            sb[k, j] = B[gk, gj] if gk < K and gj < N else 0.0
+        td.syncthreads()
+        for i, j in c_map(threadIdx.x):
+            for k in range(4):
+                acc[i % 2, j % 2] += sa[i, k] * sb[k, j]
+        td.syncthreads()
+    for i, j in c_map(threadIdx.x):
+        gi, gj = blockIdx.y * TILE + i, blockIdx.x * TILE + j
+        if gi < M and gj < N:
+            C[gi, gj] = acc[i % 2, j % 2]
+
+
+@settings(max_examples=4, deadline=None)
+@given(m=st.integers(1, 40), n=st.integers(1, 40), k=st.integers(1, 20))
+def test_tiled_matmul_is_silent_in_debug_mode(m, n, k):
+    td.debug(True)
+    rng = np.random.default_rng(m * 1000 + n * 10 + k)
+    a, b = rng.uniform(-1, 1, (m, k)).astype(np.float32), rng.uniform(-1, 1, (k, n)).astype(np.float32)
+    c = np.zeros((m, n), np.float32)
+    small_matmul(a, b, c)
+    np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+
+
+@td.kernel(grid=1, block=64)
+def warp_then_shared(X: f32[64], Out: f32[1]):
+    part = td.shared(f32, (2,))
+    v = X[threadIdx.x]
+    for off in (16, 8, 4, 2, 1):
+        v += td.shfl_xor(v, off)
+    if threadIdx.x % 32 == 0:
+        part[threadIdx.x // 32] = v
+    td.syncthreads()
+    if threadIdx.x == 0:
+        Out[0] = part[0] + part[1]
+
+
+def test_shuffles_and_shared_memory_are_silent_in_debug_mode():
+    td.debug(True)
+    x = np.arange(64, dtype=np.float32)
+    out = np.zeros(1, np.float32)
+    warp_then_shared(x, out)
+    assert out[0] == x.sum()
+
+
+def test_debug_mode_can_be_switched_off_again():
+    x, y = np.arange(32, dtype=np.float32), np.zeros(32, np.float32)
+    td.debug(True)
+    rotate_synced(x, y)
+    td.debug(False)
+    y2 = np.zeros(32, np.float32)
+    rotate_synced(x, y2)
+    np.testing.assert_array_equal(y, y2)

@@ -1,0 +1,563 @@
+"""User errors: a DSLError at the offending line (file, line, column, the line shown), or a
+TypeError / ValueError at call time for arguments that do not match the annotations.
+
+Expected line numbers are found from marker comments (`# E_...`) in this file, so the
+tests do not depend on where in the file a kernel sits.
+"""
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import taskdsl as td
+from taskdsl import blockIdx, f32, i32, spatial, threadIdx
+
+THIS_FILE = Path(__file__).resolve()
+LINES = THIS_FILE.read_text().splitlines()
+
+
+def line_of(tag: str) -> int:
+    """The 1-based number of the line that carries the marker comment `# tag`."""
+    marker = re.compile(r"#\s*" + re.escape(tag) + r"(\s|$)")
+    hits = [n for n, text in enumerate(LINES, 1) if marker.search(text)]
+    assert len(hits) == 1, f"marker {tag!r} found {len(hits)} times"
+    return hits[0]
+
+
+def dsl_error(call, tag: str, *fragments: str, token: str | None = None) -> td.DSLError:
+    """Run `call`, expect a DSLError at the line marked `tag` whose message has every fragment."""
+    with pytest.raises(td.DSLError) as info:
+        call()
+    err = info.value
+    line = line_of(tag)
+    assert err.loc is not None, str(err)
+    assert os.path.samefile(err.loc.file, THIS_FILE), err.loc.file
+    assert err.loc.line == line, f"expected line {line}, got {err.loc.line}: {err}"
+    for fragment in fragments:
+        assert fragment in err.message, f"{fragment!r} not in {err.message!r}"
+    text = str(err)
+    assert text.startswith(f"{err.loc.file}:{line}:{err.loc.col}: "), text
+    source = LINES[line - 1]
+    assert source.strip() in text, text                  # the offending line is shown
+    assert "\n" + " " * 4 + " " * err.loc.col + "^" in text, text   # with a caret under the column
+    if token is not None:
+        assert err.loc.col == source.index(token), (err.loc.col, source.index(token))
+    return err
+
+
+def vec(n=32, dtype=np.float32):
+    return np.zeros(n, dtype)
+
+
+# --------------------------------------------------------------------------- names and statements
+def test_undefined_name():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32], Y: f32[32]):
+        Y[threadIdx.x] = X[threadIdx.x] + undefined_thing  # E_UNDEF  # noqa: F821
+
+    dsl_error(lambda: k(vec(), vec()), "E_UNDEF", "name 'undefined_thing' is not defined", token="undefined_thing")
+
+
+def test_with_statement():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32]):
+        with open("x") as f:  # E_WITH
+            X[threadIdx.x] = 1.0
+
+    dsl_error(lambda: k(vec()), "E_WITH", "'With' statements are not supported")
+
+
+def test_try_statement():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32]):
+        try:  # E_TRY
+            X[threadIdx.x] = 1.0
+        except Exception:
+            pass
+
+    dsl_error(lambda: k(vec()), "E_TRY", "'Try' statements are not supported")
+
+
+def test_lambda_expression():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32]):
+        f = lambda v: v * 2.0  # E_LAMBDA  # noqa: E731
+        X[threadIdx.x] = 1.0
+
+    dsl_error(lambda: k(vec()), "E_LAMBDA", "'Lambda' expressions are not supported", token="lambda")
+
+
+def test_nested_def():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32]):
+        def inner(v):  # E_DEF
+            return v
+        X[threadIdx.x] = 1.0
+
+    dsl_error(lambda: k(vec()), "E_DEF", "'FunctionDef' statements are not supported")
+
+
+def test_builtin_that_is_not_allowed():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32]):
+        X[threadIdx.x] = hash(3)  # E_BUILTIN
+
+    dsl_error(lambda: k(vec()), "E_BUILTIN", "'hash'")
+
+
+def test_expression_statement_without_effect():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32]):
+        X[threadIdx.x] + 1.0  # E_NOEFFECT
+
+    dsl_error(lambda: k(vec()), "E_NOEFFECT", "no effect")
+
+
+def test_kernel_returning_a_value():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32]):
+        return X[0]  # E_RETVAL
+
+    dsl_error(lambda: k(vec()), "E_RETVAL", "cannot return a value")
+
+
+# --------------------------------------------------------------------------- loops and mappings
+def test_wrong_number_of_mapping_loop_variables():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[4, 8]):
+        for i in spatial(4, 8)(threadIdx.x):  # E_MAPVARS
+            X[i, 0] = 1.0
+
+    dsl_error(lambda: k(np.zeros((4, 8), np.float32)), "E_MAPVARS", "2 variable names, got 1")
+
+
+def test_mapping_not_called_on_a_worker():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[4, 8]):
+        for i, j in spatial(4, 8):  # E_MAPCALL
+            X[i, j] = 1.0
+
+    dsl_error(lambda: k(np.zeros((4, 8), np.float32)), "E_MAPCALL", "must be called on a worker index")
+
+
+def test_assigning_to_a_loop_variable():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32]):
+        for i in range(4):
+            i = i + 1  # E_LOOPVAR
+            X[i] = 1.0
+
+    dsl_error(lambda: k(vec()), "E_LOOPVAR", "cannot assign to the loop variable 'i'")
+
+
+def test_assigning_to_a_mapping_loop_variable():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32]):
+        for (i) in spatial(32)(threadIdx.x):
+            i += 1  # E_MAPLOOPVAR
+            X[i] = 1.0
+
+    dsl_error(lambda: k(vec()), "E_MAPLOOPVAR", "loop variable 'i'")
+
+
+def test_non_constant_range_step():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32["N"], step: i32):
+        for j in range(0, N, step):  # E_STEP
+            X[j] = 1.0
+
+    dsl_error(lambda: k(vec(), 2), "E_STEP", "step of range() must be a non-zero int known at compile time")
+
+
+def test_zero_range_step():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32["N"]):
+        for j in range(0, N, 0):  # E_STEP0
+            X[j] = 1.0
+
+    dsl_error(lambda: k(vec()), "E_STEP0", "step of range()")
+
+
+def test_float_range_bound():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32["N"]):
+        for j in range(X[0]):  # E_FLOATRANGE
+            X[j] = 1.0
+
+    dsl_error(lambda: k(vec()), "E_FLOATRANGE", "range() bounds must be integers")
+
+
+def test_return_inside_a_loop():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32]):
+        for j in range(4):
+            if X[j] > 0.0:
+                return  # E_LOOPRET
+            X[j] = 1.0
+
+    dsl_error(lambda: k(vec()), "E_LOOPRET", "'return' inside a loop is not supported")
+
+
+def test_break_outside_a_loop():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32]):
+        for j in (1, 2):
+            if j == 2:
+                break  # E_BREAK
+            X[j] = 1.0
+
+    dsl_error(lambda: k(vec()), "E_BREAK", "'break' outside a runtime loop")
+
+
+# --------------------------------------------------------------------------- indexing and types
+def test_indexing_a_2d_tensor_with_one_index():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[4, 8], Y: f32[32]):
+        Y[threadIdx.x] = X[threadIdx.x]  # E_RANK
+
+    dsl_error(lambda: k(np.zeros((4, 8), np.float32), vec()), "E_RANK",
+              "'X' has 2 dimensions but is indexed with 1 index")
+
+
+def test_tensor_index_with_a_float():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32], Y: f32[32]):
+        Y[threadIdx.x] = X[X[0]]  # E_FLOATIDX
+
+    dsl_error(lambda: k(vec(), vec()), "E_FLOATIDX", "tensor indices must be integers, got f32")
+
+
+def test_bitwise_operator_on_floats():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32], Y: f32[32]):
+        Y[threadIdx.x] = X[threadIdx.x] & X[0]  # E_BITFLOAT
+
+    dsl_error(lambda: k(vec(), vec()), "E_BITFLOAT", "'&' needs integer operands", "f32")
+
+
+def test_invert_on_a_float():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32], Y: f32[32]):
+        Y[threadIdx.x] = ~X[threadIdx.x]  # E_INVFLOAT
+
+    dsl_error(lambda: k(vec(), vec()), "E_INVFLOAT", "'~' needs an integer operand")
+
+
+def test_tensor_slices_are_rejected():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32], Y: f32[32]):
+        Y[threadIdx.x] = X[0:4]  # E_SLICE
+
+    dsl_error(lambda: k(vec(), vec()), "E_SLICE", "slices")
+
+
+def test_assigning_to_a_parameter():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32], alpha: f32):
+        alpha = alpha * 2.0  # E_PARAM
+        X[threadIdx.x] = alpha
+
+    dsl_error(lambda: k(vec(), 1.0), "E_PARAM", "cannot assign to the parameter 'alpha'")
+
+
+def test_storing_a_tensor_in_a_runtime_variable():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32], Y: f32[32]):
+        t = X  # E_TENSORVAR
+        t = Y
+        t[threadIdx.x] = 1.0
+
+    dsl_error(lambda: k(vec(), vec()), "E_TENSORVAR", "runtime variable")
+
+
+def test_math_function_with_wrong_arity():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32]):
+        X[threadIdx.x] = td.max(X[threadIdx.x])  # E_ARITY
+
+    dsl_error(lambda: k(vec()), "E_ARITY", "max() takes 2 arguments, got 1")
+
+
+# --------------------------------------------------------------------------- memory
+def test_shared_shape_from_a_size_symbol():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32["N"]):
+        s = td.shared(f32, (N,))  # E_SHAREDSYM
+        s[threadIdx.x] = 1.0
+
+    err = dsl_error(lambda: k(vec()), "E_SHAREDSYM",
+                    "the shape of td.shared() must be positive ints known at compile time")
+    assert "Var(" not in err.message, err.message    # the user's name, not the IR node's repr
+
+
+def test_shared_shape_with_a_zero():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32]):
+        s = td.shared(f32, (4, 0))  # E_SHAREDZERO
+        X[threadIdx.x] = 1.0
+
+    dsl_error(lambda: k(vec()), "E_SHAREDZERO", "the shape of td.shared()", "(4, 0)")
+
+
+def test_registers_shape_with_a_float():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32]):
+        r = td.registers(f32, (2.5,))  # E_REGFLOAT
+        X[threadIdx.x] = 1.0
+
+    dsl_error(lambda: k(vec()), "E_REGFLOAT", "the shape of td.registers()")
+
+
+def test_shared_with_a_non_dtype():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32]):
+        s = td.shared("float", (4,))  # E_SHAREDDTYPE
+        X[threadIdx.x] = 1.0
+
+    dsl_error(lambda: k(vec()), "E_SHAREDDTYPE", "expected a dtype")
+
+
+def test_atomic_on_registers():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32]):
+        r = td.registers(f32, (2,))
+        r[0] = 0.0
+        td.atomic_add(r[0], 1.0)  # E_ATOMICREG
+        X[threadIdx.x] = r[0]
+
+    dsl_error(lambda: k(vec()), "E_ATOMICREG", "not registers")
+
+
+# --------------------------------------------------------------------------- device functions
+@td.func
+def add2(a: f32, b: f32) -> f32:
+    return a + b
+
+
+@td.func
+def bad_body(a: f32) -> f32:
+    return a + missing_name  # E_FUNCBODY  # noqa: F821
+
+
+def test_device_function_with_wrong_argument_count():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32]):
+        X[threadIdx.x] = add2(X[threadIdx.x])  # E_FUNCARGS
+
+    dsl_error(lambda: k(vec()), "E_FUNCARGS", "'add2' takes 2 argument(s), got 1")
+
+
+def test_error_inside_a_device_function_points_into_the_function():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32]):
+        X[threadIdx.x] = bad_body(X[threadIdx.x])
+
+    dsl_error(lambda: k(vec()), "E_FUNCBODY", "name 'missing_name' is not defined")
+
+
+def test_device_function_called_from_python():
+    with pytest.raises(RuntimeError, match="add2"):
+        add2(1.0, 2.0)
+
+
+# --------------------------------------------------------------------------- barriers and shuffles
+def test_syncthreads_under_a_thread_dependent_if():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32]):
+        if threadIdx.x < 5:
+            td.syncthreads()  # E_SYNCIF
+        X[threadIdx.x] = 1.0
+
+    dsl_error(lambda: k(vec()), "E_SYNCIF", "'syncthreads()' inside a branch or loop that depends on threadIdx",
+              token="td.syncthreads")
+
+
+def test_syncthreads_under_a_condition_on_a_thread_dependent_variable():
+    @td.kernel(grid=1, block=64)
+    def k(X: f32[64]):
+        v = X[threadIdx.x]
+        if v > 0.0:
+            td.syncthreads()  # E_SYNCDATA
+        X[threadIdx.x] = 1.0
+
+    dsl_error(lambda: k(vec(64)), "E_SYNCDATA", "syncthreads()")
+
+
+def test_syncthreads_in_a_thread_dependent_loop():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32]):
+        for j in range(threadIdx.x):
+            td.syncthreads()  # E_SYNCLOOP
+        X[threadIdx.x] = 1.0
+
+    dsl_error(lambda: k(vec()), "E_SYNCLOOP", "syncthreads()")
+
+
+def test_syncthreads_in_a_loop_left_by_a_divergent_break():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32]):
+        for j in range(4):
+            if X[threadIdx.x] > j:
+                break
+            td.syncthreads()  # E_SYNCBREAK
+        X[threadIdx.x] = 1.0
+
+    dsl_error(lambda: k(vec()), "E_SYNCBREAK", "syncthreads()")
+
+
+def test_syncthreads_under_a_warp_uniform_condition_is_still_divergent_for_the_block():
+    @td.kernel(grid=1, block=64)
+    def k(X: f32[64]):
+        if threadIdx.x < 32:
+            td.syncthreads()  # E_SYNCWARP
+        X[threadIdx.x] = 1.0
+
+    dsl_error(lambda: k(vec(64)), "E_SYNCWARP", "syncthreads()")
+
+
+def test_shuffle_under_a_lane_dependent_if():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32]):
+        v = X[threadIdx.x]
+        if threadIdx.x % 2 == 0:
+            v = td.shfl_xor(v, 1)  # E_SHFLIF
+        X[threadIdx.x] = v
+
+    dsl_error(lambda: k(vec()), "E_SHFLIF", "'shfl_xor()' inside a branch or loop that differs between the lanes")
+
+
+def test_shuffle_in_a_lane_dependent_loop():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32]):
+        v = X[threadIdx.x]
+        for j in range(threadIdx.x % 4):
+            v += td.shfl_down(v, 1)  # E_SHFLLOOP
+        X[threadIdx.x] = v
+
+    dsl_error(lambda: k(vec()), "E_SHFLLOOP", "shfl_down()")
+
+
+def test_shuffle_width_must_be_a_power_of_two():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32]):
+        X[threadIdx.x] = td.shfl_xor(X[threadIdx.x], 1, width=12)  # E_SHFLWIDTH
+
+    dsl_error(lambda: k(vec()), "E_SHFLWIDTH", "width of a warp shuffle must be a power of two")
+
+
+def test_shuffle_under_a_warp_uniform_condition_is_allowed():
+    @td.kernel(grid=1, block=64)
+    def k(X: f32[64]):
+        v = X[threadIdx.x]
+        if threadIdx.x // 32 == 0:
+            v = td.shfl_xor(v, 1)
+        X[threadIdx.x] = v
+
+    x = np.arange(64, dtype=np.float32)
+    k(x)
+    want = np.arange(64)
+    want[:32] ^= 1                   # lanes of warp 0 swap with their neighbour; warp 1 is untouched
+    np.testing.assert_array_equal(x, want)
+
+
+# --------------------------------------------------------------------------- call-time errors
+@td.kernel(grid=lambda N: td.cdiv(N, 32), block=32)
+def scale(X: f32["N", "K"], Y: f32["N", "K"], Z: f32[4], alpha: f32, count: i32):
+    i = blockIdx.x * 32 + threadIdx.x
+    if i < N:
+        Y[i, 0] = X[i, 0] * alpha
+
+
+def good_args():
+    return [np.zeros((5, 3), np.float32), np.zeros((5, 3), np.float32), np.zeros(4, np.float32), 1.0, 2]
+
+
+def test_wrong_dtype_mentions_astype():
+    args = good_args()
+    args[0] = args[0].astype(np.float64)
+    with pytest.raises(TypeError, match=r"'X'.*float32.*astype") as info:
+        scale(*args)
+    assert "float64" in str(info.value)
+
+
+def test_wrong_rank():
+    args = good_args()
+    args[1] = np.zeros(15, np.float32)
+    with pytest.raises(ValueError, match=r"'Y' must be 2-d"):
+        scale(*args)
+
+
+def test_inconsistent_size_symbol_names_the_symbol():
+    args = good_args()
+    args[1] = np.zeros((5, 4), np.float32)
+    with pytest.raises(ValueError, match=r"size 'K' is 3 .* but 4 in 'Y'"):
+        scale(*args)
+
+
+def test_fixed_dimension_mismatch():
+    args = good_args()
+    args[2] = np.zeros(5, np.float32)
+    with pytest.raises(ValueError, match=r"'Z' must be 4"):
+        scale(*args)
+
+
+def test_wrong_argument_count():
+    with pytest.raises(TypeError, match=r"takes 5 arguments"):
+        scale(*good_args()[:4])
+
+
+def test_non_array_tensor_argument():
+    args = good_args()
+    args[0] = [[0.0] * 3] * 5
+    with pytest.raises(TypeError, match=r"'X' must be a numpy array"):
+        scale(*args)
+
+
+def test_float_for_an_integer_scalar():
+    args = good_args()
+    args[4] = 2.5
+    with pytest.raises(TypeError, match=r"'count' must be an integer"):
+        scale(*args)
+
+
+def test_array_for_a_scalar():
+    args = good_args()
+    args[3] = np.zeros(1, np.float32)
+    with pytest.raises(TypeError, match=r"'alpha' must be a f32 scalar"):
+        scale(*args)
+
+
+def test_grid_callable_asking_for_an_unknown_name():
+    @td.kernel(grid=lambda M: M, block=32)
+    def k(X: f32["N"]):
+        X[threadIdx.x] = 1.0
+
+    with pytest.raises(ValueError, match=r"'M'.*not a size symbol or scalar parameter"):
+        k(vec())
+
+
+def test_block_too_large():
+    @td.kernel(grid=1, block=(32, 32, 2))
+    def k(X: f32["N"]):
+        X[0] = 1.0
+
+    with pytest.raises(ValueError, match="1024"):
+        k(vec())
+
+
+def test_bad_annotation_is_reported_at_decoration():
+    with pytest.raises(TypeError, match="annotate parameter 'X'"):
+        @td.kernel(grid=1, block=32)
+        def k(X):
+            X[0] = 1.0
+
+
+def test_size_symbol_shadowing_a_parameter():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32["X"]):
+        X[0] = 1.0
+
+    with pytest.raises(td.DSLError, match="same name as a parameter"):
+        k(vec())
