@@ -12,44 +12,20 @@ What it shows:
   none a multiple of the 64x64x8 tile);
 * the CUDA C++ of the same specialization (compiled with NVRTC, no GPU needed).
 
-Run it with ``python examples/matmul.py``.
+The kernel lives in ``stdlib_ops/simt_matmul.py`` (the operator library uses it too); this
+script prints it, runs it and shows its CUDA. Run it with ``python examples/matmul.py``.
 """
+import inspect
+
 import numpy as np
 
 import taskdsl as td
-from taskdsl import f32, spatial, repeat, threadIdx, blockIdx
-
-BM, BN, BK = 64, 64, 8
-
-
-@td.kernel(grid=lambda M, N: (td.cdiv(N, BN), td.cdiv(M, BM)), block=256)
-def matmul(A: f32["M", "K"], B: f32["K", "N"], C: f32["M", "N"]):
-    sa = td.shared(f32, (BM, BK))
-    sb = td.shared(f32, (BK, BN))
-    acc = td.registers(f32, (4, 4))
-    c_map = spatial(16, 16) * repeat(4, 4)          # 64x64 outputs on 256 threads
-    for i, j in c_map(threadIdx.x):
-        acc[i % 4, j % 4] = 0.0
-    for k0 in range(0, K, BK):
-        for i, k in (repeat(2, 1) * spatial(32, 8))(threadIdx.x):   # 64x8 tile, 2 loads each
-            gi, gk = blockIdx.y * BM + i, k0 + k
-            sa[i, k] = A[gi, gk] if gi < M and gk < K else 0.0      # predicated load
-        for k, j in (repeat(2, 1) * spatial(4, 64))(threadIdx.x):
-            gk, gj = k0 + k, blockIdx.x * BN + j
-            sb[k, j] = B[gk, gj] if gk < K and gj < N else 0.0
-        td.syncthreads()
-        for i, j in c_map(threadIdx.x):
-            for k in range(BK):
-                acc[i % 4, j % 4] += sa[i, k] * sb[k, j]
-        td.syncthreads()
-    for i, j in c_map(threadIdx.x):
-        gi, gj = blockIdx.y * BM + i, blockIdx.x * BN + j
-        if gi < M and gj < N:
-            C[gi, gj] = acc[i % 4, j % 4]
+from stdlib_ops.simt_matmul import matmul_kernel as matmul   # the kernel, verbatim from DESIGN.md
 
 
 def main():
     td.set_target("cpu")   # runs anywhere (launching on a GPU is not implemented yet)
+    print(inspect.getsource(matmul.fn))
     rng = np.random.default_rng(0)
     M, K, N = 300, 200, 250
     A = rng.standard_normal((M, K)).astype(np.float32)

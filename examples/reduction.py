@@ -46,15 +46,21 @@ def block_sum(s: f32) -> f32:
     return s
 
 
-@td.kernel(grid=lambda N: td.cdiv(N, TILE), block=THREADS)
-def sum_pass(X: f32["N"], partial: f32["P"]):
-    """partial[b] = sum of the b-th tile of TILE elements of X."""
+@td.func
+def tile_sum(X, N) -> f32:
+    """The sum of this block's tile of TILE elements of X, on every thread of the block."""
     s = 0.0
     for i in (repeat(ITEMS) * spatial(THREADS))(threadIdx.x):
         idx = blockIdx.x * TILE + i
         if idx < N:
             s += X[idx]
-    total = block_sum(s)
+    return block_sum(s)
+
+
+@td.kernel(grid=lambda N: td.cdiv(N, TILE), block=THREADS)
+def sum_pass(X: f32["N"], partial: f32["P"]):
+    """partial[b] = sum of the b-th tile of TILE elements of X."""
+    total = tile_sum(X, N)
     if threadIdx.x == 0:
         partial[blockIdx.x] = total
 
@@ -62,12 +68,7 @@ def sum_pass(X: f32["N"], partial: f32["P"]):
 @td.kernel(grid=lambda N: td.cdiv(N, TILE), block=THREADS)
 def sum_atomic(X: f32["N"], out: f32[1]):
     """out[0] += sum of each tile (out must start at 0)."""
-    s = 0.0
-    for i in (repeat(ITEMS) * spatial(THREADS))(threadIdx.x):
-        idx = blockIdx.x * TILE + i
-        if idx < N:
-            s += X[idx]
-    total = block_sum(s)
+    total = tile_sum(X, N)
     if threadIdx.x == 0:
         td.atomic_add(out[0], total)
 

@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 import taskdsl as td
 from taskdsl import blockIdx, f32, i32, threadIdx
 
+from .kernels import tree_sum
+
 FEW = settings(max_examples=6, deadline=None)
 SIZES = st.integers(1, 700) | st.sampled_from([1, 2, 31, 255, 256, 257, 509, 512])
 
@@ -26,23 +28,6 @@ def per_block(x, block, fill=0.0):
 
 
 # --------------------------------------------------------------------------- tree reduction in a while loop
-@td.kernel(grid=lambda N: td.cdiv(N, 256), block=256)
-def tree_sum(X: f32["N"], Out: f32["G"]):
-    sm = td.shared(f32, (256,))
-    t = threadIdx.x
-    g = blockIdx.x * 256 + t
-    sm[t] = X[g] if g < N else 0.0
-    td.syncthreads()
-    s = 128
-    while s > 0:                     # uniform: s is the same in every thread
-        if t < s:
-            sm[t] += sm[t + s]
-        td.syncthreads()
-        s //= 2
-    if t == 0:
-        Out[blockIdx.x] = sm[0]
-
-
 @FEW
 @given(n=SIZES, seed=st.integers(0, 2**16))
 @example(n=1, seed=0)

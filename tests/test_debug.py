@@ -1,40 +1,27 @@
 """Debug mode (`td.debug(True)`) on the cpu target: bounds checks and shared-memory race reports,
 each a DSLError at the kernel line that made the bad access; correct kernels stay silent."""
-import os
-import re
-from pathlib import Path
 
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import taskdsl as td
-from taskdsl import blockIdx, f32, i32, repeat, spatial, threadIdx
+from stdlib_ops.simt_matmul import matmul_kernel
+from taskdsl import blockIdx, f32, i32, threadIdx
 
-THIS_FILE = Path(__file__).resolve()
-LINES = THIS_FILE.read_text().splitlines()
+from .kernels import tree_sum
 
+from .markers import Markers
 
-def line_of(tag: str) -> int:
-    marker = re.compile(r"#\s*" + re.escape(tag) + r"(\s|$)")
-    hits = [n for n, text in enumerate(LINES, 1) if marker.search(text)]
-    assert len(hits) == 1, f"marker {tag!r} found {len(hits)} times"
-    return hits[0]
+MARKS = Markers(__file__)
+LINES = MARKS.lines
+line_of = MARKS.line_of
 
 
 def debug_error(call, tags, pattern: str) -> td.DSLError:
     """Run `call` in debug mode; expect a DSLError matching `pattern` at one of the marked lines."""
     td.debug(True)
-    with pytest.raises(td.DSLError) as info:
-        call()
-    err = info.value
-    lines = {line_of(t) for t in ([tags] if isinstance(tags, str) else tags)}
-    assert err.loc is not None and os.path.samefile(err.loc.file, THIS_FILE), str(err)
-    assert err.loc.line in lines, f"expected a line in {sorted(lines)}, got {err.loc.line}: {err}"
-    assert re.search(pattern, err.message), f"{pattern!r} does not match {err.message!r}"
-    assert LINES[err.loc.line - 1].strip() in str(err)
-    return err
+    return MARKS.expect_error(call, tags, pattern)
 
 
 # --------------------------------------------------------------------------- bounds
@@ -200,62 +187,16 @@ def test_write_write_race_is_reported():
 
 
 # --------------------------------------------------------------------------- correct kernels stay silent
-@td.kernel(grid=lambda N: td.cdiv(N, 128), block=128)
-def reduce_sum(X: f32["N"], Out: f32["G"]):
-    sm = td.shared(f32, (128,))
-    t = threadIdx.x
-    g = blockIdx.x * 128 + t
-    sm[t] = X[g] if g < N else 0.0
-    td.syncthreads()
-    s = 64
-    while s > 0:
-        if t < s:
-            sm[t] += sm[t + s]
-        td.syncthreads()
-        s //= 2
-    if t == 0:
-        Out[blockIdx.x] = sm[0]
-
-
 @settings(max_examples=4, deadline=None)
 @given(n=st.integers(1, 400))
 def test_reduction_is_silent_in_debug_mode(n):
     td.debug(True)
     x = np.random.default_rng(n).uniform(-1, 1, n).astype(np.float32)
-    out = np.zeros(-(-n // 128), np.float32)
-    reduce_sum(x, out)
-    padded = np.zeros(len(out) * 128)
+    out = np.zeros(-(-n // 256), np.float32)
+    tree_sum(x, out)
+    padded = np.zeros(len(out) * 256)
     padded[:n] = x
-    np.testing.assert_allclose(out, padded.reshape(-1, 128).sum(1), rtol=1e-5, atol=1e-5)
-
-
-TILE = 16
-
-
-@td.kernel(grid=lambda M, N: (td.cdiv(N, TILE), td.cdiv(M, TILE)), block=64)
-def small_matmul(A: f32["M", "K"], B: f32["K", "N"], C: f32["M", "N"]):
-    sa = td.shared(f32, (TILE, 4))
-    sb = td.shared(f32, (4, TILE))
-    acc = td.registers(f32, (2, 2))
-    c_map = spatial(8, 8) * repeat(2, 2)
-    for i, j in c_map(threadIdx.x):
-        acc[i % 2, j % 2] = 0.0
-    for k0 in range(0, K, 4):
-        for i, k in spatial(TILE, 4)(threadIdx.x):
-            gi, gk = blockIdx.y * TILE + i, k0 + k
-            sa[i, k] = A[gi, gk] if gi < M and gk < K else 0.0
-        for k, j in spatial(4, TILE)(threadIdx.x):
-            gk, gj = k0 + k, blockIdx.x * TILE + j
-            sb[k, j] = B[gk, gj] if gk < K and gj < N else 0.0
-        td.syncthreads()
-        for i, j in c_map(threadIdx.x):
-            for k in range(4):
-                acc[i % 2, j % 2] += sa[i, k] * sb[k, j]
-        td.syncthreads()
-    for i, j in c_map(threadIdx.x):
-        gi, gj = blockIdx.y * TILE + i, blockIdx.x * TILE + j
-        if gi < M and gj < N:
-            C[gi, gj] = acc[i % 2, j % 2]
+    np.testing.assert_allclose(out, padded.reshape(-1, 256).sum(1), rtol=1e-5, atol=1e-5)
 
 
 @settings(max_examples=4, deadline=None)
@@ -265,7 +206,7 @@ def test_tiled_matmul_is_silent_in_debug_mode(m, n, k):
     rng = np.random.default_rng(m * 1000 + n * 10 + k)
     a, b = rng.uniform(-1, 1, (m, k)).astype(np.float32), rng.uniform(-1, 1, (k, n)).astype(np.float32)
     c = np.zeros((m, n), np.float32)
-    small_matmul(a, b, c)
+    matmul_kernel(a, b, c)
     np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
 
 

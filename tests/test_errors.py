@@ -4,9 +4,6 @@ TypeError / ValueError at call time for arguments that do not match the annotati
 Expected line numbers are found from marker comments (`# E_...`) in this file, so the
 tests do not depend on where in the file a kernel sits.
 """
-import os
-import re
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,33 +11,22 @@ import pytest
 import taskdsl as td
 from taskdsl import blockIdx, f32, i32, spatial, threadIdx
 
-THIS_FILE = Path(__file__).resolve()
-LINES = THIS_FILE.read_text().splitlines()
+from .markers import Markers
 
-
-def line_of(tag: str) -> int:
-    """The 1-based number of the line that carries the marker comment `# tag`."""
-    marker = re.compile(r"#\s*" + re.escape(tag) + r"(\s|$)")
-    hits = [n for n, text in enumerate(LINES, 1) if marker.search(text)]
-    assert len(hits) == 1, f"marker {tag!r} found {len(hits)} times"
-    return hits[0]
+MARKS = Markers(__file__)
+LINES = MARKS.lines
+line_of = MARKS.line_of
 
 
 def dsl_error(call, tag: str, *fragments: str, token: str | None = None) -> td.DSLError:
     """Run `call`, expect a DSLError at the line marked `tag` whose message has every fragment."""
-    with pytest.raises(td.DSLError) as info:
-        call()
-    err = info.value
+    err = MARKS.expect_error(call, tag)
     line = line_of(tag)
-    assert err.loc is not None, str(err)
-    assert os.path.samefile(err.loc.file, THIS_FILE), err.loc.file
-    assert err.loc.line == line, f"expected line {line}, got {err.loc.line}: {err}"
     for fragment in fragments:
         assert fragment in err.message, f"{fragment!r} not in {err.message!r}"
     text = str(err)
     assert text.startswith(f"{err.loc.file}:{line}:{err.loc.col}: "), text
     source = LINES[line - 1]
-    assert source.strip() in text, text                  # the offending line is shown
     assert "\n" + " " * 4 + " " * err.loc.col + "^" in text, text   # with a caret under the column
     if token is not None:
         assert err.loc.col == source.index(token), (err.loc.col, source.index(token))

@@ -1,5 +1,5 @@
-"""The matmul of DESIGN.md section 3, verbatim, against numpy's A @ B on the cpu target,
-plus its CUDA C++ (with #line directives into this file) compiled by NVRTC."""
+"""The matmul of DESIGN.md section 3 (stdlib_ops/simt_matmul.py) against numpy's A @ B on the cpu
+target, plus its CUDA C++ (with #line directives into that file) compiled by NVRTC."""
 import inspect
 import os
 from pathlib import Path
@@ -8,36 +8,8 @@ import numpy as np
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-import taskdsl as td
-from taskdsl import f32, spatial, repeat, threadIdx, blockIdx
-
-BM, BN, BK = 64, 64, 8
-
-@td.kernel(grid=lambda M, N: (td.cdiv(N, BN), td.cdiv(M, BM)), block=256)
-def matmul(A: f32["M", "K"], B: f32["K", "N"], C: f32["M", "N"]):
-    sa = td.shared(f32, (BM, BK))
-    sb = td.shared(f32, (BK, BN))
-    acc = td.registers(f32, (4, 4))
-    c_map = spatial(16, 16) * repeat(4, 4)          # 64x64 outputs on 256 threads
-    for i, j in c_map(threadIdx.x):
-        acc[i % 4, j % 4] = 0.0
-    for k0 in range(0, K, BK):
-        for i, k in (repeat(2, 1) * spatial(32, 8))(threadIdx.x):   # 64x8 tile, 2 loads each
-            gi, gk = blockIdx.y * BM + i, k0 + k
-            sa[i, k] = A[gi, gk] if gi < M and gk < K else 0.0      # predicated load
-        for k, j in (repeat(2, 1) * spatial(4, 64))(threadIdx.x):
-            gk, gj = k0 + k, blockIdx.x * BN + j
-            sb[k, j] = B[gk, gj] if gk < K and gj < N else 0.0
-        td.syncthreads()
-        for i, j in c_map(threadIdx.x):
-            for k in range(BK):
-                acc[i % 4, j % 4] += sa[i, k] * sb[k, j]
-        td.syncthreads()
-    for i, j in c_map(threadIdx.x):
-        gi, gj = blockIdx.y * BM + i, blockIdx.x * BN + j
-        if gi < M and gj < N:
-            C[gi, gj] = acc[i % 4, j % 4]
-
+from stdlib_ops import simt_matmul
+from stdlib_ops.simt_matmul import matmul_kernel as matmul
 
 PRIMES = [2, 3, 5, 7, 11, 13, 17, 31, 61, 67, 127, 131, 149]
 DIMS = st.integers(1, 150) | st.sampled_from([1, 8, 63, 64, 65, 128] + PRIMES)
@@ -85,7 +57,7 @@ def test_matmul_overwrites_every_output_exactly_once():
 def test_matmul_cuda_source_has_line_directives_and_barriers():
     a, b, c = np.zeros((65, 9), np.float32), np.zeros((9, 33), np.float32), np.zeros((65, 33), np.float32)
     src = matmul.source(a, b, c, target="cuda")
-    this = str(Path(__file__).resolve())
+    this = str(Path(simt_matmul.__file__).resolve())
     directives = [line for line in src.splitlines() if line.startswith("#line ")]
     assert directives, src
     assert all(os.path.samefile(d.split('"')[1], this) for d in directives)

@@ -183,29 +183,27 @@ def store_shared_checked(a, idx, value, shadow, tid, epoch, site):
 # -------------------------------------------------------------- 16-bit floats (held as uint16 bits)
 # numba has no float16; f16/bf16 values travel as their bit patterns and are computed in f32.
 @njit(cache=True, inline="always")
-def f16_to_f32(bits):
+def _from_bits(bits, mant_bits, exp_bias, exp_max):
+    """The value of a narrow float's sign|exponent|mantissa bits."""
     b = np.int64(bits)
-    exp, mant = (b >> 10) & 0x1F, b & 0x3FF
+    exp, mant = (b >> mant_bits) & exp_max, b & ((1 << mant_bits) - 1)
     if exp == 0:
-        value = math.ldexp(mant, -24)
-    elif exp == 31:
+        value = math.ldexp(mant, 1 - exp_bias - mant_bits)
+    elif exp == exp_max:
         value = math.inf if mant == 0 else math.nan
     else:
-        value = math.ldexp(mant + 1024, exp - 25)
+        value = math.ldexp(mant + (1 << mant_bits), exp - exp_bias - mant_bits)
     return np.float32(-value if b & 0x8000 else value)
 
 
 @njit(cache=True, inline="always")
+def f16_to_f32(bits):
+    return _from_bits(bits, 10, 15, 31)
+
+
+@njit(cache=True, inline="always")
 def bf16_to_f32(bits):
-    b = np.int64(bits)
-    exp, mant = (b >> 7) & 0xFF, b & 0x7F
-    if exp == 0:
-        value = math.ldexp(mant, -133)
-    elif exp == 255:
-        value = math.inf if mant == 0 else math.nan
-    else:
-        value = math.ldexp(mant + 128, exp - 134)
-    return np.float32(-value if b & 0x8000 else value)
+    return _from_bits(bits, 7, 127, 255)
 
 
 @njit(cache=True, inline="always")
