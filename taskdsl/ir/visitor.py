@@ -6,6 +6,7 @@ Both dispatch on the node class name: define `visit_Load(self, node)` to handle 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from .expr import Buffer, Expr
 from .stmt import Stmt
@@ -13,11 +14,14 @@ from .stmt import Stmt
 _CHILD_TYPES = (Expr, Stmt)
 
 
+@functools.cache
+def _field_names(cls) -> tuple:
+    return tuple(f.name for f in dataclasses.fields(cls) if f.name != "loc")
+
+
 def _children(node):
-    for f in dataclasses.fields(node):
-        if f.name == "loc":
-            continue
-        yield f.name, getattr(node, f.name)
+    for name in _field_names(type(node)):
+        yield name, getattr(node, name)
 
 
 class Visitor:

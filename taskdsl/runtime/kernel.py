@@ -33,6 +33,19 @@ class CompiledKernel:
     arch: str | None = None
 
 
+def _cubin(source: str, arch: str, name: str) -> bytes:
+    """The cubin of `source` for `arch`, from the disk cache or freshly compiled by NVRTC."""
+    from .. import __version__
+    from ..backend.cuda.nvrtc import compile_cubin, nvrtc_version
+    from . import cache
+    key = cache.cache_key(source, arch, nvrtc_version(), __version__)
+    binary = cache.load_cubin(key)
+    if binary is None:
+        binary = compile_cubin(source, arch, name)
+        cache.store_cubin(key, binary, arch=arch, nvrtc=nvrtc_version(), taskdsl=__version__, kernel=name)
+    return binary
+
+
 def _dims3(value, what: str, kernel: str) -> tuple:
     dims = tuple(value) if isinstance(value, (tuple, list)) else (value,)
     if not 1 <= len(dims) <= 3 or not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in dims):
@@ -142,10 +155,12 @@ class Kernel:
         key = (block, debug)
         if key not in self._cpu:
             from ..backend.cpu.codegen import emit_python
-            from ..backend.cpu.compile import load_cpu_kernel
+            from ..backend.cpu.compile import compiler_fingerprint, load_module_function
             from ..passes import lower_for_cpu
+            from . import cache
             src = emit_python(lower_for_cpu(self._lowered_ir(block), debug), debug)
-            self._cpu[key] = (load_cpu_kernel(src), src)
+            path = cache.cpu_module(cache.cache_key(src.text, compiler_fingerprint()), src.text)
+            self._cpu[key] = (load_module_function(path, src.entry), src)
         return self._cpu[key]
 
     def _cuda_source(self, binding: Binding) -> str:
@@ -206,12 +221,12 @@ class Kernel:
         target = target or get_target()
         binding = self.bind(args)
         if target == "cuda":
-            from ..backend.cuda.nvrtc import compile_cubin, normalize_arch
+            from ..backend.cuda.nvrtc import normalize_arch
             arch = normalize_arch(arch or "sm_90")
             key = (binding.block, tuple(sorted(binding.sizes.items())), arch)
-            if key not in self._cuda:
+            if key not in self._cuda:   # in-memory dispatch: a repeated call hashes nothing
                 source = self._cuda_source(binding)
-                self._cuda[key] = CompiledKernel("cuda", source, compile_cubin(source, arch, self.name), arch)
+                self._cuda[key] = CompiledKernel("cuda", source, _cubin(source, arch, self.name), arch)
             return self._cuda[key]
         if target == "cpu":
             _, src = self._cpu_kernel(binding.block, debug_enabled())

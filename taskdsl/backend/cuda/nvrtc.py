@@ -21,10 +21,24 @@ def normalize_arch(arch) -> str:
 
 @functools.cache
 def nvrtc_version() -> str:
-    """The NVRTC version string, e.g. '13.0' (part of every compile-cache key)."""
-    from cuda.bindings import nvrtc
-    err, major, minor = nvrtc.nvrtcVersion()
-    return f"{major}.{minor}"
+    """The NVRTC build, e.g. '13.5.37' (part of every compile-cache key).
+
+    Read from the wheel's dist-info name (a cache hit must not pay for loading the NVRTC library,
+    nor for importlib.metadata's scan of every installed package).
+    """
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.find_spec("nvidia")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        for info in sorted(Path(folder).parent.glob("nvidia_cuda_nvrtc-*.dist-info")):
+            return info.name.removeprefix("nvidia_cuda_nvrtc-").removesuffix(".dist-info")
+    from importlib import metadata
+    try:
+        return metadata.version("nvidia-cuda-nvrtc")
+    except metadata.PackageNotFoundError:   # NVRTC from a CUDA toolkit instead of the wheel
+        from cuda.bindings import nvrtc
+        _, major, minor = nvrtc.nvrtcVersion()
+        return f"{major}.{minor}"
 
 
 @functools.cache

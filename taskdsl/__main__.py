@@ -1,0 +1,29 @@
+"""`python -m taskdsl cache {info,clear}`: inspect or empty the compile cache."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .runtime import cache
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m taskdsl", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    cache_cmd = sub.add_parser("cache", help="the on-disk compile cache ($TASKDSL_CACHE_DIR)")
+    cache_cmd.add_argument("action", choices=["info", "clear"])
+    args = parser.parse_args(argv)
+    if args.action == "info":
+        summary = cache.info()
+        print(f"cache: {summary['path']} (cap {summary['max_bytes'] / 2**20:.0f} MiB, $TASKDSL_CACHE_MAX_MB)")
+        if not summary["kinds"]:
+            print("  empty")
+        for kind, stats in sorted(summary["kinds"].items()):
+            print(f"  {kind}: {stats['entries']} entries, {stats['bytes'] / 2**20:.1f} MiB")
+    else:
+        print(f"removed {cache.clear()} entries from {cache.info()['path']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
