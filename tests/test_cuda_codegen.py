@@ -111,3 +111,29 @@ def test_cuda_launch_without_gpu_is_a_clear_error():
         pytest.skip("a GPU is present")
     with pytest.raises(RuntimeError, match="set_target\\('cpu'\\)"):
         td.set_target("cuda")
+
+
+def test_shared_memory_past_48k_becomes_dynamic():
+    @td.kernel(grid=1, block=256)
+    def big_tile(X: f32[256], Y: f32[256]):
+        tile = td.shared(f32, (128, 128))          # 64 KiB: too much for static __shared__
+        flag = td.shared(i32, (1,))
+        if threadIdx.x < 128:
+            for r in range(128):
+                tile[r, threadIdx.x] = X[threadIdx.x] + r
+        if threadIdx.x == 0:
+            flag[0] = 1
+        td.syncthreads()
+        c = threadIdx.x % 128
+        Y[threadIdx.x] = tile[c, c] + flag[0]
+
+    x = np.arange(256, dtype=np.float32)
+    compiled = big_tile.compile(x, x, target="cuda")
+    assert compiled.dynamic_shared_bytes == 128 * 128 * 4 + 16
+    assert "extern __shared__" in compiled.source and "td_dynamic_smem + 65536" in compiled.source
+    small = axpy.compile(x, x, 1.0, target="cuda")
+    assert small.dynamic_shared_bytes == 0 and "extern __shared__" not in small.source
+    y = np.empty_like(x)
+    big_tile(x, y)                                   # and the cpu target runs it as written
+    c = np.arange(256) % 128
+    np.testing.assert_array_equal(y, x[c] + c + 1)

@@ -31,6 +31,7 @@ class CompiledKernel:
     source: str
     binary: bytes | None = None
     arch: str | None = None
+    dynamic_shared_bytes: int = 0   # cuda: shared memory to request at launch (buffers past 48 KiB)
 
 
 def _cubin(source: str, arch: str, name: str) -> bytes:
@@ -163,10 +164,9 @@ class Kernel:
             self._cpu[key] = (load_module_function(path, src.entry), src)
         return self._cpu[key]
 
-    def _cuda_source(self, binding: Binding) -> str:
-        from ..backend.cuda.codegen import emit_cuda
+    def _cuda_function(self, binding: Binding) -> ir.Function:
         from ..passes import lower_for_cuda
-        return emit_cuda(lower_for_cuda(self._lowered_ir(binding.block), binding.sizes))
+        return lower_for_cuda(self._lowered_ir(binding.block), binding.sizes)
 
     # ------------------------------------------------------------------ public API
     def __call__(self, *args) -> None:
@@ -202,8 +202,7 @@ class Kernel:
         if stage == "lowered":
             return ir.function_str(self._lowered_ir(binding.block))
         if stage == "cuda":
-            from ..passes import lower_for_cuda
-            return ir.function_str(lower_for_cuda(self._lowered_ir(binding.block), binding.sizes))
+            return ir.function_str(self._cuda_function(binding))
         raise ValueError(f"unknown stage {stage!r}; use 'frontend', 'lowered' or 'cuda'")
 
     def source(self, *args, target: str | None = None) -> str:
@@ -211,7 +210,8 @@ class Kernel:
         target = target or get_target()
         binding = self.bind(args)
         if target == "cuda":
-            return self._cuda_source(binding)
+            from ..backend.cuda.codegen import emit_cuda
+            return emit_cuda(self._cuda_function(binding))
         if target == "cpu":
             return self._cpu_kernel(binding.block, debug_enabled())[1].text
         raise ValueError(f"unknown target {target!r}; use 'cpu' or 'cuda'")
@@ -225,8 +225,11 @@ class Kernel:
             arch = normalize_arch(arch or "sm_90")
             key = (binding.block, tuple(sorted(binding.sizes.items())), arch)
             if key not in self._cuda:   # in-memory dispatch: a repeated call hashes nothing
-                source = self._cuda_source(binding)
-                self._cuda[key] = CompiledKernel("cuda", source, _cubin(source, arch, self.name), arch)
+                from ..backend.cuda.codegen import dynamic_shared_bytes, emit_cuda
+                fn = self._cuda_function(binding)
+                source = emit_cuda(fn)
+                self._cuda[key] = CompiledKernel("cuda", source, _cubin(source, arch, self.name), arch,
+                                                 dynamic_shared_bytes(fn))
             return self._cuda[key]
         if target == "cpu":
             _, src = self._cpu_kernel(binding.block, debug_enabled())

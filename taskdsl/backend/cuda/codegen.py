@@ -49,6 +49,26 @@ _NATIVE_ATOMICS = {("add", t) for t in ("i32", "u32", "u64", "f32", "f64")} | {(
 _RMW_OPS = {"add": "a + b", "sub": "a - b", "max": "(a > b ? a : b)", "min": "(a < b ? a : b)", "exch": "b"}
 
 
+STATIC_SHARED_LIMIT = 48 * 1024   # bytes of static __shared__ a kernel may declare
+
+
+def _shared_layout(fn: ir.Function) -> tuple[dict, int]:
+    """(buffer uid -> byte offset, total bytes) of the shared buffers, each 16-byte aligned."""
+    offsets, total = {}, 0
+    for alloc in ir.collect(fn.body, ir.Allocate):
+        b = alloc.buffer
+        if b.scope == "shared" and b.uid not in offsets:
+            offsets[b.uid] = total
+            total += -(-math.prod(d.value for d in b.shape) * max(1, b.dtype.bits // 8) // 16) * 16
+    return offsets, total
+
+
+def dynamic_shared_bytes(fn: ir.Function) -> int:
+    """Dynamic shared memory the launch must provide: all shared buffers when they exceed 48 KiB, else 0."""
+    total = _shared_layout(fn)[1]
+    return total if total > STATIC_SHARED_LIMIT else 0
+
+
 def emit_cuda(fn: ir.Function) -> str:
     """The CUDA C++ translation unit of a lowered, size-bound, flattened kernel."""
     return _CudaEmitter(fn).emit()
@@ -97,11 +117,23 @@ class _CudaEmitter:
             head.append("#include <cuda_fp16.h>\n#include <cuda_bf16.h>")
         self.lines.append(f'extern "C" __global__ void __launch_bounds__({fn.num_threads}) '
                           f"{kernel_symbol(fn)}({', '.join(params)}) {{")
+        offsets, _ = _shared_layout(fn)
+        dynamic = dynamic_shared_bytes(fn) > 0   # past 48 KiB, shared memory must be dynamic
+        if dynamic:
+            self.lines.append("  extern __shared__ __align__(16) unsigned char td_dynamic_smem[];")
+        declared = set()
         for alloc in ir.collect(fn.body, ir.Allocate):  # Python scoping: buffers live function-wide
             b = alloc.buffer
+            if b.uid in declared:
+                continue
+            declared.add(b.uid)
             size = math.prod(d.value for d in b.shape)
-            qualifier = "__shared__ " if b.scope == "shared" else ""
-            self.lines.append(f"  {qualifier}{b.dtype.c_name} {self.name(b)}[{size}];")
+            if b.scope == "shared" and dynamic:
+                self.lines.append(f"  {b.dtype.c_name}* {self.name(b)} = "
+                                  f"reinterpret_cast<{b.dtype.c_name}*>(td_dynamic_smem + {offsets[b.uid]});")
+            else:
+                qualifier = "__shared__ " if b.scope == "shared" else ""
+                self.lines.append(f"  {qualifier}{b.dtype.c_name} {self.name(b)}[{size}];")
         for_vars = {f.var.uid for f in ir.collect(fn.body, ir.For)}  # declared by their for statement
         local_vars = {a.var.uid: a.var for a in ir.collect(fn.body, ir.Assign) if a.var.uid not in for_vars}
         for v in local_vars.values():
