@@ -688,17 +688,7 @@ class FunctionTranslator:
         for a in args:
             if not (is_runtime(a) or _is_number(a)):
                 raise self.error(node, f"{name}() needs numbers, got {type(a).__name__}")
-        exprs = [ir.as_expr(a) for a in args]
-        typed = [e for e, a in zip(exprs, args) if is_runtime(a)]
-        dtype = typed[0].dtype
-        for e in typed[1:]:
-            dtype = T.promote(dtype, e.dtype)
-        if (name not in ("max", "min", "abs") and not dtype.is_float) or (dtype.is_float and dtype.bits == 16):
-            dtype = T.f32  # transcendental functions of integers, and all math on 16-bit floats, are f32
-        if dtype.is_bool:
-            dtype = T.i32
-        exprs = [self.cast_to(ir.as_expr(a, dtype), dtype, node) for a in args]
-        return ir.Call(name, tuple(exprs), dtype)
+        return L.math_expr(name, args)
 
     def alloc_call(self, fn: L.Intrinsic, node: ast.Call, name_hint: str | None):
         if len(node.args) != 2 or node.keywords:

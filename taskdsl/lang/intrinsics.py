@@ -8,7 +8,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..ir.expr import SpecialReg
+from ..ir import types as T
+from ..ir.expr import Call, Cast, Const, Expr, SpecialReg, as_expr, const
 
 
 class _Dim3:
@@ -37,6 +38,8 @@ class Intrinsic:
     def __call__(self, *args, **kwargs):
         if self.host is None:
             raise RuntimeError(f"td.{self.name}() can only be used inside a @td.kernel or @td.func body")
+        if self.kind == "math" and any(isinstance(a, Expr) for a in args):
+            return math_expr(self.name, list(args))   # e.g. inside a td.compute definition
         return self.host(*args, **kwargs)
 
     def __repr__(self) -> str:
@@ -63,6 +66,32 @@ cast = Intrinsic("cast", "cast")
 unroll = Intrinsic("unroll", "loop")
 ATOMICS = {f"atomic_{op}": Intrinsic(f"atomic_{op}", "atomic") for op in ("add", "sub", "max", "min", "exch")}
 WARP_OPS = {name: Intrinsic(name, "warp") for name in ("shfl_xor", "shfl_down", "shfl_up", "shfl_idx")}
+
+
+def math_expr(name: str, args: list) -> Call:
+    """The typed IR call of math function `name` on `args` (IR values and Python numbers).
+
+    Types promote as in arithmetic; transcendental functions of integers, and all math on
+    16-bit floats, are computed in f32; max/min/abs keep integer types.
+    """
+    arity = MATH_ARITY.get(name, 1)
+    if len(args) != arity:
+        raise TypeError(f"td.{name}() takes {arity} argument{'s' if arity > 1 else ''}, got {len(args)}")
+    typed = [a.dtype for a in args if isinstance(a, Expr)]
+    dtype = typed[0]
+    for t in typed[1:]:
+        dtype = T.promote(dtype, t)
+    if (name not in ("max", "min", "abs") and not dtype.is_float) or (dtype.is_float and dtype.bits == 16):
+        dtype = T.f32
+    if dtype.is_bool:
+        dtype = T.i32
+    exprs = []
+    for a in args:
+        e = as_expr(a, dtype)
+        if e.dtype != dtype:
+            e = const(e.value, dtype) if isinstance(e, Const) else Cast(e, dtype)
+        exprs.append(e)
+    return Call(name, tuple(exprs), dtype)
 
 
 def cdiv(a, b):

@@ -1,0 +1,325 @@
+"""Running compiled kernels on a GPU through cuda.core.
+
+One `DeviceState` per device holds the launch limits, the exact arch (`sm_XY`), the loaded
+kernels and the stream every taskdsl launch and copy goes on: a *blocking* stream
+(`StreamOptions(nonblocking=False)`), so it is ordered with work on the legacy default
+stream, where torch and cupy run by default.
+
+Arguments, in the kernel's parameter order:
+
+- numpy arrays are copied to the device, and the ones the kernel may write (pointer
+  parameters not declared `const` in the generated CUDA) are copied back in place; all
+  copies and the launch go on one stream, with a single sync at the end;
+- `td.DeviceArray`s are passed as they are;
+- other CUDA arrays (torch, cupy, anything with DLPack or `__cuda_array_interface__`) are
+  passed without copies through a `StridedMemoryView` taken on the launch stream, which
+  orders the launch after the producer's pending work;
+- scalars are passed as numpy scalars of the parameter's dtype.
+
+A launch without numpy arguments is asynchronous, like a torch or cupy kernel: results
+are read by `DeviceArray.numpy()` (which syncs), by torch/cupy on their default stream
+(ordered by the blocking stream), or after `synchronize()`.
+"""
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...runtime.config import gpu_status
+
+# DLPack device types a kernel can read (CUDA, pinned host, managed).
+DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED = 1, 2, 3, 13
+_STATIC_SHARED_LIMIT = 48 * 1024   # dynamic shared memory above this needs the function attribute
+
+
+@dataclass(frozen=True)
+class LaunchLimits:
+    """A device's launch limits (the defaults hold for every GPU since sm_30)."""
+
+    max_threads: int = 1024
+    block: tuple = (1024, 1024, 64)
+    grid: tuple = (2**31 - 1, 65535, 65535)
+    max_shared: int | None = None       # opt-in shared memory per block, bytes (None: not checked)
+
+
+def check_launch_dims(grid: tuple, block: tuple, limits: LaunchLimits = LaunchLimits(), kernel: str = "kernel",
+                      shared_bytes: int = 0) -> None:
+    """ValueError naming the offending dimension if `grid`/`block` (3-tuples) exceed `limits`."""
+    threads = block[0] * block[1] * block[2]
+    if threads > limits.max_threads:
+        raise ValueError(f"kernel '{kernel}': a block of {block} has {threads} threads, but at most "
+                         f"{limits.max_threads} threads per block can run (the device's limit, or lower for a "
+                         "kernel that needs many registers)")
+    for axis, n, limit in zip("xyz", block, limits.block):
+        if n > limit:
+            raise ValueError(f"kernel '{kernel}': block.{axis} is {n}, but block dims are at most {limits.block}")
+    for axis, n, limit in zip("xyz", grid, limits.grid):
+        if n > limit:
+            raise ValueError(f"kernel '{kernel}': grid.{axis} is {n} blocks, but grid dims are at most {limits.grid}; "
+                             "use larger blocks, more work per block or another grid axis")
+    if limits.max_shared is not None and shared_bytes > limits.max_shared:
+        raise ValueError(f"kernel '{kernel}': a block needs {shared_bytes} bytes of shared memory, but this GPU "
+                         f"allows at most {limits.max_shared}")
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    """One parameter of a generated `__global__` function."""
+
+    pointer: bool
+    writable: bool
+
+
+def kernel_params(source: str, symbol: str) -> list | None:
+    """The parameters of `symbol` in generated CUDA source (None if its signature is not found).
+
+    A pointer the generated code never stores to is declared `const`, so only non-const
+    pointers need copying back to the host.
+    """
+    match = re.search(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?' + re.escape(symbol) +
+                      r'\(([^)]*)\)', source)
+    if match is None:
+        return None
+    params = []
+    for text in filter(None, (p.strip() for p in match.group(1).split(","))):
+        pointer = "*" in text
+        params.append(ParamInfo(pointer, pointer and not text.startswith("const ")))
+    return params
+
+
+def is_c_contiguous(shape: tuple, strides: tuple | None, itemsize: int) -> bool:
+    """Whether `strides` (in the unit of `itemsize`; None means C order) lay `shape` out in C order."""
+    if strides is None or 0 in shape:
+        return True
+    expected = itemsize
+    for n, stride in zip(reversed(shape), reversed(strides)):
+        if n != 1 and stride != expected:
+            return False
+        expected *= n
+    return True
+
+
+def dtype_matches(actual: np.dtype, expected: np.dtype) -> bool:
+    """Whether an array of `actual` dtype can be passed for `expected` (bf16 travels as uint16 bits)."""
+    return actual == expected or (expected == np.uint16 and getattr(actual, "name", "") == "bfloat16")
+
+
+def _np_dtype(dtype) -> np.dtype:
+    """The numpy dtype of a taskdsl DataType (its `.numpy`) or of anything np.dtype accepts."""
+    return dtype.numpy if hasattr(dtype, "numpy") and not isinstance(dtype, np.dtype) else np.dtype(dtype)
+
+
+def check(result) -> tuple:
+    """Raise RuntimeError for a failed cuda.bindings call; return the rest of its result tuple."""
+    from cuda.bindings import driver
+    result = result if isinstance(result, tuple) else (result,)
+    err = result[0]
+    if err != driver.CUresult.CUDA_SUCCESS:
+        _, name = driver.cuGetErrorName(err)
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        raise RuntimeError(f"CUDA driver call failed: {name} ({int(err)})")
+    return result[1:]
+
+
+# ---------------------------------------------------------------------------------------- device state
+@dataclass
+class _Loaded:
+    code: object            # the cuda.core ObjectCode (keeps the module loaded)
+    kernel: object          # the cuda.core Kernel
+    params: list | None
+    max_threads: int
+    static_shared: int
+    dynamic_shared: int = _STATIC_SHARED_LIMIT   # the kernel's current dynamic shared memory cap
+
+
+@dataclass
+class DeviceState:
+    """Per-device launch state: limits, arch, loaded kernels, the stream, the L2-flush buffer."""
+
+    device: object
+    device_id: int
+    arch: str
+    limits: LaunchLimits
+    l2_bytes: int
+    stream: object
+    kernels: dict = field(default_factory=dict)
+    flush_buffer: object = None
+
+    @property
+    def stream_handle(self) -> int:
+        return int(self.stream.handle)
+
+
+_states: dict = {}
+_lock = threading.Lock()
+_local = threading.local()
+
+
+def device_state(what: str = "the cuda target") -> DeviceState:
+    """The launch state of this thread's device, made current (RuntimeError without a usable GPU)."""
+    state = getattr(_local, "state", None)
+    if state is not None:
+        return state
+    usable, reason = gpu_status()
+    if not usable:
+        raise RuntimeError(f"{what} needs a usable CUDA GPU, but none was found ({reason}). Without a GPU, pass "
+                           "numpy arrays and run kernels on the cpu target: td.set_target('cpu').")
+    from cuda.core import Device, StreamOptions
+    device = Device()          # this thread's current device: device 0 unless the program chose another
+    device.set_current()
+    with _lock:
+        state = _states.get(device.device_id)
+        if state is None:
+            props = device.properties
+            cc = device.compute_capability
+            limits = LaunchLimits(props.max_threads_per_block,
+                                  (props.max_block_dim_x, props.max_block_dim_y, props.max_block_dim_z),
+                                  (props.max_grid_dim_x, props.max_grid_dim_y, props.max_grid_dim_z),
+                                  props.max_shared_memory_per_block_optin)
+            stream = device.create_stream(options=StreamOptions(nonblocking=False))
+            state = DeviceState(device, device.device_id, f"sm_{cc.major}{cc.minor}", limits,
+                                props.l2_cache_size, stream)
+            _states[device.device_id] = state
+    _local.state = state
+    return state
+
+
+def current_stream():
+    """The cuda.core Stream taskdsl launches and copies on (this thread's device)."""
+    return device_state().stream
+
+
+def synchronize() -> None:
+    """Wait for every taskdsl launch and copy on this thread's device to finish."""
+    device_state().stream.sync()
+
+
+def _load(state: DeviceState, compiled, symbol: str) -> _Loaded:
+    key = (compiled.binary, symbol)
+    loaded = state.kernels.get(key)
+    if loaded is None:
+        from cuda.core import ObjectCode
+        if compiled.binary is None:
+            raise ValueError(f"kernel '{symbol}': no cubin to load (compiled for target {compiled.target!r})")
+        if compiled.arch is not None and compiled.arch != state.arch:
+            raise ValueError(f"kernel '{symbol}' was compiled for {compiled.arch}, but the GPU is {state.arch}; "
+                             f"compile with arch='{state.arch}'")
+        code = ObjectCode.from_cubin(compiled.binary, name=symbol)
+        kernel = code.get_kernel(symbol)
+        attrs = kernel.attributes
+        loaded = _Loaded(code, kernel, kernel_params(compiled.source, symbol), attrs.max_threads_per_block,
+                         attrs.shared_size_bytes)
+        state.kernels[key] = loaded
+    return loaded
+
+
+def _allow_dynamic_shared(state: DeviceState, loaded: _Loaded, nbytes: int) -> None:
+    """Raise the kernel's dynamic shared memory cap to `nbytes` (needed above 48 KB)."""
+    if nbytes <= loaded.dynamic_shared:
+        return
+    from cuda.bindings import driver
+    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    handle = loaded.kernel.handle
+    if isinstance(handle, driver.CUfunction):
+        check(driver.cuFuncSetAttribute(handle, attr, nbytes))
+    else:   # a CUkernel from the library API, which cuda.core uses
+        check(driver.cuKernelSetAttribute(attr, nbytes, handle, state.device_id))
+    loaded.dynamic_shared = nbytes
+
+
+def _host_array_error(value, what: str) -> TypeError:
+    return TypeError(f"{what} is a {type(value).__module__}.{type(value).__name__} in host memory; the cuda target "
+                     "takes numpy arrays (copied to the GPU and back) or arrays in GPU memory (td.DeviceArray, "
+                     "torch/cupy CUDA tensors, any DLPack or __cuda_array_interface__ CUDA array): pass "
+                     "np.asarray(x) or move it to the GPU (x.cuda(), td.to_device(x))")
+
+
+def _device_pointer(state: DeviceState, value, expected: np.dtype, writable: bool, what: str, keep: list) -> int:
+    """The device pointer of a CUDA array argument, after checking device, dtype and layout."""
+    from ...runtime.device_array import DeviceArray
+    if isinstance(value, DeviceArray):
+        if value.device_id != state.device_id:
+            raise ValueError(f"{what} is on device {value.device_id}, but the launch is on device {state.device_id}")
+        if not dtype_matches(value.dtype, expected):
+            raise TypeError(f"{what} must have dtype {expected}, got {value.dtype}")
+        return value.ptr
+    from cuda.core.utils import StridedMemoryView
+    view = StridedMemoryView.from_any_interface(value, stream_ptr=state.stream_handle)
+    keep.append(view)
+    if not view.is_device_accessible:
+        raise _host_array_error(value, what)
+    if view.device_id >= 0 and view.device_id != state.device_id:
+        raise ValueError(f"{what} is on device {view.device_id}, but the launch is on device {state.device_id}")
+    if not dtype_matches(np.dtype(view.dtype), expected):
+        raise TypeError(f"{what} must have dtype {expected}, got {view.dtype}")
+    if not is_c_contiguous(tuple(view.shape), None if view.strides is None else tuple(view.strides), 1):
+        raise ValueError(f"{what} is not C-contiguous (shape {tuple(view.shape)}, strides {tuple(view.strides)} "
+                         "elements); device arrays are passed without copies, so make it contiguous first: "
+                         "x.contiguous() (torch), cupy.ascontiguousarray(x)")
+    if writable and view.readonly:
+        raise ValueError(f"{what} is read-only, but the kernel writes to it")
+    return int(view.ptr)
+
+
+def launch_cuda(compiled, symbol: str, values: list, grid: tuple, block: tuple, dtypes: list, *,
+                shmem_size: int = 0) -> None:
+    """Launch `symbol` of `compiled` (a cuda CompiledKernel) on `grid` x `block` with `values`.
+
+    `values` are the bound arguments in parameter order (arrays and scalars), `dtypes` the
+    parameters' element / scalar types (taskdsl DataTypes or numpy dtypes), `shmem_size`
+    the dynamic shared memory per block in bytes.
+    """
+    from cuda.bindings import driver
+    from cuda.core import LaunchConfig, launch
+
+    state = device_state()
+    loaded = _load(state, compiled, symbol)
+    limits = state.limits
+    if loaded.max_threads < limits.max_threads:
+        limits = LaunchLimits(loaded.max_threads, limits.block, limits.grid, limits.max_shared)
+    check_launch_dims(grid, block, limits, symbol, loaded.static_shared + shmem_size)
+    params = loaded.params
+    if params is not None and len(params) != len(values):
+        raise RuntimeError(f"kernel '{symbol}' has {len(params)} parameters in its CUDA source, "
+                           f"but {len(values)} arguments were bound")
+    stream = state.stream
+    args, keep, copy_back = [], [], []
+    for index, (value, dtype) in enumerate(zip(values, dtypes)):
+        expected = _np_dtype(dtype)
+        writable = params[index].writable if params is not None else True
+        what = f"kernel '{symbol}': argument {index}"
+        if isinstance(value, np.ndarray):
+            if writable and not value.flags.writeable:
+                raise ValueError(f"{what} is a read-only numpy array, but the kernel writes to it")
+            host = value if value.flags.c_contiguous else np.ascontiguousarray(value)
+            buffer = state.device.allocate(max(host.nbytes, 1), stream=stream)
+            if host.nbytes:
+                check(driver.cuMemcpyHtoDAsync(int(buffer.handle), host.ctypes.data, host.nbytes, stream.handle))
+            keep.append(buffer)
+            if writable:
+                copy_back.append((value, host, buffer))
+            args.append(int(buffer.handle))
+        elif isinstance(value, (np.generic, bool, int, float)):
+            args.append(expected.type(value))
+        else:
+            args.append(_device_pointer(state, value, expected, writable, what, keep))
+    if shmem_size > _STATIC_SHARED_LIMIT:
+        _allow_dynamic_shared(state, loaded, shmem_size)
+    config = LaunchConfig(grid=tuple(grid), block=tuple(block), shmem_size=shmem_size)
+    launch(stream, config, loaded.kernel, *args)
+    if copy_back:
+        for _, host, buffer in copy_back:
+            if host.nbytes:
+                check(driver.cuMemcpyDtoHAsync(host.ctypes.data, int(buffer.handle), host.nbytes, stream.handle))
+        stream.sync()
+        for value, host, _ in copy_back:
+            if host is not value:
+                np.copyto(value, host.reshape(value.shape))
+    del keep    # device buffers are freed in stream order, after the kernel has used them
+
+
+__all__ = ["launch_cuda", "check_launch_dims", "LaunchLimits", "kernel_params", "is_c_contiguous", "device_state",
+           "current_stream", "synchronize", "DeviceState"]

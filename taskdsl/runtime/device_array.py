@@ -1,0 +1,223 @@
+"""`td.DeviceArray`: a C-contiguous array in GPU memory, and reading other libraries' device arrays.
+
+A DeviceArray is a cuda.core `Buffer` with a shape and a numpy dtype. Kernels take it
+without copies; it exports `__cuda_array_interface__` (v3) and DLPack, so torch, cupy and
+numba can use it without copies too. Its copies and the kernels that use it run on
+taskdsl's stream (see `taskdsl.backend.cuda.launch`).
+
+`array_info` reads the shape, dtype and strides of any device array (`__cuda_array_interface__`
+or DLPack) for argument binding; for a `__cuda_array_interface__` object it is pure Python.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..backend.cuda.launch import DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED, check, device_state, is_c_contiguous
+
+ACCEPTED = ("numpy arrays (copied to the GPU and back) or arrays in GPU memory: td.DeviceArray (td.to_device), "
+            "torch / cupy CUDA tensors, any DLPack or __cuda_array_interface__ CUDA array")
+
+
+class DeviceArray:
+    """A C-contiguous array in GPU memory. Make one with `td.to_device(array)` or `empty(shape, dtype)`."""
+
+    __slots__ = ("_buffer", "_shape", "_dtype", "_device_id", "_stream_handle", "__weakref__")
+
+    def __init__(self, buffer, shape: tuple, dtype, device_id: int, stream_handle: int):
+        self._buffer = buffer
+        self._shape = tuple(int(n) for n in shape)
+        self._dtype = np.dtype(dtype)
+        self._device_id = int(device_id)
+        self._stream_handle = int(stream_handle)
+
+    # ------------------------------------------------------------------ metadata
+    @property
+    def shape(self) -> tuple:
+        return self._shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self._shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self._shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self._dtype.itemsize
+
+    @property
+    def ptr(self) -> int:
+        """The device address of the first element."""
+        return int(self._buffer.handle)
+
+    @property
+    def device_id(self) -> int:
+        return self._device_id
+
+    @property
+    def buffer(self):
+        """The cuda.core Buffer holding the data."""
+        return self._buffer
+
+    def __len__(self) -> int:
+        if not self._shape:
+            raise TypeError("len() of a 0-d DeviceArray")
+        return self._shape[0]
+
+    def __repr__(self) -> str:
+        return f"DeviceArray(shape={self._shape}, dtype={self._dtype}, device={self._device_id})"
+
+    # ------------------------------------------------------------------ copies
+    def numpy(self) -> np.ndarray:
+        """A host copy (waits for the kernels and copies queued before it)."""
+        from cuda.bindings import driver
+        out = np.empty(self._shape, self._dtype)
+        stream = device_state("DeviceArray.numpy()").stream
+        if self.nbytes:
+            check(driver.cuMemcpyDtoHAsync(out.ctypes.data, self.ptr, self.nbytes, stream.handle))
+        stream.sync()
+        return out
+
+    def copy_from_host(self, array) -> None:
+        """Overwrite the contents with a numpy array of the same shape and dtype."""
+        from cuda.bindings import driver
+        array = np.ascontiguousarray(array)
+        if array.shape != self._shape or array.dtype != self._dtype:
+            raise ValueError(f"copy_from_host needs shape {self._shape} and dtype {self._dtype}, "
+                             f"got {array.shape} {array.dtype}")
+        stream = device_state("DeviceArray.copy_from_host()").stream
+        if self.nbytes:
+            check(driver.cuMemcpyHtoDAsync(self.ptr, array.ctypes.data, self.nbytes, stream.handle))
+
+    # ------------------------------------------------------------------ interop
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        # "stream": the producer stream; a consumer orders its own stream after it.
+        return {"version": 3, "shape": self._shape, "typestr": self._dtype.str, "data": (self.ptr, False),
+                "strides": None, "descr": [("", self._dtype.str)], "stream": self._stream_handle}
+
+    def __dlpack_device__(self) -> tuple:
+        return (DL_CUDA, self._device_id)
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        """A DLPack capsule (no copy); the consumer's `stream` is ordered after taskdsl's stream."""
+        if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
+            raise BufferError(f"a DeviceArray lives on CUDA device {self._device_id} and cannot be exported "
+                              f"to DLPack device {tuple(dl_device)}")
+        if copy:
+            raise BufferError("DeviceArray.__dlpack__ exports without copying (copy=True is not supported)")
+        self._order_before(stream)
+        from cuda.core.utils import StridedMemoryView
+        view = StridedMemoryView.from_buffer(self._buffer, self._shape, dtype=self._dtype)
+        return view.__dlpack__(max_version=max_version)
+
+    def _order_before(self, stream) -> None:
+        """Make the DLPack consumer stream (None / 1: legacy default, 2: per-thread, -1: none) wait for ours."""
+        if stream == -1 or stream == self._stream_handle:
+            return
+        from cuda.core import LEGACY_DEFAULT_STREAM, PER_THREAD_DEFAULT_STREAM, Stream
+        ours = device_state("DeviceArray.__dlpack__").stream
+        if stream is None or stream in (0, 1):
+            consumer = LEGACY_DEFAULT_STREAM
+        elif stream == 2:
+            consumer = PER_THREAD_DEFAULT_STREAM
+        else:
+            consumer = Stream.from_handle(int(stream))
+        consumer.wait(ours)
+
+
+def empty(shape, dtype) -> DeviceArray:
+    """An uninitialized DeviceArray (`dtype`: a numpy dtype or a taskdsl type such as td.f32)."""
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    if any(int(n) < 0 for n in shape):
+        raise ValueError(f"array dims must be non-negative, got {shape}")
+    dtype = dtype.numpy if hasattr(dtype, "numpy") and not isinstance(dtype, np.dtype) else np.dtype(dtype)
+    state = device_state("td.DeviceArray")
+    nbytes = math.prod(int(n) for n in shape) * dtype.itemsize
+    buffer = state.device.allocate(max(nbytes, 1), stream=state.stream)
+    return DeviceArray(buffer, shape, dtype, state.device_id, state.stream_handle)
+
+
+def to_device(array) -> DeviceArray:
+    """A DeviceArray holding a copy of `array` (a numpy array, or anything np.asarray takes)."""
+    device_state("td.to_device")     # RuntimeError naming the reason when there is no GPU
+    host = np.ascontiguousarray(array)
+    out = empty(host.shape, host.dtype)
+    out.copy_from_host(host)     # pageable host memory: the data is staged before this returns
+    return out
+
+
+# ---------------------------------------------------------------------------------------- binding
+@dataclass(frozen=True)
+class ArrayInfo:
+    """What argument binding needs from a device array: shape, dtype and byte strides (None: C order)."""
+
+    shape: tuple
+    dtype: np.dtype
+    strides: tuple | None = None
+
+    @property
+    def c_contiguous(self) -> bool:
+        return is_c_contiguous(self.shape, self.strides, self.dtype.itemsize)
+
+
+def _from_cai(cai: dict, what: str) -> ArrayInfo:
+    try:
+        dtype = np.dtype(cai["typestr"])
+        shape = tuple(int(n) for n in cai["shape"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise TypeError(f"{what} has an invalid __cuda_array_interface__ ({exc})") from None
+    if not dtype.isnative:
+        raise TypeError(f"{what} has a non-native byte order ({cai['typestr']!r})")
+    if cai.get("mask") is not None:
+        raise ValueError(f"{what} is a masked array (__cuda_array_interface__ 'mask'), which kernels cannot take")
+    strides = cai.get("strides")
+    return ArrayInfo(shape, dtype, None if strides is None else tuple(int(s) for s in strides))
+
+
+def _cuda_array_interface(obj) -> dict | None:
+    try:
+        cai = obj.__cuda_array_interface__
+    except AttributeError:      # e.g. a torch tensor in host memory
+        return None
+    except (TypeError, ValueError, NotImplementedError):
+        if hasattr(obj, "__dlpack__"):     # e.g. torch bfloat16, which has no typestr: DLPack describes it
+            return None
+        raise
+    return cai if isinstance(cai, dict) else None
+
+
+def array_info(obj, what: str = "argument") -> ArrayInfo:
+    """Shape, dtype and strides of a GPU array; TypeError for anything else (host arrays included)."""
+    if isinstance(obj, DeviceArray):
+        return ArrayInfo(obj.shape, obj.dtype)
+    cai = _cuda_array_interface(obj)
+    if cai is not None:
+        return _from_cai(cai, what)
+    if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+        device_type = int(obj.__dlpack_device__()[0])
+        if device_type == DL_CPU:
+            raise TypeError(f"{what} is a {type(obj).__module__}.{type(obj).__name__} in host memory; the cuda "
+                            f"target takes {ACCEPTED}. Pass np.asarray(x), or move it to the GPU (x.cuda(), "
+                            "td.to_device(x))")
+        if device_type not in (DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED):
+            raise TypeError(f"{what} is on DLPack device type {device_type}, not a CUDA device; the cuda target "
+                            f"takes {ACCEPTED}")
+        from cuda.core.utils import StridedMemoryView
+        view = StridedMemoryView.from_dlpack(obj, stream_ptr=-1)   # metadata only: no stream ordering here
+        dtype = np.dtype(view.dtype)
+        strides = None if view.strides is None else tuple(int(s) * dtype.itemsize for s in view.strides)
+        return ArrayInfo(tuple(int(n) for n in view.shape), dtype, strides)
+    raise TypeError(f"{what} must be an array, got {type(obj).__name__}; the cuda target takes {ACCEPTED}")
+
+
+__all__ = ["DeviceArray", "empty", "to_device", "array_info", "ArrayInfo", "ACCEPTED"]
