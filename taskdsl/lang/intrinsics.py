@@ -81,6 +81,8 @@ def math_expr(name: str, args: list) -> Call:
     dtype = typed[0]
     for t in typed[1:]:
         dtype = T.promote(dtype, t)
+    if any(isinstance(a, float) for a in args) and not dtype.is_float:
+        dtype = T.f32   # a Python float with an integer value: as in arithmetic, the float wins
     if (name not in ("max", "min", "abs") and not dtype.is_float) or (dtype.is_float and dtype.bits == 16):
         dtype = T.f32
     if dtype.is_bool:

@@ -149,6 +149,11 @@ def empty(shape, dtype) -> DeviceArray:
 
 def to_device(array) -> DeviceArray:
     """A DeviceArray holding a copy of `array` (a numpy array, or anything np.asarray takes)."""
+    if isinstance(array, DeviceArray):
+        return array
+    if not isinstance(array, np.ndarray) and _cuda_array_interface(array) is not None:
+        raise TypeError(f"td.to_device takes host arrays; this {type(array).__name__} is already in GPU memory, "
+                        "and kernels take it as it is")
     device_state("td.to_device")     # RuntimeError naming the reason when there is no GPU
     host = np.ascontiguousarray(array)
     out = empty(host.shape, host.dtype)
