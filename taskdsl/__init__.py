@@ -3,6 +3,7 @@
 Write kernels with `@td.kernel`, schedule their work with `spatial(...)` / `repeat(...)`
 task mappings, and run them on the cpu target (numba) or compile them to CUDA (NVRTC).
 """
+from .compute import Tensor, compute, placeholder, reduce
 from .errors import DSLError, SourceLoc
 from .frontend.decorators import func, kernel
 from .ir.types import bf16, boolean, f16, f32, f64, i8, i16, i32, i64, u8, u32, u64
@@ -10,6 +11,8 @@ from .lang import *  # noqa: F401,F403 - the kernel language: threadIdx, shared,
 from .lang import cdiv, warp_size
 from .mapping import TaskMapping, repeat, spatial
 from .runtime.config import debug, get_target, gpu_status, set_target
+from .runtime.device_array import DeviceArray, to_device
 from .runtime.kernel import CompiledKernel, Kernel
+from .schedule import Op, op
 
 __version__ = "0.1.0"

@@ -61,28 +61,44 @@ def _dims3(value, what: str, kernel: str) -> tuple:
 class Kernel:
     """A `@td.kernel` function: call it on arrays to run it on the current target."""
 
-    def __init__(self, fn, grid, block, name: str):
-        from ..frontend.builder import kernel_params
+    def __init__(self, fn, grid, block, name: str, params: list | None = None, build=None):
+        """A kernel from Python function `fn`, or (fn=None) from `build(block) -> ir.Function` and its `params`."""
+        from ..frontend.builder import build_function, kernel_params
         self.fn = fn
         self.name = name
         self.grid_spec = grid
         self.block_spec = block
-        self.params = kernel_params(fn)
+        self.params = kernel_params(fn) if params is None else params
+        self._build = build or (lambda b: build_function(fn, name, self.params, b))
         self._callable_args = {what: list(inspect.signature(spec).parameters) if callable(spec) else None
                                for what, spec in (("grid", grid), ("block", block))}
         self._lowered: dict = {}
         self._frontend: dict = {}
         self._cpu: dict = {}
         self._cuda: dict = {}
-        functools.update_wrapper(self, fn)
+        if fn is not None:
+            functools.update_wrapper(self, fn)
+
+    @classmethod
+    def from_ir(cls, function: ir.Function, grid) -> "Kernel":
+        """A kernel whose IR was built by a program (a scheduler), not written as Python."""
+        params = []
+        for p in function.params:
+            if isinstance(p, ir.Buffer):
+                dims = tuple(d.value if isinstance(d, ir.Const) else d.name for d in p.shape)
+                params.append((p.name, T.TensorSpec(p.dtype, dims)))
+            else:
+                params.append((p.name, p.dtype))
+        return cls(None, grid, function.block, function.name, params, build=lambda block: function)
 
     def __repr__(self) -> str:
         sig = ", ".join(f"{n}: {s!r}" for n, s in self.params)
         return f"<td.kernel {self.name}({sig})>"
 
     # ------------------------------------------------------------------ binding
-    def bind(self, args: tuple) -> Binding:
-        """Check `args` against the annotations and bind the size symbols."""
+    def bind(self, args: tuple, target: str | None = None) -> Binding:
+        """Check `args` against the annotations and bind the size symbols (device arrays too on 'cuda')."""
+        target = target or get_target()
         if len(args) != len(self.params):
             raise TypeError(f"kernel '{self.name}' takes {len(self.params)} arguments "
                             f"({', '.join(n for n, _ in self.params)}), got {len(args)}")
@@ -90,7 +106,7 @@ class Kernel:
         values = []
         for (pname, spec), arg in zip(self.params, args):
             if isinstance(spec, T.TensorSpec):
-                values.append(self._bind_tensor(pname, spec, arg, sizes))
+                values.append(self._bind_tensor(pname, spec, arg, sizes, target))
             else:
                 values.append(self._bind_scalar(pname, spec, arg))
         scalars = {n: v for (n, s), v in zip(self.params, values) if isinstance(s, T.DataType)}
@@ -100,24 +116,38 @@ class Kernel:
             raise ValueError(f"kernel '{self.name}': a block has at most 1024 threads, got {block}")
         return Binding(values, sizes, grid, block)
 
-    def _bind_tensor(self, pname, spec: T.TensorSpec, arg, sizes: dict):
-        if not isinstance(arg, np.ndarray):
+    def _bind_tensor(self, pname, spec: T.TensorSpec, arg, sizes: dict, target: str = "cpu"):
+        info = None
+        if isinstance(arg, np.ndarray):
+            if spec.dtype.name == "bf16" and arg.dtype.name == "bfloat16":
+                arg = arg.view(np.uint16)  # ml_dtypes' bfloat16: the kernel works on its bits
+            dtype, shape = arg.dtype, arg.shape
+        elif target == "cuda":  # a GPU array (td.DeviceArray, torch, cupy, ...): passed to the kernel as it is
+            from .device_array import array_info
+            info = array_info(arg, f"kernel '{self.name}': argument '{pname}'")
+            dtype, shape = info.dtype, info.shape
+            if spec.dtype.name == "bf16" and dtype.name == "bfloat16":
+                dtype = np.dtype(np.uint16)
+        else:
             raise TypeError(f"kernel '{self.name}': argument '{pname}' must be a numpy array, got {type(arg).__name__}")
-        if spec.dtype.name == "bf16" and arg.dtype.name == "bfloat16":
-            arg = arg.view(np.uint16)  # ml_dtypes' bfloat16: the kernel works on its bits
-        if arg.dtype != spec.dtype.numpy:
+        if dtype != spec.dtype.numpy:
             raise TypeError(f"kernel '{self.name}': argument '{pname}' must have dtype {spec.dtype.numpy} "
-                            f"({spec.dtype.name}), got {arg.dtype}; convert it with .astype(np.{spec.dtype.numpy})")
-        if arg.ndim != len(spec.dims):
+                            f"({spec.dtype.name}), got {dtype}; convert it with .astype(np.{spec.dtype.numpy})"
+                            + ("" if info is None else " (numpy, cupy) or .to(torch.<dtype>) (torch)"))
+        if len(shape) != len(spec.dims):
             raise ValueError(f"kernel '{self.name}': argument '{pname}' must be {len(spec.dims)}-d ({spec!r}), "
-                             f"got shape {arg.shape}")
-        for axis, (dim, n) in enumerate(zip(spec.dims, arg.shape)):
+                             f"got shape {shape}")
+        for axis, (dim, n) in enumerate(zip(spec.dims, shape)):
             if isinstance(dim, str):
                 if sizes.setdefault(dim, n) != n:
                     raise ValueError(f"kernel '{self.name}': size '{dim}' is {sizes[dim]} from an earlier argument "
-                                     f"but {n} in '{pname}' (axis {axis}, shape {arg.shape})")
+                                     f"but {n} in '{pname}' (axis {axis}, shape {shape})")
             elif dim != n:
-                raise ValueError(f"kernel '{self.name}': axis {axis} of '{pname}' must be {dim}, got shape {arg.shape}")
+                raise ValueError(f"kernel '{self.name}': axis {axis} of '{pname}' must be {dim}, got shape {shape}")
+        if info is not None and not info.c_contiguous:
+            raise ValueError(f"kernel '{self.name}': argument '{pname}' is not C-contiguous (shape {shape}, strides "
+                             f"{info.strides} bytes); GPU arrays are passed without copies, so make it contiguous "
+                             "first: x.contiguous() (torch), cupy.ascontiguousarray(x)")
         return arg
 
     def _bind_scalar(self, pname, dtype: T.DataType, arg):
@@ -142,8 +172,7 @@ class Kernel:
     # ------------------------------------------------------------------ compilation stages
     def _frontend_ir(self, block: tuple) -> ir.Function:
         if block not in self._frontend:
-            from ..frontend.builder import build_function
-            self._frontend[block] = build_function(self.fn, self.name, self.params, block)
+            self._frontend[block] = self._build(block)
         return self._frontend[block]
 
     def _lowered_ir(self, block: tuple) -> ir.Function:
@@ -170,15 +199,22 @@ class Kernel:
 
     # ------------------------------------------------------------------ public API
     def __call__(self, *args) -> None:
-        binding = self.bind(args)
         target = get_target()
+        binding = self.bind(args, target)
         if 0 in binding.grid:
             return
         if target == "cpu":
             self._run_cpu(binding)
         else:
-            raise NotImplementedError("launching kernels on a GPU is not implemented yet; this build compiles CUDA "
-                                      "(kernel.compile(..., target='cuda')) and runs kernels on the cpu target")
+            self._run_cuda(args, binding)
+
+    def _run_cuda(self, args: tuple, binding: Binding) -> None:
+        from ..backend.cuda.codegen import kernel_symbol
+        from ..backend.cuda.launch import device_state, launch_cuda
+        compiled = self.compile(*args, target="cuda", arch=device_state().arch)  # the device's exact sm_XY
+        dtypes = [spec.dtype if isinstance(spec, T.TensorSpec) else spec for _, spec in self.params]
+        launch_cuda(compiled, kernel_symbol(self._lowered_ir(binding.block)), binding.values, binding.grid,
+                    binding.block, dtypes)
 
     def _run_cpu(self, binding: Binding) -> None:
         debug = debug_enabled()
@@ -208,7 +244,7 @@ class Kernel:
     def source(self, *args, target: str | None = None) -> str:
         """The generated source for `args`: CUDA C++ (target='cuda') or the numba module (target='cpu')."""
         target = target or get_target()
-        binding = self.bind(args)
+        binding = self.bind(args, target)
         if target == "cuda":
             from ..backend.cuda.codegen import emit_cuda
             return emit_cuda(self._cuda_function(binding))
@@ -219,7 +255,7 @@ class Kernel:
     def compile(self, *args, target: str | None = None, arch: str | None = None) -> CompiledKernel:
         """Compile the specialization for `args` without running it (cuda: a cubin for `arch`, default sm_90)."""
         target = target or get_target()
-        binding = self.bind(args)
+        binding = self.bind(args, target)
         if target == "cuda":
             from ..backend.cuda.nvrtc import normalize_arch
             arch = normalize_arch(arch or "sm_90")

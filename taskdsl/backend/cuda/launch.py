@@ -265,16 +265,19 @@ def _device_pointer(state: DeviceState, value, expected: np.dtype, writable: boo
 
 
 def launch_cuda(compiled, symbol: str, values: list, grid: tuple, block: tuple, dtypes: list, *,
-                shmem_size: int = 0) -> None:
+                shmem_size: int | None = None) -> None:
     """Launch `symbol` of `compiled` (a cuda CompiledKernel) on `grid` x `block` with `values`.
 
     `values` are the bound arguments in parameter order (arrays and scalars), `dtypes` the
     parameters' element / scalar types (taskdsl DataTypes or numpy dtypes), `shmem_size`
-    the dynamic shared memory per block in bytes.
+    the dynamic shared memory per block in bytes (default: `compiled.dynamic_shared_bytes`,
+    which the code generator sets when a kernel's shared buffers exceed 48 KiB).
     """
     from cuda.bindings import driver
     from cuda.core import LaunchConfig, launch
 
+    if shmem_size is None:
+        shmem_size = int(getattr(compiled, "dynamic_shared_bytes", 0) or 0)
     state = device_state()
     loaded = _load(state, compiled, symbol)
     limits = state.limits

@@ -1,0 +1,289 @@
+"""Tensor expressions (TVM style): what an operator computes, independent of how it is scheduled.
+
+    A = td.placeholder("A", f32, ("M", "K"))
+    Y = td.compute("Y", ("M", "K"), lambda i, j: td.exp(A[i, j]))
+    S = td.reduce("S", ("M",), ("K",), lambda i, k: Y[i, k], op="sum")
+
+A definition's body is an ordinary IR expression over its axis variables, in which reading
+another tensor is a `Load` of that tensor's buffer. Shapes are ints or size-symbol names;
+a symbol names the same size wherever it appears. `evaluate` is the numpy meaning of a
+set of definitions: the oracle every schedule is tested against.
+"""
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import ir
+from .ir import types as T
+
+REDUCE_OPS = ("sum", "max", "min", "prod", "mean")
+_SIZE_VARS: dict = {}
+
+
+def size_var(name: str) -> ir.Var:
+    """The size symbol called `name` (one Var per name, shared by every definition)."""
+    if name not in _SIZE_VARS:
+        _SIZE_VARS[name] = ir.Var(name, T.i32, kind="size")
+    return _SIZE_VARS[name]
+
+
+def _dims(shape, what: str) -> tuple:
+    shape = (shape,) if isinstance(shape, (int, str)) else tuple(shape)
+    dims = []
+    for d in shape:
+        if isinstance(d, str):
+            dims.append(size_var(d))
+        elif isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0:
+            dims.append(ir.const(int(d)))
+        elif isinstance(d, ir.Var) and d.kind == "size":
+            dims.append(d)
+        else:
+            raise ValueError(f"{what}: dims must be non-negative ints or size-symbol names, got {d!r}")
+    return tuple(dims)
+
+
+@dataclass(eq=False)
+class Tensor:
+    """A placeholder (an input) or the result of a compute / reduce definition."""
+
+    name: str
+    dtype: T.DataType
+    shape: tuple
+    kind: str = "placeholder"                 # 'placeholder', 'compute' or 'reduce'
+    axes: tuple = ()
+    body: ir.Expr | None = None
+    reduce_axes: tuple = ()
+    reduce_shape: tuple = ()
+    op: str | None = None
+    buffer: ir.Buffer = field(init=False)
+
+    def __post_init__(self):
+        self.buffer = ir.Buffer(self.name, self.dtype, self.shape, "global")
+        _OWNER[self.buffer.uid] = self
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def inputs(self) -> list:
+        """The tensors this definition reads, in first-use order."""
+        if self.body is None:
+            return []
+        seen: dict = {}
+        for load in ir.collect(self.body, ir.Load):
+            seen.setdefault(load.buffer.uid, _OWNER[load.buffer.uid])
+        return list(seen.values())
+
+    @property
+    def is_injective(self) -> bool:
+        return self.kind == "compute"
+
+    def __getitem__(self, index) -> ir.Load:
+        index = index if isinstance(index, tuple) else (index,)
+        if len(index) != self.ndim:
+            raise IndexError(f"'{self.name}' has {self.ndim} dimension(s) but is indexed with {len(index)}")
+        exprs = tuple(ir.as_expr(i) for i in index)
+        for e in exprs:
+            if not (e.dtype.is_integer or e.dtype.is_bool):
+                raise TypeError(f"indices of '{self.name}' must be integers, got {e.dtype.name}")
+        return ir.Load(self.buffer, exprs)
+
+    def __repr__(self) -> str:
+        dims = ", ".join(ir.expr_str(d) for d in self.shape)
+        return f"<{self.kind} {self.name}: {self.dtype.name}[{dims}]>"
+
+
+_OWNER: dict = {}   # buffer uid -> the Tensor it belongs to
+
+
+def placeholder(name: str, dtype: T.DataType, shape) -> Tensor:
+    """An input tensor of the given dtype and shape (ints or size-symbol names)."""
+    return Tensor(name, dtype, _dims(shape, f"placeholder {name!r}"))
+
+
+def _axis_vars(prefix: str, dims: tuple) -> tuple:
+    return tuple(ir.Var(f"{prefix}{k}", T.i32, kind="axis") for k in range(len(dims)))
+
+
+def _body(value, dtype, what: str) -> ir.Expr:
+    if not isinstance(value, ir.Expr):
+        if isinstance(value, (bool, int, float)):
+            value = ir.const(value)
+        else:
+            raise TypeError(f"{what}: the function must return an expression, got {type(value).__name__}")
+    if dtype is not None and value.dtype != dtype:
+        value = ir.Cast(value, dtype)
+    return value
+
+
+def compute(name: str, shape, fcompute, dtype: T.DataType | None = None) -> Tensor:
+    """A tensor whose element at `axes` is `fcompute(*axes)` (an injective definition)."""
+    dims = _dims(shape, f"compute {name!r}")
+    axes = _axis_vars("i", dims)
+    body = _body(fcompute(*axes), dtype, f"compute {name!r}")
+    return Tensor(name, body.dtype, dims, "compute", axes, body)
+
+
+def reduce(name: str, shape, reduce_shape, fcompute, op: str = "sum", dtype: T.DataType | None = None) -> Tensor:
+    """A tensor whose element at `axes` combines `fcompute(*axes, *reduce_axes)` over `reduce_shape` with `op`."""
+    if op not in REDUCE_OPS:
+        raise ValueError(f"reduce {name!r}: op must be one of {', '.join(REDUCE_OPS)}, got {op!r}")
+    dims = _dims(shape, f"reduce {name!r}")
+    rdims = _dims(reduce_shape, f"reduce {name!r}")
+    axes, raxes = _axis_vars("i", dims), _axis_vars("r", rdims)
+    body = _body(fcompute(*axes, *raxes), None, f"reduce {name!r}")
+    if dtype is None:
+        dtype = T.f32 if body.dtype.is_float and body.dtype.bits == 16 else body.dtype
+        dtype = T.f32 if op == "mean" and not dtype.is_float else dtype
+    return Tensor(name, dtype, dims, "reduce", axes, body, raxes, rdims, op)
+
+
+# ---------------------------------------------------------------- topology
+def topological(outputs: list) -> list:
+    """Every tensor the outputs depend on, producers before consumers."""
+    order, seen = [], set()
+
+    def visit(t: Tensor):
+        if id(t) in seen:
+            return
+        seen.add(id(t))
+        for x in t.inputs:
+            visit(x)
+        order.append(t)
+
+    for t in outputs:
+        visit(t)
+    return order
+
+
+# ---------------------------------------------------------------- the numpy reference
+_NP_BINARY = {"+": np.add, "-": np.subtract, "*": np.multiply, "/": np.true_divide, "//": np.floor_divide,
+              "%": np.mod, "<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal,
+              "==": np.equal, "!=": np.not_equal, "and": np.logical_and, "or": np.logical_or,
+              "&": np.bitwise_and, "|": np.bitwise_or, "^": np.bitwise_xor, "<<": np.left_shift,
+              ">>": np.right_shift}
+_NP_MATH = {"exp": np.exp, "exp2": np.exp2, "log": np.log, "log2": np.log2, "sqrt": np.sqrt,
+            "rsqrt": lambda x: 1.0 / np.sqrt(x), "sin": np.sin, "cos": np.cos, "tanh": np.tanh,
+            "abs": np.abs, "floor": np.floor, "ceil": np.ceil, "max": np.maximum, "min": np.minimum,
+            "pow": np.power, "fma": lambda a, b, c: a * b + c, "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x))}
+_NP_REDUCE = {"sum": np.sum, "max": np.max, "min": np.min, "prod": np.prod, "mean": np.mean}
+
+
+def numpy_dtype(dtype: T.DataType):
+    """The numpy dtype of the reference's arrays (bf16 as ml_dtypes.bfloat16)."""
+    if dtype.name == "bf16":
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)
+    return dtype.numpy
+
+
+def _compute_dtype(dtype: T.DataType):
+    """The dtype the reference computes an IR type in (16-bit floats are computed in f32, as in kernels)."""
+    return np.float32 if dtype.is_float and dtype.bits == 16 else dtype.numpy
+
+
+def _erf(x):
+    return np.vectorize(math.erf, otypes=[np.float64])(x)
+
+
+class _Evaluator:
+    """Vectorized numpy evaluation of definition bodies over whole index grids."""
+
+    def __init__(self, arrays: dict, sizes: dict):
+        self.arrays = arrays        # buffer uid -> ndarray
+        self.sizes = sizes          # size name -> int
+
+    def dim(self, d) -> int:
+        return int(d.value) if isinstance(d, ir.Const) else self.sizes[d.name]
+
+    def eval(self, e, env: dict):
+        if isinstance(e, ir.Const):
+            return np.asarray(e.value, dtype=_compute_dtype(e.dtype))
+        if isinstance(e, ir.Var):
+            return env[e.uid] if e.kind != "size" else np.int32(self.sizes[e.name])
+        if isinstance(e, ir.Load):
+            array = self.arrays[e.buffer.uid]
+            # Indices are clipped: a load in an untaken branch of a select may point outside.
+            index = tuple(np.clip(np.asarray(self.eval(i, env)).astype(np.int64), 0, max(n - 1, 0))
+                          for i, n in zip(e.indices, array.shape))
+            return array[index].astype(_compute_dtype(e.buffer.dtype)) if array.size else \
+                np.zeros(np.broadcast(*index).shape, _compute_dtype(e.buffer.dtype))
+        if isinstance(e, ir.Binary):
+            a, b = self.eval(e.a, env), self.eval(e.b, env)
+            with np.errstate(all="ignore"):
+                return np.asarray(_NP_BINARY[e.op](a, b)).astype(_compute_dtype(e.dtype), copy=False)
+        if isinstance(e, ir.Unary):
+            a = self.eval(e.a, env)
+            return {"-": operator.neg, "not": np.logical_not, "~": np.invert}[e.op](a)
+        if isinstance(e, ir.Select):
+            return np.where(self.eval(e.cond, env), self.eval(e.a, env), self.eval(e.b, env)).astype(
+                _compute_dtype(e.dtype))
+        if isinstance(e, ir.Cast):
+            value = np.asarray(self.eval(e.value, env))
+            if e.dtype.is_integer and value.dtype.kind == "f":
+                value = np.trunc(value)
+            return value.astype(_compute_dtype(e.dtype))
+        if isinstance(e, ir.Call):
+            args = [self.eval(a, env) for a in e.args]
+            fn = _erf if e.func == "erf" else _NP_MATH[e.func]
+            with np.errstate(all="ignore"):
+                return np.asarray(fn(*args)).astype(_compute_dtype(e.dtype))
+        raise TypeError(f"the reference evaluator cannot evaluate {type(e).__name__}")
+
+    def grid(self, axes: tuple, dims: tuple) -> dict:
+        """Broadcastable index arrays, one per axis."""
+        n = len(axes)
+        return {a.uid: np.arange(self.dim(d), dtype=np.int64).reshape([-1 if k == j else 1 for j in range(n)])
+                for k, (a, d) in enumerate(zip(axes, dims))}
+
+    def tensor(self, t: Tensor) -> np.ndarray:
+        shape = tuple(self.dim(d) for d in t.shape)
+        if t.kind == "compute":
+            value = self.eval(t.body, self.grid(t.axes, t.shape))
+        else:
+            all_axes, all_dims = t.axes + t.reduce_axes, t.shape + t.reduce_shape
+            full = tuple(self.dim(d) for d in all_dims)
+            value = np.broadcast_to(self.eval(t.body, self.grid(all_axes, all_dims)), full)
+            value = value.astype(_compute_dtype(t.dtype)) if t.op != "mean" else value.astype(np.float64)
+            axes = tuple(range(len(t.axes), len(all_axes)))
+            if 0 in full and t.op in ("max", "min"):
+                value = np.full(shape, -np.inf if t.op == "max" else np.inf)
+            else:
+                value = _NP_REDUCE[t.op](value, axis=axes)
+        return np.broadcast_to(value, shape).astype(numpy_dtype(t.dtype))
+
+
+def bind_sizes(placeholders: list, arrays: list) -> dict:
+    """Size-symbol values from the input arrays' shapes (ValueError on any mismatch)."""
+    sizes: dict = {}
+    for p, a in zip(placeholders, arrays):
+        if a.ndim != p.ndim:
+            raise ValueError(f"input '{p.name}' must be {p.ndim}-d, got shape {a.shape}")
+        for axis, (d, n) in enumerate(zip(p.shape, a.shape)):
+            if isinstance(d, ir.Const):
+                if d.value != n:
+                    raise ValueError(f"axis {axis} of input '{p.name}' must be {d.value}, got shape {a.shape}")
+            elif sizes.setdefault(d.name, n) != n:
+                raise ValueError(f"size '{d.name}' is {sizes[d.name]} from an earlier input but {n} in "
+                                 f"'{p.name}' (shape {a.shape})")
+    return sizes
+
+
+def evaluate(inputs: list, outputs: list, arrays: list) -> list:
+    """The numpy reference: the values of `outputs` for the given input arrays."""
+    if len(arrays) != len(inputs):
+        raise TypeError(f"expected {len(inputs)} input arrays ({', '.join(t.name for t in inputs)}), got {len(arrays)}")
+    arrays = [np.asarray(a) for a in arrays]
+    evaluator = _Evaluator({p.buffer.uid: a for p, a in zip(inputs, arrays)}, bind_sizes(inputs, arrays))
+    for t in topological(outputs):
+        if t.kind == "placeholder":
+            if t.buffer.uid not in evaluator.arrays:
+                raise ValueError(f"'{t.name}' is used by the outputs but is not one of the inputs")
+            continue
+        evaluator.arrays[t.buffer.uid] = evaluator.tensor(t)
+    return [evaluator.arrays[t.buffer.uid] for t in outputs]

@@ -1,0 +1,139 @@
+"""`td.op(inputs, outputs)`: a callable operator scheduled from compute definitions.
+
+Outputs and reductions are materialized; every other injective definition is inlined into
+the kernels that read it (recomputed there, never stored). Reductions pick their strategy
+from the sizes of each call, so an op keeps one plan per combination of strategies.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import ir
+from ..compute import Tensor, bind_sizes, evaluate, numpy_dtype, topological
+from ..runtime.kernel import Kernel
+from .rules import choose_strategy, evaluate_int, numel, schedule_injective, schedule_reduce, split_stages
+
+SPLIT_CHUNKS = 32
+
+
+@dataclass
+class Step:
+    """One kernel launch: the kernel and the buffers its parameters are, in order."""
+
+    kernel: Kernel
+    buffers: tuple
+
+
+class Op:
+    """An operator: call it on arrays for its outputs; `.reference` is the numpy oracle."""
+
+    def __init__(self, inputs: list, outputs: list, name: str | None = None):
+        inputs, outputs = list(inputs), list(outputs)
+        for t in inputs:
+            if not isinstance(t, Tensor) or t.kind != "placeholder":
+                raise TypeError(f"op inputs must be td.placeholder tensors, got {t!r}")
+        for t in outputs:
+            if not isinstance(t, Tensor):
+                raise TypeError(f"op outputs must be tensors, got {t!r}")
+        self.inputs, self.outputs = inputs, outputs
+        self.name = name or "_".join(t.name for t in outputs)
+        self.order = topological(outputs)
+        missing = [t.name for t in self.order if t.kind == "placeholder" and t not in inputs]
+        if missing:
+            raise ValueError(f"op {self.name!r}: the outputs read {', '.join(missing)}, which are not inputs")
+        out_ids = {id(t) for t in outputs}
+        self.materialized = [t for t in self.order if t.kind == "reduce" or (t.kind == "compute" and id(t) in out_ids)]
+        materialized_ids = {id(t) for t in self.materialized}
+        self.inlined = {id(t) for t in self.order if t.kind == "compute" and id(t) not in materialized_ids}
+        self._plans: dict = {}
+        self._last: list | None = None
+
+    # ------------------------------------------------------------------ planning
+    def _plan(self, sizes: dict) -> list:
+        strategies = tuple(choose_strategy(t, evaluate_int(numel(t.shape), sizes),
+                                           evaluate_int(numel(t.reduce_shape), sizes))
+                           for t in self.materialized if t.kind == "reduce")
+        if strategies not in self._plans:
+            self._plans[strategies] = self._build(iter(strategies))
+        return self._plans[strategies]
+
+    def _build(self, strategies) -> list:
+        steps = []
+        for t in self.materialized:
+            if t.kind == "compute":
+                kernels = [schedule_injective(t, self.inlined)]
+            else:
+                strategy = next(strategies)
+                if strategy == "split":
+                    partial, final = split_stages(t, SPLIT_CHUNKS)
+                    kernels = [schedule_reduce(t, self.inlined, "block", partial=partial),
+                               schedule_reduce(final, set(), "warp")]
+                else:
+                    kernels = [schedule_reduce(t, self.inlined, strategy)]
+            for k in kernels:
+                steps.append(Step(k, tuple(p for p in k._frontend_ir(k.block_spec).params if isinstance(p, ir.Buffer))))
+        return steps
+
+    # ------------------------------------------------------------------ running
+    def _arrays(self, arrays: tuple) -> tuple[dict, dict]:
+        if len(arrays) != len(self.inputs):
+            raise TypeError(f"op {self.name!r} takes {len(self.inputs)} arrays "
+                            f"({', '.join(t.name for t in self.inputs)}), got {len(arrays)}")
+        converted = []
+        for t, a in zip(self.inputs, arrays):
+            a = np.asarray(a)
+            if a.dtype != numpy_dtype(t.dtype):
+                raise TypeError(f"op {self.name!r}: input '{t.name}' must have dtype {numpy_dtype(t.dtype)} "
+                                f"({t.dtype.name}), got {a.dtype}; convert it with .astype()")
+            converted.append(a)
+        sizes = bind_sizes(self.inputs, converted)
+        return {t.buffer.uid: a for t, a in zip(self.inputs, converted)}, sizes
+
+    def __call__(self, *arrays) -> list:
+        """The outputs for these input arrays (newly allocated), computed by the op's kernels."""
+        buffers, sizes = self._arrays(arrays)
+        steps = self._plan(sizes)
+        for step in steps:
+            for b in step.buffers:
+                if b.uid not in buffers:
+                    shape = tuple(evaluate_int(d, sizes) for d in b.shape)
+                    buffers[b.uid] = np.empty(shape, numpy_dtype(b.dtype))
+        for step in steps:
+            step.kernel(*(buffers[b.uid] for b in step.buffers))
+        self._last = steps
+        return [buffers[t.buffer.uid] for t in self.outputs]
+
+    def reference(self, *arrays) -> list:
+        """The outputs computed by the numpy evaluation of the definitions (the test oracle)."""
+        return evaluate(self.inputs, self.outputs, [np.asarray(a) for a in arrays])
+
+    @property
+    def kernels(self) -> list:
+        """The kernels of the latest call (a reduction's kernel depends on the call's sizes)."""
+        if self._last is None:
+            raise RuntimeError(f"op {self.name!r} has not been called yet: its kernels depend on the sizes of a "
+                               "call; use op.kernels_for(*arrays)")
+        return [s.kernel for s in self._last]
+
+    def kernels_for(self, *arrays) -> list:
+        """The kernels a call on these arrays launches, in order."""
+        return [s.kernel for s in self._plan(self._arrays(arrays)[1])]
+
+    def source(self, *arrays, target: str = "cuda") -> str:
+        """The generated source of every kernel a call on these arrays launches."""
+        buffers, sizes = self._arrays(arrays)
+        texts = []
+        for step in self._plan(sizes):
+            args = []
+            for b in step.buffers:
+                shape = tuple(evaluate_int(d, sizes) for d in b.shape)
+                args.append(buffers.get(b.uid, np.empty(shape, numpy_dtype(b.dtype))))
+            texts.append(step.kernel.source(*args, target=target))
+        return "\n".join(texts)
+
+
+def op(inputs: list, outputs: list, name: str | None = None) -> Op:
+    """An operator computing `outputs` (compute definitions) from `inputs` (placeholders)."""
+    return Op(inputs, outputs, name)

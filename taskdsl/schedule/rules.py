@@ -1,0 +1,268 @@
+"""Rule-based scheduling: a kernel for any injective or reduce definition, built as IR.
+
+Injective: one thread per output element (4 per thread, in a `repeat(4) * spatial(256)`
+layout over the flattened output so consecutive threads touch consecutive elements).
+
+Reduce, by the sizes of the call (O outputs, R reduced elements each):
+  - 'thread':  a thread per output, looping over R (R small, or the reduced axis is not the
+               contiguous one, so that neighbouring threads read neighbouring elements);
+  - 'warp':    a warp per output, lanes striding over R, then a shuffle reduction;
+  - 'block':   a block per output, threads striding over R, shuffles then shared memory;
+  - 'split':   two stages when there are few outputs and many reduced elements: blocks
+               reduce chunks of R into partials, then a 'warp' kernel reduces the partials.
+Generated kernels are ordinary kernels: their IR prints, their CUDA compiles, they run on
+the cpu target.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+
+from .. import ir
+from ..compute import Tensor, size_var
+from ..ir import types as T
+from ..lang import math_expr
+from ..lang.intrinsics import blockIdx, threadIdx
+from ..runtime.kernel import Kernel
+from .inline import inline_injective
+
+BLOCK = 256
+PER_THREAD = 4          # elements per thread in elementwise kernels
+WARPS = BLOCK // 32
+_IDENTITY = {"sum": 0, "mean": 0, "prod": 1, "max": -math.inf, "min": math.inf}
+
+
+# ---------------------------------------------------------------- shared helpers
+def numel(shape: tuple) -> ir.Expr:
+    """The element count of a shape, as an IR expression."""
+    total = ir.const(1)
+    for d in shape:
+        total = total * d
+    return total
+
+
+def size_function(expr_of_sizes, names: list):
+    """A callable with parameters named `names` that evaluates `expr_of_sizes(env)` (a grid callable)."""
+    def fn(*values):
+        return expr_of_sizes(dict(zip(names, values)))
+
+    fn.__signature__ = inspect.Signature([inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+                                          for n in names])
+    return fn
+
+
+def evaluate_int(e: ir.Expr, sizes: dict) -> int:
+    """The value of an integer expression over size symbols."""
+    if isinstance(e, ir.Const):
+        return int(e.value)
+    if isinstance(e, ir.Var) and e.kind == "size":
+        return int(sizes[e.name])
+    if isinstance(e, ir.Binary) and e.op in ("+", "-", "*", "//", "%"):
+        a, b = evaluate_int(e.a, sizes), evaluate_int(e.b, sizes)
+        return {"+": a + b, "-": a - b, "*": a * b, "//": a // b if b else 0, "%": a % b if b else 0}[e.op]
+    raise TypeError(f"cannot evaluate {ir.expr_str(e)} from sizes")
+
+
+def _size_names(*exprs) -> list:
+    names = []
+    for e in exprs:
+        for v in ir.collect(e, ir.Var):
+            if v.kind == "size" and v.name not in names:
+                names.append(v.name)
+    return names
+
+
+def _substitute(e: ir.Expr, values: dict) -> ir.Expr:
+    class _Sub(ir.Rewriter):
+        def visit_Var(self, v):
+            return values.get(v.uid, v)
+    return _Sub().visit(e)
+
+
+def _function(name: str, out: Tensor, body: ir.Stmt, extra_buffers=(), block=BLOCK) -> ir.Function:
+    """An IR Function whose parameters are the global buffers `body` reads, then the output."""
+    inputs: dict = {}
+    for load in ir.collect(body, ir.Load):
+        if load.buffer.scope == "global" and load.buffer.uid != out.buffer.uid:
+            inputs.setdefault(load.buffer.uid, load.buffer)
+    params = tuple(inputs.values()) + tuple(extra_buffers) + (out.buffer,)
+    sizes = {}
+    for b in params:
+        for d in b.shape:
+            if isinstance(d, ir.Var):
+                sizes.setdefault(d.uid, d)
+    return ir.Function(name, params, tuple(sizes.values()), body, (block, 1, 1))
+
+
+# ---------------------------------------------------------------- injective
+def schedule_injective(out: Tensor, inline: set) -> Kernel:
+    """An elementwise kernel writing `out`, with the injective producers in `inline` computed in place."""
+    body = inline_injective(out.body, inline)
+    count = numel(out.shape)
+    per_block = BLOCK * PER_THREAD
+    r = ir.Var("r", T.i32, kind="loop")
+    linear = ir.Var("l", T.i32)
+    index = _unravel(linear, out.shape)
+    value = _substitute(body, {a.uid: i for a, i in zip(out.axes, index)})
+    store = ir.Store(out.buffer, tuple(index), ir.Cast(value, out.dtype) if value.dtype != out.dtype else value)
+    loop = ir.For(r, ir.const(0), ir.const(PER_THREAD), ir.const(1), ir.seq([
+        ir.Assign(linear, blockIdx.x * per_block + r * BLOCK + threadIdx.x),
+        ir.If(ir.binary("<", linear, count), store)]), unroll=True)
+    fn = _function(f"{out.name}_elementwise", out, loop)
+    names = _size_names(count)
+    grid = size_function(lambda env: -(-evaluate_int(count, env) // per_block), names)
+    return Kernel.from_ir(fn, grid)
+
+
+def _unravel(linear: ir.Expr, shape: tuple) -> list:
+    """Row-major coordinates of a linear index in a (possibly symbolic) shape."""
+    coords, stride = [], ir.const(1)
+    for d in reversed(shape):
+        coords.append(linear // stride % d if len(coords) < len(shape) - 1 else linear // stride)
+        stride = stride * d
+    return list(reversed(coords))
+
+
+# ---------------------------------------------------------------- reduce
+def combine(op: str, acc: ir.Expr, value: ir.Expr) -> ir.Expr:
+    """`op`'s combination of an accumulator and a value."""
+    if op in ("sum", "mean"):
+        return ir.binary("+", acc, value)
+    if op == "prod":
+        return ir.binary("*", acc, value)
+    return math_expr(op, [acc, value])
+
+
+def accumulator_dtype(t: Tensor) -> T.DataType:
+    """The type partial results are kept in (floats in at least f32)."""
+    dtype = t.body.dtype
+    if dtype.is_float:
+        return T.f64 if dtype == T.f64 else T.f32
+    return T.f32 if t.op == "mean" else T.promote(dtype, T.i32)
+
+
+def _identity(op: str, dtype: T.DataType) -> ir.Const:
+    value = _IDENTITY[op]
+    if not dtype.is_float and math.isinf(value):
+        info = (-(2 ** (dtype.bits - 1)), 2 ** (dtype.bits - 1) - 1) if dtype.kind == "int" else (0, 2 ** dtype.bits - 1)
+        value = info[0] if value < 0 else info[1]
+    return ir.const(value, dtype)
+
+
+def choose_strategy(t: Tensor, outputs: int, reduced: int) -> str:
+    """'thread', 'warp', 'block' or 'split' for a reduction of `reduced` elements into each of `outputs`."""
+    contiguous = any(load.indices and isinstance(load.indices[-1], ir.Var) and
+                     load.indices[-1].uid in {a.uid for a in t.reduce_axes}
+                     for load in ir.collect(t.body, ir.Load))
+    if reduced <= 16 or not contiguous:
+        return "thread"
+    if reduced <= 512:
+        return "warp"
+    if outputs < 64 and reduced >= 32768:   # too few blocks to fill a GPU otherwise
+        return "split"
+    return "block"
+
+
+def _warp_reduce(op: str, acc: ir.Var, width: int = 32) -> list:
+    stmts, offset = [], width // 2
+    while offset:
+        shuffled = ir.Call("shfl_xor", (acc, ir.const(offset), ir.const(32)), acc.dtype)
+        stmts.append(ir.Assign(acc, combine(op, acc, shuffled)))
+        offset //= 2
+    return stmts
+
+
+def _reduce_loop(t: Tensor, body: ir.Expr, out_index: list, acc: ir.Var, start, stop, step) -> ir.Stmt:
+    """acc = combine(acc, body) for the reduced linear indices start, start+step, ... < stop."""
+    r = ir.Var("k", T.i32, kind="loop")
+    rindex = _unravel(r, t.reduce_shape)
+    values = {a.uid: i for a, i in zip(t.axes, out_index)}
+    values.update({a.uid: i for a, i in zip(t.reduce_axes, rindex)})
+    value = _substitute(body, values)
+    value = value if value.dtype == acc.dtype else ir.Cast(value, acc.dtype)
+    return ir.For(r, ir.as_expr(start), ir.as_expr(stop), ir.const(step), ir.Assign(acc, combine(t.op, acc, value)))
+
+
+def _finish(t: Tensor, acc: ir.Expr, reduced: ir.Expr) -> ir.Expr:
+    if t.op == "mean":
+        acc = ir.binary("/", acc, ir.Cast(reduced, acc.dtype))
+    return acc if acc.dtype == t.dtype else ir.Cast(acc, t.dtype)
+
+
+def schedule_reduce(t: Tensor, inline: set, strategy: str, partial: Tensor | None = None) -> Kernel:
+    """A kernel computing reduction `t` with `strategy` ('thread', 'warp' or 'block').
+
+    With `partial` (the 'split' strategy's first stage) the block of index (p, o) reduces the
+    p-th chunk of each output's elements and writes `partial[o, p]` instead of `t`.
+    """
+    body = inline_injective(t.body, inline)
+    outputs, reduced = numel(t.shape), numel(t.reduce_shape)
+    dtype = accumulator_dtype(t)
+    acc = ir.Var("acc", dtype)
+    lane, warp = threadIdx.x % 32, threadIdx.x // 32
+    target = partial if partial is not None else t
+    chunks = ir.const(1) if partial is None else partial.shape[-1]
+    if strategy == "thread":
+        o = ir.Var("o", T.i32)
+        head = [ir.Assign(o, blockIdx.x * BLOCK + threadIdx.x)]
+        guard, start, step, leader = ir.binary("<", o, outputs), 0, 1, None
+    elif strategy == "warp":
+        o = ir.Var("o", T.i32)
+        head = [ir.Assign(o, blockIdx.x * WARPS + warp)]
+        guard, start, step, leader = ir.binary("<", o, outputs), lane, 32, ir.binary("==", lane, 0)
+    else:
+        o = blockIdx.x if partial is None else blockIdx.x % outputs
+        head, guard, start, step, leader = [], None, threadIdx.x, BLOCK, ir.binary("==", threadIdx.x, 0)
+    stop = reduced
+    if partial is not None:   # chunk p of [0, reduced)
+        p = blockIdx.x // outputs
+        chunk = (reduced + chunks - 1) // chunks
+        start, stop = p * chunk + start, math_expr("min", [(p + 1) * chunk, reduced])
+    out_index = _unravel(o, t.shape)
+    stmts = head + [ir.Assign(acc, _identity(t.op, dtype))]
+    loop = _reduce_loop(t, body, out_index, acc, start, stop, step)
+    stmts.append(loop if guard is None else ir.If(guard, loop))
+    if strategy == "warp":
+        stmts += _warp_reduce(t.op, acc)
+    elif strategy == "block":
+        partials = ir.Buffer("warp_partials", dtype, (ir.const(WARPS),), "shared")
+        stmts += [ir.Allocate(partials)] + _warp_reduce(t.op, acc) + [
+            ir.If(ir.binary("==", lane, 0), ir.Store(partials, (warp,), acc)),
+            ir.SyncThreads(),
+            ir.If(ir.binary("==", warp, 0), ir.seq(
+                [ir.Assign(acc, ir.Select(ir.binary("<", lane, WARPS), ir.Load(partials, (lane,)),
+                                          _identity(t.op, dtype), dtype))] + _warp_reduce(t.op, acc, 8)))]
+    if partial is not None:
+        value = acc if acc.dtype == partial.dtype else ir.Cast(acc, partial.dtype)
+        store = ir.Store(partial.buffer, tuple(out_index) + (blockIdx.x // outputs,), value)
+    else:
+        store = ir.Store(t.buffer, tuple(out_index), _finish(t, acc, reduced))
+    cond = leader if guard is None else (guard if leader is None else ir.binary("and", guard, leader))
+    stmts.append(store if cond is None else ir.If(cond, store))
+    fn = _function(f"{target.name}_reduce_{strategy}", target, ir.seq(stmts))
+    names = _size_names(outputs, chunks)
+    if strategy == "thread":
+        grid = size_function(lambda env: -(-evaluate_int(outputs, env) // BLOCK), names)
+    elif strategy == "warp":
+        grid = size_function(lambda env: -(-evaluate_int(outputs, env) // WARPS), names)
+    else:
+        grid = size_function(lambda env: evaluate_int(outputs, env) * evaluate_int(chunks, env), names)
+    return Kernel.from_ir(fn, grid)
+
+
+def split_stages(t: Tensor, chunks: int) -> tuple[Tensor, Tensor]:
+    """The two definitions of a 'split' reduction: per-chunk partials, then their reduction."""
+    from ..compute import reduce
+    partial = Tensor(f"{t.name}_partials", accumulator_dtype(t), t.shape + (ir.const(chunks),))
+    count = ir.Cast(numel(t.reduce_shape), partial.dtype)
+
+    def partial_of(*ix):   # a mean is the sum of the partial sums, each divided by the count
+        value = partial[ix]
+        return ir.binary("/", value, count) if t.op == "mean" else value
+
+    final = reduce(t.name, t.shape, (chunks,), partial_of, op="sum" if t.op == "mean" else t.op, dtype=t.dtype)
+    final.buffer = t.buffer
+    return partial, final
+
+
+__all__ = ["schedule_injective", "schedule_reduce", "choose_strategy", "split_stages", "size_var", "evaluate_int"]

@@ -1,0 +1,202 @@
+"""The GPU-facing API without a GPU: imports, clear errors, launch-limit checks, device-array binding.
+
+Everything here is pure Python or NVRTC (no CUDA driver call), so it runs on any machine;
+tests/test_gpu.py runs the same paths on a real GPU.
+"""
+import numpy as np
+import pytest
+
+import taskdsl as td
+from taskdsl import blockIdx, f32, i32, threadIdx
+from taskdsl.backend.cuda.codegen import kernel_symbol
+from taskdsl.backend.cuda.launch import (LaunchLimits, check_launch_dims, dtype_matches, is_c_contiguous,
+                                         kernel_params)
+from taskdsl.runtime.device_array import ArrayInfo, array_info
+
+
+class FakeCudaArray:
+    """A pure-Python stand-in for a GPU array: only a `__cuda_array_interface__` dict (never dereferenced)."""
+
+    def __init__(self, shape, typestr="<f4", strides=None, **extra):
+        self.__cuda_array_interface__ = {"version": 3, "shape": tuple(shape), "typestr": typestr,
+                                         "data": (0xDEAD0000, False), "strides": strides, "stream": None, **extra}
+
+
+class HostDLPack:
+    """A host array that speaks DLPack only (like a torch tensor in CPU memory)."""
+
+    def __init__(self, array):
+        self._array = array
+
+    def __dlpack__(self, **kwargs):
+        return self._array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self._array.__dlpack_device__()
+
+
+@td.kernel(grid=lambda M, N: (td.cdiv(N, 16), M), block=16)
+def scale_rows(A: f32["M", "N"], C: f32["M", "N"], k: f32):
+    j = blockIdx.x * 16 + threadIdx.x
+    if j < N:
+        C[blockIdx.y, j] = A[blockIdx.y, j] * k
+
+
+def no_gpu():
+    usable, _ = td.gpu_status()
+    if usable:
+        pytest.skip("a GPU is present: tests/test_gpu.py covers this")
+
+
+def test_import_exports_device_api():
+    assert td.DeviceArray.__name__ == "DeviceArray" and callable(td.to_device)
+    import taskdsl.bench.cuda_timing as timing   # importing needs no GPU either
+    assert callable(timing.time_cuda)
+
+
+def test_to_device_without_gpu_names_the_reason():
+    no_gpu()
+    reason = td.gpu_status()[1]
+    with pytest.raises(RuntimeError) as info:
+        td.to_device(np.ones(4, np.float32))
+    assert "td.to_device needs a usable CUDA GPU" in str(info.value)
+    assert reason in str(info.value) and "set_target('cpu')" in str(info.value)
+
+
+def test_timing_and_device_state_without_gpu_raise():
+    no_gpu()
+    from taskdsl.backend.cuda.launch import device_state
+    from taskdsl.bench.cuda_timing import time_cuda
+    with pytest.raises(RuntimeError, match="time_cuda needs a usable CUDA GPU"):
+        time_cuda(lambda: None)
+    with pytest.raises(RuntimeError, match="usable CUDA GPU"):
+        device_state()
+
+
+# --------------------------------------------------------------------------- launch limits
+def test_launch_limits_accept_the_largest_legal_launch():
+    check_launch_dims((2**31 - 1, 65535, 65535), (1024, 1, 1))
+    check_launch_dims((1, 1, 1), (16, 16, 4))
+    check_launch_dims((1, 1, 1), (1, 1, 64))
+
+
+@pytest.mark.parametrize("grid, block, pattern", [
+    ((1, 65536, 1), (32, 1, 1), r"grid\.y is 65536"),
+    ((1, 1, 70000), (32, 1, 1), r"grid\.z is 70000"),
+    ((2**31, 1, 1), (32, 1, 1), r"grid\.x is 2147483648"),
+    ((1, 1, 1), (1025, 1, 1), r"1025 threads.*at most 1024"),
+    ((1, 1, 1), (32, 32, 2), r"2048 threads"),
+    ((1, 1, 1), (1, 1, 65), r"block\.z is 65"),
+])
+def test_launch_limits_reject_with_the_offending_dim(grid, block, pattern):
+    with pytest.raises(ValueError, match=pattern) as info:
+        check_launch_dims(grid, block, kernel="k")
+    assert "kernel 'k'" in str(info.value)
+
+
+def test_launch_limits_of_a_device_and_kernel():
+    limits = LaunchLimits(max_threads=256, max_shared=100 * 1024)
+    with pytest.raises(ValueError, match="at most 256"):
+        check_launch_dims((1, 1, 1), (512, 1, 1), limits)
+    with pytest.raises(ValueError, match="shared memory"):
+        check_launch_dims((1, 1, 1), (32, 1, 1), limits, shared_bytes=128 * 1024)
+    check_launch_dims((1, 1, 1), (256, 1, 1), limits, shared_bytes=64 * 1024)
+
+
+# --------------------------------------------------------------------------- generated signature
+def test_kernel_params_tell_which_arrays_are_written():
+    a = np.ones((3, 20), np.float32)
+    compiled = scale_rows.compile(a, a, 2.0, target="cuda")
+    symbol = kernel_symbol(scale_rows._lowered_ir(scale_rows.bind((a, a, 2.0)).block))
+    params = kernel_params(compiled.source, symbol)
+    assert [(p.pointer, p.writable) for p in params] == [(True, False), (True, True), (False, False)]
+    assert kernel_params(compiled.source, "not_there") is None
+
+
+def test_kernel_params_of_the_design_matmul():
+    from stdlib_ops.simt_matmul import matmul_kernel
+    a = np.ones((5, 3), np.float32)
+    b = np.ones((3, 7), np.float32)
+    c = np.ones((5, 7), np.float32)
+    compiled = matmul_kernel.compile(a, b, c, target="cuda")
+    params = kernel_params(compiled.source, "matmul_kernel")
+    assert [p.writable for p in params] == [False, False, True]
+
+
+def test_c_contiguity():
+    assert is_c_contiguous((3, 4), None, 4)
+    assert is_c_contiguous((3, 4), (16, 4), 4)
+    assert not is_c_contiguous((3, 4), (4, 12), 4)          # Fortran order
+    assert not is_c_contiguous((3, 4), (32, 8), 4)          # every other element
+    assert is_c_contiguous((3, 1), (4, 999), 4)             # strides of length-1 axes do not matter
+    assert is_c_contiguous((0, 4), (7, 3), 4)               # nothing to lay out
+    assert is_c_contiguous((2, 3), (3, 1), 1)               # strides in elements
+
+
+def test_bf16_passes_as_its_bits():
+    import ml_dtypes
+    assert dtype_matches(np.dtype(ml_dtypes.bfloat16), np.dtype(np.uint16))
+    assert dtype_matches(np.dtype(np.uint16), np.dtype(np.uint16))
+    assert not dtype_matches(np.dtype(np.float16), np.dtype(np.uint16))
+
+
+# --------------------------------------------------------------------------- device-array binding
+def test_array_info_from_cuda_array_interface():
+    info = array_info(FakeCudaArray((3, 5)))
+    assert info == ArrayInfo((3, 5), np.dtype(np.float32), None) and info.c_contiguous
+    assert array_info(FakeCudaArray((3, 5), strides=(20, 4))).c_contiguous
+    assert not array_info(FakeCudaArray((5, 3), strides=(4, 20))).c_contiguous   # a transposed view
+    with pytest.raises(ValueError, match="masked"):
+        array_info(FakeCudaArray((3,), mask=object()))
+    with pytest.raises(TypeError, match="byte order"):
+        array_info(FakeCudaArray((3,), typestr=">f4"))
+
+
+def test_bind_takes_shape_and_dtype_of_device_arrays():
+    a, c = FakeCudaArray((3, 20)), FakeCudaArray((3, 20))
+    binding = scale_rows.bind((a, c, 2.0), target="cuda")
+    assert binding.sizes == {"M": 3, "N": 20} and binding.grid == (2, 3, 1)
+    assert binding.values[0] is a and binding.values[1] is c       # passed on as they are: no copies
+    mixed = scale_rows.bind((np.ones((3, 20), np.float32), c, 2.0), target="cuda")
+    assert mixed.sizes == {"M": 3, "N": 20}
+
+
+def test_device_arrays_compile_without_a_gpu():
+    a, c = FakeCudaArray((3, 20)), FakeCudaArray((3, 20))
+    compiled = scale_rows.compile(a, c, 2.0, target="cuda", arch="sm_80")
+    assert compiled.binary[:4] == b"\x7fELF" and "(j < 20)" in compiled.source
+
+
+def test_wrong_dtype_device_array_is_a_type_error():
+    with pytest.raises(TypeError, match=r"'A' must have dtype float32 \(f32\), got float64.*torch"):
+        scale_rows.bind((FakeCudaArray((3, 20), "<f8"), FakeCudaArray((3, 20)), 2.0), target="cuda")
+
+
+def test_non_contiguous_device_array_is_a_value_error():
+    transposed = FakeCudaArray((3, 20), strides=(4, 12))
+    with pytest.raises(ValueError, match=r"'C' is not C-contiguous.*\.contiguous\(\)"):
+        scale_rows.bind((FakeCudaArray((3, 20)), transposed, 2.0), target="cuda")
+
+
+def test_device_array_shape_mismatch():
+    with pytest.raises(ValueError, match="size 'N' is 20"):
+        scale_rows.bind((FakeCudaArray((3, 20)), FakeCudaArray((3, 21)), 2.0), target="cuda")
+    with pytest.raises(ValueError, match="must be 2-d"):
+        scale_rows.bind((FakeCudaArray((60,)), FakeCudaArray((3, 20)), 2.0), target="cuda")
+
+
+def test_host_arrays_other_than_numpy_are_rejected_on_cuda():
+    host = HostDLPack(np.ones((3, 20), np.float32))
+    with pytest.raises(TypeError, match="in host memory.*numpy arrays.*DeviceArray"):
+        scale_rows.bind((host, FakeCudaArray((3, 20)), 2.0), target="cuda")
+    with pytest.raises(TypeError, match="must be an array, got list.*takes numpy arrays"):
+        scale_rows.bind(([[1.0]], FakeCudaArray((3, 20)), 2.0), target="cuda")
+
+
+def test_cpu_target_still_takes_numpy_only():
+    with pytest.raises(TypeError, match="must be a numpy array, got FakeCudaArray"):
+        scale_rows.bind((FakeCudaArray((3, 20)), FakeCudaArray((3, 20)), 2.0), target="cpu")
+    a = np.arange(60, dtype=np.float32).reshape(3, 20)
+    c = np.zeros_like(a)
+    scale_rows(a, c, 3.0)                        # the cpu target (set by conftest) runs it as before
+    np.testing.assert_array_equal(c, a * 3)
