@@ -13,6 +13,6 @@ from .mapping import TaskMapping, repeat, spatial
 from .runtime.config import debug, get_target, gpu_status, set_target
 from .runtime.device_array import DeviceArray, to_device
 from .runtime.kernel import CompiledKernel, Kernel
-from .schedule import Op, op
+from .schedule import FusionError, Op, fuse, op
 
 __version__ = "0.1.0"

@@ -1,8 +1,10 @@
-"""Shared test set-up: cpu target, a private cache, NVRTC compilation of every kernel that runs.
+"""Shared test set-up: the target, a private cache, NVRTC compilation of every kernel that runs.
 
-Every kernel specialization a test launches on the cpu target also has its CUDA C++
-generated and compiled to an sm_90 cubin by NVRTC (once per kernel and block shape), so
-the suite proves the CUDA path on machines without a GPU.
+Tests run on the cpu target, or on the one $TASKDSL_TEST_TARGET names: with
+TASKDSL_TEST_TARGET=cuda on a GPU machine, every kernel test of the suite runs on the GPU
+and is checked against the same numpy oracles. Every kernel specialization a test launches
+also has its CUDA C++ compiled to an sm_90 cubin by NVRTC (once per kernel and block
+shape), so the suite proves the CUDA path on machines without a GPU.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ def pytest_configure(config):
 def _cpu_target_and_nvrtc(monkeypatch, request):
     """Run on the cpu target (cuda for @pytest.mark.gpu tests) and NVRTC-compile each launched kernel."""
     if request.node.get_closest_marker("gpu") is None:
-        td.set_target("cpu")
+        td.set_target(os.environ.get("TASKDSL_TEST_TARGET", "cpu"))
     original = Kernel.__call__
 
     def call_and_compile(self, *args):

@@ -36,12 +36,16 @@ def _compile(kernel):
 
 
 def test_hit_in_a_new_process_is_10x_faster_than_a_cold_compile(tmp_path):
-    env = dict(os.environ, TASKDSL_CACHE_DIR=str(tmp_path))
-    run = lambda: float(subprocess.run([sys.executable, "-c", _COMPILE_TIME], env=env, capture_output=True,
-                                       text=True, check=True).stdout.strip().splitlines()[-1])
-    cold = run()
-    warm = min(run() for _ in range(2))
-    assert len(list((tmp_path / "cuda").glob("*.cubin"))) == 1
+    def run(cache) -> float:
+        env = dict(os.environ, TASKDSL_CACHE_DIR=str(cache))
+        out = subprocess.run([sys.executable, "-c", _COMPILE_TIME], env=env, capture_output=True, text=True,
+                             check=True)
+        return float(out.stdout.strip().splitlines()[-1])
+
+    # best of several runs on each side, so that a busy machine does not decide the ratio
+    cold = min(run(tmp_path / f"cold{k}") for k in range(2))
+    warm = min(run(tmp_path / "cold0") for _ in range(3))
+    assert len(list((tmp_path / "cold0" / "cuda").glob("*.cubin"))) == 1
     print(f"cold compile {cold * 1e3:.0f} ms, cache hit in a new process {warm * 1e3:.1f} ms")
     assert cold >= 10 * warm, (cold, warm)
 

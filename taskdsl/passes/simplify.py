@@ -23,7 +23,15 @@ _FOLD = {"+": operator.add, "-": operator.sub, "*": operator.mul, "//": operator
 
 def simplify(fn: ir.Function) -> ir.Function:
     """`fn` with constant expressions folded and trivial arithmetic removed."""
-    return dataclasses.replace(fn, body=_Simplifier(fn.block).visit(fn.body))
+    return dataclasses.replace(fn, body=_Simplifier(fn.block, single_assignments(fn.body)).visit(fn.body))
+
+
+def single_assignments(body: ir.Stmt) -> set:
+    """Uids of the variables assigned exactly once (their range is their value's range)."""
+    counts: dict = {}
+    for a in ir.collect(body, ir.Assign):
+        counts[a.var.uid] = counts.get(a.var.uid, 0) + 1
+    return {uid for uid, n in counts.items() if n == 1}
 
 
 def _fold_value(op: str, a, b, dtype):
@@ -37,9 +45,18 @@ def _fold_value(op: str, a, b, dtype):
 
 
 class _Simplifier(ir.Rewriter):
-    def __init__(self, block: tuple):
+    def __init__(self, block: tuple, single: set):
         self.block = block
+        self.single = single
         self.ranges: dict = {}
+
+    def visit_Assign(self, s: ir.Assign):
+        s = self.generic_visit(s)
+        if s.var.uid in self.single:
+            r = self._range(s.value)
+            if r is not None:
+                self.ranges[s.var.uid] = r
+        return s
 
     def _range(self, e):
         return int_range(e, self.block, self.ranges)
@@ -96,6 +113,12 @@ class _Simplifier(ir.Rewriter):
         return dataclasses.replace(e, a=a, b=b)
 
     def _integer_identity(self, op, a, b):
+        if op == "+":   # (x // c) * c + x % c == x, in either order (floor semantics)
+            for p, q in ((a, b), (b, a)):
+                if (isinstance(p, ir.Binary) and p.op == "*" and isinstance(p.a, ir.Binary) and p.a.op == "//"
+                        and isinstance(q, ir.Binary) and q.op == "%" and _same(p.b, p.a.b) and _same(q.b, p.b)
+                        and _same(q.a, p.a.a)):
+                    return q.a
         bv = b.value if isinstance(b, ir.Const) else None
         av = a.value if isinstance(a, ir.Const) else None
         if (op in ("+", "-") and bv == 0) or (op in ("*", "//") and bv == 1):
@@ -133,3 +156,26 @@ def _split_multiple(e: ir.Expr, c: int):
                 q, r = split
                 return q, (y if r is None else r + y)
     return None
+
+
+def _same(a, b) -> bool:
+    """Structural equality of two expressions."""
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, ir.Const):
+        return a.value == b.value and a.dtype == b.dtype
+    if isinstance(a, (ir.Var, ir.Buffer)):
+        return False   # distinct objects (identity was checked above)
+    if isinstance(a, ir.SpecialReg):
+        return a.name == b.name and a.axis == b.axis
+    if isinstance(a, ir.Expr):
+        return all(_same(x, y) for x, y in zip(_fields(a), _fields(b)))
+    if isinstance(a, tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def _fields(e) -> list:
+    return [getattr(e, f.name) for f in dataclasses.fields(e)]

@@ -194,8 +194,8 @@ def _cuda_array_interface(obj) -> dict | None:
         cai = obj.__cuda_array_interface__
     except AttributeError:      # e.g. a torch tensor in host memory
         return None
-    except (TypeError, ValueError, NotImplementedError):
-        if hasattr(obj, "__dlpack__"):     # e.g. torch bfloat16, which has no typestr: DLPack describes it
+    except Exception:  # noqa: BLE001 - e.g. torch bfloat16 has no typestr (KeyError): DLPack describes it
+        if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
             return None
         raise
     return cai if isinstance(cai, dict) else None

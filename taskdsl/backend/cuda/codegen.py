@@ -14,6 +14,7 @@ import re
 from ... import ir
 from ...ir import types as T
 from ...passes.bounds import int_range
+from ...passes.simplify import single_assignments
 from ..naming import NameTable
 
 # Helpers, each emitted only when the kernel uses it.
@@ -94,6 +95,7 @@ class _CudaEmitter:
     def __init__(self, fn: ir.Function):
         self.fn = fn
         self.name = NameTable()
+        self.single = single_assignments(fn.body)
         self.lines: list = []
         self.ranges: dict = {}
         self.last_line = None
@@ -161,6 +163,9 @@ class _CudaEmitter:
         self.line_directive(s)
         if isinstance(s, ir.Assign):
             self.lines.append(f"{pad}{self.name(s.var)} = {self.expr(s.value)};")
+            value_range = int_range(s.value, self.fn.block, self.ranges)
+            if s.var.uid in self.single and value_range is not None:
+                self.ranges[s.var.uid] = value_range
         elif isinstance(s, ir.Store):
             self.lines.append(f"{pad}{self.name(s.buffer)}[{self.expr(s.indices[0])}] = {self.expr(s.value)};")
         elif isinstance(s, ir.Evaluate):

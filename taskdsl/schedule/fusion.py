@@ -1,0 +1,237 @@
+"""Post-scheduling fusion (Hidet, section 5.2): fuse definitions into an already scheduled kernel.
+
+A prologue replaces the anchor's loads of an input by the definition of that input:
+
+    anchor:    ... A[99 - i] ...            prologue A = compute(lambda i: C[i] * 2.0)
+    fused:     ... C[99 - i] * 2.0 ...
+
+An epilogue replaces the anchor's stores to an output by a definition that reads it:
+
+    anchor:    out[i] = v                   epilogue D = compute((2, 50), lambda a, b: out[a * 50 + b] * 3.0)
+    fused:     D[i // 50, i % 50] = v * 3.0
+
+The anchor is any kernel (written in the DSL or generated), specialized to the shapes of
+example arguments. What may fuse is checked, and a request that cannot be honoured is
+refused with a `FusionError` that says why: a prologue must be a compute (not a
+reduction) the anchor only reads; an epilogue must be a compute that reads the anchor's
+output exactly once through a bijective index map (a transpose and/or reshape) of an
+output the anchor only writes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+
+import numpy as np
+
+from .. import ir
+from ..compute import Tensor, _Evaluator, _OWNER
+from ..passes import bind_sizes
+from ..runtime.kernel import Kernel
+from .inline import inline_injective
+from .rules import _unravel
+
+
+class FusionError(ValueError):
+    """A fusion request that the rules do not allow; the message says which rule."""
+
+
+def fuse(anchor: Kernel, *args, prologues: dict | None = None, epilogues: dict | None = None) -> Kernel:
+    """The anchor kernel, specialized to `args`, with prologue and epilogue definitions fused in.
+
+    prologues: {anchor input parameter name: compute Tensor defining it from other tensors}.
+    epilogues: {anchor output parameter name: compute Tensor reading that output through a
+               placeholder of the same name}. The fused kernel takes, in order, the anchor's
+    remaining parameters, the prologues' and epilogues' other inputs, then the epilogues' outputs.
+    """
+    binding = anchor.bind(args)
+    fn = bind_sizes(anchor._frontend_ir(binding.block), binding.sizes)
+    params = {p.name: p for p in fn.params}
+    new_inputs: dict = {}
+    body = fn.body
+    replaced, outputs = set(), []
+    for name, definition in (prologues or {}).items():
+        param = _param(params, name, anchor)
+        body = _fuse_prologue(body, param, definition, new_inputs)
+        replaced.add(param.uid)
+    for name, definition in (epilogues or {}).items():
+        param = _param(params, name, anchor)
+        body = _fuse_epilogue(body, param, definition, new_inputs)
+        replaced.add(param.uid)
+        outputs.append(definition.buffer)
+    kept = tuple(p for p in fn.params if getattr(p, "uid", None) not in replaced)
+    extra = tuple(b for b in new_inputs.values() if b.uid not in {getattr(p, "uid", None) for p in kept})
+    all_params = kept + extra + tuple(outputs)
+    sizes = {d.uid: d for b in all_params if isinstance(b, ir.Buffer) for d in b.shape if isinstance(d, ir.Var)}
+    fused = dataclasses.replace(fn, name=f"{fn.name}_fused", params=all_params, sizes=tuple(sizes.values()),
+                                body=body)
+    return Kernel.from_ir(fused, binding.grid)
+
+
+def _param(params: dict, name: str, anchor: Kernel) -> ir.Buffer:
+    param = params.get(name)
+    if not isinstance(param, ir.Buffer):
+        raise FusionError(f"kernel '{anchor.name}' has no tensor parameter '{name}' "
+                          f"(its tensors: {', '.join(n for n, p in params.items() if isinstance(p, ir.Buffer))})")
+    return param
+
+
+def _concrete(shape: tuple, what: str) -> tuple:
+    if not all(isinstance(d, ir.Const) for d in shape):
+        raise FusionError(f"{what} has a symbolic shape; fusion works on definitions with concrete shapes")
+    return tuple(int(d.value) for d in shape)
+
+
+def _reads_and_writes(body: ir.Stmt, buffer: ir.Buffer) -> tuple[bool, bool]:
+    reads = any(x.buffer.uid == buffer.uid for x in ir.collect(body, ir.Load) + ir.collect(body, ir.Atomic))
+    writes = any(x.buffer.uid == buffer.uid for x in ir.collect(body, ir.Store) + ir.collect(body, ir.Atomic))
+    return reads, writes
+
+
+def _inline_all(definition: Tensor) -> ir.Expr:
+    """The definition's body with every compute it reads inlined (down to placeholders and reductions)."""
+    producers = set()
+
+    def visit(t: Tensor):
+        for x in t.inputs:
+            if x.kind == "compute" and id(x) not in producers:
+                producers.add(id(x))
+                visit(x)
+
+    visit(definition)
+    return inline_injective(definition.body, producers)
+
+
+def _record_inputs(expr: ir.Expr, new_inputs: dict, skip: ir.Buffer | None = None) -> None:
+    for load in ir.collect(expr, ir.Load):
+        owner = _OWNER.get(load.buffer.uid)
+        if owner is not None and owner.kind == "reduce":
+            raise FusionError(f"'{owner.name}' is a reduction: it must be computed by its own kernel, not fused")
+        if skip is None or load.buffer.uid != skip.uid:
+            new_inputs.setdefault(load.buffer.uid, load.buffer)
+
+
+# ---------------------------------------------------------------- prologue
+def _fuse_prologue(body: ir.Stmt, param: ir.Buffer, definition: Tensor, new_inputs: dict) -> ir.Stmt:
+    if not isinstance(definition, Tensor) or definition.kind != "compute":
+        kind = getattr(definition, "kind", type(definition).__name__)
+        raise FusionError(f"the prologue of '{param.name}' must be an injective compute definition, got a {kind}")
+    reads, writes = _reads_and_writes(body, param)
+    if writes:
+        raise FusionError(f"the anchor writes '{param.name}', so it cannot be replaced by a prologue")
+    if _concrete(definition.shape, f"prologue '{definition.name}'") != _concrete(param.shape, f"'{param.name}'"):
+        raise FusionError(f"prologue '{definition.name}' has shape {_concrete(definition.shape, '')} but "
+                          f"'{param.name}' has {_concrete(param.shape, '')}")
+    value = _inline_all(definition)
+    _record_inputs(value, new_inputs)
+    axes = definition.axes
+
+    class _Prologue(ir.Rewriter):
+        def visit_Load(self, e):
+            e = self.generic_visit(e)
+            if e.buffer.uid != param.uid:
+                return e
+            loaded = _bind(value, {a.uid: i for a, i in zip(axes, e.indices)})
+            return loaded if loaded.dtype == param.dtype else ir.Cast(loaded, param.dtype)
+
+    return _Prologue().visit(body)
+
+
+def _bind(e: ir.Expr, values: dict) -> ir.Expr:
+    class _Sub(ir.Rewriter):
+        def visit_Var(self, v):
+            return values.get(v.uid, v)
+    return _Sub().visit(e)
+
+
+# ---------------------------------------------------------------- epilogue
+def _fuse_epilogue(body: ir.Stmt, param: ir.Buffer, definition: Tensor, new_inputs: dict) -> ir.Stmt:
+    if not isinstance(definition, Tensor) or definition.kind != "compute":
+        kind = getattr(definition, "kind", type(definition).__name__)
+        raise FusionError(f"the epilogue of '{param.name}' must be a compute definition, got a {kind}")
+    reads, writes = _reads_and_writes(body, param)
+    if reads:
+        raise FusionError(f"the anchor reads its output '{param.name}' (e.g. accumulates into it), so its stores "
+                          "cannot be replaced by an epilogue")
+    if not writes:
+        raise FusionError(f"the anchor never writes '{param.name}'")
+    value = _inline_all(definition)
+    stand_ins = [x for x in ir.collect(value, ir.Load) if _OWNER.get(x.buffer.uid) is not None
+                 and _OWNER[x.buffer.uid].kind == "placeholder" and x.buffer.name == param.name]
+    if len(stand_ins) != 1:
+        raise FusionError(f"epilogue '{definition.name}' must read the anchor output through exactly one load of a "
+                          f"placeholder named '{param.name}', found {len(stand_ins)}")
+    stand_in = stand_ins[0]
+    out_shape = _concrete(param.shape, f"'{param.name}'")
+    epi_shape = _concrete(definition.shape, f"epilogue '{definition.name}'")
+    if _concrete(stand_in.buffer.shape, f"placeholder '{param.name}'") != out_shape:
+        raise FusionError(f"placeholder '{param.name}' in the epilogue has a different shape than the anchor's output")
+    inverse = _invert(definition.axes, stand_in.indices, epi_shape, out_shape, definition.name)
+    _record_inputs(value, new_inputs, skip=stand_in.buffer)
+
+    class _Epilogue(ir.Rewriter):
+        def visit_Store(self, s):
+            s = self.generic_visit(s)
+            if s.buffer.uid != param.uid:
+                return s
+            index = inverse(s.indices)
+            stored = _replace_load(value, stand_in, s.value)
+            stored = _bind(stored, {a.uid: i for a, i in zip(definition.axes, index)})
+            if stored.dtype != definition.dtype:
+                stored = ir.Cast(stored, definition.dtype)
+            return ir.Store(definition.buffer, tuple(index), stored, s.loc)
+
+    return _Epilogue().visit(body)
+
+
+def _replace_load(expr: ir.Expr, load: ir.Load, value: ir.Expr) -> ir.Expr:
+    class _Sub(ir.Rewriter):
+        def visit_Load(self, e):
+            return value if e is load else self.generic_visit(e)
+    return _Sub().visit(expr)
+
+
+def _invert(axes: tuple, index: tuple, epi_shape: tuple, out_shape: tuple, name: str):
+    """For the epilogue map axes -> output index, the inverse as a function of IR index tuples.
+
+    The map must be a bijection; its inverse is searched among "linearize the output index,
+    unravel it into the epilogue's shape with its axes in some order" (reshapes, transposes
+    and their compositions) and checked on every element.
+    """
+    size = math.prod(epi_shape)
+    if size != math.prod(out_shape):
+        raise FusionError(f"epilogue '{name}' has {size} elements but the anchor output has {math.prod(out_shape)}: "
+                          "the index map is not bijective")
+    evaluator = _Evaluator({}, {})
+    grid = {a.uid: np.arange(n).reshape([-1 if k == j else 1 for j in range(len(axes))])
+            for k, (a, n) in enumerate(zip(axes, epi_shape))}
+    coords = [np.broadcast_to(np.asarray(evaluator.eval(i, grid), np.int64), epi_shape) for i in index]
+    if any(((c < 0) | (c >= n)).any() for c, n in zip(coords, out_shape)):
+        raise FusionError(f"epilogue '{name}' reads the anchor output out of its bounds")
+    forward = np.ravel_multi_index(coords, out_shape).reshape(-1)    # epilogue element -> output element
+    if len(np.unique(forward)) != size:
+        raise FusionError(f"epilogue '{name}' reads some output elements more than once: its index map is not "
+                          "bijective")
+    out_linear = np.arange(size)
+    for order in itertools.permutations(range(len(epi_shape))):
+        permuted = tuple(epi_shape[k] for k in order)
+        parts = np.unravel_index(out_linear, permuted)
+        epi_index = [None] * len(order)
+        for k, axis in enumerate(order):
+            epi_index[axis] = parts[k]
+        if (forward[np.ravel_multi_index(epi_index, epi_shape)] == out_linear).all():
+            return lambda idx, order=order, permuted=permuted: _inverse_expr(idx, out_shape, order, permuted)
+    raise FusionError(f"epilogue '{name}': its index map is bijective but not a reshape or transpose, which is "
+                      "what fusion can invert")
+
+
+def _inverse_expr(index: tuple, out_shape: tuple, order: tuple, permuted: tuple) -> list:
+    linear = ir.const(0)
+    for i, n in zip(index, out_shape):
+        linear = linear * n + i
+    parts = _unravel(linear, tuple(ir.const(n) for n in permuted))
+    result = [None] * len(order)
+    for k, axis in enumerate(order):
+        result[axis] = parts[k]
+    return result
