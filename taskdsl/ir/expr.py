@@ -6,6 +6,7 @@ can be evaluated on IR values as well as on ints.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 
@@ -206,3 +207,22 @@ def binary(op: str, a, b) -> Expr:
     if dtype != b.dtype:
         b = Cast(b, dtype) if not isinstance(b, Const) else const(b.value, dtype)
     return Binary(op, a, b, dtype)
+
+
+def structurally_equal(a, b) -> bool:
+    """Whether two expressions compute the same thing (same structure, same variables and buffers)."""
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, Const):
+        return a.value == b.value and a.dtype == b.dtype
+    if isinstance(a, (Var, Buffer)):
+        return False   # distinct objects: identity was checked above
+    if isinstance(a, SpecialReg):
+        return a.name == b.name and a.axis == b.axis
+    if isinstance(a, tuple):
+        return len(a) == len(b) and all(structurally_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, Expr):
+        return all(structurally_equal(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a))
+    return a == b

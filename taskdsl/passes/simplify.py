@@ -116,8 +116,8 @@ class _Simplifier(ir.Rewriter):
         if op == "+":   # (x // c) * c + x % c == x, in either order (floor semantics)
             for p, q in ((a, b), (b, a)):
                 if (isinstance(p, ir.Binary) and p.op == "*" and isinstance(p.a, ir.Binary) and p.a.op == "//"
-                        and isinstance(q, ir.Binary) and q.op == "%" and _same(p.b, p.a.b) and _same(q.b, p.b)
-                        and _same(q.a, p.a.a)):
+                        and isinstance(q, ir.Binary) and q.op == "%" and ir.structurally_equal(p.b, p.a.b) and ir.structurally_equal(q.b, p.b)
+                        and ir.structurally_equal(q.a, p.a.a)):
                     return q.a
         bv = b.value if isinstance(b, ir.Const) else None
         av = a.value if isinstance(a, ir.Const) else None
@@ -157,25 +157,3 @@ def _split_multiple(e: ir.Expr, c: int):
                 return q, (y if r is None else r + y)
     return None
 
-
-def _same(a, b) -> bool:
-    """Structural equality of two expressions."""
-    if a is b:
-        return True
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, ir.Const):
-        return a.value == b.value and a.dtype == b.dtype
-    if isinstance(a, (ir.Var, ir.Buffer)):
-        return False   # distinct objects (identity was checked above)
-    if isinstance(a, ir.SpecialReg):
-        return a.name == b.name and a.axis == b.axis
-    if isinstance(a, ir.Expr):
-        return all(_same(x, y) for x, y in zip(_fields(a), _fields(b)))
-    if isinstance(a, tuple):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    return a == b
-
-
-def _fields(e) -> list:
-    return [getattr(e, f.name) for f in dataclasses.fields(e)]

@@ -14,7 +14,7 @@ The anchor is any kernel (written in the DSL or generated), specialized to the s
 example arguments. What may fuse is checked, and a request that cannot be honoured is
 refused with a `FusionError` that says why: a prologue must be a compute (not a
 reduction) the anchor only reads; an epilogue must be a compute that reads the anchor's
-output exactly once through a bijective index map (a transpose and/or reshape) of an
+output at one index, through a bijective index map (a transpose and/or reshape) of an
 output the anchor only writes.
 """
 from __future__ import annotations
@@ -159,9 +159,9 @@ def _fuse_epilogue(body: ir.Stmt, param: ir.Buffer, definition: Tensor, new_inpu
     value = _inline_all(definition)
     stand_ins = [x for x in ir.collect(value, ir.Load) if _OWNER.get(x.buffer.uid) is not None
                  and _OWNER[x.buffer.uid].kind == "placeholder" and x.buffer.name == param.name]
-    if len(stand_ins) != 1:
-        raise FusionError(f"epilogue '{definition.name}' must read the anchor output through exactly one load of a "
-                          f"placeholder named '{param.name}', found {len(stand_ins)}")
+    if not stand_ins or any(not ir.structurally_equal(x.indices, stand_ins[0].indices) for x in stand_ins):
+        raise FusionError(f"epilogue '{definition.name}' must read the anchor output at exactly one index (through "
+                          f"a placeholder named '{param.name}'), found {len(stand_ins)} different reads")
     stand_in = stand_ins[0]
     out_shape = _concrete(param.shape, f"'{param.name}'")
     epi_shape = _concrete(definition.shape, f"epilogue '{definition.name}'")
@@ -176,19 +176,20 @@ def _fuse_epilogue(body: ir.Stmt, param: ir.Buffer, definition: Tensor, new_inpu
             if s.buffer.uid != param.uid:
                 return s
             index = inverse(s.indices)
-            stored = _replace_load(value, stand_in, s.value)
+            anchor_value = ir.Var(f"{param.name}_value", s.value.dtype)   # computed once, however often read
+            stored = _replace_loads(value, stand_in.buffer, anchor_value)
             stored = _bind(stored, {a.uid: i for a, i in zip(definition.axes, index)})
             if stored.dtype != definition.dtype:
                 stored = ir.Cast(stored, definition.dtype)
-            return ir.Store(definition.buffer, tuple(index), stored, s.loc)
+            return ir.seq([ir.Assign(anchor_value, s.value, s.loc), ir.Store(definition.buffer, tuple(index), stored, s.loc)])
 
     return _Epilogue().visit(body)
 
 
-def _replace_load(expr: ir.Expr, load: ir.Load, value: ir.Expr) -> ir.Expr:
+def _replace_loads(expr: ir.Expr, buffer: ir.Buffer, value: ir.Expr) -> ir.Expr:
     class _Sub(ir.Rewriter):
         def visit_Load(self, e):
-            return value if e is load else self.generic_visit(e)
+            return value if e.buffer.uid == buffer.uid else self.generic_visit(e)
     return _Sub().visit(expr)
 
 

@@ -1,0 +1,102 @@
+"""Post-scheduling fusion: prologues and epilogues fused into scheduled anchors, and refusals."""
+import numpy as np
+import pytest
+
+import taskdsl as td
+from stdlib_ops.simt_matmul import matmul_kernel
+from taskdsl import f32, threadIdx
+
+
+@td.kernel(grid=1, block=128)
+def reverse_plus_one(A: f32[100], out: f32[100]):
+    i = threadIdx.x
+    if i < 100:
+        out[i] = A[99 - i] + 1.0
+
+
+C = td.placeholder("C", f32, (100,))
+A_from_C = td.compute("A", (100,), lambda i: C[i] * 2.0)
+OUT = td.placeholder("out", f32, (100,))
+D_reshaped = td.compute("D", (2, 50), lambda a, b: OUT[a * 50 + b] * 3.0)
+
+
+def _examples():
+    return np.zeros(100, np.float32), np.zeros(100, np.float32)
+
+
+def test_prologue_and_epilogue_of_the_issue_give_one_correct_kernel():
+    fused = td.fuse(reverse_plus_one, *_examples(), prologues={"A": A_from_C}, epilogues={"out": D_reshaped})
+    assert [name for name, _ in fused.params] == ["C", "D"]
+    c = np.random.default_rng(0).standard_normal(100).astype(np.float32)
+    d = np.zeros((2, 50), np.float32)
+    fused(c, d)                                        # one kernel launch does all of it
+    expected = ((c[::-1] * 2.0 + 1.0) * 3.0).reshape(2, 50)
+    np.testing.assert_allclose(d, expected, rtol=1e-6)
+    text = fused.ir(c, d)
+    assert "C[99 - i] * 2.0" in text and "A[" not in text and "out[" not in text
+
+
+def test_matmul_with_bias_gelu_and_transpose_epilogue():
+    m, n, k = 70, 45, 33
+    cm = td.placeholder("C", f32, (m, n))
+    bias = td.placeholder("bias", f32, (n,))
+    biased = td.compute("biased", (m, n), lambda i, j: cm[i, j] + bias[j])
+    gelu = td.compute("gelu", (m, n), lambda i, j: 0.5 * biased[i, j] * (1.0 + td.erf(biased[i, j] * 0.7071067811865476)))
+    out_t = td.compute("out_t", (n, m), lambda j, i: gelu[i, j])
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    fused = td.fuse(matmul_kernel, a, b, np.zeros((m, n), np.float32), epilogues={"C": out_t})
+    bb = rng.standard_normal(n).astype(np.float32)
+    result = np.zeros((n, m), np.float32)
+    fused(a, b, bb, result)
+    from math import erf
+    x = a.astype(np.float64) @ b + bb
+    expected = (0.5 * x * (1.0 + np.vectorize(erf)(x / np.sqrt(2.0)))).T
+    np.testing.assert_allclose(result, expected, rtol=1e-4, atol=1e-4)
+    assert "__syncthreads" in fused.source(a, b, bb, result, target="cuda")
+
+
+def test_reduce_anchor_with_elementwise_epilogue():
+    x = td.placeholder("X", f32, ("R", "K"))
+    s = td.reduce("S", ("R",), ("K",), lambda i, kk: x[i, kk], op="sum")
+    op = td.op([x], [s])
+    data = np.random.default_rng(2).standard_normal((37, 500)).astype(np.float32)
+    op(data)
+    anchor, = op.kernels
+    stand_in = td.placeholder("S", f32, (37,))
+    scale = td.placeholder("scale", f32, (37,))
+    scaled = td.compute("scaled", (37,), lambda i: td.exp(stand_in[i]) * scale[i])
+    fused = td.fuse(anchor, data, np.zeros(37, np.float32), epilogues={"S": scaled})
+    w = np.linspace(0.5, 1.5, 37).astype(np.float32)
+    out = np.zeros(37, np.float32)
+    fused(data, w, out)
+    np.testing.assert_allclose(out, np.exp(data.astype(np.float64).sum(1)) * w, rtol=1e-4)
+
+
+def test_non_fusible_requests_are_refused_with_a_reason():
+    args = _examples()
+    with pytest.raises(td.FusionError, match="not bijective"):
+        td.fuse(reverse_plus_one, *args, epilogues={"out": td.compute("E", (100,), lambda i: OUT[i // 2])})
+    with pytest.raises(td.FusionError, match="elements"):
+        td.fuse(reverse_plus_one, *args, epilogues={"out": td.compute("E", (50,), lambda i: OUT[i])})
+    total = td.reduce("total", (100,), (3,), lambda i, r: C[i] * r, op="sum")
+    with pytest.raises(td.FusionError, match="injective compute"):
+        td.fuse(reverse_plus_one, *args, prologues={"A": total})
+    with pytest.raises(td.FusionError, match="no tensor parameter 'B'"):
+        td.fuse(reverse_plus_one, *args, prologues={"B": A_from_C})
+    with pytest.raises(td.FusionError, match="writes 'out'"):
+        td.fuse(reverse_plus_one, *args, prologues={"out": A_from_C})
+    bigger = td.compute("A", (101,), lambda i: C[i % 100])
+    with pytest.raises(td.FusionError, match="shape"):
+        td.fuse(reverse_plus_one, *args, prologues={"A": bigger})
+
+    @td.kernel(grid=1, block=128)
+    def accumulate(A: f32[100], out: f32[100]):
+        i = threadIdx.x
+        if i < 100:
+            out[i] += A[i]
+
+    with pytest.raises(td.FusionError, match="reads its output"):
+        td.fuse(accumulate, *args, epilogues={"out": D_reshaped})
+    with pytest.raises(td.FusionError, match="exactly one index"):
+        td.fuse(reverse_plus_one, *args, epilogues={"out": td.compute("E", (100,), lambda i: C[i])})
