@@ -12,6 +12,8 @@ import numpy as np
 
 from .. import ir
 from ..compute import Tensor, bind_sizes, evaluate, numpy_dtype, topological
+from ..backend.cpu.launch import num_threads
+from ..runtime.config import get_target
 from ..runtime.kernel import Kernel
 from .rules import choose_strategy, evaluate_int, numel, schedule_injective, schedule_reduce, split_stages
 
@@ -52,8 +54,9 @@ class Op:
 
     # ------------------------------------------------------------------ planning
     def _plan(self, sizes: dict) -> list:
+        target, workers = get_target(), num_threads()
         strategies = tuple(choose_strategy(t, evaluate_int(numel(t.shape), sizes),
-                                           evaluate_int(numel(t.reduce_shape), sizes))
+                                           evaluate_int(numel(t.reduce_shape), sizes), target, workers)
                            for t in self.materialized if t.kind == "reduce")
         if strategies not in self._plans:
             self._plans[strategies] = self._build(iter(strategies))

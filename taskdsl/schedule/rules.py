@@ -133,11 +133,14 @@ def combine(op: str, acc: ir.Expr, value: ir.Expr) -> ir.Expr:
     return math_expr(op, [acc, value])
 
 
-def accumulator_dtype(t: Tensor) -> T.DataType:
-    """The type partial results are kept in (floats in at least f32)."""
+def accumulator_dtype(t: Tensor, strategy: str = "block") -> T.DataType:
+    """The type partial results are kept in: floats in at least f32, and float sums that one
+    thread adds up sequentially (the 'thread' strategy) in f64, as a tree of partial sums would
+    otherwise keep the error small."""
     dtype = t.body.dtype
     if dtype.is_float:
-        return T.f64 if dtype == T.f64 else T.f32
+        sequential_sum = strategy == "thread" and t.op in ("sum", "mean")
+        return T.f64 if dtype == T.f64 or sequential_sum else T.f32
     return T.f32 if t.op == "mean" else T.promote(dtype, T.i32)
 
 
@@ -149,8 +152,16 @@ def _identity(op: str, dtype: T.DataType) -> ir.Const:
     return ir.const(value, dtype)
 
 
-def choose_strategy(t: Tensor, outputs: int, reduced: int) -> str:
-    """'thread', 'warp', 'block' or 'split' for a reduction of `reduced` elements into each of `outputs`."""
+def choose_strategy(t: Tensor, outputs: int, reduced: int, target: str = "cuda", workers: int = 1) -> str:
+    """'thread', 'warp', 'block' or 'split' for a reduction of `reduced` elements into each of `outputs`.
+
+    On a GPU the choice keeps memory accesses coalesced and the device full. On the cpu
+    target, where a block's threads run one after another on one core, a thread per output
+    streams through memory sequentially; only too few outputs to share among the `workers`
+    (CPU threads) call for splitting the reduced elements.
+    """
+    if target == "cpu":
+        return "split" if outputs < workers and reduced >= 32768 else "thread"
     contiguous = any(load.indices and isinstance(load.indices[-1], ir.Var) and
                      load.indices[-1].uid in {a.uid for a in t.reduce_axes}
                      for load in ir.collect(t.body, ir.Load))
@@ -197,7 +208,7 @@ def schedule_reduce(t: Tensor, inline: set, strategy: str, partial: Tensor | Non
     """
     body = inline_injective(t.body, inline)
     outputs, reduced = numel(t.shape), numel(t.reduce_shape)
-    dtype = accumulator_dtype(t)
+    dtype = accumulator_dtype(t, strategy)
     acc = ir.Var("acc", dtype)
     lane, warp = threadIdx.x % 32, threadIdx.x // 32
     target = partial if partial is not None else t

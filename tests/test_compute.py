@@ -1,0 +1,455 @@
+"""Compute definitions (td.placeholder / td.compute / td.reduce) and their numpy reference
+evaluator (`taskdsl.compute.evaluate`), checked against independent numpy / math formulas.
+
+No kernels run here: this is the oracle the schedules of tests/schedule are tested against.
+"""
+import math
+
+import numpy as np
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+import taskdsl as td
+from taskdsl import ir
+from taskdsl.compute import bind_sizes, evaluate, size_var, topological
+
+FEW = settings(max_examples=8, deadline=None)
+DIM = st.integers(1, 9) | st.sampled_from([1, 2, 3, 5, 7, 13])
+
+
+def rand(rng, shape, lo=-2.0, hi=2.0, dtype=np.float32):
+    return rng.uniform(lo, hi, shape).astype(dtype)
+
+
+# ---------------------------------------------------------------- elementwise, broadcasting, index arithmetic
+A = td.placeholder("A", td.f32, ("M", "N"))
+B = td.placeholder("B", td.f32, ("N",))
+C = td.placeholder("C", td.f32, ("M", 1))
+BCAST = td.compute("Bcast", ("M", "N"), lambda i, j: A[i, j] * B[j] + C[i, 0] + (i - 2 * j))
+TRANSPOSE = td.compute("Tr", ("N", "M"), lambda j, i: A[i, j])
+
+
+@FEW
+@given(m=DIM, n=DIM, seed=st.integers(0, 2**16))
+@example(m=1, n=1, seed=0)
+def test_broadcast_and_index_arithmetic(m, n, seed):
+    rng = np.random.default_rng(seed)
+    a, b, c = rand(rng, (m, n)), rand(rng, (n,)), rand(rng, (m, 1))
+    y, t = evaluate([A, B, C], [BCAST, TRANSPOSE], [a, b, c])
+    ii, jj = np.arange(m)[:, None], np.arange(n)[None, :]
+    expected = a * b[None, :] + c + (ii - 2 * jj)
+    assert y.dtype == np.float32 and y.shape == (m, n)
+    np.testing.assert_allclose(y, expected, rtol=1e-6, atol=1e-6)
+    assert t.shape == (n, m)
+    np.testing.assert_array_equal(t, a.T)
+
+
+def test_size_symbol_in_a_body():
+    """A size symbol used as a value is the bound size."""
+    y = td.compute("Ysz", ("M", "N"), lambda i, j: A[i, j] + size_var("M") * 10 + size_var("N"))
+    a = np.zeros((3, 4), np.float32)
+    out, = evaluate([A], [y], [a])
+    np.testing.assert_array_equal(out, np.full((3, 4), 34.0, np.float32))
+
+
+def test_constant_body_broadcasts_to_shape():
+    y = td.compute("Yc", ("M", 2), lambda i, j: 1.5)
+    out, = evaluate([A], [y], [np.zeros((3, 5), np.float32)])
+    assert out.shape == (3, 2) and out.dtype == np.float32
+    np.testing.assert_array_equal(out, np.full((3, 2), 1.5, np.float32))
+
+
+# ---------------------------------------------------------------- select: padded shifts (clipped untaken loads)
+X2 = td.placeholder("X", td.f32, ("M", "N"))
+SHIFT_DOWN = td.compute("Down", ("M", "N"),
+                        lambda i, j: ir.Select(i > 0, X2[i - 1, j], ir.const(0.0), td.f32))
+SHIFT_UP = td.compute("Up", ("M", "N"),
+                      lambda i, j: ir.Select(i < size_var("M") - 1, X2[i + 1, j], ir.const(-1.0), td.f32))
+
+
+@FEW
+@given(m=DIM, n=DIM, seed=st.integers(0, 2**16))
+@example(m=1, n=1, seed=0)
+@example(m=2, n=3, seed=1)
+def test_select_padded_shift(m, n, seed):
+    x = rand(np.random.default_rng(seed), (m, n))
+    down, up = evaluate([X2], [SHIFT_DOWN, SHIFT_UP], [x])
+    exp_down = np.zeros_like(x)
+    exp_down[1:] = x[:-1]
+    exp_up = np.full_like(x, -1.0)
+    exp_up[:-1] = x[1:]
+    np.testing.assert_array_equal(down, exp_down)
+    np.testing.assert_array_equal(up, exp_up)
+
+
+def test_pad_concat_gather_with_fixed_shapes():
+    P = td.placeholder("P", td.f32, (5,))
+    Q = td.placeholder("Q", td.f32, (3,))
+    I = td.placeholder("I", td.i32, (4,))
+    pad = td.compute("Pad", (9,), lambda i: ir.Select(ir.binary("and", i >= 2, i < 7), P[i - 2],
+                                                      ir.const(0.0), td.f32))
+    cat = td.compute("Cat", (8,), lambda i: ir.Select(i < 5, P[i], Q[i - 5], td.f32))
+    gather = td.compute("Gather", (4,), lambda i: P[I[i]])
+    p = np.arange(1, 6, dtype=np.float32)
+    q = np.array([10, 20, 30], np.float32)
+    idx = np.array([4, 0, 2, 2], np.int32)
+    padded, cat_, gathered = evaluate([P, Q, I], [pad, cat, gather], [p, q, idx])
+    np.testing.assert_array_equal(padded, np.pad(p, 2))
+    np.testing.assert_array_equal(cat_, np.concatenate([p, q]))
+    np.testing.assert_array_equal(gathered, p[idx])
+
+
+# ---------------------------------------------------------------- casts
+F1 = td.placeholder("F", td.f32, ("N",))
+I1 = td.placeholder("I", td.i32, ("N",))
+D1 = td.placeholder("D", td.i32, ("N",))
+
+
+def test_float_to_int_truncates_toward_zero():
+    f = np.array([-2.9, -1.5, -1.0, -0.7, -0.0, 0.3, 0.999, 1.0, 1.5, 2.9, 100.25, -100.75], np.float32)
+    to_i32 = td.compute("ToI", ("N",), lambda i: F1[i], dtype=td.i32)
+    to_i8 = td.compute("ToI8", ("N",), lambda i: F1[i], dtype=td.i8)
+    cast_in_arith = td.compute("CastMul", ("N",), lambda i: ir.Cast(F1[i], td.i32) * 3)
+    a, b, c = evaluate([F1], [to_i32, to_i8, cast_in_arith], [f])
+    expected = np.array([int(v) for v in f.tolist()])   # Python int() truncates toward zero
+    assert a.dtype == np.int32 and b.dtype == np.int8 and c.dtype == np.int32
+    np.testing.assert_array_equal(a, expected)
+    np.testing.assert_array_equal(b, expected)
+    np.testing.assert_array_equal(c, expected * 3)
+
+
+def test_int_to_float_and_to_f16():
+    i = np.array([-7, 0, 3, 2049], np.int32)
+    to_f = td.compute("ToF", ("N",), lambda k: I1[k], dtype=td.f32)
+    half = td.compute("Half", ("N",), lambda k: I1[k] / 2)           # int / int is true division
+    to_h = td.compute("ToH", ("N",), lambda k: I1[k], dtype=td.f16)
+    f, h, fh = evaluate([I1], [to_f, half, to_h], [i])
+    assert f.dtype == np.float32 and h.dtype == np.float32 and fh.dtype == np.float16
+    np.testing.assert_array_equal(f, [-7.0, 0.0, 3.0, 2049.0])
+    np.testing.assert_array_equal(h, [-3.5, 0.0, 1.5, 1024.5])
+    np.testing.assert_array_equal(fh, np.array([-7, 0, 3, 2048], np.float16))   # 2049 rounds to even in f16
+
+
+# ---------------------------------------------------------------- floor division and modulo on negative ints
+def test_floor_div_mod_negative_ints():
+    i = np.array([-7, -7, 7, 7, -1, 0, -6, 6, -2**31 + 1, 13], np.int32)
+    d = np.array([2, -2, 2, -2, 3, -5, 3, -4, 7, -1], np.int32)
+    div = td.compute("Div", ("N",), lambda k: I1[k] // D1[k])
+    mod = td.compute("Mod", ("N",), lambda k: I1[k] % D1[k])
+    div3 = td.compute("Div3", ("N",), lambda k: I1[k] // -3)
+    mod3 = td.compute("Mod3", ("N",), lambda k: I1[k] % 3)
+    a, b, c, e = evaluate([I1, D1], [div, mod, div3, mod3], [i, d])
+    ii, dd = i.tolist(), d.tolist()
+    np.testing.assert_array_equal(a, [x // y for x, y in zip(ii, dd)])     # Python: floor division
+    np.testing.assert_array_equal(b, [x % y for x, y in zip(ii, dd)])      # sign of the divisor
+    np.testing.assert_array_equal(c, [x // -3 for x in ii])
+    np.testing.assert_array_equal(e, [x % 3 for x in ii])
+    assert a.dtype == b.dtype == np.int32
+    assert (a[0], b[0], a[1], b[1], a[2], b[2]) == (-4, 1, 3, -1, 3, 1)
+
+
+def test_operators():
+    i = np.array([-5, -1, 0, 3, 12], np.int32)
+    d = np.array([3, 1, 2, 3, 5], np.int32)
+    outs = {
+        "lt": (lambda k: I1[k] < D1[k], lambda x, y: x < y),
+        "ge": (lambda k: I1[k] >= D1[k], lambda x, y: x >= y),
+        "eq": (lambda k: ir.binary("==", I1[k], D1[k]), lambda x, y: x == y),
+        "and": (lambda k: ir.binary("and", I1[k] > 0, D1[k] > 2), lambda x, y: (x > 0) & (y > 2)),
+        "or": (lambda k: ir.binary("or", I1[k] > 0, D1[k] > 2), lambda x, y: (x > 0) | (y > 2)),
+        "band": (lambda k: ir.binary("&", I1[k], D1[k]), lambda x, y: x & y),
+        "bxor": (lambda k: ir.binary("^", I1[k], D1[k]), lambda x, y: x ^ y),
+        "shl": (lambda k: ir.binary("<<", I1[k], D1[k]), lambda x, y: x << y),
+        "shr": (lambda k: ir.binary(">>", I1[k], D1[k]), lambda x, y: x >> y),   # arithmetic shift
+        "neg": (lambda k: -I1[k], lambda x, y: -x),
+        "not": (lambda k: ir.Unary("not", I1[k] > 0, td.boolean), lambda x, y: ~(x > 0)),
+        "arith": (lambda k: (I1[k] * D1[k] - 3) + D1[k] * D1[k], lambda x, y: x * y - 3 + y * y),
+    }
+    tensors = [td.compute(f"Op_{name}", ("N",), f) for name, (f, _) in outs.items()]
+    results = evaluate([I1, D1], tensors, [i, d])
+    for (name, (_, formula)), t, got in zip(outs.items(), tensors, results):
+        expected = formula(i.astype(np.int64), d.astype(np.int64))
+        assert got.dtype == (np.bool_ if expected.dtype == np.bool_ else np.int32), name
+        np.testing.assert_array_equal(got, expected, err_msg=name)
+
+
+# ---------------------------------------------------------------- every math function
+POS = (0.1, 3.0)
+SIGNED = (-3.0, 3.0)
+MATH_CASES = {   # name: (number of arguments, domain, independent scalar formula)
+    "exp": (1, SIGNED, math.exp),
+    "exp2": (1, SIGNED, lambda x: 2.0 ** x),
+    "log": (1, POS, math.log),
+    "log2": (1, POS, math.log2),
+    "sqrt": (1, POS, math.sqrt),
+    "rsqrt": (1, POS, lambda x: 1.0 / math.sqrt(x)),
+    "sin": (1, SIGNED, math.sin),
+    "cos": (1, SIGNED, math.cos),
+    "tanh": (1, SIGNED, math.tanh),
+    "erf": (1, SIGNED, math.erf),
+    "abs": (1, SIGNED, abs),
+    "floor": (1, SIGNED, math.floor),
+    "ceil": (1, SIGNED, math.ceil),
+    "max": (2, SIGNED, max),
+    "min": (2, SIGNED, min),
+    "pow": (2, POS, math.pow),
+    "fma": (3, SIGNED, lambda a, b, c: a * b + c),
+    "sigmoid": (1, SIGNED, lambda x: 1.0 / (1.0 + math.exp(-x))),
+}
+
+
+def test_math_cases_cover_every_math_function():
+    from taskdsl.lang.intrinsics import MATH
+    assert set(MATH_CASES) == set(MATH)
+
+
+@pytest.mark.parametrize("name", sorted(MATH_CASES))
+def test_math_function(name):
+    arity, (lo, hi), formula = MATH_CASES[name]
+    inputs = [td.placeholder(f"M{k}", td.f32, ("N",)) for k in range(arity)]
+    fn = getattr(td, name)
+    out = td.compute(f"Math_{name}", ("N",), lambda i: fn(*(p[i] for p in inputs)))
+    rng = np.random.default_rng(7)
+    arrays = [rand(rng, (257,), lo, hi) for _ in range(arity)]
+    got, = evaluate(inputs, [out], arrays)
+    expected = np.array([formula(*(float(a[k]) for a in arrays)) for k in range(257)])
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, expected, rtol=2e-6, atol=1e-6)
+
+
+def test_math_on_integers():
+    """Transcendentals of ints compute in f32; abs / max / min keep the integer type."""
+    i = np.array([-3, -1, 0, 2, 5], np.int32)
+    e = td.compute("IExp", ("N",), lambda k: td.exp(I1[k]))
+    a = td.compute("IAbs", ("N",), lambda k: td.abs(I1[k]))
+    mx = td.compute("IMax", ("N",), lambda k: td.max(I1[k], 1))
+    mn = td.compute("IMin", ("N",), lambda k: td.min(I1[k], 1))
+    got_e, got_a, got_mx, got_mn = evaluate([I1], [e, a, mx, mn], [i])
+    assert got_e.dtype == np.float32 and got_a.dtype == got_mx.dtype == got_mn.dtype == np.int32
+    np.testing.assert_allclose(got_e, [math.exp(v) for v in i.tolist()], rtol=1e-6)
+    np.testing.assert_array_equal(got_a, [abs(v) for v in i.tolist()])
+    np.testing.assert_array_equal(got_mx, [max(v, 1) for v in i.tolist()])
+    np.testing.assert_array_equal(got_mn, [min(v, 1) for v in i.tolist()])
+
+
+# ---------------------------------------------------------------- reductions
+X3 = td.placeholder("X3", td.f32, ("P", "Q", "R"))
+REDUCE_OPS = ["sum", "max", "min", "prod", "mean"]
+NP_REDUCE = {"sum": np.sum, "max": np.max, "min": np.min, "prod": np.prod, "mean": np.mean}
+# name: (output shape, reduce shape, fcompute(out axes..., reduce axes...), numpy axis, keepdims)
+REDUCE_CONFIGS = {
+    "last": (("P", "Q"), ("R",), lambda p, q, r: X3[p, q, r], 2, False),
+    "first": (("Q", "R"), ("P",), lambda q, r, p: X3[p, q, r], 0, False),
+    "middle_keepdims": (("P", 1, "R"), ("Q",), lambda p, z, r, q: X3[p, q + z, r], 1, True),
+    "first_and_last": (("Q",), ("P", "R"), lambda q, p, r: X3[p, q, r], (0, 2), False),
+    "all": ((), ("P", "Q", "R"), lambda p, q, r: X3[p, q, r], None, False),
+    "all_keepdims": ((1, 1, 1), ("P", "Q", "R"), lambda a, b, c, p, q, r: X3[p, q, r], None, True),
+}
+REDUCTIONS = {(op, cfg): td.reduce(f"Red_{op}_{cfg}", out, red, f, op=op)
+              for op in REDUCE_OPS for cfg, (out, red, f, _, _) in REDUCE_CONFIGS.items()}
+
+
+@pytest.mark.parametrize("cfg", sorted(REDUCE_CONFIGS))
+@pytest.mark.parametrize("op", REDUCE_OPS)
+@settings(max_examples=5, deadline=None)
+@given(p=st.integers(1, 6), q=st.integers(1, 6), r=st.integers(1, 6), seed=st.integers(0, 2**16))
+@example(p=1, q=1, r=1, seed=0)
+def test_reduce(op, cfg, p, q, r, seed):
+    _, _, _, axis, keepdims = REDUCE_CONFIGS[cfg]
+    t = REDUCTIONS[op, cfg]
+    x = rand(np.random.default_rng(seed), (p, q, r), 0.5, 1.5) if op == "prod" else \
+        rand(np.random.default_rng(seed), (p, q, r))
+    got, = evaluate([X3], [t], [x])
+    expected = NP_REDUCE[op](x.astype(np.float64), axis=axis, keepdims=keepdims)
+    assert got.dtype == np.float32
+    assert got.shape == np.shape(expected)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_reduce_body_with_arithmetic_and_a_producer():
+    """sum_k exp(A[i,k] - B[k]) and a matrix-vector product read through a compute definition."""
+    Y = td.compute("Yexp", ("M", "N"), lambda i, j: td.exp(A[i, j] - B[j]))
+    S = td.reduce("Sexp", ("M",), ("N",), lambda i, k: Y[i, k], op="sum")
+    MV = td.reduce("MV", ("M",), ("N",), lambda i, k: A[i, k] * B[k])
+    AMAX = td.reduce("AMax", ("M",), ("N",), lambda i, k: td.abs(A[i, k]), op="max")
+    assert [t.name for t in topological([S])] == ["A", "B", "Yexp", "Sexp"]
+    rng = np.random.default_rng(3)
+    a, b = rand(rng, (4, 37)), rand(rng, (37,))
+    y, s, mv, amax = evaluate([A, B], [Y, S, MV, AMAX], [a, b])
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    np.testing.assert_allclose(y, np.exp(a64 - b64), rtol=1e-6)
+    np.testing.assert_allclose(s, np.exp(a64 - b64).sum(axis=1), rtol=1e-5)
+    np.testing.assert_allclose(mv, a64 @ b64, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(amax, np.abs(a).max(axis=1))
+
+
+def test_reduce_of_a_body_without_the_reduce_axis_counts():
+    """A body that ignores the reduced axis is broadcast over it: summing 1 counts."""
+    cnt = td.reduce("Cnt", ("M",), ("N",), lambda i, k: ir.const(1))
+    got, = evaluate([A], [cnt], [np.zeros((3, 11), np.float32)])
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, [11, 11, 11])
+
+
+def test_integer_reductions_and_dtypes():
+    X = td.placeholder("XI", td.i32, ("M", "N"))
+    x = np.array([[-3, 7, 2, -1], [5, 5, -8, 0]], np.int32)
+    outs = {op: td.reduce(f"RI_{op}", ("M",), ("N",), lambda i, k: X[i, k], op=op) for op in REDUCE_OPS}
+    got = dict(zip(outs, evaluate([X], list(outs.values()), [x])))
+    for op in ("sum", "max", "min", "prod"):
+        assert outs[op].dtype == td.i32 and got[op].dtype == np.int32
+        np.testing.assert_array_equal(got[op], [NP_REDUCE[op]([int(v) for v in row]) for row in x.tolist()])
+    assert outs["mean"].dtype == td.f32 and got["mean"].dtype == np.float32   # the mean of ints is a float
+    np.testing.assert_allclose(got["mean"], [1.25, 0.5])
+
+
+def test_reduce_dtype_override():
+    t = td.reduce("SumF64", ("M",), ("N",), lambda i, k: A[i, k], dtype=td.f64)
+    a = np.full((2, 3), 0.1, np.float32)
+    got, = evaluate([A], [t], [a])
+    assert t.dtype == td.f64 and got.dtype == np.float64
+    np.testing.assert_allclose(got, a.astype(np.float64).sum(axis=1), rtol=1e-7)
+
+
+# ---------------------------------------------------------------- f16 inputs compute in f32
+H = td.placeholder("H", td.f16, ("N",))
+
+
+def test_f16_arithmetic_is_computed_in_f32():
+    h = np.array([40000, -40000, 1.5, 65504], np.float16)
+    twice = td.compute("Twice", ("N",), lambda i: H[i] + H[i])               # overflows in f16
+    narrow = td.compute("Narrow", ("N",), lambda i: H[i] * 0.5, dtype=td.f16)
+    copy = td.compute("Copy", ("N",), lambda i: H[i])
+    t, n, c = evaluate([H], [twice, narrow, copy], [h])
+    assert twice.dtype == td.f32 and t.dtype == np.float32
+    np.testing.assert_array_equal(t, h.astype(np.float32) * 2)               # 80000, not inf
+    assert np.isfinite(t).all()
+    assert n.dtype == np.float16 and c.dtype == np.float16
+    np.testing.assert_array_equal(n, (h.astype(np.float32) * 0.5).astype(np.float16))
+    np.testing.assert_array_equal(c, h)
+
+
+def test_f16_reduction_accumulates_in_f32():
+    s = td.reduce("HSum", (), ("N",), lambda k: H[k])
+    m = td.reduce("HMean", (), ("N",), lambda k: H[k], op="mean")
+    mx = td.reduce("HMax", (), ("N",), lambda k: H[k], op="max")
+    h = np.ones(4096, np.float16)
+    h[0] = 3.0
+    got_s, got_m, got_mx = evaluate([H], [s, m, mx], [h])
+    assert s.dtype == m.dtype == mx.dtype == td.f32
+    assert got_s.dtype == np.float32 and got_s.shape == ()
+    assert float(got_s) == 4098.0                                            # f16 accumulation stalls at 2048
+    assert float(got_m) == pytest.approx(4098.0 / 4096.0, rel=1e-6)
+    assert float(got_mx) == 3.0
+
+
+# ---------------------------------------------------------------- empty reductions and empty tensors
+def test_empty_reduction_float_identities():
+    X = td.placeholder("XE", td.f32, ("M", "N"))
+    outs = {op: td.reduce(f"RE_{op}", ("M",), ("N",), lambda i, k: X[i, k], op=op)
+            for op in ("sum", "max", "min", "prod")}
+    got = dict(zip(outs, evaluate([X], list(outs.values()), [np.zeros((3, 0), np.float32)])))
+    np.testing.assert_array_equal(got["sum"], np.zeros(3, np.float32))
+    np.testing.assert_array_equal(got["max"], np.full(3, -np.inf, np.float32))
+    np.testing.assert_array_equal(got["min"], np.full(3, np.inf, np.float32))
+    np.testing.assert_array_equal(got["prod"], np.ones(3, np.float32))
+    assert all(g.dtype == np.float32 and g.shape == (3,) for g in got.values())
+
+
+def test_empty_reduction_integer_identities():
+    """An empty int max / min is the type's lowest / highest value (the kernels' identities)."""
+    X = td.placeholder("XEI", td.i32, ("M", "N"))
+    outs = {op: td.reduce(f"REI_{op}", ("M",), ("N",), lambda i, k: X[i, k], op=op)
+            for op in ("sum", "max", "min", "prod")}
+    got = dict(zip(outs, evaluate([X], list(outs.values()), [np.zeros((2, 0), np.int32)])))
+    info = np.iinfo(np.int32)
+    np.testing.assert_array_equal(got["sum"], [0, 0])
+    np.testing.assert_array_equal(got["prod"], [1, 1])
+    np.testing.assert_array_equal(got["max"], [info.min, info.min])
+    np.testing.assert_array_equal(got["min"], [info.max, info.max])
+
+
+def test_empty_outputs():
+    X = td.placeholder("XZ", td.f32, ("M", "N"))
+    y = td.compute("YZ", ("M", "N"), lambda i, j: td.exp(X[i, j]))
+    s = td.reduce("SZ", ("M",), ("N",), lambda i, k: X[i, k], op="max")
+    got_y, got_s = evaluate([X], [y, s], [np.zeros((0, 4), np.float32)])
+    assert got_y.shape == (0, 4) and got_s.shape == (0,) and got_s.dtype == np.float32
+
+
+# ---------------------------------------------------------------- size symbols and inputs
+def test_size_symbols_are_shared_between_placeholders():
+    a, b = np.zeros((3, 5), np.float32), np.zeros((5,), np.float32)
+    assert bind_sizes([A, B], [a, b]) == {"M": 3, "N": 5}
+    with pytest.raises(ValueError, match=r"'N'") as info:
+        bind_sizes([A, B], [a, np.zeros((4,), np.float32)])
+    assert "5" in str(info.value) and "4" in str(info.value)
+    with pytest.raises(ValueError, match=r"size 'N'"):
+        evaluate([A, B, C], [BCAST], [a, np.zeros((6,), np.float32), np.zeros((3, 1), np.float32)])
+    with pytest.raises(ValueError, match=r"size 'M'"):
+        evaluate([A, B, C], [BCAST], [a, b, np.zeros((2, 1), np.float32)])
+
+
+def test_constant_dims_and_ranks_are_checked():
+    a, b = np.zeros((3, 5), np.float32), np.zeros((5,), np.float32)
+    with pytest.raises(ValueError, match=r"axis 1 of input 'C' must be 1"):
+        evaluate([A, B, C], [BCAST], [a, b, np.zeros((3, 2), np.float32)])
+    with pytest.raises(ValueError, match=r"'B' must be 1-d"):
+        evaluate([A, B, C], [BCAST], [a, np.zeros((5, 1), np.float32), np.zeros((3, 1), np.float32)])
+
+
+def test_wrong_number_of_inputs():
+    a, b = np.zeros((3, 5), np.float32), np.zeros((5,), np.float32)
+    with pytest.raises(TypeError, match=r"expected 3 input arrays \(A, B, C\), got 2"):
+        evaluate([A, B, C], [BCAST], [a, b])
+
+
+def test_output_reading_a_placeholder_that_is_not_an_input():
+    with pytest.raises(ValueError, match=r"'C' is used by the outputs but is not one of the inputs"):
+        evaluate([A, B], [BCAST], [np.zeros((3, 5), np.float32), np.zeros((5,), np.float32)])
+
+
+def test_output_size_symbol_not_bound_by_any_input():
+    """A definition whose shape names a size no input determines is an error that names the size."""
+    y = td.compute("Unbound", ("Zsize",), lambda i: ir.const(1.0))
+    with pytest.raises(ValueError, match=r"Zsize"):
+        evaluate([A], [y], [np.zeros((2, 2), np.float32)])
+
+
+# ---------------------------------------------------------------- definition errors
+@pytest.mark.parametrize("bad", [-1, 2.5, True, None, (3, -2)])
+def test_bad_shapes(bad):
+    shape = bad if isinstance(bad, tuple) else ("M", bad)
+    with pytest.raises(ValueError, match=r"non-negative ints or size-symbol names"):
+        td.placeholder("Bad", td.f32, shape)
+    with pytest.raises(ValueError, match=r"compute 'BadC'.*non-negative"):
+        td.compute("BadC", shape, lambda *ix: ir.const(0.0))
+    with pytest.raises(ValueError, match=r"reduce 'BadR'.*non-negative"):
+        td.reduce("BadR", ("M",), shape, lambda *ix: ir.const(0.0))
+
+
+def test_bad_reduce_op():
+    with pytest.raises(ValueError, match=r"op must be one of sum, max, min, prod, mean, got 'avg'"):
+        td.reduce("BadOp", ("M",), ("N",), lambda i, k: A[i, k], op="avg")
+
+
+def test_bad_indexing_and_bodies():
+    with pytest.raises(IndexError, match=r"'A' has 2 dimension\(s\) but is indexed with 1"):
+        td.compute("BadIx", ("M",), lambda i: A[i])
+    with pytest.raises(TypeError, match=r"indices of 'B' must be integers, got f32"):
+        td.compute("BadFx", ("N",), lambda i: B[A[0, i]])
+    with pytest.raises(TypeError, match=r"must return an expression"):
+        td.compute("BadBody", ("N",), lambda i: "x")
+
+
+def test_tensor_metadata():
+    assert A.kind == "placeholder" and A.ndim == 2 and A.inputs == [] and not A.is_injective
+    assert BCAST.is_injective and BCAST.kind == "compute" and BCAST.dtype == td.f32
+    assert BCAST.inputs == [A, B, C]
+    s = REDUCTIONS["sum", "first_and_last"]
+    assert s.kind == "reduce" and not s.is_injective and s.op == "sum" and s.ndim == 1
+    assert len(s.reduce_axes) == 2 and s.inputs == [X3]
+    assert repr(A) == "<placeholder A: f32[M, N]>"
+    assert repr(C) == "<placeholder C: f32[M, 1]>"
+    assert size_var("M") is size_var("M") and A.shape[0] is size_var("M")
