@@ -1,8 +1,8 @@
 """`td.op(inputs, outputs)`: a callable operator scheduled from compute definitions.
 
 Outputs and reductions are materialized; every other injective definition is inlined into
-the kernels that read it (recomputed there, never stored). Reductions pick their strategy
-from the sizes of each call, so an op keeps one plan per combination of strategies.
+the kernels that read it (recomputed there, never stored). Each kernel's strategy is picked
+from the sizes (and target) of a call, so an op keeps one plan per combination of strategies.
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from ..compute import Tensor, bind_sizes, evaluate, numpy_dtype, topological
 from ..backend.cpu.launch import num_threads
 from ..runtime.config import get_target
 from ..runtime.kernel import Kernel
-from .rules import choose_strategy, evaluate_int, numel, schedule_injective, schedule_reduce, split_stages
+from .rules import (choose_strategy, evaluate_int, injective_strategy, numel, schedule_injective, schedule_reduce,
+                    split_stages)
 
 SPLIT_CHUNKS = 32
 
@@ -55,9 +56,10 @@ class Op:
     # ------------------------------------------------------------------ planning
     def _plan(self, sizes: dict) -> list:
         target, workers = get_target(), num_threads()
-        strategies = tuple(choose_strategy(t, evaluate_int(numel(t.shape), sizes),
+        strategies = tuple(injective_strategy(t, sizes) if t.kind == "compute" else
+                           choose_strategy(t, evaluate_int(numel(t.shape), sizes),
                                            evaluate_int(numel(t.reduce_shape), sizes), target, workers)
-                           for t in self.materialized if t.kind == "reduce")
+                           for t in self.materialized)
         if strategies not in self._plans:
             self._plans[strategies] = self._build(iter(strategies))
         return self._plans[strategies]
@@ -65,10 +67,10 @@ class Op:
     def _build(self, strategies) -> list:
         steps = []
         for t in self.materialized:
+            strategy = next(strategies)
             if t.kind == "compute":
-                kernels = [schedule_injective(t, self.inlined)]
+                kernels = [schedule_injective(t, self.inlined, strategy)]
             else:
-                strategy = next(strategies)
                 if strategy == "split":
                     partial, final = split_stages(t, SPLIT_CHUNKS)
                     kernels = [schedule_reduce(t, self.inlined, "block", partial=partial),

@@ -22,7 +22,7 @@ from .. import ir
 from ..compute import Tensor, size_var
 from ..ir import types as T
 from ..lang import math_expr
-from ..lang.intrinsics import blockIdx, threadIdx
+from ..lang.intrinsics import blockIdx, gridDim, threadIdx
 from ..runtime.kernel import Kernel
 from .inline import inline_injective
 
@@ -95,22 +95,42 @@ def _function(name: str, out: Tensor, body: ir.Stmt, extra_buffers=(), block=BLO
 
 
 # ---------------------------------------------------------------- injective
-def schedule_injective(out: Tensor, inline: set) -> Kernel:
-    """An elementwise kernel writing `out`, with the injective producers in `inline` computed in place."""
+def injective_strategy(out: Tensor, sizes: dict) -> str:
+    """'rows' when the last axis is long enough to fill a block, else 'flat'."""
+    return "rows" if out.ndim >= 2 and evaluate_int(out.shape[-1], sizes) >= BLOCK else "flat"
+
+
+def schedule_injective(out: Tensor, inline: set, strategy: str = "flat") -> Kernel:
+    """An elementwise kernel writing `out`, with the injective producers in `inline` computed in place.
+
+    'flat': consecutive threads take consecutive elements of the flattened output.
+    'rows': blocks walk the rows (all but the last axis, unravelled once per row, grid-stride
+    over blockIdx.y) and chunks of PER_THREAD * BLOCK columns, so no element pays for a division.
+    """
     body = inline_injective(out.body, inline)
-    count = numel(out.shape)
     per_block = BLOCK * PER_THREAD
     r = ir.Var("r", T.i32, kind="loop")
-    linear = ir.Var("l", T.i32)
-    index = _unravel(linear, out.shape)
+    column = ir.Var("j", T.i32)
+    rows_per_grid = 65535                  # the grid's y limit
+    if strategy == "rows":
+        rows, width = numel(out.shape[:-1]), out.shape[-1]
+        step, row = ir.Var("step", T.i32, kind="loop"), ir.Var("row", T.i32)
+        index = _unravel(row, out.shape[:-1]) + [column]
+    else:
+        rows, width, index = ir.const(1), numel(out.shape), _unravel(column, out.shape)
     value = _substitute(body, {a.uid: i for a, i in zip(out.axes, index)})
     store = ir.Store(out.buffer, tuple(index), ir.Cast(value, out.dtype) if value.dtype != out.dtype else value)
     loop = ir.For(r, ir.const(0), ir.const(PER_THREAD), ir.const(1), ir.seq([
-        ir.Assign(linear, blockIdx.x * per_block + r * BLOCK + threadIdx.x),
-        ir.If(ir.binary("<", linear, count), store)]), unroll=True)
-    fn = _function(f"{out.name}_elementwise", out, loop)
-    names = _size_names(count)
-    grid = size_function(lambda env: -(-evaluate_int(count, env) // per_block), names)
+        ir.Assign(column, blockIdx.x * per_block + r * BLOCK + threadIdx.x),
+        ir.If(ir.binary("<", column, width), store)]), unroll=True)
+    if strategy == "rows":
+        trips = (rows - blockIdx.y + gridDim.y - 1) // gridDim.y
+        loop = ir.For(step, ir.const(0), trips, ir.const(1),
+                      ir.seq([ir.Assign(row, blockIdx.y + step * gridDim.y), loop]))
+    fn = _function(f"{out.name}_{strategy}", out, loop)
+    names = _size_names(rows, width)
+    grid = size_function(lambda env: (-(-evaluate_int(width, env) // per_block),
+                                      max(1, min(evaluate_int(rows, env), rows_per_grid))), names)
     return Kernel.from_ir(fn, grid)
 
 

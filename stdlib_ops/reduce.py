@@ -1,0 +1,169 @@
+"""Reductions: sum / mean / max / min over any axes (td.reduce), argmax / argmin (a DSL kernel).
+
+    from stdlib_ops import reduce as R
+    R.sum(x, axis=(0, 2), keepdims=True); R.argmax(x, axis=1)
+
+The input is put in a canonical form first: axes of size 1 are dropped and neighbouring
+axes that are both kept or both reduced are merged, so (N, C, H, W) reduced over (2, 3) is
+a (NC, HW) reduction over its last axis. Every canonical dim is a size symbol: an Op is
+built once per (operation, kept/reduced pattern, dtype) and serves every size. The rule
+scheduler picks a thread / warp / block / split strategy from the sizes of each call.
+
+Dtypes: sum / max / min keep the input dtype (floats accumulate in at least f32, integers
+in at least i32, so an int8 sum wraps like numpy's `sum(dtype=int8)`); mean of integers
+gives f32. argmax / argmin give int64 indices of the first extreme element, like numpy
+(NaN inputs are not given numpy's NaN-wins treatment).
+"""
+# No `from __future__ import annotations`: the argmax kernel's annotations use closure dtypes.
+import numpy as np
+
+import taskdsl as td
+from taskdsl import blockIdx, threadIdx
+
+from .elementwise import Plan, cached_op, normalize_axis, reshaper, tdtype
+
+__all__ = ["sum", "mean", "max", "min", "argmax", "argmin"]
+
+_OPS = ("sum", "mean", "max", "min")
+
+
+def _axes(axis, ndim: int) -> tuple:
+    if axis is None:
+        return tuple(range(ndim))
+    axes = axis if isinstance(axis, (tuple, list)) else (axis,)
+    axes = tuple(normalize_axis(a, ndim) for a in axes)
+    if len(set(axes)) != len(axes):
+        raise ValueError(f"repeated axis in {axis!r}")
+    return axes
+
+
+def reduce_canon(shape: tuple, axes: tuple) -> tuple[tuple, tuple]:
+    """(pattern, canonical shape): pattern[g] is True for a reduced group, False for a kept one."""
+    groups: list = []
+    for a, n in enumerate(shape):
+        if n == 1:
+            continue
+        red = a in axes
+        if groups and groups[-1][0] == red:
+            groups[-1][1] *= n
+        else:
+            groups.append([red, n])
+    if not any(not r for r, _ in groups):
+        groups.insert(0, [False, 1])       # at least one kept axis (a 0-d output is a 1-element one)
+    if not any(r for r, _ in groups):
+        groups.append([True, 1])           # at least one reduced axis
+    return tuple(r for r, _ in groups), tuple(n for _, n in groups)
+
+
+def _build(op: str, pattern: tuple, dtype: td.ir.types.DataType) -> td.Op:
+    dims = tuple(f"RD{g}" for g in range(len(pattern)))
+    x = td.placeholder("x", dtype, dims)
+    kept = tuple(d for d, r in zip(dims, pattern) if not r)
+    reduced = tuple(d for d, r in zip(dims, pattern) if r)
+
+    def fcompute(*ix):
+        k_ix, r_ix = list(ix[:len(kept)]), list(ix[len(kept):])
+        return x[tuple(r_ix.pop(0) if r else k_ix.pop(0) for r in pattern)]
+
+    out_dtype = td.f32 if op == "mean" and not dtype.is_float else dtype   # 16-bit floats: stored as the input
+    out = td.reduce(f"reduce_{op}", kept, reduced, fcompute, op=op, dtype=out_dtype)
+    return td.op([x], [out], name=f"reduce_{op}")
+
+
+def op_for(name: str, x, axis=None, keepdims: bool = False) -> Plan:
+    """The Plan a call of reduction `name` ('sum', 'mean', 'max', 'min') runs."""
+    if name not in _OPS:
+        raise ValueError(f"unknown reduction {name!r}; use one of {', '.join(_OPS)}")
+    x = np.ascontiguousarray(x)
+    axes = _axes(axis, x.ndim)
+    if name in ("max", "min") and any(x.shape[a] == 0 for a in axes):
+        raise ValueError(f"zero-size array to reduction operation {name} which has no identity")
+    dtype = tdtype(x.dtype)
+    pattern, canon = reduce_canon(x.shape, axes)
+    op = cached_op(("reduce", name, pattern, dtype), lambda: _build(name, pattern, dtype))
+    if keepdims:
+        out_shape = tuple(1 if a in axes else n for a, n in enumerate(x.shape))
+    else:
+        out_shape = tuple(n for a, n in enumerate(x.shape) if a not in axes)
+    return Plan(op, (x.reshape(canon),), reshaper(out_shape))
+
+
+def sum(x, axis=None, keepdims: bool = False):  # noqa: A001 - numpy's name
+    """The sum over `axis` (int, tuple or None for all)."""
+    return op_for("sum", x, axis, keepdims).run()
+
+
+def mean(x, axis=None, keepdims: bool = False):
+    """The mean over `axis` (integers give f32)."""
+    return op_for("mean", x, axis, keepdims).run()
+
+
+def max(x, axis=None, keepdims: bool = False):  # noqa: A001
+    """The maximum over `axis`."""
+    return op_for("max", x, axis, keepdims).run()
+
+
+def min(x, axis=None, keepdims: bool = False):  # noqa: A001
+    """The minimum over `axis`."""
+    return op_for("min", x, axis, keepdims).run()
+
+
+# ---------------------------------------------------------------- argmax / argmin
+ARG_BLOCK = 256
+_ARG_KERNELS: dict = {}
+
+
+def arg_kernel(dtype, is_max: bool):
+    """The argmax (is_max) / argmin kernel for inputs of `dtype`: X viewed as (outer, axis, inner)."""
+    key = (dtype, is_max)
+    if key in _ARG_KERNELS:
+        return _ARG_KERNELS[key]
+    sign = 1 if is_max else -1   # argmin is the argmax of the negated comparison
+
+    @td.kernel(grid=lambda AO, AI: td.cdiv(AO * AI, ARG_BLOCK), block=ARG_BLOCK,
+               name="argmax" if is_max else "argmin")
+    def kernel(X: dtype["AO", "AR", "AI"], Y: td.i64["AO", "AI"]):
+        t = blockIdx.x * ARG_BLOCK + threadIdx.x
+        if t < AO * AI:
+            o = t // AI
+            i = t % AI
+            best = X[o, 0, i]
+            index = 0
+            for r in range(1, AR):
+                v = X[o, r, i]
+                if (v > best if sign > 0 else v < best):
+                    best = v
+                    index = r
+            Y[o, i] = td.cast(index, td.i64)
+
+    _ARG_KERNELS[key] = kernel
+    return kernel
+
+
+def _arg(x, axis, keepdims: bool, is_max: bool):
+    x = np.ascontiguousarray(x)
+    what = "argmax" if is_max else "argmin"
+    if axis is None:
+        out_shape = (1,) * x.ndim if keepdims else ()
+        x, axis = x.reshape(-1), 0
+    else:
+        axis = normalize_axis(axis, x.ndim)
+        out_shape = x.shape[:axis] + ((1,) if keepdims else ()) + x.shape[axis + 1:]
+    if x.shape[axis] == 0:
+        raise ValueError(f"attempt to get {what} of an empty sequence")
+    outer = int(np.prod(x.shape[:axis], dtype=np.int64))
+    inner = int(np.prod(x.shape[axis + 1:], dtype=np.int64))
+    y = np.empty((outer, inner), np.int64)
+    arg_kernel(tdtype(x.dtype), is_max)(x.reshape(outer, x.shape[axis], inner), y)
+    return y.reshape(out_shape)
+
+
+def argmax(x, axis=None, keepdims: bool = False):
+    """Indices (int64) of the first maximum along `axis` (None: of the flattened array)."""
+    return _arg(x, axis, keepdims, True)
+
+
+def argmin(x, axis=None, keepdims: bool = False):
+    """Indices (int64) of the first minimum along `axis` (None: of the flattened array)."""
+    return _arg(x, axis, keepdims, False)
+

@@ -1,0 +1,490 @@
+"""Rule-based schedules (taskdsl/schedule/rules.py) and the td.op runtime, run on the cpu target
+against the numpy reference (`op(*arrays)` vs `op.reference(*arrays)`).
+
+Sizes are symbolic, so one generated kernel serves every shape: the ops below are built once
+at module level and reused across hypothesis examples (each new kernel costs a numba compile).
+"""
+import functools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+import taskdsl as td
+from taskdsl import ir
+from taskdsl.compute import evaluate, size_var
+from taskdsl.schedule.op import SPLIT_CHUNKS
+from taskdsl.schedule.rules import choose_strategy, schedule_reduce, split_stages
+
+FEW = settings(max_examples=6, deadline=None)
+OPS = ["sum", "max", "min", "prod", "mean"]
+STRATEGIES = ["thread", "warp", "block", "split"]
+
+# Shapes (rows, reduced) that make choose_strategy pick each strategy for a row reduction:
+# odd, prime, size 1, a large last axis, many rows with tiny rows.
+SHAPES = {
+    "thread": st.tuples(st.sampled_from([1, 2, 3, 97, 1031, 4099]), st.sampled_from([1, 2, 3, 5, 7, 13, 16])),
+    "warp": st.tuples(st.sampled_from([1, 2, 3, 7, 64, 131]), st.sampled_from([17, 31, 32, 33, 127, 509, 512])),
+    "block": st.tuples(st.sampled_from([1, 3, 64, 67]), st.sampled_from([513, 1021, 3001, 4099])) |
+    st.just((64, 32771)),
+    "split": st.tuples(st.sampled_from([1, 2, 3, 5, 63]), st.sampled_from([32768, 32771, 40009])) |
+    st.just((1, 65537)),
+}
+SUFFIXES = {"thread": ["_reduce_thread"], "warp": ["_reduce_warp"], "block": ["_reduce_block"],
+            "split": ["_partials_reduce_block", "_reduce_warp"]}
+
+
+# ---------------------------------------------------------------- helpers
+def make_data(op: str, shape, rng, dtype=np.float32) -> np.ndarray:
+    """Inputs whose reductions are well conditioned (products of +-1 and a few exact powers of two)."""
+    if op == "prod":
+        values = [-1, 1, 2, 0.5] if np.dtype(dtype).kind == "f" else [-1, 1, 2, -1]
+        p = [0.495, 0.495, 0.005, 0.005]
+        return rng.choice(np.array(values), size=shape, p=p).astype(dtype)
+    if np.dtype(dtype).kind == "f":
+        return rng.uniform(-1, 1, shape).astype(dtype)
+    return rng.integers(-50, 51, shape).astype(dtype)
+
+
+def assert_same(got: np.ndarray, ref: np.ndarray, reduced: int = 1):
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    assert got.dtype == ref.dtype, (got.dtype, ref.dtype)
+    if got.dtype.kind in "iub":
+        np.testing.assert_array_equal(got, ref)
+    else:
+        np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-5 * math.sqrt(max(reduced, 1)))
+
+
+def check(op: td.Op, *arrays, reduced: int = 1) -> list:
+    """Run `op`, compare every output with the reference; the names of the kernels that ran."""
+    got = op(*arrays)
+    ref = op.reference(*arrays)
+    assert len(got) == len(ref) == len(op.outputs)
+    for g, r in zip(got, ref):
+        assert_same(g, r, reduced)
+    return [k.name for k in op.kernels]
+
+
+def assert_strategy(names: list, strategy: str, prefix: str):
+    suffixes = SUFFIXES[strategy]
+    assert len(names) == len(suffixes), names
+    for name, suffix in zip(names, suffixes):
+        assert name.endswith(suffix) and name.startswith(prefix), names
+
+
+# ---------------------------------------------------------------- row reductions: each strategy, each op
+X = td.placeholder("X", td.f32, ("M", "K"))
+XI = td.placeholder("XI", td.i32, ("M", "K"))
+RED = {op: td.reduce(f"R{op}", ("M",), ("K",), lambda i, k: X[i, k], op=op) for op in OPS}
+RED_I = {op: td.reduce(f"RI{op}", ("M",), ("K",), lambda i, k: XI[i, k], op=op) for op in OPS}
+ROW_OPS = {op: td.op([X], [RED[op]]) for op in OPS}
+ROW_OPS_I = {op: td.op([XI], [RED_I[op]]) for op in OPS}
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("op", OPS)
+@settings(max_examples=4, deadline=None)
+@given(data=st.data())
+def test_row_reduce_strategy(op, strategy, data):
+    m, k = data.draw(SHAPES[strategy], label="shape")
+    seed = data.draw(st.integers(0, 2**16), label="seed")
+    x = make_data(op, (m, k), np.random.default_rng(seed))
+    names = check(ROW_OPS[op], x, reduced=k)
+    assert_strategy(names, strategy, f"R{op}")
+    assert [k_.name for k_ in ROW_OPS[op].kernels_for(x)] == names
+
+
+@pytest.mark.parametrize("m,k,expected", [
+    (4099, 7, "thread"), (1, 16, "thread"), (1, 17, "warp"), (1000, 512, "warp"), (1, 513, "block"),
+    (63, 32767, "block"), (64, 32768, "block"), (63, 32768, "split"), (1, 10**6, "split"), (0, 0, "thread")])
+def test_choose_strategy_thresholds(m, k, expected):
+    assert choose_strategy(RED["sum"], m, k) == expected
+
+
+def test_choose_strategy_non_contiguous_is_thread():
+    """Reducing a non-contiguous axis: a thread per output so that neighbouring threads read neighbours."""
+    col = td.reduce("Col", ("K",), ("M",), lambda j, i: X[i, j])
+    assert choose_strategy(col, 5, 10**6) == "thread"
+    assert choose_strategy(col, 10**6, 10**6) == "thread"
+
+
+# ---------------------------------------------------------------- each strategy forced through schedule_reduce
+@functools.lru_cache(maxsize=None)
+def forced_kernel(op: str, dtype: str, strategy: str):
+    t = (RED if dtype == "f32" else RED_I)[op]
+    return t, schedule_reduce(t, set(), strategy)
+
+
+FORCED_SHAPES = st.tuples(st.sampled_from([1, 2, 3, 33, 257]),
+                          st.sampled_from([1, 2, 7, 31, 32, 33, 256, 257, 511, 3001]))
+
+
+@pytest.mark.parametrize("strategy", ["thread", "warp", "block"])
+@pytest.mark.parametrize("dtype", ["f32", "i32"])
+@pytest.mark.parametrize("op", OPS)
+@settings(max_examples=4, deadline=None)
+@given(shape=FORCED_SHAPES, seed=st.integers(0, 2**16))
+@example(shape=(1, 1), seed=0)
+@example(shape=(3, 3001), seed=1)
+def test_forced_strategy(op, dtype, strategy, shape, seed):
+    t, kernel = forced_kernel(op, dtype, strategy)
+    placeholder = X if dtype == "f32" else XI
+    assert kernel.name == f"{t.name}_reduce_{strategy}"
+    params = [p for p in kernel._frontend_ir(kernel.block_spec).params if isinstance(p, ir.Buffer)]
+    assert [p.name for p in params] == [placeholder.name, t.name]      # the placeholder's array, then the output
+    x = make_data(op, shape, np.random.default_rng(seed), placeholder.dtype.numpy)
+    out = np.full(shape[:1], 123, t.dtype.numpy)
+    kernel(x, out)
+    ref, = evaluate([placeholder], [t], [x])
+    assert_same(out, ref, shape[1])
+
+
+def test_reference_of_int_reductions_matches_python():
+    """The oracle itself, for int32 rows: exact integer results (mean as f32)."""
+    x = np.array([[3, -7, 2], [50, 50, -1]], np.int32)
+    got = ROW_OPS_I["sum"].reference(x)[0], ROW_OPS_I["prod"].reference(x)[0], ROW_OPS_I["mean"].reference(x)[0]
+    np.testing.assert_array_equal(got[0], [-2, 99])
+    np.testing.assert_array_equal(got[1], [-42, -2500])
+    assert got[2].dtype == np.float32
+
+
+@pytest.mark.parametrize("op", OPS)
+@settings(max_examples=3, deadline=None)
+@given(shape=st.sampled_from([(4099, 3), (5, 300), (3, 3001), (2, 40009)]), seed=st.integers(0, 2**16))
+def test_int32_row_reduce_through_op(op, shape, seed):
+    x = make_data(op, shape, np.random.default_rng(seed), np.int32)
+    check(ROW_OPS_I[op], x, reduced=shape[1])
+
+
+# ---------------------------------------------------------------- other reduce layouts
+COL = td.reduce("ColSum", ("K",), ("M",), lambda j, i: X[i, j])
+COL_OP = td.op([X], [COL])
+X3 = td.placeholder("X3", td.f32, ("P", "Q", "R"))
+OUTER = td.reduce("Outer", ("Q",), ("P", "R"), lambda q, p, r: X3[p, q, r], op="max")     # axes 0 and 2
+OUTER_OP = td.op([X3], [OUTER])
+KEEP = td.reduce("Keep", ("P", 1, 1), ("Q", "R"), lambda p, a, b, q, r: X3[p, q, r], op="mean")
+KEEP_OP = td.op([X3], [KEEP])
+ALL_KEEP = td.reduce("AllKeep", (1, 1), ("M", "K"), lambda a, b, m, k: X[m, k])
+ALL_KEEP_OP = td.op([X], [ALL_KEEP])
+ALL = td.reduce("All", (), ("M", "K"), lambda m, k: X[m, k])
+ALL_OP = td.op([X], [ALL])
+
+
+@FEW
+@given(shape=st.sampled_from([(3001, 5), (1, 1), (7, 1), (513, 131), (40009, 2)]), seed=st.integers(0, 2**16))
+def test_column_reduce_uses_thread_strategy(shape, seed):
+    x = make_data("sum", shape, np.random.default_rng(seed))
+    assert check(COL_OP, x, reduced=shape[0]) == ["ColSum_reduce_thread"]
+
+
+@FEW
+@given(shape=st.sampled_from([(3, 2, 5), (1, 1, 1), (7, 3, 31), (2, 13, 1031), (1, 2, 3001)]),
+       seed=st.integers(0, 2**16))
+def test_reduce_over_first_and_last_axes(shape, seed):
+    x = make_data("max", shape, np.random.default_rng(seed))
+    names = check(OUTER_OP, x, reduced=shape[0] * shape[2])
+    assert len(names) == 1 and names[0].startswith("Outer_reduce_")
+
+
+@FEW
+@given(shape=st.sampled_from([(2, 3, 5), (1, 1, 1), (5, 7, 11), (3, 2, 3001), (1, 3, 40009)]),
+       seed=st.integers(0, 2**16))
+def test_reduce_keepdims(shape, seed):
+    x = make_data("mean", shape, np.random.default_rng(seed))
+    out, = KEEP_OP(x)
+    assert out.shape == (shape[0], 1, 1)
+    check(KEEP_OP, x, reduced=shape[1] * shape[2])
+
+
+@FEW
+@given(shape=st.sampled_from([(1, 1), (3, 5), (7, 3001), (1, 40009), (4, 32768)]), seed=st.integers(0, 2**16))
+def test_reduce_all_axes_keepdims(shape, seed):
+    x = make_data("sum", shape, np.random.default_rng(seed))
+    names = check(ALL_KEEP_OP, x, reduced=x.size)
+    expected = {"thread": ["AllKeep_reduce_thread"], "warp": ["AllKeep_reduce_warp"],
+                "block": ["AllKeep_reduce_block"], "split": ["AllKeep_partials_reduce_block", "AllKeep_reduce_warp"]}
+    assert names == expected[choose_strategy(ALL_KEEP, 1, x.size)]
+
+
+@pytest.mark.parametrize("shape", [(3, 5), (7, 3001)])
+def test_reduce_all_axes_to_a_scalar(shape):
+    """A reduction over every axis has a 0-d output."""
+    x = make_data("sum", shape, np.random.default_rng(0))
+    s, = ALL_OP(x)
+    assert s.shape == () and s.dtype == np.float32
+    check(ALL_OP, x, reduced=x.size)
+
+
+def test_split_stages_definitions():
+    for op in OPS:
+        partial, final = split_stages(RED[op], SPLIT_CHUNKS)
+        assert partial.name == f"R{op}_partials" and partial.ndim == 2
+        assert isinstance(partial.shape[1], ir.Const) and partial.shape[1].value == SPLIT_CHUNKS
+        assert final.buffer is RED[op].buffer and final.dtype == RED[op].dtype
+        assert final.op == ("sum" if op == "mean" else op)
+        assert final.reduce_shape[0].value == SPLIT_CHUNKS
+
+
+# ---------------------------------------------------------------- injective chains and fusion
+A = td.placeholder("A", td.f32, ("M", "K"))
+B = td.placeholder("B", td.f32, ("K",))
+Y = td.compute("Y", ("M", "K"), lambda i, j: td.exp(A[i, j] - B[j]))
+S = td.reduce("S", ("M",), ("K",), lambda i, k: Y[i, k], op="sum")
+CHAIN = td.op([A, B], [S])
+
+
+@FEW
+@given(shape=st.sampled_from([(1, 1), (97, 13), (5, 37), (3, 509), (2, 3001), (67, 1021)]),
+       seed=st.integers(0, 2**16))
+@example(shape=(4099, 7), seed=0)
+def test_injective_producer_is_inlined_into_the_reduction(shape, seed):
+    rng = np.random.default_rng(seed)
+    a, b = rng.uniform(-1, 1, shape).astype(np.float32), rng.uniform(-1, 1, shape[1:]).astype(np.float32)
+    names = check(CHAIN, a, b, reduced=shape[1] * 3)
+    assert len(names) == 1 and names[0].startswith("S_reduce_")
+    kernel = CHAIN.kernels[0]
+    params = [p.name for p in kernel._frontend_ir(kernel.block_spec).params if isinstance(p, ir.Buffer)]
+    assert params == ["A", "B", "S"]                                           # Y is never stored
+    src = CHAIN.source(a, b)
+    assert "expf" in src and "__global__" in src
+
+
+XS = td.placeholder("XS", td.f32, ("M", "K"))
+MX = td.reduce("Mx", ("M",), ("K",), lambda i, k: XS[i, k], op="max")
+EXP = td.compute("Ex", ("M", "K"), lambda i, j: td.exp(XS[i, j] - MX[i]))
+SOFTMAX_NUM = td.op([XS], [EXP])
+SUM = td.reduce("Den", ("M",), ("K",), lambda i, k: EXP[i, k])
+SOFTMAX = td.compute("Softmax", ("M", "K"), lambda i, j: EXP[i, j] / SUM[i])
+SOFTMAX_OP = td.op([XS], [SOFTMAX])
+
+
+@FEW
+@given(shape=st.sampled_from([(1, 1), (7, 33), (3, 255), (131, 127)]), seed=st.integers(0, 2**16))
+def test_reduce_then_elementwise(shape, seed):
+    x = np.random.default_rng(seed).normal(0, 3, shape).astype(np.float32)
+    names = check(SOFTMAX_NUM, x, reduced=1)
+    assert names == ["Mx_reduce_warp" if shape[1] > 16 else "Mx_reduce_thread", "Ex_elementwise"]
+    assert SOFTMAX_NUM.kernels[1].name == "Ex_elementwise"
+
+
+@FEW
+@given(shape=st.sampled_from([(1, 1), (7, 33), (3, 255), (131, 127), (2, 3001)]), seed=st.integers(0, 2**16))
+def test_softmax_three_kernels_exp_inlined_twice(shape, seed):
+    x = np.random.default_rng(seed).normal(0, 3, shape).astype(np.float32)
+    names = check(SOFTMAX_OP, x, reduced=1)
+    assert len(names) == 3 and names[0].startswith("Mx_reduce_") and names[1].startswith("Den_reduce_")
+    assert names[2] == "Softmax_elementwise"
+    out, = SOFTMAX_OP(x)
+    np.testing.assert_allclose(out.sum(axis=1), 1.0, rtol=1e-4)
+    e = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(out, e / e.sum(axis=1, keepdims=True), rtol=1e-4, atol=1e-7)
+
+
+XO = td.placeholder("XO", td.f32, ("M", "K"))
+YO = td.compute("Yo", ("M", "K"), lambda i, j: XO[i, j] * 2.0 + 1.0)
+ZO = td.compute("Zo", ("M", "K"), lambda i, j: td.exp(YO[i, j]) - YO[i, j])
+SO = td.reduce("So", ("M",), ("K",), lambda i, k: YO[i, k], op="min")
+SHARED_OUT = td.op([XO], [YO, ZO, SO])
+W = td.compute("W", ("M", "K"), lambda i, j: XO[i, j] * 3.0)
+O1 = td.compute("O1", ("M", "K"), lambda i, j: W[i, j] + 1.0)
+O2 = td.compute("O2", ("M", "K"), lambda i, j: W[i, j] * W[i, j])
+SHARED_INLINED = td.op([XO], [O1, O2])
+
+
+@FEW
+@given(shape=st.sampled_from([(1, 1), (3, 7), (2, 3001), (1031, 3)]), seed=st.integers(0, 2**16))
+def test_output_consumed_by_other_outputs_is_materialized_once(shape, seed):
+    x = np.random.default_rng(seed).uniform(-1, 1, shape).astype(np.float32)
+    names = check(SHARED_OUT, x, reduced=shape[1])
+    assert names.count("Yo_elementwise") == 1 and names[:2] == ["Yo_elementwise", "Zo_elementwise"]
+    assert len(names) == 3 and names[2].startswith("So_reduce_")
+    for kernel in SHARED_OUT.kernels[1:]:        # the consumers read the stored Yo, not XO
+        params = [p.name for p in kernel._frontend_ir(kernel.block_spec).params if isinstance(p, ir.Buffer)]
+        assert params[0] == "Yo" and "XO" not in params
+    y, z, s = SHARED_OUT(x)
+    np.testing.assert_allclose(z, np.exp(y) - y, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(s, y.min(axis=1))
+
+
+@FEW
+@given(shape=st.sampled_from([(1, 1), (3, 7), (2, 3001)]), seed=st.integers(0, 2**16))
+def test_intermediate_read_by_two_outputs_is_inlined_into_both(shape, seed):
+    x = np.random.default_rng(seed).uniform(-1, 1, shape).astype(np.float32)
+    assert check(SHARED_INLINED, x) == ["O1_elementwise", "O2_elementwise"]
+
+
+# ---------------------------------------------------------------- injective kernels vs the reference
+C = td.placeholder("C", td.f32, ("M", 1))
+BCAST = td.compute("Bcast", ("M", "K"), lambda i, j: A[i, j] * B[j] + C[i, 0] + (i - 2 * j))
+TRANS = td.compute("Trans", ("K", "M"), lambda j, i: A[i, j])
+SHIFT = td.compute("Shift", ("M", "K"), lambda i, j: ir.Select(i > 0, A[i - 1, j], ir.const(0.0), td.f32))
+SHIFT_UP = td.compute("ShiftUp", ("M", "K"),
+                      lambda i, j: ir.Select(j < size_var("K") - 1, A[i, j + 1], B[j], td.f32))
+INJECTIVE = td.op([A, B, C], [BCAST, TRANS, SHIFT, SHIFT_UP])
+INJ_SHAPES = st.tuples(st.sampled_from([1, 2, 3, 7, 31, 97, 1031]), st.sampled_from([1, 2, 5, 13, 257, 3001]))
+
+
+@FEW
+@given(shape=INJ_SHAPES, seed=st.integers(0, 2**16))
+@example(shape=(1, 1), seed=0)
+@example(shape=(1, 3001), seed=0)
+def test_elementwise_broadcast_transpose_shift(shape, seed):
+    rng = np.random.default_rng(seed)
+    m, k = shape
+    a, b, c = (rng.uniform(-1, 1, s).astype(np.float32) for s in ((m, k), (k,), (m, 1)))
+    assert check(INJECTIVE, a, b, c) == ["Bcast_elementwise", "Trans_elementwise", "Shift_elementwise",
+                                         "ShiftUp_elementwise"]
+    bcast, trans, shift, up = INJECTIVE(a, b, c)
+    np.testing.assert_array_equal(trans, a.T)
+    np.testing.assert_array_equal(shift[1:], a[:-1])
+    np.testing.assert_array_equal(shift[:1], 0)
+    np.testing.assert_array_equal(up[:, :-1], a[:, 1:])
+    np.testing.assert_array_equal(up[:, -1], np.broadcast_to(b[-1], (m,)))
+
+
+NI = td.placeholder("NI", td.i32, ("N",))
+ND = td.placeholder("ND", td.i32, ("N",))
+NF = td.placeholder("NF", td.f32, ("N",))
+FLOORDIV = td.compute("FloorDiv", ("N",), lambda i: NI[i] // ND[i])
+FLOORMOD = td.compute("FloorMod", ("N",), lambda i: NI[i] % ND[i] + NI[i] % -3 * 1000)
+TRUNC = td.compute("Trunc", ("N",), lambda i: NF[i], dtype=td.i32)
+GATHER = td.compute("Gather", ("N",), lambda i: NF[ir.Select(NI[i] < 0, NI[i] + size_var("N"), NI[i], td.i32)
+                                                   % size_var("N")])
+INT_OP = td.op([NI, ND, NF], [FLOORDIV, FLOORMOD, TRUNC, GATHER])
+
+
+@FEW
+@given(n=st.sampled_from([1, 2, 7, 31, 1031, 3001]), seed=st.integers(0, 2**16))
+@example(n=9, seed=0)
+def test_integer_division_casts_and_gather(n, seed):
+    rng = np.random.default_rng(seed)
+    i = rng.integers(-100, 101, n).astype(np.int32)
+    d = rng.choice(np.array([-7, -3, -2, -1, 1, 2, 3, 7], np.int32), n)
+    f = rng.uniform(-50, 50, n).astype(np.float32)
+    if n == 9:
+        i[:4], d[:4] = [-7, -7, 7, 7], [2, -2, 2, -2]
+    names = check(INT_OP, i, d, f)
+    assert names == ["FloorDiv_elementwise", "FloorMod_elementwise", "Trunc_elementwise", "Gather_elementwise"]
+    div, mod, trunc, gather = INT_OP(i, d, f)
+    ii, dd = i.tolist(), d.tolist()
+    np.testing.assert_array_equal(div, [x // y for x, y in zip(ii, dd)])
+    np.testing.assert_array_equal(mod, [x % y + (x % -3) * 1000 for x, y in zip(ii, dd)])
+    np.testing.assert_array_equal(trunc, [int(v) for v in f.tolist()])
+    np.testing.assert_array_equal(gather, f[i % n])
+
+
+MF = td.placeholder("MF", td.f32, ("N",))
+MG = td.placeholder("MG", td.f32, ("N",))
+MATH_ALL = td.compute("MathAll", ("N",), lambda i: (
+    td.exp(MF[i]) + td.exp2(MF[i]) + td.log(MG[i]) + td.log2(MG[i]) + td.sqrt(MG[i]) + td.rsqrt(MG[i])
+    + td.sin(MF[i]) + td.cos(MF[i]) + td.tanh(MF[i]) + td.erf(MF[i]) + td.abs(MF[i]) + td.floor(MF[i])
+    + td.ceil(MF[i]) + td.max(MF[i], MG[i]) + td.min(MF[i], MG[i]) + td.pow(MG[i], MF[i])
+    + td.fma(MF[i], MG[i], 0.5) + td.sigmoid(MF[i])))
+MATH_OP = td.op([MF, MG], [MATH_ALL])
+
+
+@FEW
+@given(n=st.sampled_from([1, 5, 257, 3001]), seed=st.integers(0, 2**16))
+def test_every_math_function_in_a_kernel(n, seed):
+    rng = np.random.default_rng(seed)
+    f = rng.uniform(-3, 3, n).astype(np.float32)
+    g = rng.uniform(0.1, 3, n).astype(np.float32)
+    got, = MATH_OP(f, g)
+    ref, = MATH_OP.reference(f, g)
+    assert got.dtype == ref.dtype == np.float32
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-4)
+    src = MATH_OP.source(f, g)
+    for fn in ("expf", "logf", "sqrtf", "sinf", "cosf", "tanhf", "erff", "floorf", "ceilf", "powf"):
+        assert fn in src, fn
+
+
+HF = td.placeholder("HF", td.f16, ("M", "K"))
+H_SUM = td.reduce("HSum", ("M",), ("K",), lambda i, k: HF[i, k] * HF[i, k])
+H_SCALE = td.compute("HScale", ("M", "K"), lambda i, j: HF[i, j] * 0.5, dtype=td.f16)
+H_OP = td.op([HF], [H_SUM, H_SCALE])
+
+
+@FEW
+@given(shape=st.sampled_from([(3, 7), (2, 4096), (5, 300)]), seed=st.integers(0, 2**16))
+def test_f16_inputs_compute_in_f32(shape, seed):
+    h = np.random.default_rng(seed).uniform(-2, 2, shape).astype(np.float16)
+    h[0, 0] = 200.0                                                          # 200 * 200 overflows f16
+    s, scale = H_OP(h)
+    s_ref, scale_ref = H_OP.reference(h)
+    assert s.dtype == np.float32 and scale.dtype == np.float16
+    assert np.isfinite(s).all()
+    np.testing.assert_allclose(s, s_ref, rtol=1e-4)
+    np.testing.assert_allclose(s, (h.astype(np.float64) ** 2).sum(axis=1), rtol=1e-4)
+    np.testing.assert_array_equal(scale, scale_ref)
+
+
+# ---------------------------------------------------------------- zero-size inputs
+def test_zero_size_elementwise():
+    a, b, c = np.zeros((0, 5), np.float32), np.zeros((5,), np.float32), np.zeros((0, 1), np.float32)
+    outs = INJECTIVE(a, b, c)
+    assert [o.shape for o in outs] == [(0, 5), (5, 0), (0, 5), (0, 5)]
+    a, b, c = np.zeros((3, 0), np.float32), np.zeros((0,), np.float32), np.zeros((3, 1), np.float32)
+    assert [o.shape for o in INJECTIVE(a, b, c)] == [(3, 0), (0, 3), (3, 0), (3, 0)]
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_zero_rows(op):
+    out, = ROW_OPS[op](np.zeros((0, 7), np.float32))
+    assert out.shape == (0,) and out.dtype == np.float32
+
+
+@pytest.mark.parametrize("op", ["sum", "max", "min", "prod"])
+def test_empty_reduction_float(op):
+    x = np.zeros((3, 0), np.float32)
+    check(ROW_OPS[op], x)
+    out, = ROW_OPS[op](x)
+    expected = {"sum": 0.0, "max": -np.inf, "min": np.inf, "prod": 1.0}[op]
+    np.testing.assert_array_equal(out, np.full(3, expected, np.float32))
+
+
+def test_empty_reduction_mean_is_nan():
+    out, = ROW_OPS["mean"](np.zeros((2, 0), np.float32))
+    assert out.shape == (2,) and np.isnan(out).all()
+
+
+@pytest.mark.parametrize("op", ["sum", "max", "min", "prod"])
+def test_empty_reduction_int32_matches_reference(op):
+    """Kernel and reference agree on an empty int reduction (the identity of the op)."""
+    x = np.zeros((2, 0), np.int32)
+    check(ROW_OPS_I[op], x)
+    info = np.iinfo(np.int32)
+    out, = ROW_OPS_I[op](x)
+    np.testing.assert_array_equal(out, np.full(2, {"sum": 0, "prod": 1, "max": info.min, "min": info.max}[op]))
+
+
+# ---------------------------------------------------------------- the td.op interface
+def test_op_interface_errors():
+    x = np.zeros((2, 3), np.float32)
+    fresh = td.op([X], [RED["sum"]], name="fresh_sum")
+    assert fresh.name == "fresh_sum" and ROW_OPS["sum"].name == "Rsum"
+    with pytest.raises(RuntimeError, match="has not been called yet"):
+        fresh.kernels
+    assert [k.name for k in fresh.kernels_for(x)] == ["Rsum_reduce_thread"]
+    with pytest.raises(TypeError, match=r"takes 1 arrays \(X\), got 2"):
+        fresh(x, x)
+    with pytest.raises(TypeError, match=r"input 'X' must have dtype float32 \(f32\), got float64"):
+        fresh(x.astype(np.float64))
+    with pytest.raises(ValueError, match=r"'X' must be 2-d"):
+        fresh(np.zeros(3, np.float32))
+    with pytest.raises(ValueError, match=r"size 'K'"):
+        CHAIN(np.zeros((2, 3), np.float32), np.zeros(4, np.float32))
+    with pytest.raises(ValueError, match=r"the outputs read B, which are not inputs"):
+        td.op([A], [S])
+    with pytest.raises(TypeError, match="must be td.placeholder tensors"):
+        td.op([Y], [S])
+    with pytest.raises(TypeError, match="outputs must be tensors"):
+        td.op([X], ["Rsum"])
+
+
+def test_op_materializes_outputs_and_reductions_only():
+    assert [t.name for t in SOFTMAX_OP.materialized] == ["Mx", "Den", "Softmax"]
+    assert SOFTMAX_OP.inlined == {id(EXP)}
+    assert [t.name for t in SHARED_OUT.materialized] == ["Yo", "Zo", "So"] and SHARED_OUT.inlined == set()
+    assert [t.name for t in CHAIN.materialized] == ["S"] and CHAIN.inlined == {id(Y)}
