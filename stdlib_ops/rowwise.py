@@ -1,0 +1,153 @@
+"""Row-wise kernels written in the DSL: softmax, log-softmax and layer norm over the last axis.
+
+Each comes in two schedules of the same computation:
+  - 'block': a block of 256 threads per row, threads striding over the row, warp shuffles
+    and shared memory for the row's max / sum (what a GPU wants: coalesced, parallel);
+  - 'thread': a thread per row, streaming through it (what the cpu target wants: a block's
+    threads run one after another there, so per-row parallelism only costs).
+`schedule_for_target()` picks one; both run, and compile to CUDA, on either target.
+Softmax reads its row three times but computes each exp once.
+"""
+
+import functools
+import math
+
+import numpy as np
+
+import taskdsl as td
+from taskdsl import blockIdx, f32, f64, threadIdx
+
+BLOCK = 256
+ROWS_PER_BLOCK = 64     # 'thread' schedule
+
+
+def schedule_for_target() -> str:
+    """'thread' on the cpu target, 'block' on a GPU."""
+    return "thread" if td.get_target() == "cpu" else "block"
+
+
+@td.func
+def block_reduce(v, op, partials):
+    """The `op` ('sum' or 'max') of `v` over the block's 256 threads, returned to every thread."""
+    for offset in (16, 8, 4, 2, 1):
+        other = td.shfl_xor(v, offset)
+        v = v + other if op == "sum" else td.max(v, other)
+    if threadIdx.x % 32 == 0:
+        partials[threadIdx.x // 32] = v
+    td.syncthreads()
+    w = partials[threadIdx.x % 8]      # every warp combines the 8 warp results itself
+    for offset in (4, 2, 1):
+        other = td.shfl_xor(w, offset)
+        w = w + other if op == "sum" else td.max(w, other)
+    td.syncthreads()                  # the partials may be reused by the next reduction
+    return w
+
+
+@functools.cache
+def softmax_kernel(dtype, log: bool, schedule: str):
+    """The softmax (or log-softmax) kernel over the last axis of an (R, C) array."""
+    if schedule == "block":
+        @td.kernel(grid=lambda R: R, block=BLOCK, name=f"{'log_' if log else ''}softmax_block")
+        def softmax(X: dtype["R", "C"], Y: dtype["R", "C"]):
+            partials = td.shared(f32, (8,))
+            row = blockIdx.x
+            m = -math.inf
+            for j in range(threadIdx.x, C, BLOCK):
+                m = td.max(m, X[row, j])
+            m = block_reduce(m, "max", partials)
+            s = 0.0
+            for j in range(threadIdx.x, C, BLOCK):
+                e = td.exp(X[row, j] - m)
+                s += e
+                if not log:
+                    Y[row, j] = e
+            s = block_reduce(s, "sum", partials)
+            inv, log_s = 1.0 / s, td.log(s)
+            for j in range(threadIdx.x, C, BLOCK):
+                Y[row, j] = X[row, j] - m - log_s if log else Y[row, j] * inv
+        return softmax
+
+    @td.kernel(grid=lambda R: td.cdiv(R, ROWS_PER_BLOCK), block=ROWS_PER_BLOCK,
+               name=f"{'log_' if log else ''}softmax_thread")
+    def softmax(X: dtype["R", "C"], Y: dtype["R", "C"]):
+        row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x
+        if row < R:
+            m = -math.inf
+            for j in range(C):
+                m = td.max(m, X[row, j])
+            s: f64 = 0.0
+            for j in range(C):
+                e = td.exp(X[row, j] - m)
+                s += e
+                if not log:
+                    Y[row, j] = e
+            inv: f32 = 1.0 / s              # scale in f32: s is f64 only to add up exactly
+            log_s: f32 = td.log(s)
+            for j in range(C):
+                Y[row, j] = X[row, j] - m - log_s if log else Y[row, j] * inv
+    return softmax
+
+
+@functools.cache
+def layer_norm_kernel(dtype, schedule: str):
+    """y = (x - mean) / sqrt(var + eps) * w + b over the last axis of an (R, C) array."""
+    if schedule == "block":
+        @td.kernel(grid=lambda R: R, block=BLOCK, name="layer_norm_block")
+        def layer_norm(X: dtype["R", "C"], W: dtype["C"], B: dtype["C"], Y: dtype["R", "C"], eps: f32):
+            partials = td.shared(f32, (8,))
+            row = blockIdx.x
+            s = 0.0
+            for j in range(threadIdx.x, C, BLOCK):
+                s += X[row, j]
+            mean = block_reduce(s, "sum", partials) / C
+            q = 0.0
+            for j in range(threadIdx.x, C, BLOCK):
+                d = X[row, j] - mean
+                q += d * d
+            rstd = td.rsqrt(block_reduce(q, "sum", partials) / C + eps)
+            for j in range(threadIdx.x, C, BLOCK):
+                Y[row, j] = (X[row, j] - mean) * rstd * W[j] + B[j]
+        return layer_norm
+
+    @td.kernel(grid=lambda R: td.cdiv(R, ROWS_PER_BLOCK), block=ROWS_PER_BLOCK, name="layer_norm_thread")
+    def layer_norm(X: dtype["R", "C"], W: dtype["C"], B: dtype["C"], Y: dtype["R", "C"], eps: f32):
+        row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x
+        if row < R:
+            s: f64 = 0.0
+            for j in range(C):
+                s += X[row, j]
+            mean: f32 = s / C
+            q: f64 = 0.0
+            for j in range(C):
+                d = X[row, j] - mean
+                q += d * d
+            rstd: f32 = td.rsqrt(q / C + eps)
+            for j in range(C):
+                Y[row, j] = (X[row, j] - mean) * rstd * W[j] + B[j]
+    return layer_norm
+
+
+def _rows(x: np.ndarray) -> np.ndarray:
+    if x.ndim == 0:
+        raise ValueError("row-wise ops need at least one axis")
+    return np.ascontiguousarray(x).reshape(-1, x.shape[-1]) if x.size else x.reshape(-1, max(x.shape[-1], 0))
+
+
+def softmax_rows(x: np.ndarray, log: bool = False, schedule: str | None = None) -> np.ndarray:
+    """Softmax (or log-softmax) of `x` over its last axis (f32 / f64)."""
+    rows = _rows(x)
+    out = np.empty_like(rows)
+    if rows.size:
+        softmax_kernel(td.ir.types.from_numpy(rows.dtype), log, schedule or schedule_for_target())(rows, out)
+    return out.reshape(x.shape)
+
+
+def layer_norm_rows(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float = 1e-5,
+                    schedule: str | None = None) -> np.ndarray:
+    """Layer norm of `x` over its last axis, scaled by `weight` and shifted by `bias`."""
+    rows = _rows(x)
+    out = np.empty_like(rows)
+    if rows.size:
+        kernel = layer_norm_kernel(td.ir.types.from_numpy(rows.dtype), schedule or schedule_for_target())
+        kernel(rows, np.ascontiguousarray(weight, rows.dtype), np.ascontiguousarray(bias, rows.dtype), out, eps)
+    return out.reshape(x.shape)
