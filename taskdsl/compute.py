@@ -39,8 +39,9 @@ def _dims(shape, what: str) -> tuple:
             dims.append(size_var(d))
         elif isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0:
             dims.append(ir.const(int(d)))
-        elif isinstance(d, ir.Var) and d.kind == "size":
-            dims.append(d)
+        elif isinstance(d, ir.Expr) and d.dtype.is_integer and \
+                all(v.kind == "size" for v in ir.collect(d, ir.Var)):
+            dims.append(d)          # a size computed from size symbols, e.g. cdiv(N, 32)
         else:
             raise ValueError(f"{what}: dims must be non-negative ints or size-symbol names, got {d!r}")
     return tuple(dims)
@@ -199,7 +200,7 @@ class _Evaluator:
         self.sizes = sizes          # size name -> int
 
     def dim(self, d) -> int:
-        return int(d.value) if isinstance(d, ir.Const) else self.sizes[d.name]
+        return int(self.eval(d, {}))
 
     def eval(self, e, env: dict):
         if isinstance(e, ir.Const):

@@ -7,6 +7,8 @@ import sys
 BENCHMARKS = {
     "cpu-matmul": ("the DESIGN matmul on the cpu target vs numpy (512^3, 1024^3) and compile times",
                    "taskdsl.bench.cpu_matmul"),
+    "ops": ("softmax, layer norm and sums of a (4096, 1024) f32 array vs numpy (--sizes ROWS COLS)",
+            "taskdsl.bench.ops"),
 }
 
 

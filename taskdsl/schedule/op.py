@@ -51,35 +51,45 @@ class Op:
         materialized_ids = {id(t) for t in self.materialized}
         self.inlined = {id(t) for t in self.order if t.kind == "compute" and id(t) not in materialized_ids}
         self._plans: dict = {}
+        self._splits: dict = {}
         self._last: list | None = None
 
     # ------------------------------------------------------------------ planning
     def _plan(self, sizes: dict) -> list:
         target, workers = get_target(), num_threads()
-        strategies = tuple(injective_strategy(t, sizes) if t.kind == "compute" else
-                           choose_strategy(t, evaluate_int(numel(t.shape), sizes),
-                                           evaluate_int(numel(t.reduce_shape), sizes), target, workers)
-                           for t in self.materialized)
-        if strategies not in self._plans:
-            self._plans[strategies] = self._build(iter(strategies))
-        return self._plans[strategies]
-
-    def _build(self, strategies) -> list:
-        steps = []
+        steps, key = [], []
         for t in self.materialized:
-            strategy = next(strategies)
             if t.kind == "compute":
-                kernels = [schedule_injective(t, self.inlined, strategy)]
+                stages = [(t, injective_strategy(t, sizes))]
             else:
+                strategy = choose_strategy(t, evaluate_int(numel(t.shape), sizes),
+                                           evaluate_int(numel(t.reduce_shape), sizes), target, workers)
                 if strategy == "split":
-                    partial, final = split_stages(t, SPLIT_CHUNKS)
-                    kernels = [schedule_reduce(t, self.inlined, "block", partial=partial),
-                               schedule_reduce(final, set(), "warp")]
+                    partial, final = self._split(t)
+                    stages = [(s, choose_strategy(s, evaluate_int(numel(s.shape), sizes),
+                                                  evaluate_int(numel(s.reduce_shape), sizes), target, workers))
+                              for s in (partial, final)]
                 else:
-                    kernels = [schedule_reduce(t, self.inlined, strategy)]
-            for k in kernels:
-                steps.append(Step(k, tuple(p for p in k._frontend_ir(k.block_spec).params if isinstance(p, ir.Buffer))))
-        return steps
+                    stages = [(t, strategy)]
+            for stage, strategy in stages:
+                key.append((id(stage), strategy))
+                steps.append((stage, strategy))
+        key = tuple(key)
+        if key not in self._plans:
+            self._plans[key] = [self._step(stage, strategy) for stage, strategy in steps]
+        return self._plans[key]
+
+    def _split(self, t: Tensor) -> tuple:
+        if id(t) not in self._splits:
+            self._splits[id(t)] = split_stages(t, SPLIT_CHUNKS)
+        return self._splits[id(t)]
+
+    def _step(self, t: Tensor, strategy: str) -> Step:
+        inline = self.inlined if t in self.materialized else set()
+        kernel = schedule_injective(t, inline, strategy) if t.kind == "compute" else \
+            schedule_reduce(t, inline, strategy)
+        params = kernel._frontend_ir(kernel.block_spec).params
+        return Step(kernel, tuple(p for p in params if isinstance(p, ir.Buffer)))
 
     # ------------------------------------------------------------------ running
     def _arrays(self, arrays: tuple) -> tuple[dict, dict]:

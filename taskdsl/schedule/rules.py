@@ -8,8 +8,8 @@ Reduce, by the sizes of the call (O outputs, R reduced elements each):
                contiguous one, so that neighbouring threads read neighbouring elements);
   - 'warp':    a warp per output, lanes striding over R, then a shuffle reduction;
   - 'block':   a block per output, threads striding over R, shuffles then shared memory;
-  - 'split':   two stages when there are few outputs and many reduced elements: blocks
-               reduce chunks of R into partials, then a 'warp' kernel reduces the partials.
+  - 'split':   two reduce definitions when there are few outputs and many reduced elements:
+               chunks of R reduced into partials, then the partials (each scheduled as above).
 Generated kernels are ordinary kernels: their IR prints, their CUDA compiles, they run on
 the cpu target.
 """
@@ -28,6 +28,7 @@ from .inline import inline_injective
 
 BLOCK = 256
 PER_THREAD = 4          # elements per thread in elementwise kernels
+LANES = 8               # interleaved accumulators of a sequential ('thread') reduction
 WARPS = BLOCK // 32
 _IDENTITY = {"sum": 0, "mean": 0, "prod": 1, "max": -math.inf, "min": math.inf}
 
@@ -153,14 +154,11 @@ def combine(op: str, acc: ir.Expr, value: ir.Expr) -> ir.Expr:
     return math_expr(op, [acc, value])
 
 
-def accumulator_dtype(t: Tensor, strategy: str = "block") -> T.DataType:
-    """The type partial results are kept in: floats in at least f32, and float sums that one
-    thread adds up sequentially (the 'thread' strategy) in f64, as a tree of partial sums would
-    otherwise keep the error small."""
+def accumulator_dtype(t: Tensor) -> T.DataType:
+    """The type partial results are kept in (floats in at least f32)."""
     dtype = t.body.dtype
     if dtype.is_float:
-        sequential_sum = strategy == "thread" and t.op in ("sum", "mean")
-        return T.f64 if dtype == T.f64 or sequential_sum else T.f32
+        return T.f64 if dtype == T.f64 else T.f32
     return T.f32 if t.op == "mean" else T.promote(dtype, T.i32)
 
 
@@ -206,12 +204,35 @@ def _warp_reduce(op: str, acc: ir.Var, width: int = 32) -> list:
 def _reduce_loop(t: Tensor, body: ir.Expr, out_index: list, acc: ir.Var, start, stop, step) -> ir.Stmt:
     """acc = combine(acc, body) for the reduced linear indices start, start+step, ... < stop."""
     r = ir.Var("k", T.i32, kind="loop")
-    rindex = _unravel(r, t.reduce_shape)
+    return ir.For(r, ir.as_expr(start), ir.as_expr(stop), ir.const(step),
+                  ir.Assign(acc, combine(t.op, acc, _element(t, body, out_index, r, acc.dtype))))
+
+
+def _element(t: Tensor, body: ir.Expr, out_index: list, linear: ir.Expr, dtype) -> ir.Expr:
+    """The reduced element at reduced linear index `linear` of output `out_index`, as `dtype`."""
     values = {a.uid: i for a, i in zip(t.axes, out_index)}
-    values.update({a.uid: i for a, i in zip(t.reduce_axes, rindex)})
+    values.update({a.uid: i for a, i in zip(t.reduce_axes, _unravel(linear, t.reduce_shape))})
     value = _substitute(body, values)
-    value = value if value.dtype == acc.dtype else ir.Cast(value, acc.dtype)
-    return ir.For(r, ir.as_expr(start), ir.as_expr(stop), ir.const(step), ir.Assign(acc, combine(t.op, acc, value)))
+    return value if value.dtype == dtype else ir.Cast(value, dtype)
+
+
+def _lanes_loop(t: Tensor, body: ir.Expr, out_index: list, acc: ir.Var, reduced: ir.Expr) -> list:
+    """A sequential reduction split over LANES interleaved accumulators, combined at the end.
+
+    Independent accumulators let a CPU add LANES elements per vector instruction (and keep a
+    float sum's rounding error lower than one long chain would)."""
+    lanes = [ir.Var(f"lane{v}", acc.dtype) for v in range(LANES)]
+    r = ir.Var("k", T.i32, kind="loop")
+    main = ir.For(r, ir.const(0), reduced // LANES, ir.const(1), ir.seq(
+        [ir.Assign(lane, combine(t.op, lane, _element(t, body, out_index, r * LANES + v, acc.dtype)))
+         for v, lane in enumerate(lanes)]))
+    rest = _reduce_loop(t, body, out_index, lanes[0], reduced // LANES * LANES, reduced, 1)
+    stmts = [ir.Assign(lane, acc) for lane in lanes] + [main, rest]
+    width = LANES // 2
+    while width:    # pairwise: lane v += lane v + width
+        stmts += [ir.Assign(lanes[v], combine(t.op, lanes[v], lanes[v + width])) for v in range(width)]
+        width //= 2
+    return stmts + [ir.Assign(acc, lanes[0])]
 
 
 def _finish(t: Tensor, acc: ir.Expr, reduced: ir.Expr) -> ir.Expr:
@@ -220,19 +241,13 @@ def _finish(t: Tensor, acc: ir.Expr, reduced: ir.Expr) -> ir.Expr:
     return acc if acc.dtype == t.dtype else ir.Cast(acc, t.dtype)
 
 
-def schedule_reduce(t: Tensor, inline: set, strategy: str, partial: Tensor | None = None) -> Kernel:
-    """A kernel computing reduction `t` with `strategy` ('thread', 'warp' or 'block').
-
-    With `partial` (the 'split' strategy's first stage) the block of index (p, o) reduces the
-    p-th chunk of each output's elements and writes `partial[o, p]` instead of `t`.
-    """
+def schedule_reduce(t: Tensor, inline: set, strategy: str) -> Kernel:
+    """A kernel computing reduction `t` with `strategy` ('thread', 'warp' or 'block')."""
     body = inline_injective(t.body, inline)
     outputs, reduced = numel(t.shape), numel(t.reduce_shape)
-    dtype = accumulator_dtype(t, strategy)
+    dtype = accumulator_dtype(t)
     acc = ir.Var("acc", dtype)
     lane, warp = threadIdx.x % 32, threadIdx.x // 32
-    target = partial if partial is not None else t
-    chunks = ir.const(1) if partial is None else partial.shape[-1]
     if strategy == "thread":
         o = ir.Var("o", T.i32)
         head = [ir.Assign(o, blockIdx.x * BLOCK + threadIdx.x)]
@@ -242,16 +257,13 @@ def schedule_reduce(t: Tensor, inline: set, strategy: str, partial: Tensor | Non
         head = [ir.Assign(o, blockIdx.x * WARPS + warp)]
         guard, start, step, leader = ir.binary("<", o, outputs), lane, 32, ir.binary("==", lane, 0)
     else:
-        o = blockIdx.x if partial is None else blockIdx.x % outputs
-        head, guard, start, step, leader = [], None, threadIdx.x, BLOCK, ir.binary("==", threadIdx.x, 0)
-    stop = reduced
-    if partial is not None:   # chunk p of [0, reduced)
-        p = blockIdx.x // outputs
-        chunk = (reduced + chunks - 1) // chunks
-        start, stop = p * chunk + start, math_expr("min", [(p + 1) * chunk, reduced])
+        o, head, guard, start, step, leader = blockIdx.x, [], None, threadIdx.x, BLOCK, ir.binary("==", threadIdx.x, 0)
     out_index = _unravel(o, t.shape)
     stmts = head + [ir.Assign(acc, _identity(t.op, dtype))]
-    loop = _reduce_loop(t, body, out_index, acc, start, stop, step)
+    if strategy == "thread":
+        loop = ir.seq(_lanes_loop(t, body, out_index, acc, reduced))
+    else:
+        loop = _reduce_loop(t, body, out_index, acc, start, reduced, step)
     stmts.append(loop if guard is None else ir.If(guard, loop))
     if strategy == "warp":
         stmts += _warp_reduce(t.op, acc)
@@ -263,35 +275,36 @@ def schedule_reduce(t: Tensor, inline: set, strategy: str, partial: Tensor | Non
             ir.If(ir.binary("==", warp, 0), ir.seq(
                 [ir.Assign(acc, ir.Select(ir.binary("<", lane, WARPS), ir.Load(partials, (lane,)),
                                           _identity(t.op, dtype), dtype))] + _warp_reduce(t.op, acc, 8)))]
-    if partial is not None:
-        value = acc if acc.dtype == partial.dtype else ir.Cast(acc, partial.dtype)
-        store = ir.Store(partial.buffer, tuple(out_index) + (blockIdx.x // outputs,), value)
-    else:
-        store = ir.Store(t.buffer, tuple(out_index), _finish(t, acc, reduced))
+    store = ir.Store(t.buffer, tuple(out_index), _finish(t, acc, reduced))
     cond = leader if guard is None else (guard if leader is None else ir.binary("and", guard, leader))
     stmts.append(store if cond is None else ir.If(cond, store))
-    fn = _function(f"{target.name}_reduce_{strategy}", target, ir.seq(stmts))
-    names = _size_names(outputs, chunks)
-    if strategy == "thread":
-        grid = size_function(lambda env: -(-evaluate_int(outputs, env) // BLOCK), names)
-    elif strategy == "warp":
-        grid = size_function(lambda env: -(-evaluate_int(outputs, env) // WARPS), names)
-    else:
-        grid = size_function(lambda env: evaluate_int(outputs, env) * evaluate_int(chunks, env), names)
+    fn = _function(f"{t.name}_reduce_{strategy}", t, ir.seq(stmts))
+    per_block = {"thread": BLOCK, "warp": WARPS, "block": 1}[strategy]
+    grid = size_function(lambda env: -(-evaluate_int(outputs, env) // per_block), _size_names(outputs))
     return Kernel.from_ir(fn, grid)
 
 
 def split_stages(t: Tensor, chunks: int) -> tuple[Tensor, Tensor]:
-    """The two definitions of a 'split' reduction: per-chunk partials, then their reduction."""
+    """The two reduce definitions of a 'split' reduction: each output's elements cut into
+    `chunks` chunks reduced into partials, then the partials reduced (each scheduled as usual)."""
     from ..compute import reduce
-    partial = Tensor(f"{t.name}_partials", accumulator_dtype(t), t.shape + (ir.const(chunks),))
-    count = ir.Cast(numel(t.reduce_shape), partial.dtype)
+    reduced = numel(t.reduce_shape)
+    length = (reduced + chunks - 1) // chunks
+    dtype = accumulator_dtype(t)
+
+    def chunk(*ix):    # (*output axes, p, k): element p * length + k of the output's elements
+        linear = ix[-2] * length + ix[-1]
+        value = _element(t, t.body, list(ix[:-2]), linear, dtype)
+        return ir.Select(ir.binary("<", linear, reduced), value, _identity(t.op, dtype), dtype)
+
+    partial_op = "sum" if t.op == "mean" else t.op
+    partial = reduce(f"{t.name}_partials", t.shape + (chunks,), (length,), chunk, op=partial_op, dtype=dtype)
+    count = ir.Cast(reduced, dtype)
 
     def partial_of(*ix):   # a mean is the sum of the partial sums, each divided by the count
-        value = partial[ix]
-        return ir.binary("/", value, count) if t.op == "mean" else value
+        return ir.binary("/", partial[ix], count) if t.op == "mean" else partial[ix]
 
-    final = reduce(t.name, t.shape, (chunks,), partial_of, op="sum" if t.op == "mean" else t.op, dtype=t.dtype)
+    final = reduce(t.name, t.shape, (chunks,), partial_of, op=partial_op, dtype=t.dtype)
     final.buffer = t.buffer
     return partial, final
 
