@@ -22,10 +22,24 @@ def pytest_configure(config):
     os.environ.setdefault("TASKDSL_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".taskdsl-test-cache"))
 
 
+@pytest.fixture
+def twin_target(request):
+    """'cpu' or 'cuda' for the twins of a module with GPU_TWINS = True, else None."""
+    return getattr(request, "param", None)
+
+
+def pytest_generate_tests(metafunc):
+    """Modules that set GPU_TWINS = True get each test twice: on cpu, and as a @gpu test on cuda."""
+    if getattr(metafunc.module, "GPU_TWINS", False):
+        metafunc.parametrize("twin_target", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)], indirect=True)
+
+
 @pytest.fixture(autouse=True)
-def _cpu_target_and_nvrtc(monkeypatch, request):
-    """Run on the cpu target (cuda for @pytest.mark.gpu tests) and NVRTC-compile each launched kernel."""
-    if request.node.get_closest_marker("gpu") is None:
+def _cpu_target_and_nvrtc(monkeypatch, request, twin_target):
+    """Run on the cpu target (or a twin's target) and NVRTC-compile each launched kernel."""
+    if twin_target is not None:
+        td.set_target(twin_target)
+    elif request.node.get_closest_marker("gpu") is None:
         td.set_target(os.environ.get("TASKDSL_TEST_TARGET", "cpu"))
     original = Kernel.__call__
 

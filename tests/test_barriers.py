@@ -15,6 +15,8 @@ from taskdsl import blockIdx, f32, i32, threadIdx
 
 from .kernels import tree_sum
 
+GPU_TWINS = True   # every test also runs as a @gpu twin on the cuda target (conftest.py)
+
 FEW = settings(max_examples=6, deadline=None)
 SIZES = st.integers(1, 700) | st.sampled_from([1, 2, 31, 255, 256, 257, 509, 512])
 

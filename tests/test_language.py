@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 import taskdsl as td
 from taskdsl import blockDim, blockIdx, f32, f64, gridDim, i32, repeat, spatial, threadIdx
 
+GPU_TWINS = True   # every test also runs as a @gpu twin on the cuda target (conftest.py)
+
 FEW = settings(max_examples=6, deadline=None)
 SIZES = st.integers(1, 300) | st.sampled_from([1, 2, 31, 32, 33, 63, 64, 65, 127, 257])
 

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from stdlib_ops import simt_matmul
 from stdlib_ops.simt_matmul import matmul_kernel as matmul
 
+GPU_TWINS = True   # every test also runs as a @gpu twin on the cuda target (conftest.py)
+
 PRIMES = [2, 3, 5, 7, 11, 13, 17, 31, 61, 67, 127, 131, 149]
 DIMS = st.integers(1, 150) | st.sampled_from([1, 8, 63, 64, 65, 128] + PRIMES)
 

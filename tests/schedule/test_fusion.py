@@ -6,6 +6,8 @@ import taskdsl as td
 from stdlib_ops.simt_matmul import matmul_kernel
 from taskdsl import f32, threadIdx
 
+GPU_TWINS = True   # every test also runs as a @gpu twin on the cuda target (conftest.py)
+
 
 @td.kernel(grid=1, block=128)
 def reverse_plus_one(A: f32[100], out: f32[100]):
