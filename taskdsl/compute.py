@@ -200,6 +200,9 @@ class _Evaluator:
         self.sizes = sizes          # size name -> int
 
     def dim(self, d) -> int:
+        unbound = [v.name for v in ir.collect(d, ir.Var) if v.kind == "size" and v.name not in self.sizes]
+        if unbound:
+            raise ValueError(f"size '{unbound[0]}' is not determined by the shape of any input")
         return int(self.eval(d, {}))
 
     def eval(self, e, env: dict):
@@ -252,8 +255,10 @@ class _Evaluator:
             value = np.broadcast_to(self.eval(t.body, self.grid(all_axes, all_dims)), full)
             value = value.astype(_compute_dtype(t.dtype)) if t.op != "mean" else value.astype(np.float64)
             axes = tuple(range(len(t.axes), len(all_axes)))
-            if 0 in full and t.op in ("max", "min"):
-                value = np.full(shape, -np.inf if t.op == "max" else np.inf)
+            if 0 in full and t.op in ("max", "min"):   # the identity: what kernels start from
+                info = np.finfo(np.float64) if t.dtype.is_float else np.iinfo(t.dtype.numpy)
+                low, high = (-np.inf, np.inf) if t.dtype.is_float else (info.min, info.max)
+                value = np.full(shape, low if t.op == "max" else high)
             else:
                 value = _NP_REDUCE[t.op](value, axis=axes)
         return np.broadcast_to(value, shape).astype(numpy_dtype(t.dtype))

@@ -44,6 +44,8 @@ def bind_sizes(fn: ir.Function, sizes: dict) -> ir.Function:
 
 class _Flatten(ir.Rewriter):
     def _linear(self, b: ir.Buffer, indices: tuple) -> tuple:
+        if not indices:          # a 0-d tensor: its single element
+            return (ir.const(0),)
         linear = ir.as_expr(indices[0])
         for dim, i in zip(b.shape[1:], indices[1:]):
             linear = linear * dim + i

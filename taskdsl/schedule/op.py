@@ -23,10 +23,14 @@ SPLIT_CHUNKS = 32
 
 @dataclass
 class Step:
-    """One kernel launch: the kernel and the buffers its parameters are, in order."""
+    """One kernel launch: the kernel, the buffers among its parameters, and all its parameters."""
 
     kernel: Kernel
-    buffers: tuple
+    buffers: tuple      # the ir.Buffer parameters
+    params: tuple       # every parameter: ir.Buffer, or ir.Var (a size passed as a scalar)
+
+    def arguments(self, arrays: dict, sizes: dict) -> list:
+        return [arrays[p.uid] if isinstance(p, ir.Buffer) else sizes[p.name] for p in self.params]
 
 
 class Op:
@@ -85,11 +89,10 @@ class Op:
         return self._splits[id(t)]
 
     def _step(self, t: Tensor, strategy: str) -> Step:
-        inline = self.inlined if t in self.materialized else set()
-        kernel = schedule_injective(t, inline, strategy) if t.kind == "compute" else \
-            schedule_reduce(t, inline, strategy)
+        kernel = schedule_injective(t, self.inlined, strategy) if t.kind == "compute" else \
+            schedule_reduce(t, self.inlined, strategy)
         params = kernel._frontend_ir(kernel.block_spec).params
-        return Step(kernel, tuple(p for p in params if isinstance(p, ir.Buffer)))
+        return Step(kernel, tuple(p for p in params if isinstance(p, ir.Buffer)), tuple(params))
 
     # ------------------------------------------------------------------ running
     def _arrays(self, arrays: tuple) -> tuple[dict, dict]:
@@ -116,7 +119,7 @@ class Op:
                     shape = tuple(evaluate_int(d, sizes) for d in b.shape)
                     buffers[b.uid] = np.empty(shape, numpy_dtype(b.dtype))
         for step in steps:
-            step.kernel(*(buffers[b.uid] for b in step.buffers))
+            step.kernel(*step.arguments(buffers, sizes))
         self._last = steps
         return [buffers[t.buffer.uid] for t in self.outputs]
 
@@ -141,11 +144,10 @@ class Op:
         buffers, sizes = self._arrays(arrays)
         texts = []
         for step in self._plan(sizes):
-            args = []
             for b in step.buffers:
-                shape = tuple(evaluate_int(d, sizes) for d in b.shape)
-                args.append(buffers.get(b.uid, np.empty(shape, numpy_dtype(b.dtype))))
-            texts.append(step.kernel.source(*args, target=target))
+                if b.uid not in buffers:
+                    buffers[b.uid] = np.empty(tuple(evaluate_int(d, sizes) for d in b.shape), numpy_dtype(b.dtype))
+            texts.append(step.kernel.source(*step.arguments(buffers, sizes), target=target))
         return "\n".join(texts)
 
 

@@ -81,18 +81,31 @@ def _substitute(e: ir.Expr, values: dict) -> ir.Expr:
 
 
 def _function(name: str, out: Tensor, body: ir.Stmt, extra_buffers=(), block=BLOCK) -> ir.Function:
-    """An IR Function whose parameters are the global buffers `body` reads, then the output."""
+    """An IR Function whose parameters are the global buffers `body` reads, then the output,
+    then (as i32 scalars) any size the body uses that no parameter's shape determines."""
     inputs: dict = {}
     for load in ir.collect(body, ir.Load):
         if load.buffer.scope == "global" and load.buffer.uid != out.buffer.uid:
             inputs.setdefault(load.buffer.uid, load.buffer)
     params = tuple(inputs.values()) + tuple(extra_buffers) + (out.buffer,)
-    sizes = {}
-    for b in params:
-        for d in b.shape:
-            if isinstance(d, ir.Var):
-                sizes.setdefault(d.uid, d)
-    return ir.Function(name, params, tuple(sizes.values()), body, (block, 1, 1))
+    sizes = {v.uid: v for b in params for d in b.shape for v in _vars_of(d) if v.kind == "size"}
+    loose = {v.uid: v for v in _vars_of(body) if v.kind == "size" and v.uid not in sizes}
+    scalars = {uid: ir.Var(v.name, v.dtype, kind="param") for uid, v in loose.items()}
+    if scalars:
+        body = _Rebind(scalars).visit(body)
+    return ir.Function(name, params + tuple(scalars.values()), tuple(sizes.values()), body, (block, 1, 1))
+
+
+def _vars_of(e) -> list:
+    return [e] if isinstance(e, ir.Var) else ir.collect(e, ir.Var)
+
+
+class _Rebind(ir.Rewriter):
+    def __init__(self, values: dict):
+        self.values = values
+
+    def visit_Var(self, v):
+        return self.values.get(v.uid, v)
 
 
 # ---------------------------------------------------------------- injective
@@ -180,8 +193,8 @@ def choose_strategy(t: Tensor, outputs: int, reduced: int, target: str = "cuda",
     """
     if target == "cpu":
         return "split" if outputs < workers and reduced >= 32768 else "thread"
-    contiguous = any(load.indices and isinstance(load.indices[-1], ir.Var) and
-                     load.indices[-1].uid in {a.uid for a in t.reduce_axes}
+    reduce_uids = {a.uid for a in t.reduce_axes}   # contiguous: a load's last index moves with a reduced axis
+    contiguous = any(load.indices and reduce_uids & {v.uid for v in ir.collect(load.indices[-1], ir.Var)}
                      for load in ir.collect(t.body, ir.Load))
     if reduced <= 16 or not contiguous:
         return "thread"

@@ -4,8 +4,12 @@ against the numpy reference (`op(*arrays)` vs `op.reference(*arrays)`).
 Sizes are symbolic, so one generated kernel serves every shape: the ops below are built once
 at module level and reused across hypothesis examples (each new kernel costs a numba compile).
 """
+import contextlib
 import functools
+import importlib
 import math
+import os
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -67,6 +71,11 @@ def check(op: td.Op, *arrays, reduced: int = 1) -> list:
     return [k.name for k in op.kernels]
 
 
+def is_injective_kernel(name: str, tensor: str) -> bool:
+    """An injective ('flat' / 'rows' / ...) kernel writing `tensor`."""
+    return name.startswith(tensor + "_") and "_reduce_" not in name and "partials" not in name
+
+
 def assert_strategy(names: list, strategy: str, prefix: str):
     suffixes = SUFFIXES[strategy]
     assert len(names) == len(suffixes), names
@@ -83,6 +92,15 @@ ROW_OPS = {op: td.op([X], [RED[op]]) for op in OPS}
 ROW_OPS_I = {op: td.op([XI], [RED_I[op]]) for op in OPS}
 
 
+@contextlib.contextmanager
+def gpu_plan():
+    """Ops plan their kernels as for a GPU (choose_strategy's GPU rules) while the kernels still
+    run on the cpu target: every GPU strategy runs through the td.op runtime."""
+    op_module = importlib.import_module("taskdsl.schedule.op")   # (the package's `op` is the function)
+    with mock.patch.object(op_module, "get_target", lambda: "cuda"):
+        yield
+
+
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("op", OPS)
 @settings(max_examples=4, deadline=None)
@@ -91,9 +109,31 @@ def test_row_reduce_strategy(op, strategy, data):
     m, k = data.draw(SHAPES[strategy], label="shape")
     seed = data.draw(st.integers(0, 2**16), label="seed")
     x = make_data(op, (m, k), np.random.default_rng(seed))
-    names = check(ROW_OPS[op], x, reduced=k)
-    assert_strategy(names, strategy, f"R{op}")
-    assert [k_.name for k_ in ROW_OPS[op].kernels_for(x)] == names
+    assert choose_strategy(RED[op], m, k) == strategy
+    with gpu_plan():
+        names = check(ROW_OPS[op], x, reduced=k)
+        assert_strategy(names, strategy, f"R{op}")
+        assert [k_.name for k_ in ROW_OPS[op].kernels_for(x)] == names
+
+
+CPU_SHAPES = st.sampled_from([(1, 1), (4099, 7), (3, 3001), (5, 40009), (1, 32768), (3, 40009)])
+
+
+@pytest.mark.parametrize("op", OPS)
+@settings(max_examples=4, deadline=None)
+@given(shape=CPU_SHAPES, seed=st.integers(0, 2**16))
+@example(shape=(2, 40009), seed=0)
+def test_row_reduce_cpu_plan(op, shape, seed):
+    """On the cpu target: a thread per output, split only when outputs are fewer than CPU threads."""
+    m, k = shape
+    x = make_data(op, shape, np.random.default_rng(seed))
+    with mock.patch.dict(os.environ, {"TASKDSL_NUM_THREADS": "4"}):
+        names = check(ROW_OPS[op], x, reduced=k)
+    if m < 4 and k >= 32768:
+        assert len(names) == 2 and names[0].startswith(f"R{op}_partials_reduce_")
+        assert names[1].startswith(f"R{op}_reduce_")
+    else:
+        assert names == [f"R{op}_reduce_thread"]
 
 
 @pytest.mark.parametrize("m,k,expected", [
@@ -101,6 +141,14 @@ def test_row_reduce_strategy(op, strategy, data):
     (63, 32767, "block"), (64, 32768, "block"), (63, 32768, "split"), (1, 10**6, "split"), (0, 0, "thread")])
 def test_choose_strategy_thresholds(m, k, expected):
     assert choose_strategy(RED["sum"], m, k) == expected
+    assert choose_strategy(RED["sum"], m, k, "cuda", 16) == expected
+
+
+@pytest.mark.parametrize("m,k,workers,expected", [
+    (4099, 7, 2, "thread"), (1, 513, 2, "thread"), (64, 10**6, 2, "thread"), (1, 32767, 2, "thread"),
+    (1, 32768, 2, "split"), (3, 10**6, 4, "split"), (4, 10**6, 4, "thread")])
+def test_choose_strategy_cpu(m, k, workers, expected):
+    assert choose_strategy(RED["sum"], m, k, "cpu", workers) == expected
 
 
 def test_choose_strategy_non_contiguous_is_thread():
@@ -202,7 +250,8 @@ def test_reduce_keepdims(shape, seed):
 @given(shape=st.sampled_from([(1, 1), (3, 5), (7, 3001), (1, 40009), (4, 32768)]), seed=st.integers(0, 2**16))
 def test_reduce_all_axes_keepdims(shape, seed):
     x = make_data("sum", shape, np.random.default_rng(seed))
-    names = check(ALL_KEEP_OP, x, reduced=x.size)
+    with gpu_plan():
+        names = check(ALL_KEEP_OP, x, reduced=x.size)
     expected = {"thread": ["AllKeep_reduce_thread"], "warp": ["AllKeep_reduce_warp"],
                 "block": ["AllKeep_reduce_block"], "split": ["AllKeep_partials_reduce_block", "AllKeep_reduce_warp"]}
     assert names == expected[choose_strategy(ALL_KEEP, 1, x.size)]
@@ -217,14 +266,22 @@ def test_reduce_all_axes_to_a_scalar(shape):
     check(ALL_OP, x, reduced=x.size)
 
 
-def test_split_stages_definitions():
-    for op in OPS:
-        partial, final = split_stages(RED[op], SPLIT_CHUNKS)
-        assert partial.name == f"R{op}_partials" and partial.ndim == 2
-        assert isinstance(partial.shape[1], ir.Const) and partial.shape[1].value == SPLIT_CHUNKS
-        assert final.buffer is RED[op].buffer and final.dtype == RED[op].dtype
-        assert final.op == ("sum" if op == "mean" else op)
-        assert final.reduce_shape[0].value == SPLIT_CHUNKS
+@pytest.mark.parametrize("op", OPS)
+def test_split_stages_definitions(op):
+    """'split' is two reduce definitions whose reference value is the original reduction's."""
+    t = RED[op]
+    partial, final = split_stages(t, SPLIT_CHUNKS)
+    assert partial.kind == final.kind == "reduce"
+    assert partial.name == f"R{op}_partials" and partial.ndim == 2
+    assert isinstance(partial.shape[1], ir.Const) and partial.shape[1].value == SPLIT_CHUNKS
+    assert final.buffer is t.buffer and final.dtype == t.dtype and final.shape == t.shape
+    assert final.reduce_shape[0].value == SPLIT_CHUNKS
+    assert final.inputs == [partial]
+    for shape in [(2, 1), (3, 31), (2, 33), (1, 1000), (2, 40009)]:
+        x = make_data(op, shape, np.random.default_rng(shape[1]))
+        ref, = evaluate([X], [t], [x])
+        got, = evaluate([X], [final], [x])
+        assert_same(got, ref, shape[1])
 
 
 # ---------------------------------------------------------------- injective chains and fusion
@@ -240,15 +297,32 @@ CHAIN = td.op([A, B], [S])
        seed=st.integers(0, 2**16))
 @example(shape=(4099, 7), seed=0)
 def test_injective_producer_is_inlined_into_the_reduction(shape, seed):
+    """Y = exp(A - B[j]) and S = sum(Y): one kernel, which computes exp as it sums."""
     rng = np.random.default_rng(seed)
     a, b = rng.uniform(-1, 1, shape).astype(np.float32), rng.uniform(-1, 1, shape[1:]).astype(np.float32)
-    names = check(CHAIN, a, b, reduced=shape[1] * 3)
-    assert len(names) == 1 and names[0].startswith("S_reduce_")
-    kernel = CHAIN.kernels[0]
-    params = [p.name for p in kernel._frontend_ir(kernel.block_spec).params if isinstance(p, ir.Buffer)]
-    assert params == ["A", "B", "S"]                                           # Y is never stored
-    src = CHAIN.source(a, b)
-    assert "expf" in src and "__global__" in src
+    for plan in (contextlib.nullcontext, gpu_plan):
+        with plan():
+            names = check(CHAIN, a, b, reduced=shape[1] * 3)
+            assert len(names) == 1 and names[0].startswith("S_reduce_")
+            kernel = CHAIN.kernels[0]
+            params = [p.name for p in kernel._frontend_ir(kernel.block_spec).params if isinstance(p, ir.Buffer)]
+            assert params == ["A", "B", "S"]                                   # Y is never stored
+            src = CHAIN.source(a, b)
+            assert "expf" in src and "__global__" in src
+
+
+@pytest.mark.parametrize("shape", [(1, 40009), (2, 32768)])
+def test_injective_producer_is_inlined_into_a_split_reduction(shape):
+    """A 'split' reduction inlines the producer into its first stage: Y is never stored."""
+    rng = np.random.default_rng(0)
+    a, b = rng.uniform(-1, 1, shape).astype(np.float32), rng.uniform(-1, 1, shape[1:]).astype(np.float32)
+    for plan in (contextlib.nullcontext, gpu_plan):
+        with plan(), mock.patch.dict(os.environ, {"TASKDSL_NUM_THREADS": "4"}):
+            names = check(CHAIN, a, b, reduced=shape[1] * 3)
+            assert len(names) == 2 and names[0].startswith("S_partials_reduce_")
+            for kernel in CHAIN.kernels:
+                params = [p.name for p in kernel._frontend_ir(kernel.block_spec).params if isinstance(p, ir.Buffer)]
+                assert "Y" not in params, (kernel.name, params)
 
 
 XS = td.placeholder("XS", td.f32, ("M", "K"))
@@ -264,9 +338,10 @@ SOFTMAX_OP = td.op([XS], [SOFTMAX])
 @given(shape=st.sampled_from([(1, 1), (7, 33), (3, 255), (131, 127)]), seed=st.integers(0, 2**16))
 def test_reduce_then_elementwise(shape, seed):
     x = np.random.default_rng(seed).normal(0, 3, shape).astype(np.float32)
-    names = check(SOFTMAX_NUM, x, reduced=1)
-    assert names == ["Mx_reduce_warp" if shape[1] > 16 else "Mx_reduce_thread", "Ex_elementwise"]
-    assert SOFTMAX_NUM.kernels[1].name == "Ex_elementwise"
+    with gpu_plan():
+        names = check(SOFTMAX_NUM, x, reduced=1)
+    assert names[0] == ("Mx_reduce_warp" if shape[1] > 16 else "Mx_reduce_thread")
+    assert len(names) == 2 and is_injective_kernel(names[1], "Ex")
 
 
 @FEW
@@ -275,7 +350,7 @@ def test_softmax_three_kernels_exp_inlined_twice(shape, seed):
     x = np.random.default_rng(seed).normal(0, 3, shape).astype(np.float32)
     names = check(SOFTMAX_OP, x, reduced=1)
     assert len(names) == 3 and names[0].startswith("Mx_reduce_") and names[1].startswith("Den_reduce_")
-    assert names[2] == "Softmax_elementwise"
+    assert is_injective_kernel(names[2], "Softmax")
     out, = SOFTMAX_OP(x)
     np.testing.assert_allclose(out.sum(axis=1), 1.0, rtol=1e-4)
     e = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
@@ -298,8 +373,9 @@ SHARED_INLINED = td.op([XO], [O1, O2])
 def test_output_consumed_by_other_outputs_is_materialized_once(shape, seed):
     x = np.random.default_rng(seed).uniform(-1, 1, shape).astype(np.float32)
     names = check(SHARED_OUT, x, reduced=shape[1])
-    assert names.count("Yo_elementwise") == 1 and names[:2] == ["Yo_elementwise", "Zo_elementwise"]
-    assert len(names) == 3 and names[2].startswith("So_reduce_")
+    assert len(names) == 3 and sum(n.startswith("Yo_") for n in names) == 1
+    assert is_injective_kernel(names[0], "Yo") and is_injective_kernel(names[1], "Zo")
+    assert names[2].startswith("So_reduce_")
     for kernel in SHARED_OUT.kernels[1:]:        # the consumers read the stored Yo, not XO
         params = [p.name for p in kernel._frontend_ir(kernel.block_spec).params if isinstance(p, ir.Buffer)]
         assert params[0] == "Yo" and "XO" not in params
@@ -312,7 +388,11 @@ def test_output_consumed_by_other_outputs_is_materialized_once(shape, seed):
 @given(shape=st.sampled_from([(1, 1), (3, 7), (2, 3001)]), seed=st.integers(0, 2**16))
 def test_intermediate_read_by_two_outputs_is_inlined_into_both(shape, seed):
     x = np.random.default_rng(seed).uniform(-1, 1, shape).astype(np.float32)
-    assert check(SHARED_INLINED, x) == ["O1_elementwise", "O2_elementwise"]
+    names = check(SHARED_INLINED, x)
+    assert len(names) == 2 and is_injective_kernel(names[0], "O1") and is_injective_kernel(names[1], "O2")
+    for kernel in SHARED_INLINED.kernels:
+        params = [p.name for p in kernel._frontend_ir(kernel.block_spec).params if isinstance(p, ir.Buffer)]
+        assert "W" not in params
 
 
 # ---------------------------------------------------------------- injective kernels vs the reference
@@ -334,14 +414,30 @@ def test_elementwise_broadcast_transpose_shift(shape, seed):
     rng = np.random.default_rng(seed)
     m, k = shape
     a, b, c = (rng.uniform(-1, 1, s).astype(np.float32) for s in ((m, k), (k,), (m, 1)))
-    assert check(INJECTIVE, a, b, c) == ["Bcast_elementwise", "Trans_elementwise", "Shift_elementwise",
-                                         "ShiftUp_elementwise"]
+    names = check(INJECTIVE, a, b, c)
+    assert len(names) == 4
+    assert all(is_injective_kernel(n, t) for n, t in zip(names, ["Bcast", "Trans", "Shift", "ShiftUp"]))
     bcast, trans, shift, up = INJECTIVE(a, b, c)
     np.testing.assert_array_equal(trans, a.T)
     np.testing.assert_array_equal(shift[1:], a[:-1])
     np.testing.assert_array_equal(shift[:1], 0)
     np.testing.assert_array_equal(up[:, :-1], a[:, 1:])
     np.testing.assert_array_equal(up[:, -1], np.broadcast_to(b[-1], (m,)))
+
+
+AI = td.placeholder("AI", td.i32, ("M", "K"))
+ROWIDX = td.compute("RowIdx", ("M", "K"), lambda i, j: AI[i, j] + i * 1000 + j)
+ROWIDX_OP = td.op([AI], [ROWIDX])
+
+
+@pytest.mark.parametrize("shape", [(3, 255), (3, 256), (1, 3001), (1031, 7), (65537, 256), (0, 300), (300, 0)])
+def test_elementwise_rows_and_flat(shape):
+    """'rows' for a last axis of >= 256 (grid-striding past 65535 rows), else 'flat'."""
+    a = np.random.default_rng(0).integers(-5, 6, shape).astype(np.int32)
+    names = check(ROWIDX_OP, a)
+    assert names == ["RowIdx_rows" if shape[1] >= 256 else "RowIdx_flat"]
+    out, = ROWIDX_OP(a)
+    np.testing.assert_array_equal(out, a + np.arange(shape[0])[:, None] * 1000 + np.arange(shape[1]))
 
 
 NI = td.placeholder("NI", td.i32, ("N",))
@@ -366,7 +462,7 @@ def test_integer_division_casts_and_gather(n, seed):
     if n == 9:
         i[:4], d[:4] = [-7, -7, 7, 7], [2, -2, 2, -2]
     names = check(INT_OP, i, d, f)
-    assert names == ["FloorDiv_elementwise", "FloorMod_elementwise", "Trunc_elementwise", "Gather_elementwise"]
+    assert all(is_injective_kernel(n, t) for n, t in zip(names, ["FloorDiv", "FloorMod", "Trunc", "Gather"]))
     div, mod, trunc, gather = INT_OP(i, d, f)
     ii, dd = i.tolist(), d.tolist()
     np.testing.assert_array_equal(div, [x // y for x, y in zip(ii, dd)])

@@ -22,7 +22,6 @@ from ... import ir
 from ...errors import DSLError
 from ...passes.uniformity import UNIFORM, WARP, WARP_FUNCS, Uniformity
 
-_sites = itertools.count()
 
 
 # ------------------------------------------------------------------ block program
@@ -186,6 +185,7 @@ class _Fission:
         self.uniformity = Uniformity(fn)
         self.block_vars: set = set()
         self.sites: dict = {}
+        self.site_numbers = itertools.count()   # per kernel, so the generated source is deterministic
 
     def has_split(self, s) -> bool:
         return any(isinstance(x, ir.SyncThreads) or _is_shuffle_assign(x) for x in _walk_stmts(s))
@@ -241,7 +241,7 @@ class _Fission:
                 flush()
                 items.append(Barrier(x.loc))
             elif _is_shuffle_assign(x):
-                site = next(_sites)
+                site = next(self.site_numbers)
                 value, lane, width = x.value.args
                 self.sites[site] = value.dtype
                 current.append(ShflPut(site, value, x.loc))
