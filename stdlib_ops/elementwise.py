@@ -25,8 +25,8 @@ input arrays, and how outputs become the result); tests compare `plan.run()` wit
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -34,8 +34,8 @@ import taskdsl as td
 from taskdsl import ir
 from taskdsl.ir import types as T
 
-__all__ = ["add", "sub", "mul", "div", "pow", "maximum", "minimum", "relu", "gelu", "silu", "sigmoid", "tanh",
-           "exp", "log", "sqrt", "rsqrt", "erf", "clip", "where", "cast"]
+__all__ = ["add", "cast", "clip", "div", "erf", "exp", "gelu", "log", "maximum", "minimum", "mul", "pow", "relu",
+           "rsqrt", "sigmoid", "silu", "sqrt", "sub", "tanh", "where"]
 
 
 # ---------------------------------------------------------------- shared machinery (used by the sibling modules)
@@ -90,6 +90,12 @@ def shape_carrier(shape: tuple) -> np.ndarray:
     return np.broadcast_to(np.zeros((), np.int8), tuple(int(n) for n in shape))
 
 
+def contiguous(v) -> np.ndarray:
+    """`v` as a C-contiguous array, keeping 0-d arrays 0-d (np.ascontiguousarray makes them 1-d)."""
+    a = np.asarray(v)
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+
+
 def cast_to(e: ir.Expr, dtype: T.DataType) -> ir.Expr:
     return e if e.dtype == dtype else ir.Cast(e, dtype)
 
@@ -132,7 +138,7 @@ def _operand(v, dtype: np.dtype) -> np.ndarray:
     """A contiguous array for `v`; a Python scalar becomes a 0-d array of `dtype`."""
     if _is_scalar(v):
         return np.asarray(v, dtype=dtype)
-    a = np.ascontiguousarray(v)
+    a = contiguous(v)
     if a.dtype.kind not in "biuf":
         raise TypeError(f"unsupported array dtype {a.dtype}")
     return a
@@ -179,13 +185,14 @@ def _broadcast_op(name: str, pattern: tuple, in_dtypes: tuple, body: Callable, o
             loads.append(load if ld is None else cast_to(load, ld))
         return body(*loads)
 
-    out = td.compute(name, dims, fcompute, dtype=out_dtype)
+    # "_out": an output called like a math function (exp, erf, pow, ...) would shadow it in the CUDA source
+    out = td.compute(f"{name}_out", dims, fcompute, dtype=out_dtype)
     return td.op(holders, [out], name=name)
 
 
 def _elementwise_plan(name: str, values: list, body: Callable, out_dtype, load_dtypes, params=()) -> Plan:
     """The plan of an elementwise function of `values` (arrays / scalars already typed by the caller)."""
-    arrays = [np.ascontiguousarray(v) for v in values]
+    arrays = [contiguous(v) for v in values]
     out_shape, pattern, canon = broadcast_canon([a.shape for a in arrays])
     in_dtypes = tuple(tdtype(a.dtype) for a in arrays)
     out_t = tdtype(out_dtype)
@@ -274,8 +281,6 @@ def _where_plan(cond, a, b) -> Plan:
     dtype = result_dtype(a, b)
     c = _operand(cond, np.dtype(np.bool_))
     values = [c, _operand(a, dtype), _operand(b, dtype)]
-    out_t = tdtype(dtype)
-
     def body(c, x, y):
         test = c if c.dtype.is_bool else ir.binary("!=", c, ir.const(0, c.dtype))
         return ir.Select(test, x, y, x.dtype)
@@ -286,8 +291,7 @@ def _where_plan(cond, a, b) -> Plan:
 
 def _cast_plan(x, dtype) -> Plan:
     x = _operand(x, np.dtype(np.float32))
-    target = np.dtype(dtype.numpy if isinstance(dtype, T.DataType) else dtype)
-    tdtype(target)    # a TypeError for dtypes the DSL has no type for
+    target = tdtype(dtype)    # a TypeError for numpy dtypes the DSL has no type for
 
     def body(v):
         return v
@@ -335,7 +339,7 @@ def div(a, b):
     return _binary_plan("div", a, b).run()
 
 
-def pow(a, b):  # noqa: A001 - the operator's name
+def pow(a, b):  # the operator's name shadows the builtin here
     """a ** b (computed in floating point; integer operands give f32) with broadcasting."""
     return _binary_plan("pow", a, b).run()
 

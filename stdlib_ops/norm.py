@@ -15,11 +15,10 @@ from __future__ import annotations
 import numpy as np
 
 import taskdsl as td
-from taskdsl import ir
 
-from .elementwise import Plan, cached_op, cast_to, normalize_axis, reshaper, tdtype
+from .elementwise import Plan, cached_op, cast_to, contiguous, normalize_axis, reshaper, tdtype
 
-__all__ = ["softmax", "log_softmax", "layer_norm", "rms_norm", "batch_norm"]
+__all__ = ["batch_norm", "layer_norm", "log_softmax", "rms_norm", "softmax"]
 
 
 def _stat_dtype(dtype) -> td.ir.types.DataType:
@@ -62,7 +61,7 @@ def _softmax_op(log: bool, inner: bool, dtype) -> td.Op:
 
 
 def _softmax_plan(log: bool, x, axis: int = -1) -> Plan:
-    x = np.ascontiguousarray(x)
+    x = contiguous(x)
     if x.dtype.kind != "f":
         raise TypeError(f"{'log_softmax' if log else 'softmax'} needs a float array, got {x.dtype}")
     axis = normalize_axis(axis, x.ndim)
@@ -104,13 +103,13 @@ def _norm_op(rms: bool, eps: float, dtype, has_weight: bool, has_bias: bool, wdt
     if rms:
         ms = td.reduce("mean_square", ("LR",), ("LD",), lambda r, d: xv(r, d) * xv(r, d), op="mean", dtype=sdt)
         centred = xv
-        inv = lambda r: td.rsqrt(ms[r] + eps)   # noqa: E731
+        inv = lambda r: td.rsqrt(ms[r] + eps)
     else:
         mean = td.reduce("mean", ("LR",), ("LD",), xv, op="mean", dtype=sdt)
-        centred = lambda r, d: xv(r, d) - mean[r]   # noqa: E731
+        centred = lambda r, d: xv(r, d) - mean[r]
         var = td.reduce("variance", ("LR",), ("LD",), lambda r, d: centred(r, d) * centred(r, d), op="mean",
                         dtype=sdt)
-        inv = lambda r: td.rsqrt(var[r] + eps)   # noqa: E731
+        inv = lambda r: td.rsqrt(var[r] + eps)
 
     def out(r, d):
         v = centred(r, d) * inv(r)
@@ -127,7 +126,7 @@ def _norm_op(rms: bool, eps: float, dtype, has_weight: bool, has_bias: bool, wdt
 
 def _norm_plan(rms: bool, x, weight, bias, eps: float, ndim: int | None) -> Plan:
     what = "rms_norm" if rms else "layer_norm"
-    x = np.ascontiguousarray(x)
+    x = contiguous(x)
     if x.dtype.kind != "f":
         raise TypeError(f"{what} needs a float array, got {x.dtype}")
     k = ndim if ndim is not None else (np.ndim(weight) if weight is not None else 1)
@@ -137,7 +136,7 @@ def _norm_plan(rms: bool, x, weight, bias, eps: float, ndim: int | None) -> Plan
     params = []
     for what_p, p in (("weight", weight), ("bias", bias)):
         if p is not None:
-            p = np.ascontiguousarray(p)
+            p = contiguous(p)
             if p.shape != norm_shape:
                 raise ValueError(f"{what}: {what_p} must have shape {norm_shape} (the normalized axes), got {p.shape}")
             params.append(p.reshape(-1))
@@ -190,11 +189,11 @@ def _batch_norm_op(eps: float, dtype, pdtype, has_weight: bool, has_bias: bool) 
 
 
 def _batch_norm_plan(x, mean, var, weight=None, bias=None, eps: float = 1e-5) -> Plan:
-    x = np.ascontiguousarray(x)
+    x = contiguous(x)
     if x.ndim < 2 or x.dtype.kind != "f":
         raise ValueError(f"batch_norm needs a float array of shape (N, C, ...), got {x.dtype} {x.shape}")
     c = x.shape[1]
-    params = [np.ascontiguousarray(p) for p in (mean, var, weight, bias) if p is not None]
+    params = [contiguous(p) for p in (mean, var, weight, bias) if p is not None]
     for p in params:
         if p.shape != (c,):
             raise ValueError(f"batch_norm: mean, var, weight and bias must have shape ({c},), got {p.shape}")

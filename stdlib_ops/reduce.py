@@ -14,15 +14,16 @@ in at least i32, so an int8 sum wraps like numpy's `sum(dtype=int8)`); mean of i
 gives f32. argmax / argmin give int64 indices of the first extreme element, like numpy
 (NaN inputs are not given numpy's NaN-wins treatment).
 """
+# ruff: noqa: F821 - the argmax kernel's body uses its size symbols AO, AR, AI as names
 # No `from __future__ import annotations`: the argmax kernel's annotations use closure dtypes.
 import numpy as np
 
 import taskdsl as td
 from taskdsl import blockIdx, threadIdx
 
-from .elementwise import Plan, cached_op, normalize_axis, reshaper, tdtype
+from .elementwise import Plan, cached_op, contiguous, normalize_axis, reshaper, tdtype
 
-__all__ = ["sum", "mean", "max", "min", "argmax", "argmin"]
+__all__ = ["argmax", "argmin", "max", "mean", "min", "sum"]
 
 _OPS = ("sum", "mean", "max", "min")
 
@@ -74,7 +75,7 @@ def op_for(name: str, x, axis=None, keepdims: bool = False) -> Plan:
     """The Plan a call of reduction `name` ('sum', 'mean', 'max', 'min') runs."""
     if name not in _OPS:
         raise ValueError(f"unknown reduction {name!r}; use one of {', '.join(_OPS)}")
-    x = np.ascontiguousarray(x)
+    x = contiguous(x)
     axes = _axes(axis, x.ndim)
     if name in ("max", "min") and any(x.shape[a] == 0 for a in axes):
         raise ValueError(f"zero-size array to reduction operation {name} which has no identity")
@@ -88,7 +89,7 @@ def op_for(name: str, x, axis=None, keepdims: bool = False) -> Plan:
     return Plan(op, (x.reshape(canon),), reshaper(out_shape))
 
 
-def sum(x, axis=None, keepdims: bool = False):  # noqa: A001 - numpy's name
+def sum(x, axis=None, keepdims: bool = False):  # numpy's name (shadows the builtin in this module)
     """The sum over `axis` (int, tuple or None for all)."""
     return op_for("sum", x, axis, keepdims).run()
 
@@ -98,12 +99,12 @@ def mean(x, axis=None, keepdims: bool = False):
     return op_for("mean", x, axis, keepdims).run()
 
 
-def max(x, axis=None, keepdims: bool = False):  # noqa: A001
+def max(x, axis=None, keepdims: bool = False):
     """The maximum over `axis`."""
     return op_for("max", x, axis, keepdims).run()
 
 
-def min(x, axis=None, keepdims: bool = False):  # noqa: A001
+def min(x, axis=None, keepdims: bool = False):
     """The minimum over `axis`."""
     return op_for("min", x, axis, keepdims).run()
 
@@ -141,7 +142,7 @@ def arg_kernel(dtype, is_max: bool):
 
 
 def _arg(x, axis, keepdims: bool, is_max: bool):
-    x = np.ascontiguousarray(x)
+    x = contiguous(x)
     what = "argmax" if is_max else "argmin"
     if axis is None:
         out_shape = (1,) * x.ndim if keepdims else ()

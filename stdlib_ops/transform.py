@@ -1,0 +1,343 @@
+"""Data movement as injective compute definitions: transpose, reshape, slice, concat, pad, gather, expand.
+
+    from stdlib_ops import transpose, concat, pad
+    y = transpose(x, (0, 2, 1)); z = concat([a, b], axis=1); p = pad(x, ((0, 0), (1, 2)), value=-1.0)
+
+Each returns a new array computed by a kernel (never a numpy view). Shapes are canonical
+and symbolic so an op is built once per structure and reused for every size:
+transpose drops size-1 axes and merges axes that stay neighbours; reshape of a row-major
+array is a flat copy; concat and gather view arrays as (outer, axis, inner); expand merges
+axes like the elementwise operators. Per-call numbers that are not sizes (slice starts and
+steps, pad widths, the pad value) are passed as small input arrays, and output sizes that
+no input has are bound by a zero-stride "shape carrier" input that no kernel reads.
+"""
+from __future__ import annotations
+
+import builtins
+
+import numpy as np
+
+import taskdsl as td
+from taskdsl import ir
+from taskdsl.compute import size_var
+
+from .elementwise import (
+    Plan,
+    broadcast_canon,
+    cached_op,
+    cast_to,
+    contiguous,
+    normalize_axis,
+    reshaper,
+    result_dtype,
+    shape_carrier,
+    tdtype,
+)
+
+__all__ = ["concat", "expand", "gather", "pad", "permute", "reshape", "slice", "transpose"]
+
+
+def _prod(shape) -> int:
+    return int(np.prod(shape, dtype=np.int64))
+
+
+def _all(conds: list) -> ir.Expr:
+    out = conds[0]
+    for c in conds[1:]:
+        out = ir.binary("and", out, c)
+    return out
+
+
+# ---------------------------------------------------------------- transpose
+def transpose_canon(shape: tuple, perm: tuple) -> tuple[tuple, tuple]:
+    """(canonical input shape, canonical perm): size-1 axes dropped, axes that stay neighbours merged."""
+    keep = [a for a in range(len(shape)) if shape[a] != 1]
+    rank = {a: k for k, a in enumerate(keep)}
+    groups: list = []          # in output order, each a run of consecutive (kept) input axes
+    for r in (rank[a] for a in perm if shape[a] != 1):
+        if groups and groups[-1][-1] + 1 == r:
+            groups[-1].append(r)
+        else:
+            groups.append([r])
+    if not groups:
+        return (1,), (0,)
+    by_input = sorted(range(len(groups)), key=lambda g: groups[g][0])
+    canon_shape = tuple(_prod([shape[keep[r]] for r in groups[g]]) for g in by_input)
+    position = {g: k for k, g in enumerate(by_input)}
+    return canon_shape, tuple(position[g] for g in range(len(groups)))
+
+
+def _transpose_op(perm: tuple, dtype) -> td.Op:
+    dims = tuple(f"T{k}" for k in range(len(perm)))
+    x = td.placeholder("x", dtype, dims)
+
+    def fcompute(*axes):
+        index = [None] * len(perm)
+        for j, a in enumerate(perm):
+            index[a] = axes[j]
+        return x[tuple(index)]
+
+    y = td.compute("transpose", tuple(dims[a] for a in perm), fcompute)
+    return td.op([x], [y], name="transpose")
+
+
+def _transpose_plan(x, axes=None) -> Plan:
+    x = contiguous(x)
+    perm = tuple(reversed(range(x.ndim))) if axes is None else tuple(normalize_axis(a, x.ndim) for a in axes)
+    if sorted(perm) != list(range(x.ndim)):
+        raise ValueError(f"axes {axes!r} are not a permutation of {x.ndim} axes")
+    canon_shape, cperm = transpose_canon(x.shape, perm)
+    dtype = tdtype(x.dtype)
+    op = cached_op(("transpose", cperm, dtype), lambda: _transpose_op(cperm, dtype))
+    return Plan(op, (x.reshape(canon_shape),), reshaper(tuple(x.shape[a] for a in perm)))
+
+
+def transpose(x, axes=None):
+    """x with its axes permuted (`axes[j]` is the input axis of output axis j; None reverses them)."""
+    return _transpose_plan(x, axes).run()
+
+
+def permute(x, dims):
+    """PyTorch's name for `transpose(x, dims)`."""
+    return _transpose_plan(x, dims).run()
+
+
+# ---------------------------------------------------------------- reshape
+def _copy_op(dtype) -> td.Op:
+    x = td.placeholder("x", dtype, ("F0",))
+    y = td.compute("copy", ("F0",), lambda i: x[i])
+    return td.op([x], [y], name="copy")
+
+
+def _resolve_shape(size: int, shape) -> tuple:
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(n) for n in shape)
+    unknown = [k for k, n in enumerate(shape) if n == -1]
+    if len(unknown) > 1 or any(n < -1 for n in shape):
+        raise ValueError(f"invalid shape {shape} for reshape")
+    known = _prod([n for n in shape if n != -1])
+    if unknown:
+        if known == 0 or size % known:
+            raise ValueError(f"cannot reshape an array of size {size} into shape {shape}")
+        shape = shape[:unknown[0]] + (size // known,) + shape[unknown[0] + 1:]
+    if _prod(shape) != size:
+        raise ValueError(f"cannot reshape an array of size {size} into shape {shape}")
+    return shape
+
+
+def _reshape_plan(x, shape) -> Plan:
+    x = contiguous(x)
+    shape = _resolve_shape(x.size, shape)
+    dtype = tdtype(x.dtype)
+    op = cached_op(("copy", dtype), lambda: _copy_op(dtype))
+    return Plan(op, (x.reshape(-1),), reshaper(shape))
+
+
+def reshape(x, shape):
+    """A copy of x with a new shape (row-major order; one dim may be -1)."""
+    return _reshape_plan(x, shape).run()
+
+
+# ---------------------------------------------------------------- slice
+def _slice_op(ndim: int, dtype) -> td.Op:
+    in_dims = tuple(f"SLI{k}" for k in range(ndim))
+    out_dims = tuple(f"SLO{k}" for k in range(ndim))
+    x = td.placeholder("x", dtype, in_dims)
+    params = td.placeholder("start_step", td.i32, (2 * ndim,))     # start0, step0, start1, step1, ...
+    carrier = td.placeholder("out_shape", td.i8, out_dims)
+    y = td.compute("slice", out_dims,
+                   lambda *axes: x[tuple(params[2 * k] + a * params[2 * k + 1] for k, a in enumerate(axes))])
+    return td.op([x, params, carrier], [y], name="slice")
+
+
+def _slice_plan(x, starts, stops, steps=None, axes=None) -> Plan:
+    x = contiguous(x)
+    given = [v for v in (starts, stops, steps, axes) if v is not None and not isinstance(v, (int, np.integer))]
+    count = len(given[0]) if given else 1
+
+    def seq(v):   # an int or None stands for the same value on every sliced axis
+        return [v] * count if v is None or isinstance(v, (int, np.integer)) else list(v)
+
+    starts, stops, steps = seq(starts), seq(stops), seq(steps)
+    axes = list(range(count)) if axes is None else [normalize_axis(a, x.ndim) for a in seq(axes)]
+    if not len(starts) == len(stops) == len(steps) == len(axes) or len(set(axes)) != len(axes):
+        raise ValueError("slice: starts, stops, steps and axes must have the same length (and distinct axes)")
+    bounds = [(0, 1, n) for n in x.shape]          # (start, step, length) per axis
+    for a, start, stop, step in zip(axes, starts, stops, steps):
+        if step == 0:
+            raise ValueError("slice step cannot be zero")
+        s = builtins.slice(start, stop, step).indices(x.shape[a])
+        bounds[a] = (s[0], s[2], len(range(*s)))
+    params = np.array([v for start, step, _ in bounds for v in (start, step)], np.int32).reshape(-1)
+    out_shape = tuple(n for _, _, n in bounds)
+    dtype = tdtype(x.dtype)
+    op = cached_op(("slice", x.ndim, dtype), lambda: _slice_op(x.ndim, dtype))
+    return Plan(op, (x, params, shape_carrier(out_shape)), reshaper(out_shape))
+
+
+def slice(x, starts, stops, steps=None, axes=None):  # the operator's name (shadows the builtin in this module)
+    """x[start:stop:step] along `axes` (default 0, 1, ...), Python slicing rules (negative, None, clamping)."""
+    return _slice_plan(x, starts, stops, steps, axes).run()
+
+
+# ---------------------------------------------------------------- pad
+def _pad_op(ndim: int, dtype) -> td.Op:
+    in_dims = tuple(f"PI{k}" for k in range(ndim))
+    out_dims = tuple(f"PO{k}" for k in range(ndim))
+    x = td.placeholder("x", dtype, in_dims)
+    before = td.placeholder("before", td.i32, (ndim,))
+    value = td.placeholder("value", dtype, (1,))
+    carrier = td.placeholder("out_shape", td.i8, out_dims)
+
+    def fcompute(*axes):
+        src = [a - before[k] for k, a in enumerate(axes)]
+        inside = _all([ir.binary("and", s >= 0, s < size_var(d)) for s, d in zip(src, in_dims)])
+        return ir.Select(inside, x[tuple(src)], value[0], dtype)
+
+    y = td.compute("pad", out_dims, fcompute)
+    return td.op([x, before, value, carrier], [y], name="pad")
+
+
+def _pad_widths(pad_width, ndim: int) -> list:
+    w = np.asarray(pad_width, dtype=np.int64)
+    if w.ndim == 0:
+        w = np.full((ndim, 2), int(w))
+    elif w.shape == (2,) or w.shape == (1, 2):
+        w = np.tile(w.reshape(1, 2), (ndim, 1))
+    elif w.shape == (1,):
+        w = np.full((ndim, 2), int(w[0]))
+    if w.shape != (ndim, 2):
+        raise ValueError(f"pad_width {pad_width!r} does not fit a {ndim}-d array")
+    if (w < 0).any():
+        raise ValueError("pad widths must be non-negative")
+    return [(int(b), int(a)) for b, a in w]
+
+
+def _pad_plan(x, pad_width, value=0) -> Plan:
+    x = contiguous(x)
+    widths = _pad_widths(pad_width, x.ndim)
+    out_shape = tuple(n + b + a for n, (b, a) in zip(x.shape, widths))
+    dtype = tdtype(x.dtype)
+    op = cached_op(("pad", x.ndim, dtype), lambda: _pad_op(x.ndim, dtype))
+    arrays = (x, np.array([b for b, _ in widths], np.int32), np.array([value], x.dtype), shape_carrier(out_shape))
+    return Plan(op, arrays, reshaper(out_shape))
+
+
+def pad(x, pad_width, value=0):
+    """x padded with the constant `value`; pad_width as in numpy.pad (int, (before, after), or one pair per axis)."""
+    return _pad_plan(x, pad_width, value).run()
+
+
+# ---------------------------------------------------------------- concat
+def _concat_op(dtypes: tuple, out_dtype) -> td.Op:
+    xs = [td.placeholder(f"x{k}", dt, ("KO", f"KC{k}", "KI")) for k, dt in enumerate(dtypes)]
+    carrier = td.placeholder("out_shape", td.i8, ("KT",))
+
+    def fcompute(o, c, i):
+        offsets, total = [], ir.const(0)
+        for k in range(len(xs)):
+            offsets.append(total)
+            total = total + size_var(f"KC{k}")
+        value = cast_to(xs[-1][o, c - offsets[-1], i], out_dtype)
+        for k in reversed(range(len(xs) - 1)):
+            value = ir.Select(c < offsets[k + 1], cast_to(xs[k][o, c - offsets[k], i], out_dtype), value, out_dtype)
+        return value
+
+    y = td.compute("concat", ("KO", "KT", "KI"), fcompute)
+    return td.op(xs + [carrier], [y], name="concat")
+
+
+def _concat_plan(arrays, axis: int = 0) -> Plan:
+    arrays = [contiguous(a) for a in arrays]
+    if not arrays:
+        raise ValueError("concat needs at least one array")
+    ndim = arrays[0].ndim
+    if ndim == 0:
+        raise ValueError("zero-dimensional arrays cannot be concatenated")
+    axis = normalize_axis(axis, ndim)
+    base = arrays[0].shape
+    for a in arrays:
+        if a.ndim != ndim or a.shape[:axis] != base[:axis] or a.shape[axis + 1:] != base[axis + 1:]:
+            raise ValueError(f"concat along axis {axis}: shapes {[a.shape for a in arrays]} do not match")
+    out_dtype = result_dtype(*arrays)
+    dtypes = tuple(tdtype(a.dtype) for a in arrays)
+    out_t = tdtype(out_dtype)
+    outer, inner = _prod(base[:axis]), _prod(base[axis + 1:])
+    total = builtins.sum(a.shape[axis] for a in arrays)
+    op = cached_op(("concat", dtypes, out_t), lambda: _concat_op(dtypes, out_t))
+    canon = tuple(a.reshape(outer, a.shape[axis], inner) for a in arrays)
+    out_shape = base[:axis] + (total,) + base[axis + 1:]
+    return Plan(op, canon + (shape_carrier((total,)),), reshaper(out_shape))
+
+
+def concat(arrays, axis: int = 0):
+    """The arrays joined along `axis` (other dims must match; dtypes promote like the elementwise ops)."""
+    return _concat_plan(arrays, axis).run()
+
+
+# ---------------------------------------------------------------- gather
+def _gather_op(dtype, idtype) -> td.Op:
+    x = td.placeholder("x", dtype, ("GO", "GA", "GI"))
+    idx = td.placeholder("indices", idtype, ("GJ",))
+
+    def fcompute(o, j, i):
+        k = idx[j]
+        return x[o, ir.Select(k < 0, k + size_var("GA"), k, k.dtype), i]
+
+    y = td.compute("gather", ("GO", "GJ", "GI"), fcompute)
+    return td.op([x, idx], [y], name="gather")
+
+
+def _gather_plan(x, indices, axis: int = 0) -> Plan:
+    x = contiguous(x)
+    indices = contiguous(indices)
+    if indices.dtype.kind not in "iu":
+        raise TypeError(f"gather indices must be integers, got {indices.dtype}")
+    axis = normalize_axis(axis, x.ndim)
+    n = x.shape[axis]
+    if indices.size and (indices.max() >= n or (indices.dtype.kind == "i" and indices.min() < -n)):
+        raise IndexError(f"gather: an index is out of bounds for axis {axis} with size {n}")
+    dtype, idtype = tdtype(x.dtype), tdtype(indices.dtype)
+    op = cached_op(("gather", dtype, idtype), lambda: _gather_op(dtype, idtype))
+    canon = x.reshape(_prod(x.shape[:axis]), n, _prod(x.shape[axis + 1:]))
+    out_shape = x.shape[:axis] + indices.shape + x.shape[axis + 1:]
+    return Plan(op, (canon, indices.reshape(-1)), reshaper(out_shape))
+
+
+def gather(x, indices, axis: int = 0):
+    """numpy.take(x, indices, axis): x's slices at the (possibly negative) integer `indices` along `axis`."""
+    return _gather_plan(x, indices, axis).run()
+
+
+# ---------------------------------------------------------------- expand
+def _expand_op(pattern: tuple, dtype) -> td.Op:
+    dims = tuple(f"X{g}" for g in range(len(pattern)))
+    x = td.placeholder("x", dtype, tuple(d if st[0] else 1 for st, d in zip(pattern, dims)))
+    carrier = td.placeholder("out_shape", td.i8, dims)
+    y = td.compute("expand", dims, lambda *axes: x[tuple(a if st[0] else 0 for st, a in zip(pattern, axes))])
+    return td.op([x, carrier], [y], name="expand")
+
+
+def _expand_plan(x, shape) -> Plan:
+    x = contiguous(x)
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(n) for n in shape)
+    if len(shape) < x.ndim or np.broadcast_shapes(x.shape, shape) != shape:
+        raise ValueError(f"cannot broadcast an array of shape {x.shape} to {shape}")
+    out_shape, pattern, canon = broadcast_canon([x.shape, shape])
+    dtype = tdtype(x.dtype)
+    op = cached_op(("expand", pattern, dtype), lambda: _expand_op(pattern, dtype))
+    return Plan(op, (x.reshape(canon[0]), shape_carrier(canon[1])), reshaper(out_shape))
+
+
+def expand(x, shape):
+    """numpy.broadcast_to(x, shape), materialized."""
+    return _expand_plan(x, shape).run()
+
+
+def op_for(name: str, *args, **kwargs) -> Plan:
+    """The Plan a call of `name` runs, with that function's arguments (for tests and introspection)."""
+    plans = {"transpose": _transpose_plan, "permute": _transpose_plan, "reshape": _reshape_plan,
+             "slice": _slice_plan, "pad": _pad_plan, "concat": _concat_plan, "gather": _gather_plan,
+             "expand": _expand_plan}
+    if name not in plans:
+        raise ValueError(f"unknown transform {name!r}")
+    return plans[name](*args, **kwargs)

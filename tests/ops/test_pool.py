@@ -1,0 +1,81 @@
+"""stdlib_ops.pool: max_pool2d, avg_pool2d (count_include_pad both ways), global_avg_pool2d."""
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from stdlib_ops import pool as P
+
+from . import FEWER, SEEDS, check, rand
+
+GPU_TWINS = True     # each test also runs on cuda (as a @gpu test) where a GPU is usable
+
+NCHW = st.tuples(st.sampled_from([1, 2]), st.sampled_from([1, 3, 5]), st.sampled_from([3, 7, 13, 32]),
+                 st.sampled_from([3, 5, 11, 31]))
+
+
+def _np_pool(x, kernel, stride, padding, kind, count_include_pad=True):
+    """A direct numpy loop over output positions (float64), PyTorch semantics (floor mode)."""
+    n, c, h, w = x.shape
+    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
+    fill = -np.inf if kind == "max" else 0.0
+    xp = np.full((n, c, h + 2 * ph, w + 2 * pw), fill)
+    xp[:, :, ph:ph + h, pw:pw + w] = x
+    inside = np.zeros(xp.shape[2:])
+    inside[ph:ph + h, pw:pw + w] = 1
+    oh, ow = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
+    out = np.empty((n, c, oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            win = xp[:, :, i * sh:i * sh + kh, j * sw:j * sw + kw]
+            if kind == "max":
+                out[:, :, i, j] = win.max(axis=(2, 3))
+            else:
+                count = kh * kw if count_include_pad else inside[i * sh:i * sh + kh, j * sw:j * sw + kw].sum()
+                out[:, :, i, j] = win.sum(axis=(2, 3)) / count
+    return out
+
+
+CONFIGS = [((3, 3), (2, 2), (1, 1)), ((3, 2), (1, 2), (1, 0))]     # the plain 2x2 / stride 2 case is below
+
+
+@pytest.mark.parametrize("kernel,stride,padding", CONFIGS)
+@FEWER
+@given(shape=NCHW, seed=SEEDS)
+def test_max_pool2d(kernel, stride, padding, shape, seed):
+    x = rand(shape, seed)
+    got = P.max_pool2d(x, kernel, stride, padding)
+    check(got, P.op_for("max_pool2d", x, kernel, stride, padding), _np_pool(x, kernel, stride, padding, "max"),
+          dtype=np.float32)
+
+
+@pytest.mark.parametrize("kernel,stride,padding", CONFIGS)
+@pytest.mark.parametrize("include_pad", [True, False])
+@FEWER
+@given(shape=NCHW, seed=SEEDS)
+def test_avg_pool2d(kernel, stride, padding, include_pad, shape, seed):
+    x = rand(shape, seed)
+    got = P.avg_pool2d(x, kernel, stride, padding, count_include_pad=include_pad)
+    expected = _np_pool(x, kernel, stride, padding, "avg", include_pad)
+    check(got, P.op_for("avg_pool2d", x, kernel, stride, padding, count_include_pad=include_pad), expected,
+          rtol=1e-5, atol=1e-6, dtype=np.float32)
+
+
+def test_pool_int_arguments_and_defaults():
+    x = rand((2, 3, 9, 8), 3)
+    check(P.max_pool2d(x, 2), P.op_for("max_pool2d", x, 2), _np_pool(x, (2, 2), (2, 2), (0, 0), "max"),
+          dtype=np.float32)
+    check(P.avg_pool2d(x, 2), P.op_for("avg_pool2d", x, 2), _np_pool(x, (2, 2), (2, 2), (0, 0), "avg"),
+          rtol=1e-5, atol=1e-6, dtype=np.float32)
+    with pytest.raises(ValueError):
+        P.max_pool2d(x, 2, padding=2)          # padding above half the window
+    with pytest.raises(ValueError):
+        P.avg_pool2d(rand((1, 1, 2, 2), 0), 3)  # window larger than the input
+
+
+@FEWER
+@given(shape=NCHW, seed=SEEDS)
+def test_global_avg_pool2d(shape, seed):
+    x = rand(shape, seed)
+    check(P.global_avg_pool2d(x), P.op_for("global_avg_pool2d", x), x.astype(np.float64).mean(axis=(2, 3),
+          keepdims=True), rtol=1e-5, atol=1e-6, dtype=np.float32)

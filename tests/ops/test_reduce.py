@@ -1,0 +1,112 @@
+"""stdlib_ops.reduce: sum / mean / max / min over any axes, argmax / argmin."""
+import numpy as np
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from stdlib_ops import reduce as R
+
+from . import FEW, SEEDS, TWO, check, rand, shapes
+
+GPU_TWINS = True     # each test also runs on cuda (as a @gpu test) where a GPU is usable
+
+
+@st.composite
+def shape_and_axis(draw, max_ndim: int = 4):
+    shape = draw(shapes(1, max_ndim))
+    kind = draw(st.sampled_from(["none", "int", "tuple"]))
+    if kind == "none":
+        return shape, None
+    if kind == "int":
+        return shape, draw(st.integers(-len(shape), len(shape) - 1))
+    axes = draw(st.lists(st.integers(0, len(shape) - 1), min_size=1, max_size=len(shape), unique=True))
+    return shape, tuple(axes)
+
+
+NUMPY = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min}
+
+
+@pytest.mark.parametrize("name", list(NUMPY))
+@FEW
+@given(case=shape_and_axis(), keepdims=st.booleans(), seed=SEEDS)
+@example(case=((7, 1031), -1), keepdims=False, seed=0)        # a large contiguous reduction
+@example(case=((1031, 13), 0), keepdims=True, seed=1)         # a strided one
+def test_reduce(name, case, keepdims, seed):
+    shape, axis = case
+    x = rand(shape, seed, low=-1, high=1)
+    got = getattr(R, name)(x, axis=axis, keepdims=keepdims)
+    expected = NUMPY[name](x.astype(np.float64), axis=axis, keepdims=keepdims)
+    check(got, R.op_for(name, x, axis, keepdims), expected, rtol=1e-5, atol=2e-5, dtype=np.float32)
+
+
+def test_reduce_whole_array_and_size_one_axes():
+    x = rand((1, 5, 1, 7), 3)
+    for name, fn in NUMPY.items():
+        for axis in (None, 0, 2, (0, 2), (1, 2)):
+            got = getattr(R, name)(x, axis=axis)
+            expected = fn(x.astype(np.float64), axis=axis)
+            check(got, R.op_for(name, x, axis), expected, rtol=1e-5, atol=1e-6, dtype=np.float32)
+    assert R.sum(x).shape == ()
+    assert R.max(x, axis=(0, 1, 2, 3), keepdims=True).shape == (1, 1, 1, 1)
+
+
+@TWO
+@given(case=shape_and_axis(3), seed=SEEDS)
+def test_integer_reductions(case, seed):
+    shape, axis = case
+    x = rand(shape, seed, np.int32, -100, 100)
+    for name in ("sum", "max"):
+        expected = NUMPY[name](x, axis=axis, dtype=np.int32) if name == "sum" else NUMPY[name](x, axis=axis)
+        check(getattr(R, name)(x, axis=axis), R.op_for(name, x, axis), expected, dtype=np.int32)
+    check(R.mean(x, axis=axis), R.op_for("mean", x, axis), np.mean(x, axis=axis), rtol=1e-5, atol=1e-5,
+          dtype=np.float32)
+
+
+def test_float16_sum_and_max():
+    x = rand((6, 257), 4, low=-1, high=1).astype(np.float16)
+    x64 = x.astype(np.float64)
+    check(R.sum(x, axis=1), R.op_for("sum", x, 1), x64.sum(1), rtol=2e-3, atol=2e-2, dtype=np.float16)
+    check(R.max(x, axis=0), R.op_for("max", x, 0), x.max(0), dtype=np.float16)
+
+
+def test_reduction_errors():
+    x = rand((3, 4), 0)
+    with pytest.raises(ValueError):
+        R.sum(x, axis=(0, 0))
+    with pytest.raises(np.exceptions.AxisError):
+        R.sum(x, axis=2)
+    with pytest.raises(ValueError):
+        R.max(np.zeros((3, 0), np.float32), axis=1)
+
+
+@pytest.mark.parametrize("which", ["argmax", "argmin"])
+@FEW
+@given(shape=shapes(1, 4, max_size=20_000), data=st.data(), keepdims=st.booleans(), seed=SEEDS)
+def test_argmax_argmin(which, shape, data, keepdims, seed):
+    axis = data.draw(st.one_of(st.none(), st.integers(-len(shape), len(shape) - 1)), label="axis")
+    # few distinct values, so ties are common: the first index must win, as in numpy
+    x = rand(shape, seed, np.int32, -3, 3).astype(np.float32)
+    got = getattr(R, which)(x, axis=axis, keepdims=keepdims)
+    expected = getattr(np, which)(x, axis=axis, keepdims=keepdims)
+    assert got.dtype == np.int64 and got.shape == expected.shape
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_argmax_integers_and_large_axis():
+    x = rand((5, 1031), 7, np.int32, -1000, 1000)
+    np.testing.assert_array_equal(R.argmax(x, axis=1), np.argmax(x, axis=1))
+    np.testing.assert_array_equal(R.argmin(x, axis=0), np.argmin(x, axis=0))
+    assert R.argmax(x) == np.argmax(x)
+    with pytest.raises(ValueError):
+        R.argmax(np.zeros((2, 0), np.float32), axis=1)
+
+
+def test_zero_dim_reduction_in_taskdsl():
+    """A reduction to shape () (0-d tensors crashed index flattening before taskdsl d6de583)."""
+    import taskdsl as td
+    a = td.placeholder("a", td.f32, ("ZD_K",))
+    total = td.reduce("total", (), ("ZD_K",), lambda k: a[k], op="sum")
+    op = td.op([a], [total])
+    x = np.arange(5, dtype=np.float32)
+    assert op.reference(x)[0] == 10
+    assert op(x)[0].shape == () and op(x)[0] == 10

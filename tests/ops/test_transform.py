@@ -1,0 +1,161 @@
+"""stdlib_ops.transform: transpose/permute, reshape, slice, concat, pad, gather, expand."""
+import numpy as np
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from stdlib_ops import transform as X
+
+from . import FEW, FEWER, SEEDS, check, rand, shapes
+
+GPU_TWINS = True     # each test also runs on cuda (as a @gpu test) where a GPU is usable
+
+SMALL = st.sampled_from([1, 2, 3, 5, 7])
+
+
+@FEW
+@given(shape=shapes(1, 4, max_size=20_000), data=st.data(), seed=SEEDS)
+@example(shape=(3, 1, 4, 5), data=None, seed=0)
+def test_transpose(shape, data, seed):
+    perm = (tuple(reversed(range(len(shape)))) if data is None else
+            tuple(data.draw(st.permutations(range(len(shape))), label="perm")))
+    x = rand(shape, seed)
+    check(X.transpose(x, perm), X.op_for("transpose", x, perm), np.transpose(x, perm))
+    check(X.permute(x, perm), X.op_for("permute", x, perm), np.transpose(x, perm))
+
+
+def test_transpose_defaults_and_ints():
+    x = rand((2, 3, 5), 0, np.int32, -9, 9)
+    check(X.transpose(x), X.op_for("transpose", x), x.T)
+    # neighbours that stay neighbours are merged: (0, 2, 3, 1) on 4-d is a 3-d transpose
+    plan = X.op_for("transpose", rand((2, 3, 4, 5), 1), (0, 2, 3, 1))
+    assert [a.shape for a in plan.arrays] == [(2, 3, 20)]
+
+
+@FEWER
+@given(shape=shapes(1, 4, max_size=20_000), seed=SEEDS)
+def test_reshape(shape, seed):
+    x = rand(shape, seed)
+    new = (-1,) + shape[-1:] if len(shape) > 1 else (shape[0], 1)
+    check(X.reshape(x, new), X.op_for("reshape", x, new), x.reshape(new))
+    with pytest.raises(ValueError):
+        X.reshape(x, (x.size + 1,))
+
+
+@st.composite
+def slicing(draw, ndim: int):
+    starts, stops, steps = [], [], []
+    for _ in range(ndim):
+        starts.append(draw(st.one_of(st.none(), st.integers(-8, 8))))
+        stops.append(draw(st.one_of(st.none(), st.integers(-8, 8))))
+        steps.append(draw(st.sampled_from([None, 1, 2, 3, -1, -2])))
+    return starts, stops, steps
+
+
+@FEW
+@given(shape=shapes(1, 4, max_size=20_000), data=st.data(), seed=SEEDS)
+def test_slice(shape, data, seed):
+    starts, stops, steps = data.draw(slicing(len(shape)), label="slicing")
+    x = rand(shape, seed)
+    key = tuple(slice(a, b, c) for a, b, c in zip(starts, stops, steps))
+    check(X.slice(x, starts, stops, steps), X.op_for("slice", x, starts, stops, steps), x[key])
+
+
+def test_slice_axes_and_ints():
+    x = rand((4, 9, 6), 2, np.int32, -50, 50)
+    check(X.slice(x, 1, -1, 2, axes=1), X.op_for("slice", x, 1, -1, 2, axes=1), x[:, 1:-1:2])
+    check(X.slice(x, [5, 0], [None, 2], [-1, 1], axes=[2, 0]),
+          X.op_for("slice", x, [5, 0], [None, 2], [-1, 1], axes=[2, 0]), x[0:2, :, 5::-1])
+    assert X.slice(x, 3, 3, axes=0).shape == (0, 9, 6)
+    with pytest.raises(ValueError):
+        X.slice(x, 0, 2, 0)
+
+
+@FEW
+@given(shape=shapes(1, 4, max_size=10_000), data=st.data(), count=st.integers(1, 3), seed=SEEDS)
+def test_concat(shape, data, count, seed):
+    axis = data.draw(st.integers(-len(shape), len(shape) - 1), label="axis")
+    arrays = []
+    for k in range(count):
+        s = list(shape)
+        s[axis] = data.draw(st.sampled_from([0, 1, 2, 5, 13]), label=f"size{k}")
+        arrays.append(rand(tuple(s), seed + k))
+    check(X.concat(arrays, axis), X.op_for("concat", arrays, axis), np.concatenate(arrays, axis))
+
+
+def test_concat_mixed_dtypes():
+    a, b = rand((3, 4), 0).astype(np.float16), rand((3, 2), 1)
+    check(X.concat([a, b], 1), X.op_for("concat", [a, b], 1), np.concatenate([a.astype(np.float32), b], 1))
+    i, j = rand((2, 3), 0, np.int32, -5, 5), rand((1, 3), 1, np.int32, -5, 5)
+    check(X.concat([i, j]), X.op_for("concat", [i, j]), np.concatenate([i, j]))
+    with pytest.raises(ValueError):
+        X.concat([a, rand((2, 2), 2)], 1)
+
+
+@FEW
+@given(shape=shapes(1, 3, max_size=10_000), data=st.data(), seed=SEEDS)
+def test_pad(shape, data, seed):
+    widths = [tuple(data.draw(st.tuples(st.integers(0, 3), st.integers(0, 3)), label=f"pad{k}"))
+              for k in range(len(shape))]
+    value = data.draw(st.sampled_from([0.0, -1.5, 7.0]), label="value")
+    x = rand(shape, seed)
+    check(X.pad(x, widths, value), X.op_for("pad", x, widths, value), np.pad(x, widths, constant_values=value))
+
+
+def test_pad_forms_and_ints():
+    x = rand((3, 4), 0, np.int32, -5, 5)
+    check(X.pad(x, 2), X.op_for("pad", x, 2), np.pad(x, 2))
+    check(X.pad(x, (1, 0), value=9), X.op_for("pad", x, (1, 0), value=9), np.pad(x, (1, 0), constant_values=9))
+    with pytest.raises(ValueError):
+        X.pad(x, ((1, 2),) * 3)
+
+
+@FEW
+@given(shape=shapes(1, 3, max_size=10_000), data=st.data(), seed=SEEDS)
+def test_gather(shape, data, seed):
+    axis = data.draw(st.integers(-len(shape), len(shape) - 1), label="axis")
+    n = shape[axis]
+    ishape = data.draw(st.sampled_from([(), (1,), (4,), (2, 3)]), label="index shape")
+    idtype = data.draw(st.sampled_from([np.int32, np.int64]), label="index dtype")
+    indices = np.random.default_rng(seed).integers(-n, n, size=ishape).astype(idtype)   # negatives wrap
+    x = rand(shape, seed)
+    check(X.gather(x, indices, axis), X.op_for("gather", x, indices, axis), np.take(x, indices, axis=axis))
+
+
+def test_gather_errors():
+    x = rand((3, 4), 0)
+    with pytest.raises(IndexError):
+        X.gather(x, np.array([4]), axis=1)
+    with pytest.raises(TypeError):
+        X.gather(x, np.array([0.5]), axis=1)
+
+
+@FEW
+@given(shape=shapes(1, 3, max_size=2_000), data=st.data(), seed=SEEDS)
+def test_expand(shape, data, seed):
+    ones = data.draw(st.lists(st.booleans(), min_size=len(shape), max_size=len(shape)), label="ones")
+    lead = tuple(data.draw(st.lists(SMALL, max_size=2), label="lead"))
+    src = tuple(1 if one else n for one, n in zip(ones, shape))
+    x = rand(src, seed)
+    target = lead + shape
+    check(X.expand(x, target), X.op_for("expand", x, target), np.broadcast_to(x, target))
+    with pytest.raises(ValueError):
+        X.expand(rand((2, 3), 0), (4, 3))
+
+
+@pytest.mark.xfail(raises=AttributeError,
+                   reason="taskdsl bug: td.compute accepts a dim that is an expression of size symbols, but an op "
+                          "output with such a dim crashes Kernel.from_ir (d.name of a Binary); stdlib_ops passes "
+                          "such output sizes through a shape-carrier input instead")
+def test_taskdsl_bug_output_dim_expression():
+    import taskdsl as td
+    from taskdsl import ir
+    from taskdsl.compute import size_var
+    a = td.placeholder("a", td.f32, ("XB_A",))
+    b = td.placeholder("b", td.f32, ("XB_B",))
+    n = size_var("XB_A")
+    joined = td.compute("joined", (n + size_var("XB_B"),), lambda i: ir.Select(i < n, a[i], b[i - n], td.f32))
+    op = td.op([a, b], [joined])
+    x, y = np.arange(3, dtype=np.float32), np.arange(4, dtype=np.float32)
+    np.testing.assert_array_equal(op.reference(x, y)[0], np.concatenate([x, y]))
+    np.testing.assert_array_equal(op(x, y)[0], np.concatenate([x, y]))
