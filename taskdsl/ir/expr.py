@@ -226,3 +226,15 @@ def structurally_equal(a, b) -> bool:
     if isinstance(a, Expr):
         return all(structurally_equal(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a))
     return a == b
+
+
+def evaluate_int(e: Expr, sizes: dict) -> int:
+    """The value of an integer expression over size symbols (`sizes`: name -> int)."""
+    if isinstance(e, Const):
+        return int(e.value)
+    if isinstance(e, Var) and e.kind == "size":
+        return int(sizes[e.name])
+    if isinstance(e, Binary) and e.op in ("+", "-", "*", "//", "%"):
+        a, b = evaluate_int(e.a, sizes), evaluate_int(e.b, sizes)
+        return {"+": a + b, "-": a - b, "*": a * b, "//": a // b if b else 0, "%": a % b if b else 0}[e.op]
+    raise TypeError(f"cannot evaluate {type(e).__name__} from sizes")

@@ -84,8 +84,9 @@ class Kernel:
         """A kernel whose IR was built by a program (a scheduler), not written as Python."""
         params = []
         for p in function.params:
-            if isinstance(p, ir.Buffer):
-                dims = tuple(d.value if isinstance(d, ir.Const) else d.name for d in p.shape)
+            if isinstance(p, ir.Buffer):   # a dim computed from symbols stays an expression, checked per call
+                dims = tuple(d.value if isinstance(d, ir.Const) else d.name if isinstance(d, ir.Var) else d
+                             for d in p.shape)
                 params.append((p.name, T.TensorSpec(p.dtype, dims)))
             else:
                 params.append((p.name, p.dtype))
@@ -104,11 +105,16 @@ class Kernel:
                             f"({', '.join(n for n, _ in self.params)}), got {len(args)}")
         sizes: dict = {}
         values = []
+        self._derived = []     # dims that are expressions of size symbols, checked once all are bound
         for (pname, spec), arg in zip(self.params, args):
             if isinstance(spec, T.TensorSpec):
                 values.append(self._bind_tensor(pname, spec, arg, sizes, target))
             else:
                 values.append(self._bind_scalar(pname, spec, arg))
+        for pname, axis, dim, n in self._derived:
+            if ir.evaluate_int(dim, sizes) != n:
+                raise ValueError(f"kernel '{self.name}': axis {axis} of '{pname}' must be {ir.expr_str(dim)} = "
+                                 f"{ir.evaluate_int(dim, sizes)}, got {n}")
         scalars = {n: v for (n, s), v in zip(self.params, values) if isinstance(s, T.DataType)}
         grid = _dims3(self._evaluate(self.grid_spec, sizes, scalars, "grid"), "grid", self.name)
         block = _dims3(self._evaluate(self.block_spec, sizes, scalars, "block"), "block", self.name)
@@ -142,6 +148,8 @@ class Kernel:
                 if sizes.setdefault(dim, n) != n:
                     raise ValueError(f"kernel '{self.name}': size '{dim}' is {sizes[dim]} from an earlier argument "
                                      f"but {n} in '{pname}' (axis {axis}, shape {shape})")
+            elif isinstance(dim, ir.Expr):
+                self._derived.append((pname, axis, dim, n))
             elif dim != n:
                 raise ValueError(f"kernel '{self.name}': axis {axis} of '{pname}' must be {dim}, got shape {shape}")
         if info is not None and not info.c_contiguous:

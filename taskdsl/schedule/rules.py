@@ -20,6 +20,7 @@ import math
 
 from .. import ir
 from ..compute import Tensor, size_var
+from ..ir import evaluate_int
 from ..ir import types as T
 from ..lang import math_expr
 from ..lang.intrinsics import blockIdx, gridDim, threadIdx
@@ -50,18 +51,6 @@ def size_function(expr_of_sizes, names: list):
     fn.__signature__ = inspect.Signature([inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD)
                                           for n in names])
     return fn
-
-
-def evaluate_int(e: ir.Expr, sizes: dict) -> int:
-    """The value of an integer expression over size symbols."""
-    if isinstance(e, ir.Const):
-        return int(e.value)
-    if isinstance(e, ir.Var) and e.kind == "size":
-        return int(sizes[e.name])
-    if isinstance(e, ir.Binary) and e.op in ("+", "-", "*", "//", "%"):
-        a, b = evaluate_int(e.a, sizes), evaluate_int(e.b, sizes)
-        return {"+": a + b, "-": a - b, "*": a * b, "//": a // b if b else 0, "%": a % b if b else 0}[e.op]
-    raise TypeError(f"cannot evaluate {ir.expr_str(e)} from sizes")
 
 
 def _size_names(*exprs) -> list:

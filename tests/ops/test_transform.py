@@ -143,11 +143,7 @@ def test_expand(shape, data, seed):
         X.expand(rand((2, 3), 0), (4, 3))
 
 
-@pytest.mark.xfail(raises=AttributeError,
-                   reason="taskdsl bug: td.compute accepts a dim that is an expression of size symbols, but an op "
-                          "output with such a dim crashes Kernel.from_ir (d.name of a Binary); stdlib_ops passes "
-                          "such output sizes through a shape-carrier input instead")
-def test_taskdsl_bug_output_dim_expression():
+def test_output_dim_expression():
     import taskdsl as td
     from taskdsl import ir
     from taskdsl.compute import size_var

@@ -47,6 +47,14 @@ _C_OPS = {"and": "&&", "or": "||"}
 _NATIVE_ATOMICS = {("add", t) for t in ("i32", "u32", "u64", "f32", "f64")} | {("sub", t) for t in ("i32", "u32")} | \
     {(op, t) for op in ("max", "min") for t in ("i32", "u32", "i64", "u64")} | \
     {("exch", t) for t in ("i32", "u32", "u64", "f32")}
+# Identifiers generated code calls or CUDA defines: variables and buffers must not shadow them.
+_C_RESERVED = set(_F32_MATH.values()) | {name[:-1] for name in _F32_MATH.values()} | set(_SHUFFLES.values()) | {
+    "llabs", "abs", "max", "min", "threadIdx", "blockIdx", "blockDim", "gridDim", "warpSize", "atomicAdd",
+    "atomicSub", "atomicMax", "atomicMin", "atomicExch", "atomicCAS", "memcpy", "half", "long", "short",
+    "unsigned", "signed", "const", "void", "return", "if", "else", "for", "while", "do", "break", "continue",
+    "switch", "case", "default", "struct", "union", "class", "template", "typename", "static", "extern",
+    "register", "volatile", "inline", "sizeof", "new", "delete", "this", "true", "false", "auto", "goto",
+    "namespace", "using", "operator", "char", "float", "double", "int", "bool"} | set(_HELPERS)
 _RMW_OPS = {"add": "a + b", "sub": "a - b", "max": "(a > b ? a : b)", "min": "(a < b ? a : b)", "exch": "b"}
 
 
@@ -94,7 +102,7 @@ def _c_float(value: float, dtype: T.DataType) -> str:
 class _CudaEmitter:
     def __init__(self, fn: ir.Function):
         self.fn = fn
-        self.name = NameTable()
+        self.name = NameTable(_C_RESERVED)
         self.single = single_assignments(fn.body)
         self.lines: list = []
         self.ranges: dict = {}
