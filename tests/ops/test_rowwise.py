@@ -1,0 +1,37 @@
+"""The fused row kernels, in both schedules (block per row for GPUs, thread per row for CPUs)."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from stdlib_ops.rowwise import layer_norm_rows, softmax_rows
+
+GPU_TWINS = True
+
+SHAPES = st.tuples(st.integers(1, 9), st.sampled_from([1, 2, 31, 255, 256, 257, 1031]))
+
+
+def _softmax(x):
+    x = x.astype(np.float64)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("schedule", ["block", "thread"])
+@settings(max_examples=5, deadline=None)
+@given(shape=SHAPES, seed=st.integers(0, 1000))
+def test_softmax_and_log_softmax(schedule, shape, seed):
+    x = (np.random.default_rng(seed).standard_normal(shape) * 5).astype(np.float32)
+    np.testing.assert_allclose(softmax_rows(x, schedule=schedule), _softmax(x), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(softmax_rows(x, log=True, schedule=schedule), np.log(_softmax(x)), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("schedule", ["block", "thread"])
+@settings(max_examples=5, deadline=None)
+@given(shape=SHAPES, seed=st.integers(0, 1000))
+def test_layer_norm(schedule, shape, seed):
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(shape) * 3 + 1).astype(np.float32)
+    w, b = rng.standard_normal(shape[-1]).astype(np.float32), rng.standard_normal(shape[-1]).astype(np.float32)
+    x64 = x.astype(np.float64)
+    expected = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-5) * w + b
+    np.testing.assert_allclose(layer_norm_rows(x, w, b, schedule=schedule), expected, rtol=1e-4, atol=1e-4)
