@@ -15,10 +15,11 @@ from ..compute import Tensor, bind_sizes, evaluate, numpy_dtype, topological
 from ..backend.cpu.launch import num_threads
 from ..runtime.config import get_target
 from ..runtime.kernel import Kernel
-from .rules import (choose_strategy, evaluate_int, injective_strategy, numel, schedule_injective, schedule_reduce,
+from .rules import (BLOCK, choose_strategy, evaluate_int, injective_strategy, numel, schedule_injective, schedule_reduce,
                     split_stages)
 
 SPLIT_CHUNKS = 32
+CPU_THREAD_BLOCK = 8    # outputs per block of a cpu 'thread' reduction: blocks are what the CPU threads share
 
 
 @dataclass
@@ -78,9 +79,9 @@ class Op:
             for stage, strategy in stages:
                 key.append((id(stage), strategy))
                 steps.append((stage, strategy))
-        key = tuple(key)
+        key = (target, tuple(key))
         if key not in self._plans:
-            self._plans[key] = [self._step(stage, strategy) for stage, strategy in steps]
+            self._plans[key] = [self._step(stage, strategy, target) for stage, strategy in steps]
         return self._plans[key]
 
     def _split(self, t: Tensor) -> tuple:
@@ -88,9 +89,10 @@ class Op:
             self._splits[id(t)] = split_stages(t, SPLIT_CHUNKS)
         return self._splits[id(t)]
 
-    def _step(self, t: Tensor, strategy: str) -> Step:
+    def _step(self, t: Tensor, strategy: str, target: str) -> Step:
+        threads = CPU_THREAD_BLOCK if target == "cpu" else BLOCK
         kernel = schedule_injective(t, self.inlined, strategy) if t.kind == "compute" else \
-            schedule_reduce(t, self.inlined, strategy)
+            schedule_reduce(t, self.inlined, strategy, threads)
         params = kernel._frontend_ir(kernel.block_spec).params
         return Step(kernel, tuple(p for p in params if isinstance(p, ir.Buffer)), tuple(params))
 

@@ -243,8 +243,11 @@ def _finish(t: Tensor, acc: ir.Expr, reduced: ir.Expr) -> ir.Expr:
     return acc if acc.dtype == t.dtype else ir.Cast(acc, t.dtype)
 
 
-def schedule_reduce(t: Tensor, inline: set, strategy: str) -> Kernel:
-    """A kernel computing reduction `t` with `strategy` ('thread', 'warp' or 'block')."""
+def schedule_reduce(t: Tensor, inline: set, strategy: str, threads: int = BLOCK) -> Kernel:
+    """A kernel computing reduction `t` with `strategy` ('thread', 'warp' or 'block').
+
+    `threads`: the block size of the 'thread' strategy (small on the cpu target, where blocks
+    are the unit of parallelism and a few outputs must still make several blocks)."""
     body = inline_injective(t.body, inline)
     outputs, reduced = numel(t.shape), numel(t.reduce_shape)
     dtype = accumulator_dtype(t)
@@ -252,7 +255,7 @@ def schedule_reduce(t: Tensor, inline: set, strategy: str) -> Kernel:
     lane, warp = threadIdx.x % 32, threadIdx.x // 32
     if strategy == "thread":
         o = ir.Var("o", T.i32)
-        head = [ir.Assign(o, blockIdx.x * BLOCK + threadIdx.x)]
+        head = [ir.Assign(o, blockIdx.x * threads + threadIdx.x)]
         guard, start, step, leader = ir.binary("<", o, outputs), 0, 1, None
     elif strategy == "warp":
         o = ir.Var("o", T.i32)
@@ -280,8 +283,8 @@ def schedule_reduce(t: Tensor, inline: set, strategy: str) -> Kernel:
     store = ir.Store(t.buffer, tuple(out_index), _finish(t, acc, reduced))
     cond = leader if guard is None else (guard if leader is None else ir.binary("and", guard, leader))
     stmts.append(store if cond is None else ir.If(cond, store))
-    fn = _function(f"{t.name}_reduce_{strategy}", t, ir.seq(stmts))
-    per_block = {"thread": BLOCK, "warp": WARPS, "block": 1}[strategy]
+    fn = _function(f"{t.name}_reduce_{strategy}", t, ir.seq(stmts), block=threads if strategy == "thread" else BLOCK)
+    per_block = {"thread": threads, "warp": WARPS, "block": 1}[strategy]
     grid = size_function(lambda env: -(-evaluate_int(outputs, env) // per_block), _size_names(outputs))
     return Kernel.from_ir(fn, grid)
 
