@@ -10,7 +10,7 @@ import pytest
 
 import taskdsl as td
 from taskdsl import bf16, blockIdx, f16, f32, f64, i32, i64, threadIdx
-from tests.kernels import tree_sum
+from .kernels import histogram, tree_sum, warp_sums
 
 pytestmark = pytest.mark.gpu
 
@@ -41,24 +41,6 @@ def add_rows(A: f32["M", "N"], B: f32["M", "N"], C: f32["M", "N"]):
     j = blockIdx.x * 16 + threadIdx.x
     if j < N:
         C[blockIdx.y, j] = A[blockIdx.y, j] + B[blockIdx.y, j]
-
-
-@td.kernel(grid=lambda N: td.cdiv(N, 64), block=64)
-def warp_sums(X: f32["N"], Out: f32["W"]):
-    g = blockIdx.x * 64 + threadIdx.x
-    v = X[g] if g < N else 0.0
-    for off in (16, 8, 4, 2, 1):
-        v += td.shfl_down(v, off)
-    if threadIdx.x % 32 == 0:
-        Out[g // 32] = v
-
-
-@td.kernel(grid=lambda N: td.cdiv(N, 64), block=64)
-def histogram(Vals: i32["N"], Hist: i32["B"], Total: f32[1]):
-    i = blockIdx.x * 64 + threadIdx.x
-    if i < N:
-        td.atomic_add(Hist[Vals[i]], 1)
-        td.atomic_add(Total[0], 1.0)
 
 
 @td.kernel(grid=lambda N: td.cdiv(N, 64), block=64)

@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 import taskdsl as td
 from taskdsl import blockDim, blockIdx, f32, f64, gridDim, i32, repeat, spatial, threadIdx
 
+from .kernels import histogram, warp_sums
+
 GPU_TWINS = True   # every test also runs as a @gpu twin on the cuda target (conftest.py)
 
 FEW = settings(max_examples=6, deadline=None)
@@ -958,14 +960,6 @@ def test_shared_memory_transpose(m, n, seed):
 
 
 # --------------------------------------------------------------------------- atomics
-@td.kernel(grid=lambda N: td.cdiv(N, 64), block=64)
-def histogram(Vals: i32["N"], Hist: i32["B"], Total: f32[1]):
-    i = blockIdx.x * 64 + threadIdx.x
-    if i < N:
-        td.atomic_add(Hist[Vals[i]], 1)
-        td.atomic_add(Total[0], 1.0)
-
-
 @FEW
 @given(n=SIZES, bins=st.integers(1, 40), seed=st.integers(0, 2**16))
 @example(n=60000, bins=3, seed=0)        # many blocks hitting the same few bins
@@ -1151,16 +1145,6 @@ def test_shfl_xor_lane_mask_beyond_width():
         want = shuffle_reference(x, "xor", np.full(32, mask), width, 32)
         np.testing.assert_array_equal(out[row], want)
     np.testing.assert_array_equal(out[0], np.concatenate([x[:16], x[:16]]))
-
-
-@td.kernel(grid=lambda N: td.cdiv(N, 64), block=64)
-def warp_sums(X: f32["N"], Out: f32["W"]):
-    g = blockIdx.x * 64 + threadIdx.x
-    v = X[g] if g < N else 0.0
-    for off in (16, 8, 4, 2, 1):
-        v += td.shfl_down(v, off)
-    if threadIdx.x % 32 == 0:
-        Out[g // 32] = v
 
 
 @FEW

@@ -113,10 +113,14 @@ def _record_inputs(expr: ir.Expr, new_inputs: dict, skip: ir.Buffer | None = Non
 
 
 # ---------------------------------------------------------------- prologue
-def _fuse_prologue(body: ir.Stmt, param: ir.Buffer, definition: Tensor, new_inputs: dict) -> ir.Stmt:
+def _require_compute(definition, role: str, param: ir.Buffer) -> None:
     if not isinstance(definition, Tensor) or definition.kind != "compute":
         kind = getattr(definition, "kind", type(definition).__name__)
-        raise FusionError(f"the prologue of '{param.name}' must be an injective compute definition, got a {kind}")
+        raise FusionError(f"the {role} of '{param.name}' must be an injective compute definition, got a {kind}")
+
+
+def _fuse_prologue(body: ir.Stmt, param: ir.Buffer, definition: Tensor, new_inputs: dict) -> ir.Stmt:
+    _require_compute(definition, "prologue", param)
     reads, writes = _reads_and_writes(body, param)
     if writes:
         raise FusionError(f"the anchor writes '{param.name}', so it cannot be replaced by a prologue")
@@ -147,9 +151,7 @@ def _bind(e: ir.Expr, values: dict) -> ir.Expr:
 
 # ---------------------------------------------------------------- epilogue
 def _fuse_epilogue(body: ir.Stmt, param: ir.Buffer, definition: Tensor, new_inputs: dict) -> ir.Stmt:
-    if not isinstance(definition, Tensor) or definition.kind != "compute":
-        kind = getattr(definition, "kind", type(definition).__name__)
-        raise FusionError(f"the epilogue of '{param.name}' must be a compute definition, got a {kind}")
+    _require_compute(definition, "epilogue", param)
     reads, writes = _reads_and_writes(body, param)
     if reads:
         raise FusionError(f"the anchor reads its output '{param.name}' (e.g. accumulates into it), so its stores "
