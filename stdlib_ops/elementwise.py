@@ -71,10 +71,6 @@ def tdtype(dtype) -> T.DataType:
     return dtype if isinstance(dtype, T.DataType) else T.from_numpy(dtype)
 
 
-def first(outputs: list):
-    return outputs[0]
-
-
 def reshaper(shape: tuple) -> Callable:
     """A finalize function: the op's single output reshaped to `shape` (a view of the fresh output)."""
     shape = tuple(int(n) for n in shape)

@@ -82,6 +82,7 @@ class Tensor:
 
     @property
     def is_injective(self) -> bool:
+        """Whether each element is computed on its own (a compute, not a reduce or an input)."""
         return self.kind == "compute"
 
     def __getitem__(self, index) -> ir.Load:

@@ -47,10 +47,9 @@ def _is_number(value) -> bool:
                                                    and getattr(value, "shape", None) == ())
 
 
-def _assigned_names(tree: ast.FunctionDef) -> tuple[set, set]:
-    """(names assigned more than once / augmented / annotated, names that are loop targets)."""
+def _runtime_names(tree: ast.FunctionDef) -> set:
+    """Names assigned more than once, augmented or annotated: runtime variables."""
     counts: dict = {}
-    loop_targets: set = set()
 
     def names_of(target):
         if isinstance(target, ast.Name):
@@ -66,9 +65,7 @@ def _assigned_names(tree: ast.FunctionDef) -> tuple[set, set]:
                     counts[n] = counts.get(n, 0) + 1
         elif isinstance(node, (ast.AugAssign, ast.AnnAssign)) and isinstance(node.target, ast.Name):
             counts[node.target.id] = counts.get(node.target.id, 0) + 2
-        elif isinstance(node, ast.For):
-            loop_targets.update(names_of(node.target))
-    return {n for n, c in counts.items() if c > 1}, loop_targets
+    return {n for n, c in counts.items() if c > 1}
 
 
 def _may_return(node: ast.stmt) -> bool:
@@ -100,7 +97,7 @@ class FunctionTranslator:
         self.return_var = return_var
         self.is_func = is_func
         self.depth = depth
-        self.runtime_names, self.loop_names = _assigned_names(source.tree)
+        self.runtime_names = _runtime_names(source.tree)
         self.loop_depth = 0
         self.pending: list = []   # statements an expression emits before its own (allocations, inlined calls)
         self.returned: ir.Var | None = None

@@ -6,4 +6,4 @@ from .printer import expr_str, function_str, stmt_str
 from .stmt import (Allocate, Assign, Break, Continue, Evaluate, For, ForMapping, If, Seq, Stmt, Store,
                    SyncThreads, While, seq)
 from .types import DataType, TensorSpec
-from .visitor import Rewriter, Visitor, collect
+from .visitor import Rewriter, Visitor, collect, substitute

@@ -159,7 +159,6 @@ class Atomic(Expr):
 ARITH_OPS = ("+", "-", "*", "/", "//", "%")
 COMPARE_OPS = ("<", "<=", ">", ">=", "==", "!=")
 LOGIC_OPS = ("and", "or")
-BITWISE_OPS = ("&", "|", "^", "<<", ">>")
 
 
 def const(value, dtype: DataType | None = None) -> Const:

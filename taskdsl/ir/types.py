@@ -72,7 +72,6 @@ _NUMPY_NAMES = {"f16": "float16", "bf16": "uint16", "f32": "float32", "f64": "fl
                 "i16": "int16", "i32": "int32", "i64": "int64", "u8": "uint8", "u32": "uint32",
                 "u64": "uint64", "bool": "bool"}
 ALL_DTYPES = (f16, bf16, f32, f64, i8, i16, i32, i64, u8, u32, u64, boolean)
-BY_NAME = {t.name: t for t in ALL_DTYPES}
 
 
 def from_numpy(dtype) -> DataType:

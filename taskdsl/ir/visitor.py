@@ -77,6 +77,19 @@ class Rewriter:
         return buffer
 
 
+class _Substitute(Rewriter):
+    def __init__(self, values: dict):
+        self.values = values
+
+    def visit_Var(self, v):
+        return self.values.get(v.uid, v)
+
+
+def substitute(node, values: dict):
+    """`node` with each Var whose uid is a key of `values` replaced by the value."""
+    return _Substitute(values).visit(node) if values else node
+
+
 def collect(node, cls) -> list:
     """Every node of class `cls` in the tree, in visiting order."""
     found = []

@@ -39,7 +39,7 @@ class _Expander(ir.Rewriter):
 
     def _emit(self, s: ir.ForMapping, atoms, workers_after, t, coords, body) -> ir.Stmt:
         if t == len(atoms):  # the loop variables are read-only, so their uses take the coordinates
-            return _Substitute({v.uid: ir.as_expr(c, T.i32) for v, c in zip(s.vars, coords)}).visit(body)
+            return ir.substitute(body, {v.uid: ir.as_expr(c, T.i32) for v, c in zip(s.vars, coords)})
         atom = atoms[t]
         worker = s.worker if workers_after[t] == 1 else s.worker // workers_after[t]
         if t > 0 and atom.num_workers > 1:
@@ -62,11 +62,3 @@ class _Expander(ir.Rewriter):
             return inner
         tasks = atom.worker_to_tasks(worker)
         return ir.seq([self._emit(s, atoms, workers_after, t + 1, combine(tuple(task)), body) for task in tasks])
-
-
-class _Substitute(ir.Rewriter):
-    def __init__(self, values: dict):
-        self.values = values
-
-    def visit_Var(self, v: ir.Var):
-        return self.values.get(v.uid, v)

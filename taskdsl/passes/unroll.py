@@ -36,7 +36,7 @@ class _Unroller(ir.Rewriter):
         if len(trips) * _copies(body) > self.max_copies or any(isinstance(x, (ir.Break, ir.Continue))
                                                                  for x in _loop_jumps(body)):
             return s
-        return ir.seq([_Bind(s.var.uid, ir.const(t, s.var.dtype)).visit(body) for t in trips]) if trips \
+        return ir.seq([ir.substitute(body, {s.var.uid: ir.const(t, s.var.dtype)}) for t in trips]) if trips \
             else ir.Seq(())
 
 
@@ -51,11 +51,3 @@ def _loop_jumps(s):
         yield from _loop_jumps(s.then)
         if s.orelse is not None:
             yield from _loop_jumps(s.orelse)
-
-
-class _Bind(ir.Rewriter):
-    def __init__(self, uid: int, value: ir.Expr):
-        self.uid, self.value = uid, value
-
-    def visit_Var(self, v: ir.Var):
-        return self.value if v.uid == self.uid else v

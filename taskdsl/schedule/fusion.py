@@ -114,7 +114,7 @@ def _record_inputs(expr: ir.Expr, new_inputs: dict, skip: ir.Buffer | None = Non
 
 # ---------------------------------------------------------------- prologue
 def _require_compute(definition, role: str, param: ir.Buffer) -> None:
-    if not isinstance(definition, Tensor) or definition.kind != "compute":
+    if not isinstance(definition, Tensor) or not definition.is_injective:
         kind = getattr(definition, "kind", type(definition).__name__)
         raise FusionError(f"the {role} of '{param.name}' must be an injective compute definition, got a {kind}")
 
@@ -136,17 +136,10 @@ def _fuse_prologue(body: ir.Stmt, param: ir.Buffer, definition: Tensor, new_inpu
             e = self.generic_visit(e)
             if e.buffer.uid != param.uid:
                 return e
-            loaded = _bind(value, {a.uid: i for a, i in zip(axes, e.indices)})
+            loaded = ir.substitute(value, {a.uid: i for a, i in zip(axes, e.indices)})
             return loaded if loaded.dtype == param.dtype else ir.Cast(loaded, param.dtype)
 
     return _Prologue().visit(body)
-
-
-def _bind(e: ir.Expr, values: dict) -> ir.Expr:
-    class _Sub(ir.Rewriter):
-        def visit_Var(self, v):
-            return values.get(v.uid, v)
-    return _Sub().visit(e)
 
 
 # ---------------------------------------------------------------- epilogue
@@ -180,7 +173,7 @@ def _fuse_epilogue(body: ir.Stmt, param: ir.Buffer, definition: Tensor, new_inpu
             index = inverse(s.indices)
             anchor_value = ir.Var(f"{param.name}_value", s.value.dtype)   # computed once, however often read
             stored = _replace_loads(value, stand_in.buffer, anchor_value)
-            stored = _bind(stored, {a.uid: i for a, i in zip(definition.axes, index)})
+            stored = ir.substitute(stored, {a.uid: i for a, i in zip(definition.axes, index)})
             if stored.dtype != definition.dtype:
                 stored = ir.Cast(stored, definition.dtype)
             return ir.seq([ir.Assign(anchor_value, s.value, s.loc), ir.Store(definition.buffer, tuple(index), stored, s.loc)])

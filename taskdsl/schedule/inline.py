@@ -19,10 +19,4 @@ class _Inliner(ir.Rewriter):
         producer = _OWNER.get(e.buffer.uid)
         if producer is None or id(producer) not in self.inline:
             return e
-        values = {a.uid: i for a, i in zip(producer.axes, e.indices)}
-
-        class _Bind(ir.Rewriter):
-            def visit_Var(self, v):
-                return values.get(v.uid, v)
-
-        return self.visit(_Bind().visit(producer.body))
+        return self.visit(ir.substitute(producer.body, {a.uid: i for a, i in zip(producer.axes, e.indices)}))

@@ -62,13 +62,6 @@ def _size_names(*exprs) -> list:
     return names
 
 
-def _substitute(e: ir.Expr, values: dict) -> ir.Expr:
-    class _Sub(ir.Rewriter):
-        def visit_Var(self, v):
-            return values.get(v.uid, v)
-    return _Sub().visit(e)
-
-
 def _function(name: str, out: Tensor, body: ir.Stmt, extra_buffers=(), block=BLOCK) -> ir.Function:
     """An IR Function whose parameters are the global buffers `body` reads, then the output,
     then (as i32 scalars) any size the body uses that no parameter's shape determines."""
@@ -81,20 +74,12 @@ def _function(name: str, out: Tensor, body: ir.Stmt, extra_buffers=(), block=BLO
     loose = {v.uid: v for v in _vars_of(body) if v.kind == "size" and v.uid not in sizes}
     scalars = {uid: ir.Var(v.name, v.dtype, kind="param") for uid, v in loose.items()}
     if scalars:
-        body = _Rebind(scalars).visit(body)
+        body = ir.substitute(body, scalars)
     return ir.Function(name, params + tuple(scalars.values()), tuple(sizes.values()), body, (block, 1, 1))
 
 
 def _vars_of(e) -> list:
     return [e] if isinstance(e, ir.Var) else ir.collect(e, ir.Var)
-
-
-class _Rebind(ir.Rewriter):
-    def __init__(self, values: dict):
-        self.values = values
-
-    def visit_Var(self, v):
-        return self.values.get(v.uid, v)
 
 
 # ---------------------------------------------------------------- injective
@@ -121,7 +106,7 @@ def schedule_injective(out: Tensor, inline: set, strategy: str = "flat") -> Kern
         index = _unravel(row, out.shape[:-1]) + [column]
     else:
         rows, width, index = ir.const(1), numel(out.shape), _unravel(column, out.shape)
-    value = _substitute(body, {a.uid: i for a, i in zip(out.axes, index)})
+    value = ir.substitute(body, {a.uid: i for a, i in zip(out.axes, index)})
     store = ir.Store(out.buffer, tuple(index), ir.Cast(value, out.dtype) if value.dtype != out.dtype else value)
     loop = ir.For(r, ir.const(0), ir.const(PER_THREAD), ir.const(1), ir.seq([
         ir.Assign(column, blockIdx.x * per_block + r * BLOCK + threadIdx.x),
@@ -214,7 +199,7 @@ def _element(t: Tensor, body: ir.Expr, out_index: list, linear: ir.Expr, dtype) 
     """The reduced element at reduced linear index `linear` of output `out_index`, as `dtype`."""
     values = {a.uid: i for a, i in zip(t.axes, out_index)}
     values.update({a.uid: i for a, i in zip(t.reduce_axes, _unravel(linear, t.reduce_shape))})
-    value = _substitute(body, values)
+    value = ir.substitute(body, values)
     return value if value.dtype == dtype else ir.Cast(value, dtype)
 
 
