@@ -93,10 +93,12 @@ def contiguous(v) -> np.ndarray:
 
 
 def cast_to(e: ir.Expr, dtype: T.DataType) -> ir.Expr:
+    """`e` converted to `dtype` (unchanged when it already has it)."""
     return e if e.dtype == dtype else ir.Cast(e, dtype)
 
 
 def normalize_axis(axis: int, ndim: int) -> int:
+    """A possibly negative axis as an index in [0, ndim); TypeError/ValueError when invalid."""
     if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
         raise TypeError(f"axis must be an int, got {axis!r}")
     if not -ndim <= axis < ndim:
@@ -371,18 +373,22 @@ def sigmoid(x):
 
 
 def tanh(x):
+    """Hyperbolic tangent, elementwise."""
     return _unary_plan("tanh", x).run()
 
 
 def exp(x):
+    """e ** x, elementwise."""
     return _unary_plan("exp", x).run()
 
 
 def log(x):
+    """Natural logarithm, elementwise."""
     return _unary_plan("log", x).run()
 
 
 def sqrt(x):
+    """Square root, elementwise."""
     return _unary_plan("sqrt", x).run()
 
 
@@ -392,6 +398,7 @@ def rsqrt(x):
 
 
 def erf(x):
+    """The error function, elementwise."""
     return _unary_plan("erf", x).run()
 
 

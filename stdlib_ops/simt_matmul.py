@@ -11,6 +11,7 @@ BM, BN, BK = 64, 64, 8
 
 @td.kernel(grid=lambda M, N: (td.cdiv(N, BN), td.cdiv(M, BM)), block=256)
 def matmul_kernel(A: f32["M", "K"], B: f32["K", "N"], C: f32["M", "N"]):
+    """C = A @ B: the DESIGN.md section 3 kernel."""
     sa = td.shared(f32, (BM, BK))
     sb = td.shared(f32, (BK, BN))
     acc = td.registers(f32, (4, 4))

@@ -8,6 +8,7 @@ from .runtime import cache
 
 
 def main(argv=None) -> int:
+    """Run the taskdsl command line (only `cache` for now); return the exit code."""
     parser = argparse.ArgumentParser(prog="python -m taskdsl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     cache_cmd = sub.add_parser("cache", help="the on-disk compile cache ($TASKDSL_CACHE_DIR)")

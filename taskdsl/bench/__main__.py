@@ -13,6 +13,7 @@ BENCHMARKS = {
 
 
 def main(argv=None) -> int:
+    """Run the benchmark named on the command line; return the exit code."""
     parser = argparse.ArgumentParser(prog="python -m taskdsl.bench", description=__doc__)
     parser.add_argument("name", choices=sorted(BENCHMARKS), help="; ".join(f"{k}: {v[0]}" for k, v in BENCHMARKS.items()))
     parser.add_argument("--sizes", type=int, nargs="+", help="problem sizes (default: the benchmark's own)")

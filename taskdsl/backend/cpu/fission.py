@@ -52,18 +52,21 @@ class BlockAssign:
 
 @dataclass(eq=False)
 class BlockFor:
+    """A uniform for loop at block level around split items."""
     loop: ir.For
     body: list
 
 
 @dataclass(eq=False)
 class BlockWhile:
+    """A uniform while loop at block level around split items."""
     loop: ir.While
     body: list
 
 
 @dataclass(eq=False)
 class BlockIf:
+    """A uniform if at block level around split items."""
     cond: ir.Expr
     then: list
     orelse: list

@@ -15,21 +15,25 @@ WARP = 32
 
 @njit(cache=True, inline="always")
 def rsqrt(x):
+    """1 / sqrt(x)."""
     return 1.0 / math.sqrt(x)
 
 
 @njit(cache=True, inline="always")
 def sigmoid(x):
+    """1 / (1 + exp(-x))."""
     return 1.0 / (1.0 + math.exp(-x))
 
 
 @njit(cache=True, inline="always")
 def exp2(x):
+    """2 ** x."""
     return math.pow(2.0, x)
 
 
 @njit(cache=True, inline="always")
 def fma(a, b, c):
+    """a * b + c."""
     return a * b + c
 
 
@@ -52,6 +56,7 @@ def _source(tid, lane, j, nthreads):
 
 @njit(cache=True, inline="always")
 def shfl_xor_src(tid, mask, width, nthreads):
+    """The thread `__shfl_xor_sync(v, mask, width)` reads from."""
     lane, _, max_lane = _segment(tid, width)
     j = lane ^ (mask & (WARP - 1))
     return _source(tid, lane, lane if j > max_lane else j, nthreads)
@@ -59,6 +64,7 @@ def shfl_xor_src(tid, mask, width, nthreads):
 
 @njit(cache=True, inline="always")
 def shfl_down_src(tid, delta, width, nthreads):
+    """The thread `__shfl_down_sync(v, delta, width)` reads from."""
     lane, _, max_lane = _segment(tid, width)
     j = lane + (delta & (WARP - 1))
     return _source(tid, lane, lane if j > max_lane else j, nthreads)
@@ -66,6 +72,7 @@ def shfl_down_src(tid, delta, width, nthreads):
 
 @njit(cache=True, inline="always")
 def shfl_up_src(tid, delta, width, nthreads):
+    """The thread `__shfl_up_sync(v, delta, width)` reads from."""
     lane, min_lane, _ = _segment(tid, width)
     j = lane - (delta & (WARP - 1))
     return _source(tid, lane, lane if j < min_lane else j, nthreads)
@@ -73,6 +80,7 @@ def shfl_up_src(tid, delta, width, nthreads):
 
 @njit(cache=True, inline="always")
 def shfl_idx_src(tid, src_lane, width, nthreads):
+    """The thread `__shfl_sync(v, src_lane, width)` reads from."""
     lane, min_lane, _ = _segment(tid, width)
     return _source(tid, lane, min_lane | (src_lane & (width - 1)), nthreads)
 
@@ -80,6 +88,7 @@ def shfl_idx_src(tid, src_lane, width, nthreads):
 # -------------------------------------------------------------- atomics (blocks run serially then)
 @njit(cache=True, inline="always")
 def atomic_add(a, idx, v):
+    """a[idx] += v; the old value."""
     old = a[idx]
     a[idx] = old + v
     return old
@@ -87,6 +96,7 @@ def atomic_add(a, idx, v):
 
 @njit(cache=True, inline="always")
 def atomic_sub(a, idx, v):
+    """a[idx] -= v; the old value."""
     old = a[idx]
     a[idx] = old - v
     return old
@@ -94,6 +104,7 @@ def atomic_sub(a, idx, v):
 
 @njit(cache=True, inline="always")
 def atomic_max(a, idx, v):
+    """a[idx] = max(a[idx], v); the old value."""
     old = a[idx]
     if v > old:
         a[idx] = v
@@ -102,6 +113,7 @@ def atomic_max(a, idx, v):
 
 @njit(cache=True, inline="always")
 def atomic_min(a, idx, v):
+    """a[idx] = min(a[idx], v); the old value."""
     old = a[idx]
     if v < old:
         a[idx] = v
@@ -110,6 +122,7 @@ def atomic_min(a, idx, v):
 
 @njit(cache=True, inline="always")
 def atomic_exch(a, idx, v):
+    """a[idx] = v; the old value."""
     old = a[idx]
     a[idx] = v
     return old
@@ -141,12 +154,14 @@ def new_shadow(a):
 
 @njit(cache=True)
 def load_checked(a, idx, site):
+    """a[idx] after a bounds check."""
     check_index(a, idx, site)
     return a[idx]
 
 
 @njit(cache=True)
 def store_checked(a, idx, value, site):
+    """a[idx] = value after a bounds check."""
     check_index(a, idx, site)
     a[idx] = value
 
@@ -198,11 +213,13 @@ def _from_bits(bits, mant_bits, exp_bias, exp_max):
 
 @njit(cache=True, inline="always")
 def f16_to_f32(bits):
+    """The f32 value of f16 bits."""
     return _from_bits(bits, 10, 15, 31)
 
 
 @njit(cache=True, inline="always")
 def bf16_to_f32(bits):
+    """The f32 value of bf16 bits."""
     return _from_bits(bits, 7, 127, 255)
 
 
@@ -232,9 +249,11 @@ def _round_to_bits(x, mant_bits, exp_bias, exp_max):
 
 @njit(cache=True, inline="always")
 def f32_to_f16(x):
+    """The f16 bits nearest to x (ties to even)."""
     return np.uint16(_round_to_bits(x, 10, 15, 31))
 
 
 @njit(cache=True, inline="always")
 def f32_to_bf16(x):
+    """The bf16 bits nearest to x (ties to even)."""
     return np.uint16(_round_to_bits(x, 7, 127, 255))
