@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import ir
-from ..errors import DSLError
 from ..ir import types as T
 from .config import debug_enabled, get_target
 
@@ -105,13 +104,13 @@ class Kernel:
                             f"({', '.join(n for n, _ in self.params)}), got {len(args)}")
         sizes: dict = {}
         values = []
-        self._derived = []     # dims that are expressions of size symbols, checked once all are bound
+        derived: list = []     # dims that are expressions of size symbols, checked once all are bound
         for (pname, spec), arg in zip(self.params, args):
             if isinstance(spec, T.TensorSpec):
-                values.append(self._bind_tensor(pname, spec, arg, sizes, target))
+                values.append(self._bind_tensor(pname, spec, arg, sizes, target, derived))
             else:
                 values.append(self._bind_scalar(pname, spec, arg))
-        for pname, axis, dim, n in self._derived:
+        for pname, axis, dim, n in derived:
             if ir.evaluate_int(dim, sizes) != n:
                 raise ValueError(f"kernel '{self.name}': axis {axis} of '{pname}' must be {ir.expr_str(dim)} = "
                                  f"{ir.evaluate_int(dim, sizes)}, got {n}")
@@ -122,7 +121,7 @@ class Kernel:
             raise ValueError(f"kernel '{self.name}': a block has at most 1024 threads, got {block}")
         return Binding(values, sizes, grid, block)
 
-    def _bind_tensor(self, pname, spec: T.TensorSpec, arg, sizes: dict, target: str = "cpu"):
+    def _bind_tensor(self, pname, spec: T.TensorSpec, arg, sizes: dict, target: str, derived: list):
         info = None
         if isinstance(arg, np.ndarray):
             if spec.dtype.name == "bf16" and arg.dtype.name == "bfloat16":
@@ -149,7 +148,7 @@ class Kernel:
                     raise ValueError(f"kernel '{self.name}': size '{dim}' is {sizes[dim]} from an earlier argument "
                                      f"but {n} in '{pname}' (axis {axis}, shape {shape})")
             elif isinstance(dim, ir.Expr):
-                self._derived.append((pname, axis, dim, n))
+                derived.append((pname, axis, dim, n))
             elif dim != n:
                 raise ValueError(f"kernel '{self.name}': axis {axis} of '{pname}' must be {dim}, got shape {shape}")
         if info is not None and not info.c_contiguous:
@@ -214,12 +213,12 @@ class Kernel:
         if target == "cpu":
             self._run_cpu(binding)
         else:
-            self._run_cuda(args, binding)
+            self._run_cuda(binding)
 
-    def _run_cuda(self, args: tuple, binding: Binding) -> None:
+    def _run_cuda(self, binding: Binding) -> None:
         from ..backend.cuda.codegen import kernel_symbol
         from ..backend.cuda.launch import device_state, launch_cuda
-        compiled = self.compile(*args, target="cuda", arch=device_state().arch)  # the device's exact sm_XY
+        compiled = self._compiled_cuda(binding, device_state().arch)   # the device's exact sm_XY
         dtypes = [spec.dtype if isinstance(spec, T.TensorSpec) else spec for _, spec in self.params]
         launch_cuda(compiled, kernel_symbol(self._lowered_ir(binding.block)), binding.values, binding.grid,
                     binding.block, dtypes)
@@ -260,25 +259,28 @@ class Kernel:
             return self._cpu_kernel(binding.block, debug_enabled())[1].text
         raise ValueError(f"unknown target {target!r}; use 'cpu' or 'cuda'")
 
+    def _compiled_cuda(self, binding: Binding, arch: str) -> CompiledKernel:
+        from ..backend.cuda.nvrtc import normalize_arch
+        arch = normalize_arch(arch)
+        key = (binding.block, tuple(sorted(binding.sizes.items())), arch)
+        if key not in self._cuda:   # in-memory dispatch: a repeated call hashes nothing
+            from ..backend.cuda.codegen import dynamic_shared_bytes, emit_cuda
+            fn = self._cuda_function(binding)
+            source = emit_cuda(fn)
+            self._cuda[key] = CompiledKernel("cuda", source, _cubin(source, arch, self.name), arch,
+                                             dynamic_shared_bytes(fn))
+        return self._cuda[key]
+
     def compile(self, *args, target: str | None = None, arch: str | None = None) -> CompiledKernel:
         """Compile the specialization for `args` without running it (cuda: a cubin for `arch`, default sm_90)."""
         target = target or get_target()
         binding = self.bind(args, target)
         if target == "cuda":
-            from ..backend.cuda.nvrtc import normalize_arch
-            arch = normalize_arch(arch or "sm_90")
-            key = (binding.block, tuple(sorted(binding.sizes.items())), arch)
-            if key not in self._cuda:   # in-memory dispatch: a repeated call hashes nothing
-                from ..backend.cuda.codegen import dynamic_shared_bytes, emit_cuda
-                fn = self._cuda_function(binding)
-                source = emit_cuda(fn)
-                self._cuda[key] = CompiledKernel("cuda", source, _cubin(source, arch, self.name), arch,
-                                                 dynamic_shared_bytes(fn))
-            return self._cuda[key]
+            return self._compiled_cuda(binding, arch or "sm_90")
         if target == "cpu":
             _, src = self._cpu_kernel(binding.block, debug_enabled())
             return CompiledKernel("cpu", src.text)
         raise ValueError(f"unknown target {target!r}; use 'cpu' or 'cuda'")
 
 
-__all__ = ["Kernel", "CompiledKernel", "DSLError"]
+__all__ = ["Kernel", "CompiledKernel"]

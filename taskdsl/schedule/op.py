@@ -62,24 +62,19 @@ class Op:
     # ------------------------------------------------------------------ planning
     def _plan(self, sizes: dict) -> list:
         target, workers = get_target(), num_threads()
-        steps, key = [], []
+
+        def reduce_strategy(t: Tensor) -> str:
+            return choose_strategy(t, evaluate_int(numel(t.shape), sizes), evaluate_int(numel(t.reduce_shape), sizes),
+                                   target, workers)
+
+        steps = []
         for t in self.materialized:
             if t.kind == "compute":
-                stages = [(t, injective_strategy(t, sizes))]
+                steps.append((t, injective_strategy(t, sizes)))
             else:
-                strategy = choose_strategy(t, evaluate_int(numel(t.shape), sizes),
-                                           evaluate_int(numel(t.reduce_shape), sizes), target, workers)
-                if strategy == "split":
-                    partial, final = self._split(t)
-                    stages = [(s, choose_strategy(s, evaluate_int(numel(s.shape), sizes),
-                                                  evaluate_int(numel(s.reduce_shape), sizes), target, workers))
-                              for s in (partial, final)]
-                else:
-                    stages = [(t, strategy)]
-            for stage, strategy in stages:
-                key.append((id(stage), strategy))
-                steps.append((stage, strategy))
-        key = (target, tuple(key))
+                strategy = reduce_strategy(t)
+                steps += [(s, reduce_strategy(s)) for s in self._split(t)] if strategy == "split" else [(t, strategy)]
+        key = (target, tuple((id(stage), strategy) for stage, strategy in steps))
         if key not in self._plans:
             self._plans[key] = [self._step(stage, strategy, target) for stage, strategy in steps]
         return self._plans[key]

@@ -62,24 +62,20 @@ def _size_names(*exprs) -> list:
     return names
 
 
-def _function(name: str, out: Tensor, body: ir.Stmt, extra_buffers=(), block=BLOCK) -> ir.Function:
+def _function(name: str, out: Tensor, body: ir.Stmt, block=BLOCK) -> ir.Function:
     """An IR Function whose parameters are the global buffers `body` reads, then the output,
     then (as i32 scalars) any size the body uses that no parameter's shape determines."""
     inputs: dict = {}
     for load in ir.collect(body, ir.Load):
         if load.buffer.scope == "global" and load.buffer.uid != out.buffer.uid:
             inputs.setdefault(load.buffer.uid, load.buffer)
-    params = tuple(inputs.values()) + tuple(extra_buffers) + (out.buffer,)
-    sizes = {v.uid: v for b in params for d in b.shape for v in _vars_of(d) if v.kind == "size"}
-    loose = {v.uid: v for v in _vars_of(body) if v.kind == "size" and v.uid not in sizes}
+    params = tuple(inputs.values()) + (out.buffer,)
+    sizes = {v.uid: v for b in params for d in b.shape for v in ir.collect(d, ir.Var) if v.kind == "size"}
+    loose = {v.uid: v for v in ir.collect(body, ir.Var) if v.kind == "size" and v.uid not in sizes}
     scalars = {uid: ir.Var(v.name, v.dtype, kind="param") for uid, v in loose.items()}
     if scalars:
         body = ir.substitute(body, scalars)
     return ir.Function(name, params + tuple(scalars.values()), tuple(sizes.values()), body, (block, 1, 1))
-
-
-def _vars_of(e) -> list:
-    return [e] if isinstance(e, ir.Var) else ir.collect(e, ir.Var)
 
 
 # ---------------------------------------------------------------- injective

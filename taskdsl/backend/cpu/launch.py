@@ -48,7 +48,8 @@ def launch_cpu(run, src: CpuSource, values: list, sizes: list, grid: tuple) -> N
                 args.append(v.reshape(-1))
             else:
                 tmp = np.ascontiguousarray(v)
-                copy_back.append((v, tmp))
+                if v.flags.writeable:   # a read-only input cannot have been written
+                    copy_back.append((v, tmp))
                 args.append(tmp.reshape(-1))
         else:
             args.append(v)
