@@ -1,0 +1,187 @@
+"""matmul, batch_matmul and linear on the matmul templates, with schedules picked per problem.
+
+A `MatmulPlan` is the scheduled anchor for one problem: the template kernel at the chosen
+schedule point (tuned on cuda, the measured default on the cpu unless tuning is asked
+for), the 3-D operand shapes it runs on, and split-k when the output has too few tiles to
+fill the machine. Fusion (conv2d's implicit im2col, the graph layer's epilogues) starts
+from `plan.anchor`, which never splits k so its stores are the final outputs.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+import taskdsl as td
+from taskdsl.backend.cpu.launch import num_threads
+from taskdsl.schedule.tuner import tune
+
+from . import matmul_simt as simt
+
+SUPPORTED = (np.dtype(np.float32), np.dtype(np.float16))
+MIN_K_TILES_PER_SPLIT = 4
+
+
+def tdtype(dtype) -> td.ir.types.DataType:
+    """The DSL type of a matmul operand dtype (f32 or f16; TypeError otherwise)."""
+    dtype = np.dtype(dtype)
+    if dtype not in SUPPORTED:
+        raise TypeError(f"matmul supports float32 and float16 operands, got {dtype}; convert with .astype(np.float32)")
+    return td.ir.types.from_numpy(dtype)
+
+
+def _workers(target: str) -> int:
+    if target == "cuda":
+        from taskdsl.backend.cuda.launch import device_state
+        return device_state().device.properties.multiprocessor_count
+    return num_threads()
+
+
+def choose_split(p, batch: int, m: int, n: int, k: int, target: str) -> int:
+    """Split-k factor: enough z-slices to give every SM (cpu thread) a block, each >= 4 k tiles."""
+    bm, bn, _ = simt.tile_shape(p)
+    blocks = batch * math.ceil(m / bm) * math.ceil(n / bn)
+    workers = _workers(target)
+    k_tiles = math.ceil(k / p.bk)
+    if target == "cpu" and k_tiles < 64:
+        return 1       # a cpu thread runs whole blocks: splitting only pays off for long k
+    split = 1
+    while blocks * split * 2 <= workers and k_tiles // (split * 2) >= MIN_K_TILES_PER_SPLIT:
+        split *= 2
+    return split
+
+
+@dataclass(frozen=True)
+class MatmulPlan:
+    """One scheduled problem: C (out_batch, M, N) = A (BA, M, K) @ B (BB, K, N)."""
+
+    point: object
+    dtype: object
+    out_batch: tuple
+    a_batch: tuple
+    b_batch: tuple
+    m: int
+    n: int
+    k: int
+    split: int
+
+    @property
+    def batch(self) -> int:
+        return math.prod(self.out_batch)
+
+    def kernel(self, out_dtype=None) -> td.Kernel:
+        """The template kernel of this plan (output type: the operands', or f32 for split-k partials)."""
+        out = out_dtype or (td.f32 if self.split > 1 else self.dtype)
+        return simt.simt_matmul_kernel(self.point, self.dtype, out)
+
+    def batch_index(self, split: int | None = None) -> np.ndarray:
+        """The kernel's (z-slice -> A, B matrix) table."""
+        return simt.batch_index(self.out_batch, self.a_batch, self.b_batch, self.split if split is None else split)
+
+    @property
+    def anchor(self) -> td.Kernel:
+        """The kernel for fusion: called with split 1, it stores each output element once, in the operands' type."""
+        return self.kernel(self.dtype)
+
+    def operand_shapes(self) -> tuple:
+        """The 3-D shapes of A, B and C the kernels take (C without split-k)."""
+        return ((math.prod(self.a_batch), self.m, self.k), (math.prod(self.b_batch), self.k, self.n),
+                (self.batch, self.m, self.n))
+
+    def __call__(self, a3: np.ndarray, b3: np.ndarray) -> np.ndarray:
+        """C (batch, M, N) for 3-D operands."""
+        if self.split == 1:
+            c = np.empty((self.batch, self.m, self.n), self.dtype.numpy)
+            self.kernel()(a3, b3, c, self.batch_index(), 1)
+            return c
+        from .reduce import sum as reduce_sum
+        partial = np.empty((self.batch * self.split, self.m, self.n), np.float32)
+        self.kernel()(a3, b3, partial, self.batch_index(), self.split)
+        total = reduce_sum(partial.reshape(self.batch, self.split, self.m, self.n), axis=1)
+        return total.astype(self.dtype.numpy, copy=False)
+
+
+def _example(shape: tuple, dtype) -> np.ndarray:
+    return np.random.default_rng(0).standard_normal(shape).astype(dtype.numpy)
+
+
+@functools.lru_cache(maxsize=256)
+def plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune: bool | None = None,
+         point=None) -> MatmulPlan:
+    """The plan for (..., M, K) @ (..., K, N) operands of DSL type `dtype` on `target`.
+
+    The schedule: `point` if given; else tuned (cuda, or `do_tune=True`) with the winner
+    cached on disk; else the target's default. Batch dims broadcast as in numpy.
+    """
+    *a_batch, m, k = a_shape
+    *b_batch, k2, n = b_shape
+    if k != k2:
+        raise ValueError(f"matmul: inner dimensions differ, (..., {m}, {k}) @ (..., {k2}, {n})")
+    try:
+        out_batch = tuple(np.broadcast_shapes(tuple(a_batch), tuple(b_batch)))
+    except ValueError:
+        raise ValueError(f"matmul: batch dimensions {tuple(a_batch)} and {tuple(b_batch)} do not broadcast") from None
+    itemsize = dtype.bits // 8
+
+    def at(p, split: int = 1) -> MatmulPlan:
+        return MatmulPlan(p, dtype, out_batch, tuple(a_batch), tuple(b_batch), m, n, k, split)
+
+    if point is None:
+        point = simt.default_point(target, itemsize)
+        if do_tune or (do_tune is None and target == "cuda"):
+            proto = at(point)
+            args = tuple(_example(s, dtype) for s in proto.operand_shapes()) + (proto.batch_index(1), 1)
+            point = tune(simt.space_for(target, itemsize), lambda p: at(p).anchor, args, op="simt_matmul",
+                         shapes=(tuple(a_shape), tuple(b_shape)), dtypes=(dtype.name,), default=point, target=target)
+    return at(point, choose_split(point, math.prod(out_batch), m, n, k, target))
+
+
+def _operands(a, b) -> tuple:
+    a, b = np.asarray(a), np.asarray(b)
+    if a.ndim == 0 or b.ndim == 0:
+        raise ValueError("matmul needs operands with at least one dimension (use mul for scalars)")
+    dtype = np.result_type(a.dtype, b.dtype)
+    return np.ascontiguousarray(a, dtype), np.ascontiguousarray(b, dtype)
+
+
+def matmul(a, b, *, tune: bool | None = None):
+    """`a @ b` with numpy's rules (1-D operands promoted, batch dims broadcast); f32 or f16."""
+    a, b = _operands(a, b)
+    dtype = tdtype(a.dtype)
+    a2 = a[None, :] if a.ndim == 1 else a
+    b2 = b[:, None] if b.ndim == 1 else b
+    p = plan(a2.shape, b2.shape, dtype, td.get_target(), tune)
+    shape_a, shape_b, _ = p.operand_shapes()
+    out = np.empty(p.out_batch + (p.m, p.n), a.dtype)
+    if out.size:
+        if p.k == 0:
+            out[...] = 0
+        else:
+            out = p(a2.reshape(shape_a) if a2.size else a2, b2.reshape(shape_b)).reshape(out.shape)
+    if a.ndim == 1:
+        out = out[..., 0, :]
+    if b.ndim == 1:
+        out = out[..., 0]
+    return out
+
+
+def batch_matmul(a, b, *, tune: bool | None = None):
+    """Batched `a @ b` for (B..., M, K) and (B..., K, N) operands (batch dims broadcast)."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.ndim < 3 and b.ndim < 3:
+        raise ValueError(f"batch_matmul needs a batch dimension, got shapes {a.shape} and {b.shape}; use matmul")
+    return matmul(a, b, tune=tune)
+
+
+def linear(x, weight, bias=None, *, tune: bool | None = None):
+    """`x @ weight.T + bias` with PyTorch's layout: x (..., K), weight (N, K), bias (N,)."""
+    x, weight = np.asarray(x), np.asarray(weight)
+    if weight.ndim != 2 or x.shape[-1:] != weight.shape[1:]:
+        raise ValueError(f"linear needs x (..., K) and weight (N, K), got {x.shape} and {weight.shape}")
+    y = matmul(x, np.ascontiguousarray(weight.T), tune=tune)
+    if bias is not None:
+        from .elementwise import add
+        y = add(y, np.asarray(bias, y.dtype))
+    return y

@@ -1,0 +1,99 @@
+"""Hardware-centric schedule spaces: named axes of choices, pruned by resource checks.
+
+A template declares its space as axes (tile shapes picked from what the hardware offers:
+warps per block, lanes per warp, per-thread tiles) and a `check(point)` that returns why a
+point cannot run (too much shared memory, too many registers or threads, a tile the load
+mappings cannot cover), or None. The valid points are what the tuner enumerates.
+"""
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Point:
+    """One schedule: axis name -> chosen value, usable as `point.bm` or `point["bm"]`."""
+
+    values: tuple       # ((name, value), ...), in axis order
+
+    def __getattr__(self, name):
+        for key, value in object.__getattribute__(self, "values"):
+            if key == name:
+                return value
+        raise AttributeError(name)
+
+    def __getitem__(self, name):
+        return getattr(self, name)
+
+    def replace(self, **changes) -> "Point":
+        """A copy with some axes changed."""
+        return Point(tuple((k, changes.get(k, v)) for k, v in self.values))
+
+    def as_dict(self) -> dict:
+        """The point as a plain dict (JSON-friendly when the values are)."""
+        return dict(self.values)
+
+    def __repr__(self) -> str:
+        return "Point(" + ", ".join(f"{k}={v}" for k, v in self.values) + ")"
+
+
+@dataclass
+class Space:
+    """The cross product of `axes`, minus the points `check` rejects (it returns a reason)."""
+
+    name: str
+    axes: dict                      # axis name -> tuple of choices
+    check: object = None            # point -> reason string or None
+    _valid: list = field(default=None, init=False, repr=False)
+    _rejected: Counter = field(default=None, init=False, repr=False)
+
+    def _enumerate(self) -> None:
+        if self._valid is not None:
+            return
+        self._valid, self._rejected = [], Counter()
+        names = list(self.axes)
+        for combo in itertools.product(*(self.axes[n] for n in names)):
+            point = Point(tuple(zip(names, combo)))
+            reason = self.check(point) if self.check else None
+            if reason:
+                self._rejected[reason] += 1
+            else:
+                self._valid.append(point)
+
+    @property
+    def raw_size(self) -> int:
+        """Points before pruning."""
+        size = 1
+        for choices in self.axes.values():
+            size *= len(choices)
+        return size
+
+    def points(self) -> list:
+        """The valid points, in a fixed order."""
+        self._enumerate()
+        return list(self._valid)
+
+    def pruned(self) -> Counter:
+        """How many points each resource check removed."""
+        self._enumerate()
+        return Counter(self._rejected)
+
+    def point(self, **values) -> Point:
+        """The point with these axis values (ValueError if it is not a valid point)."""
+        unknown = set(values) - set(self.axes)
+        if unknown or len(values) != len(self.axes):
+            raise ValueError(f"a {self.name} point needs exactly the axes {', '.join(self.axes)}")
+        p = Point(tuple((n, values[n]) for n in self.axes))
+        reason = self.check(p) if self.check else None
+        if reason:
+            raise ValueError(f"{p} is not a valid {self.name} schedule: {reason}")
+        return p
+
+    def describe(self) -> str:
+        """Axes, sizes and what pruning removed, as text (what the docs quote)."""
+        lines = [f"{self.name}: {self.raw_size} points, {len(self.points())} valid"]
+        lines += [f"  {n}: {', '.join(map(str, c))}" for n, c in self.axes.items()]
+        lines += [f"  pruned {count}: {reason}" for reason, count in sorted(self.pruned().items())]
+        return "\n".join(lines)

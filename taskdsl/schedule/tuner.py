@@ -1,0 +1,117 @@
+"""The tuner: time every point of a schedule space, keep the fastest, remember it on disk.
+
+    point = tune(space, build, args, op="matmul", shapes=..., default=p0)
+
+`build(point)` returns a Kernel and `args` are the arguments to time it with. The space is
+enumerated exhaustively (it is small by design); on cuda every candidate is compiled first,
+in parallel threads (NVRTC runs outside the GIL), then timed with CUDA events; on the cpu
+numba compiles one at a time. Winners are stored as JSON under
+`cache_dir()/tune/<key>.json`, keyed by (op, shapes, dtypes, device, taskdsl version).
+TASKDSL_TUNE=0 turns tuning off (the default point is used). A candidate that fails to
+compile or run is skipped, never fatal; a damaged record is ignored and re-tuned.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+from concurrent.futures import ThreadPoolExecutor
+
+from ..runtime.cache import atomic_write, cache_key
+from ..runtime.config import cache_dir, get_target, gpu_status
+from ..runtime.progress import Progress
+from .space import Point, Space
+
+
+def tuning_enabled() -> bool:
+    """False when TASKDSL_TUNE=0 (use default schedules)."""
+    return os.environ.get("TASKDSL_TUNE", "1") not in ("0", "false", "False", "")
+
+
+def device_name(target: str) -> str:
+    """What a tuning result is specific to: the GPU's name and arch, or the cpu's machine and cores."""
+    if target == "cuda":
+        return gpu_status()[1]
+    return f"cpu {platform.machine()} x{os.cpu_count()}"
+
+
+def _record_path(op: str, shapes, dtypes, target: str):
+    from .. import __version__
+    key = cache_key(op, repr(shapes), repr(dtypes), device_name(target), __version__)
+    return cache_dir() / "tune" / f"{key}.json"
+
+
+def _to_json(value):
+    return list(map(_to_json, value)) if isinstance(value, tuple) else value
+
+
+def _from_json(value):
+    return tuple(map(_from_json, value)) if isinstance(value, list) else value
+
+
+def cached_winner(space: Space, op: str, shapes, dtypes, target: str) -> Point | None:
+    """The stored winner for this problem, or None (absent, damaged, or no longer in the space)."""
+    try:
+        record = json.loads(_record_path(op, shapes, dtypes, target).read_text())
+        return space.point(**{k: _from_json(v) for k, v in record["point"].items()})
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _timer(target: str):
+    if target == "cuda":
+        from ..bench.cuda_timing import time_cuda
+        return lambda fn: time_cuda(fn, warmup=2, repeat=10)
+    from ..bench.timing import time_cpu
+    return lambda fn: time_cpu(fn, warmup=1, repeat=3)
+
+
+def tune(space: Space, build, args: tuple, *, op: str, shapes, dtypes, default: Point,
+         target: str | None = None, force: bool = False, show: bool | None = None) -> Point:
+    """The fastest point of `space` for `build(point)(*args)` (cached on disk; `default` when off).
+
+    `force` re-tunes even when a winner is stored.
+    """
+    target = target or get_target()
+    if not tuning_enabled():
+        return default
+    if not force:
+        hit = cached_winner(space, op, shapes, dtypes, target)
+        if hit is not None:
+            return hit
+    points = space.points()
+    timer = _timer(target)
+    kernels: dict = {}
+    if target == "cuda":    # compile all first, in parallel; the timing loop then only loads cubins
+        def compile_one(p):
+            try:
+                kernel = build(p)
+                kernel.compile(*args, target="cuda")
+                return p, kernel
+            except Exception:  # noqa: BLE001 - a candidate that does not compile is skipped
+                return p, None
+        with Progress(len(points), f"compiling {op}", show) as bar, ThreadPoolExecutor(os.cpu_count()) as pool:
+            for p, kernel in pool.map(compile_one, points):
+                kernels[p] = kernel
+                bar.step()
+    best, best_time, failed = default, float("inf"), 0
+    with Progress(len(points), f"tuning {op}", show) as bar:
+        for p in points:
+            try:
+                kernel = kernels[p] if target == "cuda" else build(p)
+                if kernel is None:
+                    raise RuntimeError("did not compile")
+                seconds = timer(lambda: kernel(*args))
+            except Exception:  # noqa: BLE001 - a candidate that fails is skipped, the others still count
+                failed += 1
+                bar.step()
+                continue
+            if seconds < best_time:
+                best, best_time = p, seconds
+            bar.step(note=f"best {best_time * 1e3:.3f} ms" + (f", {failed} failed" if failed else ""))
+    if best_time < float("inf"):
+        record = {"op": op, "shapes": repr(shapes), "dtypes": repr(dtypes), "device": device_name(target),
+                  "point": {k: _to_json(v) for k, v in best.values}, "seconds": best_time,
+                  "candidates": len(points), "failed": failed}
+        atomic_write(_record_path(op, shapes, dtypes, target), json.dumps(record, indent=1).encode())
+    return best
