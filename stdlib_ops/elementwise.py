@@ -297,6 +297,14 @@ def _cast_plan(x, dtype) -> Plan:
     return _elementwise_plan("cast", [x], body, target, (None,))
 
 
+def custom_plan(name: str, values: list, body: Callable, out_dtype, params: tuple = ()) -> Plan:
+    """The Plan of any elementwise `body` (a function of the operands as stored) over broadcast arrays.
+
+    Ops are cached by (name, params, broadcast pattern, dtypes), so `name` and `params` must identify `body`.
+    """
+    return _elementwise_plan(name, [contiguous(v) for v in values], body, out_dtype, (None,) * len(values), params)
+
+
 def op_for(name: str, *args, **kwargs) -> Plan:
     """The Plan a call of elementwise function `name` runs (for tests and introspection)."""
     if name in _BINARY:

@@ -1,0 +1,129 @@
+"""CompiledGraph: a graph after the pass pipeline, with its memory plan, run operator by operator.
+
+    cg = g.compile()                   # passes, memory plan, and every kernel compiled (a warm-up run)
+    y, = cg(x)                         # or cg({"x": x}); a list of numpy arrays
+    cg.kernels                         # the kernels the last call launched, in order
+    print(cg.summary(timing=True))     # one line per operator, with its time
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import numpy as np
+
+from ..runtime.config import get_target, set_target
+from . import runners
+from .graph import Graph, bind_inputs
+from .passes import optimize, plan_memory
+from .printer import Namer, format_bytes
+from .progress import Progress
+
+
+@contextmanager
+def on_target(name: str):
+    """Run the body with `name` as the current target, restoring the previous one after."""
+    previous = get_target()
+    set_target(name)
+    try:
+        yield
+    finally:
+        set_target(previous)
+
+
+class CompiledGraph:
+    """Call it on input arrays (positional, or one dict keyed by input name) for a list of output arrays."""
+
+    def __init__(self, graph: Graph, target: str | None = None, passes: list | None = None):
+        start = time.perf_counter()
+        self.source = graph
+        self.target = target or get_target()
+        self.graph = optimize(graph, passes)
+        self.memory = plan_memory(self.graph)
+        nodes = self.graph.nodes
+        outputs = {id(t) for t in self.graph.outputs}
+        self._free = [[] for _ in nodes]           # tensors whose last reader is step k
+        for tid, step in self.memory.last_use.items():
+            if step < len(nodes) and tid not in outputs:
+                self._free[step].append(tid)
+        self._last_inputs = [np.zeros(t.shape, t.numpy_dtype) for t in self.graph.inputs]
+        self._records: list = []                   # (kernels, seconds) per step of the last call
+        with on_target(self.target):               # compile every kernel now: a run on zeros
+            self._execute(self._last_inputs, Progress(len(nodes), f"compiling {graph.name}"))
+        self.compile_seconds = time.perf_counter() - start
+
+    def _execute(self, arrays: list, progress: Progress | None = None) -> list:
+        values = {id(t): a for t, a in zip(self.graph.inputs, arrays)}
+        records = []
+        for step, op in enumerate(self.graph.nodes):
+            inputs = [t.value if t.is_constant else values[id(t)] for t in op.inputs]
+            begin = time.perf_counter()
+            outs, kernels = runners.run(op, inputs)
+            records.append((kernels, time.perf_counter() - begin))
+            for t, a in zip(op.outputs, outs):
+                values[id(t)] = a
+            for tid in self._free[step]:
+                values.pop(tid, None)
+            if progress is not None:
+                progress.step(op.kind)
+        if progress is not None:
+            progress.close()
+        self._records = records
+        return self._outputs(values, arrays)
+
+    def _outputs(self, values: dict, arrays: list) -> list:
+        results, seen = [], set()
+        for t in self.graph.outputs:
+            if t.is_constant:
+                results.append(np.array(t.value))
+                continue
+            a = values[id(t)]
+            root = self.memory.storage.get(id(t), t)
+            # never hand out the caller's input memory, or one array twice
+            copy = root.is_input or id(t) in seen
+            seen.add(id(t))
+            results.append(np.array(a) if copy else a)
+        return results
+
+    def __call__(self, *args) -> list:
+        """The outputs for these inputs, as a list of numpy arrays."""
+        arrays = bind_inputs(self.graph, args)
+        self._last_inputs = arrays
+        with on_target(self.target):
+            return self._execute(arrays)
+
+    @property
+    def kernels(self) -> list:
+        """The kernels the last call launched, in launch order (after compile: those of the warm-up run)."""
+        return [k for kernels, _ in self._records for k in kernels]
+
+    def summary(self, timing: bool = False, repeat: int = 3) -> str:
+        """A table of the operators, their output types and kernels; with `timing`, the best of `repeat` runs
+        of the last call's inputs, per operator (its kernels and their launch overhead)."""
+        times = None
+        if timing:
+            runs = []
+            for _ in range(max(repeat, 1)):
+                with on_target(self.target):
+                    self._execute(self._last_inputs)
+                runs.append([seconds for _, seconds in self._records])
+            times = np.min(np.array(runs), axis=0)
+        name = Namer()
+        for t in self.graph.inputs:
+            name(t)
+        rows = [("#", "operator", "output", "kernels") + (("ms",) if timing else ())]
+        for step, (op, (kernels, _)) in enumerate(zip(self.graph.nodes, self._records)):
+            out = ", ".join(f"{name(t)}: {t.type_str()}" for t in op.outputs)
+            row = (str(step), op.kind, out, " ".join(k.name for k in kernels) or "-")
+            rows.append(row + ((f"{times[step] * 1e3:.3f}",) if timing else ()))
+        widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+        lines = [f"CompiledGraph {self.graph.name}: {len(self.graph.nodes)} operators, {len(self.kernels)} kernels, "
+                 f"target {self.target}, compiled in {self.compile_seconds:.1f}s",
+                 f"{self.memory.summary()}; constants {format_bytes(sum(t.nbytes for t in self.graph.constants))}"]
+        lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+        if timing:
+            lines.append(f"  total {times.sum() * 1e3:.3f} ms")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"<CompiledGraph {self.graph.name}: {len(self.graph.nodes)} operators, target {self.target}>"

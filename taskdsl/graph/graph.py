@@ -1,0 +1,168 @@
+"""Graph: inputs, outputs and the operators between them, in topological order.
+
+    x = graph.input("x", (2, 8))
+    y = ops.relu(ops.matmul(x, graph.constant(w)))
+    g = graph.Graph([x], [y])          # or graph.trace(fn, x)
+    print(g); y_np, = g(x_np)          # compiled on first call
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .operator import Operator
+from .tensor import Tensor, contiguous
+
+
+def topological_nodes(outputs: list, extra: list = ()) -> list:
+    """The operators the outputs depend on (and the `extra` operators), producers before consumers."""
+    order, state = [], {}
+
+    def visit(node: Operator):
+        stack = [(node, False)]
+        while stack:                 # iterative: graphs can be deeper than Python's recursion limit
+            op, done = stack.pop()
+            if done:
+                state[id(op)] = 2
+                order.append(op)
+                continue
+            if state.get(id(op)) == 2:
+                continue
+            if state.get(id(op)) == 1:
+                raise ValueError(f"the graph has a cycle through {op.name}")
+            state[id(op)] = 1
+            stack.append((op, True))
+            for t in reversed(op.inputs):
+                if t.producer is not None and state.get(id(t.producer)) != 2:
+                    stack.append((t.producer, False))
+
+    for t in outputs:
+        if t.producer is not None and state.get(id(t.producer)) != 2:
+            visit(t.producer)
+    for op in extra:
+        if state.get(id(op)) != 2:
+            visit(op)
+    return order
+
+
+class Graph:
+    """A computation graph: call it on arrays (compiled on first call) or `compile()` it explicitly."""
+
+    def __init__(self, inputs: list, outputs: list, nodes: list | None = None, name: str = "graph"):
+        self.inputs, self.outputs, self.name = list(inputs), list(outputs), name
+        names = set()
+        for t in self.inputs:
+            if not isinstance(t, Tensor) or not t.is_input:
+                raise ValueError(f"graph inputs must be tensors made by graph.input(), got {t!r}")
+            if t.name in names:
+                raise ValueError(f"two graph inputs are called {t.name!r}")
+            names.add(t.name)
+        for t in self.outputs:
+            if not isinstance(t, Tensor):
+                raise TypeError(f"graph outputs must be graph Tensors, got {type(t).__name__}")
+        self.nodes = topological_nodes(self.outputs, nodes or ())
+        known = {id(t) for t in self.inputs}
+        for op in self.nodes:
+            for t in op.inputs:
+                if t.is_input and id(t) not in known:
+                    raise ValueError(f"{op.name} reads {t!r}, which is not one of the graph inputs; "
+                                     "add it to the inputs")
+        for t in self.outputs:
+            if t.is_input and id(t) not in known:
+                raise ValueError(f"output {t!r} is a tensor that is not one of the graph inputs")
+        self._compiled = None
+
+    @property
+    def constants(self) -> list:
+        """The constant tensors the operators read, in first-use order."""
+        seen: dict = {}
+        for op in self.nodes:
+            for t in op.inputs:
+                if t.is_constant:
+                    seen.setdefault(id(t), t)
+        return list(seen.values())
+
+    def users(self) -> dict:
+        """id(tensor) -> the operators that read it, in topological order."""
+        found: dict = {}
+        for op in self.nodes:
+            for t in op.inputs:
+                found.setdefault(id(t), []).append(op)
+        return found
+
+    def rewrite(self, replace: dict, rebuild: bool = False) -> "Graph":
+        """A graph where each tensor in `replace` (id(tensor) -> Tensor) is replaced; operators that read a
+        replaced tensor (every operator, with `rebuild`) are rebuilt, their outputs' types inferred again."""
+        replace = dict(replace)
+        nodes = []
+        for op in self.nodes:
+            if all(id(t) in replace for t in op.outputs):
+                continue                     # every output was replaced: the operator is gone
+            inputs = [replace.get(id(t), t) for t in op.inputs]
+            if not rebuild and all(a is b for a, b in zip(inputs, op.inputs)):
+                nodes.append(op)
+                continue
+            new = op.clone(inputs)
+            for old, t in zip(op.outputs, new.outputs):
+                t.name = old.name
+                replace.setdefault(id(old), t)
+            nodes.append(new)
+        return Graph(self.inputs, [replace.get(id(t), t) for t in self.outputs], nodes, self.name)
+
+    def compile(self, target: str | None = None, passes: list | None = None):
+        """The CompiledGraph of this graph for `target` ('cpu' / 'cuda'; default: the current target)."""
+        from .executor import CompiledGraph
+        return CompiledGraph(self, target=target, passes=passes)
+
+    def __call__(self, *args) -> list:
+        """The outputs for these input arrays (positional, or one dict keyed by input name)."""
+        if self._compiled is None:
+            self._compiled = self.compile()
+        return self._compiled(*args)
+
+    def reference(self, *args) -> list:
+        """The outputs computed by each operator's numpy reference (the test oracle of the whole graph)."""
+        values = {id(t): a for t, a in zip(self.inputs, bind_inputs(self, args))}
+        for op in self.nodes:
+            arrays = [t.value if t.is_constant else values[id(t)] for t in op.inputs]
+            for t, a in zip(op.outputs, op.reference(*arrays)):
+                values[id(t)] = a
+        return [np.array(t.value) if t.is_constant else np.array(values[id(t)]) for t in self.outputs]
+
+    def __str__(self) -> str:
+        from .printer import graph_str
+        return graph_str(self)
+
+    def __repr__(self) -> str:
+        return f"<Graph {self.name}: {len(self.inputs)} inputs, {len(self.nodes)} operators, {len(self.outputs)} outputs>"
+
+
+def trace(fn, *inputs: Tensor, name: str | None = None) -> Graph:
+    """The Graph of `fn(*inputs)` (graph inputs in, a tensor or a list/tuple of tensors out)."""
+    outputs = fn(*inputs)
+    outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+    return Graph(list(inputs), outputs, name=name or getattr(fn, "__name__", "graph"))
+
+
+def bind_inputs(graph: Graph, args: tuple) -> list:
+    """The input arrays of a call (positional, or one dict keyed by input name), checked against the graph."""
+    names = [t.name for t in graph.inputs]
+    if len(args) == 1 and isinstance(args[0], dict):
+        given = args[0]
+        unknown = sorted(set(given) - set(names))
+        missing = [n for n in names if n not in given]
+        if unknown or missing:
+            raise ValueError(f"graph {graph.name!r} takes inputs {names}; "
+                             + (f"missing {missing}" if missing else f"unknown {unknown}"))
+        args = tuple(given[n] for n in names)
+    if len(args) != len(graph.inputs):
+        raise TypeError(f"graph {graph.name!r} takes {len(names)} input arrays ({', '.join(names)}), got {len(args)}")
+    arrays = []
+    for t, a in zip(graph.inputs, args):
+        a = np.asarray(a)
+        if a.shape != t.shape:
+            raise ValueError(f"input {t.name!r} must have shape {t.shape}, got {a.shape}")
+        if a.dtype != t.numpy_dtype:
+            raise TypeError(f"input {t.name!r} must have dtype {t.numpy_dtype}, got {a.dtype}; "
+                            "convert it with .astype()")
+        arrays.append(contiguous(a))
+    return arrays

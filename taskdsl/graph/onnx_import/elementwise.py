@@ -1,0 +1,124 @@
+"""Converters of elementwise operators, reductions and softmax."""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import ops
+from ..ops.axes import normalize_axes, normalize_axis
+from ..ops.reduce import reduced_shape
+from .node import Node, converts, dtype_of
+
+BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow", "Equal": "equal", "Less": "less",
+          "LessOrEqual": "less_equal", "Greater": "greater", "GreaterOrEqual": "greater_equal", "And": "logical_and",
+          "Or": "logical_or", "Xor": "logical_xor"}
+UNARY = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Erf": "erf", "Exp": "exp", "Log": "log", "Sqrt": "sqrt",
+         "Neg": "neg", "Abs": "abs", "Reciprocal": "reciprocal", "Floor": "floor", "Ceil": "ceil", "Sin": "sin",
+         "Cos": "cos", "Not": "logical_not"}
+VARIADIC = {"Sum": "add", "Max": "maximum", "Min": "minimum"}
+
+
+@converts(*BINARY)
+def binary(node: Node) -> list:
+    return [ops.elementwise(BINARY[node.op_type], node.input(0), node.input(1))]
+
+
+@converts(*UNARY)
+def unary(node: Node) -> list:
+    return [ops.elementwise(UNARY[node.op_type], node.input(0))]
+
+
+@converts(*VARIADIC)
+def variadic(node: Node) -> list:
+    xs = node.inputs()
+    return [xs[0] if len(xs) == 1 else ops.elementwise(VARIADIC[node.op_type], *xs)]
+
+
+@converts("Mean")
+def mean(node: Node) -> list:
+    xs = node.inputs()
+    total = xs[0] if len(xs) == 1 else ops.elementwise("add", *xs)
+    return [total if len(xs) == 1 else ops.div(total, float(len(xs)))]
+
+
+@converts("LeakyRelu", attrs=("alpha",))
+def leaky_relu(node: Node) -> list:
+    return [ops.elementwise("leaky_relu", node.input(0), alpha=float(node.attr("alpha", 0.01)))]
+
+
+@converts("Gelu", attrs=("approximate",))
+def gelu(node: Node) -> list:
+    approximate = node.attr("approximate", "none")
+    if approximate not in ("none", "tanh"):
+        raise node.error(f"approximate={approximate!r} is not supported (none, tanh)")
+    return [ops.gelu(node.input(0), approximate)]
+
+
+@converts("Clip")
+def clip(node: Node) -> list:
+    x = node.input(0)
+    lo, hi = (node.input(k, required=False) if node.num_inputs > k else None for k in (1, 2))
+    return [ops.clip(x, lo, hi)]
+
+
+@converts("Where")
+def where(node: Node) -> list:
+    return [ops.elementwise("where", node.input(0), node.input(1), node.input(2))]
+
+
+@converts("Cast", attrs=("to", "saturate", "round_mode"))
+def cast(node: Node) -> list:
+    return [ops.cast(node.input(0), dtype_of(node.attr("to"), f"node {node.name!r} (Cast) 'to'"))]
+
+
+@converts("CastLike", attrs=("saturate", "round_mode"))
+def cast_like(node: Node) -> list:
+    return [ops.cast(node.input(0), node.input(1).dtype)]
+
+
+@converts("Softmax", "LogSoftmax", attrs=("axis",))
+def softmax(node: Node) -> list:
+    x = node.input(0)
+    fn = ops.softmax if node.op_type == "Softmax" else ops.log_softmax
+    if node.opset >= 13:
+        return [fn(x, node.attr("axis", -1))]
+    axis = normalize_axis(node.attr("axis", 1), x.ndim, node.op_type)   # opset < 13: over all axes from axis
+    rows = ops.flatten(x, axis)
+    return [ops.reshape(fn(rows, 1), x.shape)]
+
+
+REDUCTIONS = {"ReduceSum": "sum", "ReduceMean": "mean", "ReduceMax": "max", "ReduceMin": "min", "ReduceProd": "prod",
+              "ReduceSumSquare": "sum", "ReduceL1": "sum", "ReduceL2": "sum", "ReduceLogSum": "sum",
+              "ReduceLogSumExp": "sum"}
+AXES_INPUT_SINCE = {"ReduceSum": 13}       # the others take axes as an input from opset 18
+
+
+@converts(*REDUCTIONS, attrs=("axes", "keepdims", "noop_with_empty_axes"))
+def reduce(node: Node) -> list:
+    x, op_type = node.input(0), node.op_type
+    if node.opset >= AXES_INPUT_SINCE.get(op_type, 18):
+        axes = node.const(1, required=False) if node.num_inputs > 1 else None
+        if node.has_attr("axes"):
+            raise node.error(f"'axes' is an input of {op_type} in opset {node.opset}, not an attribute",
+                             ValueError)
+    else:
+        axes = node.attr("axes")
+    keepdims = bool(node.attr("keepdims", 1))
+    if axes is None or len(axes) == 0:
+        if node.attr("noop_with_empty_axes", 0):
+            return [x]
+        axes = None
+    axes = None if axes is None else [int(a) for a in np.asarray(axes).reshape(-1)]
+    fn = getattr(ops, REDUCTIONS[op_type])
+    if op_type == "ReduceSumSquare":
+        return [fn(ops.mul(x, x), axes, keepdims)]
+    if op_type == "ReduceL1":
+        return [fn(ops.elementwise("abs", x), axes, keepdims)]
+    if op_type == "ReduceL2":
+        return [ops.sqrt(fn(ops.mul(x, x), axes, keepdims))]
+    if op_type == "ReduceLogSum":
+        return [ops.log(fn(x, axes, keepdims))]
+    if op_type == "ReduceLogSumExp":
+        top = ops.max(x, axes, True)
+        total = ops.log(fn(ops.exp(ops.sub(x, top)), axes, True))
+        return [ops.reshape(ops.add(total, top), reduced_shape(x.shape, normalize_axes(axes, x.ndim, op_type), keepdims))]
+    return [fn(x, axes, keepdims)]

@@ -1,0 +1,156 @@
+"""from_onnx: an ONNX model (a ModelProto, a path, or serialized bytes) as a Graph.
+
+The model is validated (`onnx.checker`), its opset checked, initializers become constants
+and graph inputs become graph inputs with static shapes (symbolic dims are fixed with
+`shapes=`). Each node goes through its converter (node.CONVERTERS), which builds graph ops;
+anything not supported raises UnsupportedOnnxError naming the node, and a malformed model
+raises OnnxImportError; no partial graph is ever returned.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+
+from ..graph import Graph, topological_nodes
+from ..tensor import constant, input as graph_input
+from . import elementwise, nn, shape  # noqa: F401 - register the converters
+from .errors import OnnxImportError, UnsupportedOnnxError
+from .node import CONVERTERS, Node, dtype_of, to_array
+
+MIN_OPSET = 11
+MAX_OPSET = 28   # 22-28 change the supported operators only by new data types (and attributes for them)
+
+
+def load_model(model_or_path) -> onnx.ModelProto:
+    """The ModelProto of a ModelProto, a file path, or serialized bytes (OnnxImportError if unreadable)."""
+    if isinstance(model_or_path, onnx.ModelProto):
+        return model_or_path
+    if not isinstance(model_or_path, (str, os.PathLike, bytes, bytearray)):
+        raise TypeError(f"from_onnx takes an onnx.ModelProto, a path or bytes, got {type(model_or_path).__name__}")
+    try:
+        if isinstance(model_or_path, (bytes, bytearray)):
+            return onnx.load_from_string(bytes(model_or_path))
+        return onnx.load(os.fspath(model_or_path))
+    except Exception as e:   # a missing file, protobuf's DecodeError on corrupt bytes, ...
+        raise OnnxImportError(f"cannot read an ONNX model from {str(model_or_path)[:80]!r}: {e}") from e
+
+
+def model_opset(model: onnx.ModelProto) -> int:
+    """The model's default-domain opset version (UnsupportedOnnxError outside MIN_OPSET..MAX_OPSET)."""
+    versions = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    if not versions:
+        raise OnnxImportError("the model imports no version of the default ONNX domain (opset_import)")
+    opset = versions[0]
+    if not MIN_OPSET <= opset <= MAX_OPSET:
+        raise UnsupportedOnnxError(f"opset {opset} is not supported: the importer reads opsets {MIN_OPSET}-{MAX_OPSET}; "
+                                   "convert the model with onnx.version_converter.convert_version(model, 17)")
+    return opset
+
+
+def _input_shape(vi: onnx.ValueInfoProto, shapes: dict) -> tuple:
+    if vi.name in shapes:
+        return tuple(int(d) for d in shapes[vi.name])
+    t = vi.type.tensor_type
+    if not t.HasField("shape"):
+        raise UnsupportedOnnxError(f"graph input {vi.name!r} has no shape; give it with "
+                                   f"from_onnx(model, shapes={{{vi.name!r}: (...)}})")
+    dims = []
+    for d in t.shape.dim:
+        if not d.HasField("dim_value"):
+            raise UnsupportedOnnxError(
+                f"graph input {vi.name!r} has a symbolic dim {d.dim_param or '?'!r}; shapes are static: give them "
+                f"with from_onnx(model, shapes={{{vi.name!r}: (...)}})")
+        dims.append(d.dim_value)
+    return tuple(dims)
+
+
+def _bind_inputs(graph: onnx.GraphProto, env: dict, shapes: dict, constants: dict) -> list:
+    inputs = []
+    names = [vi.name for vi in graph.input]
+    for what, given in (("shapes", shapes), ("constants", constants)):
+        unknown = sorted(set(given) - set(names))
+        if unknown:
+            raise ValueError(f"from_onnx: {what} names {unknown}, which are not graph inputs ({names})")
+    for vi in graph.input:
+        if not vi.type.HasField("tensor_type"):
+            raise UnsupportedOnnxError(f"graph input {vi.name!r} is not a tensor ({vi.type.WhichOneof('value')}); "
+                                       "only tensor inputs are supported")
+        dtype = dtype_of(vi.type.tensor_type.elem_type, f"graph input {vi.name!r}")
+        if vi.name in constants:
+            env[vi.name] = constant(np.asarray(constants[vi.name], dtype=dtype), name=vi.name)
+        elif vi.name not in env:     # an input with an initializer is a constant with a default: use the default
+            env[vi.name] = graph_input(vi.name, _input_shape(vi, shapes), dtype)
+            inputs.append(env[vi.name])
+    return inputs
+
+
+def _convert(proto: onnx.NodeProto, env: dict, opset: int) -> None:
+    node = Node(proto, env, opset)
+    if proto.domain not in ("", "ai.onnx"):
+        raise node.error(f"domain {proto.domain!r} is not supported (only the default ONNX domain)")
+    converter = CONVERTERS.get(proto.op_type)
+    if converter is None:
+        raise node.error(f"operator {proto.op_type} is not supported; supported operators: "
+                         f"{', '.join(sorted(CONVERTERS))}")
+    for a in proto.attribute:
+        if a.name not in converter.attrs:
+            accepted = ", ".join(sorted(converter.attrs)) or "none"
+            raise node.error(f"attribute {a.name!r} is not supported; supported attributes of {proto.op_type}: "
+                             f"{accepted}")
+    try:
+        outputs = converter.fn(node)
+    except OnnxImportError:
+        raise
+    except (ValueError, TypeError, IndexError) as e:    # the graph ops' checks: the model is inconsistent
+        raise node.error(str(e), OnnxImportError) from e
+    for k, name in enumerate(proto.output):
+        if not name:
+            continue
+        t = outputs[k] if k < len(outputs) else None
+        if t is None:
+            raise node.error(f"output {k} ({name!r}) is not supported")
+        if name in env:
+            raise node.error(f"output {name!r} is already defined earlier in the graph", OnnxImportError)
+        t.name = t.name or name
+        env[name] = t
+
+
+def _check_output(vi: onnx.ValueInfoProto, t) -> None:
+    declared = vi.type.tensor_type
+    if not vi.type.HasField("tensor_type"):
+        raise UnsupportedOnnxError(f"graph output {vi.name!r} is not a tensor; only tensor outputs are supported")
+    if declared.elem_type and dtype_of(declared.elem_type, f"graph output {vi.name!r}") != str(t.numpy_dtype):
+        raise OnnxImportError(f"graph output {vi.name!r} is declared "
+                              f"{onnx.TensorProto.DataType.Name(declared.elem_type)} but computes {t.dtype.name}")
+    if declared.HasField("shape") and all(d.HasField("dim_value") for d in declared.shape.dim):
+        shape = tuple(d.dim_value for d in declared.shape.dim)
+        if shape != t.shape:
+            raise OnnxImportError(f"graph output {vi.name!r} is declared with shape {shape} but has shape {t.shape}")
+
+
+def from_onnx(model_or_path, shapes: dict | None = None, constants: dict | None = None) -> Graph:
+    """The Graph of an ONNX model; `shapes` fixes input shapes, `constants` fixes input values (e.g. shape inputs)."""
+    model = load_model(model_or_path)
+    opset = model_opset(model)
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as e:
+        raise OnnxImportError(f"the model is not valid ONNX: {str(e).strip().splitlines()[0]}") from e
+    graph = model.graph
+    if graph.sparse_initializer:
+        raise UnsupportedOnnxError("sparse initializers are not supported")
+    env = {init.name: constant(to_array(init, f"initializer {init.name!r}"), name=init.name)
+           for init in graph.initializer}
+    inputs = _bind_inputs(graph, env, dict(shapes or {}), dict(constants or {}))
+    for proto in graph.node:
+        _convert(proto, env, opset)
+    outputs = []
+    for vi in graph.output:
+        if vi.name not in env:
+            raise OnnxImportError(f"graph output {vi.name!r} is not produced by any node, initializer or input")
+        _check_output(vi, env[vi.name])
+        outputs.append(env[vi.name])
+    producers = [t.producer for t in env.values() if t.producer is not None]
+    return Graph(inputs, outputs, topological_nodes(outputs, producers), name=graph.name or "onnx_model")

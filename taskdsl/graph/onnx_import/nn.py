@@ -1,0 +1,133 @@
+"""Converters of network layers: Conv, Gemm, MatMul, normalizations, pooling, LRN, Dropout, Identity."""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import ops
+from ..ops.norm import LayerNorm
+from ..tensor import constant
+from .node import Node, converts
+
+WINDOW_ATTRS = ("auto_pad", "dilations", "kernel_shape", "pads", "strides")
+
+
+def _window(node: Node, x, kernel: tuple) -> tuple:
+    """(strides, pads (begin..., end...), dilations) of a conv / pool node, auto_pad resolved."""
+    rank = len(kernel)
+    strides = tuple(node.attr("strides", [1] * rank))
+    dilations = tuple(node.attr("dilations", [1] * rank))
+    auto_pad = node.attr("auto_pad", "NOTSET")
+    if len(strides) != rank or len(dilations) != rank:
+        raise node.error(f"strides {strides} and dilations {dilations} need {rank} values", ValueError)
+    if auto_pad == "NOTSET":
+        pads = tuple(node.attr("pads", [0] * 2 * rank))
+    elif auto_pad == "VALID":
+        pads = (0,) * 2 * rank
+    elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        begin, end = [], []
+        for n, k, s, d in zip(x.shape[2:], kernel, strides, dilations):
+            total = max((-(-n // s) - 1) * s + (k - 1) * d + 1 - n, 0)
+            small = total // 2
+            begin.append(small if auto_pad == "SAME_UPPER" else total - small)
+            end.append(total - small if auto_pad == "SAME_UPPER" else small)
+        pads = tuple(begin + end)
+    else:
+        raise node.error(f"auto_pad={auto_pad!r} is not supported (NOTSET, VALID, SAME_UPPER, SAME_LOWER)")
+    if len(pads) != 2 * rank:
+        raise node.error(f"pads {pads} need {2 * rank} values (begin..., end...)", ValueError)
+    return strides, pads, dilations
+
+
+@converts("Conv", attrs=WINDOW_ATTRS + ("group",))
+def conv(node: Node) -> list:
+    x, w, bias = node.input(0), node.input(1), node.input(2, required=False) if node.num_inputs > 2 else None
+    kernel = tuple(node.attr("kernel_shape", w.shape[2:]))
+    if kernel != w.shape[2:]:
+        raise node.error(f"kernel_shape {kernel} does not match the weight's {w.shape[2:]}", ValueError)
+    strides, pads, dilations = _window(node, x, kernel)
+    return [ops.conv(x, w, bias, strides, pads, dilations, node.attr("group", 1))]
+
+
+@converts("Gemm", attrs=("alpha", "beta", "transA", "transB"))
+def gemm(node: Node) -> list:
+    a, b = node.input(0), node.input(1)
+    c = node.input(2, required=False) if node.num_inputs > 2 else None
+    a = ops.transpose(a) if node.attr("transA", 0) else a
+    b = ops.transpose(b) if node.attr("transB", 0) else b
+    y = ops.matmul(a, b)
+    alpha, beta = float(node.attr("alpha", 1.0)), float(node.attr("beta", 1.0))
+    if alpha != 1.0:
+        y = ops.mul(y, alpha)
+    if c is not None and beta != 0.0:
+        y = ops.add(y, c if beta == 1.0 else ops.mul(c, beta))
+    return [y]
+
+
+@converts("MatMul")
+def matmul(node: Node) -> list:
+    return [ops.matmul(node.input(0), node.input(1))]
+
+
+@converts("BatchNormalization", attrs=("epsilon", "momentum", "training_mode"))
+def batch_norm(node: Node) -> list:
+    if node.attr("training_mode", 0):
+        raise node.error("training_mode=1 is not supported (inference only); export the model in eval mode")
+    x, scale, bias, mean, var = (node.input(k) for k in range(5))
+    return [ops.batch_norm(x, mean, var, scale, bias, float(node.attr("epsilon", 1e-5)))]
+
+
+@converts("LayerNormalization", attrs=("axis", "epsilon", "stash_type"))
+def layer_norm(node: Node) -> list:
+    if node.attr("stash_type", 1) != 1:
+        raise node.error(f"stash_type={node.attr('stash_type')} is not supported (1: statistics in float32)")
+    x, scale = node.input(0), node.input(1)
+    bias = node.input(2, required=False) if node.num_inputs > 2 else None
+    attrs = {"axis": node.attr("axis", -1), "eps": float(node.attr("epsilon", 1e-5)), "has_weight": True,
+             "has_bias": bias is not None, "stats": node.wanted(1) or node.wanted(2)}
+    return LayerNorm([t for t in (x, scale, bias) if t is not None], attrs).outputs
+
+
+@converts("MaxPool", "AveragePool", attrs=WINDOW_ATTRS + ("ceil_mode", "count_include_pad", "storage_order"))
+def pool(node: Node) -> list:
+    if node.wanted(1):
+        raise node.error("the Indices output of MaxPool is not supported")
+    x = node.input(0)
+    kernel = tuple(node.attr("kernel_shape", ()))
+    if len(kernel) != x.ndim - 2:
+        raise node.error(f"kernel_shape {kernel} needs one value per spatial axis of {x.shape}", ValueError)
+    strides, pads, dilations = _window(node, x, kernel)
+    mode = "max" if node.op_type == "MaxPool" else "avg"
+    return [ops.pool(x, mode, kernel, strides, pads, dilations, bool(node.attr("ceil_mode", 0)),
+                     bool(node.attr("count_include_pad", 0)))]
+
+
+@converts("GlobalAveragePool", "GlobalMaxPool")
+def global_pool(node: Node) -> list:
+    fn = ops.global_avg_pool if node.op_type == "GlobalAveragePool" else ops.global_max_pool
+    return [fn(node.input(0))]
+
+
+@converts("LRN", attrs=("alpha", "beta", "bias", "size"))
+def lrn(node: Node) -> list:
+    if not node.has_attr("size"):
+        raise node.error("the 'size' attribute is required", ValueError)
+    return [ops.lrn(node.input(0), node.attr("size"), node.attr("alpha", 1e-4), node.attr("beta", 0.75),
+                    node.attr("bias", 1.0))]
+
+
+@converts("Dropout", attrs=("ratio", "seed"))
+def dropout(node: Node) -> list:
+    x = node.input(0)
+    training = node.num_inputs > 2 and node.proto.input[2] and bool(np.asarray(node.const(2)).reshape(-1)[0])
+    if training:
+        ratio = node.const(1) if node.num_inputs > 1 and node.proto.input[1] else node.attr("ratio", 0.5)
+        if float(np.asarray(ratio).reshape(-1)[0]) != 0.0:
+            raise node.error("random dropout (training_mode=1 with a ratio > 0) is not supported; "
+                             "export the model for inference")
+    mask = constant(np.ones(x.shape, np.bool_)) if node.wanted(1) else None
+    return [x, mask]
+
+
+@converts("Identity")
+def identity(node: Node) -> list:
+    return [node.input(0)]

@@ -1,0 +1,158 @@
+"""Converters of shape and data-movement operators, and of the operators that make constants.
+
+Shapes are static, so Shape, Size, ConstantOfShape and Range give constants, and the inputs
+that fix a shape (Reshape's shape, Slice's starts, ...) must be computable at import time.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import ops
+from ..ops.axes import normalize_axis
+from ..tensor import constant
+from .node import Node, converts
+
+
+def _ints(value) -> list:
+    return [int(v) for v in np.asarray(value).reshape(-1)]
+
+
+def _optional_ints(node: Node, k: int) -> list | None:
+    """Input k's constant value as ints, or None when the input is absent."""
+    return _ints(node.const(k)) if node.num_inputs > k and node.proto.input[k] else None
+
+
+def _axes(node: Node, k: int, since: int) -> list | None:
+    """Axes from input k (opset >= since) or from the 'axes' attribute (earlier opsets)."""
+    if node.opset >= since:
+        return _optional_ints(node, k)
+    axes = node.attr("axes")
+    return None if axes is None else [int(a) for a in axes]
+
+
+@converts("Constant", attrs=("value", "value_float", "value_floats", "value_int", "value_ints", "value_string",
+                             "value_strings", "sparse_value"))
+def constant_node(node: Node) -> list:
+    for name, dtype in (("value", None), ("value_float", np.float32), ("value_floats", np.float32),
+                        ("value_int", np.int64), ("value_ints", np.int64)):
+        if node.has_attr(name):
+            value = node.attr(name)
+            return [constant(value if dtype is None else np.asarray(value, dtype))]
+    raise node.error("only tensor, float(s) and int(s) values are supported (not strings or sparse tensors)")
+
+
+@converts("Shape", attrs=("start", "end"))
+def shape(node: Node) -> list:
+    dims = node.input(0).shape
+    start, end = node.attr("start", 0), node.attr("end", len(dims))
+    return [constant(np.array(dims[slice(start, end)], np.int64))]
+
+
+@converts("Size")
+def size(node: Node) -> list:
+    return [constant(np.array(node.input(0).size, np.int64))]
+
+
+@converts("ConstantOfShape", attrs=("value",))
+def constant_of_shape(node: Node) -> list:
+    value = node.attr("value")
+    value = np.zeros(1, np.float32) if value is None else np.asarray(value)
+    return [constant(np.full(_ints(node.const(0)), value.reshape(-1)[0], value.dtype))]
+
+
+@converts("Range")
+def range_node(node: Node) -> list:
+    start, limit, delta = (np.asarray(node.const(k)).reshape(-1)[0] for k in range(3))
+    if delta == 0:
+        raise node.error("delta must not be 0", ValueError)
+    count = max(int(np.ceil((float(limit) - float(start)) / float(delta))), 0)
+    return [constant(np.asarray(start + np.arange(count) * delta, start.dtype))]
+
+
+@converts("Flatten", attrs=("axis",))
+def flatten(node: Node) -> list:
+    return [ops.flatten(node.input(0), node.attr("axis", 1))]
+
+
+@converts("Reshape", attrs=("allowzero",))
+def reshape(node: Node) -> list:
+    x, shape = node.input(0), _ints(node.const(1))
+    if not node.attr("allowzero", 0):
+        shape = [x.shape[k] if n == 0 else n for k, n in enumerate(shape)]
+    return [ops.reshape(x, shape)]
+
+
+@converts("Transpose", attrs=("perm",))
+def transpose(node: Node) -> list:
+    return [ops.transpose(node.input(0), node.attr("perm"))]
+
+
+@converts("Squeeze", attrs=("axes",))
+def squeeze(node: Node) -> list:
+    return [ops.squeeze(node.input(0), _axes(node, 1, 13))]
+
+
+@converts("Unsqueeze", attrs=("axes",))
+def unsqueeze(node: Node) -> list:
+    axes = _axes(node, 1, 13)
+    if axes is None:
+        raise node.error("the axes are required", ValueError)
+    return [ops.unsqueeze(node.input(0), axes)]
+
+
+@converts("Concat", attrs=("axis",))
+def concat(node: Node) -> list:
+    return [ops.concat(node.inputs(), node.attr("axis"))]
+
+
+@converts("Split", attrs=("axis", "split", "num_outputs"))
+def split(node: Node) -> list:
+    x = node.input(0)
+    axis = normalize_axis(node.attr("axis", 0), x.ndim, "Split")
+    sizes = _optional_ints(node, 1) if node.opset >= 13 else node.attr("split")   # an input from opset 13
+    if sizes is None:
+        parts, n = len(node.proto.output), x.shape[axis]
+        if node.has_attr("num_outputs"):
+            parts = node.attr("num_outputs")
+            chunk = -(-n // parts)                    # opset 18: the last part may be smaller
+            sizes = [min(chunk, n - k * chunk) for k in range(parts)]
+        else:
+            sizes = parts
+    return ops.split(x, sizes, axis)
+
+
+@converts("Slice")
+def slice_node(node: Node) -> list:
+    x = node.input(0)
+    starts, ends = _ints(node.const(1)), _ints(node.const(2))
+    return [ops.slice(x, starts, ends, _optional_ints(node, 3), _optional_ints(node, 4))]
+
+
+@converts("Gather", attrs=("axis",))
+def gather(node: Node) -> list:
+    return [ops.gather(node.input(0), node.input(1), node.attr("axis", 0))]
+
+
+@converts("Expand")
+def expand(node: Node) -> list:
+    return [ops.expand(node.input(0), _ints(node.const(1)))]
+
+
+@converts("Pad", attrs=("mode",))
+def pad(node: Node) -> list:
+    x = node.input(0)
+    if node.attr("mode", "constant") != "constant":
+        raise node.error(f"mode={node.attr('mode')!r} is not supported (only 'constant')")
+    pads = _ints(node.const(1))
+    value = node.const(2, required=False) if node.num_inputs > 2 and node.proto.input[2] else None
+    axes = _optional_ints(node, 3)
+    if axes is not None:        # opset 18: pads given for these axes only
+        full = [0] * 2 * x.ndim
+        for k, a in enumerate(axes):
+            a = normalize_axis(a, x.ndim, "Pad")
+            full[a], full[x.ndim + a] = pads[k], pads[len(axes) + k]
+        pads = full
+    if any(p < 0 for p in pads):
+        raise node.error(f"negative pads {pads} (cropping) are not supported")
+    return [ops.pad(x, pads, 0 if value is None else np.asarray(value).reshape(-1)[0].item())]
+

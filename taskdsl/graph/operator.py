@@ -1,0 +1,117 @@
+"""Graph operators: nodes whose meaning is a set of compute definitions (taskdsl.compute).
+
+An Operator subclass validates its inputs and attributes (`check`) and says what it
+computes (`define`: compute / reduce definitions over placeholders of its inputs' shapes
+and dtypes). Output shapes and dtypes are read off the definitions, so shape inference,
+the numpy reference (`reference`) and the kernels all come from one description.
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from .. import ir
+from ..compute import evaluate, placeholder, topological
+from .tensor import Tensor
+
+_ids = itertools.count()
+
+
+def dims(x) -> tuple:
+    """A definition tensor's dims: ints where static, IR expressions of size symbols where symbolic."""
+    return tuple(int(d.value) if isinstance(d, ir.Const) else d for d in x.shape)
+
+
+def freeze(value):
+    """An attribute value in hashable form (lists -> tuples, numpy scalars -> Python numbers)."""
+    if isinstance(value, (list, tuple)):
+        return tuple(freeze(v) for v in value)
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return freeze(value.tolist())
+    return value
+
+
+class Operator:
+    """A node of a Graph: `outputs` computed from `inputs` as its compute definitions say."""
+
+    kind = "operator"      # the name printed for the node ("conv2d", "add", ...)
+    is_anchor = False      # matmul / conv: what fusion partitions are built around
+    is_view = False        # the output is the input's memory with another shape (reshape)
+    kind_attr = None       # the attribute `kind` is made from (not printed again)
+    generic = False        # `define` reads sizes only from its placeholders' dims (never from self.inputs),
+                           # so it also works on symbolic dims: one kernel then serves every size
+
+    def __init__(self, inputs: list, attrs: dict | None = None):
+        for t in inputs:
+            if not isinstance(t, Tensor):
+                raise TypeError(f"{self.kind}: inputs must be graph Tensors, got {type(t).__name__}")
+        self.inputs = list(inputs)
+        self.attrs = {k: freeze(v) for k, v in (attrs or {}).items()}
+        self.id = next(_ids)
+        self.check()
+        self.placeholders = [placeholder(f"in{k}", t.dtype, t.shape) for k, t in enumerate(self.inputs)]
+        self.definitions = list(self.define(*self.placeholders))
+        self.outputs = [Tensor(tuple(ir.evaluate_int(d, {}) for d in o.shape), o.dtype, producer=self, index=k)
+                        for k, o in enumerate(self.definitions)]
+
+    # ------------------------------------------------------------------ what subclasses say
+    def check(self) -> None:
+        """Raise ValueError / TypeError when the inputs or attributes are invalid."""
+
+    def define(self, *xs: compute.Tensor) -> list:
+        """The compute definitions of the outputs, over placeholders `xs` of the inputs."""
+        raise NotImplementedError(type(self).__name__)
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def name(self) -> str:
+        return f"{self.kind}_{self.id}"
+
+    @property
+    def is_injective(self) -> bool:
+        """Whether every definition (outputs and intermediates) is a compute, i.e. no reduction."""
+        return all(t.kind != "reduce" for t in topological(self.definitions))
+
+    @property
+    def value_inputs(self) -> list:
+        """Indices of the inputs whose values the definitions read (not only their shapes)."""
+        read = {id(t) for t in topological(self.definitions)}
+        return [k for k, p in enumerate(self.placeholders) if id(p) in read]
+
+    def signature(self) -> tuple:
+        """What the operator computes, as a hashable key: kind, attributes, input shapes and dtypes."""
+        return (type(self).__name__, tuple(sorted(self.attrs.items())),
+                tuple((t.shape, t.dtype) for t in self.inputs))
+
+    def generic_signature(self) -> tuple:
+        """The key of the generic definitions: kind, attributes, and per input its dtype and which dims are 1."""
+        return (type(self).__name__, tuple(sorted(self.attrs.items())),
+                tuple((t.dtype, tuple(n == 1 for n in t.shape)) for t in self.inputs))
+
+    def generic_definitions(self) -> tuple:
+        """(placeholders, definitions) over symbolic sizes: every dim that is not 1 is a size symbol."""
+        holders = [placeholder(f"in{k}", t.dtype, tuple(1 if n == 1 else f"{self.kind}_{k}_{a}"
+                                                        for a, n in enumerate(t.shape)))
+                   for k, t in enumerate(self.inputs)]
+        return holders, list(self.define(*holders))
+
+    def reference(self, *arrays) -> list:
+        """The outputs for these input arrays, by the numpy evaluation of the definitions."""
+        return evaluate(self.placeholders, self.definitions, list(arrays))
+
+    def clone(self, inputs: list) -> "Operator":
+        """The same operator on other inputs (shapes and dtypes are inferred again)."""
+        return type(self)(inputs, self.attrs)
+
+    def shown_attrs(self) -> dict:
+        """The attributes a printed graph shows (those not already in `kind`)."""
+        return {k: v for k, v in self.attrs.items() if k != self.kind_attr}
+
+    def attrs_str(self) -> str:
+        return ", ".join(f"{k}={v!r}" for k, v in self.shown_attrs().items())
+
+    def __repr__(self) -> str:
+        return f"<Operator {self.name}({self.attrs_str()})>"

@@ -1,0 +1,33 @@
+"""The graph op set: functions on symbolic Tensors that add Operators to the traced graph.
+
+    from taskdsl.graph import ops
+    y = ops.relu(ops.conv2d(x, w, b, padding=1))
+
+Every op is an Operator defined by compute definitions (its numpy reference and its kernels).
+"""
+from .elementwise import (FUNCTIONS, Elementwise, add, cast, clip, div, elementwise, equal, erf, exp, gelu, greater,
+                          less, log, maximum, minimum, mul, neg, pow, relu, rsqrt, sigmoid, silu, sqrt, sub, tanh,
+                          where)
+from .linalg import Conv, MatMul, conv, conv2d, linear, matmul
+from .norm import LRN, BatchNorm, LayerNorm, Softmax, batch_norm, layer_norm, log_softmax, lrn, rms_norm, softmax
+from .pool import Pool, avg_pool2d, max_pool2d, pool
+from .reduce import Reduce, global_avg_pool, global_max_pool, max, mean, min, prod, sum
+from .transform import (Concat, Expand, Gather, Pad, Reshape, Slice, Transpose, concat, expand, flatten, gather, pad,
+                        reshape, slice, split, squeeze, transpose, unsqueeze)
+
+__all__ = [
+    # elementwise
+    "FUNCTIONS", "Elementwise", "elementwise", "add", "sub", "mul", "div", "pow", "maximum", "minimum", "equal", "less",
+    "greater", "neg", "relu", "gelu", "silu", "sigmoid", "tanh", "erf", "exp", "log", "sqrt", "rsqrt", "where", "cast",
+    "clip",
+    # anchors
+    "MatMul", "Conv", "matmul", "linear", "conv", "conv2d",
+    # normalization
+    "Softmax", "LayerNorm", "BatchNorm", "LRN", "softmax", "log_softmax", "layer_norm", "rms_norm", "batch_norm", "lrn",
+    # pooling and reductions
+    "Pool", "pool", "max_pool2d", "avg_pool2d", "Reduce", "sum", "mean", "max", "min", "prod", "global_avg_pool",
+    "global_max_pool",
+    # data movement
+    "Reshape", "Transpose", "Concat", "Slice", "Gather", "Expand", "Pad", "reshape", "flatten", "squeeze", "unsqueeze",
+    "transpose", "concat", "split", "slice", "gather", "expand", "pad",
+]

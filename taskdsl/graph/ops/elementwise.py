@@ -1,0 +1,375 @@
+"""Elementwise operators with numpy broadcasting: arithmetic, comparisons, logic, activations, where, cast, clip.
+
+Each function of the table `FUNCTIONS` is a body over the operands' loaded values (IR
+expressions) plus a dtype rule. Semantics follow ONNX: operands of arithmetic share one
+dtype (use `cast` to convert), the result keeps it (integer `div` truncates toward zero,
+`pow` keeps the base's dtype), comparisons give bool. 16-bit floats are computed in f32.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...compute import compute
+from ... import ir
+from ...ir import types as T
+from ...lang import math_expr
+from ..operator import Operator
+from ..tensor import Tensor, as_dtype, as_tensor
+
+
+def broadcast_shape(shapes: list, what: str) -> tuple:
+    """numpy's broadcast of `shapes` (ValueError naming `what` when they do not broadcast)."""
+    try:
+        return tuple(int(n) for n in np.broadcast_shapes(*shapes))
+    except ValueError:
+        raise ValueError(f"{what}: shapes {', '.join(str(tuple(s)) for s in shapes)} do not broadcast") from None
+
+
+def broadcast_index(axes: tuple, shape: tuple) -> tuple:
+    """The index into an operand of `shape` for output axes `axes` (right-aligned; size-1 dims read 0)."""
+    lead = len(axes) - len(shape)
+    return tuple(ir.const(0) if n == 1 else axes[lead + k] for k, n in enumerate(shape))
+
+
+def promote_f32(e: ir.Expr) -> T.DataType:
+    """The dtype arithmetic on `e` is computed in (16-bit floats in f32)."""
+    return T.f32 if e.dtype.is_float and e.dtype.bits == 16 else e.dtype
+
+
+def _f32(e: ir.Expr) -> ir.Expr:
+    """16-bit floats widened to f32 for arithmetic that does not widen by itself (negation, selects)."""
+    return ir.Cast(e, T.f32) if promote_f32(e) != e.dtype else e
+
+
+def _fold(fn: Callable) -> Callable:
+    """A variadic body: fn applied left to right over the operands (Sum, Max, Min)."""
+    def body(*xs, **_):
+        out = xs[0]
+        for x in xs[1:]:
+            out = fn(out, x)
+        return out if len(xs) > 1 else _f32(out)
+    return body
+
+
+def _truncdiv(a, b, **_):
+    if not (a.dtype.is_integer or a.dtype.is_bool):
+        return a / b
+    q = ir.binary("//", a, b)
+    if a.dtype.kind == "uint":
+        return q
+    inexact = ir.binary("!=", ir.binary("%", a, b), 0)
+    signs_differ = ir.binary("!=", ir.binary("<", a, 0), ir.binary("<", b, 0))
+    return ir.Select(ir.binary("and", inexact, signs_differ), q + 1, q, q.dtype)   # C's division
+
+
+def _pow(a, b, **_):
+    wide = T.f64 if T.f64 in (a.dtype, b.dtype) or not a.dtype.is_float or not b.dtype.is_float else T.f32
+    return math_expr("pow", [ir.Cast(a, wide), ir.Cast(b, wide)])
+
+
+_SQRT1_2 = 1.0 / math.sqrt(2.0)
+_SQRT_2_PI = math.sqrt(2.0 / math.pi)
+
+
+def _gelu(x, approximate="none", **_):
+    if approximate == "tanh":
+        return 0.5 * x * (1.0 + math_expr("tanh", [_SQRT_2_PI * (x + 0.044715 * (x * x * x))]))
+    return 0.5 * x * (1.0 + math_expr("erf", [x * _SQRT1_2]))
+
+
+def _where(c, a, b, **_):
+    test = c if c.dtype.is_bool else ir.binary("!=", c, 0)
+    return ir.Select(test, a, b, a.dtype)
+
+
+def _clip(x, *bounds, has_min=False, has_max=False, **_):
+    bounds = list(bounds)
+    x = _f32(x)
+    if has_min:
+        x = math_expr("max", [x, bounds.pop(0)])
+    if has_max:
+        x = math_expr("min", [x, bounds.pop(0)])
+    return x
+
+
+def _math(name: str) -> Callable:
+    return lambda x, **_: math_expr(name, [x])
+
+
+# ---------------------------------------------------------------- dtype rules
+def _same(dtypes: list, fn: str) -> T.DataType:
+    if len(set(dtypes)) > 1:
+        raise TypeError(f"{fn}: operands have different dtypes ({', '.join(d.name for d in dtypes)}); "
+                        "convert them to one dtype with ops.cast")
+    return dtypes[0]
+
+
+def _numeric(dtypes, fn, **_):
+    dtype = _same(dtypes, fn)
+    if dtype.is_bool:
+        raise TypeError(f"{fn} is not defined on bool tensors; cast them first")
+    return dtype
+
+
+def _floating(dtypes, fn, **_):
+    dtype = _same(dtypes, fn)
+    if not dtype.is_float:
+        raise TypeError(f"{fn} needs float tensors, got {dtype.name}; cast the input first with ops.cast")
+    return dtype
+
+
+def _compare(dtypes, fn, **_):
+    _same(dtypes, fn)
+    return T.boolean
+
+
+def _logical(dtypes, fn, **_):
+    if any(not d.is_bool for d in dtypes):
+        raise TypeError(f"{fn} needs bool tensors, got {', '.join(d.name for d in dtypes)}")
+    return T.boolean
+
+
+def _base(dtypes, fn, **_):
+    if any(d.is_bool for d in dtypes):
+        raise TypeError(f"{fn} is not defined on bool tensors")
+    return dtypes[0]
+
+
+def _select(dtypes, fn, **_):
+    return _same(dtypes[1:], fn)
+
+
+def _clip_dtype(dtypes, fn, **_):
+    return _numeric(dtypes, fn)
+
+
+def _to(dtypes, fn, to=None, **_):
+    return as_dtype(to)
+
+
+@dataclass(frozen=True)
+class Function:
+    """An elementwise function: its body over loaded operands, its dtype rule, and how many operands it takes."""
+
+    body: Callable
+    dtype: Callable
+    arity: tuple = (1, 1)     # (min, max); max None = variadic
+
+
+FUNCTIONS = {
+    "add": Function(_fold(lambda a, b: a + b), _numeric, (1, None)),
+    "sub": Function(lambda a, b, **_: a - b, _numeric, (2, 2)),
+    "mul": Function(_fold(lambda a, b: a * b), _numeric, (1, None)),
+    "div": Function(_truncdiv, _numeric, (2, 2)),
+    "pow": Function(_pow, _base, (2, 2)),
+    "maximum": Function(_fold(lambda a, b: math_expr("max", [a, b])), _numeric, (1, None)),
+    "minimum": Function(_fold(lambda a, b: math_expr("min", [a, b])), _numeric, (1, None)),
+    "equal": Function(lambda a, b, **_: ir.binary("==", a, b), _compare, (2, 2)),
+    "less": Function(lambda a, b, **_: ir.binary("<", a, b), _compare, (2, 2)),
+    "less_equal": Function(lambda a, b, **_: ir.binary("<=", a, b), _compare, (2, 2)),
+    "greater": Function(lambda a, b, **_: ir.binary(">", a, b), _compare, (2, 2)),
+    "greater_equal": Function(lambda a, b, **_: ir.binary(">=", a, b), _compare, (2, 2)),
+    "logical_and": Function(lambda a, b, **_: ir.binary("and", a, b), _logical, (2, 2)),
+    "logical_or": Function(lambda a, b, **_: ir.binary("or", a, b), _logical, (2, 2)),
+    "logical_xor": Function(lambda a, b, **_: ir.binary("!=", a, b), _logical, (2, 2)),
+    "logical_not": Function(lambda a, **_: ir.Unary("not", a, T.boolean), _logical),
+    "neg": Function(lambda a, **_: ir.binary("-", 0, _f32(a)), _numeric),
+    "abs": Function(_math("abs"), _numeric),
+    "relu": Function(lambda a, **_: math_expr("max", [a, 0]), _numeric),
+    "leaky_relu": Function(lambda a, alpha=0.01, **_: ir.Select(a < 0, a * alpha, _f32(a), promote_f32(a)),
+                           _floating),
+    "sigmoid": Function(_math("sigmoid"), _floating),
+    "tanh": Function(_math("tanh"), _floating),
+    "exp": Function(_math("exp"), _floating),
+    "log": Function(_math("log"), _floating),
+    "sqrt": Function(_math("sqrt"), _floating),
+    "rsqrt": Function(_math("rsqrt"), _floating),
+    "erf": Function(_math("erf"), _floating),
+    "sin": Function(_math("sin"), _floating),
+    "cos": Function(_math("cos"), _floating),
+    "floor": Function(_math("floor"), _floating),
+    "ceil": Function(_math("ceil"), _floating),
+    "reciprocal": Function(lambda a, **_: 1.0 / a, _floating),
+    "gelu": Function(_gelu, _floating),
+    "silu": Function(lambda a, **_: a * math_expr("sigmoid", [a]), _floating),
+    "where": Function(_where, _select, (3, 3)),
+    "clip": Function(_clip, _clip_dtype, (1, 3)),
+    "cast": Function(lambda a, **_: a, _to),
+}
+
+
+class Elementwise(Operator):
+    """`FUNCTIONS[fn]` applied elementwise to broadcast operands; attrs: fn and the function's parameters."""
+
+    kind_attr = "fn"
+
+    @property
+    def kind(self) -> str:
+        return self.attrs["fn"]
+
+    @property
+    def params(self) -> dict:
+        """The function's parameters (every attribute but `fn`)."""
+        return {k: v for k, v in self.attrs.items() if k != "fn"}
+
+    def check(self):
+        fn = self.attrs.get("fn")
+        if fn not in FUNCTIONS:
+            raise ValueError(f"unknown elementwise function {fn!r}; known: {', '.join(sorted(FUNCTIONS))}")
+        low, high = FUNCTIONS[fn].arity
+        n = len(self.inputs)
+        if n < low or (high is not None and n > high):
+            raise TypeError(f"{fn} takes {low}{'' if high == low else '+' if high is None else f'-{high}'} "
+                            f"operands, got {n}")
+        self.out_dtype = FUNCTIONS[fn].dtype([t.dtype for t in self.inputs], fn, **self.params)
+        self.out_shape = broadcast_shape([t.shape for t in self.inputs], fn)
+
+    def body(self, *loads: ir.Expr) -> ir.Expr:
+        """The output element from the operands' elements (the same expression the kernels compute)."""
+        return FUNCTIONS[self.attrs["fn"]].body(*loads, **self.params)
+
+    def define(self, *xs):
+        def fcompute(*axes):
+            return self.body(*(x[broadcast_index(axes, x_t.shape)] for x, x_t in zip(xs, self.inputs)))
+        return [compute(f"{self.kind}_out", self.out_shape, fcompute, dtype=self.out_dtype)]
+
+
+def elementwise(fn: str, *operands, **params) -> Tensor:
+    """`fn` (a name in FUNCTIONS) applied to operands (tensors; numbers adopt the first tensor's dtype)."""
+    like = next((x for x in operands if isinstance(x, Tensor)), None)
+    if like is None:
+        raise TypeError(f"{fn}: at least one operand must be a graph Tensor")
+    tensors = [as_tensor(x, like) for x in operands]
+    return Elementwise(tensors, {"fn": fn, **params}).outputs[0]
+
+
+def add(a, b):
+    """a + b with broadcasting."""
+    return elementwise("add", a, b)
+
+
+def sub(a, b):
+    """a - b with broadcasting."""
+    return elementwise("sub", a, b)
+
+
+def mul(a, b):
+    """a * b with broadcasting."""
+    return elementwise("mul", a, b)
+
+
+def div(a, b):
+    """a / b with broadcasting (integers: truncated toward zero)."""
+    return elementwise("div", a, b)
+
+
+def pow(a, b):  # noqa: A001 - the operator's name
+    """a ** b with broadcasting (the result has a's dtype)."""
+    return elementwise("pow", a, b)
+
+
+def maximum(*xs):
+    """The elementwise maximum of the operands (broadcast)."""
+    return elementwise("maximum", *xs)
+
+
+def minimum(*xs):
+    """The elementwise minimum of the operands (broadcast)."""
+    return elementwise("minimum", *xs)
+
+
+def equal(a, b):
+    """a == b (bool)."""
+    return elementwise("equal", a, b)
+
+
+def less(a, b):
+    """a < b (bool)."""
+    return elementwise("less", a, b)
+
+
+def greater(a, b):
+    """a > b (bool)."""
+    return elementwise("greater", a, b)
+
+
+def neg(x):
+    """-x."""
+    return elementwise("neg", x)
+
+
+def relu(x):
+    """max(x, 0)."""
+    return elementwise("relu", x)
+
+
+def gelu(x, approximate: str = "none"):
+    """GELU, exact (erf) or with approximate='tanh'."""
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return elementwise("gelu", x, approximate=approximate)
+
+
+def silu(x):
+    """x * sigmoid(x)."""
+    return elementwise("silu", x)
+
+
+def sigmoid(x):
+    """1 / (1 + exp(-x))."""
+    return elementwise("sigmoid", x)
+
+
+def tanh(x):
+    """Hyperbolic tangent."""
+    return elementwise("tanh", x)
+
+
+def erf(x):
+    """The error function."""
+    return elementwise("erf", x)
+
+
+def exp(x):
+    """e ** x."""
+    return elementwise("exp", x)
+
+
+def log(x):
+    """Natural logarithm."""
+    return elementwise("log", x)
+
+
+def sqrt(x):
+    """Square root."""
+    return elementwise("sqrt", x)
+
+
+def rsqrt(x):
+    """1 / sqrt(x)."""
+    return elementwise("rsqrt", x)
+
+
+def where(cond, a, b):
+    """a where cond (bool, or nonzero) else b, all three broadcast."""
+    like = a if isinstance(a, Tensor) else b if isinstance(b, Tensor) else None
+    if like is None:
+        raise TypeError("where: a or b must be a graph Tensor")
+    return elementwise("where", as_tensor(cond), as_tensor(a, like), as_tensor(b, like))
+
+
+def cast(x, dtype):
+    """x converted to `dtype` (float to int truncates toward zero)."""
+    return elementwise("cast", x, to=as_dtype(dtype).name)
+
+
+def clip(x, lo=None, hi=None):
+    """x clamped to [lo, hi] (either may be None; numbers or tensors of x's dtype)."""
+    if lo is None and hi is None:
+        return x
+    bounds = [as_tensor(v, x) for v in (lo, hi) if v is not None]
+    return Elementwise([x, *bounds], {"fn": "clip", "has_min": lo is not None, "has_max": hi is not None}).outputs[0]

@@ -1,0 +1,150 @@
+"""The anchors: matmul (numpy semantics: 1-d operands, broadcast batch axes) and N-d convolution.
+
+Both are reductions; they are what fusion partitions are built around (`is_anchor`).
+`linear` and `conv2d` with a bias are the anchor followed by an elementwise add.
+"""
+from __future__ import annotations
+
+from ... import ir
+from ...compute import reduce as reduction
+from ..operator import Operator, dims
+from ..tensor import Tensor, as_tensor
+from .elementwise import add, broadcast_shape
+from .pool import pads_of
+from .transform import reshape, transpose
+from .window import inside, window_positions
+
+
+class MatMul(Operator):
+    """a @ b as numpy.matmul: (..., M, K) @ (..., K, N) with broadcast batch axes; 1-d operands allowed."""
+
+    kind = "matmul"
+    is_anchor = True
+    generic = True
+
+    def check(self):
+        a, b = self.inputs
+        if a.dtype != b.dtype or a.dtype.is_bool:
+            raise TypeError(f"matmul needs two numeric tensors of one dtype, got {a.dtype.name} and {b.dtype.name}")
+        if a.ndim == 0 or b.ndim == 0:
+            raise ValueError("matmul needs tensors of at least 1 dimension; use mul for scalars")
+        ka = a.shape[-1]
+        kb = b.shape[-2] if b.ndim >= 2 else b.shape[0]
+        if ka != kb:
+            raise ValueError(f"matmul: shapes {a.shape} and {b.shape} do not match (K = {ka} vs {kb})")
+        broadcast_shape([a.shape[:-2], b.shape[:-2]], "matmul batch axes")
+
+    def define(self, a, b):
+        ta, tb = self.inputs
+        da, db = dims(a), dims(b)
+        rank = max(ta.ndim, tb.ndim, 2) - 2
+        batch_a, batch_b = (1,) * (rank - len(da[:-2])) + da[:-2], (1,) * (rank - len(db[:-2])) + db[:-2]
+        batch = tuple(y if x == 1 else x for x, y in zip(batch_a, batch_b))     # 1s are static: structure
+        m = da[-2:-1] if ta.ndim >= 2 else ()
+        n = db[-1:] if tb.ndim >= 2 else ()
+
+        def operand_batch(ix, t):
+            lead = rank - max(t.ndim - 2, 0)
+            return tuple(ir.const(0) if t.shape[k] == 1 else ix[lead + k] for k in range(max(t.ndim - 2, 0)))
+
+        def fcompute(*ix):
+            k = ix[-1]
+            row = (ix[rank],) if m else ()
+            col = (ix[rank + len(m)],) if n else ()
+            return a[operand_batch(ix, ta) + row + (k,)] * b[operand_batch(ix, tb) + (k,) + col]
+
+        return [reduction("matmul", batch + m + n, (da[-1],), fcompute, op="sum", dtype=ta.dtype)]
+
+
+class Conv(Operator):
+    """N-d convolution (1-3 spatial axes) of x (N, C, ...) with w (O, C / groups, ...), no bias.
+
+    attrs: strides, pads ((begin..., end...) per spatial axis), dilations, groups.
+    """
+
+    is_anchor = True
+    generic = True
+
+    @property
+    def kind(self) -> str:
+        return f"conv{len(self.inputs[0].shape) - 2}d"
+
+    def check(self):
+        x, w = self.inputs
+        a = self.attrs
+        rank = x.ndim - 2
+        if not x.dtype.is_float or w.dtype != x.dtype:
+            raise TypeError(f"conv needs float input and weight of one dtype, got {x.dtype.name} and {w.dtype.name}")
+        if not 1 <= rank <= 3 or w.ndim != x.ndim:
+            raise ValueError(f"conv needs x (N, C, spatial...) with 1-3 spatial axes and a weight of the same rank, "
+                             f"got {x.shape} and {w.shape}")
+        g = a["groups"]
+        if g < 1 or x.shape[1] % g or w.shape[0] % g or w.shape[1] * g != x.shape[1]:
+            raise ValueError(f"conv: {x.shape[1]} input channels, weight {w.shape} and groups={g} do not match "
+                             "(the weight is (out_channels, in_channels / groups, kernel...))")
+        for key, length, low in (("strides", rank, 1), ("dilations", rank, 1), ("pads", 2 * rank, 0)):
+            if len(a[key]) != length or any(n < low for n in a[key]):
+                raise ValueError(f"conv: {key} must be {length} ints >= {low}, got {a[key]!r}")
+        if any(n < 1 for n in self._spatial(x.shape, w.shape)):
+            raise ValueError(f"conv: the (dilated) kernel {w.shape[2:]} is larger than the padded input {x.shape[2:]}")
+
+    def _spatial(self, x_shape: tuple, w_shape: tuple) -> tuple:
+        a, rank = self.attrs, len(x_shape) - 2
+        return tuple(window_positions(x_shape[2 + i], w_shape[2 + i], a["strides"][i], a["pads"][i],
+                                      a["pads"][rank + i], a["dilations"][i]) for i in range(rank))
+
+    def define(self, x, w):
+        a, dx, dw = self.attrs, dims(x), dims(w)
+        rank = len(dx) - 2
+        grouped = a["groups"] > 1
+
+        def fcompute(n, o, *rest):
+            p, (c, *k) = rest[:rank], rest[rank:]
+            pos = [p[i] * a["strides"][i] - a["pads"][i] + k[i] * a["dilations"][i] for i in range(rank)]
+            ok = inside(pos[0], dx[2])
+            for i in range(1, rank):
+                ok = ir.binary("and", ok, inside(pos[i], dx[2 + i]))
+            channel = (o // (dw[0] // a["groups"])) * dw[1] + c if grouped else c
+            v = x[(n, channel, *pos)] * w[(o, c, *k)]
+            return ir.Select(ok, v, ir.const(0, v.dtype), v.dtype)
+
+        out_shape = (dx[0], dw[0]) + self._spatial(dx, dw)
+        return [reduction("conv", out_shape, dw[1:], fcompute, op="sum", dtype=x.dtype)]
+
+
+def matmul(a, b):
+    """numpy.matmul(a, b) on graph tensors."""
+    return MatMul([as_tensor(a), as_tensor(b)]).outputs[0]
+
+
+def linear(x, weight, bias=None):
+    """x @ weight.T + bias (PyTorch's nn.Linear: weight is (out_features, in_features))."""
+    y = matmul(x, transpose(as_tensor(weight)))
+    return add(y, as_tensor(bias, y)) if bias is not None else y
+
+
+def _spatial(v, rank: int, what: str) -> tuple:
+    v = (v,) * rank if isinstance(v, int) else tuple(v)
+    if len(v) != rank:
+        raise ValueError(f"conv: {what} must be an int or {rank} ints, got {v!r}")
+    return v
+
+
+def conv(x, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1) -> Tensor:
+    """N-d convolution (1-3 spatial axes); padding is an int, one per axis, or (begin..., end...)."""
+    weight = as_tensor(weight)
+    rank = x.ndim - 2
+    attrs = {"strides": _spatial(stride, rank, "stride"), "pads": pads_of(padding, rank),
+             "dilations": _spatial(dilation, rank, "dilation"), "groups": int(groups)}
+    y = Conv([x, weight], attrs).outputs[0]
+    if bias is None:
+        return y
+    bias = as_tensor(bias, y)
+    return add(y, reshape(bias, (bias.size,) + (1,) * rank))
+
+
+def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1) -> Tensor:
+    """2-d convolution of x (N, C, H, W) with weight (O, C / groups, KH, KW), PyTorch's conv2d semantics."""
+    if x.ndim != 4:
+        raise ValueError(f"conv2d needs an (N, C, H, W) tensor, got shape {x.shape}")
+    return conv(x, weight, bias, stride, padding, dilation, groups)

@@ -1,0 +1,124 @@
+"""Max / average pooling over 1-3 spatial axes of (N, C, spatial...) tensors, as reductions over the window.
+
+Pads are (begin..., end...) per spatial axis, as in ONNX; ceil_mode rounds the output size
+up (a window must still start inside the input or its begin padding); an average divides by
+the window positions inside the padded input (count_include_pad) or inside the input.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ... import ir
+from ...compute import reduce as reduction
+from ..operator import Operator, dims
+from .norm import stat_dtype
+from .window import inside, positions_inside, window_positions
+
+
+class Pool(Operator):
+    """attrs: mode ('max' / 'avg'), kernel, strides, pads, dilations, ceil_mode, count_include_pad."""
+
+    kind_attr = "mode"
+    generic = True
+
+    @property
+    def kind(self) -> str:
+        return f"{self.attrs['mode']}_pool"
+
+    def check(self):
+        x, a = self.inputs[0], self.attrs
+        rank = x.ndim - 2
+        if not 1 <= rank <= 3:
+            raise ValueError(f"{self.kind} needs an (N, C, spatial...) tensor with 1-3 spatial axes, got {x.shape}")
+        if a["mode"] not in ("max", "avg"):
+            raise ValueError(f"pooling mode must be 'max' or 'avg', got {a['mode']!r}")
+        if a["mode"] == "avg" and not x.dtype.is_float:
+            raise TypeError(f"avg_pool needs a float tensor, got {x.dtype.name}")
+        for key, length, low in (("kernel", rank, 1), ("strides", rank, 1), ("dilations", rank, 1),
+                                 ("pads", 2 * rank, 0)):
+            v = a[key]
+            if len(v) != length or any(not isinstance(n, int) or n < low for n in v):
+                raise ValueError(f"{self.kind}: {key} must be {length} ints >= {low}, got {v!r}")
+        if any(n < 1 for n in self._spatial(x.shape)):
+            raise ValueError(f"{self.kind}: the window {a['kernel']} (dilations {a['dilations']}) does not fit the "
+                             f"padded input {x.shape[2:]} (pads {a['pads']})")
+
+    def _spatial(self, shape: tuple) -> tuple:
+        a, rank = self.attrs, len(shape) - 2
+        return tuple(window_positions(shape[2 + i], a["kernel"][i], a["strides"][i], a["pads"][i], a["pads"][rank + i],
+                                      a["dilations"][i], a["ceil_mode"]) for i in range(rank))
+
+    def define(self, x):
+        a, shape = self.attrs, dims(x)
+        rank = len(shape) - 2
+        acc = stat_dtype(x.dtype) if x.dtype.is_float else x.dtype
+
+        def value(ix, pad_value):
+            pos = [ix[2 + i] * a["strides"][i] - a["pads"][i] + ix[2 + rank + i] * a["dilations"][i]
+                   for i in range(rank)]
+            ok = inside(pos[0], shape[2])
+            for i in range(1, rank):
+                ok = ir.binary("and", ok, inside(pos[i], shape[2 + i]))
+            v = x[tuple(ix[:2]) + tuple(pos)]
+            v = v if v.dtype == acc else ir.Cast(v, acc)
+            return ir.Select(ok, v, ir.const(pad_value, acc), acc)
+
+        out_shape, kernel = shape[:2] + self._spatial(shape), tuple(a["kernel"])
+        if a["mode"] == "max":
+            low = -math.inf if acc.is_float else int(np.iinfo(acc.numpy).min)
+            return [reduction("max_pool", out_shape, kernel, lambda *ix: value(ix, low), op="max", dtype=x.dtype)]
+
+        def average(*ix):
+            count = None
+            for i in range(rank):
+                start = ix[2 + i] * a["strides"][i] - a["pads"][i]
+                lo, hi = (-a["pads"][i], shape[2 + i] + a["pads"][rank + i]) if a["count_include_pad"] else \
+                    (0, shape[2 + i])
+                n = positions_inside(start, kernel[i], a["dilations"][i], lo, hi)
+                count = n if count is None else count * n
+            return value(ix, 0.0) / ir.Cast(count, acc)
+
+        return [reduction("avg_pool", out_shape, kernel, average, op="sum", dtype=x.dtype)]
+
+
+def _tuple(v, rank: int, what: str) -> tuple:
+    v = (v,) * rank if isinstance(v, int) else tuple(v)
+    if len(v) != rank:
+        raise ValueError(f"{what} must be an int or {rank} ints, got {v!r}")
+    return v
+
+
+def pads_of(padding, rank: int) -> tuple:
+    """(begin..., end...) pads from an int, one int per spatial axis, or (begin..., end...)."""
+    pads = (padding,) * (2 * rank) if isinstance(padding, int) else tuple(padding)
+    return pads * 2 if len(pads) == rank else pads
+
+
+def pool(x, mode: str, kernel, stride=None, padding=0, dilation=1, ceil_mode: bool = False,
+         count_include_pad: bool = True):
+    """Max ('max') or average ('avg') pooling; padding is an int, one per axis, or (begin..., end...)."""
+    rank = x.ndim - 2
+    kernel = _tuple(kernel, rank, "kernel_size")
+    attrs = {"mode": mode, "kernel": kernel, "strides": _tuple(stride if stride is not None else kernel, rank, "stride"),
+             "pads": pads_of(padding, rank), "dilations": _tuple(dilation, rank, "dilation"),
+             "ceil_mode": bool(ceil_mode), "count_include_pad": bool(count_include_pad)}
+    return Pool([x], attrs).outputs[0]
+
+
+def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False):
+    """The maximum over each window of x (N, C, H, W); stride defaults to the window (PyTorch semantics)."""
+    _check_2d(x, "max_pool2d")
+    return pool(x, "max", kernel_size, stride, padding, dilation, ceil_mode)
+
+
+def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode: bool = False, count_include_pad: bool = True):
+    """The mean over each window of x (N, C, H, W)."""
+    _check_2d(x, "avg_pool2d")
+    return pool(x, "avg", kernel_size, stride, padding, 1, ceil_mode, count_include_pad)
+
+
+def _check_2d(x, what: str) -> None:
+    if x.ndim != 4:
+        raise ValueError(f"{what} needs an (N, C, H, W) tensor, got shape {x.shape}")

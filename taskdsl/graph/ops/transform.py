@@ -1,0 +1,330 @@
+"""Data movement: reshape (and flatten / squeeze / unsqueeze), transpose, concat, split, slice, gather, expand, pad."""
+from __future__ import annotations
+
+import numpy as np
+
+from ...compute import compute
+from ... import ir
+from ..operator import Operator, dims
+from ..tensor import Tensor, as_shape, as_tensor
+from .axes import normalize_axes, normalize_axis
+from .elementwise import broadcast_index, broadcast_shape
+
+
+def _all(conds: list) -> ir.Expr:
+    out = conds[0]
+    for c in conds[1:]:
+        out = ir.binary("and", out, c)
+    return out
+
+
+class Reshape(Operator):
+    """x with another shape of the same size (row-major); executed as a view, without a kernel."""
+
+    kind = "reshape"
+    is_view = True
+
+    def check(self):
+        x, shape = self.inputs[0], as_shape(self.attrs["shape"], "reshape")
+        if int(np.prod(shape, dtype=np.int64)) != x.size:
+            raise ValueError(f"cannot reshape a tensor of shape {x.shape} ({x.size} elements) into {shape}")
+
+    def define(self, x):
+        shape, in_shape = self.attrs["shape"], self.inputs[0].shape
+
+        def fcompute(*ix):
+            flat = ir.const(0)
+            for i, n in zip(ix, shape):
+                flat = flat * n + i
+            index = []
+            for n in reversed(in_shape):
+                index.append(flat % n if n != 1 else ir.const(0))
+                flat = flat // n
+            return x[tuple(reversed(index))]
+
+        return [compute("reshape", shape, fcompute)]
+
+
+class Transpose(Operator):
+    """x with its axes permuted: output axis j is input axis perm[j]."""
+
+    kind = "transpose"
+    generic = True
+
+    def check(self):
+        x, perm = self.inputs[0], self.attrs["perm"]
+        if sorted(perm) != list(range(x.ndim)):
+            raise ValueError(f"transpose: {perm!r} is not a permutation of {x.ndim} axes")
+
+    def define(self, x):
+        perm = self.attrs["perm"]
+        shape = tuple(dims(x)[a] for a in perm)
+
+        def fcompute(*ix):
+            index = [None] * len(perm)
+            for j, a in enumerate(perm):
+                index[a] = ix[j]
+            return x[tuple(index)]
+
+        return [compute("transpose", shape, fcompute)]
+
+
+class Concat(Operator):
+    """The inputs joined along `axis` (other dims must match; one dtype)."""
+
+    kind = "concat"
+    generic = True
+
+    def check(self):
+        xs = self.inputs
+        if not xs:
+            raise ValueError("concat needs at least one tensor")
+        if xs[0].ndim == 0:
+            raise ValueError("concat: zero-dimensional tensors cannot be concatenated")
+        axis = self.attrs["axis"] = normalize_axis(self.attrs["axis"], xs[0].ndim, "concat")
+        base = xs[0].shape
+        for t in xs:
+            if t.dtype != xs[0].dtype:
+                raise TypeError(f"concat: tensors have different dtypes ({t.dtype.name} vs {xs[0].dtype.name}); "
+                                "cast them first")
+            if t.ndim != len(base) or t.shape[:axis] != base[:axis] or t.shape[axis + 1:] != base[axis + 1:]:
+                raise ValueError(f"concat along axis {axis}: shapes {[x.shape for x in xs]} do not match")
+
+    def define(self, *xs):
+        axis = self.attrs["axis"]
+        sizes = [dims(x)[axis] for x in xs]
+        offsets = [0]
+        for n in sizes:
+            offsets.append(offsets[-1] + n)
+        base = dims(xs[0])
+        shape = base[:axis] + (offsets[-1],) + base[axis + 1:]
+
+        def fcompute(*ix):
+            def part(k):
+                return xs[k][ix[:axis] + (ix[axis] - offsets[k],) + ix[axis + 1:]]
+            parts = [k for k, t in enumerate(self.inputs) if t.shape[axis]]     # empty inputs take no part
+            value = part(parts[-1]) if parts else xs[0][ix]
+            for k in reversed(parts[:-1]):
+                value = ir.Select(ix[axis] < offsets[k + 1], part(k), value, value.dtype)
+            return value
+
+        return [compute("concat", shape, fcompute)]
+
+
+class Slice(Operator):
+    """Elements start + i * step along each axis: attrs starts, steps, sizes (one each per axis, resolved)."""
+
+    kind = "slice"
+
+    def check(self):
+        x = self.inputs[0]
+        if not len(self.attrs["starts"]) == len(self.attrs["steps"]) == len(self.attrs["sizes"]) == x.ndim:
+            raise ValueError(f"slice: starts, steps and sizes need one entry per axis of {x.shape}")
+
+    def define(self, x):
+        starts, steps, sizes = self.attrs["starts"], self.attrs["steps"], self.attrs["sizes"]
+        return [compute("slice", sizes, lambda *ix: x[tuple(s + i * d for s, i, d in zip(starts, ix, steps))])]
+
+
+class Gather(Operator):
+    """numpy.take(x, indices, axis): x's slices at integer `indices` (negative ones count from the end)."""
+
+    kind = "gather"
+    generic = True
+
+    def check(self):
+        x, idx = self.inputs
+        if not idx.dtype.is_integer:
+            raise TypeError(f"gather: indices must be integers, got {idx.dtype.name}")
+        self.attrs["axis"] = normalize_axis(self.attrs["axis"], x.ndim, "gather")
+        if idx.is_constant and idx.value.size:
+            n = x.shape[self.attrs["axis"]]
+            if idx.value.max() >= n or idx.value.min() < -n:
+                raise IndexError(f"gather: an index is out of range for axis {self.attrs['axis']} of size {n}")
+
+    def define(self, x, idx):
+        axis, rank = self.attrs["axis"], self.inputs[1].ndim
+        dx = dims(x)
+        shape = dx[:axis] + dims(idx) + dx[axis + 1:]
+
+        def fcompute(*ix):
+            k = idx[ix[axis:axis + rank]]
+            k = ir.Select(k < 0, k + dx[axis], k, k.dtype)
+            return x[ix[:axis] + (k,) + ix[axis + rank:]]
+
+        return [compute("gather", shape, fcompute)]
+
+
+class Expand(Operator):
+    """x broadcast (numpy rules, in both directions as in ONNX Expand) with `shape`, materialized."""
+
+    kind = "expand"
+
+    def check(self):
+        self.out_shape = broadcast_shape([self.inputs[0].shape, self.attrs["shape"]], "expand")
+
+    def define(self, x):
+        shape = self.inputs[0].shape
+        return [compute("expand", self.out_shape, lambda *ix: x[broadcast_index(ix, shape)])]
+
+
+class Pad(Operator):
+    """x padded with a constant: attrs pads ((begin..., end...) per axis, non-negative) and value."""
+
+    kind = "pad"
+    generic = True
+
+    def check(self):
+        x, pads = self.inputs[0], self.attrs["pads"]
+        if len(pads) != 2 * x.ndim or any(p < 0 for p in pads):
+            raise ValueError(f"pad: pads must be {2 * x.ndim} non-negative ints (begin..., end...), got {pads!r}")
+
+    def define(self, x):
+        shape, pads = dims(x), self.attrs["pads"]
+        n = len(shape)
+        out = tuple(d + pads[k] + pads[n + k] for k, d in enumerate(shape))
+        value = ir.const(self.attrs["value"], x.dtype)
+
+        def fcompute(*ix):
+            src = [i - pads[k] for k, i in enumerate(ix)]
+            if not src:
+                return x[()]
+            inside = _all([ir.binary("and", s >= 0, s < d) for s, d in zip(src, shape)])
+            return ir.Select(inside, x[tuple(src)], value, x.dtype)
+
+        return [compute("pad", out, fcompute)]
+
+
+# ---------------------------------------------------------------- the functions
+def resolve_shape(size: int, shape, what: str = "reshape") -> tuple:
+    """A target shape with its one -1 dim (if any) resolved for `size` elements."""
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(n) for n in shape)
+    unknown = [k for k, n in enumerate(shape) if n == -1]
+    if len(unknown) > 1 or any(n < -1 for n in shape):
+        raise ValueError(f"{what}: invalid shape {shape} (at most one -1, other dims >= 0)")
+    if unknown:
+        known = int(np.prod([n for n in shape if n != -1], dtype=np.int64))
+        if known == 0 or size % known:
+            raise ValueError(f"{what}: cannot reshape {size} elements into {shape}")
+        shape = shape[:unknown[0]] + (size // known,) + shape[unknown[0] + 1:]
+    return shape
+
+
+def reshape(x, shape) -> Tensor:
+    """x with a new shape (row-major; one dim may be -1)."""
+    shape = resolve_shape(x.size, shape)
+    if shape == x.shape:
+        return x
+    return Reshape([x], {"shape": shape}).outputs[0]
+
+
+def flatten(x, axis: int = 1) -> Tensor:
+    """x as a 2-d tensor: the axes before `axis` make the rows, the rest the columns."""
+    if not -x.ndim <= axis <= x.ndim:
+        raise ValueError(f"flatten: axis {axis} is out of range for a {x.ndim}-d tensor")
+    axis = axis + x.ndim if axis < 0 else axis
+    rows = int(np.prod(x.shape[:axis], dtype=np.int64))
+    return reshape(x, (rows, int(np.prod(x.shape[axis:], dtype=np.int64))))
+
+
+def squeeze(x, axis=None) -> Tensor:
+    """x without the given size-1 axes (default: every size-1 axis)."""
+    axes = tuple(a for a in range(x.ndim) if x.shape[a] == 1) if axis is None else \
+        normalize_axes(axis, x.ndim, "squeeze")
+    for a in axes:
+        if x.shape[a] != 1:
+            raise ValueError(f"squeeze: axis {a} of shape {x.shape} is not 1")
+    return reshape(x, tuple(n for a, n in enumerate(x.shape) if a not in axes))
+
+
+def unsqueeze(x, axis) -> Tensor:
+    """x with new size-1 axes at positions `axis` (of the result)."""
+    n = x.ndim + (1 if isinstance(axis, (int, np.integer)) else len(tuple(axis)))
+    axes = normalize_axes(axis, n, "unsqueeze")
+    dims = iter(x.shape)
+    return reshape(x, tuple(1 if a in axes else next(dims) for a in range(n)))
+
+
+def transpose(x, perm=None) -> Tensor:
+    """x with its axes permuted (default: reversed)."""
+    perm = tuple(reversed(range(x.ndim))) if perm is None else tuple(normalize_axis(a, x.ndim, "transpose")
+                                                                      for a in perm)
+    if perm == tuple(range(x.ndim)):
+        return x
+    return Transpose([x], {"perm": perm}).outputs[0]
+
+
+def concat(xs, axis: int = 0) -> Tensor:
+    """The tensors joined along `axis`."""
+    xs = [as_tensor(t) for t in xs]
+    return xs[0] if len(xs) == 1 else Concat(xs, {"axis": axis}).outputs[0]
+
+
+def _slice_axis(n: int, start: int, end: int, step: int) -> tuple:
+    """(first index, step, count) of start:end:step on an axis of n (ONNX Slice clamping)."""
+    if step == 0:
+        raise ValueError("slice: a step cannot be 0")
+    start = start + n if start < 0 else start
+    end = end + n if end < 0 else end
+    if step > 0:
+        start, end = min(max(start, 0), n), min(max(end, 0), n)
+        count = max(0, -(-(end - start) // step))
+    else:
+        start, end = min(max(start, -1), n - 1), min(max(end, -1), n - 1)
+        count = max(0, -(-(start - end) // -step))
+    return start if count else 0, step, count
+
+
+def slice(x, starts, ends, axes=None, steps=None) -> Tensor:  # noqa: A001 - the operator's name
+    """x[start:end:step] along `axes` (default 0, 1, ...); negative and out-of-range bounds clamp as in ONNX."""
+    starts, ends = list(starts), list(ends)
+    axes = list(range(len(starts))) if axes is None else [normalize_axis(a, x.ndim, "slice") for a in axes]
+    steps = [1] * len(starts) if steps is None else list(steps)
+    if not len(starts) == len(ends) == len(axes) == len(steps) or len(set(axes)) != len(axes):
+        raise ValueError("slice: starts, ends, axes and steps must have one entry per (distinct) axis")
+    bounds = [(0, 1, n) for n in x.shape]
+    for a, s, e, d in zip(axes, starts, ends, steps):
+        bounds[a] = _slice_axis(x.shape[a], int(s), int(e), int(d))
+    if all(b == (0, 1, n) for b, n in zip(bounds, x.shape)):
+        return x
+    attrs = {"starts": tuple(b[0] for b in bounds), "steps": tuple(b[1] for b in bounds),
+             "sizes": tuple(b[2] for b in bounds)}
+    return Slice([x], attrs).outputs[0]
+
+
+def split(x, sizes, axis: int = 0) -> list:
+    """x cut along `axis` into pieces of the given sizes (an int: that many equal pieces)."""
+    axis = normalize_axis(axis, x.ndim, "split")
+    n = x.shape[axis]
+    if isinstance(sizes, (int, np.integer)):
+        if sizes < 1 or n % sizes:
+            raise ValueError(f"split: axis {axis} of size {n} does not split into {sizes} equal parts")
+        sizes = [n // int(sizes)] * int(sizes)
+    sizes = [int(s) for s in sizes]
+    if sum(sizes) != n or any(s < 0 for s in sizes):
+        raise ValueError(f"split: sizes {sizes} do not add up to {n}, the size of axis {axis}")
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+    return [slice(x, [offsets[k]], [offsets[k + 1]], [axis]) for k in range(len(sizes))]
+
+
+def gather(x, indices, axis: int = 0) -> Tensor:
+    """numpy.take(x, indices, axis) (indices: an integer tensor or array)."""
+    return Gather([x, as_tensor(indices)], {"axis": axis}).outputs[0]
+
+
+def expand(x, shape) -> Tensor:
+    """x broadcast with `shape` (numpy rules), materialized."""
+    shape = as_shape(shape, "expand")
+    if broadcast_shape([x.shape, shape], "expand") == x.shape:
+        return x
+    return Expand([x], {"shape": shape}).outputs[0]
+
+
+def pad(x, pads, value=0) -> Tensor:
+    """x padded with `value`; pads: (begin..., end...) per axis, or numpy.pad's ((before, after), ...)."""
+    pads = np.asarray(pads, dtype=np.int64)
+    if pads.ndim == 2:
+        pads = np.concatenate([pads[:, 0], pads[:, 1]])
+    if not pads.any():
+        return x
+    return Pad([x], {"pads": tuple(int(p) for p in pads), "value": value}).outputs[0]

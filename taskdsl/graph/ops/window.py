@@ -1,0 +1,33 @@
+"""Sliding-window arithmetic shared by convolution and pooling, on ints and on IR size expressions alike."""
+from __future__ import annotations
+
+from ... import ir
+from ...lang import math_expr
+
+BIG = 1 << 30
+
+
+def window_positions(n, k: int, stride: int, begin: int, end: int, dilation: int, ceil_mode: bool = False):
+    """How many positions a window of `k` (dilated) takes with `stride` over an axis of `n` padded by begin/end.
+
+    With ceil_mode the count rounds up, but the last window must start inside the input or its
+    begin padding. `(x + BIG) // BIG` is [x >= 0] for |x| < BIG: a comparison written with + - * //
+    only, so the result stays a size expression that kernels and `ir.evaluate_int` understand.
+    """
+    span = n + begin + end - (dilation * (k - 1) + 1)
+    if not ceil_mode:
+        return span // stride + 1
+    out = (span + stride - 1) // stride + 1
+    return out - ((out - 1) * stride - (n + begin) + BIG) // BIG
+
+
+def positions_inside(start, k: int, dilation: int, lo, hi) -> ir.Expr:
+    """How many of start, start + d, ..., start + (k-1)d lie in [lo, hi) (an IR expression)."""
+    first = math_expr("max", [ir.const(0), ir.binary("-", 0, ir.binary("//", start - lo, dilation))])  # ceil((lo-start)/d)
+    last = math_expr("min", [ir.const(k - 1), ir.binary("//", hi - 1 - start, dilation)])
+    return math_expr("max", [ir.const(0), last - first + 1])
+
+
+def inside(index, n) -> ir.Expr:
+    """0 <= index < n."""
+    return ir.binary("and", index >= 0, index < n)

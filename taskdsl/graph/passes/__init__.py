@@ -1,0 +1,29 @@
+"""Graph passes, in the order `optimize` runs them. A pass is a function Graph -> Graph.
+
+    infer_shapes -> fold_constants -> eliminate_dead_code
+
+A fusion partition pass goes after eliminate_dead_code (PIPELINE.append(partition)): it
+replaces groups of operators by new Operator nodes, and registers how those run with
+`taskdsl.graph.runners.runs`. `plan_memory` is an analysis of the final graph, which the
+executor runs after the pipeline.
+"""
+from __future__ import annotations
+
+from ..graph import Graph
+from .eliminate_dead_code import eliminate_dead_code
+from .fold_constants import constant_value, fold_constants
+from .infer_shapes import infer_shapes
+from .plan_memory import MemoryPlan, plan_memory
+
+PIPELINE = [infer_shapes, fold_constants, eliminate_dead_code]
+
+
+def optimize(graph: Graph, passes: list | None = None) -> Graph:
+    """The graph after each pass of `passes` (default: PIPELINE), in order."""
+    for graph_pass in PIPELINE if passes is None else passes:
+        graph = graph_pass(graph)
+    return graph
+
+
+__all__ = ["PIPELINE", "optimize", "infer_shapes", "fold_constants", "constant_value", "eliminate_dead_code",
+           "plan_memory", "MemoryPlan"]

@@ -1,0 +1,172 @@
+"""How each operator runs: through the operator library (stdlib_ops) where it has the operator, else
+as `td.op` on the operator's own compute definitions.
+
+A runner takes the operator and its input arrays and returns (output arrays, kernels launched).
+`RUNNERS` maps Operator classes to runners; a new kind of node (a fused sub-graph, say)
+registers its own with `@runs(NodeClass)`. The stdlib ops canonicalize shapes into size
+symbols, so one compiled kernel serves every operator of the same structure; `td.op`s built
+from definitions (concrete shapes) are shared by operators with the same signature.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from stdlib_ops import elementwise, norm, pool, reduce, transform
+
+from .. import schedule
+from .operator import Operator
+from .tensor import contiguous
+from .ops import (BatchNorm, Concat, Conv, Elementwise, Expand, Gather, LayerNorm, MatMul, Pad, Pool, Reduce,
+                  Reshape, Slice, Softmax, Transpose)
+
+RUNNERS: dict = {}
+_DEFINITION_OPS: dict = {}      # Operator.signature() -> td.Op
+
+
+def runs(*classes) -> Callable:
+    """Register the decorated function as the runner of these Operator classes."""
+    def register(fn):
+        for cls in classes:
+            RUNNERS[cls] = fn
+        return fn
+    return register
+
+
+def run(op: Operator, arrays: list) -> tuple:
+    """(outputs, kernels) of one operator on its input arrays."""
+    if any(t.size == 0 for t in op.outputs) or any(a.size == 0 for a in arrays):
+        return op.reference(*arrays), []        # nothing to compute: empty outputs, or identities of empty reductions
+    return RUNNERS.get(type(op), run_definitions)(op, arrays)
+
+
+def run_definitions(op: Operator, arrays: list) -> tuple:
+    """The operator's compute definitions scheduled by td.op: over symbolic sizes for generic operators (one
+    kernel serves every size), else over the operator's shapes; td.ops are shared by equal signatures."""
+    key = op.generic_signature() if op.generic else op.signature()
+    td_op = _DEFINITION_OPS.get(key)
+    if td_op is None:
+        holders, definitions = op.generic_definitions() if op.generic else (op.placeholders, op.definitions)
+        td_op = _DEFINITION_OPS[key] = schedule.op(holders, definitions, name=op.kind)
+    outputs = td_op(*arrays)
+    return outputs, td_op.kernels
+
+
+def _plan(plan) -> tuple:
+    out = plan.run()
+    return [out], list(plan.op.kernels)
+
+
+# ---------------------------------------------------------------- the anchors (one call site each)
+@runs(MatMul)
+def run_matmul(op: MatMul, arrays: list) -> tuple:
+    """matmul; switch to stdlib_ops.matmul / batch_matmul here once they serve every case."""
+    return run_definitions(op, arrays)
+
+
+@runs(Conv)
+def run_conv(op: Conv, arrays: list) -> tuple:
+    """convolution; switch to stdlib_ops.conv2d here once it serves every case."""
+    return run_definitions(op, arrays)
+
+
+# ---------------------------------------------------------------- through stdlib_ops
+@runs(Elementwise)
+def run_elementwise(op: Elementwise, arrays: list) -> tuple:
+    plan = elementwise.custom_plan(f"graph.{op.kind}", arrays, op.body, op.outputs[0].numpy_dtype,
+                                   params=tuple(sorted(op.params.items())))
+    return _plan(plan)
+
+
+@runs(Reduce)
+def run_reduce(op: Reduce, arrays: list) -> tuple:
+    dtype = op.inputs[0].dtype
+    if op.attrs["op"] in ("sum", "max", "min", "mean") and (dtype.is_float or (dtype.is_integer and
+                                                                                op.attrs["op"] != "mean")):
+        return _plan(reduce.op_for(op.attrs["op"], arrays[0], op.attrs["axes"], op.attrs["keepdims"]))
+    return run_definitions(op, arrays)
+
+
+@runs(Softmax)
+def run_softmax(op: Softmax, arrays: list) -> tuple:
+    return _plan(norm.op_for(op.kind, arrays[0], op.attrs["axis"]))
+
+
+@runs(LayerNorm)
+def run_layer_norm(op: LayerNorm, arrays: list) -> tuple:
+    x, a = op.inputs[0], op.attrs
+    ndim = x.ndim - a["axis"]
+    params = op.inputs[1:]
+    exact = all(p.shape == x.shape[a["axis"]:] for p in params) and len({p.dtype for p in params}) <= 1
+    if a.get("stats") or not exact:
+        return run_definitions(op, arrays)
+    weight = arrays[1] if a["has_weight"] else None
+    if a.get("rms"):
+        return _plan(norm.op_for("rms_norm", arrays[0], weight, a["eps"], ndim))
+    bias = arrays[-1] if a.get("has_bias") else None
+    return _plan(norm.op_for("layer_norm", arrays[0], weight, bias, a["eps"], ndim))
+
+
+@runs(BatchNorm)
+def run_batch_norm(op: BatchNorm, arrays: list) -> tuple:
+    if len({t.dtype for t in op.inputs[1:]}) > 1:
+        return run_definitions(op, arrays)
+    x, mean, var, *params = arrays
+    weight = params.pop(0) if op.attrs["has_weight"] else None
+    bias = params.pop(0) if op.attrs["has_bias"] else None
+    return _plan(norm.op_for("batch_norm", x, mean, var, weight, bias, op.attrs["eps"]))
+
+
+@runs(Pool)
+def run_pool(op: Pool, arrays: list) -> tuple:
+    a, x = op.attrs, op.inputs[0]
+    k, pads = a["kernel"], a["pads"]
+    floor_size = op.outputs[0].shape[2:] == tuple((n + 2 * p - kk) // s + 1 for n, p, kk, s in
+                                         zip(x.shape[2:], pads[:len(k)], k, a["strides"]))
+    stdlib = (x.ndim == 4 and x.dtype.is_float and pads[:2] == pads[2:] and all(2 * p <= kk for p, kk in zip(pads, k))
+              and a["dilations"] == (1, 1) and floor_size)
+    if not stdlib:
+        return run_definitions(op, arrays)
+    if a["mode"] == "max":
+        return _plan(pool.op_for("max_pool2d", arrays[0], k, a["strides"], pads[:2]))
+    return _plan(pool.op_for("avg_pool2d", arrays[0], k, a["strides"], pads[:2], a["count_include_pad"]))
+
+
+@runs(Reshape)
+def run_reshape(op: Reshape, arrays: list) -> tuple:
+    """A view: no kernel (the executor's arrays are contiguous)."""
+    return [contiguous(arrays[0]).reshape(op.attrs["shape"])], []
+
+
+@runs(Transpose)
+def run_transpose(op: Transpose, arrays: list) -> tuple:
+    return _plan(transform.op_for("transpose", arrays[0], op.attrs["perm"]))
+
+
+@runs(Concat)
+def run_concat(op: Concat, arrays: list) -> tuple:
+    return _plan(transform.op_for("concat", arrays, op.attrs["axis"]))
+
+
+@runs(Slice)
+def run_slice(op: Slice, arrays: list) -> tuple:
+    a = op.attrs
+    stops = [s + n * d if s + n * d >= 0 else None for s, n, d in zip(a["starts"], a["sizes"], a["steps"])]
+    return _plan(transform.op_for("slice", arrays[0], list(a["starts"]), stops, list(a["steps"])))
+
+
+@runs(Gather)
+def run_gather(op: Gather, arrays: list) -> tuple:
+    return _plan(transform.op_for("gather", arrays[0], arrays[1], op.attrs["axis"]))
+
+
+@runs(Expand)
+def run_expand(op: Expand, arrays: list) -> tuple:
+    return _plan(transform.op_for("expand", arrays[0], op.outputs[0].shape))
+
+
+@runs(Pad)
+def run_pad(op: Pad, arrays: list) -> tuple:
+    pads, n = op.attrs["pads"], op.inputs[0].ndim
+    return _plan(transform.op_for("pad", arrays[0], [(pads[k], pads[n + k]) for k in range(n)], op.attrs["value"]))

@@ -1,0 +1,160 @@
+"""Symbolic tensors of the graph layer: a static shape, a dtype, and either a constant value or a producer.
+
+    x = graph.input("x", (1, 3, 32, 32), "float32")     # a graph input
+    w = graph.constant(np.ones((8, 3, 3, 3), np.float32))  # a constant (a weight)
+    y = ops.conv2d(x, w)                                 # produced by an Operator
+
+Python operators on tensors (`+ - * / ** @`, unary `-`, `.reshape`, `.T`) trace ops.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..compute import numpy_dtype
+from ..ir import types as T
+
+_NAMES = {"float16": T.f16, "half": T.f16, "bfloat16": T.bf16, "float32": T.f32, "float": T.f32, "float64": T.f64,
+          "double": T.f64, "int8": T.i8, "int16": T.i16, "int32": T.i32, "int64": T.i64, "uint8": T.u8,
+          "uint32": T.u32, "uint64": T.u64, "bool": T.boolean}
+
+
+def as_dtype(dtype) -> T.DataType:
+    """A taskdsl DataType from a DataType, a numpy dtype, or a name ('f32', 'float32', 'int64', ...)."""
+    if isinstance(dtype, T.DataType):
+        return dtype
+    if isinstance(dtype, str):
+        by_dsl_name = {t.name: t for t in T.ALL_DTYPES}
+        if dtype in by_dsl_name or dtype in _NAMES:
+            return by_dsl_name.get(dtype) or _NAMES[dtype]
+        raise TypeError(f"unknown dtype {dtype!r}; use one of {', '.join(sorted(_NAMES))}")
+    try:
+        return T.from_numpy(dtype)
+    except TypeError as e:
+        raise TypeError(f"unsupported dtype {dtype!r}: {e}") from None
+
+
+def contiguous(value, dtype=None) -> np.ndarray:
+    """`value` as a C-contiguous array (0-d stays 0-d, unlike np.ascontiguousarray), converted to `dtype`."""
+    a = np.asarray(value, dtype=dtype)
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+
+
+def as_shape(shape, what: str = "shape") -> tuple:
+    """A shape as a tuple of non-negative Python ints (ValueError otherwise)."""
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    for d in shape:
+        if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0:
+            raise ValueError(f"{what} must be a tuple of non-negative ints, got {shape!r}")
+    return tuple(int(d) for d in shape)
+
+
+class Tensor:
+    """A graph value: shape and dtype are static; `value` is set for constants, `producer` for op outputs."""
+
+    def __init__(self, shape, dtype, *, name: str | None = None, value: np.ndarray | None = None,
+                 producer=None, index: int = 0):
+        self.shape = as_shape(shape)
+        self.dtype = as_dtype(dtype)
+        self.name = name
+        self.value = value
+        self.producer = producer      # the Operator that computes this tensor (None for inputs and constants)
+        self.index = index            # which output of the producer it is
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.numpy_dtype.itemsize
+
+    @property
+    def numpy_dtype(self) -> np.dtype:
+        return np.dtype(numpy_dtype(self.dtype))
+
+    @property
+    def is_constant(self) -> bool:
+        return self.value is not None
+
+    @property
+    def is_input(self) -> bool:
+        """Whether this is a graph input: neither a constant nor computed by an operator."""
+        return self.value is None and self.producer is None
+
+    def type_str(self) -> str:
+        """`f32[1, 3, 32, 32]`."""
+        return f"{self.dtype.name}[{', '.join(str(d) for d in self.shape)}]"
+
+    def __repr__(self) -> str:
+        kind = "constant" if self.is_constant else "input" if self.is_input else self.producer.name
+        return f"<Tensor {self.name or '?'}: {self.type_str()} ({kind})>"
+
+    # ------------------------------------------------------------------ tracing sugar
+    def __add__(self, o): return _ops().add(self, o)
+    def __radd__(self, o): return _ops().add(o, self)
+    def __sub__(self, o): return _ops().sub(self, o)
+    def __rsub__(self, o): return _ops().sub(o, self)
+    def __mul__(self, o): return _ops().mul(self, o)
+    def __rmul__(self, o): return _ops().mul(o, self)
+    def __truediv__(self, o): return _ops().div(self, o)
+    def __rtruediv__(self, o): return _ops().div(o, self)
+    def __pow__(self, o): return _ops().pow(self, o)
+    def __matmul__(self, o): return _ops().matmul(self, o)
+    def __rmatmul__(self, o): return _ops().matmul(o, self)
+    def __neg__(self): return _ops().neg(self)
+    __hash__ = object.__hash__
+
+    def reshape(self, *shape):
+        """ops.reshape(self, shape); one dim may be -1."""
+        return _ops().reshape(self, shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape)
+
+    def transpose(self, *perm):
+        """ops.transpose(self, perm) (no perm: reverse the axes)."""
+        return _ops().transpose(self, perm[0] if len(perm) == 1 and not isinstance(perm[0], int) else perm or None)
+
+    @property
+    def T(self):
+        return _ops().transpose(self)
+
+
+def _ops():
+    from . import ops   # ops builds on tensors: imported when first traced
+    return ops
+
+
+def input(name: str, shape, dtype="float32") -> Tensor:  # noqa: A001 - the graph-building verb
+    """A graph input called `name` with a static shape and dtype."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a graph input needs a non-empty name, got {name!r}")
+    return Tensor(as_shape(shape, f"shape of input {name!r}"), dtype, name=name)
+
+
+def constant(value, dtype=None, name: str | None = None) -> Tensor:
+    """A constant tensor holding `value` (an array or a number), converted to `dtype` if given."""
+    array = np.asarray(value) if dtype is None else np.asarray(value, dtype=numpy_dtype(as_dtype(dtype)))
+    if dtype is None and not isinstance(value, (np.ndarray, np.generic)):
+        # Python numbers (and lists of them) default to f32 / i32, as in the DSL
+        array = array.astype({np.dtype(np.float64): np.float32, np.dtype(np.int64): np.int32}.get(array.dtype,
+                                                                                                array.dtype))
+    array = contiguous(array)
+    return Tensor(array.shape, as_dtype(array.dtype), name=name, value=array)
+
+
+def as_tensor(value, like: Tensor | None = None) -> Tensor:
+    """`value` as a Tensor: tensors as they are, numbers adopt `like`'s dtype, arrays become constants."""
+    if isinstance(value, Tensor):
+        return value
+    if isinstance(value, (bool, int, float, np.number)) and like is not None:
+        fits = (like.dtype.is_float or (like.dtype.is_integer and not isinstance(value, float))
+                or (like.dtype.is_bool and isinstance(value, bool)))
+        if not fits:
+            raise TypeError(f"cannot combine the number {value!r} with a {like.dtype.name} tensor; "
+                            "cast the tensor first with ops.cast")
+        return constant(value, like.dtype)
+    if isinstance(value, (bool, int, float, np.number, np.ndarray, list, tuple)):
+        return constant(value)
+    raise TypeError(f"expected a graph Tensor, a number or an array, got {type(value).__name__}")
