@@ -12,7 +12,7 @@ What it shows:
   none a multiple of the 64x64x8 tile);
 * the CUDA C++ of the same specialization (compiled with NVRTC, no GPU needed).
 
-The kernel lives in ``stdlib_ops/simt_matmul.py`` (the operator library uses it too); this
+The kernel lives in ``stdlib_ops/design_matmul.py`` (the operator library uses it too); this
 script prints it, runs it and shows its CUDA. Run it with ``python examples/matmul.py``.
 """
 import inspect
@@ -20,7 +20,7 @@ import inspect
 import numpy as np
 
 import taskdsl as td
-from stdlib_ops.simt_matmul import matmul_kernel as matmul   # the kernel, verbatim from DESIGN.md
+from stdlib_ops.design_matmul import matmul_kernel as matmul   # the kernel, verbatim from DESIGN.md
 
 
 def main():

@@ -1,8 +1,6 @@
 """The SIMT matmul of DESIGN.md section 3: 64x64 block tiles, 4x4 per thread, predicated loads."""
 from __future__ import annotations
 
-import numpy as np
-
 import taskdsl as td
 from taskdsl import blockIdx, f32, repeat, spatial, threadIdx
 
@@ -35,11 +33,3 @@ def matmul_kernel(A: f32["M", "K"], B: f32["K", "N"], C: f32["M", "N"]):
         if gi < M and gj < N:
             C[gi, gj] = acc[i % 4, j % 4]
 
-
-def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """`a @ b` for f32 matrices with the SIMT kernel (C is allocated and returned)."""
-    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
-        raise ValueError(f"matmul needs (M, K) @ (K, N) matrices, got {a.shape} and {b.shape}")
-    c = np.empty((a.shape[0], b.shape[1]), np.float32)
-    matmul_kernel(np.ascontiguousarray(a, np.float32), np.ascontiguousarray(b, np.float32), c)
-    return c

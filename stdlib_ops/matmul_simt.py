@@ -155,7 +155,8 @@ def simt_matmul_kernel(p, dtype, out_dtype):
         for k, j in b_map(threadIdx.x):
             sb[buf, k, j] = rb[k // b_s0, j // b_s1]
 
-    name = f"simt_matmul_{BM}x{BN}x{BK}_w{wm}x{wn}_t{tm}x{tn}"
+    name = (f"simt_matmul_{BM}x{BN}x{BK}_w{wm}x{wn}_r{rm}x{rn}_l{lm}x{ln}_t{tm}x{tn}"
+            + ("_prefetch" if PREFETCH else ""))
 
     @td.kernel(grid=lambda M, N, BZ: (td.cdiv(M, BM) * td.cdiv(N, BN), 1, BZ), block=T, name=name)
     def matmul(A: dtype["BA", "M", "K"], B: dtype["BB", "K", "N"], C: out_dtype["BZ", "M", "N"],

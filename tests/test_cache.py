@@ -11,7 +11,7 @@ from taskdsl.runtime import cache
 
 _COMPILE_TIME = """
 import time, numpy as np
-from stdlib_ops.simt_matmul import matmul_kernel
+from stdlib_ops.design_matmul import matmul_kernel
 a = np.ones((96, 96), np.float32)
 matmul_kernel.source(a, a, a, target="cuda")      # imports and code paths warmed, as in a real program
 matmul_kernel._frontend.clear(); matmul_kernel._lowered.clear()

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import taskdsl as td
-from stdlib_ops.simt_matmul import matmul_kernel
+from stdlib_ops.design_matmul import matmul_kernel
 from taskdsl import blockIdx, f32, i32, threadIdx
 
 from .kernels import tree_sum

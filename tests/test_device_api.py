@@ -114,7 +114,7 @@ def test_kernel_params_tell_which_arrays_are_written():
 
 
 def test_kernel_params_of_the_design_matmul():
-    from stdlib_ops.simt_matmul import matmul_kernel
+    from stdlib_ops.design_matmul import matmul_kernel
     a = np.ones((5, 3), np.float32)
     b = np.ones((3, 7), np.float32)
     c = np.ones((5, 7), np.float32)

@@ -85,7 +85,7 @@ def big_tile(X: f32[256], Y: f32[256]):
 # --------------------------------------------------------------------------- numpy arguments
 @pytest.mark.parametrize("m, n, k", [(257, 131, 67), (64, 64, 8), (1, 1, 1)])
 def test_design_matmul_matches_numpy_and_cpu(m, n, k):
-    from stdlib_ops.simt_matmul import matmul_kernel
+    from stdlib_ops.design_matmul import matmul_kernel
     rng = np.random.default_rng(m + n + k)
     a, b = rand_f32(rng, m, k), rand_f32(rng, k, n)
     c = np.full((m, n), np.nan, np.float32)
@@ -97,7 +97,7 @@ def test_design_matmul_matches_numpy_and_cpu(m, n, k):
 
 
 def test_design_matmul_1024():
-    from stdlib_ops.simt_matmul import matmul_kernel
+    from stdlib_ops.design_matmul import matmul_kernel
     rng = np.random.default_rng(0)
     a, b = rand_f32(rng, 1024, 1024), rand_f32(rng, 1024, 1024)
     c = np.empty((1024, 1024), np.float32)
@@ -270,7 +270,7 @@ def test_torch_tensors_are_used_in_place():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA")
-    from stdlib_ops.simt_matmul import matmul_kernel
+    from stdlib_ops.design_matmul import matmul_kernel
     a = torch.randn(257, 67, device="cuda")
     b = torch.randn(67, 131, device="cuda")
     c = torch.full((257, 131), float("nan"), device="cuda")
@@ -332,7 +332,7 @@ def test_cupy_arrays_are_used_in_place():
 
 # --------------------------------------------------------------------------- timing
 def test_time_cuda_measures_kernels():
-    from stdlib_ops.simt_matmul import matmul_kernel
+    from stdlib_ops.design_matmul import matmul_kernel
     from taskdsl.bench.cuda_timing import time_cuda
     rng = np.random.default_rng(0)
     a, b = td.to_device(rand_f32(rng, 512, 512)), td.to_device(rand_f32(rng, 512, 512))

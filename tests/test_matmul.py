@@ -1,4 +1,4 @@
-"""The matmul of DESIGN.md section 3 (stdlib_ops/simt_matmul.py) against numpy's A @ B on the cpu
+"""The matmul of DESIGN.md section 3 (stdlib_ops/design_matmul.py) against numpy's A @ B on the cpu
 target, plus its CUDA C++ (with #line directives into that file) compiled by NVRTC."""
 import inspect
 import os
@@ -8,8 +8,8 @@ import numpy as np
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from stdlib_ops import simt_matmul
-from stdlib_ops.simt_matmul import matmul_kernel as matmul
+from stdlib_ops import design_matmul
+from stdlib_ops.design_matmul import matmul_kernel as matmul
 
 GPU_TWINS = True   # every test also runs as a @gpu twin on the cuda target (conftest.py)
 
@@ -59,7 +59,7 @@ def test_matmul_overwrites_every_output_exactly_once():
 def test_matmul_cuda_source_has_line_directives_and_barriers():
     a, b, c = np.zeros((65, 9), np.float32), np.zeros((9, 33), np.float32), np.zeros((65, 33), np.float32)
     src = matmul.source(a, b, c, target="cuda")
-    this = str(Path(simt_matmul.__file__).resolve())
+    this = str(Path(design_matmul.__file__).resolve())
     directives = [line for line in src.splitlines() if line.startswith("#line ")]
     assert directives, src
     assert all(os.path.samefile(d.split('"')[1], this) for d in directives)

@@ -7,6 +7,10 @@ import sys
 BENCHMARKS = {
     "cpu-matmul": ("the DESIGN matmul on the cpu target vs numpy (512^3, 1024^3) and compile times",
                    "taskdsl.bench.cpu_matmul"),
+    "matmul": ("the matmul templates vs numpy (cpu, f32; --sizes N...) or cuBLAS (cuda, f32 and f16)",
+               "taskdsl.bench.matmul"),
+    "conv": ("ResNet-50 conv layers, batch 1, vs onnxruntime (cpu) or cuDNN (cuda); --sizes picks layers by index",
+             "taskdsl.bench.conv"),
     "ops": ("softmax, layer norm and sums of a (4096, 1024) f32 array vs numpy (--sizes ROWS COLS)",
             "taskdsl.bench.ops"),
 }

@@ -14,7 +14,7 @@ from .timing import time_cpu
 _LOAD_FROM_DISK = """
 import time, numpy as np
 t0 = time.perf_counter()
-from stdlib_ops.simt_matmul import matmul_kernel
+from stdlib_ops.design_matmul import matmul_kernel
 a = np.ones((8, 8), np.float32); c = np.empty((8, 8), np.float32)
 t1 = time.perf_counter()
 matmul_kernel(a, a, c)
@@ -24,7 +24,7 @@ print(time.perf_counter() - t1)
 
 def _compile_times() -> tuple[float, float, float]:
     """(cold first call, first call in a new process with a warm disk cache, steady call) at 8x8."""
-    from stdlib_ops.simt_matmul import matmul_kernel
+    from stdlib_ops.design_matmul import matmul_kernel
 
     a = np.ones((8, 8), np.float32)
     c = np.empty((8, 8), np.float32)
@@ -45,7 +45,7 @@ def _compile_times() -> tuple[float, float, float]:
 def run(sizes=(512, 1024)) -> list[dict]:
     """Benchmark rows: GFLOP/s of the DESIGN matmul (cpu target) and numpy at each size."""
     import taskdsl as td
-    from stdlib_ops.simt_matmul import matmul_kernel
+    from stdlib_ops.design_matmul import matmul_kernel
 
     td.set_target("cpu")
     saved_cache = os.environ.get("TASKDSL_CACHE_DIR")

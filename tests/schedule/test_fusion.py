@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import taskdsl as td
-from stdlib_ops.simt_matmul import matmul_kernel
+from stdlib_ops.design_matmul import matmul_kernel
 from taskdsl import f32, threadIdx
 
 GPU_TWINS = True   # every test also runs as a @gpu twin on the cuda target (conftest.py)

@@ -52,8 +52,8 @@ def _cuda_include_dir() -> str:
     return path
 
 
-def compile_cubin(source: str, arch: str = "sm_90", name: str = "kernel") -> bytes:
-    """Compile a CUDA C++ translation unit to a cubin for `arch`.
+def compile_cubin(source: str, arch: str = "sm_90", name: str = "kernel", fast: bool = False) -> bytes:
+    """Compile a CUDA C++ translation unit to a cubin for `arch` (`fast`: least optimization, for checks).
 
     A compile error becomes a DSLError at the Python line named by the failing line's
     `#line` directive, with the whole NVRTC log attached.
@@ -62,7 +62,7 @@ def compile_cubin(source: str, arch: str = "sm_90", name: str = "kernel") -> byt
 
     include = [_cuda_include_dir()] if "#include <cuda_" in source else None
     options = ProgramOptions(arch=normalize_arch(arch), std="c++17", lineinfo=True, name=f"{name}.cu",
-                             include_path=include)
+                             include_path=include, ofast_compile="max" if fast else None)
     try:
         return bytes(Program(source, code_type="c++", options=options).compile("cubin").code)
     except Exception as exc:  # noqa: BLE001 - cuda.core raises its own NVRTCError type
@@ -73,3 +73,19 @@ def compile_cubin(source: str, arch: str = "sm_90", name: str = "kernel") -> byt
         loc = SourceLoc(match["file"], int(match["line"])) if match else None
         message = f"CUDA compilation failed: {match['msg'].strip()}" if match else "CUDA compilation failed"
         raise DSLError(message, loc, "NVRTC log:\n" + log.strip()) from None
+
+
+def combine_sources(sources: list) -> str:
+    """One translation unit holding several generated kernels (each in its own namespace).
+
+    `#include`s are hoisted to the top; the `extern "C"` kernel names must differ. Compiling
+    many kernels in one NVRTC call parses the headers once, which is what makes checking a
+    whole schedule space (hundreds of kernels) cheap.
+    """
+    includes, bodies = [], []
+    for k, source in enumerate(sources):
+        lines = source.splitlines()
+        includes += [line for line in lines if line.startswith("#include") and line not in includes]
+        body = "\n".join(line for line in lines if not line.startswith("#include"))
+        bodies.append(f"namespace td_unit_{k} {{\n{body}\n}}")
+    return "\n".join(includes + bodies) + "\n"

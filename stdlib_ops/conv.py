@@ -1,0 +1,259 @@
+"""conv2d as a matmul with an implicit im2col prologue (Hidet's post-scheduling fusion).
+
+The matmul template is scheduled for the GEMM view of the convolution,
+
+    C[g, m, o] = sum_kk A[g, m, kk] * B[g, kk, o]      m = (n, oh, ow), kk = (c, kh, kw), o = out channel
+
+and then `td.fuse` replaces its loads of A by the im2col definition (a read of the input
+with padding, stride and dilation folded into the index: nothing is materialized) and its
+stores of C by the output layout (NCHW or NHWC), plus any epilogue (bias, batch norm,
+activation) on top. Weights come in PyTorch/ONNX OIHW and are packed once into B.
+Convolutions with tiny per-group reductions (depthwise) are plain `td.reduce` definitions
+scheduled by the rules instead: a GEMM with K = 9 has nothing to tile.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+import taskdsl as td
+from taskdsl import ir
+
+from . import gemm as mm
+
+DIRECT_MAX_REDUCTION = 32     # per-output reduction sizes up to this use the direct (reduce) schedule
+ACTIVATIONS = {
+    None: lambda v: v,
+    "relu": lambda v: td.max(v, 0.0),
+    "relu6": lambda v: td.min(td.max(v, 0.0), 6.0),
+    "sigmoid": lambda v: td.sigmoid(v),
+}
+
+
+def _pair(v, what: str) -> tuple:
+    pair = (v, v) if isinstance(v, (int, np.integer)) else tuple(v)
+    if len(pair) != 2 or not all(isinstance(x, (int, np.integer)) for x in pair):
+        raise ValueError(f"conv2d: {what} must be an int or a pair of ints, got {v!r}")
+    return tuple(int(x) for x in pair)
+
+
+@dataclass(frozen=True)
+class ConvGeometry:
+    """Sizes of one convolution; padding is (top, left, bottom, right)."""
+
+    n: int
+    c: int
+    h: int
+    w: int
+    oc: int
+    kh: int
+    kw: int
+    stride: tuple
+    padding: tuple
+    dilation: tuple
+    groups: int
+    layout: str
+
+    @property
+    def oh(self) -> int:
+        return (self.h + self.padding[0] + self.padding[2] - self.dilation[0] * (self.kh - 1) - 1) // self.stride[0] + 1
+
+    @property
+    def ow(self) -> int:
+        return (self.w + self.padding[1] + self.padding[3] - self.dilation[1] * (self.kw - 1) - 1) // self.stride[1] + 1
+
+    @property
+    def out_shape(self) -> tuple:
+        if self.layout == "NCHW":
+            return (self.n, self.oc, self.oh, self.ow)
+        return (self.n, self.oh, self.ow, self.oc)
+
+    @property
+    def gemm(self) -> tuple:
+        """(G, M, K, N) of the GEMM view."""
+        g = self.groups
+        return g, self.n * self.oh * self.ow, self.c // g * self.kh * self.kw, self.oc // g
+
+
+def geometry(x_shape, w_shape, stride=1, padding=0, dilation=1, groups=1, layout="NCHW") -> ConvGeometry:
+    """Validate a convolution's arguments (clear ValueErrors) and return its sizes."""
+    if layout not in ("NCHW", "NHWC"):
+        raise ValueError(f"conv2d: layout must be 'NCHW' or 'NHWC', got {layout!r}")
+    if len(x_shape) != 4 or len(w_shape) != 4:
+        raise ValueError(f"conv2d needs a 4-D input and a 4-D OIHW weight, got {tuple(x_shape)} and {tuple(w_shape)}")
+    n, c, h, w = x_shape if layout == "NCHW" else (x_shape[0], x_shape[3], x_shape[1], x_shape[2])
+    oc, cg, kh, kw = w_shape
+    if groups < 1 or c % groups or oc % groups or cg != c // groups:
+        raise ValueError(f"conv2d: {c} input channels, {oc} output channels and groups={groups} need a weight "
+                         f"of shape ({oc}, {c // max(groups, 1)}, KH, KW), got {tuple(w_shape)}")
+    pad = padding
+    if isinstance(pad, (int, np.integer)):
+        pad = (pad,) * 4
+    elif len(pad) == 2:
+        pad = (pad[0], pad[1], pad[0], pad[1])
+    if len(pad) != 4 or min(pad) < 0:
+        raise ValueError(f"conv2d: padding must be an int, (ph, pw) or (top, left, bottom, right) >= 0, got {padding!r}")
+    g = ConvGeometry(n, c, h, w, oc, kh, kw, _pair(stride, "stride"), tuple(int(p) for p in pad),
+                     _pair(dilation, "dilation"), groups, layout)
+    if min(g.stride + g.dilation) < 1:
+        raise ValueError("conv2d: stride and dilation must be >= 1")
+    if g.oh < 1 or g.ow < 1:
+        raise ValueError(f"conv2d: the kernel ({kh}x{kw}, dilation {g.dilation}) is larger than the padded input "
+                         f"({h}x{w} with padding {g.padding})")
+    return g
+
+
+def _input_at(g: ConvGeometry, x: td.Tensor, n, ci, oh, ow, kh, kw) -> ir.Expr:
+    """X at the input pixel output (oh, ow) reads through kernel tap (kh, kw): zero in the padding."""
+    ih = oh * g.stride[0] - g.padding[0] + kh * g.dilation[0]
+    iw = ow * g.stride[1] - g.padding[1] + kw * g.dilation[1]
+    inside = ir.binary("and", ir.binary("and", ih >= 0, ih < g.h), ir.binary("and", iw >= 0, iw < g.w))
+    value = x[n, ci, ih, iw] if g.layout == "NCHW" else x[n, ih, iw, ci]
+    return ir.Select(inside, value, ir.const(0.0, x.dtype), x.dtype)
+
+
+def _x_placeholder(g: ConvGeometry, dtype) -> td.Tensor:
+    return td.placeholder("X", dtype, (g.n, g.c, g.h, g.w) if g.layout == "NCHW" else (g.n, g.h, g.w, g.c))
+
+
+def im2col(g: ConvGeometry, x: td.Tensor) -> td.Tensor:
+    """The GEMM's A (G, M, K) as a compute over the input: im2col, never materialized when fused."""
+    groups, m, k, _ = g.gemm
+    cg = g.c // g.groups
+
+    def fcompute(gi, mi, ki):
+        n, rest = mi // (g.oh * g.ow), mi % (g.oh * g.ow)
+        oh, ow = rest // g.ow, rest % g.ow
+        if g.layout == "NCHW":     # kk = (c, kh, kw): matches OIHW weights
+            c, kh, kw = ki // (g.kh * g.kw), ki // g.kw % g.kh, ki % g.kw
+        else:                      # kk = (kh, kw, c): consecutive kk read consecutive channels
+            kh, kw, c = ki // (g.kw * cg), ki // cg % g.kw, ki % cg
+        return _input_at(g, x, n, gi * cg + c, oh, ow, kh, kw)
+
+    return td.compute("A", (groups, m, k), fcompute)
+
+
+def pack_weight(g: ConvGeometry, weight: np.ndarray) -> np.ndarray:
+    """OIHW weights as the GEMM's B (G, K, N), in the K order of `im2col`."""
+    groups, _, k, n = g.gemm
+    w = weight.reshape(groups, n, g.c // groups, g.kh, g.kw)
+    if g.layout == "NHWC":
+        w = w.transpose(0, 1, 3, 4, 2)
+    return np.ascontiguousarray(w.reshape(groups, n, k).transpose(0, 2, 1))
+
+
+def output_view(g: ConvGeometry, c: td.Tensor) -> td.Tensor:
+    """The convolution output as a compute over the GEMM's C (G, M, N): a reshape/transpose of it.
+
+    With one group it has the output's own shape; with more it has the group axis split out,
+    (N, G, OCg, OH, OW) or (N, OH, OW, G, OCg), which is the same memory.
+    """
+    groups, _, _, ocg = g.gemm
+
+    def m_of(n, oh, ow):
+        return (n * g.oh + oh) * g.ow + ow
+
+    if g.layout == "NCHW":
+        if groups == 1:
+            return td.compute("Y", g.out_shape, lambda n, o, oh, ow: c[0, m_of(n, oh, ow), o])
+        return td.compute("Y", (g.n, groups, ocg, g.oh, g.ow), lambda n, gi, o, oh, ow: c[gi, m_of(n, oh, ow), o])
+    if groups == 1:
+        return td.compute("Y", g.out_shape, lambda n, oh, ow, o: c[0, m_of(n, oh, ow), o])
+    return td.compute("Y", (g.n, g.oh, g.ow, groups, ocg), lambda n, oh, ow, gi, o: c[gi, m_of(n, oh, ow), o])
+
+
+def channel_axis(g: ConvGeometry, ndim: int):
+    """A function of an output_view index tuple giving the output channel (for per-channel epilogues)."""
+    ocg = g.gemm[3]
+    if ndim == 4:
+        return (lambda idx: idx[1]) if g.layout == "NCHW" else (lambda idx: idx[3])
+    return (lambda idx: idx[1] * ocg + idx[2]) if g.layout == "NCHW" else (lambda idx: idx[3] * ocg + idx[4])
+
+
+def bias_activation(g: ConvGeometry, y: td.Tensor, bias: td.Tensor | None, activation) -> td.Tensor:
+    """y + bias[channel], then the activation, as a compute over y."""
+    act = ACTIVATIONS[activation]
+    channel = channel_axis(g, len(y.shape))
+    shape = tuple(int(d.value) for d in y.shape)
+    if bias is None and activation is None:
+        return y
+    return td.compute("Z", shape, lambda *idx: act(y[idx] + bias[channel(idx)] if bias is not None else y[idx]))
+
+
+@dataclass(frozen=True)
+class ConvPlan:
+    """A convolution compiled to one kernel: its parameter names say how to call it."""
+
+    geometry: ConvGeometry
+    kernel: object            # a fused td.Kernel, or a td.Op (direct schedule)
+    direct: bool
+    batch_index: np.ndarray | None = None
+
+    @property
+    def param_names(self) -> list:
+        return [name for name, _ in self.kernel.params]
+
+
+@functools.lru_cache(maxsize=128)
+def plan(g: ConvGeometry, dtype, target: str, has_bias: bool, activation) -> ConvPlan:
+    """The conv kernel for geometry `g`: direct (reduce rules) for tiny reductions, else fused GEMM."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"conv2d: unknown activation {activation!r}; choose one of {', '.join(map(str, ACTIVATIONS))}")
+    groups, m, k, n = g.gemm
+    x = _x_placeholder(g, dtype)
+    bias = td.placeholder("bias", dtype, (g.oc,)) if has_bias else None
+    if k <= DIRECT_MAX_REDUCTION:
+        return ConvPlan(g, _direct_op(g, dtype, x, bias, activation), True)
+    matmul = mm.plan((groups, m, k), (groups, k, n), dtype, target)
+    anchor = matmul.anchor
+    a_shape, b_shape, c_shape = matmul.operand_shapes()
+    c_in = td.placeholder("C", dtype, c_shape)
+    epilogue = bias_activation(g, output_view(g, c_in), bias, activation)
+    examples = (np.empty(a_shape, dtype.numpy), np.empty(b_shape, dtype.numpy), np.empty(c_shape, dtype.numpy),
+                matmul.batch_index(1), 1)
+    fused = td.fuse(anchor, *examples, prologues={"A": im2col(g, x)}, epilogues={"C": epilogue})
+    return ConvPlan(g, fused, False, matmul.batch_index(1))
+
+
+def _direct_op(g: ConvGeometry, dtype, x: td.Tensor, bias, activation) -> td.Op:
+    """The convolution as one reduce definition over (c, kh, kw) of a group."""
+    cg, ocg = g.c // g.groups, g.oc // g.groups
+    w = td.placeholder("W", dtype, (g.oc, cg, g.kh, g.kw))
+
+    def fcompute(*idx):
+        n, o, oh, ow, c, kh, kw = idx if g.layout == "NCHW" else (idx[0], idx[3], idx[1], idx[2], *idx[4:])
+        return _input_at(g, x, n, o // ocg * cg + c, oh, ow, kh, kw) * w[o, c, kh, kw]
+
+    y = td.reduce("Y", g.out_shape, (cg, g.kh, g.kw), fcompute, op="sum")
+    z = bias_activation(g, y, bias, activation)
+    inputs = [x, w] + ([bias] if bias is not None else [])
+    return td.op(inputs, [z], name=f"conv2d_direct_{g.kh}x{g.kw}")
+
+
+def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1, layout: str = "NCHW",
+           activation: str | None = None):
+    """2-D convolution of x (NCHW or NHWC) with OIHW `weight`, plus optional bias and activation."""
+    x, weight = np.asarray(x), np.asarray(weight)
+    dtype = mm.tdtype(np.result_type(x.dtype, weight.dtype))
+    g = geometry(x.shape, weight.shape, stride, padding, dilation, groups, layout)
+    x = np.ascontiguousarray(x, dtype.numpy)
+    weight = np.ascontiguousarray(weight, dtype.numpy)
+    p = plan(g, dtype, td.get_target(), bias is not None, activation)
+    extra = [np.ascontiguousarray(bias, dtype.numpy)] if bias is not None else []
+    if p.direct:
+        return p.kernel(x, weight, *extra)[0]
+    out = np.empty(g.out_shape, dtype.numpy)
+    args = {"X": x, "B": pack_weight(g, weight), "batch_index": p.batch_index, "split": 1,
+            "bias": extra[0] if extra else None}
+    values = [args.get(name) for name in p.param_names[:-1]] + [out.reshape(_fused_out_shape(g))]
+    p.kernel(*values)
+    return out
+
+
+def _fused_out_shape(g: ConvGeometry) -> tuple:
+    groups, _, _, ocg = g.gemm
+    if groups == 1:
+        return g.out_shape
+    return (g.n, groups, ocg, g.oh, g.ow) if g.layout == "NCHW" else (g.n, g.oh, g.ow, groups, ocg)

@@ -1,0 +1,99 @@
+"""`python -m taskdsl.bench conv`: ResNet-50 convolutions (batch 1) against the best local peer.
+
+cpu target: stdlib_ops.conv2d (matmul template + fused implicit im2col) against
+onnxruntime running the same single-Conv ONNX model, f32. cuda target: the fused kernel
+on device arrays against torch.nn.functional.conv2d (cuDNN), f16.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .timing import time_cpu
+
+# (channels, height/width, out channels, kernel, stride, padding): ResNet-50's distinct conv shapes
+RESNET50 = [
+    (3, 224, 64, 7, 2, 3), (64, 56, 64, 1, 1, 0), (64, 56, 64, 3, 1, 1), (64, 56, 256, 1, 1, 0),
+    (256, 56, 128, 1, 1, 0), (128, 28, 128, 3, 1, 1), (128, 28, 512, 1, 1, 0), (512, 28, 256, 1, 1, 0),
+    (256, 14, 256, 3, 1, 1), (256, 14, 1024, 1, 1, 0), (1024, 14, 512, 1, 1, 0), (512, 7, 512, 3, 1, 1),
+    (512, 7, 2048, 1, 1, 0),
+]
+CPU_DEFAULT = [RESNET50[2], RESNET50[5], RESNET50[8], RESNET50[11]]
+
+
+def _onnx_conv(x: np.ndarray, w: np.ndarray, stride: int, pad: int):
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+    node = helper.make_node("Conv", ["x", "w"], ["y"], strides=[stride] * 2, pads=[pad] * 4)
+    graph = helper.make_graph([node], "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [onnx.numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return lambda: session.run(None, {"x": x})[0]
+
+
+def _cpu_rows(layers) -> list:
+    import stdlib_ops as ops
+    rng = np.random.default_rng(0)
+    rows = []
+    for c, hw, oc, k, s, p in layers:
+        x = rng.standard_normal((1, c, hw, hw), dtype=np.float32)
+        w = rng.standard_normal((oc, c, k, k), dtype=np.float32) / np.sqrt(c * k * k)
+        peer = _onnx_conv(x, w, s, p)
+        y = ops.conv2d(x, w, stride=s, padding=p)       # compiles outside the timing
+        want = peer()
+        t_td = time_cpu(lambda: ops.conv2d(x, w, stride=s, padding=p), repeat=3)
+        t_peer = time_cpu(peer, repeat=5)
+        rows.append(dict(layer=(c, hw, oc, k, s), taskdsl=t_td, peer=t_peer, err=_rel_err(y, want),
+                         flops=2.0 * oc * c * k * k * y.shape[2] * y.shape[3]))
+    return rows
+
+
+def _cuda_rows(layers) -> list:
+    import torch
+    import taskdsl as td
+    from stdlib_ops import conv
+    from .cuda_timing import time_cuda
+    rows = []
+    for c, hw, oc, k, s, p in layers:
+        x = torch.randn(1, c, hw, hw, device="cuda", dtype=torch.float16)
+        w = torch.randn(oc, c, k, k, device="cuda", dtype=torch.float16) / (c * k * k) ** 0.5
+        g = conv.geometry(tuple(x.shape), tuple(w.shape), s, p)
+        plan = conv.plan(g, td.f16, "cuda", False, None)
+        y = torch.empty(g.out_shape, device="cuda", dtype=torch.float16)
+        packed = torch.from_numpy(conv.pack_weight(g, w.cpu().numpy())).cuda()
+        index = torch.from_numpy(plan.batch_index).cuda() if plan.batch_index is not None else None
+        run = lambda: plan.kernel(packed, index, 1, x, y)
+        run()
+        t_td = time_cuda(run)
+        t_peer = time_cuda(lambda: torch.nn.functional.conv2d(x, w, stride=s, padding=p))
+        want = torch.nn.functional.conv2d(x.float(), w.float(), stride=s, padding=p).cpu().numpy()
+        rows.append(dict(layer=(c, hw, oc, k, s), taskdsl=t_td, peer=t_peer, err=_rel_err(y.float().cpu().numpy(), want),
+                         flops=2.0 * oc * c * k * k * y.shape[2] * y.shape[3]))
+    return rows
+
+
+def _rel_err(got, want) -> float:
+    return float(np.abs(np.asarray(got, np.float64) - want).max() / max(np.abs(want).max(), 1e-30))
+
+
+def run(sizes=None) -> list:
+    """Print and return per-layer times of taskdsl's conv2d and the peer (onnxruntime / cuDNN)."""
+    import taskdsl as td
+    target = td.get_target()
+    if sizes:
+        layers = [RESNET50[i] for i in sizes]
+    else:
+        layers = RESNET50 if target == "cuda" else CPU_DEFAULT
+    rows = _cuda_rows(layers) if target == "cuda" else _cpu_rows(layers)
+    peer = "cuDNN (torch, f16)" if target == "cuda" else "onnxruntime (f32)"
+    print(f"ResNet-50 conv layers, batch 1, on {target}: taskdsl vs {peer}")
+    print(f"{'C,HW,OC,K,S':>22} {'taskdsl ms':>11} {'peer ms':>9} {'ratio':>7} {'GFLOP/s':>8} {'rel err':>8}")
+    for r in rows:
+        r["ratio"] = r["peer"] / r["taskdsl"]
+        print(f"{','.join(map(str, r['layer'])):>22} {r['taskdsl'] * 1e3:>11.3f} {r['peer'] * 1e3:>9.3f} "
+              f"{r['ratio']:>7.3f} {r['flops'] / r['taskdsl'] / 1e9:>8.1f} {r['err']:>8.1e}")
+    if rows:
+        print(f"mean ratio {np.mean([r['ratio'] for r in rows]):.3f}")
+    return rows

@@ -1,0 +1,72 @@
+"""`python -m taskdsl.bench matmul`: the matmul templates against the best local peer, in one run.
+
+cpu target: stdlib_ops.matmul (the SIMT template at the cpu default schedule, or tuned with
+--tune) against numpy's BLAS, f32. cuda target: the template's kernel on device arrays
+against torch.matmul (cuBLAS, TF32 off), f32 and f16, timed with CUDA events.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .timing import time_cpu
+
+
+def _cpu_rows(sizes, tune: bool) -> list:
+    import stdlib_ops as ops
+    rng = np.random.default_rng(0)
+    rows = []
+    for n in sizes:
+        a = rng.standard_normal((n, n), dtype=np.float32)
+        b = rng.standard_normal((n, n), dtype=np.float32)
+        c = ops.matmul(a, b, tune=tune)           # compiles (and tunes) outside the timing
+        t_td = time_cpu(lambda: ops.matmul(a, b, tune=tune), repeat=3)
+        t_np = time_cpu(lambda: a @ b, repeat=5)
+        rows.append(dict(size=n, dtype="f32", taskdsl=t_td, peer=t_np, err=_rel_err(c, a @ b)))
+    return rows
+
+
+def _cuda_rows(sizes, tune: bool) -> list:
+    import torch
+    import taskdsl as td
+    from stdlib_ops import gemm
+    from .cuda_timing import time_cuda
+    torch.backends.cuda.matmul.allow_tf32 = False
+    rows = []
+    for dtype, tdt, tol in ((np.float32, td.f32, 1e-3), (np.float16, td.f16, 2e-2)):
+        for n in sizes:
+            a = torch.randn(n, n, device="cuda").to(getattr(torch, np.dtype(dtype).name))
+            b = torch.randn(n, n, device="cuda").to(a.dtype)
+            c = torch.empty(1, n, n, device="cuda", dtype=a.dtype)
+            plan = gemm.plan((n, n), (n, n), tdt, "cuda", tune)
+            index = torch.from_numpy(plan.batch_index(1)).cuda()
+            kernel = plan.anchor
+            run = lambda: kernel(a[None], b[None], c, index, 1)
+            run()
+            t_td = time_cuda(run)
+            t_peer = time_cuda(lambda: torch.matmul(a, b))
+            err = _rel_err(c[0].float().cpu().numpy(), torch.matmul(a.double(), b.double()).cpu().numpy())
+            rows.append(dict(size=n, dtype=tdt.name, taskdsl=t_td, peer=t_peer, err=err, tol=tol))
+    return rows
+
+
+def _rel_err(got, want) -> float:
+    return float(np.abs(np.asarray(got, np.float64) - want).max() / max(np.abs(want).max(), 1e-30))
+
+
+def run(sizes=None, tune: bool = False) -> list:
+    """Print and return GFLOP/s of taskdsl and the peer (numpy on cpu, cuBLAS on cuda) per size."""
+    import taskdsl as td
+    target = td.get_target()
+    if target == "cuda":
+        rows, peer = _cuda_rows(sizes or (1024, 2039, 4096), tune=True), "cuBLAS (torch.matmul, TF32 off)"
+    else:
+        rows, peer = _cpu_rows(sizes or (512, 1024), tune), "numpy"
+    print(f"matmul on {target}: taskdsl vs {peer}")
+    print(f"{'size':>6} {'dtype':>5} {'taskdsl GFLOP/s':>16} {'peer GFLOP/s':>13} {'ratio':>7} {'max rel err':>12}")
+    for r in rows:
+        flops = 2.0 * r["size"] ** 3
+        r.update(taskdsl_gflops=flops / r["taskdsl"] / 1e9, peer_gflops=flops / r["peer"] / 1e9,
+                 ratio=r["peer"] / r["taskdsl"])
+        print(f"{r['size']:>6} {r['dtype']:>5} {r['taskdsl_gflops']:>16.1f} {r['peer_gflops']:>13.1f} "
+              f"{r['ratio']:>7.3f} {r['err']:>12.1e}")
+    return rows

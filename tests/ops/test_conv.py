@@ -1,0 +1,81 @@
+"""conv2d: the matmul template with a fused implicit-im2col prologue, and the direct schedule.
+
+Oracle: a float64 numpy convolution written as a sum over kernel taps of strided slices.
+"""
+import numpy as np
+import pytest
+
+import taskdsl as td
+import stdlib_ops as ops
+from stdlib_ops import conv
+
+
+def reference(x, w, bias, stride, padding, dilation, groups):
+    """NCHW convolution in float64, independent of the library."""
+    n, c, h, wd = x.shape
+    oc, cg, kh, kw = w.shape
+    (sh, sw), (dh, dw) = stride, dilation
+    pt, pl, pb, pr = padding
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
+    ow = (wd + pl + pr - dw * (kw - 1) - 1) // sw + 1
+    out = np.zeros((n, oc, oh, ow))
+    ocg = oc // groups
+    for o in range(oc):
+        g = o // ocg
+        for i in range(kh):
+            for j in range(kw):
+                patch = xp[:, g * cg:(g + 1) * cg, i * dh:i * dh + sh * oh:sh, j * dw:j * dw + sw * ow:sw]
+                out[:, o] += np.einsum("nchw,c->nhw", patch, w[o, :, i, j].astype(np.float64))
+    return out + (bias[None, :, None, None] if bias is not None else 0)
+
+
+CASES = [   # n, c, h, w, oc, (kh, kw), stride, padding (t, l, b, r), dilation, groups
+    (2, 8, 9, 7, 12, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
+    (1, 6, 11, 13, 4, (3, 2), (2, 1), (0, 1, 2, 0), (2, 1), 2),
+    (1, 3, 7, 7, 5, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1),
+    (1, 4, 8, 8, 4, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 4),       # depthwise: the direct schedule
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[:5])) + f"_g{c[-1]}")
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_conv2d_matches_reference(case, layout):
+    td.set_target("cpu")
+    n, c, h, w, oc, ks, stride, padding, dilation, groups = case
+    rng = np.random.default_rng(sum(case[:5]))
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    wt = rng.standard_normal((oc, c // groups) + ks).astype(np.float32)
+    bias = rng.standard_normal(oc).astype(np.float32)
+    expected = np.maximum(reference(x, wt, bias, stride, padding, dilation, groups), 0)
+    xin = x if layout == "NCHW" else x.transpose(0, 2, 3, 1).copy()
+    y = ops.conv2d(xin, wt, bias, stride=stride, padding=padding, dilation=dilation, groups=groups, layout=layout,
+                   activation="relu")
+    got = y if layout == "NCHW" else y.transpose(0, 3, 1, 2)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_gemm_convolutions_are_one_fused_kernel_without_im2col_buffer():
+    td.set_target("cpu")
+    g = conv.geometry((2, 8, 9, 7), (12, 8, 3, 3), padding=1)
+    p = conv.plan(g, td.f32, "cpu", True, "relu")
+    assert not p.direct
+    assert p.param_names == ["B", "batch_index", "split", "X", "bias", "Z"]   # no A, no C: fused away
+    x, w = np.zeros((2, 8, 9, 7), np.float32), np.zeros((1, 72, 12), np.float32)
+    text = p.kernel.ir(w, np.zeros((1, 2), np.int32), 1, x, np.zeros(12, np.float32), np.zeros((2, 12, 9, 7), np.float32))
+    assert "X[" in text and "A[" not in text
+    assert conv.plan(conv.geometry((1, 4, 8, 8), (4, 1, 3, 3), padding=1, groups=4), td.f32, "cpu", False, None).direct
+
+
+def test_conv2d_errors_are_clear():
+    x = np.zeros((1, 4, 5, 5), np.float32)
+    with pytest.raises(ValueError, match="weight of shape"):
+        ops.conv2d(x, np.zeros((8, 3, 3, 3), np.float32))
+    with pytest.raises(ValueError, match="larger than the padded input"):
+        ops.conv2d(x, np.zeros((8, 4, 7, 7), np.float32))
+    with pytest.raises(ValueError, match="layout"):
+        ops.conv2d(x, np.zeros((8, 4, 3, 3), np.float32), layout="CHWN")
+    with pytest.raises(ValueError, match="activation"):
+        ops.conv2d(x, np.zeros((8, 4, 3, 3), np.float32), activation="swish")
+    with pytest.raises(ValueError, match="padding"):
+        ops.conv2d(x, np.zeros((8, 4, 3, 3), np.float32), padding=-1)

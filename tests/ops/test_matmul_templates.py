@@ -1,0 +1,202 @@
+"""The SIMT matmul template, its schedule spaces, the tuner and stdlib matmul / batch_matmul / linear.
+
+Oracle: numpy's matmul in float64. Sizes are symbolic on the cpu target, so one compiled
+kernel per schedule point serves every shape hypothesis draws.
+"""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import taskdsl as td
+import stdlib_ops as ops
+from stdlib_ops import gemm
+from stdlib_ops import matmul_simt as simt
+from taskdsl.backend.cuda.nvrtc import combine_sources, compile_cubin
+from taskdsl.schedule import tuner
+from taskdsl.schedule.space import Space
+
+DIMS = st.sampled_from([1, 2, 3, 7, 13, 31, 64, 65, 97, 130])
+
+# points run on the cpu target: the cpu default plus two GPU points with other tile shapes
+CPU_POINTS = [
+    simt.default_point("cpu"),
+    simt.gpu_space().point(warps=(2, 2), repeat=(2, 1), lanes=(4, 8), tile=(4, 4), bk=8, prefetch=True),
+    simt.gpu_space().point(warps=(1, 2), repeat=(2, 1), lanes=(8, 4), tile=(4, 8), bk=16, prefetch=True),
+]
+
+
+def _run_point(p, a, b, split=1, dtype=td.f32):
+    """C = a @ b for 2-D operands through the template kernel at point `p`."""
+    out_dtype = td.f32 if split > 1 else dtype
+    k = simt.simt_matmul_kernel(p, dtype, out_dtype)
+    c = np.empty((split, a.shape[0], b.shape[1]), out_dtype.numpy)
+    k(a[None], b[None], c, simt.batch_index((), (), (), split), split)
+    return c.sum(axis=0, dtype=np.float64)
+
+
+def _ref(a, b):
+    return a.astype(np.float64) @ b.astype(np.float64)
+
+
+def test_space_sizes_and_pruning_match_the_docs():
+    space = simt.gpu_space()
+    assert (space.raw_size, len(space.points())) == (320, 172)
+    assert space.pruned() == {"more than 64 accumulators per thread": 100, "block tile above 256": 4,
+                              "block tile below 4096 outputs (too little reuse per load)": 44}
+    assert len(simt.gpu_space(itemsize=2).points()) == 172
+    cpu = simt.space_for("cpu")
+    assert (cpu.raw_size, len(cpu.points())) == (48, 48)
+    for p in space.points():        # every valid point fits the resources it was checked against
+        bm, bn, threads = simt.tile_shape(p)
+        assert threads <= 256 and bm <= 256 and bn <= 256
+        assert 2 * (bm + bn) * p.bk * 4 <= simt.MAX_SMEM
+    with pytest.raises(ValueError, match="accumulators"):
+        space.point(warps=(2, 2), repeat=(2, 2), lanes=(4, 8), tile=(8, 8), bk=8, prefetch=True)
+
+
+def test_every_point_compiles_with_nvrtc():
+    """All points of both spaces as one NVRTC program per arch (fast mode: the check is that they build)."""
+    a = np.zeros((1, 64, 64), np.float32)
+    index = np.zeros((1, 2), np.int32)
+    points = simt.gpu_space().points() + simt.space_for("cpu").points()
+    sources = [simt.simt_matmul_kernel(p, td.f32, td.f32).source(a, a, a, index, 1, target="cuda") for p in points]
+    unit = combine_sources(sources)
+    for arch in ("sm_80", "sm_90"):
+        cubin = compile_cubin(unit, arch, "simt_space", fast=True)
+        names = {simt.simt_matmul_kernel(p, td.f32, td.f32).name for p in points}
+        assert len(names) == len(points) and all(name.encode() in cubin for name in names)
+
+
+@pytest.mark.parametrize("point", CPU_POINTS, ids=lambda p: "x".join(map(str, simt.tile_shape(p))))
+@settings(max_examples=6, deadline=None)
+@given(m=DIMS, n=DIMS, k=DIMS, seed=st.integers(0, 2**16))
+def test_template_points_on_cpu(point, m, n, k, seed):
+    td.set_target("cpu")
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    np.testing.assert_allclose(_run_point(point, a, b), _ref(a, b), rtol=1e-4, atol=1e-4)
+
+
+def test_prime_sizes_and_split_k():
+    td.set_target("cpu")
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((37, 2039)).astype(np.float32)
+    b = rng.standard_normal((2039, 41)).astype(np.float32)
+    for split in (1, 3, 8):
+        np.testing.assert_allclose(_run_point(CPU_POINTS[0], a, b, split), _ref(a, b), rtol=1e-4, atol=1e-3)
+
+
+@settings(max_examples=8, deadline=None)
+@given(batch_a=st.sampled_from([(), (1,), (3,), (2, 1), (2, 3)]), batch_b=st.sampled_from([(), (1,), (3,), (1, 3)]),
+       m=DIMS, n=DIMS, k=DIMS, seed=st.integers(0, 2**16))
+def test_matmul_broadcasts_batch_dims_like_numpy(batch_a, batch_b, m, n, k, seed):
+    td.set_target("cpu")
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal(batch_a + (m, k)).astype(np.float32)
+    b = rng.standard_normal(batch_b + (k, n)).astype(np.float32)
+    out = ops.matmul(a, b)
+    np.testing.assert_allclose(out, np.matmul(a.astype(np.float64), b), rtol=1e-4, atol=1e-4)
+
+
+def test_matmul_vectors_empty_and_errors():
+    td.set_target("cpu")
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal(7).astype(np.float32), rng.standard_normal((7, 5)).astype(np.float32)
+    np.testing.assert_allclose(ops.matmul(a, b), a @ b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ops.matmul(b.T.copy(), a), b.T @ a, rtol=1e-5, atol=1e-5)
+    assert ops.matmul(np.zeros((0, 3), np.float32), np.ones((3, 4), np.float32)).shape == (0, 4)
+    np.testing.assert_array_equal(ops.matmul(np.ones((2, 0), np.float32), np.ones((0, 3), np.float32)), 0)
+    with pytest.raises(ValueError, match="inner dimensions"):
+        ops.matmul(np.ones((2, 3), np.float32), np.ones((4, 2), np.float32))
+    with pytest.raises(ValueError, match="do not broadcast"):
+        ops.matmul(np.ones((2, 2, 3), np.float32), np.ones((3, 3, 2), np.float32))
+    with pytest.raises(TypeError, match="float32"):
+        ops.matmul(np.ones((2, 2), np.int32), np.ones((2, 2), np.int32))
+    with pytest.raises(ValueError, match="batch dimension"):
+        ops.batch_matmul(np.ones((2, 2), np.float32), np.ones((2, 2), np.float32))
+
+
+def test_batch_matmul_and_linear_f16():
+    td.set_target("cpu")
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((4, 9, 33)).astype(np.float32)
+    b = rng.standard_normal((4, 33, 17)).astype(np.float32)
+    np.testing.assert_allclose(ops.batch_matmul(a, b), np.matmul(a.astype(np.float64), b), rtol=1e-4, atol=1e-4)
+    x = rng.standard_normal((3, 5, 40)).astype(np.float16)
+    w = rng.standard_normal((11, 40)).astype(np.float16)
+    bias = rng.standard_normal(11).astype(np.float16)
+    y = ops.linear(x, w, bias)
+    assert y.dtype == np.float16 and y.shape == (3, 5, 11)
+    expected = x.astype(np.float64) @ w.T.astype(np.float64) + bias
+    np.testing.assert_allclose(y.astype(np.float64), expected, rtol=2e-2, atol=2e-2)
+
+
+def test_split_k_is_chosen_for_few_tiles_and_long_k():
+    p = simt.default_point("cpu")
+    assert gemm.choose_split(p, 1, 4, 4, 8192, "cpu") > 1
+    assert gemm.choose_split(p, 1, 4, 4, 64, "cpu") == 1
+    assert gemm.choose_split(p, 8, 1024, 1024, 8192, "cpu") == 1
+
+
+def test_tuner_picks_the_fastest_point_and_caches_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("TASKDSL_CACHE_DIR", str(tmp_path))
+    space = Space("toy", {"delay": (3, 1, 2)})
+    calls = []
+
+    class Fake:     # a "kernel" whose measured time is its point's delay (the timer is replaced below)
+        def __init__(self, p):
+            self.p = p
+
+        def __call__(self):
+            calls.append(self.p.delay)
+
+    def timer(target):
+        return lambda fn: (fn(), calls[-1])[1]
+
+    monkeypatch.setattr(tuner, "_timer", timer)
+
+    default = space.point(delay=3)
+    best = tuner.tune(space, Fake, (), op="toy", shapes=(1,), dtypes=("f32",), default=default, target="cpu",
+                      show=False)
+    assert best.delay == 1 and set(calls) == {1, 2, 3}
+    calls.clear()
+    again = tuner.tune(space, Fake, (), op="toy", shapes=(1,), dtypes=("f32",), default=default, target="cpu",
+                       show=False)
+    assert again == best and not calls                     # from the disk cache: nothing re-timed
+    record = next((tmp_path / "tune").glob("*.json"))
+    record.write_text("{not json")                          # a damaged record is ignored and re-tuned
+    assert tuner.tune(space, Fake, (), op="toy", shapes=(1,), dtypes=("f32",), default=default, target="cpu",
+                      show=False).delay == 1
+    monkeypatch.setenv("TASKDSL_TUNE", "0")
+    assert tuner.tune(space, Fake, (), op="toy", shapes=(2,), dtypes=("f32",), default=default,
+                      target="cpu") == default
+
+
+def test_tuner_skips_failing_candidates(tmp_path, monkeypatch):
+    monkeypatch.setenv("TASKDSL_CACHE_DIR", str(tmp_path))
+    space = Space("toy", {"ok": (False, True)})
+
+    def build(p):
+        if not p.ok:
+            raise RuntimeError("does not compile")
+        return lambda: None
+
+    best = tuner.tune(space, build, (), op="fails", shapes=(), dtypes=(), default=space.point(ok=False),
+                      target="cpu", show=False)
+    assert best.ok
+
+
+def test_tuning_the_real_template_on_cpu(tmp_path, monkeypatch):
+    """The cpu space, restricted to points compiled above, tuned end to end on a small problem."""
+    monkeypatch.setenv("TASKDSL_CACHE_DIR", str(tmp_path))
+    td.set_target("cpu")
+    space = Space("simt_matmul_cpu_subset", {"i": (0, 1)})
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((1, 64, 64)).astype(np.float32)
+    c = np.empty((1, 64, 64), np.float32)
+    index = simt.batch_index((), (), ())
+    best = tuner.tune(space, lambda q: simt.simt_matmul_kernel(CPU_POINTS[q.i], td.f32, td.f32), (a, a, c, index, 1),
+                      op="simt", shapes=(64,), dtypes=("f32",), default=space.points()[0], target="cpu", show=False)
+    assert best in space.points()
+    np.testing.assert_allclose(c[0], _ref(a[0], a[0]), rtol=1e-4, atol=1e-4)
