@@ -13,11 +13,14 @@ from contextlib import contextmanager
 import numpy as np
 
 from ..runtime.config import get_target, set_target
+from ..runtime.progress import Progress
 from . import runners
 from .graph import Graph, bind_inputs
 from .passes import optimize, plan_memory
 from .printer import Namer, format_bytes
-from .progress import Progress
+
+
+PROGRESS_MIN_NODES = 20      # smaller graphs compile quickly: no progress bar
 
 
 @contextmanager
@@ -48,8 +51,9 @@ class CompiledGraph:
                 self._free[step].append(tid)
         self._last_inputs = [np.zeros(t.shape, t.numpy_dtype) for t in self.graph.inputs]
         self._records: list = []                   # (kernels, seconds) per step of the last call
-        with on_target(self.target):               # compile every kernel now: a run on zeros
-            self._execute(self._last_inputs, Progress(len(nodes), f"compiling {graph.name}"))
+        bar = Progress(len(nodes), f"compiling {graph.name}", show=None if len(nodes) >= PROGRESS_MIN_NODES else False)
+        with on_target(self.target), bar:          # compile every kernel now: a run on zeros
+            self._execute(self._last_inputs, bar)
         self.compile_seconds = time.perf_counter() - start
 
     def _execute(self, arrays: list, progress: Progress | None = None) -> list:
@@ -65,9 +69,7 @@ class CompiledGraph:
             for tid in self._free[step]:
                 values.pop(tid, None)
             if progress is not None:
-                progress.step(op.kind)
-        if progress is not None:
-            progress.close()
+                progress.step(note=op.kind)
         self._records = records
         return self._outputs(values, arrays)
 

@@ -14,7 +14,7 @@ from .tensor import Tensor, contiguous
 
 
 def topological_nodes(outputs: list, extra: list = ()) -> list:
-    """The operators the outputs depend on (and the `extra` operators), producers before consumers."""
+    """The `extra` operators and those the outputs depend on, producers before consumers (else in `extra`'s order)."""
     order, state = [], {}
 
     def visit(node: Operator):
@@ -35,10 +35,7 @@ def topological_nodes(outputs: list, extra: list = ()) -> list:
                 if t.producer is not None and state.get(id(t.producer)) != 2:
                     stack.append((t.producer, False))
 
-    for t in outputs:
-        if t.producer is not None and state.get(id(t.producer)) != 2:
-            visit(t.producer)
-    for op in extra:
+    for op in list(extra) + [t.producer for t in outputs if t.producer is not None]:
         if state.get(id(op)) != 2:
             visit(op)
     return order

@@ -13,6 +13,7 @@ import numpy as np
 
 from .. import ir
 from ..compute import evaluate, placeholder, topological
+from ..ir import types as T
 from .tensor import Tensor
 
 _ids = itertools.count()
@@ -21,6 +22,10 @@ _ids = itertools.count()
 def dims(x) -> tuple:
     """A definition tensor's dims: ints where static, IR expressions of size symbols where symbolic."""
     return tuple(int(d.value) if isinstance(d, ir.Const) else d for d in x.shape)
+
+
+def _as_shape(size) -> tuple:
+    return size if isinstance(size, tuple) else (size,)
 
 
 def freeze(value):
@@ -43,6 +48,9 @@ class Operator:
     kind_attr = None       # the attribute `kind` is made from (not printed again)
     generic = False        # `define` reads sizes only from its placeholders' dims (never from self.inputs),
                            # so it also works on symbolic dims: one kernel then serves every size
+    size_attrs = ()        # attributes that are sizes (a pooling window): symbolic in the generic definitions too,
+                           # read in `define` through `self.size(name)`
+    derived_attrs = ()     # attributes `check` computes (not printed; recomputed when the operator is cloned)
 
     def __init__(self, inputs: list, attrs: dict | None = None):
         for t in inputs:
@@ -51,6 +59,7 @@ class Operator:
         self.inputs = list(inputs)
         self.attrs = {k: freeze(v) for k, v in (attrs or {}).items()}
         self.id = next(_ids)
+        self._symbolic: dict = {}
         self.check()
         self.placeholders = [placeholder(f"in{k}", t.dtype, t.shape) for k, t in enumerate(self.inputs)]
         self.definitions = list(self.define(*self.placeholders))
@@ -86,17 +95,34 @@ class Operator:
         return (type(self).__name__, tuple(sorted(self.attrs.items())),
                 tuple((t.shape, t.dtype) for t in self.inputs))
 
+    def size(self, name: str) -> tuple:
+        """Size attribute `name`: its ints, or size symbols while the generic definitions are built."""
+        return self._symbolic.get(name, self.attrs[name])
+
     def generic_signature(self) -> tuple:
-        """The key of the generic definitions: kind, attributes, and per input its dtype and which dims are 1."""
-        return (type(self).__name__, tuple(sorted(self.attrs.items())),
+        """The key of the generic definitions: kind, attributes but sizes, and per input its dtype and 1-dims."""
+        return (type(self).__name__, tuple(sorted((k, v) for k, v in self.attrs.items() if k not in self.size_attrs)),
                 tuple((t.dtype, tuple(n == 1 for n in t.shape)) for t in self.inputs))
 
     def generic_definitions(self) -> tuple:
-        """(placeholders, definitions) over symbolic sizes: every dim that is not 1 is a size symbol."""
+        """(placeholders, definitions) over symbolic sizes: every input dim that is not 1 is a size symbol, and
+        each size attribute is the shape of one more (int8, never read) placeholder: see `size_carriers`."""
         holders = [placeholder(f"in{k}", t.dtype, tuple(1 if n == 1 else f"{self.kind}_{k}_{a}"
                                                         for a, n in enumerate(t.shape)))
                    for k, t in enumerate(self.inputs)]
-        return holders, list(self.define(*holders))
+        carriers = [placeholder(f"{name}_shape", T.i8, tuple(f"{self.kind}_{name}{k}"
+                                                             for k in range(len(_as_shape(self.attrs[name])))))
+                    for name in self.size_attrs]
+        self._symbolic = {name: dims(c) if isinstance(self.attrs[name], tuple) else dims(c)[0]
+                          for name, c in zip(self.size_attrs, carriers)}
+        try:
+            return holders + carriers, list(self.define(*holders))
+        finally:
+            self._symbolic = {}
+
+    def size_carriers(self) -> list:
+        """The arrays the generic definitions' size placeholders take: zero-stride int8 arrays of the sizes."""
+        return [np.broadcast_to(np.zeros((), np.int8), _as_shape(self.attrs[name])) for name in self.size_attrs]
 
     def reference(self, *arrays) -> list:
         """The outputs for these input arrays, by the numpy evaluation of the definitions."""
@@ -108,7 +134,7 @@ class Operator:
 
     def shown_attrs(self) -> dict:
         """The attributes a printed graph shows (those not already in `kind`)."""
-        return {k: v for k, v in self.attrs.items() if k != self.kind_attr}
+        return {k: v for k, v in self.attrs.items() if k != self.kind_attr and k not in self.derived_attrs}
 
     def attrs_str(self) -> str:
         return ", ".join(f"{k}={v!r}" for k, v in self.shown_attrs().items())

@@ -13,12 +13,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from stdlib_ops import elementwise, norm, pool, reduce, transform
+from stdlib_ops import elementwise, norm, reduce, transform
 
 from .. import schedule
 from .operator import Operator
 from .tensor import contiguous
-from .ops import (BatchNorm, Concat, Conv, Elementwise, Expand, Gather, LayerNorm, MatMul, Pad, Pool, Reduce,
+from .ops import (BatchNorm, Concat, Conv, Elementwise, Expand, Gather, LayerNorm, MatMul, Pad, Reduce,
                   Reshape, Slice, Softmax, Transpose)
 
 RUNNERS: dict = {}
@@ -49,7 +49,7 @@ def run_definitions(op: Operator, arrays: list) -> tuple:
     if td_op is None:
         holders, definitions = op.generic_definitions() if op.generic else (op.placeholders, op.definitions)
         td_op = _DEFINITION_OPS[key] = schedule.op(holders, definitions, name=op.kind)
-    outputs = td_op(*arrays)
+    outputs = td_op(*arrays, *(op.size_carriers() if op.generic else ()))
     return outputs, td_op.kernels
 
 
@@ -116,21 +116,6 @@ def run_batch_norm(op: BatchNorm, arrays: list) -> tuple:
     weight = params.pop(0) if op.attrs["has_weight"] else None
     bias = params.pop(0) if op.attrs["has_bias"] else None
     return _plan(norm.op_for("batch_norm", x, mean, var, weight, bias, op.attrs["eps"]))
-
-
-@runs(Pool)
-def run_pool(op: Pool, arrays: list) -> tuple:
-    a, x = op.attrs, op.inputs[0]
-    k, pads = a["kernel"], a["pads"]
-    floor_size = op.outputs[0].shape[2:] == tuple((n + 2 * p - kk) // s + 1 for n, p, kk, s in
-                                         zip(x.shape[2:], pads[:len(k)], k, a["strides"]))
-    stdlib = (x.ndim == 4 and x.dtype.is_float and pads[:2] == pads[2:] and all(2 * p <= kk for p, kk in zip(pads, k))
-              and a["dilations"] == (1, 1) and floor_size)
-    if not stdlib:
-        return run_definitions(op, arrays)
-    if a["mode"] == "max":
-        return _plan(pool.op_for("max_pool2d", arrays[0], k, a["strides"], pads[:2]))
-    return _plan(pool.op_for("avg_pool2d", arrays[0], k, a["strides"], pads[:2], a["count_include_pad"]))
 
 
 @runs(Reshape)

@@ -175,6 +175,7 @@ class LRN(Operator):
     """Local response normalization across channels of x (N, C, ...): attrs size, alpha, beta, bias."""
 
     generic = True
+    size_attrs = ("size",)
 
     kind = "lrn"
 
@@ -185,7 +186,7 @@ class LRN(Operator):
                              f"{self.inputs[0].shape}, size {self.attrs['size']}")
 
     def define(self, x):
-        shape, size = dims(x), self.attrs["size"]
+        shape, size = dims(x), self.size("size")
         sdt = stat_dtype(x.dtype)
         before = (size - 1) // 2
 

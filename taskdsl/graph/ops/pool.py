@@ -22,6 +22,8 @@ class Pool(Operator):
 
     kind_attr = "mode"
     generic = True
+    size_attrs = ("kernel", "out")    # one kernel for every window (no unrolled window loops either)
+    derived_attrs = ("out",)          # the output's spatial size: a plain size symbol in the generic definitions
 
     @property
     def kind(self) -> str:
@@ -41,13 +43,14 @@ class Pool(Operator):
             v = a[key]
             if len(v) != length or any(not isinstance(n, int) or n < low for n in v):
                 raise ValueError(f"{self.kind}: {key} must be {length} ints >= {low}, got {v!r}")
-        if any(n < 1 for n in self._spatial(x.shape)):
+        self.attrs["out"] = self._spatial(x.shape)
+        if any(n < 1 for n in self.attrs["out"]):
             raise ValueError(f"{self.kind}: the window {a['kernel']} (dilations {a['dilations']}) does not fit the "
                              f"padded input {x.shape[2:]} (pads {a['pads']})")
 
     def _spatial(self, shape: tuple) -> tuple:
-        a, rank = self.attrs, len(shape) - 2
-        return tuple(window_positions(shape[2 + i], a["kernel"][i], a["strides"][i], a["pads"][i], a["pads"][rank + i],
+        a, rank, kernel = self.attrs, len(shape) - 2, self.size("kernel")
+        return tuple(window_positions(shape[2 + i], kernel[i], a["strides"][i], a["pads"][i], a["pads"][rank + i],
                                       a["dilations"][i], a["ceil_mode"]) for i in range(rank))
 
     def define(self, x):
@@ -65,7 +68,7 @@ class Pool(Operator):
             v = v if v.dtype == acc else ir.Cast(v, acc)
             return ir.Select(ok, v, ir.const(pad_value, acc), acc)
 
-        out_shape, kernel = shape[:2] + self._spatial(shape), tuple(a["kernel"])
+        out_shape, kernel = shape[:2] + self.size("out"), self.size("kernel")
         if a["mode"] == "max":
             low = -math.inf if acc.is_float else int(np.iinfo(acc.numpy).min)
             return [reduction("max_pool", out_shape, kernel, lambda *ix: value(ix, low), op="max", dtype=x.dtype)]

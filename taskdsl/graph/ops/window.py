@@ -21,10 +21,10 @@ def window_positions(n, k: int, stride: int, begin: int, end: int, dilation: int
     return out - ((out - 1) * stride - (n + begin) + BIG) // BIG
 
 
-def positions_inside(start, k: int, dilation: int, lo, hi) -> ir.Expr:
+def positions_inside(start, k, dilation: int, lo, hi) -> ir.Expr:
     """How many of start, start + d, ..., start + (k-1)d lie in [lo, hi) (an IR expression)."""
     first = math_expr("max", [ir.const(0), ir.binary("-", 0, ir.binary("//", start - lo, dilation))])  # ceil((lo-start)/d)
-    last = math_expr("min", [ir.const(k - 1), ir.binary("//", hi - 1 - start, dilation)])
+    last = math_expr("min", [ir.as_expr(k - 1), ir.binary("//", hi - 1 - start, dilation)])
     return math_expr("max", [ir.const(0), last - first + 1])
 
 

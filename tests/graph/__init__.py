@@ -1,0 +1,49 @@
+"""Graph-layer tests: shared helpers to make random inputs, build ONNX models and compare outputs."""
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def rand(shape, seed: int = 0, dtype=np.float32, low: float = -2.0, high: float = 2.0) -> np.ndarray:
+    """Uniform random values (integers for integer dtypes)."""
+    rng = np.random.default_rng(seed)
+    if np.dtype(dtype).kind in "iu":
+        return rng.integers(int(low), int(high) + 1, size=shape).astype(dtype)
+    if np.dtype(dtype).kind == "b":
+        return rng.random(shape) < 0.5
+    return rng.uniform(low, high, size=shape).astype(dtype)
+
+
+def assert_close(got, want, rtol: float = 1e-4, atol: float = 1e-6) -> None:
+    """Same shape and dtype, values within rtol (plus atol scaled by the largest expected magnitude)."""
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    assert got.dtype == want.dtype, (got.dtype, want.dtype)
+    if want.dtype.kind in "biu":
+        np.testing.assert_array_equal(got, want)
+        return
+    scale = float(np.max(np.abs(want))) if want.size else 1.0
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol, atol=atol * max(scale, 1.0))
+
+
+def tensor_info(name: str, shape, dtype=TensorProto.FLOAT) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, dtype, shape)
+
+
+def make_model(nodes: list, inputs: list, outputs: list, initializers: dict | None = None,
+               opset: int = 17, name: str = "test") -> onnx.ModelProto:
+    """A checked ONNX model: inputs/outputs are (name, shape[, elem type]) tuples, initializers name -> array."""
+    inits = [numpy_helper.from_array(np.asarray(v), name=k) for k, v in (initializers or {}).items()]
+    graph = helper.make_graph(nodes, name, [tensor_info(*i) for i in inputs], [tensor_info(*o) for o in outputs],
+                              initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def run_onnxruntime(model: onnx.ModelProto, feeds: dict) -> list:
+    """The model's outputs computed by onnxruntime on the CPU."""
+    import onnxruntime as ort
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)

@@ -1,0 +1,84 @@
+"""CompiledGraph: calling conventions, input checks, kernels, summary, output ownership, progress bar."""
+import numpy as np
+import pytest
+
+import taskdsl.graph as tg
+from taskdsl.graph import ops
+
+from . import rand
+
+
+def two_input_graph():
+    x, b = tg.input("x", (3, 4)), tg.input("b", (4,))
+    return tg.Graph([x, b], [ops.relu(ops.add(x, b)), ops.sum(x, 0)], name="g")
+
+
+def test_positional_and_dict_calls():
+    cg = two_input_graph().compile(target="cpu")
+    x, b = rand((3, 4), 1), rand((4,), 2)
+    y, s = cg(x, b)
+    np.testing.assert_allclose(y, np.maximum(x + b, 0), rtol=1e-6)
+    np.testing.assert_allclose(s, x.sum(0), rtol=1e-5)
+    y2, _ = cg({"b": b, "x": x})
+    np.testing.assert_array_equal(y, y2)
+    assert cg.target == "cpu"
+
+
+def test_input_errors():
+    cg = two_input_graph().compile()
+    x, b = rand((3, 4), 1), rand((4,), 2)
+    with pytest.raises(TypeError, match=r"takes 2 input arrays \(x, b\), got 1"):
+        cg(x)
+    with pytest.raises(ValueError, match=r"input 'b' must have shape \(4,\), got \(5,\)"):
+        cg(x, rand((5,), 1))
+    with pytest.raises(TypeError, match="must have dtype float32, got float64.*astype"):
+        cg(x, b.astype(np.float64))
+    with pytest.raises(ValueError, match="missing"):
+        cg({"x": x})
+    with pytest.raises(ValueError, match="unknown"):
+        cg({"x": x, "b": b, "c": b})
+
+
+def test_kernels_and_summary():
+    cg = two_input_graph().compile()
+    cg(rand((3, 4), 1), rand((4,), 2))
+    names = [k.name for k in cg.kernels]
+    assert len(names) == 3 and any("add" in n for n in names) and any("reduce_sum" in n for n in names)
+    text = cg.summary()
+    assert "CompiledGraph g: 3 operators, 3 kernels, target cpu" in text
+    assert "peak activation memory" in text and "reduce_sum" in text
+    timed = cg.summary(timing=True)
+    assert " ms" in timed.splitlines()[2] + timed and "total" in timed.splitlines()[-1]
+
+
+def test_outputs_never_alias_inputs():
+    x = tg.input("x", (2, 3))
+    g = tg.Graph([x], [x, ops.reshape(x, (6,)), ops.exp(x)])
+    xa = rand((2, 3), 1)
+    same, flat, _ = g(xa)
+    same[0, 0] = 100.0
+    flat[0] = 100.0
+    assert xa[0, 0] != 100.0
+
+
+def test_onnx_graph_is_directly_callable():
+    from onnx import helper
+
+    from . import make_model
+    model = make_model([helper.make_node("Sigmoid", ["x"], ["y"])], [("x", [5])], [("y", [5])])
+    g = tg.from_onnx(model)
+    x = rand((5,), 3)
+    np.testing.assert_allclose(g(x)[0], 1 / (1 + np.exp(-x)), rtol=1e-6)
+
+
+def test_progress_bar_for_big_graphs(monkeypatch, capsys):
+    monkeypatch.setenv("TASKDSL_PROGRESS", "1")
+    x = tg.input("x", (4,))
+    t = x
+    for _ in range(24):
+        t = ops.relu(t)
+    tg.Graph([x], [t], name="deep").compile()
+    err = capsys.readouterr().err
+    assert "compiling deep" in err and "24/24" in err
+    tg.Graph([x], [ops.relu(x)], name="tiny").compile()
+    assert "compiling tiny" not in capsys.readouterr().err

@@ -1,0 +1,95 @@
+"""ONNX backend node conformance: the node test cases shipped in the onnx package
+(`onnx.backend.test.case.node.collect_testcases`) for every supported operator, imported with from_onnx and run
+on the cpu target.
+
+A case is selected when all its nodes are supported operators (single-node cases, and the "expanded" function
+cases built from supported operators). Each must pass (same dtype and shape, values within the case's rtol/atol,
+as onnx's own backend runner checks) or be refused with UnsupportedOnnxError (a data type, opset or attribute
+value the importer does not take); a mismatch or any other error fails. Inputs that fix shapes (a Reshape's shape,
+Slice's starts, ...) are graph inputs in these cases: they are given with from_onnx(constants=...), which is what
+the ConstantRequiredError asks for. The pass rate is printed at the end of the session (conftest.py).
+"""
+import functools
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+
+import taskdsl as td
+import taskdsl.graph as tg
+from taskdsl.graph.onnx_import import SUPPORTED_OPERATORS, ConstantRequiredError, UnsupportedOnnxError
+
+from .conftest import CONFORMANCE
+
+MULTI_NODE = "multi-node"
+
+
+@pytest.fixture(autouse=True)
+def _cpu_target_and_nvrtc():
+    """The cpu target, without the NVRTC compile of every launched kernel that tests/conftest.py adds: these
+    cases check semantics, and their kernels come from the same rule scheduler the other tests compile."""
+    td.set_target("cpu")
+    yield
+
+
+@functools.cache
+def cases_by_group() -> dict:
+    """Selected node cases, grouped by operator (cases of several nodes in MULTI_NODE)."""
+    from onnx.backend.test.case.node import collect_testcases
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cases = collect_testcases(None)
+    groups: dict = {}
+    supported = set(SUPPORTED_OPERATORS)
+    for case in cases:
+        ops = [node.op_type for node in case.model.graph.node]
+        if set(ops) <= supported:
+            groups.setdefault(ops[0] if len(ops) == 1 else MULTI_NODE, []).append(case)
+    return groups
+
+
+def _array(value) -> np.ndarray:
+    return onnx.numpy_helper.to_array(value) if isinstance(value, onnx.TensorProto) else np.asarray(value)
+
+
+def run_case(case) -> str:
+    """'passed' or 'unsupported'; raises AssertionError (or the error) when the case fails."""
+    inputs, expected = case.data_sets[0]
+    feeds = {vi.name: _array(v) for vi, v in zip(case.model.graph.input, inputs)}
+    constants: dict = {}
+    while True:
+        try:
+            graph = tg.from_onnx(case.model, constants=constants)
+            break
+        except ConstantRequiredError as e:
+            if all(name in constants for name in e.inputs):
+                raise
+            constants.update({name: feeds[name] for name in e.inputs})
+        except UnsupportedOnnxError:
+            return "unsupported"
+    with np.errstate(all="ignore"):
+        outputs = graph({t.name: feeds[t.name] for t in graph.inputs})
+    for got, want in zip(outputs, (_array(v) for v in expected)):
+        assert got.dtype == want.dtype and got.shape == want.shape, \
+            f"got {got.dtype}{list(got.shape)}, expected {want.dtype}{list(want.shape)}"
+        if want.dtype.kind in "biu":
+            np.testing.assert_array_equal(got, want)
+        else:
+            np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=case.rtol, atol=case.atol)
+    return "passed"
+
+
+@pytest.mark.parametrize("group", sorted(SUPPORTED_OPERATORS) + [MULTI_NODE])
+def test_node_cases(group):
+    cases = cases_by_group().get(group, [])
+    if not cases:
+        pytest.skip(f"the onnx package has no node cases for {group}")
+    failures = []
+    for case in cases:
+        try:
+            CONFORMANCE[case.name] = run_case(case)
+        except Exception as e:   # a mismatch, or an error that is not the clear UnsupportedOnnxError
+            CONFORMANCE[case.name] = f"failed: {e}"
+            failures.append(f"{case.name}: {type(e).__name__}: {str(e)[:300]}")
+    assert not failures, f"{len(failures)} of {len(cases)} {group} cases failed:\n" + "\n".join(failures)

@@ -1,0 +1,106 @@
+"""ONNX import errors: unsupported operators, attributes, types and opsets are named clearly; malformed models
+raise OnnxImportError (a ValueError), never a crash or a partial graph; inputs that fix shapes can be given."""
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import taskdsl.graph as tg
+from taskdsl.graph import OnnxImportError, UnsupportedOnnxError
+from taskdsl.graph.onnx_import import ConstantRequiredError
+
+from . import make_model, rand
+
+n = helper.make_node
+
+
+def test_unsupported_operator_names_node_op_and_alternatives():
+    model = make_model([n("Relu", ["x"], ["r"]), n("Celu", ["r"], ["y"], name="my_celu")], [("x", [3])], [("y", [3])])
+    with pytest.raises(UnsupportedOnnxError) as info:
+        tg.from_onnx(model)
+    message = str(info.value)
+    assert "node 'my_celu' (Celu): operator Celu is not supported" in message
+    assert "supported operators:" in message and "Conv" in message and "MatMul" in message
+    assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize("node, inputs, what", [
+    (n("Pad", ["x", "pads"], ["y"], mode="reflect"), {"pads": np.array([1, 1], np.int64)}, "mode='reflect'"),
+    (n("LayerNormalization", ["x", "s"], ["y"], stash_type=0), {"s": np.ones(3, np.float32)}, "stash_type=0"),
+    (n("Gelu", ["x"], ["y"], approximate="erf"), {}, "approximate='erf'"),
+    (n("BatchNormalization", ["x4", "c", "c", "c", "c"], ["y"], training_mode=1), {"c": np.ones(1, np.float32)},
+     "training_mode=1"),
+])
+def test_unsupported_attribute_values(node, inputs, what):
+    shape = [1, 1, 3] if node.input[0] == "x4" else [3]
+    node.input[0] = "x"
+    opset = 20 if node.op_type == "Gelu" else 17
+    model = make_model([node], [("x", shape)], [("y", shape)], inputs, opset=opset)
+    with pytest.raises(UnsupportedOnnxError, match=f"\\({node.op_type}\\): .*{what}"):
+        tg.from_onnx(model)
+
+
+def test_unsupported_output_dtype_and_opset():
+    with pytest.raises(UnsupportedOnnxError, match="MaxPool.*Indices"):
+        tg.from_onnx(make_model([n("MaxPool", ["x"], ["y", "i"], kernel_shape=[2])], [("x", [1, 1, 4])],
+                                [("y", [1, 1, 3]), ("i", [1, 1, 3], TensorProto.INT64)]))
+    with pytest.raises(UnsupportedOnnxError, match="data type BFLOAT16 is not supported"):
+        tg.from_onnx(make_model([n("Relu", ["x"], ["y"])], [("x", [2], TensorProto.BFLOAT16)],
+                                [("y", [2], TensorProto.BFLOAT16)]))
+    with pytest.raises(UnsupportedOnnxError, match="opset 9 is not supported.*version_converter"):
+        tg.from_onnx(make_model([n("Relu", ["x"], ["y"])], [("x", [2])], [("y", [2])], opset=9))
+
+
+def test_malformed_models():
+    good = make_model([n("Relu", ["x"], ["y"])], [("x", [2])], [("y", [2])])
+    data = good.SerializeToString()
+    with pytest.raises(OnnxImportError, match="cannot read"):
+        tg.from_onnx(data[: len(data) // 2])                       # truncated bytes
+    with pytest.raises(OnnxImportError, match="cannot read"):
+        tg.from_onnx("/nonexistent/model.onnx")
+    with pytest.raises(TypeError, match="ModelProto, a path or bytes"):
+        tg.from_onnx(42)
+    undefined = helper.make_model(helper.make_graph([n("Relu", ["nowhere"], ["y"])], "g",
+                                                    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                                                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])]),
+                                  opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(OnnxImportError, match="not valid ONNX"):
+        tg.from_onnx(undefined)
+    mismatched = make_model([n("MatMul", ["x", "w"], ["y"])], [("x", [2, 3])], [("y", [2, 5])],
+                            {"w": np.ones((4, 5), np.float32)})
+    with pytest.raises(OnnxImportError, match=r"node 'y' \(MatMul\): matmul: shapes \(2, 3\) and \(4, 5\)"):
+        tg.from_onnx(mismatched)
+    wrong_output = make_model([n("Relu", ["x"], ["y"])], [("x", [2])], [("y", [3])])
+    with pytest.raises(OnnxImportError, match=r"declared with shape \(3,\) but has shape \(2,\)"):
+        tg.from_onnx(wrong_output)
+
+
+def test_symbolic_dims_need_shapes():
+    model = make_model([n("Relu", ["x"], ["y"])], [("x", ["batch", 4])], [("y", ["batch", 4])])
+    with pytest.raises(UnsupportedOnnxError, match=r"symbolic dim 'batch'.*shapes=\{'x': \(...\)\}"):
+        tg.from_onnx(model)
+    g = tg.from_onnx(model, shapes={"x": (3, 4)})
+    x = rand((3, 4), 1)
+    np.testing.assert_array_equal(g(x)[0], np.maximum(x, 0))
+    with pytest.raises(ValueError, match="not graph inputs"):
+        tg.from_onnx(model, shapes={"z": (1,)})
+
+
+def test_shape_inputs_must_be_constants():
+    model = make_model([n("Reshape", ["x", "shape"], ["y"])], [("x", [2, 6]), ("shape", [2], TensorProto.INT64)],
+                       [("y", [3, 4])])
+    with pytest.raises(ConstantRequiredError, match=r"input 'shape' must be a constant.*constants=\{'shape'") as info:
+        tg.from_onnx(model)
+    assert info.value.inputs == ["shape"] and isinstance(info.value, UnsupportedOnnxError)
+    g = tg.from_onnx(model, constants={"shape": np.array([3, 4], np.int64)})
+    assert [t.name for t in g.inputs] == ["x"]
+    x = rand((2, 6), 2)
+    np.testing.assert_array_equal(g(x)[0], x.reshape(3, 4))
+
+
+def test_saved_model_path(tmp_path):
+    model = make_model([n("Tanh", ["x"], ["y"])], [("x", [4])], [("y", [4])])
+    path = tmp_path / "tanh.onnx"
+    onnx.save(model, str(path))
+    x = rand((4,), 1)
+    np.testing.assert_allclose(tg.from_onnx(path)(x)[0], np.tanh(x), rtol=1e-6)

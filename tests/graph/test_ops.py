@@ -1,0 +1,259 @@
+"""The traced op set: each op's graph output (kernels on the cpu target) against an independent numpy formula
+and against the graph's numpy reference (the operators' compute definitions)."""
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import taskdsl.graph as tg
+from taskdsl.graph import ops
+
+from . import assert_close, rand
+
+FEW = settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def run(fn, *arrays, rtol=1e-5, atol=1e-6):
+    """fn traced on graph inputs shaped like `arrays`, run; checked against the graph reference; outputs returned."""
+    inputs = [tg.input(f"x{k}", a.shape, a.dtype) for k, a in enumerate(arrays)]
+    g = tg.trace(fn, *inputs)
+    got = g(*arrays)
+    for out, ref in zip(got, g.reference(*arrays)):
+        assert_close(out, ref, rtol=rtol, atol=atol)
+    return got
+
+
+small_shapes = st.lists(st.sampled_from([1, 2, 3, 5]), min_size=1, max_size=3).map(tuple)
+
+
+@st.composite
+def broadcast_pair(draw):
+    full = draw(small_shapes)
+    ones = draw(st.lists(st.booleans(), min_size=len(full), max_size=len(full)))
+    drop = draw(st.integers(0, len(full)))
+    other = tuple(1 if o else n for o, n in zip(ones, full))[drop:]
+    return (full, other) if draw(st.booleans()) else (other, full)
+
+
+BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "maximum": np.maximum,
+          "minimum": np.minimum, "pow": np.power}
+
+
+@pytest.mark.parametrize("name", list(BINARY))
+@FEW
+@given(shapes=broadcast_pair(), seed=st.integers(0, 1000))
+def test_binary_broadcast(name, shapes, seed):
+    a, b = rand(shapes[0], seed), rand(shapes[1], seed + 1)
+    if name == "pow":
+        a = np.abs(a) + 0.5
+    if name == "div":
+        b = np.where(np.abs(b) < 0.2, 0.7, b).astype(np.float32)
+    got, = run(getattr(ops, name), a, b)
+    assert_close(got, BINARY[name](a.astype(np.float64), b.astype(np.float64)).astype(np.float32), rtol=1e-5)
+
+
+def test_integer_division_truncates_and_keeps_dtype():
+    a = np.array([-7, 7, -7, 7, 0], np.int32)
+    b = np.array([2, -2, -2, 2, 3], np.int32)
+    got, = run(ops.div, a, b)
+    np.testing.assert_array_equal(got, np.trunc(a / b).astype(np.int32))
+    got, = run(lambda x: ops.relu(x - 3), np.arange(6, dtype=np.int8))   # scalars adopt the tensor's dtype
+    assert got.dtype == np.int8
+    np.testing.assert_array_equal(got, np.maximum(np.arange(6) - 3, 0))
+
+
+UNARY = {"relu": lambda x: np.maximum(x, 0), "sigmoid": lambda x: 1 / (1 + np.exp(-x)), "tanh": np.tanh,
+         "exp": np.exp, "erf": _erf, "gelu": lambda x: 0.5 * x * (1 + _erf(x / np.sqrt(2))),
+         "silu": lambda x: x / (1 + np.exp(-x)), "neg": np.negative, "log": np.log, "sqrt": np.sqrt}
+
+
+@pytest.mark.parametrize("name", list(UNARY))
+def test_unary(name):
+    x = rand((3, 7), 5)
+    x = np.abs(x) + np.float32(0.1) if name in ("log", "sqrt") else x
+    got, = run(getattr(ops, name), x)
+    assert_close(got, UNARY[name](x.astype(np.float64)).astype(np.float32), rtol=1e-5, atol=1e-6)
+
+
+def test_gelu_tanh_where_clip_cast():
+    x, y = rand((4, 5), 1), rand((4, 5), 2)
+    got = run(lambda a, b: [ops.gelu(a, "tanh"), ops.where(ops.greater(a, b), a, b), ops.clip(a, -0.5, 0.5),
+                            ops.cast(a * 10.0, "int32"), ops.cast(ops.less(a, 0.0), "float32")], x, y)
+    x64 = x.astype(np.float64)
+    assert_close(got[0], (0.5 * x64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (x64 + 0.044715 * x64 ** 3)))).astype(np.float32))
+    assert_close(got[1], np.maximum(x, y))
+    assert_close(got[2], np.clip(x, -0.5, 0.5))
+    np.testing.assert_array_equal(got[3], np.trunc(x * np.float32(10.0)).astype(np.int32))
+    np.testing.assert_array_equal(got[4], (x < 0).astype(np.float32))
+
+
+@pytest.mark.parametrize("name", ["sum", "mean", "max", "min", "prod"])
+@FEW
+@given(shape=st.lists(st.sampled_from([1, 2, 3, 4]), min_size=1, max_size=4).map(tuple), data=st.data())
+def test_reductions(name, shape, data):
+    axes = data.draw(st.lists(st.integers(0, len(shape) - 1), unique=True, max_size=len(shape)))
+    keepdims = data.draw(st.booleans())
+    x = rand(shape, 3, low=0.5, high=1.5)
+    axis = tuple(axes) if axes else None
+    got, = run(lambda t: getattr(ops, name)(t, axis, keepdims), x)
+    assert_close(got, getattr(np, name)(x.astype(np.float64), axis=axis, keepdims=keepdims).astype(np.float32))
+
+
+def test_reduce_bool_and_int():
+    b = np.array([[True, False, False], [False, False, False]])
+    got = run(lambda t: [ops.max(t, 1), ops.min(t, 1)], b)
+    np.testing.assert_array_equal(got[0], b.any(1))
+    np.testing.assert_array_equal(got[1], b.all(1))
+    i = np.arange(12, dtype=np.int64).reshape(3, 4) - 5
+    got = run(lambda t: [ops.sum(t, 0), ops.max(t, 1, keepdims=True)], i)
+    np.testing.assert_array_equal(got[0], i.sum(0))
+    np.testing.assert_array_equal(got[1], i.max(1, keepdims=True))
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_softmax_family(axis):
+    x = rand((3, 4, 5), axis + 10, low=-5, high=5)
+    got = run(lambda t: [ops.softmax(t, axis), ops.log_softmax(t, axis)], x)
+    x64 = x.astype(np.float64)
+    e = np.exp(x64 - x64.max(axis, keepdims=True))
+    assert_close(got[0], (e / e.sum(axis, keepdims=True)).astype(np.float32))
+    assert_close(got[1], np.log(e / e.sum(axis, keepdims=True)).astype(np.float32), atol=1e-5)
+
+
+def test_norms():
+    x, w, b = rand((2, 3, 8), 1), rand((8,), 2), rand((8,), 3)
+    got = run(lambda t, wt, bt: [ops.layer_norm(t, wt, bt, eps=1e-5), ops.rms_norm(t, wt, eps=1e-6),
+                                 ops.layer_norm(t, eps=1e-5, axis=1)], x, w, b)
+    x64 = x.astype(np.float64)
+    mu, var = x64.mean(-1, keepdims=True), x64.var(-1, keepdims=True)
+    assert_close(got[0], ((x64 - mu) / np.sqrt(var + 1e-5) * w + b).astype(np.float32), atol=1e-5)
+    assert_close(got[1], (x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + 1e-6) * w).astype(np.float32), atol=1e-5)
+    mu, var = x64.mean((1, 2), keepdims=True), x64.var((1, 2), keepdims=True)
+    assert_close(got[2], ((x64 - mu) / np.sqrt(var + 1e-5)).astype(np.float32), atol=1e-5)
+
+
+def test_batch_norm_and_lrn():
+    x = rand((2, 6, 3, 3), 4)
+    mean, var, w, b = rand((6,), 5), rand((6,), 6, low=0.5, high=2), rand((6,), 7), rand((6,), 8)
+    got = run(lambda t: [ops.batch_norm(t, mean, var, w, b, eps=1e-3), ops.lrn(t, 3, 1e-2, 0.75, 1.0)], x)
+    c = (slice(None), None, None)
+    want = (x - mean[c]) / np.sqrt(var[c] + 1e-3) * w[c] + b[c]
+    assert_close(got[0], want.astype(np.float32), atol=1e-5)
+    sq = np.pad(x.astype(np.float64) ** 2, ((0, 0), (1, 1), (0, 0), (0, 0)))
+    window = sum(sq[:, k:k + 6] for k in range(3))
+    assert_close(got[1], (x / (1.0 + 1e-2 / 3 * window) ** 0.75).astype(np.float32), atol=1e-6)
+
+
+@pytest.mark.parametrize("sa, sb", [((3, 4), (4, 5)), ((2, 3, 4), (4, 5)), ((2, 1, 3, 4), (3, 4, 2)), ((4,), (4, 3)),
+                                    ((2, 3, 4), (4,)), ((4,), (4,))])
+def test_matmul_numpy_semantics(sa, sb):
+    a, b = rand(sa, 1), rand(sb, 2)
+    got, = run(ops.matmul, a, b)
+    assert_close(got, np.matmul(a.astype(np.float64), b.astype(np.float64)).astype(np.float32), rtol=1e-5)
+
+
+def test_linear():
+    x, w, b = rand((3, 6), 1), rand((4, 6), 2), rand((4,), 3)
+    got, = run(lambda t: ops.linear(t, w, b), x)
+    assert_close(got, (x @ w.T + b).astype(np.float32), rtol=1e-5)
+
+
+def conv_reference(x, w, stride, pads, dilation, groups):
+    """Direct convolution in float64 (pads: (top, left, bottom, right))."""
+    x = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    oh = (h - dilation * (kh - 1) - 1) // stride + 1
+    ow = (wd - dilation * (kw - 1) - 1) // stride + 1
+    out = np.zeros((n, o, oh, ow))
+    for g in range(groups):
+        xs = x[:, g * cg:(g + 1) * cg]
+        ws = w[g * (o // groups):(g + 1) * (o // groups)].astype(np.float64)
+        for i in range(kh):
+            for j in range(kw):
+                patch = xs[:, :, i * dilation:i * dilation + stride * oh:stride, j * dilation:j * dilation + stride * ow:stride]
+                out[:, g * (o // groups):(g + 1) * (o // groups)] += np.einsum("nchw,oc->nohw", patch, ws[:, :, i, j])
+    return out
+
+
+@pytest.mark.parametrize("stride, pads, dilation, groups", [(1, (1, 1, 1, 1), 1, 1), (2, (0, 1, 1, 0), 1, 2),
+                                                            (1, (2, 2, 2, 2), 2, 1), (3, (1, 1, 1, 1), 1, 4)])
+def test_conv2d(stride, pads, dilation, groups):
+    x, w, b = rand((2, 4, 9, 7), 1), rand((8, 4 // groups, 3, 3), 2), rand((8,), 3)
+    got, = run(lambda t: ops.conv2d(t, w, b, stride=stride, padding=pads, dilation=dilation, groups=groups), x)
+    want = conv_reference(x, w, stride, pads, dilation, groups) + b[None, :, None, None]
+    assert_close(got, want.astype(np.float32), rtol=1e-5, atol=1e-5)
+
+
+def pool_reference(x, mode, k, s, pads, dilation, ceil_mode, include_pad):
+    """Pooling by explicit windows over a padded array (pads: (top, left, bottom, right))."""
+    n, c, h, w = x.shape
+    out_hw = []
+    for size, kk, pb, pe in ((h, k, pads[0], pads[2]), (w, k, pads[1], pads[3])):
+        span = size + pb + pe - (dilation * (kk - 1) + 1)
+        o = -(-span // s) + 1 if ceil_mode else span // s + 1
+        if ceil_mode and (o - 1) * s >= size + pb:
+            o -= 1
+        out_hw.append(o)
+    out = np.zeros((n, c, *out_hw))
+    for i in range(out_hw[0]):
+        for j in range(out_hw[1]):
+            rows = [i * s - pads[0] + r * dilation for r in range(k)]
+            cols = [j * s - pads[1] + q * dilation for q in range(k)]
+            vals, count = [], 0
+            for r in rows:
+                for q in cols:
+                    if 0 <= r < h and 0 <= q < w:
+                        vals.append(x[:, :, r, q])
+                    if include_pad and -pads[0] <= r < h + pads[2] and -pads[1] <= q < w + pads[3]:
+                        count += 1
+            if mode == "max":
+                out[:, :, i, j] = np.max(vals, axis=0)
+            else:
+                out[:, :, i, j] = np.sum(vals, axis=0) / (count if include_pad else len(vals))
+    return out
+
+
+@pytest.mark.parametrize("mode", ["max", "avg"])
+@pytest.mark.parametrize("k, s, pads, dilation, ceil_mode, include_pad", [
+    (2, 2, (0, 0, 0, 0), 1, False, True), (3, 2, (1, 1, 1, 1), 1, True, False), (3, 1, (1, 0, 0, 1), 2, False, True),
+    (2, 3, (1, 1, 1, 1), 1, True, True)])
+def test_pool2d(mode, k, s, pads, dilation, ceil_mode, include_pad):
+    x = rand((2, 3, 7, 8), 9)
+    got, = run(lambda t: ops.pool(t, mode, k, s, pads, dilation, ceil_mode, include_pad), x)
+    assert_close(got, pool_reference(x, mode, k, s, pads, dilation, ceil_mode, include_pad).astype(np.float32))
+
+
+def test_global_pools_and_1d_3d_pools():
+    x1, x3 = rand((2, 3, 9), 1), rand((1, 2, 5, 4, 6), 2)
+    got = run(lambda a, b: [ops.global_avg_pool(a), ops.pool(a, "max", 3, 2), ops.pool(b, "avg", (2, 2, 3), 1)], x1, x3)
+    assert_close(got[0], x1.mean(2, keepdims=True))
+    assert_close(got[1], np.stack([x1[:, :, i:i + 3].max(2) for i in range(0, 7, 2)], 2))
+    win = np.lib.stride_tricks.sliding_window_view(x3.astype(np.float64), (2, 2, 3), axis=(2, 3, 4))
+    assert_close(got[2], win.mean((-3, -2, -1)).astype(np.float32))
+
+
+def test_transforms():
+    x = rand((2, 3, 4), 1)
+    idx = np.array([[2, -1], [0, 1]], np.int64)
+    got = run(lambda t: [ops.reshape(t, (4, -1)), ops.flatten(t, 2), ops.unsqueeze(ops.squeeze(ops.reshape(t, (2, 1, 12))), (0, 3)),
+                         ops.transpose(t, (2, 0, 1)), ops.concat([t, t * 2.0], axis=1), ops.split(t, [1, 3], axis=2)[1],
+                         ops.slice(t, [3, 0], [-5, 3], axes=[2, 1], steps=[-2, 2]), ops.gather(t, idx, axis=1),
+                         ops.expand(ops.slice(t, [0], [1], [1]), (3, 2, 2, 4)), ops.pad(t, ((0, 1), (2, 0), (1, 1)), 7.0)],
+              x)
+    want = [x.reshape(4, -1), x.reshape(6, 4), x.reshape(1, 2, 12, 1), x.transpose(2, 0, 1),
+            np.concatenate([x, x * 2], axis=1), x[:, :, 1:], x[:, 0:3:2, 3::-2], np.take(x, idx, axis=1),
+            np.broadcast_to(x[:, :1], (3, 2, 2, 4)), np.pad(x, ((0, 1), (2, 0), (1, 1)), constant_values=7.0)]
+    for g, w in zip(got, want):
+        assert_close(g, np.ascontiguousarray(w).astype(np.float32))
+
+
+def test_tensor_operators_trace_ops():
+    x, w = rand((3, 4), 1), rand((4, 2), 2)
+    got = run(lambda t, u: [(-(t * 2.0 + 1.0) / 4.0 - t ** 2.0) @ u, t.T.reshape(2, 6)], x, w)
+    x64 = x.astype(np.float64)
+    assert_close(got[0], ((-(x64 * 2 + 1) / 4 - x64 ** 2) @ w).astype(np.float32), rtol=1e-5)
+    assert_close(got[1], np.ascontiguousarray(x.T).reshape(2, 6))

@@ -1,0 +1,121 @@
+"""Graph passes: shape inference, constant folding, dead-code elimination, memory planning, the pipeline."""
+import numpy as np
+from onnx import TensorProto, helper
+
+import taskdsl.graph as tg
+from taskdsl.graph import ops, passes
+
+from . import assert_close, make_model, rand
+
+
+def test_fold_weight_only_subgraphs():
+    x = tg.input("x", (2, 4))
+    w = tg.constant(rand((3, 4), 1), name="w")
+    scale = ops.sqrt(ops.add(tg.constant(rand((3,), 2, low=1, high=2)), 1.0))      # constants only
+    y = ops.mul(ops.linear(x, w), scale)
+    g = tg.Graph([x], [y])
+    assert [op.kind for op in g.nodes] == ["transpose", "matmul", "add", "sqrt", "mul"]
+    folded = passes.fold_constants(g)
+    assert [op.kind for op in folded.nodes] == ["matmul", "mul"]            # transpose(w) and sqrt(c + 1) folded
+    assert all(t.is_constant for t in folded.nodes[0].inputs[1:] + folded.nodes[1].inputs[1:])
+    xa = rand((2, 4), 3)
+    assert_close(folded(xa)[0], g.reference(xa)[0])
+
+
+def test_fold_shape_arithmetic_from_onnx():
+    """Shape -> Gather -> Unsqueeze -> Concat -> Reshape: the target shape is known at import, nothing runs."""
+    n = helper.make_node
+    nodes = [n("Shape", ["x"], ["s"]), n("Gather", ["s", "i0"], ["d0"], axis=0),
+             n("Unsqueeze", ["d0", "ax"], ["d0u"]), n("Mul", ["d0u", "two"], ["d0x2"]),
+             n("Concat", ["d0x2", "minus1"], ["target"], axis=0), n("Reshape", ["x", "target"], ["y"])]
+    inits = {"i0": np.array(0, np.int64), "ax": np.array([0], np.int64), "two": np.array([2], np.int64),
+             "minus1": np.array([-1], np.int64)}
+    model = make_model(nodes, [("x", [4, 6])], [("y", [8, 3])], inits)
+    g = tg.from_onnx(model)
+    assert [op.kind for op in g.nodes] == ["gather", "reshape", "mul", "concat", "reshape"]  # Shape: a constant
+    cg = g.compile()
+    assert [op.kind for op in cg.graph.nodes] == ["reshape"] and cg.kernels == []   # a view: no kernel
+    xa = rand((4, 6), 1)
+    np.testing.assert_array_equal(cg(xa)[0], xa.reshape(8, 3))
+
+
+def test_dead_code_elimination():
+    x = tg.input("x", (3,))
+    used = ops.relu(x)
+    dead = ops.exp(ops.neg(x))
+    g = tg.Graph([x], [used], nodes=[dead.producer, used.producer])
+    assert [op.kind for op in g.nodes] == ["neg", "exp", "relu"]
+    assert [op.kind for op in passes.eliminate_dead_code(g).nodes] == ["relu"]
+    n = helper.make_node
+    model = make_model([n("Relu", ["x"], ["y"]), n("Exp", ["x"], ["unused"])], [("x", [3])], [("y", [3])])
+    imported = tg.from_onnx(model)
+    assert [op.kind for op in imported.nodes] == ["relu", "exp"]
+    assert [op.kind for op in imported.compile().graph.nodes] == ["relu"]
+
+
+def test_memory_plan_reuse_halves_a_chain():
+    """x -> a -> b -> c -> d: at most two activations are live at once, so two buffers serve four."""
+    x = tg.input("x", (64, 64))
+    t = x
+    for _ in range(4):
+        t = ops.tanh(t)
+    plan = passes.plan_memory(tg.Graph([x], [t]))
+    size = 64 * 64 * 4
+    assert plan.unshared_bytes == 4 * size
+    assert plan.peak_bytes == 2 * size            # reuse halves peak activation memory
+    assert len(set(plan.offsets.values())) == 2
+    assert "peak activation memory 32.0 KiB (without reuse 64.0 KiB, 50% saved)" == plan.summary()
+
+
+def test_memory_plan_views_share_storage_and_outputs_stay_live():
+    x = tg.input("x", (8, 8))
+    a = ops.exp(x)
+    v = ops.reshape(a, (64,))                 # a view of a: no memory of its own, keeps a alive
+    b = ops.tanh(x)
+    y = ops.add(v, ops.reshape(b, (64,)))
+    g = tg.Graph([x], [y, a])
+    plan = passes.plan_memory(g)
+    assert plan.storage[id(v)] is a and id(v) not in plan.live
+    assert plan.live[id(a)] == (0, len(g.nodes))       # a is an output: live to the end
+    assert plan.offsets[id(a)] != plan.offsets[id(b)]  # a and b are live together
+    np.testing.assert_allclose(g(rand((8, 8), 1))[0], g.reference(rand((8, 8), 1))[0], rtol=1e-6)
+
+
+def test_infer_shapes_and_custom_pipeline():
+    x = tg.input("x", (2, 5))
+    y = ops.sum(ops.exp(x), 1, keepdims=True)
+    g = tg.Graph([x], [y])
+    inferred = passes.infer_shapes(g)
+    assert [t.shape for op in inferred.nodes for t in op.outputs] == [(2, 5), (2, 1)]
+    assert inferred.nodes[0] is not g.nodes[0]           # rebuilt from the definitions
+    assert passes.PIPELINE == [passes.infer_shapes, passes.fold_constants, passes.eliminate_dead_code]
+    calls = []
+
+    def record(graph):
+        calls.append(len(graph.nodes))
+        return graph
+
+    cg = g.compile(passes=passes.PIPELINE + [record])   # where a partition pass will go
+    assert calls == [2] and len(cg.kernels) == 2
+
+
+def test_folded_outputs_are_returned():
+    """A graph whose output depends on constants only: folded, returned as a fresh array."""
+    x = tg.input("x", (2,))
+    c = ops.exp(tg.constant(np.array([0.0, 1.0], np.float32)))
+    g = tg.Graph([x], [ops.add(x, c), c])
+    cg = g.compile()
+    out = cg(np.zeros(2, np.float32))
+    np.testing.assert_allclose(out[1], np.exp([0.0, 1.0]), rtol=1e-6)
+    out[1][0] = 5.0
+    assert cg(np.zeros(2, np.float32))[1][0] == 1.0
+
+
+def test_cast_input_is_folded_by_onnx_constant_nodes():
+    n = helper.make_node
+    model = make_model([n("Constant", [], ["c"], value=helper.make_tensor("v", TensorProto.INT64, [2], [1, 2])),
+                        n("Cast", ["c"], ["cf"], to=TensorProto.FLOAT), n("Add", ["x", "cf"], ["y"])],
+                       [("x", [2])], [("y", [2])])
+    g = tg.from_onnx(model).compile()
+    assert [op.kind for op in g.graph.nodes] == ["add"]
+    np.testing.assert_array_equal(g(np.ones(2, np.float32))[0], [2.0, 3.0])
