@@ -110,12 +110,11 @@ class Kernel:
                 values.append(self._bind_tensor(pname, spec, arg, sizes, target, derived))
             else:
                 values.append(self._bind_scalar(pname, spec, arg))
-        scalars = {n: v for (n, s), v in zip(self.params, values) if isinstance(s, T.DataType)}
-        known = {**scalars, **sizes}     # a derived dim may use a size that only a scalar parameter passes
         for pname, axis, dim, n in derived:
-            if ir.evaluate_int(dim, known) != n:
+            if ir.evaluate_int(dim, sizes) != n:
                 raise ValueError(f"kernel '{self.name}': axis {axis} of '{pname}' must be {ir.expr_str(dim)} = "
-                                 f"{ir.evaluate_int(dim, known)}, got {n}")
+                                 f"{ir.evaluate_int(dim, sizes)}, got {n}")
+        scalars = {n: v for (n, s), v in zip(self.params, values) if isinstance(s, T.DataType)}
         grid = _dims3(self._evaluate(self.grid_spec, sizes, scalars, "grid"), "grid", self.name)
         block = _dims3(self._evaluate(self.block_spec, sizes, scalars, "block"), "block", self.name)
         if block[0] * block[1] * block[2] > 1024:
