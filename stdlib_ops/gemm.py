@@ -1,7 +1,7 @@
 """matmul, batch_matmul and linear on the matmul templates, with schedules picked per problem.
 
-A `MatmulPlan` is the scheduled anchor for one problem: the template kernel at the chosen
-schedule point (tuned on cuda, the measured default on the cpu unless tuning is asked
+A `MatmulPlan` is the scheduled anchor for one problem: the template (tensor cores for
+f16/bf16 on a GPU, the SIMT template otherwise), its kernel at the chosen schedule point (tuned on cuda, the measured default on the cpu unless tuning is asked
 for), the 3-D operand shapes it runs on, and split-k when the output has too few tiles to
 fill the machine. Fusion (conv2d's implicit im2col, the graph layer's epilogues) starts
 from `plan.anchor`, which never splits k so its stores are the final outputs.
@@ -19,6 +19,7 @@ from taskdsl.backend.cpu.launch import num_threads
 from taskdsl.schedule.tuner import tune
 
 from . import matmul_simt as simt
+from . import matmul_tc as tc
 
 SUPPORTED = (np.dtype(np.float32), np.dtype(np.float16))
 MIN_K_TILES_PER_SPLIT = 4
@@ -32,6 +33,29 @@ def tdtype(dtype) -> td.ir.types.DataType:
     return td.ir.types.from_numpy(dtype)
 
 
+@dataclass(frozen=True)
+class Template:
+    """A matmul template as the planner sees it: its space, default, kernel and tile shape."""
+
+    name: str
+    space: object          # (target, itemsize) -> Space
+    default: object        # (target, itemsize) -> Point
+    build: object          # (point, dtype, out_dtype, vec) -> Kernel
+    tile_shape: object     # point -> (BM, BN, threads)
+
+
+SIMT = Template("simt_matmul", simt.space_for, simt.default_point,
+                lambda p, dtype, out, vec: simt.simt_matmul_kernel(p, dtype, out), simt.tile_shape)
+TENSOR_CORE = Template("tc_matmul", lambda target, itemsize: tc.space(), lambda target, itemsize: tc.default_point(),
+                       tc.tc_matmul_kernel, tc.tile_shape)
+
+
+def template_for(dtype, target: str) -> Template:
+    """Tensor cores for 16-bit floats on a GPU; the SIMT template otherwise (and on the cpu, where
+    tensor cores are emulated lane by lane)."""
+    return TENSOR_CORE if target == "cuda" and dtype.is_float and dtype.bits == 16 else SIMT
+
+
 def _workers(target: str) -> int:
     if target == "cuda":
         from taskdsl.backend.cuda.launch import device_state
@@ -39,9 +63,9 @@ def _workers(target: str) -> int:
     return num_threads()
 
 
-def choose_split(p, batch: int, m: int, n: int, k: int, target: str) -> int:
+def choose_split(p, batch: int, m: int, n: int, k: int, target: str, template: Template = SIMT) -> int:
     """Split-k factor: enough z-slices to give every SM (cpu thread) a block, each >= 4 k tiles."""
-    bm, bn, _ = simt.tile_shape(p)
+    bm, bn, _ = template.tile_shape(p)
     blocks = batch * math.ceil(m / bm) * math.ceil(n / bn)
     workers = _workers(target)
     k_tiles = math.ceil(k / p.bk)
@@ -66,6 +90,12 @@ class MatmulPlan:
     n: int
     k: int
     split: int
+    template: Template = SIMT
+
+    @property
+    def vec(self) -> int:
+        """Elements per global->shared copy: 16-byte copies need rows of a multiple of 8 elements."""
+        return 8 if self.k % 8 == 0 and self.n % 8 == 0 else 1
 
     @property
     def batch(self) -> int:
@@ -74,7 +104,7 @@ class MatmulPlan:
     def kernel(self, out_dtype=None) -> td.Kernel:
         """The template kernel of this plan (output type: the operands', or f32 for split-k partials)."""
         out = out_dtype or (td.f32 if self.split > 1 else self.dtype)
-        return simt.simt_matmul_kernel(self.point, self.dtype, out)
+        return self.template.build(self.point, self.dtype, out, self.vec)
 
     def batch_index(self, split: int | None = None) -> np.ndarray:
         """The kernel's (z-slice -> A, B matrix) table."""
@@ -124,18 +154,19 @@ def plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune: bool | Non
     except ValueError:
         raise ValueError(f"matmul: batch dimensions {tuple(a_batch)} and {tuple(b_batch)} do not broadcast") from None
     itemsize = dtype.bits // 8
+    template = template_for(dtype, target)
 
     def at(p, split: int = 1) -> MatmulPlan:
-        return MatmulPlan(p, dtype, out_batch, tuple(a_batch), tuple(b_batch), m, n, k, split)
+        return MatmulPlan(p, dtype, out_batch, tuple(a_batch), tuple(b_batch), m, n, k, split, template)
 
     if point is None:
-        point = simt.default_point(target, itemsize)
+        point = template.default(target, itemsize)
         if do_tune or (do_tune is None and target == "cuda"):
             proto = at(point)
             args = tuple(_example(s, dtype) for s in proto.operand_shapes()) + (proto.batch_index(1), 1)
-            point = tune(simt.space_for(target, itemsize), lambda p: at(p).anchor, args, op="simt_matmul",
+            point = tune(template.space(target, itemsize), lambda p: at(p).anchor, args, op=template.name,
                          shapes=(tuple(a_shape), tuple(b_shape)), dtypes=(dtype.name,), default=point, target=target)
-    return at(point, choose_split(point, math.prod(out_batch), m, n, k, target))
+    return at(point, choose_split(point, math.prod(out_batch), m, n, k, target, template))
 
 
 def _operands(a, b) -> tuple:

@@ -1,0 +1,171 @@
+"""The tensor-core matmul template: f16/bf16 operands, f32 accumulation, mma.sync m16n8k16.
+
+A block of wm x wn warps computes a BM x BN tile; each warp owns mi x ni mma tiles of
+16 x 8 (a warp tile of 16*mi x 8*ni). The k loop is a `stages`-deep cp.async pipeline:
+tiles of A (BM x BK) and B (BK x BN) are copied into a ring of shared buffers while the
+warps multiply an older one, so global latency hides behind tensor-core work:
+
+    prologue: issue the copies of tiles 0 .. stages-2, one commit group each
+    for kt:   wait until tile kt has landed; barrier (also: everyone is done with kt-1)
+              issue the copies of tile kt+stages-1 into the slot tile kt-1 used; commit
+              for each k16 step: ldmatrix the A and B fragments, mma into the accumulators
+
+Shared tiles are stored with an XOR swizzle of their 16-byte chunks (chunk ^ f(row)), so
+the eight rows an `ldmatrix` phase reads fall in different banks; copies and ldmatrix use
+the same `swizzle`, so it is invisible to correctness. Copies move 8 elements (16 bytes)
+when K and N are multiples of 8; otherwise (e.g. 2039) the tiles are filled by predicated
+element loads and the pipeline is only a double-buffered schedule. Operands are 3-D with the
+SIMT template's `batch_index` table (batch broadcasting) and the same calling convention.
+"""
+from __future__ import annotations
+
+import functools
+
+import taskdsl as td
+from taskdsl import blockIdx, f32, repeat, spatial, threadIdx
+from taskdsl.schedule.space import Space
+
+from .matmul_simt import GROUP, load_mapping
+
+MAX_SMEM = 96 * 1024      # dynamic shared memory per block (sm_80: 163 KiB, sm_90: 227 KiB)
+MAX_ACC = 128             # f32 accumulators per thread
+
+
+def tile_shape(p) -> tuple:
+    """(BM, BN, threads) of a point."""
+    (wm, wn), (mi, ni) = p.warps, p.warp_tiles
+    return wm * mi * 16, wn * ni * 8, 32 * wm * wn
+
+
+def check(p):
+    """Why point `p` cannot run, or None."""
+    bm, bn, threads = tile_shape(p)
+    mi, ni = p.warp_tiles
+    if mi * ni * 4 > MAX_ACC:
+        return f"more than {MAX_ACC} accumulators per thread"
+    if p.stages * (bm + bn) * p.bk * 2 > MAX_SMEM:
+        return "shared memory above 96 KiB"
+    if bm > 256 or bn > 256:
+        return "block tile above 256"
+    for vec in (8, 1):      # 16-byte copies, and element loads for unaligned sizes
+        if load_mapping(bm, p.bk // vec, threads) is None or load_mapping(p.bk, bn // vec, threads) is None:
+            return "a tile the threads cannot load evenly"
+    return None
+
+
+def space() -> Space:
+    """The hardware-centric space of tensor-core schedules."""
+    return Space("tc_matmul", {
+        "warps": ((2, 2), (2, 4), (4, 2), (1, 4)),
+        "warp_tiles": ((2, 4), (4, 4), (2, 8), (4, 2)),
+        "bk": (32, 64),
+        "stages": (2, 3, 4),
+    }, check)
+
+
+DEFAULT = dict(warps=(2, 2), warp_tiles=(4, 4), bk=32, stages=3)    # 128x64 tiles, 128 threads
+
+
+def default_point():
+    """The default tensor-core schedule."""
+    return space().point(**DEFAULT)
+
+
+@functools.cache
+def tc_matmul_kernel(p, dtype, out_dtype, vec: int = 8):
+    """The tensor-core kernel for point `p`; `vec` 8: 16-byte cp.async copies (K, N multiples of 8), 1: loads."""
+    (wm, wn), (mi, ni) = p.warps, p.warp_tiles
+    BM, BN, T = tile_shape(p)
+    BK, STAGES = p.bk, p.stages
+    a_map, (a_s0, a_s1) = load_mapping(BM, BK // vec, T)      # over 'vec'-element chunks of the tiles
+    b_map, (b_s0, b_s1) = load_mapping(BK, BN // vec, T)
+    name = f"tc_matmul_{BM}x{BN}x{BK}_w{wm}x{wn}_m{mi}x{ni}_s{STAGES}" + ("" if vec == 8 else "_v1")
+
+    @td.func
+    def swz(row, col, width):
+        """Physical column of (row, col) in a shared row of `width` 16-bit elements: chunk ^ f(row).
+
+        f(row) cycles over the chunks of a 128-byte line of banks, for the rows sharing one line.
+        """
+        chunks = width // 8
+        return ((col // 8) ^ (row // max(1, 8 // chunks) % min(8, chunks))) * 8 + col % 8
+
+    @td.func
+    def issue_tile(A, B, sa, sb, za, zb, row0, col0, kt, k_tiles):
+        """Copy (or load) k tile `kt` into its ring slot; nothing past the last tile."""
+        M, K, N = A.shape[1], A.shape[2], B.shape[2]
+        slot = kt % STAGES
+        k0 = kt * BK
+        for i, c in a_map(threadIdx.x):
+            gi, gk = row0 + i, k0 + c * vec
+            ok = kt < k_tiles and gi < M and gk < K
+            if vec == 8:
+                td.cp_async(sa[slot, i, swz(i, c * 8, BK)], A[za, gi, gk], 8, pred=ok)
+            else:
+                sa[slot, i, swz(i, c, BK)] = A[za, gi, gk] if ok else 0.0
+        for k, c in b_map(threadIdx.x):
+            gk, gj = k0 + k, col0 + c * vec
+            ok = kt < k_tiles and gk < K and gj < N
+            if vec == 8:
+                td.cp_async(sb[slot, k, swz(k, c * 8, BN)], B[zb, gk, gj], 8, pred=ok)
+            else:
+                sb[slot, k, swz(k, c, BN)] = B[zb, gk, gj] if ok else 0.0
+        td.cp_async_commit()
+
+    @td.kernel(grid=lambda M, N, BZ: (td.cdiv(M, BM) * td.cdiv(N, BN), 1, BZ), block=T, name=name)
+    def matmul(A: dtype["BA", "M", "K"], B: dtype["BB", "K", "N"], C: out_dtype["BZ", "M", "N"],
+               batch_index: td.i32["BZ", 2], split: td.i32):
+        sa = td.shared(dtype, (STAGES, BM, BK))
+        sb = td.shared(dtype, (STAGES, BK, BN))
+        fa = td.registers(dtype, (mi, 8))
+        fb = td.registers(dtype, (ni, 4))
+        acc = td.registers(f32, (mi, ni, 4))
+        grid_m, grid_n = td.cdiv(M, BM), td.cdiv(N, BN)
+        group = blockIdx.x // (GROUP * grid_n)
+        first = group * GROUP
+        rows = td.min(grid_m - first, GROUP)
+        in_group = blockIdx.x % (GROUP * grid_n)
+        row0 = (first + in_group % rows) * BM
+        col0 = in_group // rows * BN
+        za, zb = batch_index[blockIdx.z, 0], batch_index[blockIdx.z, 1]
+        k_tiles = td.cdiv(K, BK)
+        chunk = td.cdiv(k_tiles, split)
+        kt0 = blockIdx.z % split * chunk
+        kt1 = td.min(k_tiles, kt0 + chunk)
+        lane = threadIdx.x % 32
+        warp_m0 = threadIdx.x // 32 // wn * (mi * 16)
+        warp_n0 = threadIdx.x // 32 % wn * (ni * 8)
+        for a in range(mi):
+            for b in range(ni):
+                for r in range(4):
+                    acc[a, b, r] = 0.0
+        for s in range(STAGES - 1):
+            issue_tile(A, B, sa, sb, za, zb, row0, col0, kt0 + s, kt1)
+        for kt in range(kt0, kt1):
+            td.cp_async_wait(STAGES - 2)
+            td.syncthreads()
+            issue_tile(A, B, sa, sb, za, zb, row0, col0, kt + STAGES - 1, kt1)
+            slot = kt % STAGES
+            for kk in range(BK // 16):
+                for a in range(mi):
+                    r = warp_m0 + a * 16 + lane % 16
+                    td.ldmatrix(fa[a], sa[slot, r, swz(r, kk * 16 + lane // 16 * 8, BK)])
+                for b in range(ni):
+                    r = kk * 16 + lane % 16
+                    td.ldmatrix(fb[b], sb[slot, r, swz(r, warp_n0 + b * 8, BN)], trans=True)
+                for a in range(mi):
+                    for b in range(ni):
+                        td.mma_m16n8k16(fa[a], fb[b], acc[a, b])
+        td.cp_async_wait(0)
+        for a in range(mi):
+            for b in range(ni):
+                for r in range(4):
+                    gi = row0 + warp_m0 + a * 16 + lane // 4 + r // 2 * 8
+                    gj = col0 + warp_n0 + b * 8 + lane % 4 * 2 + r % 2
+                    if gi < M and gj < N:
+                        C[blockIdx.z, gi, gj] = td.cast(acc[a, b, r], out_dtype)
+
+    return matmul
+
+
+__all__ = ["space", "default_point", "tc_matmul_kernel", "tile_shape", "check"]

@@ -1,0 +1,99 @@
+"""The tensor-core matmul template: its space, NVRTC builds of every point, and its meaning on the cpu.
+
+On the cpu target mma / ldmatrix / cp_async are emulated lane by lane with the PTX layouts, so
+the template's fragment indexing, swizzle and pipeline are checked against numpy here. The
+emulation is slow to compile, so the cpu runs use one small point of the same template
+(1 warp, a 16x16 block tile, 2 stages); the NVRTC check covers every point of the space.
+"""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import taskdsl as td
+from stdlib_ops import gemm
+from stdlib_ops import matmul_simt as simt
+from stdlib_ops import matmul_tc as tc
+from taskdsl.backend.cuda.nvrtc import combine_sources, compile_cubin
+from taskdsl.schedule.space import Space
+
+SMALL = Space("tc_small", {"warps": ((1, 1),), "warp_tiles": ((1, 2),), "bk": (16,), "stages": (2,)}, tc.check).points()[0]
+
+
+def _run(p, a, b, vec):
+    kernel = tc.tc_matmul_kernel(p, td.f16, td.f32, vec)
+    c = np.full((1, a.shape[0], b.shape[1]), np.nan, np.float32)
+    kernel(a[None], b[None], c, simt.batch_index((), (), ()), 1)
+    return c[0]
+
+
+def test_space_size_and_pruning():
+    space = tc.space()
+    assert (space.raw_size, len(space.points())) == (96, 83)
+    assert space.pruned() == {"shared memory above 96 KiB": 10, "a tile the threads cannot load evenly": 3}
+    for p in space.points():
+        bm, bn, threads = tc.tile_shape(p)
+        assert p.stages * (bm + bn) * p.bk * 2 <= tc.MAX_SMEM and threads <= 256
+
+
+def test_every_point_compiles_with_nvrtc():
+    a = np.zeros((1, 64, 64), np.float16)
+    c = np.zeros((1, 64, 64), np.float32)
+    index = np.zeros((1, 2), np.int32)
+    kernels = [tc.tc_matmul_kernel(p, td.f16, td.f32, 8) for p in tc.space().points()]
+    kernels += [tc.tc_matmul_kernel(tc.default_point(), td.f16, td.f32, 1),
+                tc.tc_matmul_kernel(tc.default_point(), td.f16, td.f16, 8)]
+    bf = np.zeros((1, 64, 64), np.uint16)
+    sources = [k.source(a, a, c, index, 1, target="cuda") for k in kernels[:-1]]
+    sources.append(kernels[-1].source(a, a, a, index, 1, target="cuda").replace(kernels[-1].name,
+                                                                               kernels[-1].name + "_f16out"))
+    bf16 = tc.tc_matmul_kernel(tc.default_point(), td.bf16, td.f32, 8)
+    sources.append(bf16.source(bf, bf, c, index, 1, target="cuda").replace(bf16.name, bf16.name + "_bf16"))
+    unit = combine_sources(sources)
+    assert "mma.sync.aligned.m16n8k16" in unit and "ldmatrix" in unit and "cp.async" in unit
+    for arch in ("sm_80", "sm_90"):
+        assert compile_cubin(unit, arch, "tc_space", fast=True)
+
+
+@settings(max_examples=8, deadline=None)
+@given(m=st.sampled_from([1, 8, 16, 24, 40]), n=st.sampled_from([8, 16, 24, 40]), k=st.sampled_from([8, 16, 24, 48]),
+       seed=st.integers(0, 2**16))
+def test_pipelined_copies_on_cpu(m, n, k, seed):
+    """K and N multiples of 8: 16-byte cp.async copies, zero-filled at the tile edges."""
+    td.set_target("cpu")
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((m, k)).astype(np.float16)
+    b = rng.standard_normal((k, n)).astype(np.float16)
+    np.testing.assert_allclose(_run(SMALL, a, b, 8), a.astype(np.float64) @ b.astype(np.float64), rtol=1e-3, atol=1e-3)
+
+
+@settings(max_examples=6, deadline=None)
+@given(m=st.sampled_from([1, 7, 17, 33]), n=st.sampled_from([1, 5, 19]), k=st.sampled_from([1, 13, 37]),
+       seed=st.integers(0, 2**16))
+def test_odd_sizes_use_element_loads_on_cpu(m, n, k, seed):
+    td.set_target("cpu")
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((m, k)).astype(np.float16)
+    b = rng.standard_normal((k, n)).astype(np.float16)
+    np.testing.assert_allclose(_run(SMALL, a, b, 1), a.astype(np.float64) @ b.astype(np.float64), rtol=1e-3, atol=1e-3)
+
+
+def test_planner_picks_tensor_cores_for_16_bit_floats_on_gpus_only():
+    assert gemm.template_for(td.f16, "cuda") is gemm.TENSOR_CORE
+    assert gemm.template_for(td.bf16, "cuda") is gemm.TENSOR_CORE
+    assert gemm.template_for(td.f32, "cuda") is gemm.SIMT
+    assert gemm.template_for(td.f16, "cpu") is gemm.SIMT
+    def vec(m, n, k):
+        return gemm.MatmulPlan(tc.default_point(), td.f16, (1,), (1,), (1,), m, n, k, 1, gemm.TENSOR_CORE).vec
+    assert vec(2039, 2039, 2039) == 1 and vec(64, 64, 64) == 8 and vec(64, 64, 60) == 1
+
+
+@pytest.mark.gpu
+def test_tensor_core_matmul_on_gpu():
+    td.set_target("cuda")
+    rng = np.random.default_rng(0)
+    for size in (256, 2039):
+        a = rng.standard_normal((size, size)).astype(np.float16)
+        b = rng.standard_normal((size, size)).astype(np.float16)
+        p = gemm.plan(a.shape, b.shape, td.f16, "cuda", False)
+        c = p(a[None], b[None])[0]
+        np.testing.assert_allclose(c.astype(np.float64), a.astype(np.float64) @ b, rtol=2e-2, atol=5e-1)
