@@ -37,8 +37,8 @@ class ModelSpec:
         if seq is None:
             return config
         if not self.takes_seq:
-            raise ValueError(f"{self.name} takes images, not sequences: --seq applies to "
-                             f"{', '.join(n for n, s in MODELS.items() if s.takes_seq)}")
+            raise ValueError("a sequence length applies to the text models "
+                             f"({', '.join(n for n, s in MODELS.items() if s.takes_seq)}), not to images")
         return dataclasses.replace(config, seq=seq)
 
 

@@ -1,0 +1,76 @@
+"""`python -m models bench`: per model, taskdsl latency against onnxruntime on the CPU, and against PyTorch
+eager and torch.compile where a GPU and torch are present (each peer skipped when it is not installed).
+
+Every runtime runs the same graph: onnxruntime the exported ONNX model, PyTorch the graph's
+operators replayed as torch functions (models.torch_runner).
+"""
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from .inference import infer, sample_inputs, time_calls
+
+
+def onnxruntime_latency(model, feeds: dict, iters: int) -> float | None:
+    """Median seconds of onnxruntime (all CPU cores) on `model`, after a warm-up; None without onnxruntime."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    run = lambda f: session.run(None, f)      # noqa: E731
+    run(feeds)
+    return float(np.median(time_calls(run, feeds, iters)))
+
+
+def torch_latencies(graph, feeds: dict, iters: int) -> dict:
+    """{'torch eager': s, 'torch.compile': s} on the GPU; empty without torch or a GPU."""
+    try:
+        import torch
+    except ImportError:
+        return {}
+    if not torch.cuda.is_available():
+        return {}
+    from .torch_runner import torch_function
+    fn, inputs = torch_function(graph, feeds, "cuda")
+    out = {}
+    for label, f in (("torch eager", fn), ("torch.compile", torch.compile(fn))):
+        with torch.inference_mode():
+            def call(_):
+                f(*inputs)
+                torch.cuda.synchronize()
+            call(None)
+            out[label] = float(np.median(time_calls(call, None, iters)))
+    return out
+
+
+def command_bench(args: argparse.Namespace, target: str) -> int:
+    """Print one row per model: taskdsl latency, each peer's, and taskdsl / peer ratios."""
+    from .cli import export_if_checkable, zoo_model
+    from . import MODELS
+    names = args.names or list(MODELS)
+    rows = []
+    for name in names:
+        title, graph, vocab = zoo_model(argparse.Namespace(**{**vars(args), "name": name}))
+        feeds = sample_inputs(graph, vocab)
+        model = export_if_checkable(graph)
+        result = infer(graph, model, feeds, target, args.iters)
+        peers = {}
+        if model is not None:
+            peers["onnxruntime cpu"] = onnxruntime_latency(model, feeds, args.iters)
+        if target == "cuda":
+            peers.update(torch_latencies(graph, feeds, args.iters))
+        rows.append((title, result, peers))
+        print(format_row(title, result, peers), flush=True)
+    return 0 if all(r.ok for _, r, _ in rows) else 1
+
+
+def format_row(title: str, result, peers: dict) -> str:
+    """`title: taskdsl 12.3 ms (error 1e-6) | onnxruntime cpu 4.1 ms (3.0x) | ...`."""
+    cells = [f"{title}: taskdsl {result.compiled.target} {result.median_ms:.2f} ms (error {result.max_error:.1e}{'' if result.ok else ' MISMATCH'})"]
+    for label, seconds in peers.items():
+        if seconds is not None:
+            cells.append(f"{label} {seconds * 1e3:.2f} ms (taskdsl {result.median_ms / (seconds * 1e3):.2f}x)")
+    return " | ".join(cells)

@@ -1,0 +1,197 @@
+"""`python -m models`: list the zoo, run one model (or any ONNX file) end to end, or benchmark the zoo.
+
+    python -m models list
+    python -m models run resnet50 [--batch B] [--dtype f32|f16] [--target cpu|cuda] [--iters N] [--small]
+    python -m models run bert --seq 64
+    python -m models run --onnx model.onnx [--batch B] [--seq S]
+    python -m models bench [NAME ...] [--small]
+
+Bad input (an unknown model, a bad flag, an unreadable ONNX file) prints one line on stderr
+and exits with status 2; a run whose outputs do not match the reference exits with 1.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import taskdsl as td
+
+from . import MODELS, get
+
+DTYPES = {"f32": "float32", "f16": "float16"}
+TOP_KERNELS = 5
+
+
+class UsageError(Exception):
+    """Input the command line cannot run: reported as one line on stderr, exit status 2."""
+
+
+def parser() -> argparse.ArgumentParser:
+    """The argument parser of `python -m models`."""
+    p = argparse.ArgumentParser(prog="python -m models", description="The taskdsl model zoo: list, run, bench.")
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="the models of the zoo")
+    run = sub.add_parser("run", help="build, time and check one model (or any ONNX file with --onnx)")
+    run.add_argument("name", nargs="?", help=f"one of: {', '.join(MODELS)}")
+    run.add_argument("--onnx", metavar="PATH", help="run this ONNX model instead of a zoo model")
+    run.add_argument("--iters", type=int, default=10, help="timed iterations after the warm-up (default 10)")
+    add_shape_flags(run)
+    bench = sub.add_parser("bench", help="per model: taskdsl latency vs onnxruntime (and PyTorch on a GPU)")
+    bench.add_argument("names", nargs="*", help="models to run (default: all)")
+    bench.add_argument("--iters", type=int, default=5, help="timed iterations per runtime (default 5)")
+    add_shape_flags(bench)
+    return p
+
+
+def add_shape_flags(p: argparse.ArgumentParser) -> None:
+    """The flags `run` and `bench` share: batch, sequence length, dtype, target, small."""
+    p.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
+    p.add_argument("--seq", type=int, help="sequence length of text models (default: the model's, 128)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="f32", help="weights and activations (default f32)")
+    p.add_argument("--target", choices=list(td.runtime.config.TARGETS),
+                   help="where kernels run (default: cuda with a usable GPU, else cpu)")
+    p.add_argument("--small", action="store_true", help="the reduced model (fewer layers and channels)")
+    p.add_argument("--no-tune", action="store_true",
+                   help="use the templates' default schedules instead of tuning each new shape (TASKDSL_TUNE=0)")
+
+
+def check_flags(args) -> str:
+    """The target to run on, after checking the flags argparse cannot (UsageError)."""
+    if args.batch < 1 or (args.seq is not None and args.seq < 1) or getattr(args, "iters", 1) < 1:
+        raise UsageError("--batch, --seq and --iters must be positive integers")
+    target = args.target or td.get_target()
+    if args.no_tune:
+        os.environ["TASKDSL_TUNE"] = "0"
+    if target == "cuda":
+        usable, reason = td.gpu_status()
+        if not usable:
+            raise UsageError(f"--target cuda needs a usable GPU, but there is none ({reason}); use --target cpu")
+    return target
+
+
+def command_list() -> int:
+    """Print the zoo, one model a line."""
+    width = max(len(n) for n in MODELS)
+    for name, spec in MODELS.items():
+        print(f"{name.ljust(width)}  {spec.summary}")
+    return 0
+
+
+def top_operators(summary: str, n: int = TOP_KERNELS) -> list:
+    """The header and the `n` slowest rows of a CompiledGraph.summary(timing=True) table (its last column is ms)."""
+    lines = summary.splitlines()
+    header = next(k for k, line in enumerate(lines) if line.split()[:1] == ["#"])
+    rows = [line for line in lines[header + 1:] if line.split()[:1] and line.split()[0].isdigit()]
+    return [lines[header]] + sorted(rows, key=lambda line: -float(line.split()[-1]))[:n]
+
+
+def print_result(title: str, result) -> None:
+    """The run's report: build time, latency, error, kernels, and where the time goes."""
+    cg = result.compiled
+    kernels = cg.kernels
+    print(title)
+    print(f"  built in {result.build_seconds:.1f} s: {len(cg.graph.nodes)} operators, {len(kernels)} kernel launches "
+          f"({len({id(k) for k in kernels})} distinct kernels), target {cg.target}")
+    print(f"  latency: median {result.median_ms:.3f} ms, p90 {result.p90_ms:.3f} ms "
+          f"over {len(result.latencies)} iterations")
+    verdict = "ok" if result.ok else f"MISMATCH (tolerance {result.tolerance:.0e})"
+    print(f"  max error vs {result.reference}: {result.max_error:.2e} relative, {verdict}")
+    print(f"  top operators by time (best of one more run):")
+    for line in top_operators(cg.summary(timing=True, repeat=1)):
+        print("  " + line)
+
+
+def zoo_model(args) -> tuple:
+    """(title, graph, vocabulary size) of the zoo model the flags name (UsageError for bad names and sizes)."""
+    try:
+        spec = get(args.name)
+        config = spec.config(args.small, args.seq)
+        graph = spec.build(config, batch=args.batch, dtype=DTYPES[args.dtype])
+    except KeyError as e:
+        raise UsageError(e.args[0]) from None
+    except ValueError as e:
+        raise UsageError(f"{args.name}: {e}") from None
+    seq = f", sequence {config.seq}" if spec.takes_seq else ""
+    title = f"{spec.name}{' (small)' if args.small else ''}: batch {args.batch}{seq}, {args.dtype}"
+    return title, graph, getattr(config, "vocab_size", 2)
+
+
+def onnx_shapes(model, batch: int, seq: int | None) -> dict:
+    """Static shapes for the model inputs with symbolic dims: axis 0 is the batch, any other axis the sequence."""
+    initializers = {init.name for init in model.graph.initializer}
+    shapes = {}
+    for vi in model.graph.input:
+        dims = vi.type.tensor_type.shape.dim
+        if vi.name in initializers or all(d.HasField("dim_value") for d in dims):
+            continue
+        shape = []
+        for axis, d in enumerate(dims):
+            if d.HasField("dim_value"):
+                shape.append(d.dim_value)
+            elif axis == 0:
+                shape.append(batch)
+            elif seq is not None:
+                shape.append(seq)
+            else:
+                raise UsageError(f"input {vi.name!r} has a symbolic dim {d.dim_param or '?'!r} at axis {axis}; "
+                                 "give its size with --seq")
+        shapes[vi.name] = shape
+    return shapes
+
+
+def onnx_file(args) -> tuple:
+    """(title, graph, ONNX model) of the ONNX file --onnx names (UsageError when it cannot be read or imported)."""
+    from taskdsl.graph import OnnxImportError, from_onnx
+    from taskdsl.graph.onnx_import.model import load_model
+    if args.dtype != "f32" or args.small:
+        raise UsageError("--dtype and --small apply to zoo models; an ONNX model runs with its own types and sizes")
+    try:
+        model = load_model(args.onnx)
+        graph = from_onnx(model, shapes=onnx_shapes(model, args.batch, args.seq))
+    except OnnxImportError as e:
+        raise UsageError(f"{args.onnx}: {e}") from None
+    return f"{args.onnx}: {graph!r}", graph, model
+
+
+def command_run(args) -> int:
+    """Build, time and check one model; print the report. Exit status 1 if the outputs do not match."""
+    from .inference import infer, sample_inputs
+    if (args.name is None) == (args.onnx is None):
+        raise UsageError("run takes a model name or --onnx PATH (one of the two); see `python -m models list`")
+    target = check_flags(args)
+    if args.onnx:
+        title, graph, model = onnx_file(args)
+        feeds = sample_inputs(graph)
+    else:
+        title, graph, vocab = zoo_model(args)
+        feeds = sample_inputs(graph, vocab)
+        model = export_if_checkable(graph)
+    result = infer(graph, model, feeds, target, args.iters)
+    print_result(title, result)
+    return 0 if result.ok else 1
+
+
+def export_if_checkable(graph):
+    """The graph as ONNX when onnxruntime is there to run it (the reference), else None."""
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return None
+    from .onnx_export import export_onnx
+    return export_onnx(graph)
+
+
+def main(argv=None) -> int:
+    """Run the command line; return the exit status (2 for bad input)."""
+    args = parser().parse_args(argv)       # exits with 2 on a bad flag
+    try:
+        if args.command == "list":
+            return command_list()
+        if args.command == "run":
+            return command_run(args)
+        from .bench import command_bench
+        return command_bench(args, check_flags(args))
+    except UsageError as e:
+        print(f"python -m models: error: {e}", file=sys.stderr)
+        return 2

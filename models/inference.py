@@ -1,0 +1,122 @@
+"""One inference run end to end: sample inputs, a reference, compile, warm-up, timed iterations, the error.
+
+    result = infer(graph, onnx_model, target="cpu", iters=10)
+    print(result.median_ms, result.max_error, result.reference)
+
+The reference is onnxruntime on the ONNX model when onnxruntime is installed (and runs the
+model), else the graph's numpy reference evaluator.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from taskdsl.graph import CompiledGraph, Graph
+
+TOLERANCE = {"float16": 2e-2, "bfloat16": 5e-2}     # relative error allowed by dtype; 1e-3 otherwise
+
+
+def sample_inputs(graph: Graph, vocab_size: int = 2, seed: int = 0) -> dict:
+    """Seeded inputs for `graph`: standard normal floats; integer ids in [0, vocab_size); masks of ones
+    (integer inputs named *mask*) with the last quarter of the last row masked out."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for t in graph.inputs:
+        if t.dtype.is_float:
+            feeds[t.name] = rng.standard_normal(t.shape, dtype=np.float32).astype(t.numpy_dtype)
+        elif "mask" in t.name and t.ndim >= 1:
+            mask = np.ones(t.shape, t.numpy_dtype)
+            mask.reshape(-1, t.shape[-1])[-1, t.shape[-1] - t.shape[-1] // 4:] = 0
+            feeds[t.name] = mask
+        elif t.dtype.is_bool:
+            feeds[t.name] = rng.random(t.shape) < 0.5
+        else:
+            feeds[t.name] = rng.integers(0, vocab_size, t.shape).astype(t.numpy_dtype)
+    return feeds
+
+
+def onnxruntime_outputs(model: onnx.ModelProto, feeds: dict) -> list | None:
+    """The model's outputs by onnxruntime on the CPU; None when onnxruntime is not installed or cannot run it."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        return session.run(None, feeds)
+    except Exception:  # noqa: BLE001 - e.g. an operator onnxruntime lacks for this dtype: use the numpy reference
+        return None
+
+
+def reference_outputs(graph: Graph, model: onnx.ModelProto | None, feeds: dict) -> tuple:
+    """(outputs, name of the reference): onnxruntime on `model` when it can, else the graph's numpy evaluator."""
+    outputs = onnxruntime_outputs(model, feeds) if model is not None else None
+    if outputs is not None:
+        return outputs, "onnxruntime"
+    return graph.reference(feeds), "numpy reference"
+
+
+def relative_error(got: list, want: list) -> float:
+    """The largest |got - want| over every output, relative to the largest |want| of that output."""
+    worst = 0.0
+    for a, b in zip(got, want):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        if b.size:
+            worst = max(worst, float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)))
+    return worst
+
+
+def tolerance(graph: Graph) -> float:
+    """The relative error a correct run stays within, by the graph's least precise float input or output."""
+    dtypes = {t.numpy_dtype.name for t in graph.inputs + graph.outputs}
+    return max([TOLERANCE.get(d, 1e-3) for d in dtypes])
+
+
+@dataclass
+class Result:
+    """What one `infer` measured."""
+
+    compiled: CompiledGraph
+    build_seconds: float
+    latencies: np.ndarray       # seconds, one per timed iteration
+    max_error: float            # relative, see relative_error
+    reference: str              # what the outputs were checked against
+    tolerance: float
+
+    @property
+    def median_ms(self) -> float:
+        return float(np.median(self.latencies) * 1e3)
+
+    @property
+    def p90_ms(self) -> float:
+        return float(np.percentile(self.latencies, 90) * 1e3)
+
+    @property
+    def ok(self) -> bool:
+        """Whether the outputs match the reference within the tolerance."""
+        return self.max_error <= self.tolerance
+
+
+def time_calls(fn, feeds: dict, iters: int) -> np.ndarray:
+    """Seconds per call of fn(feeds), `iters` times (after the caller's warm-up)."""
+    times = []
+    for _ in range(max(iters, 1)):
+        start = time.perf_counter()
+        fn(feeds)
+        times.append(time.perf_counter() - start)
+    return np.array(times)
+
+
+def infer(graph: Graph, model: onnx.ModelProto | None, feeds: dict, target: str | None = None,
+          iters: int = 10) -> Result:
+    """Compile `graph` for `target`, warm up, time `iters` calls and check the outputs against the reference."""
+    want, reference = reference_outputs(graph, model, feeds)
+    start = time.perf_counter()
+    compiled = graph.compile(target)
+    build_seconds = time.perf_counter() - start
+    got = compiled(feeds)                               # warm-up on the real inputs
+    latencies = time_calls(compiled, feeds, iters)
+    return Result(compiled, build_seconds, latencies, relative_error(got, want), reference, tolerance(graph))

@@ -1,0 +1,95 @@
+"""`python -m models`: list, run (zoo model and --onnx) and bench end to end on a small model; bad input exits 2."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+import models
+import taskdsl as td
+from models.cli import main, top_operators
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+SMALL_RUN = ["--small", "--iters", "2", "--no-tune", "--target", "cpu"]
+
+
+def test_list(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in models.MODELS)
+
+
+def test_run_small_model(capsys):
+    """The report: build, latency, error against onnxruntime, kernels, and the slowest operators."""
+    pytest.importorskip("onnxruntime")
+    assert main(["run", "mobilenet_v2", *SMALL_RUN]) == 0
+    out = capsys.readouterr().out
+    assert "mobilenet_v2 (small): batch 1, f32" in out
+    assert "latency: median" in out and "p90" in out and "over 2 iterations" in out
+    assert "max error vs onnxruntime" in out and ", ok" in out
+    assert "kernel launches" in out and "top operators by time" in out
+
+
+def test_run_onnx_file(tmp_path, capsys):
+    """--onnx runs any model file: here the exported small MobileNet-V2."""
+    pytest.importorskip("onnxruntime")
+    import onnx
+    spec = models.get("mobilenet_v2")
+    path = tmp_path / "mobilenet.onnx"
+    onnx.save(models.export_onnx(spec.build(spec.small)), str(path))
+    assert main(["run", "--onnx", str(path), "--iters", "1", "--no-tune", "--target", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert str(path) in out and ", ok" in out
+
+
+def test_bench_small_model(capsys):
+    pytest.importorskip("onnxruntime")
+    assert main(["bench", "mobilenet_v2", *SMALL_RUN]) == 0
+    out = capsys.readouterr().out
+    assert "taskdsl cpu" in out and "onnxruntime cpu" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "resnet51"], "unknown model 'resnet51'"),
+    (["run"], "run takes a model name or --onnx PATH"),
+    (["run", "resnet50", "--onnx", "x.onnx"], "run takes a model name or --onnx PATH"),
+    (["run", "resnet50", "--seq", "64"], "a sequence length applies to the text models"),
+    (["run", "bert", "--small", "--seq", "100000"], "sequence length 100000 is outside"),
+    (["run", "resnet50", "--batch", "0"], "must be positive"),
+    (["bench", "nosuch", "--small"], "unknown model 'nosuch'"),
+])
+def test_bad_input_exits_2(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_unreadable_onnx_exits_2(tmp_path, capsys):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"this is not a protobuf")
+    for path in (bad, tmp_path / "missing.onnx"):
+        assert main(["run", "--onnx", str(path)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "cannot read an ONNX model" in err and len(err.splitlines()) == 1
+
+
+def test_cuda_without_gpu_exits_2(capsys):
+    if td.gpu_status()[0]:
+        pytest.skip("a GPU is usable here")
+    assert main(["run", "resnet50", "--small", "--target", "cuda"]) == 2
+    assert "--target cuda needs a usable GPU" in capsys.readouterr().err
+
+
+def test_bad_flag_exits_2_in_a_process():
+    """argparse's own errors (bad flag, bad choice) exit 2 too, from the real command line."""
+    for argv in (["run", "resnet50", "--bogus"], ["run", "resnet50", "--dtype", "f64"]):
+        done = subprocess.run([sys.executable, "-m", "models", *argv], cwd=ROOT, capture_output=True, text=True)
+        assert done.returncode == 2 and "error:" in done.stderr
+
+
+def test_top_operators_sorts_rows_by_time():
+    summary = "\n".join(["CompiledGraph g: 3 operators", "memory", "  #  operator  output  kernels  ms",
+                         "  0  conv2d  t0: f32[1, 2]  k0  1.500", "  1  relu  t1: f32[1, 2]  k1  0.100",
+                         "  2  add  t2: f32[1, 2]  k2  2.000", "  total 3.600 ms"])
+    lines = top_operators(summary, 2)
+    assert lines[0].split()[0] == "#" and [line.split()[1] for line in lines[1:]] == ["add", "conv2d"]

@@ -1,0 +1,51 @@
+"""Each zoo model at its small size: the compiled graph matches onnxruntime on the exported ONNX model, and the
+model read back with from_onnx is the same graph (same operators, same outputs)."""
+import numpy as np
+import pytest
+
+import models
+import taskdsl.graph as tg
+from models.inference import onnxruntime_outputs, relative_error, sample_inputs
+
+pytest.importorskip("onnxruntime")
+
+
+def small(name: str):
+    """(graph, feeds) of a zoo model at its small size, batch 1."""
+    spec = models.get(name)
+    graph = spec.build(spec.small)
+    return graph, sample_inputs(graph, getattr(spec.small, "vocab_size", 2))
+
+
+@pytest.mark.parametrize("name", list(models.MODELS))
+def test_export_round_trip(name):
+    """from_onnx(export_onnx(g)) has g's operators and inputs, and its numpy reference gives g's outputs."""
+    graph, feeds = small(name)
+    back = tg.from_onnx(models.export_onnx(graph))
+    assert [op.kind for op in back.nodes] == [op.kind for op in graph.nodes]
+    assert [(t.name, t.shape, t.dtype) for t in back.inputs] == [(t.name, t.shape, t.dtype) for t in graph.inputs]
+    for got, want in zip(back.reference(feeds), graph.reference(feeds)):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("name", list(models.MODELS))
+def test_small_model_matches_onnxruntime(name):
+    """The traced graph and its ONNX round trip, compiled for cpu, both match onnxruntime within 1e-3."""
+    graph, feeds = small(name)
+    proto = models.export_onnx(graph)
+    want = onnxruntime_outputs(proto, feeds)
+    assert want is not None, "onnxruntime could not run the exported model"
+    got = graph.compile("cpu")(feeds)
+    assert [a.shape for a in got] == [b.shape for b in want]
+    assert relative_error(got, want) < 1e-3
+    assert relative_error(tg.from_onnx(proto).compile("cpu")(feeds), want) < 1e-3    # the same kernels: cached
+
+
+@pytest.mark.parametrize("name", list(models.MODELS))
+def test_full_size_shapes(name):
+    """The full-size graphs trace (no compile) with the real models' input and output shapes."""
+    spec = models.get(name)
+    graph = spec.build(spec.full)
+    shapes = {"resnet50": (1, 1000), "inception_v3": (1, 1000), "mobilenet_v2": (1, 1000), "bert": (1, 128, 768),
+              "gpt2": (1, 128, 50257)}
+    assert graph.outputs[0].shape == shapes[name]
