@@ -15,29 +15,31 @@ EPS = 1e-3    # torchvision's BasicConv2d batch-norm epsilon
 
 @dataclass(frozen=True)
 class InceptionConfig:
-    """How many A, C and E blocks; channel divisor (1 = the real widths); input resolution; classes."""
+    """How many A, C and E blocks; `width`: every conv's output channels (None: the real, per-branch widths);
+    input resolution; classes."""
 
     blocks_a: int = 3
     blocks_c: int = 4
     blocks_e: int = 2
-    divisor: int = 1
+    width: int | None = None
     image_size: int = 299
     num_classes: int = 1000
 
 
 FULL = InceptionConfig()
-# 107 is the smallest size at which no feature map shrinks to 1x1 (which would need kernels of its own)
-SMALL = InceptionConfig(blocks_a=1, blocks_c=1, blocks_e=1, divisor=8, image_size=107, num_classes=10)
+# one block of each kind; one width makes many branch convs the same shape (one compiled kernel); 107 is the
+# smallest input at which no feature map shrinks to 1x1
+SMALL = InceptionConfig(blocks_a=1, blocks_c=1, blocks_e=1, width=4, image_size=107, num_classes=10)
 
 
 class _Block:
     """Basic conv (conv + BN(eps 1e-3) + relu) at the config's widths."""
 
-    def __init__(self, w: Weights, divisor: int):
-        self.w, self.divisor = w, divisor
+    def __init__(self, w: Weights, width: int | None):
+        self.w, self.width = w, width
 
     def __call__(self, x, channels: int, kernel, stride=1, padding=0):
-        return conv_bn(x, self.w, max(channels // self.divisor, 1), kernel, stride, padding, eps=EPS)
+        return conv_bn(x, self.w, self.width or channels, kernel, stride, padding, eps=EPS)
 
 
 def _avg_pool_branch(conv: _Block, x, channels: int):
@@ -87,7 +89,7 @@ def block_e(conv: _Block, x):
 def build(config: InceptionConfig, batch: int = 1, dtype="float32", seed: int = 0) -> tg.Graph:
     """The traced Inception-V3 graph: input `image` (batch, 3, size, size) -> `logits` (batch, classes)."""
     w = Weights(seed, dtype)
-    conv = _Block(w, config.divisor)
+    conv = _Block(w, config.width)
     image = tg.input("image", (batch, 3, config.image_size, config.image_size), dtype)
     x = conv(conv(conv(image, 32, 3, stride=2), 32, 3), 64, 3, padding=1)
     x = ops.max_pool2d(x, 3, 2)

@@ -22,7 +22,8 @@ class MobileNetConfig:
 
 
 FULL = MobileNetConfig()
-SMALL = MobileNetConfig(settings=((1, 8, 1, 1), (6, 8, 2, 2)), stem=8, head=32, image_size=32, num_classes=10)
+# one strided block and one residual block: every operator of the full model, few conv shapes
+SMALL = MobileNetConfig(settings=((6, 4, 2, 2),), stem=4, head=16, image_size=32, num_classes=10)
 
 
 def inverted_residual(x, w: Weights, out_channels: int, stride: int, expansion: int):

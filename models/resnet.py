@@ -21,7 +21,8 @@ class ResNetConfig:
 
 
 FULL = ResNetConfig()
-SMALL = ResNetConfig(layers=(1, 1, 1, 1), width=8, image_size=64, num_classes=10)
+# two stages (the second strided, with a projected shortcut): every operator of the full model, few conv shapes
+SMALL = ResNetConfig(layers=(1, 1), width=4, image_size=32, num_classes=10)
 EXPANSION = 4
 
 

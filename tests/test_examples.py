@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-NAMES = ["matmul", "reduction", "softmax"]
+NAMES = ["matmul", "reduction", "softmax", "custom_op_model"]
 
 
 def _load(name: str):
