@@ -7,7 +7,10 @@ cases built from supported operators). Each must pass (same dtype and shape, val
 as onnx's own backend runner checks) or be refused with UnsupportedOnnxError (a data type, opset or attribute
 value the importer does not take); a mismatch or any other error fails. Inputs that fix shapes (a Reshape's shape,
 Slice's starts, ...) are graph inputs in these cases: they are given with from_onnx(constants=...), which is what
-the ConstantRequiredError asks for. The pass rate is printed at the end of the session (conftest.py).
+the ConstantRequiredError asks for. Graphs are compiled with the passes up to dead-code elimination, without
+fusion partitioning: these cases check the importer and the operators' semantics (fusion compiles one template per
+fused problem, which would make this set take many minutes; test_fusion.py covers it). The pass rate is printed at
+the end of the session (conftest.py).
 """
 import functools
 import warnings
@@ -18,11 +21,13 @@ import pytest
 
 import taskdsl as td
 import taskdsl.graph as tg
+from taskdsl.graph import passes
 from taskdsl.graph.onnx_import import SUPPORTED_OPERATORS, ConstantRequiredError, UnsupportedOnnxError
 
 from .conftest import CONFORMANCE
 
 MULTI_NODE = "multi-node"
+UNFUSED = [passes.infer_shapes, passes.fold_constants, passes.eliminate_dead_code]
 
 
 @pytest.fixture(autouse=True)
@@ -68,8 +73,9 @@ def run_case(case) -> str:
             constants.update({name: feeds[name] for name in e.inputs})
         except UnsupportedOnnxError:
             return "unsupported"
+    compiled = graph.compile(passes=UNFUSED)
     with np.errstate(all="ignore"):
-        outputs = graph({t.name: feeds[t.name] for t in graph.inputs})
+        outputs = compiled({t.name: feeds[t.name] for t in graph.inputs})
     for got, want in zip(outputs, (_array(v) for v in expected)):
         assert got.dtype == want.dtype and got.shape == want.shape, \
             f"got {got.dtype}{list(got.shape)}, expected {want.dtype}{list(want.shape)}"

@@ -12,7 +12,7 @@ from ..tensor import Tensor, as_tensor
 from .elementwise import add, broadcast_shape
 from .pool import pads_of
 from .transform import reshape, transpose
-from .window import inside, window_positions
+from .window import window_input, window_positions
 
 
 class MatMul(Operator):
@@ -64,6 +64,7 @@ class Conv(Operator):
 
     is_anchor = True
     generic = True
+    size_attrs = ("strides", "pads", "dilations", "groups")    # one kernel for every convolution of a rank
 
     @property
     def kind(self) -> str:
@@ -89,22 +90,20 @@ class Conv(Operator):
             raise ValueError(f"conv: the (dilated) kernel {w.shape[2:]} is larger than the padded input {x.shape[2:]}")
 
     def _spatial(self, x_shape: tuple, w_shape: tuple) -> tuple:
-        a, rank = self.attrs, len(x_shape) - 2
-        return tuple(window_positions(x_shape[2 + i], w_shape[2 + i], a["strides"][i], a["pads"][i],
-                                      a["pads"][rank + i], a["dilations"][i]) for i in range(rank))
+        rank = len(x_shape) - 2
+        strides, pads, dilations = (self.size(k) for k in ("strides", "pads", "dilations"))
+        return tuple(window_positions(x_shape[2 + i], w_shape[2 + i], strides[i], pads[i], pads[rank + i],
+                                      dilations[i]) for i in range(rank))
 
     def define(self, x, w):
-        a, dx, dw = self.attrs, dims(x), dims(w)
+        dx, dw = dims(x), dims(w)
         rank = len(dx) - 2
-        grouped = a["groups"] > 1
+        strides, pads, dilations, groups = (self.size(k) for k in ("strides", "pads", "dilations", "groups"))
 
         def fcompute(n, o, *rest):
-            p, (c, *k) = rest[:rank], rest[rank:]
-            pos = [p[i] * a["strides"][i] - a["pads"][i] + k[i] * a["dilations"][i] for i in range(rank)]
-            ok = inside(pos[0], dx[2])
-            for i in range(1, rank):
-                ok = ir.binary("and", ok, inside(pos[i], dx[2 + i]))
-            channel = (o // (dw[0] // a["groups"])) * dw[1] + c if grouped else c
+            (c, *k) = rest[rank:]
+            pos, ok = window_input(rest[:rank], k, strides, pads, dilations, dx[2:])
+            channel = (o // (dw[0] // groups)) * dw[1] + c         # the input channel of group o // (O / groups)
             v = x[(n, channel, *pos)] * w[(o, c, *k)]
             return ir.Select(ok, v, ir.const(0, v.dtype), v.dtype)
 

@@ -14,7 +14,7 @@ from ... import ir
 from ...compute import reduce as reduction
 from ..operator import Operator, dims
 from .norm import stat_dtype
-from .window import inside, positions_inside, window_positions
+from .window import positions_inside, window_input, window_positions
 
 
 class Pool(Operator):
@@ -22,7 +22,8 @@ class Pool(Operator):
 
     kind_attr = "mode"
     generic = True
-    size_attrs = ("kernel", "out")    # one kernel for every window (no unrolled window loops either)
+    size_attrs = ("kernel", "strides", "pads", "dilations", "out")   # one kernel for every window shape,
+                                                                     # and no unrolled window loops
     derived_attrs = ("out",)          # the output's spatial size: a plain size symbol in the generic definitions
 
     @property
@@ -49,26 +50,24 @@ class Pool(Operator):
                              f"padded input {x.shape[2:]} (pads {a['pads']})")
 
     def _spatial(self, shape: tuple) -> tuple:
-        a, rank, kernel = self.attrs, len(shape) - 2, self.size("kernel")
-        return tuple(window_positions(shape[2 + i], kernel[i], a["strides"][i], a["pads"][i], a["pads"][rank + i],
-                                      a["dilations"][i], a["ceil_mode"]) for i in range(rank))
+        rank = len(shape) - 2
+        kernel, strides, pads, dilations = (self.size(k) for k in ("kernel", "strides", "pads", "dilations"))
+        return tuple(window_positions(shape[2 + i], kernel[i], strides[i], pads[i], pads[rank + i], dilations[i],
+                                      self.attrs["ceil_mode"]) for i in range(rank))
 
     def define(self, x):
         a, shape = self.attrs, dims(x)
         rank = len(shape) - 2
+        kernel, strides, pads, dilations = (self.size(k) for k in ("kernel", "strides", "pads", "dilations"))
         acc = stat_dtype(x.dtype) if x.dtype.is_float else x.dtype
 
         def value(ix, pad_value):
-            pos = [ix[2 + i] * a["strides"][i] - a["pads"][i] + ix[2 + rank + i] * a["dilations"][i]
-                   for i in range(rank)]
-            ok = inside(pos[0], shape[2])
-            for i in range(1, rank):
-                ok = ir.binary("and", ok, inside(pos[i], shape[2 + i]))
-            v = x[tuple(ix[:2]) + tuple(pos)]
+            pos, ok = window_input(ix[2:2 + rank], ix[2 + rank:], strides, pads, dilations, shape[2:])
+            v = x[tuple(ix[:2]) + pos]
             v = v if v.dtype == acc else ir.Cast(v, acc)
             return ir.Select(ok, v, ir.const(pad_value, acc), acc)
 
-        out_shape, kernel = shape[:2] + self.size("out"), self.size("kernel")
+        out_shape = shape[:2] + self.size("out")
         if a["mode"] == "max":
             low = -math.inf if acc.is_float else int(np.iinfo(acc.numpy).min)
             return [reduction("max_pool", out_shape, kernel, lambda *ix: value(ix, low), op="max", dtype=x.dtype)]
@@ -76,10 +75,9 @@ class Pool(Operator):
         def average(*ix):
             count = None
             for i in range(rank):
-                start = ix[2 + i] * a["strides"][i] - a["pads"][i]
-                lo, hi = (-a["pads"][i], shape[2 + i] + a["pads"][rank + i]) if a["count_include_pad"] else \
-                    (0, shape[2 + i])
-                n = positions_inside(start, kernel[i], a["dilations"][i], lo, hi)
+                start = ix[2 + i] * strides[i] - pads[i]
+                lo, hi = (0 - pads[i], shape[2 + i] + pads[rank + i]) if a["count_include_pad"] else (0, shape[2 + i])
+                n = positions_inside(start, kernel[i], dilations[i], lo, hi)
                 count = n if count is None else count * n
             return value(ix, 0.0) / ir.Cast(count, acc)
 

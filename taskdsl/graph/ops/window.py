@@ -31,3 +31,16 @@ def positions_inside(start, k, dilation: int, lo, hi) -> ir.Expr:
 def inside(index, n) -> ir.Expr:
     """0 <= index < n."""
     return ir.binary("and", index >= 0, index < n)
+
+
+def window_input(out_ix: tuple, win_ix: tuple, strides, pads, dilations, in_dims: tuple) -> tuple:
+    """(input positions, whether all are inside the input) of window element `win_ix` of output `out_ix`.
+
+    Positions are out * stride - pad_begin + k * dilation per spatial axis; pads are (begin..., end...).
+    """
+    positions, ok = [], None
+    for i, (o, k, n) in enumerate(zip(out_ix, win_ix, in_dims)):
+        h = o * strides[i] - pads[i] + k * dilations[i]
+        positions.append(h)
+        ok = inside(h, n) if ok is None else ir.binary("and", ok, inside(h, n))
+    return tuple(positions), ok
