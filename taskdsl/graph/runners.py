@@ -13,9 +13,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from stdlib_ops import elementwise, norm, reduce, transform
+from stdlib_ops import conv, elementwise, gemm, norm, reduce, transform
 
 from .. import schedule
+from ..ir import types as T
+from ..runtime.config import get_target
 from .operator import Operator
 from .tensor import contiguous
 from .ops import (BatchNorm, Concat, Conv, Elementwise, Expand, Gather, LayerNorm, MatMul, Pad, Reduce,
@@ -61,14 +63,28 @@ def _plan(plan) -> tuple:
 # ---------------------------------------------------------------- the anchors (one call site each)
 @runs(MatMul)
 def run_matmul(op: MatMul, arrays: list) -> tuple:
-    """matmul; switch to stdlib_ops.matmul / batch_matmul here once they serve every case."""
-    return run_definitions(op, arrays)
+    """matmul on the matmul templates (stdlib_ops.gemm) for f32 / f16; other dtypes by definitions."""
+    a, b = op.inputs
+    if a.dtype not in (T.f32, T.f16):
+        return run_definitions(op, arrays)
+    p = gemm.plan(a.shape if a.ndim > 1 else (1,) + a.shape, b.shape if b.ndim > 1 else b.shape + (1,), a.dtype,
+                  get_target())
+    return [gemm.matmul(*arrays).reshape(op.outputs[0].shape)], [p.kernel()]
 
 
 @runs(Conv)
 def run_conv(op: Conv, arrays: list) -> tuple:
-    """convolution; switch to stdlib_ops.conv2d here once it serves every case."""
-    return run_definitions(op, arrays)
+    """2-D convolutions of f32 / f16 by stdlib_ops.conv (fused implicit im2col); others by definitions."""
+    x, w = op.inputs
+    if x.ndim != 4 or x.dtype not in (T.f32, T.f16):
+        return run_definitions(op, arrays)
+    a = op.attrs
+    pads = (a["pads"][0], a["pads"][1], a["pads"][2], a["pads"][3])
+    y = conv.conv2d(arrays[0], arrays[1], stride=a["strides"], padding=pads, dilation=a["dilations"],
+                    groups=a["groups"])
+    g = conv.geometry(x.shape, w.shape, a["strides"], pads, a["dilations"], a["groups"])
+    p = conv.plan(g, x.dtype, get_target(), False, None)
+    return [y], (list(p.kernel.kernels) if p.direct else [p.kernel])
 
 
 # ---------------------------------------------------------------- through stdlib_ops

@@ -14,13 +14,12 @@ The anchor is any kernel (written in the DSL or generated), specialized to the s
 example arguments. What may fuse is checked, and a request that cannot be honoured is
 refused with a `FusionError` that says why: a prologue must be a compute (not a
 reduction) the anchor only reads; an epilogue must be a compute that reads the anchor's
-output at one index, through a bijective index map (a transpose and/or reshape) of an
+output at one index, through a bijective index map (any composition of reshapes and transposes) of an
 output the anchor only writes.
 """
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 
 import numpy as np
@@ -191,9 +190,11 @@ def _replace_loads(expr: ir.Expr, buffer: ir.Buffer, value: ir.Expr) -> ir.Expr:
 def _invert(axes: tuple, index: tuple, epi_shape: tuple, out_shape: tuple, name: str):
     """For the epilogue map axes -> output index, the inverse as a function of IR index tuples.
 
-    The map must be a bijection; its inverse is searched among "linearize the output index,
-    unravel it into the epilogue's shape with its axes in some order" (reshapes, transposes
-    and their compositions) and checked on every element.
+    The map must be a bijection; the inverses fusion can express are digit permutations:
+    write the output's linear index in some mixed radix, permute (and re-weight) its digits
+    and read the result as the epilogue's linear index. That covers reshapes, transposes and
+    any composition of them (e.g. split heads, transpose, merge heads). The digits are read
+    off the inverse table greedily and then checked on every element.
     """
     size = math.prod(epi_shape)
     if size != math.prod(out_shape):
@@ -209,25 +210,43 @@ def _invert(axes: tuple, index: tuple, epi_shape: tuple, out_shape: tuple, name:
     if len(np.unique(forward)) != size:
         raise FusionError(f"epilogue '{name}' reads some output elements more than once: its index map is not "
                           "bijective")
-    out_linear = np.arange(size)
-    for order in itertools.permutations(range(len(epi_shape))):
-        permuted = tuple(epi_shape[k] for k in order)
-        parts = np.unravel_index(out_linear, permuted)
-        epi_index = [None] * len(order)
-        for k, axis in enumerate(order):
-            epi_index[axis] = parts[k]
-        if (forward[np.ravel_multi_index(epi_index, epi_shape)] == out_linear).all():
-            return lambda idx, order=order, permuted=permuted: _inverse_expr(idx, out_shape, order, permuted)
-    raise FusionError(f"epilogue '{name}': its index map is bijective but not a reshape or transpose, which is "
-                      "what fusion can invert")
+    inverse = np.empty(size, np.int64)
+    inverse[forward] = np.arange(size)                               # output element -> epilogue element
+    digits = _digits(inverse)
+    if digits is None:
+        raise FusionError(f"epilogue '{name}': its index map is bijective but not a composition of reshapes and "
+                          "transposes, which is what fusion can invert")
+    return lambda idx: _inverse_expr(idx, out_shape, epi_shape, digits)
 
 
-def _inverse_expr(index: tuple, out_shape: tuple, order: tuple, permuted: tuple) -> list:
+def _digits(inverse: np.ndarray):
+    """[(block, radix, stride)] with inverse(i) = sum((i // block) % radix * stride), or None."""
+    size = len(inverse)
+    if size == 0 or inverse[0] != 0:
+        return None
+    digits, block = [], 1
+    while block < size:
+        stride = int(inverse[block])
+        run = 2
+        while block * run < size and inverse[block * run] == run * stride:
+            run += 1
+        while (size // block) % run:
+            run -= 1
+        if run == 1:
+            return None
+        digits.append((block, run, stride))
+        block *= run
+    i = np.arange(size)
+    if not (sum(i // b % r * s for b, r, s in digits) == inverse).all():
+        return None
+    return digits
+
+
+def _inverse_expr(index: tuple, out_shape: tuple, epi_shape: tuple, digits: list) -> list:
     linear = ir.const(0)
     for i, n in zip(index, out_shape):
         linear = linear * n + i
-    parts = _unravel(linear, tuple(ir.const(n) for n in permuted))
-    result = [None] * len(order)
-    for k, axis in enumerate(order):
-        result[axis] = parts[k]
-    return result
+    epi_linear = ir.const(0)
+    for block, radix, stride in digits:
+        epi_linear = epi_linear + linear // block % radix * stride
+    return list(_unravel(epi_linear, tuple(ir.const(n) for n in epi_shape)))

@@ -38,6 +38,17 @@ def test_prologue_and_epilogue_of_the_issue_give_one_correct_kernel():
     assert "C[99 - i] * 2.0" in text and "A[" not in text and "out[" not in text
 
 
+def test_epilogue_through_split_transpose_and_merge_of_axes():
+    """out viewed as (2, 5, 10) = (head, row, col), heads moved next to the columns, merged: (5, 20)."""
+    merged = td.compute("E", (5, 20), lambda r, j: OUT[j // 10 * 50 + r * 10 + j % 10] - 1.0)
+    fused = td.fuse(reverse_plus_one, *_examples(), epilogues={"out": merged})
+    a = np.random.default_rng(3).standard_normal(100).astype(np.float32)
+    e = np.zeros((5, 20), np.float32)
+    fused(a, e)
+    expected = a[::-1].reshape(2, 5, 10).transpose(1, 0, 2).reshape(5, 20)
+    np.testing.assert_allclose(e, expected, rtol=1e-6, atol=1e-6)
+
+
 def test_matmul_with_bias_gelu_and_transpose_epilogue():
     m, n, k = 70, 45, 33
     cm = td.placeholder("C", f32, (m, n))
@@ -79,6 +90,9 @@ def test_non_fusible_requests_are_refused_with_a_reason():
     args = _examples()
     with pytest.raises(td.FusionError, match="not bijective"):
         td.fuse(reverse_plus_one, *args, epilogues={"out": td.compute("E", (100,), lambda i: OUT[i // 2])})
+    swapped = td.compute("E", (100,), lambda i: OUT[(i + 1) % 100])      # a rotation: bijective, no reshape
+    with pytest.raises(td.FusionError, match="composition of reshapes and transposes"):
+        td.fuse(reverse_plus_one, *args, epilogues={"out": swapped})
     with pytest.raises(td.FusionError, match="elements"):
         td.fuse(reverse_plus_one, *args, epilogues={"out": td.compute("E", (50,), lambda i: OUT[i])})
     total = td.reduce("total", (100,), (3,), lambda i, r: C[i] * r, op="sum")

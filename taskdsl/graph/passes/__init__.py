@@ -1,10 +1,9 @@
 """Graph passes, in the order `optimize` runs them. A pass is a function Graph -> Graph.
 
-    infer_shapes -> fold_constants -> eliminate_dead_code
+    infer_shapes -> fold_constants -> eliminate_dead_code -> partition
 
-A fusion partition pass goes after eliminate_dead_code (PIPELINE.append(partition)): it
-replaces groups of operators by new Operator nodes, and registers how those run with
-`taskdsl.graph.runners.runs`. `plan_memory` is an analysis of the final graph, which the
+`partition` (taskdsl/graph/fusion.py) replaces each anchor and the injective operators
+around it by one FusedAnchor node (one kernel, by post-scheduling fusion). `plan_memory` is an analysis of the final graph, which the
 executor runs after the pipeline.
 """
 from __future__ import annotations
@@ -15,7 +14,9 @@ from .fold_constants import constant_value, fold_constants
 from .infer_shapes import infer_shapes
 from .plan_memory import MemoryPlan, plan_memory
 
-PIPELINE = [infer_shapes, fold_constants, eliminate_dead_code]
+from ..fusion import partition  # noqa: E402 - after the passes it builds on
+
+PIPELINE = [infer_shapes, fold_constants, eliminate_dead_code, partition]
 
 
 def optimize(graph: Graph, passes: list | None = None) -> Graph:
@@ -26,4 +27,4 @@ def optimize(graph: Graph, passes: list | None = None) -> Graph:
 
 
 __all__ = ["PIPELINE", "optimize", "infer_shapes", "fold_constants", "constant_value", "eliminate_dead_code",
-           "plan_memory", "MemoryPlan"]
+           "plan_memory", "MemoryPlan", "partition"]

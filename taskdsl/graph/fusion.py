@@ -1,0 +1,243 @@
+"""Fusion partitioning: each anchor (matmul, 2-D convolution) with the injective operators around it
+becomes one `FusedAnchor` node, run as one kernel by post-scheduling fusion (`td.fuse`).
+
+    partition(graph):  for each anchor, in order
+      epilogue: follow the anchor's output while it has exactly one reader (and is not a graph
+                output) and that reader is injective with as many elements out as in
+                (elementwise with broadcast operands, batch norm, reshape, transpose);
+      prologue: an operand produced by an injective operator read only by the anchor is
+                computed inside the anchor's loads (conv input, matmul operands).
+
+The template is scheduled for the anchor alone (stdlib_ops.gemm / stdlib_ops.conv); its loads of
+the operands are then replaced by the prologue definitions (for a convolution: im2col of the
+input, composed with the input's producer) and its stores by the epilogue chain. A fused node's
+meaning is the composition of its members' compute definitions, so it keeps a numpy reference.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import taskdsl as td
+from stdlib_ops import conv as conv_lib
+from stdlib_ops import gemm
+
+from ..compute import placeholder
+from .graph import Graph
+from .operator import Operator
+from .ops import BatchNorm, Conv, Elementwise, MatMul, Reshape, Transpose
+from .runners import runs
+from .tensor import contiguous
+
+EPILOGUE_KINDS = (Elementwise, BatchNorm, Reshape, Transpose)
+PROLOGUE_KINDS = (Elementwise, BatchNorm, Reshape, Transpose)
+
+
+class FusedAnchor(Operator):
+    """An anchor with its prologue and epilogue operators, computed by one kernel."""
+
+    kind = "fused"
+
+    def __init__(self, anchor: Operator, prologues: dict, epilogue: list):
+        self.anchor, self.prologues, self.epilogue = anchor, dict(prologues), list(epilogue)
+        members = list(self.prologues.values()) + [anchor] + self.epilogue
+        produced = {id(t) for m in members for t in m.outputs}
+        inputs, seen = [], set()
+        for m in members:
+            for t in m.inputs:
+                if id(t) not in produced and id(t) not in seen:
+                    seen.add(id(t))
+                    inputs.append(t)
+        super().__init__(inputs, {"anchor": anchor.kind, "epilogue": tuple(m.kind for m in self.epilogue)})
+
+    @property
+    def members(self) -> list:
+        return list(self.prologues.values()) + [self.anchor] + self.epilogue
+
+    def define(self, *holders):
+        """The members' definitions composed: each member defined over its producers' definitions."""
+        value = {id(t): h for t, h in zip(self.inputs, holders)}
+        for m in self.members:
+            for t, d in zip(m.outputs, m.define(*(value[id(t)] for t in m.inputs))):
+                value[id(t)] = d
+        return [value[id(self.epilogue[-1].outputs[0] if self.epilogue else self.anchor.outputs[0])]]
+
+    def clone(self, inputs: list) -> "FusedAnchor":
+        """The same fusion over other external inputs (members rebuilt in order)."""
+        mapping = {id(old): new for old, new in zip(self.inputs, inputs)}
+
+        def rebuilt(m):
+            new = m.clone([mapping.get(id(t), t) for t in m.inputs])
+            mapping.update({id(old): t for old, t in zip(m.outputs, new.outputs)})
+            return new
+
+        prologues = {k: rebuilt(m) for k, m in self.prologues.items()}
+        anchor = rebuilt(self.anchor)
+        return FusedAnchor(anchor, prologues, [rebuilt(m) for m in self.epilogue])
+
+
+# ---------------------------------------------------------------- the pass
+def _fusible_anchor(op: Operator) -> bool:
+    if isinstance(op, MatMul):
+        return all(t.ndim >= 2 for t in op.inputs) and op.inputs[0].dtype in (td.f32, td.f16)
+    if isinstance(op, Conv):
+        x, w = op.inputs
+        return (x.ndim == 4 and op.attrs["groups"] == 1 and x.dtype in (td.f32, td.f16)
+                and w.shape[1] * w.shape[2] * w.shape[3] > conv_lib.DIRECT_MAX_REDUCTION)
+    return False
+
+
+def _elementwise_like(op: Operator, source) -> bool:
+    """Injective, one output with as many elements as `source`, which it reads once per output element."""
+    return (isinstance(op, EPILOGUE_KINDS) and op.is_injective and len(op.outputs) == 1
+            and op.outputs[0].size == source.size and sum(t is source for t in op.inputs) == 1)
+
+
+def _next_group(graph: Graph):
+    """The first anchor with something to fuse, as (FusedAnchor, the tensor it replaces), or None."""
+    users = graph.users()
+    outputs = {id(t) for t in graph.outputs}
+
+    def sole_reader(t):
+        readers = users.get(id(t), [])
+        return readers[0] if len(readers) == 1 and id(t) not in outputs else None
+
+    for op in graph.nodes:
+        if not _fusible_anchor(op):
+            continue
+        epilogue, tail = [], op.outputs[0]
+        while (nxt := sole_reader(tail)) is not None and _elementwise_like(nxt, tail):
+            epilogue.append(nxt)
+            tail = nxt.outputs[0]
+        prologues = {}
+        for k in (0,) if isinstance(op, Conv) else (0, 1):
+            producer = op.inputs[k].producer
+            if (isinstance(producer, PROLOGUE_KINDS) and producer.is_injective and len(producer.outputs) == 1
+                    and sole_reader(op.inputs[k]) is op):
+                prologues[k] = producer
+        if epilogue or prologues:
+            return FusedAnchor(op, prologues, epilogue), tail
+    return None
+
+
+def partition(graph: Graph) -> Graph:
+    """The graph with every fusible anchor and its prologues / epilogue chain replaced by a FusedAnchor.
+
+    One group at a time, in topological order: each rewrite rebuilds the readers of the fused
+    tensor, so later groups see the fused nodes (and never absorb them: they are no anchors).
+    """
+    while (group := _next_group(graph)) is not None:
+        fused, tail = group
+        fused.outputs[0].name = tail.name
+        rewritten = graph.rewrite({id(tail): fused.outputs[0]})
+        graph = Graph(rewritten.inputs, rewritten.outputs, name=graph.name)     # drops the absorbed members
+    return graph
+
+
+# ---------------------------------------------------------------- building and running the kernel
+def _view(t, shape: tuple, name: str):
+    """A compute reading `t` (any shape with as many elements) as row-major `shape`."""
+    src = tuple(int(d.value) for d in t.shape)
+
+    def fcompute(*ix):
+        flat = 0
+        for i, n in zip(ix, shape):
+            flat = flat * n + i
+        index = []
+        for n in reversed(src):
+            index.append(flat % n)
+            flat = flat // n
+        return t[tuple(reversed(index))]
+
+    return td.compute(name, shape, fcompute)
+
+
+class _Build:
+    """The fused kernel of one FusedAnchor and how to call it from the node's input arrays."""
+
+    def __init__(self, op: FusedAnchor):
+        self.op = op
+        holders = [placeholder(f"x{k}", t.dtype, t.shape) for k, t in enumerate(op.inputs)]
+        self.value = {id(t): h for t, h in zip(op.inputs, holders)}
+        for m in op.prologues.values():
+            self._define(m)
+        anchor = op.anchor
+        if isinstance(anchor, Conv):
+            self._conv(anchor)
+        else:
+            self._matmul(anchor)
+        self.names = [name for name, _ in self.kernel.params]
+        self.index_of = {h.name: k for k, h in enumerate(holders)}
+
+    def _define(self, m, replaced: dict | None = None):
+        values = [(replaced or {}).get(id(t), self.value.get(id(t))) for t in m.inputs]
+        for t, d in zip(m.outputs, m.define(*values)):
+            self.value[id(t)] = d
+
+    def _epilogue(self, anchor_out, y) -> object:
+        self.value[id(anchor_out)] = y
+        for m in self.op.epilogue:
+            self._define(m)
+        return self.value[id(self.op.epilogue[-1].outputs[0])] if self.op.epilogue else y
+
+    def _conv(self, anchor: Conv) -> None:
+        x, w = anchor.inputs
+        a = anchor.attrs
+        pads = (a["pads"][0], a["pads"][1], a["pads"][2], a["pads"][3])
+        self.geometry = g = conv_lib.geometry(x.shape, w.shape, a["strides"], pads, a["dilations"], 1)
+        groups, m, k, n = g.gemm
+        plan = gemm.plan((groups, m, k), (groups, k, n), x.dtype, td.get_target())
+        self.plan, self.weight = plan, w
+        c = placeholder("C", x.dtype, plan.operand_shapes()[2])
+        z = self._epilogue(anchor.outputs[0], conv_lib.output_view(g, c))
+        self.kernel = td.fuse(plan.anchor, *self._examples(plan), prologues={"A": conv_lib.im2col(g, self.value[id(x)])},
+                              epilogues={"C": z})
+
+    def _matmul(self, anchor: MatMul) -> None:
+        ta, tb = anchor.inputs
+        self.plan = plan = gemm.plan(ta.shape, tb.shape, ta.dtype, td.get_target())
+        a_shape, b_shape, c_shape = plan.operand_shapes()
+        prologues = {}
+        for k, (name, shape) in enumerate((("A", a_shape), ("B", b_shape))):
+            if k in self.op.prologues:
+                prologues[name] = _view(self.value[id(anchor.inputs[k])], shape, name)
+        c = placeholder("C", ta.dtype, c_shape)
+        y = _view(c, anchor.outputs[0].shape, "matmul_out")
+        z = self._epilogue(anchor.outputs[0], y)
+        self.kernel = td.fuse(plan.anchor, *self._examples(plan), prologues=prologues, epilogues={"C": z})
+
+    @staticmethod
+    def _examples(plan) -> tuple:
+        shapes = plan.operand_shapes()
+        return tuple(np.empty(s, plan.dtype.numpy) for s in shapes) + (plan.batch_index(1), 1)
+
+    def run(self, arrays: list) -> np.ndarray:
+        """The fused node's output for its input arrays (one kernel launch)."""
+        out = np.empty(self.op.outputs[0].shape, self.op.outputs[0].numpy_dtype)
+        a_shape, b_shape, _ = self.plan.operand_shapes()
+        anchor = self.op.anchor
+        fixed = {"batch_index": self.plan.batch_index(1), "split": 1}
+        if isinstance(anchor, Conv):
+            fixed["B"] = conv_lib.pack_weight(self.geometry, arrays[self._input_index(self.weight)])
+        else:
+            for k, (name, shape) in enumerate((("A", a_shape), ("B", b_shape))):
+                if k not in self.op.prologues:
+                    fixed[name] = contiguous(arrays[self._input_index(anchor.inputs[k])]).reshape(shape)
+        args = [fixed[n] if n in fixed else contiguous(arrays[self.index_of[n]]) for n in self.names[:-1]]
+        self.kernel(*args, out)
+        return out
+
+    def _input_index(self, t) -> int:
+        return next(k for k, x in enumerate(self.op.inputs) if x is t)
+
+
+@runs(FusedAnchor)
+def run_fused(op: FusedAnchor, arrays: list) -> tuple:
+    """One launch of the fused kernel (built on first use)."""
+    build = op.__dict__.get("_build")
+    if build is None or build.target != td.get_target():
+        build = op._build = _Build(op)
+        build.target = td.get_target()
+    return [build.run(arrays)], [build.kernel]
+
+
+__all__ = ["FusedAnchor", "partition"]

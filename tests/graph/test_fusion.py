@@ -1,0 +1,98 @@
+"""Fusion partitioning: anchors (matmul, conv2d) with their prologues / epilogues become one kernel.
+
+Oracle: the graph's numpy reference (the evaluation of the operators' compute definitions),
+and for the BERT layer an independent numpy implementation.
+"""
+import numpy as np
+import pytest
+
+import taskdsl as td
+import taskdsl.graph as tg
+from taskdsl.graph import ops
+from taskdsl.graph.fusion import FusedAnchor, partition
+
+RNG = np.random.default_rng(0)
+
+
+def _const(*shape, scale=1.0):
+    return tg.constant((RNG.standard_normal(shape) * scale).astype(np.float32))
+
+
+def _run(g, *arrays):
+    td.set_target("cpu")
+    cg = g.compile()
+    out = cg(*arrays)
+    for got, want in zip(out, g.reference(*arrays)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    return cg
+
+
+def test_conv_bn_relu_is_one_kernel():
+    x = tg.input("x", (2, 8, 9, 7))
+    var = tg.constant(RNG.random(16).astype(np.float32) + 0.5)
+    y = ops.relu(ops.batch_norm(ops.conv2d(x, _const(16, 8, 3, 3), padding=1), _const(16), var, _const(16),
+                                _const(16)))
+    cg = _run(tg.Graph([x], [y]), RNG.standard_normal((2, 8, 9, 7)).astype(np.float32))
+    assert [op.kind for op in cg.graph.nodes] == ["fused"] and len(cg.kernels) == 1
+
+
+def test_matmul_add_gelu_is_one_kernel_and_transposed_operands_fuse_as_prologues():
+    a = tg.input("a", (2, 5, 40))
+    b = tg.input("b", (24, 40))
+    h = ops.gelu(ops.matmul(a, ops.transpose(b)) + _const(24))     # the transpose is a prologue of B
+    cg = _run(tg.Graph([a, b], [h]), RNG.standard_normal((2, 5, 40)).astype(np.float32),
+              RNG.standard_normal((24, 40)).astype(np.float32))
+    fused, = cg.graph.nodes
+    assert isinstance(fused, FusedAnchor) and list(fused.prologues) == [1]
+    assert [m.kind for m in fused.epilogue] == ["add", "gelu"] and len(cg.kernels) == 1
+
+
+def test_what_does_not_fuse():
+    x = tg.input("x", (4, 16))
+    w = _const(16, 16)
+    y = ops.matmul(x, w)
+    twice = ops.relu(y) + ops.sigmoid(y)            # y has two readers: no epilogue
+    reduced = ops.sum(ops.matmul(x, w), 1)  # a reduction is no epilogue
+    g = tg.Graph([x], [twice, reduced])
+    assert not any(isinstance(op, FusedAnchor) for op in partition(g).nodes)
+    out = tg.Graph([x], [ops.relu(y), y])           # y is a graph output: stored, so no epilogue
+    assert not any(isinstance(op, FusedAnchor) for op in partition(out).nodes)
+    _run(g, RNG.standard_normal((4, 16)).astype(np.float32))
+
+
+def bert_layer(x, hidden: int, heads: int, ffn: int):
+    """One BERT encoder layer (post-norm), traced with graph ops."""
+    seq = x.shape[1]
+    d = hidden // heads
+
+    def split_heads(t):
+        return ops.transpose(ops.reshape(t, (1, seq, heads, d)), (0, 2, 1, 3))
+
+    q, k, v = (split_heads(ops.linear(x, _const(hidden, hidden, scale=0.2), _const(hidden))) for _ in range(3))
+    scores = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))) * (1.0 / np.sqrt(d))
+    context = ops.matmul(ops.softmax(scores, axis=-1), v)
+    context = ops.reshape(ops.transpose(context, (0, 2, 1, 3)), (1, seq, hidden))
+    attn = ops.linear(context, _const(hidden, hidden, scale=0.2), _const(hidden))
+    h = ops.layer_norm(attn + x, _const(hidden), _const(hidden))
+    ff = ops.linear(ops.gelu(ops.linear(h, _const(ffn, hidden, scale=0.2), _const(ffn))),
+                    _const(hidden, ffn, scale=0.2), _const(hidden))
+    return ops.layer_norm(ff + h, _const(hidden), _const(hidden))
+
+
+def test_bert_layer_kernel_count():
+    """Eight matmuls (q, k, v, scores, context, attention output, two FFN); what fuses:
+
+    q/k/v projections: bias add + head split (reshape, transpose; for k also the
+    transpose for the scores) as epilogues                                   -> 3 kernels;
+    scores: the 1/sqrt(d) scale as epilogue                                  -> 1, softmax -> 1;
+    context: its transpose + reshape back to (seq, hidden)                   -> 1;
+    attention output: bias + residual add                                    -> 1, layer norm -> 1;
+    FFN: bias + gelu -> 1, bias + residual -> 1, layer norm -> 1.          total 11 kernels
+    (unfused: 8 matmuls + 7 adds + 3 reshapes + 5 transposes + mul + gelu + softmax + 2 norms).
+    """
+    hidden, heads, ffn, seq = 32, 2, 64, 8
+    x = tg.input("x", (1, seq, hidden))
+    g = tg.Graph([x], [bert_layer(x, hidden, heads, ffn)])
+    cg = _run(g, RNG.standard_normal((1, seq, hidden)).astype(np.float32))
+    kinds = [op.kind for op in cg.graph.nodes]
+    assert kinds.count("fused") == 8 and len(cg.kernels) == 11, kinds
