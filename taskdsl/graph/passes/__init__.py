@@ -3,7 +3,8 @@
     infer_shapes -> fold_constants -> eliminate_dead_code -> partition
 
 `partition` (taskdsl/graph/fusion.py) replaces each anchor and the injective operators
-around it by one FusedAnchor node (one kernel, by post-scheduling fusion). `plan_memory` is an analysis of the final graph, which the
+around it by one FusedAnchor node (one kernel, by post-scheduling fusion).
+`plan_memory` is an analysis of the final graph, which the
 executor runs after the pipeline.
 """
 from __future__ import annotations
