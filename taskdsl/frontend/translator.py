@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import math
 import operator
 
 from .. import ir
@@ -492,7 +493,8 @@ class FunctionTranslator:
             raise self.error(node, f"only tensors can be assigned to by index, not {type(base).__name__}")
         return self.buffer_indices(base, node)
 
-    def buffer_indices(self, buf: ir.Buffer, node: ast.Subscript):
+    def buffer_indices(self, buf: ir.Buffer, node: ast.Subscript, partial: bool = False):
+        """(buf, typed indices) of `buf[...]`; `partial` allows fewer indices than axes (a sub-tensor)."""
         raw = node.slice
         parts = raw.elts if isinstance(raw, ast.Tuple) else [raw]
         if any(isinstance(p, ast.Slice) for p in parts):
@@ -504,7 +506,7 @@ class FunctionTranslator:
                 idx.extend(v)
             else:
                 idx.append(v)
-        if len(idx) != len(buf.shape):
+        if len(idx) != len(buf.shape) and not (partial and len(idx) < len(buf.shape)):
             raise self.error(node, f"'{buf.name}' has {len(buf.shape)} dimension{'s' if len(buf.shape) != 1 else ''}"
                                    f" but is indexed with {len(idx)} index{'es' if len(idx) != 1 else ''}")
         out = []
@@ -624,7 +626,10 @@ class FunctionTranslator:
     def expr_call(self, node: ast.Call, name_hint: str | None = None, statement: bool = False):
         func = self.expr(node.func)
         if isinstance(func, L.Intrinsic):
-            return self.intrinsic_call(func, node, name_hint)
+            result = self.intrinsic_call(func, node, name_hint)
+            if isinstance(result, ir.Stmt) and not statement:
+                raise self.error(node, f"td.{func.name}() is a statement and has no value")
+            return result
         from .decorators import DeviceFunction  # the decorator module imports this one
         if isinstance(func, DeviceFunction):
             return self.inline_call(func, node)
@@ -663,8 +668,8 @@ class FunctionTranslator:
             return self.alloc_call(fn, node, name_hint)
         if fn.kind == "barrier":
             if node.args or kwargs:
-                raise self.error(node, "td.syncthreads() takes no arguments")
-            return ir.SyncThreads(self.loc(node))
+                raise self.error(node, f"td.{fn.name}() takes no arguments")
+            return (ir.SyncThreads if fn.name == "syncthreads" else ir.SyncWarp)(self.loc(node))
         if fn.kind == "cast":
             if len(node.args) != 2 or kwargs:
                 raise self.error(node, "td.cast(value, dtype) takes two arguments")
@@ -674,6 +679,8 @@ class FunctionTranslator:
             return self.atomic_call(fn, node)
         if fn.kind == "warp":
             return self.warp_call(fn, node, kwargs)
+        if fn.kind == "tensor":
+            return getattr(self, fn.name + "_call")(node, kwargs)
         raise self.error(node, f"td.{fn.name}() can only be used as a for-loop source")
 
     def math_call(self, name: str, args: list, node: ast.AST):
@@ -724,6 +731,92 @@ class FunctionTranslator:
             raise self.error(node.args[0], f"cannot shuffle a {value.dtype.name}")
         lane = self.cast_to(self.runtime_value(node.args[1], T.i32), T.i32, node.args[1])
         return ir.Call(fn.name, (value, lane, ir.const(width)), value.dtype)
+
+    # ----------------------------------------------------------------- tensor cores and async copies
+    def buffer_ref(self, node: ast.expr, what: str, scope: str, fragment: bool = False) -> ir.Ref:
+        """`T[i, j]` (an element) or, for a `fragment`, `T` / `T[i]` (the sub-tensor of the remaining axes)."""
+        base = self.expr(node.value if isinstance(node, ast.Subscript) else node)
+        if not isinstance(base, ir.Buffer):
+            got = "a runtime value" if is_runtime(base) else repr(base)
+            raise self.error(node, f"{what} must be a {'register array' if fragment else 'tensor element'}, got {got}")
+        if base.scope != scope:
+            raise self.error(node, f"{what} must be in {scope} memory; '{base.name}' is {base.scope}")
+        if isinstance(node, ast.Subscript):
+            return ir.Ref(*self.buffer_indices(base, node, partial=fragment))
+        if not fragment:
+            raise self.error(node, f"{what} must be one element, e.g. {base.name}[i, j]")
+        return ir.Ref(base, ())
+
+    def fragment(self, node: ast.expr, what: str, sizes: tuple, dtypes: tuple) -> tuple:
+        """(Ref, element count) of a register fragment of one of `sizes` elements of one of `dtypes`."""
+        ref = self.buffer_ref(node, what, "register", fragment=True)
+        size = math.prod(d.value for d in ref.buffer.shape[len(ref.indices):])
+        if size not in sizes:
+            raise self.error(node, f"{what} must be a fragment of {' or '.join(map(str, sizes))} elements, got {size}",
+                             "Index the leading axes of a register array and leave the fragment's axes free, "
+                             "e.g. acc[mi, ni] of td.registers(f32, (MI, NI, 4)).")
+        if ref.dtype not in dtypes:
+            raise self.error(node, f"{what} must hold {' or '.join(t.name for t in dtypes)} elements; "
+                                   f"'{ref.buffer.name}' holds {ref.dtype.name}")
+        return ref, size
+
+    def compile_time_count(self, node: ast.expr, what: str) -> int:
+        """The value of `node`, which must be a non-negative int known at compile time."""
+        value = self.expr(node)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            shown = ir.expr_str(value) if is_runtime(value) else repr(value)
+            raise self.error(node, f"{what} must be a non-negative int known at compile time, got {shown}")
+        return value
+
+    def mma_m16n8k16_call(self, node: ast.Call, kwargs: dict) -> ir.Mma:
+        if len(node.args) != 3 or kwargs:
+            raise self.error(node, "td.mma_m16n8k16(a, b, c) takes three register fragments")
+        a, _ = self.fragment(node.args[0], "the a fragment", (8,), (T.f16, T.bf16))
+        b, _ = self.fragment(node.args[1], "the b fragment", (4,), (a.dtype,))
+        c, _ = self.fragment(node.args[2], "the c fragment", (4,), (T.f32,))
+        return ir.Mma(a, b, c, self.loc(node))
+
+    def ldmatrix_call(self, node: ast.Call, kwargs: dict) -> ir.LdMatrix:
+        if len(node.args) != 2 or set(kwargs) - {"trans"}:
+            raise self.error(node, "td.ldmatrix(frag, smem[row, col], trans=False) takes a register fragment and "
+                                   "a shared-memory element")
+        src = self.buffer_ref(node.args[1], "the ldmatrix source", "shared")
+        if src.dtype.bits != 16:
+            raise self.error(node.args[1], f"ldmatrix loads 16-bit elements; '{src.buffer.name}' holds "
+                                           f"{src.dtype.name}")
+        frag, size = self.fragment(node.args[0], "the ldmatrix fragment", (2, 4, 8), (src.dtype,))
+        trans = self.expr(kwargs["trans"]) if "trans" in kwargs else False
+        if not isinstance(trans, bool):
+            raise self.error(kwargs["trans"], "trans= must be True or False, known at compile time")
+        return ir.LdMatrix(frag, src, size // 2, trans, self.loc(node))
+
+    def cp_async_call(self, node: ast.Call, kwargs: dict) -> ir.CpAsync:
+        if len(node.args) != 3 or set(kwargs) - {"pred"}:
+            raise self.error(node, "td.cp_async(smem[i, j], tensor[gi, gj], n, pred=True) takes a shared element, "
+                                   "a global element and an element count")
+        dst = self.buffer_ref(node.args[0], "the cp_async destination", "shared")
+        src = self.buffer_ref(node.args[1], "the cp_async source", "global")
+        if src.dtype != dst.dtype:
+            raise self.error(node, f"cp_async copies between tensors of one dtype, got {src.dtype.name} to "
+                                   f"{dst.dtype.name}")
+        count = self.compile_time_count(node.args[2], "the element count of cp_async")
+        if count * dst.dtype.bits not in (32, 64, 128):
+            raise self.error(node.args[2], f"cp_async copies 4, 8 or 16 bytes; {count} {dst.dtype.name} elements "
+                                           f"are {count * dst.dtype.bits / 8:g} bytes")
+        pred = self.condition(self.runtime_value(kwargs["pred"]), kwargs["pred"]) if "pred" in kwargs else \
+            ir.const(True)
+        return ir.CpAsync(dst, src, count, pred, self.loc(node))
+
+    def cp_async_commit_call(self, node: ast.Call, kwargs: dict) -> ir.CpAsyncCommit:
+        if node.args or kwargs:
+            raise self.error(node, "td.cp_async_commit() takes no arguments")
+        return ir.CpAsyncCommit(self.loc(node))
+
+    def cp_async_wait_call(self, node: ast.Call, kwargs: dict) -> ir.CpAsyncWait:
+        if len(node.args) > 1 or kwargs:
+            raise self.error(node, "td.cp_async_wait(n=0) takes the number of groups that may stay in flight")
+        pending = self.compile_time_count(node.args[0], "the group count of cp_async_wait") if node.args else 0
+        return ir.CpAsyncWait(pending, self.loc(node))
 
     def inline_call(self, dfn, node: ast.Call) -> ir.Expr | None:
         """Inline a `@td.func`: arguments bind its parameters (by value; tensors by reference)."""

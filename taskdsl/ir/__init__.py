@@ -1,9 +1,9 @@
 """The tensor IR: types, expressions, statements, functions, traversal and printing."""
-from .expr import (Atomic, Binary, Buffer, Call, Cast, Const, Expr, Load, Select, SpecialReg, Unary, Var,
+from .expr import (Atomic, Binary, Buffer, Call, Cast, Const, Expr, Load, Ref, Select, SpecialReg, Unary, Var,
                    as_expr, binary, const, evaluate_int, structurally_equal)
 from .function import Function
 from .printer import expr_str, function_str, stmt_str
-from .stmt import (Allocate, Assign, Break, Continue, Evaluate, For, ForMapping, If, Seq, Stmt, Store,
-                   SyncThreads, While, seq)
+from .stmt import (Allocate, Assign, Break, Continue, CpAsync, CpAsyncCommit, CpAsyncWait, Evaluate, For,
+                   ForMapping, If, LdMatrix, Mma, Seq, Stmt, Store, SyncThreads, SyncWarp, While, seq)
 from .types import DataType, TensorSpec
 from .visitor import Rewriter, Visitor, collect, substitute

@@ -143,6 +143,22 @@ class Load(Expr):
 
 
 @dataclass(frozen=True, eq=False)
+class Ref(Expr):
+    """`buffer[indices]` as the operand of a memory instruction (mma, ldmatrix, cp_async), not a value.
+
+    With fewer indices than axes it names the row-major sub-tensor of the remaining axes (a
+    fragment of a register array); after flattening, `indices` is its first element's linear index.
+    """
+
+    buffer: Buffer
+    indices: tuple
+
+    @property
+    def dtype(self) -> DataType:
+        return self.buffer.dtype
+
+
+@dataclass(frozen=True, eq=False)
 class Atomic(Expr):
     """`buffer[indices] op= value` done atomically; its value is the old element."""
 

@@ -33,6 +33,8 @@ def expr_str(e, parent: int = 0) -> str:
         return f"{e.func}({', '.join(expr_str(a) for a in e.args)})"
     if isinstance(e, E.Load):
         return f"{e.buffer.name}[{', '.join(expr_str(i) for i in e.indices)}]"
+    if isinstance(e, E.Ref):   # the address of an element, or of the first element of a fragment
+        return f"&{e.buffer.name}" + (f"[{', '.join(expr_str(i) for i in e.indices)}]" if e.indices else "")
     if isinstance(e, E.Atomic):
         idx = ", ".join(expr_str(i) for i in e.indices)
         return f"atomic_{e.op}({e.buffer.name}[{idx}], {expr_str(e.value)})"
@@ -74,6 +76,18 @@ def _lines(s, depth: int, out: list) -> None:
         out.append(f"{pad}continue")
     elif isinstance(s, S.SyncThreads):
         out.append(f"{pad}syncthreads()")
+    elif isinstance(s, S.SyncWarp):
+        out.append(f"{pad}syncwarp()")
+    elif isinstance(s, S.Mma):
+        out.append(f"{pad}mma_m16n8k16({expr_str(s.a)}, {expr_str(s.b)}, {expr_str(s.c)})")
+    elif isinstance(s, S.LdMatrix):
+        out.append(f"{pad}ldmatrix.x{s.num}{'.trans' if s.trans else ''}({expr_str(s.frag)}, {expr_str(s.src)})")
+    elif isinstance(s, S.CpAsync):
+        out.append(f"{pad}cp_async({expr_str(s.dst)}, {expr_str(s.src)}, {s.count}, pred={expr_str(s.pred)})")
+    elif isinstance(s, S.CpAsyncCommit):
+        out.append(f"{pad}cp_async_commit()")
+    elif isinstance(s, S.CpAsyncWait):
+        out.append(f"{pad}cp_async_wait({s.pending})")
     elif isinstance(s, S.Evaluate):
         out.append(f"{pad}{expr_str(s.expr)}")
     else:

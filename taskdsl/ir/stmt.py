@@ -113,6 +113,63 @@ class SyncThreads(Stmt):
 
 
 @dataclass(frozen=True, eq=False)
+class SyncWarp(Stmt):
+    """A barrier of the lanes of a warp (`__syncwarp()`)."""
+
+    loc: SourceLoc | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Mma(Stmt):
+    """Warp-wide `c += a @ b` on m16n8k16 tensor-core fragments (`Ref`s to register arrays)."""
+
+    a: Expr
+    b: Expr
+    c: Expr
+    loc: SourceLoc | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class LdMatrix(Stmt):
+    """Warp-wide load of `num` 8x8 b16 matrices from shared memory into the fragment `frag`.
+
+    Lane 8j + r gives in `src` the address of row r of matrix j; see `passes/emulate_tensor_cores.py`.
+    """
+
+    frag: Expr
+    src: Expr
+    num: int
+    trans: bool
+    loc: SourceLoc | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class CpAsync(Stmt):
+    """Asynchronous copy of `count` contiguous elements from global `src` to shared `dst`; zeros unless `pred`."""
+
+    dst: Expr
+    src: Expr
+    count: int
+    pred: Expr
+    loc: SourceLoc | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class CpAsyncCommit(Stmt):
+    """Closes the group of this thread's cp_asyncs issued since the last commit."""
+
+    loc: SourceLoc | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class CpAsyncWait(Stmt):
+    """Waits until at most `pending` of this thread's committed cp_async groups are unfinished."""
+
+    pending: int
+    loc: SourceLoc | None = None
+
+
+@dataclass(frozen=True, eq=False)
 class Evaluate(Stmt):
     """An expression run for its effect (an atomic whose old value is unused)."""
 

@@ -1,4 +1,5 @@
-"""What kernel bodies may call: index registers, memory, barriers, math, casts, atomics, warp ops.
+"""What kernel bodies may call: index registers, memory, barriers, math, casts, atomics, warp ops,
+tensor cores (mma, ldmatrix) and asynchronous copies (cp_async).
 
 Each entry is a marker the frontend recognises; math functions also work on plain Python
 numbers outside kernels, so host code and tests can share formulas with kernels.
@@ -32,7 +33,7 @@ class Intrinsic:
     """A function kernels may call; `kind` says how the frontend lowers it."""
 
     name: str
-    kind: str          # 'math', 'memory', 'barrier', 'cast', 'atomic', 'warp', 'loop'
+    kind: str          # 'math', 'memory', 'barrier', 'cast', 'atomic', 'warp', 'loop', 'tensor'
     host: object = None
 
     def __call__(self, *args, **kwargs):
@@ -66,6 +67,10 @@ cast = Intrinsic("cast", "cast")
 unroll = Intrinsic("unroll", "loop")
 ATOMICS = {f"atomic_{op}": Intrinsic(f"atomic_{op}", "atomic") for op in ("add", "sub", "max", "min", "exch")}
 WARP_OPS = {name: Intrinsic(name, "warp") for name in ("shfl_xor", "shfl_down", "shfl_up", "shfl_idx")}
+syncwarp = Intrinsic("syncwarp", "barrier")
+# Tensor-core fragments and asynchronous global -> shared copies (sm_80+); see docs/dsl-reference.md.
+TENSOR_OPS = {name: Intrinsic(name, "tensor") for name in
+              ("mma_m16n8k16", "ldmatrix", "cp_async", "cp_async_commit", "cp_async_wait")}
 
 
 def math_expr(name: str, args: list) -> Call:

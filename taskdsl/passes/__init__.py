@@ -2,7 +2,8 @@
 
 Common to every target:  expand_mappings -> simplify -> check_barriers.
 CUDA then specializes:   bind_sizes -> flatten_buffers -> simplify.
-The cpu target keeps sizes symbolic (one numba compile serves every shape):
+The cpu target first gives tensor-core and async-copy instructions their plain meaning
+(emulate_tensor_cores), then keeps sizes symbolic (one numba compile serves every shape):
                          unroll_loops -> flatten_buffers -> simplify,
 except in debug mode, which keeps n-d accesses so each index can be checked per axis.
 Blocks are then split at barriers in `backend/cpu/fission.py`.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from .. import ir
 from .check_barriers import check_barriers
+from .emulate_tensor_cores import emulate_tensor_cores
 from .expand_mappings import expand_mappings
 from .simplify import simplify
 from .specialize import bind_sizes, flatten_buffers
@@ -33,6 +35,7 @@ def lower_for_cuda(fn: ir.Function, sizes: dict) -> ir.Function:
 
 def lower_for_cpu(fn: ir.Function, debug: bool) -> ir.Function:
     """A lowered kernel prepared for the numba code generator (n-d accesses kept in debug mode)."""
+    fn = emulate_tensor_cores(fn)
     if debug:
         return fn
     return simplify(flatten_buffers(simplify(unroll_loops(fn))))

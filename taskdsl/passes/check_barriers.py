@@ -1,4 +1,4 @@
-"""Reject barriers and warp shuffles that not every thread (of the block / warp) reaches."""
+"""Reject barriers and warp-wide operations that not every thread (of the block / warp) reaches."""
 from __future__ import annotations
 
 from .. import ir
@@ -17,14 +17,25 @@ def _warp_calls(s: ir.Stmt) -> list:
     return found
 
 
+# Statements every lane of a warp executes together, and their names in the language.
+WARP_STMTS = {ir.SyncWarp: "syncwarp", ir.Mma: "mma_m16n8k16", ir.LdMatrix: "ldmatrix"}
+
+
 def check_barriers(fn: ir.Function) -> ir.Function:
-    """Raise DSLError for a barrier under thread-dependent control flow, or a shuffle under
-    lane-dependent control flow; return `fn` unchanged otherwise."""
+    """Raise DSLError for a barrier under thread-dependent control flow, or a shuffle, syncwarp, mma
+    or ldmatrix under lane-dependent control flow; return `fn` unchanged otherwise."""
     uniformity = Uniformity(fn)
     for s, level in uniformity.control_levels(fn):
         if isinstance(s, ir.SyncThreads) and level > UNIFORM:
             raise DSLError("'syncthreads()' inside a branch or loop that depends on threadIdx", s.loc,
                            "A barrier must be reached by every thread of the block.")
+        name = WARP_STMTS.get(type(s))
+        if name is not None and level >= THREAD:
+            raise DSLError(f"'{name}()' inside a branch or loop that differs between the lanes of a warp", s.loc,
+                           "Every lane of a warp must reach it together.")
+        if isinstance(s, (ir.Mma, ir.LdMatrix)) and fn.num_threads % 32:
+            raise DSLError(f"'{name}()' needs whole warps, but the block has {fn.num_threads} threads", s.loc,
+                           "Use a block whose thread count is a multiple of 32.")
         if level >= THREAD and not isinstance(s, (ir.Seq, ir.For, ir.While, ir.If)) and _warp_calls(s):
             raise DSLError(f"'{_warp_calls(s)[0].func}()' inside a branch or loop that differs between the lanes "
                            "of a warp", s.loc, "Every lane of a warp must reach a shuffle together.")

@@ -42,14 +42,20 @@ def bind_sizes(fn: ir.Function, sizes: dict) -> ir.Function:
     return dataclasses.replace(_BindSizes(sizes).run(fn), sizes=())
 
 
+def linear_index(b: ir.Buffer, indices: tuple) -> ir.Expr:
+    """The row-major linear index of `b[indices]`; missing trailing indices are 0 (a sub-tensor's first element)."""
+    indices = tuple(indices) + (0,) * (len(b.shape) - len(indices))
+    if not indices:          # a 0-d tensor: its single element
+        return ir.const(0)
+    linear = ir.as_expr(indices[0])
+    for dim, i in zip(b.shape[1:], indices[1:]):
+        linear = linear * dim + i
+    return linear
+
+
 class _Flatten(ir.Rewriter):
     def _linear(self, b: ir.Buffer, indices: tuple) -> tuple:
-        if not indices:          # a 0-d tensor: its single element
-            return (ir.const(0),)
-        linear = ir.as_expr(indices[0])
-        for dim, i in zip(b.shape[1:], indices[1:]):
-            linear = linear * dim + i
-        return (linear,)
+        return (linear_index(b, indices),)
 
     def visit_Load(self, e):
         e = self.generic_visit(e)
@@ -60,6 +66,10 @@ class _Flatten(ir.Rewriter):
         return dataclasses.replace(s, indices=self._linear(s.buffer, s.indices))
 
     def visit_Atomic(self, e):
+        e = self.generic_visit(e)
+        return dataclasses.replace(e, indices=self._linear(e.buffer, e.indices))
+
+    def visit_Ref(self, e):
         e = self.generic_visit(e)
         return dataclasses.replace(e, indices=self._linear(e.buffer, e.indices))
 

@@ -366,8 +366,8 @@ class _PythonEmitter:
             return self.var_ref(e)
         if isinstance(e, ir.SpecialReg):
             axis = "xyz".index(e.axis)
-            if e.name == "threadIdx":
-                return ("tx", "ty", "tz")[axis]
+            if e.name == "threadIdx":   # ty / tz exist only in blocks that have those axes
+                return ("tx", "ty", "tz")[axis] if axis == 0 or self.fn.block[axis] > 1 else "0"
             if e.name == "blockIdx":
                 return ("bx", "by", "bz")[axis]
             if e.name == "blockDim":

@@ -1,10 +1,11 @@
 """Barrier fission: a block's body as a sequence of per-thread regions and block-level steps.
 
-The MCUDA / work-item-loop technique. Statements are split at every `syncthreads()` and
-warp shuffle; each maximal barrier-free run becomes a `Region` (later a loop over the
-block's threads). Control flow that contains a split point must be uniform across the
-block and stays outside, at block level, with only its body split; a warp-uniform `if`
-around shuffles becomes a per-thread predicate guarding each region of its body.
+The MCUDA / work-item-loop technique. Statements are split at every `syncthreads()`,
+`syncwarp()` and warp shuffle; each maximal barrier-free run becomes a `Region` (later a
+loop over the block's threads). Control flow that contains a split point must be uniform
+across the block and stays outside, at block level, with only its body split; a
+warp-uniform `if` around shuffles becomes a per-thread predicate guarding each region of
+its body.
 Variables the block-level steps read (loop bounds, conditions) are block variables and
 are assigned once per block; variables used by several regions become per-thread arrays.
 
@@ -38,7 +39,7 @@ class Region:
 
 @dataclass(eq=False)
 class Barrier:
-    """A `syncthreads()` between regions."""
+    """A `syncthreads()` or `syncwarp()` between regions."""
 
     loc: object
 
@@ -191,7 +192,7 @@ class _Fission:
         self.site_numbers = itertools.count()   # per kernel, so the generated source is deterministic
 
     def has_split(self, s) -> bool:
-        return any(isinstance(x, ir.SyncThreads) or _is_shuffle_assign(x) for x in _walk_stmts(s))
+        return any(isinstance(x, (ir.SyncThreads, ir.SyncWarp)) or _is_shuffle_assign(x) for x in _walk_stmts(s))
 
     def is_block_level(self, s, in_block_loop: bool) -> bool:
         if self.has_split(s):
@@ -240,7 +241,7 @@ class _Fission:
         for x in _flatten(s):
             if not self.is_block_level(x, in_block_loop):
                 current.append(x)
-            elif isinstance(x, ir.SyncThreads):
+            elif isinstance(x, (ir.SyncThreads, ir.SyncWarp)):   # a block-wide split is a legal schedule of a syncwarp
                 flush()
                 items.append(Barrier(x.loc))
             elif _is_shuffle_assign(x):

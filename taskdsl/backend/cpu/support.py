@@ -8,7 +8,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from llvmlite import ir as llvm_ir
+from numba import njit, types
+from numba.extending import intrinsic
 
 WARP = 32
 
@@ -197,30 +199,39 @@ def store_shared_checked(a, idx, value, shadow, tid, epoch, site):
 
 # -------------------------------------------------------------- 16-bit floats (held as uint16 bits)
 # numba has no float16; f16/bf16 values travel as their bit patterns and are computed in f32.
-@njit(cache=True, inline="always")
-def _from_bits(bits, mant_bits, exp_bias, exp_max):
-    """The value of a narrow float's sign|exponent|mantissa bits."""
-    b = np.int64(bits)
-    exp, mant = (b >> mant_bits) & exp_max, b & ((1 << mant_bits) - 1)
-    if exp == 0:
-        value = math.ldexp(mant, 1 - exp_bias - mant_bits)
-    elif exp == exp_max:
-        value = math.inf if mant == 0 else math.nan
-    else:
-        value = math.ldexp(mant + (1 << mant_bits), exp - exp_bias - mant_bits)
-    return np.float32(-value if b & 0x8000 else value)
+# The conversions are not inline="always": LLVM inlines them anyway, while numba's own inlining
+# costs compile time at every use, growing with the size of the kernel.
+@intrinsic
+def _f32_from_bits(typingctx, bits):
+    """The f32 whose bit pattern is the low 32 bits of the integer `bits` (a bitcast)."""
+    if not isinstance(bits, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        value = args[0]
+        if bits.bitwidth != 32:
+            resize = builder.trunc if bits.bitwidth > 32 else builder.zext
+            value = resize(value, llvm_ir.IntType(32))
+        return builder.bitcast(value, llvm_ir.FloatType())
+
+    return types.float32(bits), codegen
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def f16_to_f32(bits):
     """The f32 value of f16 bits."""
-    return _from_bits(bits, 10, 15, 31)
+    b = np.int64(bits)
+    sign, exp, mant = (b & 0x8000) << 16, (b >> 10) & 0x1f, b & 0x3ff
+    if exp == 0:   # zero or subnormal: mant * 2**-24, exact in f32
+        value = np.float32(mant) * np.float32(5.960464477539063e-08)
+        return -value if sign else value
+    return _f32_from_bits(sign | ((exp + 112 if exp < 31 else 255) << 23) | (mant << 13))
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def bf16_to_f32(bits):
     """The f32 value of bf16 bits."""
-    return _from_bits(bits, 7, 127, 255)
+    return _f32_from_bits((np.int64(bits) & 0xffff) << 16)
 
 
 @njit(cache=True, inline="always")
@@ -247,13 +258,13 @@ def _round_to_bits(x, mant_bits, exp_bias, exp_max):
     return sign | (biased << mant_bits) | frac
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def f32_to_f16(x):
     """The f16 bits nearest to x (ties to even)."""
     return np.uint16(_round_to_bits(x, 10, 15, 31))
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def f32_to_bf16(x):
     """The bf16 bits nearest to x (ties to even)."""
     return np.uint16(_round_to_bits(x, 7, 127, 255))

@@ -35,6 +35,11 @@ template <typename T, typename Op> __device__ __forceinline__ T td_atomic_rmw(T*
   do { assumed = old; T cur; memcpy(&cur, &assumed, sizeof(T)); T next = op(cur, v); U bits;
        memcpy(&bits, &next, sizeof(T)); old = atomicCAS(up, assumed, bits); } while (assumed != old);
   T result; memcpy(&result, &old, sizeof(T)); return result; }""",
+    "td_pack_b16": """// Two 16-bit elements as one 32-bit register, the first in the low half (mma, ldmatrix).
+template <typename T> __device__ __forceinline__ unsigned td_pack_b16(T lo, T hi) {
+  unsigned short l, h; memcpy(&l, &lo, 2); memcpy(&h, &hi, 2); return l | ((unsigned)h << 16); }""",
+    "td_unpack_b16": """template <typename T> __device__ __forceinline__ void td_unpack_b16(unsigned r, T& lo, T& hi) {
+  unsigned short l = r & 0xffff, h = r >> 16; memcpy(&lo, &l, 2); memcpy(&hi, &h, 2); }""",
 }
 
 _F32_MATH = {"exp": "expf", "exp2": "exp2f", "log": "logf", "log2": "log2f", "sqrt": "sqrtf", "rsqrt": "rsqrtf",
@@ -54,7 +59,8 @@ _C_RESERVED = set(_F32_MATH.values()) | {name[:-1] for name in _F32_MATH.values(
     "unsigned", "signed", "const", "void", "return", "if", "else", "for", "while", "do", "break", "continue",
     "switch", "case", "default", "struct", "union", "class", "template", "typename", "static", "extern",
     "register", "volatile", "inline", "sizeof", "new", "delete", "this", "true", "false", "auto", "goto",
-    "namespace", "using", "operator", "char", "float", "double", "int", "bool"} | set(_HELPERS)
+    "namespace", "using", "operator", "char", "float", "double", "int", "bool", "asm", "__syncwarp",
+    "__cvta_generic_to_shared", "td_r", "td_dynamic_smem"} | set(_HELPERS)
 _RMW_OPS = {"add": "a + b", "sub": "a - b", "max": "(a > b ? a : b)", "min": "(a < b ? a : b)", "exch": "b"}
 
 
@@ -108,7 +114,8 @@ class _CudaEmitter:
         self.ranges: dict = {}
         self.last_line = None
         self.uses_half = any(b.dtype.name in ("f16", "bf16") for b in fn.buffers) or \
-            any(v.dtype.name in ("f16", "bf16") for v in fn.scalars)
+            any(v.dtype.name in ("f16", "bf16") for v in fn.scalars) or \
+            any(a.buffer.dtype.name in ("f16", "bf16") for a in ir.collect(fn.body, ir.Allocate))
 
     # ------------------------------------------------------------------ top level
     def emit(self) -> str:
@@ -197,6 +204,18 @@ class _CudaEmitter:
             self.lines.append(f"{pad}continue;")
         elif isinstance(s, ir.SyncThreads):
             self.lines.append(f"{pad}__syncthreads();")
+        elif isinstance(s, ir.SyncWarp):
+            self.lines.append(f"{pad}__syncwarp({self.warp_mask()});")
+        elif isinstance(s, ir.Mma):
+            self.mma(s, pad)
+        elif isinstance(s, ir.LdMatrix):
+            self.ldmatrix(s, pad)
+        elif isinstance(s, ir.CpAsync):
+            self.cp_async(s, pad)
+        elif isinstance(s, ir.CpAsyncCommit):
+            self.lines.append(f'{pad}asm volatile("cp.async.commit_group;" ::: "memory");')
+        elif isinstance(s, ir.CpAsyncWait):
+            self.lines.append(f'{pad}asm volatile("cp.async.wait_group {s.pending};" ::: "memory");')
         else:
             raise AssertionError(f"emit_cuda: unexpected statement {type(s).__name__}")
 
@@ -213,6 +232,53 @@ class _CudaEmitter:
             self.ranges[s.var.uid] = (lo[0], max(lo[0], hi[1] - 1))
         self.stmt(s.body, depth + 1)
         self.lines.append(f"{pad}}}")
+
+    # ------------------------------------------------------------------ tensor cores and async copies
+    def element(self, ref: ir.Ref, k: int = 0) -> str:
+        """The `k`-th element after a flattened Ref, as a C lvalue."""
+        i = ref.indices[0]
+        i = ir.const(i.value + k, i.dtype) if isinstance(i, ir.Const) else i + k if k else i
+        return f"{self.name(ref.buffer)}[{self.expr(i)}]"
+
+    def shared_address(self, ref: ir.Ref) -> str:
+        return f"(unsigned)__cvta_generic_to_shared(&{self.element(ref)})"
+
+    def mma(self, s: ir.Mma, pad: str) -> None:
+        ab = s.a.dtype.name   # the PTX type names f16 / bf16
+        pairs = [(s.a, r) for r in range(4)] + [(s.b, r) for r in range(2)]
+        inputs = ", ".join(f'"r"(td_pack_b16({self.element(f, 2 * r)}, {self.element(f, 2 * r + 1)}))'
+                           for f, r in pairs)
+        accumulators = ", ".join(f'"+f"({self.element(s.c, i)})' for i in range(4))
+        self.lines += [f'{pad}asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.{ab}.{ab}.f32 '
+                       '{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"',
+                       f"{pad}    : {accumulators}", f"{pad}    : {inputs});"]
+
+    def ldmatrix(self, s: ir.LdMatrix, pad: str) -> None:
+        n = s.num
+        registers = ", ".join(f"%{r}" for r in range(n))
+        outputs = ", ".join(f'"=r"(td_r[{r}])' for r in range(n))
+        self.lines += [f"{pad}{{", f"{pad}  unsigned td_r[{n}];",
+                       f'{pad}  asm volatile("ldmatrix.sync.aligned.m8n8.x{n}{".trans" if s.trans else ""}.shared.b16 '
+                       f'{{{registers}}}, [%{n}];"',
+                       f'{pad}      : {outputs} : "r"({self.shared_address(s.src)}) : "memory");']
+        self.lines += [f"{pad}  td_unpack_b16(td_r[{r}], {self.element(s.frag, 2 * r)}, "
+                       f"{self.element(s.frag, 2 * r + 1)});" for r in range(n)]
+        self.lines.append(f"{pad}}}")
+
+    def cp_async(self, s: ir.CpAsync, pad: str) -> None:
+        size = s.count * s.dst.dtype.bits // 8
+        pred = self.expr(s.pred)
+        # src-size 0 zero-fills; the source then points at the tensor itself, so no out-of-bounds address is formed
+        src = f"({pred} ? (const void*)&{self.element(s.src)} : (const void*){self.name(s.src.buffer)})"
+        cache = "cg" if size == 16 else "ca"   # .cg (cache in L2 only) exists for 16-byte copies only
+        self.lines += [f'{pad}asm volatile("cp.async.{cache}.shared.global [%0], [%1], {size}, %2;"',
+                       f'{pad}    :: "r"({self.shared_address(s.dst)}), "l"({src}), "r"({pred} ? {size} : 0)',
+                       f'{pad}    : "memory");']
+
+    def warp_mask(self) -> str:
+        # A partial last warp has fewer lanes; warp operations only run under warp-uniform control,
+        # so the active mask is exactly the lanes that exist.
+        return "0xffffffffu" if self.fn.num_threads % 32 == 0 else "__activemask()"
 
     # ------------------------------------------------------------------ expressions
     def non_negative(self, e: ir.Expr) -> bool:
@@ -265,10 +331,7 @@ class _CudaEmitter:
         args = [self.expr(a) for a in e.args]
         if e.func in _SHUFFLES:
             value, lane, width = args
-            # A partial last warp has fewer lanes; shuffles only run under warp-uniform control,
-            # so the active mask is exactly the lanes that exist.
-            mask = "0xffffffffu" if self.fn.num_threads % 32 == 0 else "__activemask()"
-            return f"{_SHUFFLES[e.func]}({mask}, {value}, {lane}, {width})"
+            return f"{_SHUFFLES[e.func]}({self.warp_mask()}, {value}, {lane}, {width})"
         if e.func == "sigmoid":
             one = "1.0f" if e.dtype.bits == 32 else "1.0"
             exp = "expf" if e.dtype.bits == 32 else "exp"

@@ -1,0 +1,113 @@
+"""Replace mma, ldmatrix and cp_async by plain IR: their meaning on the cpu target.
+
+Both warp-wide instructions are an exchange through a per-block scratch buffer: every lane
+stores its operands into its row, the warp synchronizes (a syncwarp, which the cpu backend
+turns into a region boundary), and each lane then reads the rows of the lanes it needs.
+`mma_m16n8k16`: lanes publish their a and b fragments (as f32) and each computes its four
+c elements from the lanes that the PTX fragment layouts give each A and B element to.
+`ldmatrix`: lanes publish their row addresses (the indices of each row's first element)
+and each loads its elements from the rows the layout gives it. `cp_async` becomes a
+synchronous copy with zero fill, so `cp_async_commit` / `cp_async_wait` have nothing left
+to do. Runs on n-d IR (before `flatten_buffers`, and in debug mode), after `check_barriers`.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from .. import ir
+from ..ir import types as T
+from ..mapping import unravel
+
+MMA_COLS = 12   # scratch elements per thread: its a fragment (8 elements), then its b fragment (4), as f32
+
+
+def emulate_tensor_cores(fn: ir.Function) -> ir.Function:
+    """`fn` with every mma, ldmatrix, cp_async, commit and wait replaced by loads, stores and syncwarps."""
+    emulator = _Emulator(fn)
+    body = emulator.visit(fn.body)
+    allocations = [ir.Allocate(b) for b in emulator.scratch.values()]
+    return dataclasses.replace(fn, body=ir.seq(allocations + [body]) if allocations else body)
+
+
+def _element(ref: ir.Ref, k) -> tuple:
+    """Indices of the `k`-th element of a fragment, or of the `k`-th element along the last axis from an element.
+
+    (CUDA reads flat memory, so a run may go on into the next row; after flattening the cpu
+    target does too, and debug mode reports such a run as an index out of its axis.)
+    """
+    buf, idx = ref.buffer, ref.indices
+    if len(idx) < len(buf.shape):
+        return idx + tuple(ir.const(c) for c in unravel(k, tuple(d.value for d in buf.shape[len(idx):])))
+    return idx if isinstance(k, int) and k == 0 else idx[:-1] + (idx[-1] + k,)
+
+
+class _Emulator(ir.Rewriter):
+    def __init__(self, fn: ir.Function):
+        bx, by, bz = fn.block
+        self.tid = ir.SpecialReg("threadIdx", "x")   # the thread's linear index in the block
+        if by > 1:
+            self.tid = self.tid + ir.SpecialReg("threadIdx", "y") * bx
+        if bz > 1:
+            self.tid = self.tid + ir.SpecialReg("threadIdx", "z") * (bx * by)
+        self.lane = self.tid % 32
+        self.warp = self.tid // 32 * 32   # the first thread of this thread's warp
+        self.num_threads = fn.num_threads
+        self.scratch: dict = {}
+
+    def exchange(self, name: str, dtype: T.DataType, values: list, loc) -> tuple:
+        """(scratch buffer `name`, the statements by which every lane publishes `values` in its row of it).
+
+        The stores sit between two syncwarps: the first lets the readers of the previous exchange
+        through the buffer finish, the second makes the new rows visible to the whole warp.
+        """
+        if name not in self.scratch:
+            self.scratch[name] = ir.Buffer(name, dtype, (ir.const(self.num_threads * len(values)),), "shared")
+        buf = self.scratch[name]
+        stores = [ir.Store(buf, (self.tid * len(values) + r,), ir.Cast(v, dtype) if v.dtype != dtype else v, loc)
+                  for r, v in enumerate(values)]
+        return buf, [ir.SyncWarp(loc), *stores, ir.SyncWarp(loc)]
+
+    def visit_Mma(self, s: ir.Mma) -> ir.Stmt:
+        fragments = [ir.Load(s.a.buffer, _element(s.a, r)) for r in range(8)]
+        fragments += [ir.Load(s.b.buffer, _element(s.b, r)) for r in range(4)]
+        scratch, out = self.exchange("mma_scratch", T.f32, fragments, s.loc)
+        group, tig = self.lane // 4, self.lane % 4   # groupID, threadID_in_group
+        # A[row, k] is a_{k%2 + 2*(row//8) + 4*(k//8)} of lane 4*(row%8) + (k%8)//2;
+        # B[k, col] is b_{k%2 + 2*(k//8)} of lane 4*col + (k%8)//2.
+        a_row = ir.Var("mma_a", T.i32)
+        b_rows = [ir.Var("mma_b", T.i32) for _ in range(2)]
+        out.append(ir.Assign(a_row, (self.warp + group * 4) * MMA_COLS, s.loc))
+        out += [ir.Assign(b_rows[lo], (self.warp + (tig * 2 + lo) * 4) * MMA_COLS, s.loc) for lo in range(2)]
+        for i in range(4):   # c_i is D[groupID + 8 * (i // 2), 2 * threadID_in_group + i % 2]
+            acc = ir.Load(s.c.buffer, _element(s.c, i))
+            for k in range(16):
+                lane_offset = (k % 8) // 2 * MMA_COLS
+                a = ir.Load(scratch, (a_row + (lane_offset + k % 2 + 2 * (i // 2) + 4 * (k // 8)),))
+                b = ir.Load(scratch, (b_rows[i % 2] + (lane_offset + 8 + k % 2 + 2 * (k // 8)),))
+                acc = acc + a * b
+            out.append(ir.Store(s.c.buffer, _element(s.c, i), acc, s.loc))
+        return ir.seq(out)
+
+    def visit_LdMatrix(self, s: ir.LdMatrix) -> ir.Stmt:
+        src, lane, rank = s.src.buffer, self.lane, len(s.src.indices)
+        rows, out = self.exchange(f"ldmatrix_rows{rank}", T.i32, list(s.src.indices), s.loc)
+        for j in range(s.num):
+            for h in range(2):
+                # lane l gets elements 2j, 2j+1 from row l//4, columns 2*(l%4) + h of matrix j;
+                # with .trans from rows 2*(l%4) + h, column l//4. Lane 8j + r gave row r's address.
+                row, column = (lane % 4 * 2 + h, lane // 4) if s.trans else (lane // 4, lane % 4 * 2 + h)
+                start = ir.Ref(src, tuple(ir.Load(rows, ((self.warp + 8 * j + row) * rank + d,)) for d in range(rank)))
+                out.append(ir.Store(s.frag.buffer, _element(s.frag, 2 * j + h), ir.Load(src, _element(start, column)),
+                                    s.loc))
+        return ir.seq(out)
+
+    def visit_CpAsync(self, s: ir.CpAsync) -> ir.Stmt:
+        zero = ir.const(0, s.dst.dtype)
+        return ir.seq([ir.Store(s.dst.buffer, _element(s.dst, k),
+                                ir.Select(s.pred, ir.Load(s.src.buffer, _element(s.src, k)), zero, s.dst.dtype), s.loc)
+                       for k in range(s.count)])
+
+    def visit_CpAsyncCommit(self, s):
+        return ir.Seq(())
+
+    visit_CpAsyncWait = visit_CpAsyncCommit
