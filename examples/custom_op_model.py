@@ -16,12 +16,11 @@ import numpy as np
 
 import taskdsl as td
 import taskdsl.graph as tg
-from taskdsl import f32, blockIdx, repeat, spatial, threadIdx
+from models.onnx_export import export_onnx, exports
+from taskdsl import blockIdx, f32, repeat, spatial, threadIdx
 from taskdsl.graph import ops
 from taskdsl.graph.operator import Operator, dims
 from taskdsl.graph.runners import runs
-
-from models.onnx_export import export_onnx, exports
 
 # ---------------------------------------------------------------- 1. the kernel
 PER_BLOCK = 512              # 128 threads x 4 elements

@@ -60,4 +60,4 @@ def get(name: str) -> ModelSpec:
     return MODELS[name]
 
 
-__all__ = ["ModelSpec", "MODELS", "get", "export_onnx", "OnnxExportError"]
+__all__ = ["MODELS", "ModelSpec", "OnnxExportError", "export_onnx", "get"]

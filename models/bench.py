@@ -20,7 +20,8 @@ def onnxruntime_latency(model, feeds: dict, iters: int) -> float | None:
     except ImportError:
         return None
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    run = lambda f: session.run(None, f)      # noqa: E731
+    def run(f):
+        return session.run(None, f)
     run(feeds)
     return float(np.median(time_calls(run, feeds, iters)))
 
@@ -37,19 +38,19 @@ def torch_latencies(graph, feeds: dict, iters: int) -> dict:
     fn, inputs = torch_function(graph, feeds, "cuda")
     out = {}
     for label, f in (("torch eager", fn), ("torch.compile", torch.compile(fn))):
-        with torch.inference_mode():
-            def call(_):
+        def call(_, f=f):
+            with torch.inference_mode():
                 f(*inputs)
-                torch.cuda.synchronize()
-            call(None)
-            out[label] = float(np.median(time_calls(call, None, iters)))
+            torch.cuda.synchronize()
+        call(None)
+        out[label] = float(np.median(time_calls(call, None, iters)))
     return out
 
 
 def command_bench(args: argparse.Namespace, target: str) -> int:
     """Print one row per model: taskdsl latency, each peer's, and taskdsl / peer ratios."""
-    from .cli import export_if_checkable, zoo_model
     from . import MODELS
+    from .cli import export_if_checkable, zoo_model
     names = args.names or list(MODELS)
     rows = []
     for name in names:

@@ -20,7 +20,7 @@ import taskdsl as td
 from . import MODELS, get
 
 DTYPES = {"f32": "float32", "f16": "float16"}
-TOP_KERNELS = 5
+TOP_OPERATORS = 5
 
 
 class UsageError(Exception):
@@ -58,7 +58,7 @@ def add_shape_flags(p: argparse.ArgumentParser) -> None:
 
 def check_flags(args) -> str:
     """The target to run on, after checking the flags argparse cannot (UsageError)."""
-    if args.batch < 1 or (args.seq is not None and args.seq < 1) or getattr(args, "iters", 1) < 1:
+    if args.batch < 1 or (args.seq is not None and args.seq < 1) or args.iters < 1:
         raise UsageError("--batch, --seq and --iters must be positive integers")
     target = args.target or td.get_target()
     if args.no_tune:
@@ -78,7 +78,7 @@ def command_list() -> int:
     return 0
 
 
-def top_operators(summary: str, n: int = TOP_KERNELS) -> list:
+def top_operators(summary: str, n: int = TOP_OPERATORS) -> list:
     """The header and the `n` slowest rows of a CompiledGraph.summary(timing=True) table (its last column is ms)."""
     lines = summary.splitlines()
     header = next(k for k, line in enumerate(lines) if line.split()[:1] == ["#"])
@@ -97,7 +97,7 @@ def print_result(title: str, result) -> None:
           f"over {len(result.latencies)} iterations")
     verdict = "ok" if result.ok else f"MISMATCH (tolerance {result.tolerance:.0e})"
     print(f"  max error vs {result.reference}: {result.max_error:.2e} relative, {verdict}")
-    print(f"  top operators by time (best of one more run):")
+    print("  top operators by time (best of one more run):")
     for line in top_operators(cg.summary(timing=True, repeat=1)):
         print("  " + line)
 

@@ -164,8 +164,8 @@ def export_batch_norm(op, ins, outs, b):
 @exports(ops.Pool)
 def export_pool(op, ins, outs, b):
     a = op.attrs
-    window = dict(kernel_shape=list(a["kernel"]), strides=list(a["strides"]), pads=list(a["pads"]),
-                  dilations=list(a["dilations"]), ceil_mode=int(a["ceil_mode"]))
+    window = {"kernel_shape": list(a["kernel"]), "strides": list(a["strides"]), "pads": list(a["pads"]),
+              "dilations": list(a["dilations"]), "ceil_mode": int(a["ceil_mode"])}
     if a["mode"] == "max":
         b.add("MaxPool", ins, outs, **window)
     else:
