@@ -19,7 +19,6 @@ from .graph import Graph, bind_inputs
 from .passes import optimize, plan_memory
 from .printer import Namer, format_bytes
 
-
 PROGRESS_MIN_NODES = 20      # smaller graphs compile quickly: no progress bar
 
 

@@ -86,7 +86,7 @@ class Graph:
                 found.setdefault(id(t), []).append(op)
         return found
 
-    def rewrite(self, replace: dict, rebuild: bool = False) -> "Graph":
+    def rewrite(self, replace: dict, rebuild: bool = False) -> Graph:
         """A graph where each tensor in `replace` (id(tensor) -> Tensor) is replaced; operators that read a
         replaced tensor (every operator, with `rebuild`) are rebuilt, their outputs' types inferred again."""
         replace = dict(replace)
@@ -130,7 +130,8 @@ class Graph:
         return graph_str(self)
 
     def __repr__(self) -> str:
-        return f"<Graph {self.name}: {len(self.inputs)} inputs, {len(self.nodes)} operators, {len(self.outputs)} outputs>"
+        return (f"<Graph {self.name}: {len(self.inputs)} inputs, {len(self.nodes)} operators, "
+                f"{len(self.outputs)} outputs>")
 
 
 def trace(fn, *inputs: Tensor, name: str | None = None) -> Graph:

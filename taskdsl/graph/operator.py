@@ -70,8 +70,8 @@ class Operator:
     def check(self) -> None:
         """Raise ValueError / TypeError when the inputs or attributes are invalid."""
 
-    def define(self, *xs: compute.Tensor) -> list:
-        """The compute definitions of the outputs, over placeholders `xs` of the inputs."""
+    def define(self, *xs) -> list:
+        """The compute definitions of the outputs, over placeholders `xs` (compute tensors) of the inputs."""
         raise NotImplementedError(type(self).__name__)
 
     # ------------------------------------------------------------------ derived
@@ -128,7 +128,7 @@ class Operator:
         """The outputs for these input arrays, by the numpy evaluation of the definitions."""
         return evaluate(self.placeholders, self.definitions, list(arrays))
 
-    def clone(self, inputs: list) -> "Operator":
+    def clone(self, inputs: list) -> Operator:
         """The same operator on other inputs (shapes and dtypes are inferred again)."""
         return type(self)(inputs, self.attrs)
 

@@ -122,11 +122,11 @@ class Tensor:
 
 
 def _ops():
-    from . import ops   # ops builds on tensors: imported when first traced
+    from . import ops  # ops builds on tensors: imported when first traced
     return ops
 
 
-def input(name: str, shape, dtype="float32") -> Tensor:  # noqa: A001 - the graph-building verb
+def input(name: str, shape, dtype="float32") -> Tensor:
     """A graph input called `name` with a static shape and dtype."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"a graph input needs a non-empty name, got {name!r}")

@@ -83,7 +83,8 @@ def test_gelu_tanh_where_clip_cast():
     got = run(lambda a, b: [ops.gelu(a, "tanh"), ops.where(ops.greater(a, b), a, b), ops.clip(a, -0.5, 0.5),
                             ops.cast(a * 10.0, "int32"), ops.cast(ops.less(a, 0.0), "float32")], x, y)
     x64 = x.astype(np.float64)
-    assert_close(got[0], (0.5 * x64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (x64 + 0.044715 * x64 ** 3)))).astype(np.float32))
+    gelu_tanh = 0.5 * x64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (x64 + 0.044715 * x64 ** 3)))
+    assert_close(got[0], gelu_tanh.astype(np.float32))
     assert_close(got[1], np.maximum(x, y))
     assert_close(got[2], np.clip(x, -0.5, 0.5))
     np.testing.assert_array_equal(got[3], np.trunc(x * np.float32(10.0)).astype(np.int32))
@@ -164,7 +165,7 @@ def test_linear():
 def conv_reference(x, w, stride, pads, dilation, groups):
     """Direct convolution in float64 (pads: (top, left, bottom, right))."""
     x = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
-    n, c, h, wd = x.shape
+    n, _, h, wd = x.shape
     o, cg, kh, kw = w.shape
     oh = (h - dilation * (kh - 1) - 1) // stride + 1
     ow = (wd - dilation * (kw - 1) - 1) // stride + 1
@@ -174,7 +175,8 @@ def conv_reference(x, w, stride, pads, dilation, groups):
         ws = w[g * (o // groups):(g + 1) * (o // groups)].astype(np.float64)
         for i in range(kh):
             for j in range(kw):
-                patch = xs[:, :, i * dilation:i * dilation + stride * oh:stride, j * dilation:j * dilation + stride * ow:stride]
+                rows = slice(i * dilation, i * dilation + stride * oh, stride)
+                patch = xs[:, :, rows, j * dilation:j * dilation + stride * ow:stride]
                 out[:, g * (o // groups):(g + 1) * (o // groups)] += np.einsum("nchw,oc->nohw", patch, ws[:, :, i, j])
     return out
 
@@ -239,11 +241,11 @@ def test_global_pools_and_1d_3d_pools():
 def test_transforms():
     x = rand((2, 3, 4), 1)
     idx = np.array([[2, -1], [0, 1]], np.int64)
-    got = run(lambda t: [ops.reshape(t, (4, -1)), ops.flatten(t, 2), ops.unsqueeze(ops.squeeze(ops.reshape(t, (2, 1, 12))), (0, 3)),
-                         ops.transpose(t, (2, 0, 1)), ops.concat([t, t * 2.0], axis=1), ops.split(t, [1, 3], axis=2)[1],
-                         ops.slice(t, [3, 0], [-5, 3], axes=[2, 1], steps=[-2, 2]), ops.gather(t, idx, axis=1),
-                         ops.expand(ops.slice(t, [0], [1], [1]), (3, 2, 2, 4)), ops.pad(t, ((0, 1), (2, 0), (1, 1)), 7.0)],
-              x)
+    got = run(lambda t: [
+        ops.reshape(t, (4, -1)), ops.flatten(t, 2), ops.unsqueeze(ops.squeeze(ops.reshape(t, (2, 1, 12))), (0, 3)),
+        ops.transpose(t, (2, 0, 1)), ops.concat([t, t * 2.0], axis=1), ops.split(t, [1, 3], axis=2)[1],
+        ops.slice(t, [3, 0], [-5, 3], axes=[2, 1], steps=[-2, 2]), ops.gather(t, idx, axis=1),
+        ops.expand(ops.slice(t, [0], [1], [1]), (3, 2, 2, 4)), ops.pad(t, ((0, 1), (2, 0), (1, 1)), 7.0)], x)
     want = [x.reshape(4, -1), x.reshape(6, 4), x.reshape(1, 2, 12, 1), x.transpose(2, 0, 1),
             np.concatenate([x, x * 2], axis=1), x[:, :, 1:], x[:, 0:3:2, 3::-2], np.take(x, idx, axis=1),
             np.broadcast_to(x[:, :1], (3, 2, 2, 4)), np.pad(x, ((0, 1), (2, 0), (1, 1)), constant_values=7.0)]

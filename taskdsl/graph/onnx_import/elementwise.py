@@ -120,5 +120,6 @@ def reduce(node: Node) -> list:
     if op_type == "ReduceLogSumExp":
         top = ops.max(x, axes, True)
         total = ops.log(fn(ops.exp(ops.sub(x, top)), axes, True))
-        return [ops.reshape(ops.add(total, top), reduced_shape(x.shape, normalize_axes(axes, x.ndim, op_type), keepdims))]
+        shape = reduced_shape(x.shape, normalize_axes(axes, x.ndim, op_type), keepdims)
+        return [ops.reshape(ops.add(total, top), shape)]
     return [fn(x, axes, keepdims)]

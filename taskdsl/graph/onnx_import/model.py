@@ -14,7 +14,8 @@ import numpy as np
 import onnx
 
 from ..graph import Graph, topological_nodes
-from ..tensor import constant, input as graph_input
+from ..tensor import constant
+from ..tensor import input as graph_input
 from . import elementwise, nn, shape  # noqa: F401 - register the converters
 from .errors import OnnxImportError, UnsupportedOnnxError
 from .node import CONVERTERS, Node, dtype_of, to_array
@@ -44,7 +45,8 @@ def model_opset(model: onnx.ModelProto) -> int:
         raise OnnxImportError("the model imports no version of the default ONNX domain (opset_import)")
     opset = versions[0]
     if not MIN_OPSET <= opset <= MAX_OPSET:
-        raise UnsupportedOnnxError(f"opset {opset} is not supported: the importer reads opsets {MIN_OPSET}-{MAX_OPSET}; "
+        raise UnsupportedOnnxError(f"opset {opset} is not supported: the importer reads opsets "
+                                   f"{MIN_OPSET}-{MAX_OPSET}; "
                                    "convert the model with onnx.version_converter.convert_version(model, 17)")
     return opset
 

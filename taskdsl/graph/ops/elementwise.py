@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...compute import compute
 from ... import ir
+from ...compute import compute
 from ...ir import types as T
 from ...lang import math_expr
 from ..operator import Operator
@@ -267,7 +267,7 @@ def div(a, b):
     return elementwise("div", a, b)
 
 
-def pow(a, b):  # noqa: A001 - the operator's name
+def pow(a, b):
     """a ** b with broadcasting (the result has a's dtype)."""
     return elementwise("pow", a, b)
 

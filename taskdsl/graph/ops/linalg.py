@@ -10,9 +10,8 @@ from ...compute import reduce as reduction
 from ..operator import Operator, dims
 from ..tensor import Tensor, as_tensor
 from .elementwise import add, broadcast_shape
-from .pool import pads_of
 from .transform import reshape, transpose
-from .window import window_input, window_positions
+from .window import pads_of, per_axis, window_input, window_positions
 
 
 class MatMul(Operator):
@@ -64,7 +63,8 @@ class Conv(Operator):
 
     is_anchor = True
     generic = True
-    size_attrs = ("strides", "pads", "dilations", "groups")    # one kernel for every convolution of a rank
+    size_attrs = ("strides", "pads", "dilations", "groups", "out")    # one kernel for every convolution of a rank
+    derived_attrs = ("out",)      # the output's spatial size: a plain size symbol in the generic definitions
 
     @property
     def kind(self) -> str:
@@ -86,7 +86,8 @@ class Conv(Operator):
         for key, length, low in (("strides", rank, 1), ("dilations", rank, 1), ("pads", 2 * rank, 0)):
             if len(a[key]) != length or any(n < low for n in a[key]):
                 raise ValueError(f"conv: {key} must be {length} ints >= {low}, got {a[key]!r}")
-        if any(n < 1 for n in self._spatial(x.shape, w.shape)):
+        self.attrs["out"] = self._spatial(x.shape, w.shape)
+        if any(n < 1 for n in self.attrs["out"]):
             raise ValueError(f"conv: the (dilated) kernel {w.shape[2:]} is larger than the padded input {x.shape[2:]}")
 
     def _spatial(self, x_shape: tuple, w_shape: tuple) -> tuple:
@@ -107,7 +108,7 @@ class Conv(Operator):
             v = x[(n, channel, *pos)] * w[(o, c, *k)]
             return ir.Select(ok, v, ir.const(0, v.dtype), v.dtype)
 
-        out_shape = (dx[0], dw[0]) + self._spatial(dx, dw)
+        out_shape = (dx[0], dw[0]) + self.size("out")
         return [reduction("conv", out_shape, dw[1:], fcompute, op="sum", dtype=x.dtype)]
 
 
@@ -122,19 +123,12 @@ def linear(x, weight, bias=None):
     return add(y, as_tensor(bias, y)) if bias is not None else y
 
 
-def _spatial(v, rank: int, what: str) -> tuple:
-    v = (v,) * rank if isinstance(v, int) else tuple(v)
-    if len(v) != rank:
-        raise ValueError(f"conv: {what} must be an int or {rank} ints, got {v!r}")
-    return v
-
-
 def conv(x, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1) -> Tensor:
     """N-d convolution (1-3 spatial axes); padding is an int, one per axis, or (begin..., end...)."""
     weight = as_tensor(weight)
     rank = x.ndim - 2
-    attrs = {"strides": _spatial(stride, rank, "stride"), "pads": pads_of(padding, rank),
-             "dilations": _spatial(dilation, rank, "dilation"), "groups": int(groups)}
+    attrs = {"strides": per_axis(stride, rank, "stride"), "pads": pads_of(padding, rank),
+             "dilations": per_axis(dilation, rank, "dilation"), "groups": int(groups)}
     y = Conv([x, weight], attrs).outputs[0]
     if bias is None:
         return y

@@ -4,8 +4,9 @@ Statistics are computed in f32 (f64 for f64 inputs); 16-bit inputs give 16-bit o
 """
 from __future__ import annotations
 
-from ...compute import compute, reduce as reduction
 from ... import ir
+from ...compute import compute
+from ...compute import reduce as reduction
 from ...ir import types as T
 from ...lang import math_expr
 from ..operator import Operator, dims
@@ -113,12 +114,12 @@ class LayerNorm(Operator):
             mean = None
             square = reduction("mean_square", stat_shape, shape[a:],
                                     lambda *ix: _as(x[full(ix)], sdt) * _as(x[full(ix)], sdt), op="mean", dtype=sdt)
-            centred = lambda ix: _as(x[ix], sdt)   # noqa: E731
+            centred = lambda ix: _as(x[ix], sdt)
             spread = square
         else:
             mean = reduction("mean", stat_shape, shape[a:], lambda *ix: _as(x[full(ix)], sdt), op="mean",
                                   dtype=sdt)
-            centred = lambda ix: _as(x[ix], sdt) - mean[stat_index(ix)]   # noqa: E731
+            centred = lambda ix: _as(x[ix], sdt) - mean[stat_index(ix)]
             spread = reduction("variance", stat_shape, shape[a:],
                                     lambda *ix: centred(full(ix)) * centred(full(ix)), op="mean", dtype=sdt)
         inv = compute("inv_std_dev", stat_shape,

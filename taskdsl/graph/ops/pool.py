@@ -14,7 +14,7 @@ from ... import ir
 from ...compute import reduce as reduction
 from ..operator import Operator, dims
 from .norm import stat_dtype
-from .window import positions_inside, window_input, window_positions
+from .window import pads_of, per_axis, positions_inside, window_input, window_positions
 
 
 class Pool(Operator):
@@ -84,26 +84,14 @@ class Pool(Operator):
         return [reduction("avg_pool", out_shape, kernel, average, op="sum", dtype=x.dtype)]
 
 
-def _tuple(v, rank: int, what: str) -> tuple:
-    v = (v,) * rank if isinstance(v, int) else tuple(v)
-    if len(v) != rank:
-        raise ValueError(f"{what} must be an int or {rank} ints, got {v!r}")
-    return v
-
-
-def pads_of(padding, rank: int) -> tuple:
-    """(begin..., end...) pads from an int, one int per spatial axis, or (begin..., end...)."""
-    pads = (padding,) * (2 * rank) if isinstance(padding, int) else tuple(padding)
-    return pads * 2 if len(pads) == rank else pads
-
-
 def pool(x, mode: str, kernel, stride=None, padding=0, dilation=1, ceil_mode: bool = False,
          count_include_pad: bool = True):
     """Max ('max') or average ('avg') pooling; padding is an int, one per axis, or (begin..., end...)."""
     rank = x.ndim - 2
-    kernel = _tuple(kernel, rank, "kernel_size")
-    attrs = {"mode": mode, "kernel": kernel, "strides": _tuple(stride if stride is not None else kernel, rank, "stride"),
-             "pads": pads_of(padding, rank), "dilations": _tuple(dilation, rank, "dilation"),
+    kernel = per_axis(kernel, rank, "kernel_size")
+    strides = per_axis(stride if stride is not None else kernel, rank, "stride")
+    attrs = {"mode": mode, "kernel": kernel, "strides": strides, "pads": pads_of(padding, rank),
+             "dilations": per_axis(dilation, rank, "dilation"),
              "ceil_mode": bool(ceil_mode), "count_include_pad": bool(count_include_pad)}
     return Pool([x], attrs).outputs[0]
 

@@ -1,7 +1,8 @@
 """Reductions over any axes: sum, mean, max, min, prod (keepdims optional), and global average pooling."""
 from __future__ import annotations
 
-from ...compute import compute, reduce as reduction
+from ...compute import compute
+from ...compute import reduce as reduction
 from ...ir import Cast
 from ...ir import types as T
 from ..operator import Operator, dims
@@ -67,7 +68,7 @@ def _reduce(op: str, x, axis, keepdims: bool):
     return Reduce([x], {"op": op, "axes": axis, "keepdims": bool(keepdims)}).outputs[0]
 
 
-def sum(x, axis=None, keepdims: bool = False):  # noqa: A001 - numpy's name
+def sum(x, axis=None, keepdims: bool = False):
     """The sum over `axis` (an int, a sequence, or None for every axis)."""
     return _reduce("sum", x, axis, keepdims)
 
@@ -77,12 +78,12 @@ def mean(x, axis=None, keepdims: bool = False):
     return _reduce("mean", x, axis, keepdims)
 
 
-def max(x, axis=None, keepdims: bool = False):  # noqa: A001
+def max(x, axis=None, keepdims: bool = False):
     """The maximum over `axis`."""
     return _reduce("max", x, axis, keepdims)
 
 
-def min(x, axis=None, keepdims: bool = False):  # noqa: A001
+def min(x, axis=None, keepdims: bool = False):
     """The minimum over `axis`."""
     return _reduce("min", x, axis, keepdims)
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...compute import compute
 from ... import ir
+from ...compute import compute
 from ..operator import Operator, dims
 from ..tensor import Tensor, as_shape, as_tensor
 from .axes import normalize_axes, normalize_axis
@@ -275,7 +275,7 @@ def _slice_axis(n: int, start: int, end: int, step: int) -> tuple:
     return start if count else 0, step, count
 
 
-def slice(x, starts, ends, axes=None, steps=None) -> Tensor:  # noqa: A001 - the operator's name
+def slice(x, starts, ends, axes=None, steps=None) -> Tensor:
     """x[start:end:step] along `axes` (default 0, 1, ...); negative and out-of-range bounds clamp as in ONNX."""
     starts, ends = list(starts), list(ends)
     axes = list(range(len(starts))) if axes is None else [normalize_axis(a, x.ndim, "slice") for a in axes]

@@ -7,6 +7,20 @@ from ...lang import math_expr
 BIG = 1 << 30
 
 
+def per_axis(value, rank: int, what: str) -> tuple:
+    """An int or `rank` ints as a tuple of `rank` ints (ValueError naming `what` otherwise)."""
+    value = (value,) * rank if isinstance(value, int) else tuple(value)
+    if len(value) != rank:
+        raise ValueError(f"{what} must be an int or {rank} ints, got {value!r}")
+    return value
+
+
+def pads_of(padding, rank: int) -> tuple:
+    """(begin..., end...) pads from an int, one int per spatial axis, or (begin..., end...)."""
+    pads = (padding,) * (2 * rank) if isinstance(padding, int) else tuple(padding)
+    return pads * 2 if len(pads) == rank else pads
+
+
 def window_positions(n, k: int, stride: int, begin: int, end: int, dilation: int, ceil_mode: bool = False):
     """How many positions a window of `k` (dilated) takes with `stride` over an axis of `n` padded by begin/end.
 
@@ -23,7 +37,8 @@ def window_positions(n, k: int, stride: int, begin: int, end: int, dilation: int
 
 def positions_inside(start, k, dilation: int, lo, hi) -> ir.Expr:
     """How many of start, start + d, ..., start + (k-1)d lie in [lo, hi) (an IR expression)."""
-    first = math_expr("max", [ir.const(0), ir.binary("-", 0, ir.binary("//", start - lo, dilation))])  # ceil((lo-start)/d)
+    # the first in range: ceil((lo - start) / d), written as -floor((start - lo) / d)
+    first = math_expr("max", [ir.const(0), ir.binary("-", 0, ir.binary("//", start - lo, dilation))])
     last = math_expr("min", [ir.as_expr(k - 1), ir.binary("//", hi - 1 - start, dilation)])
     return math_expr("max", [ir.const(0), last - first + 1])
 
