@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from stdlib_ops import conv, elementwise, gemm, norm, reduce, transform
+from stdlib_ops import conv, elementwise, gemm, norm, reduce, rowwise, transform
 
 from .. import schedule
 from ..ir import types as T
@@ -104,8 +104,18 @@ def run_reduce(op: Reduce, arrays: list) -> tuple:
     return run_definitions(op, arrays)
 
 
+def _rows(op: Operator, axis: int) -> bool:
+    """Whether the row kernels of stdlib_ops.rowwise apply: the last axis of an f32 / f64 tensor."""
+    x = op.inputs[0]
+    return axis == x.ndim - 1 and x.dtype in (T.f32, T.f64)
+
+
 @runs(Softmax)
 def run_softmax(op: Softmax, arrays: list) -> tuple:
+    """One kernel per row over the last axis (stdlib_ops.rowwise), else the reductions of stdlib_ops.norm."""
+    if _rows(op, op.attrs["axis"]):
+        kernel = rowwise.softmax_kernel(op.inputs[0].dtype, op.attrs["log"], rowwise.schedule_for_target())
+        return [rowwise.softmax_rows(arrays[0], log=op.attrs["log"])], [kernel]
     return _plan(norm.op_for(op.kind, arrays[0], op.attrs["axis"]))
 
 
@@ -121,6 +131,9 @@ def run_layer_norm(op: LayerNorm, arrays: list) -> tuple:
     if a.get("rms"):
         return _plan(norm.op_for("rms_norm", arrays[0], weight, a["eps"], ndim))
     bias = arrays[-1] if a.get("has_bias") else None
+    if _rows(op, a["axis"]) and weight is not None and bias is not None and params[0].dtype == x.dtype:
+        kernel = rowwise.layer_norm_kernel(x.dtype, rowwise.schedule_for_target())
+        return [rowwise.layer_norm_rows(arrays[0], weight, bias, a["eps"])], [kernel]   # one kernel per row
     return _plan(norm.op_for("layer_norm", arrays[0], weight, bias, a["eps"], ndim))
 
 
