@@ -77,6 +77,7 @@ class Operator:
     # ------------------------------------------------------------------ derived
     @property
     def name(self) -> str:
+        """A name unique in the process: kind and a serial number."""
         return f"{self.kind}_{self.id}"
 
     @property
@@ -137,6 +138,7 @@ class Operator:
         return {k: v for k, v in self.attrs.items() if k != self.kind_attr and k not in self.derived_attrs}
 
     def attrs_str(self) -> str:
+        """The shown attributes as `k=v, ...`."""
         return ", ".join(f"{k}={v!r}" for k, v in self.shown_attrs().items())
 
     def __repr__(self) -> str:

@@ -90,6 +90,7 @@ def run_conv(op: Conv, arrays: list) -> tuple:
 # ---------------------------------------------------------------- through stdlib_ops
 @runs(Elementwise)
 def run_elementwise(op: Elementwise, arrays: list) -> tuple:
+    """Any elementwise function through stdlib_ops' canonical broadcast kernels."""
     plan = elementwise.custom_plan(f"graph.{op.kind}", arrays, op.body, op.outputs[0].numpy_dtype,
                                    params=tuple(sorted(op.params.items())))
     return _plan(plan)
@@ -97,6 +98,7 @@ def run_elementwise(op: Elementwise, arrays: list) -> tuple:
 
 @runs(Reduce)
 def run_reduce(op: Reduce, arrays: list) -> tuple:
+    """sum / mean / max / min through stdlib_ops.reduce; bool, prod and integer means by definitions."""
     dtype = op.inputs[0].dtype
     if op.attrs["op"] in ("sum", "max", "min", "mean") and (dtype.is_float or (dtype.is_integer and
                                                                                 op.attrs["op"] != "mean")):
@@ -121,6 +123,7 @@ def run_softmax(op: Softmax, arrays: list) -> tuple:
 
 @runs(LayerNorm)
 def run_layer_norm(op: LayerNorm, arrays: list) -> tuple:
+    """Layer / RMS norm through stdlib_ops (row kernels over the last axis), with statistics by definitions."""
     x, a = op.inputs[0], op.attrs
     ndim = x.ndim - a["axis"]
     params = op.inputs[1:]
@@ -139,6 +142,7 @@ def run_layer_norm(op: LayerNorm, arrays: list) -> tuple:
 
 @runs(BatchNorm)
 def run_batch_norm(op: BatchNorm, arrays: list) -> tuple:
+    """Inference batch norm through stdlib_ops.norm."""
     if len({t.dtype for t in op.inputs[1:]}) > 1:
         return run_definitions(op, arrays)
     x, mean, var, *params = arrays
@@ -155,16 +159,19 @@ def run_reshape(op: Reshape, arrays: list) -> tuple:
 
 @runs(Transpose)
 def run_transpose(op: Transpose, arrays: list) -> tuple:
+    """Transpose through stdlib_ops.transform."""
     return _plan(transform.op_for("transpose", arrays[0], op.attrs["perm"]))
 
 
 @runs(Concat)
 def run_concat(op: Concat, arrays: list) -> tuple:
+    """Concat through stdlib_ops.transform."""
     return _plan(transform.op_for("concat", arrays, op.attrs["axis"]))
 
 
 @runs(Slice)
 def run_slice(op: Slice, arrays: list) -> tuple:
+    """Slice through stdlib_ops.transform."""
     a = op.attrs
     stops = [s + n * d if s + n * d >= 0 else None for s, n, d in zip(a["starts"], a["sizes"], a["steps"])]
     return _plan(transform.op_for("slice", arrays[0], list(a["starts"]), stops, list(a["steps"])))
@@ -172,15 +179,18 @@ def run_slice(op: Slice, arrays: list) -> tuple:
 
 @runs(Gather)
 def run_gather(op: Gather, arrays: list) -> tuple:
+    """Gather through stdlib_ops.transform."""
     return _plan(transform.op_for("gather", arrays[0], arrays[1], op.attrs["axis"]))
 
 
 @runs(Expand)
 def run_expand(op: Expand, arrays: list) -> tuple:
+    """Expand through stdlib_ops.transform."""
     return _plan(transform.op_for("expand", arrays[0], op.outputs[0].shape))
 
 
 @runs(Pad)
 def run_pad(op: Pad, arrays: list) -> tuple:
+    """Constant padding through stdlib_ops.transform."""
     pads, n = op.attrs["pads"], op.inputs[0].ndim
     return _plan(transform.op_for("pad", arrays[0], [(pads[k], pads[n + k]) for k in range(n)], op.attrs["value"]))

@@ -62,22 +62,27 @@ class Tensor:
 
     @property
     def ndim(self) -> int:
+        """The number of dimensions."""
         return len(self.shape)
 
     @property
     def size(self) -> int:
+        """The number of elements."""
         return int(np.prod(self.shape, dtype=np.int64))
 
     @property
     def nbytes(self) -> int:
+        """The size of the tensor's data in bytes."""
         return self.size * self.numpy_dtype.itemsize
 
     @property
     def numpy_dtype(self) -> np.dtype:
+        """The numpy dtype of the tensor's arrays."""
         return np.dtype(numpy_dtype(self.dtype))
 
     @property
     def is_constant(self) -> bool:
+        """Whether the tensor holds a constant value."""
         return self.value is not None
 
     @property
@@ -117,7 +122,8 @@ class Tensor:
         return _ops().transpose(self, perm[0] if len(perm) == 1 and not isinstance(perm[0], int) else perm or None)
 
     @property
-    def T(self):
+    def T(self):  # noqa: N802 - numpy's name
+        """ops.transpose(self): the axes reversed."""
         return _ops().transpose(self)
 
 

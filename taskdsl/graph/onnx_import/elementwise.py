@@ -19,22 +19,26 @@ VARIADIC = {"Sum": "add", "Max": "maximum", "Min": "minimum"}
 
 @converts(*BINARY)
 def binary(node: Node) -> list:
+    """Add, Sub, Mul, Div, Pow, comparisons and logic: one broadcast elementwise op."""
     return [ops.elementwise(BINARY[node.op_type], node.input(0), node.input(1))]
 
 
 @converts(*UNARY)
 def unary(node: Node) -> list:
+    """Relu, Sigmoid, Tanh, Erf, Exp, Log, Sqrt, Neg, Abs, ... : one elementwise op."""
     return [ops.elementwise(UNARY[node.op_type], node.input(0))]
 
 
 @converts(*VARIADIC)
 def variadic(node: Node) -> list:
+    """Sum / Max / Min of one or more broadcast inputs."""
     xs = node.inputs()
     return [xs[0] if len(xs) == 1 else ops.elementwise(VARIADIC[node.op_type], *xs)]
 
 
 @converts("Mean")
 def mean(node: Node) -> list:
+    """Mean of one or more broadcast inputs (their sum divided by their count)."""
     xs = node.inputs()
     total = xs[0] if len(xs) == 1 else ops.elementwise("add", *xs)
     return [total if len(xs) == 1 else ops.div(total, float(len(xs)))]
@@ -42,11 +46,13 @@ def mean(node: Node) -> list:
 
 @converts("LeakyRelu", attrs=("alpha",))
 def leaky_relu(node: Node) -> list:
+    """LeakyRelu with its alpha."""
     return [ops.elementwise("leaky_relu", node.input(0), alpha=float(node.attr("alpha", 0.01)))]
 
 
 @converts("Gelu", attrs=("approximate",))
 def gelu(node: Node) -> list:
+    """Gelu (opset 20), exact or with the tanh approximation."""
     approximate = node.attr("approximate", "none")
     if approximate not in ("none", "tanh"):
         raise node.error(f"approximate={approximate!r} is not supported (none, tanh)")
@@ -55,6 +61,7 @@ def gelu(node: Node) -> list:
 
 @converts("Clip")
 def clip(node: Node) -> list:
+    """Clip with optional min / max inputs (tensors, not necessarily constant)."""
     x = node.input(0)
     lo, hi = (node.input(k, required=False) if node.num_inputs > k else None for k in (1, 2))
     return [ops.clip(x, lo, hi)]
@@ -62,21 +69,25 @@ def clip(node: Node) -> list:
 
 @converts("Where")
 def where(node: Node) -> list:
+    """Where(cond, x, y) with broadcasting."""
     return [ops.elementwise("where", node.input(0), node.input(1), node.input(2))]
 
 
 @converts("Cast", attrs=("to", "saturate", "round_mode"))
 def cast(node: Node) -> list:
+    """Cast to the 'to' data type (float to int truncates)."""
     return [ops.cast(node.input(0), dtype_of(node.attr("to"), f"node {node.name!r} (Cast) 'to'"))]
 
 
 @converts("CastLike", attrs=("saturate", "round_mode"))
 def cast_like(node: Node) -> list:
+    """CastLike: Cast to the second input's dtype."""
     return [ops.cast(node.input(0), node.input(1).dtype)]
 
 
 @converts("Softmax", "LogSoftmax", attrs=("axis",))
 def softmax(node: Node) -> list:
+    """Softmax / LogSoftmax: along one axis from opset 13, over the axes from `axis` on before."""
     x = node.input(0)
     fn = ops.softmax if node.op_type == "Softmax" else ops.log_softmax
     if node.opset >= 13:
@@ -94,6 +105,7 @@ AXES_INPUT_SINCE = {"ReduceSum": 13}       # the others take axes as an input fr
 
 @converts(*REDUCTIONS, attrs=("axes", "keepdims", "noop_with_empty_axes"))
 def reduce(node: Node) -> list:
+    """Reduce* with axes as an attribute or (opset 13 for ReduceSum, 18 for the others) an input."""
     x, op_type = node.input(0), node.op_type
     if node.opset >= AXES_INPUT_SINCE.get(op_type, 18):
         axes = node.const(1, required=False) if node.num_inputs > 1 else None

@@ -40,6 +40,7 @@ def _window(node: Node, x, kernel: tuple) -> tuple:
 
 @converts("Conv", attrs=WINDOW_ATTRS + ("group",))
 def conv(node: Node) -> list:
+    """Conv (1-3 spatial axes, groups, dilations, auto_pad) with an optional bias."""
     x, w, bias = node.input(0), node.input(1), node.input(2, required=False) if node.num_inputs > 2 else None
     kernel = tuple(node.attr("kernel_shape", w.shape[2:]))
     if kernel != w.shape[2:]:
@@ -50,6 +51,7 @@ def conv(node: Node) -> list:
 
 @converts("Gemm", attrs=("alpha", "beta", "transA", "transB"))
 def gemm(node: Node) -> list:
+    """Gemm: alpha * A' @ B' + beta * C as transpose / matmul / mul / add ops."""
     a, b = node.input(0), node.input(1)
     c = node.input(2, required=False) if node.num_inputs > 2 else None
     a = ops.transpose(a) if node.attr("transA", 0) else a
@@ -65,11 +67,13 @@ def gemm(node: Node) -> list:
 
 @converts("MatMul")
 def matmul(node: Node) -> list:
+    """MatMul with numpy semantics."""
     return [ops.matmul(node.input(0), node.input(1))]
 
 
 @converts("BatchNormalization", attrs=("epsilon", "momentum", "training_mode"))
 def batch_norm(node: Node) -> list:
+    """BatchNormalization in inference mode."""
     if node.attr("training_mode", 0):
         raise node.error("training_mode=1 is not supported (inference only); export the model in eval mode")
     x, scale, bias, mean, var = (node.input(k) for k in range(5))
@@ -78,6 +82,7 @@ def batch_norm(node: Node) -> list:
 
 @converts("LayerNormalization", attrs=("axis", "epsilon", "stash_type"))
 def layer_norm(node: Node) -> list:
+    """LayerNormalization, with the Mean and InvStdDev outputs when they are used."""
     if node.attr("stash_type", 1) != 1:
         raise node.error(f"stash_type={node.attr('stash_type')} is not supported (1: statistics in float32)")
     x, scale = node.input(0), node.input(1)
@@ -89,6 +94,7 @@ def layer_norm(node: Node) -> list:
 
 @converts("MaxPool", "AveragePool", attrs=WINDOW_ATTRS + ("ceil_mode", "count_include_pad", "storage_order"))
 def pool(node: Node) -> list:
+    """MaxPool / AveragePool (1-3 spatial axes, ceil_mode, dilations, count_include_pad, auto_pad)."""
     if node.wanted(1):
         raise node.error("the Indices output of MaxPool is not supported")
     x = node.input(0)
@@ -103,12 +109,14 @@ def pool(node: Node) -> list:
 
 @converts("GlobalAveragePool", "GlobalMaxPool")
 def global_pool(node: Node) -> list:
+    """GlobalAveragePool / GlobalMaxPool."""
     fn = ops.global_avg_pool if node.op_type == "GlobalAveragePool" else ops.global_max_pool
     return [fn(node.input(0))]
 
 
 @converts("LRN", attrs=("alpha", "beta", "bias", "size"))
 def lrn(node: Node) -> list:
+    """LRN across channels."""
     if not node.has_attr("size"):
         raise node.error("the 'size' attribute is required", ValueError)
     return [ops.lrn(node.input(0), node.attr("size"), node.attr("alpha", 1e-4), node.attr("beta", 0.75),
@@ -117,6 +125,7 @@ def lrn(node: Node) -> list:
 
 @converts("Dropout", attrs=("ratio", "seed"))
 def dropout(node: Node) -> list:
+    """Dropout for inference: the input itself (and an all-true mask); random dropout is refused."""
     x = node.input(0)
     training = node.num_inputs > 2 and node.proto.input[2] and bool(np.asarray(node.const(2)).reshape(-1)[0])
     if training:
@@ -130,4 +139,5 @@ def dropout(node: Node) -> list:
 
 @converts("Identity")
 def identity(node: Node) -> list:
+    """Identity: the input tensor itself."""
     return [node.input(0)]

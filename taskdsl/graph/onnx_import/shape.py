@@ -33,6 +33,7 @@ def _axes(node: Node, k: int, since: int) -> list | None:
 @converts("Constant", attrs=("value", "value_float", "value_floats", "value_int", "value_ints", "value_string",
                              "value_strings", "sparse_value"))
 def constant_node(node: Node) -> list:
+    """Constant from a tensor, float(s) or int(s) attribute."""
     for name, dtype in (("value", None), ("value_float", np.float32), ("value_floats", np.float32),
                         ("value_int", np.int64), ("value_ints", np.int64)):
         if node.has_attr(name):
@@ -43,6 +44,7 @@ def constant_node(node: Node) -> list:
 
 @converts("Shape", attrs=("start", "end"))
 def shape(node: Node) -> list:
+    """Shape (with start / end): a constant, since shapes are static."""
     dims = node.input(0).shape
     start, end = node.attr("start", 0), node.attr("end", len(dims))
     return [constant(np.array(dims[slice(start, end)], np.int64))]
@@ -50,11 +52,13 @@ def shape(node: Node) -> list:
 
 @converts("Size")
 def size(node: Node) -> list:
+    """Size: a constant."""
     return [constant(np.array(node.input(0).size, np.int64))]
 
 
 @converts("ConstantOfShape", attrs=("value",))
 def constant_of_shape(node: Node) -> list:
+    """ConstantOfShape: a constant filled with `value` (default float 0)."""
     value = node.attr("value")
     value = np.zeros(1, np.float32) if value is None else np.asarray(value)
     return [constant(np.full(_ints(node.const(0)), value.reshape(-1)[0], value.dtype))]
@@ -62,6 +66,7 @@ def constant_of_shape(node: Node) -> list:
 
 @converts("Range")
 def range_node(node: Node) -> list:
+    """Range of constant start / limit / delta: a constant."""
     start, limit, delta = (np.asarray(node.const(k)).reshape(-1)[0] for k in range(3))
     if delta == 0:
         raise node.error("delta must not be 0", ValueError)
@@ -71,11 +76,13 @@ def range_node(node: Node) -> list:
 
 @converts("Flatten", attrs=("axis",))
 def flatten(node: Node) -> list:
+    """Flatten at `axis` (negative axes count from the end)."""
     return [ops.flatten(node.input(0), node.attr("axis", 1))]
 
 
 @converts("Reshape", attrs=("allowzero",))
 def reshape(node: Node) -> list:
+    """Reshape to a constant shape (0 copies the input dim unless allowzero)."""
     x, shape = node.input(0), _ints(node.const(1))
     if not node.attr("allowzero", 0):
         shape = [x.shape[k] if n == 0 else n for k, n in enumerate(shape)]
@@ -84,16 +91,19 @@ def reshape(node: Node) -> list:
 
 @converts("Transpose", attrs=("perm",))
 def transpose(node: Node) -> list:
+    """Transpose by perm (default: reversed axes)."""
     return [ops.transpose(node.input(0), node.attr("perm"))]
 
 
 @converts("Squeeze", attrs=("axes",))
 def squeeze(node: Node) -> list:
+    """Squeeze the given (or every) size-1 axis."""
     return [ops.squeeze(node.input(0), _axes(node, 1, 13))]
 
 
 @converts("Unsqueeze", attrs=("axes",))
 def unsqueeze(node: Node) -> list:
+    """Unsqueeze at the given axes."""
     axes = _axes(node, 1, 13)
     if axes is None:
         raise node.error("the axes are required", ValueError)
@@ -102,11 +112,13 @@ def unsqueeze(node: Node) -> list:
 
 @converts("Concat", attrs=("axis",))
 def concat(node: Node) -> list:
+    """Concat along `axis`."""
     return [ops.concat(node.inputs(), node.attr("axis"))]
 
 
 @converts("Split", attrs=("axis", "split", "num_outputs"))
 def split(node: Node) -> list:
+    """Split by sizes, into equal parts, or into num_outputs parts (the last may be smaller)."""
     x = node.input(0)
     axis = normalize_axis(node.attr("axis", 0), x.ndim, "Split")
     sizes = _optional_ints(node, 1) if node.opset >= 13 else node.attr("split")   # an input from opset 13
@@ -123,6 +135,7 @@ def split(node: Node) -> list:
 
 @converts("Slice")
 def slice_node(node: Node) -> list:
+    """Slice with constant starts / ends / axes / steps."""
     x = node.input(0)
     starts, ends = _ints(node.const(1)), _ints(node.const(2))
     return [ops.slice(x, starts, ends, _optional_ints(node, 3), _optional_ints(node, 4))]
@@ -130,16 +143,19 @@ def slice_node(node: Node) -> list:
 
 @converts("Gather", attrs=("axis",))
 def gather(node: Node) -> list:
+    """Gather along `axis` (indices may be any tensor)."""
     return [ops.gather(node.input(0), node.input(1), node.attr("axis", 0))]
 
 
 @converts("Expand")
 def expand(node: Node) -> list:
+    """Expand (bidirectional broadcast) to a constant shape."""
     return [ops.expand(node.input(0), _ints(node.const(1)))]
 
 
 @converts("Pad", attrs=("mode",))
 def pad(node: Node) -> list:
+    """Pad with a constant (pads and the optional value and axes inputs constant)."""
     x = node.input(0)
     if node.attr("mode", "constant") != "constant":
         raise node.error(f"mode={node.attr('mode')!r} is not supported (only 'constant')")
