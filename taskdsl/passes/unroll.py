@@ -1,4 +1,4 @@
-"""Fully unroll loops with constant bounds and small bodies.
+"""Fully unroll loops with constant bounds and small, branch-poor bodies.
 
 The CUDA compiler does this itself; the cpu target needs it done in the IR so that
 register-tile indices become constants (the cpu code generator then keeps those elements
@@ -10,7 +10,10 @@ import dataclasses
 
 from .. import ir
 
-MAX_COPIES = 256  # statements one unrolled loop nest may produce
+MAX_COPIES = 256   # statements one unrolled loop nest may produce
+MAX_BRANCHES = 8   # `if`s it may produce: each is a few basic blocks, and numba's compile time
+                   # grows faster than linearly in blocks (a fused 8x8 epilogue of guarded
+                   # stores, unrolled, took 60 s to compile instead of 20 s, and ran no faster)
 
 
 def unroll_loops(fn: ir.Function, max_copies: int = MAX_COPIES) -> ir.Function:
@@ -33,8 +36,9 @@ class _Unroller(ir.Rewriter):
         if not all(isinstance(x, ir.Const) for x in (s.start, s.stop, s.step)):
             return s
         trips = range(s.start.value, s.stop.value, s.step.value)
-        if len(trips) * _copies(body) > self.max_copies or any(isinstance(x, (ir.Break, ir.Continue))
-                                                                 for x in _loop_jumps(body)):
+        too_big = (len(trips) * _copies(body) > self.max_copies
+                   or len(trips) * len(ir.collect(body, ir.If)) > MAX_BRANCHES)
+        if too_big or any(isinstance(x, (ir.Break, ir.Continue)) for x in _loop_jumps(body)):
             return s
         return ir.seq([ir.substitute(body, {s.var.uid: ir.const(t, s.var.dtype)}) for t in trips]) if trips \
             else ir.Seq(())
