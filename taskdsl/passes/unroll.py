@@ -2,11 +2,14 @@
 
 The CUDA compiler does this itself; the cpu target needs it done in the IR so that
 register-tile indices become constants (the cpu code generator then keeps those elements
-in locals) and LLVM's SLP vectorizer sees straight-line code.
+in locals) and LLVM's SLP vectorizer sees straight-line code. Each copy gets its own
+variables for the values it defines (when nothing outside the loop reads them): names
+assigned once keep numba's SSA reconstruction, a large share of its compile time, cheap.
 """
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 
 from .. import ir
 
@@ -18,7 +21,11 @@ MAX_BRANCHES = 8   # `if`s it may produce: each is a few basic blocks, and numba
 
 def unroll_loops(fn: ir.Function, max_copies: int = MAX_COPIES) -> ir.Function:
     """`fn` with each For of constant bounds replaced by copies of its body, up to `max_copies` statements."""
-    return dataclasses.replace(fn, body=_Unroller(max_copies).visit(fn.body))
+    return dataclasses.replace(fn, body=_Unroller(max_copies, _var_counts(fn.body)).visit(fn.body))
+
+
+def _var_counts(s) -> Counter:
+    return Counter(v.uid for v in ir.collect(s, ir.Var))
 
 
 def _copies(s) -> int:
@@ -26,12 +33,33 @@ def _copies(s) -> int:
     return max(1, len(ir.collect(s, ir.Store)) + len(ir.collect(s, ir.Assign)))
 
 
+def _top_level(s) -> list:
+    return [x for y in s.stmts for x in _top_level(y)] if isinstance(s, ir.Seq) else [s]
+
+
+def _copy_locals(body, inside_only: set) -> list:
+    """Variables of `body` that each unrolled copy may rename: assigned at its top level before any
+    read, and never mentioned outside the loop (`inside_only`)."""
+    defined, shared = {}, set()
+    for st in _top_level(body):
+        value = st.value if isinstance(st, ir.Assign) else st
+        shared.update(v.uid for v in ir.collect(value, ir.Var) if v.uid not in defined)
+        if isinstance(st, ir.Assign) and st.var.uid not in shared:
+            defined.setdefault(st.var.uid, st.var)
+    return [v for uid, v in defined.items() if uid in inside_only and uid not in shared]
+
+
 class _Unroller(ir.Rewriter):
-    def __init__(self, max_copies: int):
+    def __init__(self, max_copies: int, counts: Counter):
         self.max_copies = max_copies
+        self.counts = counts      # mentions of each variable in the whole function
+        self.fresh: set = set()   # variables made for unrolled copies: mentioned only in their copy
 
     def visit_For(self, s: ir.For):
+        inside = _var_counts(s.body)
+        inside_only = {uid for uid, n in inside.items() if n == self.counts[uid]}
         body = self.visit(s.body)
+        inside_only |= self.fresh
         s = s if body is s.body else dataclasses.replace(s, body=body)
         if not all(isinstance(x, ir.Const) for x in (s.start, s.stop, s.step)):
             return s
@@ -40,8 +68,14 @@ class _Unroller(ir.Rewriter):
                    or len(trips) * len(ir.collect(body, ir.If)) > MAX_BRANCHES)
         if too_big or any(isinstance(x, (ir.Break, ir.Continue)) for x in _loop_jumps(body)):
             return s
-        return ir.seq([ir.substitute(body, {s.var.uid: ir.const(t, s.var.dtype)}) for t in trips]) if trips \
-            else ir.Seq(())
+        local = _copy_locals(body, inside_only)
+
+        def copy(t):
+            fresh = {v.uid: ir.Var(v.name, v.dtype, v.kind) for v in local}
+            self.fresh.update(v.uid for v in fresh.values())
+            return ir.substitute(body, {s.var.uid: ir.const(t, s.var.dtype), **fresh})
+
+        return ir.seq([copy(t) for t in trips]) if trips else ir.Seq(())
 
 
 def _loop_jumps(s):
