@@ -5,6 +5,10 @@ TASKDSL_TEST_TARGET=cuda on a GPU machine, every kernel test of the suite runs o
 and is checked against the same numpy oracles. Every kernel specialization a test launches
 also has its CUDA C++ compiled to an sm_90 cubin by NVRTC (once per kernel and block
 shape), so the suite proves the CUDA path on machines without a GPU.
+
+cpu kernels are compiled with `td.fast_compile` (no IR unrolling: numba compiles big kernels
+several times faster), except in modules that set OPTIMIZED = True: those test the optimized
+code path (unrolled register tiles kept in locals) of the templates and the kernel language.
 """
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ def pytest_generate_tests(metafunc):
 @pytest.fixture(autouse=True)
 def _cpu_target_and_nvrtc(monkeypatch, request, twin_target):
     """Run on the cpu target (or a twin's target) and NVRTC-compile each launched kernel."""
+    td.fast_compile(not getattr(request.module, "OPTIMIZED", False))
     if twin_target is not None:
         td.set_target(twin_target)
     elif request.node.get_closest_marker("gpu") is None:
@@ -54,6 +59,7 @@ def _cpu_target_and_nvrtc(monkeypatch, request, twin_target):
     monkeypatch.setattr(Kernel, "__call__", call_and_compile)
     yield
     td.debug(False)
+    td.fast_compile(False)
 
 
 def pytest_collection_modifyitems(config, items):

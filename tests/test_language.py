@@ -17,6 +17,7 @@ from taskdsl import blockDim, blockIdx, f32, f64, gridDim, i32, repeat, spatial,
 from .kernels import histogram, warp_sums
 
 GPU_TWINS = True   # every test also runs as a @gpu twin on the cuda target (conftest.py)
+OPTIMIZED = True   # the optimized cpu path (unrolled register tiles in locals), not td.fast_compile
 
 FEW = settings(max_examples=6, deadline=None)
 SIZES = st.integers(1, 300) | st.sampled_from([1, 2, 31, 32, 33, 63, 64, 65, 127, 257])
@@ -1256,3 +1257,28 @@ def test_ir_and_source_stages():
     assert isinstance(compiled.binary, bytes) and compiled.binary
     with pytest.raises(ValueError):
         axpb.ir(x, y, stage="nope")
+
+
+def test_fast_compile_skips_unrolling_and_computes_the_same():
+    @td.kernel(grid=1, block=4)
+    def tile_sums(x: f32[4, 8], out: f32[4]):
+        acc = td.registers(f32, (8,))
+        for j in range(8):
+            acc[j] = x[threadIdx.x, j] * 2.0
+        s = 0.0
+        for j in range(8):
+            s += acc[j]
+        out[threadIdx.x] = s
+
+    x = np.arange(32, dtype=np.float32).reshape(4, 8)
+    results, sources = [], []
+    for fast in (False, True):
+        td.fast_compile(fast)
+        out = np.zeros(4, np.float32)
+        tile_sums(x, out)
+        results.append(out)
+        sources.append(tile_sums.source(x, out, target="cpu"))
+    np.testing.assert_allclose(results[0], 2 * x.sum(axis=1))
+    np.testing.assert_array_equal(results[0], results[1])
+    assert "for j in range" not in sources[0] and "acc_7" in sources[0]      # unrolled, elements in locals
+    assert "for j in range" in sources[1]

@@ -12,6 +12,7 @@ from stdlib_ops import design_matmul
 from stdlib_ops.design_matmul import matmul_kernel as matmul
 
 GPU_TWINS = True   # every test also runs as a @gpu twin on the cuda target (conftest.py)
+OPTIMIZED = True   # the optimized cpu path (unrolled register tiles in locals), not td.fast_compile
 
 PRIMES = [2, 3, 5, 7, 11, 13, 17, 31, 61, 67, 127, 131, 149]
 DIMS = st.integers(1, 150) | st.sampled_from([1, 8, 63, 64, 65, 128] + PRIMES)

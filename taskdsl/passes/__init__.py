@@ -5,7 +5,8 @@ CUDA then specializes:   bind_sizes -> flatten_buffers -> simplify.
 The cpu target first gives tensor-core and async-copy instructions their plain meaning
 (emulate_tensor_cores), then keeps sizes symbolic (one numba compile serves every shape):
                          unroll_loops -> flatten_buffers -> simplify,
-except in debug mode, which keeps n-d accesses so each index can be checked per axis.
+except in debug mode, which keeps n-d accesses so each index can be checked per axis, and
+with fast compilation, which skips unroll_loops (numba's compile time grows with code size).
 Blocks are then split at barriers in `backend/cpu/fission.py`.
 """
 from __future__ import annotations
@@ -33,9 +34,9 @@ def lower_for_cuda(fn: ir.Function, sizes: dict) -> ir.Function:
     return simplify(flatten_buffers(bind_sizes(fn, sizes)))
 
 
-def lower_for_cpu(fn: ir.Function, debug: bool) -> ir.Function:
+def lower_for_cpu(fn: ir.Function, debug: bool, unroll: bool = True) -> ir.Function:
     """A lowered kernel prepared for the numba code generator (n-d accesses kept in debug mode)."""
     fn = emulate_tensor_cores(fn)
     if debug:
         return fn
-    return simplify(flatten_buffers(simplify(unroll_loops(fn))))
+    return simplify(flatten_buffers(simplify(unroll_loops(fn) if unroll else fn)))

@@ -1,4 +1,4 @@
-"""Process-wide settings: target, debug mode, cache directory."""
+"""Process-wide settings: target, debug mode, fast compilation, cache directory."""
 from __future__ import annotations
 
 import functools
@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 TARGETS = ("cpu", "cuda")
-_state = {"target": None, "debug": None}
+_state = {"target": None, "debug": None, "fast_compile": None}
 
 
 def cache_dir() -> Path:
@@ -56,8 +56,23 @@ def debug(enabled: bool = True) -> None:
     _state["debug"] = bool(enabled)
 
 
+def _flag(name: str, env: str) -> bool:
+    if _state[name] is not None:
+        return _state[name]
+    return os.environ.get(env, "0") not in ("", "0", "false", "False")
+
+
 def debug_enabled() -> bool:
     """Whether debug mode is on (`td.debug(True)` or TASKDSL_DEBUG=1)."""
-    if _state["debug"] is not None:
-        return _state["debug"]
-    return os.environ.get("TASKDSL_DEBUG", "0") not in ("", "0", "false", "False")
+    return _flag("debug", "TASKDSL_DEBUG")
+
+
+def fast_compile(enabled: bool = True) -> None:
+    """Trade kernel speed for compile speed on the cpu target (no loop unrolling: numba compiles
+    large kernels 3-5x faster, which then run several times slower). For prototyping and tests."""
+    _state["fast_compile"] = bool(enabled)
+
+
+def fast_compile_enabled() -> bool:
+    """Whether fast compilation is on (`td.fast_compile(True)` or TASKDSL_FAST_COMPILE=1)."""
+    return _flag("fast_compile", "TASKDSL_FAST_COMPILE")

@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import ir
 from ..ir import types as T
-from .config import debug_enabled, get_target
+from .config import debug_enabled, fast_compile_enabled, get_target
 
 
 @dataclass
@@ -189,13 +189,14 @@ class Kernel:
         return self._lowered[block]
 
     def _cpu_kernel(self, block: tuple, debug: bool):
-        key = (block, debug)
+        fast = fast_compile_enabled()
+        key = (block, debug, fast)
         if key not in self._cpu:
             from ..backend.cpu.codegen import emit_python
             from ..backend.cpu.compile import compiler_fingerprint, load_module_function
             from ..passes import lower_for_cpu
             from . import cache
-            src = emit_python(lower_for_cpu(self._lowered_ir(block), debug), debug)
+            src = emit_python(lower_for_cpu(self._lowered_ir(block), debug, unroll=not fast), debug)
             path = cache.cpu_module(cache.cache_key(src.text, compiler_fingerprint()), src.text)
             self._cpu[key] = (load_module_function(path, src.entry), src)
         return self._cpu[key]

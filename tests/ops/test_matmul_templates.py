@@ -15,6 +15,7 @@ from taskdsl.backend.cuda.nvrtc import combine_sources, compile_cubin
 from taskdsl.schedule import tuner
 from taskdsl.schedule.space import Space
 
+OPTIMIZED = True   # the optimized cpu path (unrolled register tiles in locals), not td.fast_compile
 DIMS = st.sampled_from([1, 2, 3, 7, 13, 31, 64, 65, 97, 130])
 
 # points run on the cpu target (each costs a cold numba compile of 20-60 s): the cpu default, and a
