@@ -24,6 +24,7 @@ _compiled: set = set()
 
 def pytest_configure(config):
     os.environ.setdefault("TASKDSL_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".taskdsl-test-cache"))
+    os.environ.setdefault("TASKDSL_COMPILE_WORKERS", "1")   # pytest-xdist already uses every core
 
 
 @pytest.fixture

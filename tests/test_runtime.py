@@ -127,3 +127,32 @@ def test_disk_cache_is_reused_by_a_new_process(tmp_path):
         assert out.stdout.strip() == "[0.0, 2.0, 4.0, 6.0]"
     cached = list((tmp_path / "cache" / "cpu").glob("*.py"))
     assert len(cached) == 1 and list((tmp_path / "cache" / "cpu" / "__pycache__").glob("*.nbi"))
+
+
+def _scale_kernel(factor: float):
+    @td.kernel(grid=lambda N: td.cdiv(N, 32), block=32, name=f"scale_{int(factor)}")
+    def scale(x: f32["N"], y: f32["N"]):
+        i = blockIdx.x * 32 + threadIdx.x
+        if i < N:
+            y[i] = x[i] * factor
+    return scale
+
+
+def test_recorded_launches_compile_ahead_in_worker_processes(tmp_path, monkeypatch):
+    from taskdsl.backend.cpu import precompile
+    monkeypatch.setenv("TASKDSL_CACHE_DIR", str(tmp_path))      # nothing compiled yet
+    monkeypatch.setenv("TASKDSL_COMPILE_WORKERS", "2")
+    kernels = {factor: _scale_kernel(factor) for factor in (2.0, 3.0)}
+    x = np.arange(37, dtype=np.float32)
+    outs = {factor: np.zeros_like(x) for factor in kernels}
+    with precompile.recording() as jobs:
+        for factor, k in kernels.items():
+            k(x, outs[factor])
+            k(x, outs[factor])                                   # a repeated launch: one job
+    assert len(jobs) == 2 and not any(o.any() for o in outs.values())    # recorded, not run
+    assert precompile.pending(jobs) == jobs
+    precompile.compile_all(jobs)
+    assert precompile.pending(jobs) == []                       # the workers' code is in numba's disk cache
+    for factor, k in kernels.items():
+        k(x, outs[factor])
+        np.testing.assert_array_equal(outs[factor], x * np.float32(factor))

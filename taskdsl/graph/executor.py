@@ -1,6 +1,7 @@
 """CompiledGraph: a graph after the pass pipeline, with its memory plan, run operator by operator.
 
-    cg = g.compile()                   # passes, memory plan, and every kernel compiled (a warm-up run)
+    cg = g.compile()                   # passes, memory plan, and every kernel compiled (a warm-up run;
+                                       # on the cpu target its kernels first compile in parallel processes)
     y, = cg(x)                         # or cg({"x": x}); a list of numpy arrays
     cg.kernels                         # the kernels the last call launched, in order
     print(cg.summary(timing=True))     # one line per operator, with its time
@@ -12,6 +13,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from ..backend.cpu import precompile
 from ..runtime.config import get_target, set_target
 from ..runtime.progress import Progress
 from . import runners
@@ -50,10 +52,26 @@ class CompiledGraph:
                 self._free[step].append(tid)
         self._last_inputs = [np.zeros(t.shape, t.numpy_dtype) for t in self.graph.inputs]
         self._records: list = []                   # (kernels, seconds) per step of the last call
-        bar = Progress(len(nodes), f"compiling {graph.name}", show=None if len(nodes) >= PROGRESS_MIN_NODES else False)
-        with on_target(self.target), bar:          # compile every kernel now: a run on zeros
-            self._execute(self._last_inputs, bar)
+        show = None if len(nodes) >= PROGRESS_MIN_NODES else False
+        with on_target(self.target):
+            if self.target == "cpu":
+                self._compile_cpu_kernels_ahead(show)
+            with Progress(len(nodes), f"compiling {graph.name}", show=show) as bar:
+                self._execute(self._last_inputs, bar)      # compile every kernel now: a run on zeros
         self.compile_seconds = time.perf_counter() - start
+
+    def _compile_cpu_kernels_ahead(self, show) -> None:
+        """Record the warm-up run's cpu launches, then compile their kernels in parallel processes."""
+        with precompile.recording() as jobs:
+            try:
+                self._execute(self._last_inputs)
+            except Exception:  # noqa: BLE001 - recorded launches write no outputs, so a runner reading
+                pass           # them may fail; the warm-up run after this raises any real error
+        jobs = precompile.pending(jobs)
+        if len(jobs) > 1 and precompile.workers() > 1:
+            with Progress(len(jobs), f"compiling {len(jobs)} kernels on {min(precompile.workers(), len(jobs))} "
+                          "processes", show=show) as bar:
+                precompile.compile_all(jobs, bar)
 
     def _execute(self, arrays: list, progress: Progress | None = None) -> list:
         values = {id(t): a for t, a in zip(self.graph.inputs, arrays)}

@@ -198,7 +198,7 @@ class Kernel:
             from . import cache
             src = emit_python(lower_for_cpu(self._lowered_ir(block), debug, unroll=not fast), debug)
             path = cache.cpu_module(cache.cache_key(src.text, compiler_fingerprint()), src.text)
-            self._cpu[key] = (load_module_function(path, src.entry), src)
+            self._cpu[key] = (load_module_function(path, src.entry), src, path)
         return self._cpu[key]
 
     def _cuda_function(self, binding: Binding) -> ir.Function:
@@ -226,10 +226,14 @@ class Kernel:
 
     def _run_cpu(self, binding: Binding) -> None:
         debug = debug_enabled()
-        run, src = self._cpu_kernel(binding.block, debug)
+        run, src, path = self._cpu_kernel(binding.block, debug)
         fn = self._lowered_ir(binding.block)
         sizes = [binding.sizes[s.name] for s in fn.sizes]
-        from ..backend.cpu.launch import launch_cpu
+        from ..backend.cpu import precompile
+        from ..backend.cpu.launch import launch_cpu, signature
+        if precompile.is_recording():
+            precompile.record(precompile.Job(str(path), src.entry, signature(src, binding.values, sizes)))
+            return
         try:
             launch_cpu(run, src, binding.values, sizes, binding.grid)
         except (IndexError, RuntimeError) as exc:
@@ -279,7 +283,7 @@ class Kernel:
         if target == "cuda":
             return self._compiled_cuda(binding, arch or "sm_90")
         if target == "cpu":
-            _, src = self._cpu_kernel(binding.block, debug_enabled())
+            src = self._cpu_kernel(binding.block, debug_enabled())[1]
             return CompiledKernel("cpu", src.text)
         raise ValueError(f"unknown target {target!r}; use 'cpu' or 'cuda'")
 

@@ -82,3 +82,16 @@ def test_progress_bar_for_big_graphs(monkeypatch, capsys):
     assert "compiling deep" in err and "24/24" in err
     tg.Graph([x], [ops.relu(x)], name="tiny").compile()
     assert "compiling tiny" not in capsys.readouterr().err
+
+
+def test_cpu_kernels_compile_ahead_in_parallel(tmp_path, monkeypatch):
+    # A fresh cache and two compile processes: the warm-up's launches are recorded, compiled by the
+    # workers, then run; the results are those of the numpy reference.
+    monkeypatch.setenv("TASKDSL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TASKDSL_COMPILE_WORKERS", "2")
+    x = tg.input("x", (5, 7))
+    g = tg.Graph([x], [ops.softmax(ops.mul(ops.sigmoid(x), ops.tanh(x)), -1)], name="ahead")
+    cg = g.compile(target="cpu")
+    feed = rand((5, 7), 3)
+    np.testing.assert_allclose(cg(feed)[0], g.reference({"x": feed})[0], rtol=1e-5, atol=1e-6)
+    assert len({id(k) for k in cg.kernels}) >= 2

@@ -12,7 +12,7 @@ from .codegen import CpuSource
 
 
 @contextlib.contextmanager
-def _slp_vectorizer():
+def slp_vectorizer():
     """numba leaves LLVM's SLP vectorizer off by default; unrolled register tiles need it."""
     from numba.core import config
     saved = config.SLP_VECTORIZE
@@ -33,8 +33,8 @@ def _pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
     return concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="taskdsl-cpu")
 
 
-def launch_cpu(run, src: CpuSource, values: list, sizes: list, grid: tuple) -> None:
-    """Run the dispatcher `run` on `values` (arrays and scalars), `sizes` and the `grid` of blocks.
+def call_args(src: CpuSource, values: list) -> tuple[list, list]:
+    """(the arguments for the generated function, (array, copy) pairs to copy back after the call).
 
     In flat mode each array goes in as a 1-D view; a non-contiguous one is copied into a
     contiguous buffer and copied back afterwards, so callers still see in-place writes.
@@ -53,9 +53,22 @@ def launch_cpu(run, src: CpuSource, values: list, sizes: list, grid: tuple) -> N
                 args.append(tmp.reshape(-1))
         else:
             args.append(v)
+    return args, copy_back
+
+
+def signature(src: CpuSource, values: list, sizes: list) -> tuple:
+    """The numba types of a launch's arguments (what `launch_cpu` passes), for compiling ahead."""
+    from numba import typeof
+    args, _ = call_args(src, values)
+    return tuple(typeof(a) for a in args) + tuple(typeof(int(n)) for n in list(sizes) + [0] * 5)
+
+
+def launch_cpu(run, src: CpuSource, values: list, sizes: list, grid: tuple) -> None:
+    """Run the dispatcher `run` on `values` (arrays and scalars), `sizes` and the `grid` of blocks."""
+    args, copy_back = call_args(src, values)
     blocks = grid[0] * grid[1] * grid[2]
     workers = min(num_threads(), blocks) if src.parallel else 1
-    with _slp_vectorizer():
+    with slp_vectorizer():
         run(*args, *sizes, *grid, 0, min(blocks, 1))  # compiles (once) before the threads start
     if workers <= 1:
         run(*args, *sizes, *grid, 1, blocks)
