@@ -217,7 +217,7 @@ class _Build:
         anchor = self.op.anchor
         fixed = {"batch_index": self.plan.batch_index(1), "split": 1}
         if isinstance(anchor, Conv):
-            fixed["B"] = conv_lib.pack_weight(self.geometry, arrays[self._input_index(self.weight)])
+            fixed["B"] = self._packed_weight(arrays[self._input_index(self.weight)])
         else:
             for k, (name, shape) in enumerate((("A", a_shape), ("B", b_shape))):
                 if k not in self.op.prologues:
@@ -225,6 +225,14 @@ class _Build:
         args = [fixed[n] if n in fixed else contiguous(arrays[self.index_of[n]]) for n in self.names[:-1]]
         self.kernel(*args, out)
         return out
+
+    def _packed_weight(self, weight: np.ndarray) -> np.ndarray:
+        """The GEMM's B for these conv weights: packed once when the weights are a constant of the graph."""
+        if not self.weight.is_constant:
+            return conv_lib.pack_weight(self.geometry, weight)
+        if getattr(self, "_packed", None) is None:
+            self._packed = conv_lib.pack_weight(self.geometry, weight)
+        return self._packed
 
     def _input_index(self, t) -> int:
         return next(k for k, x in enumerate(self.op.inputs) if x is t)

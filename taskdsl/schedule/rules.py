@@ -99,23 +99,32 @@ def schedule_injective(out: Tensor, inline: set, strategy: str = "flat") -> Kern
     if strategy == "rows":
         rows, width = numel(out.shape[:-1]), out.shape[-1]
         step, row = ir.Var("step", T.i32, kind="loop"), ir.Var("row", T.i32)
-        index = _unravel(row, out.shape[:-1]) + [column]
+        row_index, row_coords = _coordinates(row, out.shape[:-1], "r")
+        index, coords = row_index + [column], []
     else:
-        rows, width, index = ir.const(1), numel(out.shape), _unravel(column, out.shape)
+        rows, width = ir.const(1), numel(out.shape)
+        index, coords = _coordinates(column, out.shape, "i")
     value = ir.substitute(body, {a.uid: i for a, i in zip(out.axes, index)})
     store = ir.Store(out.buffer, tuple(index), ir.Cast(value, out.dtype) if value.dtype != out.dtype else value)
     loop = ir.For(r, ir.const(0), ir.const(PER_THREAD), ir.const(1), ir.seq([
         ir.Assign(column, blockIdx.x * per_block + r * BLOCK + threadIdx.x),
-        ir.If(ir.binary("<", column, width), store)]), unroll=True)
+        ir.If(ir.binary("<", column, width), ir.seq(coords + [store]))]), unroll=True)
     if strategy == "rows":
         trips = (rows - blockIdx.y + gridDim.y - 1) // gridDim.y
         loop = ir.For(step, ir.const(0), trips, ir.const(1),
-                      ir.seq([ir.Assign(row, blockIdx.y + step * gridDim.y), loop]))
+                      ir.seq([ir.Assign(row, blockIdx.y + step * gridDim.y)] + row_coords + [loop]))
     fn = _function(f"{out.name}_{strategy}", out, loop)
     names = _size_names(rows, width)
     grid = size_function(lambda env: (-(-evaluate_int(width, env) // per_block),
                                       max(1, min(evaluate_int(rows, env), rows_per_grid))), names)
     return Kernel.from_ir(fn, grid)
+
+
+def _coordinates(linear: ir.Expr, shape: tuple, prefix: str) -> tuple[list, list]:
+    """(coordinate variables, their assignments) of a linear index in `shape`: each division by a
+    (runtime) size is done once per element, not once per use of the coordinate."""
+    coords = [ir.Var(f"{prefix}{n}", T.i32) for n in range(len(shape))]
+    return coords, [ir.Assign(c, e) for c, e in zip(coords, _unravel(linear, shape))]
 
 
 def _unravel(linear: ir.Expr, shape: tuple) -> list:
@@ -244,8 +253,8 @@ def schedule_reduce(t: Tensor, inline: set, strategy: str, threads: int = BLOCK)
         guard, start, step, leader = ir.binary("<", o, outputs), lane, 32, ir.binary("==", lane, 0)
     else:
         o, head, guard, start, step, leader = blockIdx.x, [], None, threadIdx.x, BLOCK, ir.binary("==", threadIdx.x, 0)
-    out_index = _unravel(o, t.shape)
-    stmts = head + [ir.Assign(acc, _identity(t.op, dtype))]
+    out_index, coords = _coordinates(o, t.shape, "o")
+    stmts = head + coords + [ir.Assign(acc, _identity(t.op, dtype))]
     if strategy == "thread":
         loop = ir.seq(_lanes_loop(t, body, out_index, acc, reduced))
     else:
