@@ -121,7 +121,9 @@ def test_disk_cache_is_reused_by_a_new_process(tmp_path):
             "x = np.zeros(4, np.float32); k(x); print(x.tolist())\n")
     script = tmp_path / "kern.py"
     script.write_text(code)
-    env = dict(os.environ, TASKDSL_CACHE_DIR=str(tmp_path / "cache"), TASKDSL_TARGET="cpu")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))     # importable without pip install -e
+    env = dict(os.environ, TASKDSL_CACHE_DIR=str(tmp_path / "cache"), TASKDSL_TARGET="cpu",
+               PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
     for _ in range(2):
         out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, check=True)
         assert out.stdout.strip() == "[0.0, 2.0, 4.0, 6.0]"
