@@ -68,9 +68,9 @@ class CompiledGraph:
             except Exception:  # noqa: BLE001 - recorded launches write no outputs, so a runner reading
                 pass           # them may fail; the warm-up run after this raises any real error
         jobs = precompile.pending(jobs)
-        if len(jobs) > 1 and precompile.workers() > 1:
-            with Progress(len(jobs), f"compiling {len(jobs)} kernels on {min(precompile.workers(), len(jobs))} "
-                          "processes", show=show) as bar:
+        n = precompile.processes(jobs)
+        if n > 1:
+            with Progress(len(jobs), f"compiling {len(jobs)} kernels on {n} processes", show=show) as bar:
                 precompile.compile_all(jobs, bar)
 
     def _execute(self, arrays: list, progress: Progress | None = None) -> list:

@@ -156,6 +156,7 @@ class _Build:
 
     def __init__(self, op: FusedAnchor):
         self.op = op
+        self._packed = None       # a constant conv weight packed as the GEMM's B (packed on first run)
         holders = [placeholder(f"x{k}", t.dtype, t.shape) for k, t in enumerate(op.inputs)]
         self.value = {id(t): h for t, h in zip(op.inputs, holders)}
         for m in op.prologues.values():
@@ -230,7 +231,7 @@ class _Build:
         """The GEMM's B for these conv weights: packed once when the weights are a constant of the graph."""
         if not self.weight.is_constant:
             return conv_lib.pack_weight(self.geometry, weight)
-        if getattr(self, "_packed", None) is None:
+        if self._packed is None:
             self._packed = conv_lib.pack_weight(self.geometry, weight)
         return self._packed
 

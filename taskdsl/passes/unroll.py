@@ -56,13 +56,14 @@ class _Unroller(ir.Rewriter):
         self.fresh: set = set()   # variables made for unrolled copies: mentioned only in their copy
 
     def visit_For(self, s: ir.For):
-        inside = _var_counts(s.body)
-        inside_only = {uid for uid, n in inside.items() if n == self.counts[uid]}
+        constant = all(isinstance(x, ir.Const) for x in (s.start, s.stop, s.step))
+        # counted on the body as written: copies of inner loops only multiply its mentions
+        inside_only = {uid for uid, n in _var_counts(s.body).items() if n == self.counts[uid]} if constant else set()
         body = self.visit(s.body)
-        inside_only |= self.fresh
         s = s if body is s.body else dataclasses.replace(s, body=body)
-        if not all(isinstance(x, ir.Const) for x in (s.start, s.stop, s.step)):
+        if not constant:
             return s
+        inside_only |= self.fresh
         trips = range(s.start.value, s.stop.value, s.step.value)
         too_big = (len(trips) * _copies(body) > self.max_copies
                    or len(trips) * len(ir.collect(body, ir.If)) > MAX_BRANCHES)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import ir
+from ..backend.cpu import precompile
 from ..ir import types as T
 from .config import debug_enabled, fast_compile_enabled, get_target
 
@@ -229,10 +230,9 @@ class Kernel:
         run, src, path = self._cpu_kernel(binding.block, debug)
         fn = self._lowered_ir(binding.block)
         sizes = [binding.sizes[s.name] for s in fn.sizes]
-        from ..backend.cpu import precompile
         from ..backend.cpu.launch import launch_cpu, signature
         if precompile.is_recording():
-            precompile.record(precompile.Job(str(path), src.entry, signature(src, binding.values, sizes)))
+            precompile.record(precompile.Job(str(path), src.entry, signature(src, binding.values, sizes, binding.grid)))
             return
         try:
             launch_cpu(run, src, binding.values, sizes, binding.grid)

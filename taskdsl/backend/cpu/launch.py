@@ -56,11 +56,11 @@ def call_args(src: CpuSource, values: list) -> tuple[list, list]:
     return args, copy_back
 
 
-def signature(src: CpuSource, values: list, sizes: list) -> tuple:
-    """The numba types of a launch's arguments (what `launch_cpu` passes), for compiling ahead."""
+def signature(src: CpuSource, values: list, sizes: list, grid: tuple) -> tuple:
+    """The numba types of the arguments `launch_cpu` passes (block range included), for compiling ahead."""
     from numba import typeof
     args, _ = call_args(src, values)
-    return tuple(typeof(a) for a in args) + tuple(typeof(int(n)) for n in list(sizes) + [0] * 5)
+    return tuple(typeof(a) for a in args) + tuple(typeof(int(n)) for n in (*sizes, *grid, 0, 0))
 
 
 def launch_cpu(run, src: CpuSource, values: list, sizes: list, grid: tuple) -> None:

@@ -69,7 +69,8 @@ def compile_job(job: Job) -> None:
 
 
 def pending(jobs: list) -> list:
-    """The jobs whose machine code is neither in this process nor in numba's disk cache."""
+    """The jobs whose function is neither compiled for that signature in this process nor in
+    numba's disk cache (any cached signature counts: a new one compiles at its first launch)."""
     from .compile import load_module_function
 
     def compiled(job: Job) -> bool:
@@ -81,14 +82,19 @@ def pending(jobs: list) -> list:
     return [j for j in jobs if not compiled(j)]
 
 
-def compile_all(jobs: list, progress=None) -> None:
-    """Compile `jobs` in worker processes (when there are several jobs and cores), stepping `progress`.
+def processes(jobs: list) -> int:
+    """How many worker processes `compile_all` uses for `jobs`; 1 means none.
 
-    With one job or one core nothing happens here: each kernel compiles at its first launch,
-    and a worker process would only add its start-up time.
+    With one job or one core, or off Linux (no fork), each kernel compiles at its first launch
+    instead: a worker process would only add its start-up time.
     """
-    n = min(workers(), len(jobs))
-    if n <= 1 or not sys.platform.startswith("linux"):
+    return min(workers(), len(jobs)) if sys.platform.startswith("linux") else 1
+
+
+def compile_all(jobs: list, progress=None) -> None:
+    """Compile `jobs` in `processes(jobs)` worker processes (none if that is 1), stepping `progress`."""
+    n = processes(jobs)
+    if n <= 1:
         return
     # fork: a worker starts in milliseconds with numba already imported, and never re-runs the
     # user's script (spawn would, without an `if __name__ == "__main__"` guard). Nothing compiles
