@@ -11,15 +11,13 @@ activation) on top. Weights come in PyTorch/ONNX OIHW and are packed once into B
 Convolutions with tiny per-group reductions (depthwise) are plain `td.reduce` definitions
 scheduled by the rules instead: a GEMM with K = 9 has nothing to tile.
 """
-from __future__ import annotations
-
 import functools
 from dataclasses import dataclass
 
 import numpy as np
 
 import taskdsl as td
-from taskdsl import ir
+from taskdsl import blockIdx, ir
 
 from . import gemm as mm
 
@@ -182,39 +180,158 @@ def bias_activation(g: ConvGeometry, y: td.Tensor, bias: td.Tensor | None, activ
     return td.compute("Z", shape, lambda *idx: act(y[idx] + bias[channel(idx)] if bias is not None else y[idx]))
 
 
+def on_columns(g: ConvGeometry, target: str) -> bool:
+    """Whether the convolution runs as weights @ explicit im2col columns: on the cpu, NCHW, one group.
+
+    The cpu's register-tile matmul reads rows of B as vectors; an im2col folded into those loads
+    costs a dozen integer divisions per element, repeated for every block that reads it (the
+    implicit im2col ran at 10-20 GFLOP/s on the cpu, the plain matmul at 100+). Materializing the
+    columns once, row by row with no divisions, and multiplying the weights (OC x K: OIHW as
+    stored) by them (K x OH*OW per image) leaves C in NCHW order: the output, nothing to permute.
+    """
+    return target == "cpu" and g.layout == "NCHW" and g.groups == 1
+
+
+def _pointwise(g: ConvGeometry) -> bool:
+    """A 1x1 convolution with stride 1 and no padding: the input itself is the columns matrix."""
+    return (g.kh, g.kw, g.stride, max(g.padding)) == (1, 1, (1, 1), 0)
+
+
+@functools.lru_cache(maxsize=8)
+def columns_kernel(dtype) -> td.Kernel:
+    """im2col of an NCHW input: cols[n, (c, kh, kw), oh * OW + ow], zero in the padding.
+
+    One block per (column-matrix row, image) copies a strided window row by row, so no index
+    needs a division; the geometry comes in as scalars and one compile serves every convolution.
+    """
+    @td.kernel(grid=lambda K, N: (K, N), block=1, name=f"im2col_{dtype.name}")
+    def im2col_rows(X: dtype["N", "C", "H", "W"], cols: dtype["N", "K", "L"], conv_kh: td.i32, conv_kw: td.i32,
+                    conv_ow: td.i32, conv_sh: td.i32, conv_sw: td.i32, conv_pt: td.i32, conv_pl: td.i32,
+                    conv_dh: td.i32, conv_dw: td.i32):
+        row, n = blockIdx.x, blockIdx.y
+        c, kh, kw = row // (conv_kh * conv_kw), row // conv_kw % conv_kh, row % conv_kw
+        for oh in range(L // conv_ow):
+            ih = oh * conv_sh - conv_pt + kh * conv_dh
+            for ow in range(conv_ow):
+                iw = ow * conv_sw - conv_pl + kw * conv_dw
+                inside = ih >= 0 and ih < H and iw >= 0 and iw < W
+                cols[n, row, oh * conv_ow + ow] = X[n, c, ih, iw] if inside else 0.0
+
+    return im2col_rows
+
+
+def _columns_scalars(g: ConvGeometry) -> dict:
+    return dict(conv_kh=g.kh, conv_kw=g.kw, conv_ow=g.ow, conv_sh=g.stride[0], conv_sw=g.stride[1],
+                conv_pt=g.padding[0], conv_pl=g.padding[1], conv_dh=g.dilation[0], conv_dw=g.dilation[1])
+
+
+def columns_output_view(g: ConvGeometry, c: td.Tensor) -> td.Tensor:
+    """The NCHW output as a compute over C (N, OC, OH*OW) of the weights @ columns GEMM."""
+    return td.compute("Y", g.out_shape, lambda n, o, oh, ow: c[n, o, oh * g.ow + ow])
+
+
 @dataclass(frozen=True)
-class ConvPlan:
-    """A convolution compiled to one kernel: its parameter names say how to call it."""
+class Lowered:
+    """A convolution as a matmul: the fused template kernel, and on the cpu the im2col kernel before it.
+
+    Call `run` with the arrays of the input definition's and the epilogue's placeholders, by name.
+    """
 
     geometry: ConvGeometry
-    kernel: object            # a fused td.Kernel, or a td.Op (direct schedule)
-    direct: bool
-    batch_index: np.ndarray | None = None
+    matmul: object              # the gemm.MatmulPlan the kernel was scheduled from
+    kernel: td.Kernel           # the template with the conv's loads (implicit im2col) and stores fused in
+    columns: td.Kernel | None   # explicit im2col (cpu), fused with the input's prologue if it has one
+    x_name: str | None          # the input's placeholder, when the input is one (no prologue)
+    weights_first: bool         # C = weights @ columns (cpu), rather than im2col @ packed weights
+
+    def weight_operand(self, weight: np.ndarray) -> np.ndarray:
+        """The GEMM operand the OIHW weights become (pack them once for constant weights)."""
+        g = self.geometry
+        if self.weights_first:
+            return np.ascontiguousarray(weight).reshape(1, g.oc, -1)
+        return pack_weight(g, weight)
+
+    def run(self, arrays: dict, weight: np.ndarray, out: np.ndarray) -> None:
+        """out = the convolution (with its fused prologue and epilogue) of `arrays` and the weight operand."""
+        g = self.geometry
+        args = dict(arrays, batch_index=self.matmul.batch_index(1), split=1)
+        if self.weights_first:
+            args["A"] = weight
+            if self.columns is None:
+                args["B"] = arrays[self.x_name].reshape(g.n, g.c, g.h * g.w)
+            else:
+                cols = np.empty(self.matmul.operand_shapes()[1], out.dtype)
+                args.update(_columns_scalars(g), cols=cols)
+                if self.x_name is not None:
+                    args["X"] = arrays[self.x_name]
+                self.columns(*[args[name] for name, _ in self.columns.params])
+                args["B"] = cols
+        else:
+            args["B"] = weight
+        names = [name for name, _ in self.kernel.params]
+        self.kernel(*[args[name] for name in names[:-1]], out.reshape(_fused_out_shape(g)))
 
     @property
-    def param_names(self) -> list:
-        return [name for name, _ in self.kernel.params]
+    def kernels(self) -> list:
+        return [k for k in (self.columns, self.kernel) if k is not None]
+
+
+def lower(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue) -> Lowered:
+    """Schedule convolution `g` on the matmul template: `x` defines the input (a placeholder or a
+    prologue's compute), `epilogue(y)` the final output from the conv output definition `y`."""
+    groups, m, k, n = g.gemm
+    if on_columns(g, target):
+        matmul = mm.plan((1, g.oc, k), (g.n, k, g.oh * g.ow), dtype, target)
+        c = td.placeholder("C", dtype, matmul.operand_shapes()[2])
+        kernel = td.fuse(matmul.anchor, *matmul_examples(matmul), epilogues={"C": epilogue(columns_output_view(g, c))})
+        x_name = x.name if x.kind == "placeholder" else None
+        if _pointwise(g) and x_name is not None:
+            return Lowered(g, matmul, kernel, None, x_name, True)
+        columns = columns_kernel(dtype)      # generic: one compile serves every geometry
+        if x_name is None:                   # ...but a fused prologue specializes it
+            cols = np.empty(matmul.operand_shapes()[1], dtype.numpy)
+            columns = td.fuse(columns, np.empty(_x_shape(g), dtype.numpy), cols, *_columns_scalars(g).values(),
+                              prologues={"X": x})
+        return Lowered(g, matmul, kernel, columns, x_name, True)
+    matmul = mm.plan((groups, m, k), (groups, k, n), dtype, target)
+    c = td.placeholder("C", dtype, matmul.operand_shapes()[2])
+    kernel = td.fuse(matmul.anchor, *matmul_examples(matmul), prologues={"A": im2col(g, x)},
+                     epilogues={"C": epilogue(output_view(g, c))})
+    return Lowered(g, matmul, kernel, None, None, False)
+
+
+def _x_shape(g: ConvGeometry) -> tuple:
+    return (g.n, g.c, g.h, g.w) if g.layout == "NCHW" else (g.n, g.h, g.w, g.c)
+
+
+def matmul_examples(matmul) -> tuple:
+    """Example arguments (operands, batch index, split 1) that specialize a matmul plan's anchor for fusion."""
+    return tuple(np.empty(s, matmul.dtype.numpy) for s in matmul.operand_shapes()) + (matmul.batch_index(1), 1)
+
+
+@dataclass(frozen=True)
+class ConvPlan:
+    """A convolution compiled for one target: a direct reduce op, or a matmul lowering."""
+
+    geometry: ConvGeometry
+    direct: td.Op | None = None
+    lowered: Lowered | None = None
+
+    @property
+    def kernels(self) -> list:
+        return list(self.direct.kernels) if self.direct is not None else self.lowered.kernels
 
 
 @functools.lru_cache(maxsize=128)
 def plan(g: ConvGeometry, dtype, target: str, has_bias: bool, activation) -> ConvPlan:
-    """The conv kernel for geometry `g`: direct (reduce rules) for tiny reductions, else fused GEMM."""
+    """The conv kernels for geometry `g`: direct (reduce rules) for tiny reductions, else a matmul lowering."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"conv2d: unknown activation {activation!r}; choose one of {', '.join(map(str, ACTIVATIONS))}")
-    groups, m, k, n = g.gemm
     x = _x_placeholder(g, dtype)
     bias = td.placeholder("bias", dtype, (g.oc,)) if has_bias else None
-    if k <= DIRECT_MAX_REDUCTION:
-        return ConvPlan(g, _direct_op(g, dtype, x, bias, activation), True)
-    matmul = mm.plan((groups, m, k), (groups, k, n), dtype, target)
-    anchor = matmul.anchor
-    a_shape, b_shape, c_shape = matmul.operand_shapes()
-    c_in = td.placeholder("C", dtype, c_shape)
-    epilogue = bias_activation(g, output_view(g, c_in), bias, activation)
-    examples = (np.empty(a_shape, dtype.numpy), np.empty(b_shape, dtype.numpy), np.empty(c_shape, dtype.numpy),
-                matmul.batch_index(1), 1)
-    fused = td.fuse(anchor, *examples, prologues={"A": im2col(g, x)}, epilogues={"C": epilogue})
-    return ConvPlan(g, fused, False, matmul.batch_index(1))
+    if g.gemm[2] <= DIRECT_MAX_REDUCTION:
+        return ConvPlan(g, direct=_direct_op(g, dtype, x, bias, activation))
+    return ConvPlan(g, lowered=lower(g, dtype, target, x, lambda y: bias_activation(g, y, bias, activation)))
 
 
 def _direct_op(g: ConvGeometry, dtype, x: td.Tensor, bias, activation) -> td.Op:
@@ -242,13 +359,10 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 
     weight = np.ascontiguousarray(weight, dtype.numpy)
     p = plan(g, dtype, td.get_target(), bias is not None, activation)
     extra = [np.ascontiguousarray(bias, dtype.numpy)] if bias is not None else []
-    if p.direct:
-        return p.kernel(x, weight, *extra)[0]
+    if p.direct is not None:
+        return p.direct(x, weight, *extra)[0]
     out = np.empty(g.out_shape, dtype.numpy)
-    args = {"X": x, "B": pack_weight(g, weight), "batch_index": p.batch_index, "split": 1,
-            "bias": extra[0] if extra else None}
-    values = [args.get(name) for name in p.param_names[:-1]] + [out.reshape(_fused_out_shape(g))]
-    p.kernel(*values)
+    p.lowered.run({"X": x, "bias": extra[0] if extra else None}, p.lowered.weight_operand(weight), out)
     return out
 
 

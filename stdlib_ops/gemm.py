@@ -1,9 +1,10 @@
 """matmul, batch_matmul and linear on the matmul templates, with schedules picked per problem.
 
-A `MatmulPlan` is the scheduled anchor for one problem: the template (tensor cores for
-f16/bf16 on a GPU, the SIMT template otherwise), its kernel at the chosen schedule point (tuned on cuda, the measured default on the cpu unless tuning is asked
-for), the 3-D operand shapes it runs on, and split-k when the output has too few tiles to
-fill the machine. Fusion (conv2d's implicit im2col, the graph layer's epilogues) starts
+A `MatmulPlan` is the scheduled anchor for one problem: the template (on a GPU tensor cores
+for f16/bf16 and the SIMT template otherwise; on the cpu the register-tile template), its
+kernel at the chosen schedule point (tuned on cuda, the measured default on the cpu unless
+tuning is asked for), the 3-D operand shapes it runs on, and split-k when the output has too
+few tiles to fill the machine. Fusion (conv2d's im2col, the graph layer's epilogues) starts
 from `plan.anchor`, which never splits k so its stores are the final outputs.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ import taskdsl as td
 from taskdsl.backend.cpu.launch import num_threads
 from taskdsl.schedule.tuner import tune
 
+from . import matmul_cpu as cpu
 from . import matmul_simt as simt
 from . import matmul_tc as tc
 
@@ -46,14 +48,20 @@ class Template:
 
 SIMT = Template("simt_matmul", simt.space_for, simt.default_point,
                 lambda p, dtype, out, vec: simt.simt_matmul_kernel(p, dtype, out), simt.tile_shape)
+CPU_TILE = Template("tile_matmul", lambda target, itemsize: cpu.space(itemsize),
+                    lambda target, itemsize: cpu.default_point(itemsize),
+                    lambda p, dtype, out, vec: cpu.tile_matmul_kernel(p, dtype, out), cpu.tile_shape)
 TENSOR_CORE = Template("tc_matmul", lambda target, itemsize: tc.space(), lambda target, itemsize: tc.default_point(),
                        tc.tc_matmul_kernel, tc.tile_shape)
 
 
 def template_for(dtype, target: str) -> Template:
-    """Tensor cores for 16-bit floats on a GPU; the SIMT template otherwise (and on the cpu, where
-    tensor cores are emulated lane by lane)."""
-    return TENSOR_CORE if target == "cuda" and dtype.is_float and dtype.bits == 16 else SIMT
+    """On a GPU: tensor cores for 16-bit floats, the SIMT template otherwise. On the cpu: the
+    register-tile template (one thread per block; the SIMT template's barriers cost more than
+    they save when a block's threads run in turn)."""
+    if target != "cuda":
+        return CPU_TILE
+    return TENSOR_CORE if dtype.is_float and dtype.bits == 16 else SIMT
 
 
 def _workers(target: str) -> int:
@@ -69,8 +77,6 @@ def choose_split(p, batch: int, m: int, n: int, k: int, target: str, template: T
     blocks = batch * math.ceil(m / bm) * math.ceil(n / bn)
     workers = _workers(target)
     k_tiles = math.ceil(k / p.bk)
-    if target == "cpu" and k_tiles < 64:
-        return 1       # a cpu thread runs whole blocks: splitting only pays off for long k
     split = 1
     while blocks * split * 2 <= workers and k_tiles // (split * 2) >= MIN_K_TILES_PER_SPLIT:
         split *= 2

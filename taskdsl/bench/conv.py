@@ -29,6 +29,7 @@ def _onnx_conv(x: np.ndarray, w: np.ndarray, stride: int, pad: int):
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
                               [onnx.numpy_helper.from_array(w, "w")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8    # what onnxruntime builds older than the onnx package still read
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return lambda: session.run(None, {"x": x})[0]
 

@@ -156,7 +156,7 @@ class _Build:
 
     def __init__(self, op: FusedAnchor):
         self.op = op
-        self._packed = None       # a constant conv weight packed as the GEMM's B (packed on first run)
+        self._packed = None       # a constant conv weight as its GEMM operand (made on first run)
         holders = [placeholder(f"x{k}", t.dtype, t.shape) for k, t in enumerate(op.inputs)]
         self.value = {id(t): h for t, h in zip(op.inputs, holders)}
         for m in op.prologues.values():
@@ -166,7 +166,6 @@ class _Build:
             self._conv(anchor)
         else:
             self._matmul(anchor)
-        self.names = [name for name, _ in self.kernel.params]
         self.index_of = {h.name: k for k, h in enumerate(holders)}
 
     def _define(self, m, replaced: dict | None = None):
@@ -184,14 +183,10 @@ class _Build:
         x, w = anchor.inputs
         a = anchor.attrs
         pads = (a["pads"][0], a["pads"][1], a["pads"][2], a["pads"][3])
-        self.geometry = g = conv_lib.geometry(x.shape, w.shape, a["strides"], pads, a["dilations"], 1)
-        groups, m, k, n = g.gemm
-        plan = gemm.plan((groups, m, k), (groups, k, n), x.dtype, td.get_target())
-        self.plan, self.weight = plan, w
-        c = placeholder("C", x.dtype, plan.operand_shapes()[2])
-        z = self._epilogue(anchor.outputs[0], conv_lib.output_view(g, c))
-        self.kernel = td.fuse(plan.anchor, *self._examples(plan), prologues={"A": conv_lib.im2col(g, self.value[id(x)])},
-                              epilogues={"C": z})
+        g = conv_lib.geometry(x.shape, w.shape, a["strides"], pads, a["dilations"], 1)
+        self.conv = conv_lib.lower(g, x.dtype, td.get_target(), self.value[id(x)],
+                                   lambda y: self._epilogue(anchor.outputs[0], y))
+        self.plan, self.weight, self.kernels = self.conv.matmul, w, self.conv.kernels
 
     def _matmul(self, anchor: MatMul) -> None:
         ta, tb = anchor.inputs
@@ -204,35 +199,33 @@ class _Build:
         c = placeholder("C", ta.dtype, c_shape)
         y = _view(c, anchor.outputs[0].shape, "matmul_out")
         z = self._epilogue(anchor.outputs[0], y)
-        self.kernel = td.fuse(plan.anchor, *self._examples(plan), prologues=prologues, epilogues={"C": z})
-
-    @staticmethod
-    def _examples(plan) -> tuple:
-        shapes = plan.operand_shapes()
-        return tuple(np.empty(s, plan.dtype.numpy) for s in shapes) + (plan.batch_index(1), 1)
+        self.kernel = td.fuse(plan.anchor, *conv_lib.matmul_examples(plan), prologues=prologues, epilogues={"C": z})
+        self.kernels = [self.kernel]
 
     def run(self, arrays: list) -> np.ndarray:
-        """The fused node's output for its input arrays (one kernel launch)."""
+        """The fused node's output for its input arrays (one kernel launch; two for a cpu conv with im2col)."""
         out = np.empty(self.op.outputs[0].shape, self.op.outputs[0].numpy_dtype)
-        a_shape, b_shape, _ = self.plan.operand_shapes()
         anchor = self.op.anchor
-        fixed = {"batch_index": self.plan.batch_index(1), "split": 1}
         if isinstance(anchor, Conv):
-            fixed["B"] = self._packed_weight(arrays[self._input_index(self.weight)])
-        else:
-            for k, (name, shape) in enumerate((("A", a_shape), ("B", b_shape))):
-                if k not in self.op.prologues:
-                    fixed[name] = contiguous(arrays[self._input_index(anchor.inputs[k])]).reshape(shape)
-        args = [fixed[n] if n in fixed else contiguous(arrays[self.index_of[n]]) for n in self.names[:-1]]
+            named = {name: contiguous(arrays[k]) for name, k in self.index_of.items()}
+            self.conv.run(named, self._weight_operand(arrays[self._input_index(self.weight)]), out)
+            return out
+        a_shape, b_shape, _ = self.plan.operand_shapes()
+        fixed = {"batch_index": self.plan.batch_index(1), "split": 1}
+        for k, (name, shape) in enumerate((("A", a_shape), ("B", b_shape))):
+            if k not in self.op.prologues:
+                fixed[name] = contiguous(arrays[self._input_index(anchor.inputs[k])]).reshape(shape)
+        names = [name for name, _ in self.kernel.params]
+        args = [fixed[n] if n in fixed else contiguous(arrays[self.index_of[n]]) for n in names[:-1]]
         self.kernel(*args, out)
         return out
 
-    def _packed_weight(self, weight: np.ndarray) -> np.ndarray:
-        """The GEMM's B for these conv weights: packed once when the weights are a constant of the graph."""
+    def _weight_operand(self, weight: np.ndarray) -> np.ndarray:
+        """The GEMM operand of these conv weights: made once when the weights are a constant of the graph."""
         if not self.weight.is_constant:
-            return conv_lib.pack_weight(self.geometry, weight)
+            return self.conv.weight_operand(weight)
         if self._packed is None:
-            self._packed = conv_lib.pack_weight(self.geometry, weight)
+            self._packed = self.conv.weight_operand(weight)
         return self._packed
 
     def _input_index(self, t) -> int:
@@ -246,7 +239,7 @@ def run_fused(op: FusedAnchor, arrays: list) -> tuple:
     if build is None or build.target != td.get_target():
         build = op._build = _Build(op)
         build.target = td.get_target()
-    return [build.run(arrays)], [build.kernel]
+    return [build.run(arrays)], list(build.kernels)
 
 
 __all__ = ["FusedAnchor", "partition"]

@@ -28,12 +28,25 @@ def _run(g, *arrays):
 
 
 def test_conv_bn_relu_is_one_kernel():
-    x = tg.input("x", (2, 8, 9, 7))
+    """Conv-BN-ReLU is one fused node; its GEMM, batch norm and ReLU one kernel. On the cpu a conv
+    with a window first copies its input into im2col columns (with the prologue, if any, fused there)."""
+    x = tg.input("x", (2, 40, 9, 7))
     var = tg.constant(RNG.random(16).astype(np.float32) + 0.5)
-    y = ops.relu(ops.batch_norm(ops.conv2d(x, _const(16, 8, 3, 3), padding=1), _const(16), var, _const(16),
-                                _const(16)))
-    cg = _run(tg.Graph([x], [y]), RNG.standard_normal((2, 8, 9, 7)).astype(np.float32))
-    assert [op.kind for op in cg.graph.nodes] == ["fused"] and len(cg.kernels) == 1
+
+    def conv_bn_relu(t, ks):
+        y = ops.conv2d(t, _const(16, 40, ks, ks, scale=0.2), padding=ks // 2)
+        return ops.relu(ops.batch_norm(y, _const(16), var, _const(16), _const(16)))
+
+    data = RNG.standard_normal((2, 40, 9, 7)).astype(np.float32)
+    pointwise = _run(tg.Graph([x], [conv_bn_relu(x, 1)]), data)
+    assert [op.kind for op in pointwise.graph.nodes] == ["fused"] and len(pointwise.kernels) == 1
+    window = _run(tg.Graph([x], [conv_bn_relu(x, 3)]), data)
+    assert [op.kind for op in window.graph.nodes] == ["fused"]
+    assert [k.name for k in window.kernels] == ["im2col_f32", "tile_matmul_48x64x256_m6x16_fused"]
+    prologue = _run(tg.Graph([x], [conv_bn_relu(ops.sigmoid(x), 3)]), data)
+    fused, = prologue.graph.nodes
+    assert list(fused.prologues) == [0] and [k.name for k in prologue.kernels] == ["im2col_f32_fused",
+                                                                                 "tile_matmul_48x64x256_m6x16_fused"]
 
 
 def test_matmul_add_gelu_is_one_kernel_and_transposed_operands_fuse_as_prologues():

@@ -1,9 +1,11 @@
-"""conv2d: the matmul template with a fused implicit-im2col prologue, and the direct schedule.
+"""conv2d: the matmul templates (implicit im2col fused into the loads, or on the cpu weights @ explicit
+columns) and the direct schedule.
 
 Oracle: a float64 numpy convolution written as a sum over kernel taps of strided slices.
 """
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings, strategies as st
 
 import taskdsl as td
 import stdlib_ops as ops
@@ -55,16 +57,54 @@ def test_conv2d_matches_reference(case, layout):
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
 
 
-def test_gemm_convolutions_are_one_fused_kernel_without_im2col_buffer():
+def test_nhwc_and_grouped_convolutions_fold_im2col_into_the_gemm_loads():
+    """Where the cpu keeps the implicit im2col (and on GPUs): one kernel, no A and no C buffer."""
     td.set_target("cpu")
-    g = conv.geometry((2, 8, 9, 7), (12, 8, 3, 3), padding=1)
-    p = conv.plan(g, td.f32, "cpu", True, "relu")
-    assert not p.direct
-    assert p.param_names == ["B", "batch_index", "split", "X", "bias", "Z"]   # no A, no C: fused away
-    x, w = np.zeros((2, 8, 9, 7), np.float32), np.zeros((1, 72, 12), np.float32)
-    text = p.kernel.ir(w, np.zeros((1, 2), np.int32), 1, x, np.zeros(12, np.float32), np.zeros((2, 12, 9, 7), np.float32))
+    g = conv.geometry((2, 9, 7, 8), (12, 8, 3, 3), padding=1, layout="NHWC")
+    low = conv.plan(g, td.f32, "cpu", True, "relu").lowered
+    assert not low.weights_first and low.kernels == [low.kernel]
+    assert [name for name, _ in low.kernel.params] == ["B", "batch_index", "split", "X", "bias", "Z"]
+    x, w = np.zeros((2, 9, 7, 8), np.float32), np.zeros((1, 72, 12), np.float32)
+    text = low.kernel.ir(w, np.zeros((1, 2), np.int32), 1, x, np.zeros(12, np.float32), np.zeros((2, 9, 7, 12), np.float32))
     assert "X[" in text and "A[" not in text
     assert conv.plan(conv.geometry((1, 4, 8, 8), (4, 1, 3, 3), padding=1, groups=4), td.f32, "cpu", False, None).direct
+
+
+def test_cpu_nchw_convolutions_multiply_the_weights_by_explicit_columns():
+    """On the cpu, NCHW: an im2col kernel (generic over geometries), then weights @ columns with the
+    epilogue fused; a 1x1 stride-1 convolution reads its input as the columns: one kernel."""
+    td.set_target("cpu")
+    rng = np.random.default_rng(7)
+    g = conv.geometry((2, 40, 9, 7), (12, 40, 3, 3), padding=1)
+    low = conv.plan(g, td.f32, "cpu", True, "relu").lowered
+    assert low.weights_first and low.columns is conv.columns_kernel(td.f32)
+    assert [k.name for k in low.kernels] == ["im2col_f32", "tile_matmul_48x64x256_m6x16_fused"]
+    assert [name for name, _ in low.kernel.params] == ["A", "B", "batch_index", "split", "bias", "Z"]
+    pointwise = conv.plan(conv.geometry((2, 40, 9, 7), (12, 40, 1, 1)), td.f32, "cpu", False, None).lowered
+    assert pointwise.columns is None and len(pointwise.kernels) == 1
+    x = rng.standard_normal((2, 40, 9, 7)).astype(np.float32)
+    for ks, pad in (((3, 3), 1), ((1, 1), 0)):
+        w = rng.standard_normal((12, 40) + ks).astype(np.float32)
+        b = rng.standard_normal(12).astype(np.float32)
+        want = np.maximum(reference(x, w, b, (1, 1), (pad,) * 4, (1, 1), 1), 0)
+        np.testing.assert_allclose(ops.conv2d(x, w, b, padding=pad, activation="relu"), want, rtol=1e-4, atol=1e-4)
+
+
+@settings(max_examples=8, deadline=None)
+@given(n=st.sampled_from([1, 2]), c=st.sampled_from([5, 11, 37]), hw=st.tuples(st.integers(1, 12), st.integers(1, 12)),
+       oc=st.sampled_from([1, 7, 50]), k=st.sampled_from([(1, 1), (3, 3), (2, 5)]), stride=st.sampled_from([1, 2]),
+       pad=st.integers(0, 2), dilation=st.sampled_from([1, 2]), seed=st.integers(0, 2**16))
+def test_cpu_nchw_lowering_matches_reference(n, c, hw, oc, k, stride, pad, dilation, seed):
+    td.set_target("cpu")
+    kh, kw = k
+    h, w = hw
+    assume(h + 2 * pad >= dilation * (kh - 1) + 1 and w + 2 * pad >= dilation * (kw - 1) + 1)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    wt = rng.standard_normal((oc, c, kh, kw)).astype(np.float32)
+    want = reference(x, wt, None, (stride,) * 2, (pad,) * 4, (dilation,) * 2, 1)
+    got = ops.conv2d(x, wt, stride=stride, padding=pad, dilation=dilation)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
 def test_conv2d_errors_are_clear():

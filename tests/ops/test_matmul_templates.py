@@ -134,13 +134,6 @@ def test_batch_matmul_and_linear_f16_and_f32_bias():
     np.testing.assert_allclose(ops.linear(x32, w32, bias), x32.astype(np.float64) @ w32.T + bias, rtol=1e-4, atol=1e-4)
 
 
-def test_split_k_is_chosen_for_few_tiles_and_long_k():
-    p = simt.default_point("cpu")
-    assert gemm.choose_split(p, 1, 4, 4, 8192, "cpu") > 1
-    assert gemm.choose_split(p, 1, 4, 4, 64, "cpu") == 1
-    assert gemm.choose_split(p, 8, 1024, 1024, 8192, "cpu") == 1
-
-
 def test_tuner_picks_the_fastest_point_and_caches_it(tmp_path, monkeypatch):
     monkeypatch.setenv("TASKDSL_CACHE_DIR", str(tmp_path))
     space = Space("toy", {"delay": (3, 1, 2)})

@@ -22,6 +22,7 @@ helper, and shared accesses also feed the race detector.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,6 +75,19 @@ def emit_python(fn: ir.Function, debug: bool = False) -> CpuSource:
     return _PythonEmitter(fn, debug).emit()
 
 
+def _regions_per_register(items: list, registers: dict) -> Counter:
+    """How many fission regions access each register buffer (by uid)."""
+    counts: Counter = Counter()
+    for it in items:
+        if isinstance(it, F.Region):
+            counts.update({a.buffer.uid for s in it.stmts for cls in (ir.Load, ir.Store, ir.Atomic)
+                           for a in ir.collect(s, cls) if a.buffer.uid in registers})
+        for nested in (getattr(it, "body", None), getattr(it, "then", None), getattr(it, "orelse", None)):
+            if nested:
+                counts.update(_regions_per_register(nested, registers))
+    return counts
+
+
 class _PythonEmitter:
     def __init__(self, fn: ir.Function, debug: bool):
         self.fn = fn
@@ -92,6 +106,7 @@ class _PythonEmitter:
         self.registers = {b.uid: b for b in allocs if b.scope == "register"}
         self.promoted_elements: dict = {}   # (buffer uid, element) -> local name, inside a region
         self.shadows = {b.uid: f"shadow_{self.name(b)}" for b in self.shared}
+        self.register_regions = _regions_per_register(self.program.items, self.registers)
 
     # ------------------------------------------------------------------ module
     def emit(self) -> CpuSource:
@@ -195,7 +210,11 @@ class _PythonEmitter:
         self.promoted = False
         for uid in sorted(region.assigned & arrays.keys()):
             self.lines.append(f"{body_pad}{self.name(arrays[uid])}_t[tid] = {self.name(arrays[uid])}")
-        for key in stored:  # written back in order, so consecutive stores let LLVM vectorize
+        # written back in order, so consecutive stores let LLVM vectorize; only for a later region
+        # to read (or this one again, in a block-level loop): dead stores would keep every last
+        # value of a loop live, which costs spills and shuffles in the loop
+        stored = [key for key in stored if region.in_block_loop or self.register_regions[key[0]] > 1]
+        for key in stored:
             self.lines.append(f"{body_pad}{self.register_slot(*key)} = {self.promoted_elements[key]}")
         self.promoted_elements = {}
 

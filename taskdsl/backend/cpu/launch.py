@@ -69,11 +69,11 @@ def launch_cpu(run, src: CpuSource, values: list, sizes: list, grid: tuple) -> N
     blocks = grid[0] * grid[1] * grid[2]
     workers = min(num_threads(), blocks) if src.parallel else 1
     with slp_vectorizer():
-        run(*args, *sizes, *grid, 0, min(blocks, 1))  # compiles (once) before the threads start
+        run(*args, *sizes, *grid, 0, 0)  # compiles (once) before the threads start; runs no block
     if workers <= 1:
-        run(*args, *sizes, *grid, 1, blocks)
+        run(*args, *sizes, *grid, 0, blocks)
     else:
-        bounds = [1 + (blocks - 1) * w // workers for w in range(workers + 1)]
+        bounds = [blocks * w // workers for w in range(workers + 1)]
         futures = [_pool(workers).submit(run, *args, *sizes, *grid, lo, hi) for lo, hi in zip(bounds, bounds[1:])]
         for f in futures:
             f.result()

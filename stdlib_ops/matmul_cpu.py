@@ -1,0 +1,121 @@
+"""The cpu matmul template: one thread per block and a register micro-tile, as a BLAS micro-kernel.
+
+On the cpu target the threads of a block run one after another, so the SIMT template's staging
+through shared memory and its barriers buy nothing there: every barrier ends a region, and the
+accumulators go back to memory at each one. This template gives a block one thread and maps its
+output tile as
+
+    repeat(BM // MR, BN // NR)  *  repeat(MR, NR)
+    micro-tiles, one at a time     the register tile: MR x NR accumulators
+
+The micro-kernel's step is MR loads of A (broadcast), NR consecutive loads of B and MR * NR
+multiply-adds; unrolled, LLVM's SLP vectorizer turns it into NR / 8 vector loads and
+MR * NR / 8 vector FMAs (6 x 16 fills 12 of the 16 AVX2 registers with accumulators). k is
+blocked by KC so the A (BM x KC) and B (KC x BN) panels of a block stay in the L2 cache while
+its micro-tiles sweep them; between k blocks the partial sums wait in a per-block buffer.
+
+Edges: rows past M are clamped (they read row M - 1 and are never stored); a micro-tile that
+crosses column N runs a second copy of the micro-kernel with clamped columns, so full tiles
+keep contiguous loads. Operands, `batch_index` and split-k are those of the SIMT template.
+"""
+
+import functools
+
+import taskdsl as td
+from taskdsl import blockIdx, f32, repeat
+from taskdsl.schedule.space import Space
+
+VECTOR_REGISTERS = 16          # AVX2 ymm registers: accumulators + B row + A broadcast must fit
+FLOATS_PER_VECTOR = 8
+PANEL_BYTES = 512 * 1024       # a block's A and B panels and its partial sums, kept in L2
+
+
+def tile_shape(p) -> tuple:
+    """(BM, BN, threads) of a schedule point."""
+    return p.block[0], p.block[1], 1
+
+
+def check(p, itemsize: int = 4):
+    """Why point `p` cannot run well (registers, cache, a block the micro-tiles do not divide), or None."""
+    (mr, nr), (bm, bn) = p.micro, p.block
+    if bm % mr or bn % nr:
+        return "block tile not a multiple of the micro-tile"
+    if (mr * nr + nr) // FLOATS_PER_VECTOR + 1 > VECTOR_REGISTERS:
+        return f"micro-tile needs more than {VECTOR_REGISTERS} vector registers"
+    if ((bm + bn) * p.bk * itemsize + bm * bn * 4) > PANEL_BYTES:
+        return f"panels above {PANEL_BYTES // 1024} KiB"
+    return None
+
+
+def space(itemsize: int = 4) -> Space:
+    """The cpu schedule space: micro-tile, block tile and k block."""
+    return Space("tile_matmul_cpu", {
+        "micro": ((6, 16), (4, 16), (8, 8), (4, 8)),
+        "block": ((48, 64), (96, 64), (48, 128), (24, 64), (64, 64)),
+        "bk": (128, 256, 512),
+    }, lambda p: check(p, itemsize))
+
+
+DEFAULT = dict(micro=(6, 16), block=(48, 64), bk=256)   # measured: docs/benchmarks.md
+
+
+def default_point(itemsize: int = 4):
+    """The default cpu schedule."""
+    return space(itemsize).point(**DEFAULT)
+
+
+@functools.cache
+def tile_matmul_kernel(p, dtype, out_dtype):
+    """The cpu matmul kernel for schedule point `p` and element types (one compile serves every shape)."""
+    (MR, NR), (BM, BN), KC = p.micro, p.block, p.bk
+    name = f"tile_matmul_{BM}x{BN}x{KC}_m{MR}x{NR}"
+
+    @td.func
+    def micro_kernel(A, B, c, fa, fb, za, zb, i0, j0, k0, k1, clamp_columns):
+        """c += A[i0:i0+MR, k0:k1] @ B[k0:k1, j0:j0+NR] (rows clamped; columns too if asked)."""
+        M, N = A.shape[1], B.shape[2]
+        for k in range(k0, k1):
+            for x in range(MR):
+                fa[x] = td.cast(A[za, td.min(i0 + x, M - 1), k], f32)
+            for y in range(NR):
+                fb[y] = td.cast(B[zb, k, td.min(j0 + y, N - 1) if clamp_columns else j0 + y], f32)
+            for x, y in repeat(MR, NR)(0):
+                c[x, y] += fa[x] * fb[y]
+
+    @td.kernel(grid=lambda M, N, BZ: (td.cdiv(M, BM) * td.cdiv(N, BN), 1, BZ), block=1, name=name)
+    def matmul(A: dtype["BA", "M", "K"], B: dtype["BB", "K", "N"], C: out_dtype["BZ", "M", "N"],
+               batch_index: td.i32["BZ", 2], split: td.i32):
+        partial = td.shared(f32, (BM, BN))
+        c = td.registers(f32, (MR, NR))
+        fa = td.registers(f32, (MR,))
+        fb = td.registers(f32, (NR,))
+        grid_m = td.cdiv(M, BM)
+        row0 = blockIdx.x % grid_m * BM      # consecutive blocks share a B panel
+        col0 = blockIdx.x // grid_m * BN
+        za, zb = batch_index[blockIdx.z, 0], batch_index[blockIdx.z, 1]
+        chunk = td.cdiv(td.cdiv(K, KC), split) * KC      # split-k: this z-slice's range of k
+        k_begin = blockIdx.z % split * chunk
+        k_end = td.min(K, k_begin + chunk)
+        for i in range(BM):
+            for j in range(BN):
+                partial[i, j] = 0.0
+        for k0 in range(k_begin, k_end, KC):
+            k1 = td.min(k_end, k0 + KC)
+            for mi in range(BM // MR):
+                for nj in range(BN // NR):
+                    i0, j0 = row0 + mi * MR, col0 + nj * NR
+                    if i0 < M and j0 < N:
+                        for x, y in repeat(MR, NR)(0):
+                            c[x, y] = partial[mi * MR + x, nj * NR + y]
+                        if j0 + NR <= N:
+                            micro_kernel(A, B, c, fa, fb, za, zb, i0, j0, k0, k1, False)
+                        else:
+                            micro_kernel(A, B, c, fa, fb, za, zb, i0, j0, k0, k1, True)
+                        for x, y in repeat(MR, NR)(0):
+                            partial[mi * MR + x, nj * NR + y] = c[x, y]
+        for i in range(BM):
+            for j in range(BN):
+                if row0 + i < M and col0 + j < N:
+                    C[blockIdx.z, row0 + i, col0 + j] = td.cast(partial[i, j], out_dtype)
+
+    return matmul

@@ -1,0 +1,86 @@
+"""The cpu register-tile matmul template: its space, its kernels on the cpu and with NVRTC.
+
+Oracle: numpy's matmul in float64. Sizes are symbolic, so one compiled kernel per schedule
+point serves every shape hypothesis draws.
+"""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import taskdsl as td
+from stdlib_ops import gemm
+from stdlib_ops import matmul_cpu as cpu
+from stdlib_ops import matmul_simt as simt
+from taskdsl.backend.cuda.nvrtc import combine_sources, compile_cubin
+
+OPTIMIZED = True   # the unrolled, vectorized micro-kernel this template exists for, not td.fast_compile
+DIMS = st.sampled_from([1, 2, 5, 16, 17, 31, 48, 49, 65, 97, 130])
+
+POINTS = [cpu.default_point(), cpu.space().point(micro=(4, 8), block=(24, 64), bk=128)]
+
+
+def _run(p, a, b, split=1, dtype=td.f32):
+    """C = a @ b for 2-D operands through the template kernel at point `p` (split-k partials summed)."""
+    out_dtype = td.f32 if split > 1 else dtype
+    c = np.full((split, a.shape[0], b.shape[1]), np.nan, out_dtype.numpy)    # every element must be written
+    cpu.tile_matmul_kernel(p, dtype, out_dtype)(a[None], b[None], c, simt.batch_index((), (), (), split), split)
+    return c.sum(axis=0, dtype=np.float64)
+
+
+def test_space_size_and_pruning_match_the_docs():
+    space = cpu.space()
+    assert (space.raw_size, len(space.points())) == (60, 57)
+    assert space.pruned() == {"block tile not a multiple of the micro-tile": 3}
+    for p in space.points():
+        bm, bn, threads = cpu.tile_shape(p)
+        assert threads == 1 and bm % p.micro[0] == 0 and bn % p.micro[1] == 0
+    with pytest.raises(ValueError, match="multiple of the micro-tile"):
+        space.point(micro=(6, 16), block=(64, 64), bk=256)
+    assert "vector registers" in cpu.check(space.points()[0].replace(micro=(8, 16)))
+    assert "KiB" in cpu.check(space.points()[0].replace(block=(96, 128), bk=1024))
+
+
+@pytest.mark.parametrize("point", POINTS, ids=lambda p: "x".join(map(str, cpu.tile_shape(p)[:2])))
+@settings(max_examples=8, deadline=None)
+@given(m=DIMS, n=DIMS, k=DIMS, split=st.sampled_from([1, 1, 3]), seed=st.integers(0, 2**16))
+def test_template_points_on_cpu(point, m, n, k, split, seed):
+    td.set_target("cpu")
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    np.testing.assert_allclose(_run(point, a, b, split), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_long_k_crosses_k_blocks_and_f16_accumulates_in_f32():
+    td.set_target("cpu")
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((37, 2039)).astype(np.float32)
+    b = rng.standard_normal((2039, 41)).astype(np.float32)
+    np.testing.assert_allclose(_run(POINTS[0], a, b), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
+    a16, b16 = a[:, :300].astype(np.float16), b[:300].astype(np.float16)
+    got = _run(POINTS[0], a16, b16, dtype=td.f16)
+    np.testing.assert_allclose(got, a16.astype(np.float64) @ b16.astype(np.float64), rtol=1e-2, atol=5e-2)
+
+
+def test_the_cpu_plans_use_this_template_and_split_only_long_k():
+    td.set_target("cpu")
+    p = gemm.plan((96, 300), (300, 64), td.f32, "cpu")
+    assert p.template is gemm.CPU_TILE and p.point == cpu.default_point() and p.split == 1
+    assert p.anchor.name.startswith("tile_matmul_48x64x256")
+    point = cpu.default_point()
+    split = gemm.choose_split(point, 1, 4, 4, 1 << 16, "cpu", gemm.CPU_TILE)     # one block: split k over threads
+    assert 1 < split <= gemm.num_threads() or gemm.num_threads() == 1
+    assert gemm.choose_split(point, 1, 4, 4, 256, "cpu", gemm.CPU_TILE) == 1
+    assert gemm.choose_split(point, 8, 1024, 1024, 1 << 16, "cpu", gemm.CPU_TILE) == 1
+
+
+def test_every_point_compiles_with_nvrtc():
+    """The kernels are ordinary DSL kernels: every point builds for sm_80 and sm_90 (one program per arch)."""
+    a = np.zeros((1, 64, 64), np.float32)
+    index = np.zeros((1, 2), np.int32)
+    points = cpu.space().points()
+    sources = [cpu.tile_matmul_kernel(p, td.f32, td.f32).source(a, a, a, index, 1, target="cuda") for p in points]
+    unit = combine_sources(sources)
+    for arch in ("sm_80", "sm_90"):
+        cubin = compile_cubin(unit, arch, "tile_space", fast=True)
+        assert all(cpu.tile_matmul_kernel(p, td.f32, td.f32).name.encode() in cubin for p in points)
