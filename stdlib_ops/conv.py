@@ -18,6 +18,7 @@ import numpy as np
 
 import taskdsl as td
 from taskdsl import blockIdx, ir
+from taskdsl.runtime.config import fast_compile_enabled
 
 from . import gemm as mm
 
@@ -322,9 +323,14 @@ class ConvPlan:
         return list(self.direct.kernels) if self.direct is not None else self.lowered.kernels
 
 
-@functools.lru_cache(maxsize=128)
 def plan(g: ConvGeometry, dtype, target: str, has_bias: bool, activation) -> ConvPlan:
     """The conv kernels for geometry `g`: direct (reduce rules) for tiny reductions, else a matmul lowering."""
+    return _plan(g, dtype, target, has_bias, activation, fast_compile_enabled())
+
+
+@functools.lru_cache(maxsize=128)
+def _plan(g: ConvGeometry, dtype, target: str, has_bias: bool, activation, fast: bool) -> ConvPlan:
+    """`plan`, cached per fast-compile mode too (the matmul's schedule depends on it)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"conv2d: unknown activation {activation!r}; choose one of {', '.join(map(str, ACTIVATIONS))}")
     x = _x_placeholder(g, dtype)

@@ -17,6 +17,7 @@ import numpy as np
 
 import taskdsl as td
 from taskdsl.backend.cpu.launch import num_threads
+from taskdsl.runtime.config import fast_compile_enabled
 from taskdsl.schedule.tuner import tune
 
 from . import matmul_cpu as cpu
@@ -143,7 +144,6 @@ def _example(shape: tuple, dtype) -> np.ndarray:
     return np.random.default_rng(0).standard_normal(shape).astype(dtype.numpy)
 
 
-@functools.lru_cache(maxsize=256)
 def plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune: bool | None = None,
          point=None) -> MatmulPlan:
     """The plan for (..., M, K) @ (..., K, N) operands of DSL type `dtype` on `target`.
@@ -151,6 +151,12 @@ def plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune: bool | Non
     The schedule: `point` if given; else tuned (cuda, or `do_tune=True`) with the winner
     cached on disk; else the target's default. Batch dims broadcast as in numpy.
     """
+    return _plan(tuple(a_shape), tuple(b_shape), dtype, target, do_tune, point, fast_compile_enabled())
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune, point, fast: bool) -> MatmulPlan:
+    """`plan`, cached per fast-compile mode too (the cpu default point depends on it)."""
     *a_batch, m, k = a_shape
     *b_batch, k2, n = b_shape
     if k != k2:

@@ -5,9 +5,10 @@
     z = avg_pool2d(x, 2, count_include_pad=False)
 
 A pooled element is a `td.reduce` over the (KH, KW) window whose body reads the input
-through a bounds check (padding is -inf for max, 0 for average). Window, stride and
-padding are compile-time constants of the op; N, C, H, W and the output size are size
-symbols, so one op serves every input size. Semantics follow PyTorch (floor mode,
+through a bounds check (padding is -inf for max, 0 for average). Window, stride, padding
+and the input shape are compile-time constants of the op: with constant sizes, the division
+of each output's index into (n, c, oh, ow) is a multiply and shift instead of a 64-bit
+division (ResNet-50's max pool on the cpu: 5.5 ms with size symbols). Semantics follow PyTorch (floor mode,
 padding at most half the window; avg divides by KH*KW, or with count_include_pad=False by
 the number of window elements inside the input).
 """
@@ -19,10 +20,9 @@ import numpy as np
 
 import taskdsl as td
 from taskdsl import ir
-from taskdsl.compute import size_var
 
 from . import reduce as _reduce
-from .elementwise import Plan, cached_op, cast_to, contiguous, shape_carrier, tdtype
+from .elementwise import Plan, cached_op, cast_to, contiguous, tdtype
 
 __all__ = ["avg_pool2d", "global_avg_pool2d", "max_pool2d"]
 
@@ -34,12 +34,12 @@ def _pair(v, what: str) -> tuple:
     return int(pair[0]), int(pair[1])
 
 
-def _pool_op(kind: str, kernel: tuple, stride: tuple, padding: tuple, include_pad: bool, dtype) -> td.Op:
+def _pool_op(kind: str, kernel: tuple, stride: tuple, padding: tuple, include_pad: bool, dtype,
+             shape: tuple, out_hw: tuple) -> td.Op:
     (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
     acc = td.f64 if dtype == td.f64 else td.f32
-    x = td.placeholder("x", dtype, ("PN", "PC", "PH", "PW"))
-    carrier = td.placeholder("out_shape", td.i8, ("POH", "POW"))
-    height, width = size_var("PH"), size_var("PW")
+    x = td.placeholder("x", dtype, shape)
+    height, width = shape[2:]
 
     def window(oh, ow, r, s):
         h, w = oh * sh - ph + r, ow * sw - pw + s
@@ -66,8 +66,8 @@ def _pool_op(kind: str, kernel: tuple, stride: tuple, padding: tuple, include_pa
             return value / ir.Cast(rows * cols, acc)
         op = "sum"
     name = f"{kind}_pool2d"
-    y = td.reduce(name, ("PN", "PC", "POH", "POW"), (kh, kw), body, op=op, dtype=dtype)
-    return td.op([x, carrier], [y], name=name)
+    y = td.reduce(name, shape[:2] + out_hw, (kh, kw), body, op=op, dtype=dtype)
+    return td.op([x], [y], name=name)
 
 
 def _pool_plan(kind: str, x, kernel_size, stride=None, padding=0, count_include_pad: bool = True) -> Plan:
@@ -88,9 +88,9 @@ def _pool_plan(kind: str, x, kernel_size, stride=None, padding=0, count_include_
         raise ValueError(f"input {h}x{w} is smaller than the pooling window {kernel} (padding {padding})")
     include_pad = bool(count_include_pad) if kind == "avg" else True
     dtype = tdtype(x.dtype)
-    key = ("pool2d", kind, kernel, stride, padding, include_pad, dtype)
-    op = cached_op(key, lambda: _pool_op(kind, kernel, stride, padding, include_pad, dtype))
-    return Plan(op, (x, shape_carrier((oh, ow))), lambda outputs: outputs[0])
+    key = ("pool2d", kind, kernel, stride, padding, include_pad, dtype, x.shape)
+    op = cached_op(key, lambda: _pool_op(kind, kernel, stride, padding, include_pad, dtype, x.shape, (oh, ow)))
+    return Plan(op, (x,), lambda outputs: outputs[0])
 
 
 def max_pool2d(x, kernel_size, stride=None, padding=0):

@@ -29,8 +29,8 @@ def _run(p, a, b, split=1, dtype=td.f32):
 
 def test_space_size_and_pruning_match_the_docs():
     space = cpu.space()
-    assert (space.raw_size, len(space.points())) == (60, 57)
-    assert space.pruned() == {"block tile not a multiple of the micro-tile": 3}
+    assert (space.raw_size, len(space.points())) == (90, 84)
+    assert space.pruned() == {"block tile not a multiple of the micro-tile": 6}
     for p in space.points():
         bm, bn, threads = cpu.tile_shape(p)
         assert threads == 1 and bm % p.micro[0] == 0 and bn % p.micro[1] == 0
@@ -67,6 +67,11 @@ def test_the_cpu_plans_use_this_template_and_split_only_long_k():
     p = gemm.plan((96, 300), (300, 64), td.f32, "cpu")
     assert p.template is gemm.CPU_TILE and p.point == cpu.default_point() and p.split == 1
     assert p.anchor.name.startswith("tile_matmul_48x64x256")
+    td.fast_compile(True)
+    try:        # fast compile: a small micro-tile, and plans cached per mode
+        assert gemm.plan((96, 300), (300, 64), td.f32, "cpu").anchor.name.startswith("tile_matmul_16x64x256_m2x8")
+    finally:
+        td.fast_compile(False)
     point = cpu.default_point()
     split = gemm.choose_split(point, 1, 4, 4, 1 << 16, "cpu", gemm.CPU_TILE)     # one block: split k over threads
     assert 1 < split <= gemm.num_threads() or gemm.num_threads() == 1

@@ -81,7 +81,7 @@ def test_planner_picks_tensor_cores_for_16_bit_floats_on_gpus_only():
     assert gemm.template_for(td.f16, "cuda") is gemm.TENSOR_CORE
     assert gemm.template_for(td.bf16, "cuda") is gemm.TENSOR_CORE
     assert gemm.template_for(td.f32, "cuda") is gemm.SIMT
-    assert gemm.template_for(td.f16, "cpu") is gemm.SIMT
+    assert gemm.template_for(td.f16, "cpu") is gemm.CPU_TILE and gemm.template_for(td.f32, "cpu") is gemm.CPU_TILE
     def vec(m, n, k):
         return gemm.MatmulPlan(tc.default_point(), td.f16, (1,), (1,), (1,), m, n, k, 1, gemm.TENSOR_CORE).vec
     assert vec(2039, 2039, 2039) == 1 and vec(64, 64, 64) == 8 and vec(64, 64, 60) == 1
