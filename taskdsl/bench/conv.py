@@ -1,8 +1,9 @@
 """`python -m taskdsl.bench conv`: ResNet-50 convolutions (batch 1) against the best local peer.
 
-cpu target: stdlib_ops.conv2d (matmul template + fused implicit im2col) against
-onnxruntime running the same single-Conv ONNX model, f32. cuda target: the fused kernel
-on device arrays against torch.nn.functional.conv2d (cuDNN), f16.
+cpu target: stdlib_ops.conv2d (im2col columns + the register-tile matmul, epilogue fused)
+against onnxruntime running the same single-Conv ONNX model, f32. cuda target: the fused
+kernel (implicit im2col in the template's loads) on device arrays against
+torch.nn.functional.conv2d (cuDNN), f16.
 """
 from __future__ import annotations
 
@@ -61,11 +62,11 @@ def _cuda_rows(layers) -> list:
         x = torch.randn(1, c, hw, hw, device="cuda", dtype=torch.float16)
         w = torch.randn(oc, c, k, k, device="cuda", dtype=torch.float16) / (c * k * k) ** 0.5
         g = conv.geometry(tuple(x.shape), tuple(w.shape), s, p)
-        plan = conv.plan(g, td.f16, "cuda", False, None)
+        low = conv.plan(g, td.f16, "cuda", False, None).lowered
         y = torch.empty(g.out_shape, device="cuda", dtype=torch.float16)
-        packed = torch.from_numpy(conv.pack_weight(g, w.cpu().numpy())).cuda()
-        index = torch.from_numpy(plan.batch_index).cuda() if plan.batch_index is not None else None
-        run = lambda: plan.kernel(packed, index, 1, x, y)
+        packed = torch.from_numpy(low.weight_operand(w.cpu().numpy())).cuda()
+        index = torch.from_numpy(low.matmul.batch_index(1)).cuda()
+        run = lambda: low.kernel(packed, index, 1, x, y)
         run()
         t_td = time_cuda(run)
         t_peer = time_cuda(lambda: torch.nn.functional.conv2d(x, w, stride=s, padding=p))

@@ -1,7 +1,7 @@
 """`python -m taskdsl.bench matmul`: the matmul templates against the best local peer, in one run.
 
-cpu target: stdlib_ops.matmul (the SIMT template at the cpu default schedule, or tuned with
---tune) against numpy's BLAS, f32. cuda target: the template's kernel on device arrays
+cpu target: stdlib_ops.matmul (the register-tile cpu template at its default schedule, or tuned
+with --tune) against numpy's BLAS, f32. cuda target: the template's kernel on device arrays
 against torch.matmul (cuBLAS, TF32 off), f32 and f16, timed with CUDA events.
 """
 from __future__ import annotations
