@@ -41,7 +41,7 @@ def _cpu_rows(layers) -> list:
     rows = []
     for c, hw, oc, k, s, p in layers:
         x = rng.standard_normal((1, c, hw, hw), dtype=np.float32)
-        w = rng.standard_normal((oc, c, k, k), dtype=np.float32) / np.sqrt(c * k * k)
+        w = (rng.standard_normal((oc, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
         peer = _onnx_conv(x, w, s, p)
         y = ops.conv2d(x, w, stride=s, padding=p)       # compiles outside the timing
         want = peer()
