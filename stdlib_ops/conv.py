@@ -219,16 +219,15 @@ def columns_kernel(dtype) -> td.Kernel:
         for oh in range(L // conv_ow):
             ih = oh * conv_sh - conv_pt + kh * conv_dh
             base = oh * conv_ow
-            if ih >= 0 and ih < H:
-                for ow in range(first):
-                    cols[n, row, base + ow] = 0.0
-                for ow in range(first, end):
-                    cols[n, row, base + ow] = X[n, c, ih, ow * conv_sw + offset]
-                for ow in range(end, conv_ow):
-                    cols[n, row, base + ow] = 0.0
-            else:
-                for ow in range(conv_ow):
-                    cols[n, row, base + ow] = 0.0
+            inside = ih >= 0 and ih < H                      # else the whole row is padding
+            lo = first if inside else conv_ow
+            hi = end if inside else conv_ow
+            for ow in range(lo):
+                cols[n, row, base + ow] = 0.0
+            for ow in range(lo, hi):
+                cols[n, row, base + ow] = X[n, c, ih, ow * conv_sw + offset]
+            for ow in range(hi, conv_ow):
+                cols[n, row, base + ow] = 0.0
 
     return im2col_rows
 
@@ -256,6 +255,7 @@ class Lowered:
     columns: td.Kernel | None   # explicit im2col (cpu), fused with the input's prologue if it has one
     x_name: str | None          # the input's placeholder, when the input is one (no prologue)
     weights_first: bool         # C = weights @ columns (cpu), rather than im2col @ packed weights
+    batch_index: np.ndarray     # the matmul's (z-slice -> A, B matrix) table, made once
 
     def weight_operand(self, weight: np.ndarray) -> np.ndarray:
         """The GEMM operand the OIHW weights become (pack them once for constant weights)."""
@@ -267,7 +267,7 @@ class Lowered:
     def run(self, arrays: dict, weight: np.ndarray, out: np.ndarray) -> None:
         """out = the convolution (with its fused prologue and epilogue) of `arrays` and the weight operand."""
         g = self.geometry
-        args = dict(arrays, batch_index=self.matmul.batch_index(1), split=1)
+        args = dict(arrays, batch_index=self.batch_index, split=1)
         if self.weights_first:
             args["A"] = weight
             if self.columns is None:
@@ -299,18 +299,18 @@ def lower(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue) -> Lowere
         kernel = td.fuse(matmul.anchor, *matmul_examples(matmul), epilogues={"C": epilogue(columns_output_view(g, c))})
         x_name = x.name if x.kind == "placeholder" else None
         if _pointwise(g) and x_name is not None:
-            return Lowered(g, matmul, kernel, None, x_name, True)
+            return Lowered(g, matmul, kernel, None, x_name, True, matmul.batch_index(1))
         columns = columns_kernel(dtype)      # generic: one compile serves every geometry
         if x_name is None:                   # ...but a fused prologue specializes it
             cols = np.empty(matmul.operand_shapes()[1], dtype.numpy)
             columns = td.fuse(columns, np.empty(_x_shape(g), dtype.numpy), cols, *_columns_scalars(g).values(),
                               prologues={"X": x})
-        return Lowered(g, matmul, kernel, columns, x_name, True)
+        return Lowered(g, matmul, kernel, columns, x_name, True, matmul.batch_index(1))
     matmul = mm.plan((groups, m, k), (groups, k, n), dtype, target)
     c = td.placeholder("C", dtype, matmul.operand_shapes()[2])
     kernel = td.fuse(matmul.anchor, *matmul_examples(matmul), prologues={"A": im2col(g, x)},
                      epilogues={"C": epilogue(output_view(g, c))})
-    return Lowered(g, matmul, kernel, None, None, False)
+    return Lowered(g, matmul, kernel, None, None, False, matmul.batch_index(1))
 
 
 def _x_shape(g: ConvGeometry) -> tuple:

@@ -6,11 +6,11 @@
 
 A pooled element is a `td.reduce` over the (KH, KW) window whose body reads the input
 through a bounds check (padding is -inf for max, 0 for average). Window, stride, padding
-and the input shape are compile-time constants of the op: with constant sizes, the division
-of each output's index into (n, c, oh, ow) is a multiply and shift instead of a 64-bit
-division (ResNet-50's max pool on the cpu: 5.5 ms with size symbols). Semantics follow PyTorch (floor mode,
-padding at most half the window; avg divides by KH*KW, or with count_include_pad=False by
-the number of window elements inside the input).
+and the input shape are compile-time constants of the op (one compile per shape): with
+constant sizes, splitting each output's index into (n, c, oh, ow) is a multiply and shift
+instead of a 64-bit division. Semantics follow PyTorch (floor mode, padding at most half the
+window; avg divides by KH*KW, or with count_include_pad=False by the number of window
+elements inside the input).
 """
 from __future__ import annotations
 

@@ -65,7 +65,7 @@ def _cuda_rows(layers) -> list:
         low = conv.plan(g, td.f16, "cuda", False, None).lowered
         y = torch.empty(g.out_shape, device="cuda", dtype=torch.float16)
         packed = torch.from_numpy(low.weight_operand(w.cpu().numpy())).cuda()
-        index = torch.from_numpy(low.matmul.batch_index(1)).cuda()
+        index = torch.from_numpy(low.batch_index).cuda()
         run = lambda: low.kernel(packed, index, 1, x, y)
         run()
         t_td = time_cuda(run)

@@ -201,6 +201,7 @@ class _Build:
         z = self._epilogue(anchor.outputs[0], y)
         self.kernel = td.fuse(plan.anchor, *conv_lib.matmul_examples(plan), prologues=prologues, epilogues={"C": z})
         self.kernels = [self.kernel]
+        self.batch_index = plan.batch_index(1)
 
     def run(self, arrays: list) -> np.ndarray:
         """The fused node's output for its input arrays (one kernel launch; two for a cpu conv with im2col)."""
@@ -211,7 +212,7 @@ class _Build:
             self.conv.run(named, self._weight_operand(arrays[self._input_index(self.weight)]), out)
             return out
         a_shape, b_shape, _ = self.plan.operand_shapes()
-        fixed = {"batch_index": self.plan.batch_index(1), "split": 1}
+        fixed = {"batch_index": self.batch_index, "split": 1}
         for k, (name, shape) in enumerate((("A", a_shape), ("B", b_shape))):
             if k not in self.op.prologues:
                 fixed[name] = contiguous(arrays[self._input_index(anchor.inputs[k])]).reshape(shape)

@@ -78,13 +78,9 @@ def emit_python(fn: ir.Function, debug: bool = False) -> CpuSource:
 def _regions_per_register(items: list, registers: dict) -> Counter:
     """How many fission regions access each register buffer (by uid)."""
     counts: Counter = Counter()
-    for it in items:
-        if isinstance(it, F.Region):
-            counts.update({a.buffer.uid for s in it.stmts for cls in (ir.Load, ir.Store, ir.Atomic)
-                           for a in ir.collect(s, cls) if a.buffer.uid in registers})
-        for nested in (getattr(it, "body", None), getattr(it, "then", None), getattr(it, "orelse", None)):
-            if nested:
-                counts.update(_regions_per_register(nested, registers))
+    for region in F.regions(items):
+        counts.update({a.buffer.uid for s in region.stmts for cls in (ir.Load, ir.Store, ir.Atomic)
+                       for a in ir.collect(s, cls) if a.buffer.uid in registers})
     return counts
 
 

@@ -318,12 +318,13 @@ def _guard(items: list, pred: ir.Expr) -> list:
     return out
 
 
-def _regions(items):
+def regions(items):
+    """Every Region of a block program's items, nested ones included, in program order."""
     for it in items:
         if isinstance(it, Region):
             yield it
         for name in ("body", "then", "orelse"):
-            yield from _regions(getattr(it, name, []))
+            yield from regions(getattr(it, name, []))
 
 
 def _live_in(s, defined: set, live: set, assigned: set) -> None:
@@ -376,13 +377,13 @@ def fission(fn: ir.Function) -> BlockProgram:
     items = f.split(fn.body, False)
     # A variable lives in a per-thread array when a region reads a value of it that another region
     # (or the same region, in an earlier iteration of a block-level loop) assigned.
-    regions = list(_regions(items))
-    for r in regions:
+    all_regions = list(regions(items))
+    for r in all_regions:
         r.live, r.assigned = _region_vars(r)
-    info = [(r, r.live, r.assigned) for r in regions]
+    info = [(r, r.live, r.assigned) for r in all_regions]
     local_vars = {v.uid: v for v in ir.collect(hoisted, ir.Var) if v.kind not in ("size", "param")}
-    local_vars.update({g.var.uid: g.var for r in regions for g in r.stmts if isinstance(g, ShflGet)})
-    for r in regions:
+    local_vars.update({g.var.uid: g.var for r in all_regions for g in r.stmts if isinstance(g, ShflGet)})
+    for r in all_regions:
         for g in r.guards:
             local_vars.update({v.uid: v for v in ir.collect(g, ir.Var)})
     arrays = {}
