@@ -12,7 +12,9 @@ The micro-kernel's step is MR loads of A (broadcast), NR consecutive loads of B 
 multiply-adds; unrolled, LLVM's SLP vectorizer turns it into NR / 8 vector loads and
 MR * NR / 8 vector FMAs (6 x 16 fills 12 of the 16 AVX2 registers with accumulators). k is
 blocked by KC so the A (BM x KC) and B (KC x BN) panels of a block stay in the L2 cache while
-its micro-tiles sweep them; between k blocks the partial sums wait in a per-block buffer.
+its micro-tiles sweep them; between k blocks the partial sums wait in a per-block buffer
+(the first k block starts from zero registers instead of reading it), and the tile goes from
+the buffer to C in one pass of unguarded row loops.
 
 Edges: rows past M are clamped (they read row M - 1 and are never stored); a micro-tile that
 crosses column N runs a second copy of the micro-kernel with clamped columns, so full tiles
@@ -100,26 +102,32 @@ def tile_matmul_kernel(p, dtype, out_dtype):
         chunk = td.cdiv(td.cdiv(K, KC), split) * KC      # split-k: this z-slice's range of k
         k_begin = blockIdx.z % split * chunk
         k_end = td.min(K, k_begin + chunk)
-        for i in range(BM):
-            for j in range(BN):
-                partial[i, j] = 0.0
         for k0 in range(k_begin, k_end, KC):
             k1 = td.min(k_end, k0 + KC)
             for mi in range(BM // MR):
                 for nj in range(BN // NR):
                     i0, j0 = row0 + mi * MR, col0 + nj * NR
                     if i0 < M and j0 < N:
-                        for x, y in repeat(MR, NR)(0):
-                            c[x, y] = partial[mi * MR + x, nj * NR + y]
+                        if k0 == k_begin:
+                            for x, y in repeat(MR, NR)(0):
+                                c[x, y] = 0.0
+                        else:
+                            for x, y in repeat(MR, NR)(0):
+                                c[x, y] = partial[mi * MR + x, nj * NR + y]
                         if j0 + NR <= N:
                             micro_kernel(A, B, c, fa, fb, za, zb, i0, j0, k0, k1, False)
                         else:
                             micro_kernel(A, B, c, fa, fb, za, zb, i0, j0, k0, k1, True)
                         for x, y in repeat(MR, NR)(0):
                             partial[mi * MR + x, nj * NR + y] = c[x, y]
-        for i in range(BM):
-            for j in range(BN):
-                if row0 + i < M and col0 + j < N:
+        rows, cols = td.min(BM, M - row0), td.min(BN, N - col0)
+        if k_end > k_begin:
+            for i in range(rows):
+                for j in range(cols):
                     C[blockIdx.z, row0 + i, col0 + j] = td.cast(partial[i, j], out_dtype)
+        else:                                    # no k to sum (K = 0, or a split slice past K)
+            for i in range(rows):
+                for j in range(cols):
+                    C[blockIdx.z, row0 + i, col0 + j] = td.cast(0.0, out_dtype)
 
     return matmul

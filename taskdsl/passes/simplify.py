@@ -113,12 +113,11 @@ class _Simplifier(ir.Rewriter):
         return dataclasses.replace(e, a=a, b=b)
 
     def _integer_identity(self, op, a, b):
-        if op == "+":   # (x // c) * c + x % c == x, in either order (floor semantics)
+        if op == "+":
             for p, q in ((a, b), (b, a)):
-                if (isinstance(p, ir.Binary) and p.op == "*" and isinstance(p.a, ir.Binary) and p.a.op == "//"
-                        and isinstance(q, ir.Binary) and q.op == "%" and ir.structurally_equal(p.b, p.a.b) and ir.structurally_equal(q.b, p.b)
-                        and ir.structurally_equal(q.a, p.a.a)):
-                    return q.a
+                joined = _join_floor_remainder(p, q)
+                if joined is not None:
+                    return self.visit(joined)
         bv = b.value if isinstance(b, ir.Const) else None
         av = a.value if isinstance(a, ir.Const) else None
         if (op in ("+", "-") and bv == 0) or (op in ("*", "//") and bv == 1):
@@ -140,6 +139,25 @@ class _Simplifier(ir.Rewriter):
         if op == "%" and bv == 1:
             return ir.const(0, a.dtype)
         return None
+
+
+def _is_op(e, op: str) -> bool:
+    return isinstance(e, ir.Binary) and e.op == op
+
+
+def _join_floor_remainder(p: ir.Expr, q: ir.Expr):
+    """x for p + q == (x // c) * c + x % c, and u * c + x for ((u + x // c) * c) + x % c (floor
+    semantics; the second is a reshape's row-major index of a split dimension), else None."""
+    if not (_is_op(p, "*") and _is_op(q, "%") and ir.structurally_equal(p.b, q.b)):
+        return None
+    x, c = q.a, q.b
+    if _is_op(p.a, "//") and ir.structurally_equal(p.a.a, x) and ir.structurally_equal(p.a.b, c):
+        return x
+    if _is_op(p.a, "+"):
+        for u, v in ((p.a.a, p.a.b), (p.a.b, p.a.a)):
+            if _is_op(v, "//") and ir.structurally_equal(v.a, x) and ir.structurally_equal(v.b, c):
+                return u * c + x
+    return None
 
 
 def _split_multiple(e: ir.Expr, c: int):

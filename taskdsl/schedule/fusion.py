@@ -243,10 +243,70 @@ def _digits(inverse: np.ndarray):
 
 
 def _inverse_expr(index: tuple, out_shape: tuple, epi_shape: tuple, digits: list) -> list:
+    """The epilogue coordinates of the anchor's output `index`.
+
+    A digit lying within one output dimension reads that index alone (`i`, `i // b`, `i % r`),
+    and one lying within one epilogue dimension adds to that coordinate alone, so a reshape
+    that splits or merges dimensions costs a division or two instead of an unravel of the
+    linear index (which the vectorizer cannot see through).
+    """
+    digits = _split_digits(digits, out_shape, epi_shape)
     linear = ir.const(0)
     for i, n in zip(index, out_shape):
         linear = linear * n + i
-    epi_linear = ir.const(0)
+    terms = []
     for block, radix, stride in digits:
-        epi_linear = epi_linear + linear // block % radix * stride
-    return list(_unravel(epi_linear, tuple(ir.const(n) for n in epi_shape)))
+        value = _digit_of_index(index, out_shape, block, radix)
+        terms.append((linear // block % radix if value is None else value, stride, radix))
+    coords = [ir.const(0)] * len(epi_shape)
+    for value, stride, radix in terms:
+        axis = _axis_holding(epi_shape, stride, radix)
+        if axis is None:        # a digit across epilogue dimensions: unravel the epilogue's linear index
+            epi_linear = ir.const(0)
+            for value, stride, _ in terms:
+                epi_linear = epi_linear + value * stride
+            return list(_unravel(epi_linear, tuple(ir.const(n) for n in epi_shape)))
+        axis, inner = axis
+        coords[axis] = coords[axis] + value * (stride // inner)
+    return coords
+
+
+def _inner_sizes(shape: tuple) -> list:
+    """Elements after each dimension of a row-major shape."""
+    inner = [1] * len(shape)
+    for d in reversed(range(len(shape) - 1)):
+        inner[d] = inner[d + 1] * shape[d + 1]
+    return inner
+
+
+def _split_digits(digits: list, out_shape: tuple, epi_shape: tuple) -> list:
+    """The digits cut at the dimension boundaries of both shapes, where the radix divides there."""
+    out_bounds, epi_bounds = set(_inner_sizes(out_shape)), set(_inner_sizes(epi_shape))
+    work, result = list(digits), []
+    while work:
+        block, radix, stride = work.pop()
+        cuts = [b // block for b in out_bounds if b % block == 0 and block < b < block * radix]
+        cuts += [b // stride for b in epi_bounds if b % stride == 0 and stride < b < stride * radix]
+        cut = min((c for c in cuts if radix % c == 0), default=None)
+        if cut is None:
+            result.append((block, radix, stride))
+        else:
+            work += [(block, cut, stride), (block * cut, radix // cut, stride * cut)]
+    return result
+
+
+def _digit_of_index(index: tuple, shape: tuple, block: int, radix: int):
+    """(linear // block) % radix as an expression of the one index holding that digit, or None."""
+    for i, n, inner in zip(index, shape, _inner_sizes(shape)):
+        if inner <= block and block % inner == 0 and block * radix <= inner * n:
+            value = i // (block // inner) if block > inner else i
+            return value % radix if block * radix < inner * n else value
+    return None
+
+
+def _axis_holding(shape: tuple, stride: int, radix: int):
+    """(axis, elements after it) of the dimension that a digit of this stride and radix lies in, or None."""
+    for axis, (n, inner) in enumerate(zip(shape, _inner_sizes(shape))):
+        if inner <= stride and stride % inner == 0 and stride * radix <= inner * n:
+            return axis, inner
+    return None

@@ -30,11 +30,17 @@ from .inline import inline_injective
 BLOCK = 256
 PER_THREAD = 4          # elements per thread in elementwise kernels
 LANES = 8               # interleaved accumulators of a sequential ('thread') reduction
+UNROLL_REDUCED = 16     # a 'thread' reduction of at most this many (constant) elements is unrolled
 WARPS = BLOCK // 32
 _IDENTITY = {"sum": 0, "mean": 0, "prod": 1, "max": -math.inf, "min": math.inf}
 
 
 # ---------------------------------------------------------------- shared helpers
+def _constant(e: ir.Expr) -> int | None:
+    """The value of an integer expression without size symbols, else None."""
+    return None if any(v.kind == "size" for v in ir.collect(e, ir.Var)) else ir.evaluate_int(e, {})
+
+
 def numel(shape: tuple) -> ir.Expr:
     """The element count of a shape, as an IR expression."""
     total = ir.const(1)
@@ -255,7 +261,12 @@ def schedule_reduce(t: Tensor, inline: set, strategy: str, threads: int = BLOCK)
         o, head, guard, start, step, leader = blockIdx.x, [], None, threadIdx.x, BLOCK, ir.binary("==", threadIdx.x, 0)
     out_index, coords = _coordinates(o, t.shape, "o")
     stmts = head + coords + [ir.Assign(acc, _identity(t.op, dtype))]
-    if strategy == "thread":
+    few = _constant(reduced)
+    if strategy == "thread" and few is not None and few <= UNROLL_REDUCED:
+        # a pooling window, say: constant reduced coordinates fold its index arithmetic away
+        loop = ir.seq([ir.Assign(acc, combine(t.op, acc, _element(t, body, out_index, ir.const(k), dtype)))
+                       for k in range(few)])
+    elif strategy == "thread":
         loop = ir.seq(_lanes_loop(t, body, out_index, acc, reduced))
     else:
         loop = _reduce_loop(t, body, out_index, acc, start, reduced, step)

@@ -119,3 +119,38 @@ def test_cast_input_is_folded_by_onnx_constant_nodes():
     g = tg.from_onnx(model).compile()
     assert [op.kind for op in g.graph.nodes] == ["add"]
     np.testing.assert_array_equal(g(np.ones(2, np.float32))[0], [2.0, 3.0])
+
+
+def _batch_norm_params(c: int, seed: int) -> list:
+    mean, weight, bias = (tg.constant(rand((c,), seed + k)) for k in range(3))
+    var = tg.constant(rand((c,), seed + 3, low=0.5, high=2.0))
+    return [mean, var, weight, bias]
+
+
+def test_fold_batch_norm_into_conv_weights_and_elsewhere_into_scale_shift():
+    """conv -> bn: the scale goes into the weights (no BatchNorm, no extra conv); a bn on an input, or on a
+    conv whose output has a second reader, becomes x * scale + shift; the values match the unfolded graph."""
+    x = tg.input("x", (2, 3, 7, 5))
+    w = tg.constant(rand((4, 3, 3, 3), 1), name="w")
+    folded_conv = ops.batch_norm(ops.conv2d(x, w, padding=1), *_batch_norm_params(4, 10))
+    shared = ops.conv2d(x, w, stride=2)
+    kept_conv = ops.add(ops.batch_norm(shared, *_batch_norm_params(4, 20)), shared)     # conv read twice
+    on_input = ops.batch_norm(x, *_batch_norm_params(3, 30), eps=1e-3)
+    g = tg.Graph([x], [ops.relu(folded_conv), kept_conv, on_input])
+    out = passes.fold_batch_norm(g)
+    kinds = [op.kind for op in out.nodes]
+    assert "batch_norm" not in kinds and kinds.count("conv2d") == 2
+    first = next(op for op in out.nodes if op.kind == "conv2d" and op.attrs["strides"] == (1, 1))
+    assert first.inputs[1].is_constant and not np.array_equal(first.inputs[1].value, w.value)   # scaled weights
+    xa = rand((2, 3, 7, 5), 5)
+    for got, want in zip(out.reference(xa), g.reference(xa)):
+        assert_close(got, want, rtol=1e-5)
+    for got, want in zip(g.compile()(xa), g.reference(xa)):
+        assert_close(got, want, rtol=1e-4)
+
+
+def test_fold_batch_norm_leaves_non_constant_statistics():
+    x, mean = tg.input("x", (2, 3, 4)), tg.input("mean", (3,))
+    y = ops.batch_norm(x, mean, tg.constant(np.ones(3, np.float32)))
+    g = tg.Graph([x, mean], [y])
+    assert passes.fold_batch_norm(g) is g

@@ -42,3 +42,15 @@ def test_multiple_splitting_matches_python(q, r, c, k, op):
     env = {qv.uid: q, rv.uid: r}
     expected = (q * c * k + r) // c if op == "//" else (q * c * k + r) % c
     assert evaluate(_simplified(e), env, (0, 0, 0)) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(u=st.integers(-50, 50), x=st.integers(-500, 500), c=st.integers(1, 9), swap=st.booleans())
+def test_row_major_index_of_a_split_dimension_joins_back(u, x, c, swap):
+    """(u + x // c) * c + x % c == u * c + x with floor semantics, for negative x too: no division left."""
+    uv, xv = ir.Var("u", T.i32), ir.Var("x", T.i32)
+    inner = xv // c + uv if swap else uv + xv // c
+    e = _simplified(inner * c + xv % c)
+    assert not ir.collect(e, ir.Binary) or all(b.op not in ("//", "%") for b in ir.collect(e, ir.Binary))
+    assert evaluate(e, {uv.uid: u, xv.uid: x}, (0, 0, 0)) == (u + x // c) * c + x % c
+    assert _simplified((xv // c) * c + xv % c) is xv

@@ -116,3 +116,35 @@ def test_non_fusible_requests_are_refused_with_a_reason():
         td.fuse(accumulate, *args, epilogues={"out": D_reshaped})
     with pytest.raises(td.FusionError, match="exactly one index"):
         td.fuse(reverse_plus_one, *args, epilogues={"out": td.compute("E", (100,), lambda i: C[i])})
+
+
+@td.kernel(grid=lambda A: A, block=lambda B: B)
+def double3(X: f32["A", "B", "C"], Y: f32["A", "B", "C"]):
+    for k in range(C):
+        Y[td.blockIdx.x, threadIdx.x, k] = X[td.blockIdx.x, threadIdx.x, k] * 2.0
+
+
+@pytest.mark.parametrize("view", ["split_last", "merge_first", "split_and_transpose"])
+def test_reshape_epilogues_index_each_dimension_without_unravelling(view):
+    """A reshape epilogue indexes the output per dimension: splitting the last axis costs a `//` and a `%`
+    of that axis alone, never a division of the anchor's linear index (which hides the row from LLVM)."""
+    a, b, p, q = 3, 5, 4, 7
+    y = td.placeholder("Y", f32, (a, b, p * q))
+    if view == "split_last":
+        epi = td.compute("E", (a, b, p, q), lambda i, j, s, t: y[i, j, s * q + t] + 1.0)
+        expected = lambda x: (2 * x + 1).reshape(a, b, p, q)
+    elif view == "merge_first":
+        epi = td.compute("E", (a * b, p * q), lambda r, c: y[r // b, r % b, c] + 1.0)
+        expected = lambda x: (2 * x + 1).reshape(a * b, p * q)
+    else:
+        epi = td.compute("E", (a, q, b, p), lambda i, t, j, s: y[i, j, s * q + t] + 1.0)
+        expected = lambda x: (2 * x + 1).reshape(a, b, p, q).transpose(0, 3, 1, 2)
+    x = np.random.default_rng(4).standard_normal((a, b, p * q)).astype(np.float32)
+    fused = td.fuse(double3, x, np.zeros_like(x), epilogues={"Y": epi})
+    e = np.zeros(epi.shape if isinstance(epi.shape[0], int) else tuple(int(d.value) for d in epi.shape), np.float32)
+    fused(x, e)
+    np.testing.assert_allclose(e, expected(x), rtol=1e-6)
+    store = next(line for line in fused.ir(x, e).splitlines() if "E[" in line and "=" in line)
+    assert str(b * p * q) not in store and str(a * b * p * q) not in store, store   # no linear index
+    if view != "merge_first":
+        assert f"k // {q}" in store and f"k % {q}" in store, store

@@ -1,6 +1,6 @@
 """Graph passes, in the order `optimize` runs them. A pass is a function Graph -> Graph.
 
-    infer_shapes -> fold_constants -> eliminate_dead_code -> partition
+    infer_shapes -> fold_constants -> fold_batch_norm -> eliminate_dead_code -> partition
 
 `partition` (taskdsl/graph/fusion.py) replaces each anchor and the injective operators
 around it by one FusedAnchor node (one kernel, by post-scheduling fusion).
@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from ..graph import Graph
 from .eliminate_dead_code import eliminate_dead_code
+from .fold_batch_norm import fold_batch_norm
 from .fold_constants import constant_value, fold_constants
 from .infer_shapes import infer_shapes
 from .plan_memory import MemoryPlan, plan_memory
 
 from ..fusion import partition  # noqa: E402 - after the passes it builds on
 
-PIPELINE = [infer_shapes, fold_constants, eliminate_dead_code, partition]
+PIPELINE = [infer_shapes, fold_constants, fold_batch_norm, eliminate_dead_code, partition]
 
 
 def optimize(graph: Graph, passes: list | None = None) -> Graph:
@@ -27,5 +28,5 @@ def optimize(graph: Graph, passes: list | None = None) -> Graph:
     return graph
 
 
-__all__ = ["PIPELINE", "optimize", "infer_shapes", "fold_constants", "constant_value", "eliminate_dead_code",
-           "plan_memory", "MemoryPlan", "partition"]
+__all__ = ["PIPELINE", "optimize", "infer_shapes", "fold_constants", "constant_value", "fold_batch_norm",
+           "eliminate_dead_code", "plan_memory", "MemoryPlan", "partition"]

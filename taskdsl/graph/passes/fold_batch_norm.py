@@ -1,0 +1,78 @@
+"""Batch-norm folding: an inference BatchNorm with constant statistics becomes a per-channel
+scale and shift, and the scale moves into the weights of a convolution before it.
+
+    conv(x, W) -> batch_norm(mean, var, gamma, beta)   =>   conv(x, W * s) + (beta - mean * s)
+    s = gamma / sqrt(var + eps)                             (any other input: x * s + shift)
+
+Unfolded, every output element pays an rsqrt and four loads of statistics in the fused
+conv's epilogue (a third of a 1x1 ResNet conv's time on the cpu); folded, the epilogue is one
+add. The conv's weights are folded only when they are constant and the conv's output feeds
+nothing but this BatchNorm. Scale and shift are computed in float64, then stored in the
+tensor's dtype.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..graph import Graph
+from ..ops import add, mul
+from ..ops.linalg import Conv
+from ..ops.norm import BatchNorm
+from ..tensor import constant
+from .fold_constants import constant_value
+
+
+def _scale_shift(op: BatchNorm) -> tuple | None:
+    """(scale, shift) per channel in float64, or None when a statistic or parameter is not constant."""
+    values = [constant_value(t) for t in op.inputs[1:]]
+    if any(v is None for v in values):
+        return None
+    mean, var, *params = (np.asarray(v, np.float64) for v in values)
+    weight = params.pop(0) if op.attrs["has_weight"] else 1.0
+    bias = params.pop(0) if op.attrs["has_bias"] else 0.0
+    scale = weight / np.sqrt(var + op.attrs["eps"])
+    return scale, bias - mean * scale
+
+
+def _foldable_conv(x, original, users: dict, outputs: set):
+    """The Conv producing `x` and its constant weights, when they may absorb the scale (the conv's
+    output, `original` in the input graph, feeds nothing else); else (None, None)."""
+    conv = x.producer
+    if not isinstance(conv, Conv) or len(users.get(id(original), ())) != 1 or id(original) in outputs:
+        return None, None
+    weight = constant_value(conv.inputs[1])
+    return (conv, weight) if weight is not None else (None, None)
+
+
+def _folded(op: BatchNorm, x, scale: np.ndarray, shift: np.ndarray, users: dict, outputs: set):
+    """The tensor replacing BatchNorm `op`'s output, computed from `x` (its input in the new graph)."""
+    channels = (x.shape[1],) + (1,) * (x.ndim - 2)
+    conv, weight = _foldable_conv(x, op.inputs[0], users, outputs)
+    if conv is not None:
+        scaled = weight * scale.reshape((-1,) + (1,) * (weight.ndim - 1))
+        x = Conv([conv.inputs[0], constant(scaled, x.dtype)], conv.attrs).outputs[0]
+    else:
+        x = mul(x, constant(scale.reshape(channels), x.dtype))
+    return add(x, constant(shift.reshape(channels), x.dtype))
+
+
+def fold_batch_norm(graph: Graph) -> Graph:
+    """The graph with each constant-statistics BatchNorm folded (see the module docstring)."""
+    users, outputs = graph.users(), {id(t) for t in graph.outputs}
+    new: dict = {}                    # id(tensor of the input graph) -> its tensor in the new graph
+    changed = False
+    for op in graph.nodes:            # in order, so a replacement is built on the new graph's tensors
+        inputs = [new.get(id(t), t) for t in op.inputs]
+        found = _scale_shift(op) if isinstance(op, BatchNorm) else None
+        if found is not None:
+            results, changed = [_folded(op, inputs[0], *found, users, outputs)], True
+        elif any(a is not b for a, b in zip(inputs, op.inputs)):
+            results = op.clone(inputs).outputs
+        else:
+            continue
+        for old, t in zip(op.outputs, results):
+            t.name = old.name
+            new[id(old)] = t
+    if not changed:
+        return graph
+    return Graph(graph.inputs, [new.get(id(t), t) for t in graph.outputs], name=graph.name)
