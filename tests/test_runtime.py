@@ -63,6 +63,24 @@ def test_binding_errors_say_what_to_do():
         add_rows([[1.0]], a, a)
 
 
+def test_repeated_calls_reuse_the_checked_binding_but_new_signatures_are_checked():
+    """A call with the shapes and dtypes of an earlier one skips the checks (same sizes and grid); any other
+    call is checked as the first was, so a mismatch after a cached call is still refused."""
+    a, b = np.ones((3, 20), np.float32), np.full((3, 20), 2.0, np.float32)
+    first = add_rows.bind((a, b, np.zeros_like(a)))
+    again = add_rows.bind((b, a, np.zeros_like(a)))
+    assert (again.sizes, again.grid, again.block) == (first.sizes, first.grid, first.block) == \
+        ({"M": 3, "N": 20}, (2, 3, 1), (16, 1, 1))
+    assert again.values[0] is b
+    with pytest.raises(ValueError, match="size 'N' is 20"):
+        add_rows(a, b, np.zeros((3, 21), np.float32))
+    with pytest.raises(TypeError, match="astype"):
+        add_rows(a, b, np.zeros((3, 20), np.float64))
+    c = np.zeros((3, 20), np.float32)
+    add_rows(a, b, c)
+    np.testing.assert_array_equal(c, a + b)
+
+
 def test_scalar_binding_and_grid_callable_errors():
     @td.kernel(grid=lambda N, Q: 1, block=1)
     def needs_q(X: f32["N"]):

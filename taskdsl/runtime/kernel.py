@@ -47,6 +47,30 @@ def _cubin(source: str, arch: str, name: str) -> bytes:
     return binary
 
 
+BINDINGS_PER_KERNEL = 64      # remembered argument signatures per kernel (forgotten all at once past this)
+
+
+def _binding_key(args: tuple):
+    """What the checks of `bind` depend on, when every argument is a numpy array or a Python/numpy
+    scalar: dtypes and shapes of the arrays, types and values of the scalars; else None."""
+    key = []
+    for a in args:
+        if isinstance(a, np.ndarray):
+            key.append((a.dtype, a.shape))
+        elif isinstance(a, (bool, int, float, np.number, np.bool_)):
+            key.append((type(a), a))
+        else:
+            return None
+    return tuple(key)
+
+
+def _array_value(spec, arg: np.ndarray) -> np.ndarray:
+    """The array the kernel gets for a numpy argument (ml_dtypes' bfloat16 as its bits)."""
+    if spec.dtype.name == "bf16" and arg.dtype.name == "bfloat16":
+        return arg.view(np.uint16)
+    return arg
+
+
 def _dims3(value, what: str, kernel: str) -> tuple:
     dims = tuple(value) if isinstance(value, (tuple, list)) else (value,)
     if not 1 <= len(dims) <= 3 or not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in dims):
@@ -76,6 +100,7 @@ class Kernel:
         self._frontend: dict = {}
         self._cpu: dict = {}
         self._cuda: dict = {}
+        self._bindings: dict = {}    # _binding_key(args) -> (sizes, grid, block) of a call that passed the checks
         if fn is not None:
             functools.update_wrapper(self, fn)
 
@@ -98,8 +123,26 @@ class Kernel:
 
     # ------------------------------------------------------------------ binding
     def bind(self, args: tuple, target: str | None = None) -> Binding:
-        """Check `args` against the annotations and bind the size symbols (device arrays too on 'cuda')."""
+        """Check `args` against the annotations and bind the size symbols (device arrays too on 'cuda').
+
+        Numpy arguments of shapes, dtypes and scalar values seen before skip the checks: the
+        sizes, grid and block of that call are reused (a cpu launch's Python cost is mostly this).
+        """
         target = target or get_target()
+        key = _binding_key(args)
+        known = self._bindings.get(key) if key is not None else None
+        if known is not None:
+            values = [self._bind_scalar(n, s, a) if isinstance(s, T.DataType) else _array_value(s, a)
+                      for (n, s), a in zip(self.params, args)]
+            return Binding(values, *known)
+        binding = self._check(args, target)
+        if key is not None:
+            if len(self._bindings) >= BINDINGS_PER_KERNEL:
+                self._bindings.clear()
+            self._bindings[key] = (binding.sizes, binding.grid, binding.block)
+        return binding
+
+    def _check(self, args: tuple, target: str) -> Binding:
         if len(args) != len(self.params):
             raise TypeError(f"kernel '{self.name}' takes {len(self.params)} arguments "
                             f"({', '.join(n for n, _ in self.params)}), got {len(args)}")
@@ -125,8 +168,7 @@ class Kernel:
     def _bind_tensor(self, pname, spec: T.TensorSpec, arg, sizes: dict, target: str, derived: list):
         info = None
         if isinstance(arg, np.ndarray):
-            if spec.dtype.name == "bf16" and arg.dtype.name == "bfloat16":
-                arg = arg.view(np.uint16)  # ml_dtypes' bfloat16: the kernel works on its bits
+            arg = _array_value(spec, arg)
             dtype, shape = arg.dtype, arg.shape
         elif target == "cuda":  # a GPU array (td.DeviceArray, torch, cupy, ...): passed to the kernel as it is
             from .device_array import array_info

@@ -298,9 +298,10 @@ def _split_digits(digits: list, out_shape: tuple, epi_shape: tuple) -> list:
 def _digit_of_index(index: tuple, shape: tuple, block: int, radix: int):
     """(linear // block) % radix as an expression of the one index holding that digit, or None."""
     for i, n, inner in zip(index, shape, _inner_sizes(shape)):
-        if inner <= block and block % inner == 0 and block * radix <= inner * n:
+        # (L // inner) is i + n * (the outer indices): the digit is i's alone when its span divides n
+        if inner <= block and block % inner == 0 and n % (block // inner * radix) == 0:
             value = i // (block // inner) if block > inner else i
-            return value % radix if block * radix < inner * n else value
+            return value % radix if block // inner * radix < n else value
     return None
 
 

@@ -88,7 +88,8 @@ def test_infer_shapes_and_custom_pipeline():
     inferred = passes.infer_shapes(g)
     assert [t.shape for op in inferred.nodes for t in op.outputs] == [(2, 5), (2, 1)]
     assert inferred.nodes[0] is not g.nodes[0]           # rebuilt from the definitions
-    assert passes.PIPELINE[:3] == [passes.infer_shapes, passes.fold_constants, passes.eliminate_dead_code]
+    assert passes.PIPELINE[:4] == [passes.infer_shapes, passes.fold_constants, passes.fold_batch_norm,
+                                   passes.eliminate_dead_code]
     calls = []
 
     def record(graph):

@@ -25,7 +25,15 @@ def slp_vectorizer():
 
 def num_threads() -> int:
     """Worker threads for block-parallel launches ($TASKDSL_NUM_THREADS, default: the CPU count)."""
-    return max(1, int(os.environ.get("TASKDSL_NUM_THREADS") or os.cpu_count() or 1))
+    return max(1, int(os.environ.get("TASKDSL_NUM_THREADS") or _cpu_count()))
+
+
+@functools.cache
+def _cpu_count() -> int:
+    return os.cpu_count() or 1     # 10+ us a call: read once
+
+
+_warm: dict = {}      # dispatcher -> argument layouts it has been called with (compiled for)
 
 
 @functools.cache
@@ -68,13 +76,22 @@ def launch_cpu(run, src: CpuSource, values: list, sizes: list, grid: tuple) -> N
     args, copy_back = call_args(src, values)
     blocks = grid[0] * grid[1] * grid[2]
     workers = min(num_threads(), blocks) if src.parallel else 1
-    with slp_vectorizer():
-        run(*args, *sizes, *grid, 0, 0)  # compiles (once) before the threads start; runs no block
+    layouts = tuple((a.ndim, a.flags.c_contiguous, a.flags.writeable) for a in args if isinstance(a, np.ndarray))
+    if layouts not in _warm.setdefault(run, set()):     # what numba's types of these arguments depend on
+        with slp_vectorizer():
+            run(*args, *sizes, *grid, 0, 0)  # compiles (or loads) once, before the threads start; runs no block
+        _warm[run].add(layouts)
     if workers <= 1:
         run(*args, *sizes, *grid, 0, blocks)
-    else:
+    else:   # the calling thread runs the first share itself: one thread hand-off fewer per launch
         bounds = [blocks * w // workers for w in range(workers + 1)]
-        futures = [_pool(workers).submit(run, *args, *sizes, *grid, lo, hi) for lo, hi in zip(bounds, bounds[1:])]
+        futures = [_pool(workers - 1).submit(run, *args, *sizes, *grid, lo, hi)
+                   for lo, hi in zip(bounds[1:-1], bounds[2:])]
+        try:
+            run(*args, *sizes, *grid, bounds[0], bounds[1])
+        finally:
+            for f in futures:    # every share has finished writing before this returns or raises
+                f.exception()
         for f in futures:
             f.result()
     for original, tmp in copy_back:
