@@ -408,6 +408,7 @@ class _PythonEmitter:
             return self.atomic(e)
         if isinstance(e, ir.Call):
             args = ", ".join(self.cast(a, e.dtype) if e.dtype.is_float else self.expr(a) for a in e.args)
-            call = f"{_MATH[e.func]}({args})"
+            fn = "rt.erf_f32" if e.func == "erf" and e.dtype.name == "f32" else _MATH[e.func]
+            call = f"{fn}({args})"
             return f"{np_type(e.dtype)}({call})" if e.dtype.is_float else call
         raise AssertionError(f"emit_python: unexpected expression {type(e).__name__}")
