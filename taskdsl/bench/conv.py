@@ -7,6 +7,8 @@ torch.nn.functional.conv2d (cuDNN), f16.
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from .timing import time_cpu
@@ -42,11 +44,14 @@ def _cpu_rows(layers) -> list:
     for c, hw, oc, k, s, p in layers:
         x = rng.standard_normal((1, c, hw, hw), dtype=np.float32)
         w = (rng.standard_normal((oc, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
-        peer = _onnx_conv(x, w, s, p)
         y = ops.conv2d(x, w, stride=s, padding=p)       # compiles outside the timing
+        t_td = time_cpu(lambda: ops.conv2d(x, w, stride=s, padding=p), warmup=3, repeat=10)
+        # onnxruntime after taskdsl: its pool threads spin for a while after each run, which on a
+        # small machine takes the cores from whatever runs next
+        peer = _onnx_conv(x, w, s, p)
         want = peer()
-        t_td = time_cpu(lambda: ops.conv2d(x, w, stride=s, padding=p), repeat=3)
-        t_peer = time_cpu(peer, repeat=5)
+        t_peer = time_cpu(peer, warmup=3, repeat=10)
+        time.sleep(0.2)
         rows.append(dict(layer=(c, hw, oc, k, s), taskdsl=t_td, peer=t_peer, err=_rel_err(y, want),
                          flops=2.0 * oc * c * k * k * y.shape[2] * y.shape[3]))
     return rows
