@@ -22,7 +22,7 @@ from taskdsl.runtime.config import fast_compile_enabled
 
 from . import gemm as mm
 
-DIRECT_MAX_REDUCTION = 32     # per-output reduction sizes up to this use the direct (reduce) schedule
+DIRECT_MAX_REDUCTION = 32     # grouped convs with per-output reductions up to this use the direct (reduce) schedule
 ACTIVATIONS = {
     None: lambda v: v,
     "relu": lambda v: td.max(v, 0.0),
@@ -347,9 +347,17 @@ def _plan(g: ConvGeometry, dtype, target: str, has_bias: bool, activation, fast:
         raise ValueError(f"conv2d: unknown activation {activation!r}; choose one of {', '.join(map(str, ACTIVATIONS))}")
     x = _x_placeholder(g, dtype)
     bias = td.placeholder("bias", dtype, (g.oc,)) if has_bias else None
-    if g.gemm[2] <= DIRECT_MAX_REDUCTION:
+    if uses_direct(g):
         return ConvPlan(g, direct=_direct_op(g, dtype, x, bias, activation))
     return ConvPlan(g, lowered=lower(g, dtype, target, x, lambda y: bias_activation(g, y, bias, activation)))
+
+
+def uses_direct(g: ConvGeometry) -> bool:
+    """Whether `g` runs as one reduce definition: a grouped (depthwise) convolution with a tiny reduction
+    per output, where each group's GEMM would be a few rows. Ungrouped convolutions always take the
+    matmul template, whose short-k GEMM beats a thread-per-output reduce by far (MobileNet-V2's 1x1
+    convolutions over 16-32 channels: 2 GFLOP/s as reductions)."""
+    return g.groups > 1 and g.gemm[2] <= DIRECT_MAX_REDUCTION
 
 
 def _direct_op(g: ConvGeometry, dtype, x: td.Tensor, bias, activation) -> td.Op:

@@ -80,9 +80,8 @@ def _fusible_anchor(op: Operator) -> bool:
     if isinstance(op, MatMul):
         return all(t.ndim >= 2 for t in op.inputs) and op.inputs[0].dtype in (td.f32, td.f16)
     if isinstance(op, Conv):
-        x, w = op.inputs
-        return (x.ndim == 4 and op.attrs["groups"] == 1 and x.dtype in (td.f32, td.f16)
-                and w.shape[1] * w.shape[2] * w.shape[3] > conv_lib.DIRECT_MAX_REDUCTION)
+        x = op.inputs[0]    # ungrouped: conv_lib lowers it to the matmul template (never `uses_direct`)
+        return x.ndim == 4 and op.attrs["groups"] == 1 and x.dtype in (td.f32, td.f16)
     return False
 
 

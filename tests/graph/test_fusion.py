@@ -50,6 +50,20 @@ def test_conv_bn_relu_is_one_kernel():
     assert list(fused.prologues) == [0] and [k.name for k in prologue.kernels] == ["im2col_f32_fused", gemm_name]
 
 
+def test_small_channel_and_depthwise_convs_of_a_mobilenet_block():
+    """A 1x1 conv over 16 channels (a reduction of 16) fuses with its BN and ReLU6 into one GEMM kernel;
+    a depthwise 3x3 (groups = channels) runs as its own direct reduce; values match the reference."""
+    x = tg.input("x", (1, 16, 10, 9))
+    var = tg.constant(RNG.random(24).astype(np.float32) + 0.5)
+    y = ops.clip(ops.batch_norm(ops.conv2d(x, _const(24, 16, 1, 1, scale=0.3)), _const(24), var, _const(24),
+                                _const(24)), 0.0, 6.0)
+    z = ops.conv2d(y, _const(24, 1, 3, 3, scale=0.3), padding=1, groups=24)
+    data = RNG.standard_normal((1, 16, 10, 9)).astype(np.float32)
+    cg = _run(tg.Graph([x], [z]), data)
+    assert [op.kind for op in cg.graph.nodes] == ["fused", "conv2d"]
+    assert [k.name for k in cg.kernels][0].startswith("tile_matmul") and len(cg.kernels) == 2
+
+
 def test_matmul_add_gelu_is_one_kernel_and_transposed_operands_fuse_as_prologues():
     a = tg.input("a", (2, 5, 40))
     b = tg.input("b", (24, 40))

@@ -37,6 +37,7 @@ CASES = [   # n, c, h, w, oc, (kh, kw), stride, padding (t, l, b, r), dilation, 
     (1, 6, 11, 13, 4, (3, 2), (2, 1), (0, 1, 2, 0), (2, 1), 2),
     (1, 3, 7, 7, 5, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1),
     (1, 4, 8, 8, 4, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 4),       # depthwise: the direct schedule
+    (1, 2, 5, 6, 4, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 2),       # grouped 1x1, a reduction of 1: direct
 ]
 
 
@@ -68,6 +69,8 @@ def test_nhwc_and_grouped_convolutions_fold_im2col_into_the_gemm_loads():
     text = low.kernel.ir(w, np.zeros((1, 2), np.int32), 1, x, np.zeros(12, np.float32), np.zeros((2, 9, 7, 12), np.float32))
     assert "X[" in text and "A[" not in text
     assert conv.plan(conv.geometry((1, 4, 8, 8), (4, 1, 3, 3), padding=1, groups=4), td.f32, "cpu", False, None).direct
+    tiny = conv.plan(conv.geometry((1, 3, 7, 7), (5, 3, 1, 1)), td.f32, "cpu", False, None)   # reduction of 3,
+    assert tiny.direct is None and tiny.lowered is not None                                # but ungrouped: a GEMM
 
 
 def test_cpu_nchw_convolutions_multiply_the_weights_by_explicit_columns():
