@@ -7,6 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import taskdsl as td
 import taskdsl.graph as tg
 from taskdsl.graph import ops
 
@@ -227,6 +228,21 @@ def test_pool2d(mode, k, s, pads, dilation, ceil_mode, include_pad):
     x = rand((2, 3, 7, 8), 9)
     got, = run(lambda t: ops.pool(t, mode, k, s, pads, dilation, ceil_mode, include_pad), x)
     assert_close(got, pool_reference(x, mode, k, s, pads, dilation, ceil_mode, include_pad).astype(np.float32))
+
+
+@pytest.mark.parametrize("mode, k, s, pads, dilation, ceil_mode, include_pad", [
+    ("max", 3, 2, (1, 1, 1, 1), 1, True, False), ("avg", 3, 1, (1, 0, 0, 1), 2, False, False)])
+def test_pool2d_specialized_outside_fast_compile(mode, k, s, pads, dilation, ceil_mode, include_pad):
+    """Without td.fast_compile a pooling layer gets a kernel of its own shapes (no size parameters: the
+    window is unrolled and its arithmetic folds); the values are those of the generic kernel's reference."""
+    td.fast_compile(False)          # the conftest fixture sets it again for the next test
+    x = tg.input("x", (2, 3, 7, 8))
+    cg = tg.Graph([x], [ops.pool(x, mode, k, s, pads, dilation, ceil_mode, include_pad)]).compile("cpu")
+    xa = rand((2, 3, 7, 8), 9)
+    got, = cg(xa)
+    kernel, = cg.kernels
+    assert [name for name, _ in kernel.params] == ["in0", f"{mode}_pool"]
+    assert_close(got, pool_reference(xa, mode, k, s, pads, dilation, ceil_mode, include_pad).astype(np.float32))
 
 
 def test_global_pools_and_1d_3d_pools():
