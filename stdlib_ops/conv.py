@@ -8,8 +8,10 @@ and then `td.fuse` replaces its loads of A by the im2col definition (a read of t
 with padding, stride and dilation folded into the index: nothing is materialized) and its
 stores of C by the output layout (NCHW or NHWC), plus any epilogue (bias, batch norm,
 activation) on top. Weights come in PyTorch/ONNX OIHW and are packed once into B.
-Convolutions with tiny per-group reductions (depthwise) are plain `td.reduce` definitions
-scheduled by the rules instead: a GEMM with K = 9 has nothing to tile.
+On the cpu, NCHW convolutions of one group take another route (`on_columns`): explicit
+im2col columns, then weights @ columns. Grouped convolutions with tiny per-group reductions
+(depthwise) are plain `td.reduce` definitions scheduled by the rules instead
+(`uses_direct`): a GEMM with K = 9 per group has nothing to tile.
 """
 import functools
 from dataclasses import dataclass
@@ -336,7 +338,7 @@ class ConvPlan:
 
 
 def plan(g: ConvGeometry, dtype, target: str, has_bias: bool, activation) -> ConvPlan:
-    """The conv kernels for geometry `g`: direct (reduce rules) for tiny reductions, else a matmul lowering."""
+    """The conv kernels for geometry `g`: direct (reduce rules) where `uses_direct`, else a matmul lowering."""
     return _plan(g, dtype, target, has_bias, activation, fast_compile_enabled())
 
 

@@ -185,7 +185,7 @@ class _Build:
         g = conv_lib.geometry(x.shape, w.shape, a["strides"], pads, a["dilations"], 1)
         self.conv = conv_lib.lower(g, x.dtype, td.get_target(), self.value[id(x)],
                                    lambda y: self._epilogue(anchor.outputs[0], y))
-        self.plan, self.weight, self.kernels = self.conv.matmul, w, self.conv.kernels
+        self.weight, self.kernels = w, self.conv.kernels
 
     def _matmul(self, anchor: MatMul) -> None:
         ta, tb = anchor.inputs

@@ -254,19 +254,18 @@ def _inverse_expr(index: tuple, out_shape: tuple, epi_shape: tuple, digits: list
     linear = ir.const(0)
     for i, n in zip(index, out_shape):
         linear = linear * n + i
-    terms = []
+    terms = []                  # (digit value, stride in the epilogue, (axis, elements after it) or None)
     for block, radix, stride in digits:
         value = _digit_of_index(index, out_shape, block, radix)
-        terms.append((linear // block % radix if value is None else value, stride, radix))
+        terms.append((linear // block % radix if value is None else value, stride,
+                      _axis_holding(epi_shape, stride, radix)))
+    if any(axis is None for _, _, axis in terms):   # a digit across epilogue dimensions: unravel their linear index
+        epi_linear = ir.const(0)
+        for value, stride, _ in terms:
+            epi_linear = epi_linear + value * stride
+        return list(_unravel(epi_linear, tuple(ir.const(n) for n in epi_shape)))
     coords = [ir.const(0)] * len(epi_shape)
-    for value, stride, radix in terms:
-        axis = _axis_holding(epi_shape, stride, radix)
-        if axis is None:        # a digit across epilogue dimensions: unravel the epilogue's linear index
-            epi_linear = ir.const(0)
-            for value, stride, _ in terms:
-                epi_linear = epi_linear + value * stride
-            return list(_unravel(epi_linear, tuple(ir.const(n) for n in epi_shape)))
-        axis, inner = axis
+    for value, stride, (axis, inner) in terms:
         coords[axis] = coords[axis] + value * (stride // inner)
     return coords
 

@@ -37,8 +37,8 @@ _IDENTITY = {"sum": 0, "mean": 0, "prod": 1, "max": -math.inf, "min": math.inf}
 
 # ---------------------------------------------------------------- shared helpers
 def _constant(e: ir.Expr) -> int | None:
-    """The value of an integer expression without size symbols, else None."""
-    return None if any(v.kind == "size" for v in ir.collect(e, ir.Var)) else ir.evaluate_int(e, {})
+    """The value of an integer expression of constants only, else None."""
+    return None if ir.collect(e, ir.Var) else ir.evaluate_int(e, {})
 
 
 def numel(shape: tuple) -> ir.Expr:
