@@ -8,8 +8,8 @@ and then `td.fuse` replaces its loads of A by the im2col definition (a read of t
 with padding, stride and dilation folded into the index: nothing is materialized) and its
 stores of C by the output layout (NCHW or NHWC), plus any epilogue (bias, batch norm,
 activation) on top. Weights come in PyTorch/ONNX OIHW and are packed once into B.
-On the cpu, NCHW convolutions of one group take another route (`on_columns`): explicit
-im2col columns, then weights @ columns. Grouped convolutions with tiny per-group reductions
+On the cpu, convolutions of one group take another route (`on_columns`): explicit im2col
+columns, then a plain GEMM (weights @ columns for NCHW, columns @ weights for NHWC). Grouped convolutions with tiny per-group reductions
 (depthwise) are plain `td.reduce` definitions scheduled by the rules instead
 (`uses_direct`): a GEMM with K = 9 per group has nothing to tile.
 """
@@ -184,15 +184,16 @@ def bias_activation(g: ConvGeometry, y: td.Tensor, bias: td.Tensor | None, activ
 
 
 def on_columns(g: ConvGeometry, target: str) -> bool:
-    """Whether the convolution runs as weights @ explicit im2col columns: on the cpu, NCHW, one group.
+    """Whether the convolution runs as a plain GEMM over explicit im2col columns: on the cpu, one group.
 
     The cpu's register-tile matmul reads rows of B as vectors; an im2col folded into those loads
     costs a dozen integer divisions per element, repeated for every block that reads it (the
     implicit im2col ran at 10-20 GFLOP/s on the cpu, the plain matmul at 100+). Materializing the
-    columns once, row by row with no divisions, and multiplying the weights (OC x K: OIHW as
-    stored) by them (K x OH*OW per image) leaves C in NCHW order: the output, nothing to permute.
+    columns once, with no divisions per element, leaves C in the output's own order:
+    NCHW multiplies the weights (OC x K: OIHW as stored) by the columns (K x OH*OW per image);
+    NHWC multiplies the columns (N*OH*OW x K, K = (kh, kw, c)) by the packed weights (K x OC).
     """
-    return target == "cpu" and g.layout == "NCHW" and g.groups == 1
+    return target == "cpu" and g.groups == 1
 
 
 def _pointwise(g: ConvGeometry) -> bool:
@@ -234,6 +235,41 @@ def columns_kernel(dtype) -> td.Kernel:
     return im2col_rows
 
 
+@functools.lru_cache(maxsize=8)
+def nhwc_columns_kernel(dtype) -> td.Kernel:
+    """im2col of an NHWC input: cols[n, oh * OW + ow, (kh, kw, c)], zero in the padding.
+
+    One block per (output pixel, image) copies its KH x KW input pixels, each C contiguous
+    channels: a vectorized copy, or zeros where the tap falls in the padding. The geometry comes
+    in as scalars, so one compile serves every convolution.
+    """
+    @td.kernel(grid=lambda L, N: (L, N), block=1, name=f"im2col_nhwc_{dtype.name}")
+    def im2col_pixels(X: dtype["N", "H", "W", "C"], cols: dtype["N", "L", "K"], conv_kh: td.i32, conv_kw: td.i32,
+                      conv_ow: td.i32, conv_sh: td.i32, conv_sw: td.i32, conv_pt: td.i32, conv_pl: td.i32,
+                      conv_dh: td.i32, conv_dw: td.i32):
+        pixel, n = blockIdx.x, blockIdx.y
+        oh, ow = pixel // conv_ow, pixel % conv_ow
+        for kh in range(conv_kh):
+            ih = oh * conv_sh - conv_pt + kh * conv_dh
+            for kw in range(conv_kw):
+                iw = ow * conv_sw - conv_pl + kw * conv_dw
+                base = (kh * conv_kw + kw) * C
+                if ih >= 0 and ih < H and iw >= 0 and iw < W:
+                    for c in range(C):
+                        cols[n, pixel, base + c] = X[n, ih, iw, c]
+                else:
+                    for c in range(C):
+                        cols[n, pixel, base + c] = 0.0
+
+    return im2col_pixels
+
+
+def _columns_shape(g: ConvGeometry) -> tuple:
+    """The shape the columns kernel writes: (N, K, OH*OW) for NCHW, (N, OH*OW, K) for NHWC."""
+    k = g.gemm[2]
+    return (g.n, k, g.oh * g.ow) if g.layout == "NCHW" else (g.n, g.oh * g.ow, k)
+
+
 def _columns_scalars(g: ConvGeometry) -> dict:
     return dict(conv_kh=g.kh, conv_kw=g.kw, conv_ow=g.ow, conv_sh=g.stride[0], conv_sw=g.stride[1],
                 conv_pt=g.padding[0], conv_pl=g.padding[1], conv_dh=g.dilation[0], conv_dw=g.dilation[1])
@@ -256,8 +292,13 @@ class Lowered:
     kernel: td.Kernel           # the template with the conv's loads (implicit im2col) and stores fused in
     columns: td.Kernel | None   # explicit im2col (cpu), fused with the input's prologue if it has one
     x_name: str | None          # the input's placeholder, when the input is one (no prologue)
-    weights_first: bool         # C = weights @ columns (cpu), rather than im2col @ packed weights
+    on_columns: bool            # the GEMM reads explicit columns (cpu; `columns` None: the input itself)
     batch_index: np.ndarray     # the matmul's (z-slice -> A, B matrix) table, made once
+
+    @property
+    def weights_first(self) -> bool:
+        """C = weights @ columns (cpu, NCHW), rather than columns or im2col @ packed weights."""
+        return self.on_columns and self.geometry.layout == "NCHW"
 
     def weight_operand(self, weight: np.ndarray) -> np.ndarray:
         """The GEMM operand the OIHW weights become (pack them once for constant weights)."""
@@ -270,19 +311,19 @@ class Lowered:
         """out = the convolution (with its fused prologue and epilogue) of `arrays` and the weight operand."""
         g = self.geometry
         args = dict(arrays, batch_index=self.batch_index, split=1)
-        if self.weights_first:
-            args["A"] = weight
+        weight_name, columns_name = ("A", "B") if self.weights_first else ("B", "A")
+        args[weight_name] = weight
+        if self.on_columns:
+            shape = self.matmul.operand_shapes()[1 if self.weights_first else 0]
             if self.columns is None:
-                args["B"] = arrays[self.x_name].reshape(g.n, g.c, g.h * g.w)
+                args[columns_name] = arrays[self.x_name].reshape(shape)
             else:
-                cols = np.empty(self.matmul.operand_shapes()[1], out.dtype)
+                cols = np.empty(_columns_shape(g), out.dtype)
                 args.update(_columns_scalars(g), cols=cols)
                 if self.x_name is not None:
                     args["X"] = arrays[self.x_name]
                 self.columns(*[args[name] for name, _ in self.columns.params])
-                args["B"] = cols
-        else:
-            args["B"] = weight
+                args[columns_name] = cols.reshape(shape)
         names = [name for name, _ in self.kernel.params]
         self.kernel(*[args[name] for name in names[:-1]], out.reshape(_fused_out_shape(g)))
 
@@ -296,17 +337,21 @@ def lower(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue) -> Lowere
     prologue's compute), `epilogue(y)` the final output from the conv output definition `y`."""
     groups, m, k, n = g.gemm
     if on_columns(g, target):
-        matmul = mm.plan((1, g.oc, k), (g.n, k, g.oh * g.ow), dtype, target)
+        nchw = g.layout == "NCHW"
+        if nchw:
+            matmul = mm.plan((1, g.oc, k), (g.n, k, g.oh * g.ow), dtype, target)
+        else:
+            matmul = mm.plan((1, m, k), (1, k, g.oc), dtype, target)
         c = td.placeholder("C", dtype, matmul.operand_shapes()[2])
-        kernel = td.fuse(matmul.anchor, *matmul_examples(matmul), epilogues={"C": epilogue(columns_output_view(g, c))})
+        y = columns_output_view(g, c) if nchw else output_view(g, c)
+        kernel = td.fuse(matmul.anchor, *matmul_examples(matmul), epilogues={"C": epilogue(y)})
         x_name = x.name if x.kind == "placeholder" else None
         if _pointwise(g) and x_name is not None:
             return Lowered(g, matmul, kernel, None, x_name, True, matmul.batch_index(1))
-        columns = columns_kernel(dtype)      # generic: one compile serves every geometry
-        if x_name is None:                   # ...but a fused prologue specializes it
-            cols = np.empty(matmul.operand_shapes()[1], dtype.numpy)
-            columns = td.fuse(columns, np.empty(_x_shape(g), dtype.numpy), cols, *_columns_scalars(g).values(),
-                              prologues={"X": x})
+        columns = columns_kernel(dtype) if nchw else nhwc_columns_kernel(dtype)  # generic over geometries,
+        if x_name is None:                                                       # ...a fused prologue specializes it
+            columns = td.fuse(columns, np.empty(_x_shape(g), dtype.numpy), np.empty(_columns_shape(g), dtype.numpy),
+                              *_columns_scalars(g).values(), prologues={"X": x})
         return Lowered(g, matmul, kernel, columns, x_name, True, matmul.batch_index(1))
     matmul = mm.plan((groups, m, k), (groups, k, n), dtype, target)
     c = td.placeholder("C", dtype, matmul.operand_shapes()[2])

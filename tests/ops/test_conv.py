@@ -58,15 +58,16 @@ def test_conv2d_matches_reference(case, layout):
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
 
 
-def test_nhwc_and_grouped_convolutions_fold_im2col_into_the_gemm_loads():
-    """Where the cpu keeps the implicit im2col (and on GPUs): one kernel, no A and no C buffer."""
+def test_grouped_convolutions_fold_im2col_into_the_gemm_loads():
+    """Where the cpu keeps the implicit im2col (grouped convs; every conv on GPUs): one kernel, no A and no C buffer."""
     td.set_target("cpu")
-    g = conv.geometry((2, 9, 7, 8), (12, 8, 3, 3), padding=1, layout="NHWC")
+    g = conv.geometry((2, 9, 7, 8), (12, 4, 3, 3), padding=1, groups=2, layout="NHWC")
     low = conv.plan(g, td.f32, "cpu", True, "relu").lowered
-    assert not low.weights_first and low.kernels == [low.kernel]
+    assert not low.weights_first and not low.on_columns and low.kernels == [low.kernel]
     assert [name for name, _ in low.kernel.params] == ["B", "batch_index", "split", "X", "bias", "Z"]
-    x, w = np.zeros((2, 9, 7, 8), np.float32), np.zeros((1, 72, 12), np.float32)
-    text = low.kernel.ir(w, np.zeros((1, 2), np.int32), 1, x, np.zeros(12, np.float32), np.zeros((2, 9, 7, 12), np.float32))
+    x, w = np.zeros((2, 9, 7, 8), np.float32), np.zeros((2, 36, 6), np.float32)
+    text = low.kernel.ir(w, np.zeros((2, 2), np.int32), 1, x, np.zeros(12, np.float32),
+                         np.zeros((2, 9, 7, 2, 6), np.float32))
     assert "X[" in text and "A[" not in text
     assert conv.plan(conv.geometry((1, 4, 8, 8), (4, 1, 3, 3), padding=1, groups=4), td.f32, "cpu", False, None).direct
     tiny = conv.plan(conv.geometry((1, 3, 7, 7), (5, 3, 1, 1)), td.f32, "cpu", False, None)   # reduction of 3,
@@ -94,11 +95,25 @@ def test_cpu_nchw_convolutions_multiply_the_weights_by_explicit_columns():
         np.testing.assert_allclose(ops.conv2d(x, w, b, padding=pad, activation="relu"), want, rtol=1e-4, atol=1e-4)
 
 
+def test_cpu_nhwc_convolutions_multiply_explicit_columns_by_the_packed_weights():
+    """On the cpu, NHWC: an im2col kernel (a row of (kh, kw, c) per output pixel), then columns @ weights;
+    C comes out NHWC. A 1x1 stride-1 convolution reads its input as the columns: one kernel."""
+    td.set_target("cpu")
+    g = conv.geometry((2, 9, 7, 40), (12, 40, 3, 3), padding=1, layout="NHWC")
+    low = conv.plan(g, td.f32, "cpu", True, "relu").lowered
+    assert low.on_columns and not low.weights_first and low.columns is conv.nhwc_columns_kernel(td.f32)
+    assert [k.name for k in low.kernels] == ["im2col_nhwc_f32", low.matmul.anchor.name + "_fused"]
+    assert low.matmul.operand_shapes()[0] == (1, 2 * 9 * 7, 9 * 40)
+    pointwise = conv.plan(conv.geometry((2, 9, 7, 40), (12, 40, 1, 1), layout="NHWC"), td.f32, "cpu", False, None)
+    assert pointwise.lowered.columns is None and len(pointwise.kernels) == 1
+
+
 @settings(max_examples=8, deadline=None)
 @given(n=st.sampled_from([1, 2]), c=st.sampled_from([5, 11, 37]), hw=st.tuples(st.integers(1, 12), st.integers(1, 12)),
        oc=st.sampled_from([1, 7, 50]), k=st.sampled_from([(1, 1), (3, 3), (2, 5)]), stride=st.sampled_from([1, 2]),
-       pad=st.integers(0, 2), dilation=st.sampled_from([1, 2]), seed=st.integers(0, 2**16))
-def test_cpu_nchw_lowering_matches_reference(n, c, hw, oc, k, stride, pad, dilation, seed):
+       pad=st.integers(0, 2), dilation=st.sampled_from([1, 2]), layout=st.sampled_from(["NCHW", "NHWC"]),
+       seed=st.integers(0, 2**16))
+def test_cpu_columns_lowering_matches_reference(n, c, hw, oc, k, stride, pad, dilation, layout, seed):
     td.set_target("cpu")
     kh, kw = k
     h, w = hw
@@ -107,7 +122,11 @@ def test_cpu_nchw_lowering_matches_reference(n, c, hw, oc, k, stride, pad, dilat
     x = rng.standard_normal((n, c, h, w)).astype(np.float32)
     wt = rng.standard_normal((oc, c, kh, kw)).astype(np.float32)
     want = reference(x, wt, None, (stride,) * 2, (pad,) * 4, (dilation,) * 2, 1)
-    got = ops.conv2d(x, wt, stride=stride, padding=pad, dilation=dilation)
+    if layout == "NHWC":
+        got = ops.conv2d(x.transpose(0, 2, 3, 1), wt, stride=stride, padding=pad, dilation=dilation, layout=layout)
+        got = got.transpose(0, 3, 1, 2)
+    else:
+        got = ops.conv2d(x, wt, stride=stride, padding=pad, dilation=dilation)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
