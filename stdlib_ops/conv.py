@@ -325,7 +325,7 @@ class Lowered:
                 self.columns(*[args[name] for name, _ in self.columns.params])
                 args[columns_name] = cols.reshape(shape)
         names = [name for name, _ in self.kernel.params]
-        self.kernel(*[args[name] for name in names[:-1]], out.reshape(_fused_out_shape(g)))
+        self.kernel(*[args[name] for name in names[:-1]], out if g.groups == 1 else out.reshape(_grouped_out_shape(g)))
 
     @property
     def kernels(self) -> list:
@@ -439,8 +439,8 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 
     return out
 
 
-def _fused_out_shape(g: ConvGeometry) -> tuple:
+def _grouped_out_shape(g: ConvGeometry) -> tuple:
+    """The output of a grouped convolution with its channel axis split, as `output_view` defines it (the
+    kernel's output; with one group, the output is whatever the epilogue ends with: a transpose, say)."""
     groups, _, _, ocg = g.gemm
-    if groups == 1:
-        return g.out_shape
     return (g.n, groups, ocg, g.oh, g.ow) if g.layout == "NCHW" else (g.n, g.oh, g.ow, groups, ocg)

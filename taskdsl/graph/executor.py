@@ -1,6 +1,6 @@
 """CompiledGraph: a graph after the pass pipeline, with its memory plan, run operator by operator.
 
-    cg = g.compile()                   # passes, memory plan, and every kernel compiled (a warm-up run;
+    cg = g.compile()                   # passes (channels_last=True: the NHWC layout pass too), memory plan, and every kernel compiled (a warm-up run;
                                        # on the cpu target its kernels first compile in parallel processes)
     y, = cg(x)                         # or cg({"x": x}); a list of numpy arrays
     cg.kernels                         # the kernels the last call launched, in order
@@ -18,7 +18,7 @@ from ..runtime.config import get_target, set_target
 from ..runtime.progress import Progress
 from . import runners
 from .graph import Graph, bind_inputs
-from .passes import optimize, plan_memory
+from .passes import optimize, pipeline, plan_memory
 from .printer import Namer, format_bytes
 
 PROGRESS_MIN_NODES = 20      # smaller graphs compile quickly: no progress bar
@@ -38,11 +38,16 @@ def on_target(name: str):
 class CompiledGraph:
     """Call it on input arrays (positional, or one dict keyed by input name) for a list of output arrays."""
 
-    def __init__(self, graph: Graph, target: str | None = None, passes: list | None = None):
+    def __init__(self, graph: Graph, target: str | None = None, passes: list | None = None,
+                 channels_last: bool = False):
         start = time.perf_counter()
+        if passes is not None and channels_last:
+            raise ValueError("give either passes or channels_last=True, not both "
+                             "(passes=taskdsl.graph.passes.pipeline(channels_last=True) is the default pipeline "
+                             "with the layout pass)")
         self.source = graph
         self.target = target or get_target()
-        self.graph = optimize(graph, passes)
+        self.graph = optimize(graph, passes if passes is not None else pipeline(channels_last))
         self.memory = plan_memory(self.graph)
         nodes = self.graph.nodes
         outputs = {id(t) for t in self.graph.outputs}

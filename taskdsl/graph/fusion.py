@@ -182,7 +182,8 @@ class _Build:
         x, w = anchor.inputs
         a = anchor.attrs
         pads = (a["pads"][0], a["pads"][1], a["pads"][2], a["pads"][3])
-        g = conv_lib.geometry(x.shape, w.shape, a["strides"], pads, a["dilations"], 1)
+        g = conv_lib.geometry(x.shape, w.shape, a["strides"], pads, a["dilations"], 1,
+                              "NHWC" if a["channels_last"] else "NCHW")
         self.conv = conv_lib.lower(g, x.dtype, td.get_target(), self.value[id(x)],
                                    lambda y: self._epilogue(anchor.outputs[0], y))
         self.weight, self.kernels = w, self.conv.kernels

@@ -105,10 +105,11 @@ class Graph:
             nodes.append(new)
         return Graph(self.inputs, [replace.get(id(t), t) for t in self.outputs], nodes, self.name)
 
-    def compile(self, target: str | None = None, passes: list | None = None):
-        """The CompiledGraph of this graph for `target` ('cpu' / 'cuda'; default: the current target)."""
+    def compile(self, target: str | None = None, passes: list | None = None, channels_last: bool = False):
+        """The CompiledGraph of this graph for `target` ('cpu' / 'cuda'; default: the current target);
+        `channels_last` runs its 2-D convolutions in NHWC (the layout pass, passes.channels_last)."""
         from .executor import CompiledGraph
-        return CompiledGraph(self, target=target, passes=passes)
+        return CompiledGraph(self, target=target, passes=passes, channels_last=channels_last)
 
     def __call__(self, *args) -> list:
         """The outputs for these input arrays (positional, or one dict keyed by input name)."""

@@ -80,9 +80,10 @@ def run_conv(op: Conv, arrays: list) -> tuple:
         return run_definitions(op, arrays)
     a = op.attrs
     pads = (a["pads"][0], a["pads"][1], a["pads"][2], a["pads"][3])
+    layout = "NHWC" if a["channels_last"] else "NCHW"
     y = conv.conv2d(arrays[0], arrays[1], stride=a["strides"], padding=pads, dilation=a["dilations"],
-                    groups=a["groups"])
-    g = conv.geometry(x.shape, w.shape, a["strides"], pads, a["dilations"], a["groups"])
+                    groups=a["groups"], layout=layout)
+    g = conv.geometry(x.shape, w.shape, a["strides"], pads, a["dilations"], a["groups"], layout)
     p = conv.plan(g, x.dtype, get_target(), False, None)
     return [y], p.kernels
 

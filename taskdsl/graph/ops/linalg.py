@@ -11,7 +11,7 @@ from ..operator import Operator, dims
 from ..tensor import Tensor, as_tensor
 from .elementwise import add, broadcast_shape
 from .transform import reshape, transpose
-from .window import pads_of, per_axis, window_input, window_positions
+from .window import ChannelsLast, pads_of, per_axis, window_input, window_positions
 
 
 class MatMul(Operator):
@@ -55,10 +55,11 @@ class MatMul(Operator):
         return [reduction("matmul", batch + m + n, (da[-1],), fcompute, op="sum", dtype=ta.dtype)]
 
 
-class Conv(Operator):
+class Conv(ChannelsLast, Operator):
     """N-d convolution (1-3 spatial axes) of x (N, C, ...) with w (O, C / groups, ...), no bias.
 
-    attrs: strides, pads ((begin..., end...) per spatial axis), dilations, groups.
+    attrs: strides, pads ((begin..., end...) per spatial axis), dilations, groups, and
+    channels_last: x is (N, ..., C) and the output (N, ..., O) (the weights stay (O, C / groups, ...)).
     """
 
     is_anchor = True
@@ -71,6 +72,7 @@ class Conv(Operator):
         return f"conv{len(self.inputs[0].shape) - 2}d"
 
     def check(self):
+        self.set_layout()
         x, w = self.inputs
         a = self.attrs
         rank = x.ndim - 2
@@ -79,21 +81,22 @@ class Conv(Operator):
         if not 1 <= rank <= 3 or w.ndim != x.ndim:
             raise ValueError(f"conv needs x (N, C, spatial...) with 1-3 spatial axes and a weight of the same rank, "
                              f"got {x.shape} and {w.shape}")
-        g = a["groups"]
-        if g < 1 or x.shape[1] % g or w.shape[0] % g or w.shape[1] * g != x.shape[1]:
-            raise ValueError(f"conv: {x.shape[1]} input channels, weight {w.shape} and groups={g} do not match "
+        g, channels = a["groups"], self.channels(x.shape)
+        if g < 1 or channels % g or w.shape[0] % g or w.shape[1] * g != channels:
+            raise ValueError(f"conv: {channels} input channels, weight {w.shape} and groups={g} do not match "
                              "(the weight is (out_channels, in_channels / groups, kernel...))")
         for key, length, low in (("strides", rank, 1), ("dilations", rank, 1), ("pads", 2 * rank, 0)):
             if len(a[key]) != length or any(n < low for n in a[key]):
                 raise ValueError(f"conv: {key} must be {length} ints >= {low}, got {a[key]!r}")
-        self.attrs["out"] = self._spatial(x.shape, w.shape)
+        self.attrs["out"] = self._spatial(self.spatial_dims(x.shape), w.shape)
         if any(n < 1 for n in self.attrs["out"]):
-            raise ValueError(f"conv: the (dilated) kernel {w.shape[2:]} is larger than the padded input {x.shape[2:]}")
+            raise ValueError(f"conv: the (dilated) kernel {w.shape[2:]} is larger than the padded input "
+                             f"{self.spatial_dims(x.shape)}")
 
-    def _spatial(self, x_shape: tuple, w_shape: tuple) -> tuple:
-        rank = len(x_shape) - 2
+    def _spatial(self, spatial: tuple, w_shape: tuple) -> tuple:
+        rank = len(spatial)
         strides, pads, dilations = (self.size(k) for k in ("strides", "pads", "dilations"))
-        return tuple(window_positions(x_shape[2 + i], w_shape[2 + i], strides[i], pads[i], pads[rank + i],
+        return tuple(window_positions(spatial[i], w_shape[2 + i], strides[i], pads[i], pads[rank + i],
                                       dilations[i]) for i in range(rank))
 
     def define(self, x, w):
@@ -101,14 +104,15 @@ class Conv(Operator):
         rank = len(dx) - 2
         strides, pads, dilations, groups = (self.size(k) for k in ("strides", "pads", "dilations", "groups"))
 
-        def fcompute(n, o, *rest):
-            (c, *k) = rest[rank:]
-            pos, ok = window_input(rest[:rank], k, strides, pads, dilations, dx[2:])
+        def fcompute(*ix):
+            n, o, spatial = self.split_index(ix[:rank + 2])
+            (c, *k) = ix[rank + 2:]
+            pos, ok = window_input(spatial, k, strides, pads, dilations, self.spatial_dims(dx))
             channel = (o // (dw[0] // groups)) * dw[1] + c         # the input channel of group o // (O / groups)
-            v = x[(n, channel, *pos)] * w[(o, c, *k)]
+            v = x[self.join_index(n, channel, pos)] * w[(o, c, *k)]
             return ir.Select(ok, v, ir.const(0, v.dtype), v.dtype)
 
-        out_shape = (dx[0], dw[0]) + self.size("out")
+        out_shape = self.join_index(dx[0], dw[0], self.size("out"))
         return [reduction("conv", out_shape, dw[1:], fcompute, op="sum", dtype=x.dtype)]
 
 
@@ -123,21 +127,26 @@ def linear(x, weight, bias=None):
     return add(y, as_tensor(bias, y)) if bias is not None else y
 
 
-def conv(x, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1) -> Tensor:
-    """N-d convolution (1-3 spatial axes); padding is an int, one per axis, or (begin..., end...)."""
+def conv(x, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1,
+         channels_last: bool = False) -> Tensor:
+    """N-d convolution (1-3 spatial axes); padding is an int, one per axis, or (begin..., end...);
+    x is (N, C, ...), or (N, ..., C) with channels_last."""
     weight = as_tensor(weight)
     rank = x.ndim - 2
     attrs = {"strides": per_axis(stride, rank, "stride"), "pads": pads_of(padding, rank),
-             "dilations": per_axis(dilation, rank, "dilation"), "groups": int(groups)}
+             "dilations": per_axis(dilation, rank, "dilation"), "groups": int(groups),
+             "channels_last": bool(channels_last)}
     y = Conv([x, weight], attrs).outputs[0]
     if bias is None:
         return y
     bias = as_tensor(bias, y)
-    return add(y, reshape(bias, (bias.size,) + (1,) * rank))
+    return add(y, bias if channels_last else reshape(bias, (bias.size,) + (1,) * rank))
 
 
-def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1) -> Tensor:
-    """2-d convolution of x (N, C, H, W) with weight (O, C / groups, KH, KW), PyTorch's conv2d semantics."""
+def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1,
+           channels_last: bool = False) -> Tensor:
+    """2-d convolution of x (N, C, H, W), or (N, H, W, C) with channels_last, with weight (O, C / groups, KH, KW):
+    PyTorch's conv2d semantics."""
     if x.ndim != 4:
-        raise ValueError(f"conv2d needs an (N, C, H, W) tensor, got shape {x.shape}")
-    return conv(x, weight, bias, stride, padding, dilation, groups)
+        raise ValueError(f"conv2d needs a 4-D (N, C, H, W) or (N, H, W, C) tensor, got shape {x.shape}")
+    return conv(x, weight, bias, stride, padding, dilation, groups, channels_last)

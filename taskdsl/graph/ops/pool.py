@@ -15,11 +15,12 @@ from ...runtime.config import fast_compile_enabled
 from ...compute import reduce as reduction
 from ..operator import Operator, dims
 from .norm import stat_dtype
-from .window import pads_of, per_axis, positions_inside, window_input, window_positions
+from .window import ChannelsLast, pads_of, per_axis, positions_inside, window_input, window_positions
 
 
-class Pool(Operator):
-    """attrs: mode ('max' / 'avg'), kernel, strides, pads, dilations, ceil_mode, count_include_pad."""
+class Pool(ChannelsLast, Operator):
+    """attrs: mode ('max' / 'avg'), kernel, strides, pads, dilations, ceil_mode, count_include_pad, and
+    channels_last ((N, spatial..., C) tensors)."""
 
     kind_attr = "mode"
     size_attrs = ("kernel", "strides", "pads", "dilations", "out")   # symbols in the generic definitions
@@ -38,6 +39,7 @@ class Pool(Operator):
         return f"{self.attrs['mode']}_pool"
 
     def check(self):
+        self.set_layout()
         x, a = self.inputs[0], self.attrs
         rank = x.ndim - 2
         if not 1 <= rank <= 3:
@@ -54,36 +56,39 @@ class Pool(Operator):
         self.attrs["out"] = self._spatial(x.shape)
         if any(n < 1 for n in self.attrs["out"]):
             raise ValueError(f"{self.kind}: the window {a['kernel']} (dilations {a['dilations']}) does not fit the "
-                             f"padded input {x.shape[2:]} (pads {a['pads']})")
+                             f"padded input {self.spatial_dims(x.shape)} (pads {a['pads']})")
 
     def _spatial(self, shape: tuple) -> tuple:
-        rank = len(shape) - 2
+        spatial = self.spatial_dims(shape)
+        rank = len(spatial)
         kernel, strides, pads, dilations = (self.size(k) for k in ("kernel", "strides", "pads", "dilations"))
-        return tuple(window_positions(shape[2 + i], kernel[i], strides[i], pads[i], pads[rank + i], dilations[i],
+        return tuple(window_positions(spatial[i], kernel[i], strides[i], pads[i], pads[rank + i], dilations[i],
                                       self.attrs["ceil_mode"]) for i in range(rank))
 
     def define(self, x):
         a, shape = self.attrs, dims(x)
         rank = len(shape) - 2
+        spatial = self.spatial_dims(shape)
         kernel, strides, pads, dilations = (self.size(k) for k in ("kernel", "strides", "pads", "dilations"))
         acc = stat_dtype(x.dtype) if x.dtype.is_float else x.dtype
 
         def value(ix, pad_value):
-            pos, ok = window_input(ix[2:2 + rank], ix[2 + rank:], strides, pads, dilations, shape[2:])
-            v = x[tuple(ix[:2]) + pos]
+            n, c, out = self.split_index(ix[:rank + 2])
+            pos, ok = window_input(out, ix[rank + 2:], strides, pads, dilations, spatial)
+            v = x[self.join_index(n, c, pos)]
             v = v if v.dtype == acc else ir.Cast(v, acc)
             return ir.Select(ok, v, ir.const(pad_value, acc), acc)
 
-        out_shape = shape[:2] + self.size("out")
+        out_shape = self.join_index(shape[0], self.channels(shape), self.size("out"))
         if a["mode"] == "max":
             low = -math.inf if acc.is_float else int(np.iinfo(acc.numpy).min)
             return [reduction("max_pool", out_shape, kernel, lambda *ix: value(ix, low), op="max", dtype=x.dtype)]
 
         def average(*ix):
-            count = None
+            count, out = None, self.split_index(ix[:rank + 2])[2]
             for i in range(rank):
-                start = ix[2 + i] * strides[i] - pads[i]
-                lo, hi = (0 - pads[i], shape[2 + i] + pads[rank + i]) if a["count_include_pad"] else (0, shape[2 + i])
+                start = out[i] * strides[i] - pads[i]
+                lo, hi = (0 - pads[i], spatial[i] + pads[rank + i]) if a["count_include_pad"] else (0, spatial[i])
                 n = positions_inside(start, kernel[i], dilations[i], lo, hi)
                 count = n if count is None else count * n
             return value(ix, 0.0) / ir.Cast(count, acc)
@@ -92,14 +97,16 @@ class Pool(Operator):
 
 
 def pool(x, mode: str, kernel, stride=None, padding=0, dilation=1, ceil_mode: bool = False,
-         count_include_pad: bool = True):
-    """Max ('max') or average ('avg') pooling; padding is an int, one per axis, or (begin..., end...)."""
+         count_include_pad: bool = True, channels_last: bool = False):
+    """Max ('max') or average ('avg') pooling of x (N, C, spatial...), or (N, spatial..., C) with channels_last;
+    padding is an int, one per axis, or (begin..., end...)."""
     rank = x.ndim - 2
     kernel = per_axis(kernel, rank, "kernel_size")
     strides = per_axis(stride if stride is not None else kernel, rank, "stride")
     attrs = {"mode": mode, "kernel": kernel, "strides": strides, "pads": pads_of(padding, rank),
              "dilations": per_axis(dilation, rank, "dilation"),
-             "ceil_mode": bool(ceil_mode), "count_include_pad": bool(count_include_pad)}
+             "ceil_mode": bool(ceil_mode), "count_include_pad": bool(count_include_pad),
+             "channels_last": bool(channels_last)}
     return Pool([x], attrs).outputs[0]
 
 

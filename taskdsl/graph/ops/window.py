@@ -7,6 +7,37 @@ from ...lang import math_expr
 BIG = 1 << 30
 
 
+class ChannelsLast:
+    """For window operators over (N, C, spatial...) tensors that also take (N, spatial..., C): the
+    `channels_last` attribute (False unless given; printed only when set) and the axes it moves."""
+
+    def set_layout(self) -> None:
+        """Default `channels_last` to False (call first thing in `check`)."""
+        self.attrs["channels_last"] = bool(self.attrs.get("channels_last", False))
+
+    def spatial_dims(self, shape: tuple) -> tuple:
+        """The spatial dims of an input or output shape."""
+        return tuple(shape[1:-1]) if self.attrs["channels_last"] else tuple(shape[2:])
+
+    def channels(self, shape: tuple):
+        """The channel dim of an input or output shape."""
+        return shape[-1] if self.attrs["channels_last"] else shape[1]
+
+    def split_index(self, ix: tuple) -> tuple:
+        """(n, channel, spatial indices) of an output index."""
+        return (ix[0], ix[-1], tuple(ix[1:-1])) if self.attrs["channels_last"] else (ix[0], ix[1], tuple(ix[2:]))
+
+    def join_index(self, n, channel, spatial: tuple) -> tuple:
+        """The index (or shape) of batch n, `channel` and the spatial indices, in this layout."""
+        return (n, *spatial, channel) if self.attrs["channels_last"] else (n, channel, *spatial)
+
+    def shown_attrs(self) -> dict:
+        shown = super().shown_attrs()
+        if not shown["channels_last"]:
+            del shown["channels_last"]      # the default
+        return shown
+
+
 def per_axis(value, rank: int, what: str) -> tuple:
     """An int or `rank` ints as a tuple of `rank` ints (ValueError naming `what` otherwise)."""
     value = (value,) * rank if isinstance(value, int) else tuple(value)

@@ -4,12 +4,15 @@
 
 `partition` (taskdsl/graph/fusion.py) replaces each anchor and the injective operators
 around it by one FusedAnchor node (one kernel, by post-scheduling fusion).
+`channels_last` (optional: `pipeline(channels_last=True)`, `g.compile(channels_last=True)`)
+runs 2-D convolution stacks in NHWC, after batch norms are folded into NCHW weights.
 `plan_memory` is an analysis of the final graph, which the
 executor runs after the pipeline.
 """
 from __future__ import annotations
 
 from ..graph import Graph
+from .channels_last import channels_last
 from .eliminate_dead_code import eliminate_dead_code
 from .fold_batch_norm import fold_batch_norm
 from .fold_constants import constant_value, fold_constants
@@ -18,7 +21,16 @@ from .plan_memory import MemoryPlan, plan_memory
 
 from ..fusion import partition  # noqa: E402 - after the passes it builds on
 
+LAYOUT_PASS = channels_last       # (named apart: `pipeline`'s flag shares the pass's name)
 PIPELINE = [infer_shapes, fold_constants, fold_batch_norm, eliminate_dead_code, partition]
+
+
+def pipeline(channels_last: bool = False) -> list:
+    """The default passes; with `channels_last`, the layout pass too (after fold_batch_norm)."""
+    if not channels_last:
+        return list(PIPELINE)
+    k = PIPELINE.index(eliminate_dead_code)
+    return PIPELINE[:k] + [LAYOUT_PASS] + PIPELINE[k:]
 
 
 def optimize(graph: Graph, passes: list | None = None) -> Graph:
@@ -28,5 +40,5 @@ def optimize(graph: Graph, passes: list | None = None) -> Graph:
     return graph
 
 
-__all__ = ["PIPELINE", "optimize", "infer_shapes", "fold_constants", "constant_value", "fold_batch_norm",
+__all__ = ["PIPELINE", "pipeline", "optimize", "channels_last", "infer_shapes", "fold_constants", "constant_value", "fold_batch_norm",
            "eliminate_dead_code", "plan_memory", "MemoryPlan", "partition"]

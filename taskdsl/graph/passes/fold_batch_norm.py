@@ -38,7 +38,8 @@ def _foldable_conv(x, original, users: dict, outputs: set):
     """The Conv producing `x` and its constant weights, when they may absorb the scale (the conv's
     output, `original` in the input graph, feeds nothing else); else (None, None)."""
     conv = x.producer
-    if not isinstance(conv, Conv) or len(users.get(id(original), ())) != 1 or id(original) in outputs:
+    if (not isinstance(conv, Conv) or conv.attrs["channels_last"] or len(users.get(id(original), ())) != 1
+            or id(original) in outputs):
         return None, None
     weight = constant_value(conv.inputs[1])
     return (conv, weight) if weight is not None else (None, None)

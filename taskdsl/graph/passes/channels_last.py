@@ -1,0 +1,94 @@
+"""Layout pass (ALT's layout propagation): 2-D convolution stacks run channels-last (NHWC).
+
+    conv(x) -> add(., c) -> relu -> conv        (NCHW, as imported)
+      =>  transpose(x, NHWC) -> conv' -> add(., c') -> relu -> conv' -> transpose(., NCHW)
+
+Each 2-D convolution becomes its channels-last form, and the layout then propagates forward
+through pooling and elementwise operators: one that reads a channels-last tensor computes
+channels-last too, an elementwise operator's other operands transposed to match (constants
+here, once; a lower-rank broadcast operand is first padded to rank 4). Every other operator keeps the original layout,
+and a tensor crossing back gets one transpose, made once however many read it; the graph's
+inputs and outputs keep their layout. Transposes at a convolution's input or output are fused
+into its kernel by `partition` like any other prologue or epilogue.
+
+Why: with channels contiguous, the im2col of a convolution copies runs of C floats and a
+convolution's GEMM writes its output rows in place (cpu and GPU alike), and tensor cores want
+the reduction axis (channels) innermost.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..graph import Graph
+from ..ops import Conv, Elementwise, Pool
+from ..ops.transform import reshape, transpose
+from ..tensor import constant
+
+TO_LAST = (0, 2, 3, 1)        # NCHW -> NHWC
+TO_FIRST = (0, 3, 1, 2)       # NHWC -> NCHW
+
+
+def _converts(op) -> bool:
+    """A channels-first 2-D convolution."""
+    return isinstance(op, Conv) and op.inputs[0].ndim == 4 and not op.attrs["channels_last"]
+
+
+def _pools_last(op, last: dict) -> bool:
+    """A channels-first 2-D pooling of a tensor already channels-last."""
+    return (isinstance(op, Pool) and op.inputs[0].ndim == 4 and not op.attrs["channels_last"]
+            and id(op.inputs[0]) in last)
+
+
+def _follows(op, last: dict) -> bool:
+    """An elementwise operator with a 4-D output that reads a tensor already channels-last."""
+    return (isinstance(op, Elementwise) and len(op.outputs) == 1 and op.outputs[0].ndim == 4
+            and all(t.ndim <= 4 for t in op.inputs) and any(id(t) in last for t in op.inputs))
+
+
+class _Layouts:
+    """Each tensor of the input graph in the new graph: in its own layout, channels-last, or both."""
+
+    def __init__(self):
+        self.first: dict = {}     # id(tensor) -> the new graph's tensor in the original layout
+        self.last: dict = {}      # id(tensor) -> the new graph's tensor holding it channels-last
+
+    def as_first(self, t):
+        """`t` in its original layout (a transpose back, made once, when it only exists channels-last)."""
+        if id(t) not in self.first:
+            self.first[id(t)] = transpose(self.last[id(t)], TO_FIRST) if id(t) in self.last else t
+        return self.first[id(t)]
+
+    def as_last(self, t):
+        """`t` (rank <= 4, broadcast against a 4-D tensor) channels-last: rank-4 first, then transposed."""
+        if id(t) not in self.last:
+            if t.ndim == 0:
+                self.last[id(t)] = t           # a scalar broadcasts the same in every layout
+            elif t.is_constant:
+                value = np.asarray(t.value).reshape((1,) * (4 - t.ndim) + t.shape)
+                self.last[id(t)] = constant(np.ascontiguousarray(value.transpose(TO_LAST)), t.dtype)
+            else:
+                x = self.as_first(t)
+                x = x if x.ndim == 4 else reshape(x, (1,) * (4 - x.ndim) + x.shape)
+                self.last[id(t)] = transpose(x, TO_LAST)
+        return self.last[id(t)]
+
+
+def channels_last(graph: Graph) -> Graph:
+    """The graph with its 2-D convolutions, and the elementwise operators after them, channels-last."""
+    if not any(_converts(op) for op in graph.nodes):
+        return graph
+    layouts = _Layouts()
+    for op in graph.nodes:
+        if _converts(op) or _pools_last(op, layouts.last):
+            inputs = [layouts.as_last(op.inputs[0])] + [layouts.as_first(t) for t in op.inputs[1:]]   # conv: weights
+            results, into = type(op)(inputs, dict(op.attrs, channels_last=True)).outputs, layouts.last
+        elif _follows(op, layouts.last):
+            results, into = op.clone([layouts.as_last(t) for t in op.inputs]).outputs, layouts.last
+        else:
+            inputs = [layouts.as_first(t) for t in op.inputs]
+            same = all(a is b for a, b in zip(inputs, op.inputs))
+            results, into = op.outputs if same else op.clone(inputs).outputs, layouts.first
+        for old, new in zip(op.outputs, results):
+            new.name = old.name
+            into[id(old)] = new
+    return Graph(graph.inputs, [layouts.as_first(t) for t in graph.outputs], name=graph.name)

@@ -1,0 +1,120 @@
+"""The channels-last layout: graph convolutions in NHWC, and the pass that propagates that layout
+through elementwise operators (oracle: the original graph's numpy reference, and numpy itself)."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import taskdsl.graph as tg
+from taskdsl.graph import ops, passes
+
+from . import assert_close, rand
+
+
+LAYOUT_PASSES = [passes.infer_shapes, passes.fold_constants, passes.channels_last, passes.eliminate_dead_code]
+
+
+def _kinds(g) -> list:
+    return [op.kind for op in g.nodes]
+
+
+def _numpy_conv(x, w, pad):
+    """NCHW x (one group, stride 1) convolved with OIHW w, by numpy."""
+    n, c, h, wd = x.shape
+    o, _, kh, kw = w.shape
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    oh, ow = h + 2 * pad - kh + 1, wd + 2 * pad - kw + 1
+    out = np.zeros((n, o, oh, ow))
+    for i in range(kh):
+        for j in range(kw):
+            out += np.einsum("nchw,oc->nohw", xp[:, :, i:i + oh, j:j + ow], w[:, :, i, j])
+    return out
+
+
+def test_channels_last_conv_matches_numpy_and_prints_its_layout():
+    x = tg.input("x", (2, 7, 5, 3))                  # N, H, W, C
+    w, b = rand((4, 3, 3, 3), 1), rand((4,), 2)
+    y = ops.relu(ops.conv2d(x, tg.constant(w), tg.constant(b), padding=1, channels_last=True))
+    g = tg.Graph([x], [y])
+    assert y.shape == (2, 7, 5, 4) and "channels_last=True" in str(g)
+    xa = rand((2, 7, 5, 3), 3)
+    want = np.maximum(_numpy_conv(xa.transpose(0, 3, 1, 2), w, 1) + b.reshape(4, 1, 1), 0).transpose(0, 2, 3, 1)
+    assert_close(g.reference(xa)[0], want.astype(np.float32))
+    assert_close(g(xa)[0], want.astype(np.float32))
+    z = tg.input("z", (1, 3, 5, 5))
+    assert "channels_last" not in str(tg.Graph([z], [ops.conv2d(z, tg.constant(w))]))
+
+
+def _block(x, seed: int):
+    """conv -> add bias -> relu -> conv, plus a residual from a 1x1 conv: a ResNet-like block."""
+    c = x.shape[1]
+    a = ops.relu(ops.conv2d(x, tg.constant(rand((6, c, 3, 3), seed)), tg.constant(rand((6,), seed + 1)), padding=1))
+    b = ops.conv2d(a, tg.constant(rand((5, 6, 3, 3), seed + 2)), padding=1)
+    return ops.relu(ops.add(b, ops.conv2d(x, tg.constant(rand((5, c, 1, 1), seed + 3)))))
+
+
+def test_the_pass_leaves_one_transpose_at_each_end_of_a_conv_stack():
+    x = tg.input("x", (1, 4, 9, 8))
+    g = tg.Graph([x], [ops.max_pool2d(_block(_block(x, 0), 10), 2)])
+    last = passes.optimize(g, LAYOUT_PASSES)
+    kinds = _kinds(last)
+    assert kinds.count("transpose") == 2 and kinds[0] == "transpose" and kinds[-2:] == ["max_pool", "transpose"]
+    assert all(op.attrs["channels_last"] for op in last.nodes if op.kind in ("conv2d", "max_pool"))
+    xa = rand((1, 4, 9, 8), 4)
+    assert_close(last.reference(xa)[0], g.reference(xa)[0])
+    cg = g.compile(channels_last=True)          # x's transpose is read by two convs: no prologue of either
+    assert sorted(set(_kinds(cg.graph))) == ["conv2d", "fused", "max_pool", "transpose"]
+    assert _kinds(cg.graph).count("transpose") == 2
+    assert_close(cg(xa)[0], g.reference(xa)[0])
+
+
+def test_the_pass_changes_nothing_without_convolutions():
+    x = tg.input("x", (2, 3, 4, 4))
+    g = tg.Graph([x], [ops.relu(x)])
+    assert passes.channels_last(g) is g
+    with pytest.raises(ValueError, match="either passes or channels_last"):
+        g.compile(passes=passes.PIPELINE, channels_last=True)
+
+
+def test_a_tensor_read_in_both_layouts_is_transposed_once():
+    """A conv output read by another conv and by a softmax (no channels-last form): one transpose back."""
+    x = tg.input("x", (1, 3, 6, 6))
+    y = ops.conv2d(x, tg.constant(rand((4, 3, 1, 1), 1)))
+    outs = [ops.softmax(y, axis=1), ops.conv2d(y, tg.constant(rand((2, 4, 3, 3), 2))), y]
+    g = tg.Graph([x], outs)
+    last = passes.channels_last(g)
+    assert _kinds(last).count("transpose") == 3       # x in; y back (once, for softmax and output); 2nd conv out
+    xa = rand((1, 3, 6, 6), 3)
+    for got, want in zip(last.reference(xa), g.reference(xa)):
+        assert_close(got, want)
+
+
+BROADCASTS = [(), (1,), (6,), (1, 1, 6), (5, 1, 1), (1, 5, 1, 1), (2, 5, 4, 6)]
+
+
+@settings(max_examples=20, deadline=None)
+@given(operand=st.sampled_from(BROADCASTS), is_constant=st.booleans(), fn=st.sampled_from(["add", "mul", "maximum"]),
+       pad=st.integers(0, 1), seed=st.integers(0, 2**16))
+def test_layout_propagates_through_broadcast_operands(operand, is_constant, fn, pad, seed):
+    """conv -> fn(., operand) -> relu: any operand shape that broadcasts, constant or a graph input, gives the
+    original graph's values; the elementwise operators run channels-last."""
+    x = tg.input("x", (2, 3, 4 + 2 - 2 * pad, 6 + 2 - 2 * pad))
+    other = tg.constant(rand(operand, seed + 1)) if is_constant else tg.input("other", operand)
+    y = ops.conv2d(x, tg.constant(rand((5, 3, 3, 3), seed)), padding=pad)
+    g = tg.Graph([x] + ([] if is_constant else [other]), [ops.relu(getattr(ops, fn)(y, other))])
+    last = passes.optimize(g, LAYOUT_PASSES)
+    assert _kinds(last)[-1] == "transpose"            # fn and relu computed channels-last, one transpose back
+    args = [rand(x.shape, seed + 2)] + ([] if is_constant else [rand(operand, seed + 3)])
+    assert_close(last.reference(*args)[0], g.reference(*args)[0])
+
+
+def test_batch_norm_after_a_channels_last_conv_is_not_folded_into_its_weights():
+    """BatchNorm normalizes axis 1: after an NHWC conv that is H, not the conv's output channels."""
+    x = tg.input("x", (1, 4, 4, 2))
+    y = ops.conv2d(x, tg.constant(rand((3, 2, 1, 1), 1)), channels_last=True)
+    stats = [tg.constant(rand((4,), k, low=0.5, high=2.0)) for k in range(4)]
+    g = tg.Graph([x], [ops.batch_norm(y, *stats)])
+    folded = passes.optimize(g, passes.PIPELINE[:4])
+    assert "conv2d" in _kinds(folded) and _kinds(folded)[-1] == "add"
+    xa = rand((1, 4, 4, 2), 5)
+    assert_close(folded.reference(xa)[0], g.reference(xa)[0])
