@@ -9,9 +9,11 @@ with padding, stride and dilation folded into the index: nothing is materialized
 stores of C by the output layout (NCHW or NHWC), plus any epilogue (bias, batch norm,
 activation) on top. Weights come in PyTorch/ONNX OIHW and are packed once into B.
 On the cpu, convolutions of one group take another route (`on_columns`): explicit im2col
-columns, then a plain GEMM (weights @ columns for NCHW, columns @ weights for NHWC). Grouped convolutions with tiny per-group reductions
-(depthwise) are plain `td.reduce` definitions scheduled by the rules instead
-(`uses_direct`): a GEMM with K = 9 per group has nothing to tile.
+columns, then a plain GEMM (weights @ columns for NCHW, columns @ weights for NHWC).
+Grouped convolutions with tiny per-group reductions (depthwise; `uses_direct`) are no GEMM
+(K = 9 per group has nothing to tile): on the cpu, NCHW, they run `direct_kernel` (rows of
+outputs accumulated in registers, epilogue fused into its stores); elsewhere a `td.reduce`
+definition scheduled by the rules.
 """
 import functools
 from dataclasses import dataclass
@@ -174,13 +176,18 @@ def channel_axis(g: ConvGeometry, ndim: int):
 
 
 def bias_activation(g: ConvGeometry, y: td.Tensor, bias: td.Tensor | None, activation) -> td.Tensor:
-    """y + bias[channel], then the activation, as a compute over y."""
+    """y + bias[channel], then the activation, as a compute over y (in y's dtype)."""
     act = ACTIVATIONS[activation]
     channel = channel_axis(g, len(y.shape))
     shape = tuple(int(d.value) for d in y.shape)
     if bias is None and activation is None:
         return y
-    return td.compute("Z", shape, lambda *idx: act(y[idx] + bias[channel(idx)] if bias is not None else y[idx]))
+
+    def fcompute(*idx):
+        value = act(y[idx] + bias[channel(idx)] if bias is not None else y[idx])
+        return value if value.dtype == y.dtype else ir.Cast(value, y.dtype)     # an f32 constant promotes f16
+
+    return td.compute("Z", shape, fcompute)
 
 
 def on_columns(g: ConvGeometry, target: str) -> bool:
@@ -264,6 +271,99 @@ def nhwc_columns_kernel(dtype) -> td.Kernel:
     return im2col_pixels
 
 
+DIRECT_CHUNK = 64           # output columns a direct-conv block accumulates in registers at once
+
+
+@functools.lru_cache(maxsize=8)
+def direct_kernel(dtype) -> td.Kernel:
+    """A grouped NCHW convolution with a tiny reduction per output (depthwise), row by row.
+
+    One block per (output channel, image). For each output row, a chunk of DIRECT_CHUNK columns
+    accumulates in registers, tap by tap: for tap (c, kh, kw) the columns whose input pixel is
+    inside the row are found first, so the multiply-add over them has no bounds checks (for
+    stride 1, a vectorized loop over contiguous inputs). A row outside the input is skipped
+    whole. The chunk is then stored once, where a fused epilogue (bias, activation) applies.
+    The geometry comes in as scalars: one compile serves every convolution.
+    """
+    @td.kernel(grid=lambda O, N: (O, N), block=1, name=f"conv_direct_rows_{dtype.name}")
+    def conv_direct_rows(X: dtype["N", "C", "H", "W"], Wt: dtype["O", "CG", "KH", "KW"],
+                         Y: dtype["N", "O", "OH", "OW"], conv_sh: td.i32, conv_sw: td.i32, conv_pt: td.i32,
+                         conv_pl: td.i32, conv_dh: td.i32, conv_dw: td.i32, conv_ocg: td.i32):
+        o, n = blockIdx.x, blockIdx.y
+        acc = td.registers(td.f32, DIRECT_CHUNK)
+        group_base = o // conv_ocg * CG             # the group's first input channel
+        for oh in range(OH):
+            for start in range(0, OW, DIRECT_CHUNK):
+                width = min(DIRECT_CHUNK, OW - start)
+                for j in range(DIRECT_CHUNK):
+                    acc[j] = 0.0
+                for c in range(CG):
+                    for kh in range(KH):
+                        ih = oh * conv_sh - conv_pt + kh * conv_dh
+                        if ih >= 0 and ih < H:
+                            for kw in range(KW):
+                                tap = Wt[o, c, kh, kw]
+                                offset = start * conv_sw + kw * conv_dw - conv_pl     # iw = j * stride + offset
+                                first = max(0, -(offset // conv_sw))
+                                end = min(width, max(first, -((offset - W) // conv_sw)))
+                                for j in range(first, end):
+                                    acc[j] += tap * X[n, group_base + c, ih, j * conv_sw + offset]
+                for j in range(width):
+                    Y[n, o, oh, start + j] = acc[j]
+
+    return conv_direct_rows
+
+
+def _direct_scalars(g: ConvGeometry) -> dict:
+    return dict(conv_sh=g.stride[0], conv_sw=g.stride[1], conv_pt=g.padding[0], conv_pl=g.padding[1],
+                conv_dh=g.dilation[0], conv_dw=g.dilation[1], conv_ocg=g.oc // g.groups)
+
+
+def on_rows(g: ConvGeometry, target: str) -> bool:
+    """Whether `direct_kernel` runs the convolution: a direct one (`uses_direct`), NCHW, on the cpu.
+    (GPUs keep the rule-scheduled reduce, whose threads share the work of a row.)"""
+    return target == "cpu" and g.layout == "NCHW" and uses_direct(g)
+
+
+@dataclass(frozen=True)
+class DirectRows:
+    """A direct convolution as `direct_kernel`, its prologue and epilogue fused. `run` as `Lowered.run`."""
+
+    geometry: ConvGeometry
+    kernel: td.Kernel
+    x_name: str | None          # the input's placeholder, when the input is one (no prologue)
+    output: str                 # the kernel's output parameter: Y, or the fused epilogue's output
+
+    def weight_operand(self, weight: np.ndarray) -> np.ndarray:
+        """The OIHW weights, as the kernel reads them."""
+        return np.ascontiguousarray(weight)
+
+    def run(self, arrays: dict, weight: np.ndarray, out: np.ndarray) -> None:
+        """out = the convolution (with its fused prologue and epilogue) of `arrays` and the weights."""
+        args = dict(arrays, Wt=weight, **_direct_scalars(self.geometry))
+        args[self.output] = out
+        if self.x_name is not None:
+            args["X"] = arrays[self.x_name]
+        self.kernel(*[args[name] for name, _ in self.kernel.params])
+
+    @property
+    def kernels(self) -> list:
+        return [self.kernel]
+
+
+def _lower_rows(g: ConvGeometry, dtype, x: td.Tensor, epilogue) -> DirectRows:
+    """`direct_kernel` with `x`'s definition in its loads (unless a placeholder) and `epilogue` in its stores."""
+    y = td.placeholder("Y", dtype, g.out_shape)
+    z = epilogue(y)
+    x_name = x.name if x.kind == "placeholder" else None
+    kernel = direct_kernel(dtype)          # generic: one compile serves every geometry...
+    if z is not y or x_name is None:       # ...but fusion specializes it
+        examples = [np.empty(s, dtype.numpy) for s in (_x_shape(g), (g.oc, g.c // g.groups, g.kh, g.kw), g.out_shape)]
+        kernel = td.fuse(kernel, *examples, *_direct_scalars(g).values(), prologues={} if x_name else {"X": x},
+                         epilogues={"Y": z} if z is not y else {})
+    return DirectRows(g, kernel, x_name, "Y" if z is y else z.name)
+
+
 def _columns_shape(g: ConvGeometry) -> tuple:
     """The shape the columns kernel writes: (N, K, OH*OW) for NCHW, (N, OH*OW, K) for NHWC."""
     k = g.gemm[2]
@@ -332,9 +432,11 @@ class Lowered:
         return [k for k in (self.columns, self.kernel) if k is not None]
 
 
-def lower(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue) -> Lowered:
-    """Schedule convolution `g` on the matmul template: `x` defines the input (a placeholder or a
-    prologue's compute), `epilogue(y)` the final output from the conv output definition `y`."""
+def lower(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue) -> Lowered | DirectRows:
+    """Schedule convolution `g` on the matmul template (`direct_kernel` where `on_rows`): `x` defines the
+    input (a placeholder or a prologue's compute), `epilogue(y)` the final output from the conv output `y`."""
+    if on_rows(g, target):
+        return _lower_rows(g, dtype, x, epilogue)
     groups, m, k, n = g.gemm
     if on_columns(g, target):
         nchw = g.layout == "NCHW"
@@ -371,11 +473,11 @@ def matmul_examples(matmul) -> tuple:
 
 @dataclass(frozen=True)
 class ConvPlan:
-    """A convolution compiled for one target: a direct reduce op, or a matmul lowering."""
+    """A convolution compiled for one target: a direct reduce op, or a lowering (matmul, direct rows)."""
 
     geometry: ConvGeometry
     direct: td.Op | None = None
-    lowered: Lowered | None = None
+    lowered: Lowered | DirectRows | None = None
 
     @property
     def kernels(self) -> list:
@@ -394,7 +496,7 @@ def _plan(g: ConvGeometry, dtype, target: str, has_bias: bool, activation, fast:
         raise ValueError(f"conv2d: unknown activation {activation!r}; choose one of {', '.join(map(str, ACTIVATIONS))}")
     x = _x_placeholder(g, dtype)
     bias = td.placeholder("bias", dtype, (g.oc,)) if has_bias else None
-    if uses_direct(g):
+    if uses_direct(g) and not on_rows(g, target):
         return ConvPlan(g, direct=_direct_op(g, dtype, x, bias, activation))
     return ConvPlan(g, lowered=lower(g, dtype, target, x, lambda y: bias_activation(g, y, bias, activation)))
 

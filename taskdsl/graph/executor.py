@@ -47,7 +47,8 @@ class CompiledGraph:
                              "with the layout pass)")
         self.source = graph
         self.target = target or get_target()
-        self.graph = optimize(graph, passes if passes is not None else pipeline(channels_last))
+        with on_target(self.target):       # partitioning asks what the target's kernels can fuse
+            self.graph = optimize(graph, passes if passes is not None else pipeline(channels_last))
         self.memory = plan_memory(self.graph)
         nodes = self.graph.nodes
         outputs = {id(t) for t in self.graph.outputs}

@@ -25,7 +25,7 @@ from ..compute import placeholder
 from .graph import Graph
 from .operator import Operator
 from .ops import BatchNorm, Conv, Elementwise, MatMul, Reshape, Transpose
-from .runners import runs
+from .runners import conv_geometry, runs
 from .tensor import contiguous
 
 EPILOGUE_KINDS = (Elementwise, BatchNorm, Reshape, Transpose)
@@ -80,8 +80,9 @@ def _fusible_anchor(op: Operator) -> bool:
     if isinstance(op, MatMul):
         return all(t.ndim >= 2 for t in op.inputs) and op.inputs[0].dtype in (td.f32, td.f16)
     if isinstance(op, Conv):
-        x = op.inputs[0]    # ungrouped: conv_lib lowers it to the matmul template (never `uses_direct`)
-        return x.ndim == 4 and op.attrs["groups"] == 1 and x.dtype in (td.f32, td.f16)
+        x = op.inputs[0]    # ungrouped: the matmul template; grouped: the cpu's direct rows (conv_lib.lower)
+        return x.ndim == 4 and x.dtype in (td.f32, td.f16) and (
+            op.attrs["groups"] == 1 or conv_lib.on_rows(conv_geometry(op), td.get_target()))
     return False
 
 
@@ -180,11 +181,7 @@ class _Build:
 
     def _conv(self, anchor: Conv) -> None:
         x, w = anchor.inputs
-        a = anchor.attrs
-        pads = (a["pads"][0], a["pads"][1], a["pads"][2], a["pads"][3])
-        g = conv_lib.geometry(x.shape, w.shape, a["strides"], pads, a["dilations"], 1,
-                              "NHWC" if a["channels_last"] else "NCHW")
-        self.conv = conv_lib.lower(g, x.dtype, td.get_target(), self.value[id(x)],
+        self.conv = conv_lib.lower(conv_geometry(anchor), x.dtype, td.get_target(), self.value[id(x)],
                                    lambda y: self._epilogue(anchor.outputs[0], y))
         self.weight, self.kernels = w, self.conv.kernels
 

@@ -72,20 +72,25 @@ def run_matmul(op: MatMul, arrays: list) -> tuple:
     return [gemm.matmul(*arrays).reshape(op.outputs[0].shape)], [p.kernel()]
 
 
+def conv_geometry(op: Conv) -> conv.ConvGeometry:
+    """The stdlib_ops.conv geometry of a 2-D graph convolution."""
+    x, w = op.inputs
+    a = op.attrs
+    pads = (a["pads"][0], a["pads"][1], a["pads"][2], a["pads"][3])
+    return conv.geometry(x.shape, w.shape, a["strides"], pads, a["dilations"], a["groups"],
+                         "NHWC" if a["channels_last"] else "NCHW")
+
+
 @runs(Conv)
 def run_conv(op: Conv, arrays: list) -> tuple:
     """2-D convolutions of f32 / f16 by stdlib_ops.conv (a matmul lowering or a direct reduce); others by definitions."""
-    x, w = op.inputs
+    x = op.inputs[0]
     if x.ndim != 4 or x.dtype not in (T.f32, T.f16):
         return run_definitions(op, arrays)
-    a = op.attrs
-    pads = (a["pads"][0], a["pads"][1], a["pads"][2], a["pads"][3])
-    layout = "NHWC" if a["channels_last"] else "NCHW"
-    y = conv.conv2d(arrays[0], arrays[1], stride=a["strides"], padding=pads, dilation=a["dilations"],
-                    groups=a["groups"], layout=layout)
-    g = conv.geometry(x.shape, w.shape, a["strides"], pads, a["dilations"], a["groups"], layout)
-    p = conv.plan(g, x.dtype, get_target(), False, None)
-    return [y], p.kernels
+    g = conv_geometry(op)
+    y = conv.conv2d(arrays[0], arrays[1], stride=g.stride, padding=g.padding, dilation=g.dilation,
+                    groups=g.groups, layout=g.layout)
+    return [y], conv.plan(g, x.dtype, get_target(), False, None).kernels
 
 
 # ---------------------------------------------------------------- through stdlib_ops

@@ -69,7 +69,8 @@ def test_grouped_convolutions_fold_im2col_into_the_gemm_loads():
     text = low.kernel.ir(w, np.zeros((2, 2), np.int32), 1, x, np.zeros(12, np.float32),
                          np.zeros((2, 9, 7, 2, 6), np.float32))
     assert "X[" in text and "A[" not in text
-    assert conv.plan(conv.geometry((1, 4, 8, 8), (4, 1, 3, 3), padding=1, groups=4), td.f32, "cpu", False, None).direct
+    depthwise = conv.geometry((1, 8, 8, 4), (4, 1, 3, 3), padding=1, groups=4, layout="NHWC")
+    assert conv.plan(depthwise, td.f32, "cpu", False, None).direct         # a reduce (NCHW: direct rows)
     tiny = conv.plan(conv.geometry((1, 3, 7, 7), (5, 3, 1, 1)), td.f32, "cpu", False, None)   # reduction of 3,
     assert tiny.direct is None and tiny.lowered is not None                                # but ungrouped: a GEMM
 
@@ -128,6 +129,51 @@ def test_cpu_columns_lowering_matches_reference(n, c, hw, oc, k, stride, pad, di
     else:
         got = ops.conv2d(x, wt, stride=stride, padding=pad, dilation=dilation)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_cpu_direct_convolutions_run_rows_with_the_epilogue_in_the_stores():
+    """A grouped NCHW conv with a tiny reduction runs `direct_kernel` on the cpu: one generic kernel, or one
+    kernel with bias and activation fused; on GPUs the rule-scheduled reduce stays."""
+    g = conv.geometry((1, 8, 9, 9), (16, 1, 3, 3), padding=1, groups=8)
+    assert conv.on_rows(g, "cpu") and not conv.on_rows(g, "cuda")
+    assert not conv.on_rows(conv.geometry((1, 9, 9, 8), (16, 1, 3, 3), padding=1, groups=8, layout="NHWC"), "cpu")
+    plain = conv.plan(g, td.f32, "cpu", False, None).lowered
+    assert plain.kernels == [conv.direct_kernel(td.f32)]
+    fused = conv.plan(g, td.f32, "cpu", True, "relu6").lowered
+    assert [k.name for k in fused.kernels] == ["conv_direct_rows_f32_fused"]
+    assert [name for name, _ in fused.kernel.params][-2:] == ["bias", "Z"]
+
+
+@settings(max_examples=10, deadline=None)
+@given(n=st.sampled_from([1, 2]), groups=st.sampled_from([1, 3, 5]), cg=st.sampled_from([1, 2]),
+       mult=st.sampled_from([1, 2]), hw=st.tuples(st.integers(1, 9), st.sampled_from([1, 7, 64, 67, 131])),
+       k=st.sampled_from([(1, 1), (3, 3), (5, 3)]), stride=st.sampled_from([1, 2]), pad=st.integers(0, 2),
+       dilation=st.sampled_from([1, 2]), bias=st.booleans(), seed=st.integers(0, 2**16))
+def test_cpu_direct_rows_match_reference(n, groups, cg, mult, hw, k, stride, pad, dilation, bias, seed):
+    """Rows wider than a register chunk (64), prime widths, strides, dilations and padding on every side."""
+    td.set_target("cpu")
+    (h, w), (kh, kw) = hw, k
+    assume(h + 2 * pad >= dilation * (kh - 1) + 1 and w + 2 * pad >= dilation * (kw - 1) + 1)
+    assume(groups > 1)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, groups * cg, h, w)).astype(np.float32)
+    wt = rng.standard_normal((groups * mult, cg, kh, kw)).astype(np.float32)
+    b = rng.standard_normal(groups * mult).astype(np.float32) if bias else None
+    assert conv.on_rows(conv.geometry(x.shape, wt.shape, stride, pad, dilation, groups), "cpu")
+    want = np.maximum(reference(x, wt, b, (stride,) * 2, (pad,) * 4, (dilation,) * 2, groups), 0)
+    got = ops.conv2d(x, wt, b, stride=stride, padding=pad, dilation=dilation, groups=groups, activation="relu")
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("groups", [1, 4])
+def test_f16_convolutions_with_bias_and_activation_keep_f16(groups):
+    x = np.linspace(-1, 1, 4 * 6 * 5).reshape(1, 4, 6, 5).astype(np.float16)
+    wt = np.linspace(-1, 1, 4 * 4 // groups * 9).reshape(4, 4 // groups, 3, 3).astype(np.float16)
+    b = np.array([0.5, -0.25, 0.125, 0.0], np.float16)
+    got = ops.conv2d(x, wt, b, padding=1, groups=groups, activation="relu")
+    assert got.dtype == np.float16
+    want = np.maximum(reference(x, wt, b, (1, 1), (1,) * 4, (1, 1), groups), 0)
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-2, atol=2e-2)
 
 
 def test_conv2d_errors_are_clear():
