@@ -57,7 +57,7 @@ def command_bench(args: argparse.Namespace, target: str) -> int:
         title, graph, vocab = zoo_model(argparse.Namespace(**{**vars(args), "name": name}))
         feeds = sample_inputs(graph, vocab)
         model = export_if_checkable(graph)
-        result = infer(graph, model, feeds, target, args.iters)
+        result = infer(graph, model, feeds, target, args.iters, args.channels_last)
         peers = {}
         if model is not None:
             peers["onnxruntime cpu"] = onnxruntime_latency(model, feeds, args.iters)

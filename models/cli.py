@@ -45,13 +45,15 @@ def parser() -> argparse.ArgumentParser:
 
 
 def add_shape_flags(p: argparse.ArgumentParser) -> None:
-    """The flags `run` and `bench` share: batch, sequence length, dtype, target, small."""
+    """The flags `run` and `bench` share: batch, sequence length, dtype, target, small, layout, tuning."""
     p.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
     p.add_argument("--seq", type=int, help="sequence length of text models (default: the model's, 128)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="f32", help="weights and activations (default f32)")
     p.add_argument("--target", choices=list(td.runtime.config.TARGETS),
                    help="where kernels run (default: cuda with a usable GPU, else cpu)")
     p.add_argument("--small", action="store_true", help="the reduced model (fewer layers and channels)")
+    p.add_argument("--channels-last", action="store_true",
+                   help="run 2-D convolutions in NHWC (the graph's channels_last layout pass)")
     p.add_argument("--no-tune", action="store_true",
                    help="use the templates' default schedules instead of tuning each new shape (TASKDSL_TUNE=0)")
 
@@ -167,7 +169,7 @@ def command_run(args) -> int:
         title, graph, vocab = zoo_model(args)
         feeds = sample_inputs(graph, vocab)
         model = export_if_checkable(graph)
-    result = infer(graph, model, feeds, target, args.iters)
+    result = infer(graph, model, feeds, target, args.iters, args.channels_last)
     print_result(title, result)
     return 0 if result.ok else 1
 

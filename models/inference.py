@@ -111,11 +111,12 @@ def time_calls(fn, feeds: dict, iters: int) -> np.ndarray:
 
 
 def infer(graph: Graph, model: onnx.ModelProto | None, feeds: dict, target: str | None = None,
-          iters: int = 10) -> Result:
-    """Compile `graph` for `target`, warm up, time `iters` calls and check the outputs against the reference."""
+          iters: int = 10, channels_last: bool = False) -> Result:
+    """Compile `graph` for `target` (convolutions NHWC with `channels_last`), warm up, time `iters` calls and
+    check the outputs against the reference."""
     want, reference = reference_outputs(graph, model, feeds)
     start = time.perf_counter()
-    compiled = graph.compile(target)
+    compiled = graph.compile(target, channels_last=channels_last)
     build_seconds = time.perf_counter() - start
     got = compiled(feeds)                               # warm-up on the real inputs
     latencies = time_calls(compiled, feeds, iters)

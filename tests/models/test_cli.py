@@ -30,6 +30,15 @@ def test_run_small_model(capsys):
     assert "kernel launches" in out and "top operators by time" in out
 
 
+@pytest.mark.parametrize("name", ["resnet50", "mobilenet_v2"])
+def test_run_small_cnn_channels_last(name, capsys):
+    """--channels-last: the convolutions run NHWC (the layout pass), and the outputs still match onnxruntime."""
+    pytest.importorskip("onnxruntime")
+    assert main(["run", name, *SMALL_RUN, "--channels-last"]) == 0
+    out = capsys.readouterr().out
+    assert "max error vs onnxruntime" in out and ", ok" in out
+
+
 def test_run_onnx_file(tmp_path, capsys):
     """--onnx runs any model file: here the exported small MobileNet-V2."""
     pytest.importorskip("onnxruntime")
