@@ -314,15 +314,51 @@ def direct_kernel(dtype) -> td.Kernel:
     return conv_direct_rows
 
 
+@functools.lru_cache(maxsize=8)
+def direct_nhwc_kernel(dtype) -> td.Kernel:
+    """`direct_kernel` for NHWC: one block per (output row, image); for each output pixel, a chunk of
+    DIRECT_CHUNK output channels accumulates in registers over the taps inside the input. The weights
+    come packed as (KH, KW, CG, O), so a tap's weights for consecutive channels are contiguous; with one
+    input channel per output channel (plain depthwise) the inputs are too, and the loop vectorizes."""
+    @td.kernel(grid=lambda OH, N: (OH, N), block=1, name=f"conv_direct_nhwc_{dtype.name}")
+    def conv_direct_pixels(X: dtype["N", "H", "W", "C"], Wt: dtype["KH", "KW", "CG", "O"],
+                           Y: dtype["N", "OH", "OW", "O"], conv_sh: td.i32, conv_sw: td.i32, conv_pt: td.i32,
+                           conv_pl: td.i32, conv_dh: td.i32, conv_dw: td.i32, conv_ocg: td.i32):
+        oh, n = blockIdx.x, blockIdx.y
+        acc = td.registers(td.f32, DIRECT_CHUNK)
+        for ow in range(OW):
+            for start in range(0, O, DIRECT_CHUNK):
+                width = min(DIRECT_CHUNK, O - start)
+                for j in range(DIRECT_CHUNK):
+                    acc[j] = 0.0
+                for kh in range(KH):
+                    ih = oh * conv_sh - conv_pt + kh * conv_dh
+                    for kw in range(KW):
+                        iw = ow * conv_sw - conv_pl + kw * conv_dw
+                        if ih >= 0 and ih < H and iw >= 0 and iw < W:
+                            if conv_ocg == 1 and CG == 1:            # depthwise: input channel = output channel
+                                for j in range(width):
+                                    acc[j] += Wt[kh, kw, 0, start + j] * X[n, ih, iw, start + j]
+                            else:
+                                for c in range(CG):
+                                    for j in range(width):
+                                        ci = (start + j) // conv_ocg * CG + c
+                                        acc[j] += Wt[kh, kw, c, start + j] * X[n, ih, iw, ci]
+                for j in range(width):
+                    Y[n, oh, ow, start + j] = acc[j]
+
+    return conv_direct_pixels
+
+
 def _direct_scalars(g: ConvGeometry) -> dict:
     return dict(conv_sh=g.stride[0], conv_sw=g.stride[1], conv_pt=g.padding[0], conv_pl=g.padding[1],
                 conv_dh=g.dilation[0], conv_dw=g.dilation[1], conv_ocg=g.oc // g.groups)
 
 
 def on_rows(g: ConvGeometry, target: str) -> bool:
-    """Whether `direct_kernel` runs the convolution: a direct one (`uses_direct`), NCHW, on the cpu.
-    (GPUs keep the rule-scheduled reduce, whose threads share the work of a row.)"""
-    return target == "cpu" and g.layout == "NCHW" and uses_direct(g)
+    """Whether `direct_kernel` (NCHW) or `direct_nhwc_kernel` runs the convolution: a direct one
+    (`uses_direct`) on the cpu. (GPUs keep the rule-scheduled reduce, whose threads share a row's work.)"""
+    return target == "cpu" and uses_direct(g)
 
 
 @dataclass(frozen=True)
@@ -335,11 +371,13 @@ class DirectRows:
     output: str                 # the kernel's output parameter: Y, or the fused epilogue's output
 
     def weight_operand(self, weight: np.ndarray) -> np.ndarray:
-        """The OIHW weights, as the kernel reads them."""
+        """The OIHW weights as the kernel reads them: as they are (NCHW), or (KH, KW, CG, O) for NHWC."""
+        if self.geometry.layout == "NHWC":
+            return np.ascontiguousarray(weight.transpose(2, 3, 1, 0))
         return np.ascontiguousarray(weight)
 
     def run(self, arrays: dict, weight: np.ndarray, out: np.ndarray) -> None:
-        """out = the convolution (with its fused prologue and epilogue) of `arrays` and the weights."""
+        """out = the convolution (with its fused prologue and epilogue) of `arrays` and the weight operand."""
         args = dict(arrays, Wt=weight, **_direct_scalars(self.geometry))
         args[self.output] = out
         if self.x_name is not None:
@@ -356,9 +394,11 @@ def _lower_rows(g: ConvGeometry, dtype, x: td.Tensor, epilogue) -> DirectRows:
     y = td.placeholder("Y", dtype, g.out_shape)
     z = epilogue(y)
     x_name = x.name if x.kind == "placeholder" else None
-    kernel = direct_kernel(dtype)          # generic: one compile serves every geometry...
-    if z is not y or x_name is None:       # ...but fusion specializes it
-        examples = [np.empty(s, dtype.numpy) for s in (_x_shape(g), (g.oc, g.c // g.groups, g.kh, g.kw), g.out_shape)]
+    nchw = g.layout == "NCHW"
+    kernel = direct_kernel(dtype) if nchw else direct_nhwc_kernel(dtype)   # generic: one compile serves every
+    if z is not y or x_name is None:                                       # geometry... but fusion specializes it
+        w_shape = (g.oc, g.c // g.groups, g.kh, g.kw) if nchw else (g.kh, g.kw, g.c // g.groups, g.oc)
+        examples = [np.empty(s, dtype.numpy) for s in (_x_shape(g), w_shape, g.out_shape)]
         kernel = td.fuse(kernel, *examples, *_direct_scalars(g).values(), prologues={} if x_name else {"X": x},
                          epilogues={"Y": z} if z is not y else {})
     return DirectRows(g, kernel, x_name, "Y" if z is y else z.name)

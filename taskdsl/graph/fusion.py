@@ -1,5 +1,6 @@
 """Fusion partitioning: each anchor (matmul, 2-D convolution) with the injective operators around it
 becomes one `FusedAnchor` node, run as one kernel by post-scheduling fusion (`td.fuse`).
+(Grouped convolutions fuse where stdlib_ops.conv runs them as its direct-rows kernel: the cpu.)
 
     partition(graph):  for each anchor, in order
       epilogue: follow the anchor's output while it has exactly one reader (and is not a graph

@@ -70,7 +70,7 @@ def test_grouped_convolutions_fold_im2col_into_the_gemm_loads():
                          np.zeros((2, 9, 7, 2, 6), np.float32))
     assert "X[" in text and "A[" not in text
     depthwise = conv.geometry((1, 8, 8, 4), (4, 1, 3, 3), padding=1, groups=4, layout="NHWC")
-    assert conv.plan(depthwise, td.f32, "cpu", False, None).direct         # a reduce (NCHW: direct rows)
+    assert conv.plan(depthwise, td.f32, "cuda", False, None).direct        # a reduce (cpu: direct rows)
     tiny = conv.plan(conv.geometry((1, 3, 7, 7), (5, 3, 1, 1)), td.f32, "cpu", False, None)   # reduction of 3,
     assert tiny.direct is None and tiny.lowered is not None                                # but ungrouped: a GEMM
 
@@ -136,9 +136,10 @@ def test_cpu_direct_convolutions_run_rows_with_the_epilogue_in_the_stores():
     kernel with bias and activation fused; on GPUs the rule-scheduled reduce stays."""
     g = conv.geometry((1, 8, 9, 9), (16, 1, 3, 3), padding=1, groups=8)
     assert conv.on_rows(g, "cpu") and not conv.on_rows(g, "cuda")
-    assert not conv.on_rows(conv.geometry((1, 9, 9, 8), (16, 1, 3, 3), padding=1, groups=8, layout="NHWC"), "cpu")
     plain = conv.plan(g, td.f32, "cpu", False, None).lowered
     assert plain.kernels == [conv.direct_kernel(td.f32)]
+    nhwc = conv.geometry((1, 9, 9, 8), (16, 1, 3, 3), padding=1, groups=8, layout="NHWC")
+    assert conv.plan(nhwc, td.f32, "cpu", False, None).kernels == [conv.direct_nhwc_kernel(td.f32)]
     fused = conv.plan(g, td.f32, "cpu", True, "relu6").lowered
     assert [k.name for k in fused.kernels] == ["conv_direct_rows_f32_fused"]
     assert [name for name, _ in fused.kernel.params][-2:] == ["bias", "Z"]
@@ -148,12 +149,12 @@ def test_cpu_direct_convolutions_run_rows_with_the_epilogue_in_the_stores():
     np.testing.assert_allclose(ops.conv2d(x, w, b, padding=1, groups=8, activation="relu6"), want, rtol=1e-4, atol=1e-4)
 
 
-@settings(max_examples=10, deadline=None)
-@given(n=st.sampled_from([1, 2]), groups=st.sampled_from([1, 3, 5]), cg=st.sampled_from([1, 2]),
+@settings(max_examples=16, deadline=None)
+@given(n=st.sampled_from([1, 2]), groups=st.sampled_from([1, 3, 5, 67]), cg=st.sampled_from([1, 2]),
        mult=st.sampled_from([1, 2]), hw=st.tuples(st.integers(1, 9), st.sampled_from([1, 7, 64, 67, 131])),
        k=st.sampled_from([(1, 1), (3, 3), (5, 3)]), stride=st.sampled_from([1, 2]), pad=st.integers(0, 2),
-       dilation=st.sampled_from([1, 2]), seed=st.integers(0, 2**16))
-def test_cpu_direct_rows_match_reference(n, groups, cg, mult, hw, k, stride, pad, dilation, seed):
+       dilation=st.sampled_from([1, 2]), layout=st.sampled_from(["NCHW", "NHWC"]), seed=st.integers(0, 2**16))
+def test_cpu_direct_rows_match_reference(n, groups, cg, mult, hw, k, stride, pad, dilation, layout, seed):
     """Rows wider than a register chunk (64), prime widths, strides, dilations and padding on every side
     (the generic kernel: one compile for every example)."""
     td.set_target("cpu")
@@ -165,7 +166,11 @@ def test_cpu_direct_rows_match_reference(n, groups, cg, mult, hw, k, stride, pad
     wt = rng.standard_normal((groups * mult, cg, kh, kw)).astype(np.float32)
     assert conv.on_rows(conv.geometry(x.shape, wt.shape, stride, pad, dilation, groups), "cpu")
     want = reference(x, wt, None, (stride,) * 2, (pad,) * 4, (dilation,) * 2, groups)
-    got = ops.conv2d(x, wt, stride=stride, padding=pad, dilation=dilation, groups=groups)
+    if layout == "NHWC":
+        got = ops.conv2d(x.transpose(0, 2, 3, 1), wt, stride=stride, padding=pad, dilation=dilation, groups=groups,
+                         layout=layout).transpose(0, 3, 1, 2)
+    else:
+        got = ops.conv2d(x, wt, stride=stride, padding=pad, dilation=dilation, groups=groups)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
