@@ -21,10 +21,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m taskdsl.bench", description=__doc__)
     parser.add_argument("name", choices=sorted(BENCHMARKS), help="; ".join(f"{k}: {v[0]}" for k, v in BENCHMARKS.items()))
     parser.add_argument("--sizes", type=int, nargs="+", help="problem sizes (default: the benchmark's own)")
+    parser.add_argument("--layout", choices=["NCHW", "NHWC"], help="conv: the layout taskdsl's input and output have "
+                        "(default NCHW; the peer runs its own)")
     args = parser.parse_args(argv)
+    if args.layout and args.name != "conv":
+        parser.error("--layout applies to the conv benchmark only")
     import importlib
     module = importlib.import_module(BENCHMARKS[args.name][1])
-    module.run(**({"sizes": tuple(args.sizes)} if args.sizes else {}))
+    module.run(**({"sizes": tuple(args.sizes)} if args.sizes else {}), **({"layout": args.layout} if args.layout else {}))
     return 0
 
 

@@ -37,15 +37,17 @@ def _onnx_conv(x: np.ndarray, w: np.ndarray, stride: int, pad: int):
     return lambda: session.run(None, {"x": x})[0]
 
 
-def _cpu_rows(layers) -> list:
+def _cpu_rows(layers, layout: str) -> list:
     import stdlib_ops as ops
     rng = np.random.default_rng(0)
     rows = []
     for c, hw, oc, k, s, p in layers:
         x = rng.standard_normal((1, c, hw, hw), dtype=np.float32)
         w = (rng.standard_normal((oc, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
-        y = ops.conv2d(x, w, stride=s, padding=p)       # compiles outside the timing
-        t_td = time_cpu(lambda: ops.conv2d(x, w, stride=s, padding=p), warmup=3, repeat=10)
+        x_in = x if layout == "NCHW" else np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+        y = ops.conv2d(x_in, w, stride=s, padding=p, layout=layout)       # compiles outside the timing
+        y = y if layout == "NCHW" else y.transpose(0, 3, 1, 2)
+        t_td = time_cpu(lambda: ops.conv2d(x_in, w, stride=s, padding=p, layout=layout), warmup=3, repeat=10)
         # onnxruntime after taskdsl: its pool threads spin for a while after each run, which on a
         # small machine takes the cores from whatever runs next
         peer = _onnx_conv(x, w, s, p)
@@ -57,7 +59,7 @@ def _cpu_rows(layers) -> list:
     return rows
 
 
-def _cuda_rows(layers) -> list:
+def _cuda_rows(layers, layout: str) -> list:
     import torch
     import taskdsl as td
     from stdlib_ops import conv
@@ -66,17 +68,19 @@ def _cuda_rows(layers) -> list:
     for c, hw, oc, k, s, p in layers:
         x = torch.randn(1, c, hw, hw, device="cuda", dtype=torch.float16)
         w = torch.randn(oc, c, k, k, device="cuda", dtype=torch.float16) / (c * k * k) ** 0.5
-        g = conv.geometry(tuple(x.shape), tuple(w.shape), s, p)
+        x_in = x if layout == "NCHW" else x.permute(0, 2, 3, 1).contiguous()
+        g = conv.geometry(tuple(x_in.shape), tuple(w.shape), s, p, layout=layout)
         low = conv.plan(g, td.f16, "cuda", False, None).lowered
         y = torch.empty(g.out_shape, device="cuda", dtype=torch.float16)
         packed = torch.from_numpy(low.weight_operand(w.cpu().numpy())).cuda()
         index = torch.from_numpy(low.batch_index).cuda()
-        run = lambda: low.kernel(packed, index, 1, x, y)
+        run = lambda: low.kernel(packed, index, 1, x_in, y)
         run()
         t_td = time_cuda(run)
         t_peer = time_cuda(lambda: torch.nn.functional.conv2d(x, w, stride=s, padding=p))
         want = torch.nn.functional.conv2d(x.float(), w.float(), stride=s, padding=p).cpu().numpy()
-        rows.append(dict(layer=(c, hw, oc, k, s), taskdsl=t_td, peer=t_peer, err=_rel_err(y.float().cpu().numpy(), want),
+        got = (y if layout == "NCHW" else y.permute(0, 3, 1, 2)).float().cpu().numpy()
+        rows.append(dict(layer=(c, hw, oc, k, s), taskdsl=t_td, peer=t_peer, err=_rel_err(got, want),
                          flops=2.0 * oc * c * k * k * y.shape[2] * y.shape[3]))
     return rows
 
@@ -85,17 +89,18 @@ def _rel_err(got, want) -> float:
     return float(np.abs(np.asarray(got, np.float64) - want).max() / max(np.abs(want).max(), 1e-30))
 
 
-def run(sizes=None) -> list:
-    """Print and return per-layer times of taskdsl's conv2d and the peer (onnxruntime / cuDNN)."""
+def run(sizes=None, layout: str = "NCHW") -> list:
+    """Print and return per-layer times of taskdsl's conv2d (input and output in `layout`) and the peer
+    (onnxruntime / cuDNN, NCHW)."""
     import taskdsl as td
     target = td.get_target()
     if sizes:
         layers = [RESNET50[i] for i in sizes]
     else:
         layers = RESNET50 if target == "cuda" else CPU_DEFAULT
-    rows = _cuda_rows(layers) if target == "cuda" else _cpu_rows(layers)
+    rows = _cuda_rows(layers, layout) if target == "cuda" else _cpu_rows(layers, layout)
     peer = "cuDNN (torch, f16)" if target == "cuda" else "onnxruntime (f32)"
-    print(f"ResNet-50 conv layers, batch 1, on {target}: taskdsl vs {peer}")
+    print(f"ResNet-50 conv layers, batch 1, on {target}: taskdsl ({layout}) vs {peer} (NCHW)")
     print(f"{'C,HW,OC,K,S':>22} {'taskdsl ms':>11} {'peer ms':>9} {'ratio':>7} {'GFLOP/s':>8} {'rel err':>8}")
     for r in rows:
         r["ratio"] = r["peer"] / r["taskdsl"]

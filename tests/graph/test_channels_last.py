@@ -89,6 +89,20 @@ def test_a_tensor_read_in_both_layouts_is_transposed_once():
         assert_close(got, want)
 
 
+def test_concat_of_channels_last_tensors_joins_on_the_moved_axis():
+    """Inception's branches: convs concatenated along the channels, then pooled; no transpose in between."""
+    x = tg.input("x", (1, 3, 7, 6))
+    branches = [ops.relu(ops.conv2d(x, tg.constant(rand((4, 3, k, k), k)), padding=k // 2)) for k in (1, 3)]
+    for axis in (1, 2):      # the channels; or the rows (channels-last too: the transposes stay at the ends)
+        g = tg.Graph([x], [ops.max_pool2d(ops.concat(branches, axis=axis), 2)])
+        last = passes.optimize(g, LAYOUT_PASSES)
+        assert _kinds(last).count("transpose") == 2       # x in, the pooled result out
+        concat, = (op for op in last.nodes if op.kind == "concat")
+        assert concat.attrs["axis"] == (3 if axis == 1 else 1)
+        xa = rand((1, 3, 7, 6), 9)
+        assert_close(last.reference(xa)[0], g.reference(xa)[0])
+
+
 BROADCASTS = [(), (1,), (6,), (1, 1, 6), (5, 1, 1), (1, 5, 1, 1), (2, 5, 4, 6)]
 
 

@@ -4,12 +4,13 @@
       =>  transpose(x, NHWC) -> conv' -> add(., c') -> relu -> conv' -> transpose(., NCHW)
 
 Each 2-D convolution becomes its channels-last form, and the layout then propagates forward
-through pooling and elementwise operators: one that reads a channels-last tensor computes
-channels-last too, an elementwise operator's other operands transposed to match (constants
-here, once; a lower-rank broadcast operand is first padded to rank 4). Every other operator keeps the original layout,
-and a tensor crossing back gets one transpose, made once however many read it; the graph's
-inputs and outputs keep their layout. Transposes at a convolution's input or output are fused
-into its kernel by `partition` like any other prologue or epilogue.
+through pooling, concat and elementwise operators: one that reads a channels-last tensor
+computes channels-last too. A concat joins along the same axis, where it now lies; an
+elementwise operator's other operands are transposed to match (constants here, once; a
+lower-rank broadcast operand is first padded to rank 4). Every other operator keeps the
+original layout, and a tensor crossing back gets one transpose, made once however many read
+it; the graph's inputs and outputs keep their layout. Transposes at a convolution's input or
+output are fused into its kernel by `partition` like any other prologue or epilogue.
 
 Why: with channels contiguous, the im2col of a convolution copies runs of C floats and a
 convolution's GEMM writes its output rows in place (cpu and GPU alike), and tensor cores want
@@ -20,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph import Graph
-from ..ops import Conv, Elementwise, Pool
+from ..ops import Concat, Conv, Elementwise, Pool
 from ..ops.transform import reshape, transpose
 from ..tensor import constant
 
@@ -40,8 +41,9 @@ def _pools_last(op, last: dict) -> bool:
 
 
 def _follows(op, last: dict) -> bool:
-    """An elementwise operator with a 4-D output that reads a tensor already channels-last."""
-    return (isinstance(op, Elementwise) and len(op.outputs) == 1 and op.outputs[0].ndim == 4
+    """An elementwise operator with a 4-D output, or a concat of 4-D tensors, that reads a tensor already
+    channels-last."""
+    return (isinstance(op, (Elementwise, Concat)) and len(op.outputs) == 1 and op.outputs[0].ndim == 4
             and all(t.ndim <= 4 for t in op.inputs) and any(id(t) in last for t in op.inputs))
 
 
@@ -83,7 +85,12 @@ def channels_last(graph: Graph) -> Graph:
             inputs = [layouts.as_last(op.inputs[0])] + [layouts.as_first(t) for t in op.inputs[1:]]   # conv: weights
             results, into = type(op)(inputs, dict(op.attrs, channels_last=True)).outputs, layouts.last
         elif _follows(op, layouts.last):
-            results, into = op.clone([layouts.as_last(t) for t in op.inputs]).outputs, layouts.last
+            inputs = [layouts.as_last(t) for t in op.inputs]
+            if isinstance(op, Concat):       # the same axis, where it now lies
+                results = Concat(inputs, dict(op.attrs, axis=TO_LAST.index(op.attrs["axis"]))).outputs
+            else:
+                results = op.clone(inputs).outputs
+            into = layouts.last
         else:
             inputs = [layouts.as_first(t) for t in op.inputs]
             same = all(a is b for a, b in zip(inputs, op.inputs))
