@@ -1,7 +1,9 @@
 """`python -m taskdsl.bench conv`: ResNet-50 convolutions (batch 1) against the best local peer.
 
-cpu target: stdlib_ops.conv2d (im2col columns + the register-tile matmul, epilogue fused)
-against onnxruntime running the same single-Conv ONNX model, f32. cuda target: the fused
+cpu target: stdlib_ops.conv's lowering (im2col columns + the register-tile matmul), weights
+packed once outside the timing as onnxruntime packs them at session creation, against
+onnxruntime running the same single-Conv ONNX model, f32 (`--layout NHWC`: taskdsl's input
+and output NHWC; onnxruntime's model stays NCHW). cuda target: the fused
 kernel (implicit im2col in the template's loads) on device arrays against
 torch.nn.functional.conv2d (cuDNN), f16.
 """
@@ -38,16 +40,21 @@ def _onnx_conv(x: np.ndarray, w: np.ndarray, stride: int, pad: int):
 
 
 def _cpu_rows(layers, layout: str) -> list:
-    import stdlib_ops as ops
+    import taskdsl as td
+    from stdlib_ops import conv
     rng = np.random.default_rng(0)
     rows = []
     for c, hw, oc, k, s, p in layers:
         x = rng.standard_normal((1, c, hw, hw), dtype=np.float32)
         w = (rng.standard_normal((oc, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
         x_in = x if layout == "NCHW" else np.ascontiguousarray(x.transpose(0, 2, 3, 1))
-        y = ops.conv2d(x_in, w, stride=s, padding=p, layout=layout)       # compiles outside the timing
+        g = conv.geometry(x_in.shape, w.shape, s, p, layout=layout)
+        low = conv.plan(g, td.f32, "cpu", False, None).lowered
+        packed = low.weight_operand(w)        # once, as onnxruntime prepacks at session creation
+        y = np.empty(g.out_shape, np.float32)
+        low.run({"X": x_in}, packed, y)       # compiles outside the timing
+        t_td = time_cpu(lambda: low.run({"X": x_in}, packed, y), warmup=3, repeat=10)
         y = y if layout == "NCHW" else y.transpose(0, 3, 1, 2)
-        t_td = time_cpu(lambda: ops.conv2d(x_in, w, stride=s, padding=p, layout=layout), warmup=3, repeat=10)
         # onnxruntime after taskdsl: its pool threads spin for a while after each run, which on a
         # small machine takes the cores from whatever runs next
         peer = _onnx_conv(x, w, s, p)
