@@ -523,6 +523,18 @@ class ConvPlan:
     def kernels(self) -> list:
         return list(self.direct.kernels) if self.direct is not None else self.lowered.kernels
 
+    def run(self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None,
+            packed: np.ndarray | None = None) -> np.ndarray:
+        """The convolution of contiguous `x` by OIHW `weight` (or by `packed`, the lowering's weight operand
+        made once by a caller that runs the same weights again), with the plan's bias and activation."""
+        extra = [bias] if bias is not None else []
+        if self.direct is not None:
+            return self.direct(x, weight, *extra)[0]
+        out = np.empty(self.geometry.out_shape, x.dtype)
+        operand = packed if packed is not None else self.lowered.weight_operand(weight)
+        self.lowered.run({"X": x, "bias": bias}, operand, out)
+        return out
+
 
 def plan(g: ConvGeometry, dtype, target: str, has_bias: bool, activation) -> ConvPlan:
     """The conv kernels for geometry `g`: direct (reduce rules) where `uses_direct`, else a matmul lowering."""
@@ -573,12 +585,7 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 
     x = np.ascontiguousarray(x, dtype.numpy)
     weight = np.ascontiguousarray(weight, dtype.numpy)
     p = plan(g, dtype, td.get_target(), bias is not None, activation)
-    extra = [np.ascontiguousarray(bias, dtype.numpy)] if bias is not None else []
-    if p.direct is not None:
-        return p.direct(x, weight, *extra)[0]
-    out = np.empty(g.out_shape, dtype.numpy)
-    p.lowered.run({"X": x, "bias": extra[0] if extra else None}, p.lowered.weight_operand(weight), out)
-    return out
+    return p.run(x, weight, np.ascontiguousarray(bias, dtype.numpy) if bias is not None else None)
 
 
 def _grouped_out_shape(g: ConvGeometry) -> tuple:

@@ -7,6 +7,8 @@
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from .operator import Operator
@@ -104,6 +106,28 @@ class Graph:
                 replace.setdefault(id(old), t)
             nodes.append(new)
         return Graph(self.inputs, [replace.get(id(t), t) for t in self.outputs], nodes, self.name)
+
+    def transform(self, replacement: Callable) -> Graph:
+        """A graph where each operator `op` for which `replacement(op, inputs)` (`inputs`: op's inputs in the
+        new graph) returns tensors, one per output, is replaced by them; the other operators are rebuilt
+        where an input changed. The same graph when nothing is replaced."""
+        new: dict = {}              # id(tensor of this graph) -> its tensor in the new graph
+        changed = False
+        for op in self.nodes:       # in order, so a replacement is built on the new graph's tensors
+            inputs = [new.get(id(t), t) for t in op.inputs]
+            results = replacement(op, inputs)
+            if results is not None:
+                changed = True
+            elif any(a is not b for a, b in zip(inputs, op.inputs)):
+                results = op.clone(inputs).outputs
+            else:
+                continue
+            for old, t in zip(op.outputs, results):
+                t.name = old.name
+                new[id(old)] = t
+        if not changed:
+            return self
+        return Graph(self.inputs, [new.get(id(t), t) for t in self.outputs], name=self.name)
 
     def compile(self, target: str | None = None, passes: list | None = None, channels_last: bool = False):
         """The CompiledGraph of this graph for `target` ('cpu' / 'cuda'; default: the current target);

@@ -87,10 +87,14 @@ def run_conv(op: Conv, arrays: list) -> tuple:
     x = op.inputs[0]
     if x.ndim != 4 or x.dtype not in (T.f32, T.f16):
         return run_definitions(op, arrays)
-    g = conv_geometry(op)
-    y = conv.conv2d(arrays[0], arrays[1], stride=g.stride, padding=g.padding, dilation=g.dilation,
-                    groups=g.groups, layout=g.layout)
-    return [y], conv.plan(g, x.dtype, get_target(), False, None).kernels
+    p = conv.plan(conv_geometry(op), x.dtype, get_target(), False, None)
+    packed = None
+    if p.lowered is not None and op.inputs[1].is_constant:     # pack constant weights once (per plan)
+        cached = op.__dict__.get("_packed")
+        if cached is None or cached[0] is not p:
+            cached = op._packed = (p, p.lowered.weight_operand(arrays[1]))
+        packed = cached[1]
+    return [p.run(contiguous(arrays[0]), arrays[1], packed=packed)], p.kernels
 
 
 # ---------------------------------------------------------------- through stdlib_ops

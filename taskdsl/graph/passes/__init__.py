@@ -1,6 +1,6 @@
 """Graph passes, in the order `optimize` runs them. A pass is a function Graph -> Graph.
 
-    infer_shapes -> fold_constants -> fold_batch_norm -> eliminate_dead_code -> partition
+    infer_shapes -> fold_constants -> fold_batch_norm -> eliminate_dead_code -> avg_pool_as_conv -> partition
 
 `partition` (taskdsl/graph/fusion.py) replaces each anchor and the injective operators
 around it by one FusedAnchor node (one kernel, by post-scheduling fusion).
@@ -12,6 +12,7 @@ executor runs after the pipeline.
 from __future__ import annotations
 
 from ..graph import Graph
+from .avg_pool_as_conv import avg_pool_as_conv
 from .channels_last import channels_last
 from .eliminate_dead_code import eliminate_dead_code
 from .fold_batch_norm import fold_batch_norm
@@ -22,7 +23,7 @@ from .plan_memory import MemoryPlan, plan_memory
 from ..fusion import partition  # noqa: E402 - after the passes it builds on
 
 LAYOUT_PASS = channels_last       # (named apart: `pipeline`'s flag shares the pass's name)
-PIPELINE = [infer_shapes, fold_constants, fold_batch_norm, eliminate_dead_code, partition]
+PIPELINE = [infer_shapes, fold_constants, fold_batch_norm, eliminate_dead_code, avg_pool_as_conv, partition]
 
 
 def pipeline(channels_last: bool = False) -> list:
@@ -40,5 +41,5 @@ def optimize(graph: Graph, passes: list | None = None) -> Graph:
     return graph
 
 
-__all__ = ["PIPELINE", "pipeline", "optimize", "channels_last", "infer_shapes", "fold_constants", "constant_value", "fold_batch_norm",
+__all__ = ["PIPELINE", "pipeline", "optimize", "channels_last", "avg_pool_as_conv", "infer_shapes", "fold_constants", "constant_value", "fold_batch_norm",
            "eliminate_dead_code", "plan_memory", "MemoryPlan", "partition"]

@@ -60,20 +60,9 @@ def _folded(op: BatchNorm, x, scale: np.ndarray, shift: np.ndarray, users: dict,
 def fold_batch_norm(graph: Graph) -> Graph:
     """The graph with each constant-statistics BatchNorm folded (see the module docstring)."""
     users, outputs = graph.users(), {id(t) for t in graph.outputs}
-    new: dict = {}                    # id(tensor of the input graph) -> its tensor in the new graph
-    changed = False
-    for op in graph.nodes:            # in order, so a replacement is built on the new graph's tensors
-        inputs = [new.get(id(t), t) for t in op.inputs]
+
+    def folded(op, inputs):
         found = _scale_shift(op) if isinstance(op, BatchNorm) else None
-        if found is not None:
-            results, changed = [_folded(op, inputs[0], *found, users, outputs)], True
-        elif any(a is not b for a, b in zip(inputs, op.inputs)):
-            results = op.clone(inputs).outputs
-        else:
-            continue
-        for old, t in zip(op.outputs, results):
-            t.name = old.name
-            new[id(old)] = t
-    if not changed:
-        return graph
-    return Graph(graph.inputs, [new.get(id(t), t) for t in graph.outputs], name=graph.name)
+        return None if found is None else [_folded(op, inputs[0], *found, users, outputs)]
+
+    return graph.transform(folded)
