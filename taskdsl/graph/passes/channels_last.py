@@ -76,7 +76,8 @@ class _Layouts:
 
 
 def channels_last(graph: Graph) -> Graph:
-    """The graph with its 2-D convolutions, and the elementwise operators after them, channels-last."""
+    """The graph with its 2-D convolutions, and the pooling, concat and elementwise operators after them,
+    channels-last (see the module docstring)."""
     if not any(_converts(op) for op in graph.nodes):
         return graph
     layouts = _Layouts()
