@@ -11,9 +11,9 @@ activation) on top. Weights come in PyTorch/ONNX OIHW and are packed once into B
 On the cpu, convolutions of one group take another route (`on_columns`): explicit im2col
 columns, then a plain GEMM (weights @ columns for NCHW, columns @ weights for NHWC).
 Grouped convolutions with tiny per-group reductions (depthwise; `uses_direct`) are no GEMM
-(K = 9 per group has nothing to tile): on the cpu, NCHW, they run `direct_kernel` (rows of
-outputs accumulated in registers, epilogue fused into its stores); elsewhere a `td.reduce`
-definition scheduled by the rules.
+(K = 9 per group has nothing to tile): on the cpu they run `direct_kernel` (NCHW) or
+`direct_nhwc_kernel` (outputs accumulated in registers, epilogue fused into their stores);
+elsewhere a `td.reduce` definition scheduled by the rules.
 """
 import functools
 from dataclasses import dataclass
@@ -350,9 +350,14 @@ def direct_nhwc_kernel(dtype) -> td.Kernel:
     return conv_direct_pixels
 
 
-def _direct_scalars(g: ConvGeometry) -> dict:
+def _window_scalars(g: ConvGeometry) -> dict:
+    """Stride, top/left padding and dilation: the scalar arguments every generic conv kernel takes."""
     return dict(conv_sh=g.stride[0], conv_sw=g.stride[1], conv_pt=g.padding[0], conv_pl=g.padding[1],
-                conv_dh=g.dilation[0], conv_dw=g.dilation[1], conv_ocg=g.oc // g.groups)
+                conv_dh=g.dilation[0], conv_dw=g.dilation[1])
+
+
+def _direct_scalars(g: ConvGeometry) -> dict:
+    return dict(**_window_scalars(g), conv_ocg=g.oc // g.groups)
 
 
 def on_rows(g: ConvGeometry, target: str) -> bool:
@@ -363,7 +368,8 @@ def on_rows(g: ConvGeometry, target: str) -> bool:
 
 @dataclass(frozen=True)
 class DirectRows:
-    """A direct convolution as `direct_kernel`, its prologue and epilogue fused. `run` as `Lowered.run`."""
+    """A direct convolution as `direct_kernel` / `direct_nhwc_kernel`, its prologue and epilogue fused.
+    `run` as `Lowered.run`."""
 
     geometry: ConvGeometry
     kernel: td.Kernel
@@ -390,7 +396,8 @@ class DirectRows:
 
 
 def _lower_rows(g: ConvGeometry, dtype, x: td.Tensor, epilogue) -> DirectRows:
-    """`direct_kernel` with `x`'s definition in its loads (unless a placeholder) and `epilogue` in its stores."""
+    """The layout's direct kernel with `x`'s definition in its loads (unless a placeholder) and `epilogue`
+    in its stores."""
     y = td.placeholder("Y", dtype, g.out_shape)
     z = epilogue(y)
     x_name = x.name if x.kind == "placeholder" else None
@@ -411,8 +418,7 @@ def _columns_shape(g: ConvGeometry) -> tuple:
 
 
 def _columns_scalars(g: ConvGeometry) -> dict:
-    return dict(conv_kh=g.kh, conv_kw=g.kw, conv_ow=g.ow, conv_sh=g.stride[0], conv_sw=g.stride[1],
-                conv_pt=g.padding[0], conv_pl=g.padding[1], conv_dh=g.dilation[0], conv_dw=g.dilation[1])
+    return dict(conv_kh=g.kh, conv_kw=g.kw, conv_ow=g.ow, **_window_scalars(g))
 
 
 def columns_output_view(g: ConvGeometry, c: td.Tensor) -> td.Tensor:
@@ -465,7 +471,8 @@ class Lowered:
                 self.columns(*[args[name] for name, _ in self.columns.params])
                 args[columns_name] = cols.reshape(shape)
         names = [name for name, _ in self.kernel.params]
-        self.kernel(*[args[name] for name in names[:-1]], out if g.groups == 1 else out.reshape(_grouped_out_shape(g)))
+        out = out if g.groups == 1 else out.reshape(_grouped_out_shape(g))
+        self.kernel(*[args[name] for name in names[:-1]], out)
 
     @property
     def kernels(self) -> list:
@@ -473,7 +480,7 @@ class Lowered:
 
 
 def lower(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue) -> Lowered | DirectRows:
-    """Schedule convolution `g` on the matmul template (`direct_kernel` where `on_rows`): `x` defines the
+    """Schedule convolution `g` on the matmul template (a direct kernel where `on_rows`): `x` defines the
     input (a placeholder or a prologue's compute), `epilogue(y)` the final output from the conv output `y`."""
     if on_rows(g, target):
         return _lower_rows(g, dtype, x, epilogue)
@@ -537,7 +544,8 @@ class ConvPlan:
 
 
 def plan(g: ConvGeometry, dtype, target: str, has_bias: bool, activation) -> ConvPlan:
-    """The conv kernels for geometry `g`: direct (reduce rules) where `uses_direct`, else a matmul lowering."""
+    """The conv kernels for geometry `g`: where `uses_direct`, the cpu's direct kernels or elsewhere a reduce
+    by the rules; else a matmul lowering."""
     return _plan(g, dtype, target, has_bias, activation, fast_compile_enabled())
 
 
@@ -554,8 +562,8 @@ def _plan(g: ConvGeometry, dtype, target: str, has_bias: bool, activation, fast:
 
 
 def uses_direct(g: ConvGeometry) -> bool:
-    """Whether `g` runs as one reduce definition: a grouped (depthwise) convolution with a tiny reduction
-    per output, where each group's GEMM would be a few rows. Ungrouped convolutions always take the
+    """Whether `g` is a direct convolution, no GEMM: a grouped (depthwise) convolution with a tiny
+    reduction per output, where each group's GEMM would be a few rows. Ungrouped convolutions always take the
     matmul template, whose short-k GEMM beats a thread-per-output reduce by far (MobileNet-V2's 1x1
     convolutions over 16-32 channels: 2 GFLOP/s as reductions)."""
     return g.groups > 1 and g.gemm[2] <= DIRECT_MAX_REDUCTION

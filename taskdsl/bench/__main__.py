@@ -28,7 +28,8 @@ def main(argv=None) -> int:
         parser.error("--layout applies to the conv benchmark only")
     import importlib
     module = importlib.import_module(BENCHMARKS[args.name][1])
-    module.run(**({"sizes": tuple(args.sizes)} if args.sizes else {}), **({"layout": args.layout} if args.layout else {}))
+    options = {"sizes": tuple(args.sizes) if args.sizes else None, "layout": args.layout}
+    module.run(**{k: v for k, v in options.items() if v is not None})
     return 0
 
 

@@ -1,7 +1,8 @@
 """CompiledGraph: a graph after the pass pipeline, with its memory plan, run operator by operator.
 
-    cg = g.compile()                   # passes (channels_last=True: the NHWC layout pass too), memory plan, and every kernel compiled (a warm-up run;
+    cg = g.compile()                   # passes, memory plan, and every kernel compiled (a warm-up run;
                                        # on the cpu target its kernels first compile in parallel processes)
+    g.compile(channels_last=True)      # the same, with the NHWC layout pass
     y, = cg(x)                         # or cg({"x": x}); a list of numpy arrays
     cg.kernels                         # the kernels the last call launched, in order
     print(cg.summary(timing=True))     # one line per operator, with its time

@@ -26,7 +26,7 @@ from ..compute import placeholder
 from .graph import Graph
 from .operator import Operator
 from .ops import BatchNorm, Conv, Elementwise, MatMul, Reshape, Transpose
-from .runners import conv_geometry, runs
+from .runners import conv_geometry, packed_weight, runs
 from .tensor import contiguous
 
 EPILOGUE_KINDS = (Elementwise, BatchNorm, Reshape, Transpose)
@@ -157,7 +157,7 @@ class _Build:
 
     def __init__(self, op: FusedAnchor):
         self.op = op
-        self._packed = None       # a constant conv weight as its GEMM operand (made on first run)
+        self._packed: dict = {}   # a constant conv weight as its lowering's operand (made on first run)
         holders = [placeholder(f"x{k}", t.dtype, t.shape) for k, t in enumerate(op.inputs)]
         self.value = {id(t): h for t, h in zip(op.inputs, holders)}
         for m in op.prologues.values():
@@ -207,7 +207,8 @@ class _Build:
         anchor = self.op.anchor
         if isinstance(anchor, Conv):
             named = {name: contiguous(arrays[k]) for name, k in self.index_of.items()}
-            self.conv.run(named, self._weight_operand(arrays[self._input_index(self.weight)]), out)
+            weight = arrays[self._input_index(self.weight)]
+            self.conv.run(named, packed_weight(self.conv, self.weight, weight, self._packed), out)
             return out
         a_shape, b_shape, _ = self.plan.operand_shapes()
         fixed = {"batch_index": self.batch_index, "split": 1}
@@ -218,14 +219,6 @@ class _Build:
         args = [fixed[n] if n in fixed else contiguous(arrays[self.index_of[n]]) for n in names[:-1]]
         self.kernel(*args, out)
         return out
-
-    def _weight_operand(self, weight: np.ndarray) -> np.ndarray:
-        """The GEMM operand of these conv weights: made once when the weights are a constant of the graph."""
-        if not self.weight.is_constant:
-            return self.conv.weight_operand(weight)
-        if self._packed is None:
-            self._packed = self.conv.weight_operand(weight)
-        return self._packed
 
     def _input_index(self, t) -> int:
         return next(k for k, x in enumerate(self.op.inputs) if x is t)

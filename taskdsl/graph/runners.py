@@ -81,6 +81,16 @@ def conv_geometry(op: Conv) -> conv.ConvGeometry:
                          "NHWC" if a["channels_last"] else "NCHW")
 
 
+def packed_weight(lowering, tensor, weight: np.ndarray, cache: dict) -> np.ndarray:
+    """A conv lowering's operand of the weights `weight` (graph tensor `tensor`): made once, and kept in
+    `cache`, when the weights are a constant of the graph."""
+    if not tensor.is_constant:
+        return lowering.weight_operand(weight)
+    if cache.get("lowering") is not lowering:
+        cache.update(lowering=lowering, operand=lowering.weight_operand(weight))
+    return cache["operand"]
+
+
 @runs(Conv)
 def run_conv(op: Conv, arrays: list) -> tuple:
     """2-D convolutions of f32 / f16 by stdlib_ops.conv (a matmul lowering or a direct reduce); others by definitions."""
@@ -88,12 +98,8 @@ def run_conv(op: Conv, arrays: list) -> tuple:
     if x.ndim != 4 or x.dtype not in (T.f32, T.f16):
         return run_definitions(op, arrays)
     p = conv.plan(conv_geometry(op), x.dtype, get_target(), False, None)
-    packed = None
-    if p.lowered is not None and op.inputs[1].is_constant:     # pack constant weights once (per plan)
-        cached = op.__dict__.get("_packed")
-        if cached is None or cached[0] is not p:
-            cached = op._packed = (p, p.lowered.weight_operand(arrays[1]))
-        packed = cached[1]
+    packed = None if p.lowered is None else packed_weight(p.lowered, op.inputs[1], arrays[1],
+                                                            op.__dict__.setdefault("_packed", {}))
     return [p.run(contiguous(arrays[0]), arrays[1], packed=packed)], p.kernels
 
 

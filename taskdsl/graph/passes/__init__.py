@@ -41,5 +41,5 @@ def optimize(graph: Graph, passes: list | None = None) -> Graph:
     return graph
 
 
-__all__ = ["PIPELINE", "pipeline", "optimize", "channels_last", "avg_pool_as_conv", "infer_shapes", "fold_constants", "constant_value", "fold_batch_norm",
-           "eliminate_dead_code", "plan_memory", "MemoryPlan", "partition"]
+__all__ = ["PIPELINE", "pipeline", "optimize", "channels_last", "avg_pool_as_conv", "infer_shapes", "fold_constants",
+           "constant_value", "fold_batch_norm", "eliminate_dead_code", "plan_memory", "MemoryPlan", "partition"]
