@@ -17,6 +17,9 @@ MAX_COPIES = 256   # statements one unrolled loop nest may produce
 MAX_BRANCHES = 8   # `if`s it may produce: each is a few basic blocks, and numba's compile time
                    # grows faster than linearly in blocks (a fused 8x8 epilogue of guarded
                    # stores, unrolled, took 60 s to compile instead of 20 s, and ran no faster)
+MAX_NODES = 4096   # expression nodes it may produce: a few statements can hold big expressions (a 3-d
+                   # average pool's 120 window elements, each with its bounds and count, made 26k nodes
+                   # and a 75 s compile); the zoo models' largest unrolled nest has 1.4k
 
 
 def unroll_loops(fn: ir.Function, max_copies: int = MAX_COPIES) -> ir.Function:
@@ -66,7 +69,8 @@ class _Unroller(ir.Rewriter):
         inside_only |= self.fresh
         trips = range(s.start.value, s.stop.value, s.step.value)
         too_big = (len(trips) * _copies(body) > self.max_copies
-                   or len(trips) * len(ir.collect(body, ir.If)) > MAX_BRANCHES)
+                   or len(trips) * len(ir.collect(body, ir.If)) > MAX_BRANCHES
+                   or len(trips) * len(ir.collect(body, ir.Expr)) > MAX_NODES)
         if too_big or any(isinstance(x, (ir.Break, ir.Continue)) for x in _loop_jumps(body)):
             return s
         local = _copy_locals(body, inside_only)

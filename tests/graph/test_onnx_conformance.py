@@ -32,9 +32,11 @@ UNFUSED = [passes.infer_shapes, passes.fold_constants, passes.eliminate_dead_cod
 
 @pytest.fixture(autouse=True)
 def _cpu_target_and_nvrtc():
-    """The cpu target, without the NVRTC compile of every launched kernel that tests/conftest.py adds: these
-    cases check semantics, and their kernels come from the same rule scheduler the other tests compile."""
+    """The cpu target with fast compilation (generic kernels shared by the cases), without the NVRTC compile of
+    every launched kernel that tests/conftest.py adds: these cases check semantics, and their kernels come from
+    the same rule scheduler the other tests compile."""
     td.set_target("cpu")
+    td.fast_compile(True)
     yield
 
 
