@@ -388,7 +388,7 @@ class DirectRows:
         args[self.output] = out
         if self.x_name is not None:
             args["X"] = arrays[self.x_name]
-        self.kernel(*[args[name] for name, _ in self.kernel.params])
+        self.kernel(*[args[name] for name, _ in self.kernel.params])     # a fused kernel has its scalars built in
 
     @property
     def kernels(self) -> list:
@@ -406,8 +406,10 @@ def _lower_rows(g: ConvGeometry, dtype, x: td.Tensor, epilogue) -> DirectRows:
     if z is not y or x_name is None:                                       # geometry... but fusion specializes it
         w_shape = (g.oc, g.c // g.groups, g.kh, g.kw) if nchw else (g.kh, g.kw, g.c // g.groups, g.oc)
         examples = [np.empty(s, dtype.numpy) for s in (_x_shape(g), w_shape, g.out_shape)]
-        kernel = td.fuse(kernel, *examples, *_direct_scalars(g).values(), prologues={} if x_name else {"X": x},
-                         epilogues={"Y": z} if z is not y else {})
+        scalars = _direct_scalars(g)
+        # to the geometry's scalars too: with a constant stride, a row's taps are a unit-stride loop that vectorizes
+        kernel = td.fuse(kernel, *examples, *scalars.values(), prologues={} if x_name else {"X": x},
+                         epilogues={"Y": z} if z is not y else {}, constants=tuple(scalars))
     return DirectRows(g, kernel, x_name, "Y" if z is y else z.name)
 
 

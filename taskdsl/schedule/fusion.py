@@ -36,20 +36,26 @@ class FusionError(ValueError):
     """A fusion request that the rules do not allow; the message says which rule."""
 
 
-def fuse(anchor: Kernel, *args, prologues: dict | None = None, epilogues: dict | None = None) -> Kernel:
+def fuse(anchor: Kernel, *args, prologues: dict | None = None, epilogues: dict | None = None,
+         constants: tuple = ()) -> Kernel:
     """The anchor kernel, specialized to `args`, with prologue and epilogue definitions fused in.
 
     prologues: {anchor input parameter name: compute Tensor defining it from other tensors}.
     epilogues: {anchor output parameter name: compute Tensor reading that output through a
-               placeholder of the same name}. The fused kernel takes, in order, the anchor's
-    remaining parameters, the prologues' and epilogues' other inputs, then the epilogues' outputs.
+               placeholder of the same name}.
+    constants: names of scalar parameters whose values in `args` become compile-time constants
+               (a conv's stride, say: index arithmetic folds, and unit-stride loops vectorize).
+    The fused kernel takes, in order, the anchor's remaining parameters, the prologues' and
+    epilogues' other inputs, then the epilogues' outputs.
     """
     binding = anchor.bind(args)
     fn = bind_sizes(anchor._frontend_ir(binding.block), binding.sizes)
     params = {p.name: p for p in fn.params}
     new_inputs: dict = {}
-    body = fn.body
-    replaced, outputs = set(), []
+    values = dict(zip((p.name for p in fn.params), binding.values))
+    body = ir.substitute(fn.body, {_scalar(params, name, anchor).uid: ir.const(values[name], params[name].dtype)
+                                   for name in constants})
+    replaced, outputs = {params[name].uid for name in constants}, []
     for name, definition in (prologues or {}).items():
         param = _param(params, name, anchor)
         body = _fuse_prologue(body, param, definition, new_inputs)
@@ -59,7 +65,7 @@ def fuse(anchor: Kernel, *args, prologues: dict | None = None, epilogues: dict |
         body = _fuse_epilogue(body, param, definition, new_inputs)
         replaced.add(param.uid)
         outputs.append(definition.buffer)
-    kept = tuple(p for p in fn.params if getattr(p, "uid", None) not in replaced)
+    kept = tuple(p for p in fn.params if p.uid not in replaced)
     extra = tuple(b for b in new_inputs.values() if b.uid not in {getattr(p, "uid", None) for p in kept})
     all_params = kept + extra + tuple(outputs)
     sizes = {d.uid: d for b in all_params if isinstance(b, ir.Buffer) for d in b.shape if isinstance(d, ir.Var)}
@@ -73,6 +79,14 @@ def _param(params: dict, name: str, anchor: Kernel) -> ir.Buffer:
     if not isinstance(param, ir.Buffer):
         raise FusionError(f"kernel '{anchor.name}' has no tensor parameter '{name}' "
                           f"(its tensors: {', '.join(n for n, p in params.items() if isinstance(p, ir.Buffer))})")
+    return param
+
+
+def _scalar(params: dict, name: str, anchor: Kernel) -> ir.Var:
+    param = params.get(name)
+    if not isinstance(param, ir.Var):
+        raise FusionError(f"kernel '{anchor.name}' has no scalar parameter '{name}' "
+                          f"(its scalars: {', '.join(n for n, p in params.items() if isinstance(p, ir.Var))})")
     return param
 
 

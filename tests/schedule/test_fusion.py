@@ -89,6 +89,27 @@ def test_reduce_anchor_with_elementwise_epilogue():
     np.testing.assert_allclose(out, np.exp(data.astype(np.float64).sum(1)) * w, rtol=1e-4)
 
 
+@td.kernel(grid=1, block=128)
+def strided_scale(A: f32[100], out: f32[100], step: td.i32, scale: f32):
+    i = threadIdx.x
+    if i < 100:
+        out[i] = A[i * step % 100] * scale
+
+
+@settings(max_examples=6, deadline=None)
+@given(step=st.integers(-7, 7), scale=st.floats(-4, 4, width=32))
+def test_constants_become_part_of_the_fused_kernel(step, scale):
+    """fuse(constants=...) builds scalar arguments into the kernel: they leave its parameters and fold."""
+    a = np.random.default_rng(step + 7).standard_normal(100).astype(np.float32)
+    fused = td.fuse(strided_scale, *_examples(), step, scale, epilogues={"out": D_reshaped}, constants=("step",))
+    assert [name for name, _ in fused.params] == ["A", "scale", "D"]
+    d = np.zeros((2, 50), np.float32)
+    fused(a, np.float32(scale), d)
+    expected = (a[np.arange(100) * step % 100] * np.float32(scale) * 3.0).reshape(2, 50)
+    np.testing.assert_allclose(d, expected, rtol=1e-6)
+    assert "step" not in fused.ir(a, np.float32(scale), d)
+
+
 def test_non_fusible_requests_are_refused_with_a_reason():
     args = _examples()
     with pytest.raises(td.FusionError, match="not bijective"):
@@ -103,6 +124,8 @@ def test_non_fusible_requests_are_refused_with_a_reason():
         td.fuse(reverse_plus_one, *args, prologues={"A": total})
     with pytest.raises(td.FusionError, match="no tensor parameter 'B'"):
         td.fuse(reverse_plus_one, *args, prologues={"B": A_from_C})
+    with pytest.raises(td.FusionError, match="no scalar parameter 'A'"):
+        td.fuse(reverse_plus_one, *args, constants=("A",))
     with pytest.raises(td.FusionError, match="writes 'out'"):
         td.fuse(reverse_plus_one, *args, prologues={"out": A_from_C})
     bigger = td.compute("A", (101,), lambda i: C[i % 100])
