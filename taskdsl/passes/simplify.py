@@ -2,7 +2,8 @@
 
 Folds operations on literals (with the DSL's Python semantics: `//` and `%` floor), drops
 `x + 0`, `x * 1`, `x // 1`, removes `% c` and `// c` when the operand's range makes them
-no-ops, and keeps only the taken branch of an `if` on a constant.
+no-ops, picks the side of an integer `min` / `max` that the operands' ranges decide, and
+keeps only the taken branch of an `if` on a constant.
 """
 from __future__ import annotations
 
@@ -95,6 +96,21 @@ class _Simplifier(ir.Rewriter):
             value = {"-": operator.neg, "not": operator.not_, "~": operator.invert}[e.op](a.value)
             return ir.const(value, e.dtype)
         return e if a is e.a else dataclasses.replace(e, a=a)
+
+    def visit_Call(self, e: ir.Call):
+        e = self.generic_visit(e)
+        if e.func not in ("min", "max") or not e.dtype.is_integer:
+            return e
+        a, b = e.args
+        ra, rb = self._range(a), self._range(b)
+        if ra is None or rb is None:
+            return e
+        low, high = (a, b) if e.func == "min" else (b, a)      # the operand chosen when a <= b, and the other
+        if ra[1] <= rb[0]:
+            return low
+        if rb[1] <= ra[0]:
+            return high
+        return e
 
     def visit_Binary(self, e: ir.Binary):
         a, b = self.visit(e.a), self.visit(e.b)

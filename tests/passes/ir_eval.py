@@ -22,6 +22,8 @@ def evaluate(e, env: dict, thread: tuple):
         return _OPS[e.op](evaluate(e.a, env, thread), evaluate(e.b, env, thread))
     if isinstance(e, ir.Cast):
         return evaluate(e.value, env, thread)
+    if isinstance(e, ir.Call) and e.func in ("min", "max"):
+        return (min if e.func == "min" else max)(evaluate(a, env, thread) for a in e.args)
     raise NotImplementedError(type(e).__name__)
 
 

@@ -54,3 +54,15 @@ def test_row_major_index_of_a_split_dimension_joins_back(u, x, c, swap):
     assert not ir.collect(e, ir.Binary) or all(b.op not in ("//", "%") for b in ir.collect(e, ir.Binary))
     assert evaluate(e, {uv.uid: u, xv.uid: x}, (0, 0, 0)) == (u + x // c) * c + x % c
     assert _simplified((xv // c) * c + xv % c) is xv
+
+
+@settings(max_examples=200, deadline=None)
+@given(a=st.integers(-20, 20), b=st.integers(-20, 20), func=st.sampled_from(["min", "max"]), t=st.integers(0, 255))
+def test_integer_min_and_max_fold_when_ranges_decide_them(a, b, func, t):
+    """min/max of constants fold; of threadIdx.x (0..255) and a constant, they fold when the range decides."""
+    expected = {"min": min, "max": max}[func]
+    assert _simplified(ir.Call(func, (ir.const(a), ir.const(b)), T.i32)).value == expected(a, b)
+    e = _simplified(ir.Call(func, (threadIdx.x, ir.const(a * 20)), T.i32))
+    assert evaluate(e, {}, (t, 0, 0)) == expected(t, a * 20)
+    decided = a * 20 <= 0 or a * 20 >= 255
+    assert isinstance(e, ir.Call) != decided
