@@ -314,6 +314,66 @@ def direct_kernel(dtype) -> td.Kernel:
     return conv_direct_rows
 
 
+PLANE = 1024                # floats of a padded input plane that `plane_kernel` copies to a local buffer
+
+
+@functools.lru_cache(maxsize=8)
+def plane_kernel(dtype) -> td.Kernel:
+    """`direct_kernel` for a stride-1 NCHW depthwise convolution of a small plane (`uses_plane`).
+
+    Short rows make short loops: a 14x14 plane's taps are 14-element loops, mostly loop overhead. So the
+    input plane is copied, zero-padded, to a local buffer of rows Wp = OW + (KW-1)*dw wide, and the
+    outputs are computed on the same flat grid: output (oh, ow) is acc[oh * Wp + ow], and tap (kh, kw)
+    reads xp[j + kh*dh*Wp + kw*dw] for every j at once, one long unit-stride loop without bounds checks
+    (the Wp - OW columns past each row are computed and dropped). `conv_span` and `conv_plane` (the flat
+    output span, and Hp * Wp) stay runtime arguments, so those loops stay loops that LLVM vectorizes.
+    """
+    @td.kernel(grid=lambda O, N: (O, N), block=1, name=f"conv_direct_plane_{dtype.name}")
+    def conv_direct_plane(X: dtype["N", "C", "H", "W"], Wt: dtype["O", "CG", "KH", "KW"],
+                          Y: dtype["N", "O", "OH", "OW"], conv_sh: td.i32, conv_sw: td.i32, conv_pt: td.i32,
+                          conv_pl: td.i32, conv_dh: td.i32, conv_dw: td.i32, conv_ocg: td.i32,
+                          conv_span: td.i32, conv_plane: td.i32):
+        o, n = blockIdx.x, blockIdx.y
+        buf = td.registers(td.f32, 2 * PLANE)     # the padded plane, then the accumulators (one allocation)
+        wp = OW + (KW - 1) * conv_dw
+        for j in range(conv_plane):
+            buf[j] = 0.0
+        for h in range(H):
+            for w in range(W):
+                buf[(h + conv_pt) * wp + w + conv_pl] = X[n, o // conv_ocg, h, w]
+        for j in range(conv_span):
+            buf[PLANE + j] = 0.0
+        for kh in range(KH):
+            for kw in range(KW):
+                tap = Wt[o, 0, kh, kw]
+                shift = kh * conv_dh * wp + kw * conv_dw
+                for j in range(conv_span):
+                    buf[PLANE + j] += tap * buf[j + shift]
+        for oh in range(OH):
+            for ow in range(OW):
+                Y[n, o, oh, ow] = buf[PLANE + oh * wp + ow]
+
+    return conv_direct_plane
+
+
+def _padded_plane(g: ConvGeometry) -> tuple:
+    """(Hp, Wp): the zero-padded input plane of a stride-1 convolution."""
+    return g.oh + (g.kh - 1) * g.dilation[0], g.ow + (g.kw - 1) * g.dilation[1]
+
+
+def _plane_scalars(g: ConvGeometry) -> dict:
+    """`plane_kernel`'s runtime extents: the flat output span and the padded plane's size."""
+    hp, wp = _padded_plane(g)
+    return dict(conv_span=(g.oh - 1) * wp + g.ow, conv_plane=hp * wp)
+
+
+def uses_plane(g: ConvGeometry) -> bool:
+    """Whether `plane_kernel` runs direct convolution `g`: NCHW, stride 1, one input channel per output
+    channel, and a padded plane that fits its buffer."""
+    hp, wp = _padded_plane(g)
+    return g.layout == "NCHW" and g.stride == (1, 1) and g.c == g.groups and hp * wp <= PLANE
+
+
 @functools.lru_cache(maxsize=8)
 def direct_nhwc_kernel(dtype) -> td.Kernel:
     """`direct_kernel` for NHWC: one block per (output row, image); for each output pixel, a chunk of
@@ -384,7 +444,7 @@ class DirectRows:
 
     def run(self, arrays: dict, weight: np.ndarray, out: np.ndarray) -> None:
         """out = the convolution (with its fused prologue and epilogue) of `arrays` and the weight operand."""
-        args = dict(arrays, Wt=weight, **_direct_scalars(self.geometry))
+        args = dict(arrays, Wt=weight, **_direct_scalars(self.geometry), **_plane_scalars(self.geometry))
         args[self.output] = out
         if self.x_name is not None:
             args["X"] = arrays[self.x_name]
@@ -402,13 +462,14 @@ def _lower_rows(g: ConvGeometry, dtype, x: td.Tensor, epilogue) -> DirectRows:
     z = epilogue(y)
     x_name = x.name if x.kind == "placeholder" else None
     nchw = g.layout == "NCHW"
-    kernel = direct_kernel(dtype) if nchw else direct_nhwc_kernel(dtype)   # generic: one compile serves every
-    if z is not y or x_name is None:                                       # geometry... but fusion specializes it
+    plane = uses_plane(g)
+    kernel = plane_kernel(dtype) if plane else direct_kernel(dtype) if nchw else direct_nhwc_kernel(dtype)
+    if z is not y or x_name is None:      # generic kernels: one compile serves every geometry... but fusion
         w_shape = (g.oc, g.c // g.groups, g.kh, g.kw) if nchw else (g.kh, g.kw, g.c // g.groups, g.oc)
         examples = [np.empty(s, dtype.numpy) for s in (_x_shape(g), w_shape, g.out_shape)]
-        scalars = _direct_scalars(g)
-        # to the geometry's scalars too: with a constant stride, a row's taps are a unit-stride loop that vectorizes
-        kernel = td.fuse(kernel, *examples, *scalars.values(), prologues={} if x_name else {"X": x},
+        scalars = _direct_scalars(g)      # specializes them, to the geometry's scalars too: with a constant
+        extents = _plane_scalars(g) if plane else {}   # stride, a row's taps are unit-stride loops that vectorize
+        kernel = td.fuse(kernel, *examples, *scalars.values(), *extents.values(), prologues={} if x_name else {"X": x},
                          epilogues={"Y": z} if z is not y else {}, constants=tuple(scalars))
     return DirectRows(g, kernel, x_name, "Y" if z is y else z.name)
 
