@@ -44,12 +44,12 @@ def test_rewrite_keeps_the_pooling_values(hw, k, stride, pad, dilation, ceil_mod
 
 
 def test_an_inception_pool_branch_is_one_direct_kernel():
-    """avg_pool(3, 1, 1) -> the depthwise conv by ones with `* ratio` fused into its stores."""
+    """avg_pool(3, 1, 1) -> the depthwise conv by ones with `* ratio` fused into its stores (`plane_kernel`)."""
     td.set_target("cpu")
     x = tg.input("x", (1, 5, 9, 8))
     g = tg.Graph([x], [ops.avg_pool2d(x, 3, 1, 1, count_include_pad=False)])
     cg = _rewrite(g).compile(passes=[passes.partition])
-    assert [k.name for k in cg.kernels] == ["conv_direct_rows_f32_fused"]
+    assert [k.name for k in cg.kernels] == ["conv_direct_plane_f32_fused"]      # a stride-1 depthwise plane
     xa = rand((1, 5, 9, 8), 4)
     x64 = np.pad(xa.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
     ones = np.pad(np.ones((9, 8)), 1)
