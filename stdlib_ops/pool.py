@@ -11,15 +11,23 @@ constant sizes, splitting each output's index into (n, c, oh, ow) is a multiply 
 instead of a 64-bit division. Semantics follow PyTorch (floor mode, padding at most half the
 window; avg divides by KH*KW, or with count_include_pad=False by the number of window
 elements inside the input).
+
+On the cpu, f32 max pooling runs `max_rows_kernel` instead: one block per (channel, image)
+keeps a chunk of an output row's running maxima in registers, window tap by window tap over
+the columns whose input lies inside the row (no bounds checks in the loop), as the direct
+convolutions of `stdlib_ops.conv` do. `max_rows` gives the graph layer the same kernel with
+the layer's window built in (ResNet-50's max pool: 1.7 ms as a reduce).
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 
 import taskdsl as td
-from taskdsl import ir
+from taskdsl import blockIdx, ir
+from taskdsl.runtime.config import fast_compile_enabled, get_target
 
 from . import reduce as _reduce
 from .elementwise import Plan, cached_op, cast_to, contiguous, tdtype
@@ -71,6 +79,16 @@ def _pool_op(kind: str, kernel: tuple, stride: tuple, padding: tuple, include_pa
 
 
 def _pool_plan(kind: str, x, kernel_size, stride=None, padding=0, count_include_pad: bool = True) -> Plan:
+    x, kernel, stride, padding, out_hw = _window(kind, x, kernel_size, stride, padding)
+    include_pad = bool(count_include_pad) if kind == "avg" else True
+    dtype = tdtype(x.dtype)
+    key = ("pool2d", kind, kernel, stride, padding, include_pad, dtype, x.shape)
+    op = cached_op(key, lambda: _pool_op(kind, kernel, stride, padding, include_pad, dtype, x.shape, out_hw))
+    return Plan(op, (x,), lambda outputs: outputs[0])
+
+
+def _window(kind: str, x, kernel_size, stride, padding) -> tuple:
+    """(contiguous x, kernel, stride, padding, (OH, OW)) of a pooling call, validated (clear ValueErrors)."""
     x = contiguous(x)
     if x.ndim != 4 or x.dtype.kind != "f":
         raise ValueError(f"{kind}_pool2d needs a float NCHW array, got {x.dtype} {x.shape}")
@@ -86,15 +104,85 @@ def _pool_plan(kind: str, x, kernel_size, stride=None, padding=0, count_include_
     ow = (w + 2 * padding[1] - kernel[1]) // stride[1] + 1
     if oh < 1 or ow < 1:
         raise ValueError(f"input {h}x{w} is smaller than the pooling window {kernel} (padding {padding})")
-    include_pad = bool(count_include_pad) if kind == "avg" else True
+    return x, kernel, stride, padding, (oh, ow)
+
+
+ROW_CHUNK = 64      # output columns whose running maxima a block keeps in registers at once
+
+
+@functools.lru_cache(maxsize=4)
+def max_rows_kernel(dtype) -> td.Kernel:
+    """2-d max pooling of an NCHW array, row by row: one block per (channel, image). For each output
+    row, a chunk of ROW_CHUNK columns starts at -inf and takes the maximum over the window's taps; for
+    tap (kh, kw) the columns whose input pixel is inside the row are found first, so the loop over them
+    has no bounds checks, and a row outside the input is skipped whole. The window comes in as scalars
+    (pads are top and left: the output's shape fixes the rest), so one compile serves every window."""
+    @td.kernel(grid=lambda C, N: (C, N), block=1, name=f"max_pool_rows_{dtype.name}")
+    def max_pool_rows(X: dtype["N", "C", "H", "W"], Y: dtype["N", "C", "OH", "OW"], pool_kh: td.i32,
+                      pool_kw: td.i32, pool_sh: td.i32, pool_sw: td.i32, pool_pt: td.i32, pool_pl: td.i32,
+                      pool_dh: td.i32, pool_dw: td.i32):
+        c, n = blockIdx.x, blockIdx.y
+        acc = td.registers(dtype, ROW_CHUNK)
+        for oh in range(OH):
+            for start in range(0, OW, ROW_CHUNK):
+                width = min(ROW_CHUNK, OW - start)
+                for j in range(ROW_CHUNK):
+                    acc[j] = -math.inf
+                for kh in range(pool_kh):
+                    ih = oh * pool_sh - pool_pt + kh * pool_dh
+                    if ih >= 0 and ih < H:
+                        for kw in range(pool_kw):
+                            offset = start * pool_sw + kw * pool_dw - pool_pl     # iw = j * stride + offset
+                            first = max(0, -(offset // pool_sw))
+                            end = min(width, max(first, -((offset - W) // pool_sw)))
+                            for j in range(first, end):
+                                acc[j] = max(acc[j], X[n, c, ih, j * pool_sw + offset])
+                for j in range(width):
+                    Y[n, c, oh, start + j] = acc[j]
+
+    return max_pool_rows
+
+
+def _window_scalars(kernel, stride, pads, dilation) -> dict:
+    return dict(pool_kh=kernel[0], pool_kw=kernel[1], pool_sh=stride[0], pool_sw=stride[1], pool_pt=pads[0],
+                pool_pl=pads[1], pool_dh=dilation[0], pool_dw=dilation[1])
+
+
+@functools.lru_cache(maxsize=64)
+def _layer_kernel(dtype, x_shape: tuple, out_shape: tuple, window: tuple) -> td.Kernel:
+    """`max_rows_kernel` with one layer's shapes and window built in (index arithmetic folds)."""
+    scalars = _window_scalars(*window)
+    examples = (np.empty(x_shape, dtype.numpy), np.empty(out_shape, dtype.numpy))
+    return td.fuse(max_rows_kernel(dtype), *examples, *scalars.values(), constants=tuple(scalars))
+
+
+def max_rows(x: np.ndarray, out_hw: tuple, kernel, stride, pads, dilation=(1, 1)) -> tuple:
+    """(y, kernel): the (N, C, *out_hw) max pooling of contiguous NCHW `x` by `max_rows_kernel`, with
+    top/left `pads`. Under td.fast_compile the generic kernel runs (one compile), else one built for
+    this layer."""
     dtype = tdtype(x.dtype)
-    key = ("pool2d", kind, kernel, stride, padding, include_pad, dtype, x.shape)
-    op = cached_op(key, lambda: _pool_op(kind, kernel, stride, padding, include_pad, dtype, x.shape, (oh, ow)))
-    return Plan(op, (x,), lambda outputs: outputs[0])
+    y = np.empty(x.shape[:2] + tuple(out_hw), x.dtype)
+    window = (tuple(kernel), tuple(stride), tuple(pads), tuple(dilation))
+    if fast_compile_enabled():
+        k = max_rows_kernel(dtype)
+        k(x, y, *_window_scalars(*window).values())
+    else:
+        k = _layer_kernel(dtype, x.shape, y.shape, window)
+        k(x, y)
+    return y, k
+
+
+def on_rows(dtype, target: str) -> bool:
+    """Whether 2-d max pooling of `dtype` runs `max_rows_kernel`: f32 on the cpu (GPUs keep the
+    reduce, whose threads share the work)."""
+    return target == "cpu" and dtype == np.float32
 
 
 def max_pool2d(x, kernel_size, stride=None, padding=0):
     """The maximum over each (KH, KW) window of x (N, C, H, W); stride defaults to the window."""
+    if on_rows(np.asarray(x).dtype, get_target()):
+        x, kernel, stride, padding, out_hw = _window("max", x, kernel_size, stride, padding)
+        return max_rows(x, out_hw, kernel, stride, padding)[0]
     return _pool_plan("max", x, kernel_size, stride, padding).run()
 
 

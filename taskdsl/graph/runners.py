@@ -13,14 +13,14 @@ from collections.abc import Callable
 
 import numpy as np
 
-from stdlib_ops import conv, elementwise, gemm, norm, reduce, rowwise, transform
+from stdlib_ops import conv, elementwise, gemm, norm, pool, reduce, rowwise, transform
 
 from .. import schedule
 from ..ir import types as T
 from ..runtime.config import get_target
 from .operator import Operator
 from .tensor import contiguous
-from .ops import (BatchNorm, Concat, Conv, Elementwise, Expand, Gather, LayerNorm, MatMul, Pad, Reduce,
+from .ops import (BatchNorm, Concat, Conv, Elementwise, Expand, Gather, LayerNorm, MatMul, Pad, Pool, Reduce,
                   Reshape, Slice, Softmax, Transpose)
 
 RUNNERS: dict = {}
@@ -101,6 +101,17 @@ def run_conv(op: Conv, arrays: list) -> tuple:
     packed = None if p.lowered is None else packed_weight(p.lowered, op.inputs[1], arrays[1],
                                                             op.__dict__.setdefault("_packed", {}))
     return [p.run(contiguous(arrays[0]), arrays[1], packed=packed)], p.kernels
+
+
+@runs(Pool)
+def run_pool(op: Pool, arrays: list) -> tuple:
+    """2-d NCHW max pooling by stdlib_ops.pool's row kernel where it runs (f32 on the cpu), else by definitions."""
+    x, a = op.inputs[0], op.attrs
+    if a["mode"] != "max" or x.ndim != 4 or a["channels_last"] or not pool.on_rows(x.numpy_dtype, get_target()):
+        return run_definitions(op, arrays)
+    y, kernel = pool.max_rows(contiguous(arrays[0]), op.outputs[0].shape[2:], a["kernel"], a["strides"],
+                              a["pads"][:2], a["dilations"])
+    return [y], [kernel]
 
 
 # ---------------------------------------------------------------- through stdlib_ops
