@@ -9,3 +9,20 @@ def test_layout_is_a_conv_option_only(capsys):
         main(["matmul", "--layout", "NHWC"])
     assert exit_info.value.code == 2
     assert "--layout applies to the conv benchmark only" in capsys.readouterr().err
+
+
+def test_layers_is_a_conv_option_only(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["ops", "--layers", "depthwise"])
+    assert exit_info.value.code == 2
+    assert "--layers applies to the conv benchmark only" in capsys.readouterr().err
+
+
+def test_the_depthwise_layers_match_onnxruntime(capsys):
+    """One MobileNet-V2 depthwise layer (7x7x960) with bias and ReLU6, timed against and checked with onnxruntime."""
+    pytest.importorskip("onnxruntime")
+    from taskdsl.bench import conv
+    row, = conv.run(sizes=(9,), layers="depthwise")
+    assert row["layer"] == (960, 7, 960, 3, 1) and row["err"] < 1e-5
+    assert row["taskdsl"] > 0 and row["peer"] > 0
+    assert "MobileNet-V2 depthwise layers" in capsys.readouterr().out

@@ -9,8 +9,8 @@ BENCHMARKS = {
                    "taskdsl.bench.cpu_matmul"),
     "matmul": ("the matmul templates vs numpy (cpu, f32; --sizes N...) or cuBLAS (cuda, f32 and f16)",
                "taskdsl.bench.matmul"),
-    "conv": ("ResNet-50 conv layers, batch 1, vs onnxruntime (cpu) or cuDNN (cuda); --sizes picks layers by index",
-             "taskdsl.bench.conv"),
+    "conv": ("ResNet-50 conv layers (--layers depthwise: MobileNet-V2's depthwise ones, cpu), batch 1, vs "
+             "onnxruntime (cpu) or cuDNN (cuda); --sizes picks layers by index", "taskdsl.bench.conv"),
     "ops": ("softmax, layer norm and sums of a (4096, 1024) f32 array vs numpy (--sizes ROWS COLS)",
             "taskdsl.bench.ops"),
 }
@@ -23,12 +23,14 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", type=int, nargs="+", help="problem sizes (default: the benchmark's own)")
     parser.add_argument("--layout", choices=["NCHW", "NHWC"], help="conv: the layout taskdsl's input and output have "
                         "(default NCHW; the peer runs its own)")
+    parser.add_argument("--layers", choices=["resnet50", "depthwise"], help="conv: the layer set (default resnet50)")
     args = parser.parse_args(argv)
-    if args.layout and args.name != "conv":
-        parser.error("--layout applies to the conv benchmark only")
+    for flag in ("layout", "layers"):
+        if getattr(args, flag) and args.name != "conv":
+            parser.error(f"--{flag} applies to the conv benchmark only")
     import importlib
     module = importlib.import_module(BENCHMARKS[args.name][1])
-    options = {"sizes": tuple(args.sizes) if args.sizes else None, "layout": args.layout}
+    options = {"sizes": tuple(args.sizes) if args.sizes else None, "layout": args.layout, "layers": args.layers}
     module.run(**{k: v for k, v in options.items() if v is not None})
     return 0
 

@@ -6,6 +6,9 @@ onnxruntime running the same single-Conv ONNX model, f32 (`--layout NHWC`: taskd
 and output NHWC; onnxruntime's model stays NCHW). cuda target: the fused
 kernel (implicit im2col in the template's loads) on device arrays against
 torch.nn.functional.conv2d (cuDNN), f16.
+
+`--layers depthwise` (cpu): MobileNet-V2's depthwise 3x3 layers with their bias and ReLU6, as the
+graph runs them (one direct kernel with the epilogue fused), against Conv + Clip in onnxruntime.
 """
 from __future__ import annotations
 
@@ -23,46 +26,62 @@ RESNET50 = [
     (512, 7, 2048, 1, 1, 0),
 ]
 CPU_DEFAULT = [RESNET50[2], RESNET50[5], RESNET50[8], RESNET50[11]]
+# MobileNet-V2's distinct depthwise layers (channels = out channels = groups), same fields
+DEPTHWISE = [
+    (32, 112, 32, 3, 1, 1), (96, 112, 96, 3, 2, 1), (144, 56, 144, 3, 1, 1), (144, 56, 144, 3, 2, 1),
+    (192, 28, 192, 3, 1, 1), (192, 28, 192, 3, 2, 1), (384, 14, 384, 3, 1, 1), (576, 14, 576, 3, 1, 1),
+    (576, 14, 576, 3, 2, 1), (960, 7, 960, 3, 1, 1),
+]
+LAYERS = {"resnet50": RESNET50, "depthwise": DEPTHWISE}
 
 
-def _onnx_conv(x: np.ndarray, w: np.ndarray, stride: int, pad: int):
+def _onnx_conv(x: np.ndarray, w: np.ndarray, stride: int, pad: int, groups: int = 1, bias=None):
+    """A session running Conv (and with `bias`, Clip to [0, 6] after it) on `x`."""
     import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper
-    node = helper.make_node("Conv", ["x", "w"], ["y"], strides=[stride] * 2, pads=[pad] * 4)
-    graph = helper.make_graph([node], "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                              [onnx.numpy_helper.from_array(w, "w")])
+    inputs, initializers, nodes = ["x", "w"], [onnx.numpy_helper.from_array(w, "w")], []
+    if bias is not None:
+        inputs.append("b")
+        initializers += [onnx.numpy_helper.from_array(bias, "b"), onnx.numpy_helper.from_array(np.float32(0), "lo"),
+                         onnx.numpy_helper.from_array(np.float32(6), "hi")]
+        nodes.append(helper.make_node("Clip", ["conv", "lo", "hi"], ["y"]))
+    nodes.insert(0, helper.make_node("Conv", inputs, ["conv" if bias is not None else "y"], strides=[stride] * 2,
+                                     pads=[pad] * 4, group=groups))
+    graph = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8    # what onnxruntime builds older than the onnx package still read
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return lambda: session.run(None, {"x": x})[0]
 
 
-def _cpu_rows(layers, layout: str) -> list:
+def _cpu_rows(layers, layout: str, depthwise: bool) -> list:
     import taskdsl as td
     from stdlib_ops import conv
     rng = np.random.default_rng(0)
     rows = []
     for c, hw, oc, k, s, p in layers:
+        groups = c if depthwise else 1
         x = rng.standard_normal((1, c, hw, hw), dtype=np.float32)
-        w = (rng.standard_normal((oc, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
+        w = (rng.standard_normal((oc, c // groups, k, k)) / np.sqrt(c // groups * k * k)).astype(np.float32)
+        bias = rng.standard_normal(oc).astype(np.float32) if depthwise else None
         x_in = x if layout == "NCHW" else np.ascontiguousarray(x.transpose(0, 2, 3, 1))
-        g = conv.geometry(x_in.shape, w.shape, s, p, layout=layout)
-        low = conv.plan(g, td.f32, "cpu", False, None).lowered
-        packed = low.weight_operand(w)        # once, as onnxruntime prepacks at session creation
-        y = np.empty(g.out_shape, np.float32)
-        low.run({"X": x_in}, packed, y)       # compiles outside the timing
-        t_td = time_cpu(lambda: low.run({"X": x_in}, packed, y), warmup=3, repeat=10)
+        g = conv.geometry(x_in.shape, w.shape, s, p, groups=groups, layout=layout)
+        plan = conv.plan(g, td.f32, "cpu", depthwise, "relu6" if depthwise else None)
+        packed = plan.lowered.weight_operand(w)   # once, as onnxruntime prepacks at session creation
+        call = lambda: plan.run(x_in, w, bias, packed=packed)
+        y = call()                                # compiles outside the timing
+        t_td = time_cpu(call, warmup=3, repeat=10)
         y = y if layout == "NCHW" else y.transpose(0, 3, 1, 2)
         # onnxruntime after taskdsl: its pool threads spin for a while after each run, which on a
         # small machine takes the cores from whatever runs next
-        peer = _onnx_conv(x, w, s, p)
+        peer = _onnx_conv(x, w, s, p, groups, bias)
         want = peer()
         t_peer = time_cpu(peer, warmup=3, repeat=10)
         time.sleep(0.2)
         rows.append(dict(layer=(c, hw, oc, k, s), taskdsl=t_td, peer=t_peer, err=_rel_err(y, want),
-                         flops=2.0 * oc * c * k * k * y.shape[2] * y.shape[3]))
+                         flops=2.0 * oc * c // groups * k * k * y.shape[2] * y.shape[3]))
     return rows
 
 
@@ -96,18 +115,23 @@ def _rel_err(got, want) -> float:
     return float(np.abs(np.asarray(got, np.float64) - want).max() / max(np.abs(want).max(), 1e-30))
 
 
-def run(sizes=None, layout: str = "NCHW") -> list:
+def run(sizes=None, layout: str = "NCHW", layers: str = "resnet50") -> list:
     """Print and return per-layer times of taskdsl's conv2d (input and output in `layout`) and the peer
-    (onnxruntime / cuDNN, NCHW)."""
+    (onnxruntime / cuDNN, NCHW) on the `layers` set ('resnet50' or 'depthwise'), or those of its
+    indices in `sizes`."""
     import taskdsl as td
     target = td.get_target()
+    depthwise = layers == "depthwise"
+    if depthwise and target == "cuda":
+        raise ValueError("the depthwise layer set runs on the cpu target only (td.set_target('cpu'))")
     if sizes:
-        layers = [RESNET50[i] for i in sizes]
+        chosen = [LAYERS[layers][i] for i in sizes]
     else:
-        layers = RESNET50 if target == "cuda" else CPU_DEFAULT
-    rows = _cuda_rows(layers, layout) if target == "cuda" else _cpu_rows(layers, layout)
+        chosen = CPU_DEFAULT if target == "cpu" and not depthwise else LAYERS[layers]
+    rows = _cuda_rows(chosen, layout) if target == "cuda" else _cpu_rows(chosen, layout, depthwise)
     peer = "cuDNN (torch, f16)" if target == "cuda" else "onnxruntime (f32)"
-    print(f"ResNet-50 conv layers, batch 1, on {target}: taskdsl ({layout}) vs {peer} (NCHW)")
+    what = "MobileNet-V2 depthwise layers + bias + ReLU6" if depthwise else "ResNet-50 conv layers"
+    print(f"{what}, batch 1, on {target}: taskdsl ({layout}) vs {peer} (NCHW)")
     print(f"{'C,HW,OC,K,S':>22} {'taskdsl ms':>11} {'peer ms':>9} {'ratio':>7} {'GFLOP/s':>8} {'rel err':>8}")
     for r in rows:
         r["ratio"] = r["peer"] / r["taskdsl"]
