@@ -241,7 +241,8 @@ class Kernel:
             from . import cache
             src = emit_python(lower_for_cpu(self._lowered_ir(block), debug, unroll=not fast), debug)
             path = cache.cpu_module(cache.cache_key(src.text, compiler_fingerprint()), src.text)
-            self._cpu[key] = (load_module_function(path, src.entry), src, path)
+            parallel = load_module_function(path, src.parallel_entry) if src.parallel else None
+            self._cpu[key] = (load_module_function(path, src.entry), src, path, parallel)
         return self._cpu[key]
 
     def _cuda_function(self, binding: Binding) -> ir.Function:
@@ -269,7 +270,7 @@ class Kernel:
 
     def _run_cpu(self, binding: Binding) -> None:
         debug = debug_enabled()
-        run, src, path = self._cpu_kernel(binding.block, debug)
+        run, src, path, parallel = self._cpu_kernel(binding.block, debug)
         fn = self._lowered_ir(binding.block)
         sizes = [binding.sizes[s.name] for s in fn.sizes]
         from ..backend.cpu.launch import launch_cpu, signature
@@ -277,7 +278,7 @@ class Kernel:
             precompile.record(precompile.Job(str(path), src.entry, signature(src, binding.values, sizes, binding.grid)))
             return
         try:
-            launch_cpu(run, src, binding.values, sizes, binding.grid)
+            launch_cpu(run, src, binding.values, sizes, binding.grid, parallel)
         except (IndexError, RuntimeError) as exc:
             if debug and exc.args and isinstance(exc.args[0], int) and exc.args[0] < len(src.sites):
                 from ..backend.cpu.errors import debug_error

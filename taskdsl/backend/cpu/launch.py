@@ -5,6 +5,7 @@ import concurrent.futures
 import contextlib
 import functools
 import os
+import threading
 
 import numpy as np
 
@@ -71,18 +72,21 @@ def signature(src: CpuSource, values: list, sizes: list, grid: tuple) -> tuple:
     return tuple(typeof(a) for a in args) + tuple(typeof(int(n)) for n in (*sizes, *grid, 0, 0))
 
 
-def launch_cpu(run, src: CpuSource, values: list, sizes: list, grid: tuple) -> None:
-    """Run the dispatcher `run` on `values` (arrays and scalars), `sizes` and the `grid` of blocks."""
+def launch_cpu(run, src: CpuSource, values: list, sizes: list, grid: tuple, parallel=None) -> None:
+    """Run the dispatcher `run` on `values` (arrays and scalars), `sizes` and the `grid` of blocks; blocks
+    in parallel through `parallel` (the module's `parallel_entry`) where given, else a thread pool."""
     args, copy_back = call_args(src, values)
     blocks = grid[0] * grid[1] * grid[2]
     workers = min(num_threads(), blocks) if src.parallel else 1
     layouts = tuple((a.ndim, a.flags.c_contiguous, a.flags.writeable) for a in args if isinstance(a, np.ndarray))
-    if layouts not in _warm.setdefault(run, set()):     # what numba's types of these arguments depend on
-        with slp_vectorizer():
-            run(*args, *sizes, *grid, 0, 0)  # compiles (or loads) once, before the threads start; runs no block
-        _warm[run].add(layouts)
+    _compile(run, layouts, args, sizes, grid)
     if workers <= 1:
         run(*args, *sizes, *grid, 0, blocks)
+    elif parallel is not None and threading.current_thread() is threading.main_thread():
+        # numba's threads (another thread's launch, concurrent with this one, takes the pool below: some
+        # threading layers do not take parallel regions from two threads at once)
+        _compile(parallel, layouts, args, sizes, grid)
+        parallel(*args, *sizes, *grid, workers, blocks)
     else:   # the calling thread runs the first share itself: one thread hand-off fewer per launch
         bounds = [blocks * w // workers for w in range(workers + 1)]
         futures = [_pool(workers - 1).submit(run, *args, *sizes, *grid, lo, hi)
@@ -96,3 +100,12 @@ def launch_cpu(run, src: CpuSource, values: list, sizes: list, grid: tuple) -> N
             f.result()
     for original, tmp in copy_back:
         np.copyto(original, tmp)
+
+
+def _compile(fn, layouts: tuple, args: list, sizes: list, grid: tuple) -> None:
+    """Compile (or load) `fn` for these argument layouts once, with the SLP vectorizer on: a call that runs
+    no block (an entry's empty block range, or a parallel entry's zero chunks)."""
+    if layouts not in _warm.setdefault(fn, set()):     # what numba's types of these arguments depend on
+        with slp_vectorizer():
+            fn(*args, *sizes, *grid, 0, 0)
+        _warm[fn].add(layouts)
