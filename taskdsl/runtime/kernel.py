@@ -239,9 +239,11 @@ class Kernel:
             from ..backend.cpu.compile import compiler_fingerprint, load_module_function
             from ..passes import lower_for_cpu
             from . import cache
-            src = emit_python(lower_for_cpu(self._lowered_ir(block), debug, unroll=not fast), debug)
+            # fast compilation skips the parallel entry too: its compile costs more than launches save
+            src = emit_python(lower_for_cpu(self._lowered_ir(block), debug, unroll=not fast), debug,
+                              parallel_entry=not fast)
             path = cache.cpu_module(cache.cache_key(src.text, compiler_fingerprint()), src.text)
-            parallel = load_module_function(path, src.parallel_entry) if src.parallel else None
+            parallel = load_module_function(path, src.parallel_entry) if src.parallel_entry else None
             self._cpu[key] = (load_module_function(path, src.entry), src, path, parallel)
         return self._cpu[key]
 

@@ -7,6 +7,8 @@ from hypothesis import given, settings, strategies as st
 import taskdsl as td
 from taskdsl import blockIdx, f32, i32, threadIdx
 
+OPTIMIZED = True    # not td.fast_compile, which launches through the thread pool only
+
 
 @td.kernel(grid=lambda N, chunk: td.cdiv(N, 32 * chunk), block=32)
 def add_shifted(X: f32["N"], Y: f32["N"], chunk: i32, chunks: i32, blocks: i32, prange: i32, parallel_chunk: i32):
@@ -40,8 +42,13 @@ def test_every_block_runs_once_from_the_main_thread_and_from_others(n, chunk, sc
     np.testing.assert_array_equal(other, main)
 
 
-def test_parallel_kernels_have_a_parallel_entry():
+def test_parallel_kernels_have_a_parallel_entry_unless_compiling_fast():
     td.set_target("cpu")
     x = np.zeros(64, np.float32)
     text = add_shifted.source(x, x.copy(), 1, 0, 0, 0, 0, target="cpu")
     assert "def parallel_kernel_add_shifted(" in text and "prange(parallel_chunks)" in text
+    td.fast_compile(True)
+    assert "def parallel_" not in add_shifted.source(x, x.copy(), 1, 0, 0, 0, 0, target="cpu")
+    y = np.zeros(64, np.float32)
+    add_shifted(x + 1, y, 1, 0, 0, 0, 0)            # through the thread pool
+    np.testing.assert_array_equal(y, np.ones(64, np.float32))

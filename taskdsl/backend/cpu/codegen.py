@@ -59,20 +59,16 @@ class CpuSource:
     sites: list
     parallel: bool
     flat: bool      # tensors are passed as flat 1-D views
-
-    @property
-    def parallel_entry(self) -> str | None:
-        """The function that runs `entry` over chunks of the blocks on numba's threads (parallel kernels)."""
-        return "parallel_" + self.entry if self.parallel else None
+    parallel_entry: str | None = None   # runs `entry` over shares of the blocks on numba's threads
 
 
-def _parallel_wrapper(entry: str, args: list) -> list:
-    """Lines of `parallel_<entry>(args..., chunks, blocks)`: `entry` on `chunks` equal ranges of the blocks,
+def _parallel_wrapper(name: str, entry: str, args: list) -> list:
+    """Lines of `name(args..., parallel_chunks, parallel_blocks)`: `entry` on equal shares of the blocks,
     spread over numba's threads (an OpenMP-style fork-join costs ~2 us; a Python thread pool ~20-35)."""
     names = ", ".join(args)
     return ["", "",
             "@njit(parallel=True, nogil=True, cache=True)",
-            f"def parallel_{entry}({names}, parallel_chunks, parallel_blocks):",
+            f"def {name}({names}, parallel_chunks, parallel_blocks):",
             "    for parallel_chunk in prange(parallel_chunks):",
             f"        {entry}({names}, parallel_blocks * parallel_chunk // parallel_chunks,",
             "            parallel_blocks * (parallel_chunk + 1) // parallel_chunks)"]
@@ -87,9 +83,10 @@ def _is_half(dtype) -> bool:
     return dtype.is_float and dtype.bits == 16
 
 
-def emit_python(fn: ir.Function, debug: bool = False) -> CpuSource:
-    """The numba module of a kernel prepared by `passes.lower_for_cpu(fn, debug)`."""
-    return _PythonEmitter(fn, debug).emit()
+def emit_python(fn: ir.Function, debug: bool = False, parallel_entry: bool = True) -> CpuSource:
+    """The numba module of a kernel prepared by `passes.lower_for_cpu(fn, debug)`; with `parallel_entry`, a
+    block-parallel kernel also gets a `parallel_` function (cheaper launches, ~0.3 s more compile)."""
+    return _PythonEmitter(fn, debug, parallel_entry).emit()
 
 
 def _regions_per_register(items: list, registers: dict) -> Counter:
@@ -102,9 +99,10 @@ def _regions_per_register(items: list, registers: dict) -> Counter:
 
 
 class _PythonEmitter:
-    def __init__(self, fn: ir.Function, debug: bool):
+    def __init__(self, fn: ir.Function, debug: bool, parallel_entry: bool):
         self.fn = fn
         self.debug = debug
+        self.parallel_entry = parallel_entry
         self.program = F.fission(fn)
         self.name = NameTable({"rt", "njit", "block_id", "block_begin", "block_end", "tid", "tx", "ty", "tz", "bx", "by", "bz",
                                "grid_x", "grid_y", "grid_z", "epoch", "prange", "parallel_chunk",
@@ -160,9 +158,11 @@ class _PythonEmitter:
         self.items(self.program.items, 2)
         if len(out) == before:
             out.append(f"{pad}pass")
-        if parallel:
-            out += _parallel_wrapper(entry, args[:-2])
-        return CpuSource("\n".join(out) + "\n", entry, self.sites, parallel, self.flat)
+        wrapper = None
+        if parallel and self.parallel_entry:
+            wrapper = "parallel_" + entry
+            out += _parallel_wrapper(wrapper, entry, args[:-2])
+        return CpuSource("\n".join(out) + "\n", entry, self.sites, parallel, self.flat, wrapper)
 
     def shape(self, dims) -> str:
         return "(" + "".join(f"{self.expr(d)}, " for d in dims) + ")"
