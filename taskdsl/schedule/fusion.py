@@ -53,9 +53,9 @@ def fuse(anchor: Kernel, *args, prologues: dict | None = None, epilogues: dict |
     params = {p.name: p for p in fn.params}
     new_inputs: dict = {}
     values = dict(zip((p.name for p in fn.params), binding.values))
-    body = ir.substitute(fn.body, {_scalar(params, name, anchor).uid: ir.const(values[name], params[name].dtype)
-                                   for name in constants})
-    replaced, outputs = {params[name].uid for name in constants}, []
+    built_in = {name: _param(params, name, anchor, ir.Var) for name in constants}
+    body = ir.substitute(fn.body, {v.uid: ir.const(values[name], v.dtype) for name, v in built_in.items()})
+    replaced, outputs = {v.uid for v in built_in.values()}, []
     for name, definition in (prologues or {}).items():
         param = _param(params, name, anchor)
         body = _fuse_prologue(body, param, definition, new_inputs)
@@ -66,7 +66,7 @@ def fuse(anchor: Kernel, *args, prologues: dict | None = None, epilogues: dict |
         replaced.add(param.uid)
         outputs.append(definition.buffer)
     kept = tuple(p for p in fn.params if p.uid not in replaced)
-    extra = tuple(b for b in new_inputs.values() if b.uid not in {getattr(p, "uid", None) for p in kept})
+    extra = tuple(b for b in new_inputs.values() if b.uid not in {p.uid for p in kept})
     all_params = kept + extra + tuple(outputs)
     sizes = {d.uid: d for b in all_params if isinstance(b, ir.Buffer) for d in b.shape if isinstance(d, ir.Var)}
     fused = dataclasses.replace(fn, name=f"{fn.name}_fused", params=all_params, sizes=tuple(sizes.values()),
@@ -74,19 +74,13 @@ def fuse(anchor: Kernel, *args, prologues: dict | None = None, epilogues: dict |
     return Kernel.from_ir(fused, binding.grid)
 
 
-def _param(params: dict, name: str, anchor: Kernel) -> ir.Buffer:
+def _param(params: dict, name: str, anchor: Kernel, kind: type = ir.Buffer):
+    """The anchor's parameter `name`, a tensor (ir.Buffer) or a scalar (ir.Var): else a FusionError."""
     param = params.get(name)
-    if not isinstance(param, ir.Buffer):
-        raise FusionError(f"kernel '{anchor.name}' has no tensor parameter '{name}' "
-                          f"(its tensors: {', '.join(n for n, p in params.items() if isinstance(p, ir.Buffer))})")
-    return param
-
-
-def _scalar(params: dict, name: str, anchor: Kernel) -> ir.Var:
-    param = params.get(name)
-    if not isinstance(param, ir.Var):
-        raise FusionError(f"kernel '{anchor.name}' has no scalar parameter '{name}' "
-                          f"(its scalars: {', '.join(n for n, p in params.items() if isinstance(p, ir.Var))})")
+    if not isinstance(param, kind):
+        what = "tensor" if kind is ir.Buffer else "scalar"
+        raise FusionError(f"kernel '{anchor.name}' has no {what} parameter '{name}' "
+                          f"(its {what}s: {', '.join(n for n, p in params.items() if isinstance(p, kind))})")
     return param
 
 
