@@ -314,19 +314,24 @@ def direct_kernel(dtype) -> td.Kernel:
     return conv_direct_rows
 
 
-PLANE = 1024                # floats of a padded input plane that `plane_kernel` copies to a local buffer
+PLANE = 4096                # floats of the phase planes `plane_kernel` copies its input to (the sums take as many)
+SPAN_ALIGN = 32             # the taps' loops run to a multiple of this: whole vector iterations, no scalar tail
+LONG_ROW = 48               # stride-1 output rows at least this long run `direct_kernel`
 
 
 @functools.lru_cache(maxsize=8)
 def plane_kernel(dtype) -> td.Kernel:
-    """`direct_kernel` for a stride-1 NCHW depthwise convolution of a small plane (`uses_plane`).
+    """`direct_kernel` for an NCHW depthwise convolution whose input plane is small (`uses_plane`).
 
-    Short rows make short loops: a 14x14 plane's taps are 14-element loops, mostly loop overhead. So the
-    input plane is copied, zero-padded, to a local buffer of rows Wp = OW + (KW-1)*dw wide, and the
-    outputs are computed on the same flat grid: output (oh, ow) is acc[oh * Wp + ow], and tap (kh, kw)
-    reads xp[j + kh*dh*Wp + kw*dw] for every j at once, one long unit-stride loop without bounds checks
-    (the Wp - OW columns past each row are computed and dropped). `conv_span` and `conv_plane` (the flat
-    output span, and Hp * Wp) stay runtime arguments, so those loops stay loops that LLVM vectorizes.
+    Short rows make short loops: a 14x14 plane's taps are 14-element loops, mostly loop overhead, and a
+    stride-2 tap reads every other input. So the block first splits its zero-padded input plane into
+    stride_h x stride_w *phase planes* (phase (ph, pw) holds the padded pixels (a*sh + ph, b*sw + pw)),
+    each Hq x Wq, in a local buffer; for stride 1 there is one, the padded plane itself. The outputs live
+    on the same flat grid: output (oh, ow) is acc[oh * Wq + ow], and tap (kh, kw) reads one phase plane,
+    shifted, for every output at once: acc[j] += w * phase[j + (kh*dh // sh) * Wq + kw*dw // sw], one long
+    unit-stride loop without bounds checks (the Wq - OW columns past each row are computed and dropped).
+    `conv_span` and `conv_plane` (the flat output span, and the phase planes' total size) stay runtime
+    arguments, so those loops stay loops that LLVM vectorizes.
     """
     @td.kernel(grid=lambda O, N: (O, N), block=1, name=f"conv_direct_plane_{dtype.name}")
     def conv_direct_plane(X: dtype["N", "C", "H", "W"], Wt: dtype["O", "CG", "KH", "KW"],
@@ -334,44 +339,55 @@ def plane_kernel(dtype) -> td.Kernel:
                           conv_pl: td.i32, conv_dh: td.i32, conv_dw: td.i32, conv_ocg: td.i32,
                           conv_span: td.i32, conv_plane: td.i32):
         o, n = blockIdx.x, blockIdx.y
-        buf = td.registers(td.f32, 2 * PLANE)     # the padded plane, then the accumulators (one allocation)
-        wp = OW + (KW - 1) * conv_dw
+        buf = td.registers(td.f32, 2 * PLANE)     # the phase planes, then the sums (one allocation)
+        hq = OH + (KH - 1) * conv_dh // conv_sh
+        wq = OW + (KW - 1) * conv_dw // conv_sw
         for j in range(conv_plane):
             buf[j] = 0.0
-        for h in range(H):
-            for w in range(W):
-                buf[(h + conv_pt) * wp + w + conv_pl] = X[n, o // conv_ocg, h, w]
+        for ph in range(conv_sh):
+            for pw in range(conv_sw):
+                base = (ph * conv_sw + pw) * hq * wq
+                first = max(0, -((pw - conv_pl) // conv_sw))            # the columns b whose input column
+                end = min(wq, max(first, -((pw - conv_pl - W) // conv_sw)))   # b*sw + pw - pl is in [0, W)
+                for a in range(hq):
+                    h = a * conv_sh + ph - conv_pt
+                    if h >= 0 and h < H:
+                        for b in range(first, end):
+                            buf[base + a * wq + b] = X[n, o // conv_ocg, h, b * conv_sw + pw - conv_pl]
         for j in range(conv_span):
             buf[PLANE + j] = 0.0
         for kh in range(KH):
             for kw in range(KW):
                 tap = Wt[o, 0, kh, kw]
-                shift = kh * conv_dh * wp + kw * conv_dw
+                rh, rw = kh * conv_dh, kw * conv_dw
+                shift = ((rh % conv_sh) * conv_sw + rw % conv_sw) * hq * wq + rh // conv_sh * wq + rw // conv_sw
                 for j in range(conv_span):
                     buf[PLANE + j] += tap * buf[j + shift]
         for oh in range(OH):
             for ow in range(OW):
-                Y[n, o, oh, ow] = buf[PLANE + oh * wp + ow]
+                Y[n, o, oh, ow] = buf[PLANE + oh * wq + ow]
 
     return conv_direct_plane
 
 
-def _padded_plane(g: ConvGeometry) -> tuple:
-    """(Hp, Wp): the zero-padded input plane of a stride-1 convolution."""
-    return g.oh + (g.kh - 1) * g.dilation[0], g.ow + (g.kw - 1) * g.dilation[1]
+def _phase_plane(g: ConvGeometry) -> tuple:
+    """(Hq, Wq): the extent of each of `plane_kernel`'s stride_h x stride_w phase planes."""
+    return (g.oh + (g.kh - 1) * g.dilation[0] // g.stride[0], g.ow + (g.kw - 1) * g.dilation[1] // g.stride[1])
 
 
 def _plane_scalars(g: ConvGeometry) -> dict:
-    """`plane_kernel`'s runtime extents: the flat output span and the padded plane's size."""
-    hp, wp = _padded_plane(g)
-    return dict(conv_span=(g.oh - 1) * wp + g.ow, conv_plane=hp * wp)
+    """`plane_kernel`'s runtime extents: the flat output span and the phase planes' total size."""
+    hq, wq = _phase_plane(g)
+    span = -(-((g.oh - 1) * wq + g.ow) // SPAN_ALIGN) * SPAN_ALIGN
+    return dict(conv_span=span, conv_plane=g.stride[0] * g.stride[1] * hq * wq + SPAN_ALIGN)
 
 
 def uses_plane(g: ConvGeometry) -> bool:
-    """Whether `plane_kernel` runs direct convolution `g`: NCHW, stride 1, one input channel per output
-    channel, and a padded plane that fits its buffer."""
-    hp, wp = _padded_plane(g)
-    return g.layout == "NCHW" and g.stride == (1, 1) and g.c == g.groups and hp * wp <= PLANE
+    """Whether `plane_kernel` runs direct convolution `g`: NCHW, one input channel per output channel,
+    phase planes that fit its buffer, and strided or short rows (`direct_kernel`'s unit-stride taps over
+    rows of LONG_ROW outputs or more ran faster: 56x56, measured in docs/benchmarks.md)."""
+    short = g.stride != (1, 1) or g.ow < LONG_ROW
+    return g.layout == "NCHW" and g.c == g.groups and short and _plane_scalars(g)["conv_plane"] <= PLANE
 
 
 @functools.lru_cache(maxsize=8)

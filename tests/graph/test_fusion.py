@@ -64,15 +64,18 @@ def test_small_channel_and_depthwise_convs_of_a_mobilenet_block():
     assert [k.name for k in cg.kernels][0].startswith("tile_matmul") and len(cg.kernels) == 2
 
 
-@pytest.mark.parametrize("stride, kernel", [(2, "conv_direct_rows_f32_fused"), (1, "conv_direct_plane_f32_fused")])
-def test_a_depthwise_conv_with_prologue_and_epilogue_is_one_direct_kernel(stride, kernel):
-    """relu -> depthwise 3x3 (two outputs per channel) -> BN -> ReLU6: on the cpu, one direct kernel (rows, or
-    for stride 1 the flattened plane) with the relu in its loads and the (folded) BN shift and clip in its stores."""
-    x = tg.input("x", (1, 6, 11, 9))
+@pytest.mark.parametrize("shape, stride, kernel", [((1, 6, 11, 9), 1, "conv_direct_plane_f32_fused"),
+                                                  ((1, 6, 11, 9), 2, "conv_direct_plane_f32_fused"),
+                                                  ((1, 6, 5, 50), 1, "conv_direct_rows_f32_fused")])
+def test_a_depthwise_conv_with_prologue_and_epilogue_is_one_direct_kernel(shape, stride, kernel):
+    """relu -> depthwise 3x3 (two outputs per channel) -> BN -> ReLU6: on the cpu, one direct kernel (the
+    phase planes of a small input, else rows) with the relu in its loads and the (folded) BN shift and clip
+    in its stores."""
+    x = tg.input("x", shape)
     var = tg.constant(RNG.random(12).astype(np.float32) + 0.5)
     y = ops.conv2d(ops.relu(x), _const(12, 1, 3, 3, scale=0.3), stride=stride, padding=1, groups=6)
     z = ops.clip(ops.batch_norm(y, _const(12), var, _const(12), _const(12)), 0.0, 6.0)
-    cg = _run(tg.Graph([x], [z]), RNG.standard_normal((1, 6, 11, 9)).astype(np.float32))
+    cg = _run(tg.Graph([x], [z]), RNG.standard_normal(shape).astype(np.float32))
     fused, = cg.graph.nodes
     assert isinstance(fused, FusedAnchor) and [m.kind for m in fused.prologues.values()] == ["relu"]
     assert [m.kind for m in fused.epilogue] == ["add", "clip"]

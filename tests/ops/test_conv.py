@@ -132,21 +132,23 @@ def test_cpu_columns_lowering_matches_reference(n, c, hw, oc, k, stride, pad, di
 
 
 def test_cpu_direct_convolutions_run_rows_with_the_epilogue_in_the_stores():
-    """A grouped NCHW conv with a tiny reduction runs `direct_kernel` on the cpu (`plane_kernel` for a small
-    stride-1 depthwise plane): one generic kernel, or one kernel with bias and activation fused and the
-    window geometry built in; on GPUs the rule-scheduled reduce stays."""
+    """A grouped NCHW conv with a tiny reduction runs `direct_kernel` on the cpu (`plane_kernel` for a
+    depthwise conv of a small input, strided or with short rows): one generic kernel, or one kernel with
+    bias and activation fused and the window geometry built in; on GPUs the rule-scheduled reduce stays."""
     g = conv.geometry((1, 8, 9, 9), (16, 1, 3, 3), padding=1, groups=8)
-    assert conv.on_rows(g, "cpu") and not conv.on_rows(g, "cuda") and conv.uses_plane(g)
-    assert conv.plan(g, td.f32, "cpu", False, None).kernels == [conv.plane_kernel(td.f32)]
     strided = conv.geometry((1, 8, 9, 9), (16, 1, 3, 3), stride=2, padding=1, groups=8)
-    big = conv.geometry((1, 8, 40, 40), (8, 1, 3, 3), padding=1, groups=8)        # a padded plane over PLANE
+    for plane in (g, strided):
+        assert conv.on_rows(plane, "cpu") and not conv.on_rows(plane, "cuda") and conv.uses_plane(plane)
+        assert conv.plan(plane, td.f32, "cpu", False, None).kernels == [conv.plane_kernel(td.f32)]
+    wide = conv.geometry((1, 8, 5, 60), (8, 1, 3, 3), padding=1, groups=8)     # stride-1 rows of LONG_ROW+
+    big = conv.geometry((1, 8, 100, 100), (8, 1, 3, 3), stride=2, padding=1, groups=8)    # phases over PLANE
     two = conv.geometry((1, 8, 9, 9), (8, 2, 3, 3), padding=1, groups=4)          # two input channels a group
-    for rows in (strided, big, two):
+    for rows in (wide, big, two):
         assert not conv.uses_plane(rows)
         assert conv.plan(rows, td.f32, "cpu", False, None).kernels == [conv.direct_kernel(td.f32)]
     nhwc = conv.geometry((1, 9, 9, 8), (16, 1, 3, 3), padding=1, groups=8, layout="NHWC")
     assert conv.plan(nhwc, td.f32, "cpu", False, None).kernels == [conv.direct_nhwc_kernel(td.f32)]
-    fused = conv.plan(strided, td.f32, "cpu", True, "relu6").lowered
+    fused = conv.plan(wide, td.f32, "cpu", True, "relu6").lowered
     assert [k.name for k in fused.kernels] == ["conv_direct_rows_f32_fused"]
     assert [name for name, _ in fused.kernel.params] == ["X", "Wt", "bias", "Z"]     # no geometry scalars left
     fused = conv.plan(g, td.f32, "cpu", True, "relu6").lowered
@@ -183,14 +185,15 @@ def test_cpu_direct_rows_match_reference(n, groups, cg, mult, hw, k, stride, pad
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=16, deadline=None)
 @given(n=st.sampled_from([1, 2]), channels=st.sampled_from([2, 3, 7]), mult=st.sampled_from([1, 2]),
        hw=st.tuples(st.integers(1, 13), st.integers(1, 29)), k=st.sampled_from([(1, 1), (3, 3), (5, 3)]),
-       pads=st.tuples(*[st.integers(0, 2)] * 4), dilation=st.sampled_from([1, 2]), fused=st.booleans(),
-       seed=st.integers(0, 2**16))
-def test_cpu_depthwise_planes_match_reference(n, channels, mult, hw, k, pads, dilation, fused, seed):
-    """Stride-1 depthwise convs of small planes (`plane_kernel`): asymmetric padding, dilation, channel
-    multipliers; generic, and fused with bias and ReLU6 (geometry built into the kernel)."""
+       stride=st.tuples(st.integers(1, 3), st.integers(1, 3)), pads=st.tuples(*[st.integers(0, 2)] * 4),
+       dilation=st.sampled_from([1, 2]), fused=st.booleans(), seed=st.integers(0, 2**16))
+def test_cpu_depthwise_planes_match_reference(n, channels, mult, hw, k, stride, pads, dilation, fused, seed):
+    """Depthwise convs of small inputs (`plane_kernel`, its stride_h x stride_w phase planes): strides,
+    asymmetric padding, dilation, channel multipliers; generic, and fused with bias and ReLU6 (geometry
+    built into the kernel)."""
     td.set_target("cpu")
     (h, w), (kh, kw) = hw, k
     assume(h + pads[0] + pads[2] >= dilation * (kh - 1) + 1 and w + pads[1] + pads[3] >= dilation * (kw - 1) + 1)
@@ -198,10 +201,10 @@ def test_cpu_depthwise_planes_match_reference(n, channels, mult, hw, k, pads, di
     x = rng.standard_normal((n, channels, h, w)).astype(np.float32)
     wt = rng.standard_normal((channels * mult, 1, kh, kw)).astype(np.float32)
     b = rng.standard_normal(channels * mult).astype(np.float32) if fused else None
-    g = conv.geometry(x.shape, wt.shape, 1, pads, dilation, channels)
+    g = conv.geometry(x.shape, wt.shape, stride, pads, dilation, channels)
     assert conv.on_rows(g, "cpu") and conv.uses_plane(g)
-    want = reference(x, wt, b, (1, 1), pads, (dilation,) * 2, channels)
-    got = ops.conv2d(x, wt, b, padding=pads, dilation=dilation, groups=channels,
+    want = reference(x, wt, b, stride, pads, (dilation,) * 2, channels)
+    got = ops.conv2d(x, wt, b, stride=stride, padding=pads, dilation=dilation, groups=channels,
                      activation="relu6" if fused else None)
     np.testing.assert_allclose(got, np.clip(want, 0, 6) if fused else want, rtol=1e-4, atol=1e-4)
 
