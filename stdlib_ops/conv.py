@@ -458,13 +458,20 @@ class DirectRows:
             return np.ascontiguousarray(weight.transpose(2, 3, 1, 0))
         return np.ascontiguousarray(weight)
 
+    @functools.cached_property
+    def _call(self) -> tuple:
+        """The generic kernel's geometry scalars (a fused kernel has them built in) and its parameter names."""
+        return (dict(**_direct_scalars(self.geometry), **_plane_scalars(self.geometry)),
+                [name for name, _ in self.kernel.params])
+
     def run(self, arrays: dict, weight: np.ndarray, out: np.ndarray) -> None:
         """out = the convolution (with its fused prologue and epilogue) of `arrays` and the weight operand."""
-        args = dict(arrays, Wt=weight, **_direct_scalars(self.geometry), **_plane_scalars(self.geometry))
+        scalars, names = self._call
+        args = dict(arrays, Wt=weight, **scalars)
         args[self.output] = out
         if self.x_name is not None:
             args["X"] = arrays[self.x_name]
-        self.kernel(*[args[name] for name, _ in self.kernel.params])     # a fused kernel has its scalars built in
+        self.kernel(*[args[name] for name in names])
 
     @property
     def kernels(self) -> list:
@@ -532,26 +539,34 @@ class Lowered:
             return np.ascontiguousarray(weight).reshape(1, g.oc, -1)
         return pack_weight(g, weight)
 
+    @functools.cached_property
+    def _call(self) -> tuple:
+        """What `run` passes besides the arrays, made once: (the fixed arguments by name, the columns
+        operand's name and GEMM shape, the columns shape, the kernels' parameter names)."""
+        g = self.geometry
+        weight_name, columns_name = ("A", "B") if self.weights_first else ("B", "A")
+        fixed = dict(batch_index=self.batch_index, split=1, **(_columns_scalars(g) if self.columns else {}))
+        shape = self.matmul.operand_shapes()[1 if self.weights_first else 0]
+        columns_params = [name for name, _ in self.columns.params] if self.columns else []
+        return (fixed, weight_name, columns_name, shape, _columns_shape(g), columns_params,
+                [name for name, _ in self.kernel.params][:-1])
+
     def run(self, arrays: dict, weight: np.ndarray, out: np.ndarray) -> None:
         """out = the convolution (with its fused prologue and epilogue) of `arrays` and the weight operand."""
-        g = self.geometry
-        args = dict(arrays, batch_index=self.batch_index, split=1)
-        weight_name, columns_name = ("A", "B") if self.weights_first else ("B", "A")
+        fixed, weight_name, columns_name, shape, columns_shape, columns_params, names = self._call
+        args = dict(arrays, **fixed)
         args[weight_name] = weight
         if self.on_columns:
-            shape = self.matmul.operand_shapes()[1 if self.weights_first else 0]
             if self.columns is None:
                 args[columns_name] = arrays[self.x_name].reshape(shape)
             else:
-                cols = np.empty(_columns_shape(g), out.dtype)
-                args.update(_columns_scalars(g), cols=cols)
+                cols = args["cols"] = np.empty(columns_shape, out.dtype)
                 if self.x_name is not None:
                     args["X"] = arrays[self.x_name]
-                self.columns(*[args[name] for name, _ in self.columns.params])
+                self.columns(*[args[name] for name in columns_params])
                 args[columns_name] = cols.reshape(shape)
-        names = [name for name, _ in self.kernel.params]
-        out = out if g.groups == 1 else out.reshape(_grouped_out_shape(g))
-        self.kernel(*[args[name] for name in names[:-1]], out)
+        out = out if self.geometry.groups == 1 else out.reshape(_grouped_out_shape(self.geometry))
+        self.kernel(*[args[name] for name in names], out)
 
     @property
     def kernels(self) -> list:

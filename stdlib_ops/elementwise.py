@@ -24,6 +24,7 @@ input arrays, and how outputs become the result); tests compare `plan.run()` wit
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -144,7 +145,14 @@ def _operand(v, dtype: np.dtype) -> np.ndarray:
 
 # ---------------------------------------------------------------- canonical broadcasting
 def broadcast_canon(shapes: list) -> tuple[tuple, tuple, tuple]:
-    """(out_shape, pattern, canonical input shapes) of a broadcast of `shapes`.
+    """(out_shape, pattern, canonical input shapes) of a broadcast of `shapes` (remembered: graphs ask
+    for the same shapes at every run)."""
+    return _broadcast_canon(tuple(tuple(s) for s in shapes))
+
+
+@functools.lru_cache(maxsize=1024)
+def _broadcast_canon(shapes: tuple) -> tuple[tuple, tuple, tuple]:
+    """`broadcast_canon`.
 
     pattern[g][k] says whether operand k is full (True) or broadcast (False) along merged
     axis group g; the canonical output shape is one dim per group.

@@ -453,3 +453,29 @@ def test_tensor_metadata():
     assert repr(A) == "<placeholder A: f32[M, N]>"
     assert repr(C) == "<placeholder C: f32[M, 1]>"
     assert size_var("M") is size_var("M") and A.shape[0] is size_var("M")
+
+
+SM_X = td.placeholder("X", td.f32, ("M", "N"))
+SM_MAX = td.reduce("Mx", ("M",), ("N",), lambda i, j: SM_X[i, j], op="max")
+SM_E = td.compute("E", ("M", "N"), lambda i, j: td.exp(SM_X[i, j] - SM_MAX[i]))
+SM_SUM = td.reduce("S", ("M",), ("N",), lambda i, j: SM_E[i, j], op="sum")
+SOFTMAX = td.op([SM_X], [td.compute("P", ("M", "N"), lambda i, j: SM_E[i, j] / SM_SUM[i])])
+
+
+@settings(max_examples=8, deadline=None)
+@given(m=st.sampled_from([1, 3, 17]), n=st.sampled_from([1, 5, 64, 97]), calls=st.integers(2, 3),
+       seed=st.integers(0, 2**16))
+def test_repeated_op_calls_reuse_the_plan_on_fresh_arrays(m, n, calls, seed):
+    """A call with the dtypes and shapes of an earlier one reuses its checked plan (fresh outputs each time)."""
+    rng = np.random.default_rng(seed)
+    outputs = []
+    for _ in range(calls):
+        x = rng.standard_normal((m, n)).astype(np.float32)
+        p, = SOFTMAX(x)
+        e = np.exp(x.astype(np.float64) - x.max(1, keepdims=True))
+        np.testing.assert_allclose(p, e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-6)
+        assert all(p is not q for q in outputs)
+        outputs.append(p)
+    assert any(key[0] == ((np.dtype(np.float32), (m, n)),) for key in SOFTMAX._prepared)
+    with pytest.raises(TypeError, match="dtype"):
+        SOFTMAX(np.zeros((m, n), np.float64))          # another key: checked again, and refused

@@ -16,6 +16,8 @@ meaning is the composition of its members' compute definitions, so it keeps a nu
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 import taskdsl as td
@@ -204,21 +206,31 @@ class _Build:
     def run(self, arrays: list) -> np.ndarray:
         """The fused node's output for its input arrays (one kernel launch; two for a cpu conv with im2col)."""
         out = np.empty(self.op.outputs[0].shape, self.op.outputs[0].numpy_dtype)
-        anchor = self.op.anchor
-        if isinstance(anchor, Conv):
+        if isinstance(self.op.anchor, Conv):
             named = {name: contiguous(arrays[k]) for name, k in self.index_of.items()}
-            weight = arrays[self._input_index(self.weight)]
+            weight = arrays[self._weight_index]
             self.conv.run(named, packed_weight(self.conv, self.weight, weight, self._packed), out)
             return out
+        self.kernel(*[value if k is None else contiguous(arrays[k]).reshape(shape) if shape else contiguous(arrays[k])
+                      for value, k, shape in self._arguments], out)
+        return out
+
+    @functools.cached_property
+    def _weight_index(self) -> int:
+        return self._input_index(self.weight)
+
+    @functools.cached_property
+    def _arguments(self) -> list:
+        """How the matmul kernel's arguments (but its output) come from the node's input arrays: (a fixed
+        value, None, None), or (None, input index, the 3-D operand shape for A and B, else None)."""
+        anchor = self.op.anchor
         a_shape, b_shape, _ = self.plan.operand_shapes()
-        fixed = {"batch_index": self.batch_index, "split": 1}
+        how = {"batch_index": (self.batch_index, None, None), "split": (1, None, None)}
         for k, (name, shape) in enumerate((("A", a_shape), ("B", b_shape))):
             if k not in self.op.prologues:
-                fixed[name] = contiguous(arrays[self._input_index(anchor.inputs[k])]).reshape(shape)
-        names = [name for name, _ in self.kernel.params]
-        args = [fixed[n] if n in fixed else contiguous(arrays[self.index_of[n]]) for n in names[:-1]]
-        self.kernel(*args, out)
-        return out
+                how[name] = (None, self._input_index(anchor.inputs[k]), shape)
+        names = [name for name, _ in self.kernel.params][:-1]
+        return [how[n] if n in how else (None, self.index_of[n], None) for n in names]
 
     def _input_index(self, t) -> int:
         return next(k for k, x in enumerate(self.op.inputs) if x is t)

@@ -8,6 +8,8 @@ Python operators on tensors (`+ - * / ** @`, unary `-`, `.reshape`, `.T`) trace 
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..compute import numpy_dtype
@@ -68,7 +70,7 @@ class Tensor:
     @property
     def size(self) -> int:
         """The number of elements."""
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:

@@ -44,7 +44,7 @@ def get_target() -> str:
     """The current target: set_target's, else $TASKDSL_TARGET, else 'cuda' with a usable GPU, else 'cpu'."""
     if _state["target"] is not None:
         return _state["target"]
-    env = os.environ.get("TASKDSL_TARGET")
+    env = environment("TASKDSL_TARGET")
     if env:
         set_target(env.strip().lower())
         return _state["target"]
@@ -56,10 +56,16 @@ def debug(enabled: bool = True) -> None:
     _state["debug"] = bool(enabled)
 
 
+@functools.cache
+def environment(name: str) -> str | None:
+    """The environment variable `name`, read once per process (a read costs ~1 us, and launches ask often)."""
+    return os.environ.get(name)
+
+
 def _flag(name: str, env: str) -> bool:
     if _state[name] is not None:
         return _state[name]
-    return os.environ.get(env, "0") not in ("", "0", "false", "False")
+    return (environment(env) or "0") not in ("", "0", "false", "False")
 
 
 def debug_enabled() -> bool:

@@ -101,6 +101,7 @@ class Kernel:
         self._cpu: dict = {}
         self._cuda: dict = {}
         self._bindings: dict = {}    # _binding_key(args) -> (sizes, grid, block) of a call that passed the checks
+        self._launches: dict = {}    # (_binding_key(args), debug, fast compile) -> PreparedLaunch (cpu)
         if fn is not None:
             functools.update_wrapper(self, fn)
 
@@ -254,12 +255,11 @@ class Kernel:
     # ------------------------------------------------------------------ public API
     def __call__(self, *args) -> None:
         target = get_target()
-        binding = self.bind(args, target)
-        if 0 in binding.grid:
-            return
         if target == "cpu":
-            self._run_cpu(binding)
-        else:
+            self._call_cpu(args)
+            return
+        binding = self.bind(args, target)
+        if 0 not in binding.grid:
             self._run_cuda(binding)
 
     def _run_cuda(self, binding: Binding) -> None:
@@ -270,22 +270,43 @@ class Kernel:
         launch_cuda(compiled, kernel_symbol(self._lowered_ir(binding.block)), binding.values, binding.grid,
                     binding.block, dtypes)
 
-    def _run_cpu(self, binding: Binding) -> None:
+    def _call_cpu(self, args: tuple) -> None:
+        """Launch on the cpu: a call with the shapes, dtypes and scalars of an earlier one reuses its
+        prepared launch (no checks, no lookups: a launch's Python cost is mostly these)."""
         debug = debug_enabled()
+        key = _binding_key(args)
+        if key is not None:
+            key = (key, debug, fast_compile_enabled())
+        launch = self._launches.get(key)
+        if launch is None or precompile.is_recording():
+            binding = self.bind(args, "cpu")
+            if 0 in binding.grid:        # nothing to run, and nothing to compile
+                return
+            launch = self._prepare_cpu(binding, debug)
+            if launch is None:
+                return
+            if key is not None:
+                if len(self._launches) >= BINDINGS_PER_KERNEL:
+                    self._launches.clear()
+                self._launches[key] = launch
+        try:
+            launch(args)
+        except (IndexError, RuntimeError) as exc:
+            sites = launch.src.sites
+            if debug and exc.args and isinstance(exc.args[0], int) and exc.args[0] < len(sites):
+                from ..backend.cpu.errors import debug_error
+                raise debug_error(sites[exc.args[0]], exc) from None
+            raise
+
+    def _prepare_cpu(self, binding: Binding, debug: bool):
+        """The prepared launch of `binding` (None while launches are being recorded for compiling ahead)."""
+        from ..backend.cpu.launch import PreparedLaunch, signature
         run, src, path, parallel = self._cpu_kernel(binding.block, debug)
-        fn = self._lowered_ir(binding.block)
-        sizes = [binding.sizes[s.name] for s in fn.sizes]
-        from ..backend.cpu.launch import launch_cpu, signature
+        sizes = [binding.sizes[s.name] for s in self._lowered_ir(binding.block).sizes]
         if precompile.is_recording():
             precompile.record(precompile.Job(str(path), src.entry, signature(src, binding.values, sizes, binding.grid)))
-            return
-        try:
-            launch_cpu(run, src, binding.values, sizes, binding.grid, parallel)
-        except (IndexError, RuntimeError) as exc:
-            if debug and exc.args and isinstance(exc.args[0], int) and exc.args[0] < len(src.sites):
-                from ..backend.cpu.errors import debug_error
-                raise debug_error(src.sites[exc.args[0]], exc) from None
-            raise
+            return None
+        return PreparedLaunch(run, src, binding.values, sizes, binding.grid, parallel)
 
     def ir(self, *args, stage: str = "frontend") -> str:
         """The IR text of the specialization for `args`: stage 'frontend', 'lowered' or 'cuda'."""

@@ -19,7 +19,18 @@ from .rules import (BLOCK, choose_strategy, evaluate_int, injective_strategy, nu
                     split_stages)
 
 SPLIT_CHUNKS = 32
+PREPARED_CALLS = 64     # remembered call signatures per op (forgotten all at once past this)
 CPU_THREAD_BLOCK = 8    # outputs per block of a cpu 'thread' reduction: blocks are what the CPU threads share
+
+
+def _call_key(arrays: tuple):
+    """What an op's checks and plan depend on when every argument is a numpy array: dtypes and shapes."""
+    key = []
+    for a in arrays:
+        if not isinstance(a, np.ndarray):
+            return None
+        key.append((a.dtype, a.shape))
+    return tuple(key)
 
 
 @dataclass
@@ -58,6 +69,7 @@ class Op:
         self._plans: dict = {}
         self._splits: dict = {}
         self._last: list | None = None
+        self._prepared: dict = {}   # (_call_key(arrays), target, threads) -> (steps, sizes, allocations)
 
     # ------------------------------------------------------------------ planning
     def _plan(self, sizes: dict) -> list:
@@ -108,13 +120,28 @@ class Op:
 
     def __call__(self, *arrays) -> list:
         """The outputs for these input arrays (newly allocated), computed by the op's kernels."""
-        buffers, sizes = self._arrays(arrays)
-        steps = self._plan(sizes)
-        for step in steps:
-            for b in step.buffers:
-                if b.uid not in buffers:
-                    shape = tuple(evaluate_int(d, sizes) for d in b.shape)
-                    buffers[b.uid] = np.empty(shape, numpy_dtype(b.dtype))
+        key = _call_key(arrays)
+        if key is not None:
+            key = (key, get_target(), num_threads())
+        prepared = self._prepared.get(key)
+        if prepared is None:
+            buffers, sizes = self._arrays(arrays)
+            steps = self._plan(sizes)
+            allocations = {}       # the buffers a call allocates: intermediates and outputs
+            for step in steps:
+                for b in step.buffers:
+                    if b.uid not in buffers and b.uid not in allocations:
+                        allocations[b.uid] = (tuple(evaluate_int(d, sizes) for d in b.shape), numpy_dtype(b.dtype))
+            prepared = (steps, sizes, tuple((uid, *alloc) for uid, alloc in allocations.items()))
+            if key is not None:
+                if len(self._prepared) >= PREPARED_CALLS:
+                    self._prepared.clear()
+                self._prepared[key] = prepared
+        else:                      # the same dtypes and shapes as a checked call
+            buffers = {t.buffer.uid: a for t, a in zip(self.inputs, arrays)}
+        steps, sizes, allocations = prepared
+        for uid, shape, dtype in allocations:
+            buffers[uid] = np.empty(shape, dtype)
         for step in steps:
             step.kernel(*step.arguments(buffers, sizes))
         self._last = steps

@@ -76,36 +76,102 @@ def launch_cpu(run, src: CpuSource, values: list, sizes: list, grid: tuple, para
     """Run the dispatcher `run` on `values` (arrays and scalars), `sizes` and the `grid` of blocks; blocks
     in parallel through `parallel` (the module's `parallel_entry`) where given, else a thread pool."""
     args, copy_back = call_args(src, values)
-    blocks = grid[0] * grid[1] * grid[2]
-    workers = min(num_threads(), blocks) if src.parallel else 1
+    blocks, tail = grid[0] * grid[1] * grid[2], (*sizes, *grid)
+    workers = _workers(src, blocks)
+    _compile_for(run, parallel, args, tail, workers)
+    _run_blocks(run, parallel, args, tail, blocks, workers)
+    for original, tmp in copy_back:
+        np.copyto(original, tmp)
+
+
+class PreparedLaunch:
+    """`launch_cpu` with one binding's function, scalars, sizes and grid decided: a repeated call with
+    arrays of the same dtypes and shapes (and the same scalars) only makes the arrays' flat views.
+
+    Called with the kernel's arguments as the user passed them; arrays that are not C-contiguous
+    take `launch_cpu`'s copying path.
+    """
+
+    def __init__(self, run, src: CpuSource, values: list, sizes: list, grid: tuple, parallel=None):
+        self.run, self.src, self.parallel = run, src, parallel
+        self.values = list(values)       # the binding's values: its scalars are reused as they are
+        self.sizes, self.grid = list(sizes), grid
+        self.tail = (*sizes, *grid)
+        self.blocks = grid[0] * grid[1] * grid[2]
+        self.workers = _workers(src, self.blocks)      # the thread count as of the first such call
+        self.ready: set = set()        # (through the parallel entry?, arrays' writeable flags) compiled for
+        # arrays by position, and whether they travel as 16-bit patterns (f16; bf16, bound as uint16 bits)
+        self.arrays = [(i, v.dtype in (np.float16, np.uint16)) for i, v in enumerate(values)
+                       if isinstance(v, np.ndarray)]
+
+    def __call__(self, args: tuple) -> None:
+        values = self.values[:]
+        contiguous = self.src.flat
+        for i, bits in self.arrays:
+            a = args[i].view(np.uint16) if bits else args[i]
+            contiguous = contiguous and a.flags.c_contiguous
+            values[i] = a
+        if not contiguous:
+            launch_cpu(self.run, self.src, values, self.sizes, self.grid, self.parallel)
+            return
+        # 1-D and contiguous, the arrays' numba types differ only in read-only inputs
+        seen = [_parallel(self.parallel, self.workers) is not None]
+        for i, _ in self.arrays:
+            a = values[i] = values[i].reshape(-1)
+            seen.append(a.flags.writeable)
+        seen = tuple(seen)
+        if seen not in self.ready:
+            _compile_for(self.run, self.parallel, values, self.tail, self.workers)
+            self.ready.add(seen)
+        _run_blocks(self.run, self.parallel, values, self.tail, self.blocks, self.workers)
+
+
+def _workers(src: CpuSource, blocks: int) -> int:
+    return min(num_threads(), blocks) if src.parallel else 1
+
+
+def _parallel(parallel, workers: int):
+    """The parallel entry a launch of `workers` threads goes through here, or None (the thread pool): numba's
+    threads serve the main thread (another thread's launch, concurrent with it, takes the pool: some
+    threading layers do not take parallel regions from two threads at once)."""
+    if workers > 1 and parallel is not None and threading.current_thread() is threading.main_thread():
+        return parallel
+    return None
+
+
+def _compile_for(run, parallel, args: list, tail: tuple, workers: int) -> None:
+    """Compile (or load) the functions a launch with these arguments calls."""
     layouts = tuple((a.ndim, a.flags.c_contiguous, a.flags.writeable) for a in args if isinstance(a, np.ndarray))
-    _compile(run, layouts, args, sizes, grid)
-    if workers <= 1:
-        run(*args, *sizes, *grid, 0, blocks)
-    elif parallel is not None and threading.current_thread() is threading.main_thread():
-        # numba's threads (another thread's launch, concurrent with this one, takes the pool below: some
-        # threading layers do not take parallel regions from two threads at once)
-        _compile(parallel, layouts, args, sizes, grid)
-        parallel(*args, *sizes, *grid, workers, blocks)
+    for fn in (run, _parallel(parallel, workers)):
+        if fn is not None:
+            _compile(fn, layouts, args, tail)
+
+
+def _run_blocks(run, parallel, args: list, tail: tuple, blocks: int, workers: int) -> None:
+    """Run blocks [0, blocks) of the generated function on `args` (flat views and scalars) and `tail`
+    (sizes and grid), on `workers` threads (compiled for these arguments: `_compile_for`)."""
+    parallel = _parallel(parallel, workers)
+    if parallel is not None:
+        parallel(*args, *tail, workers, blocks)
+    elif workers <= 1:
+        run(*args, *tail, 0, blocks)
     else:   # the calling thread runs the first share itself: one thread hand-off fewer per launch
         bounds = [blocks * w // workers for w in range(workers + 1)]
-        futures = [_pool(workers - 1).submit(run, *args, *sizes, *grid, lo, hi)
+        futures = [_pool(workers - 1).submit(run, *args, *tail, lo, hi)
                    for lo, hi in zip(bounds[1:-1], bounds[2:])]
         try:
-            run(*args, *sizes, *grid, bounds[0], bounds[1])
+            run(*args, *tail, bounds[0], bounds[1])
         finally:
             for f in futures:    # every share has finished writing before this returns or raises
                 f.exception()
         for f in futures:
             f.result()
-    for original, tmp in copy_back:
-        np.copyto(original, tmp)
 
 
-def _compile(fn, layouts: tuple, args: list, sizes: list, grid: tuple) -> None:
+def _compile(fn, layouts: tuple, args: list, tail: tuple) -> None:
     """Compile (or load) `fn` for these argument layouts once, with the SLP vectorizer on: a call that runs
     no block (an entry's empty block range, or a parallel entry's zero chunks)."""
     if layouts not in _warm.setdefault(fn, set()):     # what numba's types of these arguments depend on
         with slp_vectorizer():
-            fn(*args, *sizes, *grid, 0, 0)
+            fn(*args, *tail, 0, 0)
         _warm[fn].add(layouts)
