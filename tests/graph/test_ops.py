@@ -258,6 +258,26 @@ def test_global_pools_and_1d_3d_pools():
     assert_close(got[2], win.mean((-3, -2, -1)).astype(np.float32))
 
 
+def test_large_slices_get_their_own_kernel_and_match_numpy():
+    """Slices of SPECIALIZED_SLICE outputs or more run the definitions with starts and steps built in
+    (a specialized copy), smaller ones the generic kernel; both against numpy's slicing."""
+    from taskdsl.graph import runners
+    x = rand((2, 64, 384), 3)
+    cases = [([128], [256], [1], [2], x[:, :, 128:256]),                 # 16384 elements: specialized
+             ([1, 383], [64, 0], [1, -2], [1, 2], x[:, 1:64, 383:0:-2]),   # reversed, strided: specialized
+             ([1, 300], [64, 2], [2, -3], [1, 2], x[:, 1:64:2, 300:2:-3]),   # 6400 elements: generic
+             ([5], [9], [1], [1], x[:, 5:9])]                             # small: the generic kernel
+    for starts, stops, steps, axes, want in cases:
+        inp = tg.input("x", x.shape)
+        g = tg.Graph([inp], [ops.slice(inp, starts, stops, axes=axes, steps=steps)])
+        cg = g.compile("cpu")
+        got, = cg(x)
+        np.testing.assert_array_equal(got, want)
+        kernel, = cg.kernels
+        generic = "start_step" in [name for name, _ in kernel.params]       # starts and steps as an argument
+        assert generic == (want.size < runners.SPECIALIZED_SLICE)
+
+
 def test_transforms():
     x = rand((2, 3, 4), 1)
     idx = np.array([[2, -1], [0, 1]], np.int64)
