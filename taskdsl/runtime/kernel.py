@@ -50,6 +50,13 @@ def _cubin(source: str, arch: str, name: str) -> bytes:
 BINDINGS_PER_KERNEL = 64      # remembered argument signatures per kernel (forgotten all at once past this)
 
 
+def remember(cache: dict, key, value, limit: int = BINDINGS_PER_KERNEL) -> None:
+    """cache[key] = value, forgetting every entry first when `limit` are kept (signatures rarely vary much)."""
+    if len(cache) >= limit:
+        cache.clear()
+    cache[key] = value
+
+
 def _binding_key(args: tuple):
     """What the checks of `bind` depend on, when every argument is a numpy array or a Python/numpy
     scalar: dtypes and shapes of the arrays, types and values of the scalars; else None."""
@@ -138,9 +145,7 @@ class Kernel:
             return Binding(values, *known)
         binding = self._check(args, target)
         if key is not None:
-            if len(self._bindings) >= BINDINGS_PER_KERNEL:
-                self._bindings.clear()
-            self._bindings[key] = (binding.sizes, binding.grid, binding.block)
+            remember(self._bindings, key, (binding.sizes, binding.grid, binding.block))
         return binding
 
     def _check(self, args: tuple, target: str) -> Binding:
@@ -286,9 +291,7 @@ class Kernel:
             if launch is None:
                 return
             if key is not None:
-                if len(self._launches) >= BINDINGS_PER_KERNEL:
-                    self._launches.clear()
-                self._launches[key] = launch
+                remember(self._launches, key, launch)
         try:
             launch(args)
         except (IndexError, RuntimeError) as exc:

@@ -14,7 +14,7 @@ from .. import ir
 from ..compute import Tensor, bind_sizes, evaluate, numpy_dtype, topological
 from ..backend.cpu.launch import num_threads
 from ..runtime.config import get_target
-from ..runtime.kernel import Kernel
+from ..runtime.kernel import Kernel, remember
 from .rules import (BLOCK, choose_strategy, evaluate_int, injective_strategy, numel, schedule_injective, schedule_reduce,
                     split_stages)
 
@@ -134,9 +134,7 @@ class Op:
                         allocations[b.uid] = (tuple(evaluate_int(d, sizes) for d in b.shape), numpy_dtype(b.dtype))
             prepared = (steps, sizes, tuple((uid, *alloc) for uid, alloc in allocations.items()))
             if key is not None:
-                if len(self._prepared) >= PREPARED_CALLS:
-                    self._prepared.clear()
-                self._prepared[key] = prepared
+                remember(self._prepared, key, prepared, PREPARED_CALLS)
         else:                      # the same dtypes and shapes as a checked call
             buffers = {t.buffer.uid: a for t, a in zip(self.inputs, arrays)}
         steps, sizes, allocations = prepared

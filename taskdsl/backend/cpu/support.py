@@ -37,17 +37,23 @@ _ERF_Q = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -
 
 
 @njit(cache=True, inline="always")
+def _odd_rational(x, p_coeffs, q_coeffs):
+    """x * P(x^2) / Q(x^2) in float32, P and Q by Horner from their highest coefficient."""
+    x2 = x * x
+    p = np.float32(p_coeffs[0])
+    for c in p_coeffs[1:]:
+        p = p * x2 + np.float32(c)
+    q = np.float32(q_coeffs[0])
+    for c in q_coeffs[1:]:
+        q = q * x2 + np.float32(c)
+    return x * p / q
+
+
+@njit(cache=True, inline="always")
 def erf_f32(x):
     """erf of a float32, by the rational approximation above (bounded by +-1; NaN stays NaN)."""
     xc = min(max(x, np.float32(-4.0)), np.float32(4.0))
-    x2 = xc * xc
-    p = np.float32(_ERF_P[0])
-    for c in _ERF_P[1:]:
-        p = p * x2 + np.float32(c)
-    q = np.float32(_ERF_Q[0])
-    for c in _ERF_Q[1:]:
-        q = q * x2 + np.float32(c)
-    r = min(max(xc * p / q, np.float32(-1.0)), np.float32(1.0))
+    r = min(max(_odd_rational(xc, _ERF_P, _ERF_Q), np.float32(-1.0)), np.float32(1.0))
     return r if x == x else x
 
 
@@ -64,14 +70,7 @@ def tanh_f32(x):
     """tanh of a float32, by the rational approximation above (+-1 from |x| = 9, where float32's tanh
     rounds to it; NaN stays NaN)."""
     xc = min(max(x, np.float32(-7.90531110763549805)), np.float32(7.90531110763549805))
-    x2 = xc * xc
-    p = np.float32(_TANH_P[0])
-    for c in _TANH_P[1:]:
-        p = p * x2 + np.float32(c)
-    q = np.float32(_TANH_Q[0])
-    for c in _TANH_Q[1:]:
-        q = q * x2 + np.float32(c)
-    r = xc * p / q
+    r = _odd_rational(xc, _TANH_P, _TANH_Q)
     r = np.float32(1.0) if x >= np.float32(9.0) else np.float32(-1.0) if x <= np.float32(-9.0) else r
     return r if x == x else x
 
