@@ -23,6 +23,7 @@ import numpy as np
 import taskdsl as td
 from taskdsl import blockIdx, ir
 from taskdsl.runtime.config import fast_compile_enabled
+from taskdsl.runtime.host import empty_aligned
 
 from . import gemm as mm
 
@@ -560,7 +561,7 @@ class Lowered:
             if self.columns is None:
                 args[columns_name] = arrays[self.x_name].reshape(shape)
             else:
-                cols = args["cols"] = np.empty(columns_shape, out.dtype)
+                cols = args["cols"] = empty_aligned(columns_shape, out.dtype)
                 if self.x_name is not None:
                     args["X"] = arrays[self.x_name]
                 self.columns(*[args[name] for name in columns_params])
@@ -607,9 +608,13 @@ def _x_shape(g: ConvGeometry) -> tuple:
     return (g.n, g.c, g.h, g.w) if g.layout == "NCHW" else (g.n, g.h, g.w, g.c)
 
 
-def matmul_examples(matmul) -> tuple:
-    """Example arguments (operands, batch index, split 1) that specialize a matmul plan's anchor for fusion."""
-    return tuple(np.empty(s, matmul.dtype.numpy) for s in matmul.operand_shapes()) + (matmul.batch_index(1), 1)
+def matmul_examples(matmul, packed_b: bool = False) -> tuple:
+    """Example arguments (operands, batch index, split 1) that specialize a matmul plan's anchor for fusion
+    (with `packed_b`, its kernel for packed B panels)."""
+    a, b, c = (np.empty(s, matmul.dtype.numpy) for s in matmul.operand_shapes())
+    if packed_b:
+        b = matmul.pack_b(b)
+    return (a, b, c, matmul.batch_index(1), 1)
 
 
 @dataclass(frozen=True)
@@ -631,7 +636,7 @@ class ConvPlan:
         extra = [bias] if bias is not None else []
         if self.direct is not None:
             return self.direct(x, weight, *extra)[0]
-        out = np.empty(self.geometry.out_shape, x.dtype)
+        out = empty_aligned(self.geometry.out_shape, x.dtype)
         operand = packed if packed is not None else self.lowered.weight_operand(weight)
         self.lowered.run({"X": x, "bias": bias}, operand, out)
         return out

@@ -18,6 +18,7 @@ import numpy as np
 import taskdsl as td
 from taskdsl.backend.cpu.launch import num_threads
 from taskdsl.runtime.config import fast_compile_enabled
+from taskdsl.runtime.host import empty_aligned
 from taskdsl.schedule.tuner import tune
 
 from . import matmul_cpu as cpu
@@ -43,17 +44,19 @@ class Template:
     name: str
     space: object          # (target, itemsize) -> Space
     default: object        # (target, itemsize) -> Point
-    build: object          # (point, dtype, out_dtype, vec) -> Kernel
+    build: object          # (point, dtype, out_dtype, vec, packed_b) -> Kernel
     tile_shape: object     # point -> (BM, BN, threads)
+    pack_b: object = None  # (point, B (batch, K, N)) -> B as the packed_b kernel reads it; None: no such kernel
 
 
 SIMT = Template("simt_matmul", simt.space_for, simt.default_point,
-                lambda p, dtype, out, vec: simt.simt_matmul_kernel(p, dtype, out), simt.tile_shape)
+                lambda p, dtype, out, vec, packed_b: simt.simt_matmul_kernel(p, dtype, out), simt.tile_shape)
 CPU_TILE = Template("tile_matmul", lambda target, itemsize: cpu.space(itemsize),
                     lambda target, itemsize: cpu.default_point(itemsize),
-                    lambda p, dtype, out, vec: cpu.tile_matmul_kernel(p, dtype, out), cpu.tile_shape)
+                    lambda p, dtype, out, vec, packed_b: cpu.tile_matmul_kernel(p, dtype, out, packed_b),
+                    cpu.tile_shape, cpu.pack_b)
 TENSOR_CORE = Template("tc_matmul", lambda target, itemsize: tc.space(), lambda target, itemsize: tc.default_point(),
-                       tc.tc_matmul_kernel, tc.tile_shape)
+                       lambda p, dtype, out, vec, packed_b: tc.tc_matmul_kernel(p, dtype, out, vec), tc.tile_shape)
 
 
 def template_for(dtype, target: str) -> Template:
@@ -108,10 +111,23 @@ class MatmulPlan:
     def batch(self) -> int:
         return math.prod(self.out_batch)
 
-    def kernel(self, out_dtype=None) -> td.Kernel:
-        """The template kernel of this plan (output type: the operands', or f32 for split-k partials)."""
+    def kernel(self, out_dtype=None, packed_b: bool = False) -> td.Kernel:
+        """The template kernel of this plan (output type: the operands', or f32 for split-k partials); with
+        `packed_b`, the kernel that takes B as `pack_b` gives it."""
+        if packed_b and not self.packs_b:
+            raise ValueError(f"the {self.template.name} template has no kernel for packed B operands")
         out = out_dtype or (td.f32 if self.split > 1 else self.dtype)
-        return self.template.build(self.point, self.dtype, out, self.vec)
+        return self.template.build(self.point, self.dtype, out, self.vec, packed_b)
+
+    @property
+    def packs_b(self) -> bool:
+        """Whether the template can take B packed once (`pack_b`), as is worth it for constant weights: the
+        cpu's, whose blocks otherwise pack their panels of B on every call."""
+        return self.template.pack_b is not None
+
+    def pack_b(self, b) -> np.ndarray:
+        """B (any shape with the elements of the 3-D operand) as the `packed_b` kernel reads it."""
+        return self.template.pack_b(self.point, np.asarray(b).reshape(self.operand_shapes()[1]))
 
     def batch_index(self, split: int | None = None) -> np.ndarray:
         """The kernel's (z-slice -> A, B matrix) table."""
@@ -127,15 +143,15 @@ class MatmulPlan:
         return ((math.prod(self.a_batch), self.m, self.k), (math.prod(self.b_batch), self.k, self.n),
                 (self.batch, self.m, self.n))
 
-    def __call__(self, a3: np.ndarray, b3: np.ndarray) -> np.ndarray:
-        """C (batch, M, N) for 3-D operands."""
+    def __call__(self, a3: np.ndarray, b3: np.ndarray, packed_b: bool = False) -> np.ndarray:
+        """C (batch, M, N) for 3-D operands (`b3`: B's `pack_b` panels with `packed_b`)."""
         if self.split == 1:
-            c = np.empty((self.batch, self.m, self.n), self.dtype.numpy)
-            self.kernel()(a3, b3, c, self.batch_index(), 1)
+            c = empty_aligned((self.batch, self.m, self.n), self.dtype.numpy)
+            self.kernel(packed_b=packed_b)(a3, b3, c, self.batch_index(), 1)
             return c
         from .reduce import sum as reduce_sum
-        partial = np.empty((self.batch * self.split, self.m, self.n), np.float32)
-        self.kernel()(a3, b3, partial, self.batch_index(), self.split)
+        partial = empty_aligned((self.batch * self.split, self.m, self.n), np.float32)
+        self.kernel(packed_b=packed_b)(a3, b3, partial, self.batch_index(), self.split)
         total = reduce_sum(partial.reshape(self.batch, self.split, self.m, self.n), axis=1)
         return total.astype(self.dtype.numpy, copy=False)
 
@@ -189,8 +205,9 @@ def _operands(a, b) -> tuple:
     return np.ascontiguousarray(a, dtype), np.ascontiguousarray(b, dtype)
 
 
-def matmul(a, b, *, tune: bool | None = None):
-    """`a @ b` with numpy's rules (1-D operands promoted, batch dims broadcast); f32 or f16."""
+def matmul(a, b, *, tune: bool | None = None, packed: np.ndarray | None = None):
+    """`a @ b` with numpy's rules (1-D operands promoted, batch dims broadcast); f32 or f16. `packed`: b's
+    panels from the plan's `pack_b`, made once by a caller that multiplies by the same b again (the cpu)."""
     a, b = _operands(a, b)
     dtype = tdtype(a.dtype)
     a2 = a[None, :] if a.ndim == 1 else a
@@ -202,7 +219,8 @@ def matmul(a, b, *, tune: bool | None = None):
         if p.k == 0:
             out[...] = 0
         else:
-            out = p(a2.reshape(shape_a) if a2.size else a2, b2.reshape(shape_b)).reshape(out.shape)
+            operand = b2.reshape(shape_b) if packed is None else packed
+            out = p(a2.reshape(shape_a) if a2.size else a2, operand, packed is not None).reshape(out.shape)
     if a.ndim == 1:
         out = out[..., 0, :]
     if b.ndim == 1:

@@ -25,9 +25,12 @@ for full and edge tiles. Operands, `batch_index` and split-k are those of the SI
 
 import functools
 
+import numpy as np
+
 import taskdsl as td
 from taskdsl import blockIdx, f32, repeat
 from taskdsl.runtime.config import fast_compile_enabled
+from taskdsl.runtime.host import empty_aligned
 from taskdsl.schedule.space import Space
 
 VECTOR_REGISTERS = 16          # AVX2 ymm registers: accumulators + B row + A broadcast must fit
@@ -72,29 +75,51 @@ def default_point(itemsize: int = 4):
     return space(itemsize).point(**(FAST_COMPILE if fast_compile_enabled() else DEFAULT))
 
 
+def pack_b(p, b3):
+    """B (BB, K, N) as the panels the `packed_b` kernel of point `p` reads: (BB * cdiv(N, BN) * K, BN) f32, panel
+    (z, j) holding B[z, :, j*BN : (j+1)*BN] row after row, zeros past column N (constant weights: pack once)."""
+    bb, k, n = b3.shape
+    bn = p.block[1]
+    out = empty_aligned(packed_b_shape(p, b3.shape), np.float32)      # aligned: the kernel's vector loads
+    panels = out.reshape(bb, -(-n // bn), k, bn)
+    for j in range(panels.shape[1]):
+        cols = min(bn, n - j * bn)
+        panels[:, j, :, :cols] = b3[:, :, j * bn:j * bn + cols]
+        panels[:, j, :, cols:] = 0.0
+    return out
+
+
+def packed_b_shape(p, b_shape: tuple) -> tuple:
+    """The shape `pack_b` gives a (BB, K, N) operand."""
+    bb, k, n = b_shape
+    bn = p.block[1]
+    return (bb * -(-n // bn) * k, bn)
+
+
 @functools.cache
-def tile_matmul_kernel(p, dtype, out_dtype):
-    """The cpu matmul kernel for schedule point `p` and element types (one compile serves every shape)."""
+def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False):
+    """The cpu matmul kernel for schedule point `p` and element types (one compile serves every shape); with
+    `packed_b`, B comes as `pack_b`'s panels and the blocks read them in place instead of packing their own."""
     (MR, NR), (BM, BN), KC = p.micro, p.block, p.bk
-    name = f"tile_matmul_{BM}x{BN}x{KC}_m{MR}x{NR}"
+    name = f"tile_matmul_{BM}x{BN}x{KC}_m{MR}x{NR}" + ("_packed" if packed_b else "")
+    b_spec = f32["RB", BN] if packed_b else dtype["BB", "K", "N"]
 
     @td.func
-    def micro_kernel(A, panel, c, fa, fb, za, i0, j, k0, k1):
-        """c += A[i0:i0+MR, k0:k1] @ panel[:k1-k0, j:j+NR] (rows past M clamped)."""
+    def micro_kernel(A, panel, c, fa, fb, za, i0, j, k0, k1, row):
+        """c += A[i0:i0+MR, k0:k1] @ panel[row : row+k1-k0, j:j+NR] (rows past M clamped)."""
         M = A.shape[1]
         for k in range(k0, k1):
             for x in range(MR):
                 fa[x] = td.cast(A[za, td.min(i0 + x, M - 1), k], f32)
             for y in range(NR):
-                fb[y] = panel[k - k0, j + y]
+                fb[y] = panel[row + k - k0, j + y]
             for x, y in repeat(MR, NR)(0):
                 c[x, y] += fa[x] * fb[y]
 
     @td.kernel(grid=lambda M, N, BZ: (td.cdiv(M, BM) * td.cdiv(N, BN), 1, BZ), block=1, name=name)
-    def matmul(A: dtype["BA", "M", "K"], B: dtype["BB", "K", "N"], C: out_dtype["BZ", "M", "N"],
+    def matmul(A: dtype["BA", "M", "K"], B: b_spec, C: out_dtype["BZ", "M", "N"],
                batch_index: td.i32["BZ", 2], split: td.i32):
         partial = td.shared(f32, (BM, BN))
-        panel = td.shared(f32, (KC, BN))
         c = td.registers(f32, (MR, NR))
         fa = td.registers(f32, (MR,))
         fb = td.registers(f32, (NR,))
@@ -106,13 +131,19 @@ def tile_matmul_kernel(p, dtype, out_dtype):
         k_begin = blockIdx.z % split * chunk
         k_end = td.min(K, k_begin + chunk)
         cols = td.min(BN, N - col0)
+        panel = B if packed_b else td.shared(f32, (KC, BN))
+        first_row = (zb * td.cdiv(N, BN) + blockIdx.x // grid_m) * K     # of this block's panel in packed B
         for k0 in range(k_begin, k_end, KC):
             k1 = td.min(k_end, k0 + KC)
-            for k in range(k1 - k0):         # B's panel, packed: its rows are N apart in B
-                for j in range(cols):
-                    panel[k, j] = td.cast(B[zb, k0 + k, col0 + j], f32)
-                for j in range(cols, BN):    # past column N: zeros, computed but never stored
-                    panel[k, j] = 0.0
+            if packed_b:
+                row = first_row + k0
+            else:
+                row = 0
+                for k in range(k1 - k0):         # B's panel, packed: its rows are N apart in B
+                    for j in range(cols):
+                        panel[k, j] = td.cast(B[zb, k0 + k, col0 + j], f32)
+                    for j in range(cols, BN):    # past column N: zeros, computed but never stored
+                        panel[k, j] = 0.0
             for mi in range(BM // MR):
                 for nj in range(BN // NR):
                     i0, j = row0 + mi * MR, nj * NR
@@ -123,7 +154,7 @@ def tile_matmul_kernel(p, dtype, out_dtype):
                         else:
                             for x, y in repeat(MR, NR)(0):
                                 c[x, y] = partial[mi * MR + x, j + y]
-                        micro_kernel(A, panel, c, fa, fb, za, i0, j, k0, k1)
+                        micro_kernel(A, panel, c, fa, fb, za, i0, j, k0, k1, row)
                         for x, y in repeat(MR, NR)(0):
                             partial[mi * MR + x, j + y] = c[x, y]
         rows = td.min(BM, M - row0)

@@ -26,3 +26,12 @@ def test_the_depthwise_layers_match_onnxruntime(capsys):
     assert row["layer"] == (960, 7, 960, 3, 1) and row["err"] < 1e-5
     assert row["taskdsl"] > 0 and row["peer"] > 0
     assert "MobileNet-V2 depthwise layers" in capsys.readouterr().out
+
+
+def test_the_cpu_matmul_rows_check_both_kernels_against_numpy(capsys):
+    """A prime size through the template as called (B packed per block) and with B packed once."""
+    from taskdsl.bench import matmul
+    row, = matmul.run(sizes=(37,))
+    assert row["size"] == 37 and row["err"] < 1e-5
+    assert row["taskdsl"] > 0 and row["packed"] > 0 and row["peer"] > 0
+    assert "B packed GFLOP/s" in capsys.readouterr().out

@@ -176,3 +176,15 @@ def test_recorded_launches_compile_ahead_in_worker_processes(tmp_path, monkeypat
     for factor, k in kernels.items():
         k(x, outs[factor])
         np.testing.assert_array_equal(outs[factor], x * np.float32(factor))
+
+
+@settings(max_examples=25, deadline=None)
+@given(shape=st.lists(st.integers(0, 9), max_size=3).map(tuple),
+       dtype=st.sampled_from([np.float32, np.float16, np.int64, np.uint8, np.bool_]))
+def test_aligned_host_arrays_start_a_cache_line(shape, dtype):
+    from taskdsl.runtime.host import empty_aligned
+    a = empty_aligned(shape, dtype)
+    assert a.shape == shape and a.dtype == dtype and a.flags.c_contiguous and a.flags.writeable
+    assert a.size == 0 or a.ctypes.data % 64 == 0      # (an empty array has no memory to align)
+    a[...] = np.arange(a.size).reshape(shape).astype(dtype)      # every element is usable memory
+    np.testing.assert_array_equal(a.reshape(-1), np.arange(a.size).astype(dtype))

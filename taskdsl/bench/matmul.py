@@ -1,7 +1,8 @@
 """`python -m taskdsl.bench matmul`: the matmul templates against the best local peer, in one run.
 
 cpu target: stdlib_ops.matmul (the register-tile cpu template at its default schedule, or tuned
-with --tune) against numpy's BLAS, f32. cuda target: the template's kernel on device arrays
+with --tune) against numpy's BLAS, f32; and, as the graph layer runs constant weights, with B
+packed once outside the timing (`plan.pack_b`). cuda target: the template's kernel on device arrays
 against torch.matmul (cuBLAS, TF32 off), f32 and f16, timed with CUDA events.
 """
 from __future__ import annotations
@@ -13,6 +14,8 @@ from .timing import time_cpu
 
 def _cpu_rows(sizes, tune: bool) -> list:
     import stdlib_ops as ops
+    import taskdsl as td
+    from stdlib_ops import gemm
     rng = np.random.default_rng(0)
     rows = []
     for n in sizes:
@@ -20,8 +23,11 @@ def _cpu_rows(sizes, tune: bool) -> list:
         b = rng.standard_normal((n, n), dtype=np.float32)
         c = ops.matmul(a, b, tune=tune)           # compiles (and tunes) outside the timing
         t_td = time_cpu(lambda: ops.matmul(a, b, tune=tune), repeat=3)
+        panels = gemm.plan(a.shape, b.shape, td.f32, "cpu", tune).pack_b(b)
+        t_packed = time_cpu(lambda: ops.matmul(a, b, tune=tune, packed=panels), repeat=3)
         t_np = time_cpu(lambda: a @ b, repeat=5)
-        rows.append(dict(size=n, dtype="f32", taskdsl=t_td, peer=t_np, err=_rel_err(c, a @ b)))
+        err = max(_rel_err(c, a @ b), _rel_err(ops.matmul(a, b, tune=tune, packed=panels), a @ b))
+        rows.append(dict(size=n, dtype="f32", taskdsl=t_td, packed=t_packed, peer=t_np, err=err))
     return rows
 
 
@@ -61,12 +67,18 @@ def run(sizes=None, tune: bool = False) -> list:
         rows, peer = _cuda_rows(sizes or (1024, 2039, 4096), tune=True), "cuBLAS (torch.matmul, TF32 off)"
     else:
         rows, peer = _cpu_rows(sizes or (512, 1024), tune), "numpy"
+    packed = target != "cuda"
     print(f"matmul on {target}: taskdsl vs {peer}")
-    print(f"{'size':>6} {'dtype':>5} {'taskdsl GFLOP/s':>16} {'peer GFLOP/s':>13} {'ratio':>7} {'max rel err':>12}")
+    print(f"{'size':>6} {'dtype':>5} {'taskdsl GFLOP/s':>16} {'peer GFLOP/s':>13} {'ratio':>7} "
+          + (f"{'B packed GFLOP/s':>17} {'ratio':>7} " if packed else "") + f"{'max rel err':>12}")
     for r in rows:
         flops = 2.0 * r["size"] ** 3
         r.update(taskdsl_gflops=flops / r["taskdsl"] / 1e9, peer_gflops=flops / r["peer"] / 1e9,
                  ratio=r["peer"] / r["taskdsl"])
+        extra = ""
+        if packed:
+            r.update(packed_gflops=flops / r["packed"] / 1e9, packed_ratio=r["peer"] / r["packed"])
+            extra = f"{r['packed_gflops']:>17.1f} {r['packed_ratio']:>7.3f} "
         print(f"{r['size']:>6} {r['dtype']:>5} {r['taskdsl_gflops']:>16.1f} {r['peer_gflops']:>13.1f} "
-              f"{r['ratio']:>7.3f} {r['err']:>12.1e}")
+              f"{r['ratio']:>7.3f} {extra}{r['err']:>12.1e}")
     return rows

@@ -25,10 +25,11 @@ from stdlib_ops import conv as conv_lib
 from stdlib_ops import gemm
 
 from ..compute import placeholder
+from ..runtime.host import empty_aligned
 from .graph import Graph
 from .operator import Operator
 from .ops import BatchNorm, Conv, Elementwise, MatMul, Reshape, Transpose
-from .runners import conv_geometry, packed_weight, runs
+from .runners import conv_geometry, packed_b, packed_weight, runs
 from .tensor import contiguous
 
 EPILOGUE_KINDS = (Elementwise, BatchNorm, Reshape, Transpose)
@@ -199,13 +200,17 @@ class _Build:
         c = placeholder("C", ta.dtype, c_shape)
         y = _view(c, anchor.outputs[0].shape, "matmul_out")
         z = self._epilogue(anchor.outputs[0], y)
-        self.kernel = td.fuse(plan.anchor, *conv_lib.matmul_examples(plan), prologues=prologues, epilogues={"C": z})
+        # constant weights (no prologue) are packed once, for the kernel that reads them packed
+        self.b_panels = None if 1 in self.op.prologues else packed_b(plan, tb, tb.value, {})
+        packed = self.b_panels is not None
+        self.kernel = td.fuse(plan.kernel(plan.dtype, packed_b=packed), *conv_lib.matmul_examples(plan, packed),
+                              prologues=prologues, epilogues={"C": z})
         self.kernels = [self.kernel]
         self.batch_index = plan.batch_index(1)
 
     def run(self, arrays: list) -> np.ndarray:
         """The fused node's output for its input arrays (one kernel launch; two for a cpu conv with im2col)."""
-        out = np.empty(self.op.outputs[0].shape, self.op.outputs[0].numpy_dtype)
+        out = empty_aligned(self.op.outputs[0].shape, self.op.outputs[0].numpy_dtype)
         if isinstance(self.op.anchor, Conv):
             named = {name: contiguous(arrays[k]) for name, k in self.index_of.items()}
             weight = arrays[self._weight_index]
@@ -229,6 +234,8 @@ class _Build:
         for k, (name, shape) in enumerate((("A", a_shape), ("B", b_shape))):
             if k not in self.op.prologues:
                 how[name] = (None, self._input_index(anchor.inputs[k]), shape)
+        if self.b_panels is not None:
+            how["B"] = (self.b_panels, None, None)
         names = [name for name, _ in self.kernel.params][:-1]
         return [how[n] if n in how else (None, self.index_of[n], None) for n in names]
 

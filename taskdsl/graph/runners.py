@@ -69,7 +69,19 @@ def run_matmul(op: MatMul, arrays: list) -> tuple:
         return run_definitions(op, arrays)
     p = gemm.plan(a.shape if a.ndim > 1 else (1,) + a.shape, b.shape if b.ndim > 1 else b.shape + (1,), a.dtype,
                   get_target())
-    return [gemm.matmul(*arrays).reshape(op.outputs[0].shape)], [p.kernel()]
+    packed = packed_b(p, b, arrays[1], op.__dict__.setdefault("_packed", {}))
+    out = gemm.matmul(*arrays, packed=packed).reshape(op.outputs[0].shape)
+    return [out], [p.kernel(packed_b=packed is not None)]
+
+
+def packed_b(plan: gemm.MatmulPlan, tensor, b: np.ndarray, cache: dict) -> np.ndarray | None:
+    """A matmul's B operand as its plan's packed panels, made once and kept in `cache`, when B is a constant
+    of the graph and the plan's template takes packed operands (the cpu's); else None."""
+    if not (tensor.is_constant and plan.packs_b):
+        return None
+    if cache.get("plan") is not plan:
+        cache.update(plan=plan, panels=plan.pack_b(b))
+    return cache["panels"]
 
 
 def conv_geometry(op: Conv) -> conv.ConvGeometry:

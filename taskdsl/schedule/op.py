@@ -14,6 +14,7 @@ from .. import ir
 from ..compute import Tensor, bind_sizes, evaluate, numpy_dtype, topological
 from ..backend.cpu.launch import num_threads
 from ..runtime.config import get_target
+from ..runtime.host import empty_aligned
 from ..runtime.kernel import Kernel, remember
 from .rules import (BLOCK, choose_strategy, evaluate_int, injective_strategy, numel, schedule_injective, schedule_reduce,
                     split_stages)
@@ -139,7 +140,7 @@ class Op:
             buffers = {t.buffer.uid: a for t, a in zip(self.inputs, arrays)}
         steps, sizes, allocations = prepared
         for uid, shape, dtype in allocations:
-            buffers[uid] = np.empty(shape, dtype)
+            buffers[uid] = empty_aligned(shape, dtype)
         for step in steps:
             step.kernel(*step.arguments(buffers, sizes))
         self._last = steps

@@ -93,6 +93,24 @@ def test_matmul_add_gelu_is_one_kernel_and_transposed_operands_fuse_as_prologues
     assert [m.kind for m in fused.epilogue] == ["add", "gelu"] and len(cg.kernels) == 1
 
 
+def test_constant_weights_are_packed_once_and_computed_ones_are_not():
+    """On the cpu a matmul by a constant (unfused, or fused with its epilogue) runs the kernel that reads B
+    as panels packed once; a B computed by the graph keeps the kernel that packs its own panels per call."""
+    x = tg.input("x", (3, 7, 61))
+    b = tg.input("b", (61, 37))
+    w = _const(61, 37)
+    outputs = [ops.matmul(x, w), ops.relu(ops.matmul(x, w) + _const(37)), ops.matmul(x, b)]
+    g = tg.Graph([x, b], outputs)
+    arrays = [RNG.standard_normal((3, 7, 61)).astype(np.float32), RNG.standard_normal((61, 37)).astype(np.float32)]
+    cg = _run(g, *arrays)
+    kinds = sorted(("packed " if "_packed" in k.name else "") + ("fused" if k.name.endswith("_fused") else "alone")
+                   for k in cg.kernels)
+    assert kinds == ["alone", "packed alone", "packed fused"]
+    arrays[0] = arrays[0] * 2.0 - 1.0       # the packed weights stay valid for new inputs
+    for got, want in zip(cg(*arrays), g.reference(*arrays)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
 def test_what_does_not_fuse():
     x = tg.input("x", (4, 16))
     w = _const(16, 16)

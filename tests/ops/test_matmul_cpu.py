@@ -3,6 +3,8 @@
 Oracle: numpy's matmul in float64. Sizes are symbolic, so one compiled kernel per schedule
 point serves every shape hypothesis draws.
 """
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -19,11 +21,14 @@ DIMS = st.sampled_from([1, 2, 5, 16, 17, 31, 48, 49, 65, 97, 130])
 POINTS = [cpu.default_point(), cpu.space().point(micro=(4, 8), block=(24, 64), bk=128)]
 
 
-def _run(p, a, b, split=1, dtype=td.f32):
-    """C = a @ b for 2-D operands through the template kernel at point `p` (split-k partials summed)."""
+def _run(p, a, b, split=1, dtype=td.f32, packed_b=False):
+    """C = a @ b for 2-D operands through the template kernel at point `p` (split-k partials summed; with
+    `packed_b`, the kernel that reads B as `pack_b` packs it)."""
     out_dtype = td.f32 if split > 1 else dtype
     c = np.full((split, a.shape[0], b.shape[1]), np.nan, out_dtype.numpy)    # every element must be written
-    cpu.tile_matmul_kernel(p, dtype, out_dtype)(a[None], b[None], c, simt.batch_index((), (), (), split), split)
+    operand = cpu.pack_b(p, b[None]) if packed_b else b[None]
+    kernel = cpu.tile_matmul_kernel(p, dtype, out_dtype, packed_b)
+    kernel(a[None], operand, c, simt.batch_index((), (), (), split), split)
     return c.sum(axis=0, dtype=np.float64)
 
 
@@ -42,13 +47,50 @@ def test_space_size_and_pruning_match_the_docs():
 
 @pytest.mark.parametrize("point", POINTS, ids=lambda p: "x".join(map(str, cpu.tile_shape(p)[:2])))
 @settings(max_examples=8, deadline=None)
-@given(m=DIMS, n=DIMS, k=DIMS, split=st.sampled_from([1, 1, 3]), seed=st.integers(0, 2**16))
-def test_template_points_on_cpu(point, m, n, k, split, seed):
+@given(m=DIMS, n=DIMS, k=DIMS, split=st.sampled_from([1, 1, 3]), packed_b=st.booleans(), seed=st.integers(0, 2**16))
+def test_template_points_on_cpu(point, m, n, k, split, packed_b, seed):
     td.set_target("cpu")
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
-    np.testing.assert_allclose(_run(point, a, b, split), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(_run(point, a, b, split, packed_b=packed_b), a.astype(np.float64) @ b,
+                               rtol=1e-4, atol=1e-4)
+
+
+@settings(max_examples=10, deadline=None)
+@given(batch=st.sampled_from([1, 2, 3]), k=DIMS, n=DIMS, seed=st.integers(0, 2**16))
+def test_packed_b_holds_each_panel_row_after_row_aligned_and_zero_padded(batch, k, n, seed):
+    p = POINTS[1]
+    bn = p.block[1]
+    b = np.random.default_rng(seed).standard_normal((batch, k, n)).astype(np.float32)
+    panels = cpu.pack_b(p, b)
+    count = -(-n // bn)
+    assert panels.shape == cpu.packed_b_shape(p, b.shape) == (batch * count * k, bn)
+    assert panels.ctypes.data % 64 == 0 and panels.flags.c_contiguous
+    padded = np.zeros((batch, k, count * bn), np.float32)
+    padded[:, :, :n] = b
+    for z in range(batch):
+        for j in range(count):
+            rows = slice((z * count + j) * k, (z * count + j + 1) * k)
+            np.testing.assert_array_equal(panels[rows], padded[z, :, j * bn:(j + 1) * bn])
+
+
+def test_plans_multiply_by_packed_weights_with_batches_and_f16():
+    td.set_target("cpu")
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((2, 3, 29, 131)).astype(np.float32)
+    w = rng.standard_normal((3, 131, 67)).astype(np.float32)      # batch dims broadcast (1 -> 2)
+    p = gemm.plan(a.shape, w.shape, td.f32, "cpu")
+    assert p.packs_b and p.kernel(packed_b=True).name.endswith("_packed")
+    got = gemm.matmul(a, w, packed=p.pack_b(w))
+    np.testing.assert_allclose(got, a.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+    a16, w16 = a[0, 0].astype(np.float16), w[0].astype(np.float16)
+    p16 = gemm.plan(a16.shape, w16.shape, td.f16, "cpu")
+    got16 = gemm.matmul(a16, w16, packed=p16.pack_b(w16))
+    assert got16.dtype == np.float16
+    np.testing.assert_allclose(got16, a16.astype(np.float64) @ w16.astype(np.float64), rtol=1e-2, atol=5e-2)
+    with pytest.raises(ValueError, match="no kernel for packed B"):
+        dataclasses.replace(p, template=gemm.SIMT).kernel(packed_b=True)
 
 
 def test_long_k_crosses_k_blocks_and_f16_accumulates_in_f32():
@@ -84,8 +126,9 @@ def test_every_point_compiles_with_nvrtc():
     a = np.zeros((1, 64, 64), np.float32)
     index = np.zeros((1, 2), np.int32)
     points = cpu.space().points()
-    sources = [cpu.tile_matmul_kernel(p, td.f32, td.f32).source(a, a, a, index, 1, target="cuda") for p in points]
-    unit = combine_sources(sources)
+    kernels = [(cpu.tile_matmul_kernel(p, td.f32, td.f32), a) for p in points]
+    kernels += [(cpu.tile_matmul_kernel(p, td.f32, td.f32, True), cpu.pack_b(p, a)) for p in points]
+    unit = combine_sources([k.source(a, b, a, index, 1, target="cuda") for k, b in kernels])
     for arch in ("sm_80", "sm_90"):
         cubin = compile_cubin(unit, arch, "tile_space", fast=True)
-        assert all(cpu.tile_matmul_kernel(p, td.f32, td.f32).name.encode() in cubin for p in points)
+        assert all(k.name.encode() in cubin for k, _ in kernels)

@@ -1,0 +1,27 @@
+"""Host memory for kernel operands: numpy arrays aligned to cache lines.
+
+numpy aligns its allocations to 16 bytes only. A cpu kernel's 32-byte vector loads from an
+array at 16 mod 32 split a cache line every other load, which cost the cpu matmul a fifth of
+its speed (docs/benchmarks.md, session 9): outputs and packed operands that kernels read
+with vector loads are allocated here instead.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+CACHE_LINE = 64
+
+
+def empty_aligned(shape, dtype) -> np.ndarray:
+    """An uninitialized C-contiguous array whose first element starts a 64-byte cache line."""
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = np.empty(nbytes + CACHE_LINE, np.uint8)
+    start = -raw.ctypes.data % CACHE_LINE
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+__all__ = ["empty_aligned", "CACHE_LINE"]
