@@ -138,19 +138,49 @@ def partition(graph: Graph) -> Graph:
 
 
 # ---------------------------------------------------------------- building and running the kernel
+def _axis_groups(src: tuple, dst: tuple) -> list:
+    """(source axes, view axes) groups of equal size products, in order, e.g. (1, 12, 64) read as (12, 64):
+    [([0, 1], [0]), ([2], [1])]; source axes of size 1 left over join the last group."""
+    groups, i, j = [], 0, 0
+    while i < len(src) and j < len(dst):
+        s_axes, d_axes, ps, pd = [i], [j], src[i], dst[j]
+        i, j = i + 1, j + 1
+        while ps != pd:
+            if ps < pd:
+                s_axes.append(i)
+                ps, i = ps * src[i], i + 1
+            else:
+                d_axes.append(j)
+                pd, j = pd * dst[j], j + 1
+        groups.append((s_axes, d_axes))
+    if groups:
+        groups[-1][0].extend(range(i, len(src)))
+    return groups
+
+
 def _view(t, shape: tuple, name: str):
-    """A compute reading `t` (any shape with as many elements) as row-major `shape`."""
+    """A compute reading `t` (any shape with as many elements) as row-major `shape`.
+
+    Axes go in groups of equal size (`_axis_groups`): where a group has one source axis that is not 1,
+    the view's index passes through, so the kernel's loads keep the plain index of the operand, not a
+    flattening undone by divisions (which the simplifier cannot remove without knowing the bounds)."""
     src = tuple(int(d.value) for d in t.shape)
+    groups = _axis_groups(src, shape) if 0 not in src else [(list(range(len(src))), list(range(len(shape))))]
 
     def fcompute(*ix):
-        flat = 0
-        for i, n in zip(ix, shape):
-            flat = flat * n + i
-        index = []
-        for n in reversed(src):
-            index.append(flat % n)
-            flat = flat // n
-        return t[tuple(reversed(index))]
+        index = [0] * len(src)
+        for s_axes, d_axes in groups:
+            flat = 0
+            for a in d_axes:
+                flat = flat * shape[a] + ix[a]
+            live = [a for a in s_axes if src[a] != 1]
+            if len(live) == 1:
+                index[live[0]] = flat
+                continue
+            for a in reversed(s_axes):
+                index[a] = flat % src[a]
+                flat = flat // src[a]
+        return t[tuple(index)]
 
     return td.compute(name, shape, fcompute)
 

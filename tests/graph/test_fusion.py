@@ -3,13 +3,17 @@
 Oracle: the graph's numpy reference (the evaluation of the operators' compute definitions),
 and for the BERT layer an independent numpy implementation.
 """
+import math
+
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import taskdsl as td
 import taskdsl.graph as tg
 from taskdsl.graph import ops
-from taskdsl.graph.fusion import FusedAnchor, partition
+from taskdsl.compute import evaluate, placeholder
+from taskdsl.graph.fusion import FusedAnchor, _view, partition
 from stdlib_ops import gemm
 
 RNG = np.random.default_rng(0)
@@ -160,3 +164,29 @@ def test_bert_layer_kernel_count():
     cg = _run(g, RNG.standard_normal((1, seq, hidden)).astype(np.float32))
     kinds = [op.kind for op in cg.graph.nodes]
     assert kinds.count("fused") == 8 and len(cg.kernels) == 11, kinds
+
+
+@settings(max_examples=40, deadline=None)
+@given(src=st.lists(st.sampled_from([1, 2, 3, 5, 6]), min_size=1, max_size=4), data=st.data())
+def test_a_view_reads_its_operand_in_row_major_order(src, data):
+    """The computes that read a fused operand as the matmul's 3-D shape (and C as the output's shape) agree with
+    numpy's reshape for any regrouping of the axes, size-1 axes included: the oracle is np.reshape."""
+    factors = [f for n in src for f in _prime_factors(n)]
+    order = data.draw(st.permutations(factors))
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(order)), max_size=3)))
+    dst = tuple(math.prod(order[a:b]) for a, b in zip([0] + cuts, cuts + [len(order)]))
+    dst = tuple(sorted(dst, key=lambda _: data.draw(st.integers(0, 3))))       # any order of the group sizes
+    x = placeholder("x", td.f32, tuple(src))
+    value = np.arange(math.prod(src), dtype=np.float32).reshape(src)
+    got, = evaluate([x], [_view(x, dst, "v")], [value])
+    np.testing.assert_array_equal(got, value.reshape(dst))
+
+
+def _prime_factors(n: int) -> list:
+    out, p = [], 2
+    while n > 1:
+        while n % p == 0:
+            out.append(p)
+            n //= p
+        p += 1
+    return out or [1]
