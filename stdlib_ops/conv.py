@@ -534,10 +534,13 @@ class Lowered:
         return self.on_columns and self.geometry.layout == "NCHW"
 
     def weight_operand(self, weight: np.ndarray) -> np.ndarray:
-        """The GEMM operand the OIHW weights become (pack them once for constant weights)."""
+        """The GEMM operand the OIHW weights become (pack them once for constant weights): A as they are, or B,
+        in the B panels of the cpu template when it reads B packed."""
         g = self.geometry
         if self.weights_first:
             return np.ascontiguousarray(weight).reshape(1, g.oc, -1)
+        if self.on_columns and self.matmul.packs_b:
+            return self.matmul.pack_b(pack_weight(g, weight))
         return pack_weight(g, weight)
 
     @functools.cached_property
@@ -588,7 +591,9 @@ def lower(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue) -> Lowere
             matmul = mm.plan((1, m, k), (1, k, g.oc), dtype, target)
         c = td.placeholder("C", dtype, matmul.operand_shapes()[2])
         y = columns_output_view(g, c) if nchw else output_view(g, c)
-        kernel = td.fuse(matmul.anchor, *matmul_examples(matmul), epilogues={"C": epilogue(y)})
+        packed = not nchw and matmul.packs_b      # columns @ weights: the weights are B, packed once
+        kernel = td.fuse(matmul.kernel(dtype, packed_b=packed), *matmul_examples(matmul, packed),
+                         epilogues={"C": epilogue(y)})
         x_name = x.name if x.kind == "placeholder" else None
         if _pointwise(g) and x_name is not None:
             return Lowered(g, matmul, kernel, None, x_name, True, matmul.batch_index(1))

@@ -10,6 +10,7 @@ from hypothesis import assume, given, settings, strategies as st
 import taskdsl as td
 import stdlib_ops as ops
 from stdlib_ops import conv
+from stdlib_ops import matmul_cpu as cpu_tile
 
 
 def reference(x, w, bias, stride, padding, dilation, groups):
@@ -103,8 +104,10 @@ def test_cpu_nhwc_convolutions_multiply_explicit_columns_by_the_packed_weights()
     g = conv.geometry((2, 9, 7, 40), (12, 40, 3, 3), padding=1, layout="NHWC")
     low = conv.plan(g, td.f32, "cpu", True, "relu").lowered
     assert low.on_columns and not low.weights_first and low.columns is conv.nhwc_columns_kernel(td.f32)
-    assert [k.name for k in low.kernels] == ["im2col_nhwc_f32", low.matmul.anchor.name + "_fused"]
+    assert [k.name for k in low.kernels] == ["im2col_nhwc_f32", low.matmul.anchor.name + "_packed_fused"]
     assert low.matmul.operand_shapes()[0] == (1, 2 * 9 * 7, 9 * 40)
+    w = np.random.default_rng(5).standard_normal((12, 40, 3, 3)).astype(np.float32)   # as the template's B panels
+    np.testing.assert_array_equal(low.weight_operand(w), cpu_tile.pack_b(low.matmul.point, conv.pack_weight(g, w)))
     pointwise = conv.plan(conv.geometry((2, 9, 7, 40), (12, 40, 1, 1), layout="NHWC"), td.f32, "cpu", False, None)
     assert pointwise.lowered.columns is None and len(pointwise.kernels) == 1
 
