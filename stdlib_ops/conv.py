@@ -197,9 +197,11 @@ def on_columns(g: ConvGeometry, target: str) -> bool:
     The cpu's register-tile matmul reads rows of B as vectors; an im2col folded into those loads
     costs a dozen integer divisions per element, repeated for every block that reads it (the
     implicit im2col ran at 10-20 GFLOP/s on the cpu, the plain matmul at 100+). Materializing the
-    columns once, with no divisions per element, leaves C in the output's own order:
-    NCHW multiplies the weights (OC x K: OIHW as stored) by the columns (K x OH*OW per image);
-    NHWC multiplies the columns (N*OH*OW x K, K = (kh, kw, c)) by the packed weights (K x OC).
+    columns once, with no divisions per element, leaves a GEMM of the columns by the weights (K x OC),
+    which are constant, so packed once as the template's B panels (`Lowered.weight_operand`):
+    NHWC multiplies the columns (N*OH*OW x K, K = (kh, kw, c)) and C is the output;
+    NCHW has its columns as (K x OH*OW) per image, the template's transposed A, and C (OH*OW x OC) is
+    the output transposed, stored column by column (`transposed_output_view`).
     """
     return target == "cpu" and g.groups == 1
 
@@ -508,9 +510,9 @@ def _columns_scalars(g: ConvGeometry) -> dict:
     return dict(conv_kh=g.kh, conv_kw=g.kw, conv_ow=g.ow, **_window_scalars(g))
 
 
-def columns_output_view(g: ConvGeometry, c: td.Tensor) -> td.Tensor:
-    """The NCHW output as a compute over C (N, OC, OH*OW) of the weights @ columns GEMM."""
-    return td.compute("Y", g.out_shape, lambda n, o, oh, ow: c[n, o, oh * g.ow + ow])
+def transposed_output_view(g: ConvGeometry, c: td.Tensor) -> td.Tensor:
+    """The NCHW output as a compute over C (N, OH*OW, OC) of the columns^T @ weights GEMM."""
+    return td.compute("Y", g.out_shape, lambda n, o, oh, ow: c[n, oh * g.ow + ow, o])
 
 
 @dataclass(frozen=True)
@@ -529,28 +531,24 @@ class Lowered:
     batch_index: np.ndarray     # the matmul's (z-slice -> A, B matrix) table, made once
 
     @property
-    def weights_first(self) -> bool:
-        """C = weights @ columns (cpu, NCHW), rather than columns or im2col @ packed weights."""
+    def transposed_a(self) -> bool:
+        """Whether the GEMM reads its columns as the template's transposed A (cpu, NCHW: K x OH*OW per image)."""
         return self.on_columns and self.geometry.layout == "NCHW"
 
     def weight_operand(self, weight: np.ndarray) -> np.ndarray:
-        """The GEMM operand the OIHW weights become (pack them once for constant weights): A as they are, or B,
-        in the B panels of the cpu template when it reads B packed."""
-        g = self.geometry
-        if self.weights_first:
-            return np.ascontiguousarray(weight).reshape(1, g.oc, -1)
-        if self.on_columns and self.matmul.packs_b:
-            return self.matmul.pack_b(pack_weight(g, weight))
-        return pack_weight(g, weight)
+        """The GEMM's B the OIHW weights become (made once for constant weights): (K, OC) in the order of
+        `im2col`, as the cpu template's packed panels where the GEMM reads explicit columns."""
+        packed = pack_weight(self.geometry, weight)
+        return self.matmul.pack_b(packed) if self.on_columns else packed
 
     @functools.cached_property
     def _call(self) -> tuple:
         """What `run` passes besides the arrays, made once: (the fixed arguments by name, the columns
         operand's name and GEMM shape, the columns shape, the kernels' parameter names)."""
         g = self.geometry
-        weight_name, columns_name = ("A", "B") if self.weights_first else ("B", "A")
+        weight_name, columns_name = "B", "A"
         fixed = dict(batch_index=self.batch_index, split=1, **(_columns_scalars(g) if self.columns else {}))
-        shape = self.matmul.operand_shapes()[1 if self.weights_first else 0]
+        shape = self.matmul.operand_shapes(self.transposed_a)[0]
         columns_params = [name for name, _ in self.columns.params] if self.columns else []
         return (fixed, weight_name, columns_name, shape, _columns_shape(g), columns_params,
                 [name for name, _ in self.kernel.params][:-1])
@@ -585,15 +583,14 @@ def lower(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue) -> Lowere
     groups, m, k, n = g.gemm
     if on_columns(g, target):
         nchw = g.layout == "NCHW"
-        if nchw:
-            matmul = mm.plan((1, g.oc, k), (g.n, k, g.oh * g.ow), dtype, target)
+        if nchw:     # per image, (K x OH*OW columns)^T @ weights
+            matmul = mm.plan((g.n, g.oh * g.ow, k), (1, k, g.oc), dtype, target)
         else:
             matmul = mm.plan((1, m, k), (1, k, g.oc), dtype, target)
         c = td.placeholder("C", dtype, matmul.operand_shapes()[2])
-        y = columns_output_view(g, c) if nchw else output_view(g, c)
-        packed = not nchw and matmul.packs_b      # columns @ weights: the weights are B, packed once
-        kernel = td.fuse(matmul.kernel(dtype, packed_b=packed), *matmul_examples(matmul, packed),
-                         epilogues={"C": epilogue(y)})
+        y = transposed_output_view(g, c) if nchw else output_view(g, c)
+        kernel = td.fuse(matmul.kernel(dtype, packed_b=True, transposed_a=nchw),
+                         *matmul_examples(matmul, packed_b=True, transposed_a=nchw), epilogues={"C": epilogue(y)})
         x_name = x.name if x.kind == "placeholder" else None
         if _pointwise(g) and x_name is not None:
             return Lowered(g, matmul, kernel, None, x_name, True, matmul.batch_index(1))
@@ -613,10 +610,10 @@ def _x_shape(g: ConvGeometry) -> tuple:
     return (g.n, g.c, g.h, g.w) if g.layout == "NCHW" else (g.n, g.h, g.w, g.c)
 
 
-def matmul_examples(matmul, packed_b: bool = False) -> tuple:
+def matmul_examples(matmul, packed_b: bool = False, transposed_a: bool = False) -> tuple:
     """Example arguments (operands, batch index, split 1) that specialize a matmul plan's anchor for fusion
-    (with `packed_b`, its kernel for packed B panels)."""
-    a, b, c = (np.empty(s, matmul.dtype.numpy) for s in matmul.operand_shapes())
+    (or its kernel for packed B panels, for a transposed A: `MatmulPlan.kernel`)."""
+    a, b, c = (np.empty(s, matmul.dtype.numpy) for s in matmul.operand_shapes(transposed_a))
     if packed_b:
         b = matmul.pack_b(b)
     return (a, b, c, matmul.batch_index(1), 1)

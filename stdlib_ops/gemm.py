@@ -44,19 +44,20 @@ class Template:
     name: str
     space: object          # (target, itemsize) -> Space
     default: object        # (target, itemsize) -> Point
-    build: object          # (point, dtype, out_dtype, vec, packed_b) -> Kernel
+    build: object          # (point, dtype, out_dtype, vec, packed_b, transposed_a) -> Kernel
     tile_shape: object     # point -> (BM, BN, threads)
-    pack_b: object = None  # (point, B (batch, K, N)) -> B as the packed_b kernel reads it; None: no such kernel
+    pack_b: object = None  # (point, B (batch, K, N)) -> B as the packed_b kernel reads it; None: the template has
+                           # no packed_b / transposed_a kernels
 
 
 SIMT = Template("simt_matmul", simt.space_for, simt.default_point,
-                lambda p, dtype, out, vec, packed_b: simt.simt_matmul_kernel(p, dtype, out), simt.tile_shape)
+                lambda p, dtype, out, vec, *forms: simt.simt_matmul_kernel(p, dtype, out), simt.tile_shape)
 CPU_TILE = Template("tile_matmul", lambda target, itemsize: cpu.space(itemsize),
                     lambda target, itemsize: cpu.default_point(itemsize),
-                    lambda p, dtype, out, vec, packed_b: cpu.tile_matmul_kernel(p, dtype, out, packed_b),
+                    lambda p, dtype, out, vec, *forms: cpu.tile_matmul_kernel(p, dtype, out, *forms),
                     cpu.tile_shape, cpu.pack_b)
 TENSOR_CORE = Template("tc_matmul", lambda target, itemsize: tc.space(), lambda target, itemsize: tc.default_point(),
-                       lambda p, dtype, out, vec, packed_b: tc.tc_matmul_kernel(p, dtype, out, vec), tc.tile_shape)
+                       lambda p, dtype, out, vec, *forms: tc.tc_matmul_kernel(p, dtype, out, vec), tc.tile_shape)
 
 
 def template_for(dtype, target: str) -> Template:
@@ -111,13 +112,14 @@ class MatmulPlan:
     def batch(self) -> int:
         return math.prod(self.out_batch)
 
-    def kernel(self, out_dtype=None, packed_b: bool = False) -> td.Kernel:
+    def kernel(self, out_dtype=None, packed_b: bool = False, transposed_a: bool = False) -> td.Kernel:
         """The template kernel of this plan (output type: the operands', or f32 for split-k partials); with
-        `packed_b`, the kernel that takes B as `pack_b` gives it."""
-        if packed_b and not self.packs_b:
-            raise ValueError(f"the {self.template.name} template has no kernel for packed B operands")
+        `packed_b`, the kernel that takes B as `pack_b` gives it; with `transposed_a`, the one that takes A
+        as (batch, K, M) (the cpu template's forms, `matmul_cpu.tile_matmul_kernel`)."""
+        if (packed_b or transposed_a) and not self.packs_b:
+            raise ValueError(f"the {self.template.name} template has no kernel for packed B or transposed A operands")
         out = out_dtype or (td.f32 if self.split > 1 else self.dtype)
-        return self.template.build(self.point, self.dtype, out, self.vec, packed_b)
+        return self.template.build(self.point, self.dtype, out, self.vec, packed_b, transposed_a)
 
     @property
     def packs_b(self) -> bool:
@@ -138,9 +140,10 @@ class MatmulPlan:
         """The kernel for fusion: called with split 1, it stores each output element once, in the operands' type."""
         return self.kernel(self.dtype)
 
-    def operand_shapes(self) -> tuple:
-        """The 3-D shapes of A, B and C the kernels take (C without split-k)."""
-        return ((math.prod(self.a_batch), self.m, self.k), (math.prod(self.b_batch), self.k, self.n),
+    def operand_shapes(self, transposed_a: bool = False) -> tuple:
+        """The 3-D shapes of A (or, `transposed_a`, of A's transpose), B and C the kernels take (C without split-k)."""
+        a_shape = (self.k, self.m) if transposed_a else (self.m, self.k)
+        return ((math.prod(self.a_batch),) + a_shape, (math.prod(self.b_batch), self.k, self.n),
                 (self.batch, self.m, self.n))
 
     def __call__(self, a3: np.ndarray, b3: np.ndarray, packed_b: bool = False) -> np.ndarray:

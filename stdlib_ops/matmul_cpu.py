@@ -97,27 +97,33 @@ def packed_b_shape(p, b_shape: tuple) -> tuple:
 
 
 @functools.cache
-def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False):
-    """The cpu matmul kernel for schedule point `p` and element types (one compile serves every shape); with
-    `packed_b`, B comes as `pack_b`'s panels and the blocks read them in place instead of packing their own."""
+def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a: bool = False):
+    """The cpu matmul kernel for schedule point `p` and element types (one compile serves every shape).
+
+    With `packed_b`, B comes as `pack_b`'s panels and the blocks read them in place instead of packing
+    their own. With `transposed_a`, A comes as (batch, K, M), so a micro-kernel step reads MR consecutive
+    elements of it, and C's tiles are stored column by column: the form of a convolution's NCHW output
+    computed as (columns (K x pixels))^T @ weights, C (pixels x channels) being the output transposed.
+    """
     (MR, NR), (BM, BN), KC = p.micro, p.block, p.bk
-    name = f"tile_matmul_{BM}x{BN}x{KC}_m{MR}x{NR}" + ("_packed" if packed_b else "")
+    name = f"tile_matmul_{BM}x{BN}x{KC}_m{MR}x{NR}" + ("_packed" if packed_b else "") + ("_at" if transposed_a else "")
+    a_spec = dtype["BA", "K", "M"] if transposed_a else dtype["BA", "M", "K"]
     b_spec = f32["RB", BN] if packed_b else dtype["BB", "K", "N"]
 
     @td.func
-    def micro_kernel(A, panel, c, fa, fb, za, i0, j, k0, k1, row):
+    def micro_kernel(A, panel, c, fa, fb, za, i0, j, k0, k1, row, M):
         """c += A[i0:i0+MR, k0:k1] @ panel[row : row+k1-k0, j:j+NR] (rows past M clamped)."""
-        M = A.shape[1]
         for k in range(k0, k1):
             for x in range(MR):
-                fa[x] = td.cast(A[za, td.min(i0 + x, M - 1), k], f32)
+                i = td.min(i0 + x, M - 1)
+                fa[x] = td.cast(A[za, k, i] if transposed_a else A[za, i, k], f32)
             for y in range(NR):
                 fb[y] = panel[row + k - k0, j + y]
             for x, y in repeat(MR, NR)(0):
                 c[x, y] += fa[x] * fb[y]
 
     @td.kernel(grid=lambda M, N, BZ: (td.cdiv(M, BM) * td.cdiv(N, BN), 1, BZ), block=1, name=name)
-    def matmul(A: dtype["BA", "M", "K"], B: b_spec, C: out_dtype["BZ", "M", "N"],
+    def matmul(A: a_spec, B: b_spec, C: out_dtype["BZ", "M", "N"],
                batch_index: td.i32["BZ", 2], split: td.i32):
         partial = td.shared(f32, (BM, BN))
         c = td.registers(f32, (MR, NR))
@@ -154,17 +160,21 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False):
                         else:
                             for x, y in repeat(MR, NR)(0):
                                 c[x, y] = partial[mi * MR + x, j + y]
-                        micro_kernel(A, panel, c, fa, fb, za, i0, j, k0, k1, row)
+                        micro_kernel(A, panel, c, fa, fb, za, i0, j, k0, k1, row, M)
                         for x, y in repeat(MR, NR)(0):
                             partial[mi * MR + x, j + y] = c[x, y]
         rows = td.min(BM, M - row0)
-        if k_end > k_begin:
+        if k_end <= k_begin:                     # no k to sum (K = 0, or a split slice past K): zeros
+            for i in range(rows):
+                for j in range(cols):
+                    partial[i, j] = 0.0
+        if transposed_a:
+            for j in range(cols):
+                for i in range(rows):
+                    C[blockIdx.z, row0 + i, col0 + j] = td.cast(partial[i, j], out_dtype)
+        else:
             for i in range(rows):
                 for j in range(cols):
                     C[blockIdx.z, row0 + i, col0 + j] = td.cast(partial[i, j], out_dtype)
-        else:                                    # no k to sum (K = 0, or a split slice past K)
-            for i in range(rows):
-                for j in range(cols):
-                    C[blockIdx.z, row0 + i, col0 + j] = td.cast(0.0, out_dtype)
 
     return matmul

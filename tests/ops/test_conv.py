@@ -64,7 +64,7 @@ def test_grouped_convolutions_fold_im2col_into_the_gemm_loads():
     td.set_target("cpu")
     g = conv.geometry((2, 9, 7, 8), (12, 4, 3, 3), padding=1, groups=2, layout="NHWC")
     low = conv.plan(g, td.f32, "cpu", True, "relu").lowered
-    assert not low.weights_first and not low.on_columns and low.kernels == [low.kernel]
+    assert not low.transposed_a and not low.on_columns and low.kernels == [low.kernel]
     assert [name for name, _ in low.kernel.params] == ["B", "batch_index", "split", "X", "bias", "Z"]
     x, w = np.zeros((2, 9, 7, 8), np.float32), np.zeros((2, 36, 6), np.float32)
     text = low.kernel.ir(w, np.zeros((2, 2), np.int32), 1, x, np.zeros(12, np.float32),
@@ -76,15 +76,17 @@ def test_grouped_convolutions_fold_im2col_into_the_gemm_loads():
     assert tiny.direct is None and tiny.lowered is not None                                # but ungrouped: a GEMM
 
 
-def test_cpu_nchw_convolutions_multiply_the_weights_by_explicit_columns():
-    """On the cpu, NCHW: an im2col kernel (generic over geometries), then weights @ columns with the
-    epilogue fused; a 1x1 stride-1 convolution reads its input as the columns: one kernel."""
+def test_cpu_nchw_convolutions_multiply_explicit_columns_by_the_packed_weights():
+    """On the cpu, NCHW: an im2col kernel (generic over geometries, K x OH*OW per image), then columns^T @
+    weights (the template's transposed A and packed B) with the epilogue fused, storing C transposed; a 1x1
+    stride-1 convolution reads its input as the columns: one kernel."""
     td.set_target("cpu")
     rng = np.random.default_rng(7)
     g = conv.geometry((2, 40, 9, 7), (12, 40, 3, 3), padding=1)
     low = conv.plan(g, td.f32, "cpu", True, "relu").lowered
-    assert low.weights_first and low.columns is conv.columns_kernel(td.f32)
-    assert [k.name for k in low.kernels] == ["im2col_f32", low.matmul.anchor.name + "_fused"]
+    assert low.transposed_a and low.columns is conv.columns_kernel(td.f32)
+    assert [k.name for k in low.kernels] == ["im2col_f32", low.matmul.anchor.name + "_packed_at_fused"]
+    assert low.matmul.operand_shapes(transposed_a=True)[0] == (2, 40 * 9, 9 * 7)
     assert low.matmul.anchor.name.startswith("tile_matmul_")
     assert [name for name, _ in low.kernel.params] == ["A", "B", "batch_index", "split", "bias", "Z"]
     pointwise = conv.plan(conv.geometry((2, 40, 9, 7), (12, 40, 1, 1)), td.f32, "cpu", False, None).lowered
@@ -103,7 +105,7 @@ def test_cpu_nhwc_convolutions_multiply_explicit_columns_by_the_packed_weights()
     td.set_target("cpu")
     g = conv.geometry((2, 9, 7, 40), (12, 40, 3, 3), padding=1, layout="NHWC")
     low = conv.plan(g, td.f32, "cpu", True, "relu").lowered
-    assert low.on_columns and not low.weights_first and low.columns is conv.nhwc_columns_kernel(td.f32)
+    assert low.on_columns and not low.transposed_a and low.columns is conv.nhwc_columns_kernel(td.f32)
     assert [k.name for k in low.kernels] == ["im2col_nhwc_f32", low.matmul.anchor.name + "_packed_fused"]
     assert low.matmul.operand_shapes()[0] == (1, 2 * 9 * 7, 9 * 40)
     w = np.random.default_rng(5).standard_normal((12, 40, 3, 3)).astype(np.float32)   # as the template's B panels

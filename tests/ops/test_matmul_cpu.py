@@ -21,14 +21,15 @@ DIMS = st.sampled_from([1, 2, 5, 16, 17, 31, 48, 49, 65, 97, 130])
 POINTS = [cpu.default_point(), cpu.space().point(micro=(4, 8), block=(24, 64), bk=128)]
 
 
-def _run(p, a, b, split=1, dtype=td.f32, packed_b=False):
+def _run(p, a, b, split=1, dtype=td.f32, packed_b=False, transposed_a=False):
     """C = a @ b for 2-D operands through the template kernel at point `p` (split-k partials summed; with
-    `packed_b`, the kernel that reads B as `pack_b` packs it)."""
+    `packed_b`, the kernel that reads B as `pack_b` packs it; with `transposed_a`, the one reading a.T)."""
     out_dtype = td.f32 if split > 1 else dtype
     c = np.full((split, a.shape[0], b.shape[1]), np.nan, out_dtype.numpy)    # every element must be written
     operand = cpu.pack_b(p, b[None]) if packed_b else b[None]
-    kernel = cpu.tile_matmul_kernel(p, dtype, out_dtype, packed_b)
-    kernel(a[None], operand, c, simt.batch_index((), (), (), split), split)
+    kernel = cpu.tile_matmul_kernel(p, dtype, out_dtype, packed_b, transposed_a)
+    kernel(np.ascontiguousarray(a.T)[None] if transposed_a else a[None], operand, c,
+           simt.batch_index((), (), (), split), split)
     return c.sum(axis=0, dtype=np.float64)
 
 
@@ -47,14 +48,15 @@ def test_space_size_and_pruning_match_the_docs():
 
 @pytest.mark.parametrize("point", POINTS, ids=lambda p: "x".join(map(str, cpu.tile_shape(p)[:2])))
 @settings(max_examples=8, deadline=None)
-@given(m=DIMS, n=DIMS, k=DIMS, split=st.sampled_from([1, 1, 3]), packed_b=st.booleans(), seed=st.integers(0, 2**16))
-def test_template_points_on_cpu(point, m, n, k, split, packed_b, seed):
+@given(m=DIMS, n=DIMS, k=DIMS, split=st.sampled_from([1, 1, 3]), packed_b=st.booleans(), transposed_a=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_template_points_on_cpu(point, m, n, k, split, packed_b, transposed_a, seed):
     td.set_target("cpu")
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
-    np.testing.assert_allclose(_run(point, a, b, split, packed_b=packed_b), a.astype(np.float64) @ b,
-                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(_run(point, a, b, split, packed_b=packed_b, transposed_a=transposed_a),
+                               a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
 
 
 @settings(max_examples=10, deadline=None)
@@ -89,7 +91,7 @@ def test_plans_multiply_by_packed_weights_with_batches_and_f16():
     got16 = gemm.matmul(a16, w16, packed=p16.pack_b(w16))
     assert got16.dtype == np.float16
     np.testing.assert_allclose(got16, a16.astype(np.float64) @ w16.astype(np.float64), rtol=1e-2, atol=5e-2)
-    with pytest.raises(ValueError, match="no kernel for packed B"):
+    with pytest.raises(ValueError, match="no kernel for packed B or transposed A"):
         dataclasses.replace(p, template=gemm.SIMT).kernel(packed_b=True)
 
 
@@ -128,6 +130,8 @@ def test_every_point_compiles_with_nvrtc():
     points = cpu.space().points()
     kernels = [(cpu.tile_matmul_kernel(p, td.f32, td.f32), a) for p in points]
     kernels += [(cpu.tile_matmul_kernel(p, td.f32, td.f32, True), cpu.pack_b(p, a)) for p in points]
+    kernels += [(cpu.tile_matmul_kernel(p, td.f32, td.f32, False, True), a) for p in points[:8]]   # the A-transposed
+    kernels += [(cpu.tile_matmul_kernel(p, td.f32, td.f32, True, True), cpu.pack_b(p, a)) for p in points[:8]]
     unit = combine_sources([k.source(a, b, a, index, 1, target="cuda") for k, b in kernels])
     for arch in ("sm_80", "sm_90"):
         cubin = compile_cubin(unit, arch, "tile_space", fast=True)
