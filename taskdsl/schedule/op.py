@@ -83,7 +83,7 @@ class Op:
         steps = []
         for t in self.materialized:
             if t.kind == "compute":
-                steps.append((t, injective_strategy(t, sizes)))
+                steps.append((t, injective_strategy(t, sizes, target)))
             else:
                 strategy = reduce_strategy(t)
                 steps += [(s, reduce_strategy(s)) for s in self._split(t)] if strategy == "split" else [(t, strategy)]

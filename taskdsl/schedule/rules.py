@@ -29,6 +29,7 @@ from .inline import inline_injective
 
 BLOCK = 256
 PER_THREAD = 4          # elements per thread in elementwise kernels
+SPAN = 4096             # elements per block (one thread) in the cpu's elementwise kernels
 LANES = 8               # interleaved accumulators of a sequential ('thread') reduction
 UNROLL_REDUCED = 16     # a 'thread' reduction of at most this many (constant) elements is unrolled
 WARPS = BLOCK // 32
@@ -85,9 +86,14 @@ def _function(name: str, out: Tensor, body: ir.Stmt, block=BLOCK) -> ir.Function
 
 
 # ---------------------------------------------------------------- injective
-def injective_strategy(out: Tensor, sizes: dict) -> str:
-    """'rows' when the last axis is long enough to fill a block, else 'flat'."""
-    return "rows" if out.ndim >= 2 and evaluate_int(out.shape[-1], sizes) >= BLOCK else "flat"
+def injective_strategy(out: Tensor, sizes: dict, target: str = "cuda") -> str:
+    """'rows' when the last axis is long enough to fill a block, else 'flat'; on the cpu their one-thread
+    forms 'row_spans' and 'spans' (a block's threads run one after another there: 256 strided walks
+    that LLVM cannot vectorize, where one contiguous loop over a span it can)."""
+    rows = out.ndim >= 2 and evaluate_int(out.shape[-1], sizes) >= BLOCK
+    if target == "cpu":
+        return "row_spans" if rows else "spans"
+    return "rows" if rows else "flat"
 
 
 def schedule_injective(out: Tensor, inline: set, strategy: str = "flat") -> Kernel:
@@ -96,13 +102,16 @@ def schedule_injective(out: Tensor, inline: set, strategy: str = "flat") -> Kern
     'flat': consecutive threads take consecutive elements of the flattened output.
     'rows': blocks walk the rows (all but the last axis, unravelled once per row, grid-stride
     over blockIdx.y) and chunks of PER_THREAD * BLOCK columns, so no element pays for a division.
+    'spans' / 'row_spans' (the cpu): the same with one thread per block, which loops over a
+    contiguous span of SPAN elements (of the flattened output, or of a row).
     """
     body = inline_injective(out.body, inline)
-    per_block = BLOCK * PER_THREAD
+    serial = strategy in ("spans", "row_spans")
+    per_block = SPAN if serial else BLOCK * PER_THREAD
     r = ir.Var("r", T.i32, kind="loop")
-    column = ir.Var("j", T.i32)
+    column = ir.Var("j", T.i32, kind="loop" if serial else "local")
     rows_per_grid = 65535                  # the grid's y limit
-    if strategy == "rows":
+    if strategy in ("rows", "row_spans"):
         rows, width = numel(out.shape[:-1]), out.shape[-1]
         step, row = ir.Var("step", T.i32, kind="loop"), ir.Var("row", T.i32)
         row_index, row_coords = _coordinates(row, out.shape[:-1], "r")
@@ -112,14 +121,19 @@ def schedule_injective(out: Tensor, inline: set, strategy: str = "flat") -> Kern
         index, coords = _coordinates(column, out.shape, "i")
     value = ir.substitute(body, {a.uid: i for a, i in zip(out.axes, index)})
     store = ir.Store(out.buffer, tuple(index), ir.Cast(value, out.dtype) if value.dtype != out.dtype else value)
-    loop = ir.For(r, ir.const(0), ir.const(PER_THREAD), ir.const(1), ir.seq([
-        ir.Assign(column, blockIdx.x * per_block + r * BLOCK + threadIdx.x),
-        ir.If(ir.binary("<", column, width), ir.seq(coords + [store]))]), unroll=True)
-    if strategy == "rows":
+    if serial:
+        start = blockIdx.x * per_block
+        loop = ir.For(column, start, ir.Call("min", (start + per_block, width), start.dtype), ir.const(1),
+                      ir.seq(coords + [store]))
+    else:
+        loop = ir.For(r, ir.const(0), ir.const(PER_THREAD), ir.const(1), ir.seq([
+            ir.Assign(column, blockIdx.x * per_block + r * BLOCK + threadIdx.x),
+            ir.If(ir.binary("<", column, width), ir.seq(coords + [store]))]), unroll=True)
+    if strategy in ("rows", "row_spans"):
         trips = (rows - blockIdx.y + gridDim.y - 1) // gridDim.y
         loop = ir.For(step, ir.const(0), trips, ir.const(1),
                       ir.seq([ir.Assign(row, blockIdx.y + step * gridDim.y)] + row_coords + [loop]))
-    fn = _function(f"{out.name}_{strategy}", out, loop)
+    fn = _function(f"{out.name}_{strategy}", out, loop, block=1 if serial else BLOCK)
     names = _size_names(rows, width)
     grid = size_function(lambda env: (-(-evaluate_int(width, env) // per_block),
                                       max(1, min(evaluate_int(rows, env), rows_per_grid))), names)

@@ -20,7 +20,8 @@ import taskdsl as td
 from taskdsl import ir
 from taskdsl.compute import evaluate, size_var
 from taskdsl.schedule.op import SPLIT_CHUNKS
-from taskdsl.schedule.rules import choose_strategy, schedule_reduce, split_stages
+from taskdsl.schedule.rules import (choose_strategy, injective_strategy, schedule_injective, schedule_reduce,
+                                    split_stages)
 
 FEW = settings(max_examples=6, deadline=None)
 OPS = ["sum", "max", "min", "prod", "mean"]
@@ -432,10 +433,16 @@ ROWIDX_OP = td.op([AI], [ROWIDX])
 
 @pytest.mark.parametrize("shape", [(3, 255), (3, 256), (1, 3001), (1031, 7), (65537, 256), (0, 300), (300, 0)])
 def test_elementwise_rows_and_flat(shape):
-    """'rows' for a last axis of >= 256 (grid-striding past 65535 rows), else 'flat'."""
+    """'rows' for a last axis of >= 256 (grid-striding past 65535 rows), else 'flat'; on the cpu their
+    one-thread forms, a loop over a contiguous span per block ('row_spans', 'spans')."""
     a = np.random.default_rng(0).integers(-5, 6, shape).astype(np.int32)
     names = check(ROWIDX_OP, a)
-    assert names == ["RowIdx_rows" if shape[1] >= 256 else "RowIdx_flat"]
+    rows = shape[1] >= 256
+    assert names == ["RowIdx_row_spans" if rows else "RowIdx_spans"]
+    sizes = {"M": shape[0], "K": shape[1]}
+    assert injective_strategy(ROWIDX, sizes, "cuda") == ("rows" if rows else "flat")
+    gpu_kernel = schedule_injective(ROWIDX, set(), injective_strategy(ROWIDX, sizes, "cuda"))
+    assert gpu_kernel.name == ("RowIdx_rows" if rows else "RowIdx_flat") and gpu_kernel.block_spec == (256, 1, 1)
     out, = ROWIDX_OP(a)
     np.testing.assert_array_equal(out, a + np.arange(shape[0])[:, None] * 1000 + np.arange(shape[1]))
 
