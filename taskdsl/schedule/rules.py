@@ -30,6 +30,7 @@ from .inline import inline_injective
 BLOCK = 256
 PER_THREAD = 4          # elements per thread in elementwise kernels
 SPAN = 4096             # elements per block (one thread) in the cpu's elementwise kernels
+CPU_ROW = 32            # the cpu's shortest row walked as a row (shorter: flat spans, a division per element)
 LANES = 8               # interleaved accumulators of a sequential ('thread') reduction
 UNROLL_REDUCED = 16     # a 'thread' reduction of at most this many (constant) elements is unrolled
 WARPS = BLOCK // 32
@@ -88,12 +89,12 @@ def _function(name: str, out: Tensor, body: ir.Stmt, block=BLOCK) -> ir.Function
 # ---------------------------------------------------------------- injective
 def injective_strategy(out: Tensor, sizes: dict, target: str = "cuda") -> str:
     """'rows' when the last axis is long enough to fill a block, else 'flat'; on the cpu their one-thread
-    forms 'row_spans' and 'spans' (a block's threads run one after another there: 256 strided walks
-    that LLVM cannot vectorize, where one contiguous loop over a span it can)."""
-    rows = out.ndim >= 2 and evaluate_int(out.shape[-1], sizes) >= BLOCK
+    forms 'row_spans' (for rows of CPU_ROW or more) and 'spans' (a block's threads run one after another
+    there: 256 strided walks that LLVM cannot vectorize, where one contiguous loop over a span it can)."""
+    last = evaluate_int(out.shape[-1], sizes) if out.ndim >= 2 else 0
     if target == "cpu":
-        return "row_spans" if rows else "spans"
-    return "rows" if rows else "flat"
+        return "row_spans" if last >= CPU_ROW else "spans"
+    return "rows" if last >= BLOCK else "flat"
 
 
 def schedule_injective(out: Tensor, inline: set, strategy: str = "flat") -> Kernel:

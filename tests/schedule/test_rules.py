@@ -431,14 +431,15 @@ ROWIDX = td.compute("RowIdx", ("M", "K"), lambda i, j: AI[i, j] + i * 1000 + j)
 ROWIDX_OP = td.op([AI], [ROWIDX])
 
 
-@pytest.mark.parametrize("shape", [(3, 255), (3, 256), (1, 3001), (1031, 7), (65537, 256), (0, 300), (300, 0)])
+@pytest.mark.parametrize("shape", [(3, 255), (3, 256), (1, 3001), (1031, 7), (5, 31), (5, 32), (65537, 256), (0, 300),
+                                   (300, 0)])
 def test_elementwise_rows_and_flat(shape):
     """'rows' for a last axis of >= 256 (grid-striding past 65535 rows), else 'flat'; on the cpu their
-    one-thread forms, a loop over a contiguous span per block ('row_spans', 'spans')."""
+    one-thread forms, a loop over a contiguous span per block ('row_spans' from rows of 32, 'spans')."""
     a = np.random.default_rng(0).integers(-5, 6, shape).astype(np.int32)
     names = check(ROWIDX_OP, a)
     rows = shape[1] >= 256
-    assert names == ["RowIdx_row_spans" if rows else "RowIdx_spans"]
+    assert names == ["RowIdx_row_spans" if shape[1] >= 32 else "RowIdx_spans"]
     sizes = {"M": shape[0], "K": shape[1]}
     assert injective_strategy(ROWIDX, sizes, "cuda") == ("rows" if rows else "flat")
     gpu_kernel = schedule_injective(ROWIDX, set(), injective_strategy(ROWIDX, sizes, "cuda"))
