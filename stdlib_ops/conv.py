@@ -543,30 +543,27 @@ class Lowered:
 
     @functools.cached_property
     def _call(self) -> tuple:
-        """What `run` passes besides the arrays, made once: (the fixed arguments by name, the columns
-        operand's name and GEMM shape, the columns shape, the kernels' parameter names)."""
+        """What `run` passes besides the arrays, made once: (the fixed arguments by name, the GEMM shape of the
+        columns operand A, the columns shape, the kernels' parameter names)."""
         g = self.geometry
-        weight_name, columns_name = "B", "A"
         fixed = dict(batch_index=self.batch_index, split=1, **(_columns_scalars(g) if self.columns else {}))
         shape = self.matmul.operand_shapes(self.transposed_a)[0]
         columns_params = [name for name, _ in self.columns.params] if self.columns else []
-        return (fixed, weight_name, columns_name, shape, _columns_shape(g), columns_params,
-                [name for name, _ in self.kernel.params][:-1])
+        return fixed, shape, _columns_shape(g), columns_params, [name for name, _ in self.kernel.params][:-1]
 
     def run(self, arrays: dict, weight: np.ndarray, out: np.ndarray) -> None:
         """out = the convolution (with its fused prologue and epilogue) of `arrays` and the weight operand."""
-        fixed, weight_name, columns_name, shape, columns_shape, columns_params, names = self._call
-        args = dict(arrays, **fixed)
-        args[weight_name] = weight
+        fixed, shape, columns_shape, columns_params, names = self._call
+        args = dict(arrays, B=weight, **fixed)
         if self.on_columns:
             if self.columns is None:
-                args[columns_name] = arrays[self.x_name].reshape(shape)
+                args["A"] = arrays[self.x_name].reshape(shape)
             else:
                 cols = args["cols"] = empty_aligned(columns_shape, out.dtype)
                 if self.x_name is not None:
                     args["X"] = arrays[self.x_name]
                 self.columns(*[args[name] for name in columns_params])
-                args[columns_name] = cols.reshape(shape)
+                args["A"] = cols.reshape(shape)
         out = out if self.geometry.groups == 1 else out.reshape(_grouped_out_shape(self.geometry))
         self.kernel(*[args[name] for name in names], out)
 

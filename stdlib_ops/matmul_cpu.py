@@ -138,7 +138,8 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
         k_end = td.min(K, k_begin + chunk)
         cols = td.min(BN, N - col0)
         panel = B if packed_b else td.shared(f32, (KC, BN))
-        first_row = (zb * td.cdiv(N, BN) + blockIdx.x // grid_m) * K     # of this block's panel in packed B
+        # the row of this block's panel in packed B
+        first_row = (zb * td.cdiv(N, BN) + blockIdx.x // grid_m) * K if packed_b else 0
         for k0 in range(k_begin, k_end, KC):
             k1 = td.min(k_end, k0 + KC)
             if packed_b:

@@ -79,9 +79,14 @@ def packed_b(plan: gemm.MatmulPlan, tensor, b: np.ndarray, cache: dict) -> np.nd
     of the graph and the plan's template takes packed operands (the cpu's); else None."""
     if not (tensor.is_constant and plan.packs_b):
         return None
-    if cache.get("plan") is not plan:
-        cache.update(plan=plan, panels=plan.pack_b(b))
-    return cache["panels"]
+    return _made_once(cache, plan, lambda: plan.pack_b(b))
+
+
+def _made_once(cache: dict, owner, make):
+    """make(), kept in `cache` as long as `owner` (the plan or lowering it was made for) stays the same."""
+    if cache.get("owner") is not owner:
+        cache.update(owner=owner, value=make())
+    return cache["value"]
 
 
 def conv_geometry(op: Conv) -> conv.ConvGeometry:
@@ -98,9 +103,7 @@ def packed_weight(lowering, tensor, weight: np.ndarray, cache: dict) -> np.ndarr
     `cache`, when the weights are a constant of the graph."""
     if not tensor.is_constant:
         return lowering.weight_operand(weight)
-    if cache.get("lowering") is not lowering:
-        cache.update(lowering=lowering, operand=lowering.weight_operand(weight))
-    return cache["operand"]
+    return _made_once(cache, lowering, lambda: lowering.weight_operand(weight))
 
 
 @runs(Conv)
