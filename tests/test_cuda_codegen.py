@@ -90,6 +90,24 @@ def test_half_kernels_compile_with_runtime_headers():
     assert half_scale.compile(x, x, target="cuda").binary
 
 
+def test_signed_minimums_are_literals_of_their_own_type():
+    """-2**31 written as a literal is a long in C++ (its magnitude is no int), which made max(int, long) of an
+    i32 max-reduction's identity ambiguous for NVRTC; likewise -2**63 for i64."""
+    @td.kernel(grid=1, block=4)
+    def floor_at_minimum(X: i32[4], Y: i32[4], Z: td.i64[4]):
+        Y[threadIdx.x] = max(X[threadIdx.x], -2147483648)
+        Z[threadIdx.x] = max(td.cast(X[threadIdx.x], td.i64), -9223372036854775808)
+
+    x = np.array([-2**31, -5, 0, 2**31 - 1], np.int32)
+    y, z = np.empty_like(x), np.empty(4, np.int64)
+    src = floor_at_minimum.source(x, y, z, target="cuda")
+    assert "(-2147483647 - 1)" in src and "(-9223372036854775807LL - 1)" in src
+    compile_cubin(src, "sm_90", "floor_at_minimum", fast=True)
+    floor_at_minimum(x, y, z)
+    np.testing.assert_array_equal(y, x)
+    np.testing.assert_array_equal(z, x.astype(np.int64))
+
+
 def test_python_floor_division_on_possibly_negative_values():
     @td.kernel(grid=1, block=8)
     def floors(X: i32[8], Y: i32[8]):

@@ -293,6 +293,8 @@ class _CudaEmitter:
                 text = _c_float(e.value, e.dtype if e.dtype.bits in (32, 64) else T.f32)
                 return text if e.dtype.bits in (32, 64) else f"(({e.dtype.c_name})({text}))"
             suffix = {"long long": "LL", "unsigned long long": "ULL", "unsigned int": "u"}.get(e.dtype.c_name, "")
+            if e.value == -(1 << (e.dtype.bits - 1)):    # a signed minimum's magnitude is no literal of its type
+                return f"({e.value + 1}{suffix} - 1)"     # (-2147483648 is a long: max(int, long) is ambiguous)
             return f"{e.value}{suffix}" if e.value >= 0 or suffix else f"({e.value})"
         if isinstance(e, ir.Var):
             return self.name(e)
