@@ -23,7 +23,7 @@ import numpy as np
 import taskdsl as td
 from taskdsl import blockIdx, ir
 from taskdsl.runtime.config import fast_compile_enabled
-from taskdsl.runtime.host import empty_aligned
+from taskdsl.runtime.arrays import empty_like_operands
 
 from . import gemm as mm
 
@@ -559,7 +559,7 @@ class Lowered:
             if self.columns is None:
                 args["A"] = arrays[self.x_name].reshape(shape)
             else:
-                cols = args["cols"] = empty_aligned(columns_shape, out.dtype)
+                cols = args["cols"] = empty_like_operands(columns_shape, out.dtype, out)
                 if self.x_name is not None:
                     args["X"] = arrays[self.x_name]
                 self.columns(*[args[name] for name in columns_params])
@@ -635,7 +635,7 @@ class ConvPlan:
         extra = [bias] if bias is not None else []
         if self.direct is not None:
             return self.direct(x, weight, *extra)[0]
-        out = empty_aligned(self.geometry.out_shape, x.dtype)
+        out = empty_like_operands(self.geometry.out_shape, x.dtype, x)
         operand = packed if packed is not None else self.lowered.weight_operand(weight)
         self.lowered.run({"X": x, "bias": bias}, operand, out)
         return out

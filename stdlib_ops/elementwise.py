@@ -34,6 +34,7 @@ import numpy as np
 import taskdsl as td
 from taskdsl import ir
 from taskdsl.ir import types as T
+from taskdsl.runtime.arrays import as_array, contiguous
 
 __all__ = ["add", "cast", "clip", "div", "erf", "exp", "gelu", "log", "maximum", "minimum", "mul", "pow", "relu",
            "rsqrt", "sigmoid", "silu", "sqrt", "sub", "tanh", "where"]
@@ -87,12 +88,6 @@ def shape_carrier(shape: tuple) -> np.ndarray:
     return np.broadcast_to(np.zeros((), np.int8), tuple(int(n) for n in shape))
 
 
-def contiguous(v) -> np.ndarray:
-    """`v` as a C-contiguous array, keeping 0-d arrays 0-d (np.ascontiguousarray makes them 1-d)."""
-    a = np.asarray(v)
-    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
-
-
 def cast_to(e: ir.Expr, dtype: T.DataType) -> ir.Expr:
     """`e` converted to `dtype` (unchanged when it already has it)."""
     return e if e.dtype == dtype else ir.Cast(e, dtype)
@@ -114,7 +109,7 @@ def _is_scalar(v) -> bool:
 
 def result_dtype(*values) -> np.dtype:
     """The dtype of an arithmetic result (PyTorch-style promotion, see the module docstring)."""
-    arrays = [np.asarray(v).dtype for v in values if not _is_scalar(v)]
+    arrays = [as_array(v).dtype for v in values if not _is_scalar(v)]
     floats = [d for d in arrays if d.kind == "f"]
     if floats:
         widest = max(d.itemsize for d in floats)

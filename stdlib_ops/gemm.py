@@ -18,7 +18,7 @@ import numpy as np
 import taskdsl as td
 from taskdsl.backend.cpu.launch import num_threads
 from taskdsl.runtime.config import fast_compile_enabled
-from taskdsl.runtime.host import empty_aligned
+from taskdsl.runtime.arrays import as_array, contiguous, empty_like_operands, zeros_like_operands
 from taskdsl.schedule.tuner import tune
 
 from . import matmul_cpu as cpu
@@ -146,17 +146,19 @@ class MatmulPlan:
         return ((math.prod(self.a_batch),) + a_shape, (math.prod(self.b_batch), self.k, self.n),
                 (self.batch, self.m, self.n))
 
-    def __call__(self, a3: np.ndarray, b3: np.ndarray, packed_b: bool = False) -> np.ndarray:
-        """C (batch, M, N) for 3-D operands (`b3`: B's `pack_b` panels with `packed_b`)."""
+    def __call__(self, a3, b3, packed_b: bool = False):
+        """C (batch, M, N) for 3-D operands (`b3`: B's `pack_b` panels with `packed_b`), allocated where the
+        operands are (numpy arrays or td.DeviceArrays)."""
         if self.split == 1:
-            c = empty_aligned((self.batch, self.m, self.n), self.dtype.numpy)
+            c = empty_like_operands((self.batch, self.m, self.n), self.dtype.numpy, a3, b3)
             self.kernel(packed_b=packed_b)(a3, b3, c, self.batch_index(), 1)
             return c
+        from .elementwise import cast
         from .reduce import sum as reduce_sum
-        partial = empty_aligned((self.batch * self.split, self.m, self.n), np.float32)
+        partial = empty_like_operands((self.batch * self.split, self.m, self.n), np.float32, a3, b3)
         self.kernel(packed_b=packed_b)(a3, b3, partial, self.batch_index(), self.split)
         total = reduce_sum(partial.reshape(self.batch, self.split, self.m, self.n), axis=1)
-        return total.astype(self.dtype.numpy, copy=False)
+        return total if total.dtype == self.dtype.numpy else cast(total, self.dtype.numpy)
 
 
 def _example(shape: tuple, dtype) -> np.ndarray:
@@ -201,39 +203,39 @@ def _plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune, point, fa
 
 
 def _operands(a, b) -> tuple:
-    a, b = np.asarray(a), np.asarray(b)
+    a, b = as_array(a), as_array(b)
     if a.ndim == 0 or b.ndim == 0:
         raise ValueError("matmul needs operands with at least one dimension (use mul for scalars)")
     dtype = np.result_type(a.dtype, b.dtype)
-    return np.ascontiguousarray(a, dtype), np.ascontiguousarray(b, dtype)
+    return contiguous(a, dtype), contiguous(b, dtype)
 
 
 def matmul(a, b, *, tune: bool | None = None, packed: np.ndarray | None = None):
-    """`a @ b` with numpy's rules (1-D operands promoted, batch dims broadcast); f32 or f16. `packed`: b's
-    panels from the plan's `pack_b`, made once by a caller that multiplies by the same b again (the cpu)."""
+    """`a @ b` with numpy's rules (1-D operands promoted, batch dims broadcast); f32 or f16; numpy arrays or
+    td.DeviceArrays (the result is where the operands are). `packed`: b's panels from the plan's `pack_b`,
+    made once by a caller that multiplies by the same b again (the cpu)."""
     a, b = _operands(a, b)
     dtype = tdtype(a.dtype)
-    a2 = a[None, :] if a.ndim == 1 else a
-    b2 = b[:, None] if b.ndim == 1 else b
+    a2 = a.reshape((1,) + a.shape) if a.ndim == 1 else a
+    b2 = b.reshape(b.shape + (1,)) if b.ndim == 1 else b
     p = plan(a2.shape, b2.shape, dtype, td.get_target(), tune)
     shape_a, shape_b, _ = p.operand_shapes()
-    out = np.empty(p.out_batch + (p.m, p.n), a.dtype)
-    if out.size:
-        if p.k == 0:
-            out[...] = 0
-        else:
-            operand = b2.reshape(shape_b) if packed is None else packed
-            out = p(a2.reshape(shape_a) if a2.size else a2, operand, packed is not None).reshape(out.shape)
-    if a.ndim == 1:
-        out = out[..., 0, :]
+    shape = p.out_batch + (p.m, p.n)
+    if math.prod(shape) == 0 or p.k == 0:
+        out = zeros_like_operands(shape, a.dtype, a, b)
+    else:
+        operand = b2.reshape(shape_b) if packed is None else packed
+        out = p(a2.reshape(shape_a), operand, packed is not None).reshape(shape)
+    if a.ndim == 1:      # drop the promoted axes again
+        shape = shape[:-2] + shape[-1:]
     if b.ndim == 1:
-        out = out[..., 0]
-    return out
+        shape = shape[:-1]
+    return out.reshape(shape)
 
 
 def batch_matmul(a, b, *, tune: bool | None = None):
     """Batched `a @ b` for (B..., M, K) and (B..., K, N) operands (batch dims broadcast)."""
-    a, b = np.asarray(a), np.asarray(b)
+    a, b = as_array(a), as_array(b)
     if a.ndim < 3 and b.ndim < 3:
         raise ValueError(f"batch_matmul needs a batch dimension, got shapes {a.shape} and {b.shape}; use matmul")
     return matmul(a, b, tune=tune)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 import taskdsl as td
+from taskdsl.runtime.arrays import as_array
 
 from .elementwise import Plan, cached_op, cast_to, contiguous, normalize_axis, reshaper, tdtype
 from .rowwise import layer_norm_rows, softmax_rows
@@ -77,21 +78,21 @@ def _softmax_plan(log: bool, x, axis: int = -1) -> Plan:
 
 def _last_axis_f32(x, axis: int) -> bool:
     """Whether the hand-written row kernels (stdlib_ops/rowwise.py) apply: last axis, f32/f64, non-empty."""
-    x = np.asarray(x)
+    x = as_array(x)
     return x.ndim >= 1 and axis in (-1, x.ndim - 1) and x.dtype in (np.float32, np.float64) and x.size > 0
 
 
 def softmax(x, axis: int = -1):
     """exp(x - max) / sum(exp(x - max)) along `axis`."""
     if _last_axis_f32(x, axis):   # one fused kernel per row, the schedule chosen for the target
-        return softmax_rows(np.asarray(x))
+        return softmax_rows(x)
     return _softmax_plan(False, x, axis).run()
 
 
 def log_softmax(x, axis: int = -1):
     """x - max - log(sum(exp(x - max))) along `axis`."""
     if _last_axis_f32(x, axis):
-        return softmax_rows(np.asarray(x), log=True)
+        return softmax_rows(x, log=True)
     return _softmax_plan(True, x, axis).run()
 
 
@@ -169,9 +170,9 @@ def layer_norm(x, weight=None, bias=None, eps: float = 1e-5, ndim: int | None = 
     weight and bias (optional) have the shape of the normalized axes; the variance is the
     biased one (divided by the count), as in PyTorch.
     """
-    x = np.asarray(x)
+    x = as_array(x)
     if weight is not None and bias is not None and np.ndim(weight) == 1 and ndim in (None, 1) and \
-            _last_axis_f32(x, -1) and np.asarray(weight).dtype == x.dtype == np.asarray(bias).dtype:
+            _last_axis_f32(x, -1) and as_array(weight).dtype == x.dtype == as_array(bias).dtype:
         return layer_norm_rows(x, weight, bias, eps)   # one fused kernel per row
     return _norm_plan(False, x, weight, bias, eps, ndim).run()
 

@@ -20,6 +20,7 @@ import numpy as np
 
 import taskdsl as td
 from taskdsl import blockIdx, threadIdx
+from taskdsl.runtime.arrays import empty_like_operands
 
 from .elementwise import Plan, cached_op, contiguous, normalize_axis, reshaper, tdtype
 
@@ -154,7 +155,7 @@ def _arg(x, axis, keepdims: bool, is_max: bool):
         raise ValueError(f"attempt to get {what} of an empty sequence")
     outer = int(np.prod(x.shape[:axis], dtype=np.int64))
     inner = int(np.prod(x.shape[axis + 1:], dtype=np.int64))
-    y = np.empty((outer, inner), np.int64)
+    y = empty_like_operands((outer, inner), np.int64, x)
     arg_kernel(tdtype(x.dtype), is_max)(x.reshape(outer, x.shape[axis], inner), y)
     return y.reshape(out_shape)
 

@@ -16,6 +16,7 @@ import numpy as np
 
 import taskdsl as td
 from taskdsl import blockIdx, f32, f64, threadIdx
+from taskdsl.runtime.arrays import contiguous, empty_like_operands
 
 BLOCK = 256
 ROWS_PER_BLOCK = 64     # 'thread' schedule
@@ -130,13 +131,13 @@ def layer_norm_kernel(dtype, schedule: str):
 def _rows(x: np.ndarray) -> np.ndarray:
     if x.ndim == 0:
         raise ValueError("row-wise ops need at least one axis")
-    return np.ascontiguousarray(x).reshape(-1, x.shape[-1]) if x.size else x.reshape(-1, max(x.shape[-1], 0))
+    return contiguous(x).reshape(-1, x.shape[-1]) if x.size else x.reshape(-1, max(x.shape[-1], 0))
 
 
 def softmax_rows(x: np.ndarray, log: bool = False, schedule: str | None = None) -> np.ndarray:
     """Softmax (or log-softmax) of `x` over its last axis (f32 / f64)."""
     rows = _rows(x)
-    out = np.empty_like(rows)
+    out = empty_like_operands(rows.shape, rows.dtype, rows)
     if rows.size:
         softmax_kernel(td.ir.types.from_numpy(rows.dtype), log, schedule or schedule_for_target())(rows, out)
     return out.reshape(x.shape)
@@ -146,8 +147,8 @@ def layer_norm_rows(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: fl
                     schedule: str | None = None) -> np.ndarray:
     """Layer norm of `x` over its last axis, scaled by `weight` and shifted by `bias`."""
     rows = _rows(x)
-    out = np.empty_like(rows)
+    out = empty_like_operands(rows.shape, rows.dtype, rows)
     if rows.size:
         kernel = layer_norm_kernel(td.ir.types.from_numpy(rows.dtype), schedule or schedule_for_target())
-        kernel(rows, np.ascontiguousarray(weight, rows.dtype), np.ascontiguousarray(bias, rows.dtype), out, eps)
+        kernel(rows, contiguous(weight, rows.dtype), contiguous(bias, rows.dtype), out, eps)
     return out.reshape(x.shape)

@@ -63,6 +63,16 @@ def _cpu_target_and_nvrtc(monkeypatch, request, twin_target):
     td.fast_compile(False)
 
 
+@pytest.fixture
+def simulated_gpu(monkeypatch):
+    """The cuda target on a simulated GPU (tests/simulated_gpu.py): device code paths on machines without one."""
+    from .simulated_gpu import install
+    gpu = install(monkeypatch)
+    td.set_target("cuda")
+    yield gpu
+    td.set_target("cpu")
+
+
 def pytest_collection_modifyitems(config, items):
     usable, reason = td.gpu_status()
     if usable:

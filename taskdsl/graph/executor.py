@@ -6,16 +6,27 @@
     y, = cg(x)                         # or cg({"x": x}); a list of numpy arrays
     cg.kernels                         # the kernels the last call launched, in order
     print(cg.summary(timing=True))     # one line per operator, with its time
+
+On the cuda target the activations stay on the GPU: inputs are copied there once per call
+(numpy) or read in place (td.DeviceArray), constants are copied once, and every operator's
+result is a DeviceArray. After the warm-up run, the launches of one more run are recorded
+and captured as a CUDA graph (`cuda_graph=True`, the default): a call then copies its
+inputs into the graph's input buffers, replays the graph, and copies the outputs back.
+The graph keeps every activation of the recorded run alive (no memory reuse between
+them); `cuda_graph=False` runs operator by operator instead, freeing each activation after
+its last reader.
 """
 from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..backend.cpu import precompile
 from ..runtime.config import get_target, set_target
+from ..runtime.device_array import DeviceArray, to_device
 from ..runtime.progress import Progress
 from . import runners
 from .graph import Graph, bind_inputs
@@ -36,11 +47,27 @@ def on_target(name: str):
         set_target(previous)
 
 
+@dataclass
+class _Replay:
+    """A CUDA graph of one whole run, with the buffers it reads its inputs from and writes its outputs to."""
+
+    graph: object        # backend.cuda.graphs.CudaGraph
+    inputs: list         # DeviceArrays, one per graph input
+    outputs: list        # per graph output: the DeviceArray the graph writes, or a constant's value
+
+    def run(self, arrays: list) -> list:
+        """Copy `arrays` into the input buffers, queue the graph, and return the output buffers."""
+        for buffer, a in zip(self.inputs, arrays):
+            buffer.copy_from(a)
+        self.graph.replay()
+        return self.outputs
+
+
 class CompiledGraph:
     """Call it on input arrays (positional, or one dict keyed by input name) for a list of output arrays."""
 
     def __init__(self, graph: Graph, target: str | None = None, passes: list | None = None,
-                 channels_last: bool = False):
+                 channels_last: bool = False, cuda_graph: bool = True):
         start = time.perf_counter()
         if passes is not None and channels_last:
             raise ValueError("give either passes or channels_last=True, not both "
@@ -59,12 +86,17 @@ class CompiledGraph:
                 self._free[step].append(tid)
         self._last_inputs = [np.zeros(t.shape, t.numpy_dtype) for t in self.graph.inputs]
         self._records: list = []                   # (kernels, seconds) per step of the last call
+        self._constants: dict = {}                 # id(constant) -> its value on the GPU (cuda target)
+        self._replay: _Replay | None = None
+        self.cuda_graph = "off (cpu target)" if self.target == "cpu" else "off (cuda_graph=False)"
         show = None if len(nodes) >= PROGRESS_MIN_NODES else False
         with on_target(self.target):
             if self.target == "cpu":
                 self._compile_cpu_kernels_ahead(show)
             with Progress(len(nodes), f"compiling {graph.name}", show=show) as bar:
                 self._execute(self._last_inputs, bar)      # compile every kernel now: a run on zeros
+            if self.target == "cuda" and cuda_graph:
+                self._capture()
         self.compile_seconds = time.perf_counter() - start
 
     def _compile_cpu_kernels_ahead(self, show) -> None:
@@ -80,13 +112,22 @@ class CompiledGraph:
             with Progress(len(jobs), f"compiling {len(jobs)} kernels on {n} processes", show=show) as bar:
                 precompile.compile_all(jobs, bar)
 
-    def _execute(self, arrays: list, progress: Progress | None = None) -> list:
-        values = {id(t): a for t, a in zip(self.graph.inputs, arrays)}
+    def _execute(self, arrays: list, progress: Progress | None = None, sync: bool = False) -> list:
+        return self._outputs(self._run(arrays, progress, sync), arrays)
+
+    def _run(self, arrays: list, progress: Progress | None = None, sync: bool = False) -> dict:
+        """Every operator in order; the values of the graph's outputs (and inputs) by tensor id. `sync`
+        waits for each operator's kernels on the GPU, so that its time is what the operator took."""
+        gpu = self.target == "cuda"
+        values = {id(t): to_device(a) if gpu else a for t, a in zip(self.graph.inputs, arrays)}
         records = []
         for step, op in enumerate(self.graph.nodes):
-            inputs = [t.value if t.is_constant else values[id(t)] for t in op.inputs]
+            inputs = [self._constant(t) if t.is_constant else values[id(t)] for t in op.inputs]
             begin = time.perf_counter()
             outs, kernels = runners.run(op, inputs)
+            if sync and gpu:
+                from ..backend.cuda.launch import synchronize
+                synchronize()
             records.append((kernels, time.perf_counter() - begin))
             for t, a in zip(op.outputs, outs):
                 values[id(t)] = a
@@ -95,7 +136,39 @@ class CompiledGraph:
             if progress is not None:
                 progress.step(note=op.kind)
         self._records = records
-        return self._outputs(values, arrays)
+        return values
+
+    def _constant(self, t):
+        """A constant's value where the kernels read it: as it is on the cpu, a copy made once on the GPU."""
+        if self.target == "cpu":
+            return t.value
+        value = self._constants.get(id(t))
+        if value is None:
+            value = self._constants[id(t)] = to_device(t.value)
+        return value
+
+    def _capture(self) -> None:
+        """Record a run on the warm-up inputs and capture its launches as a CUDA graph (`self._replay`), where
+        the run is replayable; `self.cuda_graph` says whether it is on, and why not."""
+        from ..backend.cuda.graphs import CudaGraph
+        from ..backend.cuda.launch import recording
+        inputs = [to_device(a) for a in self._last_inputs]
+        with recording() as record:
+            values = self._run(inputs)
+        outputs = [t.value if t.is_constant else values[id(t)] for t in self.graph.outputs]
+        on_host = [t.name for t, a in zip(self.graph.outputs, outputs)
+                   if not t.is_constant and not isinstance(a, DeviceArray)]
+        if record.host_reads:
+            self.cuda_graph = f"off ({len(record.host_reads)} operator(s) read GPU memory back to the host)"
+        elif any(r.host_writes for r in record.launches):
+            self.cuda_graph = "off (a kernel wrote to host memory)"
+        elif on_host:
+            self.cuda_graph = f"off (outputs {on_host} are computed on the host)"
+        elif not record.launches:
+            self.cuda_graph = "off (no kernels to replay)"
+        else:
+            self._replay = _Replay(CudaGraph(record.launches), inputs, outputs)
+            self.cuda_graph = f"on ({len(record.launches)} kernels in one CUDA graph)"
 
     def _outputs(self, values: dict, arrays: list) -> list:
         results, seen = [], set()
@@ -104,6 +177,9 @@ class CompiledGraph:
                 results.append(np.array(t.value))
                 continue
             a = values[id(t)]
+            if isinstance(a, DeviceArray):
+                results.append(a.numpy())       # a fresh host copy
+                continue
             root = self.memory.storage.get(id(t), t)
             # never hand out the caller's input memory, or one array twice
             copy = root.is_input or id(t) in seen
@@ -112,11 +188,28 @@ class CompiledGraph:
         return results
 
     def __call__(self, *args) -> list:
-        """The outputs for these inputs, as a list of numpy arrays."""
+        """The outputs for these inputs (numpy arrays; td.DeviceArrays too on cuda), as a list of numpy arrays."""
         arrays = bind_inputs(self.graph, args)
         self._last_inputs = arrays
         with on_target(self.target):
+            if self._replay is not None:
+                return [a.numpy() if isinstance(a, DeviceArray) else np.array(a) for a in self._replay.run(arrays)]
             return self._execute(arrays)
+
+    def run_on_device(self, *args) -> list:
+        """cuda only: the outputs left on the GPU, as td.DeviceArrays (a constant output as its numpy value),
+        queued but not waited for. With CUDA graph replay they are the graph's own output buffers, which the
+        next call overwrites: copy what you keep (`.numpy()`)."""
+        if self.target != "cuda":
+            raise ValueError(f"run_on_device needs a graph compiled for the cuda target (this one is for "
+                             f"{self.target}); call the compiled graph for numpy outputs")
+        arrays = bind_inputs(self.graph, args)
+        self._last_inputs = arrays
+        with on_target(self.target):
+            if self._replay is not None:
+                return list(self._replay.run(arrays))
+            values = self._run(arrays)
+            return [t.value if t.is_constant else values[id(t)] for t in self.graph.outputs]
 
     @property
     def kernels(self) -> list:
@@ -131,7 +224,7 @@ class CompiledGraph:
             runs = []
             for _ in range(max(repeat, 1)):
                 with on_target(self.target):
-                    self._execute(self._last_inputs)
+                    self._execute(self._last_inputs, sync=True)
                 runs.append([seconds for _, seconds in self._records])
             times = np.min(np.array(runs), axis=0)
         name = Namer()
@@ -146,6 +239,8 @@ class CompiledGraph:
         lines = [f"CompiledGraph {self.graph.name}: {len(self.graph.nodes)} operators, {len(self.kernels)} kernels, "
                  f"target {self.target}, compiled in {self.compile_seconds:.1f}s",
                  f"{self.memory.summary()}; constants {format_bytes(sum(t.nbytes for t in self.graph.constants))}"]
+        if self.target == "cuda":
+            lines.append(f"CUDA graph replay: {self.cuda_graph}")
         lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
         if timing:
             lines.append(f"  total {times.sum() * 1e3:.3f} ms")

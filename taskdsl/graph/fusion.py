@@ -25,12 +25,11 @@ from stdlib_ops import conv as conv_lib
 from stdlib_ops import gemm
 
 from ..compute import placeholder
-from ..runtime.host import empty_aligned
+from ..runtime.arrays import contiguous, empty_like_operands
 from .graph import Graph
 from .operator import Operator
 from .ops import BatchNorm, Conv, Elementwise, MatMul, Reshape, Transpose
 from .runners import conv_geometry, packed_b, packed_weight, runs
-from .tensor import contiguous
 
 EPILOGUE_KINDS = (Elementwise, BatchNorm, Reshape, Transpose)
 PROLOGUE_KINDS = (Elementwise, BatchNorm, Reshape, Transpose)
@@ -240,7 +239,7 @@ class _Build:
 
     def run(self, arrays: list) -> np.ndarray:
         """The fused node's output for its input arrays (one kernel launch; two for a cpu conv with im2col)."""
-        out = empty_aligned(self.op.outputs[0].shape, self.op.outputs[0].numpy_dtype)
+        out = empty_like_operands(self.op.outputs[0].shape, self.op.outputs[0].numpy_dtype, *arrays)
         if isinstance(self.op.anchor, Conv):
             named = {name: contiguous(arrays[k]) for name, k in self.index_of.items()}
             weight = arrays[self._weight_index]

@@ -11,8 +11,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..runtime.arrays import as_array, contiguous
 from .operator import Operator
-from .tensor import Tensor, contiguous
+from .tensor import Tensor
 
 
 def topological_nodes(outputs: list, extra: list = ()) -> list:
@@ -129,11 +130,13 @@ class Graph:
             return self
         return Graph(self.inputs, [new.get(id(t), t) for t in self.outputs], name=self.name)
 
-    def compile(self, target: str | None = None, passes: list | None = None, channels_last: bool = False):
+    def compile(self, target: str | None = None, passes: list | None = None, channels_last: bool = False,
+                cuda_graph: bool = True):
         """The CompiledGraph of this graph for `target` ('cpu' / 'cuda'; default: the current target);
-        `channels_last` runs its 2-D convolutions in NHWC (the layout pass, passes.channels_last)."""
+        `channels_last` runs its 2-D convolutions in NHWC (the layout pass, passes.channels_last); on cuda,
+        `cuda_graph` replays each call as one CUDA graph (see taskdsl.graph.executor)."""
         from .executor import CompiledGraph
-        return CompiledGraph(self, target=target, passes=passes, channels_last=channels_last)
+        return CompiledGraph(self, target=target, passes=passes, channels_last=channels_last, cuda_graph=cuda_graph)
 
     def __call__(self, *args) -> list:
         """The outputs for these input arrays (positional, or one dict keyed by input name)."""
@@ -181,7 +184,7 @@ def bind_inputs(graph: Graph, args: tuple) -> list:
         raise TypeError(f"graph {graph.name!r} takes {len(names)} input arrays ({', '.join(names)}), got {len(args)}")
     arrays = []
     for t, a in zip(graph.inputs, args):
-        a = np.asarray(a)
+        a = as_array(a)
         if a.shape != t.shape:
             raise ValueError(f"input {t.name!r} must have shape {t.shape}, got {a.shape}")
         if a.dtype != t.numpy_dtype:

@@ -17,9 +17,9 @@ from stdlib_ops import conv, elementwise, gemm, norm, pool, reduce, rowwise, tra
 
 from .. import schedule
 from ..ir import types as T
+from ..runtime.arrays import contiguous, on_host, placed_like
 from ..runtime.config import get_target
 from .operator import Operator
-from .tensor import contiguous
 from .ops import (BatchNorm, Concat, Conv, Elementwise, Expand, Gather, LayerNorm, MatMul, Pad, Pool, Reduce,
                   Reshape, Slice, Softmax, Transpose)
 
@@ -39,7 +39,8 @@ def runs(*classes) -> Callable:
 def run(op: Operator, arrays: list) -> tuple:
     """(outputs, kernels) of one operator on its input arrays."""
     if any(t.size == 0 for t in op.outputs) or any(a.size == 0 for a in arrays):
-        return op.reference(*arrays), []        # nothing to compute: empty outputs, or identities of empty reductions
+        # nothing to compute: empty outputs, or identities of empty reductions
+        return op.reference(*[on_host(a) for a in arrays]), []
     return RUNNERS.get(type(op), run_definitions)(op, arrays)
 
 
@@ -98,12 +99,13 @@ def conv_geometry(op: Conv) -> conv.ConvGeometry:
                          "NHWC" if a["channels_last"] else "NCHW")
 
 
-def packed_weight(lowering, tensor, weight: np.ndarray, cache: dict) -> np.ndarray:
+def packed_weight(lowering, tensor, weight, cache: dict):
     """A conv lowering's operand of the weights `weight` (graph tensor `tensor`): made once, and kept in
-    `cache`, when the weights are a constant of the graph."""
-    if not tensor.is_constant:
-        return lowering.weight_operand(weight)
-    return _made_once(cache, lowering, lambda: lowering.weight_operand(weight))
+    `cache`, when the weights are a constant of the graph. It is made on the host (from the constant's
+    value, or a copy of GPU weights) and placed where `weight` is."""
+    def make():
+        return placed_like(weight, lowering.weight_operand(tensor.value if tensor.is_constant else on_host(weight)))
+    return _made_once(cache, lowering, make) if tensor.is_constant else make()
 
 
 @runs(Conv)

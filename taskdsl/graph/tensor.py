@@ -14,6 +14,7 @@ import numpy as np
 
 from ..compute import numpy_dtype
 from ..ir import types as T
+from ..runtime.arrays import contiguous
 
 _NAMES = {"float16": T.f16, "half": T.f16, "bfloat16": T.bf16, "float32": T.f32, "float": T.f32, "float64": T.f64,
           "double": T.f64, "int8": T.i8, "int16": T.i16, "int32": T.i32, "int64": T.i64, "uint8": T.u8,
@@ -33,12 +34,6 @@ def as_dtype(dtype) -> T.DataType:
         return T.from_numpy(dtype)
     except TypeError as e:
         raise TypeError(f"unsupported dtype {dtype!r}: {e}") from None
-
-
-def contiguous(value, dtype=None) -> np.ndarray:
-    """`value` as a C-contiguous array (0-d stays 0-d, unlike np.ascontiguousarray), converted to `dtype`."""
-    a = np.asarray(value, dtype=dtype)
-    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
 def as_shape(shape, what: str = "shape") -> tuple:

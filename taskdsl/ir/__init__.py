@@ -6,4 +6,4 @@ from .printer import expr_str, function_str, stmt_str
 from .stmt import (Allocate, Assign, Break, Continue, CpAsync, CpAsyncCommit, CpAsyncWait, Evaluate, For,
                    ForMapping, If, LdMatrix, Mma, Seq, Stmt, Store, SyncThreads, SyncWarp, While, seq)
 from .types import DataType, TensorSpec
-from .visitor import Rewriter, Visitor, collect, substitute
+from .visitor import Rewriter, Visitor, collect, referenced_buffers, substitute

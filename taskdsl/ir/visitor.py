@@ -102,3 +102,18 @@ def collect(node, cls) -> list:
 
     _Collector().visit(node)
     return found
+
+
+def referenced_buffers(node) -> set:
+    """The uids of every buffer the tree names (loads, stores, atomics, addresses, copies)."""
+    found = set()
+
+    class _Finder(Visitor):
+        def _visit_value(self, value):
+            if isinstance(value, Buffer):
+                found.add(value.uid)
+            else:
+                super()._visit_value(value)
+
+    _Finder().visit(node)
+    return found

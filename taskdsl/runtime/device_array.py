@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..backend.cuda.launch import DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED, check, device_state, is_c_contiguous
+from ..backend.cuda.launch import (DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED, copy_on_device, copy_to_device,
+                                   copy_to_host, device_state, fill_zero, is_c_contiguous, recording_active)
 
 ACCEPTED = ("numpy arrays (copied to the GPU and back) or arrays in GPU memory: td.DeviceArray (td.to_device), "
             "torch / cupy CUDA tensors, any DLPack or __cuda_array_interface__ CUDA array")
@@ -79,24 +80,52 @@ class DeviceArray:
     # ------------------------------------------------------------------ copies
     def numpy(self) -> np.ndarray:
         """A host copy (waits for the kernels and copies queued before it)."""
-        from cuda.bindings import driver
+        record = recording_active()
+        if record is not None:     # the host now depends on this run's values: a graph replay would not redo it
+            record.host_reads.append(self)
         out = np.empty(self._shape, self._dtype)
         stream = device_state("DeviceArray.numpy()").stream
-        if self.nbytes:
-            check(driver.cuMemcpyDtoHAsync(out.ctypes.data, self.ptr, self.nbytes, stream.handle))
+        copy_to_host(out, self.ptr, stream)
         stream.sync()
         return out
 
     def copy_from_host(self, array) -> None:
         """Overwrite the contents with a numpy array of the same shape and dtype."""
-        from cuda.bindings import driver
-        array = np.ascontiguousarray(array)
+        array = _c_order(array)
         if array.shape != self._shape or array.dtype != self._dtype:
             raise ValueError(f"copy_from_host needs shape {self._shape} and dtype {self._dtype}, "
                              f"got {array.shape} {array.dtype}")
-        stream = device_state("DeviceArray.copy_from_host()").stream
-        if self.nbytes:
-            check(driver.cuMemcpyHtoDAsync(self.ptr, array.ctypes.data, self.nbytes, stream.handle))
+        copy_to_device(self.ptr, array, device_state("DeviceArray.copy_from_host()").stream)
+
+    def copy_from(self, array) -> None:
+        """Overwrite the contents with a numpy array or a DeviceArray of the same shape and dtype."""
+        if not isinstance(array, DeviceArray):
+            self.copy_from_host(array)
+            return
+        if array.shape != self._shape or array.dtype != self._dtype:
+            raise ValueError(f"copy_from needs shape {self._shape} and dtype {self._dtype}, "
+                             f"got {array.shape} {array.dtype}")
+        copy_on_device(self.ptr, array.ptr, self.nbytes, device_state("DeviceArray.copy_from()").stream)
+
+    def zero(self) -> "DeviceArray":
+        """Set every element to zero (in stream order); returns self."""
+        fill_zero(self.ptr, self.nbytes, device_state("DeviceArray.zero()").stream)
+        return self
+
+    def reshape(self, *shape) -> "DeviceArray":
+        """A view with another shape of the same elements (one dim may be -1), sharing the memory."""
+        shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        shape = tuple(int(n) for n in shape)
+        known = math.prod(n for n in shape if n != -1)
+        if shape.count(-1) == 1 and known:
+            shape = tuple(self.size // known if n == -1 else n for n in shape)
+        if shape.count(-1) or math.prod(shape) != self.size:
+            raise ValueError(f"cannot reshape a DeviceArray of shape {self._shape} into {shape}")
+        return DeviceArray(self._buffer, shape, self._dtype, self._device_id, self._stream_handle)
+
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError("a DeviceArray lives in GPU memory: numpy cannot read it in place. Copy it to the host "
+                        "with .numpy() (which waits for the GPU)")
 
     # ------------------------------------------------------------------ interop
     @property
@@ -135,6 +164,12 @@ class DeviceArray:
         consumer.wait(ours)
 
 
+def _c_order(array) -> np.ndarray:
+    """`array` as a C-contiguous numpy array, 0-d staying 0-d (np.ascontiguousarray makes it 1-d)."""
+    array = np.asarray(array)
+    return array if array.flags.c_contiguous else np.ascontiguousarray(array)
+
+
 def empty(shape, dtype) -> DeviceArray:
     """An uninitialized DeviceArray (`dtype`: a numpy dtype or a taskdsl type such as td.f32)."""
     shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
@@ -155,7 +190,7 @@ def to_device(array) -> DeviceArray:
         raise TypeError(f"td.to_device takes host arrays; this {type(array).__name__} is already in GPU memory, "
                         "and kernels take it as it is")
     device_state("td.to_device")     # RuntimeError naming the reason when there is no GPU
-    host = np.ascontiguousarray(array)
+    host = _c_order(array)
     out = empty(host.shape, host.dtype)
     out.copy_from_host(host)     # pageable host memory: the data is staged before this returns
     return out

@@ -11,6 +11,7 @@ from .. import ir
 from ..backend.cpu import precompile
 from ..ir import types as T
 from .config import debug_enabled, fast_compile_enabled, get_target
+from .device_array import DeviceArray
 
 
 @dataclass
@@ -32,6 +33,7 @@ class CompiledKernel:
     binary: bytes | None = None
     arch: str | None = None
     dynamic_shared_bytes: int = 0   # cuda: shared memory to request at launch (buffers past 48 KiB)
+    unused_params: frozenset = frozenset()   # cuda: indices of array parameters the code never names
 
 
 def _cubin(source: str, arch: str, name: str) -> bytes:
@@ -58,12 +60,14 @@ def remember(cache: dict, key, value, limit: int = BINDINGS_PER_KERNEL) -> None:
 
 
 def _binding_key(args: tuple):
-    """What the checks of `bind` depend on, when every argument is a numpy array or a Python/numpy
-    scalar: dtypes and shapes of the arrays, types and values of the scalars; else None."""
+    """What the checks of `bind` depend on, when every argument is a numpy array, a td.DeviceArray or a
+    Python/numpy scalar: kinds, dtypes and shapes of the arrays, types and values of the scalars; else None."""
     key = []
     for a in args:
         if isinstance(a, np.ndarray):
             key.append((a.dtype, a.shape))
+        elif isinstance(a, DeviceArray):
+            key.append((DeviceArray, a.dtype, a.shape))
         elif isinstance(a, (bool, int, float, np.number, np.bool_)):
             key.append((type(a), a))
         else:
@@ -71,9 +75,9 @@ def _binding_key(args: tuple):
     return tuple(key)
 
 
-def _array_value(spec, arg: np.ndarray) -> np.ndarray:
-    """The array the kernel gets for a numpy argument (ml_dtypes' bfloat16 as its bits)."""
-    if spec.dtype.name == "bf16" and arg.dtype.name == "bfloat16":
+def _array_value(spec, arg):
+    """The array the kernel gets for an array argument (a numpy array of ml_dtypes' bfloat16 as its bits)."""
+    if spec.dtype.name == "bf16" and arg.dtype.name == "bfloat16" and isinstance(arg, np.ndarray):
         return arg.view(np.uint16)
     return arg
 
@@ -341,8 +345,10 @@ class Kernel:
             from ..backend.cuda.codegen import dynamic_shared_bytes, emit_cuda
             fn = self._cuda_function(binding)
             source = emit_cuda(fn)
+            named = ir.referenced_buffers(fn.body)
+            unused = frozenset(k for k, p in enumerate(fn.params) if isinstance(p, ir.Buffer) and p.uid not in named)
             self._cuda[key] = CompiledKernel("cuda", source, _cubin(source, arch, self.name), arch,
-                                             dynamic_shared_bytes(fn))
+                                             dynamic_shared_bytes(fn), unused)
         return self._cuda[key]
 
     def compile(self, *args, target: str | None = None, arch: str | None = None) -> CompiledKernel:

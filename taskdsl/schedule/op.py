@@ -14,7 +14,8 @@ from .. import ir
 from ..compute import Tensor, bind_sizes, evaluate, numpy_dtype, topological
 from ..backend.cpu.launch import num_threads
 from ..runtime.config import get_target
-from ..runtime.host import empty_aligned
+from ..runtime.arrays import as_array, empty_like_operands
+from ..runtime.device_array import DeviceArray
 from ..runtime.kernel import Kernel, remember
 from .rules import (BLOCK, choose_strategy, evaluate_int, injective_strategy, numel, schedule_injective, schedule_reduce,
                     split_stages)
@@ -25,12 +26,13 @@ CPU_THREAD_BLOCK = 8    # outputs per block of a cpu 'thread' reduction: blocks 
 
 
 def _call_key(arrays: tuple):
-    """What an op's checks and plan depend on when every argument is a numpy array: dtypes and shapes."""
+    """What an op's checks and plan depend on when every argument is a numpy array or a td.DeviceArray:
+    kinds, dtypes and shapes."""
     key = []
     for a in arrays:
-        if not isinstance(a, np.ndarray):
+        if not isinstance(a, (np.ndarray, DeviceArray)):
             return None
-        key.append((a.dtype, a.shape))
+        key.append((type(a), a.dtype, a.shape))
     return tuple(key)
 
 
@@ -111,7 +113,7 @@ class Op:
                             f"({', '.join(t.name for t in self.inputs)}), got {len(arrays)}")
         converted = []
         for t, a in zip(self.inputs, arrays):
-            a = np.asarray(a)
+            a = as_array(a)
             if a.dtype != numpy_dtype(t.dtype):
                 raise TypeError(f"op {self.name!r}: input '{t.name}' must have dtype {numpy_dtype(t.dtype)} "
                                 f"({t.dtype.name}), got {a.dtype}; convert it with .astype()")
@@ -140,7 +142,7 @@ class Op:
             buffers = {t.buffer.uid: a for t, a in zip(self.inputs, arrays)}
         steps, sizes, allocations = prepared
         for uid, shape, dtype in allocations:
-            buffers[uid] = empty_aligned(shape, dtype)
+            buffers[uid] = empty_like_operands(shape, dtype, *arrays)
         for step in steps:
             step.kernel(*step.arguments(buffers, sizes))
         self._last = steps

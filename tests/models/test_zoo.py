@@ -5,7 +5,7 @@ import pytest
 
 import models
 import taskdsl.graph as tg
-from models.inference import onnxruntime_outputs, relative_error, sample_inputs
+from models.inference import infer, onnxruntime_outputs, relative_error, sample_inputs
 
 pytest.importorskip("onnxruntime")
 
@@ -58,3 +58,16 @@ def test_full_size_architecture(name):
     weights = sum(t.size for t in graph.constants if t.ndim and id(t) not in running_stats)
     assert weights == PARAMETERS[name]
     assert graph.outputs[0].shape == OUTPUTS[name]
+
+
+def test_small_gpt2_on_a_simulated_gpu(simulated_gpu):
+    """GPT-2 (small) on the cuda target's device-resident path, simulated: its GPU schedules, replayed as one
+    CUDA graph, match onnxruntime on new inputs."""
+    graph, feeds = small("gpt2")
+    proto = models.export_onnx(graph)
+    result = infer(graph, proto, feeds, "cuda", iters=2)      # times run_on_device: outputs stay on the GPU
+    assert result.ok and result.reference == "onnxruntime"
+    cg = result.compiled
+    assert cg.cuda_graph.startswith("on (") and simulated_gpu.replays == 1 + 1 + 2   # checked call, warm-up, timed
+    other = sample_inputs(graph, models.get("gpt2").small.vocab_size, seed=1)
+    assert relative_error(cg(other), onnxruntime_outputs(proto, other)) < 1e-3

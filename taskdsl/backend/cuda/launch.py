@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -122,6 +123,35 @@ def check(result) -> tuple:
         name = name.decode() if isinstance(name, bytes) else str(name)
         raise RuntimeError(f"CUDA driver call failed: {name} ({int(err)})")
     return result[1:]
+
+
+def copy_to_device(ptr: int, host: np.ndarray, stream) -> None:
+    """Queue a copy of C-contiguous `host` to device address `ptr` on `stream` (the host data is staged
+    before this returns: pageable memory)."""
+    if host.nbytes:
+        from cuda.bindings import driver
+        check(driver.cuMemcpyHtoDAsync(ptr, host.ctypes.data, host.nbytes, stream.handle))
+
+
+def copy_to_host(host: np.ndarray, ptr: int, stream) -> None:
+    """Queue a copy from device address `ptr` into C-contiguous `host` on `stream` (sync before reading)."""
+    if host.nbytes:
+        from cuda.bindings import driver
+        check(driver.cuMemcpyDtoHAsync(host.ctypes.data, ptr, host.nbytes, stream.handle))
+
+
+def copy_on_device(dst: int, src: int, nbytes: int, stream) -> None:
+    """Queue a copy of `nbytes` bytes between device addresses on `stream`."""
+    if nbytes:
+        from cuda.bindings import driver
+        check(driver.cuMemcpyDtoDAsync(dst, src, nbytes, stream.handle))
+
+
+def fill_zero(ptr: int, nbytes: int, stream) -> None:
+    """Queue zeroing `nbytes` bytes at device address `ptr` on `stream`."""
+    if nbytes:
+        from cuda.bindings import driver
+        check(driver.cuMemsetD8Async(ptr, 0, nbytes, stream.handle))
 
 
 # ---------------------------------------------------------------------------------------- device state
@@ -264,6 +294,41 @@ def _device_pointer(state: DeviceState, value, expected: np.dtype, writable: boo
     return int(view.ptr)
 
 
+@dataclass
+class LaunchRecord:
+    """One launch as issued, to be issued again (into a CUDA graph): what `recording` collects."""
+
+    kernel: object          # the cuda.core Kernel
+    config: object          # its LaunchConfig
+    args: list              # device pointers and scalars, as passed
+    keep: list              # what must stay alive while the pointers are used: arrays, staging buffers
+    host_writes: bool       # numpy outputs were copied back: replaying it would not update them
+
+
+class _Recording:
+    """The launches of a `recording()` block, and whether the host read GPU memory during it."""
+
+    def __init__(self):
+        self.launches: list = []
+        self.host_reads: list = []     # what read device memory back to the host: a replay would not redo it
+
+
+def recording_active() -> _Recording | None:
+    """The recording of this thread, or None outside `recording()`."""
+    return getattr(_local, "recording", None)
+
+
+@contextmanager
+def recording():
+    """Collect every launch of this thread (`LaunchRecord`s, in order) while the block runs, besides running
+    it: `with recording() as r: ...; r.launches`. The records keep their arrays alive."""
+    previous, _local.recording = recording_active(), _Recording()
+    try:
+        yield _local.recording
+    finally:
+        _local.recording = previous
+
+
 def launch_cuda(compiled, symbol: str, values: list, grid: tuple, block: tuple, dtypes: list, *,
                 shmem_size: int | None = None) -> None:
     """Launch `symbol` of `compiled` (a cuda CompiledKernel) on `grid` x `block` with `values`.
@@ -271,9 +336,10 @@ def launch_cuda(compiled, symbol: str, values: list, grid: tuple, block: tuple, 
     `values` are the bound arguments in parameter order (arrays and scalars), `dtypes` the
     parameters' element / scalar types (taskdsl DataTypes or numpy dtypes), `shmem_size`
     the dynamic shared memory per block in bytes (default: `compiled.dynamic_shared_bytes`,
-    which the code generator sets when a kernel's shared buffers exceed 48 KiB).
+    which the code generator sets when a kernel's shared buffers exceed 48 KiB). An array
+    parameter the kernel never reads (`compiled.unused_params`, a shape carrier say) gets a
+    null pointer, with no copy.
     """
-    from cuda.bindings import driver
     from cuda.core import LaunchConfig, launch
 
     if shmem_size is None:
@@ -288,19 +354,21 @@ def launch_cuda(compiled, symbol: str, values: list, grid: tuple, block: tuple, 
     if params is not None and len(params) != len(values):
         raise RuntimeError(f"kernel '{symbol}' has {len(params)} parameters in its CUDA source, "
                            f"but {len(values)} arguments were bound")
+    unused = getattr(compiled, "unused_params", ())
     stream = state.stream
     args, keep, copy_back = [], [], []
     for index, (value, dtype) in enumerate(zip(values, dtypes)):
         expected = _np_dtype(dtype)
         writable = params[index].writable if params is not None else True
         what = f"kernel '{symbol}': argument {index}"
-        if isinstance(value, np.ndarray):
+        if index in unused:
+            args.append(0)
+        elif isinstance(value, np.ndarray):
             if writable and not value.flags.writeable:
                 raise ValueError(f"{what} is a read-only numpy array, but the kernel writes to it")
             host = value if value.flags.c_contiguous else np.ascontiguousarray(value)
             buffer = state.device.allocate(max(host.nbytes, 1), stream=stream)
-            if host.nbytes:
-                check(driver.cuMemcpyHtoDAsync(int(buffer.handle), host.ctypes.data, host.nbytes, stream.handle))
+            copy_to_device(int(buffer.handle), host, stream)
             keep.append(buffer)
             if writable:
                 copy_back.append((value, host, buffer))
@@ -309,14 +377,17 @@ def launch_cuda(compiled, symbol: str, values: list, grid: tuple, block: tuple, 
             args.append(expected.type(value))
         else:
             args.append(_device_pointer(state, value, expected, writable, what, keep))
+            keep.append(value)
     if shmem_size > _STATIC_SHARED_LIMIT:
         _allow_dynamic_shared(state, loaded, shmem_size)
     config = LaunchConfig(grid=tuple(grid), block=tuple(block), shmem_size=shmem_size)
     launch(stream, config, loaded.kernel, *args)
+    record = recording_active()
+    if record is not None:
+        record.launches.append(LaunchRecord(loaded.kernel, config, args, keep, bool(copy_back)))
     if copy_back:
         for _, host, buffer in copy_back:
-            if host.nbytes:
-                check(driver.cuMemcpyDtoHAsync(host.ctypes.data, int(buffer.handle), host.nbytes, stream.handle))
+            copy_to_host(host, int(buffer.handle), stream)
         stream.sync()
         for value, host, _ in copy_back:
             if host is not value:
@@ -324,5 +395,5 @@ def launch_cuda(compiled, symbol: str, values: list, grid: tuple, block: tuple, 
     del keep    # device buffers are freed in stream order, after the kernel has used them
 
 
-__all__ = ["launch_cuda", "check_launch_dims", "LaunchLimits", "kernel_params", "is_c_contiguous", "device_state",
+__all__ = ["launch_cuda", "recording", "recording_active", "LaunchRecord", "check_launch_dims", "LaunchLimits", "kernel_params", "is_c_contiguous", "device_state",
            "current_stream", "synchronize", "DeviceState"]

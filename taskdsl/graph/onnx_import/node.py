@@ -10,7 +10,8 @@ from onnx import helper
 
 from ..graph import topological_nodes
 from ..passes.fold_constants import constant_value
-from ..tensor import Tensor, contiguous
+from ...runtime.arrays import contiguous
+from ..tensor import Tensor
 from .errors import ConstantRequiredError, OnnxImportError, UnsupportedOnnxError
 
 

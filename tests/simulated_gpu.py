@@ -1,0 +1,108 @@
+"""A simulated GPU for machines without one: "device memory" is host memory and cuda launches run on the
+cpu backend.
+
+It stands in below everything taskdsl builds on the driver: `td.DeviceArray`s (allocation, copies,
+reshapes), the operator library's placement of results, the graph executor's device-resident
+runs and its CUDA-graph recording and replay. The driver calls themselves (cuda.core launches,
+graph capture) are what it replaces; tests/test_gpu.py and the @gpu tests cover those on a GPU.
+
+    def test_x(simulated_gpu):           # the fixture (tests/conftest.py) makes "cuda" usable
+        y = td.to_device(x) ...
+        simulated_gpu.launches           # (kernel, arguments) of every cuda launch, in order
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from taskdsl.backend.cuda import graphs, launch
+from taskdsl.runtime import config, device_array
+from taskdsl.runtime.device_array import DeviceArray
+from taskdsl.runtime.kernel import Kernel
+
+
+def host_view(array: DeviceArray) -> np.ndarray:
+    """The numpy array over a simulated DeviceArray's memory (no copy)."""
+    raw = (ctypes.c_uint8 * max(array.nbytes, 1)).from_address(array.ptr)
+    return np.frombuffer(raw, np.uint8, count=array.nbytes).view(array.dtype).reshape(array.shape)
+
+
+class _Buffer:
+    def __init__(self, nbytes: int):
+        self.memory = np.empty(nbytes + 64, np.uint8)
+        self.handle = self.memory.ctypes.data + (-self.memory.ctypes.data % 64)   # 64-byte aligned, like cudaMalloc's 256
+
+
+@dataclass
+class _Properties:
+    multiprocessor_count: int = 4
+
+
+class _Device:
+    device_id = 0
+    properties = _Properties()
+
+    def allocate(self, nbytes: int, stream=None) -> _Buffer:
+        return _Buffer(nbytes)
+
+
+class _Stream:
+    handle = 0
+
+    def sync(self) -> None:
+        pass
+
+
+@dataclass
+class SimulatedGPU:
+    """What the simulated device saw: every launch, as (kernel, its arguments as the kernel received them)."""
+
+    launches: list = field(default_factory=list)
+    replays: int = 0
+
+    def run(self, kernel: Kernel, values: list) -> None:
+        arguments = [host_view(v) if isinstance(v, DeviceArray) else v for v in values]
+        self.launches.append((kernel, values))
+        kernel._call_cpu(tuple(arguments))
+        record = launch.recording_active()
+        if record is not None:
+            record.launches.append(launch.LaunchRecord(kernel, None, arguments, list(values), False))
+
+
+class _Graph:
+    """CudaGraph's stand-in: replaying runs the recorded kernels again on the recorded arrays."""
+
+    gpu: SimulatedGPU = None
+
+    def __init__(self, launches: list):
+        self.launches = launches
+
+    def __len__(self) -> int:
+        return len(self.launches)
+
+    def replay(self) -> None:
+        type(self).gpu.replays += 1
+        for r in self.launches:
+            r.kernel._call_cpu(tuple(r.args))
+
+
+def install(monkeypatch) -> SimulatedGPU:
+    """Make the cuda target usable in this test, on the simulated device."""
+    gpu = SimulatedGPU()
+    state = launch.DeviceState(_Device(), 0, "sm_90", launch.LaunchLimits(), 50 * 2**20, _Stream())
+    monkeypatch.setattr(launch._local, "state", state, raising=False)
+    monkeypatch.setattr(config, "gpu_status", lambda: (True, "simulated GPU"))
+    monkeypatch.setattr(device_array, "copy_to_host", lambda host, ptr, stream: ctypes.memmove(
+        host.ctypes.data, ptr, host.nbytes))
+    monkeypatch.setattr(device_array, "copy_to_device", lambda ptr, host, stream: ctypes.memmove(
+        ptr, host.ctypes.data, host.nbytes))
+    monkeypatch.setattr(device_array, "copy_on_device", lambda dst, src, nbytes, stream: ctypes.memmove(
+        dst, src, nbytes))
+    monkeypatch.setattr(device_array, "fill_zero", lambda ptr, nbytes, stream: ctypes.memset(ptr, 0, nbytes))
+    monkeypatch.setattr(Kernel, "_run_cuda", lambda kernel, binding: gpu.run(kernel, binding.values))
+    monkeypatch.setattr(_Graph, "gpu", gpu)
+    monkeypatch.setattr(graphs, "CudaGraph", _Graph)
+    monkeypatch.setenv("TASKDSL_TUNE", "0")       # the default schedules: nothing to time on a simulation
+    return gpu
