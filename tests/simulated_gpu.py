@@ -38,6 +38,8 @@ class _Buffer:
 @dataclass
 class _Properties:
     multiprocessor_count: int = 4
+    memory_clock_rate: int = 2_619_000      # kHz (an H100 SXM's HBM3)
+    global_memory_bus_width: int = 5120     # bits
 
 
 class _Device:

@@ -35,3 +35,32 @@ def test_the_cpu_matmul_rows_check_both_kernels_against_numpy(capsys):
     assert row["size"] == 37 and row["err"] < 1e-5
     assert row["taskdsl"] > 0 and row["packed"] > 0 and row["peer"] > 0
     assert "B packed GFLOP/s" in capsys.readouterr().out
+
+
+@pytest.fixture
+def cpu_clock(monkeypatch):
+    """time_cuda as host timing: the simulated GPU has no events (its kernels run on the cpu)."""
+    from taskdsl.bench import cuda_timing
+    from taskdsl.bench.timing import time_cpu
+    monkeypatch.setattr(cuda_timing, "time_cuda", lambda fn, **_: time_cpu(fn, repeat=1))
+
+
+def test_the_gpu_ops_rows_run_on_device_arrays(simulated_gpu, cpu_clock, capsys):
+    """The cuda rows of `bench ops` (simulated GPU): the ops on DeviceArrays, checked against numpy."""
+    from taskdsl.bench import ops
+    rows = ops.run(sizes=(33, 257))
+    assert [r[0] for r in rows] == ["softmax", "layer_norm", "sum(axis=-1)", "sum(all)"]
+    assert all(r[5] < 1e-4 and r[1] > 0 for r in rows), rows
+    out = capsys.readouterr().out
+    assert "datasheet peak 3352 GB/s" in out and "of peak" in out
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_the_launch_rows(target, simulated_gpu, capsys):
+    """`bench launch`: the cold compile, the cached load and the per-launch time, on each target."""
+    import taskdsl as td
+    from taskdsl.bench import launch
+    td.set_target(target)
+    result = launch.run(sizes=(20,))
+    assert result["target"] == target and result["cold"] > result["cached"] > 0 and result["launch"] > 0
+    assert "us per launch (mean of 20)" in capsys.readouterr().out

@@ -476,6 +476,6 @@ def test_repeated_op_calls_reuse_the_plan_on_fresh_arrays(m, n, calls, seed):
         np.testing.assert_allclose(p, e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-6)
         assert all(p is not q for q in outputs)
         outputs.append(p)
-    assert any(key[0] == ((np.dtype(np.float32), (m, n)),) for key in SOFTMAX._prepared)
+    assert any(key[0] == ((np.ndarray, np.dtype(np.float32), (m, n)),) for key in SOFTMAX._prepared)
     with pytest.raises(TypeError, match="dtype"):
         SOFTMAX(np.zeros((m, n), np.float64))          # another key: checked again, and refused

@@ -200,3 +200,15 @@ def test_cpu_target_still_takes_numpy_only():
     c = np.zeros_like(a)
     scale_rows(a, c, 3.0)                        # the cpu target (set by conftest) runs it as before
     np.testing.assert_array_equal(c, a * 3)
+
+
+@td.kernel(grid=1, block=32)
+def copy_ignoring(A: f32[32], Unused: f32[32], C: f32[32]):
+    C[threadIdx.x] = A[threadIdx.x]
+
+
+def test_parameters_the_kernel_never_names_are_marked_unused():
+    """The cuda launch passes a null pointer (no copy) for them: a shape carrier, an ignored operand."""
+    a = np.zeros(32, np.float32)
+    compiled = copy_ignoring.compile(a, a, a.copy(), target="cuda", arch="sm_90")
+    assert compiled.unused_params == {1}

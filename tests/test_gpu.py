@@ -265,6 +265,52 @@ def test_kernels_on_device_arrays_and_numpy_mixed():
         add_rows(td.to_device(a.astype(np.float64)), a, dc)
 
 
+def test_device_array_views_copies_and_zero():
+    x = np.arange(24, dtype=np.float32)
+    d = td.to_device(x)
+    v = d.reshape(4, -1)
+    assert v.ptr == d.ptr and v.shape == (4, 6)
+    np.testing.assert_array_equal(v.numpy(), x.reshape(4, 6))
+    e = td.to_device(np.zeros(24, np.float32))
+    e.copy_from(d)                     # device to device
+    np.testing.assert_array_equal(e.numpy(), x)
+    np.testing.assert_array_equal(e.zero().numpy(), np.zeros(24, np.float32))
+    assert td.to_device(np.float32(3.0)).shape == ()
+
+
+def test_recorded_launches_replay_as_a_cuda_graph():
+    from taskdsl.backend.cuda.graphs import CudaGraph
+    from taskdsl.backend.cuda.launch import recording
+    from taskdsl.runtime.device_array import empty
+    a = np.arange(60, dtype=np.float32).reshape(6, 10)
+    da, db, dc = td.to_device(a), td.to_device(a), empty((6, 10), td.f32)
+    with recording() as record:
+        add_rows(da, db, dc)
+        add_rows(dc, db, dc)
+    assert len(record.launches) == 2 and not record.host_reads
+    np.testing.assert_array_equal(dc.numpy(), 3 * a)
+    graph = CudaGraph(record.launches)
+    da.copy_from_host(a + 1)           # new inputs in the recorded buffers
+    graph.replay()
+    np.testing.assert_array_equal(dc.numpy(), (a + 1) + 2 * a)
+
+
+def test_graph_executor_keeps_activations_on_the_gpu_and_replays():
+    from .graph.test_executor_device import small_net
+    g = small_net()
+    x = np.random.default_rng(3).uniform(-2, 2, (2, 3, 9, 9)).astype(np.float32)
+    want = g.reference(x)
+    for replay in (False, True):
+        cg = g.compile(target="cuda", cuda_graph=replay)
+        assert cg.cuda_graph.startswith("on (" if replay else "off (")
+        for _ in range(2):
+            for got, ref in zip(cg(x), want):
+                np.testing.assert_allclose(got, ref, rtol=2e-4, atol=2e-4 * float(np.abs(ref).max()))
+        outputs = cg.run_on_device(td.to_device(x))
+        assert all(isinstance(a, td.DeviceArray) for a in outputs)
+        np.testing.assert_allclose(outputs[1].numpy(), want[1], rtol=2e-4, atol=1e-4)
+
+
 # --------------------------------------------------------------------------- torch / cupy
 def test_torch_tensors_are_used_in_place():
     torch = pytest.importorskip("torch")

@@ -11,6 +11,8 @@ BENCHMARKS = {
                "taskdsl.bench.matmul"),
     "conv": ("ResNet-50 conv layers (--layers depthwise: MobileNet-V2's depthwise ones, cpu), batch 1, vs "
              "onnxruntime (cpu) or cuDNN (cuda); --sizes picks layers by index", "taskdsl.bench.conv"),
+    "launch": ("an empty kernel with 3 tensor arguments: cold compile, cached load, us per launch (--sizes N "
+               "launches)", "taskdsl.bench.launch"),
     "ops": ("softmax, layer norm and sums of a (4096, 1024) f32 array vs numpy (--sizes ROWS COLS)",
             "taskdsl.bench.ops"),
 }

@@ -1,8 +1,17 @@
-"""`python -m taskdsl.bench ops`: softmax, layer norm and sums of a (4096, 1024) f32 array vs numpy,
-through the operator library (stdlib_ops), on the current target."""
+"""`python -m taskdsl.bench ops`: softmax, layer norm and sums of an f32 array through the operator library
+(stdlib_ops), on the current target.
+
+cpu: a (4096, 1024) array, against numpy in the same run. cuda: a (16384, 4096) array (256 MiB) in
+GPU memory, results left there, timed with CUDA events from a cold L2; the achieved bandwidth
+(bytes read once plus bytes written once, over the time) as a fraction of the device's
+datasheet peak (memory clock x bus width) and of a device-to-device copy measured in the
+same run, and torch's time for the same op when torch is installed.
+"""
 import numpy as np
 
 from .timing import time_cpu
+
+CUDA_SIZES = (16384, 4096)
 
 
 def _numpy_softmax(x):
@@ -15,12 +24,18 @@ def _numpy_layer_norm(x, w, b, eps=1e-5):
     return (x - mean) / np.sqrt(x.var(axis=-1, keepdims=True) + eps) * w + b
 
 
-def run(sizes=(4096, 1024)) -> list:
-    """Rows of (name, taskdsl ms, numpy ms, GB/s, ratio, max error) on the current target."""
+def run(sizes=None) -> list:
+    """Rows of (name, taskdsl ms, peer ms, GB/s, ratio, max error) on the current target."""
+    import taskdsl as td
+    if td.get_target() == "cuda":
+        return _cuda_rows(*(sizes or CUDA_SIZES))
+    return _cpu_rows(*(sizes or (4096, 1024)))
+
+
+def _cpu_rows(rows: int, cols: int) -> list:
     import stdlib_ops as ops
     import taskdsl as td
 
-    rows, cols = sizes
     rng = np.random.default_rng(0)
     x = rng.standard_normal((rows, cols), dtype=np.float32)
     w = rng.standard_normal(cols, dtype=np.float32)
@@ -42,4 +57,68 @@ def run(sizes=(4096, 1024)) -> list:
         row = (name, t_ours * 1e3, t_np * 1e3, moved / t_ours / 1e9, t_np / t_ours, err)
         results.append(row)
         print(f"{name:>13} {row[1]:>11.2f} {row[2]:>9.2f} {row[3]:>13.2f} {row[4]:>6.2f} {err:>12.1e}")
+    return results
+
+
+def _peak_bandwidth() -> float:
+    """The device's datasheet memory bandwidth in bytes/s: double data rate x memory clock x bus width."""
+    from ..backend.cuda.launch import device_state
+    props = device_state().device.properties
+    return 2.0 * props.memory_clock_rate * 1e3 * props.global_memory_bus_width / 8
+
+
+def _copy_bandwidth(nbytes: int) -> float:
+    """Bytes/s of a device-to-device copy of `nbytes` (read plus written), timed like the ops."""
+    from ..runtime.device_array import empty
+    from .cuda_timing import time_cuda
+    src, dst = empty(nbytes, np.uint8), empty(nbytes, np.uint8)
+    return 2 * nbytes / time_cuda(lambda: dst.copy_from(src))
+
+
+def _torch_ops(x):
+    """The same ops in torch on the GPU (None without torch)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    t = torch.from_dlpack(x)
+    w, b = torch.ones(t.shape[-1], device=t.device), torch.zeros(t.shape[-1], device=t.device)
+    return {"softmax": lambda: torch.softmax(t, -1),
+            "layer_norm": lambda: torch.nn.functional.layer_norm(t, t.shape[-1:], w, b),
+            "sum(axis=-1)": lambda: t.sum(-1), "sum(all)": lambda: t.sum()}
+
+
+def _cuda_rows(rows: int, cols: int) -> list:
+    import stdlib_ops as ops
+    import taskdsl as td
+    from .cuda_timing import time_cuda
+
+    rng = np.random.default_rng(0)
+    host = rng.standard_normal((rows, cols), dtype=np.float32)
+    w, b = (rng.standard_normal(cols, dtype=np.float32) for _ in range(2))
+    x, dw, db = td.to_device(host), td.to_device(w), td.to_device(b)
+    nbytes = host.nbytes
+    cases = [
+        ("softmax", lambda: ops.softmax(x), lambda: _numpy_softmax(host), 2 * nbytes),
+        ("layer_norm", lambda: ops.layer_norm(x, dw, db), lambda: _numpy_layer_norm(host, w, b), 2 * nbytes),
+        ("sum(axis=-1)", lambda: ops.sum(x, axis=-1), lambda: host.sum(axis=-1, dtype=np.float64), nbytes),
+        ("sum(all)", lambda: ops.sum(x), lambda: host.sum(dtype=np.float64), nbytes),
+    ]
+    peak, copy = _peak_bandwidth(), _copy_bandwidth(nbytes)
+    peers = _torch_ops(x) or {}
+    print(f"target: cuda, input ({rows}, {cols}) f32 on the GPU; datasheet peak {peak / 1e9:.0f} GB/s, "
+          f"device-to-device copy {copy / 1e9:.0f} GB/s")
+    print(f"{'op':>13} {'taskdsl ms':>11} {'GB/s':>7} {'of peak':>8} {'of copy':>8} {'torch ms':>9} {'ratio':>6} "
+          f"{'max rel err':>12}")
+    results = []
+    for name, ours, oracle, moved in cases:
+        got, want = np.asarray(ours().numpy(), np.float64), oracle()
+        err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+        t_ours = time_cuda(ours)
+        t_peer = time_cuda(peers[name]) if name in peers else float("nan")
+        rate = moved / t_ours
+        row = (name, t_ours * 1e3, t_peer * 1e3, rate / 1e9, t_peer / t_ours, err)
+        results.append(row)
+        print(f"{name:>13} {row[1]:>11.3f} {row[3]:>7.0f} {rate / peak:>8.2f} {rate / copy:>8.2f} {row[2]:>9.3f} "
+              f"{row[4]:>6.2f} {err:>12.1e}")
     return results

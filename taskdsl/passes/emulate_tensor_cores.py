@@ -16,7 +16,6 @@ import dataclasses
 
 from .. import ir
 from ..ir import types as T
-from ..mapping import unravel
 
 MMA_COLS = 12   # scratch elements per thread: its a fragment (8 elements), then its b fragment (4), as f32
 
@@ -27,18 +26,6 @@ def emulate_tensor_cores(fn: ir.Function) -> ir.Function:
     body = emulator.visit(fn.body)
     allocations = [ir.Allocate(b) for b in emulator.scratch.values()]
     return dataclasses.replace(fn, body=ir.seq(allocations + [body]) if allocations else body)
-
-
-def _element(ref: ir.Ref, k) -> tuple:
-    """Indices of the `k`-th element of a fragment, or of the `k`-th element along the last axis from an element.
-
-    (CUDA reads flat memory, so a run may go on into the next row; after flattening the cpu
-    target does too, and debug mode reports such a run as an index out of its axis.)
-    """
-    buf, idx = ref.buffer, ref.indices
-    if len(idx) < len(buf.shape):
-        return idx + tuple(ir.const(c) for c in unravel(k, tuple(d.value for d in buf.shape[len(idx):])))
-    return idx if isinstance(k, int) and k == 0 else idx[:-1] + (idx[-1] + k,)
 
 
 class _Emulator(ir.Rewriter):
@@ -68,8 +55,8 @@ class _Emulator(ir.Rewriter):
         return buf, [ir.SyncWarp(loc), *stores, ir.SyncWarp(loc)]
 
     def visit_Mma(self, s: ir.Mma) -> ir.Stmt:
-        fragments = [ir.Load(s.a.buffer, _element(s.a, r)) for r in range(8)]
-        fragments += [ir.Load(s.b.buffer, _element(s.b, r)) for r in range(4)]
+        fragments = [ir.Load(s.a.buffer, s.a.element(r)) for r in range(8)]
+        fragments += [ir.Load(s.b.buffer, s.b.element(r)) for r in range(4)]
         scratch, out = self.exchange("mma_scratch", T.f32, fragments, s.loc)
         group, tig = self.lane // 4, self.lane % 4   # groupID, threadID_in_group
         # A[row, k] is a_{k%2 + 2*(row//8) + 4*(k//8)} of lane 4*(row%8) + (k%8)//2;
@@ -79,13 +66,13 @@ class _Emulator(ir.Rewriter):
         out.append(ir.Assign(a_row, (self.warp + group * 4) * MMA_COLS, s.loc))
         out += [ir.Assign(b_rows[lo], (self.warp + (tig * 2 + lo) * 4) * MMA_COLS, s.loc) for lo in range(2)]
         for i in range(4):   # c_i is D[groupID + 8 * (i // 2), 2 * threadID_in_group + i % 2]
-            acc = ir.Load(s.c.buffer, _element(s.c, i))
+            acc = ir.Load(s.c.buffer, s.c.element(i))
             for k in range(16):
                 lane_offset = (k % 8) // 2 * MMA_COLS
                 a = ir.Load(scratch, (a_row + (lane_offset + k % 2 + 2 * (i // 2) + 4 * (k // 8)),))
                 b = ir.Load(scratch, (b_rows[i % 2] + (lane_offset + 8 + k % 2 + 2 * (k // 8)),))
                 acc = acc + a * b
-            out.append(ir.Store(s.c.buffer, _element(s.c, i), acc, s.loc))
+            out.append(ir.Store(s.c.buffer, s.c.element(i), acc, s.loc))
         return ir.seq(out)
 
     def visit_LdMatrix(self, s: ir.LdMatrix) -> ir.Stmt:
@@ -97,14 +84,14 @@ class _Emulator(ir.Rewriter):
                 # with .trans from rows 2*(l%4) + h, column l//4. Lane 8j + r gave row r's address.
                 row, column = (lane % 4 * 2 + h, lane // 4) if s.trans else (lane // 4, lane % 4 * 2 + h)
                 start = ir.Ref(src, tuple(ir.Load(rows, ((self.warp + 8 * j + row) * rank + d,)) for d in range(rank)))
-                out.append(ir.Store(s.frag.buffer, _element(s.frag, 2 * j + h), ir.Load(src, _element(start, column)),
+                out.append(ir.Store(s.frag.buffer, s.frag.element(2 * j + h), ir.Load(src, start.element(column)),
                                     s.loc))
         return ir.seq(out)
 
     def visit_CpAsync(self, s: ir.CpAsync) -> ir.Stmt:
         zero = ir.const(0, s.dst.dtype)
-        return ir.seq([ir.Store(s.dst.buffer, _element(s.dst, k),
-                                ir.Select(s.pred, ir.Load(s.src.buffer, _element(s.src, k)), zero, s.dst.dtype), s.loc)
+        return ir.seq([ir.Store(s.dst.buffer, s.dst.element(k),
+                                ir.Select(s.pred, ir.Load(s.src.buffer, s.src.element(k)), zero, s.dst.dtype), s.loc)
                        for k in range(s.count)])
 
     def visit_CpAsyncCommit(self, s):

@@ -146,6 +146,16 @@ def _fuse_prologue(body: ir.Stmt, param: ir.Buffer, definition: Tensor, new_inpu
             loaded = ir.substitute(value, {a.uid: i for a, i in zip(axes, e.indices)})
             return loaded if loaded.dtype == param.dtype else ir.Cast(loaded, param.dtype)
 
+        def visit_CpAsync(self, s):
+            if s.src.buffer.uid != param.uid:
+                return self.generic_visit(s)
+            # computed values have no memory to copy asynchronously from: the copy becomes plain stores of
+            # the prologue's values (zeros where the copy's predicate is false, as cp_async fills)
+            zero = ir.const(0, s.dst.dtype)
+            return ir.seq([ir.Store(s.dst.buffer, s.dst.element(k),
+                                    ir.Select(s.pred, self.visit(ir.Load(param, s.src.element(k))), zero, s.dst.dtype),
+                                    s.loc) for k in range(s.count)])
+
     return _Prologue().visit(body)
 
 

@@ -77,6 +77,32 @@ def test_odd_sizes_use_element_loads_on_cpu(m, n, k, seed):
     np.testing.assert_allclose(_run(SMALL, a, b, 1), a.astype(np.float64) @ b.astype(np.float64), rtol=1e-3, atol=1e-3)
 
 
+@settings(max_examples=3, deadline=None)
+@given(m=st.sampled_from([1, 24]), n=st.sampled_from([8, 24]), k=st.sampled_from([16, 40]),
+       seed=st.integers(0, 2**16))
+def test_prologues_replace_the_async_copies_of_their_operand(m, n, k, seed):
+    """A prologue on A (scaled) and on B (read transposed): their cp.asyncs become stores of the computed values,
+    zero-filled at the tile edges; the fused kernel matches numpy on the cpu and compiles with NVRTC."""
+    td.set_target("cpu")
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((1, m, k)).astype(np.float16)
+    bt = rng.standard_normal((1, n, k)).astype(np.float16)
+    x = td.placeholder("x", td.f16, a.shape)
+    y = td.placeholder("y", td.f16, bt.shape)
+    pa = td.compute("pa", a.shape, lambda z, i, j: x[z, i, j] * 2.0)
+    pb = td.compute("pb", (1, k, n), lambda z, i, j: y[z, j, i])
+    anchor = tc.tc_matmul_kernel(SMALL, td.f16, td.f32, 8)
+    index = simt.batch_index((), (), ())
+    c = np.full((1, m, n), np.nan, np.float32)
+    fused = td.fuse(anchor, a, np.empty((1, k, n), np.float16), c, index, 1, prologues={"A": pa, "B": pb})
+    assert [name for name, _ in fused.params] == ["C", "batch_index", "split", "x", "y"]
+    fused(c, index, 1, a, bt)
+    want = (2.0 * a[0].astype(np.float64)) @ bt[0].T.astype(np.float64)
+    np.testing.assert_allclose(c[0], want, rtol=2e-3, atol=2e-3)
+    source = fused.source(c, index, 1, a, bt, target="cuda")
+    assert source.count("cp.async.cg") == 0 and "mma.sync" in source
+
+
 def test_planner_picks_tensor_cores_for_16_bit_floats_on_gpus_only():
     assert gemm.template_for(td.f16, "cuda") is gemm.TENSOR_CORE
     assert gemm.template_for(td.bf16, "cuda") is gemm.TENSOR_CORE

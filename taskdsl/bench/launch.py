@@ -1,0 +1,73 @@
+"""`python -m taskdsl.bench launch`: what calling a kernel costs, on the current target.
+
+An (almost) empty kernel with three tensor arguments: its cold compile (an empty compile
+cache: frontend, lowering, code generation, NVRTC or numba, load, first launch), its load
+from the disk cache by a new Kernel object (what a new process pays), and the host time per
+launch once it is compiled (the Python launch path: binding, argument packing, the launch
+call; `--sizes N` launches, default 20000). On cuda the arguments are td.DeviceArrays and
+launches are asynchronous: the time includes one sync at the end, spread over N launches.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+
+import numpy as np
+
+import taskdsl as td
+from taskdsl import f32, threadIdx
+
+
+def empty3(A: f32["N"], B: f32["N"], C: f32["N"]):  # noqa: F821 - N: the DSL's size symbol
+    if threadIdx.x >= N + 32:  # noqa: F821 - never true: a launch does no work
+        C[0] = A[0] + B[0]
+
+
+def _empty_kernel():
+    """A fresh Kernel object (empty in-memory caches) of `empty3`."""
+    return td.kernel(grid=1, block=32)(empty3)
+
+
+def _first_call_seconds(kernel, args, sync) -> float:
+    start = time.perf_counter()
+    kernel(*args)
+    sync()
+    return time.perf_counter() - start
+
+
+def run(sizes=(20000,)) -> dict:
+    """Print and return the cold compile, cached load and per-launch seconds of the empty kernel."""
+    target = td.get_target()
+    launches = sizes[0]
+    host = [np.zeros(64, np.float32) for _ in range(3)]
+    if target == "cuda":
+        from ..backend.cuda.launch import synchronize
+        args, sync = [td.to_device(a) for a in host], synchronize
+    else:
+        args, sync = host, (lambda: None)
+    previous = os.environ.get("TASKDSL_CACHE_DIR")
+    with tempfile.TemporaryDirectory() as cache:
+        os.environ["TASKDSL_CACHE_DIR"] = cache        # an empty cache: a cold compile
+        try:
+            cold = _first_call_seconds(_empty_kernel(), args, sync)
+            cached = _first_call_seconds(_empty_kernel(), args, sync)
+        finally:
+            if previous is None:
+                os.environ.pop("TASKDSL_CACHE_DIR")
+            else:
+                os.environ["TASKDSL_CACHE_DIR"] = previous
+    kernel = _empty_kernel()
+    kernel(*args)
+    sync()
+    start = time.perf_counter()
+    for _ in range(launches):
+        kernel(*args)
+    sync()
+    per_launch = (time.perf_counter() - start) / launches
+    arrays = "td.DeviceArray" if target == "cuda" else "numpy"
+    print(f"target {target}: an empty kernel with 3 tensor arguments ({arrays})")
+    print(f"  cold compile and first launch   {cold * 1e3:9.1f} ms")
+    print(f"  cached load and first launch    {cached * 1e3:9.1f} ms  ({cold / cached:.0f}x faster)")
+    print(f"  launch overhead                 {per_launch * 1e6:9.2f} us per launch (mean of {launches})")
+    return {"target": target, "cold": cold, "cached": cached, "launch": per_launch}
