@@ -22,8 +22,8 @@ import numpy as np
 
 import taskdsl as td
 from taskdsl import blockIdx, ir
-from taskdsl.runtime.config import fast_compile_enabled
 from taskdsl.runtime.arrays import empty_like_operands
+from taskdsl.runtime.config import fast_compile_enabled
 
 from . import gemm as mm
 

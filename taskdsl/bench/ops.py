@@ -91,6 +91,7 @@ def _torch_ops(x):
 def _cuda_rows(rows: int, cols: int) -> list:
     import stdlib_ops as ops
     import taskdsl as td
+
     from .cuda_timing import time_cuda
 
     rng = np.random.default_rng(0)

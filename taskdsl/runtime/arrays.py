@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .device_array import DeviceArray, empty as device_empty, to_device
+from .device_array import DeviceArray, to_device
+from .device_array import empty as device_empty
 from .host import empty_aligned
 
 
