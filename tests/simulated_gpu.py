@@ -96,13 +96,13 @@ def install(monkeypatch) -> SimulatedGPU:
     state = launch.DeviceState(_Device(), 0, "sm_90", launch.LaunchLimits(), 50 * 2**20, _Stream())
     monkeypatch.setattr(launch._local, "state", state, raising=False)
     monkeypatch.setattr(config, "gpu_status", lambda: (True, "simulated GPU"))
-    monkeypatch.setattr(device_array, "copy_to_host", lambda host, ptr, stream: ctypes.memmove(
-        host.ctypes.data, ptr, host.nbytes))
-    monkeypatch.setattr(device_array, "copy_to_device", lambda ptr, host, stream: ctypes.memmove(
-        ptr, host.ctypes.data, host.nbytes))
-    monkeypatch.setattr(device_array, "copy_on_device", lambda dst, src, nbytes, stream: ctypes.memmove(
-        dst, src, nbytes))
-    monkeypatch.setattr(device_array, "fill_zero", lambda ptr, nbytes, stream: ctypes.memset(ptr, 0, nbytes))
+    copies = {"copy_to_host": lambda host, ptr, stream: ctypes.memmove(host.ctypes.data, ptr, host.nbytes),
+              "copy_to_device": lambda ptr, host, stream: ctypes.memmove(ptr, host.ctypes.data, host.nbytes),
+              "copy_on_device": lambda dst, src, nbytes, stream: ctypes.memmove(dst, src, nbytes),
+              "fill_zero": lambda ptr, nbytes, stream: ctypes.memset(ptr, 0, nbytes)}
+    for module in (launch, device_array):          # device_array imported them by name
+        for name, fn in copies.items():
+            monkeypatch.setattr(module, name, fn)
     monkeypatch.setattr(Kernel, "_run_cuda", lambda kernel, binding: gpu.run(kernel, binding.values))
     monkeypatch.setattr(_Graph, "gpu", gpu)
     monkeypatch.setattr(graphs, "CudaGraph", _Graph)

@@ -212,3 +212,33 @@ def test_parameters_the_kernel_never_names_are_marked_unused():
     a = np.zeros(32, np.float32)
     compiled = copy_ignoring.compile(a, a, a.copy(), target="cuda", arch="sm_90")
     assert compiled.unused_params == {1}
+
+
+def test_launch_arguments_and_recording(simulated_gpu, monkeypatch):
+    """launch_cuda's argument packing below the kernel (cuda.core's launch and the module load stubbed out, memory
+    simulated): device pointers as they are, numpy arrays staged (and written back when written),
+    a null pointer for a parameter the code never names, and the launch recorded with what it must keep alive."""
+    import cuda.core
+
+    from taskdsl.backend.cuda import launch
+    from taskdsl.runtime.device_array import DeviceArray
+    issued = []
+    monkeypatch.setattr(cuda.core, "launch", lambda stream, config, kernel, *args: issued.append((config, args)))
+    monkeypatch.setattr(launch, "_load", lambda state, compiled, symbol: launch._Loaded(
+        None, "kernel", kernel_params(compiled.source, symbol), 1024, 0))
+    a = np.arange(32, dtype=np.float32)
+    compiled = copy_ignoring.compile(a, a, a.copy(), target="cuda", arch="sm_90")
+    symbol = kernel_symbol(copy_ignoring._lowered_ir((32, 1, 1)))
+    device_a = td.to_device(a)
+    unused, out = np.ones(32, np.float32), np.full(32, 7.0, np.float32)
+    with launch.recording() as record:
+        launch.launch_cuda(compiled, symbol, [device_a, unused, out], (1, 1, 1), (32, 1, 1), [td.f32] * 3)
+    (config, args), = issued
+    assert config.grid == (1, 1, 1) and config.block == (32, 1, 1) and config.shmem_size == 0
+    assert args[0] == device_a.ptr and args[1] == 0 and args[2] not in (0, device_a.ptr)
+    np.testing.assert_array_equal(out, np.full(32, 7.0, np.float32))   # staged, and copied back unchanged
+    r, = record.launches
+    assert r.args == list(args) and r.host_writes                       # a numpy output: not replayable
+    assert any(isinstance(k, DeviceArray) for k in r.keep) and len(r.keep) == 2   # the device array + staging
+    with pytest.raises(RuntimeError, match="has 3 parameters in its CUDA source, but 2 arguments"):
+        launch.launch_cuda(compiled, symbol, [device_a, out], (1, 1, 1), (32, 1, 1), [td.f32] * 2)

@@ -159,7 +159,8 @@ class CompiledGraph:
         on_host = [t.name for t, a in zip(self.graph.outputs, outputs)
                    if not t.is_constant and not isinstance(a, DeviceArray)]
         if record.host_reads:
-            self.cuda_graph = f"off ({len(record.host_reads)} operator(s) read GPU memory back to the host)"
+            self.cuda_graph = (f"off (the run read GPU memory back to the host {len(record.host_reads)} time(s): "
+                               "work a replay would not redo, such as laying out weights given as a graph input)")
         elif any(r.host_writes for r in record.launches):
             self.cuda_graph = "off (a kernel wrote to host memory)"
         elif on_host:
