@@ -22,6 +22,8 @@ from taskdsl.runtime import config, device_array
 from taskdsl.runtime.device_array import DeviceArray
 from taskdsl.runtime.kernel import Kernel
 
+REAL_LAUNCH_PATH = {"_run_cuda": Kernel._run_cuda, "_prepare_cuda": Kernel._prepare_cuda}   # what install replaces
+
 
 def host_view(array: DeviceArray) -> np.ndarray:
     """The numpy array over a simulated DeviceArray's memory (no copy)."""
@@ -104,6 +106,7 @@ def install(monkeypatch) -> SimulatedGPU:
         for name, fn in copies.items():
             monkeypatch.setattr(module, name, fn)
     monkeypatch.setattr(Kernel, "_run_cuda", lambda kernel, binding: gpu.run(kernel, binding.values))
+    monkeypatch.setattr(Kernel, "_prepare_cuda", lambda kernel, binding: None)   # every launch through _run_cuda
     monkeypatch.setattr(_Graph, "gpu", gpu)
     monkeypatch.setattr(graphs, "CudaGraph", _Graph)
     monkeypatch.setenv("TASKDSL_TUNE", "0")       # the default schedules: nothing to time on a simulation

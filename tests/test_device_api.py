@@ -214,18 +214,32 @@ def test_parameters_the_kernel_never_names_are_marked_unused():
     assert compiled.unused_params == {1}
 
 
-def test_launch_arguments_and_recording(simulated_gpu, monkeypatch):
-    """launch_cuda's argument packing below the kernel (cuda.core's launch and the module load stubbed out, memory
-    simulated): device pointers as they are, numpy arrays staged (and written back when written),
-    a null pointer for a parameter the code never names, and the launch recorded with what it must keep alive."""
+@pytest.fixture
+def stubbed_driver(simulated_gpu, monkeypatch):
+    """The simulated device with taskdsl's real launch path down to cuda.core's launch call, which records
+    (config, args) instead of launching; the module load is stubbed too (there is no device to load on)."""
     import cuda.core
 
     from taskdsl.backend.cuda import launch
-    from taskdsl.runtime.device_array import DeviceArray
+    from taskdsl.runtime.kernel import Kernel
+
+    from .simulated_gpu import REAL_LAUNCH_PATH
     issued = []
-    monkeypatch.setattr(cuda.core, "launch", lambda stream, config, kernel, *args: issued.append((config, args)))
+    monkeypatch.setattr(cuda.core, "launch", lambda stream, config, kernel, *args: issued.append((config, list(args))))
     monkeypatch.setattr(launch, "_load", lambda state, compiled, symbol: launch._Loaded(
         None, "kernel", kernel_params(compiled.source, symbol), 1024, 0))
+    for name, fn in REAL_LAUNCH_PATH.items():
+        monkeypatch.setattr(Kernel, name, fn)
+    return issued
+
+
+def test_launch_arguments_and_recording(stubbed_driver):
+    """launch_cuda's argument packing below the kernel (cuda.core's launch and the module load stubbed out, memory
+    simulated): device pointers as they are, numpy arrays staged (and written back when written),
+    a null pointer for a parameter the code never names, and the launch recorded with what it must keep alive."""
+    from taskdsl.backend.cuda import launch
+    from taskdsl.runtime.device_array import DeviceArray
+    issued = stubbed_driver
     a = np.arange(32, dtype=np.float32)
     compiled = copy_ignoring.compile(a, a, a.copy(), target="cuda", arch="sm_90")
     symbol = kernel_symbol(copy_ignoring._lowered_ir((32, 1, 1)))
@@ -238,7 +252,27 @@ def test_launch_arguments_and_recording(simulated_gpu, monkeypatch):
     assert args[0] == device_a.ptr and args[1] == 0 and args[2] not in (0, device_a.ptr)
     np.testing.assert_array_equal(out, np.full(32, 7.0, np.float32))   # staged, and copied back unchanged
     r, = record.launches
-    assert r.args == list(args) and r.host_writes                       # a numpy output: not replayable
+    assert r.args == args and r.host_writes                       # a numpy output: not replayable
     assert any(isinstance(k, DeviceArray) for k in r.keep) and len(r.keep) == 2   # the device array + staging
     with pytest.raises(RuntimeError, match="has 3 parameters in its CUDA source, but 2 arguments"):
         launch.launch_cuda(compiled, symbol, [device_a, out], (1, 1, 1), (32, 1, 1), [td.f32] * 2)
+
+
+def test_device_array_launches_are_prepared_once(stubbed_driver):
+    """Calls on td.DeviceArrays and scalars of one signature reuse a prepared launch: new pointers, typed scalars,
+    no checks; a numpy argument takes the full path (staged copies) and prepares nothing."""
+    from taskdsl.backend.cuda.launch import recording
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    x, y, z = (td.to_device(a) for _ in range(3))
+    scale_rows(x, y, 2.0)
+    scale_rows(z, x, 3)
+    assert len(scale_rows._cuda_launches) == 2          # the scalar's type and value are part of the signature
+    with recording() as record:
+        scale_rows(y, z, 2.0)
+    (c1, a1), (_, a2), (_, a3) = stubbed_driver
+    assert c1.grid == (1, 3, 1) and c1.block == (16, 1, 1)
+    assert a1[:2] == [x.ptr, y.ptr] and a2[:2] == [z.ptr, x.ptr] and a3[:2] == [y.ptr, z.ptr]
+    assert type(a1[2]) is np.float32 and a1[2] == 2.0 and type(a2[2]) is np.float32 and a2[2] == 3.0
+    assert record.launches[0].args == a3 and y in record.launches[0].keep
+    scale_rows(a, z, 2.0)                               # numpy input: staged at every call, never prepared
+    assert len(scale_rows._cuda_launches) == 2 and stubbed_driver[-1][1][0] not in (x.ptr, y.ptr, z.ptr)

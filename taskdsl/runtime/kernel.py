@@ -67,7 +67,7 @@ def _binding_key(args: tuple):
         if isinstance(a, np.ndarray):
             key.append((a.dtype, a.shape))
         elif isinstance(a, DeviceArray):
-            key.append((DeviceArray, a.dtype, a.shape))
+            key.append((DeviceArray, a.dtype, a.shape, a.device_id))
         elif isinstance(a, (bool, int, float, np.number, np.bool_)):
             key.append((type(a), a))
         else:
@@ -113,6 +113,7 @@ class Kernel:
         self._cuda: dict = {}
         self._bindings: dict = {}    # _binding_key(args) -> (sizes, grid, block) of a call that passed the checks
         self._launches: dict = {}    # (_binding_key(args), debug, fast compile) -> PreparedLaunch (cpu)
+        self._cuda_launches: dict = {}   # _binding_key(args) -> PreparedCudaLaunch (device arrays and scalars)
         if fn is not None:
             functools.update_wrapper(self, fn)
 
@@ -267,17 +268,45 @@ class Kernel:
         if target == "cpu":
             self._call_cpu(args)
             return
-        binding = self.bind(args, target)
-        if 0 not in binding.grid:
-            self._run_cuda(binding)
+        self._call_cuda(args)
 
-    def _run_cuda(self, binding: Binding) -> None:
+    def _call_cuda(self, args: tuple) -> None:
+        """Launch on a GPU: a call whose arguments are td.DeviceArrays and scalars of the signature of an
+        earlier one reuses its prepared launch (no checks: a few microseconds of Python); any other call
+        binds, checks and launches in full (numpy arrays are copied in and back)."""
+        key = _binding_key(args)
+        prepared = self._cuda_launches.get(key) if key is not None else None
+        if prepared is not None:
+            prepared(args)
+            return
+        binding = self.bind(args, "cuda")
+        if 0 in binding.grid:
+            return
+        prepared = self._prepare_cuda(binding) if key is not None else None
+        if prepared is None:
+            self._run_cuda(binding)
+            return
+        remember(self._cuda_launches, key, prepared)
+        prepared(binding.values)
+
+    def _cuda_launch(self, binding: Binding) -> tuple:
+        """(compiled kernel, symbol, parameter dtypes) of a cuda launch of `binding`, compiled for this device."""
         from ..backend.cuda.codegen import kernel_symbol
-        from ..backend.cuda.launch import device_state, launch_cuda
+        from ..backend.cuda.launch import device_state
         compiled = self._compiled_cuda(binding, device_state().arch)   # the device's exact sm_XY
         dtypes = [spec.dtype if isinstance(spec, T.TensorSpec) else spec for _, spec in self.params]
-        launch_cuda(compiled, kernel_symbol(self._lowered_ir(binding.block)), binding.values, binding.grid,
-                    binding.block, dtypes)
+        return compiled, kernel_symbol(self._lowered_ir(binding.block)), dtypes
+
+    def _prepare_cuda(self, binding: Binding):
+        """The PreparedCudaLaunch of `binding`, or None when its arguments need work at every call."""
+        from ..backend.cuda.launch import prepare_cuda
+        compiled, symbol, dtypes = self._cuda_launch(binding)
+        return prepare_cuda(compiled, symbol, binding.values, binding.grid, binding.block, dtypes)
+
+    def _run_cuda(self, binding: Binding) -> None:
+        from ..backend.cuda.launch import launch_cuda
+        compiled, symbol, dtypes = self._cuda_launch(binding)
+        launch_cuda(compiled, symbol, binding.values, binding.grid, binding.block, dtypes)
 
     def _call_cpu(self, args: tuple) -> None:
         """Launch on the cpu: a call with the shapes, dtypes and scalars of an earlier one reuses its

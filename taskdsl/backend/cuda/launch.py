@@ -329,6 +329,32 @@ def recording():
         _local.recording = previous
 
 
+def _configure(compiled, symbol: str, values: list, grid: tuple, block: tuple, shmem_size: int | None) -> tuple:
+    """(device state, loaded kernel, LaunchConfig) of a launch, after checking its dims and argument count."""
+    from cuda.core import LaunchConfig
+
+    if shmem_size is None:
+        shmem_size = int(getattr(compiled, "dynamic_shared_bytes", 0) or 0)
+    state = device_state()
+    loaded = _load(state, compiled, symbol)
+    limits = state.limits
+    if loaded.max_threads < limits.max_threads:
+        limits = LaunchLimits(loaded.max_threads, limits.block, limits.grid, limits.max_shared)
+    check_launch_dims(grid, block, limits, symbol, loaded.static_shared + shmem_size)
+    if loaded.params is not None and len(loaded.params) != len(values):
+        raise RuntimeError(f"kernel '{symbol}' has {len(loaded.params)} parameters in its CUDA source, "
+                           f"but {len(values)} arguments were bound")
+    if shmem_size > _STATIC_SHARED_LIMIT:
+        _allow_dynamic_shared(state, loaded, shmem_size)
+    return state, loaded, LaunchConfig(grid=tuple(grid), block=tuple(block), shmem_size=shmem_size)
+
+
+def _record(kernel, config, args: list, keep: list, host_writes: bool) -> None:
+    record = recording_active()
+    if record is not None:
+        record.launches.append(LaunchRecord(kernel, config, args, keep, host_writes))
+
+
 def launch_cuda(compiled, symbol: str, values: list, grid: tuple, block: tuple, dtypes: list, *,
                 shmem_size: int | None = None) -> None:
     """Launch `symbol` of `compiled` (a cuda CompiledKernel) on `grid` x `block` with `values`.
@@ -340,20 +366,10 @@ def launch_cuda(compiled, symbol: str, values: list, grid: tuple, block: tuple, 
     parameter the kernel never reads (`compiled.unused_params`, a shape carrier say) gets a
     null pointer, with no copy.
     """
-    from cuda.core import LaunchConfig, launch
+    from cuda.core import launch
 
-    if shmem_size is None:
-        shmem_size = int(getattr(compiled, "dynamic_shared_bytes", 0) or 0)
-    state = device_state()
-    loaded = _load(state, compiled, symbol)
-    limits = state.limits
-    if loaded.max_threads < limits.max_threads:
-        limits = LaunchLimits(loaded.max_threads, limits.block, limits.grid, limits.max_shared)
-    check_launch_dims(grid, block, limits, symbol, loaded.static_shared + shmem_size)
+    state, loaded, config = _configure(compiled, symbol, values, grid, block, shmem_size)
     params = loaded.params
-    if params is not None and len(params) != len(values):
-        raise RuntimeError(f"kernel '{symbol}' has {len(params)} parameters in its CUDA source, "
-                           f"but {len(values)} arguments were bound")
     unused = getattr(compiled, "unused_params", ())
     stream = state.stream
     args, keep, copy_back = [], [], []
@@ -378,13 +394,8 @@ def launch_cuda(compiled, symbol: str, values: list, grid: tuple, block: tuple, 
         else:
             args.append(_device_pointer(state, value, expected, writable, what, keep))
             keep.append(value)
-    if shmem_size > _STATIC_SHARED_LIMIT:
-        _allow_dynamic_shared(state, loaded, shmem_size)
-    config = LaunchConfig(grid=tuple(grid), block=tuple(block), shmem_size=shmem_size)
     launch(stream, config, loaded.kernel, *args)
-    record = recording_active()
-    if record is not None:
-        record.launches.append(LaunchRecord(loaded.kernel, config, args, keep, bool(copy_back)))
+    _record(loaded.kernel, config, args, keep, bool(copy_back))
     if copy_back:
         for _, host, buffer in copy_back:
             copy_to_host(host, int(buffer.handle), stream)
@@ -395,5 +406,51 @@ def launch_cuda(compiled, symbol: str, values: list, grid: tuple, block: tuple, 
     del keep    # device buffers are freed in stream order, after the kernel has used them
 
 
-__all__ = ["launch_cuda", "recording", "recording_active", "LaunchRecord", "check_launch_dims", "LaunchLimits", "kernel_params", "is_c_contiguous", "device_state",
+_POINTER = "pointer"
+
+
+@dataclass(frozen=True)
+class PreparedCudaLaunch:
+    """A launch decided once per argument signature (td.DeviceArrays and scalars only): a call reads the
+    arrays' pointers, types the scalars, and launches; the checks, the kernel load and the launch
+    configuration were done when it was prepared. It keeps a launch's Python cost to a few microseconds."""
+
+    kernel: object
+    config: object
+    stream: object
+    kinds: tuple        # per argument: _POINTER (a DeviceArray), a numpy scalar type, or None (unused: null)
+    launch: object      # cuda.core.launch
+
+    def __call__(self, values) -> None:
+        args = [v.ptr if kind is _POINTER else 0 if kind is None else kind(v) for kind, v in zip(self.kinds, values)]
+        self.launch(self.stream, self.config, self.kernel, *args)
+        _record(self.kernel, self.config, args, list(values), False)
+
+
+def prepare_cuda(compiled, symbol: str, values: list, grid: tuple, block: tuple, dtypes: list) -> PreparedCudaLaunch | None:
+    """The launch of `launch_cuda` for arguments of this signature, decided once; None when an argument needs
+    work at every call (a numpy array to copy in, another library's array to view on the stream)."""
+    from cuda.core import launch
+
+    from ...runtime.device_array import DeviceArray
+
+    unused = getattr(compiled, "unused_params", ())
+    if not all(k in unused or isinstance(v, (DeviceArray, np.generic, bool, int, float)) for k, v in enumerate(values)):
+        return None
+    state, loaded, config = _configure(compiled, symbol, values, grid, block, None)
+    kinds = []
+    for index, (value, dtype) in enumerate(zip(values, dtypes)):
+        expected = _np_dtype(dtype)
+        if index in unused:
+            kinds.append(None)
+        elif isinstance(value, DeviceArray):
+            writable = loaded.params[index].writable if loaded.params is not None else True
+            _device_pointer(state, value, expected, writable, f"kernel '{symbol}': argument {index}", [])
+            kinds.append(_POINTER)
+        else:
+            kinds.append(expected.type)
+    return PreparedCudaLaunch(loaded.kernel, config, state.stream, tuple(kinds), launch)
+
+
+__all__ = ["launch_cuda", "prepare_cuda", "PreparedCudaLaunch", "recording", "recording_active", "LaunchRecord", "check_launch_dims", "LaunchLimits", "kernel_params", "is_c_contiguous", "device_state",
            "current_stream", "synchronize", "DeviceState"]
