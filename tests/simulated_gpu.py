@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+import taskdsl
 from taskdsl.backend.cuda import graphs, launch
 from taskdsl.runtime import config, device_array
 from taskdsl.runtime.device_array import DeviceArray
@@ -97,7 +98,8 @@ def install(monkeypatch) -> SimulatedGPU:
     gpu = SimulatedGPU()
     state = launch.DeviceState(_Device(), 0, "sm_90", launch.LaunchLimits(), 50 * 2**20, _Stream())
     monkeypatch.setattr(launch._local, "state", state, raising=False)
-    monkeypatch.setattr(config, "gpu_status", lambda: (True, "simulated GPU"))
+    for module in (config, taskdsl):                # taskdsl re-exports it as td.gpu_status
+        monkeypatch.setattr(module, "gpu_status", lambda: (True, "simulated GPU"))
     copies = {"copy_to_host": lambda host, ptr, stream: ctypes.memmove(host.ctypes.data, ptr, host.nbytes),
               "copy_to_device": lambda ptr, host, stream: ctypes.memmove(ptr, host.ctypes.data, host.nbytes),
               "copy_on_device": lambda dst, src, nbytes, stream: ctypes.memmove(dst, src, nbytes),
