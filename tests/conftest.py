@@ -20,6 +20,10 @@ import taskdsl as td
 from taskdsl.runtime.kernel import Kernel
 
 _compiled: set = set()
+# TASKDSL_SIMULATED_GPU=1 without a GPU: the cuda twins run on the simulated GPU (tests/simulated_gpu.py), so
+# the kernels the cuda target schedules (its templates, reductions, strategies) run on the cpu backend and
+# are checked against the same oracles. Other @gpu tests (real driver features) stay skipped.
+SIMULATED_GPU = os.environ.get("TASKDSL_SIMULATED_GPU") == "1"
 
 
 def pytest_configure(config):
@@ -43,6 +47,9 @@ def pytest_generate_tests(metafunc):
 def _cpu_target_and_nvrtc(monkeypatch, request, twin_target):
     """Run on the cpu target (or a twin's target) and NVRTC-compile each launched kernel."""
     td.fast_compile(not getattr(request.module, "OPTIMIZED", False))
+    if twin_target == "cuda" and SIMULATED_GPU and not td.gpu_status()[0]:
+        from .simulated_gpu import install
+        install(monkeypatch)
     if twin_target is not None:
         td.set_target(twin_target)
     elif request.node.get_closest_marker("gpu") is None:
@@ -79,5 +86,7 @@ def pytest_collection_modifyitems(config, items):
         return
     skip = pytest.mark.skip(reason=f"no usable GPU ({reason})")
     for item in items:
-        if item.get_closest_marker("gpu") is not None:
+        simulated = SIMULATED_GPU and getattr(item, "callspec", None) is not None and \
+            item.callspec.params.get("twin_target") == "cuda"
+        if item.get_closest_marker("gpu") is not None and not simulated:
             item.add_marker(skip)
