@@ -19,6 +19,8 @@ import pytest
 import taskdsl as td
 from taskdsl.runtime.kernel import Kernel
 
+from .simulated_gpu import simulate_cuda_twin
+
 _compiled: set = set()
 # TASKDSL_SIMULATED_GPU=1 without a GPU: the cuda twins run on the simulated GPU (tests/simulated_gpu.py), so
 # the kernels the cuda target schedules (its templates, reductions, strategies) run on the cpu backend and
@@ -47,9 +49,7 @@ def pytest_generate_tests(metafunc):
 def _cpu_target_and_nvrtc(monkeypatch, request, twin_target):
     """Run on the cpu target (or a twin's target) and NVRTC-compile each launched kernel."""
     td.fast_compile(not getattr(request.module, "OPTIMIZED", False))
-    if twin_target == "cuda" and SIMULATED_GPU and not td.gpu_status()[0]:
-        from .simulated_gpu import install
-        install(monkeypatch)
+    simulate_cuda_twin(monkeypatch, twin_target)
     if twin_target is not None:
         td.set_target(twin_target)
     elif request.node.get_closest_marker("gpu") is None:

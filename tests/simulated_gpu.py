@@ -13,6 +13,7 @@ graph capture) are what it replaces; tests/test_gpu.py and the @gpu tests cover 
 from __future__ import annotations
 
 import ctypes
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -91,6 +92,13 @@ class _Graph:
         type(self).gpu.replays += 1
         for r in self.launches:
             r.kernel._call_cpu(tuple(r.args))
+
+
+def simulate_cuda_twin(monkeypatch, twin_target) -> None:
+    """For a cuda twin (tests/conftest.py GPU_TWINS) on a machine without a GPU, with TASKDSL_SIMULATED_GPU=1:
+    install the simulated GPU (without that variable such twins are skipped)."""
+    if twin_target == "cuda" and os.environ.get("TASKDSL_SIMULATED_GPU") == "1" and not config.gpu_status()[0]:
+        install(monkeypatch)
 
 
 def install(monkeypatch) -> SimulatedGPU:

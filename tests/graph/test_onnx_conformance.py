@@ -10,7 +10,8 @@ Slice's starts, ...) are graph inputs in these cases: they are given with from_o
 the ConstantRequiredError asks for. Graphs are compiled with the passes up to dead-code elimination, without
 fusion partitioning: these cases check the importer and the operators' semantics (fusion compiles one template per
 fused problem, which would make this set take many minutes; test_fusion.py covers it). The pass rate is printed at
-the end of the session (conftest.py).
+the end of the session (conftest.py). Each group also has a @gpu twin on the cuda target (a GPU, or the
+simulated one with TASKDSL_SIMULATED_GPU=1).
 """
 import functools
 import warnings
@@ -24,20 +25,24 @@ import taskdsl.graph as tg
 from taskdsl.graph import passes
 from taskdsl.graph.onnx_import import SUPPORTED_OPERATORS, ConstantRequiredError, UnsupportedOnnxError
 
+from ..simulated_gpu import simulate_cuda_twin
 from .conftest import CONFORMANCE
 
+GPU_TWINS = True
 MULTI_NODE = "multi-node"
 UNFUSED = [passes.infer_shapes, passes.fold_constants, passes.eliminate_dead_code]
 
 
 @pytest.fixture(autouse=True)
-def _cpu_target_and_nvrtc():
-    """The cpu target with fast compilation (generic kernels shared by the cases), without the NVRTC compile of
-    every launched kernel that tests/conftest.py adds: these cases check semantics, and their kernels come from
-    the same rule scheduler the other tests compile."""
-    td.set_target("cpu")
+def _cpu_target_and_nvrtc(monkeypatch, twin_target):
+    """The cpu target (or the twin's) with fast compilation (generic kernels shared by the cases), without the
+    NVRTC compile of every launched kernel that tests/conftest.py adds: these cases check semantics, and their
+    kernels come from the same rule scheduler the other tests compile."""
+    simulate_cuda_twin(monkeypatch, twin_target)
+    td.set_target(twin_target or "cpu")
     td.fast_compile(True)
     yield
+    td.set_target("cpu")
 
 
 @functools.cache
@@ -89,15 +94,16 @@ def run_case(case) -> str:
 
 
 @pytest.mark.parametrize("group", sorted(SUPPORTED_OPERATORS) + [MULTI_NODE])
-def test_node_cases(group):
+def test_node_cases(group, twin_target):
     cases = cases_by_group().get(group, [])
     if not cases:
         pytest.skip(f"the onnx package has no node cases for {group}")
     failures = []
+    results = CONFORMANCE if twin_target == "cpu" else {}     # the printed pass rate is the cpu target's
     for case in cases:
         try:
-            CONFORMANCE[case.name] = run_case(case)
+            results[case.name] = run_case(case)
         except Exception as e:   # a mismatch, or an error that is not the clear UnsupportedOnnxError
-            CONFORMANCE[case.name] = f"failed: {e}"
+            results[case.name] = f"failed: {e}"
             failures.append(f"{case.name}: {type(e).__name__}: {str(e)[:300]}")
     assert not failures, f"{len(failures)} of {len(cases)} {group} cases failed:\n" + "\n".join(failures)
