@@ -14,7 +14,13 @@ Arguments, in the kernel's parameter order:
 - other CUDA arrays (torch, cupy, anything with DLPack or `__cuda_array_interface__`) are
   passed without copies through a `StridedMemoryView` taken on the launch stream, which
   orders the launch after the producer's pending work;
-- scalars are passed as numpy scalars of the parameter's dtype.
+- scalars are passed as numpy scalars of the parameter's dtype;
+- an array parameter the generated code never names gets a null pointer.
+
+A launch whose arguments are all `td.DeviceArray`s and scalars is prepared once per argument
+signature (`prepare_cuda` -> `PreparedCudaLaunch`: checks, module load and launch
+configuration done once). `recording()` collects the launches of a block of code as
+`LaunchRecord`s, which `graphs.CudaGraph` captures into one CUDA graph.
 
 A launch without numpy arguments is asynchronous, like a torch or cupy kernel: results
 are read by `DeviceArray.numpy()` (which syncs), by torch/cupy on their default stream
