@@ -22,7 +22,7 @@ import numpy as np
 
 import taskdsl as td
 from taskdsl import blockIdx, ir
-from taskdsl.runtime.arrays import empty_like_operands
+from taskdsl.runtime.arrays import as_array, contiguous, empty_like_operands, on_host, placed_like
 from taskdsl.runtime.config import fast_compile_enabled
 
 from . import gemm as mm
@@ -636,7 +636,8 @@ class ConvPlan:
         if self.direct is not None:
             return self.direct(x, weight, *extra)[0]
         out = empty_like_operands(self.geometry.out_shape, x.dtype, x)
-        operand = packed if packed is not None else self.lowered.weight_operand(weight)
+        # the weights' layout is made on the host (GPU weights: a copy there and back)
+        operand = packed if packed is not None else placed_like(weight, self.lowered.weight_operand(on_host(weight)))
         self.lowered.run({"X": x, "bias": bias}, operand, out)
         return out
 
@@ -685,13 +686,12 @@ def _direct_op(g: ConvGeometry, dtype, x: td.Tensor, bias, activation) -> td.Op:
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1, layout: str = "NCHW",
            activation: str | None = None):
     """2-D convolution of x (NCHW or NHWC) with OIHW `weight`, plus optional bias and activation."""
-    x, weight = np.asarray(x), np.asarray(weight)
+    x, weight = as_array(x), as_array(weight)
     dtype = mm.tdtype(np.result_type(x.dtype, weight.dtype))
     g = geometry(x.shape, weight.shape, stride, padding, dilation, groups, layout)
-    x = np.ascontiguousarray(x, dtype.numpy)
-    weight = np.ascontiguousarray(weight, dtype.numpy)
+    x, weight = contiguous(x, dtype.numpy), contiguous(weight, dtype.numpy)
     p = plan(g, dtype, td.get_target(), bias is not None, activation)
-    return p.run(x, weight, np.ascontiguousarray(bias, dtype.numpy) if bias is not None else None)
+    return p.run(x, weight, contiguous(bias, dtype.numpy) if bias is not None else None)
 
 
 def _grouped_out_shape(g: ConvGeometry) -> tuple:

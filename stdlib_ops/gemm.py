@@ -243,11 +243,10 @@ def batch_matmul(a, b, *, tune: bool | None = None):
 
 def linear(x, weight, bias=None, *, tune: bool | None = None):
     """`x @ weight.T + bias` with PyTorch's layout: x (..., K), weight (N, K), bias (N,)."""
-    x, weight = np.asarray(x), np.asarray(weight)
+    from .elementwise import add
+    from .transform import transpose
+    x, weight = as_array(x), as_array(weight)
     if weight.ndim != 2 or x.shape[-1:] != weight.shape[1:]:
         raise ValueError(f"linear needs x (..., K) and weight (N, K), got {x.shape} and {weight.shape}")
-    y = matmul(x, np.ascontiguousarray(weight.T), tune=tune)
-    if bias is not None:
-        from .elementwise import add
-        y = add(y, np.asarray(bias, y.dtype))
-    return y
+    y = matmul(x, transpose(weight), tune=tune)
+    return y if bias is None else add(y, contiguous(bias, y.dtype))

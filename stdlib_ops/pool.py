@@ -27,6 +27,7 @@ import numpy as np
 
 import taskdsl as td
 from taskdsl import blockIdx, ir
+from taskdsl.runtime.arrays import as_array
 from taskdsl.runtime.config import fast_compile_enabled, get_target
 
 from . import reduce as _reduce
@@ -180,7 +181,7 @@ def on_rows(dtype, target: str) -> bool:
 
 def max_pool2d(x, kernel_size, stride=None, padding=0):
     """The maximum over each (KH, KW) window of x (N, C, H, W); stride defaults to the window."""
-    if on_rows(np.asarray(x).dtype, get_target()):
+    if on_rows(as_array(x).dtype, get_target()):
         x, kernel, stride, padding, out_hw = _window("max", x, kernel_size, stride, padding)
         return max_rows(x, out_hw, kernel, stride, padding)[0]
     return _pool_plan("max", x, kernel_size, stride, padding).run()
@@ -204,7 +205,7 @@ def op_for(name: str, *args, **kwargs) -> Plan:
         return _pool_plan("avg", *args, **kwargs)
     if name == "global_avg_pool2d":
         (x,) = args
-        x = np.asarray(x)
+        x = as_array(x)
         if x.ndim != 4:
             raise ValueError(f"global_avg_pool2d needs an NCHW array, got shape {x.shape}")
         return _reduce.op_for("mean", x, axis=(2, 3), keepdims=True)

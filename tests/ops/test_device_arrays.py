@@ -1,0 +1,48 @@
+"""The operator library on td.DeviceArrays (cuda target, simulated GPU: tests/simulated_gpu.py): DeviceArrays in,
+DeviceArrays out, the same values as numpy. On a GPU, the cuda twins of the op tests run the kernels for real."""
+import numpy as np
+import pytest
+
+import stdlib_ops as ops
+import taskdsl as td
+
+from . import rand
+
+
+def _check(got, want, rtol=2e-4):
+    assert isinstance(got, td.DeviceArray), type(got)
+    np.testing.assert_allclose(got.numpy(), want, rtol=rtol, atol=rtol * max(1.0, float(np.abs(want).max())))
+
+
+def test_elementwise_reductions_and_rows(simulated_gpu):
+    x, b = rand((5, 37), 1), rand((37,), 2)
+    dx, db = td.to_device(x), td.to_device(b)
+    _check(ops.gelu(ops.add(dx, db)), ops.gelu(ops.add(x, b)))
+    _check(ops.sum(dx, axis=-1), x.sum(-1))
+    _check(ops.softmax(dx), ops.softmax(x))
+    _check(ops.layer_norm(dx, db, db), ops.layer_norm(x, b, b))
+    _check(ops.transpose(dx), x.T)
+    _check(ops.concat([dx, dx], axis=0), np.concatenate([x, x]))
+    assert ops.argmax(dx, axis=1).numpy().tolist() == x.argmax(1).tolist()
+
+
+def test_matmul_linear_conv_and_pooling(simulated_gpu):
+    a, b, w = rand((3, 17, 9), 1), rand((9, 13), 2), rand((13, 9), 3)
+    _check(ops.matmul(td.to_device(a), td.to_device(b)), a @ b)
+    _check(ops.matmul(td.to_device(a[0, 0]), td.to_device(b)), a[0, 0] @ b)     # a 1-d operand
+    _check(ops.linear(td.to_device(a), td.to_device(w), td.to_device(b[0])), a @ w.T + b[0])
+    x, k = rand((1, 3, 11, 11), 4), rand((4, 3, 3, 3), 5)
+    _check(ops.conv2d(td.to_device(x), td.to_device(k), padding=1, activation="relu"),
+           ops.conv2d(x, k, padding=1, activation="relu"))
+    _check(ops.max_pool2d(td.to_device(x), 3, 2), ops.max_pool2d(x, 3, 2))
+    _check(ops.global_avg_pool2d(td.to_device(x)), x.mean((2, 3), keepdims=True))
+
+
+def test_empty_inner_dimension_gives_zeros(simulated_gpu):
+    got = ops.matmul(td.to_device(np.zeros((3, 0), np.float32)), td.to_device(np.zeros((0, 4), np.float32)))
+    _check(got, np.zeros((3, 4), np.float32))
+
+
+def test_mixing_needs_a_cast(simulated_gpu):
+    with pytest.raises(TypeError, match="DeviceArray of float32 was given where float64 is needed.*cast"):
+        ops.matmul(td.to_device(rand((2, 3), 1)), td.to_device(rand((3, 2), 2).astype(np.float64)))
