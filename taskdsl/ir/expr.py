@@ -141,19 +141,6 @@ class Load(Expr):
     def dtype(self) -> DataType:
         return self.buffer.dtype
 
-    def element(self, k) -> tuple:
-        """Indices of the `k`-th element of the sub-tensor (row-major; `k` an int), or, from an element, of the
-        `k`-th element along the last axis (CUDA reads flat memory, so a run may go on into the next row; after
-        flattening the cpu target does too, and debug mode reports such a run as an index out of its axis)."""
-        idx = self.indices
-        if len(idx) < len(self.buffer.shape):
-            rest = []
-            for d in reversed(self.buffer.shape[len(idx):]):
-                k, r = divmod(k, d.value)
-                rest.append(const(r))
-            return idx + tuple(reversed(rest))
-        return idx if isinstance(k, int) and k == 0 else idx[:-1] + (idx[-1] + k,)
-
 
 @dataclass(frozen=True, eq=False)
 class Ref(Expr):
