@@ -133,6 +133,6 @@ def infer(graph: Graph, model: onnx.ModelProto | None, feeds: dict, target: str 
     compiled = graph.compile(target, channels_last=channels_last)
     build_seconds = time.perf_counter() - start
     got = compiled(feeds)                               # warm-up on the real inputs
-    latencies = time_calls(compiled, feeds, iters) if compiled.target == "cpu" else time_on_device(compiled, feeds,
-                                                                                                   iters)
+    timer = time_calls if compiled.target == "cpu" else time_on_device
+    latencies = timer(compiled, feeds, iters)
     return Result(compiled, build_seconds, latencies, relative_error(got, want), reference, tolerance(graph))

@@ -155,11 +155,11 @@ class CompiledGraph:
         inputs = [to_device(a) for a in self._last_inputs]
         with recording() as record:
             values = self._run(inputs)
-        outputs = [t.value if t.is_constant else values[id(t)] for t in self.graph.outputs]
+        outputs = self._output_values(values)
         on_host = [t.name for t, a in zip(self.graph.outputs, outputs)
                    if not t.is_constant and not isinstance(a, DeviceArray)]
         if record.host_reads:
-            self.cuda_graph = (f"off (the run read GPU memory back to the host {len(record.host_reads)} time(s): "
+            self.cuda_graph = (f"off (the run read GPU memory back to the host {record.host_reads} time(s): "
                                "work a replay would not redo, such as laying out weights given as a graph input)")
         elif any(r.host_writes for r in record.launches):
             self.cuda_graph = "off (a kernel wrote to host memory)"
@@ -209,8 +209,11 @@ class CompiledGraph:
         with on_target(self.target):
             if self._replay is not None:
                 return list(self._replay.run(arrays))
-            values = self._run(arrays)
-            return [t.value if t.is_constant else values[id(t)] for t in self.graph.outputs]
+            return self._output_values(self._run(arrays))
+
+    def _output_values(self, values: dict) -> list:
+        """The graph's outputs among a run's `values` (a constant output as its value), as they are."""
+        return [t.value if t.is_constant else values[id(t)] for t in self.graph.outputs]
 
     @property
     def kernels(self) -> list:

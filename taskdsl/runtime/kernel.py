@@ -114,6 +114,7 @@ class Kernel:
         self._bindings: dict = {}    # _binding_key(args) -> (sizes, grid, block) of a call that passed the checks
         self._launches: dict = {}    # (_binding_key(args), debug, fast compile) -> PreparedLaunch (cpu)
         self._cuda_launches: dict = {}   # _binding_key(args) -> PreparedCudaLaunch (device arrays and scalars)
+        self._cuda_full_path: dict = {}  # _binding_key(args) -> True: arguments that need the full path every call
         if fn is not None:
             functools.update_wrapper(self, fn)
 
@@ -282,12 +283,16 @@ class Kernel:
         binding = self.bind(args, "cuda")
         if 0 in binding.grid:
             return
-        prepared = self._prepare_cuda(binding) if key is not None else None
-        if prepared is None:
+        if key is not None and key not in self._cuda_full_path:     # the first call of this signature
+            prepared = self._prepare_cuda(binding)
+            if prepared is None:
+                remember(self._cuda_full_path, key, True)
+            else:
+                remember(self._cuda_launches, key, prepared)
+        if prepared is not None:
+            prepared(binding.values)
+        else:
             self._run_cuda(binding)
-            return
-        remember(self._cuda_launches, key, prepared)
-        prepared(binding.values)
 
     def _cuda_launch(self, binding: Binding) -> tuple:
         """(compiled kernel, symbol, parameter dtypes) of a cuda launch of `binding`, compiled for this device."""

@@ -316,7 +316,7 @@ class _Recording:
 
     def __init__(self):
         self.launches: list = []
-        self.host_reads: list = []     # what read device memory back to the host: a replay would not redo it
+        self.host_reads = 0            # copies of device memory back to the host: a replay would not redo them
 
 
 def recording_active() -> _Recording | None:
@@ -458,5 +458,6 @@ def prepare_cuda(compiled, symbol: str, values: list, grid: tuple, block: tuple,
     return PreparedCudaLaunch(loaded.kernel, config, state.stream, tuple(kinds), launch)
 
 
-__all__ = ["launch_cuda", "prepare_cuda", "PreparedCudaLaunch", "recording", "recording_active", "LaunchRecord", "check_launch_dims", "LaunchLimits", "kernel_params", "is_c_contiguous", "device_state",
-           "current_stream", "synchronize", "DeviceState"]
+__all__ = ["launch_cuda", "prepare_cuda", "PreparedCudaLaunch", "recording", "recording_active", "LaunchRecord",
+           "check_launch_dims", "LaunchLimits", "kernel_params", "is_c_contiguous", "device_state", "current_stream",
+           "synchronize", "DeviceState"]
