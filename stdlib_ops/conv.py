@@ -636,10 +636,15 @@ class ConvPlan:
         if self.direct is not None:
             return self.direct(x, weight, *extra)[0]
         out = empty_like_operands(self.geometry.out_shape, x.dtype, x)
-        # the weights' layout is made on the host (GPU weights: a copy there and back)
-        operand = packed if packed is not None else placed_like(weight, self.lowered.weight_operand(on_host(weight)))
+        operand = packed if packed is not None else placed_weight_operand(self.lowered, weight)
         self.lowered.run({"X": x, "bias": bias}, operand, out)
         return out
+
+
+def placed_weight_operand(lowering: Lowered | DirectRows, weight, host: np.ndarray | None = None):
+    """The lowering's operand of the OIHW `weight`, where `weight` lives. The layout is made on the host, from
+    `host` if given (a graph constant's value), else from `weight` (GPU weights: a copy there and back)."""
+    return placed_like(weight, lowering.weight_operand(on_host(weight) if host is None else host))
 
 
 def plan(g: ConvGeometry, dtype, target: str, has_bias: bool, activation) -> ConvPlan:

@@ -281,8 +281,11 @@ def _gather_op(dtype, idtype) -> td.Op:
     idx = td.placeholder("indices", idtype, ("GJ",))
 
     def fcompute(o, j, i):
-        k = idx[j]
-        return x[o, ir.Select(k < 0, k + size_var("GA"), k, k.dtype), i]
+        k, n = idx[j], size_var("GA")
+        k = ir.Select(k < 0, k + n, k, k.dtype)
+        # indices in GPU memory are not checked on the host: one out of range reads the nearest end of the
+        # axis instead of memory outside the tensor
+        return x[o, ir.Select(k < 0, ir.const(0, k.dtype), ir.Select(k >= n, n - 1, k, k.dtype), k.dtype), i]
 
     y = td.compute("gather", ("GO", "GJ", "GI"), fcompute)
     return td.op([x, idx], [y], name="gather")
@@ -305,7 +308,8 @@ def _gather_plan(x, indices, axis: int = 0) -> Plan:
 
 
 def gather(x, indices, axis: int = 0):
-    """numpy.take(x, indices, axis): x's slices at the (possibly negative) integer `indices` along `axis`."""
+    """numpy.take(x, indices, axis): x's slices at the (possibly negative) integer `indices` along `axis`
+    (IndexError for one out of range; indices in GPU memory are clamped to the axis instead)."""
     return _gather_plan(x, indices, axis).run()
 
 

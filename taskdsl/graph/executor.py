@@ -12,12 +12,16 @@ On the cuda target the activations stay on the GPU: inputs are copied there once
 result is a DeviceArray. After the warm-up run, the launches of one more run are recorded
 and captured as a CUDA graph (`cuda_graph=True`, the default): a call then copies its
 inputs into the graph's input buffers, replays the graph, and copies the outputs back.
-The graph keeps every activation of the recorded run alive (no memory reuse between
-them); `cuda_graph=False` runs operator by operator instead, freeing each activation after
-its last reader.
+`cuda_graph=False` runs operator by operator instead.
+
+On both targets the activations live in one arena laid out by the memory plan
+(`graph/arena.py`): activations whose lifetimes do not overlap share memory, and a call
+allocates only its outputs. `arena=False` allocates every activation instead. A compiled
+graph runs one call at a time (calls from several threads wait for each other).
 """
 from __future__ import annotations
 
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,10 +29,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..backend.cpu import precompile
+from ..runtime.arrays import results_in
 from ..runtime.config import get_target, set_target
 from ..runtime.device_array import DeviceArray, to_device
 from ..runtime.progress import Progress
 from . import runners
+from .arena import Arena, Misplaced
 from .graph import Graph, bind_inputs
 from .passes import optimize, pipeline, plan_memory
 from .printer import Namer, format_bytes
@@ -67,7 +73,7 @@ class CompiledGraph:
     """Call it on input arrays (positional, or one dict keyed by input name) for a list of output arrays."""
 
     def __init__(self, graph: Graph, target: str | None = None, passes: list | None = None,
-                 channels_last: bool = False, cuda_graph: bool = True):
+                 channels_last: bool = False, cuda_graph: bool = True, arena: bool = True):
         start = time.perf_counter()
         if passes is not None and channels_last:
             raise ValueError("give either passes or channels_last=True, not both "
@@ -89,8 +95,11 @@ class CompiledGraph:
         self._constants: dict = {}                 # id(constant) -> its value on the GPU (cuda target)
         self._replay: _Replay | None = None
         self.cuda_graph = "off (cpu target)" if self.target == "cpu" else "off (cuda_graph=False)"
+        self._lock = threading.RLock()
         show = None if len(nodes) >= PROGRESS_MIN_NODES else False
         with on_target(self.target):
+            self._arena = Arena(self.graph, self.memory, gpu=self.target == "cuda") if arena else None
+            self.arena = self._arena.summary() if arena else "off (arena=False)"
             if self.target == "cpu":
                 self._compile_cpu_kernels_ahead(show)
             with Progress(len(nodes), f"compiling {graph.name}", show=show) as bar:
@@ -117,14 +126,25 @@ class CompiledGraph:
 
     def _run(self, arrays: list, progress: Progress | None = None, sync: bool = False) -> dict:
         """Every operator in order; the values of the graph's outputs (and inputs) by tensor id. `sync`
-        waits for each operator's kernels on the GPU, so that its time is what the operator took."""
-        gpu = self.target == "cuda"
+        waits for each operator's kernels on the GPU, so that its time is what the operator took. If an
+        operator's results are not where the arena planned them, the arena is turned off and the run redone."""
+        try:
+            return self._run_steps(arrays, progress, sync)
+        except Misplaced as reason:
+            self._arena, self.arena = None, f"off ({reason})"
+            return self._run_steps(arrays, progress, sync)
+
+    def _run_steps(self, arrays: list, progress: Progress | None, sync: bool) -> dict:
+        gpu, arena = self.target == "cuda", self._arena
         values = {id(t): to_device(a) if gpu else a for t, a in zip(self.graph.inputs, arrays)}
         records = []
         for step, op in enumerate(self.graph.nodes):
             inputs = [self._constant(t) if t.is_constant else values[id(t)] for t in op.inputs]
             begin = time.perf_counter()
-            outs, kernels = runners.run(op, inputs)
+            with results_in(arena.slots(step) if arena else ()) as claimed:
+                outs, kernels = runners.run(op, inputs)
+            if arena:
+                arena.check(step, op, outs, claimed)
             if sync and gpu:
                 from ..backend.cuda.launch import synchronize
                 synchronize()
@@ -191,8 +211,8 @@ class CompiledGraph:
     def __call__(self, *args) -> list:
         """The outputs for these inputs (numpy arrays; td.DeviceArrays too on cuda), as a list of numpy arrays."""
         arrays = bind_inputs(self.graph, args)
-        self._last_inputs = arrays
-        with on_target(self.target):
+        with self._lock, on_target(self.target):
+            self._last_inputs = arrays
             if self._replay is not None:
                 return [a.numpy() if isinstance(a, DeviceArray) else np.array(a) for a in self._replay.run(arrays)]
             return self._execute(arrays)
@@ -205,8 +225,8 @@ class CompiledGraph:
             raise ValueError(f"run_on_device needs a graph compiled for the cuda target (this one is for "
                              f"{self.target}); call the compiled graph for numpy outputs")
         arrays = bind_inputs(self.graph, args)
-        self._last_inputs = arrays
-        with on_target(self.target):
+        with self._lock, on_target(self.target):
+            self._last_inputs = arrays
             if self._replay is not None:
                 return list(self._replay.run(arrays))
             return self._output_values(self._run(arrays))
@@ -227,7 +247,7 @@ class CompiledGraph:
         if timing:
             runs = []
             for _ in range(max(repeat, 1)):
-                with on_target(self.target):
+                with self._lock, on_target(self.target):
                     self._execute(self._last_inputs, sync=True)
                 runs.append([seconds for _, seconds in self._records])
             times = np.min(np.array(runs), axis=0)
@@ -242,7 +262,8 @@ class CompiledGraph:
         widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
         lines = [f"CompiledGraph {self.graph.name}: {len(self.graph.nodes)} operators, {len(self.kernels)} kernels, "
                  f"target {self.target}, compiled in {self.compile_seconds:.1f}s",
-                 f"{self.memory.summary()}; constants {format_bytes(sum(t.nbytes for t in self.graph.constants))}"]
+                 f"{self.memory.summary()}; arena {self.arena}; "
+                 f"constants {format_bytes(sum(t.nbytes for t in self.graph.constants))}"]
         if self.target == "cuda":
             lines.append(f"CUDA graph replay: {self.cuda_graph}")
         lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]

@@ -17,7 +17,7 @@ from stdlib_ops import conv, elementwise, gemm, norm, pool, reduce, rowwise, tra
 
 from .. import schedule
 from ..ir import types as T
-from ..runtime.arrays import contiguous, on_host, placed_like
+from ..runtime.arrays import contiguous, on_host
 from ..runtime.config import get_target
 from .operator import Operator
 from .ops import (BatchNorm, Concat, Conv, Elementwise, Expand, Gather, LayerNorm, MatMul, Pad, Pool, Reduce,
@@ -104,7 +104,7 @@ def packed_weight(lowering, tensor, weight, cache: dict):
     `cache`, when the weights are a constant of the graph. It is made on the host (from the constant's
     value, or a copy of GPU weights) and placed where `weight` is."""
     def make():
-        return placed_like(weight, lowering.weight_operand(tensor.value if tensor.is_constant else on_host(weight)))
+        return conv.placed_weight_operand(lowering, weight, tensor.value if tensor.is_constant else None)
     return _made_once(cache, lowering, make) if tensor.is_constant else make()
 
 

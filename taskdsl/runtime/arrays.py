@@ -4,8 +4,15 @@ The operator library (stdlib_ops) and the graph executor allocate each result wh
 operands are, so a chain of operators on DeviceArrays stays on the GPU with no copies
 between kernels (the graph executor on the cuda target), while numpy operands keep
 giving numpy results.
+
+`results_in(slots)` lets a caller decide where those results go: the graph executor hands
+each operator the slots its memory plan gave the operator's outputs in one arena.
 """
 from __future__ import annotations
+
+import math
+import threading
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -39,8 +46,12 @@ def contiguous(value, dtype=None):
 
 def empty_like_operands(shape, dtype, *operands):
     """An uninitialized result array: a DeviceArray if any operand is one, else a cache-line aligned
-    numpy array."""
-    return device_empty(shape, dtype) if on_device(*operands) else empty_aligned(shape, dtype)
+    numpy array (or a slot given to `results_in`)."""
+    gpu = on_device(*operands)
+    slot = _claim(shape, dtype, gpu)
+    if slot is not None:
+        return slot
+    return device_empty(shape, dtype) if gpu else empty_aligned(shape, dtype)
 
 
 def zeros_like_operands(shape, dtype, *operands):
@@ -50,6 +61,42 @@ def zeros_like_operands(shape, dtype, *operands):
         return out.zero()
     out.fill(0)
     return out
+
+
+_planned = threading.local()      # .slots: the unclaimed slots of the innermost results_in; .claimed
+
+
+@contextmanager
+def results_in(slots: list):
+    """Inside, each result allocated by `empty_like_operands` / `zeros_like_operands` takes the first
+    unclaimed array of `slots` (1-d numpy arrays or DeviceArrays) with its dtype, element count and
+    placement, reshaped; other results are allocated as usual. Yields the list of claimed slots."""
+    previous = getattr(_planned, "slots", None), getattr(_planned, "claimed", None)
+    _planned.slots, _planned.claimed = list(slots), []
+    try:
+        yield _planned.claimed
+    finally:
+        _planned.slots, _planned.claimed = previous
+
+
+def _claim(shape, dtype, gpu: bool):
+    """The slot of `results_in` that a result of this shape, dtype and placement takes, or None."""
+    slots = getattr(_planned, "slots", None)
+    if not slots:
+        return None
+    shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(n) for n in shape)
+    dtype, size = np.dtype(dtype), math.prod(shape)
+    for k, slot in enumerate(slots):
+        if slot.dtype == dtype and slot.size == size and isinstance(slot, DeviceArray) == gpu:
+            del slots[k]
+            _planned.claimed.append(slot)
+            return slot.reshape(shape)
+    return None
+
+
+def address(value) -> int:
+    """The address of an array's first element: in GPU memory for a DeviceArray, else in host memory."""
+    return value.ptr if isinstance(value, DeviceArray) else np.asarray(value).__array_interface__["data"][0]
 
 
 def on_host(value):
@@ -63,4 +110,5 @@ def placed_like(operand, host: np.ndarray):
     return to_device(host) if isinstance(operand, DeviceArray) else host
 
 
-__all__ = ["on_device", "as_array", "contiguous", "empty_like_operands", "zeros_like_operands", "on_host", "placed_like"]
+__all__ = ["on_device", "as_array", "contiguous", "empty_like_operands", "zeros_like_operands", "results_in",
+           "address", "on_host", "placed_like"]

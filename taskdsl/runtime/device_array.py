@@ -182,6 +182,18 @@ def empty(shape, dtype) -> DeviceArray:
     return DeviceArray(buffer, shape, dtype, state.device_id, state.stream_handle)
 
 
+def carve(arena: DeviceArray, offset: int, shape, dtype) -> DeviceArray:
+    """A DeviceArray over part of `arena`'s memory, from byte `offset` (no allocation; it keeps `arena`
+    alive): the graph executor's planned activations."""
+    shape, dtype = tuple(int(n) for n in shape), np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    if offset < 0 or offset + nbytes > arena.nbytes:
+        raise ValueError(f"{nbytes} bytes at offset {offset} do not fit in an arena of {arena.nbytes} bytes")
+    from cuda.core import Buffer
+    buffer = Buffer.from_handle(arena.ptr + offset, max(nbytes, 1), owner=arena.buffer)
+    return DeviceArray(buffer, shape, dtype, arena.device_id, arena._stream_handle)
+
+
 def to_device(array) -> DeviceArray:
     """A DeviceArray holding a copy of `array` (a numpy array, or anything np.asarray takes)."""
     if isinstance(array, DeviceArray):
@@ -260,4 +272,4 @@ def array_info(obj, what: str = "argument") -> ArrayInfo:
     raise TypeError(f"{what} must be an array, got {type(obj).__name__}; the cuda target takes {ACCEPTED}")
 
 
-__all__ = ["DeviceArray", "empty", "to_device", "array_info", "ArrayInfo", "ACCEPTED"]
+__all__ = ["DeviceArray", "empty", "carve", "to_device", "array_info", "ArrayInfo", "ACCEPTED"]

@@ -46,3 +46,12 @@ def test_empty_inner_dimension_gives_zeros(simulated_gpu):
 def test_mixing_needs_a_cast(simulated_gpu):
     with pytest.raises(TypeError, match="DeviceArray of float32 was given where float64 is needed.*cast"):
         ops.matmul(td.to_device(rand((2, 3), 1)), td.to_device(rand((3, 2), 2).astype(np.float64)))
+
+
+def test_gather_clamps_indices_in_gpu_memory(simulated_gpu):
+    """Indices on the GPU are not checked on the host: one out of range reads the nearest end of the axis,
+    never memory outside the tensor (numpy indices out of range raise, tests/ops/test_transform.py)."""
+    x = rand((4, 7), 1)
+    indices = np.array([-1, 0, 9, -12, 6, 2], np.int64)
+    clamped = np.clip(np.where(indices < 0, indices + 7, indices), 0, 6)
+    _check(ops.gather(td.to_device(x), td.to_device(indices), axis=1), np.take(x, clamped, axis=1))
