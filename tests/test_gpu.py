@@ -303,12 +303,32 @@ def test_graph_executor_keeps_activations_on_the_gpu_and_replays():
     for replay in (False, True):
         cg = g.compile(target="cuda", cuda_graph=replay)
         assert cg.cuda_graph.startswith("on (" if replay else "off (")
+        assert "of GPU memory" in cg.arena, cg.arena          # the activations in the planned arena
         for _ in range(2):
             for got, ref in zip(cg(x), want):
                 np.testing.assert_allclose(got, ref, rtol=2e-4, atol=2e-4 * float(np.abs(ref).max()))
         outputs = cg.run_on_device(td.to_device(x))
         assert all(isinstance(a, td.DeviceArray) for a in outputs)
         np.testing.assert_allclose(outputs[1].numpy(), want[1], rtol=2e-4, atol=1e-4)
+
+
+def test_carved_views_of_an_arena():
+    from taskdsl.runtime.device_array import carve, empty
+    arena = empty((4096,), np.uint8)
+    a = np.arange(60, dtype=np.float32).reshape(6, 10)
+    first, second = carve(arena, 0, (6, 10), np.float32), carve(arena, 256, (6, 10), np.float32)
+    assert second.ptr == arena.ptr + 256
+    first.copy_from_host(a)
+    add_rows(first, first, second)
+    np.testing.assert_array_equal(second.numpy(), 2 * a)
+    np.testing.assert_array_equal(first.numpy(), a)             # the views do not overlap
+    del arena                                                   # the views keep the arena alive
+    np.testing.assert_array_equal(second.numpy(), 2 * a)
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        t = torch.from_dlpack(second)
+        assert t.data_ptr() == second.ptr
+        np.testing.assert_array_equal(t.cpu().numpy(), 2 * a)
 
 
 # --------------------------------------------------------------------------- torch / cupy
