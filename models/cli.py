@@ -89,7 +89,7 @@ def top_operators(summary: str, n: int = TOP_OPERATORS) -> list:
 
 
 def print_result(title: str, result) -> None:
-    """The run's report: build time, latency, error, kernels, and where the time goes."""
+    """The run's report: build time, latency, activation memory, error, kernels, and where the time goes."""
     cg = result.compiled
     kernels = cg.kernels
     print(title)
@@ -97,6 +97,7 @@ def print_result(title: str, result) -> None:
           f"({len({id(k) for k in kernels})} distinct kernels), target {cg.target}")
     print(f"  latency: median {result.median_ms:.3f} ms, p90 {result.p90_ms:.3f} ms "
           f"over {len(result.latencies)} iterations")
+    print(f"  {cg.memory.summary()}; arena {cg.arena}")
     verdict = "ok" if result.ok else f"MISMATCH (tolerance {result.tolerance:.0e})"
     print(f"  max error vs {result.reference}: {result.max_error:.2e} relative, {verdict}")
     print("  top operators by time (best of one more run):")

@@ -28,6 +28,7 @@ def test_run_small_model(capsys):
     assert "latency: median" in out and "p90" in out and "over 2 iterations" in out
     assert "max error vs onnxruntime" in out and ", ok" in out
     assert "kernel launches" in out and "top operators by time" in out
+    assert "peak activation memory" in out and "arena on (" in out and "of host memory)" in out
 
 
 @pytest.mark.parametrize("name", ["resnet50", "mobilenet_v2"])
