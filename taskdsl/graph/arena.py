@@ -38,6 +38,7 @@ class Arena:
         self.gpu = gpu
         self.memory = device_empty((self.nbytes,), np.uint8) if gpu else empty_aligned((self.nbytes,), np.uint8)
         self._slots = [[None if t is None else self._slot(plan.offsets[id(t)], t) for t in ts] for ts in placed]
+        self._claimable = [[slot for slot in slots if slot is not None] for slots in self._slots]
 
     @staticmethod
     def _placed(t, plan: MemoryPlan, kept: set) -> bool:
@@ -50,8 +51,8 @@ class Arena:
         return self.memory[offset:offset + t.nbytes].view(t.numpy_dtype)
 
     def slots(self, step: int) -> list:
-        """The slots of operator `step`'s outputs that the plan placed in the arena."""
-        return [s for s in self._slots[step] if s is not None]
+        """The slots of operator `step`'s outputs that the plan placed in the arena (results_in copies it)."""
+        return self._claimable[step]
 
     def _inside(self, array) -> bool:
         start = address(self.memory)
