@@ -22,6 +22,8 @@ symbolic worker index inside a kernel) gives a :class:`MappingLoop` for the fron
 """
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -283,7 +285,19 @@ class RepeatMapping(_AtomMapping):
         """Create the repeat mapping over ``dims``."""
         super().__init__(dims, ranks)
         self._num_workers = 1
-        self._all_tasks = [unravel(i, self.dims, self.ranks) for i in range(math.prod(self.dims))]
+
+    @functools.cached_property
+    def _all_tasks(self) -> list:
+        # the task order of `unravel`, built by a product over the dimensions from slowest (lowest rank) to
+        # fastest: kernels build mappings every time they are translated
+        order = sorted(range(len(self.dims)), key=lambda d: self.ranks[d])
+        tasks = []
+        for combo in itertools.product(*(range(self.dims[d]) for d in order)):
+            task = [0] * len(order)
+            for d, c in zip(order, combo):
+                task[d] = c
+            tasks.append(tuple(task))
+        return tasks
 
     def _tasks(self, w: int) -> list[tuple[int, ...]]:
         """All tasks, in iteration order."""

@@ -30,7 +30,7 @@ def simplify(fn: ir.Function) -> ir.Function:
 def single_assignments(body: ir.Stmt) -> set:
     """Uids of the variables assigned exactly once (their range is their value's range)."""
     counts: dict = {}
-    for a in ir.collect(body, ir.Assign):
+    for a in ir.collect(body, ir.Assign, expressions=False):
         counts[a.var.uid] = counts.get(a.var.uid, 0) + 1
     return {uid for uid, n in counts.items() if n == 1}
 

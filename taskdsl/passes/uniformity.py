@@ -39,7 +39,7 @@ class Uniformity:
     def _tid_aliases(fn: ir.Function) -> set:
         """Variables assigned once, to threadIdx.x (or to another such variable)."""
         assigns: dict = {}
-        for a in ir.collect(fn.body, ir.Assign):
+        for a in ir.collect(fn.body, ir.Assign, expressions=False):
             assigns.setdefault(a.var.uid, []).append(a.value)
         aliases: set = set()
         changed = True

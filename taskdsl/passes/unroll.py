@@ -33,7 +33,7 @@ def _var_counts(s) -> Counter:
 
 def _copies(s) -> int:
     """How many copies of its innermost statements an already unrolled tree holds (a size measure)."""
-    return max(1, len(ir.collect(s, ir.Store)) + len(ir.collect(s, ir.Assign)))
+    return max(1, len(ir.collect(s, (ir.Store, ir.Assign), expressions=False)))
 
 
 def _top_level(s) -> list:
@@ -69,7 +69,7 @@ class _Unroller(ir.Rewriter):
         inside_only |= self.fresh
         trips = range(s.start.value, s.stop.value, s.step.value)
         too_big = (len(trips) * _copies(body) > self.max_copies
-                   or len(trips) * len(ir.collect(body, ir.If)) > MAX_BRANCHES
+                   or len(trips) * len(ir.collect(body, ir.If, expressions=False)) > MAX_BRANCHES
                    or len(trips) * len(ir.collect(body, ir.Expr)) > MAX_NODES)
         if too_big or any(isinstance(x, (ir.Break, ir.Continue)) for x in _loop_jumps(body)):
             return s

@@ -3,7 +3,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 import taskdsl as td
 from stdlib_ops.design_matmul import matmul_kernel
@@ -188,6 +188,7 @@ def _reshape_transpose(draw):
     grouped into other dimensions (so boundaries need not align), then transposed."""
     factors = draw(st.lists(st.sampled_from([2, 2, 3, 4, 5, 7]), min_size=1, max_size=4))
     anchor = _group(draw, factors, 3)
+    assume(anchor[1] <= 1024)     # double3 runs a thread per element of the middle axis
     view = _group(draw, draw(st.permutations(factors)), draw(st.integers(1, 4)))
     return anchor, view, tuple(draw(st.permutations(range(len(view)))))
 

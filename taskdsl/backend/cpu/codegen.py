@@ -114,7 +114,7 @@ class _PythonEmitter:
         self.sites: list = []
         self.loc = None
         self.threads = fn.num_threads
-        allocs = list({a.buffer.uid: a.buffer for a in ir.collect(fn.body, ir.Allocate)}.values())
+        allocs = list({a.buffer.uid: a.buffer for a in ir.collect(fn.body, ir.Allocate, expressions=False)}.values())
         self.shared = [b for b in allocs if b.scope == "shared"]
         self.registers = {b.uid: b for b in allocs if b.scope == "register"}
         self.promoted_elements: dict = {}   # (buffer uid, element) -> local name, inside a region

@@ -207,7 +207,7 @@ class _Fission:
         while changed:
             before = set(self.block_vars)
             self._scan(body, False)
-            assigns = [a for a in ir.collect(body, ir.Assign) if a.var.uid in self.block_vars]
+            assigns = [a for a in ir.collect(body, ir.Assign, expressions=False) if a.var.uid in self.block_vars]
             for a in assigns:
                 self.block_vars |= _vars_read(a.value)
             changed = before != self.block_vars

@@ -67,10 +67,10 @@ _RMW_OPS = {"add": "a + b", "sub": "a - b", "max": "(a > b ? a : b)", "min": "(a
 STATIC_SHARED_LIMIT = 48 * 1024   # bytes of static __shared__ a kernel may declare
 
 
-def _shared_layout(fn: ir.Function) -> tuple[dict, int]:
+def _shared_layout(allocations: list) -> tuple[dict, int]:
     """(buffer uid -> byte offset, total bytes) of the shared buffers, each 16-byte aligned."""
     offsets, total = {}, 0
-    for alloc in ir.collect(fn.body, ir.Allocate):
+    for alloc in allocations:
         b = alloc.buffer
         if b.scope == "shared" and b.uid not in offsets:
             offsets[b.uid] = total
@@ -80,8 +80,11 @@ def _shared_layout(fn: ir.Function) -> tuple[dict, int]:
 
 def dynamic_shared_bytes(fn: ir.Function) -> int:
     """Dynamic shared memory the launch must provide: all shared buffers when they exceed 48 KiB, else 0."""
-    total = _shared_layout(fn)[1]
-    return total if total > STATIC_SHARED_LIMIT else 0
+    return _dynamic_bytes(_shared_layout(ir.collect(fn.body, ir.Allocate, expressions=False))[1])
+
+
+def _dynamic_bytes(shared_total: int) -> int:
+    return shared_total if shared_total > STATIC_SHARED_LIMIT else 0
 
 
 def emit_cuda(fn: ir.Function) -> str:
@@ -113,15 +116,18 @@ class _CudaEmitter:
         self.lines: list = []
         self.ranges: dict = {}
         self.last_line = None
+        # one walk of the (often unrolled, 10^5-node) body for every statement class the emitter looks up
+        self.found = {cls: [] for cls in (ir.Allocate, ir.Store, ir.Atomic, ir.For, ir.Assign)}
+        for node in ir.collect(fn.body, tuple(self.found)):
+            self.found[type(node)].append(node)
         self.uses_half = any(b.dtype.name in ("f16", "bf16") for b in fn.buffers) or \
             any(v.dtype.name in ("f16", "bf16") for v in fn.scalars) or \
-            any(a.buffer.dtype.name in ("f16", "bf16") for a in ir.collect(fn.body, ir.Allocate))
+            any(a.buffer.dtype.name in ("f16", "bf16") for a in self.found[ir.Allocate])
 
     # ------------------------------------------------------------------ top level
     def emit(self) -> str:
         fn = self.fn
-        stored = {s.buffer.uid for s in ir.collect(fn.body, ir.Store)} | \
-                 {a.buffer.uid for a in ir.collect(fn.body, ir.Atomic)}
+        stored = {s.buffer.uid for s in self.found[ir.Store] + self.found[ir.Atomic]}
         params = []
         for p in fn.params:
             if isinstance(p, ir.Buffer):
@@ -134,12 +140,12 @@ class _CudaEmitter:
             head.append("#include <cuda_fp16.h>\n#include <cuda_bf16.h>")
         self.lines.append(f'extern "C" __global__ void __launch_bounds__({fn.num_threads}) '
                           f"{kernel_symbol(fn)}({', '.join(params)}) {{")
-        offsets, _ = _shared_layout(fn)
-        dynamic = dynamic_shared_bytes(fn) > 0   # past 48 KiB, shared memory must be dynamic
+        offsets, shared_total = _shared_layout(self.found[ir.Allocate])
+        dynamic = _dynamic_bytes(shared_total) > 0   # past 48 KiB, shared memory must be dynamic
         if dynamic:
             self.lines.append("  extern __shared__ __align__(16) unsigned char td_dynamic_smem[];")
         declared = set()
-        for alloc in ir.collect(fn.body, ir.Allocate):  # Python scoping: buffers live function-wide
+        for alloc in self.found[ir.Allocate]:  # Python scoping: buffers live function-wide
             b = alloc.buffer
             if b.uid in declared:
                 continue
@@ -151,8 +157,8 @@ class _CudaEmitter:
             else:
                 qualifier = "__shared__ " if b.scope == "shared" else ""
                 self.lines.append(f"  {qualifier}{b.dtype.c_name} {self.name(b)}[{size}];")
-        for_vars = {f.var.uid for f in ir.collect(fn.body, ir.For)}  # declared by their for statement
-        local_vars = {a.var.uid: a.var for a in ir.collect(fn.body, ir.Assign) if a.var.uid not in for_vars}
+        for_vars = {f.var.uid for f in self.found[ir.For]}  # declared by their for statement
+        local_vars = {a.var.uid: a.var for a in self.found[ir.Assign] if a.var.uid not in for_vars}
         for v in local_vars.values():
             self.lines.append(f"  {v.dtype.c_name} {self.name(v)};")
         self.stmt(fn.body, 1)
