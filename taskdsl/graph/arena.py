@@ -3,8 +3,8 @@
 The executor runs every operator inside `runtime.arrays.results_in(arena.slots(step))`, so the
 results the operator library allocates land in the arena (host memory on the cpu target, GPU
 memory on cuda), and activations whose lifetimes do not overlap share memory
-(`passes.plan_memory`). The graph's outputs are not placed there: the caller keeps them
-after the call, while the next call reuses the arena.
+(`passes.plan_memory`). The graph's outputs are not placed there (the plan is made without
+them): the caller keeps them after the call, while the next call reuses the arena.
 
 Runners are free to allocate as they like, so after each operator `check` confirms that every
 result that took a slot is the output the slot was planned for, and that no other output lies
@@ -20,7 +20,7 @@ from ..runtime.device_array import DeviceArray, carve
 from ..runtime.device_array import empty as device_empty
 from ..runtime.host import empty_aligned
 from .graph import Graph
-from .passes import MemoryPlan
+from .passes import MemoryPlan, plan_memory
 from .printer import format_bytes
 
 
@@ -31,9 +31,9 @@ class Misplaced(Exception):
 class Arena:
     """One block of memory holding the planned activations of a graph, on the host or on the GPU."""
 
-    def __init__(self, graph: Graph, plan: MemoryPlan, gpu: bool):
-        kept = {id(plan.storage.get(id(t), t)) for t in graph.outputs}     # outputs outlive the call
-        placed = [[t if self._placed(t, plan, kept) else None for t in op.outputs] for op in graph.nodes]
+    def __init__(self, graph: Graph, gpu: bool):
+        plan = plan_memory(graph, place_outputs=False)      # outputs outlive the call: not in the arena
+        placed = [[t if self._placed(t, plan) else None for t in op.outputs] for op in graph.nodes]
         self.nbytes = max((plan.offsets[id(t)] + t.nbytes for ts in placed for t in ts if t is not None), default=0)
         self.gpu = gpu
         self.memory = device_empty((self.nbytes,), np.uint8) if gpu else empty_aligned((self.nbytes,), np.uint8)
@@ -41,8 +41,8 @@ class Arena:
         self._claimable = [[slot for slot in slots if slot is not None] for slots in self._slots]
 
     @staticmethod
-    def _placed(t, plan: MemoryPlan, kept: set) -> bool:
-        return plan.storage.get(id(t)) is t and id(t) in plan.offsets and id(t) not in kept and t.size > 0
+    def _placed(t, plan: MemoryPlan) -> bool:
+        return plan.storage.get(id(t)) is t and id(t) in plan.offsets and t.size > 0
 
     def _slot(self, offset: int, t):
         """A 1-d array of `t`'s dtype and element count at `offset` in the arena."""

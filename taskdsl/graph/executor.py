@@ -98,7 +98,7 @@ class CompiledGraph:
         self._lock = threading.RLock()
         show = None if len(nodes) >= PROGRESS_MIN_NODES else False
         with on_target(self.target):
-            self._arena = Arena(self.graph, self.memory, gpu=self.target == "cuda") if arena else None
+            self._arena = Arena(self.graph, gpu=self.target == "cuda") if arena else None
             self.arena = self._arena.summary() if arena else "off (arena=False)"
             if self.target == "cpu":
                 self._compile_cpu_kernels_ahead(show)

@@ -47,6 +47,23 @@ def test_a_chain_reuses_two_slots_and_outputs_survive_the_next_call():
     assert_close(y2, g.reference(x2)[0])
 
 
+def test_the_arena_leaves_out_the_outputs_room():
+    """A language model's logits (here: a large last output) are the caller's, so the arena does not
+    reserve memory for them: it is the plan without the outputs, far below the plan's peak."""
+    x = tg.input("x", (8, 16))
+    h = ops.tanh(ops.exp(ops.mul(x, 0.25)))
+    big = ops.matmul(h, tg.constant(rand((16, 4096), 4)))          # 128 KiB, the graph's output
+    g = tg.Graph([x], [big])
+    cg = g.compile(target="cpu")
+    small = 8 * 16 * 4
+    assert cg.memory.peak_bytes >= 8 * 4096 * 4                   # the plan reports every activation
+    assert 0 < cg._arena.nbytes <= 2 * (small + 64)               # the arena holds only the small ones
+    y1, = cg(rand((8, 16), 1))
+    y2, = cg(rand((8, 16), 2))
+    assert_close(y1, g.reference(rand((8, 16), 1))[0])
+    assert_close(y2, g.reference(rand((8, 16), 2))[0])
+
+
 def test_activations_live_in_the_arena(monkeypatch):
     g = chain(4)
     cg = g.compile(target="cpu")

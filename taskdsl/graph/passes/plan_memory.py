@@ -39,8 +39,9 @@ def _aligned(n: int) -> int:
     return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
 
 
-def plan_memory(graph: Graph) -> MemoryPlan:
-    """The memory plan of the graph's activations over its node order."""
+def plan_memory(graph: Graph, place_outputs: bool = True) -> MemoryPlan:
+    """The memory plan of the graph's activations over its node order; with `place_outputs=False` the
+    storages of the graph's outputs get no offset (the executor's arena: outputs are allocated per call)."""
     plan = MemoryPlan()
     step_of = {id(op): k for k, op in enumerate(graph.nodes)}
     for step, op in enumerate(graph.nodes):
@@ -51,10 +52,13 @@ def plan_memory(graph: Graph) -> MemoryPlan:
     for t in graph.outputs:
         plan.last_use[id(t)] = len(graph.nodes)
     roots = {}
+    outside = set() if place_outputs else {id(plan.storage.get(id(t), t)) for t in graph.outputs}
     for step, op in enumerate(graph.nodes):
         for t in op.outputs:
             root = plan.storage[id(t)]
             if root.producer is None:         # a view of a graph input or a constant: no activation memory
+                continue
+            if id(root) in outside:
                 continue
             first = step_of[id(root.producer)]
             last = max(plan.last_use.get(id(t), step), plan.live.get(id(root), (first, first))[1])
