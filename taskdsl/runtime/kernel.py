@@ -251,9 +251,7 @@ class Kernel:
             from ..backend.cpu.compile import compiler_fingerprint, load_module_function
             from ..passes import lower_for_cpu
             from . import cache
-            # fast compilation skips the parallel entry too: its compile costs more than launches save
-            src = emit_python(lower_for_cpu(self._lowered_ir(block), debug, unroll=not fast), debug,
-                              parallel_entry=not fast)
+            src = emit_python(lower_for_cpu(self._lowered_ir(block), debug, unroll=not fast), debug, fast)
             path = cache.cpu_module(cache.cache_key(src.text, compiler_fingerprint()), src.text)
             parallel = load_module_function(path, src.parallel_entry) if src.parallel_entry else None
             self._cpu[key] = (load_module_function(path, src.entry), src, path, parallel)
@@ -345,7 +343,8 @@ class Kernel:
         run, src, path, parallel = self._cpu_kernel(binding.block, debug)
         sizes = [binding.sizes[s.name] for s in self._lowered_ir(binding.block).sizes]
         if precompile.is_recording():
-            precompile.record(precompile.Job(str(path), src.entry, signature(src, binding.values, sizes, binding.grid)))
+            precompile.record(precompile.Job(str(path), src.entry, signature(src, binding.values, sizes, binding.grid),
+                                             src.opt_level))
             return None
         return PreparedLaunch(run, src, binding.values, sizes, binding.grid, parallel)
 

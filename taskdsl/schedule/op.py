@@ -13,7 +13,7 @@ import numpy as np
 from .. import ir
 from ..compute import Tensor, bind_sizes, evaluate, numpy_dtype, topological
 from ..backend.cpu.launch import num_threads
-from ..runtime.config import get_target
+from ..runtime.config import fast_compile_enabled, get_target
 from ..runtime.arrays import as_array, empty_like_operands
 from ..runtime.device_array import DeviceArray
 from ..runtime.kernel import Kernel, remember
@@ -72,7 +72,7 @@ class Op:
         self._plans: dict = {}
         self._splits: dict = {}
         self._last: list | None = None
-        self._prepared: dict = {}   # (_call_key(arrays), target, threads) -> (steps, sizes, allocations)
+        self._prepared: dict = {}   # (_call_key(arrays), target, threads, fast) -> (steps, sizes, allocations)
 
     # ------------------------------------------------------------------ planning
     def _plan(self, sizes: dict) -> list:
@@ -89,9 +89,10 @@ class Op:
             else:
                 strategy = reduce_strategy(t)
                 steps += [(s, reduce_strategy(s)) for s in self._split(t)] if strategy == "split" else [(t, strategy)]
-        key = (target, tuple((id(stage), strategy) for stage, strategy in steps))
+        compact = target == "cpu" and fast_compile_enabled()
+        key = (target, compact, tuple((id(stage), strategy) for stage, strategy in steps))
         if key not in self._plans:
-            self._plans[key] = [self._step(stage, strategy, target) for stage, strategy in steps]
+            self._plans[key] = [self._step(stage, strategy, target, compact) for stage, strategy in steps]
         return self._plans[key]
 
     def _split(self, t: Tensor) -> tuple:
@@ -99,10 +100,10 @@ class Op:
             self._splits[id(t)] = split_stages(t, SPLIT_CHUNKS)
         return self._splits[id(t)]
 
-    def _step(self, t: Tensor, strategy: str, target: str) -> Step:
+    def _step(self, t: Tensor, strategy: str, target: str, compact: bool) -> Step:
         threads = CPU_THREAD_BLOCK if target == "cpu" else BLOCK
         kernel = schedule_injective(t, self.inlined, strategy) if t.kind == "compute" else \
-            schedule_reduce(t, self.inlined, strategy, threads)
+            schedule_reduce(t, self.inlined, strategy, threads, compact)
         params = kernel._frontend_ir(kernel.block_spec).params
         return Step(kernel, tuple(p for p in params if isinstance(p, ir.Buffer)), tuple(params))
 
@@ -125,7 +126,7 @@ class Op:
         """The outputs for these input arrays (newly allocated), computed by the op's kernels."""
         key = _call_key(arrays)
         if key is not None:
-            key = (key, get_target(), num_threads())
+            key = (key, get_target(), num_threads(), fast_compile_enabled())
         prepared = self._prepared.get(key)
         if prepared is None:
             buffers, sizes = self._arrays(arrays)

@@ -254,11 +254,14 @@ def _finish(t: Tensor, acc: ir.Expr, reduced: ir.Expr) -> ir.Expr:
     return acc if acc.dtype == t.dtype else ir.Cast(acc, t.dtype)
 
 
-def schedule_reduce(t: Tensor, inline: set, strategy: str, threads: int = BLOCK) -> Kernel:
+def schedule_reduce(t: Tensor, inline: set, strategy: str, threads: int = BLOCK, compact: bool = False) -> Kernel:
     """A kernel computing reduction `t` with `strategy` ('thread', 'warp' or 'block').
 
     `threads`: the block size of the 'thread' strategy (small on the cpu target, where blocks
-    are the unit of parallelism and a few outputs must still make several blocks)."""
+    are the unit of parallelism and a few outputs must still make several blocks).
+    `compact`: a 'thread' reduction keeps one accumulator and a loop even over a small constant
+    window, so its body appears once, not up to UNROLL_REDUCED times (`td.fast_compile`: the
+    unrolled forms are most of numba's time on a pooling or a fused-input reduction)."""
     body = inline_injective(t.body, inline)
     outputs, reduced = numel(t.shape), numel(t.reduce_shape)
     dtype = accumulator_dtype(t)
@@ -277,7 +280,9 @@ def schedule_reduce(t: Tensor, inline: set, strategy: str, threads: int = BLOCK)
     out_index, coords = _coordinates(o, t.shape, "o")
     stmts = head + coords + [ir.Assign(acc, _identity(t.op, dtype))]
     few = _constant(reduced)
-    if strategy == "thread" and few is not None and few <= UNROLL_REDUCED:
+    if strategy == "thread" and compact:
+        loop = _reduce_loop(t, body, out_index, acc, 0, reduced, 1)
+    elif strategy == "thread" and few is not None and few <= UNROLL_REDUCED:
         # a pooling window, say: constant reduced coordinates fold its index arithmetic away
         loop = ir.seq([ir.Assign(acc, combine(t.op, acc, _element(t, body, out_index, ir.const(k), dtype)))
                        for k in range(few)])

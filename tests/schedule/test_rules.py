@@ -190,6 +190,39 @@ def test_forced_strategy(op, dtype, strategy, shape, seed):
     assert_same(out, ref, shape[1])
 
 
+@pytest.mark.parametrize("dtype", ["f32", "i32"])
+@pytest.mark.parametrize("op", OPS)
+@settings(max_examples=4, deadline=None)
+@given(shape=FORCED_SHAPES, seed=st.integers(0, 2**16))
+@example(shape=(3, 3001), seed=1)
+def test_compact_thread_reduction(op, dtype, shape, seed):
+    """The 'thread' form for fast compilation (one accumulator, one loop) gives the reference's results."""
+    t = (RED if dtype == "f32" else RED_I)[op]
+    kernel = schedule_reduce(t, set(), "thread", compact=True)
+    x = make_data(op, shape, np.random.default_rng(seed), (X if dtype == "f32" else XI).dtype.numpy)
+    out = np.full(shape[:1], 123, t.dtype.numpy)
+    kernel(x, out)
+    assert_same(out, evaluate([X if dtype == "f32" else XI], [t], [x])[0], shape[1])
+
+
+@pytest.mark.parametrize("window", [None, 9])      # a symbolic row, a constant 3x3 window
+def test_ops_unroll_thread_reductions_only_outside_fast_compile(window):
+    """An op's 'thread' reduction has interleaved lanes (or its constant window unrolled) unless
+    `td.fast_compile` is on: then its body appears once, and numba compiles it several times faster."""
+    x = td.placeholder("x", td.f32, ("M", window or "K"))
+    red = td.reduce("s", ("M",), (window or "K",), lambda i, k: x[i, k] * 2.0, op="sum")
+    op = td.op([x], [red])
+    a = np.random.default_rng(0).uniform(-1, 1, (4099, window or 5)).astype(np.float32)
+    for fast in (True, False):
+        td.fast_compile(fast)
+        check(op, a, reduced=a.shape[1])
+        kernel, = op.kernels
+        assert kernel.name.endswith("_reduce_thread")
+        text = kernel.ir(a, np.empty(a.shape[0], np.float32))
+        assert text.count("x[") == (1 if fast else 9)       # 8 lanes and the rest's loop, or 9 window elements
+        assert ("lane1" in text) == (not fast and window is None)
+
+
 def test_reference_of_int_reductions_matches_python():
     """The oracle itself, for int32 rows: exact integer results (mean as f32)."""
     x = np.array([[3, -7, 2], [50, 50, -1]], np.int32)

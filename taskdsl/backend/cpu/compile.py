@@ -10,11 +10,11 @@ from pathlib import Path
 
 @functools.cache
 def compiler_fingerprint() -> str:
-    """What besides a module's text decides its machine code: numba, and the inlined support helpers."""
+    """What besides a module's text decides its machine code: numba, and the support helpers."""
     import numba
 
-    from . import support
-    text = Path(support.__file__).read_text()
+    from . import support, support_calls
+    text = Path(support.__file__).read_text() + Path(support_calls.__file__).read_text()
     return hashlib.sha256(f"{text}\nnumba={numba.__version__}".encode()).hexdigest()
 
 

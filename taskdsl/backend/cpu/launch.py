@@ -13,15 +13,16 @@ from .codegen import CpuSource
 
 
 @contextlib.contextmanager
-def slp_vectorizer():
-    """numba leaves LLVM's SLP vectorizer off by default; unrolled register tiles need it."""
+def compiler_settings(opt_level: int):
+    """numba's LLVM settings for a generated kernel: the SLP vectorizer on (numba leaves it off; unrolled
+    register tiles need it) and optimization level `opt_level` (a source's `opt_level`)."""
     from numba.core import config
-    saved = config.SLP_VECTORIZE
-    config.SLP_VECTORIZE = 1
+    saved = config.SLP_VECTORIZE, config.OPT
+    config.SLP_VECTORIZE, config.OPT = 1, config._OptLevel(opt_level)
     try:
         yield
     finally:
-        config.SLP_VECTORIZE = saved
+        config.SLP_VECTORIZE, config.OPT = saved
 
 
 def num_threads() -> int:
@@ -78,7 +79,7 @@ def launch_cpu(run, src: CpuSource, values: list, sizes: list, grid: tuple, para
     args, copy_back = call_args(src, values)
     blocks, tail = grid[0] * grid[1] * grid[2], (*sizes, *grid)
     workers = _workers(src, blocks)
-    _compile_for(run, parallel, args, tail, workers)
+    _compile_for(run, parallel, args, tail, workers, src.opt_level)
     _run_blocks(run, parallel, args, tail, blocks, workers)
     for original, tmp in copy_back:
         np.copyto(original, tmp)
@@ -121,7 +122,7 @@ class PreparedLaunch:
             seen.append(a.flags.writeable)
         seen = tuple(seen)
         if seen not in self.ready:
-            _compile_for(self.run, self.parallel, values, self.tail, self.workers)
+            _compile_for(self.run, self.parallel, values, self.tail, self.workers, self.src.opt_level)
             self.ready.add(seen)
         _run_blocks(self.run, self.parallel, values, self.tail, self.blocks, self.workers)
 
@@ -139,12 +140,12 @@ def _parallel(parallel, workers: int):
     return None
 
 
-def _compile_for(run, parallel, args: list, tail: tuple, workers: int) -> None:
+def _compile_for(run, parallel, args: list, tail: tuple, workers: int, opt_level: int) -> None:
     """Compile (or load) the functions a launch with these arguments calls."""
     layouts = tuple((a.ndim, a.flags.c_contiguous, a.flags.writeable) for a in args if isinstance(a, np.ndarray))
     for fn in (run, _parallel(parallel, workers)):
         if fn is not None:
-            _compile(fn, layouts, args, tail)
+            _compile(fn, layouts, args, tail, opt_level)
 
 
 def _run_blocks(run, parallel, args: list, tail: tuple, blocks: int, workers: int) -> None:
@@ -168,10 +169,10 @@ def _run_blocks(run, parallel, args: list, tail: tuple, blocks: int, workers: in
             f.result()
 
 
-def _compile(fn, layouts: tuple, args: list, tail: tuple) -> None:
-    """Compile (or load) `fn` for these argument layouts once, with the SLP vectorizer on: a call that runs
+def _compile(fn, layouts: tuple, args: list, tail: tuple, opt_level: int) -> None:
+    """Compile (or load) `fn` for these argument layouts once, with `compiler_settings`: a call that runs
     no block (an entry's empty block range, or a parallel entry's zero chunks)."""
     if layouts not in _warm.setdefault(fn, set()):     # what numba's types of these arguments depend on
-        with slp_vectorizer():
+        with compiler_settings(opt_level):
             fn(*args, *tail, 0, 0)
         _warm[fn].add(layouts)

@@ -31,6 +31,7 @@ class Job:
     path: str
     entry: str
     signature: tuple      # numba types, in call order
+    opt_level: int = 3    # the source's (see `launch.compiler_settings`)
 
 
 def is_recording() -> bool:
@@ -63,8 +64,8 @@ def workers() -> int:
 def compile_job(job: Job) -> None:
     """Compile one job's function for its signature (numba's cache=True writes the machine code)."""
     from .compile import load_module_function
-    from .launch import slp_vectorizer
-    with slp_vectorizer():
+    from .launch import compiler_settings
+    with compiler_settings(job.opt_level):
         load_module_function(Path(job.path), job.entry).compile(job.signature)
 
 
