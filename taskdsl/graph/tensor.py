@@ -144,6 +144,10 @@ def constant(value, dtype=None, name: str | None = None) -> Tensor:
         array = array.astype({np.dtype(np.float64): np.float32, np.dtype(np.int64): np.int32}.get(array.dtype,
                                                                                                 array.dtype))
     array = contiguous(array)
+    if not array.flags.writeable:
+        # numba types read-only arrays apart, so a read-only weight (an ONNX initializer is one) would compile
+        # each kernel reading it once more, for that type; the kernels never write constants
+        array = array.copy()
     return Tensor(array.shape, as_dtype(array.dtype), name=name, value=array)
 
 

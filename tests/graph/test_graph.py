@@ -87,3 +87,22 @@ def test_user_errors_say_what_to_do():
         tg.input("q", (1,), "float8")
     with pytest.raises(ValueError, match="non-negative ints"):
         tg.input("q", (2, -1))
+
+
+def test_read_only_constants_compile_the_kernels_of_writable_ones(monkeypatch):
+    """A read-only weight (an ONNX initializer is one) is stored as a writable copy: numba types read-only arrays
+    apart, and each kernel reading the weight would otherwise compile a second time."""
+    import taskdsl.backend.cpu.launch as launch
+    weight, bias = rand((5, 7), 1), rand((5,), 2)
+    frozen = weight.copy()
+    frozen.setflags(write=False)
+    c = tg.constant(frozen)
+    assert c.value.flags.writeable and not np.shares_memory(c.value, frozen)
+    layouts = []
+    original = launch._compile
+    monkeypatch.setattr(launch, "_compile", lambda fn, shapes, *rest: (layouts.append(shapes), original(fn, shapes, *rest)))
+    x = tg.input("x", (3, 7))
+    g = tg.Graph([x], [ops.relu(ops.linear(x, c, bias))])
+    xa = rand((3, 7), 3)
+    np.testing.assert_allclose(g.compile("cpu")(xa)[0], np.maximum(xa @ weight.T + bias, 0), rtol=1e-5, atol=1e-6)
+    assert layouts and all(writable for shapes in layouts for _, _, writable in shapes)
