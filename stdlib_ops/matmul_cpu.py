@@ -10,7 +10,10 @@ output tile as
 
 The micro-kernel's step is MR loads of A (broadcast), NR consecutive loads of B and MR * NR
 multiply-adds; unrolled, LLVM's SLP vectorizer turns it into NR / 8 vector loads and
-MR * NR / 8 vector FMAs (6 x 16 fills 12 of the 16 AVX2 registers with accumulators). k is
+MR * NR / 8 vector FMAs (6 x 16 fills 12 of the 16 AVX2 registers with accumulators). The
+register tile's loops are `td.unroll` loops, not the compile-time tasks of `repeat(MR, NR)(0)`:
+the cpu target's unroll pass (and the CUDA compiler) unroll them all the same, and under
+`td.fast_compile` they stay loops, which takes a third off numba's time for the kernel. k is
 blocked by KC. For each k block, the block first packs B's (KC x BN) panel into a contiguous
 buffer, as a BLAS does: read in place, the panel's rows are N floats apart, and for N a
 multiple of 1024 (BERT's 3072) they all map to the same few L1 sets (128 x 768 x 3072 ran at
@@ -28,7 +31,7 @@ import functools
 import numpy as np
 
 import taskdsl as td
-from taskdsl import blockIdx, f32, repeat
+from taskdsl import blockIdx, f32
 from taskdsl.runtime.config import fast_compile_enabled
 from taskdsl.runtime.host import empty_aligned
 from taskdsl.schedule.space import Space
@@ -65,8 +68,8 @@ def space(itemsize: int = 4) -> Space:
 
 
 DEFAULT = dict(micro=(6, 16), block=(48, 64), bk=256)   # measured: docs/benchmarks.md
-# under td.fast_compile: a micro-kernel a sixth the size compiles in 3 s instead of 10-15 s
-# (numba's time grows with the unrolled tile), at about 16 GFLOP/s instead of 100+
+# under td.fast_compile: a micro-kernel a sixth the size, its register tile left in loops, compiles in
+# ~2 s instead of 10-15 s (numba's time grows with the unrolled tile), at about 4 GFLOP/s instead of 100+
 FAST_COMPILE = dict(micro=(2, 8), block=(16, 64), bk=256)
 
 
@@ -119,8 +122,9 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
                 fa[x] = td.cast(A[za, k, i] if transposed_a else A[za, i, k], f32)
             for y in range(NR):
                 fb[y] = panel[row + k - k0, j + y]
-            for x, y in repeat(MR, NR)(0):
-                c[x, y] += fa[x] * fb[y]
+            for x in td.unroll(MR):
+                for y in td.unroll(NR):
+                    c[x, y] += fa[x] * fb[y]
 
     @td.kernel(grid=lambda M, N, BZ: (td.cdiv(M, BM) * td.cdiv(N, BN), 1, BZ), block=1, name=name)
     def matmul(A: a_spec, B: b_spec, C: out_dtype["BZ", "M", "N"],
@@ -156,14 +160,17 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
                     i0, j = row0 + mi * MR, nj * NR
                     if i0 < M and j < cols:
                         if k0 == k_begin:
-                            for x, y in repeat(MR, NR)(0):
-                                c[x, y] = 0.0
+                            for x in td.unroll(MR):
+                                for y in td.unroll(NR):
+                                    c[x, y] = 0.0
                         else:
-                            for x, y in repeat(MR, NR)(0):
-                                c[x, y] = partial[mi * MR + x, j + y]
+                            for x in td.unroll(MR):
+                                for y in td.unroll(NR):
+                                    c[x, y] = partial[mi * MR + x, j + y]
                         micro_kernel(A, panel, c, fa, fb, za, i0, j, k0, k1, row, M)
-                        for x, y in repeat(MR, NR)(0):
-                            partial[mi * MR + x, j + y] = c[x, y]
+                        for x in td.unroll(MR):
+                            for y in td.unroll(NR):
+                                partial[mi * MR + x, j + y] = c[x, y]
         rows = td.min(BM, M - row0)
         if k_end <= k_begin:                     # no k to sum (K = 0, or a split slice past K): zeros
             for i in range(rows):
