@@ -131,9 +131,8 @@ def test_the_cpu_plans_use_this_template_and_split_only_long_k():
 
 
 def test_every_point_compiles_with_nvrtc():
-    """The kernels are ordinary DSL kernels: every point builds with NVRTC, as one program (for sm_90 alone: the
-    kernels use no arch-specific feature, and the GPU templates' tests cover sm_80). The packed-B and A-transposed
-    variants change only the operands' addressing: eight points of each."""
+    """The kernels are ordinary DSL kernels: every point builds for sm_80 and sm_90 (one program per arch). The
+    packed-B and A-transposed variants change only the operands' addressing: eight points of each."""
     a = np.zeros((1, 64, 64), np.float32)
     index = np.zeros((1, 2), np.int32)
     points = cpu.space().points()
@@ -142,5 +141,6 @@ def test_every_point_compiles_with_nvrtc():
     kernels += [(cpu.tile_matmul_kernel(p, td.f32, td.f32, False, True), a) for p in points[:8]]   # the A-transposed
     kernels += [(cpu.tile_matmul_kernel(p, td.f32, td.f32, True, True), cpu.pack_b(p, a)) for p in points[:8]]
     unit = combine_sources([k.source(a, b, a, index, 1, target="cuda") for k, b in kernels])
-    cubin = compile_cubin(unit, "sm_90", "tile_space", fast=True)
-    assert all(k.name.encode() in cubin for k, _ in kernels)
+    for arch in ("sm_80", "sm_90"):
+        cubin = compile_cubin(unit, arch, "tile_space", fast=True)
+        assert all(k.name.encode() in cubin for k, _ in kernels)
