@@ -46,19 +46,19 @@ def test_space_size_and_pruning_match_the_docs():
     assert "KiB" in cpu.check(space.points()[0].replace(block=(96, 128), bk=1024))
 
 
-# (packed_b, transposed_a): the variants the graph ops use (matmul, linear, NCHW conv), and for the small point
-# the fourth, which only users call (each variant of a point is a compile of a big unrolled kernel)
-VARIANTS = {"48x64": [(False, False), (True, False), (True, True)],
-            "24x64": [(False, False), (True, False), (True, True), (False, True)]}
+# (packed_b, transposed_a) per point: the variants the graph ops use (matmul, linear, NCHW conv), and for the
+# small point the fourth, which only users call (each variant of a point is a compile of a big unrolled kernel)
+GRAPH_VARIANTS = [(False, False), (True, False), (True, True)]
+VARIANTS = [GRAPH_VARIANTS, GRAPH_VARIANTS + [(False, True)]]
 
 
-@pytest.mark.parametrize("point", POINTS, ids=lambda p: "x".join(map(str, cpu.tile_shape(p)[:2])))
+@pytest.mark.parametrize("point, variants", [pytest.param(p, v, id="x".join(map(str, cpu.tile_shape(p)[:2])))
+                                              for p, v in zip(POINTS, VARIANTS)])
 @settings(max_examples=8, deadline=None)
-@given(m=DIMS, n=DIMS, k=DIMS, split=st.sampled_from([1, 1, 3]), variant=st.integers(0, 3), seed=st.integers(0, 2**16))
-def test_template_points_on_cpu(point, m, n, k, split, variant, seed):
+@given(m=DIMS, n=DIMS, k=DIMS, split=st.sampled_from([1, 1, 3]), data=st.data(), seed=st.integers(0, 2**16))
+def test_template_points_on_cpu(point, variants, m, n, k, split, data, seed):
     td.set_target("cpu")
-    variants = VARIANTS["x".join(map(str, cpu.tile_shape(point)[:2]))]
-    packed_b, transposed_a = variants[variant % len(variants)]
+    packed_b, transposed_a = data.draw(st.sampled_from(variants), label="(packed_b, transposed_a)")
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
