@@ -6,9 +6,11 @@ and is checked against the same numpy oracles. Every kernel specialization a tes
 also has its CUDA C++ compiled to an sm_90 cubin by NVRTC (once per kernel and block
 shape), so the suite proves the CUDA path on machines without a GPU.
 
-cpu kernels are compiled with `td.fast_compile` (no IR unrolling: numba compiles big kernels
-several times faster), except in modules that set OPTIMIZED = True: those test the optimized
-code path (unrolled register tiles kept in locals) of the templates and the kernel language.
+Kernels are compiled with `td.fast_compile` (cpu: no IR unrolling, so numba compiles big kernels
+several times faster; cuda: NVRTC at -Ofast-compile=max), except in modules that set
+OPTIMIZED = True: those test the optimized code path (unrolled register tiles kept in locals) of
+the templates and the kernel language; a test there marked @pytest.mark.fast_compile still runs
+in fast mode (each says why).
 """
 from __future__ import annotations
 
@@ -48,7 +50,8 @@ def pytest_generate_tests(metafunc):
 @pytest.fixture(autouse=True)
 def _cpu_target_and_nvrtc(monkeypatch, request, twin_target):
     """Run on the cpu target (or a twin's target) and NVRTC-compile each launched kernel."""
-    td.fast_compile(not getattr(request.module, "OPTIMIZED", False))
+    optimized = getattr(request.module, "OPTIMIZED", False) and not request.node.get_closest_marker("fast_compile")
+    td.fast_compile(not optimized)
     simulate_cuda_twin(monkeypatch, twin_target)
     if twin_target is not None:
         td.set_target(twin_target)

@@ -69,6 +69,24 @@ def test_damaged_entries_are_rebuilt(tmp_path, monkeypatch):
     assert json.loads(cubin.with_suffix(".json").read_text())["sha256"] == record["sha256"]
 
 
+def test_fast_compile_builds_cubins_at_nvrtcs_least_optimization_and_caches_them_apart(tmp_path, monkeypatch):
+    """Under td.fast_compile NVRTC runs with -Ofast-compile=max; the optimized and the fast cubin are two
+    cache entries, and each mode loads its own."""
+    from taskdsl.backend.cuda import nvrtc
+    monkeypatch.setenv("TASKDSL_CACHE_DIR", str(tmp_path))
+    calls = []
+    original = nvrtc.compile_cubin
+    monkeypatch.setattr(nvrtc, "compile_cubin", lambda *a: calls.append(a[3]) or original(*a))
+    kernel = _kernel(3.0)
+    cubins = {}
+    for fast in (True, False, True, False):
+        td.fast_compile(fast)
+        cubins.setdefault(fast, _compile(kernel))
+        assert _compile(kernel) == cubins[fast]
+    assert calls == [True, False] and cubins[True] != cubins[False]
+    assert len(list((tmp_path / "cuda").glob("*.cubin"))) == 2
+
+
 def test_least_recently_used_entries_are_evicted(tmp_path, monkeypatch):
     monkeypatch.setenv("TASKDSL_CACHE_DIR", str(tmp_path))
     first, second, third = _kernel(1.0), _kernel(2.0), _kernel(3.0)

@@ -36,15 +36,16 @@ class CompiledKernel:
     unused_params: frozenset = frozenset()   # cuda: indices of array parameters the code never names
 
 
-def _cubin(source: str, arch: str, name: str) -> bytes:
-    """The cubin of `source` for `arch`, from the disk cache or freshly compiled by NVRTC."""
+def _cubin(source: str, arch: str, name: str, fast: bool) -> bytes:
+    """The cubin of `source` for `arch`, from the disk cache or freshly compiled by NVRTC (`fast`: at NVRTC's
+    least optimization, under `td.fast_compile`)."""
     from .. import __version__
     from ..backend.cuda.nvrtc import compile_cubin, nvrtc_version
     from . import cache
-    key = cache.cache_key(source, arch, nvrtc_version(), __version__)
+    key = cache.cache_key(source, arch, nvrtc_version(), __version__, *(("fast",) if fast else ()))
     binary = cache.load_cubin(key)
     if binary is None:
-        binary = compile_cubin(source, arch, name)
+        binary = compile_cubin(source, arch, name, fast)
         cache.store_cubin(key, binary, arch=arch, nvrtc=nvrtc_version(), taskdsl=__version__, kernel=name)
     return binary
 
@@ -373,14 +374,15 @@ class Kernel:
     def _compiled_cuda(self, binding: Binding, arch: str) -> CompiledKernel:
         from ..backend.cuda.nvrtc import normalize_arch
         arch = normalize_arch(arch)
-        key = (binding.block, tuple(sorted(binding.sizes.items())), arch)
+        fast = fast_compile_enabled()
+        key = (binding.block, tuple(sorted(binding.sizes.items())), arch, fast)
         if key not in self._cuda:   # in-memory dispatch: a repeated call hashes nothing
             from ..backend.cuda.codegen import dynamic_shared_bytes, emit_cuda
             fn = self._cuda_function(binding)
             source = emit_cuda(fn)
             named = ir.referenced_buffers(fn.body)
             unused = frozenset(k for k, p in enumerate(fn.params) if isinstance(p, ir.Buffer) and p.uid not in named)
-            self._cuda[key] = CompiledKernel("cuda", source, _cubin(source, arch, self.name), arch,
+            self._cuda[key] = CompiledKernel("cuda", source, _cubin(source, arch, self.name, fast), arch,
                                              dynamic_shared_bytes(fn), unused)
         return self._cuda[key]
 

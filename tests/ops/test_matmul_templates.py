@@ -18,8 +18,9 @@ from taskdsl.schedule.space import Space
 OPTIMIZED = True   # the optimized cpu path (unrolled register tiles in locals), not td.fast_compile
 DIMS = st.sampled_from([1, 2, 3, 7, 13, 31, 64, 65, 97, 130])
 
-# points run on the cpu target (each costs a cold numba compile of 20-60 s): the cpu default, and a
-# GPU point with warp repeats, another thread tile, bk 16 and register prefetching
+# points run on the cpu target: the cpu default, and a GPU point with warp repeats, another thread tile,
+# bk 16 and register prefetching. Over drawn shapes they run in fast mode (3-4 s of numba each; optimized,
+# 30-47 s): the optimized path of the first is test_prime_sizes_and_split_k's.
 CPU_POINTS = [
     simt.default_point("cpu"),
     simt.gpu_space().point(warps=(1, 2), repeat=(2, 1), lanes=(8, 4), tile=(4, 8), bk=16, prefetch=True),
@@ -68,6 +69,7 @@ def test_every_point_compiles_with_nvrtc():
         assert len(names) == len(points) and all(name.encode() in cubin for name in names)
 
 
+@pytest.mark.fast_compile
 @pytest.mark.parametrize("point", CPU_POINTS, ids=lambda p: "x".join(map(str, simt.tile_shape(p))))
 @settings(max_examples=6, deadline=None)
 @given(m=DIMS, n=DIMS, k=DIMS, seed=st.integers(0, 2**16))
@@ -88,6 +90,7 @@ def test_prime_sizes_and_split_k():
         np.testing.assert_allclose(_run_point(CPU_POINTS[0], a, b, split), _ref(a, b), rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.fast_compile     # the op's batch broadcasting; the optimized cpu kernels are test_matmul_cpu's
 @settings(max_examples=8, deadline=None)
 @given(batch_a=st.sampled_from([(), (1,), (3,), (2, 1), (2, 3)]), batch_b=st.sampled_from([(), (1,), (3,), (1, 3)]),
        m=DIMS, n=DIMS, k=DIMS, seed=st.integers(0, 2**16))
@@ -100,6 +103,7 @@ def test_matmul_broadcasts_batch_dims_like_numpy(batch_a, batch_b, m, n, k, seed
     np.testing.assert_allclose(out, np.matmul(a.astype(np.float64), b), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.fast_compile     # the op's edge cases and errors, on the kernels of the test above
 def test_matmul_vectors_empty_and_errors():
     td.set_target("cpu")
     rng = np.random.default_rng(4)
@@ -118,6 +122,7 @@ def test_matmul_vectors_empty_and_errors():
         ops.batch_matmul(np.ones((2, 2), np.float32), np.ones((2, 2), np.float32))
 
 
+@pytest.mark.fast_compile     # the ops' semantics; test_matmul_cpu checks the optimized f16 and f32 kernels
 def test_batch_matmul_and_linear_f16_and_f32_bias():
     td.set_target("cpu")
     rng = np.random.default_rng(5)
@@ -182,6 +187,7 @@ def test_tuner_skips_failing_candidates(tmp_path, monkeypatch):
     assert best.ok
 
 
+@pytest.mark.fast_compile     # the tuner end to end, on the kernels test_template_points_on_cpu compiled
 def test_tuning_the_real_template_on_cpu(tmp_path, monkeypatch):
     """The cpu space, restricted to points compiled above, tuned end to end on a small problem."""
     monkeypatch.setenv("TASKDSL_CACHE_DIR", str(tmp_path))
