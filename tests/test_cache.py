@@ -85,6 +85,8 @@ def test_fast_compile_builds_cubins_at_nvrtcs_least_optimization_and_caches_them
         assert _compile(kernel) == cubins[fast]
     assert calls == [True, False] and cubins[True] != cubins[False]
     assert len(list((tmp_path / "cuda").glob("*.cubin"))) == 2
+    records = [json.loads(p.read_text()) for p in (tmp_path / "cuda").glob("*.json")]
+    assert sorted(r["fast_compile"] for r in records) == [False, True]
 
 
 def test_least_recently_used_entries_are_evicted(tmp_path, monkeypatch):

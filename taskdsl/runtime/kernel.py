@@ -46,7 +46,8 @@ def _cubin(source: str, arch: str, name: str, fast: bool) -> bytes:
     binary = cache.load_cubin(key)
     if binary is None:
         binary = compile_cubin(source, arch, name, fast)
-        cache.store_cubin(key, binary, arch=arch, nvrtc=nvrtc_version(), taskdsl=__version__, kernel=name)
+        cache.store_cubin(key, binary, arch=arch, nvrtc=nvrtc_version(), taskdsl=__version__, kernel=name,
+                          fast_compile=fast)
     return binary
 
 
