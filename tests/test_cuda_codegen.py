@@ -155,3 +155,35 @@ def test_shared_memory_past_48k_becomes_dynamic():
     big_tile(x, y)                                   # and the cpu target runs it as written
     c = np.arange(256) % 128
     np.testing.assert_array_equal(y, x[c] + c + 1)
+
+
+# Python names that are C++ keywords, CUDA built-ins or not ASCII still make valid CUDA identifiers.
+@td.kernel(grid=1, block=32)
+def double(X: f32[32], Y: f32[32]):
+    auto = X[threadIdx.x]
+    new = auto + auto
+    Y[threadIdx.x] = new
+
+
+@td.kernel(grid=1, block=32)
+def signed(X: f32[32], Y: f32[32]):
+    this = X[threadIdx.x]
+    warpSize = this * 3.0
+    Y[threadIdx.x] = warpSize
+
+
+@td.kernel(grid=1, block=32)
+def größe(X: f32[32], Y: f32[32]):
+    maß = X[threadIdx.x]
+    Y[threadIdx.x] = maß - 1.0
+
+
+@pytest.mark.parametrize("kernel, expected", [(double, lambda x: 2 * x), (signed, lambda x: 3 * x),
+                                               (größe, lambda x: x - 1)], ids=["double", "signed", "grosse"])
+def test_kernels_and_variables_named_like_cpp_keywords_compile(kernel, expected):
+    x = np.random.rand(32).astype(np.float32)
+    y = np.empty_like(x)
+    kernel(x, y)      # the conftest also builds its CUDA source with NVRTC
+    np.testing.assert_allclose(y, expected(x), rtol=1e-6)
+    for arch in ("sm_80", "sm_90"):
+        assert compile_cubin(kernel.source(x, y, target="cuda"), arch, fast=True)

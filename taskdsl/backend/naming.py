@@ -8,20 +8,34 @@ _RESERVED = {"int", "float", "double", "char", "bool", "np", "math", "range", "p
              "True", "False", "pass", "break", "continue", "class", "import", "from", "global", "with"}
 
 
+def identifier(name: str) -> str:
+    """`name` with every character outside [A-Za-z0-9_] replaced by '_' (C++ and Python accept the result)."""
+    return re.sub(r"[^0-9A-Za-z_]", "_", name)
+
+
 class NameTable:
     """Maps IR objects (by uid) to distinct identifiers derived from their names."""
+
 
     def __init__(self, reserved=()):
         self.names: dict = {}
         self.used: set = set(reserved) | _RESERVED
 
     def __call__(self, obj) -> str:
-        if obj.uid not in self.names:
-            base = re.sub(r"\W", "_", obj.name).lstrip("_") or "v"
+        return self.derived(obj.uid, obj.name)
+
+    def derived(self, key, name: str) -> str:
+        """The identifier for `key` (an object's uid, or any hashable the generator makes up), from `name`.
+
+        Names a generator derives (`x_t` for the thread array of `x`, say) come from here too, so
+        they cannot collide with a user's variable of the same spelling.
+        """
+        if key not in self.names:
+            base = identifier(name).lstrip("_") or "v"
             candidate, n = base, 0
             while candidate in self.used:
                 n += 1
                 candidate = f"{base}_{n}"
             self.used.add(candidate)
-            self.names[obj.uid] = candidate
-        return self.names[obj.uid]
+            self.names[key] = candidate
+        return self.names[key]

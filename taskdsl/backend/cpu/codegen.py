@@ -123,7 +123,7 @@ class _PythonEmitter:
         self.shared = [b for b in allocs if b.scope == "shared"]
         self.registers = {b.uid: b for b in allocs if b.scope == "register"}
         self.promoted_elements: dict = {}   # (buffer uid, element) -> local name, inside a region
-        self.shadows = {b.uid: f"shadow_{self.name(b)}" for b in self.shared}
+        self.shadows = {b.uid: self.name.derived((b.uid, "shadow"), f"shadow_{self.name(b)}") for b in self.shared}
         self.register_regions = _regions_per_register(self.program.items, self.registers)
 
     # ------------------------------------------------------------------ module
@@ -155,9 +155,9 @@ class _PythonEmitter:
                 (ir.const(self.threads),) + b.shape
             out.append(f"{pad}{self.name(b)} = np.empty({self.shape(shape)}, {np_type(b.dtype)})")
         for v in self.program.thread_arrays.values():
-            out.append(f"{pad}{self.name(v)}_t = np.empty({self.threads}, {np_type(v.dtype)})")
+            out.append(f"{pad}{self.thread_array(v)} = np.empty({self.threads}, {np_type(v.dtype)})")
         for site, dtype in self.program.shuffle_sites.items():
-            out.append(f"{pad}shfl_{site} = np.empty({self.threads}, {np_type(dtype)})")
+            out.append(f"{pad}{self.shuffle_array(site)} = np.empty({self.threads}, {np_type(dtype)})")
         if self.debug:
             out.append(f"{pad}epoch = 1")
         before = len(out)
@@ -224,7 +224,7 @@ class _PythonEmitter:
         body_pad = "    " * (depth + 1)
         arrays = self.program.thread_arrays
         for uid in sorted((region.live | region.assigned) & arrays.keys()):
-            self.lines.append(f"{body_pad}{self.name(arrays[uid])} = {self.name(arrays[uid])}_t[tid]")
+            self.lines.append(f"{body_pad}{self.name(arrays[uid])} = {self.thread_array(arrays[uid])}[tid]")
         stored = self.promote_register_elements(region)
         for (uid, element), local in self.promoted_elements.items():
             self.lines.append(f"{body_pad}{local} = {self.register_slot(uid, element)}")
@@ -232,7 +232,7 @@ class _PythonEmitter:
         self.stmts(region.stmts, depth + 1)
         self.promoted = False
         for uid in sorted(region.assigned & arrays.keys()):
-            self.lines.append(f"{body_pad}{self.name(arrays[uid])}_t[tid] = {self.name(arrays[uid])}")
+            self.lines.append(f"{body_pad}{self.thread_array(arrays[uid])}[tid] = {self.name(arrays[uid])}")
         # written back in order, so consecutive stores let LLVM vectorize; only for a later region
         # to read (or this one again, in a block-level loop): dead stores would keep every last
         # value of a loop live, which costs spills and shuffles in the loop
@@ -254,7 +254,7 @@ class _PythonEmitter:
                 continue
             key = (a.buffer.uid, a.indices[0].value)
             if key not in self.promoted_elements:
-                self.promoted_elements[key] = f"{self.name(a.buffer)}_{key[1]}"
+                self.promoted_elements[key] = self.name.derived(key, f"{self.name(a.buffer)}_{key[1]}")
             if isinstance(a, ir.Store) and key not in stored:
                 stored.append(key)
         return sorted(stored)
@@ -301,10 +301,10 @@ class _PythonEmitter:
         elif isinstance(s, ir.Continue):
             self.lines.append(f"{pad}continue")
         elif isinstance(s, F.ShflPut):
-            self.lines.append(f"{pad}shfl_{s.site}[tid] = {self.cast(s.value, self.program.shuffle_sites[s.site])}")
+            self.lines.append(f"{pad}{self.shuffle_array(s.site)}[tid] = {self.cast(s.value, self.program.shuffle_sites[s.site])}")
         elif isinstance(s, F.ShflGet):
             src = f"rt.{s.func}_src(tid, {self.expr(s.lane)}, {s.width}, {self.threads})"
-            self.lines.append(f"{pad}{self.var_ref(s.var)} = shfl_{s.site}[{src}]")
+            self.lines.append(f"{pad}{self.var_ref(s.var)} = {self.shuffle_array(s.site)}[{src}]")
         elif isinstance(s, ir.Allocate):
             pass  # allocated per block / per thread at the top
         else:
@@ -315,8 +315,16 @@ class _PythonEmitter:
 
     def var_ref(self, v: ir.Var) -> str:
         if v.uid in self.program.thread_arrays and not self.promoted:
-            return f"{self.name(v)}_t[tid]"
+            return f"{self.thread_array(v)}[tid]"
         return self.name(v)
+
+    def thread_array(self, v: ir.Var) -> str:
+        """The per-thread array that keeps `v` across the block's regions."""
+        return self.name.derived((v.uid, "thread array"), f"{self.name(v)}_t")
+
+    def shuffle_array(self, site: int) -> str:
+        """The per-thread array a shuffle site exchanges its values through."""
+        return self.name.derived(("shuffle", site), f"shfl_{site}")
 
     # ------------------------------------------------------------------ memory
     def index(self, buf: ir.Buffer, indices) -> list:

@@ -9,13 +9,12 @@ the operands are provably non-negative (the common case of index arithmetic).
 from __future__ import annotations
 
 import math
-import re
 
 from ... import ir
 from ...ir import types as T
 from ...passes.bounds import int_range
 from ...passes.simplify import single_assignments
-from ..naming import NameTable
+from ..naming import NameTable, identifier
 
 # Helpers, each emitted only when the kernel uses it.
 _HELPERS = {
@@ -93,8 +92,9 @@ def emit_cuda(fn: ir.Function) -> str:
 
 
 def kernel_symbol(fn: ir.Function) -> str:
-    """The C name of a kernel's `__global__` function."""
-    return re.sub(r"\W", "_", fn.name)
+    """The C name of a kernel's `__global__` function (a Python name such as `double` gets a suffix)."""
+    name = identifier(fn.name)
+    return f"{name}_kernel" if name in _C_RESERVED or name[0].isdigit() else name
 
 
 def _c_float(value: float, dtype: T.DataType) -> str:
