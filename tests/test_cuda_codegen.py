@@ -187,3 +187,20 @@ def test_kernels_and_variables_named_like_cpp_keywords_compile(kernel, expected)
     np.testing.assert_allclose(y, expected(x), rtol=1e-6)
     for arch in ("sm_80", "sm_90"):
         assert compile_cubin(kernel.source(x, y, target="cuda"), arch, fast=True)
+
+
+def test_mixed_signedness_comparisons_are_exact_in_cuda():
+    """C would compare `-1 < 1u` as unsigned (false); the generated code widens, or tests the sign first."""
+    @td.kernel(grid=1, block=1)
+    def compare(A: i32[1], U: td.u32[1], L: td.i64[1], W: td.u64[1], Out: td.boolean[3]):
+        Out[0] = A[0] < U[0]
+        Out[1] = L[0] < W[0]
+        Out[2] = U[0] < -1
+
+    args = (np.zeros(1, np.int32), np.zeros(1, np.uint32), np.zeros(1, np.int64), np.zeros(1, np.uint64),
+            np.zeros(3, np.bool_))
+    src = compare.source(*args, target="cuda")
+    assert "(((long long)(A[0])) < ((long long)(U[0])))" in src
+    assert "((L[0] < 0LL) ? true : (((unsigned long long)(L[0])) < W[0]))" in src
+    assert "(((long long)(U[0])) < -1LL)" in src
+    assert compile_cubin(src, "sm_90", fast=True)

@@ -271,6 +271,51 @@ def test_integer_floor_division_and_modulo_follow_python(n, seed):
     np.testing.assert_array_equal(fr, [float(x) % float(y) for x, y in zip(a, b)])
 
 
+@td.kernel(grid=1, block=8)
+def mixed_signs(A: i32[8], U: td.u32[8], L: td.i64[8], W: td.u64[8], F: f32[8], Out: td.i64[13, 8]):
+    t = threadIdx.x
+    a, u, w, l = A[t], U[t], W[t], L[t]
+    Out[0, t] = a < u              # exact, as in Python (C would give -1 < 1u == false)
+    Out[1, t] = u >= a
+    Out[2, t] = a == u
+    Out[3, t] = l < w              # against a u64: the sign decides first
+    Out[4, t] = w <= l
+    Out[5, t] = l != w
+    Out[6, t] = u < -1             # a literal that u32 cannot hold keeps its own type
+    Out[7, t] = u + (-1)           # arithmetic keeps C's rules: u32, wrapping
+    Out[8, t] = a + 3000000000     # an i64 literal: i64 arithmetic
+    Out[9, t] = a == F[t]          # int against float compares in the float type (f32)
+    Out[10, t] = w == 18446744073709551615
+    Out[11, t] = min(a, 3000000000)   # min/max promote a literal that does not fit, as arithmetic does
+    Out[12, t] = min(u, -3)           # u32 with i32: u32, so -3 wraps
+
+
+INT32_EDGES = [0, 1, -1, 2**31 - 1, -2**31, 7, -7, 16777217]
+UINT32_EDGES = [0, 1, 2**32 - 1, 2**31, 7, 5, 3, 16777216]
+
+
+@FEW
+@given(seed=st.integers(0, 2**16))
+@example(seed=0)
+def test_mixed_signedness_comparisons_and_literals(seed):
+    rng = np.random.default_rng(seed)
+    a = rng.permutation(np.array(INT32_EDGES, np.int64)).astype(np.int32)
+    u = rng.permutation(np.array(UINT32_EDGES, np.uint64)).astype(np.uint32)
+    l = rng.permutation(np.array([0, -1, 1, -2**63, 2**63 - 1, 5, -5, 2**40], np.int64))
+    w = rng.permutation(np.array([0, 1, 2**64 - 1, 2**63, 5, 2**63 - 1, 3, 2**40], np.uint64))
+    f = np.float32(a)
+    f[rng.integers(0, 8)] += 1.0
+    out = np.zeros((13, 8), np.int64)
+    mixed_signs(a, u, l, w, f, out)
+    A, U, L, W = ([int(v) for v in x] for x in (a, u, l, w))     # Python ints: exact
+    expected = [[x < y for x, y in zip(A, U)], [y >= x for x, y in zip(A, U)], [x == y for x, y in zip(A, U)],
+                [x < y for x, y in zip(L, W)], [y <= x for x, y in zip(L, W)], [x != y for x, y in zip(L, W)],
+                [False] * 8, [(y - 1) % 2**32 for y in U], [x + 3000000000 for x in A],
+                [bool(np.float32(x) == y) for x, y in zip(a, f)], [y == 2**64 - 1 for y in W],
+                [min(x, 3000000000) for x in A], [min(y, 2**32 - 3) for y in U]]
+    np.testing.assert_array_equal(out, np.array(expected, np.int64))
+
+
 @td.kernel(grid=lambda N: td.cdiv(N, 64), block=64)
 def bitwise(A: i32["N"], B: i32["N"], Out: i32[7, "N"]):
     i = blockIdx.x * 64 + threadIdx.x

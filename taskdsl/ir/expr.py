@@ -10,7 +10,7 @@ import dataclasses
 import itertools
 from dataclasses import dataclass, field
 
-from .types import DataType, boolean, f32, i32, promote
+from .types import DataType, boolean, f32, i32, i64, promote, u64
 
 _ids = itertools.count()
 
@@ -191,24 +191,32 @@ LOGIC_OPS = ("and", "or")
 
 
 def const(value, dtype: DataType | None = None) -> Const:
-    """A literal; Python bool -> bool, int -> i32, float -> f32 unless `dtype` says otherwise."""
+    """A literal; Python bool -> bool, int -> i32 (i64, u64 when it needs them), float -> f32 unless
+    `dtype` says otherwise. An integer is converted to an integer `dtype` as C converts it (wrapping)."""
     if dtype is None:
-        dtype = boolean if isinstance(value, bool) else i32 if isinstance(value, int) else f32
+        dtype = boolean if isinstance(value, bool) else _int_literal_type(value) if isinstance(value, int) else f32
     if dtype.is_float:
         value = float(value)
     elif dtype.is_bool:
         value = bool(value)
     else:
-        value = int(value)
+        value = dtype.wrap(int(value))
     return Const(value, dtype)
 
 
+def _int_literal_type(value: int) -> DataType:
+    for dtype in (i32, i64, u64):
+        if dtype.holds(value):
+            return dtype
+    raise TypeError(f"the integer literal {value} does not fit in 64 bits")
+
+
 def as_expr(value, like: DataType | None = None) -> Expr:
-    """An Expr for `value`; a Python number takes the type of `like` when compatible (weak literals)."""
+    """An Expr for `value`; a Python number takes the type of `like` when it fits there (weak literals)."""
     if isinstance(value, Expr):
         return value
     if isinstance(value, (bool, int, float)) and like is not None and not isinstance(value, bool):
-        if like.is_float or (like.is_integer and isinstance(value, int)):
+        if like.is_float or (like.is_integer and isinstance(value, int) and like.holds(value)):
             return const(value, like)
     if isinstance(value, (bool, int, float)):
         return const(value)
@@ -222,9 +230,7 @@ def binary(op: str, a, b) -> Expr:
     a = as_expr(a, b.dtype if isinstance(b, Expr) else None)
     b = as_expr(b, a.dtype)
     if op in COMPARE_OPS:
-        if a.dtype.is_float and a.dtype.bits == 16 or b.dtype.is_float and b.dtype.bits == 16:
-            a, b = (x if x.dtype == f32 else Cast(x, f32) for x in (a, b))   # compare 16-bit floats in f32
-        return Binary(op, a, b, boolean)
+        return _compare(op, a, b)
     if op in LOGIC_OPS:
         return Binary(op, a, b, boolean)
     dtype = promote(a.dtype, b.dtype)
@@ -235,6 +241,40 @@ def binary(op: str, a, b) -> Expr:
     if dtype != b.dtype:
         b = Cast(b, dtype) if not isinstance(b, Const) else const(b.value, dtype)
     return Binary(op, a, b, dtype)
+
+
+def _compare(op: str, a: Expr, b: Expr) -> Expr:
+    """`a op b` with operands both targets compare alike.
+
+    A float and an int compare in the float type (C's rule, made explicit: numba would compare in
+    f64); 16-bit floats compare in f32. Integers of mixed signedness compare exactly, as in Python
+    (C would convert the signed one, so that `-1 < 1u` is false): in a signed type wide enough for
+    both, or, against a u64, by testing the sign first.
+    """
+    da, db = a.dtype, b.dtype
+    if da.is_float or db.is_float:
+        dtype = promote(da, db)
+        dtype = f32 if dtype.bits == 16 else dtype
+    elif da.is_integer and db.is_integer and (da.kind == "uint") != (db.kind == "uint"):
+        if u64 in (da, db):
+            return _compare_with_u64(op, a, b)
+        dtype = i64 if max(da.bits, db.bits) >= 32 else i32
+    else:
+        return Binary(op, a, b, boolean)
+    a, b = (x if x.dtype == dtype else Cast(x, dtype) for x in (a, b))
+    return Binary(op, a, b, boolean)
+
+
+def _compare_with_u64(op: str, a: Expr, b: Expr) -> Expr:
+    """`a op b` where one operand is u64 and the other signed: a negative one is below every u64."""
+    negative_left = a.dtype.kind == "int"
+    signed = a if negative_left else b
+    # the value of `a op b` when the signed operand is negative (then it is the smaller one)
+    if_negative = {"<": negative_left, "<=": negative_left, ">": not negative_left, ">=": not negative_left,
+                   "==": False, "!=": True}[op]
+    a, b = (x if x.dtype == u64 else Cast(x, u64) for x in (a, b))
+    return Select(Binary("<", signed, const(0, signed.dtype), boolean), const(if_negative),
+                  Binary(op, a, b, boolean), boolean)
 
 
 def structurally_equal(a, b) -> bool:

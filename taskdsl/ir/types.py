@@ -27,6 +27,17 @@ class DataType:
     def is_bool(self) -> bool:
         return self.kind == "bool"
 
+    def holds(self, value: int) -> bool:
+        """Whether the integer `value` is representable in this integer type."""
+        low = -(1 << (self.bits - 1)) if self.kind == "int" else 0
+        high = (1 << (self.bits - 1 if self.kind == "int" else self.bits)) - 1
+        return low <= value <= high
+
+    def wrap(self, value: int) -> int:
+        """`value` converted to this integer type as C converts it (modulo 2**bits)."""
+        value &= (1 << self.bits) - 1
+        return value - (1 << self.bits) if self.kind == "int" and value >> (self.bits - 1) else value
+
     @property
     def numpy(self) -> np.dtype:
         """The numpy dtype holding this type (bf16 is stored as its raw 16 bits)."""

@@ -6,6 +6,7 @@ numbers outside kernels, so host code and tests can share formulas with kernels.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -73,7 +74,7 @@ TENSOR_OPS = {name: Intrinsic(name, "tensor") for name in
               ("mma_m16n8k16", "ldmatrix", "cp_async", "cp_async_commit", "cp_async_wait")}
 
 
-def math_expr(name: str, args: list) -> Call:
+def math_expr(name: str, args: list) -> Expr:
     """The typed IR call of math function `name` on `args` (IR values and Python numbers).
 
     Types promote as in arithmetic; transcendental functions of integers, and all math on
@@ -82,10 +83,10 @@ def math_expr(name: str, args: list) -> Call:
     arity = MATH_ARITY.get(name, 1)
     if len(args) != arity:
         raise TypeError(f"td.{name}() takes {arity} argument{'s' if arity > 1 else ''}, got {len(args)}")
-    typed = [a.dtype for a in args if isinstance(a, Expr)]
-    dtype = typed[0]
-    for t in typed[1:]:
-        dtype = T.promote(dtype, t)
+    dtype = functools.reduce(T.promote, [a.dtype for a in args if isinstance(a, Expr)])
+    for a in args:   # an int literal the typed arguments cannot hold takes part with its own type, as in arithmetic
+        if type(a) is int and dtype.is_integer and not dtype.holds(a):
+            dtype = T.promote(dtype, const(a).dtype)
     if any(isinstance(a, float) for a in args) and not dtype.is_float:
         dtype = T.f32   # a Python float with an integer value: as in arithmetic, the float wins
     if (name not in ("max", "min", "abs") and not dtype.is_float) or (dtype.is_float and dtype.bits == 16):
@@ -98,6 +99,8 @@ def math_expr(name: str, args: list) -> Call:
         if e.dtype != dtype:
             e = const(e.value, dtype) if isinstance(e, Const) else Cast(e, dtype)
         exprs.append(e)
+    if name == "abs" and dtype.kind == "uint":
+        return exprs[0]     # C++ has no abs of unsigned types (an ambiguous overload)
     return Call(name, tuple(exprs), dtype)
 
 

@@ -411,6 +411,8 @@ class _PythonEmitter:
                 if math.isinf(value) and value < 0:
                     literal = "-np.inf"
                 return f"{np_type(e.dtype)}({literal})"
+            if e.dtype.kind == "uint" and e.dtype.bits == 64:   # numba would take u64 with an int64 to f64
+                return f"np.uint64({e.value})"
             return str(e.value) if e.value >= 0 else f"({e.value})"
         if isinstance(e, ir.Var):
             return self.var_ref(e)
