@@ -272,7 +272,7 @@ def test_integer_floor_division_and_modulo_follow_python(n, seed):
 
 
 @td.kernel(grid=1, block=8)
-def mixed_signs(A: i32[8], U: td.u32[8], L: td.i64[8], W: td.u64[8], F: f32[8], Out: td.i64[13, 8]):
+def mixed_signs(A: i32[8], U: td.u32[8], L: td.i64[8], W: td.u64[8], F: f32[8], Out: td.i64[15, 8]):
     t = threadIdx.x
     a, u, w, l = A[t], U[t], W[t], L[t]
     Out[0, t] = a < u              # exact, as in Python (C would give -1 < 1u == false)
@@ -288,6 +288,8 @@ def mixed_signs(A: i32[8], U: td.u32[8], L: td.i64[8], W: td.u64[8], F: f32[8], 
     Out[10, t] = w == 18446744073709551615
     Out[11, t] = min(a, 3000000000)   # min/max promote a literal that does not fit, as arithmetic does
     Out[12, t] = min(u, -3)           # u32 with i32: u32, so -3 wraps
+    Out[13, t] = i32(u) % 7           # u32 -> i32 wraps (on the cpu too, where ints live in int64)
+    Out[14, t] = -u                   # u32 negation wraps
 
 
 INT32_EDGES = [0, 1, -1, 2**31 - 1, -2**31, 7, -7, 16777217]
@@ -305,14 +307,15 @@ def test_mixed_signedness_comparisons_and_literals(seed):
     w = rng.permutation(np.array([0, 1, 2**64 - 1, 2**63, 5, 2**63 - 1, 3, 2**40], np.uint64))
     f = np.float32(a)
     f[rng.integers(0, 8)] += 1.0
-    out = np.zeros((13, 8), np.int64)
+    out = np.zeros((15, 8), np.int64)
     mixed_signs(a, u, l, w, f, out)
     A, U, L, W = ([int(v) for v in x] for x in (a, u, l, w))     # Python ints: exact
     expected = [[x < y for x, y in zip(A, U)], [y >= x for x, y in zip(A, U)], [x == y for x, y in zip(A, U)],
                 [x < y for x, y in zip(L, W)], [y <= x for x, y in zip(L, W)], [x != y for x, y in zip(L, W)],
                 [False] * 8, [(y - 1) % 2**32 for y in U], [x + 3000000000 for x in A],
                 [bool(np.float32(x) == y) for x, y in zip(a, f)], [y == 2**64 - 1 for y in W],
-                [min(x, 3000000000) for x in A], [min(y, 2**32 - 3) for y in U]]
+                [min(x, 3000000000) for x in A], [min(y, 2**32 - 3) for y in U],
+                [(y - 2**32 if y >= 2**31 else y) % 7 for y in U], [-y % 2**32 for y in U]]
     np.testing.assert_array_equal(out, np.array(expected, np.int64))
 
 

@@ -81,6 +81,11 @@ def np_type(dtype) -> str:
     return _NP_TYPES[dtype.name]
 
 
+def _holds_every_value(wide: ir.types.DataType, narrow: ir.types.DataType) -> bool:
+    """Whether integer type `wide` represents every value of integer type `narrow` (u32 -> i32 does not)."""
+    return narrow.is_integer and (narrow.bits < wide.bits or narrow.kind == wide.kind and narrow.bits == wide.bits)
+
+
 def _is_half(dtype) -> bool:
     return dtype.is_float and dtype.bits == 16
 
@@ -394,7 +399,7 @@ class _PythonEmitter:
             return f"rt.f32_to_{dtype.name}(np.float32({text}))"
         if dtype.is_bool:
             return text if e.dtype.is_bool else f"({text} != 0)"
-        if dtype.kind == "int" and dtype.bits >= 32 and (e.dtype.is_bool or (e.dtype.is_integer and e.dtype.bits <= 32)):
+        if dtype.kind == "int" and dtype.bits >= 32 and (e.dtype.is_bool or _holds_every_value(dtype, e.dtype)):
             return text  # widening: ints are computed in numba's int64 anyway
         return f"{np_type(dtype)}({text})"
 
@@ -434,7 +439,9 @@ class _PythonEmitter:
                 return f"{np_type(e.dtype)}({text})"
             return text
         if isinstance(e, ir.Unary):
-            return f"({'not ' if e.op == 'not' else e.op}{self.expr(e.a)})"
+            text = f"({'not ' if e.op == 'not' else e.op}{self.expr(e.a)})"
+            # numba negates an unsigned value into int64: wrap it back, as C does
+            return f"{np_type(e.dtype)}({text})" if e.dtype.kind == "uint" else text
         if isinstance(e, ir.Select):
             return f"({self.cast(e.a, e.dtype)} if {self.expr(e.cond)} else {self.cast(e.b, e.dtype)})"
         if isinstance(e, ir.Cast):
