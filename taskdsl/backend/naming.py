@@ -16,7 +16,6 @@ def identifier(name: str) -> str:
 class NameTable:
     """Maps IR objects (by uid) to distinct identifiers derived from their names."""
 
-
     def __init__(self, reserved=()):
         self.names: dict = {}
         self.used: set = set(reserved) | _RESERVED

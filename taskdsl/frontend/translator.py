@@ -857,12 +857,7 @@ class FunctionTranslator:
     def cast_to(self, value, dtype: T.DataType, node: ast.AST) -> ir.Expr:
         if not (is_runtime(value) or _is_number(value)):
             raise self.error(node, f"expected a number, got {type(value).__name__}")
-        value = ir.as_expr(value, dtype)
-        if value.dtype == dtype:
-            return value
-        if isinstance(value, ir.Const):
-            return ir.const(value.value, dtype)
-        return ir.Cast(value, dtype)
+        return ir.convert(ir.as_expr(value, dtype), dtype)
 
     @staticmethod
     def _name_of(target: ast.expr) -> str | None:

@@ -225,6 +225,13 @@ def as_expr(value, like: DataType | None = None) -> Expr:
     raise TypeError(f"cannot use {type(value).__name__} value {value!r} in a kernel expression")
 
 
+def convert(e: Expr, dtype: DataType) -> Expr:
+    """`e` as a `dtype` value: a constant is converted now, anything else gets a Cast."""
+    if e.dtype == dtype:
+        return e
+    return const(e.value, dtype) if isinstance(e, Const) else Cast(e, dtype)
+
+
 def binary(op: str, a, b) -> Expr:
     """Build `a op b` with C-like type promotion; Python numbers adopt the other operand's type."""
     a = as_expr(a, b.dtype if isinstance(b, Expr) else None)
@@ -236,11 +243,7 @@ def binary(op: str, a, b) -> Expr:
     dtype = promote(a.dtype, b.dtype)
     if (op == "/" and not dtype.is_float) or (dtype.is_float and dtype.bits == 16):
         dtype = f32  # 16-bit floats are a storage format: arithmetic on them is done in f32
-    if dtype != a.dtype:
-        a = Cast(a, dtype) if not isinstance(a, Const) else const(a.value, dtype)
-    if dtype != b.dtype:
-        b = Cast(b, dtype) if not isinstance(b, Const) else const(b.value, dtype)
-    return Binary(op, a, b, dtype)
+    return Binary(op, convert(a, dtype), convert(b, dtype), dtype)
 
 
 def _compare(op: str, a: Expr, b: Expr) -> Expr:
@@ -261,8 +264,7 @@ def _compare(op: str, a: Expr, b: Expr) -> Expr:
         dtype = i64 if max(da.bits, db.bits) >= 32 else i32
     else:
         return Binary(op, a, b, boolean)
-    a, b = (x if x.dtype == dtype else Cast(x, dtype) for x in (a, b))
-    return Binary(op, a, b, boolean)
+    return Binary(op, convert(a, dtype), convert(b, dtype), boolean)
 
 
 def _compare_with_u64(op: str, a: Expr, b: Expr) -> Expr:
@@ -272,9 +274,8 @@ def _compare_with_u64(op: str, a: Expr, b: Expr) -> Expr:
     # the value of `a op b` when the signed operand is negative (then it is the smaller one)
     if_negative = {"<": negative_left, "<=": negative_left, ">": not negative_left, ">=": not negative_left,
                    "==": False, "!=": True}[op]
-    a, b = (x if x.dtype == u64 else Cast(x, u64) for x in (a, b))
     return Select(Binary("<", signed, const(0, signed.dtype), boolean), const(if_negative),
-                  Binary(op, a, b, boolean), boolean)
+                  Binary(op, convert(a, u64), convert(b, u64), boolean), boolean)
 
 
 def structurally_equal(a, b) -> bool:

@@ -27,10 +27,16 @@ class DataType:
     def is_bool(self) -> bool:
         return self.kind == "bool"
 
+    @property
+    def limits(self) -> tuple[int, int]:
+        """The least and the greatest value of this integer type."""
+        if self.kind == "int":
+            return -(1 << (self.bits - 1)), (1 << (self.bits - 1)) - 1
+        return 0, (1 << self.bits) - 1
+
     def holds(self, value: int) -> bool:
         """Whether the integer `value` is representable in this integer type."""
-        low = -(1 << (self.bits - 1)) if self.kind == "int" else 0
-        high = (1 << (self.bits - 1 if self.kind == "int" else self.bits)) - 1
+        low, high = self.limits
         return low <= value <= high
 
     def wrap(self, value: int) -> int:

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from ..ir import types as T
-from ..ir.expr import Call, Cast, Const, Expr, SpecialReg, as_expr, const
+from ..ir.expr import Call, Expr, SpecialReg, as_expr, const, convert
 
 
 class _Dim3:
@@ -93,12 +93,7 @@ def math_expr(name: str, args: list) -> Expr:
         dtype = T.f32
     if dtype.is_bool:
         dtype = T.i32
-    exprs = []
-    for a in args:
-        e = as_expr(a, dtype)
-        if e.dtype != dtype:
-            e = const(e.value, dtype) if isinstance(e, Const) else Cast(e, dtype)
-        exprs.append(e)
+    exprs = [convert(as_expr(a, dtype), dtype) for a in args]
     if name == "abs" and dtype.kind == "uint":
         return exprs[0]     # C++ has no abs of unsigned types (an ambiguous overload)
     return Call(name, tuple(exprs), dtype)

@@ -81,11 +81,6 @@ def np_type(dtype) -> str:
     return _NP_TYPES[dtype.name]
 
 
-def _holds_every_value(wide: ir.types.DataType, narrow: ir.types.DataType) -> bool:
-    """Whether integer type `wide` represents every value of integer type `narrow` (u32 -> i32 does not)."""
-    return narrow.is_integer and (narrow.bits < wide.bits or narrow.kind == wide.kind and narrow.bits == wide.bits)
-
-
 def _is_half(dtype) -> bool:
     return dtype.is_float and dtype.bits == 16
 
@@ -399,8 +394,9 @@ class _PythonEmitter:
             return f"rt.f32_to_{dtype.name}(np.float32({text}))"
         if dtype.is_bool:
             return text if e.dtype.is_bool else f"({text} != 0)"
-        if dtype.kind == "int" and dtype.bits >= 32 and (e.dtype.is_bool or _holds_every_value(dtype, e.dtype)):
-            return text  # widening: ints are computed in numba's int64 anyway
+        widening = e.dtype.is_bool or e.dtype.is_integer and all(map(dtype.holds, e.dtype.limits))   # not u32 -> i32
+        if dtype.kind == "int" and dtype.bits >= 32 and widening:
+            return text  # ints are computed in numba's int64 anyway
         return f"{np_type(dtype)}({text})"
 
     def expr(self, e: ir.Expr) -> str:
