@@ -142,7 +142,10 @@ class _Simplifier(ir.Rewriter):
             return b
         if op == "*" and (av == 0 or bv == 0):
             return ir.const(0, a.dtype if av == 0 else b.dtype)
-        if op in ("%", "//") and bv is not None and bv != 0 and isinstance(a, ir.Binary) and a.op in ("+", "*"):
+        # only where arithmetic does not wrap: unsigned q*c + r is taken modulo 2**bits, and that
+        # modulus is no multiple of c (signed overflow is undefined, so signed arithmetic may assume none)
+        if op in ("%", "//") and bv is not None and bv != 0 and isinstance(a, ir.Binary) and a.op in ("+", "*") \
+                and a.dtype.kind == "int":
             split = _split_multiple(a, bv)
             if split is not None:  # floor semantics: (q*c + r) % c == r % c and (q*c + r) // c == q + r // c
                 q, r = split

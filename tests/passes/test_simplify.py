@@ -66,3 +66,17 @@ def test_integer_min_and_max_fold_when_ranges_decide_them(a, b, func, t):
     assert evaluate(e, {}, (t, 0, 0)) == expected(t, a * 20)
     decided = a * 20 <= 0 or a * 20 >= 255
     assert isinstance(e, ir.Call) != decided
+
+
+def test_unsigned_multiples_are_not_split_because_they_wrap():
+    # (x * (2**63 - 1)) % 7 is not 0 for a u64 x: the product is taken modulo 2**64, no multiple of 7
+    x = ir.Var("x", T.u64)
+    e = ir.binary("%", ir.binary("*", x, ir.const(2**63 - 1, T.u64)), ir.const(7, T.u64))
+    simplified = _simplified(e)
+    assert isinstance(simplified, ir.Binary) and simplified.op == "%" and _is_product(simplified.a)
+    signed = ir.Var("y", T.i64)      # signed arithmetic may not overflow, so there the split stands
+    assert isinstance(_simplified(ir.binary("%", signed * (2**63 - 1), ir.const(7, T.i64))), ir.Const)
+
+
+def _is_product(e) -> bool:
+    return isinstance(e, ir.Binary) and e.op == "*"
