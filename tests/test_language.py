@@ -813,6 +813,57 @@ def test_device_function_call_in_return_expression():
     np.testing.assert_array_equal(y, np.where(x < 0, 2 * x + 1, 4 * x + 1))
 
 
+@td.func
+def digit_sum(v: i32) -> i32:
+    total = 0
+    while v > 0:                  # a loop: the inlined call is statements, not one expression
+        total += v % 10
+        v //= 10
+    return total
+
+
+@td.func
+def counted(CALLS, i: i32, j: i32, v: i32) -> i32:
+    CALLS[i, j] = CALLS[i, j] + 1   # a side effect that shows whether the call ran
+    return v
+
+
+@td.kernel(grid=1, block=8)
+def calls_in_conditions(X: i32[8], ROOT: i32[8], CALLS: i32[8, 4], Y: i32[8, 4]):
+    t = threadIdx.x
+    v = X[t]
+    steps = 0
+    while steps < 5 and digit_sum(v) > 9:   # the call runs again before every test of the condition
+        v = digit_sum(v)
+        steps += 1
+    ROOT[t] = steps * 100 + digit_sum(v)
+    Y[t, 0] = t < 4 and counted(CALLS, t, 0, t) > 1          # called only when t < 4
+    Y[t, 1] = t < 4 or counted(CALLS, t, 1, t) > 5           # called only when t >= 4
+    Y[t, 2] = counted(CALLS, t, 2, t) if t % 2 == 0 else -1  # called only for the chosen operand
+    Y[t, 3] = 2 <= t <= counted(CALLS, t, 3, 5)              # called only when 2 <= t
+
+
+def test_device_function_calls_in_loop_conditions_and_short_circuits():
+    x = np.array([0, 9, 10, 99, 999999, 12345, 98765, 7], np.int32)
+    root, calls, y = np.zeros(8, np.int32), np.zeros((8, 4), np.int32), np.zeros((8, 4), np.int32)
+    calls_in_conditions(x, root, calls, y)
+
+    def digits(v):
+        return sum(map(int, str(v)))
+
+    def python_root(v):
+        steps = 0
+        while steps < 5 and digits(v) > 9:
+            v, steps = digits(v), steps + 1
+        return steps * 100 + digits(v)
+
+    t = np.arange(8)
+    np.testing.assert_array_equal(root, [python_root(int(v)) for v in x])
+    np.testing.assert_array_equal(calls, np.stack([t < 4, t >= 4, t % 2 == 0, t >= 2], axis=1))
+    np.testing.assert_array_equal(y, np.stack([(t < 4) & (t > 1), (t < 4) | (t > 5), np.where(t % 2 == 0, t, -1),
+                                               (2 <= t) & (t <= 5)], axis=1))
+
+
 # --------------------------------------------------------------------------- scalar params
 @td.kernel(grid=lambda N, chunk: td.cdiv(N, 32 * chunk), block=32)
 def saxpy_chunked(X: f32["N"], Y: f32["N"], alpha: f32, shift: i32, chunk: i32):

@@ -18,24 +18,19 @@ each kernel's CUDA source with NVRTC).
 """
 from __future__ import annotations
 
-import importlib.util
-import itertools
-import tempfile
-from pathlib import Path
-
 import numpy as np
 from hypothesis import Phase, assume, given, settings
 from hypothesis import strategies as st
 
 import taskdsl as td
 
+from .program_files import load_program
+
 GPU_TWINS = True   # every example also runs as a @gpu twin on the cuda target (conftest.py)
 
 THREADS, LOOP, EXPRESSIONS = 64, 3, 6
 TYPES = {"i32": (32, True), "u32": (32, False), "i64": (64, True), "u64": (64, False)}
 VARIABLES = {"t": "i32", "i": "i32", "a": "i32", "b": "i32", "w": "i32", "c": "u32", "d": "i64", "e": "u64"}
-_counter = itertools.count()
-_SCRATCH = tempfile.TemporaryDirectory(prefix="taskdsl_random_programs_")   # removed at exit
 
 
 # ------------------------------------------------------------------ trees
@@ -204,12 +199,7 @@ def build_kernel(shared: tuple, trees: list, step: int, shift: int):
             f"        td.syncthreads()\n"
             f"        w = s[(t * {step} + i + {shift}) % {n}]\n"
             f"        td.syncthreads()\n{body}\n")
-    path = Path(_SCRATCH.name) / f"random_program_{next(_counter)}.py"
-    path.write_text(text)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.random_program, text
+    return load_program(text, "random_program").random_program, text
 
 
 def expected(shared: tuple, trees: list, step: int, shift: int, inputs: dict) -> tuple[list, np.ndarray]:

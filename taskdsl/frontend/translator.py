@@ -319,11 +319,16 @@ class FunctionTranslator:
     def stmt_while(self, node: ast.While):
         if node.orelse:
             raise self.error(node, "'while ... else' is not supported")
-        cond = self.condition(self.expr(node.test), node.test)
+        test, emitted = self.expr_apart(node.test)
+        cond = self.condition(test, node.test)
         self.loop_depth += 1
         body = self.block(node.body)
         self.loop_depth -= 1
-        return ir.While(cond, body, self.loc(node))
+        if not emitted:
+            return ir.While(cond, body, self.loc(node))
+        # the condition takes statements (an inlined call): they must run again before every test
+        stop = ir.If(ir.Unary("not", cond, T.boolean), ir.Break(self.loc(node)), None, self.loc(node))
+        return ir.While(ir.const(True), ir.seq([*emitted, stop, body]), self.loc(node))
 
     def stmt_break(self, node):
         return self._loop_jump(node, ir.Break)
@@ -563,12 +568,16 @@ class FunctionTranslator:
             op = _CMPOPS.get(type(op_node))
             if op is None:
                 raise self.error(node, f"the comparison '{type(op_node).__name__}' is not supported")
-            right = self.expr(right_node)
+            right, emitted = self.expr_apart(right_node)
             if not is_runtime(left) and not is_runtime(right):
                 part = _PY_CMPOPS[op](left, right)
             else:
                 part = self.binop(op, left, right, node) if op not in ("==", "!=") else self._equality(op, left, right, node)
-            result = part if result is None else self.logical("and", result, part, node)
+            if result is None:
+                self.pending += emitted
+                result = part
+            else:   # `a < b < f(c)` calls f only when a < b
+                result = self.logical("and", result, part, node, emitted)
             left = right
         return result
 
@@ -588,17 +597,37 @@ class FunctionTranslator:
                     return result
                 result = self.expr(v)
                 continue
-            result = self.logical(op, result, self.expr(v), node)
+            value, emitted = self.expr_apart(v)
+            result = self.logical(op, result, value, node, emitted)
         return result
 
-    def logical(self, op: str, a, b, node):
+    def logical(self, op: str, a, b, node, emitted: list = ()):
+        """`a and b` or `a or b`; `emitted` are the statements computing `b`, which run only when `a` does not decide."""
+        if emitted and is_runtime(a):
+            flag = ir.Var("decided" if op == "or" else "holds", T.boolean)
+            undecided = flag if op == "and" else ir.Unary("not", flag, T.boolean)
+            self.pending += [ir.Assign(flag, self.condition(a, node), self.loc(node)),
+                             ir.If(undecided, ir.seq([*emitted, ir.Assign(flag, self.condition(b, node), self.loc(node))]),
+                                   None, self.loc(node))]
+            return flag
+        if not is_runtime(a) and (op == "and") != bool(a):
+            return bool(a)              # decided while translating: `b` is never computed
+        self.pending += emitted
         if not is_runtime(b):
             if (op == "and") == bool(b):
                 return self.condition(a, node)
             return bool(b)
         if not is_runtime(a):
-            return self.condition(b, node) if (op == "and") == bool(a) else bool(a)
+            return self.condition(b, node)
         return ir.Binary(op, self.condition(a, node), self.condition(b, node), T.boolean)
+
+    def expr_apart(self, node: ast.expr) -> tuple:
+        """The value of `node`, and the statements translating it emitted (inlined calls) kept apart."""
+        outer, self.pending = self.pending, []
+        try:
+            return self.expr(node), self.pending
+        finally:
+            self.pending = outer
 
     def condition(self, value, node) -> ir.Expr:
         """`value` as a bool expression (numbers compare with zero, as in Python)."""
@@ -612,15 +641,21 @@ class FunctionTranslator:
         cond = self.expr(node.test)
         if not is_runtime(cond):
             return self.expr(node.body if cond else node.orelse)
-        a, b = self.expr(node.body), self.expr(node.orelse)
+        (a, emitted_a), (b, emitted_b) = self.expr_apart(node.body), self.expr_apart(node.orelse)
         for v, n in ((a, node.body), (b, node.orelse)):
             if not (is_runtime(v) or _is_number(v)):
                 raise self.error(n, f"a runtime conditional expression needs numbers, got {type(v).__name__}")
         ea = ir.as_expr(a, b.dtype if is_runtime(b) else None)
         eb = ir.as_expr(b, ea.dtype)
         dtype = T.promote(ea.dtype, eb.dtype) if ea.dtype != eb.dtype else ea.dtype
-        return ir.Select(self.condition(cond, node.test), self.cast_to(ea, dtype, node), self.cast_to(eb, dtype, node),
-                         dtype)
+        ea, eb, cond = self.cast_to(ea, dtype, node), self.cast_to(eb, dtype, node), self.condition(cond, node.test)
+        if not (emitted_a or emitted_b):
+            return ir.Select(cond, ea, eb, dtype)
+        # an operand takes statements (an inlined call): only the chosen one's run
+        chosen = ir.Var("chosen", dtype)
+        self.pending.append(ir.If(cond, ir.seq([*emitted_a, ir.Assign(chosen, ea, self.loc(node))]),
+                                  ir.seq([*emitted_b, ir.Assign(chosen, eb, self.loc(node))]), self.loc(node)))
+        return chosen
 
     # ----------------------------------------------------------------- calls
     def expr_call(self, node: ast.Call, name_hint: str | None = None, statement: bool = False):
