@@ -37,8 +37,9 @@ from .program_files import load_program
 
 GPU_TWINS = True   # every example also runs as a @gpu twin on the cuda target (conftest.py)
 
-THREADS, BLOCKS, SLOTS, STATEMENTS = 64, 2, 6, 22
+THREADS, BLOCKS, SLOTS, STATEMENTS, REGISTERS = 64, 2, 6, 22, 4
 XS, US = ("x0", "x1", "x2", "x3"), ("u0", "u1")
+OUTPUTS = XS + US + tuple(f"r[{q}]" for q in range(REGISTERS))
 
 HELPERS = '''
 {decorator}
@@ -67,9 +68,11 @@ PROLOGUE = '''    x0: i64 = A[b, t]
     u0: i64 = B[b]
     u1: i64 = b * 2 + 1
     f = 0
+    for q in range({registers}):
+        r[q] = q * 7 - t
 '''
 
-EPILOGUE = "".join(f"    OUT[b, t, {k}] = {name}\n" for k, name in enumerate(XS + US)) + "    F[b, t] = f\n"
+EPILOGUE = "".join(f"    OUT[b, t, {k}] = {name}\n" for k, name in enumerate(OUTPUTS)) + "    F[b, t] = f\n"
 
 
 # ------------------------------------------------------------------ the program writer
@@ -86,6 +89,7 @@ class Scope:
     depth: int
     uniform_names: tuple
     thread_names: tuple
+    crossed: int = UNIFORM    # the most divergent `if` condition between the innermost loop and here
 
 
 class ProgramWriter:
@@ -128,11 +132,13 @@ class ProgramWriter:
     def _jumps(self, scope: Scope) -> list:
         if scope.loop is None:
             return ["return"] if scope.depth > 1 else []    # `return` is not supported inside loops
-        return ["break", "continue"] if self.level(scope) <= scope.loop else []
+        # the cpu target cannot leave a block-level loop under a warp-uniform condition
+        allowed = scope.loop == THREAD or (self.level(scope) <= scope.loop and scope.crossed == UNIFORM)
+        return ["break", "continue"] if allowed else []
 
     def statement(self, scope: Scope):
         self.budget -= 1
-        kinds = ["assign", "augment", "store", "float"]
+        kinds = ["assign", "augment", "store", "float", "register"]
         if self.level(scope) == UNIFORM:
             kinds += ["uniform_assign", "exchange"]
         if self.level(scope) <= WARP:
@@ -158,6 +164,10 @@ class ProgramWriter:
     def _float(self, scope: Scope):
         value = self.bounded(scope.thread_names, limit=4096)
         self.emit(scope, self.draw(st.sampled_from([f"f += {value} * 0.5", f"f = max(f, {value} * 0.25)"])))
+
+    def _register(self, scope: Scope):
+        op = self.draw(st.sampled_from(["=", "+="]))
+        self.emit(scope, f"r[{self.register_index(scope.thread_names)}] {op} {self.bounded(scope.thread_names)}")
 
     def _uniform_assign(self, scope: Scope):
         self.emit(scope, f"{self.draw(st.sampled_from(US))} = {self.bounded(scope.uniform_names)}")
@@ -185,15 +195,16 @@ class ProgramWriter:
 
     # ----------------------------------------------------------- compound statements
     def _if(self, scope: Scope):
-        level = self.level(scope)
+        level, crossed = self.level(scope), scope.crossed
         for keyword in ["if"] + ["elif"] * self.draw(st.integers(0, 1)):
             cond, cond_level = self.scoped_condition(scope)
             level = max(level, cond_level)     # an `elif` or `else` runs where the conditions before are false
+            crossed = max(crossed, cond_level)
             self.emit(scope, f"{keyword} {cond}:")
-            self.block(replace(scope, level=level, depth=scope.depth + 1))
+            self.block(replace(scope, level=level, crossed=crossed, depth=scope.depth + 1))
         if self.draw(st.booleans()):
             self.emit(scope, "else:")
-            self.block(replace(scope, level=level, depth=scope.depth + 1))
+            self.block(replace(scope, level=level, crossed=crossed, depth=scope.depth + 1))
 
     def _for(self, scope: Scope):
         var = self._fresh("j")
@@ -226,7 +237,7 @@ class ProgramWriter:
         jumps = level if level < THREAD and self.draw(st.booleans()) else THREAD
         names = {"uniform_names": scope.uniform_names + (var,)} if level == UNIFORM and var else \
             {"thread_names": scope.thread_names + ((var,) if var else ())}
-        return replace(scope, level=max(level, jumps), loop=jumps, depth=scope.depth + 1, **names)
+        return replace(scope, level=max(level, jumps), loop=jumps, crossed=UNIFORM, depth=scope.depth + 1, **names)
 
     def _names(self, scope: Scope) -> tuple:
         """The names a loop bound may read, and their level."""
@@ -279,12 +290,20 @@ class ProgramWriter:
         if choice == 1:
             index = f"(t + {self.draw(st.integers(0, 9))}) % {THREADS}" if "t" in names else self.draw(st.integers(0, 63))
             return self.draw(st.sampled_from([f"A[b, {index}]", f"B[(b + {self.draw(st.integers(0, 3))}) % 4]"]))
+        if choice == 2 and "t" in names:     # registers are per-thread
+            return f"r[{self.register_index(names)}]"
         return self.draw(st.sampled_from(names))
+
+    def register_index(self, names: tuple) -> str:
+        """A constant index (the cpu target keeps such elements in locals) or one computed at run time."""
+        if self.draw(st.booleans()):
+            return str(self.draw(st.integers(0, REGISTERS - 1)))
+        return f"{self.draw(st.sampled_from(names))} % {REGISTERS}"
 
     def bounded(self, names: tuple, limit: int = 5000) -> str:
         """An expression kept within +-`limit`, so that values do not grow from statement to statement."""
         e = self.expr(names)
-        return self.draw(st.sampled_from([f"min(max({e}, {-limit}), {limit})", f"{e} % {2 * limit - 1} - {limit - 1}"]))
+        return self.draw(st.sampled_from([f"min(max({e}, {-limit}), {limit})", f"({e} % {2 * limit - 1} - {limit - 1})"]))
 
     def trip_bound(self, names: tuple) -> str:
         return f"min(max({self.expr(names, 2)}, -3), 5)"
@@ -312,16 +331,18 @@ def kernel_source(body: str) -> str:
             + HELPERS.format(decorator="@td.func") + "\n\n"
             f"@td.kernel(grid={BLOCKS}, block={THREADS})\n"
             f"def random_control_flow(A: i64[{BLOCKS}, {THREADS}], B: i64[4], LOG: i64[{BLOCKS}, {THREADS}, {SLOTS}], "
-            f"OUT: i64[{BLOCKS}, {THREADS}, {len(XS + US)}], F: f32[{BLOCKS}, {THREADS}]):\n"
+            f"OUT: i64[{BLOCKS}, {THREADS}, {len(OUTPUTS)}], F: f32[{BLOCKS}, {THREADS}]):\n"
             f"    s = td.shared(i64, ({THREADS},))\n    t = threadIdx.x\n    b = blockIdx.x\n"
-            + PROLOGUE.format(threads=THREADS) + body + EPILOGUE)
+            f"    r = td.registers(i64, ({REGISTERS},))\n"
+            + PROLOGUE.format(threads=THREADS, registers=REGISTERS) + body + EPILOGUE)
 
 
 def oracle_source(body: str) -> str:
     """The same program as a Python generator of one thread, yielding at each barrier and shuffle."""
     return ("from taskdsl import i64\n" + HELPERS.format(decorator="") + "\n\n"
             "def thread(t, b, s, A, B, LOG, OUT, F):\n    if False:\n        yield\n"
-            + PROLOGUE.format(threads=THREADS) + body + EPILOGUE)
+            f"    r = Memory(np.zeros({REGISTERS}, np.int64))\n"
+            + PROLOGUE.format(threads=THREADS, registers=REGISTERS) + body + EPILOGUE)
 
 
 class Outside(Exception):
@@ -412,7 +433,7 @@ def _step(thread, value):
 
 def _outputs() -> dict:
     return {"LOG": np.full((BLOCKS, THREADS, SLOTS), -777, np.int64),
-            "OUT": np.zeros((BLOCKS, THREADS, len(XS + US)), np.int64),
+            "OUT": np.zeros((BLOCKS, THREADS, len(OUTPUTS)), np.int64),
             "F": np.zeros((BLOCKS, THREADS), np.float32)}
 
 
@@ -427,7 +448,7 @@ def test_random_control_flow_matches_python(data, seed, fast):
     rng = np.random.default_rng(seed)
     inputs = {"A": rng.integers(-1000, 1001, (BLOCKS, THREADS)), "B": rng.integers(-6, 7, 4)}
     expected = _outputs()
-    namespace: dict = {}
+    namespace: dict = {"Memory": Memory, "np": np}
     exec(compile(oracle_source(oracle_body), "<oracle>", "exec"), namespace)
     try:
         run_oracle(namespace["thread"], inputs, expected)
@@ -435,7 +456,10 @@ def test_random_control_flow_matches_python(data, seed, fast):
         assume(False)
     text = kernel_source(body)
     got = _outputs()
-    load_program(text, "random_control_flow").random_control_flow(*inputs.values(), *got.values())
+    try:
+        load_program(text, "random_control_flow").random_control_flow(*inputs.values(), *got.values())
+    except td.DSLError as error:   # every program the writer makes is legal
+        raise AssertionError(f"{error}\n{text}") from error
     for name, want in expected.items():
         wrong = np.argwhere(got[name] != want)
         assert not wrong.size, (f"{name}{tuple(wrong[0])}: got {got[name][tuple(wrong[0])]}, expected "

@@ -1,5 +1,6 @@
 """Barrier fission: how a block body is split, and which values become per-thread arrays."""
 import numpy as np
+import pytest
 
 import taskdsl as td
 from taskdsl import f32, threadIdx
@@ -80,3 +81,60 @@ def test_warp_uniform_branch_guards_each_region():
     y = np.zeros(2, np.float32)
     warp_guarded(x, y)
     assert y[1] == x[32:].sum() and y[0] == 0
+
+
+@td.kernel(grid=1, block=64)
+def return_in_warp_branch(X: f32[64], Y: f32[64], n: td.i32):
+    t = threadIdx.x
+    v = X[t]
+    if t // 32 == 0:
+        if n > 0:        # uniform, but under a warp-uniform branch: only warp 0 returns
+            return
+    else:
+        v = v * 2.0
+    Y[t] = v + td.shfl_xor(v, 1)
+
+
+def test_return_under_a_warp_uniform_branch_ends_only_that_warp():
+    # The `returned` flag is assigned in one warp's branch: it is not one value for the block.
+    x = np.arange(64, dtype=np.float32)
+    for n in (0, 1):
+        y = np.full(64, -1.0, np.float32)
+        return_in_warp_branch(x, y, n)
+        v = np.where(np.arange(64) < 32, x, 2 * x)
+        want = v + v[np.arange(64) ^ 1]
+        np.testing.assert_array_equal(y, np.where(np.arange(64) < 32, -1.0, want) if n > 0 else want)
+
+
+@td.kernel(grid=1, block=64)
+def bound_read_outside_warp_branch(X: f32[64], Y: f32[64]):
+    t = threadIdx.x
+    v = X[t]
+    n = 1
+    if t // 32 == 0:
+        n = 3            # a loop bound around a shuffle: assigned once for the block on the cpu target
+        for i in range(n):
+            v += td.shfl_xor(v, 1)
+    Y[t] = v + n         # ... so warp 1 would read 3 here
+
+
+def test_block_variable_of_a_warp_branch_read_outside_it_is_refused():
+    x = np.arange(64, dtype=np.float32)
+    with pytest.raises(td.DSLError, match="'n' controls a loop or branch .* also read outside"):
+        bound_read_outside_warp_branch(x, np.zeros(64, np.float32))
+
+
+@td.kernel(grid=1, block=64)
+def warp_break_in_shuffle_loop(X: f32[64], Y: f32[64]):
+    t = threadIdx.x
+    v = X[t]
+    for i in range(4):
+        v += td.shfl_xor(v, 1)
+        if t // 32 == i:   # warp 0 leaves after one trip, warp 1 after two
+            break
+    Y[t] = v
+
+
+def test_break_under_a_warp_uniform_condition_in_a_shuffle_loop_is_refused():
+    with pytest.raises(td.DSLError, match="break or continue under a warp-uniform condition"):
+        warp_break_in_shuffle_loop(np.zeros(64, np.float32), np.zeros(64, np.float32))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections import Counter
 from dataclasses import dataclass, field
 
 from ... import ir
@@ -212,21 +213,30 @@ class _Fission:
                 self.block_vars |= _vars_read(a.value)
             changed = before != self.block_vars
 
-    def _scan(self, s, in_block_loop) -> None:
+    def _scan(self, s, in_block_loop, guarded: bool = False) -> None:
         for x in _flatten(s):
             if not self.is_block_level(x, in_block_loop):
                 continue
             if isinstance(x, ir.For):
                 self.block_vars |= _vars_read(x.start) | _vars_read(x.stop) | {x.var.uid}
-                self._scan(x.body, True)
+                self._scan(x.body, True, guarded)
             elif isinstance(x, ir.While):
                 self.block_vars |= _vars_read(x.cond)
-                self._scan(x.body, True)
+                self._scan(x.body, True, guarded)
             elif isinstance(x, ir.If):
-                if self.uniformity.relaxed_uniform(x.cond):
+                at_block_level = self.branches_at_block_level(x, guarded)
+                if at_block_level:
                     self.block_vars |= _vars_read(x.cond)
-                self._scan(x.then, in_block_loop)
-                self._scan(x.orelse, in_block_loop)
+                self._scan(x.then, in_block_loop, guarded or not at_block_level)
+                self._scan(x.orelse, in_block_loop, guarded or not at_block_level)
+
+    def branches_at_block_level(self, s: ir.If, guarded: bool) -> bool:
+        """Whether the block-level `if` `s` branches once for the block (else per thread, under a predicate).
+
+        Inside a warp-uniform branch (`guarded`), a value that every thread running the branch agrees on
+        will do; outside, a variable assigned in such a branch differs between warps.
+        """
+        return self.uniformity.level(s.cond) == UNIFORM or (guarded and self.uniformity.relaxed_uniform(s.cond))
 
     def split(self, s, in_block_loop: bool, guarded: bool = False) -> list:
         """Items for statement `s`; `guarded`: inside a warp-uniform branch (regions get its predicate)."""
@@ -266,16 +276,21 @@ class _Fission:
                 items.append(BlockWhile(x, self.split(x.body, True, guarded)))
             elif isinstance(x, ir.If):
                 level = self.uniformity.level(x.cond)
-                if level == UNIFORM or (guarded and self.uniformity.relaxed_uniform(x.cond)):
+                if self.branches_at_block_level(x, guarded):
                     flush()
                     items.append(BlockIf(x.cond, self.split(x.then, in_block_loop, guarded),
                                          self.split(x.orelse, in_block_loop, guarded)))
                 elif level == WARP and not _own_jumps(x):
+                    self.require_branch_local(x)
                     pred = ir.Var("warp_pred", x.cond.dtype)
                     current.append(ir.Assign(pred, x.cond, x.loc))
                     flush()
                     items += _guard(self.split(x.then, in_block_loop, True), pred)
                     items += _guard(self.split(x.orelse, in_block_loop, True), ir.Unary("not", pred, pred.dtype))
+                elif level == WARP:
+                    raise DSLError("a break or continue under a warp-uniform condition, in a loop with a shuffle, is "
+                                   "not supported on the cpu target", x.loc,
+                                   "Leave the loop under a condition that is the same in every thread of the block.")
                 else:
                     raise DSLError("a barrier or shuffle under a condition that differs between threads", x.loc,
                                    "Every thread of the block must reach a barrier (every lane of a warp a shuffle).")
@@ -284,6 +299,21 @@ class _Fission:
                 items.append(BlockJump(x))
         flush()
         return items
+
+    def require_branch_local(self, s: ir.If) -> None:
+        """Block variables assigned in the warp-uniform `if` `s` are assigned once for the whole block (they control
+        a loop or branch around a barrier or shuffle there), so nothing outside `s` may read them: other warps would
+        see the value of the warps that ran the branch."""
+        def counts(stmt):
+            return (Counter(v.uid for v in ir.collect(stmt, ir.Var)),
+                    Counter(a.var.uid for a in ir.collect(stmt, ir.Assign, expressions=False)))
+        (mentions, assigns), (inner_mentions, inner_assigns) = counts(self.fn.body), counts(s)
+        for a in ir.collect(s, ir.Assign, expressions=False):
+            uid = a.var.uid
+            if uid in self.block_vars and mentions[uid] - inner_mentions[uid] > assigns[uid] - inner_assigns[uid]:
+                raise DSLError(f"'{a.var.name}' controls a loop or branch with a barrier or shuffle inside a "
+                               "warp-uniform if, and is also read outside that if", a.loc,
+                               "Use a variable of its own inside the branch (other warps would see this value).")
 
     def require_uniform(self, e, s, what: str, guarded: bool) -> None:
         if self.uniformity.level(e) != UNIFORM and not (guarded and self.uniformity.relaxed_uniform(e)):
