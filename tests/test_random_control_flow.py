@@ -1,15 +1,16 @@
 """Random control flow: hypothesis writes kernels of nested statements; Python runs the same program as the oracle.
 
 A program is a random nest of statements over per-thread variables `x0`..`x3` (i64), block-uniform
-variables `u0`, `u1` (i64) and a float accumulator `f` that starts as an int and is widened by the
-first float added to it: assignments, augmented assignments, stores of intermediate values,
-`if`/`elif`/`else` (block-uniform, warp-uniform and per-thread conditions), `for` loops over `range`
-and `td.unroll` (negative steps, bounds computed at run time), `while` loops, `break`, `continue`,
-early `return`, calls of device functions with early returns and loops (also in conditions), warp
-shuffles, and exchanges through shared memory between barriers. Barriers and shuffles are placed
-only where the DSL's rules allow them (a barrier under block-uniform control flow, a shuffle under
-warp-uniform control flow, no `break` or `return` more divergent than that before them), so every
-program must compile.
+variables `u0`, `u1` (i64), a register array `r` (indexed by constants and by run-time values) and a
+float accumulator `f` that starts as an int and is widened by the first float added to it:
+assignments, augmented assignments, stores of intermediate values, `if`/`elif`/`else`
+(block-uniform, warp-uniform and per-thread conditions), `for` loops over `range` and `td.unroll`
+(negative steps, bounds computed at run time), `while` loops, `break`, `continue`, early `return`,
+calls of device functions with early returns and loops (also in conditions), warp shuffles, and
+exchanges through shared memory between barriers. Barriers and shuffles are placed only where the
+DSL's rules allow them (a barrier under block-uniform control flow, a shuffle under warp-uniform
+control flow, no `break` or `return` more divergent than that before them), so every program must
+compile.
 
 The oracle is Python itself: the kernel's body is run as a generator per thread, which yields at
 each barrier and at each shuffle (`x = (yield ("xor", v, 4, 32))`); a scheduler runs each warp's
