@@ -386,6 +386,7 @@ class Memory:
 
 
 DONE, BARRIER = "done", None     # what a thread of the oracle is waiting at (else a shuffle's tuple)
+WARPS = [range(w, w + 32) for w in range(0, THREADS, 32)]
 
 
 def shuffled(requests: list) -> list:
@@ -411,8 +412,7 @@ def run_oracle(thread, inputs: dict, outputs: dict):
         threads = [thread(t, b, shared, **tensors) for t in range(THREADS)]
         waiting = [_step(g, None) for g in threads]
         while any(w is not DONE for w in waiting):
-            warps = [range(w, w + 32) for w in range(0, THREADS, 32)]
-            at_shuffle = [lanes for lanes in warps if any(isinstance(waiting[t], tuple) for t in lanes)]
+            at_shuffle = [lanes for lanes in WARPS if any(isinstance(waiting[t], tuple) for t in lanes)]
             for lanes in at_shuffle:
                 requests = [waiting[t] for t in lanes]
                 assert all(isinstance(r, tuple) and r[0::3] == requests[0][0::3] for r in requests), \

@@ -16,6 +16,7 @@ reading its source lane's value (ShflGet).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from collections import Counter
 from dataclasses import dataclass, field
@@ -224,19 +225,19 @@ class _Fission:
                 self.block_vars |= _vars_read(x.cond)
                 self._scan(x.body, True, guarded)
             elif isinstance(x, ir.If):
-                at_block_level = self.branches_at_block_level(x, guarded)
+                at_block_level = self.agreed(x.cond, guarded)
                 if at_block_level:
                     self.block_vars |= _vars_read(x.cond)
                 self._scan(x.then, in_block_loop, guarded or not at_block_level)
                 self._scan(x.orelse, in_block_loop, guarded or not at_block_level)
 
-    def branches_at_block_level(self, s: ir.If, guarded: bool) -> bool:
-        """Whether the block-level `if` `s` branches once for the block (else per thread, under a predicate).
+    def agreed(self, e, guarded: bool) -> bool:
+        """Whether every thread that reaches `e` has the same value, so block-level control flow may use it.
 
         Inside a warp-uniform branch (`guarded`), a value that every thread running the branch agrees on
         will do; outside, a variable assigned in such a branch differs between warps.
         """
-        return self.uniformity.level(s.cond) == UNIFORM or (guarded and self.uniformity.relaxed_uniform(s.cond))
+        return self.uniformity.level(e) == UNIFORM or (guarded and self.uniformity.relaxed_uniform(e))
 
     def split(self, s, in_block_loop: bool, guarded: bool = False) -> list:
         """Items for statement `s`; `guarded`: inside a warp-uniform branch (regions get its predicate)."""
@@ -276,7 +277,7 @@ class _Fission:
                 items.append(BlockWhile(x, self.split(x.body, True, guarded)))
             elif isinstance(x, ir.If):
                 level = self.uniformity.level(x.cond)
-                if self.branches_at_block_level(x, guarded):
+                if self.agreed(x.cond, guarded):
                     flush()
                     items.append(BlockIf(x.cond, self.split(x.then, in_block_loop, guarded),
                                          self.split(x.orelse, in_block_loop, guarded)))
@@ -300,14 +301,16 @@ class _Fission:
         flush()
         return items
 
+    @functools.cached_property
+    def function_counts(self) -> tuple:
+        """`_var_counts` of the whole kernel body, for `require_branch_local`."""
+        return _var_counts(self.fn.body)
+
     def require_branch_local(self, s: ir.If) -> None:
         """Block variables assigned in the warp-uniform `if` `s` are assigned once for the whole block (they control
         a loop or branch around a barrier or shuffle there), so nothing outside `s` may read them: other warps would
         see the value of the warps that ran the branch."""
-        def counts(stmt):
-            return (Counter(v.uid for v in ir.collect(stmt, ir.Var)),
-                    Counter(a.var.uid for a in ir.collect(stmt, ir.Assign, expressions=False)))
-        (mentions, assigns), (inner_mentions, inner_assigns) = counts(self.fn.body), counts(s)
+        (mentions, assigns), (inner_mentions, inner_assigns) = self.function_counts, _var_counts(s)
         for a in ir.collect(s, ir.Assign, expressions=False):
             uid = a.var.uid
             if uid in self.block_vars and mentions[uid] - inner_mentions[uid] > assigns[uid] - inner_assigns[uid]:
@@ -316,9 +319,15 @@ class _Fission:
                                "Use a variable of its own inside the branch (other warps would see this value).")
 
     def require_uniform(self, e, s, what: str, guarded: bool) -> None:
-        if self.uniformity.level(e) != UNIFORM and not (guarded and self.uniformity.relaxed_uniform(e)):
+        if not self.agreed(e, guarded):
             raise DSLError(f"{what} must be the same in every thread of the block (it depends on threadIdx or on "
                            "per-thread data)", s.loc, "A barrier must be reached by every thread of the block.")
+
+
+def _var_counts(s) -> tuple:
+    """How often each variable is mentioned in `s`, and how often assigned."""
+    return (Counter(v.uid for v in ir.collect(s, ir.Var)),
+            Counter(a.var.uid for a in ir.collect(s, ir.Assign, expressions=False)))
 
 
 def _walk_stmts(s):
