@@ -15,6 +15,7 @@ import taskdsl as td
 from taskdsl import blockDim, blockIdx, f32, f64, gridDim, i32, repeat, spatial, threadIdx
 
 from .kernels import histogram, warp_sums
+from .program_files import load_program
 
 GPU_TWINS = True   # every test also runs as a @gpu twin on the cuda target (conftest.py)
 OPTIMIZED = True   # the optimized cpu path (unrolled register tiles in locals), not td.fast_compile
@@ -154,6 +155,24 @@ def test_math_on_integer_values():
     np.testing.assert_array_equal(imax[1], np.minimum(i, 16 - i))
 
 
+@td.kernel(grid=1, block=64)
+def unsigned_wraps(Out: td.u32[3, 64]):
+    t = threadIdx.x
+    two = td.u32(2)
+    Out[0, t] = min(two - 5, td.u32(10))            # 2 - 5 wraps to 4294967293, so the min is 10
+    Out[1, t] = max(td.u32(t) - 1, td.u32(7))       # t == 0 wraps to the largest u32
+    Out[2, t] = (td.u32(t) - 1) // 64               # ... which is not below 64
+
+
+def test_unsigned_arithmetic_wraps_before_min_max_and_division_are_simplified():
+    t = np.arange(64, dtype=np.uint32)
+    out = np.zeros((3, 64), np.uint32)
+    unsigned_wraps(out)
+    np.testing.assert_array_equal(out[0], np.full(64, 10, np.uint32))
+    np.testing.assert_array_equal(out[1], np.maximum(t - np.uint32(1), np.uint32(7)))
+    np.testing.assert_array_equal(out[2], (t - np.uint32(1)) // np.uint32(64))
+
+
 def test_math_functions_work_on_host_numbers():
     assert td.exp(0.0) == 1.0
     assert td.max(2, 7) == 7
@@ -188,6 +207,51 @@ def test_casts(n, seed):
     np.testing.assert_array_equal(f1, ints.astype(np.float32) * np.float32(0.5))
     np.testing.assert_array_equal(f2, ints.astype(np.float32) + np.float32(0.25))
     np.testing.assert_allclose(f3, ints / 4.0, rtol=1e-7)
+
+
+# Ties of f16 (65520 -> inf, 2**-25 -> 0) and bf16 (1 + 2**-8 -> 1, 1 + 3 * 2**-8 -> 1 + 2**-6), subnormals.
+@settings(max_examples=4, deadline=None)
+@given(values=st.lists(st.floats(width=32), min_size=1, max_size=6))
+@example(values=[0.1, 65520.0, 65519.0, 2.0**-25, 3e-8, -0.0])
+@example(values=[1.00390625, 1.01171875, 3.3e38, -1e-40, float("inf"), float("nan")])
+def test_constants_cast_to_narrow_floats_round_like_numpy(values):
+    """`f16(0.1)` folded at compile time rounds as the run-time conversion and numpy do."""
+    import ml_dtypes
+    lines = "\n".join(f"    H[{k}] = f32(f16({v!r}))\n    B[{k}] = f32(bf16({v!r}))\n    F[{k}] = f32(f16({v!r}) * 3.0)"
+                      for k, v in enumerate(values)).replace("inf", "float('inf')").replace("nan", "float('nan')")
+    n = len(values)
+    text = (f"import taskdsl as td\nfrom taskdsl import bf16, f16, f32\n\n\n@td.kernel(grid=1, block=1)\n"
+            f"def constants(H: f32[{n}], B: f32[{n}], F: f32[{n}]):\n{lines}\n")
+    kernel = load_program(text, "constants").constants
+    h, b, f = (np.zeros(n, np.float32) for _ in range(3))
+    kernel(h, b, f)
+    x = np.array(values, np.float32)          # f32 values: numpy's and ml_dtypes' conversions round once
+    with np.errstate(over="ignore", invalid="ignore"):
+        np.testing.assert_array_equal(h, x.astype(np.float16).astype(np.float32))
+        np.testing.assert_array_equal(b, x.astype(ml_dtypes.bfloat16).astype(np.float32))
+        np.testing.assert_array_equal(f, x.astype(np.float16).astype(np.float32) * np.float32(3))
+
+
+@td.kernel(grid=1, block=64)
+def half_with_literals(H: td.f16[64], Out: f32[3, 64]):
+    t = threadIdx.x
+    Out[0, t] = H[t] * 0.1                       # computed in f32, with 0.1 as an f32
+    Out[1, t] = 1.0 if H[t] < 0.1 else 0.0       # compared in f32
+    Out[2, t] = H[t] if t % 2 == 0 else 0.1
+
+
+@FEW
+@given(seed=st.integers(0, 2**16))
+def test_literals_next_to_16_bit_floats_are_f32(seed):
+    """A 16-bit float's arithmetic is done in f32, and a literal beside it is not rounded to 16 bits."""
+    h = np.random.default_rng(seed).uniform(-1, 1, 64).astype(np.float16)
+    h[:3] = [0.1, 0.3, -0.1]                     # f16(0.1) < 0.1; 0.3 * 0.1 differs with f16(0.1)
+    out = np.zeros((3, 64), np.float32)
+    half_with_literals(h, out)
+    x, tenth = h.astype(np.float32), np.float32(0.1)
+    np.testing.assert_array_equal(out[0], x * tenth)
+    np.testing.assert_array_equal(out[1], (x < tenth).astype(np.float32))
+    np.testing.assert_array_equal(out[2], np.where(np.arange(64) % 2 == 0, x, tenth))
 
 
 @td.kernel(grid=1, block=8)

@@ -48,6 +48,11 @@ def _is_number(value) -> bool:
                                                    and getattr(value, "shape", None) == ())
 
 
+def _literal_like(partner):
+    """The type a Python number next to `partner` takes: see `ir.literal_type` (None: no runtime partner)."""
+    return ir.literal_type(partner.dtype) if is_runtime(partner) else None
+
+
 def _runtime_names(tree: ast.FunctionDef) -> set:
     """Names assigned more than once, augmented or annotated: runtime variables."""
     counts: dict = {}
@@ -539,7 +544,7 @@ class FunctionTranslator:
                 raise self.error(node, f"unsupported operand {type(v).__name__} for '{op}'")
         if op == "**":
             return self.math_call("pow", [a, b], node)
-        ea, eb = ir.as_expr(a, b.dtype if is_runtime(b) else None), ir.as_expr(b, a.dtype if is_runtime(a) else None)
+        ea, eb = ir.as_expr(a, _literal_like(b)), ir.as_expr(b, _literal_like(a))
         if op in ("&", "|", "^", "<<", ">>") and (ea.dtype.is_float or eb.dtype.is_float):
             raise self.error(node, f"'{op}' needs integer operands, got {ea.dtype.name} and {eb.dtype.name}")
         return ir.binary(op, ea, eb)
@@ -585,8 +590,8 @@ class FunctionTranslator:
         for v in (a, b):
             if not (is_runtime(v) or _is_number(v)):
                 raise self.error(node, f"cannot compare a runtime value with {type(v).__name__}")
-        ea = ir.as_expr(a, b.dtype if is_runtime(b) else None)
-        return ir.binary(op, ea, ir.as_expr(b, ea.dtype))
+        ea = ir.as_expr(a, _literal_like(b))
+        return ir.binary(op, ea, ir.as_expr(b, ir.literal_type(ea.dtype)))
 
     def expr_boolop(self, node: ast.BoolOp):
         op = "and" if isinstance(node.op, ast.And) else "or"
@@ -645,8 +650,8 @@ class FunctionTranslator:
         for v, n in ((a, node.body), (b, node.orelse)):
             if not (is_runtime(v) or _is_number(v)):
                 raise self.error(n, f"a runtime conditional expression needs numbers, got {type(v).__name__}")
-        ea = ir.as_expr(a, b.dtype if is_runtime(b) else None)
-        eb = ir.as_expr(b, ea.dtype)
+        ea = ir.as_expr(a, _literal_like(b))
+        eb = ir.as_expr(b, ir.literal_type(ea.dtype))
         dtype = T.promote(ea.dtype, eb.dtype) if ea.dtype != eb.dtype else ea.dtype
         ea, eb, cond = self.cast_to(ea, dtype, node), self.cast_to(eb, dtype, node), self.condition(cond, node.test)
         if not (emitted_a or emitted_b):

@@ -192,11 +192,12 @@ LOGIC_OPS = ("and", "or")
 
 def const(value, dtype: DataType | None = None) -> Const:
     """A literal; Python bool -> bool, int -> i32 (i64, u64 when it needs them), float -> f32 unless
-    `dtype` says otherwise. An integer is converted to an integer `dtype` as C converts it (wrapping)."""
+    `dtype` says otherwise. An integer is converted to an integer `dtype` as C converts it (wrapping),
+    a number to a float `dtype` is rounded to that type (so folding `f32(f16(0.1))` gives f16's 0.1)."""
     if dtype is None:
         dtype = boolean if isinstance(value, bool) else _int_literal_type(value) if isinstance(value, int) else f32
     if dtype.is_float:
-        value = float(value)
+        value = dtype.round(value)
     elif dtype.is_bool:
         value = bool(value)
     else:
@@ -225,6 +226,13 @@ def as_expr(value, like: DataType | None = None) -> Expr:
     raise TypeError(f"cannot use {type(value).__name__} value {value!r} in a kernel expression")
 
 
+def literal_type(partner: DataType) -> DataType:
+    """The type a Python number takes next to a `partner` operand in arithmetic or a comparison:
+    the partner's, except f32 next to a 16-bit float (whose arithmetic is done in f32, so a
+    literal is not rounded to 16 bits first)."""
+    return f32 if partner.is_float and partner.bits == 16 else partner
+
+
 def convert(e: Expr, dtype: DataType) -> Expr:
     """`e` as a `dtype` value: a constant is converted now, anything else gets a Cast."""
     if e.dtype == dtype:
@@ -234,8 +242,8 @@ def convert(e: Expr, dtype: DataType) -> Expr:
 
 def binary(op: str, a, b) -> Expr:
     """Build `a op b` with C-like type promotion; Python numbers adopt the other operand's type."""
-    a = as_expr(a, b.dtype if isinstance(b, Expr) else None)
-    b = as_expr(b, a.dtype)
+    a = as_expr(a, literal_type(b.dtype) if isinstance(b, Expr) else None)
+    b = as_expr(b, literal_type(a.dtype))
     if op in COMPARE_OPS:
         return _compare(op, a, b)
     if op in LOGIC_OPS:

@@ -12,7 +12,7 @@ _PRECEDENCE = {"or": 1, "and": 2, "<": 4, "<=": 4, ">": 4, ">=": 4, "==": 4, "!=
 def expr_str(e, parent: int = 0) -> str:
     """The text of an expression, with only the parentheses precedence needs."""
     if isinstance(e, E.Const):
-        return repr(e.value)
+        return e.dtype.float_text(e.value) if e.dtype.is_float else repr(e.value)
     if isinstance(e, E.Var):
         return e.name
     if isinstance(e, E.SpecialReg):

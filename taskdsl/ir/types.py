@@ -1,6 +1,7 @@
 """Scalar data types and tensor annotations (`f32["M", "K"]`)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,6 +45,23 @@ class DataType:
         value &= (1 << self.bits) - 1
         return value - (1 << self.bits) if self.kind == "int" and value >> (self.bits - 1) else value
 
+    def round(self, value: float) -> float:
+        """`value` rounded to the nearest value of this float type (ties to even; overflow gives inf)."""
+        if self.bits == 64:
+            return float(value)
+        if self.bits == 32:
+            with np.errstate(over="ignore"):
+                return float(np.float32(value))
+        bits = int(narrow_float_bits(float(value), *_NARROW_FORMATS[self.name]))
+        if self.name == "f16":
+            return float(np.array(bits, np.uint16).view(np.float16))
+        return float(np.array(bits << 16, np.uint32).view(np.float32))
+
+    def float_text(self, value: float) -> str:
+        """The shortest decimal text that reads back exactly as `value`, a value of this float type,
+        in f32 (which holds every 16- and 32-bit float) or f64."""
+        return repr(float(value)) if self.bits == 64 else str(np.float32(value))
+
     @property
     def numpy(self) -> np.dtype:
         """The numpy dtype holding this type (bf16 is stored as its raw 16 bits)."""
@@ -85,6 +103,7 @@ u32 = DataType("u32", "uint", 32, "unsigned int")
 u64 = DataType("u64", "uint", 64, "unsigned long long")
 boolean = DataType("bool", "bool", 8, "bool")
 
+_NARROW_FORMATS = {"f16": (10, 15, 31), "bf16": (7, 127, 255)}    # mantissa bits, exponent bias, all-ones exponent
 _NUMPY_NAMES = {"f16": "float16", "bf16": "uint16", "f32": "float32", "f64": "float64", "i8": "int8",
                 "i16": "int16", "i32": "int32", "i64": "int64", "u8": "uint8", "u32": "uint32",
                 "u64": "uint64", "bool": "bool"}
@@ -112,3 +131,29 @@ def promote(a: DataType, b: DataType) -> DataType:
         return i32
     widest = max((a, b), key=lambda t: (t.bits, t.kind == "uint"))
     return widest if widest.bits >= 32 else i32
+
+
+def narrow_float_bits(x, mant_bits, exp_bias, exp_max):
+    """IEEE round-to-nearest-even of float `x` to a narrower format's sign|exponent|mantissa bits.
+
+    Plain Python that numba compiles too (the cpu target's f16/bf16 stores use it).
+    """
+    if x != x:
+        return (exp_max << mant_bits) | (1 << (mant_bits - 1))
+    sign = 0x8000 if x < 0.0 or (x == 0.0 and math.copysign(1.0, x) < 0.0) else 0
+    a = abs(np.float64(x))
+    if a == math.inf:
+        return sign | (exp_max << mant_bits)
+    if a == 0.0:
+        return sign
+    m, e = math.frexp(a)              # a = m * 2**e, 0.5 <= m < 1
+    biased = e - 1 + exp_bias
+    if biased <= 0:                   # subnormal: units of 2**(1 - bias - mant_bits)
+        return sign | np.int64(np.rint(math.ldexp(a, exp_bias - 1 + mant_bits)))
+    frac = np.int64(np.rint((2.0 * m - 1.0) * (1 << mant_bits)))
+    if frac == (1 << mant_bits):
+        frac = 0
+        biased += 1
+    if biased >= exp_max:
+        return sign | (exp_max << mant_bits)
+    return sign | (biased << mant_bits) | frac

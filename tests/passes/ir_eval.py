@@ -11,6 +11,12 @@ _OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "//": operator.
 
 
 def evaluate(e, env: dict, thread: tuple):
+    """The value of `e` for one thread; integer results wrap to their type as in C."""
+    value = _value(e, env, thread)
+    return e.dtype.wrap(value) if e.dtype.is_integer and not isinstance(e, ir.Const) else value
+
+
+def _value(e, env: dict, thread: tuple):
     if isinstance(e, ir.Const):
         return e.value
     if isinstance(e, ir.Var):

@@ -78,5 +78,25 @@ def test_unsigned_multiples_are_not_split_because_they_wrap():
     assert isinstance(_simplified(ir.binary("%", signed * (2**63 - 1), ir.const(7, T.i64))), ir.Const)
 
 
+@settings(max_examples=200, deadline=None)
+@given(c=st.integers(0, 300), k=st.integers(0, 300), func=st.sampled_from(["min", "max"]),
+       dtype=st.sampled_from([T.u32, T.u64]), t=st.integers(0, 255))
+def test_unsigned_min_and_max_see_the_wrap(c, k, func, dtype, t):
+    """min(u32(t) - c, k): when t < c the difference wraps to a huge value, so the range decides nothing."""
+    difference = ir.binary("-", ir.Cast(threadIdx.x, dtype), ir.const(c, dtype))
+    e = _simplified(ir.Call(func, (difference, ir.const(k, dtype)), dtype))
+    expected = {"min": min, "max": max}[func](dtype.wrap(t - c), dtype.wrap(k))
+    assert evaluate(e, {}, (t, 0, 0)) == expected
+
+
+def test_casts_keep_the_range_that_fits_the_new_type():
+    tid = threadIdx.x
+    kept = _simplified(ir.binary("%", ir.Cast(tid, T.u32), ir.const(256, T.u32)))
+    assert isinstance(kept, ir.Cast) and kept.value is tid
+    assert isinstance(_simplified(ir.binary("%", ir.Cast(tid, T.u8), ir.const(128, T.u8))), ir.Binary)
+    shifted = ir.Cast(ir.binary("-", tid, ir.const(1)), T.u32)      # -1 becomes 4294967295
+    assert isinstance(_simplified(ir.binary("//", shifted, ir.const(256, T.u32))), ir.Binary)
+
+
 def _is_product(e) -> bool:
     return isinstance(e, ir.Binary) and e.op == "*"

@@ -12,6 +12,8 @@ from llvmlite import ir as llvm_ir
 from numba import njit, types
 from numba.extending import intrinsic
 
+from ...ir.types import narrow_float_bits
+
 WARP = 32
 
 
@@ -282,28 +284,8 @@ def bf16_to_f32(bits):
     return _f32_from_bits((np.int64(bits) & 0xffff) << 16)
 
 
-@njit(cache=True, inline="always")
-def _round_to_bits(x, mant_bits, exp_bias, exp_max):
-    """IEEE round-to-nearest-even of float `x` to a narrower format's sign|exponent|mantissa bits."""
-    if x != x:
-        return (exp_max << mant_bits) | (1 << (mant_bits - 1))
-    sign = 0x8000 if x < 0.0 or (x == 0.0 and math.copysign(1.0, x) < 0.0) else 0
-    a = abs(np.float64(x))
-    if a == math.inf:
-        return sign | (exp_max << mant_bits)
-    if a == 0.0:
-        return sign
-    m, e = math.frexp(a)              # a = m * 2**e, 0.5 <= m < 1
-    biased = e - 1 + exp_bias
-    if biased <= 0:                   # subnormal: units of 2**(1 - bias - mant_bits)
-        return sign | np.int64(np.rint(math.ldexp(a, exp_bias - 1 + mant_bits)))
-    frac = np.int64(np.rint((2.0 * m - 1.0) * (1 << mant_bits)))
-    if frac == (1 << mant_bits):
-        frac = 0
-        biased += 1
-    if biased >= exp_max:
-        return sign | (exp_max << mant_bits)
-    return sign | (biased << mant_bits) | frac
+# The rounding is plain Python that numba also compiles: constant folding rounds with the same code.
+_round_to_bits = njit(cache=True, inline="always")(narrow_float_bits)
 
 
 @njit(cache=True)

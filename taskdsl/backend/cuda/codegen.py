@@ -104,8 +104,7 @@ def _c_float(value: float, dtype: T.DataType) -> str:
         bits = ("0x7f800000" if value > 0 else "0xff800000") if dtype.bits == 32 else \
             ("0x7ff0000000000000LL" if value > 0 else "0xfff0000000000000LL")
         return f"__int_as_float({bits})" if dtype.bits == 32 else f"__longlong_as_double({bits})"
-    text = repr(float(value))
-    return text + "f" if dtype.bits == 32 else text
+    return dtype.float_text(value) + ("f" if dtype.bits == 32 else "")
 
 
 class _CudaEmitter:
