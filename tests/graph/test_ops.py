@@ -293,6 +293,27 @@ def test_transforms():
         assert_close(g, np.ascontiguousarray(w).astype(np.float32))
 
 
+@FEW
+@given(shape=small_shapes, mode=st.sampled_from(["constant", "edge", "reflect", "wrap"]), data=st.data())
+def test_pad_modes_match_numpy(shape, mode, data):
+    widest = (lambda d: d - 1) if mode == "reflect" else (lambda d: 4)      # wrap may go around more than once
+    widths = tuple((data.draw(st.integers(0, widest(d))), data.draw(st.integers(0, widest(d)))) for d in shape)
+    x = rand(shape, 3)
+    got, = run(lambda t: ops.pad(t, widths, 0.5, mode=mode), x)
+    want = np.pad(x, widths, mode=mode, **({"constant_values": 0.5} if mode == "constant" else {}))
+    assert_close(got, want.astype(np.float32))
+
+
+def test_pad_refuses_reflections_wider_than_the_axis_empty_axes_and_unknown_modes():
+    x = tg.input("x", (3, 0))
+    with pytest.raises(ValueError, match="at most 2"):
+        ops.pad(tg.input("y", (3,)), ((3, 0),), mode="reflect")
+    with pytest.raises(ValueError, match="empty"):
+        ops.pad(x, ((0, 0), (1, 0)), mode="edge")
+    with pytest.raises(ValueError, match="not one of"):
+        ops.pad(x, ((1, 0), (0, 0)), mode="symmetric")
+
+
 def test_tensor_operators_trace_ops():
     x, w = rand((3, 4), 1), rand((4, 2), 2)
     got = run(lambda t, u: [(-(t * 2.0 + 1.0) / 4.0 - t ** 2.0) @ u, t.T.reshape(2, 6)], x, w)

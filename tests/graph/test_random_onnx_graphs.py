@@ -1,13 +1,13 @@
 """Random ONNX models: hypothesis writes graphs of the operators the zoo uses, onnxruntime is the oracle.
 
-Each example is one model (opset 18) over one or two float inputs of rank 1 to 4 (sizes 1,
+Each example is one model (opset 19) over one or two float inputs of rank 1 to 4 (sizes 1,
 odd and prime). Up to twelve nodes each read earlier values: elementwise operators with
 broadcasting (against constants and other values), `Where` over a comparison, transposes,
 reshapes (with `0` and `-1`), slices (negative steps too), squeezes, gathers (negative
 indices), concats, expands, reductions over any axes with and without `keepdims`, softmax,
 layer normalization, matmuls (with a constant, with batch broadcasting, and of a value with
 its own transpose), `Gemm`, convolutions (groups, strides, dilations, padding), pooling,
-batch norm, constant `Pad` and `Split`. One to three of the values are outputs. The model
+batch norm, `Pad` (all four modes) and `Split`. One to three of the values are outputs. The model
 goes through `from_onnx`, the graph passes (constant folding, fusion around anchors, memory
 planning) and the cpu executor, so what this checks most is fusion: which producers become
 prologues and epilogues of which kernels, through which index rewrites. No shrinking: a
@@ -29,7 +29,7 @@ from . import assert_close, make_model, run_onnxruntime
 
 pytest.importorskip("onnxruntime")
 
-OPSET = 18
+OPSET = 19                   # Pad mode "wrap" is new in opset 19
 DIMS = st.sampled_from([1, 2, 3, 5, 7])
 UNARY = ["Relu", "Sigmoid", "Tanh", "Neg", "Abs", "Erf", "Sin", "Cos", "LeakyRelu", "Clip", "Sqrt"]
 BINARY = ["Add", "Sub", "Mul", "Div", "Max", "Min"]
@@ -294,13 +294,14 @@ class ModelWriter:
                                                 self.weights(c, 0.5, 2.0)], a[1], epsilon=1e-5)
 
     def pad(self, a):
-        pads = [self.draw(st.integers(0, 2)) for _ in a[1] * 2]      # mode "constant", the one supported
+        mode = self.draw(st.sampled_from(["constant", "edge", "reflect", "wrap"]))
+        pads = [self.draw(st.integers(0, min(2, d - 1) if mode == "reflect" else 2)) for d in a[1] * 2]
         rank = len(a[1])
         shape = [d + pads[i] + pads[i + rank] for i, d in enumerate(a[1])]
         inputs = [a[0], self.constant(np.array(pads, np.int64))]
-        if self.draw(st.booleans()):
+        if mode == "constant" and self.draw(st.booleans()):
             inputs.append(self.constant(np.float32(0.5)))
-        return self.emit("Pad", inputs, shape)
+        return self.emit("Pad", inputs, shape, mode=mode)
 
     def split(self, a):
         axis = self.draw(st.integers(0, len(a[1]) - 1))

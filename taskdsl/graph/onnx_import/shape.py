@@ -9,6 +9,7 @@ import numpy as np
 
 from .. import ops
 from ..ops.axes import normalize_axis
+from ..ops.transform import PAD_MODES
 from ..tensor import constant
 from .node import Node, converts
 
@@ -155,10 +156,11 @@ def expand(node: Node) -> list:
 
 @converts("Pad", attrs=("mode",))
 def pad(node: Node) -> list:
-    """Pad with a constant (pads and the optional value and axes inputs constant)."""
+    """Pad (pads and the optional value and axes inputs constant): modes constant, edge, reflect, wrap."""
     x = node.input(0)
-    if node.attr("mode", "constant") != "constant":
-        raise node.error(f"mode={node.attr('mode')!r} is not supported (only 'constant')")
+    mode = node.attr("mode", "constant")
+    if mode not in PAD_MODES:
+        raise node.error(f"mode={mode!r} is not supported (only {', '.join(PAD_MODES)})")
     pads = _ints(node.const(1))
     value = node.const(2, required=False) if node.num_inputs > 2 and node.proto.input[2] else None
     axes = _optional_ints(node, 3)
@@ -170,5 +172,5 @@ def pad(node: Node) -> list:
         pads = full
     if any(p < 0 for p in pads):
         raise node.error(f"negative pads {pads} (cropping) are not supported")
-    return [ops.pad(x, pads, 0 if value is None else np.asarray(value).reshape(-1)[0].item())]
+    return [ops.pad(x, pads, 0 if value is None else np.asarray(value).reshape(-1)[0].item(), mode)]
 

@@ -5,6 +5,7 @@ import numpy as np
 
 from ... import ir
 from ...compute import compute
+from ...lang import math_expr
 from ..operator import Operator, dims
 from ..tensor import Tensor, as_shape, as_tensor
 from .axes import normalize_axes, normalize_axis
@@ -168,31 +169,55 @@ class Expand(Operator):
         return [compute("expand", self.out_shape, lambda *ix: x[broadcast_index(ix, shape)])]
 
 
+PAD_MODES = ("constant", "edge", "reflect", "wrap")
+
+
 class Pad(Operator):
-    """x padded with a constant: attrs pads ((begin..., end...) per axis, non-negative) and value."""
+    """x padded: attrs pads ((begin..., end...) per axis, non-negative), mode (numpy.pad's: `constant`
+    with attr value, `edge`, `reflect`, `wrap`)."""
 
     kind = "pad"
     generic = True
 
     def check(self):
-        x, pads = self.inputs[0], self.attrs["pads"]
+        x, pads, mode = self.inputs[0], self.attrs["pads"], self.attrs.get("mode", "constant")
         if len(pads) != 2 * x.ndim or any(p < 0 for p in pads):
             raise ValueError(f"pad: pads must be {2 * x.ndim} non-negative ints (begin..., end...), got {pads!r}")
+        if mode not in PAD_MODES:
+            raise ValueError(f"pad: mode {mode!r} is not one of {', '.join(PAD_MODES)}")
+        for k, d in enumerate(x.shape):
+            widest = max(pads[k], pads[x.ndim + k])
+            if mode != "constant" and widest and d == 0:
+                raise ValueError(f"pad: mode {mode!r} cannot pad axis {k}, which is empty")
+            if mode == "reflect" and widest >= d > 0:
+                raise ValueError(f"pad: mode 'reflect' pads axis {k} of size {d} by {widest}; at most {d - 1}")
 
     def define(self, x):
-        shape, pads = dims(x), self.attrs["pads"]
+        shape, pads, mode = dims(x), self.attrs["pads"], self.attrs.get("mode", "constant")
         n = len(shape)
         out = tuple(d + pads[k] + pads[n + k] for k, d in enumerate(shape))
-        value = ir.const(self.attrs["value"], x.dtype)
+        value = ir.const(self.attrs.get("value", 0), x.dtype)
 
         def fcompute(*ix):
             src = [i - pads[k] for k, i in enumerate(ix)]
             if not src:
                 return x[()]
+            if mode != "constant":
+                return x[tuple(pad_source(s, d, mode) for s, d in zip(src, shape))]
             inside = _all([ir.binary("and", s >= 0, s < d) for s, d in zip(src, shape)])
             return ir.Select(inside, x[tuple(src)], value, x.dtype)
 
         return [compute("pad", out, fcompute)]
+
+
+def pad_source(s, size, mode: str) -> ir.Expr:
+    """The index read for position `s` (negative before the axis, `size` or more after it) of a padded axis."""
+    if mode == "edge":
+        return math_expr("min", [math_expr("max", [s, 0]), ir.binary("-", size, 1)])
+    if mode == "wrap":
+        return ir.binary("%", s, size)
+    last = ir.binary("-", size, 1)        # reflect: -1 -> 1, size -> size - 2
+    return ir.binary("-", last, math_expr("abs", [ir.binary("-", last, math_expr("abs", [s]))]))
 
 
 # ---------------------------------------------------------------- the functions
@@ -320,11 +345,12 @@ def expand(x, shape) -> Tensor:
     return Expand([x], {"shape": shape}).outputs[0]
 
 
-def pad(x, pads, value=0) -> Tensor:
-    """x padded with `value`; pads: (begin..., end...) per axis, or numpy.pad's ((before, after), ...)."""
+def pad(x, pads, value=0, mode: str = "constant") -> Tensor:
+    """x padded as numpy.pad pads it: with `value` (mode `constant`), or by `edge`, `reflect` or `wrap`;
+    pads: (begin..., end...) per axis, or numpy.pad's ((before, after), ...)."""
     pads = np.asarray(pads, dtype=np.int64)
     if pads.ndim == 2:
         pads = np.concatenate([pads[:, 0], pads[:, 1]])
     if not pads.any():
         return x
-    return Pad([x], {"pads": tuple(int(p) for p in pads), "value": value}).outputs[0]
+    return Pad([x], {"pads": tuple(int(p) for p in pads), "value": value, "mode": mode}).outputs[0]
