@@ -173,6 +173,32 @@ def test_unsigned_arithmetic_wraps_before_min_max_and_division_are_simplified():
     np.testing.assert_array_equal(out[2], (t - np.uint32(1)) // np.uint32(64))
 
 
+@td.kernel(grid=1, block=64)
+def narrow_integers(B: td.u8[64], C: td.i8[64], S: td.i16[64], Out: td.i64[7, 64]):
+    t = threadIdx.x
+    Out[0, t] = -B[t]               # C's integer promotion: computed in i32, so -255, not 1
+    Out[1, t] = ~B[t]               # -256, not 0
+    Out[2, t] = -C[t]               # 128 for -128
+    Out[3, t] = abs(C[t])
+    Out[4, t] = td.abs(S[t])        # 32768 for -32768
+    Out[5, t] = ~S[t]
+    Out[6, t] = max(B[t], C[t])
+
+
+@FEW
+@given(seed=st.integers(0, 2**16))
+def test_narrow_integers_are_promoted_to_i32_in_unary_operators_and_math(seed):
+    rng = np.random.default_rng(seed)
+    b, c, s = (rng.integers(info.min, info.max + 1, 64).astype(dt) for dt, info in
+               ((np.uint8, np.iinfo(np.uint8)), (np.int8, np.iinfo(np.int8)), (np.int16, np.iinfo(np.int16))))
+    b[:2], c[:2], s[:2] = [0, 255], [-128, 127], [-32768, 32767]
+    out = np.zeros((7, 64), np.int64)
+    narrow_integers(b, c, s, out)
+    b, c, s = (x.astype(np.int64) for x in (b, c, s))
+    for k, want in enumerate([-b, ~b, -c, np.abs(c), np.abs(s), ~s, np.maximum(b, c)]):
+        np.testing.assert_array_equal(out[k], want, err_msg=f"row {k}")
+
+
 def test_math_functions_work_on_host_numbers():
     assert td.exp(0.0) == 1.0
     assert td.max(2, 7) == 7

@@ -558,13 +558,11 @@ class FunctionTranslator:
             return v
         if isinstance(node.op, ast.Not):
             return ir.Unary("not", self.condition(v, node), T.boolean)
-        if isinstance(node.op, ast.Invert):
-            if not v.dtype.is_integer:
-                raise self.error(node, "'~' needs an integer operand")
-            return ir.Unary("~", v, v.dtype)
-        if v.dtype.is_bool or (v.dtype.is_float and v.dtype.bits == 16):
-            v = ir.Cast(v, T.i32 if v.dtype.is_bool else T.f32)  # 16-bit floats compute in f32
-        return ir.Unary("-", v, v.dtype)
+        if isinstance(node.op, ast.Invert) and not v.dtype.is_integer:
+            raise self.error(node, "'~' needs an integer operand")
+        if v.dtype.bits < 32:   # as in binary arithmetic: bools and narrow ints compute in i32, 16-bit floats in f32
+            v = ir.Cast(v, T.f32 if v.dtype.is_float else T.i32)
+        return ir.Unary("~" if isinstance(node.op, ast.Invert) else "-", v, v.dtype)
 
     def expr_compare(self, node: ast.Compare):
         left = self.expr(node.left)

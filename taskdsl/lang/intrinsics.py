@@ -91,8 +91,8 @@ def math_expr(name: str, args: list) -> Expr:
         dtype = T.f32   # a Python float with an integer value: as in arithmetic, the float wins
     if (name not in ("max", "min", "abs") and not dtype.is_float) or (dtype.is_float and dtype.bits == 16):
         dtype = T.f32
-    if dtype.is_bool:
-        dtype = T.i32
+    if dtype.is_bool or (dtype.is_integer and dtype.bits < 32):
+        dtype = T.i32       # C's integer promotion, as in arithmetic (abs(i8(-128)) is 128)
     exprs = [convert(as_expr(a, dtype), dtype) for a in args]
     if name == "abs" and dtype.kind == "uint":
         return exprs[0]     # C++ has no abs of unsigned types (an ambiguous overload)

@@ -394,9 +394,9 @@ class _PythonEmitter:
             return f"rt.f32_to_{dtype.name}(np.float32({text}))"
         if dtype.is_bool:
             return text if e.dtype.is_bool else f"({text} != 0)"
-        widening = e.dtype.is_bool or e.dtype.is_integer and all(map(dtype.holds, e.dtype.limits))   # not u32 -> i32
+        widening = e.dtype.is_integer and e.dtype.bits >= 32 and all(map(dtype.holds, e.dtype.limits))  # not u32 -> i32
         if dtype.kind == "int" and dtype.bits >= 32 and widening:
-            return text  # ints are computed in numba's int64 anyway
+            return text  # numba computes 32- and 64-bit ints in int64 anyway (narrower ones keep their type in - and ~)
         return f"{np_type(dtype)}({text})"
 
     def expr(self, e: ir.Expr) -> str:
