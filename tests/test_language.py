@@ -174,6 +174,24 @@ def test_unsigned_arithmetic_wraps_before_min_max_and_division_are_simplified():
 
 
 @td.kernel(grid=1, block=64)
+def unsigned_widened(C: td.u32[64], Out: td.i64[2, 64], U: td.u64[64]):
+    t = threadIdx.x
+    Out[0, t] = max(td.i64(2**53 + 1), C[t] >> 2)    # u32 widened to i64, exactly (not through a double)
+    Out[1, t] = max(td.i64(-1) * t, C[t] + 1)        # C[t] + 1 wraps in u32 first
+    U[t] = min(td.i64(-1), C[t] >> 2)                # -1, converted to u64
+
+
+def test_unsigned_values_widened_to_i64_stay_exact():
+    c = np.random.default_rng(5).integers(0, 2**32, 64).astype(np.uint32)
+    c[:3] = [0, 2**32 - 1, 7]
+    out, u = np.zeros((2, 64), np.int64), np.zeros(64, np.uint64)
+    unsigned_widened(c, out, u)
+    np.testing.assert_array_equal(out[0], np.full(64, 2**53 + 1))
+    np.testing.assert_array_equal(out[1], np.maximum(-np.arange(64), (c + np.uint32(1)).astype(np.int64)))
+    np.testing.assert_array_equal(u, np.full(64, 2**64 - 1, np.uint64))
+
+
+@td.kernel(grid=1, block=64)
 def narrow_integers(B: td.u8[64], C: td.i8[64], S: td.i16[64], Out: td.i64[7, 64]):
     t = threadIdx.x
     Out[0, t] = -B[t]               # C's integer promotion: computed in i32, so -255, not 1

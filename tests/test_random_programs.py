@@ -4,8 +4,9 @@ Each example is one kernel. In each of three iterations of a loop over `i`, ever
 computes a random expression `v` of its thread index `t`, `i` and its inputs, publishes it
 in shared memory, and after a barrier reads a neighbour's value `w` (through a random
 permutation of the threads); then it adds several random expressions to its outputs.
-Expressions mix i32, u32, i64 and u64 values (`a`, `b`: i32; `c`: u32; `d`: i64; `e`: u64),
-typed constants (`u64(7)`) and plain literals, with `+ - * // % & | ^ << >> ~`, unary minus,
+Expressions mix i32, u32, i64 and u64 values (`a`, `b`: i32; `c`: u32; `d`: i64; `e`: u64)
+and narrower ones (`f`: u8; `g`: i8; `h`: i16, which compute as i32), typed constants
+(`u64(7)`, `u8(-9)`) and plain literals, with `+ - * // % & | ^ << >> ~`, unary minus,
 `abs`, `min`, `max`, casts, comparisons, `and`/`or`/`not` and conditional expressions.
 
 The oracle is an interpreter of the typing rules the DSL reference states (C promotion,
@@ -29,8 +30,10 @@ from .program_files import load_program
 GPU_TWINS = True   # every example also runs as a @gpu twin on the cuda target (conftest.py)
 
 THREADS, LOOP, EXPRESSIONS = 64, 3, 6
-TYPES = {"i32": (32, True), "u32": (32, False), "i64": (64, True), "u64": (64, False)}
-VARIABLES = {"t": "i32", "i": "i32", "a": "i32", "b": "i32", "w": "i32", "c": "u32", "d": "i64", "e": "u64"}
+TYPES = {"i8": (8, True), "u8": (8, False), "i16": (16, True), "i32": (32, True), "u32": (32, False), "i64": (64, True),
+         "u64": (64, False)}
+VARIABLES = {"t": "i32", "i": "i32", "a": "i32", "b": "i32", "w": "i32", "c": "u32", "d": "i64", "e": "u64",
+             "f": "u8", "g": "i8", "h": "i16"}
 
 
 # ------------------------------------------------------------------ trees
@@ -82,8 +85,13 @@ def literal_type(value: int) -> str:
     raise Outside(value)
 
 
+def widen(dtype: str) -> str:
+    """C's integer promotion: types narrower than 32 bits compute as i32."""
+    return "i32" if TYPES[dtype][0] < 32 else dtype
+
+
 def promote(x: str, y: str) -> str:
-    return max(x, y, key=lambda d: (TYPES[d][0], not TYPES[d][1]))
+    return max(widen(x), widen(y), key=lambda d: (TYPES[d][0], not TYPES[d][1]))
 
 
 def common(x: tuple, y: tuple) -> str:
@@ -92,7 +100,7 @@ def common(x: tuple, y: tuple) -> str:
     for value, t in (x, y):
         if t is None and not (types and wrap(value, types[0]) == value):
             types.append(literal_type(value))
-    return types[0] if len(types) == 1 else promote(*types)
+    return widen(types[0]) if len(types) == 1 else promote(*types)
 
 
 def result(value: int, dtype: str) -> tuple:
@@ -118,7 +126,7 @@ def evaluate(tree, env: dict) -> tuple:
     if kind == "unary":
         value, dtype = evaluate(tree[2], env)
         value = {"-": -value, "~": ~value, "abs": abs(value)}[tree[1]]
-        return (value, None) if dtype is None else result(value, dtype)
+        return (value, None) if dtype is None else result(value, widen(dtype))
     if kind == "select":
         chosen, static = truth(tree[1], env)
         x, y = evaluate(tree[2], env), evaluate(tree[3], env)
@@ -188,12 +196,12 @@ def build_kernel(shared: tuple, trees: list, step: int, shift: int):
     """The kernel of the module docstring, written to a file (kernels need their source)."""
     body = "\n".join(f"        OUT[{k}, t] += {source(tree)}" for k, tree in enumerate(trees))
     n = THREADS
-    text = (f"import taskdsl as td\nfrom taskdsl import i32, i64, u32, u64, threadIdx\n\n\n"
+    text = (f"import taskdsl as td\nfrom taskdsl import i8, i16, i32, i64, u8, u32, u64, threadIdx\n\n\n"
             f"@td.kernel(grid=1, block={n})\n"
             f"def random_program(A: i32[{n}], B: i32[{n}], C: u32[{n}], D: i64[{n}], E: u64[{n}], "
-            f"OUT: u64[{len(trees)}, {n}]):\n"
+            f"F: u8[{n}], G: i8[{n}], H: i16[{n}], OUT: u64[{len(trees)}, {n}]):\n"
             f"    s = td.shared(i32, ({n},))\n"
-            f"    t = threadIdx.x\n    a, b, c, d, e = A[t], B[t], C[t], D[t], E[t]\n"
+            f"    t = threadIdx.x\n    a, b, c, d, e, f, g, h = A[t], B[t], C[t], D[t], E[t], F[t], G[t], H[t]\n"
             f"    for i in range({LOOP}):\n"
             f"        s[t] = {source(shared)}\n"
             f"        td.syncthreads()\n"
@@ -221,20 +229,24 @@ def expected(shared: tuple, trees: list, step: int, shift: int, inputs: dict) ->
 
 
 def _inputs(rng) -> dict:
-    edges = {"c": [0, 1, 2**32 - 1, 2**31], "d": [0, -1, 2**40, -2**40], "e": [0, 1, 2**64 - 1, 2**63]}
+    edges = {"c": [0, 1, 2**32 - 1, 2**31], "d": [0, -1, 2**40, -2**40], "e": [0, 1, 2**64 - 1, 2**63],
+             "f": [0, 255, 128], "g": [-128, 127, -1], "h": [-32768, 32767, -1]}
     inputs = {"a": rng.integers(-60, 61, THREADS), "b": rng.integers(-60, 61, THREADS),
               "c": rng.integers(0, 2**32, THREADS), "d": rng.integers(-2**20, 2**20, THREADS),
-              "e": rng.integers(0, 2**63, THREADS, dtype=np.uint64) * np.uint64(2) + np.uint64(1)}
+              "e": rng.integers(0, 2**63, THREADS, dtype=np.uint64) * np.uint64(2) + np.uint64(1),
+              "f": rng.integers(0, 256, THREADS), "g": rng.integers(-128, 128, THREADS),
+              "h": rng.integers(-32768, 32768, THREADS)}
     for name, values in edges.items():
         inputs[name][:len(values)] = values
-    dtypes = {"a": np.int32, "b": np.int32, "c": np.uint32, "d": np.int64, "e": np.uint64}
+    dtypes = {"a": np.int32, "b": np.int32, "c": np.uint32, "d": np.int64, "e": np.uint64, "f": np.uint8,
+              "g": np.int8, "h": np.int16}
     return {name: x.astype(dtypes[name]) for name, x in inputs.items()}
 
 
 # No shrinking: a failure already names the wrong expression and prints its kernel, and shrinking a
 # case means compiling a kernel per attempt (minutes of CI).
 @settings(max_examples=12, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate])
-@given(shared=expressions(["t", "i", "a", "b", "c", "d", "e"]),
+@given(shared=expressions(["t", "i", "a", "b", "c", "d", "e", "f", "g", "h"]),
        trees=st.lists(expressions(list(VARIABLES)), min_size=EXPRESSIONS, max_size=EXPRESSIONS),
        step=st.sampled_from([1, 3, 5, 63]), shift=st.integers(0, THREADS - 1), seed=st.integers(0, 2**16),
        fast=st.booleans())

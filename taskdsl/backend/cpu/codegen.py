@@ -394,9 +394,10 @@ class _PythonEmitter:
             return f"rt.f32_to_{dtype.name}(np.float32({text}))"
         if dtype.is_bool:
             return text if e.dtype.is_bool else f"({text} != 0)"
-        widening = e.dtype.is_integer and e.dtype.bits >= 32 and all(map(dtype.holds, e.dtype.limits))  # not u32 -> i32
-        if dtype.kind == "int" and dtype.bits >= 32 and widening:
-            return text  # numba computes 32- and 64-bit ints in int64 anyway (narrower ones keep their type in - and ~)
+        if dtype.kind == "int" and dtype.bits >= e.dtype.bits >= 32 and e.dtype.kind == "int":
+            # numba computes signed 32- and 64-bit ints in int64 anyway; not narrower ones (which keep
+            # their type in - and ~), nor unsigned ones (u32 >> 2 is a uint64, and min(-1, uint64) a float)
+            return text
         return f"{np_type(dtype)}({text})"
 
     def expr(self, e: ir.Expr) -> str:
