@@ -379,6 +379,64 @@ def test_integer_floor_division_and_modulo_follow_python(n, seed):
     np.testing.assert_array_equal(fr, [float(x) % float(y) for x, y in zip(a, b)])
 
 
+@td.kernel(grid=lambda N: td.cdiv(N, 64), block=64)
+def float_divmod(A: f32["N"], B: f32["N"], C: f64["N"], D: f64["N"], Q: f32["N"], R: f32["N"], Q2: f64["N"],
+                 R2: f64["N"]):
+    i = blockIdx.x * 64 + threadIdx.x
+    if i < N:
+        Q[i] = A[i] // B[i]
+        R[i] = A[i] % B[i]
+        Q2[i] = C[i] // D[i]
+        R2[i] = C[i] % D[i]
+
+
+@FEW
+@given(n=SIZES, seed=st.integers(0, 2**16))
+@example(n=8, seed=0)
+def test_float_floor_division_and_modulo_follow_python(n, seed):
+    """Python's float divmod, exact through fmod: 1.0 // 0.1 is 9 (floor(1.0 / 0.1) would be 10)."""
+    rng = np.random.default_rng(seed)
+    a = rng.uniform(-10, 10, n)
+    b = rng.uniform(0.05, 3, n) * rng.choice([-1, 1], n)
+    fixed = [(1.0, 0.1), (-1.0, 0.1), (1.0, -0.1), (0.3, 0.1), (-0.0, 1.0), (7.5, -2.5), (-86515256.0, 6.424532),
+             (-3.0, 3.0)]
+    for k, (p, q) in enumerate(fixed[:n]):
+        a[k], b[k] = p, q
+    a32, b32 = a.astype(np.float32), b.astype(np.float32)
+    q, r = np.zeros(n, np.float32), np.zeros(n, np.float32)
+    q2, r2 = np.zeros(n), np.zeros(n)
+    float_divmod(a32, b32, a, b, q, r, q2, r2)
+    np.testing.assert_array_equal(q, np.floor_divide(a32, b32))     # numpy computes Python's divmod in f32
+    np.testing.assert_array_equal(r, np.mod(a32, b32))
+    np.testing.assert_array_equal(q2, [x // y for x, y in zip(a.tolist(), b.tolist())])
+    np.testing.assert_array_equal(r2, [x % y for x, y in zip(a.tolist(), b.tolist())])
+    assert np.signbit(r[np.flatnonzero(r == 0)]).tolist() == np.signbit(b32[r == 0]).tolist()   # zero takes b's sign
+
+
+@td.kernel(grid=1, block=1)
+def folded_float_divmod(Out: f32[9]):
+    Out[0] = f32(1.0) // f32(0.1)       # constants: simplify folds these, in f32
+    Out[1] = f32(1.0) % f32(0.1)
+    Out[2] = f32(-1.0) // f32(0.1)
+    Out[3] = f32(-1.0) % f32(0.1)
+    Out[4] = f32(1e7) // f32(0.3)
+    Out[5] = f32(1e7) % f32(0.3)
+    Out[6] = f32(-0.0) % f32(1.0)
+    Out[7] = f32(3.0) % f32(-3.0)
+    Out[8] = f32(-86515256.0) // f32(6.424532)    # the quotient needs more than f32's 24 bits
+
+
+def test_folded_float_floor_division_and_modulo_match_run_time():
+    out = np.zeros(9, np.float32)
+    folded_float_divmod(out)
+    a = np.array([1.0, -1.0, 1e7, -0.0, 3.0], np.float32)
+    b = np.array([0.1, 0.1, 0.3, 1.0, -3.0], np.float32)
+    want = np.stack([np.floor_divide(a, b), np.mod(a, b)], axis=1).reshape(-1)
+    np.testing.assert_array_equal(out[:6], want[:6])
+    assert out[8] == np.floor_divide(np.float32(-86515256.0), np.float32(6.424532))   # not f64's, rounded
+    assert out[6] == 0 and not np.signbit(out[6]) and out[7] == 0 and np.signbit(out[7])   # zero takes b's sign
+
+
 @td.kernel(grid=1, block=8)
 def mixed_signs(A: i32[8], U: td.u32[8], L: td.i64[8], W: td.u64[8], F: f32[8], Out: td.i64[15, 8]):
     t = threadIdx.x

@@ -16,10 +16,13 @@ import numpy as np
 from .. import ir
 from .bounds import int_range
 
-_FOLD = {"+": operator.add, "-": operator.sub, "*": operator.mul, "//": operator.floordiv, "%": operator.mod,
-         "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq,
-         "!=": operator.ne, "&": operator.and_, "|": operator.or_, "^": operator.xor, "<<": operator.lshift,
-         ">>": operator.rshift}
+_FOLD = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv, "//": operator.floordiv,
+         "%": operator.mod, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
+         "==": operator.eq, "!=": operator.ne, "&": operator.and_, "|": operator.or_, "^": operator.xor,
+         "<<": operator.lshift, ">>": operator.rshift}
+# numpy's f32 // and % are Python's float divmod computed in f32, as the cpu and cuda targets compute them
+_F32_FOLD = {"+": np.add, "-": np.subtract, "*": np.multiply, "/": np.true_divide, "//": np.floor_divide,
+             "%": np.mod}
 
 
 def simplify(fn: ir.Function) -> ir.Function:
@@ -38,10 +41,9 @@ def single_assignments(body: ir.Stmt) -> set:
 def _fold_value(op: str, a, b, dtype):
     if op in ("and", "or"):
         return (a and b) if op == "and" else (a or b)
-    if op == "/":
-        return np.float32(a) / np.float32(b) if dtype.bits <= 32 else a / b
-    if dtype.is_float and op in ("+", "-", "*") and dtype.bits == 32:
-        return float(_FOLD[op](np.float32(a), np.float32(b)))
+    if dtype.is_float and dtype.bits <= 32 and op in _F32_FOLD:    # in f32, as the kernel computes it
+        with np.errstate(all="ignore"):     # an overflow is not folded: the caller keeps the op
+            return float(_F32_FOLD[op](np.float32(a), np.float32(b)))
     return _FOLD[op](a, b)
 
 

@@ -22,8 +22,17 @@ _HELPERS = {
   T q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }""",
     "td_floormod": """template <typename T> __device__ __forceinline__ T td_floormod(T a, T b) {
   T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }""",
-    "td_fmodf": "__device__ __forceinline__ float td_fmodf(float a, float b) { return a - floorf(a / b) * b; }",
-    "td_fmod": "__device__ __forceinline__ double td_fmod(double a, double b) { return a - floor(a / b) * b; }",
+    # Python's float // and % (CPython's float divmod, as numba and numpy compute them): exact through fmod,
+    # where floor(a / b) would round first (1.0 // 0.1f: the quotient 9.9999998 rounds to 10.0f).
+    "td_pymod": """template <typename T> __device__ __forceinline__ T td_pymod(T a, T b) {
+  T m = fmod(a, b);
+  if (m == T(0)) return copysign(T(0), b);
+  return ((b < T(0)) != (m < T(0))) ? m + b : m; }""",
+    "td_pyfloordiv": """template <typename T> __device__ __forceinline__ T td_pyfloordiv(T a, T b) {
+  T m = fmod(a, b), d = (a - m) / b;
+  if (m != T(0) && ((b < T(0)) != (m < T(0)))) d -= T(1);
+  if (d == T(0)) return copysign(T(0), a / b);
+  T f = floor(d); return (d - f > T(0.5)) ? f + T(1) : f; }""",
     "td_atomic_rmw": """// Read-modify-write by compare-and-swap, for atomics CUDA has no instruction for.
 template <int N> struct td_uint;
 template <> struct td_uint<4> { typedef unsigned int type; };
@@ -325,9 +334,8 @@ class _CudaEmitter:
         a, b = self.expr(e.a), self.expr(e.b)
         if e.op in ("//", "%"):
             if e.dtype.is_float:
-                fn = "td_fmodf" if e.dtype.bits == 32 else "td_fmod"
-                floor = "floorf" if e.dtype.bits == 32 else "floor"
-                return f"{floor}({a} / {b})" if e.op == "//" else f"{fn}({a}, {b})"
+                helper = "td_pyfloordiv" if e.op == "//" else "td_pymod"
+                return f"{helper}<{e.dtype.c_name}>({a}, {b})"
             if e.dtype.kind == "uint" or (self.non_negative(e.a) and self.non_negative(e.b)):
                 return f"({a} {'/' if e.op == '//' else '%'} {b})"
             helper = "td_floordiv" if e.op == "//" else "td_floormod"
