@@ -1395,6 +1395,28 @@ def test_warp_shuffles(block, width, dtype, blocks, data):
 
 
 @td.kernel(grid=1, block=32)
+def narrow_shuffles(B: td.u8[32], S: td.i16[32], H: td.f16[32], Out: td.i64[3, 32], F: f32[32]):
+    t = threadIdx.x
+    Out[0, t] = td.shfl_xor(B[t], 1)
+    Out[1, t] = td.shfl_down(S[t], 3)
+    Out[2, t] = td.shfl_xor(B[t] > 100, 2)      # a bool
+    F[t] = td.shfl_idx(H[t], 5)
+
+
+def test_shuffles_of_narrow_integers_halves_and_bools():
+    lane = np.arange(32)
+    b = (lane * 7).astype(np.uint8)
+    s = (lane * -1000).astype(np.int16)
+    h = np.linspace(-2, 2, 32).astype(np.float16)
+    out, f = np.zeros((3, 32), np.int64), np.zeros(32, np.float32)
+    narrow_shuffles(b, s, h, out, f)
+    np.testing.assert_array_equal(out[0], b[lane ^ 1])
+    np.testing.assert_array_equal(out[1], np.where(lane + 3 < 32, s[np.minimum(lane + 3, 31)], s))
+    np.testing.assert_array_equal(out[2], (b > 100)[lane ^ 2])
+    np.testing.assert_array_equal(f, np.full(32, h[5].astype(np.float32)))
+
+
+@td.kernel(grid=1, block=32)
 def xor_across_segments(X: f32[32], Out: f32[2, 32]):
     v = X[threadIdx.x]
     Out[0, threadIdx.x] = td.shfl_xor(v, 16, width=16)    # lanes 16..31 may read the earlier segment

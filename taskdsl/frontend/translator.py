@@ -765,9 +765,9 @@ class FunctionTranslator:
         if not isinstance(width, int) or width not in (1, 2, 4, 8, 16, 32):
             raise self.error(node, "the width of a warp shuffle must be a power of two <= 32 known at compile time")
         value = self.runtime_value(node.args[0])
-        if value.dtype.bits > 64 or value.dtype.is_bool:
-            raise self.error(node.args[0], f"cannot shuffle a {value.dtype.name}")
         lane = self.cast_to(self.runtime_value(node.args[1], T.i32), T.i32, node.args[1])
+        if value.dtype.is_bool:     # no bool shuffle in CUDA: move it as an i32
+            return ir.binary("!=", ir.Call(fn.name, (ir.Cast(value, T.i32), lane, ir.const(width)), T.i32), 0)
         return ir.Call(fn.name, (value, lane, ir.const(width)), value.dtype)
 
     # ----------------------------------------------------------------- tensor cores and async copies
