@@ -1,14 +1,16 @@
 """Random ONNX models: hypothesis writes graphs of the operators the zoo uses, onnxruntime is the oracle.
 
-Each example is one model (opset 19) over one or two float inputs of rank 1 to 4 (sizes 1,
-odd and prime). Up to twelve nodes each read earlier values: elementwise operators with
-broadcasting (against constants and other values), `Where` over a comparison, transposes,
-reshapes (with `0` and `-1`), slices (negative steps too), squeezes, gathers (negative
-indices), concats, expands, reductions over any axes with and without `keepdims`, softmax,
-layer normalization, matmuls (with a constant, with batch broadcasting, and of a value with
-its own transpose), `Gemm`, convolutions (groups, strides, dilations, padding), pooling,
-batch norm, `Pad` (all four modes) and `Split`. One to three of the values are outputs. The model
-goes through `from_onnx`, the graph passes (constant folding, fusion around anchors, memory
+Each example is one model (opset 19) over one or two inputs of rank 1 to 4 (sizes 1, odd
+and prime), float32 or, in two models of five, int64 or int32. Up to twelve nodes each read
+earlier values: elementwise operators with broadcasting (against constants and other
+values), `Where` over a comparison, transposes, reshapes (with `0` and `-1`), slices
+(negative steps too), squeezes, gathers (negative indices), concats, expands, reductions over
+any axes with and without `keepdims`, softmax, layer normalization, matmuls (with a constant,
+with batch broadcasting, and of a value with its own transpose), `Gemm`, convolutions
+(groups, strides, dilations, padding), pooling, batch norm, `Pad` (all four modes) and
+`Split`; integer models use the operators that apply to integers, with `Mul` only by a
+constant so values stay small. One to three of the values are outputs. The model goes
+through `from_onnx`, the graph passes (constant folding, fusion around anchors, memory
 planning) and the cpu executor, so what this checks most is fusion: which producers become
 prologues and epilogues of which kernels, through which index rewrites. No shrinking: a
 failure prints the whole model and its kernels.
@@ -39,10 +41,11 @@ REDUCE = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceSumSquare"
 class ModelWriter:
     """Draws an ONNX graph node by node; `values` holds (name, shape) of everything computed so far."""
 
-    def __init__(self, data):
-        self.draw = data.draw
+    def __init__(self, data, dtype):
+        self.draw, self.dtype, self.integer = data.draw, dtype, np.dtype(dtype).kind == "i"
         self.nodes, self.constants, self.values, self.inputs = [], {}, [], []
         self.rng = np.random.default_rng(self.draw(st.integers(0, 2**16), label="constants seed"))
+        self.operators = INTEGER_OPERATORS if self.integer else OPERATORS
 
     # ------------------------------------------------------------------ plumbing
     def fresh(self, stem: str) -> str:
@@ -54,7 +57,13 @@ class ModelWriter:
         return name
 
     def weights(self, shape, low=-1.0, high=1.0) -> str:
+        """Random constants of the model's type (integers in [1, 3] or [-3, 3] in integer models)."""
+        if self.integer:
+            return self.constant(self.rng.integers(1 if low > 0 else -3, 4, shape).astype(self.dtype))
         return self.constant(self.rng.uniform(low, high, shape).astype(np.float32))
+
+    def scalar(self, value) -> str:
+        return self.constant(np.asarray(value).astype(self.dtype))
 
     def emit(self, op: str, inputs: list, shape, hidden=False, **attributes) -> tuple:
         """Add a node; its result joins `values` unless `hidden` (booleans, rank 0: only for the caller)."""
@@ -83,7 +92,7 @@ class ModelWriter:
 
     # ------------------------------------------------------------------ operators
     def unary(self, a):
-        op = self.draw(st.sampled_from(UNARY))
+        op = self.draw(st.sampled_from(["Abs", "Neg"] if self.integer else UNARY))
         if op == "Clip":
             low = self.draw(st.floats(-1, 0, width=32))
             return self.emit(op, [a[0], self.constant(np.float32(low)), self.constant(np.float32(low + 1))], a[1])
@@ -92,9 +101,9 @@ class ModelWriter:
         attributes = {"alpha": 0.125} if op == "LeakyRelu" else {}
         return self.emit(op, [a[0]], a[1], **attributes)
 
-    def broadcast_partner(self, shape) -> tuple:
+    def broadcast_partner(self, shape, constant=False) -> tuple:
         """A constant or an earlier value whose shape broadcasts with `shape`."""
-        partner = self.pick(lambda s: _broadcasts(s, shape))
+        partner = None if constant else self.pick(lambda s: _broadcasts(s, shape))
         if partner is not None and self.draw(st.booleans()):
             return partner[0], partner[1]
         drop = self.draw(st.integers(0, len(shape)))
@@ -104,10 +113,10 @@ class ModelWriter:
 
     def binary(self, a):
         op = self.draw(st.sampled_from(BINARY))
-        b_name, b_shape = self.broadcast_partner(a[1])
-        if op == "Div":          # divide by 1 + |b|
+        b_name, b_shape = self.broadcast_partner(a[1], constant=self.integer and op == "Mul")   # integers stay small
+        if op == "Div":          # divide by 1 + |b| (integers: truncating, as ONNX divides them)
             magnitude = self.emit("Abs", [b_name], b_shape, hidden=True)[0]
-            b_name = self.emit("Add", [magnitude, self.constant(np.float32(1))], b_shape, hidden=True)[0]
+            b_name = self.emit("Add", [magnitude, self.scalar(1)], b_shape, hidden=True)[0]
         operands = [a[0], b_name] if self.draw(st.booleans()) else [b_name, a[0]]
         return self.emit(op, operands, np.broadcast_shapes(a[1], b_shape))
 
@@ -197,7 +206,7 @@ class ModelWriter:
         return self.emit("Expand", [a[0], self.constant(np.array(given_shape, np.int64))], target)
 
     def reduce(self, a):
-        op = self.draw(st.sampled_from(REDUCE))
+        op = self.draw(st.sampled_from(["ReduceSum", "ReduceMax", "ReduceMin"] if self.integer else REDUCE))
         rank = len(a[1])
         axes = self.draw(st.lists(st.integers(0, rank - 1), min_size=1, max_size=rank, unique=True))
         keepdims = self.draw(st.booleans())
@@ -300,7 +309,7 @@ class ModelWriter:
         shape = [d + pads[i] + pads[i + rank] for i, d in enumerate(a[1])]
         inputs = [a[0], self.constant(np.array(pads, np.int64))]
         if mode == "constant" and self.draw(st.booleans()):
-            inputs.append(self.constant(np.float32(0.5)))
+            inputs.append(self.scalar(2 if self.integer else 0.5))
         return self.emit("Pad", inputs, shape, mode=mode)
 
     def split(self, a):
@@ -325,6 +334,8 @@ class ModelWriter:
 OPERATORS = ["unary", "binary", "where", "transpose", "reshape", "slice", "squeeze", "gather", "concat", "expand",
              "reduce", "softmax", "layer_norm", "matmul", "gemm", "batch_matmul", "conv", "pool", "batch_norm", "pad",
              "split", "exp_or_pow"]
+INTEGER_OPERATORS = ["unary", "binary", "where", "transpose", "reshape", "slice", "squeeze", "gather", "concat",
+                     "expand", "reduce", "pad", "split"]
 
 
 def _broadcasts(a: tuple, b: tuple) -> bool:
@@ -336,19 +347,25 @@ def _broadcasts(a: tuple, b: tuple) -> bool:
 
 def write_model(data):
     """A random model and the arrays to feed it."""
-    writer = ModelWriter(data)
+    dtype = data.draw(st.sampled_from([np.float32] * 3 + [np.int64, np.int32]), label="dtype")
+    writer = ModelWriter(data, dtype)
     first = writer.input(writer.shape())
     if data.draw(st.booleans(), label="second input"):
         writer.input(tuple(1 if data.draw(st.booleans()) else d for d in first[1]))
     for _ in range(data.draw(st.integers(1, 12), label="nodes")):
         a = writer.pick()
-        getattr(writer, data.draw(st.sampled_from(OPERATORS), label="operator"))(a)
+        getattr(writer, data.draw(st.sampled_from(writer.operators), label="operator"))(a)
     computed = [v for v in writer.values if v[0] not in dict(writer.inputs)]
     extra = data.draw(st.lists(st.sampled_from(computed), max_size=2, unique=True), label="more outputs")
     outputs = [computed[-1]] + [v for v in extra if v != computed[-1]]
-    model = make_model(writer.nodes, writer.inputs, [(name, list(shape)) for name, shape in outputs],
-                       writer.constants, opset=OPSET, name="random")
-    feeds = {name: writer.rng.uniform(-2, 2, shape).astype(np.float32) for name, shape in writer.inputs}
+    element = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    model = make_model(writer.nodes, [(name, shape, element) for name, shape in writer.inputs],
+                       [(name, list(shape), element) for name, shape in outputs], writer.constants, opset=OPSET,
+                       name="random")
+    if writer.integer:
+        feeds = {name: writer.rng.integers(-20, 21, shape).astype(dtype) for name, shape in writer.inputs}
+    else:
+        feeds = {name: writer.rng.uniform(-2, 2, shape).astype(dtype) for name, shape in writer.inputs}
     return model, feeds
 
 
