@@ -29,6 +29,7 @@ _HELPERS = {
   if (m == T(0)) return copysign(T(0), b);
   return ((b < T(0)) != (m < T(0))) ? m + b : m; }""",
     "td_pyfloordiv": """template <typename T> __device__ __forceinline__ T td_pyfloordiv(T a, T b) {
+  if (b == T(0)) return a / b;      // numpy's inf, -inf or nan (CPython would raise)
   T m = fmod(a, b), d = (a - m) / b;
   if (m != T(0) && ((b < T(0)) != (m < T(0)))) d -= T(1);
   if (d == T(0)) return copysign(T(0), a / b);
