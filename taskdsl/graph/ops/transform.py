@@ -180,7 +180,7 @@ class Pad(Operator):
     generic = True
 
     def check(self):
-        x, pads, mode = self.inputs[0], self.attrs["pads"], self.attrs.get("mode", "constant")
+        x, pads, mode = self.inputs[0], self.attrs["pads"], self.attrs["mode"]
         if len(pads) != 2 * x.ndim or any(p < 0 for p in pads):
             raise ValueError(f"pad: pads must be {2 * x.ndim} non-negative ints (begin..., end...), got {pads!r}")
         if mode not in PAD_MODES:
@@ -193,10 +193,10 @@ class Pad(Operator):
                 raise ValueError(f"pad: mode 'reflect' pads axis {k} of size {d} by {widest}; at most {d - 1}")
 
     def define(self, x):
-        shape, pads, mode = dims(x), self.attrs["pads"], self.attrs.get("mode", "constant")
+        shape, pads, mode = dims(x), self.attrs["pads"], self.attrs["mode"]
         n = len(shape)
         out = tuple(d + pads[k] + pads[n + k] for k, d in enumerate(shape))
-        value = ir.const(self.attrs.get("value", 0), x.dtype)
+        value = ir.const(self.attrs["value"], x.dtype)
 
         def fcompute(*ix):
             src = [i - pads[k] for k, i in enumerate(ix)]
