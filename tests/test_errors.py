@@ -231,6 +231,14 @@ def test_invert_on_a_float():
     dsl_error(lambda: k(vec(), vec()), "E_INVFLOAT", "'~' needs an integer operand")
 
 
+def test_infinite_constant_converted_to_an_integer():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32], Y: f32[32]):
+        Y[threadIdx.x] = i32(1e300 * 1e300) + X[0]  # E_INFINT
+
+    dsl_error(lambda: k(vec(), vec()), "E_INFINT", "inf has no i32 value", token="i32(")
+
+
 def test_tensor_slices_are_rejected():
     @td.kernel(grid=1, block=32)
     def k(X: f32[32], Y: f32[32]):

@@ -895,7 +895,10 @@ class FunctionTranslator:
     def cast_to(self, value, dtype: T.DataType, node: ast.AST) -> ir.Expr:
         if not (is_runtime(value) or _is_number(value)):
             raise self.error(node, f"expected a number, got {type(value).__name__}")
-        return ir.convert(ir.as_expr(value, dtype), dtype)
+        try:
+            return ir.convert(ir.as_expr(value, dtype), dtype)
+        except ValueError as exc:   # a constant the type has no value for: i32(float('inf'))
+            raise self.error(node, str(exc)) from None
 
     @staticmethod
     def _name_of(target: ast.expr) -> str | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from dataclasses import dataclass, field
 
 from .types import DataType, boolean, f32, i32, i64, promote, u64
@@ -200,6 +201,8 @@ def const(value, dtype: DataType | None = None) -> Const:
         value = dtype.round(value)
     elif dtype.is_bool:
         value = bool(value)
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{value} has no {dtype.name} value (only finite floats convert to integers)")
     else:
         value = dtype.wrap(int(value))
     return Const(value, dtype)

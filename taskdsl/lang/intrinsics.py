@@ -10,6 +10,8 @@ import functools
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..ir import types as T
 from ..ir.expr import Call, Expr, SpecialReg, as_expr, const, convert
 
@@ -48,15 +50,30 @@ class Intrinsic:
         return f"td.{self.name}"
 
 
-def _sigmoid(x):
-    return 1.0 / (1.0 + math.exp(-x))
+def _ieee(function):
+    """`function` (numpy's) on Python numbers in f64, giving inf or nan where Python's math would raise, as kernels do."""
+    def host(*args):
+        with np.errstate(all="ignore"):
+            return float(function(*(np.float64(a) for a in args)))
+    return host
+
+
+def _pick(larger: bool):
+    """max (min): the larger (smaller) operand, a NaN if either is one, the first of equal ones (numpy's
+    maximum / minimum; Python's max depends on the argument order with a NaN)."""
+    def host(a, b):
+        if a != a:
+            return a
+        return b if b != b or (b > a if larger else b < a) else a
+    return host
 
 
 _MATH_HOST = {
-    "exp": math.exp, "exp2": lambda x: 2.0 ** x, "log": math.log, "log2": math.log2, "sqrt": math.sqrt,
-    "rsqrt": lambda x: 1.0 / math.sqrt(x), "sin": math.sin, "cos": math.cos, "tanh": math.tanh,
-    "erf": math.erf, "abs": abs, "floor": math.floor, "ceil": math.ceil, "max": max, "min": min,
-    "pow": pow, "fma": lambda a, b, c: a * b + c, "sigmoid": _sigmoid,
+    "exp": _ieee(np.exp), "exp2": _ieee(np.exp2), "log": _ieee(np.log), "log2": _ieee(np.log2),
+    "sqrt": _ieee(np.sqrt), "rsqrt": _ieee(lambda x: 1.0 / np.sqrt(x)), "sin": _ieee(np.sin), "cos": _ieee(np.cos),
+    "tanh": _ieee(np.tanh), "erf": _ieee(math.erf), "floor": _ieee(np.floor), "ceil": _ieee(np.ceil),
+    "pow": _ieee(np.power), "fma": _ieee(lambda a, b, c: a * b + c), "sigmoid": _ieee(lambda x: 1.0 / (1.0 + np.exp(-x))),
+    "abs": abs, "max": _pick(True), "min": _pick(False),
 }
 MATH_ARITY = {"max": 2, "min": 2, "pow": 2, "fma": 3}
 MATH = {name: Intrinsic(name, "math", fn) for name, fn in _MATH_HOST.items()}

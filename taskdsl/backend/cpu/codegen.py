@@ -32,10 +32,12 @@ from ..naming import NameTable
 from . import fission as F
 
 _MATH = {"exp": "math.exp", "log": "math.log", "log2": "math.log2", "sqrt": "math.sqrt", "sin": "math.sin",
-         "cos": "math.cos", "tanh": "math.tanh", "erf": "math.erf", "floor": "math.floor", "ceil": "math.ceil",
+         "cos": "math.cos", "tanh": "math.tanh", "erf": "math.erf", "floor": "np.floor", "ceil": "np.ceil",
          "pow": "math.pow", "abs": "abs", "max": "max", "min": "min", "rsqrt": "rt.rsqrt", "exp2": "rt.exp2",
          "sigmoid": "rt.sigmoid", "fma": "rt.fma"}
 _F32_MATH = {"erf": "rt.erf_f32", "tanh": "rt.tanh_f32"}     # vectorizable rational approximations (support.py)
+# Python's max / min on floats depend on the argument order when one is a NaN; numpy's propagate it
+_FLOAT_MATH = {"max": "np.maximum", "min": "np.minimum"}
 _NP_TYPES = {"f16": "np.uint16", "bf16": "np.uint16", "f32": "np.float32", "f64": "np.float64", "i8": "np.int8", "i16": "np.int16", "i32": "np.int32",
              "i64": "np.int64", "u8": "np.uint8", "u32": "np.uint32", "u64": "np.uint64", "bool": "np.bool_"}
 _PY_OPS = {"and": "and", "or": "or"}
@@ -449,7 +451,8 @@ class _PythonEmitter:
             return self.atomic(e)
         if isinstance(e, ir.Call):
             args = ", ".join(self.cast(a, e.dtype) if e.dtype.is_float else self.expr(a) for a in e.args)
-            fn = _F32_MATH.get(e.func, _MATH[e.func]) if e.dtype.name == "f32" else _MATH[e.func]
+            fn = _FLOAT_MATH.get(e.func, _MATH[e.func]) if e.dtype.is_float else _MATH[e.func]
+            fn = _F32_MATH.get(e.func, fn) if e.dtype.name == "f32" else fn
             call = f"{fn}({args})"
             return f"{np_type(e.dtype)}({call})" if e.dtype.is_float else call
         raise AssertionError(f"emit_python: unexpected expression {type(e).__name__}")

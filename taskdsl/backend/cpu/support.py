@@ -156,18 +156,18 @@ def atomic_sub(a, idx, v):
 
 @njit(cache=True, inline="always")
 def atomic_max(a, idx, v):
-    """a[idx] = max(a[idx], v); the old value."""
+    """a[idx] = max(a[idx], v), NaN-propagating as `td.max`; the old value."""
     old = a[idx]
-    if v > old:
+    if v > old or v != v:
         a[idx] = v
     return old
 
 
 @njit(cache=True, inline="always")
 def atomic_min(a, idx, v):
-    """a[idx] = min(a[idx], v); the old value."""
+    """a[idx] = min(a[idx], v), NaN-propagating as `td.min`; the old value."""
     old = a[idx]
-    if v < old:
+    if v < old or v != v:
         a[idx] = v
     return old
 

@@ -34,6 +34,11 @@ _HELPERS = {
   if (m != T(0) && ((b < T(0)) != (m < T(0)))) d -= T(1);
   if (d == T(0)) return copysign(T(0), a / b);
   T f = floor(d); return (d - f > T(0.5)) ? f + T(1) : f; }""",
+    # max / min as the cpu target (numba's np.maximum / np.minimum) computes them: a NaN operand gives NaN, equal
+    # operands the first. fmaxf / fminf would drop the NaN: relu(NaN) would be 0 where numpy, PyTorch and onnxruntime
+    # give NaN.
+    "td_max": """template <typename T> __device__ __forceinline__ T td_max(T a, T b) { return (b > a || b != b) ? b : a; }""",
+    "td_min": """template <typename T> __device__ __forceinline__ T td_min(T a, T b) { return (b < a || b != b) ? b : a; }""",
     "td_atomic_rmw": """// Read-modify-write by compare-and-swap, for atomics CUDA has no instruction for.
 template <int N> struct td_uint;
 template <> struct td_uint<4> { typedef unsigned int type; };
@@ -53,7 +58,7 @@ template <typename T> __device__ __forceinline__ unsigned td_pack_b16(T lo, T hi
 
 _F32_MATH = {"exp": "expf", "exp2": "exp2f", "log": "logf", "log2": "log2f", "sqrt": "sqrtf", "rsqrt": "rsqrtf",
              "sin": "sinf", "cos": "cosf", "tanh": "tanhf", "erf": "erff", "abs": "fabsf", "floor": "floorf",
-             "ceil": "ceilf", "max": "fmaxf", "min": "fminf", "pow": "powf", "fma": "fmaf"}
+             "ceil": "ceilf", "pow": "powf", "fma": "fmaf"}
 _SHUFFLES = {"shfl_xor": "__shfl_xor_sync", "shfl_down": "__shfl_down_sync", "shfl_up": "__shfl_up_sync",
              "shfl_idx": "__shfl_sync"}
 _C_OPS = {"and": "&&", "or": "||"}
@@ -70,7 +75,8 @@ _C_RESERVED = set(_F32_MATH.values()) | {name[:-1] for name in _F32_MATH.values(
     "register", "volatile", "inline", "sizeof", "new", "delete", "this", "true", "false", "auto", "goto",
     "namespace", "using", "operator", "char", "float", "double", "int", "bool", "asm", "__syncwarp",
     "__cvta_generic_to_shared", "td_r", "td_dynamic_smem"} | set(_HELPERS)
-_RMW_OPS = {"add": "a + b", "sub": "a - b", "max": "(a > b ? a : b)", "min": "(a < b ? a : b)", "exch": "b"}
+# the new value from the old one `a` and the operand `b` (max / min keep a NaN, as td_max / td_min do)
+_RMW_OPS = {"add": "a + b", "sub": "a - b", "max": "td_max(a, b)", "min": "td_min(a, b)", "exch": "b"}
 
 
 STATIC_SHARED_LIMIT = 48 * 1024   # bytes of static __shared__ a kernel may declare
@@ -352,6 +358,8 @@ class _CudaEmitter:
             one = "1.0f" if e.dtype.bits == 32 else "1.0"
             exp = "expf" if e.dtype.bits == 32 else "exp"
             return f"({one} / ({one} + {exp}(-({args[0]}))))"
+        if e.dtype.is_float and e.func in ("max", "min"):
+            return f"td_{e.func}<{e.dtype.c_name}>({', '.join(args)})"
         if e.dtype.is_float:
             name = _F32_MATH[e.func]
             return f"{name if e.dtype.bits == 32 else name[:-1]}({', '.join(args)})"
