@@ -59,8 +59,9 @@ def _cpu_target_and_nvrtc(monkeypatch, request, twin_target):
         td.set_target(os.environ.get("TASKDSL_TEST_TARGET", "cpu"))
     original = Kernel.__call__
 
-    def call_and_compile(self, *args):
-        original(self, *args)
+    def call_and_compile(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        args = self.arguments(args, kwargs)
         binding = self.bind(args)
         key = (id(self), binding.block)
         if key not in _compiled and 0 not in binding.grid:

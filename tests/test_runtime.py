@@ -63,6 +63,37 @@ def test_binding_errors_say_what_to_do():
         add_rows([[1.0]], a, a)
 
 
+@td.kernel(grid=1, block=8)
+def axpy_default(X: f32[8], Y: f32[8], alpha: f32 = 2.0, shift: i32 = 0):
+    Y[threadIdx.x] = alpha * X[(threadIdx.x + shift) % 8] + Y[threadIdx.x]
+
+
+def test_keyword_arguments_and_scalar_defaults_bind_as_in_python():
+    x = np.arange(8, dtype=np.float32)
+    for kwargs, alpha, shift in [({}, 2.0, 0), ({"alpha": 0.5}, 0.5, 0), ({"shift": 3}, 2.0, 3),
+                                 ({"shift": 1, "alpha": -1.0}, -1.0, 1)]:
+        y = np.ones(8, np.float32)
+        axpy_default(x, Y=y, **kwargs)
+        np.testing.assert_array_equal(y, alpha * np.roll(x, -shift) + 1, err_msg=str(kwargs))
+    y = np.zeros(8, np.float32)
+    axpy_default(Y=y, X=x, shift=2)
+    np.testing.assert_array_equal(y, 2 * np.roll(x, -2))
+    assert "alpha" in axpy_default.compile(x, y, alpha=1.5, target="cpu").source
+    for bad, message in [(lambda: axpy_default(x), "missing a required argument: 'Y'"),
+                         (lambda: axpy_default(x, y, beta=1.0), "got an unexpected keyword argument 'beta'"),
+                         (lambda: axpy_default(x, y, X=x), "multiple values for argument 'X'"),
+                         (lambda: axpy_default(x, y, 1.0, 2, 3), "too many positional arguments")]:
+        with pytest.raises(TypeError, match=r"takes 4 arguments \(X, Y, alpha, shift\): " + message):
+            bad()
+
+
+def test_tensor_parameters_cannot_have_defaults():
+    with pytest.raises(TypeError, match="tensor parameter 'Y' cannot have a default"):
+        @td.kernel(grid=1, block=8)
+        def with_default(X: f32[8], Y: f32[8] = None):
+            Y[threadIdx.x] = X[threadIdx.x]
+
+
 def test_repeated_calls_reuse_the_checked_binding_but_new_signatures_are_checked():
     """A call with the shapes and dtypes of an earlier one skips the checks (same sizes and grid); any other
     call is checked as the first was, so a mismatch after a cached call is still refused."""

@@ -21,6 +21,9 @@ def kernel_params(fn) -> list:
         if not isinstance(ann, (T.TensorSpec, T.DataType)):
             raise TypeError(f"kernel '{fn.__name__}': annotate parameter '{name}' with a tensor type such as "
                             f"f32['M', 'N'] or a scalar dtype such as f32 (got {ann!r})")
+        if isinstance(ann, T.TensorSpec) and p.default is not p.empty:
+            raise TypeError(f"kernel '{fn.__name__}': tensor parameter '{name}' cannot have a default value "
+                            "(scalar parameters can: alpha: f32 = 1.0)")
         params.append((name, ann))
     return params
 

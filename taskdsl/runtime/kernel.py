@@ -106,6 +106,8 @@ class Kernel:
         self.grid_spec = grid
         self.block_spec = block
         self.params = kernel_params(fn) if params is None else params
+        self._signature = inspect.signature(fn) if fn is not None else inspect.Signature(
+            [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n, _ in self.params])
         self._build = build or (lambda b: build_function(fn, name, self.params, b))
         self._callable_args = {what: list(inspect.signature(spec).parameters) if callable(spec) else None
                                for what, spec in (("grid", grid), ("block", block))}
@@ -264,7 +266,21 @@ class Kernel:
         return lower_for_cuda(self._lowered_ir(binding.block), binding.sizes)
 
     # ------------------------------------------------------------------ public API
-    def __call__(self, *args) -> None:
+    def arguments(self, args: tuple, kwargs: dict) -> tuple:
+        """Positional and keyword arguments as one tuple in parameter order, defaults filled in (as Python
+        binds a call)."""
+        if not kwargs and len(args) == len(self.params):
+            return args
+        try:
+            bound = self._signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"kernel '{self.name}' takes {len(self.params)} arguments "
+                            f"({', '.join(n for n, _ in self.params)}): {exc}") from None
+        bound.apply_defaults()
+        return bound.args
+
+    def __call__(self, *args, **kwargs) -> None:
+        args = self.arguments(args, kwargs)
         target = get_target()
         if target == "cpu":
             self._call_cpu(args)
@@ -387,10 +403,10 @@ class Kernel:
                                              dynamic_shared_bytes(fn), unused)
         return self._cuda[key]
 
-    def compile(self, *args, target: str | None = None, arch: str | None = None) -> CompiledKernel:
+    def compile(self, *args, target: str | None = None, arch: str | None = None, **kwargs) -> CompiledKernel:
         """Compile the specialization for `args` without running it (cuda: a cubin for `arch`, default sm_90)."""
         target = target or get_target()
-        binding = self.bind(args, target)
+        binding = self.bind(self.arguments(args, kwargs), target)
         if target == "cuda":
             return self._compiled_cuda(binding, arch or "sm_90")
         if target == "cpu":
