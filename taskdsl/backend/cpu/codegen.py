@@ -36,8 +36,8 @@ _MATH = {"exp": "math.exp", "log": "math.log", "log2": "math.log2", "sqrt": "mat
          "pow": "math.pow", "abs": "abs", "max": "max", "min": "min", "rsqrt": "rt.rsqrt", "exp2": "rt.exp2",
          "sigmoid": "rt.sigmoid", "fma": "rt.fma"}
 _F32_MATH = {"erf": "rt.erf_f32", "tanh": "rt.tanh_f32"}     # vectorizable rational approximations (support.py)
-# Python's max / min on floats depend on the argument order when one is a NaN; numpy's propagate it
-_FLOAT_MATH = {"max": "np.maximum", "min": "np.minimum"}
+# Python's max / min on floats depend on the argument order when one is a NaN; these keep it
+_FLOAT_MATH = {"max": "rt.fmax", "min": "rt.fmin"}
 _NP_TYPES = {"f16": "np.uint16", "bf16": "np.uint16", "f32": "np.float32", "f64": "np.float64", "i8": "np.int8", "i16": "np.int16", "i32": "np.int32",
              "i64": "np.int64", "u8": "np.uint8", "u32": "np.uint32", "u64": "np.uint64", "bool": "np.bool_"}
 _PY_OPS = {"and": "and", "or": "or"}

@@ -29,6 +29,21 @@ def sigmoid(x):
     return 1.0 / (1.0 + math.exp(-x))
 
 
+@njit(cache=True, inline="always")
+def fmax(a, b):
+    """max of floats keeping a NaN; equal operands give `a` (CUDA's td_max). Selects only, so LLVM vectorizes
+    it, where numba's np.maximum branches."""
+    larger = b if b > a else a
+    return larger if (a == a and b == b) else a + b
+
+
+@njit(cache=True, inline="always")
+def fmin(a, b):
+    """min of floats keeping a NaN; equal operands give `a` (CUDA's td_min)."""
+    smaller = b if b < a else a
+    return smaller if (a == a and b == b) else a + b
+
+
 # erf(x) = x * P(x^2) / Q(x^2) on [-4, 4] (beyond, erf is +-1 in float32): the rational minimax
 # approximation XLA and Eigen use for float32, within 4.2e-7 of math.erf. Arithmetic only, so a
 # GELU epilogue vectorizes, where math.erf is a libm call per element.
