@@ -106,8 +106,6 @@ class Kernel:
         self.grid_spec = grid
         self.block_spec = block
         self.params = kernel_params(fn) if params is None else params
-        self._signature = inspect.signature(fn) if fn is not None else inspect.Signature(
-            [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n, _ in self.params])
         self._build = build or (lambda b: build_function(fn, name, self.params, b))
         self._callable_args = {what: list(inspect.signature(spec).parameters) if callable(spec) else None
                                for what, spec in (("grid", grid), ("block", block))}
@@ -269,10 +267,13 @@ class Kernel:
     def arguments(self, args: tuple, kwargs: dict) -> tuple:
         """Positional and keyword arguments as one tuple in parameter order, defaults filled in (as Python
         binds a call)."""
-        if not kwargs and len(args) == len(self.params):
-            return args
+        if not kwargs and (len(args) == len(self.params) or self.fn is None):
+            return args     # a count mismatch is reported by the checks
+        if self.fn is None:   # built from IR: its parameter names need not be Python identifiers
+            raise TypeError(f"kernel '{self.name}' takes positional arguments only "
+                            f"({', '.join(n for n, _ in self.params)})")
         try:
-            bound = self._signature.bind(*args, **kwargs)
+            bound = inspect.signature(self.fn).bind(*args, **kwargs)
         except TypeError as exc:
             raise TypeError(f"kernel '{self.name}' takes {len(self.params)} arguments "
                             f"({', '.join(n for n, _ in self.params)}): {exc}") from None
