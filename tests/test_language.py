@@ -271,6 +271,32 @@ def test_math_functions_follow_ieee_at_edges():
     np.testing.assert_array_equal(folded, np.array([-np.inf, np.nan, np.inf, 1e30, np.nan], np.float32))
 
 
+# f64 values whose nearest f16 (elements 0 and 2) or bf16 (element 1) is farther from zero, but that round
+# to a tie, and then toward zero, when they go through f32 first
+ROUND_ONCE = np.array([1 + 2**-11 + 2**-40, -(1 + 2**-8 + 2**-30), 2049 + 2**-30, 1 + 3 * 2**-9 + 2**-35])
+
+
+@td.kernel(grid=1, block=len(ROUND_ONCE))
+def to_16_bits(Y: f64[len(ROUND_ONCE)], A: i32[1], H: td.f16[len(ROUND_ONCE)], B: td.bf16[len(ROUND_ONCE) + 1]):
+    t = threadIdx.x
+    H[t] = Y[t]
+    B[t] = Y[t]
+    if t == 0:
+        B[len(ROUND_ONCE)] = A[0]
+
+
+def test_f64_and_int_to_16_bit_floats_round_once():
+    """As CUDA's __double2half and __int2bfloat16_rn (and constant folding) do: through f32 they would round twice."""
+    import ml_dtypes
+    a = np.array([2**24 + 2**16 + 1], np.int32)     # its nearest bf16 is 2**24 + 2**17; through f32: 2**24
+    h = np.zeros(len(ROUND_ONCE), np.float16)
+    b = np.zeros(len(ROUND_ONCE) + 1, ml_dtypes.bfloat16)
+    to_16_bits(ROUND_ONCE, a, h, b)
+    np.testing.assert_array_equal(h, ROUND_ONCE.astype(np.float16))    # numpy rounds f64 -> f16 once
+    want = [1.0, -(1 + 2**-7), 2048.0, 1 + 2**-7, 2**24 + 2**17]   # by hand: bf16 has 8 significant bits
+    np.testing.assert_array_equal(b.astype(np.float64), want)
+
+
 # --------------------------------------------------------------------------- casts
 @td.kernel(grid=lambda N: td.cdiv(N, 64), block=64)
 def casts(X: f32["N"], I: i32["N"], T1: i32["N"], T2: i32["N"], F1: f32["N"], F2: f32["N"], F3: f32["N"]):

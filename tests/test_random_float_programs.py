@@ -365,11 +365,13 @@ def expected(shared: tuple, trees: list, step: int, shift: int, shared_type: str
 def _inputs(rng) -> dict:
     special = [np.nan, np.inf, -np.inf, -0.0, 0.0, 1e-40, 3.4e38, -1e30, 0.1, 2.5, -2.5, 16777217.0]
     x = np.concatenate([special, rng.standard_normal(10) * 10, rng.integers(-8, 9, THREADS) / 2])[:THREADS]
-    y = np.concatenate([[1e300, -np.inf, np.nan, 2.0**53 + 1, 5e-324, -0.0, 0.1],
+    # 1 + 2**-11 + 2**-40 and 1 + 2**-8 + 2**-30 round up to f16 and bf16, but to ties (then down) through f32
+    y = np.concatenate([[1e300, -np.inf, np.nan, 2.0**53 + 1, 5e-324, -0.0, 0.1, 1 + 2**-11 + 2**-40,
+                         -(1 + 2**-8 + 2**-30)],
                         rng.standard_normal(THREADS) * 100])[:THREADS]
     p = np.concatenate([[65504.0, -0.0, np.inf, 6e-8, np.nan, 0.1], rng.standard_normal(THREADS) * 4])[:THREADS]
     q = np.concatenate([[3e38, -0.0, -np.inf, 1e-39, np.nan, 0.1], rng.standard_normal(THREADS) * 4])[:THREADS]
-    a = np.concatenate([[0, -1, 2**31 - 1, -2**31, 16777217], rng.integers(-1000, 1000, THREADS)])[:THREADS]
+    a = np.concatenate([[0, -1, 2**31 - 1, -2**31, 16777217, 2**24 + 2**16 + 1], rng.integers(-1000, 1000, THREADS)])[:THREADS]
     d = np.concatenate([[0, -1, 2**53 + 1, -2**62, 2**40], rng.integers(-2**20, 2**20, THREADS)])[:THREADS]
     with np.errstate(all="ignore"):
         return {"x": x.astype(np.float32), "y": y.astype(np.float64), "p": p.astype(np.float16),

@@ -392,8 +392,9 @@ class _PythonEmitter:
             text = f"rt.{e.dtype.name}_to_f32({text})"
             if dtype == ir.types.f32:
                 return text
-        if _is_half(dtype):
-            return f"rt.f32_to_{dtype.name}(np.float32({text}))"
+        if _is_half(dtype):   # rounded once, as CUDA does: f64s and ints past 2**24 would round twice through f32
+            wide = "np.float32" if e.dtype.is_float and e.dtype.bits <= 32 else "np.float64"
+            return f"rt.f32_to_{dtype.name}({wide}({text}))"
         if dtype.is_bool:
             return text if e.dtype.is_bool else f"({text} != 0)"
         if dtype.kind == "int" and dtype.bits >= e.dtype.bits >= 32 and e.dtype.kind == "int":

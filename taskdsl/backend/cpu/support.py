@@ -305,11 +305,11 @@ _round_to_bits = njit(cache=True, inline="always")(narrow_float_bits)
 
 @njit(cache=True)
 def f32_to_f16(x):
-    """The f16 bits nearest to x (ties to even)."""
+    """The f16 bits nearest to x, an f32 or f64 (ties to even)."""
     return np.uint16(_round_to_bits(x, 10, 15, 31))
 
 
 @njit(cache=True)
 def f32_to_bf16(x):
-    """The bf16 bits nearest to x (ties to even)."""
+    """The bf16 bits nearest to x, an f32 or f64 (ties to even)."""
     return np.uint16(_round_to_bits(x, 7, 127, 255))
