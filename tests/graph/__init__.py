@@ -15,14 +15,16 @@ def rand(shape, seed: int = 0, dtype=np.float32, low: float = -2.0, high: float 
 
 
 def assert_close(got, want, rtol: float = 1e-4, atol: float = 1e-6) -> None:
-    """Same shape and dtype, values within rtol (plus atol scaled by the largest expected magnitude)."""
+    """Same shape and dtype, values within rtol (plus atol scaled by the largest finite expected magnitude;
+    infinities and NaNs must match exactly)."""
     got, want = np.asarray(got), np.asarray(want)
     assert got.shape == want.shape, (got.shape, want.shape)
     assert got.dtype == want.dtype, (got.dtype, want.dtype)
     if want.dtype.kind in "biu":
         np.testing.assert_array_equal(got, want)
         return
-    scale = float(np.max(np.abs(want))) if want.size else 1.0
+    finite = np.abs(want[np.isfinite(want)])
+    scale = float(np.max(finite)) if finite.size else 1.0     # an inf would make atol inf: nothing checked
     np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol, atol=atol * max(scale, 1.0))
 
 
