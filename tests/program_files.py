@@ -1,4 +1,10 @@
-"""Kernels that tests write as text: each is saved to a file and imported (a kernel needs its source)."""
+"""Kernels that tests write as text: each is saved to a file and imported (a kernel needs its source).
+
+The random-program tests draw expressions as tuple trees and print them with `expression_source`:
+("var", name), ("const", value, dtype or None for a plain literal), ("cast", dtype, e), ("bin", op, a, b),
+("unary", "-" | "~" | "abs", e), ("call", math function, args...), ("select", condition, a, b); a
+condition is ("compare", op, a, b), ("not", condition) or ("logic", "and" | "or", c1, c2).
+"""
 from __future__ import annotations
 
 import importlib.util
@@ -18,3 +24,33 @@ def load_program(text: str, stem: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def expression_source(tree) -> str:
+    """An expression tree (see the module docstring) as a fully parenthesized DSL expression."""
+    kind = tree[0]
+    if kind == "var":
+        return tree[1]
+    if kind == "const":
+        return f"({tree[1]!r})" if tree[2] is None else f"{tree[2]}({tree[1]!r})"
+    if kind == "cast":
+        return f"{tree[1]}({expression_source(tree[2])})"
+    if kind == "bin":
+        return f"({expression_source(tree[2])} {tree[1]} {expression_source(tree[3])})"
+    if kind == "unary":
+        operand = expression_source(tree[2])
+        return f"abs({operand})" if tree[1] == "abs" else f"({tree[1]}{operand})"
+    if kind == "call":
+        return f"td.{tree[1]}({', '.join(expression_source(a) for a in tree[2:])})"
+    if kind == "select":
+        return f"({expression_source(tree[2])} if {condition_source(tree[1])} else {expression_source(tree[3])})"
+    raise AssertionError(kind)
+
+
+def condition_source(cond) -> str:
+    """A condition tree as DSL source."""
+    if cond[0] == "compare":
+        return f"({expression_source(cond[2])} {cond[1]} {expression_source(cond[3])})"
+    if cond[0] == "not":
+        return f"(not {condition_source(cond[1])})"
+    return f"({condition_source(cond[2])} {cond[1]} {condition_source(cond[3])})"

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 import taskdsl as td
 
-from .program_files import load_program
+from .program_files import expression_source, load_program
 
 GPU_TWINS = True   # every example also runs as a @gpu twin on the cuda target (conftest.py)
 
@@ -258,10 +258,7 @@ def evaluate(tree, env: dict) -> Value:
         v = evaluate(tree[2], env)
         if v.dtype is None:
             return Value(-v.value if tree[1] == "-" else abs(v.value), None)
-        if tree[1] == "abs":
-            return math_abs(v)
-        v = convert(v, "f32") if BITS[v.dtype] == 16 else v
-        return Value(-v.value, v.dtype, v.bad | (v.value == np.iinfo(v.value.dtype).min if not is_float(v.dtype) else False))
+        return negate_or_abs(tree[1], v)
     if kind == "select":
         cond = compare(tree[1], env)
         x, y = evaluate(tree[2], env), evaluate(tree[3], env)
@@ -279,47 +276,17 @@ def evaluate(tree, env: dict) -> Value:
     return arithmetic(tree[1], evaluate(tree[2], env), evaluate(tree[3], env))
 
 
-def math_abs(v: Value) -> Value:
-    dtype = "f32" if is_float(v.dtype) and BITS[v.dtype] == 16 else v.dtype
-    v = convert(v, dtype)
-    overflow = v.value == np.iinfo(v.value.dtype).min if not is_float(dtype) else False
-    return Value(np.abs(v.value), dtype, v.bad | overflow)
+def negate_or_abs(op: str, v: Value) -> Value:
+    """-v or abs(v) of a typed value: 16-bit floats in f32; an integer's minimum overflows."""
+    v = convert(v, "f32") if BITS[v.dtype] == 16 else v
+    overflow = v.value == np.iinfo(v.value.dtype).min if not is_float(v.dtype) else False
+    return Value(np.negative(v.value) if op == "-" else np.abs(v.value), v.dtype, v.bad | overflow)
 
 
 # ------------------------------------------------------------------ trees as kernel source
-def literal_source(value) -> str:
-    return f"({value!r})" if np.isfinite(value) else f"float('{value}')"
-
-
-def source(tree) -> str:
-    """The tree as a fully parenthesized DSL expression."""
-    kind = tree[0]
-    if kind == "var":
-        return tree[1]
-    if kind == "const":
-        return literal_source(tree[1]) if tree[2] is None else f"{tree[2]}({tree[1]!r})"
-    if kind == "cast":
-        return f"{tree[1]}({source(tree[2])})"
-    if kind == "bin":
-        return f"({source(tree[2])} {tree[1]} {source(tree[3])})"
-    if kind == "unary":
-        return f"abs({source(tree[2])})" if tree[1] == "abs" else f"(-{source(tree[2])})"
-    if kind == "call":
-        return f"td.{tree[1]}({', '.join(source(a) for a in tree[2:])})"
-    if kind == "select":
-        return f"({source(tree[2])} if {condition_source(tree[1])} else {source(tree[3])})"
-    raise AssertionError(kind)
-
-
-def condition_source(cond) -> str:
-    if cond[0] == "not":
-        return f"(not {condition_source(cond[1])})"
-    return f"({source(cond[2])} {cond[1]} {source(cond[3])})"
-
-
 def build_kernel(shared: tuple, trees: list, step: int, shift: int, shared_type: str):
     """The kernel of the module docstring, written to a file (kernels need their source)."""
-    body = "\n".join(f"        OUT[i, {k}, t] = {source(tree)}" for k, tree in enumerate(trees))
+    body = "\n".join(f"        OUT[i, {k}, t] = {expression_source(tree)}" for k, tree in enumerate(trees))
     n = THREADS
     text = (f"import taskdsl as td\nfrom taskdsl import bf16, f16, f32, f64, i32, i64, threadIdx\n\n\n"
             f"@td.kernel(grid=1, block={n})\n"
@@ -328,7 +295,7 @@ def build_kernel(shared: tuple, trees: list, step: int, shift: int, shared_type:
             f"    s = td.shared({shared_type}, ({n},))\n"
             f"    t = threadIdx.x\n    x, y, p, q, a, d = X[t], Y[t], P[t], Q[t], A[t], D[t]\n"
             f"    for i in range({LOOP}):\n"
-            f"        s[t] = {source(shared)}\n"
+            f"        s[t] = {expression_source(shared)}\n"
             f"        td.syncthreads()\n"
             f"        w = s[(t * {step} + i + {shift}) % {n}]\n"
             f"        td.syncthreads()\n{body}\n")
@@ -404,5 +371,5 @@ def test_random_float_programs_match_numpy(shared, trees, step, shift, seed, sha
     if wrong.size:
         i, k, t = wrong[0]
         values = ", ".join(f"{n}={v[t]!r}" for n, v in inputs.items())
-        raise AssertionError(f"expression {k}: {source(trees[k])}\niteration {i}, thread {t} ({values}): "
+        raise AssertionError(f"expression {k}: {expression_source(trees[k])}\niteration {i}, thread {t} ({values}): "
                              f"got {out[i, k, t]!r}, expected {reference[i, k, t]!r}\n{text}")

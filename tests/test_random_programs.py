@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 import taskdsl as td
 
-from .program_files import load_program
+from .program_files import expression_source, load_program
 
 GPU_TWINS = True   # every example also runs as a @gpu twin on the cuda target (conftest.py)
 
@@ -164,37 +164,9 @@ def truth(cond, env: dict) -> tuple:
 
 
 # ------------------------------------------------------------------ trees as kernel source
-def source(tree) -> str:
-    """The tree as a fully parenthesized DSL expression."""
-    kind = tree[0]
-    if kind == "var":
-        return tree[1]
-    if kind == "const":
-        return f"({tree[1]})" if tree[2] is None else f"{tree[2]}({tree[1]})"
-    if kind == "cast":
-        return f"{tree[1]}({source(tree[2])})"
-    if kind == "bin":
-        return f"({source(tree[2])} {tree[1]} {source(tree[3])})"
-    if kind == "unary":
-        return f"abs({source(tree[2])})" if tree[1] == "abs" else f"({tree[1]}{source(tree[2])})"
-    if kind == "call":
-        return f"{tree[1]}({source(tree[2])}, {source(tree[3])})"
-    if kind == "select":
-        return f"({source(tree[2])} if {condition_source(tree[1])} else {source(tree[3])})"
-    raise AssertionError(kind)
-
-
-def condition_source(cond) -> str:
-    if cond[0] == "compare":
-        return f"({source(cond[2])} {cond[1]} {source(cond[3])})"
-    if cond[0] == "not":
-        return f"(not {condition_source(cond[1])})"
-    return f"({condition_source(cond[2])} {cond[1]} {condition_source(cond[3])})"
-
-
 def build_kernel(shared: tuple, trees: list, step: int, shift: int):
     """The kernel of the module docstring, written to a file (kernels need their source)."""
-    body = "\n".join(f"        OUT[{k}, t] += {source(tree)}" for k, tree in enumerate(trees))
+    body = "\n".join(f"        OUT[{k}, t] += {expression_source(tree)}" for k, tree in enumerate(trees))
     n = THREADS
     text = (f"import taskdsl as td\nfrom taskdsl import i8, i16, i32, i64, u8, u32, u64, threadIdx\n\n\n"
             f"@td.kernel(grid=1, block={n})\n"
@@ -203,7 +175,7 @@ def build_kernel(shared: tuple, trees: list, step: int, shift: int):
             f"    s = td.shared(i32, ({n},))\n"
             f"    t = threadIdx.x\n    a, b, c, d, e, f, g, h = A[t], B[t], C[t], D[t], E[t], F[t], G[t], H[t]\n"
             f"    for i in range({LOOP}):\n"
-            f"        s[t] = {source(shared)}\n"
+            f"        s[t] = {expression_source(shared)}\n"
             f"        td.syncthreads()\n"
             f"        w = s[(t * {step} + i + {shift}) % {n}]\n"
             f"        td.syncthreads()\n{body}\n")
@@ -263,6 +235,6 @@ def test_random_integer_programs_match_python(shared, trees, step, shift, seed, 
     kernel(*inputs.values(), out)
     for k in range(len(trees)):
         wrong = np.flatnonzero(out[k] != reference[k])
-        assert not wrong.size, (f"expression {k}: {source(trees[k])}\nthread {wrong[0]} "
+        assert not wrong.size, (f"expression {k}: {expression_source(trees[k])}\nthread {wrong[0]} "
                                 f"({', '.join(f'{n}={x[wrong[0]]}' for n, x in inputs.items())}): "
                                 f"got {out[k, wrong[0]]}, expected {reference[k, wrong[0]]}\n{text}")
