@@ -11,8 +11,8 @@ scheduler picks a thread / warp / block / split strategy from the sizes of each 
 
 Dtypes: sum / max / min keep the input dtype (floats accumulate in at least f32, integers
 in at least i32, so an int8 sum wraps like numpy's `sum(dtype=int8)`); mean of integers
-gives f32. argmax / argmin give int64 indices of the first extreme element, like numpy
-(NaN inputs are not given numpy's NaN-wins treatment).
+gives f32. argmax / argmin give int64 indices of the first extreme element, like numpy: a
+NaN is the extreme (the first NaN wins), so `x[argmax(x)]` is `max(x)`, which keeps NaNs too.
 """
 # ruff: noqa: F821 - the argmax kernel's body uses its size symbols AO, AR, AI as names
 # No `from __future__ import annotations`: the argmax kernel's annotations use closure dtypes.
@@ -133,7 +133,8 @@ def arg_kernel(dtype, is_max: bool):
             index = 0
             for r in range(1, AR):
                 v = X[o, r, i]
-                if (v > best if sign > 0 else v < best):
+                # v != v: a NaN beats any number (as in numpy), so the first NaN is kept
+                if (v > best if sign > 0 else v < best) or (v != v and best == best):
                     best = v
                     index = r
             Y[o, i] = td.cast(index, td.i64)

@@ -70,6 +70,9 @@ class Operator:
     def check(self) -> None:
         """Raise ValueError / TypeError when the inputs or attributes are invalid."""
 
+    def check_values(self, arrays: list) -> None:
+        """Raise when input values (host arrays, at run time) are invalid for the operator; most accept any."""
+
     def define(self, *xs) -> list:
         """The compute definitions of the outputs, over placeholders `xs` (compute tensors) of the inputs."""
         raise NotImplementedError(type(self).__name__)

@@ -17,7 +17,7 @@ from stdlib_ops import conv, elementwise, gemm, norm, pool, reduce, rowwise, tra
 
 from .. import schedule
 from ..ir import types as T
-from ..runtime.arrays import contiguous, on_host
+from ..runtime.arrays import contiguous, on_device, on_host
 from ..runtime.config import get_target
 from .operator import Operator
 from .ops import (BatchNorm, Concat, Conv, Elementwise, Expand, Gather, LayerNorm, MatMul, Pad, Pool, Reduce,
@@ -38,6 +38,8 @@ def runs(*classes) -> Callable:
 
 def run(op: Operator, arrays: list) -> tuple:
     """(outputs, kernels) of one operator on its input arrays."""
+    if not on_device(*arrays):     # values in GPU memory are not read back to be checked
+        op.check_values(arrays)
     if any(t.size == 0 for t in op.outputs) or any(a.size == 0 for a in arrays):
         # nothing to compute: empty outputs, or identities of empty reductions
         return op.reference(*[on_host(a) for a in arrays]), []

@@ -40,6 +40,19 @@ def test_unsupported_attribute_values(node, inputs, what):
         tg.from_onnx(model)
 
 
+@pytest.mark.parametrize("op_type, attr, out_shape", [("ReduceSum", "keepdims", [1, 1]), ("Gemm", "transB", [2, 2]),
+                                                      ("MaxPool", "ceil_mode", [1, 1, 2, 2]), ("Reshape", "allowzero", [4])])
+def test_flag_attributes_must_be_0_or_1(op_type, attr, out_shape):
+    """onnxruntime reads keepdims=2 as 1 but ceil_mode=-1 as 0: a value that is neither is refused, not guessed."""
+    inputs = {"Gemm": ["x", "x"], "Reshape": ["x", "shape"]}.get(op_type, ["x"])
+    extra = {"MaxPool": {"kernel_shape": [1, 1]}}.get(op_type, {})
+    node = n(op_type, inputs, ["y"], **{attr: 2}, **extra)
+    model = make_model([node], [("x", [1, 1, 2, 2] if op_type == "MaxPool" else [2, 2])], [("y", out_shape)],
+                       {"shape": np.array([4], np.int64)})
+    with pytest.raises(OnnxImportError, match=f"\\({op_type}\\): attribute '{attr}' must be 0 or 1, got 2"):
+        tg.from_onnx(model)
+
+
 def test_unsupported_output_dtype_and_opset():
     with pytest.raises(UnsupportedOnnxError, match="MaxPool.*Indices"):
         tg.from_onnx(make_model([n("MaxPool", ["x"], ["y", "i"], kernel_shape=[2])], [("x", [1, 1, 4])],
@@ -104,3 +117,34 @@ def test_saved_model_path(tmp_path):
     onnx.save(model, str(path))
     x = rand((4,), 1)
     np.testing.assert_allclose(tg.from_onnx(path)(x)[0], np.tanh(x), rtol=1e-6)
+
+
+@pytest.mark.parametrize("size, parts, num_outputs, message", [
+    (5, 4, 4, "num_outputs=4 cannot split axis 0 of size 5: parts of 2 .* leave -1 for the last"),
+    (4, 2, 0, "num_outputs=0 but the node has 2 outputs"),
+])
+def test_split_num_outputs_errors(size, parts, num_outputs, message):
+    outputs = [f"y{k}" for k in range(parts)]
+    model = make_model([n("Split", ["x"], outputs, num_outputs=num_outputs)], [("x", [size])],
+                       [(o, [f"d{k}"]) for k, o in enumerate(outputs)], opset=18)
+    with pytest.raises(OnnxImportError, match=message):
+        tg.from_onnx(model)
+
+
+def test_gather_indices_out_of_range():
+    """Indices known at import are checked there, indices given at run time on each call (onnxruntime raises too;
+    the kernels would clamp them); any index into an empty axis is out of range."""
+    def gather_model(data_shape, initializers=None):
+        inputs = [("x", data_shape)] + ([] if initializers else [("i", [2], TensorProto.INT64)])
+        return make_model([n("Gather", ["x", "i"], ["y"])], inputs, [("y", [2] + data_shape[1:])], initializers)
+
+    with pytest.raises(OnnxImportError, match=r"\(Gather\): gather: an index is out of range for axis 0 of size 3"):
+        tg.from_onnx(gather_model([3, 2], {"i": np.array([0, -4], np.int64)}))
+    with pytest.raises(OnnxImportError, match=r"indices of shape \(2,\) into axis 0 of size 0"):
+        tg.from_onnx(gather_model([0, 2]))
+    compiled = tg.from_onnx(gather_model([3, 2])).compile()
+    x = rand((3, 2), 1)
+    np.testing.assert_array_equal(compiled(x, np.array([2, -3]))[0], x[[2, -3]])
+    for bad in ([0, 3], [-4, 0]):
+        with pytest.raises(IndexError, match="out of range for axis 0 of size 3"):
+            compiled(x, np.array(bad))

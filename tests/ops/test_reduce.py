@@ -88,8 +88,10 @@ def test_reduction_errors():
 @given(shape=shapes(1, 4, max_size=20_000), data=st.data(), keepdims=st.booleans(), seed=SEEDS)
 def test_argmax_argmin(which, shape, data, keepdims, seed):
     axis = data.draw(st.one_of(st.none(), st.integers(-len(shape), len(shape) - 1)), label="axis")
-    # few distinct values, so ties are common: the first index must win, as in numpy
+    # few distinct values, so ties are common: the first index must win, as in numpy; so must the first NaN
     x = rand(shape, seed, np.int32, -3, 3).astype(np.float32)
+    special = rand(shape, seed + 1, np.int32, 0, 30)
+    x = np.where(special == 0, np.nan, np.where(special == 1, np.inf, np.where(special == 2, -np.inf, x)))
     got = getattr(R, which)(x, axis=axis, keepdims=keepdims)
     expected = getattr(np, which)(x, axis=axis, keepdims=keepdims)
     assert got.dtype == np.int64 and got.shape == expected.shape

@@ -114,9 +114,9 @@ def reduce(node: Node) -> list:
                              ValueError)
     else:
         axes = node.attr("axes")
-    keepdims = bool(node.attr("keepdims", 1))
+    keepdims = node.flag("keepdims", 1)
     if axes is None or len(axes) == 0:
-        if node.attr("noop_with_empty_axes", 0):
+        if node.flag("noop_with_empty_axes"):
             return [x]
         axes = None
     axes = None if axes is None else [int(a) for a in np.asarray(axes).reshape(-1)]

@@ -54,8 +54,8 @@ def gemm(node: Node) -> list:
     """Gemm: alpha * A' @ B' + beta * C as transpose / matmul / mul / add ops."""
     a, b = node.input(0), node.input(1)
     c = node.input(2, required=False) if node.num_inputs > 2 else None
-    a = ops.transpose(a) if node.attr("transA", 0) else a
-    b = ops.transpose(b) if node.attr("transB", 0) else b
+    a = ops.transpose(a) if node.flag("transA") else a
+    b = ops.transpose(b) if node.flag("transB") else b
     y = ops.matmul(a, b)
     alpha, beta = float(node.attr("alpha", 1.0)), float(node.attr("beta", 1.0))
     if alpha != 1.0:
@@ -74,7 +74,7 @@ def matmul(node: Node) -> list:
 @converts("BatchNormalization", attrs=("epsilon", "momentum", "training_mode"))
 def batch_norm(node: Node) -> list:
     """BatchNormalization in inference mode."""
-    if node.attr("training_mode", 0):
+    if node.flag("training_mode"):
         raise node.error("training_mode=1 is not supported (inference only); export the model in eval mode")
     x, scale, bias, mean, var = (node.input(k) for k in range(5))
     return [ops.batch_norm(x, mean, var, scale, bias, float(node.attr("epsilon", 1e-5)))]
@@ -103,8 +103,8 @@ def pool(node: Node) -> list:
         raise node.error(f"kernel_shape {kernel} needs one value per spatial axis of {x.shape}", ValueError)
     strides, pads, dilations = _window(node, x, kernel)
     mode = "max" if node.op_type == "MaxPool" else "avg"
-    return [ops.pool(x, mode, kernel, strides, pads, dilations, bool(node.attr("ceil_mode", 0)),
-                     bool(node.attr("count_include_pad", 0)))]
+    return [ops.pool(x, mode, kernel, strides, pads, dilations, node.flag("ceil_mode"),
+                     node.flag("count_include_pad"))]
 
 
 @converts("GlobalAveragePool", "GlobalMaxPool")

@@ -65,6 +65,13 @@ class Node:
                                  "which is not supported")
         return default
 
+    def flag(self, name: str, default: int = 0) -> bool:
+        """A 0/1 attribute (keepdims, transA, ...) as a bool; any other value is an OnnxImportError."""
+        value = self.attr(name, default)
+        if value not in (0, 1):
+            raise self.error(f"attribute {name!r} must be 0 or 1, got {value!r}", OnnxImportError)
+        return bool(value)
+
     def has_attr(self, name: str) -> bool:
         return any(a.name == name for a in self.proto.attribute)
 

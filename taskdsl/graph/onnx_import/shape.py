@@ -11,6 +11,7 @@ from .. import ops
 from ..ops.axes import normalize_axis
 from ..ops.transform import PAD_MODES
 from ..tensor import constant
+from .errors import OnnxImportError
 from .node import Node, converts
 
 
@@ -85,7 +86,7 @@ def flatten(node: Node) -> list:
 def reshape(node: Node) -> list:
     """Reshape to a constant shape (0 copies the input dim unless allowzero)."""
     x, shape = node.input(0), _ints(node.const(1))
-    if not node.attr("allowzero", 0):
+    if not node.flag("allowzero"):
         shape = [x.shape[k] if n == 0 else n for k, n in enumerate(shape)]
     return [ops.reshape(x, shape)]
 
@@ -126,8 +127,14 @@ def split(node: Node) -> list:
     if sizes is None:
         parts, n = len(node.proto.output), x.shape[axis]
         if node.has_attr("num_outputs"):
-            parts = node.attr("num_outputs")
+            if node.attr("num_outputs") != parts:
+                raise node.error(f"num_outputs={node.attr('num_outputs')} but the node has {parts} outputs",
+                                 OnnxImportError)
             chunk = -(-n // parts)                    # opset 18: the last part may be smaller
+            if n - (parts - 1) * chunk < 0:
+                raise node.error(f"num_outputs={parts} cannot split axis {axis} of size {n}: parts of {chunk} "
+                                 f"({n} / {parts} rounded up) leave {n - (parts - 1) * chunk} for the last",
+                                 OnnxImportError)
             sizes = [min(chunk, n - k * chunk) for k in range(parts)]
         else:
             sizes = parts

@@ -138,10 +138,17 @@ class Gather(Operator):
         if not idx.dtype.is_integer:
             raise TypeError(f"gather: indices must be integers, got {idx.dtype.name}")
         self.attrs["axis"] = normalize_axis(self.attrs["axis"], x.ndim, "gather")
-        if idx.is_constant and idx.value.size:
-            n = x.shape[self.attrs["axis"]]
-            if idx.value.max() >= n or idx.value.min() < -n:
-                raise IndexError(f"gather: an index is out of range for axis {self.attrs['axis']} of size {n}")
+        if idx.is_constant:
+            self.check_values([None, idx.value])
+        elif idx.size and not x.shape[self.attrs["axis"]]:
+            raise IndexError(f"gather: indices of shape {idx.shape} into axis {self.attrs['axis']} of size 0")
+
+    def check_values(self, arrays):
+        """IndexError for an index outside [-n, n) (the kernels would clamp it to the axis instead)."""
+        idx, axis = arrays[1], self.attrs["axis"]
+        n = self.inputs[0].shape[axis]
+        if idx.size and (idx.max() >= n or idx.min() < -n):
+            raise IndexError(f"gather: an index is out of range for axis {axis} of size {n}")
 
     def define(self, x, idx):
         axis, rank = self.attrs["axis"], self.inputs[1].ndim
