@@ -239,6 +239,36 @@ def test_infinite_constant_converted_to_an_integer():
     dsl_error(lambda: k(vec(), vec()), "E_INFINT", "inf has no i32 value", token="i32(")
 
 
+def test_integer_literal_beyond_64_bits():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32], Y: f32[32]):
+        Y[threadIdx.x] = X[threadIdx.x * 2**70]  # E_BIGINT
+
+    dsl_error(lambda: k(vec(), vec()), "E_BIGINT", "the integer literal 1180591620717411303424 does not fit in 64 bits")
+
+
+def test_dtype_called_on_a_string():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32]):
+        X[threadIdx.x] = f32("1.5")  # E_DTYPESTR
+
+    dsl_error(lambda: k(vec()), "E_DTYPESTR", "f32(x) takes one number", token='f32("1.5")')
+
+
+def test_loop_that_never_ends():
+    """The body never updates s, so `s > 0` folds to true: the GPU would hang (numba failed to compile it)."""
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32]):
+        s = 16
+        while s > 0:  # E_ENDLESS
+            if threadIdx.x < s:
+                X[threadIdx.x] += 1.0
+            td.syncthreads()
+
+    dsl_error(lambda: k(vec()), "E_ENDLESS", "this loop never ends", token="while")
+    dsl_error(lambda: k.source(vec(), target="cuda"), "E_ENDLESS", "this loop never ends")
+
+
 def test_tensor_slices_are_rejected():
     @td.kernel(grid=1, block=32)
     def k(X: f32[32], Y: f32[32]):
@@ -545,6 +575,13 @@ def test_bad_annotation_is_reported_at_decoration():
     with pytest.raises(TypeError, match="annotate parameter 'X'"):
         @td.kernel(grid=1, block=32)
         def k(X):
+            X[0] = 1.0
+
+
+def test_annotation_that_is_not_a_type():
+    with pytest.raises(TypeError, match="annotate parameter 'X'.*got {1: 2}"):
+        @td.kernel(grid=1, block=32)
+        def k(X: {1: 2}):
             X[0] = 1.0
 
 

@@ -24,7 +24,7 @@ def resolve_annotations(fn) -> dict:
                                SourceLoc(inspect.getsourcefile(fn) or "<unknown>", fn.__code__.co_firstlineno),
                                "With 'from __future__ import annotations', annotations are strings evaluated in "
                                "the module's globals: use module-level dtypes, or drop that import.") from None
-        out[name] = _PY_DTYPES.get(ann, ann)
+        out[name] = _PY_DTYPES.get(ann, ann) if isinstance(ann, type) else ann   # int / float / bool: dtypes
     return out
 
 

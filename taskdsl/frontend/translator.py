@@ -432,9 +432,12 @@ class FunctionTranslator:
         method = getattr(self, "expr_" + type(node).__name__.lower(), None)
         if method is None:
             raise self.error(node, f"'{type(node).__name__}' expressions are not supported in kernels")
-        if isinstance(node, ast.Call):
-            return method(node, name_hint=name_hint, statement=statement)
-        return method(node)
+        try:
+            if isinstance(node, ast.Call):
+                return method(node, name_hint=name_hint, statement=statement)
+            return method(node)
+        except ir.ConstantError as exc:    # a number with no IR value (2**70, i32(inf)), at its expression
+            raise self.error(node, str(exc)) from None
 
     def runtime_value(self, node: ast.expr, dtype: T.DataType | None = None) -> ir.Expr:
         value = self.expr(node)
@@ -683,9 +686,9 @@ class FunctionTranslator:
         if runtime_args and func in _PY_TYPE_DTYPES:
             return self.cast_to(ir.as_expr(args[0]), _PY_TYPE_DTYPES[func], node)
         if isinstance(func, T.DataType):
-            if len(args) != 1:
-                raise self.error(node, f"{func.name}(x) takes one value")
-            return self.cast_to(ir.as_expr(args[0], func), func, node) if runtime_args or _is_number(args[0]) else func(*args)
+            if len(args) != 1 or not (runtime_args or _is_number(args[0])):
+                raise self.error(node, f"{func.name}(x) takes one number")
+            return self.cast_to(ir.as_expr(args[0], func), func, node)
         try:
             return func(*args, **kwargs)
         except DSLError:
@@ -895,10 +898,7 @@ class FunctionTranslator:
     def cast_to(self, value, dtype: T.DataType, node: ast.AST) -> ir.Expr:
         if not (is_runtime(value) or _is_number(value)):
             raise self.error(node, f"expected a number, got {type(value).__name__}")
-        try:
-            return ir.convert(ir.as_expr(value, dtype), dtype)
-        except ValueError as exc:   # a constant the type has no value for: i32(float('inf'))
-            raise self.error(node, str(exc)) from None
+        return ir.convert(ir.as_expr(value, dtype), dtype)
 
     @staticmethod
     def _name_of(target: ast.expr) -> str | None:

@@ -191,6 +191,10 @@ COMPARE_OPS = ("<", "<=", ">", ">=", "==", "!=")
 LOGIC_OPS = ("and", "or")
 
 
+class ConstantError(ValueError):
+    """A Python number that has no value in the IR's types (an int beyond 64 bits, inf as an integer)."""
+
+
 def const(value, dtype: DataType | None = None) -> Const:
     """A literal; Python bool -> bool, int -> i32 (i64, u64 when it needs them), float -> f32 unless
     `dtype` says otherwise. An integer is converted to an integer `dtype` as C converts it (wrapping),
@@ -202,7 +206,7 @@ def const(value, dtype: DataType | None = None) -> Const:
     elif dtype.is_bool:
         value = bool(value)
     elif isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"{value} has no {dtype.name} value (only finite floats convert to integers)")
+        raise ConstantError(f"{value} has no {dtype.name} value (only finite floats convert to integers)")
     else:
         value = dtype.wrap(int(value))
     return Const(value, dtype)
@@ -212,7 +216,7 @@ def _int_literal_type(value: int) -> DataType:
     for dtype in (i32, i64, u64):
         if dtype.holds(value):
             return dtype
-    raise TypeError(f"the integer literal {value} does not fit in 64 bits")
+    raise ConstantError(f"the integer literal {value} does not fit in 64 bits")
 
 
 def as_expr(value, like: DataType | None = None) -> Expr:

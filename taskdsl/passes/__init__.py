@@ -1,7 +1,7 @@
 """The lowering pipeline, read top to bottom.
 
-Common to every target:  expand_mappings -> simplify -> check_barriers.
-CUDA then specializes:   bind_sizes -> flatten_buffers -> simplify.
+Common to every target:  expand_mappings -> simplify -> check_barriers -> check_loops.
+CUDA then specializes:   bind_sizes -> flatten_buffers -> simplify -> check_loops (sizes may fold a loop's test).
 The cpu target first gives tensor-core and async-copy instructions their plain meaning
 (emulate_tensor_cores), then keeps sizes symbolic (one numba compile serves every shape):
                          unroll_loops -> flatten_buffers -> simplify,
@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from .. import ir
 from .check_barriers import check_barriers
+from .check_loops import check_loops
 from .emulate_tensor_cores import emulate_tensor_cores
 from .expand_mappings import expand_mappings
 from .simplify import simplify
 from .specialize import bind_sizes, flatten_buffers
 from .unroll import unroll_loops
 
-COMMON_PIPELINE = (expand_mappings, simplify, check_barriers)
+COMMON_PIPELINE = (expand_mappings, simplify, check_barriers, check_loops)
 
 
 def lower(fn: ir.Function) -> ir.Function:
@@ -31,7 +32,7 @@ def lower(fn: ir.Function) -> ir.Function:
 
 def lower_for_cuda(fn: ir.Function, sizes: dict) -> ir.Function:
     """A lowered kernel fixed to `sizes` with 1-D addressing, as the CUDA code generator wants it."""
-    return simplify(flatten_buffers(bind_sizes(fn, sizes)))
+    return check_loops(simplify(flatten_buffers(bind_sizes(fn, sizes))))
 
 
 def lower_for_cpu(fn: ir.Function, debug: bool, unroll: bool = True) -> ir.Function:
@@ -39,4 +40,4 @@ def lower_for_cpu(fn: ir.Function, debug: bool, unroll: bool = True) -> ir.Funct
     fn = emulate_tensor_cores(fn)
     if debug:
         return fn
-    return simplify(flatten_buffers(simplify(unroll_loops(fn) if unroll else fn)))
+    return check_loops(simplify(flatten_buffers(simplify(unroll_loops(fn) if unroll else fn))))
