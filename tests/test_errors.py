@@ -247,6 +247,14 @@ def test_integer_literal_beyond_64_bits():
     dsl_error(lambda: k(vec(), vec()), "E_BIGINT", "the integer literal 1180591620717411303424 does not fit in 64 bits")
 
 
+def test_constant_shift_count_out_of_range():
+    @td.kernel(grid=1, block=32)
+    def k(X: i32[32]):
+        X[threadIdx.x] = X[threadIdx.x] >> 32  # E_SHIFT
+
+    dsl_error(lambda: k(vec(dtype=np.int32)), "E_SHIFT", "shift by 32: the count must be in 0..31 for i32")
+
+
 def test_dtype_called_on_a_string():
     @td.kernel(grid=1, block=32)
     def k(X: f32[32]):

@@ -550,7 +550,12 @@ class FunctionTranslator:
         ea, eb = ir.as_expr(a, _literal_like(b)), ir.as_expr(b, _literal_like(a))
         if op in ("&", "|", "^", "<<", ">>") and (ea.dtype.is_float or eb.dtype.is_float):
             raise self.error(node, f"'{op}' needs integer operands, got {ea.dtype.name} and {eb.dtype.name}")
-        return ir.binary(op, ea, eb)
+        result = ir.binary(op, ea, eb)
+        if op in ("<<", ">>") and isinstance(eb, ir.Const) and not 0 <= eb.value < result.dtype.bits:
+            # undefined in C and CUDA (x86 masks the count, PTX clamps it): the cpu and a GPU would differ
+            raise self.error(node, f"shift by {eb.value}: the count must be in 0..{result.dtype.bits - 1} "
+                                   f"for {result.dtype.name}")
+        return result
 
     def expr_unaryop(self, node: ast.UnaryOp):
         v = self.expr(node.operand)
