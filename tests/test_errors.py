@@ -255,6 +255,19 @@ def test_constant_shift_count_out_of_range():
     dsl_error(lambda: k(vec(dtype=np.int32)), "E_SHIFT", "shift by 32: the count must be in 0..31 for i32")
 
 
+def test_compile_time_errors_of_unary_operators_and_math():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32]):
+        X[threadIdx.x] = ~1.5  # E_CTINVERT
+
+    @td.kernel(grid=1, block=32)
+    def k2(X: f32[32]):
+        X[threadIdx.x] = td.exp(td.shared)  # E_CTEXP
+
+    dsl_error(lambda: k(vec()), "E_CTINVERT", "compile-time 'Invert' failed: bad operand type")
+    dsl_error(lambda: k2(vec()), "E_CTEXP", "exp() needs numbers, got Intrinsic")
+
+
 def test_dtype_called_on_a_string():
     @td.kernel(grid=1, block=32)
     def k(X: f32[32]):

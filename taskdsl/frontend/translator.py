@@ -560,8 +560,11 @@ class FunctionTranslator:
     def expr_unaryop(self, node: ast.UnaryOp):
         v = self.expr(node.operand)
         if not is_runtime(v):
-            return {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Not: operator.not_,
-                    ast.Invert: operator.invert}[type(node.op)](v)
+            try:
+                return {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Not: operator.not_,
+                        ast.Invert: operator.invert}[type(node.op)](v)
+            except Exception as exc:  # noqa: BLE001 - a compile-time Python error in user code: ~1.5
+                raise self.error(node, f"compile-time '{type(node.op).__name__}' failed: {exc}") from None
         if isinstance(node.op, ast.UAdd):
             return v
         if isinstance(node.op, ast.Not):
@@ -733,11 +736,11 @@ class FunctionTranslator:
         arity = L.MATH_ARITY.get(name, 1)
         if len(args) != arity:
             raise self.error(node, f"{name}() takes {arity} argument{'s' if arity > 1 else ''}, got {len(args)}")
-        if not any(is_runtime(a) for a in args):
-            return L.MATH[name].host(*args)
         for a in args:
             if not (is_runtime(a) or _is_number(a)):
                 raise self.error(node, f"{name}() needs numbers, got {type(a).__name__}")
+        if not any(is_runtime(a) for a in args):
+            return L.MATH[name].host(*args)
         return L.math_expr(name, args)
 
     def alloc_call(self, fn: L.Intrinsic, node: ast.Call, name_hint: str | None):

@@ -148,3 +148,10 @@ def test_gather_indices_out_of_range():
     for bad in ([0, 3], [-4, 0]):
         with pytest.raises(IndexError, match="out of range for axis 0 of size 3"):
             compiled(x, np.array(bad))
+
+
+def test_pad_cropping_more_than_the_axis():
+    node = n("Pad", ["x", "pads"], ["y"])
+    model = make_model([node], [("x", [3])], [("y", [0])], {"pads": np.array([-2, -2], np.int64)})
+    with pytest.raises(OnnxImportError, match=r"\(Pad\): pads \[-2, -2\] crop more than the shape \(3,\) has"):
+        tg.from_onnx(model)

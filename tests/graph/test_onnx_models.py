@@ -147,3 +147,27 @@ def test_integer_and_bool_paths():
     want = run_onnxruntime(model, feeds)
     for g_, w_ in zip(got, want):
         assert_close(g_, w_, rtol=1e-6)
+
+
+@pytest.mark.parametrize("axis, scale_shape, bias_shape", [(-1, (3, 4, 5), (5,)), (2, (2, 1, 4, 5), None),
+                                                           (-2, (4, 5), (3, 1, 1))])
+def test_layer_norm_scale_over_more_axes(axis, scale_shape, bias_shape):
+    """LayerNormalization's Scale and B broadcast with Y as its definition's Mul and Add do: they may span
+    axes before `axis` (per-row parameters), as onnxruntime accepts."""
+    x_shape = (2, 3, 4, 5)
+    params = {"s": rand(scale_shape, 2)} | ({"b": rand(bias_shape, 3)} if bias_shape else {})
+    node = helper.make_node("LayerNormalization", ["x", *params], ["y"], axis=axis)
+    model = make_model([node], [("x", list(x_shape))], [("y", list(x_shape))], params)
+    x = rand(x_shape, 1)
+    assert_close(tg.from_onnx(model)(x)[0], run_onnxruntime(model, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["constant", "edge", "reflect", "wrap"])
+def test_pad_with_negative_pads_crops_first(mode):
+    """Negative pads crop; the positive ones then pad what is left (so `wrap` wraps the cropped axis)."""
+    pads = np.array([-1, 2, 0, 2, -2, -1], np.int64)            # begins (axes 0, 1, 2), then ends
+    node = helper.make_node("Pad", ["x", "pads"], ["y"], mode=mode)
+    model = make_model([node], [("x", [4, 5, 6])], [("y", [4 - 1 + 2, 5 + 2 - 2, 6 - 1])], {"pads": pads},
+                       opset=19)
+    x = rand((4, 5, 6), 1)
+    assert_close(tg.from_onnx(model)(x)[0], run_onnxruntime(model, {"x": x})[0], rtol=0, atol=0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import ops
+from ..ops.axes import normalize_axis
 from ..ops.norm import LayerNorm
 from ..tensor import constant
 from .node import Node, converts
@@ -87,9 +88,15 @@ def layer_norm(node: Node) -> list:
         raise node.error(f"stash_type={node.attr('stash_type')} is not supported (1: statistics in float32)")
     x, scale = node.input(0), node.input(1)
     bias = node.input(2, required=False) if node.num_inputs > 2 else None
-    attrs = {"axis": node.attr("axis", -1), "eps": float(node.attr("epsilon", 1e-5)), "has_weight": True,
+    axis = normalize_axis(node.attr("axis", -1), x.ndim, "LayerNormalization")
+    attrs = {"axis": axis, "eps": float(node.attr("epsilon", 1e-5)), "has_weight": True,
              "has_bias": bias is not None, "stats": node.wanted(1) or node.wanted(2)}
-    return LayerNorm([t for t in (x, scale, bias) if t is not None], attrs).outputs
+    if all(p is None or p.ndim <= x.ndim - axis for p in (scale, bias)):
+        return LayerNorm([t for t in (x, scale, bias) if t is not None], attrs).outputs
+    # Scale or B spans axes before `axis` too (per batch row): the definition's Mul and Add broadcast them with Y
+    y, *stats = LayerNorm([x], {**attrs, "has_weight": False, "has_bias": False}).outputs
+    y = ops.mul(y, scale)
+    return [ops.add(y, bias) if bias is not None else y, *stats]
 
 
 @converts("MaxPool", "AveragePool", attrs=WINDOW_ATTRS + ("ceil_mode", "count_include_pad", "storage_order"))

@@ -177,7 +177,11 @@ def pad(node: Node) -> list:
             a = normalize_axis(a, x.ndim, "Pad")
             full[a], full[x.ndim + a] = pads[k], pads[len(axes) + k]
         pads = full
-    if any(p < 0 for p in pads):
-        raise node.error(f"negative pads {pads} (cropping) are not supported")
+    if any(p < 0 for p in pads):    # negative pads crop, before the others pad (as onnxruntime does)
+        n, crops = x.ndim, [max(-p, 0) for p in pads]
+        if any(crops[a] + crops[n + a] > size for a, size in enumerate(x.shape)):
+            raise node.error(f"pads {pads} crop more than the shape {x.shape} has", OnnxImportError)
+        x = ops.slice(x, crops[:n], [size - c for size, c in zip(x.shape, crops[n:])])
+        pads = [max(p, 0) for p in pads]
     return [ops.pad(x, pads, 0 if value is None else np.asarray(value).reshape(-1)[0].item(), mode)]
 
