@@ -78,12 +78,12 @@ def _softmax_plan(log: bool, x, axis: int = -1) -> Plan:
 
 def _last_axis_f32(x, axis: int) -> bool:
     """Whether the hand-written row kernels (stdlib_ops/rowwise.py) apply: last axis, f32/f64, non-empty."""
-    x = as_array(x)
     return x.ndim >= 1 and axis in (-1, x.ndim - 1) and x.dtype in (np.float32, np.float64) and x.size > 0
 
 
 def softmax(x, axis: int = -1):
     """exp(x - max) / sum(exp(x - max)) along `axis`."""
+    x = as_array(x)
     if _last_axis_f32(x, axis):   # one fused kernel per row, the schedule chosen for the target
         return softmax_rows(x)
     return _softmax_plan(False, x, axis).run()
@@ -91,6 +91,7 @@ def softmax(x, axis: int = -1):
 
 def log_softmax(x, axis: int = -1):
     """x - max - log(sum(exp(x - max))) along `axis`."""
+    x = as_array(x)
     if _last_axis_f32(x, axis):
         return softmax_rows(x, log=True)
     return _softmax_plan(True, x, axis).run()

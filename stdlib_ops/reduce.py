@@ -10,9 +10,10 @@ built once per (operation, kept/reduced pattern, dtype) and serves every size. T
 scheduler picks a thread / warp / block / split strategy from the sizes of each call.
 
 Dtypes: sum / max / min keep the input dtype (floats accumulate in at least f32, integers
-in at least i32, so an int8 sum wraps like numpy's `sum(dtype=int8)`); mean of integers
-gives f32. argmax / argmin give int64 indices of the first extreme element, like numpy: a
-NaN is the extreme (the first NaN wins), so `x[argmax(x)]` is `max(x)`, which keeps NaNs too.
+in at least i32, so an int8 sum wraps like numpy's `sum(dtype=int8)`), except that a sum
+of bools counts them in i64, as numpy's does; mean of integers and bools gives f32.
+argmax / argmin give int64 indices of the first extreme element, like numpy: a NaN is the
+extreme (the first NaN wins), so `x[argmax(x)]` is `max(x)`, which keeps NaNs too.
 """
 # ruff: noqa: F821 - the argmax kernel's body uses its size symbols AO, AR, AI as names
 # No `from __future__ import annotations`: the argmax kernel's annotations use closure dtypes.
@@ -68,6 +69,8 @@ def _build(op: str, pattern: tuple, dtype: td.ir.types.DataType) -> td.Op:
         return x[tuple(r_ix.pop(0) if r else k_ix.pop(0) for r in pattern)]
 
     out_dtype = td.f32 if op == "mean" and not dtype.is_float else dtype   # 16-bit floats: stored as the input
+    if op == "sum" and dtype.is_bool:
+        out_dtype = td.i64                 # a count, as numpy's sum of bools (a bool sum would be an `or`)
     out = td.reduce(f"reduce_{op}", kept, reduced, fcompute, op=op, dtype=out_dtype)
     return td.op([x], [out], name=f"reduce_{op}")
 

@@ -44,13 +44,19 @@ def block_reduce(v, op, partials):
     return w
 
 
+def statistics_dtype(dtype):
+    """The type of a row's statistics (max, sum, mean, ...) and shared partials: f64 for f64 rows, else f32."""
+    return f64 if dtype == f64 else f32
+
+
 @functools.cache
 def softmax_kernel(dtype, log: bool, schedule: str):
     """The softmax (or log-softmax) kernel over the last axis of an (R, C) array."""
+    acc = statistics_dtype(dtype)
     if schedule == "block":
         @td.kernel(grid=lambda R: R, block=BLOCK, name=f"{'log_' if log else ''}softmax_block")
         def softmax(X: dtype["R", "C"], Y: dtype["R", "C"]):
-            partials = td.shared(f32, (8,))
+            partials = td.shared(acc, (8,))
             row = blockIdx.x
             m = -math.inf
             for j in range(threadIdx.x, C, BLOCK):
@@ -82,8 +88,8 @@ def softmax_kernel(dtype, log: bool, schedule: str):
                 s += e
                 if not log:
                     Y[row, j] = e
-            inv: f32 = 1.0 / s              # scale in f32: s is f64 only to add up exactly
-            log_s: f32 = td.log(s)
+            inv: acc = 1.0 / s              # scale in f32 for f32: s is f64 only to add up exactly
+            log_s: acc = td.log(s)
             for j in range(C):
                 Y[row, j] = X[row, j] - m - log_s if log else Y[row, j] * inv
     return softmax
@@ -92,10 +98,11 @@ def softmax_kernel(dtype, log: bool, schedule: str):
 @functools.cache
 def layer_norm_kernel(dtype, schedule: str):
     """y = (x - mean) / sqrt(var + eps) * w + b over the last axis of an (R, C) array."""
+    acc = statistics_dtype(dtype)
     if schedule == "block":
         @td.kernel(grid=lambda R: R, block=BLOCK, name="layer_norm_block")
         def layer_norm(X: dtype["R", "C"], W: dtype["C"], B: dtype["C"], Y: dtype["R", "C"], eps: f32):
-            partials = td.shared(f32, (8,))
+            partials = td.shared(acc, (8,))
             row = blockIdx.x
             s = 0.0
             for j in range(threadIdx.x, C, BLOCK):
@@ -117,12 +124,12 @@ def layer_norm_kernel(dtype, schedule: str):
             s: f64 = 0.0
             for j in range(C):
                 s += X[row, j]
-            mean: f32 = s / C
+            mean: acc = s / C
             q: f64 = 0.0
             for j in range(C):
                 d = X[row, j] - mean
                 q += d * d
-            rstd: f32 = td.rsqrt(q / C + eps)
+            rstd: acc = td.rsqrt(q / C + eps)
             for j in range(C):
                 Y[row, j] = (X[row, j] - mean) * rstd * W[j] + B[j]
     return layer_norm

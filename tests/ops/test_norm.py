@@ -42,6 +42,14 @@ def test_softmax_float16():
     check(got, N.op_for("softmax", x), _softmax(x.astype(np.float64), -1), rtol=5e-3, atol=1e-4, dtype=np.float16)
 
 
+def test_softmax_of_a_nested_list():
+    """Lists are arrays as numpy reads them (the fast-path check read `.ndim` off the list)."""
+    rows = [[1.0, 2.0, 3.0], [0.5, -1.0, 4.0]]
+    x = np.array(rows)
+    np.testing.assert_allclose(N.softmax(rows), _softmax(x, -1), rtol=1e-12)
+    np.testing.assert_allclose(N.log_softmax(rows), np.log(_softmax(x, -1)), rtol=1e-12)
+
+
 @FEW
 @given(shape=shapes(2, 4, max_size=20_000), k=st.integers(1, 2), affine=st.sampled_from(["none", "weight", "both"]),
        seed=SEEDS)

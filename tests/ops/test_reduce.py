@@ -98,6 +98,16 @@ def test_argmax_argmin(which, shape, data, keepdims, seed):
     np.testing.assert_array_equal(got, expected)
 
 
+def test_sum_of_bools_counts_them():
+    """numpy counts (int64); keeping the bool type would have made the sum an `or`."""
+    x = rand((3, 700), 4) > 0.5
+    for axis in (None, 0, 1):
+        got, expected = R.sum(x, axis=axis), np.sum(x, axis=axis)
+        assert np.asarray(got).dtype == np.int64
+        np.testing.assert_array_equal(got, expected)
+    np.testing.assert_allclose(R.mean(x, axis=1), np.mean(x, axis=1), rtol=1e-6)
+
+
 def test_argmax_integers_and_large_axis():
     x = rand((5, 1031), 7, np.int32, -1000, 1000)
     np.testing.assert_array_equal(R.argmax(x, axis=1), np.argmax(x, axis=1))

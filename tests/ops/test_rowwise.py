@@ -35,3 +35,17 @@ def test_layer_norm(schedule, shape, seed):
     x64 = x.astype(np.float64)
     expected = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-5) * w + b
     np.testing.assert_allclose(layer_norm_rows(x, w, b, schedule=schedule), expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("schedule", ["block", "thread"])
+def test_float64_rows_keep_float64_precision(schedule):
+    """f64 rows: the statistics (1 / sum, log(sum), mean, rstd) and the block's partials are f64 too (they
+    were f32, which left f64 softmax with f32's 1e-7 relative error)."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 257)) * 4
+    w, b = rng.standard_normal(257), rng.standard_normal(257)
+    np.testing.assert_allclose(softmax_rows(x, schedule=schedule), _softmax(x), rtol=1e-13)
+    np.testing.assert_allclose(softmax_rows(x, log=True, schedule=schedule), np.log(_softmax(x)), rtol=1e-13)
+    eps = float(np.float32(1e-5))              # the kernels' eps parameter is f32
+    expected = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + eps) * w + b
+    np.testing.assert_allclose(layer_norm_rows(x, w, b, schedule=schedule), expected, rtol=1e-12, atol=1e-12)
