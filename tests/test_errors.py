@@ -244,7 +244,18 @@ def test_integer_literal_beyond_64_bits():
     def k(X: f32[32], Y: f32[32]):
         Y[threadIdx.x] = X[threadIdx.x * 2**70]  # E_BIGINT
 
+    @td.kernel(grid=1, block=32)
+    def k2(X: f32[32]):
+        X[2**70] = 1.0  # E_BIGSTORE
+
+    @td.kernel(grid=1, block=32)
+    def k3(X: f32[32]):
+        if k < 1.0:  # E_CTCOMPARE
+            X[0] = 1.0
+
     dsl_error(lambda: k(vec(), vec()), "E_BIGINT", "the integer literal 1180591620717411303424 does not fit in 64 bits")
+    dsl_error(lambda: k2(vec()), "E_BIGSTORE", "does not fit in 64 bits")
+    dsl_error(lambda: k3(vec()), "E_CTCOMPARE", "compile-time '<' failed: '<' not supported")
 
 
 def test_constant_shift_count_out_of_range():

@@ -169,6 +169,8 @@ class FunctionTranslator:
         try:
             result = method(node)
             emitted = self.pending + ([result] if result is not None else [])
+        except ir.ConstantError as exc:    # a number converted outside an expression (a store's index)
+            raise self.error(node, str(exc)) from None
         finally:
             self.pending = outer
         return ir.seq(emitted) if emitted else None
@@ -584,7 +586,10 @@ class FunctionTranslator:
                 raise self.error(node, f"the comparison '{type(op_node).__name__}' is not supported")
             right, emitted = self.expr_apart(right_node)
             if not is_runtime(left) and not is_runtime(right):
-                part = _PY_CMPOPS[op](left, right)
+                try:
+                    part = _PY_CMPOPS[op](left, right)
+                except Exception as exc:  # noqa: BLE001 - a compile-time Python error in user code
+                    raise self.error(node, f"compile-time '{op}' failed: {exc}") from None
             else:
                 part = self.binop(op, left, right, node) if op not in ("==", "!=") else self._equality(op, left, right, node)
             if result is None:
