@@ -26,6 +26,24 @@ def load_program(text: str, stem: str):
     return module
 
 
+def exchange_kernel(stem: str, imports: str, params: str, loads: str, shared_type: str, shared, stores: str,
+                    step: int, shift: int, threads: int, loop: int):
+    """(kernel, source) of the random-program tests' kernel: one block of `threads`; `loads` reads each
+    thread's inputs, then `loop` times every thread publishes tree `shared` in a shared `shared_type` array,
+    reads lane (t * step + i + shift) % threads's value as `w`, and runs `stores` (lines of the loop body)."""
+    text = (f"import taskdsl as td\nfrom taskdsl import {imports}, threadIdx\n\n\n"
+            f"@td.kernel(grid=1, block={threads})\n"
+            f"def random_program({params}):\n"
+            f"    s = td.shared({shared_type}, ({threads},))\n"
+            f"    t = threadIdx.x\n    {loads}\n"
+            f"    for i in range({loop}):\n"
+            f"        s[t] = {expression_source(shared)}\n"
+            f"        td.syncthreads()\n"
+            f"        w = s[(t * {step} + i + {shift}) % {threads}]\n"
+            f"        td.syncthreads()\n{stores}\n")
+    return load_program(text, stem).random_program, text
+
+
 def expression_source(tree) -> str:
     """An expression tree (see the module docstring) as a fully parenthesized DSL expression."""
     kind = tree[0]

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 import taskdsl as td
 
-from .program_files import expression_source, load_program
+from .program_files import exchange_kernel, expression_source
 
 GPU_TWINS = True   # every example also runs as a @gpu twin on the cuda target (conftest.py)
 
@@ -286,20 +286,13 @@ def negate_or_abs(op: str, v: Value) -> Value:
 # ------------------------------------------------------------------ trees as kernel source
 def build_kernel(shared: tuple, trees: list, step: int, shift: int, shared_type: str):
     """The kernel of the module docstring, written to a file (kernels need their source)."""
-    body = "\n".join(f"        OUT[i, {k}, t] = {expression_source(tree)}" for k, tree in enumerate(trees))
     n = THREADS
-    text = (f"import taskdsl as td\nfrom taskdsl import bf16, f16, f32, f64, i32, i64, threadIdx\n\n\n"
-            f"@td.kernel(grid=1, block={n})\n"
-            f"def random_program(X: f32[{n}], Y: f64[{n}], P: f16[{n}], Q: bf16[{n}], A: i32[{n}], D: i64[{n}], "
-            f"OUT: f64[{LOOP}, {len(trees)}, {n}]):\n"
-            f"    s = td.shared({shared_type}, ({n},))\n"
-            f"    t = threadIdx.x\n    x, y, p, q, a, d = X[t], Y[t], P[t], Q[t], A[t], D[t]\n"
-            f"    for i in range({LOOP}):\n"
-            f"        s[t] = {expression_source(shared)}\n"
-            f"        td.syncthreads()\n"
-            f"        w = s[(t * {step} + i + {shift}) % {n}]\n"
-            f"        td.syncthreads()\n{body}\n")
-    return load_program(text, "random_float_program").random_program, text
+    params = (f"X: f32[{n}], Y: f64[{n}], P: f16[{n}], Q: bf16[{n}], A: i32[{n}], D: i64[{n}], "
+              f"OUT: f64[{LOOP}, {len(trees)}, {n}]")
+    stores = "\n".join(f"        OUT[i, {k}, t] = {expression_source(tree)}" for k, tree in enumerate(trees))
+    return exchange_kernel("random_float_program", "bf16, f16, f32, f64, i32, i64", params,
+                           "x, y, p, q, a, d = X[t], Y[t], P[t], Q[t], A[t], D[t]", shared_type, shared, stores,
+                           step, shift, n, LOOP)
 
 
 def expected(shared: tuple, trees: list, step: int, shift: int, shared_type: str,

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 import taskdsl as td
 
-from .program_files import expression_source, load_program
+from .program_files import exchange_kernel, expression_source
 
 GPU_TWINS = True   # every example also runs as a @gpu twin on the cuda target (conftest.py)
 
@@ -166,20 +166,13 @@ def truth(cond, env: dict) -> tuple:
 # ------------------------------------------------------------------ trees as kernel source
 def build_kernel(shared: tuple, trees: list, step: int, shift: int):
     """The kernel of the module docstring, written to a file (kernels need their source)."""
-    body = "\n".join(f"        OUT[{k}, t] += {expression_source(tree)}" for k, tree in enumerate(trees))
     n = THREADS
-    text = (f"import taskdsl as td\nfrom taskdsl import i8, i16, i32, i64, u8, u32, u64, threadIdx\n\n\n"
-            f"@td.kernel(grid=1, block={n})\n"
-            f"def random_program(A: i32[{n}], B: i32[{n}], C: u32[{n}], D: i64[{n}], E: u64[{n}], "
-            f"F: u8[{n}], G: i8[{n}], H: i16[{n}], OUT: u64[{len(trees)}, {n}]):\n"
-            f"    s = td.shared(i32, ({n},))\n"
-            f"    t = threadIdx.x\n    a, b, c, d, e, f, g, h = A[t], B[t], C[t], D[t], E[t], F[t], G[t], H[t]\n"
-            f"    for i in range({LOOP}):\n"
-            f"        s[t] = {expression_source(shared)}\n"
-            f"        td.syncthreads()\n"
-            f"        w = s[(t * {step} + i + {shift}) % {n}]\n"
-            f"        td.syncthreads()\n{body}\n")
-    return load_program(text, "random_program").random_program, text
+    params = (f"A: i32[{n}], B: i32[{n}], C: u32[{n}], D: i64[{n}], E: u64[{n}], "
+              f"F: u8[{n}], G: i8[{n}], H: i16[{n}], OUT: u64[{len(trees)}, {n}]")
+    stores = "\n".join(f"        OUT[{k}, t] += {expression_source(tree)}" for k, tree in enumerate(trees))
+    return exchange_kernel("random_program", "i8, i16, i32, i64, u8, u32, u64", params,
+                           "a, b, c, d, e, f, g, h = A[t], B[t], C[t], D[t], E[t], F[t], G[t], H[t]", "i32",
+                           shared, stores, step, shift, n, LOOP)
 
 
 def expected(shared: tuple, trees: list, step: int, shift: int, inputs: dict) -> tuple[list, np.ndarray]:
