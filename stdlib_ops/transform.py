@@ -20,7 +20,7 @@ import numpy as np
 import taskdsl as td
 from taskdsl import ir
 from taskdsl.compute import size_var
-from taskdsl.runtime.arrays import on_device
+from taskdsl.runtime.arrays import check_indices, on_device
 
 from .elementwise import (
     Plan,
@@ -298,8 +298,8 @@ def _gather_plan(x, indices, axis: int = 0) -> Plan:
         raise TypeError(f"gather indices must be integers, got {indices.dtype}")
     axis = normalize_axis(axis, x.ndim)
     n = x.shape[axis]
-    if indices.size and not on_device(indices) and (indices.max() >= n or (indices.dtype.kind == "i" and indices.min() < -n)):
-        raise IndexError(f"gather: an index is out of bounds for axis {axis} with size {n}")
+    if not on_device(indices):
+        check_indices(indices, n, axis, "gather")
     dtype, idtype = tdtype(x.dtype), tdtype(indices.dtype)
     op = cached_op(("gather", dtype, idtype), lambda: _gather_op(dtype, idtype))
     canon = x.reshape(_prod(x.shape[:axis]), n, _prod(x.shape[axis + 1:]))

@@ -110,5 +110,12 @@ def placed_like(operand, host: np.ndarray):
     return to_device(host) if isinstance(operand, DeviceArray) else host
 
 
+def check_indices(indices: np.ndarray, n: int, axis: int, what: str) -> None:
+    """IndexError when host `indices` into an axis of size `n` hold one outside [-n, n) (negative ones count
+    from the end); kernels would clamp it to the axis instead."""
+    if indices.size and (indices.max() >= n or (indices.dtype.kind == "i" and indices.min() < -n)):
+        raise IndexError(f"{what}: an index is out of range for axis {axis} of size {n}")
+
+
 __all__ = ["on_device", "as_array", "contiguous", "empty_like_operands", "zeros_like_operands", "results_in",
-           "address", "on_host", "placed_like"]
+           "address", "on_host", "placed_like", "check_indices"]

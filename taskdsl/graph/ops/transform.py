@@ -6,6 +6,7 @@ import numpy as np
 from ... import ir
 from ...compute import compute
 from ...lang import math_expr
+from ...runtime.arrays import check_indices
 from ..operator import Operator, dims
 from ..tensor import Tensor, as_shape, as_tensor
 from .axes import normalize_axes, normalize_axis
@@ -145,10 +146,8 @@ class Gather(Operator):
 
     def check_values(self, arrays):
         """IndexError for an index outside [-n, n) (the kernels would clamp it to the axis instead)."""
-        idx, axis = arrays[1], self.attrs["axis"]
-        n = self.inputs[0].shape[axis]
-        if idx.size and (idx.max() >= n or idx.min() < -n):
-            raise IndexError(f"gather: an index is out of range for axis {axis} of size {n}")
+        axis = self.attrs["axis"]
+        check_indices(arrays[1], self.inputs[0].shape[axis], axis, "gather")
 
     def define(self, x, idx):
         axis, rank = self.attrs["axis"], self.inputs[1].ndim
