@@ -109,17 +109,17 @@ class CompiledGraph:
         self.compile_seconds = time.perf_counter() - start
 
     def _compile_cpu_kernels_ahead(self, show) -> None:
-        """Record the warm-up run's cpu launches, then compile their kernels in parallel processes."""
-        with precompile.recording() as jobs:
-            try:
-                self._execute(self._last_inputs)
-            except Exception:  # noqa: BLE001 - recorded launches write no outputs, so a runner reading
-                pass           # them may fail; the warm-up run after this raises any real error
-        jobs = precompile.pending(jobs)
-        n = precompile.processes(jobs)
-        if n > 1:
-            with Progress(len(jobs), f"compiling {len(jobs)} kernels on {n} processes", show=show) as bar:
-                precompile.compile_all(jobs, bar)
+        """Record the warm-up run's cpu launches; worker processes compile their kernels meanwhile."""
+        with precompile.AheadCompiler() as ahead:
+            with ahead.recording():
+                try:
+                    self._execute(self._last_inputs)
+                except Exception:  # noqa: BLE001 - recorded launches write no outputs, so a runner reading
+                    pass           # them may fail; the warm-up run after this raises any real error
+            if ahead.futures:
+                n = len(ahead.futures)
+                with Progress(n, f"compiling {n} kernels on {ahead.processes} processes", show=show) as bar:
+                    ahead.wait(bar)
 
     def _execute(self, arrays: list, progress: Progress | None = None, sync: bool = False) -> list:
         return self._outputs(self._run(arrays, progress, sync), arrays)

@@ -1,15 +1,18 @@
 """Compiling many cpu kernels at once, on every core.
 
 numba compiles one function at a time on one core, and a model's graph has dozens of kernels
-(each convolution geometry is its own SIMT-template kernel, 10-30 s to compile). A graph
-compile therefore first *records* its launches without running them:
+(each fused convolution is its own module, about 5 s of numba each). A graph compile therefore
+first *records* its launches without running them, and compiles each recorded kernel in a
+worker process as soon as it is recorded, while the recording goes on:
 
-    with recording() as jobs:        # Kernel calls on the cpu target note (module, entry, types)
-        run the graph once
-    compile_all(jobs)                # worker processes compile them; numba's disk cache keeps the code
+    with AheadCompiler() as ahead:
+        with ahead.recording():       # Kernel calls on the cpu target note (module, entries, types);
+            run the graph once        # each new job goes to a worker process at once
+        ahead.wait(progress)          # numba's disk cache now holds every job's machine code
 
 and then runs for real: each kernel loads its machine code from numba's cache instead of
-compiling it. Recording never changes results; any failure falls back to compiling in turn.
+compiling it. Recording never changes results; a kernel a worker did not compile compiles at
+its first launch.
 """
 from __future__ import annotations
 
@@ -21,39 +24,56 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-_recording: list | None = None
+_recorder: "_Recorder | None" = None
 
 
 @dataclass(frozen=True)
 class Job:
-    """One numba compilation: the generated module, its entry function and the argument types."""
+    """One numba compilation: the generated module, the functions a launch calls (the entry, then its
+    parallel entry where the launch goes through it) and their argument types (the same for both)."""
 
     path: str
-    entry: str
+    entries: tuple
     signature: tuple      # numba types, in call order
     opt_level: int = 3    # the source's (see `launch.compiler_settings`)
 
 
+class _Recorder:
+    """The jobs recorded so far; `on_new(job)` is called for each job not seen before."""
+
+    def __init__(self, on_new=None):
+        self.jobs: list = []
+        self.on_new = on_new
+
+
 def is_recording() -> bool:
     """Whether cpu launches are being recorded instead of run."""
-    return _recording is not None
+    return _recorder is not None
 
 
 def record(job: Job) -> None:
     """Note one launch's compilation (duplicates are dropped)."""
-    if job not in _recording:
-        _recording.append(job)
+    if job not in _recorder.jobs:
+        _recorder.jobs.append(job)
+        if _recorder.on_new is not None:
+            _recorder.on_new(job)
+
+
+@contextlib.contextmanager
+def _recording_into(recorder: _Recorder):
+    global _recorder
+    saved, _recorder = _recorder, recorder
+    try:
+        yield recorder
+    finally:
+        _recorder = saved
 
 
 @contextlib.contextmanager
 def recording():
     """Inside the block, cpu kernel launches are recorded (not run): yields the list of Jobs."""
-    global _recording
-    saved, _recording = _recording, []
-    try:
-        yield _recording
-    finally:
-        _recording = saved
+    with _recording_into(_Recorder()) as recorder:
+        yield recorder.jobs
 
 
 def workers() -> int:
@@ -62,25 +82,26 @@ def workers() -> int:
 
 
 def compile_job(job: Job) -> None:
-    """Compile one job's function for its signature (numba's cache=True writes the machine code)."""
+    """Compile one job's functions for its signature (numba's cache=True writes the machine code). The
+    entry comes first: a parallel entry calls it, and so finds it compiled in this process."""
     from .compile import load_module_function
     from .launch import compiler_settings
     with compiler_settings(job.opt_level):
-        load_module_function(Path(job.path), job.entry).compile(job.signature)
+        for entry in job.entries:
+            load_module_function(Path(job.path), entry).compile(job.signature)
 
 
 def pending(jobs: list) -> list:
-    """The jobs whose function is neither compiled for that signature in this process nor in
+    """The jobs with a function that is neither compiled for that signature in this process nor in
     numba's disk cache (any cached signature counts: a new one compiles at its first launch)."""
     from .compile import load_module_function
 
-    def compiled(job: Job) -> bool:
-        path = Path(job.path)
-        if job.signature in load_module_function(path, job.entry).signatures:
+    def compiled(path: Path, entry: str, signature: tuple) -> bool:
+        if signature in load_module_function(path, entry).signatures:
             return True
-        return any((path.parent / "__pycache__").glob(f"{path.stem}.{job.entry}-*.nbi"))
+        return any((path.parent / "__pycache__").glob(f"{path.stem}.{entry}-*.nbi"))
 
-    return [j for j in jobs if not compiled(j)]
+    return [j for j in jobs if not all(compiled(Path(j.path), e, j.signature) for e in j.entries)]
 
 
 def processes(jobs: list) -> int:
@@ -89,20 +110,58 @@ def processes(jobs: list) -> int:
     With one job or one core, or off Linux (no fork), each kernel compiles at its first launch
     instead: a worker process would only add its start-up time.
     """
-    return min(workers(), len(jobs)) if sys.platform.startswith("linux") else 1
+    return min(_max_processes(), len(jobs))
+
+
+def _max_processes() -> int:
+    return workers() if sys.platform.startswith("linux") else 1
+
+
+class AheadCompiler:
+    """Worker processes that compile jobs while the caller goes on: `with AheadCompiler() as ahead:`, then
+    `with ahead.recording(): ...` submits each new recorded job, and `ahead.wait()` waits for them all.
+    Leaving the `with` stops the workers."""
+
+    def __init__(self, processes: int | None = None):
+        self.processes = _max_processes() if processes is None else processes
+        self.futures: list = []
+        self._pool = None
+
+    def recording(self):
+        """A context in which cpu launches are recorded (not run), each new job submitted at once."""
+        return _recording_into(_Recorder(self.submit))
+
+    def submit(self, job: Job) -> None:
+        """Start compiling `job` in a worker, unless its code is cached already (or there are no workers)."""
+        if self.processes <= 1 or not pending([job]):
+            return
+        if self._pool is None:
+            # fork: a worker starts in milliseconds with numba already imported, and never re-runs the
+            # user's script (spawn would, without an `if __name__ == "__main__"` guard). Workers fork
+            # from a submit, when nothing compiles or launches here: the idle launch threads hold no
+            # lock the children need.
+            self._pool = concurrent.futures.ProcessPoolExecutor(
+                self.processes, mp_context=multiprocessing.get_context("fork"))
+        self.futures.append(self._pool.submit(compile_job, job))
+
+    def wait(self, progress=None) -> None:
+        """Wait for every submitted job, stepping `progress` as each one finishes; a worker's error is raised."""
+        for future in concurrent.futures.as_completed(self.futures):
+            future.result()
+            if progress is not None:
+                progress.step()
+
+    def __enter__(self) -> "AheadCompiler":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._pool is not None:    # jobs not started yet are dropped: they compile at their first launch
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def compile_all(jobs: list, progress=None) -> None:
     """Compile `jobs` in `processes(jobs)` worker processes (none if that is 1), stepping `progress`."""
-    n = processes(jobs)
-    if n <= 1:
-        return
-    # fork: a worker starts in milliseconds with numba already imported, and never re-runs the
-    # user's script (spawn would, without an `if __name__ == "__main__"` guard). Nothing compiles
-    # or launches while it forks, so the idle launch threads hold no lock the children need.
-    context = multiprocessing.get_context("fork")
-    with concurrent.futures.ProcessPoolExecutor(n, mp_context=context) as pool:
-        for future in concurrent.futures.as_completed([pool.submit(compile_job, j) for j in jobs]):
-            future.result()
-            if progress is not None:
-                progress.step()
+    with AheadCompiler(processes(jobs)) as ahead:
+        for job in jobs:
+            ahead.submit(job)
+        ahead.wait(progress)
