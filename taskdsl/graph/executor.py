@@ -109,16 +109,18 @@ class CompiledGraph:
         self.compile_seconds = time.perf_counter() - start
 
     def _compile_cpu_kernels_ahead(self, show) -> None:
-        """Record the warm-up run's cpu launches; worker processes compile their kernels meanwhile."""
+        """Record the warm-up run's cpu launches; worker processes compile their kernels meanwhile. The bar of
+        the compiles shows on a terminal whatever the graph's size: numba takes seconds a kernel."""
+        label = f"generating the kernels of {self.graph.name}"
         with precompile.AheadCompiler() as ahead:
-            with ahead.recording():
+            with ahead.recording(), Progress(len(self.graph.nodes), label, show=show) as bar:
                 try:
-                    self._execute(self._last_inputs)
+                    self._execute(self._last_inputs, bar)
                 except Exception:  # noqa: BLE001 - recorded launches write no outputs, so a runner reading
                     pass           # them may fail; the warm-up run after this raises any real error
             if ahead.futures:
                 n = len(ahead.futures)
-                with Progress(n, f"compiling {n} kernels on {ahead.processes} processes", show=show) as bar:
+                with Progress(n, f"compiling {n} kernels on {ahead.processes} processes") as bar:
                     ahead.wait(bar)
 
     def _execute(self, arrays: list, progress: Progress | None = None, sync: bool = False) -> list:
