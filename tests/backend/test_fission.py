@@ -138,3 +138,30 @@ def warp_break_in_shuffle_loop(X: f32[64], Y: f32[64]):
 def test_break_under_a_warp_uniform_condition_in_a_shuffle_loop_is_refused():
     with pytest.raises(td.DSLError, match="break or continue under a warp-uniform condition"):
         warp_break_in_shuffle_loop(np.zeros(64, np.float32), np.zeros(64, np.float32))
+
+
+@td.kernel(grid=1, block=32)
+def two_tiles(X: f32[32, 4], Y: f32[32, 4], Z: f32[32, 4]):
+    t = threadIdx.x
+    acc = td.registers(f32, (4,))     # accessed in one region only
+    kept = td.registers(f32, (4,))    # written before the barrier, read after it
+    for j in td.unroll(4):
+        acc[j] = X[t, j] * 2.0
+        acc[j] += 1.0
+        kept[j] = X[t, j] - 3.0
+        Y[t, j] = acc[j]
+    td.syncthreads()
+    for j in td.unroll(4):
+        Z[t, j] = kept[j] * kept[j]
+
+
+def test_a_register_tile_of_one_region_starts_from_zero_not_from_its_slot():
+    td.fast_compile(False)        # unrolled: the tiles' elements are promoted to locals
+    x = np.random.default_rng(0).standard_normal((32, 4)).astype(np.float32)
+    y, z = np.empty_like(x), np.empty_like(x)
+    source = two_tiles.source(x, y, z, target="cpu")
+    assert "acc_0 = np.float32(0)" in source and "acc[" not in source   # np.empty's garbage is never read
+    assert "kept_0 = kept[np.uint64(tid * 4 + 0)]" in source            # the value the first region wrote
+    two_tiles(x, y, z)
+    np.testing.assert_array_equal(y, x * np.float32(2) + np.float32(1))
+    np.testing.assert_array_equal(z, (x - np.float32(3)) ** 2)

@@ -229,7 +229,7 @@ class _PythonEmitter:
             self.lines.append(f"{body_pad}{self.name(arrays[uid])} = {self.thread_array(arrays[uid])}[tid]")
         stored = self.promote_register_elements(region)
         for (uid, element), local in self.promoted_elements.items():
-            self.lines.append(f"{body_pad}{local} = {self.register_slot(uid, element)}")
+            self.lines.append(f"{body_pad}{local} = {self.register_entry_value(region, uid, element)}")
         self.promoted = True
         self.stmts(region.stmts, depth + 1)
         self.promoted = False
@@ -260,6 +260,15 @@ class _PythonEmitter:
             if isinstance(a, ir.Store) and key not in stored:
                 stored.append(key)
         return sorted(stored)
+
+    def register_entry_value(self, region: F.Region, uid: int, element: int) -> str:
+        """What a promoted register element holds when the region starts: its slot, unless no region can have
+        written it (this region alone accesses the buffer, and runs once per block): then the slot is
+        `np.empty`'s garbage, and a zero is as good a value and spares numba a load per element (a 6x16
+        register tile compiles ~15% faster)."""
+        if region.in_block_loop or self.register_regions[uid] > 1:
+            return self.register_slot(uid, element)
+        return f"{np_type(self.registers[uid].dtype)}(0)"
 
     def register_slot(self, uid: int, element: int) -> str:
         numel = math.prod(d.value for d in self.registers[uid].shape)
