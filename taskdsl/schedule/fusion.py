@@ -225,7 +225,9 @@ def _invert(axes: tuple, index: tuple, epi_shape: tuple, out_shape: tuple, name:
     if any(((c < 0) | (c >= n)).any() for c, n in zip(coords, out_shape)):
         raise FusionError(f"epilogue '{name}' reads the anchor output out of its bounds")
     forward = np.ravel_multi_index(coords, out_shape).reshape(-1)    # epilogue element -> output element
-    if len(np.unique(forward)) != size:
+    reached = np.zeros(size, bool)
+    reached[forward] = True               # as many elements as the output: onto means one-to-one
+    if not reached.all():
         raise FusionError(f"epilogue '{name}' reads some output elements more than once: its index map is not "
                           "bijective")
     inverse = np.empty(size, np.int64)

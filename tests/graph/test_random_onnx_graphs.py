@@ -117,7 +117,9 @@ class ModelWriter:
         if op == "Div":          # divide by 1 + |b| (integers: truncating, as ONNX divides them)
             magnitude = self.emit("Abs", [b_name], b_shape, hidden=True)[0]
             b_name = self.emit("Add", [magnitude, self.scalar(1)], b_shape, hidden=True)[0]
-        operands = [a[0], b_name] if self.draw(st.booleans()) else [b_name, a[0]]
+        # an integer Div keeps the safe divisor second (onnxruntime fails on an integer division by zero)
+        in_order = self.draw(st.booleans()) or (self.integer and op == "Div")
+        operands = [a[0], b_name] if in_order else [b_name, a[0]]
         return self.emit(op, operands, np.broadcast_shapes(a[1], b_shape))
 
     def where(self, a):
