@@ -118,10 +118,72 @@ def bound_read_outside_warp_branch(X: f32[64], Y: f32[64]):
     Y[t] = v + n         # ... so warp 1 would read 3 here
 
 
-def test_block_variable_of_a_warp_branch_read_outside_it_is_refused():
+def _pair_sums(x: np.ndarray, mask: int) -> np.ndarray:
+    return x + x[np.arange(x.size) ^ mask]
+
+
+def test_block_variable_of_a_warp_branch_read_outside_it_gets_a_copy_in_the_branch():
+    # the loop bound is a block-level value inside the branch; after it, each thread reads its own n
     x = np.arange(64, dtype=np.float32)
-    with pytest.raises(td.DSLError, match="'n' controls a loop or branch .* also read outside"):
-        bound_read_outside_warp_branch(x, np.zeros(64, np.float32))
+    y = np.zeros(64, np.float32)
+    bound_read_outside_warp_branch(x, y)
+    warp0 = 4 * _pair_sums(x, 1) + 3          # three xor-1 exchanges double the pair sum twice, then n = 3
+    np.testing.assert_array_equal(y, np.where(np.arange(64) < 32, warp0, x + 1))
+
+
+@td.kernel(grid=1, block=64)
+def bounds_on_both_sides(X: f32[64], Y: f32[64]):
+    t = threadIdx.x
+    v = X[t]
+    if t // 32 == 0:
+        n = 2
+        for i in range(n):
+            v += td.shfl_xor(v, 1)
+    else:
+        n = 3
+        for i in range(n):
+            v += td.shfl_xor(v, 2)
+    Y[t] = v * 10.0 + n
+
+
+def test_each_side_of_a_warp_branch_gets_its_own_copy():
+    x = np.arange(64, dtype=np.float32)
+    y = np.zeros(64, np.float32)
+    bounds_on_both_sides(x, y)
+    want = np.where(np.arange(64) < 32, 20 * _pair_sums(x, 1) + 2, 40 * _pair_sums(x, 2) + 3)
+    np.testing.assert_array_equal(y, want)
+
+
+@td.kernel(grid=1, block=64)
+def bound_from_before_the_branch(X: f32[64], Y: f32[64], m: td.i32):
+    t = threadIdx.x
+    v = X[t]
+    n = m
+    if t // 32 == 0:
+        n = n + 1         # the copy would start from the value before the if, read at block level
+        for i in range(n):
+            v += td.shfl_xor(v, 1)
+    Y[t] = v + n
+
+
+@td.kernel(grid=1, block=64)
+def bound_maybe_unassigned(X: f32[64], Y: f32[64], m: td.i32):
+    t = threadIdx.x
+    v = X[t]
+    n = 1
+    if t // 32 == 0:
+        for k in range(m):    # m = 0 leaves n as it was: the copy cannot say so
+            n = k + 2
+            for i in range(n):
+                v += td.shfl_xor(v, 1)
+    Y[t] = v + n
+
+
+@pytest.mark.parametrize("kernel", [bound_from_before_the_branch, bound_maybe_unassigned])
+def test_block_variable_of_a_warp_branch_that_needs_the_outer_value_is_refused(kernel):
+    x = np.arange(64, dtype=np.float32)
+    with pytest.raises(td.DSLError, match="'n' controls a loop or branch .* also read outside .* value from before"):
+        kernel(x, np.zeros(64, np.float32), 2)
 
 
 @td.kernel(grid=1, block=64)

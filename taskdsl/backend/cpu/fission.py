@@ -309,19 +309,70 @@ class _Fission:
     def require_branch_local(self, s: ir.If) -> None:
         """Block variables assigned in the warp-uniform `if` `s` are assigned once for the whole block (they control
         a loop or branch around a barrier or shuffle there), so nothing outside `s` may read them: other warps would
-        see the value of the warps that ran the branch."""
+        see the value of the warps that ran the branch. Raises `_Privatize` with those that are read outside."""
         (mentions, assigns), (inner_mentions, inner_assigns) = self.function_counts, _var_counts(s)
-        for a in ir.collect(s, ir.Assign, expressions=False):
-            uid = a.var.uid
-            if uid in self.block_vars and mentions[uid] - inner_mentions[uid] > assigns[uid] - inner_assigns[uid]:
-                raise DSLError(f"'{a.var.name}' controls a loop or branch with a barrier or shuffle inside a "
-                               "warp-uniform if, and is also read outside that if", a.loc,
-                               "Use a variable of its own inside the branch (other warps would see this value).")
+        shared = {a.var.uid: a for a in ir.collect(s, ir.Assign, expressions=False)
+                  if a.var.uid in self.block_vars
+                  and mentions[a.var.uid] - inner_mentions[a.var.uid] > assigns[a.var.uid] - inner_assigns[a.var.uid]}
+        if shared:
+            raise _Privatize(s, list(shared.values()))
 
     def require_uniform(self, e, s, what: str, guarded: bool) -> None:
         if not self.agreed(e, guarded):
             raise DSLError(f"{what} must be the same in every thread of the block (it depends on threadIdx or on "
                            "per-thread data)", s.loc, "A barrier must be reached by every thread of the block.")
+
+
+class _Privatize(Exception):
+    """`split` met a warp-uniform `branch` whose block variables (the targets of `assignments`, their first
+    assignments there) are also read outside it."""
+
+    def __init__(self, branch: ir.If, assignments: list):
+        super().__init__(branch, assignments)
+        self.branch, self.variables = branch, [a.var for a in assignments]
+        self.loc = assignments[0].loc
+
+    def refusal(self) -> DSLError:
+        """The error for a branch `_privatized` cannot give copies."""
+        return DSLError(f"'{self.variables[0].name}' controls a loop or branch with a barrier or shuffle inside a "
+                        "warp-uniform if, and is also read outside that if; the cpu target gives it a copy of its "
+                        "own in the branch, but not when the branch reads the value from before the if or the "
+                        "variable also controls a barrier or shuffle outside the branch", self.loc,
+                        "Use a variable of its own inside the branch (other warps would see this value).")
+
+
+def _privatized(body: ir.Stmt, branch: ir.If, variables: list):
+    """`body` with `branch`'s block variables given copies of their own inside it, or None where a copy cannot do.
+
+    Each side of the `if` works on fresh variables and hands their values back to the outer ones at its end, a
+    per-thread assignment: the copies are block-level variables inside the branch (set once per block, by the
+    warps that run it), and outside it each thread keeps its own value, as in CUDA. A side that reads a
+    variable before assigning it would need the copy to start from the outer value at block level, which
+    would make the outer variable block-level too: None (and so for a side that may leave a variable
+    unassigned, in a loop that can run no trip).
+    """
+    uids = {v.uid for v in variables}
+    for side in (branch.then, branch.orelse):
+        live, surely, assigned = set(), set(), set()
+        _live_in(side, surely, live, assigned)
+        if live & uids or (assigned & uids) - surely:    # the copy would need the outer value
+            return None
+
+    def private(side):
+        if side is None:
+            return None
+        copies = {v.uid: ir.Var(f"{v.name}_w", v.dtype) for v in variables}
+        assigned = {a.var.uid for a in ir.collect(side, ir.Assign, expressions=False)}
+        return ir.seq([ir.substitute(side, copies)] +
+                      [ir.Assign(v, copies[v.uid], branch.loc) for v in variables if v.uid in assigned])
+
+    class _Rewrite(ir.Rewriter):
+        def visit_If(self, x):
+            if x is branch:
+                return dataclasses.replace(x, then=private(x.then), orelse=private(x.orelse))
+            return self.generic_visit(x)
+
+    return _Rewrite().visit(body)
 
 
 def _var_counts(s) -> tuple:
@@ -410,10 +461,20 @@ def _region_vars(region: Region) -> tuple[set, set]:
 def fission(fn: ir.Function) -> BlockProgram:
     """Split the body of a lowered kernel into regions and block-level steps."""
     hoisted = _Hoister().block(fn.body)
-    fn = ir.Function(fn.name, fn.params, fn.sizes, hoisted, fn.block, fn.source_file)
-    f = _Fission(fn)
-    f.collect_block_vars(fn.body)
-    items = f.split(fn.body, False)
+    privatized: set = set()       # uids of the variables given copies in some warp-uniform branch
+    while True:
+        fn = ir.Function(fn.name, fn.params, fn.sizes, hoisted, fn.block, fn.source_file)
+        f = _Fission(fn)
+        f.collect_block_vars(fn.body)
+        try:
+            items = f.split(fn.body, False)
+            break
+        except _Privatize as p:     # each round gives one warp-uniform branch its own copies
+            again = any(v.uid in privatized for v in p.variables)   # a copy's hand-back made it block-level
+            hoisted = None if again else _privatized(hoisted, p.branch, p.variables)
+            if hoisted is None:
+                raise p.refusal() from None
+            privatized |= {v.uid for v in p.variables}
     # A variable lives in a per-thread array when a region reads a value of it that another region
     # (or the same region, in an earlier iteration of a block-level loop) assigned.
     all_regions = list(regions(items))
