@@ -64,6 +64,12 @@ class Uniformity:
             return False
         return self.level(e, self.relaxed_level) == UNIFORM
 
+    def _agreed_in(self, e: ir.Expr, branch) -> bool:
+        """Whether `e` is the same in every thread running the warp-uniform `branch` it is used in."""
+        local = [v for v in ir.collect(e, ir.Var) if v.kind not in ("size", "param")]
+        return all(self.branches.get(v.uid, set()) <= {branch} for v in local) and \
+            self.level(e, self.relaxed_level) == UNIFORM
+
     def level(self, e: ir.Expr, var_level: dict | None = None) -> int:
         var_level = self.var_level if var_level is None else var_level
         if isinstance(e, ir.Const):
@@ -137,7 +143,10 @@ class Uniformity:
         elif isinstance(s, ir.If):
             cond = self.level(s.cond)
             level, rlevel = max(ctl, cond), max(rctl, THREAD if cond == THREAD else UNIFORM)
-            inner = lambda side: (id(s), side) if cond == WARP else branch
+            # a warp-uniform condition that every thread running the enclosing branch agrees on (an inlined
+            # function's early-return test on its arguments, say) opens no new branch
+            divergent = cond == WARP and not (branch is not None and self._agreed_in(s.cond, branch))
+            inner = lambda side: (id(s), side) if divergent else branch
             self._walk(s.then, level, loop, rlevel, inner("then"))
             self._walk(s.orelse, level, loop, rlevel, inner("else"))
         elif isinstance(s, (ir.Break, ir.Continue)) and loop is not None:

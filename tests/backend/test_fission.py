@@ -227,3 +227,30 @@ def test_a_register_tile_of_one_region_starts_from_zero_not_from_its_slot():
     two_tiles(x, y, z)
     np.testing.assert_array_equal(y, x * np.float32(2) + np.float32(1))
     np.testing.assert_array_equal(z, (x - np.float32(3)) ** 2)
+
+
+@td.func
+def bend(v: td.i64, w: td.i64) -> td.i64:
+    if v < w:
+        return v - w
+    return v // 2 + w
+
+
+@td.kernel(grid=1, block=64)
+def inlined_bound_in_warp_branch(A: td.i64[64], B: td.i64[1], Y: td.i64[64]):
+    t = threadIdx.x
+    x = A[t]
+    if t >= 32:
+        for j in range(bend(B[0], B[0]), 3):    # the inlined function's early-return test opens no new branch
+            x += td.shfl_xor(x, 1)
+    Y[t] = x
+
+
+def test_a_loop_bound_from_an_inlined_function_in_a_warp_branch_is_block_level():
+    # found by the random control-flow test: refused as "must be the same in every thread" before
+    a = np.arange(64, dtype=np.int64)
+    y = np.zeros(64, np.int64)
+    for u, trips in ((1, 2), (4, 0), (-3, 8)):       # bend(u, u) = u // 2 + u: loops from 1, 6, -5 to 3
+        inlined_bound_in_warp_branch(a, np.array([u]), y)
+        pair_doubled = (a + (a ^ 1)) * 2 ** (trips - 1) if trips else a
+        np.testing.assert_array_equal(y, np.where(np.arange(64) >= 32, pair_doubled, a))

@@ -73,15 +73,6 @@ def signature(src: CpuSource, values: list, sizes: list, grid: tuple) -> tuple:
     return tuple(typeof(a) for a in args) + tuple(typeof(int(n)) for n in (*sizes, *grid, 0, 0))
 
 
-def entries_called(src: CpuSource, grid: tuple) -> tuple:
-    """The names of the module functions a launch of `grid` blocks from this thread calls, in the order
-    `_compile_for` compiles them: the entry, and the parallel entry where the launch goes through it
-    (both take the same argument types: `signature`)."""
-    blocks = grid[0] * grid[1] * grid[2]
-    through_parallel = _parallel(src.parallel_entry, _workers(src, blocks)) is not None
-    return (src.entry, src.parallel_entry) if through_parallel else (src.entry,)
-
-
 def launch_cpu(run, src: CpuSource, values: list, sizes: list, grid: tuple, parallel=None) -> None:
     """Run the dispatcher `run` on `values` (arrays and scalars), `sizes` and the `grid` of blocks; blocks
     in parallel through `parallel` (the module's `parallel_entry`) where given, else a thread pool."""

@@ -6,7 +6,7 @@ first *records* its launches without running them, and compiles each recorded ke
 worker process as soon as it is recorded, while the recording goes on:
 
     with AheadCompiler() as ahead:
-        with ahead.recording():       # Kernel calls on the cpu target note (module, entries, types);
+        with ahead.recording():       # Kernel calls on the cpu target note (module, entry, types);
             run the graph once        # each new job goes to a worker process at once
         ahead.wait(progress)          # numba's disk cache now holds every job's machine code
 
@@ -29,11 +29,15 @@ _recorder: "_Recorder | None" = None
 
 @dataclass(frozen=True)
 class Job:
-    """One numba compilation: the generated module, the functions a launch calls (the entry, then its
-    parallel entry where the launch goes through it) and their argument types (the same for both)."""
+    """One numba compilation: the generated module, its entry function and the argument types.
+
+    Only entries: a module's `parallel_` entry compiles in the main process at its first launch. numba names
+    a parallel loop's function after the hash (the address) of an object, so two worker processes forked
+    from one parent give different modules' loops the same symbol, and the second module loaded would
+    run the first one's loop."""
 
     path: str
-    entries: tuple
+    entry: str
     signature: tuple      # numba types, in call order
     opt_level: int = 3    # the source's (see `launch.compiler_settings`)
 
@@ -82,26 +86,25 @@ def workers() -> int:
 
 
 def compile_job(job: Job) -> None:
-    """Compile one job's functions for its signature (numba's cache=True writes the machine code). The
-    entry comes first: a parallel entry calls it, and so finds it compiled in this process."""
+    """Compile one job's function for its signature (numba's cache=True writes the machine code)."""
     from .compile import load_module_function
     from .launch import compiler_settings
     with compiler_settings(job.opt_level):
-        for entry in job.entries:
-            load_module_function(Path(job.path), entry).compile(job.signature)
+        load_module_function(Path(job.path), job.entry).compile(job.signature)
 
 
 def pending(jobs: list) -> list:
-    """The jobs with a function that is neither compiled for that signature in this process nor in
+    """The jobs whose function is neither compiled for that signature in this process nor in
     numba's disk cache (any cached signature counts: a new one compiles at its first launch)."""
     from .compile import load_module_function
 
-    def compiled(path: Path, entry: str, signature: tuple) -> bool:
-        if signature in load_module_function(path, entry).signatures:
+    def compiled(job: Job) -> bool:
+        path = Path(job.path)
+        if job.signature in load_module_function(path, job.entry).signatures:
             return True
-        return any((path.parent / "__pycache__").glob(f"{path.stem}.{entry}-*.nbi"))
+        return any((path.parent / "__pycache__").glob(f"{path.stem}.{job.entry}-*.nbi"))
 
-    return [j for j in jobs if not all(compiled(Path(j.path), e, j.signature) for e in j.entries)]
+    return [j for j in jobs if not compiled(j)]
 
 
 def processes(jobs: list) -> int:
