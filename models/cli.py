@@ -3,7 +3,7 @@
     python -m models list
     python -m models run resnet50 [--batch B] [--dtype f32|f16] [--target cpu|cuda] [--iters N] [--small]
     python -m models run bert --seq 64
-    python -m models run --onnx model.onnx [--batch B] [--seq S]
+    python -m models run --onnx model.onnx [--batch B] [--seq S] [--constant NAME=V,V,... ...]
     python -m models bench [NAME ...] [--small]
 
 Bad input (an unknown model, a bad flag, an unreadable ONNX file) prints one line on stderr
@@ -35,6 +35,8 @@ def parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="build, time and check one model (or any ONNX file with --onnx)")
     run.add_argument("name", nargs="?", help=f"one of: {', '.join(MODELS)}")
     run.add_argument("--onnx", metavar="PATH", help="run this ONNX model instead of a zoo model")
+    run.add_argument("--constant", action="append", default=[], metavar="NAME=V,V,...",
+                     help="with --onnx: fix a model input's value (e.g. a shape input); repeatable")
     run.add_argument("--iters", type=int, default=10, help="timed iterations after the warm-up (default 10)")
     add_shape_flags(run)
     bench = sub.add_parser("bench", help="per model: taskdsl latency vs onnxruntime (and PyTorch on a GPU)")
@@ -143,18 +145,48 @@ def onnx_shapes(model, batch: int, seq: int | None) -> dict:
     return shapes
 
 
+def onnx_constants(model, specs: list) -> dict:
+    """The values `--constant NAME=V,V,...` fix, as arrays of the inputs' ONNX types (a one-value spec of a
+    0-d input is a scalar); UsageError for a spec that is malformed or names no input."""
+    import numpy as np
+    from onnx.helper import tensor_dtype_to_np_dtype
+    inputs = {vi.name: vi for vi in model.graph.input}
+    constants = {}
+    for spec in specs:
+        name, sep, text = spec.partition("=")
+        if not sep or not text:
+            raise UsageError(f"--constant {spec!r}: give NAME=V or NAME=V,V,... (e.g. shape=1,3,224,224)")
+        if name not in inputs:
+            raise UsageError(f"--constant {spec!r}: the model has no input {name!r} (inputs: {', '.join(inputs)})")
+        tensor = inputs[name].type.tensor_type
+        try:
+            values = np.array([float(v) if any(c in v for c in ".en") else int(v) for v in text.split(",")])
+            value = values.astype(tensor_dtype_to_np_dtype(tensor.elem_type))
+        except (ValueError, KeyError, TypeError):
+            raise UsageError(f"--constant {spec!r}: the values must be numbers of the input's type") from None
+        constants[name] = value.reshape(()) if value.size == 1 and len(tensor.shape.dim) == 0 else value
+    return constants
+
+
 def onnx_file(args) -> tuple:
-    """(title, graph, ONNX model) of the ONNX file --onnx names (UsageError when it cannot be read or imported)."""
+    """(title, graph, ONNX model, the input values --constant fixes) of the ONNX file --onnx names (UsageError
+    when it cannot be read or imported)."""
     from taskdsl.graph import OnnxImportError, from_onnx
+    from taskdsl.graph.onnx_import import ConstantRequiredError
     from taskdsl.graph.onnx_import.model import load_model
     if args.dtype != "f32" or args.small:
         raise UsageError("--dtype and --small apply to zoo models; an ONNX model runs with its own types and sizes")
     try:
         model = load_model(args.onnx)
-        graph = from_onnx(model, shapes=onnx_shapes(model, args.batch, args.seq))
+        constants = onnx_constants(model, args.constant)
+        shapes = {name: shape for name, shape in onnx_shapes(model, args.batch, args.seq).items()
+                  if name not in constants}
+        graph = from_onnx(model, shapes=shapes, constants=constants)
+    except ConstantRequiredError as e:
+        raise UsageError(f"{args.onnx}: {e}; on the command line: --constant {e.inputs[0]}=V,V,...") from None
     except OnnxImportError as e:
         raise UsageError(f"{args.onnx}: {e}") from None
-    return f"{args.onnx}: {graph!r}", graph, model
+    return f"{args.onnx}: {graph!r}", graph, model, constants
 
 
 def command_run(args) -> int:
@@ -163,14 +195,17 @@ def command_run(args) -> int:
     if (args.name is None) == (args.onnx is None):
         raise UsageError("run takes a model name or --onnx PATH (one of the two); see `python -m models list`")
     target = check_flags(args)
+    fixed = {}
     if args.onnx:
-        title, graph, model = onnx_file(args)
+        title, graph, model, fixed = onnx_file(args)
         feeds = sample_inputs(graph)
+    elif args.constant:
+        raise UsageError("--constant applies to --onnx models")
     else:
         title, graph, vocab = zoo_model(args)
         feeds = sample_inputs(graph, vocab)
         model = export_if_checkable(graph)
-    result = infer(graph, model, feeds, target, args.iters, args.channels_last)
+    result = infer(graph, model, feeds, target, args.iters, args.channels_last, fixed)
     print_result(title, result)
     return 0 if result.ok else 1
 

@@ -51,9 +51,10 @@ def onnxruntime_outputs(model: onnx.ModelProto, feeds: dict) -> list | None:
         return None
 
 
-def reference_outputs(graph: Graph, model: onnx.ModelProto | None, feeds: dict) -> tuple:
-    """(outputs, name of the reference): onnxruntime on `model` when it can, else the graph's numpy evaluator."""
-    outputs = onnxruntime_outputs(model, feeds) if model is not None else None
+def reference_outputs(graph: Graph, model: onnx.ModelProto | None, feeds: dict, fixed: dict | None = None) -> tuple:
+    """(outputs, name of the reference): onnxruntime on `model` when it can (fed also the values of the model
+    inputs that `fixed` fixed at import), else the graph's numpy evaluator."""
+    outputs = onnxruntime_outputs(model, {**feeds, **(fixed or {})}) if model is not None else None
     if outputs is not None:
         return outputs, "onnxruntime"
     return graph.reference(feeds), "numpy reference"
@@ -125,10 +126,10 @@ def time_calls(fn, feeds: dict, iters: int) -> np.ndarray:
 
 
 def infer(graph: Graph, model: onnx.ModelProto | None, feeds: dict, target: str | None = None,
-          iters: int = 10, channels_last: bool = False) -> Result:
+          iters: int = 10, channels_last: bool = False, fixed: dict | None = None) -> Result:
     """Compile `graph` for `target` (convolutions NHWC with `channels_last`), warm up, time `iters` calls and
-    check the outputs against the reference."""
-    want, reference = reference_outputs(graph, model, feeds)
+    check the outputs against the reference (`fixed`: the model inputs' values fixed at import)."""
+    want, reference = reference_outputs(graph, model, feeds, fixed)
     start = time.perf_counter()
     compiled = graph.compile(target, channels_last=channels_last)
     build_seconds = time.perf_counter() - start

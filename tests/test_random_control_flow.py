@@ -6,8 +6,9 @@ float accumulator `f` that starts as an int and is widened by the first float ad
 assignments, augmented assignments, stores of intermediate values, `if`/`elif`/`else`
 (block-uniform, warp-uniform and per-thread conditions), `for` loops over `range` and `td.unroll`
 (negative steps, bounds computed at run time), `while` loops, `break`, `continue`, early `return`,
-calls of device functions with early returns and loops (also in conditions), warp shuffles, and
-exchanges through shared memory between barriers. Barriers and shuffles are placed only where the
+calls of device functions with early returns and loops (also in conditions), warp shuffles,
+exchanges through shared memory between barriers, and variables `p*` that a warp-uniform branch sets
+from uniform values, may loop around a shuffle on, and leaves for the threads to read after it. Barriers and shuffles are placed only where the
 DSL's rules allow them (a barrier under block-uniform control flow, a shuffle under warp-uniform
 control flow, no `break` or `return` more divergent than that before them), so every program must
 compile.
@@ -197,15 +198,34 @@ class ProgramWriter:
     # ----------------------------------------------------------- compound statements
     def _if(self, scope: Scope):
         level, crossed = self.level(scope), scope.crossed
+        private = None      # a variable the first branch, if warp-uniform, sets from uniform values
         for keyword in ["if"] + ["elif"] * self.draw(st.integers(0, 1)):
             cond, cond_level = self.scoped_condition(scope)
             level = max(level, cond_level)     # an `elif` or `else` runs where the conditions before are false
             crossed = max(crossed, cond_level)
-            self.emit(scope, f"{keyword} {cond}:")
-            self.block(replace(scope, level=level, crossed=crossed, depth=scope.depth + 1))
+            inner = replace(scope, level=level, crossed=crossed, depth=scope.depth + 1)
+            if keyword == "if" and level == WARP and self.draw(st.booleans()):
+                # inside the branch it may bound loops around shuffles (block-level there); after it, each
+                # thread reads its own value (the cpu target gives the branch a copy of it)
+                private = self._fresh("p")
+                self.emit(scope, f"{private} = 0")
+                self.emit(scope, f"{keyword} {cond}:")
+                self.emit(inner, f"{private} = {self.bounded(scope.uniform_names)}")
+                inner = replace(inner, uniform_names=inner.uniform_names + (private,))
+                if self.draw(st.booleans()):     # a shuffle loop it bounds
+                    var = self._fresh("j")
+                    self.emit(inner, f"for {var} in range(min(max({private}, -3), 3)):")
+                    body = self._loop_scope(inner, UNIFORM, var)
+                    (self._shuffle if self.level(body) <= WARP else self.statement)(body)
+            else:
+                self.emit(scope, f"{keyword} {cond}:")
+            self.block(inner)
         if self.draw(st.booleans()):
             self.emit(scope, "else:")
             self.block(replace(scope, level=level, crossed=crossed, depth=scope.depth + 1))
+        if private is not None:
+            x = self.draw(st.sampled_from(XS))
+            self.emit(scope, f"{x} = min(max({x} + {private}, -5000), 5000)")
 
     def _for(self, scope: Scope):
         var = self._fresh("j")

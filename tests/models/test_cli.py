@@ -52,6 +52,46 @@ def test_run_onnx_file(tmp_path, capsys):
     assert str(path) in out and ", ok" in out
 
 
+def _reshape_model(path):
+    """An ONNX model whose Reshape takes its shape from a graph input: fixed only by --constant."""
+    import onnx
+    from onnx import TensorProto, helper
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "shape"], ["r"]), helper.make_node("Relu", ["r"], ["y"])], "reshape",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6]),
+         helper.make_tensor_value_info("shape", TensorProto.INT64, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", "cols"])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+
+
+def test_run_onnx_file_with_a_shape_input_fixed_by_constant(tmp_path, capsys):
+    """--constant fixes a shape input; onnxruntime, the reference, is fed the same value."""
+    pytest.importorskip("onnxruntime")
+    path = tmp_path / "reshape.onnx"
+    _reshape_model(path)
+    assert main(["run", "--onnx", str(path), "--iters", "1", "--target", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "must be a constant" in err and "--constant shape=V,V,..." in err and len(err.splitlines()) == 1
+    assert main(["run", "--onnx", str(path), "--iters", "1", "--target", "cpu", "--constant", "shape=3,-1"]) == 0
+    out = capsys.readouterr().out
+    assert "f32[3, 4]" in out and "max error vs onnxruntime" in out and ", ok" in out
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("shape", "give NAME=V or NAME=V,V,..."),
+    ("size=3,4", "the model has no input 'size' (inputs: x, shape)"),
+    ("shape=3,four", "the values must be numbers"),
+])
+def test_bad_constant_exits_2(tmp_path, spec, message, capsys):
+    path = tmp_path / "reshape.onnx"
+    _reshape_model(path)
+    assert main(["run", "--onnx", str(path), "--target", "cpu", "--constant", spec]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert main(["run", "resnet50", "--small", "--constant", "shape=1"]) == 2
+    assert "--constant applies to --onnx models" in capsys.readouterr().err
+
+
 def test_bench_small_model(capsys):
     pytest.importorskip("onnxruntime")
     assert main(["bench", "mobilenet_v2", *SMALL_RUN]) == 0
