@@ -5,10 +5,11 @@ variables `u0`, `u1` (i64), a register array `r` (indexed by constants and by ru
 float accumulator `f` that starts as an int and is widened by the first float added to it:
 assignments, augmented assignments, stores of intermediate values, `if`/`elif`/`else`
 (block-uniform, warp-uniform and per-thread conditions), `for` loops over `range` and `td.unroll`
-(negative steps, bounds computed at run time), `while` loops, `break`, `continue`, early `return`,
-calls of device functions with early returns and loops (also in conditions), warp shuffles,
-exchanges through shared memory between barriers, and variables `p*` that a warp-uniform branch sets
-from uniform values, may loop around a shuffle on, and leaves for the threads to read after it. Barriers and shuffles are placed only where the
+(negative steps, bounds computed at run time), `while` loops, `break`, `continue` (a warp may leave
+a `for` loop around shuffles), early `return`, calls of device functions with early returns and
+loops (also in conditions), warp shuffles, exchanges through shared memory between barriers, and
+variables `p*` that a warp-uniform branch sets from uniform values, may loop around a shuffle on,
+and leaves for the threads to read after it. Barriers and shuffles are placed only where the
 DSL's rules allow them (a barrier under block-uniform control flow, a shuffle under warp-uniform
 control flow, no `break` or `return` more divergent than that before them), so every program must
 compile.
@@ -92,6 +93,7 @@ class Scope:
     uniform_names: tuple
     thread_names: tuple
     crossed: int = UNIFORM    # the most divergent `if` condition between the innermost loop and here
+    for_loop: bool = False    # the innermost runtime loop is a `for` (not a `while`)
 
 
 class ProgramWriter:
@@ -134,8 +136,9 @@ class ProgramWriter:
     def _jumps(self, scope: Scope) -> list:
         if scope.loop is None:
             return ["return"] if scope.depth > 1 else []    # `return` is not supported inside loops
-        # the cpu target cannot leave a block-level loop under a warp-uniform condition
-        allowed = scope.loop == THREAD or (self.level(scope) <= scope.loop and scope.crossed == UNIFORM)
+        # the cpu target leaves a block-level for loop under a warp-uniform condition, but not a while loop
+        allowed = scope.loop == THREAD or (self.level(scope) <= scope.loop and
+                                           (scope.crossed == UNIFORM or scope.for_loop))
         return ["break", "continue"] if allowed else []
 
     def statement(self, scope: Scope):
@@ -239,7 +242,12 @@ class ProgramWriter:
         start, stop = (stop, start) if step < 0 else (start, stop)
         arguments = f"{start}, {stop}, {step}" if step != 1 or self.draw(st.booleans()) else f"{start}, {stop}"
         self.emit(scope, f"for {var} in {loop}({arguments}):", f"for {var} in range({arguments}):")
-        self.block(self._loop_scope(scope, level, var))
+        body = self._loop_scope(scope, level, var)
+        if body.loop == WARP and self.level(body) <= WARP and self.draw(st.booleans()):
+            self._shuffle(body)           # a shuffle loop that a warp leaves, or skips a trip of
+            self.emit(body, f"if {self.warp_condition(body)}:")
+            self.emit(replace(body, depth=body.depth + 1), self.draw(st.sampled_from(["break", "continue"])))
+        self.block(body)
 
     def _while(self, scope: Scope):
         """A while loop that counts its trips first, so that `continue` cannot make it endless."""
@@ -256,9 +264,12 @@ class ProgramWriter:
         per-thread."""
         level = max(bounds_level, self.level(scope))
         jumps = level if level < THREAD and self.draw(st.booleans()) else THREAD
+        if var is not None and jumps == UNIFORM and self.draw(st.booleans()):
+            jumps = WARP      # a warp may leave a for loop: no barrier inside then, shuffles still
         names = {"uniform_names": scope.uniform_names + (var,)} if level == UNIFORM and var else \
             {"thread_names": scope.thread_names + ((var,) if var else ())}
-        return replace(scope, level=max(level, jumps), loop=jumps, crossed=UNIFORM, depth=scope.depth + 1, **names)
+        return replace(scope, level=max(level, jumps), loop=jumps, crossed=UNIFORM, depth=scope.depth + 1,
+                       for_loop=var is not None, **names)
 
     def _names(self, scope: Scope) -> tuple:
         """The names a loop bound may read, and their level."""
@@ -270,13 +281,17 @@ class ProgramWriter:
         """An `if` condition, and its level: warp-uniform ones test the warp index."""
         choice = self.draw(st.integers(0, 2))
         if choice == 0:
-            u = self.expr(scope.uniform_names, 2)
-            warp = self.draw(st.sampled_from([f"t // 32 == ({u}) % 2", f"t // 32 != ({u}) % 2", "t < 32", "t >= 32"]))
+            warp = self.warp_condition(scope)
             return (warp, WARP) if self.draw(st.booleans()) else \
                 (f"({warp}) {self.draw(st.sampled_from(['and', 'or']))} ({self.condition(scope.uniform_names)})", WARP)
         if choice == 1:
             return self.condition(scope.uniform_names), UNIFORM
         return self.condition(scope.uniform_names + scope.thread_names), THREAD
+
+    def warp_condition(self, scope: Scope) -> str:
+        """A condition that tests the warp index (the same in every lane of a warp)."""
+        u = self.expr(scope.uniform_names, 2)
+        return self.draw(st.sampled_from([f"t // 32 == ({u}) % 2", f"t // 32 != ({u}) % 2", "t < 32", "t >= 32"]))
 
     def _fresh(self, prefix: str) -> str:
         self.names += 1

@@ -197,9 +197,95 @@ def warp_break_in_shuffle_loop(X: f32[64], Y: f32[64]):
     Y[t] = v
 
 
-def test_break_under_a_warp_uniform_condition_in_a_shuffle_loop_is_refused():
-    with pytest.raises(td.DSLError, match="break or continue under a warp-uniform condition"):
-        warp_break_in_shuffle_loop(np.zeros(64, np.float32), np.zeros(64, np.float32))
+def _lockstep(x: np.ndarray, trips: int, body) -> np.ndarray:
+    """The oracle of a warp-divergent loop: `body(trip, values, lanes active)` -> (new values, lanes that break)."""
+    v, active = x.copy(), np.ones(x.size, bool)
+    for trip in range(trips):
+        v, leaving = body(trip, v, active)
+        active &= ~leaving
+    return v
+
+
+def test_break_under_a_warp_uniform_condition_in_a_shuffle_loop_leaves_that_warp():
+    x = np.arange(64, dtype=np.float32)
+    y = np.zeros(64, np.float32)
+    warp_break_in_shuffle_loop(x, y)
+    warp = np.arange(64) // 32
+
+    def trip(i, v, active):
+        v = np.where(active, v + v[np.arange(64) ^ 1], v)
+        return v, active & (warp == i)
+    np.testing.assert_array_equal(y, _lockstep(x, 4, trip))
+
+
+@td.kernel(grid=1, block=64)
+def warp_continue_in_shuffle_loop(X: f32[64], Y: f32[64], n: td.i32):
+    t = threadIdx.x
+    v = X[t]
+    count = 0
+    for i in range(n):
+        if t // 32 == i % 2:     # warp 0 sits out the even trips, warp 1 the odd ones
+            count += 1
+            continue
+        v += td.shfl_xor(v, 2)
+        if i == 5:               # a uniform break after the warp-uniform continue
+            break
+        v = v * 0.5
+    Y[t] = v + count * 1000.0
+
+
+def test_continue_under_a_warp_uniform_condition_in_a_shuffle_loop_skips_that_trip():
+    x = np.arange(64, dtype=np.float32)
+    warp, lanes = np.arange(64) // 32, np.arange(64)
+    for n in (0, 3, 8):
+        y = np.zeros(64, np.float32)
+        warp_continue_in_shuffle_loop(x, y, n)
+        v, count, active = x.copy(), np.zeros(64), np.ones(64, bool)
+        for i in range(n):
+            sits = active & (warp == i % 2)
+            count += sits
+            runs = active & ~sits
+            v = np.where(runs, v + v[lanes ^ 2], v)
+            if i == 5:
+                active &= ~runs
+            v = np.where(runs & active, v * np.float32(0.5), v)
+        np.testing.assert_array_equal(y, (v + count * 1000).astype(np.float32))
+
+
+@td.kernel(grid=1, block=64)
+def warp_break_in_shuffle_while(X: f32[64], Y: f32[64], n: td.i32):
+    t = threadIdx.x
+    v = X[t]
+    i = 0
+    while i < n:
+        v += td.shfl_xor(v, 1)
+        if t // 32 == i:
+            break
+        i += 1
+    Y[t] = v
+
+
+@td.kernel(grid=1, block=64)
+def warp_break_in_warp_branch_while(X: f32[64], Y: f32[64], n: td.i32):
+    t = threadIdx.x
+    v = X[t]
+    if t < 32:                   # the loop runs in warp 0 alone: its bound only has to agree there
+        i = 0
+        while i < n:
+            v += td.shfl_xor(v, 1)
+            if t // 32 == 1:     # never true in warp 0, but warp-uniform, not block-uniform
+                break
+            i += 1
+    Y[t] = v
+
+
+@pytest.mark.parametrize("kernel, message", [
+    (warp_break_in_shuffle_while, "the condition of a loop containing a barrier or shuffle must be the same"),
+    (warp_break_in_warp_branch_while, "break or continue under a warp-uniform condition.* in a while loop"),
+])
+def test_break_under_a_warp_uniform_condition_in_a_while_loop_is_refused(kernel, message):
+    with pytest.raises(td.DSLError, match=message):
+        kernel(np.zeros(64, np.float32), np.zeros(64, np.float32), 3)
 
 
 @td.kernel(grid=1, block=32)

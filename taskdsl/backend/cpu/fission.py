@@ -22,6 +22,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ... import ir
+from ...ir import types as T
 from ...errors import DSLError
 from ...passes.uniformity import UNIFORM, WARP, WARP_FUNCS, Uniformity
 
@@ -192,6 +193,7 @@ class _Fission:
         self.block_vars: set = set()
         self.sites: dict = {}
         self.site_numbers = itertools.count()   # per kernel, so the generated source is deterministic
+        self.block_loops: list = []             # the block-level loops around the statement being split
 
     def has_split(self, s) -> bool:
         return any(isinstance(x, (ir.SyncThreads, ir.SyncWarp)) or _is_shuffle_assign(x) for x in _walk_stmts(s))
@@ -270,11 +272,15 @@ class _Fission:
                 self.require_uniform(x.start, x, "the bounds of a loop containing a barrier or shuffle", guarded)
                 self.require_uniform(x.stop, x, "the bounds of a loop containing a barrier or shuffle", guarded)
                 flush()
+                self.block_loops.append(x)
                 items.append(BlockFor(x, self.split(x.body, True, guarded)))
+                self.block_loops.pop()
             elif isinstance(x, ir.While):
                 self.require_uniform(x.cond, x, "the condition of a loop containing a barrier or shuffle", guarded)
                 flush()
+                self.block_loops.append(x)
                 items.append(BlockWhile(x, self.split(x.body, True, guarded)))
+                self.block_loops.pop()
             elif isinstance(x, ir.If):
                 level = self.uniformity.level(x.cond)
                 if self.agreed(x.cond, guarded):
@@ -289,9 +295,7 @@ class _Fission:
                     items += _guard(self.split(x.then, in_block_loop, True), pred)
                     items += _guard(self.split(x.orelse, in_block_loop, True), ir.Unary("not", pred, pred.dtype))
                 elif level == WARP:
-                    raise DSLError("a break or continue under a warp-uniform condition, in a loop with a shuffle, is "
-                                   "not supported on the cpu target", x.loc,
-                                   "Leave the loop under a condition that is the same in every thread of the block.")
+                    raise _WarpJump(x, self.block_loops[-1])
                 else:
                     raise DSLError("a barrier or shuffle under a condition that differs between threads", x.loc,
                                    "Every thread of the block must reach a barrier (every lane of a warp a shuffle).")
@@ -371,6 +375,58 @@ def _privatized(body: ir.Stmt, branch: ir.If, variables: list):
             if x is branch:
                 return dataclasses.replace(x, then=private(x.then), orelse=private(x.orelse))
             return self.generic_visit(x)
+
+    return _Rewrite().visit(body)
+
+
+class _WarpJump(Exception):
+    """`split` met a `break` or `continue` of the block-level `loop` under the warp-uniform `branch`."""
+
+    def __init__(self, branch: ir.If, loop):
+        super().__init__(branch, loop)
+        self.branch, self.loop = branch, loop
+
+    def refusal(self) -> DSLError:
+        """The error for a loop `_jumps_as_flags` cannot rewrite."""
+        return DSLError("a break or continue under a warp-uniform condition, in a loop with a shuffle, is not "
+                        "supported on the cpu target in a while loop", self.branch.loc,
+                        "Leave the loop under a condition that is the same in every thread of the block.")
+
+
+def _jumps_as_flags(body: ir.Stmt, loop):
+    """`body` with the `break`s and `continue`s of the block-level for `loop` made per-thread flags, or None.
+
+    The loop runs all its trips at block level; a thread whose warp left it skips the rest (`left`), and one
+    whose warp continued skips the rest of the trip (`skip`): both are warp-uniform guards, so fission turns
+    them into predicates on the regions. (The loop variable is the loop's own: nothing reads it after the loop.)
+    A while loop could run on after every warp left it: None for a while loop.
+    """
+    if not isinstance(loop, ir.For):
+        return None
+    left = ir.Var(f"{loop.var.name}_left", T.boolean)
+    skip = ir.Var(f"{loop.var.name}_skip", T.boolean)
+    true, false = ir.const(True), ir.const(False)
+
+    def lowered(stmts: list) -> list:
+        out = []
+        for k, x in enumerate(stmts):
+            if isinstance(x, (ir.Break, ir.Continue)):
+                return out + ([ir.Assign(left, true, x.loc)] if isinstance(x, ir.Break) else []) + \
+                    [ir.Assign(skip, true, x.loc)]
+            if isinstance(x, ir.If) and _own_jumps(x):
+                orelse = None if x.orelse is None else ir.seq(lowered(_flatten(x.orelse)))
+                out.append(dataclasses.replace(x, then=ir.seq(lowered(_flatten(x.then))), orelse=orelse))
+                rest = lowered(stmts[k + 1:])
+                return out + ([ir.If(ir.Unary("not", skip, T.boolean), ir.seq(rest), None, x.loc)] if rest else [])
+            out.append(x)
+        return out
+
+    guarded = ir.If(ir.Unary("not", left, T.boolean), ir.seq(lowered(_flatten(loop.body))), None, loop.loc)
+    rewritten = dataclasses.replace(loop, body=ir.seq([ir.Assign(skip, false, loop.loc), guarded]))
+
+    class _Rewrite(ir.Rewriter):
+        def visit_For(self, x):
+            return ir.seq([ir.Assign(left, false, loop.loc), rewritten]) if x is loop else self.generic_visit(x)
 
     return _Rewrite().visit(body)
 
@@ -469,6 +525,10 @@ def fission(fn: ir.Function) -> BlockProgram:
         try:
             items = f.split(fn.body, False)
             break
+        except _WarpJump as j:      # each round makes one loop's jumps flags
+            hoisted = _jumps_as_flags(hoisted, j.loop)
+            if hoisted is None:
+                raise j.refusal() from None
         except _Privatize as p:     # each round gives one warp-uniform branch its own copies
             again = any(v.uid in privatized for v in p.variables)   # a copy's hand-back made it block-level
             hoisted = None if again else _privatized(hoisted, p.branch, p.variables)
