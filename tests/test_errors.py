@@ -138,6 +138,33 @@ def test_assigning_to_a_loop_variable():
     dsl_error(lambda: k(vec()), "E_LOOPVAR", "cannot assign to the loop variable 'i'")
 
 
+def test_reading_a_name_after_a_loop_over_it():
+    # Python would give the loop's last value; a kernel's loop variable belongs to the loop
+    @td.kernel(grid=1, block=1)
+    def k(X: f32[32], n: i32):
+        i = 7
+        for i in range(n):
+            X[i] = 1.0
+        X[0] = i  # E_AFTERLOOP
+
+    dsl_error(lambda: k(vec(), 3), "E_AFTERLOOP", "'i' is read after a loop over 'i'", "from before the loop",
+              token="i  #")
+
+    @td.kernel(grid=1, block=1)
+    def fine(X: f32[32], n: i32):
+        i = 7
+        for i in range(n):          # a later loop over the name, and an assignment, end the warning
+            X[i] = 1.0
+        for i in range(2):
+            X[i + 4] = 2.0
+        i = n + 1
+        X[i] = 3.0
+
+    x = vec()
+    fine(x, 3)
+    np.testing.assert_array_equal(x[:6], [1, 1, 1, 0, 3, 2])
+
+
 def test_assigning_to_a_mapping_loop_variable():
     @td.kernel(grid=1, block=32)
     def k(X: f32[32]):

@@ -105,6 +105,7 @@ class FunctionTranslator:
         self.depth = depth
         self.runtime_names = _runtime_names(source.tree)
         self.loop_depth = 0
+        self.shadowed: dict = {}  # name -> the loop that bound it over an earlier binding, until it is reassigned
         self.pending: list = []   # statements an expression emits before its own (allocations, inlined calls)
         self.returned: ir.Var | None = None
         self.namespace = dict(fn.__globals__)
@@ -275,6 +276,7 @@ class FunctionTranslator:
         if not isinstance(target, ast.Name):
             raise self.error(target, f"cannot assign to a {type(target).__name__}")
         name = target.id
+        self.shadowed.pop(name, None)
         if isinstance(self.env.get(name), ir.Var) and self.env[name].kind == "loop":
             raise self.error(target, f"cannot assign to the loop variable '{name}'")
         bound = self.env.get(name)
@@ -419,6 +421,8 @@ class FunctionTranslator:
     def loop_body(self, node: ast.For, bindings: dict) -> ir.Stmt:
         saved = {n: self.env.get(n) for n in bindings}
         self.env.update(bindings)
+        for n in bindings:      # the loop's own name (reads in the body are of it)
+            self.shadowed.pop(n, None)
         self.loop_depth += 1
         body = self.block(node.body)
         self.loop_depth -= 1
@@ -427,6 +431,7 @@ class FunctionTranslator:
                 self.env.pop(n, None)
             else:
                 self.env[n] = v
+                self.shadowed[n] = node
         return body
 
     # ----------------------------------------------------------------- expressions
@@ -455,6 +460,10 @@ class FunctionTranslator:
         return self.lookup(node.id, node)
 
     def lookup(self, name: str, node: ast.AST):
+        if name in self.shadowed:
+            raise self.error(node, f"'{name}' is read after a loop over '{name}', which had its own '{name}': here "
+                                   "it is the value from before the loop, not the loop's last one as in Python",
+                             "Give the loop variable another name, or assign the value you want after the loop.")
         if name in self.env:
             return self.env[name]
         if name in self.namespace:
