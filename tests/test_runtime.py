@@ -1,6 +1,7 @@
 """Targets, argument binding and launch details of Kernel objects."""
 
 import os
+from pathlib import Path
 import subprocess
 import sys
 
@@ -226,8 +227,12 @@ def test_jobs_compile_in_workers_while_recording_goes_on(tmp_path, monkeypatch):
             kernels[5.0](x, outs[5.0])                          # a repeated launch: no second job
             jobs = list(precompile._recorder.jobs)
         assert len(ahead.futures) == 2 and not any(o.any() for o in outs.values())    # recorded, not run
+        assert all(j.parallel_entry == "parallel_" + j.entry for j in jobs)
         ahead.wait()
     assert precompile.pending(jobs) == []                       # the workers' code is in numba's disk cache
+    from taskdsl.backend.cpu.compile import load_module_function
+    for j in jobs:      # and this process compiled the parallel entries (for the same argument types)
+        assert j.signature in load_module_function(Path(j.path), j.parallel_entry).signatures
     for factor, k in kernels.items():
         k(x, outs[factor])
         np.testing.assert_array_equal(outs[factor], x * np.float32(factor))

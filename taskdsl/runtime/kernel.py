@@ -358,12 +358,12 @@ class Kernel:
 
     def _prepare_cpu(self, binding: Binding, debug: bool):
         """The prepared launch of `binding` (None while launches are being recorded for compiling ahead)."""
-        from ..backend.cpu.launch import PreparedLaunch, signature
+        from ..backend.cpu.launch import PreparedLaunch, parallel_entry_used, signature
         run, src, path, parallel = self._cpu_kernel(binding.block, debug)
         sizes = [binding.sizes[s.name] for s in self._lowered_ir(binding.block).sizes]
         if precompile.is_recording():
             precompile.record(precompile.Job(str(path), src.entry, signature(src, binding.values, sizes, binding.grid),
-                                             src.opt_level))
+                                             src.opt_level, parallel_entry_used(src, binding.grid)))
             return None
         return PreparedLaunch(run, src, binding.values, sizes, binding.grid, parallel)
 

@@ -73,6 +73,12 @@ def signature(src: CpuSource, values: list, sizes: list, grid: tuple) -> tuple:
     return tuple(typeof(a) for a in args) + tuple(typeof(int(n)) for n in (*sizes, *grid, 0, 0))
 
 
+def parallel_entry_used(src: CpuSource, grid: tuple) -> str | None:
+    """The name of the module's parallel entry when a launch of `grid` blocks from this thread goes through
+    it (with the argument types of the entry: `signature`), else None."""
+    return _parallel(src.parallel_entry, _workers(src, grid[0] * grid[1] * grid[2]))
+
+
 def launch_cpu(run, src: CpuSource, values: list, sizes: list, grid: tuple, parallel=None) -> None:
     """Run the dispatcher `run` on `values` (arrays and scalars), `sizes` and the `grid` of blocks; blocks
     in parallel through `parallel` (the module's `parallel_entry`) where given, else a thread pool."""
