@@ -160,12 +160,20 @@ def onnx_constants(model, specs: list) -> dict:
             raise UsageError(f"--constant {spec!r}: the model has no input {name!r} (inputs: {', '.join(inputs)})")
         tensor = inputs[name].type.tensor_type
         try:
-            values = np.array([float(v) if any(c in v for c in ".en") else int(v) for v in text.split(",")])
+            values = np.array([_number(v) for v in text.split(",")])
             value = values.astype(tensor_dtype_to_np_dtype(tensor.elem_type))
         except (ValueError, KeyError, TypeError):
             raise UsageError(f"--constant {spec!r}: the values must be numbers of the input's type") from None
         constants[name] = value.reshape(()) if value.size == 1 and len(tensor.shape.dim) == 0 else value
     return constants
+
+
+def _number(text: str):
+    """`text` as an int, else as a float (ValueError if neither)."""
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
 
 
 def onnx_file(args) -> tuple:

@@ -370,13 +370,8 @@ def _privatized(body: ir.Stmt, branch: ir.If, variables: list):
         return ir.seq([ir.substitute(side, copies)] +
                       [ir.Assign(v, copies[v.uid], branch.loc) for v in variables if v.uid in assigned])
 
-    class _Rewrite(ir.Rewriter):
-        def visit_If(self, x):
-            if x is branch:
-                return dataclasses.replace(x, then=private(x.then), orelse=private(x.orelse))
-            return self.generic_visit(x)
-
-    return _Rewrite().visit(body)
+    return _with_replaced(body, branch, dataclasses.replace(branch, then=private(branch.then),
+                                                            orelse=private(branch.orelse)))
 
 
 class _WarpJump(Exception):
@@ -423,12 +418,16 @@ def _jumps_as_flags(body: ir.Stmt, loop):
 
     guarded = ir.If(ir.Unary("not", left, T.boolean), ir.seq(lowered(_flatten(loop.body))), None, loop.loc)
     rewritten = dataclasses.replace(loop, body=ir.seq([ir.Assign(skip, false, loop.loc), guarded]))
+    return _with_replaced(body, loop, ir.seq([ir.Assign(left, false, loop.loc), rewritten]))
 
-    class _Rewrite(ir.Rewriter):
-        def visit_For(self, x):
-            return ir.seq([ir.Assign(left, false, loop.loc), rewritten]) if x is loop else self.generic_visit(x)
 
-    return _Rewrite().visit(body)
+def _with_replaced(body: ir.Stmt, old: ir.Stmt, new: ir.Stmt) -> ir.Stmt:
+    """`body` with the statement `old` (that very object) replaced by `new`."""
+    class _Replace(ir.Rewriter):
+        def visit(self, node):
+            return new if node is old else super().visit(node)
+
+    return _Replace().visit(body)
 
 
 def _var_counts(s) -> tuple:
