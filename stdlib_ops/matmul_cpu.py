@@ -9,8 +9,10 @@ output tile as
     micro-tiles, one at a time     the register tile: MR x NR accumulators
 
 The micro-kernel's step is MR loads of A (broadcast), NR consecutive loads of B and MR * NR
-multiply-adds; unrolled, LLVM's SLP vectorizer turns it into NR / 8 vector loads and
-MR * NR / 8 vector FMAs (6 x 16 fills 12 of the 16 AVX2 registers with accumulators). The
+multiply-adds; unrolled, LLVM's SLP vectorizer turns it into NR / L vector loads and
+MR * NR / L vector FMAs, L floats a vector. The default tile fills about as many registers with
+accumulators as the host has (`taskdsl.backend.cpu.vectors`): 6 x 16 fills 12 of AVX2's 16 ymm
+registers (L = 8), 6 x 32 fills 12 of AVX-512's 32 zmm registers (L = 16). The
 register tile's loops are `td.unroll` loops, not the compile-time tasks of `repeat(MR, NR)(0)`:
 the cpu target's unroll pass (and the CUDA compiler) unroll them all the same, and under
 `td.fast_compile` they stay loops, which takes a third off numba's time for the kernel. k is
@@ -32,12 +34,12 @@ import numpy as np
 
 import taskdsl as td
 from taskdsl import blockIdx, f32
+from taskdsl.backend.cpu import vectors
+from taskdsl.passes.unroll import MAX_COPIES
 from taskdsl.runtime.config import fast_compile_enabled
 from taskdsl.runtime.host import empty_aligned
 from taskdsl.schedule.space import Space
 
-VECTOR_REGISTERS = 16          # AVX2 ymm registers: accumulators + B row + A broadcast must fit
-FLOATS_PER_VECTOR = 8
 PANEL_BYTES = 512 * 1024       # a block's A and B panels and its partial sums, kept in L2
 
 
@@ -46,36 +48,44 @@ def tile_shape(p) -> tuple:
     return p.block[0], p.block[1], 1
 
 
-def check(p, itemsize: int = 4):
-    """Why point `p` cannot run well (registers, cache, a block the micro-tiles do not divide), or None."""
+def check(p, itemsize: int = 4, unit: vectors.VectorUnit | None = None):
+    """Why point `p` cannot run well on `unit` (default: the host's vectors) for registers, unrolling, cache
+    or a block the micro-tiles do not divide; or None."""
     (mr, nr), (bm, bn) = p.micro, p.block
+    unit = unit or vectors.host()
     if bm % mr or bn % nr:
         return "block tile not a multiple of the micro-tile"
-    if (mr * nr + nr) // FLOATS_PER_VECTOR + 1 > VECTOR_REGISTERS:
-        return f"micro-tile needs more than {VECTOR_REGISTERS} vector registers"
+    row = -(-nr // unit.floats)     # vectors in a row of the tile
+    if mr * row + row + 1 > unit.registers:      # accumulators + B's row + A's broadcast
+        return f"micro-tile needs more than {unit.registers} vector registers"
+    if mr * nr > MAX_COPIES:
+        return f"micro-tile above the {MAX_COPIES} multiply-adds the cpu target unrolls"
     if (bm * p.bk * itemsize + (bn * p.bk + bm * bn) * 4) > PANEL_BYTES:     # B's panel is packed as f32
         return f"panels above {PANEL_BYTES // 1024} KiB"
     return None
 
 
-def space(itemsize: int = 4) -> Space:
-    """The cpu schedule space: micro-tile, block tile and k block."""
+def space(itemsize: int = 4, unit: vectors.VectorUnit | None = None) -> Space:
+    """The cpu schedule space: micro-tile, block tile and k block (the micro-tiles that fit `unit`)."""
     return Space("tile_matmul_cpu", {
-        "micro": ((6, 16), (4, 16), (8, 8), (4, 8), (2, 8)),
+        "micro": ((6, 32), (4, 32), (6, 16), (4, 16), (8, 8), (4, 8), (2, 8)),
         "block": ((48, 64), (96, 64), (48, 128), (24, 64), (64, 64), (16, 64)),
         "bk": (128, 256, 512),
-    }, lambda p: check(p, itemsize))
+    }, lambda p: check(p, itemsize, unit))
 
 
-DEFAULT = dict(micro=(6, 16), block=(48, 64), bk=256)   # measured: docs/benchmarks.md
+# the default tile per vector width, measured: docs/benchmarks.md
+DEFAULT = {512: dict(micro=(6, 32), block=(48, 64), bk=256), 256: dict(micro=(6, 16), block=(48, 64), bk=256),
+           128: dict(micro=(4, 8), block=(48, 64), bk=256)}
 # under td.fast_compile: a micro-kernel a sixth the size, its register tile left in loops, compiles in
 # ~2 s instead of 10-15 s (numba's time grows with the unrolled tile), at about 4 GFLOP/s instead of 100+
 FAST_COMPILE = dict(micro=(2, 8), block=(16, 64), bk=256)
 
 
-def default_point(itemsize: int = 4):
-    """The default cpu schedule (a small micro-tile under `td.fast_compile`)."""
-    return space(itemsize).point(**(FAST_COMPILE if fast_compile_enabled() else DEFAULT))
+def default_point(itemsize: int = 4, unit: vectors.VectorUnit | None = None):
+    """The default cpu schedule for `unit` (the host's vectors; a small micro-tile under `td.fast_compile`)."""
+    unit = unit or vectors.host()
+    return space(itemsize, unit).point(**(FAST_COMPILE if fast_compile_enabled() else DEFAULT[unit.bits]))
 
 
 def pack_b(p, b3):

@@ -4,7 +4,8 @@ The CUDA compiler does this itself; the cpu target needs it done in the IR so th
 register-tile indices become constants (the cpu code generator then keeps those elements
 in locals) and LLVM's SLP vectorizer sees straight-line code. Each copy gets its own
 variables for the values it defines (when nothing outside the loop reads them): names
-assigned once keep numba's SSA reconstruction, a large share of its compile time, cheap.
+assigned once kept numba's SSA reconstruction, then a large share of its compile time, cheap
+(the cpu target now compiles kernels without it: `backend/cpu/support.KernelCompiler`).
 """
 from __future__ import annotations
 

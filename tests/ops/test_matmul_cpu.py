@@ -13,6 +13,7 @@ import taskdsl as td
 from stdlib_ops import gemm
 from stdlib_ops import matmul_cpu as cpu
 from stdlib_ops import matmul_simt as simt
+from taskdsl.backend.cpu import vectors
 from taskdsl.backend.cuda.nvrtc import combine_sources, compile_cubin
 
 OPTIMIZED = True   # the unrolled, vectorized micro-kernel this template exists for, not td.fast_compile
@@ -33,17 +34,41 @@ def _run(p, a, b, split=1, dtype=td.f32, packed_b=False, transposed_a=False):
     return c.sum(axis=0, dtype=np.float64)
 
 
-def test_space_size_and_pruning_match_the_docs():
-    space = cpu.space()
-    assert (space.raw_size, len(space.points())) == (90, 84)
-    assert space.pruned() == {"block tile not a multiple of the micro-tile": 6}
+@pytest.mark.parametrize("unit, valid, registers", [(vectors.AVX2, 84, 30), (vectors.AVX512, 114, 0)])
+def test_space_size_and_pruning_match_the_docs(unit, valid, registers):
+    space = cpu.space(unit=unit)
+    assert (space.raw_size, len(space.points())) == (126, valid)
+    too_many = {f"micro-tile needs more than {unit.registers} vector registers": registers} if registers else {}
+    assert space.pruned() == {"block tile not a multiple of the micro-tile": 12, **too_many}
     for p in space.points():
         bm, bn, threads = cpu.tile_shape(p)
         assert threads == 1 and bm % p.micro[0] == 0 and bn % p.micro[1] == 0
     with pytest.raises(ValueError, match="multiple of the micro-tile"):
         space.point(micro=(6, 16), block=(64, 64), bk=256)
-    assert "vector registers" in cpu.check(space.points()[0].replace(micro=(8, 16)))
-    assert "KiB" in cpu.check(space.points()[0].replace(block=(96, 128), bk=1024))
+    assert "vector registers" in cpu.check(space.points()[0].replace(micro=(8, 16) if registers else (16, 32)),
+                                           unit=unit)
+    assert "unrolls" in cpu.check(space.points()[0].replace(micro=(12, 32), block=(48, 64)), unit=vectors.AVX512)
+    assert "KiB" in cpu.check(space.points()[0].replace(block=(96, 128), bk=1024), unit=unit)
+    assert cpu.check(cpu.default_point(unit=unit), unit=unit) is None
+
+
+def test_the_host_vector_unit_follows_numbas_cpu_and_the_cap(monkeypatch):
+    from numba.core import config
+    monkeypatch.setattr(config, "CPU_NAME", "skylake-avx512")
+    for features, unit in (("+avx2,+avx512f,+fma", vectors.AVX512), ("+avx2,-avx512f", vectors.AVX2), ("", vectors.SSE)):
+        monkeypatch.setattr(config, "CPU_FEATURES", features)
+        vectors.host.cache_clear()
+        assert vectors.host() == unit
+    monkeypatch.setattr(config, "CPU_FEATURES", "+avx512f")
+    monkeypatch.setenv("TASKDSL_CPU_VECTOR_BITS", "256")
+    vectors.host.cache_clear()
+    assert vectors.host() == vectors.VectorUnit(256, 32)     # AVX-512's 32 registers hold ymm vectors too
+    monkeypatch.setenv("TASKDSL_CPU_VECTOR_BITS", "384")
+    vectors.host.cache_clear()
+    with pytest.raises(ValueError, match="128, 256 or 512"):
+        vectors.host()
+    monkeypatch.delenv("TASKDSL_CPU_VECTOR_BITS")
+    vectors.host.cache_clear()       # the next test's host() is the real one again (monkeypatch undoes config)
 
 
 # (packed_b, transposed_a) per point: the variants the graph ops use (matmul, linear, NCHW conv), and for the

@@ -10,12 +10,12 @@ from pathlib import Path
 
 @functools.cache
 def compiler_fingerprint() -> str:
-    """What besides a module's text decides its machine code: numba, and the support helpers."""
+    """What besides a module's text decides its machine code: numba, the support helpers, the vector width."""
     import numba
 
-    from . import support, support_calls
+    from . import support, support_calls, vectors
     text = Path(support.__file__).read_text() + Path(support_calls.__file__).read_text()
-    return hashlib.sha256(f"{text}\nnumba={numba.__version__}".encode()).hexdigest()
+    return hashlib.sha256(f"{text}\nnumba={numba.__version__}\nvectors={vectors.host().bits}".encode()).hexdigest()
 
 
 def load_module_function(path: Path, name: str):

@@ -10,13 +10,16 @@ import threading
 import numpy as np
 
 from .codegen import CpuSource
+from .vectors import widen_slp_vectors
 
 
 @contextlib.contextmanager
 def compiler_settings(opt_level: int):
     """numba's LLVM settings for a generated kernel: the SLP vectorizer on (numba leaves it off; unrolled
-    register tiles need it) and optimization level `opt_level` (a source's `opt_level`)."""
+    register tiles need it, as wide as the host's vectors: `vectors`) and optimization level `opt_level`
+    (a source's `opt_level`)."""
     from numba.core import config
+    widen_slp_vectors()
     saved = config.SLP_VECTORIZE, config.OPT
     config.SLP_VECTORIZE, config.OPT = 1, config._OptLevel(opt_level)
     try:
