@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from taskdsl.bench.timing import settle
 from taskdsl.graph import CompiledGraph, Graph
 
 TOLERANCE = {"float16": 2e-2, "bfloat16": 5e-2}     # relative error allowed by dtype; 1e-3 otherwise
@@ -116,7 +117,8 @@ def time_on_device(compiled: CompiledGraph, feeds: dict, iters: int) -> np.ndarr
 
 
 def time_calls(fn, feeds: dict, iters: int) -> np.ndarray:
-    """Seconds per call of fn(feeds), `iters` times (after the caller's warm-up)."""
+    """Seconds per call of fn(feeds), `iters` times (after the caller's warm-up and `settle()`)."""
+    settle()
     times = []
     for _ in range(max(iters, 1)):
         start = time.perf_counter()
