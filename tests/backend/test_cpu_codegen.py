@@ -1,0 +1,102 @@
+"""The cpu code generator's compile-time economies: shared index bases and module-level constants.
+
+Oracle: numpy for the kernels' results; for `_split_offset`, Python's integer arithmetic on the
+same expression tree.
+"""
+import numpy as np
+from hypothesis import given, settings, strategies as st
+
+import taskdsl as td
+from taskdsl import f32, i32, ir
+from taskdsl.backend.cpu.codegen import _split_offset
+
+OPTIMIZED = True   # not td.fast_compile: the register tiles below unroll into straight-line code
+
+
+@td.kernel(grid=1, block=1)
+def tile_rows(X: f32[4, 8], Y: f32[4, 8], r: i32):
+    acc = td.registers(f32, (8,))
+    for j in td.unroll(8):
+        acc[j] = X[r, j] * 0.5
+    for j in td.unroll(8):
+        Y[r, j] = acc[j] + 1.0
+
+
+def test_an_index_base_shared_by_a_run_of_accesses_is_computed_once():
+    x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    y = np.zeros_like(x)
+    source = tile_rows.source(x, y, 2, target="cpu")
+    assert source.count("= np.uint64((r * 8))") == 1          # the loads and stores are one straight run
+    assert "X[(ix + k_uint64_7)]" in source and "Y[(ix + k_uint64_7)]" in source
+    assert "np.uint64(((r * 8) + 7))" not in source
+    assert "k_float32_0_5 = np.float32(0.5)" in source      # constants are module globals, typed once
+    tile_rows(x, y, 2)
+    want = np.zeros_like(x)
+    want[2] = x[2] * np.float32(0.5) + np.float32(1)
+    np.testing.assert_array_equal(y, want)
+
+
+@td.kernel(grid=1, block=1)
+def moving_base(X: f32[16], Y: f32[16]):
+    j = 1
+    Y[j + 1] = X[j + 2]
+    Y[j + 3] = X[j]
+    j = 5                      # the same base variable, assigned inside the straight run
+    Y[j + 1] = X[j + 2]
+    Y[j + 3] = X[j]
+
+
+def test_a_base_whose_variable_the_run_assigns_is_not_shared():
+    x = np.arange(16, dtype=np.float32)
+    y = np.zeros(16, np.float32)
+    source = moving_base.source(x, y, target="cpu")
+    assert " ix = " not in source
+    moving_base(x, y)
+    want = np.zeros(16, np.float32)
+    want[[2, 4, 6, 8]] = x[[3, 1, 7, 5]]
+    np.testing.assert_array_equal(y, want)
+
+
+VARIABLES = [ir.Var(name, td.i64) for name in "abc"]
+
+
+@st.composite
+def integer_trees(draw, depth=4):
+    """(IR expression, the same expression as a function of the variables' values)."""
+    kind = draw(st.sampled_from(["var", "const"] + (["+", "-", "*c", "c*"] if depth else [])))
+    if kind == "var":
+        k = draw(st.integers(0, len(VARIABLES) - 1))
+        return VARIABLES[k], lambda env, k=k: env[k]
+    if kind == "const":
+        c = draw(st.integers(-50, 50))
+        return ir.const(c, td.i64), lambda env, c=c: c
+    a, fa = draw(integer_trees(depth=depth - 1))
+    if kind in ("*c", "c*"):
+        c = draw(st.integers(-9, 9))
+        const = ir.const(c, td.i64)
+        expr = ir.binary("*", a, const) if kind == "*c" else ir.binary("*", const, a)
+        return expr, lambda env: fa(env) * c
+    b, fb = draw(integer_trees(depth=depth - 1))
+    if kind == "+":
+        return ir.binary("+", a, b), lambda env: fa(env) + fb(env)
+    return ir.binary("-", a, b), lambda env: fa(env) - fb(env)
+
+
+def _evaluate(e, env) -> int:
+    if e is None:
+        return 0
+    if isinstance(e, ir.Const):
+        return int(e.value)
+    if isinstance(e, ir.Var):
+        return env[[v.uid for v in VARIABLES].index(e.uid)]
+    ops = {"+": int.__add__, "-": int.__sub__, "*": int.__mul__}
+    return ops[e.op](_evaluate(e.a, env), _evaluate(e.b, env))
+
+
+@settings(max_examples=300, deadline=None)
+@given(tree=integer_trees(), env=st.lists(st.integers(-1000, 1000), min_size=3, max_size=3))
+def test_split_offset_keeps_the_value_and_leaves_no_constant_term_in_a_sum(tree, env):
+    expr, value = tree
+    base, offset = _split_offset(expr)
+    assert _evaluate(base, env) + offset == value(env)
+    assert not (isinstance(base, ir.Binary) and base.op == "+" and isinstance(base.b, ir.Const))
