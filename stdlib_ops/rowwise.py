@@ -20,6 +20,7 @@ from taskdsl.runtime.arrays import contiguous, empty_like_operands
 
 BLOCK = 256
 ROWS_PER_BLOCK = 64     # 'thread' schedule
+LANES = 16              # 'thread' schedule: partial results per row (see `lane_max`)
 
 
 def schedule_for_target() -> str:
@@ -42,6 +43,44 @@ def block_reduce(v, op, partials):
         w = w + other if op == "sum" else td.max(w, other)
     td.syncthreads()                  # the partials may be reused by the next reduction
     return w
+
+
+@td.func
+def lane_max(X, row, n, lanes):
+    """max(X[row, :n]) by LANES interleaved partial maxima: independent chains the cpu's SLP vectorizer packs,
+    where one running maximum waits on the previous compare at every element."""
+    for k in td.unroll(LANES):
+        lanes[k] = -math.inf
+    body = n - n % LANES
+    for j in range(0, body, LANES):
+        for k in td.unroll(LANES):
+            lanes[k] = td.max(lanes[k], X[row, j + k])
+    m = lanes[0]
+    for k in td.unroll(LANES - 1):
+        m = td.max(m, lanes[k + 1])
+    for j in range(body, n):
+        m = td.max(m, X[row, j])
+    return m
+
+
+@td.func
+def lane_sum(Y, row, n, center, squares, lanes):
+    """The sum of Y[row, :n] - center (of their squares, with `squares`) in `lanes`' type, by LANES interleaved
+    partial sums (see `lane_max`)."""
+    for k in td.unroll(LANES):
+        lanes[k] = 0.0
+    body = n - n % LANES
+    for j in range(0, body, LANES):
+        for k in td.unroll(LANES):
+            d = Y[row, j + k] - center
+            lanes[k] += d * d if squares else d
+    s = lanes[0]
+    for k in td.unroll(LANES - 1):
+        s += lanes[k + 1]
+    for j in range(body, n):
+        d = Y[row, j] - center
+        s += d * d if squares else d
+    return s
 
 
 def statistics_dtype(dtype):
@@ -74,20 +113,27 @@ def softmax_kernel(dtype, log: bool, schedule: str):
                 Y[row, j] = X[row, j] - m - log_s if log else Y[row, j] * inv
         return softmax
 
+    exact = dtype in (f32, f64)     # Y holds an exp exactly: the exps go there first, then are summed
+
     @td.kernel(grid=lambda R: td.cdiv(R, ROWS_PER_BLOCK), block=ROWS_PER_BLOCK,
                name=f"{'log_' if log else ''}softmax_thread")
     def softmax(X: dtype["R", "C"], Y: dtype["R", "C"]):
+        maxima = td.registers(acc, (LANES,))
+        sums = td.registers(f64, (LANES,))
         row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x
         if row < R:
-            m = -math.inf
-            for j in range(C):
-                m = td.max(m, X[row, j])
+            m = lane_max(X, row, C, maxima)
             s: f64 = 0.0
-            for j in range(C):
-                e = td.exp(X[row, j] - m)
-                s += e
-                if not log:
-                    Y[row, j] = e
+            if exact:
+                for j in range(C):          # no reduction in the loop: it vectorizes, exps included
+                    Y[row, j] = td.exp(X[row, j] - m)
+                s = lane_sum(Y, row, C, 0.0, False, sums)
+            else:
+                for j in range(C):
+                    e = td.exp(X[row, j] - m)
+                    s += e
+                    if not log:
+                        Y[row, j] = e
             inv: acc = 1.0 / s              # scale in f32 for f32: s is f64 only to add up exactly
             log_s: acc = td.log(s)
             for j in range(C):
@@ -119,17 +165,11 @@ def layer_norm_kernel(dtype, schedule: str):
 
     @td.kernel(grid=lambda R: td.cdiv(R, ROWS_PER_BLOCK), block=ROWS_PER_BLOCK, name="layer_norm_thread")
     def layer_norm(X: dtype["R", "C"], W: dtype["C"], B: dtype["C"], Y: dtype["R", "C"], eps: f32):
+        sums = td.registers(f64, (LANES,))
         row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x
         if row < R:
-            s: f64 = 0.0
-            for j in range(C):
-                s += X[row, j]
-            mean: acc = s / C
-            q: f64 = 0.0
-            for j in range(C):
-                d = X[row, j] - mean
-                q += d * d
-            rstd: acc = td.rsqrt(q / C + eps)
+            mean: acc = lane_sum(X, row, C, 0.0, False, sums) / C
+            rstd: acc = td.rsqrt(lane_sum(X, row, C, mean, True, sums) / C + eps)
             for j in range(C):
                 Y[row, j] = (X[row, j] - mean) * rstd * W[j] + B[j]
     return layer_norm

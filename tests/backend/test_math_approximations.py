@@ -1,5 +1,5 @@
-"""The cpu target's float32 tanh and erf are rational approximations (vectorizable, unlike libm's
-calls): checked against float64 numpy / math over their whole range, and at the special values."""
+"""The cpu target's float32 tanh, erf and exp are approximations (vectorizable, unlike libm's calls):
+checked against float64 numpy / math over their whole range, and at the special values."""
 import math
 
 import numpy as np
@@ -46,3 +46,25 @@ def test_special_values(name):
     kernel(x, y)
     np.testing.assert_array_equal(y[[0, 1, 3, 4]], [1.0, -1.0, 1.0, -1.0])
     assert np.isnan(y[2]), "NaN must propagate (a NaN activation is a bug to find, not to hide)"
+
+
+EXP = _elementwise(td.exp)
+
+
+def test_float32_exp_is_within_an_ulp_and_reaches_inf_and_subnormals():
+    td.set_target("cpu")
+    x = np.concatenate([np.linspace(-110, 95, 400001), [0.0, -0.0, 1.0, 88.72283, 88.7229, -87.33655, -103.97,
+                                                       -104.5, 3e38, -3e38, np.inf, -np.inf, np.nan]])
+    x = x.astype(np.float32)
+    y = np.empty_like(x)
+    assert "rt.exp_f32(" in EXP.source(x, y, target="cpu")
+    EXP(x, y)
+    with np.errstate(over="ignore"):
+        want = np.exp(x.astype(np.float64))
+    normal = (want > np.finfo(np.float32).tiny) & (want < np.finfo(np.float32).max)
+    np.testing.assert_allclose(y[normal], want[normal], rtol=1.2e-7)       # 1 ulp is 6e-8 to 1.2e-7 relative
+    subnormal = (want > 0) & (want <= np.finfo(np.float32).tiny)
+    np.testing.assert_allclose(y[subnormal], want[subnormal], rtol=0, atol=3e-45)  # 2 of float32's smallest steps
+    assert np.all(np.isinf(y[want >= 3.4028236e38])) and np.all(y[want < 1e-46] == 0)
+    assert y[x == 1.0][0] == np.float32(np.e) and np.all(y[x == 0] == 1.0)
+    assert np.isnan(y[-1])

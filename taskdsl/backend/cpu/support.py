@@ -113,6 +113,30 @@ def tanh_f32(x):
     return r if x == x else x
 
 
+# e**x = 2**n * e**r, n = round(x / ln 2), r = x - n ln 2 (ln 2 in two parts, so r is exact): Cody and
+# Waite's reduction with Cephes' degree-7 polynomial for e**r on [-ln2/2, ln2/2], within 2 ulp of
+# libm's expf. 2**n is two exponent-field bitcasts, so overflow to inf and the subnormal results
+# below e**-87.3 come out of the last multiply. Arithmetic and selects only, so a softmax's loop of
+# exps vectorizes, where math.exp is a libm call per element.
+_EXP_P = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)
+
+
+@njit(cache=True, inline="always")
+def exp_f32(x):
+    """e ** x of a float32 (inf above 88.73, 0 below -103.98, NaN stays NaN)."""
+    xc = min(max(x, np.float32(-104.0)), np.float32(89.0))
+    n = np.floor(xc * np.float32(1.44269504088896341) + np.float32(0.5))
+    r = xc - n * np.float32(0.693359375) + n * np.float32(2.12194440e-4)
+    p = np.float32(_EXP_P[0])
+    for c in _EXP_P[1:]:
+        p = p * r + np.float32(c)
+    p = p * r * r + r + np.float32(1.0)
+    k = np.int32(n)
+    half = k >> 1
+    y = p * _f32_from_bits((half + 127) << 23) * _f32_from_bits((k - half + 127) << 23)
+    return y if x == x else x
+
+
 @njit(cache=True, inline="always")
 def exp2(x):
     """2 ** x."""
