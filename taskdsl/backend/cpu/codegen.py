@@ -97,12 +97,19 @@ def emit_python(fn: ir.Function, debug: bool = False, fast: bool = False) -> Cpu
     return _PythonEmitter(fn, debug, fast).emit()
 
 
+_ACCESSES = (ir.Load, ir.Store, ir.Atomic)
+
+
+def _register_accesses(stmts: list, registers: dict) -> list:
+    """The loads, stores and atomics of register buffers in `stmts`, in visiting order (one walk)."""
+    return [a for s in stmts for a in ir.collect(s, _ACCESSES) if a.buffer.uid in registers]
+
+
 def _regions_per_register(items: list, registers: dict) -> Counter:
     """How many fission regions access each register buffer (by uid)."""
     counts: Counter = Counter()
     for region in F.regions(items):
-        counts.update({a.buffer.uid for s in region.stmts for cls in (ir.Load, ir.Store, ir.Atomic)
-                       for a in ir.collect(s, cls) if a.buffer.uid in registers})
+        counts.update({a.buffer.uid for a in _register_accesses(region.stmts, registers)})
     return counts
 
 
@@ -251,8 +258,7 @@ class _PythonEmitter:
         """Keep the register elements a region indexes only by constants in locals; return those it stores."""
         if not self.flat:
             return []
-        accesses = [a for s in region.stmts for cls in (ir.Load, ir.Store, ir.Atomic) for a in ir.collect(s, cls)
-                    if a.buffer.uid in self.registers]
+        accesses = _register_accesses(region.stmts, self.registers)
         dynamic = {a.buffer.uid for a in accesses if isinstance(a, ir.Atomic) or not isinstance(a.indices[0], ir.Const)}
         stored = []
         for a in accesses:
@@ -553,7 +559,7 @@ def _shared_bases(stmts: list, registers: dict, text) -> dict:
             if access.buffer.uid in registers or len(access.indices) != 1:
                 continue
             base, _ = _split_offset(access.indices[0])
-            if base is None or ir.collect(base, ir.Load) or any(v.uid in assigned for v in ir.collect(base, ir.Var)):
+            if base is None or any(isinstance(x, ir.Load) or x.uid in assigned for x in ir.collect(base, (ir.Load, ir.Var))):
                 continue
             key = text(base)
             counts[key] += 1
