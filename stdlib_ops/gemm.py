@@ -27,6 +27,10 @@ from . import matmul_tc as tc
 
 SUPPORTED = (np.dtype(np.float32), np.dtype(np.float16))
 MIN_K_TILES_PER_SPLIT = 4
+# From this many multiply-adds, a cpu matmul packs B once per call (`pack_b`, numpy) rather than have its row
+# blocks each pack the panels they read: 1024^3 11.4 -> 9.4 ms, 2039^3 81 -> 63 ms, 128x768x3072 3.9 -> 3.6
+# ms; at 512^3 (2^27) the two were equal, and small products lose the ~20 us of the extra numpy pass
+PACK_PER_CALL_MACS = 1 << 28
 
 
 def tdtype(dtype) -> td.ir.types.DataType:
@@ -213,7 +217,7 @@ def _operands(a, b) -> tuple:
 def matmul(a, b, *, tune: bool | None = None, packed: np.ndarray | None = None):
     """`a @ b` with numpy's rules (1-D operands promoted, batch dims broadcast); f32 or f16; numpy arrays or
     td.DeviceArrays (the result is where the operands are). `packed`: b's panels from the plan's `pack_b`,
-    made once by a caller that multiplies by the same b again (the cpu)."""
+    made once by a caller that multiplies by the same b again (the cpu; large products pack b per call)."""
     a, b = _operands(a, b)
     dtype = tdtype(a.dtype)
     a2 = a.reshape((1,) + a.shape) if a.ndim == 1 else a
@@ -224,6 +228,9 @@ def matmul(a, b, *, tune: bool | None = None, packed: np.ndarray | None = None):
     if math.prod(shape) == 0 or p.k == 0:
         out = zeros_like_operands(shape, a.dtype, a, b)
     else:
+        if packed is None and p.packs_b and isinstance(b2, np.ndarray) and \
+                p.batch * p.m * p.n * p.k >= PACK_PER_CALL_MACS:
+            packed = p.pack_b(b2)
         operand = b2.reshape(shape_b) if packed is None else packed
         out = p(a2.reshape(shape_a), operand, packed is not None).reshape(shape)
     if a.ndim == 1:      # drop the promoted axes again
