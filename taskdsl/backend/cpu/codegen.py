@@ -348,16 +348,14 @@ class _PythonEmitter:
         `partial[ix + k_uint64_29]` after `ix = np.uint64((mi * 6 + 5) * 64 + j)`. An unrolled register tile's
         loads and stores are mostly such accesses, and numba's typing and lowering cost grows with the
         operations it sees (a 6x32 tile matmul: 3.7k operations, 1.5k of them in these indices)."""
-        saved = self.bases
-        self.bases = {}
-        if self.flat and not self.debug and len(stmts) > 1:
+        if self.flat and len(stmts) > 1:     # (runs hold no statements that nest: no run is inside another)
             pad = "    " * depth
-            for key, base in _shared_bases(stmts, self.registers, self.expr).items():
+            for key in _shared_bases(stmts, self.registers, self.expr):
                 self.bases[key] = name = self.name.derived(("index base", len(self.lines)), "ix")
                 self.lines.append(f"{pad}{name} = np.uint64({key})")
         for x in stmts:
             self.stmt(x, depth)
-        self.bases = saved
+        self.bases = {}
 
     def constant(self, text: str) -> str:
         """A module-level name for the numpy scalar `text` (`np.float32(0.0)`): numba types a global as a
@@ -385,19 +383,21 @@ class _PythonEmitter:
 
     # ------------------------------------------------------------------ memory
     def index(self, buf: ir.Buffer, indices) -> list:
-        idx = [self.expr(i) for i in indices]
         if self.flat:  # unsigned: no negative-index wrap-around, so LLVM sees plain address arithmetic
             if buf.uid in self.registers:
-                idx = [f"tid * {math.prod(d.value for d in buf.shape)} + {idx[0]}"]
-            elif self.bases:
-                base, offset = _split_offset(indices[0])
-                name = self.bases.get(self.expr(base)) if base is not None else None
-                if name is not None:
-                    if offset == 0:
-                        return [name]
-                    return [f"({name} {'+' if offset > 0 else '-'} {self.constant(f'np.uint64({abs(offset)})')})"]
-            return [f"np.uint64({idx[0]})"]
-        return (["tid"] if buf.uid in self.registers else []) + idx
+                return [f"np.uint64(tid * {math.prod(d.value for d in buf.shape)} + {self.expr(indices[0])})"]
+            return [self.from_shared_base(indices[0]) or f"np.uint64({self.expr(indices[0])})"]
+        return (["tid"] if buf.uid in self.registers else []) + [self.expr(i) for i in indices]
+
+    def from_shared_base(self, index: ir.Expr) -> str | None:
+        """`index` as the run's shared base (`run`) plus a constant, or None where it has none."""
+        if not self.bases:
+            return None
+        base, offset = _split_offset(index)
+        name = self.bases.get(self.expr(base)) if base is not None else None
+        if name is None or offset == 0:
+            return name
+        return f"({name} {'+' if offset > 0 else '-'} {self.constant(f'np.uint64({abs(offset)})')})"
 
     def site(self, buf: ir.Buffer, access: str) -> int:
         self.sites.append(DebugSite(self.loc, buf.name, access, 1 if buf.uid in self.registers else 0))
@@ -548,12 +548,11 @@ def _split_offset(e: ir.Expr) -> tuple:
     return e, 0
 
 
-def _shared_bases(stmts: list, registers: dict, text) -> dict:
-    """{text: base} of the flat-index bases (`_split_offset`) that two or more accesses of `stmts` share, outside
+def _shared_bases(stmts: list, registers: dict, text) -> list:
+    """The texts of the flat-index bases (`_split_offset`) that two or more accesses of `stmts` share, outside
     register buffers, where no statement of `stmts` assigns a variable of the base and the base loads nothing."""
     assigned = {s.var.uid for s in stmts if isinstance(s, ir.Assign)}
     counts: Counter = Counter()
-    bases: dict = {}
     for s in stmts:
         for access in ir.collect(s, ir.Load) + ([s] if isinstance(s, ir.Store) else []):
             if access.buffer.uid in registers or len(access.indices) != 1:
@@ -561,7 +560,5 @@ def _shared_bases(stmts: list, registers: dict, text) -> dict:
             base, _ = _split_offset(access.indices[0])
             if base is None or any(isinstance(x, ir.Load) or x.uid in assigned for x in ir.collect(base, (ir.Load, ir.Var))):
                 continue
-            key = text(base)
-            counts[key] += 1
-            bases.setdefault(key, base)
-    return {key: bases[key] for key, n in counts.items() if n > 1}
+            counts[text(base)] += 1
+    return [key for key, n in counts.items() if n > 1]
