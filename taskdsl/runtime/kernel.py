@@ -255,8 +255,7 @@ class Kernel:
             from . import cache
             src = emit_python(lower_for_cpu(self._lowered_ir(block), debug, unroll=not fast), debug, fast)
             path = cache.cpu_module(cache.cache_key(src.text, compiler_fingerprint()), src.text)
-            parallel = load_module_function(path, src.parallel_entry) if src.parallel_entry else None
-            self._cpu[key] = (load_module_function(path, src.entry), src, path, parallel)
+            self._cpu[key] = (load_module_function(path, src.entry), src, path)
         return self._cpu[key]
 
     def _cuda_function(self, binding: Binding) -> ir.Function:
@@ -358,14 +357,14 @@ class Kernel:
 
     def _prepare_cpu(self, binding: Binding, debug: bool):
         """The prepared launch of `binding` (None while launches are being recorded for compiling ahead)."""
-        from ..backend.cpu.launch import PreparedLaunch, parallel_entry_used, signature
-        run, src, path, parallel = self._cpu_kernel(binding.block, debug)
+        from ..backend.cpu.launch import PreparedLaunch, signature
+        run, src, path = self._cpu_kernel(binding.block, debug)
         sizes = [binding.sizes[s.name] for s in self._lowered_ir(binding.block).sizes]
         if precompile.is_recording():
             precompile.record(precompile.Job(str(path), src.entry, signature(src, binding.values, sizes, binding.grid),
-                                             src.opt_level, parallel_entry_used(src, binding.grid)))
+                                             src.opt_level))
             return None
-        return PreparedLaunch(run, src, binding.values, sizes, binding.grid, parallel)
+        return PreparedLaunch(run, src, binding.values, sizes, binding.grid)
 
     def ir(self, *args, stage: str = "frontend") -> str:
         """The IR text of the specialization for `args`: stage 'frontend', 'lowered' or 'cuda'."""

@@ -2,12 +2,13 @@
 import threading
 
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
 import taskdsl as td
 from taskdsl import blockIdx, f32, i32, threadIdx
 
-OPTIMIZED = True    # not td.fast_compile, which launches through the thread pool only
+OPTIMIZED = True    # unrolled, as models compile
 
 
 @td.kernel(grid=lambda N, chunk: td.cdiv(N, 32 * chunk), block=32)
@@ -42,13 +43,28 @@ def test_every_block_runs_once_from_the_main_thread_and_from_others(n, chunk, sc
     np.testing.assert_array_equal(other, main)
 
 
-def test_parallel_kernels_have_a_parallel_entry_unless_compiling_fast():
+@td.kernel(grid=lambda N, chunk: td.cdiv(N, 32 * chunk), block=32)
+def sub_shifted(X: f32["N"], Y: f32["N"], chunk: i32, chunks: i32, blocks: i32, prange: i32, parallel_chunk: i32):
+    """Y -= X + the scalars: another kernel with add_shifted's argument types."""
+    base = (blockIdx.x * 32 + threadIdx.x) * chunk
+    for k in range(chunk):
+        i = base + k
+        if i < N:
+            Y[i] = Y[i] - (X[i] + chunks + blocks + prange + parallel_chunk)
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_kernels_with_the_same_argument_types_share_one_launcher(fast, monkeypatch):
+    from taskdsl.backend.cpu.parallel import run_parallel
+    monkeypatch.setenv("TASKDSL_NUM_THREADS", "2")
     td.set_target("cpu")
-    x = np.zeros(64, np.float32)
-    text = add_shifted.source(x, x.copy(), 1, 0, 0, 0, 0, target="cpu")
-    assert "def parallel_kernel_add_shifted(" in text and "prange(parallel_chunks)" in text
-    td.fast_compile(True)
-    assert "def parallel_" not in add_shifted.source(x, x.copy(), 1, 0, 0, 0, 0, target="cpu")
-    y = np.zeros(64, np.float32)
-    add_shifted(x + 1, y, 1, 0, 0, 0, 0)            # through the thread pool
-    np.testing.assert_array_equal(y, np.ones(64, np.float32))
+    td.fast_compile(fast)
+    x = np.arange(4099, dtype=np.float32)
+    y = np.ones_like(x)
+    add_shifted(x, y, 1, 1, 2, 3, 4)             # 129 blocks on 2 threads: through a launcher
+    np.testing.assert_array_equal(y, 1 + x + 10)
+    launchers = set(run_parallel.signatures)
+    sub_shifted(x, y, 1, 1, 2, 3, 4)
+    np.testing.assert_array_equal(y, np.ones_like(x))
+    assert set(run_parallel.signatures) == launchers     # no new launcher compiled for the second kernel
+    assert len(add_shifted.source(x, y, 1, 0, 0, 0, 0, target="cpu").split("@njit")) == 2   # one function a module

@@ -10,6 +10,7 @@ import threading
 import numpy as np
 
 from .codegen import CpuSource
+from .parallel import entry_address, run_parallel
 from .vectors import widen_slp_vectors
 
 
@@ -36,9 +37,6 @@ def num_threads() -> int:
 @functools.cache
 def _cpu_count() -> int:
     return os.cpu_count() or 1     # 10+ us a call: read once
-
-
-_warm: dict = {}      # dispatcher -> argument layouts it has been called with (compiled for)
 
 
 @functools.cache
@@ -71,25 +69,22 @@ def call_args(src: CpuSource, values: list) -> tuple[list, list]:
 
 def signature(src: CpuSource, values: list, sizes: list, grid: tuple) -> tuple:
     """The numba types of the arguments `launch_cpu` passes (block range included), for compiling ahead."""
-    from numba import typeof
     args, _ = call_args(src, values)
-    return tuple(typeof(a) for a in args) + tuple(typeof(int(n)) for n in (*sizes, *grid, 0, 0))
+    return _entry_types(args, (*sizes, *grid))
 
 
-def parallel_entry_used(src: CpuSource, grid: tuple) -> str | None:
-    """The name of the module's parallel entry when a launch of `grid` blocks from this thread goes through
-    it (with the argument types of the entry: `signature`), else None."""
-    return _parallel(src.parallel_entry, _workers(src, grid[0] * grid[1] * grid[2]))
+def _entry_types(args: list, tail: tuple) -> tuple:
+    from numba import typeof
+    return tuple(typeof(a) for a in args) + tuple(typeof(int(n)) for n in (*tail, 0, 0))
 
 
-def launch_cpu(run, src: CpuSource, values: list, sizes: list, grid: tuple, parallel=None) -> None:
+def launch_cpu(run, src: CpuSource, values: list, sizes: list, grid: tuple) -> None:
     """Run the dispatcher `run` on `values` (arrays and scalars), `sizes` and the `grid` of blocks; blocks
-    in parallel through `parallel` (the module's `parallel_entry`) where given, else a thread pool."""
+    in parallel on numba's threads (`parallel.run_parallel`) from the main thread, else on a thread pool."""
     args, copy_back = call_args(src, values)
     blocks, tail = grid[0] * grid[1] * grid[2], (*sizes, *grid)
-    workers = _workers(src, blocks)
-    _compile_for(run, parallel, args, tail, workers, src.opt_level)
-    _run_blocks(run, parallel, args, tail, blocks, workers)
+    address = _compile(run, args, tail, src.opt_level)
+    _run_blocks(run, address, args, tail, blocks, _workers(src, blocks))
     for original, tmp in copy_back:
         np.copyto(original, tmp)
 
@@ -102,14 +97,14 @@ class PreparedLaunch:
     take `launch_cpu`'s copying path.
     """
 
-    def __init__(self, run, src: CpuSource, values: list, sizes: list, grid: tuple, parallel=None):
-        self.run, self.src, self.parallel = run, src, parallel
+    def __init__(self, run, src: CpuSource, values: list, sizes: list, grid: tuple):
+        self.run, self.src = run, src
         self.values = list(values)       # the binding's values: its scalars are reused as they are
         self.sizes, self.grid = list(sizes), grid
         self.tail = (*sizes, *grid)
         self.blocks = grid[0] * grid[1] * grid[2]
         self.workers = _workers(src, self.blocks)      # the thread count as of the first such call
-        self.ready: set = set()        # (through the parallel entry?, arrays' writeable flags) compiled for
+        self.addresses: dict = {}      # the arrays' writeable flags -> the entry's machine code for them
         # arrays by position, and whether they travel as 16-bit patterns (f16; bf16, bound as uint16 bits)
         self.arrays = [(i, v.dtype in (np.float16, np.uint16)) for i, v in enumerate(values)
                        if isinstance(v, np.ndarray)]
@@ -122,49 +117,33 @@ class PreparedLaunch:
             contiguous = contiguous and a.flags.c_contiguous
             values[i] = a
         if not contiguous:
-            launch_cpu(self.run, self.src, values, self.sizes, self.grid, self.parallel)
+            launch_cpu(self.run, self.src, values, self.sizes, self.grid)
             return
         # 1-D and contiguous, the arrays' numba types differ only in read-only inputs
-        seen = [_parallel(self.parallel, self.workers) is not None]
+        writeable = []
         for i, _ in self.arrays:
             a = values[i] = values[i].reshape(-1)
-            seen.append(a.flags.writeable)
-        seen = tuple(seen)
-        if seen not in self.ready:
-            _compile_for(self.run, self.parallel, values, self.tail, self.workers, self.src.opt_level)
-            self.ready.add(seen)
-        _run_blocks(self.run, self.parallel, values, self.tail, self.blocks, self.workers)
+            writeable.append(a.flags.writeable)
+        writeable = tuple(writeable)
+        address = self.addresses.get(writeable)
+        if address is None:
+            address = self.addresses[writeable] = _compile(self.run, values, self.tail, self.src.opt_level)
+        _run_blocks(self.run, address, values, self.tail, self.blocks, self.workers)
 
 
 def _workers(src: CpuSource, blocks: int) -> int:
     return min(num_threads(), blocks) if src.parallel else 1
 
 
-def _parallel(parallel, workers: int):
-    """The parallel entry a launch of `workers` threads goes through here, or None (the thread pool): numba's
-    threads serve the main thread (another thread's launch, concurrent with it, takes the pool: some
-    threading layers do not take parallel regions from two threads at once)."""
-    if workers > 1 and parallel is not None and threading.current_thread() is threading.main_thread():
-        return parallel
-    return None
-
-
-def _compile_for(run, parallel, args: list, tail: tuple, workers: int, opt_level: int) -> None:
-    """Compile (or load) the functions a launch with these arguments calls."""
-    layouts = tuple((a.ndim, a.flags.c_contiguous, a.flags.writeable) for a in args if isinstance(a, np.ndarray))
-    for fn in (run, _parallel(parallel, workers)):
-        if fn is not None:
-            _compile(fn, layouts, args, tail, opt_level)
-
-
-def _run_blocks(run, parallel, args: list, tail: tuple, blocks: int, workers: int) -> None:
-    """Run blocks [0, blocks) of the generated function on `args` (flat views and scalars) and `tail`
-    (sizes and grid), on `workers` threads (compiled for these arguments: `_compile_for`)."""
-    parallel = _parallel(parallel, workers)
-    if parallel is not None:
-        parallel(*args, *tail, workers, blocks)
-    elif workers <= 1:
+def _run_blocks(run, address: int, args: list, tail: tuple, blocks: int, workers: int) -> None:
+    """Run blocks [0, blocks) of the generated function `run` (its machine code at `address`, compiled for
+    these arguments: `_compile`) on `args` (flat views and scalars) and `tail` (sizes and grid), on `workers`
+    threads: numba's from the main thread, a thread pool's from any other (some of numba's threading
+    layers do not take parallel regions from two threads at once)."""
+    if workers <= 1:
         run(*args, *tail, 0, blocks)
+    elif threading.current_thread() is threading.main_thread():
+        run_parallel(address, workers, blocks, *args, *tail)
     else:   # the calling thread runs the first share itself: one thread hand-off fewer per launch
         bounds = [blocks * w // workers for w in range(workers + 1)]
         futures = [_pool(workers - 1).submit(run, *args, *tail, lo, hi)
@@ -178,10 +157,15 @@ def _run_blocks(run, parallel, args: list, tail: tuple, blocks: int, workers: in
             f.result()
 
 
-def _compile(fn, layouts: tuple, args: list, tail: tuple, opt_level: int) -> None:
-    """Compile (or load) `fn` for these argument layouts once, with `compiler_settings`: a call that runs
-    no block (an entry's empty block range, or a parallel entry's zero chunks)."""
-    if layouts not in _warm.setdefault(fn, set()):     # what numba's types of these arguments depend on
+_addresses: dict = {}      # (dispatcher, argument types) -> the address of its machine code for them
+
+
+def _compile(fn, args: list, tail: tuple, opt_level: int) -> int:
+    """Compile (or load) the generated function `fn` for these arguments once, with `compiler_settings`:
+    the address of its machine code (`parallel.entry_address`)."""
+    types = _entry_types(args, tail)
+    address = _addresses.get((fn, types))
+    if address is None:
         with compiler_settings(opt_level):
-            fn(*args, *tail, 0, 0)
-        _warm[fn].add(layouts)
+            address = _addresses[fn, types] = entry_address(fn, types)
+    return address

@@ -29,19 +29,17 @@ _recorder: "_Recorder | None" = None
 
 @dataclass(frozen=True)
 class Job:
-    """One numba compilation: the generated module, its entry function and the argument types; and the
-    module's `parallel_` entry where the launch goes through it (same argument types).
+    """One numba compilation: the generated module, its entry function and the argument types.
 
-    Workers compile entries only: the parallel entry compiles in the main process, once a worker has
-    compiled its entry (`AheadCompiler.wait`). numba names a parallel loop's function after the hash (the
-    address) of an object, so two worker processes forked from one parent would give two modules' loops
-    the same symbol, and the module loaded second would run the first one's loop."""
+    Workers compile kernel entries only, never `parallel.run_parallel`'s launchers: numba names a parallel
+    loop's function after the hash (the address) of an object, so two worker processes forked from one
+    parent could give two loops one symbol, and the code loaded second would run the first one's loop.
+    The launchers are few (one per tuple of argument types) and compile in the main process."""
 
     path: str
     entry: str
     signature: tuple      # numba types, in call order
     opt_level: int = 3    # the source's (see `launch.compiler_settings`)
-    parallel_entry: str | None = None
 
 
 class _Recorder:
@@ -89,14 +87,10 @@ def workers() -> int:
 
 def compile_job(job: Job) -> None:
     """Compile one job's entry for its signature (numba's cache=True writes the machine code)."""
-    _compile_function(job, job.entry)
-
-
-def _compile_function(job: Job, name: str) -> None:
     from .compile import load_module_function
     from .launch import compiler_settings
     with compiler_settings(job.opt_level):
-        load_module_function(Path(job.path), name).compile(job.signature)
+        load_module_function(Path(job.path), job.entry).compile(job.signature)
 
 
 def pending(jobs: list) -> list:
@@ -154,13 +148,9 @@ class AheadCompiler:
         self.futures[self._pool.submit(compile_job, job)] = job
 
     def wait(self, progress=None) -> None:
-        """Wait for every submitted job, stepping `progress` as each one finishes; a worker's error is raised.
-        Meanwhile this process compiles the parallel entry of each job whose entry a worker has compiled."""
+        """Wait for every submitted job, stepping `progress` as each one finishes; a worker's error is raised."""
         for future in concurrent.futures.as_completed(self.futures):
             future.result()
-            job = self.futures[future]
-            if job.parallel_entry is not None:
-                _compile_function(job, job.parallel_entry)    # loads the entry from numba's cache
             if progress is not None:
                 progress.step()
 
