@@ -5,5 +5,6 @@ from .function import Function
 from .printer import expr_str, function_str, stmt_str
 from .stmt import (Allocate, Assign, Break, Continue, CpAsync, CpAsyncCommit, CpAsyncWait, Evaluate, For,
                    ForMapping, If, LdMatrix, Mma, Seq, Stmt, Store, SyncThreads, SyncWarp, While, seq)
+from .structure import Unspellable, structural_text
 from .types import DataType, TensorSpec
 from .visitor import Rewriter, Visitor, collect, referenced_buffers, substitute

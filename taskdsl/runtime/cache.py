@@ -4,6 +4,7 @@ Layout under `cache_dir()` ($TASKDSL_CACHE_DIR, default ~/.cache/taskdsl):
 
     cuda/<key>.cubin  cuda/<key>.json     a cubin and its record (sha256, size, arch, compiler)
     cpu/k_<key>.py    cpu/__pycache__/k_<key>.*   a generated module and numba's cache files
+    cpu/<key>.json                                 the module generated for a kernel IR (`cpu_modules`)
 
 Entries are written atomically (a temporary file, then a rename), are only ever read as
 bytes or JSON (nothing is unpickled by taskdsl itself), and a cubin whose bytes do not match

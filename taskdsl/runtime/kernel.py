@@ -249,12 +249,9 @@ class Kernel:
         fast = fast_compile_enabled()
         key = (block, debug, fast)
         if key not in self._cpu:
-            from ..backend.cpu.codegen import emit_python
-            from ..backend.cpu.compile import compiler_fingerprint, load_module_function
-            from ..passes import lower_for_cpu
-            from . import cache
-            src = emit_python(lower_for_cpu(self._lowered_ir(block), debug, unroll=not fast), debug, fast)
-            path = cache.cpu_module(cache.cache_key(src.text, compiler_fingerprint()), src.text)
+            from ..backend.cpu.compile import load_module_function
+            from .cpu_modules import cpu_module
+            src, path = cpu_module(self._lowered_ir(block), debug, fast)
             self._cpu[key] = (load_module_function(path, src.entry), src, path)
         return self._cpu[key]
 

@@ -1,0 +1,88 @@
+"""Generated cpu modules by kernel IR: a kernel generated before skips the cpu lowering and code generation.
+
+`lower_for_cpu` and `emit_python` take ~0.15 s for a fused convolution (its register tile unrolled),
+and a graph has dozens of them: 9 s of each ResNet-50 start with numba's machine code all cached.
+An index entry maps the kernel's IR, spelled out by `ir.structural_text`, with everything else the
+generated text depends on (debug and fast-compile modes, the compiler's fingerprint, taskdsl's own
+code) to the module's cache key and the few facts the runtime needs besides its text:
+
+    cpu/<ir key>.json      {"module": <module key>, "entry": ..., "parallel": ..., "flat": ..., "opt_level": ...}
+    cpu/k_<module key>.py  the generated module (`cache.cpu_module`)
+
+Identical kernels built twice in one process (a model's repeated layers) share one generation too.
+An index entry that does not parse, or whose module is gone, is regenerated. Debug-mode sources are
+not indexed: their error sites point into the user's source file.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from pathlib import Path
+
+from .. import ir
+from . import cache
+from .config import cache_dir
+
+_generated: dict = {}       # (cache directory, ir key) -> (CpuSource, module path), this process's
+
+
+def cpu_module(fn: ir.Function, debug: bool, fast: bool):
+    """(the CpuSource, the path of its module file) of the kernel `fn` (as `passes.lower` leaves it)."""
+    from ..backend.cpu.codegen import CpuSource, emit_python
+    from ..backend.cpu.compile import compiler_fingerprint
+    from ..passes import lower_for_cpu
+    key = None if debug else _ir_key(fn, fast)
+    if key is not None:
+        found = _generated.get((cache_dir(), key)) or _load(key, CpuSource)
+        if found is not None:
+            _generated[cache_dir(), key] = found
+            return found
+    src = emit_python(lower_for_cpu(fn, debug, unroll=not fast), debug, fast)
+    module_key = cache.cache_key(src.text, compiler_fingerprint())
+    path = cache.cpu_module(module_key, src.text)
+    if key is not None:
+        record = {"module": module_key, "entry": src.entry, "parallel": src.parallel, "flat": src.flat,
+                  "opt_level": src.opt_level}
+        cache.atomic_write(_index_path(key), json.dumps(record).encode())
+        _generated[cache_dir(), key] = (src, path)
+    return src, path
+
+
+def _ir_key(fn: ir.Function, fast: bool) -> str | None:
+    from ..backend.cpu.compile import compiler_fingerprint
+    try:
+        text = ir.structural_text(fn)
+    except (ir.Unspellable, RecursionError):
+        return None
+    return cache.cache_key(text, f"fast={fast}", compiler_fingerprint(), _taskdsl_fingerprint())
+
+
+@functools.cache
+def _taskdsl_fingerprint() -> str:
+    """A hash of taskdsl's own code, which decides the generated text (read once a process: ~10 ms)."""
+    digest = hashlib.sha256()
+    root = Path(__file__).resolve().parents[1]
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _index_path(key: str) -> Path:
+    return cache_dir() / "cpu" / f"{key}.json"
+
+
+def _load(key: str, source_class):
+    """The indexed (CpuSource, module path) of `key`, or None when absent or unusable (then removed)."""
+    index = _index_path(key)
+    try:
+        record = json.loads(index.read_text())
+        path = cache_dir() / "cpu" / f"k_{record['module']}.py"
+        src = source_class(path.read_text(), record["entry"], [], record["parallel"], record["flat"],
+                           record["opt_level"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError):
+        index.unlink(missing_ok=True)
+        return None
+    return src, path
