@@ -202,7 +202,10 @@ def test_recorded_launches_compile_ahead_in_worker_processes(tmp_path, monkeypat
             k(x, outs[factor])                                   # a repeated launch: one job
     assert len(jobs) == 2 and not any(o.any() for o in outs.values())    # recorded, not run
     assert precompile.pending(jobs) == jobs
-    precompile.compile_all(jobs)
+    with precompile.AheadCompiler() as ahead:
+        for job in jobs:
+            ahead.submit(job)
+        ahead.wait()
     assert precompile.pending(jobs) == []                       # the workers' code is in numba's disk cache
     for factor, k in kernels.items():
         k(x, outs[factor])
@@ -241,7 +244,9 @@ def test_a_workers_compile_error_reaches_the_caller(tmp_path, monkeypatch):
     from numba import types
     job = precompile.Job(str(module), "entry", (types.int64,))
     with pytest.raises(Exception, match="undefined_name"):
-        precompile.compile_all([job, job])
+        with precompile.AheadCompiler() as ahead:
+            ahead.submit(job)
+            ahead.wait()
 
 
 @settings(max_examples=25, deadline=None)

@@ -107,15 +107,6 @@ def pending(jobs: list) -> list:
     return [j for j in jobs if not compiled(j)]
 
 
-def processes(jobs: list) -> int:
-    """How many worker processes `compile_all` uses for `jobs`; 1 means none.
-
-    With one job or one core, or off Linux (no fork), each kernel compiles at its first launch
-    instead: a worker process would only add its start-up time.
-    """
-    return min(_max_processes(), len(jobs))
-
-
 def _max_processes() -> int:
     return workers() if sys.platform.startswith("linux") else 1
 
@@ -161,10 +152,3 @@ class AheadCompiler:
         if self._pool is not None:    # jobs not started yet are dropped: they compile at their first launch
             self._pool.shutdown(wait=True, cancel_futures=True)
 
-
-def compile_all(jobs: list, progress=None) -> None:
-    """Compile `jobs` in `processes(jobs)` worker processes (none if that is 1), stepping `progress`."""
-    with AheadCompiler(processes(jobs)) as ahead:
-        for job in jobs:
-            ahead.submit(job)
-        ahead.wait(progress)
