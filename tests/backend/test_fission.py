@@ -154,6 +154,36 @@ def test_each_side_of_a_warp_branch_gets_its_own_copy():
     np.testing.assert_array_equal(y, want)
 
 
+@td.kernel(grid=2, block=64)
+def bound_read_by_the_other_side(X: f32[64], B: td.i32[2], Y: f32[2, 64]):
+    t = threadIdx.x
+    b = td.blockIdx.x
+    v = X[t]
+    n = 0
+    if t < 32:
+        n = B[b] + 1          # the same in every thread of the block, but only warp 0 assigns it
+        for i in range(min(n, 3)):
+            v += td.shfl_down(v, 18)
+        Y[b, t] = v
+        return
+    Y[b, t] = v + n           # warp 1 reads its own n: 0 (the statements after the return are the if's else)
+
+
+def test_block_variable_of_a_warp_branch_read_by_its_other_side_gets_a_copy():
+    # found by test_random_control_flow: the else side read the value the branch had set for the whole block
+    x = np.arange(64, dtype=np.float32)
+    y = np.zeros((2, 64), np.float32)
+    bound_read_by_the_other_side(x, np.array([4, 0], np.int32), y)
+    lanes = np.arange(32)
+    want = np.tile(x, (2, 1))
+    for b, trips in enumerate([3, 1]):
+        v = x[:32].copy()
+        for _ in range(trips):
+            v = v + v[np.where(lanes + 18 < 32, lanes + 18, lanes)]
+        want[b, :32] = v
+    np.testing.assert_array_equal(y, want)
+
+
 @td.kernel(grid=1, block=64)
 def bound_from_before_the_branch(X: f32[64], Y: f32[64], m: td.i32):
     t = threadIdx.x

@@ -311,13 +311,21 @@ class _Fission:
         return _var_counts(self.fn.body)
 
     def require_branch_local(self, s: ir.If) -> None:
-        """Block variables assigned in the warp-uniform `if` `s` are assigned once for the whole block (they control
-        a loop or branch around a barrier or shuffle there), so nothing outside `s` may read them: other warps would
-        see the value of the warps that ran the branch. Raises `_Privatize` with those that are read outside."""
-        (mentions, assigns), (inner_mentions, inner_assigns) = self.function_counts, _var_counts(s)
-        shared = {a.var.uid: a for a in ir.collect(s, ir.Assign, expressions=False)
-                  if a.var.uid in self.block_vars
-                  and mentions[a.var.uid] - inner_mentions[a.var.uid] > assigns[a.var.uid] - inner_assigns[a.var.uid]}
+        """Block variables assigned in a side of the warp-uniform `if` `s` are assigned once for the whole block
+        (they control a loop or branch around a barrier or shuffle there), so nothing outside that side may read
+        them: the warps outside `s`, and those running its other side, would see the value of the warps that ran
+        it. Raises `_Privatize` with those that are read elsewhere."""
+        mentions, assigns = self.function_counts
+        shared: dict = {}
+        for side in (s.then, s.orelse):
+            if side is None:
+                continue
+            inner_mentions, inner_assigns = _var_counts(side)
+            for a in ir.collect(side, ir.Assign, expressions=False):
+                uid = a.var.uid
+                if uid in self.block_vars and uid not in shared and \
+                        mentions[uid] - inner_mentions[uid] > assigns[uid] - inner_assigns[uid]:
+                    shared[uid] = a
         if shared:
             raise _Privatize(s, list(shared.values()))
 
@@ -348,27 +356,28 @@ class _Privatize(Exception):
 def _privatized(body: ir.Stmt, branch: ir.If, variables: list):
     """`body` with `branch`'s block variables given copies of their own inside it, or None where a copy cannot do.
 
-    Each side of the `if` works on fresh variables and hands their values back to the outer ones at its end, a
-    per-thread assignment: the copies are block-level variables inside the branch (set once per block, by the
-    warps that run it), and outside it each thread keeps its own value, as in CUDA. A side that reads a
-    variable before assigning it would need the copy to start from the outer value at block level, which
-    would make the outer variable block-level too: None (and so for a side that may leave a variable
-    unassigned, in a loop that can run no trip).
+    Each side of the `if` works on fresh variables for those it assigns and hands their values back to the
+    outer ones at its end, a per-thread assignment: the copies are block-level variables inside the branch (set
+    once per block, by the warps that run it), and outside it each thread keeps its own value, as in CUDA (a
+    side that only reads a variable reads that per-thread value). A side that reads a variable before assigning
+    it would need the copy to start from the outer value at block level, which would make the outer variable
+    block-level too: None (and so for a side that may leave a variable unassigned, in a loop that can run no trip).
     """
     uids = {v.uid for v in variables}
     for side in (branch.then, branch.orelse):
         live, surely, assigned = set(), set(), set()
         _live_in(side, surely, live, assigned)
-        if live & uids or (assigned & uids) - surely:    # the copy would need the outer value
+        mine = assigned & uids
+        if live & mine or mine - surely:    # the copy would need the outer value
             return None
 
     def private(side):
         if side is None:
             return None
-        copies = {v.uid: ir.Var(f"{v.name}_w", v.dtype) for v in variables}
         assigned = {a.var.uid for a in ir.collect(side, ir.Assign, expressions=False)}
-        return ir.seq([ir.substitute(side, copies)] +
-                      [ir.Assign(v, copies[v.uid], branch.loc) for v in variables if v.uid in assigned])
+        copies = {v.uid: ir.Var(f"{v.name}_w", v.dtype) for v in variables if v.uid in assigned}
+        return ir.seq([ir.substitute(side, copies)] + [ir.Assign(v, copies[v.uid], branch.loc) for v in variables
+                                                        if v.uid in copies])
 
     return _with_replaced(body, branch, dataclasses.replace(branch, then=private(branch.then),
                                                             orelse=private(branch.orelse)))
