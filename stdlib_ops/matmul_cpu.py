@@ -69,7 +69,7 @@ def space(itemsize: int = 4, unit: vectors.VectorUnit | None = None) -> Space:
     """The cpu schedule space: micro-tile, block tile and k block (the micro-tiles that fit `unit`)."""
     return Space("tile_matmul_cpu", {
         "micro": ((6, 32), (4, 32), (6, 16), (4, 16), (8, 8), (4, 8), (2, 8)),
-        "block": ((48, 64), (96, 64), (48, 128), (24, 64), (64, 64), (16, 64)),
+        "block": ((48, 64), (96, 64), (48, 128), (24, 64), (64, 64), (16, 64), (96, 32), (96, 16)),
         "bk": (128, 256, 512),
     }, lambda p: check(p, itemsize, unit))
 
@@ -82,10 +82,32 @@ DEFAULT = {512: dict(micro=(6, 32), block=(48, 64), bk=256), 256: dict(micro=(6,
 FAST_COMPILE = dict(micro=(2, 8), block=(16, 64), bk=256)
 
 
-def default_point(itemsize: int = 4, unit: vectors.VectorUnit | None = None):
-    """The default cpu schedule for `unit` (the host's vectors; a small micro-tile under `td.fast_compile`)."""
+def default_point(itemsize: int = 4, unit: vectors.VectorUnit | None = None, n: int | None = None):
+    """The default cpu schedule for `unit` (the host's vectors) and a product with `n` columns, when known
+    (`narrowed`); under `td.fast_compile` a small micro-tile for any product."""
     unit = unit or vectors.host()
-    return space(itemsize, unit).point(**(FAST_COMPILE if fast_compile_enabled() else DEFAULT[unit.bits]))
+    the_space = space(itemsize, unit)
+    if fast_compile_enabled():
+        return the_space.point(**FAST_COMPILE)
+    try:
+        return the_space.point(**narrowed(DEFAULT[unit.bits], n))
+    except ValueError:          # the narrow tile does not fit this unit's registers
+        return the_space.point(**DEFAULT[unit.bits])
+
+
+def narrowed(chosen: dict, n: int | None) -> dict:
+    """`chosen` with a block tile 32 (or, for at most 16 columns, 16) columns wide where `n` columns leave the
+    last column block of `chosen` at most half used and the padding is over an eighth of the product: the
+    packed panel's columns past N are zeros, computed and dropped, so a 16-column product in 64-column blocks
+    wastes three quarters of its multiply-adds (MobileNet-V2's narrow 1x1 convolutions: 9.0 -> 8.2 ms,
+    docs/benchmarks.md). Rows go to 96 a block, keeping its area."""
+    bn = chosen["block"][1]
+    rest = n % bn if n else 0
+    if rest == 0 or rest > bn // 2 or 8 * (bn - rest) <= n:
+        return chosen
+    width = 16 if n <= 16 else 32
+    micro = chosen["micro"] if chosen["micro"][1] <= width else (6, width)
+    return dict(chosen, micro=micro, block=(96, width))
 
 
 def pack_b(p, b3):

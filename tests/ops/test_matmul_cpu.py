@@ -20,8 +20,10 @@ OPTIMIZED = True   # the unrolled, vectorized micro-kernel this template exists 
 DIMS = st.sampled_from([1, 2, 5, 16, 17, 31, 48, 49, 65, 97, 130])
 
 SMALL = cpu.space().point(micro=(4, 8), block=(24, 64), bk=128)
-# both widths' defaults, whatever the host: a CI machine without AVX-512 still runs the 6x32 kernels
-POINTS = [cpu.default_point(unit=vectors.AVX512), cpu.default_point(unit=vectors.AVX2), SMALL]
+# both widths' defaults, whatever the host: a CI machine without AVX-512 still runs the 6x32 kernels; and the
+# narrow tiles the defaults take for products of few columns (`matmul_cpu.narrowed`)
+POINTS = [cpu.default_point(unit=vectors.AVX512), cpu.default_point(unit=vectors.AVX2), SMALL,
+          cpu.default_point(unit=vectors.AVX512, n=96), cpu.default_point(unit=vectors.AVX2, n=16)]
 
 
 def _run(p, a, b, split=1, dtype=td.f32, packed_b=False, transposed_a=False):
@@ -36,12 +38,12 @@ def _run(p, a, b, split=1, dtype=td.f32, packed_b=False, transposed_a=False):
     return c.sum(axis=0, dtype=np.float64)
 
 
-@pytest.mark.parametrize("unit, valid, registers", [(vectors.AVX2, 84, 30), (vectors.AVX512, 114, 0)])
+@pytest.mark.parametrize("unit, valid, registers", [(vectors.AVX2, 114, 36), (vectors.AVX512, 150, 0)])
 def test_space_size_and_pruning_match_the_docs(unit, valid, registers):
     space = cpu.space(unit=unit)
-    assert (space.raw_size, len(space.points())) == (126, valid)
+    assert (space.raw_size, len(space.points())) == (168, valid)
     too_many = {f"micro-tile needs more than {unit.registers} vector registers": registers} if registers else {}
-    assert space.pruned() == {"block tile not a multiple of the micro-tile": 12, **too_many}
+    assert space.pruned() == {"block tile not a multiple of the micro-tile": 18, **too_many}
     for p in space.points():
         bm, bn, threads = cpu.tile_shape(p)
         assert threads == 1 and bm % p.micro[0] == 0 and bn % p.micro[1] == 0
@@ -52,6 +54,21 @@ def test_space_size_and_pruning_match_the_docs(unit, valid, registers):
     assert "unrolls" in cpu.check(space.points()[0].replace(micro=(12, 32), block=(48, 64)), unit=vectors.AVX512)
     assert "KiB" in cpu.check(space.points()[0].replace(block=(96, 128), bk=1024), unit=unit)
     assert cpu.check(cpu.default_point(unit=unit), unit=unit) is None
+
+
+@pytest.mark.parametrize("unit", [vectors.AVX512, vectors.AVX2, vectors.SSE])
+def test_products_of_few_columns_get_narrow_block_tiles(unit):
+    wide = cpu.default_point(unit=unit)
+    for n in (None, 64, 128, 1000, 50257, 288):       # last column block full, more than half used, or padding small
+        assert cpu.default_point(unit=unit, n=n) == wide
+    for n, width in ((1, 16), (16, 16), (17, 32), (24, 32), (32, 32), (96, 32), (160, 32)):
+        p = cpu.default_point(unit=unit, n=n)
+        assert p.block == (96, width) and p.micro[1] <= width and cpu.check(p, unit=unit) is None, (n, p)
+    td.fast_compile(True)
+    try:
+        assert cpu.default_point(unit=unit, n=16) == cpu.default_point(unit=unit)     # one small tile for all
+    finally:
+        td.fast_compile(False)
 
 
 def test_the_host_vector_unit_follows_numbas_cpu_and_the_cap(monkeypatch):
@@ -76,7 +93,8 @@ def test_the_host_vector_unit_follows_numbas_cpu_and_the_cap(monkeypatch):
 # (packed_b, transposed_a) per point: the variants the graph ops use (matmul, linear, NCHW conv), and for the
 # small point the fourth, which only users call (each variant of a point is a compile of a big unrolled kernel)
 GRAPH_VARIANTS = [(False, False), (True, False), (True, True)]
-VARIANTS = [GRAPH_VARIANTS, GRAPH_VARIANTS, GRAPH_VARIANTS + [(False, True)]]
+PACKED_VARIANTS = [(True, False), (True, True)]      # linear and NCHW convolutions by constant weights
+VARIANTS = [GRAPH_VARIANTS, GRAPH_VARIANTS, GRAPH_VARIANTS + [(False, True)], PACKED_VARIANTS, PACKED_VARIANTS]
 
 
 @pytest.mark.parametrize("point, variants", [pytest.param(p, v, id="x".join(map(str, p.block)) + "_m" + "x".join(map(str, p.micro)))
