@@ -1,5 +1,8 @@
 """The index of generated cpu modules by kernel IR, and the structural text of IR it is keyed by."""
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -127,3 +130,30 @@ def test_a_damaged_entry_is_regenerated(generations, tmp_path, damage):
     _run(_kernel(2.0), 2.0)
     assert len(generations) == 2
     assert json.loads(index.read_text()) == record       # indexed again, to the same module
+
+
+_NEW_PROCESS = """
+import numpy as np, taskdsl as td, stdlib_ops
+from taskdsl.backend.cpu import codegen
+generated = []
+real = codegen.emit_python
+codegen.emit_python = lambda fn, *a, **k: generated.append(fn.name) or real(fn, *a, **k)
+td.set_target("cpu")
+a = np.arange(35 * 17, dtype=np.float32).reshape(35, 17) / 100
+b = np.ones((17, 29), np.float32)
+np.testing.assert_allclose(stdlib_ops.matmul(a, b), a @ b, rtol=1e-5)
+np.testing.assert_allclose(stdlib_ops.softmax(a, axis=-1), np.exp(a) / np.exp(a).sum(-1, keepdims=True), rtol=1e-5)
+print(len(generated))
+"""
+
+
+def test_a_new_process_finds_the_kernels_an_earlier_one_generated(tmp_path):
+    """The key must not depend on anything a process makes up (uids, counters): stdlib kernels, twice."""
+    env = dict(os.environ, TASKDSL_CACHE_DIR=str(tmp_path), TASKDSL_FAST_COMPILE="1")
+
+    def generations() -> int:
+        out = subprocess.run([sys.executable, "-c", _NEW_PROCESS], env=env, capture_output=True, text=True, check=True)
+        return int(out.stdout.split()[-1])
+
+    assert generations() >= 2
+    assert generations() == 0
