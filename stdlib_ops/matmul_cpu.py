@@ -97,10 +97,14 @@ def default_point(itemsize: int = 4, unit: vectors.VectorUnit | None = None, n: 
 
 def narrowed(chosen: dict, n: int | None) -> dict:
     """`chosen` with a block tile 32 (or, for at most 16 columns, 16) columns wide where `n` columns leave the
-    last column block of `chosen` at most half used and the padding is over an eighth of the product: the
-    packed panel's columns past N are zeros, computed and dropped, so a 16-column product in 64-column blocks
-    wastes three quarters of its multiply-adds (MobileNet-V2's narrow 1x1 convolutions: 9.0 -> 8.2 ms,
-    docs/benchmarks.md). Rows go to 96 a block, keeping its area."""
+    last column block of `chosen` at most half used and that shortfall is over an eighth of N.
+
+    The threads take contiguous ranges of blocks, which run column block by column block, so a short last
+    column block leaves one thread with less to do: N = 96 in 64-column blocks gives one thread the first 64
+    columns and the other 32 (MobileNet-V2's 16 -> 96 1x1 convolution at 112x112, 2 threads: 0.62 -> 0.40 ms
+    with 96x32 blocks; 0.79 -> 0.73 ms on one). A micro-tile wider than N also computes columns it drops:
+    N <= 16 gets a 6x16 micro-tile (0.30 -> 0.22 ms on one thread for 32 -> 16). Rows go to 96 a block,
+    keeping its area (96x32 beat 48x32 by 5% on MobileNet-V2: docs/benchmarks.md)."""
     bn = chosen["block"][1]
     rest = n % bn if n else 0
     if rest == 0 or rest > bn // 2 or 8 * (bn - rest) <= n:
