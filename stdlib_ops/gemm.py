@@ -47,20 +47,20 @@ class Template:
 
     name: str
     space: object          # (target, itemsize) -> Space
-    default: object        # (target, itemsize, N) -> Point
+    default: object        # (target, itemsize, M, N) -> Point
     build: object          # (point, dtype, out_dtype, vec, packed_b, transposed_a) -> Kernel
     tile_shape: object     # point -> (BM, BN, threads)
     pack_b: object = None  # (point, B (batch, K, N)) -> B as the packed_b kernel reads it; None: the template has
                            # no packed_b / transposed_a kernels
 
 
-SIMT = Template("simt_matmul", simt.space_for, lambda target, itemsize, n: simt.default_point(target, itemsize),
+SIMT = Template("simt_matmul", simt.space_for, lambda target, itemsize, m, n: simt.default_point(target, itemsize),
                 lambda p, dtype, out, vec, *forms: simt.simt_matmul_kernel(p, dtype, out), simt.tile_shape)
 CPU_TILE = Template("tile_matmul", lambda target, itemsize: cpu.space(itemsize),
-                    lambda target, itemsize, n: cpu.default_point(itemsize, n=n),
+                    lambda target, itemsize, m, n: cpu.default_point(itemsize, m=m, n=n),
                     lambda p, dtype, out, vec, *forms: cpu.tile_matmul_kernel(p, dtype, out, *forms),
                     cpu.tile_shape, cpu.pack_b)
-TENSOR_CORE = Template("tc_matmul", lambda target, itemsize: tc.space(), lambda target, itemsize, n: tc.default_point(),
+TENSOR_CORE = Template("tc_matmul", lambda target, itemsize: tc.space(), lambda target, itemsize, m, n: tc.default_point(),
                        lambda p, dtype, out, vec, *forms: tc.tc_matmul_kernel(p, dtype, out, vec), tc.tile_shape)
 
 
@@ -197,7 +197,7 @@ def _plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune, point, fa
         return MatmulPlan(p, dtype, out_batch, tuple(a_batch), tuple(b_batch), m, n, k, split, template)
 
     if point is None:
-        point = template.default(target, itemsize, n)
+        point = template.default(target, itemsize, m, n)
         if do_tune or (do_tune is None and target == "cuda"):
             proto = at(point)
             args = tuple(_example(s, dtype) for s in proto.operand_shapes()) + (proto.batch_index(1), 1)

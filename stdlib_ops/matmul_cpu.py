@@ -82,36 +82,43 @@ DEFAULT = {512: dict(micro=(6, 32), block=(48, 64), bk=256), 256: dict(micro=(6,
 FAST_COMPILE = dict(micro=(2, 8), block=(16, 64), bk=256)
 
 
-def default_point(itemsize: int = 4, unit: vectors.VectorUnit | None = None, n: int | None = None):
-    """The default cpu schedule for `unit` (the host's vectors) and a product with `n` columns, when known
-    (`narrowed`); under `td.fast_compile` a small micro-tile for any product."""
+def default_point(itemsize: int = 4, unit: vectors.VectorUnit | None = None, m: int | None = None,
+                  n: int | None = None):
+    """The default cpu schedule for `unit` (the host's vectors), fitted to an M x N product where its
+    shape is known (`fitted`); under `td.fast_compile` a small micro-tile for any product."""
     unit = unit or vectors.host()
     the_space = space(itemsize, unit)
     if fast_compile_enabled():
         return the_space.point(**FAST_COMPILE)
     try:
-        return the_space.point(**narrowed(DEFAULT[unit.bits], n))
-    except ValueError:          # the narrow tile does not fit this unit's registers
+        return the_space.point(**fitted(DEFAULT[unit.bits], m, n))
+    except ValueError:          # the fitted tile does not fit this unit's registers
         return the_space.point(**DEFAULT[unit.bits])
 
 
-def narrowed(chosen: dict, n: int | None) -> dict:
-    """`chosen` with a block tile 32 (or, for at most 16 columns, 16) columns wide where `n` columns leave the
-    last column block of `chosen` at most half used and that shortfall is over an eighth of N.
+def fitted(chosen: dict, m: int | None, n: int | None) -> dict:
+    """`chosen` fitted to an M x N product (None: not known): a 96-row block where M fits one, but `chosen`'s
+    rows leave a second row block at most half used, and 32-column blocks (16, with a 6x16 micro-tile, for N <= 16) where N leaves the last column
+    block of `chosen` at most half used and that shortfall is over an eighth of N (rows then 96 a block,
+    keeping its area: 96x32 beat 48x32 by 5% on MobileNet-V2).
 
     The threads take contiguous ranges of blocks, which run column block by column block, so a short last
     column block leaves one thread with less to do: N = 96 in 64-column blocks gives one thread the first 64
     columns and the other 32 (MobileNet-V2's 16 -> 96 1x1 convolution at 112x112, 2 threads: 0.62 -> 0.40 ms
-    with 96x32 blocks; 0.79 -> 0.73 ms on one). A micro-tile wider than N also computes columns it drops:
-    N <= 16 gets a 6x16 micro-tile (0.30 -> 0.22 ms on one thread for 32 -> 16). Rows go to 96 a block,
-    keeping its area (96x32 beat 48x32 by 5% on MobileNet-V2: docs/benchmarks.md)."""
-    bn = chosen["block"][1]
+    with 96x32 blocks; 0.79 -> 0.73 ms on one). A micro-tile wider than N computes columns it drops, hence
+    6x16 for N <= 16 (0.30 -> 0.22 ms on one thread for 32 -> 16). A second row block holding a row or two
+    (ResNet-50's 7x7 layers, M = 49) reads all of B's panels again for them: 9.2 -> 8.3 ms over those nine
+    layers with one 96-row block (docs/benchmarks.md).
+    """
+    (bm, bn), micro = chosen["block"], chosen["micro"]
+    if m is not None and bm < m <= 96 and 2 * (m - bm) <= bm:     # a second row block at most half used
+        bm = 96
     rest = n % bn if n else 0
-    if rest == 0 or rest > bn // 2 or 8 * (bn - rest) <= n:
-        return chosen
-    width = 16 if n <= 16 else 32
-    micro = chosen["micro"] if chosen["micro"][1] <= width else (6, width)
-    return dict(chosen, micro=micro, block=(96, width))
+    if rest and rest <= bn // 2 and 8 * (bn - rest) > n:
+        bm, bn = 96, 16 if n <= 16 else 32
+        if micro[1] > bn:
+            micro = (6, bn)
+    return dict(chosen, micro=micro, block=(bm, bn))
 
 
 def pack_b(p, b3):

@@ -21,7 +21,7 @@ DIMS = st.sampled_from([1, 2, 5, 16, 17, 31, 48, 49, 65, 97, 130])
 
 SMALL = cpu.space().point(micro=(4, 8), block=(24, 64), bk=128)
 # both widths' defaults, whatever the host: a CI machine without AVX-512 still runs the 6x32 kernels; and the
-# narrow tiles the defaults take for products of few columns (`matmul_cpu.narrowed`)
+# narrow tiles the defaults take for products of few columns (`matmul_cpu.fitted`)
 POINTS = [cpu.default_point(unit=vectors.AVX512), cpu.default_point(unit=vectors.AVX2), SMALL,
           cpu.default_point(unit=vectors.AVX512, n=96), cpu.default_point(unit=vectors.AVX2, n=16)]
 
@@ -57,16 +57,21 @@ def test_space_size_and_pruning_match_the_docs(unit, valid, registers):
 
 
 @pytest.mark.parametrize("unit", [vectors.AVX512, vectors.AVX2, vectors.SSE])
-def test_products_of_few_columns_get_narrow_block_tiles(unit):
+def test_the_default_tile_is_fitted_to_short_and_narrow_products(unit):
     wide = cpu.default_point(unit=unit)
-    for n in (None, 64, 128, 1000, 50257, 288):       # last column block full, more than half used, or padding small
-        assert cpu.default_point(unit=unit, n=n) == wide
+    assert wide.block == (48, 64)
+    for n in (None, 64, 128, 1000, 50257, 288):       # last column block full, more than half used, or shortfall small
+        for m in (None, 1, 48, 73, 96, 97, 128, 3136):
+            assert cpu.default_point(unit=unit, m=m, n=n) == wide
+        for m in (49, 72):      # one row block, not a second one at most half used
+            assert cpu.default_point(unit=unit, m=m, n=n) == wide.replace(block=(96, 64))
     for n, width in ((1, 16), (16, 16), (17, 32), (24, 32), (32, 32), (96, 32), (160, 32)):
-        p = cpu.default_point(unit=unit, n=n)
-        assert p.block == (96, width) and p.micro[1] <= width and cpu.check(p, unit=unit) is None, (n, p)
+        for m in (None, 49, 3136):
+            p = cpu.default_point(unit=unit, m=m, n=n)
+            assert p.block == (96, width) and p.micro[1] <= width and cpu.check(p, unit=unit) is None, (n, p)
     td.fast_compile(True)
     try:
-        assert cpu.default_point(unit=unit, n=16) == cpu.default_point(unit=unit)     # one small tile for all
+        assert cpu.default_point(unit=unit, m=49, n=16) == cpu.default_point(unit=unit)     # one small tile for all
     finally:
         td.fast_compile(False)
 
