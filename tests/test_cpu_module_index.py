@@ -96,6 +96,15 @@ def test_a_kernel_built_again_skips_code_generation(generations, tmp_path):
     assert len(generations) == 2
 
 
+def test_the_memory_of_this_process_is_bounded_and_the_disk_index_remains(generations, monkeypatch):
+    monkeypatch.setattr(cpu_modules, "GENERATED_KEPT", 2)
+    for factor in (2.0, 3.0, 4.0, 5.0):
+        _run(_kernel(factor), factor)
+    assert len(cpu_modules._generated) <= 2 and len(generations) == 4
+    _run(_kernel(2.0), 2.0)                          # forgotten here, found on disk
+    assert len(generations) == 4
+
+
 def test_fast_compile_and_optimized_code_are_indexed_apart(generations):
     td.fast_compile(True)
     _run(_kernel(2.0), 2.0)

@@ -25,6 +25,7 @@ from . import cache
 from .config import cache_dir
 
 _generated: dict = {}       # (cache directory, ir key) -> (CpuSource, module path), this process's
+GENERATED_KEPT = 256        # entries of `_generated` (forgotten all at once past this: the disk index remains)
 
 
 def cpu_module(fn: ir.Function, debug: bool, fast: bool):
@@ -36,7 +37,7 @@ def cpu_module(fn: ir.Function, debug: bool, fast: bool):
     if key is not None:
         found = _generated.get((cache_dir(), key)) or _load(key, CpuSource)
         if found is not None:
-            _generated[cache_dir(), key] = found
+            _keep(key, found)
             return found
     src = emit_python(lower_for_cpu(fn, debug, unroll=not fast), debug, fast)
     module_key = cache.cache_key(src.text, compiler_fingerprint())
@@ -45,8 +46,15 @@ def cpu_module(fn: ir.Function, debug: bool, fast: bool):
         record = {"module": module_key, "entry": src.entry, "parallel": src.parallel, "flat": src.flat,
                   "opt_level": src.opt_level}
         cache.atomic_write(_index_path(key), json.dumps(record).encode())
-        _generated[cache_dir(), key] = (src, path)
+        _keep(key, (src, path))
     return src, path
+
+
+def _keep(key: str, found: tuple) -> None:
+    """Remember `found` for this process (a program building thousands of kernels keeps a bounded number)."""
+    if len(_generated) >= GENERATED_KEPT:
+        _generated.clear()
+    _generated[cache_dir(), key] = found
 
 
 def _ir_key(fn: ir.Function, fast: bool) -> str | None:
