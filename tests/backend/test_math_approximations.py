@@ -68,3 +68,21 @@ def test_float32_exp_is_within_an_ulp_and_reaches_inf_and_subnormals():
     assert np.all(np.isinf(y[want >= 3.4028236e38])) and np.all(y[want < 1e-46] == 0)
     assert y[x == 1.0][0] == np.float32(np.e) and np.all(y[x == 0] == 1.0)
     assert np.isnan(y[-1])
+
+
+SIGMOID = _elementwise(td.sigmoid)
+
+
+def test_float32_sigmoid_goes_through_the_exp_approximation_within_a_few_ulp():
+    td.set_target("cpu")
+    x = np.concatenate([np.linspace(-110, 110, 200001), [0.0, -0.0, 3e38, -3e38, np.inf, -np.inf, np.nan]])
+    x = x.astype(np.float32)
+    y = np.empty_like(x)
+    assert "rt.sigmoid_f32(" in SIGMOID.source(x, y, target="cpu")
+    SIGMOID(x, y)
+    with np.errstate(over="ignore"):
+        want = 1.0 / (1.0 + np.exp(-x.astype(np.float64)))
+    normal = want > np.finfo(np.float32).tiny
+    np.testing.assert_allclose(y[normal], want[normal], rtol=2.5e-7)       # a few ulp: exp's, the add's, the divide's
+    assert np.all(y[want <= np.finfo(np.float32).tiny] < 2e-38)              # the far negative tail underflows to ~0
+    assert list(y[-7:-1]) == [0.5, 0.5, 1.0, 0.0, 1.0, 0.0] and np.isnan(y[-1])

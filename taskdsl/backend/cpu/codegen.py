@@ -35,7 +35,8 @@ _MATH = {"exp": "math.exp", "log": "math.log", "log2": "math.log2", "sqrt": "mat
          "cos": "math.cos", "tanh": "math.tanh", "erf": "math.erf", "floor": "np.floor", "ceil": "np.ceil",
          "pow": "math.pow", "abs": "abs", "max": "max", "min": "min", "rsqrt": "rt.rsqrt", "exp2": "rt.exp2",
          "sigmoid": "rt.sigmoid", "fma": "rt.fma"}
-_F32_MATH = {"erf": "rt.erf_f32", "tanh": "rt.tanh_f32", "exp": "rt.exp_f32"}   # vectorizable approximations (support.py)
+_F32_MATH = {"erf": "rt.erf_f32", "tanh": "rt.tanh_f32", "exp": "rt.exp_f32",     # vectorizable approximations
+             "sigmoid": "rt.sigmoid_f32"}                                            # (support.py)
 # Python's max / min on floats depend on the argument order when one is a NaN; these keep it
 _FLOAT_MATH = {"max": "rt.fmax", "min": "rt.fmin"}
 _NP_TYPES = {"f16": "np.uint16", "bf16": "np.uint16", "f32": "np.float32", "f64": "np.float64", "i8": "np.int8", "i16": "np.int16", "i32": "np.int32",

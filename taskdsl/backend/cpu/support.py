@@ -138,6 +138,12 @@ def exp_f32(x):
 
 
 @njit(cache=True, inline="always")
+def sigmoid_f32(x):
+    """1 / (1 + exp(-x)) of a float32 through `exp_f32` (vectorizable; 0 and 1 at -inf and inf; NaN stays NaN)."""
+    return np.float32(1.0) / (np.float32(1.0) + exp_f32(-x))
+
+
+@njit(cache=True, inline="always")
 def exp2(x):
     """2 ** x."""
     return math.pow(2.0, x)
