@@ -11,14 +11,22 @@ from taskdsl import blockIdx, f32, i32, threadIdx
 OPTIMIZED = True    # unrolled, as models compile
 
 
-@td.kernel(grid=lambda N, chunk: td.cdiv(N, 32 * chunk), block=32)
-def add_shifted(X: f32["N"], Y: f32["N"], chunk: i32, chunks: i32, blocks: i32, prange: i32, parallel_chunk: i32):
-    """Y += X + the scalars, `chunk` elements per thread: parameter names the launch code also uses."""
-    base = (blockIdx.x * 32 + threadIdx.x) * chunk
-    for k in range(chunk):
-        i = base + k
-        if i < N:
-            Y[i] = Y[i] + X[i] + chunks + blocks + prange + parallel_chunk
+def _shifted(sign: float, name: str):
+    """Y += sign * (X + the scalars), `chunk` elements per thread. The scalars are named like things the cpu
+    code generator and launcher use or used (`prange`, the per-kernel launchers' `parallel_chunk`, ...)."""
+    @td.kernel(grid=lambda N, chunk: td.cdiv(N, 32 * chunk), block=32, name=name)
+    def shifted(X: f32["N"], Y: f32["N"], chunk: i32, chunks: i32, blocks: i32, prange: i32, parallel_chunk: i32):
+        base = (blockIdx.x * 32 + threadIdx.x) * chunk
+        for k in range(chunk):
+            i = base + k
+            if i < N:
+                Y[i] = Y[i] + sign * (X[i] + chunks + blocks + prange + parallel_chunk)
+
+    return shifted
+
+
+add_shifted = _shifted(1.0, "add_shifted")
+sub_shifted = _shifted(-1.0, "sub_shifted")     # another kernel with add_shifted's argument types
 
 
 def _expected(x, y, scalars):
@@ -41,16 +49,6 @@ def test_every_block_runs_once_from_the_main_thread_and_from_others(n, chunk, sc
     worker.start()
     worker.join()
     np.testing.assert_array_equal(other, main)
-
-
-@td.kernel(grid=lambda N, chunk: td.cdiv(N, 32 * chunk), block=32)
-def sub_shifted(X: f32["N"], Y: f32["N"], chunk: i32, chunks: i32, blocks: i32, prange: i32, parallel_chunk: i32):
-    """Y -= X + the scalars: another kernel with add_shifted's argument types."""
-    base = (blockIdx.x * 32 + threadIdx.x) * chunk
-    for k in range(chunk):
-        i = base + k
-        if i < N:
-            Y[i] = Y[i] - (X[i] + chunks + blocks + prange + parallel_chunk)
 
 
 @pytest.mark.parametrize("fast", [False, True])
