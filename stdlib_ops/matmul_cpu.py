@@ -87,20 +87,15 @@ def default_point(itemsize: int = 4, unit: vectors.VectorUnit | None = None, m: 
     """The default cpu schedule for `unit` (the host's vectors), fitted to an M x N product where its
     shape is known (`fitted`); under `td.fast_compile` a small micro-tile for any product."""
     unit = unit or vectors.host()
-    the_space = space(itemsize, unit)
-    if fast_compile_enabled():
-        return the_space.point(**FAST_COMPILE)
-    try:
-        return the_space.point(**fitted(DEFAULT[unit.bits], m, n))
-    except ValueError:          # the fitted tile does not fit this unit's registers
-        return the_space.point(**DEFAULT[unit.bits])
+    return space(itemsize, unit).point(**(FAST_COMPILE if fast_compile_enabled() else
+                                          fitted(DEFAULT[unit.bits], m, n)))
 
 
 def fitted(chosen: dict, m: int | None, n: int | None) -> dict:
     """`chosen` fitted to an M x N product (None: not known): a 96-row block where M fits one, but `chosen`'s
-    rows leave a second row block at most half used, and 32-column blocks (16, with a 6x16 micro-tile, for N <= 16) where N leaves the last column
-    block of `chosen` at most half used and that shortfall is over an eighth of N (rows then 96 a block,
-    keeping its area: 96x32 beat 48x32 by 5% on MobileNet-V2).
+    rows leave a second row block at most half used; and 32-column blocks (16, with a 6x16 micro-tile, for
+    N <= 16) where N leaves the last column block of `chosen` at most half used and that shortfall is over an
+    eighth of N (rows then 96 a block, keeping its area: 96x32 beat 48x32 by 5% on MobileNet-V2).
 
     The threads take contiguous ranges of blocks, which run column block by column block, so a short last
     column block leaves one thread with less to do: N = 96 in 64-column blocks gives one thread the first 64

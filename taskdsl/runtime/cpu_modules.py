@@ -30,12 +30,12 @@ GENERATED_KEPT = 256        # entries of `_generated` (forgotten all at once pas
 
 def cpu_module(fn: ir.Function, debug: bool, fast: bool):
     """(the CpuSource, the path of its module file) of the kernel `fn` (as `passes.lower` leaves it)."""
-    from ..backend.cpu.codegen import CpuSource, emit_python
+    from ..backend.cpu.codegen import emit_python
     from ..backend.cpu.compile import compiler_fingerprint
     from ..passes import lower_for_cpu
     key = None if debug else _ir_key(fn, fast)
     if key is not None:
-        found = _generated.get((cache_dir(), key)) or _load(key, CpuSource)
+        found = _generated.get((cache_dir(), key)) or _load(key)
         if found is not None:
             _keep(key, found)
             return found
@@ -80,13 +80,14 @@ def _index_path(key: str) -> Path:
     return cache_dir() / "cpu" / f"{key}.json"
 
 
-def _load(key: str, source_class):
+def _load(key: str):
     """The indexed (CpuSource, module path) of `key`, or None when absent or unusable (then removed)."""
+    from ..backend.cpu.codegen import CpuSource
     index = _index_path(key)
     try:
         record = json.loads(index.read_text())
         path = cache_dir() / "cpu" / f"k_{record['module']}.py"
-        src = source_class(path.read_text(), record["entry"], [], record["parallel"], record["flat"],
+        src = CpuSource(path.read_text(), record["entry"], [], record["parallel"], record["flat"],
                            record["opt_level"])
     except FileNotFoundError:
         return None

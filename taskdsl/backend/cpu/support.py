@@ -27,7 +27,7 @@ class KernelCompiler(CompilerBase):
     a third of numba's time on a 6x32 tile matmul (9.1 s -> 6.2 s). Without it numba types each such
     variable once, unified over its assignments, and lowers it to a stack slot that LLVM's mem2reg
     promotes, as numba did before 0.50. The generated code needs nothing that wants SSA form (no
-    literal unrolling, no parfors: the `parallel_` entries keep numba's default pipeline).
+    literal unrolling, no parfors: the launchers of `parallel.py` keep numba's default pipeline).
     """
 
     def define_pipelines(self):
