@@ -22,7 +22,7 @@ import numpy as np
 
 import taskdsl as td
 from taskdsl import blockIdx, ir
-from taskdsl.runtime.arrays import as_array, contiguous, empty_like_operands, on_host, placed_like
+from taskdsl.runtime.arrays import as_array, contiguous, empty_like_operands, note_host_work, on_host, placed_like
 from taskdsl.runtime.config import fast_compile_enabled
 
 from . import gemm as mm
@@ -644,6 +644,7 @@ class ConvPlan:
 def placed_weight_operand(lowering: Lowered | DirectRows, weight, host: np.ndarray | None = None):
     """The lowering's operand of the OIHW `weight`, where `weight` lives. The layout is made on the host, from
     `host` if given (a graph constant's value), else from `weight` (GPU weights: a copy there and back)."""
+    note_host_work("a convolution's weights were laid out on the host")
     return placed_like(weight, lowering.weight_operand(on_host(weight) if host is None else host))
 
 

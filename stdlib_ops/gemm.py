@@ -18,7 +18,7 @@ import numpy as np
 import taskdsl as td
 from taskdsl.backend.cpu.launch import num_threads
 from taskdsl.runtime.config import fast_compile_enabled
-from taskdsl.runtime.arrays import as_array, contiguous, empty_like_operands, zeros_like_operands
+from taskdsl.runtime.arrays import as_array, contiguous, empty_like_operands, note_host_work, zeros_like_operands
 from taskdsl.schedule.tuner import tune
 
 from . import matmul_cpu as cpu
@@ -133,6 +133,7 @@ class MatmulPlan:
 
     def pack_b(self, b) -> np.ndarray:
         """B (any shape with the elements of the 3-D operand) as the `packed_b` kernel reads it."""
+        note_host_work("a matmul's B operand was packed on the host")
         return self.template.pack_b(self.point, np.asarray(b).reshape(self.operand_shapes()[1]))
 
     def batch_index(self, split: int | None = None) -> np.ndarray:

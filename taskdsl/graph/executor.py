@@ -14,6 +14,11 @@ and captured as a CUDA graph (`cuda_graph=True`, the default): a call then copie
 inputs into the graph's input buffers, replays the graph, and copies the outputs back.
 `cuda_graph=False` runs operator by operator instead.
 
+On the cpu target, the launches of one more run are recorded too, and a call issues them
+again in order without the Python between them (graph/replay.py says when that is safe, and
+how it is checked). `cg.replay` says whether replay is on, and if not, why; `replay=False`
+(either target) runs operator by operator, as does a call in debug mode.
+
 On both targets the activations live in one arena laid out by the memory plan
 (`graph/arena.py`): activations whose lifetimes do not overlap share memory, and a call
 allocates only its outputs. `arena=False` allocates every activation instead. A compiled
@@ -24,13 +29,13 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import numpy as np
 
 from ..backend.cpu import precompile
+from ..backend.cpu.launch import recording as cpu_recording
 from ..runtime.arrays import results_in
-from ..runtime.config import get_target, set_target
+from ..runtime.config import debug_enabled, get_target, set_target
 from ..runtime.device_array import DeviceArray, to_device
 from ..runtime.progress import Progress
 from . import runners
@@ -38,6 +43,7 @@ from .arena import Arena, Misplaced
 from .graph import Graph, bind_inputs
 from .passes import optimize, pipeline, plan_memory
 from .printer import Namer, format_bytes
+from .replay import CpuReplay, CudaReplay, probe_inputs
 
 PROGRESS_MIN_NODES = 20      # smaller graphs compile quickly: no progress bar
 
@@ -53,27 +59,11 @@ def on_target(name: str):
         set_target(previous)
 
 
-@dataclass
-class _Replay:
-    """A CUDA graph of one whole run, with the buffers it reads its inputs from and writes its outputs to."""
-
-    graph: object        # backend.cuda.graphs.CudaGraph
-    inputs: list         # DeviceArrays, one per graph input
-    outputs: list        # per graph output: the DeviceArray the graph writes, or a constant's value
-
-    def run(self, arrays: list) -> list:
-        """Copy `arrays` into the input buffers, queue the graph, and return the output buffers."""
-        for buffer, a in zip(self.inputs, arrays):
-            buffer.copy_from(a)
-        self.graph.replay()
-        return self.outputs
-
-
 class CompiledGraph:
     """Call it on input arrays (positional, or one dict keyed by input name) for a list of output arrays."""
 
     def __init__(self, graph: Graph, target: str | None = None, passes: list | None = None,
-                 channels_last: bool = False, cuda_graph: bool = True, arena: bool = True):
+                 channels_last: bool = False, cuda_graph: bool = True, arena: bool = True, replay: bool = True):
         start = time.perf_counter()
         if passes is not None and channels_last:
             raise ValueError("give either passes or channels_last=True, not both "
@@ -93,8 +83,9 @@ class CompiledGraph:
         self._last_inputs = [np.zeros(t.shape, t.numpy_dtype) for t in self.graph.inputs]
         self._records: list = []                   # (kernels, seconds) per step of the last call
         self._constants: dict = {}                 # id(constant) -> its value on the GPU (cuda target)
-        self._replay: _Replay | None = None
+        self._replay: CudaReplay | CpuReplay | None = None
         self.cuda_graph = "off (cpu target)" if self.target == "cpu" else "off (cuda_graph=False)"
+        self.replay = "off (replay=False)"
         self._lock = threading.RLock()
         show = None if len(nodes) >= PROGRESS_MIN_NODES else False
         with on_target(self.target):
@@ -104,8 +95,14 @@ class CompiledGraph:
                 self._compile_cpu_kernels_ahead(show)
             with Progress(len(nodes), f"compiling {graph.name}", show=show) as bar:
                 self._execute(self._last_inputs, bar)      # compile every kernel now: a run on zeros
-            if self.target == "cuda" and cuda_graph:
-                self._capture()
+            if self.target == "cuda":
+                if cuda_graph and replay:
+                    self._capture()
+                elif cuda_graph:
+                    self.cuda_graph = "off (replay=False)"
+                self.replay = self.cuda_graph
+            elif replay:
+                self._record_cpu()
         self.compile_seconds = time.perf_counter() - start
 
     def _compile_cpu_kernels_ahead(self, show) -> None:
@@ -190,8 +187,35 @@ class CompiledGraph:
         elif not record.launches:
             self.cuda_graph = "off (no kernels to replay)"
         else:
-            self._replay = _Replay(CudaGraph(record.launches), inputs, outputs)
+            self._replay = CudaReplay(CudaGraph(record.launches), inputs, outputs)
             self.cuda_graph = f"on ({len(record.launches)} kernels in one CUDA graph)"
+
+    def _record_cpu(self) -> None:
+        """Record the cpu launches of a run on the warm-up inputs as a `CpuReplay` (`self._replay`) where a
+        replay is sure to give what a run gives; `self.replay` says whether it is on, and why not."""
+        inputs = [np.array(a) for a in self._last_inputs]     # buffers of the replay's own
+        with cpu_recording() as record:
+            try:
+                values = self._run_steps(inputs, None, False)
+            except Misplaced as reason:
+                self.replay = f"off (the arena's plan did not hold: {reason})"
+                return
+        if record.host_work:
+            self.replay = f"off (the host computed part of a run: {record.host_work[0]})"
+            return
+        replay = CpuReplay(record.launches, inputs, self.graph, self._output_values(values))
+        if not len(replay):
+            self.replay = "off (no kernels to replay)"
+            return
+        try:
+            why = replay.disagreement(self._execute, probe_inputs(self.graph.inputs))
+        except Exception as exc:  # noqa: BLE001 - a probe the graph rejects leaves replay off, not the build broken
+            why = f"a run on probe inputs failed: {type(exc).__name__}: {exc}"
+        if why:
+            self.replay = f"off ({why})"
+            return
+        self._replay = replay
+        self.replay = f"on ({len(replay)} cpu launches replayed)"
 
     def _outputs(self, values: dict, arrays: list) -> list:
         results, seen = [], set()
@@ -215,7 +239,9 @@ class CompiledGraph:
         arrays = bind_inputs(self.graph, args)
         with self._lock, on_target(self.target):
             self._last_inputs = arrays
-            if self._replay is not None:
+            if isinstance(self._replay, CpuReplay) and not debug_enabled():
+                return self._replay.run(arrays)
+            if isinstance(self._replay, CudaReplay):
                 return [a.numpy() if isinstance(a, DeviceArray) else np.array(a) for a in self._replay.run(arrays)]
             return self._execute(arrays)
 
@@ -229,7 +255,7 @@ class CompiledGraph:
         arrays = bind_inputs(self.graph, args)
         with self._lock, on_target(self.target):
             self._last_inputs = arrays
-            if self._replay is not None:
+            if isinstance(self._replay, CudaReplay):
                 return list(self._replay.run(arrays))
             return self._output_values(self._run(arrays))
 
@@ -266,8 +292,7 @@ class CompiledGraph:
                  f"target {self.target}, compiled in {self.compile_seconds:.1f}s",
                  f"{self.memory.summary()}; arena {self.arena}; "
                  f"constants {format_bytes(sum(t.nbytes for t in self.graph.constants))}"]
-        if self.target == "cuda":
-            lines.append(f"CUDA graph replay: {self.cuda_graph}")
+        lines.append(f"CUDA graph replay: {self.cuda_graph}" if self.target == "cuda" else f"replay: {self.replay}")
         lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
         if timing:
             lines.append(f"  total {times.sum() * 1e3:.3f} ms")

@@ -131,14 +131,15 @@ class Graph:
         return Graph(self.inputs, [new.get(id(t), t) for t in self.outputs], name=self.name)
 
     def compile(self, target: str | None = None, passes: list | None = None, channels_last: bool = False,
-                cuda_graph: bool = True, arena: bool = True):
+                cuda_graph: bool = True, arena: bool = True, replay: bool = True):
         """The CompiledGraph of this graph for `target` ('cpu' / 'cuda'; default: the current target);
-        `channels_last` runs its 2-D convolutions in NHWC (the layout pass, passes.channels_last); on cuda,
-        `cuda_graph` replays each call as one CUDA graph; `arena` places the activations by the memory plan
-        (see taskdsl.graph.executor)."""
+        `channels_last` runs its 2-D convolutions in NHWC (the layout pass, passes.channels_last); `replay`
+        issues each call's recorded launches again without the Python between them (on cuda as one CUDA graph,
+        which `cuda_graph=False` turns off too); `arena` places the activations by the memory plan (see
+        taskdsl.graph.executor and taskdsl.graph.replay)."""
         from .executor import CompiledGraph
         return CompiledGraph(self, target=target, passes=passes, channels_last=channels_last, cuda_graph=cuda_graph,
-                             arena=arena)
+                             arena=arena, replay=replay)
 
     def __call__(self, *args) -> list:
         """The outputs for these input arrays (positional, or one dict keyed by input name)."""

@@ -17,11 +17,12 @@ from stdlib_ops import conv, elementwise, gemm, norm, pool, reduce, rowwise, tra
 
 from .. import schedule
 from ..ir import types as T
-from ..runtime.arrays import contiguous, on_device, on_host
+from ..runtime.arrays import contiguous, note_host_work, on_device, on_host
 from ..runtime.config import get_target
 from .operator import Operator
 from .ops import (BatchNorm, Concat, Conv, Elementwise, Expand, Gather, LayerNorm, MatMul, Pad, Pool, Reduce,
                   Reshape, Slice, Softmax, Transpose)
+from .replay import record_check
 
 RUNNERS: dict = {}
 _DEFINITION_OPS: dict = {}      # Operator.signature() -> td.Op
@@ -40,8 +41,10 @@ def run(op: Operator, arrays: list) -> tuple:
     """(outputs, kernels) of one operator on its input arrays."""
     if not on_device(*arrays):     # values in GPU memory are not read back to be checked
         op.check_values(arrays)
+        record_check(op, arrays)   # a cpu replay checks them again
     if any(t.size == 0 for t in op.outputs) or any(a.size == 0 for a in arrays):
         # nothing to compute: empty outputs, or identities of empty reductions
+        note_host_work(f"{op.kind}'s empty operands were handled on the host")
         return op.reference(*[on_host(a) for a in arrays]), []
     return RUNNERS.get(type(op), run_definitions)(op, arrays)
 

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from ..backend.cpu.launch import note_host_work
 from .device_array import DeviceArray, to_device
 from .device_array import empty as device_empty
 from .host import empty_aligned
@@ -41,7 +42,11 @@ def contiguous(value, dtype=None):
                             "convert it before the call (stdlib_ops.cast)")
         return value
     a = np.asarray(value, dtype=dtype)
-    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+    if not a.flags.c_contiguous:
+        a = np.ascontiguousarray(a)
+    if a is not value and isinstance(value, np.ndarray) and a.base is not value:
+        note_host_work("an operand was copied to be contiguous or of another dtype")
+    return a
 
 
 def empty_like_operands(shape, dtype, *operands):
@@ -59,6 +64,8 @@ def zeros_like_operands(shape, dtype, *operands):
     out = empty_like_operands(shape, dtype, *operands)
     if isinstance(out, DeviceArray):
         return out.zero()
+    if out.size:
+        note_host_work("a result was zero-filled")
     out.fill(0)
     return out
 
@@ -117,5 +124,5 @@ def check_indices(indices: np.ndarray, n: int, axis: int, what: str) -> None:
         raise IndexError(f"{what}: an index is out of range for axis {axis} of size {n}")
 
 
-__all__ = ["on_device", "as_array", "contiguous", "empty_like_operands", "zeros_like_operands", "results_in",
+__all__ = ["note_host_work", "on_device", "as_array", "contiguous", "empty_like_operands", "zeros_like_operands", "results_in",
            "address", "on_host", "placed_like", "check_indices"]

@@ -1,4 +1,10 @@
-"""Calling a generated cpu kernel: flat views of the tensors, blocks split over a thread pool."""
+"""Calling a generated cpu kernel: flat views of the tensors, blocks split over a thread pool.
+
+`recording()` collects the launches of a block of code as `RecordedLaunch`es (each can be issued
+again as it was), and `note_host_work` the work the host did meanwhile that a replay of the
+launches alone would not redo (copies of non-contiguous operands, zero fills): the graph
+executor's cpu replay (`graph/replay.py`) is built on both.
+"""
 from __future__ import annotations
 
 import concurrent.futures
@@ -6,6 +12,7 @@ import contextlib
 import functools
 import os
 import threading
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -59,6 +66,7 @@ def call_args(src: CpuSource, values: list) -> tuple[list, list]:
                 args.append(v.reshape(-1))
             else:
                 tmp = np.ascontiguousarray(v)
+                note_host_work("a non-contiguous operand was copied for a kernel")
                 if v.flags.writeable:   # a read-only input cannot have been written
                     copy_back.append((v, tmp))
                 args.append(tmp.reshape(-1))
@@ -136,6 +144,14 @@ def _workers(src: CpuSource, blocks: int) -> int:
 
 
 def _run_blocks(run, address: int, args: list, tail: tuple, blocks: int, workers: int) -> None:
+    """`_issue` the launch, and add it to this thread's `recording` if one is on."""
+    record = recording_active()
+    if record is not None:
+        record.launches.append(RecordedLaunch(run, address, list(args), tail, blocks, workers))
+    _issue(run, address, args, tail, blocks, workers)
+
+
+def _issue(run, address: int, args: list, tail: tuple, blocks: int, workers: int) -> None:
     """Run blocks [0, blocks) of the generated function `run` (its machine code at `address`, compiled for
     these arguments: `_compile`) on `args` (flat views and scalars) and `tail` (sizes and grid), on `workers`
     threads: numba's from the main thread, a thread pool's from any other (some of numba's threading
@@ -169,3 +185,55 @@ def _compile(fn, args: list, tail: tuple, opt_level: int) -> int:
         with compiler_settings(opt_level):
             address = _addresses[fn, types] = entry_address(fn, types)
     return address
+
+
+# ---------------------------------------------------------------------------------------- recording
+@dataclass
+class RecordedLaunch:
+    """One launch as issued, to be issued again: what `recording` collects. `args` holds the flat array
+    views and scalars as passed; a replay may swap an array for another of the same type and size."""
+
+    run: object             # the generated function (numba dispatcher)
+    address: int            # its machine code for these argument types
+    args: list
+    tail: tuple             # sizes and grid
+    blocks: int
+    workers: int
+
+    def __call__(self) -> None:
+        _issue(self.run, self.address, self.args, self.tail, self.blocks, self.workers)
+
+
+@dataclass
+class Recording:
+    """The launches of a `recording()` block (and value checks a caller adds, in order: any callable), and
+    what the host computed meanwhile that issuing them again would not redo."""
+
+    launches: list = field(default_factory=list)
+    host_work: list = field(default_factory=list)      # one line per kind of work, first occurrence first
+
+
+_local = threading.local()
+
+
+def recording_active() -> Recording | None:
+    """The recording of this thread, or None outside `recording()`."""
+    return getattr(_local, "recording", None)
+
+
+@contextlib.contextmanager
+def recording():
+    """Collect every cpu launch of this thread (`RecordedLaunch`es, in order) while the block runs, besides
+    running it: `with recording() as r: ...; r.launches`. The records keep their arrays alive."""
+    previous, _local.recording = recording_active(), Recording()
+    try:
+        yield _local.recording
+    finally:
+        _local.recording = previous
+
+
+def note_host_work(what: str) -> None:
+    """Tell this thread's recording, if any, that the host computed something a replay would not redo."""
+    record = recording_active()
+    if record is not None and what not in record.host_work:
+        record.host_work.append(what)

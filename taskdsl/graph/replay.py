@@ -1,0 +1,209 @@
+"""Replaying a compiled graph's launches: a call without the executor's and the runners' Python.
+
+A run of a compiled graph with static shapes launches the same kernels on the same buffers
+every time; only the values differ. After its warm-up run, the executor records the
+launches of one more run and, where that is safe, replays them on later calls:
+
+- cuda: the launches captured as one CUDA graph (`CudaReplay`, `backend/cuda/graphs.py`);
+- cpu: the launches (`backend.cpu.launch.recording`) issued again in order, each with its
+  arguments and thread split as recorded (`CpuReplay`). What a call saves is the Python
+  around each kernel: choosing its plan, binding its arguments, the arena's bookkeeping
+  (about 40 us an operator on a 2-core Xeon, see docs/benchmarks.md).
+
+A cpu replay copies the call's inputs into the buffers the recording read them from, gives
+each output a fresh array where the recorded launches are its only writers (else copies the
+recorded one out), and calls the operators' value checks (gather's index range) where the
+run called them. It is refused, with the reason in `CompiledGraph.replay`, when the host
+computed part of the recorded run (a copy of a non-contiguous operand, a zero fill, packing
+of weights that are not constants: `launch.note_host_work`), and when a run and two
+replays on other inputs (`probe_inputs`) disagree in any bit: the check that catches host
+work nobody noted.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.lib.array_utils import byte_bounds
+
+from ..backend.cpu.launch import recording_active
+from ..runtime.host import empty_aligned
+from .operator import Operator
+
+
+@dataclass
+class CudaReplay:
+    """A CUDA graph of one whole run, with the buffers it reads its inputs from and writes its outputs to."""
+
+    graph: object        # backend.cuda.graphs.CudaGraph
+    inputs: list         # DeviceArrays, one per graph input
+    outputs: list        # per graph output: the DeviceArray the graph writes, or a constant's value
+
+    def run(self, arrays: list) -> list:
+        """Copy `arrays` into the input buffers, queue the graph, and return the output buffers."""
+        for buffer, a in zip(self.inputs, arrays):
+            buffer.copy_from(a)
+        self.graph.replay()
+        return self.outputs
+
+
+@dataclass
+class RecordedCheck:
+    """An operator's check of its input values, at its place among a recording's launches."""
+
+    op: Operator
+    args: list           # the operator's input arrays
+
+    def __call__(self) -> None:
+        self.op.check_values(self.args)
+
+
+def record_check(op: Operator, arrays: list) -> None:
+    """Add the check of `op`'s input values to this thread's cpu recording, if any and if `op` checks values."""
+    record = recording_active()
+    if record is not None and type(op).check_values is not Operator.check_values:
+        record.launches.append(RecordedCheck(op, list(arrays)))
+
+
+def probe_inputs(tensors: list, seed: int = 0) -> list:
+    """Inputs unlike the warm-up's zeros, for checking a replay against a run: normal floats, signed integers
+    in {-1, 0} and unsigned in {0, 1} (indices valid for any axis), random booleans."""
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for t in tensors:
+        dtype = np.dtype(t.numpy_dtype)
+        if dtype.kind == "f":
+            a = rng.standard_normal(t.shape)
+        elif dtype.kind in "iu":
+            a = rng.integers(0, 2, t.shape) * (-1 if dtype.kind == "i" else 1)
+        else:
+            a = rng.random(t.shape) < 0.5
+        arrays.append(np.asarray(a, dtype))
+    return arrays
+
+
+@dataclass
+class _Slot:
+    """Where a recorded action reads or writes an output's memory: `action.args[index]`, shaped like `like`."""
+
+    action: object
+    index: int
+    like: np.ndarray
+
+    def bind(self, fresh: np.ndarray) -> None:
+        self.action.args[self.index] = fresh.reshape(-1).view(self.like.dtype).reshape(self.like.shape)
+
+
+@dataclass
+class _Rebound:
+    """An output that the recorded launches alone write, through `slots`: a fresh array a call."""
+
+    like: np.ndarray
+    slots: list
+
+    def prepare(self) -> None:
+        self.fresh = empty_aligned(self.like.shape, self.like.dtype)
+        for slot in self.slots:
+            slot.bind(self.fresh)
+
+    def result(self, earlier: list) -> np.ndarray:
+        return self.fresh
+
+
+@dataclass
+class _Copied:
+    """An output copied after the launches: recorded memory others share, or a constant's value."""
+
+    value: object
+
+    def prepare(self) -> None:
+        pass
+
+    def result(self, earlier: list) -> np.ndarray:
+        return np.array(self.value)
+
+
+@dataclass
+class _Again:
+    """An output that is an earlier output's tensor again: a copy of that result."""
+
+    index: int
+
+    def prepare(self) -> None:
+        pass
+
+    def result(self, earlier: list) -> np.ndarray:
+        return np.array(earlier[self.index])
+
+
+class CpuReplay:
+    """A cpu run's recorded launches and value checks, issued again on new inputs."""
+
+    def __init__(self, actions: list, inputs: list, graph, outputs: list):
+        self.actions = actions
+        self.inputs = inputs               # the buffers the recorded run read the graph's inputs from
+        self._outputs = _output_plans(actions, inputs, graph, outputs)
+
+    def __len__(self) -> int:
+        return sum(not isinstance(a, RecordedCheck) for a in self.actions)
+
+    def run(self, arrays: list) -> list:
+        """The graph's outputs for input `arrays` (checked, contiguous), as new numpy arrays."""
+        for buffer, a in zip(self.inputs, arrays):
+            np.copyto(buffer, a)
+        for plan in self._outputs:
+            plan.prepare()
+        for action in self.actions:
+            action()
+        results = []
+        for plan in self._outputs:
+            results.append(plan.result(results))
+        return results
+
+    def disagreement(self, run, probe: list) -> str | None:
+        """Why this replay cannot stand in for `run` (the executor's operator-by-operator path), or None: the
+        outputs of `run(probe)` and of two replays of `probe` must be equal bit for bit (NaN included)."""
+        expected = [np.asarray(a) for a in run(probe)]
+        for attempt in ("a replay", "a second replay"):
+            got = self.run(probe)
+            for k, (e, g) in enumerate(zip(expected, got)):
+                if e.shape != g.shape or e.dtype != g.dtype or not np.array_equal(e, g, equal_nan=e.dtype.kind in "fc"):
+                    return (f"{attempt} on probe inputs gave another output {k} than a run: the host computes part "
+                            "of a run")
+        return None
+
+
+def _output_plans(actions: list, inputs: list, graph, outputs: list) -> list:
+    """Per graph output, how a replay gives it (`_Rebound`, `_Copied`, `_Again`). An output is rebound when
+    every recorded argument that overlaps its memory is exactly its memory, and it shares none with the
+    input buffers, the constants or another output."""
+    uses = [(_extent(v), _Slot(action, i, v)) for action in actions for i, v in enumerate(action.args)
+            if isinstance(v, np.ndarray) and v.nbytes]
+    fixed = [_extent(a) for a in inputs if a.nbytes] + [_extent(t.value) for t in graph.constants if t.nbytes]
+    extents = {id(t): _extent(a) for t, a in zip(graph.outputs, outputs)
+               if not t.is_constant and isinstance(a, np.ndarray) and a.nbytes}
+    plans, first = [], {}
+    for k, (t, a) in enumerate(zip(graph.outputs, outputs)):
+        if id(t) in first:
+            plans.append(_Again(first[id(t)]))
+            continue
+        first[id(t)] = k
+        e = extents.get(id(t))
+        if e is None or not a.flags.c_contiguous:
+            plans.append(_Copied(t.value if t.is_constant else a))
+            continue
+        slots = [slot for extent, slot in uses if _overlap(extent, e)]
+        shared = any(_overlap(x, e) for x in fixed) or any(
+            _overlap(x, e) for tid, x in extents.items() if tid != id(t))
+        exact = all(_extent(s.like) == e and s.like.flags.c_contiguous for s in slots)
+        plans.append(_Rebound(a, slots) if slots and exact and not shared else _Copied(a))
+    return plans
+
+
+def _extent(a) -> tuple:
+    """The byte range [start, end) an array's elements span."""
+    return byte_bounds(np.asarray(a))
+
+
+def _overlap(x: tuple, y: tuple) -> bool:
+    return x[0] < y[1] and y[0] < x[1]

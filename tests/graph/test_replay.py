@@ -1,0 +1,98 @@
+"""cpu launch replay (graph/replay.py): a call issues the recorded launches again; it gives what an
+operator-by-operator run gives, refuses graphs whose runs the host computes part of, and keeps value checks."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import taskdsl as td
+import taskdsl.graph as tg
+from taskdsl.graph import ops, runners
+from taskdsl.graph.ops import Reduce
+
+from . import rand
+
+
+def chain(n: int, m: int):
+    """relu(x @ w + b), its row sums and x itself: a matmul with a fused epilogue, a reduction, an input output."""
+    x = tg.input("x", (n, m))
+    w = tg.constant(rand((m, 5), 3), name="w")
+    b = tg.constant(rand((5,), 4), name="b")
+    y = ops.relu(ops.add(ops.matmul(x, w), b))
+    return tg.Graph([x], [y, ops.sum(y, 1), x, y], name="chain")
+
+
+@settings(max_examples=6, deadline=None)
+@given(n=st.sampled_from([1, 2, 7, 13]), m=st.sampled_from([1, 3, 8, 17]), seed=st.integers(0, 10))
+def test_replay_gives_what_a_run_gives(n, m, seed):
+    """Each call of a replayed graph matches the operator-by-operator run and numpy, with fresh outputs."""
+    g = chain(n, m)
+    cg, run = g.compile("cpu"), g.compile("cpu", replay=False)
+    assert cg.replay.startswith("on (") and run.replay == "off (replay=False)"
+    w, b = (t.value for t in g.constants if t.ndim == 2), (t.value for t in g.constants if t.ndim == 1)
+    w, b = next(w), next(b)
+    first = None
+    for k in range(3):
+        x = rand((n, m), seed + k)
+        got, want = cg(x), run(x)
+        for a, e in zip(got, want):
+            np.testing.assert_array_equal(a, e)
+        np.testing.assert_allclose(got[0], np.maximum(x @ w + b, 0), rtol=1e-5, atol=1e-5)
+        assert got[2] is not x and not np.shares_memory(got[0], got[3])
+        if first is None:
+            first = [a.copy() for a in got], got
+    kept, returned = first
+    for a, e in zip(returned, kept):       # a later call did not write into an earlier call's results
+        np.testing.assert_array_equal(a, e)
+
+
+def test_host_work_turns_replay_off_with_the_reason():
+    """Weights given as a graph input are laid out on the host at every call: no replay, and it says why."""
+    x, w = tg.input("x", (1, 3, 8, 8)), tg.input("w", (4, 3, 3, 3))
+    g = tg.Graph([x, w], [ops.conv2d(x, w, padding=1)])
+    cg = g.compile("cpu")
+    assert cg.replay.startswith("off (the host computed part of a run") and "weights" in cg.replay
+    assert "replay: off" in cg.summary()
+    xs, ws = rand((1, 3, 8, 8), 1), rand((4, 3, 3, 3), 2)
+    want = g.compile("cpu", replay=False)(xs, ws)[0]
+    np.testing.assert_array_equal(cg(xs, ws)[0], want)
+
+
+def test_host_work_nobody_noted_is_caught_by_the_probe(monkeypatch):
+    """A runner that sums on the host without saying so: the replay of the probe disagrees with a run, so
+    replay stays off and calls stay right."""
+    def numpy_sum(op, arrays):
+        return [arrays[0].sum(axis=op.attrs["axes"], keepdims=op.attrs["keepdims"])], []
+    monkeypatch.setitem(runners.RUNNERS, Reduce, numpy_sum)
+    x = tg.input("x", (4, 6))
+    g = tg.Graph([x], [ops.exp(ops.sum(ops.relu(x), 1))])
+    cg = g.compile("cpu")
+    assert cg.replay.startswith("off (a replay on probe inputs gave another output 0 than a run")
+    xs = rand((4, 6), 5)
+    np.testing.assert_allclose(cg(xs)[0], np.exp(np.maximum(xs, 0).sum(1)), rtol=1e-5)
+
+
+def test_replay_keeps_the_value_checks():
+    """gather's index check runs at every replayed call: an index out of range is an IndexError, not a clamp."""
+    table = tg.constant(rand((10, 4), 1), name="table")
+    ids = tg.input("ids", (3,), "i64")
+    g = tg.Graph([ids], [ops.exp(ops.gather(table, ids))])
+    cg = g.compile("cpu")
+    assert cg.replay.startswith("on (")
+    good = np.array([0, 9, -10], np.int64)
+    np.testing.assert_allclose(cg(good)[0], np.exp(table.value[good]), rtol=1e-6)
+    with pytest.raises(IndexError, match="out of range"):
+        cg(np.array([0, 10, 1], np.int64))
+
+
+def test_debug_calls_run_operator_by_operator(monkeypatch):
+    """In debug mode a call takes the operator-by-operator path (with debug kernels), not the replay."""
+    g = chain(3, 4)
+    cg = g.compile("cpu")
+    monkeypatch.setattr(cg._replay, "run", lambda arrays: pytest.fail("replayed in debug mode"))
+    td.debug(True)
+    try:
+        x = rand((3, 4), 2)
+        np.testing.assert_array_equal(cg(x)[0], g.compile("cpu", replay=False)(x)[0])
+    finally:
+        td.debug(False)
