@@ -180,6 +180,9 @@ class CompiledGraph:
         if record.host_reads:
             self.cuda_graph = (f"off (the run read GPU memory back to the host {record.host_reads} time(s): "
                                "work a replay would not redo, such as laying out weights given as a graph input)")
+        elif record.memory_ops:
+            self.cuda_graph = (f"off (the run filled or copied GPU memory outside kernels {record.memory_ops} "
+                               "time(s): work a replay would not redo)")
         elif any(r.host_writes for r in record.launches):
             self.cuda_graph = "off (a kernel wrote to host memory)"
         elif on_host:

@@ -95,6 +95,7 @@ class DeviceArray:
         if array.shape != self._shape or array.dtype != self._dtype:
             raise ValueError(f"copy_from_host needs shape {self._shape} and dtype {self._dtype}, "
                              f"got {array.shape} {array.dtype}")
+        _count_memory_op()
         copy_to_device(self.ptr, array, device_state("DeviceArray.copy_from_host()").stream)
 
     def copy_from(self, array) -> None:
@@ -105,10 +106,12 @@ class DeviceArray:
         if array.shape != self._shape or array.dtype != self._dtype:
             raise ValueError(f"copy_from needs shape {self._shape} and dtype {self._dtype}, "
                              f"got {array.shape} {array.dtype}")
+        _count_memory_op()
         copy_on_device(self.ptr, array.ptr, self.nbytes, device_state("DeviceArray.copy_from()").stream)
 
     def zero(self) -> "DeviceArray":
         """Set every element to zero (in stream order); returns self."""
+        _count_memory_op()
         fill_zero(self.ptr, self.nbytes, device_state("DeviceArray.zero()").stream)
         return self
 
@@ -192,6 +195,14 @@ def carve(arena: DeviceArray, offset: int, shape, dtype) -> DeviceArray:
     from cuda.core import Buffer
     buffer = Buffer.from_handle(arena.ptr + offset, max(nbytes, 1), owner=arena.buffer)
     return DeviceArray(buffer, shape, dtype, arena.device_id, arena._stream_handle)
+
+
+def _count_memory_op() -> None:
+    """Tell a launch recording, if one is on, that memory was filled or copied outside kernels: a CUDA graph of
+    the recorded launches would not redo it."""
+    record = recording_active()
+    if record is not None:
+        record.memory_ops += 1
 
 
 def to_device(array) -> DeviceArray:

@@ -121,3 +121,22 @@ def test_device_arrays_reshape_and_refuse_numpy(simulated_gpu):
     np.testing.assert_array_equal(td.to_device(np.ones(3, np.float32)).zero().numpy(), np.zeros(3, np.float32))
     scalar = td.to_device(np.float32(2.5))           # 0-d stays 0-d (np.ascontiguousarray would make it 1-d)
     assert scalar.shape == () and scalar.numpy() == np.float32(2.5)
+
+
+def test_fills_outside_kernels_turn_replay_off(simulated_gpu, monkeypatch):
+    """A memset between kernels is not a launch: a CUDA graph of the launches would lose it, so none is made."""
+    from taskdsl.graph import runners
+    from taskdsl.graph.ops import Elementwise
+    run_elementwise = runners.RUNNERS[Elementwise]
+
+    def then_zeroed(op, arrays):
+        outs, kernels = run_elementwise(op, arrays)
+        outs[0].zero()
+        return outs, kernels
+
+    monkeypatch.setitem(runners.RUNNERS, Elementwise, then_zeroed)
+    x = tg.input("x", (4, 5))
+    cg = tg.Graph([x], [ops.exp(x)]).compile(target="cuda")
+    assert cg.cuda_graph.startswith("off (the run filled or copied GPU memory outside kernels 1 time(s)")
+    np.testing.assert_array_equal(cg(rand((4, 5), 1))[0], np.zeros((4, 5), np.float32))
+    assert simulated_gpu.replays == 0

@@ -317,6 +317,7 @@ class _Recording:
     def __init__(self):
         self.launches: list = []
         self.host_reads = 0            # copies of device memory back to the host: a replay would not redo them
+        self.memory_ops = 0            # fills and copies into device memory outside kernels: nor these
 
 
 def recording_active() -> _Recording | None:
