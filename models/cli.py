@@ -99,10 +99,10 @@ def print_result(title: str, result) -> None:
           f"({len({id(k) for k in kernels})} distinct kernels), target {cg.target}")
     print(f"  latency: median {result.median_ms:.3f} ms, p90 {result.p90_ms:.3f} ms "
           f"over {len(result.latencies)} iterations")
-    print(f"  {cg.memory.summary()}; arena {cg.arena}")
+    print(f"  {cg.memory.summary()}; arena {cg.arena}; replay {cg.replay}")
     verdict = "ok" if result.ok else f"MISMATCH (tolerance {result.tolerance:.0e})"
     print(f"  max error vs {result.reference}: {result.max_error:.2e} relative, {verdict}")
-    print("  top operators by time (best of one more run):")
+    print("  top operators by time (best of one more run, operator by operator):")
     for line in top_operators(cg.summary(timing=True, repeat=1)):
         print("  " + line)
 

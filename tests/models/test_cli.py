@@ -29,6 +29,7 @@ def test_run_small_model(capsys):
     assert "max error vs onnxruntime" in out and ", ok" in out
     assert "kernel launches" in out and "top operators by time" in out
     assert "peak activation memory" in out and "arena on (" in out and "of host memory)" in out
+    assert "replay on (" in out and "cpu launches replayed)" in out
 
 
 @pytest.mark.parametrize("name", ["resnet50", "mobilenet_v2"])
