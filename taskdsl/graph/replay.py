@@ -84,25 +84,29 @@ def probe_inputs(tensors: list, seed: int = 0) -> list:
 
 @dataclass
 class _Slot:
-    """Where a recorded action reads or writes an output's memory: `action.args[index]`, shaped like `like`."""
+    """Where a recorded action reads or writes an output's memory: `action.args[index]`, an array of this
+    dtype and shape (f16 travels as uint16 bits)."""
 
     action: object
     index: int
-    like: np.ndarray
+    dtype: np.dtype
+    shape: tuple
 
     def bind(self, fresh: np.ndarray) -> None:
-        self.action.args[self.index] = fresh.reshape(-1).view(self.like.dtype).reshape(self.like.shape)
+        self.action.args[self.index] = fresh.reshape(-1).view(self.dtype).reshape(self.shape)
 
 
 @dataclass
 class _Rebound:
-    """An output that the recorded launches alone write, through `slots`: a fresh array a call."""
+    """An output that the recorded launches alone write, through `slots`: a fresh array a call. (Only dtype
+    and shape are kept: the recorded array is freed.)"""
 
-    like: np.ndarray
+    dtype: np.dtype
+    shape: tuple
     slots: list
 
     def prepare(self) -> None:
-        self.fresh = empty_aligned(self.like.shape, self.like.dtype)
+        self.fresh = empty_aligned(self.shape, self.dtype)
         for slot in self.slots:
             slot.bind(self.fresh)
 
@@ -177,8 +181,8 @@ def _output_plans(actions: list, inputs: list, graph, outputs: list) -> list:
     """Per graph output, how a replay gives it (`_Rebound`, `_Copied`, `_Again`). An output is rebound when
     every recorded argument that overlaps its memory is exactly its memory, and it shares none with the
     input buffers, the constants or another output."""
-    uses = [(_extent(v), _Slot(action, i, v)) for action in actions for i, v in enumerate(action.args)
-            if isinstance(v, np.ndarray) and v.nbytes]
+    uses = [(_extent(v), v, _Slot(action, i, v.dtype, v.shape)) for action in actions
+            for i, v in enumerate(action.args) if isinstance(v, np.ndarray) and v.nbytes]
     fixed = [_extent(a) for a in inputs if a.nbytes] + [_extent(t.value) for t in graph.constants if t.nbytes]
     extents = {id(t): _extent(a) for t, a in zip(graph.outputs, outputs)
                if not t.is_constant and isinstance(a, np.ndarray) and a.nbytes}
@@ -192,11 +196,12 @@ def _output_plans(actions: list, inputs: list, graph, outputs: list) -> list:
         if e is None or not a.flags.c_contiguous:
             plans.append(_Copied(t.value if t.is_constant else a))
             continue
-        slots = [slot for extent, slot in uses if _overlap(extent, e)]
+        touching = [(extent, v, slot) for extent, v, slot in uses if _overlap(extent, e)]
         shared = any(_overlap(x, e) for x in fixed) or any(
             _overlap(x, e) for tid, x in extents.items() if tid != id(t))
-        exact = all(_extent(s.like) == e and s.like.flags.c_contiguous for s in slots)
-        plans.append(_Rebound(a, slots) if slots and exact and not shared else _Copied(a))
+        exact = all(extent == e and v.flags.c_contiguous for extent, v, _ in touching)
+        rebound = touching and exact and not shared
+        plans.append(_Rebound(a.dtype, a.shape, [s for _, _, s in touching]) if rebound else _Copied(a))
     return plans
 
 
