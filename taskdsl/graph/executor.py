@@ -43,7 +43,7 @@ from .arena import Arena, Misplaced
 from .graph import Graph, bind_inputs
 from .passes import optimize, pipeline, plan_memory
 from .printer import Namer, format_bytes
-from .replay import CpuReplay, CudaReplay, probe_inputs
+from .replay import CpuReplay, CudaReplay, disagreement, probe_inputs
 
 PROGRESS_MIN_NODES = 20      # smaller graphs compile quickly: no progress bar
 
@@ -191,7 +191,8 @@ class CompiledGraph:
             self.cuda_graph = "off (no kernels to replay)"
         else:
             self._replay = CudaReplay(CudaGraph(record.launches), inputs, outputs)
-            self.cuda_graph = f"on ({len(record.launches)} kernels in one CUDA graph)"
+            why = self._replay_disagreement()
+            self.cuda_graph = f"off ({why})" if why else f"on ({len(record.launches)} kernels in one CUDA graph)"
 
     def _record_cpu(self) -> None:
         """Record the cpu launches of a run on the warm-up inputs as a `CpuReplay` (`self._replay`) where a
@@ -210,15 +211,27 @@ class CompiledGraph:
         if not len(replay):
             self.replay = "off (no kernels to replay)"
             return
+        self._replay = replay
+        why = self._replay_disagreement()
+        self.replay = f"off ({why})" if why else f"on ({len(replay)} cpu launches replayed)"
+
+    def _replay_disagreement(self) -> str | None:
+        """Why `self._replay` cannot stand in for a run (it is then dropped), or None: `replay.disagreement` on
+        probe inputs. It catches host work nobody noted, and on cuda a capture that lost something."""
         try:
-            why = replay.disagreement(self._execute, probe_inputs(self.graph.inputs))
+            why = disagreement(self._execute, self._replayed, probe_inputs(self.graph.inputs))
         except Exception as exc:  # noqa: BLE001 - a probe the graph rejects leaves replay off, not the build broken
             why = f"a run on probe inputs failed: {type(exc).__name__}: {exc}"
         if why:
-            self.replay = f"off ({why})"
-            return
-        self._replay = replay
-        self.replay = f"on ({len(replay)} cpu launches replayed)"
+            self._replay = None
+        return why
+
+    def _replayed(self, arrays: list) -> list:
+        """The outputs of a replay on `arrays`, as new numpy arrays."""
+        outputs = self._replay.run(arrays)
+        if isinstance(self._replay, CpuReplay):
+            return outputs
+        return [a.numpy() if isinstance(a, DeviceArray) else np.array(a) for a in outputs]
 
     def _outputs(self, values: dict, arrays: list) -> list:
         results, seen = [], set()
@@ -242,10 +255,8 @@ class CompiledGraph:
         arrays = bind_inputs(self.graph, args)
         with self._lock, on_target(self.target):
             self._last_inputs = arrays
-            if isinstance(self._replay, CpuReplay) and not debug_enabled():
-                return self._replay.run(arrays)
-            if isinstance(self._replay, CudaReplay):
-                return [a.numpy() if isinstance(a, DeviceArray) else np.array(a) for a in self._replay.run(arrays)]
+            if self._replay is not None and not (self.target == "cpu" and debug_enabled()):
+                return self._replayed(arrays)
             return self._execute(arrays)
 
     def run_on_device(self, *args) -> list:

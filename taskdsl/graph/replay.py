@@ -16,8 +16,8 @@ recorded one out), and calls the operators' value checks (gather's index range) 
 run called them. It is refused, with the reason in `CompiledGraph.replay`, when the host
 computed part of the recorded run (a copy of a non-contiguous operand, a zero fill, packing
 of weights that are not constants: `launch.note_host_work`), and when a run and two
-replays on other inputs (`probe_inputs`) disagree in any bit: the check that catches host
-work nobody noted.
+replays on other inputs (`probe_inputs`) disagree in any bit (`disagreement`): the check that
+catches host work nobody noted. The executor checks a CUDA graph the same way.
 """
 from __future__ import annotations
 
@@ -63,6 +63,18 @@ def record_check(op: Operator, arrays: list) -> None:
     record = recording_active()
     if record is not None and type(op).check_values is not Operator.check_values:
         record.launches.append(RecordedCheck(op, list(arrays)))
+
+
+def disagreement(run, replay, probe: list) -> str | None:
+    """Why a replay cannot stand in for `run` (the executor's operator-by-operator path), or None: the outputs
+    of `run(probe)` and of two `replay(probe)`s (host arrays) must be equal bit for bit (NaN included)."""
+    expected = [np.asarray(a) for a in run(probe)]
+    for attempt in ("a replay", "a second replay"):
+        got = replay(probe)
+        for k, (e, g) in enumerate(zip(expected, got)):
+            if e.shape != g.shape or e.dtype != g.dtype or not np.array_equal(e, g, equal_nan=e.dtype.kind in "fc"):
+                return f"{attempt} on probe inputs gave another output {k} than a run: the host computes part of a run"
+    return None
 
 
 def probe_inputs(tensors: list, seed: int = 0) -> list:
@@ -163,18 +175,6 @@ class CpuReplay:
         for plan in self._outputs:
             results.append(plan.result(results))
         return results
-
-    def disagreement(self, run, probe: list) -> str | None:
-        """Why this replay cannot stand in for `run` (the executor's operator-by-operator path), or None: the
-        outputs of `run(probe)` and of two replays of `probe` must be equal bit for bit (NaN included)."""
-        expected = [np.asarray(a) for a in run(probe)]
-        for attempt in ("a replay", "a second replay"):
-            got = self.run(probe)
-            for k, (e, g) in enumerate(zip(expected, got)):
-                if e.shape != g.shape or e.dtype != g.dtype or not np.array_equal(e, g, equal_nan=e.dtype.kind in "fc"):
-                    return (f"{attempt} on probe inputs gave another output {k} than a run: the host computes part "
-                            "of a run")
-        return None
 
 
 def _output_plans(actions: list, inputs: list, graph, outputs: list) -> list:

@@ -64,12 +64,13 @@ def test_calls_replay_one_cuda_graph(simulated_gpu):
     g = small_net()
     cg = g.compile(target="cuda")
     assert cg.cuda_graph.startswith("on (") and f"{len(cg.kernels)} kernels" in cg.cuda_graph
+    assert simulated_gpu.replays == 2           # compile checked two replays of probe inputs against a run
     launches = len(simulated_gpu.launches)
     for seed in (20, 21, 22):                  # new inputs each time: the graph must read them
         x = rand((2, 3, 9, 9), seed)
         for got, want in zip(cg(x), g.reference(x)):
             assert_close(got, want, rtol=2e-4)
-    assert simulated_gpu.replays == 3 and len(simulated_gpu.launches) == launches   # no eager launch
+    assert simulated_gpu.replays == 2 + 3 and len(simulated_gpu.launches) == launches   # no eager launch
     assert "CUDA graph replay: on" in cg.summary()
 
 
@@ -123,8 +124,8 @@ def test_device_arrays_reshape_and_refuse_numpy(simulated_gpu):
     assert scalar.shape == () and scalar.numpy() == np.float32(2.5)
 
 
-def test_fills_outside_kernels_turn_replay_off(simulated_gpu, monkeypatch):
-    """A memset between kernels is not a launch: a CUDA graph of the launches would lose it, so none is made."""
+def zeroing_exp(monkeypatch):
+    """exp(x) of a graph whose elementwise results are zero-filled (a memset) after their kernel."""
     from taskdsl.graph import runners
     from taskdsl.graph.ops import Elementwise
     run_elementwise = runners.RUNNERS[Elementwise]
@@ -136,7 +137,22 @@ def test_fills_outside_kernels_turn_replay_off(simulated_gpu, monkeypatch):
 
     monkeypatch.setitem(runners.RUNNERS, Elementwise, then_zeroed)
     x = tg.input("x", (4, 5))
-    cg = tg.Graph([x], [ops.exp(x)]).compile(target="cuda")
+    return tg.Graph([x], [ops.exp(x)])
+
+
+def test_fills_outside_kernels_turn_replay_off(simulated_gpu, monkeypatch):
+    """A memset between kernels is not a launch: a CUDA graph of the launches would lose it, so none is made."""
+    cg = zeroing_exp(monkeypatch).compile(target="cuda")
     assert cg.cuda_graph.startswith("off (the run filled or copied GPU memory outside kernels 1 time(s)")
     np.testing.assert_array_equal(cg(rand((4, 5), 1))[0], np.zeros((4, 5), np.float32))
     assert simulated_gpu.replays == 0
+
+
+def test_probe_catches_what_a_capture_lost(simulated_gpu, monkeypatch):
+    """Work nobody counted (the memset, with its count switched off) is caught by replaying probe inputs."""
+    from taskdsl.runtime import device_array
+    monkeypatch.setattr(device_array, "_count_memory_op", lambda: None)
+    cg = zeroing_exp(monkeypatch).compile(target="cuda")
+    assert cg.cuda_graph.startswith("off (a replay on probe inputs gave another output 0 than a run")
+    assert cg.replay == cg.cuda_graph
+    np.testing.assert_array_equal(cg(rand((4, 5), 1))[0], np.zeros((4, 5), np.float32))
