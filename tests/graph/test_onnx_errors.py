@@ -60,8 +60,26 @@ def test_unsupported_output_dtype_and_opset():
     with pytest.raises(UnsupportedOnnxError, match="data type BFLOAT16 is not supported"):
         tg.from_onnx(make_model([n("Relu", ["x"], ["y"])], [("x", [2], TensorProto.BFLOAT16)],
                                 [("y", [2], TensorProto.BFLOAT16)]))
-    with pytest.raises(UnsupportedOnnxError, match="opset 9 is not supported.*version_converter"):
-        tg.from_onnx(make_model([n("Relu", ["x"], ["y"])], [("x", [2])], [("y", [2])], opset=9))
+    with pytest.raises(UnsupportedOnnxError, match="opset 29 is not supported.*version_converter"):
+        tg.from_onnx(unchecked_model(n("Relu", ["x"], ["y"]), opset=29))
+
+
+def unchecked_model(node, opset: int):
+    """A one-node model over a float vector x -> y, not run through onnx's checker (which would refuse it)."""
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def test_models_before_opset_11_are_converted():
+    """An opset-9 model goes through onnx's version converter (with a warning) and computes what it says; a model
+    the converter cannot take is refused with the converter's reason."""
+    with pytest.warns(UserWarning, match="opset 9 predates opset 11; it was converted to opset 13"):
+        g = tg.from_onnx(make_model([n("Relu", ["x"], ["y"])], [("x", [2, 3])], [("y", [2, 3])], opset=9))
+    x = np.array([[-1.5, 2.0, 0.0], [3.0, -0.25, 1.0]], np.float32)
+    np.testing.assert_array_equal(g(x)[0], np.maximum(x, 0))
+    with pytest.raises(UnsupportedOnnxError, match="opset 9 is not supported.*could not convert"):
+        tg.from_onnx(unchecked_model(n("NoSuchOp", ["x"], ["y"]), opset=9))
 
 
 def test_malformed_models():

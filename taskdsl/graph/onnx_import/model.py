@@ -9,9 +9,11 @@ raises OnnxImportError; no partial graph is ever returned.
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
 import onnx
+from onnx import version_converter
 
 from ..graph import Graph, topological_nodes
 from ..tensor import constant
@@ -22,6 +24,7 @@ from .node import CONVERTERS, Node, dtype_of, to_array
 
 MIN_OPSET = 11
 MAX_OPSET = 28   # 22-28 change the supported operators only by new data types (and attributes for them)
+CONVERTED_OPSET = 13     # a model before MIN_OPSET is converted to this one by onnx's version converter
 
 
 def load_model(model_or_path) -> onnx.ModelProto:
@@ -46,9 +49,27 @@ def model_opset(model: onnx.ModelProto) -> int:
     opset = versions[0]
     if not MIN_OPSET <= opset <= MAX_OPSET:
         raise UnsupportedOnnxError(f"opset {opset} is not supported: the importer reads opsets "
-                                   f"{MIN_OPSET}-{MAX_OPSET}; "
-                                   "convert the model with onnx.version_converter.convert_version(model, 17)")
+                                   f"{MIN_OPSET}-{MAX_OPSET} (and converts older ones); "
+                                   f"convert the model with onnx.version_converter.convert_version(model, {MAX_OPSET})")
     return opset
+
+
+def converted_if_old(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model`, or where its opset is before MIN_OPSET, the model onnx's version converter makes of it for
+    CONVERTED_OPSET (with a warning saying so); UnsupportedOnnxError where the converter cannot."""
+    versions = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    if not versions or versions[0] >= MIN_OPSET:
+        return model
+    try:
+        converted = version_converter.convert_version(model, CONVERTED_OPSET)
+    except Exception as e:  # noqa: BLE001 - the converter raises RuntimeError, ValidationError, ...
+        raise UnsupportedOnnxError(
+            f"opset {versions[0]} is not supported: the importer reads opsets {MIN_OPSET}-{MAX_OPSET}, and "
+            f"onnx.version_converter could not convert the model to opset {CONVERTED_OPSET}: "
+            f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}") from e
+    warnings.warn(f"from_onnx: the model's opset {versions[0]} predates opset {MIN_OPSET}; it was converted to "
+                  f"opset {CONVERTED_OPSET} with onnx.version_converter", stacklevel=3)
+    return converted
 
 
 def _input_shape(vi: onnx.ValueInfoProto, shapes: dict) -> tuple:
@@ -134,7 +155,7 @@ def _check_output(vi: onnx.ValueInfoProto, t) -> None:
 
 def from_onnx(model_or_path, shapes: dict | None = None, constants: dict | None = None) -> Graph:
     """The Graph of an ONNX model; `shapes` fixes input shapes, `constants` fixes input values (e.g. shape inputs)."""
-    model = load_model(model_or_path)
+    model = converted_if_old(load_model(model_or_path))
     opset = model_opset(model)
     try:
         onnx.checker.check_model(model)
