@@ -6,7 +6,7 @@ task mappings, and run them on the cpu target (numba) or compile them to CUDA (N
 from .compute import Tensor, compute, placeholder, reduce
 from .errors import DSLError, SourceLoc
 from .frontend.decorators import func, kernel
-from .ir.types import bf16, boolean, f16, f32, f64, i8, i16, i32, i64, u8, u32, u64
+from .ir.types import bf16, boolean, f16, f32, f64, i8, i16, i32, i64, u8, u16, u32, u64
 from .lang import *  # noqa: F401,F403 - the kernel language: threadIdx, shared, syncthreads, exp, ...
 from .lang import cdiv, warp_size
 from .mapping import TaskMapping, repeat, spatial

@@ -6,7 +6,7 @@ in shared memory, and after a barrier reads a neighbour's value `w` (through a r
 permutation of the threads); then it adds several random expressions to its outputs.
 Expressions mix i32, u32, i64 and u64 values (`a`, `b`: i32; `c`: u32; `d`: i64; `e`: u64)
 and narrower ones (`f`: u8; `g`: i8; `h`: i16, which compute as i32), typed constants
-(`u64(7)`, `u8(-9)`) and plain literals, with `+ - * // % & | ^ << >> ~`, unary minus,
+(`u64(7)`, `u8(-9)`, `u16(-3)`) and plain literals, with `+ - * // % & | ^ << >> ~`, unary minus,
 `abs`, `min`, `max`, casts, comparisons, `and`/`or`/`not` and conditional expressions.
 
 The oracle is an interpreter of the typing rules the DSL reference states (C promotion,
@@ -30,8 +30,8 @@ from .program_files import exchange_kernel, expression_source
 GPU_TWINS = True   # every example also runs as a @gpu twin on the cuda target (conftest.py)
 
 THREADS, LOOP, EXPRESSIONS = 64, 3, 6
-TYPES = {"i8": (8, True), "u8": (8, False), "i16": (16, True), "i32": (32, True), "u32": (32, False), "i64": (64, True),
-         "u64": (64, False)}
+TYPES = {"i8": (8, True), "u8": (8, False), "i16": (16, True), "u16": (16, False), "i32": (32, True), "u32": (32, False),
+         "i64": (64, True), "u64": (64, False)}
 VARIABLES = {"t": "i32", "i": "i32", "a": "i32", "b": "i32", "w": "i32", "c": "u32", "d": "i64", "e": "u64",
              "f": "u8", "g": "i8", "h": "i16"}
 
@@ -170,7 +170,7 @@ def build_kernel(shared: tuple, trees: list, step: int, shift: int):
     params = (f"A: i32[{n}], B: i32[{n}], C: u32[{n}], D: i64[{n}], E: u64[{n}], "
               f"F: u8[{n}], G: i8[{n}], H: i16[{n}], OUT: u64[{len(trees)}, {n}]")
     stores = "\n".join(f"        OUT[{k}, t] += {expression_source(tree)}" for k, tree in enumerate(trees))
-    return exchange_kernel("random_program", "i8, i16, i32, i64, u8, u32, u64", params,
+    return exchange_kernel("random_program", "i8, i16, i32, i64, u8, u16, u32, u64", params,
                            "a, b, c, d, e, f, g, h = A[t], B[t], C[t], D[t], E[t], F[t], G[t], H[t]", "i32",
                            shared, stores, step, shift, n, LOOP)
 

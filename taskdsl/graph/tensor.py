@@ -17,7 +17,7 @@ from ..ir import types as T
 from ..runtime.arrays import contiguous
 
 _NAMES = {"float16": T.f16, "half": T.f16, "bfloat16": T.bf16, "float32": T.f32, "float": T.f32, "float64": T.f64,
-          "double": T.f64, "int8": T.i8, "int16": T.i16, "int32": T.i32, "int64": T.i64, "uint8": T.u8,
+          "double": T.f64, "int8": T.i8, "int16": T.i16, "int32": T.i32, "int64": T.i64, "uint8": T.u8, "uint16": T.u16,
           "uint32": T.u32, "uint64": T.u64, "bool": T.boolean}
 
 

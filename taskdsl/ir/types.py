@@ -99,20 +99,24 @@ i16 = DataType("i16", "int", 16, "short")
 i32 = DataType("i32", "int", 32, "int")
 i64 = DataType("i64", "int", 64, "long long")
 u8 = DataType("u8", "uint", 8, "unsigned char")
+u16 = DataType("u16", "uint", 16, "unsigned short")
 u32 = DataType("u32", "uint", 32, "unsigned int")
 u64 = DataType("u64", "uint", 64, "unsigned long long")
 boolean = DataType("bool", "bool", 8, "bool")
 
 _NARROW_FORMATS = {"f16": (10, 15, 31), "bf16": (7, 127, 255)}    # mantissa bits, exponent bias, all-ones exponent
 _NUMPY_NAMES = {"f16": "float16", "bf16": "uint16", "f32": "float32", "f64": "float64", "i8": "int8",
-                "i16": "int16", "i32": "int32", "i64": "int64", "u8": "uint8", "u32": "uint32",
+                "i16": "int16", "i32": "int32", "i64": "int64", "u8": "uint8", "u16": "uint16", "u32": "uint32",
                 "u64": "uint64", "bool": "bool"}
-ALL_DTYPES = (f16, bf16, f32, f64, i8, i16, i32, i64, u8, u32, u64, boolean)
+ALL_DTYPES = (f16, bf16, f32, f64, i8, i16, i32, i64, u8, u16, u32, u64, boolean)
 
 
 def from_numpy(dtype) -> DataType:
-    """The DataType of a numpy dtype; TypeError for dtypes the DSL has no type for."""
+    """The DataType of a numpy dtype (ml_dtypes' bfloat16 is bf16; uint16 is u16, not bf16's bits); TypeError
+    for dtypes the DSL has no type for."""
     dtype = np.dtype(dtype)
+    if dtype.name == "bfloat16":
+        return bf16
     for t in ALL_DTYPES:
         if t.name != "bf16" and t.numpy == dtype:
             return t

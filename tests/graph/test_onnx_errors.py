@@ -57,9 +57,9 @@ def test_unsupported_output_dtype_and_opset():
     with pytest.raises(UnsupportedOnnxError, match="MaxPool.*Indices"):
         tg.from_onnx(make_model([n("MaxPool", ["x"], ["y", "i"], kernel_shape=[2])], [("x", [1, 1, 4])],
                                 [("y", [1, 1, 3]), ("i", [1, 1, 3], TensorProto.INT64)]))
-    with pytest.raises(UnsupportedOnnxError, match="data type BFLOAT16 is not supported"):
-        tg.from_onnx(make_model([n("Relu", ["x"], ["y"])], [("x", [2], TensorProto.BFLOAT16)],
-                                [("y", [2], TensorProto.BFLOAT16)]))
+    with pytest.raises(UnsupportedOnnxError, match="data type FLOAT8E4M3FN is not supported"):
+        tg.from_onnx(make_model([n("Cast", ["x"], ["y"], to=TensorProto.FLOAT)], [("x", [2], TensorProto.FLOAT8E4M3FN)],
+                                [("y", [2])]))
     with pytest.raises(UnsupportedOnnxError, match="opset 29 is not supported.*version_converter"):
         tg.from_onnx(unchecked_model(n("Relu", ["x"], ["y"]), opset=29))
 

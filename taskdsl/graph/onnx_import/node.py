@@ -128,7 +128,8 @@ def _graph_inputs_of(t: Tensor) -> list:
 ONNX_DTYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.DOUBLE: "float64",
                onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.INT8: "int8", onnx.TensorProto.INT16: "int16",
                onnx.TensorProto.INT32: "int32", onnx.TensorProto.INT64: "int64", onnx.TensorProto.UINT8: "uint8",
-               onnx.TensorProto.UINT32: "uint32", onnx.TensorProto.UINT64: "uint64", onnx.TensorProto.BOOL: "bool"}
+               onnx.TensorProto.UINT16: "uint16", onnx.TensorProto.UINT32: "uint32", onnx.TensorProto.UINT64: "uint64",
+               onnx.TensorProto.BOOL: "bool", onnx.TensorProto.BFLOAT16: "bfloat16"}
 
 
 def dtype_of(elem_type: int, what: str) -> str:
