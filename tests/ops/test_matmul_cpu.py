@@ -26,13 +26,14 @@ POINTS = [cpu.default_point(unit=vectors.AVX512), cpu.default_point(unit=vectors
           cpu.default_point(unit=vectors.AVX512, n=96), cpu.default_point(unit=vectors.AVX2, n=16)]
 
 
-def _run(p, a, b, split=1, dtype=td.f32, packed_b=False, transposed_a=False):
+def _run(p, a, b, split=1, dtype=td.f32, packed_b=False, transposed_a=False, copy_a=False):
     """C = a @ b for 2-D operands through the template kernel at point `p` (split-k partials summed; with
-    `packed_b`, the kernel that reads B as `pack_b` packs it; with `transposed_a`, the one reading a.T)."""
+    `packed_b`, the kernel that reads B as `pack_b` packs it; with `transposed_a`, the one reading a.T, which
+    `copy_a` copies block by block)."""
     out_dtype = td.f32 if split > 1 else dtype
     c = np.full((split, a.shape[0], b.shape[1]), np.nan, out_dtype.numpy)    # every element must be written
     operand = cpu.pack_b(p, b[None]) if packed_b else b[None]
-    kernel = cpu.tile_matmul_kernel(p, dtype, out_dtype, packed_b, transposed_a)
+    kernel = cpu.tile_matmul_kernel(p, dtype, out_dtype, packed_b, transposed_a, copy_a)
     kernel(np.ascontiguousarray(a.T)[None] if transposed_a else a[None], operand, c,
            simt.batch_index((), (), (), split), split)
     return c.sum(axis=0, dtype=np.float64)
@@ -95,11 +96,13 @@ def test_the_host_vector_unit_follows_numbas_cpu_and_the_cap(monkeypatch):
     vectors.host.cache_clear()       # the next test's host() is the real one again (monkeypatch undoes config)
 
 
-# (packed_b, transposed_a) per point: the variants the graph ops use (matmul, linear, NCHW conv), and for the
-# small point the fourth, which only users call (each variant of a point is a compile of a big unrolled kernel)
-GRAPH_VARIANTS = [(False, False), (True, False), (True, True)]
-PACKED_VARIANTS = [(True, False), (True, True)]      # linear and NCHW convolutions by constant weights
-VARIANTS = [GRAPH_VARIANTS, GRAPH_VARIANTS, GRAPH_VARIANTS + [(False, True)], PACKED_VARIANTS, PACKED_VARIANTS]
+# (packed_b, transposed_a, copy_a) per point: the variants the graph ops use (matmul, linear, NCHW conv; those
+# of many pixels copy A, `matmul_cpu.copies_a`), and for the small point the one only users call (each variant
+# of a point is a compile of a big unrolled kernel)
+GRAPH_VARIANTS = [(False, False, False), (True, False, False), (True, True, False), (True, True, True)]
+PACKED_VARIANTS = [(True, False, False), (True, True, False)]      # linear and NCHW convolutions by constant weights
+VARIANTS = [GRAPH_VARIANTS, GRAPH_VARIANTS[:3], GRAPH_VARIANTS + [(False, True, True)], PACKED_VARIANTS,
+            PACKED_VARIANTS]
 
 
 @pytest.mark.parametrize("point, variants", [pytest.param(p, v, id="x".join(map(str, p.block)) + "_m" + "x".join(map(str, p.micro)))
@@ -108,11 +111,11 @@ VARIANTS = [GRAPH_VARIANTS, GRAPH_VARIANTS, GRAPH_VARIANTS + [(False, True)], PA
 @given(m=DIMS, n=DIMS, k=DIMS, split=st.sampled_from([1, 1, 3]), data=st.data(), seed=st.integers(0, 2**16))
 def test_template_points_on_cpu(point, variants, m, n, k, split, data, seed):
     td.set_target("cpu")
-    packed_b, transposed_a = data.draw(st.sampled_from(variants), label="(packed_b, transposed_a)")
+    packed_b, transposed_a, copy_a = data.draw(st.sampled_from(variants), label="(packed_b, transposed_a, copy_a)")
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
-    np.testing.assert_allclose(_run(point, a, b, split, packed_b=packed_b, transposed_a=transposed_a),
+    np.testing.assert_allclose(_run(point, a, b, split, packed_b=packed_b, transposed_a=transposed_a, copy_a=copy_a),
                                a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
 
 
@@ -180,9 +183,18 @@ def test_the_cpu_plans_use_this_template_and_split_only_long_k():
     assert gemm.choose_split(point, 8, 1024, 1024, 1 << 16, "cpu", gemm.CPU_TILE) == 1
 
 
+def test_plans_copy_a_transposed_a_of_many_rows():
+    """An A-transposed kernel copies A block by block from M = COPY_A_ROWS on (3x3 convolutions of 28x28 pixels
+    and more), and reads it in place below; a plain A is always read in place."""
+    for m, copied in ((cpu.COPY_A_ROWS - 1, False), (cpu.COPY_A_ROWS, True), (3136, True)):
+        p = gemm.plan((1, m, 64), (1, 64, 64), td.f32, "cpu")
+        assert p.kernel(packed_b=True, transposed_a=True).name.endswith("_at_copied") == copied
+        assert not p.kernel(packed_b=True).name.endswith("_copied")
+
+
 def test_every_point_compiles_with_nvrtc():
     """The kernels are ordinary DSL kernels: every point builds for sm_80 and sm_90 (one program per arch). The
-    packed-B and A-transposed variants change only the operands' addressing: eight points of each."""
+    packed-B, A-transposed and A-copying variants change only the operands' addressing: eight points of each."""
     a = np.zeros((1, 64, 64), np.float32)
     index = np.zeros((1, 2), np.int32)
     points = cpu.space().points()
@@ -190,6 +202,7 @@ def test_every_point_compiles_with_nvrtc():
     kernels += [(cpu.tile_matmul_kernel(p, td.f32, td.f32, True), cpu.pack_b(p, a)) for p in points[:8]]
     kernels += [(cpu.tile_matmul_kernel(p, td.f32, td.f32, False, True), a) for p in points[:8]]   # the A-transposed
     kernels += [(cpu.tile_matmul_kernel(p, td.f32, td.f32, True, True), cpu.pack_b(p, a)) for p in points[:8]]
+    kernels += [(cpu.tile_matmul_kernel(p, td.f32, td.f32, True, True, True), cpu.pack_b(p, a)) for p in points[:8]]
     unit = combine_sources([k.source(a, b, a, index, 1, target="cuda") for k, b in kernels])
     for arch in ("sm_80", "sm_90"):
         cubin = compile_cubin(unit, arch, "tile_space", fast=True)
