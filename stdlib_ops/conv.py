@@ -300,15 +300,15 @@ def direct_kernel(dtype) -> td.Kernel:
                 width = min(DIRECT_CHUNK, OW - start)
                 for j in range(DIRECT_CHUNK):
                     acc[j] = 0.0
-                for c in range(CG):
-                    for kh in range(KH):
-                        ih = oh * conv_sh - conv_pt + kh * conv_dh
-                        if ih >= 0 and ih < H:
-                            for kw in range(KW):
+                for kw in range(KW):     # a column tap's range of outputs first: two divisions, not one a tap
+                    offset = start * conv_sw + kw * conv_dw - conv_pl     # iw = j * stride + offset
+                    first = max(0, -offset) if conv_sw == 1 else max(0, -(offset // conv_sw))
+                    end = min(width, max(first, W - offset if conv_sw == 1 else -((offset - W) // conv_sw)))
+                    for c in range(CG):
+                        for kh in range(KH):
+                            ih = oh * conv_sh - conv_pt + kh * conv_dh
+                            if ih >= 0 and ih < H:
                                 tap = Wt[o, c, kh, kw]
-                                offset = start * conv_sw + kw * conv_dw - conv_pl     # iw = j * stride + offset
-                                first = max(0, -(offset // conv_sw))
-                                end = min(width, max(first, -((offset - W) // conv_sw)))
                                 for j in range(first, end):
                                     acc[j] += tap * X[n, group_base + c, ih, j * conv_sw + offset]
                 for j in range(width):
