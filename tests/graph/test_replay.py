@@ -96,3 +96,19 @@ def test_debug_calls_run_operator_by_operator(monkeypatch):
         np.testing.assert_array_equal(cg(x)[0], g.compile("cpu", replay=False)(x)[0])
     finally:
         td.debug(False)
+
+
+@pytest.mark.parametrize("options", [dict(arena=False), dict(passes=[]), dict(channels_last=True)])
+def test_replay_under_other_build_options(options):
+    """Without the arena (every activation its own array), without any pass (views of constants, unfused
+    operators) and with the NHWC layout pass, replayed calls still match numpy on new inputs."""
+    x = tg.input("x", (1, 3, 6, 6))
+    w = tg.constant(rand((4, 3, 3, 3), 7), name="w")
+    y = ops.relu(ops.conv2d(x, w, padding=1))
+    g = tg.Graph([x], [ops.reshape(y, (4, 36)), ops.sum(y, (2, 3)), ops.reshape(w, (4, 27))], name="conv")
+    cg = g.compile("cpu", **options)
+    assert cg.replay.startswith("on (")
+    for seed in (1, 2):
+        xs = rand((1, 3, 6, 6), seed)
+        for got, want in zip(cg(xs), g.reference(xs)):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
