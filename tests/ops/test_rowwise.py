@@ -27,6 +27,18 @@ def test_softmax_and_log_softmax(schedule, shape, seed):
 
 @pytest.mark.parametrize("schedule", ["block", "thread"])
 @settings(max_examples=5, deadline=None)
+@given(shape=SHAPES, seed=st.integers(0, 1000), masked=st.floats(0.0, 1.0))
+def test_softmax_of_masked_rows(schedule, shape, seed, masked):
+    """Rows where an attention mask took a fraction of the scores 1e4 down (their exps far below float32's
+    smallest subnormal): those weights are 0, the rest a softmax of their own."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape).astype(np.float32)
+    x[rng.random(shape) < masked] -= np.float32(1e4)
+    np.testing.assert_allclose(softmax_rows(x, schedule=schedule), _softmax(x), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("schedule", ["block", "thread"])
+@settings(max_examples=5, deadline=None)
 @given(shape=SHAPES, seed=st.integers(0, 1000))
 def test_layer_norm(schedule, shape, seed):
     rng = np.random.default_rng(seed)
