@@ -103,6 +103,13 @@ REDUCTIONS = {"ReduceSum": "sum", "ReduceMean": "mean", "ReduceMax": "max", "Red
 AXES_INPUT_SINCE = {"ReduceSum": 13}       # the others take axes as an input from opset 18
 
 
+@converts("ArgMax", "ArgMin", attrs=("axis", "keepdims", "select_last_index"))
+def arg_reduce(node: Node) -> list:
+    """ArgMax / ArgMin: int64 indices along one axis, the first extreme or (select_last_index) the last."""
+    fn = ops.argmax if node.op_type == "ArgMax" else ops.argmin
+    return [fn(node.input(0), int(node.attr("axis", 0)), node.flag("keepdims", 1), node.flag("select_last_index"))]
+
+
 @converts(*REDUCTIONS, attrs=("axes", "keepdims", "noop_with_empty_axes"))
 def reduce(node: Node) -> list:
     """Reduce* with axes as an attribute or (opset 13 for ReduceSum, 18 for the others) an input."""

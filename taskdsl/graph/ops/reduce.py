@@ -1,12 +1,15 @@
 """Reductions over any axes: sum, mean, max, min, prod (keepdims optional), and global average pooling."""
 from __future__ import annotations
 
+import math
+
 from ...compute import compute
 from ...compute import reduce as reduction
-from ...ir import Cast
+from ...ir import Cast, Select, binary, const
 from ...ir import types as T
 from ..operator import Operator, dims
 from .axes import normalize_axes
+from .transform import reshape
 
 REDUCTIONS = ("sum", "mean", "max", "min", "prod")
 
@@ -105,3 +108,85 @@ def global_max_pool(x):
     if x.ndim < 3:
         raise ValueError(f"global_max_pool needs an (N, C, spatial...) tensor, got shape {x.shape}")
     return _reduce("max", x, tuple(range(2, x.ndim)), True)
+
+
+ARG_REDUCTIONS = {"argmax": "max", "argmin": "min"}
+
+
+class ArgReduce(Operator):
+    """The int64 index of the largest (argmax) / smallest (argmin) element along `axis`: the first one, or with
+    `select_last_index` the last; NaN counts as the extreme, as in numpy. attrs: op, axis, keepdims,
+    select_last_index."""
+
+    kind_attr = "op"
+    generic = True
+
+    @property
+    def kind(self) -> str:
+        return self.attrs["op"]
+
+    def check(self):
+        x, op = self.inputs[0], self.attrs["op"]
+        if len(self.inputs) != 1:
+            raise TypeError(f"{op} takes one input, got {len(self.inputs)}")
+        if op not in ARG_REDUCTIONS:
+            raise ValueError(f"unknown arg reduction {op!r}; use argmax or argmin")
+        if x.ndim == 0:
+            raise ValueError(f"{op} needs a tensor with at least one axis")
+        (self.attrs["axis"],) = normalize_axes(self.attrs["axis"], x.ndim, op)
+        if x.shape[self.attrs["axis"]] == 0:
+            raise ValueError(f"{op} over an empty axis {self.attrs['axis']} of shape {x.shape} has no index")
+
+    def define(self, x):
+        shape, axis, keepdims = dims(x), self.attrs["axis"], self.attrs["keepdims"]
+        out_shape = reduced_shape(shape, (axis,), keepdims)
+        n, last = shape[axis], self.attrs["select_last_index"]
+
+        def element(ix, k):
+            kept = list(ix)
+            if keepdims:
+                kept.pop(axis)
+            return x[tuple(kept[:axis]) + (k,) + tuple(kept[axis:])]
+
+        value_dtype = T.i32 if x.dtype.is_bool else x.dtype
+        extreme = reduction(f"{self.kind}_value", out_shape, (n,),
+                            lambda *ix: _as(element(ix[:-1], ix[-1]), value_dtype), op=ARG_REDUCTIONS[self.kind],
+                            dtype=value_dtype)
+
+        def position(*ix):
+            out, k = ix[:-1], ix[-1]
+            v, e = _as(element(out, k), value_dtype), extreme[out]
+            hit = binary("==", v, e)
+            if value_dtype.is_float:      # NaN is the extreme: max / min propagate it, and it equals itself here
+                hit = binary("or", hit, binary("and", binary("!=", v, v), binary("!=", e, e)))
+            k64 = Cast(k, T.i64)
+            miss = const(-1, T.i64) if last else const(n, T.i64) if isinstance(n, int) else _as(n, T.i64)
+            return Select(hit, k64, miss, T.i64)
+
+        return [reduction(self.kind, out_shape, (n,), position, op="max" if last else "min", dtype=T.i64)]
+
+
+def _as(value, dtype: T.DataType):
+    return value if value.dtype == dtype else Cast(value, dtype)
+
+
+def argmax(x, axis: int = 0, keepdims: bool = False, select_last_index: bool = False):
+    """The int64 index of the first (or last) largest element along `axis`."""
+    return _arg_reduce("argmax", x, axis, keepdims, select_last_index)
+
+
+def argmin(x, axis: int = 0, keepdims: bool = False, select_last_index: bool = False):
+    """The int64 index of the first (or last) smallest element along `axis`."""
+    return _arg_reduce("argmin", x, axis, keepdims, select_last_index)
+
+
+def _arg_reduce(op: str, x, axis: int, keepdims: bool, last: bool):
+    """ArgReduce over the middle axis of x viewed as (outer, axis, inner), reshaped back: every axis and rank
+    shares one pair of kernels (a reshape is a view)."""
+    if x.ndim == 0:
+        raise ValueError(f"{op} needs a tensor with at least one axis")
+    (axis,) = normalize_axes(axis, x.ndim, op)
+    outer, inner = math.prod(x.shape[:axis]), math.prod(x.shape[axis + 1:])
+    view = reshape(x, (outer, x.shape[axis], inner))
+    y = ArgReduce([view], {"op": op, "axis": 1, "keepdims": True, "select_last_index": bool(last)}).outputs[0]
+    return reshape(y, reduced_shape(x.shape, (axis,), keepdims))
