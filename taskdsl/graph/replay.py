@@ -108,8 +108,19 @@ class _Slot:
         self.action.args[self.index] = fresh.reshape(-1).view(self.dtype).reshape(self.shape)
 
 
+class _Output:
+    """How a replay gives one graph output: `prepare` before the launches, `result` after them (given the
+    results of the outputs before it)."""
+
+    def prepare(self) -> None:
+        pass
+
+    def result(self, earlier: list) -> np.ndarray:
+        raise NotImplementedError
+
+
 @dataclass
-class _Rebound:
+class _Rebound(_Output):
     """An output that the recorded launches alone write, through `slots`: a fresh array a call. (Only dtype
     and shape are kept: the recorded array is freed.)"""
 
@@ -127,26 +138,20 @@ class _Rebound:
 
 
 @dataclass
-class _Copied:
+class _Copied(_Output):
     """An output copied after the launches: recorded memory others share, or a constant's value."""
 
     value: object
-
-    def prepare(self) -> None:
-        pass
 
     def result(self, earlier: list) -> np.ndarray:
         return np.array(self.value)
 
 
 @dataclass
-class _Again:
+class _Again(_Output):
     """An output that is an earlier output's tensor again: a copy of that result."""
 
     index: int
-
-    def prepare(self) -> None:
-        pass
 
     def result(self, earlier: list) -> np.ndarray:
         return np.array(earlier[self.index])

@@ -121,8 +121,8 @@ def test_template_points_on_cpu(point, variants, m, n, k, split, data, seed):
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
-    np.testing.assert_allclose(_run(point, a, b, split, packed_b=packed_b, transposed_a=transposed_a, copy_a=copy_a),
-                               a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+    got = _run(point, a, b, split, packed_b=packed_b, transposed_a=transposed_a, copy_a=copy_a)
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
 
 
 @settings(max_examples=10, deadline=None)

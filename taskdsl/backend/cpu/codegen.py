@@ -39,8 +39,9 @@ _F32_MATH = {"erf": "rt.erf_f32", "tanh": "rt.tanh_f32", "exp": "rt.exp_f32",   
              "sigmoid": "rt.sigmoid_f32"}                                            # (support.py)
 # Python's max / min on floats depend on the argument order when one is a NaN; these keep it
 _FLOAT_MATH = {"max": "rt.fmax", "min": "rt.fmin"}
-_NP_TYPES = {"f16": "np.uint16", "bf16": "np.uint16", "f32": "np.float32", "f64": "np.float64", "i8": "np.int8", "i16": "np.int16", "i32": "np.int32",
-             "i64": "np.int64", "u8": "np.uint8", "u16": "np.uint16", "u32": "np.uint32", "u64": "np.uint64", "bool": "np.bool_"}
+_NP_TYPES = {"f16": "np.uint16", "bf16": "np.uint16", "f32": "np.float32", "f64": "np.float64", "i8": "np.int8",
+             "i16": "np.int16", "i32": "np.int32", "i64": "np.int64", "u8": "np.uint8", "u16": "np.uint16",
+             "u32": "np.uint32", "u64": "np.uint64", "bool": "np.bool_"}
 _PY_OPS = {"and": "and", "or": "or"}
 
 

@@ -41,33 +41,38 @@ def load_model(model_or_path) -> onnx.ModelProto:
         raise OnnxImportError(f"cannot read an ONNX model from {str(model_or_path)[:80]!r}: {e}") from e
 
 
+def _default_domain_opset(model: onnx.ModelProto) -> int | None:
+    """The version of the default ONNX domain the model imports, or None."""
+    versions = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    return versions[0] if versions else None
+
+
 def model_opset(model: onnx.ModelProto) -> int:
     """The model's default-domain opset version (UnsupportedOnnxError outside MIN_OPSET..MAX_OPSET)."""
-    versions = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
-    if not versions:
+    opset = _default_domain_opset(model)
+    if opset is None:
         raise OnnxImportError("the model imports no version of the default ONNX domain (opset_import)")
-    opset = versions[0]
     if not MIN_OPSET <= opset <= MAX_OPSET:
         raise UnsupportedOnnxError(f"opset {opset} is not supported: the importer reads opsets "
-                                   f"{MIN_OPSET}-{MAX_OPSET} (and converts older ones); "
-                                   f"convert the model with onnx.version_converter.convert_version(model, {MAX_OPSET})")
+                                   f"{MIN_OPSET}-{MAX_OPSET} (and converts older ones); convert the model "
+                                   f"with onnx.version_converter.convert_version(model, {MAX_OPSET})")
     return opset
 
 
 def converted_if_old(model: onnx.ModelProto) -> onnx.ModelProto:
     """`model`, or where its opset is before MIN_OPSET, the model onnx's version converter makes of it for
     CONVERTED_OPSET (with a warning saying so); UnsupportedOnnxError where the converter cannot."""
-    versions = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
-    if not versions or versions[0] >= MIN_OPSET:
+    opset = _default_domain_opset(model)
+    if opset is None or opset >= MIN_OPSET:
         return model
     try:
         converted = version_converter.convert_version(model, CONVERTED_OPSET)
     except Exception as e:  # noqa: BLE001 - the converter raises RuntimeError, ValidationError, ...
         raise UnsupportedOnnxError(
-            f"opset {versions[0]} is not supported: the importer reads opsets {MIN_OPSET}-{MAX_OPSET}, and "
+            f"opset {opset} is not supported: the importer reads opsets {MIN_OPSET}-{MAX_OPSET}, and "
             f"onnx.version_converter could not convert the model to opset {CONVERTED_OPSET}: "
             f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}") from e
-    warnings.warn(f"from_onnx: the model's opset {versions[0]} predates opset {MIN_OPSET}; it was converted to "
+    warnings.warn(f"from_onnx: the model's opset {opset} predates opset {MIN_OPSET}; it was converted to "
                   f"opset {CONVERTED_OPSET} with onnx.version_converter", stacklevel=3)
     return converted
 
