@@ -323,9 +323,9 @@ def direct_kernel(dtype) -> td.Kernel:
     return conv_direct_rows
 
 
-PLANE = 4096                # floats of the phase planes `plane_kernel` copies its input to (the sums take as many)
-SPAN_ALIGN = 32             # the taps' loops run to a multiple of this: whole vector iterations, no scalar tail
-LONG_ROW = 48               # stride-1 output rows at least this long run `direct_kernel`
+PLANE = 16384               # floats of the phase planes `plane_kernel` copies its input to (the sums take as many)
+STRIDED_PLANE = 4096        # a strided convolution's phase planes take at most this (see `uses_plane`)
+SPAN_ALIGN = 64             # sums `plane_kernel` keeps in registers at once (4 AVX-512 vectors); its span's multiple
 
 
 @functools.lru_cache(maxsize=8)
@@ -339,14 +339,16 @@ def plane_kernel(dtype) -> td.Kernel:
     on the same flat grid: output (oh, ow) is acc[oh * Wq + ow], and tap (kh, kw) reads one phase plane,
     shifted, for every output at once: acc[j] += w * phase[j + (kh*dh // sh) * Wq + kw*dw // sw], one long
     unit-stride loop without bounds checks (the Wq - OW columns past each row are computed and dropped).
-    `conv_span` and `conv_plane` (the flat output span, and the phase planes' total size) stay runtime
-    arguments, so those loops stay loops that LLVM vectorizes.
+    The sums are then compacted to OH x OW and stored by one flat loop: the fused epilogue vectorizes
+    over the whole plane (over rows of 7 or 14 it ran scalar: 1.5x slower for 7x7 planes).
+    `conv_span`, `conv_plane` and `conv_out` (the flat output span, the phase planes' total size and
+    OH * OW) stay runtime arguments, so those loops stay loops that LLVM vectorizes.
     """
     @td.kernel(grid=lambda O, N: (O, N), block=1, name=f"conv_direct_plane_{dtype.name}")
     def conv_direct_plane(X: dtype["N", "C", "H", "W"], Wt: dtype["O", "CG", "KH", "KW"],
                           Y: dtype["N", "O", "OH", "OW"], conv_sh: td.i32, conv_sw: td.i32, conv_pt: td.i32,
                           conv_pl: td.i32, conv_dh: td.i32, conv_dw: td.i32, conv_ocg: td.i32,
-                          conv_span: td.i32, conv_plane: td.i32):
+                          conv_span: td.i32, conv_plane: td.i32, conv_out: td.i32, conv_taps: td.i32):
         o, n = blockIdx.x, blockIdx.y
         buf = td.registers(td.f32, 2 * PLANE)     # the phase planes, then the sums (one allocation)
         hq = OH + (KH - 1) * conv_dh // conv_sh
@@ -363,18 +365,24 @@ def plane_kernel(dtype) -> td.Kernel:
                     if h >= 0 and h < H:
                         for b in range(first, end):
                             buf[base + a * wq + b] = X[n, o // conv_ocg, h, b * conv_sw + pw - conv_pl]
-        for j in range(conv_span):
-            buf[PLANE + j] = 0.0
-        for kh in range(KH):
-            for kw in range(KW):
+        acc = td.registers(td.f32, SPAN_ALIGN)
+        for j0 in range(0, conv_span, SPAN_ALIGN):      # SPAN_ALIGN sums in registers over all the taps
+            for l in range(SPAN_ALIGN):
+                acc[l] = 0.0
+            for t in range(conv_taps):
+                kh, kw = t // KW, t % KW
                 tap = Wt[o, 0, kh, kw]
                 rh, rw = kh * conv_dh, kw * conv_dw
                 shift = ((rh % conv_sh) * conv_sw + rw % conv_sw) * hq * wq + rh // conv_sh * wq + rw // conv_sw
-                for j in range(conv_span):
-                    buf[PLANE + j] += tap * buf[j + shift]
-        for oh in range(OH):
+                for l in range(SPAN_ALIGN):
+                    acc[l] += tap * buf[j0 + l + shift]
+            for l in range(SPAN_ALIGN):
+                buf[PLANE + j0 + l] = acc[l]
+        for oh in range(OH):        # the sums, compacted to the output's layout in the phase planes' place
             for ow in range(OW):
-                Y[n, o, oh, ow] = buf[PLANE + oh * wq + ow]
+                buf[oh * OW + ow] = buf[PLANE + oh * wq + ow]
+        for j in range(conv_out):   # one flat loop, a fused epilogue's vectorized
+            Y[n, o, j // OW, j % OW] = buf[j]
 
     return conv_direct_plane
 
@@ -388,15 +396,16 @@ def _plane_scalars(g: ConvGeometry) -> dict:
     """`plane_kernel`'s runtime extents: the flat output span and the phase planes' total size."""
     hq, wq = _phase_plane(g)
     span = -(-((g.oh - 1) * wq + g.ow) // SPAN_ALIGN) * SPAN_ALIGN
-    return dict(conv_span=span, conv_plane=g.stride[0] * g.stride[1] * hq * wq + SPAN_ALIGN)
+    return dict(conv_span=span, conv_plane=g.stride[0] * g.stride[1] * hq * wq + SPAN_ALIGN, conv_out=g.oh * g.ow,
+                conv_taps=g.kh * g.kw)
 
 
 def uses_plane(g: ConvGeometry) -> bool:
-    """Whether `plane_kernel` runs direct convolution `g`: NCHW, one input channel per output channel,
-    phase planes that fit its buffer, and strided or short rows (`direct_kernel`'s unit-stride taps over
-    rows of LONG_ROW outputs or more ran faster: 56x56, measured in docs/benchmarks.md)."""
-    short = g.stride != (1, 1) or g.ow < LONG_ROW
-    return g.layout == "NCHW" and g.c == g.groups and short and _plane_scalars(g)["conv_plane"] <= PLANE
+    """Whether `plane_kernel` runs direct convolution `g`: NCHW, one input channel per output channel, and
+    phase planes that fit its buffer; for a strided one, STRIDED_PLANE floats (splitting a bigger input
+    into phases cost more than `direct_kernel`'s strided reads: 112x112 -> 56x56 took 319 us, not 211)."""
+    limit = PLANE if g.stride == (1, 1) else STRIDED_PLANE
+    return g.layout == "NCHW" and g.c == g.groups and _plane_scalars(g)["conv_plane"] <= limit
 
 
 @functools.lru_cache(maxsize=8)

@@ -1,8 +1,11 @@
-"""Fully unroll loops with constant bounds and small, branch-poor bodies.
+"""Fully unroll loops with constant bounds and small, branch-poor bodies that index register tiles.
 
 The CUDA compiler does this itself; the cpu target needs it done in the IR so that
 register-tile indices become constants (the cpu code generator then keeps those elements
-in locals) and LLVM's SLP vectorizer sees straight-line code. Each copy gets its own
+in locals) and LLVM's SLP vectorizer sees straight-line code. A loop whose variable reaches no
+register tile's index stays a loop (unless written `td.unroll`): LLVM vectorizes it as one,
+where its unrolled copies, a fused epilogue's selects and stores, defeated the SLP vectorizer
+(a depthwise conv's clipped 28-column store ran 1.7x slower unrolled). Each copy gets its own
 variables for the values it defines (when nothing outside the loop reads them): names
 assigned once kept numba's SSA reconstruction, then a large share of its compile time, cheap
 (the cpu target now compiles kernels without it: `backend/cpu/support.KernelCompiler`).
@@ -10,6 +13,7 @@ assigned once kept numba's SSA reconstruction, then a large share of its compile
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
 
 from .. import ir
@@ -18,6 +22,8 @@ MAX_COPIES = 256   # statements one unrolled loop nest may produce
 MAX_BRANCHES = 8   # `if`s it may produce: each is a few basic blocks, and numba's compile time
                    # grows faster than linearly in blocks (a fused 8x8 epilogue of guarded
                    # stores, unrolled, took 60 s to compile instead of 20 s, and ran no faster)
+MAX_TILE = 1024    # elements of the largest register buffer that counts as a tile (the cpu code
+                   # generator can keep in locals): a bigger one is a scratch array, indexed at run time
 MAX_NODES = 4096   # expression nodes it may produce: a few statements can hold big expressions (a 3-d
                    # average pool's 120 window elements, each with its bounds and count, made 26k nodes
                    # and a 75 s compile); the zoo models' largest unrolled nest has 1.4k
@@ -25,7 +31,25 @@ MAX_NODES = 4096   # expression nodes it may produce: a few statements can hold 
 
 def unroll_loops(fn: ir.Function, max_copies: int = MAX_COPIES) -> ir.Function:
     """`fn` with each For of constant bounds replaced by copies of its body, up to `max_copies` statements."""
-    return dataclasses.replace(fn, body=_Unroller(max_copies, _var_counts(fn.body)).visit(fn.body))
+    tiles = {a.buffer.uid for a in ir.collect(fn.body, ir.Allocate, expressions=False)
+             if a.buffer.scope == "register" and math.prod(d.value for d in a.buffer.shape) <= MAX_TILE}
+    return dataclasses.replace(fn, body=_Unroller(max_copies, _var_counts(fn.body), tiles).visit(fn.body))
+
+
+def _indexes_tiles(loop: ir.For, tiles: set) -> bool:
+    """Whether the loop's variable reaches an index of a register tile (`tiles`): directly or through
+    variables the body assigns from it."""
+    reaching = {loop.var.uid}
+    assigns = ir.collect(loop.body, ir.Assign, expressions=False)
+    grew = True
+    while grew:
+        grew = False
+        for a in assigns:
+            if a.var.uid not in reaching and any(v.uid in reaching for v in ir.collect(a.value, ir.Var)):
+                reaching.add(a.var.uid)
+                grew = True
+    return any(v.uid in reaching for a in ir.collect(loop.body, _ACCESSES) if a.buffer.uid in tiles
+               for i in a.indices for v in ir.collect(i, ir.Var))
 
 
 def _var_counts(s) -> Counter:
@@ -53,14 +77,19 @@ def _copy_locals(body, inside_only: set) -> list:
     return [v for uid, v in defined.items() if uid in inside_only and uid not in shared]
 
 
+_ACCESSES = (ir.Load, ir.Store, ir.Atomic)
+
+
 class _Unroller(ir.Rewriter):
-    def __init__(self, max_copies: int, counts: Counter):
+    def __init__(self, max_copies: int, counts: Counter, tiles: set):
         self.max_copies = max_copies
         self.counts = counts      # mentions of each variable in the whole function
+        self.tiles = tiles        # uids of the register buffers small enough to live in locals
         self.fresh: set = set()   # variables made for unrolled copies: mentioned only in their copy
 
     def visit_For(self, s: ir.For):
-        constant = all(isinstance(x, ir.Const) for x in (s.start, s.stop, s.step))
+        constant = all(isinstance(x, ir.Const) for x in (s.start, s.stop, s.step)) and (
+            s.unroll or _indexes_tiles(s, self.tiles))
         # counted on the body as written: copies of inner loops only multiply its mentions
         inside_only = {uid for uid, n in _var_counts(s.body).items() if n == self.counts[uid]} if constant else set()
         body = self.visit(s.body)

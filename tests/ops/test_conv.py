@@ -138,14 +138,14 @@ def test_cpu_columns_lowering_matches_reference(n, c, hw, oc, k, stride, pad, di
 
 def test_cpu_direct_convolutions_run_rows_with_the_epilogue_in_the_stores():
     """A grouped NCHW conv with a tiny reduction runs `direct_kernel` on the cpu (`plane_kernel` for a
-    depthwise conv of a small input, strided or with short rows): one generic kernel, or one kernel with
+    depthwise conv whose padded input, or its phases when strided, fits its buffer): one generic kernel, or one kernel with
     bias and activation fused and the window geometry built in; on GPUs the rule-scheduled reduce stays."""
     g = conv.geometry((1, 8, 9, 9), (16, 1, 3, 3), padding=1, groups=8)
     strided = conv.geometry((1, 8, 9, 9), (16, 1, 3, 3), stride=2, padding=1, groups=8)
     for plane in (g, strided):
         assert conv.on_rows(plane, "cpu") and not conv.on_rows(plane, "cuda") and conv.uses_plane(plane)
         assert conv.plan(plane, td.f32, "cpu", False, None).kernels == [conv.plane_kernel(td.f32)]
-    wide = conv.geometry((1, 8, 5, 60), (8, 1, 3, 3), padding=1, groups=8)     # stride-1 rows of LONG_ROW+
+    wide = conv.geometry((1, 8, 130, 130), (8, 1, 3, 3), padding=1, groups=8)  # a padded plane over PLANE
     big = conv.geometry((1, 8, 100, 100), (8, 1, 3, 3), stride=2, padding=1, groups=8)    # phases over PLANE
     two = conv.geometry((1, 8, 9, 9), (8, 2, 3, 3), padding=1, groups=4)          # two input channels a group
     for rows in (wide, big, two):
@@ -158,7 +158,8 @@ def test_cpu_direct_convolutions_run_rows_with_the_epilogue_in_the_stores():
     assert [name for name, _ in fused.kernel.params] == ["X", "Wt", "bias", "Z"]     # no geometry scalars left
     fused = conv.plan(g, td.f32, "cpu", True, "relu6").lowered
     assert [k.name for k in fused.kernels] == ["conv_direct_plane_f32_fused"]
-    assert [name for name, _ in fused.kernel.params] == ["X", "Wt", "conv_span", "conv_plane", "bias", "Z"]
+    assert [name for name, _ in fused.kernel.params] == ["X", "Wt", "conv_span", "conv_plane", "conv_out", "conv_taps",
+                                                         "bias", "Z"]
     rng = np.random.default_rng(3)
     x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((1, 8, 9, 9), (16, 1, 3, 3), (16,)))
     want = np.clip(reference(x, w, b, (1, 1), (1,) * 4, (1, 1), 8), 0, 6)
