@@ -70,10 +70,10 @@ def test_small_channel_and_depthwise_convs_of_a_mobilenet_block():
 
 @pytest.mark.parametrize("shape, stride, kernel", [((1, 6, 11, 9), 1, "conv_direct_plane_f32_fused"),
                                                   ((1, 6, 11, 9), 2, "conv_direct_plane_f32_fused"),
-                                                  ((1, 6, 5, 50), 1, "conv_direct_rows_f32_fused")])
+                                                  ((1, 6, 100, 100), 2, "conv_direct_rows_f32_fused")])
 def test_a_depthwise_conv_with_prologue_and_epilogue_is_one_direct_kernel(shape, stride, kernel):
     """relu -> depthwise 3x3 (two outputs per channel) -> BN -> ReLU6: on the cpu, one direct kernel (the
-    phase planes of a small input, else rows) with the relu in its loads and the (folded) BN shift and clip
+    phase planes of a small input, else rows: strided, phases over STRIDED_PLANE) with the relu in its loads and the (folded) BN shift and clip
     in its stores."""
     x = tg.input("x", shape)
     var = tg.constant(RNG.random(12).astype(np.float32) + 0.5)

@@ -1,20 +1,28 @@
-"""unroll_loops: constant loops become copies of their body, within bounds on the code it may produce."""
+"""unroll_loops: constant loops that index register tiles (or are written td.unroll) become copies of their
+body, within bounds on the code it may produce."""
 from hypothesis import given, settings, strategies as st
 
 from taskdsl import ir
 from taskdsl.ir import types as T
 from taskdsl.passes import unroll_loops
-from taskdsl.passes.unroll import MAX_BRANCHES, MAX_COPIES, MAX_NODES
+from taskdsl.passes.unroll import MAX_BRANCHES, MAX_COPIES, MAX_NODES, MAX_TILE
 
 from .ir_eval import run
 
 
-def _loop(trips: int, body_of) -> ir.Function:
-    """A kernel storing body_of(i) to out[i] for i in range(trips)."""
-    out = ir.Buffer("out", T.i32, (ir.const(max(trips, 1)),))
+def _loop(trips: int, body_of, scope: str = "register", size: int | None = None, unroll: bool = False):
+    """A kernel storing body_of(i) to out[i] for i in range(trips); `out` a register buffer (of `size`
+    elements, default `trips`) allocated by the kernel, or a parameter (scope 'global')."""
+    out = ir.Buffer("out", T.i32, (ir.const(size or max(trips, 1)),), scope)
     i = ir.Var("i", T.i32, kind="loop")
-    body = body_of(i, out)
-    return ir.Function("k", (out,), (), ir.For(i, ir.const(0), ir.const(trips), ir.const(1), body), (1, 1, 1))
+    loop = ir.For(i, ir.const(0), ir.const(trips), ir.const(1), body_of(i, out), unroll=unroll)
+    if scope == "global":
+        return ir.Function("k", (out,), (), loop, (1, 1, 1))
+    return ir.Function("k", (), (), ir.seq([ir.Allocate(out), loop]), (1, 1, 1))
+
+
+def _loops(fn: ir.Function) -> list:
+    return ir.collect(fn.body, ir.For, expressions=False)
 
 
 def _chain(i, terms: int) -> ir.Expr:
@@ -36,19 +44,39 @@ def _stores(fn: ir.Function) -> list:
 def test_small_loops_unroll_into_the_same_stores(trips, terms):
     fn = _loop(trips, lambda i, out: ir.Store(out, (i,), _chain(i, terms)))
     unrolled = unroll_loops(fn)
-    assert not ir.collect(unrolled.body, ir.For)
+    assert not _loops(unrolled)
     assert _stores(unrolled) == _stores(fn) == [("out", (t,), sum(t * k for k in range(1, terms + 1)))
                                                for t in range(trips)]
 
 
+def test_only_loops_that_index_register_tiles_unroll():
+    """A loop over global memory, or over a register buffer too big to be a tile, stays a loop (LLVM
+    vectorizes it as one) unless written td.unroll; one whose variable reaches a tile's index through
+    a variable the body assigns unrolls."""
+    def store(i, out):
+        return ir.Store(out, (i,), i * 2)
+
+    assert _loops(unroll_loops(_loop(8, store, scope="global")))
+    assert not _loops(unroll_loops(_loop(8, store, scope="global", unroll=True)))
+    assert _loops(unroll_loops(_loop(8, store, size=MAX_TILE + 1)))
+    assert not _loops(unroll_loops(_loop(8, store, size=MAX_TILE)))
+
+    def through_a_variable(i, out):
+        j = ir.Var("j", T.i32)
+        return ir.seq([ir.Assign(j, i + 1), ir.Store(out, (j - 1,), j)])
+
+    fn = _loop(8, through_a_variable)
+    assert not _loops(unroll_loops(fn)) and _stores(unroll_loops(fn)) == _stores(fn)
+
+
 def test_too_many_statements_stay_a_loop():
     fn = _loop(MAX_COPIES + 1, lambda i, out: ir.Store(out, (i,), i))
-    assert isinstance(unroll_loops(fn).body, ir.For)
+    assert _loops(unroll_loops(fn))
 
 
 def test_too_many_branches_stay_a_loop():
     fn = _loop(MAX_BRANCHES + 1, lambda i, out: ir.If(ir.binary("<", i, ir.const(3)), ir.Store(out, (i,), i)))
-    assert isinstance(unroll_loops(fn).body, ir.For)
+    assert _loops(unroll_loops(fn))
 
 
 def test_big_expressions_stay_a_loop():
@@ -56,7 +84,7 @@ def test_big_expressions_stay_a_loop():
     trips = 8
     terms = MAX_NODES // trips // 4 + 8
     fn = _loop(trips, lambda i, out: ir.Store(out, (i,), _chain(i, terms)))
-    assert trips * len(ir.collect(fn.body.body, ir.Expr)) > MAX_NODES
+    assert trips * len(ir.collect(_loops(fn)[0].body, ir.Expr)) > MAX_NODES
     unrolled = unroll_loops(fn)
-    assert isinstance(unrolled.body, ir.For)
+    assert _loops(unrolled)
     assert _stores(unrolled) == _stores(fn)
