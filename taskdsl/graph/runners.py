@@ -127,9 +127,11 @@ def run_conv(op: Conv, arrays: list) -> tuple:
 
 @runs(Pool)
 def run_pool(op: Pool, arrays: list) -> tuple:
-    """2-d NCHW max pooling by stdlib_ops.pool's row kernel where it runs (f32 on the cpu), else by definitions."""
+    """2-d NCHW max pooling by stdlib_ops.pool's row kernel where it runs (f32 on the cpu, no indices), else by
+    definitions."""
     x, a = op.inputs[0], op.attrs
-    if a["mode"] != "max" or x.ndim != 4 or a["channels_last"] or not pool.on_rows(x.numpy_dtype, get_target()):
+    if (a["mode"] != "max" or x.ndim != 4 or a["channels_last"] or a.get("indices")
+            or not pool.on_rows(x.numpy_dtype, get_target())):
         return run_definitions(op, arrays)
     y, kernel = pool.max_rows(contiguous(arrays[0]), op.outputs[0].shape[2:], a["kernel"], a["strides"],
                               a["pads"][:2], a["dilations"])

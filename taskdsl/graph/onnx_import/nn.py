@@ -74,11 +74,24 @@ def matmul(node: Node) -> list:
 
 @converts("BatchNormalization", attrs=("epsilon", "momentum", "training_mode"))
 def batch_norm(node: Node) -> list:
-    """BatchNormalization in inference mode."""
-    if node.flag("training_mode"):
-        raise node.error("training_mode=1 is not supported (inference only); export the model in eval mode")
+    """BatchNormalization; with training_mode=1, normalized by the batch's statistics (over every axis but the
+    channels'), with the running mean and variance updated by `momentum` as outputs 1 and 2."""
     x, scale, bias, mean, var = (node.input(k) for k in range(5))
-    return [ops.batch_norm(x, mean, var, scale, bias, float(node.attr("epsilon", 1e-5)))]
+    eps = float(node.attr("epsilon", 1e-5))
+    if not node.flag("training_mode"):
+        return [ops.batch_norm(x, mean, var, scale, bias, eps)]
+    axes = [a for a in range(x.ndim) if a != 1]
+    batch_mean = ops.mean(x, axes, keepdims=True)
+    centered = ops.sub(x, batch_mean)
+    batch_var = ops.mean(ops.mul(centered, centered), axes)
+    batch_mean = ops.reshape(batch_mean, (x.shape[1],))
+    momentum = float(node.attr("momentum", 0.9))
+
+    def running(old, new):
+        return ops.add(ops.mul(old, momentum), ops.mul(new, 1.0 - momentum))
+
+    return [ops.batch_norm(x, batch_mean, batch_var, scale, bias, eps), running(mean, batch_mean),
+            running(var, batch_var)]
 
 
 @converts("LayerNormalization", attrs=("axis", "epsilon", "stash_type"))
@@ -101,14 +114,16 @@ def layer_norm(node: Node) -> list:
 
 @converts("MaxPool", "AveragePool", attrs=WINDOW_ATTRS + ("ceil_mode", "count_include_pad", "storage_order"))
 def pool(node: Node) -> list:
-    """MaxPool / AveragePool (1-3 spatial axes, ceil_mode, dilations, count_include_pad, auto_pad)."""
-    if node.wanted(1):
-        raise node.error("the Indices output of MaxPool is not supported")
+    """MaxPool (and its Indices, in either storage_order) / AveragePool (1-3 spatial axes, ceil_mode, dilations,
+    count_include_pad, auto_pad)."""
     x = node.input(0)
     kernel = tuple(node.attr("kernel_shape", ()))
     if len(kernel) != x.ndim - 2:
         raise node.error(f"kernel_shape {kernel} needs one value per spatial axis of {x.shape}", ValueError)
     strides, pads, dilations = _window(node, x, kernel)
+    if node.wanted(1):
+        return list(ops.max_pool_with_indices(x, kernel, strides, pads, dilations, node.flag("ceil_mode"),
+                                              column_major=node.flag("storage_order")))
     mode = "max" if node.op_type == "MaxPool" else "avg"
     return [ops.pool(x, mode, kernel, strides, pads, dilations, node.flag("ceil_mode"),
                      node.flag("count_include_pad"))]

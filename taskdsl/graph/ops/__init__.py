@@ -10,7 +10,7 @@ from .elementwise import (FUNCTIONS, Elementwise, add, cast, clip, div, elementw
                           where)
 from .linalg import Conv, MatMul, conv, conv2d, linear, matmul
 from .norm import LRN, BatchNorm, LayerNorm, Softmax, batch_norm, layer_norm, log_softmax, lrn, rms_norm, softmax
-from .pool import Pool, avg_pool2d, max_pool2d, pool
+from .pool import Pool, avg_pool2d, max_pool2d, max_pool_with_indices, pool
 from .reduce import ArgReduce, Reduce, argmax, argmin, global_avg_pool, global_max_pool, max, mean, min, prod, sum
 from .transform import (Concat, Expand, Gather, Pad, Reshape, Slice, Transpose, concat, expand, flatten, gather, pad,
                         reshape, slice, split, squeeze, transpose, unsqueeze)
@@ -25,7 +25,7 @@ __all__ = [
     # normalization
     "Softmax", "LayerNorm", "BatchNorm", "LRN", "softmax", "log_softmax", "layer_norm", "rms_norm", "batch_norm", "lrn",
     # pooling and reductions
-    "Pool", "pool", "max_pool2d", "avg_pool2d", "Reduce", "sum", "mean", "max", "min", "prod", "global_avg_pool",
+    "Pool", "pool", "max_pool2d", "max_pool_with_indices", "avg_pool2d", "Reduce", "sum", "mean", "max", "min", "prod", "global_avg_pool",
     "global_max_pool", "ArgReduce", "argmax", "argmin",
     # data movement
     "Reshape", "Transpose", "Concat", "Slice", "Gather", "Expand", "Pad", "reshape", "flatten", "squeeze", "unsqueeze",

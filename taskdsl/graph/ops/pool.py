@@ -11,7 +11,9 @@ import math
 import numpy as np
 
 from ... import ir
+from ...ir import types as T
 from ...runtime.config import fast_compile_enabled
+from ...compute import compute
 from ...compute import reduce as reduction
 from ..operator import Operator, dims
 from .norm import stat_dtype
@@ -19,8 +21,10 @@ from .window import ChannelsLast, pads_of, per_axis, positions_inside, window_in
 
 
 class Pool(ChannelsLast, Operator):
-    """attrs: mode ('max' / 'avg'), kernel, strides, pads, dilations, ceil_mode, count_include_pad, and
-    channels_last ((N, spatial..., C) tensors)."""
+    """attrs: mode ('max' / 'avg'), kernel, strides, pads, dilations, ceil_mode, count_include_pad,
+    channels_last ((N, spatial..., C) tensors), and for max pooling `indices` (0: none; 1 / 2: a second, int64
+    output with the flat (N, C, spatial...) index of each window's first maximum, its spatial axes in row-major /
+    column-major order: ONNX MaxPool's Indices with storage_order 0 / 1)."""
 
     kind_attr = "mode"
     size_attrs = ("kernel", "strides", "pads", "dilations", "out")   # symbols in the generic definitions
@@ -48,6 +52,12 @@ class Pool(ChannelsLast, Operator):
             raise ValueError(f"pooling mode must be 'max' or 'avg', got {a['mode']!r}")
         if a["mode"] == "avg" and not x.dtype.is_float:
             raise TypeError(f"avg_pool needs a float tensor, got {x.dtype.name}")
+        indices = a.get("indices", 0)
+        if indices not in (0, 1, 2) or (indices and a["mode"] != "max"):
+            raise ValueError(f"{self.kind}: indices must be 0, or 1 / 2 (row- / column-major) for max pooling, "
+                             f"got {indices!r}")
+        if indices and a["channels_last"]:
+            raise ValueError("max_pool: indices are those of a channels-first input; pool channels-first")
         for key, length, low in (("kernel", rank, 1), ("strides", rank, 1), ("dilations", rank, 1),
                                  ("pads", 2 * rank, 0)):
             v = a[key]
@@ -82,7 +92,8 @@ class Pool(ChannelsLast, Operator):
         out_shape = self.join_index(shape[0], self.channels(shape), self.size("out"))
         if a["mode"] == "max":
             low = -math.inf if acc.is_float else int(np.iinfo(acc.numpy).min)
-            return [reduction("max_pool", out_shape, kernel, lambda *ix: value(ix, low), op="max", dtype=x.dtype)]
+            pooled = reduction("max_pool", out_shape, kernel, lambda *ix: value(ix, low), op="max", dtype=x.dtype)
+            return [pooled] + ([self._indices(x, pooled)] if a.get("indices") else [])
 
         def average(*ix):
             count, out = None, self.split_index(ix[:rank + 2])[2]
@@ -96,18 +107,65 @@ class Pool(ChannelsLast, Operator):
         return [reduction("avg_pool", out_shape, kernel, average, op="sum", dtype=x.dtype)]
 
 
+    def _indices(self, x, pooled):
+        """The flat input index of each window's first element (in window order) equal to its maximum (NaN equal
+        to NaN); column-major (`indices` 2) converted from the row-major one, whose minimum is the first."""
+        shape = dims(x)
+        rank = len(shape) - 2
+        spatial = [ir.Cast(ir.as_expr(d), T.i64) for d in self.spatial_dims(shape)]
+        kernel, strides, pads, dilations = (self.size(k) for k in ("kernel", "strides", "pads", "dilations"))
+
+        def position(*ix):
+            out = ix[:rank + 2]
+            n, c, spots = self.split_index(out)
+            pos, ok = window_input(spots, ix[rank + 2:], strides, pads, dilations, self.spatial_dims(shape))
+            v, top = x[self.join_index(n, c, pos)], pooled[out]
+            hit = ir.binary("==", v, top)
+            if x.dtype.is_float:
+                hit = ir.binary("or", hit, ir.binary("and", ir.binary("!=", v, v), ir.binary("!=", top, top)))
+            flat = ir.Cast(n, T.i64) * ir.Cast(ir.as_expr(shape[1]), T.i64) + ir.Cast(c, T.i64)
+            for i in range(rank):
+                flat = flat * spatial[i] + ir.Cast(pos[i], T.i64)
+            return ir.Select(ir.binary("and", ok, hit), flat, ir.const(np.iinfo(np.int64).max, T.i64), T.i64)
+
+        first = reduction("max_pool_indices", pooled.shape, kernel, position, op="min", dtype=T.i64)
+        if self.attrs["indices"] == 1:
+            return first
+
+        def column_major(*ix):
+            rest, coords = first[ix], []
+            for d in reversed(spatial):
+                coords.append(rest % d)
+                rest = rest // d
+            for d, coord in zip(reversed(spatial), coords):     # from the (n, c) plane, the last axis first
+                rest = rest * d + coord
+            return rest
+
+        return compute("max_pool_indices_cm", pooled.shape, column_major)
+
+
 def pool(x, mode: str, kernel, stride=None, padding=0, dilation=1, ceil_mode: bool = False,
          count_include_pad: bool = True, channels_last: bool = False):
     """Max ('max') or average ('avg') pooling of x (N, C, spatial...), or (N, spatial..., C) with channels_last;
     padding is an int, one per axis, or (begin..., end...)."""
+    attrs = _attrs(x, mode, kernel, stride, padding, dilation, ceil_mode)
+    return Pool([x], {**attrs, "count_include_pad": bool(count_include_pad), "channels_last": bool(channels_last)}).outputs[0]
+
+
+def max_pool_with_indices(x, kernel, stride=None, padding=0, dilation=1, ceil_mode: bool = False,
+                          column_major: bool = False) -> tuple:
+    """(max pooling of x (N, C, spatial...), the int64 flat index in x of each window's first maximum): ONNX
+    MaxPool with its Indices output; `column_major` orders the spatial axes last-first (storage_order 1)."""
+    attrs = _attrs(x, "max", kernel, stride, padding, dilation, ceil_mode)
+    return tuple(Pool([x], {**attrs, "count_include_pad": True, "indices": 2 if column_major else 1}).outputs)
+
+
+def _attrs(x, mode: str, kernel, stride, padding, dilation, ceil_mode: bool) -> dict:
+    """The window attributes of a pooling of x; stride defaults to the window."""
     rank = x.ndim - 2
     kernel = per_axis(kernel, rank, "kernel_size")
-    strides = per_axis(stride if stride is not None else kernel, rank, "stride")
-    attrs = {"mode": mode, "kernel": kernel, "strides": strides, "pads": pads_of(padding, rank),
-             "dilations": per_axis(dilation, rank, "dilation"),
-             "ceil_mode": bool(ceil_mode), "count_include_pad": bool(count_include_pad),
-             "channels_last": bool(channels_last)}
-    return Pool([x], attrs).outputs[0]
+    return {"mode": mode, "kernel": kernel, "strides": per_axis(stride if stride is not None else kernel, rank, "stride"),
+            "pads": pads_of(padding, rank), "dilations": per_axis(dilation, rank, "dilation"), "ceil_mode": bool(ceil_mode)}
 
 
 def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False):

@@ -35,9 +35,9 @@ def _converts(op) -> bool:
 
 
 def _pools_last(op, last: dict) -> bool:
-    """A channels-first 2-D pooling of a tensor already channels-last."""
+    """A channels-first 2-D pooling of a tensor already channels-last (without indices, which are NCHW ones)."""
     return (isinstance(op, Pool) and op.inputs[0].ndim == 4 and not op.attrs["channels_last"]
-            and id(op.inputs[0]) in last)
+            and not op.attrs.get("indices") and id(op.inputs[0]) in last)
 
 
 def _follows(op, last: dict) -> bool:
