@@ -48,7 +48,7 @@ class Template:
     name: str
     space: object          # (target, itemsize) -> Space
     default: object        # (target, itemsize, M, N) -> Point
-    build: object          # (point, dtype, out_dtype, vec, packed_b, transposed_a, M) -> Kernel
+    build: object          # (point, dtype, out_dtype, vec, packed_b, transposed_a, M, N) -> Kernel
     tile_shape: object     # point -> (BM, BN, threads)
     pack_b: object = None  # (point, B (batch, K, N)) -> B as the packed_b kernel reads it; None: the template has
                            # no packed_b / transposed_a kernels
@@ -58,8 +58,8 @@ SIMT = Template("simt_matmul", simt.space_for, lambda target, itemsize, m, n: si
                 lambda p, dtype, out, vec, *forms: simt.simt_matmul_kernel(p, dtype, out), simt.tile_shape)
 CPU_TILE = Template("tile_matmul", lambda target, itemsize: cpu.space(itemsize),
                     lambda target, itemsize, m, n: cpu.default_point(itemsize, m=m, n=n),
-                    lambda p, dtype, out, vec, packed_b, transposed_a, m: cpu.tile_matmul_kernel(
-                        p, dtype, out, packed_b, transposed_a, cpu.copies_a(transposed_a, m)),
+                    lambda p, dtype, out, vec, packed_b, transposed_a, m, n: cpu.tile_matmul_kernel(
+                        p, dtype, out, packed_b, transposed_a, cpu.copies_a(transposed_a, m, n)),
                     cpu.tile_shape, cpu.pack_b)
 TENSOR_CORE = Template("tc_matmul", lambda target, itemsize: tc.space(), lambda target, itemsize, m, n: tc.default_point(),
                        lambda p, dtype, out, vec, *forms: tc.tc_matmul_kernel(p, dtype, out, vec), tc.tile_shape)
@@ -124,7 +124,7 @@ class MatmulPlan:
         if (packed_b or transposed_a) and not self.packs_b:
             raise ValueError(f"the {self.template.name} template has no kernel for packed B or transposed A operands")
         out = out_dtype or (td.f32 if self.split > 1 else self.dtype)
-        return self.template.build(self.point, self.dtype, out, self.vec, packed_b, transposed_a, self.m)
+        return self.template.build(self.point, self.dtype, out, self.vec, packed_b, transposed_a, self.m, self.n)
 
     @property
     def packs_b(self) -> bool:

@@ -147,15 +147,17 @@ def packed_b_shape(p, b_shape: tuple) -> tuple:
 
 
 COPY_A_ROWS = 512     # a transposed A with at least this many rows (M) is copied block by block: `copies_a`
+WIDE_N = 512          # columns (N) at most that a block copying A computes, every column panel of them
 
 
-def copies_a(transposed_a: bool, m: int | None) -> bool:
-    """Whether the kernel for a transposed A of M rows copies each block's A for a k block before its micro-tiles
-    run. Read in place, a k step of a micro-kernel is M floats past the last: from M = 512 on (2 KiB), a k block
-    of 256 spans more 4 KiB pages than the L1 TLB holds. ResNet-50's 3x3 convolutions, copied against in place
-    (`/tmp` timing, median of 40): M = 784 1.30 -> 1.11 ms, M = 3136 1.23 -> 1.12-1.15 ms, the 7x7 stem
-    (M = 12544) 1.56 -> 1.49 ms; M = 196 1.15 / 1.18 ms and M = 49 1.16 / 1.35 ms lose."""
-    return transposed_a and m is not None and m >= COPY_A_ROWS
+def copies_a(transposed_a: bool, m: int | None, n: int | None) -> bool:
+    """Whether the kernel for a transposed A of M rows and N columns copies each block's A for a k block before its
+    micro-tiles run (and then computes every column panel from the copy: N at most WIDE_N). Read in place, a k step
+    of a micro-kernel is M floats past the last: from M = 512 on (2 KiB), a k block of 256 spans more 4 KiB pages
+    than the L1 TLB holds. ResNet-50's 3x3 convolutions, copied against in place (`/tmp` timing, median of 40):
+    M = 784 1.30 -> 1.11 ms, M = 3136 1.23 -> 1.12-1.15 ms, the 7x7 stem (M = 12544) 1.56 -> 1.49 ms; M = 196
+    1.15 / 1.18 ms and M = 49 1.16 / 1.35 ms lose."""
+    return transposed_a and m is not None and m >= COPY_A_ROWS and n is not None and n <= WIDE_N
 
 
 @functools.cache
@@ -167,7 +169,8 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
     their own. With `transposed_a`, A comes as (batch, K, M), so a micro-kernel step reads MR consecutive
     elements of it, and C's tiles are stored column by column: the form of a convolution's NCHW output
     computed as (columns (K x pixels))^T @ weights, C (pixels x channels) being the output transposed.
-    With `copy_a` too, each block copies its K x BM part of A for a k block first (`copies_a` says when).
+    With `copy_a` too, each block copies its K x BM part of A for a k block first (`copies_a` says when) and
+    computes every column panel (N <= WIDE_N) from the copy: the grid has no column blocks then.
     """
     (MR, NR), (BM, BN), KC = p.micro, p.block, p.bk
     copy_a = copy_a and transposed_a
@@ -193,36 +196,26 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
                 for y in td.unroll(NR):
                     c[x, y] += fa[x] * fb[y]
 
-    @td.kernel(grid=lambda M, N, BZ: (td.cdiv(M, BM) * td.cdiv(N, BN), 1, BZ), block=1, name=name)
+    @td.kernel(grid=lambda M, N, BZ: (td.cdiv(M, BM) * (1 if copy_a else td.cdiv(N, BN)), 1, BZ), block=1, name=name)
     def matmul(A: a_spec, B: b_spec, C: out_dtype["BZ", "M", "N"],
                batch_index: td.i32["BZ", 2], split: td.i32):
-        partial = td.shared(f32, (BM, BN))
+        # the sums, panel after panel (copy_a: every panel's; each BN wide, as a panel's micro-tiles and stores read)
+        partial = td.shared(f32, (BM * (WIDE_N // BN if copy_a else 1), BN))
         strip = td.shared(f32, (KC if copy_a else 1, BM))     # copy_a: the block's A for one k block
         c = td.registers(f32, (MR, NR))
         fa = td.registers(f32, (MR,))
         fb = td.registers(f32, (NR,))
         grid_m = td.cdiv(M, BM)
         row0 = blockIdx.x % grid_m * BM      # consecutive blocks share a B panel
-        col0 = blockIdx.x // grid_m * BN
         za, zb = batch_index[blockIdx.z, 0], batch_index[blockIdx.z, 1]
         chunk = td.cdiv(td.cdiv(K, KC), split) * KC      # split-k: this z-slice's range of k
         k_begin = blockIdx.z % split * chunk
         k_end = td.min(K, k_begin + chunk)
-        cols = td.min(BN, N - col0)
+        panels = td.cdiv(N, BN) if copy_a else 1          # the column panels this block computes
+        first_panel = 0 if copy_a else blockIdx.x // grid_m
         panel = B if packed_b else td.shared(f32, (KC, BN))
-        # the row of this block's panel in packed B
-        first_row = (zb * td.cdiv(N, BN) + blockIdx.x // grid_m) * K if packed_b else 0
         for k0 in range(k_begin, k_end, KC):
             k1 = td.min(k_end, k0 + KC)
-            if packed_b:
-                row = first_row + k0
-            else:
-                row = 0
-                for k in range(k1 - k0):         # B's panel, packed: its rows are N apart in B
-                    for j in range(cols):
-                        panel[k, j] = td.cast(B[zb, k0 + k, col0 + j], f32)
-                    for j in range(cols, BN):    # past column N: zeros, computed but never stored
-                        panel[k, j] = 0.0
             if copy_a:
                 in_m = td.min(BM, M - row0)     # a loop of unknown length: LLVM vectorizes the copy
                 for k in range(k1 - k0):
@@ -230,34 +223,49 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
                         strip[k, i] = td.cast(A[za, k0 + k, row0 + i], f32)
                     for i in range(in_m, td.cdiv(in_m, MR) * MR):    # the last micro-tile's rows past M
                         strip[k, i] = 0.0
-            for mi in range(BM // MR):
-                for nj in range(BN // NR):
-                    i0, j = row0 + mi * MR, nj * NR
-                    if i0 < M and j < cols:
-                        if k0 == k_begin:
+            for pj in range(panels):
+                col0 = (first_panel + pj) * BN
+                cols = td.min(BN, N - col0)
+                if packed_b:        # the row of this panel's k block in packed B
+                    row = ((zb * td.cdiv(N, BN) + first_panel + pj) * K + k0)
+                else:
+                    row = 0
+                    for k in range(k1 - k0):         # B's panel, packed: its rows are N apart in B
+                        for j in range(cols):
+                            panel[k, j] = td.cast(B[zb, k0 + k, col0 + j], f32)
+                        for j in range(cols, BN):    # past column N: zeros, computed but never stored
+                            panel[k, j] = 0.0
+                for mi in range(BM // MR):
+                    for nj in range(BN // NR):
+                        i0, j = row0 + mi * MR, nj * NR
+                        if i0 < M and j < cols:
+                            if k0 == k_begin:
+                                for x in td.unroll(MR):
+                                    for y in td.unroll(NR):
+                                        c[x, y] = 0.0
+                            else:
+                                for x in td.unroll(MR):
+                                    for y in td.unroll(NR):
+                                        c[x, y] = partial[pj * BM + mi * MR + x, j + y]
+                            micro_kernel(A, strip, panel, c, fa, fb, za, i0 - row0 if copy_a else i0, j, k0, k1, row, M)
                             for x in td.unroll(MR):
                                 for y in td.unroll(NR):
-                                    c[x, y] = 0.0
-                        else:
-                            for x in td.unroll(MR):
-                                for y in td.unroll(NR):
-                                    c[x, y] = partial[mi * MR + x, j + y]
-                        micro_kernel(A, strip, panel, c, fa, fb, za, i0 - row0 if copy_a else i0, j, k0, k1, row, M)
-                        for x in td.unroll(MR):
-                            for y in td.unroll(NR):
-                                partial[mi * MR + x, j + y] = c[x, y]
+                                    partial[pj * BM + mi * MR + x, j + y] = c[x, y]
         rows = td.min(BM, M - row0)
-        if k_end <= k_begin:                     # no k to sum (K = 0, or a split slice past K): zeros
-            for i in range(rows):
-                for j in range(cols):
-                    partial[i, j] = 0.0
-        if transposed_a:
-            for j in range(cols):
+        for pj in range(panels):
+            col0 = (first_panel + pj) * BN
+            cols = td.min(BN, N - col0)
+            if k_end <= k_begin:                     # no k to sum (K = 0, or a split slice past K): zeros
                 for i in range(rows):
-                    C[blockIdx.z, row0 + i, col0 + j] = td.cast(partial[i, j], out_dtype)
-        else:
-            for i in range(rows):
+                    for j in range(cols):
+                        partial[pj * BM + i, j] = 0.0
+            if transposed_a:
                 for j in range(cols):
-                    C[blockIdx.z, row0 + i, col0 + j] = td.cast(partial[i, j], out_dtype)
+                    for i in range(rows):
+                        C[blockIdx.z, row0 + i, col0 + j] = td.cast(partial[pj * BM + i, j], out_dtype)
+            else:
+                for i in range(rows):
+                    for j in range(cols):
+                        C[blockIdx.z, row0 + i, col0 + j] = td.cast(partial[pj * BM + i, j], out_dtype)
 
     return matmul

@@ -191,9 +191,11 @@ def test_the_cpu_plans_use_this_template_and_split_only_long_k():
 
 def test_plans_copy_a_transposed_a_of_many_rows():
     """An A-transposed kernel copies A block by block from M = COPY_A_ROWS on (3x3 convolutions of 28x28 pixels
-    and more), and reads it in place below; a plain A is always read in place."""
-    for m, copied in ((cpu.COPY_A_ROWS - 1, False), (cpu.COPY_A_ROWS, True), (3136, True)):
-        p = gemm.plan((1, m, 64), (1, 64, 64), td.f32, "cpu")
+    and more) where a block can compute every column panel from its copy (N <= WIDE_N), and reads it in place
+    otherwise; a plain A is always read in place."""
+    for m, n, copied in ((cpu.COPY_A_ROWS - 1, 64, False), (cpu.COPY_A_ROWS, 64, True), (3136, 64, True),
+                         (3136, cpu.WIDE_N, True), (3136, cpu.WIDE_N + 1, False)):
+        p = gemm.plan((1, m, 64), (1, 64, n), td.f32, "cpu")
         assert p.kernel(packed_b=True, transposed_a=True).name.endswith("_at_copied") == copied
         assert not p.kernel(packed_b=True).name.endswith("_copied")
 
