@@ -161,9 +161,12 @@ def test_cpu_direct_convolutions_run_rows_with_the_epilogue_in_the_stores():
     assert [name for name, _ in fused.kernel.params] == ["X", "Wt", "conv_span", "conv_plane", "conv_out", "conv_taps",
                                                          "bias", "Z"]
     rng = np.random.default_rng(3)
-    x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((1, 8, 9, 9), (16, 1, 3, 3), (16,)))
-    want = np.clip(reference(x, w, b, (1, 1), (1,) * 4, (1, 1), 8), 0, 6)
-    np.testing.assert_allclose(ops.conv2d(x, w, b, padding=1, groups=8, activation="relu6"), want, rtol=1e-4, atol=1e-4)
+    for hw in (9, 61):     # a plane of one sweep of sums, and one of many (61 x 61 rows of 63: 3904 sums)
+        x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((1, 8, hw, hw), (16, 1, 3, 3), (16,)))
+        assert conv.uses_plane(conv.geometry(x.shape, w.shape, padding=1, groups=8))
+        want = np.clip(reference(x, w, b, (1, 1), (1,) * 4, (1, 1), 8), 0, 6)
+        got = ops.conv2d(x, w, b, padding=1, groups=8, activation="relu6")
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
 @settings(max_examples=16, deadline=None)
