@@ -330,19 +330,20 @@ SPAN_ALIGN = 64             # sums `plane_kernel` keeps in registers at once (4 
 
 @functools.lru_cache(maxsize=8)
 def plane_kernel(dtype) -> td.Kernel:
-    """`direct_kernel` for an NCHW depthwise convolution whose input plane is small (`uses_plane`).
+    """`direct_kernel` for an NCHW depthwise convolution whose padded input fits a local buffer (`uses_plane`).
 
     Short rows make short loops: a 14x14 plane's taps are 14-element loops, mostly loop overhead, and a
     stride-2 tap reads every other input. So the block first splits its zero-padded input plane into
     stride_h x stride_w *phase planes* (phase (ph, pw) holds the padded pixels (a*sh + ph, b*sw + pw)),
     each Hq x Wq, in a local buffer; for stride 1 there is one, the padded plane itself. The outputs live
-    on the same flat grid: output (oh, ow) is acc[oh * Wq + ow], and tap (kh, kw) reads one phase plane,
-    shifted, for every output at once: acc[j] += w * phase[j + (kh*dh // sh) * Wq + kw*dw // sw], one long
-    unit-stride loop without bounds checks (the Wq - OW columns past each row are computed and dropped).
-    The sums are then compacted to OH x OW and stored by one flat loop: the fused epilogue vectorizes
-    over the whole plane (over rows of 7 or 14 it ran scalar: 1.5x slower for 7x7 planes).
-    `conv_span`, `conv_plane` and `conv_out` (the flat output span, the phase planes' total size and
-    OH * OW) stay runtime arguments, so those loops stay loops that LLVM vectorizes.
+    on the same flat grid: output (oh, ow) is sum[oh * Wq + ow], and tap (kh, kw) reads one phase plane,
+    shifted, for every output at once: sum[j] += w * phase[j + (kh*dh // sh) * Wq + kw*dw // sw], without
+    bounds checks (the Wq - OW columns past each row are computed and dropped). The grid is swept
+    SPAN_ALIGN sums at a time, held in registers over a run-time loop of all the taps (one load and one
+    FMA per tap and vector). The sums are then compacted to OH x OW and stored by one flat loop: the fused
+    epilogue vectorizes over the whole plane (over rows of 7 or 14 it ran scalar: 1.5x slower for 7x7
+    planes). `conv_span`, `conv_plane`, `conv_out` and `conv_taps` (the flat output span, the phase
+    planes' total size, OH * OW and KH * KW) stay runtime arguments, so those loops stay loops.
     """
     @td.kernel(grid=lambda O, N: (O, N), block=1, name=f"conv_direct_plane_{dtype.name}")
     def conv_direct_plane(X: dtype["N", "C", "H", "W"], Wt: dtype["O", "CG", "KH", "KW"],
@@ -393,7 +394,8 @@ def _phase_plane(g: ConvGeometry) -> tuple:
 
 
 def _plane_scalars(g: ConvGeometry) -> dict:
-    """`plane_kernel`'s runtime extents: the flat output span and the phase planes' total size."""
+    """`plane_kernel`'s runtime extents: the flat output span, the phase planes' total size, the outputs and the
+    taps."""
     hq, wq = _phase_plane(g)
     span = -(-((g.oh - 1) * wq + g.ow) // SPAN_ALIGN) * SPAN_ALIGN
     return dict(conv_span=span, conv_plane=g.stride[0] * g.stride[1] * hq * wq + SPAN_ALIGN, conv_out=g.oh * g.ow,
