@@ -29,6 +29,7 @@ for full and edge tiles. Operands, `batch_index` and split-k are those of the SI
 """
 
 import functools
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -160,9 +161,26 @@ def copies_a(transposed_a: bool, m: int | None, n: int | None) -> bool:
     return transposed_a and m is not None and m >= COPY_A_ROWS and n is not None and n <= WIDE_N
 
 
+@dataclass(frozen=True)
+class Window:
+    """An NCHW convolution's window, for a kernel that reads the input itself as the transposed A (its
+    im2col columns (C*KH*KW x OH*OW), never materialized): sizes, strides, top/left padding, dilations and
+    the output width."""
+
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    pt: int
+    pl: int
+    dh: int
+    dw: int
+    ow: int
+
+
 @functools.cache
 def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a: bool = False,
-                       copy_a: bool = False):
+                       copy_a: bool = False, window: Window | None = None):
     """The cpu matmul kernel for schedule point `p` and element types (one compile serves every shape).
 
     With `packed_b`, B comes as `pack_b`'s panels and the blocks read them in place instead of packing
@@ -170,13 +188,17 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
     elements of it, and C's tiles are stored column by column: the form of a convolution's NCHW output
     computed as (columns (K x pixels))^T @ weights, C (pixels x channels) being the output transposed.
     With `copy_a` too, each block copies its K x BM part of A for a k block first (`copies_a` says when) and
-    computes every column panel (N <= WIDE_N) from the copy: the grid has no column blocks then.
+    computes every column panel (N <= WIDE_N) from the copy: the grid has no column blocks then. With a
+    `window` (and copy_a), A is an NCHW input and the copy is its im2col, `window_strip`.
     """
     (MR, NR), (BM, BN), KC = p.micro, p.block, p.bk
     copy_a = copy_a and transposed_a
+    window = window if copy_a else None
     name = (f"tile_matmul_{BM}x{BN}x{KC}_m{MR}x{NR}" + ("_packed" if packed_b else "") + ("_at" if transposed_a else "")
-            + ("_copied" if copy_a else ""))
-    a_spec = dtype["BA", "K", "M"] if transposed_a else dtype["BA", "M", "K"]
+            + ("_copied" if copy_a else "") + ("_window" if window else ""))
+    a_spec = (dtype["BA", "CI", "H", "W"] if window else dtype["BA", "K", "M"] if transposed_a
+              else dtype["BA", "M", "K"])
+    fill_strip = window_strip(window, MR) if window else None
     b_spec = f32["RB", BN] if packed_b else dtype["BB", "K", "N"]
 
     @td.func
@@ -208,15 +230,18 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
         grid_m = td.cdiv(M, BM)
         row0 = blockIdx.x % grid_m * BM      # consecutive blocks share a B panel
         za, zb = batch_index[blockIdx.z, 0], batch_index[blockIdx.z, 1]
-        chunk = td.cdiv(td.cdiv(K, KC), split) * KC      # split-k: this z-slice's range of k
+        kdim = CI * window.kh * window.kw if window else K
+        chunk = td.cdiv(td.cdiv(kdim, KC), split) * KC      # split-k: this z-slice's range of k
         k_begin = blockIdx.z % split * chunk
-        k_end = td.min(K, k_begin + chunk)
+        k_end = td.min(kdim, k_begin + chunk)
         panels = td.cdiv(N, BN) if copy_a else 1          # the column panels this block computes
         first_panel = 0 if copy_a else blockIdx.x // grid_m
         panel = B if packed_b else td.shared(f32, (KC, BN))
         for k0 in range(k_begin, k_end, KC):
             k1 = td.min(k_end, k0 + KC)
-            if copy_a:
+            if window:
+                fill_strip(A, strip, za, k0, k1, td.min(BM, M - row0), row0, H, W)
+            elif copy_a:
                 in_m = td.min(BM, M - row0)     # a loop of unknown length: LLVM vectorizes the copy
                 for k in range(k1 - k0):
                     for i in range(in_m):
@@ -227,7 +252,7 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
                 col0 = (first_panel + pj) * BN
                 cols = td.min(BN, N - col0)
                 if packed_b:        # the row of this panel's k block in packed B
-                    row = ((zb * td.cdiv(N, BN) + first_panel + pj) * K + k0)
+                    row = ((zb * td.cdiv(N, BN) + first_panel + pj) * kdim + k0)
                 else:
                     row = 0
                     for k in range(k1 - k0):         # B's panel, packed: its rows are N apart in B
@@ -269,3 +294,38 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
                         C[blockIdx.z, row0 + i, col0 + j] = td.cast(partial[pj * BM + i, j], out_dtype)
 
     return matmul
+
+
+def window_strip(w: Window, MR: int):
+    """A `td.func` filling a block's copy of A (k rows k0..k1, pixels row0..row0+in_m) with the im2col of the
+    NCHW input X (H x W planes) at window `w`: each k row (c, kh, kw) walks the block's pixels output row by
+    output row, the columns whose input pixel is inside found first, so the copy in between has no bounds
+    checks, and zeros the padding and the last micro-tile's rows past the pixels."""
+    @td.func
+    def fill(X, strip, z, k0, k1, in_m, row0, H, W):
+        for k in range(k1 - k0):
+            c, kh, kw = (k0 + k) // (w.kh * w.kw), (k0 + k) // w.kw % w.kh, (k0 + k) % w.kw
+            offset = kw * w.dw - w.pl                            # iw = ow * stride + offset
+            first = td.max(0, -(offset // w.sw))                # the first ow with iw >= 0
+            end = td.min(w.ow, td.max(first, -((offset - W) // w.sw)))     # past the last with iw < W
+            i = 0
+            while i < in_m:                                     # one output row's part of the block at a time
+                oh = (row0 + i) // w.ow
+                ow0 = row0 + i - oh * w.ow
+                ow1 = td.min(w.ow, ow0 + in_m - i)
+                ih = oh * w.sh - w.pt + kh * w.dh
+                inside = ih >= 0 and ih < H
+                lo = td.min(ow1, td.max(ow0, first)) if inside else ow1
+                hi = td.max(lo, td.min(ow1, end)) if inside else ow1
+                base = i - ow0                                  # column ow is the block's pixel base + ow
+                for ow in range(ow0, lo):
+                    strip[k, base + ow] = 0.0
+                for ow in range(lo, hi):
+                    strip[k, base + ow] = td.cast(X[z, c, ih, ow * w.sw + offset], f32)
+                for ow in range(hi, ow1):
+                    strip[k, base + ow] = 0.0
+                i += ow1 - ow0
+            for j in range(in_m, td.cdiv(in_m, MR) * MR):        # the last micro-tile's rows past the pixels
+                strip[k, j] = 0.0
+
+    return fill

@@ -11,6 +11,7 @@ import taskdsl as td
 import stdlib_ops as ops
 from stdlib_ops import conv
 from stdlib_ops import matmul_cpu as cpu_tile
+import taskdsl.graph as tg
 
 
 def reference(x, w, bias, stride, padding, dilation, groups):
@@ -57,6 +58,37 @@ def test_conv2d_matches_reference(case, layout):
                    activation="relu")
     got = y if layout == "NCHW" else y.transpose(0, 3, 1, 2)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@settings(max_examples=8, deadline=None)
+@given(n=st.sampled_from([1, 2]), c=st.sampled_from([1, 3, 5]), oc=st.sampled_from([4, 33]),
+       hw=st.tuples(st.integers(24, 36), st.integers(32, 41)), k=st.sampled_from([(3, 3), (5, 3), (1, 1)]),
+       stride=st.sampled_from([1, 2]), pad=st.integers(0, 2), dilation=st.sampled_from([1, 2]),
+       fused=st.booleans(), seed=st.integers(0, 2**16))
+def test_cpu_window_kernels_im2col_in_their_copy(n, c, oc, hw, k, stride, pad, dilation, fused, seed):
+    """NCHW convolutions of 512+ pixels with rows of WINDOW_ROW or more: one GEMM kernel whose blocks copy the
+    im2col of the input itself (`conv.window_kernel`), no columns kernel; prime and odd sizes, strides,
+    dilations, padding, and a preceding ReLU fused into its loads with bias and ReLU6 in its stores."""
+    td.set_target("cpu")
+    (h, w), (kh, kw) = hw, k
+    g = conv.geometry((n, c, h, w), (oc, c, kh, kw), stride, pad, dilation)
+    assume(g.ow >= conv.WINDOW_ROW and g.oh * g.ow >= 512 and (kh, kw, stride, pad) != (1, 1, 1, 0))
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    wt = rng.standard_normal((oc, c, kh, kw)).astype(np.float32)
+    b = rng.standard_normal(oc).astype(np.float32)
+    low = conv.plan(g, td.f32, "cpu", True, "relu6").lowered
+    assert low.window and low.columns is None and len(low.kernels) == 1
+    want = np.clip(reference(x, wt, b, (stride,) * 2, (pad,) * 4, (dilation,) * 2, 1), 0, 6)
+    np.testing.assert_allclose(ops.conv2d(x, wt, b, stride, pad, dilation, activation="relu6"), want,
+                               rtol=1e-4, atol=1e-4)
+    if fused:       # relu -> conv -> relu6 in a graph: the relu in the window kernel's loads
+        t = tg.input("x", x.shape)
+        y = tg.ops.clip(tg.ops.conv2d(tg.ops.relu(t), tg.constant(wt), tg.constant(b), stride, pad, dilation), 0.0, 6.0)
+        cg = tg.Graph([t], [y]).compile("cpu")
+        assert [k.name for k in cg.kernels] == [low.kernel.name]
+        want = np.clip(reference(np.maximum(x, 0), wt, b, (stride,) * 2, (pad,) * 4, (dilation,) * 2, 1), 0, 6)
+        np.testing.assert_allclose(cg(x)[0], want, rtol=1e-4, atol=1e-4)
 
 
 def test_grouped_convolutions_fold_im2col_into_the_gemm_loads():
