@@ -605,7 +605,7 @@ def lower(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue) -> Lowere
         y = transposed_output_view(g, c) if nchw else output_view(g, c)
         x_name = x.name if x.kind == "placeholder" else None
         pointwise = _pointwise(g) and x_name is not None         # the input itself is the columns
-        if nchw and not pointwise and g.ow >= WINDOW_ROW and mm.cpu.copies_a(True, g.oh * g.ow, g.oc):
+        if nchw and not pointwise and g.ow >= WINDOW_ROW and mm.cpu.copies_a(True, matmul.m, matmul.n):
             kernel = td.fuse(window_kernel(g, matmul, dtype), np.empty(_x_shape(g), dtype.numpy),
                              *matmul_examples(matmul, packed_b=True)[1:], prologues={} if x_name else {"A": x},
                              epilogues={"C": epilogue(y)})

@@ -237,16 +237,16 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
         panels = td.cdiv(N, BN) if copy_a else 1          # the column panels this block computes
         first_panel = 0 if copy_a else blockIdx.x // grid_m
         panel = B if packed_b else td.shared(f32, (KC, BN))
+        rows = td.min(BM, M - row0)
         for k0 in range(k_begin, k_end, KC):
             k1 = td.min(k_end, k0 + KC)
             if window:
-                fill_strip(A, strip, za, k0, k1, td.min(BM, M - row0), row0, H, W)
+                fill_strip(A, strip, za, k0, k1, rows, row0, H, W)
             elif copy_a:
-                in_m = td.min(BM, M - row0)     # a loop of unknown length: LLVM vectorizes the copy
                 for k in range(k1 - k0):
-                    for i in range(in_m):
+                    for i in range(rows):       # a loop of unknown length: LLVM vectorizes the copy
                         strip[k, i] = td.cast(A[za, k0 + k, row0 + i], f32)
-                    for i in range(in_m, td.cdiv(in_m, MR) * MR):    # the last micro-tile's rows past M
+                    for i in range(rows, td.cdiv(rows, MR) * MR):    # the last micro-tile's rows past M
                         strip[k, i] = 0.0
             for pj in range(panels):
                 col0 = (first_panel + pj) * BN
@@ -276,7 +276,6 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
                             for x in td.unroll(MR):
                                 for y in td.unroll(NR):
                                     partial[pj * BM + mi * MR + x, j + y] = c[x, y]
-        rows = td.min(BM, M - row0)
         for pj in range(panels):
             col0 = (first_panel + pj) * BN
             cols = td.min(BN, N - col0)

@@ -8,10 +8,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from .expr import Buffer, Expr
-from .stmt import Stmt
+from .expr import Atomic, Buffer, Expr, Load
+from .stmt import Stmt, Store
 
 _CHILD_TYPES = (Expr, Stmt)
+ELEMENT_ACCESSES = (Load, Store, Atomic)     # the nodes that read or write one element: `buffer[indices]`
 
 
 @functools.cache

@@ -48,7 +48,7 @@ def _indexes_tiles(loop: ir.For, tiles: set) -> bool:
             if a.var.uid not in reaching and any(v.uid in reaching for v in ir.collect(a.value, ir.Var)):
                 reaching.add(a.var.uid)
                 grew = True
-    return any(v.uid in reaching for a in ir.collect(loop.body, _ACCESSES) if a.buffer.uid in tiles
+    return any(v.uid in reaching for a in ir.collect(loop.body, ir.ELEMENT_ACCESSES) if a.buffer.uid in tiles
                for i in a.indices for v in ir.collect(i, ir.Var))
 
 
@@ -77,9 +77,6 @@ def _copy_locals(body, inside_only: set) -> list:
     return [v for uid, v in defined.items() if uid in inside_only and uid not in shared]
 
 
-_ACCESSES = (ir.Load, ir.Store, ir.Atomic)
-
-
 class _Unroller(ir.Rewriter):
     def __init__(self, max_copies: int, counts: Counter, tiles: set):
         self.max_copies = max_copies
@@ -88,13 +85,13 @@ class _Unroller(ir.Rewriter):
         self.fresh: set = set()   # variables made for unrolled copies: mentioned only in their copy
 
     def visit_For(self, s: ir.For):
-        constant = all(isinstance(x, ir.Const) for x in (s.start, s.stop, s.step)) and (
+        unrolls = all(isinstance(x, ir.Const) for x in (s.start, s.stop, s.step)) and (
             s.unroll or _indexes_tiles(s, self.tiles))
         # counted on the body as written: copies of inner loops only multiply its mentions
-        inside_only = {uid for uid, n in _var_counts(s.body).items() if n == self.counts[uid]} if constant else set()
+        inside_only = {uid for uid, n in _var_counts(s.body).items() if n == self.counts[uid]} if unrolls else set()
         body = self.visit(s.body)
         s = s if body is s.body else dataclasses.replace(s, body=body)
-        if not constant:
+        if not unrolls:
             return s
         inside_only |= self.fresh
         trips = range(s.start.value, s.stop.value, s.step.value)

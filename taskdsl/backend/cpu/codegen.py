@@ -86,12 +86,11 @@ def emit_python(fn: ir.Function, debug: bool = False, fast: bool = False) -> Cpu
     return _PythonEmitter(fn, debug, fast).emit()
 
 
-_ACCESSES = (ir.Load, ir.Store, ir.Atomic)
 
 
 def _register_accesses(stmts: list, registers: dict) -> list:
     """The loads, stores and atomics of register buffers in `stmts`, in visiting order (one walk)."""
-    return [a for s in stmts for a in ir.collect(s, _ACCESSES) if a.buffer.uid in registers]
+    return [a for s in stmts for a in ir.collect(s, ir.ELEMENT_ACCESSES) if a.buffer.uid in registers]
 
 
 def _regions_per_register(items: list, registers: dict) -> Counter:

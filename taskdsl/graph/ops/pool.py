@@ -106,19 +106,19 @@ class Pool(ChannelsLast, Operator):
 
         return [reduction("avg_pool", out_shape, kernel, average, op="sum", dtype=x.dtype)]
 
-
     def _indices(self, x, pooled):
         """The flat input index of each window's first element (in window order) equal to its maximum (NaN equal
         to NaN); column-major (`indices` 2) converted from the row-major one, whose minimum is the first."""
         shape = dims(x)
         rank = len(shape) - 2
-        spatial = [ir.Cast(ir.as_expr(d), T.i64) for d in self.spatial_dims(shape)]
+        in_dims = self.spatial_dims(shape)
+        spatial = [ir.Cast(ir.as_expr(d), T.i64) for d in in_dims]
         kernel, strides, pads, dilations = (self.size(k) for k in ("kernel", "strides", "pads", "dilations"))
 
         def position(*ix):
             out = ix[:rank + 2]
             n, c, spots = self.split_index(out)
-            pos, ok = window_input(spots, ix[rank + 2:], strides, pads, dilations, self.spatial_dims(shape))
+            pos, ok = window_input(spots, ix[rank + 2:], strides, pads, dilations, in_dims)
             v, top = x[self.join_index(n, c, pos)], pooled[out]
             hit = ir.binary("==", v, top)
             if x.dtype.is_float:
@@ -148,8 +148,9 @@ def pool(x, mode: str, kernel, stride=None, padding=0, dilation=1, ceil_mode: bo
          count_include_pad: bool = True, channels_last: bool = False):
     """Max ('max') or average ('avg') pooling of x (N, C, spatial...), or (N, spatial..., C) with channels_last;
     padding is an int, one per axis, or (begin..., end...)."""
-    attrs = _attrs(x, mode, kernel, stride, padding, dilation, ceil_mode)
-    return Pool([x], {**attrs, "count_include_pad": bool(count_include_pad), "channels_last": bool(channels_last)}).outputs[0]
+    attrs = {**_attrs(x, mode, kernel, stride, padding, dilation, ceil_mode),
+             "count_include_pad": bool(count_include_pad), "channels_last": bool(channels_last)}
+    return Pool([x], attrs).outputs[0]
 
 
 def max_pool_with_indices(x, kernel, stride=None, padding=0, dilation=1, ceil_mode: bool = False,
@@ -164,8 +165,10 @@ def _attrs(x, mode: str, kernel, stride, padding, dilation, ceil_mode: bool) -> 
     """The window attributes of a pooling of x; stride defaults to the window."""
     rank = x.ndim - 2
     kernel = per_axis(kernel, rank, "kernel_size")
-    return {"mode": mode, "kernel": kernel, "strides": per_axis(stride if stride is not None else kernel, rank, "stride"),
-            "pads": pads_of(padding, rank), "dilations": per_axis(dilation, rank, "dilation"), "ceil_mode": bool(ceil_mode)}
+    return {"mode": mode, "kernel": kernel,
+            "strides": per_axis(stride if stride is not None else kernel, rank, "stride"),
+            "pads": pads_of(padding, rank), "dilations": per_axis(dilation, rank, "dilation"),
+            "ceil_mode": bool(ceil_mode)}
 
 
 def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False):
