@@ -53,6 +53,10 @@ def _cpu_target_and_nvrtc(monkeypatch, request, twin_target):
     optimized = getattr(request.module, "OPTIMIZED", False) and not request.node.get_closest_marker("fast_compile")
     td.fast_compile(not optimized)
     simulate_cuda_twin(monkeypatch, twin_target)
+    if request.node.get_closest_marker("gpu") is not None or os.environ.get("TASKDSL_TEST_TARGET") == "cuda":
+        # on a GPU, matmul and conv plans tune by default, timing every point of each new shape's space:
+        # the tests check results at the default schedules, the benchmarks tune
+        monkeypatch.setenv("TASKDSL_TUNE", "0")
     if twin_target is not None:
         td.set_target(twin_target)
     elif request.node.get_closest_marker("gpu") is None:

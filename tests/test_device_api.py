@@ -11,7 +11,7 @@ from taskdsl import blockIdx, f32, i32, threadIdx
 from taskdsl.backend.cuda.codegen import kernel_symbol
 from taskdsl.backend.cuda.launch import (LaunchLimits, check_launch_dims, dtype_matches, is_c_contiguous,
                                          kernel_params)
-from taskdsl.runtime.device_array import ArrayInfo, array_info
+from taskdsl.runtime.device_array import ArrayInfo, array_info, view_dtype
 
 
 class FakeCudaArray:
@@ -141,6 +141,18 @@ def test_bf16_passes_as_its_bits():
 
 
 # --------------------------------------------------------------------------- device-array binding
+def test_dlpack_bfloat16_views_read_as_bfloat16():
+    """cuda.core gives DLPack's bfloat16 (a torch bf16 tensor's) as 2-byte void; other dtypes stay as they are."""
+    import ml_dtypes
+
+    class View:
+        def __init__(self, dtype):
+            self.dtype = np.dtype(dtype)
+    assert view_dtype(View("V2")) == np.dtype(ml_dtypes.bfloat16)
+    assert dtype_matches(view_dtype(View("V2")), np.dtype(np.uint16))
+    assert view_dtype(View(np.float16)) == np.float16 and view_dtype(View("V4")) == np.dtype("V4")
+
+
 def test_array_info_from_cuda_array_interface():
     info = array_info(FakeCudaArray((3, 5)))
     assert info == ArrayInfo((3, 5), np.dtype(np.float32), None) and info.c_contiguous

@@ -259,6 +259,16 @@ def _cuda_array_interface(obj) -> dict | None:
     return cai if isinstance(cai, dict) else None
 
 
+def view_dtype(view) -> np.dtype:
+    """The numpy dtype of a cuda.core StridedMemoryView: DLPack's bfloat16, which numpy lacks and cuda.core
+    gives as 2-byte void ('V2'), as ml_dtypes' bfloat16."""
+    dtype = np.dtype(view.dtype)
+    if dtype.kind == "V" and dtype.itemsize == 2 and dtype.fields is None:
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)
+    return dtype
+
+
 def array_info(obj, what: str = "argument") -> ArrayInfo:
     """Shape, dtype and strides of a GPU array; TypeError for anything else (host arrays included)."""
     if isinstance(obj, DeviceArray):
@@ -277,10 +287,10 @@ def array_info(obj, what: str = "argument") -> ArrayInfo:
                             f"takes {ACCEPTED}")
         from cuda.core.utils import StridedMemoryView
         view = StridedMemoryView.from_dlpack(obj, stream_ptr=-1)   # metadata only: no stream ordering here
-        dtype = np.dtype(view.dtype)
+        dtype = view_dtype(view)
         strides = None if view.strides is None else tuple(int(s) * dtype.itemsize for s in view.strides)
         return ArrayInfo(tuple(int(n) for n in view.shape), dtype, strides)
     raise TypeError(f"{what} must be an array, got {type(obj).__name__}; the cuda target takes {ACCEPTED}")
 
 
-__all__ = ["DeviceArray", "empty", "carve", "to_device", "array_info", "ArrayInfo", "ACCEPTED"]
+__all__ = ["DeviceArray", "empty", "carve", "to_device", "array_info", "view_dtype", "ArrayInfo", "ACCEPTED"]

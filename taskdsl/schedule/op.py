@@ -78,9 +78,9 @@ class Op:
     def _plan(self, sizes: dict) -> list:
         target, workers = get_target(), num_threads()
 
-        def reduce_strategy(t: Tensor) -> str:
+        def reduce_strategy(t: Tensor, may_split: bool = True) -> str:
             return choose_strategy(t, evaluate_int(numel(t.shape), sizes), evaluate_int(numel(t.reduce_shape), sizes),
-                                   target, workers)
+                                   target, workers, may_split)
 
         steps = []
         for t in self.materialized:
@@ -88,7 +88,8 @@ class Op:
                 steps.append((t, injective_strategy(t, sizes, target)))
             else:
                 strategy = reduce_strategy(t)
-                steps += [(s, reduce_strategy(s)) for s in self._split(t)] if strategy == "split" else [(t, strategy)]
+                steps += [(s, reduce_strategy(s, False)) for s in self._split(t)] if strategy == "split" \
+                    else [(t, strategy)]
         compact = target == "cpu" and fast_compile_enabled()
         key = (target, compact, tuple((id(stage), strategy) for stage, strategy in steps))
         if key not in self._plans:

@@ -183,16 +183,18 @@ def _identity(op: str, dtype: T.DataType) -> ir.Const:
     return ir.const(value, dtype)
 
 
-def choose_strategy(t: Tensor, outputs: int, reduced: int, target: str = "cuda", workers: int = 1) -> str:
+def choose_strategy(t: Tensor, outputs: int, reduced: int, target: str = "cuda", workers: int = 1,
+                    may_split: bool = True) -> str:
     """'thread', 'warp', 'block' or 'split' for a reduction of `reduced` elements into each of `outputs`.
 
     On a GPU the choice keeps memory accesses coalesced and the device full. On the cpu
     target, where a block's threads run one after another on one core, a thread per output
     streams through memory sequentially; only too few outputs to share among the `workers`
-    (CPU threads) call for splitting the reduced elements.
+    (CPU threads) call for splitting the reduced elements. The two stages of a split
+    (`may_split=False`) are not split again.
     """
     if target == "cpu":
-        return "split" if outputs < workers and reduced >= 32768 else "thread"
+        return "split" if may_split and outputs < workers and reduced >= 32768 else "thread"
     reduce_uids = {a.uid for a in t.reduce_axes}   # contiguous: a load's last index moves with a reduced axis
     contiguous = any(load.indices and reduce_uids & {v.uid for v in ir.collect(load.indices[-1], ir.Var)}
                      for load in ir.collect(t.body, ir.Load))
@@ -200,7 +202,7 @@ def choose_strategy(t: Tensor, outputs: int, reduced: int, target: str = "cuda",
         return "thread"
     if reduced <= 512:
         return "warp"
-    if outputs < 64 and reduced >= 32768:   # too few blocks to fill a GPU otherwise
+    if may_split and outputs < 64 and reduced >= 32768:   # too few blocks to fill a GPU otherwise
         return "split"
     return "block"
 

@@ -35,7 +35,7 @@ SHAPES = {
     "block": st.tuples(st.sampled_from([1, 3, 64, 67]), st.sampled_from([513, 1021, 3001, 4099])) |
     st.just((64, 32771)),
     "split": st.tuples(st.sampled_from([1, 2, 3, 5, 63]), st.sampled_from([32768, 32771, 40009])) |
-    st.just((1, 65537)),
+    st.just((1, 65537)) | st.just((1, 2**21)),   # the last: its partial stage alone would be split again
 }
 SUFFIXES = {"thread": ["_reduce_thread"], "warp": ["_reduce_warp"], "block": ["_reduce_block"],
             "split": ["_partials_reduce_block", "_reduce_warp"]}
@@ -150,6 +150,15 @@ def test_choose_strategy_thresholds(m, k, expected):
     (1, 32768, 2, "split"), (3, 10**6, 4, "split"), (4, 10**6, 4, "thread")])
 def test_choose_strategy_cpu(m, k, workers, expected):
     assert choose_strategy(RED["sum"], m, k, "cpu", workers) == expected
+
+
+def test_the_stages_of_a_split_are_not_split_again():
+    x = make_data("sum", (1, 2**21), np.random.default_rng(5))
+    with gpu_plan():
+        assert_strategy(check(ROW_OPS["sum"], x, reduced=2**21), "split", "Rsum")
+    assert choose_strategy(RED["sum"], 32, 2**17) == "split"
+    assert choose_strategy(RED["sum"], 32, 2**17, may_split=False) == "block"
+    assert choose_strategy(RED["sum"], 1, 2**17, "cpu", 4, may_split=False) == "thread"
 
 
 def test_choose_strategy_non_contiguous_is_thread():

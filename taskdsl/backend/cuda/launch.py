@@ -275,7 +275,7 @@ def _host_array_error(value, what: str) -> TypeError:
 
 def _device_pointer(state: DeviceState, value, expected: np.dtype, writable: bool, what: str, keep: list) -> int:
     """The device pointer of a CUDA array argument, after checking device, dtype and layout."""
-    from ...runtime.device_array import DeviceArray
+    from ...runtime.device_array import DeviceArray, view_dtype
     if isinstance(value, DeviceArray):
         if value.device_id != state.device_id:
             raise ValueError(f"{what} is on device {value.device_id}, but the launch is on device {state.device_id}")
@@ -289,7 +289,7 @@ def _device_pointer(state: DeviceState, value, expected: np.dtype, writable: boo
         raise _host_array_error(value, what)
     if view.device_id >= 0 and view.device_id != state.device_id:
         raise ValueError(f"{what} is on device {view.device_id}, but the launch is on device {state.device_id}")
-    if not dtype_matches(np.dtype(view.dtype), expected):
+    if not dtype_matches(view_dtype(view), expected):
         raise TypeError(f"{what} must have dtype {expected}, got {view.dtype}")
     if not is_c_contiguous(tuple(view.shape), None if view.strides is None else tuple(view.strides), 1):
         raise ValueError(f"{what} is not C-contiguous (shape {tuple(view.shape)}, strides {tuple(view.strides)} "
