@@ -29,6 +29,8 @@ from taskdsl import blockIdx, f32, repeat, spatial, threadIdx
 from taskdsl.schedule.space import Space
 
 GROUP = 8                   # block rows per swizzle group
+PAD_A = 4                   # shared A is stored k-major, (BK, BM + PAD_A): the lanes of a warp that read
+                            # different rows hit different banks, and so do its stores along k
 MAX_SMEM = 48 * 1024        # static shared memory per block
 MAX_ACC = 64                # f32 accumulators per thread (registers)
 
@@ -66,7 +68,7 @@ def check(p, itemsize: int = 4, min_tile: int = 64 * 64):
         return "block tile above 256"
     if bm * bn < min_tile:
         return f"block tile below {min_tile} outputs (too little reuse per load)"
-    if 2 * (bm + bn) * p.bk * itemsize > MAX_SMEM:
+    if 2 * (bm + PAD_A + bn) * p.bk * itemsize > MAX_SMEM:
         return "shared memory above 48 KiB"
     if load_mapping(bm, p.bk, threads) is None or load_mapping(p.bk, bn, threads) is None:
         return "a tile the threads cannot load evenly"
@@ -151,7 +153,7 @@ def simt_matmul_kernel(p, dtype, out_dtype):
     def store_tiles(sa, sb, ra, rb, buf):
         """Registers -> shared buffer `buf`."""
         for i, k in a_map(threadIdx.x):
-            sa[buf, i, k] = ra[i // a_s0, k // a_s1]
+            sa[buf, k, i] = ra[i // a_s0, k // a_s1]
         for k, j in b_map(threadIdx.x):
             sb[buf, k, j] = rb[k // b_s0, j // b_s1]
 
@@ -161,7 +163,7 @@ def simt_matmul_kernel(p, dtype, out_dtype):
     @td.kernel(grid=lambda M, N, BZ: (td.cdiv(M, BM) * td.cdiv(N, BN), 1, BZ), block=T, name=name)
     def matmul(A: dtype["BA", "M", "K"], B: dtype["BB", "K", "N"], C: out_dtype["BZ", "M", "N"],
                batch_index: td.i32["BZ", 2], split: td.i32):
-        sa = td.shared(dtype, (2, BM, BK))
+        sa = td.shared(dtype, (2, BK, BM + PAD_A))
         sb = td.shared(dtype, (2, BK, BN))
         ra = td.registers(dtype, (BM // a_s0, BK // a_s1))
         rb = td.registers(dtype, (BK // b_s0, BN // b_s1))
@@ -195,7 +197,7 @@ def simt_matmul_kernel(p, dtype, out_dtype):
                     load_tiles(A, B, ra, rb, za, zb, row0, col0, (kt + 1) * BK)
                 for k in range(BK):       # outer product of the thread's A column and B row fragments
                     for i, _ in a_frag_map(threadIdx.x):
-                        fa[i // (lm * tm) % rm * tm + i % tm] = td.cast(sa[buf, i, k], f32)
+                        fa[i // (lm * tm) % rm * tm + i % tm] = td.cast(sa[buf, k, i], f32)
                     for _, j in b_frag_map(threadIdx.x):
                         fb[j // (ln * tn) % rn * tn + j % tn] = td.cast(sb[buf, k, j], f32)
                     for x in range(rm * tm):

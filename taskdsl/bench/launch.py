@@ -65,9 +65,27 @@ def run(sizes=(20000,)) -> dict:
         kernel(*args)
     sync()
     per_launch = (time.perf_counter() - start) / launches
+    floor = _cuda_core_launch_seconds(kernel, args, launches) if target == "cuda" else None
     arrays = "td.DeviceArray" if target == "cuda" else "numpy"
     print(f"target {target}: an empty kernel with 3 tensor arguments ({arrays})")
     print(f"  cold compile and first launch   {cold * 1e3:9.1f} ms")
     print(f"  cached load and first launch    {cached * 1e3:9.1f} ms  ({cold / cached:.0f}x faster)")
     print(f"  launch overhead                 {per_launch * 1e6:9.2f} us per launch (mean of {launches})")
-    return {"target": target, "cold": cold, "cached": cached, "launch": per_launch}
+    if floor is not None:
+        print(f"    of which cuda.core's launch   {floor * 1e6:9.2f} us (the same launch issued directly)")
+    return {"target": target, "cold": cold, "cached": cached, "launch": per_launch, "cuda_core_launch": floor}
+
+
+def _cuda_core_launch_seconds(kernel, args, launches: int) -> float:
+    """Seconds per launch of the kernel's prepared launch issued straight to cuda.core (the floor under
+    taskdsl's own launch path); None when the kernel has no prepared launch (on a simulated GPU)."""
+    from ..backend.cuda.launch import synchronize
+    prepared = next(iter(kernel._cuda_launches.values()), None)
+    if prepared is None:
+        return None
+    values = prepared.arguments(args)
+    start = time.perf_counter()
+    for _ in range(launches):
+        prepared.launch(prepared.stream, prepared.config, prepared.kernel, *values)
+    synchronize()
+    return (time.perf_counter() - start) / launches

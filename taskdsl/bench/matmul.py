@@ -7,6 +7,8 @@ against torch.matmul (cuBLAS, TF32 off), f32 and f16, timed with CUDA events.
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from .timing import time_cpu
@@ -43,7 +45,9 @@ def _cuda_rows(sizes, tune: bool) -> list:
             a = torch.randn(n, n, device="cuda").to(getattr(torch, np.dtype(dtype).name))
             b = torch.randn(n, n, device="cuda").to(a.dtype)
             c = torch.empty(1, n, n, device="cuda", dtype=a.dtype)
-            plan = gemm.plan((n, n), (n, n), tdt, "cuda", tune)
+            start = time.perf_counter()
+            plan = gemm.plan((n, n), (n, n), tdt, "cuda", tune)     # tunes unless a winner is cached
+            plan_seconds = time.perf_counter() - start
             index = torch.from_numpy(plan.batch_index(1)).cuda()
             kernel = plan.anchor
             run = lambda: kernel(a[None], b[None], c, index, 1)
@@ -51,7 +55,28 @@ def _cuda_rows(sizes, tune: bool) -> list:
             t_td = time_cuda(run)
             t_peer = time_cuda(lambda: torch.matmul(a, b))
             err = _rel_err(c[0].float().cpu().numpy(), torch.matmul(a.double(), b.double()).cpu().numpy())
-            rows.append(dict(size=n, dtype=tdt.name, taskdsl=t_td, peer=t_peer, err=err, tol=tol))
+            rows.append(dict(size=n, dtype=tdt.name, taskdsl=t_td, peer=t_peer, err=err, tol=tol,
+                             schedule=f"{plan.point} (planned in {plan_seconds:.1f} s)"))
+    return rows + _design_rows(sizes)
+
+
+def _design_rows(sizes) -> list:
+    """DESIGN.md's matmul kernel (64x64 tiles, no tuning) on the GPU, f32, against cuBLAS (TF32 off)."""
+    import torch
+
+    import stdlib_ops
+    import taskdsl as td
+    from .cuda_timing import time_cuda
+    rows = []
+    for n in sizes:
+        a, b = torch.randn(n, n, device="cuda"), torch.randn(n, n, device="cuda")
+        c = torch.empty(n, n, device="cuda")
+        a_, b_, c_ = (td.to_device(t.cpu().numpy()) for t in (a, b, c))     # the prepared launch path
+        stdlib_ops.matmul_kernel(a_, b_, c_)
+        t_td = time_cuda(lambda: stdlib_ops.matmul_kernel(a_, b_, c_))
+        t_peer = time_cuda(lambda: torch.matmul(a, b))
+        err = _rel_err(c_.numpy(), torch.matmul(a.double(), b.double()).cpu().numpy())
+        rows.append(dict(size=n, dtype="f32 DESIGN", taskdsl=t_td, peer=t_peer, err=err, tol=1e-3))
     return rows
 
 
@@ -69,7 +94,7 @@ def run(sizes=None, tune: bool = False) -> list:
         rows, peer = _cpu_rows(sizes or (512, 1024), tune), "numpy"
     packed = target != "cuda"
     print(f"matmul on {target}: taskdsl vs {peer}")
-    print(f"{'size':>6} {'dtype':>5} {'taskdsl GFLOP/s':>16} {'peer GFLOP/s':>13} {'ratio':>7} "
+    print(f"{'size':>6} {'dtype':>10} {'taskdsl GFLOP/s':>16} {'peer GFLOP/s':>13} {'ratio':>7} "
           + (f"{'B packed GFLOP/s':>17} {'ratio':>7} " if packed else "") + f"{'max rel err':>12}")
     for r in rows:
         flops = 2.0 * r["size"] ** 3
@@ -79,6 +104,6 @@ def run(sizes=None, tune: bool = False) -> list:
         if packed:
             r.update(packed_gflops=flops / r["packed"] / 1e9, packed_ratio=r["peer"] / r["packed"])
             extra = f"{r['packed_gflops']:>17.1f} {r['packed_ratio']:>7.3f} "
-        print(f"{r['size']:>6} {r['dtype']:>5} {r['taskdsl_gflops']:>16.1f} {r['peer_gflops']:>13.1f} "
-              f"{r['ratio']:>7.3f} {extra}{r['err']:>12.1e}")
+        print(f"{r['size']:>6} {r['dtype']:>10} {r['taskdsl_gflops']:>16.1f} {r['peer_gflops']:>13.1f} "
+              f"{r['ratio']:>7.3f} {extra}{r['err']:>12.1e}" + (f"  {r['schedule']}" if "schedule" in r else ""))
     return rows

@@ -1,7 +1,8 @@
 """The lowering pipeline, read top to bottom.
 
 Common to every target:  expand_mappings -> simplify -> check_barriers -> check_loops.
-CUDA then specializes:   bind_sizes -> flatten_buffers -> simplify -> check_loops (sizes may fold a loop's test).
+CUDA then specializes:   bind_sizes -> mark_tile_loops -> flatten_buffers -> simplify -> check_loops
+                         (sizes may fold a loop's test; loops indexing register tiles are marked for unrolling).
 The cpu target first gives tensor-core and async-copy instructions their plain meaning
 (emulate_tensor_cores), then keeps sizes symbolic (one numba compile serves every shape):
                          unroll_loops -> flatten_buffers -> simplify,
@@ -18,7 +19,7 @@ from .emulate_tensor_cores import emulate_tensor_cores
 from .expand_mappings import expand_mappings
 from .simplify import simplify
 from .specialize import bind_sizes, flatten_buffers
-from .unroll import unroll_loops
+from .unroll import mark_tile_loops, unroll_loops
 
 COMMON_PIPELINE = (expand_mappings, simplify, check_barriers, check_loops)
 
@@ -32,7 +33,7 @@ def lower(fn: ir.Function) -> ir.Function:
 
 def lower_for_cuda(fn: ir.Function, sizes: dict) -> ir.Function:
     """A lowered kernel fixed to `sizes` with 1-D addressing, as the CUDA code generator wants it."""
-    return check_loops(simplify(flatten_buffers(bind_sizes(fn, sizes))))
+    return check_loops(simplify(flatten_buffers(mark_tile_loops(bind_sizes(fn, sizes)))))
 
 
 def lower_for_cpu(fn: ir.Function, debug: bool, unroll: bool = True) -> ir.Function:

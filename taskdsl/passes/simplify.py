@@ -187,6 +187,12 @@ def _split_multiple(e: ir.Expr, c: int):
         for x, y in ((e.a, e.b), (e.b, e.a)):
             if isinstance(y, ir.Const) and y.value % c == 0:
                 return (x * (y.value // c) if y.value != c else x), None
+            if isinstance(y, ir.Const) and y.value > 0 and c % y.value == 0:
+                # (q * c/y + r) * y == q * c + r * y: a task mapping's nested index, say
+                split = _split_multiple(x, c // y.value)
+                if split is not None:
+                    q, r = split
+                    return q, (None if r is None else r * y)
         return None
     if isinstance(e, ir.Binary) and e.op == "+":
         for x, y in ((e.a, e.b), (e.b, e.a)):

@@ -31,9 +31,34 @@ MAX_NODES = 4096   # expression nodes it may produce: a few statements can hold 
 
 def unroll_loops(fn: ir.Function, max_copies: int = MAX_COPIES) -> ir.Function:
     """`fn` with each For of constant bounds replaced by copies of its body, up to `max_copies` statements."""
-    tiles = {a.buffer.uid for a in ir.collect(fn.body, ir.Allocate, expressions=False)
-             if a.buffer.scope == "register" and math.prod(d.value for d in a.buffer.shape) <= MAX_TILE}
-    return dataclasses.replace(fn, body=_Unroller(max_copies, _var_counts(fn.body), tiles).visit(fn.body))
+    return dataclasses.replace(fn, body=_Unroller(max_copies, _var_counts(fn.body), _tiles(fn)).visit(fn.body))
+
+
+def mark_tile_loops(fn: ir.Function) -> ir.Function:
+    """`fn` with each For of constant bounds whose variable reaches a register tile's index marked `unroll`.
+
+    For the CUDA compiler: a register array indexed at run time lives in local memory (a SIMT matmul's
+    accumulators were, at a 320-byte stack frame), so these loops must be unrolled by it, not left to its
+    heuristics.
+    """
+    tiles = _tiles(fn)
+
+    class Marker(ir.Rewriter):
+        def visit_For(self, s: ir.For):
+            body = self.visit(s.body)
+            marks = not s.unroll and all(isinstance(x, ir.Const) for x in (s.start, s.stop, s.step)) \
+                and _indexes_tiles(s, tiles)
+            if body is s.body and not marks:
+                return s
+            return dataclasses.replace(s, body=body, unroll=s.unroll or marks)
+
+    return dataclasses.replace(fn, body=Marker().visit(fn.body))
+
+
+def _tiles(fn: ir.Function) -> set:
+    """Uids of the register buffers small enough to be kept in registers (cuda) or locals (cpu)."""
+    return {a.buffer.uid for a in ir.collect(fn.body, ir.Allocate, expressions=False)
+            if a.buffer.scope == "register" and math.prod(d.value for d in a.buffer.shape) <= MAX_TILE}
 
 
 def _indexes_tiles(loop: ir.For, tiles: set) -> bool:

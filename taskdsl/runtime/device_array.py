@@ -25,7 +25,7 @@ ACCEPTED = ("numpy arrays (copied to the GPU and back) or arrays in GPU memory: 
 class DeviceArray:
     """A C-contiguous array in GPU memory. Make one with `td.to_device(array)` or `empty(shape, dtype)`."""
 
-    __slots__ = ("_buffer", "_shape", "_dtype", "_device_id", "_stream_handle", "__weakref__")
+    __slots__ = ("_buffer", "_shape", "_dtype", "_device_id", "_stream_handle", "_ptr", "launch_key", "__weakref__")
 
     def __init__(self, buffer, shape: tuple, dtype, device_id: int, stream_handle: int):
         self._buffer = buffer
@@ -33,6 +33,9 @@ class DeviceArray:
         self._dtype = np.dtype(dtype)
         self._device_id = int(device_id)
         self._stream_handle = int(stream_handle)
+        self._ptr = int(buffer.handle)      # read at every launch: computed once
+        # what a kernel launch's argument signature holds of this array (Kernel's prepared-launch lookup)
+        self.launch_key = (DeviceArray, self._dtype, self._shape, self._device_id)
 
     # ------------------------------------------------------------------ metadata
     @property
@@ -58,7 +61,7 @@ class DeviceArray:
     @property
     def ptr(self) -> int:
         """The device address of the first element."""
-        return int(self._buffer.handle)
+        return self._ptr
 
     @property
     def device_id(self) -> int:

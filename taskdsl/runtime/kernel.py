@@ -66,10 +66,10 @@ def _binding_key(args: tuple):
     Python/numpy scalar: kinds, dtypes and shapes of the arrays, types and values of the scalars; else None."""
     key = []
     for a in args:
-        if isinstance(a, np.ndarray):
+        if type(a) is DeviceArray:      # first: the arguments of launches that must be cheap
+            key.append(a.launch_key)
+        elif isinstance(a, np.ndarray):
             key.append((a.dtype, a.shape))
-        elif isinstance(a, DeviceArray):
-            key.append((DeviceArray, a.dtype, a.shape, a.device_id))
         elif isinstance(a, (bool, int, float, np.number, np.bool_)):
             key.append((type(a), a))
         else:

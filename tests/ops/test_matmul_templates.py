@@ -11,7 +11,7 @@ import taskdsl as td
 import stdlib_ops as ops
 from stdlib_ops import gemm
 from stdlib_ops import matmul_simt as simt
-from taskdsl.backend.cuda.nvrtc import combine_sources, compile_cubin
+from taskdsl.backend.cuda.nvrtc import combine_sources, compile_cubin, resource_usage
 from taskdsl.schedule import tuner
 from taskdsl.schedule.space import Space
 
@@ -67,6 +67,18 @@ def test_every_point_compiles_with_nvrtc():
         cubin = compile_cubin(unit, arch, "simt_space", fast=True)
         names = {simt.simt_matmul_kernel(p, td.f32, td.f32).name for p in points}
         assert len(names) == len(points) and all(name.encode() in cubin for name in names)
+
+
+def test_every_gpu_point_keeps_its_tiles_in_registers():
+    """ptxas gives no point of the GPU space a stack frame: accumulators and fragments indexed only by
+    unrolled loops (a run-time index would put them in local memory, several times slower)."""
+    a = np.zeros((1, 64, 64), np.float32)
+    index = np.zeros((1, 2), np.int32)
+    kernels = [simt.simt_matmul_kernel(p, td.f32, td.f32) for p in simt.gpu_space().points()]
+    report = resource_usage(combine_sources([k.source(a, a, a, index, 1, target="cuda") for k in kernels]))
+    assert set(report) == {k.name for k in kernels}
+    # a few points spill a word or two (ptxas's choice under register pressure): stack beyond that is an array
+    assert {name: r for name, r in report.items() if r["stack_bytes"] >= r["spill_store_bytes"] + 8} == {}
 
 
 @pytest.mark.fast_compile

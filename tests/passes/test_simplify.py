@@ -45,6 +45,30 @@ def test_multiple_splitting_matches_python(q, r, c, k, op):
 
 
 @settings(max_examples=200, deadline=None)
+@given(q=st.integers(-50, 50), r=st.integers(-50, 50), s=st.integers(-50, 50), c=st.sampled_from([2, 4, 8]),
+       y=st.sampled_from([1, 2, 4]), op=st.sampled_from(["%", "//"]))
+def test_multiples_inside_a_scaled_sum_split_too(q, r, s, c, y, op):
+    """((q * c/y + r) * y + s) % c and // c: a task mapping's nested index, (q*c + r*y + s) underneath."""
+    qv, rv, sv = ir.Var("q", T.i32), ir.Var("r", T.i32), ir.Var("s", T.i32)
+    e = ir.binary(op, (qv * (c // y) + rv) * y + sv, ir.const(c))
+    value = (q * (c // y) + r) * y + s
+    assert evaluate(_simplified(e), {qv.uid: q, rv.uid: r, sv.uid: s}, (0, 0, 0)) == \
+        (value // c if op == "//" else value % c)
+
+
+def test_a_register_fragment_index_folds_to_its_repeat_index():
+    """The SIMT matmul's fragment index i // 16 % 2 of i = ((t // 128 * 2 + r) * 4 + t % 32 // 8) * 4 + u,
+    with r < 2 and u < 4 (unrolled loop variables), is r: a constant index once the loops are unrolled."""
+    t, r, u = threadIdx.x, ir.Var("r", T.i32), ir.Var("u", T.i32)
+    i = ((t // 128 * 2 + r) * 4 + t % 32 // 8) * 4 + u
+    x = ir.Buffer("x", T.f32, (ir.const(1),))
+    body = ir.For(r, ir.const(0), ir.const(2), ir.const(1), ir.For(u, ir.const(0), ir.const(4), ir.const(1),
+                  ir.Store(x, (ir.const(0),), ir.Cast(i // 16 % 2, T.f32))))
+    folded = simplify(ir.Function("k", (x,), (), body, (256, 1, 1))).body.body.body.value.value
+    assert folded is r
+
+
+@settings(max_examples=200, deadline=None)
 @given(u=st.integers(-50, 50), x=st.integers(-500, 500), c=st.integers(1, 9), swap=st.booleans())
 def test_row_major_index_of_a_split_dimension_joins_back(u, x, c, swap):
     """(u + x // c) * c + x % c == u * c + x with floor semantics, for negative x too: no division left."""

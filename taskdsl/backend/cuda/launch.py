@@ -428,10 +428,15 @@ class PreparedCudaLaunch:
     kinds: tuple        # per argument: _POINTER (a DeviceArray), a numpy scalar type, or None (unused: null)
     launch: object      # cuda.core.launch
 
+    def arguments(self, values) -> list:
+        """What cuda.core's launch gets for `values`: device pointers, typed scalars, nulls for unused arrays."""
+        return [v.ptr if kind is _POINTER else 0 if kind is None else kind(v) for kind, v in zip(self.kinds, values)]
+
     def __call__(self, values) -> None:
-        args = [v.ptr if kind is _POINTER else 0 if kind is None else kind(v) for kind, v in zip(self.kinds, values)]
+        args = self.arguments(values)
         self.launch(self.stream, self.config, self.kernel, *args)
-        _record(self.kernel, self.config, args, list(values), False)
+        if getattr(_local, "recording", None) is not None:
+            _record(self.kernel, self.config, args, list(values), False)
 
 
 def prepare_cuda(compiled, symbol: str, values: list, grid: tuple, block: tuple, dtypes: list) -> PreparedCudaLaunch | None:

@@ -75,6 +75,33 @@ def compile_cubin(source: str, arch: str = "sm_90", name: str = "kernel", fast: 
         raise DSLError(message, loc, "NVRTC log:\n" + log.strip()) from None
 
 
+_RESOURCES = {"registers": r"Used (\d+) registers", "stack_bytes": r"(\d+) bytes stack frame",
+              "spill_store_bytes": r"(\d+) bytes spill stores", "spill_load_bytes": r"(\d+) bytes spill loads",
+              "shared_bytes": r"(\d+) bytes smem"}
+
+
+def resource_usage(source: str, arch: str = "sm_90") -> dict:
+    """ptxas's report on each kernel of `source`: {kernel name: {'registers': 128, 'stack_bytes': 0,
+    'spill_store_bytes': 0, 'spill_load_bytes': 0, 'shared_bytes': 20736}} (a key is missing where ptxas
+    omits it).
+
+    A stack frame without spills is an array the code indexes at run time: in local memory, not registers.
+    """
+    import io
+
+    from cuda.core import Program, ProgramOptions
+    include = [_cuda_include_dir()] if "#include <cuda_" in source else None
+    options = ProgramOptions(arch=normalize_arch(arch), std="c++17", include_path=include, ptxas_options=["-v"])
+    log = io.StringIO()
+    Program(source, code_type="c++", options=options).compile("cubin", logs=log)
+    reports = {}
+    for part in re.split(r"Compiling entry function '", log.getvalue())[1:]:
+        name = part.split("'", 1)[0]
+        reports[name] = {key: int(m.group(1)) for key, pattern in _RESOURCES.items()
+                         if (m := re.search(pattern, part))}
+    return reports
+
+
 def combine_sources(sources: list) -> str:
     """One translation unit holding several generated kernels (each in its own namespace).
 
