@@ -108,6 +108,7 @@ def _cuda_rows(layers, layout: str) -> list:
         got = (y if layout == "NCHW" else y.permute(0, 3, 1, 2)).float().cpu().numpy()
         rows.append(dict(layer=(c, hw, oc, k, s), taskdsl=t_td, peer=t_peer, err=_rel_err(got, want),
                          flops=2.0 * oc * c * k * k * y.shape[2] * y.shape[3]))
+        print(f"  layer {rows[-1]['layer']}: {t_peer / t_td:.3f}x cuDNN", flush=True)
     return rows
 
 

@@ -18,9 +18,8 @@ from ..runtime.arrays import as_array, empty_like_operands
 from ..runtime.device_array import DeviceArray
 from ..runtime.kernel import Kernel, remember
 from .rules import (BLOCK, choose_strategy, evaluate_int, injective_strategy, numel, schedule_injective, schedule_reduce,
-                    split_stages)
+                    split_chunks, split_stages)
 
-SPLIT_CHUNKS = 32
 PREPARED_CALLS = 64     # remembered call signatures per op (forgotten all at once past this)
 CPU_THREAD_BLOCK = 8    # outputs per block of a cpu 'thread' reduction: blocks are what the CPU threads share
 
@@ -88,18 +87,22 @@ class Op:
                 steps.append((t, injective_strategy(t, sizes, target)))
             else:
                 strategy = reduce_strategy(t)
-                steps += [(s, reduce_strategy(s, False)) for s in self._split(t)] if strategy == "split" \
-                    else [(t, strategy)]
+                if strategy == "split":
+                    chunks = split_chunks(evaluate_int(numel(t.shape), sizes),
+                                          evaluate_int(numel(t.reduce_shape), sizes), target)
+                    steps += [(s, reduce_strategy(s, False)) for s in self._split(t, chunks)]
+                else:
+                    steps.append((t, strategy))
         compact = target == "cpu" and fast_compile_enabled()
         key = (target, compact, tuple((id(stage), strategy) for stage, strategy in steps))
         if key not in self._plans:
             self._plans[key] = [self._step(stage, strategy, target, compact) for stage, strategy in steps]
         return self._plans[key]
 
-    def _split(self, t: Tensor) -> tuple:
-        if id(t) not in self._splits:
-            self._splits[id(t)] = split_stages(t, SPLIT_CHUNKS)
-        return self._splits[id(t)]
+    def _split(self, t: Tensor, chunks: int) -> tuple:
+        if (id(t), chunks) not in self._splits:
+            self._splits[id(t), chunks] = split_stages(t, chunks)
+        return self._splits[id(t), chunks]
 
     def _step(self, t: Tensor, strategy: str, target: str, compact: bool) -> Step:
         threads = CPU_THREAD_BLOCK if target == "cpu" else BLOCK

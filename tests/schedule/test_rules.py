@@ -19,9 +19,8 @@ from hypothesis import strategies as st
 import taskdsl as td
 from taskdsl import ir
 from taskdsl.compute import evaluate, size_var
-from taskdsl.schedule.op import SPLIT_CHUNKS
 from taskdsl.schedule.rules import (choose_strategy, injective_strategy, schedule_injective, schedule_reduce,
-                                    split_stages)
+                                    split_chunks, split_stages)
 
 FEW = settings(max_examples=6, deadline=None)
 OPS = ["sum", "max", "min", "prod", "mean"]
@@ -35,10 +34,11 @@ SHAPES = {
     "block": st.tuples(st.sampled_from([1, 3, 64, 67]), st.sampled_from([513, 1021, 3001, 4099])) |
     st.just((64, 32771)),
     "split": st.tuples(st.sampled_from([1, 2, 3, 5, 63]), st.sampled_from([32768, 32771, 40009])) |
-    st.just((1, 65537)) | st.just((1, 2**21)),   # the last: its partial stage alone would be split again
+    st.just((1, 65537)),
 }
 SUFFIXES = {"thread": ["_reduce_thread"], "warp": ["_reduce_warp"], "block": ["_reduce_block"],
-            "split": ["_partials_reduce_block", "_reduce_warp"]}
+            # the partials' final reduction is over split_chunks(...) elements: a thread's, a warp's or a block's
+            "split": ["_partials_reduce_block", "_reduce_"]}
 
 
 # ---------------------------------------------------------------- helpers
@@ -81,7 +81,7 @@ def assert_strategy(names: list, strategy: str, prefix: str):
     suffixes = SUFFIXES[strategy]
     assert len(names) == len(suffixes), names
     for name, suffix in zip(names, suffixes):
-        assert name.endswith(suffix) and name.startswith(prefix), names
+        assert (suffix in name if suffix.endswith("_") else name.endswith(suffix)) and name.startswith(prefix), names
 
 
 # ---------------------------------------------------------------- row reductions: each strategy, each op
@@ -152,7 +152,16 @@ def test_choose_strategy_cpu(m, k, workers, expected):
     assert choose_strategy(RED["sum"], m, k, "cpu", workers) == expected
 
 
+def test_split_chunks_fill_a_gpu():
+    """On a GPU a split makes ~2048 partials (at least 2 chunks, each of 4096 elements or more); on the cpu,
+    32 chunks per output."""
+    assert split_chunks(1, 16384 * 4096) == 2048
+    assert split_chunks(63, 32768) == 8 and split_chunks(1, 8192) == 2 and split_chunks(1, 100) == 2
+    assert split_chunks(32, 2**21) == 64 and split_chunks(1, 2**21, "cpu") == 32
+
+
 def test_the_stages_of_a_split_are_not_split_again():
+    """A sum of 2M elements: its partial stage (many outputs of many elements) would be a split again."""
     x = make_data("sum", (1, 2**21), np.random.default_rng(5))
     with gpu_plan():
         assert_strategy(check(ROW_OPS["sum"], x, reduced=2**21), "split", "Rsum")
@@ -295,9 +304,7 @@ def test_reduce_all_axes_keepdims(shape, seed):
     x = make_data("sum", shape, np.random.default_rng(seed))
     with gpu_plan():
         names = check(ALL_KEEP_OP, x, reduced=x.size)
-    expected = {"thread": ["AllKeep_reduce_thread"], "warp": ["AllKeep_reduce_warp"],
-                "block": ["AllKeep_reduce_block"], "split": ["AllKeep_partials_reduce_block", "AllKeep_reduce_warp"]}
-    assert names == expected[choose_strategy(ALL_KEEP, 1, x.size)]
+    assert_strategy(names, choose_strategy(ALL_KEEP, 1, x.size), "AllKeep")
 
 
 @pytest.mark.parametrize("shape", [(3, 5), (7, 3001)])
@@ -309,16 +316,19 @@ def test_reduce_all_axes_to_a_scalar(shape):
     check(ALL_OP, x, reduced=x.size)
 
 
+CHUNKS = 32
+
+
 @pytest.mark.parametrize("op", OPS)
 def test_split_stages_definitions(op):
     """'split' is two reduce definitions whose reference value is the original reduction's."""
     t = RED[op]
-    partial, final = split_stages(t, SPLIT_CHUNKS)
+    partial, final = split_stages(t, CHUNKS)
     assert partial.kind == final.kind == "reduce"
     assert partial.name == f"R{op}_partials" and partial.ndim == 2
-    assert isinstance(partial.shape[1], ir.Const) and partial.shape[1].value == SPLIT_CHUNKS
+    assert isinstance(partial.shape[1], ir.Const) and partial.shape[1].value == CHUNKS
     assert final.buffer is t.buffer and final.dtype == t.dtype and final.shape == t.shape
-    assert final.reduce_shape[0].value == SPLIT_CHUNKS
+    assert final.reduce_shape[0].value == CHUNKS
     assert final.inputs == [partial]
     for shape in [(2, 1), (3, 31), (2, 33), (1, 1000), (2, 40009)]:
         x = make_data(op, shape, np.random.default_rng(shape[1]))
