@@ -48,15 +48,20 @@ def pytest_generate_tests(metafunc):
 
 
 @pytest.fixture(autouse=True)
+def _default_schedules_on_gpus(monkeypatch, request):
+    """GPU tests run at the templates' default schedules: on a GPU, matmul and conv plans tune by default,
+    timing every point of each new shape's space (the tests check results; the benchmarks tune). A fixture
+    of its own, as modules override _cpu_target_and_nvrtc."""
+    if request.node.get_closest_marker("gpu") is not None or os.environ.get("TASKDSL_TEST_TARGET") == "cuda":
+        monkeypatch.setenv("TASKDSL_TUNE", "0")
+
+
+@pytest.fixture(autouse=True)
 def _cpu_target_and_nvrtc(monkeypatch, request, twin_target):
     """Run on the cpu target (or a twin's target) and NVRTC-compile each launched kernel."""
     optimized = getattr(request.module, "OPTIMIZED", False) and not request.node.get_closest_marker("fast_compile")
     td.fast_compile(not optimized)
     simulate_cuda_twin(monkeypatch, twin_target)
-    if request.node.get_closest_marker("gpu") is not None or os.environ.get("TASKDSL_TEST_TARGET") == "cuda":
-        # on a GPU, matmul and conv plans tune by default, timing every point of each new shape's space:
-        # the tests check results at the default schedules, the benchmarks tune
-        monkeypatch.setenv("TASKDSL_TUNE", "0")
     if twin_target is not None:
         td.set_target(twin_target)
     elif request.node.get_closest_marker("gpu") is None:

@@ -151,6 +151,9 @@ def test_dlpack_bfloat16_views_read_as_bfloat16():
     assert view_dtype(View("V2")) == np.dtype(ml_dtypes.bfloat16)
     assert dtype_matches(view_dtype(View("V2")), np.dtype(np.uint16))
     assert view_dtype(View(np.float16)) == np.float16 and view_dtype(View("V4")) == np.dtype("V4")
+    # torch's __cuda_array_interface__ of a bf16 tensor says '<V2' too
+    cai = {"version": 3, "shape": (4,), "typestr": "<V2", "data": (0, False), "strides": None}
+    assert array_info(type("TorchLike", (), {"__cuda_array_interface__": cai})()).dtype == np.dtype(ml_dtypes.bfloat16)
 
 
 def test_array_info_from_cuda_array_interface():

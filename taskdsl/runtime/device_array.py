@@ -238,7 +238,7 @@ class ArrayInfo:
 
 def _from_cai(cai: dict, what: str) -> ArrayInfo:
     try:
-        dtype = np.dtype(cai["typestr"])
+        dtype = bfloat16_for_void(np.dtype(cai["typestr"]))
         shape = tuple(int(n) for n in cai["shape"])
     except (KeyError, TypeError, ValueError) as exc:
         raise TypeError(f"{what} has an invalid __cuda_array_interface__ ({exc})") from None
@@ -263,9 +263,13 @@ def _cuda_array_interface(obj) -> dict | None:
 
 
 def view_dtype(view) -> np.dtype:
-    """The numpy dtype of a cuda.core StridedMemoryView: DLPack's bfloat16, which numpy lacks and cuda.core
-    gives as 2-byte void ('V2'), as ml_dtypes' bfloat16."""
-    dtype = np.dtype(view.dtype)
+    """The numpy dtype of a cuda.core StridedMemoryView (a bfloat16 view's as ml_dtypes' bfloat16)."""
+    return bfloat16_for_void(np.dtype(view.dtype))
+
+
+def bfloat16_for_void(dtype: np.dtype) -> np.dtype:
+    """`dtype`, except 2-byte void ('V2') as ml_dtypes' bfloat16: how bfloat16, which numpy lacks, comes
+    through DLPack (cuda.core's views) and torch's __cuda_array_interface__."""
     if dtype.kind == "V" and dtype.itemsize == 2 and dtype.fields is None:
         import ml_dtypes
         return np.dtype(ml_dtypes.bfloat16)
