@@ -4,7 +4,8 @@
 
 `build(point)` returns a Kernel and `args` are the arguments to time it with. The space is
 enumerated exhaustively (it is small by design); on cuda every candidate is compiled first,
-in parallel threads (NVRTC runs outside the GIL), then timed with CUDA events; on the cpu
+in parallel threads (NVRTC runs outside the GIL), then timed with CUDA events on arguments copied
+to the GPU once; on the cpu
 numba compiles one at a time. Winners are stored as JSON under
 `cache_dir()/tune/<key>.json`, keyed by (op, shapes, dtypes, device, taskdsl version).
 TASKDSL_TUNE=0 turns tuning off (the default point is used). A candidate that fails to
@@ -16,6 +17,8 @@ import json
 import os
 import platform
 from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
 
 from ..runtime.cache import atomic_write, cache_key
 from ..runtime.config import cache_dir, get_target, gpu_status
@@ -66,6 +69,13 @@ def _timer(target: str):
     return lambda fn: time_cpu(fn, warmup=1, repeat=3)
 
 
+def _on_device(args: tuple) -> tuple:
+    """`args` with numpy arrays copied to the GPU once: timed with numpy arrays, each launch would copy them in
+    and out, and the copies (a 4096^2 matmul's 200 MB) would drown the kernels' differences."""
+    from ..runtime.device_array import to_device
+    return tuple(to_device(a) if isinstance(a, np.ndarray) else a for a in args)
+
+
 def tune(space: Space, build, args: tuple, *, op: str, shapes, dtypes, default: Point,
          target: str | None = None, force: bool = False, show: bool | None = None) -> Point:
     """The fastest point of `space` for `build(point)(*args)` (cached on disk; `default` when off).
@@ -83,6 +93,7 @@ def tune(space: Space, build, args: tuple, *, op: str, shapes, dtypes, default: 
     timer = _timer(target)
     kernels: dict = {}
     if target == "cuda":    # compile all first, in parallel; the timing loop then only loads cubins
+        args = _on_device(args)
         def compile_one(p):
             try:
                 kernel = build(p)

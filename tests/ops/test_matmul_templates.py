@@ -185,6 +185,32 @@ def test_tuner_picks_the_fastest_point_and_caches_it(tmp_path, monkeypatch):
                       target="cpu") == default
 
 
+def test_cuda_tuning_times_kernels_on_device_arrays(simulated_gpu, tmp_path, monkeypatch):
+    """On cuda the candidates are compiled and timed on arguments copied to the GPU once (numpy arrays would be
+    copied in and out at every timed launch, and the copies would be what is timed)."""
+    monkeypatch.setenv("TASKDSL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TASKDSL_TUNE", "1")
+    monkeypatch.setattr(tuner, "_timer", lambda target: lambda fn: (fn(), 1.0)[1])
+    seen = []
+
+    class Fake:
+        def __init__(self, p):
+            self.p = p
+
+        def compile(self, *args, target):
+            seen.append(args)
+
+        def __call__(self, *args):
+            seen.append(args)
+
+    space = Space("toy_cuda", {"x": (1, 2)})
+    a = np.ones((4, 4), np.float32)
+    tuner.tune(space, Fake, (a, 3), op="toy_cuda", shapes=(4,), dtypes=("f32",), default=space.point(x=1),
+               target="cuda", show=False)
+    assert len(seen) == 4 and all(isinstance(args[0], td.DeviceArray) and args[1] == 3 for args in seen)
+    np.testing.assert_array_equal(seen[0][0].numpy(), a)
+
+
 def test_tuner_skips_failing_candidates(tmp_path, monkeypatch):
     monkeypatch.setenv("TASKDSL_CACHE_DIR", str(tmp_path))
     space = Space("toy", {"ok": (False, True)})
