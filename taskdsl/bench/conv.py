@@ -89,7 +89,7 @@ def _cuda_rows(layers, layout: str) -> list:
     import torch
     import taskdsl as td
     from stdlib_ops import conv
-    from .cuda_timing import time_cuda
+    from .cuda_timing import time_cuda, time_cuda_replayed, time_torch_replayed
     rows = []
     for c, hw, oc, k, s, p in layers:
         x = torch.randn(1, c, hw, hw, device="cuda", dtype=torch.float16)
@@ -101,12 +101,11 @@ def _cuda_rows(layers, layout: str) -> list:
         packed = torch.from_numpy(low.weight_operand(w.cpu().numpy())).cuda()
         index = torch.from_numpy(low.batch_index).cuda()
         run = lambda: low.kernel(packed, index, 1, x_in, y)
-        run()
-        t_td = time_cuda(run)
-        t_peer = time_cuda(lambda: torch.nn.functional.conv2d(x, w, stride=s, padding=p))
+        t_td, t_call = time_cuda_replayed(run), time_cuda(run)
+        t_peer = time_torch_replayed(lambda: torch.nn.functional.conv2d(x, w, stride=s, padding=p))
         want = torch.nn.functional.conv2d(x.float(), w.float(), stride=s, padding=p).cpu().numpy()
         got = (y if layout == "NCHW" else y.permute(0, 3, 1, 2)).float().cpu().numpy()
-        rows.append(dict(layer=(c, hw, oc, k, s), taskdsl=t_td, peer=t_peer, err=_rel_err(got, want),
+        rows.append(dict(layer=(c, hw, oc, k, s), taskdsl=t_td, call=t_call, peer=t_peer, err=_rel_err(got, want),
                          flops=2.0 * oc * c * k * k * y.shape[2] * y.shape[3]))
         print(f"  layer {rows[-1]['layer']}: {t_peer / t_td:.3f}x cuDNN", flush=True)
     return rows
@@ -133,11 +132,16 @@ def run(sizes=None, layout: str = "NCHW", layers: str = "resnet50") -> list:
     peer = "cuDNN (torch, f16)" if target == "cuda" else "onnxruntime (f32)"
     what = "MobileNet-V2 depthwise layers + bias + ReLU6" if depthwise else "ResNet-50 conv layers"
     print(f"{what}, batch 1, on {target}: taskdsl ({layout}) vs {peer} (NCHW)")
-    print(f"{'C,HW,OC,K,S':>22} {'taskdsl ms':>11} {'peer ms':>9} {'ratio':>7} {'GFLOP/s':>8} {'rel err':>8}")
+    if target == "cuda":
+        print("(GPU times of each side's kernels replayed as a CUDA graph; 'call ms': a taskdsl call with its host "
+              "launch cost)")
+    print(f"{'C,HW,OC,K,S':>22} {'taskdsl ms':>11} {'peer ms':>9} {'ratio':>7} {'GFLOP/s':>8} {'rel err':>8}"
+          + (f" {'call ms':>8}" if target == "cuda" else ""))
     for r in rows:
         r["ratio"] = r["peer"] / r["taskdsl"]
         print(f"{','.join(map(str, r['layer'])):>22} {r['taskdsl'] * 1e3:>11.3f} {r['peer'] * 1e3:>9.3f} "
-              f"{r['ratio']:>7.3f} {r['flops'] / r['taskdsl'] / 1e9:>8.1f} {r['err']:>8.1e}")
+              f"{r['ratio']:>7.3f} {r['flops'] / r['taskdsl'] / 1e9:>8.1f} {r['err']:>8.1e}"
+              + (f" {r['call'] * 1e3:>8.3f}" if "call" in r else ""))
     if rows:
         print(f"mean ratio {np.mean([r['ratio'] for r in rows]):.3f}")
     return rows

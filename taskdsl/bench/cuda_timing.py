@@ -47,4 +47,31 @@ def time_cuda(fn, *, warmup: int = 3, repeat: int = 20, flush_l2: bool = True, m
     return statistics.median(samples)
 
 
-__all__ = ["time_cuda", "FLUSH_BYTES"]
+def time_cuda_replayed(fn, **options) -> float:
+    """Median GPU time of the taskdsl launches `fn` makes, captured once into a CUDA graph and timed as its
+    replays (`time_cuda`'s options): the kernels' time without the host's launch cost, which for a
+    microsecond kernel called with torch tensors is most of a call."""
+    from ..backend.cuda.graphs import CudaGraph
+    from ..backend.cuda.launch import recording
+    fn()                            # compiles and loads outside the capture
+    with recording() as record:
+        fn()
+    return time_cuda(CudaGraph(record.launches).replay, **options)
+
+
+def time_torch_replayed(fn, **options) -> float:
+    """`time_cuda_replayed` for torch work (a cuBLAS or cuDNN peer): `fn` captured into a torch CUDA graph,
+    timed as its replays."""
+    import torch
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):   # warm-up off the capture: library handles, workspaces, algorithm choice
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return time_cuda(graph.replay, **options)
+
+
+__all__ = ["time_cuda", "time_cuda_replayed", "time_torch_replayed", "FLUSH_BYTES"]

@@ -2,8 +2,10 @@
 
 cpu target: stdlib_ops.matmul (the register-tile cpu template at its default schedule, or tuned
 with --tune) against numpy's BLAS, f32; and, as the graph layer runs constant weights, with B
-packed once outside the timing (`plan.pack_b`). cuda target: the template's kernel on device arrays
-against torch.matmul (cuBLAS, TF32 off), f32 and f16, timed with CUDA events.
+packed once outside the timing (`plan.pack_b`). cuda target: the template's kernel against torch.matmul
+(cuBLAS, TF32 off), f32 and f16, and DESIGN.md's kernel (f32): each side's kernels captured into a CUDA graph
+and timed as its replays with CUDA events (GPU time only; 'call ms' is a taskdsl call's time with its host
+launch cost, torch tensors as arguments).
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ def _cuda_rows(sizes, tune: bool) -> list:
     import torch
     import taskdsl as td
     from stdlib_ops import gemm
-    from .cuda_timing import time_cuda
+    from .cuda_timing import time_cuda, time_cuda_replayed, time_torch_replayed
     torch.backends.cuda.matmul.allow_tf32 = False
     rows = []
     for dtype, tdt, tol in ((np.float32, td.f32, 1e-3), (np.float16, td.f16, 2e-2)):
@@ -51,11 +53,10 @@ def _cuda_rows(sizes, tune: bool) -> list:
             index = torch.from_numpy(plan.batch_index(1)).cuda()
             kernel = plan.anchor
             run = lambda: kernel(a[None], b[None], c, index, 1)
-            run()
-            t_td = time_cuda(run)
-            t_peer = time_cuda(lambda: torch.matmul(a, b))
+            t_td, t_call = time_cuda_replayed(run), time_cuda(run)
+            t_peer = time_torch_replayed(lambda: torch.matmul(a, b))
             err = _rel_err(c[0].float().cpu().numpy(), torch.matmul(a.double(), b.double()).cpu().numpy())
-            rows.append(dict(size=n, dtype=tdt.name, taskdsl=t_td, peer=t_peer, err=err, tol=tol,
+            rows.append(dict(size=n, dtype=tdt.name, taskdsl=t_td, call=t_call, peer=t_peer, err=err, tol=tol,
                              schedule=f"{plan.point} (planned in {plan_seconds:.1f} s)"))
             print(f"  {n} {tdt.name}: {t_peer / t_td:.3f}x cuBLAS, planned in {plan_seconds:.1f} s", flush=True)
     return rows + _design_rows(sizes)
@@ -67,17 +68,17 @@ def _design_rows(sizes) -> list:
 
     import stdlib_ops
     import taskdsl as td
-    from .cuda_timing import time_cuda
+    from .cuda_timing import time_cuda, time_cuda_replayed, time_torch_replayed
     rows = []
     for n in sizes:
         a, b = torch.randn(n, n, device="cuda"), torch.randn(n, n, device="cuda")
         c = torch.empty(n, n, device="cuda")
         a_, b_, c_ = (td.to_device(t.cpu().numpy()) for t in (a, b, c))     # the prepared launch path
-        stdlib_ops.matmul_kernel(a_, b_, c_)
-        t_td = time_cuda(lambda: stdlib_ops.matmul_kernel(a_, b_, c_))
-        t_peer = time_cuda(lambda: torch.matmul(a, b))
+        run = lambda: stdlib_ops.matmul_kernel(a_, b_, c_)
+        t_td, t_call = time_cuda_replayed(run), time_cuda(run)
+        t_peer = time_torch_replayed(lambda: torch.matmul(a, b))
         err = _rel_err(c_.numpy(), torch.matmul(a.double(), b.double()).cpu().numpy())
-        rows.append(dict(size=n, dtype="f32 DESIGN", taskdsl=t_td, peer=t_peer, err=err, tol=1e-3))
+        rows.append(dict(size=n, dtype="f32 DESIGN", taskdsl=t_td, call=t_call, peer=t_peer, err=err, tol=1e-3))
     return rows
 
 
@@ -96,12 +97,12 @@ def run(sizes=None, tune: bool = False) -> list:
     packed = target != "cuda"
     print(f"matmul on {target}: taskdsl vs {peer}")
     print(f"{'size':>6} {'dtype':>10} {'taskdsl GFLOP/s':>16} {'peer GFLOP/s':>13} {'ratio':>7} "
-          + (f"{'B packed GFLOP/s':>17} {'ratio':>7} " if packed else "") + f"{'max rel err':>12}")
+          + (f"{'B packed GFLOP/s':>17} {'ratio':>7} " if packed else f"{'call ms':>8} ") + f"{'max rel err':>12}")
     for r in rows:
         flops = 2.0 * r["size"] ** 3
         r.update(taskdsl_gflops=flops / r["taskdsl"] / 1e9, peer_gflops=flops / r["peer"] / 1e9,
                  ratio=r["peer"] / r["taskdsl"])
-        extra = ""
+        extra = f"{r['call'] * 1e3:>8.3f} " if "call" in r else ""
         if packed:
             r.update(packed_gflops=flops / r["packed"] / 1e9, packed_ratio=r["peer"] / r["packed"])
             extra = f"{r['packed_gflops']:>17.1f} {r['packed_ratio']:>7.3f} "

@@ -92,7 +92,7 @@ def _cuda_rows(rows: int, cols: int) -> list:
     import stdlib_ops as ops
     import taskdsl as td
 
-    from .cuda_timing import time_cuda
+    from .cuda_timing import time_cuda_replayed, time_torch_replayed
 
     rng = np.random.default_rng(0)
     host = rng.standard_normal((rows, cols), dtype=np.float32)
@@ -115,8 +115,8 @@ def _cuda_rows(rows: int, cols: int) -> list:
     for name, ours, oracle, moved in cases:
         got, want = np.asarray(ours().numpy(), np.float64), oracle()
         err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
-        t_ours = time_cuda(ours)
-        t_peer = time_cuda(peers[name]) if name in peers else float("nan")
+        t_ours = time_cuda_replayed(ours)       # GPU time, as the peer's: both replayed as CUDA graphs
+        t_peer = time_torch_replayed(peers[name]) if name in peers else float("nan")
         rate = moved / t_ours
         row = (name, t_ours * 1e3, t_peer * 1e3, rate / 1e9, t_peer / t_ours, err)
         results.append(row)

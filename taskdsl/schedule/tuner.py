@@ -83,7 +83,7 @@ def tune(space: Space, build, args: tuple, *, op: str, shapes, dtypes, default: 
     `force` re-tunes even when a winner is stored.
     """
     target = target or get_target()
-    if not tuning_enabled():
+    if not tuning_enabled() or (target == "cuda" and not gpu_status()[0]):   # nothing to time a GPU kernel on
         return default
     if not force:
         hit = cached_winner(space, op, shapes, dtypes, target)
