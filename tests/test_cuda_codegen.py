@@ -123,6 +123,23 @@ def test_python_floor_division_on_possibly_negative_values():
     assert "td_floordiv" not in index_src   # index arithmetic on threadIdx/blockIdx stays plain
 
 
+def test_floor_division_by_a_power_of_two_is_a_shift_and_a_mask():
+    """// 4 and % 4 of a signed int of any sign: an arithmetic shift and a mask, which are Python's floor
+    semantics in two's complement (no sign correction, no helper's branch)."""
+    @td.kernel(grid=1, block=8)
+    def quarters(X: i32[8], Y: i32[8]):
+        Y[threadIdx.x] = X[threadIdx.x] // 4 * 10 + X[threadIdx.x] % 4
+
+    x = np.arange(-9, 15, 3, dtype=np.int32)
+    src = quarters.source(x, x, target="cuda")
+    assert ">> 2)" in src and "& 3)" in src and "td_floor" not in src.split("extern")[1]
+    compile_cubin(src, "sm_90", "quarters", fast=True)
+    np.testing.assert_array_equal((x >> 2) * 10 + (x & 3), x // 4 * 10 + x % 4)   # the identity, on negatives too
+    out = np.empty_like(x)
+    quarters(x, out)
+    np.testing.assert_array_equal(out, x // 4 * 10 + x % 4)
+
+
 def test_cuda_launch_without_gpu_is_a_clear_error():
     usable, _ = td.gpu_status()
     if usable:

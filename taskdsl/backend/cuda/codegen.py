@@ -123,6 +123,15 @@ def _c_float(value: float, dtype: T.DataType) -> str:
     return dtype.float_text(value) + ("f" if dtype.bits == 32 else "")
 
 
+
+def _power_of_two(e: ir.Expr) -> int | None:
+    """k when `e` is the integer constant 2**k (k >= 1), else None."""
+    if isinstance(e, ir.Const) and e.dtype.is_integer and not isinstance(e.value, bool):
+        value = int(e.value)
+        if value > 1 and value & (value - 1) == 0:
+            return value.bit_length() - 1
+    return None
+
 class _CudaEmitter:
     def __init__(self, fn: ir.Function):
         self.fn = fn
@@ -343,6 +352,11 @@ class _CudaEmitter:
             if e.dtype.is_float:
                 helper = "td_pyfloordiv" if e.op == "//" else "td_pymod"
                 return f"{helper}<{e.dtype.c_name}>({a}, {b})"
+            shift = _power_of_two(e.b)
+            if shift is not None and e.dtype.kind == "int":
+                # floor semantics in two's complement, whatever a's sign: a // 2**k == a >> k, a % 2**k == a & (2**k - 1)
+                # (a signed `/` by a power of two costs a sign correction; td_floordiv, a branch besides)
+                return f"({a} >> {shift})" if e.op == "//" else f"({a} & {(1 << shift) - 1})"
             if e.dtype.kind == "uint" or (self.non_negative(e.a) and self.non_negative(e.b)):
                 return f"({a} {'/' if e.op == '//' else '%'} {b})"
             helper = "td_floordiv" if e.op == "//" else "td_floormod"
