@@ -21,7 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..runtime.cache import atomic_write, cache_key
-from ..runtime.config import cache_dir, get_target, gpu_status
+from ..runtime import config
+from ..runtime.config import cache_dir, get_target
 from ..runtime.progress import Progress
 from .space import Point, Space
 
@@ -34,7 +35,7 @@ def tuning_enabled() -> bool:
 def device_name(target: str) -> str:
     """What a tuning result is specific to: the GPU's name and arch, or the cpu's machine and cores."""
     if target == "cuda":
-        return gpu_status()[1]
+        return config.gpu_status()[1]
     return f"cpu {platform.machine()} x{os.cpu_count()}"
 
 
@@ -83,7 +84,7 @@ def tune(space: Space, build, args: tuple, *, op: str, shapes, dtypes, default: 
     `force` re-tunes even when a winner is stored.
     """
     target = target or get_target()
-    if not tuning_enabled() or (target == "cuda" and not gpu_status()[0]):   # nothing to time a GPU kernel on
+    if not tuning_enabled() or (target == "cuda" and not config.gpu_status()[0]):   # nothing to time a GPU kernel on
         return default
     if not force:
         hit = cached_winner(space, op, shapes, dtypes, target)

@@ -179,7 +179,8 @@ class _CudaEmitter:
                 self.lines.append(f"  {b.dtype.c_name}* {self.name(b)} = "
                                   f"reinterpret_cast<{b.dtype.c_name}*>(td_dynamic_smem + {offsets[b.uid]});")
             else:
-                qualifier = "__shared__ " if b.scope == "shared" else ""
+                # 16-byte aligned shared arrays: neighbouring elements a thread reads can become one vector load
+                qualifier = "__shared__ __align__(16) " if b.scope == "shared" else ""
                 self.lines.append(f"  {qualifier}{b.dtype.c_name} {self.name(b)}[{size}];")
         for_vars = {f.var.uid for f in self.found[ir.For]}  # declared by their for statement
         local_vars = {a.var.uid: a.var for a in self.found[ir.Assign] if a.var.uid not in for_vars}
