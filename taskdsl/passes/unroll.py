@@ -46,13 +46,32 @@ def mark_tile_loops(fn: ir.Function) -> ir.Function:
     class Marker(ir.Rewriter):
         def visit_For(self, s: ir.For):
             body = self.visit(s.body)
-            marks = not s.unroll and all(isinstance(x, ir.Const) for x in (s.start, s.stop, s.step)) \
-                and _indexes_tiles(s, tiles)
+            constant = all(isinstance(x, ir.Const) for x in (s.start, s.stop, s.step))
+            marks = not s.unroll and constant and _indexes_tiles(s, tiles) and \
+                len(range(s.start.value, s.stop.value, s.step.value)) * _unrolled_size(body) <= MAX_MARKED
             if body is s.body and not marks:
                 return s
             return dataclasses.replace(s, body=body, unroll=s.unroll or marks)
 
     return dataclasses.replace(fn, body=Marker().visit(fn.body))
+
+
+MAX_MARKED = 1024   # statements a loop nest marked for the CUDA compiler to unroll may become
+
+
+def _unrolled_size(s) -> int:
+    """Statements `s` becomes once its loops marked `unroll` (with constant bounds) are unrolled."""
+    if isinstance(s, ir.Seq):
+        return sum(_unrolled_size(x) for x in s.stmts)
+    if isinstance(s, ir.If):
+        return 1 + _unrolled_size(s.then) + (_unrolled_size(s.orelse) if s.orelse is not None else 0)
+    if isinstance(s, ir.For):
+        constant = s.unroll and all(isinstance(x, ir.Const) for x in (s.start, s.stop, s.step))
+        trips = len(range(s.start.value, s.stop.value, s.step.value)) if constant else 1
+        return trips * _unrolled_size(s.body)
+    if isinstance(s, ir.While):
+        return _unrolled_size(s.body)
+    return 1
 
 
 def _tiles(fn: ir.Function) -> set:

@@ -88,3 +88,13 @@ def test_big_expressions_stay_a_loop():
     unrolled = unroll_loops(fn)
     assert _loops(unrolled)
     assert _stores(unrolled) == _stores(fn)
+
+
+def test_cuda_marks_the_loops_that_index_register_tiles():
+    """mark_tile_loops (CUDA): a constant loop reaching a register tile's index is marked `unroll`, within
+    MAX_MARKED statements; a loop over a global buffer, or one that would grow too big, is not."""
+    from taskdsl.passes.unroll import MAX_MARKED, mark_tile_loops
+    store = lambda i, out: ir.Store(out, (i,), i)      # noqa: E731
+    assert all(f.unroll for f in _loops(mark_tile_loops(_loop(8, store))))
+    assert not any(f.unroll for f in _loops(mark_tile_loops(_loop(8, store, scope="global"))))
+    assert not any(f.unroll for f in _loops(mark_tile_loops(_loop(MAX_MARKED + 1, store, size=8))))
