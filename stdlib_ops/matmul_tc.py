@@ -146,7 +146,7 @@ def tc_matmul_kernel(p, dtype, out_dtype, vec: int = 8):
             td.syncthreads()
             issue_tile(A, B, sa, sb, za, zb, row0, col0, kt + STAGES - 1, kt1)
             slot = kt % STAGES
-            for kk in range(BK // 16):
+            for kk in td.unroll(BK // 16):      # unrolled: the next k step's ldmatrix can overlap this one's mma
                 for a in range(mi):
                     r = warp_m0 + a * 16 + lane % 16
                     td.ldmatrix(fa[a], sa[slot, r, swz(r, kk * 16 + lane // 16 * 8, BK)])
