@@ -39,6 +39,22 @@ def test_softmax_of_masked_rows(schedule, shape, seed, masked):
 
 @pytest.mark.parametrize("schedule", ["block", "thread"])
 @settings(max_examples=5, deadline=None)
+@given(shape=SHAPES, seed=st.integers(0, 1000), masked=st.floats(0.0, 0.9))
+def test_softmax_of_rows_with_minus_infinity_and_nan(schedule, shape, seed, masked):
+    """-inf scores (a causal mask) weigh 0 wherever they come in the row, before the first finite score too;
+    a NaN makes its row NaN, as numpy's formula does."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape).astype(np.float32)
+    x[rng.random(shape) < masked] = -np.inf
+    x[:, -1] = 0.5                                  # every row keeps a finite score
+    np.testing.assert_allclose(softmax_rows(x, schedule=schedule), _softmax(x), rtol=1e-5, atol=1e-7)
+    x[0, rng.integers(shape[1])] = np.nan
+    got = softmax_rows(x, schedule=schedule)
+    assert np.isnan(got[0]).all() and not np.isnan(got[1:]).any()
+
+
+@pytest.mark.parametrize("schedule", ["block", "thread"])
+@settings(max_examples=5, deadline=None)
 @given(shape=SHAPES, seed=st.integers(0, 1000))
 def test_layer_norm(schedule, shape, seed):
     rng = np.random.default_rng(seed)
