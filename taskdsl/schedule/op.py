@@ -77,22 +77,22 @@ class Op:
     def _plan(self, sizes: dict) -> list:
         target, workers = get_target(), num_threads()
 
-        def reduce_strategy(t: Tensor, may_split: bool = True) -> str:
-            return choose_strategy(t, evaluate_int(numel(t.shape), sizes), evaluate_int(numel(t.reduce_shape), sizes),
-                                   target, workers, may_split)
+        def counts(t: Tensor) -> tuple:
+            """(outputs, reduced elements per output) of reduction `t` at these sizes."""
+            return evaluate_int(numel(t.shape), sizes), evaluate_int(numel(t.reduce_shape), sizes)
 
         steps = []
         for t in self.materialized:
             if t.kind == "compute":
                 steps.append((t, injective_strategy(t, sizes, target)))
+                continue
+            outputs, reduced = counts(t)
+            strategy = choose_strategy(t, outputs, reduced, target, workers)
+            if strategy == "split":
+                steps += [(s, choose_strategy(s, *counts(s), target, workers, may_split=False))
+                          for s in self._split(t, split_chunks(outputs, reduced, target))]
             else:
-                strategy = reduce_strategy(t)
-                if strategy == "split":
-                    chunks = split_chunks(evaluate_int(numel(t.shape), sizes),
-                                          evaluate_int(numel(t.reduce_shape), sizes), target)
-                    steps += [(s, reduce_strategy(s, False)) for s in self._split(t, chunks)]
-                else:
-                    steps.append((t, strategy))
+                steps.append((t, strategy))
         compact = target == "cpu" and fast_compile_enabled()
         key = (target, compact, tuple((id(stage), strategy) for stage, strategy in steps))
         if key not in self._plans:

@@ -37,8 +37,7 @@ SHAPES = {
     st.just((1, 65537)),
 }
 SUFFIXES = {"thread": ["_reduce_thread"], "warp": ["_reduce_warp"], "block": ["_reduce_block"],
-            # the partials' final reduction is over split_chunks(...) elements: a thread's, a warp's or a block's
-            "split": ["_partials_reduce_block", "_reduce_"]}
+            "split": ["_partials_reduce_block"]}    # then the partials' reduction: see assert_strategy
 
 
 # ---------------------------------------------------------------- helpers
@@ -77,11 +76,16 @@ def is_injective_kernel(name: str, tensor: str) -> bool:
     return name.startswith(tensor + "_") and "_reduce_" not in name and "partials" not in name
 
 
-def assert_strategy(names: list, strategy: str, prefix: str):
+def assert_strategy(names: list, strategy: str, prefix: str, outputs: int = 1, reduced: int = 0):
+    """The kernels of a reduction of `reduced` elements into each of `outputs` (the counts matter to a split,
+    whose partials, split_chunks(...) per output, are reduced by the strategy their count calls for)."""
     suffixes = SUFFIXES[strategy]
+    if strategy == "split":
+        final = choose_strategy(RED["sum"], outputs, split_chunks(outputs, reduced), may_split=False)
+        suffixes = suffixes + [f"_reduce_{final}"]
     assert len(names) == len(suffixes), names
     for name, suffix in zip(names, suffixes):
-        assert (suffix in name if suffix.endswith("_") else name.endswith(suffix)) and name.startswith(prefix), names
+        assert name.endswith(suffix) and name.startswith(prefix), names
 
 
 # ---------------------------------------------------------------- row reductions: each strategy, each op
@@ -113,7 +117,7 @@ def test_row_reduce_strategy(op, strategy, data):
     assert choose_strategy(RED[op], m, k) == strategy
     with gpu_plan():
         names = check(ROW_OPS[op], x, reduced=k)
-        assert_strategy(names, strategy, f"R{op}")
+        assert_strategy(names, strategy, f"R{op}", m, k)
         assert [k_.name for k_ in ROW_OPS[op].kernels_for(x)] == names
 
 
@@ -164,7 +168,7 @@ def test_the_stages_of_a_split_are_not_split_again():
     """A sum of 2M elements: its partial stage (many outputs of many elements) would be a split again."""
     x = make_data("sum", (1, 2**21), np.random.default_rng(5))
     with gpu_plan():
-        assert_strategy(check(ROW_OPS["sum"], x, reduced=2**21), "split", "Rsum")
+        assert_strategy(check(ROW_OPS["sum"], x, reduced=2**21), "split", "Rsum", 1, 2**21)
     assert choose_strategy(RED["sum"], 32, 2**17) == "split"
     assert choose_strategy(RED["sum"], 32, 2**17, may_split=False) == "block"
     assert choose_strategy(RED["sum"], 1, 2**17, "cpu", 4, may_split=False) == "thread"
@@ -304,7 +308,7 @@ def test_reduce_all_axes_keepdims(shape, seed):
     x = make_data("sum", shape, np.random.default_rng(seed))
     with gpu_plan():
         names = check(ALL_KEEP_OP, x, reduced=x.size)
-    assert_strategy(names, choose_strategy(ALL_KEEP, 1, x.size), "AllKeep")
+    assert_strategy(names, choose_strategy(ALL_KEEP, 1, x.size), "AllKeep", 1, x.size)
 
 
 @pytest.mark.parametrize("shape", [(3, 5), (7, 3001)])

@@ -123,7 +123,6 @@ def _c_float(value: float, dtype: T.DataType) -> str:
     return dtype.float_text(value) + ("f" if dtype.bits == 32 else "")
 
 
-
 def _power_of_two(e: ir.Expr) -> int | None:
     """k when `e` is the integer constant 2**k (k >= 1), else None."""
     if isinstance(e, ir.Const) and e.dtype.is_integer and not isinstance(e.value, bool):
@@ -131,6 +130,7 @@ def _power_of_two(e: ir.Expr) -> int | None:
         if value > 1 and value & (value - 1) == 0:
             return value.bit_length() - 1
     return None
+
 
 class _CudaEmitter:
     def __init__(self, fn: ir.Function):
