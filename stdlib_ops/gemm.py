@@ -31,6 +31,11 @@ MIN_K_TILES_PER_SPLIT = 4
 # blocks each pack the panels they read: 1024^3 11.4 -> 9.4 ms, 2039^3 81 -> 63 ms, 128x768x3072 3.9 -> 3.6
 # ms; at 512^3 (2^27) the two were equal, and small products lose the ~20 us of the extra numpy pass
 PACK_PER_CALL_MACS = 1 << 28
+# From this many multiply-adds, a tensor-core call whose rows are not multiples of 8 elements first copies A and B
+# into zero-padded rows (`MatmulPlan.pads`): the element-load kernel ran 2039^3 f16 at 35 TFLOP/s (H200, session
+# 26) where the 16-byte-copy kernel ran 4096^3 at 222; the two copies read and write each operand once more
+ALIGN = 8
+PAD_FROM_MACS = 1 << 27
 
 
 def tdtype(dtype) -> td.ir.types.DataType:
@@ -61,7 +66,8 @@ CPU_TILE = Template("tile_matmul", lambda target, itemsize: cpu.space(itemsize),
                     lambda p, dtype, out, vec, packed_b, transposed_a, m, n: cpu.tile_matmul_kernel(
                         p, dtype, out, packed_b, transposed_a, cpu.copies_a(transposed_a, m, n)),
                     cpu.tile_shape, cpu.pack_b)
-TENSOR_CORE = Template("tc_matmul", lambda target, itemsize: tc.space(), lambda target, itemsize, m, n: tc.default_point(),
+TENSOR_CORE = Template("tc_matmul", lambda target, itemsize: tc.space(),
+                       lambda target, itemsize, m, n: tc.default_point(m, n),
                        lambda p, dtype, out, vec, *forms: tc.tc_matmul_kernel(p, dtype, out, vec), tc.tile_shape)
 
 
@@ -110,21 +116,31 @@ class MatmulPlan:
 
     @property
     def vec(self) -> int:
-        """Elements per global->shared copy: 16-byte copies need rows of a multiple of 8 elements."""
-        return 8 if self.k % 8 == 0 and self.n % 8 == 0 else 1
+        """Elements per global->shared copy for the operands as given: 16-byte copies need rows of a multiple of 8
+        elements."""
+        return ALIGN if self.k % ALIGN == 0 and self.n % ALIGN == 0 else 1
+
+    @property
+    def pads(self) -> bool:
+        """Whether a call first copies A and B into zero-padded rows of a multiple of 8 elements, so the tensor-core
+        kernel moves its tiles with 16-byte copies (large products of unaligned sizes)."""
+        return self.template is TENSOR_CORE and self.vec == 1 and self.batch * self.m * self.n * self.k >= PAD_FROM_MACS
 
     @property
     def batch(self) -> int:
         return math.prod(self.out_batch)
 
-    def kernel(self, out_dtype=None, packed_b: bool = False, transposed_a: bool = False) -> td.Kernel:
+    def kernel(self, out_dtype=None, packed_b: bool = False, transposed_a: bool = False,
+               padded: bool = False) -> td.Kernel:
         """The template kernel of this plan (output type: the operands', or f32 for split-k partials); with
         `packed_b`, the kernel that takes B as `pack_b` gives it; with `transposed_a`, the one that takes A
-        as (batch, K, M) (the cpu template's forms, `matmul_cpu.tile_matmul_kernel`)."""
+        as (batch, K, M) (the cpu template's forms, `matmul_cpu.tile_matmul_kernel`); with `padded`, the one
+        for operands copied into rows of a multiple of 8 elements (`pads`)."""
         if (packed_b or transposed_a) and not self.packs_b:
             raise ValueError(f"the {self.template.name} template has no kernel for packed B or transposed A operands")
         out = out_dtype or (td.f32 if self.split > 1 else self.dtype)
-        return self.template.build(self.point, self.dtype, out, self.vec, packed_b, transposed_a, self.m, self.n)
+        vec = ALIGN if padded else self.vec
+        return self.template.build(self.point, self.dtype, out, vec, packed_b, transposed_a, self.m, self.n)
 
     @property
     def packs_b(self) -> bool:
@@ -146,25 +162,43 @@ class MatmulPlan:
         """The kernel for fusion: called with split 1, it stores each output element once, in the operands' type."""
         return self.kernel(self.dtype)
 
-    def operand_shapes(self, transposed_a: bool = False) -> tuple:
-        """The 3-D shapes of A (or, `transposed_a`, of A's transpose), B and C the kernels take (C without split-k)."""
-        a_shape = (self.k, self.m) if transposed_a else (self.m, self.k)
-        return ((math.prod(self.a_batch),) + a_shape, (math.prod(self.b_batch), self.k, self.n),
-                (self.batch, self.m, self.n))
+    def operand_shapes(self, transposed_a: bool = False, padded: bool = False) -> tuple:
+        """The 3-D shapes of A (or, `transposed_a`, of A's transpose), B and C the kernels take (C without split-k);
+        `padded`: of A and B copied into rows of a multiple of 8 elements (`pads`)."""
+        k, n = (_aligned(self.k), _aligned(self.n)) if padded else (self.k, self.n)
+        a_shape = (k, self.m) if transposed_a else (self.m, k)
+        return ((math.prod(self.a_batch),) + a_shape, (math.prod(self.b_batch), k, n), (self.batch, self.m, self.n))
+
+    def padded_operands(self, a3, b3) -> tuple:
+        """A and B copied on the target into zero-padded rows of a multiple of 8 elements (`pads`)."""
+        copy = tc.padded_copy_kernel(self.dtype)
+        padded = []
+        for x, shape in zip((a3, b3), self.operand_shapes(padded=True)):
+            y = empty_like_operands(shape, self.dtype.numpy, a3, b3)
+            copy(x, y)
+            padded.append(y)
+        return tuple(padded)
 
     def __call__(self, a3, b3, packed_b: bool = False):
         """C (batch, M, N) for 3-D operands (`b3`: B's `pack_b` panels with `packed_b`), allocated where the
         operands are (numpy arrays or td.DeviceArrays)."""
+        if self.pads:
+            a3, b3 = self.padded_operands(a3, b3)
+        kernel = self.kernel(packed_b=packed_b, padded=self.pads)
         if self.split == 1:
             c = empty_like_operands((self.batch, self.m, self.n), self.dtype.numpy, a3, b3)
-            self.kernel(packed_b=packed_b)(a3, b3, c, self.batch_index(), 1)
+            kernel(a3, b3, c, self.batch_index(), 1)
             return c
         from .elementwise import cast
         from .reduce import sum as reduce_sum
         partial = empty_like_operands((self.batch * self.split, self.m, self.n), np.float32, a3, b3)
-        self.kernel(packed_b=packed_b)(a3, b3, partial, self.batch_index(), self.split)
+        kernel(a3, b3, partial, self.batch_index(), self.split)
         total = reduce_sum(partial.reshape(self.batch, self.split, self.m, self.n), axis=1)
         return total if total.dtype == self.dtype.numpy else cast(total, self.dtype.numpy)
+
+
+def _aligned(size: int) -> int:
+    return -(-size // ALIGN) * ALIGN
 
 
 def _example(shape: tuple, dtype) -> np.ndarray:
@@ -202,9 +236,11 @@ def _plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune, point, fa
         point = template.default(target, itemsize, m, n)
         if do_tune or (do_tune is None and target == "cuda"):
             proto = at(point)
-            args = tuple(_example(s, dtype) for s in proto.operand_shapes()) + (proto.batch_index(1), 1)
-            point = tune(template.space(target, itemsize), lambda p: at(p).anchor, args, op=template.name,
-                         shapes=(tuple(a_shape), tuple(b_shape)), dtypes=(dtype.name,), default=point, target=target)
+            pads = proto.pads           # tuned as called: on padded operands where a call pads them
+            args = tuple(_example(s, dtype) for s in proto.operand_shapes(padded=pads)) + (proto.batch_index(1), 1)
+            point = tune(template.space(target, itemsize), lambda p: at(p).kernel(dtype, padded=pads), args,
+                         op=template.name, shapes=(tuple(a_shape), tuple(b_shape)), dtypes=(dtype.name,),
+                         default=point, target=target)
     return at(point, choose_split(point, math.prod(out_batch), m, n, k, target, template))
 
 

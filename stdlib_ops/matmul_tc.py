@@ -13,9 +13,12 @@ warps multiply an older one, so global latency hides behind tensor-core work:
 Shared tiles are stored with an XOR swizzle of their 16-byte chunks (chunk ^ f(row)), so
 the eight rows an `ldmatrix` phase reads fall in different banks; copies and ldmatrix use
 the same `swizzle`, so it is invisible to correctness. Copies move 8 elements (16 bytes)
-when K and N are multiples of 8; otherwise (e.g. 2039) the tiles are filled by predicated
-element loads and the pipeline is only a double-buffered schedule. Operands are 3-D with the
-SIMT template's `batch_index` table (batch broadcasting) and the same calling convention.
+when the rows of A and B are multiples of 8 elements; otherwise (e.g. 2039) the tiles are filled
+by predicated element loads and the pipeline is only a double-buffered schedule, unless the
+caller first copies the operands into rows padded with zeros (`padded_copy_kernel`): B's rows
+may be longer than C's (B (batch, K, NB), C (batch, M, N), NB >= N; the extra columns are
+computed and never stored). Operands are 3-D with the SIMT template's `batch_index` table
+(batch broadcasting) and the same calling convention.
 """
 from __future__ import annotations
 
@@ -41,6 +44,8 @@ def check(p):
     """Why point `p` cannot run, or None."""
     bm, bn, threads = tile_shape(p)
     mi, ni = p.warp_tiles
+    if ni % 2:
+        return "an odd number of 8-column mma tiles (B fragments load in pairs)"
     if mi * ni * 4 > MAX_ACC:
         return f"more than {MAX_ACC} accumulators per thread"
     if p.stages * (bm + bn) * p.bk * 2 > MAX_SMEM:
@@ -57,18 +62,24 @@ def space() -> Space:
     """The hardware-centric space of tensor-core schedules."""
     return Space("tc_matmul", {
         "warps": ((2, 2), (2, 4), (4, 2), (1, 4)),
-        "warp_tiles": ((2, 4), (4, 4), (2, 8), (4, 2)),
+        "warp_tiles": ((2, 4), (4, 4), (2, 8), (4, 2), (4, 8)),
         "bk": (32, 64),
         "stages": (2, 3, 4),
     }, check)
 
 
-DEFAULT = dict(warps=(2, 2), warp_tiles=(4, 4), bk=32, stages=3)    # 128x64 tiles, 128 threads
+DEFAULT = dict(warps=(2, 2), warp_tiles=(4, 4), bk=32, stages=3)          # 128x64 tiles, 128 threads
+# From 2^22 output elements (256 tiles of 128x128, two waves on 132 SMs) the 64x64 warp tile of LARGE: per
+# 16-deep k step a warp reads 4 + 4 ldmatrix.x4 for 32 mma, half the shared-memory traffic per mma of the
+# 64x32 warp tile, whose ldmatrix and cp.async traffic alone (~144 cycles of shared-memory bandwidth per
+# 64 mma per SM) exceeds the time the SM needs for the mma (~104 cycles at mma.sync's rate on Hopper)
+LARGE = dict(warps=(2, 2), warp_tiles=(4, 8), bk=32, stages=4)            # 128x128 tiles, 128 threads
+LARGE_FROM = 1 << 22
 
 
-def default_point():
-    """The default tensor-core schedule."""
-    return space().point(**DEFAULT)
+def default_point(m: int = 0, n: int = 0):
+    """The default tensor-core schedule for an M x N output (the smaller tile without sizes)."""
+    return space().point(**(LARGE if m * n >= LARGE_FROM else DEFAULT))
 
 
 @functools.cache
@@ -93,7 +104,7 @@ def tc_matmul_kernel(p, dtype, out_dtype, vec: int = 8):
     @td.func
     def issue_tile(A, B, sa, sb, za, zb, row0, col0, kt, k_tiles):
         """Copy (or load) k tile `kt` into its ring slot; nothing past the last tile."""
-        M, K, N = A.shape[1], A.shape[2], B.shape[2]
+        M, K, NB = A.shape[1], A.shape[2], B.shape[2]
         slot = kt % STAGES
         k0 = kt * BK
         for i, c in a_map(threadIdx.x):
@@ -105,7 +116,7 @@ def tc_matmul_kernel(p, dtype, out_dtype, vec: int = 8):
                 sa[slot, i, swz(i, c, BK)] = A[za, gi, gk] if ok else 0.0
         for k, c in b_map(threadIdx.x):
             gk, gj = k0 + k, col0 + c * vec
-            ok = kt < k_tiles and gk < K and gj < N
+            ok = kt < k_tiles and gk < K and gj < NB
             if vec == 8:
                 td.cp_async(sb[slot, k, swz(k, c * 8, BN)], B[zb, gk, gj], 8, pred=ok)
             else:
@@ -113,12 +124,12 @@ def tc_matmul_kernel(p, dtype, out_dtype, vec: int = 8):
         td.cp_async_commit()
 
     @td.kernel(grid=lambda M, N, BZ: (td.cdiv(M, BM) * td.cdiv(N, BN), 1, BZ), block=T, name=name)
-    def matmul(A: dtype["BA", "M", "K"], B: dtype["BB", "K", "N"], C: out_dtype["BZ", "M", "N"],
+    def matmul(A: dtype["BA", "M", "K"], B: dtype["BB", "K", "NB"], C: out_dtype["BZ", "M", "N"],
                batch_index: td.i32["BZ", 2], split: td.i32):
         sa = td.shared(dtype, (STAGES, BM, BK))
         sb = td.shared(dtype, (STAGES, BK, BN))
         fa = td.registers(dtype, (mi, 8))
-        fb = td.registers(dtype, (ni, 4))
+        fb = td.registers(dtype, (ni // 2, 2, 4))    # B fragments in pairs: one ldmatrix.x4 loads two
         acc = td.registers(f32, (mi, ni, 4))
         grid_m, grid_n = td.cdiv(M, BM), td.cdiv(N, BN)
         group = blockIdx.x // (GROUP * grid_n)
@@ -150,12 +161,12 @@ def tc_matmul_kernel(p, dtype, out_dtype, vec: int = 8):
                 for a in range(mi):
                     r = warp_m0 + a * 16 + lane % 16
                     td.ldmatrix(fa[a], sa[slot, r, swz(r, kk * 16 + lane // 16 * 8, BK)])
-                for b in range(ni):
+                for b in range(ni // 2):      # lanes 16-31 address the second 8 columns
                     r = kk * 16 + lane % 16
-                    td.ldmatrix(fb[b], sb[slot, r, swz(r, warp_n0 + b * 8, BN)], trans=True)
+                    td.ldmatrix(fb[b], sb[slot, r, swz(r, warp_n0 + (2 * b + lane // 16) * 8, BN)], trans=True)
                 for a in range(mi):
                     for b in range(ni):
-                        td.mma_m16n8k16(fa[a], fb[b], acc[a, b])
+                        td.mma_m16n8k16(fa[a], fb[b // 2, b % 2], acc[a, b])
         td.cp_async_wait(0)
         for a in range(mi):
             for b in range(ni):
@@ -168,4 +179,22 @@ def tc_matmul_kernel(p, dtype, out_dtype, vec: int = 8):
     return matmul
 
 
-__all__ = ["space", "default_point", "tc_matmul_kernel", "tile_shape", "check"]
+@functools.cache
+def padded_copy_kernel(dtype):
+    """Y (batch, RP, CP) = X (batch, R, C) in its top-left corner, zeros elsewhere (RP >= R, CP >= C): operands
+    with rows of a multiple of 8 elements, which the 16-byte copies of `tc_matmul_kernel(vec=8)` need."""
+    @td.kernel(grid=lambda RP, CP, BY: (td.cdiv(RP * CP, PAD_BLOCK), 1, BY), block=PAD_BLOCK,
+               name=f"padded_copy_{dtype.name}")
+    def padded_copy(X: dtype["BX", "R", "C"], Y: dtype["BY", "RP", "CP"]):
+        i = blockIdx.x * PAD_BLOCK + threadIdx.x
+        r, c = i // CP, i % CP
+        if r < RP:
+            Y[blockIdx.z, r, c] = X[blockIdx.z, r, c] if r < R and c < C else td.cast(0.0, dtype)
+
+    return padded_copy
+
+
+PAD_BLOCK = 256
+
+
+__all__ = ["space", "default_point", "tc_matmul_kernel", "padded_copy_kernel", "tile_shape", "check"]

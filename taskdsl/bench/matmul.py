@@ -2,10 +2,11 @@
 
 cpu target: stdlib_ops.matmul (the register-tile cpu template at its default schedule, or tuned
 with --tune) against numpy's BLAS, f32; and, as the graph layer runs constant weights, with B
-packed once outside the timing (`plan.pack_b`). cuda target: the template's kernel against torch.matmul
-(cuBLAS, TF32 off), f32 and f16, and DESIGN.md's kernel (f32): each side's kernels captured into a CUDA graph
-and timed as its replays with CUDA events (GPU time only; 'call ms' is a taskdsl call's time with its host
-launch cost, torch tensors as arguments).
+packed once outside the timing (`plan.pack_b`). cuda target: the tuned plan, called as stdlib_ops.matmul
+calls it (padded copies of unaligned operands and split-k sums included), against torch.matmul (cuBLAS,
+TF32 off), f32 and f16, and DESIGN.md's kernel (f32): each side's kernels captured into a CUDA graph and
+timed as its replays with CUDA events (GPU time only; 'call ms' is a taskdsl call's time with its host
+launch cost and output allocation, td.DeviceArray operands).
 """
 from __future__ import annotations
 
@@ -46,16 +47,14 @@ def _cuda_rows(sizes, tune: bool) -> list:
         for n in sizes:
             a = torch.randn(n, n, device="cuda").to(getattr(torch, np.dtype(dtype).name))
             b = torch.randn(n, n, device="cuda").to(a.dtype)
-            c = torch.empty(1, n, n, device="cuda", dtype=a.dtype)
             start = time.perf_counter()
             plan = gemm.plan((n, n), (n, n), tdt, "cuda", tune)     # tunes unless a winner is cached
             plan_seconds = time.perf_counter() - start
-            index = torch.from_numpy(plan.batch_index(1)).cuda()
-            kernel = plan.anchor
-            run = lambda: kernel(a[None], b[None], c, index, 1)
+            a_, b_ = (td.to_device(t.cpu().numpy()[None]) for t in (a, b))     # the prepared launch path
+            run = lambda: plan(a_, b_)      # as stdlib_ops.matmul runs it: padded copies, split-k sums included
             t_td, t_call = time_cuda_replayed(run), time_cuda(run)
             t_peer = time_torch_replayed(lambda: torch.matmul(a, b))
-            err = _rel_err(c[0].float().cpu().numpy(), torch.matmul(a.double(), b.double()).cpu().numpy())
+            err = _rel_err(run().numpy()[0].astype(np.float64), torch.matmul(a.double(), b.double()).cpu().numpy())
             rows.append(dict(size=n, dtype=tdt.name, taskdsl=t_td, call=t_call, peer=t_peer, err=err, tol=tol,
                              schedule=f"{plan.point} (planned in {plan_seconds:.1f} s)"))
             print(f"  {n} {tdt.name}: {t_peer / t_td:.3f}x cuBLAS, planned in {plan_seconds:.1f} s", flush=True)

@@ -3,7 +3,7 @@
 On the cpu target mma / ldmatrix / cp_async are emulated lane by lane with the PTX layouts, so
 the template's fragment indexing, swizzle and pipeline are checked against numpy here. The
 emulation is slow to compile, so the cpu runs use one small point of the same template
-(1 warp, a 16x16 block tile, 2 stages); the NVRTC check covers every point of the space.
+(1 warp, a 16x32 block tile: two pairs of B fragments, 2 stages); the NVRTC check covers every point of the space.
 """
 import numpy as np
 import pytest
@@ -16,7 +16,7 @@ from stdlib_ops import matmul_tc as tc
 from taskdsl.backend.cuda.nvrtc import combine_sources, compile_cubin, resource_usage
 from taskdsl.schedule.space import Space
 
-SMALL = Space("tc_small", {"warps": ((1, 1),), "warp_tiles": ((1, 2),), "bk": (16,), "stages": (2,)}, tc.check).points()[0]
+SMALL = Space("tc_small", {"warps": ((1, 1),), "warp_tiles": ((1, 4),), "bk": (16,), "stages": (2,)}, tc.check).points()[0]
 
 
 def _run(p, a, b, vec):
@@ -28,8 +28,8 @@ def _run(p, a, b, vec):
 
 def test_space_size_and_pruning():
     space = tc.space()
-    assert (space.raw_size, len(space.points())) == (96, 83)
-    assert space.pruned() == {"shared memory above 96 KiB": 10, "a tile the threads cannot load evenly": 3}
+    assert (space.raw_size, len(space.points())) == (120, 100)
+    assert space.pruned() == {"shared memory above 96 KiB": 17, "a tile the threads cannot load evenly": 3}
     for p in space.points():
         bm, bn, threads = tc.tile_shape(p)
         assert p.stages * (bm + bn) * p.bk * 2 <= tc.MAX_SMEM and threads <= 256
@@ -49,7 +49,7 @@ def test_every_point_compiles_with_nvrtc():
     bf16 = tc.tc_matmul_kernel(tc.default_point(), td.bf16, td.f32, 8)
     sources.append(bf16.source(bf, bf, c, index, 1, target="cuda").replace(bf16.name, bf16.name + "_bf16"))
     unit = combine_sources(sources)
-    assert "mma.sync.aligned.m16n8k16" in unit and "ldmatrix" in unit and "cp.async" in unit
+    assert "mma.sync.aligned.m16n8k16" in unit and "ldmatrix.sync.aligned.m8n8.x4.trans" in unit and "cp.async" in unit
     for arch in ("sm_80", "sm_90"):
         assert compile_cubin(unit, arch, "tc_space", fast=True)
 
@@ -123,6 +123,38 @@ def test_planner_picks_tensor_cores_for_16_bit_floats_on_gpus_only():
     def vec(m, n, k):
         return gemm.MatmulPlan(tc.default_point(), td.f16, (1,), (1,), (1,), m, n, k, 1, gemm.TENSOR_CORE).vec
     assert vec(2039, 2039, 2039) == 1 and vec(64, 64, 64) == 8 and vec(64, 64, 60) == 1
+
+
+def test_default_tile_grows_with_the_output():
+    """128x64 block tiles for small outputs (more blocks), 128x128 with 64x64 warp tiles from 2^22 elements."""
+    assert tc.tile_shape(tc.default_point()) == tc.tile_shape(tc.default_point(128, 768)) == (128, 64, 128)
+    large = tc.default_point(2048, 2048)
+    assert tc.tile_shape(large) == (128, 128, 128) and large.warp_tiles == (4, 8) and large.stages == 4
+    assert gemm.TENSOR_CORE.default("cuda", 2, 4096, 4096) == large
+
+
+@settings(max_examples=4, deadline=None)
+@given(m=st.sampled_from([1, 17, 33]), n=st.sampled_from([5, 19, 24]), k=st.sampled_from([13, 37]),
+       batch=st.sampled_from([(), (2,)]), seed=st.integers(0, 2**16))
+def test_unaligned_operands_are_padded_for_the_16_byte_copies(m, n, k, batch, seed):
+    """A call whose rows are not multiples of 8 elements copies A and B into zero-padded rows and runs the
+    cp.async kernel (from PAD_FROM_MACS multiply-adds; lowered here so the cpu emulation stays small)."""
+    td.set_target("cpu")
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal(batch + (m, k)).astype(np.float16)
+    b = rng.standard_normal((k, n)).astype(np.float16)
+    p = gemm.MatmulPlan(SMALL, td.f16, batch or (1,), batch or (1,), (1,), m, n, k, 1, gemm.TENSOR_CORE)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gemm, "PAD_FROM_MACS", 0)
+        assert p.pads and p.vec == 1
+        a_pad, b_pad, _ = p.operand_shapes(padded=True)
+        assert a_pad[-1] % 8 == 0 and b_pad[-2:] == (a_pad[-1], -(-n // 8) * 8)
+        c = p(a.reshape((-1, m, k)), b[None])
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_allclose(c.reshape(want.shape), want, rtol=2e-3, atol=2e-3)
+    assert not p.pads and gemm.MatmulPlan(SMALL, td.f16, (1,), (1,), (1,), 4096, 2039, 2039, 1, gemm.TENSOR_CORE).pads
+    assert not gemm.MatmulPlan(SMALL, td.f16, (1,), (1,), (1,), 4096, 4096, 4096, 1, gemm.TENSOR_CORE).pads
+    assert not gemm.MatmulPlan(SMALL, td.f32, (1,), (1,), (1,), 4096, 2039, 2039, 1, gemm.SIMT).pads
 
 
 @pytest.mark.gpu
