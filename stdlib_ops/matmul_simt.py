@@ -195,7 +195,8 @@ def simt_matmul_kernel(p, dtype, out_dtype):
                 buf = (kt - kt0) % 2
                 if PREFETCH and kt + 1 < kt1:
                     load_tiles(A, B, ra, rb, za, zb, row0, col0, (kt + 1) * BK)
-                for k in range(BK):       # outer product of the thread's A column and B row fragments
+                for k in td.unroll(BK):   # outer product of the thread's A column and B row fragments; unrolled:
+                                          # constant shared offsets, and the next k step's loads overlap this one's FMAs
                     for i, _ in a_frag_map(threadIdx.x):
                         fa[i // (lm * tm) % rm * tm + i % tm] = td.cast(sa[buf, k, i], f32)
                     for _, j in b_frag_map(threadIdx.x):
