@@ -547,6 +547,7 @@ class Lowered:
     on_columns: bool            # the GEMM reads explicit columns (cpu; `columns` None: the input itself)
     batch_index: np.ndarray     # the matmul's (z-slice -> A, B matrix) table, made once
     window: bool = False        # the GEMM copies the NCHW input's im2col itself (`window_kernel`)
+    finish: td.Kernel | None = None     # with split-k: sums the kernel's partials (`P`) into the epilogue
 
     @property
     def transposed_a(self) -> bool:
@@ -562,16 +563,21 @@ class Lowered:
     @functools.cached_property
     def _call(self) -> tuple:
         """What `run` passes besides the arrays, made once: (the fixed arguments by name, the GEMM shape of the
-        columns operand A, the columns shape, the kernels' parameter names)."""
+        columns operand A, the columns shape, the parameter names of the columns kernel, of the GEMM kernel (but
+        its output, unless it writes split-k partials) and of the finishing kernel (but its output))."""
         g = self.geometry
-        fixed = dict(batch_index=self.batch_index, split=1, **(_columns_scalars(g) if self.columns else {}))
+        split = 1 if self.finish is None else self.matmul.split
+        fixed = dict(batch_index=self.batch_index, split=split, **(_columns_scalars(g) if self.columns else {}))
         shape = _x_shape(g) if self.window else self.matmul.operand_shapes(self.transposed_a)[0]
         columns_params = [name for name, _ in self.columns.params] if self.columns else []
-        return fixed, shape, _columns_shape(g), columns_params, [name for name, _ in self.kernel.params][:-1]
+        names = [name for name, _ in self.kernel.params]     # with split-k, C (the partials) is among them
+        finish_params = [name for name, _ in self.finish.params][:-1] if self.finish else []
+        return fixed, shape, _columns_shape(g), columns_params, names[:-1] if self.finish is None else names, \
+            finish_params
 
     def run(self, arrays: dict, weight: np.ndarray, out: np.ndarray) -> None:
         """out = the convolution (with its fused prologue and epilogue) of `arrays` and the weight operand."""
-        fixed, shape, columns_shape, columns_params, names = self._call
+        fixed, shape, columns_shape, columns_params, names, finish_params = self._call
         args = dict(arrays, B=weight, **fixed)
         if self.on_columns and self.x_name is not None and self.columns is None:    # the input is A
             args["A"] = arrays[self.x_name].reshape(shape)
@@ -582,11 +588,16 @@ class Lowered:
             self.columns(*[args[name] for name in columns_params])
             args["A"] = cols.reshape(shape)
         out = out if self.geometry.groups == 1 else out.reshape(_grouped_out_shape(self.geometry))
-        self.kernel(*[args[name] for name in names], out)
+        if self.finish is None:
+            self.kernel(*[args[name] for name in names], out)
+            return
+        args["C"] = args["P"] = empty_like_operands(self.matmul.partials_shape, np.float32, out)
+        self.kernel(*[args[name] for name in names])
+        self.finish(*[args[name] for name in finish_params], out)
 
     @property
     def kernels(self) -> list:
-        return [k for k in (self.columns, self.kernel) if k is not None]
+        return [k for k in (self.columns, self.kernel, self.finish) if k is not None]
 
 
 def lower(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue) -> Lowered | DirectRows:
@@ -621,9 +632,19 @@ def lower(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue) -> Lowere
         return Lowered(g, matmul, kernel, columns, x_name, True, matmul.batch_index(1))
     matmul = mm.plan((groups, m, k), (groups, k, n), dtype, target)
     c = td.placeholder("C", dtype, matmul.operand_shapes()[2])
-    kernel = td.fuse(matmul.anchor, *matmul_examples(matmul), prologues={"A": im2col(g, x)},
-                     epilogues={"C": epilogue(output_view(g, c))})
-    return Lowered(g, matmul, kernel, None, None, False, matmul.batch_index(1))
+    out = epilogue(output_view(g, c))
+    if matmul.split == 1:
+        kernel = td.fuse(matmul.anchor, *matmul_examples(matmul), prologues={"A": im2col(g, x)}, epilogues={"C": out})
+        return Lowered(g, matmul, kernel, None, None, False, matmul.batch_index(1))
+    # split-k (too few output tiles to fill the GPU): the implicit-im2col GEMM writes each chunk of K's f32
+    # partials, and the kernel that sums them carries the epilogue
+    a, b, _, _, _ = matmul_examples(matmul)
+    partials = np.empty(matmul.partials_shape, np.float32)
+    kernel = td.fuse(matmul.kernel(td.f32), a, b, partials, matmul.batch_index(), matmul.split,
+                     prologues={"A": im2col(g, x)})
+    finish = td.fuse(mm.split_sum_kernel(dtype), partials, np.empty(matmul.operand_shapes()[2], dtype.numpy), matmul.split,
+                     epilogues={"C": out})
+    return Lowered(g, matmul, kernel, None, None, False, matmul.batch_index(), finish=finish)
 
 
 WINDOW_ROW = 32      # output rows at least this wide let `window_kernel` copy a block's pixels in few row segments

@@ -185,16 +185,40 @@ class MatmulPlan:
         if self.pads:
             a3, b3 = self.padded_operands(a3, b3)
         kernel = self.kernel(packed_b=packed_b, padded=self.pads)
+        c = empty_like_operands((self.batch, self.m, self.n), self.dtype.numpy, a3, b3)
         if self.split == 1:
-            c = empty_like_operands((self.batch, self.m, self.n), self.dtype.numpy, a3, b3)
             kernel(a3, b3, c, self.batch_index(), 1)
             return c
-        from .elementwise import cast
-        from .reduce import sum as reduce_sum
-        partial = empty_like_operands((self.batch * self.split, self.m, self.n), np.float32, a3, b3)
-        kernel(a3, b3, partial, self.batch_index(), self.split)
-        total = reduce_sum(partial.reshape(self.batch, self.split, self.m, self.n), axis=1)
-        return total if total.dtype == self.dtype.numpy else cast(total, self.dtype.numpy)
+        partials = empty_like_operands(self.partials_shape, np.float32, a3, b3)
+        kernel(a3, b3, partials, self.batch_index(), self.split)
+        split_sum_kernel(self.dtype)(partials, c, self.split)
+        return c
+
+    @property
+    def partials_shape(self) -> tuple:
+        """The f32 partial outputs of split-k: (batch * split, M, N), z-slice b * split + s for chunk s."""
+        return (self.batch * self.split, self.m, self.n)
+
+
+SUM_BLOCK = 256
+
+
+@functools.cache
+def split_sum_kernel(out_dtype) -> td.Kernel:
+    """C (batch, M, N) = the sum over s of split-k partials P[b * split + s] (f32), in C's type: the kernel that
+    finishes a split-k product, and the anchor a split-k convolution's epilogue fuses into."""
+    @td.kernel(grid=lambda M, N, BZ: (td.cdiv(M * N, SUM_BLOCK), 1, BZ), block=SUM_BLOCK,
+               name=f"split_k_sum_{out_dtype.name}")
+    def split_k_sum(P: td.f32["BP", "M", "N"], C: out_dtype["BZ", "M", "N"], split: td.i32):
+        i = td.blockIdx.x * SUM_BLOCK + td.threadIdx.x
+        if i < M * N:
+            row, col = i // N, i % N
+            total = P[td.blockIdx.z * split, row, col]
+            for s in range(1, split):
+                total += P[td.blockIdx.z * split + s, row, col]
+            C[td.blockIdx.z, row, col] = td.cast(total, out_dtype)
+
+    return split_k_sum
 
 
 def _aligned(size: int) -> int:

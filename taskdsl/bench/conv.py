@@ -4,8 +4,9 @@ cpu target: stdlib_ops.conv's lowering (im2col columns + the register-tile matmu
 packed once outside the timing as onnxruntime packs them at session creation, against
 onnxruntime running the same single-Conv ONNX model, f32 (`--layout NHWC`: taskdsl's input
 and output NHWC; onnxruntime's model stays NCHW). cuda target: the fused
-kernel (implicit im2col in the template's loads) on device arrays against
-torch.nn.functional.conv2d (cuDNN), f16.
+kernel (implicit im2col in the template's loads; with split-k, the kernel summing its partials
+too) on td.DeviceArrays against torch.nn.functional.conv2d (cuDNN), f16, both timed as CUDA-graph
+replays ('call ms': a call with its host cost and output allocation).
 
 `--layers depthwise` (cpu): MobileNet-V2's depthwise 3x3 layers with their bias and ReLU6, as the
 graph runs them (one direct kernel with the epilogue fused), against Conv + Clip in onnxruntime.
@@ -96,17 +97,17 @@ def _cuda_rows(layers, layout: str) -> list:
         w = torch.randn(oc, c, k, k, device="cuda", dtype=torch.float16) / (c * k * k) ** 0.5
         x_in = x if layout == "NCHW" else x.permute(0, 2, 3, 1).contiguous()
         g = conv.geometry(tuple(x_in.shape), tuple(w.shape), s, p, layout=layout)
-        low = conv.plan(g, td.f16, "cuda", False, None).lowered
-        y = torch.empty(g.out_shape, device="cuda", dtype=torch.float16)
-        packed = torch.from_numpy(low.weight_operand(w.cpu().numpy())).cuda()
-        index = torch.from_numpy(low.batch_index).cuda()
-        run = lambda: low.kernel(packed, index, 1, x_in, y)
+        plan = conv.plan(g, td.f16, "cuda", False, None)
+        x_dev = td.to_device(x_in.cpu().numpy())                                   # the prepared launch path
+        packed = td.to_device(plan.lowered.weight_operand(w.cpu().numpy()))      # made once, as for a model
+        run = lambda: plan.run(x_dev, None, packed=packed)    # the fused kernel (and split-k's sum, if it splits)
         t_td, t_call = time_cuda_replayed(run), time_cuda(run)
         t_peer = time_torch_replayed(lambda: torch.nn.functional.conv2d(x, w, stride=s, padding=p))
         want = torch.nn.functional.conv2d(x.float(), w.float(), stride=s, padding=p).cpu().numpy()
-        got = (y if layout == "NCHW" else y.permute(0, 3, 1, 2)).float().cpu().numpy()
+        y = run().numpy().astype(np.float32)
+        got = y if layout == "NCHW" else y.transpose(0, 3, 1, 2)
         rows.append(dict(layer=(c, hw, oc, k, s), taskdsl=t_td, call=t_call, peer=t_peer, err=_rel_err(got, want),
-                         flops=2.0 * oc * c * k * k * y.shape[2] * y.shape[3]))
+                         flops=2.0 * oc * c * k * k * got.shape[2] * got.shape[3]))
         print(f"  layer {rows[-1]['layer']}: {t_peer / t_td:.3f}x cuDNN", flush=True)
     return rows
 

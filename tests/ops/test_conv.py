@@ -108,6 +108,26 @@ def test_grouped_convolutions_fold_im2col_into_the_gemm_loads():
     assert tiny.direct is None and tiny.lowered is not None                                # but ungrouped: a GEMM
 
 
+@pytest.mark.parametrize("layout,groups,split", [("NCHW", 1, 4), ("NHWC", 2, 2)])   # 18 / 9 k tiles, >= 4 per chunk
+def test_gpu_convolutions_with_few_tiles_split_k(simulated_gpu, layout, groups, split):
+    """On a GPU a convolution whose output has too few tiles splits K: the implicit-im2col GEMM writes f32
+    partials, a second kernel sums them with the bias and activation fused in (simulated GPU of 4 SMs)."""
+    rng = np.random.default_rng(groups)
+    x = rng.standard_normal((1, 16, 6, 6)).astype(np.float32)
+    w = rng.standard_normal((8, 16 // groups, 3, 3)).astype(np.float32)
+    bias = rng.standard_normal(8).astype(np.float32)
+    xin = x if layout == "NCHW" else x.transpose(0, 2, 3, 1).copy()
+    g = conv.geometry(xin.shape, w.shape, padding=1, groups=groups, layout=layout)
+    low = conv.plan(g, td.f32, "cuda", True, "relu").lowered
+    assert low.matmul.split == split and low.kernels == [low.kernel, low.finish]
+    assert [name for name, _ in low.finish.params][:2] == ["P", "split"] and "bias" in dict(low.finish.params)
+    y = ops.conv2d(td.to_device(xin), w, bias, padding=1, groups=groups, layout=layout, activation="relu").numpy()
+    got = y if layout == "NCHW" else y.transpose(0, 3, 1, 2)
+    want = np.maximum(reference(x, w, bias, (1, 1), (1, 1, 1, 1), (1, 1), groups), 0)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert [k.name for k, _ in simulated_gpu.launches][-2:] == [low.kernel.name, low.finish.name]
+
+
 def test_cpu_nchw_convolutions_multiply_explicit_columns_by_the_packed_weights():
     """On the cpu, NCHW: an im2col kernel (generic over geometries, K x OH*OW per image), then columns^T @
     weights (the template's transposed A and packed B) with the epilogue fused, storing C transposed; a 1x1

@@ -102,6 +102,24 @@ def test_prime_sizes_and_split_k():
         np.testing.assert_allclose(_run_point(CPU_POINTS[0], a, b, split), _ref(a, b), rtol=1e-4, atol=1e-3)
 
 
+@settings(max_examples=4, deadline=None)
+@given(split=st.sampled_from([2, 3, 8]), batch=st.sampled_from([(1,), (2,)]), dtype=st.sampled_from([td.f32, td.f16]),
+       seed=st.integers(0, 2**16))
+def test_a_split_plan_sums_its_partials_in_one_kernel(split, batch, dtype, seed):
+    """MatmulPlan with split-k: f32 partials per chunk of K, then `split_sum_kernel` adds them in the operands' type."""
+    td.set_target("cpu")
+    rng = np.random.default_rng(seed)
+    m, k, n = 19, 131, 23
+    a = rng.standard_normal(batch + (m, k)).astype(dtype.numpy)
+    b = rng.standard_normal((1, k, n)).astype(dtype.numpy)
+    p = gemm.MatmulPlan(simt.space_for("cpu").points()[0], dtype, batch, batch, (1,), m, n, k, split, gemm.SIMT)
+    assert p.partials_shape == (batch[0] * split, m, n)
+    c = p(a, b)
+    assert c.dtype == dtype.numpy and c.shape == batch + (m, n)
+    tol = 1e-4 if dtype == td.f32 else 2e-2
+    np.testing.assert_allclose(c.astype(np.float64), a.astype(np.float64) @ b.astype(np.float64), rtol=tol, atol=tol)
+
+
 @pytest.mark.fast_compile     # the op's batch broadcasting; the optimized cpu kernels are test_matmul_cpu's
 @settings(max_examples=8, deadline=None)
 @given(batch_a=st.sampled_from([(), (1,), (3,), (2, 1), (2, 3)]), batch_b=st.sampled_from([(), (1,), (3,), (1, 3)]),
