@@ -566,7 +566,7 @@ class Lowered:
         columns operand A, the columns shape, the parameter names of the columns kernel, of the GEMM kernel (but
         its output, unless it writes split-k partials) and of the finishing kernel (but its output))."""
         g = self.geometry
-        split = 1 if self.finish is None else self.matmul.split
+        split = 1 if self.finish is None else self.matmul.fusion_split
         fixed = dict(batch_index=self.batch_index, split=split, **(_columns_scalars(g) if self.columns else {}))
         shape = _x_shape(g) if self.window else self.matmul.operand_shapes(self.transposed_a)[0]
         columns_params = [name for name, _ in self.columns.params] if self.columns else []
@@ -618,11 +618,11 @@ def lower(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue) -> Lowere
         pointwise = _pointwise(g) and x_name is not None         # the input itself is the columns
         if nchw and not pointwise and g.ow >= WINDOW_ROW and mm.cpu.copies_a(True, matmul.m, matmul.n):
             kernel = td.fuse(window_kernel(g, matmul, dtype), np.empty(_x_shape(g), dtype.numpy),
-                             *matmul_examples(matmul, packed_b=True)[1:], prologues={} if x_name else {"A": x},
+                             *matmul.examples(packed_b=True)[1:], prologues={} if x_name else {"A": x},
                              epilogues={"C": epilogue(y)})
             return Lowered(g, matmul, kernel, None, x_name, True, matmul.batch_index(1), window=True)
         kernel = td.fuse(matmul.kernel(dtype, packed_b=True, transposed_a=nchw),
-                         *matmul_examples(matmul, packed_b=True, transposed_a=nchw), epilogues={"C": epilogue(y)})
+                         *matmul.examples(packed_b=True, transposed_a=nchw), epilogues={"C": epilogue(y)})
         if pointwise:
             return Lowered(g, matmul, kernel, None, x_name, True, matmul.batch_index(1))
         columns = columns_kernel(dtype) if nchw else nhwc_columns_kernel(dtype)  # generic over geometries,
@@ -632,19 +632,10 @@ def lower(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue) -> Lowere
         return Lowered(g, matmul, kernel, columns, x_name, True, matmul.batch_index(1))
     matmul = mm.plan((groups, m, k), (groups, k, n), dtype, target)
     c = td.placeholder("C", dtype, matmul.operand_shapes()[2])
-    out = epilogue(output_view(g, c))
-    if matmul.split == 1:
-        kernel = td.fuse(matmul.anchor, *matmul_examples(matmul), prologues={"A": im2col(g, x)}, epilogues={"C": out})
-        return Lowered(g, matmul, kernel, None, None, False, matmul.batch_index(1))
-    # split-k (too few output tiles to fill the GPU): the implicit-im2col GEMM writes each chunk of K's f32
-    # partials, and the kernel that sums them carries the epilogue
-    a, b, _, _, _ = matmul_examples(matmul)
-    partials = np.empty(matmul.partials_shape, np.float32)
-    kernel = td.fuse(matmul.kernel(td.f32), a, b, partials, matmul.batch_index(), matmul.split,
-                     prologues={"A": im2col(g, x)})
-    finish = td.fuse(mm.split_sum_kernel(dtype), partials, np.empty(matmul.operand_shapes()[2], dtype.numpy), matmul.split,
-                     epilogues={"C": out})
-    return Lowered(g, matmul, kernel, None, None, False, matmul.batch_index(), finish=finish)
+    # with split-k (too few output tiles to fill a GPU) the implicit-im2col GEMM writes f32 partials and the
+    # kernel that sums them carries the epilogue
+    kernel, finish = matmul.fused({"A": im2col(g, x)}, epilogue(output_view(g, c)))
+    return Lowered(g, matmul, kernel, None, None, False, matmul.batch_index(matmul.fusion_split), finish=finish)
 
 
 WINDOW_ROW = 32      # output rows at least this wide let `window_kernel` copy a block's pixels in few row segments
@@ -662,15 +653,6 @@ def window_kernel(g: ConvGeometry, matmul, dtype) -> td.Kernel:
 
 def _x_shape(g: ConvGeometry) -> tuple:
     return (g.n, g.c, g.h, g.w) if g.layout == "NCHW" else (g.n, g.h, g.w, g.c)
-
-
-def matmul_examples(matmul, packed_b: bool = False, transposed_a: bool = False) -> tuple:
-    """Example arguments (operands, batch index, split 1) that specialize a matmul plan's anchor for fusion
-    (or its kernel for packed B panels, for a transposed A: `MatmulPlan.kernel`)."""
-    a, b, c = (np.empty(s, matmul.dtype.numpy) for s in matmul.operand_shapes(transposed_a))
-    if packed_b:
-        b = matmul.pack_b(b)
-    return (a, b, c, matmul.batch_index(1), 1)
 
 
 @dataclass(frozen=True)

@@ -199,6 +199,33 @@ class MatmulPlan:
         """The f32 partial outputs of split-k: (batch * split, M, N), z-slice b * split + s for chunk s."""
         return (self.batch * self.split, self.m, self.n)
 
+    def examples(self, packed_b: bool = False, transposed_a: bool = False) -> tuple:
+        """Example arguments (A, B, C, batch index, split 1) that specialize this plan's anchor for fusion (or its
+        kernel for packed B panels, for a transposed A: `kernel`)."""
+        a, b, c = (np.empty(s, self.dtype.numpy) for s in self.operand_shapes(transposed_a))
+        return (a, self.pack_b(b) if packed_b else b, c, self.batch_index(1), 1)
+
+    @property
+    def fusion_split(self) -> int:
+        """The split-k of this plan's fused kernels (`fused`): the plan's on the GPU templates; 1 on the cpu's
+        register-tile template, whose fused kernels are measured unsplit."""
+        return 1 if self.template is CPU_TILE else self.split
+
+    def fused(self, prologues: dict, out: td.Tensor, packed_b: bool = False) -> tuple:
+        """(kernel, finish): this plan's kernel with `prologues` ({"A" or "B": a compute defining it}) fused into
+        its loads and `out`, a compute over a placeholder "C" of the output, into its stores; finish is None. With
+        split-k (`fusion_split`), the kernel writes f32 partials instead (its "C") and finish, `split_sum_kernel`
+        with `out` fused in, adds them: (P partials, split, out's other inputs, out)."""
+        a, b, c, _, _ = self.examples(packed_b)
+        split = self.fusion_split
+        if split == 1:
+            return td.fuse(self.kernel(self.dtype, packed_b=packed_b), a, b, c, self.batch_index(1), 1,
+                           prologues=prologues, epilogues={"C": out}), None
+        partials = np.empty(self.partials_shape, np.float32)
+        kernel = td.fuse(self.kernel(td.f32, packed_b=packed_b), a, b, partials, self.batch_index(), split,
+                         prologues=prologues)
+        return kernel, td.fuse(split_sum_kernel(self.dtype), partials, c, split, epilogues={"C": out})
+
 
 SUM_BLOCK = 256
 

@@ -231,11 +231,11 @@ class _Build:
         z = self._epilogue(anchor.outputs[0], y)
         # constant weights (no prologue) are packed once, for the kernel that reads them packed
         self.b_panels = None if 1 in self.op.prologues else packed_b(plan, tb, tb.value, {})
-        packed = self.b_panels is not None
-        self.kernel = td.fuse(plan.kernel(plan.dtype, packed_b=packed), *conv_lib.matmul_examples(plan, packed),
-                              prologues=prologues, epilogues={"C": z})
-        self.kernels = [self.kernel]
-        self.batch_index = plan.batch_index(1)
+        # with split-k (a GPU with too few output tiles to fill it), the kernel writes partials and `finish`
+        # sums them with the epilogue fused in
+        self.kernel, self.finish = plan.fused(prologues, z, packed_b=self.b_panels is not None)
+        self.kernels = [k for k in (self.kernel, self.finish) if k is not None]
+        self.batch_index = plan.batch_index(plan.fusion_split)
 
     def run(self, arrays: list) -> np.ndarray:
         """The fused node's output for its input arrays (one kernel launch; two for a cpu conv with im2col)."""
@@ -245,28 +245,44 @@ class _Build:
             weight = arrays[self._weight_index]
             self.conv.run(named, packed_weight(self.conv, self.weight, weight, self._packed), out)
             return out
-        self.kernel(*[value if k is None else contiguous(arrays[k]).reshape(shape) if shape else contiguous(arrays[k])
-                      for value, k, shape in self._arguments], out)
+        kernel_args, finish_args = self._arguments
+        if self.finish is None:
+            self.kernel(*self._values(kernel_args, arrays, None), out)
+            return out
+        partials = empty_like_operands(self.plan.partials_shape, np.float32, *arrays)
+        self.kernel(*self._values(kernel_args, arrays, partials))
+        self.finish(*self._values(finish_args, arrays, partials), out)
         return out
+
+    @staticmethod
+    def _values(how: list, arrays: list, partials) -> list:
+        """A kernel's arguments from `_arguments`' recipe: fixed values, the node's inputs, the split-k partials."""
+        return [partials if k == "partials" else value if k is None else
+                contiguous(arrays[k]).reshape(shape) if shape else contiguous(arrays[k]) for value, k, shape in how]
 
     @functools.cached_property
     def _weight_index(self) -> int:
         return self._input_index(self.weight)
 
     @functools.cached_property
-    def _arguments(self) -> list:
-        """How the matmul kernel's arguments (but its output) come from the node's input arrays: (a fixed
-        value, None, None), or (None, input index, the 3-D operand shape for A and B, else None)."""
+    def _arguments(self) -> tuple:
+        """How the arguments of the matmul kernel and of split-k's finishing kernel (but their final outputs) come
+        from the node's input arrays: (a fixed value, None, None), (None, input index, the 3-D operand shape
+        for A and B, else None), or (None, "partials", None) for split-k's partials."""
         anchor = self.op.anchor
         a_shape, b_shape, _ = self.plan.operand_shapes()
-        how = {"batch_index": (self.batch_index, None, None), "split": (1, None, None)}
+        how = {"batch_index": (self.batch_index, None, None), "split": (self.plan.fusion_split, None, None),
+               "C": (None, "partials", None), "P": (None, "partials", None)}
         for k, (name, shape) in enumerate((("A", a_shape), ("B", b_shape))):
             if k not in self.op.prologues:
                 how[name] = (None, self._input_index(anchor.inputs[k]), shape)
         if self.b_panels is not None:
             how["B"] = (self.b_panels, None, None)
-        names = [name for name, _ in self.kernel.params][:-1]
-        return [how[n] if n in how else (None, self.index_of[n], None) for n in names]
+
+        def recipe(kernel, with_output: bool) -> list:
+            names = [name for name, _ in kernel.params][:None if with_output else -1]
+            return [how[n] if n in how else (None, self.index_of[n], None) for n in names]
+        return recipe(self.kernel, self.finish is not None), recipe(self.finish, False) if self.finish else []
 
     def _input_index(self, t) -> int:
         return next(k for k, x in enumerate(self.op.inputs) if x is t)

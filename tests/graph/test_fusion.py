@@ -97,6 +97,26 @@ def test_matmul_add_gelu_is_one_kernel_and_transposed_operands_fuse_as_prologues
     assert [m.kind for m in fused.epilogue] == ["add", "gelu"] and len(cg.kernels) == 1
 
 
+def test_gpu_matmuls_with_few_tiles_split_k_and_sum_with_the_epilogue(simulated_gpu):
+    """On a GPU a fused matmul whose output has too few tiles splits K: the kernel (with B's transpose as its
+    prologue) writes f32 partials, the second sums them with bias, GELU and a residual input fused in; and
+    the CUDA-graph replay of the two matches (simulated GPU of 4 SMs; 25 k tiles of 8: split 4)."""
+    x = tg.input("x", (1, 9, 200))
+    bt = tg.input("bt", (24, 200))
+    r = tg.input("r", (1, 9, 24))
+    g = tg.Graph([x, bt, r], [ops.gelu(ops.matmul(x, ops.transpose(bt)) + _const(24)) + r])
+    arrays = [RNG.standard_normal(s).astype(np.float32) for s in ((1, 9, 200), (24, 200), (1, 9, 24))]
+    for replay in (False, True):
+        cg = g.compile(target="cuda", cuda_graph=replay)
+        fused, = cg.graph.nodes
+        assert isinstance(fused, FusedAnchor) and [m.kind for m in fused.epilogue] == ["add", "gelu", "add"]
+        assert fused._build.plan.split == 4 and len(cg.kernels) == 2 and cg.kernels[1].name.startswith("split_k")
+        for seed in (1, 2):
+            arrays[0] = np.random.default_rng(seed).standard_normal((1, 9, 200)).astype(np.float32)
+            got, = cg(*arrays)
+            np.testing.assert_allclose(got, g.reference(*arrays)[0], rtol=1e-4, atol=1e-4)
+
+
 def test_constant_weights_are_packed_once_and_computed_ones_are_not():
     """On the cpu a matmul by a constant (unfused, or fused with its epilogue) runs the kernel that reads B
     as panels packed once; a B computed by the graph keeps the kernel that packs its own panels per call."""
