@@ -16,6 +16,7 @@ Grouped convolutions with tiny per-group reductions (depthwise; `uses_direct`) a
 elsewhere a `td.reduce` definition scheduled by the rules.
 """
 import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -136,7 +137,10 @@ def im2col(g: ConvGeometry, x: td.Tensor) -> td.Tensor:
             kh, kw, c = ki // (g.kw * cg), ki // cg % g.kw, ki % cg
         return _input_at(g, x, n, gi * cg + c, oh, ow, kh, kw)
 
-    return td.compute("A", (groups, m, k), fcompute)
+    # NHWC reading the input itself: runs of channels of one tap are runs of the input's last axis, so a
+    # tensor-core GEMM's 16-byte copies of A stay copies (from X) when fused (`td.compute`'s gather_runs)
+    runs = math.gcd(cg, 8) if g.layout == "NHWC" and x.kind == "placeholder" else 1
+    return td.compute("A", (groups, m, k), fcompute, gather_runs=runs)
 
 
 def pack_weight(g: ConvGeometry, weight: np.ndarray) -> np.ndarray:

@@ -60,6 +60,8 @@ class Tensor:
     reduce_axes: tuple = ()
     reduce_shape: tuple = ()
     op: str | None = None
+    gather_runs: int = 1    # a compute promises: each aligned run of this many elements along its last axis is
+                            # one placeholder's consecutive elements (aligned likewise) or zeros, by one condition
     buffer: ir.Buffer = field(init=False)
 
     def __post_init__(self):
@@ -123,12 +125,17 @@ def _body(value, dtype, what: str) -> ir.Expr:
     return value
 
 
-def compute(name: str, shape, fcompute, dtype: T.DataType | None = None) -> Tensor:
-    """A tensor whose element at `axes` is `fcompute(*axes)` (an injective definition)."""
+def compute(name: str, shape, fcompute, dtype: T.DataType | None = None, gather_runs: int = 1) -> Tensor:
+    """A tensor whose element at `axes` is `fcompute(*axes)` (an injective definition).
+
+    `gather_runs` > 1 promises that every run of that many elements along the last axis, starting at a
+    multiple of it, is `x[..., j:j + gather_runs]` of one placeholder `x` with `j` a multiple of it, or zeros,
+    as one condition decides (an NHWC im2col's runs of channels): a fused asynchronous copy of such a run
+    then stays one copy from `x`. An untrue promise gives wrong results."""
     dims = _dims(shape, f"compute {name!r}")
     axes = _axis_vars("i", dims)
     body = _body(fcompute(*axes), dtype, f"compute {name!r}")
-    return Tensor(name, body.dtype, dims, "compute", axes, body)
+    return Tensor(name, body.dtype, dims, "compute", axes, body, gather_runs=gather_runs)
 
 
 def reduce(name: str, shape, reduce_shape, fcompute, op: str = "sum", dtype: T.DataType | None = None) -> Tensor:

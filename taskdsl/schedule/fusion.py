@@ -149,12 +149,30 @@ def _fuse_prologue(body: ir.Stmt, param: ir.Buffer, definition: Tensor, new_inpu
         def visit_CpAsync(self, s):
             if s.src.buffer.uid != param.uid:
                 return self.generic_visit(s)
+            gathered = self.gathered_copy(s)
+            if gathered is not None:
+                return gathered
             # computed values have no memory to copy asynchronously from: the copy becomes plain stores of
             # the prologue's values (zeros where the copy's predicate is false, as cp_async fills)
             zero = ir.const(0, s.dst.dtype)
             return ir.seq([ir.Store(s.dst.buffer, s.dst.element(k),
                                     ir.Select(s.pred, self.visit(ir.Load(param, s.src.element(k))), zero, s.dst.dtype),
                                     s.loc) for k in range(s.count)])
+
+        def gathered_copy(self, s):
+            """The copy from the placeholder itself where the definition gathers aligned runs of its elements
+            (`gather_runs`; a cp_async run starts at a multiple of its length, as its alignment requires), else
+            None: x[index of the run's first element], under the copy's predicate and the run's condition."""
+            if definition.gather_runs % s.count:
+                return None
+            first = self.visit(ir.Load(param, s.src.element(0)))
+            cond, load = (first.cond, first.a) if isinstance(first, ir.Select) else (ir.const(True), first)
+            if isinstance(first, ir.Select) and not (isinstance(first.b, ir.Const) and first.b.value == 0):
+                return None
+            owner = _OWNER.get(load.buffer.uid) if isinstance(load, ir.Load) else None
+            if owner is None or owner.kind != "placeholder" or load.dtype != s.dst.dtype:
+                return None
+            return ir.CpAsync(s.dst, ir.Ref(load.buffer, load.indices), s.count, ir.binary("and", s.pred, cond), s.loc)
 
     return _Prologue().visit(body)
 

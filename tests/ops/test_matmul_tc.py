@@ -10,11 +10,13 @@ import pytest
 from hypothesis import example, given, settings, strategies as st
 
 import taskdsl as td
-from stdlib_ops import gemm
+from stdlib_ops import conv, gemm
 from stdlib_ops import matmul_simt as simt
 from stdlib_ops import matmul_tc as tc
 from taskdsl.backend.cuda.nvrtc import combine_sources, compile_cubin, resource_usage
 from taskdsl.schedule.space import Space
+
+from .test_conv import reference
 
 SMALL = Space("tc_small", {"warps": ((1, 1),), "warp_tiles": ((1, 4),), "bk": (16,), "stages": (2,)}, tc.check).points()[0]
 
@@ -113,6 +115,36 @@ def test_prologues_replace_the_async_copies_of_their_operand(m, n, k, seed):
     np.testing.assert_allclose(c[0], want, rtol=2e-3, atol=2e-3)
     source = fused.source(c, index, 1, a, bt, target="cuda")
     assert source.count("cp.async.cg") == 0 and "mma.sync" in source
+
+
+@settings(max_examples=1, deadline=None)    # a fused kernel is specialized to its shapes: ~20 s of numba each
+@given(case=st.sampled_from([((1, 5, 6, 16), (8, 16, 3, 3), 1, 1), ((2, 4, 5, 16), (16, 8, 3, 3), 2, 2)]),
+       seed=st.integers(0, 2**16))
+@example(case=((2, 4, 5, 16), (16, 8, 3, 3), 2, 2), seed=0)      # two images, two groups, a wide padding
+def test_an_nhwc_im2col_prologue_keeps_the_async_copies_from_the_input(case, seed):
+    """conv's NHWC im2col of 8-channel runs (`gather_runs`): the fused kernel copies each run of A from X itself
+    by cp.async, zero-filled in the padding, instead of computing element stores; matches numpy on the cpu."""
+    td.set_target("cpu")
+    x_shape, w_shape, pad, groups = case
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(x_shape).astype(np.float16)
+    w = rng.standard_normal(w_shape).astype(np.float16)
+    g = conv.geometry(x_shape, w_shape, padding=pad, groups=groups, layout="NHWC")
+    a = conv.im2col(g, td.placeholder("X", td.f16, x_shape))
+    assert a.gather_runs == 8
+    n_groups, m, k, n = g.gemm
+    anchor = tc.tc_matmul_kernel(SMALL, td.f16, td.f32, 8)
+    index = simt.batch_index((n_groups,), (n_groups,), (n_groups,))
+    c = np.full((n_groups, m, n), np.nan, np.float32)
+    b = conv.pack_weight(g, w)
+    fused = td.fuse(anchor, np.empty((n_groups, m, k), np.float16), b, c, index, 1, prologues={"A": a})
+    source = fused.source(b, c, index, 1, x, target="cuda")
+    # issue_tile is inlined twice (pipeline prologue, main loop), each with A's copy (from X) and B's
+    assert source.count("cp.async.cg") == 4 and source.count("(const void*)&X[") == 2
+    fused(b, c, index, 1, x)
+    want = reference(x.transpose(0, 3, 1, 2), w, None, (1, 1), (pad,) * 4, (1, 1), groups)   # (N, OC, OH, OW)
+    got = c.reshape(n_groups, x_shape[0], g.oh, g.ow, n).transpose(1, 0, 4, 2, 3).reshape(want.shape)
+    np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3)
 
 
 def test_planner_picks_tensor_cores_for_16_bit_floats_on_gpus_only():
