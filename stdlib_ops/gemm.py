@@ -4,8 +4,9 @@ A `MatmulPlan` is the scheduled anchor for one problem: the template (on a GPU t
 for f16/bf16 and the SIMT template otherwise; on the cpu the register-tile template), its
 kernel at the chosen schedule point (tuned on cuda, the measured default on the cpu unless
 tuning is asked for), the 3-D operand shapes it runs on, and split-k when the output has too
-few tiles to fill the machine. Fusion (conv2d's im2col, the graph layer's epilogues) starts
-from `plan.anchor`, which never splits k so its stores are the final outputs.
+few tiles to fill the machine. Fusion (conv2d's im2col, the graph layer's prologues and
+epilogues) goes through `plan.fused`: with split-k the epilogue fuses into the kernel that sums
+the partials (`split_sum_kernel`), as no partial is the output yet.
 """
 from __future__ import annotations
 
@@ -212,10 +213,10 @@ class MatmulPlan:
         return 1 if self.template is CPU_TILE else self.split
 
     def fused(self, prologues: dict, out: td.Tensor, packed_b: bool = False) -> tuple:
-        """(kernel, finish): this plan's kernel with `prologues` ({"A" or "B": a compute defining it}) fused into
-        its loads and `out`, a compute over a placeholder "C" of the output, into its stores; finish is None. With
-        split-k (`fusion_split`), the kernel writes f32 partials instead (its "C") and finish, `split_sum_kernel`
-        with `out` fused in, adds them: (P partials, split, out's other inputs, out)."""
+        """(kernel, finish) with `prologues` ({"A" or "B": a compute defining it}) fused into the kernel's loads and
+        `out` (a compute over a placeholder "C" of the output): without split-k (`fusion_split`) into its stores,
+        and finish is None; with split-k the kernel writes f32 partials instead (its "C") and finish,
+        `split_sum_kernel` with `out` fused in, adds them (parameters: P, split, out's other inputs, out)."""
         a, b, c, _, _ = self.examples(packed_b)
         split = self.fusion_split
         if split == 1:
