@@ -281,6 +281,26 @@ def test_f16_convolutions_with_bias_and_activation_keep_f16(groups):
     np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_f16_tensor_core_convolutions_split_k_on_a_gpu(layout):
+    """A 7x7 layer on tensor cores: one 128x64 tile, so split-k (the bias and ReLU fused into the sum of the
+    partials); NHWC copies its im2col runs of 64 channels with cp.async (`gather_runs`)."""
+    td.set_target("cuda")
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((1, 64, 7, 7)).astype(np.float16)
+    w = (rng.standard_normal((64, 64, 3, 3)) / 24).astype(np.float16)
+    b = rng.standard_normal(64).astype(np.float16)
+    xin = x if layout == "NCHW" else x.transpose(0, 2, 3, 1).copy()
+    g = conv.geometry(xin.shape, w.shape, padding=1, layout=layout)
+    low = conv.plan(g, td.f16, "cuda", True, "relu").lowered
+    assert low.matmul.split > 1 and low.finish is not None
+    y = ops.conv2d(td.to_device(xin), w, b, padding=1, layout=layout, activation="relu").numpy()
+    got = y if layout == "NCHW" else y.transpose(0, 3, 1, 2)
+    want = np.maximum(reference(x, w, b, (1, 1), (1,) * 4, (1, 1), 1), 0)
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-2, atol=2e-2)
+
+
 def test_conv2d_errors_are_clear():
     x = np.zeros((1, 4, 5, 5), np.float32)
     with pytest.raises(ValueError, match="weight of shape"):
