@@ -7,9 +7,9 @@ and THREAD. A variable's level is the highest of its assigned values and of the 
 flow its assignments sit under; a loop left by a `break` under a divergent condition is
 itself divergent from then on.
 
-`relaxed_uniform` answers a second question, for code that runs under a warp-uniform
-branch: is a value the same in every thread that runs that branch? (A variable assigned
-only inside one such branch, from uniform values, is.)
+`agreed_within` answers a second question, for code that runs under warp-uniform branches:
+is a value the same in every thread that runs the innermost of them? (A variable assigned
+only inside those branches, from values their threads agree on, is.)
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ class Uniformity:
         changed = True
         while changed:
             self._changed = False
-            self._walk(fn.body, UNIFORM, None, UNIFORM, None)
+            self._walk(fn.body, UNIFORM, None, UNIFORM, ())
             changed = self._changed
 
     @staticmethod
@@ -55,19 +55,11 @@ class Uniformity:
         return aliases
 
     # -------------------------------------------------------------- expressions
-    def relaxed_uniform(self, e: ir.Expr) -> bool:
-        """Whether `e` is the same in every thread running the one warp-uniform branch it is used in."""
-        if self.level(e) == UNIFORM:
-            return True
+    def agreed_within(self, e: ir.Expr, branches) -> bool:
+        """Whether `e` is the same in every thread running the innermost of the nested warp-uniform `branches`
+        it is used in ((id of the if, side) pairs, as `_walk` names them)."""
         local = [v for v in ir.collect(e, ir.Var) if v.kind not in ("size", "param")]
-        if len({b for v in local for b in self.branches.get(v.uid, ())}) > 1:
-            return False
-        return self.level(e, self.relaxed_level) == UNIFORM
-
-    def _agreed_in(self, e: ir.Expr, branch) -> bool:
-        """Whether `e` is the same in every thread running the warp-uniform `branch` it is used in."""
-        local = [v for v in ir.collect(e, ir.Var) if v.kind not in ("size", "param")]
-        return all(self.branches.get(v.uid, set()) <= {branch} for v in local) and \
+        return all(self.branches.get(v.uid, set()) <= set(branches) for v in local) and \
             self.level(e, self.relaxed_level) == UNIFORM
 
     def level(self, e: ir.Expr, var_level: dict | None = None) -> int:
@@ -112,41 +104,41 @@ class Uniformity:
         return False
 
     # -------------------------------------------------------------- statements
-    def _set(self, var: ir.Var, level: int, relaxed: int, branch) -> None:
+    def _set(self, var: ir.Var, level: int, relaxed: int, branches: tuple) -> None:
         for table, value in ((self.var_level, level), (self.relaxed_level, relaxed)):
             if value > table.get(var.uid, UNIFORM):
                 table[var.uid] = value
                 self._changed = True
-        if branch is not None and branch not in self.branches.setdefault(var.uid, set()):
-            self.branches[var.uid].add(branch)
+        if branches and branches[-1] not in self.branches.setdefault(var.uid, set()):
+            self.branches[var.uid].add(branches[-1])
             self._changed = True
 
-    def _walk(self, s, ctl: int, loop, rctl: int, branch) -> None:
+    def _walk(self, s, ctl: int, loop, rctl: int, branches: tuple) -> None:
         """`ctl`: level of the control flow around `s`; `rctl`: the same counting only thread-level
-        conditions; `branch`: the innermost warp-uniform if-branch around `s`."""
+        conditions; `branches`: the warp-uniform if-branches around `s`, outermost first."""
         if s is None:
             return
         relaxed = lambda e: self.level(e, self.relaxed_level)
         if isinstance(s, ir.Seq):
             for x in s.stmts:
-                self._walk(x, ctl, loop, rctl, branch)
+                self._walk(x, ctl, loop, rctl, branches)
         elif isinstance(s, ir.Assign):
-            self._set(s.var, max(ctl, self.level(s.value)), max(rctl, relaxed(s.value)), branch)
+            self._set(s.var, max(ctl, self.level(s.value)), max(rctl, relaxed(s.value)), branches)
         elif isinstance(s, (ir.For, ir.While)):
             heads = (s.start, s.stop) if isinstance(s, ir.For) else (s.cond,)
             trips = self.loop_level.get(id(s), UNIFORM)
             level = max([ctl, trips] + [self.level(h) for h in heads])
             rlevel = max([rctl] + [THREAD if max(trips, relaxed(h)) == THREAD else UNIFORM for h in heads])
             if isinstance(s, ir.For):
-                self._set(s.var, level, rlevel, branch)
-            self._walk(s.body, level, s, rlevel, branch)
+                self._set(s.var, level, rlevel, branches)
+            self._walk(s.body, level, s, rlevel, branches)
         elif isinstance(s, ir.If):
             cond = self.level(s.cond)
             level, rlevel = max(ctl, cond), max(rctl, THREAD if cond == THREAD else UNIFORM)
             # a warp-uniform condition that every thread running the enclosing branch agrees on (an inlined
             # function's early-return test on its arguments, say) opens no new branch
-            divergent = cond == WARP and not (branch is not None and self._agreed_in(s.cond, branch))
-            inner = lambda side: (id(s), side) if divergent else branch
+            divergent = cond == WARP and not (branches and self.agreed_within(s.cond, branches))
+            inner = lambda side: branches + ((id(s), side),) if divergent else branches
             self._walk(s.then, level, loop, rlevel, inner("then"))
             self._walk(s.orelse, level, loop, rlevel, inner("else"))
         elif isinstance(s, (ir.Break, ir.Continue)) and loop is not None:

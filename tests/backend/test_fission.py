@@ -239,6 +239,39 @@ def test_break_under_a_warp_uniform_condition_in_a_shuffle_loop_leaves_that_warp
 
 
 @td.kernel(grid=1, block=64)
+def warp_break_then_uniform_shuffle_branch(X: f32[64], Y: f32[64], cut: td.i32, gate: td.i32):
+    t = threadIdx.x
+    v = X[t]
+    for i in range(3):
+        w = td.shfl_down(v, 3, width=8)
+        if t // 32 == cut:       # one warp leaves: its break flag differs between the warps ...
+            break
+        if gate > 0:             # ... so this block-uniform branch, with a shuffle, stays under that flag
+            v += td.shfl_down(w, 20)
+    Y[t] = v
+
+
+@pytest.mark.parametrize("cut,gate", [(0, 1), (1, 1), (1, 0), (2, 1)])
+def test_a_warp_break_flag_guards_a_later_uniform_branch_with_a_shuffle(cut, gate):
+    """Found by test_random_control_flow: the break flag was taken as agreed by the threads of the loop's guard
+    (it is only agreed inside the branch that sets it), and the kernel was refused."""
+    x = np.arange(64, dtype=np.float32) * 0.5
+    y = np.zeros(64, np.float32)
+    warp_break_then_uniform_shuffle_branch(x, y, cut, gate)
+    lanes = np.arange(64)
+
+    def down(a, delta, width=32):   # shfl_down: the lane delta above within a segment of `width`, else its own
+        src = np.where(lanes % width + delta < width, lanes + delta, lanes)
+        return a[src]
+    v, active = x.copy(), lanes // 32 != cut        # the lockstep oracle: warp `cut` leaves in the first trip
+    for _ in range(3):
+        w = down(v, 3, 8)
+        if gate > 0:
+            v = np.where(active, v + down(w, 20), v)
+    np.testing.assert_array_equal(y, v)
+
+
+@td.kernel(grid=1, block=64)
 def warp_continue_in_shuffle_loop(X: f32[64], Y: f32[64], n: td.i32):
     t = threadIdx.x
     v = X[t]

@@ -216,33 +216,35 @@ class _Fission:
                 self.block_vars |= _vars_read(a.value)
             changed = before != self.block_vars
 
-    def _scan(self, s, in_block_loop, guarded: bool = False) -> None:
+    def _scan(self, s, in_block_loop, branches: tuple = ()) -> None:
         for x in _flatten(s):
             if not self.is_block_level(x, in_block_loop):
                 continue
             if isinstance(x, ir.For):
                 self.block_vars |= _vars_read(x.start) | _vars_read(x.stop) | {x.var.uid}
-                self._scan(x.body, True, guarded)
+                self._scan(x.body, True, branches)
             elif isinstance(x, ir.While):
                 self.block_vars |= _vars_read(x.cond)
-                self._scan(x.body, True, guarded)
+                self._scan(x.body, True, branches)
             elif isinstance(x, ir.If):
-                at_block_level = self.agreed(x.cond, guarded)
+                at_block_level = self.agreed(x.cond, branches)
                 if at_block_level:
                     self.block_vars |= _vars_read(x.cond)
-                self._scan(x.then, in_block_loop, guarded or not at_block_level)
-                self._scan(x.orelse, in_block_loop, guarded or not at_block_level)
+                self._scan(x.then, in_block_loop, branches if at_block_level else branches + ((id(x), "then"),))
+                self._scan(x.orelse, in_block_loop, branches if at_block_level else branches + ((id(x), "else"),))
 
-    def agreed(self, e, guarded: bool) -> bool:
+    def agreed(self, e, branches: tuple) -> bool:
         """Whether every thread that reaches `e` has the same value, so block-level control flow may use it.
 
-        Inside a warp-uniform branch (`guarded`), a value that every thread running the branch agrees on
-        will do; outside, a variable assigned in such a branch differs between warps.
+        Inside warp-uniform branches (`branches`, the (if, side) pairs around `e`, as the uniformity analysis
+        names them), a value that every thread running the innermost agrees on will do: one computed from
+        variables assigned only inside those branches. A variable assigned in another warp-uniform branch
+        (a warp's `break` flag, say) differs between the warps that reach `e`.
         """
-        return self.uniformity.level(e) == UNIFORM or (guarded and self.uniformity.relaxed_uniform(e))
+        return self.uniformity.level(e) == UNIFORM or (bool(branches) and self.uniformity.agreed_within(e, branches))
 
-    def split(self, s, in_block_loop: bool, guarded: bool = False) -> list:
-        """Items for statement `s`; `guarded`: inside a warp-uniform branch (regions get its predicate)."""
+    def split(self, s, in_block_loop: bool, branches: tuple = ()) -> list:
+        """Items for statement `s`; `branches`: the warp-uniform branches around it (regions get their predicates)."""
         items, current = [], []
 
         def flush():
@@ -265,35 +267,36 @@ class _Fission:
                 flush()
                 current.append(ShflGet(site, x.var, x.value.func, lane, width.value, x.loc))
             elif isinstance(x, ir.Assign):
-                self.require_uniform(x.value, x, "a variable that controls a barrier or shuffle", guarded)
+                self.require_uniform(x.value, x, "a variable that controls a barrier or shuffle", branches)
                 flush()
                 items.append(BlockAssign(x))
             elif isinstance(x, ir.For):
-                self.require_uniform(x.start, x, "the bounds of a loop containing a barrier or shuffle", guarded)
-                self.require_uniform(x.stop, x, "the bounds of a loop containing a barrier or shuffle", guarded)
+                self.require_uniform(x.start, x, "the bounds of a loop containing a barrier or shuffle", branches)
+                self.require_uniform(x.stop, x, "the bounds of a loop containing a barrier or shuffle", branches)
                 flush()
                 self.block_loops.append(x)
-                items.append(BlockFor(x, self.split(x.body, True, guarded)))
+                items.append(BlockFor(x, self.split(x.body, True, branches)))
                 self.block_loops.pop()
             elif isinstance(x, ir.While):
-                self.require_uniform(x.cond, x, "the condition of a loop containing a barrier or shuffle", guarded)
+                self.require_uniform(x.cond, x, "the condition of a loop containing a barrier or shuffle", branches)
                 flush()
                 self.block_loops.append(x)
-                items.append(BlockWhile(x, self.split(x.body, True, guarded)))
+                items.append(BlockWhile(x, self.split(x.body, True, branches)))
                 self.block_loops.pop()
             elif isinstance(x, ir.If):
                 level = self.uniformity.level(x.cond)
-                if self.agreed(x.cond, guarded):
+                if self.agreed(x.cond, branches):
                     flush()
-                    items.append(BlockIf(x.cond, self.split(x.then, in_block_loop, guarded),
-                                         self.split(x.orelse, in_block_loop, guarded)))
+                    items.append(BlockIf(x.cond, self.split(x.then, in_block_loop, branches),
+                                         self.split(x.orelse, in_block_loop, branches)))
                 elif level == WARP and not _own_jumps(x):
                     self.require_branch_local(x)
                     pred = ir.Var("warp_pred", x.cond.dtype)
                     current.append(ir.Assign(pred, x.cond, x.loc))
                     flush()
-                    items += _guard(self.split(x.then, in_block_loop, True), pred)
-                    items += _guard(self.split(x.orelse, in_block_loop, True), ir.Unary("not", pred, pred.dtype))
+                    items += _guard(self.split(x.then, in_block_loop, branches + ((id(x), "then"),)), pred)
+                    items += _guard(self.split(x.orelse, in_block_loop, branches + ((id(x), "else"),)),
+                                    ir.Unary("not", pred, pred.dtype))
                 elif level == WARP:
                     raise _WarpJump(x, self.block_loops[-1])
                 else:
@@ -329,8 +332,8 @@ class _Fission:
         if shared:
             raise _Privatize(s, list(shared.values()))
 
-    def require_uniform(self, e, s, what: str, guarded: bool) -> None:
-        if not self.agreed(e, guarded):
+    def require_uniform(self, e, s, what: str, branches: tuple) -> None:
+        if not self.agreed(e, branches):
             raise DSLError(f"{what} must be the same in every thread of the block (it depends on threadIdx or on "
                            "per-thread data)", s.loc, "A barrier must be reached by every thread of the block.")
 
