@@ -62,12 +62,16 @@ def cached_winner(space: Space, op: str, shapes, dtypes, target: str) -> Point |
         return None
 
 
+SLOW_CUT = 2.0   # a candidate whose first timed run takes this many times the best median so far is not timed on
+
+
 def _timer(target: str):
+    """(probe, full): one timed run after a warm-up, and the median of several (`fn` already warmed up)."""
     if target == "cuda":
         from ..bench.cuda_timing import time_cuda
-        return lambda fn: time_cuda(fn, warmup=2, repeat=10)
+        return lambda fn: time_cuda(fn, warmup=1, repeat=1), lambda fn: time_cuda(fn, warmup=1, repeat=10)
     from ..bench.timing import time_cpu
-    return lambda fn: time_cpu(fn, warmup=1, repeat=3)
+    return lambda fn: time_cpu(fn, warmup=1, repeat=1), lambda fn: time_cpu(fn, warmup=0, repeat=3)
 
 
 def _on_device(args: tuple) -> tuple:
@@ -81,6 +85,7 @@ def tune(space: Space, build, args: tuple, *, op: str, shapes, dtypes, default: 
          target: str | None = None, force: bool = False, show: bool | None = None) -> Point:
     """The fastest point of `space` for `build(point)(*args)` (cached on disk; `default` when off).
 
+    Each candidate runs once timed; one within SLOW_CUT of the best so far is then timed in full (a median).
     `force` re-tunes even when a winner is stored.
     """
     target = target or get_target()
@@ -91,7 +96,7 @@ def tune(space: Space, build, args: tuple, *, op: str, shapes, dtypes, default: 
         if hit is not None:
             return hit
     points = space.points()
-    timer = _timer(target)
+    probe, full = _timer(target)
     kernels: dict = {}
     if target == "cuda":    # compile all first, in parallel; the timing loop then only loads cubins
         args = _on_device(args)
@@ -113,7 +118,10 @@ def tune(space: Space, build, args: tuple, *, op: str, shapes, dtypes, default: 
                 kernel = kernels[p] if target == "cuda" else build(p)
                 if kernel is None:
                     raise RuntimeError("did not compile")
-                seconds = timer(lambda: kernel(*args))
+                run = lambda: kernel(*args)
+                seconds = probe(run)
+                if seconds <= SLOW_CUT * best_time:     # only candidates that may win are timed in full
+                    seconds = full(run)
             except Exception:  # noqa: BLE001 - a candidate that fails is skipped, the others still count
                 failed += 1
                 bar.step()

@@ -171,7 +171,7 @@ def test_batch_matmul_and_linear_f16_and_f32_bias():
 
 def test_tuner_picks_the_fastest_point_and_caches_it(tmp_path, monkeypatch):
     monkeypatch.setenv("TASKDSL_CACHE_DIR", str(tmp_path))
-    space = Space("toy", {"delay": (3, 1, 2)})
+    space = Space("toy", {"delay": (3, 1, 4)})
     calls = []
 
     class Fake:     # a "kernel" whose measured time is its point's delay (the timer is replaced below)
@@ -181,15 +181,23 @@ def test_tuner_picks_the_fastest_point_and_caches_it(tmp_path, monkeypatch):
         def __call__(self):
             calls.append(self.p.delay)
 
+    fully_timed = []
+
     def timer(target):
-        return lambda fn: (fn(), calls[-1])[1]
+        def full(fn):
+            fn()
+            fully_timed.append(calls[-1])
+            return calls[-1]
+        return lambda fn: (fn(), calls[-1])[1], full
 
     monkeypatch.setattr(tuner, "_timer", timer)
 
     default = space.point(delay=3)
     best = tuner.tune(space, Fake, (), op="toy", shapes=(1,), dtypes=("f32",), default=default, target="cpu",
                       show=False)
-    assert best.delay == 1 and set(calls) == {1, 2, 3}
+    assert best.delay == 1 and set(calls) == {1, 3, 4}
+    assert fully_timed == [3, 1]        # 4 ran once: more than SLOW_CUT times the best so far (1) is not timed on
+    fully_timed.clear()
     calls.clear()
     again = tuner.tune(space, Fake, (), op="toy", shapes=(1,), dtypes=("f32",), default=default, target="cpu",
                        show=False)
@@ -208,7 +216,7 @@ def test_cuda_tuning_times_kernels_on_device_arrays(simulated_gpu, tmp_path, mon
     copied in and out at every timed launch, and the copies would be what is timed)."""
     monkeypatch.setenv("TASKDSL_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("TASKDSL_TUNE", "1")
-    monkeypatch.setattr(tuner, "_timer", lambda target: lambda fn: (fn(), 1.0)[1])
+    monkeypatch.setattr(tuner, "_timer", lambda target: (lambda fn: (fn(), 1.0)[1],) * 2)
     seen = []
 
     class Fake:
@@ -225,7 +233,7 @@ def test_cuda_tuning_times_kernels_on_device_arrays(simulated_gpu, tmp_path, mon
     a = np.ones((4, 4), np.float32)
     tuner.tune(space, Fake, (a, 3), op="toy_cuda", shapes=(4,), dtypes=("f32",), default=space.point(x=1),
                target="cuda", show=False)
-    assert len(seen) == 4 and all(isinstance(args[0], td.DeviceArray) and args[1] == 3 for args in seen)
+    assert len(seen) == 6 and all(isinstance(args[0], td.DeviceArray) and args[1] == 3 for args in seen)
     np.testing.assert_array_equal(seen[0][0].numpy(), a)
 
 
