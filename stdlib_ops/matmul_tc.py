@@ -71,9 +71,10 @@ def space() -> Space:
 DEFAULT = dict(warps=(2, 2), warp_tiles=(4, 4), bk=32, stages=3)          # 128x64 tiles, 128 threads
 # From 2^22 output elements (128 tiles of 256x128, a wave on 132 SMs) the larger tiles of LARGE. Every block
 # streams its A and B tiles from L2: a 128x64 tile does 43 flops per byte it loads, so the 222 TFLOP/s the
-# 128x64 default reached at 4096^3 (H200, session 26) needed 5.2 TB/s from L2, within the 5.5-12 TB/s reported
-# for Hopper's L2 (a plausible limit, unmeasured); a 256x128 tile does 85 flops per byte. Its 64x64 warp tiles also halve the ldmatrix traffic
-# per mma of the 64x32 ones. 8 warps, 238 registers (ptxas): one block per SM, 96 KiB of shared memory.
+# 128x64 default reached at 4096^3 (H200, session 26) needed 5.2 TB/s from L2, near the 5.5-12 TB/s reported
+# for Hopper's L2 (a plausible limit, unmeasured); a 256x128 tile does 85 flops per byte. Its 64x64 warp
+# tiles also halve the ldmatrix traffic per mma of the 64x32 ones. 8 warps, 238 registers (ptxas): one
+# block per SM, 96 KiB of shared memory.
 LARGE = dict(warps=(4, 2), warp_tiles=(4, 8), bk=32, stages=4)            # 256x128 tiles, 256 threads
 LARGE_FROM = 1 << 22
 
@@ -180,22 +181,22 @@ def tc_matmul_kernel(p, dtype, out_dtype, vec: int = 8):
     return matmul
 
 
+PAD_BLOCK = 256
+
+
 @functools.cache
 def padded_copy_kernel(dtype):
     """Y (batch, RP, CP) = X (batch, R, C) in its top-left corner, zeros elsewhere (RP >= R, CP >= C): operands
     with rows of a multiple of 8 elements, which the 16-byte copies of `tc_matmul_kernel(vec=8)` need."""
-    @td.kernel(grid=lambda RP, CP, BY: (td.cdiv(RP * CP, PAD_BLOCK), 1, BY), block=PAD_BLOCK,
+    @td.kernel(grid=lambda RP, CP, BZ: (td.cdiv(RP * CP, PAD_BLOCK), 1, BZ), block=PAD_BLOCK,
                name=f"padded_copy_{dtype.name}")
-    def padded_copy(X: dtype["BX", "R", "C"], Y: dtype["BY", "RP", "CP"]):
+    def padded_copy(X: dtype["BZ", "R", "C"], Y: dtype["BZ", "RP", "CP"]):
         i = blockIdx.x * PAD_BLOCK + threadIdx.x
         r, c = i // CP, i % CP
         if r < RP:
             Y[blockIdx.z, r, c] = X[blockIdx.z, r, c] if r < R and c < C else td.cast(0.0, dtype)
 
     return padded_copy
-
-
-PAD_BLOCK = 256
 
 
 __all__ = ["space", "default_point", "tc_matmul_kernel", "padded_copy_kernel", "tile_shape", "check"]

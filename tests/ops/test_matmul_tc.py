@@ -18,7 +18,8 @@ from taskdsl.schedule.space import Space
 
 from .test_conv import reference
 
-SMALL = Space("tc_small", {"warps": ((1, 1),), "warp_tiles": ((1, 4),), "bk": (16,), "stages": (2,)}, tc.check).points()[0]
+SMALL = Space("tc_small", {"warps": ((1, 1),), "warp_tiles": ((1, 4),), "bk": (16,), "stages": (2,)},
+              tc.check).points()[0]
 
 
 def _run(p, a, b, vec):
