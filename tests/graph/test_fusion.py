@@ -97,10 +97,10 @@ def test_matmul_add_gelu_is_one_kernel_and_transposed_operands_fuse_as_prologues
     assert [m.kind for m in fused.epilogue] == ["add", "gelu"] and len(cg.kernels) == 1
 
 
-def test_gpu_matmuls_with_few_tiles_split_k_and_sum_with_the_epilogue(simulated_gpu):
-    """On a GPU a fused matmul whose output has too few tiles splits K: the kernel (with B's transpose as its
-    prologue) writes f32 partials, the second sums them with bias, GELU and a residual input fused in; and
-    the CUDA-graph replay of the two matches (simulated GPU of 4 SMs; 25 k tiles of 8: split 4)."""
+def _split_k_matmul_with_epilogue():
+    """A fused matmul whose output has too few tiles on a GPU: the kernel (with B's transpose as its prologue)
+    writes f32 partials, the second sums them with bias, GELU and a residual input fused in; CUDA-graph
+    replay or not, on new inputs. 25 k tiles of 8: split 4 on 4 SMs (simulated) and on 132 alike."""
     x = tg.input("x", (1, 9, 200))
     bt = tg.input("bt", (24, 200))
     r = tg.input("r", (1, 9, 24))
@@ -115,6 +115,15 @@ def test_gpu_matmuls_with_few_tiles_split_k_and_sum_with_the_epilogue(simulated_
             arrays[0] = np.random.default_rng(seed).standard_normal((1, 9, 200)).astype(np.float32)
             got, = cg(*arrays)
             np.testing.assert_allclose(got, g.reference(*arrays)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_gpu_matmuls_with_few_tiles_split_k_and_sum_with_the_epilogue(simulated_gpu):
+    _split_k_matmul_with_epilogue()
+
+
+@pytest.mark.gpu
+def test_split_k_fused_matmul_on_a_gpu():
+    _split_k_matmul_with_epilogue()
 
 
 def test_constant_weights_are_packed_once_and_computed_ones_are_not():
