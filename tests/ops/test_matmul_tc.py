@@ -119,18 +119,20 @@ def test_prologues_replace_the_async_copies_of_their_operand(m, n, k, seed):
 
 
 @settings(max_examples=1, deadline=None)    # a fused kernel is specialized to its shapes: ~20 s of numba each
-@given(case=st.sampled_from([((1, 5, 6, 16), (8, 16, 3, 3), 1, 1), ((2, 4, 5, 16), (16, 8, 3, 3), 2, 2)]),
+@given(case=st.sampled_from([((1, 5, 6, 16), (8, 16, 3, 3), 1, 1, 1, 1), ((2, 4, 5, 16), (16, 8, 3, 3), 2, 2, 1, 1),
+                             ((1, 9, 8, 8), (8, 8, 3, 2), 1, 1, 2, 2)]),
        seed=st.integers(0, 2**16))
-@example(case=((2, 4, 5, 16), (16, 8, 3, 3), 2, 2), seed=0)      # two images, two groups, a wide padding
+@example(case=((2, 4, 5, 16), (16, 8, 3, 3), 2, 2, 1, 1), seed=0)      # two images, two groups, a wide padding
+@example(case=((1, 9, 8, 8), (8, 8, 3, 2), 1, 1, 2, 2), seed=0)        # stride 2, dilation 2, a 3x2 kernel
 def test_an_nhwc_im2col_prologue_keeps_the_async_copies_from_the_input(case, seed):
     """conv's NHWC im2col of 8-channel runs (`gather_runs`): the fused kernel copies each run of A from X itself
     by cp.async, zero-filled in the padding, instead of computing element stores; matches numpy on the cpu."""
     td.set_target("cpu")
-    x_shape, w_shape, pad, groups = case
+    x_shape, w_shape, pad, groups, stride, dilation = case
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(x_shape).astype(np.float16)
     w = rng.standard_normal(w_shape).astype(np.float16)
-    g = conv.geometry(x_shape, w_shape, padding=pad, groups=groups, layout="NHWC")
+    g = conv.geometry(x_shape, w_shape, stride, pad, dilation, groups, layout="NHWC")
     a = conv.im2col(g, td.placeholder("X", td.f16, x_shape))
     assert a.gather_runs == 8
     n_groups, m, k, n = g.gemm
@@ -143,7 +145,7 @@ def test_an_nhwc_im2col_prologue_keeps_the_async_copies_from_the_input(case, see
     # issue_tile is inlined twice (pipeline prologue, main loop), each with A's copy (from X) and B's
     assert source.count("cp.async.cg") == 4 and source.count("(const void*)&X[") == 2
     fused(b, c, index, 1, x)
-    want = reference(x.transpose(0, 3, 1, 2), w, None, (1, 1), (pad,) * 4, (1, 1), groups)   # (N, OC, OH, OW)
+    want = reference(x.transpose(0, 3, 1, 2), w, None, (stride,) * 2, (pad,) * 4, (dilation,) * 2, groups)
     got = c.reshape(n_groups, x_shape[0], g.oh, g.ow, n).transpose(1, 0, 4, 2, 3).reshape(want.shape)
     np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3)
 
