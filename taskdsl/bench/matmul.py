@@ -58,7 +58,18 @@ def _cuda_rows(sizes, tune: bool) -> list:
             rows.append(dict(size=n, dtype=tdt.name, taskdsl=t_td, call=t_call, peer=t_peer, err=err, tol=tol,
                              schedule=f"{plan.point} (planned in {plan_seconds:.1f} s)"))
             print(f"  {n} {tdt.name}: {t_peer / t_td:.3f}x cuBLAS, planned in {plan_seconds:.1f} s", flush=True)
+            _print_tuning(n, tdt)
     return rows + _design_rows(sizes)
+
+
+def _print_tuning(n: int, tdt) -> None:
+    """The stored tuning of an n^3 matmul: its fastest candidates, the default's rank, the slowest."""
+    from stdlib_ops import gemm
+    from taskdsl.schedule import tuner
+    template = gemm.template_for(tdt, "cuda")
+    default = template.default("cuda", tdt.bits // 8, n, n)
+    for line in tuner.report(template.name, ((n, n), (n, n)), (tdt.name,), "cuda", default=default):
+        print("   ", line, flush=True)
 
 
 def _design_rows(sizes) -> list:

@@ -53,6 +53,30 @@ def _from_json(value):
     return tuple(map(_from_json, value)) if isinstance(value, list) else value
 
 
+def _point_json(p: Point) -> dict:
+    return {k: _to_json(v) for k, v in p.values}
+
+
+def report(op: str, shapes, dtypes, target: str, top: int = 5, default: Point | None = None) -> list:
+    """Lines describing the stored tuning of this problem: its `top` fastest candidates, `default`'s rank and the
+    slowest, each with its time (one cut after a run, SLOW_CUT, is marked '1 run'); [] when none is stored."""
+    try:
+        record = json.loads(_record_path(op, shapes, dtypes, target).read_bytes())
+        timings = record["timings"]
+    except (OSError, ValueError, KeyError):
+        return []
+    ranks = list(range(min(top, len(timings))))
+    if default is not None:
+        ranks += [k for k, t in enumerate(timings) if t[0] == _point_json(default) and k >= top]
+    ranks += [len(timings) - 1] if len(timings) > max(ranks, default=-1) + 1 else []
+    lines = [f"{op} {shapes}: {len(timings)} timed of {record['candidates']} ({record['failed']} failed)"]
+    for k in ranks:
+        point, seconds, full = timings[k]
+        tag = " (default)" if default is not None and point == _point_json(default) else ""
+        lines.append(f"  #{k + 1:<4} {seconds * 1e3:9.3f} ms{'' if full else ' (1 run)'}{tag}  {point}")
+    return lines
+
+
 def cached_winner(space: Space, op: str, shapes, dtypes, target: str) -> Point | None:
     """The stored winner for this problem, or None (absent, damaged, or no longer in the space)."""
     try:
@@ -111,7 +135,7 @@ def tune(space: Space, build, args: tuple, *, op: str, shapes, dtypes, default: 
             for p, kernel in pool.map(compile_one, points):
                 kernels[p] = kernel
                 bar.step()
-    best, best_time, failed = default, float("inf"), 0
+    best, best_time, failed, timings = default, float("inf"), 0, []
     with Progress(len(points), f"tuning {op}", show) as bar:
         for p in points:
             try:
@@ -120,18 +144,20 @@ def tune(space: Space, build, args: tuple, *, op: str, shapes, dtypes, default: 
                     raise RuntimeError("did not compile")
                 run = lambda: kernel(*args)
                 seconds = probe(run)
-                if seconds <= SLOW_CUT * best_time:     # only candidates that may win are timed in full
+                timed_in_full = seconds <= SLOW_CUT * best_time     # only candidates that may win
+                if timed_in_full:
                     seconds = full(run)
             except Exception:  # noqa: BLE001 - a candidate that fails is skipped, the others still count
                 failed += 1
                 bar.step()
                 continue
+            timings.append([_point_json(p), seconds, timed_in_full])
             if seconds < best_time:
                 best, best_time = p, seconds
             bar.step(note=f"best {best_time * 1e3:.3f} ms" + (f", {failed} failed" if failed else ""))
     if best_time < float("inf"):
         record = {"op": op, "shapes": repr(shapes), "dtypes": repr(dtypes), "device": device_name(target),
-                  "point": {k: _to_json(v) for k, v in best.values}, "seconds": best_time,
-                  "candidates": len(points), "failed": failed}
+                  "point": _point_json(best), "seconds": best_time, "candidates": len(points), "failed": failed,
+                  "timings": sorted(timings, key=lambda t: t[1])}
         atomic_write(_record_path(op, shapes, dtypes, target), json.dumps(record, indent=1).encode())
     return best

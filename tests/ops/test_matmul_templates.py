@@ -198,6 +198,12 @@ def test_tuner_picks_the_fastest_point_and_caches_it(tmp_path, monkeypatch):
     assert best.delay == 1 and set(calls) == {1, 3, 4}
     assert fully_timed == [3, 1]        # 4 ran once: more than SLOW_CUT times the best so far (1) is not timed on
     fully_timed.clear()
+    lines = tuner.report("toy", (1,), ("f32",), "cpu", top=1, default=default)
+    assert lines[0] == "toy (1,): 3 timed of 3 (0 failed)" and len(lines) == 4
+    assert "#1" in lines[1] and "{'delay': 1}" in lines[1]
+    assert "#2" in lines[2] and "(default)" in lines[2] and "{'delay': 3}" in lines[2]
+    assert "#3" in lines[3] and "(1 run)" in lines[3] and "{'delay': 4}" in lines[3]
+    assert tuner.report("toy", (9,), ("f32",), "cpu") == []     # nothing stored for that shape
     calls.clear()
     again = tuner.tune(space, Fake, (), op="toy", shapes=(1,), dtypes=("f32",), default=default, target="cpu",
                        show=False)
