@@ -187,7 +187,9 @@ PAD_BLOCK = 256
 @functools.cache
 def padded_copy_kernel(dtype):
     """Y (batch, RP, CP) = X (batch, R, C) in its top-left corner, zeros elsewhere (RP >= R, CP >= C): operands
-    with rows of a multiple of 8 elements, which the 16-byte copies of `tc_matmul_kernel(vec=8)` need."""
+    with rows of a multiple of 8 elements, which the 16-byte copies of `tc_matmul_kernel(vec=8)` need. (Not
+    `stdlib_ops.pad`: its widths and fill value are host arrays copied to the GPU at every call; this kernel
+    takes device arrays only, so a matmul's launches stay prepared and replayable.)"""
     @td.kernel(grid=lambda RP, CP, BZ: (td.cdiv(RP * CP, PAD_BLOCK), 1, BZ), block=PAD_BLOCK,
                name=f"padded_copy_{dtype.name}")
     def padded_copy(X: dtype["BZ", "R", "C"], Y: dtype["BZ", "RP", "CP"]):

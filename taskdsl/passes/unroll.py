@@ -46,9 +46,9 @@ def mark_tile_loops(fn: ir.Function) -> ir.Function:
     class Marker(ir.Rewriter):
         def visit_For(self, s: ir.For):
             body = self.visit(s.body)
-            constant = all(isinstance(x, ir.Const) for x in (s.start, s.stop, s.step))
-            marks = not s.unroll and constant and _indexes_tiles(s, tiles) and \
-                len(range(s.start.value, s.stop.value, s.step.value)) * _unrolled_size(body) <= MAX_MARKED
+            trips = _constant_trips(s)
+            marks = not s.unroll and trips is not None and _indexes_tiles(s, tiles) and \
+                trips * _unrolled_size(body) <= MAX_MARKED
             if body is s.body and not marks:
                 return s
             return dataclasses.replace(s, body=body, unroll=s.unroll or marks)
@@ -66,12 +66,18 @@ def _unrolled_size(s) -> int:
     if isinstance(s, ir.If):
         return 1 + _unrolled_size(s.then) + (_unrolled_size(s.orelse) if s.orelse is not None else 0)
     if isinstance(s, ir.For):
-        constant = s.unroll and all(isinstance(x, ir.Const) for x in (s.start, s.stop, s.step))
-        trips = len(range(s.start.value, s.stop.value, s.step.value)) if constant else 1
-        return trips * _unrolled_size(s.body)
+        trips = _constant_trips(s) if s.unroll else None
+        return (1 if trips is None else trips) * _unrolled_size(s.body)
     if isinstance(s, ir.While):
         return _unrolled_size(s.body)
     return 1
+
+
+def _constant_trips(loop: ir.For) -> int | None:
+    """The trip count of a For with constant bounds and step, else None."""
+    if all(isinstance(x, ir.Const) for x in (loop.start, loop.stop, loop.step)):
+        return len(range(loop.start.value, loop.stop.value, loop.step.value))
+    return None
 
 
 def _tiles(fn: ir.Function) -> set:
@@ -129,8 +135,7 @@ class _Unroller(ir.Rewriter):
         self.fresh: set = set()   # variables made for unrolled copies: mentioned only in their copy
 
     def visit_For(self, s: ir.For):
-        unrolls = all(isinstance(x, ir.Const) for x in (s.start, s.stop, s.step)) and (
-            s.unroll or _indexes_tiles(s, self.tiles))
+        unrolls = _constant_trips(s) is not None and (s.unroll or _indexes_tiles(s, self.tiles))
         # counted on the body as written: copies of inner loops only multiply its mentions
         inside_only = {uid for uid, n in _var_counts(s.body).items() if n == self.counts[uid]} if unrolls else set()
         body = self.visit(s.body)
