@@ -215,6 +215,18 @@ def _pointwise(g: ConvGeometry) -> bool:
     return (g.kh, g.kw, g.stride, max(g.padding)) == (1, 1, (1, 1), 0)
 
 
+@td.func
+def first_inside(offset, stride):
+    """The first j >= 0 whose input column j * stride + offset is >= 0 (no division for stride 1)."""
+    return td.max(0, -offset) if stride == 1 else td.max(0, -(offset // stride))
+
+
+@td.func
+def end_inside(offset, stride, count, width, first):
+    """One past the last j < count whose input column j * stride + offset is < width; at least `first`."""
+    return td.min(count, td.max(first, width - offset if stride == 1 else -((offset - width) // stride)))
+
+
 @functools.lru_cache(maxsize=8)
 def columns_kernel(dtype) -> td.Kernel:
     """im2col of an NCHW input: cols[n, (c, kh, kw), oh * OW + ow], zero in the padding.
@@ -231,8 +243,8 @@ def columns_kernel(dtype) -> td.Kernel:
         row, n = blockIdx.x, blockIdx.y
         c, kh, kw = row // (conv_kh * conv_kw), row // conv_kw % conv_kh, row % conv_kw
         offset = kw * conv_dw - conv_pl                       # iw = ow * stride + offset
-        first = td.max(0, -(offset // conv_sw))               # the first ow with iw >= 0
-        end = td.min(conv_ow, td.max(first, -((offset - W) // conv_sw)))     # ... past the last with iw < W
+        first = first_inside(offset, conv_sw)                 # the output columns with 0 <= iw < W
+        end = end_inside(offset, conv_sw, conv_ow, W, first)
         for oh in range(L // conv_ow):
             ih = oh * conv_sh - conv_pt + kh * conv_dh
             base = oh * conv_ow
@@ -312,8 +324,8 @@ def direct_kernel(dtype) -> td.Kernel:
                     acc[j] = 0.0
                 for kw in range(KW):     # a column tap's range of outputs first: two divisions, not one a tap
                     offset = start * conv_sw + kw * conv_dw - conv_pl     # iw = j * stride + offset
-                    first = max(0, -offset) if conv_sw == 1 else max(0, -(offset // conv_sw))
-                    end = min(width, max(first, W - offset if conv_sw == 1 else -((offset - W) // conv_sw)))
+                    first = first_inside(offset, conv_sw)
+                    end = end_inside(offset, conv_sw, width, W, first)
                     for c in range(CG):
                         for kh in range(KH):
                             ih = oh * conv_sh - conv_pt + kh * conv_dh
@@ -363,8 +375,8 @@ def plane_kernel(dtype) -> td.Kernel:
         for ph in range(conv_sh):
             for pw in range(conv_sw):
                 base = (ph * conv_sw + pw) * hq * wq
-                first = max(0, -((pw - conv_pl) // conv_sw))            # the columns b whose input column
-                end = min(wq, max(first, -((pw - conv_pl - W) // conv_sw)))   # b*sw + pw - pl is in [0, W)
+                first = first_inside(pw - conv_pl, conv_sw)          # the columns b whose input column
+                end = end_inside(pw - conv_pl, conv_sw, wq, W, first)   # b*sw + pw - pl is in [0, W)
                 for a in range(hq):
                     h = a * conv_sh + ph - conv_pt
                     if h >= 0 and h < H:
