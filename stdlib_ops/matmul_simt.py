@@ -125,6 +125,25 @@ def batch_index(out_batch: tuple, a_batch: tuple, b_batch: tuple, split: int = 1
     return np.ascontiguousarray(np.repeat(pairs, split, axis=0), np.int32)
 
 
+def swizzled_tile(block, M, N, BM, BN) -> tuple:
+    """(first row, first column) of the output tile of block `block` (called in a kernel, on runtime values):
+    consecutive blocks walk GROUP block rows before the next column, so the blocks running together share
+    their B tiles (and GROUP rows of A tiles) in L2."""
+    grid_m, grid_n = td.cdiv(M, BM), td.cdiv(N, BN)
+    first = block // (GROUP * grid_n) * GROUP
+    rows = td.min(grid_m - first, GROUP)
+    in_group = block % (GROUP * grid_n)
+    return (first + in_group % rows) * BM, in_group // rows * BN
+
+
+def split_k_tiles(K, BK, split, z) -> tuple:
+    """(first, end) of the k tiles z-slice `z` of a split-k launch reduces (called in a kernel)."""
+    k_tiles = td.cdiv(K, BK)
+    chunk = td.cdiv(k_tiles, split)
+    kt0 = z % split * chunk
+    return kt0, td.min(k_tiles, kt0 + chunk)
+
+
 @functools.cache
 def simt_matmul_kernel(p, dtype, out_dtype):
     """The SIMT matmul kernel for schedule point `p` and element types (one compile serves every shape)."""
@@ -170,20 +189,10 @@ def simt_matmul_kernel(p, dtype, out_dtype):
         acc = td.registers(f32, (rm * tm, rn * tn))
         fa = td.registers(f32, (rm * tm,))
         fb = td.registers(f32, (rn * tn,))
-        # thread-block swizzle: consecutive blocks walk GROUP block rows before the next column
-        grid_m, grid_n = td.cdiv(M, BM), td.cdiv(N, BN)
-        group = blockIdx.x // (GROUP * grid_n)
-        first = group * GROUP
-        rows = td.min(grid_m - first, GROUP)
-        in_group = blockIdx.x % (GROUP * grid_n)
-        row0 = (first + in_group % rows) * BM
-        col0 = in_group // rows * BN
+        row0, col0 = swizzled_tile(blockIdx.x, M, N, BM, BN)
         # batch broadcasting (which A and B matrices this z-slice multiplies) and its split-k chunk
         za, zb = batch_index[blockIdx.z, 0], batch_index[blockIdx.z, 1]
-        k_tiles = td.cdiv(K, BK)
-        chunk = td.cdiv(k_tiles, split)
-        kt0 = blockIdx.z % split * chunk
-        kt1 = td.min(k_tiles, kt0 + chunk)
+        kt0, kt1 = split_k_tiles(K, BK, split, blockIdx.z)
         for x in range(rm * tm):
             for y in range(rn * tn):
                 acc[x, y] = 0.0

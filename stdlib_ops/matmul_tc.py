@@ -28,7 +28,7 @@ import taskdsl as td
 from taskdsl import blockIdx, f32, repeat, spatial, threadIdx
 from taskdsl.schedule.space import Space
 
-from .matmul_simt import GROUP, load_mapping
+from .matmul_simt import load_mapping, split_k_tiles, swizzled_tile
 
 MAX_SMEM = 96 * 1024      # dynamic shared memory per block (sm_80: 163 KiB, sm_90: 227 KiB)
 MAX_ACC = 128             # f32 accumulators per thread
@@ -133,18 +133,9 @@ def tc_matmul_kernel(p, dtype, out_dtype, vec: int = 8):
         fa = td.registers(dtype, (mi, 8))
         fb = td.registers(dtype, (ni // 2, 2, 4))    # B fragments in pairs: one ldmatrix.x4 loads two
         acc = td.registers(f32, (mi, ni, 4))
-        grid_m, grid_n = td.cdiv(M, BM), td.cdiv(N, BN)
-        group = blockIdx.x // (GROUP * grid_n)
-        first = group * GROUP
-        rows = td.min(grid_m - first, GROUP)
-        in_group = blockIdx.x % (GROUP * grid_n)
-        row0 = (first + in_group % rows) * BM
-        col0 = in_group // rows * BN
+        row0, col0 = swizzled_tile(blockIdx.x, M, N, BM, BN)
         za, zb = batch_index[blockIdx.z, 0], batch_index[blockIdx.z, 1]
-        k_tiles = td.cdiv(K, BK)
-        chunk = td.cdiv(k_tiles, split)
-        kt0 = blockIdx.z % split * chunk
-        kt1 = td.min(k_tiles, kt0 + chunk)
+        kt0, kt1 = split_k_tiles(K, BK, split, blockIdx.z)
         lane = threadIdx.x % 32
         warp_m0 = threadIdx.x // 32 // wn * (mi * 16)
         warp_n0 = threadIdx.x // 32 % wn * (ni * 8)
