@@ -171,3 +171,17 @@ def test_pad_with_negative_pads_crops_first(mode):
                        opset=19)
     x = rand((4, 5, 6), 1)
     assert_close(tg.from_onnx(model)(x)[0], run_onnxruntime(model, {"x": x})[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("upper", [0, 1])
+@pytest.mark.parametrize("k, shape, elem", [(None, (5, 5), TensorProto.FLOAT), (2, (2, 3, 7), TensorProto.FLOAT),
+                                            (-1, (1, 6, 4), TensorProto.INT32), (-9, (3, 4), TensorProto.FLOAT)])
+def test_trilu(upper, k, shape, elem):
+    """Trilu (torch.tril / triu exports it): the triangle of the last two axes above or below diagonal k, at
+    rectangular, batched and integer shapes; a k past every diagonal keeps all (lower) or nothing (upper)."""
+    inputs = ["x"] if k is None else ["x", "k"]
+    node = helper.make_node("Trilu", inputs, ["y"], upper=upper)
+    inits = {} if k is None else {"k": np.array(k, np.int64)}
+    model = make_model([node], [("x", list(shape), elem)], [("y", list(shape), elem)], inits, opset=14)
+    x = rand(shape, 1, np.int32 if elem == TensorProto.INT32 else np.float32, low=-9, high=9)
+    assert_close(tg.from_onnx(model)(x)[0], run_onnxruntime(model, {"x": x})[0], rtol=0, atol=0)

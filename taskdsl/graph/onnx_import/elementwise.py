@@ -6,6 +6,8 @@ import numpy as np
 from .. import ops
 from ..ops.axes import normalize_axes, normalize_axis
 from ..ops.reduce import reduced_shape
+from ..tensor import constant
+from .errors import OnnxImportError
 from .node import Node, converts, dtype_of
 
 BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow", "Equal": "equal", "Less": "less",
@@ -71,6 +73,20 @@ def clip(node: Node) -> list:
 def where(node: Node) -> list:
     """Where(cond, x, y) with broadcasting."""
     return [ops.elementwise("where", node.input(0), node.input(1), node.input(2))]
+
+
+@converts("Trilu", attrs=("upper",))
+def trilu(node: Node) -> list:
+    """Trilu: the upper (default) or lower triangle of the last two axes above / below diagonal k (a constant
+    input, default 0), zeros elsewhere: a `where` against a constant mask (shapes are static)."""
+    x = node.input(0)
+    if x.ndim < 2:
+        raise node.error(f"needs a tensor of rank 2 or more, got shape {x.shape}", OnnxImportError)
+    k = node.const(1, required=False)
+    k = 0 if k is None else int(np.asarray(k).reshape(-1)[0])
+    triangle = np.triu if node.flag("upper", 1) else np.tril
+    mask = triangle(np.ones(x.shape[-2:], bool), k)
+    return [ops.elementwise("where", constant(mask), x, constant(np.zeros((), x.numpy_dtype)))]
 
 
 @converts("Cast", attrs=("to", "saturate", "round_mode"))
