@@ -1,7 +1,8 @@
 """Compute definitions (td.placeholder / td.compute / td.reduce) and their numpy reference
 evaluator (`taskdsl.compute.evaluate`), checked against independent numpy / math formulas.
 
-No kernels run here: this is the oracle the schedules of tests/schedule are tested against.
+This is the oracle the schedules of tests/schedule are tested against; kernels run here only where a
+definition's construction is in question (Select's number operands).
 """
 import math
 
@@ -479,3 +480,17 @@ def test_repeated_op_calls_reuse_the_plan_on_fresh_arrays(m, n, calls, seed):
     assert any(key[0] == ((np.ndarray, np.dtype(np.float32), (m, n)),) for key in SOFTMAX._prepared)
     with pytest.raises(TypeError, match="dtype"):
         SOFTMAX(np.zeros((m, n), np.float64))          # another key: checked again, and refused
+
+
+def test_select_takes_python_numbers():
+    """`Select(cond, x, 0, td.i32)` (compute.md's conditional): the number becomes a constant of the select's
+    type, for the reference evaluator and for the scheduled kernel alike."""
+    x_in = td.placeholder("X", td.i32, ("R", "L"))
+    relu = td.compute("Relu", ("R", "L"), lambda i, j: ir.Select(x_in[i, j] > 0, x_in[i, j], 0, td.i32))
+    clamp = td.compute("Clamp", ("R", "L"), lambda i, j: ir.Select(relu[i, j] < 3, relu[i, j], 3, td.i32))
+    assert isinstance(relu.body.b, ir.Const) and relu.body.b.dtype == td.i32
+    x = np.arange(-6, 9, dtype=np.int32).reshape(3, 5)
+    (got,) = evaluate([x_in], [clamp], [x])
+    np.testing.assert_array_equal(got, np.clip(x, 0, 3))
+    (ran,) = td.op([x_in], [clamp])(x)
+    np.testing.assert_array_equal(ran, np.clip(x, 0, 3))

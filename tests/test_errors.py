@@ -165,6 +165,84 @@ def test_reading_a_name_after_a_loop_over_it():
     np.testing.assert_array_equal(x[:6], [1, 1, 1, 0, 3, 2])
 
 
+def test_reading_a_variable_assigned_on_some_paths_only():
+    """Python raises UnboundLocalError where a thread skipped the assignment; a GPU thread would read an
+    uninitialized register (and the cpu target one shared local): refused where it is read."""
+    @td.kernel(grid=1, block=16)
+    def branch(X: f32[16], Y: f32[16]):
+        if threadIdx.x == 0:
+            v = X[5]
+        Y[threadIdx.x] = v  # E_MAYBE_IF
+
+    dsl_error(lambda: branch(vec(16), vec(16)), "E_MAYBE_IF", "'v' may be unassigned here", token="v  #")
+
+    @td.kernel(grid=1, block=1)
+    def loop(X: f32[32], n: i32):
+        for k in range(n):
+            last = X[k]
+        X[0] = last  # E_MAYBE_LOOP
+
+    dsl_error(lambda: loop(vec(), 3), "E_MAYBE_LOOP", "'last' may be unassigned here", token="last  #")
+
+    @td.kernel(grid=1, block=1)
+    def early_break(X: f32[32]):
+        for k in range(4):
+            if X[k] > 0.0:
+                break
+            w = X[k]
+        X[0] = w  # E_MAYBE_BREAK
+
+    dsl_error(lambda: early_break(vec()), "E_MAYBE_BREAK", "'w' may be unassigned here")
+
+    @td.kernel(grid=1, block=1)
+    def while_loop(X: f32[32], n: i32):
+        m = n
+        while m > 0:
+            t = X[m]
+            m = m - 1
+        X[0] = t  # E_MAYBE_WHILE
+
+    dsl_error(lambda: while_loop(vec(), 3), "E_MAYBE_WHILE", "'t' may be unassigned here")
+
+
+def test_variables_assigned_on_every_path_are_fine():
+    """Both branches, a branch that returns or continues, a loop of a constant positive trip count, an unrolled
+    loop and a device function's reassigned parameter: each read follows an assignment on every path."""
+    @td.func
+    def bumped(v: f32) -> f32:
+        v = v + 1.0
+        return v
+
+    @td.kernel(grid=1, block=8)
+    def k(X: f32[8], Y: f32[8]):
+        t = threadIdx.x
+        if t % 2 == 0:
+            a = X[t]
+        else:
+            a = -X[t]
+        if t == 7:
+            Y[t] = 100.0
+            return
+        for r in range(2):
+            b = a * 2.0 + r            # the loop runs: b is assigned after it
+        for s in (1.0, 2.0):
+            c = b + s
+        acc = 0.0
+        for j in range(8):
+            if j > t:
+                continue
+            acc += X[j]
+        Y[t] = bumped(c) + acc
+
+    x = np.arange(8, dtype=np.float32)
+    y = vec(8)
+    k(x, y)
+    sign = np.where(np.arange(8) % 2 == 0, 1.0, -1.0)
+    want = (sign * x * 2 + 1) + 2 + 1 + np.cumsum(x)
+    want[7] = 100.0
+    np.testing.assert_allclose(y, want)
+
+
 def test_assigning_to_a_mapping_loop_variable():
     @td.kernel(grid=1, block=32)
     def k(X: f32[32]):

@@ -79,6 +79,9 @@ def test_keyword_arguments_and_scalar_defaults_bind_as_in_python():
     axpy_default(Y=y, X=x, shift=2)
     np.testing.assert_array_equal(y, 2 * np.roll(x, -2))
     assert "alpha" in axpy_default.compile(x, y, alpha=1.5, target="cpu").source
+    assert axpy_default.ir(x, Y=y) == axpy_default.ir(x, y, 2.0, 0)       # inspection binds as a call does
+    assert "alpha" in axpy_default.source(x, y, shift=1, target="cpu")
+    assert "alpha" in axpy_default.source(X=x, Y=y, target="cuda")
     for bad, message in [(lambda: axpy_default(x), "missing a required argument: 'Y'"),
                          (lambda: axpy_default(x, y, beta=1.0), "got an unexpected keyword argument 'beta'"),
                          (lambda: axpy_default(x, y, X=x), "multiple values for argument 'X'"),
@@ -129,6 +132,51 @@ def test_scalar_binding_and_grid_callable_errors():
     x = np.zeros(1, np.int32)
     int_scalar(x, 7)
     assert x[0] == 7
+    for big in (2 ** 31, np.int64(2 ** 32 + 7), np.uint32(3_000_000_000), -2 ** 31 - 1):   # numpy would wrap
+        with pytest.raises(ValueError, match=r"argument 'k' = -?\d+ is outside the range of i32"):
+            int_scalar(x, big)
+    int_scalar(x, np.int64(-2 ** 31))
+    assert x[0] == -2 ** 31
+
+
+def test_read_only_arrays_the_kernel_writes_are_refused():
+    """Contiguous or strided (the copying path): a read-only output is a ValueError naming it; read-only inputs
+    are fine."""
+    a = np.ones((3, 20), np.float32)
+    a.flags.writeable = False
+    for out in (np.zeros((3, 20), np.float32), np.zeros((3, 40), np.float32)[:, ::2]):
+        out.flags.writeable = False
+        with pytest.raises(ValueError, match="argument 'C' is a read-only numpy array, but the kernel writes"):
+            add_rows(a, a, out)
+        assert not out.any()
+    c = np.zeros((3, 20), np.float32)
+    add_rows(a, a, c)
+    np.testing.assert_array_equal(c, 2 * a)
+
+
+def test_numpy_subclasses_bind_as_their_memory():
+    """A masked array or np.matrix is bound as a plain view of its memory, on a first call and a repeated one."""
+    a = np.ma.masked_array(np.arange(60, dtype=np.float32).reshape(3, 20))
+    b = np.asmatrix(np.full((3, 20), 2.0, np.float32))
+    for _ in range(2):
+        c = np.ma.masked_array(np.zeros((3, 20), np.float32))
+        add_rows(a, b, c)
+        np.testing.assert_array_equal(c.data, np.asarray(a) + 2.0)
+
+
+def test_compiled_kernel_repr_leaves_out_source_and_binary():
+    x = np.zeros(8, np.float32)
+    text = repr(axpy_default.compile(x, x, target="cuda"))
+    assert text.startswith("CompiledKernel(target='cuda', arch='sm_90'") and len(text) < 200
+
+
+@pytest.mark.parametrize("switch", [td.debug, td.fast_compile])
+def test_switches_take_booleans(switch):
+    for bad in ("no", "0", 2, None):
+        with pytest.raises(TypeError, match="takes True or False"):
+            switch(bad)
+    switch(0)
+    switch(False)
 
 
 def test_block_limit():

@@ -76,10 +76,12 @@ def _copy_bandwidth(nbytes: int) -> float:
 
 
 def _torch_ops(x):
-    """The same ops in torch on the GPU (None without torch)."""
+    """The same ops in torch on the GPU (None without torch, or with a torch that sees no GPU)."""
     try:
         import torch
     except ImportError:
+        return None
+    if not torch.cuda.is_available():
         return None
     t = torch.from_dlpack(x)
     w, b = torch.ones(t.shape[-1], device=t.device), torch.zeros(t.shape[-1], device=t.device)

@@ -53,21 +53,22 @@ def _literal_like(partner):
     return ir.literal_type(partner.dtype) if is_runtime(partner) else None
 
 
+def _target_names(target: ast.expr):
+    """The names an assignment target binds (not those in a subscript's indices)."""
+    if isinstance(target, ast.Name):
+        yield target.id
+    elif isinstance(target, (ast.Tuple, ast.List)):
+        for t in target.elts:
+            yield from _target_names(t)
+
+
 def _runtime_names(tree: ast.FunctionDef) -> set:
     """Names assigned more than once, augmented or annotated: runtime variables."""
     counts: dict = {}
-
-    def names_of(target):
-        if isinstance(target, ast.Name):
-            yield target.id
-        elif isinstance(target, (ast.Tuple, ast.List)):
-            for t in target.elts:
-                yield from names_of(t)
-
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign):
             for t in node.targets:
-                for n in names_of(t):
+                for n in _target_names(t):
                     counts[n] = counts.get(n, 0) + 1
         elif isinstance(node, (ast.AugAssign, ast.AnnAssign)) and isinstance(node.target, ast.Name):
             counts[node.target.id] = counts.get(node.target.id, 0) + 2
@@ -79,16 +80,30 @@ def _may_return(node: ast.stmt) -> bool:
     return any(isinstance(n, ast.Return) for n in ast.walk(node))
 
 
-def _always_returns(stmts: list) -> bool:
-    """Whether every path through `stmts` ends in `return`."""
+def _always_returns(stmts: list, exits: tuple = (ast.Return,)) -> bool:
+    """Whether every path through `stmts` ends in `return` (or another of the statement classes `exits`)."""
     if not stmts:
         return False
     last = stmts[-1]
-    if isinstance(last, ast.Return):
+    if isinstance(last, exits):
         return True
     if isinstance(last, ast.If):
-        return _always_returns(last.body) and _always_returns(last.orelse)
+        return _always_returns(last.body, exits) and _always_returns(last.orelse, exits)
     return False
+
+
+JUMPS = (ast.Return, ast.Break, ast.Continue)
+
+
+def _assigned_names(tree: ast.FunctionDef) -> set:
+    """Names the body binds (assignments and loop targets): a read of one must follow a binding on every path."""
+    names = set()
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.For)) else []
+        for target in targets:
+            names.update(_target_names(target))
+    return names
 
 
 class FunctionTranslator:
@@ -104,6 +119,8 @@ class FunctionTranslator:
         self.is_func = is_func
         self.depth = depth
         self.runtime_names = _runtime_names(source.tree)
+        self.local_names = _assigned_names(source.tree)
+        self.definite = set(env)  # names bound on every path to the statement being translated
         self.loop_depth = 0
         self.shadowed: dict = {}  # name -> the loop that bound it over an earlier binding, until it is reassigned
         self.pending: list = []   # statements an expression emits before its own (allocations, inlined calls)
@@ -277,6 +294,7 @@ class FunctionTranslator:
             raise self.error(target, f"cannot assign to a {type(target).__name__}")
         name = target.id
         self.shadowed.pop(name, None)
+        self.definite.add(name)
         if isinstance(self.env.get(name), ir.Var) and self.env[name].kind == "loop":
             raise self.error(target, f"cannot assign to the loop variable '{name}'")
         bound = self.env.get(name)
@@ -321,8 +339,13 @@ class FunctionTranslator:
         if not is_runtime(cond):
             return self.block(body if cond else orelse)
         cond = self.condition(cond, node.test)
+        before = set(self.definite)
         then = self.block(body)
+        after_then, self.definite = self.definite, set(before)
         other = self.block(orelse) if orelse else None
+        # a branch that always returns, breaks or continues does not reach the code after the `if`
+        reaching = [d for d, stmts in ((after_then, body), (self.definite, orelse)) if not _always_returns(stmts, JUMPS)]
+        self.definite = set.intersection(*reaching) if reaching else before
         return ir.If(cond, then, other, self.loc(node))
 
     def stmt_while(self, node: ast.While):
@@ -331,7 +354,9 @@ class FunctionTranslator:
         test, emitted = self.expr_apart(node.test)
         cond = self.condition(test, node.test)
         self.loop_depth += 1
+        before = set(self.definite)
         body = self.block(node.body)
+        self.definite = before      # the body may not run
         self.loop_depth -= 1
         if not emitted:
             return ir.While(cond, body, self.loc(node))
@@ -384,7 +409,9 @@ class FunctionTranslator:
                 raise self.error(arg, "range() bounds must be integers")
         dtype = T.promote(ir.as_expr(start).dtype, ir.as_expr(stop).dtype)
         var = ir.Var(node.target.id, dtype, kind="loop")
-        body = self.loop_body(node, {node.target.id: var})
+        runs = not is_runtime(start) and not is_runtime(stop) and stop > start and \
+            not any(isinstance(n, (ast.Break, ast.Continue)) for n in ast.walk(node))
+        body = self.loop_body(node, {node.target.id: var}, runs)
         return ir.For(var, ir.as_expr(start, dtype), ir.as_expr(stop, dtype), ir.const(step, dtype), body, unroll,
                       self.loc(node))
 
@@ -411,6 +438,7 @@ class FunctionTranslator:
     def bind_target(self, target: ast.expr, value):
         if isinstance(target, ast.Name):
             self.env[target.id] = value
+            self.definite.add(target.id)
         elif isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, (tuple, list)) \
                 and len(value) == len(target.elts):
             for t, v in zip(target.elts, value):
@@ -418,14 +446,19 @@ class FunctionTranslator:
         else:
             raise self.error(target, "cannot unpack this loop value into the loop variables")
 
-    def loop_body(self, node: ast.For, bindings: dict) -> ir.Stmt:
+    def loop_body(self, node: ast.For, bindings: dict, runs: bool = False) -> ir.Stmt:
+        """The body of a runtime loop binding `bindings`; what it assigns counts as assigned after the loop
+        only when it `runs` (a constant trip count of one or more, and no break or continue)."""
         saved = {n: self.env.get(n) for n in bindings}
+        before = set(self.definite)
+        self.definite |= set(bindings)
         self.env.update(bindings)
         for n in bindings:      # the loop's own name (reads in the body are of it)
             self.shadowed.pop(n, None)
         self.loop_depth += 1
         body = self.block(node.body)
         self.loop_depth -= 1
+        self.definite = (self.definite - set(bindings)) | (before & set(bindings)) if runs else before
         for n, v in saved.items():
             if v is None:
                 self.env.pop(n, None)
@@ -464,6 +497,11 @@ class FunctionTranslator:
             raise self.error(node, f"'{name}' is read after a loop over '{name}', which had its own '{name}': here "
                                    "it is the value from before the loop, not the loop's last one as in Python",
                              "Give the loop variable another name, or assign the value you want after the loop.")
+        if name in self.local_names and name not in self.definite:
+            raise self.error(node, f"'{name}' may be unassigned here: it is assigned only on some paths before this "
+                                   "read (one branch of an `if`, or a loop that may run no iteration)",
+                             f"Assign '{name}' before the `if` or loop. On a GPU a thread that skipped the "
+                             "assignment would read an uninitialized register.")
         if name in self.env:
             return self.env[name]
         if name in self.namespace:

@@ -99,6 +99,12 @@ class Select(Expr):
     b: Expr
     dtype: DataType
 
+    def __post_init__(self):    # a Python number (a compute definition's `Select(c, x, 0, td.i32)`): a constant
+        for name, like in (("cond", None), ("a", self.dtype), ("b", self.dtype)):
+            value = getattr(self, name)
+            if not isinstance(value, Expr):
+                object.__setattr__(self, name, as_expr(value, like))
+
 
 @dataclass(frozen=True, eq=False)
 class Cast(Expr):

@@ -5,6 +5,8 @@ import functools
 import os
 from pathlib import Path
 
+import numpy as np
+
 TARGETS = ("cpu", "cuda")
 _state = {"target": None, "debug": None, "fast_compile": None}
 
@@ -51,9 +53,16 @@ def get_target() -> str:
     return "cuda" if gpu_status()[0] else "cpu"
 
 
+def _switch(value, what: str) -> bool:
+    """`value` as an on/off switch: True, False, 1 or 0 (a string such as "no" would be truthy)."""
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, (int, np.integer)) and value in (0, 1)):
+        return bool(value)
+    raise TypeError(f"{what} takes True or False, got {value!r}")
+
+
 def debug(enabled: bool = True) -> None:
     """Turn the cpu target's debug mode on or off: bounds checks and shared-memory race reports."""
-    _state["debug"] = bool(enabled)
+    _state["debug"] = _switch(enabled, "td.debug")
 
 
 @functools.cache
@@ -77,7 +86,7 @@ def fast_compile(enabled: bool = True) -> None:
     """Trade kernel speed for compile speed (prototyping, tests). cpu: no loop unrolling, so numba
     compiles large kernels 3-5x faster, which then run several times slower; cuda: NVRTC at its least
     optimization (-Ofast-compile=max), about 2x faster. Kernels compiled before the switch are kept."""
-    _state["fast_compile"] = bool(enabled)
+    _state["fast_compile"] = _switch(enabled, "td.fast_compile")
 
 
 def fast_compile_enabled() -> bool:

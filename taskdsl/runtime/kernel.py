@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -29,8 +29,8 @@ class CompiledKernel:
     """A compiled specialization: the generated source and, for cuda, the cubin."""
 
     target: str
-    source: str
-    binary: bytes | None = None
+    source: str = field(repr=False)
+    binary: bytes | None = field(default=None, repr=False)
     arch: str | None = None
     dynamic_shared_bytes: int = 0   # cuda: shared memory to request at launch (buffers past 48 KiB)
     unused_params: frozenset = frozenset()   # cuda: indices of array parameters the code never names
@@ -68,13 +68,24 @@ def _binding_key(args: tuple):
     for a in args:
         if type(a) is DeviceArray:      # first: the arguments of launches that must be cheap
             key.append(a.launch_key)
-        elif isinstance(a, np.ndarray):
+        elif type(a) is np.ndarray:      # exactly: a subclass is bound as a plain view (`plain_arrays`)
             key.append((a.dtype, a.shape))
         elif isinstance(a, (bool, int, float, np.number, np.bool_)):
             key.append((type(a), a))
         else:
             return None
     return tuple(key)
+
+
+def plain_arrays(args: tuple) -> tuple:
+    """`args` with numpy subclasses (np.matrix, masked arrays) as plain ndarray views of their memory."""
+    return tuple(a.view(np.ndarray) if isinstance(a, np.ndarray) and type(a) is not np.ndarray else a for a in args)
+
+
+@functools.cache
+def _integer_range(dtype: np.dtype) -> tuple:
+    info = np.iinfo(dtype)
+    return int(info.min), int(info.max)
 
 
 def _array_value(spec, arg):
@@ -182,7 +193,7 @@ class Kernel:
     def _bind_tensor(self, pname, spec: T.TensorSpec, arg, sizes: dict, target: str, derived: list):
         info = None
         if isinstance(arg, np.ndarray):
-            arg = _array_value(spec, arg)
+            arg = _array_value(spec, plain_arrays((arg,))[0])
             dtype, shape = arg.dtype, arg.shape
         elif target == "cuda":  # a GPU array (td.DeviceArray, torch, cupy, ...): passed to the kernel as it is
             from .device_array import array_info
@@ -220,6 +231,11 @@ class Kernel:
                             f"got {type(arg).__name__}")
         if dtype.is_integer and isinstance(arg, (float, np.floating)):
             raise TypeError(f"kernel '{self.name}': argument '{pname}' must be an integer ({dtype.name}), got {arg!r}")
+        if dtype.is_integer and not isinstance(arg, (bool, np.bool_)):
+            low, high = _integer_range(dtype.numpy)
+            if not low <= arg <= high:      # numpy would wrap it silently (or raise an OverflowError naming nothing)
+                raise ValueError(f"kernel '{self.name}': argument '{pname}' = {arg} is outside the range of "
+                                 f"{dtype.name} ({low} to {high}); declare the parameter with a wider type")
         return dtype.numpy.type(arg)
 
     def _evaluate(self, spec, sizes: dict, scalars: dict, what: str):
@@ -289,6 +305,8 @@ class Kernel:
         earlier one reuses its prepared launch (no checks: a few microseconds of Python); any other call
         binds, checks and launches in full (numpy arrays are copied in and back)."""
         key = _binding_key(args)
+        if key is None:
+            args = plain_arrays(args)
         prepared = self._cuda_launches.get(key) if key is not None else None
         if prepared is not None:
             prepared(args)
@@ -333,6 +351,8 @@ class Kernel:
         key = _binding_key(args)
         if key is not None:
             key = (key, debug, fast_compile_enabled())
+        else:
+            args = plain_arrays(args)
         launch = self._launches.get(key)
         if launch is None or precompile.is_recording():
             binding = self.bind(args, "cpu")
@@ -361,11 +381,19 @@ class Kernel:
             precompile.record(precompile.Job(str(path), src.entry, signature(src, binding.values, sizes, binding.grid),
                                              src.opt_level))
             return None
-        return PreparedLaunch(run, src, binding.values, sizes, binding.grid)
+        return PreparedLaunch(run, src, binding.values, sizes, binding.grid, self._written(binding.block), self.name)
 
-    def ir(self, *args, stage: str = "frontend") -> str:
-        """The IR text of the specialization for `args`: stage 'frontend', 'lowered' or 'cuda'."""
-        binding = self.bind(args)
+    def _written(self, block: tuple) -> dict:
+        """{parameter index: name} of the arrays the kernel stores to (or updates atomically)."""
+        fn = self._frontend_ir(block)
+        stored = {s.buffer.uid for s in ir.collect(fn.body, ir.Store, expressions=False)}
+        stored |= {a.buffer.uid for a in ir.collect(fn.body, ir.Atomic)}
+        return {k: p.name for k, p in enumerate(fn.params) if isinstance(p, ir.Buffer) and p.uid in stored}
+
+    def ir(self, *args, stage: str = "frontend", **kwargs) -> str:
+        """The IR text of the specialization for the arguments (as a call takes them): stage 'frontend',
+        'lowered' or 'cuda'."""
+        binding = self.bind(self.arguments(args, kwargs))
         if stage == "frontend":
             return ir.function_str(self._frontend_ir(binding.block))
         if stage == "lowered":
@@ -374,10 +402,11 @@ class Kernel:
             return ir.function_str(self._cuda_function(binding))
         raise ValueError(f"unknown stage {stage!r}; use 'frontend', 'lowered' or 'cuda'")
 
-    def source(self, *args, target: str | None = None) -> str:
-        """The generated source for `args`: CUDA C++ (target='cuda') or the numba module (target='cpu')."""
+    def source(self, *args, target: str | None = None, **kwargs) -> str:
+        """The generated source for the arguments (as a call takes them): CUDA C++ (target='cuda') or the numba
+        module (target='cpu')."""
         target = target or get_target()
-        binding = self.bind(args, target)
+        binding = self.bind(self.arguments(args, kwargs), target)
         if target == "cuda":
             from ..backend.cuda.codegen import emit_cuda
             return emit_cuda(self._cuda_function(binding))

@@ -51,6 +51,15 @@ def _pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
     return concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="taskdsl-cpu")
 
 
+def check_writeable(values: list, written: dict, kernel: str) -> None:
+    """A ValueError for a read-only numpy array passed where the kernel writes (`written`: index -> name)."""
+    for index, name in written.items():
+        v = values[index]
+        if isinstance(v, np.ndarray) and not v.flags.writeable:
+            raise ValueError(f"kernel '{kernel}': argument '{name}' is a read-only numpy array, but the kernel "
+                             "writes to it; pass a writable one (np.array(x) copies)")
+
+
 def call_args(src: CpuSource, values: list) -> tuple[list, list]:
     """(the arguments for the generated function, (array, copy) pairs to copy back after the call).
 
@@ -105,8 +114,9 @@ class PreparedLaunch:
     take `launch_cpu`'s copying path.
     """
 
-    def __init__(self, run, src: CpuSource, values: list, sizes: list, grid: tuple):
+    def __init__(self, run, src: CpuSource, values: list, sizes: list, grid: tuple, written: dict, kernel: str):
         self.run, self.src = run, src
+        self.written, self.kernel = written, kernel      # the arrays the kernel stores to (index -> name)
         self.values = list(values)       # the binding's values: its scalars are reused as they are
         self.sizes, self.grid = list(sizes), grid
         self.tail = (*sizes, *grid)
@@ -125,6 +135,7 @@ class PreparedLaunch:
             contiguous = contiguous and a.flags.c_contiguous
             values[i] = a
         if not contiguous:
+            check_writeable(values, self.written, self.kernel)
             launch_cpu(self.run, self.src, values, self.sizes, self.grid)
             return
         # 1-D and contiguous, the arrays' numba types differ only in read-only inputs
@@ -134,7 +145,8 @@ class PreparedLaunch:
             writeable.append(a.flags.writeable)
         writeable = tuple(writeable)
         address = self.addresses.get(writeable)
-        if address is None:
+        if address is None:       # a new combination of read-only arrays: none may be one the kernel writes
+            check_writeable(values, self.written, self.kernel)
             address = self.addresses[writeable] = _compile(self.run, values, self.tail, self.src.opt_level)
         _run_blocks(self.run, address, values, self.tail, self.blocks, self.workers)
 
