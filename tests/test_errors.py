@@ -46,6 +46,20 @@ def test_undefined_name():
     dsl_error(lambda: k(vec(), vec()), "E_UNDEF", "name 'undefined_thing' is not defined", token="undefined_thing")
 
 
+def test_misspelled_attribute_suggests_the_name():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32]):
+        X[threadIdx.xx] = td.exp(1.0)  # E_ATTR
+
+    dsl_error(lambda: k(vec()), "E_ATTR", "'threadIdx' has no attribute 'xx'; did you mean 'x'?", token="threadIdx.xx")
+
+    @td.kernel(grid=1, block=32)
+    def m(X: f32[32]):
+        X[threadIdx.x] = td.expp(1.0)  # E_ATTR_MODULE
+
+    dsl_error(lambda: m(vec()), "E_ATTR_MODULE", "'td' has no attribute 'expp'; did you mean 'exp'?")
+
+
 def test_with_statement():
     @td.kernel(grid=1, block=32)
     def k(X: f32[32]):

@@ -29,8 +29,11 @@ def parse_function(fn) -> ParsedSource:
         lines, first_line = inspect.getsourcelines(fn)
         file = inspect.getsourcefile(fn) or inspect.getfile(fn)
     except (OSError, TypeError) as exc:
+        code = fn.__code__
         raise DSLError(f"cannot read the source of '{fn.__qualname__}' ({exc}); kernels must be defined in a "
-                       "file, a notebook cell or a REPL that keeps source (IPython)") from None
+                       "file, a notebook cell or a REPL that keeps source (IPython), not the plain python "
+                       "REPL, `python -c` or an exec'd string",
+                       SourceLoc(code.co_filename, code.co_firstlineno)) from None
     text = "".join(lines)
     dedented = textwrap.dedent(text)
     indent = len(lines[0]) - len(lines[0].lstrip()) if dedented != text else 0

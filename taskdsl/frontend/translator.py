@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import difflib
 import math
 import operator
 
@@ -527,7 +528,9 @@ class FunctionTranslator:
         try:
             return getattr(base, node.attr)
         except AttributeError:
-            raise self.error(node, f"'{type(base).__name__}' object has no attribute '{node.attr}'") from None
+            close = difflib.get_close_matches(node.attr, [n for n in dir(base) if not n.startswith("_")], n=1)
+            raise self.error(node, f"'{ast.unparse(node.value)}' has no attribute '{node.attr}'"
+                             + (f"; did you mean '{close[0]}'?" if close else "")) from None
 
     def expr_tuple(self, node: ast.Tuple):
         return tuple(self.expr(e) for e in node.elts)
