@@ -187,7 +187,10 @@ def bind_inputs(graph: Graph, args: tuple) -> list:
         raise TypeError(f"graph {graph.name!r} takes {len(names)} input arrays ({', '.join(names)}), got {len(args)}")
     arrays = []
     for t, a in zip(graph.inputs, args):
-        a = as_array(a)
+        given, a = a, as_array(a)
+        if a.dtype.kind in "OUS":     # None, a string, ragged lists: not an array of numbers
+            raise TypeError(f"input {t.name!r} must be an array of shape {t.shape} and dtype {t.numpy_dtype}, "
+                            f"got {type(given).__name__} {str(given)[:40]!r}")
         if a.shape != t.shape:
             raise ValueError(f"input {t.name!r} must have shape {t.shape}, got {a.shape}")
         if a.dtype != t.numpy_dtype:

@@ -75,6 +75,11 @@ def test_models_before_opset_11_are_converted():
     np.testing.assert_array_equal(g(x)[0], np.maximum(x, 0))
     with pytest.raises(UnsupportedOnnxError, match="opset 9 is not supported.*could not convert"):
         tg.from_onnx(unchecked_model(n("NoSuchOp", ["x"], ["y"]), opset=9))
+    upsample = make_model([n("Upsample", ["x", "scales"], ["y"], mode="nearest")], [("x", [1, 1, 2, 3])],
+                          [("y", [1, 1, 4, 6])], {"scales": np.array([1, 1, 2, 2], np.float32)}, opset=9)
+    with pytest.warns(UserWarning), pytest.raises(UnsupportedOnnxError, match=r"operator Resize is not supported.*"
+                                                  r"opset 9 was converted to 13 by onnx.version_converter"):
+        tg.from_onnx(upsample)      # the converter made its Upsample a Resize: the message says where it came from
 
 
 def test_malformed_models():
@@ -86,6 +91,8 @@ def test_malformed_models():
         tg.from_onnx("/nonexistent/model.onnx")
     with pytest.raises(TypeError, match="ModelProto, a path or bytes"):
         tg.from_onnx(42)
+    with pytest.raises(OnnxImportError, match="holds no graph"):
+        tg.from_onnx(b"")                                          # an empty file's bytes
     undefined = helper.make_model(helper.make_graph([n("Relu", ["nowhere"], ["y"])], "g",
                                                     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
                                                     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])]),
@@ -110,6 +117,12 @@ def test_symbolic_dims_need_shapes():
     np.testing.assert_array_equal(g(x)[0], np.maximum(x, 0))
     with pytest.raises(ValueError, match="not graph inputs"):
         tg.from_onnx(model, shapes={"z": (1,)})
+    for shape in ((3, 4, 1), (3, 5)):       # another rank, or another size of a fixed dim
+        with pytest.raises(ValueError, match=rf"shapes gives graph input 'x' shape \({shape[0]}, .* declares \('batch', 4\)"):
+            tg.from_onnx(model, shapes={"x": shape})
+    for bad in (None, "abc"):
+        with pytest.raises(TypeError, match="input 'x' must be an array of shape \\(3, 4\\) and dtype float32"):
+            g(bad)
 
 
 def test_shape_inputs_must_be_constants():
@@ -118,6 +131,10 @@ def test_shape_inputs_must_be_constants():
     with pytest.raises(ConstantRequiredError, match=r"input 'shape' must be a constant.*constants=\{'shape'") as info:
         tg.from_onnx(model)
     assert info.value.inputs == ["shape"] and isinstance(info.value, UnsupportedOnnxError)
+    with pytest.raises(ValueError, match="values of float64, which do not convert to its type int64"):
+        tg.from_onnx(model, constants={"shape": [3.7, 4]})
+    with pytest.raises(ValueError, match=r"constants gives graph input 'shape' shape \(2, 1\)"):
+        tg.from_onnx(model, constants={"shape": [[3], [4]]})
     g = tg.from_onnx(model, constants={"shape": np.array([3, 4], np.int64)})
     assert [t.name for t in g.inputs] == ["x"]
     x = rand((2, 6), 2)

@@ -185,3 +185,23 @@ def test_trilu(upper, k, shape, elem):
     model = make_model([node], [("x", list(shape), elem)], [("y", list(shape), elem)], inits, opset=14)
     x = rand(shape, 1, np.int32 if elem == TensorProto.INT32 else np.float32, low=-9, high=9)
     assert_close(tg.from_onnx(model)(x)[0], run_onnxruntime(model, {"x": x})[0], rtol=0, atol=0)
+
+
+def test_log_sum_exp_of_infinite_rows():
+    """A row holding +inf gives inf, a row of -inf (a fully masked one) -inf, as onnxruntime: not NaN."""
+    node = helper.make_node("ReduceLogSumExp", ["x"], ["y"], axes=[1], keepdims=0)
+    model = make_model([node], [("x", [4, 3])], [("y", [4])], opset=13)
+    x = np.array([[np.inf, 1, 2], [-np.inf] * 3, [1, -np.inf, 3], [80, 90, 100]], np.float32)
+    got, want = tg.from_onnx(model)(x)[0], run_onnxruntime(model, {"x": x})[0]
+    assert_close(got, want, rtol=1e-6)
+    assert got[0] == np.inf and got[1] == -np.inf
+
+
+@pytest.mark.parametrize("op_type", ["ReduceL2", "ReduceLogSum", "ReduceLogSumExp"])
+@pytest.mark.parametrize("elem, dtype", [(TensorProto.INT32, np.int32), (TensorProto.INT64, np.int64)])
+def test_floating_reductions_of_integers(op_type, elem, dtype):
+    """The schema allows integer inputs: computed in floats and truncated back to the input type."""
+    node = helper.make_node(op_type, ["x"], ["y"], axes=[1], keepdims=1)
+    model = make_model([node], [("x", [3, 4], elem)], [("y", [3, 1], elem)], opset=13)
+    x = np.array([[3, 4, 0, 1], [1, 1, 1, 1], [2, 7, 5, 9]], dtype)
+    assert_close(tg.from_onnx(model)(x)[0], run_onnxruntime(model, {"x": x})[0])

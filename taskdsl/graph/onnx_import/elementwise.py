@@ -148,13 +148,28 @@ def reduce(node: Node) -> list:
         return [fn(ops.mul(x, x), axes, keepdims)]
     if op_type == "ReduceL1":
         return [fn(ops.elementwise("abs", x), axes, keepdims)]
-    if op_type == "ReduceL2":
-        return [ops.sqrt(fn(ops.mul(x, x), axes, keepdims))]
-    if op_type == "ReduceLogSum":
-        return [ops.log(fn(x, axes, keepdims))]
-    if op_type == "ReduceLogSumExp":
-        top = ops.max(x, axes, True)
-        total = ops.log(fn(ops.exp(ops.sub(x, top)), axes, True))
-        shape = reduced_shape(x.shape, normalize_axes(axes, x.ndim, op_type), keepdims)
-        return [ops.reshape(ops.add(total, top), shape)]
+    if op_type in FLOATING_REDUCTIONS:
+        if x.dtype.is_float:
+            return [_floating_reduce(op_type, x, axes, keepdims)]
+        # integers (the schema allows them): computed in f64 and truncated back, as onnxruntime does
+        return [ops.cast(_floating_reduce(op_type, ops.cast(x, "float64"), axes, keepdims), x.dtype)]
     return [fn(x, axes, keepdims)]
+
+
+FLOATING_REDUCTIONS = ("ReduceL2", "ReduceLogSum", "ReduceLogSumExp")
+
+
+def _floating_reduce(op_type: str, x, axes, keepdims: bool):
+    """ReduceL2 / ReduceLogSum / ReduceLogSumExp of a float tensor."""
+    if op_type == "ReduceL2":
+        return ops.sqrt(ops.sum(ops.mul(x, x), axes, keepdims))
+    if op_type == "ReduceLogSum":
+        return ops.log(ops.sum(x, axes, keepdims))
+    # log(sum(exp(x - m))) + m with m the row's max, or 0 where that is infinite: inf - inf would be NaN
+    # where onnxruntime gives inf (a row with +inf) or -inf (a row of -inf, log(0))
+    top = ops.max(x, axes, True)
+    infinite = constant(np.array(np.inf, x.numpy_dtype))
+    shift = ops.where(ops.less(ops.elementwise("abs", top), infinite), top, constant(np.zeros((), x.numpy_dtype)))
+    total = ops.log(ops.sum(ops.exp(ops.sub(x, shift)), axes, True))
+    shape = reduced_shape(x.shape, normalize_axes(axes, x.ndim, op_type), keepdims)
+    return ops.reshape(ops.add(total, shift), shape)

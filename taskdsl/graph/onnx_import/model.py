@@ -35,10 +35,15 @@ def load_model(model_or_path) -> onnx.ModelProto:
         raise TypeError(f"from_onnx takes an onnx.ModelProto, a path or bytes, got {type(model_or_path).__name__}")
     try:
         if isinstance(model_or_path, (bytes, bytearray)):
-            return onnx.load_from_string(bytes(model_or_path))
-        return onnx.load(os.fspath(model_or_path))
+            model = onnx.load_from_string(bytes(model_or_path))
+        else:
+            model = onnx.load(os.fspath(model_or_path))
     except Exception as e:   # a missing file, protobuf's DecodeError on corrupt bytes, ...
         raise OnnxImportError(f"cannot read an ONNX model from {str(model_or_path)[:80]!r}: {e}") from e
+    if not model.HasField("graph"):     # empty bytes parse as an empty ModelProto
+        raise OnnxImportError(f"cannot read an ONNX model from {str(model_or_path)[:80]!r}: it holds no graph "
+                              "(an empty or truncated file?)")
+    return model
 
 
 def _default_domain_opset(model: onnx.ModelProto) -> int | None:
@@ -77,21 +82,50 @@ def converted_if_old(model: onnx.ModelProto) -> onnx.ModelProto:
     return converted
 
 
-def _input_shape(vi: onnx.ValueInfoProto, shapes: dict) -> tuple:
-    if vi.name in shapes:
-        return tuple(int(d) for d in shapes[vi.name])
+def _declared_dims(vi: onnx.ValueInfoProto) -> list | None:
+    """The input's declared dims (an int, or the name of a symbolic one), or None when it declares no shape."""
     t = vi.type.tensor_type
     if not t.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in t.shape.dim]
+
+
+def _check_declared(vi: onnx.ValueInfoProto, shape: tuple, what: str) -> None:
+    """A ValueError where `shape` (given by `what`) contradicts the input's declared rank or fixed dims."""
+    declared = _declared_dims(vi)
+    if declared is None:
+        return
+    if len(shape) != len(declared) or any(isinstance(d, int) and d != n for d, n in zip(declared, shape)):
+        raise ValueError(f"from_onnx: {what} gives graph input {vi.name!r} shape {shape}, but the model declares "
+                         f"{tuple(declared)}")
+
+
+def _input_shape(vi: onnx.ValueInfoProto, shapes: dict) -> tuple:
+    if vi.name in shapes:
+        shape = tuple(int(d) for d in shapes[vi.name])
+        _check_declared(vi, shape, "shapes")
+        return shape
+    declared = _declared_dims(vi)
+    if declared is None:
         raise UnsupportedOnnxError(f"graph input {vi.name!r} has no shape; give it with "
                                    f"from_onnx(model, shapes={{{vi.name!r}: (...)}})")
-    dims = []
-    for d in t.shape.dim:
-        if not d.HasField("dim_value"):
+    for d in declared:
+        if not isinstance(d, int):
             raise UnsupportedOnnxError(
-                f"graph input {vi.name!r} has a symbolic dim {d.dim_param or '?'!r}; shapes are static: give them "
+                f"graph input {vi.name!r} has a symbolic dim {d!r}; shapes are static: give them "
                 f"with from_onnx(model, shapes={{{vi.name!r}: (...)}})")
-        dims.append(d.dim_value)
-    return tuple(dims)
+    return tuple(declared)
+
+
+def _input_constant(vi: onnx.ValueInfoProto, value, dtype: str) -> np.ndarray:
+    """The value `constants=` gives graph input `vi`, checked against its declared shape and type (a float for
+    an integer input would be truncated: refused)."""
+    given = np.asarray(value)
+    if not np.can_cast(given.dtype, dtype, casting="same_kind"):
+        raise ValueError(f"from_onnx: constants gives graph input {vi.name!r} values of {given.dtype}, which do not "
+                         f"convert to its type {dtype} without loss; pass {dtype} values")
+    _check_declared(vi, given.shape, "constants")
+    return given.astype(dtype)
 
 
 def _bind_inputs(graph: onnx.GraphProto, env: dict, shapes: dict, constants: dict) -> list:
@@ -107,7 +141,7 @@ def _bind_inputs(graph: onnx.GraphProto, env: dict, shapes: dict, constants: dic
                                        "only tensor inputs are supported")
         dtype = dtype_of(vi.type.tensor_type.elem_type, f"graph input {vi.name!r}")
         if vi.name in constants:
-            env[vi.name] = constant(np.asarray(constants[vi.name], dtype=dtype), name=vi.name)
+            env[vi.name] = constant(_input_constant(vi, constants[vi.name], dtype), name=vi.name)
         elif vi.name not in env:     # an input with an initializer is a constant with a default: use the default
             env[vi.name] = graph_input(vi.name, _input_shape(vi, shapes), dtype)
             inputs.append(env[vi.name])
@@ -160,7 +194,8 @@ def _check_output(vi: onnx.ValueInfoProto, t) -> None:
 
 def from_onnx(model_or_path, shapes: dict | None = None, constants: dict | None = None) -> Graph:
     """The Graph of an ONNX model; `shapes` fixes input shapes, `constants` fixes input values (e.g. shape inputs)."""
-    model = converted_if_old(load_model(model_or_path))
+    original = load_model(model_or_path)
+    model = converted_if_old(original)
     opset = model_opset(model)
     try:
         onnx.checker.check_model(model)
@@ -173,7 +208,14 @@ def from_onnx(model_or_path, shapes: dict | None = None, constants: dict | None 
            for init in graph.initializer}
     inputs = _bind_inputs(graph, env, dict(shapes or {}), dict(constants or {}))
     for proto in graph.node:
-        _convert(proto, env, opset)
+        try:
+            _convert(proto, env, opset)
+        except UnsupportedOnnxError as e:
+            if model is original or type(e) is not UnsupportedOnnxError:
+                raise
+            raise UnsupportedOnnxError(f"{e} (the model's opset {_default_domain_opset(original)} was converted to "
+                                       f"{opset} by onnx.version_converter, which may have replaced its operators)"
+                                       ) from e
     outputs = []
     for vi in graph.output:
         if vi.name not in env:
