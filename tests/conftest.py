@@ -17,11 +17,19 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import settings
 
 import taskdsl as td
 from taskdsl.runtime.kernel import Kernel
 
 from .simulated_gpu import simulate_cuda_twin
+
+# Under CI (the CI variable set, as CI services and .ci/run's clean-clone check do) hypothesis draws the same
+# examples at every run, so a red CI is a regression, not a program drawn for the first time; other runs keep
+# drawing new ones, which is how the random-program tests find compiler bugs (then pinned by an @example).
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 _compiled: set = set()
 # TASKDSL_SIMULATED_GPU=1 without a GPU: the cuda twins run on the simulated GPU (tests/simulated_gpu.py), so
