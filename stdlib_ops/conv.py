@@ -750,6 +750,10 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 
     x, weight = as_array(x), as_array(weight)
     dtype = mm.tdtype(np.result_type(x.dtype, weight.dtype))
     g = geometry(x.shape, weight.shape, stride, padding, dilation, groups, layout)
+    if bias is not None and np.shape(bias) != (g.oc,):
+        raise ValueError(f"conv2d: bias must have shape ({g.oc},) (one per output channel), got {np.shape(bias)}")
+    if g.n == 0:            # an empty batch: nothing to compute (and no plan for it)
+        return empty_like_operands(g.out_shape, dtype.numpy, x)
     x, weight = contiguous(x, dtype.numpy), contiguous(weight, dtype.numpy)
     p = plan(g, dtype, td.get_target(), bias is not None, activation)
     return p.run(x, weight, contiguous(bias, dtype.numpy) if bias is not None else None)

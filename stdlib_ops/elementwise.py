@@ -14,7 +14,8 @@ parameters) and reused for every size; the Ops live in a process-wide cache.
 Dtypes: 16-bit floats are computed in f32 and stored back in the input dtype. Mixing
 dtypes follows PyTorch rather than numpy: any float operand makes the result the widest
 float among the array operands (f16 with f32 gives f32, int32 with f32 gives f32), Python
-scalars adopt the array's dtype (a float scalar with an integer array gives f32), and the
+scalars adopt the array's dtype (a float scalar with an integer array gives f32; an int scalar with a
+bool array gives i64, as in numpy and PyTorch), and the
 float-only functions (div, pow, exp, log, sqrt, rsqrt, erf, tanh, sigmoid, silu, gelu) give
 f32 on integer inputs.
 
@@ -107,10 +108,15 @@ def _is_scalar(v) -> bool:
     return isinstance(v, (bool, int, float)) and not isinstance(v, np.ndarray)
 
 
+def is_float(dtype: np.dtype) -> bool:
+    """Whether a numpy dtype is a float type (ml_dtypes' bfloat16 included, whose numpy kind is 'V')."""
+    return dtype.kind == "f" or dtype.name == "bfloat16"
+
+
 def result_dtype(*values) -> np.dtype:
     """The dtype of an arithmetic result (PyTorch-style promotion, see the module docstring)."""
     arrays = [as_array(v).dtype for v in values if not _is_scalar(v)]
-    floats = [d for d in arrays if d.kind == "f"]
+    floats = [d for d in arrays if is_float(d)]
     if floats:
         widest = max(d.itemsize for d in floats)
         kinds = {d for d in floats if d.itemsize == widest}
@@ -118,24 +124,28 @@ def result_dtype(*values) -> np.dtype:
     if any(isinstance(v, float) for v in values):
         return np.dtype(np.float32)
     if arrays:
-        return np.result_type(*arrays)
+        dtype = np.result_type(*arrays)
+        if dtype.kind == "b" and any(_is_scalar(v) and not isinstance(v, bool) for v in values):
+            return np.dtype(np.int64)     # bools with an int (True + 2 is 3): as numpy and PyTorch
+        return dtype
     if all(isinstance(v, bool) for v in values):
         return np.dtype(np.bool_)
     return np.dtype(np.int32)
 
 
 def _float_dtype(dtype: np.dtype) -> np.dtype:
-    return dtype if dtype.kind == "f" else np.dtype(np.float32)
+    return dtype if is_float(dtype) else np.dtype(np.float32)
 
 
 def _operand(v, dtype: np.dtype) -> np.ndarray:
-    """A contiguous array for `v`; a Python scalar becomes a 0-d array of `dtype`."""
+    """A contiguous array for `v`, of `dtype` where it is bool and `dtype` is not (bools with an int); a Python
+    scalar becomes a 0-d array of `dtype`."""
     if _is_scalar(v):
         return np.asarray(v, dtype=dtype)
     a = contiguous(v)
-    if a.dtype.kind not in "biuf":
+    if not (a.dtype.kind in "biuf" or is_float(a.dtype)):
         raise TypeError(f"unsupported array dtype {a.dtype}")
-    return a
+    return a.astype(dtype) if a.dtype.kind == "b" and dtype.kind != "b" else a
 
 
 # ---------------------------------------------------------------- canonical broadcasting
@@ -244,6 +254,9 @@ _UNARY = {
 
 def _binary_plan(name, a, b) -> Plan:
     dtype = result_dtype(a, b)
+    if name == "sub" and dtype.kind == "b":
+        raise TypeError("sub of two bool operands is not defined (numpy refuses it too); use a logical xor "
+                        "(where(a, ~b, b)) or cast them to an integer type first")
     if name in _FLOAT_BINARY:
         dtype = _float_dtype(dtype)
     values = [_operand(a, dtype), _operand(b, dtype)]

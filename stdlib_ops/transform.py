@@ -152,6 +152,8 @@ def _slice_op(ndim: int, dtype) -> td.Op:
 
 def _slice_plan(x, starts, stops, steps=None, axes=None) -> Plan:
     x = contiguous(x)
+    if x.ndim == 0:
+        raise ValueError("slice: a 0-d array has no axis to slice")
     given = [v for v in (starts, stops, steps, axes) if v is not None and not isinstance(v, (int, np.integer))]
     count = len(given[0]) if given else 1
 
@@ -216,6 +218,9 @@ def _pad_widths(pad_width, ndim: int) -> list:
 def _pad_plan(x, pad_width, value=0) -> Plan:
     x = contiguous(x)
     widths = _pad_widths(pad_width, x.ndim)
+    if x.ndim == 0:         # nothing to pad (numpy.pad returns a copy): a 1-element copy
+        one = _pad_plan(x.reshape(1), 0, value)
+        return Plan(one.op, one.arrays, reshaper(()))
     out_shape = tuple(n + b + a for n, (b, a) in zip(x.shape, widths))
     dtype = tdtype(x.dtype)
     op = cached_op(("pad", x.ndim, dtype), lambda: _pad_op(x.ndim, dtype))

@@ -115,6 +115,8 @@ def from_numpy(dtype) -> DataType:
     """The DataType of a numpy dtype (ml_dtypes' bfloat16 is bf16; uint16 is u16, not bf16's bits); TypeError
     for dtypes the DSL has no type for."""
     dtype = np.dtype(dtype)
+    if not dtype.isnative:      # big-endian data: its type is the native one (arrays are converted on the way in)
+        dtype = dtype.newbyteorder("=")
     if dtype.name == "bfloat16":
         return bf16
     for t in ALL_DTYPES:

@@ -33,15 +33,17 @@ def as_array(value):
 
 
 def contiguous(value, dtype=None):
-    """`value` as a C-contiguous array of `dtype` (default: its own): a DeviceArray as it is (always
-    contiguous; TypeError for another dtype, which would need a cast kernel), anything else as a numpy
-    array (0-d stays 0-d, unlike np.ascontiguousarray)."""
+    """`value` as a C-contiguous array of `dtype` (default: its own, in native byte order): a DeviceArray as it
+    is (always contiguous; TypeError for another dtype, which would need a cast kernel), anything else as a
+    numpy array (0-d stays 0-d, unlike np.ascontiguousarray)."""
     if isinstance(value, DeviceArray):
         if dtype is not None and np.dtype(dtype) != value.dtype:
             raise TypeError(f"a DeviceArray of {value.dtype} was given where {np.dtype(dtype)} is needed; "
                             "convert it before the call (stdlib_ops.cast)")
         return value
     a = np.asarray(value, dtype=dtype)
+    if not a.dtype.isnative:        # big-endian data: kernels read native numbers
+        a = a.astype(a.dtype.newbyteorder("="))
     if not a.flags.c_contiguous:
         a = np.ascontiguousarray(a)
     if a is not value and isinstance(value, np.ndarray) and a.base is not value:

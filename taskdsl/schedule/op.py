@@ -35,6 +35,11 @@ def _call_key(arrays: tuple):
     return tuple(key)
 
 
+def _size_names(dims) -> set:
+    """The names of the size symbols in `dims` (ints and IR expressions)."""
+    return {v.name for d in dims if isinstance(d, ir.Expr) for v in ir.collect(d, ir.Var) if v.kind == "size"}
+
+
 @dataclass
 class Step:
     """One kernel launch: the kernel, the buffers among its parameters, and all its parameters."""
@@ -64,6 +69,13 @@ class Op:
         missing = [t.name for t in self.order if t.kind == "placeholder" and t not in inputs]
         if missing:
             raise ValueError(f"op {self.name!r}: the outputs read {', '.join(missing)}, which are not inputs")
+        bound = _size_names(d for t in inputs for d in t.shape)
+        for t in self.order:
+            free = _size_names((*t.shape, *t.reduce_shape)) - bound
+            if free:
+                raise ValueError(f"op {self.name!r}: size '{sorted(free)[0]}' of {t.name!r} is not determined by the "
+                                 "shape of any input; give the op an input of that shape (a zero-stride array "
+                                 "will do) or use a size an input has")
         out_ids = {id(t) for t in outputs}
         self.materialized = [t for t in self.order if t.kind == "reduce" or (t.kind == "compute" and id(t) in out_ids)]
         materialized_ids = {id(t) for t in self.materialized}

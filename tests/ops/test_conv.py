@@ -60,6 +60,15 @@ def test_conv2d_matches_reference(case, layout):
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
 
 
+def test_empty_batch_and_a_bias_of_the_wrong_length():
+    w = np.ones((4, 3, 3, 3), np.float32)
+    for layout, shape, out in [("NCHW", (0, 3, 8, 8), (0, 4, 6, 6)), ("NHWC", (0, 8, 8, 3), (0, 6, 6, 4))]:
+        y = ops.conv2d(np.zeros(shape, np.float32), w, np.zeros(4, np.float32), layout=layout, activation="relu")
+        assert y.shape == out and y.dtype == np.float32
+    with pytest.raises(ValueError, match=r"bias must have shape \(4,\) \(one per output channel\), got \(2,\)"):
+        ops.conv2d(np.zeros((1, 3, 8, 8), np.float32), w, np.zeros(2, np.float32))
+
+
 @settings(max_examples=8, deadline=None)
 @given(n=st.sampled_from([1, 2]), c=st.sampled_from([1, 3, 5]), oc=st.sampled_from([4, 33]),
        hw=st.tuples(st.integers(24, 36), st.integers(32, 41)), k=st.sampled_from([(3, 3), (5, 3), (1, 1)]),

@@ -93,6 +93,45 @@ def test_scalar_operands():
     np.testing.assert_allclose(E.add(x, -7.0), x - 7.0)
 
 
+def test_bool_arrays_with_numbers_promote_as_numpy_does():
+    """An int scalar with a bool array gives i64 (True + 2 is 3), a float scalar f32; two bools stay bool, and
+    their difference is refused, as numpy refuses it."""
+    b = np.array([[True, False, True], [False, False, True]])
+    for name, scalar, want in [("add", 2, b + 2), ("mul", 3, b * 3), ("maximum", 5, np.maximum(b, 5)),
+                               ("sub", 1, b.astype(np.int64) - 1), ("add", 1.5, (b + 1.5).astype(np.float32))]:
+        got = getattr(E, name)(b, scalar)
+        assert got.dtype == want.dtype, (name, got.dtype)
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(E.where(b, b, 2), np.where(b, b, 2))
+    assert E.add(b, True).dtype == np.bool_
+    with pytest.raises(TypeError, match="sub of two bool operands is not defined"):
+        E.sub(b, b)
+
+
+def test_big_endian_inputs_compute_like_native_ones():
+    x = rand((3, 5), 5)
+    be = x.astype(">f4")
+    np.testing.assert_array_equal(E.add(be, 1.0), x + np.float32(1.0))
+    np.testing.assert_array_equal(E.add(be, x.astype(">i4")), x + x.astype(np.int32).astype(np.float32))
+    from stdlib_ops import reduce as R, transform
+    np.testing.assert_allclose(R.sum(be, axis=1), x.sum(axis=1), rtol=1e-6)
+    np.testing.assert_array_equal(transform.transpose(be), x.T)
+
+
+def test_bfloat16_arrays():
+    """bf16 like f16: computed in f32, stored as bf16, through the elementwise, norm and pooling ops."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    from stdlib_ops import norm, pool
+    xb = rand((2, 3, 6, 6), 6).astype(ml_dtypes.bfloat16)
+    x = xb.astype(np.float32)
+    for got, want, tol in [(E.add(xb, xb), x + x, 0), (E.exp(xb), np.exp(x), 1e-2),
+                           (norm.softmax(xb, -1), np.exp(x) / np.exp(x).sum(-1, keepdims=True), 1e-2),
+                           (pool.max_pool2d(xb, 2), x.reshape(2, 3, 3, 2, 3, 2).max(axis=(3, 5)), 0)]:
+        assert got.dtype == xb.dtype
+        np.testing.assert_allclose(got.astype(np.float32), want, rtol=tol, atol=tol)
+    np.testing.assert_array_equal(E.cast(xb, np.float32), x)
+
+
 def test_float16():
     a = rand((4, 33), 2).astype(np.float16)
     b = rand((33,), 3).astype(np.float16)

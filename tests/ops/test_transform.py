@@ -69,6 +69,8 @@ def test_slice_axes_and_ints():
     assert X.slice(x, 3, 3, axes=0).shape == (0, 9, 6)
     with pytest.raises(ValueError):
         X.slice(x, 0, 2, 0)
+    with pytest.raises(ValueError, match="a 0-d array has no axis to slice"):
+        X.slice(np.float32(1.0), [0], [1])
 
 
 @FEW
@@ -108,6 +110,8 @@ def test_pad_forms_and_ints():
     check(X.pad(x, (1, 0), value=9), X.op_for("pad", x, (1, 0), value=9), np.pad(x, (1, 0), constant_values=9))
     with pytest.raises(ValueError):
         X.pad(x, ((1, 2),) * 3)
+    scalar = np.array(2.5, np.float32)         # nothing to pad: numpy.pad returns it
+    check(X.pad(scalar, 1), X.op_for("pad", scalar, 1), np.pad(scalar, 1))
 
 
 @FEW

@@ -637,6 +637,9 @@ def test_op_interface_errors():
         CHAIN(np.zeros((2, 3), np.float32), np.zeros(4, np.float32))
     with pytest.raises(ValueError, match=r"the outputs read B, which are not inputs"):
         td.op([A], [S])
+    unbound = td.compute("U", ("Z",), lambda i: X[0, 0] + 1.0)
+    with pytest.raises(ValueError, match=r"size 'Z' of 'U' is not determined by the shape of any input"):
+        td.op([X], [unbound])
     with pytest.raises(TypeError, match="must be td.placeholder tensors"):
         td.op([Y], [S])
     with pytest.raises(TypeError, match="outputs must be tensors"):
