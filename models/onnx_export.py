@@ -127,11 +127,28 @@ def export_matmul(op, ins, outs, b):
     b.add("MatMul", ins, outs)
 
 
+def channels_first(op, ins: list, outs: list, b, add_node: Callable) -> None:
+    """`add_node(inputs, outputs)`: the ONNX node of `op`, an operator ONNX has for channels-first tensors only;
+    for a channels-last `op`, between a transpose of its first input to (N, C, spatial...) and transposes of
+    its outputs back."""
+    if not op.attrs.get("channels_last"):
+        add_node(ins, outs)
+        return
+    rank = op.inputs[0].ndim
+    first = b.fresh(f"{ins[0]}_nchw")
+    b.add("Transpose", [ins[0]], [first], perm=[0, rank - 1, *range(1, rank - 1)])
+    inner = [b.fresh(f"{out}_nchw") for out in outs]
+    add_node([first, *ins[1:]], inner)
+    for name, out in zip(inner, outs):
+        b.add("Transpose", [name], [out], perm=[0, *range(2, rank), 1])
+
+
 @exports(ops.Conv)
 def export_conv(op, ins, outs, b):
     a = op.attrs
-    b.add("Conv", ins, outs, kernel_shape=list(op.inputs[1].shape[2:]), strides=list(a["strides"]),
-          pads=list(a["pads"]), dilations=list(a["dilations"]), group=a["groups"])
+    channels_first(op, ins, outs, b, lambda i, o: b.add(
+        "Conv", i, o, kernel_shape=list(op.inputs[1].shape[2:]), strides=list(a["strides"]), pads=list(a["pads"]),
+        dilations=list(a["dilations"]), group=a["groups"]))
 
 
 @exports(ops.Softmax)
@@ -166,10 +183,25 @@ def export_pool(op, ins, outs, b):
     a = op.attrs
     window = {"kernel_shape": list(a["kernel"]), "strides": list(a["strides"]), "pads": list(a["pads"]),
               "dilations": list(a["dilations"]), "ceil_mode": int(a["ceil_mode"])}
-    if a["mode"] == "max":
-        b.add("MaxPool", ins, outs, **window)
+    if a["mode"] == "max":       # indices 2: column-major spatial indices, ONNX's storage_order 1
+        window.update({"storage_order": 1} if a.get("indices") == 2 else {})
+        channels_first(op, ins, outs, b, lambda i, o: b.add("MaxPool", i, o, **window))
     else:
-        b.add("AveragePool", ins, outs, count_include_pad=int(a["count_include_pad"]), **window)
+        channels_first(op, ins, outs, b, lambda i, o: b.add(
+            "AveragePool", i, o, count_include_pad=int(a["count_include_pad"]), **window))
+
+
+@exports(ops.LRN)
+def export_lrn(op, ins, outs, b):
+    a = op.attrs
+    b.add("LRN", ins, outs, size=a["size"], alpha=a["alpha"], beta=a["beta"], bias=a["bias"])
+
+
+@exports(ops.ArgReduce)
+def export_arg_reduce(op, ins, outs, b):
+    a = op.attrs
+    b.add("ArgMax" if a["op"] == "argmax" else "ArgMin", ins, outs, axis=a["axis"], keepdims=int(a["keepdims"]),
+          select_last_index=int(a["select_last_index"]))
 
 
 REDUCTIONS = {"sum": "ReduceSum", "mean": "ReduceMean", "max": "ReduceMax", "min": "ReduceMin", "prod": "ReduceProd"}
@@ -222,7 +254,7 @@ def export_expand(op, ins, outs, b):
 @exports(ops.Pad)
 def export_pad(op, ins, outs, b):
     value = b.array(op.attrs["value"], op.inputs[0].numpy_dtype, "pad_value")
-    b.add("Pad", [ins[0], b.array(op.attrs["pads"], hint="pads"), value], outs, mode="constant")
+    b.add("Pad", [ins[0], b.array(op.attrs["pads"], hint="pads"), value], outs, mode=op.attrs["mode"])
 
 
 # ---------------------------------------------------------------- the model

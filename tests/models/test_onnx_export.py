@@ -49,10 +49,25 @@ def test_windows_and_normalizations():
     check(tg.Graph([x], outs), {"x": rng.standard_normal((1, 4, 9, 9)).astype(np.float32)})
 
 
+def test_channels_last_windows_indices_lrn_and_arg_reductions():
+    """Channels-last convolutions and pools go out as ONNX's channels-first ones between transposes; column-major
+    max-pool indices as storage_order 1; LRN and ArgMax / ArgMin as themselves."""
+    x, nhwc = tg.input("x", (1, 4, 7, 6)), tg.input("nhwc", (1, 7, 6, 4))
+    values, indices = ops.max_pool_with_indices(x, 3, 2, 1, column_major=True)
+    outs = [ops.conv(nhwc, const(6, 2, 3, 3), const(6), stride=2, padding=1, groups=2, channels_last=True),
+            ops.pool(nhwc, "max", 2, 2, channels_last=True), ops.pool(nhwc, "avg", 3, 1, 1, channels_last=True),
+            values, indices, ops.lrn(x, 3, 1e-2, 0.6, 1.5), ops.argmax(x, 2, keepdims=False),
+            ops.argmin(x, -1, select_last_index=True)]
+    check(tg.Graph([x, nhwc], outs), {"x": rng.standard_normal((1, 4, 7, 6)).astype(np.float32),
+                                      "nhwc": rng.standard_normal((1, 7, 6, 4)).astype(np.float32)})
+
+
 def test_data_movement():
     x = tg.input("x", (2, 3, 4))
     ids = tg.constant(np.array([[2, -1], [0, 1]], np.int64))
-    outs = [ops.pad(x, [(0, 0), (1, 2), (0, 1)], value=1.5), ops.expand(ops.slice(x, [0], [1]), (3, 2, 3, 4)),
+    outs = [ops.pad(x, [(0, 0), (1, 2), (0, 1)], value=1.5), ops.pad(x, [(1, 0), (0, 2), (1, 1)], mode="reflect"),
+            ops.pad(x, [(0, 1), (2, 2), (0, 0)], mode="edge"), ops.pad(x, [(2, 1), (0, 0), (3, 1)], mode="wrap"),
+            ops.expand(ops.slice(x, [0], [1]), (3, 2, 3, 4)),
             ops.slice(x, [3, 2], [-5, 0], [2, 1], [-2, -1]), ops.concat(ops.split(x, [1, 3], axis=2)[::-1], axis=2),
             ops.gather(x, ids, axis=2), ops.transpose(x, (2, 0, 1)), ops.flatten(x), ops.unsqueeze(x, 1)]
     check(tg.Graph([x], outs), {"x": rng.standard_normal((2, 3, 4)).astype(np.float32)})
