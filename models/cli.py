@@ -48,8 +48,9 @@ def parser() -> argparse.ArgumentParser:
 
 def add_shape_flags(p: argparse.ArgumentParser) -> None:
     """The flags `run` and `bench` share: batch, sequence length, dtype, target, small, layout, tuning."""
-    p.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
-    p.add_argument("--seq", type=int, help="sequence length of text models (default: the model's, 128)")
+    p.add_argument("--batch", type=int, default=1, help="batch size (default 1; for an ONNX model, the size of its inputs' symbolic axis 0)")
+    p.add_argument("--seq", type=int, help="sequence length of text models (default: 128, 16 with --small), or the size of an ONNX model's "
+                        "symbolic dims past axis 0")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="f32", help="weights and activations (default f32)")
     p.add_argument("--target", choices=list(td.runtime.config.TARGETS),
                    help="where kernels run (default: cuda with a usable GPU, else cpu)")
@@ -125,11 +126,14 @@ def zoo_model(args) -> tuple:
 def onnx_shapes(model, batch: int, seq: int | None) -> dict:
     """Static shapes for the model inputs with symbolic dims: axis 0 is the batch, any other axis the sequence."""
     initializers = {init.name for init in model.graph.initializer}
+    symbolic = [vi for vi in model.graph.input if vi.name not in initializers
+                and not all(d.HasField("dim_value") for d in vi.type.tensor_type.shape.dim)]
+    if not symbolic and (batch != 1 or seq is not None):
+        raise UsageError("--batch and --seq size the symbolic dims of an ONNX model's inputs; this model's inputs "
+                         "have static shapes")
     shapes = {}
-    for vi in model.graph.input:
+    for vi in symbolic:
         dims = vi.type.tensor_type.shape.dim
-        if vi.name in initializers or all(d.HasField("dim_value") for d in dims):
-            continue
         shape = []
         for axis, d in enumerate(dims):
             if d.HasField("dim_value"):
@@ -158,10 +162,15 @@ def onnx_constants(model, specs: list) -> dict:
             raise UsageError(f"--constant {spec!r}: give NAME=V or NAME=V,V,... (e.g. shape=1,3,224,224)")
         if name not in inputs:
             raise UsageError(f"--constant {spec!r}: the model has no input {name!r} (inputs: {', '.join(inputs)})")
+        if name in constants:
+            raise UsageError(f"--constant {spec!r}: {name!r} is given twice")
         tensor = inputs[name].type.tensor_type
         try:
             values = np.array([_number(v) for v in text.split(",")])
-            value = values.astype(tensor_dtype_to_np_dtype(tensor.elem_type))
+            dtype = tensor_dtype_to_np_dtype(tensor.elem_type)
+            if not np.can_cast(values.dtype, dtype, casting="same_kind"):     # 1.5 for an int64 shape: no
+                raise TypeError
+            value = values.astype(dtype)
         except (ValueError, KeyError, TypeError):
             raise UsageError(f"--constant {spec!r}: the values must be numbers of the input's type") from None
         constants[name] = value.reshape(()) if value.size == 1 and len(tensor.shape.dim) == 0 else value
@@ -179,7 +188,7 @@ def _number(text: str):
 def onnx_file(args) -> tuple:
     """(title, graph, ONNX model, the input values --constant fixes) of the ONNX file --onnx names (UsageError
     when it cannot be read or imported)."""
-    from taskdsl.graph import OnnxImportError, from_onnx
+    from taskdsl.graph import from_onnx
     from taskdsl.graph.onnx_import import ConstantRequiredError
     from taskdsl.graph.onnx_import.model import load_model
     if args.dtype != "f32" or args.small:
@@ -192,7 +201,7 @@ def onnx_file(args) -> tuple:
         graph = from_onnx(model, shapes=shapes, constants=constants)
     except ConstantRequiredError as e:
         raise UsageError(f"{args.onnx}: {e}; on the command line: --constant {e.inputs[0]}=V,V,...") from None
-    except OnnxImportError as e:
+    except ValueError as e:       # OnnxImportError, and shapes or constants that contradict the model
         raise UsageError(f"{args.onnx}: {e}") from None
     return f"{args.onnx}: {graph!r}", graph, model, constants
 

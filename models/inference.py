@@ -8,6 +8,7 @@ model), else the graph's numpy reference evaluator.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -62,12 +63,19 @@ def reference_outputs(graph: Graph, model: onnx.ModelProto | None, feeds: dict, 
 
 
 def relative_error(got: list, want: list) -> float:
-    """The largest |got - want| over every output, relative to the largest |want| of that output."""
+    """The largest |got - want| over every output, relative to the largest finite |want| of that output; inf
+    where a NaN or an infinity of one side is not the other's (NaN where NaN, the same infinity, are equal)."""
     worst = 0.0
     for a, b in zip(got, want):
         a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-        if b.size:
-            worst = max(worst, float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)))
+        same = (a == b) | (np.isnan(a) & np.isnan(b))
+        if same.all():
+            continue
+        differences = np.abs(a - b)[~same]
+        if not np.isfinite(differences).all():
+            return math.inf
+        finite = np.abs(b[np.isfinite(b)])
+        worst = max(worst, float(differences.max() / max(finite.max() if finite.size else 0.0, 1e-30)))
     return worst
 
 

@@ -11,6 +11,21 @@ def test_layout_is_a_conv_option_only(capsys):
     assert "--layout applies to the conv benchmark only" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["conv", "--sizes", "13"], "conv: --sizes picks layers by index, 0 to 12"),
+    (["conv", "--sizes", "-1"], "conv: --sizes picks layers by index"),
+    (["ops", "--sizes", "64"], "ops: --sizes takes ROWS COLS"),
+    (["ops", "--sizes", "0", "32"], "ops: --sizes must be positive"),
+    (["matmul", "--sizes", "-8"], "matmul: --sizes must be positive"),
+    (["launch", "--sizes", "0"], "launch: --sizes must be positive"),
+])
+def test_sizes_a_benchmark_cannot_take(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
 def test_layers_is_a_conv_option_only(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["ops", "--layers", "depthwise"])

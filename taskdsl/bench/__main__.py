@@ -18,6 +18,19 @@ BENCHMARKS = {
 }
 
 
+def _check_sizes(parser: argparse.ArgumentParser, args) -> None:
+    """A usage error (exit 2) for --sizes the benchmark cannot take."""
+    if args.name == "conv":
+        from .conv import LAYERS
+        count = len(LAYERS[args.layers or "resnet50"])
+        if not all(0 <= n < count for n in args.sizes):
+            parser.error(f"conv: --sizes picks layers by index, 0 to {count - 1}")
+    elif not all(n > 0 for n in args.sizes):
+        parser.error(f"{args.name}: --sizes must be positive, got {' '.join(map(str, args.sizes))}")
+    elif args.name == "ops" and len(args.sizes) != 2:
+        parser.error("ops: --sizes takes ROWS COLS")
+
+
 def main(argv=None) -> int:
     """Run the benchmark named on the command line; return the exit code."""
     parser = argparse.ArgumentParser(prog="python -m taskdsl.bench", description=__doc__)
@@ -30,6 +43,8 @@ def main(argv=None) -> int:
     for flag in ("layout", "layers"):
         if getattr(args, flag) and args.name != "conv":
             parser.error(f"--{flag} applies to the conv benchmark only")
+    if args.sizes:
+        _check_sizes(parser, args)
     import importlib
     module = importlib.import_module(BENCHMARKS[args.name][1])
     options = {"sizes": tuple(args.sizes) if args.sizes else None, "layout": args.layout, "layers": args.layers}

@@ -180,8 +180,8 @@ def bind_inputs(graph: Graph, args: tuple) -> list:
         unknown = sorted(set(given) - set(names))
         missing = [n for n in names if n not in given]
         if unknown or missing:
-            raise ValueError(f"graph {graph.name!r} takes inputs {names}; "
-                             + (f"missing {missing}" if missing else f"unknown {unknown}"))
+            problems = ([f"missing {missing}"] if missing else []) + ([f"unknown {unknown}"] if unknown else [])
+            raise ValueError(f"graph {graph.name!r} takes inputs {names}; {', '.join(problems)}")
         args = tuple(given[n] for n in names)
     if len(args) != len(graph.inputs):
         raise TypeError(f"graph {graph.name!r} takes {len(names)} input arrays ({', '.join(names)}), got {len(args)}")

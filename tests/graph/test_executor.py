@@ -37,6 +37,10 @@ def test_input_errors():
         cg({"x": x})
     with pytest.raises(ValueError, match="unknown"):
         cg({"x": x, "b": b, "c": b})
+    with pytest.raises(ValueError, match=r"missing \['b'\], unknown \['bb'\]"):      # a misspelled name: both
+        cg({"x": x, "bb": b})
+    with pytest.raises(TypeError, match=r"input 'x' must be an array of shape \(3, 4\)"):
+        cg(None, b)
 
 
 def test_kernels_and_summary():

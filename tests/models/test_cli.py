@@ -82,11 +82,16 @@ def test_run_onnx_file_with_a_shape_input_fixed_by_constant(tmp_path, capsys):
     ("shape", "give NAME=V or NAME=V,V,..."),
     ("size=3,4", "the model has no input 'size' (inputs: x, shape)"),
     ("shape=3,four", "the values must be numbers"),
+    ("shape=1.5,8", "the values must be numbers of the input's type"),     # not truncated to 1
+    ("shape=3,4,1", "constants gives graph input 'shape' shape (3,), but the model declares (2,)"),
+    ("x=1,2", "constants gives graph input 'x' shape (2,), but the model declares (2, 6)"),
+    ("shape=3,4 --constant shape=4,3", "'shape' is given twice"),
 ])
 def test_bad_constant_exits_2(tmp_path, spec, message, capsys):
     path = tmp_path / "reshape.onnx"
     _reshape_model(path)
-    assert main(["run", "--onnx", str(path), "--target", "cpu", "--constant", spec]) == 2
+    flags = [f for part in spec.split(" --constant ") for f in ("--constant", part)]
+    assert main(["run", "--onnx", str(path), "--target", "cpu", *flags]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
     assert main(["run", "resnet50", "--small", "--constant", "shape=1"]) == 2
@@ -108,6 +113,7 @@ def test_bench_small_model(capsys):
     (["run", "bert", "--small", "--seq", "100000"], "sequence length 100000 is outside"),
     (["run", "resnet50", "--batch", "0"], "must be positive"),
     (["bench", "nosuch", "--small"], "unknown model 'nosuch'"),
+    (["bench", "mobilenet_v2", "nosuch", "--small"], "unknown model 'nosuch'"),    # before mobilenet_v2 runs
 ])
 def test_bad_input_exits_2(argv, message, capsys):
     assert main(argv) == 2
@@ -144,3 +150,30 @@ def test_top_operators_sorts_rows_by_time():
                          "  2  add  t2: f32[1, 2]  k2  2.000", "  total 3.600 ms"])
     lines = top_operators(summary, 2)
     assert lines[0].split()[0] == "#" and [line.split()[1] for line in lines[1:]] == ["add", "conv2d"]
+
+
+def test_batch_and_seq_size_symbolic_onnx_dims_only(tmp_path, capsys):
+    import onnx
+    from onnx import TensorProto, helper
+    path = tmp_path / "relu.onnx"
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    for flags in (["--batch", "3"], ["--seq", "5"]):
+        assert main(["run", "--onnx", str(path), "--target", "cpu", *flags]) == 2
+        assert "this model's inputs have static shapes" in capsys.readouterr().err
+
+
+def test_relative_error_sees_nans_and_infinities():
+    """A NaN or an infinity on one side only is an infinite error (a check that compares nothing must fail);
+    the same NaNs and infinities on both sides are equal, and the scale is the largest finite reference."""
+    import numpy as np
+
+    from models.inference import relative_error
+    nan, inf = np.nan, np.inf
+    assert relative_error([np.array([nan, 5.0])], [np.array([nan, 1.0])]) == 4.0
+    assert relative_error([np.array([nan, 1.0])], [np.array([2.0, 1.0])]) == inf
+    assert relative_error([np.array([inf, 1.0])], [np.array([-inf, 1.0])]) == inf
+    assert relative_error([np.array([inf, -inf, 2.0])], [np.array([inf, -inf, 2.0])]) == 0.0
+    assert relative_error([np.array([inf, 1.5])], [np.array([inf, 2.0])]) == 0.25

@@ -134,7 +134,7 @@ def reduce(node: Node) -> list:
         axes = node.const(1, required=False) if node.num_inputs > 1 else None
         if node.has_attr("axes"):
             raise node.error(f"'axes' is an input of {op_type} in opset {node.opset}, not an attribute",
-                             ValueError)
+                             OnnxImportError)
     else:
         axes = node.attr("axes")
     keepdims = node.flag("keepdims", 1)

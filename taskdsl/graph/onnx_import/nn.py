@@ -7,6 +7,7 @@ from .. import ops
 from ..ops.axes import normalize_axis
 from ..ops.norm import LayerNorm
 from ..tensor import constant
+from .errors import OnnxImportError
 from .node import Node, converts
 
 WINDOW_ATTRS = ("auto_pad", "dilations", "kernel_shape", "pads", "strides")
@@ -19,7 +20,7 @@ def _window(node: Node, x, kernel: tuple) -> tuple:
     dilations = tuple(node.attr("dilations", [1] * rank))
     auto_pad = node.attr("auto_pad", "NOTSET")
     if len(strides) != rank or len(dilations) != rank:
-        raise node.error(f"strides {strides} and dilations {dilations} need {rank} values", ValueError)
+        raise node.error(f"strides {strides} and dilations {dilations} need {rank} values", OnnxImportError)
     if auto_pad == "NOTSET":
         pads = tuple(node.attr("pads", [0] * 2 * rank))
     elif auto_pad == "VALID":
@@ -35,7 +36,7 @@ def _window(node: Node, x, kernel: tuple) -> tuple:
     else:
         raise node.error(f"auto_pad={auto_pad!r} is not supported (NOTSET, VALID, SAME_UPPER, SAME_LOWER)")
     if len(pads) != 2 * rank:
-        raise node.error(f"pads {pads} need {2 * rank} values (begin..., end...)", ValueError)
+        raise node.error(f"pads {pads} need {2 * rank} values (begin..., end...)", OnnxImportError)
     return strides, pads, dilations
 
 
@@ -45,7 +46,7 @@ def conv(node: Node) -> list:
     x, w, bias = node.input(0), node.input(1), node.input(2, required=False) if node.num_inputs > 2 else None
     kernel = tuple(node.attr("kernel_shape", w.shape[2:]))
     if kernel != w.shape[2:]:
-        raise node.error(f"kernel_shape {kernel} does not match the weight's {w.shape[2:]}", ValueError)
+        raise node.error(f"kernel_shape {kernel} does not match the weight's {w.shape[2:]}", OnnxImportError)
     strides, pads, dilations = _window(node, x, kernel)
     return [ops.conv(x, w, bias, strides, pads, dilations, node.attr("group", 1))]
 
@@ -119,7 +120,7 @@ def pool(node: Node) -> list:
     x = node.input(0)
     kernel = tuple(node.attr("kernel_shape", ()))
     if len(kernel) != x.ndim - 2:
-        raise node.error(f"kernel_shape {kernel} needs one value per spatial axis of {x.shape}", ValueError)
+        raise node.error(f"kernel_shape {kernel} needs one value per spatial axis of {x.shape}", OnnxImportError)
     strides, pads, dilations = _window(node, x, kernel)
     if node.wanted(1):
         return list(ops.max_pool_with_indices(x, kernel, strides, pads, dilations, node.flag("ceil_mode"),
@@ -140,7 +141,7 @@ def global_pool(node: Node) -> list:
 def lrn(node: Node) -> list:
     """LRN across channels."""
     if not node.has_attr("size"):
-        raise node.error("the 'size' attribute is required", ValueError)
+        raise node.error("the 'size' attribute is required", OnnxImportError)
     return [ops.lrn(node.input(0), node.attr("size"), node.attr("alpha", 1e-4), node.attr("beta", 0.75),
                     node.attr("bias", 1.0))]
 

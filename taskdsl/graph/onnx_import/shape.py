@@ -71,7 +71,7 @@ def range_node(node: Node) -> list:
     """Range of constant start / limit / delta: a constant."""
     start, limit, delta = (np.asarray(node.const(k)).reshape(-1)[0] for k in range(3))
     if delta == 0:
-        raise node.error("delta must not be 0", ValueError)
+        raise node.error("delta must not be 0", OnnxImportError)
     count = max(int(np.ceil((float(limit) - float(start)) / float(delta))), 0)
     return [constant(np.asarray(start + np.arange(count) * delta, start.dtype))]
 
@@ -108,7 +108,7 @@ def unsqueeze(node: Node) -> list:
     """Unsqueeze at the given axes."""
     axes = _axes(node, 1, 13)
     if axes is None:
-        raise node.error("the axes are required", ValueError)
+        raise node.error("the axes are required", OnnxImportError)
     return [ops.unsqueeze(node.input(0), axes)]
 
 
