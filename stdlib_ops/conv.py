@@ -690,7 +690,7 @@ class ConvPlan:
         extra = [bias] if bias is not None else []
         if self.direct is not None:
             return self.direct(x, weight, *extra)[0]
-        out = empty_like_operands(self.geometry.out_shape, x.dtype, x)
+        out = empty_like_operands(self.geometry.out_shape, x.dtype, x, weight, *extra)   # on the GPU if any is
         operand = packed if packed is not None else placed_weight_operand(self.lowered, weight)
         self.lowered.run({"X": x, "bias": bias}, operand, out)
         return out
@@ -753,7 +753,7 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 
     if bias is not None and np.shape(bias) != (g.oc,):
         raise ValueError(f"conv2d: bias must have shape ({g.oc},) (one per output channel), got {np.shape(bias)}")
     if g.n == 0:            # an empty batch: nothing to compute (and no plan for it)
-        return empty_like_operands(g.out_shape, dtype.numpy, x)
+        return empty_like_operands(g.out_shape, dtype.numpy, x, weight, *([bias] if bias is not None else []))
     x, weight = contiguous(x, dtype.numpy), contiguous(weight, dtype.numpy)
     p = plan(g, dtype, td.get_target(), bias is not None, activation)
     return p.run(x, weight, contiguous(bias, dtype.numpy) if bias is not None else None)

@@ -138,14 +138,13 @@ def _float_dtype(dtype: np.dtype) -> np.dtype:
 
 
 def _operand(v, dtype: np.dtype) -> np.ndarray:
-    """A contiguous array for `v`, of `dtype` where it is bool and `dtype` is not (bools with an int); a Python
-    scalar becomes a 0-d array of `dtype`."""
+    """A contiguous array for `v`; a Python scalar becomes a 0-d array of `dtype`."""
     if _is_scalar(v):
         return np.asarray(v, dtype=dtype)
     a = contiguous(v)
     if not (a.dtype.kind in "biuf" or is_float(a.dtype)):
         raise TypeError(f"unsupported array dtype {a.dtype}")
-    return a.astype(dtype) if a.dtype.kind == "b" and dtype.kind != "b" else a
+    return a
 
 
 # ---------------------------------------------------------------- canonical broadcasting

@@ -291,3 +291,40 @@ def test_device_array_launches_are_prepared_once(stubbed_driver):
     assert record.launches[0].args == a3 and y in record.launches[0].keep
     scale_rows(a, z, 2.0)                               # numpy input: staged at every call, never prepared
     assert len(scale_rows._cuda_launches) == 2 and stubbed_driver[-1][1][0] not in (x.ptr, y.ptr, z.ptr)
+
+
+def test_device_array_copies_conversions_and_reshapes(simulated_gpu):
+    """copy.copy / deepcopy / .copy() own new memory; to_device takes numbers only (native byte order on the
+    device); reshape takes non-negative ints; bool() of one element reads it back, as numpy's does."""
+    import copy
+    host = np.arange(6, dtype=np.float32)
+    d = td.to_device(host)
+    for duplicate in (copy.copy(d), copy.deepcopy(d), d.copy()):
+        assert duplicate.ptr != d.ptr
+        duplicate.copy_from_host(np.full(6, 7, np.float32))
+        np.testing.assert_array_equal(d.numpy(), host)
+    assert td.to_device(d) is d
+    for bad in (np.array([object(), 1], dtype=object), np.array(["a", "b"]), None):
+        with pytest.raises(TypeError, match="device arrays hold numbers"):
+            td.to_device(bad)
+    big = td.to_device(host.astype(">f4"))
+    assert big.dtype == np.float32 and big.dtype.isnative
+    np.testing.assert_array_equal(big.numpy(), host)
+    assert d.reshape(2, -1).shape == (2, 3)
+    for shape in ((-2, -3), (-1, -3), (2.5, 6)):
+        with pytest.raises(ValueError, match="reshape takes non-negative ints"):
+            d.reshape(*shape)
+    assert bool(td.to_device(np.array([3]))) and not bool(td.to_device(np.float32(0)))
+    with pytest.raises(ValueError, match="truth value of a DeviceArray of 6 elements is ambiguous"):
+        bool(d)
+
+
+def test_a_device_array_on_the_cpu_target_is_refused_after_a_cuda_call(simulated_gpu):
+    """Checked bindings are per target: a signature that passed on cuda is checked again on the cpu."""
+    a = np.arange(60, dtype=np.float32).reshape(3, 20)
+    da, dc = td.to_device(a), td.to_device(np.zeros_like(a))
+    scale_rows(da, dc, 2.0)
+    np.testing.assert_array_equal(dc.numpy(), 2 * a)
+    td.set_target("cpu")
+    with pytest.raises(TypeError, match="argument 'A' is a td.DeviceArray \\(GPU memory\\), but the target is cpu"):
+        scale_rows(da, dc, 2.0)

@@ -234,21 +234,8 @@ class CompiledGraph:
         return [a.numpy() if isinstance(a, DeviceArray) else np.array(a) for a in outputs]
 
     def _outputs(self, values: dict, arrays: list) -> list:
-        results, seen = [], set()
-        for t in self.graph.outputs:
-            if t.is_constant:
-                results.append(np.array(t.value))
-                continue
-            a = values[id(t)]
-            if isinstance(a, DeviceArray):
-                results.append(a.numpy())       # a fresh host copy
-                continue
-            root = self.memory.storage.get(id(t), t)
-            # never hand out the caller's input memory, or one array twice
-            copy = root.is_input or id(t) in seen
-            seen.add(id(t))
-            results.append(np.array(a) if copy else a)
-        return results
+        """The graph's outputs among a run's `values`, as numpy arrays of their own (device ones copied back)."""
+        return [a.numpy() if isinstance(a, DeviceArray) else a for a in self._handed_out(values)]
 
     def __call__(self, *args) -> list:
         """The outputs for these inputs (numpy arrays; td.DeviceArrays too on cuda), as a list of numpy arrays."""
@@ -271,11 +258,29 @@ class CompiledGraph:
             self._last_inputs = arrays
             if isinstance(self._replay, CudaReplay):
                 return list(self._replay.run(arrays))
-            return self._output_values(self._run(arrays))
+            outputs = self._handed_out(self._run(arrays))
+            # an output computed on the host (an empty tensor's) goes to the GPU like the others
+            return [to_device(a) if isinstance(a, np.ndarray) and not t.is_constant else a
+                    for t, a in zip(self.graph.outputs, outputs)]
 
     def _output_values(self, values: dict) -> list:
         """The graph's outputs among a run's `values` (a constant output as its value), as they are."""
         return [t.value if t.is_constant else values[id(t)] for t in self.graph.outputs]
+
+    def _handed_out(self, values: dict) -> list:
+        """The graph's outputs among a run's `values` as a caller gets them: a constant's value, an output in the
+        caller's input memory (an input, or a view of one) and a repeated one as copies; the others as they are."""
+        results, seen = [], set()
+        for t in self.graph.outputs:
+            if t.is_constant:
+                results.append(np.array(t.value))
+                continue
+            a = values[id(t)]
+            if self.memory.storage.get(id(t), t).is_input or id(t) in seen:
+                a = a.copy() if isinstance(a, DeviceArray) else np.array(a)
+            seen.add(id(t))
+            results.append(a)
+        return results
 
     @property
     def kernels(self) -> list:

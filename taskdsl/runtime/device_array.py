@@ -80,6 +80,24 @@ class DeviceArray:
     def __repr__(self) -> str:
         return f"DeviceArray(shape={self._shape}, dtype={self._dtype}, device={self._device_id})"
 
+    def __bool__(self) -> bool:
+        """The truth of a one-element array (copied to the host, as numpy and torch do); ValueError otherwise."""
+        if self.size != 1:
+            raise ValueError(f"the truth value of a DeviceArray of {self.size} elements is ambiguous")
+        return bool(self.numpy().reshape(()))
+
+    def copy(self) -> "DeviceArray":
+        """A new DeviceArray with a copy of the contents (in stream order)."""
+        out = empty(self._shape, self._dtype)
+        out.copy_from(self)
+        return out
+
+    def __copy__(self) -> "DeviceArray":     # copy.copy / copy.deepcopy: new memory, as for numpy arrays
+        return self.copy()
+
+    def __deepcopy__(self, memo) -> "DeviceArray":
+        return self.copy()
+
     # ------------------------------------------------------------------ copies
     def numpy(self) -> np.ndarray:
         """A host copy (waits for the kernels and copies queued before it)."""
@@ -121,6 +139,8 @@ class DeviceArray:
     def reshape(self, *shape) -> "DeviceArray":
         """A view with another shape of the same elements (one dim may be -1), sharing the memory."""
         shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        if not all(isinstance(n, (int, np.integer)) and n >= -1 for n in shape):
+            raise ValueError(f"DeviceArray.reshape takes non-negative ints (and one -1), got {shape}")
         shape = tuple(int(n) for n in shape)
         known = math.prod(n for n in shape if n != -1)
         if shape.count(-1) == 1 and known:
@@ -171,8 +191,14 @@ class DeviceArray:
 
 
 def _c_order(array) -> np.ndarray:
-    """`array` as a C-contiguous numpy array, 0-d staying 0-d (np.ascontiguousarray makes it 1-d)."""
+    """`array` as a C-contiguous numpy array of numbers in native byte order, 0-d staying 0-d
+    (np.ascontiguousarray makes it 1-d); TypeError for anything else (objects, strings, None)."""
     array = np.asarray(array)
+    if array.dtype.kind not in "biuf" and array.dtype.name != "bfloat16":
+        raise TypeError(f"device arrays hold numbers (bool, int, float); got {type(array).__name__} of dtype "
+                        f"{array.dtype}")
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
     return array if array.flags.c_contiguous else np.ascontiguousarray(array)
 
 
@@ -209,7 +235,8 @@ def _count_memory_op() -> None:
 
 
 def to_device(array) -> DeviceArray:
-    """A DeviceArray holding a copy of `array` (a numpy array, or anything np.asarray takes)."""
+    """A DeviceArray holding a copy of `array` (a numpy array, or anything np.asarray takes, of numbers); a
+    DeviceArray is returned as it is (`.copy()` copies one)."""
     if isinstance(array, DeviceArray):
         return array
     if not isinstance(array, np.ndarray) and _cuda_array_interface(array) is not None:

@@ -157,6 +157,8 @@ class Kernel:
         """
         target = target or get_target()
         key = _binding_key(args)
+        if key is not None:
+            key = (key, target)         # a DeviceArray passes on cuda only
         known = self._bindings.get(key) if key is not None else None
         if known is not None:
             values = [self._bind_scalar(n, s, a) if isinstance(s, T.DataType) else _array_value(s, a)
@@ -201,12 +203,16 @@ class Kernel:
             dtype, shape = info.dtype, info.shape
             if spec.dtype.name == "bf16" and dtype.name == "bfloat16":
                 dtype = np.dtype(np.uint16)
+        elif isinstance(arg, DeviceArray):
+            raise TypeError(f"kernel '{self.name}': argument '{pname}' is a td.DeviceArray (GPU memory), but the "
+                            "target is cpu: copy it to the host with .numpy(), or run on the cuda target")
         else:
             raise TypeError(f"kernel '{self.name}': argument '{pname}' must be a numpy array, got {type(arg).__name__}")
         if dtype != spec.dtype.numpy:
             raise TypeError(f"kernel '{self.name}': argument '{pname}' must have dtype {spec.dtype.numpy} "
-                            f"({spec.dtype.name}), got {dtype}; convert it with .astype(np.{spec.dtype.numpy})"
-                            + ("" if info is None else " (numpy, cupy) or .to(torch.<dtype>) (torch)"))
+                            f"({spec.dtype.name}), got {dtype}; convert it with "
+                            + (f".astype(np.{spec.dtype.numpy})" if info is None else
+                               "stdlib_ops.cast (td.DeviceArray), .astype() (cupy) or .to(torch.<dtype>) (torch)"))
         if len(shape) != len(spec.dims):
             raise ValueError(f"kernel '{self.name}': argument '{pname}' must be {len(spec.dims)}-d ({spec!r}), "
                              f"got shape {shape}")

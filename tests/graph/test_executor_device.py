@@ -88,6 +88,20 @@ def test_run_on_device_leaves_outputs_on_the_gpu(simulated_gpu):
         g.compile(target="cpu").run_on_device(xa)
 
 
+def test_run_on_device_never_hands_out_the_callers_input(simulated_gpu):
+    """An output that is an input, or a view of one, comes back as a copy: writing the input later leaves it."""
+    x = tg.input("x", (2, 3))
+    g = tg.Graph([x], [x, ops.reshape(x, (6,)), ops.relu(x)])
+    cg = g.compile(target="cuda", cuda_graph=False)
+    xa = rand((2, 3), 4)
+    dx = td.to_device(xa)
+    outputs = cg.run_on_device(dx)
+    assert all(isinstance(a, td.DeviceArray) and a.ptr != dx.ptr for a in outputs)
+    dx.copy_from_host(np.full((2, 3), 7, np.float32))
+    np.testing.assert_array_equal(outputs[0].numpy(), xa)
+    np.testing.assert_array_equal(outputs[1].numpy(), xa.reshape(6))
+
+
 def test_replay_takes_device_array_inputs(simulated_gpu):
     x = tg.input("x", (5, 7))
     g = tg.Graph([x], [ops.exp(ops.mul(x, 0.5)), x])

@@ -55,3 +55,16 @@ def test_gather_clamps_indices_in_gpu_memory(simulated_gpu):
     indices = np.array([-1, 0, 9, -12, 6, 2], np.int64)
     clamped = np.clip(np.where(indices < 0, indices + 7, indices), 0, 6)
     _check(ops.gather(td.to_device(x), td.to_device(indices), axis=1), np.take(x, clamped, axis=1))
+
+
+def test_bool_device_arrays_with_numbers_and_mixed_placement(simulated_gpu):
+    """A bool DeviceArray with an int promotes like numpy's (in the kernel); a conv whose weight or bias is on the
+    GPU puts its result there, as every other op does."""
+    b = np.array([[True, False, True], [False, True, True]])
+    db = td.to_device(b)
+    _check(ops.add(db, 2), b + 2)
+    _check(ops.where(db, db, 5), np.where(b, b, 5))
+    x, w, bias = rand((1, 3, 6, 6), 1), rand((4, 3, 3, 3), 2), rand((4,), 3)
+    want = ops.conv2d(x, w, bias, padding=1)
+    _check(ops.conv2d(x, td.to_device(w), bias, padding=1), want)
+    _check(ops.conv2d(x, w, td.to_device(bias), padding=1), want)
