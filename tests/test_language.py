@@ -630,6 +630,73 @@ def test_int32_shifts_drop_high_bits():
     np.testing.assert_array_equal(out[2], shifted // np.int32(16))
 
 
+@td.kernel(grid=1, block=1)
+def mixed_sign_loops(N: td.u32[1], S: i32[1], A: i32[1], Out: td.i64[9]):
+    n, s, a = N[0], S[0], A[0]
+    c0 = 0
+    for i in range(n - 1, -1, -1):         # an unsigned start counting down past 0
+        c0 += 1
+    c1 = 0
+    for j in range(n, 0, -1):
+        c1 += 1
+    c2 = 0
+    for m in range(s, n):                  # a signed start, an unsigned stop
+        c2 += 1
+    c3 = 0
+    for q in range(n - n, -1):             # no iteration: 0 is not below -1
+        c3 += 1
+    Out[0], Out[1], Out[2], Out[3] = c0, c1, c2, c3
+    Out[4] = a >> N[0]                     # a shift has its left operand's type: arithmetic, as in C and Python
+    Out[5] = a << td.u32(2)
+    Out[6] = ~(a < 0)                      # ~ of a bool widens it to i32 first (~True is -2)
+    Out[7] = ~(a > 0)
+
+
+def test_loops_with_mixed_signedness_and_shifts_by_unsigned_counts():
+    """Trip counts as Python's range gives them (the loop variable widens to i64 where an unsigned bound meets a
+    negative number); a shift's type is its left operand's."""
+    out = np.zeros(9, np.int64)
+    mixed_sign_loops(np.array([4], np.uint32), np.array([-2], np.int32), np.array([-20], np.int32), out)
+    trips = [len(range(3, -1, -1)), len(range(4, 0, -1)), len(range(-2, 4)), len(range(0, -1))]
+    np.testing.assert_array_equal(out[:8], trips + [-20 >> 4, -20 << 2, ~True, ~False])
+
+
+def test_flat_indices_of_tensors_past_2_31_elements_are_64_bit():
+    """A CUDA kernel's flat index of a tensor of more than 2^31 - 1 elements is computed in i64 (the cpu
+    target's are i64 anyway); a single axis beyond i32, the size symbols' type, is refused."""
+    @td.kernel(grid=1, block=1)
+    def corner(A: f32["M", "N"], B: f32["M", "N"]):
+        B[M - 1 - threadIdx.x, N - 1] = A[M - 1 - threadIdx.x, N - 1]
+
+    big = np.broadcast_to(np.zeros(1, np.float32), (65536, 65536))     # shapes only: nothing is allocated
+    source = corner.source(big, big, target="cuda")
+    assert "B[((((long long)((65535 - ((int)threadIdx.x)))) * 65536LL) + 65535LL)]" in source
+    small = np.zeros((4, 5), np.float32)
+    assert "long long" not in corner.source(small, small, target="cuda")
+    huge = np.broadcast_to(np.zeros(1, np.float32), (1, 2 ** 31))
+    with pytest.raises(ValueError, match="size 'N' is 2147483648 .* size symbols are i32"):
+        corner.source(huge, huge, target="cuda")
+
+
+@td.kernel(grid=lambda N: td.cdiv(N, 64), block=64)
+def tanh_erf(X: f32["N"], T: f32["N"], E: f32["N"]):
+    i = blockIdx.x * 64 + threadIdx.x
+    if i < N:
+        T[i] = td.tanh(X[i])
+        E[i] = td.erf(X[i])
+
+
+def test_tanh_and_erf_of_tiny_inputs():
+    """Within 5e-7 of math.tanh / math.erf for normal inputs down to float32's least (the rational forms would
+    have multiplied subnormal powers of x)."""
+    x = np.array([1.2e-38, -3e-37, 1e-20, 2.4e-4, -2.5e-4, 1e-3, 0.0, -0.0, 0.7], np.float32)
+    t, e = np.zeros_like(x), np.zeros_like(x)
+    tanh_erf(x, t, e)
+    for got, fn in ((t, math.tanh), (e, math.erf)):
+        want = np.array([fn(float(v)) for v in x])
+        np.testing.assert_allclose(got, want, rtol=5e-7, atol=0)
+
+
 # --------------------------------------------------------------------------- conditional expressions
 @td.kernel(grid=lambda N: td.cdiv(N, 64), block=64)
 def shift_left(X: f32["N"], Y: f32["N"], Z: f32["N"]):

@@ -408,12 +408,13 @@ class FunctionTranslator:
         for bound, arg in ((start, call.args[0]), (stop, call.args[-1] if len(args) > 1 else call.args[0])):
             if not (is_runtime(bound) and bound.dtype.is_integer) and not (isinstance(bound, int) and not isinstance(bound, bool)):
                 raise self.error(arg, "range() bounds must be integers")
-        dtype = T.promote(ir.as_expr(start).dtype, ir.as_expr(stop).dtype)
-        var = ir.Var(node.target.id, dtype, kind="loop")
-        runs = not is_runtime(start) and not is_runtime(stop) and stop > start and \
+        runs = not is_runtime(start) and not is_runtime(stop) and (stop - start) * step > 0 and \
             not any(isinstance(n, (ast.Break, ast.Continue)) for n in ast.walk(node))
+        dtype = _loop_dtype(start, stop, step)
+        start, stop = (self.cast_to(b, dtype, call) for b in (start, stop))
+        var = ir.Var(node.target.id, dtype, kind="loop")
         body = self.loop_body(node, {node.target.id: var}, runs)
-        return ir.For(var, ir.as_expr(start, dtype), ir.as_expr(stop, dtype), ir.const(step, dtype), body, unroll,
+        return ir.For(var, start, stop, ir.const(step, dtype), body, unroll,
                       self.loc(node))
 
     def for_mapping(self, node: ast.For, source: MappingLoop):
@@ -621,7 +622,7 @@ class FunctionTranslator:
             return v
         if isinstance(node.op, ast.Not):
             return ir.Unary("not", self.condition(v, node), T.boolean)
-        if isinstance(node.op, ast.Invert) and not v.dtype.is_integer:
+        if isinstance(node.op, ast.Invert) and not (v.dtype.is_integer or v.dtype.is_bool):
             raise self.error(node, "'~' needs an integer operand")
         if v.dtype.bits < 32:   # as in binary arithmetic: bools and narrow ints compute in i32, 16-bit floats in f32
             v = ir.Cast(v, T.f32 if v.dtype.is_float else T.i32)
@@ -966,6 +967,20 @@ class FunctionTranslator:
     @staticmethod
     def _name_of(target: ast.expr) -> str | None:
         return target.id if isinstance(target, ast.Name) else None
+
+
+def _loop_dtype(start, stop, step: int) -> T.DataType:
+    """The type of a range() loop's variable: its bounds' promoted type, a Python int taking the other bound's type
+    where it fits; i64 where an unsigned type meets a negative number (a bound, or the step, which an unsigned
+    variable cannot count down past 0 with, nor compare exactly with a signed bound)."""
+    runtime = [b.dtype for b in (start, stop) if is_runtime(b)]
+    numbers = [b for b in (start, stop) if not is_runtime(b)]
+    if len(runtime) == 1 and runtime[0].holds(numbers[0]):
+        dtype = runtime[0]
+    else:
+        dtype = T.promote(ir.as_expr(start).dtype, ir.as_expr(stop).dtype)
+    signed = any(t.kind == "int" for t in runtime) or any(n < 0 for n in numbers) or step < 0
+    return T.i64 if dtype.kind == "uint" and signed else dtype
 
 
 def _widens(old: T.DataType, new: T.DataType) -> bool:

@@ -261,7 +261,8 @@ def binary(op: str, a, b) -> Expr:
         return _compare(op, a, b)
     if op in LOGIC_OPS:
         return Binary(op, a, b, boolean)
-    dtype = promote(a.dtype, b.dtype)
+    # a shift has its left operand's (promoted) type, as in C: `-2 >> 1u` is -1, not a logical shift in u32
+    dtype = promote(a.dtype, a.dtype) if op in ("<<", ">>") else promote(a.dtype, b.dtype)
     if (op == "/" and not dtype.is_float) or (dtype.is_float and dtype.bits == 16):
         dtype = f32  # 16-bit floats are a storage format: arithmetic on them is done in f32
     return Binary(op, convert(a, dtype), convert(b, dtype), dtype)

@@ -65,6 +65,11 @@ def fmin(a, b):
     return smaller if (a == a and b == b) else a + b
 
 
+# Below TINY = 2^-12, tanh(x) = x and erf(x) = 2 x / sqrt(pi) within x^2 / 3 < 2e-8 (relative). The rational forms
+# would multiply subnormal powers of x there: inaccurate, and a microcode assist per instruction (see exp_f32),
+# so they run on 1 instead and the lane selects the small-x value.
+TINY = np.float32(2.44140625e-4)
+
 # erf(x) = x * P(x^2) / Q(x^2) on [-4, 4] (beyond, erf is +-1 in float32): the rational minimax
 # approximation XLA and Eigen use for float32, within 4.2e-7 of math.erf. Arithmetic only, so a
 # GELU epilogue vectorizes, where math.erf is a libm call per element.
@@ -89,9 +94,12 @@ def _odd_rational(x, p_coeffs, q_coeffs):
 
 @njit(cache=True, inline="always")
 def erf_f32(x):
-    """erf of a float32, by the rational approximation above (bounded by +-1; NaN stays NaN)."""
-    xc = min(max(x, np.float32(-4.0)), np.float32(4.0))
+    """erf of a float32, by the rational approximation above (bounded by +-1; NaN stays NaN); 2 x / sqrt(pi)
+    below TINY."""
+    small = abs(x) < TINY
+    xc = np.float32(1.0) if small else min(max(x, np.float32(-4.0)), np.float32(4.0))
     r = min(max(_odd_rational(xc, _ERF_P, _ERF_Q), np.float32(-1.0)), np.float32(1.0))
+    r = x * np.float32(1.12837916709551257) if small else r
     return r if x == x else x
 
 
@@ -106,9 +114,10 @@ _TANH_Q = (1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03, 4.8
 @njit(cache=True, inline="always")
 def tanh_f32(x):
     """tanh of a float32, by the rational approximation above (+-1 from |x| = 9, where float32's tanh
-    rounds to it; NaN stays NaN)."""
-    xc = min(max(x, np.float32(-7.90531110763549805)), np.float32(7.90531110763549805))
-    r = _odd_rational(xc, _TANH_P, _TANH_Q)
+    rounds to it; NaN stays NaN); x itself below TINY."""
+    small = abs(x) < TINY
+    xc = np.float32(1.0) if small else min(max(x, np.float32(-7.90531110763549805)), np.float32(7.90531110763549805))
+    r = x if small else _odd_rational(xc, _TANH_P, _TANH_Q)
     r = np.float32(1.0) if x >= np.float32(9.0) else np.float32(-1.0) if x <= np.float32(-9.0) else r
     return r if x == x else x
 
