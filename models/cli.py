@@ -48,9 +48,10 @@ def parser() -> argparse.ArgumentParser:
 
 def add_shape_flags(p: argparse.ArgumentParser) -> None:
     """The flags `run` and `bench` share: batch, sequence length, dtype, target, small, layout, tuning."""
-    p.add_argument("--batch", type=int, default=1, help="batch size (default 1; for an ONNX model, the size of its inputs' symbolic axis 0)")
-    p.add_argument("--seq", type=int, help="sequence length of text models (default: 128, 16 with --small), or the size of an ONNX model's "
-                        "symbolic dims past axis 0")
+    p.add_argument("--batch", type=int, default=1,
+                   help="batch size (default 1; for an ONNX model, the size of its inputs' symbolic axis 0)")
+    p.add_argument("--seq", type=int, help="sequence length of text models (default: 128, 16 with --small), or "
+                   "the size of an ONNX model's symbolic dims past axis 0")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="f32", help="weights and activations (default f32)")
     p.add_argument("--target", choices=list(td.runtime.config.TARGETS),
                    help="where kernels run (default: cuda with a usable GPU, else cpu)")

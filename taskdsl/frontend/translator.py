@@ -345,7 +345,8 @@ class FunctionTranslator:
         after_then, self.definite = self.definite, set(before)
         other = self.block(orelse) if orelse else None
         # a branch that always returns, breaks or continues does not reach the code after the `if`
-        reaching = [d for d, stmts in ((after_then, body), (self.definite, orelse)) if not _always_returns(stmts, JUMPS)]
+        reaching = [d for d, stmts in ((after_then, body), (self.definite, orelse))
+                    if not _always_returns(stmts, JUMPS)]
         self.definite = set.intersection(*reaching) if reaching else before
         return ir.If(cond, then, other, self.loc(node))
 
