@@ -155,3 +155,20 @@ def test_fold_batch_norm_leaves_non_constant_statistics():
     y = ops.batch_norm(x, mean, tg.constant(np.ones(3, np.float32)))
     g = tg.Graph([x, mean], [y])
     assert passes.fold_batch_norm(g) is g
+
+
+def test_fold_batch_norm_leaves_an_infinite_scale():
+    """A zero variance with eps 0 divides by zero: the unfolded op gives +-inf and NaN where the reference does; a
+    folded scale and shift would make 0 * inf = NaN of the infinities."""
+    x = tg.input("x", (1, 2, 4, 5))
+    conv = ops.conv2d(x, tg.constant(rand((3, 2, 3, 3), 1)), padding=1)
+    var = np.array([0, 1e-30, 1], np.float32)
+    g = tg.Graph([x], [ops.batch_norm(conv, np.zeros(3, np.float32), var, np.ones(3, np.float32),
+                                      np.zeros(3, np.float32), eps=0.0)])
+    assert passes.fold_batch_norm(g) is g
+    feed = rand((1, 2, 4, 5), 2)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        want = g.reference(feed)[0]
+    got = g.compile(target="cpu")(feed)[0]
+    assert np.isinf(want[0, 0]).all() and np.array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=1e-4)

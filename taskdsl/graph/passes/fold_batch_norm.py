@@ -23,14 +23,18 @@ from .fold_constants import constant_value
 
 
 def _scale_shift(op: BatchNorm) -> tuple | None:
-    """(scale, shift) per channel in float64, or None when a statistic or parameter is not constant."""
+    """(scale, shift) per channel in float64, or None when a statistic or parameter is not constant, or the scale is
+    not finite (a zero variance with eps 0: the unfolded op's 0 / 0 and x / 0 are not a scale and shift's)."""
     values = [constant_value(t) for t in op.inputs[1:]]
     if any(v is None for v in values):
         return None
     mean, var, *params = (np.asarray(v, np.float64) for v in values)
     weight = params.pop(0) if op.attrs["has_weight"] else 1.0
     bias = params.pop(0) if op.attrs["has_bias"] else 0.0
-    scale = weight / np.sqrt(var + op.attrs["eps"])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scale = weight / np.sqrt(var + op.attrs["eps"])
+    if not np.isfinite(scale).all():
+        return None
     return scale, bias - mean * scale
 
 
