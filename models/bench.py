@@ -49,12 +49,14 @@ def torch_latencies(graph, feeds: dict, iters: int) -> dict:
 
 def command_bench(args: argparse.Namespace, target: str) -> int:
     """Print one row per model: taskdsl latency, each peer's, and taskdsl / peer ratios."""
-    from . import MODELS
+    from . import MODELS, get
     from .cli import UsageError, export_if_checkable, zoo_model
     names = args.names or list(MODELS)
-    unknown = [name for name in names if name not in MODELS]
-    if unknown:         # before any model runs: a long bench should not end on a typo
-        raise UsageError(f"unknown model {unknown[0]!r}; known models: {', '.join(MODELS)}")
+    try:                # every name before any model runs: a long bench should not end on a typo
+        for name in names:
+            get(name)
+    except KeyError as e:
+        raise UsageError(e.args[0]) from None
     rows = []
     for name in names:
         title, graph, vocab = zoo_model(argparse.Namespace(**{**vars(args), "name": name}))

@@ -108,15 +108,10 @@ def _is_scalar(v) -> bool:
     return isinstance(v, (bool, int, float)) and not isinstance(v, np.ndarray)
 
 
-def is_float(dtype: np.dtype) -> bool:
-    """Whether a numpy dtype is a float type (ml_dtypes' bfloat16 included, whose numpy kind is 'V')."""
-    return dtype.kind == "f" or dtype.name == "bfloat16"
-
-
 def result_dtype(*values) -> np.dtype:
     """The dtype of an arithmetic result (PyTorch-style promotion, see the module docstring)."""
     arrays = [as_array(v).dtype for v in values if not _is_scalar(v)]
-    floats = [d for d in arrays if is_float(d)]
+    floats = [d for d in arrays if T.is_float_dtype(d)]
     if floats:
         widest = max(d.itemsize for d in floats)
         kinds = {d for d in floats if d.itemsize == widest}
@@ -134,7 +129,7 @@ def result_dtype(*values) -> np.dtype:
 
 
 def _float_dtype(dtype: np.dtype) -> np.dtype:
-    return dtype if is_float(dtype) else np.dtype(np.float32)
+    return dtype if T.is_float_dtype(dtype) else np.dtype(np.float32)
 
 
 def _operand(v, dtype: np.dtype) -> np.ndarray:
@@ -142,7 +137,7 @@ def _operand(v, dtype: np.dtype) -> np.ndarray:
     if _is_scalar(v):
         return np.asarray(v, dtype=dtype)
     a = contiguous(v)
-    if not (a.dtype.kind in "biuf" or is_float(a.dtype)):
+    if not T.is_number_dtype(a.dtype):
         raise TypeError(f"unsupported array dtype {a.dtype}")
     return a
 

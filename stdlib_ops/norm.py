@@ -16,9 +16,10 @@ from __future__ import annotations
 import numpy as np
 
 import taskdsl as td
+from taskdsl.ir.types import is_float_dtype
 from taskdsl.runtime.arrays import as_array
 
-from .elementwise import Plan, cached_op, cast_to, contiguous, is_float, normalize_axis, reshaper, tdtype
+from .elementwise import Plan, cached_op, cast_to, contiguous, normalize_axis, reshaper, tdtype
 from .rowwise import layer_norm_rows, softmax_rows
 
 __all__ = ["batch_norm", "layer_norm", "log_softmax", "rms_norm", "softmax"]
@@ -65,7 +66,7 @@ def _softmax_op(log: bool, inner: bool, dtype) -> td.Op:
 
 def _softmax_plan(log: bool, x, axis: int = -1) -> Plan:
     x = contiguous(x)
-    if not is_float(x.dtype):
+    if not is_float_dtype(x.dtype):
         raise TypeError(f"{'log_softmax' if log else 'softmax'} needs a float array, got {x.dtype}")
     axis = normalize_axis(axis, x.ndim)
     outer, n, inner = _prod(x.shape[:axis]), x.shape[axis], _prod(x.shape[axis + 1:])
@@ -141,7 +142,7 @@ def _norm_op(rms: bool, eps: float, dtype, has_weight: bool, has_bias: bool, wdt
 def _norm_plan(rms: bool, x, weight, bias, eps: float, ndim: int | None) -> Plan:
     what = "rms_norm" if rms else "layer_norm"
     x = contiguous(x)
-    if not is_float(x.dtype):
+    if not is_float_dtype(x.dtype):
         raise TypeError(f"{what} needs a float array, got {x.dtype}")
     k = ndim if ndim is not None else (np.ndim(weight) if weight is not None else 1)
     if not 1 <= k <= x.ndim:
@@ -208,14 +209,14 @@ def _batch_norm_op(eps: float, dtype, pdtype, has_weight: bool, has_bias: bool) 
 
 def _batch_norm_plan(x, mean, var, weight=None, bias=None, eps: float = 1e-5) -> Plan:
     x = contiguous(x)
-    if x.ndim < 2 or not is_float(x.dtype):
+    if x.ndim < 2 or not is_float_dtype(x.dtype):
         raise ValueError(f"batch_norm needs a float array of shape (N, C, ...), got {x.dtype} {x.shape}")
     c = x.shape[1]
     params = [contiguous(p) for p in (mean, var, weight, bias) if p is not None]
     for p in params:
         if p.shape != (c,):
             raise ValueError(f"batch_norm: mean, var, weight and bias must have shape ({c},), got {p.shape}")
-        if p.dtype != params[0].dtype or not is_float(p.dtype):
+        if p.dtype != params[0].dtype or not is_float_dtype(p.dtype):
             raise TypeError("batch_norm: mean, var, weight and bias must share one float dtype")
     dtype, pdtype, eps = tdtype(x.dtype), tdtype(params[0].dtype), float(eps)
     key = ("batch_norm", eps, dtype, pdtype, weight is not None, bias is not None)

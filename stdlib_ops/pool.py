@@ -27,11 +27,12 @@ import numpy as np
 
 import taskdsl as td
 from taskdsl import blockIdx, ir
+from taskdsl.ir.types import is_float_dtype
 from taskdsl.runtime.arrays import as_array
 from taskdsl.runtime.config import fast_compile_enabled, get_target
 
 from . import reduce as _reduce
-from .elementwise import Plan, cached_op, cast_to, contiguous, is_float, tdtype
+from .elementwise import Plan, cached_op, cast_to, contiguous, tdtype
 
 __all__ = ["avg_pool2d", "global_avg_pool2d", "max_pool2d"]
 
@@ -91,7 +92,7 @@ def _pool_plan(kind: str, x, kernel_size, stride=None, padding=0, count_include_
 def _window(kind: str, x, kernel_size, stride, padding) -> tuple:
     """(contiguous x, kernel, stride, padding, (OH, OW)) of a pooling call, validated (clear ValueErrors)."""
     x = contiguous(x)
-    if x.ndim != 4 or not is_float(x.dtype):
+    if x.ndim != 4 or not is_float_dtype(x.dtype):
         raise ValueError(f"{kind}_pool2d needs a float NCHW array, got {x.dtype} {x.shape}")
     kernel = _pair(kernel_size, "kernel_size")
     stride = kernel if stride is None else _pair(stride, "stride")

@@ -271,12 +271,8 @@ class CompiledGraph:
         """The graph's outputs among a run's `values` as a caller gets them: a constant's value, an output in the
         caller's input memory (an input, or a view of one) and a repeated one as copies; the others as they are."""
         results, seen = [], set()
-        for t in self.graph.outputs:
-            if t.is_constant:
-                results.append(np.array(t.value))
-                continue
-            a = values[id(t)]
-            if self.memory.storage.get(id(t), t).is_input or id(t) in seen:
+        for t, a in zip(self.graph.outputs, self._output_values(values)):
+            if t.is_constant or self.memory.storage.get(id(t), t).is_input or id(t) in seen:
                 a = a.copy() if isinstance(a, DeviceArray) else np.array(a)
             seen.add(id(t))
             results.append(a)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..ir.types import is_number_dtype
 from ..runtime.arrays import as_array, contiguous
 from .operator import Operator
 from .tensor import Tensor
@@ -188,7 +189,7 @@ def bind_inputs(graph: Graph, args: tuple) -> list:
     arrays = []
     for t, a in zip(graph.inputs, args):
         given, a = a, as_array(a)
-        if a.dtype.kind in "OUS":     # None, a string, ragged lists: not an array of numbers
+        if not is_number_dtype(a.dtype):     # None, a string, ragged lists: not an array of numbers
             raise TypeError(f"input {t.name!r} must be an array of shape {t.shape} and dtype {t.numpy_dtype}, "
                             f"got {type(given).__name__} {str(given)[:40]!r}")
         if a.shape != t.shape:

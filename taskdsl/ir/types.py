@@ -111,6 +111,16 @@ _NUMPY_NAMES = {"f16": "float16", "bf16": "uint16", "f32": "float32", "f64": "fl
 ALL_DTYPES = (f16, bf16, f32, f64, i8, i16, i32, i64, u8, u16, u32, u64, boolean)
 
 
+def is_float_dtype(dtype: np.dtype) -> bool:
+    """Whether a numpy dtype is a float type (ml_dtypes' bfloat16 included, whose numpy kind is 'V')."""
+    return dtype.kind == "f" or dtype.name == "bfloat16"
+
+
+def is_number_dtype(dtype: np.dtype) -> bool:
+    """Whether a numpy dtype holds numbers (bool, int, float): not objects, strings or records."""
+    return dtype.kind in "biu" or is_float_dtype(dtype)
+
+
 def from_numpy(dtype) -> DataType:
     """The DataType of a numpy dtype (ml_dtypes' bfloat16 is bf16; uint16 is u16, not bf16's bits); TypeError
     for dtypes the DSL has no type for."""

@@ -44,9 +44,6 @@ def bind_sizes(fn: ir.Function, sizes: dict) -> ir.Function:
     return dataclasses.replace(_BindSizes(sizes).run(fn), sizes=())
 
 
-I32_MAX = 2 ** 31 - 1
-
-
 def linear_index(b: ir.Buffer, indices: tuple) -> ir.Expr:
     """The row-major linear index of `b[indices]`; missing trailing indices are 0 (a sub-tensor's first element).
     In i64 when `b`'s shape is known and it has more than 2^31 - 1 elements (an i32 index would overflow)."""
@@ -54,7 +51,7 @@ def linear_index(b: ir.Buffer, indices: tuple) -> ir.Expr:
     if not indices:          # a 0-d tensor: its single element
         return ir.const(0)
     linear = ir.as_expr(indices[0])
-    if all(isinstance(d, ir.Const) for d in b.shape) and math.prod(d.value for d in b.shape) > I32_MAX:
+    if all(isinstance(d, ir.Const) for d in b.shape) and not T.i32.holds(math.prod(d.value for d in b.shape)):
         linear = ir.convert(linear, T.i64)
     for dim, i in zip(b.shape[1:], indices[1:]):
         linear = linear * dim + i

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..backend.cuda.launch import (DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED, copy_on_device, copy_to_device,
                                    copy_to_host, device_state, fill_zero, is_c_contiguous, recording_active)
+from ..ir.types import is_number_dtype
 
 ACCEPTED = ("numpy arrays (copied to the GPU and back) or arrays in GPU memory: td.DeviceArray (td.to_device), "
             "torch / cupy CUDA tensors, any DLPack or __cuda_array_interface__ CUDA array")
@@ -194,7 +195,7 @@ def _c_order(array) -> np.ndarray:
     """`array` as a C-contiguous numpy array of numbers in native byte order, 0-d staying 0-d
     (np.ascontiguousarray makes it 1-d); TypeError for anything else (objects, strings, None)."""
     array = np.asarray(array)
-    if array.dtype.kind not in "biuf" and array.dtype.name != "bfloat16":
+    if not is_number_dtype(array.dtype):
         raise TypeError(f"device arrays hold numbers (bool, int, float); got {type(array).__name__} of dtype "
                         f"{array.dtype}")
     if not array.dtype.isnative:

@@ -218,7 +218,7 @@ class Kernel:
                              f"got shape {shape}")
         for axis, (dim, n) in enumerate(zip(spec.dims, shape)):
             if isinstance(dim, str):
-                if n > 2 ** 31 - 1:      # size symbols are i32 (a GPU kernel would wrap it)
+                if not T.i32.holds(n):      # size symbols are i32 (a GPU kernel would wrap it)
                     raise ValueError(f"kernel '{self.name}': size '{dim}' is {n} in '{pname}' (axis {axis}); size "
                                      "symbols are i32, so an axis holds at most 2^31 - 1 elements")
                 if sizes.setdefault(dim, n) != n:

@@ -18,7 +18,7 @@ from ..runtime.arrays import as_array, empty_like_operands
 from ..runtime.device_array import DeviceArray
 from ..runtime.kernel import Kernel, remember
 from .rules import (BLOCK, choose_strategy, evaluate_int, injective_strategy, numel, schedule_injective, schedule_reduce,
-                    split_chunks, split_stages)
+                    size_names, split_chunks, split_stages)
 
 PREPARED_CALLS = 64     # remembered call signatures per op (forgotten all at once past this)
 CPU_THREAD_BLOCK = 8    # outputs per block of a cpu 'thread' reduction: blocks are what the CPU threads share
@@ -33,11 +33,6 @@ def _call_key(arrays: tuple):
             return None
         key.append((type(a), a.dtype, a.shape))
     return tuple(key)
-
-
-def _size_names(dims) -> set:
-    """The names of the size symbols in `dims` (ints and IR expressions)."""
-    return {v.name for d in dims if isinstance(d, ir.Expr) for v in ir.collect(d, ir.Var) if v.kind == "size"}
 
 
 @dataclass
@@ -69,9 +64,9 @@ class Op:
         missing = [t.name for t in self.order if t.kind == "placeholder" and t not in inputs]
         if missing:
             raise ValueError(f"op {self.name!r}: the outputs read {', '.join(missing)}, which are not inputs")
-        bound = _size_names(d for t in inputs for d in t.shape)
+        bound = set(size_names(*(d for t in inputs for d in t.shape)))
         for t in self.order:
-            free = _size_names((*t.shape, *t.reduce_shape)) - bound
+            free = set(size_names(*t.shape, *t.reduce_shape)) - bound
             if free:
                 raise ValueError(f"op {self.name!r}: size '{sorted(free)[0]}' of {t.name!r} is not determined by the "
                                  "shape of any input; give the op an input of that shape (a zero-stride array "

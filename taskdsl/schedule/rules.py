@@ -61,10 +61,11 @@ def size_function(expr_of_sizes, names: list):
     return fn
 
 
-def _size_names(*exprs) -> list:
+def size_names(*exprs) -> list:
+    """The names of the size symbols in `exprs` (IR expressions; ints have none), each once, in order."""
     names = []
     for e in exprs:
-        for v in ir.collect(e, ir.Var):
+        for v in ir.collect(e, ir.Var) if isinstance(e, ir.Expr) else ():
             if v.kind == "size" and v.name not in names:
                 names.append(v.name)
     return names
@@ -135,7 +136,7 @@ def schedule_injective(out: Tensor, inline: set, strategy: str = "flat") -> Kern
         loop = ir.For(step, ir.const(0), trips, ir.const(1),
                       ir.seq([ir.Assign(row, blockIdx.y + step * gridDim.y)] + row_coords + [loop]))
     fn = _function(f"{out.name}_{strategy}", out, loop, block=1 if serial else BLOCK)
-    names = _size_names(rows, width)
+    names = size_names(rows, width)
     grid = size_function(lambda env: (-(-evaluate_int(width, env) // per_block),
                                       max(1, min(evaluate_int(rows, env), rows_per_grid))), names)
     return Kernel.from_ir(fn, grid)
@@ -321,7 +322,7 @@ def schedule_reduce(t: Tensor, inline: set, strategy: str, threads: int = BLOCK,
     stmts.append(store if cond is None else ir.If(cond, store))
     fn = _function(f"{t.name}_reduce_{strategy}", t, ir.seq(stmts), block=threads if strategy == "thread" else BLOCK)
     per_block = {"thread": threads, "warp": WARPS, "block": 1}[strategy]
-    grid = size_function(lambda env: -(-evaluate_int(outputs, env) // per_block), _size_names(outputs))
+    grid = size_function(lambda env: -(-evaluate_int(outputs, env) // per_block), size_names(outputs))
     return Kernel.from_ir(fn, grid)
 
 
