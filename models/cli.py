@@ -56,8 +56,9 @@ def add_shape_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", choices=list(td.runtime.config.TARGETS),
                    help="where kernels run (default: cuda with a usable GPU, else cpu)")
     p.add_argument("--small", action="store_true", help="the reduced model (fewer layers and channels)")
-    p.add_argument("--channels-last", action="store_true",
-                   help="run 2-D convolutions in NHWC (the graph's channels_last layout pass)")
+    p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
+                   help="run 2-D convolutions in NHWC (the graph's channels_last layout pass; default: on for cuda, "
+                   "off for cpu)")
     p.add_argument("--no-tune", action="store_true",
                    help="use the templates' default schedules instead of tuning each new shape (TASKDSL_TUNE=0)")
 
@@ -98,7 +99,8 @@ def print_result(title: str, result) -> None:
     kernels = cg.kernels
     print(title)
     print(f"  built in {result.build_seconds:.1f} s: {len(cg.graph.nodes)} operators, {len(kernels)} kernel launches "
-          f"({len({id(k) for k in kernels})} distinct kernels), target {cg.target}")
+          f"({len({id(k) for k in kernels})} distinct kernels), target {cg.target}"
+          f"{', convolutions NHWC' if cg.channels_last else ''}")
     print(f"  latency: median {result.median_ms:.3f} ms, p90 {result.p90_ms:.3f} ms "
           f"over {len(result.latencies)} iterations")
     print(f"  {cg.memory.summary()}; arena {cg.arena}; replay {cg.replay}")

@@ -2,7 +2,7 @@
 
     cg = g.compile()                   # passes, memory plan, and every kernel compiled (a warm-up run;
                                        # on the cpu target its kernels first compile in parallel processes)
-    g.compile(channels_last=True)      # the same, with the NHWC layout pass
+    g.compile(channels_last=True)      # the same, with the NHWC layout pass (the cuda target's default)
     y, = cg(x)                         # or cg({"x": x}); a list of numpy arrays
     cg.kernels                         # the kernels the last call launched, in order
     print(cg.summary(timing=True))     # one line per operator, with its time
@@ -41,7 +41,7 @@ from ..runtime.progress import Progress
 from . import runners
 from .arena import Arena, Misplaced
 from .graph import Graph, bind_inputs
-from .passes import optimize, pipeline, plan_memory
+from .passes import LAYOUT_PASS, optimize, pipeline, plan_memory
 from .printer import Namer, format_bytes
 from .replay import CpuReplay, CudaReplay, disagreement, probe_inputs
 
@@ -59,11 +59,22 @@ def on_target(name: str):
         set_target(previous)
 
 
+def prefers_channels_last(target: str) -> bool:
+    """Whether `target` runs 2-D convolutions channels-last unless told otherwise: on cuda, yes. There the
+    tensor-core template fills its shared A tile from an NHWC input with 16-byte cp.async copies of 8 channels
+    (`im2col`'s gather runs), and from an NCHW one element by element, each with its own index arithmetic and
+    padding test (sm_90 SASS of ResNet-50's 3x3 layer: 12 LDGSTS against 66 LDG + 64 STS and 260 branches).
+    On the cpu the two layouts measured within noise of each other (docs/benchmarks.md, session 6), and NCHW,
+    the layout models arrive in, needs no transposes."""
+    return target == "cuda"
+
+
 class CompiledGraph:
     """Call it on input arrays (positional, or one dict keyed by input name) for a list of output arrays."""
 
     def __init__(self, graph: Graph, target: str | None = None, passes: list | None = None,
-                 channels_last: bool = False, cuda_graph: bool = True, arena: bool = True, replay: bool = True):
+                 channels_last: bool | None = None, cuda_graph: bool = True, arena: bool = True,
+                 replay: bool = True):
         start = time.perf_counter()
         if passes is not None and channels_last:
             raise ValueError("give either passes or channels_last=True, not both "
@@ -71,8 +82,11 @@ class CompiledGraph:
                              "with the layout pass)")
         self.source = graph
         self.target = target or get_target()
+        if passes is None:
+            passes = pipeline(prefers_channels_last(self.target) if channels_last is None else bool(channels_last))
+        self.channels_last = LAYOUT_PASS in passes      # whether 2-D convolutions run NHWC
         with on_target(self.target):       # partitioning asks what the target's kernels can fuse
-            self.graph = optimize(graph, passes if passes is not None else pipeline(channels_last))
+            self.graph = optimize(graph, passes)
         self.memory = plan_memory(self.graph)
         nodes = self.graph.nodes
         outputs = {id(t) for t in self.graph.outputs}
@@ -307,7 +321,8 @@ class CompiledGraph:
                  f"target {self.target}, compiled in {self.compile_seconds:.1f}s",
                  f"{self.memory.summary()}; arena {self.arena}; "
                  f"constants {format_bytes(sum(t.nbytes for t in self.graph.constants))}"]
-        lines.append(f"CUDA graph replay: {self.cuda_graph}" if self.target == "cuda" else f"replay: {self.replay}")
+        lines.append((f"CUDA graph replay: {self.cuda_graph}" if self.target == "cuda" else f"replay: {self.replay}")
+                     + f"; layout pass {'on (2-D convolutions NHWC)' if self.channels_last else 'off'}")
         lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
         if timing:
             lines.append(f"  total {times.sum() * 1e3:.3f} ms")

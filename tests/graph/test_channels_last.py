@@ -132,3 +132,26 @@ def test_batch_norm_after_a_channels_last_conv_is_not_folded_into_its_weights():
     assert "conv2d" in _kinds(folded) and _kinds(folded)[-1] == "add"
     xa = rand((1, 4, 4, 2), 5)
     assert_close(folded.reference(xa)[0], g.reference(xa)[0])
+
+
+def _convs_layouts(cg) -> set:
+    """Whether each fused convolution of a compiled graph runs channels-last."""
+    def convs(op):
+        inner = getattr(op, "anchor", None)
+        return [op] if op.kind == "conv2d" else convs(inner) if inner is not None else []
+    return {c.attrs["channels_last"] for op in cg.graph.nodes for c in convs(op)}
+
+
+def test_the_layout_is_the_targets_choice_unless_given(simulated_gpu):
+    """cuda runs convolutions NHWC by default (its tensor-core im2col copies runs of channels), the cpu NCHW;
+    `channels_last=` overrides either, and explicit passes decide alone. Each result matches the reference."""
+    x = tg.input("x", (1, 8, 9, 7))
+    g = tg.Graph([x], [ops.max_pool2d(_block(x, 20), 2)])
+    xa = rand((1, 8, 9, 7), 21)
+    want = g.reference(xa)[0]
+    for target, flag, nhwc in (("cuda", None, True), ("cuda", False, False), ("cpu", None, False), ("cpu", True, True)):
+        cg = g.compile(target, channels_last=flag)
+        assert cg.channels_last is nhwc and _convs_layouts(cg) == {nhwc}, (target, flag)
+        assert f"layout pass {'on' if nhwc else 'off'}" in cg.summary()
+        assert_close(np.asarray(cg(xa)[0]), want)
+    assert not g.compile("cuda", passes=passes.PIPELINE).channels_last
