@@ -6,7 +6,7 @@
 
 Each operator is one `td.op` of reductions (materialized, one kernel each) and an
 injective output definition; softmax / log_softmax over the last axis and layer_norm over the
-last axis with weight and bias (f32/f64) use the fused row kernels of `rowwise.py` instead. Inputs are viewed in a canonical form with size-symbol dims
+last axis with weight and bias use the fused row kernels of `rowwise.py` instead. Inputs are viewed in a canonical form with size-symbol dims
 ((outer, axis, inner) for softmax, (rows, normalized) for the norms, (N, C, spatial) for
 batch_norm), so an op is built once per dtype / variant / eps and reused for any size.
 Statistics are computed in f32 (f64 for f64 inputs); 16-bit inputs give 16-bit outputs.
@@ -20,6 +20,7 @@ from taskdsl.ir.types import is_float_dtype
 from taskdsl.runtime.arrays import as_array
 
 from .elementwise import Plan, cached_op, cast_to, contiguous, normalize_axis, reshaper, tdtype
+from .rowwise import applies as rows_apply
 from .rowwise import layer_norm_rows, softmax_rows
 
 __all__ = ["batch_norm", "layer_norm", "log_softmax", "rms_norm", "softmax"]
@@ -77,15 +78,15 @@ def _softmax_plan(log: bool, x, axis: int = -1) -> Plan:
     return Plan(op, (x.reshape(canon),), reshaper(x.shape))
 
 
-def _last_axis_f32(x, axis: int) -> bool:
-    """Whether the hand-written row kernels (stdlib_ops/rowwise.py) apply: last axis, f32/f64, non-empty."""
-    return x.ndim >= 1 and axis in (-1, x.ndim - 1) and x.dtype in (np.float32, np.float64) and x.size > 0
+def _on_rows(x, axis: int) -> bool:
+    """Whether the hand-written row kernels (stdlib_ops/rowwise.py) apply: last axis, a float type, non-empty."""
+    return x.ndim >= 1 and axis in (-1, x.ndim - 1) and rows_apply(x.dtype) and x.size > 0
 
 
 def softmax(x, axis: int = -1):
     """exp(x - max) / sum(exp(x - max)) along `axis`."""
     x = as_array(x)
-    if _last_axis_f32(x, axis):   # one fused kernel per row, the schedule chosen for the target
+    if _on_rows(x, axis):   # one fused kernel per row, the schedule chosen for the target
         return softmax_rows(x)
     return _softmax_plan(False, x, axis).run()
 
@@ -93,7 +94,7 @@ def softmax(x, axis: int = -1):
 def log_softmax(x, axis: int = -1):
     """x - max - log(sum(exp(x - max))) along `axis`."""
     x = as_array(x)
-    if _last_axis_f32(x, axis):
+    if _on_rows(x, axis):
         return softmax_rows(x, log=True)
     return _softmax_plan(True, x, axis).run()
 
@@ -174,7 +175,7 @@ def layer_norm(x, weight=None, bias=None, eps: float = 1e-5, ndim: int | None = 
     """
     x = as_array(x)
     if weight is not None and bias is not None and np.ndim(weight) == 1 and ndim in (None, 1) and \
-            _last_axis_f32(x, -1) and as_array(weight).dtype == x.dtype == as_array(bias).dtype:
+            _on_rows(x, -1) and as_array(weight).dtype == x.dtype == as_array(bias).dtype:
         return layer_norm_rows(x, weight, bias, eps)   # one fused kernel per row
     return _norm_plan(False, x, weight, bias, eps, ndim).run()
 

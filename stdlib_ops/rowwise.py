@@ -5,7 +5,8 @@ Each comes in two schedules of the same computation:
     and shared memory for the row's max / sum (what a GPU wants: coalesced, parallel);
   - 'thread': a thread per row, streaming through it (what the cpu target wants: a block's
     threads run one after another there, so per-row parallelism only costs).
-`schedule_for_target()` picks one; both run, and compile to CUDA, on either target.
+`schedule_for_target()` picks one; both run, and compile to CUDA, on either target. Rows of f16 / bf16
+are computed in f32 (their statistics and every intermediate) and rounded once, at the store.
 The block softmax reads its row twice (an online max and sum, then the outputs), writing it once: it
 read the row three times and wrote it twice (0.64 of an H200's peak bandwidth at (16384, 4096)).
 """
@@ -16,12 +17,25 @@ import math
 import numpy as np
 
 import taskdsl as td
-from taskdsl import blockIdx, f32, f64, threadIdx
+from taskdsl import bf16, blockIdx, f16, f32, f64, threadIdx
 from taskdsl.runtime.arrays import contiguous, empty_like_operands
 
 BLOCK = 256
 ROWS_PER_BLOCK = 64     # 'thread' schedule
 LANES = 16              # 'thread' schedule: partial results per row (see `lane_max`)
+
+
+ROW_DTYPES = (f16, bf16, f32, f64)
+
+
+def applies(dtype) -> bool:
+    """Whether the row kernels take elements of `dtype` (a DSL or numpy dtype): the float types."""
+    if not isinstance(dtype, td.ir.types.DataType):
+        try:
+            dtype = td.ir.types.from_numpy(dtype)
+        except TypeError:
+            return False
+    return dtype in ROW_DTYPES
 
 
 def schedule_for_target() -> str:
@@ -183,7 +197,7 @@ def _rows(x: np.ndarray) -> np.ndarray:
 
 
 def softmax_rows(x: np.ndarray, log: bool = False, schedule: str | None = None) -> np.ndarray:
-    """Softmax (or log-softmax) of `x` over its last axis (f32 / f64)."""
+    """Softmax (or log-softmax) of `x` over its last axis (a float array: `ROW_DTYPES`)."""
     rows = _rows(x)
     out = empty_like_operands(rows.shape, rows.dtype, rows)
     if rows.size:

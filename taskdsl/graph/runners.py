@@ -158,9 +158,9 @@ def run_reduce(op: Reduce, arrays: list) -> tuple:
 
 
 def _rows(op: Operator, axis: int) -> bool:
-    """Whether the row kernels of stdlib_ops.rowwise apply: the last axis of an f32 / f64 tensor."""
+    """Whether the row kernels of stdlib_ops.rowwise apply: the last axis of a float tensor."""
     x = op.inputs[0]
-    return axis == x.ndim - 1 and x.dtype in (T.f32, T.f64)
+    return axis == x.ndim - 1 and rowwise.applies(x.dtype)
 
 
 @runs(Softmax)

@@ -77,3 +77,26 @@ def test_float64_rows_keep_float64_precision(schedule):
     eps = float(np.float32(1e-5))              # the kernels' eps parameter is f32
     expected = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + eps) * w + b
     np.testing.assert_allclose(layer_norm_rows(x, w, b, schedule=schedule), expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("schedule", ["block", "thread"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@settings(max_examples=3, deadline=None)
+@given(shape=SHAPES, seed=st.integers(0, 1000))
+def test_16_bit_rows_are_computed_in_f32_and_rounded_once(schedule, dtype, shape, seed):
+    """f16 / bf16 rows (the GPU models' attention and layer norms: one kernel each, not three): within one
+    rounding of the result in the 16-bit type of the float64 formula on the same (rounded) inputs."""
+    import ml_dtypes
+    dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(shape) * 3).astype(dt)
+    w, b = rng.standard_normal(shape[-1]).astype(dt), rng.standard_normal(shape[-1]).astype(dt)
+    x64, w64, b64 = (a.astype(np.float64) for a in (x, w, b))
+    ulp = float(ml_dtypes.finfo(dt).eps)
+    ln = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + float(np.float32(1e-5)))
+    for got, want in ((softmax_rows(x, schedule=schedule), _softmax(x64)),
+                      (softmax_rows(x, log=True, schedule=schedule), np.log(_softmax(x64))),
+                      (layer_norm_rows(x, w, b, schedule=schedule), ln * w64 + b64)):
+        assert got.dtype == dt
+        err = np.abs(got.astype(np.float64) - want)
+        assert (err <= ulp * (np.abs(want) + 1e-3 * np.abs(want).max() + 1e-30)).all(), err.max()
