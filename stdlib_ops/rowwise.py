@@ -2,7 +2,10 @@
 
 Each comes in two schedules of the same computation:
   - 'block': a block of 256 threads per row, threads striding over the row, warp shuffles
-    and shared memory for the row's max / sum (what a GPU wants: coalesced, parallel);
+    and shared memory for the row's max / sum (what a GPU wants: coalesced, parallel). A row of
+    up to 256 x 32 elements is read from memory once, into registers (up to 32 a thread, all
+    loads issued before the first is used), and every later pass over it reads those;
+    longer rows are streamed again for each pass;
   - 'thread': a thread per row, streaming through it (what the cpu target wants: a block's
     threads run one after another there, so per-row parallelism only costs).
 `schedule_for_target()` picks one; both run, and compile to CUDA, on either target. Rows of f16 / bf16
@@ -21,6 +24,7 @@ from taskdsl import bf16, blockIdx, f16, f32, f64, threadIdx
 from taskdsl.runtime.arrays import contiguous, empty_like_operands
 
 BLOCK = 256
+CACHED = (1, 2, 4, 8, 16, 32)    # elements per thread a 'block' kernel can keep of its row in registers
 ROWS_PER_BLOCK = 64     # 'thread' schedule
 LANES = 16              # 'thread' schedule: partial results per row (see `lane_max`)
 
@@ -41,6 +45,15 @@ def applies(dtype) -> bool:
 def schedule_for_target() -> str:
     """'thread' on the cpu target, 'block' on a GPU."""
     return "thread" if td.get_target() == "cpu" else "block"
+
+
+def cached_per_thread(columns: int, schedule: str) -> int:
+    """Elements per thread a kernel of `schedule` keeps of a row of `columns` in registers: the least of CACHED
+    covering the row on the 'block' schedule; 0 (each pass reads the row from memory) past BLOCK * CACHED[-1]
+    or on the 'thread' schedule."""
+    if schedule != "block":
+        return 0
+    return next((n for n in CACHED if n * BLOCK >= columns), 0)
 
 
 @td.func
@@ -103,10 +116,41 @@ def statistics_dtype(dtype):
     return f64 if dtype == f64 else f32
 
 
+def softmax_kernel_for(dtype, log: bool, columns: int, schedule: str | None = None):
+    """The softmax (or log-softmax) kernel for rows of `columns` elements of `dtype` on `schedule` (default: the
+    target's)."""
+    schedule = schedule or schedule_for_target()
+    return softmax_kernel(dtype, log, schedule, cached_per_thread(columns, schedule))
+
+
 @functools.cache
-def softmax_kernel(dtype, log: bool, schedule: str):
-    """The softmax (or log-softmax) kernel over the last axis of an (R, C) array."""
+def softmax_kernel(dtype, log: bool, schedule: str, cached: int = 0):
+    """The softmax (or log-softmax) kernel over the last axis of an (R, C) array; with `cached` ('block'), rows of
+    up to BLOCK * cached elements, kept in registers."""
     acc = statistics_dtype(dtype)
+    if schedule == "block" and cached:
+        @td.kernel(grid=lambda R: R, block=BLOCK, name=f"{'log_' if log else ''}softmax_block_r{cached}")
+        def softmax(X: dtype["R", "C"], Y: dtype["R", "C"]):
+            partials = td.shared(acc, (8,))
+            values = td.registers(acc, (cached,))
+            row = blockIdx.x
+            m = -math.inf
+            for k in td.unroll(cached):        # every load issued before any is used: one read of the row
+                j = threadIdx.x + k * BLOCK
+                values[k] = X[row, j] if j < C else -math.inf
+                m = td.max(m, values[k])       # (a NaN sticks: the row's result is NaN)
+            row_max = block_reduce(m, "max", partials)
+            s = 0.0
+            for k in td.unroll(cached):        # the -inf padding adds exp(-inf) = 0
+                s += td.exp(values[k] - row_max)
+            s = block_reduce(s, "sum", partials)
+            inv, log_s = 1.0 / s, td.log(s)
+            for k in td.unroll(cached):
+                j = threadIdx.x + k * BLOCK
+                if j < C:
+                    Y[row, j] = values[k] - row_max - log_s if log else td.exp(values[k] - row_max) * inv
+        return softmax
+
     if schedule == "block":
         @td.kernel(grid=lambda R: R, block=BLOCK, name=f"{'log_' if log else ''}softmax_block")
         def softmax(X: dtype["R", "C"], Y: dtype["R", "C"]):
@@ -156,10 +200,41 @@ def softmax_kernel(dtype, log: bool, schedule: str):
     return softmax
 
 
+def layer_norm_kernel_for(dtype, columns: int, schedule: str | None = None):
+    """The layer norm kernel for rows of `columns` elements of `dtype` on `schedule` (default: the target's)."""
+    schedule = schedule or schedule_for_target()
+    return layer_norm_kernel(dtype, schedule, cached_per_thread(columns, schedule))
+
+
 @functools.cache
-def layer_norm_kernel(dtype, schedule: str):
-    """y = (x - mean) / sqrt(var + eps) * w + b over the last axis of an (R, C) array."""
+def layer_norm_kernel(dtype, schedule: str, cached: int = 0):
+    """y = (x - mean) / sqrt(var + eps) * w + b over the last axis of an (R, C) array; with `cached` ('block'), rows
+    of up to BLOCK * cached elements, kept in registers."""
     acc = statistics_dtype(dtype)
+    if schedule == "block" and cached:
+        @td.kernel(grid=lambda R: R, block=BLOCK, name=f"layer_norm_block_r{cached}")
+        def layer_norm(X: dtype["R", "C"], W: dtype["C"], B: dtype["C"], Y: dtype["R", "C"], eps: f32):
+            partials = td.shared(acc, (8,))
+            values = td.registers(acc, (cached,))
+            row = blockIdx.x
+            s = 0.0
+            for k in td.unroll(cached):
+                j = threadIdx.x + k * BLOCK
+                values[k] = X[row, j] if j < C else 0.0
+                s += values[k]
+            mean = block_reduce(s, "sum", partials) / C
+            q = 0.0
+            for k in td.unroll(cached):        # the variance about the mean, from the registers: no cancellation
+                j = threadIdx.x + k * BLOCK
+                d = values[k] - mean if j < C else 0.0
+                q += d * d
+            rstd = td.rsqrt(block_reduce(q, "sum", partials) / C + eps)
+            for k in td.unroll(cached):
+                j = threadIdx.x + k * BLOCK
+                if j < C:
+                    Y[row, j] = (values[k] - mean) * rstd * W[j] + B[j]
+        return layer_norm
+
     if schedule == "block":
         @td.kernel(grid=lambda R: R, block=BLOCK, name="layer_norm_block")
         def layer_norm(X: dtype["R", "C"], W: dtype["C"], B: dtype["C"], Y: dtype["R", "C"], eps: f32):
@@ -201,7 +276,7 @@ def softmax_rows(x: np.ndarray, log: bool = False, schedule: str | None = None) 
     rows = _rows(x)
     out = empty_like_operands(rows.shape, rows.dtype, rows)
     if rows.size:
-        softmax_kernel(td.ir.types.from_numpy(rows.dtype), log, schedule or schedule_for_target())(rows, out)
+        softmax_kernel_for(td.ir.types.from_numpy(rows.dtype), log, rows.shape[1], schedule)(rows, out)
     return out.reshape(x.shape)
 
 
@@ -211,6 +286,6 @@ def layer_norm_rows(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: fl
     rows = _rows(x)
     out = empty_like_operands(rows.shape, rows.dtype, rows)
     if rows.size:
-        kernel = layer_norm_kernel(td.ir.types.from_numpy(rows.dtype), schedule or schedule_for_target())
+        kernel = layer_norm_kernel_for(td.ir.types.from_numpy(rows.dtype), rows.shape[1], schedule)
         kernel(rows, contiguous(weight, rows.dtype), contiguous(bias, rows.dtype), out, eps)
     return out.reshape(x.shape)

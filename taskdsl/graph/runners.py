@@ -167,7 +167,7 @@ def _rows(op: Operator, axis: int) -> bool:
 def run_softmax(op: Softmax, arrays: list) -> tuple:
     """One kernel per row over the last axis (stdlib_ops.rowwise), else the reductions of stdlib_ops.norm."""
     if _rows(op, op.attrs["axis"]):
-        kernel = rowwise.softmax_kernel(op.inputs[0].dtype, op.attrs["log"], rowwise.schedule_for_target())
+        kernel = rowwise.softmax_kernel_for(op.inputs[0].dtype, op.attrs["log"], op.inputs[0].shape[-1])
         return [rowwise.softmax_rows(arrays[0], log=op.attrs["log"])], [kernel]
     return _plan(norm.op_for(op.kind, arrays[0], op.attrs["axis"]))
 
@@ -186,7 +186,7 @@ def run_layer_norm(op: LayerNorm, arrays: list) -> tuple:
         return _plan(norm.op_for("rms_norm", arrays[0], weight, a["eps"], ndim))
     bias = arrays[-1] if a.get("has_bias") else None
     if _rows(op, a["axis"]) and weight is not None and bias is not None and params[0].dtype == x.dtype:
-        kernel = rowwise.layer_norm_kernel(x.dtype, rowwise.schedule_for_target())
+        kernel = rowwise.layer_norm_kernel_for(x.dtype, x.shape[-1])
         return [rowwise.layer_norm_rows(arrays[0], weight, bias, a["eps"])], [kernel]   # one kernel per row
     return _plan(norm.op_for("layer_norm", arrays[0], weight, bias, a["eps"], ndim))
 

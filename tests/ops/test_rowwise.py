@@ -100,3 +100,32 @@ def test_16_bit_rows_are_computed_in_f32_and_rounded_once(schedule, dtype, shape
         assert got.dtype == dt
         err = np.abs(got.astype(np.float64) - want)
         assert (err <= ulp * (np.abs(want) + 1e-3 * np.abs(want).max() + 1e-30)).all(), err.max()
+
+
+@pytest.mark.parametrize("columns", [1, 256, 257, 2048, 8192, 8193])
+def test_block_rows_in_registers_and_streamed(columns):
+    """The 'block' kernels keep rows of up to 256 x 32 elements in registers (the least of CACHED that covers the
+    row), and stream longer ones; both, at the edges of each, against numpy. A -inf and a NaN row included."""
+    from stdlib_ops import rowwise
+    import taskdsl as td
+    cached = rowwise.cached_per_thread(columns, "block")
+    assert cached == (next(n for n in rowwise.CACHED if 256 * n >= columns) if columns <= 8192 else 0)
+    rng = np.random.default_rng(columns)
+    x = (rng.standard_normal((3, columns)) * 4).astype(np.float32)
+    x[1, ::3] = -np.inf
+    x[1, -1] = 1.5
+    w, b = rng.standard_normal(columns).astype(np.float32), rng.standard_normal(columns).astype(np.float32)
+    for kernel_cached in {cached, 0}:
+        y, z, ln = np.empty_like(x), np.empty_like(x), np.empty_like(x)
+        rowwise.softmax_kernel(td.f32, False, "block", kernel_cached)(x, y)
+        rowwise.softmax_kernel(td.f32, True, "block", kernel_cached)(x, z)
+        np.testing.assert_allclose(y, _softmax(x), rtol=1e-5, atol=1e-7)
+        with np.errstate(divide="ignore"):          # the -inf entries' log-softmax is log(0) = -inf
+            np.testing.assert_allclose(z, np.log(_softmax(x)), rtol=1e-5, atol=1e-5)
+        finite = x[[0, 2]].astype(np.float64)
+        rowwise.layer_norm_kernel(td.f32, "block", kernel_cached)(x[[0, 2]].copy(), w, b, ln[:2], 1e-5)
+        want = (finite - finite.mean(-1, keepdims=True)) / np.sqrt(finite.var(-1, keepdims=True) + 1e-5) * w + b
+        np.testing.assert_allclose(ln[:2], want, rtol=1e-4, atol=1e-4)
+    x[2, columns // 2] = np.nan
+    got = rowwise.softmax_rows(x, schedule="block")
+    assert np.isnan(got[2]).all() and not np.isnan(got[:2]).any()
