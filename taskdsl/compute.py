@@ -134,7 +134,9 @@ def compute(name: str, shape, fcompute, dtype: T.DataType | None = None, gather_
     then stays one copy from `x`. An untrue promise gives wrong results."""
     dims = _dims(shape, f"compute {name!r}")
     axes = _axis_vars("i", dims)
-    body = _body(fcompute(*axes), dtype, f"compute {name!r}")
+    with ir.elementwise_equality():
+        value = fcompute(*axes)
+    body = _body(value, dtype, f"compute {name!r}")
     return Tensor(name, body.dtype, dims, "compute", axes, body, gather_runs=gather_runs)
 
 
@@ -145,7 +147,9 @@ def reduce(name: str, shape, reduce_shape, fcompute, op: str = "sum", dtype: T.D
     dims = _dims(shape, f"reduce {name!r}")
     rdims = _dims(reduce_shape, f"reduce {name!r}")
     axes, raxes = _axis_vars("i", dims), _axis_vars("r", rdims)
-    body = _body(fcompute(*axes, *raxes), None, f"reduce {name!r}")
+    with ir.elementwise_equality():
+        value = fcompute(*axes, *raxes)
+    body = _body(value, None, f"reduce {name!r}")
     if dtype is None:
         dtype = T.f32 if body.dtype.is_float and body.dtype.bits == 16 else body.dtype
         dtype = T.f32 if op == "mean" and not dtype.is_float else dtype

@@ -494,3 +494,17 @@ def test_select_takes_python_numbers():
     np.testing.assert_array_equal(got, np.clip(x, 0, 3))
     (ran,) = td.op([x_in], [clamp])(x)
     np.testing.assert_array_equal(ran, np.clip(x, 0, 3))
+
+
+def test_equality_in_definitions_compares_elementwise():
+    """`==` and `!=` in a definition's function compare elementwise, as `<` does (they were Python's identity
+    test: the constant False / True, which kernel and reference agreed on)."""
+    x = td.placeholder("X", td.i32, (8,))
+    op = td.op([x], [td.compute("M", (8,), lambda i: x[i] % 3 == 0), td.compute("N", (8,), lambda i: 0 != x[i]),
+                     td.reduce("K", (1,), (8,), lambda i, r: td.ir.Cast(x[r] == 2, td.i32), op="sum")])
+    a = np.arange(8, dtype=np.int32)
+    for m, n, k in (op(a), op.reference(a)):
+        np.testing.assert_array_equal(m, a % 3 == 0)
+        np.testing.assert_array_equal(n, a != 0)
+        assert k.tolist() == [1]
+    assert (x.buffer == x.buffer) is True and (x.axes == ()) is True     # outside definitions: Python's meaning

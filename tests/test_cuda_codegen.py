@@ -89,6 +89,17 @@ def test_half_kernels_compile_with_runtime_headers():
     assert "#include <cuda_fp16.h>" in src and "__half" in src
     assert half_scale.compile(x, x, target="cuda").binary
 
+    @td.kernel(grid=1, block=32)
+    def rounded_through_half(X: f32["N"], Y: f32["N"]):       # 16-bit values only inside: a cast, a local
+        i = threadIdx.x
+        if i < N:
+            h = td.cast(X[i], f16)
+            Y[i] = h * 2.0
+
+    y = np.ones(8, np.float32)
+    assert "#include <cuda_fp16.h>" in rounded_through_half.source(y, y, target="cuda")
+    assert rounded_through_half.compile(y, y, target="cuda").binary
+
 
 def test_signed_minimums_are_literals_of_their_own_type():
     """-2**31 written as a literal is a long in C++ (its magnitude is no int), which made max(int, long) of an

@@ -6,14 +6,41 @@ can be evaluated on IR values as well as on ints.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import math
+import threading
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from .types import DataType, boolean, f32, i32, i64, promote, u64
 
 _ids = itertools.count()
+
+
+class _Depth(threading.local):
+    depth = 0
+
+
+_elementwise_equality = _Depth()
+
+
+@contextlib.contextmanager
+def elementwise_equality():
+    """Within it, `==` and `!=` of an expression and an expression or a number build comparisons, as `<` does
+    everywhere (a compute definition's function runs so: `lambda i: X[i] % 3 == 0`). Elsewhere they keep Python's
+    identity, which IR code relies on."""
+    _elementwise_equality.depth += 1
+    try:
+        yield
+    finally:
+        _elementwise_equality.depth -= 1
+
+
+def _comparable(o) -> bool:
+    return isinstance(o, (Expr, bool, int, float, np.number))
 
 
 class Expr:
@@ -38,6 +65,13 @@ class Expr:
     def __le__(self, o): return binary("<=", self, o)
     def __gt__(self, o): return binary(">", self, o)
     def __ge__(self, o): return binary(">=", self, o)
+
+    def __eq__(self, o):
+        return binary("==", self, o) if _elementwise_equality.depth and _comparable(o) else NotImplemented
+
+    def __ne__(self, o):
+        return binary("!=", self, o) if _elementwise_equality.depth and _comparable(o) else NotImplemented
+
     __hash__ = object.__hash__
 
     def __bool__(self):

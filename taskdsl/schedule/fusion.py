@@ -29,7 +29,7 @@ from ..compute import Tensor, _Evaluator, _OWNER
 from ..passes import bind_sizes
 from ..runtime.kernel import Kernel
 from .inline import inline_injective
-from .rules import _unravel
+from .rules import _unravel, size_function
 
 
 class FusionError(ValueError):
@@ -48,7 +48,7 @@ def fuse(anchor: Kernel, *args, prologues: dict | None = None, epilogues: dict |
     The fused kernel takes, in order, the anchor's remaining parameters, the prologues' and
     epilogues' other inputs, then the epilogues' outputs.
     """
-    binding = anchor.bind(args)
+    binding = anchor.bind(anchor.arguments(args, {}))      # (scalar defaults applied, as a call does)
     fn = bind_sizes(anchor._frontend_ir(binding.block), binding.sizes)
     params = {p.name: p for p in fn.params}
     new_inputs: dict = {}
@@ -66,12 +66,27 @@ def fuse(anchor: Kernel, *args, prologues: dict | None = None, epilogues: dict |
         replaced.add(param.uid)
         outputs.append(definition.buffer)
     kept = tuple(p for p in fn.params if p.uid not in replaced)
+    _refuse_reads_of_written(body, new_inputs, prologues, epilogues)
     extra = tuple(b for b in new_inputs.values() if b.uid not in {p.uid for p in kept})
     all_params = kept + extra + tuple(outputs)
     sizes = {d.uid: d for b in all_params if isinstance(b, ir.Buffer) for d in b.shape if isinstance(d, ir.Var)}
     fused = dataclasses.replace(fn, name=f"{fn.name}_fused", params=all_params, sizes=tuple(sizes.values()),
                                 body=body)
-    return Kernel.from_ir(fused, binding.grid)
+    return Kernel.from_ir(fused, _launch_grid(anchor, binding, [p.name for p in kept if isinstance(p, ir.Var)]))
+
+
+def _launch_grid(anchor: Kernel, binding, scalars: list):
+    """The fused kernel's grid: the call's, or, where the anchor's grid callable reads scalar parameters the fused
+    kernel keeps, a callable of those (its sizes fixed at the call's). A block that depends on a kept scalar is
+    refused: the kernel body was built for the call's block."""
+    read = {what: [n for n in anchor._callable_args[what] or () if n in scalars] for what in ("grid", "block")}
+    if read["block"]:
+        raise FusionError(f"the block of kernel '{anchor.name}' depends on scalar {read['block'][0]!r}; fuse with "
+                          f"constants=({read['block'][0]!r},) to build its value in")
+    if not read["grid"]:
+        return binding.grid
+    known = {**binding.sizes, **{name: value for name, value in zip((n for n, _ in anchor.params), binding.values)}}
+    return size_function(lambda env: anchor._evaluate(anchor.grid_spec, {**known, **env}, {}, "grid"), read["grid"])
 
 
 def _param(params: dict, name: str, anchor: Kernel, kind: type = ir.Buffer):
@@ -91,9 +106,32 @@ def _concrete(shape: tuple, what: str) -> tuple:
 
 
 def _reads_and_writes(body: ir.Stmt, buffer: ir.Buffer) -> tuple[bool, bool]:
-    reads = any(x.buffer.uid == buffer.uid for x in ir.collect(body, ir.Load) + ir.collect(body, ir.Atomic))
+    read = [x.buffer for x in ir.collect(body, ir.Load) + ir.collect(body, ir.Atomic)]
+    read += [x.src.buffer for x in ir.collect(body, ir.CpAsync)]        # an asynchronous copy reads its source
+    reads = any(b.uid == buffer.uid for b in read)
     writes = any(x.buffer.uid == buffer.uid for x in ir.collect(body, ir.Store) + ir.collect(body, ir.Atomic))
     return reads, writes
+
+
+def _refuse_reads_of_written(body: ir.Stmt, new_inputs: dict, prologues: dict | None, epilogues: dict | None):
+    """A FusionError where a prologue or epilogue reads (through a placeholder of its name) a tensor the fused
+    kernel writes: the anchor's other outputs are being written by the same kernel, so their values are not
+    there to read."""
+    written = {x.buffer.name for x in ir.collect(body, ir.Store) + ir.collect(body, ir.Atomic)
+               if x.buffer.scope == "global"}
+    for buffer in new_inputs.values():
+        if buffer.name in written:
+            users = [d.name for d in {**(prologues or {}), **(epilogues or {})}.values()
+                     if any(t.buffer.uid == buffer.uid for t in _reads(d))]
+            raise FusionError(f"'{users[0] if users else '?'}' reads '{buffer.name}', which the fused kernel writes: "
+                              "its values are not known while the kernel runs; compute it by a kernel of its own "
+                              "after the anchor")
+
+
+def _reads(definition: Tensor) -> list:
+    """The placeholders `definition` reads, through the computes it reads."""
+    return [_OWNER[x.buffer.uid] for x in ir.collect(_inline_all(definition), ir.Load)
+            if _OWNER.get(x.buffer.uid) is not None]
 
 
 def _inline_all(definition: Tensor) -> ir.Expr:
@@ -181,11 +219,11 @@ def _fuse_prologue(body: ir.Stmt, param: ir.Buffer, definition: Tensor, new_inpu
 def _fuse_epilogue(body: ir.Stmt, param: ir.Buffer, definition: Tensor, new_inputs: dict) -> ir.Stmt:
     _require_compute(definition, "epilogue", param)
     reads, writes = _reads_and_writes(body, param)
+    if not writes:
+        raise FusionError(f"the anchor never writes '{param.name}': an epilogue replaces the stores of an output")
     if reads:
         raise FusionError(f"the anchor reads its output '{param.name}' (e.g. accumulates into it), so its stores "
                           "cannot be replaced by an epilogue")
-    if not writes:
-        raise FusionError(f"the anchor never writes '{param.name}'")
     value = _inline_all(definition)
     stand_ins = [x for x in ir.collect(value, ir.Load) if _OWNER.get(x.buffer.uid) is not None
                  and _OWNER[x.buffer.uid].kind == "placeholder" and x.buffer.name == param.name]
@@ -197,6 +235,9 @@ def _fuse_epilogue(body: ir.Stmt, param: ir.Buffer, definition: Tensor, new_inpu
     epi_shape = _concrete(definition.shape, f"epilogue '{definition.name}'")
     if _concrete(stand_in.buffer.shape, f"placeholder '{param.name}'") != out_shape:
         raise FusionError(f"placeholder '{param.name}' in the epilogue has a different shape than the anchor's output")
+    if stand_in.buffer.dtype != param.dtype:
+        raise FusionError(f"placeholder '{param.name}' in the epilogue is {stand_in.buffer.dtype.name}, but the "
+                          f"anchor's output is {param.dtype.name}: declare it {param.dtype.name}")
     inverse = _invert(definition.axes, stand_in.indices, epi_shape, out_shape, definition.name)
     _record_inputs(value, new_inputs, skip=stand_in.buffer)
 
@@ -236,6 +277,11 @@ def _invert(axes: tuple, index: tuple, epi_shape: tuple, out_shape: tuple, name:
     if size != math.prod(out_shape):
         raise FusionError(f"epilogue '{name}' has {size} elements but the anchor output has {math.prod(out_shape)}: "
                           "the index map is not bijective")
+    if size == 0:                          # no element is stored: any map will do
+        return lambda idx: [ir.const(0)] * len(epi_shape)
+    if any(ir.collect(i, ir.Load) for i in index):
+        raise FusionError(f"epilogue '{name}' reads the anchor output at an index computed from tensor values; an "
+                          "epilogue's index must be a fixed function of its axes")
     evaluator = _Evaluator({}, {})
     grid = {a.uid: np.arange(n).reshape([-1 if k == j else 1 for j in range(len(axes))])
             for k, (a, n) in enumerate(zip(axes, epi_shape))}
@@ -252,8 +298,9 @@ def _invert(axes: tuple, index: tuple, epi_shape: tuple, out_shape: tuple, name:
     inverse[forward] = np.arange(size)                               # output element -> epilogue element
     digits = _digits(inverse)
     if digits is None:
-        raise FusionError(f"epilogue '{name}': its index map is bijective but not a composition of reshapes and "
-                          "transposes, which is what fusion can invert")
+        raise FusionError(f"epilogue '{name}': its index map is bijective, but not a permutation of the digits of "
+                          "the output's linear index in some mixed radix, which is what fusion can invert (reshapes "
+                          "and transposes whose dimensions split or merge evenly)")
     return lambda idx: _inverse_expr(idx, out_shape, epi_shape, digits)
 
 

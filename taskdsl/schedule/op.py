@@ -158,7 +158,9 @@ class Op:
         for step in steps:
             step.kernel(*step.arguments(buffers, sizes))
         self._last = steps
-        return [buffers[t.buffer.uid] for t in self.outputs]
+        inputs = {t.buffer.uid for t in self.inputs}     # an output that is an input is returned as a copy
+        return [buffers[t.buffer.uid].copy() if t.buffer.uid in inputs else buffers[t.buffer.uid]
+                for t in self.outputs]
 
     def reference(self, *arrays) -> list:
         """The outputs computed by the numpy evaluation of the definitions (the test oracle)."""

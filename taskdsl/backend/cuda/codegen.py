@@ -144,9 +144,11 @@ class _CudaEmitter:
         self.found = {cls: [] for cls in (ir.Allocate, ir.Store, ir.Atomic, ir.For, ir.Assign)}
         for node in ir.collect(fn.body, tuple(self.found)):
             self.found[type(node)].append(node)
-        self.uses_half = any(b.dtype.name in ("f16", "bf16") for b in fn.buffers) or \
-            any(v.dtype.name in ("f16", "bf16") for v in fn.scalars) or \
-            any(a.buffer.dtype.name in ("f16", "bf16") for a in self.found[ir.Allocate])
+        half = ("f16", "bf16")    # anywhere: a parameter, a shared or local buffer, a cast or a local value
+        self.uses_half = any(b.dtype.name in half for b in fn.buffers) or \
+            any(v.dtype.name in half for v in fn.scalars) or \
+            any(a.buffer.dtype.name in half for a in self.found[ir.Allocate]) or \
+            any(e.dtype.name in half for e in ir.collect(fn.body, ir.Expr))
 
     # ------------------------------------------------------------------ top level
     def emit(self) -> str:
