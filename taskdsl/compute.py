@@ -217,39 +217,61 @@ class _Evaluator:
             raise ValueError(f"size '{unbound[0]}' is not determined by the shape of any input")
         return int(self.eval(d, {}))
 
-    def eval(self, e, env: dict):
+    def eval(self, e, env: dict, live=None):
+        """The value of `e` over the index grid `env`; `live` (None: everywhere) marks where it is used, which a
+        select's branches and the right operand of `and` / `or` narrow (the kernels evaluate them only there)."""
         if isinstance(e, ir.Const):
             return np.asarray(e.value, dtype=_compute_dtype(e.dtype))
         if isinstance(e, ir.Var):
             return env[e.uid] if e.kind != "size" else np.int32(self.sizes[e.name])
         if isinstance(e, ir.Load):
-            array = self.arrays[e.buffer.uid]
-            # Indices are clipped: a load in an untaken branch of a select may point outside.
-            index = tuple(np.clip(np.asarray(self.eval(i, env)).astype(np.int64), 0, max(n - 1, 0))
-                          for i, n in zip(e.indices, array.shape))
-            return array[index].astype(_compute_dtype(e.buffer.dtype)) if array.size else \
-                np.zeros(np.broadcast(*index).shape, _compute_dtype(e.buffer.dtype))
+            return self._load(e, env, live)
         if isinstance(e, ir.Binary):
-            a, b = self.eval(e.a, env), self.eval(e.b, env)
+            a = self.eval(e.a, env, live)
+            if e.op in ("and", "or"):
+                taken = np.asarray(a, bool) if e.op == "and" else ~np.asarray(a, bool)
+                b = self.eval(e.b, env, taken if live is None else live & taken)
+            else:
+                b = self.eval(e.b, env, live)
             with np.errstate(all="ignore"):
                 return np.asarray(_NP_BINARY[e.op](a, b)).astype(_compute_dtype(e.dtype), copy=False)
         if isinstance(e, ir.Unary):
-            a = self.eval(e.a, env)
+            a = self.eval(e.a, env, live)
             return {"-": operator.neg, "not": np.logical_not, "~": np.invert}[e.op](a)
         if isinstance(e, ir.Select):
-            return np.where(self.eval(e.cond, env), self.eval(e.a, env), self.eval(e.b, env)).astype(
-                _compute_dtype(e.dtype))
+            cond = np.asarray(self.eval(e.cond, env, live), bool)
+            a = self.eval(e.a, env, cond if live is None else live & cond)
+            b = self.eval(e.b, env, ~cond if live is None else live & ~cond)
+            return np.where(cond, a, b).astype(_compute_dtype(e.dtype))
         if isinstance(e, ir.Cast):
-            value = np.asarray(self.eval(e.value, env))
+            value = np.asarray(self.eval(e.value, env, live))
             if e.dtype.is_integer and value.dtype.kind == "f":
                 value = np.trunc(value)
             return value.astype(_compute_dtype(e.dtype))
         if isinstance(e, ir.Call):
-            args = [self.eval(a, env) for a in e.args]
+            args = [self.eval(a, env, live) for a in e.args]
             fn = _erf if e.func == "erf" else _NP_MATH[e.func]
             with np.errstate(all="ignore"):
                 return np.asarray(fn(*args)).astype(_compute_dtype(e.dtype))
         raise TypeError(f"the reference evaluator cannot evaluate {type(e).__name__}")
+
+    def _load(self, e: ir.Load, env: dict, live):
+        """`e`'s elements; an index outside the tensor where the value is used is an error (a kernel would read out
+        of bounds), elsewhere it is clipped into range (an untaken branch, which numpy evaluates too)."""
+        array = self.arrays[e.buffer.uid]
+        raw = [np.asarray(self.eval(i, env, live)).astype(np.int64) for i in e.indices]
+        outside = np.zeros((), bool)
+        for i, n in zip(raw, array.shape):
+            outside = outside | (i < 0) | (i >= n)
+        if live is not None:
+            outside = outside & live
+        if outside.any():
+            at = tuple(int(np.broadcast_to(i, outside.shape)[outside][0]) for i in raw)
+            raise ValueError(f"a definition reads {e.buffer.name}{list(at)}, outside its shape {array.shape}; guard "
+                             f"the read with a condition (x[i] if i < n else 0.0) where it can leave the tensor")
+        index = tuple(np.clip(i, 0, max(n - 1, 0)) for i, n in zip(raw, array.shape))
+        return array[index].astype(_compute_dtype(e.buffer.dtype)) if array.size else \
+            np.zeros(np.broadcast(*index).shape, _compute_dtype(e.buffer.dtype))
 
     def grid(self, axes: tuple, dims: tuple) -> dict:
         """Broadcastable index arrays, one per axis."""

@@ -508,3 +508,21 @@ def test_equality_in_definitions_compares_elementwise():
         np.testing.assert_array_equal(n, a != 0)
         assert k.tolist() == [1]
     assert (x.buffer == x.buffer) is True and (x.axes == ()) is True     # outside definitions: Python's meaning
+
+
+def test_the_reference_refuses_unguarded_reads_outside_a_tensor():
+    """An unguarded read past the end is an error of the oracle (it clipped it into range, agreeing with nothing a
+    kernel computes); reads a condition guards, in a select or behind `and`, are still evaluated safely."""
+    a = td.placeholder("A", td.f32, ("N",))
+    n = a.shape[0]
+    diff = td.op([a], [td.compute("Y", ("N",), lambda i: a[i + 1] - a[i])])
+    x = np.arange(8, dtype=np.float32) ** 2
+    with pytest.raises(ValueError, match=r"reads A\[8\], outside its shape \(8,\)"):
+        diff.reference(x)
+    guarded = td.op([a], [td.compute("Y", ("N",), lambda i: ir.Select(i + 1 < n, a[i + 1] - a[i], 0.0, td.f32)),
+                          td.compute("Z", ("N",), lambda i: ir.binary("and", i + 1 < n, a[i + 1] > 10.0))])
+    y, z = guarded.reference(x)
+    np.testing.assert_array_equal(y, np.append(np.diff(x), 0))
+    np.testing.assert_array_equal(z, np.append(x[1:] > 10, False))
+    for got, want in zip(guarded(x), (y, z)):
+        np.testing.assert_array_equal(got, want)
