@@ -14,7 +14,15 @@ def main(argv=None) -> int:
     cache_cmd = sub.add_parser("cache", help="the on-disk compile cache ($TASKDSL_CACHE_DIR)")
     cache_cmd.add_argument("action", choices=["info", "clear"])
     args = parser.parse_args(argv)
-    if args.action == "info":
+    try:
+        return _cache_command(args.action)
+    except (OSError, ValueError) as e:
+        print(f"python -m taskdsl: error: {e}", file=sys.stderr)
+        return 1
+
+
+def _cache_command(action: str) -> int:
+    if action == "info":
         summary = cache.info()
         print(f"cache: {summary['path']} (cap {summary['max_bytes'] / 2**20:.0f} MiB, $TASKDSL_CACHE_MAX_MB)")
         if not summary["kinds"]:

@@ -3,8 +3,10 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
+import pytest
 
 import taskdsl as td
 from taskdsl.runtime import cache
@@ -116,3 +118,113 @@ def test_cli_info_and_clear(tmp_path):
     assert "cuda: 1 entries" in cli("info")
     assert "removed 1 entries" in cli("clear")
     assert "empty" in cli("info")
+
+
+_CPU_RUN = """
+import numpy as np, taskdsl as td
+@td.kernel(grid=1, block=32)
+def affine(X: td.f32[32], Y: td.f32[32]):
+    Y[td.threadIdx.x] = X[td.threadIdx.x] * 3.0 + 1.0
+x = np.arange(32, dtype=np.float32); y = np.zeros(32, np.float32)
+affine(x, y)
+print("ok" if np.array_equal(y, x * 3 + 1) else "WRONG")
+"""
+
+
+def _cpu_run(folder, **env) -> str:
+    root = str(Path(__file__).resolve().parents[1])         # this taskdsl, from a script outside the tree too
+    env = dict(os.environ, TASKDSL_CACHE_DIR=str(folder), PYTHONPATH=os.pathsep.join(
+        p for p in (root, os.environ.get("PYTHONPATH")) if p), **env)
+    script = folder.with_name(folder.name + "_run.py")      # kernels are defined in files (their source is read)
+    script.write_text(_CPU_RUN)
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)
+    return (done.stdout.strip() or done.stderr.strip()).splitlines()[-1]
+
+
+def test_damaged_cpu_modules_and_numba_files_are_rebuilt(tmp_path):
+    """A generated module whose text changed (one index, g_3 for g_2 say) imported as it was and computed something
+    else; a truncated numba index raised at every call. Both are rebuilt now (a fresh process each time)."""
+    assert _cpu_run(tmp_path) == "ok"
+    module, = (tmp_path / "cpu").glob("k_*.py")
+    text = module.read_text()
+    module.write_text(text.replace("3.0", "4.0") if "3.0" in text else text[: len(text) // 2])
+    assert _cpu_run(tmp_path) == "ok"
+    assert module.read_text() == text
+    index, = (tmp_path / "cpu" / "__pycache__").glob("*.nbi")
+    index.write_bytes(index.read_bytes()[:40])
+    assert _cpu_run(tmp_path) == "ok" and _cpu_run(tmp_path) == "ok"
+
+
+def test_the_cap_is_checked_and_never_evicts_what_was_just_stored(tmp_path, monkeypatch):
+    assert _cpu_run(tmp_path, TASKDSL_CACHE_MAX_MB="0") == "ok"      # the module just written stays
+    monkeypatch.setenv("TASKDSL_CACHE_DIR", str(tmp_path))
+    for junk in ("abc", "-1", "nan", "inf"):
+        monkeypatch.setenv("TASKDSL_CACHE_MAX_MB", junk)
+        with pytest.raises(ValueError, match="TASKDSL_CACHE_MAX_MB"):
+            cache.max_bytes()
+    monkeypatch.setenv("TASKDSL_CACHE_MAX_MB", "")
+    assert cache.max_bytes() == 2048 * 2**20
+
+
+def test_an_entry_under_another_key_is_not_served(tmp_path, monkeypatch):
+    """A cubin and record copied over another key (an sm_80 build served for sm_90) are refused by the record's
+    key, and rebuilt."""
+    monkeypatch.setenv("TASKDSL_CACHE_DIR", str(tmp_path))
+    first, second = _kernel(5.0), _kernel(6.0)
+    want = _compile(second)
+    _compile(first)
+    cubins = sorted((tmp_path / "cuda").glob("*.cubin"), key=os.path.getmtime)
+    for suffix in (".cubin", ".json"):
+        cubins[1].with_suffix(suffix).write_bytes(cubins[0].with_suffix(suffix).read_bytes())
+    assert _compile(second) == want
+
+
+def test_an_unwritable_cache_costs_the_reuse_not_the_compile(tmp_path, monkeypatch):
+    monkeypatch.setenv("TASKDSL_CACHE_DIR", str(tmp_path))
+
+    def refuse(path, data):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(cache, "atomic_write", refuse)
+    monkeypatch.setattr(cache, "_warned", set())
+    with pytest.warns(UserWarning, match="cannot write the compile cache"):
+        assert _compile(_kernel(7.0))
+    monkeypatch.setattr(cache, "atomic_write", lambda path, data: (path.parent.mkdir(parents=True, exist_ok=True),
+                                                                   path.write_bytes(data)))
+    (tmp_path / "blocked").write_text("a file where a folder should be")
+    monkeypatch.setenv("TASKDSL_CACHE_DIR", str(tmp_path / "blocked"))
+    with pytest.raises(ValueError, match="set TASKDSL_CACHE_DIR"):
+        cache.info()
+
+
+def test_clear_removes_entries_and_tuning_records_only(tmp_path):
+    env = dict(os.environ, TASKDSL_CACHE_DIR=str(tmp_path))
+    cli = lambda action: subprocess.run([sys.executable, "-m", "taskdsl", "cache", action], env=env,
+                                        capture_output=True, text=True, check=True).stdout
+    assert _cpu_run(tmp_path) == "ok"
+    (tmp_path / "tune").mkdir()
+    (tmp_path / "tune" / f"{'cd' * 20}.json").write_text('{"point": {}}')
+    (tmp_path / "cpu" / "notes.txt").write_text("mine")
+    listed = cli("info")
+    assert "cpu: 1 entries" in listed and "tune: 1 entries" in listed      # the module (its index goes with it)
+    assert "removed 2 entries" in cli("clear") and "empty" in cli("info")
+    assert (tmp_path / "cpu" / "notes.txt").read_text() == "mine"
+
+
+def test_tuning_switch_and_damaged_winners(tmp_path, monkeypatch):
+    from taskdsl.schedule import tuner
+    from taskdsl.schedule.space import Space
+    for text, on in (("0", False), (" off ", False), ("No", False), ("1", True), ("yes", True)):
+        monkeypatch.setenv("TASKDSL_TUNE", text)
+        assert tuner.tuning_enabled() is on
+    monkeypatch.setenv("TASKDSL_TUNE", "2")
+    with pytest.raises(ValueError, match="TASKDSL_TUNE='2'"):
+        tuner.tuning_enabled()
+    monkeypatch.setenv("TASKDSL_CACHE_DIR", str(tmp_path))
+    space = Space("widths", {"per_thread": [1, 2, 4]})
+    path = tuner._record_path("op", ((8,),), ("f32",), "cpu")
+    path.parent.mkdir(parents=True)
+    for point in ([], "x", {"per_thread": 3}, {"per_thread": "4"}, {"per_thread": 4}):
+        path.write_text(json.dumps({"point": point}))
+        found = tuner.cached_winner(space, "op", ((8,),), ("f32",), "cpu")
+        assert found == (space.point(per_thread=4) if point == {"per_thread": 4} else None), point

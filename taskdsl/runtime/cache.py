@@ -2,31 +2,42 @@
 
 Layout under `cache_dir()` ($TASKDSL_CACHE_DIR, default ~/.cache/taskdsl):
 
-    cuda/<key>.cubin  cuda/<key>.json     a cubin and its record (sha256, size, arch, compiler)
+    cuda/<key>.cubin  cuda/<key>.json     a cubin and its record (key, sha256, size, arch, compiler)
     cpu/k_<key>.py    cpu/__pycache__/k_<key>.*   a generated module and numba's cache files
     cpu/<key>.json                                 the module generated for a kernel IR (`cpu_modules`)
+    tune/<key>.json                                a tuned schedule (`schedule.tuner`)
 
-Entries are written atomically (a temporary file, then a rename), are only ever read as
-bytes or JSON (nothing is unpickled by taskdsl itself), and a cubin whose bytes do not match
-its record is treated as missing, deleted and rebuilt. The files of one entry share the key
-in their names; when the cache grows past its cap ($TASKDSL_CACHE_MAX_MB, default 2048)
-the least recently used entries are removed. A hit refreshes the entry's time.
+Entries are written atomically (a temporary file, then a rename). taskdsl reads its files only as
+bytes or JSON and checks them: a cubin whose bytes or key do not match its record, and a module
+whose text does not hash to its name, are treated as missing, deleted and rebuilt. numba's own
+files (`cpu/__pycache__`) are pickles numba loads itself; a damaged one is dropped and the kernel
+recompiled (`backend.cpu.compile`). The cache folder is trusted as code is: it holds the modules
+that are imported.
+
+Storing is best effort: a cache folder that cannot be written (read-only, removed by `clear`
+in another process meanwhile) costs the reuse, not the compile; a warning says so once.
+The files of one entry share the key in their names; when the cache grows past its cap
+($TASKDSL_CACHE_MAX_MB, default 2048) the least recently used entries are removed (never the
+one just stored). A hit refreshes the entry's time.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
-import shutil
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 from .config import cache_dir
 
 _KEY = re.compile(r"^(?:k_)?([0-9a-f]{24,64})")
+KINDS = ("cuda", "cpu", "tune")
+PRIMARY = {"cuda": ".cubin", "cpu": ".py", "tune": ".json"}     # the file that makes an entry (others go with it)
 
 
 def cache_key(*parts: str) -> str:
@@ -39,8 +50,15 @@ def cache_key(*parts: str) -> str:
 
 
 def max_bytes() -> int:
-    """The size cap of the cache directory in bytes ($TASKDSL_CACHE_MAX_MB)."""
-    return int(float(os.environ.get("TASKDSL_CACHE_MAX_MB", "2048")) * 2**20)
+    """The size cap of the cache directory in bytes ($TASKDSL_CACHE_MAX_MB, megabytes)."""
+    text = os.environ.get("TASKDSL_CACHE_MAX_MB") or "2048"
+    try:
+        megabytes = float(text)
+    except ValueError:
+        megabytes = math.nan
+    if not 0 <= megabytes < math.inf:
+        raise ValueError(f"TASKDSL_CACHE_MAX_MB={text!r}: give the cache's size cap as a number of megabytes >= 0")
+    return int(megabytes * 2**20)
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -50,19 +68,78 @@ def atomic_write(path: Path, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        os.chmod(tmp, 0o666 & ~_UMASK)       # mkstemp makes 0600: a cache shared by a group stays readable
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _umask()       # read once, at import: os.umask can only be read by setting it
+
+
+def store(path: Path, data: bytes) -> bool:
+    """`atomic_write`, best effort: False (and a warning, once) where the cache cannot be written."""
+    try:
+        atomic_write(path, data)
+        return True
+    except OSError as e:
+        _warn_unwritable(e)
+        return False
+
+
+_warned: set = set()
+
+
+def _warn_unwritable(error: OSError) -> None:
+    folder = str(cache_dir())
+    if folder not in _warned:
+        _warned.add(folder)
+        warnings.warn(f"taskdsl: cannot write the compile cache at {folder} ({error}); compiling without storing "
+                      "the results. Point TASKDSL_CACHE_DIR at a writable folder to keep them.", stacklevel=3)
+
+
+def touch(path: Path) -> None:
+    """Mark a cache file used now (for the least-recently-used eviction); best effort."""
+    try:
+        now = time.time()
+        os.utime(path, (now, now))
+    except OSError:
+        pass
+
+
 def cpu_module(key: str, text: str) -> Path:
-    """The cache file holding a generated cpu module (written once); its name carries `key`."""
+    """The file holding a generated cpu module (written once; its name carries `key`): in the cache, or where the
+    cache cannot be written, in a temporary folder of this process."""
     path = cache_dir() / "cpu" / f"k_{key}.py"
-    if not path.exists() or path.read_text() != text:
-        atomic_write(path, text.encode())
-        evict(max_bytes())
-    return path
+    try:
+        if path.read_text() == text:
+            touch(path)
+            return path
+    except (OSError, ValueError):
+        pass
+    if store(path, text.encode()):
+        evict(max_bytes(), keep=key)
+        return path
+    fallback = _scratch_folder() / f"k_{key}.py"
+    atomic_write(fallback, text.encode())
+    return fallback
+
+
+_scratch: list = []
+
+
+def _scratch_folder() -> Path:
+    """A folder of this process for generated modules when the cache cannot take them."""
+    if not _scratch:
+        _scratch.append(Path(tempfile.mkdtemp(prefix="taskdsl-nocache-")))
+    return _scratch[0]
 
 
 def load_cubin(key: str) -> bytes | None:
@@ -73,28 +150,36 @@ def load_cubin(key: str) -> bytes | None:
         meta = json.loads(record.read_text())
         data = binary.read_bytes()
     except (OSError, ValueError):
-        _remove(binary, record)
+        remove(binary, record)
         return None
-    if len(data) != meta.get("size") or hashlib.sha256(data).hexdigest() != meta.get("sha256"):
-        _remove(binary, record)
+    if not isinstance(meta, dict) or meta.get("key") != key or len(data) != meta.get("size") \
+            or hashlib.sha256(data).hexdigest() != meta.get("sha256"):
+        remove(binary, record)
         return None
-    now = time.time()
-    os.utime(binary, (now, now))
+    touch(binary)
     return data
 
 
 def store_cubin(key: str, data: bytes, **meta) -> None:
-    """Cache a cubin under `key` with a JSON record, then keep the cache under its cap."""
+    """Cache a cubin under `key` with a JSON record, then keep the cache under its cap (best effort)."""
     folder = cache_dir() / "cuda"
-    record = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "created": time.time(), **meta}
-    atomic_write(folder / f"{key}.cubin", data)
-    atomic_write(folder / f"{key}.json", json.dumps(record, indent=1).encode())
-    evict(max_bytes())
+    record = {"key": key, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "created": time.time(),
+              **meta}
+    if store(folder / f"{key}.cubin", data) and store(folder / f"{key}.json", json.dumps(record, indent=1).encode()):
+        evict(max_bytes(), keep=key)
 
 
-def _remove(*paths: Path) -> None:
+def remove(*paths: Path) -> None:
+    """Delete cache files, whatever is in their place (a folder too); best effort."""
+    import shutil
     for p in paths:
-        p.unlink(missing_ok=True)
+        try:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+        except OSError:
+            pass
 
 
 @dataclass
@@ -106,55 +191,69 @@ class Entry:
     files: list
     size: int
     last_used: float
+    primary: bool = False       # whether it has its kind's main file (a cubin, a module, a tuning record)
 
 
 def entries() -> list:
-    """Every entry of the cache, grouped by key."""
+    """Every entry of the cache, grouped by key (files vanishing meanwhile, another process's doing, are skipped;
+    so are temporary files being written)."""
     root = cache_dir()
     groups: dict = {}
-    for kind in ("cuda", "cpu"):
+    for kind in KINDS:
         folder = root / kind
-        if not folder.exists():
+        if not folder.is_dir():
             continue
         for path in folder.rglob("*"):
             match = _KEY.match(path.name)
-            if not path.is_file() or match is None or path.suffix == ".tmp":
+            if match is None or ".tmp" in path.name:       # (a file being written, ours or numba's)
+                continue
+            try:
+                if not path.is_file():
+                    continue
+                stat = path.stat()
+            except OSError:
                 continue
             entry = groups.setdefault((kind, match.group(1)), Entry(kind, match.group(1), [], 0, 0.0))
-            stat = path.stat()
             entry.files.append(path)
             entry.size += stat.st_size
             entry.last_used = max(entry.last_used, stat.st_mtime)
+            entry.primary = entry.primary or (path.suffix == PRIMARY[kind] and path.parent == folder)
     return list(groups.values())
 
 
-def evict(limit: int) -> int:
-    """Remove least recently used entries until the cache holds at most `limit` bytes; return how many."""
+def evict(limit: int, keep: str | None = None) -> int:
+    """Remove least recently used entries (but `keep`'s) until the cache holds at most `limit` bytes; return how
+    many."""
     all_entries = sorted(entries(), key=lambda e: e.last_used)
     total = sum(e.size for e in all_entries)
     removed = 0
     for entry in all_entries:
         if total <= limit:
             break
-        _remove(*entry.files)
+        if entry.key == keep:
+            continue
+        remove(*entry.files)
         total -= entry.size
-        removed += 1
+        removed += entry.primary
     return removed
 
 
 def info() -> dict:
-    """Location, cap and per-kind entry counts and sizes of the cache."""
+    """Location, cap and per-kind entry counts (cubins, modules, tuning records) and sizes of the cache."""
     summary = {"path": str(cache_dir()), "max_bytes": max_bytes(), "kinds": {}}
     for e in entries():
         kind = summary["kinds"].setdefault(e.kind, {"entries": 0, "bytes": 0})
-        kind["entries"] += 1
+        kind["entries"] += e.primary
         kind["bytes"] += e.size
     return summary
 
 
 def clear() -> int:
-    """Delete every cached artifact; return the number of entries removed."""
-    count = len(entries())
-    for kind in ("cuda", "cpu"):
-        shutil.rmtree(cache_dir() / kind, ignore_errors=True)
-    return count
+    """Delete every cached artifact (and nothing else in the folder); return the number of entries removed."""
+    removed = 0
+    for entry in entries():
+        remove(*entry.files)
+        removed += entry.primary
+    if any(e.primary for e in entries()):
+        raise OSError(f"could not remove every entry of {cache_dir()}: check that it is writable")
+    return removed

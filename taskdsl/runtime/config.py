@@ -14,7 +14,11 @@ _state = {"target": None, "debug": None, "fast_compile": None}
 def cache_dir() -> Path:
     """Where compiled artifacts live (`TASKDSL_CACHE_DIR`, default ~/.cache/taskdsl)."""
     path = Path(os.environ.get("TASKDSL_CACHE_DIR") or Path.home() / ".cache" / "taskdsl")
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"the compile cache folder {path} cannot be used ({e.strerror}): set TASKDSL_CACHE_DIR to "
+                         "a folder taskdsl may create or write") from None
     return path
 
 

@@ -10,7 +10,8 @@ code) to the module's cache key and the few facts the runtime needs besides its 
     cpu/k_<module key>.py  the generated module (`cache.cpu_module`)
 
 Identical kernels built twice in one process (a model's repeated layers) share one generation too.
-An index entry that does not parse, or whose module is gone, is regenerated. Debug-mode sources are
+An index entry that does not parse, whose module is gone, or whose module's text does not hash to its
+name (damaged), is regenerated. Debug-mode sources are
 not indexed: their error sites point into the user's source file.
 """
 from __future__ import annotations
@@ -45,7 +46,7 @@ def cpu_module(fn: ir.Function, debug: bool, fast: bool):
     if key is not None:
         record = {"module": module_key, "entry": src.entry, "parallel": src.parallel, "flat": src.flat,
                   "opt_level": src.opt_level}
-        cache.atomic_write(_index_path(key), json.dumps(record).encode())
+        cache.store(_index_path(key), json.dumps(record).encode())
         _keep(key, (src, path))
     return src, path
 
@@ -80,18 +81,28 @@ def _index_path(key: str) -> Path:
     return cache_dir() / "cpu" / f"{key}.json"
 
 
+_RECORD_TYPES = {"module": str, "entry": str, "parallel": bool, "flat": bool, "opt_level": int}
+
+
 def _load(key: str):
-    """The indexed (CpuSource, module path) of `key`, or None when absent or unusable (then removed)."""
+    """The indexed (CpuSource, module path) of `key`, or None when absent or unusable (then removed). A module
+    whose text does not hash to its name (damaged) is removed too: it would import, and compute something else."""
     from ..backend.cpu.codegen import CpuSource
+    from ..backend.cpu.compile import compiler_fingerprint
     index = _index_path(key)
     try:
         record = json.loads(index.read_text())
+        if not isinstance(record, dict) or any(type(record.get(k)) is not t for k, t in _RECORD_TYPES.items()):
+            raise ValueError("a malformed index record")
         path = cache_dir() / "cpu" / f"k_{record['module']}.py"
-        src = CpuSource(path.read_text(), record["entry"], [], record["parallel"], record["flat"],
-                           record["opt_level"])
+        text = path.read_text()
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, KeyError, TypeError):
-        index.unlink(missing_ok=True)
+    except (OSError, ValueError):
+        cache.remove(index)
         return None
-    return src, path
+    if cache.cache_key(text, compiler_fingerprint()) != record["module"]:
+        cache.remove(index, path)
+        return None
+    cache.touch(path)
+    return CpuSource(text, record["entry"], [], record["parallel"], record["flat"], record["opt_level"]), path

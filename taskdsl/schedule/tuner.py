@@ -20,16 +20,24 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..runtime.cache import atomic_write, cache_key
+from ..runtime.cache import cache_key, store
 from ..runtime import config
 from ..runtime.config import cache_dir, get_target
 from ..runtime.progress import Progress
 from .space import Point, Space
 
 
+_SWITCH = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False,
+           "": True}
+
+
 def tuning_enabled() -> bool:
-    """False when TASKDSL_TUNE=0 (use default schedules)."""
-    return os.environ.get("TASKDSL_TUNE", "1") not in ("0", "false", "False", "")
+    """False when TASKDSL_TUNE=0 (or false / no / off: use default schedules); a value of neither kind is an error."""
+    text = os.environ.get("TASKDSL_TUNE", "1")
+    value = _SWITCH.get(text.strip().lower())
+    if value is None:
+        raise ValueError(f"TASKDSL_TUNE={text!r}: use 1 (tune each new shape) or 0 (the templates' default schedules)")
+    return value
 
 
 def device_name(target: str) -> str:
@@ -41,7 +49,8 @@ def device_name(target: str) -> str:
 
 def _record_path(op: str, shapes, dtypes, target: str):
     from .. import __version__
-    key = cache_key(op, repr(shapes), repr(dtypes), device_name(target), __version__)
+    fast = f"fast={config.fast_compile_enabled()}"      # a fast-compile build ranks other code
+    key = cache_key(op, repr(shapes), repr(dtypes), device_name(target), __version__, fast)
     return cache_dir() / "tune" / f"{key}.json"
 
 
@@ -81,9 +90,10 @@ def cached_winner(space: Space, op: str, shapes, dtypes, target: str) -> Point |
     """The stored winner for this problem, or None (absent, damaged, or no longer in the space)."""
     try:
         record = json.loads(_record_path(op, shapes, dtypes, target).read_text())
-        return space.point(**{k: _from_json(v) for k, v in record["point"].items()})
-    except (OSError, ValueError, KeyError, TypeError):
+        point = space.point(**{k: _from_json(v) for k, v in record["point"].items()})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, ArithmeticError):
         return None
+    return point if point in space.points() else None      # a value off the space's axes is no winner of it
 
 
 SLOW_CUT = 2.0   # a candidate whose first timed run takes this many times the best median so far is not timed on
@@ -159,5 +169,5 @@ def tune(space: Space, build, args: tuple, *, op: str, shapes, dtypes, default: 
         record = {"op": op, "shapes": repr(shapes), "dtypes": repr(dtypes), "device": device_name(target),
                   "point": _point_json(best), "seconds": best_time, "candidates": len(points), "failed": failed,
                   "timings": sorted(timings, key=lambda t: t[1])}
-        atomic_write(_record_path(op, shapes, dtypes, target), json.dumps(record, indent=1).encode())
+        store(_record_path(op, shapes, dtypes, target), json.dumps(record, indent=1).encode())
     return best
