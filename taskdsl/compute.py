@@ -195,6 +195,14 @@ def numpy_dtype(dtype: T.DataType):
     return dtype.numpy
 
 
+def _rounded(value: np.ndarray, dtype: T.DataType) -> np.ndarray:
+    """`value` as the reference computes values of `dtype`: rounded to `dtype` first where that is a 16-bit float
+    (held in f32 afterwards, as kernels compute with them)."""
+    if dtype.is_float and dtype.bits == 16:
+        value = np.asarray(value).astype(numpy_dtype(dtype))
+    return np.asarray(value).astype(_compute_dtype(dtype))
+
+
 def _compute_dtype(dtype: T.DataType):
     """The dtype the reference computes an IR type in (16-bit floats are computed in f32, as in kernels)."""
     return np.float32 if dtype.is_float and dtype.bits == 16 else dtype.numpy
@@ -242,12 +250,12 @@ class _Evaluator:
             cond = np.asarray(self.eval(e.cond, env, live), bool)
             a = self.eval(e.a, env, cond if live is None else live & cond)
             b = self.eval(e.b, env, ~cond if live is None else live & ~cond)
-            return np.where(cond, a, b).astype(_compute_dtype(e.dtype))
+            return _rounded(np.where(cond, a, b), e.dtype)
         if isinstance(e, ir.Cast):
             value = np.asarray(self.eval(e.value, env, live))
             if e.dtype.is_integer and value.dtype.kind == "f":
                 value = np.trunc(value)
-            return value.astype(_compute_dtype(e.dtype))
+            return _rounded(value, e.dtype)
         if isinstance(e, ir.Call):
             args = [self.eval(a, env, live) for a in e.args]
             fn = _erf if e.func == "erf" else _NP_MATH[e.func]
@@ -290,8 +298,12 @@ class _Evaluator:
             value = value.astype(_compute_dtype(t.dtype)) if t.op != "mean" else value.astype(np.float64)
             axes = tuple(range(len(t.axes), len(all_axes)))
             if 0 in full and t.op in ("max", "min"):   # the identity: what kernels start from
-                info = np.finfo(np.float64) if t.dtype.is_float else np.iinfo(t.dtype.numpy)
-                low, high = (-np.inf, np.inf) if t.dtype.is_float else (info.min, info.max)
+                if t.dtype.is_float:
+                    low, high = -np.inf, np.inf
+                elif t.dtype.is_bool:
+                    low, high = False, True
+                else:
+                    low, high = np.iinfo(t.dtype.numpy).min, np.iinfo(t.dtype.numpy).max
                 value = np.full(shape, low if t.op == "max" else high)
             else:
                 value = _NP_REDUCE[t.op](value, axis=axes)

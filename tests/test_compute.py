@@ -526,3 +526,34 @@ def test_the_reference_refuses_unguarded_reads_outside_a_tensor():
     np.testing.assert_array_equal(z, np.append(x[1:] > 10, False))
     for got, want in zip(guarded(x), (y, z)):
         np.testing.assert_array_equal(got, want)
+
+
+def test_sixteen_bit_negation_rounding_and_empty_bool_reductions():
+    """From a differential fuzz of the rule scheduler: -x of f16 / bf16 negated the cpu's bit patterns as integers;
+    the reference did not round a cast or select to a 16-bit float; max of no bools was True; and a select of an
+    f16 and a float did not compile for CUDA."""
+    import ml_dtypes
+    for dt, t in ((np.float16, td.f16), (ml_dtypes.bfloat16, td.bf16)):
+        a = td.placeholder("A", t, ("N",))
+        op = td.op([a], [td.compute("Y", ("N",), lambda i: -a[i]), td.reduce("S", (1,), ("N",), lambda i, k: -a[k])])
+        x = np.array([1.0, 0.5, -2.0], dt)
+        for y, total in (op(x), op.reference(x)):
+            np.testing.assert_array_equal(np.asarray(y, np.float32), [-1.0, -0.5, 2.0])
+            assert float(total[0]) == 0.5
+    f = td.placeholder("F", td.f32, ("N",))
+    rounded = td.op([f], [td.compute("R", ("N",), lambda i: ir.Cast(ir.Cast(f[i], td.f16), td.f32) - f[i])])
+    v = np.array([0.1, 1.0, 3.14159], np.float32)
+    want = v.astype(np.float16).astype(np.float32) - v
+    np.testing.assert_array_equal(rounded.reference(v)[0], want)
+    np.testing.assert_array_equal(rounded(v)[0], want)
+    b = td.placeholder("B", td.boolean, ("M", "N"))
+    anyof = td.op([b], [td.reduce("any", ("M",), ("N",), lambda i, k: b[i, k], op="max"),
+                        td.reduce("all", ("M",), ("N",), lambda i, k: b[i, k], op="min")])
+    empty = np.zeros((3, 0), bool)
+    for got_any, got_all in (anyof(empty), anyof.reference(empty)):
+        assert got_any.tolist() == [False] * 3 and got_all.tolist() == [True] * 3
+    h = td.placeholder("H", td.f16, (4,))
+    mixed = td.op([h], [td.compute("Z", (4,), lambda i: ir.Select(i + 1 < 4, h[i], 0.0, td.f32))])
+    from taskdsl.backend.cuda.nvrtc import compile_cubin
+    assert compile_cubin(mixed.source(np.ones(4, np.float16), target="cuda"), "sm_90")
+    np.testing.assert_array_equal(mixed(np.ones(4, np.float16))[0], [1, 1, 1, 0])

@@ -743,3 +743,127 @@ def test_size_symbol_shadowing_a_parameter():
 
     with pytest.raises(td.DSLError, match="same name as a parameter"):
         k(vec())
+
+
+# ---------------------------------------------------------------- from an audit of loops, mappings and positions
+def test_break_and_continue_may_not_leave_mapping_or_unrolled_loops():
+    """A break in a task-mapping loop left the wrong loop (or stopped the cpu's thread emulation), and one in a
+    loop over a compile-time tuple left the runtime loop around it: both are errors now."""
+    def mapping_break(x: td.f32[4], out: td.i32[4]):
+        c = 0
+        for i in td.spatial(4)(td.threadIdx.x):
+            if x[i] > 0.0:
+                break
+            c += 1
+        out[td.threadIdx.x] = c
+
+    def unrolled_continue(out: td.i32[1]):
+        c = 0
+        for q in range(3):
+            for v in (1, 2, 3):
+                if q == 1:
+                    continue
+                c += v
+        out[0] = c
+
+    x, o = np.zeros(4, np.float32), np.zeros(4, np.int32)
+    with pytest.raises(td.DSLError, match="'break' in a task-mapping loop"):
+        td.kernel(block=4)(mapping_break)(x, o)
+    with pytest.raises(td.DSLError, match="'continue' in a loop over a compile-time tuple"):
+        td.kernel(block=1)(unrolled_continue)(o[:1])
+
+    @td.kernel(block=1)
+    def leaves_range(out: td.i32[1]):          # a runtime loop inside a mapping loop may still be left
+        c = 0
+        for i in td.repeat(2)(td.threadIdx.x):
+            for k in range(5):
+                if k == 3:
+                    break
+                c += 1
+        out[0] = c
+
+    leaves_range(o[:1])
+    assert o[0] == 6
+
+
+def test_workers_outside_the_mapping_run_no_tasks():
+    """A negative worker index ran another worker's tasks (floor-mod wrapped it); workers run tasks only within
+    0 .. workers - 1, as on the host."""
+    @td.kernel(block=8)
+    def shifted(hits: td.i32[4]):
+        for i in td.spatial(4)(td.threadIdx.x - 2):
+            td.atomic_add(hits[i], 1)
+
+    hits = np.zeros(4, np.int32)
+    shifted(hits)
+    assert hits.tolist() == [1, 1, 1, 1]
+    assert ">= 0" in shifted.source(hits, target="cuda")
+
+
+def test_equality_in_helpers_and_custom_mappings_is_a_comparison_or_an_error():
+    """`==` on a runtime value in a plain Python helper, or in a custom mapping's function, was Python's identity
+    test (always False): now a comparison, and an `if` on it a DSLError as for `<`."""
+    def pick(v):
+        return v == 0
+
+    def branchy(v):
+        return 100 if v == 0 else 7
+
+    @td.kernel(block=4)
+    def flags(out: td.i32[4]):
+        out[td.threadIdx.x] = td.cast(pick(td.threadIdx.x), td.i32)
+
+    o = np.zeros(4, np.int32)
+    flags(o)
+    assert o.tolist() == [1, 0, 0, 0]
+
+    def branches(out: td.i32[4]):
+        out[td.threadIdx.x] = branchy(td.threadIdx.x)
+
+    with pytest.raises(td.DSLError, match="calling 'branchy' at compile time failed"):
+        td.kernel(block=4)(branches)(o)
+    swap = td.TaskMapping((8,), 4, lambda w: [(2 * w,), (2 * w + 1,)] if w % 2 == 0 else [(2 * w + 1,), (2 * w,)])
+
+    def swapped(out: td.i32[4, 2]):
+        c = 0
+        for i in swap(td.threadIdx.x):
+            out[td.threadIdx.x, c] = i
+            c += 1
+
+    with pytest.raises(td.DSLError, match="custom task mapping"):
+        td.kernel(block=4)(swapped)(np.zeros((4, 2), np.int32))
+
+
+def test_constant_indices_outside_the_tensor_are_errors():
+    def last(x: td.f32[3], out: td.f32[1]):
+        out[0] = x[-1]
+
+    def past(x: td.f32[3], out: td.f32[1]):
+        out[0] = x[3]
+
+    x, o = np.ones(3, np.float32), np.zeros(1, np.float32)
+    with pytest.raises(td.DSLError, match="index -1 of 'x' is negative"):
+        td.kernel(grid=1, block=1)(last)(x, o)
+    with pytest.raises(td.DSLError, match="index 3 is past the end of axis 0 of 'x'"):
+        td.kernel(grid=1, block=1)(past)(x, o)
+
+
+def test_a_nested_kernel_with_a_column_0_docstring_line_parses_and_columns_count_characters():
+    def make():
+        @td.kernel(grid=1, block=1)
+        def documented(out: td.f32[1]):
+            """A docstring whose next line starts at column 0:
+this one."""
+            out[0] = 1.0
+        return documented
+
+    o = np.zeros(1, np.float32)
+    make()(o)
+    assert o[0] == 1.0
+
+    def accented(out: td.f32[1]):
+        s = "ééé"; out[0] = bogus      # noqa: F821, E702
+    with pytest.raises(td.DSLError) as err:
+        td.kernel(grid=1, block=1)(accented)(o)
+    line = err.value.loc.source_line()
+    assert line[err.value.loc.col:].startswith("bogus")

@@ -1,6 +1,7 @@
 """Unique, valid identifiers for IR variables and buffers in generated source."""
 from __future__ import annotations
 
+import keyword
 import re
 
 _RESERVED = {"int", "float", "double", "char", "bool", "np", "math", "range", "prange", "max", "min", "abs",
@@ -8,9 +9,18 @@ _RESERVED = {"int", "float", "double", "char", "bool", "np", "math", "range", "p
              "True", "False", "pass", "break", "continue", "class", "import", "from", "global", "with"}
 
 
+_RESERVED |= set(keyword.kwlist) | {
+    "auto", "case", "catch", "const", "default", "delete", "do", "enum", "extern", "friend", "goto", "inline",
+    "long", "namespace", "new", "nullptr", "operator", "private", "protected", "public", "register", "short",
+    "signed", "sizeof", "static", "struct", "switch", "template", "this", "throw", "true", "false", "try",
+    "typedef", "typename", "union", "unsigned", "virtual", "void", "volatile"}
+
+
 def identifier(name: str) -> str:
-    """`name` with every character outside [A-Za-z0-9_] replaced by '_' (C++ and Python accept the result)."""
-    return re.sub(r"[^0-9A-Za-z_]", "_", name)
+    """`name` with every character outside [A-Za-z0-9_] replaced by '_', and a leading digit prefixed (C++ and
+    Python accept the result)."""
+    text = re.sub(r"[^0-9A-Za-z_]", "_", name)
+    return f"v{text}" if text[:1].isdigit() else text
 
 
 class NameTable:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import ast
 import inspect
-import textwrap
 from dataclasses import dataclass
 
 from ..errors import DSLError, SourceLoc
@@ -17,10 +16,14 @@ class ParsedSource:
     file: str
     line_offset: int
     col_offset: int
+    lines: tuple = ()           # the parsed text's lines (ast's columns count UTF-8 bytes in them)
 
     def loc(self, node: ast.AST) -> SourceLoc:
-        """The file position of an AST node."""
-        return SourceLoc(self.file, node.lineno + self.line_offset, node.col_offset + self.col_offset)
+        """The file position of an AST node (its column in characters)."""
+        col = node.col_offset
+        if 0 < node.lineno <= len(self.lines):
+            col = len(self.lines[node.lineno - 1].encode()[:col].decode(errors="ignore"))
+        return SourceLoc(self.file, node.lineno + self.line_offset, col + self.col_offset)
 
 
 def parse_function(fn) -> ParsedSource:
@@ -34,12 +37,14 @@ def parse_function(fn) -> ParsedSource:
                        "file, a notebook cell or a REPL that keeps source (IPython), not the plain python "
                        "REPL, `python -c` or an exec'd string",
                        SourceLoc(code.co_filename, code.co_firstlineno)) from None
-    text = "".join(lines)
-    dedented = textwrap.dedent(text)
-    indent = len(lines[0]) - len(lines[0].lstrip()) if dedented != text else 0
+    # the def's own indent off every line that has it (textwrap.dedent did nothing where a docstring's line
+    # starts at column 0, and the nested def failed to parse)
+    indent = len(lines[0]) - len(lines[0].lstrip())
+    prefix = lines[0][:indent]
+    dedented = "".join(line[indent:] if line.startswith(prefix) else line for line in lines)
     module = ast.parse(dedented)
     tree = module.body[0]
     assert isinstance(tree, (ast.FunctionDef, ast.AsyncFunctionDef)), "decorated object is not a def"
     if isinstance(tree, ast.AsyncFunctionDef):
         raise DSLError("kernels cannot be async functions", SourceLoc(file, first_line))
-    return ParsedSource(tree, file, first_line - 1, indent)
+    return ParsedSource(tree, file, first_line - 1, indent, tuple(dedented.splitlines()))

@@ -123,6 +123,7 @@ class FunctionTranslator:
         self.local_names = _assigned_names(source.tree)
         self.definite = set(env)  # names bound on every path to the statement being translated
         self.loop_depth = 0
+        self.jump_scopes: list = []     # the loops around the code: 'runtime', 'mapping' or 'unrolled'
         self.shadowed: dict = {}  # name -> the loop that bound it over an earlier binding, until it is reassigned
         self.pending: list = []   # statements an expression emits before its own (allocations, inlined calls)
         self.returned: ir.Var | None = None
@@ -356,9 +357,11 @@ class FunctionTranslator:
         test, emitted = self.expr_apart(node.test)
         cond = self.condition(test, node.test)
         self.loop_depth += 1
+        self.jump_scopes.append("runtime")
         before = set(self.definite)
         body = self.block(node.body)
         self.definite = before      # the body may not run
+        self.jump_scopes.pop()
         self.loop_depth -= 1
         if not emitted:
             return ir.While(cond, body, self.loc(node))
@@ -373,9 +376,16 @@ class FunctionTranslator:
         return self._loop_jump(node, ir.Continue)
 
     def _loop_jump(self, node, cls):
-        if not self.loop_depth:
-            raise self.error(node, f"'{cls.__name__.lower()}' outside a runtime loop",
+        word = cls.__name__.lower()
+        innermost = self.jump_scopes[-1] if self.jump_scopes else None
+        if not self.loop_depth or innermost == "unrolled":
+            raise self.error(node, f"'{word}' outside a runtime loop" if not self.loop_depth else
+                             f"'{word}' in a loop over a compile-time tuple",
                              "Loops over compile-time tuples are unrolled and cannot be left early.")
+        if innermost == "mapping":
+            raise self.error(node, f"'{word}' in a task-mapping loop",
+                             "A mapping loop becomes several loops, or none, per worker, so it cannot be left "
+                             "early as one loop: keep a flag, or test a condition around the body.")
         return cls(self.loc(node))
 
     def stmt_for(self, node: ast.For):
@@ -424,18 +434,24 @@ class FunctionTranslator:
         if len(targets) != rank or not all(isinstance(t, ast.Name) for t in targets):
             raise self.error(node.target, f"the mapping {source.mapping!r} has {rank}-d tasks, so the loop needs "
                                           f"{rank} variable name{'s' if rank > 1 else ''}, got {len(targets)}")
-        worker = ir.as_expr(source.worker)
+        try:
+            worker = ir.as_expr(source.worker)
+        except TypeError as exc:
+            raise self.error(node.iter, f"a task mapping's worker index must be an integer value: {exc}",
+                             "e.g. mapping(threadIdx.x), not mapping(threadIdx).") from None
         if not worker.dtype.is_integer:
             raise self.error(node.iter, "a task mapping's worker index must be an integer")
         loop_vars = tuple(ir.Var(t.id, T.i32, kind="loop") for t in targets)
-        body = self.loop_body(node, {v.name: v for v in loop_vars})
+        body = self.loop_body(node, {v.name: v for v in loop_vars}, scope="mapping")
         return ir.ForMapping(loop_vars, source.mapping, worker, body, self.loc(node))
 
     def for_unrolled(self, node: ast.For, values: list):
         out = []
+        self.jump_scopes.append("unrolled")
         for value in values:
             self.bind_target(node.target, value)
             out.append(self.block(node.body))
+        self.jump_scopes.pop()
         return ir.seq(out) if out else None
 
     def bind_target(self, target: ast.expr, value):
@@ -449,9 +465,10 @@ class FunctionTranslator:
         else:
             raise self.error(target, "cannot unpack this loop value into the loop variables")
 
-    def loop_body(self, node: ast.For, bindings: dict, runs: bool = False) -> ir.Stmt:
+    def loop_body(self, node: ast.For, bindings: dict, runs: bool = False, scope: str = "runtime") -> ir.Stmt:
         """The body of a runtime loop binding `bindings`; what it assigns counts as assigned after the loop
-        only when it `runs` (a constant trip count of one or more, and no break or continue)."""
+        only when it `runs` (a constant trip count of one or more, and no break or continue). `scope` says what
+        a break or continue in it would leave ('mapping' loops refuse them)."""
         saved = {n: self.env.get(n) for n in bindings}
         before = set(self.definite)
         self.definite |= set(bindings)
@@ -459,7 +476,9 @@ class FunctionTranslator:
         for n in bindings:      # the loop's own name (reads in the body are of it)
             self.shadowed.pop(n, None)
         self.loop_depth += 1
+        self.jump_scopes.append(scope)
         body = self.block(node.body)
+        self.jump_scopes.pop()
         self.loop_depth -= 1
         self.definite = (self.definite - set(bindings)) | (before & set(bindings)) if runs else before
         for n, v in saved.items():
@@ -581,8 +600,22 @@ class FunctionTranslator:
             e = ir.as_expr(v) if (is_runtime(v) or _is_number(v)) else None
             if e is None or not (e.dtype.is_integer or e.dtype.is_bool):
                 raise self.error(p, f"tensor indices must be integers, got {e.dtype.name if e is not None else type(v).__name__}")
+            self._check_constant_index(buf, len(out), e, p)
             out.append(e)
         return buf, tuple(out)
+
+    def _check_constant_index(self, buf: ir.Buffer, axis: int, index: ir.Expr, node: ast.AST) -> None:
+        """A DSLError for a constant index outside its axis: a negative one (kernels do not count from the end,
+        as Python does), or one past a constant size."""
+        if not isinstance(index, ir.Const) or isinstance(index.value, bool):
+            return
+        size = buf.shape[axis]
+        if index.value < 0:
+            raise self.error(node, f"index {index.value} of '{buf.name}' is negative",
+                             "Kernel indices do not count from the end: write the size minus one (e.g. N - 1).")
+        if isinstance(size, ir.Const) and index.value >= size.value:
+            raise self.error(node, f"index {index.value} is past the end of axis {axis} of '{buf.name}' (size "
+                                   f"{size.value})")
 
     def expr_binop(self, node: ast.BinOp):
         op = _BINOPS.get(type(node.op))
@@ -755,7 +788,10 @@ class FunctionTranslator:
                 raise self.error(node, f"{func.name}(x) takes one number")
             return self.cast_to(ir.as_expr(args[0], func), func, node)
         try:
-            return func(*args, **kwargs)
+            if not runtime_args:
+                return func(*args, **kwargs)
+            with ir.elementwise_equality():     # `v == 0` on a runtime value builds a comparison, as `<` does
+                return func(*args, **kwargs)
         except DSLError:
             raise
         except Exception as exc:  # noqa: BLE001 - user code raised at compile time

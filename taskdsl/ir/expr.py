@@ -60,7 +60,9 @@ class Expr:
     def __rfloordiv__(self, o): return binary("//", o, self)
     def __mod__(self, o): return binary("%", self, o)
     def __rmod__(self, o): return binary("%", o, self)
-    def __neg__(self): return Unary("-", self, self.dtype)
+    def __neg__(self):     # bools and narrow ints in i32, as C and kernels promote them; floats as they are
+        e = self if self.dtype.is_float or self.dtype.bits >= 32 else Cast(self, i32)
+        return Unary("-", e, e.dtype)
     def __lt__(self, o): return binary("<", self, o)
     def __le__(self, o): return binary("<=", self, o)
     def __gt__(self, o): return binary(">", self, o)

@@ -13,6 +13,7 @@ import dataclasses
 import math
 
 from .. import ir
+from ..errors import DSLError
 from ..ir import types as T
 from ..mapping import RepeatMapping, SpatialMapping, unravel
 from .bounds import int_range
@@ -33,9 +34,12 @@ class _Expander(ir.Rewriter):
         workers_after = [math.prod(a.num_workers for a in atoms[t + 1:]) for t in range(len(atoms))]
         expanded = self._emit(s, atoms, workers_after, 0, None, body)
         bound = int_range(s.worker, self.block, {})
-        if bound is not None and 0 <= bound[0] and bound[1] < s.mapping.num_workers:
+        tests = [] if bound is not None and bound[0] >= 0 else [ir.binary(">=", s.worker, 0)]    # others' tasks
+        if bound is None or bound[1] >= s.mapping.num_workers:
+            tests.append(ir.binary("<", s.worker, s.mapping.num_workers))
+        if not tests:
             return expanded
-        return ir.If(ir.binary("<", s.worker, s.mapping.num_workers), expanded, None, s.loc)
+        return ir.If(tests[0] if len(tests) == 1 else ir.binary("and", *tests), expanded, None, s.loc)
 
     def _emit(self, s: ir.ForMapping, atoms, workers_after, t, coords, body) -> ir.Stmt:
         if t == len(atoms):  # the loop variables are read-only, so their uses take the coordinates
@@ -60,5 +64,11 @@ class _Expander(ir.Rewriter):
                 if atom.dims[d] > 1:  # the rank-0 dimension ends up outermost
                     inner = ir.For(loop_vars[d], ir.const(0), ir.const(atom.dims[d]), ir.const(1), inner, True, s.loc)
             return inner
-        tasks = atom.worker_to_tasks(worker)
+        try:
+            with ir.elementwise_equality():
+                tasks = atom.worker_to_tasks(worker)
+        except Exception as exc:  # noqa: BLE001 - the user's mapping function, run on the worker's IR
+            raise DSLError(f"the custom task mapping {atom!r} failed on the worker index: {type(exc).__name__}: "
+                           f"{exc}", s.loc, "A custom mapping run in a kernel may only do arithmetic (+ - * // %) "
+                           "on the worker, no comparisons in 'if' or min/max.") from None
         return ir.seq([self._emit(s, atoms, workers_after, t + 1, combine(tuple(task)), body) for task in tasks])

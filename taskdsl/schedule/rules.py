@@ -176,8 +176,12 @@ def accumulator_dtype(t: Tensor) -> T.DataType:
     return T.f32 if t.op == "mean" else T.promote(dtype, T.i32)
 
 
-def _identity(op: str, dtype: T.DataType) -> ir.Const:
+def _identity(op: str, dtype: T.DataType, values: T.DataType | None = None) -> ir.Const:
+    """What a reduction `op` in `dtype` starts from; over `values` of bools, max starts False (any) and min True
+    (all), not at the accumulator's extremes (INT_MIN stored to a bool is True)."""
     value = _IDENTITY[op]
+    if (dtype.is_bool or values is not None and values.is_bool) and math.isinf(value):
+        return ir.const(value > 0 if dtype.is_bool else int(value > 0), dtype)
     if not dtype.is_float and math.isinf(value):
         info = (-(2 ** (dtype.bits - 1)), 2 ** (dtype.bits - 1) - 1) if dtype.kind == "int" else (0, 2 ** dtype.bits - 1)
         value = info[0] if value < 0 else info[1]
@@ -294,7 +298,7 @@ def schedule_reduce(t: Tensor, inline: set, strategy: str, threads: int = BLOCK,
     else:
         o, head, guard, start, step, leader = blockIdx.x, [], None, threadIdx.x, BLOCK, ir.binary("==", threadIdx.x, 0)
     out_index, coords = _coordinates(o, t.shape, "o")
-    stmts = head + coords + [ir.Assign(acc, _identity(t.op, dtype))]
+    stmts = head + coords + [ir.Assign(acc, _identity(t.op, dtype, t.body.dtype))]
     few = _constant(reduced)
     if strategy == "thread" and compact:
         loop = _reduce_loop(t, body, out_index, acc, 0, reduced, 1)
@@ -316,7 +320,7 @@ def schedule_reduce(t: Tensor, inline: set, strategy: str, threads: int = BLOCK,
             ir.SyncThreads(),
             ir.If(ir.binary("==", warp, 0), ir.seq(
                 [ir.Assign(acc, ir.Select(ir.binary("<", lane, WARPS), ir.Load(partials, (lane,)),
-                                          _identity(t.op, dtype), dtype))] + _warp_reduce(t.op, acc, 8)))]
+                                          _identity(t.op, dtype, t.body.dtype), dtype))] + _warp_reduce(t.op, acc, 8)))]
     store = ir.Store(t.buffer, tuple(out_index), _finish(t, acc, reduced))
     cond = leader if guard is None else (guard if leader is None else ir.binary("and", guard, leader))
     stmts.append(store if cond is None else ir.If(cond, store))
@@ -337,7 +341,7 @@ def split_stages(t: Tensor, chunks: int) -> tuple[Tensor, Tensor]:
     def chunk(*ix):    # (*output axes, p, k): element p * length + k of the output's elements
         linear = ix[-2] * length + ix[-1]
         value = _element(t, t.body, list(ix[:-2]), linear, dtype)
-        return ir.Select(ir.binary("<", linear, reduced), value, _identity(t.op, dtype), dtype)
+        return ir.Select(ir.binary("<", linear, reduced), value, _identity(t.op, dtype, t.body.dtype), dtype)
 
     partial_op = "sum" if t.op == "mean" else t.op
     partial = reduce(f"{t.name}_partials", t.shape + (chunks,), (length,), chunk, op=partial_op, dtype=dtype)

@@ -491,6 +491,8 @@ class _PythonEmitter:
                 return f"{np_type(e.dtype)}({text})"
             return text
         if isinstance(e, ir.Unary):
+            if e.op == "-" and e.dtype.name in ("f16", "bf16"):     # held as bit patterns: flip the sign bit
+                return f"({self.expr(e.a)} ^ np.uint16(0x8000))"
             text = f"({'not ' if e.op == 'not' else e.op}{self.expr(e.a)})"
             # numba negates an unsigned value into int64: wrap it back, as C does
             return f"{np_type(e.dtype)}({text})" if e.dtype.kind == "uint" else text

@@ -338,7 +338,8 @@ class _CudaEmitter:
         if isinstance(e, ir.Unary):
             return f"({'!' if e.op == 'not' else e.op}{self.expr(e.a)})"
         if isinstance(e, ir.Select):
-            return f"({self.expr(e.cond)} ? {self.expr(e.a)} : {self.expr(e.b)})"
+            a, b = (self.expr(x) if x.dtype == e.dtype else f"(({e.dtype.c_name})({self.expr(x)}))" for x in (e.a, e.b))
+            return f"({self.expr(e.cond)} ? {a} : {b})"
         if isinstance(e, ir.Cast):
             return f"(({e.dtype.c_name})({self.expr(e.value)}))"
         if isinstance(e, ir.Load):
