@@ -295,7 +295,9 @@ class _Evaluator:
             all_axes, all_dims = t.axes + t.reduce_axes, t.shape + t.reduce_shape
             full = tuple(self.dim(d) for d in all_dims)
             value = np.broadcast_to(self.eval(t.body, self.grid(all_axes, all_dims)), full)
-            value = value.astype(_compute_dtype(t.dtype)) if t.op != "mean" else value.astype(np.float64)
+            # accumulated in the wider of the values' and the result's types, as the kernels do, then converted
+            value = value.astype(np.float64 if t.op == "mean" else
+                                 np.result_type(_compute_dtype(t.body.dtype), _compute_dtype(t.dtype)))
             axes = tuple(range(len(t.axes), len(all_axes)))
             if 0 in full and t.op in ("max", "min"):   # the identity: what kernels start from
                 if t.dtype.is_float:

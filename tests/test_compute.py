@@ -557,3 +557,19 @@ def test_sixteen_bit_negation_rounding_and_empty_bool_reductions():
     from taskdsl.backend.cuda.nvrtc import compile_cubin
     assert compile_cubin(mixed.source(np.ones(4, np.float16), target="cuda"), "sm_90")
     np.testing.assert_array_equal(mixed(np.ones(4, np.float16))[0], [1, 1, 1, 0])
+
+
+def test_a_reduction_accumulates_in_the_wider_of_its_values_and_result_types():
+    """`td.reduce(..., dtype=)`: kernel and reference both accumulate in the wider of the two types, then convert
+    (they disagreed: the kernel summed then converted, the reference converted each value first)."""
+    f = td.placeholder("F", td.f32, ("N",))
+    i = td.placeholder("I", td.i32, ("N",))
+    op = td.op([f, i], [td.reduce("s", (1,), ("N",), lambda _, k: f[k], dtype=td.i32),
+                        td.reduce("w", (1,), ("N",), lambda _, k: i[k], dtype=td.i64),
+                        td.reduce("m", (1,), ("N",), lambda _, k: i[k] % 16, op="mean", dtype=td.i32)])
+    fv = np.array([0.5, 0.5, 0.75, 0.75, -1.0, -0.0], np.float32)
+    iv = np.full(6, 2**30, np.int32)
+    iv[0] = 3
+    for s, w, m in (op(fv, iv), op.reference(fv, iv)):
+        assert s.tolist() == [1] and w.tolist() == [int(iv.astype(np.int64).sum())]
+        assert m.tolist() == [int((iv % 16).mean())]

@@ -169,11 +169,12 @@ def combine(op: str, acc: ir.Expr, value: ir.Expr) -> ir.Expr:
 
 
 def accumulator_dtype(t: Tensor) -> T.DataType:
-    """The type partial results are kept in (floats in at least f32)."""
-    dtype = t.body.dtype
-    if dtype.is_float:
-        return T.f64 if dtype == T.f64 else T.f32
-    return T.f32 if t.op == "mean" else T.promote(dtype, T.i32)
+    """The type partial results are kept in: the wider of the values' and the result's (floats in at least f32,
+    integers in at least i32), so a sum of i32 values into i64 does not wrap first."""
+    values, result = t.body.dtype, t.dtype
+    if values.is_float or result.is_float or t.op == "mean":
+        return T.f64 if T.f64 in (values, result) else T.f32
+    return T.promote(T.promote(values, result), T.i32)
 
 
 def _identity(op: str, dtype: T.DataType, values: T.DataType | None = None) -> ir.Const:
