@@ -137,8 +137,9 @@ def time_calls(fn, feeds: dict, iters: int) -> np.ndarray:
 
 def infer(graph: Graph, model: onnx.ModelProto | None, feeds: dict, target: str | None = None,
           iters: int = 10, channels_last: bool | None = None, fixed: dict | None = None) -> Result:
-    """Compile `graph` for `target` (convolutions NHWC with `channels_last`; None: the target's choice), warm up, time `iters` calls and
-    check the outputs against the reference (`fixed`: the model inputs' values fixed at import)."""
+    """Compile `graph` for `target` (convolutions NHWC with `channels_last`; None: the target's choice), warm up,
+    time `iters` calls and check the outputs against the reference (`fixed`: the model inputs' values fixed at
+    import)."""
     want, reference = reference_outputs(graph, model, feeds, fixed)
     start = time.perf_counter()
     compiled = graph.compile(target, channels_last=channels_last)
