@@ -8,7 +8,8 @@ Each operator is one `td.op` of reductions (materialized, one kernel each) and a
 injective output definition; softmax / log_softmax over the last axis and layer_norm over the
 last axis with weight and bias use the fused row kernels of `rowwise.py` instead. Inputs are
 viewed in a canonical form with size-symbol dims ((outer, axis, inner) for softmax, (rows,
-normalized) for the norms, (N, C, spatial) for batch_norm), so an op is built once per dtype / variant / eps and reused for any size.
+normalized) for the norms, (N, C, spatial) for batch_norm), so an op is built once per dtype /
+variant / eps and reused for any size.
 Statistics are computed in f32 (f64 for f64 inputs); 16-bit inputs give 16-bit outputs.
 """
 from __future__ import annotations
