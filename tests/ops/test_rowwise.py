@@ -81,7 +81,7 @@ def test_float64_rows_keep_float64_precision(schedule):
 
 @pytest.mark.parametrize("schedule", ["block", "thread"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@settings(max_examples=3, deadline=None)
+@settings(max_examples=2, deadline=None)
 @given(shape=SHAPES, seed=st.integers(0, 1000))
 def test_16_bit_rows_are_computed_in_f32_and_rounded_once(schedule, dtype, shape, seed):
     """f16 / bf16 rows (the GPU models' attention and layer norms: one kernel each, not three): within one
