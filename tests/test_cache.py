@@ -214,7 +214,7 @@ def test_clear_removes_entries_and_tuning_records_only(tmp_path):
 def test_tuning_switch_and_damaged_winners(tmp_path, monkeypatch):
     from taskdsl.schedule import tuner
     from taskdsl.schedule.space import Space
-    for text, on in (("0", False), (" off ", False), ("No", False), ("1", True), ("yes", True)):
+    for text, on in (("0", False), (" off ", False), ("No", False), ("", False), ("1", True), ("yes", True)):
         monkeypatch.setenv("TASKDSL_TUNE", text)
         assert tuner.tuning_enabled() is on
     monkeypatch.setenv("TASKDSL_TUNE", "2")

@@ -4,12 +4,9 @@ from __future__ import annotations
 import keyword
 import re
 
-_RESERVED = {"int", "float", "double", "char", "bool", "np", "math", "range", "prange", "max", "min", "abs",
-             "and", "or", "not", "if", "else", "for", "while", "in", "is", "def", "return", "lambda", "None",
-             "True", "False", "pass", "break", "continue", "class", "import", "from", "global", "with"}
-
-
-_RESERVED |= set(keyword.kwlist) | {
+# names generated code may not use: Python's keywords and builtins it calls, C++'s keywords and types
+_RESERVED = set(keyword.kwlist) | {
+    "int", "float", "double", "char", "bool", "np", "math", "range", "prange", "max", "min", "abs",
     "auto", "case", "catch", "const", "default", "delete", "do", "enum", "extern", "friend", "goto", "inline",
     "long", "namespace", "new", "nullptr", "operator", "private", "protected", "public", "register", "short",
     "signed", "sizeof", "static", "struct", "switch", "template", "this", "throw", "true", "false", "try",

@@ -122,8 +122,7 @@ class FunctionTranslator:
         self.runtime_names = _runtime_names(source.tree)
         self.local_names = _assigned_names(source.tree)
         self.definite = set(env)  # names bound on every path to the statement being translated
-        self.loop_depth = 0
-        self.jump_scopes: list = []     # the loops around the code: 'runtime', 'mapping' or 'unrolled'
+        self.loops: list = []     # the loops around the code, innermost last: 'runtime', 'mapping' or 'unrolled'
         self.shadowed: dict = {}  # name -> the loop that bound it over an earlier binding, until it is reassigned
         self.pending: list = []   # statements an expression emits before its own (allocations, inlined calls)
         self.returned: ir.Var | None = None
@@ -210,8 +209,13 @@ class FunctionTranslator:
             return ir.Evaluate(result, self.loc(node))
         return None
 
+    @property
+    def in_runtime_loop(self) -> bool:
+        """Whether the code being translated is inside a loop that runs at runtime (not only unrolled ones)."""
+        return any(kind != "unrolled" for kind in self.loops)
+
     def stmt_return(self, node: ast.Return):
-        if self.loop_depth:
+        if self.in_runtime_loop:
             raise self.error(node, "'return' inside a loop is not supported",
                              "Use a flag and 'break', or restructure with if/else.")
         flag = ir.Assign(self.returned_flag(), ir.const(True), self.loc(node))
@@ -356,13 +360,11 @@ class FunctionTranslator:
             raise self.error(node, "'while ... else' is not supported")
         test, emitted = self.expr_apart(node.test)
         cond = self.condition(test, node.test)
-        self.loop_depth += 1
-        self.jump_scopes.append("runtime")
+        self.loops.append("runtime")
         before = set(self.definite)
         body = self.block(node.body)
         self.definite = before      # the body may not run
-        self.jump_scopes.pop()
-        self.loop_depth -= 1
+        self.loops.pop()
         if not emitted:
             return ir.While(cond, body, self.loc(node))
         # the condition takes statements (an inlined call): they must run again before every test
@@ -377,9 +379,9 @@ class FunctionTranslator:
 
     def _loop_jump(self, node, cls):
         word = cls.__name__.lower()
-        innermost = self.jump_scopes[-1] if self.jump_scopes else None
-        if not self.loop_depth or innermost == "unrolled":
-            raise self.error(node, f"'{word}' outside a runtime loop" if not self.loop_depth else
+        innermost = self.loops[-1] if self.loops else None
+        if not self.in_runtime_loop or innermost == "unrolled":
+            raise self.error(node, f"'{word}' outside a runtime loop" if not self.in_runtime_loop else
                              f"'{word}' in a loop over a compile-time tuple",
                              "Loops over compile-time tuples are unrolled and cannot be left early.")
         if innermost == "mapping":
@@ -447,11 +449,11 @@ class FunctionTranslator:
 
     def for_unrolled(self, node: ast.For, values: list):
         out = []
-        self.jump_scopes.append("unrolled")
+        self.loops.append("unrolled")
         for value in values:
             self.bind_target(node.target, value)
             out.append(self.block(node.body))
-        self.jump_scopes.pop()
+        self.loops.pop()
         return ir.seq(out) if out else None
 
     def bind_target(self, target: ast.expr, value):
@@ -475,11 +477,9 @@ class FunctionTranslator:
         self.env.update(bindings)
         for n in bindings:      # the loop's own name (reads in the body are of it)
             self.shadowed.pop(n, None)
-        self.loop_depth += 1
-        self.jump_scopes.append(scope)
+        self.loops.append(scope)
         body = self.block(node.body)
-        self.jump_scopes.pop()
-        self.loop_depth -= 1
+        self.loops.pop()
         self.definite = (self.definite - set(bindings)) | (before & set(bindings)) if runs else before
         for n, v in saved.items():
             if v is None:

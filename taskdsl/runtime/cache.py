@@ -27,6 +27,7 @@ import json
 import math
 import os
 import re
+import shutil
 import tempfile
 import time
 import warnings
@@ -171,7 +172,6 @@ def store_cubin(key: str, data: bytes, **meta) -> None:
 
 def remove(*paths: Path) -> None:
     """Delete cache files, whatever is in their place (a folder too); best effort."""
-    import shutil
     for p in paths:
         try:
             if p.is_dir() and not p.is_symlink():

@@ -177,11 +177,11 @@ def accumulator_dtype(t: Tensor) -> T.DataType:
     return T.promote(T.promote(values, result), T.i32)
 
 
-def _identity(op: str, dtype: T.DataType, values: T.DataType | None = None) -> ir.Const:
+def _identity(op: str, dtype: T.DataType, values: T.DataType) -> ir.Const:
     """What a reduction `op` in `dtype` starts from; over `values` of bools, max starts False (any) and min True
     (all), not at the accumulator's extremes (INT_MIN stored to a bool is True)."""
     value = _IDENTITY[op]
-    if (dtype.is_bool or values is not None and values.is_bool) and math.isinf(value):
+    if (dtype.is_bool or values.is_bool) and math.isinf(value):
         return ir.const(value > 0 if dtype.is_bool else int(value > 0), dtype)
     if not dtype.is_float and math.isinf(value):
         info = (-(2 ** (dtype.bits - 1)), 2 ** (dtype.bits - 1) - 1) if dtype.kind == "int" else (0, 2 ** dtype.bits - 1)

@@ -28,11 +28,12 @@ from .space import Point, Space
 
 
 _SWITCH = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False,
-           "": True}
+           "": False}     # (set but empty: off, as TASKDSL_DEBUG and TASKDSL_PROGRESS read it)
 
 
 def tuning_enabled() -> bool:
-    """False when TASKDSL_TUNE=0 (or false / no / off: use default schedules); a value of neither kind is an error."""
+    """False when TASKDSL_TUNE=0 (or false / no / off / empty: use default schedules); any other value but 1 / true /
+    yes / on is an error."""
     text = os.environ.get("TASKDSL_TUNE", "1")
     value = _SWITCH.get(text.strip().lower())
     if value is None:
