@@ -1,5 +1,5 @@
 """`python -m models bench`: per model, taskdsl latency against onnxruntime on the CPU, and against PyTorch
-eager and torch.compile where a GPU and torch are present (each peer skipped when it is not installed).
+eager and torch.compile (default mode, and with CUDA graphs) where a GPU and torch are present (each peer skipped when it is not installed).
 
 Every runtime runs the same graph: onnxruntime the exported ONNX model, PyTorch the graph's
 operators replayed as torch functions (models.torch_runner).
@@ -26,8 +26,12 @@ def onnxruntime_latency(model, feeds: dict, iters: int) -> float | None:
     return float(np.median(time_calls(run, feeds, iters)))
 
 
+TORCH_PEERS = (   # label, torch.compile mode (None: eager); CUDA graphs replay launches as taskdsl does
+    ("torch eager", None), ("torch.compile", "default"), ("torch.compile CUDA graphs", "reduce-overhead"))
+
+
 def torch_latencies(graph, feeds: dict, iters: int) -> dict:
-    """{'torch eager': s, 'torch.compile': s} on the GPU; empty without torch or a GPU."""
+    """{label: median seconds} of each of TORCH_PEERS on the GPU; empty without torch or a GPU."""
     try:
         import torch
     except ImportError:
@@ -37,12 +41,14 @@ def torch_latencies(graph, feeds: dict, iters: int) -> dict:
     from .torch_runner import torch_function
     fn, inputs = torch_function(graph, feeds, "cuda")
     out = {}
-    for label, f in (("torch eager", fn), ("torch.compile", torch.compile(fn))):
+    for label, mode in TORCH_PEERS:
+        f = fn if mode is None else torch.compile(fn, mode=mode)
         def call(_, f=f):
             with torch.inference_mode():
                 f(*inputs)
             torch.cuda.synchronize()
-        call(None)
+        for _ in range(3):      # warm-up: a CUDA-graph mode records its graph on a later call than the first
+            call(None)
         out[label] = float(np.median(time_calls(call, None, iters)))
     return out
 
