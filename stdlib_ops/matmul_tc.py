@@ -46,8 +46,6 @@ def check(p):
     mi, ni = p.warp_tiles
     if ni % 2:
         return "an odd number of 8-column mma tiles (B fragments load in pairs)"
-    if p.prefetch and p.bk % 32:
-        return "prefetch with an odd number of k16 steps per tile (the two fragment sets alternate by step)"
     if mi * ni * 4 > MAX_ACC:
         return f"more than {MAX_ACC} accumulators per thread"
     if p.stages * (bm + bn) * p.bk * 2 > MAX_SMEM:
@@ -64,21 +62,20 @@ def space() -> Space:
     """The hardware-centric space of tensor-core schedules."""
     return Space("tc_matmul", {
         "warps": ((2, 2), (2, 4), (4, 2), (1, 4)),
-        "warp_tiles": ((2, 4), (4, 4), (2, 8), (4, 8)),
+        "warp_tiles": ((2, 4), (4, 4), (2, 8), (4, 2), (4, 8)),
         "bk": (32, 64),
         "stages": (2, 3, 4),
-        "prefetch": (False, True),
     }, check)
 
 
-DEFAULT = dict(warps=(2, 2), warp_tiles=(4, 4), bk=32, stages=3, prefetch=False)       # 128x64 tiles, 128 threads
+DEFAULT = dict(warps=(2, 2), warp_tiles=(4, 4), bk=32, stages=3)          # 128x64 tiles, 128 threads
 # From 2^22 output elements (128 tiles of 256x128, a wave on 132 SMs) the larger tiles of LARGE. Every block
 # streams its A and B tiles from L2: a 128x64 tile does 43 flops per byte it loads, so the 222 TFLOP/s the
 # 128x64 default reached at 4096^3 (H200, session 26) needed 5.2 TB/s from L2, near the 5.5-12 TB/s reported
 # for Hopper's L2 (a plausible limit, unmeasured); a 256x128 tile does 85 flops per byte. Its 64x64 warp
 # tiles also halve the ldmatrix traffic per mma of the 64x32 ones. 8 warps, 238 registers (ptxas): one
 # block per SM, 96 KiB of shared memory.
-LARGE = dict(warps=(4, 2), warp_tiles=(4, 8), bk=32, stages=4, prefetch=False)         # 256x128 tiles, 256 threads
+LARGE = dict(warps=(4, 2), warp_tiles=(4, 8), bk=32, stages=4)            # 256x128 tiles, 256 threads
 LARGE_FROM = 1 << 22
 
 
@@ -95,11 +92,7 @@ def tc_matmul_kernel(p, dtype, out_dtype, vec: int = 8):
     BK, STAGES = p.bk, p.stages
     a_map, (a_s0, a_s1) = load_mapping(BM, BK // vec, T)      # over 'vec'-element chunks of the tiles
     b_map, (b_s0, b_s1) = load_mapping(BK, BN // vec, T)
-    K_STEPS = tuple(range(BK // 16))      # k16 steps per tile (an even number with PREFETCH: `check`)
-    PREFETCH = p.prefetch
-    SETS = 2 if PREFETCH else 1
-    name = (f"tc_matmul_{BM}x{BN}x{BK}_w{wm}x{wn}_m{mi}x{ni}_s{STAGES}" + ("_prefetch" if PREFETCH else "")
-            + ("" if vec == 8 else "_v1"))
+    name = f"tc_matmul_{BM}x{BN}x{BK}_w{wm}x{wn}_m{mi}x{ni}_s{STAGES}" + ("" if vec == 8 else "_v1")
 
     @td.func
     def swz(row, col, width):
@@ -132,23 +125,13 @@ def tc_matmul_kernel(p, dtype, out_dtype, vec: int = 8):
                 sb[slot, k, swz(k, c, BN)] = B[zb, gk, gj] if ok else 0.0
         td.cp_async_commit()
 
-    @td.func
-    def load_fragments(sa, sb, fa, fb, buf, slot, kk, warp_m0, warp_n0, lane):
-        """ldmatrix this warp's A and B fragments of k step `kk` of ring slot `slot` into fragment set `buf`."""
-        for a in range(mi):
-            r = warp_m0 + a * 16 + lane % 16
-            td.ldmatrix(fa[buf, a], sa[slot, r, swz(r, kk * 16 + lane // 16 * 8, BK)])
-        for b in range(ni // 2):      # lanes 16-31 address the second 8 columns
-            r = kk * 16 + lane % 16
-            td.ldmatrix(fb[buf, b], sb[slot, r, swz(r, warp_n0 + (2 * b + lane // 16) * 8, BN)], trans=True)
-
     @td.kernel(grid=lambda M, N, BZ: (td.cdiv(M, BM) * td.cdiv(N, BN), 1, BZ), block=T, name=name)
     def matmul(A: dtype["BA", "M", "K"], B: dtype["BB", "K", "NB"], C: out_dtype["BZ", "M", "N"],
                batch_index: td.i32["BZ", 2], split: td.i32):
         sa = td.shared(dtype, (STAGES, BM, BK))
         sb = td.shared(dtype, (STAGES, BK, BN))
-        fa = td.registers(dtype, (SETS, mi, 8))            # with PREFETCH two sets: one in use, one loading
-        fb = td.registers(dtype, (SETS, ni // 2, 2, 4))    # B fragments in pairs: one ldmatrix.x4 loads two
+        fa = td.registers(dtype, (mi, 8))
+        fb = td.registers(dtype, (ni // 2, 2, 4))    # B fragments in pairs: one ldmatrix.x4 loads two
         acc = td.registers(f32, (mi, ni, 4))
         row0, col0 = swizzled_tile(blockIdx.x, M, N, BM, BN)
         za, zb = batch_index[blockIdx.z, 0], batch_index[blockIdx.z, 1]
@@ -162,32 +145,21 @@ def tc_matmul_kernel(p, dtype, out_dtype, vec: int = 8):
                     acc[a, b, r] = 0.0
         for s in range(STAGES - 1):
             issue_tile(A, B, sa, sb, za, zb, row0, col0, kt0 + s, kt1)
-        if PREFETCH:
+        for kt in range(kt0, kt1):
             td.cp_async_wait(STAGES - 2)
             td.syncthreads()
-            load_fragments(sa, sb, fa, fb, 0, kt0 % STAGES, 0, warp_m0, warp_n0, lane)
-        for kt in range(kt0, kt1):
+            issue_tile(A, B, sa, sb, za, zb, row0, col0, kt + STAGES - 1, kt1)
             slot = kt % STAGES
-            if not PREFETCH:    # tile kt landed and is visible; every warp is done with tile kt - 1's slot
-                td.cp_async_wait(STAGES - 2)
-                td.syncthreads()
-                issue_tile(A, B, sa, sb, za, zb, row0, col0, kt + STAGES - 1, kt1)
-            for kk in K_STEPS:
-                if not PREFETCH:
-                    load_fragments(sa, sb, fa, fb, 0, slot, kk, warp_m0, warp_n0, lane)
-                elif kk == K_STEPS[-1]:     # the next tile's first step, from its slot (landed: see below)
-                    load_fragments(sa, sb, fa, fb, 0, (kt + 1) % STAGES, 0, warp_m0, warp_n0, lane)
-                else:                       # step kk + 1's fragments load while step kk's mma run
-                    load_fragments(sa, sb, fa, fb, (kk + 1) % 2, slot, kk + 1, warp_m0, warp_n0, lane)
-                if PREFETCH and kk == 0:    # into tile kt - 1's slot: every warp read it before the last barrier
-                    issue_tile(A, B, sa, sb, za, zb, row0, col0, kt + STAGES - 1, kt1)
-                buf = kk % 2 if PREFETCH else 0
+            for kk in td.unroll(BK // 16):      # unrolled: the next k step's ldmatrix can overlap this one's mma
+                for a in range(mi):
+                    r = warp_m0 + a * 16 + lane % 16
+                    td.ldmatrix(fa[a], sa[slot, r, swz(r, kk * 16 + lane // 16 * 8, BK)])
+                for b in range(ni // 2):      # lanes 16-31 address the second 8 columns
+                    r = kk * 16 + lane % 16
+                    td.ldmatrix(fb[b], sb[slot, r, swz(r, warp_n0 + (2 * b + lane // 16) * 8, BN)], trans=True)
                 for a in range(mi):
                     for b in range(ni):
-                        td.mma_m16n8k16(fa[buf, a], fb[buf, b // 2, b % 2], acc[a, b])
-                if PREFETCH and kk == K_STEPS[-2]:  # tile kt + 1 landed and is visible; tile kt's reads all issued
-                    td.cp_async_wait(STAGES - 2)
-                    td.syncthreads()
+                        td.mma_m16n8k16(fa[a], fb[b // 2, b % 2], acc[a, b])
         td.cp_async_wait(0)
         for a in range(mi):
             for b in range(ni):

@@ -3,8 +3,7 @@
 On the cpu target mma / ldmatrix / cp_async are emulated lane by lane with the PTX layouts, so
 the template's fragment indexing, swizzle and pipeline are checked against numpy here. The
 emulation is slow to compile, so the cpu runs use one small point of the same template
-(1 warp, a 16x32 block tile: two pairs of B fragments, 2 stages; and its fragment-prefetching form); the NVRTC
-check covers every point of the space.
+(1 warp, a 16x32 block tile: two pairs of B fragments, 2 stages); the NVRTC check covers every point of the space.
 """
 import numpy as np
 import pytest
@@ -19,11 +18,8 @@ from taskdsl.schedule.space import Space
 
 from .test_conv import reference
 
-SMALL = Space("tc_small", {"warps": ((1, 1),), "warp_tiles": ((1, 4),), "bk": (16,), "stages": (2,),
-                           "prefetch": (False,)}, tc.check).points()[0]
-# the fragment-prefetching loop (two k16 steps a tile, the smallest it takes), with a ring of 3 tiles
-SMALL_PREFETCH = Space("tc_small_prefetch", {"warps": ((1, 1),), "warp_tiles": ((1, 4),), "bk": (32,), "stages": (3,),
-                                             "prefetch": (True,)}, tc.check).points()[0]
+SMALL = Space("tc_small", {"warps": ((1, 1),), "warp_tiles": ((1, 4),), "bk": (16,), "stages": (2,)},
+              tc.check).points()[0]
 
 
 def _run(p, a, b, vec):
@@ -35,8 +31,8 @@ def _run(p, a, b, vec):
 
 def test_space_size_and_pruning():
     space = tc.space()
-    assert (space.raw_size, len(space.points())) == (192, 162)
-    assert space.pruned() == {"shared memory above 96 KiB": 30}
+    assert (space.raw_size, len(space.points())) == (120, 100)
+    assert space.pruned() == {"shared memory above 96 KiB": 17, "a tile the threads cannot load evenly": 3}
     for p in space.points():
         bm, bn, threads = tc.tile_shape(p)
         assert p.stages * (bm + bn) * p.bk * 2 <= tc.MAX_SMEM and threads <= 256
@@ -57,8 +53,8 @@ def test_every_point_compiles_with_nvrtc():
     sources.append(bf16.source(bf, bf, c, index, 1, target="cuda").replace(bf16.name, bf16.name + "_bf16"))
     unit = combine_sources(sources)
     assert "mma.sync.aligned.m16n8k16" in unit and "ldmatrix.sync.aligned.m8n8.x4.trans" in unit and "cp.async" in unit
-    # sm_90: test_every_point_keeps_its_fragments_in_registers compiles every point for it (with ptxas's report)
-    assert compile_cubin(unit, "sm_80", "tc_space", fast=True)
+    for arch in ("sm_80", "sm_90"):
+        assert compile_cubin(unit, arch, "tc_space", fast=True)
 
 
 def test_every_point_keeps_its_fragments_in_registers():
@@ -72,19 +68,16 @@ def test_every_point_keeps_its_fragments_in_registers():
     assert {name: r for name, r in report.items() if r["stack_bytes"] >= r["spill_store_bytes"] + 8} == {}
 
 
-@pytest.mark.parametrize("point", [SMALL, SMALL_PREFETCH], ids=["plain", "prefetch"])
-@settings(max_examples=5, deadline=None)
-@given(m=st.sampled_from([1, 8, 16, 24, 40]), n=st.sampled_from([8, 16, 24, 40]),
-       k=st.sampled_from([8, 16, 24, 48, 136]), seed=st.integers(0, 2**16))
-@example(m=17, n=24, k=136, seed=0)     # k tiles 5 (bk 32, a ring of 3: every slot reused) or 9 (bk 16), one partial
-def test_pipelined_copies_on_cpu(point, m, n, k, seed):
-    """K and N multiples of 8: 16-byte cp.async copies, zero-filled at the tile edges; with and without the
-    next k step's fragments loaded during this one's mma."""
+@settings(max_examples=8, deadline=None)
+@given(m=st.sampled_from([1, 8, 16, 24, 40]), n=st.sampled_from([8, 16, 24, 40]), k=st.sampled_from([8, 16, 24, 48]),
+       seed=st.integers(0, 2**16))
+def test_pipelined_copies_on_cpu(m, n, k, seed):
+    """K and N multiples of 8: 16-byte cp.async copies, zero-filled at the tile edges."""
     td.set_target("cpu")
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((m, k)).astype(np.float16)
     b = rng.standard_normal((k, n)).astype(np.float16)
-    np.testing.assert_allclose(_run(point, a, b, 8), a.astype(np.float64) @ b.astype(np.float64), rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(_run(SMALL, a, b, 8), a.astype(np.float64) @ b.astype(np.float64), rtol=1e-3, atol=1e-3)
 
 
 @settings(max_examples=6, deadline=None)
