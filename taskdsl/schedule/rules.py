@@ -34,7 +34,6 @@ CPU_ROW = 32            # the cpu's shortest row walked as a row (shorter: flat 
 LANES = 8               # interleaved accumulators of a sequential ('thread') reduction
 UNROLL_REDUCED = 16     # a 'thread' reduction of at most this many (constant) elements is unrolled
 WARPS = BLOCK // 32
-GPU_CHAINS = 1          # accumulators per thread of a 'warp' / 'block' reduction
 _IDENTITY = {"sum": 0, "mean": 0, "prod": 1, "max": -math.inf, "min": math.inf}
 
 
@@ -251,29 +250,23 @@ def _element(t: Tensor, body: ir.Expr, out_index: list, linear: ir.Expr, dtype) 
     return value if value.dtype == dtype else ir.Cast(value, dtype)
 
 
-def _lanes_loop(t: Tensor, body: ir.Expr, out_index: list, acc: ir.Var, reduced: ir.Expr, lanes: int = LANES,
-                start=0, step: int = 1) -> list:
-    """The reduction of elements start, start + step, ... < reduced over `lanes` interleaved accumulators, combined
-    at the end (pairwise; `lanes` a power of two).
+def _lanes_loop(t: Tensor, body: ir.Expr, out_index: list, acc: ir.Var, reduced: ir.Expr) -> list:
+    """A sequential reduction split over LANES interleaved accumulators, combined at the end.
 
-    Independent accumulators let a CPU add `lanes` elements per vector instruction, and a GPU thread have a load
-    of each in flight at once where one running sum would wait on each add (they also keep a float sum's
-    rounding error lower than one long chain would)."""
-    chains = [ir.Var(f"lane{v}", acc.dtype) for v in range(lanes)]
+    Independent accumulators let a CPU add LANES elements per vector instruction (and keep a
+    float sum's rounding error lower than one long chain would)."""
+    lanes = [ir.Var(f"lane{v}", acc.dtype) for v in range(LANES)]
     r = ir.Var("k", T.i32, kind="loop")
-    start, stride = ir.as_expr(start), step * lanes
-    remaining = ir.Call("max", (reduced - start, ir.const(0)), (reduced - start).dtype)    # a thread may start past the end
-    full = (remaining + (step - 1)) // step // lanes     # rounds of `lanes` elements each chain takes
-    main = ir.For(r, ir.const(0), full, ir.const(1), ir.seq(
-        [ir.Assign(chain, combine(t.op, chain, _element(t, body, out_index, start + (r * lanes + v) * step, acc.dtype)))
-         for v, chain in enumerate(chains)]))
-    rest = _reduce_loop(t, body, out_index, chains[0], start + full * stride, reduced, step)
-    stmts = [ir.Assign(chain, acc) for chain in chains] + [main, rest]
-    width = lanes // 2
-    while width:    # pairwise: chain v += chain v + width
-        stmts += [ir.Assign(chains[v], combine(t.op, chains[v], chains[v + width])) for v in range(width)]
+    main = ir.For(r, ir.const(0), reduced // LANES, ir.const(1), ir.seq(
+        [ir.Assign(lane, combine(t.op, lane, _element(t, body, out_index, r * LANES + v, acc.dtype)))
+         for v, lane in enumerate(lanes)]))
+    rest = _reduce_loop(t, body, out_index, lanes[0], reduced // LANES * LANES, reduced, 1)
+    stmts = [ir.Assign(lane, acc) for lane in lanes] + [main, rest]
+    width = LANES // 2
+    while width:    # pairwise: lane v += lane v + width
+        stmts += [ir.Assign(lanes[v], combine(t.op, lanes[v], lanes[v + width])) for v in range(width)]
         width //= 2
-    return stmts + [ir.Assign(acc, chains[0])]
+    return stmts + [ir.Assign(acc, lanes[0])]
 
 
 def _finish(t: Tensor, acc: ir.Expr, reduced: ir.Expr) -> ir.Expr:
@@ -282,17 +275,14 @@ def _finish(t: Tensor, acc: ir.Expr, reduced: ir.Expr) -> ir.Expr:
     return acc if acc.dtype == t.dtype else ir.Cast(acc, t.dtype)
 
 
-def schedule_reduce(t: Tensor, inline: set, strategy: str, threads: int = BLOCK, compact: bool = False,
-                    chains: int | None = None) -> Kernel:
+def schedule_reduce(t: Tensor, inline: set, strategy: str, threads: int = BLOCK, compact: bool = False) -> Kernel:
     """A kernel computing reduction `t` with `strategy` ('thread', 'warp' or 'block').
 
     `threads`: the block size of the 'thread' strategy (small on the cpu target, where blocks
     are the unit of parallelism and a few outputs must still make several blocks).
     `compact`: a 'thread' reduction keeps one accumulator and a loop even over a small constant
     window, so its body appears once, not up to UNROLL_REDUCED times (`td.fast_compile`: the
-    unrolled forms are most of numba's time on a pooling or a fused-input reduction).
-    `chains`: independent accumulators of each thread of a 'warp' or 'block' reduction (a power of two; default
-    GPU_CHAINS)."""
+    unrolled forms are most of numba's time on a pooling or a fused-input reduction)."""
     body = inline_injective(t.body, inline)
     outputs, reduced = numel(t.shape), numel(t.reduce_shape)
     dtype = accumulator_dtype(t)
@@ -319,8 +309,6 @@ def schedule_reduce(t: Tensor, inline: set, strategy: str, threads: int = BLOCK,
                        for k in range(few)])
     elif strategy == "thread":
         loop = ir.seq(_lanes_loop(t, body, out_index, acc, reduced))
-    elif (chains or GPU_CHAINS) > 1:
-        loop = ir.seq(_lanes_loop(t, body, out_index, acc, reduced, chains or GPU_CHAINS, start, step))
     else:
         loop = _reduce_loop(t, body, out_index, acc, start, reduced, step)
     stmts.append(loop if guard is None else ir.If(guard, loop))
