@@ -69,13 +69,12 @@ def space() -> Space:
 
 
 DEFAULT = dict(warps=(2, 2), warp_tiles=(4, 4), bk=32, stages=3)          # 128x64 tiles, 128 threads
-# From 2^22 output elements (128 tiles of 256x128, a wave on 132 SMs) the larger tiles of LARGE. Every block
-# streams its A and B tiles from L2: a 128x64 tile does 43 flops per byte it loads, so the 222 TFLOP/s the
-# 128x64 default reached at 4096^3 (H200, session 26) needed 5.2 TB/s from L2, near the 5.5-12 TB/s reported
-# for Hopper's L2 (a plausible limit, unmeasured); a 256x128 tile does 85 flops per byte. Its 64x64 warp
-# tiles also halve the ldmatrix traffic per mma of the 64x32 ones. 8 warps, 238 registers (ptxas): one
-# block per SM, 96 KiB of shared memory.
-LARGE = dict(warps=(4, 2), warp_tiles=(4, 8), bk=32, stages=4)            # 256x128 tiles, 256 threads
+# From 2^22 output elements (256 tiles of 128x128, two a SM on 132 SMs) the larger tiles of LARGE. Every block
+# streams its A and B tiles from L2: a 128x64 tile does 43 flops per byte it loads, a 128x128 one 64. Its 64x64
+# warp tiles also halve the ldmatrix traffic per mma of the 64x32 ones. 4 warps, 224 registers and 96 KiB of
+# shared memory (ptxas): two blocks per SM. Tuned on an H200 at 4096^3 (session 30), it was the fastest of the
+# 100 points (0.418 ms, 0.44x cuBLAS); session 26's 256x128 tiles of 8 warps, one block a SM, ranked 25th (0.460).
+LARGE = dict(warps=(2, 2), warp_tiles=(4, 8), bk=64, stages=3)            # 128x128 tiles, 128 threads
 LARGE_FROM = 1 << 22
 
 

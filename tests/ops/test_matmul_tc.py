@@ -161,10 +161,10 @@ def test_planner_picks_tensor_cores_for_16_bit_floats_on_gpus_only():
 
 
 def test_default_tile_grows_with_the_output():
-    """128x64 block tiles for small outputs (more blocks), 256x128 with 64x64 warp tiles from 2^22 elements."""
+    """128x64 block tiles for small outputs (more blocks), 128x128 with 64x64 warp tiles from 2^22 elements."""
     assert tc.tile_shape(tc.default_point()) == tc.tile_shape(tc.default_point(128, 768)) == (128, 64, 128)
     large = tc.default_point(2048, 2048)
-    assert tc.tile_shape(large) == (256, 128, 256) and large.warp_tiles == (4, 8) and large.stages == 4
+    assert tc.tile_shape(large) == (128, 128, 128) and large.warp_tiles == (4, 8) and large.bk == 64
     assert gemm.TENSOR_CORE.default("cuda", 2, 4096, 4096) == large
 
 
