@@ -107,9 +107,18 @@ def _cuda_rows(layers, layout: str) -> list:
         y = run().numpy().astype(np.float32)
         got = y if layout == "NCHW" else y.transpose(0, 3, 1, 2)
         rows.append(dict(layer=(c, hw, oc, k, s), taskdsl=t_td, call=t_call, peer=t_peer, err=_rel_err(got, want),
-                         flops=2.0 * oc * c * k * k * got.shape[2] * got.shape[3]))
+                         flops=2.0 * oc * c * k * k * got.shape[2] * got.shape[3], schedule=_schedule(plan)))
         print(f"  layer {rows[-1]['layer']}: {t_peer / t_td:.3f}x cuDNN", flush=True)
     return rows
+
+
+def _schedule(plan) -> str:
+    """The GEMM schedule a conv plan runs: its block tile, k tile and split-k (`128x64 bk32 split 2`)."""
+    matmul = getattr(plan.lowered, "matmul", None)
+    if matmul is None:
+        return "direct"
+    bm, bn, _ = matmul.template.tile_shape(matmul.point)
+    return f"{bm}x{bn} bk{matmul.point.bk}" + (f" split {matmul.split}" if matmul.split > 1 else "")
 
 
 def _rel_err(got, want) -> float:
@@ -137,12 +146,12 @@ def run(sizes=None, layout: str = "NCHW", layers: str = "resnet50") -> list:
         print("(GPU times of each side's kernels replayed as a CUDA graph; 'call ms': a taskdsl call with its host "
               "launch cost)")
     print(f"{'C,HW,OC,K,S':>22} {'taskdsl ms':>11} {'peer ms':>9} {'ratio':>7} {'GFLOP/s':>8} {'rel err':>8}"
-          + (f" {'call ms':>8}" if target == "cuda" else ""))
+          + (f" {'call ms':>8}  schedule" if target == "cuda" else ""))
     for r in rows:
         r["ratio"] = r["peer"] / r["taskdsl"]
         print(f"{','.join(map(str, r['layer'])):>22} {r['taskdsl'] * 1e3:>11.3f} {r['peer'] * 1e3:>9.3f} "
               f"{r['ratio']:>7.3f} {r['flops'] / r['taskdsl'] / 1e9:>8.1f} {r['err']:>8.1e}"
-              + (f" {r['call'] * 1e3:>8.3f}" if "call" in r else ""))
+              + (f" {r['call'] * 1e3:>8.3f}  {r['schedule']}" if "call" in r else ""))
     if rows:
         print(f"mean ratio {np.mean([r['ratio'] for r in rows]):.3f}")
     return rows
