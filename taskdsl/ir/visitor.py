@@ -7,16 +7,28 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 
 from .expr import Atomic, Buffer, Expr, Load
 from .stmt import Stmt, Store
 
 _CHILD_TYPES = (Expr, Stmt)
+DEEP_RECURSION = 20_000     # Python frames: expressions nesting a few thousand levels deep
+
+
+def allow_deep_trees() -> None:
+    """Raise Python's recursion limit to DEEP_RECURSION where it is lower. The walkers below recurse per level of
+    a tree, three frames a level, so an expression of a few hundred folded terms (`acc = acc + x[k]` in a Python
+    loop) passed the default limit of 1000. Raised once, never lowered: threads compile at once (the tuner), and
+    restoring the limit under one of them would cut its walk short."""
+    if sys.getrecursionlimit() < DEEP_RECURSION:
+        sys.setrecursionlimit(DEEP_RECURSION)
 ELEMENT_ACCESSES = (Load, Store, Atomic)     # the nodes that read or write one element: `buffer[indices]`
 
 
 @functools.cache
-def _field_names(cls) -> tuple:
+def field_names(cls) -> tuple:
+    """The fields of IR node class `cls` that may hold children (all but `loc`), looked up once per class."""
     return tuple(f.name for f in dataclasses.fields(cls) if f.name != "loc")
 
 
@@ -48,7 +60,7 @@ class Visitor(_Dispatch):
         return method(self, node) if method else self.generic_visit(node)
 
     def generic_visit(self, node):
-        for name in _field_names(type(node)):
+        for name in field_names(type(node)):
             self._visit_value(getattr(node, name))
 
     def _visit_value(self, value):
@@ -70,7 +82,7 @@ class Rewriter(_Dispatch):
 
     def generic_visit(self, node):
         changes = None
-        for name in _field_names(type(node)):
+        for name in field_names(type(node)):
             value = getattr(node, name)
             new = self._visit_value(value)
             if new is not value:
@@ -119,7 +131,7 @@ def collect(node, cls, expressions: bool = True) -> list:
         if isinstance(n, cls):
             found.append(n)
         children = []
-        for name in _field_names(type(n)):
+        for name in field_names(type(n)):
             _append_nodes(getattr(n, name), kinds, children)
         stack.extend(reversed(children))
     return found

@@ -3,6 +3,7 @@
 Common to every target:  expand_mappings -> simplify -> check_barriers -> check_loops.
 CUDA then specializes:   bind_sizes -> mark_tile_loops -> flatten_buffers -> simplify -> check_loops
                          (sizes may fold a loop's test; loops indexing register tiles are marked for unrolling).
+Both targets end with split_deep_expressions (generated code must nest within its compilers' limits).
 The cpu target first gives tensor-core and async-copy instructions their plain meaning
 (emulate_tensor_cores), then keeps sizes symbolic (one numba compile serves every shape):
                          unroll_loops -> flatten_buffers -> simplify,
@@ -19,6 +20,7 @@ from .emulate_tensor_cores import emulate_tensor_cores
 from .expand_mappings import expand_mappings
 from .simplify import simplify
 from .specialize import bind_sizes, flatten_buffers
+from .split_deep import split_deep_expressions
 from .unroll import mark_tile_loops, unroll_loops
 
 COMMON_PIPELINE = (expand_mappings, simplify, check_barriers, check_loops)
@@ -33,12 +35,12 @@ def lower(fn: ir.Function) -> ir.Function:
 
 def lower_for_cuda(fn: ir.Function, sizes: dict) -> ir.Function:
     """A lowered kernel fixed to `sizes` with 1-D addressing, as the CUDA code generator wants it."""
-    return check_loops(simplify(flatten_buffers(mark_tile_loops(bind_sizes(fn, sizes)))))
+    return split_deep_expressions(check_loops(simplify(flatten_buffers(mark_tile_loops(bind_sizes(fn, sizes))))))
 
 
 def lower_for_cpu(fn: ir.Function, debug: bool, unroll: bool = True) -> ir.Function:
     """A lowered kernel prepared for the numba code generator (n-d accesses kept in debug mode)."""
     fn = emulate_tensor_cores(fn)
-    if debug:
-        return fn
-    return check_loops(simplify(flatten_buffers(simplify(unroll_loops(fn) if unroll else fn))))
+    if not debug:
+        fn = check_loops(simplify(flatten_buffers(simplify(unroll_loops(fn) if unroll else fn))))
+    return split_deep_expressions(fn)

@@ -112,6 +112,7 @@ class Kernel:
     def __init__(self, fn, grid, block, name: str, params: list | None = None, build=None):
         """A kernel from Python function `fn`, or (fn=None) from `build(block) -> ir.Function` and its `params`."""
         from ..frontend.builder import build_function, kernel_params
+        ir.allow_deep_trees()       # its IR is walked recursively (a generated kernel's expressions may nest deep)
         self.fn = fn
         self.name = name
         self.grid_spec = grid

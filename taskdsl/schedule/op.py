@@ -51,6 +51,7 @@ class Op:
     """An operator: call it on arrays for its outputs; `.reference` is the numpy oracle."""
 
     def __init__(self, inputs: list, outputs: list, name: str | None = None):
+        ir.allow_deep_trees()       # definitions are scheduled and evaluated by recursive walks of their expressions
         inputs, outputs = list(inputs), list(outputs)
         for t in inputs:
             if not isinstance(t, Tensor) or t.kind != "placeholder":
