@@ -211,15 +211,9 @@ def test_clear_removes_entries_and_tuning_records_only(tmp_path):
     assert (tmp_path / "cpu" / "notes.txt").read_text() == "mine"
 
 
-def test_tuning_switch_and_damaged_winners(tmp_path, monkeypatch):
+def test_damaged_or_stray_tuning_winners_are_retuned(tmp_path, monkeypatch):
     from taskdsl.schedule import tuner
     from taskdsl.schedule.space import Space
-    for text, on in (("0", False), (" off ", False), ("No", False), ("", False), ("1", True), ("yes", True)):
-        monkeypatch.setenv("TASKDSL_TUNE", text)
-        assert tuner.tuning_enabled() is on
-    monkeypatch.setenv("TASKDSL_TUNE", "2")
-    with pytest.raises(ValueError, match="TASKDSL_TUNE='2'"):
-        tuner.tuning_enabled()
     monkeypatch.setenv("TASKDSL_CACHE_DIR", str(tmp_path))
     space = Space("widths", {"per_thread": [1, 2, 4]})
     path = tuner._record_path("op", ((8,),), ("f32",), "cpu")

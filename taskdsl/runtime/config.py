@@ -75,10 +75,28 @@ def environment(name: str) -> str | None:
     return os.environ.get(name)
 
 
+_SWITCH = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False,
+           "": False}     # set but empty: off
+
+
+def env_switch(name: str, default: bool, meaning: str = "on", off: str = "off", read_once: bool = False) -> bool:
+    """The on/off environment variable `name`: 1 / true / yes / on or 0 / false / no / off, in any case (set but
+    empty: off), `default` when unset; any other value is a ValueError saying what 1 (`meaning`) and 0 (`off`)
+    do. `read_once`: read through `environment` (once per process). The one reader of TASKDSL_DEBUG,
+    TASKDSL_FAST_COMPILE, TASKDSL_PROGRESS and TASKDSL_TUNE."""
+    text = environment(name) if read_once else os.environ.get(name)
+    if text is None:
+        return default
+    value = _SWITCH.get(text.strip().lower())
+    if value is None:
+        raise ValueError(f"{name}={text!r}: use 1 ({meaning}) or 0 ({off})")
+    return value
+
+
 def _flag(name: str, env: str) -> bool:
     if _state[name] is not None:
         return _state[name]
-    return (environment(env) or "0") not in ("", "0", "false", "False")
+    return env_switch(env, False, read_once=True)      # launches ask
 
 
 def debug_enabled() -> bool:

@@ -5,17 +5,15 @@ logs and test output are not flooded. No dependency: tqdm is not needed for one 
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
+
+from .config import env_switch
 
 
 def enabled() -> bool:
     """Whether bars are drawn: $TASKDSL_PROGRESS if set, else whether stderr is a terminal."""
-    env = os.environ.get("TASKDSL_PROGRESS")
-    if env is not None:
-        return env not in ("", "0", "false", "False")
-    return sys.stderr.isatty()
+    return env_switch("TASKDSL_PROGRESS", sys.stderr.isatty(), "always draw them", "never")
 
 
 class Progress:

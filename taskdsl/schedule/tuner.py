@@ -27,18 +27,10 @@ from ..runtime.progress import Progress
 from .space import Point, Space
 
 
-_SWITCH = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False,
-           "": False}     # (set but empty: off, as TASKDSL_DEBUG and TASKDSL_PROGRESS read it)
-
-
 def tuning_enabled() -> bool:
     """False when TASKDSL_TUNE=0 (or false / no / off / empty: use default schedules); any other value but 1 / true /
     yes / on is an error."""
-    text = os.environ.get("TASKDSL_TUNE", "1")
-    value = _SWITCH.get(text.strip().lower())
-    if value is None:
-        raise ValueError(f"TASKDSL_TUNE={text!r}: use 1 (tune each new shape) or 0 (the templates' default schedules)")
-    return value
+    return config.env_switch("TASKDSL_TUNE", True, "tune each new shape", "the templates' default schedules")
 
 
 def device_name(target: str) -> str:
