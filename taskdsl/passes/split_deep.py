@@ -73,18 +73,12 @@ def _children(expr: ir.Expr):
             yield from (v for v in value if isinstance(v, ir.Expr))
 
 
-def _lazy(expr: ir.Expr, field: str) -> bool:
-    """Whether the expression evaluates its operand `field` only under a condition."""
+def _lazy_fields(expr: ir.Expr) -> tuple:
+    """The operands (field names) `expr` evaluates only under a condition: a select's branches, the right side of
+    `and` / `or`."""
     if isinstance(expr, ir.Select):
-        return field in ("a", "b")
-    return isinstance(expr, ir.Binary) and expr.op in _LAZY_OPS and field == "b"
-
-
-def _branches(expr: ir.Expr) -> tuple:
-    """The operands `expr` evaluates only under a condition."""
-    if isinstance(expr, ir.Select):
-        return expr.a, expr.b
-    return (expr.b,) if isinstance(expr, ir.Binary) and expr.op in _LAZY_OPS else ()
+        return ("a", "b")
+    return ("b",) if isinstance(expr, ir.Binary) and expr.op in _LAZY_OPS else ()
 
 
 class _Hoister:
@@ -102,12 +96,13 @@ class _Hoister:
         return self.memo[key]
 
     def _rebuild(self, expr, unconditional: bool) -> tuple:
-        if unconditional and any(depth(b, self.depths) >= SPLIT_DEPTH for b in _branches(expr)):
+        lazy = _lazy_fields(expr)
+        if unconditional and any(depth(getattr(expr, f), self.depths) >= SPLIT_DEPTH for f in lazy):
             return self._as_if(expr), 1
         changes, deepest = {}, 0
         for name in field_names(type(expr)):
             value = getattr(expr, name)
-            now = unconditional and not _lazy(expr, name)
+            now = unconditional and name not in lazy
             if isinstance(value, ir.Expr):
                 new, d = self.rebuild(value, now)
             elif type(value) is tuple and any(isinstance(v, ir.Expr) for v in value):
