@@ -1,5 +1,6 @@
 """`python -m models bench`: per model, taskdsl latency against onnxruntime on the CPU, and against PyTorch
-eager and torch.compile (default mode, and with CUDA graphs) where a GPU and torch are present (each peer skipped when it is not installed).
+eager and torch.compile (default mode, and with CUDA graphs) where a GPU and torch are present (each peer
+skipped when it is not installed).
 
 Every runtime runs the same graph: onnxruntime the exported ONNX model, PyTorch the graph's
 operators replayed as torch functions (models.torch_runner).

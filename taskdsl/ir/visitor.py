@@ -13,6 +13,7 @@ from .expr import Atomic, Buffer, Expr, Load
 from .stmt import Stmt, Store
 
 _CHILD_TYPES = (Expr, Stmt)
+ELEMENT_ACCESSES = (Load, Store, Atomic)     # the nodes that read or write one element: `buffer[indices]`
 DEEP_RECURSION = 20_000     # Python frames: expressions nesting a few thousand levels deep
 
 
@@ -23,7 +24,7 @@ def allow_deep_trees() -> None:
     restoring the limit under one of them would cut its walk short."""
     if sys.getrecursionlimit() < DEEP_RECURSION:
         sys.setrecursionlimit(DEEP_RECURSION)
-ELEMENT_ACCESSES = (Load, Store, Atomic)     # the nodes that read or write one element: `buffer[indices]`
+
 
 
 @functools.cache
