@@ -26,7 +26,6 @@ def allow_deep_trees() -> None:
         sys.setrecursionlimit(DEEP_RECURSION)
 
 
-
 @functools.cache
 def field_names(cls) -> tuple:
     """The fields of IR node class `cls` that may hold children (all but `loc`), looked up once per class."""
