@@ -27,6 +27,7 @@ from taskdsl.runtime.arrays import as_array, contiguous, empty_like_operands, no
 from taskdsl.runtime.config import fast_compile_enabled
 
 from . import gemm as mm
+from .elementwise import int_tuple
 
 DIRECT_MAX_REDUCTION = 32     # grouped convs with per-output reductions up to this use the direct (reduce) schedule
 ACTIVATIONS = {
@@ -35,13 +36,6 @@ ACTIVATIONS = {
     "relu6": lambda v: td.min(td.max(v, 0.0), 6.0),
     "sigmoid": lambda v: td.sigmoid(v),
 }
-
-
-def _pair(v, what: str) -> tuple:
-    pair = (v, v) if isinstance(v, (int, np.integer)) else tuple(v)
-    if len(pair) != 2 or not all(isinstance(x, (int, np.integer)) for x in pair):
-        raise ValueError(f"conv2d: {what} must be an int or a pair of ints, got {v!r}")
-    return tuple(int(x) for x in pair)
 
 
 @dataclass(frozen=True)
@@ -93,15 +87,15 @@ def geometry(x_shape, w_shape, stride=1, padding=0, dilation=1, groups=1, layout
     if groups < 1 or c % groups or oc % groups or cg != c // groups:
         raise ValueError(f"conv2d: {c} input channels, {oc} output channels and groups={groups} need a weight "
                          f"of shape ({oc}, {c // max(groups, 1)}, KH, KW), got {tuple(w_shape)}")
-    pad = padding
-    if isinstance(pad, (int, np.integer)):
-        pad = (pad,) * 4
+    pad = int_tuple(padding, "conv2d: padding")
+    if np.ndim(padding) == 0:
+        pad = pad * 4
     elif len(pad) == 2:
         pad = (pad[0], pad[1], pad[0], pad[1])
     if len(pad) != 4 or min(pad) < 0:
         raise ValueError(f"conv2d: padding must be an int, (ph, pw) or (top, left, bottom, right) >= 0, got {padding!r}")
-    g = ConvGeometry(n, c, h, w, oc, kh, kw, _pair(stride, "stride"), tuple(int(p) for p in pad),
-                     _pair(dilation, "dilation"), groups, layout)
+    g = ConvGeometry(n, c, h, w, oc, kh, kw, int_tuple(stride, "conv2d: stride", 2), pad,
+                     int_tuple(dilation, "conv2d: dilation", 2), groups, layout)
     if min(g.stride + g.dilation) < 1:
         raise ValueError("conv2d: stride and dilation must be >= 1")
     if g.oh < 1 or g.ow < 1:

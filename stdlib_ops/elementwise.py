@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -92,6 +93,23 @@ def shape_carrier(shape: tuple) -> np.ndarray:
 def cast_to(e: ir.Expr, dtype: T.DataType) -> ir.Expr:
     """`e` converted to `dtype` (unchanged when it already has it)."""
     return e if e.dtype == dtype else ir.Cast(e, dtype)
+
+
+def int_tuple(values, what: str, length: int | None = None) -> tuple:
+    """`values`, an integer or a sequence of them, as a tuple of Python ints: an integer stands for `length` equal
+    ones, and a sequence must have `length` items, when `length` is given. A TypeError names `what` for anything
+    but integers (`int()` would truncate a float size silently; numpy refuses one too), a ValueError for a
+    wrong count."""
+    scalar = np.ndim(values) == 0
+    try:
+        items = tuple(operator.index(n) for n in ((values,) if scalar else values))
+    except TypeError:
+        raise TypeError(f"{what} must be integers, got {values!r}") from None
+    if length is not None and scalar:
+        return items * length
+    if length is not None and len(items) != length:
+        raise ValueError(f"{what} must be an integer or {length} of them, got {values!r}")
+    return items
 
 
 def normalize_axis(axis: int, ndim: int) -> int:

@@ -32,16 +32,9 @@ from taskdsl.runtime.arrays import as_array
 from taskdsl.runtime.config import fast_compile_enabled, get_target
 
 from . import reduce as _reduce
-from .elementwise import Plan, cached_op, cast_to, contiguous, tdtype
+from .elementwise import Plan, cached_op, cast_to, contiguous, int_tuple, tdtype
 
 __all__ = ["avg_pool2d", "global_avg_pool2d", "max_pool2d"]
-
-
-def _pair(v, what: str) -> tuple:
-    pair = (v, v) if isinstance(v, (int, np.integer)) else tuple(v)
-    if len(pair) != 2 or not all(isinstance(n, (int, np.integer)) for n in pair):
-        raise ValueError(f"{what} must be an int or a pair of ints, got {v!r}")
-    return int(pair[0]), int(pair[1])
 
 
 def _pool_op(kind: str, kernel: tuple, stride: tuple, padding: tuple, include_pad: bool, dtype,
@@ -94,9 +87,9 @@ def _window(kind: str, x, kernel_size, stride, padding) -> tuple:
     x = contiguous(x)
     if x.ndim != 4 or not is_float_dtype(x.dtype):
         raise ValueError(f"{kind}_pool2d needs a float NCHW array, got {x.dtype} {x.shape}")
-    kernel = _pair(kernel_size, "kernel_size")
-    stride = kernel if stride is None else _pair(stride, "stride")
-    padding = _pair(padding, "padding")
+    kernel = int_tuple(kernel_size, "kernel_size", 2)
+    stride = kernel if stride is None else int_tuple(stride, "stride", 2)
+    padding = int_tuple(padding, "padding", 2)
     if min(kernel) < 1 or min(stride) < 1 or min(padding) < 0:
         raise ValueError(f"invalid pooling window {kernel}, stride {stride}, padding {padding}")
     if any(2 * p > k for p, k in zip(padding, kernel)):

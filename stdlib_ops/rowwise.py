@@ -187,16 +187,18 @@ def softmax_kernel(dtype, log: bool, schedule: str, cached: int = 0):
                 for j in range(C):          # no reduction in the loop: it vectorizes, exps included
                     Y[row, j] = td.exp(X[row, j] - m)
                 s = lane_sum(Y, row, C, 0.0, False, sums)
-            else:
+            else:                           # a 16-bit Y would round each exp: they are computed again below
                 for j in range(C):
-                    e = td.exp(X[row, j] - m)
-                    s += e
-                    if not log:
-                        Y[row, j] = e
+                    s += td.exp(X[row, j] - m)
             inv: acc = 1.0 / s              # scale in f32 for f32: s is f64 only to add up exactly
             log_s: acc = td.log(s)
             for j in range(C):
-                Y[row, j] = X[row, j] - m - log_s if log else Y[row, j] * inv
+                if log:
+                    Y[row, j] = X[row, j] - m - log_s
+                elif exact:
+                    Y[row, j] = Y[row, j] * inv
+                else:                       # rounded once, at the store
+                    Y[row, j] = td.exp(X[row, j] - m) * inv
     return softmax
 
 
@@ -213,7 +215,7 @@ def layer_norm_kernel(dtype, schedule: str, cached: int = 0):
     acc = statistics_dtype(dtype)
     if schedule == "block" and cached:
         @td.kernel(grid=lambda R: R, block=BLOCK, name=f"layer_norm_block_r{cached}")
-        def layer_norm(X: dtype["R", "C"], W: dtype["C"], B: dtype["C"], Y: dtype["R", "C"], eps: f32):
+        def layer_norm(X: dtype["R", "C"], W: dtype["C"], B: dtype["C"], Y: dtype["R", "C"], eps: acc):
             partials = td.shared(acc, (8,))
             values = td.registers(acc, (cached,))
             row = blockIdx.x
@@ -237,7 +239,7 @@ def layer_norm_kernel(dtype, schedule: str, cached: int = 0):
 
     if schedule == "block":
         @td.kernel(grid=lambda R: R, block=BLOCK, name="layer_norm_block")
-        def layer_norm(X: dtype["R", "C"], W: dtype["C"], B: dtype["C"], Y: dtype["R", "C"], eps: f32):
+        def layer_norm(X: dtype["R", "C"], W: dtype["C"], B: dtype["C"], Y: dtype["R", "C"], eps: acc):
             partials = td.shared(acc, (8,))
             row = blockIdx.x
             s = 0.0
@@ -254,7 +256,7 @@ def layer_norm_kernel(dtype, schedule: str, cached: int = 0):
         return layer_norm
 
     @td.kernel(grid=lambda R: td.cdiv(R, ROWS_PER_BLOCK), block=ROWS_PER_BLOCK, name="layer_norm_thread")
-    def layer_norm(X: dtype["R", "C"], W: dtype["C"], B: dtype["C"], Y: dtype["R", "C"], eps: f32):
+    def layer_norm(X: dtype["R", "C"], W: dtype["C"], B: dtype["C"], Y: dtype["R", "C"], eps: acc):
         sums = td.registers(f64, (LANES,))
         row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x
         if row < R:

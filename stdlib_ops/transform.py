@@ -28,6 +28,7 @@ from .elementwise import (
     cached_op,
     cast_to,
     contiguous,
+    int_tuple,
     normalize_axis,
     reshaper,
     result_dtype,
@@ -111,7 +112,7 @@ def _copy_op(dtype) -> td.Op:
 
 
 def _resolve_shape(size: int, shape) -> tuple:
-    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(n) for n in shape)
+    shape = int_tuple(shape, "reshape: the shape")
     unknown = [k for k, n in enumerate(shape) if n == -1]
     if len(unknown) > 1 or any(n < -1 for n in shape):
         raise ValueError(f"invalid shape {shape} for reshape")
@@ -154,14 +155,15 @@ def _slice_plan(x, starts, stops, steps=None, axes=None) -> Plan:
     x = contiguous(x)
     if x.ndim == 0:
         raise ValueError("slice: a 0-d array has no axis to slice")
-    given = [v for v in (starts, stops, steps, axes) if v is not None and not isinstance(v, (int, np.integer))]
+    given = [v for v in (starts, stops, steps, axes) if v is not None and np.ndim(v) > 0]
     count = len(given[0]) if given else 1
 
-    def seq(v):   # an int or None stands for the same value on every sliced axis
-        return [v] * count if v is None or isinstance(v, (int, np.integer)) else list(v)
+    def seq(v, what):   # an integer or None stands for the same value on every sliced axis
+        values = [v] * count if v is None or np.ndim(v) == 0 else list(v)
+        return [None if n is None else int_tuple(n, f"slice: {what}")[0] for n in values]
 
-    starts, stops, steps = seq(starts), seq(stops), seq(steps)
-    axes = list(range(count)) if axes is None else [normalize_axis(a, x.ndim) for a in seq(axes)]
+    starts, stops, steps = seq(starts, "starts"), seq(stops, "stops"), seq(steps, "steps")
+    axes = list(range(count)) if axes is None else [normalize_axis(a, x.ndim) for a in seq(axes, "axes")]
     if not len(starts) == len(stops) == len(steps) == len(axes) or len(set(axes)) != len(axes):
         raise ValueError("slice: starts, stops, steps and axes must have the same length (and distinct axes)")
     bounds = [(0, 1, n) for n in x.shape]          # (start, step, length) per axis
@@ -169,7 +171,8 @@ def _slice_plan(x, starts, stops, steps=None, axes=None) -> Plan:
         if step == 0:
             raise ValueError("slice step cannot be zero")
         s = builtins.slice(start, stop, step).indices(x.shape[a])
-        bounds[a] = (s[0], s[2], len(range(*s)))
+        length = len(range(*s))
+        bounds[a] = (s[0], s[2] if length > 1 else 1, length)   # (a step past the axis takes one element: any fits)
     params = np.array([v for start, step, _ in bounds for v in (start, step)], np.int32).reshape(-1)
     out_shape = tuple(n for _, _, n in bounds)
     dtype = tdtype(x.dtype)
@@ -201,7 +204,10 @@ def _pad_op(ndim: int, dtype) -> td.Op:
 
 
 def _pad_widths(pad_width, ndim: int) -> list:
-    w = np.asarray(pad_width, dtype=np.int64)
+    w = np.asarray(pad_width)
+    if w.dtype.kind not in "iu" and w.size:
+        raise TypeError(f"pad widths must be integers, got {pad_width!r}")
+    w = w.astype(np.int64)
     if w.ndim == 0:
         w = np.full((ndim, 2), int(w))
     elif w.shape == (2,) or w.shape == (1, 2):
@@ -286,7 +292,7 @@ def _gather_op(dtype, idtype) -> td.Op:
     idx = td.placeholder("indices", idtype, ("GJ",))
 
     def fcompute(o, j, i):
-        k, n = idx[j], size_var("GA")
+        k, n = ir.Cast(idx[j], td.i64), size_var("GA")    # i64: a narrow index plus the axis length would wrap
         k = ir.Select(k < 0, k + n, k, k.dtype)
         # indices in GPU memory are not checked on the host: one out of range reads the nearest end of the
         # axis instead of memory outside the tensor
@@ -329,7 +335,7 @@ def _expand_op(pattern: tuple, dtype) -> td.Op:
 
 def _expand_plan(x, shape) -> Plan:
     x = contiguous(x)
-    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(n) for n in shape)
+    shape = int_tuple(shape, "expand: the shape")
     if len(shape) < x.ndim or np.broadcast_shapes(x.shape, shape) != shape:
         raise ValueError(f"cannot broadcast an array of shape {x.shape} to {shape}")
     out_shape, pattern, canon = broadcast_canon([x.shape, shape])

@@ -205,3 +205,44 @@ def test_floating_reductions_of_integers(op_type, elem, dtype):
     model = make_model([node], [("x", [3, 4], elem)], [("y", [3, 1], elem)], opset=13)
     x = np.array([[3, 4, 0, 1], [1, 1, 1, 1], [2, 7, 5, 9]], dtype)
     assert_close(tg.from_onnx(model)(x)[0], run_onnxruntime(model, {"x": x})[0])
+
+
+def test_slice_with_a_negative_step_from_before_the_axis():
+    """ONNX clamps a negative step's start to [0, n - 1]: start -100, step -1 takes x[0] (Python's slicing, and
+    taskdsl before, took nothing)."""
+    inits = {"s": np.array([-100], np.int64), "e": np.array([np.iinfo(np.int64).min], np.int64),
+             "a": np.array([0], np.int64), "st": np.array([-1], np.int64)}
+    node = helper.make_node("Slice", ["x", "s", "e", "a", "st"], ["y"])
+    model = make_model([node], [("x", [5, 6])], [("y", [1, 6])], inits, opset=13)
+    x = rand((5, 6), 1)
+    assert_close(tg.from_onnx(model)(x)[0], run_onnxruntime(model, {"x": x})[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("op_type", ["ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceMean"])
+def test_reductions_over_no_axis_still_map_each_element(op_type):
+    """noop_with_empty_axes=1 without axes reduces nothing, but |x|, x^2 and log x still apply (x was returned)."""
+    node = helper.make_node(op_type, ["x"], ["y"], noop_with_empty_axes=1)
+    model = make_model([node], [("x", [2, 3])], [("y", [2, 3])], opset=18)
+    x = rand((2, 3), 2, low=0.25, high=3.0) * np.array([1, -1, 1], np.float32)
+    if op_type == "ReduceLogSum":
+        x = np.abs(x)
+    assert_close(tg.from_onnx(model)(x)[0], run_onnxruntime(model, {"x": x})[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("elem, dtype, base", [(TensorProto.INT32, np.int32, 2**29), (TensorProto.INT64, np.int64, 2**40)])
+def test_integer_means_are_exact(elem, dtype, base):
+    """An integer mean was accumulated in f32 (2**29 + 2.33 came out 2**29): now summed in i64, divided once."""
+    node = helper.make_node("ReduceMean", ["x"], ["y"], axes=[1])
+    model = make_model([node], [("x", [2, 3], elem)], [("y", [2, 1], elem)], opset=13)
+    x = np.array([[base + 1, base + 2, base + 4], [-base - 1, -base - 2, -base - 4]], dtype)
+    assert_close(tg.from_onnx(model)(x)[0], run_onnxruntime(model, {"x": x})[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("bounds", [[], ["lo"], ["", "hi"]])
+def test_clip_bounds_left_out_are_the_largest_finite_values(bounds):
+    """Clip's missing min / max default to the type's lowest / highest finite value: +-inf become +-FLT_MAX."""
+    node = helper.make_node("Clip", ["x"] + bounds, ["y"])
+    inits = {"lo": np.array(-2, np.float32), "hi": np.array(2, np.float32)}
+    model = make_model([node], [("x", [5])], [("y", [5])], {k: v for k, v in inits.items() if k in bounds}, opset=13)
+    x = np.array([-np.inf, -1.0, 0.5, 3.0, np.inf], np.float32)
+    assert_close(tg.from_onnx(model)(x)[0], run_onnxruntime(model, {"x": x})[0], rtol=0, atol=0)

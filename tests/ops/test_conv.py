@@ -322,3 +322,6 @@ def test_conv2d_errors_are_clear():
         ops.conv2d(x, np.zeros((8, 4, 3, 3), np.float32), activation="swish")
     with pytest.raises(ValueError, match="padding"):
         ops.conv2d(x, np.zeros((8, 4, 3, 3), np.float32), padding=-1)
+    for name, value in (("stride", 1.0), ("padding", 1.0), ("dilation", None)):    # were raw TypeErrors
+        with pytest.raises(TypeError, match=f"conv2d: {name} must be integers"):
+            ops.conv2d(x, np.zeros((8, 4, 3, 3), np.float32), **{name: value})

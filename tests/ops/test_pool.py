@@ -71,6 +71,12 @@ def test_pool_int_arguments_and_defaults():
         P.max_pool2d(x, 2, padding=2)          # padding above half the window
     with pytest.raises(ValueError):
         P.avg_pool2d(rand((1, 1, 2, 2), 0), 3)  # window larger than the input
+    with pytest.raises(TypeError, match="kernel_size must be integers"):
+        P.max_pool2d(x, 2.0)                    # (was "'float' object is not iterable")
+    with pytest.raises(TypeError, match="stride must be integers"):
+        P.avg_pool2d(x, 2, 1.0)
+    with pytest.raises(ValueError, match="an integer or 2 of them"):
+        P.max_pool2d(x, (2, 2, 2))
 
 
 @FEWER

@@ -71,6 +71,20 @@ def test_slice_axes_and_ints():
         X.slice(x, 0, 2, 0)
     with pytest.raises(ValueError, match="a 0-d array has no axis to slice"):
         X.slice(np.float32(1.0), [0], [1])
+    # bounds as numpy takes them: 0-d integer arrays, a step past the axis (it took an int32 overflow)
+    check(X.slice(x, np.array(1), np.array(3)), X.op_for("slice", x, np.array(1), np.array(3)), x[1:3])
+    check(X.slice(x, 0, None, 2**40), X.op_for("slice", x, 0, None, 2**40), x[0::2**40])
+    with pytest.raises(TypeError, match="slice: starts must be integers"):
+        X.slice(x, 1.0, 3)
+
+
+def test_sizes_must_be_integers():
+    """numpy refuses a float size; int() had truncated it silently (pad 1.5 -> 1)."""
+    x = rand((3, 4), 0)
+    for call, what in ((lambda: X.pad(x, 1.5), "pad widths"), (lambda: X.reshape(x, (2.5, -1)), "reshape"),
+                       (lambda: X.expand(x, (2.5, 3, 4)), "expand")):
+        with pytest.raises(TypeError, match=what):
+            call()
 
 
 @FEW
@@ -124,6 +138,17 @@ def test_gather(shape, data, seed):
     indices = np.random.default_rng(seed).integers(-n, n, size=ishape).astype(idtype)   # negatives wrap
     x = rand(shape, seed)
     check(X.gather(x, indices, axis), X.op_for("gather", x, indices, axis), np.take(x, indices, axis=axis))
+
+
+def test_gather_narrow_negative_indices_on_a_long_axis():
+    """An int8 / int16 index plus the axis length wrapped in the index's type (-1 + 200 as int8 is -57, which read
+    element 0): the index is widened first."""
+    x = rand((200, 3), 1)
+    check(X.gather(x, np.array([-1, -100, 5], np.int8)), X.op_for("gather", x, np.array([-1, -100, 5], np.int8)),
+          np.take(x, np.array([-1, -100, 5]), axis=0))
+    y = rand((40000,), 2)
+    idx = np.array([-1, -30000], np.int16)
+    check(X.gather(y, idx), X.op_for("gather", y, idx), np.take(y, idx))
 
 
 def test_gather_errors():

@@ -1,6 +1,7 @@
 """Converters of elementwise operators, reductions and softmax."""
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from .. import ops
@@ -63,9 +64,13 @@ def gelu(node: Node) -> list:
 
 @converts("Clip")
 def clip(node: Node) -> list:
-    """Clip with optional min / max inputs (tensors, not necessarily constant)."""
+    """Clip with optional min / max inputs (tensors, not necessarily constant). A float bound left out is the type's
+    lowest / highest finite value, as the operator defines it: -inf and inf become finite (as onnxruntime gives)."""
     x = node.input(0)
     lo, hi = (node.input(k, required=False) if node.num_inputs > k else None for k in (1, 2))
+    if x.dtype.is_float:
+        limits = ml_dtypes.finfo(x.numpy_dtype)
+        lo, hi = (constant(np.array(v, x.numpy_dtype)) if b is None else b for b, v in ((lo, limits.min), (hi, limits.max)))
     return [ops.clip(x, lo, hi)]
 
 
@@ -139,15 +144,13 @@ def reduce(node: Node) -> list:
         axes = node.attr("axes")
     keepdims = node.flag("keepdims", 1)
     if axes is None or len(axes) == 0:
-        if node.flag("noop_with_empty_axes"):
-            return [x]
+        if node.flag("noop_with_empty_axes"):   # no axis is reduced, but each element is still mapped
+            return [_noop_reduce(op_type, x)]
         axes = None
     axes = None if axes is None else [int(a) for a in np.asarray(axes).reshape(-1)]
     fn = getattr(ops, REDUCTIONS[op_type])
-    if op_type == "ReduceSumSquare":
-        return [fn(ops.mul(x, x), axes, keepdims)]
-    if op_type == "ReduceL1":
-        return [fn(ops.elementwise("abs", x), axes, keepdims)]
+    if op_type in ("ReduceSumSquare", "ReduceL1"):
+        return [fn(_noop_reduce(op_type, x), axes, keepdims)]
     if op_type in FLOATING_REDUCTIONS:
         if x.dtype.is_float:
             return [_floating_reduce(op_type, x, axes, keepdims)]
@@ -157,6 +160,17 @@ def reduce(node: Node) -> list:
 
 
 FLOATING_REDUCTIONS = ("ReduceL2", "ReduceLogSum", "ReduceLogSumExp")
+
+
+def _noop_reduce(op_type: str, x):
+    """Reduce* `op_type` over no axis: each element as the reduction maps it (x^2, |x|, log x; x for the others)."""
+    if op_type == "ReduceSumSquare":
+        return ops.mul(x, x)
+    if op_type in ("ReduceL1", "ReduceL2"):
+        return ops.elementwise("abs", x)
+    if op_type == "ReduceLogSum":
+        return ops.log(x) if x.dtype.is_float else ops.cast(ops.log(ops.cast(x, "float64")), x.dtype)
+    return x
 
 
 def _floating_reduce(op_type: str, x, axes, keepdims: bool):

@@ -300,8 +300,8 @@ def _slice_axis(n: int, start: int, end: int, step: int) -> tuple:
     if step > 0:
         start, end = min(max(start, 0), n), min(max(end, 0), n)
         count = max(0, -(-(end - start) // step))
-    else:
-        start, end = min(max(start, -1), n - 1), min(max(end, -1), n - 1)
+    else:       # ONNX clamps a start below the axis to its first element (Python's slicing would give nothing)
+        start, end = min(max(start, 0), n - 1), min(max(end, -1), n - 1)
         count = max(0, -(-(start - end) // -step))
     return start if count else 0, step, count
 
