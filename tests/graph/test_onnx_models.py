@@ -229,7 +229,8 @@ def test_reductions_over_no_axis_still_map_each_element(op_type):
     assert_close(tg.from_onnx(model)(x)[0], run_onnxruntime(model, {"x": x})[0], rtol=1e-6)
 
 
-@pytest.mark.parametrize("elem, dtype, base", [(TensorProto.INT32, np.int32, 2**29), (TensorProto.INT64, np.int64, 2**40)])
+@pytest.mark.parametrize("elem, dtype, base", [(TensorProto.INT32, np.int32, 2**29),
+                                               (TensorProto.INT64, np.int64, 2**40)])
 def test_integer_means_are_exact(elem, dtype, base):
     """An integer mean was accumulated in f32 (2**29 + 2.33 came out 2**29): now summed in i64, divided once."""
     node = helper.make_node("ReduceMean", ["x"], ["y"], axes=[1])

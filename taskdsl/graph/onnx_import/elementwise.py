@@ -70,7 +70,8 @@ def clip(node: Node) -> list:
     lo, hi = (node.input(k, required=False) if node.num_inputs > k else None for k in (1, 2))
     if x.dtype.is_float:
         limits = ml_dtypes.finfo(x.numpy_dtype)
-        lo, hi = (constant(np.array(v, x.numpy_dtype)) if b is None else b for b, v in ((lo, limits.min), (hi, limits.max)))
+        lo, hi = (constant(np.array(v, x.numpy_dtype)) if bound is None else bound
+                  for bound, v in ((lo, limits.min), (hi, limits.max)))
     return [ops.clip(x, lo, hi)]
 
 
