@@ -145,4 +145,4 @@ class _Hoister:
         return ir.seq(hoisted + [self._assign(temp, value)])
 
     def _assign(self, temp: ir.Var, value: ir.Expr) -> ir.Assign:
-        return ir.Assign(temp, value if value.dtype == temp.dtype else ir.Cast(value, temp.dtype), self.loc)
+        return ir.Assign(temp, ir.convert(value, temp.dtype), self.loc)

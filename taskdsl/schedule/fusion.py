@@ -106,10 +106,11 @@ def _concrete(shape: tuple, what: str) -> tuple:
 
 
 def _reads_and_writes(body: ir.Stmt, buffer: ir.Buffer) -> tuple[bool, bool]:
-    read = [x.buffer for x in ir.collect(body, ir.Load) + ir.collect(body, ir.Atomic)]
-    read += [x.src.buffer for x in ir.collect(body, ir.CpAsync)]        # an asynchronous copy reads its source
-    reads = any(b.uid == buffer.uid for b in read)
-    writes = any(x.buffer.uid == buffer.uid for x in ir.collect(body, ir.Store) + ir.collect(body, ir.Atomic))
+    reads = writes = False
+    for x in ir.collect(body, (ir.Load, ir.Atomic, ir.CpAsync, ir.Store)):
+        source = x.src.buffer if isinstance(x, ir.CpAsync) else x.buffer    # an asynchronous copy reads its source
+        reads = reads or (not isinstance(x, ir.Store) and source.uid == buffer.uid)
+        writes = writes or (isinstance(x, (ir.Store, ir.Atomic)) and x.buffer.uid == buffer.uid)
     return reads, writes
 
 
@@ -117,8 +118,7 @@ def _refuse_reads_of_written(body: ir.Stmt, new_inputs: dict, prologues: dict | 
     """A FusionError where a prologue or epilogue reads (through a placeholder of its name) a tensor the fused
     kernel writes: the anchor's other outputs are being written by the same kernel, so their values are not
     there to read."""
-    written = {x.buffer.name for x in ir.collect(body, ir.Store) + ir.collect(body, ir.Atomic)
-               if x.buffer.scope == "global"}
+    written = {x.buffer.name for x in ir.collect(body, (ir.Store, ir.Atomic)) if x.buffer.scope == "global"}
     for buffer in new_inputs.values():
         if buffer.name in written:
             users = [d.name for d in {**(prologues or {}), **(epilogues or {})}.values()

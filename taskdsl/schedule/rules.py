@@ -272,11 +272,7 @@ def _lanes_loop(t: Tensor, body: ir.Expr, out_index: list, acc: ir.Var, reduced:
     count = ir.Call("min", (ir.const(block), reduced - start), T.i32)     # the last block may be short
     blocks = ir.For(b, ir.const(0), (reduced + (block - 1)) // block, ir.const(1), ir.seq(
         _lanes(t, body, out_index, total, acc.dtype, start, count, lanes)))     # (the body appears once)
-    return [ir.Assign(total, _as(acc, total.dtype)), blocks, ir.Assign(acc, _as(total, acc.dtype))]
-
-
-def _as(value: ir.Expr, dtype) -> ir.Expr:
-    return value if value.dtype == dtype else ir.Cast(value, dtype)
+    return [ir.Assign(total, ir.convert(acc, total.dtype)), blocks, ir.Assign(acc, ir.convert(total, acc.dtype))]
 
 
 def _lanes(t: Tensor, body: ir.Expr, out_index: list, into: ir.Var, dtype, start: ir.Expr, count: ir.Expr,
@@ -296,7 +292,7 @@ def _lanes(t: Tensor, body: ir.Expr, out_index: list, into: ir.Var, dtype, start
     while width:    # pairwise: lane v += lane v + width
         stmts += [ir.Assign(chains[v], combine(t.op, chains[v], chains[v + width])) for v in range(width)]
         width //= 2
-    return stmts + [ir.Assign(into, combine(t.op, into, _as(chains[0], into.dtype)))]
+    return stmts + [ir.Assign(into, combine(t.op, into, ir.convert(chains[0], into.dtype)))]
 
 
 def _finish(t: Tensor, acc: ir.Expr, reduced: ir.Expr) -> ir.Expr:

@@ -140,15 +140,19 @@ class _CudaEmitter:
         self.lines: list = []
         self.ranges: dict = {}
         self.last_line = None
-        # one walk of the (often unrolled, 10^5-node) body for every statement class the emitter looks up
+        # one walk of the (often unrolled, 10^5-node) body for every statement class the emitter looks up, and for
+        # 16-bit float values anywhere (a cast or a local value needs the half headers too)
+        half = ("f16", "bf16")
         self.found = {cls: [] for cls in (ir.Allocate, ir.Store, ir.Atomic, ir.For, ir.Assign)}
-        for node in ir.collect(fn.body, tuple(self.found)):
-            self.found[type(node)].append(node)
-        half = ("f16", "bf16")    # anywhere: a parameter, a shared or local buffer, a cast or a local value
-        self.uses_half = any(b.dtype.name in half for b in fn.buffers) or \
+        half_value = False
+        for node in ir.collect(fn.body, tuple(self.found) + (ir.Expr,)):
+            if type(node) in self.found:
+                self.found[type(node)].append(node)
+            if isinstance(node, ir.Expr) and not half_value:
+                half_value = node.dtype.name in half
+        self.uses_half = half_value or any(b.dtype.name in half for b in fn.buffers) or \
             any(v.dtype.name in half for v in fn.scalars) or \
-            any(a.buffer.dtype.name in half for a in self.found[ir.Allocate]) or \
-            any(e.dtype.name in half for e in ir.collect(fn.body, ir.Expr))
+            any(a.buffer.dtype.name in half for a in self.found[ir.Allocate])
 
     # ------------------------------------------------------------------ top level
     def emit(self) -> str:
