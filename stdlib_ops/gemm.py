@@ -4,7 +4,8 @@ A `MatmulPlan` is the scheduled anchor for one problem: the template (on a GPU t
 for f16/bf16 and the SIMT template otherwise; on the cpu the register-tile template), its
 kernel at the chosen schedule point (tuned on cuda, the measured default on the cpu unless
 tuning is asked for), the 3-D operand shapes it runs on, and split-k when the output has too
-few tiles to fill the machine. Fusion (conv2d's im2col, the graph layer's prologues and
+few tiles to fill the machine (tuned as such: a point that splits is timed as the split call,
+`SplitRun`). Fusion (conv2d's im2col, the graph layer's prologues and
 epilogues) goes through `plan.fused`: with split-k the epilogue fuses into the kernel that sums
 the partials (`split_sum_kernel`), as no partial is the output yet.
 """
@@ -19,7 +20,8 @@ import numpy as np
 import taskdsl as td
 from taskdsl.backend.cpu.launch import num_threads
 from taskdsl.runtime.config import fast_compile_enabled
-from taskdsl.runtime.arrays import as_array, contiguous, empty_like_operands, note_host_work, zeros_like_operands
+from taskdsl.runtime.arrays import (as_array, contiguous, empty_like_operands, note_host_work, placed_like,
+                                    zeros_like_operands)
 from taskdsl.schedule.tuner import tune
 
 from . import matmul_cpu as cpu
@@ -189,10 +191,8 @@ class MatmulPlan:
         c = empty_like_operands((self.batch, self.m, self.n), self.dtype.numpy, a3, b3)
         if self.split == 1:
             kernel(a3, b3, c, self.batch_index(), 1)
-            return c
-        partials = empty_like_operands(self.partials_shape, np.float32, a3, b3)
-        kernel(a3, b3, partials, self.batch_index(), self.split)
-        split_sum_kernel(self.dtype)(partials, c, self.split)
+        else:
+            SplitRun(self, kernel)(a3, b3, c)
         return c
 
     @property
@@ -284,16 +284,51 @@ def _plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune, point, fa
     def at(p, split: int = 1) -> MatmulPlan:
         return MatmulPlan(p, dtype, out_batch, tuple(a_batch), tuple(b_batch), m, n, k, split, template)
 
+    def split_for(p) -> int:
+        return choose_split(p, math.prod(out_batch), m, n, k, target, template)
+
     if point is None:
         point = template.default(target, itemsize, m, n)
         if do_tune or (do_tune is None and target == "cuda"):
             proto = at(point)
             pads = proto.pads           # tuned as called: on padded operands where a call pads them
             args = tuple(_example(s, dtype) for s in proto.operand_shapes(padded=pads)) + (proto.batch_index(1), 1)
-            point = tune(template.space(target, itemsize), lambda p: at(p).kernel(dtype, padded=pads), args,
+            point = tune(template.space(target, itemsize), lambda p: _candidate(at(p, split_for(p)), pads), args,
                          op=template.name, shapes=(tuple(a_shape), tuple(b_shape)), dtypes=(dtype.name,),
                          default=point, target=target)
-    return at(point, choose_split(point, math.prod(out_batch), m, n, k, target, template))
+    return at(point, split_for(point))
+
+
+def _candidate(plan: MatmulPlan, padded: bool):
+    """What the tuner times for a point: its kernel, or with split-k the pair of kernels a call runs."""
+    return plan.kernel(plan.dtype, padded=padded) if plan.split == 1 else SplitRun(plan, plan.kernel(padded=padded))
+
+
+class SplitRun:
+    """A split-k call: `kernel` (one of the plan's) writing f32 partials, and the kernel summing them. Called like
+    the unsplit kernel (A, B, C, and a batch index and split it ignores for the plan's own), so the tuner times
+    a split point as calls run it: timed unsplit, a point would be ranked by a launch no call makes, without
+    the sum."""
+
+    def __init__(self, plan: MatmulPlan, kernel: td.Kernel):
+        self.plan, self.kernel = plan, kernel
+        self.sum = split_sum_kernel(plan.dtype)
+        self.buffers = None     # (partials, batch index) where the operands are, made at the first call
+
+    def compile(self, a, b, c, *_, target: str | None = None) -> None:
+        """Compile both kernels for these operands (no launch)."""
+        partials = np.empty(self.plan.partials_shape, np.float32)
+        self.kernel.compile(a, b, partials, self.plan.batch_index(), self.plan.split, target=target)
+        self.sum.compile(partials, c, self.plan.split, target=target)
+
+    def __call__(self, a, b, c, *_) -> None:
+        """C = A @ B as a call with this plan's split runs it."""
+        if self.buffers is None:
+            self.buffers = (empty_like_operands(self.plan.partials_shape, np.float32, a, b),
+                            placed_like(a, self.plan.batch_index()))
+        partials, index = self.buffers
+        self.kernel(a, b, partials, index, self.plan.split)
+        self.sum(partials, c, self.plan.split)
 
 
 def _operands(a, b) -> tuple:

@@ -7,8 +7,9 @@ warps multiply an older one, so global latency hides behind tensor-core work:
 
     prologue: issue the copies of tiles 0 .. stages-2, one commit group each
     for kt:   wait until tile kt has landed; barrier (also: everyone is done with kt-1)
-              issue the copies of tile kt+stages-1 into the slot tile kt-1 used; commit
-              for each k16 step: ldmatrix the A and B fragments, mma into the accumulators
+              for each k16 step: ldmatrix the A and B fragments; in the first step issue the
+              copies of A's part of tile kt+stages-1 (into the slot tile kt-1 used), in the
+              last B's and commit; mma into the accumulators
 
 Shared tiles are stored with an XOR swizzle of their 16-byte chunks (chunk ^ f(row)), so
 the eight rows an `ldmatrix` phase reads fall in different banks; copies and ldmatrix use
@@ -62,7 +63,9 @@ def space() -> Space:
     """The hardware-centric space of tensor-core schedules."""
     return Space("tc_matmul", {
         "warps": ((2, 2), (2, 4), (4, 2), (1, 4)),
-        "warp_tiles": ((2, 4), (4, 4), (2, 8), (4, 2), (4, 8)),
+        # (1, 2) and (2, 2): block tiles down to 16x64 and 32x32 for outputs of a few 128x64 tiles (ResNet-50's
+        # 1x1 convolutions at 14x14 and 7x7), which otherwise fill the SMs only through split-k and its second kernel
+        "warp_tiles": ((1, 2), (2, 2), (2, 4), (4, 4), (2, 8), (4, 2), (4, 8)),
         "bk": (32, 64),
         "stages": (2, 3, 4),
     }, check)
@@ -103,26 +106,32 @@ def tc_matmul_kernel(p, dtype, out_dtype, vec: int = 8):
         return ((col // 8) ^ (row // max(1, 8 // chunks) % min(8, chunks))) * 8 + col % 8
 
     @td.func
-    def issue_tile(A, B, sa, sb, za, zb, row0, col0, kt, k_tiles):
-        """Copy (or load) k tile `kt` into its ring slot; nothing past the last tile."""
-        M, K, NB = A.shape[1], A.shape[2], B.shape[2]
-        slot = kt % STAGES
-        k0 = kt * BK
+    def issue_a(A, sa, za, row0, kt, slot):
+        """Copy (or load) A's part of k tile `kt` into ring slot `slot`.
+
+        Rows past the last are clamped to it rather than checked (their products are never stored), so only
+        the k edge zero-fills; and K a multiple of BK needs no check: the kernel is specialized to its sizes,
+        so the check folds away."""
+        M, K = A.shape[1], A.shape[2]
         for i, c in a_map(threadIdx.x):
-            gi, gk = row0 + i, k0 + c * vec
-            ok = kt < k_tiles and gi < M and gk < K
+            gi, gk = td.min(row0 + i, M - 1), kt * BK + c * vec
+            ok = K % BK == 0 or gk < K
             if vec == 8:
                 td.cp_async(sa[slot, i, swz(i, c * 8, BK)], A[za, gi, gk], 8, pred=ok)
             else:
                 sa[slot, i, swz(i, c, BK)] = A[za, gi, gk] if ok else 0.0
+
+    @td.func
+    def issue_b(B, sb, zb, col0, kt, slot):
+        """Copy (or load) B's part of k tile `kt` into ring slot `slot` (as `issue_a`)."""
+        K, NB = B.shape[1], B.shape[2]
         for k, c in b_map(threadIdx.x):
-            gk, gj = k0 + k, col0 + c * vec
-            ok = kt < k_tiles and gk < K and gj < NB
+            gk, gj = kt * BK + k, td.min(col0 + c * vec, NB - vec)     # clamped columns: never stored either
+            ok = K % BK == 0 or gk < K
             if vec == 8:
                 td.cp_async(sb[slot, k, swz(k, c * 8, BN)], B[zb, gk, gj], 8, pred=ok)
             else:
                 sb[slot, k, swz(k, c, BN)] = B[zb, gk, gj] if ok else 0.0
-        td.cp_async_commit()
 
     @td.kernel(grid=lambda M, N, BZ: (td.cdiv(M, BM) * td.cdiv(N, BN), 1, BZ), block=T, name=name)
     def matmul(A: dtype["BA", "M", "K"], B: dtype["BB", "K", "NB"], C: out_dtype["BZ", "M", "N"],
@@ -143,12 +152,16 @@ def tc_matmul_kernel(p, dtype, out_dtype, vec: int = 8):
                 for r in range(4):
                     acc[a, b, r] = 0.0
         for s in range(STAGES - 1):
-            issue_tile(A, B, sa, sb, za, zb, row0, col0, kt0 + s, kt1)
+            if kt0 + s < kt1:
+                issue_a(A, sa, za, row0, kt0 + s, (kt0 + s) % STAGES)
+                issue_b(B, sb, zb, col0, kt0 + s, (kt0 + s) % STAGES)
+            td.cp_async_commit()        # one group per tile, empty past the last: the waits count groups
         for kt in range(kt0, kt1):
             td.cp_async_wait(STAGES - 2)
             td.syncthreads()
-            issue_tile(A, B, sa, sb, za, zb, row0, col0, kt + STAGES - 1, kt1)
             slot = kt % STAGES
+            ahead = kt + STAGES - 1     # the tile to copy, into the slot every warp finished with before the barrier
+            ahead_slot = (slot + STAGES - 1) % STAGES
             for kk in td.unroll(BK // 16):      # unrolled: the next k step's ldmatrix can overlap this one's mma
                 for a in range(mi):
                     r = warp_m0 + a * 16 + lane % 16
@@ -156,6 +169,15 @@ def tc_matmul_kernel(p, dtype, out_dtype, vec: int = 8):
                 for b in range(ni // 2):      # lanes 16-31 address the second 8 columns
                     r = kk * 16 + lane % 16
                     td.ldmatrix(fb[b], sb[slot, r, swz(r, warp_n0 + (2 * b + lane // 16) * 8, BN)], trans=True)
+                # the copies of tile `ahead` go between the k steps' fragment loads and mma, A's in the first step
+                # and B's in the last, rather than all before the first mma: after the barrier, every warp of
+                # the block would otherwise spend those issue slots with the tensor cores idle
+                if kk == 0 and ahead < kt1:
+                    issue_a(A, sa, za, row0, ahead, ahead_slot)
+                if kk == BK // 16 - 1:
+                    if ahead < kt1:
+                        issue_b(B, sb, zb, col0, ahead, ahead_slot)
+                    td.cp_async_commit()
                 for a in range(mi):
                     for b in range(ni):
                         td.mma_m16n8k16(fa[a], fb[b // 2, b % 2], acc[a, b])

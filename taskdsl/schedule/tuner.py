@@ -2,7 +2,8 @@
 
     point = tune(space, build, args, op="matmul", shapes=..., default=p0)
 
-`build(point)` returns a Kernel and `args` are the arguments to time it with. The space is
+`build(point)` returns a Kernel (or anything with a Kernel's `compile(*args, target=)` and call,
+say two kernels a call runs in turn) and `args` are the arguments to time it with. The space is
 enumerated exhaustively (it is small by design); on cuda every candidate is compiled first,
 in parallel threads (NVRTC runs outside the GIL), then timed with CUDA events on arguments copied
 to the GPU once; on the cpu

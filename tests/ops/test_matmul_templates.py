@@ -120,6 +120,33 @@ def test_a_split_plan_sums_its_partials_in_one_kernel(split, batch, dtype, seed)
     np.testing.assert_allclose(c.astype(np.float64), a.astype(np.float64) @ b.astype(np.float64), rtol=tol, atol=tol)
 
 
+def test_the_tuner_times_a_split_point_as_calls_run_it(simulated_gpu, monkeypatch):
+    """Where a plan splits K (one 64x64+ tile on the simulated GPU's 4 SMs), the tuner's candidate for a point
+    is the split call, partials then their sum, not the unsplit kernel a call never launches."""
+    seen = {}
+
+    def record(space, build, args, **options):
+        seen.update(space=space, build=build, args=args)
+        return options["default"]
+    monkeypatch.setattr(gemm, "tune", record)
+    m, k, n = 19, 600, 23
+    plan = gemm.plan((m, k), (k, n), td.f32, "cuda", do_tune=True)
+    assert plan.split > 1
+    point = seen["space"].points()[0]
+    candidate = seen["build"](point)
+    assert isinstance(candidate, gemm.SplitRun) and candidate.plan.point == point
+    assert candidate.plan.split == gemm.choose_split(point, 1, m, n, k, "cuda") > 1
+    a, b, c, index, one = seen["args"]
+    candidate.compile(a, b, c, index, one, target="cuda")       # both kernels, as the tuner compiles candidates
+    c_dev = td.to_device(np.full_like(c, np.nan))
+    candidate(td.to_device(a), td.to_device(b), c_dev, td.to_device(index), one)
+    np.testing.assert_allclose(c_dev.numpy()[0], _ref(a[0], b[0]), rtol=1e-4, atol=1e-3)
+    monkeypatch.setattr(gemm, "choose_split", lambda *_args, **_kw: 1)
+    gemm._plan.cache_clear()
+    gemm.plan((m, k), (k, n), td.f32, "cuda", do_tune=True)
+    assert isinstance(seen["build"](point), td.Kernel)          # unsplit plans time the kernel itself
+
+
 @pytest.mark.fast_compile     # the op's batch broadcasting; the optimized cpu kernels are test_matmul_cpu's
 @settings(max_examples=8, deadline=None)
 @given(batch_a=st.sampled_from([(), (1,), (3,), (2, 1), (2, 3)]), batch_b=st.sampled_from([(), (1,), (3,), (1, 3)]),

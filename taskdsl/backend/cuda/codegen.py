@@ -305,8 +305,10 @@ class _CudaEmitter:
     def cp_async(self, s: ir.CpAsync, pad: str) -> None:
         size = s.count * s.dst.dtype.bits // 8
         pred = self.expr(s.pred)
-        # src-size 0 zero-fills; the source then points at the tensor itself, so no out-of-bounds address is formed
-        src = f"({pred} ? (const void*)&{self.element(s.src)} : (const void*){self.name(s.src.buffer)})"
+        # src-size 0 zero-fills; the source index is then 0, so no out-of-bounds address is formed (selecting the
+        # index, not the pointer: one select, where choosing between two pointers reloads the tensor's address)
+        index = self.expr(s.src.indices[0])
+        src = f"(const void*)&{self.name(s.src.buffer)}[{pred} ? {index} : 0]"
         cache = "cg" if size == 16 else "ca"   # .cg (cache in L2 only) exists for 16-byte copies only
         self.lines += [f'{pad}asm volatile("cp.async.{cache}.shared.global [%0], [%1], {size}, %2;"',
                        f'{pad}    :: "r"({self.shared_address(s.dst)}), "l"({src}), "r"({pred} ? {size} : 0)',
