@@ -554,7 +554,8 @@ class Lowered:
     kernel: td.Kernel           # the template with the conv's loads (implicit im2col) and stores fused in
     columns: td.Kernel | None   # explicit im2col (cpu), fused with the input's prologue if it has one
     x_name: str | None          # the input's placeholder, when the input is one (no prologue)
-    on_columns: bool            # the GEMM reads explicit columns (cpu; `columns` None: the input itself)
+    on_columns: bool            # the GEMM reads explicit columns (cpu; `columns` None: the input itself, as
+                                # on a GPU for a pointwise NHWC convolution)
     batch_index: np.ndarray     # the matmul's (z-slice -> A, B matrix) table, made once
     window: bool = False        # the GEMM copies the NCHW input's im2col itself (`window_kernel`)
     finish: td.Kernel | None = None     # with split-k: sums the kernel's partials (`P`) into the epilogue
@@ -568,7 +569,7 @@ class Lowered:
         """The GEMM's B the OIHW weights become (made once for constant weights): (K, OC) in the order of
         `im2col`, as the cpu template's packed panels where the GEMM reads explicit columns."""
         packed = pack_weight(self.geometry, weight)
-        return self.matmul.pack_b(packed) if self.on_columns else packed
+        return self.matmul.pack_b(packed) if self.on_columns and self.matmul.packs_b else packed
 
     @functools.cached_property
     def _call(self) -> tuple:
@@ -642,10 +643,18 @@ def lower(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue) -> Lowere
         return Lowered(g, matmul, kernel, columns, x_name, True, matmul.batch_index(1))
     matmul = mm.plan((groups, m, k), (groups, k, n), dtype, target)
     c = td.placeholder("C", dtype, matmul.operand_shapes()[2])
-    # with split-k (too few output tiles to fill a GPU) the implicit-im2col GEMM writes f32 partials and the
-    # kernel that sums them carries the epilogue
-    kernel, finish = matmul.fused({"A": im2col(g, x)}, epilogue(output_view(g, c)))
-    return Lowered(g, matmul, kernel, None, None, False, matmul.batch_index(matmul.fusion_split), finish=finish)
+    out = epilogue(output_view(g, c))
+    batch_index = matmul.batch_index(matmul.fusion_split)
+    # with split-k (too few output tiles to fill a GPU) the GEMM writes f32 partials and the kernel that sums
+    # them carries the epilogue
+    if g.layout == "NHWC" and groups == 1 and _pointwise(g) and x.kind == "placeholder":
+        # the input is the columns matrix itself: a plain GEMM, whose copies do none of the implicit im2col's
+        # index arithmetic (a bounds check that cannot fail and divisions by the image sizes per copy: the
+        # 128x64 point's k loop had 196 SASS instructions per 32 HMMA for ResNet-50's 1x1 layers, 146 so)
+        kernel, finish = matmul.fused({}, out)
+        return Lowered(g, matmul, kernel, None, x.name, True, batch_index, finish=finish)
+    kernel, finish = matmul.fused({"A": im2col(g, x)}, out)
+    return Lowered(g, matmul, kernel, None, None, False, batch_index, finish=finish)
 
 
 WINDOW_ROW = 32      # output rows at least this wide let `window_kernel` copy a block's pixels in few row segments

@@ -137,6 +137,26 @@ def test_gpu_convolutions_with_few_tiles_split_k(simulated_gpu, layout, groups, 
     assert [k.name for k, _ in simulated_gpu.launches][-2:] == [low.kernel.name, low.finish.name]
 
 
+@pytest.mark.parametrize("channels,pixels,split", [(64, 7, 2), (8, 13, 1)])    # 8 k tiles of 8: two chunks; one
+def test_gpu_pointwise_nhwc_convolutions_read_the_input_as_the_gemm_operand(simulated_gpu, channels, pixels, split):
+    """On a GPU a 1x1 stride-1 NHWC convolution of an input tensor is a plain GEMM of the input (N*H*W x C) by the
+    weights: no im2col in its loads; the bias and activation still fuse into its stores (or into the split-k sum)."""
+    rng = np.random.default_rng(channels)
+    x = rng.standard_normal((1, pixels, pixels, channels)).astype(np.float32)
+    w = rng.standard_normal((8, channels, 1, 1)).astype(np.float32)
+    bias = rng.standard_normal(8).astype(np.float32)
+    g = conv.geometry(x.shape, w.shape, layout="NHWC")
+    low = conv.plan(g, td.f32, "cuda", True, "relu").lowered
+    assert low.on_columns and low.columns is None and low.matmul.split == split
+    assert "A" in dict(low.kernel.params) and "X" not in dict(low.kernel.params)
+    assert low.kernels == [low.kernel] + ([low.finish] if split > 1 else [])
+    assert "bias" in dict((low.finish or low.kernel).params)
+    y = ops.conv2d(td.to_device(x), w, bias, layout="NHWC", activation="relu").numpy()
+    want = np.maximum(reference(x.transpose(0, 3, 1, 2), w, bias, (1, 1), (0, 0, 0, 0), (1, 1), 1), 0)
+    np.testing.assert_allclose(y.transpose(0, 3, 1, 2), want, rtol=1e-4, atol=1e-4)
+    assert [k.name for k, _ in simulated_gpu.launches][-len(low.kernels):] == [k.name for k in low.kernels]
+
+
 def test_cpu_nchw_convolutions_multiply_explicit_columns_by_the_packed_weights():
     """On the cpu, NCHW: an im2col kernel (generic over geometries, K x OH*OW per image), then columns^T @
     weights (the template's transposed A and packed B) with the epilogue fused, storing C transposed; a 1x1
