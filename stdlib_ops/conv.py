@@ -184,7 +184,7 @@ def bias_activation(g: ConvGeometry, y: td.Tensor, bias: td.Tensor | None, activ
 
     def fcompute(*idx):
         value = act(y[idx] + bias[channel(idx)] if bias is not None else y[idx])
-        return value if value.dtype == y.dtype else ir.Cast(value, y.dtype)     # an f32 constant promotes f16
+        return ir.convert(value, y.dtype)     # an f32 constant promotes f16
 
     return td.compute("Z", shape, fcompute)
 

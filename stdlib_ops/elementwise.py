@@ -90,11 +90,6 @@ def shape_carrier(shape: tuple) -> np.ndarray:
     return np.broadcast_to(np.zeros((), np.int8), tuple(int(n) for n in shape))
 
 
-def cast_to(e: ir.Expr, dtype: T.DataType) -> ir.Expr:
-    """`e` converted to `dtype` (unchanged when it already has it)."""
-    return e if e.dtype == dtype else ir.Cast(e, dtype)
-
-
 def int_tuple(values, what: str, length: int | None = None) -> tuple:
     """`values`, an integer or a sequence of them, as a tuple of Python ints: an integer stands for `length` equal
     ones, and a sequence must have `length` items, when `length` is given. A TypeError names `what` for anything
@@ -205,7 +200,7 @@ def _broadcast_op(name: str, pattern: tuple, in_dtypes: tuple, body: Callable, o
         loads = []
         for k, (p, ld) in enumerate(zip(holders, load_dtypes)):
             load = p[tuple(a if st[k] else 0 for st, a in zip(pattern, axes))]
-            loads.append(load if ld is None else cast_to(load, ld))
+            loads.append(load if ld is None else ir.convert(load, ld))
         return body(*loads)
 
     # "_out": an output called like a math function (exp, erf, pow, ...) would shadow it in the CUDA source

@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 
 import taskdsl as td
-from taskdsl import blockIdx, f32, repeat, spatial, threadIdx
+from taskdsl import blockIdx, f32, threadIdx
 from taskdsl.schedule.space import Space
 
 from .matmul_simt import load_mapping, split_k_tiles, swizzled_tile

@@ -17,10 +17,11 @@ from __future__ import annotations
 import numpy as np
 
 import taskdsl as td
+from taskdsl import ir
 from taskdsl.ir.types import is_float_dtype
 from taskdsl.runtime.arrays import as_array
 
-from .elementwise import Plan, cached_op, cast_to, contiguous, normalize_axis, reshaper, tdtype
+from .elementwise import Plan, cached_op, contiguous, normalize_axis, reshaper, tdtype
 from .rowwise import applies as rows_apply
 from .rowwise import layer_norm_rows, softmax_rows
 
@@ -43,7 +44,7 @@ def _softmax_op(log: bool, inner: bool, dtype) -> td.Op:
     x = td.placeholder("x", dtype, dims)
 
     def load(o, r, i):
-        return cast_to(x[(o, r, i) if inner else (o, r)], sdt)
+        return ir.convert(x[(o, r, i) if inner else (o, r)], sdt)
 
     out_dims = dims[:1] + dims[2:]
     m = td.reduce("row_max", out_dims, ("SR",),
@@ -115,7 +116,7 @@ def _norm_op(rms: bool, eps: float, dtype, has_weight: bool, has_bias: bool, wdt
         inputs.append(b)
 
     def xv(r, d):
-        return cast_to(x[r, d], sdt)
+        return ir.convert(x[r, d], sdt)
 
     if rms:
         ms = td.reduce("mean_square", ("LR",), ("LD",), lambda r, d: xv(r, d) * xv(r, d), op="mean", dtype=sdt)
@@ -131,9 +132,9 @@ def _norm_op(rms: bool, eps: float, dtype, has_weight: bool, has_bias: bool, wdt
     def out(r, d):
         v = centred(r, d) * inv(r)
         if w is not None:
-            v = v * cast_to(w[d], sdt)
+            v = v * ir.convert(w[d], sdt)
         if b is not None:
-            v = v + cast_to(b[d], sdt)
+            v = v + ir.convert(b[d], sdt)
         return v
 
     name = "rms_norm" if rms else "layer_norm"
@@ -198,11 +199,11 @@ def _batch_norm_op(eps: float, dtype, pdtype, has_weight: bool, has_bias: bool) 
     inputs += [t for t in (w, b) if t is not None]
 
     def out(n, c, s):
-        v = (cast_to(x[n, c, s], sdt) - cast_to(mean[c], sdt)) * td.rsqrt(cast_to(var[c], sdt) + eps)
+        v = (ir.convert(x[n, c, s], sdt) - ir.convert(mean[c], sdt)) * td.rsqrt(ir.convert(var[c], sdt) + eps)
         if w is not None:
-            v = v * cast_to(w[c], sdt)
+            v = v * ir.convert(w[c], sdt)
         if b is not None:
-            v = v + cast_to(b[c], sdt)
+            v = v + ir.convert(b[c], sdt)
         return v
 
     y = td.compute("batch_norm", ("BN", "BC", "BS"), out, dtype=dtype)

@@ -32,7 +32,7 @@ from taskdsl.runtime.arrays import as_array
 from taskdsl.runtime.config import fast_compile_enabled, get_target
 
 from . import reduce as _reduce
-from .elementwise import Plan, cached_op, cast_to, contiguous, int_tuple, tdtype
+from .elementwise import Plan, cached_op, contiguous, int_tuple, tdtype
 
 __all__ = ["avg_pool2d", "global_avg_pool2d", "max_pool2d"]
 
@@ -52,12 +52,12 @@ def _pool_op(kind: str, kernel: tuple, stride: tuple, padding: tuple, include_pa
     if kind == "max":
         def body(n, c, oh, ow, r, s):
             h, w, inside = window(oh, ow, r, s)
-            return ir.Select(inside, cast_to(x[n, c, h, w], acc), ir.const(-math.inf, acc), acc)
+            return ir.Select(inside, ir.convert(x[n, c, h, w], acc), ir.const(-math.inf, acc), acc)
         op = "max"
     elif include_pad:
         def body(n, c, oh, ow, r, s):
             h, w, inside = window(oh, ow, r, s)
-            return ir.Select(inside, cast_to(x[n, c, h, w], acc), ir.const(0.0, acc), acc)
+            return ir.Select(inside, ir.convert(x[n, c, h, w], acc), ir.const(0.0, acc), acc)
         op = "mean"
     else:
         def body(n, c, oh, ow, r, s):
@@ -65,7 +65,7 @@ def _pool_op(kind: str, kernel: tuple, stride: tuple, padding: tuple, include_pa
             h0, w0 = oh * sh - ph, ow * sw - pw
             rows = td.min(h0 + kh, height) - td.max(h0, 0)
             cols = td.min(w0 + kw, width) - td.max(w0, 0)
-            value = ir.Select(inside, cast_to(x[n, c, h, w], acc), ir.const(0.0, acc), acc)
+            value = ir.Select(inside, ir.convert(x[n, c, h, w], acc), ir.const(0.0, acc), acc)
             return value / ir.Cast(rows * cols, acc)
         op = "sum"
     name = f"{kind}_pool2d"

@@ -26,7 +26,6 @@ from .elementwise import (
     Plan,
     broadcast_canon,
     cached_op,
-    cast_to,
     contiguous,
     int_tuple,
     normalize_axis,
@@ -249,9 +248,9 @@ def _concat_op(dtypes: tuple, out_dtype) -> td.Op:
         for k in range(len(xs)):
             offsets.append(total)
             total = total + size_var(f"KC{k}")
-        value = cast_to(xs[-1][o, c - offsets[-1], i], out_dtype)
+        value = ir.convert(xs[-1][o, c - offsets[-1], i], out_dtype)
         for k in reversed(range(len(xs) - 1)):
-            value = ir.Select(c < offsets[k + 1], cast_to(xs[k][o, c - offsets[k], i], out_dtype), value, out_dtype)
+            value = ir.Select(c < offsets[k + 1], ir.convert(xs[k][o, c - offsets[k], i], out_dtype), value, out_dtype)
         return value
 
     y = td.compute("concat", ("KO", "KT", "KI"), fcompute)
@@ -345,7 +344,7 @@ def _expand_plan(x, shape) -> Plan:
 
 
 def expand(x, shape):
-    """numpy.broadcast_to(x, shape), materialized."""
+    """numpy.broadir.convert(x, shape), materialized."""
     return _expand_plan(x, shape).run()
 
 

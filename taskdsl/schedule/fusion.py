@@ -182,7 +182,7 @@ def _fuse_prologue(body: ir.Stmt, param: ir.Buffer, definition: Tensor, new_inpu
             if e.buffer.uid != param.uid:
                 return e
             loaded = ir.substitute(value, {a.uid: i for a, i in zip(axes, e.indices)})
-            return loaded if loaded.dtype == param.dtype else ir.Cast(loaded, param.dtype)
+            return ir.convert(loaded, param.dtype)
 
         def visit_CpAsync(self, s):
             if s.src.buffer.uid != param.uid:

@@ -251,7 +251,7 @@ def _element(t: Tensor, body: ir.Expr, out_index: list, linear: ir.Expr, dtype) 
     values = {a.uid: i for a, i in zip(t.axes, out_index)}
     values.update({a.uid: i for a, i in zip(t.reduce_axes, _unravel(linear, t.reduce_shape))})
     value = ir.substitute(body, values)
-    return value if value.dtype == dtype else ir.Cast(value, dtype)
+    return ir.convert(value, dtype)
 
 
 def _lanes_loop(t: Tensor, body: ir.Expr, out_index: list, acc: ir.Var, reduced: ir.Expr, lanes: int = LANES) -> list:
@@ -299,7 +299,7 @@ def _finish(t: Tensor, acc: ir.Expr, reduced: ir.Expr) -> ir.Expr:
     if t.op == "mean":
         acc = acc if acc.dtype.is_float else ir.Cast(acc, T.f64)
         acc = ir.binary("/", acc, ir.Cast(reduced, acc.dtype))
-    return acc if acc.dtype == t.dtype else ir.Cast(acc, t.dtype)
+    return ir.convert(acc, t.dtype)
 
 
 def schedule_reduce(t: Tensor, inline: set, strategy: str, threads: int = BLOCK, compact: bool = False) -> Kernel:

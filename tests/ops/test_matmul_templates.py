@@ -137,10 +137,10 @@ def test_the_tuner_times_a_split_point_as_calls_run_it(simulated_gpu, monkeypatc
     assert isinstance(candidate, gemm.SplitRun) and candidate.plan.point == point
     assert candidate.plan.split == gemm.choose_split(point, 1, m, n, k, "cuda") > 1
     a, b, c, index, one = seen["args"]
-    candidate.compile(a, b, c, index, one, target="cuda")       # both kernels, as the tuner compiles candidates
-    c_dev = td.to_device(np.full_like(c, np.nan))
-    candidate(td.to_device(a), td.to_device(b), c_dev, td.to_device(index), one)
-    np.testing.assert_allclose(c_dev.numpy()[0], _ref(a[0], b[0]), rtol=1e-4, atol=1e-3)
+    on_gpu = [td.to_device(np.full_like(x, np.nan) if x is c else x) for x in (a, b, c, index)] + [one]
+    candidate.compile(*on_gpu, target="cuda")       # both kernels, as the tuner compiles candidates
+    candidate(*on_gpu)
+    np.testing.assert_allclose(on_gpu[2].numpy()[0], _ref(a[0], b[0]), rtol=1e-4, atol=1e-3)
     monkeypatch.setattr(gemm, "choose_split", lambda *_args, **_kw: 1)
     gemm._plan.cache_clear()
     gemm.plan((m, k), (k, n), td.f32, "cuda", do_tune=True)

@@ -20,10 +20,6 @@ def stat_dtype(dtype: T.DataType) -> T.DataType:
     return T.f64 if dtype == T.f64 else T.f32
 
 
-def _as(e: ir.Expr, dtype: T.DataType) -> ir.Expr:
-    return e if e.dtype == dtype else ir.Cast(e, dtype)
-
-
 def _float_input(op: Operator, what: str) -> None:
     if not op.inputs[0].dtype.is_float:
         raise TypeError(f"{what} needs a float tensor, got {op.inputs[0].dtype.name}; cast it first")
@@ -50,7 +46,7 @@ class Softmax(Operator):
         outer = shape[:a] + shape[a + 1:]
 
         def value(ix):                       # ix: a full index of x
-            return _as(x[ix], sdt)
+            return ir.convert(x[ix], sdt)
 
         def row(ix):                         # ix: an index of the outer shape, then the reduced position
             return ix[:a] + (ix[-1],) + ix[a:-1]
@@ -113,13 +109,13 @@ class LayerNorm(Operator):
         if self.attrs.get("rms"):
             mean = None
             square = reduction("mean_square", stat_shape, shape[a:],
-                                    lambda *ix: _as(x[full(ix)], sdt) * _as(x[full(ix)], sdt), op="mean", dtype=sdt)
-            centred = lambda ix: _as(x[ix], sdt)
+                                    lambda *ix: ir.convert(x[full(ix)], sdt) * ir.convert(x[full(ix)], sdt), op="mean", dtype=sdt)
+            centred = lambda ix: ir.convert(x[ix], sdt)
             spread = square
         else:
-            mean = reduction("mean", stat_shape, shape[a:], lambda *ix: _as(x[full(ix)], sdt), op="mean",
+            mean = reduction("mean", stat_shape, shape[a:], lambda *ix: ir.convert(x[full(ix)], sdt), op="mean",
                                   dtype=sdt)
-            centred = lambda ix: _as(x[ix], sdt) - mean[stat_index(ix)]
+            centred = lambda ix: ir.convert(x[ix], sdt) - mean[stat_index(ix)]
             spread = reduction("variance", stat_shape, shape[a:],
                                     lambda *ix: centred(full(ix)) * centred(full(ix)), op="mean", dtype=sdt)
         inv = compute("inv_std_dev", stat_shape,
@@ -128,9 +124,9 @@ class LayerNorm(Operator):
         def out(*ix):
             v = centred(ix) * inv[stat_index(ix)]
             if weight is not None:
-                v = v * _as(weight[broadcast_index(ix, weight_shape)], sdt)
+                v = v * ir.convert(weight[broadcast_index(ix, weight_shape)], sdt)
             if bias is not None:
-                v = v + _as(bias[broadcast_index(ix, bias_shape)], sdt)
+                v = v + ir.convert(bias[broadcast_index(ix, bias_shape)], sdt)
             return v
 
         y = compute(self.kind, shape, out, dtype=x.dtype)
@@ -162,11 +158,11 @@ class BatchNorm(Operator):
 
         def out(*ix):
             c = ix[1]
-            v = (_as(x[ix], sdt) - _as(mean[c], sdt)) * math_expr("rsqrt", [_as(var[c], sdt) + self.attrs["eps"]])
+            v = (ir.convert(x[ix], sdt) - ir.convert(mean[c], sdt)) * math_expr("rsqrt", [ir.convert(var[c], sdt) + self.attrs["eps"]])
             if weight is not None:
-                v = v * _as(weight[c], sdt)
+                v = v * ir.convert(weight[c], sdt)
             if bias is not None:
-                v = v + _as(bias[c], sdt)
+                v = v + ir.convert(bias[c], sdt)
             return v
 
         return [compute("batch_norm", dims(x), out, dtype=x.dtype)]
@@ -194,12 +190,12 @@ class LRN(Operator):
         def square(*ix):
             c = ix[1] - before + ix[-1]
             inside = ir.binary("and", c >= 0, c < shape[1])
-            v = _as(x[(ix[0], c) + ix[2:-1]], sdt)
+            v = ir.convert(x[(ix[0], c) + ix[2:-1]], sdt)
             return ir.Select(inside, v * v, ir.const(0.0, sdt), sdt)
 
         sums = reduction("square_sum", shape, (size,), square, op="sum", dtype=sdt)
         alpha, beta, bias = self.attrs["alpha"], self.attrs["beta"], self.attrs["bias"]
-        return [compute("lrn", shape, lambda *ix: _as(x[ix], sdt) / math_expr(
+        return [compute("lrn", shape, lambda *ix: ir.convert(x[ix], sdt) / math_expr(
             "pow", [bias + (alpha / size) * sums[ix], ir.const(beta, sdt)]), dtype=x.dtype)]
 
 

@@ -86,7 +86,7 @@ class Pool(ChannelsLast, Operator):
             n, c, out = self.split_index(ix[:rank + 2])
             pos, ok = window_input(out, ix[rank + 2:], strides, pads, dilations, spatial)
             v = x[self.join_index(n, c, pos)]
-            v = v if v.dtype == acc else ir.Cast(v, acc)
+            v = ir.convert(v, acc)
             return ir.Select(ok, v, ir.const(pad_value, acc), acc)
 
         out_shape = self.join_index(shape[0], self.channels(shape), self.size("out"))

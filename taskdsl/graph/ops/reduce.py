@@ -5,7 +5,7 @@ import math
 
 from ...compute import compute
 from ...compute import reduce as reduction
-from ...ir import Cast, Select, binary, const
+from ...ir import Cast, Select, binary, const, convert
 from ...ir import types as T
 from ..operator import Operator, dims
 from .axes import normalize_axes
@@ -150,24 +150,20 @@ class ArgReduce(Operator):
 
         value_dtype = T.i32 if x.dtype.is_bool else x.dtype
         extreme = reduction(f"{self.kind}_value", out_shape, (n,),
-                            lambda *ix: _as(element(ix[:-1], ix[-1]), value_dtype), op=ARG_REDUCTIONS[self.kind],
+                            lambda *ix: convert(element(ix[:-1], ix[-1]), value_dtype), op=ARG_REDUCTIONS[self.kind],
                             dtype=value_dtype)
 
         def position(*ix):
             out, k = ix[:-1], ix[-1]
-            v, e = _as(element(out, k), value_dtype), extreme[out]
+            v, e = convert(element(out, k), value_dtype), extreme[out]
             hit = binary("==", v, e)
             if value_dtype.is_float:      # NaN is the extreme: max / min propagate it, and it equals itself here
                 hit = binary("or", hit, binary("and", binary("!=", v, v), binary("!=", e, e)))
             k64 = Cast(k, T.i64)
-            miss = const(-1, T.i64) if last else const(n, T.i64) if isinstance(n, int) else _as(n, T.i64)
+            miss = const(-1, T.i64) if last else const(n, T.i64) if isinstance(n, int) else convert(n, T.i64)
             return Select(hit, k64, miss, T.i64)
 
         return [reduction(self.kind, out_shape, (n,), position, op="max" if last else "min", dtype=T.i64)]
-
-
-def _as(value, dtype: T.DataType):
-    return value if value.dtype == dtype else Cast(value, dtype)
 
 
 def argmax(x, axis: int = 0, keepdims: bool = False, select_last_index: bool = False):
