@@ -118,8 +118,9 @@ def tc_matmul_kernel(p, dtype, out_dtype, vec: int = 8):
             ok = K % BK == 0 or gk < K
             if vec == 8:
                 td.cp_async(sa[slot, i, swz(i, c * 8, BK)], A[za, gi, gk], 8, pred=ok)
-            else:
-                sa[slot, i, swz(i, c, BK)] = A[za, gi, gk] if ok else 0.0
+            else:       # the load unconditional (its index clamped), so a thread's loads overlap their latencies
+                value = A[za, gi, td.min(gk, K - 1)]
+                sa[slot, i, swz(i, c, BK)] = value if ok else 0.0
 
     @td.func
     def issue_b(B, sb, zb, col0, kt, slot):
@@ -131,7 +132,8 @@ def tc_matmul_kernel(p, dtype, out_dtype, vec: int = 8):
             if vec == 8:
                 td.cp_async(sb[slot, k, swz(k, c * 8, BN)], B[zb, gk, gj], 8, pred=ok)
             else:
-                sb[slot, k, swz(k, c, BN)] = B[zb, gk, gj] if ok else 0.0
+                value = B[zb, td.min(gk, K - 1), gj]
+                sb[slot, k, swz(k, c, BN)] = value if ok else 0.0
 
     @td.kernel(grid=lambda M, N, BZ: (td.cdiv(M, BM) * td.cdiv(N, BN), 1, BZ), block=T, name=name)
     def matmul(A: dtype["BA", "M", "K"], B: dtype["BB", "K", "NB"], C: out_dtype["BZ", "M", "N"],

@@ -128,12 +128,18 @@ class Unary(Expr):
 
 @dataclass(frozen=True, eq=False)
 class Select(Expr):
-    """`a if cond else b` (only the chosen branch is evaluated)."""
+    """`a if cond else b` (only the chosen branch is evaluated).
+
+    `eager`: a library's promise that both operands are safe to evaluate whatever `cond` is (loads at
+    clamped indices, say), so a backend may evaluate both and pick one, with no branch: on a GPU a thread's
+    loads under such selects then overlap their latencies instead of each waiting behind its branch.
+    """
 
     cond: Expr
     a: Expr
     b: Expr
     dtype: DataType
+    eager: bool = False
 
     def __post_init__(self):    # a Python number (a compute definition's `Select(c, x, 0, td.i32)`): a constant
         for name, like in (("cond", None), ("a", self.dtype), ("b", self.dtype)):

@@ -74,9 +74,9 @@ def _children(expr: ir.Expr):
 
 
 def _lazy_fields(expr: ir.Expr) -> tuple:
-    """The operands (field names) `expr` evaluates only under a condition: a select's branches, the right side of
-    `and` / `or`."""
-    if isinstance(expr, ir.Select):
+    """The operands (field names) `expr` evaluates only under a condition: a select's branches (unless it is
+    eager), the right side of `and` / `or`."""
+    if isinstance(expr, ir.Select) and not expr.eager:
         return ("a", "b")
     return ("b",) if isinstance(expr, ir.Binary) and expr.op in _LAZY_OPS else ()
 

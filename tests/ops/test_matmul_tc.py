@@ -159,12 +159,35 @@ def test_an_nhwc_im2col_prologue_keeps_the_async_copies_from_the_input(case, see
     b = conv.pack_weight(g, w)
     fused = td.fuse(anchor, np.empty((n_groups, m, k), np.float16), b, c, index, 1, prologues={"A": a})
     source = fused.source(b, c, index, 1, x, target="cuda")
-    # issue_tile is inlined twice (pipeline prologue, main loop), each with A's copy (from X) and B's
+    # issue_a and issue_b are inlined twice each (pipeline prologue, main loop): A's copies from X, and B's
     assert source.count("cp.async.cg") == 4 and source.count("(const void*)&X[") == 2
     fused(b, c, index, 1, x)
     want = reference(x.transpose(0, 3, 1, 2), w, None, (stride,) * 2, (pad,) * 4, (dilation,) * 2, groups)
     got = c.reshape(n_groups, x_shape[0], g.oh, g.ow, n).transpose(1, 0, 4, 2, 3).reshape(want.shape)
     np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3)
+
+
+def test_a_three_channel_im2col_loads_its_elements_with_no_branch():
+    """A stem-like convolution (3 channels: no 16-byte runs, K = 27 not a multiple of 8): element loads of A
+    through the im2col, at clamped pixels under an eager select, so the CUDA has no branch around each load;
+    padding, stride and the k edge still read zeros (the emulated template against numpy)."""
+    td.set_target("cpu")
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 9, 9, 3)).astype(np.float16)
+    w = rng.standard_normal((8, 3, 3, 3)).astype(np.float16)
+    g = conv.geometry(x.shape, w.shape, 2, 1, layout="NHWC")
+    a = conv.im2col(g, td.placeholder("X", td.f16, x.shape))
+    _, m, k, n = g.gemm
+    anchor = tc.tc_matmul_kernel(SMALL, td.f16, td.f32, 1)
+    index = simt.batch_index((), (), ())
+    c = np.full((1, m, n), np.nan, np.float32)
+    b = conv.pack_weight(g, w)
+    fused = td.fuse(anchor, np.empty((1, m, k), np.float16), b, c, index, 1, prologues={"A": a})
+    source = fused.source(b, c, index, 1, x, target="cuda")
+    assert source.count("td_select<__half>(") == 2 and "? X[" not in source    # prologue and main loop
+    fused(b, c, index, 1, x)
+    want = reference(x.transpose(0, 3, 1, 2), w, None, (2, 2), (1, 1, 1, 1), (1, 1), 1)
+    np.testing.assert_allclose(c[0].reshape(g.oh, g.ow, n).transpose(2, 0, 1)[None], want, rtol=2e-3, atol=2e-3)
 
 
 def test_planner_picks_tensor_cores_for_16_bit_floats_on_gpus_only():

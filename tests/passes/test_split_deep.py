@@ -3,12 +3,15 @@
 Before the pass, an expression nesting more than about 200 levels failed in the cpu target's generated module
 ("too many nested parentheses") and past about 330 in the IR's recursive walks (RecursionError).
 """
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import example, given, settings, strategies as st
 
 import taskdsl as td
 from taskdsl import ir
+from taskdsl.backend.cuda.codegen import emit_cuda
 from taskdsl.backend.cuda.nvrtc import compile_cubin
 from taskdsl.passes.split_deep import MAX_DEPTH, depth, split_deep_expressions
 
@@ -104,6 +107,24 @@ def test_statements_come_out_shallow_and_while_conditions_untouched():
             assert all(depth(e) <= MAX_DEPTH for e in exprs), s
     assert split_deep_expressions(out) is out     # nothing left to split
     assert depth(deep) == 501 and depth(looping) > MAX_DEPTH
+
+
+def test_an_eager_select_splits_as_one_expression_and_emits_no_branch():
+    """Both operands of an eager select are evaluated (`ir.Select.eager`): their deep parts become temporaries
+    before the statement, with no `if`, and the CUDA emitter passes them to td_select as a call's arguments."""
+    x = ir.Buffer("x", td.f32, (ir.const(1000),), "global")
+    y = ir.Buffer("y", td.f32, (ir.const(1),), "global")
+    select = ir.Select(ir.Load(x, (ir.const(0),)) > 0.0, _deep_sum(x, 500), _deep_sum(x, 300) * 2.0, td.f32, eager=True)
+    fn = ir.Function("eager", (x, y), (), ir.Store(y, (ir.const(0),), select), (1, 1, 1))
+    out = split_deep_expressions(fn)
+    assert not ir.collect(out.body, ir.If) and len(ir.collect(out.body, ir.Assign)) > 2
+    assert [e.eager for e in ir.collect(out.body, ir.Select)] == [True]
+    source = emit_cuda(out)
+    assert "td_select<float>(" in source and " ? " not in source.split("td_select<float>(")[-1].split(";")[0]
+    assert compile_cubin(source, "sm_90", "eager", fast=True)
+    lazy = split_deep_expressions(ir.Function("lazy", (x, y), (), ir.Store(y, (ir.const(0),), dataclasses.replace(
+        select, eager=False)), (1, 1, 1)))
+    assert ir.collect(lazy.body, ir.If)     # the same select, lazy: its arms run under an `if`
 
 
 @pytest.mark.gpu

@@ -37,6 +37,8 @@ _HELPERS = {
     # max / min as the cpu target (support.fmax / fmin) computes them: a NaN operand gives NaN, equal operands
     # the first. fmaxf / fminf would drop the NaN: relu(NaN) would be 0 where numpy, PyTorch and onnxruntime
     # give NaN.
+    # a select whose operands are both evaluated (ir.Select.eager): as a call's arguments, so no branch skips one
+    "td_select": """template <typename T> __device__ __forceinline__ T td_select(bool c, T a, T b) { return c ? a : b; }""",
     "td_max": """template <typename T> __device__ __forceinline__ T td_max(T a, T b) { return (b > a || b != b) ? b : a; }""",
     "td_min": """template <typename T> __device__ __forceinline__ T td_min(T a, T b) { return (b < a || b != b) ? b : a; }""",
     "td_atomic_rmw": """// Read-modify-write by compare-and-swap, for atomics CUDA has no instruction for.
@@ -345,6 +347,8 @@ class _CudaEmitter:
             return f"({'!' if e.op == 'not' else e.op}{self.expr(e.a)})"
         if isinstance(e, ir.Select):
             a, b = (self.expr(x) if x.dtype == e.dtype else f"(({e.dtype.c_name})({self.expr(x)}))" for x in (e.a, e.b))
+            if e.eager:
+                return f"td_select<{e.dtype.c_name}>({self.expr(e.cond)}, {a}, {b})"
             return f"({self.expr(e.cond)} ? {a} : {b})"
         if isinstance(e, ir.Cast):
             return f"(({e.dtype.c_name})({self.expr(e.value)}))"
