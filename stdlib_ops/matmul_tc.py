@@ -15,7 +15,8 @@ Shared tiles are stored with an XOR swizzle of their 16-byte chunks (chunk ^ f(r
 the eight rows an `ldmatrix` phase reads fall in different banks; copies and ldmatrix use
 the same `swizzle`, so it is invisible to correctness. Copies move 8 elements (16 bytes)
 when the rows of A and B are multiples of 8 elements; otherwise (e.g. 2039) the tiles are filled
-by predicated element loads and the pipeline is only a double-buffered schedule, unless the
+by element loads (unconditional, at clamped indices, zero-filled past K by a select) and the
+pipeline is only a double-buffered schedule, unless the
 caller first copies the operands into rows padded with zeros (`padded_copy_kernel`): B's rows
 may be longer than C's (B (batch, K, NB), C (batch, M, N), NB >= N; the extra columns are
 computed and never stored). Operands are 3-D with the SIMT template's `batch_index` table

@@ -34,11 +34,11 @@ _HELPERS = {
   if (m != T(0) && ((b < T(0)) != (m < T(0)))) d -= T(1);
   if (d == T(0)) return copysign(T(0), a / b);
   T f = floor(d); return (d - f > T(0.5)) ? f + T(1) : f; }""",
+    # a select whose operands are both evaluated (ir.Select.eager): as a call's arguments, so no branch skips one
+    "td_select": """template <typename T> __device__ __forceinline__ T td_select(bool c, T a, T b) { return c ? a : b; }""",
     # max / min as the cpu target (support.fmax / fmin) computes them: a NaN operand gives NaN, equal operands
     # the first. fmaxf / fminf would drop the NaN: relu(NaN) would be 0 where numpy, PyTorch and onnxruntime
     # give NaN.
-    # a select whose operands are both evaluated (ir.Select.eager): as a call's arguments, so no branch skips one
-    "td_select": """template <typename T> __device__ __forceinline__ T td_select(bool c, T a, T b) { return c ? a : b; }""",
     "td_max": """template <typename T> __device__ __forceinline__ T td_max(T a, T b) { return (b > a || b != b) ? b : a; }""",
     "td_min": """template <typename T> __device__ __forceinline__ T td_min(T a, T b) { return (b < a || b != b) ? b : a; }""",
     "td_atomic_rmw": """// Read-modify-write by compare-and-swap, for atomics CUDA has no instruction for.
