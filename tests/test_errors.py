@@ -532,6 +532,167 @@ def test_error_inside_a_device_function_points_into_the_function():
     dsl_error(lambda: k(vec()), "E_FUNCBODY", "name 'missing_name' is not defined")
 
 
+@td.func
+def positive_part(a: f32) -> f32:  # E_FALLS_OFF
+    if a > 0.0:
+        return a
+
+
+@td.func
+def bare_return_first(a):
+    if a > 0.0:
+        return  # E_BARE_RETURN
+    return a
+
+
+@td.func
+def no_value(a):
+    a = a + 1.0
+
+
+def test_a_device_function_must_return_its_value_on_every_path():
+    """A thread falling off the end (or taking a bare return) would read the result uninitialized: in practice
+    another thread's (the audit's [-1, 2, -3, 4] came out [0, 2, 2, 4])."""
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32]):
+        X[threadIdx.x] = positive_part(X[threadIdx.x])
+
+    dsl_error(lambda: k(vec()), "E_FALLS_OFF", "'positive_part' returns a value on some paths but can reach its end")
+
+    @td.kernel(grid=1, block=32)
+    def m(X: f32[32]):
+        X[threadIdx.x] = bare_return_first(X[threadIdx.x])
+
+    dsl_error(lambda: m(vec()), "E_BARE_RETURN", "every 'return' needs one")
+
+    @td.kernel(grid=1, block=32)
+    def n(X: f32[32]):
+        X[threadIdx.x] = no_value(X[threadIdx.x])  # E_NO_VALUE
+
+    dsl_error(lambda: n(vec()), "E_NO_VALUE", "'no_value' returns no value", token="no_value")
+
+
+def test_returns_on_every_path_by_runtime_or_compile_time_branches_are_fine():
+    mode = 2
+
+    @td.func
+    def magnitude(a):
+        if a > 0.0:
+            return a
+        else:
+            return -a
+
+    @td.func
+    def scaled(a):
+        if mode == 1:
+            return a
+        elif mode == 2:
+            return 2.0 * a
+
+    @td.kernel(grid=1, block=4)
+    def k(X: f32[4]):
+        X[threadIdx.x] = scaled(magnitude(X[threadIdx.x]))
+
+    x = np.array([-1, 2, -3, 4], np.float32)
+    k(x)
+    np.testing.assert_array_equal(x, [2, 4, 6, 8])
+
+
+def test_nested_device_functions_may_be_defined_after_their_callers_and_recursion_is_an_error():
+    """Inside a function (a schedule template's builder, say) a kernel may call a @td.func defined further down:
+    the closure cell is empty at decoration (it was a raw 'Cell is empty' ValueError)."""
+    def build():
+        @td.kernel(grid=1, block=4)
+        def k(X: f32[4]):
+            X[threadIdx.x] = helper(X[threadIdx.x])
+
+        @td.func
+        def helper(a):
+            return a + 1.0
+
+        @td.func
+        def fact(n: i32) -> i32:
+            return 1 if n <= 1 else n * fact(n - 1)  # E_RECURSION
+
+        @td.kernel(grid=1, block=4)
+        def r(X: f32[4]):
+            X[threadIdx.x] = fact(threadIdx.x)
+        return k, r
+
+    k, r = build()
+    x = np.arange(4, dtype=np.float32)
+    k(x)
+    np.testing.assert_array_equal(x, [1, 2, 3, 4])
+    dsl_error(lambda: r(x), "E_RECURSION", "nests too deeply (recursion is not supported)")
+
+
+def test_a_whole_tensor_is_no_condition_and_compares_by_its_elements():
+    """`if x == y`, `if x`, `1.0 if x else 0.0`, `not x` with tensors: errors (they used to fold away silently)."""
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32], Y: f32[32]):
+        if X == Y:  # E_TENSOR_EQ
+            Y[threadIdx.x] = 1.0
+
+    dsl_error(lambda: k(vec(), vec()), "E_TENSOR_EQ", "'X' is a whole tensor: compare its elements")
+
+    @td.kernel(grid=1, block=32)
+    def m(X: f32[32], Y: f32[32]):
+        Y[threadIdx.x] = 1.0 if threadIdx.x < 4 and X else 0.0  # E_TENSOR_TRUTH
+
+    dsl_error(lambda: m(vec(), vec()), "E_TENSOR_TRUTH", "'X' is a whole tensor, not a condition",
+              token="threadIdx.x < 4 and X")
+
+    @td.kernel(grid=1, block=32)
+    def n(X: f32[32], Y: f32[32]):
+        if not Y:  # E_TENSOR_NOT
+            Y[threadIdx.x] = 1.0
+
+    dsl_error(lambda: n(vec(), vec()), "E_TENSOR_NOT", "'Y' is a whole tensor, not a condition")
+
+
+def test_numpy_math_and_kernel_calls_inside_kernels_point_to_what_works():
+    import math
+
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32]):
+        X[threadIdx.x] = math.exp(X[threadIdx.x])  # E_MATH_EXP
+
+    err = dsl_error(lambda: k(vec()), "E_MATH_EXP", "calling 'exp'")
+    assert "td.exp(...)" in str(err)
+
+    @td.kernel(grid=1, block=32)
+    def inner(X: f32[32]):
+        X[threadIdx.x] = 1.0
+
+    @td.kernel(grid=1, block=32)
+    def outer(X: f32[32]):
+        inner(X)  # E_KERNEL_CALL
+
+    err = dsl_error(lambda: outer(vec()), "E_KERNEL_CALL", "a kernel cannot call the kernel 'inner'")
+    assert "@td.func" in str(err)
+
+
+def test_scalars_and_attributes_are_not_tensors_and_device_functions_take_plain_parameters():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32], alpha: f32):
+        X[threadIdx.x] = alpha[0]  # E_SCALAR_INDEX
+
+    dsl_error(lambda: k(vec(), 2.0), "E_SCALAR_INDEX", "'alpha' is a number (f32), not a tensor")
+
+    @td.kernel(grid=1, block=32)
+    def m(X: f32[32]):
+        X.shape = (4, 8)  # E_ATTR_ASSIGN
+
+    dsl_error(lambda: m(vec()), "E_ATTR_ASSIGN", "cannot assign to 'X.shape'")
+    for bad in ("def f(a, b=2.0):\n    return a * b", "def f(*a):\n    return a[0]"):
+        namespace = {}
+        exec(bad, namespace)
+        with pytest.raises(TypeError, match="plain names, passed by position"):
+            td.func(namespace["f"])
+    with pytest.raises(TypeError, match="not a size-symbol name"):
+        f32["N*2"]
+
+
 def test_device_function_called_from_python():
     with pytest.raises(RuntimeError, match="add2"):
         add2(1.0, 2.0)

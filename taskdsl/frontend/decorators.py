@@ -6,7 +6,7 @@ from functools import cached_property
 
 from ..errors import DSLError, SourceLoc
 from ..ir import types as T
-from .source import ParsedSource, parse_function
+from .source import ParsedSource, closure_values, parse_function
 
 _PY_DTYPES = {int: T.i32, float: T.f32, bool: T.boolean}
 
@@ -14,7 +14,7 @@ _PY_DTYPES = {int: T.i32, float: T.f32, bool: T.boolean}
 def resolve_annotations(fn) -> dict:
     """The parameter annotations of `fn`, evaluated (string annotations are evaluated in its globals)."""
     out = {}
-    closure = inspect.getclosurevars(fn).nonlocals
+    closure = closure_values(fn)
     for name, ann in inspect.get_annotations(fn).items():
         if isinstance(ann, str):
             try:
@@ -35,7 +35,12 @@ class DeviceFunction:
         self.fn = fn
         self.name = fn.__name__
         annotations = resolve_annotations(fn)
-        names = list(inspect.signature(fn).parameters)
+        parameters = inspect.signature(fn).parameters.values()
+        for p in parameters:   # an inlined call binds its arguments one to one, by position
+            if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) or p.default is not p.empty:
+                raise TypeError(f"@td.func '{self.name}': parameter '{p}' is not supported; a device function's "
+                                "parameters are plain names, passed by position (no defaults, *args or **kwargs)")
+        names = [p.name for p in parameters]
         self.params = [(n, annotations.get(n) if isinstance(annotations.get(n), T.DataType) else None) for n in names]
         ret = annotations.get("return")
         if ret is not None and not isinstance(ret, T.DataType):
@@ -57,9 +62,16 @@ class DeviceFunction:
         return f"<td.func {self.name}>"
 
 
-def func(fn) -> DeviceFunction:
-    """Mark `fn` as a device function callable from kernels (annotate params and return with dtypes)."""
-    return DeviceFunction(fn)
+def func(fn=None) -> DeviceFunction:
+    """Mark `fn` as a device function callable from kernels (annotate params and return with dtypes);
+    `@td.func` and `@td.func()` are the same."""
+    return DeviceFunction(fn) if fn is not None else DeviceFunction
+
+
+def is_kernel(value) -> bool:
+    """Whether `value` is a `@td.kernel`."""
+    from ..runtime.kernel import Kernel
+    return isinstance(value, Kernel)
 
 
 def kernel(fn=None, *, grid=1, block=1, name: str | None = None):

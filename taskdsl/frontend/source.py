@@ -26,6 +26,18 @@ class ParsedSource:
         return SourceLoc(self.file, node.lineno + self.line_offset, col + self.col_offset)
 
 
+def closure_values(fn) -> dict:
+    """The names `fn` reads from enclosing functions, with their values now. A cell still empty (a function
+    defined further down the enclosing one, which `fn` calls) is left out: it is read again at translation."""
+    values = {}
+    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+        try:
+            values[name] = cell.cell_contents
+        except ValueError:      # empty until the enclosing function binds it
+            pass
+    return values
+
+
 def parse_function(fn) -> ParsedSource:
     """Parse the source of `fn`; a clear error where Python cannot find it (e.g. `exec` strings)."""
     try:

@@ -20,7 +20,7 @@ from ..errors import DSLError, SourceLoc
 from ..ir import types as T
 from ..lang import intrinsics as L
 from ..mapping import MappingLoop, TaskMapping
-from .source import ParsedSource
+from .source import ParsedSource, closure_values
 
 _BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//", ast.Mod: "%",
            ast.BitAnd: "&", ast.BitOr: "|", ast.BitXor: "^", ast.LShift: "<<", ast.RShift: ">>", ast.Pow: "**"}
@@ -39,9 +39,19 @@ class _Restart(Exception):
     """A runtime variable was widened; translate again with the wider type."""
 
 
+RETURNED = "<returned>"      # in `definite` once every path so far has returned a @td.func's value
+
+
 def is_runtime(value) -> bool:
     """True for values only known when the kernel runs (IR expressions)."""
     return isinstance(value, ir.Expr)
+
+
+def describe(value) -> str:
+    """A value as an error message names it: a tensor by name, with how to read its elements."""
+    if isinstance(value, ir.Buffer):
+        return f"the whole tensor '{value.name}' (index it, {value.name}[i], for an element)"
+    return "None (no value)" if value is None else type(value).__name__
 
 
 def _is_number(value) -> bool:
@@ -126,9 +136,10 @@ class FunctionTranslator:
         self.shadowed: dict = {}  # name -> the loop that bound it over an earlier binding, until it is reassigned
         self.pending: list = []   # statements an expression emits before its own (allocations, inlined calls)
         self.returned: ir.Var | None = None
+        self.returns_value = is_func and any(isinstance(n, ast.Return) and n.value is not None
+                                             for n in ast.walk(source.tree))
         self.namespace = dict(fn.__globals__)
-        if fn.__closure__:
-            self.namespace.update(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__)))
+        self.namespace.update(closure_values(fn))
 
     # ----------------------------------------------------------------- errors
     def error(self, node: ast.AST, message: str, hint: str | None = None) -> DSLError:
@@ -168,6 +179,10 @@ class FunctionTranslator:
     def function_body(self) -> ir.Stmt:
         """The whole body; starts by clearing the `returned` flag when a return needs one."""
         body = self.block(self.src.tree.body)
+        if self.return_var is not None and RETURNED not in self.definite and not _always_returns(self.src.tree.body):
+            # a thread that falls off the end would read the result uninitialized (another thread's, in practice)
+            raise self.error(self.src.tree, f"@td.func '{self.fn.__name__}' returns a value on some paths but can "
+                                            "reach its end without one", "End every path with a 'return value'.")
         if self.returned is None:
             return body
         return ir.seq([ir.Assign(self.returned, ir.const(False), self.loc(self.src.tree)), body])
@@ -224,13 +239,14 @@ class FunctionTranslator:
                 raise self.error(node, "a kernel cannot return a value", "Write results into an output tensor.")
             return flag
         if node.value is None:
-            if self.return_var is not None:
+            if self.return_var is not None or self.returns_value:
                 raise self.error(node, "this @td.func returns a value, so every 'return' needs one")
             return flag
         if self.return_var is None:  # no return annotation: the first returned value fixes the type
             value = self.runtime_value(node.value)
             self.return_var = ir.Var(f"{self.fn.__name__}_ret", value.dtype)
         value = self.cast_to(self.runtime_value(node.value, self.return_var.dtype), self.return_var.dtype, node)
+        self.definite.add(RETURNED)
         return ir.seq([ir.Assign(self.return_var, value, self.loc(node)), flag])
 
     def stmt_assign(self, node: ast.Assign):
@@ -297,7 +313,8 @@ class FunctionTranslator:
             buf, idx = self.subscript_target(target)
             return ir.Store(buf, idx, self.cast_to(value, buf.dtype, target), self.loc(node))
         if not isinstance(target, ast.Name):
-            raise self.error(target, f"cannot assign to a {type(target).__name__}")
+            raise self.error(target, f"cannot assign to '{ast.unparse(target)}'",
+                             "Kernels assign to names, to tensor elements (x[i]) and to tuples of them.")
         name = target.id
         self.shadowed.pop(name, None)
         self.definite.add(name)
@@ -343,7 +360,7 @@ class FunctionTranslator:
         orelse = node.orelse if orelse is None else orelse
         cond = self.expr(node.test)
         if not is_runtime(cond):
-            return self.block(body if cond else orelse)
+            return self.block(body if self.truth(cond, node.test) else orelse)
         cond = self.condition(cond, node.test)
         before = set(self.definite)
         then = self.block(body)
@@ -504,7 +521,7 @@ class FunctionTranslator:
     def runtime_value(self, node: ast.expr, dtype: T.DataType | None = None) -> ir.Expr:
         value = self.expr(node)
         if not (is_runtime(value) or _is_number(value)):
-            raise self.error(node, f"expected a number, got {type(value).__name__}")
+            raise self.error(node, f"expected a number, got {describe(value)}")
         value = ir.as_expr(value, dtype)
         return self.cast_to(value, dtype, node) if dtype is not None else value
 
@@ -563,6 +580,9 @@ class FunctionTranslator:
         if isinstance(base, ir.Buffer):
             buf, idx = self.buffer_indices(base, node)
             return ir.Load(buf, idx)
+        if is_runtime(base):
+            raise self.error(node, f"'{ast.unparse(node.value)}' is a number ({base.dtype.name}), not a tensor: it "
+                                   "cannot be indexed")
         index = self.expr(node.slice)
         if is_runtime(index):
             raise self.error(node, "a compile-time tuple can only be indexed by a compile-time value")
@@ -576,7 +596,7 @@ class FunctionTranslator:
     def subscript_target(self, node: ast.Subscript):
         base = self.expr(node.value)
         if not isinstance(base, ir.Buffer):
-            raise self.error(node, f"only tensors can be assigned to by index, not {type(base).__name__}")
+            raise self.error(node, f"only tensors can be assigned to by index, not {describe(base)}")
         return self.buffer_indices(base, node)
 
     def buffer_indices(self, buf: ir.Buffer, node: ast.Subscript, partial: bool = False):
@@ -624,6 +644,9 @@ class FunctionTranslator:
         return self.binop(op, self.expr(node.left), self.expr(node.right), node)
 
     def binop(self, op: str, a, b, node: ast.AST):
+        for v in (a, b):
+            if isinstance(v, ir.Buffer):
+                raise self.error(node, f"'{op}' cannot take {describe(v)}")
         if not is_runtime(a) and not is_runtime(b):
             try:
                 return _PY_BINOPS[op](a, b)
@@ -631,7 +654,7 @@ class FunctionTranslator:
                 raise self.error(node, f"compile-time '{op}' failed: {exc}") from None
         for v in (a, b):
             if not (is_runtime(v) or _is_number(v)):
-                raise self.error(node, f"unsupported operand {type(v).__name__} for '{op}'")
+                raise self.error(node, f"unsupported operand {describe(v)} for '{op}'")
         if op == "**":
             return self.math_call("pow", [a, b], node)
         ea, eb = ir.as_expr(a, _literal_like(b)), ir.as_expr(b, _literal_like(a))
@@ -647,6 +670,8 @@ class FunctionTranslator:
     def expr_unaryop(self, node: ast.UnaryOp):
         v = self.expr(node.operand)
         if not is_runtime(v):
+            if isinstance(node.op, ast.Not):
+                return not self.truth(v, node)
             try:
                 return {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Not: operator.not_,
                         ast.Invert: operator.invert}[type(node.op)](v)
@@ -670,6 +695,9 @@ class FunctionTranslator:
             if op is None:
                 raise self.error(node, f"the comparison '{type(op_node).__name__}' is not supported")
             right, emitted = self.expr_apart(right_node)
+            for v in (left, right):
+                if isinstance(v, ir.Buffer):
+                    raise self.error(node, f"'{v.name}' is a whole tensor: compare its elements ({v.name}[i] {op} ...)")
             if not is_runtime(left) and not is_runtime(right):
                 try:
                     part = _PY_CMPOPS[op](left, right)
@@ -688,7 +716,7 @@ class FunctionTranslator:
     def _equality(self, op, a, b, node):
         for v in (a, b):
             if not (is_runtime(v) or _is_number(v)):
-                raise self.error(node, f"cannot compare a runtime value with {type(v).__name__}")
+                raise self.error(node, f"cannot compare a runtime value with {describe(v)}")
         ea = ir.as_expr(a, _literal_like(b))
         return ir.binary(op, ea, ir.as_expr(b, ir.literal_type(ea.dtype)))
 
@@ -697,7 +725,7 @@ class FunctionTranslator:
         result = self.expr(node.values[0])
         for v in node.values[1:]:
             if not is_runtime(result):  # Python short-circuit at compile time
-                if (op == "and") != bool(result):
+                if (op == "and") != self.truth(result, node):
                     return result
                 result = self.expr(v)
                 continue
@@ -714,13 +742,13 @@ class FunctionTranslator:
                              ir.If(undecided, ir.seq([*emitted, ir.Assign(flag, self.condition(b, node), self.loc(node))]),
                                    None, self.loc(node))]
             return flag
-        if not is_runtime(a) and (op == "and") != bool(a):
-            return bool(a)              # decided while translating: `b` is never computed
+        if not is_runtime(a) and (op == "and") != self.truth(a, node):
+            return self.truth(a, node)  # decided while translating: `b` is never computed
         self.pending += emitted
         if not is_runtime(b):
-            if (op == "and") == bool(b):
+            if (op == "and") == self.truth(b, node):
                 return self.condition(a, node)
-            return bool(b)
+            return self.truth(b, node)
         if not is_runtime(a):
             return self.condition(b, node)
         return ir.Binary(op, self.condition(a, node), self.condition(b, node), T.boolean)
@@ -733,10 +761,17 @@ class FunctionTranslator:
         finally:
             self.pending = outer
 
+    def truth(self, value, node) -> bool:
+        """The truth of a value known while translating (Python's); a whole tensor has none a kernel could use."""
+        if isinstance(value, ir.Buffer):
+            raise self.error(node, f"'{value.name}' is a whole tensor, not a condition: test its elements "
+                                   f"({value.name}[i] > 0, say) or its size ({value.name}.shape[0])")
+        return bool(value)
+
     def condition(self, value, node) -> ir.Expr:
         """`value` as a bool expression (numbers compare with zero, as in Python)."""
         if not is_runtime(value):
-            return ir.const(bool(value))
+            return ir.const(self.truth(value, node))
         if value.dtype.is_bool:
             return value
         return ir.binary("!=", value, ir.as_expr(0, value.dtype))
@@ -744,11 +779,11 @@ class FunctionTranslator:
     def expr_ifexp(self, node: ast.IfExp):
         cond = self.expr(node.test)
         if not is_runtime(cond):
-            return self.expr(node.body if cond else node.orelse)
+            return self.expr(node.body if self.truth(cond, node.test) else node.orelse)
         (a, emitted_a), (b, emitted_b) = self.expr_apart(node.body), self.expr_apart(node.orelse)
         for v, n in ((a, node.body), (b, node.orelse)):
             if not (is_runtime(v) or _is_number(v)):
-                raise self.error(n, f"a runtime conditional expression needs numbers, got {type(v).__name__}")
+                raise self.error(n, f"a runtime conditional expression needs numbers, got {describe(v)}")
         ea = ir.as_expr(a, _literal_like(b))
         eb = ir.as_expr(b, ir.literal_type(ea.dtype))
         dtype = T.promote(ea.dtype, eb.dtype) if ea.dtype != eb.dtype else ea.dtype
@@ -769,9 +804,16 @@ class FunctionTranslator:
             if isinstance(result, ir.Stmt) and not statement:
                 raise self.error(node, f"td.{func.name}() is a statement and has no value")
             return result
-        from .decorators import DeviceFunction  # the decorator module imports this one
+        from .decorators import DeviceFunction, is_kernel  # the decorator module imports this one
         if isinstance(func, DeviceFunction):
-            return self.inline_call(func, node)
+            result = self.inline_call(func, node)
+            if result is None and not statement:
+                raise self.error(node, f"@td.func '{func.name}' returns no value",
+                                 "Give it a 'return value', or call it as a statement of its own.")
+            return result
+        if is_kernel(func):
+            raise self.error(node, f"a kernel cannot call the kernel '{func.name}'",
+                             "Put the shared code in a @td.func and call it from both.")
         if func is builtins.range or func is L.unroll:
             raise self.error(node, f"{'range' if func is builtins.range else 'td.unroll'}() can only be a for-loop source")
         args = [self.expr(a) for a in node.args]
@@ -798,6 +840,8 @@ class FunctionTranslator:
             name = getattr(func, "__name__", repr(func))
             hint = ("Functions called with runtime values must only use arithmetic on them; "
                     "decorate device functions with @td.func.") if runtime_args else None
+            if runtime_args and name in L.MATH:
+                hint = f"Kernels compute math with taskdsl's own functions: td.{name}(...)."
             raise self.error(node, f"calling '{name}' at compile time failed: {type(exc).__name__}: {exc}", hint) from None
 
     def intrinsic_call(self, fn: L.Intrinsic, node: ast.Call, name_hint: str | None):
@@ -831,7 +875,7 @@ class FunctionTranslator:
             raise self.error(node, f"{name}() takes {arity} argument{'s' if arity > 1 else ''}, got {len(args)}")
         for a in args:
             if not (is_runtime(a) or _is_number(a)):
-                raise self.error(node, f"{name}() needs numbers, got {type(a).__name__}")
+                raise self.error(node, f"{name}() needs numbers, got {describe(a)}")
         if not any(is_runtime(a) for a in args):
             return L.MATH[name].host(*args)
         return L.math_expr(name, args)
@@ -998,7 +1042,7 @@ class FunctionTranslator:
 
     def cast_to(self, value, dtype: T.DataType, node: ast.AST) -> ir.Expr:
         if not (is_runtime(value) or _is_number(value)):
-            raise self.error(node, f"expected a number, got {type(value).__name__}")
+            raise self.error(node, f"expected a number, got {describe(value)}")
         return ir.convert(ir.as_expr(value, dtype), dtype)
 
     @staticmethod

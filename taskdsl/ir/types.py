@@ -73,6 +73,9 @@ class DataType:
         for d in dims:
             if isinstance(d, bool) or not isinstance(d, (int, str)) or (isinstance(d, int) and d < 0):
                 raise TypeError(f"tensor dims must be non-negative ints or size-symbol names, got {d!r}")
+            if isinstance(d, str) and not d.isidentifier():     # "N*2" would be a symbol of its own, unrelated to N
+                raise TypeError(f"tensor dim {d!r} is not a size-symbol name (an identifier such as 'N'); a size "
+                                "computed from others is not supported in annotations: check it in the kernel")
         return TensorSpec(self, tuple(dims))
 
     def __repr__(self) -> str:

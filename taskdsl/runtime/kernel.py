@@ -83,6 +83,14 @@ def plain_arrays(args: tuple) -> tuple:
 
 
 @functools.cache
+def _host_conversion(dtype: T.DataType) -> str:
+    """How to convert a numpy array to `dtype`'s values (bf16 arrays hold bits as uint16: converting to uint16
+    would turn values into integers, so the values go through ml_dtypes' bfloat16)."""
+    if dtype.name == "bf16":
+        return ".astype(ml_dtypes.bfloat16) (its values' bits as the kernel reads them)"
+    return f".astype(np.{dtype.numpy})"
+
+
 def _integer_range(dtype: np.dtype) -> tuple:
     info = np.iinfo(dtype)
     return int(info.min), int(info.max)
@@ -212,7 +220,7 @@ class Kernel:
         if dtype != spec.dtype.numpy:
             raise TypeError(f"kernel '{self.name}': argument '{pname}' must have dtype {spec.dtype.numpy} "
                             f"({spec.dtype.name}), got {dtype}; convert it with "
-                            + (f".astype(np.{spec.dtype.numpy})" if info is None else
+                            + (_host_conversion(spec.dtype) if info is None else
                                "stdlib_ops.cast (td.DeviceArray), .astype() (cupy) or .to(torch.<dtype>) (torch)"))
         if len(shape) != len(spec.dims):
             raise ValueError(f"kernel '{self.name}': argument '{pname}' must be {len(spec.dims)}-d ({spec!r}), "
