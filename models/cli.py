@@ -93,6 +93,11 @@ def top_operators(summary: str, n: int = TOP_OPERATORS) -> list:
     return [lines[header]] + sorted(rows, key=lambda line: -float(line.split()[-1]))[:n]
 
 
+def _has_convolutions(graph) -> bool:
+    """Whether the compiled graph runs a 2-D convolution (alone, or as the anchor of a fused kernel)."""
+    return any("conv2d" in (op.kind, op.attrs.get("anchor")) for op in graph.nodes)
+
+
 def print_result(title: str, result) -> None:
     """The run's report: build time, latency, activation memory, error, kernels, and where the time goes."""
     cg = result.compiled
@@ -100,7 +105,7 @@ def print_result(title: str, result) -> None:
     print(title)
     print(f"  built in {result.build_seconds:.1f} s: {len(cg.graph.nodes)} operators, {len(kernels)} kernel launches "
           f"({len({id(k) for k in kernels})} distinct kernels), target {cg.target}"
-          f"{', convolutions NHWC' if cg.channels_last else ''}")
+          f"{', convolutions NHWC' if cg.channels_last and _has_convolutions(cg.graph) else ''}")
     print(f"  latency: median {result.median_ms:.3f} ms, p90 {result.p90_ms:.3f} ms "
           f"over {len(result.latencies)} iterations")
     print(f"  {cg.memory.summary()}; arena {cg.arena}; replay {cg.replay}")
@@ -134,7 +139,7 @@ def onnx_shapes(model, batch: int, seq: int | None) -> dict:
     if not symbolic and (batch != 1 or seq is not None):
         raise UsageError("--batch and --seq size the symbolic dims of an ONNX model's inputs; this model's inputs "
                          "have static shapes")
-    shapes = {}
+    shapes, used = {}, set()
     for vi in symbolic:
         dims = vi.type.tensor_type.shape.dim
         shape = []
@@ -143,12 +148,20 @@ def onnx_shapes(model, batch: int, seq: int | None) -> dict:
                 shape.append(d.dim_value)
             elif axis == 0:
                 shape.append(batch)
+                used.add("--batch")
             elif seq is not None:
                 shape.append(seq)
+                used.add("--seq")
             else:
                 raise UsageError(f"input {vi.name!r} has a symbolic dim {d.dim_param or '?'!r} at axis {axis}; "
                                  "give its size with --seq")
         shapes[vi.name] = shape
+    given = {flag for flag, value in (("--batch", batch != 1), ("--seq", seq is not None)) if value}
+    if given - used:        # a size no symbolic dim takes would be silently ignored
+        flag = sorted(given - used)[0]
+        which = "axis 0" if flag == "--batch" else "an axis past 0"
+        raise UsageError(f"{flag} sizes the symbolic dims at {which} of an ONNX model's inputs; this model's inputs "
+                         f"have none there ({', '.join(f'{n}: {shapes[n]}' for n in shapes)})")
     return shapes
 
 
@@ -214,6 +227,8 @@ def command_run(args) -> int:
     from .inference import infer, sample_inputs
     if (args.name is None) == (args.onnx is None):
         raise UsageError("run takes a model name or --onnx PATH (one of the two); see `python -m models list`")
+    if args.onnx is not None and not args.onnx:
+        raise UsageError("--onnx needs a path to an ONNX file")
     target = check_flags(args)
     fixed = {}
     if args.onnx:
@@ -225,6 +240,7 @@ def command_run(args) -> int:
         title, graph, vocab = zoo_model(args)
         feeds = sample_inputs(graph, vocab)
         model = export_if_checkable(graph)
+    print(f"{title}: building for {target}...", flush=True)     # the first build compiles for a minute or more
     result = infer(graph, model, feeds, target, args.iters, args.channels_last, fixed)
     print_result(title, result)
     return 0 if result.ok else 1
@@ -250,6 +266,13 @@ def main(argv=None) -> int:
             return command_run(args)
         from .bench import command_bench
         return command_bench(args, check_flags(args))
-    except UsageError as e:
+    except (UsageError, td.ConfigError) as e:
         print(f"python -m models: error: {e}", file=sys.stderr)
         return 2
+    except MemoryError as e:
+        print(f"python -m models: error: not enough memory for this run ({e}); use a smaller --batch or --seq",
+              file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("python -m models: interrupted", file=sys.stderr)
+        return 130

@@ -4,7 +4,7 @@ Write kernels with `@td.kernel`, schedule their work with `spatial(...)` / `repe
 task mappings, and run them on the cpu target (numba) or compile them to CUDA (NVRTC).
 """
 from .compute import Tensor, compute, placeholder, reduce
-from .errors import DSLError, SourceLoc
+from .errors import ConfigError, DSLError, SourceLoc
 from .frontend.decorators import func, kernel
 from .ir.types import bf16, boolean, f16, f32, f64, i8, i16, i32, i64, u8, u16, u32, u64
 from .lang import *  # noqa: F401,F403 - the kernel language: threadIdx, shared, syncthreads, exp, ...

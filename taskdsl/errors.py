@@ -21,6 +21,11 @@ class SourceLoc:
         return linecache.getline(self.file, self.line).rstrip("\n")
 
 
+class ConfigError(ValueError):
+    """A setting taskdsl cannot work with: a TASKDSL_* environment variable or the cache folder. The message
+    names the setting and what to change; command lines report it as a usage error."""
+
+
 class DSLError(Exception):
     """Kernel code outside the language, reported at file:line:col with the line shown."""
 

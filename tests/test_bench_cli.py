@@ -1,4 +1,8 @@
 """`python -m taskdsl.bench`: the command line refuses options that do not apply."""
+import os
+import subprocess
+import sys
+
 import pytest
 
 from taskdsl.bench.__main__ import main
@@ -18,6 +22,7 @@ def test_layout_is_a_conv_option_only(capsys):
     (["ops", "--sizes", "0", "32"], "ops: --sizes must be positive"),
     (["matmul", "--sizes", "-8"], "matmul: --sizes must be positive"),
     (["launch", "--sizes", "0"], "launch: --sizes must be positive"),
+    (["launch", "--sizes", "100", "200"], "launch: --sizes takes one number"),
 ])
 def test_sizes_a_benchmark_cannot_take(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -79,3 +84,14 @@ def test_the_launch_rows(target, simulated_gpu, capsys):
     result = launch.run(sizes=(20,))
     assert result["target"] == target and result["cold"] > result["cached"] > 0 and result["launch"] > 0
     assert "us per launch (mean of 20)" in capsys.readouterr().out
+
+
+def test_settings_and_sizes_taskdsl_cannot_use_are_usage_errors(capsys):
+    """An unusable TASKDSL_CACHE_DIR, and sizes beyond memory: one error line and exit 2, no traceback."""
+    env = dict(os.environ, TASKDSL_CACHE_DIR="/proc/taskdsl-cannot-create-this")    # a fresh process: no kernels
+    done = subprocess.run([sys.executable, "-m", "taskdsl.bench", "ops", "--sizes", "8", "8"], env=env,
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 2 and "the compile cache folder" in done.stderr and "Traceback" not in done.stderr
+    with pytest.raises(SystemExit) as exit_info:
+        main(["ops", "--sizes", "100000000", "100000"])
+    assert exit_info.value.code == 2 and "not enough memory for these sizes" in capsys.readouterr().err

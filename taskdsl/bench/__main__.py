@@ -1,4 +1,6 @@
-"""Benchmarks: `python -m taskdsl.bench NAME`. Each prints taskdsl against the best local peer."""
+"""Benchmarks: `python -m taskdsl.bench NAME`. Each prints taskdsl against the best local peer.
+
+The target is the process's (TASKDSL_TARGET=cpu|cuda; default: cuda with a usable GPU, else cpu)."""
 from __future__ import annotations
 
 import argparse
@@ -29,6 +31,8 @@ def _check_sizes(parser: argparse.ArgumentParser, args) -> None:
         parser.error(f"{args.name}: --sizes must be positive, got {' '.join(map(str, args.sizes))}")
     elif args.name == "ops" and len(args.sizes) != 2:
         parser.error("ops: --sizes takes ROWS COLS")
+    elif args.name == "launch" and len(args.sizes) != 1:
+        parser.error("launch: --sizes takes one number, the launches to time")
 
 
 def main(argv=None) -> int:
@@ -46,9 +50,20 @@ def main(argv=None) -> int:
     if args.sizes:
         _check_sizes(parser, args)
     import importlib
-    module = importlib.import_module(BENCHMARKS[args.name][1])
-    options = {"sizes": tuple(args.sizes) if args.sizes else None, "layout": args.layout, "layers": args.layers}
-    module.run(**{k: v for k, v in options.items() if v is not None})
+
+    import taskdsl as td
+    try:
+        if args.layers == "depthwise" and td.get_target() == "cuda":
+            parser.error("conv --layers depthwise runs on the cpu target only (TASKDSL_TARGET=cpu)")
+        module = importlib.import_module(BENCHMARKS[args.name][1])
+        options = {"sizes": tuple(args.sizes) if args.sizes else None, "layout": args.layout, "layers": args.layers}
+        module.run(**{k: v for k, v in options.items() if v is not None})
+    except td.ConfigError as e:         # a TASKDSL_* setting (the target, the cache folder) taskdsl cannot use
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
+    except MemoryError as e:
+        parser.exit(2, f"{parser.prog}: error: not enough memory for these sizes ({e}); use smaller --sizes\n")
+    except KeyboardInterrupt:
+        parser.exit(130, f"{parser.prog}: interrupted\n")
     return 0
 
 

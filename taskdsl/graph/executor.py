@@ -28,14 +28,13 @@ from __future__ import annotations
 
 import threading
 import time
-from contextlib import contextmanager
 
 import numpy as np
 
 from ..backend.cpu import precompile
 from ..backend.cpu.launch import recording as cpu_recording
 from ..runtime.arrays import results_in
-from ..runtime.config import debug_enabled, get_target, set_target
+from ..runtime.config import debug_enabled, get_target, target_scope
 from ..runtime.device_array import DeviceArray, to_device
 from ..runtime.progress import Progress
 from . import runners
@@ -46,17 +45,6 @@ from .printer import Namer, format_bytes
 from .replay import CpuReplay, CudaReplay, disagreement, probe_inputs
 
 PROGRESS_MIN_NODES = 20      # smaller graphs compile quickly: no progress bar
-
-
-@contextmanager
-def on_target(name: str):
-    """Run the body with `name` as the current target, restoring the previous one after."""
-    previous = get_target()
-    set_target(name)
-    try:
-        yield
-    finally:
-        set_target(previous)
 
 
 def prefers_channels_last(target: str) -> bool:
@@ -85,7 +73,7 @@ class CompiledGraph:
         if passes is None:
             passes = pipeline(prefers_channels_last(self.target) if channels_last is None else bool(channels_last))
         self.channels_last = LAYOUT_PASS in passes      # whether 2-D convolutions run NHWC
-        with on_target(self.target):       # partitioning asks what the target's kernels can fuse
+        with target_scope(self.target):       # partitioning asks what the target's kernels can fuse
             self.graph = optimize(graph, passes)
         self.memory = plan_memory(self.graph)
         nodes = self.graph.nodes
@@ -102,7 +90,7 @@ class CompiledGraph:
         self.replay = "off (replay=False)"
         self._lock = threading.RLock()
         show = None if len(nodes) >= PROGRESS_MIN_NODES else False
-        with on_target(self.target):
+        with target_scope(self.target):
             self._arena = Arena(self.graph, gpu=self.target == "cuda") if arena else None
             self.arena = self._arena.summary() if arena else "off (arena=False)"
             if self.target == "cpu":
@@ -254,7 +242,7 @@ class CompiledGraph:
     def __call__(self, *args) -> list:
         """The outputs for these inputs (numpy arrays; td.DeviceArrays too on cuda), as a list of numpy arrays."""
         arrays = bind_inputs(self.graph, args)
-        with self._lock, on_target(self.target):
+        with self._lock, target_scope(self.target):
             self._last_inputs = arrays
             if self._replay is not None and not (self.target == "cpu" and debug_enabled()):
                 return self._replayed(arrays)
@@ -268,7 +256,7 @@ class CompiledGraph:
             raise ValueError(f"run_on_device needs a graph compiled for the cuda target (this one is for "
                              f"{self.target}); call the compiled graph for numpy outputs")
         arrays = bind_inputs(self.graph, args)
-        with self._lock, on_target(self.target):
+        with self._lock, target_scope(self.target):
             self._last_inputs = arrays
             if isinstance(self._replay, CudaReplay):
                 return list(self._replay.run(arrays))
@@ -304,7 +292,7 @@ class CompiledGraph:
         if timing:
             runs = []
             for _ in range(max(repeat, 1)):
-                with self._lock, on_target(self.target):
+                with self._lock, target_scope(self.target):
                     self._execute(self._last_inputs, sync=True)
                 runs.append([seconds for _, seconds in self._records])
             times = np.min(np.array(runs), axis=0)

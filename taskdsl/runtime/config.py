@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import functools
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+
+from ..errors import ConfigError
 
 TARGETS = ("cpu", "cuda")
 _state = {"target": None, "debug": None, "fast_compile": None}
@@ -17,8 +20,8 @@ def cache_dir() -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise ValueError(f"the compile cache folder {path} cannot be used ({e.strerror}): set TASKDSL_CACHE_DIR to "
-                         "a folder taskdsl may create or write") from None
+        raise ConfigError(f"the compile cache folder {path} cannot be used ({e.strerror}): set TASKDSL_CACHE_DIR to "
+                          "a folder taskdsl may create or write") from None
     return path
 
 
@@ -52,9 +55,27 @@ def get_target() -> str:
         return _state["target"]
     env = environment("TASKDSL_TARGET")
     if env:
-        set_target(env.strip().lower())
+        name = env.strip().lower()
+        if name not in TARGETS:
+            raise ConfigError(f"TASKDSL_TARGET={env!r} is no target: set it to one of {', '.join(TARGETS)}, or unset it")
+        if name == "cuda" and not gpu_status()[0]:
+            raise ConfigError(f"TASKDSL_TARGET=cuda, but there is no usable GPU ({gpu_status()[1]}): set it to cpu, "
+                              "or unset it")
+        set_target(name)
         return _state["target"]
     return "cuda" if gpu_status()[0] else "cpu"
+
+
+@contextmanager
+def target_scope(name: str):
+    """Run the body with `name` as the target, then restore the previous setting (an unset one stays unset, so
+    TASKDSL_TARGET is never read for it)."""
+    previous = _state["target"]
+    set_target(name)
+    try:
+        yield
+    finally:
+        _state["target"] = previous
 
 
 def _switch(value, what: str) -> bool:
@@ -89,7 +110,7 @@ def env_switch(name: str, default: bool, meaning: str = "on", off: str = "off", 
         return default
     value = _SWITCH.get(text.strip().lower())
     if value is None:
-        raise ValueError(f"{name}={text!r}: use 1 ({meaning}) or 0 ({off})")
+        raise ConfigError(f"{name}={text!r}: use 1 ({meaning}) or 0 ({off})")
     return value
 
 

@@ -165,6 +165,48 @@ def test_batch_and_seq_size_symbolic_onnx_dims_only(tmp_path, capsys):
         assert "this model's inputs have static shapes" in capsys.readouterr().err
 
 
+def _relu_model(path, dims):
+    import onnx
+    from onnx import TensorProto, helper
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+
+
+def test_a_size_no_symbolic_dim_takes_exits_2(tmp_path, capsys):
+    """--seq for a model symbolic in its batch only, --batch for one symbolic past axis 0: no silent ignoring."""
+    _relu_model(tmp_path / "batch.onnx", ["n", 8])
+    _relu_model(tmp_path / "seq.onnx", [2, "s", 8])
+    assert main(["run", "--onnx", str(tmp_path / "batch.onnx"), "--target", "cpu", "--seq", "5"]) == 2
+    assert "--seq sizes the symbolic dims at an axis past 0" in capsys.readouterr().err
+    assert main(["run", "--onnx", str(tmp_path / "seq.onnx"), "--target", "cpu", "--seq", "3", "--batch", "4"]) == 2
+    assert "--batch sizes the symbolic dims at axis 0" in capsys.readouterr().err
+
+
+def test_settings_taskdsl_cannot_use_exit_2_and_an_explicit_target_wins(tmp_path, monkeypatch, capsys):
+    """TASKDSL_TARGET naming no target (or cuda without a GPU) and an unusable TASKDSL_CACHE_DIR are usage errors,
+    not tracebacks; `--target cpu` runs whatever TASKDSL_TARGET says."""
+    from taskdsl.runtime import config
+    _relu_model(tmp_path / "relu.onnx", [2, 3])
+    monkeypatch.setitem(config._state, "target", None)
+    monkeypatch.setenv("TASKDSL_TARGET", "gpu")
+    config.environment.cache_clear()        # read once per process: read it again under this test's value
+    try:
+        assert main(["run", "--onnx", str(tmp_path / "relu.onnx")]) == 2
+        assert "TASKDSL_TARGET='gpu' is no target" in capsys.readouterr().err
+        assert main(["run", "--onnx", str(tmp_path / "relu.onnx"), "--target", "cpu", "--iters", "1"]) == 0
+        capsys.readouterr()
+    finally:
+        monkeypatch.undo()
+        config.environment.cache_clear()
+    # a fresh process (this one keeps its kernels in memory): the cache folder under a file cannot be made
+    env = dict(os.environ, TASKDSL_CACHE_DIR=str(tmp_path / "relu.onnx" / "cache"))
+    done = subprocess.run([sys.executable, "-m", "models", "run", "--onnx", str(tmp_path / "relu.onnx"), "--target",
+                           "cpu", "--iters", "1"], cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 2 and "the compile cache folder" in done.stderr and "Traceback" not in done.stderr
+
+
 def test_relative_error_sees_nans_and_infinities():
     """A NaN or an infinity on one side only is an infinite error (a check that compares nothing must fail);
     the same NaNs and infinities on both sides are equal, and the scale is the largest finite reference."""
