@@ -33,7 +33,10 @@ import numpy as np
 def _positive_int(value, what: str) -> int:
     """Return ``value`` as a Python int, or raise ValueError unless it is a positive int."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{what} must be a positive int, got {value!r}")
+        name = getattr(value, "name", None)     # a kernel's size symbol or variable: known only at run time
+        shown = f"'{name}', a value known only when the kernel runs" if isinstance(name, str) else repr(value)
+        raise ValueError(f"{what} must be a positive int fixed when the kernel is written, got {shown}; "
+                         "map a fixed tile and loop over the rest")
     if value < 1:
         raise ValueError(f"{what} must be positive, got {value}")
     return int(value)

@@ -961,6 +961,27 @@ def test_workers_outside_the_mapping_run_no_tasks():
     assert ">= 0" in shifted.source(hits, target="cuda")
 
 
+def test_a_mapping_with_more_workers_than_its_worker_index_reaches():
+    """spatial(64) on 32 threads: the tasks of workers 32-63 would never run (it ran half the work silently)."""
+    @td.kernel(block=32)
+    def k(X: f32[64]):
+        for i in spatial(64)(threadIdx.x):  # E_TOO_MANY_WORKERS
+            X[i] = 1.0
+
+    dsl_error(lambda: k(vec(64)), "E_TOO_MANY_WORKERS", "the mapping has 64 workers, but its worker index reaches 31",
+              "workers 32 to 63 would never run")
+
+
+def test_a_mapping_sized_by_a_size_symbol():
+    @td.kernel(block=32)
+    def k(X: f32["N"]):
+        for i in spatial(N)(threadIdx.x):  # E_SYMBOL_MAPPING  # noqa: F821
+            X[i] = 1.0
+
+    err = dsl_error(lambda: k(vec()), "E_SYMBOL_MAPPING", "'N', a value known only when the kernel runs")
+    assert "@td.func" not in str(err)
+
+
 def test_equality_in_helpers_and_custom_mappings_is_a_comparison_or_an_error():
     """`==` on a runtime value in a plain Python helper, or in a custom mapping's function, was Python's identity
     test (always False): now a comparison, and an `if` on it a DSLError as for `<`."""

@@ -838,8 +838,9 @@ class FunctionTranslator:
             raise
         except Exception as exc:  # noqa: BLE001 - user code raised at compile time
             name = getattr(func, "__name__", repr(func))
+            own = (getattr(func, "__module__", None) or "").startswith("taskdsl")    # its message says what to do
             hint = ("Functions called with runtime values must only use arithmetic on them; "
-                    "decorate device functions with @td.func.") if runtime_args else None
+                    "decorate device functions with @td.func.") if runtime_args and not own else None
             if runtime_args and name in L.MATH:
                 hint = f"Kernels compute math with taskdsl's own functions: td.{name}(...)."
             raise self.error(node, f"calling '{name}' at compile time failed: {type(exc).__name__}: {exc}", hint) from None

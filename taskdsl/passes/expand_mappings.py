@@ -34,6 +34,12 @@ class _Expander(ir.Rewriter):
         workers_after = [math.prod(a.num_workers for a in atoms[t + 1:]) for t in range(len(atoms))]
         expanded = self._emit(s, atoms, workers_after, 0, None, body)
         bound = int_range(s.worker, self.block, {})
+        if bound is not None and bound[1] < s.mapping.num_workers - 1:
+            raise DSLError(f"the mapping has {s.mapping.num_workers} workers, but its worker index reaches "
+                           f"{bound[1]} at most (block {tuple(self.block)}): the tasks of workers {bound[1] + 1} to "
+                           f"{s.mapping.num_workers - 1} would never run", s.loc,
+                           "Match the mapping to the threads: fewer workers (a repeat() for the rest), or a larger "
+                           "block.")
         tests = [] if bound is not None and bound[0] >= 0 else [ir.binary(">=", s.worker, 0)]    # others' tasks
         if bound is None or bound[1] >= s.mapping.num_workers:
             tests.append(ir.binary("<", s.worker, s.mapping.num_workers))
