@@ -82,7 +82,6 @@ def plain_arrays(args: tuple) -> tuple:
     return tuple(a.view(np.ndarray) if isinstance(a, np.ndarray) and type(a) is not np.ndarray else a for a in args)
 
 
-@functools.cache
 def _host_conversion(dtype: T.DataType) -> str:
     """How to convert a numpy array to `dtype`'s values (bf16 arrays hold bits as uint16: converting to uint16
     would turn values into integers, so the values go through ml_dtypes' bfloat16)."""
@@ -91,6 +90,7 @@ def _host_conversion(dtype: T.DataType) -> str:
     return f".astype(np.{dtype.numpy})"
 
 
+@functools.cache
 def _integer_range(dtype: np.dtype) -> tuple:
     info = np.iinfo(dtype)
     return int(info.min), int(info.max)
