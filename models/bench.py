@@ -59,11 +59,13 @@ def command_bench(args: argparse.Namespace, target: str) -> int:
     from . import MODELS, get
     from .cli import UsageError, export_if_checkable, zoo_model
     names = args.names or list(MODELS)
-    try:                # every name before any model runs: a long bench should not end on a typo
-        for name in names:
-            get(name)
-    except KeyError as e:
-        raise UsageError(e.args[0]) from None
+    for name in names:  # every name and size before any model runs: a long bench should not end on a typo
+        try:
+            get(name).config(args.small, args.seq)
+        except KeyError as e:
+            raise UsageError(e.args[0]) from None
+        except ValueError as e:         # --seq for an image model, or out of a text model's range
+            raise UsageError(f"{name}: {e}") from None
     rows = []
     for name in names:
         title, graph, vocab = zoo_model(argparse.Namespace(**{**vars(args), "name": name}))

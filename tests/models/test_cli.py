@@ -114,6 +114,7 @@ def test_bench_small_model(capsys):
     (["run", "resnet50", "--batch", "0"], "must be positive"),
     (["bench", "nosuch", "--small"], "unknown model 'nosuch'"),
     (["bench", "mobilenet_v2", "nosuch", "--small"], "unknown model 'nosuch'"),    # before mobilenet_v2 runs
+    (["bench", "bert", "resnet50", "--small", "--seq", "16"], "resnet50: a sequence length applies"),   # before bert
 ])
 def test_bad_input_exits_2(argv, message, capsys):
     assert main(argv) == 2
