@@ -113,12 +113,15 @@ def _cuda_rows(layers, layout: str) -> list:
 
 
 def _schedule(plan) -> str:
-    """The GEMM schedule a conv plan runs: its block tile, k tile and split-k (`128x64 bk32 split 2`)."""
+    """The GEMM schedule a conv plan runs: its block tile, k tile and split-k, and whether the GEMM reads the
+    input itself as A, with no im2col (`128x64 bk32 split 2`, `128x64 bk32, input as A`)."""
     matmul = getattr(plan.lowered, "matmul", None)
     if matmul is None:
         return "direct"
     bm, bn, _ = matmul.template.tile_shape(matmul.point)
-    return f"{bm}x{bn} bk{matmul.point.bk}" + (f" split {matmul.split}" if matmul.split > 1 else "")
+    plain = plan.lowered.on_columns and plan.lowered.columns is None
+    return (f"{bm}x{bn} bk{matmul.point.bk}" + (f" split {matmul.split}" if matmul.split > 1 else "")
+            + (", input as A" if plain else ""))
 
 
 def _rel_err(got, want) -> float:
