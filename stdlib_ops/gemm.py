@@ -301,7 +301,8 @@ def _plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune, point, fa
 
 def _candidate(plan: MatmulPlan, padded: bool):
     """What the tuner times for a point: its kernel, or with split-k the pair of kernels a call runs."""
-    return plan.kernel(plan.dtype, padded=padded) if plan.split == 1 else SplitRun(plan, plan.kernel(padded=padded))
+    kernel = plan.kernel(padded=padded)       # in the operands' type, or f32 partials with split-k
+    return kernel if plan.split == 1 else SplitRun(plan, kernel)
 
 
 class SplitRun:

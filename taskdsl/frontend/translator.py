@@ -742,13 +742,12 @@ class FunctionTranslator:
                              ir.If(undecided, ir.seq([*emitted, ir.Assign(flag, self.condition(b, node), self.loc(node))]),
                                    None, self.loc(node))]
             return flag
-        if not is_runtime(a) and (op == "and") != self.truth(a, node):
-            return self.truth(a, node)  # decided while translating: `b` is never computed
+        decisive = op == "or"           # the truth value that decides `a op b` on its own (and is its value)
+        if not is_runtime(a) and self.truth(a, node) == decisive:
+            return decisive             # decided while translating: `b` is never computed
         self.pending += emitted
         if not is_runtime(b):
-            if (op == "and") == self.truth(b, node):
-                return self.condition(a, node)
-            return self.truth(b, node)
+            return decisive if self.truth(b, node) == decisive else self.condition(a, node)
         if not is_runtime(a):
             return self.condition(b, node)
         return ir.Binary(op, self.condition(a, node), self.condition(b, node), T.boolean)
