@@ -25,6 +25,7 @@ import taskdsl as td
 from taskdsl import blockIdx, ir
 from taskdsl.runtime.arrays import as_array, contiguous, empty_like_operands, note_host_work, on_host, placed_like
 from taskdsl.runtime.config import fast_compile_enabled
+from taskdsl.schedule.tuner import report, tune
 
 from . import gemm as mm
 from .elementwise import int_tuple
@@ -591,8 +592,9 @@ class Lowered:
         return fixed, shape, _columns_shape(g), columns_params, names[:-1] if self.finish is None else names, \
             finish_params
 
-    def run(self, arrays: dict, weight: np.ndarray, out: np.ndarray) -> None:
-        """out = the convolution (with its fused prologue and epilogue) of `arrays` and the weight operand."""
+    def _launches(self, arrays: dict, weight: np.ndarray, out: np.ndarray):
+        """The launches `run` makes, in order, as (kernel, arguments); buffers (columns, split-k partials) are
+        allocated where the operands are."""
         fixed, shape, columns_shape, columns_params, names, finish_params = self._call
         args = dict(arrays, B=weight, **fixed)
         if self.on_columns and self.x_name is not None and self.columns is None:    # the input is A
@@ -601,15 +603,25 @@ class Lowered:
             cols = args["cols"] = empty_like_operands(columns_shape, out.dtype, out)
             if self.x_name is not None:
                 args["X"] = arrays[self.x_name]
-            self.columns(*[args[name] for name in columns_params])
+            yield self.columns, [args[name] for name in columns_params]
             args["A"] = cols.reshape(shape)
         out = out if self.geometry.groups == 1 else out.reshape(_grouped_out_shape(self.geometry))
         if self.finish is None:
-            self.kernel(*[args[name] for name in names], out)
+            yield self.kernel, [args[name] for name in names] + [out]
             return
         args["C"] = args["P"] = empty_like_operands(self.matmul.partials_shape, np.float32, out)
-        self.kernel(*[args[name] for name in names])
-        self.finish(*[args[name] for name in finish_params], out)
+        yield self.kernel, [args[name] for name in names]
+        yield self.finish, [args[name] for name in finish_params] + [out]
+
+    def run(self, arrays: dict, weight: np.ndarray, out: np.ndarray) -> None:
+        """out = the convolution (with its fused prologue and epilogue) of `arrays` and the weight operand."""
+        for kernel, args in self._launches(arrays, weight, out):
+            kernel(*args)
+
+    def compile(self, arrays: dict, weight: np.ndarray, out: np.ndarray, target: str | None = None) -> None:
+        """Compile the kernels `run` launches for these arguments, launching none."""
+        for kernel, args in self._launches(arrays, weight, out):
+            kernel.compile(*args, target=target)
 
     @property
     def kernels(self) -> list:
@@ -618,7 +630,8 @@ class Lowered:
 
 def lower(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue) -> Lowered | DirectRows:
     """Schedule convolution `g` on the matmul template (a direct kernel where `on_rows`): `x` defines the
-    input (a placeholder or a prologue's compute), `epilogue(y)` the final output from the conv output `y`."""
+    input (a placeholder or a prologue's compute), `epilogue(y)` the final output from the conv output `y`.
+    On a GPU the schedule is `tuned_point`'s, one per geometry whatever the prologue and epilogue."""
     if on_rows(g, target):
         return _lower_rows(g, dtype, x, epilogue)
     groups, m, k, n = g.gemm
@@ -646,7 +659,14 @@ def lower(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue) -> Lowere
             columns = td.fuse(columns, np.empty(_x_shape(g), dtype.numpy), np.empty(_columns_shape(g), dtype.numpy),
                               *_columns_scalars(g).values(), prologues={"X": x})
         return Lowered(g, matmul, kernel, columns, x_name, True, matmul.batch_index(1))
-    matmul = mm.plan((groups, m, k), (groups, k, n), dtype, target)
+    return _lower_gemm(g, dtype, target, x, epilogue, tuned_point(g, dtype, target))
+
+
+def _lower_gemm(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue, point) -> Lowered:
+    """`lower` on the matmul template with its loads of A the implicit im2col (GPUs, and grouped convolutions
+    on the cpu), at schedule `point` (None: the template's default)."""
+    groups, m, k, n = g.gemm
+    matmul = mm.plan((groups, m, k), (groups, k, n), dtype, target, do_tune=False, point=point)
     c = td.placeholder("C", dtype, matmul.operand_shapes()[2])
     out = epilogue(output_view(g, c))
     batch_index = matmul.batch_index(matmul.fusion_split)
@@ -660,6 +680,56 @@ def lower(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue) -> Lowere
         return Lowered(g, matmul, kernel, None, x.name, True, batch_index, finish=finish)
     kernel, finish = matmul.fused({"A": im2col(g, x)}, out)
     return Lowered(g, matmul, kernel, None, None, False, batch_index, finish=finish)
+
+
+def tuned_point(g: ConvGeometry, dtype, target: str):
+    """The GEMM schedule of convolution `g` on a GPU: tuned (cached on disk, per geometry) by timing the
+    convolution's own kernels at each point, as `run` launches them: the implicit im2col's loads and a split
+    point's sum included, which a plain GEMM of the same sizes would leave out of the ranking (the 7x7 stem's
+    loads cost more than its multiplies). None (the default) elsewhere, or when tuning is off."""
+    if target != "cuda":
+        return None
+    template, op, default = _tuning(g, dtype, target)
+    x = _x_placeholder(g, dtype)
+    weight = pack_weight(g, mm.random_operand((g.oc, g.c // g.groups, g.kh, g.kw), dtype))
+    args = (mm.random_operand(_x_shape(g), dtype), weight, np.empty(g.out_shape, dtype.numpy))
+    return tune(template.space(target, dtype.bits // 8), lambda p: ConvRun(_lower_gemm(g, dtype, target, x, no_epilogue, p)),
+                args, op=op, shapes=(g,), dtypes=(dtype.name,), default=default, target=target)
+
+
+def _tuning(g: ConvGeometry, dtype, target: str) -> tuple:
+    """(template, tuning op name, default point) of convolution `g`'s GEMM schedule."""
+    template = mm.template_for(dtype, target)
+    groups, m, k, n = g.gemm
+    return template, f"conv_{template.name}", mm.plan((groups, m, k), (groups, k, n), dtype, target, do_tune=False).point
+
+
+def tuning_report(g: ConvGeometry, dtype, target: str = "cuda", top: int = 3) -> list:
+    """The lines of `tuner.report` on convolution `g`'s stored tuning: its `top` points, the default's rank, the
+    slowest ([] when none is stored)."""
+    _, op, default = _tuning(g, dtype, target)
+    return report(op, (g,), (dtype.name,), target, top=top, default=default)
+
+
+def no_epilogue(y: td.Tensor) -> td.Tensor:
+    """The epilogue of a convolution with neither bias nor activation: its output as it is."""
+    return y
+
+
+class ConvRun:
+    """A tuning candidate: convolution `lowered` (input placeholder X, no epilogue), called as (x, weight operand,
+    out) and compiled likewise."""
+
+    def __init__(self, lowered: Lowered):
+        self.lowered = lowered
+
+    def compile(self, x, weight, out, target: str | None = None) -> None:
+        """Compile the kernels a call launches (no launch)."""
+        self.lowered.compile({"X": x}, weight, out, target)
+
+    def __call__(self, x, weight, out) -> None:
+        """out = the convolution of x by the weight operand."""
+        self.lowered.run({"X": x}, weight, out)
 
 
 WINDOW_ROW = 32      # output rows at least this wide let `window_kernel` copy a block's pixels in few row segments

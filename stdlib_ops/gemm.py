@@ -253,7 +253,8 @@ def _aligned(size: int) -> int:
     return -(-size // ALIGN) * ALIGN
 
 
-def _example(shape: tuple, dtype) -> np.ndarray:
+def random_operand(shape: tuple, dtype) -> np.ndarray:
+    """Seeded normal values of DSL type `dtype`: the operands candidates are timed on."""
     return np.random.default_rng(0).standard_normal(shape).astype(dtype.numpy)
 
 
@@ -292,7 +293,7 @@ def _plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune, point, fa
         if do_tune or (do_tune is None and target == "cuda"):
             proto = at(point)
             pads = proto.pads           # tuned as called: on padded operands where a call pads them
-            args = tuple(_example(s, dtype) for s in proto.operand_shapes(padded=pads)) + (proto.batch_index(1), 1)
+            args = tuple(random_operand(s, dtype) for s in proto.operand_shapes(padded=pads)) + (proto.batch_index(1), 1)
             point = tune(template.space(target, itemsize), lambda p: _candidate(at(p, split_for(p)), pads), args,
                          op=template.name, shapes=(tuple(a_shape), tuple(b_shape)), dtypes=(dtype.name,),
                          default=point, target=target)

@@ -109,6 +109,8 @@ def _cuda_rows(layers, layout: str) -> list:
         rows.append(dict(layer=(c, hw, oc, k, s), taskdsl=t_td, call=t_call, peer=t_peer, err=_rel_err(got, want),
                          flops=2.0 * oc * c * k * k * got.shape[2] * got.shape[3], schedule=_schedule(plan)))
         print(f"  layer {rows[-1]['layer']}: {t_peer / t_td:.3f}x cuDNN", flush=True)
+        for line in conv.tuning_report(g, td.f16):     # when tuned: the fastest points and the default's rank
+            print("   ", line, flush=True)
     return rows
 
 

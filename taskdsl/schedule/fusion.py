@@ -312,9 +312,9 @@ def _digits(inverse: np.ndarray):
     digits, block = [], 1
     while block < size:
         stride = int(inverse[block])
-        run = 2
-        while block * run < size and inverse[block * run] == run * stride:
-            run += 1
+        steps = inverse[::block]            # inverse(j * block), j = 0, 1, ...: the run is where j * stride stops
+        mismatch = np.flatnonzero(steps != np.arange(len(steps)) * stride)
+        run = int(mismatch[0]) if len(mismatch) else len(steps)
         while (size // block) % run:
             run -= 1
         if run == 1:

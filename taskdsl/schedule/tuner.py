@@ -95,9 +95,10 @@ SLOW_CUT = 2.0   # a candidate whose first timed run takes this many times the b
 
 def _timer(target: str):
     """(probe, full): one timed run after a warm-up, and the median of several (`fn` already warmed up)."""
-    if target == "cuda":
-        from ..bench.cuda_timing import time_cuda
-        return lambda fn: time_cuda(fn, warmup=1, repeat=1), lambda fn: time_cuda(fn, warmup=1, repeat=10)
+    if target == "cuda":    # as CUDA-graph replays, as compiled graphs run: the host's launch gaps between the kernels
+        from ..bench.cuda_timing import time_cuda_replayed      # of a call (split-k's sum) would rank them otherwise
+        return (lambda fn: time_cuda_replayed(fn, warmup=1, repeat=1),
+                lambda fn: time_cuda_replayed(fn, warmup=1, repeat=10))
     from ..bench.timing import time_cpu
     return lambda fn: time_cpu(fn, warmup=1, repeat=1), lambda fn: time_cpu(fn, warmup=0, repeat=3)
 

@@ -3,14 +3,18 @@ columns) and the direct schedule.
 
 Oracle: a float64 numpy convolution written as a sum over kernel taps of strided slices.
 """
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import assume, given, settings, strategies as st
 
 import taskdsl as td
 import stdlib_ops as ops
-from stdlib_ops import conv
+from stdlib_ops import conv, gemm
 from stdlib_ops import matmul_cpu as cpu_tile
+from taskdsl.schedule import tuner
+from taskdsl.schedule.space import Space
 import taskdsl.graph as tg
 
 
@@ -155,6 +159,123 @@ def test_gpu_pointwise_nhwc_convolutions_read_the_input_as_the_gemm_operand(simu
     want = np.maximum(reference(x.transpose(0, 3, 1, 2), w, bias, (1, 1), (0, 0, 0, 0), (1, 1), 1), 0)
     np.testing.assert_allclose(y.transpose(0, 3, 1, 2), want, rtol=1e-4, atol=1e-4)
     assert [k.name for k, _ in simulated_gpu.launches][-len(low.kernels):] == [k.name for k in low.kernels]
+
+
+def test_gpu_convolutions_are_tuned_on_their_own_kernels(simulated_gpu, monkeypatch):
+    """On a GPU the tuner ranks a convolution's schedules by timing the convolution itself at each point (its
+    implicit im2col, and a split point's sum), keyed by its geometry; the plan runs the winner."""
+    seen = {}
+    space = gemm.template_for(td.f32, "cuda").space("cuda", 4)
+    winner = next(p for p in space.points() if gemm.choose_split(p, 1, 36, 8, 144, "cuda") == 1)
+
+    def record(space, build, args, **options):
+        seen.update(build=build, args=args, **options)
+        return winner
+    monkeypatch.setattr(conv, "tune", record)
+    conv._plan.cache_clear()
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 16, 6, 6)).astype(np.float32)
+    w = rng.standard_normal((8, 16, 3, 3)).astype(np.float32)
+    g = conv.geometry(x.shape, w.shape, padding=1)
+    low = conv.plan(g, td.f32, "cuda", True, "relu").lowered
+    assert low.matmul.point == winner and seen["op"] == "conv_simt_matmul" and seen["shapes"] == (g,)
+    x_example, weight, out = seen["args"]
+    assert x_example.shape == x.shape and out.shape == g.out_shape
+    want = reference(x_example, w, None, (1, 1), (1, 1, 1, 1), (1, 1), 1)
+    split_point = next(p for p in space.points() if gemm.choose_split(p, 1, 36, 8, 144, "cuda") > 1)
+    for point in (seen["default"], split_point):
+        candidate = seen["build"](point)
+        assert candidate.lowered.matmul.point == point
+        assert (candidate.lowered.finish is not None) == (candidate.lowered.matmul.split > 1)
+        packed = td.to_device(candidate.lowered.weight_operand(w))
+        x_dev, y_dev = td.to_device(x_example), td.to_device(np.full(g.out_shape, np.nan, np.float32))
+        candidate.compile(x_dev, packed, y_dev, target="cuda")      # every kernel, as the tuner compiles one
+        simulated_gpu.launches.clear()
+        candidate(x_dev, packed, y_dev)
+        assert [k.name for k, _ in simulated_gpu.launches] == [k.name for k in candidate.lowered.kernels]
+        np.testing.assert_allclose(y_dev.numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+class SerialPool:
+    """ThreadPoolExecutor's `map` in the calling thread."""
+
+    def __init__(self, workers=None):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def map(self, fn, items):
+        return map(fn, items)
+
+
+def tune_over_a_pair(monkeypatch, tmp_path, dtype, g) -> tuple:
+    """Tuning on, into `tmp_path`, over two points of `dtype`'s GPU space for convolution `g`: one that splits K
+    and one that does not (on this GPU's SM count). Returns them (unsplit, split)."""
+    monkeypatch.setenv("TASKDSL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TASKDSL_TUNE", "1")
+    template = gemm.template_for(dtype, "cuda")
+    full = template.space("cuda", dtype.bits // 8)
+    groups, m, k, n = g.gemm
+    splits = lambda p: gemm.choose_split(p, groups, m, n, k, "cuda", template) > 1
+    unsplit, split = (next(p for p in full.points() if splits(p) == want) for want in (False, True))
+    pair = Space(full.name, full.axes, lambda q: None if q in (unsplit, split) else "off the pair")
+    monkeypatch.setattr(gemm, "template_for", lambda dtype, target: dataclasses.replace(
+        template, space=lambda target, itemsize: pair))
+    conv._plan.cache_clear()
+    return unsplit, split
+
+
+def test_gpu_convolution_tuning_end_to_end(simulated_gpu, tmp_path, monkeypatch):
+    """A convolution tuned on the (simulated) GPU over a two-point space, with a timer that prefers the split
+    point: the winner is stored per geometry, reported, and the plan runs it correctly."""
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((1, 16, 6, 6)).astype(np.float32)
+    w = rng.standard_normal((8, 16, 3, 3)).astype(np.float32)
+    g = conv.geometry(x.shape, w.shape, padding=1)
+    _, split_point = tune_over_a_pair(monkeypatch, tmp_path, td.f32, g)
+    timed = []
+
+    def timer(target):
+        def time_it(fn):        # the split point (its sum kernel among the launches) is the faster
+            simulated_gpu.launches.clear()
+            fn()
+            timed.append([k.name for k, _ in simulated_gpu.launches])
+            return 1.0 if any(name.startswith("split_k_sum") for name in timed[-1]) else 2.0
+        return time_it, time_it
+    monkeypatch.setattr(tuner, "_timer", timer)
+    monkeypatch.setattr(tuner, "ThreadPoolExecutor", SerialPool)    # the simulated GPU is this thread's
+    low = conv.plan(g, td.f32, "cuda", False, None).lowered
+    assert low.matmul.point == split_point and low.finish is not None
+    assert sorted(map(len, timed)) == [1, 1, 2, 2]       # each point once as a probe, once in full
+    lines = conv.tuning_report(g, td.f32)
+    assert lines[0].startswith("conv_simt_matmul") and "2 timed of 2" in lines[0] and len(lines) == 3
+    assert "#1" in lines[1] and f"'warps': {list(split_point.warps)}" in lines[1] and "#2" in lines[2]
+    y = ops.conv2d(td.to_device(x), w, padding=1).numpy()
+    np.testing.assert_allclose(y, reference(x, w, None, (1, 1), (1, 1, 1, 1), (1, 1), 1), rtol=1e-4, atol=1e-4)
+    conv._plan.cache_clear()
+
+
+@pytest.mark.gpu
+def test_f16_convolution_tuning_on_a_gpu(tmp_path, monkeypatch):
+    """On a GPU, a tensor-core convolution tuned for real over two points, one splitting K (timed as CUDA-graph
+    replays of its two kernels): both are timed, and the winner runs correctly."""
+    td.set_target("cuda")
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((1, 14, 14, 32)).astype(np.float16)
+    w = (rng.standard_normal((64, 32, 3, 3)) / 17).astype(np.float16)
+    g = conv.geometry(x.shape, w.shape, padding=1, layout="NHWC")
+    pair = tune_over_a_pair(monkeypatch, tmp_path, td.f16, g)
+    low = conv.plan(g, td.f16, "cuda", False, None).lowered
+    assert low.matmul.point in pair
+    assert "2 timed of 2 (0 failed)" in conv.tuning_report(g, td.f16)[0]
+    y = ops.conv2d(td.to_device(x), w, padding=1, layout="NHWC").numpy()
+    want = reference(x.transpose(0, 3, 1, 2), w, None, (1, 1), (1,) * 4, (1, 1), 1)
+    np.testing.assert_allclose(y.transpose(0, 3, 1, 2).astype(np.float64), want, rtol=2e-2, atol=2e-2)
+    conv._plan.cache_clear()
 
 
 def test_cpu_nchw_convolutions_multiply_explicit_columns_by_the_packed_weights():
