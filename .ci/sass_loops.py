@@ -59,7 +59,7 @@ def k_loop(source: str) -> dict:
 def matmuls() -> None:
     import taskdsl as td
     from stdlib_ops import matmul_tc as tc
-    for name, values in (("128x64 (default)", tc.DEFAULT), ("128x128 (large)", tc.LARGE)):
+    for name, values in (("16x64 (small)", tc.SMALL), ("128x64 (default)", tc.DEFAULT), ("128x128 (large)", tc.LARGE)):
         kernel = tc.tc_matmul_kernel(tc.space().point(**values), td.f16, td.f16)
         for m, k in ((4096, 4096), (2040, 2040), (3136, 64)):
             a, b, c = np.empty((1, m, k), np.float16), np.empty((1, k, m), np.float16), np.empty((1, m, m), np.float16)

@@ -201,8 +201,12 @@ def test_planner_picks_tensor_cores_for_16_bit_floats_on_gpus_only():
 
 
 def test_default_tile_grows_with_the_output():
-    """128x64 block tiles for small outputs (more blocks), 128x128 with 64x64 warp tiles from 2^22 elements."""
-    assert tc.tile_shape(tc.default_point()) == tc.tile_shape(tc.default_point(128, 768)) == (128, 64, 128)
+    """16x64 block tiles below 2^20 output elements (fewer 128x64 tiles than SMs), 128x64 up to 2^22 (and without
+    sizes), 128x128 with 64x64 warp tiles from there."""
+    assert tc.tile_shape(tc.default_point()) == tc.tile_shape(tc.default_point(1024, 1024)) == (128, 64, 128)
+    small = tc.default_point(128, 768)
+    assert tc.tile_shape(small) == (16, 64, 128) and (small.bk, small.stages) == (64, 4) and tc.check(small) is None
+    assert tc.tile_shape(tc.default_point(1023, 1024)) == (16, 64, 128)
     large = tc.default_point(2048, 2048)
     assert tc.tile_shape(large) == (128, 128, 128) and large.warp_tiles == (4, 8) and large.bk == 64
     assert gemm.TENSOR_CORE.default("cuda", 2, 4096, 4096) == large
