@@ -47,16 +47,22 @@ def time_cuda(fn, *, warmup: int = 3, repeat: int = 20, flush_l2: bool = True, m
     return statistics.median(samples)
 
 
+def captured(fn):
+    """The taskdsl launches `fn` makes, captured once into a CUDA graph (after a call that compiles and loads
+    them outside the capture): the graph's replay, a function of no arguments."""
+    from ..backend.cuda.graphs import CudaGraph
+    from ..backend.cuda.launch import recording
+    fn()
+    with recording() as record:
+        fn()
+    return CudaGraph(record.launches).replay
+
+
 def time_cuda_replayed(fn, **options) -> float:
     """Median GPU time of the taskdsl launches `fn` makes, captured once into a CUDA graph and timed as its
     replays (`time_cuda`'s options): the kernels' time without the host's launch cost, which for a
     microsecond kernel called with torch tensors is most of a call."""
-    from ..backend.cuda.graphs import CudaGraph
-    from ..backend.cuda.launch import recording
-    fn()                            # compiles and loads outside the capture
-    with recording() as record:
-        fn()
-    return time_cuda(CudaGraph(record.launches).replay, **options)
+    return time_cuda(captured(fn), **options)
 
 
 def time_torch_replayed(fn, **options) -> float:
@@ -74,4 +80,4 @@ def time_torch_replayed(fn, **options) -> float:
     return time_cuda(graph.replay, **options)
 
 
-__all__ = ["time_cuda", "time_cuda_replayed", "time_torch_replayed", "FLUSH_BYTES"]
+__all__ = ["time_cuda", "captured", "time_cuda_replayed", "time_torch_replayed", "FLUSH_BYTES"]

@@ -96,9 +96,16 @@ SLOW_CUT = 2.0   # a candidate whose first timed run takes this many times the b
 def _timer(target: str):
     """(probe, full): one timed run after a warm-up, and the median of several (`fn` already warmed up)."""
     if target == "cuda":    # as CUDA-graph replays, as compiled graphs run: the host's launch gaps between the kernels
-        from ..bench.cuda_timing import time_cuda_replayed      # of a call (split-k's sum) would rank them otherwise
-        return (lambda fn: time_cuda_replayed(fn, warmup=1, repeat=1),
-                lambda fn: time_cuda_replayed(fn, warmup=1, repeat=10))
+        from ..bench.cuda_timing import captured, time_cuda      # of a call (split-k's sum) would rank them otherwise
+        last: dict = {}
+
+        def replay(fn):     # the probe and the full timing of a candidate replay one capture of it
+            if last.get("fn") is not fn:
+                last.clear()            # the previous candidate's graph (and the buffers it holds) goes
+                last.update(fn=fn, replay=captured(fn))
+            return last["replay"]
+        return (lambda fn: time_cuda(replay(fn), warmup=1, repeat=1),
+                lambda fn: time_cuda(replay(fn), warmup=1, repeat=10))
     from ..bench.timing import time_cpu
     return lambda fn: time_cpu(fn, warmup=1, repeat=1), lambda fn: time_cpu(fn, warmup=0, repeat=3)
 

@@ -270,6 +270,32 @@ def test_cuda_tuning_times_kernels_on_device_arrays(simulated_gpu, tmp_path, mon
     np.testing.assert_array_equal(seen[0][0].numpy(), a)
 
 
+def test_cuda_candidates_are_timed_as_replays_of_one_capture(simulated_gpu, monkeypatch):
+    """The cuda timer replays a CUDA graph of the candidate's launches, as compiled graphs run them (a split
+    point's two kernels with no host gap between them), and its probe and full timing share one capture."""
+    from taskdsl.bench import cuda_timing
+    replayed = []
+    monkeypatch.setattr(cuda_timing, "time_cuda", lambda fn, **options: (replayed.append(options["repeat"]), fn(),
+                                                                         1.0)[-1])
+    a = td.to_device(np.arange(6, dtype=np.float32).reshape(1, 2, 3))
+    b = td.to_device(np.ones((1, 3, 2), np.float32))
+    c = td.to_device(np.zeros((1, 2, 2), np.float32))
+    plan = gemm.MatmulPlan(simt.space_for("cuda").points()[0], td.f32, (1,), (1,), (1,), 2, 2, 3, 3, gemm.SIMT)
+    candidate = gemm.SplitRun(plan, plan.kernel())
+    probe, full = tuner._timer("cuda")
+    calls = []
+    run = lambda: (calls.append(1), candidate(a, b, c))
+    assert probe(run) == full(run) == 1.0
+    assert len(calls) == 2 and replayed == [1, 10]      # one capture: a call that compiles, then a recorded one
+    assert simulated_gpu.replays == 2
+    np.testing.assert_allclose(c.numpy()[0], np.arange(6).reshape(2, 3) @ np.ones((3, 2)))
+    c.zero()
+    other = td.to_device(np.zeros((1, 2, 2), np.float32))
+    probe(lambda: candidate(a, b, other))               # the next candidate is captured anew: the old graph,
+    np.testing.assert_allclose(c.numpy(), 0)            # which writes c, is not replayed
+    np.testing.assert_allclose(other.numpy()[0], np.arange(6).reshape(2, 3) @ np.ones((3, 2)))
+
+
 def test_tuner_skips_failing_candidates(tmp_path, monkeypatch):
     monkeypatch.setenv("TASKDSL_CACHE_DIR", str(tmp_path))
     space = Space("toy", {"ok": (False, True)})
