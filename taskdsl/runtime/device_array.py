@@ -11,13 +11,14 @@ or DLPack) for argument binding; for a `__cuda_array_interface__` object it is p
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..backend.cuda.launch import (DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED, copy_on_device, copy_to_device,
                                    copy_to_host, device_state, fill_zero, is_c_contiguous, recording_active)
-from ..ir.types import is_number_dtype
+from ..ir.types import DataType, is_number_dtype
 
 ACCEPTED = ("numpy arrays (copied to the GPU and back) or arrays in GPU memory: td.DeviceArray (td.to_device), "
             "torch / cupy CUDA tensors, any DLPack or __cuda_array_interface__ CUDA array")
@@ -99,6 +100,11 @@ class DeviceArray:
     def __deepcopy__(self, memo) -> "DeviceArray":
         return self.copy()
 
+    def __reduce__(self):
+        """Pickle the contents (copied to the host), unpickled into new GPU memory, as torch pickles CUDA tensors:
+        the buffer's address would be meaningless in another process, and aliased in this one."""
+        return to_device, (self.numpy(),)
+
     # ------------------------------------------------------------------ copies
     def numpy(self) -> np.ndarray:
         """A host copy (waits for the kernels and copies queued before it)."""
@@ -112,13 +118,20 @@ class DeviceArray:
         return out
 
     def copy_from_host(self, array) -> None:
-        """Overwrite the contents with a numpy array of the same shape and dtype."""
-        array = _c_order(array)
-        if array.shape != self._shape or array.dtype != self._dtype:
+        """Overwrite the contents with a numpy array of the same shape and dtype (Python numbers and lists are
+        converted to the dtype where numpy casts them safely: floats to any float, ints to any int)."""
+        if isinstance(array, DeviceArray):
+            self.copy_from(array)
+            return
+        host = _c_order(array)
+        # numbers and lists have no dtype of their own (numpy makes Python floats float64): cast those
+        if not hasattr(array, "dtype") and np.can_cast(host.dtype, self._dtype, "same_kind"):
+            host = host.astype(self._dtype)
+        if host.shape != self._shape or host.dtype != self._dtype:
             raise ValueError(f"copy_from_host needs shape {self._shape} and dtype {self._dtype}, "
-                             f"got {array.shape} {array.dtype}")
+                             f"got {host.shape} {host.dtype}")
         _count_memory_op()
-        copy_to_device(self.ptr, array, device_state("DeviceArray.copy_from_host()").stream)
+        copy_to_device(self.ptr, host, device_state("DeviceArray.copy_from_host()").stream)
 
     def copy_from(self, array) -> None:
         """Overwrite the contents with a numpy array or a DeviceArray of the same shape and dtype."""
@@ -140,14 +153,16 @@ class DeviceArray:
     def reshape(self, *shape) -> "DeviceArray":
         """A view with another shape of the same elements (one dim may be -1), sharing the memory."""
         shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-        if not all(isinstance(n, (int, np.integer)) and n >= -1 for n in shape):
+        if not all(isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= -1 for n in shape):
             raise ValueError(f"DeviceArray.reshape takes non-negative ints (and one -1), got {shape}")
-        shape = tuple(int(n) for n in shape)
-        known = math.prod(n for n in shape if n != -1)
-        if shape.count(-1) == 1 and known:
-            shape = tuple(self.size // known if n == -1 else n for n in shape)
+        requested = tuple(int(n) for n in shape)
+        known = math.prod(n for n in requested if n != -1)
+        shape = requested
+        if requested.count(-1) == 1 and known:
+            shape = tuple(self.size // known if n == -1 else n for n in requested)
         if shape.count(-1) or math.prod(shape) != self.size:
-            raise ValueError(f"cannot reshape a DeviceArray of shape {self._shape} into {shape}")
+            raise ValueError(f"cannot reshape a DeviceArray of shape {self._shape} ({self.size} elements) into "
+                             f"{requested}")
         return DeviceArray(self._buffer, shape, self._dtype, self._device_id, self._stream_handle)
 
     def __array__(self, dtype=None, copy=None):
@@ -194,25 +209,39 @@ class DeviceArray:
 def _c_order(array) -> np.ndarray:
     """`array` as a C-contiguous numpy array of numbers in native byte order, 0-d staying 0-d
     (np.ascontiguousarray makes it 1-d); TypeError for anything else (objects, strings, None)."""
-    array = np.asarray(array)
-    if not is_number_dtype(array.dtype):
+    host = np.asarray(array)
+    if not is_number_dtype(host.dtype):
         raise TypeError(f"device arrays hold numbers (bool, int, float); got {type(array).__name__} of dtype "
-                        f"{array.dtype}")
-    if not array.dtype.isnative:
-        array = array.astype(array.dtype.newbyteorder("="))
-    return array if array.flags.c_contiguous else np.ascontiguousarray(array)
+                        f"{host.dtype}")
+    if not host.dtype.isnative:
+        host = host.astype(host.dtype.newbyteorder("="))
+    return host if host.flags.c_contiguous else np.ascontiguousarray(host)
 
 
 def empty(shape, dtype) -> DeviceArray:
     """An uninitialized DeviceArray (`dtype`: a numpy dtype or a taskdsl type such as td.f32)."""
-    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
-    if any(int(n) < 0 for n in shape):
+    try:        # as numpy: 2.5 or "3" is no dim
+        shape = tuple(operator.index(n) for n in ((shape,) if isinstance(shape, (int, np.integer)) else shape))
+    except TypeError:
+        raise TypeError(f"array dims must be ints, got {shape}") from None
+    if any(n < 0 for n in shape):
         raise ValueError(f"array dims must be non-negative, got {shape}")
-    dtype = dtype.numpy if hasattr(dtype, "numpy") and not isinstance(dtype, np.dtype) else np.dtype(dtype)
+    dtype = _numpy_dtype(dtype)
+    if not is_number_dtype(dtype):      # GPU memory holds no Python objects (numpy() would read pointers)
+        raise TypeError(f"device arrays hold numbers (bool, int, float), not {dtype}")
     state = device_state("td.DeviceArray")
-    nbytes = math.prod(int(n) for n in shape) * dtype.itemsize
+    nbytes = math.prod(shape) * dtype.itemsize
     buffer = state.device.allocate(max(nbytes, 1), stream=state.stream)
     return DeviceArray(buffer, shape, dtype, state.device_id, state.stream_handle)
+
+
+def _numpy_dtype(dtype) -> np.dtype:
+    """The numpy dtype of a taskdsl DataType (bf16 as ml_dtypes' bfloat16, not its uint16 bits) or of anything
+    np.dtype takes."""
+    if isinstance(dtype, DataType) and dtype.name == "bf16":
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)
+    return dtype.numpy if isinstance(dtype, DataType) else np.dtype(dtype)
 
 
 def carve(arena: DeviceArray, offset: int, shape, dtype) -> DeviceArray:
@@ -240,7 +269,7 @@ def to_device(array) -> DeviceArray:
     DeviceArray is returned as it is (`.copy()` copies one)."""
     if isinstance(array, DeviceArray):
         return array
-    if not isinstance(array, np.ndarray) and _cuda_array_interface(array) is not None:
+    if not isinstance(array, np.ndarray) and _in_gpu_memory(array):
         raise TypeError(f"td.to_device takes host arrays; this {type(array).__name__} is already in GPU memory, "
                         "and kernels take it as it is")
     device_state("td.to_device")     # RuntimeError naming the reason when there is no GPU
@@ -248,6 +277,15 @@ def to_device(array) -> DeviceArray:
     out = empty(host.shape, host.dtype)
     out.copy_from_host(host)     # pageable host memory: the data is staged before this returns
     return out
+
+
+def _in_gpu_memory(obj) -> bool:
+    """Whether `obj` is another library's array in GPU memory (`__cuda_array_interface__` or a DLPack device
+    other than the host's)."""
+    if _cuda_array_interface(obj) is not None:
+        return True
+    device = getattr(obj, "__dlpack_device__", None)
+    return callable(device) and int(device()[0]) != DL_CPU
 
 
 # ---------------------------------------------------------------------------------------- binding

@@ -218,7 +218,8 @@ class Kernel:
         else:
             raise TypeError(f"kernel '{self.name}': argument '{pname}' must be a numpy array, got {type(arg).__name__}")
         if dtype != spec.dtype.numpy:
-            raise TypeError(f"kernel '{self.name}': argument '{pname}' must have dtype {spec.dtype.numpy} "
+            wanted = "bfloat16" if spec.dtype.name == "bf16" else spec.dtype.numpy    # not its uint16 bits
+            raise TypeError(f"kernel '{self.name}': argument '{pname}' must have dtype {wanted} "
                             f"({spec.dtype.name}), got {dtype}; convert it with "
                             + (_host_conversion(spec.dtype) if info is None else
                                "stdlib_ops.cast (td.DeviceArray), .astype() (cupy) or .to(torch.<dtype>) (torch)"))

@@ -117,7 +117,9 @@ class PreparedLaunch:
     def __init__(self, run, src: CpuSource, values: list, sizes: list, grid: tuple, written: dict, kernel: str):
         self.run, self.src = run, src
         self.written, self.kernel = written, kernel      # the arrays the kernel stores to (index -> name)
-        self.values = list(values)       # the binding's values: its scalars are reused as they are
+        # the binding's scalars, reused as they are; not its arrays, which each call replaces (kept, they would
+        # stay alive as long as the kernel's launch cache)
+        self.values = [None if isinstance(v, np.ndarray) else v for v in values]
         self.sizes, self.grid = list(sizes), grid
         self.tail = (*sizes, *grid)
         self.blocks = grid[0] * grid[1] * grid[2]
