@@ -12,6 +12,8 @@ pools took 23 ms.
 
 Under `td.fast_compile` (tests, prototyping) the pass leaves the graph alone: each pooling
 shape would compile a kernel of its own, where one generic pooling kernel serves them all.
+16-bit float pools stay pools: they sum in f32 (`stat_dtype`), where the convolution's sum is
+16-bit (2000s averaged over a 7x7 window overflowed f16 to inf).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import numpy as np
 from ...runtime.config import fast_compile_enabled
 from ..graph import Graph
 from ..ops import Conv, Pool, mul
+from ..ops.norm import stat_dtype
 from ..tensor import constant
 
 
@@ -51,13 +54,15 @@ def _rewritten(op: Pool, x):
 
 
 def avg_pool_as_conv(graph: Graph) -> Graph:
-    """The graph with each 2-D float average pooling rewritten (see the module docstring)."""
+    """The graph with each 2-D f32 / f64 average pooling rewritten (see the module docstring)."""
     if fast_compile_enabled():
         return graph
 
     def rewritten(op, inputs):
-        if isinstance(op, Pool) and op.attrs["mode"] == "avg" and inputs[0].ndim == 4 and inputs[0].dtype.is_float:
-            y = _rewritten(op, inputs[0])
+        x = inputs[0]
+        if isinstance(op, Pool) and op.attrs["mode"] == "avg" and x.ndim == 4 and x.dtype.is_float \
+                and stat_dtype(x.dtype) == x.dtype:
+            y = _rewritten(op, x)
             return None if y is None else [y]
         return None
 

@@ -2,13 +2,13 @@
 scale and shift, and the scale moves into the weights of a convolution before it.
 
     conv(x, W) -> batch_norm(mean, var, gamma, beta)   =>   conv(x, W * s) + (beta - mean * s)
-    s = gamma / sqrt(var + eps)                             (any other input: x * s + shift)
+    s = gamma / sqrt(var + eps)                             (any other f32 / f64 input: x * s + shift)
 
 Unfolded, every output element pays an rsqrt and four loads of statistics in the fused
 conv's epilogue (a third of a 1x1 ResNet conv's time on the cpu); folded, the epilogue is one
 add. The conv's weights are folded only when they are constant and the conv's output feeds
 nothing but this BatchNorm. Scale and shift are computed in float64, then stored in the
-tensor's dtype.
+tensor's dtype; a 16-bit BatchNorm folds only into conv weights, where they fit (`_folded`).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import numpy as np
 from ..graph import Graph
 from ..ops import add, mul
 from ..ops.linalg import Conv
-from ..ops.norm import BatchNorm
+from ..ops.norm import BatchNorm, stat_dtype
 from ..tensor import constant
 from .fold_constants import constant_value
 
@@ -49,15 +49,28 @@ def _foldable_conv(x, original, users: dict, outputs: set):
     return (conv, weight) if weight is not None else (None, None)
 
 
+def _fits(arrays: tuple, dtype) -> bool:
+    """Whether every value stays finite stored in `dtype`."""
+    with np.errstate(over="ignore"):
+        return all(np.isfinite(np.asarray(a).astype(dtype)).all() for a in arrays)
+
+
 def _folded(op: BatchNorm, x, scale: np.ndarray, shift: np.ndarray, users: dict, outputs: set):
-    """The tensor replacing BatchNorm `op`'s output, computed from `x` (its input in the new graph)."""
+    """The tensor replacing BatchNorm `op`'s output, computed from `x` (its input in the new graph), or None where
+    folding could overflow a 16-bit float that the BatchNorm, computing in f32, does not: such a BatchNorm folds
+    only into conv weights, and only where the scaled weights and the shift fit the type (f16, a mean of 2000, a
+    scale of 30: x * scale and -mean * scale are inf where (x - mean) * scale is not)."""
     channels = (x.shape[1],) + (1,) * (x.ndim - 2)
     conv, weight = _foldable_conv(x, op.inputs[0], users, outputs)
+    if conv is None and stat_dtype(x.dtype) != x.dtype:
+        return None
+    factor = scale.reshape(channels) if conv is None else weight * scale.reshape((-1,) + (1,) * (weight.ndim - 1))
+    if not _fits((factor, shift), x.numpy_dtype):
+        return None
     if conv is not None:
-        scaled = weight * scale.reshape((-1,) + (1,) * (weight.ndim - 1))
-        x = Conv([conv.inputs[0], constant(scaled, x.dtype)], conv.attrs).outputs[0]
+        x = Conv([conv.inputs[0], constant(factor, x.dtype)], conv.attrs).outputs[0]
     else:
-        x = mul(x, constant(scale.reshape(channels), x.dtype))
+        x = mul(x, constant(factor, x.dtype))
     return add(x, constant(shift.reshape(channels), x.dtype))
 
 
@@ -67,6 +80,7 @@ def fold_batch_norm(graph: Graph) -> Graph:
 
     def folded(op, inputs):
         found = _scale_shift(op) if isinstance(op, BatchNorm) else None
-        return None if found is None else [_folded(op, inputs[0], *found, users, outputs)]
+        y = None if found is None else _folded(op, inputs[0], *found, users, outputs)
+        return None if y is None else [y]
 
     return graph.transform(folded)

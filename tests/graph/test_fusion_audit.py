@@ -1,0 +1,78 @@
+"""Regression tests of the graph passes around fusion: small ONNX models whose passes once gave wrong numbers.
+
+Oracle: onnxruntime on the same model, or numpy in f32 where onnxruntime makes the same fold itself.
+"""
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import taskdsl as td
+import taskdsl.graph as tg
+
+from . import assert_close, make_model, rand, run_onnxruntime
+
+pytest.importorskip("onnxruntime")
+
+F16 = TensorProto.FLOAT16
+
+
+def _compiled(model):
+    """The model compiled as for a real run (td.fast_compile off: avg_pool_as_conv leaves graphs alone under it)."""
+    td.fast_compile(False)
+    try:
+        return tg.from_onnx(model).compile(target="cpu")
+    finally:
+        td.fast_compile(True)
+
+
+def _check(model, feeds: dict, rtol: float = 1e-4, atol: float = 1e-5):
+    """The compiled model's outputs against onnxruntime's; the compiled graph."""
+    compiled = _compiled(model)
+    for got, want in zip(compiled(feeds), run_onnxruntime(model, feeds)):
+        assert_close(got, want, rtol=rtol, atol=atol)
+    return compiled
+
+
+def test_f16_average_pool_sums_in_f32_and_does_not_overflow():
+    """A 7x7 f16 average of values near 2000 is near 2000: the pool sums in f32. As a depthwise f16 convolution by
+    ones (avg_pool_as_conv) the window's sum, 98000, overflowed f16 to inf before the division."""
+    model = make_model([helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[7, 7])],
+                       [("x", (1, 3, 9, 9), F16)], [("y", (1, 3, 3, 3), F16)])
+    x = rand((1, 3, 9, 9), low=1500, high=2500).astype(np.float16)
+    compiled = _check(model, {"x": x}, rtol=2e-3, atol=1e-3)
+    assert [op.kind for op in compiled.graph.nodes] == ["avg_pool"]
+
+
+def test_f16_batch_norm_is_not_folded_where_f16_overflows():
+    """(x - mean) * scale of an f16 BatchNorm is computed in f32. Folded into x * scale + shift, channel 0 (mean
+    1000, scale ~30000) had an infinite shift and gave NaN where the BatchNorm gives 0, and channel 1 (mean 2000,
+    scale 30, x 2200) an infinite x * scale where it gives 6000."""
+    f16 = np.float16
+    model = make_model([helper.make_node("Relu", ["x"], ["r"]),
+                        helper.make_node("BatchNormalization", ["r", "g", "b", "mean", "var"], ["y"], epsilon=1e-9)],
+                       [("x", (1, 4, 3, 5), F16)], [("y", (1, 4, 3, 5), F16)],
+                       {"g": np.ones(4, f16), "b": np.zeros(4, f16), "mean": np.array([1000, 2000, 0, 0], f16),
+                        "var": np.array([1e-7, 1 / 900, 1, 1], f16)})
+    x = rand((1, 4, 3, 5)).astype(f16)
+    x[:, 0], x[:, 1] = 1000, 2200
+    compiled = _check(model, {"x": x}, rtol=5e-3, atol=1e-3)
+    assert "batch_norm" in [op.kind for op in compiled.graph.nodes]
+
+
+def test_f16_batch_norm_is_not_folded_into_conv_weights_that_overflow():
+    """Conv weights of 20 times a BatchNorm scale of 4000 (a variance of 6e-8) overflow f16: the BatchNorm stays
+    in the conv's epilogue and scales its small outputs. Oracle: numpy in f32 (onnxruntime folds into inf
+    weights itself)."""
+    f16 = np.float16
+    w, var = np.full((2, 3, 3, 3), 20, f16), np.full(2, 6e-8, f16)
+    model = make_model([helper.make_node("Conv", ["x", "w"], ["c"]),
+                        helper.make_node("BatchNormalization", ["c", "g", "b", "mean", "var"], ["y"], epsilon=0.0)],
+                       [("x", (1, 3, 5, 5), F16)], [("y", (1, 2, 3, 3), F16)],
+                       {"w": w, "g": np.ones(2, f16), "b": np.zeros(2, f16), "mean": np.zeros(2, f16), "var": var})
+    x = (rand((1, 3, 5, 5)) * 1e-4).astype(f16)
+    compiled = _compiled(model)
+    windows = np.lib.stride_tricks.sliding_window_view(x.astype(np.float32), (3, 3), axis=(2, 3))
+    conv = np.einsum("nchwij,ocij->nohw", windows, w.astype(np.float32)).astype(f16).astype(np.float32)
+    want = (conv / np.sqrt(var.astype(np.float32))[:, None, None]).astype(f16)
+    assert_close(compiled({"x": x})[0], want, rtol=5e-3, atol=1e-3)
+    assert [[m.kind for m in op.epilogue] for op in compiled.graph.nodes] == [["batch_norm"]]
