@@ -25,7 +25,7 @@ import taskdsl as td
 from taskdsl import blockIdx, ir
 from taskdsl.runtime.arrays import as_array, contiguous, empty_like_operands, note_host_work, on_host, placed_like
 from taskdsl.runtime.config import fast_compile_enabled
-from taskdsl.schedule.tuner import report, tune
+from taskdsl.schedule.tuner import report, tune, tuning_enabled
 
 from . import gemm as mm
 from .elementwise import int_tuple
@@ -686,22 +686,24 @@ def tuned_point(g: ConvGeometry, dtype, target: str):
     """The GEMM schedule of convolution `g` on a GPU: tuned (cached on disk, per geometry) by timing the
     convolution's own kernels at each point, as `run` launches them: the implicit im2col's loads and a split
     point's sum included, which a plain GEMM of the same sizes would leave out of the ranking (the 7x7 stem's
-    loads cost more than its multiplies). None (the default) elsewhere, or when tuning is off."""
-    if target != "cuda":
+    element loads, say). None (the default) elsewhere, or when tuning is off."""
+    if target != "cuda" or not tuning_enabled():
         return None
     template, op, default = _tuning(g, dtype, target)
     x = _x_placeholder(g, dtype)
     weight = pack_weight(g, mm.random_operand((g.oc, g.c // g.groups, g.kh, g.kw), dtype))
     args = (mm.random_operand(_x_shape(g), dtype), weight, np.empty(g.out_shape, dtype.numpy))
-    return tune(template.space(target, dtype.bits // 8), lambda p: ConvRun(_lower_gemm(g, dtype, target, x, no_epilogue, p)),
-                args, op=op, shapes=(g,), dtypes=(dtype.name,), default=default, target=target)
+    candidate = lambda p: ConvRun(_lower_gemm(g, dtype, target, x, no_epilogue, p))
+    return tune(template.space(target, dtype.bits // 8), candidate, args, op=op, shapes=(g,), dtypes=(dtype.name,),
+                default=default, target=target)
 
 
 def _tuning(g: ConvGeometry, dtype, target: str) -> tuple:
     """(template, tuning op name, default point) of convolution `g`'s GEMM schedule."""
     template = mm.template_for(dtype, target)
     groups, m, k, n = g.gemm
-    return template, f"conv_{template.name}", mm.plan((groups, m, k), (groups, k, n), dtype, target, do_tune=False).point
+    default = mm.plan((groups, m, k), (groups, k, n), dtype, target, do_tune=False).point
+    return template, f"conv_{template.name}", default
 
 
 def tuning_report(g: ConvGeometry, dtype, target: str = "cuda", top: int = 3) -> list:
