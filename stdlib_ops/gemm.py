@@ -293,7 +293,8 @@ def _plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune, point, fa
         if do_tune or (do_tune is None and target == "cuda"):
             proto = at(point)
             pads = proto.pads           # tuned as called: on padded operands where a call pads them
-            args = tuple(random_operand(s, dtype) for s in proto.operand_shapes(padded=pads)) + (proto.batch_index(1), 1)
+            operands = tuple(random_operand(s, dtype) for s in proto.operand_shapes(padded=pads))
+            args = operands + (proto.batch_index(1), 1)
             point = tune(template.space(target, itemsize), lambda p: _candidate(at(p, split_for(p)), pads), args,
                          op=template.name, shapes=(tuple(a_shape), tuple(b_shape)), dtypes=(dtype.name,),
                          default=point, target=target)
