@@ -26,10 +26,15 @@ def allow_deep_trees() -> None:
         sys.setrecursionlimit(DEEP_RECURSION)
 
 
+SCALAR_FIELDS = {"str", "int", "bool", "float", "DataType"}    # annotations of fields that never hold a node
+
+
 @functools.cache
 def field_names(cls) -> tuple:
-    """The fields of IR node class `cls` that may hold children (all but `loc`), looked up once per class."""
-    return tuple(f.name for f in dataclasses.fields(cls) if f.name != "loc")
+    """The fields of IR node class `cls` that may hold children, looked up once per class: all but `loc` and the
+    names, types and flags (a Var has none, a Binary two of four: the walkers visit every field they list)."""
+    return tuple(f.name for f in dataclasses.fields(cls)
+                 if f.name != "loc" and getattr(f.type, "__name__", f.type) not in SCALAR_FIELDS)
 
 
 class _Dispatch:
