@@ -192,6 +192,36 @@ def test_unsigned_values_widened_to_i64_stay_exact():
 
 
 @td.kernel(grid=1, block=64)
+def widened_i32(A: td.i32[64], Out: td.i64[3, 64]):
+    t = threadIdx.x
+    Out[0, t] = abs(td.i64(A[t]))       # 2**31 for -2**31: the absolute value taken in i64
+    Out[1, t] = -td.i64(A[t])
+    Out[2, t] = td.abs(td.i64(A[t])) - td.i64(A[t])
+
+
+def test_i32_values_widened_to_i64_do_not_wrap():
+    a = np.random.default_rng(6).integers(-2**31, 2**31, 64).astype(np.int32)
+    a[:3] = [-2**31, 2**31 - 1, -1]
+    out = np.zeros((3, 64), np.int64)
+    widened_i32(a, out)
+    wide = a.astype(np.int64)
+    np.testing.assert_array_equal(out, [np.abs(wide), -wide, np.abs(wide) - wide])
+
+
+@td.kernel(grid=1, block=64)
+def unsigned_select(C: td.u32[64], Out: td.u32[64]):
+    t = threadIdx.x
+    Out[t] = ~((C[t] >> 0) if t < 32 else td.u32(-3))     # a u32 value or a constant, then ~ of the u32
+
+
+def test_selects_between_unsigned_values_and_constants_stay_unsigned():
+    c = np.random.default_rng(7).integers(0, 2**32, 64).astype(np.uint32)
+    out = np.zeros(64, np.uint32)
+    unsigned_select(c, out)
+    np.testing.assert_array_equal(out, ~np.where(np.arange(64) < 32, c, np.uint32(2**32 - 3)))
+
+
+@td.kernel(grid=1, block=64)
 def narrow_integers(B: td.u8[64], C: td.i8[64], S: td.i16[64], Out: td.i64[7, 64]):
     t = threadIdx.x
     Out[0, t] = -B[t]               # C's integer promotion: computed in i32, so -255, not 1

@@ -450,8 +450,9 @@ class _PythonEmitter:
         if dtype.is_bool:
             return text if e.dtype.is_bool else f"({text} != 0)"
         if dtype.kind == "int" and dtype.bits >= e.dtype.bits >= 32 and e.dtype.kind == "int":
-            # numba computes signed 32- and 64-bit ints in int64 anyway; not narrower ones (which keep
-            # their type in - and ~), nor unsigned ones (u32 >> 2 is a uint64, and min(-1, uint64) a float)
+            # numba's binary arithmetic computes signed 32- and 64-bit ints in int64 anyway (its unary - and
+            # abs do not: `expr` widens their operand); not narrower ones (which keep their type in - and ~),
+            # nor unsigned ones (u32 >> 2 is a uint64, and min(-1, uint64) a float)
             return text
         return f"{np_type(dtype)}({text})"
 
@@ -493,11 +494,16 @@ class _PythonEmitter:
         if isinstance(e, ir.Unary):
             if e.op == "-" and e.dtype.name in ("f16", "bf16"):     # held as bit patterns: flip the sign bit
                 return f"({self.expr(e.a)} ^ np.uint16(0x8000))"
+            if e.op == "-" and e.dtype.name == "i64":     # numba negates an int32 in int32 (-(-2**31) wraps), and
+                return f"(-np.int64({self.expr(e.a)}))"    # `cast` leaves an i32 -> i64 widening to numba
             text = f"({'not ' if e.op == 'not' else e.op}{self.expr(e.a)})"
             # numba negates an unsigned value into int64: wrap it back, as C does
             return f"{np_type(e.dtype)}({text})" if e.dtype.kind == "uint" else text
         if isinstance(e, ir.Select):
-            return f"({self.cast(e.a, e.dtype)} if {self.expr(e.cond)} else {self.cast(e.b, e.dtype)})"
+            a, b = self.cast(e.a, e.dtype), self.cast(e.b, e.dtype)
+            if e.dtype.kind == "uint":      # numba unifies a uint64 branch with an int literal's int64 into float64
+                a, b = f"{np_type(e.dtype)}({a})", f"{np_type(e.dtype)}({b})"
+            return f"({a} if {self.expr(e.cond)} else {b})"
         if isinstance(e, ir.Cast):
             return self.cast(e.value, e.dtype)
         if isinstance(e, ir.Load):
@@ -505,6 +511,8 @@ class _PythonEmitter:
         if isinstance(e, ir.Atomic):
             return self.atomic(e)
         if isinstance(e, ir.Call):
+            if e.func == "abs" and e.dtype.is_integer:      # as `-` above: numba's abs keeps an int32's type
+                return f"abs({np_type(e.dtype)}({self.expr(e.args[0])}))"
             args = ", ".join(self.cast(a, e.dtype) if e.dtype.is_float else self.expr(a) for a in e.args)
             fn = _FLOAT_MATH.get(e.func, _MATH[e.func]) if e.dtype.is_float else _MATH[e.func]
             fn = _F32_MATH.get(e.func, fn) if e.dtype.name == "f32" else fn
