@@ -15,7 +15,8 @@ Dtypes: 16-bit floats are computed in f32 and stored back in the input dtype. Mi
 dtypes follows PyTorch rather than numpy: any float operand makes the result the widest
 float among the array operands (f16 with f32 gives f32, int32 with f32 gives f32), Python
 scalars adopt the array's dtype (a float scalar with an integer array gives f32; an int scalar with a
-bool array gives i64, as in numpy and PyTorch), and the
+bool array gives i64, as in numpy and PyTorch; a lone one, as in exp(2.0), is f32, where a lone
+numpy scalar keeps its dtype), and the
 float-only functions (div, pow, exp, log, sqrt, rsqrt, erf, tanh, sigmoid, silu, gelu) give
 f32 on integer inputs.
 
@@ -145,13 +146,18 @@ def _float_dtype(dtype: np.dtype) -> np.dtype:
     return dtype if T.is_float_dtype(dtype) else np.dtype(np.float32)
 
 
+def _own_dtype(v) -> np.dtype:
+    """The dtype a lone operand (of a unary function, clip) computes in: f32 for a Python number, its own for an
+    array or a numpy scalar (np.float64 subclasses float, yet is a float64 to numpy)."""
+    return np.dtype(np.float32) if _is_scalar(v) and not isinstance(v, np.generic) else as_array(v).dtype
+
+
 def _operand(v, dtype: np.dtype) -> np.ndarray:
     """A contiguous array for `v`; a Python scalar becomes a 0-d array of `dtype`."""
     if _is_scalar(v):
         return np.asarray(v, dtype=dtype)
     a = contiguous(v)
-    if not T.is_number_dtype(a.dtype):
-        raise TypeError(f"unsupported array dtype {a.dtype}")
+    tdtype(a.dtype)     # a TypeError that lists the supported dtypes for strings, objects, complex numbers, ...
     return a
 
 
@@ -271,7 +277,7 @@ def _binary_plan(name, a, b) -> Plan:
 
 
 def _unary_plan(name, x) -> Plan:
-    x = _operand(x, np.dtype(np.float32))
+    x = _operand(x, _own_dtype(x))
     fn, float_only = _UNARY[name]
     dtype = _float_dtype(x.dtype) if float_only else x.dtype
     if not float_only and dtype.kind == "b":
@@ -282,7 +288,7 @@ def _unary_plan(name, x) -> Plan:
 def _clip_plan(x, lo=None, hi=None) -> Plan:
     if lo is None and hi is None:
         raise ValueError("clip needs at least one of lo, hi")
-    x = _operand(x, np.dtype(np.float32))
+    x = _operand(x, _own_dtype(x))
     dtype = x.dtype
     values = [x] + [_operand(v, dtype) for v in (lo, hi) if v is not None]
     has = (lo is not None, hi is not None)
@@ -311,7 +317,7 @@ def _where_plan(cond, a, b) -> Plan:
 
 
 def _cast_plan(x, dtype) -> Plan:
-    x = _operand(x, np.dtype(np.float32))
+    x = _operand(x, as_array(x).dtype)   # a Python number exactly (through f32, 16777217.0 became 16777216)
     target = tdtype(dtype)    # a TypeError for numpy dtypes the DSL has no type for
 
     def body(v):

@@ -82,7 +82,8 @@ def _softmax_plan(log: bool, x, axis: int = -1) -> Plan:
 
 def _on_rows(x, axis: int) -> bool:
     """Whether the hand-written row kernels (stdlib_ops/rowwise.py) apply: last axis, a float type, non-empty."""
-    return x.ndim >= 1 and axis in (-1, x.ndim - 1) and rows_apply(x.dtype) and x.size > 0
+    # the axis is checked first: 1.0 == 1 would take the row kernels where 0.0 is a TypeError
+    return x.ndim >= 1 and normalize_axis(axis, x.ndim) == x.ndim - 1 and rows_apply(x.dtype) and x.size > 0
 
 
 def softmax(x, axis: int = -1):
@@ -169,6 +170,15 @@ def _norm_plan(rms: bool, x, weight, bias, eps: float, ndim: int | None) -> Plan
     return Plan(op, (x.reshape(_prod(x.shape) // d if d else 0, d), *params), reshaper(x.shape))
 
 
+def _rows_affine(x, weight, bias, ndim) -> bool:
+    """Whether a layer norm runs the row kernel: over the last axis of `x`, with a weight and a bias of its length
+    and dtype (anything else goes through `_norm_plan`, whose checks name a wrong shape or dtype)."""
+    if weight is None or bias is None or ndim not in (None, 1) or not _on_rows(x, -1):
+        return False
+    weight, bias = as_array(weight), as_array(bias)
+    return weight.shape == bias.shape == x.shape[-1:] and weight.dtype == x.dtype == bias.dtype
+
+
 def layer_norm(x, weight=None, bias=None, eps: float = 1e-5, ndim: int | None = None):
     """(x - mean) / sqrt(var + eps) * weight + bias over the last `ndim` axes (default: weight.ndim, else 1).
 
@@ -176,8 +186,7 @@ def layer_norm(x, weight=None, bias=None, eps: float = 1e-5, ndim: int | None = 
     biased one (divided by the count), as in PyTorch.
     """
     x = as_array(x)
-    if weight is not None and bias is not None and np.ndim(weight) == 1 and ndim in (None, 1) and \
-            _on_rows(x, -1) and as_array(weight).dtype == x.dtype == as_array(bias).dtype:
+    if _rows_affine(x, weight, bias, ndim):
         return layer_norm_rows(x, weight, bias, eps)   # one fused kernel per row
     return _norm_plan(False, x, weight, bias, eps, ndim).run()
 
@@ -215,6 +224,8 @@ def _batch_norm_plan(x, mean, var, weight=None, bias=None, eps: float = 1e-5) ->
     if x.ndim < 2 or not is_float_dtype(x.dtype):
         raise ValueError(f"batch_norm needs a float array of shape (N, C, ...), got {x.dtype} {x.shape}")
     c = x.shape[1]
+    if mean is None or var is None:
+        raise TypeError(f"batch_norm needs the running mean and var, arrays of shape ({c},)")
     params = [contiguous(p) for p in (mean, var, weight, bias) if p is not None]
     for p in params:
         if p.shape != (c,):

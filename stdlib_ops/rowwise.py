@@ -268,9 +268,14 @@ def layer_norm_kernel(dtype, schedule: str, cached: int = 0):
 
 
 def _rows(x: np.ndarray) -> np.ndarray:
+    """`x` as a contiguous (rows, last axis) array; a TypeError for anything but a float array (`ROW_DTYPES`)."""
+    x = contiguous(x)
     if x.ndim == 0:
         raise ValueError("row-wise ops need at least one axis")
-    return contiguous(x).reshape(-1, x.shape[-1]) if x.size else x.reshape(-1, max(x.shape[-1], 0))
+    if not applies(x.dtype):    # the kernels would compute in the integer type and return integers
+        raise TypeError(f"row-wise ops need a float array (float16, bfloat16, float32, float64), got {x.dtype}")
+    # the row count explicitly: -1 cannot be inferred beside a last axis of length 0
+    return x.reshape(int(np.prod(x.shape[:-1], dtype=np.int64)), x.shape[-1])
 
 
 def softmax_rows(x: np.ndarray, log: bool = False, schedule: str | None = None) -> np.ndarray:
@@ -279,15 +284,19 @@ def softmax_rows(x: np.ndarray, log: bool = False, schedule: str | None = None) 
     out = empty_like_operands(rows.shape, rows.dtype, rows)
     if rows.size:
         softmax_kernel_for(td.ir.types.from_numpy(rows.dtype), log, rows.shape[1], schedule)(rows, out)
-    return out.reshape(x.shape)
+    return out.reshape(np.shape(x))
 
 
 def layer_norm_rows(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float = 1e-5,
                     schedule: str | None = None) -> np.ndarray:
     """Layer norm of `x` over its last axis, scaled by `weight` and shifted by `bias`."""
     rows = _rows(x)
+    weight, bias = contiguous(weight, rows.dtype), contiguous(bias, rows.dtype)
+    if not weight.shape == bias.shape == rows.shape[1:]:
+        raise ValueError(f"layer_norm: weight and bias must have shape {rows.shape[1:]} (the last axis), "
+                         f"got {weight.shape} and {bias.shape}")
     out = empty_like_operands(rows.shape, rows.dtype, rows)
     if rows.size:
         kernel = layer_norm_kernel_for(td.ir.types.from_numpy(rows.dtype), rows.shape[1], schedule)
-        kernel(rows, contiguous(weight, rows.dtype), contiguous(bias, rows.dtype), out, eps)
-    return out.reshape(x.shape)
+        kernel(rows, weight, bias, out, eps)
+    return out.reshape(np.shape(x))

@@ -84,7 +84,8 @@ def _transpose_op(perm: tuple, dtype) -> td.Op:
 
 def _transpose_plan(x, axes=None) -> Plan:
     x = contiguous(x)
-    perm = tuple(reversed(range(x.ndim))) if axes is None else tuple(normalize_axis(a, x.ndim) for a in axes)
+    perm = tuple(reversed(range(x.ndim))) if axes is None else \
+        tuple(normalize_axis(a, x.ndim) for a in int_tuple(axes, "transpose: axes"))
     if sorted(perm) != list(range(x.ndim)):
         raise ValueError(f"axes {axes!r} are not a permutation of {x.ndim} axes")
     canon_shape, cperm = transpose_canon(x.shape, perm)
@@ -203,18 +204,15 @@ def _pad_op(ndim: int, dtype) -> td.Op:
 
 
 def _pad_widths(pad_width, ndim: int) -> list:
+    """One (before, after) pair per axis: `pad_width` broadcast to (ndim, 2), as numpy.pad takes it."""
     w = np.asarray(pad_width)
     if w.dtype.kind not in "iu" and w.size:
         raise TypeError(f"pad widths must be integers, got {pad_width!r}")
-    w = w.astype(np.int64)
-    if w.ndim == 0:
-        w = np.full((ndim, 2), int(w))
-    elif w.shape == (2,) or w.shape == (1, 2):
-        w = np.tile(w.reshape(1, 2), (ndim, 1))
-    elif w.shape == (1,):
-        w = np.full((ndim, 2), int(w[0]))
-    if w.shape != (ndim, 2):
-        raise ValueError(f"pad_width {pad_width!r} does not fit a {ndim}-d array")
+    try:
+        w = np.broadcast_to(w.astype(np.int64), (ndim, 2))
+    except ValueError:
+        raise ValueError(f"pad_width {pad_width!r} does not fit a {ndim}-d array: give an int, (before, after), "
+                         f"or one (before, after) pair per axis") from None
     if (w < 0).any():
         raise ValueError("pad widths must be non-negative")
     return [(int(b), int(a)) for b, a in w]
@@ -303,6 +301,8 @@ def _gather_op(dtype, idtype) -> td.Op:
 
 def _gather_plan(x, indices, axis: int = 0) -> Plan:
     x = contiguous(x)
+    if np.size(indices) == 0 and not hasattr(indices, "dtype"):
+        indices = np.zeros(np.shape(indices), np.int64)     # an empty list, as numpy.take takes it (not float64)
     indices = contiguous(indices)
     if indices.dtype.kind not in "iu":
         raise TypeError(f"gather indices must be integers, got {indices.dtype}")
@@ -344,7 +344,7 @@ def _expand_plan(x, shape) -> Plan:
 
 
 def expand(x, shape):
-    """numpy.broadir.convert(x, shape), materialized."""
+    """numpy.broadcast_to(x, shape), materialized."""
     return _expand_plan(x, shape).run()
 
 
