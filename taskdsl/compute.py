@@ -11,6 +11,7 @@ set of definitions: the oracle every schedule is tested against.
 """
 from __future__ import annotations
 
+import inspect
 import math
 import operator
 from dataclasses import dataclass, field
@@ -32,7 +33,9 @@ def size_var(name: str) -> ir.Var:
 
 
 def _dims(shape, what: str) -> tuple:
-    shape = (shape,) if isinstance(shape, (int, str)) else tuple(shape)
+    if not isinstance(shape, (int, str, tuple, list, np.integer)):
+        raise ValueError(f"{what}: the shape must be a tuple of non-negative ints or size-symbol names, got {shape!r}")
+    shape = (shape,) if isinstance(shape, (int, str, np.integer)) else tuple(shape)
     dims = []
     for d in shape:
         if isinstance(d, str):
@@ -87,10 +90,18 @@ class Tensor:
         """Whether each element is computed on its own (a compute, not a reduce or an input)."""
         return self.kind == "compute"
 
+    def __iter__(self):
+        # without this, Python iterates through __getitem__ with 0, 1, 2, ... forever (nothing bounds a symbolic axis)
+        raise TypeError(f"tensor '{self.name}' is not iterable; read elements as {self.name}[i, ...] in a definition, "
+                        "and pass tensors to td.op as lists")
+
     def __getitem__(self, index) -> ir.Load:
         index = index if isinstance(index, tuple) else (index,)
         if len(index) != self.ndim:
             raise IndexError(f"'{self.name}' has {self.ndim} dimension(s) but is indexed with {len(index)}")
+        if any(isinstance(i, slice) or i is Ellipsis for i in index):
+            raise TypeError(f"'{self.name}' is indexed with a slice; a definition reads one element at a time: give "
+                            f"the result the slice's shape and read {self.name}[start + i, ...]")
         exprs = tuple(ir.as_expr(i) for i in index)
         for e in exprs:
             if not (e.dtype.is_integer or e.dtype.is_bool):
@@ -105,19 +116,58 @@ class Tensor:
 _OWNER: dict = {}   # buffer uid -> the Tensor it belongs to
 
 
+def _name(name, what: str) -> str:
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"{what}: the name must be a non-empty string, got {name!r}")
+    return name
+
+
+def _dtype(dtype, what: str) -> T.DataType:
+    """A DataType from a DataType, its name ('f32') or a numpy dtype (np.float32, 'float32')."""
+    if isinstance(dtype, T.DataType):
+        return dtype
+    by_name = {t.name: t for t in T.ALL_DTYPES}
+    if isinstance(dtype, str) and dtype in by_name:
+        return by_name[dtype]
+    try:
+        return T.from_numpy(dtype)
+    except TypeError:
+        raise TypeError(f"{what}: dtype must be a taskdsl type ({', '.join(by_name)}: td.f32, ...) or a numpy "
+                        f"dtype, got {dtype!r}") from None
+
+
 def placeholder(name: str, dtype: T.DataType, shape) -> Tensor:
     """An input tensor of the given dtype and shape (ints or size-symbol names)."""
-    return Tensor(name, dtype, _dims(shape, f"placeholder {name!r}"))
+    what = f"placeholder {_name(name, 'placeholder')!r}"
+    return Tensor(name, _dtype(dtype, what), _dims(shape, what))
 
 
 def _axis_vars(prefix: str, dims: tuple) -> tuple:
     return tuple(ir.Var(f"{prefix}{k}", T.i32, kind="axis") for k in range(len(dims)))
 
 
+def _call(fcompute, axes: tuple, what: str, takes: str):
+    """`fcompute(*axes)`, after checking that it is a function of that many arguments."""
+    if not callable(fcompute):
+        raise TypeError(f"{what}: expected a function of {takes}, got {type(fcompute).__name__} {fcompute!r}")
+    try:
+        signature = inspect.signature(fcompute)
+    except (TypeError, ValueError):     # a builtin without a signature: call it as it is
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind(*axes)
+        except TypeError:
+            raise TypeError(f"{what}: the function must take {len(axes)} argument(s) ({takes}), but its "
+                            f"signature is {signature}") from None
+    with ir.elementwise_equality():
+        return fcompute(*axes)
+
+
 def _body(value, dtype, what: str) -> ir.Expr:
     if not isinstance(value, ir.Expr):
-        if isinstance(value, (bool, int, float)):
-            value = ir.const(value)
+        if isinstance(value, (bool, int, float, np.number, np.bool_)):
+            value = ir.as_expr(value)
         else:
             raise TypeError(f"{what}: the function must return an expression, got {type(value).__name__}")
     if dtype is not None and value.dtype != dtype:
@@ -132,25 +182,28 @@ def compute(name: str, shape, fcompute, dtype: T.DataType | None = None, gather_
     multiple of it, is `x[..., j:j + gather_runs]` of one placeholder `x` with `j` a multiple of it, or zeros,
     as one condition decides (an NHWC im2col's runs of channels): a fused asynchronous copy of such a run
     then stays one copy from `x`. An untrue promise gives wrong results."""
-    dims = _dims(shape, f"compute {name!r}")
+    what = f"compute {_name(name, 'compute')!r}"
+    if isinstance(gather_runs, bool) or not isinstance(gather_runs, (int, np.integer)) or gather_runs < 1:
+        raise ValueError(f"{what}: gather_runs must be a positive int, got {gather_runs!r}")
+    dims = _dims(shape, what)
     axes = _axis_vars("i", dims)
-    with ir.elementwise_equality():
-        value = fcompute(*axes)
-    body = _body(value, dtype, f"compute {name!r}")
+    value = _call(fcompute, axes, what, "one index per output axis")
+    body = _body(value, None if dtype is None else _dtype(dtype, what), what)
     return Tensor(name, body.dtype, dims, "compute", axes, body, gather_runs=gather_runs)
 
 
 def reduce(name: str, shape, reduce_shape, fcompute, op: str = "sum", dtype: T.DataType | None = None) -> Tensor:
     """A tensor whose element at `axes` combines `fcompute(*axes, *reduce_axes)` over `reduce_shape` with `op`."""
+    what = f"reduce {_name(name, 'reduce')!r}"
     if op not in REDUCE_OPS:
-        raise ValueError(f"reduce {name!r}: op must be one of {', '.join(REDUCE_OPS)}, got {op!r}")
-    dims = _dims(shape, f"reduce {name!r}")
-    rdims = _dims(reduce_shape, f"reduce {name!r}")
+        raise ValueError(f"{what}: op must be one of {', '.join(REDUCE_OPS)}, got {op!r}")
+    dims, rdims = _dims(shape, what), _dims(reduce_shape, what)
     axes, raxes = _axis_vars("i", dims), _axis_vars("r", rdims)
-    with ir.elementwise_equality():
-        value = fcompute(*axes, *raxes)
-    body = _body(value, None, f"reduce {name!r}")
-    if dtype is None:
+    value = _call(fcompute, axes + raxes, what, "the output indices, then the reduction indices")
+    body = _body(value, None, what)
+    if dtype is not None:
+        dtype = _dtype(dtype, what)
+    else:
         dtype = T.f32 if body.dtype.is_float and body.dtype.bits == 16 else body.dtype
         dtype = T.f32 if op == "mean" and not dtype.is_float else dtype
     return Tensor(name, dtype, dims, "reduce", axes, body, raxes, rdims, op)
@@ -326,6 +379,54 @@ def bind_sizes(placeholders: list, arrays: list) -> dict:
                 raise ValueError(f"size '{d.name}' is {sizes[d.name]} from an earlier input but {n} in "
                                  f"'{p.name}' (shape {a.shape})")
     return sizes
+
+
+class _FixedReads(ir.Visitor):
+    """Finds an unguarded read at an index no axis moves (X[i, 5], X[N]) outside its tensor: every element of the
+    definition makes that read, so every kernel reads out of bounds (outside a select's branches and the right side
+    of `and` / `or`, which may guard it)."""
+
+    def __init__(self, t: Tensor, evaluator: "_Evaluator"):
+        self.t, self.evaluator, self.guarded = t, evaluator, 0
+
+    def visit_Select(self, e: ir.Select):
+        self.visit(e.cond)
+        self._guarded(e.a, e.b)
+
+    def visit_Binary(self, e: ir.Binary):
+        if e.op not in ("and", "or"):
+            return self.generic_visit(e)
+        self.visit(e.a)
+        self._guarded(e.b)
+
+    def _guarded(self, *exprs):
+        self.guarded += 1
+        for x in exprs:
+            self.visit(x)
+        self.guarded -= 1
+
+    def visit_Load(self, e: ir.Load):
+        self.generic_visit(e)
+        if self.guarded:
+            return
+        for axis, (i, d) in enumerate(zip(e.indices, e.buffer.shape)):
+            if ir.collect(i, ir.Load) or any(v.kind != "size" for v in ir.collect(i, ir.Var)):
+                continue
+            value, n = int(self.evaluator.eval(i, {})), self.evaluator.dim(d)
+            if not 0 <= value < n:
+                at = ", ".join(ir.expr_str(x) for x in e.indices)
+                raise ValueError(f"{self.t.kind} {self.t.name!r} reads {e.buffer.name}[{at}]: index {value} on axis "
+                                 f"{axis} is outside [0, {n}) for every element (negative indices do not count from "
+                                 "the end); use an index inside the tensor, or guard the read with a condition")
+
+
+def check_fixed_reads(definitions: list, sizes: dict) -> None:
+    """ValueError for an unguarded read of a fixed index outside its tensor in any non-empty definition, which
+    every kernel of it would make out of bounds, silently."""
+    evaluator = _Evaluator({}, sizes)
+    for t in definitions:
+        if t.body is not None and 0 not in [evaluator.dim(d) for d in t.shape + t.reduce_shape]:
+            _FixedReads(t, evaluator).visit(t.body)
 
 
 def evaluate(inputs: list, outputs: list, arrays: list) -> list:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import ir
-from ..compute import Tensor, bind_sizes, evaluate, numpy_dtype, topological
+from ..compute import _OWNER, Tensor, bind_sizes, check_fixed_reads, evaluate, numpy_dtype, topological
 from ..backend.cpu.launch import num_threads
 from ..runtime.config import fast_compile_enabled, get_target
 from ..runtime.arrays import as_array, empty_like_operands
@@ -52,10 +52,15 @@ class Op:
 
     def __init__(self, inputs: list, outputs: list, name: str | None = None):
         ir.allow_deep_trees()       # definitions are scheduled and evaluated by recursive walks of their expressions
+        for what, tensors in (("inputs", inputs), ("outputs", outputs)):
+            if not isinstance(tensors, (list, tuple)):
+                raise TypeError(f"op {what} must be a list of tensors, got {tensors!r}; write td.op([A, B], [Y])")
         inputs, outputs = list(inputs), list(outputs)
         for t in inputs:
             if not isinstance(t, Tensor) or t.kind != "placeholder":
                 raise TypeError(f"op inputs must be td.placeholder tensors, got {t!r}")
+            if inputs.count(t) > 1:
+                raise ValueError(f"op inputs list placeholder '{t.name}' twice; each input is one array")
         for t in outputs:
             if not isinstance(t, Tensor):
                 raise TypeError(f"op outputs must be tensors, got {t!r}")
@@ -116,8 +121,10 @@ class Op:
         threads = CPU_THREAD_BLOCK if target == "cpu" else BLOCK
         kernel = schedule_injective(t, self.inlined, strategy) if t.kind == "compute" else \
             schedule_reduce(t, self.inlined, strategy, threads, compact)
-        params = kernel._frontend_ir(kernel.block_spec).params
-        return Step(kernel, tuple(p for p in params if isinstance(p, ir.Buffer)), tuple(params))
+        # the definitions' buffers, whose shapes the op's sizes give (a kernel may see a dim as a size of its own)
+        params = tuple(_OWNER[p.uid].buffer if isinstance(p, ir.Buffer) else p
+                       for p in kernel._frontend_ir(kernel.block_spec).params)
+        return Step(kernel, tuple(p for p in params if isinstance(p, ir.Buffer)), params)
 
     # ------------------------------------------------------------------ running
     def _arrays(self, arrays: tuple) -> tuple[dict, dict]:
@@ -132,6 +139,7 @@ class Op:
                                 f"({t.dtype.name}), got {a.dtype}; convert it with .astype()")
             converted.append(a)
         sizes = bind_sizes(self.inputs, converted)
+        check_fixed_reads(self.order, sizes)
         return {t.buffer.uid: a for t, a in zip(self.inputs, converted)}, sizes
 
     def __call__(self, *arrays) -> list:
@@ -159,9 +167,13 @@ class Op:
         for step in steps:
             step.kernel(*step.arguments(buffers, sizes))
         self._last = steps
-        inputs = {t.buffer.uid for t in self.inputs}     # an output that is an input is returned as a copy
-        return [buffers[t.buffer.uid].copy() if t.buffer.uid in inputs else buffers[t.buffer.uid]
-                for t in self.outputs]
+        taken = {t.buffer.uid for t in self.inputs}     # an output that is an input, or listed again, is a copy
+        results = []
+        for t in self.outputs:
+            array = buffers[t.buffer.uid]
+            results.append(array.copy() if t.buffer.uid in taken else array)
+            taken.add(t.buffer.uid)
+        return results
 
     def reference(self, *arrays) -> list:
         """The outputs computed by the numpy evaluation of the definitions (the test oracle)."""

@@ -15,6 +15,7 @@ the cpu target.
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 
@@ -79,13 +80,43 @@ def _function(name: str, out: Tensor, body: ir.Stmt, block=BLOCK) -> ir.Function
     for load in ir.collect(body, ir.Load):
         if load.buffer.scope == "global" and load.buffer.uid != out.buffer.uid:
             inputs.setdefault(load.buffer.uid, load.buffer)
-    params = tuple(inputs.values()) + (out.buffer,)
+    params, body = _bindable(tuple(inputs.values()) + (out.buffer,), body)
     sizes = {v.uid: v for b in params for d in b.shape for v in ir.collect(d, ir.Var) if v.kind == "size"}
     loose = {v.uid: v for v in ir.collect(body, ir.Var) if v.kind == "size" and v.uid not in sizes}
     scalars = {uid: ir.Var(v.name, v.dtype, kind="param") for uid, v in loose.items()}
     if scalars:
         body = ir.substitute(body, scalars)
     return ir.Function(name, params + tuple(scalars.values()), tuple(sizes.values()), body, (block, 1, 1))
+
+
+def _bindable(params: tuple, body: ir.Stmt) -> tuple[tuple, ir.Stmt]:
+    """`params` (and `body`, reading them) with each dim computed from a size that no parameter has as a dim of its
+    own (cdiv(N, 4) of an intermediate, when no parameter is N long) made a size symbol of its own: a launch binds
+    sizes from its arguments' shapes, so it could not know N there (N then comes as a scalar, if the body uses it)."""
+    whole = {d.uid for b in params for d in b.shape if isinstance(d, ir.Var)}
+    symbols: dict = {}      # the dim's text -> its symbol: equal dims of two parameters stay one size
+    renamed = {}
+    for b in params:
+        shape = list(b.shape)
+        for axis, d in enumerate(shape):
+            if not isinstance(d, ir.Const) and any(v.uid not in whole for v in ir.collect(d, ir.Var)):
+                text = ir.expr_str(d)
+                if text not in symbols:
+                    symbols[text] = ir.Var(f"{b.name}_dim{axis}_{len(symbols)}", T.i32, kind="size")
+                shape[axis] = symbols[text]
+        if any(a is not d for a, d in zip(shape, b.shape)):
+            renamed[b.uid] = dataclasses.replace(b, shape=tuple(shape))   # the same uid: the op passes the same array
+    if not renamed:
+        return params, body
+    return tuple(renamed.get(b.uid, b) for b in params), _Rebuffer(renamed).visit(body)
+
+
+class _Rebuffer(ir.Rewriter):
+    def __init__(self, buffers: dict):
+        self.buffers = buffers
+
+    def visit_buffer(self, buffer: ir.Buffer) -> ir.Buffer:
+        return self.buffers.get(buffer.uid, buffer)
 
 
 # ---------------------------------------------------------------- injective
