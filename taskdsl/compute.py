@@ -20,6 +20,7 @@ import numpy as np
 
 from . import ir
 from .ir import types as T
+from .ir.types import numpy_dtype
 
 REDUCE_OPS = ("sum", "max", "min", "prod", "mean")
 _SIZE_VARS: dict = {}
@@ -238,14 +239,6 @@ _NP_MATH = {"exp": np.exp, "exp2": np.exp2, "log": np.log, "log2": np.log2, "sqr
             "abs": np.abs, "floor": np.floor, "ceil": np.ceil, "max": np.maximum, "min": np.minimum,
             "pow": np.power, "fma": lambda a, b, c: a * b + c, "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x))}
 _NP_REDUCE = {"sum": np.sum, "max": np.max, "min": np.min, "prod": np.prod, "mean": np.mean}
-
-
-def numpy_dtype(dtype: T.DataType):
-    """The numpy dtype of the reference's arrays (bf16 as ml_dtypes.bfloat16)."""
-    if dtype.name == "bf16":
-        import ml_dtypes
-        return np.dtype(ml_dtypes.bfloat16)
-    return dtype.numpy
 
 
 def _rounded(value: np.ndarray, dtype: T.DataType) -> np.ndarray:

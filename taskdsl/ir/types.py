@@ -124,6 +124,14 @@ def is_number_dtype(dtype: np.dtype) -> bool:
     return dtype.kind in "biu" or is_float_dtype(dtype)
 
 
+def numpy_dtype(dtype: DataType) -> np.dtype:
+    """The numpy dtype of a type's values (bf16 as ml_dtypes' bfloat16, not the uint16 of its bits)."""
+    if dtype.name == "bf16":
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)
+    return dtype.numpy
+
+
 def from_numpy(dtype) -> DataType:
     """The DataType of a numpy dtype (ml_dtypes' bfloat16 is bf16; uint16 is u16, not bf16's bits); TypeError
     for dtypes the DSL has no type for."""

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..backend.cuda.launch import (DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED, copy_on_device, copy_to_device,
                                    copy_to_host, device_state, fill_zero, is_c_contiguous, recording_active)
-from ..ir.types import DataType, is_number_dtype
+from ..ir.types import DataType, is_number_dtype, numpy_dtype
 
 ACCEPTED = ("numpy arrays (copied to the GPU and back) or arrays in GPU memory: td.DeviceArray (td.to_device), "
             "torch / cupy CUDA tensors, any DLPack or __cuda_array_interface__ CUDA array")
@@ -226,22 +226,13 @@ def empty(shape, dtype) -> DeviceArray:
         raise TypeError(f"array dims must be ints, got {shape}") from None
     if any(n < 0 for n in shape):
         raise ValueError(f"array dims must be non-negative, got {shape}")
-    dtype = _numpy_dtype(dtype)
+    dtype = numpy_dtype(dtype) if isinstance(dtype, DataType) else np.dtype(dtype)    # bf16 as bfloat16
     if not is_number_dtype(dtype):      # GPU memory holds no Python objects (numpy() would read pointers)
         raise TypeError(f"device arrays hold numbers (bool, int, float), not {dtype}")
     state = device_state("td.DeviceArray")
     nbytes = math.prod(shape) * dtype.itemsize
     buffer = state.device.allocate(max(nbytes, 1), stream=state.stream)
     return DeviceArray(buffer, shape, dtype, state.device_id, state.stream_handle)
-
-
-def _numpy_dtype(dtype) -> np.dtype:
-    """The numpy dtype of a taskdsl DataType (bf16 as ml_dtypes' bfloat16, not its uint16 bits) or of anything
-    np.dtype takes."""
-    if isinstance(dtype, DataType) and dtype.name == "bf16":
-        import ml_dtypes
-        return np.dtype(ml_dtypes.bfloat16)
-    return dtype.numpy if isinstance(dtype, DataType) else np.dtype(dtype)
 
 
 def carve(arena: DeviceArray, offset: int, shape, dtype) -> DeviceArray:
