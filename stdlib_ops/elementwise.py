@@ -242,19 +242,28 @@ _BINARY = {
 _FLOAT_BINARY = ("div", "pow")
 
 
+_F32_LOWEST = float(np.finfo(np.float32).min)
+
+
+def _finite_below(x):
+    """x with -inf raised to f32's lowest value: x * Phi(x) and x * sigmoid(x) at -inf are then -inf * 0, NaN,
+    no more, but lowest * 0 = -0, their limit (a NaN stays one: td.max keeps it)."""
+    return td.max(x, _F32_LOWEST)
+
+
 def _gelu_erf(x):
-    return 0.5 * x * (1.0 + td.erf(x * _SQRT1_2))
+    return 0.5 * _finite_below(x) * (1.0 + td.erf(x * _SQRT1_2))
 
 
 def _gelu_tanh(x):
-    return 0.5 * x * (1.0 + td.tanh(_SQRT_2_PI * (x + 0.044715 * (x * x * x))))
+    return 0.5 * _finite_below(x) * (1.0 + td.tanh(_SQRT_2_PI * (x + 0.044715 * (x * x * x))))
 
 
 _UNARY = {
     "relu": (lambda x: td.max(x, 0), False),
     "gelu": (_gelu_erf, True),
     "gelu_tanh": (_gelu_tanh, True),
-    "silu": (lambda x: x * td.sigmoid(x), True),
+    "silu": (lambda x: _finite_below(x) * td.sigmoid(x), True),
     "sigmoid": (lambda x: td.sigmoid(x), True),
     "tanh": (lambda x: td.tanh(x), True),
     "exp": (lambda x: td.exp(x), True),

@@ -123,24 +123,10 @@ def _name(name, what: str) -> str:
     return name
 
 
-def _dtype(dtype, what: str) -> T.DataType:
-    """A DataType from a DataType, its name ('f32') or a numpy dtype (np.float32, 'float32')."""
-    if isinstance(dtype, T.DataType):
-        return dtype
-    by_name = {t.name: t for t in T.ALL_DTYPES}
-    if isinstance(dtype, str) and dtype in by_name:
-        return by_name[dtype]
-    try:
-        return T.from_numpy(dtype)
-    except TypeError:
-        raise TypeError(f"{what}: dtype must be a taskdsl type ({', '.join(by_name)}: td.f32, ...) or a numpy "
-                        f"dtype, got {dtype!r}") from None
-
-
 def placeholder(name: str, dtype: T.DataType, shape) -> Tensor:
     """An input tensor of the given dtype and shape (ints or size-symbol names)."""
     what = f"placeholder {_name(name, 'placeholder')!r}"
-    return Tensor(name, _dtype(dtype, what), _dims(shape, what))
+    return Tensor(name, T.as_dtype(dtype, what), _dims(shape, what))
 
 
 def _axis_vars(prefix: str, dims: tuple) -> tuple:
@@ -189,7 +175,7 @@ def compute(name: str, shape, fcompute, dtype: T.DataType | None = None, gather_
     dims = _dims(shape, what)
     axes = _axis_vars("i", dims)
     value = _call(fcompute, axes, what, "one index per output axis")
-    body = _body(value, None if dtype is None else _dtype(dtype, what), what)
+    body = _body(value, None if dtype is None else T.as_dtype(dtype, what), what)
     return Tensor(name, body.dtype, dims, "compute", axes, body, gather_runs=gather_runs)
 
 
@@ -203,10 +189,11 @@ def reduce(name: str, shape, reduce_shape, fcompute, op: str = "sum", dtype: T.D
     value = _call(fcompute, axes + raxes, what, "the output indices, then the reduction indices")
     body = _body(value, None, what)
     if dtype is not None:
-        dtype = _dtype(dtype, what)
+        dtype = T.as_dtype(dtype, what)
     else:
         dtype = T.f32 if body.dtype.is_float and body.dtype.bits == 16 else body.dtype
         dtype = T.f32 if op == "mean" and not dtype.is_float else dtype
+        dtype = T.i32 if op in ("sum", "prod") and dtype.is_bool else dtype    # a count, as C promotes bools
     return Tensor(name, dtype, dims, "reduce", axes, body, raxes, rdims, op)
 
 

@@ -573,3 +573,28 @@ def test_a_reduction_accumulates_in_the_wider_of_its_values_and_result_types():
     for s, w, m in (op(fv, iv), op.reference(fv, iv)):
         assert s.tolist() == [1] and w.tolist() == [int(iv.astype(np.int64).sum())]
         assert m.tolist() == [int((iv % 16).mean())]
+
+
+@pytest.mark.parametrize("op", ["sum", "prod", "mean", "max", "min"])
+@given(n=st.integers(1, 40), seed=st.integers(0, 2**31 - 1))
+@settings(max_examples=5, deadline=None)
+def test_reductions_of_bools_count(op, n, seed):
+    """A sum of bools counts the true ones (i32), as numpy counts them; it was a bool, an 'any'."""
+    A = td.placeholder("A", "bool", ("N",))
+    S = td.reduce("S", (1,), ("N",), lambda i, k: A[k], op=op)
+    a = np.random.default_rng(seed).random(n) < 0.5
+    s, = td.op([A], [S])(a)
+    expected = getattr(np, op)(a)
+    assert s.dtype == {"sum": np.int32, "prod": np.int32, "mean": np.float32}.get(op, np.bool_)
+    np.testing.assert_allclose(s, [expected], rtol=1e-6)
+
+
+def test_type_names_mean_the_same_everywhere():
+    """'float' is C's 32-bit float in compute definitions as in the graph layer (compute read it as numpy's f64)."""
+    import taskdsl.graph as tg
+    for name, dtype in (("float", td.f32), ("half", td.f16), ("double", td.f64), ("f32", td.f32),
+                        ("int64", td.i64), (np.float64, td.f64), (np.dtype("uint8"), td.u8)):
+        assert td.placeholder("P", name, (2,)).dtype == dtype
+        assert tg.input("x", (2,), name).dtype == dtype
+    with pytest.raises(TypeError, match="placeholder 'P': unknown type name 'f31'"):
+        td.placeholder("P", "f31", (2,))

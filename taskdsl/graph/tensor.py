@@ -14,27 +14,8 @@ import numpy as np
 
 from ..compute import numpy_dtype
 from ..ir import types as T
+from ..ir.types import as_dtype
 from ..runtime.arrays import contiguous
-
-_NAMES = {"float16": T.f16, "half": T.f16, "bfloat16": T.bf16, "float32": T.f32, "float": T.f32, "float64": T.f64,
-          "double": T.f64, "int8": T.i8, "int16": T.i16, "int32": T.i32, "int64": T.i64, "uint8": T.u8, "uint16": T.u16,
-          "uint32": T.u32, "uint64": T.u64, "bool": T.boolean}
-
-
-def as_dtype(dtype) -> T.DataType:
-    """A taskdsl DataType from a DataType, a numpy dtype, or a name ('f32', 'float32', 'int64', ...)."""
-    if isinstance(dtype, T.DataType):
-        return dtype
-    if isinstance(dtype, str):
-        by_dsl_name = {t.name: t for t in T.ALL_DTYPES}
-        if dtype in by_dsl_name or dtype in _NAMES:
-            return by_dsl_name.get(dtype) or _NAMES[dtype]
-        raise TypeError(f"unknown dtype {dtype!r}; use one of {', '.join(sorted(_NAMES))}")
-    try:
-        return T.from_numpy(dtype)
-    except TypeError as e:
-        raise TypeError(f"unsupported dtype {dtype!r}: {e}") from None
-
 
 def as_shape(shape, what: str = "shape") -> tuple:
     """A shape as a tuple of non-negative Python ints (ValueError otherwise)."""

@@ -132,6 +132,30 @@ def numpy_dtype(dtype: DataType) -> np.dtype:
     return dtype.numpy
 
 
+# Names of types as C, ONNX and numpy spell them: "float" is C's and ONNX's 32-bit float (numpy's np.dtype("float")
+# is 64-bit, but a kernel language reads it as C does), "half" and "double" as in C.
+_TYPE_NAMES = {"float16": f16, "half": f16, "bfloat16": bf16, "float32": f32, "float": f32, "float64": f64,
+               "double": f64, "int8": i8, "int16": i16, "int32": i32, "int64": i64, "uint8": u8, "uint16": u16,
+               "uint32": u32, "uint64": u64, "bool": boolean}
+
+
+def as_dtype(dtype, what: str = "dtype") -> DataType:
+    """A DataType from a DataType, its name ('f32'), a C/numpy name ('float32', 'float', 'half') or a numpy dtype;
+    TypeError naming `what` otherwise."""
+    if isinstance(dtype, DataType):
+        return dtype
+    if isinstance(dtype, str):
+        by_name = {t.name: t for t in ALL_DTYPES} | _TYPE_NAMES
+        if dtype in by_name:
+            return by_name[dtype]
+        raise TypeError(f"{what}: unknown type name {dtype!r}; use a taskdsl type (td.f32, ...), one of "
+                        f"{', '.join(by_name)}, or a numpy dtype")
+    try:
+        return from_numpy(dtype)
+    except TypeError as e:
+        raise TypeError(f"{what}: {e}") from None
+
+
 def from_numpy(dtype) -> DataType:
     """The DataType of a numpy dtype (ml_dtypes' bfloat16 is bf16; uint16 is u16, not bf16's bits); TypeError
     for dtypes the DSL has no type for."""

@@ -236,3 +236,18 @@ def test_buffer_named_like_a_math_function_compiles():
     x = np.linspace(0, 1, 5)
     kernel = op.kernels_for(x)[0]
     kernel.compile(x, np.empty_like(x), target="cuda", arch="sm_90")
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_gelu_and_silu_at_infinities_take_their_limits(dtype):
+    """gelu(-inf) and silu(-inf) are -inf * 0 in their textbook forms, NaN: they are 0 (PyTorch's limits)."""
+    x = np.array([-np.inf, np.inf, np.nan, -60.0, -2.0, 0.0, 3.0], dtype)
+    finite = [float(v) for v in x[3:]]
+    phi = [0.5 * (1 + math.erf(v / math.sqrt(2))) for v in finite]
+    tanh_phi = [0.5 * (1 + math.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3))) for v in finite]
+    sig = [1 / (1 + math.exp(-v)) for v in finite]
+    for got, cdf in ((E.gelu(x), phi), (E.gelu(x, approximate="tanh"), tanh_phi), (E.silu(x), sig)):
+        assert got.dtype == dtype
+        np.testing.assert_array_equal(got[:3], np.array([0.0, np.inf, np.nan], dtype))
+        np.testing.assert_allclose(got[3:].astype(np.float64), [v * c for v, c in zip(finite, cdf)],
+                                   rtol=2e-3 if dtype == np.float16 else 1e-5, atol=1e-6)
