@@ -598,3 +598,15 @@ def test_type_names_mean_the_same_everywhere():
         assert tg.input("x", (2,), name).dtype == dtype
     with pytest.raises(TypeError, match="placeholder 'P': unknown type name 'f31'"):
         td.placeholder("P", "f31", (2,))
+
+
+def test_reference_checks_inputs_as_the_kernels_do():
+    """op.reference took f64 data for an f32 input and computed on it; the op refuses it, so the oracle
+    and the kernels could disagree on what was computed."""
+    B = td.placeholder("B", td.f32, ("N",))
+    op = td.op([B], [td.compute("Y", ("N",), lambda i: B[i] * 2)])
+    for run in (op, op.reference):
+        with pytest.raises(TypeError, match=r"input 'B' must have dtype float32 \(f32\), got float64"):
+            run(np.arange(3.0))
+        with pytest.raises(TypeError, match=r"takes 1 arrays \(B\), got 2"):
+            run(np.zeros(3, np.float32), np.zeros(3, np.float32))

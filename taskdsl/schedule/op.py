@@ -127,7 +127,8 @@ class Op:
         return Step(kernel, tuple(p for p in params if isinstance(p, ir.Buffer)), params)
 
     # ------------------------------------------------------------------ running
-    def _arrays(self, arrays: tuple) -> tuple[dict, dict]:
+    def _checked(self, arrays: tuple) -> list:
+        """The input arrays, one per input, each of its input's dtype (TypeError otherwise)."""
         if len(arrays) != len(self.inputs):
             raise TypeError(f"op {self.name!r} takes {len(self.inputs)} arrays "
                             f"({', '.join(t.name for t in self.inputs)}), got {len(arrays)}")
@@ -138,6 +139,10 @@ class Op:
                 raise TypeError(f"op {self.name!r}: input '{t.name}' must have dtype {numpy_dtype(t.dtype)} "
                                 f"({t.dtype.name}), got {a.dtype}; convert it with .astype()")
             converted.append(a)
+        return converted
+
+    def _arrays(self, arrays: tuple) -> tuple[dict, dict]:
+        converted = self._checked(arrays)
         sizes = bind_sizes(self.inputs, converted)
         check_fixed_reads(self.order, sizes)
         return {t.buffer.uid: a for t, a in zip(self.inputs, converted)}, sizes
@@ -177,7 +182,7 @@ class Op:
 
     def reference(self, *arrays) -> list:
         """The outputs computed by the numpy evaluation of the definitions (the test oracle)."""
-        return evaluate(self.inputs, self.outputs, [np.asarray(a) for a in arrays])
+        return evaluate(self.inputs, self.outputs, [np.asarray(a) for a in self._checked(arrays)])
 
     @property
     def kernels(self) -> list:
