@@ -271,12 +271,14 @@ class CompiledGraph:
 
     def _handed_out(self, values: dict) -> list:
         """The graph's outputs among a run's `values` as a caller gets them: a constant's value, an output in the
-        caller's input memory (an input, or a view of one) and a repeated one as copies; the others as they are."""
+        caller's input memory (an input, or a view of one) and one in an earlier output's memory (a repeated
+        output, or a view of another) as copies; the others as they are."""
         results, seen = [], set()
         for t, a in zip(self.graph.outputs, self._output_values(values)):
-            if t.is_constant or self.memory.storage.get(id(t), t).is_input or id(t) in seen:
+            root = self.memory.storage.get(id(t), t)
+            if t.is_constant or root.is_input or id(root) in seen:
                 a = a.copy() if isinstance(a, DeviceArray) else np.array(a)
-            seen.add(id(t))
+            seen.add(id(root))
             results.append(a)
         return results
 

@@ -41,10 +41,11 @@ def _pools_last(op, last: dict) -> bool:
 
 
 def _follows(op, last: dict) -> bool:
-    """An elementwise operator with a 4-D output, or a concat of 4-D tensors, that reads a tensor already
-    channels-last."""
+    """An elementwise operator with a 4-D output, or a concat of 4-D tensors, that reads a 4-D tensor already
+    computed channels-last (not a constant or input padded and transposed for an earlier reader)."""
+    computed_last = any(t.ndim == 4 and t.producer is not None and id(t) in last for t in op.inputs)
     return (isinstance(op, (Elementwise, Concat)) and len(op.outputs) == 1 and op.outputs[0].ndim == 4
-            and all(t.ndim <= 4 for t in op.inputs) and any(id(t) in last for t in op.inputs))
+            and all(t.ndim <= 4 for t in op.inputs) and computed_last)
 
 
 class _Layouts:
@@ -57,14 +58,16 @@ class _Layouts:
     def as_first(self, t):
         """`t` in its original layout (a transpose back, made once, when it only exists channels-last)."""
         if id(t) not in self.first:
-            self.first[id(t)] = transpose(self.last[id(t)], TO_FIRST) if id(t) in self.last else t
+            # a graph input or constant is itself in every graph; its channels-last form may be padded to rank 4
+            computed = t.producer is not None and id(t) in self.last
+            self.first[id(t)] = transpose(self.last[id(t)], TO_FIRST) if computed else t
         return self.first[id(t)]
 
     def as_last(self, t):
         """`t` (rank <= 4, broadcast against a 4-D tensor) channels-last: rank-4 first, then transposed."""
         if id(t) not in self.last:
             if t.ndim == 0:
-                self.last[id(t)] = t           # a scalar broadcasts the same in every layout
+                self.last[id(t)] = self.as_first(t)    # a scalar broadcasts the same in every layout
             elif t.is_constant:
                 value = np.asarray(t.value).reshape((1,) * (4 - t.ndim) + t.shape)
                 self.last[id(t)] = constant(np.ascontiguousarray(value.transpose(TO_LAST)), t.dtype)

@@ -8,10 +8,13 @@ Unfolded, every output element pays an rsqrt and four loads of statistics in the
 conv's epilogue (a third of a 1x1 ResNet conv's time on the cpu); folded, the epilogue is one
 add. The conv's weights are folded only when they are constant and the conv's output feeds
 nothing but this BatchNorm. Scale and shift are computed in float64, then stored in the
-tensor's dtype; a 16-bit BatchNorm folds only into conv weights, where they fit (`_folded`).
+tensor's dtype; a 16-bit BatchNorm folds only into conv weights, where they fit. Either fold needs
+a shift within rounding of the type's largest value, so that the scaled product, which is the
+BatchNorm's output minus the shift, cannot overflow where that output does not (`_folded`).
 """
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from ..graph import Graph
@@ -55,14 +58,21 @@ def _fits(arrays: tuple, dtype) -> bool:
         return all(np.isfinite(np.asarray(a).astype(dtype)).all() for a in arrays)
 
 
+def _shift_within_rounding(shift: np.ndarray, dtype) -> bool:
+    """Whether every |shift| is at most two units in the last place of `dtype`'s largest value."""
+    info = ml_dtypes.finfo(dtype)
+    return float(np.max(np.abs(shift), initial=0.0)) <= float(info.max) * float(info.eps)
+
+
 def _folded(op: BatchNorm, x, scale: np.ndarray, shift: np.ndarray, users: dict, outputs: set):
     """The tensor replacing BatchNorm `op`'s output, computed from `x` (its input in the new graph), or None where
-    folding could overflow a 16-bit float that the BatchNorm, computing in f32, does not: such a BatchNorm folds
-    only into conv weights, and only where the scaled weights and the shift fit the type (f16, a mean of 2000, a
-    scale of 30: x * scale and -mean * scale are inf where (x - mean) * scale is not)."""
+    folding could overflow where the BatchNorm does not. The folded product (x * scale, or conv(x, W * scale)) is the
+    BatchNorm's output minus the shift, so the shift must be within rounding of the type's largest value (f16, a
+    mean of 6000, a scale of 10: conv(x, W * 10) is inf where (x - mean) * 10 = 10000 is not). A 16-bit BatchNorm,
+    which computes in f32, folds only into conv weights, and only where the scaled weights fit its type."""
     channels = (x.shape[1],) + (1,) * (x.ndim - 2)
     conv, weight = _foldable_conv(x, op.inputs[0], users, outputs)
-    if conv is None and stat_dtype(x.dtype) != x.dtype:
+    if (conv is None and stat_dtype(x.dtype) != x.dtype) or not _shift_within_rounding(shift, x.numpy_dtype):
         return None
     factor = scale.reshape(channels) if conv is None else weight * scale.reshape((-1,) + (1,) * (weight.ndim - 1))
     if not _fits((factor, shift), x.numpy_dtype):
