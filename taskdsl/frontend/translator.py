@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import builtins
 import difflib
+import functools
 import math
 import operator
 
@@ -27,9 +28,11 @@ _BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv
 _PY_BINOPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
               "//": operator.floordiv, "%": operator.mod, "&": operator.and_, "|": operator.or_,
               "^": operator.xor, "<<": operator.lshift, ">>": operator.rshift, "**": operator.pow}
-_CMPOPS = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!="}
+_CMPOPS = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!=",
+           ast.Is: "is", ast.IsNot: "is not", ast.In: "in", ast.NotIn: "not in"}
 _PY_CMPOPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq,
-              "!=": operator.ne}
+              "!=": operator.ne, "is": operator.is_, "is not": operator.is_not,
+              "in": lambda a, b: a in b, "not in": lambda a, b: a not in b}
 _ALLOWED_BUILTINS = {"range", "len", "min", "max", "abs", "int", "float", "bool", "tuple", "list", "zip",
                      "enumerate", "reversed", "print", "isinstance", "sum", "True", "False", "None"}
 _PY_TYPE_DTYPES = {int: T.i32, float: T.f32, bool: T.boolean}
@@ -253,30 +256,41 @@ class FunctionTranslator:
         if len(node.targets) != 1:
             raise self.error(node, "chained assignment (a = b = ...) is not supported")
         target = node.targets[0]
-        if isinstance(target, (ast.Tuple, ast.List)):
-            if isinstance(node.value, (ast.Tuple, ast.List)):
-                if len(node.value.elts) != len(target.elts):
-                    raise self.error(node, f"cannot unpack {len(node.value.elts)} values into {len(target.elts)} names")
-                values = [self.expr(v, name_hint=self._name_of(t)) for t, v in zip(target.elts, node.value.elts)]
-            else:
-                value = self.expr(node.value)
-                if not isinstance(value, (tuple, list)):
-                    raise self.error(node.value, "only a tuple known at compile time can be unpacked")
-                if len(value) != len(target.elts):
-                    raise self.error(node, f"cannot unpack {len(value)} values into {len(target.elts)} names")
-                values = list(value)
-            # Python evaluates the whole right side first: `a, b = b, a` must read the old values.
-            snapshots = []
-            targeted = {self.env[n].uid for n in map(self._name_of, target.elts) if isinstance(self.env.get(n), ir.Var)}
-            for k, v in enumerate(values):
-                if is_runtime(v) and any(x.uid in targeted for x in ir.collect(v, ir.Var)):
-                    tmp = ir.Var(f"{self._name_of(target.elts[k]) or 'tmp'}_new", v.dtype)
-                    snapshots.append(ir.Assign(tmp, v, self.loc(node)))
-                    values[k] = tmp
-            assigns = [self.assign_to(t, v, node) for t, v in zip(target.elts, values)]
-            return ir.seq(snapshots + [s for s in assigns if s]) if values else None
-        value = self.expr(node.value, name_hint=self._name_of(target))
-        return self.assign_to(target, value, node)
+        if not isinstance(target, (ast.Tuple, ast.List)):
+            value = self.expr(node.value, name_hint=self._name_of(target))
+            return self.assign_to(target, value, node)
+        if isinstance(node.value, (ast.Tuple, ast.List)) and len(node.value.elts) == len(target.elts):
+            value = tuple(self.in_order(node.value.elts, [self._name_of(t) for t in target.elts]))
+        else:
+            value = self.expr(node.value)
+        pairs = self.unpack(target, value, node)
+        # Python evaluates the whole right side first: `a, b = b, a` must read the old values, and so must
+        # `X[0], X[1] = X[1], X[0]` (every store may change what a later value reads)
+        targeted = {self.env[t.id].uid for t, _ in pairs
+                    if isinstance(t, ast.Name) and isinstance(self.env.get(t.id), ir.Var)}
+        stores = any(isinstance(t, ast.Subscript) for t, _ in pairs)
+        snapshots = []
+        for k, (t, v) in enumerate(pairs):
+            if is_runtime(v) and (any(x.uid in targeted for x in ir.collect(v, ir.Var))
+                                  or stores and ir.collect(v, (ir.Load, ir.Atomic))):
+                tmp = ir.Var(f"{self._name_of(t) or 'tmp'}_new", v.dtype)
+                snapshots.append(ir.Assign(tmp, v, self.loc(node)))
+                pairs[k] = (t, tmp)
+        assigns = [self.assign_to(t, v, node) for t, v in pairs]
+        return ir.seq(snapshots + [s for s in assigns if s]) if pairs else None
+
+    def unpack(self, target: ast.expr, value, node: ast.Assign) -> list:
+        """(name or element target, value) pairs of `target = value`, tuples unpacked (nested ones too)."""
+        if not isinstance(target, (ast.Tuple, ast.List)):
+            return [(target, value)]
+        if any(isinstance(t, ast.Starred) for t in target.elts):
+            raise self.error(target, "starred assignment (a, *b = ...) is not supported",
+                             "Unpack into one name per value, or index the compile-time tuple.")
+        if not isinstance(value, (tuple, list)):
+            raise self.error(node.value, "only a tuple known at compile time can be unpacked")
+        if len(value) != len(target.elts):
+            raise self.error(node, f"cannot unpack {len(value)} values into {len(target.elts)} names")
+        return [pair for t, v in zip(target.elts, value) for pair in self.unpack(t, v, node)]
 
     def stmt_annassign(self, node: ast.AnnAssign):
         if not isinstance(node.target, ast.Name):
@@ -296,21 +310,21 @@ class FunctionTranslator:
         op = _BINOPS.get(type(node.op))
         if op is None or op == "**":
             raise self.error(node, f"'{type(node.op).__name__}=' is not supported")
-        value = self.expr(node.value)
-        if isinstance(node.target, ast.Subscript):
+        if isinstance(node.target, ast.Subscript):   # Python reads the element before evaluating the value
             buf, idx = self.subscript_target(node.target)
-            current = ir.Load(buf, idx)
-            return ir.Store(buf, idx, self.cast_to(self.binop(op, current, value, node), buf.dtype, node),
+            [*idx, current], value = self.then([*idx, ir.Load(buf, idx)], node.value)
+            return ir.Store(buf, tuple(idx), self.cast_to(self.binop(op, current, value, node), buf.dtype, node),
                             self.loc(node))
         if not isinstance(node.target, ast.Name):
             raise self.error(node, "augmented assignment needs a name or a tensor element")
         current = self.lookup(node.target.id, node.target)
+        value = self.expr(node.value)
         return self.assign_to(node.target, self.binop(op, current, value, node), node)
 
     def assign_to(self, target: ast.expr, value, node: ast.stmt):
         """Bind or assign `value` to `target` (a name or a tensor element)."""
-        if isinstance(target, ast.Subscript):
-            buf, idx = self.subscript_target(target)
+        if isinstance(target, ast.Subscript):   # Python evaluates the value before the element's indices
+            [value], (buf, idx) = self.then([value], target, evaluate=lambda: self.subscript_target(target))
             return ir.Store(buf, idx, self.cast_to(value, buf.dtype, target), self.loc(node))
         if not isinstance(target, ast.Name):
             raise self.error(target, f"cannot assign to '{ast.unparse(target)}'",
@@ -358,7 +372,7 @@ class FunctionTranslator:
     def stmt_if(self, node: ast.If, body=None, orelse=None):
         body = node.body if body is None else body
         orelse = node.orelse if orelse is None else orelse
-        cond = self.expr(node.test)
+        cond = self.test(node.test)
         if not is_runtime(cond):
             return self.block(body if self.truth(cond, node.test) else orelse)
         cond = self.condition(cond, node.test)
@@ -375,7 +389,7 @@ class FunctionTranslator:
     def stmt_while(self, node: ast.While):
         if node.orelse:
             raise self.error(node, "'while ... else' is not supported")
-        test, emitted = self.expr_apart(node.test)
+        test, emitted = self.expr_apart(node.test, evaluate=lambda: self.test(node.test))
         cond = self.condition(test, node.test)
         self.loops.append("runtime")
         before = set(self.definite)
@@ -606,8 +620,7 @@ class FunctionTranslator:
         if any(isinstance(p, ast.Slice) for p in parts):
             raise self.error(node, "slices of tensors are not supported in kernels; index one element")
         idx = []
-        for p in parts:
-            v = self.expr(p)
+        for v in self.in_order(parts):
             if isinstance(v, tuple):
                 idx.extend(v)
             else:
@@ -641,7 +654,8 @@ class FunctionTranslator:
         op = _BINOPS.get(type(node.op))
         if op is None:
             raise self.error(node, f"the operator '{type(node.op).__name__}' is not supported")
-        return self.binop(op, self.expr(node.left), self.expr(node.right), node)
+        [left], right = self.then([self.expr(node.left)], node.right)
+        return self.binop(op, left, right, node)
 
     def binop(self, op: str, a, b, node: ast.AST):
         for v in (a, b):
@@ -668,7 +682,7 @@ class FunctionTranslator:
         return result
 
     def expr_unaryop(self, node: ast.UnaryOp):
-        v = self.expr(node.operand)
+        v = self.test(node.operand) if isinstance(node.op, ast.Not) else self.expr(node.operand)
         if not is_runtime(v):
             if isinstance(node.op, ast.Not):
                 return not self.truth(v, node)
@@ -691,14 +705,21 @@ class FunctionTranslator:
         left = self.expr(node.left)
         result = None
         for op_node, right_node in zip(node.ops, node.comparators):
-            op = _CMPOPS.get(type(op_node))
-            if op is None:
-                raise self.error(node, f"the comparison '{type(op_node).__name__}' is not supported")
+            op = _CMPOPS[type(op_node)]
             right, emitted = self.expr_apart(right_node)
+            if emitted:     # `left` was read before the call in `right` ran
+                [left], kept = self.kept([left], right_node)
+                emitted = kept + emitted
             for v in (left, right):
-                if isinstance(v, ir.Buffer):
+                if isinstance(v, ir.Buffer) and op not in ("is", "is not", "in", "not in"):
                     raise self.error(node, f"'{v.name}' is a whole tensor: compare its elements ({v.name}[i] {op} ...)")
-            if not is_runtime(left) and not is_runtime(right):
+            runtime_items = isinstance(right, (tuple, list)) and any(map(is_runtime, right))
+            if op in ("in", "not in") and (is_runtime(left) or runtime_items):
+                part = self.membership(op, left, right, right_node)
+            elif op in ("is", "is not") and (is_runtime(left) or is_runtime(right)):
+                raise self.error(node, f"'{op}' compares values known at compile time (such as None), not runtime "
+                                       "values", "Compare numbers with == or !=.")
+            elif not is_runtime(left) and not is_runtime(right):
                 try:
                     part = _PY_CMPOPS[op](left, right)
                 except Exception as exc:  # noqa: BLE001 - a compile-time Python error in user code
@@ -713,6 +734,16 @@ class FunctionTranslator:
             left = right
         return result
 
+    def membership(self, op: str, value, items, node) -> ir.Expr:
+        """`value in items` with a runtime value: `value == item` for any item of a compile-time tuple or list."""
+        if not isinstance(items, (tuple, list)):
+            raise self.error(node, f"'{op}' with a runtime value needs a tuple or list known at compile time, "
+                                   f"got {describe(items)}")
+        found = ir.const(False)
+        for item in items:
+            found = ir.Binary("or", found, self._equality("==", value, item, node), T.boolean)
+        return ir.Unary("not", found, T.boolean) if op == "not in" else found
+
     def _equality(self, op, a, b, node):
         for v in (a, b):
             if not (is_runtime(v) or _is_number(v)):
@@ -720,45 +751,114 @@ class FunctionTranslator:
         ea = ir.as_expr(a, _literal_like(b))
         return ir.binary(op, ea, ir.as_expr(b, ir.literal_type(ea.dtype)))
 
-    def expr_boolop(self, node: ast.BoolOp):
+    def expr_boolop(self, node: ast.BoolOp, truth_only: bool = False):
         op = "and" if isinstance(node.op, ast.And) else "or"
-        result = self.expr(node.values[0])
+        evaluate = self.test if truth_only else self.expr
+        result = evaluate(node.values[0])
         for v in node.values[1:]:
             if not is_runtime(result):  # Python short-circuit at compile time
                 if (op == "and") != self.truth(result, node):
                     return result
-                result = self.expr(v)
+                result = evaluate(v)
                 continue
-            value, emitted = self.expr_apart(v)
-            result = self.logical(op, result, value, node, emitted)
+            value, emitted = self.expr_apart(v, evaluate=lambda v=v: evaluate(v))
+            result = self.logical(op, result, value, node, emitted, truth_only)
         return result
 
-    def logical(self, op: str, a, b, node, emitted: list = ()):
-        """`a and b` or `a or b`; `emitted` are the statements computing `b`, which run only when `a` does not decide."""
-        if emitted and is_runtime(a):
+    def test(self, node: ast.expr):
+        """The value of a condition (of `if`, `while`, `not`, a conditional expression): an `and`/`or` there is
+        only tested, so it stays a bool expression whatever its operands are."""
+        if isinstance(node, ast.BoolOp):
+            return self.expr_boolop(node, truth_only=True)
+        return self.expr(node)
+
+    def logical(self, op: str, a, b, node, emitted: list = (), truth_only: bool = True):
+        """Python's `a and b` / `a or b`: the value of the operand that decides, `b` computed only when `a` does
+        not (`emitted` are the statements computing `b`). A bool expression when both are bools or only the
+        truth matters (`truth_only`); otherwise the chosen number, in the operands' common type."""
+        decisive = op == "or"           # the truth value that decides `a op b` on its own
+        if not is_runtime(a):
+            if self.truth(a, node) == decisive:
+                return a                # decided while translating: `b` is never computed
+            self.pending += emitted
+            return b
+        bools = a.dtype.is_bool and (isinstance(b, bool) or is_runtime(b) and b.dtype.is_bool)
+        if not (truth_only or bools):
+            return self.chosen_operand(op, a, b, node, emitted)
+        if emitted:
             flag = ir.Var("decided" if op == "or" else "holds", T.boolean)
             undecided = flag if op == "and" else ir.Unary("not", flag, T.boolean)
             self.pending += [ir.Assign(flag, self.condition(a, node), self.loc(node)),
                              ir.If(undecided, ir.seq([*emitted, ir.Assign(flag, self.condition(b, node), self.loc(node))]),
                                    None, self.loc(node))]
             return flag
-        decisive = op == "or"           # the truth value that decides `a op b` on its own (and is its value)
-        if not is_runtime(a) and self.truth(a, node) == decisive:
-            return decisive             # decided while translating: `b` is never computed
-        self.pending += emitted
         if not is_runtime(b):
             return decisive if self.truth(b, node) == decisive else self.condition(a, node)
-        if not is_runtime(a):
-            return self.condition(b, node)
         return ir.Binary(op, self.condition(a, node), self.condition(b, node), T.boolean)
 
-    def expr_apart(self, node: ast.expr) -> tuple:
-        """The value of `node`, and the statements translating it emitted (inlined calls) kept apart."""
+    def chosen_operand(self, op: str, a: ir.Expr, b, node, emitted: list) -> ir.Expr:
+        """The value of `a or b` (`a and b`) of numbers: `a` if it is true (false), else `b`, as Python gives."""
+        if not (is_runtime(b) or _is_number(b)):
+            raise self.error(node, f"'{op}' of a runtime value needs numbers, got {describe(b)}")
+        if not isinstance(a, (ir.Var, ir.Const)):   # `a` is both tested and chosen: compute it once
+            tested = ir.Var("tested", a.dtype)
+            self.pending.append(ir.Assign(tested, a, self.loc(node)))
+            a = tested
+        dtype, first, other = self.common_type(a, b, node)
+        cond = self.condition(a, node)
+        if not emitted:
+            return ir.Select(cond, first, other, dtype) if op == "or" else ir.Select(cond, other, first, dtype)
+        chosen = ir.Var("chosen", dtype)
+        undecided = cond if op == "and" else ir.Unary("not", cond, T.boolean)
+        self.pending += [ir.Assign(chosen, first, self.loc(node)),
+                         ir.If(undecided, ir.seq([*emitted, ir.Assign(chosen, other, self.loc(node))]), None,
+                               self.loc(node))]
+        return chosen
+
+    def common_type(self, a, b, node) -> tuple:
+        """(dtype, a, b): two numbers converted to their common type, a Python number taking the other's."""
+        ea = ir.as_expr(a, _literal_like(b))
+        eb = ir.as_expr(b, ir.literal_type(ea.dtype))
+        dtype = T.promote(ea.dtype, eb.dtype) if ea.dtype != eb.dtype else ea.dtype
+        return dtype, self.cast_to(ea, dtype, node), self.cast_to(eb, dtype, node)
+
+    def expr_apart(self, node: ast.expr, name_hint: str | None = None, evaluate=None) -> tuple:
+        """The value of `node` (or of `evaluate()`), and the statements translating it emitted (inlined calls)
+        kept apart."""
         outer, self.pending = self.pending, []
         try:
-            return self.expr(node), self.pending
+            return (evaluate() if evaluate else self.expr(node, name_hint=name_hint)), self.pending
         finally:
             self.pending = outer
+
+    def then(self, earlier: list, node: ast.expr, name_hint: str | None = None, evaluate=None) -> tuple:
+        """(`earlier`, value of `node`): `node` evaluated after the values `earlier`, in Python's left-to-right
+        order. When `node` emits statements (an inlined call, which may store to a tensor), each earlier value
+        that reads memory is first kept in a variable, so the call cannot change what was already read."""
+        value, emitted = self.expr_apart(node, name_hint, evaluate)
+        if emitted:
+            earlier, kept = self.kept(earlier, node)
+            self.pending += kept + emitted
+        return earlier, value
+
+    def in_order(self, nodes: list, name_hints: list | None = None) -> list:
+        """The values of `nodes`, evaluated left to right as Python does (see `then`)."""
+        values: list = []
+        for k, node in enumerate(nodes):
+            values, value = self.then(values, node, name_hints[k] if name_hints else None)
+            values.append(value)
+        return values
+
+    def kept(self, values: list, node: ast.AST) -> tuple:
+        """(`values` with each one that reads memory kept in a new variable, the assignments that keep them)."""
+        out, assigns = [], []
+        for v in values:
+            if is_runtime(v) and ir.collect(v, (ir.Load, ir.Atomic)):
+                var = ir.Var("kept", v.dtype)
+                assigns.append(ir.Assign(var, v, self.loc(node)))
+                v = var
+            out.append(v)
+        return out, assigns
 
     def truth(self, value, node) -> bool:
         """The truth of a value known while translating (Python's); a whole tensor has none a kernel could use."""
@@ -776,17 +876,15 @@ class FunctionTranslator:
         return ir.binary("!=", value, ir.as_expr(0, value.dtype))
 
     def expr_ifexp(self, node: ast.IfExp):
-        cond = self.expr(node.test)
+        cond = self.test(node.test)
         if not is_runtime(cond):
             return self.expr(node.body if self.truth(cond, node.test) else node.orelse)
         (a, emitted_a), (b, emitted_b) = self.expr_apart(node.body), self.expr_apart(node.orelse)
         for v, n in ((a, node.body), (b, node.orelse)):
             if not (is_runtime(v) or _is_number(v)):
                 raise self.error(n, f"a runtime conditional expression needs numbers, got {describe(v)}")
-        ea = ir.as_expr(a, _literal_like(b))
-        eb = ir.as_expr(b, ir.literal_type(ea.dtype))
-        dtype = T.promote(ea.dtype, eb.dtype) if ea.dtype != eb.dtype else ea.dtype
-        ea, eb, cond = self.cast_to(ea, dtype, node), self.cast_to(eb, dtype, node), self.condition(cond, node.test)
+        dtype, ea, eb = self.common_type(a, b, node)
+        cond = self.condition(cond, node.test)
         if not (emitted_a or emitted_b):
             return ir.Select(cond, ea, eb, dtype)
         # an operand takes statements (an inlined call): only the chosen one's run
@@ -815,13 +913,16 @@ class FunctionTranslator:
                              "Put the shared code in a @td.func and call it from both.")
         if func is builtins.range or func is L.unroll:
             raise self.error(node, f"{'range' if func is builtins.range else 'td.unroll'}() can only be a for-loop source")
-        args = [self.expr(a) for a in node.args]
-        kwargs = {k.arg: self.expr(k.value) for k in node.keywords}
+        values = self.in_order(list(node.args) + [k.value for k in node.keywords])
+        args, kwargs = values[:len(node.args)], {k.arg: v for k, v in zip(node.keywords, values[len(node.args):])}
         if any(k.arg is None for k in node.keywords) or any(isinstance(a, ast.Starred) for a in node.args):
             raise self.error(node, "*args and **kwargs are not supported in kernel calls")
         runtime_args = any(is_runtime(v) for v in list(args) + list(kwargs.values()))
-        if runtime_args and func in (builtins.min, builtins.max, builtins.abs):
-            return self.math_call(func.__name__, args, node)
+        runtime_items = len(args) == 1 and isinstance(args[0], (tuple, list)) and any(map(is_runtime, args[0]))
+        if func in (builtins.min, builtins.max) and (runtime_args or runtime_items):
+            return self.extremum(func.__name__, args, kwargs, node)
+        if runtime_args and func is builtins.abs:
+            return self.math_call("abs", args, node)
         if runtime_args and func in _PY_TYPE_DTYPES:
             return self.cast_to(ir.as_expr(args[0]), _PY_TYPE_DTYPES[func], node)
         if isinstance(func, T.DataType):
@@ -844,12 +945,22 @@ class FunctionTranslator:
                 hint = f"Kernels compute math with taskdsl's own functions: td.{name}(...)."
             raise self.error(node, f"calling '{name}' at compile time failed: {type(exc).__name__}: {exc}", hint) from None
 
+    def extremum(self, name: str, args: list, kwargs: dict, node: ast.Call):
+        """Python's `min` / `max` of runtime values, of several arguments or of one tuple: td.min / td.max folded
+        from the left (the first of equal values wins, as in Python)."""
+        if kwargs:
+            raise self.error(node, f"{name}() of runtime values takes no keyword arguments")
+        items = args[0] if len(args) == 1 and isinstance(args[0], (tuple, list)) else args
+        if not items or len(args) == 1 and items is args:     # min(x) of one number: Python has no such call
+            raise self.error(node, f"{name}() needs two or more values, or a non-empty tuple of them")
+        return functools.reduce(lambda a, b: self.math_call(name, [a, b], node), items)
+
     def intrinsic_call(self, fn: L.Intrinsic, node: ast.Call, name_hint: str | None):
         kwargs = {k.arg: k.value for k in node.keywords}
         if fn.kind == "math":
             if kwargs:
                 raise self.error(node, f"td.{fn.name}() takes no keyword arguments")
-            return self.math_call(fn.name, [self.expr(a) for a in node.args], node)
+            return self.math_call(fn.name, self.in_order(node.args), node)
         if fn.kind == "memory":
             return self.alloc_call(fn, node, name_hint)
         if fn.kind == "barrier":
@@ -903,8 +1014,9 @@ class FunctionTranslator:
             raise self.error(node, "atomics work on global or shared tensors, not registers")
         if buf.dtype.bits < 32 or buf.dtype.is_bool:
             raise self.error(node, f"atomics need 32- or 64-bit elements; '{buf.name}' holds {buf.dtype.name}")
-        value = self.cast_to(self.runtime_value(node.args[1], buf.dtype), buf.dtype, node)
-        return ir.Atomic(fn.name.removeprefix("atomic_"), buf, idx, value)
+        idx, value = self.then(list(idx), node.args[1], evaluate=lambda: self.runtime_value(node.args[1], buf.dtype))
+        value = self.cast_to(value, buf.dtype, node)
+        return ir.Atomic(fn.name.removeprefix("atomic_"), buf, tuple(idx), value)
 
     def warp_call(self, fn: L.Intrinsic, node: ast.Call, kwargs: dict):
         if len(node.args) != 2 or set(kwargs) - {"width"}:
@@ -1014,7 +1126,6 @@ class FunctionTranslator:
             raise self.error(node, f"'{dfn.name}' takes {len(dfn.params)} argument(s), got {len(node.args)}")
         src = dfn.source()
         callee_env = {}
-        prologue = []
         for (pname, pdtype), arg_node in zip(dfn.params, node.args):
             value = self.expr(arg_node)
             if isinstance(value, ir.Buffer) or not is_runtime(value):
@@ -1022,12 +1133,12 @@ class FunctionTranslator:
                 continue
             dtype = pdtype or value.dtype
             var = ir.Var(pname, dtype)
-            prologue.append(ir.Assign(var, self.cast_to(value, dtype, arg_node), self.loc(arg_node)))
+            # bound now, before the next argument's inlined calls run (Python's order)
+            self.pending.append(ir.Assign(var, self.cast_to(value, dtype, arg_node), self.loc(arg_node)))
             callee_env[pname] = var
         ret = ir.Var(f"{dfn.name}_ret", dfn.return_dtype) if dfn.return_dtype is not None else None
         callee = FunctionTranslator(src, dfn.fn, callee_env, self.var_types, ret, self.depth + 1, is_func=True)
         body = callee.function_body()
-        self.pending.extend(prologue)
         self.pending.append(body)
         return callee.return_var
 

@@ -1,0 +1,234 @@
+"""Python constructs the translator once got wrong, each checked against the same function run as plain Python.
+
+The oracle is the kernel's own Python function executed by the interpreter on numpy arrays (with its
+`@td.func`s replaced by their Python functions), so a kernel must compute what Python computes.
+"""
+import functools
+import types
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import taskdsl as td
+from taskdsl import f32, i32
+from taskdsl.frontend.decorators import DeviceFunction
+
+from .markers import Markers
+
+MARKS = Markers(__file__)
+FEW = settings(max_examples=5, deadline=None)
+
+
+def run_as_python(fn, *arrays):
+    """Run `fn` as plain Python on copies of `arrays` (its device functions as their Python functions)."""
+    namespace = {k: v.fn if isinstance(v, DeviceFunction) else v for k, v in fn.__globals__.items()}
+    copies = [a.copy() for a in arrays]
+    types.FunctionType(fn.__code__, namespace)(*copies)
+    return copies
+
+
+@functools.cache
+def one_thread_kernel(fn):
+    return td.kernel(block=1)(fn)
+
+
+def check_against_python(fn, *arrays):
+    """Run `fn` as a one-thread kernel and as Python; every array must end the same."""
+    want = run_as_python(fn, *arrays)
+    got = [a.copy() for a in arrays]
+    one_thread_kernel(fn)(*got)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+# --------------------------------------------------------------------------- evaluation order
+@td.func
+def bump(X, i, v: f32) -> f32:
+    X[i] = X[i] + 100.0         # a store the caller can see (tensors are passed by reference)
+    return v
+
+
+@td.func
+def step(I, r: i32) -> i32:
+    I[0] = I[0] + 1
+    return r
+
+
+@td.func
+def add(a: f32, b: f32) -> f32:
+    return a + b
+
+
+def evaluation_order(X: f32[4], I: i32[2], Y: f32[8]):
+    Y[0] = X[0] + bump(X, 0, 1.0)                       # an operand read before the call stores to it
+    Y[1] = 1.0 if X[1] < bump(X, 1, 50.0) else 0.0      # a comparison
+    Y[2] = add(X[2], bump(X, 2, 1.0))                   # @td.func arguments
+    X[3] += bump(X, 3, 1.0)                             # the element is read before the value is computed
+    Y[3] = X[3]
+    Y[4] = X[I[0] + step(I, 0)]                         # an index
+    Y[5] = max(X[0], bump(X, 0, -1000.0))               # a builtin's arguments
+    Y[step(I, 6)] = I[0] * 1.0                          # the value is computed before the index
+    Y[7] = 1.0 if 0.0 <= X[1] < bump(X, 1, 180.0) else 0.0   # a chained comparison
+
+
+def test_operands_are_read_before_a_later_call_stores_to_them():
+    x = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
+    check_against_python(evaluation_order, x, np.zeros(2, np.int32), np.zeros(8, np.float32))
+
+
+def tuple_assignments(X: f32[3], Y: f32[3], Z: f32[3]):
+    X[0], X[1] = X[1], X[0]                 # swap two elements
+    Y[0], Y[1], Y[2] = Y[1], Y[2], Y[0]     # rotate three
+    a = Z[0]
+    a, Z[0] = Z[1], a                       # a name and an element
+    Z[2] = a
+
+
+@FEW
+@given(st.lists(st.integers(-50, 50), min_size=9, max_size=9))
+def test_tuple_assignment_to_elements_reads_the_old_values(values):
+    x, y, z = (np.array(values[k:k + 3], np.float32) for k in (0, 3, 6))
+    check_against_python(tuple_assignments, x, y, z)
+
+
+def nested_unpacking(X: f32[3], Y: f32[3]):
+    (a, b), Y[2] = (X[2], X[0]), X[1] + 1.0
+    for k, (c, d) in enumerate(((1.0, X[1]), (2.0, X[2]))):
+        a += c * d + k
+    Y[0], Y[1] = a, b
+
+
+def test_nested_tuple_unpacking():
+    check_against_python(nested_unpacking, np.array([1.0, 2.0, 3.0], np.float32), np.zeros(3, np.float32))
+
+
+# --------------------------------------------------------------------------- and / or
+@td.func
+def mark(Y, v: f32) -> f32:
+    Y[3] = Y[3] + 1.0          # counts the calls: `or` must call it only when its left operand is false
+    return v
+
+
+def and_or_values(X: f32[2], K: i32[1], Y: f32[6]):
+    a, b = X[0], X[1]
+    Y[0] = a or b
+    Y[1] = a and b
+    Y[2] = (a > 0.0) and b or 5.0
+    Y[4] = a or mark(Y, 7.0)
+    Y[5] = 0 or K[0] or a
+
+
+VALUES = st.sampled_from([0.0, 1.5, -2.0])
+
+
+@FEW
+@given(VALUES, VALUES, st.sampled_from([0, 3]))
+def test_and_or_give_the_operand_that_decides(a, b, k):
+    check_against_python(and_or_values, np.array([a, b], np.float32), np.array([k], np.int32),
+                         np.zeros(6, np.float32))
+
+
+# --------------------------------------------------------------------------- builtins, is, in
+def several_args_min_max(X: f32[3], K: i32[3], Y: f32[6]):
+    Y[0] = min(X[0], X[1], X[2])
+    Y[1] = max((X[0], X[1], X[2]))
+    Y[2] = max(K[0], 2, K[1], K[2])
+    Y[3] = min([K[0], X[1]])
+    Y[4] = max(X[2], K[2], 0.5)
+    Y[5] = min(X[1], X[1], K[1])
+
+
+@FEW
+@given(st.lists(st.sampled_from([-3, 0, 1, 2, 5]), min_size=6, max_size=6))
+def test_min_max_of_several_runtime_values(values):
+    check_against_python(several_args_min_max, np.array(values[:3], np.float32), np.array(values[3:], np.int32),
+                         np.zeros(6, np.float32))
+
+
+BIASES = (1, 2)
+
+
+@td.func
+def add_bias(Y, i, bias):
+    if bias is not None:        # a compile-time test: the caller passes a tensor or None
+        Y[i] = Y[i] + bias[0]
+
+
+def identity_and_membership(X: f32[1], K: i32[3], Y: f32[6]):
+    Y[0] = 1.0 if 2 in BIASES else 0.0
+    Y[1] = 1.0 if BIASES is not None else 0.0
+    Y[2] = 1.0 if K[0] in (3, K[1]) else 0.0
+    Y[3] = 1.0 if K[0] not in BIASES else 0.0
+    add_bias(Y, 4, X)
+    add_bias(Y, 5, None)
+
+
+@FEW
+@given(st.lists(st.integers(0, 3), min_size=3, max_size=3))
+def test_is_and_in(values):
+    check_against_python(identity_and_membership, np.array([2.5], np.float32), np.array(values, np.int32),
+                         np.zeros(6, np.float32))
+
+
+# --------------------------------------------------------------------------- errors
+def test_starred_assignment_is_a_clear_error():
+    @td.kernel(block=1)
+    def k(X: f32[3]):
+        a, *b = X[0], X[1], X[2]  # E_STARRED
+        X[0] = a
+
+    err = MARKS.expect_error(lambda: k(np.zeros(3, np.float32)), "E_STARRED")
+    assert "starred assignment (a, *b = ...) is not supported" in err.message
+
+
+def test_is_on_a_runtime_value_is_a_clear_error():
+    @td.kernel(block=1)
+    def k(X: f32[3]):
+        X[0] = 1.0 if X[1] is None else 0.0  # E_IS_RUNTIME
+
+    err = MARKS.expect_error(lambda: k(np.zeros(3, np.float32)), "E_IS_RUNTIME")
+    assert "'is' compares values known at compile time" in err.message and "==" in err.hint
+
+
+def test_in_needs_a_compile_time_tuple():
+    @td.kernel(block=1)
+    def k(X: f32[3]):
+        X[0] = 1.0 if X[1] in X else 0.0  # E_IN_TENSOR
+
+    err = MARKS.expect_error(lambda: k(np.zeros(3, np.float32)), "E_IN_TENSOR")
+    assert "needs a tuple or list known at compile time" in err.message
+
+
+@pytest.mark.parametrize("call", ["min(X[0])", "max(X[0], X[1], key=abs)"])
+def test_min_max_misuse_is_a_clear_error(call, tmp_path):
+    path = tmp_path / "kernel_min.py"
+    path.write_text("import taskdsl as td\nfrom taskdsl import f32\n\n"
+                    f"@td.kernel(block=1)\ndef k(X: f32[3]):\n    X[2] = {call}\n")
+    namespace: dict = {}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)  # noqa: S102 - a test kernel in a file
+    with pytest.raises(td.DSLError) as info:
+        namespace["k"](np.zeros(3, np.float32))
+    assert info.value.loc.line == 6 and call in str(info.value)
+    assert "min()" in info.value.message or "max()" in info.value.message
+
+
+def test_and_or_of_a_non_number_is_a_clear_error():
+    @td.kernel(block=1)
+    def k(X: f32[3]):
+        X[0] = X[1] or None  # E_OR_NONE
+
+    err = MARKS.expect_error(lambda: k(np.zeros(3, np.float32)), "E_OR_NONE")
+    assert "'or' of a runtime value needs numbers" in err.message
+
+
+# --------------------------------------------------------------------------- cuda
+@pytest.mark.parametrize("fn, shapes", [
+    (evaluation_order, ((4, np.float32), (2, np.int32), (8, np.float32))),
+    (and_or_values, ((2, np.float32), (1, np.int32), (6, np.float32))),
+    (several_args_min_max, ((3, np.float32), (3, np.int32), (6, np.float32))),
+    (identity_and_membership, ((1, np.float32), (3, np.int32), (6, np.float32))),
+])
+def test_the_kernels_compile_to_cuda(fn, shapes):
+    assert one_thread_kernel(fn).compile(*(np.zeros(n, t) for n, t in shapes), target="cuda").binary
