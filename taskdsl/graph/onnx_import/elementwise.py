@@ -64,15 +64,26 @@ def gelu(node: Node) -> list:
 
 @converts("Clip")
 def clip(node: Node) -> list:
-    """Clip with optional min / max inputs (tensors, not necessarily constant). A float bound left out is the type's
+    """Clip with optional scalar min / max inputs (not necessarily constant). A float bound left out is the type's
     lowest / highest finite value, as the operator defines it: -inf and inf become finite (as onnxruntime gives)."""
     x = node.input(0)
-    lo, hi = (node.input(k, required=False) if node.num_inputs > k else None for k in (1, 2))
+    lo, hi = (_scalar_bound(node, k) for k in (1, 2))
     if x.dtype.is_float:
         limits = ml_dtypes.finfo(x.numpy_dtype)
         lo, hi = (constant(np.array(v, x.numpy_dtype)) if bound is None else bound
                   for bound, v in ((lo, limits.min), (hi, limits.max)))
     return [ops.clip(x, lo, hi)]
+
+
+def _scalar_bound(node: Node, k: int):
+    """Clip's bound input k as a 0-d tensor (None when absent): a scalar, or one value in a 1-d tensor."""
+    bound = node.input(k, required=False) if node.num_inputs > k else None
+    if bound is None:
+        return None
+    if bound.size != 1 or bound.ndim > 1:
+        raise node.error(f"the bound {node.proto.input[k]!r} must be a scalar, got shape {bound.shape}",
+                         OnnxImportError)
+    return ops.reshape(bound, ())
 
 
 @converts("Where")
@@ -89,6 +100,8 @@ def trilu(node: Node) -> list:
     if x.ndim < 2:
         raise node.error(f"needs a tensor of rank 2 or more, got shape {x.shape}", OnnxImportError)
     k = node.const(1, required=False)
+    if k is not None and np.size(k) != 1:
+        raise node.error(f"k must be a scalar, got shape {np.shape(k)}", OnnxImportError)
     k = 0 if k is None else int(np.asarray(k).reshape(-1)[0])
     triangle = np.triu if node.flag("upper", 1) else np.tril
     mask = triangle(np.ones(x.shape[-2:], bool), k)

@@ -5,6 +5,7 @@ import numpy as np
 
 from .. import ops
 from ..ops.axes import normalize_axis
+from ..ops.elementwise import broadcast_shape
 from ..ops.norm import LayerNorm
 from ..tensor import constant
 from .errors import OnnxImportError
@@ -56,9 +57,14 @@ def gemm(node: Node) -> list:
     """Gemm: alpha * A' @ B' + beta * C as transpose / matmul / mul / add ops."""
     a, b = node.input(0), node.input(1)
     c = node.input(2, required=False) if node.num_inputs > 2 else None
+    if a.ndim != 2 or b.ndim != 2:
+        raise node.error(f"A and B must be matrices, got shapes {a.shape} and {b.shape} (MatMul takes other ranks)",
+                         OnnxImportError)
     a = ops.transpose(a) if node.flag("transA") else a
     b = ops.transpose(b) if node.flag("transB") else b
     y = ops.matmul(a, b)
+    if c is not None and broadcast_shape([c.shape, y.shape], "Gemm") != y.shape:
+        raise node.error(f"C of shape {c.shape} does not broadcast to the result's shape {y.shape}", OnnxImportError)
     alpha, beta = float(node.attr("alpha", 1.0)), float(node.attr("beta", 1.0))
     if alpha != 1.0:
         y = ops.mul(y, alpha)
@@ -106,11 +112,13 @@ def layer_norm(node: Node) -> list:
     attrs = {"axis": axis, "eps": float(node.attr("epsilon", 1e-5)), "has_weight": True,
              "has_bias": bias is not None, "stats": node.wanted(1) or node.wanted(2)}
     if all(p is None or p.ndim <= x.ndim - axis for p in (scale, bias)):
-        return LayerNorm([t for t in (x, scale, bias) if t is not None], attrs).outputs
-    # Scale or B spans axes before `axis` too (per batch row): the definition's Mul and Add broadcast them with Y
-    y, *stats = LayerNorm([x], {**attrs, "has_weight": False, "has_bias": False}).outputs
-    y = ops.mul(y, scale)
-    return [ops.add(y, bias) if bias is not None else y, *stats]
+        y, *stats = LayerNorm([t for t in (x, scale, bias) if t is not None], attrs).outputs
+    else:   # Scale or B spans axes before `axis` too (per batch row): the definition's Mul and Add broadcast them
+        y, *stats = LayerNorm([x], {**attrs, "has_weight": False, "has_bias": False}).outputs
+        y = ops.mul(y, scale)
+        y = ops.add(y, bias) if bias is not None else y
+    # stash_type 1: Mean and InvStdDev are float32 whatever X's type (a double X computes them in double)
+    return [y, *(t if t.numpy_dtype == np.float32 else ops.cast(t, "float32") for t in stats)]
 
 
 @converts("MaxPool", "AveragePool", attrs=WINDOW_ATTRS + ("ceil_mode", "count_include_pad", "storage_order"))

@@ -72,7 +72,10 @@ def range_node(node: Node) -> list:
     start, limit, delta = (np.asarray(node.const(k)).reshape(-1)[0] for k in range(3))
     if delta == 0:
         raise node.error("delta must not be 0", OnnxImportError)
-    count = max(int(np.ceil((float(limit) - float(start)) / float(delta))), 0)
+    if start.dtype.kind in "iu":    # exact: int64 bounds 1 apart may round to one float64
+        count = max(-(-(int(limit) - int(start)) // int(delta)), 0)
+    else:
+        count = max(int(np.ceil((float(limit) - float(start)) / float(delta))), 0)
     return [constant(np.asarray(start + np.arange(count) * delta, start.dtype))]
 
 
@@ -87,6 +90,9 @@ def reshape(node: Node) -> list:
     """Reshape to a constant shape (0 copies the input dim unless allowzero)."""
     x, shape = node.input(0), _ints(node.const(1))
     if not node.flag("allowzero"):
+        if any(n == 0 for n in shape[x.ndim:]):
+            raise node.error(f"shape {shape} has a 0 (copy the input's dim) at a position past the input's rank "
+                             f"{x.ndim} (shape {x.shape})", OnnxImportError)
         shape = [x.shape[k] if n == 0 else n for k, n in enumerate(shape)]
     return [ops.reshape(x, shape)]
 
@@ -138,6 +144,9 @@ def split(node: Node) -> list:
             sizes = [min(chunk, n - k * chunk) for k in range(parts)]
         else:
             sizes = parts
+    elif len(sizes) != len(node.proto.output):
+        raise node.error(f"split gives {len(sizes)} sizes {list(sizes)} but the node has {len(node.proto.output)} "
+                         "outputs", OnnxImportError)
     return ops.split(x, sizes, axis)
 
 
@@ -172,11 +181,7 @@ def pad(node: Node) -> list:
     value = node.const(2, required=False) if node.num_inputs > 2 and node.proto.input[2] else None
     axes = _optional_ints(node, 3)
     if axes is not None:        # opset 18: pads given for these axes only
-        full = [0] * 2 * x.ndim
-        for k, a in enumerate(axes):
-            a = normalize_axis(a, x.ndim, "Pad")
-            full[a], full[x.ndim + a] = pads[k], pads[len(axes) + k]
-        pads = full
+        pads = _pads_of_axes(node, pads, axes, x.ndim)
     if any(p < 0 for p in pads):    # negative pads crop, before the others pad (as onnxruntime does)
         n, crops = x.ndim, [max(-p, 0) for p in pads]
         if any(crops[a] + crops[n + a] > size for a, size in enumerate(x.shape)):
@@ -185,3 +190,14 @@ def pad(node: Node) -> list:
         pads = [max(p, 0) for p in pads]
     return [ops.pad(x, pads, 0 if value is None else np.asarray(value).reshape(-1)[0].item(), mode)]
 
+
+def _pads_of_axes(node: Node, pads: list, axes: list, ndim: int) -> list:
+    """Pad's (begin..., end...) pads of every axis, from pads given for `axes` only (0 for the others)."""
+    axes = [normalize_axis(a, ndim, "Pad") for a in axes]
+    if len(pads) != 2 * len(axes) or len(set(axes)) != len(axes):
+        raise node.error(f"pads {pads} need 2 values (begin, end) for each of the distinct axes {axes}",
+                         OnnxImportError)
+    full = [0] * 2 * ndim
+    for k, a in enumerate(axes):
+        full[a], full[ndim + a] = pads[k], pads[len(axes) + k]
+    return full

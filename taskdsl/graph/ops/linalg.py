@@ -140,6 +140,9 @@ def conv(x, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1,
     if bias is None:
         return y
     bias = as_tensor(bias, y)
+    if bias.shape != (weight.shape[0],):
+        raise ValueError(f"conv: the bias must have one value per output channel, shape ({weight.shape[0]},), "
+                         f"got {bias.shape}")
     return add(y, bias if channels_last else reshape(bias, (bias.size,) + (1,) * rank))
 
 

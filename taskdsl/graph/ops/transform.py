@@ -288,7 +288,10 @@ def transpose(x, perm=None) -> Tensor:
 def concat(xs, axis: int = 0) -> Tensor:
     """The tensors joined along `axis`."""
     xs = [as_tensor(t) for t in xs]
-    return xs[0] if len(xs) == 1 else Concat(xs, {"axis": axis}).outputs[0]
+    if len(xs) == 1:        # nothing to join, but the axis must still be one of x's
+        normalize_axis(axis, xs[0].ndim, "concat")
+        return xs[0]
+    return Concat(xs, {"axis": axis}).outputs[0]
 
 
 def _slice_axis(n: int, start: int, end: int, step: int) -> tuple:
@@ -309,7 +312,7 @@ def _slice_axis(n: int, start: int, end: int, step: int) -> tuple:
 def slice(x, starts, ends, axes=None, steps=None) -> Tensor:
     """x[start:end:step] along `axes` (default 0, 1, ...); negative and out-of-range bounds clamp as in ONNX."""
     starts, ends = list(starts), list(ends)
-    axes = list(range(len(starts))) if axes is None else [normalize_axis(a, x.ndim, "slice") for a in axes]
+    axes = [normalize_axis(a, x.ndim, "slice") for a in (range(len(starts)) if axes is None else axes)]
     steps = [1] * len(starts) if steps is None else list(steps)
     if not len(starts) == len(ends) == len(axes) == len(steps) or len(set(axes)) != len(axes):
         raise ValueError("slice: starts, ends, axes and steps must have one entry per (distinct) axis")
