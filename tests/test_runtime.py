@@ -332,3 +332,37 @@ def test_aligned_host_arrays_start_a_cache_line(shape, dtype):
     assert a.size == 0 or a.ctypes.data % 64 == 0      # (an empty array has no memory to align)
     a[...] = np.arange(a.size).reshape(shape).astype(dtype)      # every element is usable memory
     np.testing.assert_array_equal(a.reshape(-1), np.arange(a.size).astype(dtype))
+
+
+def _stuck_compile(job):
+    """A compile job that never finishes (a worker stuck on a lock)."""
+    import time
+    time.sleep(600)
+
+
+def test_stuck_compile_workers_are_stopped_and_the_kernels_compile_at_launch(tmp_path, monkeypatch):
+    """A worker that never finishes made the graph compile wait forever; now a warning, and the kernel
+    compiles at its first launch."""
+    from taskdsl.backend.cpu import precompile
+    monkeypatch.setenv("TASKDSL_CACHE_DIR", str(tmp_path))      # nothing compiled yet
+    monkeypatch.setenv("TASKDSL_COMPILE_WORKERS", "2")
+    monkeypatch.setattr(precompile, "compile_job", _stuck_compile)
+    kernel = _scale_kernel(6.0)
+    x, out = np.arange(11, dtype=np.float32), np.zeros(11, np.float32)
+    with precompile.AheadCompiler() as ahead:
+        with ahead.recording():
+            kernel(x, out)
+        processes = list(ahead._pool._processes.values())
+        with pytest.warns(RuntimeWarning, match="finished nothing in 1 s and were stopped; 1 kernels compile"):
+            ahead.wait(stall_seconds=1)
+    assert not any(p.is_alive() for p in processes)
+    kernel(x, out)
+    np.testing.assert_array_equal(out, x * np.float32(6.0))
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "x", "2.5"])
+def test_bad_compile_worker_counts_are_refused(monkeypatch, value):
+    from taskdsl.backend.cpu import precompile
+    monkeypatch.setenv("TASKDSL_COMPILE_WORKERS", value)
+    with pytest.raises(ValueError, match=f"TASKDSL_COMPILE_WORKERS must be a positive number of processes.*{value!r}"):
+        precompile.workers()

@@ -21,6 +21,7 @@ import contextlib
 import multiprocessing
 import os
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,7 +83,13 @@ def recording():
 
 def workers() -> int:
     """Processes for parallel compiles ($TASKDSL_COMPILE_WORKERS, default: the CPU count)."""
-    return max(1, int(os.environ.get("TASKDSL_COMPILE_WORKERS") or os.cpu_count() or 1))
+    value = os.environ.get("TASKDSL_COMPILE_WORKERS", "").strip()
+    if not value:
+        return os.cpu_count() or 1
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"TASKDSL_COMPILE_WORKERS must be a positive number of processes (1: compile in this "
+                         f"process), got {value!r}")
+    return int(value)
 
 
 def compile_job(job: Job) -> None:
@@ -105,6 +112,11 @@ def pending(jobs: list) -> list:
         return any((path.parent / "__pycache__").glob(f"{path.stem}.{job.entry}-*.nbi"))
 
     return [j for j in jobs if not compiled(j)]
+
+
+# No job finishing for this long means stuck workers, not slow ones (a kernel compiles in seconds): a forked
+# worker once waited forever on a lock after onnxruntime's threads had run in the parent
+STALL_SECONDS = 600.0
 
 
 def _max_processes() -> int:
@@ -138,12 +150,30 @@ class AheadCompiler:
                 self.processes, mp_context=multiprocessing.get_context("fork"))
         self.futures[self._pool.submit(compile_job, job)] = job
 
-    def wait(self, progress=None) -> None:
-        """Wait for every submitted job, stepping `progress` as each one finishes; a worker's error is raised."""
-        for future in concurrent.futures.as_completed(self.futures):
-            future.result()
-            if progress is not None:
-                progress.step()
+    def wait(self, progress=None, stall_seconds: float = STALL_SECONDS) -> None:
+        """Wait for every submitted job, stepping `progress` as each one finishes; a worker's error is raised.
+        Workers that finish no job for `stall_seconds` are stopped, with a warning: what they had left
+        compiles at its first launch."""
+        remaining = set(self.futures)
+        while remaining:
+            done, remaining = concurrent.futures.wait(remaining, stall_seconds, concurrent.futures.FIRST_COMPLETED)
+            if not done:
+                warnings.warn(f"the compile workers finished nothing in {stall_seconds:.0f} s and were stopped; "
+                              f"{len(remaining)} kernels compile at their first launch instead "
+                              "(TASKDSL_COMPILE_WORKERS=1 compiles in this process)", RuntimeWarning, stacklevel=2)
+                self._stop()
+                return
+            for future in done:
+                future.result()
+                if progress is not None:
+                    progress.step()
+
+    def _stop(self) -> None:
+        """End the worker processes now, whatever they are doing."""
+        for process in list(self._pool._processes.values()):     # (the executor has no public way to kill them)
+            process.terminate()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pool = None
 
     def __enter__(self) -> "AheadCompiler":
         return self
