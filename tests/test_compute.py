@@ -610,3 +610,21 @@ def test_reference_checks_inputs_as_the_kernels_do():
             run(np.arange(3.0))
         with pytest.raises(TypeError, match=r"takes 1 arrays \(B\), got 2"):
             run(np.zeros(3, np.float32), np.zeros(3, np.float32))
+
+
+def test_abs_and_cast_in_definitions():
+    """Python's abs() and td.cast work on a definition's values (abs: TypeError 'bad operand type for abs()';
+    td.cast: 'can only be used inside a @td.kernel')."""
+    A = td.placeholder("A", td.f32, ("M", "K"))
+    Y = td.compute("Y", ("M", "K"), lambda i, j: abs(A[i, j]))
+    Z = td.compute("Z", ("M", "K"), lambda i, j: td.cast(A[i, j] * 10, "i32"))
+    H = td.compute("H", ("M", "K"), lambda i, j: td.cast(A[i, j], np.float16))
+    a = np.random.default_rng(0).standard_normal((3, 5)).astype(np.float32)
+    y, z, h = td.op([A], [Y, Z, H])(a)
+    np.testing.assert_array_equal(y, np.abs(a))
+    np.testing.assert_array_equal(z, (a * np.float32(10)).astype(np.int32))
+    np.testing.assert_array_equal(h, a.astype(np.float16))
+    with pytest.raises(RuntimeError, match="convert Python and numpy values with numpy"):
+        td.cast(3.5, "i32")
+    with pytest.raises(TypeError, match="td.cast: unknown type name 'f31'"):
+        td.cast(A[0, 0], "f31")

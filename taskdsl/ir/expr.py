@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import math
 import threading
@@ -63,6 +64,7 @@ class Expr:
     def __neg__(self):     # bools and narrow ints in i32, as C and kernels promote them; floats as they are
         e = self if self.dtype.is_float or self.dtype.bits >= 32 else Cast(self, i32)
         return Unary("-", e, e.dtype)
+    def __abs__(self): return math_expr("abs", [self])
     def __lt__(self, o): return binary("<", self, o)
     def __le__(self, o): return binary("<=", self, o)
     def __gt__(self, o): return binary(">", self, o)
@@ -371,3 +373,31 @@ def evaluate_int(e: Expr, sizes: dict) -> int:
         a, b = evaluate_int(e.a, sizes), evaluate_int(e.b, sizes)
         return {"+": a + b, "-": a - b, "*": a * b, "//": a // b if b else 0, "%": a % b if b else 0}[e.op]
     raise TypeError(f"cannot evaluate {type(e).__name__} from sizes")
+
+
+MATH_ARITY = {"max": 2, "min": 2, "pow": 2, "fma": 3}
+
+
+def math_expr(name: str, args: list) -> Expr:
+    """The typed IR call of math function `name` on `args` (IR values and Python numbers).
+
+    Types promote as in arithmetic; transcendental functions of integers, and all math on
+    16-bit floats, are computed in f32; max/min/abs keep integer types.
+    """
+    arity = MATH_ARITY.get(name, 1)
+    if len(args) != arity:
+        raise TypeError(f"td.{name}() takes {arity} argument{'s' if arity > 1 else ''}, got {len(args)}")
+    dtype = functools.reduce(promote, [a.dtype for a in args if isinstance(a, Expr)])
+    for a in args:   # an int literal the typed arguments cannot hold takes part with its own type, as in arithmetic
+        if type(a) is int and dtype.is_integer and not dtype.holds(a):
+            dtype = promote(dtype, const(a).dtype)
+    if any(isinstance(a, float) for a in args) and not dtype.is_float:
+        dtype = f32   # a Python float with an integer value: as in arithmetic, the float wins
+    if (name not in ("max", "min", "abs") and not dtype.is_float) or (dtype.is_float and dtype.bits == 16):
+        dtype = f32
+    if dtype.is_bool or (dtype.is_integer and dtype.bits < 32):
+        dtype = i32       # C's integer promotion, as in arithmetic (abs(i8(-128)) is 128)
+    exprs = [convert(as_expr(a, dtype), dtype) for a in args]
+    if name == "abs" and dtype.kind == "uint":
+        return exprs[0]     # C++ has no abs of unsigned types (an ambiguous overload)
+    return Call(name, tuple(exprs), dtype)

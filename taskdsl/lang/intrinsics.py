@@ -6,14 +6,13 @@ numbers outside kernels, so host code and tests can share formulas with kernels.
 """
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..ir import types as T
-from ..ir.expr import Call, Expr, SpecialReg, as_expr, const, convert
+from ..ir.expr import MATH_ARITY, Expr, SpecialReg, convert, math_expr
+from ..ir.types import as_dtype
 
 
 class _Dim3:
@@ -75,13 +74,21 @@ _MATH_HOST = {
     "pow": _ieee(np.power), "fma": _ieee(lambda a, b, c: a * b + c), "sigmoid": _ieee(lambda x: 1.0 / (1.0 + np.exp(-x))),
     "abs": abs, "max": _pick(True), "min": _pick(False),
 }
-MATH_ARITY = {"max": 2, "min": 2, "pow": 2, "fma": 3}
 MATH = {name: Intrinsic(name, "math", fn) for name, fn in _MATH_HOST.items()}
 
 shared = Intrinsic("shared", "memory")
 registers = Intrinsic("registers", "memory")
 syncthreads = Intrinsic("syncthreads", "barrier")
-cast = Intrinsic("cast", "cast")
+def _cast_expr(value, dtype):
+    """td.cast outside a kernel: an IR value (a td.compute definition's) as `dtype` (a type, its name or a numpy
+    dtype)."""
+    if not isinstance(value, Expr):
+        raise RuntimeError("td.cast() can only be used inside a @td.kernel or @td.func body, or on the values of a "
+                           "td.compute definition; convert Python and numpy values with numpy")
+    return convert(value, as_dtype(dtype, "td.cast"))
+
+
+cast = Intrinsic("cast", "cast", _cast_expr)
 unroll = Intrinsic("unroll", "loop")
 ATOMICS = {f"atomic_{op}": Intrinsic(f"atomic_{op}", "atomic") for op in ("add", "sub", "max", "min", "exch")}
 WARP_OPS = {name: Intrinsic(name, "warp") for name in ("shfl_xor", "shfl_down", "shfl_up", "shfl_idx")}
@@ -89,31 +96,6 @@ syncwarp = Intrinsic("syncwarp", "barrier")
 # Tensor-core fragments and asynchronous global -> shared copies (sm_80+); see docs/dsl-reference.md.
 TENSOR_OPS = {name: Intrinsic(name, "tensor") for name in
               ("mma_m16n8k16", "ldmatrix", "cp_async", "cp_async_commit", "cp_async_wait")}
-
-
-def math_expr(name: str, args: list) -> Expr:
-    """The typed IR call of math function `name` on `args` (IR values and Python numbers).
-
-    Types promote as in arithmetic; transcendental functions of integers, and all math on
-    16-bit floats, are computed in f32; max/min/abs keep integer types.
-    """
-    arity = MATH_ARITY.get(name, 1)
-    if len(args) != arity:
-        raise TypeError(f"td.{name}() takes {arity} argument{'s' if arity > 1 else ''}, got {len(args)}")
-    dtype = functools.reduce(T.promote, [a.dtype for a in args if isinstance(a, Expr)])
-    for a in args:   # an int literal the typed arguments cannot hold takes part with its own type, as in arithmetic
-        if type(a) is int and dtype.is_integer and not dtype.holds(a):
-            dtype = T.promote(dtype, const(a).dtype)
-    if any(isinstance(a, float) for a in args) and not dtype.is_float:
-        dtype = T.f32   # a Python float with an integer value: as in arithmetic, the float wins
-    if (name not in ("max", "min", "abs") and not dtype.is_float) or (dtype.is_float and dtype.bits == 16):
-        dtype = T.f32
-    if dtype.is_bool or (dtype.is_integer and dtype.bits < 32):
-        dtype = T.i32       # C's integer promotion, as in arithmetic (abs(i8(-128)) is 128)
-    exprs = [convert(as_expr(a, dtype), dtype) for a in args]
-    if name == "abs" and dtype.kind == "uint":
-        return exprs[0]     # C++ has no abs of unsigned types (an ambiguous overload)
-    return Call(name, tuple(exprs), dtype)
 
 
 def cdiv(a, b):
