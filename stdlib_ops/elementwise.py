@@ -251,19 +251,23 @@ def _finite_below(x):
     return td.max(x, _F32_LOWEST)
 
 
-def _gelu_erf(x):
+def gelu_formula(x, approximate: str = "none"):
+    """GELU of a value (an IR value or a number): x * Phi(x), with the exact erf or the tanh approximation."""
+    if approximate == "tanh":
+        return 0.5 * _finite_below(x) * (1.0 + td.tanh(_SQRT_2_PI * (x + 0.044715 * (x * x * x))))
     return 0.5 * _finite_below(x) * (1.0 + td.erf(x * _SQRT1_2))
 
 
-def _gelu_tanh(x):
-    return 0.5 * _finite_below(x) * (1.0 + td.tanh(_SQRT_2_PI * (x + 0.044715 * (x * x * x))))
+def silu_formula(x):
+    """SiLU of a value (an IR value or a number): x * sigmoid(x)."""
+    return _finite_below(x) * td.sigmoid(x)
 
 
 _UNARY = {
     "relu": (lambda x: td.max(x, 0), False),
-    "gelu": (_gelu_erf, True),
-    "gelu_tanh": (_gelu_tanh, True),
-    "silu": (lambda x: _finite_below(x) * td.sigmoid(x), True),
+    "gelu": (gelu_formula, True),
+    "gelu_tanh": (lambda x: gelu_formula(x, "tanh"), True),
+    "silu": (silu_formula, True),
     "sigmoid": (lambda x: td.sigmoid(x), True),
     "tanh": (lambda x: td.tanh(x), True),
     "exp": (lambda x: td.exp(x), True),

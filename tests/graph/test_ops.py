@@ -320,3 +320,15 @@ def test_tensor_operators_trace_ops():
     x64 = x.astype(np.float64)
     assert_close(got[0], ((-(x64 * 2 + 1) / 4 - x64 ** 2) @ w).astype(np.float32), rtol=1e-5)
     assert_close(got[1], np.ascontiguousarray(x.T).reshape(2, 6))
+
+
+def test_gelu_and_silu_at_infinities_take_their_limits():
+    """The graph's gelu and silu use stdlib's formulas: 0 at -inf (their textbook forms give -inf * 0, NaN)."""
+    x = tg.input("x", (4,), "float32")
+    got = tg.Graph([x], [ops.gelu(x), ops.gelu(x, approximate="tanh"), ops.silu(x)]).compile()(
+        np.array([-np.inf, np.inf, np.nan, -1.5], np.float32))
+    phi = 0.5 * (1 + math.erf(-1.5 / math.sqrt(2)))
+    tanh_phi = 0.5 * (1 + math.tanh(math.sqrt(2 / math.pi) * (-1.5 + 0.044715 * -1.5 ** 3)))
+    for y, cdf in zip(got, (phi, tanh_phi, 1 / (1 + math.exp(1.5)))):
+        np.testing.assert_array_equal(y[:3], np.array([0.0, np.inf, np.nan], np.float32))
+        np.testing.assert_allclose(y[3], -1.5 * cdf, rtol=1e-5)

@@ -7,11 +7,12 @@ dtype (use `cast` to convert), the result keeps it (integer `div` truncates towa
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
+from stdlib_ops.elementwise import gelu_formula, silu_formula
 
 from ... import ir
 from ...compute import compute
@@ -69,16 +70,6 @@ def _truncdiv(a, b, **_):
 def _pow(a, b, **_):
     wide = T.f64 if T.f64 in (a.dtype, b.dtype) or not a.dtype.is_float or not b.dtype.is_float else T.f32
     return math_expr("pow", [ir.Cast(a, wide), ir.Cast(b, wide)])
-
-
-_SQRT1_2 = 1.0 / math.sqrt(2.0)
-_SQRT_2_PI = math.sqrt(2.0 / math.pi)
-
-
-def _gelu(x, approximate="none", **_):
-    if approximate == "tanh":
-        return 0.5 * x * (1.0 + math_expr("tanh", [_SQRT_2_PI * (x + 0.044715 * (x * x * x))]))
-    return 0.5 * x * (1.0 + math_expr("erf", [x * _SQRT1_2]))
 
 
 def _where(c, a, b, **_):
@@ -194,8 +185,8 @@ FUNCTIONS = {
     "floor": Function(_math("floor"), _floating),
     "ceil": Function(_math("ceil"), _floating),
     "reciprocal": Function(lambda a, **_: 1.0 / a, _floating),
-    "gelu": Function(_gelu, _floating),
-    "silu": Function(lambda a, **_: a * math_expr("sigmoid", [a]), _floating),
+    "gelu": Function(lambda a, approximate="none", **_: gelu_formula(a, approximate), _floating),
+    "silu": Function(lambda a, **_: silu_formula(a), _floating),
     "where": Function(_where, _select, (3, 3)),
     "clip": Function(_clip, _clip_dtype, (1, 3)),
     "cast": Function(lambda a, **_: a, _to),
