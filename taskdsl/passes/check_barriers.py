@@ -23,7 +23,8 @@ WARP_STMTS = {ir.SyncWarp: "syncwarp", ir.Mma: "mma_m16n8k16", ir.LdMatrix: "ldm
 
 def check_barriers(fn: ir.Function) -> ir.Function:
     """Raise DSLError for a barrier under thread-dependent control flow, or a shuffle, syncwarp, mma
-    or ldmatrix under lane-dependent control flow; return `fn` unchanged otherwise."""
+    or ldmatrix under lane-dependent control flow, or a shuffle in a while condition; return `fn` unchanged
+    otherwise."""
     uniformity = Uniformity(fn)
     for s, level in uniformity.control_levels(fn):
         if isinstance(s, ir.SyncThreads) and level > UNIFORM:
@@ -36,7 +37,10 @@ def check_barriers(fn: ir.Function) -> ir.Function:
         if isinstance(s, (ir.Mma, ir.LdMatrix)) and fn.num_threads % 32:
             raise DSLError(f"'{name}()' needs whole warps, but the block has {fn.num_threads} threads", s.loc,
                            "Use a block whose thread count is a multiple of 32.")
-        if level >= THREAD and not isinstance(s, (ir.Seq, ir.For, ir.While, ir.If)) and _warp_calls(s):
+        if isinstance(s, ir.While) and _warp_calls(s):    # rerun each iteration, by the lanes still in the loop
+            raise DSLError("a warp shuffle in a while condition is not supported", s.loc,
+                           "Compute it into a variable before the loop and at the end of its body.")
+        if level >= THREAD and _warp_calls(s):
             raise DSLError(f"'{_warp_calls(s)[0].func}()' inside a branch or loop that differs between the lanes "
                            "of a warp", s.loc, "Every lane of a warp must reach a shuffle together.")
     return fn

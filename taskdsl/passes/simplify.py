@@ -118,7 +118,7 @@ class _Simplifier(ir.Rewriter):
         a, b = self.visit(e.a), self.visit(e.b)
         op = e.op
         if isinstance(a, ir.Const) and isinstance(b, ir.Const):
-            if not (op in ("//", "%", "/") and b.value == 0):
+            if not (op in ("//", "%", "/") and b.value == 0) and not _undefined_shift(op, b.value, e.dtype):
                 value = _fold_value(op, a.value, b.value, a.dtype if op in ir.expr.COMPARE_OPS else e.dtype)
                 if not (isinstance(value, float) and not math.isfinite(value)):
                     return ir.const(value, e.dtype)
@@ -142,14 +142,15 @@ class _Simplifier(ir.Rewriter):
             return a
         if (op == "+" and av == 0) or (op == "*" and av == 1):
             return b
-        if op == "*" and (av == 0 or bv == 0):
+        if op == "*" and (av == 0 or bv == 0) and not _has_atomics(b if av == 0 else a):
             return ir.const(0, a.dtype if av == 0 else b.dtype)
         # only where arithmetic does not wrap: unsigned q*c + r is taken modulo 2**bits, and that
         # modulus is no multiple of c (signed overflow is undefined, so signed arithmetic may assume none)
         if op in ("%", "//") and bv is not None and bv != 0 and isinstance(a, ir.Binary) and a.op in ("+", "*") \
                 and a.dtype.kind == "int":
             split = _split_multiple(a, bv)
-            if split is not None:  # floor semantics: (q*c + r) % c == r % c and (q*c + r) // c == q + r // c
+            if split is not None and (op == "//" or not _has_atomics(split[0])):
+                # floor semantics: (q*c + r) % c == r % c and (q*c + r) // c == q + r // c
                 q, r = split
                 rest = self.visit(ir.binary(op, r, b)) if r is not None else ir.const(0, a.dtype)
                 return rest if op == "%" else self.visit(ir.binary("+", q, rest))
@@ -157,9 +158,19 @@ class _Simplifier(ir.Rewriter):
             r = self._range(a)
             if r is not None and 0 <= r[0] and r[1] < bv:
                 return a if op == "%" else ir.const(0, a.dtype)
-        if op == "%" and bv == 1:
+        if op == "%" and bv == 1 and not _has_atomics(a):
             return ir.const(0, a.dtype)
         return None
+
+
+def _undefined_shift(op: str, count, dtype) -> bool:
+    """Whether `x op count` is a shift by a count outside 0 .. bits - 1 (undefined at run time: kept, not folded)."""
+    return op in ("<<", ">>") and not 0 <= count < dtype.bits
+
+
+def _has_atomics(e: ir.Expr) -> bool:
+    """Whether evaluating `e` updates memory (an atomic): an identity may then not drop or merge it."""
+    return bool(ir.collect(e, ir.Atomic))
 
 
 def _is_op(e, op: str) -> bool:
@@ -172,6 +183,8 @@ def _join_floor_remainder(p: ir.Expr, q: ir.Expr):
     if not (_is_op(p, "*") and _is_op(q, "%") and ir.structurally_equal(p.b, q.b)):
         return None
     x, c = q.a, q.b
+    if _has_atomics(x):      # p and q each update memory once: both updates must stay
+        return None
     if _is_op(p.a, "//") and ir.structurally_equal(p.a.a, x) and ir.structurally_equal(p.a.b, c):
         return x
     if _is_op(p.a, "+"):

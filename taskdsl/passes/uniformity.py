@@ -17,6 +17,7 @@ from .. import ir
 
 UNIFORM, WARP, THREAD = 0, 1, 2
 WARP_FUNCS = ("shfl_xor", "shfl_down", "shfl_up", "shfl_idx")
+_MIRRORED = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}    # c op t is t mirrored-op c
 
 
 class Uniformity:
@@ -91,17 +92,27 @@ class Uniformity:
         return max((self.level(c, var_level) for c in children), default=UNIFORM)
 
     def _warp_pattern(self, e: ir.Binary) -> bool:
-        """threadIdx.x // (32k) and threadIdx.x compared with a multiple of 32 are warp-uniform."""
+        """threadIdx.x // (32k), k > 0, and threadIdx.x compared with a warp boundary are warp-uniform."""
         if self.block[0] % 32 != 0:
             return False
         tid_x = lambda x: (isinstance(x, ir.SpecialReg) and x.name == "threadIdx" and x.axis == "x") or \
             (isinstance(x, ir.Var) and x.uid in self.tid_aliases)
-        multiple = lambda x: isinstance(x, ir.Const) and x.dtype.is_integer and x.value % 32 == 0
-        if e.op == "//":
-            return tid_x(e.a) and multiple(e.b)
-        if e.op in ("<", "<=", ">", ">="):
-            return (tid_x(e.a) and multiple(e.b)) or (tid_x(e.b) and multiple(e.a))
-        return False
+        constant = lambda x: isinstance(x, ir.Const) and x.dtype.is_integer
+        if e.op == "//":    # t // -32 is 0 at t == 0 but -1 at t == 1
+            return tid_x(e.a) and constant(e.b) and e.b.value > 0 and e.b.value % 32 == 0
+        if e.op not in _MIRRORED:
+            return False
+        if tid_x(e.a):
+            op, c = e.op, e.b
+        elif tid_x(e.b):
+            op, c = _MIRRORED[e.op], e.a
+        else:
+            return False
+        if not constant(c):
+            return False
+        # t < b and t >= b split the threads at b; t <= c and t > c at c + 1 (t <= 32 holds for lane 0 of warp 1 only)
+        boundary = c.value if op in ("<", ">=") else c.value + 1
+        return boundary % 32 == 0
 
     # -------------------------------------------------------------- statements
     def _set(self, var: ir.Var, level: int, relaxed: int, branches: tuple) -> None:
