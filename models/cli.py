@@ -54,7 +54,7 @@ def add_shape_flags(p: argparse.ArgumentParser) -> None:
                    "the size of an ONNX model's symbolic dims past axis 0")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="f32", help="weights and activations (default f32)")
     p.add_argument("--target", choices=list(td.runtime.config.TARGETS),
-                   help="where kernels run (default: cuda with a usable GPU, else cpu)")
+                   help="where kernels run (default: $TASKDSL_TARGET, else cuda with a usable GPU, else cpu)")
     p.add_argument("--small", action="store_true", help="the reduced model (fewer layers and channels)")
     p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
                    help="run 2-D convolutions in NHWC (the graph's channels_last layout pass; default: on for cuda, "
@@ -67,9 +67,10 @@ def check_flags(args) -> str:
     """The target to run on, after checking the flags argparse cannot (UsageError)."""
     if args.batch < 1 or (args.seq is not None and args.seq < 1) or args.iters < 1:
         raise UsageError("--batch, --seq and --iters must be positive integers")
-    target = args.target or td.get_target()
     if args.no_tune:
         os.environ["TASKDSL_TUNE"] = "0"
+    td.runtime.config.check_environment()       # a bad TASKDSL_* setting: exit 2 now, not minutes into the build
+    target = args.target or td.get_target()
     if target == "cuda":
         usable, reason = td.gpu_status()
         if not usable:

@@ -64,14 +64,19 @@ def reference_outputs(graph: Graph, model: onnx.ModelProto | None, feeds: dict, 
 
 def relative_error(got: list, want: list) -> float:
     """The largest |got - want| over every output, relative to the largest finite |want| of that output; inf
-    where a NaN or an infinity of one side is not the other's (NaN where NaN, the same infinity, are equal)."""
+    where a NaN or an infinity of one side is not the other's (NaN where NaN, the same infinity, are equal), and
+    where the outputs differ in number or shape (zip and broadcasting would compare a part, or the wrong pairs)."""
+    if len(got) != len(want):
+        return math.inf
     worst = 0.0
     for a, b in zip(got, want):
         a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        if a.shape != b.shape:
+            return math.inf
         same = (a == b) | (np.isnan(a) & np.isnan(b))
         if same.all():
             continue
-        differences = np.abs(a - b)[~same]
+        differences = np.abs(a[~same] - b[~same])      # not inf - inf where both agree: no RuntimeWarning
         if not np.isfinite(differences).all():
             return math.inf
         finite = np.abs(b[np.isfinite(b)])

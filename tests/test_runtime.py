@@ -364,5 +364,5 @@ def test_stuck_compile_workers_are_stopped_and_the_kernels_compile_at_launch(tmp
 def test_bad_compile_worker_counts_are_refused(monkeypatch, value):
     from taskdsl.backend.cpu import precompile
     monkeypatch.setenv("TASKDSL_COMPILE_WORKERS", value)
-    with pytest.raises(ValueError, match=f"TASKDSL_COMPILE_WORKERS must be a positive number of processes.*{value!r}"):
+    with pytest.raises(td.ConfigError, match=f"TASKDSL_COMPILE_WORKERS={value!r}: set it to a positive whole number"):
         precompile.workers()

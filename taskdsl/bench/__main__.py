@@ -53,6 +53,7 @@ def main(argv=None) -> int:
 
     import taskdsl as td
     try:
+        td.runtime.config.check_environment()      # a bad TASKDSL_* setting: exit 2 before the benchmark starts
         if args.layers == "depthwise" and td.get_target() == "cuda":
             parser.error("conv --layers depthwise runs on the cpu target only (TASKDSL_TARGET=cpu)")
         module = importlib.import_module(BENCHMARKS[args.name][1])

@@ -22,6 +22,7 @@ one just stored). A hit refreshes the entry's time.
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import math
@@ -34,6 +35,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import ConfigError
 from .config import cache_dir
 
 _KEY = re.compile(r"^(?:k_)?([0-9a-f]{24,64})")
@@ -58,7 +60,7 @@ def max_bytes() -> int:
     except ValueError:
         megabytes = math.nan
     if not 0 <= megabytes < math.inf:
-        raise ValueError(f"TASKDSL_CACHE_MAX_MB={text!r}: give the cache's size cap as a number of megabytes >= 0")
+        raise ConfigError(f"TASKDSL_CACHE_MAX_MB={text!r}: give the cache's size cap as a number of megabytes >= 0")
     return int(megabytes * 2**20)
 
 
@@ -137,9 +139,10 @@ _scratch: list = []
 
 
 def _scratch_folder() -> Path:
-    """A folder of this process for generated modules when the cache cannot take them."""
+    """A folder of this process for generated modules when the cache cannot take them (removed at exit)."""
     if not _scratch:
         _scratch.append(Path(tempfile.mkdtemp(prefix="taskdsl-nocache-")))
+        atexit.register(shutil.rmtree, _scratch[0], ignore_errors=True)
     return _scratch[0]
 
 

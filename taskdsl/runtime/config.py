@@ -1,8 +1,12 @@
 """Process-wide settings: target, debug mode, fast compilation, cache directory."""
 from __future__ import annotations
 
+import atexit
 import functools
 import os
+import shutil
+import tempfile
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -15,14 +19,36 @@ _state = {"target": None, "debug": None, "fast_compile": None}
 
 
 def cache_dir() -> Path:
-    """Where compiled artifacts live (`TASKDSL_CACHE_DIR`, default ~/.cache/taskdsl)."""
-    path = Path(os.environ.get("TASKDSL_CACHE_DIR") or Path.home() / ".cache" / "taskdsl")
+    """Where compiled artifacts live: $TASKDSL_CACHE_DIR, else ~/.cache/taskdsl, else (a home that cannot hold it)
+    a temporary folder of this process. A TASKDSL_CACHE_DIR that cannot be created is a ConfigError."""
+    setting = os.environ.get("TASKDSL_CACHE_DIR")
     try:
+        # expanduser: a quoted "~/cache" (a unit file, a Dockerfile ENV) reaches us unexpanded
+        path = Path(setting).expanduser() if setting else Path.home() / ".cache" / "taskdsl"
         path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(f"the compile cache folder {path} cannot be used ({e.strerror}): set TASKDSL_CACHE_DIR to "
+    except (OSError, RuntimeError) as e:        # RuntimeError: no home directory to expand
+        reason = getattr(e, "strerror", None) or str(e)
+        if not setting:
+            return _scratch_cache_dir(reason)
+        raise ConfigError(f"the compile cache folder {setting} cannot be used ({reason}): set TASKDSL_CACHE_DIR to "
                           "a folder taskdsl may create or write") from None
     return path
+
+
+_scratch_cache: list = []
+
+
+def _scratch_cache_dir(reason: str) -> Path:
+    """A cache folder for this process only (removed at exit), where the default one cannot be created (a read-only
+    or missing home, as in some containers): kernels still compile, and a warning says so once."""
+    if not _scratch_cache:
+        folder = Path(tempfile.mkdtemp(prefix="taskdsl-cache-"))
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        _scratch_cache.append(folder)
+        warnings.warn(f"taskdsl: cannot create the compile cache ~/.cache/taskdsl ({reason}); compiling into {folder} "
+                      "for this process only. Set TASKDSL_CACHE_DIR to a writable folder to keep compiled kernels.",
+                      stacklevel=3)
+    return _scratch_cache[0]
 
 
 @functools.cache
@@ -112,6 +138,40 @@ def env_switch(name: str, default: bool, meaning: str = "on", off: str = "off", 
     if value is None:
         raise ConfigError(f"{name}={text!r}: use 1 ({meaning}) or 0 ({off})")
     return value
+
+
+def env_count(name: str, default: int) -> int:
+    """The positive whole number in the environment variable `name` (`default` when unset or empty); a ConfigError
+    for anything else (0, -1, 'x' were read as 1 or raised deep inside). The one reader of TASKDSL_COMPILE_WORKERS
+    and TASKDSL_NUM_THREADS."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise ConfigError(f"{name}={text!r}: set it to a positive whole number (1, 2, ...), or unset it for the "
+                          "default (the CPU count)")
+    return int(text)
+
+
+COUNTS = ("TASKDSL_COMPILE_WORKERS", "TASKDSL_NUM_THREADS")
+
+
+def check_environment() -> None:
+    """Read every TASKDSL_* setting now (but TASKDSL_TARGET, which an explicit target overrides): a bad one is one
+    ConfigError before any work, not a traceback minutes into a build or a value never read and silently
+    ignored. For command lines."""
+    # the readers live in the layers that use them: imported here, at call time, to avoid import cycles
+    from ..backend.cpu import vectors
+    from ..schedule import tuner
+    from . import cache, progress
+    debug_enabled(), fast_compile_enabled(), progress.enabled(), tuner.tuning_enabled()
+    for name in COUNTS:
+        env_count(name, 1)
+    cache_dir(), cache.max_bytes()
+    try:
+        vectors.host()
+    except ValueError as e:        # TASKDSL_CPU_VECTOR_BITS
+        raise ConfigError(str(e)) from None
 
 
 def _flag(name: str, env: str) -> bool:

@@ -25,6 +25,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...runtime.config import env_count
+
 _recorder: "_Recorder | None" = None
 
 
@@ -83,13 +85,7 @@ def recording():
 
 def workers() -> int:
     """Processes for parallel compiles ($TASKDSL_COMPILE_WORKERS, default: the CPU count)."""
-    value = os.environ.get("TASKDSL_COMPILE_WORKERS", "").strip()
-    if not value:
-        return os.cpu_count() or 1
-    if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"TASKDSL_COMPILE_WORKERS must be a positive number of processes (1: compile in this "
-                         f"process), got {value!r}")
-    return int(value)
+    return env_count("TASKDSL_COMPILE_WORKERS", os.cpu_count() or 1)
 
 
 def compile_job(job: Job) -> None:
