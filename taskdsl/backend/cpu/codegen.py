@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ... import ir
+from ...passes.bounds import int_range
 from ..naming import NameTable, identifier
 from . import fission as F
 
@@ -456,6 +457,10 @@ class _PythonEmitter:
             return text
         return f"{np_type(dtype)}({text})"
 
+    def may_overflow_division(self, e: ir.Binary) -> bool:
+        """Whether `e.a // e.b` may be -2**31 // -1 (the divisor is mostly a positive constant or size)."""
+        return _may_hold(e.b, self.fn.block, -1) and _may_hold(e.a, self.fn.block, -2**31)
+
     def expr(self, e: ir.Expr) -> str:
         if isinstance(e, ir.Const):
             if e.dtype.is_bool:
@@ -486,6 +491,8 @@ class _PythonEmitter:
         if isinstance(e, ir.Binary):
             if e.dtype.is_float and e.op in ir.expr.ARITH_OPS:
                 return f"({self.cast(e.a, e.dtype)} {e.op} {self.cast(e.b, e.dtype)})"
+            if e.op == "//" and e.dtype.name == "i32" and self.may_overflow_division(e):
+                return f"rt.floordiv_i32({self.expr(e.a)}, {self.expr(e.b)})"
             text = f"({self.expr(e.a)} {_PY_OPS.get(e.op, e.op)} {self.expr(e.b)})"
             # Wrap-around CUDA defines (left shifts, unsigned arithmetic); signed +-* overflow is UB there.
             if e.dtype.is_integer and (e.op == "<<" or (e.dtype.kind == "uint" and e.op in ("+", "-", "*"))):
@@ -519,6 +526,12 @@ class _PythonEmitter:
             call = f"{fn}({args})"
             return f"{np_type(e.dtype)}({call})" if e.dtype.is_float else call
         raise AssertionError(f"emit_python: unexpected expression {type(e).__name__}")
+
+
+def _may_hold(e: ir.Expr, block: tuple, value: int) -> bool:
+    """Whether integer `e` may be `value`, as far as its range (`passes.bounds.int_range`) tells."""
+    r = int_range(e, block, {})
+    return r is None or r[0] <= value <= r[1]
 
 
 def _flattened(s: ir.Seq) -> list:

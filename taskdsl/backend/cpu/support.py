@@ -158,6 +158,14 @@ def sigmoid_f32(x):
 
 
 @njit(cache=True, inline="always")
+def floordiv_i32(a, b):
+    """a // b of two i32 values, 0 for -2**31 // -1 as for every signed type (numba computes i32 arithmetic in
+    int64, where that quotient is 2**31; its int64 division gives 0 only for int64's minimum)."""
+    q = a // b
+    return 0 if (b == -1 and a == -2147483648) else q
+
+
+@njit(cache=True, inline="always")
 def exp2(x):
     """2 ** x."""
     return math.pow(2.0, x)
