@@ -161,3 +161,19 @@ def test_the_target_help_names_taskdsl_target(capsys):
         models_main(["run", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert "default: $TASKDSL_TARGET, else cuda with a usable GPU, else cpu" in help_text
+
+
+def test_library_readers_of_counts_and_vector_width_raise_config_errors(monkeypatch):
+    """Outside the CLIs too: num_threads read 0 as 1 and 'x' as a bare int() error; the vector width cap was a
+    plain ValueError."""
+    from taskdsl.backend.cpu import launch, precompile, vectors
+    for name, reader in (("TASKDSL_NUM_THREADS", launch.num_threads), ("TASKDSL_COMPILE_WORKERS", precompile.workers)):
+        for text in ("0", "x"):
+            monkeypatch.setenv(name, text)
+            with pytest.raises(config.ConfigError, match=f"{name}='{text}'"):
+                reader()
+        monkeypatch.setenv(name, "3")
+        assert reader() == 3
+    monkeypatch.setenv("TASKDSL_CPU_VECTOR_BITS", "100")
+    with pytest.raises(config.ConfigError, match="use 128, 256 or 512"):
+        vectors.host()

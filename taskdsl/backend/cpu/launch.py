@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ...runtime.config import env_count
 from .codegen import CpuSource
 from .parallel import entry_address, run_parallel
 from .vectors import widen_slp_vectors
@@ -38,7 +39,7 @@ def compiler_settings(opt_level: int):
 
 def num_threads() -> int:
     """Worker threads for block-parallel launches ($TASKDSL_NUM_THREADS, default: the CPU count)."""
-    return max(1, int(os.environ.get("TASKDSL_NUM_THREADS") or _cpu_count()))
+    return env_count("TASKDSL_NUM_THREADS", _cpu_count())
 
 
 @functools.cache
@@ -68,8 +69,7 @@ def call_args(src: CpuSource, values: list) -> tuple[list, list]:
     """
     args, copy_back = [], []
     for v in values:
-        if isinstance(v, np.ndarray) and v.dtype == np.float16:
-            v = v.view(np.uint16)   # numba has no float16: kernels read and write the bits
+        v = _half_bits(v)
         if src.flat and isinstance(v, np.ndarray):
             if v.flags.c_contiguous:
                 args.append(v.reshape(-1))
@@ -82,6 +82,12 @@ def call_args(src: CpuSource, values: list) -> tuple[list, list]:
         else:
             args.append(v)
     return args, copy_back
+
+
+def _half_bits(value):
+    """An f16 array or scalar as its uint16 bit patterns (numba has no float16: kernels read and write the bits);
+    any other value as it is."""
+    return value.view(np.uint16) if isinstance(value, (np.ndarray, np.float16)) and value.dtype == np.float16 else value
 
 
 def signature(src: CpuSource, values: list, sizes: list, grid: tuple) -> tuple:
@@ -119,7 +125,7 @@ class PreparedLaunch:
         self.written, self.kernel = written, kernel      # the arrays the kernel stores to (index -> name)
         # the binding's scalars, reused as they are; not its arrays, which each call replaces (kept, they would
         # stay alive as long as the kernel's launch cache)
-        self.values = [None if isinstance(v, np.ndarray) else v for v in values]
+        self.values = [None if isinstance(v, np.ndarray) else _half_bits(v) for v in values]
         self.sizes, self.grid = list(sizes), grid
         self.tail = (*sizes, *grid)
         self.blocks = grid[0] * grid[1] * grid[2]

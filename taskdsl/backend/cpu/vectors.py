@@ -15,6 +15,8 @@ import dataclasses
 import functools
 import os
 
+from ...errors import ConfigError
+
 
 @dataclasses.dataclass(frozen=True)
 class VectorUnit:
@@ -43,7 +45,7 @@ def host() -> VectorUnit:
     cap = os.environ.get("TASKDSL_CPU_VECTOR_BITS")
     if cap:
         if cap not in ("128", "256", "512"):
-            raise ValueError(f"TASKDSL_CPU_VECTOR_BITS={cap!r}: use 128, 256 or 512")
+            raise ConfigError(f"TASKDSL_CPU_VECTOR_BITS={cap!r}: use 128, 256 or 512")
         unit = dataclasses.replace(unit, bits=min(unit.bits, int(cap)))
     return unit
 
