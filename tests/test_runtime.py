@@ -366,3 +366,35 @@ def test_bad_compile_worker_counts_are_refused(monkeypatch, value):
     monkeypatch.setenv("TASKDSL_COMPILE_WORKERS", value)
     with pytest.raises(td.ConfigError, match=f"TASKDSL_COMPILE_WORKERS={value!r}: set it to a positive whole number"):
         precompile.workers()
+
+
+@td.kernel(grid=1, block=4)
+def _reciprocal(Y: td.f32[4], a: td.f32):
+    Y[td.threadIdx.x] = 1.0 / a
+
+
+@td.kernel(grid=1, block=4)
+def _scale_bf16(X: td.f32[4], Y: td.f32[4], a: td.bf16):
+    Y[td.threadIdx.x] = X[td.threadIdx.x] * a
+
+
+def test_scalars_equal_as_numbers_but_not_as_bits_are_bound_apart():
+    """-0.0 == 0.0, so a call with 0.0 after one with -0.0 reused its binding: 1 / 0.0 gave -inf."""
+    y = np.zeros(4, np.float32)
+    for value in (-0.0, 0.0, np.float32(-0.0), np.float32(0.0), -0.0, float("nan"), float("nan")):
+        _reciprocal(y, value)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            np.testing.assert_array_equal(y, np.float32(1.0) / np.float32(value))
+
+
+@given(value=st.floats(-1e4, 1e4, allow_nan=False, width=32))
+@settings(max_examples=10, deadline=None)
+def test_bf16_scalar_parameters_are_passed_by_value(value):
+    """A bf16 scalar became the uint16 of its number (3.0 -> the bits 0x0003, a denormal); an ml_dtypes
+    bfloat16 scalar was refused."""
+    import ml_dtypes
+    x, y = np.arange(4, dtype=np.float32), np.zeros(4, np.float32)
+    rounded = np.float32(ml_dtypes.bfloat16(value))
+    for arg in (value, ml_dtypes.bfloat16(value)):
+        _scale_bf16(x, y, arg)
+        np.testing.assert_array_equal(y, x * rounded)

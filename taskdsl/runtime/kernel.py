@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import struct
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -70,11 +71,28 @@ def _binding_key(args: tuple):
             key.append(a.launch_key)
         elif type(a) is np.ndarray:      # exactly: a subclass is bound as a plain view (`plain_arrays`)
             key.append((a.dtype, a.shape))
-        elif isinstance(a, (bool, int, float, np.number, np.bool_)):
+        elif type(a) is int:
+            key.append((int, a))
+        elif _is_float_scalar(a):       # by bits: -0.0 == 0.0 (but 1 / x differs), and a NaN is no NaN's equal
+            key.append((type(a), _F64_BITS(a if type(a) is float else float(a))))
+        elif _is_scalar(a):
             key.append((type(a), a))
         else:
             return None
     return tuple(key)
+
+
+_F64_BITS = struct.Struct("d").pack
+
+
+def _is_scalar(value) -> bool:
+    """Whether `value` is a Python or numpy number (ml_dtypes' bfloat16 included) or bool."""
+    return isinstance(value, (bool, int, float)) or (isinstance(value, np.generic) and T.is_number_dtype(value.dtype))
+
+
+def _is_float_scalar(value) -> bool:
+    """Whether `value` is a Python or numpy float scalar (ml_dtypes' bfloat16 included)."""
+    return isinstance(value, float) or (isinstance(value, np.generic) and T.is_float_dtype(value.dtype))
 
 
 def plain_arrays(args: tuple) -> tuple:
@@ -245,16 +263,18 @@ class Kernel:
         return arg
 
     def _bind_scalar(self, pname, dtype: T.DataType, arg):
-        if isinstance(arg, np.ndarray) or not isinstance(arg, (bool, int, float, np.number, np.bool_)):
+        if not _is_scalar(arg):
             raise TypeError(f"kernel '{self.name}': argument '{pname}' must be a {dtype.name} scalar, "
                             f"got {type(arg).__name__}")
-        if dtype.is_integer and isinstance(arg, (float, np.floating)):
+        if dtype.is_integer and _is_float_scalar(arg):
             raise TypeError(f"kernel '{self.name}': argument '{pname}' must be an integer ({dtype.name}), got {arg!r}")
         if dtype.is_integer and not isinstance(arg, (bool, np.bool_)):
             low, high = _integer_range(dtype.numpy)
             if not low <= arg <= high:      # numpy would wrap it silently (or raise an OverflowError naming nothing)
                 raise ValueError(f"kernel '{self.name}': argument '{pname}' = {arg} is outside the range of "
                                  f"{dtype.name} ({low} to {high}); declare the parameter with a wider type")
+        if dtype.name == "bf16":    # bf16 values travel as their bits (uint16): 3.0 is 0x4040, not 0x0003
+            return np.asarray(arg, T.numpy_dtype(dtype)).view(np.uint16)[()]
         return dtype.numpy.type(arg)
 
     def _evaluate(self, spec, sizes: dict, scalars: dict, what: str):
