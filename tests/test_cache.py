@@ -91,6 +91,22 @@ def test_fast_compile_builds_cubins_at_nvrtcs_least_optimization_and_caches_them
     assert sorted(r["fast_compile"] for r in records) == [False, True]
 
 
+def test_cubins_are_keyed_by_taskdsl_code_not_its_version_number(tmp_path, monkeypatch):
+    """The key held taskdsl's version number, which stays 0.1.0 while the code (NVRTC's options, say) changes:
+    a changed taskdsl loaded cubins the old one built."""
+    from taskdsl.backend.cuda import nvrtc
+    monkeypatch.setenv("TASKDSL_CACHE_DIR", str(tmp_path))
+    calls = []
+    original = nvrtc.compile_cubin
+    monkeypatch.setattr(nvrtc, "compile_cubin", lambda *a: calls.append(a) or original(*a))
+    kernel = _kernel(5.0)
+    _compile(kernel), _compile(kernel)
+    assert len(calls) == 1
+    monkeypatch.setattr(cache, "code_fingerprint", lambda: "another taskdsl")
+    _compile(kernel)
+    assert len(calls) == 2
+
+
 def test_least_recently_used_entries_are_evicted(tmp_path, monkeypatch):
     monkeypatch.setenv("TASKDSL_CACHE_DIR", str(tmp_path))
     first, second, third = _kernel(1.0), _kernel(2.0), _kernel(3.0)

@@ -981,7 +981,7 @@ class FunctionTranslator:
         raise self.error(node, f"td.{fn.name}() can only be used as a for-loop source")
 
     def math_call(self, name: str, args: list, node: ast.AST):
-        arity = L.MATH_ARITY.get(name, 1)
+        arity = ir.expr.MATH_ARITY.get(name, 1)
         if len(args) != arity:
             raise self.error(node, f"{name}() takes {arity} argument{'s' if arity > 1 else ''}, got {len(args)}")
         for a in args:

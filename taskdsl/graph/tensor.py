@@ -13,7 +13,6 @@ import math
 import numpy as np
 
 from ..compute import numpy_dtype
-from ..ir import types as T
 from ..ir.types import as_dtype
 from ..runtime.arrays import contiguous
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..ir.expr import MATH_ARITY, Expr, SpecialReg, convert, math_expr
+from ..ir.expr import Expr, SpecialReg, convert, math_expr
 from ..ir.types import as_dtype
 
 

@@ -23,6 +23,7 @@ one just stored). A hit refreshes the entry's time.
 from __future__ import annotations
 
 import atexit
+import functools
 import hashlib
 import json
 import math
@@ -50,6 +51,16 @@ def cache_key(*parts: str) -> str:
         digest.update(part.encode())
         digest.update(b"\0")
     return digest.hexdigest()[:40]
+
+
+@functools.cache
+def code_fingerprint() -> str:
+    """A hash of taskdsl's own code, which decides generated text and how it is compiled (NVRTC's options, say):
+    part of the keys of what was built from it (read once a process: ~10 ms)."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).resolve().parents[1].rglob("*.py")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 def max_bytes() -> int:

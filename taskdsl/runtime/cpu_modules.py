@@ -16,8 +16,6 @@ not indexed: their error sites point into the user's source file.
 """
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
 from pathlib import Path
 
@@ -64,17 +62,7 @@ def _ir_key(fn: ir.Function, fast: bool) -> str | None:
         text = ir.structural_text(fn)
     except (ir.Unspellable, RecursionError):
         return None
-    return cache.cache_key(text, f"fast={fast}", compiler_fingerprint(), _taskdsl_fingerprint())
-
-
-@functools.cache
-def _taskdsl_fingerprint() -> str:
-    """A hash of taskdsl's own code, which decides the generated text (read once a process: ~10 ms)."""
-    digest = hashlib.sha256()
-    root = Path(__file__).resolve().parents[1]
-    for path in sorted(root.rglob("*.py")):
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
+    return cache.cache_key(text, f"fast={fast}", compiler_fingerprint(), cache.code_fingerprint())
 
 
 def _index_path(key: str) -> Path:

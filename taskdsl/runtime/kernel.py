@@ -43,7 +43,8 @@ def _cubin(source: str, arch: str, name: str, fast: bool) -> bytes:
     from .. import __version__
     from ..backend.cuda.nvrtc import compile_cubin, nvrtc_version
     from . import cache
-    key = cache.cache_key(source, arch, nvrtc_version(), __version__, *(("fast",) if fast else ()))
+    # the code's fingerprint, not its version number: NVRTC's options may change while the source does not
+    key = cache.cache_key(source, arch, nvrtc_version(), cache.code_fingerprint(), *(("fast",) if fast else ()))
     binary = cache.load_cubin(key)
     if binary is None:
         binary = compile_cubin(source, arch, name, fast)
