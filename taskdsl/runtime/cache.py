@@ -22,7 +22,6 @@ one just stored). A hit refreshes the entry's time.
 """
 from __future__ import annotations
 
-import atexit
 import functools
 import hashlib
 import json
@@ -37,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
-from .config import cache_dir
+from .config import cache_dir, process_folder
 
 _KEY = re.compile(r"^(?:k_)?([0-9a-f]{24,64})")
 KINDS = ("cuda", "cpu", "tune")
@@ -152,8 +151,7 @@ _scratch: list = []
 def _scratch_folder() -> Path:
     """A folder of this process for generated modules when the cache cannot take them (removed at exit)."""
     if not _scratch:
-        _scratch.append(Path(tempfile.mkdtemp(prefix="taskdsl-nocache-")))
-        atexit.register(shutil.rmtree, _scratch[0], ignore_errors=True)
+        _scratch.append(process_folder("taskdsl-nocache-"))
     return _scratch[0]
 
 

@@ -38,12 +38,18 @@ def cache_dir() -> Path:
 _scratch_cache: list = []
 
 
+def process_folder(prefix: str) -> Path:
+    """A new temporary folder for this process only, removed at exit."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
 def _scratch_cache_dir(reason: str) -> Path:
     """A cache folder for this process only (removed at exit), where the default one cannot be created (a read-only
     or missing home, as in some containers): kernels still compile, and a warning says so once."""
     if not _scratch_cache:
-        folder = Path(tempfile.mkdtemp(prefix="taskdsl-cache-"))
-        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        folder = process_folder("taskdsl-cache-")
         _scratch_cache.append(folder)
         warnings.warn(f"taskdsl: cannot create the compile cache ~/.cache/taskdsl ({reason}); compiling into {folder} "
                       "for this process only. Set TASKDSL_CACHE_DIR to a writable folder to keep compiled kernels.",
