@@ -138,7 +138,7 @@ def cpu_module(key: str, text: str) -> Path:
     except (OSError, ValueError):
         pass
     if store(path, text.encode()):
-        evict(max_bytes(), keep=key)
+        keep_under_cap(len(text.encode()), keep=key)
         return path
     fallback = _scratch_folder() / f"k_{key}.py"
     atomic_write(fallback, text.encode())
@@ -178,8 +178,9 @@ def store_cubin(key: str, data: bytes, **meta) -> None:
     folder = cache_dir() / "cuda"
     record = {"key": key, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "created": time.time(),
               **meta}
-    if store(folder / f"{key}.cubin", data) and store(folder / f"{key}.json", json.dumps(record, indent=1).encode()):
-        evict(max_bytes(), keep=key)
+    text = json.dumps(record, indent=1).encode()
+    if store(folder / f"{key}.cubin", data) and store(folder / f"{key}.json", text):
+        keep_under_cap(len(data) + len(text), keep=key)
 
 
 def remove(*paths: Path) -> None:
@@ -209,15 +210,26 @@ class Entry:
 def entries() -> list:
     """Every entry of the cache, grouped by key (files vanishing meanwhile, another process's doing, are skipped;
     so are temporary files being written)."""
+    return _scan()[0]
+
+
+STALE_SECONDS = 3600.0      # a temporary file this old lost its writer (a killed process): `evict` removes it
+
+
+def _scan() -> tuple:
+    """(the cache's entries, its temporary files older than STALE_SECONDS)."""
     root = cache_dir()
     groups: dict = {}
+    stale = []
+    now = time.time()
     for kind in KINDS:
         folder = root / kind
         if not folder.is_dir():
             continue
         for path in folder.rglob("*"):
             match = _KEY.match(path.name)
-            if match is None or ".tmp" in path.name:       # (a file being written, ours or numba's)
+            temporary = ".tmp" in path.name          # a file being written, ours or numba's
+            if match is None and not temporary:
                 continue
             try:
                 if not path.is_file():
@@ -225,21 +237,31 @@ def entries() -> list:
                 stat = path.stat()
             except OSError:
                 continue
+            if temporary:
+                if now - stat.st_mtime > STALE_SECONDS:
+                    stale.append(path)
+                continue
             entry = groups.setdefault((kind, match.group(1)), Entry(kind, match.group(1), [], 0, 0.0))
             entry.files.append(path)
             entry.size += stat.st_size
             entry.last_used = max(entry.last_used, stat.st_mtime)
             entry.primary = entry.primary or (path.suffix == PRIMARY[kind] and path.parent == folder)
-    return list(groups.values())
+    return list(groups.values()), stale
 
 
 def evict(limit: int, keep: str | None = None) -> int:
-    """Remove least recently used entries (but `keep`'s) until the cache holds at most `limit` bytes; return how
-    many."""
-    all_entries = sorted(entries(), key=lambda e: e.last_used)
-    total = sum(e.size for e in all_entries)
+    """Remove least recently used entries (but `keep`'s) until the cache holds at most `limit` bytes, and stale
+    temporary files; return how many entries."""
+    return _evict(limit, keep)[0]
+
+
+def _evict(limit: int, keep: str | None) -> tuple:
+    """(entries removed, bytes the cache holds after): `evict`."""
+    found, stale = _scan()
+    remove(*stale)
+    total = sum(e.size for e in found)
     removed = 0
-    for entry in all_entries:
+    for entry in sorted(found, key=lambda e: e.last_used):
         if total <= limit:
             break
         if entry.key == keep:
@@ -247,7 +269,28 @@ def evict(limit: int, keep: str | None = None) -> int:
         remove(*entry.files)
         total -= entry.size
         removed += entry.primary
-    return removed
+    return removed, total
+
+
+# Scanning the cache (a stat of each of its files) after every store cost 0.2 s a compile with 8000 files: a
+# process scans at its first store and then adds what it stores to that total, scanning again when the total
+# would pass the cap or is older than RESCAN_SECONDS (other processes store too, and numba writes its files
+# beside ours: the estimate runs low by what they wrote since).
+RESCAN_SECONDS = 60.0
+_estimates: dict = {}       # cache folder -> (bytes it held at the last scan plus what this process stored since,
+                            # time.monotonic() of that scan)
+
+
+def keep_under_cap(stored: int, keep: str) -> None:
+    """After storing `stored` bytes under key `keep`: evict down to the cap ($TASKDSL_CACHE_MAX_MB) if the cache
+    may be over it."""
+    limit, folder = max_bytes(), cache_dir()
+    total, scanned = _estimates.get(folder, (None, 0.0))
+    now = time.monotonic()
+    if total is not None and total + stored <= limit and now - scanned < RESCAN_SECONDS:
+        _estimates[folder] = total + stored, scanned
+        return
+    _estimates[folder] = _evict(limit, keep)[1], now
 
 
 def info() -> dict:
