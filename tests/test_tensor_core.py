@@ -270,6 +270,30 @@ def test_cp_async_copies_and_zero_fills(kind, rows, seed):
     np.testing.assert_array_equal(out, expected)
 
 
+@td.kernel(grid=1, block=32)
+def gather_rows(X: f32["R", 4], rows: i32["N"], Out: f32[32, 4]):
+    s = td.shared(f32, (32, 4))
+    t = threadIdx.x
+    td.cp_async(s[t, 0], X[rows[t], 0], 4, pred=t < N)     # rows[t] exists only where the copy happens
+    td.cp_async_wait(0)
+    td.syncthreads()
+    for e in range(4):
+        Out[t, e] = s[t, e]
+
+
+def test_a_zero_filled_copy_does_not_compute_its_source_index():
+    """The emulated copy computes its predicate and indices once for its elements; the source index only
+    where the predicate holds, as CUDA's does: here that index reads a table past its end (debug mode checks)."""
+    td.debug(True)
+    x = np.arange(40, dtype=np.float32).reshape(10, 4)
+    rows = np.array([3, 0, 9, 3, 5], np.int32)
+    out = np.full((32, 4), -1, np.float32)
+    gather_rows(x, rows, out)
+    expected = np.zeros((32, 4), np.float32)
+    expected[:5] = x[rows]
+    np.testing.assert_array_equal(out, expected)
+
+
 # --------------------------------------------------------------------------- syncwarp
 @td.kernel(block=64)
 def rotate_in_warp(X: f32[64], Y: f32[64]):

@@ -89,10 +89,28 @@ class _Emulator(ir.Rewriter):
         return ir.seq(out)
 
     def visit_CpAsync(self, s: ir.CpAsync) -> ir.Stmt:
+        # The predicate and the indices are computed once, not in each of the `count` element copies: an im2col
+        # prologue's source index is a long expression, and numba's time grows with the code it types. A source
+        # index is computed only where the predicate holds, as CUDA's copy computes it (`codegen.cp_async`).
+        out = []
+
+        def bound(name: str, expr: ir.Expr) -> ir.Expr:
+            if isinstance(expr, (ir.Const, ir.Var, ir.SpecialReg)):
+                return expr
+            var = ir.Var(name, expr.dtype)
+            out.append(ir.Assign(var, expr, s.loc))
+            return var
+
+        pred = bound("cp_pred", s.pred)
+        always = isinstance(pred, ir.Const) and pred.value
+        src = ir.Ref(s.src.buffer, tuple(bound("cp_src", i if always else ir.Select(pred, i, ir.const(0, i.dtype),
+                                                                                     i.dtype))
+                                         for i in s.src.indices))
+        dst = ir.Ref(s.dst.buffer, tuple(bound("cp_dst", i) for i in s.dst.indices))
         zero = ir.const(0, s.dst.dtype)
-        return ir.seq([ir.Store(s.dst.buffer, s.dst.element(k),
-                                ir.Select(s.pred, ir.Load(s.src.buffer, s.src.element(k)), zero, s.dst.dtype), s.loc)
-                       for k in range(s.count)])
+        out += [ir.Store(dst.buffer, dst.element(k), ir.Select(pred, ir.Load(src.buffer, src.element(k)), zero,
+                                                               s.dst.dtype), s.loc) for k in range(s.count)]
+        return ir.seq(out)
 
     def visit_CpAsyncCommit(self, s):
         return ir.Seq(())
