@@ -260,6 +260,7 @@ def export_if_checkable(graph):
 def main(argv=None) -> int:
     """Run the command line; return the exit status (2 for bad input)."""
     args = parser().parse_args(argv)       # exits with 2 on a bad flag
+    saved_tune = os.environ.get("TASKDSL_TUNE")   # --no-tune sets it for this command only (tests call main)
     try:
         if args.command == "list":
             return command_list()
@@ -277,3 +278,8 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("python -m models: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if saved_tune is None:
+            os.environ.pop("TASKDSL_TUNE", None)
+        else:
+            os.environ["TASKDSL_TUNE"] = saved_tune

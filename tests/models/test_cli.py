@@ -220,3 +220,15 @@ def test_relative_error_sees_nans_and_infinities():
     assert relative_error([np.array([inf, 1.0])], [np.array([-inf, 1.0])]) == inf
     assert relative_error([np.array([inf, -inf, 2.0])], [np.array([inf, -inf, 2.0])]) == 0.0
     assert relative_error([np.array([inf, 1.5])], [np.array([inf, 2.0])]) == 0.25
+
+
+def test_no_tune_holds_for_its_command_only(tmp_path, monkeypatch, capsys):
+    """`--no-tune` set TASKDSL_TUNE=0 for the rest of the process: a program calling `main` then tuned nothing."""
+    _relu_model(tmp_path / "relu.onnx", [2, 3])
+    monkeypatch.delenv("TASKDSL_TUNE", raising=False)
+    assert main(["run", "--onnx", str(tmp_path / "relu.onnx"), "--no-tune", "--target", "cpu", "--iters", "1"]) == 0
+    assert "TASKDSL_TUNE" not in os.environ
+    monkeypatch.setenv("TASKDSL_TUNE", "1")
+    assert main(["run", "--onnx", str(tmp_path / "relu.onnx"), "--no-tune", "--target", "cpu", "--iters", "1"]) == 0
+    assert os.environ["TASKDSL_TUNE"] == "1"
+    capsys.readouterr()
