@@ -239,3 +239,26 @@ def test_debug_mode_can_be_switched_off_again():
     y2 = np.zeros(32, np.float32)
     rotate_synced(x, y2)
     np.testing.assert_array_equal(y, y2)
+
+
+@td.kernel(grid=1, block=32)
+def many_sites(X: f32[32], Y: f32[32]):
+    s = td.shared(f32, (32,))
+    t = threadIdx.x
+    s[t] = X[t] + X[31 - t] + X[t // 2] + X[t % 3]
+    td.syncthreads()
+    Y[t] = s[t] + s[31 - t] + s[t // 2] + s[t % 3]
+
+
+def test_checking_helpers_compile_once_per_type_not_per_site():
+    """Each access's site number went to numba as a literal: the checking helpers were compiled once per
+    access (355 compiles, two minutes, for one mma kernel)."""
+    from taskdsl.backend.cpu import support_calls as rt
+    td.debug(True)
+    before = {f: len(getattr(rt, f).signatures) for f in ("load_checked", "load_shared_checked", "check_index")}
+    x, y = np.arange(32, dtype=np.float32), np.zeros(32, np.float32)
+    many_sites(x, y)
+    s = x + x[::-1] + x[np.arange(32) // 2] + x[np.arange(32) % 3]
+    np.testing.assert_array_equal(y, s + s[::-1] + s[np.arange(32) // 2] + s[np.arange(32) % 3])
+    grown = {f: len(getattr(rt, f).signatures) - n for f, n in before.items()}
+    assert grown["load_checked"] <= 1 and grown["load_shared_checked"] <= 1 and grown["check_index"] <= 2, grown

@@ -390,9 +390,11 @@ class _PythonEmitter:
             return name
         return f"({name} {'+' if offset > 0 else '-'} {self.constant(f'np.uint64({abs(offset)})')})"
 
-    def site(self, buf: ir.Buffer, access: str) -> int:
+    def site(self, buf: ir.Buffer, access: str) -> str:
+        """The number of a new debug-mode access site, as an int64 expression: numba types a bare literal as
+        Literal[int](n) and compiles the checking helper once per site (355 compiles for one mma kernel)."""
         self.sites.append(DebugSite(self.loc, buf.name, access, 1 if buf.uid in self.registers else 0))
-        return len(self.sites) - 1
+        return f"np.int64({len(self.sites) - 1})"
 
     def promoted_element(self, buf: ir.Buffer, indices) -> str | None:
         if self.promoted_elements and isinstance(indices[0], ir.Const):
