@@ -107,9 +107,12 @@ class _Emulator(ir.Rewriter):
                                                                                      i.dtype))
                                          for i in s.src.indices))
         dst = ir.Ref(s.dst.buffer, tuple(bound("cp_dst", i) for i in s.dst.indices))
+        # the elements in a loop, not `count` copies of the store (numba's time again; LLVM unrolls it)
+        k = ir.Var("cp_k", T.i32)
         zero = ir.const(0, s.dst.dtype)
-        out += [ir.Store(dst.buffer, dst.element(k), ir.Select(pred, ir.Load(src.buffer, src.element(k)), zero,
-                                                               s.dst.dtype), s.loc) for k in range(s.count)]
+        copy = ir.Store(dst.buffer, dst.element(k), ir.Select(pred, ir.Load(src.buffer, src.element(k)), zero,
+                                                              s.dst.dtype), s.loc)
+        out.append(ir.For(k, ir.const(0), ir.const(s.count), ir.const(1), copy, loc=s.loc))
         return ir.seq(out)
 
     def visit_CpAsyncCommit(self, s):
