@@ -137,11 +137,12 @@ def cpu_module(key: str, text: str) -> Path:
             return path
     except (OSError, ValueError):
         pass
-    if store(path, text.encode()):
-        keep_under_cap(len(text.encode()), keep=key)
+    data = text.encode()
+    if store(path, data):
+        keep_under_cap(len(data), keep=key)
         return path
     fallback = _scratch_folder() / f"k_{key}.py"
-    atomic_write(fallback, text.encode())
+    atomic_write(fallback, data)
     return fallback
 
 
