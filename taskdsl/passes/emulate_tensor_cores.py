@@ -93,9 +93,10 @@ class _Emulator(ir.Rewriter):
         # prologue's source index is a long expression, and numba's time grows with the code it types. A source
         # index is computed only where the predicate holds, as CUDA's copy computes it (`codegen.cp_async`).
         out = []
+        computed = lambda e: not isinstance(e, (ir.Const, ir.Var, ir.SpecialReg))
 
         def bound(name: str, expr: ir.Expr) -> ir.Expr:
-            if isinstance(expr, (ir.Const, ir.Var, ir.SpecialReg)):
+            if not computed(expr):
                 return expr
             var = ir.Var(name, expr.dtype)
             out.append(ir.Assign(var, expr, s.loc))
@@ -103,9 +104,9 @@ class _Emulator(ir.Rewriter):
 
         pred = bound("cp_pred", s.pred)
         always = isinstance(pred, ir.Const) and pred.value
-        src = ir.Ref(s.src.buffer, tuple(bound("cp_src", i if always else ir.Select(pred, i, ir.const(0, i.dtype),
-                                                                                     i.dtype))
-                                         for i in s.src.indices))
+        # (an index already a name or a constant costs nothing to compute where the predicate fails)
+        guarded = lambda i: i if always or not computed(i) else ir.Select(pred, i, ir.const(0, i.dtype), i.dtype)
+        src = ir.Ref(s.src.buffer, tuple(bound("cp_src", guarded(i)) for i in s.src.indices))
         dst = ir.Ref(s.dst.buffer, tuple(bound("cp_dst", i) for i in s.dst.indices))
         # the elements in a loop, not `count` copies of the store (numba's time again; LLVM unrolls it)
         k = ir.Var("cp_k", T.i32)
