@@ -65,14 +65,16 @@ class _Emulator(ir.Rewriter):
         b_rows = [ir.Var("mma_b", T.i32) for _ in range(2)]
         out.append(ir.Assign(a_row, (self.warp + group * 4) * MMA_COLS, s.loc))
         out += [ir.Assign(b_rows[lo], (self.warp + (tig * 2 + lo) * 4) * MMA_COLS, s.loc) for lo in range(2)]
+        # the 16 products of each c element in a loop, not unrolled: numba's time grows with the code it types
+        # (64 unrolled products an mma made a tensor-core kernel several times slower to compile)
+        k, acc = ir.Var("mma_k", T.i32), ir.Var("mma_acc", T.f32)
+        lane_offset = (k % 8) // 2 * MMA_COLS + k % 2
         for i in range(4):   # c_i is D[groupID + 8 * (i // 2), 2 * threadID_in_group + i % 2]
-            acc = ir.Load(s.c.buffer, s.c.element(i))
-            for k in range(16):
-                lane_offset = (k % 8) // 2 * MMA_COLS
-                a = ir.Load(scratch, (a_row + (lane_offset + k % 2 + 2 * (i // 2) + 4 * (k // 8)),))
-                b = ir.Load(scratch, (b_rows[i % 2] + (lane_offset + 8 + k % 2 + 2 * (k // 8)),))
-                acc = acc + a * b
-            out.append(ir.Store(s.c.buffer, s.c.element(i), acc, s.loc))
+            a = ir.Load(scratch, (a_row + (lane_offset + 2 * (i // 2) + 4 * (k // 8)),))
+            b = ir.Load(scratch, (b_rows[i % 2] + (lane_offset + 8 + 2 * (k // 8)),))
+            out += [ir.Assign(acc, ir.Load(s.c.buffer, s.c.element(i)), s.loc),
+                    ir.For(k, ir.const(0), ir.const(16), ir.const(1), ir.Assign(acc, acc + a * b, s.loc), loc=s.loc),
+                    ir.Store(s.c.buffer, s.c.element(i), acc, s.loc)]
         return ir.seq(out)
 
     def visit_LdMatrix(self, s: ir.LdMatrix) -> ir.Stmt:
