@@ -4,7 +4,8 @@ Tests run on the cpu target, or on the one $TASKDSL_TEST_TARGET names: with
 TASKDSL_TEST_TARGET=cuda on a GPU machine, every kernel test of the suite runs on the GPU
 and is checked against the same numpy oracles. Every kernel specialization a test launches
 also has its CUDA C++ compiled to an sm_90 cubin by NVRTC (once per kernel and block
-shape), so the suite proves the CUDA path on machines without a GPU.
+shape, in one program per test module: `cuda_checks.py`), so the suite proves the CUDA path
+on machines without a GPU.
 
 Kernels are compiled with `td.fast_compile` (cpu: no IR unrolling, so numba compiles big kernels
 several times faster; cuda: NVRTC at -Ofast-compile=max), except in modules that set
@@ -20,8 +21,10 @@ import pytest
 from hypothesis import settings
 
 import taskdsl as td
+from taskdsl.runtime.config import fast_compile_enabled
 from taskdsl.runtime.kernel import Kernel
 
+from .cuda_checks import CudaChecks
 from .simulated_gpu import simulate_cuda_twin
 
 # Under CI (the CI variable set, as CI services and .ci/run's clean-clone check do) hypothesis draws the same
@@ -32,6 +35,14 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 
 _compiled: set = set()
+CUDA_CHECKS = CudaChecks()    # the CUDA sources of the kernels the tests launch, compiled when their module ends
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _nvrtc_compiles_the_modules_kernels():
+    """NVRTC compiles the CUDA C++ of every kernel the module's tests launched (`cuda_checks`)."""
+    yield
+    CUDA_CHECKS.compile_all()
 # TASKDSL_SIMULATED_GPU=1 without a GPU: the cuda twins run on the simulated GPU (tests/simulated_gpu.py), so
 # the kernels the cuda target schedules (its templates, reductions, strategies) run on the cpu backend and
 # are checked against the same oracles. Other @gpu tests (real driver features) stay skipped.
@@ -76,16 +87,16 @@ def _cpu_target_and_nvrtc(monkeypatch, request, twin_target):
         td.set_target(os.environ.get("TASKDSL_TEST_TARGET", "cpu"))
     original = Kernel.__call__
 
-    def call_and_compile(self, *args, **kwargs):
+    def call_and_queue_cuda(self, *args, **kwargs):
         original(self, *args, **kwargs)
         args = self.arguments(args, kwargs)
         binding = self.bind(args)
         key = (id(self), binding.block)
         if key not in _compiled and 0 not in binding.grid:
-            self.compile(*args, target="cuda", arch="sm_90")
+            CUDA_CHECKS.add(request.node.nodeid, self.name, self.source(*args, target="cuda"), fast_compile_enabled())
             _compiled.add(key)
 
-    monkeypatch.setattr(Kernel, "__call__", call_and_compile)
+    monkeypatch.setattr(Kernel, "__call__", call_and_queue_cuda)
     yield
     td.debug(False)
     td.fast_compile(False)

@@ -56,35 +56,34 @@ def test_space_sizes_and_pruning_match_the_docs():
         space.point(warps=(2, 2), repeat=(2, 2), lanes=(4, 8), tile=(8, 8), bk=8, prefetch=True)
 
 
-def _space_program() -> tuple[str, set, set]:
-    """(one CUDA program holding every point of both spaces, the GPU space's kernel names, all kernel names)."""
+def _sources(points: list) -> tuple[str, set]:
+    """(one CUDA program holding the template's kernels at `points`, their names)."""
     a = np.zeros((1, 64, 64), np.float32)
     index = np.zeros((1, 2), np.int32)
-    gpu = [simt.simt_matmul_kernel(p, td.f32, td.f32) for p in simt.gpu_space().points()]
-    kernels = gpu + [simt.simt_matmul_kernel(p, td.f32, td.f32) for p in simt.space_for("cpu").points()]
+    kernels = [simt.simt_matmul_kernel(p, td.f32, td.f32) for p in points]
     names = {k.name for k in kernels}
     assert len(names) == len(kernels)
-    return combine_sources([k.source(a, a, a, index, 1, target="cuda") for k in kernels]), {k.name for k in gpu}, names
+    return combine_sources([k.source(a, a, a, index, 1, target="cuda") for k in kernels]), names
 
 
-def test_every_point_compiles_with_nvrtc_for_sm_80():
-    """Fast mode: the check is that they build. sm_90 builds the same program in
-    test_every_gpu_point_keeps_its_tiles_in_registers, fully optimized."""
-    unit, _, names = _space_program()
-    cubin = compile_cubin(unit, "sm_80", "simt_space", fast=True)
-    assert all(name.encode() in cubin for name in names)
+def test_every_point_compiles_with_nvrtc():
+    """Both spaces build for sm_80, and the cpu space's points for sm_90, in fast mode (the check is that they
+    build): the GPU space's build for sm_90 fully optimized in test_every_gpu_point_keeps_its_tiles_in_registers."""
+    gpu, cpu = simt.gpu_space().points(), simt.space_for("cpu").points()
+    for arch, points in (("sm_80", gpu + cpu), ("sm_90", cpu)):
+        unit, names = _sources(points)
+        cubin = compile_cubin(unit, arch, "simt_space", fast=True)
+        assert all(name.encode() in cubin for name in names)
 
 
 def test_every_gpu_point_keeps_its_tiles_in_registers():
-    """Every point builds for sm_90, and ptxas gives no point of the GPU space a stack frame: accumulators and
-    fragments indexed only by unrolled loops (a run-time index would put them in local memory, several times
-    slower)."""
-    unit, gpu_names, names = _space_program()
+    """ptxas gives no point of the GPU space a stack frame: accumulators and fragments indexed only by
+    unrolled loops (a run-time index would put them in local memory, several times slower)."""
+    unit, names = _sources(simt.gpu_space().points())
     report = resource_usage(unit)
     assert set(report) == names
     # a few points spill a word or two (ptxas's choice under register pressure): stack beyond that is an array
-    assert {name: r for name, r in report.items()
-            if name in gpu_names and r["stack_bytes"] >= r["spill_store_bytes"] + 8} == {}
+    assert {name: r for name, r in report.items() if r["stack_bytes"] >= r["spill_store_bytes"] + 8} == {}
 
 
 @pytest.mark.fast_compile
@@ -278,6 +277,7 @@ def test_cuda_tuning_times_kernels_on_device_arrays(simulated_gpu, tmp_path, mon
     np.testing.assert_array_equal(seen[0][0].numpy(), a)
 
 
+@pytest.mark.fast_compile     # how candidates are timed, not their code (as the split test above)
 def test_cuda_candidates_are_timed_as_replays_of_one_capture(simulated_gpu, monkeypatch):
     """The cuda timer replays a CUDA graph of the candidate's launches, as compiled graphs run them (a split
     point's two kernels with no host gap between them), and its probe and full timing share one capture."""
