@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...runtime.config import env_count
+from . import call_types
 from .codegen import CpuSource
 from .parallel import entry_address, run_parallel
 from .vectors import widen_slp_vectors
@@ -26,13 +27,14 @@ from .vectors import widen_slp_vectors
 def compiler_settings(opt_level: int):
     """numba's LLVM settings for a generated kernel: the SLP vectorizer on (numba leaves it off; unrolled
     register tiles need it, as wide as the host's vectors: `vectors`) and optimization level `opt_level`
-    (a source's `opt_level`)."""
+    (a source's `opt_level`), with numba's call typing memoized (`call_types`)."""
     from numba.core import config
     widen_slp_vectors()
     saved = config.SLP_VECTORIZE, config.OPT
     config.SLP_VECTORIZE, config.OPT = 1, config._OptLevel(opt_level)
     try:
-        yield
+        with call_types.memoized():
+            yield
     finally:
         config.SLP_VECTORIZE, config.OPT = saved
 

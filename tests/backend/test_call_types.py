@@ -1,0 +1,51 @@
+"""Memoized call typing while kernels compile (`backend/cpu/call_types.py`)."""
+import operator
+
+import numpy as np
+from numba import njit, types
+from numba.core.registry import cpu_target
+from numba.core.types import functions
+
+from taskdsl.backend.cpu import call_types
+
+
+def _typings(monkeypatch) -> list:
+    """The argument types of each resolution the memo asks numba for."""
+    seen = []
+
+    def counted(self, context, args, kws):
+        seen.append(tuple(args))
+        return original(self, context, args, kws)
+    original = call_types._original
+    monkeypatch.setattr(call_types, "_original", counted)
+    return seen
+
+
+def test_a_call_is_typed_once_inside_the_block_and_numba_is_restored_after(monkeypatch):
+    numbas = functions.BaseFunction.get_call_type
+    seen = _typings(monkeypatch)
+    context = cpu_target.typing_context
+    context.refresh()       # numba loads its typing registries lazily
+    add = context.resolve_value_type(operator.add)
+    f32 = (types.float32, types.float32)
+    with call_types.memoized():
+        with call_types.memoized():         # nested blocks share the memo
+            first = add.get_call_type(context, f32, {})
+        assert add.get_call_type(context, f32, {}) is first
+        assert add.get_call_type(context, (types.int64, types.int64), {}).return_type == types.int64
+    assert seen == [f32, (types.int64, types.int64)]
+    assert functions.BaseFunction.get_call_type is numbas and call_types._memo == {}
+
+
+def test_functions_compiled_inside_compute_what_they_compute_outside():
+    def body(x, y):
+        out = np.empty_like(x)
+        for i in range(x.size):
+            out[i] = x[i] * y[i] + np.float32(i) - abs(x[i])
+        return out
+    x = np.linspace(-2, 2, 37, dtype=np.float32)
+    y = np.arange(37, dtype=np.float32)
+    with call_types.memoized():
+        inside = njit(body)(x, y)
+    np.testing.assert_array_equal(inside, njit(body)(x, y))
+    np.testing.assert_array_equal(inside, body(x, y))
