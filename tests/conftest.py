@@ -35,6 +35,11 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 
 _compiled: set = set()
+# TASKDSL_SIMULATED_GPU=1 without a GPU: the cuda twins run on the simulated GPU (tests/simulated_gpu.py), so
+# the kernels the cuda target schedules (its templates, reductions, strategies) run on the cpu backend and
+# are checked against the same oracles. Other @gpu tests (real driver features) stay skipped.
+SIMULATED_GPU = os.environ.get("TASKDSL_SIMULATED_GPU") == "1"
+
 CUDA_CHECKS = CudaChecks()    # the CUDA sources of the kernels the tests launch, compiled when their module ends
 
 
@@ -43,10 +48,6 @@ def _nvrtc_compiles_the_modules_kernels():
     """NVRTC compiles the CUDA C++ of every kernel the module's tests launched (`cuda_checks`)."""
     yield
     CUDA_CHECKS.compile_all()
-# TASKDSL_SIMULATED_GPU=1 without a GPU: the cuda twins run on the simulated GPU (tests/simulated_gpu.py), so
-# the kernels the cuda target schedules (its templates, reductions, strategies) run on the cpu backend and
-# are checked against the same oracles. Other @gpu tests (real driver features) stay skipped.
-SIMULATED_GPU = os.environ.get("TASKDSL_SIMULATED_GPU") == "1"
 
 
 def pytest_configure(config):
