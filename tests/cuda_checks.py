@@ -19,6 +19,8 @@ _DECLARATION = re.compile(r'(extern "C" __global__ void (?:__launch_bounds__\(\d
 
 @dataclass
 class Queued:
+    """A kernel's CUDA source, and the test that launched it first."""
+
     test: str       # the node id of the test that launched it
     kernel: str
     source: str
