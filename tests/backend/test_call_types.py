@@ -10,20 +10,20 @@ from taskdsl.backend.cpu import call_types
 
 
 def _typings(monkeypatch) -> list:
-    """The argument types of each resolution the memo asks numba for."""
+    """The argument types of each resolution numba makes (numba's method wrapped before any block starts)."""
     seen = []
 
     def counted(self, context, args, kws):
         seen.append(tuple(args))
         return original(self, context, args, kws)
-    original = call_types._original
-    monkeypatch.setattr(call_types, "_original", counted)
+    original = functions.BaseFunction.get_call_type
+    monkeypatch.setattr(functions.BaseFunction, "get_call_type", counted)
     return seen
 
 
 def test_a_call_is_typed_once_inside_the_block_and_numba_is_restored_after(monkeypatch):
-    numbas = functions.BaseFunction.get_call_type
     seen = _typings(monkeypatch)
+    numbas = functions.BaseFunction.get_call_type
     context = cpu_target.typing_context
     context.refresh()       # numba loads its typing registries lazily
     add = context.resolve_value_type(operator.add)

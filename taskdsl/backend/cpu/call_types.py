@@ -15,10 +15,9 @@ import threading
 
 from numba.core.types import functions
 
-_original = functions.BaseFunction.get_call_type     # what the memo calls on a miss
 _lock = threading.Lock()
 _depth = 0          # nested or concurrent `memoized()` blocks
-_outside = None     # numba's method while no block runs, restored when the last one ends
+_outside = None     # numba's method while no block runs: called on a miss, restored when the last block ends
 _memo: dict = {}
 
 
@@ -28,9 +27,9 @@ def _get_call_type(self, context, args, kws):
         key = (self, context, tuple(args), tuple(sorted(kws.items())))
         signature = _memo.get(key)
     except TypeError:       # an argument type that cannot be hashed
-        return _original(self, context, args, kws)
+        return _outside(self, context, args, kws)
     if signature is None:
-        signature = _memo[key] = _original(self, context, args, kws)
+        signature = _memo[key] = _outside(self, context, args, kws)
     return signature
 
 
