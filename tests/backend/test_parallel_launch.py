@@ -4,6 +4,7 @@ import threading
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
+from numba import njit, typeof, types
 
 import taskdsl as td
 from taskdsl import blockIdx, f32, i32, threadIdx
@@ -53,7 +54,7 @@ def test_every_block_runs_once_from_the_main_thread_and_from_others(n, chunk, sc
 
 @pytest.mark.parametrize("fast", [False, True])
 def test_kernels_with_the_same_argument_types_share_one_launcher(fast, monkeypatch):
-    from taskdsl.backend.cpu.parallel import run_parallel
+    from taskdsl.backend.cpu.parallel import launch
     monkeypatch.setenv("TASKDSL_NUM_THREADS", "2")
     td.set_target("cpu")
     td.fast_compile(fast)
@@ -61,8 +62,44 @@ def test_kernels_with_the_same_argument_types_share_one_launcher(fast, monkeypat
     y = np.ones_like(x)
     add_shifted(x, y, 1, 1, 2, 3, 4)             # 129 blocks on 2 threads: through a launcher
     np.testing.assert_array_equal(y, 1 + x + 10)
-    launchers = set(run_parallel.signatures)
+    launchers = set(launch.signatures)
     sub_shifted(x, y, 1, 1, 2, 3, 4)
     np.testing.assert_array_equal(y, np.ones_like(x))
-    assert set(run_parallel.signatures) == launchers     # no new launcher compiled for the second kernel
+    assert set(launch.signatures) == launchers     # no new launcher compiled for the second kernel
     assert len(add_shifted.source(x, y, 1, 0, 0, 0, 0, target="cpu").split("@njit")) == 2   # one function a module
+
+
+@njit(nogil=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
+def _doubling_entry(a, shift, block_begin, block_end):
+    """A kernel entry as the cpu code generator makes them (no numba wrappers): block i doubles a[i] and adds
+    `shift`; a negative element raises, as a debug check does."""
+    for i in range(block_begin, block_end):
+        if a[i] < 0:
+            raise IndexError(7, "a negative element")
+        a[i] = 2 * a[i] + shift
+
+
+@settings(max_examples=10, deadline=None)
+@given(n=st.integers(1, 50), bounds=st.tuples(st.integers(0, 50), st.integers(0, 50)), shares=st.integers(1, 5))
+def test_a_launch_runs_each_block_of_its_range_once_in_any_number_of_shares(n, bounds, shares):
+    from taskdsl.backend.cpu.parallel import drive_address, entry_address, launch
+    begin, end = min(min(bounds), n), min(max(bounds), n)
+    address = entry_address(_doubling_entry, (typeof(np.zeros(1)), types.int64, types.int64, types.int64))
+    a = np.arange(n, dtype=np.float64)
+    launch(drive_address(), address, begin, end, shares, a, 3)
+    want = np.arange(n, dtype=np.float64)
+    want[begin:end] = 2 * want[begin:end] + 3
+    np.testing.assert_array_equal(a, want)
+
+
+def test_an_exception_propagates_from_one_share_and_fails_a_parallel_launch():
+    """One share: the kernel's own exception (a debug check's site number and message). Several: numba's parallel
+    loops drop exceptions, so the launch raises a RuntimeError that says what likely happened."""
+    from taskdsl.backend.cpu.parallel import drive_address, entry_address, launch
+    address = entry_address(_doubling_entry, (typeof(np.zeros(1)), types.int64, types.int64, types.int64))
+    a = np.array([1.0, -1.0, 2.0])
+    with pytest.raises(IndexError) as raised:
+        launch(drive_address(), address, 0, 3, 1, a, 0)
+    assert raised.value.args == (7, "a negative element")
+    with pytest.raises(RuntimeError, match="raised on numba's threads"):
+        launch(drive_address(), address, 0, 3, 2, a, 0)

@@ -6,6 +6,8 @@ formula written in the test. Shapes cover size 1, odd and prime sizes, a large l
 (1031) and broadcasting; examples are few (kernels compile once per structure, not per
 size, so many draws reuse one kernel).
 """
+import itertools
+
 import numpy as np
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -69,3 +71,20 @@ def check(got, plan, expected, rtol: float = 1e-5, atol: float = 1e-6, dtype=Non
         np.testing.assert_allclose(g, ref.astype(np.float64), rtol=rtol, atol=atol)
         np.testing.assert_allclose(g, expected.astype(np.float64), rtol=rtol, atol=atol)
     return got
+
+
+def pairwise_covering(points: list, weight) -> list:
+    """A few of a schedule space's `points` that between them hold every pair of axis values the points hold
+    (greedy: at each step the point with the most pairs not yet held, the heaviest by `weight` among equals).
+    Code generation differs by axis value and by their interplay, so a fault of the template at some point
+    shows at a point holding the same values in pairs; ptxas spills first at the heaviest points."""
+    def pairs(p):
+        return set(itertools.combinations(p.values, 2))
+
+    missing = set().union(*(pairs(p) for p in points))
+    chosen = []
+    while missing:
+        best = max(points, key=lambda p: (len(pairs(p) & missing), weight(p)))
+        chosen.append(best)
+        missing -= pairs(best)
+    return chosen

@@ -19,7 +19,7 @@ import numpy as np
 from ...runtime.config import env_count
 from . import call_types
 from .codegen import CpuSource
-from .parallel import entry_address, run_parallel
+from .parallel import drive_address, entry_address, launch
 from .vectors import widen_slp_vectors
 
 
@@ -105,7 +105,7 @@ def _entry_types(args: list, tail: tuple) -> tuple:
 
 def launch_cpu(run, src: CpuSource, values: list, sizes: list, grid: tuple) -> None:
     """Run the dispatcher `run` on `values` (arrays and scalars), `sizes` and the `grid` of blocks; blocks
-    in parallel on numba's threads (`parallel.run_parallel`) from the main thread, else on a thread pool."""
+    in parallel on numba's threads (`parallel.launch`) from the main thread, else on a thread pool."""
     args, copy_back = call_args(src, values)
     blocks, tail = grid[0] * grid[1] * grid[2], (*sizes, *grid)
     address = _compile(run, args, tail, src.opt_level)
@@ -170,24 +170,24 @@ def _run_blocks(run, address: int, args: list, tail: tuple, blocks: int, workers
     record = recording_active()
     if record is not None:
         record.launches.append(RecordedLaunch(run, address, list(args), tail, blocks, workers))
-    _issue(run, address, args, tail, blocks, workers)
+    _issue(address, args, tail, blocks, workers)
 
 
-def _issue(run, address: int, args: list, tail: tuple, blocks: int, workers: int) -> None:
-    """Run blocks [0, blocks) of the generated function `run` (its machine code at `address`, compiled for
-    these arguments: `_compile`) on `args` (flat views and scalars) and `tail` (sizes and grid), on `workers`
+def _issue(address: int, args: list, tail: tuple, blocks: int, workers: int) -> None:
+    """Run blocks [0, blocks) of the generated function whose machine code is at `address` (compiled for these
+    arguments: `_compile`) on `args` (flat views and scalars) and `tail` (sizes and grid), on `workers`
     threads: numba's from the main thread, a thread pool's from any other (some of numba's threading
     layers do not take parallel regions from two threads at once)."""
     if workers <= 1:
-        run(*args, *tail, 0, blocks)
+        launch(0, address, 0, blocks, 1, *args, *tail)
     elif threading.current_thread() is threading.main_thread():
-        run_parallel(address, workers, blocks, *args, *tail)
+        launch(drive_address(), address, 0, blocks, workers, *args, *tail)
     else:   # the calling thread runs the first share itself: one thread hand-off fewer per launch
         bounds = [blocks * w // workers for w in range(workers + 1)]
-        futures = [_pool(workers - 1).submit(run, *args, *tail, lo, hi)
+        futures = [_pool(workers - 1).submit(launch, 0, address, lo, hi, 1, *args, *tail)
                    for lo, hi in zip(bounds[1:-1], bounds[2:])]
         try:
-            run(*args, *tail, bounds[0], bounds[1])
+            launch(0, address, bounds[0], bounds[1], 1, *args, *tail)
         finally:
             for f in futures:    # every share has finished writing before this returns or raises
                 f.exception()
@@ -215,7 +215,7 @@ class RecordedLaunch:
     """One launch as issued, to be issued again: what `recording` collects. `args` holds the flat array
     views and scalars as passed; a replay may swap an array for another of the same type and size."""
 
-    run: object             # the generated function (numba dispatcher)
+    run: object             # the generated function (numba dispatcher): kept, it keeps its machine code alive
     address: int            # its machine code for these argument types
     args: list
     tail: tuple             # sizes and grid
@@ -223,7 +223,7 @@ class RecordedLaunch:
     workers: int
 
     def __call__(self) -> None:
-        _issue(self.run, self.address, self.args, self.tail, self.blocks, self.workers)
+        _issue(self.address, self.args, self.tail, self.blocks, self.workers)
 
 
 @dataclass

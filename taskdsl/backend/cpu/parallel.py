@@ -1,50 +1,147 @@
-"""Block-parallel launches on numba's threads: one launcher per argument types, shared by all kernels.
+"""Launching generated kernels: one small launcher per tuple of argument types, shared by all kernels.
 
-A generated kernel's entry runs the blocks [block_begin, block_end) of a grid. `run_parallel` splits
-the blocks into `chunks` equal shares and runs them in a `prange` loop (numba's OpenMP-style
-fork-join, ~2 us a launch), calling the entry through the C address of its machine code:
+A generated kernel's entry runs the blocks [block_begin, block_end) of a grid. It is compiled without
+numba's wrappers (`no_cpython_wrapper`, `no_cfunc_wrapper`: a third of a small kernel's compile time)
+and called through the address of its machine code, in numba's calling convention:
 
-    run_parallel(entry_address(entry, signature), chunks, blocks, *arguments)
+    launch(drive_address(), entry_address(entry, signature), begin, end, shares, *arguments)
 
-Calling through the address keeps the launcher independent of the kernel. A launcher that named
+With one share, `launch` calls the entry on the calling thread and an exception the kernel raises
+(a debug check's) propagates. With more, it packs the arguments into a block on its stack and hands
+`_drive` (a `prange` loop compiled once: numba's OpenMP-style fork-join, ~2 us) a function of its
+own module that unpacks them and runs one share. So `launch`, compiled per tuple of argument types
+(~0.15 s, kept in numba's disk cache), has no parallel loop of its own: numba's parfor machinery
+costs ~0.6 s a compile.
+
+Calling through addresses keeps the launcher independent of the kernel. A launcher that named
 the entry had to be compiled for each kernel, and numba links the callee's code into the caller
-and optimizes it again: about 1 s a kernel (24 of the 44 s of a cold ResNet-50 build). This one
-compiles once per tuple of argument types (~0.2 s) and stays in numba's disk cache.
+and optimizes it again: about 1 s a kernel (24 of the 44 s of a cold ResNet-50 build).
 """
 from __future__ import annotations
 
+import functools
+
+import numpy as np
 from llvmlite import ir as llvm
 from numba import njit, prange, types
+from numba.core import cgutils
 from numba.extending import intrinsic
+
+# a share function: (the packed block, first block, end block) -> 1 if the kernel raised, else 0
+_SHARE = llvm.FunctionType(llvm.IntType(32), [llvm.IntType(8).as_pointer(), llvm.IntType(64), llvm.IntType(64)])
+PARALLEL_FAILURE = ("a cpu kernel raised on numba's threads, which drop the exception: its scratch allocation "
+                    "failed (out of memory?). td.debug(True) runs its blocks one by one, with checks")
+
+
+def _call(context, builder, address, arg_types: tuple, values: list):
+    """Emit a call of the kernel entry at `address` (an integer value) on `values` of `arg_types`; its status
+    (numba's calling convention: a status code, a slot for the return value and one for an exception)."""
+    fn_type = context.call_conv.get_function_type(types.none, arg_types)
+    entry = builder.inttoptr(address, fn_type.as_pointer())
+    status, _ = context.call_conv.call_function(builder, entry, types.none, arg_types, values)
+    return status
+
+
+def _unpacked(builder, args, arg_tuple) -> list:
+    return [builder.extract_value(arg_tuple, i) for i in range(len(args))]
 
 
 @intrinsic
 def _call_entry(typingctx, address, args, begin, end):
-    """Call the machine code at `address` on the tuple `args` and the block range [begin, end)."""
-    arg_types = (*args, begin, end)
+    """Call the kernel entry at `address` on the tuple `args` and the block range [begin, end); an exception
+    the kernel raises propagates to the caller."""
 
     def codegen(context, builder, signature, values):
         address_value, arg_tuple, begin_value, end_value = values
-        call_values = [builder.extract_value(arg_tuple, i) for i in range(len(args))] + [begin_value, end_value]
-        # numba's C wrapper of a compiled function: its arguments by value, in numba's data layout
-        fn_type = llvm.FunctionType(context.get_value_type(types.none),
-                                    [context.get_value_type(t) for t in arg_types])
-        builder.call(builder.inttoptr(address_value, fn_type.as_pointer()), call_values)
+        status = _call(context, builder, address_value, (*args, begin, end),
+                       _unpacked(builder, args, arg_tuple) + [begin_value, end_value])
+        with cgutils.if_unlikely(builder, status.is_error):
+            context.call_conv.return_status_propagate(builder, status)
         return context.get_dummy_value()
 
     return types.none(address, args, begin, end), codegen
 
 
+def _define_share(context, module, args) -> llvm.Function:
+    """The share function of a launcher's module: it unpacks {entry address, args} and calls the entry on a
+    block range."""
+    share = llvm.Function(module, _SHARE, module.get_unique_name("taskdsl_share"))
+    share.linkage = "internal"
+    builder = llvm.IRBuilder(share.append_basic_block())
+    packed, begin, end = share.args
+    pack_type = llvm.LiteralStructType([llvm.IntType(64), context.get_value_type(args)])
+    pack = builder.load(builder.bitcast(packed, pack_type.as_pointer()))
+    status = _call(context, builder, builder.extract_value(pack, 0), (*args, types.int64, types.int64),
+                   _unpacked(builder, args, builder.extract_value(pack, 1)) + [begin, end])
+    builder.ret(builder.zext(status.is_error, llvm.IntType(32)))
+    return share
+
+
+@intrinsic
+def _run_shares(typingctx, drive, address, args, begin, end, shares):
+    """Run the kernel entry at `address` on `args` over blocks [begin, end) in `shares` shares on numba's
+    threads, through the `_drive` loop at `drive`: whether every share returned without raising."""
+
+    def codegen(context, builder, signature, values):
+        drive_value, address_value, arg_tuple, begin_value, end_value, shares_value = values
+        pack = cgutils.alloca_once_value(builder, cgutils.make_anonymous_struct(builder, [address_value, arg_tuple]))
+        share = _define_share(context, builder.module, args)
+        i64 = llvm.IntType(64)
+        drive_args = [builder.ptrtoint(share, i64), builder.ptrtoint(pack, i64), begin_value, end_value, shares_value]
+        fn_type = context.call_conv.get_function_type(types.boolean, (types.int64,) * 5)
+        status, succeeded = context.call_conv.call_function(
+            builder, builder.inttoptr(drive_value, fn_type.as_pointer()), types.boolean, (types.int64,) * 5, drive_args)
+        with cgutils.if_unlikely(builder, status.is_error):
+            context.call_conv.return_status_propagate(builder, status)
+        return succeeded
+
+    return types.boolean(drive, address, args, begin, end, shares), codegen
+
+
+@intrinsic
+def _share_succeeds(typingctx, share, pack, begin, end):
+    """Call the share function at `share` on the packed arguments at `pack` and blocks [begin, end): whether
+    the kernel returned without raising (numba's parallel loops drop an exception raised in their body)."""
+
+    def codegen(context, builder, signature, values):
+        share_value, pack_value, begin_value, end_value = values
+        fn = builder.inttoptr(share_value, _SHARE.as_pointer())
+        failed = builder.call(fn, [builder.inttoptr(pack_value, llvm.IntType(8).as_pointer()), begin_value, end_value])
+        return builder.icmp_unsigned("==", failed, failed.type(0))
+
+    return types.boolean(share, pack, begin, end), codegen
+
+
 @njit(parallel=True, nogil=True, cache=True)
-def run_parallel(address, chunks, blocks, *args):
-    """Blocks [0, blocks) of the entry at `address` on `args`, in `chunks` equal shares on numba's threads."""
-    for chunk in prange(chunks):
-        _call_entry(address, args, blocks * chunk // chunks, blocks * (chunk + 1) // chunks)
+def _drive(share, pack, begin, end, shares):
+    """Blocks [begin, end) in `shares` equal shares on numba's threads, each run by the share function at
+    `share` on the packed arguments at `pack`: whether every share succeeded."""
+    failed = np.zeros(shares, np.bool_)
+    blocks = end - begin
+    for s in prange(shares):
+        failed[s] = not _share_succeeds(share, pack, begin + blocks * s // shares, begin + blocks * (s + 1) // shares)
+    return not failed.any()
+
+
+@njit(nogil=True, cache=True)
+def launch(drive, address, begin, end, shares, *args):
+    """Blocks [begin, end) of the kernel entry at `address` on `args`: on this thread (one share), else in
+    `shares` shares on numba's threads through the `_drive` loop at `drive` (`drive_address()`)."""
+    if shares <= 1:
+        _call_entry(address, args, begin, end)
+    elif not _run_shares(drive, address, args, begin, end, shares):
+        raise RuntimeError(PARALLEL_FAILURE)
 
 
 def entry_address(dispatcher, signature: tuple) -> int:
-    """The C address of `dispatcher`'s machine code for `signature` (numba types, the block range's
-    included), compiled or loaded from numba's cache now if need be."""
+    """The address of `dispatcher`'s machine code for `signature` (numba types, the block range's included),
+    compiled or loaded from numba's cache now if need be: its function in numba's calling convention."""
     dispatcher.compile(signature)
     result = dispatcher.overloads[signature]
-    return result.library.get_pointer_to_function(result.fndesc.llvm_cfunc_wrapper_name)
+    return result.library.get_pointer_to_function(result.fndesc.llvm_func_name)
+
+
+@functools.cache
+def drive_address() -> int:
+    """The address of the `_drive` loop (compiled once, or loaded from numba's cache)."""
+    return entry_address(_drive, (types.int64,) * 5)

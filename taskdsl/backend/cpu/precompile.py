@@ -34,10 +34,10 @@ _recorder: "_Recorder | None" = None
 class Job:
     """One numba compilation: the generated module, its entry function and the argument types.
 
-    Workers compile kernel entries only, never `parallel.run_parallel`'s launchers: numba names a parallel
-    loop's function after the hash (the address) of an object, so two worker processes forked from one
-    parent could give two loops one symbol, and the code loaded second would run the first one's loop.
-    The launchers are few (one per tuple of argument types) and compile in the main process."""
+    Workers compile kernel entries only, never `parallel.py`'s launchers: numba names a parallel loop's
+    function after the hash (the address) of an object, so two worker processes forked from one parent
+    could give two loops one symbol, and the code loaded second would run the first one's loop. The
+    launchers are few (one per tuple of argument types) and compile in the main process."""
 
     path: str
     entry: str
