@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 from dataclasses import dataclass
 
@@ -41,14 +42,22 @@ def closure_values(fn) -> dict:
 def parse_function(fn) -> ParsedSource:
     """Parse the source of `fn`; a clear error where Python cannot find it (e.g. `exec` strings)."""
     try:
-        lines, first_line = inspect.getsourcelines(fn)
-        file = inspect.getsourcefile(fn) or inspect.getfile(fn)
+        return _parse_code(fn.__code__, fn.__code__.co_filename)
     except (OSError, TypeError) as exc:
         code = fn.__code__
         raise DSLError(f"cannot read the source of '{fn.__qualname__}' ({exc}); kernels must be defined in a "
                        "file, a notebook cell or a REPL that keeps source (IPython), not the plain python "
                        "REPL, `python -c` or an exec'd string",
                        SourceLoc(code.co_filename, code.co_firstlineno)) from None
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_code(code, file: str) -> ParsedSource:
+    """The parsed source of a code object: once, for the many functions a template factory makes of one def
+    (a schedule space's kernels). Code objects compare by content, not by file: `file` keeps two equal defs
+    of two files apart."""
+    lines, first_line = inspect.getsourcelines(code)
+    file = inspect.getsourcefile(code) or inspect.getfile(code)
     # the def's own indent off every line that has it (textwrap.dedent did nothing where a docstring's line
     # starts at column 0, and the nested def failed to parse)
     indent = len(lines[0]) - len(lines[0].lstrip())

@@ -120,6 +120,14 @@ def _assigned_names(tree: ast.FunctionDef) -> set:
     return names
 
 
+@functools.lru_cache(maxsize=1024)
+def _body_names(tree: ast.FunctionDef) -> tuple:
+    """(`_runtime_names`, `_assigned_names`, whether a `return` gives a value) of a parsed function: found once,
+    as every inlined call of a `@td.func` translates its body again (and a kernel's restarts its own)."""
+    returns_value = any(isinstance(n, ast.Return) and n.value is not None for n in ast.walk(tree))
+    return frozenset(_runtime_names(tree)), frozenset(_assigned_names(tree)), returns_value
+
+
 class FunctionTranslator:
     """Translates one Python function body (a kernel, or an inlined `@td.func`) into IR statements."""
 
@@ -132,15 +140,13 @@ class FunctionTranslator:
         self.return_var = return_var
         self.is_func = is_func
         self.depth = depth
-        self.runtime_names = _runtime_names(source.tree)
-        self.local_names = _assigned_names(source.tree)
+        self.runtime_names, self.local_names, returns_value = _body_names(source.tree)
         self.definite = set(env)  # names bound on every path to the statement being translated
         self.loops: list = []     # the loops around the code, innermost last: 'runtime', 'mapping' or 'unrolled'
         self.shadowed: dict = {}  # name -> the loop that bound it over an earlier binding, until it is reassigned
         self.pending: list = []   # statements an expression emits before its own (allocations, inlined calls)
         self.returned: ir.Var | None = None
-        self.returns_value = is_func and any(isinstance(n, ast.Return) and n.value is not None
-                                             for n in ast.walk(source.tree))
+        self.returns_value = is_func and returns_value
         self.namespace = dict(fn.__globals__)
         self.namespace.update(closure_values(fn))
 
