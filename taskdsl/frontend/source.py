@@ -52,10 +52,10 @@ def parse_function(fn) -> ParsedSource:
 
 
 @functools.lru_cache(maxsize=1024)
-def _parse_code(code, file: str) -> ParsedSource:
+def _parse_code(code, code_file: str) -> ParsedSource:
     """The parsed source of a code object: once, for the many functions a template factory makes of one def
-    (a schedule space's kernels). Code objects compare by content, not by file: `file` keeps two equal defs
-    of two files apart."""
+    (a schedule space's kernels). Code objects compare by content, not by file: `code_file` (the code's
+    co_filename) keeps two equal defs of two files apart."""
     lines, first_line = inspect.getsourcelines(code)
     file = inspect.getsourcefile(code) or inspect.getfile(code)
     # the def's own indent off every line that has it (textwrap.dedent did nothing where a docstring's line
