@@ -1,7 +1,7 @@
 """Launching generated kernels: one small launcher per tuple of argument types, shared by all kernels.
 
 A generated kernel's entry runs the blocks [block_begin, block_end) of a grid. It is compiled without
-numba's wrappers (`no_cpython_wrapper`, `no_cfunc_wrapper`: a third of a small kernel's compile time)
+numba's wrappers (`no_cpython_wrapper`, `no_cfunc_wrapper`: a quarter to a third of a small kernel's numba time)
 and called through the address of its machine code, in numba's calling convention:
 
     launch(drive_address(), entry_address(entry, signature), begin, end, shares, *arguments)
