@@ -289,7 +289,7 @@ def test_jobs_compile_in_workers_while_recording_goes_on(tmp_path, monkeypatch):
     from taskdsl.backend.cpu import precompile
     monkeypatch.setenv("TASKDSL_CACHE_DIR", str(tmp_path))      # nothing compiled yet
     monkeypatch.setenv("TASKDSL_COMPILE_WORKERS", "2")
-    monkeypatch.setenv("TASKDSL_NUM_THREADS", "2")      # 2 blocks on 2 threads: through `run_parallel`
+    monkeypatch.setenv("TASKDSL_NUM_THREADS", "2")      # 2 blocks on 2 threads: shares of `parallel.launch`
     td.fast_compile(False)
     kernels = {factor: _scale_kernel(factor) for factor in (4.0, 5.0)}
     x = np.arange(37, dtype=np.float32)
