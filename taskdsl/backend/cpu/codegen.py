@@ -81,8 +81,9 @@ def emit_python(fn: ir.Function, debug: bool = False, fast: bool = False) -> Cpu
     """The numba module of a kernel prepared by `passes.lower_for_cpu(fn, debug)`.
 
     Its entry runs a range of blocks (a block-parallel kernel's blocks spread over threads:
-    `parallel.launch`), called through its address. Under `fast` (`td.fast_compile`) the kernel calls the `support` helpers
-    instead of inlining them and compiles at -O1, which together halve numba's time on a typical small kernel.
+    `parallel.launch`), called through its address. Under `fast` (`td.fast_compile`) the kernel calls the
+    `support` helpers instead of inlining them and compiles at -O1, which together halve numba's time on a
+    typical small kernel.
     """
     return _PythonEmitter(fn, debug, fast).emit()
 

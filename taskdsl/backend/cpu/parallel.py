@@ -33,13 +33,13 @@ PARALLEL_FAILURE = ("a cpu kernel raised on numba's threads, which drop the exce
                     "failed (out of memory?). td.debug(True) runs its blocks one by one, with checks")
 
 
-def _call(context, builder, address, arg_types: tuple, values: list):
-    """Emit a call of the kernel entry at `address` (an integer value) on `values` of `arg_types`; its status
-    (numba's calling convention: a status code, a slot for the return value and one for an exception)."""
-    fn_type = context.call_conv.get_function_type(types.none, arg_types)
-    entry = builder.inttoptr(address, fn_type.as_pointer())
-    status, _ = context.call_conv.call_function(builder, entry, types.none, arg_types, values)
-    return status
+def _call(context, builder, address, arg_types: tuple, values: list, restype=types.none):
+    """Emit a call of the numba function at `address` (an integer value) on `values` of `arg_types`: (its status,
+    its `restype` value) (numba's calling convention: a status code, a slot for the return value and one for an
+    exception)."""
+    fn_type = context.call_conv.get_function_type(restype, arg_types)
+    return context.call_conv.call_function(builder, builder.inttoptr(address, fn_type.as_pointer()), restype,
+                                           arg_types, values)
 
 
 def _unpacked(builder, args, arg_tuple) -> list:
@@ -53,8 +53,8 @@ def _call_entry(typingctx, address, args, begin, end):
 
     def codegen(context, builder, signature, values):
         address_value, arg_tuple, begin_value, end_value = values
-        status = _call(context, builder, address_value, (*args, begin, end),
-                       _unpacked(builder, args, arg_tuple) + [begin_value, end_value])
+        status, _ = _call(context, builder, address_value, (*args, begin, end),
+                          _unpacked(builder, args, arg_tuple) + [begin_value, end_value])
         with cgutils.if_unlikely(builder, status.is_error):
             context.call_conv.return_status_propagate(builder, status)
         return context.get_dummy_value()
@@ -71,8 +71,8 @@ def _define_share(context, module, args) -> llvm.Function:
     packed, begin, end = share.args
     pack_type = llvm.LiteralStructType([llvm.IntType(64), context.get_value_type(args)])
     pack = builder.load(builder.bitcast(packed, pack_type.as_pointer()))
-    status = _call(context, builder, builder.extract_value(pack, 0), (*args, types.int64, types.int64),
-                   _unpacked(builder, args, builder.extract_value(pack, 1)) + [begin, end])
+    status, _ = _call(context, builder, builder.extract_value(pack, 0), (*args, types.int64, types.int64),
+                      _unpacked(builder, args, builder.extract_value(pack, 1)) + [begin, end])
     builder.ret(builder.zext(status.is_error, llvm.IntType(32)))
     return share
 
@@ -88,9 +88,7 @@ def _run_shares(typingctx, drive, address, args, begin, end, shares):
         share = _define_share(context, builder.module, args)
         i64 = llvm.IntType(64)
         drive_args = [builder.ptrtoint(share, i64), builder.ptrtoint(pack, i64), begin_value, end_value, shares_value]
-        fn_type = context.call_conv.get_function_type(types.boolean, (types.int64,) * 5)
-        status, succeeded = context.call_conv.call_function(
-            builder, builder.inttoptr(drive_value, fn_type.as_pointer()), types.boolean, (types.int64,) * 5, drive_args)
+        status, succeeded = _call(context, builder, drive_value, (types.int64,) * 5, drive_args, types.boolean)
         with cgutils.if_unlikely(builder, status.is_error):
             context.call_conv.return_status_propagate(builder, status)
         return succeeded
