@@ -4,7 +4,7 @@
     python .ci/sass_loops.py                 # tensor-core default points at three sizes, ResNet-50's conv layers
 
 For each kernel: NVRTC compiles its CUDA for sm_90, cuobjdump disassembles the cubin, and the k loop (the
-innermost loop around the first barrier) is counted: all instructions, HMMA, LDSM, LDGSTS (16-byte async
+smallest loop holding the most HMMA, else the innermost one) is counted: all instructions, HMMA, LDSM, LDGSTS (16-byte async
 copies) and LDG (element loads). Convolutions use the cuda target's default schedules (TASKDSL_TUNE=0) on a
 simulated GPU of 132 SMs (tests/simulated_gpu.py), NHWC, f16, batch 1, as `bench conv --layout NHWC` runs them.
 """
@@ -44,12 +44,13 @@ def k_loop(source: str) -> dict:
                               env=disassembler_env()).stdout
     lines = [line for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
     address = [int(re.match(r"\s+/\*([0-9a-f]+)\*/", line).group(1), 16) for line in lines]
-    barrier = next(i for i, line in enumerate(lines) if "BAR.SYNC" in line)
-    for end in range(barrier, len(lines)):     # the first backward branch past the barrier closes the loop
-        jump = re.search(r"BRA 0x([0-9a-f]+)", lines[end])
-        if jump and int(jump.group(1), 16) <= address[barrier]:
-            start = address.index(int(jump.group(1), 16))
-            break
+    loops = []      # (start, end) of each backward branch's span: the k loop is the one with the most HMMA
+    for end, line in enumerate(lines):
+        jump = re.search(r"BRA 0x([0-9a-f]+)", line)
+        if jump and int(jump.group(1), 16) < address[end] and int(jump.group(1), 16) in address:
+            loops.append((address.index(int(jump.group(1), 16)), end))
+    start, end = max(loops, key=lambda span: (sum("HMMA" in x for x in lines[span[0]:span[1] + 1]),
+                                              -(span[1] - span[0])))
     body = lines[start:end + 1]
     count = lambda op: sum(1 for line in body if re.search(rf"\b{op}\b", line))
     return dict(instructions=len(body), HMMA=count("HMMA"), LDSM=count("LDSM"), LDGSTS=count("LDGSTS"),

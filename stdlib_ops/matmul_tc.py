@@ -5,11 +5,17 @@ A block of wm x wn warps computes a BM x BN tile; each warp owns mi x ni mma til
 tiles of A (BM x BK) and B (BK x BN) are copied into a ring of shared buffers while the
 warps multiply an older one, so global latency hides behind tensor-core work:
 
-    prologue: issue the copies of tiles 0 .. stages-2, one commit group each
-    for kt:   wait until tile kt has landed; barrier (also: everyone is done with kt-1)
-              for each k16 step: ldmatrix the A and B fragments; in the first step issue the
-              copies of A's part of tile kt+stages-1 (into the slot tile kt-1 used), in the
-              last B's and commit; mma into the accumulators
+    prologue: issue the copies of tiles 0 .. stages-2, one commit group each; wait for tile 0;
+              barrier; ldmatrix its first k16 step's fragments
+    for kt:   for each k16 step: ldmatrix the next step's fragments into the other of two
+              fragment sets (in the last step, after waiting for tile kt+1 and a barrier:
+              tile kt+1's first step); mma the step's fragments into the accumulators; after
+              the first step's mma issue the copies of A's part of tile kt+stages-1 (into the
+              slot of tile kt-1, which every warp finished reading before the last barrier),
+              after the second's B's, and commit
+
+so the barrier and the fragment loads of each step hide behind the mma already issued, as in
+CUTLASS's multistage mainloop.
 
 Shared tiles are stored with an XOR swizzle of their 16-byte chunks (chunk ^ f(row)), so
 the eight rows an `ldmatrix` phase reads fall in different banks; copies and ldmatrix use
@@ -50,6 +56,8 @@ def check(p):
     mi, ni = p.warp_tiles
     if ni % 2:
         return "an odd number of 8-column mma tiles (B fragments load in pairs)"
+    if p.bk % 32:
+        return "a k tile of an odd number of 16-deep steps (a tile's steps alternate two fragment sets)"
     if mi * ni * 4 > MAX_ACC:
         return f"more than {MAX_ACC} accumulators per thread"
     if p.stages * (bm + bn) * p.bk * 2 > MAX_SMEM:
@@ -103,6 +111,8 @@ def tc_matmul_kernel(p, dtype, out_dtype, vec: int = 8):
     (wm, wn), (mi, ni) = p.warps, p.warp_tiles
     BM, BN, T = tile_shape(p)
     BK, STAGES = p.bk, p.stages
+    KS = BK // 16                 # 16-deep k steps a tile: even (the check), so tile kt + 1 starts on fragment set 0
+    B_STEP = min(1, KS - 2)       # the step that copies B's part of the tile ahead
     a_map, (a_s0, a_s1) = load_mapping(BM, BK // vec, T)      # over 'vec'-element chunks of the tiles
     b_map, (b_s0, b_s1) = load_mapping(BK, BN // vec, T)
     name = f"tc_matmul_{BM}x{BN}x{BK}_w{wm}x{wn}_m{mi}x{ni}_s{STAGES}" + ("" if vec == 8 else "_v1")
@@ -146,13 +156,23 @@ def tc_matmul_kernel(p, dtype, out_dtype, vec: int = 8):
                 value = B[zb, td.min(gk, K - 1), gj]
                 sb[slot, k, swz(k, c, BN)] = value if ok else 0.0
 
+    @td.func
+    def load_fragments(sa, sb, fa, fb, slot, kk, fragment_set, lane, warp_m0, warp_n0):
+        """ldmatrix k step `kk` of ring slot `slot` into fragment set `fragment_set` (0 or 1) of `fa` and `fb`."""
+        for a in range(mi):
+            r = warp_m0 + a * 16 + lane % 16
+            td.ldmatrix(fa[fragment_set, a], sa[slot, r, swz(r, kk * 16 + lane // 16 * 8, BK)])
+        for b in range(ni // 2):      # lanes 16-31 address the second 8 columns
+            r = kk * 16 + lane % 16
+            td.ldmatrix(fb[fragment_set, b], sb[slot, r, swz(r, warp_n0 + (2 * b + lane // 16) * 8, BN)], trans=True)
+
     @td.kernel(grid=lambda M, N, BZ: (td.cdiv(M, BM) * td.cdiv(N, BN), 1, BZ), block=T, name=name)
     def matmul(A: dtype["BA", "M", "K"], B: dtype["BB", "K", "NB"], C: out_dtype["BZ", "M", "N"],
                batch_index: td.i32["BZ", 2], split: td.i32):
         sa = td.shared(dtype, (STAGES, BM, BK))
         sb = td.shared(dtype, (STAGES, BK, BN))
-        fa = td.registers(dtype, (mi, 8))
-        fb = td.registers(dtype, (ni // 2, 2, 4))    # B fragments in pairs: one ldmatrix.x4 loads two
+        fa = td.registers(dtype, (2, mi, 8))          # two fragment sets: k step kk uses set kk % 2
+        fb = td.registers(dtype, (2, ni // 2, 2, 4))  # B fragments in pairs: one ldmatrix.x4 loads two
         acc = td.registers(f32, (mi, ni, 4))
         row0, col0 = swizzled_tile(blockIdx.x, M, N, BM, BN)
         za, zb = batch_index[blockIdx.z, 0], batch_index[blockIdx.z, 1]
@@ -169,31 +189,40 @@ def tc_matmul_kernel(p, dtype, out_dtype, vec: int = 8):
                 issue_a(A, sa, za, row0, kt0 + s, (kt0 + s) % STAGES)
                 issue_b(B, sb, zb, col0, kt0 + s, (kt0 + s) % STAGES)
             td.cp_async_commit()        # one group per tile, empty past the last: the waits count groups
+        td.cp_async_wait(STAGES - 2)
+        td.syncthreads()
+        slot = kt0 % STAGES             # the ring slot of tile kt
+        if kt0 < kt1:
+            load_fragments(sa, sb, fa, fb, slot, 0, 0, lane, warp_m0, warp_n0)
         for kt in range(kt0, kt1):
-            td.cp_async_wait(STAGES - 2)
-            td.syncthreads()
-            slot = kt % STAGES
-            ahead = kt + STAGES - 1     # the tile to copy, into the slot every warp finished with before the barrier
-            ahead_slot = (slot + STAGES - 1) % STAGES
-            for kk in td.unroll(BK // 16):      # unrolled: the next k step's ldmatrix can overlap this one's mma
+            ahead = kt + STAGES - 1     # the tile to copy, into the slot of tile kt - 1, which every warp
+            ahead_slot = slot - 1 if slot > 0 else STAGES - 1      # finished reading before the last barrier
+            next_slot = slot + 1 if slot < STAGES - 1 else 0
+            for kk in td.unroll(KS):
+                # step kk's fragments were loaded during step kk - 1; load step kk + 1's during this one's mma.
+                # The last step first waits for tile kt + 1 and a barrier (every warp is then done with tile kt's
+                # slot too, the next iteration's copies overwrite it), then loads tile kt + 1's first step, so the
+                # barrier and the loads hide behind the tensor cores' work on the steps already issued
+                if kk < KS - 1:
+                    load_fragments(sa, sb, fa, fb, slot, kk + 1, (kk + 1) % 2, lane, warp_m0, warp_n0)
+                else:
+                    td.cp_async_wait(STAGES - 2)
+                    td.syncthreads()
+                    if kt + 1 < kt1:
+                        load_fragments(sa, sb, fa, fb, next_slot, 0, 0, lane, warp_m0, warp_n0)
                 for a in range(mi):
-                    r = warp_m0 + a * 16 + lane % 16
-                    td.ldmatrix(fa[a], sa[slot, r, swz(r, kk * 16 + lane // 16 * 8, BK)])
-                for b in range(ni // 2):      # lanes 16-31 address the second 8 columns
-                    r = kk * 16 + lane % 16
-                    td.ldmatrix(fb[b], sb[slot, r, swz(r, warp_n0 + (2 * b + lane // 16) * 8, BN)], trans=True)
-                # the copies of tile `ahead` go between the k steps' fragment loads and mma, A's in the first step
-                # and B's in the last, rather than all before the first mma: after the barrier, every warp of
-                # the block would otherwise spend those issue slots with the tensor cores idle
+                    for b in range(ni):
+                        td.mma_m16n8k16(fa[kk % 2, a], fb[kk % 2, b // 2, b % 2], acc[a, b])
+                # the copies of tile `ahead` are issued after the step's mma (the tensor cores busy meanwhile), A's
+                # in the first step and B's in the second (the first, of two), committed before the last step's
+                # wait. ptxas predicates the branch around them (no select of each copy's address, as `pred=` has)
                 if kk == 0 and ahead < kt1:
                     issue_a(A, sa, za, row0, ahead, ahead_slot)
-                if kk == BK // 16 - 1:
+                if kk == B_STEP:
                     if ahead < kt1:
                         issue_b(B, sb, zb, col0, ahead, ahead_slot)
                     td.cp_async_commit()
-                for a in range(mi):
-                    for b in range(ni):
-                        td.mma_m16n8k16(fa[a], fb[b // 2, b % 2], acc[a, b])
+            slot = next_slot
         td.cp_async_wait(0)
         for a in range(mi):
             for b in range(ni):

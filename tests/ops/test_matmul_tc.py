@@ -3,7 +3,7 @@
 On the cpu target mma / ldmatrix / cp_async are emulated lane by lane with the PTX layouts, so
 the template's fragment indexing, swizzle and pipeline are checked against numpy here. The
 emulation is slow to compile, so the cpu runs use one small point of the same template
-(1 warp, a 16x32 block tile: two pairs of B fragments, 2 stages); the NVRTC check covers every point of the space.
+(1 warp, a 16x32 block tile: two pairs of B fragments, two k steps a tile, 2 stages); the NVRTC check covers every point of the space.
 """
 import math
 
@@ -21,7 +21,7 @@ from taskdsl.schedule.space import Space
 from . import pairwise_covering
 from .test_conv import reference
 
-SMALL = Space("tc_small", {"warps": ((1, 1),), "warp_tiles": ((1, 4),), "bk": (16,), "stages": (2,)},
+SMALL = Space("tc_small", {"warps": ((1, 1),), "warp_tiles": ((1, 4),), "bk": (32,), "stages": (2,)},
               tc.check).points()[0]
 
 
@@ -95,13 +95,15 @@ def test_pipelined_copies_on_cpu(m, n, k, seed):
     np.testing.assert_allclose(_run(SMALL, a, b, 8), a.astype(np.float64) @ b.astype(np.float64), rtol=1e-3, atol=1e-3)
 
 
-@pytest.mark.parametrize("m, n, k, split", [(32, 64, 160, 1), (16, 32, 224, 2), (17, 40, 200, 2)])
-def test_three_stage_pipeline_and_its_tail_on_cpu(m, n, k, split):
-    """Two k steps a tile (A's copies in the first, B's in the second) and three stages, with more k tiles than
-    stages: the copies stop at the last tile while the ring drains. Sizes that are multiples of the tile (their
-    bounds checks fold away) and sizes that are not; split-k starts the pipeline at a later tile."""
+@pytest.mark.parametrize("m, n, k, split, bk, stages", [(32, 64, 160, 1, 32, 3), (16, 32, 224, 2, 32, 3),
+                                                        (17, 40, 200, 2, 32, 3), (20, 24, 456, 1, 64, 4)])
+def test_deep_pipelines_and_their_tails_on_cpu(m, n, k, split, bk, stages):
+    """Several k steps a tile (bk 32: A's and B's copies after the first step's mma; bk 64: A's after the first,
+    B's after the second), three and four stages, with more k tiles than stages: the copies stop at the last
+    tile while the ring drains. Sizes that are multiples of the tile (their bounds checks fold away) and sizes
+    that are not; split-k starts the pipeline at a later tile."""
     td.set_target("cpu")
-    point = Space("tc_three", {"warps": ((1, 1),), "warp_tiles": ((1, 4),), "bk": (32,), "stages": (3,)},
+    point = Space("tc_deep", {"warps": ((1, 1),), "warp_tiles": ((1, 4),), "bk": (bk,), "stages": (stages,)},
                   tc.check).points()[0]
     rng = np.random.default_rng(k)
     a = rng.standard_normal((1, m, k)).astype(np.float16)
