@@ -262,3 +262,28 @@ def test_tensor_core_matmul_on_gpu():
         p = gemm.plan(a.shape, b.shape, td.f16, "cuda", False)
         c = p(a[None], b[None])[0]
         np.testing.assert_allclose(c.astype(np.float64), a.astype(np.float64) @ b, rtol=2e-2, atol=5e-1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split", [1, 3])
+def test_the_pipelines_of_the_space_on_gpu(split):
+    """The points that hold every pair of axis values (`pairwise_covering`: every warp tile, bk and stage count) on
+    a GPU against numpy: several k tiles, a partial last one, and split-k chunks starting the ring at a later tile.
+    The cpu's emulation completes each copy at once, so only a GPU checks the waits and barriers of the pipeline."""
+    from concurrent.futures import ThreadPoolExecutor
+    td.set_target("cuda")
+    points = pairwise_covering(tc.space().points(), lambda p: (math.prod(p.warp_tiles), p.bk, p.stages))
+    rng = np.random.default_rng(split)
+    m, n, k = 200, 136, 1000                 # 1000 = 15 tiles of 64 and 40, or 31 of 32 and 8
+    a = rng.standard_normal((1, m, k)).astype(np.float16)
+    b = rng.standard_normal((1, k, n)).astype(np.float16)
+    index = simt.batch_index((1,), (1,), (1,), split)
+    kernels = [tc.tc_matmul_kernel(p, td.f16, td.f32, 8) for p in points]
+    partials = np.zeros((split, m, n), np.float32)
+    with ThreadPoolExecutor() as pool:      # NVRTC runs outside the GIL: the cubins build side by side
+        list(pool.map(lambda kernel: kernel.compile(a, b, partials, index, split, target="cuda"), kernels))
+    want = a[0].astype(np.float64) @ b[0].astype(np.float64)
+    for point, kernel in zip(points, kernels):
+        partials[:] = np.nan
+        kernel(a, b, partials, index, split)
+        np.testing.assert_allclose(partials.sum(0, dtype=np.float64), want, rtol=2e-2, atol=5e-1, err_msg=str(point))
