@@ -199,17 +199,16 @@ def tc_matmul_kernel(p, dtype, out_dtype, vec: int = 8):
             ahead_slot = slot - 1 if slot > 0 else STAGES - 1      # finished reading before the last barrier
             next_slot = slot + 1 if slot < STAGES - 1 else 0
             for kk in td.unroll(KS):
-                # step kk's fragments were loaded during step kk - 1; load step kk + 1's during this one's mma.
-                # The last step first waits for tile kt + 1 and a barrier (every warp is then done with tile kt's
-                # slot too, the next iteration's copies overwrite it), then loads tile kt + 1's first step, so the
+                # step kk's fragments were loaded during step kk - 1; load the next step's during this one's mma.
+                # The last step's next is tile kt + 1's first: it first waits for that tile and a barrier (every
+                # warp is then done with tile kt's slot too, which the next iteration's copies overwrite), so the
                 # barrier and the loads hide behind the tensor cores' work on the steps already issued
-                if kk < KS - 1:
-                    load_fragments(sa, sb, fa, fb, slot, kk + 1, (kk + 1) % 2, lane, warp_m0, warp_n0)
-                else:
+                if kk == KS - 1:
                     td.cp_async_wait(STAGES - 2)
                     td.syncthreads()
-                    if kt + 1 < kt1:
-                        load_fragments(sa, sb, fa, fb, next_slot, 0, 0, lane, warp_m0, warp_n0)
+                if kk < KS - 1 or kt + 1 < kt1:
+                    load_fragments(sa, sb, fa, fb, slot if kk < KS - 1 else next_slot, (kk + 1) % KS, (kk + 1) % 2,
+                                   lane, warp_m0, warp_n0)
                 for a in range(mi):
                     for b in range(ni):
                         td.mma_m16n8k16(fa[kk % 2, a], fb[kk % 2, b // 2, b % 2], acc[a, b])
