@@ -4,8 +4,8 @@
     python .ci/sass_loops.py                 # tensor-core default points at three sizes, ResNet-50's conv layers
 
 For each kernel: NVRTC compiles its CUDA for sm_90, cuobjdump disassembles the cubin, and the k loop (the
-smallest loop holding the most HMMA, else the innermost one) is counted: all instructions, HMMA, LDSM, LDGSTS (16-byte async
-copies) and LDG (element loads). Convolutions use the cuda target's default schedules (TASKDSL_TUNE=0) on a
+smallest loop holding the most HMMA) is counted: all instructions, HMMA, LDSM, LDGSTS (16-byte async copies)
+and LDG (element loads). Convolutions use the cuda target's default schedules (TASKDSL_TUNE=0) on a
 simulated GPU of 132 SMs (tests/simulated_gpu.py), NHWC, f16, batch 1, as `bench conv --layout NHWC` runs them.
 """
 import os
