@@ -3,7 +3,8 @@
 On the cpu target mma / ldmatrix / cp_async are emulated lane by lane with the PTX layouts, so
 the template's fragment indexing, swizzle and pipeline are checked against numpy here. The
 emulation is slow to compile, so the cpu runs use one small point of the same template
-(1 warp, a 16x32 block tile: two pairs of B fragments, two k steps a tile, 2 stages); the NVRTC check covers every point of the space.
+(1 warp, a 16x32 block tile: two pairs of B fragments, two k steps a tile, 2 stages); the NVRTC check covers
+every point of the space.
 """
 import math
 

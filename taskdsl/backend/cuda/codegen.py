@@ -51,9 +51,9 @@ template <typename T, typename Op> __device__ __forceinline__ T td_atomic_rmw(T*
   do { assumed = old; T cur; memcpy(&cur, &assumed, sizeof(T)); T next = op(cur, v); U bits;
        memcpy(&bits, &next, sizeof(T)); old = atomicCAS(up, assumed, bits); } while (assumed != old);
   T result; memcpy(&result, &old, sizeof(T)); return result; }""",
-    "td_get_b32": """// Two neighbouring 16-bit elements of a register array (4-byte aligned) as one 32-bit register, the first
-// in the low half (mma, ldmatrix); whole-word copies, not two halves shifted and masked: ptxas then keeps the
-// fragments in 32-bit registers as the instructions use them
+    "td_get_b32": """// Two neighbouring 16-bit elements of a register array (4-byte aligned) as one 32-bit register, the
+// first in the low half (mma, ldmatrix); whole-word copies, not two halves shifted and masked: ptxas then
+// keeps the fragments in 32-bit registers as the instructions use them
 template <typename T> __device__ __forceinline__ unsigned td_get_b32(const T& first) {
   unsigned r; memcpy(&r, &first, 4); return r; }""",
     "td_set_b32": """template <typename T> __device__ __forceinline__ void td_set_b32(T& first, unsigned r) {
