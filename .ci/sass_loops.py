@@ -47,8 +47,9 @@ def k_loop(source: str) -> dict:
     loops = []      # (start, end) of each backward branch's span: the k loop is the one with the most HMMA
     for end, line in enumerate(lines):
         jump = re.search(r"BRA 0x([0-9a-f]+)", line)
-        if jump and int(jump.group(1), 16) < address[end] and int(jump.group(1), 16) in address:
-            loops.append((address.index(int(jump.group(1), 16)), end))
+        target = int(jump.group(1), 16) if jump else None
+        if target is not None and target < address[end] and target in address:
+            loops.append((address.index(target), end))
     start, end = max(loops, key=lambda span: (sum("HMMA" in x for x in lines[span[0]:span[1] + 1]),
                                               -(span[1] - span[0])))
     body = lines[start:end + 1]

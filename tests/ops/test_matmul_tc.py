@@ -43,6 +43,11 @@ def test_space_size_and_pruning():
         assert p.stages * (bm + bn) * p.bk * 2 <= tc.MAX_SMEM and threads <= 256
 
 
+def _covering() -> list:
+    """The points of the space that hold every pair of axis values between them, the largest warp tiles first."""
+    return pairwise_covering(tc.space().points(), lambda p: (math.prod(p.warp_tiles), p.bk, p.stages))
+
+
 def _program(points: list) -> tuple[str, set]:
     """(one CUDA program holding the template's kernels at `points` and the default's variants: 1-element loads,
     f16 out, bf16 in; the kernel names of `points`)."""
@@ -76,7 +81,7 @@ def test_the_space_keeps_its_fragments_in_registers():
     """ptxas, optimizing for sm_90, gives no point a stack frame (a fragment indexed at run time lives in local
     memory). Checked on points that hold every pair of axis values between them, the largest warp tiles first
     (`pairwise_covering`: 28 of the 151; all of them took 46 s of NVRTC here), and on the default's variants."""
-    points = pairwise_covering(tc.space().points(), lambda p: (math.prod(p.warp_tiles), p.bk, p.stages))
+    points = _covering()
     unit, names = _program(points)
     report = resource_usage(unit)
     assert names < set(report) and len(report) == len(names) + 3
@@ -273,7 +278,7 @@ def test_the_pipelines_of_the_space_on_gpu(split):
     The cpu's emulation completes each copy at once, so only a GPU checks the waits and barriers of the pipeline."""
     from concurrent.futures import ThreadPoolExecutor
     td.set_target("cuda")
-    points = pairwise_covering(tc.space().points(), lambda p: (math.prod(p.warp_tiles), p.bk, p.stages))
+    points = _covering()
     rng = np.random.default_rng(split)
     m, n, k = 200, 136, 1000                 # 1000 = 15 tiles of 64 and 40, or 31 of 32 and 8
     a = rng.standard_normal((1, m, k)).astype(np.float16)
