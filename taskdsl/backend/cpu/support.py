@@ -11,7 +11,8 @@ import numpy as np
 from llvmlite import ir as llvm_ir
 from numba import njit, types
 from numba.core.compiler import CompilerBase, DefaultPassBuilder
-from numba.core.untyped_passes import ReconstructSSA
+from numba.core.typed_passes import NopythonRewrites
+from numba.core.untyped_passes import InlineClosureLikes, ReconstructSSA
 from numba.extending import intrinsic
 
 from ...ir.types import narrow_float_bits
@@ -20,20 +21,26 @@ WARP = 32
 
 
 class KernelCompiler(CompilerBase):
-    """numba's nopython pipeline less its SSA reconstruction: the pipeline of a generated kernel.
+    """numba's nopython pipeline less the passes generated code has no use for: the pipeline of a kernel.
 
-    The reconstruction rewrites the whole function once per variable assigned more than once, and an
-    unrolled register tile has hundreds (each accumulator: its zero, its loads, its multiply-adds):
-    a third of numba's time on a 6x32 tile matmul (9.1 s -> 6.2 s). Without it numba types each such
-    variable once, unified over its assignments, and lowers it to a stack slot that LLVM's mem2reg
-    promotes, as numba did before 0.50. The generated code needs nothing that wants SSA form (no
-    literal unrolling, no parfors: the launchers of `parallel.py` keep numba's default pipeline).
+    - `ReconstructSSA` rewrites the whole function once per variable assigned more than once, and an
+      unrolled register tile has hundreds (each accumulator: its zero, its loads, its multiply-adds):
+      a third of numba's time on a 6x32 tile matmul (9.1 s -> 6.2 s). Without it numba types each such
+      variable once, unified over its assignments, and lowers it to a stack slot that LLVM's mem2reg
+      promotes, as numba did before 0.50. The generated code needs nothing that wants SSA form (no
+      literal unrolling, no parfors: the launchers of `parallel.py` keep numba's default pipeline).
+    - `InlineClosureLikes` inlines closures and comprehensions, `NopythonRewrites` fuses array
+      expressions and builds arrays of constant lists: generated code has none of them (scalar
+      statements on flat arrays). Each pass recomputes the function's variable liveness; on the
+      tensor-core template's cpu emulation the two took a fifth of numba's time.
     """
 
+    UNUSED = (ReconstructSSA, InlineClosureLikes, NopythonRewrites)
+
     def define_pipelines(self):
-        """The one nopython pipeline, without `ReconstructSSA`."""
+        """The one nopython pipeline, without the `UNUSED` passes."""
         pipeline = DefaultPassBuilder.define_nopython_pipeline(self.state, "taskdsl_kernel")
-        pipeline.passes = [(cls, what) for cls, what in pipeline.passes if cls is not ReconstructSSA]
+        pipeline.passes = [(cls, what) for cls, what in pipeline.passes if cls not in self.UNUSED]
         pipeline.finalize()
         return [pipeline]
 
