@@ -275,6 +275,7 @@ def gather_rows(X: f32["R", 4], rows: i32["N"], Out: f32[32, 4]):
     s = td.shared(f32, (32, 4))
     t = threadIdx.x
     td.cp_async(s[t, 0], X[rows[t], 0], 4, pred=t < N)     # rows[t] exists only where the copy happens
+    td.cp_async_commit()
     td.cp_async_wait(0)
     td.syncthreads()
     for e in range(4):

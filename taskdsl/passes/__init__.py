@@ -4,8 +4,8 @@ Common to every target:  expand_mappings -> simplify -> check_barriers -> check_
 CUDA then specializes:   bind_sizes -> mark_tile_loops -> flatten_buffers -> simplify -> check_loops
                          (sizes may fold a loop's test; loops indexing register tiles are marked for unrolling).
 Both targets end with split_deep_expressions (generated code must nest within its compilers' limits).
-The cpu target first gives tensor-core and async-copy instructions their plain meaning
-(emulate_tensor_cores), then keeps sizes symbolic (one numba compile serves every shape):
+The cpu target first gives async-copy and tensor-core instructions their plain meaning
+(emulate_async_copies, emulate_tensor_cores), then keeps sizes symbolic (one numba compile serves every shape):
                          unroll_loops -> flatten_buffers -> simplify,
 except in debug mode, which keeps n-d accesses so each index can be checked per axis, and
 with fast compilation, which skips unroll_loops (numba's compile time grows with code size).
@@ -16,6 +16,7 @@ from __future__ import annotations
 from .. import ir
 from .check_barriers import check_barriers
 from .check_loops import check_loops
+from .emulate_async_copies import emulate_async_copies
 from .emulate_tensor_cores import emulate_tensor_cores
 from .expand_mappings import expand_mappings
 from .simplify import simplify
@@ -40,7 +41,7 @@ def lower_for_cuda(fn: ir.Function, sizes: dict) -> ir.Function:
 
 def lower_for_cpu(fn: ir.Function, debug: bool, unroll: bool = True) -> ir.Function:
     """A lowered kernel prepared for the numba code generator (n-d accesses kept in debug mode)."""
-    fn = emulate_tensor_cores(fn)
+    fn = emulate_tensor_cores(emulate_async_copies(fn))
     if not debug:
         fn = check_loops(simplify(flatten_buffers(simplify(unroll_loops(fn) if unroll else fn))))
     return split_deep_expressions(fn)

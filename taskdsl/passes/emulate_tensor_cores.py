@@ -1,4 +1,4 @@
-"""Replace mma, ldmatrix and cp_async by plain IR: their meaning on the cpu target.
+"""Replace mma and ldmatrix by plain IR: their meaning on the cpu target.
 
 Both warp-wide instructions are an exchange through a per-block scratch buffer: every lane
 stores its operands into its row, the warp synchronizes (a syncwarp, which the cpu backend
@@ -6,9 +6,9 @@ turns into a region boundary), and each lane then reads the rows of the lanes it
 `mma_m16n8k16`: lanes publish their a and b fragments (as f32) and each computes its four
 c elements from the lanes that the PTX fragment layouts give each A and B element to.
 `ldmatrix`: lanes publish their row addresses (the indices of each row's first element)
-and each loads its elements from the rows the layout gives it. `cp_async` becomes a
-synchronous copy with zero fill, so `cp_async_commit` / `cp_async_wait` have nothing left
-to do. Runs on n-d IR (before `flatten_buffers`, and in debug mode), after `check_barriers`.
+and each loads its elements from the rows the layout gives it (`cp_async` is
+`emulate_async_copies`'s). Runs on n-d IR (before `flatten_buffers`, and in debug mode), after
+`check_barriers`.
 """
 from __future__ import annotations
 
@@ -16,12 +16,13 @@ import dataclasses
 
 from .. import ir
 from ..ir import types as T
+from .emulate_async_copies import linear_thread_index
 
 MMA_COLS = 12   # scratch elements per thread: its a fragment (8 elements), then its b fragment (4), as f32
 
 
 def emulate_tensor_cores(fn: ir.Function) -> ir.Function:
-    """`fn` with every mma, ldmatrix, cp_async, commit and wait replaced by loads, stores and syncwarps."""
+    """`fn` with every mma and ldmatrix replaced by loads, stores and syncwarps."""
     emulator = _Emulator(fn)
     body = emulator.visit(fn.body)
     allocations = [ir.Allocate(b) for b in emulator.scratch.values()]
@@ -30,12 +31,7 @@ def emulate_tensor_cores(fn: ir.Function) -> ir.Function:
 
 class _Emulator(ir.Rewriter):
     def __init__(self, fn: ir.Function):
-        bx, by, bz = fn.block
-        self.tid = ir.SpecialReg("threadIdx", "x")   # the thread's linear index in the block
-        if by > 1:
-            self.tid = self.tid + ir.SpecialReg("threadIdx", "y") * bx
-        if bz > 1:
-            self.tid = self.tid + ir.SpecialReg("threadIdx", "z") * (bx * by)
+        self.tid = linear_thread_index(fn)
         self.lane = self.tid % 32
         self.warp = self.tid // 32 * 32   # the first thread of this thread's warp
         self.num_threads = fn.num_threads
@@ -89,36 +85,3 @@ class _Emulator(ir.Rewriter):
                 out.append(ir.Store(s.frag.buffer, s.frag.element(2 * j + h), ir.Load(src, start.element(column)),
                                     s.loc))
         return ir.seq(out)
-
-    def visit_CpAsync(self, s: ir.CpAsync) -> ir.Stmt:
-        # The predicate and the indices are computed once, not in each of the `count` element copies: an im2col
-        # prologue's source index is a long expression, and numba's time grows with the code it types. A source
-        # index is computed only where the predicate holds, as CUDA's copy computes it (`codegen.cp_async`).
-        out = []
-        computed = lambda e: not isinstance(e, (ir.Const, ir.Var, ir.SpecialReg))
-
-        def bound(name: str, expr: ir.Expr) -> ir.Expr:
-            if not computed(expr):
-                return expr
-            var = ir.Var(name, expr.dtype)
-            out.append(ir.Assign(var, expr, s.loc))
-            return var
-
-        pred = bound("cp_pred", s.pred)
-        always = isinstance(pred, ir.Const) and pred.value
-        # (an index already a name or a constant costs nothing to compute where the predicate fails)
-        guarded = lambda i: i if always or not computed(i) else ir.Select(pred, i, ir.const(0, i.dtype), i.dtype)
-        src = ir.Ref(s.src.buffer, tuple(bound("cp_src", guarded(i)) for i in s.src.indices))
-        dst = ir.Ref(s.dst.buffer, tuple(bound("cp_dst", i) for i in s.dst.indices))
-        # the elements in a loop, not `count` copies of the store (numba's time again; LLVM unrolls it)
-        k = ir.Var("cp_k", T.i32)
-        zero = ir.const(0, s.dst.dtype)
-        copy = ir.Store(dst.buffer, dst.element(k), ir.Select(pred, ir.Load(src.buffer, src.element(k)), zero,
-                                                              s.dst.dtype), s.loc)
-        out.append(ir.For(k, ir.const(0), ir.const(s.count), ir.const(1), copy, loc=s.loc))
-        return ir.seq(out)
-
-    def visit_CpAsyncCommit(self, s):
-        return ir.Seq(())
-
-    visit_CpAsyncWait = visit_CpAsyncCommit

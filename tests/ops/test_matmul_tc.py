@@ -107,7 +107,8 @@ def test_deep_pipelines_and_their_tails_on_cpu(m, n, k, split, bk, stages):
     """Several k steps a tile (bk 32: A's and B's copies after the first step's mma; bk 64: A's after the first,
     B's after the second), three and four stages, with more k tiles than stages: the copies stop at the last
     tile while the ring drains. Sizes that are multiples of the tile (their bounds checks fold away) and sizes
-    that are not; split-k starts the pipeline at a later tile."""
+    that are not; split-k starts the pipeline at a later tile. Each copy lands at the wait that covers it
+    (`emulate_async_copies`): a wait for one group too few fails this test."""
     td.set_target("cpu")
     point = Space("tc_deep", {"warps": ((1, 1),), "warp_tiles": ((1, 4),), "bk": (bk,), "stages": (stages,)},
                   tc.check).points()[0]
@@ -275,7 +276,8 @@ def test_tensor_core_matmul_on_gpu():
 def test_the_pipelines_of_the_space_on_gpu(split):
     """The points that hold every pair of axis values (`pairwise_covering`: every warp tile, bk and stage count) on
     a GPU against numpy: several k tiles, a partial last one, and split-k chunks starting the ring at a later tile.
-    The cpu's emulation completes each copy at once, so only a GPU checks the waits and barriers of the pipeline."""
+    The cpu's emulation lands each copy at its wait (a wait for too few groups fails the cpu tests) but runs a
+    block's threads one after another, so only a GPU checks the barriers against other warps' copies."""
     from concurrent.futures import ThreadPoolExecutor
     td.set_target("cuda")
     points = _covering()

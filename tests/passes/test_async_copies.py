@@ -1,0 +1,98 @@
+"""cp_async on the cpu target (`passes/emulate_async_copies.py`): a copy lands at the wait that covers its group.
+
+PTX lets a copy complete at any moment before that wait; the cpu target takes the last moment, so a kernel that
+reads too early reads the old contents here too. These tests read shared memory at points where PTX does not
+promise the data yet: on a GPU such a read may see either value, so they run on the cpu target only.
+"""
+import numpy as np
+import pytest
+
+import taskdsl as td
+from taskdsl import f32, threadIdx
+from taskdsl.passes.emulate_async_copies import QUEUE
+
+OLD = -1.0      # what shared memory holds before the copies
+
+
+@td.kernel(grid=1, block=32)
+def read_before_and_after_the_wait(X: f32[32, 4], Before: f32[32, 4], After: f32[32, 4]):
+    s = td.shared(f32, (32, 4))
+    t = threadIdx.x
+    for e in range(4):
+        s[t, e] = OLD
+    td.cp_async(s[t, 0], X[t, 0], 4)
+    td.cp_async_commit()
+    for e in range(4):
+        Before[t, e] = s[t, e]
+    td.cp_async_wait(0)
+    for e in range(4):
+        After[t, e] = s[t, e]
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_a_read_before_the_wait_sees_the_old_contents(debug):
+    td.debug(debug)
+    try:
+        x = np.arange(128, dtype=np.float32).reshape(32, 4)
+        before, after = np.zeros_like(x), np.zeros_like(x)
+        read_before_and_after_the_wait(x, before, after)
+    finally:
+        td.debug(False)
+    np.testing.assert_array_equal(before, np.full_like(x, OLD))
+    np.testing.assert_array_equal(after, x)
+
+
+@td.kernel(grid=1, block=32)
+def three_copies(X: f32[32, 12], FirstWait: f32[32, 12], SecondWait: f32[32, 12]):
+    """Three copies of a row's thirds: the first two in groups of their own, the third never committed."""
+    s = td.shared(f32, (32, 12))
+    t = threadIdx.x
+    for e in range(12):
+        s[t, e] = OLD
+    td.cp_async(s[t, 0], X[t, 0], 4)
+    td.cp_async_commit()
+    td.cp_async(s[t, 4], X[t, 4], 4)
+    td.cp_async_commit()
+    td.cp_async(s[t, 8], X[t, 8], 4)
+    td.cp_async_wait(1)             # the newest committed group may still be in flight
+    for e in range(12):
+        FirstWait[t, e] = s[t, e]
+    td.cp_async_wait(0)             # every committed group: not the copy issued since the last commit
+    for e in range(12):
+        SecondWait[t, e] = s[t, e]
+
+
+def test_a_wait_covers_the_groups_committed_before_its_newest_n():
+    x = np.arange(32 * 12, dtype=np.float32).reshape(32, 12)
+    first, second = np.zeros_like(x), np.zeros_like(x)
+    three_copies(x, first, second)
+    old = np.full((32, 4), OLD, np.float32)
+    np.testing.assert_array_equal(first, np.hstack([x[:, :4], old, old]))
+    np.testing.assert_array_equal(second, np.hstack([x[:, :8], old]))
+
+
+COPIES = QUEUE + 3
+
+
+@td.kernel(grid=1, block=1)
+def more_copies_than_the_queue(X: f32[COPIES], Before: f32[COPIES], After: f32[COPIES]):
+    s = td.shared(f32, (COPIES,))
+    for i in range(COPIES):
+        s[i] = OLD
+    for i in range(COPIES):
+        td.cp_async(s[i], X[i], 1)
+    td.cp_async_commit()
+    for i in range(COPIES):
+        Before[i] = s[i]
+    td.cp_async_wait(0)
+    for i in range(COPIES):
+        After[i] = s[i]
+
+
+def test_a_full_queue_lands_its_oldest_copies_early():
+    """A thread holds QUEUE pending copies; each copy past them lands the oldest one (early, which PTX allows)."""
+    x = np.arange(COPIES, dtype=np.float32) + 1
+    before, after = np.zeros_like(x), np.zeros_like(x)
+    more_copies_than_the_queue(x, before, after)
+    np.testing.assert_array_equal(before, np.concatenate([x[:3], np.full(QUEUE, OLD, np.float32)]))
+    np.testing.assert_array_equal(after, x)
