@@ -86,7 +86,8 @@ class _Emulator(ir.Rewriter):
         entries = threads * QUEUE
         scratch = lambda what, dtype, per_entry: ir.Buffer(f"cpq_{what}_{buffer.name}", dtype,
                                                            (ir.const(entries * per_entry),), "shared")
-        return _Queue(buffer, scratch("indices", T.i32, len(buffer.shape)), scratch("values", buffer.dtype, _width(buffer.dtype)),
+        return _Queue(buffer, scratch("indices", T.i32, len(buffer.shape)),
+                      scratch("values", buffer.dtype, _width(buffer.dtype)),
                       scratch("counts", T.i32, 1), scratch("groups", T.i32, 1),
                       ir.Var(f"cpq_head_{buffer.name}", T.i32), ir.Var(f"cpq_tail_{buffer.name}", T.i32))
 
