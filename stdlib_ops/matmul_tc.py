@@ -105,9 +105,20 @@ def default_point(m: int = 0, n: int = 0):
     return space().point(**(LARGE if size >= LARGE_FROM else SMALL if 0 < size < SMALL_BELOW else DEFAULT))
 
 
+PARTS = ("all", "copies", "math")
+
+
 @functools.cache
-def tc_matmul_kernel(p, dtype, out_dtype, vec: int = 8):
-    """The tensor-core kernel for point `p`; `vec` 8: 16-byte cp.async copies (K, N multiples of 8), 1: loads."""
+def tc_matmul_kernel(p, dtype, out_dtype, vec: int = 8, parts: str = "all"):
+    """The tensor-core kernel for point `p`; `vec` 8: 16-byte cp.async copies (K, N multiples of 8), 1: loads.
+
+    `parts` other than "all" keeps half of the k loop, to time where its time goes (`bench tc-parts`):
+    "copies" the copies, waits and barriers alone (C is zeros), "math" the ldmatrix and mma alone, on
+    whatever shared memory holds (C is garbage).
+    """
+    if parts not in PARTS:
+        raise ValueError(f"parts must be one of {', '.join(PARTS)}, got {parts!r}")
+    copies, math = parts != "math", parts != "copies"
     (wm, wn), (mi, ni) = p.warps, p.warp_tiles
     BM, BN, T = tile_shape(p)
     BK, STAGES = p.bk, p.stages
@@ -115,7 +126,8 @@ def tc_matmul_kernel(p, dtype, out_dtype, vec: int = 8):
     B_STEP = min(1, KS - 2)       # the step that copies B's part of the tile ahead
     a_map, (a_s0, a_s1) = load_mapping(BM, BK // vec, T)      # over 'vec'-element chunks of the tiles
     b_map, (b_s0, b_s1) = load_mapping(BK, BN // vec, T)
-    name = f"tc_matmul_{BM}x{BN}x{BK}_w{wm}x{wn}_m{mi}x{ni}_s{STAGES}" + ("" if vec == 8 else "_v1")
+    name = (f"tc_matmul_{BM}x{BN}x{BK}_w{wm}x{wn}_m{mi}x{ni}_s{STAGES}" + ("" if vec == 8 else "_v1")
+            + ("" if parts == "all" else "_" + parts))
 
     @td.func
     def swz(row, col, width):
@@ -134,6 +146,8 @@ def tc_matmul_kernel(p, dtype, out_dtype, vec: int = 8):
         the k edge zero-fills; and K a multiple of BK needs no check: the kernel is specialized to its sizes,
         so the check folds away."""
         M, K = A.shape[1], A.shape[2]
+        if not copies:
+            return
         for i, c in a_map(threadIdx.x):
             gi, gk = td.min(row0 + i, M - 1), kt * BK + c * vec
             ok = K % BK == 0 or gk < K
@@ -147,6 +161,8 @@ def tc_matmul_kernel(p, dtype, out_dtype, vec: int = 8):
     def issue_b(B, sb, zb, col0, kt, slot):
         """Copy (or load) B's part of k tile `kt` into ring slot `slot` (as `issue_a`)."""
         K, NB = B.shape[1], B.shape[2]
+        if not copies:
+            return
         for k, c in b_map(threadIdx.x):
             gk, gj = kt * BK + k, td.min(col0 + c * vec, NB - vec)     # clamped columns: never stored either
             ok = K % BK == 0 or gk < K
@@ -159,6 +175,8 @@ def tc_matmul_kernel(p, dtype, out_dtype, vec: int = 8):
     @td.func
     def load_fragments(sa, sb, fa, fb, slot, kk, fragment_set, lane, warp_m0, warp_n0):
         """ldmatrix k step `kk` of ring slot `slot` into fragment set `fragment_set` (0 or 1) of `fa` and `fb`."""
+        if not math:
+            return
         for a in range(mi):
             r = warp_m0 + a * 16 + lane % 16
             td.ldmatrix(fa[fragment_set, a], sa[slot, r, swz(r, kk * 16 + lane // 16 * 8, BK)])
@@ -209,9 +227,10 @@ def tc_matmul_kernel(p, dtype, out_dtype, vec: int = 8):
                 if kk < KS - 1 or kt + 1 < kt1:
                     load_fragments(sa, sb, fa, fb, slot if kk < KS - 1 else next_slot, (kk + 1) % KS, (kk + 1) % 2,
                                    lane, warp_m0, warp_n0)
-                for a in range(mi):
-                    for b in range(ni):
-                        td.mma_m16n8k16(fa[kk % 2, a], fb[kk % 2, b // 2, b % 2], acc[a, b])
+                if math:
+                    for a in range(mi):
+                        for b in range(ni):
+                            td.mma_m16n8k16(fa[kk % 2, a], fb[kk % 2, b // 2, b % 2], acc[a, b])
                 # the copies of tile `ahead` are issued after the step's mma (the tensor cores busy meanwhile), A's
                 # in the first step and B's in the second (the first, of two), committed before the last step's
                 # wait. ptxas predicates the branch around them (no select of each copy's address, as `pred=` has)
@@ -254,4 +273,4 @@ def padded_copy_kernel(dtype):
     return padded_copy
 
 
-__all__ = ["space", "default_point", "tc_matmul_kernel", "padded_copy_kernel", "tile_shape", "check"]
+__all__ = ["space", "default_point", "tc_matmul_kernel", "PARTS", "padded_copy_kernel", "tile_shape", "check"]

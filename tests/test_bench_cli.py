@@ -108,3 +108,21 @@ def test_the_conv_schedule_column_says_when_the_input_is_the_gemm_operand(simula
                         False, None)
     assert _schedule(pointwise).endswith(", input as A") and "input as A" not in _schedule(spatial)
     assert _schedule(spatial).startswith("16x64 bk64")        # the tensor-core default below 2^20 outputs
+
+
+def test_tc_parts_needs_the_cuda_target(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["tc-parts"])
+    assert exit_info.value.code == 2 and "it needs the cuda target" in capsys.readouterr().err
+
+
+def test_the_tc_parts_rows(simulated_gpu, cpu_clock, monkeypatch, capsys):
+    """`bench tc-parts` (simulated GPU, one small point): the whole kernel checked against numpy, each part timed,
+    the copies' L2 bytes those of the point's tiles."""
+    from taskdsl.bench import tc_parts
+    monkeypatch.setattr(tc_parts, "POINTS", (dict(warps=(1, 4), warp_tiles=(1, 2), bk=64, stages=4),))
+    row, = tc_parts.run(sizes=(48,))
+    assert row["tile"] == "16x64x64 s4" and row["err"] < 2e-3
+    assert row["l2_bytes"] == 3 * 1 * (16 + 64) * 48 * 2      # 3 x 1 blocks, each reading A and B once
+    assert min(row["all"], row["copies"], row["math"]) > 0 and row["bound"] in ("copies", "math", "overlap")
+    assert "48^3 f16 in parts" in capsys.readouterr().out

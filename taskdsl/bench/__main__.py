@@ -15,6 +15,8 @@ BENCHMARKS = {
              "onnxruntime (cpu) or cuDNN (cuda); --sizes picks layers by index", "taskdsl.bench.conv"),
     "launch": ("an empty kernel with 3 tensor arguments: cold compile, cached load, us per launch (--sizes N "
                "launches)", "taskdsl.bench.launch"),
+    "tc-parts": ("the tensor-core matmul's k loop whole, its copies alone and its math alone, f16 (cuda; --sizes N: "
+                 "N^3, default 4096)", "taskdsl.bench.tc_parts"),
     "ops": ("softmax, layer norm and sums of a (4096, 1024) f32 array vs numpy (--sizes ROWS COLS)",
             "taskdsl.bench.ops"),
 }
@@ -56,6 +58,8 @@ def main(argv=None) -> int:
         td.runtime.config.check_environment()      # a bad TASKDSL_* setting: exit 2 before the benchmark starts
         if args.layers == "depthwise" and td.get_target() == "cuda":
             parser.error("conv --layers depthwise runs on the cpu target only (TASKDSL_TARGET=cpu)")
+        if args.name == "tc-parts" and td.get_target() != "cuda":
+            parser.error("tc-parts times tensor-core kernels on a GPU: it needs the cuda target")
         module = importlib.import_module(BENCHMARKS[args.name][1])
         options = {"sizes": tuple(args.sizes) if args.sizes else None, "layout": args.layout, "layers": args.layers}
         module.run(**{k: v for k, v in options.items() if v is not None})

@@ -89,6 +89,24 @@ def test_the_space_keeps_its_fragments_in_registers():
     assert {name: r for name, r in report.items() if r["stack_bytes"] >= r["spill_store_bytes"] + 8} == {}
 
 
+def test_the_parts_of_the_k_loop_keep_what_they_name():
+    """`parts` (for `bench tc-parts`): "copies" keeps the 16-byte copies and drops every ldmatrix and mma,
+    "math" the reverse; both keep the waits and barriers, and anything else is refused. (The simulated-GPU
+    test of the benchmark runs all three.)"""
+    a, index = np.zeros((1, 64, 64), np.float16), np.zeros((1, 2), np.int32)
+    count = {}
+    for parts in tc.PARTS:
+        source = tc.tc_matmul_kernel(tc.default_point(), td.f16, td.f16, 8, parts).source(a, a, a, index, 1,
+                                                                                          target="cuda")
+        body = source[source.index("__global__"):]
+        count[parts] = [body.count(op) for op in ("mma.sync", "ldmatrix", "cp.async.cg", "cp.async.wait", "__syncthreads")]
+    assert min(count["all"]) > 0
+    assert count["copies"] == [0, 0] + count["all"][2:]
+    assert count["math"] == count["all"][:2] + [0] + count["all"][3:]
+    with pytest.raises(ValueError, match="parts must be one of all, copies, math"):
+        tc.tc_matmul_kernel(tc.default_point(), td.f16, td.f16, 8, "mma")
+
+
 @settings(max_examples=8, deadline=None)
 @given(m=st.sampled_from([1, 8, 16, 24, 40]), n=st.sampled_from([8, 16, 24, 40]), k=st.sampled_from([8, 16, 24, 48]),
        seed=st.integers(0, 2**16))

@@ -1,0 +1,75 @@
+"""`python -m taskdsl.bench tc-parts`: where the tensor-core matmul's k loop spends its time (cuda, f16).
+
+At N^3 (`--sizes`, default 4096), for the larger tiles of the template's space, three forms of the kernel
+(`stdlib_ops.matmul_tc.tc_matmul_kernel(parts=...)`), each timed as CUDA-graph replays:
+
+- all: the kernel itself, checked against numpy;
+- copies: its cp.async copies, waits and barriers alone: the path from L2 to shared memory. The bytes
+  they read over their time is the L2 bandwidth the tile draws (every block reads (BM + BN) x K x 2);
+- math: its ldmatrix and mma alone, on whatever shared memory holds: tensor cores, shared-memory reads
+  and issue slots.
+
+A kernel about as slow as one of its parts is bound by that part; one slower than both overlaps them
+poorly (latency, the barriers).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+# the points timed: the large default, the 256-wide tiles of one block an SM (which read 25% less from L2),
+# the 128x64 default
+POINTS = (
+    dict(warps=(2, 2), warp_tiles=(4, 8), bk=64, stages=3),
+    dict(warps=(4, 2), warp_tiles=(4, 8), bk=64, stages=3),
+    dict(warps=(2, 4), warp_tiles=(4, 8), bk=64, stages=3),
+    dict(warps=(2, 2), warp_tiles=(4, 4), bk=32, stages=3),
+)
+
+
+def rows(n: int) -> list:
+    """A row a point of POINTS: its tile, the three forms' times in seconds, L2 bytes read, max relative error."""
+    import taskdsl as td
+    from stdlib_ops import matmul_simt as simt
+    from stdlib_ops import matmul_tc as tc
+    from .cuda_timing import time_cuda_replayed
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((1, n, n)).astype(np.float16) for _ in range(2))
+    want = a[0].astype(np.float32) @ b[0].astype(np.float32)
+    a_, b_, index = td.to_device(a), td.to_device(b), td.to_device(simt.batch_index((), (), ()))
+    out = []
+    for values in POINTS:
+        p = tc.space().point(**values)
+        bm, bn, _ = tc.tile_shape(p)
+        c = td.to_device(np.zeros((1, n, n), np.float16))
+        times = {}
+        for parts in tc.PARTS:
+            kernel = tc.tc_matmul_kernel(p, td.f16, td.f16, 8, parts)
+            times[parts] = time_cuda_replayed(lambda: kernel(a_, b_, c, index, 1))
+            if parts == "all":
+                got = c.numpy()[0].astype(np.float32)
+                err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+        l2_bytes = td.cdiv(n, bm) * td.cdiv(n, bn) * (bm + bn) * n * 2
+        out.append(dict(point=p, tile=f"{bm}x{bn}x{p.bk} s{p.stages}", l2_bytes=l2_bytes, err=err, **times))
+    return out
+
+
+def bound(r: dict) -> str:
+    """What bounds a row's kernel: the part it runs within 15% of ("copies" or "math"), else "overlap"."""
+    part = max(("copies", "math"), key=lambda name: r[name])
+    return part if r["all"] < 1.15 * r[part] else "overlap"
+
+
+def run(sizes=None) -> list:
+    """Print and return the rows of each size (cuda target only)."""
+    results = []
+    for n in sizes or (4096,):
+        tflops = lambda t: 2.0 * n ** 3 / t / 1e12
+        print(f"tensor-core matmul {n}^3 f16 in parts: ms (TFLOP/s of the whole product; copies: L2 TB/s)")
+        print(f"{'tile':>16} {'all':>15} {'copies':>15} {'math':>15} {'bound by':>9} {'max rel err':>12}")
+        for r in rows(n):
+            r.update(size=n, bound=bound(r))
+            print(f"{r['tile']:>16} {r['all'] * 1e3:>7.3f} ({tflops(r['all']):>5.0f}) "
+                  f"{r['copies'] * 1e3:>7.3f} ({r['l2_bytes'] / r['copies'] / 1e12:>5.2f}) "
+                  f"{r['math'] * 1e3:>7.3f} ({tflops(r['math']):>5.0f}) {r['bound']:>9} {r['err']:>12.1e}", flush=True)
+            results.append(r)
+    return results
