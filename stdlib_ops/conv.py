@@ -85,6 +85,7 @@ def geometry(x_shape, w_shape, stride=1, padding=0, dilation=1, groups=1, layout
         raise ValueError(f"conv2d needs a 4-D input and a 4-D OIHW weight, got {tuple(x_shape)} and {tuple(w_shape)}")
     n, c, h, w = x_shape if layout == "NCHW" else (x_shape[0], x_shape[3], x_shape[1], x_shape[2])
     oc, cg, kh, kw = w_shape
+    groups, = int_tuple(groups, "conv2d: groups", 1)
     if groups < 1 or c % groups or oc % groups or cg != c // groups:
         raise ValueError(f"conv2d: {c} input channels, {oc} output channels and groups={groups} need a weight "
                          f"of shape ({oc}, {c // max(groups, 1)}, KH, KW), got {tuple(w_shape)}")
@@ -828,7 +829,7 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 
            activation: str | None = None):
     """2-D convolution of x (NCHW or NHWC) with OIHW `weight`, plus optional bias and activation."""
     x, weight = as_array(x), as_array(weight)
-    dtype = mm.tdtype(np.result_type(x.dtype, weight.dtype))
+    dtype = mm.operands_tdtype(x.dtype, weight.dtype, "conv2d")
     g = geometry(x.shape, weight.shape, stride, padding, dilation, groups, layout)
     if bias is not None and np.shape(bias) != (g.oc,):
         raise ValueError(f"conv2d: bias must have shape ({g.oc},) (one per output channel), got {np.shape(bias)}")

@@ -41,12 +41,20 @@ ALIGN = 8
 PAD_FROM_MACS = 1 << 27
 
 
-def tdtype(dtype) -> td.ir.types.DataType:
-    """The DSL type of a matmul operand dtype (f32 or f16; TypeError otherwise)."""
+def tdtype(dtype, op: str = "matmul") -> td.ir.types.DataType:
+    """The DSL type of a matmul operand dtype (f32 or f16; a TypeError naming `op` otherwise)."""
     dtype = np.dtype(dtype)
     if dtype not in SUPPORTED:
-        raise TypeError(f"matmul supports float32 and float16 operands, got {dtype}; convert with .astype(np.float32)")
+        raise TypeError(f"{op} supports float32 and float16 operands, got {dtype}; convert with .astype(np.float32)")
     return td.ir.types.from_numpy(dtype)
+
+
+def operands_tdtype(a_dtype, b_dtype, op: str = "matmul") -> td.ir.types.DataType:
+    """The DSL type two operands compute in (f16 with f32: f32); a TypeError naming the unsupported operand's
+    dtype, not the one numpy would promote the pair to."""
+    for dtype in (a_dtype, b_dtype):
+        tdtype(dtype, op)
+    return tdtype(np.result_type(a_dtype, b_dtype), op)
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,7 @@ class Template:
     tile_shape: object     # point -> (BM, BN, threads)
     pack_b: object = None  # (point, B (batch, K, N)) -> B as the packed_b kernel reads it; None: the template has
                            # no packed_b / transposed_a kernels
+    packed_b_shape: object = None   # (point, B's shape) -> the shape pack_b gives
 
 
 SIMT = Template("simt_matmul", simt.space_for, lambda target, itemsize, m, n: simt.default_point(target, itemsize),
@@ -68,7 +77,7 @@ CPU_TILE = Template("tile_matmul", lambda target, itemsize: cpu.space(itemsize),
                     lambda target, itemsize, m, n: cpu.default_point(itemsize, m=m, n=n),
                     lambda p, dtype, out, vec, packed_b, transposed_a, m, n: cpu.tile_matmul_kernel(
                         p, dtype, out, packed_b, transposed_a, cpu.copies_a(transposed_a, m, n)),
-                    cpu.tile_shape, cpu.pack_b)
+                    cpu.tile_shape, cpu.pack_b, cpu.packed_b_shape)
 TENSOR_CORE = Template("tc_matmul", lambda target, itemsize: tc.space(),
                        lambda target, itemsize, m, n: tc.default_point(m, n),
                        lambda p, dtype, out, vec, *forms: tc.tc_matmul_kernel(p, dtype, out, vec), tc.tile_shape)
@@ -155,6 +164,15 @@ class MatmulPlan:
         """B (any shape with the elements of the 3-D operand) as the `packed_b` kernel reads it."""
         note_host_work("a matmul's B operand was packed on the host")
         return self.template.pack_b(self.point, np.asarray(b).reshape(self.operand_shapes()[1]))
+
+    def check_packed(self, panels) -> None:
+        """A ValueError unless `panels` has the shape this plan's `pack_b` gives (the kernel trusts its rows)."""
+        if not self.packs_b:
+            raise ValueError(f"the {self.template.name} template takes no packed B: call matmul without packed=")
+        want = self.template.packed_b_shape(self.point, self.operand_shapes()[1])
+        if tuple(np.shape(panels)) != want:
+            raise ValueError(f"matmul: packed B must have shape {want} for these operands, got {np.shape(panels)}; "
+                             "pack it with gemm.plan(a.shape, b.shape, ...).pack_b(b) for the b it multiplies")
 
     def batch_index(self, split: int | None = None) -> np.ndarray:
         """The kernel's (z-slice -> A, B matrix) table."""
@@ -338,7 +356,7 @@ def _operands(a, b) -> tuple:
     a, b = as_array(a), as_array(b)
     if a.ndim == 0 or b.ndim == 0:
         raise ValueError("matmul needs operands with at least one dimension (use mul for scalars)")
-    dtype = np.result_type(a.dtype, b.dtype)
+    dtype = operands_tdtype(a.dtype, b.dtype).numpy
     return contiguous(a, dtype), contiguous(b, dtype)
 
 
@@ -350,7 +368,8 @@ def matmul(a, b, *, tune: bool | None = None, packed: np.ndarray | None = None):
     dtype = tdtype(a.dtype)
     a2 = a.reshape((1,) + a.shape) if a.ndim == 1 else a
     b2 = b.reshape(b.shape + (1,)) if b.ndim == 1 else b
-    p = plan(a2.shape, b2.shape, dtype, td.get_target(), tune)
+    empty = 0 in a2.shape or 0 in b2.shape       # nothing to multiply: no schedule to tune
+    p = plan(a2.shape, b2.shape, dtype, td.get_target(), False if empty else tune)
     shape_a, shape_b, _ = p.operand_shapes()
     shape = p.out_batch + (p.m, p.n)
     if math.prod(shape) == 0 or p.k == 0:
@@ -359,6 +378,8 @@ def matmul(a, b, *, tune: bool | None = None, packed: np.ndarray | None = None):
         if packed is None and p.packs_b and isinstance(b2, np.ndarray) and \
                 p.batch * p.m * p.n * p.k >= PACK_PER_CALL_MACS:
             packed = p.pack_b(b2)
+        elif packed is not None:
+            p.check_packed(packed)
         operand = b2.reshape(shape_b) if packed is None else packed
         out = p(a2.reshape(shape_a), operand, packed is not None).reshape(shape)
     if a.ndim == 1:      # drop the promoted axes again
@@ -383,5 +404,8 @@ def linear(x, weight, bias=None, *, tune: bool | None = None):
     x, weight = as_array(x), as_array(weight)
     if weight.ndim != 2 or x.shape[-1:] != weight.shape[1:]:
         raise ValueError(f"linear needs x (..., K) and weight (N, K), got {x.shape} and {weight.shape}")
+    if bias is not None and np.shape(bias) != weight.shape[:1]:
+        raise ValueError(f"linear: bias must have shape ({weight.shape[0]},) (one per output feature), got "
+                         f"{np.shape(bias)}")
     y = matmul(x, transpose(weight), tune=tune)
     return y if bias is None else add(y, contiguous(bias, y.dtype))

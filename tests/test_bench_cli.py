@@ -38,6 +38,18 @@ def test_layers_is_a_conv_option_only(capsys):
     assert "--layers applies to the conv benchmark only" in capsys.readouterr().err
 
 
+def test_tune_is_a_matmul_option_and_reaches_it(monkeypatch, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["conv", "--tune"])
+    assert exit_info.value.code == 2 and "--tune applies to the matmul benchmark only" in capsys.readouterr().err
+    from taskdsl.bench import matmul
+    calls = []
+    monkeypatch.setattr(matmul, "run", lambda **options: calls.append(options))
+    main(["matmul", "--tune", "--sizes", "8"])
+    main(["matmul"])
+    assert calls == [{"sizes": (8,), "tune": True}, {}]
+
+
 def test_the_depthwise_layers_match_onnxruntime(capsys):
     """One MobileNet-V2 depthwise layer (7x7x960) with bias and ReLU6, timed against and checked with onnxruntime."""
     pytest.importorskip("onnxruntime")

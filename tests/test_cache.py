@@ -272,3 +272,21 @@ def test_damaged_or_stray_tuning_winners_are_retuned(tmp_path, monkeypatch):
         path.write_text(json.dumps({"point": point}))
         found = tuner.cached_winner(space, "op", ((8,),), ("f32",), "cpu")
         assert found == (space.point(per_thread=4) if point == {"per_thread": 4} else None), point
+
+
+def test_damaged_tuning_records_report_nothing(tmp_path, monkeypatch):
+    """`tuner.report` (bench matmul and conv print it) on a damaged record: no lines, as for a missing one."""
+    from taskdsl.schedule import tuner
+    monkeypatch.setenv("TASKDSL_CACHE_DIR", str(tmp_path))
+    path = tuner._record_path("op", ((8,),), ("f32",), "cpu")
+    path.parent.mkdir(parents=True)
+    timing = [{"per_thread": 2}, 1e-3, True]
+    whole = {"timings": [timing], "candidates": 3, "failed": 0}
+    for record in ([], None, "x", {"timings": []}, {"timings": None, "candidates": 3, "failed": 0},
+                   dict(whole, timings=[[1]]), dict(whole, timings=[[timing[0], "fast", True]]),
+                   dict(whole, candidates="3")):
+        path.write_text(json.dumps(record))
+        assert tuner.report("op", ((8,),), ("f32",), "cpu") == [], record
+    path.write_text(json.dumps(whole))
+    assert tuner.report("op", ((8,),), ("f32",), "cpu") == ["op ((8,),): 1 timed of 3 (0 failed)",
+                                                            "  #1        1.000 ms  {'per_thread': 2}"]

@@ -45,10 +45,12 @@ def main(argv=None) -> int:
     parser.add_argument("--layout", choices=["NCHW", "NHWC"], help="conv: the layout taskdsl's input and output have "
                         "(default NCHW; the peer runs its own)")
     parser.add_argument("--layers", choices=["resnet50", "depthwise"], help="conv: the layer set (default resnet50)")
+    parser.add_argument("--tune", action="store_true", help="matmul: tune each size's schedule on the cpu too (on "
+                        "cuda it always does)")
     args = parser.parse_args(argv)
-    for flag in ("layout", "layers"):
-        if getattr(args, flag) and args.name != "conv":
-            parser.error(f"--{flag} applies to the conv benchmark only")
+    for flag, benchmark in (("layout", "conv"), ("layers", "conv"), ("tune", "matmul")):
+        if getattr(args, flag) and args.name != benchmark:
+            parser.error(f"--{flag} applies to the {benchmark} benchmark only")
     if args.sizes:
         _check_sizes(parser, args)
     import importlib
@@ -61,7 +63,8 @@ def main(argv=None) -> int:
         if args.name == "tc-parts" and td.get_target() != "cuda":
             parser.error("tc-parts times tensor-core kernels on a GPU: it needs the cuda target")
         module = importlib.import_module(BENCHMARKS[args.name][1])
-        options = {"sizes": tuple(args.sizes) if args.sizes else None, "layout": args.layout, "layers": args.layers}
+        options = {"sizes": tuple(args.sizes) if args.sizes else None, "layout": args.layout, "layers": args.layers,
+                   "tune": args.tune or None}
         module.run(**{k: v for k, v in options.items() if v is not None})
     except td.ConfigError as e:         # a TASKDSL_* setting (the target, the cache folder) taskdsl cannot use
         parser.exit(2, f"{parser.prog}: error: {e}\n")

@@ -63,11 +63,10 @@ def _point_json(p: Point) -> dict:
 def report(op: str, shapes, dtypes, target: str, top: int = 5, default: Point | None = None) -> list:
     """Lines describing the stored tuning of this problem: its `top` fastest candidates, `default`'s rank and the
     slowest, each with its time (one cut after a run, SLOW_CUT, is marked '1 run'); [] when none is stored."""
-    try:
-        record = json.loads(_record_path(op, shapes, dtypes, target).read_bytes())
-        timings = record["timings"]
-    except (OSError, ValueError, KeyError):
+    record = _stored_timings(op, shapes, dtypes, target)
+    if record is None:
         return []
+    timings = record["timings"]
     ranks = list(range(min(top, len(timings))))
     if default is not None:
         ranks += [k for k, t in enumerate(timings) if t[0] == _point_json(default) and k >= top]
@@ -78,6 +77,20 @@ def report(op: str, shapes, dtypes, target: str, top: int = 5, default: Point | 
         tag = " (default)" if default is not None and point == _point_json(default) else ""
         lines.append(f"  #{k + 1:<4} {seconds * 1e3:9.3f} ms{'' if full else ' (1 run)'}{tag}  {point}")
     return lines
+
+
+def _stored_timings(op: str, shapes, dtypes, target: str) -> dict | None:
+    """The stored record of this problem with its timings, or None (absent, or damaged: each timing must be
+    [point, seconds, timed in full], the counts whole numbers)."""
+    try:
+        record = json.loads(_record_path(op, shapes, dtypes, target).read_bytes())
+        timings = record["timings"]
+        well_formed = (isinstance(timings, list) and all(isinstance(record[k], int) for k in ("candidates", "failed"))
+                       and all(isinstance(t, list) and len(t) == 3 and isinstance(t[0], dict)
+                               and isinstance(t[1], (int, float)) for t in timings))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return record if well_formed else None
 
 
 def cached_winner(space: Space, op: str, shapes, dtypes, target: str) -> Point | None:

@@ -464,6 +464,8 @@ def test_conv2d_errors_are_clear():
         ops.conv2d(x, np.zeros((8, 4, 3, 3), np.float32), activation="swish")
     with pytest.raises(ValueError, match="padding"):
         ops.conv2d(x, np.zeros((8, 4, 3, 3), np.float32), padding=-1)
-    for name, value in (("stride", 1.0), ("padding", 1.0), ("dilation", None)):    # were raw TypeErrors
+    for name, value in (("stride", 1.0), ("padding", 1.0), ("dilation", None), ("groups", 2.0)):   # raw TypeErrors
         with pytest.raises(TypeError, match=f"conv2d: {name} must be integers"):
             ops.conv2d(x, np.zeros((8, 4, 3, 3), np.float32), **{name: value})
+    with pytest.raises(TypeError, match="conv2d supports float32 and float16 operands, got int32"):
+        ops.conv2d(x.astype(np.int32), np.zeros((8, 4, 3, 3), np.float32))

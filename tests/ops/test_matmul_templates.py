@@ -194,8 +194,24 @@ def test_matmul_vectors_empty_and_errors():
         ops.matmul(np.ones((2, 2, 3), np.float32), np.ones((3, 3, 2), np.float32))
     with pytest.raises(TypeError, match="float32"):
         ops.matmul(np.ones((2, 2), np.int32), np.ones((2, 2), np.int32))
+    with pytest.raises(TypeError, match="got int32"):       # the operand's dtype, not the pair's promotion
+        ops.matmul(np.ones((2, 2), np.int32), np.ones((2, 2), np.float32))
     with pytest.raises(ValueError, match="batch dimension"):
         ops.batch_matmul(np.ones((2, 2), np.float32), np.ones((2, 2), np.float32))
+    with pytest.raises(ValueError, match=r"linear: bias must have shape \(5,\)"):
+        ops.linear(np.ones((4, 7), np.float32), b.T.copy(), np.ones((4, 5), np.float32))
+    p = gemm.plan((3, 7), b.shape, td.f32, "cpu")
+    with pytest.raises(ValueError, match="packed B must have shape"):     # the kernel would read past its rows
+        ops.matmul(np.ones((3, 7), np.float32), b, packed=p.pack_b(b)[:3].copy())
+
+
+def test_empty_products_tune_nothing(monkeypatch):
+    """An operand with a zero dimension gives zeros (or an empty result) without timing the space."""
+    monkeypatch.setattr(gemm, "tune", lambda *a, **k: pytest.fail("an empty product was tuned"))
+    td.set_target("cpu")
+    assert ops.matmul(np.ones((0, 3), np.float32), np.ones((3, 4), np.float32), tune=True).shape == (0, 4)
+    np.testing.assert_array_equal(ops.matmul(np.ones((2, 0), np.float32), np.ones((0, 3), np.float32), tune=True),
+                                  np.zeros((2, 3)))
 
 
 @pytest.mark.fast_compile     # the ops' semantics; test_matmul_cpu checks the optimized f16 and f32 kernels
