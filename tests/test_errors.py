@@ -708,6 +708,9 @@ def test_syncthreads_under_a_thread_dependent_if():
 
     dsl_error(lambda: k(vec()), "E_SYNCIF", "'syncthreads()' inside a branch or loop that depends on threadIdx",
               token="td.syncthreads")
+    assert "syncthreads()" in k.ir(vec())       # the frontend's IR is printed: lowering's checks raise (as documented)
+    for stage in (lambda: k.ir(vec(), stage="lowered"), lambda: k.source(vec(), target="cuda")):
+        dsl_error(stage, "E_SYNCIF", "'syncthreads()' inside a branch", token="td.syncthreads")
 
 
 def test_syncthreads_under_a_condition_on_a_thread_dependent_variable():
