@@ -206,8 +206,8 @@ def accumulator_dtype(t: Tensor) -> T.DataType:
     values, result = t.body.dtype, t.dtype
     if values.is_float or (result.is_float and t.op != "mean"):
         return T.f64 if T.f64 in (values, result) else T.f32
-    if t.op == "mean":      # of integers: summed exactly in i64 (an f32 sum lost 2**29 + 2's last bits), divided in f64
-        return T.i64
+    if t.op == "mean":      # of integers: summed exactly in i64 (an f32 sum lost 2**29 + 2's last bits), divided in
+        return T.f64 if values.bits == 64 else T.i64      # f64; of 64-bit ones in f64, as onnxruntime: i64 would wrap
     return T.promote(T.promote(values, result), T.i32)
 
 

@@ -230,9 +230,11 @@ def test_reductions_over_no_axis_still_map_each_element(op_type):
 
 
 @pytest.mark.parametrize("elem, dtype, base", [(TensorProto.INT32, np.int32, 2**29),
-                                               (TensorProto.INT64, np.int64, 2**40)])
+                                               (TensorProto.INT64, np.int64, 2**40),
+                                               (TensorProto.INT64, np.int64, 2**62)])
 def test_integer_means_are_exact(elem, dtype, base):
-    """An integer mean was accumulated in f32 (2**29 + 2.33 came out 2**29): now summed in i64, divided once."""
+    """An integer mean was accumulated in f32 (2**29 + 2.33 came out 2**29): now summed in i64, divided once.
+    64-bit ones sum in f64, as onnxruntime's: exact to 2**53, and sums past 2**63 (2**62 + 2**62) do not wrap."""
     node = helper.make_node("ReduceMean", ["x"], ["y"], axes=[1])
     model = make_model([node], [("x", [2, 3], elem)], [("y", [2, 1], elem)], opset=13)
     x = np.array([[base + 1, base + 2, base + 4], [-base - 1, -base - 2, -base - 4]], dtype)
