@@ -353,19 +353,19 @@ class SplitRun:
 
 
 def _operands(a, b) -> tuple:
+    """(a, b, their DSL type): both contiguous arrays of the type they compute in."""
     a, b = as_array(a), as_array(b)
     if a.ndim == 0 or b.ndim == 0:
         raise ValueError("matmul needs operands with at least one dimension (use mul for scalars)")
-    dtype = operands_tdtype(a.dtype, b.dtype).numpy
-    return contiguous(a, dtype), contiguous(b, dtype)
+    dtype = operands_tdtype(a.dtype, b.dtype)
+    return contiguous(a, dtype.numpy), contiguous(b, dtype.numpy), dtype
 
 
 def matmul(a, b, *, tune: bool | None = None, packed: np.ndarray | None = None):
     """`a @ b` with numpy's rules (1-D operands promoted, batch dims broadcast); f32 or f16; numpy arrays or
     td.DeviceArrays (the result is where the operands are). `packed`: b's panels from the plan's `pack_b`,
     made once by a caller that multiplies by the same b again (the cpu; large products pack b per call)."""
-    a, b = _operands(a, b)
-    dtype = tdtype(a.dtype)
+    a, b, dtype = _operands(a, b)
     a2 = a.reshape((1,) + a.shape) if a.ndim == 1 else a
     b2 = b.reshape(b.shape + (1,)) if b.ndim == 1 else b
     empty = 0 in a2.shape or 0 in b2.shape       # nothing to multiply: no schedule to tune
