@@ -300,11 +300,11 @@ class _Evaluator:
         """`e`'s elements; an index outside the tensor where the value is used is an error (a kernel would read out
         of bounds), elsewhere it is clipped into range (an untaken branch, which numpy evaluates too)."""
         array = self.arrays[e.buffer.uid]
-        raw = [np.asarray(self.eval(i, env, live)).astype(np.int64) for i in e.indices]
+        raw = [_narrowest(np.asarray(self.eval(i, env, live)).astype(np.int64)) for i in e.indices]
         outside = np.zeros((), bool)
         for i, n in zip(raw, array.shape):
             outside = outside | (i < 0) | (i >= n)
-        if live is not None:
+        if live is not None and outside.any():     # (only then: `live` may broadcast `outside` to a big shape)
             outside = outside & live
         if outside.any():
             at = tuple(int(np.broadcast_to(i, outside.shape)[outside][0]) for i in raw)
@@ -327,6 +327,10 @@ class _Evaluator:
         else:
             all_axes, all_dims = t.axes + t.reduce_axes, t.shape + t.reduce_shape
             full = tuple(self.dim(d) for d in all_dims)
+            product = _product_of(t) if 0 not in full else None
+            value = self._contraction(t, *product, full) if product else None
+            if value is not None:
+                return np.broadcast_to(value, shape).astype(numpy_dtype(t.dtype))
             value = np.broadcast_to(self.eval(t.body, self.grid(all_axes, all_dims)), full)
             # accumulated in the wider of the values' and the result's types, as the kernels do, then converted
             value = value.astype(np.float64 if t.op == "mean" else
@@ -343,6 +347,71 @@ class _Evaluator:
             else:
                 value = _NP_REDUCE[t.op](value, axis=axes)
         return np.broadcast_to(value, shape).astype(numpy_dtype(t.dtype))
+
+
+    def _contraction(self, t: Tensor, guard, factors: list, full: tuple):
+        """A sum or mean of a product (`_product_of`) by numpy's einsum, which never holds the whole domain of
+        the reduction (a matmul's (M, N, K), a convolution's output times its window); None where a factor is
+        not finite where the guard leaves it out (0 * inf is NaN, but the guarded sum skips the term)."""
+        env = self.grid(t.axes + t.reduce_axes, t.shape + t.reduce_shape)
+        live = None if guard is None else np.asarray(self.eval(guard, env), bool)
+        accumulator = np.float64 if t.op == "mean" else \
+            np.result_type(_compute_dtype(t.body.dtype), _compute_dtype(t.dtype))
+        operands = [np.asarray(self.eval(f, env, live)).astype(accumulator, copy=False) for f in factors]
+        if live is not None:
+            if not all(np.isfinite(x).all() for x in operands):
+                return None
+            operands.append(live.astype(accumulator))
+        total = _einsum_sum(operands, full, len(t.axes))
+        return total / math.prod(full[len(t.axes):]) if t.op == "mean" else total
+
+
+def _narrowest(index: np.ndarray) -> np.ndarray:
+    """`index` with the axes along which it does not change cut to 1 (a grouped convolution's channel
+    `o // (O / groups) * C + c` with one group does not depend on o): what is loaded through it is no bigger."""
+    for axis, n in enumerate(index.shape):
+        if n > 1:
+            first = index[(slice(None),) * axis + (slice(0, 1),)]
+            if (index == first).all():
+                index = first
+    return index
+
+
+def _product_of(t: Tensor) -> tuple | None:
+    """(guard or None, factors) where `t` is a float sum or mean of a product, possibly under a select that gives
+    0 where its guard fails (a convolution's padding); None otherwise."""
+    body, guard = t.body, None
+    if t.op not in ("sum", "mean") or not t.body.dtype.is_float:
+        return None
+    if isinstance(body, ir.Select) and isinstance(body.b, ir.Const) and body.b.value == 0:
+        body, guard = body.a, body.cond
+    if not (isinstance(body, ir.Binary) and body.op == "*"):
+        return None
+    factors, pending = [], [body]
+    while pending:
+        e = pending.pop()
+        if isinstance(e, ir.Binary) and e.op == "*" and e.dtype == body.dtype:
+            pending += [e.a, e.b]
+        else:
+            factors.append(e)
+    return guard, factors
+
+
+def _einsum_sum(operands: list, full: tuple, kept: int) -> np.ndarray:
+    """The sum over axes kept.. of the product of `operands`, each broadcastable to `full`, shaped to broadcast to
+    full[:kept]. Axes of size 1 in an operand are left out of its subscripts, so that numpy contracts only what
+    each operand depends on (a reduction axis no operand depends on multiplies the sum by its size)."""
+    letters, arrays, subscripts = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ", [], []
+    for x in operands:
+        x = x.reshape((1,) * (len(full) - x.ndim) + x.shape)
+        axes = [k for k, n in enumerate(x.shape) if n != 1]
+        arrays.append(x.reshape([x.shape[k] for k in axes]))
+        subscripts.append("".join(letters[k] for k in axes))
+    used = set("".join(subscripts))
+    out = [k for k in range(kept) if letters[k] in used]
+    total = np.einsum(",".join(subscripts) + "->" + "".join(letters[k] for k in out), *arrays, optimize=True)
+    unused = math.prod(n for k, n in enumerate(full[kept:], kept) if letters[k] not in used)
+    return (total * unused).reshape([full[k] if k in out else 1 for k in range(kept)])
 
 
 def bind_sizes(placeholders: list, arrays: list) -> dict:

@@ -1,0 +1,141 @@
+"""The reference evaluator's contractions: a float sum or mean of a product (a matmul, a convolution under its
+padding guard) is summed by numpy's einsum instead of over the whole materialised domain. Each case is checked
+against numpy formulas and against the evaluator's general path, which `+ 0.0` on the body selects."""
+import tracemalloc
+
+import numpy as np
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+import taskdsl as td
+import taskdsl.graph as tg
+from taskdsl import ir
+from taskdsl.compute import evaluate, size_var
+from taskdsl.graph import ops
+
+FEW = settings(max_examples=10, deadline=None)
+DIM = st.sampled_from([1, 2, 3, 5, 7, 13])
+
+A = td.placeholder("A", td.f32, ("B", "M", "K"))
+W = td.placeholder("W", td.f32, ("K", "N"))
+S = td.placeholder("S", td.f32, ("N",))
+X, Wk = td.placeholder("X", td.f32, ("M",)), td.placeholder("Wk", td.f32, ("Kw",))
+
+
+def both_paths(name, shape, reduce_shape, body, op="sum", dtype=None):
+    """The definition `body` as given (a product: the contraction) and as `body + 0.0` (the general path)."""
+    return (td.reduce(name, shape, reduce_shape, body, op=op, dtype=dtype),
+            td.reduce(name + "_general", shape, reduce_shape, lambda *ix: body(*ix) + 0.0, op=op, dtype=dtype))
+
+
+@FEW
+@given(b=DIM, m=DIM, k=DIM, n=DIM, seed=st.integers(0, 2**16))
+@example(b=1, m=1, k=1, n=1, seed=0)
+def test_a_batched_scaled_matmul_is_numpys(b, m, k, n, seed):
+    rng = np.random.default_rng(seed)
+    a, w, s = (rng.standard_normal(shape).astype(np.float32) for shape in ((b, m, k), (k, n), (n,)))
+    fast, general = both_paths("Y", ("B", "M", "N"), ("K",), lambda i, r, c, j: A[i, r, j] * W[j, c] * S[c])
+    got, want = evaluate([A, W, S], [fast, general], [a, w, s])
+    np.testing.assert_allclose(got, (a.astype(np.float64) @ w) * s, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def guarded_window(i, j):
+    """X[i + j] * Wk[j] where i + j is inside X, else 0."""
+    return ir.Select(i + j < size_var("M"), X[i + j] * Wk[j], ir.const(0.0, td.f32), td.f32)
+
+
+@FEW
+@given(m=DIM, k=DIM, seed=st.integers(0, 2**16))
+def test_a_guarded_product_sums_only_where_the_guard_holds(m, k, seed):
+    """A shifted window read past the end, guarded as a convolution's padding is."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(m).astype(np.float32)
+    w = rng.standard_normal(k).astype(np.float32)
+    fast, general = both_paths("Y", ("M",), ("Kw",), guarded_window)
+    got, want = evaluate([X, Wk], [fast, general], [x, w])
+    padded = np.concatenate([x, np.zeros(k, np.float32)]).astype(np.float64)
+    np.testing.assert_allclose(got, [padded[i:i + k] @ w for i in range(m)], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_an_infinity_outside_the_guard_does_not_make_nan():
+    """0 * inf is NaN, but the guarded sum leaves the term out: the general path is taken."""
+    fast, general = both_paths("Y", ("M",), ("Kw",), guarded_window)
+    x = np.array([1.0, 2.0, 3.0], np.float32)
+    w = np.array([1.0, np.inf], np.float32)
+    got, want = evaluate([X, Wk], [fast, general], [x, w])
+    np.testing.assert_array_equal(got, [np.inf, np.inf, 3.0])
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_reduction_axis_no_factor_reads_multiplies_the_sum():
+    fast, general = both_paths("Y", ("N",), ("K", 4), lambda c, j, unused: W[j, c] * S[c])
+    w, s = np.arange(6, dtype=np.float32).reshape(3, 2), np.array([1.0, -2.0], np.float32)
+    got, want = evaluate([W, S], [fast, general], [w, s])
+    np.testing.assert_array_equal(got, 4 * w.sum(axis=0) * s)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_mean_of_squares_is_numpys():
+    x = np.random.default_rng(1).standard_normal((3, 5, 7)).astype(np.float32)
+    fast, general = both_paths("Y", ("B", "M"), ("K",), lambda i, r, j: A[i, r, j] * A[i, r, j], op="mean")
+    got, want = evaluate([A], [fast, general], [x])
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, (x.astype(np.float64) ** 2).mean(axis=2), rtol=1e-6)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float64])
+def test_other_float_types(dtype):
+    tdtype = td.f16 if dtype == np.float16 else td.f64
+    P, Q = td.placeholder("P", tdtype, ("M", "K")), td.placeholder("Q", tdtype, ("K",))
+    fast, general = both_paths("Y", ("M",), ("K",), lambda i, j: P[i, j] * Q[j])
+    rng = np.random.default_rng(2)
+    p, q = rng.standard_normal((5, 11)).astype(dtype), rng.standard_normal(11).astype(dtype)
+    got, want = evaluate([P, Q], [fast, general], [p, q])
+    assert got.dtype == want.dtype
+    np.testing.assert_allclose(got.astype(np.float64), p.astype(np.float64) @ q, rtol=2e-3, atol=2e-3)
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=2e-3, atol=2e-3)
+
+
+def test_an_empty_reduction_sums_to_zero():
+    fast, _ = both_paths("Y", ("B", "M", "N"), ("K",), lambda i, r, c, j: A[i, r, j] * W[j, c])
+    got, = evaluate([A, W], [fast], [np.zeros((2, 3, 0), np.float32), np.zeros((0, 4), np.float32)])
+    np.testing.assert_array_equal(got, np.zeros((2, 3, 4), np.float32))
+
+
+def peak_bytes(fn) -> int:
+    """The most memory numpy and Python held at once while `fn()` ran."""
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_matmul_reference_does_not_hold_its_whole_domain():
+    """512^3 materialised is 512 MiB of f32; the operands and the result are 3 MiB."""
+    a, b = (np.random.default_rng(3).standard_normal((512, 512)).astype(np.float32) for _ in range(2))
+    x, y = tg.input("x", a.shape, a.dtype), tg.input("y", b.shape, b.dtype)
+    graph = tg.trace(ops.matmul, x, y)
+    out = []
+    assert peak_bytes(lambda: out.append(graph.reference(a, b)[0])) < 48 * 2**20
+    np.testing.assert_allclose(out[0], a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
+
+
+def test_a_convolution_reference_holds_one_window_per_output():
+    """A ResNet 3x3 layer: (O, H, W) x (C, 3, 3) materialised is 440 MiB; its windows over the input are 7 MiB
+    (with one group, the input channel read does not depend on the output channel)."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((1, 64, 56, 56)).astype(np.float32)
+    w = rng.standard_normal((64, 64, 3, 3)).astype(np.float32)
+    graph = tg.trace(lambda t: ops.conv2d(t, w, padding=1), tg.input("x", x.shape, x.dtype))
+    out = []
+    assert peak_bytes(lambda: out.append(graph.reference(x)[0])) < 64 * 2**20
+    got = out[0]
+    want = sum(np.einsum("chw,oc->ohw", np.pad(x[0], ((0, 0), (1, 1), (1, 1)))[:, i:i + 56, j:j + 56],
+                         w[:, :, i, j].astype(np.float64)) for i in range(3) for j in range(3))
+    np.testing.assert_allclose(got[0], want, rtol=1e-4, atol=1e-3)
