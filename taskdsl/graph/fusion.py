@@ -66,16 +66,27 @@ class FusedAnchor(Operator):
 
     def clone(self, inputs: list) -> "FusedAnchor":
         """The same fusion over other external inputs (members rebuilt in order)."""
-        mapping = {id(old): new for old, new in zip(self.inputs, inputs)}
+        return FusedAnchor.over(self.anchor, self.prologues, self.epilogue,
+                                {id(old): new for old, new in zip(self.inputs, inputs)})
+
+    @staticmethod
+    def over(anchor: Operator, prologues: dict, epilogue: list, mapping: dict) -> "FusedAnchor":
+        """The fusion of these members with their inputs replaced as `mapping` (id(tensor) -> tensor) says:
+        a member that reads a replaced tensor is rebuilt (and its outputs replace its old ones), the others
+        are kept."""
+        mapping = dict(mapping)
 
         def rebuilt(m):
-            new = m.clone([mapping.get(id(t), t) for t in m.inputs])
+            inputs = [mapping.get(id(t), t) for t in m.inputs]
+            if all(a is b for a, b in zip(inputs, m.inputs)):
+                return m
+            new = m.clone(inputs)
             mapping.update({id(old): t for old, t in zip(m.outputs, new.outputs)})
             return new
 
-        prologues = {k: rebuilt(m) for k, m in self.prologues.items()}
-        anchor = rebuilt(self.anchor)
-        return FusedAnchor(anchor, prologues, [rebuilt(m) for m in self.epilogue])
+        prologues = {k: rebuilt(m) for k, m in prologues.items()}
+        anchor = rebuilt(anchor)
+        return FusedAnchor(anchor, prologues, [rebuilt(m) for m in epilogue])
 
 
 # ---------------------------------------------------------------- the pass
@@ -95,45 +106,65 @@ def _elementwise_like(op: Operator, source) -> bool:
             and op.outputs[0].size == source.size and sum(t is source for t in op.inputs) == 1)
 
 
-def _next_group(graph: Graph):
-    """The first anchor with something to fuse, as (FusedAnchor, the tensor it replaces), or None."""
+def _groups(graph: Graph) -> list:
+    """(anchor, prologues, epilogue) of each anchor with something to fuse, in order; an operator joins the
+    first group that can take it."""
     users = graph.users()
     outputs = {id(t) for t in graph.outputs}
+    taken: set = set()
 
-    def sole_reader(t):
+    def free_sole_reader(t):
         readers = users.get(id(t), [])
-        return readers[0] if len(readers) == 1 and id(t) not in outputs else None
+        one = readers[0] if len(readers) == 1 and id(t) not in outputs else None
+        return one if one is not None and id(one) not in taken else None
 
+    groups = []
     for op in graph.nodes:
-        if not _fusible_anchor(op):
+        if id(op) in taken or not _fusible_anchor(op):
             continue
         epilogue, tail = [], op.outputs[0]
-        while (nxt := sole_reader(tail)) is not None and _elementwise_like(nxt, tail):
+        while (nxt := free_sole_reader(tail)) is not None and _elementwise_like(nxt, tail):
             epilogue.append(nxt)
             tail = nxt.outputs[0]
         prologues = {}
         for k in (0,) if isinstance(op, Conv) else (0, 1):
             producer = op.inputs[k].producer
-            if (isinstance(producer, PROLOGUE_KINDS) and producer.is_injective and len(producer.outputs) == 1
-                    and sole_reader(op.inputs[k]) is op):
+            if (isinstance(producer, PROLOGUE_KINDS) and id(producer) not in taken and producer.is_injective
+                    and len(producer.outputs) == 1 and free_sole_reader(op.inputs[k]) is op):
                 prologues[k] = producer
         if epilogue or prologues:
-            return FusedAnchor(op, prologues, epilogue), tail
-    return None
+            groups.append((op, prologues, epilogue))
+            taken.update(id(m) for m in [op, *prologues.values(), *epilogue])
+    return groups
 
 
 def partition(graph: Graph) -> Graph:
     """The graph with every fusible anchor and its prologues / epilogue chain replaced by a FusedAnchor.
 
-    One group at a time, in topological order: each rewrite rebuilds the readers of the fused
-    tensor, so later groups see the fused nodes (and never absorb them: they are no anchors).
+    The groups are found on the graph as it is (`_groups`); then one walk in topological order
+    builds the new graph: a FusedAnchor where a group's last member was, and every other operator
+    that reads a replaced tensor rebuilt over the new one.
     """
-    while (group := _next_group(graph)) is not None:
-        fused, tail = group
-        fused.outputs[0].name = tail.name
-        rewritten = graph.rewrite({id(tail): fused.outputs[0]})
-        graph = Graph(rewritten.inputs, rewritten.outputs, name=graph.name)     # drops the absorbed members
-    return graph
+    groups = _groups(graph)
+    members = {id(m) for anchor, prologues, epilogue in groups for m in [anchor, *prologues.values(), *epilogue]}
+    last_member = {id(epilogue[-1] if epilogue else anchor): (anchor, prologues, epilogue)
+                   for anchor, prologues, epilogue in groups}
+    new: dict = {}          # id(tensor of `graph`) -> its replacement
+    for op in graph.nodes:
+        group = last_member.get(id(op))
+        if group is None and id(op) in members:
+            continue                    # built with its group's FusedAnchor
+        if group is not None:
+            replaced = [op.outputs[0]]
+            built = FusedAnchor.over(*group, new)
+        elif any(id(t) in new for t in op.inputs):
+            replaced, built = op.outputs, op.clone([new.get(id(t), t) for t in op.inputs])
+        else:
+            continue
+        for old, t in zip(replaced, built.outputs):
+            t.name = old.name
+            new[id(old)] = t
+    return Graph(graph.inputs, [new.get(id(t), t) for t in graph.outputs], name=graph.name)
 
 
 # ---------------------------------------------------------------- building and running the kernel
