@@ -40,8 +40,9 @@ def sample_inputs(graph: Graph, vocab_size: int = 2, seed: int = 0) -> dict:
     return feeds
 
 
-def onnxruntime_outputs(model: onnx.ModelProto, feeds: dict) -> list | None:
-    """The model's outputs by onnxruntime on the CPU; None when onnxruntime is not installed or cannot run it."""
+def onnxruntime_outputs(model: onnx.ModelProto, feeds: dict, failure: list | None = None) -> list | None:
+    """The model's outputs by onnxruntime on the CPU; None when onnxruntime is not installed or cannot run it
+    (then why it could not, in one line, is appended to `failure`)."""
     try:
         import onnxruntime as ort
     except ImportError:
@@ -49,17 +50,20 @@ def onnxruntime_outputs(model: onnx.ModelProto, feeds: dict) -> list | None:
     try:
         session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
         return session.run(None, feeds)
-    except Exception:  # noqa: BLE001 - e.g. an operator onnxruntime lacks for this dtype: use the numpy reference
+    except Exception as e:  # noqa: BLE001 - e.g. an operator onnxruntime lacks for this dtype: use the numpy reference
+        if failure is not None:
+            failure.append(f"{type(e).__name__}: {str(e).strip().splitlines()[0][:120] if str(e).strip() else ''}")
         return None
 
 
 def reference_outputs(graph: Graph, model: onnx.ModelProto | None, feeds: dict, fixed: dict | None = None) -> tuple:
     """(outputs, name of the reference): onnxruntime on `model` when it can (fed also the values of the model
-    inputs that `fixed` fixed at import), else the graph's numpy evaluator."""
-    outputs = onnxruntime_outputs(model, {**feeds, **(fixed or {})}) if model is not None else None
+    inputs that `fixed` fixed at import), else the graph's numpy evaluator (named with onnxruntime's failure)."""
+    failure: list = []
+    outputs = onnxruntime_outputs(model, {**feeds, **(fixed or {})}, failure) if model is not None else None
     if outputs is not None:
         return outputs, "onnxruntime"
-    return graph.reference(feeds), "numpy reference"
+    return graph.reference(feeds), "numpy reference" + "".join(f" (onnxruntime failed: {why})" for why in failure)
 
 
 def relative_error(got: list, want: list) -> float:

@@ -5,7 +5,7 @@ import pytest
 
 import models
 import taskdsl.graph as tg
-from models.inference import infer, onnxruntime_outputs, relative_error, sample_inputs
+from models.inference import infer, onnxruntime_outputs, reference_outputs, relative_error, sample_inputs
 
 pytest.importorskip("onnxruntime")
 
@@ -72,3 +72,12 @@ def test_small_gpt2_on_a_simulated_gpu(simulated_gpu):
     assert cg.cuda_graph.startswith("on (") and simulated_gpu.replays == 2 + 1 + 1 + 2
     other = sample_inputs(graph, models.get("gpt2").small.vocab_size, seed=1)
     assert relative_error(cg(other), onnxruntime_outputs(proto, other)) < 1e-3
+
+
+def test_a_model_onnxruntime_cannot_run_is_checked_against_the_numpy_reference_which_says_why():
+    graph, feeds = small("mobilenet_v2")
+    broken = models.export_onnx(graph)
+    broken.graph.node[0].op_type = "NoSuchOperator"
+    outputs, name = reference_outputs(graph, broken, feeds)
+    assert name.startswith("numpy reference (onnxruntime failed: ") and "NoSuchOperator" in name
+    assert relative_error(outputs, onnxruntime_outputs(models.export_onnx(graph), feeds)) < 1e-4
