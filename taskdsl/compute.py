@@ -348,7 +348,6 @@ class _Evaluator:
                 value = _NP_REDUCE[t.op](value, axis=axes)
         return np.broadcast_to(value, shape).astype(numpy_dtype(t.dtype))
 
-
     def _contraction(self, t: Tensor, guard, factors: list, full: tuple):
         """A sum or mean of a product (`_product_of`) by numpy's einsum, which never holds the whole domain of
         the reduction (a matmul's (M, N, K), a convolution's output times its window); None where a factor is
