@@ -354,7 +354,9 @@ class _Evaluator:
         not finite where the guard leaves it out (0 * inf is NaN, but the guarded sum skips the term)."""
         env = self.grid(t.axes + t.reduce_axes, t.shape + t.reduce_shape)
         live = None if guard is None else np.asarray(self.eval(guard, env), bool)
-        accumulator = np.float64 if t.op == "mean" else \
+        # einsum sums some factors before it multiplies by others, which can overflow where the products in
+        # order do not (a * a * scale): more than two factors are multiplied in f64
+        accumulator = np.float64 if t.op == "mean" or len(factors) > 2 else \
             np.result_type(_compute_dtype(t.body.dtype), _compute_dtype(t.dtype))
         operands = [np.asarray(self.eval(f, env, live)).astype(accumulator, copy=False) for f in factors]
         if live is not None:
@@ -380,12 +382,10 @@ def _product_of(t: Tensor) -> tuple | None:
     """(guard or None, factors) where `t` is a float sum or mean of a product, possibly under a select that gives
     0 where its guard fails (a convolution's padding); None otherwise."""
     body, guard = t.body, None
-    if t.op not in ("sum", "mean") or not t.body.dtype.is_float:
-        return None
     if isinstance(body, ir.Select) and isinstance(body.b, ir.Const) and body.b.value == 0:
         body, guard = body.a, body.cond
-    if not (isinstance(body, ir.Binary) and body.op == "*"):
-        return None
+    if t.op not in ("sum", "mean") or not (isinstance(body, ir.Binary) and body.op == "*" and body.dtype.is_float):
+        return None     # (an integer product wraps in its type: the general path multiplies in it)
     factors, pending = [], [body]
     while pending:
         e = pending.pop()
@@ -408,7 +408,8 @@ def _einsum_sum(operands: list, full: tuple, kept: int) -> np.ndarray:
         subscripts.append("".join(letters[k] for k in axes))
     used = set("".join(subscripts))
     out = [k for k in range(kept) if letters[k] in used]
-    total = np.einsum(",".join(subscripts) + "->" + "".join(letters[k] for k in out), *arrays, optimize=True)
+    with np.errstate(all="ignore"):      # inf * 0 is NaN, as in the general path, without a warning
+        total = np.einsum(",".join(subscripts) + "->" + "".join(letters[k] for k in out), *arrays, optimize=True)
     unused = math.prod(n for k, n in enumerate(full[kept:], kept) if letters[k] not in used)
     return (total * unused).reshape([full[k] if k in out else 1 for k in range(kept)])
 

@@ -2,6 +2,7 @@
 padding guard) is summed by numpy's einsum instead of over the whole materialised domain. Each case is checked
 against numpy formulas and against the evaluator's general path, which `+ 0.0` on the body selects."""
 import tracemalloc
+import warnings
 
 import numpy as np
 import pytest
@@ -139,3 +140,33 @@ def test_a_convolution_reference_holds_one_window_per_output():
     want = sum(np.einsum("chw,oc->ohw", np.pad(x[0], ((0, 0), (1, 1), (1, 1)))[:, i:i + 56, j:j + 56],
                          w[:, :, i, j].astype(np.float64)) for i in range(3) for j in range(3))
     np.testing.assert_allclose(got[0], want, rtol=1e-4, atol=1e-3)
+
+
+def test_an_integer_product_under_a_float_select_wraps_as_kernels_do():
+    """The select is f32 but its product is i32, which wraps (100000^2 mod 2^32): the general path multiplies."""
+    Ints = td.placeholder("Ints", td.i32, ("M",))
+    fast, general = both_paths("Y", (), ("M",), lambda k: ir.Select(
+        k >= 0, Ints[k] * Ints[k], ir.const(0.0, td.f32), td.f32))
+    got, want = evaluate([Ints], [fast, general], [np.array([100000, 3], np.int32)])
+    np.testing.assert_array_equal(got, np.float32(100000 * 100000 % 2**32 + 9))   # (below 2**31: positive)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_scale_applied_after_the_sum_does_not_overflow():
+    """A[i, k]^2 * C[i] with A = 1e19, C = 1e-19: each term is finite in f32, a sum of the squares is not."""
+    C = td.placeholder("C", td.f32, ("B",))
+    Rows = td.placeholder("Rows", td.f32, ("B", "K"))
+    fast, general = both_paths("Y", ("B",), ("K",), lambda i, k: Rows[i, k] * Rows[i, k] * C[i])
+    got, want = evaluate([Rows, C], [fast, general], [np.full((2, 4), 1e19, np.float32), np.full(2, 1e-19, np.float32)])
+    np.testing.assert_allclose(got, 4e19, rtol=1e-6)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_infinities_give_what_the_general_path_gives_without_a_warning():
+    fast, general = both_paths("Y", ("N", "N"), ("K",), lambda i, j, k: W[k, i] * W[k, j])
+    w = np.array([[1.0, 2.0], [np.inf, -np.inf]], np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got, want = evaluate([W], [fast, general], [w])
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got, [[np.inf, -np.inf], [-np.inf, np.inf]])

@@ -146,6 +146,8 @@ def partition(graph: Graph) -> Graph:
     that reads a replaced tensor rebuilt over the new one.
     """
     groups = _groups(graph)
+    if not groups:
+        return graph
     members = {id(m) for anchor, prologues, epilogue in groups for m in [anchor, *prologues.values(), *epilogue]}
     last_member = {id(epilogue[-1] if epilogue else anchor): (anchor, prologues, epilogue)
                    for anchor, prologues, epilogue in groups}
