@@ -23,6 +23,9 @@ from .ir import types as T
 from .ir.types import numpy_dtype
 
 REDUCE_OPS = ("sum", "max", "min", "prod", "mean")
+# Index grids above this many elements are evaluated frugally (a reduction of a product as an einsum, loads
+# through narrowed indices); below it numpy's per-call costs outweigh the memory saved
+BIG_GRID = 1 << 16
 _SIZE_VARS: dict = {}
 
 
@@ -300,7 +303,9 @@ class _Evaluator:
         """`e`'s elements; an index outside the tensor where the value is used is an error (a kernel would read out
         of bounds), elsewhere it is clipped into range (an untaken branch, which numpy evaluates too)."""
         array = self.arrays[e.buffer.uid]
-        raw = [_narrowest(np.asarray(self.eval(i, env, live)).astype(np.int64)) for i in e.indices]
+        raw = [np.asarray(self.eval(i, env, live)).astype(np.int64) for i in e.indices]
+        if math.prod(np.broadcast_shapes(*(i.shape for i in raw))) > BIG_GRID:
+            raw = [_narrowest(i) for i in raw]
         outside = np.zeros((), bool)
         for i, n in zip(raw, array.shape):
             outside = outside | (i < 0) | (i >= n)
@@ -327,7 +332,7 @@ class _Evaluator:
         else:
             all_axes, all_dims = t.axes + t.reduce_axes, t.shape + t.reduce_shape
             full = tuple(self.dim(d) for d in all_dims)
-            product = _product_of(t) if 0 not in full else None
+            product = _product_of(t) if 0 not in full and math.prod(full) > BIG_GRID else None
             value = self._contraction(t, *product, full) if product else None
             if value is not None:
                 return np.broadcast_to(value, shape).astype(numpy_dtype(t.dtype))
