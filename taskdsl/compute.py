@@ -11,11 +11,13 @@ set of definitions: the oracle every schedule is tested against.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import operator
 from dataclasses import dataclass, field
 
+import numba
 import numpy as np
 
 from . import ir
@@ -244,8 +246,14 @@ def _compute_dtype(dtype: T.DataType):
     return np.float32 if dtype.is_float and dtype.bits == 16 else dtype.numpy
 
 
-def _erf(x):
-    return np.vectorize(math.erf, otypes=[np.float64])(x)
+def _erf_scalar(x):
+    return math.erf(x)
+
+
+@functools.cache
+def _erf():
+    """math.erf as a ufunc (numpy has none), made on first use: numba compiles it once, then loads it from disk."""
+    return numba.vectorize(["float64(float64)"], cache=True)(_erf_scalar)
 
 
 class _Evaluator:
@@ -294,7 +302,7 @@ class _Evaluator:
             return _rounded(value, e.dtype)
         if isinstance(e, ir.Call):
             args = [self.eval(a, env, live) for a in e.args]
-            fn = _erf if e.func == "erf" else _NP_MATH[e.func]
+            fn = _erf() if e.func == "erf" else _NP_MATH[e.func]
             with np.errstate(all="ignore"):
                 return np.asarray(fn(*args)).astype(_compute_dtype(e.dtype))
         raise TypeError(f"the reference evaluator cannot evaluate {type(e).__name__}")

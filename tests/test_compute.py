@@ -219,6 +219,14 @@ def test_math_function(name):
     np.testing.assert_allclose(got, expected, rtol=2e-6, atol=1e-6)
 
 
+def test_erf_is_maths_erf_in_f64_at_the_ends_of_its_range():
+    """erf has no numpy ufunc: the reference's (a numba ufunc) gives math.erf's values, the specials too."""
+    x = np.array([0.0, -0.0, 1e-300, 0.5, -2.5, 6.0, 30.0, -30.0, np.inf, -np.inf, np.nan])
+    F = td.placeholder("F", td.f64, ("N",))
+    got, = evaluate([F], [td.compute("Erf64", ("N",), lambda i: td.erf(F[i]))], [x])
+    np.testing.assert_array_equal(got, [math.erf(v) for v in x])
+
+
 def test_math_on_integers():
     """Transcendentals of ints compute in f32; abs / max / min keep the integer type."""
     i = np.array([-3, -1, 0, 2, 5], np.int32)
