@@ -52,7 +52,8 @@ def onnxruntime_outputs(model: onnx.ModelProto, feeds: dict, failure: list | Non
         return session.run(None, feeds)
     except Exception as e:  # noqa: BLE001 - e.g. an operator onnxruntime lacks for this dtype: use the numpy reference
         if failure is not None:
-            failure.append(f"{type(e).__name__}: {str(e).strip().splitlines()[0][:120] if str(e).strip() else ''}")
+            first_line = (str(e).strip().splitlines() or [""])[0]
+            failure.append(f"{type(e).__name__}: {first_line[:120]}")
         return None
 
 

@@ -141,32 +141,23 @@ def _groups(graph: Graph) -> list:
 def partition(graph: Graph) -> Graph:
     """The graph with every fusible anchor and its prologues / epilogue chain replaced by a FusedAnchor.
 
-    The groups are found on the graph as it is (`_groups`); then one walk in topological order
-    builds the new graph: a FusedAnchor where a group's last member was, and every other operator
-    that reads a replaced tensor rebuilt over the new one.
+    The groups are found on the graph as it is (`_groups`); then one `Graph.transform` builds the
+    new graph: a FusedAnchor where a group's last member was, and every other operator that reads
+    a replaced tensor rebuilt over the new one.
     """
     groups = _groups(graph)
-    if not groups:
-        return graph
     members = {id(m) for anchor, prologues, epilogue in groups for m in [anchor, *prologues.values(), *epilogue]}
     last_member = {id(epilogue[-1] if epilogue else anchor): (anchor, prologues, epilogue)
                    for anchor, prologues, epilogue in groups}
-    new: dict = {}          # id(tensor of `graph`) -> its replacement
-    for op in graph.nodes:
-        group = last_member.get(id(op))
-        if group is None and id(op) in members:
-            continue                    # built with its group's FusedAnchor
-        if group is not None:
-            replaced = [op.outputs[0]]
-            built = FusedAnchor.over(*group, new)
-        elif any(id(t) in new for t in op.inputs):
-            replaced, built = op.outputs, op.clone([new.get(id(t), t) for t in op.inputs])
-        else:
-            continue
-        for old, t in zip(replaced, built.outputs):
-            t.name = old.name
-            new[id(old)] = t
-    return Graph(graph.inputs, [new.get(id(t), t) for t in graph.outputs], name=graph.name)
+    replaced: dict = {}     # id(tensor of `graph`) -> its replacement, from the inputs `transform` passes
+
+    def replacement(op, inputs):
+        replaced.update({id(old): new for old, new in zip(op.inputs, inputs) if old is not new})
+        if id(op) in last_member:
+            return FusedAnchor.over(*last_member[id(op)], replaced).outputs
+        return op.outputs if id(op) in members else None    # (kept as they are: built with their group)
+
+    return graph.transform(replacement)
 
 
 # ---------------------------------------------------------------- building and running the kernel
