@@ -37,6 +37,37 @@ def test_split_at_barrier_and_cross_barrier_values():
 
 
 @td.kernel(grid=1, block=64)
+def many_across(X: f32[64], Y: f32[64]):
+    s = td.shared(f32, (64,))
+    t = threadIdx.x
+    a = X[t] + 1.0
+    b = X[t] * 3.0
+    c = a - b
+    d = X[(t + 5) % 64]
+    s[t] = a
+    td.syncthreads()
+    Y[t] = s[(t + 1) % 64] + a * b + c * d
+
+
+def test_the_cpu_source_does_not_depend_on_the_variables_uids():
+    """Per-thread arrays are declared in the kernel's order: IR built again later (its variables numbered
+    anew, as in another process) generates the same module text, which is what keys the module cache."""
+    from taskdsl.backend.cpu.codegen import emit_python
+    from taskdsl.ir import expr
+    from taskdsl.passes import lower_for_cpu
+    x = np.arange(64, dtype=np.float32)
+    block = many_across.bind((x, x)).block
+    texts = set()
+    for skip in (0, 1, 37, 1000):
+        for _ in range(skip):
+            next(expr._ids)
+        fn = lower(many_across._build(block))
+        assert {v.name for v in F.fission(fn).thread_arrays.values()} >= {"t", "a", "b", "c", "d"}
+        texts.add(emit_python(lower_for_cpu(fn, False, unroll=False)).text)
+    assert len(texts) == 1
+
+
+@td.kernel(grid=1, block=64)
 def loop_barrier(X: f32[64], n: td.i32):
     s = td.shared(f32, (64,))
     s[threadIdx.x] = X[threadIdx.x]
