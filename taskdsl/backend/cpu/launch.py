@@ -27,16 +27,26 @@ from .vectors import widen_slp_vectors
 def compiler_settings(opt_level: int):
     """numba's LLVM settings for a generated kernel: the SLP vectorizer on (numba leaves it off; unrolled
     register tiles need it, as wide as the host's vectors: `vectors`) and optimization level `opt_level`
-    (a source's `opt_level`), with numba's call typing memoized (`call_types`)."""
+    (a source's `opt_level`), with numba's call typing memoized (`call_types`).
+
+    Below level 3 (`td.fast_compile`) numba's per-function passes, run on each function as it joins the
+    module, are skipped: the module pipeline that follows simplifies every function anyway, and running
+    both was 12% of numba's time on fast kernels (tests/ops/test_conv.py; 4% less CPU over the suite's zoo
+    and cpu matmul tests, with no slower runs)."""
     from numba.core import config
+    from numba.core.registry import cpu_target
     widen_slp_vectors()
+    codegen = cpu_target.target_context.codegen()
     saved = config.SLP_VECTORIZE, config.OPT
     config.SLP_VECTORIZE, config.OPT = 1, config._OptLevel(opt_level)
+    if opt_level < 3:
+        codegen._function_pass_manager = functools.partial(type(codegen)._function_pass_manager, codegen, opt=0)
     try:
         with call_types.memoized():
             yield
     finally:
         config.SLP_VECTORIZE, config.OPT = saved
+        codegen.__dict__.pop("_function_pass_manager", None)
 
 
 def num_threads() -> int:
