@@ -17,6 +17,11 @@ from __future__ import annotations
 
 import os
 
+# before numba is imported: numba formats the message of every failed typing attempt, thousands per kernel, and
+# with colorama installed each formatting wraps the output streams (about 26 us: 1.5% of a tensor-core
+# emulation's compile); numba's own test suite turns the highlighting off the same way
+os.environ.setdefault("NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING", "1")
+
 import pytest
 from hypothesis import settings
 
