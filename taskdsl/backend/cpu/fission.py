@@ -557,12 +557,12 @@ def fission(fn: ir.Function) -> BlockProgram:
     for r in all_regions:
         for g in r.guards:
             local_vars.update({v.uid: v for v in ir.collect(g, ir.Var)})
-    shared = set()
+    carried = set()         # uids whose values a region reads from another region (or an earlier trip)
     for region, live, _ in info:
         for uid in live - f.block_vars:
             writers = [r for r, _, assigned in info if uid in assigned]
             if any(w is not region or region.in_block_loop for w in writers):
-                shared.add(uid)
+                carried.add(uid)
     # in the kernel's order (uids number variables in the order this process made them): the same source each time
-    arrays = {uid: v for uid, v in local_vars.items() if uid in shared}
+    arrays = {uid: v for uid, v in local_vars.items() if uid in carried}
     return BlockProgram(items, f.block_vars, arrays, f.sites)
