@@ -212,6 +212,15 @@ class TaskMapping:
         """The identity used by ``==`` and ``hash``: custom mappings compare by identity."""
         return ("custom", id(self))
 
+    def structural_key(self) -> tuple:
+        """The mapping as plain values, for keys that outlive the process (`ir.structural_text`); a custom
+        mapping has none (its tasks come from a Python function): ir.Unspellable."""
+        key = self._key()
+        if key[0] == "custom" or (key[0] == "composed" and any(k[0] == "custom" for k in key[1])):
+            from .ir import Unspellable
+            raise Unspellable("structural_text: a custom task mapping maps by a Python function")
+        return key
+
     def __eq__(self, other):
         """Structural equality for built-in mappings, identity for custom ones."""
         if not isinstance(other, TaskMapping):

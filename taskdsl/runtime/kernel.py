@@ -35,22 +35,7 @@ class CompiledKernel:
     arch: str | None = None
     dynamic_shared_bytes: int = 0   # cuda: shared memory to request at launch (buffers past 48 KiB)
     unused_params: frozenset = frozenset()   # cuda: indices of array parameters the code never names
-
-
-def _cubin(source: str, arch: str, name: str, fast: bool) -> bytes:
-    """The cubin of `source` for `arch`, from the disk cache or freshly compiled by NVRTC (`fast`: at NVRTC's
-    least optimization, under `td.fast_compile`)."""
-    from .. import __version__
-    from ..backend.cuda.nvrtc import compile_cubin, nvrtc_version
-    from . import cache
-    # the code's fingerprint, not its version number: NVRTC's options may change while the source does not
-    key = cache.cache_key(source, arch, nvrtc_version(), cache.code_fingerprint(), *(("fast",) if fast else ()))
-    binary = cache.load_cubin(key)
-    if binary is None:
-        binary = compile_cubin(source, arch, name, fast)
-        cache.store_cubin(key, binary, arch=arch, nvrtc=nvrtc_version(), taskdsl=__version__, kernel=name,
-                          fast_compile=fast)
-    return binary
+    symbol: str = ""                # cuda: the C name of the `__global__` function
 
 
 BINDINGS_PER_KERNEL = 64      # remembered argument signatures per kernel (forgotten all at once past this)
@@ -367,11 +352,10 @@ class Kernel:
 
     def _cuda_launch(self, binding: Binding) -> tuple:
         """(compiled kernel, symbol, parameter dtypes) of a cuda launch of `binding`, compiled for this device."""
-        from ..backend.cuda.codegen import kernel_symbol
         from ..backend.cuda.launch import device_state
         compiled = self._compiled_cuda(binding, device_state().arch)   # the device's exact sm_XY
         dtypes = [spec.dtype if isinstance(spec, T.TensorSpec) else spec for _, spec in self.params]
-        return compiled, kernel_symbol(self._lowered_ir(binding.block)), dtypes
+        return compiled, compiled.symbol, dtypes
 
     def _prepare_cuda(self, binding: Binding):
         """The PreparedCudaLaunch of `binding`, or None when its arguments need work at every call."""
@@ -460,13 +444,9 @@ class Kernel:
         fast = fast_compile_enabled()
         key = (binding.block, tuple(sorted(binding.sizes.items())), arch, fast)
         if key not in self._cuda:   # in-memory dispatch: a repeated call hashes nothing
-            from ..backend.cuda.codegen import dynamic_shared_bytes, emit_cuda
-            fn = self._cuda_function(binding)
-            source = emit_cuda(fn)
-            named = ir.referenced_buffers(fn.body)
-            unused = frozenset(k for k, p in enumerate(fn.params) if isinstance(p, ir.Buffer) and p.uid not in named)
-            self._cuda[key] = CompiledKernel("cuda", source, _cubin(source, arch, self.name, fast), arch,
-                                             dynamic_shared_bytes(fn), unused)
+            from .cuda_modules import compiled_cuda
+            self._cuda[key] = compiled_cuda(self._frontend_ir(binding.block), binding.sizes, arch, fast,
+                                            lambda: self._cuda_function(binding), self.name)
         return self._cuda[key]
 
     def compile(self, *args, target: str | None = None, arch: str | None = None, **kwargs) -> CompiledKernel:
