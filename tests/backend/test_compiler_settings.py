@@ -34,3 +34,16 @@ def test_fast_kernels_skip_the_per_function_passes(monkeypatch, opt_level, funct
         assert built == [function_passes]
         assert twice(np.float64(1.5)) == 3.0        # a function compiles and runs under them
     assert "_function_pass_manager" not in codegen.__dict__ and (config.OPT, config.SLP_VECTORIZE) == before
+
+
+def test_settings_inside_settings_give_the_outer_ones_back():
+    codegen = cpu_target.target_context.codegen()
+    with compiler_settings(1):
+        fast = codegen.__dict__["_function_pass_manager"]
+        with compiler_settings(3):
+            assert "_function_pass_manager" not in codegen.__dict__ and config.OPT == 3
+        assert codegen.__dict__["_function_pass_manager"] is fast and config.OPT == 1
+        with compiler_settings(2):
+            assert codegen.__dict__["_function_pass_manager"] is not fast
+        assert codegen.__dict__["_function_pass_manager"] is fast
+    assert "_function_pass_manager" not in codegen.__dict__

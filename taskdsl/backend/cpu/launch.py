@@ -37,16 +37,21 @@ def compiler_settings(opt_level: int):
     from numba.core.registry import cpu_target
     widen_slp_vectors()
     codegen = cpu_target.target_context.codegen()
-    saved = config.SLP_VECTORIZE, config.OPT
+    saved = config.SLP_VECTORIZE, config.OPT, codegen.__dict__.get("_function_pass_manager")
     config.SLP_VECTORIZE, config.OPT = 1, config._OptLevel(opt_level)
     if opt_level < 3:
         codegen._function_pass_manager = functools.partial(type(codegen)._function_pass_manager, codegen, opt=0)
+    else:
+        codegen.__dict__.pop("_function_pass_manager", None)
     try:
         with call_types.memoized():
             yield
     finally:
-        config.SLP_VECTORIZE, config.OPT = saved
-        codegen.__dict__.pop("_function_pass_manager", None)
+        config.SLP_VECTORIZE, config.OPT, manager = saved
+        if manager is None:
+            codegen.__dict__.pop("_function_pass_manager", None)
+        else:           # a compile inside another one's settings (a kernel compiling a helper) gives them back
+            codegen._function_pass_manager = manager
 
 
 def num_threads() -> int:
