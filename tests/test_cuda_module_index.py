@@ -131,3 +131,17 @@ def test_built_in_mappings_spell_as_their_structure():
     assert ir.structural_text(left) == ir.structural_text(right)
     assert ir.structural_text(left) != ir.structural_text(td.spatial(2) * td.spatial(3) * td.spatial(4))
     assert ir.structural_text(td.spatial(2, 3, ranks=[1, 0])) != ir.structural_text(td.spatial(2, 3))
+
+
+def test_the_symbol_a_launch_looks_up_is_the_sources_kernel(builds):
+    """A kernel named like a C++ keyword gets a suffix in CUDA: the symbol comes with the source, built or found."""
+    @td.kernel(grid=1, block=32)
+    def double(X: td.f32[32]):
+        X[td.threadIdx.x] = X[td.threadIdx.x] * 2.0
+
+    x = np.zeros(32, np.float32)
+    built = double.compile(x, target="cuda")
+    double._cuda.clear()
+    found = double.compile(x, target="cuda")
+    assert built.symbol == found.symbol == "double_kernel" and " double_kernel(" in found.source
+    assert len(builds) == 1
