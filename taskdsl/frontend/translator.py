@@ -153,6 +153,7 @@ class FunctionTranslator:
         self.shadowed: dict = {}  # name -> the loop that bound it over an earlier binding, until it is reassigned
         self.pending: list = []   # statements an expression emits before its own (allocations, inlined calls)
         self.returned: ir.Var | None = None
+        self.returned_read = False      # whether code after a return tests the flag (else its assignments go)
         self.returns_value = is_func and returns_value
         self.namespace = dict(fn.__globals__)
         self.namespace.update(closure_values(fn))
@@ -187,6 +188,7 @@ class FunctionTranslator:
                 break
             out.append(self.stmt(node))
             if rest and _may_return(node):
+                self.returned_read = True
                 out.append(ir.If(ir.Unary("not", self.returned_flag(), T.boolean), self.block(rest), None,
                                  self.loc(rest[0])))
                 break
@@ -201,6 +203,8 @@ class FunctionTranslator:
                                             "reach its end without one", "End every path with a 'return value'.")
         if self.returned is None:
             return body
+        if not self.returned_read:      # every return ends its path: nothing reads the flag
+            return _DropAssignments(self.returned).visit(body)
         return ir.seq([ir.Assign(self.returned, ir.const(False), self.loc(self.src.tree)), body])
 
     def returned_flag(self) -> ir.Var:
@@ -1138,6 +1142,7 @@ class FunctionTranslator:
         if len(node.args) != len(dfn.params):
             raise self.error(node, f"'{dfn.name}' takes {len(dfn.params)} argument(s), got {len(node.args)}")
         src = dfn.source()
+        reassigned = _body_names(src.tree)[1]
         callee_env = {}
         for (pname, pdtype), arg_node in zip(dfn.params, node.args):
             value = self.expr(arg_node)
@@ -1145,6 +1150,11 @@ class FunctionTranslator:
                 callee_env[pname] = value
                 continue
             dtype = pdtype or value.dtype
+            if isinstance(value, (ir.Var, ir.SpecialReg)) and value.dtype == dtype and pname not in reassigned:
+                # the callee only reads it, and cannot assign the caller's variables: no copy (a copy is one
+                # more variable for every later stage, and on the cpu one more per-thread array across barriers)
+                callee_env[pname] = value
+                continue
             var = ir.Var(pname, dtype)
             # bound now, before the next argument's inlined calls run (Python's order)
             self.pending.append(ir.Assign(var, self.cast_to(value, dtype, arg_node), self.loc(arg_node)))
@@ -1172,6 +1182,16 @@ class FunctionTranslator:
     @staticmethod
     def _name_of(target: ast.expr) -> str | None:
         return target.id if isinstance(target, ast.Name) else None
+
+
+class _DropAssignments(ir.Rewriter):
+    """A statement tree without its assignments to one variable."""
+
+    def __init__(self, var: ir.Var):
+        self.uid = var.uid
+
+    def visit_Assign(self, s: ir.Assign) -> ir.Stmt:
+        return ir.Seq(()) if s.var.uid == self.uid else s
 
 
 def _loop_dtype(start, stop, step: int) -> T.DataType:
