@@ -96,6 +96,36 @@ def test_a_kernel_built_again_skips_code_generation(generations, tmp_path):
     assert len(generations) == 2
 
 
+def test_a_kernel_found_in_the_index_is_not_lowered(generations):
+    _run(_kernel(2.0), 2.0)
+    cpu_modules._generated.clear()
+    again = _kernel(2.0)
+    x = np.zeros(77, np.float32)
+    again.compile(x, x, target="cpu")       # not a call: the tests' CUDA twin of a call lowers it for NVRTC
+    assert len(generations) == 1 and again._lowered == {}      # keyed by its frontend IR
+
+
+def test_a_kernel_with_a_custom_task_mapping_is_indexed_by_its_lowered_ir(generations):
+    """Its frontend IR cannot be spelled (the mapping is a Python function); after `lower` it is plain loops."""
+    def build():
+        backwards = td.TaskMapping((32,), 32, lambda w: [(31 - w,)])
+
+        @td.kernel(grid=1, block=32)
+        def reversed_copy(X: td.f32[32], Y: td.f32[32]):
+            for i, in backwards(td.threadIdx.x):
+                Y[i] = X[i]
+
+        return reversed_copy
+
+    x = np.arange(32, dtype=np.float32)
+    for _ in range(2):
+        y = np.zeros_like(x)
+        cpu_modules._generated.clear()
+        build()(x, y)
+        np.testing.assert_array_equal(y, x)
+    assert len(generations) == 1
+
+
 def test_the_memory_of_this_process_is_bounded_and_the_disk_index_remains(generations, monkeypatch):
     monkeypatch.setattr(cpu_modules, "GENERATED_KEPT", 2)
     for factor in (2.0, 3.0, 4.0, 5.0):

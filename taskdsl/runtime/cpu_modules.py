@@ -1,10 +1,11 @@
-"""Generated cpu modules by kernel IR: a kernel generated before skips the cpu lowering and code generation.
+"""Generated cpu modules by kernel IR: a kernel generated before skips lowering and code generation.
 
 `lower_for_cpu` and `emit_python` take ~0.15 s for a fused convolution (its register tile unrolled),
 and a graph has dozens of them: 9 s of each ResNet-50 start with numba's machine code all cached.
-An index entry maps the kernel's IR, spelled out by `ir.structural_text`, with everything else the
-generated text depends on (debug and fast-compile modes, the compiler's fingerprint, taskdsl's own
-code) to the module's cache key and the few facts the runtime needs besides its text:
+An index entry maps the kernel's frontend IR, spelled out by `ir.structural_text` (or, where a custom
+task mapping cannot be spelled, its IR after `passes.lower`), with everything else the generated text
+depends on (debug and fast-compile modes, the compiler's fingerprint, taskdsl's own code) to the
+module's cache key and the few facts the runtime needs besides its text:
 
     cpu/<ir key>.json      {"module": <module key>, "entry": ..., "parallel": ..., "flat": ..., "opt_level": ...}
     cpu/k_<module key>.py  the generated module (`cache.cpu_module`)
@@ -27,18 +28,19 @@ _generated: dict = {}       # (cache directory, ir key) -> (CpuSource, module pa
 GENERATED_KEPT = 256        # entries of `_generated` (forgotten all at once past this: the disk index remains)
 
 
-def cpu_module(fn: ir.Function, debug: bool, fast: bool):
-    """(the CpuSource, the path of its module file) of the kernel `fn` (as `passes.lower` leaves it)."""
+def cpu_module(fn: ir.Function, lowered, debug: bool, fast: bool):
+    """(the CpuSource, the path of its module file) of the kernel whose frontend IR is `fn`; `lowered()` gives
+    its IR as `passes.lower` leaves it, for a kernel the index does not know."""
     from ..backend.cpu.codegen import emit_python
     from ..backend.cpu.compile import compiler_fingerprint
     from ..passes import lower_for_cpu
-    key = None if debug else _ir_key(fn, fast)
+    key = None if debug else _ir_key(fn, lowered, fast)
     if key is not None:
         found = _generated.get((cache_dir(), key)) or _load(key)
         if found is not None:
             _keep(key, found)
             return found
-    src = emit_python(lower_for_cpu(fn, debug, unroll=not fast), debug, fast)
+    src = emit_python(lower_for_cpu(lowered(), debug, unroll=not fast), debug, fast)
     module_key = cache.cache_key(src.text, compiler_fingerprint())
     path = cache.cpu_module(module_key, src.text)
     if key is not None:
@@ -56,12 +58,15 @@ def _keep(key: str, found: tuple) -> None:
     _generated[cache_dir(), key] = found
 
 
-def _ir_key(fn: ir.Function, fast: bool) -> str | None:
+def _ir_key(fn: ir.Function, lowered, fast: bool) -> str | None:
     from ..backend.cpu.compile import compiler_fingerprint
     try:
-        text = ir.structural_text(fn)
+        text = "frontend:" + ir.structural_text(fn)
     except (ir.Unspellable, RecursionError):
-        return None
+        try:
+            text = "lowered:" + ir.structural_text(lowered())
+        except (ir.Unspellable, RecursionError):
+            return None
     return cache.cache_key(text, f"fast={fast}", compiler_fingerprint(), cache.code_fingerprint())
 
 

@@ -292,7 +292,7 @@ class Kernel:
         if key not in self._cpu:
             from ..backend.cpu.compile import load_module_function
             from .cpu_modules import cpu_module
-            src, path = cpu_module(self._lowered_ir(block), debug, fast)
+            src, path = cpu_module(self._frontend_ir(block), lambda: self._lowered_ir(block), debug, fast)
             self._cpu[key] = (load_module_function(path, src.entry), src, path)
         return self._cpu[key]
 
@@ -400,7 +400,7 @@ class Kernel:
         """The prepared launch of `binding` (None while launches are being recorded for compiling ahead)."""
         from ..backend.cpu.launch import PreparedLaunch, signature
         run, src, path = self._cpu_kernel(binding.block, debug)
-        sizes = [binding.sizes[s.name] for s in self._lowered_ir(binding.block).sizes]
+        sizes = [binding.sizes[s.name] for s in self._frontend_ir(binding.block).sizes]   # `lower` keeps them
         if precompile.is_recording():
             precompile.record(precompile.Job(str(path), src.entry, signature(src, binding.values, sizes, binding.grid),
                                              src.opt_level))
