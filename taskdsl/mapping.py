@@ -215,11 +215,10 @@ class TaskMapping:
     def structural_key(self) -> tuple:
         """The mapping as plain values, for keys that outlive the process (`ir.structural_text`); a custom
         mapping has none (its tasks come from a Python function): ir.Unspellable."""
-        key = self._key()
-        if key[0] == "custom" or (key[0] == "composed" and any(k[0] == "custom" for k in key[1])):
+        if any(atom._key()[0] == "custom" for atom in self.atoms()):
             from .ir import Unspellable
             raise Unspellable("structural_text: a custom task mapping maps by a Python function")
-        return key
+        return self._key()
 
     def __eq__(self, other):
         """Structural equality for built-in mappings, identity for custom ones."""

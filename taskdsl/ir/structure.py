@@ -63,7 +63,7 @@ class _Speller:
             self.seen[id(x)] = len(self.seen)
             self.fields(x)
         elif hasattr(x, "structural_key"):
-            self.out.append(f"{type(x).__name__}")
+            out.append(type(x).__name__)
             self.spell(x.structural_key())
         else:
             raise Unspellable(f"structural_text: cannot spell a {type(x).__name__}")
