@@ -1,11 +1,17 @@
 """numba's settings while a generated kernel compiles (`launch.compiler_settings`): which LLVM passes run at
-each optimization level, and that nothing of them outlives the compile."""
+each optimization level, and that nothing of them outlives the compile; and what the kernels' own pipeline
+(`support.KernelCompiler`) may leave out."""
 import numba
 import numpy as np
 import pytest
 from numba.core import config
+from numba.core import ir as numba_ir
+from numba.core.compiler import run_frontend
 from numba.core.registry import cpu_target
+from numba.core.rewrites import rewrite_registry
 
+import taskdsl as td
+from taskdsl import f16, f32, threadIdx
 from taskdsl.backend.cpu.launch import compiler_settings
 
 
@@ -47,3 +53,49 @@ def test_settings_inside_settings_give_the_outer_ones_back():
             assert codegen.__dict__["_function_pass_manager"] is not fast
         assert codegen.__dict__["_function_pass_manager"] is fast
     assert "_function_pass_manager" not in codegen.__dict__
+
+
+@td.kernel(grid=1, block=32)
+def _math_and_halves(X: f32["N"], H: f16["N"], Out: f32["N"]):
+    i = threadIdx.x
+    x = X[i] if i < N else 0.0
+    y = td.pow(x, 2.0) + td.exp(x) + td.max(x, 0.5) + td.shfl_xor(x, 1)
+    if i < N:
+        Out[i] = y if x > 0.0 else f32(H[i]) * td.rsqrt(x * x + 1.0)
+
+
+def _kernels_and_arguments() -> list:
+    """(kernel, arguments) pairs whose generated code holds the constructs the cpu backend emits: shared memory
+    and barriers, warp shuffles, atomics, math functions and f16 conversions, the tensor-core emulation."""
+    from stdlib_ops import matmul_simt, matmul_tc
+
+    from ..kernels import histogram, tree_sum, warp_sums
+    from ..ops.test_matmul_tc import SMALL
+    x, h = np.ones(64, np.float32), np.ones(64, np.float16)
+    a = np.ones((1, 16, 32), np.float16)
+    tc = matmul_tc.tc_matmul_kernel(SMALL, td.f16, td.f32, 8)
+    return [(tree_sum, (x, np.zeros(1, np.float32))), (warp_sums, (x, np.zeros(2, np.float32))),
+            (histogram, (np.zeros(64, np.int32), np.zeros(4, np.int32), np.zeros(1, np.float32))),
+            (_math_and_halves, (x, h, x.copy())),
+            (tc, (a, a.reshape(1, 32, 16), np.zeros((1, 16, 16), np.float32), matmul_simt.batch_index((), (), ()), 1))]
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_generated_kernels_hold_nothing_the_dropped_passes_change(fast):
+    """`support.KernelCompiler` drops numba's rewrites before typing and its dead-branch pruning, as generated
+    code gives them nothing to do. Checked on numba's IR of generated kernels: no rewrite matches a block (a `**`,
+    a `print`, a `raise`, a constant index of a tuple would), and no branch tests a constant."""
+    td.set_target("cpu")
+    td.fast_compile(fast)
+    for kernel, args in _kernels_and_arguments():
+        namespace: dict = {}
+        source = kernel.source(*args, target="cpu").replace("cache=True", "cache=False")   # cached from a file only
+        exec(compile(source, f"<{kernel.name}>", "exec"), namespace)
+        entry, = [v for name, v in namespace.items() if name.startswith("kernel_")]
+        func_ir = run_frontend(entry.py_func)
+        for block in func_ir.blocks.values():
+            for rewrite in rewrite_registry.rewrites["before-inference"]:
+                assert not rewrite().match(func_ir, block, None, None), (kernel.name, rewrite.__name__)
+            branch = block.terminator
+            if isinstance(branch, numba_ir.Branch):
+                assert not isinstance(func_ir.get_definition(branch.cond), numba_ir.Const), kernel.name

@@ -11,8 +11,8 @@ import numpy as np
 from llvmlite import ir as llvm_ir
 from numba import njit, types
 from numba.core.compiler import CompilerBase, DefaultPassBuilder
-from numba.core.typed_passes import NopythonRewrites
-from numba.core.untyped_passes import InlineClosureLikes, ReconstructSSA
+from numba.core.typed_passes import NopythonRewrites, PreLowerStripPhis
+from numba.core.untyped_passes import DeadBranchPrune, GenericRewrites, InlineClosureLikes, ReconstructSSA
 from numba.extending import intrinsic
 
 from ...ir.types import narrow_float_bits
@@ -33,9 +33,16 @@ class KernelCompiler(CompilerBase):
       expressions and builds arrays of constant lists: generated code has none of them (scalar
       statements on flat arrays). Each pass recomputes the function's variable liveness; on the
       tensor-core template's cpu emulation the two took a fifth of numba's time.
+    - `GenericRewrites` finds constant operands of `**`, constant indices of tuples, `print` and `raise`:
+      generated code has none (the helpers that raise are compiled by numba's own pipeline), yet the pass
+      recomputes the liveness of every kernel. `PreLowerStripPhis` removes the phis of SSA form, of which
+      there are none without `ReconstructSSA`; `DeadBranchPrune` prunes branches on constants, which LLVM
+      folds. Without the three, the 515 kernels of the onnx conformance, rowwise and rule-scheduler tests
+      compiled in 197 s instead of 219 s (each compiled both ways in turn, in one process).
     """
 
-    UNUSED = (ReconstructSSA, InlineClosureLikes, NopythonRewrites)
+    UNUSED = (ReconstructSSA, InlineClosureLikes, NopythonRewrites, GenericRewrites, PreLowerStripPhis,
+              DeadBranchPrune)
 
     def define_pipelines(self):
         """The one nopython pipeline, without the `UNUSED` passes."""
