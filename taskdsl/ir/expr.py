@@ -208,12 +208,13 @@ class Ref(Expr):
     def dtype(self) -> DataType:
         return self.buffer.dtype
 
-    def element(self, k) -> tuple:
+    def element(self, k, flat: bool = False) -> tuple:
         """Indices of the `k`-th element of the sub-tensor (row-major; `k` an int), or, from an element, of the
         `k`-th element along the last axis (CUDA reads flat memory, so a run may go on into the next row; after
-        flattening the cpu target does too, and debug mode reports such a run as an index out of its axis)."""
+        flattening the cpu target does too, and debug mode reports such a run as an index out of its axis).
+        `flat`: the Ref was flattened (its one index is linear), so the element is `k` past it."""
         idx = self.indices
-        if len(idx) < len(self.buffer.shape):
+        if not flat and len(idx) < len(self.buffer.shape):
             rest = []
             for d in reversed(self.buffer.shape[len(idx):]):
                 k, r = divmod(k, d.value)

@@ -4,11 +4,13 @@ Common to every target:  expand_mappings -> simplify -> check_barriers -> check_
 CUDA then specializes:   bind_sizes -> mark_tile_loops -> flatten_buffers -> simplify -> check_loops
                          (sizes may fold a loop's test; loops indexing register tiles are marked for unrolling).
 Both targets end with split_deep_expressions (generated code must nest within its compilers' limits).
-The cpu target first gives async-copy and tensor-core instructions their plain meaning
-(emulate_async_copies, emulate_tensor_cores), then keeps sizes symbolic (one numba compile serves every shape):
-                         unroll_loops -> flatten_buffers -> simplify,
-except in debug mode, which keeps n-d accesses so each index can be checked per axis, and
-with fast compilation, which skips unroll_loops (numba's compile time grows with code size).
+The cpu target keeps sizes symbolic (one numba compile serves every shape) and gives async-copy and
+tensor-core instructions their plain meaning on flattened IR (one linear index where n-d addressing would
+carry several through their exchanges: numba's compile time grows with code size):
+                         unroll_loops -> simplify -> flatten_buffers -> simplify
+                         -> emulate_async_copies -> emulate_tensor_cores -> simplify -> check_loops,
+except in debug mode, which keeps n-d accesses so each index can be checked per axis (it only emulates), and
+with fast compilation, which skips unroll_loops.
 Blocks are then split at barriers in `backend/cpu/fission.py`.
 """
 from __future__ import annotations
@@ -41,7 +43,10 @@ def lower_for_cuda(fn: ir.Function, sizes: dict) -> ir.Function:
 
 def lower_for_cpu(fn: ir.Function, debug: bool, unroll: bool = True) -> ir.Function:
     """A lowered kernel prepared for the numba code generator (n-d accesses kept in debug mode)."""
-    fn = emulate_tensor_cores(emulate_async_copies(fn))
-    if not debug:
-        fn = check_loops(simplify(flatten_buffers(simplify(unroll_loops(fn) if unroll else fn))))
-    return split_deep_expressions(fn)
+    if debug:
+        return split_deep_expressions(emulate_tensor_cores(emulate_async_copies(fn)))
+    fn = simplify(flatten_buffers(simplify(unroll_loops(fn) if unroll else fn)))
+    emulated = emulate_tensor_cores(emulate_async_copies(fn, flat=True), flat=True)
+    if emulated.body is not fn.body:    # folds the emulation's thread and lane arithmetic
+        fn = simplify(emulated)
+    return split_deep_expressions(check_loops(fn))

@@ -11,7 +11,8 @@ elements (read from the source at issue, zeros where the predicate is false), th
 the commit group the copy belongs to. `cp_async_commit` counts the thread's groups;
 `cp_async_wait(n)` completes, oldest first, every pending copy of a group older than the
 newest `n` committed ones. A thread with `QUEUE` copies pending completes its oldest at the
-next issue: early, which PTX allows too. Runs on n-d IR, before `emulate_tensor_cores`.
+next issue: early, which PTX allows too. Runs before `emulate_tensor_cores`, on n-d IR in debug mode and
+on flattened IR otherwise (an entry then holds one linear index, and numba compiles a third less code).
 """
 from __future__ import annotations
 
@@ -29,16 +30,13 @@ class _Queue:
     """A thread's copies into `buffer` that no wait has completed yet: entries [head, tail) of a ring."""
 
     buffer: ir.Buffer
+    rank: int               # indices a destination has: 1 on flattened IR
     indices: ir.Buffer      # an entry's destination indices (`rank` of them)
     values: ir.Buffer       # its elements (`width` slots: 16 bytes' worth)
     counts: ir.Buffer       # how many of them
     groups: ir.Buffer       # the commit group it belongs to
     head: ir.Var
     tail: ir.Var
-
-    @property
-    def rank(self) -> int:
-        return len(self.buffer.shape)
 
     @property
     def width(self) -> int:
@@ -50,10 +48,11 @@ def _width(dtype: T.DataType) -> int:
     return max(1, 16 // (dtype.bits // 8))
 
 
-def emulate_async_copies(fn: ir.Function) -> ir.Function:
-    """`fn` with every cp_async, commit and wait replaced by per-thread copy queues (see the module's doc)."""
+def emulate_async_copies(fn: ir.Function, flat: bool = False) -> ir.Function:
+    """`fn` with every cp_async, commit and wait replaced by per-thread copy queues (see the module's doc);
+    `flat`: `fn` was flattened (`flatten_buffers`)."""
     copies = ir.collect(fn.body, ir.CpAsync, expressions=False)
-    emulator = _Emulator(fn, {c.dst.buffer.uid: c.dst.buffer for c in copies}.values())
+    emulator = _Emulator(fn, {c.dst.buffer.uid: c.dst.buffer for c in copies}.values(), flat)
     body = emulator.visit(fn.body)
     queues = emulator.queues.values()
     if not queues:      # commits and waits with no copy to wait for (a template whose copies a prologue replaced)
@@ -76,17 +75,18 @@ def linear_thread_index(fn: ir.Function) -> ir.Expr:
 
 
 class _Emulator(ir.Rewriter):
-    def __init__(self, fn: ir.Function, destinations):
+    def __init__(self, fn: ir.Function, destinations, flat: bool):
         self.first_entry = linear_thread_index(fn) * QUEUE     # the thread's ring starts here in each queue's scratch
         self.committed = ir.Var("cp_groups", T.i32)    # the thread's commits so far
-        self.queues = {b.uid: self._queue(b, fn.num_threads) for b in destinations}
+        self.flat = flat
+        self.queues = {b.uid: self._queue(b, 1 if flat else len(b.shape), fn.num_threads) for b in destinations}
 
     @staticmethod
-    def _queue(buffer: ir.Buffer, threads: int) -> _Queue:
+    def _queue(buffer: ir.Buffer, rank: int, threads: int) -> _Queue:
         entries = threads * QUEUE
         scratch = lambda what, dtype, per_entry: ir.Buffer(f"cpq_{what}_{buffer.name}", dtype,
                                                            (ir.const(entries * per_entry),), "shared")
-        return _Queue(buffer, scratch("indices", T.i32, len(buffer.shape)),
+        return _Queue(buffer, rank, scratch("indices", T.i32, rank),
                       scratch("values", buffer.dtype, _width(buffer.dtype)),
                       scratch("counts", T.i32, 1), scratch("groups", T.i32, 1),
                       ir.Var(f"cpq_head_{buffer.name}", T.i32), ir.Var(f"cpq_tail_{buffer.name}", T.i32))
@@ -99,7 +99,7 @@ class _Emulator(ir.Rewriter):
         entry = ir.Var("cpq_entry", T.i32)
         start = ir.Ref(q.buffer, tuple(ir.Load(q.indices, (entry * q.rank + d,)) for d in range(q.rank)))
         k = ir.Var("cpq_k", T.i32)
-        store = ir.Store(q.buffer, start.element(k), ir.Load(q.values, (entry * q.width + k,)), loc)
+        store = ir.Store(q.buffer, start.element(k, self.flat), ir.Load(q.values, (entry * q.width + k,)), loc)
         return [ir.Assign(entry, self._entry(q.head), loc),
                 ir.For(k, ir.const(0), ir.Load(q.counts, (entry,)), ir.const(1), store, loc=loc),
                 ir.Assign(q.head, q.head + 1, loc)]
@@ -127,7 +127,7 @@ class _Emulator(ir.Rewriter):
             out.append(ir.Assign(index, i if always else ir.Select(pred, i, ir.const(0, i.dtype), i.dtype), s.loc))
             src.append(index)
         k = ir.Var("cp_k", T.i32)
-        value = ir.Select(pred, ir.Load(s.src.buffer, ir.Ref(s.src.buffer, tuple(src)).element(k)),
+        value = ir.Select(pred, ir.Load(s.src.buffer, ir.Ref(s.src.buffer, tuple(src)).element(k, self.flat)),
                           ir.const(0, s.dst.dtype), s.dst.dtype)
         out += [ir.For(k, ir.const(0), ir.const(s.count), ir.const(1),
                        ir.Store(q.values, (entry * q.width + k,), value, s.loc), loc=s.loc),

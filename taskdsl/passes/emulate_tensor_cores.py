@@ -7,8 +7,8 @@ turns into a region boundary), and each lane then reads the rows of the lanes it
 c elements from the lanes that the PTX fragment layouts give each A and B element to.
 `ldmatrix`: lanes publish their row addresses (the indices of each row's first element)
 and each loads its elements from the rows the layout gives it (`cp_async` is
-`emulate_async_copies`'s). Runs on n-d IR (before `flatten_buffers`, and in debug mode), after
-`check_barriers`.
+`emulate_async_copies`'s). Runs after `emulate_async_copies`: on n-d IR in debug mode, on flattened IR
+otherwise (an ldmatrix row address is then one linear index).
 """
 from __future__ import annotations
 
@@ -21,16 +21,17 @@ from .emulate_async_copies import linear_thread_index
 MMA_COLS = 12   # scratch elements per thread: its a fragment (8 elements), then its b fragment (4), as f32
 
 
-def emulate_tensor_cores(fn: ir.Function) -> ir.Function:
-    """`fn` with every mma and ldmatrix replaced by loads, stores and syncwarps."""
-    emulator = _Emulator(fn)
+def emulate_tensor_cores(fn: ir.Function, flat: bool = False) -> ir.Function:
+    """`fn` with every mma and ldmatrix replaced by loads, stores and syncwarps; `flat`: `fn` was flattened."""
+    emulator = _Emulator(fn, flat)
     body = emulator.visit(fn.body)
     allocations = [ir.Allocate(b) for b in emulator.scratch.values()]
     return dataclasses.replace(fn, body=ir.seq(allocations + [body]) if allocations else body)
 
 
 class _Emulator(ir.Rewriter):
-    def __init__(self, fn: ir.Function):
+    def __init__(self, fn: ir.Function, flat: bool):
+        self.flat = flat
         self.tid = linear_thread_index(fn)
         self.lane = self.tid % 32
         self.warp = self.tid // 32 * 32   # the first thread of this thread's warp
@@ -51,8 +52,8 @@ class _Emulator(ir.Rewriter):
         return buf, [ir.SyncWarp(loc), *stores, ir.SyncWarp(loc)]
 
     def visit_Mma(self, s: ir.Mma) -> ir.Stmt:
-        fragments = [ir.Load(s.a.buffer, s.a.element(r)) for r in range(8)]
-        fragments += [ir.Load(s.b.buffer, s.b.element(r)) for r in range(4)]
+        fragments = [ir.Load(s.a.buffer, s.a.element(r, self.flat)) for r in range(8)]
+        fragments += [ir.Load(s.b.buffer, s.b.element(r, self.flat)) for r in range(4)]
         scratch, out = self.exchange("mma_scratch", T.f32, fragments, s.loc)
         group, tig = self.lane // 4, self.lane % 4   # groupID, threadID_in_group
         # A[row, k] is a_{k%2 + 2*(row//8) + 4*(k//8)} of lane 4*(row%8) + (k%8)//2;
@@ -68,9 +69,9 @@ class _Emulator(ir.Rewriter):
         for i in range(4):   # c_i is D[groupID + 8 * (i // 2), 2 * threadID_in_group + i % 2]
             a = ir.Load(scratch, (a_row + (lane_offset + 2 * (i // 2) + 4 * (k // 8)),))
             b = ir.Load(scratch, (b_rows[i % 2] + (lane_offset + 8 + 2 * (k // 8)),))
-            out += [ir.Assign(acc, ir.Load(s.c.buffer, s.c.element(i)), s.loc),
+            out += [ir.Assign(acc, ir.Load(s.c.buffer, s.c.element(i, self.flat)), s.loc),
                     ir.For(k, ir.const(0), ir.const(16), ir.const(1), ir.Assign(acc, acc + a * b, s.loc), loc=s.loc),
-                    ir.Store(s.c.buffer, s.c.element(i), acc, s.loc)]
+                    ir.Store(s.c.buffer, s.c.element(i, self.flat), acc, s.loc)]
         return ir.seq(out)
 
     def visit_LdMatrix(self, s: ir.LdMatrix) -> ir.Stmt:
@@ -82,6 +83,6 @@ class _Emulator(ir.Rewriter):
                 # with .trans from rows 2*(l%4) + h, column l//4. Lane 8j + r gave row r's address.
                 row, column = (lane % 4 * 2 + h, lane // 4) if s.trans else (lane // 4, lane % 4 * 2 + h)
                 start = ir.Ref(src, tuple(ir.Load(rows, ((self.warp + 8 * j + row) * rank + d,)) for d in range(rank)))
-                out.append(ir.Store(s.frag.buffer, s.frag.element(2 * j + h), ir.Load(src, start.element(column)),
-                                    s.loc))
+                value = ir.Load(src, start.element(column, self.flat))
+                out.append(ir.Store(s.frag.buffer, s.frag.element(2 * j + h, self.flat), value, s.loc))
         return ir.seq(out)

@@ -62,10 +62,15 @@ def three_copies(X: f32[32, 12], FirstWait: f32[32, 12], SecondWait: f32[32, 12]
         SecondWait[t, e] = s[t, e]
 
 
-def test_a_wait_covers_the_groups_committed_before_its_newest_n():
+@pytest.mark.parametrize("debug", [False, True])
+def test_a_wait_covers_the_groups_committed_before_its_newest_n(debug):
     x = np.arange(32 * 12, dtype=np.float32).reshape(32, 12)
     first, second = np.zeros_like(x), np.zeros_like(x)
-    three_copies(x, first, second)
+    td.debug(debug)
+    try:
+        three_copies(x, first, second)
+    finally:
+        td.debug(False)
     old = np.full((32, 4), OLD, np.float32)
     np.testing.assert_array_equal(first, np.hstack([x[:, :4], old, old]))
     np.testing.assert_array_equal(second, np.hstack([x[:, :8], old]))
@@ -96,3 +101,17 @@ def test_a_full_queue_lands_its_oldest_copies_early():
     more_copies_than_the_queue(x, before, after)
     np.testing.assert_array_equal(before, np.concatenate([x[:3], np.full(QUEUE, OLD, np.float32)]))
     np.testing.assert_array_equal(after, x)
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_a_queued_copy_keeps_one_linear_index_outside_debug_mode(debug):
+    """The emulation runs on flattened IR (numba compiles about half the code a tensor-core kernel's n-d queue
+    entries and ldmatrix rows made), and on n-d IR in debug mode, whose accesses are checked per axis."""
+    x = np.zeros((32, 12), np.float32)
+    td.debug(debug)
+    try:
+        source = three_copies.source(x, x, x, target="cpu")
+    finally:
+        td.debug(False)
+    indices_per_entry = 2 if debug else 1      # s is (32, 12)
+    assert f"cpq_indices_s = np.empty(({32 * QUEUE * indices_per_entry}, ), np.int32)" in source
