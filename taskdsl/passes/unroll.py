@@ -22,6 +22,10 @@ MAX_COPIES = 256   # statements one unrolled loop nest may produce
 MAX_BRANCHES = 8   # `if`s it may produce: each is a few basic blocks, and numba's compile time
                    # grows faster than linearly in blocks (a fused 8x8 epilogue of guarded
                    # stores, unrolled, took 60 s to compile instead of 20 s, and ran no faster)
+# Statements that count as an `if`: this pass runs before the cpu target emulates them, and each emulation is
+# loops or an `if` (and, for mma and ldmatrix, a warp exchange: a fission region). A 16-step k loop of ldmatrix
+# and mma, unrolled, took 64 s to compile instead of 5.
+BRANCHING = (ir.If, ir.Mma, ir.LdMatrix, ir.CpAsync)
 MAX_TILE = 1024    # elements of the largest register buffer that counts as a tile (the cpu code
                    # generator can keep in locals): a bigger one is a scratch array, indexed at run time
 MAX_NODES = 4096   # expression nodes it may produce: a few statements can hold big expressions (a 3-d
@@ -145,7 +149,7 @@ class _Unroller(ir.Rewriter):
         inside_only |= self.fresh
         trips = range(s.start.value, s.stop.value, s.step.value)
         too_big = (len(trips) * _copies(body) > self.max_copies
-                   or len(trips) * len(ir.collect(body, ir.If, expressions=False)) > MAX_BRANCHES
+                   or len(trips) * len(ir.collect(body, BRANCHING, expressions=False)) > MAX_BRANCHES
                    or len(trips) * len(ir.collect(body, ir.Expr)) > MAX_NODES)
         if too_big or any(isinstance(x, (ir.Break, ir.Continue)) for x in _loop_jumps(body)):
             return s

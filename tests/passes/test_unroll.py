@@ -79,6 +79,27 @@ def test_too_many_branches_stay_a_loop():
     assert _loops(unroll_loops(fn))
 
 
+def test_loops_of_async_copies_and_tensor_core_instructions_count_them_as_branches():
+    """unroll_loops runs before the cpu target emulates cp_async, ldmatrix and mma, whose emulations are loops, an
+    `if` and warp exchanges: each counts as a branch (a 16-step k loop of ldmatrix and mma, unrolled, took 64 s to
+    compile instead of 5)."""
+    src = ir.Buffer("src", T.f16, (ir.const(64),))
+    smem = ir.Buffer("smem", T.f16, (ir.const(64),), "shared")
+    frag = ir.Buffer("frag", T.f16, (ir.const(8),), "register")
+    c = ir.Buffer("c", T.f32, (ir.const(4),), "register")
+    instructions = {
+        "cp_async": lambda i: ir.CpAsync(ir.Ref(smem, (i * 4,)), ir.Ref(src, (i * 4,)), 4, ir.const(True)),
+        "ldmatrix": lambda i: ir.LdMatrix(ir.Ref(frag, ()), ir.Ref(smem, (i * 4,)), 1, False),
+        "mma": lambda i: ir.Mma(ir.Ref(frag, ()), ir.Ref(frag, ()), ir.Ref(c, ())),
+    }
+    for name, instruction in instructions.items():
+        def body(i, out, instruction=instruction):
+            return ir.seq([ir.Store(out, (i,), i), instruction(i)])     # the store indexes a register tile
+
+        assert not _loops(unroll_loops(_loop(MAX_BRANCHES, body))), name
+        assert _loops(unroll_loops(_loop(MAX_BRANCHES + 1, body))), name
+
+
 def test_big_expressions_stay_a_loop():
     """Few statements, but each a large expression: copies of it would make numba's compile slow."""
     trips = 8
