@@ -105,20 +105,22 @@ def default_point(m: int = 0, n: int = 0):
     return space().point(**(LARGE if size >= LARGE_FROM else SMALL if 0 < size < SMALL_BELOW else DEFAULT))
 
 
-PARTS = ("all", "copies", "math")
+PARTS = ("all", "copies", "math", "mma")
 
 
 @functools.cache
 def tc_matmul_kernel(p, dtype, out_dtype, vec: int = 8, parts: str = "all"):
     """The tensor-core kernel for point `p`; `vec` 8: 16-byte cp.async copies (K, N multiples of 8), 1: loads.
 
-    `parts` other than "all" keeps half of the k loop, to time where its time goes (`bench tc-parts`):
+    `parts` other than "all" keeps part of the k loop, to time where its time goes (`bench tc-parts`):
     "copies" the copies, waits and barriers alone (C is zeros), "math" the ldmatrix and mma alone, on
-    whatever shared memory holds (C is garbage).
+    whatever shared memory holds (C is garbage), "mma" the mma alone, on fragments loaded once before the
+    loop, with no wait or barrier in it: the most this point's mma.sync can do on the device (C is garbage).
     """
     if parts not in PARTS:
         raise ValueError(f"parts must be one of {', '.join(PARTS)}, got {parts!r}")
-    copies, math = parts != "math", parts != "copies"
+    copies, math = parts in ("all", "copies"), parts != "copies"
+    streamed = parts != "mma"       # the k loop waits for the copies, and (with math) ldmatrix their tiles
     (wm, wn), (mi, ni) = p.warps, p.warp_tiles
     BM, BN, T = tile_shape(p)
     BK, STAGES = p.bk, p.stages
@@ -212,6 +214,8 @@ def tc_matmul_kernel(p, dtype, out_dtype, vec: int = 8, parts: str = "all"):
         slot = kt0 % STAGES             # the ring slot of tile kt
         if kt0 < kt1:
             load_fragments(sa, sb, fa, fb, slot, 0, 0, lane, warp_m0, warp_n0)
+            if not streamed:        # "mma": both fragment sets, once
+                load_fragments(sa, sb, fa, fb, slot, 1, 1, lane, warp_m0, warp_n0)
         for kt in range(kt0, kt1):
             ahead = kt + STAGES - 1     # the tile to copy, into the slot of tile kt - 1, which every warp
             ahead_slot = slot - 1 if slot > 0 else STAGES - 1      # finished reading before the last barrier
@@ -221,10 +225,10 @@ def tc_matmul_kernel(p, dtype, out_dtype, vec: int = 8, parts: str = "all"):
                 # The last step's next is tile kt + 1's first: it first waits for that tile and a barrier (every
                 # warp is then done with tile kt's slot too, which the next iteration's copies overwrite), so the
                 # barrier and the loads hide behind the tensor cores' work on the steps already issued
-                if kk == KS - 1:
+                if kk == KS - 1 and streamed:
                     td.cp_async_wait(STAGES - 2)
                     td.syncthreads()
-                if kk < KS - 1 or kt + 1 < kt1:
+                if streamed and (kk < KS - 1 or kt + 1 < kt1):
                     load_fragments(sa, sb, fa, fb, slot if kk < KS - 1 else next_slot, (kk + 1) % KS, (kk + 1) % 2,
                                    lane, warp_m0, warp_n0)
                 if math:

@@ -136,5 +136,7 @@ def test_the_tc_parts_rows(simulated_gpu, cpu_clock, monkeypatch, capsys):
     row, = tc_parts.run(sizes=(48,))
     assert row["tile"] == "16x64x64 s4" and row["err"] < 2e-3
     assert row["l2_bytes"] == 3 * 1 * (16 + 64) * 48 * 2      # 3 x 1 blocks, each reading A and B once
-    assert min(row["all"], row["copies"], row["math"]) > 0 and row["bound"] in ("copies", "math", "overlap")
-    assert "48^3 f16 in parts" in capsys.readouterr().out
+    assert min(row["all"], row["copies"], row["math"], row["mma"]) > 0
+    assert row["bound"] in ("copies", "math", "mma", "overlap") and row["cublas"] is None     # no torch here
+    out = capsys.readouterr().out
+    assert "48^3 f16 in parts" in out and "cuBLAS: not timed" in out

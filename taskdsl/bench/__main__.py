@@ -15,8 +15,8 @@ BENCHMARKS = {
              "onnxruntime (cpu) or cuDNN (cuda); --sizes picks layers by index", "taskdsl.bench.conv"),
     "launch": ("an empty kernel with 3 tensor arguments: cold compile, cached load, us per launch (--sizes N "
                "launches)", "taskdsl.bench.launch"),
-    "tc-parts": ("the tensor-core matmul's k loop whole, its copies alone and its math alone, f16 (cuda; --sizes N: "
-                 "N^3, default 4096)", "taskdsl.bench.tc_parts"),
+    "tc-parts": ("the tensor-core matmul's k loop whole, its copies alone, its math alone and its mma alone, f16, "
+                 "beside cuBLAS (cuda; --sizes N: N^3, default 4096)", "taskdsl.bench.tc_parts"),
     "ops": ("softmax, layer norm and sums of a (4096, 1024) f32 array vs numpy (--sizes ROWS COLS)",
             "taskdsl.bench.ops"),
 }

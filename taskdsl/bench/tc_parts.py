@@ -1,16 +1,18 @@
 """`python -m taskdsl.bench tc-parts`: where the tensor-core matmul's k loop spends its time (cuda, f16).
 
-At N^3 (`--sizes`, default 4096), for the larger tiles of the template's space, three forms of the kernel
+At N^3 (`--sizes`, default 4096), for the larger tiles of the template's space, four forms of the kernel
 (`stdlib_ops.matmul_tc.tc_matmul_kernel(parts=...)`), each timed as CUDA-graph replays:
 
 - all: the kernel itself, checked against numpy;
 - copies: its cp.async copies, waits and barriers alone: the path from L2 to shared memory. The bytes
   they read over their time is the L2 bandwidth the tile draws (every block reads (BM + BN) x K x 2);
 - math: its ldmatrix and mma alone, on whatever shared memory holds: tensor cores, shared-memory reads
-  and issue slots.
+  and issue slots;
+- mma: its mma alone, on fragments loaded once: the most mma.sync does on the device at this tile.
 
-A kernel about as slow as one of its parts is bound by that part; one slower than both overlaps them
-poorly (latency, the barriers).
+A kernel about as slow as one of its parts is bound by that part; one slower than all of them overlaps
+them poorly (latency, the barriers). Then cuBLAS (torch.matmul, where torch sees the GPU) at the same size,
+beside the fastest mma alone: whether issue 5's target, 0.6x cuBLAS, is within mma.sync's reach.
 """
 from __future__ import annotations
 
@@ -27,7 +29,8 @@ POINTS = (
 
 
 def rows(n: int) -> list:
-    """A row a point of POINTS: its tile, the three forms' times in seconds, L2 bytes read, max relative error."""
+    """A row a point of POINTS: its tile, the times in seconds of its forms (`tc.PARTS`), L2 bytes read, max
+    relative error."""
     import taskdsl as td
     from stdlib_ops import matmul_simt as simt
     from stdlib_ops import matmul_tc as tc
@@ -53,10 +56,27 @@ def rows(n: int) -> list:
     return out
 
 
+TIMED_PARTS = ("copies", "math", "mma")
+TARGET = 0.6        # issue 5: f16 tensor-core matmul at 4096^3 >= 0.6x cuBLAS on an H100
+
+
 def bound(r: dict) -> str:
-    """What bounds a row's kernel: the part it runs within 15% of ("copies" or "math"), else "overlap"."""
-    part = max(("copies", "math"), key=lambda name: r[name])
+    """What bounds a row's kernel: its slowest part within 15% of it ("copies", "math" or "mma"), else "overlap"."""
+    part = max(TIMED_PARTS, key=lambda name: r[name])
     return part if r["all"] < 1.15 * r[part] else "overlap"
+
+
+def cublas_time(n: int):
+    """torch.matmul's time for f16 N x N operands (cuBLAS), or None without torch or a GPU torch sees."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    from .cuda_timing import time_torch_replayed
+    a, b = (torch.randn(n, n, device="cuda", dtype=torch.float16) for _ in range(2))
+    return time_torch_replayed(lambda: torch.matmul(a, b))
 
 
 def run(sizes=None) -> list:
@@ -65,11 +85,23 @@ def run(sizes=None) -> list:
     for n in sizes or (4096,):
         tflops = lambda t: 2.0 * n ** 3 / t / 1e12
         print(f"tensor-core matmul {n}^3 f16 in parts: ms (TFLOP/s of the whole product; copies: L2 TB/s)")
-        print(f"{'tile':>16} {'all':>15} {'copies':>15} {'math':>15} {'bound by':>9} {'max rel err':>12}")
-        for r in rows(n):
+        print(f"{'tile':>16} {'all':>15} {'copies':>15} {'math':>15} {'mma':>15} {'bound by':>9} {'max rel err':>12}")
+        size_rows = rows(n)
+        for r in size_rows:
             r.update(size=n, bound=bound(r))
             print(f"{r['tile']:>16} {r['all'] * 1e3:>7.3f} ({tflops(r['all']):>5.0f}) "
                   f"{r['copies'] * 1e3:>7.3f} ({r['l2_bytes'] / r['copies'] / 1e12:>5.2f}) "
-                  f"{r['math'] * 1e3:>7.3f} ({tflops(r['math']):>5.0f}) {r['bound']:>9} {r['err']:>12.1e}", flush=True)
+                  f"{r['math'] * 1e3:>7.3f} ({tflops(r['math']):>5.0f}) "
+                  f"{r['mma'] * 1e3:>7.3f} ({tflops(r['mma']):>5.0f}) {r['bound']:>9} {r['err']:>12.1e}", flush=True)
             results.append(r)
+        fastest_mma = min(r["mma"] for r in size_rows)
+        t_peer = cublas_time(n)
+        if t_peer is None:
+            print("cuBLAS: not timed (torch with a GPU is not installed)")
+        else:
+            print(f"cuBLAS (torch.matmul) {t_peer * 1e3:.3f} ms ({tflops(t_peer):.0f} TFLOP/s); {TARGET}x of it: "
+                  f"{TARGET * tflops(t_peer):.0f} TFLOP/s; the fastest mma alone: {tflops(fastest_mma):.0f} TFLOP/s "
+                  f"({t_peer / fastest_mma:.2f}x cuBLAS)")
+        for r in size_rows:
+            r.update(cublas=t_peer)
     return results

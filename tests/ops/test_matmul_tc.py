@@ -91,8 +91,9 @@ def test_the_space_keeps_its_fragments_in_registers():
 
 def test_the_parts_of_the_k_loop_keep_what_they_name():
     """`parts` (for `bench tc-parts`): "copies" keeps the 16-byte copies and drops every ldmatrix and mma,
-    "math" the reverse; both keep the waits and barriers, and anything else is refused. (The simulated-GPU
-    test of the benchmark runs all three.)"""
+    "math" the reverse; both keep the waits and barriers. "mma" keeps the mma alone in the k loop: its ldmatrix
+    are the two fragment sets' loads before it, and its only wait and barrier the prologue's. Anything else is
+    refused. (The simulated-GPU test of the benchmark runs all four.)"""
     a, index = np.zeros((1, 64, 64), np.float16), np.zeros((1, 2), np.int32)
     count = {}
     for parts in tc.PARTS:
@@ -103,8 +104,11 @@ def test_the_parts_of_the_k_loop_keep_what_they_name():
     assert min(count["all"]) > 0
     assert count["copies"] == [0, 0] + count["all"][2:]
     assert count["math"] == count["all"][:2] + [0] + count["all"][3:]
-    with pytest.raises(ValueError, match="parts must be one of all, copies, math"):
-        tc.tc_matmul_kernel(tc.default_point(), td.f16, td.f16, 8, "mma")
+    # "mma": the two fragment sets' loads before the loop (a loop of A's ldmatrix and one of B's each), the
+    # prologue's wait and barrier and the final wait
+    assert count["mma"] == [count["all"][0], 4, 0, count["all"][3] - 1, count["all"][4] - 1]
+    with pytest.raises(ValueError, match="parts must be one of all, copies, math, mma"):
+        tc.tc_matmul_kernel(tc.default_point(), td.f16, td.f16, 8, "ldmatrix")
 
 
 @settings(max_examples=8, deadline=None)
