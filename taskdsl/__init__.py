@@ -10,7 +10,7 @@ from .ir.types import bf16, boolean, f16, f32, f64, i8, i16, i32, i64, u8, u16, 
 from .lang import *  # noqa: F401,F403 - the kernel language: threadIdx, shared, syncthreads, exp, ...
 from .lang import cdiv, warp_size
 from .mapping import TaskMapping, repeat, spatial
-from .runtime.config import debug, fast_compile, get_target, gpu_status, set_target
+from .runtime.config import cp_async_early, debug, fast_compile, get_target, gpu_status, set_target
 from .runtime.device_array import DeviceArray, to_device
 from .runtime.kernel import CompiledKernel, Kernel
 from .schedule import FusionError, Op, fuse, op

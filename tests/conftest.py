@@ -106,6 +106,7 @@ def _cpu_target_and_nvrtc(monkeypatch, request, twin_target):
     yield
     td.debug(False)
     td.fast_compile(False)
+    td.cp_async_early(False)
 
 
 @pytest.fixture

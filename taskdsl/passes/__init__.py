@@ -41,12 +41,13 @@ def lower_for_cuda(fn: ir.Function, sizes: dict) -> ir.Function:
     return split_deep_expressions(check_loops(simplify(flatten_buffers(mark_tile_loops(bind_sizes(fn, sizes))))))
 
 
-def lower_for_cpu(fn: ir.Function, debug: bool, unroll: bool = True) -> ir.Function:
-    """A lowered kernel prepared for the numba code generator (n-d accesses kept in debug mode)."""
+def lower_for_cpu(fn: ir.Function, debug: bool, unroll: bool = True, early_copies: bool = False) -> ir.Function:
+    """A lowered kernel prepared for the numba code generator (n-d accesses kept in debug mode); `early_copies`:
+    cp_async copies land at issue (`td.cp_async_early`)."""
     if debug:
-        return split_deep_expressions(emulate_tensor_cores(emulate_async_copies(fn)))
+        return split_deep_expressions(emulate_tensor_cores(emulate_async_copies(fn, early=early_copies)))
     fn = simplify(flatten_buffers(simplify(unroll_loops(fn) if unroll else fn)))
-    emulated = emulate_tensor_cores(emulate_async_copies(fn, flat=True), flat=True)
+    emulated = emulate_tensor_cores(emulate_async_copies(fn, flat=True, early=early_copies), flat=True)
     if emulated.body is not fn.body:    # folds the emulation's thread and lane arithmetic
         fn = simplify(emulated)
     return split_deep_expressions(check_loops(fn))

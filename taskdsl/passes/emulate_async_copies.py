@@ -13,6 +13,10 @@ the commit group the copy belongs to. `cp_async_commit` counts the thread's grou
 newest `n` committed ones. A thread with `QUEUE` copies pending completes its oldest at the
 next issue: early, which PTX allows too. Runs before `emulate_tensor_cores`, on n-d IR in debug mode and
 on flattened IR otherwise (an entry then holds one linear index, and numba compiles a third less code).
+
+With `early` (`td.cp_async_early`) each copy lands when it is issued instead, the other end of what PTX
+allows, and commits and waits do nothing: a copy that overwrites what another thread still reads then
+shows, where landing late hides it.
 """
 from __future__ import annotations
 
@@ -48,9 +52,11 @@ def _width(dtype: T.DataType) -> int:
     return max(1, 16 // (dtype.bits // 8))
 
 
-def emulate_async_copies(fn: ir.Function, flat: bool = False) -> ir.Function:
-    """`fn` with every cp_async, commit and wait replaced by per-thread copy queues (see the module's doc);
-    `flat`: `fn` was flattened (`flatten_buffers`)."""
+def emulate_async_copies(fn: ir.Function, flat: bool = False, early: bool = False) -> ir.Function:
+    """`fn` with every cp_async, commit and wait replaced by per-thread copy queues (see the module's doc), or with
+    `early` by copies at issue; `flat`: `fn` was flattened (`flatten_buffers`)."""
+    if early:
+        return dataclasses.replace(fn, body=_AtIssue(flat).visit(fn.body))
     copies = ir.collect(fn.body, ir.CpAsync, expressions=False)
     emulator = _Emulator(fn, {c.dst.buffer.uid: c.dst.buffer for c in copies}.values(), flat)
     body = emulator.visit(fn.body)
@@ -72,6 +78,58 @@ def linear_thread_index(fn: ir.Function) -> ir.Expr:
     if bz > 1:
         tid = tid + ir.SpecialReg("threadIdx", "z") * (bx * by)
     return tid
+
+
+def _source_indices(s: ir.CpAsync, pred: ir.Expr, out: list) -> tuple:
+    """The source indices of copy `s`, each computed into a variable (appended to `out`) unless trivial: computed
+    only where `pred` holds, as CUDA's copy computes them (an im2col prologue's may be out of bounds elsewhere),
+    and once, not in each element's load."""
+    always = isinstance(pred, ir.Const) and pred.value
+    src = []
+    for i in s.src.indices:
+        if isinstance(i, (ir.Const, ir.Var, ir.SpecialReg)):
+            src.append(i)
+            continue
+        index = ir.Var("cp_src", i.dtype)
+        out.append(ir.Assign(index, i if always else ir.Select(pred, i, ir.const(0, i.dtype), i.dtype), s.loc))
+        src.append(index)
+    return tuple(src)
+
+
+def _copied_element(s: ir.CpAsync, pred: ir.Expr, src: tuple, k: ir.Var, flat: bool) -> ir.Expr:
+    """Element `k` of copy `s`: the source's where `pred` holds, else zero."""
+    return ir.Select(pred, ir.Load(s.src.buffer, ir.Ref(s.src.buffer, src).element(k, flat)),
+                     ir.const(0, s.dst.dtype), s.dst.dtype)
+
+
+def _once(pred: ir.Expr, loc, out: list) -> ir.Expr:
+    """`pred` as a constant or a variable (assigned in `out`): computed once, not in each element's select."""
+    if isinstance(pred, (ir.Const, ir.Var)):
+        return pred
+    var = ir.Var("cp_pred", T.boolean)
+    out.append(ir.Assign(var, pred, loc))
+    return var
+
+
+class _AtIssue(ir.Rewriter):
+    """Each copy stored into its destination where it is issued; commits and waits removed."""
+
+    def __init__(self, flat: bool):
+        self.flat = flat
+
+    def visit_CpAsync(self, s: ir.CpAsync) -> ir.Stmt:
+        out = []
+        pred = _once(s.pred, s.loc, out)
+        src = _source_indices(s, pred, out)
+        k = ir.Var("cp_k", T.i32)
+        store = ir.Store(s.dst.buffer, s.dst.element(k, self.flat), _copied_element(s, pred, src, k, self.flat), s.loc)
+        return ir.seq(out + [ir.For(k, ir.const(0), ir.const(s.count), ir.const(1), store, loc=s.loc)])
+
+    def visit_CpAsyncCommit(self, s: ir.CpAsyncCommit) -> ir.Stmt:
+        return ir.Seq(())
+
+    def visit_CpAsyncWait(self, s: ir.CpAsyncWait) -> ir.Stmt:
+        return ir.Seq(())
 
 
 class _Emulator(ir.Rewriter):
@@ -107,28 +165,14 @@ class _Emulator(ir.Rewriter):
     def visit_CpAsync(self, s: ir.CpAsync) -> ir.Stmt:
         q = self.queues[s.dst.buffer.uid]
         out = [ir.If(ir.binary("==", q.tail - q.head, QUEUE), ir.seq(self._complete_oldest(q, s.loc)), None, s.loc)]
-        pred = s.pred
-        if not isinstance(pred, (ir.Const, ir.Var)):     # computed once, not in each element's select
-            pred = ir.Var("cp_pred", T.boolean)
-            out.append(ir.Assign(pred, s.pred, s.loc))
+        pred = _once(s.pred, s.loc, out)
         entry = ir.Var("cpq_entry", T.i32)
         out.append(ir.Assign(entry, self._entry(q.tail), s.loc))
         out += [ir.Store(q.indices, (entry * q.rank + d,), ir.convert(i, T.i32), s.loc)
                 for d, i in enumerate(s.dst.indices)]
-        # A source index is computed only where the predicate holds, as CUDA's copy computes it (an im2col
-        # prologue's may be out of bounds elsewhere); computed once, not in each element's load.
-        always = isinstance(pred, ir.Const) and pred.value
-        src = []
-        for i in s.src.indices:
-            if isinstance(i, (ir.Const, ir.Var, ir.SpecialReg)):
-                src.append(i)
-                continue
-            index = ir.Var("cp_src", i.dtype)
-            out.append(ir.Assign(index, i if always else ir.Select(pred, i, ir.const(0, i.dtype), i.dtype), s.loc))
-            src.append(index)
+        src = _source_indices(s, pred, out)
         k = ir.Var("cp_k", T.i32)
-        value = ir.Select(pred, ir.Load(s.src.buffer, ir.Ref(s.src.buffer, tuple(src)).element(k, self.flat)),
-                          ir.const(0, s.dst.dtype), s.dst.dtype)
+        value = _copied_element(s, pred, src, k, self.flat)
         out += [ir.For(k, ir.const(0), ir.const(s.count), ir.const(1),
                        ir.Store(q.values, (entry * q.width + k,), value, s.loc), loc=s.loc),
                 ir.Store(q.counts, (entry,), ir.const(s.count), s.loc),

@@ -1,4 +1,4 @@
-"""Process-wide settings: target, debug mode, fast compilation, cache directory."""
+"""Process-wide settings: target, debug mode, fast compilation, when the cpu lands async copies, cache directory."""
 from __future__ import annotations
 
 import atexit
@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import ConfigError
 
 TARGETS = ("cpu", "cuda")
-_state = {"target": None, "debug": None, "fast_compile": None}
+_state = {"target": None, "debug": None, "fast_compile": None, "cp_async_early": None}
 
 
 def cache_dir() -> Path:
@@ -136,7 +136,7 @@ def env_switch(name: str, default: bool, meaning: str = "on", off: str = "off", 
     """The on/off environment variable `name`: 1 / true / yes / on or 0 / false / no / off, in any case (set but
     empty: off), `default` when unset; any other value is a ValueError saying what 1 (`meaning`) and 0 (`off`)
     do. `read_once`: read through `environment` (once per process). The one reader of TASKDSL_DEBUG,
-    TASKDSL_FAST_COMPILE, TASKDSL_PROGRESS and TASKDSL_TUNE."""
+    TASKDSL_FAST_COMPILE, TASKDSL_CP_ASYNC_EARLY, TASKDSL_PROGRESS and TASKDSL_TUNE."""
     text = environment(name) if read_once else os.environ.get(name)
     if text is None:
         return default
@@ -170,7 +170,7 @@ def check_environment() -> None:
     from ..backend.cpu import vectors
     from ..schedule import tuner
     from . import cache, progress
-    debug_enabled(), fast_compile_enabled(), progress.enabled(), tuner.tuning_enabled()
+    debug_enabled(), fast_compile_enabled(), cp_async_early_enabled(), progress.enabled(), tuner.tuning_enabled()
     for name in COUNTS:
         env_count(name, 1)
     cache_dir(), cache.max_bytes(), vectors.host()
@@ -197,3 +197,16 @@ def fast_compile(enabled: bool = True) -> None:
 def fast_compile_enabled() -> bool:
     """Whether fast compilation is on (`td.fast_compile(True)` or TASKDSL_FAST_COMPILE=1)."""
     return _flag("fast_compile", "TASKDSL_FAST_COMPILE")
+
+
+def cp_async_early(enabled: bool = True) -> None:
+    """On the cpu target, land each `cp_async` copy when it is issued, the earliest moment PTX allows, instead of at
+    the wait that covers it, the latest (the default). A kernel that overwrites, by a copy, shared memory another
+    thread still reads (a ring slot refilled before the barrier that ends its reads) computes the right result
+    with late copies and the wrong one with early copies: run a pipeline's tests both ways."""
+    _state["cp_async_early"] = _switch(enabled, "td.cp_async_early")
+
+
+def cp_async_early_enabled() -> bool:
+    """Whether the cpu target lands async copies at issue (`td.cp_async_early(True)` or TASKDSL_CP_ASYNC_EARLY=1)."""
+    return _flag("cp_async_early", "TASKDSL_CP_ASYNC_EARLY")

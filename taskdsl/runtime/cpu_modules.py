@@ -4,7 +4,7 @@
 and a graph has dozens of them: 9 s of each ResNet-50 start with numba's machine code all cached.
 An index entry maps the kernel's frontend IR, spelled out by `ir.structural_text` (or, where a custom
 task mapping cannot be spelled, its IR after `passes.lower`), with everything else the generated text
-depends on (debug and fast-compile modes, the compiler's fingerprint, taskdsl's own code) to the
+depends on (debug and fast-compile modes, early async copies, the compiler's fingerprint, taskdsl's own code) to the
 module's cache key and the few facts the runtime needs besides its text:
 
     cpu/<ir key>.json      {"module": <module key>, "entry": ..., "parallel": ..., "flat": ..., "opt_level": ...}
@@ -28,19 +28,20 @@ _generated: dict = {}       # (cache directory, ir key) -> (CpuSource, module pa
 GENERATED_KEPT = 256        # entries of `_generated` (forgotten all at once past this: the disk index remains)
 
 
-def cpu_module(fn: ir.Function, lowered, debug: bool, fast: bool):
+def cpu_module(fn: ir.Function, lowered, debug: bool, fast: bool, early_copies: bool = False):
     """(the CpuSource, the path of its module file) of the kernel whose frontend IR is `fn`; `lowered()` gives
-    its IR as `passes.lower` leaves it, for a kernel the index does not know."""
+    its IR as `passes.lower` leaves it, for a kernel the index does not know; `early_copies`: cp_async copies
+    land at issue (`td.cp_async_early`)."""
     from ..backend.cpu.codegen import emit_python
     from ..backend.cpu.compile import compiler_fingerprint
     from ..passes import lower_for_cpu
-    key = None if debug else _ir_key(fn, lowered, fast)
+    key = None if debug else _ir_key(fn, lowered, fast, early_copies)
     if key is not None:
         found = _generated.get((cache_dir(), key)) or _load(key)
         if found is not None:
             _keep(key, found)
             return found
-    src = emit_python(lower_for_cpu(lowered(), debug, unroll=not fast), debug, fast)
+    src = emit_python(lower_for_cpu(lowered(), debug, unroll=not fast, early_copies=early_copies), debug, fast)
     module_key = cache.cache_key(src.text, compiler_fingerprint())
     path = cache.cpu_module(module_key, src.text)
     if key is not None:
@@ -58,7 +59,7 @@ def _keep(key: str, found: tuple) -> None:
     _generated[cache_dir(), key] = found
 
 
-def _ir_key(fn: ir.Function, lowered, fast: bool) -> str | None:
+def _ir_key(fn: ir.Function, lowered, fast: bool, early_copies: bool) -> str | None:
     from ..backend.cpu.compile import compiler_fingerprint
     try:
         text = "frontend:" + ir.structural_text(fn)
@@ -67,7 +68,8 @@ def _ir_key(fn: ir.Function, lowered, fast: bool) -> str | None:
             text = "lowered:" + ir.structural_text(lowered())
         except (ir.Unspellable, RecursionError):
             return None
-    return cache.cache_key(text, f"fast={fast}", compiler_fingerprint(), cache.code_fingerprint())
+    settings = f"fast={fast}" + (" early_copies" if early_copies else "")    # unchanged keys for the default
+    return cache.cache_key(text, settings, compiler_fingerprint(), cache.code_fingerprint())
 
 
 def _index_path(key: str) -> Path:

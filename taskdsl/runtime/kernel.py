@@ -11,7 +11,7 @@ import numpy as np
 from .. import ir
 from ..backend.cpu import precompile
 from ..ir import types as T
-from .config import debug_enabled, fast_compile_enabled, get_target
+from .config import cp_async_early_enabled, debug_enabled, fast_compile_enabled, get_target
 from .device_array import DeviceArray
 
 
@@ -287,12 +287,12 @@ class Kernel:
         return self._lowered[block]
 
     def _cpu_kernel(self, block: tuple, debug: bool):
-        fast = fast_compile_enabled()
-        key = (block, debug, fast)
+        fast, early = fast_compile_enabled(), cp_async_early_enabled()
+        key = (block, debug, fast, early)
         if key not in self._cpu:
             from ..backend.cpu.compile import load_module_function
             from .cpu_modules import cpu_module
-            src, path = cpu_module(self._frontend_ir(block), lambda: self._lowered_ir(block), debug, fast)
+            src, path = cpu_module(self._frontend_ir(block), lambda: self._lowered_ir(block), debug, fast, early)
             self._cpu[key] = (load_module_function(path, src.entry), src, path)
         return self._cpu[key]
 
@@ -374,7 +374,7 @@ class Kernel:
         debug = debug_enabled()
         key = _binding_key(args)
         if key is not None:
-            key = (key, debug, fast_compile_enabled())
+            key = (key, debug, fast_compile_enabled(), cp_async_early_enabled())
         else:
             args = plain_arrays(args)
         launch = self._launches.get(key)

@@ -123,21 +123,28 @@ def test_pipelined_copies_on_cpu(m, n, k, seed):
     np.testing.assert_allclose(_run(SMALL, a, b, 8), a.astype(np.float64) @ b.astype(np.float64), rtol=1e-3, atol=1e-3)
 
 
-@pytest.mark.parametrize("m, n, k, split, bk, stages", [(32, 64, 160, 1, 32, 3), (17, 40, 200, 2, 32, 3),
-                                                        (20, 24, 456, 1, 64, 4)])
-def test_deep_pipelines_and_their_tails_on_cpu(m, n, k, split, bk, stages):
+@pytest.mark.parametrize("m, n, k, split, bk, stages, early", [(32, 64, 160, 1, 32, 3, False),
+                                                               (17, 40, 200, 2, 32, 3, False),
+                                                               (20, 24, 456, 1, 64, 4, False),
+                                                               (20, 24, 456, 1, 64, 4, True)])
+def test_deep_pipelines_and_their_tails_on_cpu(m, n, k, split, bk, stages, early):
     """Several k steps a tile (bk 32: A's and B's copies after the first step's mma; bk 64: A's after the first,
     B's after the second), three and four stages, with more k tiles than stages: the copies stop at the last
     tile while the ring drains. Sizes that are multiples of the tile (their bounds checks fold away) and sizes
     that are not; split-k starts the pipeline at a later tile. Each copy lands at the wait that covers it
-    (`emulate_async_copies`): a wait for one group too few fails this test."""
+    (`emulate_async_copies`): a wait for one group too few fails this test. With `early` each lands at issue
+    (`td.cp_async_early`): a copy into a ring slot some lane still reads fails it."""
     td.set_target("cpu")
     point = Space("tc_deep", {"warps": ((1, 1),), "warp_tiles": ((1, 4),), "bk": (bk,), "stages": (stages,)},
                   tc.check).points()[0]
     rng = np.random.default_rng(k)
     a = rng.standard_normal((1, m, k)).astype(np.float16)
     b = rng.standard_normal((1, k, n)).astype(np.float16)
-    c = gemm.MatmulPlan(point, td.f16, (1,), (1,), (1,), m, n, k, split, gemm.TENSOR_CORE)(a, b)
+    td.cp_async_early(early)
+    try:
+        c = gemm.MatmulPlan(point, td.f16, (1,), (1,), (1,), m, n, k, split, gemm.TENSOR_CORE)(a, b)
+    finally:
+        td.cp_async_early(False)
     want = a[0].astype(np.float64) @ b[0].astype(np.float64)
     np.testing.assert_allclose(c[0].astype(np.float64), want, rtol=2e-2, atol=2e-2)
 

@@ -115,3 +115,56 @@ def test_a_queued_copy_keeps_one_linear_index_outside_debug_mode(debug):
         td.debug(False)
     indices_per_entry = 2 if debug else 1      # s is (32, 12)
     assert f"cpq_indices_s = np.empty(({32 * QUEUE * indices_per_entry}, ), np.int32)" in source
+
+
+@td.kernel(grid=1, block=32)
+def refill_before_the_barrier(X: f32[2, 32], Y: f32[32]):
+    """A slot refilled too soon: thread t reads its neighbour's element of tile 0, but every thread issues its copy
+    of tile 1 into the slot before the barrier that ends those reads (the barrier must come first)."""
+    s = td.shared(f32, (32,))
+    t = threadIdx.x
+    td.cp_async(s[t], X[0, t], 1)
+    td.cp_async_commit()
+    td.cp_async_wait(0)
+    td.syncthreads()
+    td.cp_async(s[t], X[1, t], 1)
+    td.cp_async_commit()
+    Y[t] = s[(t + 31) % 32]
+    td.syncthreads()
+    td.cp_async_wait(0)
+
+
+def test_early_copies_show_a_slot_refilled_before_the_barrier():
+    """PTX lets a copy land anywhere between its issue and its wait. Landing at the wait, the cpu hides a copy that
+    overwrites what another thread still reads; `td.cp_async_early` lands it at issue, and the thread that runs after
+    the copying one reads the new tile (thread 0 reads thread 31's element before thread 31 runs)."""
+    x = np.arange(64, dtype=np.float32).reshape(2, 32)
+    neighbours = (np.arange(32) + 31) % 32
+    y = np.zeros(32, np.float32)
+    refill_before_the_barrier(x, y)
+    np.testing.assert_array_equal(y, x[0, neighbours])        # late: the race does not show
+    td.cp_async_early(True)
+    try:
+        refill_before_the_barrier(x, y)
+    finally:
+        td.cp_async_early(False)
+    np.testing.assert_array_equal(y, np.where(np.arange(32) == 0, x[0, 31], x[1, neighbours]))
+
+
+def test_early_copies_in_debug_mode_report_the_race():
+    """In debug mode an early copy is a write of the issuing thread, so the race detector names the read."""
+    x, y = np.zeros((2, 32), np.float32), np.zeros(32, np.float32)
+    td.debug(True)
+    try:
+        refill_before_the_barrier(x, y)         # late: the copy's store is after the barrier
+        td.cp_async_early(True)
+        with pytest.raises(td.DSLError, match=r"shared-memory race on 's'(.|\n)*Y\[t\] = s\["):
+            refill_before_the_barrier(x, y)
+    finally:
+        td.debug(False)
+        td.cp_async_early(False)
+
+
+def test_early_copies_are_a_switch():
+    with pytest.raises(TypeError, match="td.cp_async_early takes True or False"):
+        td.cp_async_early("yes")
