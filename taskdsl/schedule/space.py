@@ -86,6 +86,10 @@ class Space:
         if unknown or len(values) != len(self.axes):
             raise ValueError(f"a {self.name} point needs exactly the axes {', '.join(self.axes)}")
         p = Point(tuple((n, values[n]) for n in self.axes))
+        off = [n for n in self.axes if values[n] not in self.axes[n]]
+        if off:     # a value off an axis is no point of the space, however its check judges it
+            raise ValueError(f"{p} is not a point of the {self.name} space: {off[0]} must be one of "
+                             f"{', '.join(map(str, self.axes[off[0]]))}")
         reason = self.check(p) if self.check else None
         if reason:
             raise ValueError(f"{p} is not a valid {self.name} schedule: {reason}")

@@ -10,13 +10,13 @@ to the GPU once; on the cpu
 numba compiles one at a time. Winners are stored as JSON under
 `cache_dir()/tune/<key>.json`, keyed by (op, shapes, dtypes, device, taskdsl version).
 TASKDSL_TUNE=0 turns tuning off (the default point is used). A candidate that fails to
-compile or run is skipped, never fatal; a damaged record is ignored and re-tuned.
+compile or run is skipped with a warning, never fatal; a damaged record is ignored and re-tuned.
 """
 from __future__ import annotations
 
 import json
-import os
 import platform
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -35,20 +35,37 @@ def tuning_enabled() -> bool:
 
 
 def device_name(target: str) -> str:
-    """What a tuning result is specific to: the GPU's name and arch, or the cpu's machine and cores."""
+    """What a tuning result is specific to: the GPU's name and arch, or the cpu numba compiles for, its vector
+    width and the threads kernels run on."""
     if target == "cuda":
         return config.gpu_status()[1]
-    return f"cpu {platform.machine()} x{os.cpu_count()}"
+    # the model, not only x86_64 (a cache shared by other machines); the vector width and threads the kernels
+    # get ($TASKDSL_CPU_VECTOR_BITS, $TASKDSL_NUM_THREADS), which decide their code, their ranking and split-k
+    from ..backend.cpu import vectors
+    from ..backend.cpu.launch import num_threads
+    return f"cpu {platform.machine()} {_cpu_name()} {vectors.host().bits}-bit x{num_threads()}"
+
+
+def _cpu_name() -> str:
+    """The CPU numba compiles for, as LLVM names it ('znver3', 'skylake-avx512'): $NUMBA_CPU_NAME, else the host."""
+    from numba.core import config as numba_config
+    if numba_config.CPU_NAME:
+        return numba_config.CPU_NAME
+    import llvmlite.binding as llvm
+    return llvm.get_host_cpu_name()
 
 
 def _record_path(op: str, shapes, dtypes, target: str):
     from .. import __version__
     fast = f"fast={config.fast_compile_enabled()}"      # a fast-compile build ranks other code
-    key = cache_key(op, repr(shapes), repr(dtypes), device_name(target), __version__, fast)
+    debug = ("debug",) if target == "cpu" and config.debug_enabled() else ()     # so does a checked cpu build
+    key = cache_key(op, repr(shapes), repr(dtypes), device_name(target), __version__, fast, *debug)
     return cache_dir() / "tune" / f"{key}.json"
 
 
 def _to_json(value):
+    if isinstance(value, np.generic):      # numpy scalars (axes built with np.arange): JSON's numbers and bools
+        return value.item()
     return list(map(_to_json, value)) if isinstance(value, tuple) else value
 
 
@@ -100,7 +117,21 @@ def cached_winner(space: Space, op: str, shapes, dtypes, target: str) -> Point |
         point = space.point(**{k: _from_json(v) for k, v in record["point"].items()})
     except (OSError, ValueError, KeyError, TypeError, AttributeError, ArithmeticError):
         return None
-    return point if point in space.points() else None      # a value off the space's axes is no winner of it
+    # the space's own point (its values' types: numpy scalars come back from JSON as Python numbers)
+    return next((p for p in space.points() if p == point), None)
+
+
+def _check_storable(space: Space) -> None:
+    """A TypeError, before any timing, for an axis value no JSON record of a winner can hold (found only when the
+    winner was stored, it lost all the timing with it)."""
+    for name, choices in space.axes.items():
+        for value in choices:
+            try:
+                json.dumps(_to_json(value))
+            except (TypeError, ValueError):
+                raise TypeError(f"the {space.name} space cannot be tuned: its axis {name} has the value {value!r}, "
+                                "which no JSON record of the winner can hold; make its values numbers, strings, "
+                                "bools or tuples of them (say, a name to look the object up by)") from None
 
 
 SLOW_CUT = 2.0   # a candidate whose first timed run takes this many times the best median so far is not timed on
@@ -144,43 +175,52 @@ def tune(space: Space, build, args: tuple, *, op: str, shapes, dtypes, default: 
         hit = cached_winner(space, op, shapes, dtypes, target)
         if hit is not None:
             return hit
+    _check_storable(space)
     points = space.points()
     probe, full = _timer(target)
     kernels: dict = {}
     if target == "cuda":    # compile all first, in parallel; the timing loop then only loads cubins
+        from ..backend.cpu.precompile import workers     # $TASKDSL_COMPILE_WORKERS, as graph builds
         args = _on_device(args)
         def compile_one(p):
             try:
                 kernel = build(p)
                 kernel.compile(*args, target="cuda")
                 return p, kernel
-            except Exception:  # noqa: BLE001 - a candidate that does not compile is skipped
-                return p, None
-        with Progress(len(points), f"compiling {op}", show) as bar, ThreadPoolExecutor(os.cpu_count()) as pool:
+            except Exception as e:  # noqa: BLE001 - a candidate that does not compile is skipped, its error kept
+                return p, e
+        with Progress(len(points), f"compiling {op}", show) as bar, ThreadPoolExecutor(workers()) as pool:
             for p, kernel in pool.map(compile_one, points):
                 kernels[p] = kernel
                 bar.step()
-    best, best_time, failed, timings = default, float("inf"), 0, []
+    best, best_time, failed, timings, first_failure = default, float("inf"), 0, [], None
     with Progress(len(points), f"tuning {op}", show) as bar:
         for p in points:
             try:
                 kernel = kernels[p] if target == "cuda" else build(p)
-                if kernel is None:
-                    raise RuntimeError("did not compile")
+                if isinstance(kernel, Exception):
+                    raise kernel
                 run = lambda: kernel(*args)
                 seconds = probe(run)
                 timed_in_full = seconds <= SLOW_CUT * best_time     # only candidates that may win
                 if timed_in_full:
                     seconds = full(run)
-            except Exception:  # noqa: BLE001 - a candidate that fails is skipped, the others still count
+            except Exception as e:  # noqa: BLE001 - a candidate that fails is skipped, the others still count
                 failed += 1
+                first_failure = first_failure or (p, e)
                 bar.step()
                 continue
             timings.append([_point_json(p), seconds, timed_in_full])
             if seconds < best_time:
                 best, best_time = p, seconds
             bar.step(note=f"best {best_time * 1e3:.3f} ms" + (f", {failed} failed" if failed else ""))
-    if best_time < float("inf"):
+    tuned = best_time < float("inf")
+    if failed:      # a point the space's checks let through and that cannot run: a template or check to fix
+        p, error = first_failure
+        warnings.warn(f"tuning {op}: {failed} of {len(points)} candidates failed and were skipped"
+                      f"{'' if tuned else ', the default schedule is used'} (first: {p}: "
+                      f"{type(error).__name__}: {error})", stacklevel=2)
+    if tuned:
         record = {"op": op, "shapes": repr(shapes), "dtypes": repr(dtypes), "device": device_name(target),
                   "point": _point_json(best), "seconds": best_time, "candidates": len(points), "failed": failed,
                   "timings": sorted(timings, key=lambda t: t[1])}

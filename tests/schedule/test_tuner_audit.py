@@ -1,0 +1,177 @@
+"""The tuner's keys, failures and stored records: what an audit of schedule spaces and tuning found."""
+import json
+
+import numpy as np
+import pytest
+
+import taskdsl as td
+from taskdsl.backend.cpu import vectors
+from taskdsl.runtime import config
+from taskdsl.schedule import tuner
+from taskdsl.schedule.space import Space
+
+
+class Fake:
+    """A "kernel" whose time is its point's `t` (the timer below reads it), recording every run."""
+
+    runs: list = []
+
+    def __init__(self, p):
+        self.p = p
+
+    def compile(self, *args, target):
+        pass
+
+    def __call__(self, *args):
+        Fake.runs.append(self.p)
+
+
+@pytest.fixture
+def timed(tmp_path, monkeypatch):
+    """A fresh cache, tuning on, and a timer that reads each candidate's time off its point."""
+    monkeypatch.setenv("TASKDSL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TASKDSL_TUNE", "1")
+    Fake.runs = []
+    timer = lambda fn: (fn(), float(Fake.runs[-1]["t"]))[1]
+    monkeypatch.setattr(tuner, "_timer", lambda target: (timer, timer))
+    return tmp_path
+
+
+def tune_toy(space, build=Fake, target="cpu", op="toy", **options):
+    return tuner.tune(space, build, (), op=op, shapes=((8, 8),), dtypes=("f32",), default=space.points()[-1],
+                      target=target, show=False, **options)
+
+
+def test_cpu_winners_are_keyed_by_the_threads_and_cpu_they_ran_on(timed, monkeypatch):
+    """A cpu winner ranks kernels on one CPU model, vector width and thread count (which also decides split-k):
+    the key had only the machine type and core count ('cpu x86_64 x2'), so a winner tuned with
+    TASKDSL_NUM_THREADS=1, TASKDSL_CPU_VECTOR_BITS=128 or on another x86_64 part of as many cores was reused."""
+    space = Space("toy", {"t": (3, 1, 2)})
+    monkeypatch.setenv("TASKDSL_NUM_THREADS", "1")
+    assert tune_toy(space).t == 1
+    Fake.runs.clear()
+    assert tune_toy(space).t == 1 and not Fake.runs          # the same settings: the stored winner
+    for setting in ("threads", "vectors", "cpu"):
+        if setting == "threads":
+            monkeypatch.setenv("TASKDSL_NUM_THREADS", "2")
+        elif setting == "vectors":
+            monkeypatch.setattr(vectors, "host", lambda: vectors.VectorUnit(128, 16))
+        else:
+            from numba.core import config as numba_config
+            monkeypatch.setattr(numba_config, "CPU_NAME", "some-other-cpu")
+        tune_toy(space)
+        assert {p.t for p in Fake.runs} == {1, 2, 3}, setting     # tuned anew
+        Fake.runs.clear()
+        tune_toy(space)
+        assert not Fake.runs, setting                                  # ...and stored apart
+
+
+def test_debug_mode_winners_are_kept_apart(timed, monkeypatch):
+    """On the cpu, debug mode checks every access: a winner ranked on that code is not one for normal runs."""
+    space = Space("toy", {"t": (3, 1, 2)})
+    monkeypatch.setitem(config._state, "debug", True)
+    tune_toy(space)
+    monkeypatch.setitem(config._state, "debug", False)
+    Fake.runs.clear()
+    tune_toy(space)
+    assert {p.t for p in Fake.runs} == {1, 2, 3}
+
+
+def test_failing_candidates_are_reported_with_their_error(timed):
+    """A candidate that fails is skipped, with a warning that says which and why (it was silent: with every
+    candidate failing, the default came back as if tuned, and the next process timed them all again)."""
+    space = Space("toy", {"t": (3, 1, 2)})
+
+    def build(p):
+        if p.t == 1:
+            raise RuntimeError("no such intrinsic")
+        return Fake(p)
+    with pytest.warns(UserWarning, match=r"1 of 3 candidates failed.*t=1.*no such intrinsic"):
+        assert tune_toy(space, build).t == 2
+    broken = lambda p: (_ for _ in ()).throw(ValueError("bad template"))
+    with pytest.warns(UserWarning, match=r"3 of 3 candidates failed.*default.*bad template"):
+        assert tune_toy(space, broken, op="broken") == space.points()[-1]
+    assert len(list(timed.glob("tune/*.json"))) == 1       # the first tuning's record: none without a winner
+
+
+def test_cuda_compile_errors_are_reported(simulated_gpu, timed):      # simulated_gpu first: it turns tuning off
+    """On cuda a candidate that NVRTC refuses was skipped as 'did not compile', its error dropped."""
+    class Refused(Fake):
+        def compile(self, *args, target):
+            if self.p.t == 3:
+                raise RuntimeError("NVRTC: too many resources")
+    with pytest.warns(UserWarning, match=r"1 of 3 candidates failed.*t=3.*NVRTC: too many resources"):
+        assert tune_toy(Space("toy", {"t": (3, 1, 2)}), Refused, target="cuda").t == 1
+
+
+def test_numpy_valued_axes_store_their_winner(timed):
+    """Axes built with numpy (`tuple(2 ** np.arange(3))`) hold numpy scalars, which JSON cannot write: tuning
+    timed every candidate and then died storing the winner, the work lost."""
+    space = Space("toy", {"t": tuple(np.arange(3, 0, -1)), "w": (np.float32(0.5),)})
+    best = tune_toy(space)
+    assert best.t == 1
+    Fake.runs.clear()
+    again = tune_toy(space)
+    assert again == best and not Fake.runs                              # from the stored record
+    assert all(isinstance(v, np.generic) for _, v in again.values)     # the space's own values, as tuned
+    record = json.loads(next((timed / "tune").glob("*.json")).read_text())
+    assert record["point"] == {"t": 1, "w": 0.5}
+
+
+def test_axis_values_json_cannot_store_are_refused_before_timing(timed):
+    """A value no record can hold (an object) is a TypeError before anything is timed, not after all of it."""
+    space = Space("toy", {"t": (1, 2), "how": (object(),)})
+    with pytest.raises(TypeError, match="toy.*how"):
+        tune_toy(space)
+    assert not Fake.runs
+
+
+def test_a_point_off_the_axes_is_not_a_point_of_the_space():
+    """`space.point` promises a ValueError for a point that is not valid; a value off an axis passed."""
+    space = Space("widths", {"per_thread": (1, 2, 4)})
+    assert space.point(per_thread=2) in space.points()
+    with pytest.raises(ValueError, match="per_thread=3.*1, 2, 4"):
+        space.point(per_thread=3)
+    checked = Space("tiles", {"bm": (32, 64)}, lambda p: "too big" if p.bm > 32 else None)
+    with pytest.raises(ValueError, match="too big"):
+        checked.point(bm=64)
+    with pytest.raises(ValueError, match="bm=128"):
+        checked.point(bm=128)
+
+
+def test_keyboard_interrupt_while_timing_stores_nothing(timed):
+    """Ctrl-C in the middle of tuning leaves no record, partial or stale: the next tuning times every point."""
+    space = Space("toy", {"t": (3, 1, 2)})
+
+    def build(p):
+        if p.t == 2:
+            raise KeyboardInterrupt
+        return Fake(p)
+    with pytest.raises(KeyboardInterrupt):
+        tune_toy(space, build)
+    assert not list(timed.glob("tune/*"))
+    Fake.runs.clear()
+    assert tune_toy(space).t == 1 and {p.t for p in Fake.runs} == {1, 2, 3}
+
+
+def test_real_cpu_template_tuned_through_matmul(tmp_path, monkeypatch):
+    """`stdlib_ops.matmul(..., tune=True)` on the cpu over a two-point cut of the register-tile space, timed for
+    real: the product is numpy's, and the stored winner is one of the two."""
+    import dataclasses
+    import stdlib_ops as ops
+    from stdlib_ops import gemm, matmul_cpu as cpu
+    monkeypatch.setenv("TASKDSL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TASKDSL_TUNE", "1")
+    monkeypatch.setitem(config._state, "fast_compile", True)
+    cut = lambda target, itemsize: Space("tile_matmul_cpu", {"micro": ((2, 8), (4, 8)), "block": ((16, 64),),
+                                                             "bk": (128,)}, cpu.space(itemsize).check)
+    monkeypatch.setattr(gemm, "CPU_TILE", dataclasses.replace(gemm.CPU_TILE, space=cut))
+    monkeypatch.setattr(gemm, "_plan", gemm._plan.__wrapped__)      # no plan kept from another test
+    td.set_target("cpu")
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((20, 30)).astype(np.float32), rng.standard_normal((30, 17)).astype(np.float32)
+    np.testing.assert_allclose(ops.matmul(a, b, tune=True), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+    record = json.loads(next((tmp_path / "tune").glob("*.json")).read_text())
+    assert record["candidates"] == 2 and record["failed"] == 0
+    assert record["point"] in ({"micro": [2, 8], "block": [16, 64], "bk": 128},
+                               {"micro": [4, 8], "block": [16, 64], "bk": 128})
