@@ -140,3 +140,15 @@ def test_the_tc_parts_rows(simulated_gpu, cpu_clock, monkeypatch, capsys):
     assert row["bound"] in ("copies", "math", "mma", "overlap") and row["cublas"] is None     # no torch here
     out = capsys.readouterr().out
     assert "48^3 f16 in parts" in out and "cuBLAS: not timed" in out
+
+
+def test_the_tc_parts_verdict_compares_the_mma_alone_with_the_target(monkeypatch, capsys):
+    """With cuBLAS timed, the last line says whether mma.sync alone reaches 0.6x of it (times made up here)."""
+    from taskdsl.bench import tc_parts
+    row = dict(point=None, tile="128x128x64 s3", l2_bytes=1, err=0.0, all=4e-4, copies=3e-4, math=3.6e-4, mma=3.4e-4)
+    monkeypatch.setattr(tc_parts, "rows", lambda n: [dict(row)])
+    for cublas, reach in ((1.8e-4, "cannot reach it"), (2.2e-4, "within mma.sync's reach")):
+        monkeypatch.setattr(tc_parts, "cublas_time", lambda n: cublas)
+        result, = tc_parts.run(sizes=(64,))
+        assert result["cublas"] == cublas and result["bound"] == "math"
+        assert reach in capsys.readouterr().out

@@ -66,6 +66,13 @@ def bound(r: dict) -> str:
     return part if r["all"] < 1.15 * r[part] else "overlap"
 
 
+def verdict(mma_ratio: float) -> str:
+    """What the mma alone at `mma_ratio` x cuBLAS says of the TARGET."""
+    if mma_ratio < TARGET:
+        return f"below {TARGET}x even with no copies or fragment loads: this template cannot reach it (wgmma can)"
+    return f"{TARGET}x is within mma.sync's reach: the rows above say what the whole kernel loses"
+
+
 def cublas_time(n: int):
     """torch.matmul's time for f16 N x N operands (cuBLAS), or None without torch or a GPU torch sees."""
     try:
@@ -101,7 +108,7 @@ def run(sizes=None) -> list:
         else:
             print(f"cuBLAS (torch.matmul) {t_peer * 1e3:.3f} ms ({tflops(t_peer):.0f} TFLOP/s); {TARGET}x of it: "
                   f"{TARGET * tflops(t_peer):.0f} TFLOP/s; the fastest mma alone: {tflops(fastest_mma):.0f} TFLOP/s "
-                  f"({t_peer / fastest_mma:.2f}x cuBLAS)")
+                  f"({t_peer / fastest_mma:.2f}x cuBLAS): {verdict(t_peer / fastest_mma)}")
         for r in size_rows:
             r.update(cublas=t_peer)
     return results
