@@ -121,6 +121,17 @@ def cached_winner(space: Space, op: str, shapes, dtypes, target: str) -> Point |
     return next((p for p in space.points() if p == point), None)
 
 
+# CUDA errors after which a context runs nothing more: every later candidate would fail too, and a winner of the
+# candidates timed before would be stored as the space's
+STICKY_ERRORS = ("ILLEGAL_ADDRESS", "LAUNCH_FAILED", "MISALIGNED_ADDRESS", "INVALID_ADDRESS_SPACE", "INVALID_PC",
+                 "ILLEGAL_INSTRUCTION", "HARDWARE_STACK_ERROR", "CUDA_ERROR_ASSERT")
+
+
+def _breaks_the_context(error: Exception) -> bool:
+    """Whether `error` is one of CUDA's sticky errors (the context is lost)."""
+    return any(name in str(error) for name in STICKY_ERRORS)
+
+
 def _check_storable(space: Space) -> None:
     """A TypeError, before any timing, for an axis value no JSON record of a winner can hold (found only when the
     winner was stored, it lost all the timing with it)."""
@@ -206,6 +217,10 @@ def tune(space: Space, build, args: tuple, *, op: str, shapes, dtypes, default: 
                 if timed_in_full:
                     seconds = full(run)
             except Exception as e:  # noqa: BLE001 - a candidate that fails is skipped, the others still count
+                if target == "cuda" and _breaks_the_context(e):
+                    raise RuntimeError(f"tuning {op}: candidate {p} failed on the GPU ({e}), and the GPU cannot run "
+                                       "anything more in this process; nothing was stored. The point has a bug to "
+                                       "fix (or a check to refuse it); TASKDSL_TUNE=0 runs the default") from e
                 failed += 1
                 first_failure = first_failure or (p, e)
                 bar.step()

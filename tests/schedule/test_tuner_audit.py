@@ -104,6 +104,19 @@ def test_cuda_compile_errors_are_reported(simulated_gpu, timed):      # simulate
         assert tune_toy(Space("toy", {"t": (3, 1, 2)}), Refused, target="cuda").t == 1
 
 
+def test_a_candidate_that_loses_the_gpu_context_stops_tuning(simulated_gpu, timed):
+    """An illegal address (a sticky CUDA error) leaves the context unusable: every later candidate would fail and
+    the winner of those before would be stored. Tuning stops there, naming the point, and stores nothing."""
+    class Crashes(Fake):
+        def __call__(self, *args):
+            if self.p.t == 1:
+                raise RuntimeError("CUDA driver call failed: CUDA_ERROR_ILLEGAL_ADDRESS (700)")
+            super().__call__(*args)
+    with pytest.raises(RuntimeError, match=r"candidate Point\(t=1\) failed on the GPU .*ILLEGAL_ADDRESS.*nothing was stored"):
+        tune_toy(Space("toy", {"t": (3, 1, 2)}), Crashes, target="cuda")
+    assert not list(timed.glob("tune/*"))
+
+
 def test_numpy_valued_axes_store_their_winner(timed):
     """Axes built with numpy (`tuple(2 ** np.arange(3))`) hold numpy scalars, which JSON cannot write: tuning
     timed every candidate and then died storing the winner, the work lost."""
