@@ -112,7 +112,8 @@ def test_a_candidate_that_loses_the_gpu_context_stops_tuning(simulated_gpu, time
             if self.p.t == 1:
                 raise RuntimeError("CUDA driver call failed: CUDA_ERROR_ILLEGAL_ADDRESS (700)")
             super().__call__(*args)
-    with pytest.raises(RuntimeError, match=r"candidate Point\(t=1\) failed on the GPU .*ILLEGAL_ADDRESS.*nothing was stored"):
+    crash = r"candidate Point\(t=1\) failed on the GPU .*ILLEGAL_ADDRESS.*nothing was stored"
+    with pytest.raises(RuntimeError, match=crash):
         tune_toy(Space("toy", {"t": (3, 1, 2)}), Crashes, target="cuda")
     assert not list(timed.glob("tune/*"))
 
