@@ -787,12 +787,12 @@ def placed_weight_operand(lowering: Lowered | DirectRows, weight, host: np.ndarr
 def plan(g: ConvGeometry, dtype, target: str, has_bias: bool, activation) -> ConvPlan:
     """The conv kernels for geometry `g`: where `uses_direct`, the cpu's direct kernels or elsewhere a reduce
     by the rules; else a matmul lowering."""
-    return _plan(g, dtype, target, has_bias, activation, fast_compile_enabled())
+    return _plan(g, dtype, target, has_bias, activation, fast_compile_enabled(), tuning_enabled())
 
 
 @functools.lru_cache(maxsize=128)
-def _plan(g: ConvGeometry, dtype, target: str, has_bias: bool, activation, fast: bool) -> ConvPlan:
-    """`plan`, cached per fast-compile mode too (the matmul's schedule depends on it)."""
+def _plan(g: ConvGeometry, dtype, target: str, has_bias: bool, activation, fast: bool, tuning: bool) -> ConvPlan:
+    """`plan`, cached per fast-compile mode (the matmul's schedule depends on it) and TASKDSL_TUNE (as `gemm.plan`)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"conv2d: unknown activation {activation!r}; choose one of {', '.join(map(str, ACTIVATIONS))}")
     x = _x_placeholder(g, dtype)

@@ -22,7 +22,7 @@ from taskdsl.backend.cpu.launch import num_threads
 from taskdsl.runtime.config import fast_compile_enabled
 from taskdsl.runtime.arrays import (as_array, contiguous, empty_like_operands, note_host_work, placed_like,
                                     zeros_like_operands)
-from taskdsl.schedule.tuner import tune
+from taskdsl.schedule.tuner import tune, tuning_enabled
 
 from . import matmul_cpu as cpu
 from . import matmul_simt as simt
@@ -283,12 +283,14 @@ def plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune: bool | Non
     The schedule: `point` if given; else tuned (cuda, or `do_tune=True`) with the winner
     cached on disk; else the target's default. Batch dims broadcast as in numpy.
     """
-    return _plan(tuple(a_shape), tuple(b_shape), dtype, target, do_tune, point, fast_compile_enabled())
+    return _plan(tuple(a_shape), tuple(b_shape), dtype, target, do_tune, point, fast_compile_enabled(),
+                 tuning_enabled())
 
 
 @functools.lru_cache(maxsize=256)
-def _plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune, point, fast: bool) -> MatmulPlan:
-    """`plan`, cached per fast-compile mode too (the cpu default point depends on it)."""
+def _plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune, point, fast: bool, tuning: bool) -> MatmulPlan:
+    """`plan`, cached per fast-compile mode (the cpu default point depends on it) and TASKDSL_TUNE (read at each
+    call: a plan made with tuning off is not kept once it is on) too."""
     *a_batch, m, k = a_shape
     *b_batch, k2, n = b_shape
     if k != k2:

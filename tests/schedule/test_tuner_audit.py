@@ -189,3 +189,24 @@ def test_real_cpu_template_tuned_through_matmul(tmp_path, monkeypatch):
     assert record["candidates"] == 2 and record["failed"] == 0
     assert record["point"] in ({"micro": [2, 8], "block": [16, 64], "bk": 128},
                                {"micro": [4, 8], "block": [16, 64], "bk": 128})
+
+
+def test_a_plan_made_with_tuning_off_is_not_kept_once_it_is_on(tmp_path, monkeypatch):
+    """TASKDSL_TUNE is read at each call, but `gemm.plan` cached its plans by shape: one made under TASKDSL_TUNE=0
+    stayed untuned after tuning was turned back on in the same process (a notebook's os.environ)."""
+    from stdlib_ops import gemm
+    monkeypatch.setenv("TASKDSL_CACHE_DIR", str(tmp_path))
+    tuned = []
+    def tune(space, *args, default, **options):      # records the tunings that would time (the tuner's own test)
+        if tuner.tuning_enabled():
+            tuned.append(space)
+        return default
+    monkeypatch.setattr(gemm, "tune", tune)
+    gemm._plan.cache_clear()
+    shapes = ((20, 30), (30, 17), td.f32, "cpu")
+    monkeypatch.setenv("TASKDSL_TUNE", "0")
+    untuned = gemm.plan(*shapes, do_tune=True)
+    monkeypatch.setenv("TASKDSL_TUNE", "1")
+    gemm.plan(*shapes, do_tune=True)
+    assert len(tuned) == 1 and gemm.plan(*shapes, do_tune=True).point == untuned.point
+    gemm._plan.cache_clear()
