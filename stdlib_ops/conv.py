@@ -696,7 +696,7 @@ def tuned_point(g: ConvGeometry, dtype, target: str):
     args = (mm.random_operand(_x_shape(g), dtype), weight, np.empty(g.out_shape, dtype.numpy))
     candidate = lambda p: ConvRun(_lower_gemm(g, dtype, target, x, no_epilogue, p))
     return tune(template.space(target, dtype.bits // 8), candidate, args, op=op, shapes=(g,), dtypes=(dtype.name,),
-                default=default, target=target)
+                default=default, target=target, outputs={2: dtype})
 
 
 def _tuning(g: ConvGeometry, dtype, target: str) -> tuple:

@@ -272,8 +272,8 @@ def _aligned(size: int) -> int:
 
 
 def random_operand(shape: tuple, dtype) -> np.ndarray:
-    """Seeded normal values of DSL type `dtype`: the operands candidates are timed on."""
-    return np.random.default_rng(0).standard_normal(shape).astype(dtype.numpy)
+    """Seeded normal values of DSL type `dtype` (bf16 as its bits): the operands candidates are timed on."""
+    return np.random.default_rng(0).standard_normal(shape).astype(td.ir.types.numpy_dtype(dtype)).view(dtype.numpy)
 
 
 def plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune: bool | None = None,
@@ -317,7 +317,7 @@ def _plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune, point, fa
             args = operands + (proto.batch_index(1), 1)
             point = tune(template.space(target, itemsize), lambda p: _candidate(at(p, split_for(p)), pads), args,
                          op=template.name, shapes=(tuple(a_shape), tuple(b_shape)), dtypes=(dtype.name,),
-                         default=point, target=target)
+                         default=point, target=target, outputs={2: dtype})
     return at(point, split_for(point))
 
 

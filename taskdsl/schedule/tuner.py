@@ -11,6 +11,8 @@ numba compiles one at a time. Winners are stored as JSON under
 `cache_dir()/tune/<key>.json`, keyed by (op, shapes, dtypes, device, taskdsl version).
 TASKDSL_TUNE=0 turns tuning off (the default point is used). A candidate that fails to
 compile or run is skipped with a warning, never fatal; a damaged record is ignored and re-tuned.
+With `outputs`, a candidate that would become the best must first agree with the default's
+results (`results.check`): one that does not is skipped as failed.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from ..runtime.cache import cache_key, store
 from ..runtime import config
 from ..runtime.config import cache_dir, get_target
 from ..runtime.progress import Progress
+from . import results
 from .space import Point, Space
 
 
@@ -172,11 +175,31 @@ def _on_device(args: tuple) -> tuple:
     return tuple(to_device(a) if isinstance(a, np.ndarray) else a for a in args)
 
 
+def _reference(kernel_of, default: Point, args: tuple, outputs: dict, target: str) -> tuple:
+    """(the default's output values to check candidates against, None) or (None, why there are none): the
+    default failed, or left an output element unwritten."""
+    try:
+        kernel = kernel_of(default)
+        results.poison(args, outputs)
+        kernel(*args)
+    except Exception as e:  # noqa: BLE001 - without a reference the candidates are timed unchecked
+        if target == "cuda" and _breaks_the_context(e):
+            raise RuntimeError(f"tuning: the default point {default} failed on the GPU ({e}); nothing was "
+                               "stored") from e
+        return None, f"the default failed: {type(e).__name__}: {e}"
+    reference = results.values(args, outputs)
+    unwritten = [i for i, v in reference.items() if np.isnan(v).any()]
+    return (None, f"the default left elements of output {unwritten[0]} unwritten") if unwritten else (reference, None)
+
+
 def tune(space: Space, build, args: tuple, *, op: str, shapes, dtypes, default: Point,
-         target: str | None = None, force: bool = False, show: bool | None = None) -> Point:
+         target: str | None = None, force: bool = False, show: bool | None = None,
+         outputs: dict | None = None) -> Point:
     """The fastest point of `space` for `build(point)(*args)` (cached on disk; `default` when off).
 
     Each candidate runs once timed; one within SLOW_CUT of the best so far is then timed in full (a median).
+    `outputs` ({argument index: DSL type} of what the candidates write): a candidate faster than the best so
+    far is run once more and must agree with `default`'s results there, else it is skipped as failed.
     `force` re-tunes even when a winner is stored.
     """
     target = target or get_target()
@@ -190,32 +213,42 @@ def tune(space: Space, build, args: tuple, *, op: str, shapes, dtypes, default: 
     points = space.points()
     probe, full = _timer(target)
     kernels: dict = {}
+    if target == "cuda":
+        args = _on_device(args)
+
+    def compile_one(p):
+        try:
+            kernel = build(p)
+            kernel.compile(*args, target="cuda")
+            return p, kernel
+        except Exception as e:  # noqa: BLE001 - a candidate that does not compile is skipped, its error kept
+            return p, e
+
     if target == "cuda":    # compile all first, in parallel; the timing loop then only loads cubins
         from ..backend.cpu.precompile import workers     # $TASKDSL_COMPILE_WORKERS, as graph builds
-        args = _on_device(args)
-        def compile_one(p):
-            try:
-                kernel = build(p)
-                kernel.compile(*args, target="cuda")
-                return p, kernel
-            except Exception as e:  # noqa: BLE001 - a candidate that does not compile is skipped, its error kept
-                return p, e
         with Progress(len(points), f"compiling {op}", show) as bar, ThreadPoolExecutor(workers()) as pool:
             for p, kernel in pool.map(compile_one, points):
                 kernels[p] = kernel
                 bar.step()
+
+    def kernel_of(p):       # cuda: compiled above (the default too, unless it is off the space); cpu: numba's
+        kernel = kernels[p] if p in kernels else compile_one(p)[1] if target == "cuda" else build(p)
+        if isinstance(kernel, Exception):
+            raise kernel
+        return kernel
+    reference, unchecked = _reference(kernel_of, default, args, outputs, target) if outputs else (None, None)
     best, best_time, failed, timings, first_failure = default, float("inf"), 0, [], None
     with Progress(len(points), f"tuning {op}", show) as bar:
         for p in points:
             try:
-                kernel = kernels[p] if target == "cuda" else build(p)
-                if isinstance(kernel, Exception):
-                    raise kernel
+                kernel = kernel_of(p)
                 run = lambda: kernel(*args)
                 seconds = probe(run)
                 timed_in_full = seconds <= SLOW_CUT * best_time     # only candidates that may win
                 if timed_in_full:
                     seconds = full(run)
+                if seconds < best_time and reference is not None:
+                    results.check(run, args, outputs, reference)
             except Exception as e:  # noqa: BLE001 - a candidate that fails is skipped, the others still count
                 if target == "cuda" and _breaks_the_context(e):
                     raise RuntimeError(f"tuning {op}: candidate {p} failed on the GPU ({e}), and the GPU cannot run "
@@ -235,6 +268,8 @@ def tune(space: Space, build, args: tuple, *, op: str, shapes, dtypes, default: 
         warnings.warn(f"tuning {op}: {failed} of {len(points)} candidates failed and were skipped"
                       f"{'' if tuned else ', the default schedule is used'} (first: {p}: "
                       f"{type(error).__name__}: {error})", stacklevel=2)
+    if unchecked:
+        warnings.warn(f"tuning {op}: the candidates' results were not checked: {unchecked}", stacklevel=2)
     if tuned:
         record = {"op": op, "shapes": repr(shapes), "dtypes": repr(dtypes), "device": device_name(target),
                   "point": _point_json(best), "seconds": best_time, "candidates": len(points), "failed": failed,

@@ -180,6 +180,7 @@ def test_gpu_convolutions_are_tuned_on_their_own_kernels(simulated_gpu, monkeypa
     g = conv.geometry(x.shape, w.shape, padding=1)
     low = conv.plan(g, td.f32, "cuda", True, "relu").lowered
     assert low.matmul.point == winner and seen["op"] == "conv_simt_matmul" and seen["shapes"] == (g,)
+    assert seen["outputs"] == {2: td.f32}       # a would-be winner's output is checked against the default's
     x_example, weight, out = seen["args"]
     assert x_example.shape == x.shape and out.shape == g.out_shape
     want = reference(x_example, w, None, (1, 1), (1, 1, 1, 1), (1, 1), 1)

@@ -145,12 +145,12 @@ def test_the_tuner_times_a_split_point_as_calls_run_it(simulated_gpu, monkeypatc
     seen = {}
 
     def record(space, build, args, **options):
-        seen.update(space=space, build=build, args=args)
+        seen.update(space=space, build=build, args=args, **options)
         return options["default"]
     monkeypatch.setattr(gemm, "tune", record)
     m, k, n = 19, 600, 23
     plan = gemm.plan((m, k), (k, n), td.f32, "cuda", do_tune=True)
-    assert plan.split > 1
+    assert plan.split > 1 and seen["outputs"] == {2: td.f32}     # C, checked against the default's
     point = seen["space"].points()[0]
     candidate = seen["build"](point)
     assert isinstance(candidate, gemm.SplitRun) and candidate.plan.point == point

@@ -168,27 +168,58 @@ def test_keyboard_interrupt_while_timing_stores_nothing(timed):
     assert tune_toy(space).t == 1 and {p.t for p in Fake.runs} == {1, 2, 3}
 
 
-def test_real_cpu_template_tuned_through_matmul(tmp_path, monkeypatch):
-    """`stdlib_ops.matmul(..., tune=True)` on the cpu over a two-point cut of the register-tile space, timed for
-    real: the product is numpy's, and the stored winner is one of the two."""
+def cpu_cut(tmp_path, monkeypatch) -> Space:
+    """Tuning on, into `tmp_path`, in fast-compile mode, over a two-point cut of the cpu register-tile space
+    (returned), neither point the default of a 20x30 @ 30x17 product (bk 256); no plan kept from another test."""
     import dataclasses
-    import stdlib_ops as ops
     from stdlib_ops import gemm, matmul_cpu as cpu
     monkeypatch.setenv("TASKDSL_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("TASKDSL_TUNE", "1")
     monkeypatch.setitem(config._state, "fast_compile", True)
-    cut = lambda target, itemsize: Space("tile_matmul_cpu", {"micro": ((2, 8), (4, 8)), "block": ((16, 64),),
-                                                             "bk": (128,)}, cpu.space(itemsize).check)
-    monkeypatch.setattr(gemm, "CPU_TILE", dataclasses.replace(gemm.CPU_TILE, space=cut))
-    monkeypatch.setattr(gemm, "_plan", gemm._plan.__wrapped__)      # no plan kept from another test
+    cut = Space("tile_matmul_cpu", {"micro": ((2, 8), (4, 8)), "block": ((16, 64),), "bk": (128,)},
+                cpu.space(4).check)
+    monkeypatch.setattr(gemm, "CPU_TILE", dataclasses.replace(gemm.CPU_TILE, space=lambda target, itemsize: cut))
+    monkeypatch.setattr(gemm, "_plan", gemm._plan.__wrapped__)
     td.set_target("cpu")
+    return cut
+
+
+def tuned_product(tmp_path) -> dict:
+    """A 20x30 @ 30x17 product tuned through `stdlib_ops.matmul` (numpy's, checked) and its stored record."""
+    import stdlib_ops as ops
     rng = np.random.default_rng(3)
     a, b = rng.standard_normal((20, 30)).astype(np.float32), rng.standard_normal((30, 17)).astype(np.float32)
     np.testing.assert_allclose(ops.matmul(a, b, tune=True), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
-    record = json.loads(next((tmp_path / "tune").glob("*.json")).read_text())
-    assert record["candidates"] == 2 and record["failed"] == 0
-    assert record["point"] in ({"micro": [2, 8], "block": [16, 64], "bk": 128},
-                               {"micro": [4, 8], "block": [16, 64], "bk": 128})
+    return json.loads(next((tmp_path / "tune").glob("*.json")).read_text())
+
+
+def test_real_cpu_template_tuned_through_matmul(tmp_path, monkeypatch):
+    """`stdlib_ops.matmul(..., tune=True)` on the cpu over a two-point cut of the register-tile space, timed for
+    real: the product is numpy's, and the stored winner is one of the two."""
+    cut_points = [json.loads(json.dumps(tuner._point_json(p))) for p in cpu_cut(tmp_path, monkeypatch).points()]
+    record = tuned_product(tmp_path)
+    assert record["candidates"] == 2 and record["failed"] == 0 and record["point"] in cut_points
+
+
+def test_matmul_tuning_skips_a_wrong_point(tmp_path, monkeypatch):
+    """The same, the first point's kernel spoiling C after it runs: the tuner, checking C against the default
+    schedule's (`tests/schedule/test_tuner_results.py`), skips it and stores the other."""
+    from stdlib_ops import gemm
+    candidate, spoilt = gemm._candidate, cpu_cut(tmp_path, monkeypatch).points()[0]
+
+    def spoiled(plan, padded):
+        kernel = candidate(plan, padded)
+        if plan.point != spoilt:
+            return kernel
+
+        def run(a, b, c, *rest):
+            kernel(a, b, c, *rest)
+            c[0, -1, -1] *= 1.5
+        return run
+    monkeypatch.setattr(gemm, "_candidate", spoiled)
+    with pytest.warns(UserWarning, match=r"1 of 2 candidates failed.*micro=\(2, 8\).*WrongResult"):
+        record = tuned_product(tmp_path)
+    assert record["point"]["micro"] == [4, 8] and record["failed"] == 1
 
 
 def test_a_plan_made_with_tuning_off_is_not_kept_once_it_is_on(tmp_path, monkeypatch):
