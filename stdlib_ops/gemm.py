@@ -160,6 +160,12 @@ class MatmulPlan:
         cpu's, whose blocks otherwise pack their panels of B on every call."""
         return self.template.pack_b is not None
 
+    @property
+    def packs_per_call(self) -> bool:
+        """Whether a call given B as a numpy array packs it first: products of PACK_PER_CALL_MACS or more, where
+        the template can (whose blocks otherwise pack their panels of B on every call)."""
+        return self.packs_b and self.batch * self.m * self.n * self.k >= PACK_PER_CALL_MACS
+
     def pack_b(self, b) -> np.ndarray:
         """B (any shape with the elements of the 3-D operand) as the `packed_b` kernel reads it."""
         note_host_work("a matmul's B operand was packed on the host")
@@ -315,16 +321,42 @@ def _plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune, point, fa
             pads = proto.pads           # tuned as called: on padded operands where a call pads them
             operands = tuple(random_operand(s, dtype) for s in proto.operand_shapes(padded=pads))
             args = operands + (proto.batch_index(1), 1)
-            point = tune(template.space(target, itemsize), lambda p: _candidate(at(p, split_for(p)), pads), args,
+            packs = proto.packs_per_call        # ...and on B's panels where a call packs them
+            candidate = lambda p: _candidate(at(p, split_for(p)), pads, packs)
+            point = tune(template.space(target, itemsize), candidate, args,
                          op=template.name, shapes=(tuple(a_shape), tuple(b_shape)), dtypes=(dtype.name,),
                          default=point, target=target, outputs={2: dtype})
     return at(point, split_for(point))
 
 
-def _candidate(plan: MatmulPlan, padded: bool):
-    """What the tuner times for a point: its kernel, or with split-k the pair of kernels a call runs."""
-    kernel = plan.kernel(padded=padded)       # in the operands' type, or f32 partials with split-k
-    return kernel if plan.split == 1 else SplitRun(plan, kernel)
+def _candidate(plan: MatmulPlan, padded: bool, packed_b: bool):
+    """What the tuner times for a point: its kernel, or with split-k the pair of kernels a call runs; with
+    `packed_b`, those taking B's panels for the point (`PackedB`)."""
+    kernel = plan.kernel(packed_b=packed_b, padded=padded)  # in the operands' type, or f32 partials with split-k
+    run = kernel if plan.split == 1 else SplitRun(plan, kernel)
+    return PackedB(plan, run) if packed_b else run
+
+
+class PackedB:
+    """A candidate for products whose calls pack B (`packs_per_call`): `run` (a point's kernel or split call,
+    for packed B) on B's panels for that point, packed at the first call. The tuner timed the kernel for B as
+    given, which such calls never run: a winner for other code."""
+
+    def __init__(self, plan: MatmulPlan, run):
+        self.plan, self.run, self.panels = plan, run, None
+
+    def _packed(self, b) -> np.ndarray:
+        if self.panels is None:
+            self.panels = self.plan.pack_b(b)
+        return self.panels
+
+    def compile(self, a, b, c, *rest, target: str | None = None) -> None:
+        """Compile the kernels for B's panels (no launch)."""
+        self.run.compile(a, self._packed(b), c, *rest, target=target)
+
+    def __call__(self, a, b, c, *rest) -> None:
+        """C = A @ B, from B's panels (the B of the first call: the tuner's operands do not change)."""
+        self.run(a, self._packed(b), c, *rest)
 
 
 class SplitRun:
@@ -377,8 +409,7 @@ def matmul(a, b, *, tune: bool | None = None, packed: np.ndarray | None = None):
     if math.prod(shape) == 0 or p.k == 0:
         out = zeros_like_operands(shape, a.dtype, a, b)
     else:
-        if packed is None and p.packs_b and isinstance(b2, np.ndarray) and \
-                p.batch * p.m * p.n * p.k >= PACK_PER_CALL_MACS:
+        if packed is None and p.packs_per_call and isinstance(b2, np.ndarray):
             packed = p.pack_b(b2)
         elif packed is not None:
             p.check_packed(packed)

@@ -207,8 +207,8 @@ def test_matmul_tuning_skips_a_wrong_point(tmp_path, monkeypatch):
     from stdlib_ops import gemm
     candidate, spoilt = gemm._candidate, cpu_cut(tmp_path, monkeypatch).points()[0]
 
-    def spoiled(plan, padded):
-        kernel = candidate(plan, padded)
+    def spoiled(plan, *form):
+        kernel = candidate(plan, *form)
         if plan.point != spoilt:
             return kernel
 
@@ -220,6 +220,19 @@ def test_matmul_tuning_skips_a_wrong_point(tmp_path, monkeypatch):
     with pytest.warns(UserWarning, match=r"1 of 2 candidates failed.*micro=\(2, 8\).*WrongResult"):
         record = tuned_product(tmp_path)
     assert record["point"]["micro"] == [4, 8] and record["failed"] == 1
+
+
+def test_where_calls_pack_b_the_tuner_times_the_kernel_for_packed_b(tmp_path, monkeypatch):
+    """A large product packs B before its kernel (`packs_per_call`), but the tuner timed the kernel for B as
+    given: a winner ranked on code the call never runs. Every kernel tuning and the call launch is the one for
+    B's panels (the threshold lowered to this product)."""
+    from stdlib_ops import gemm
+    cpu_cut(tmp_path, monkeypatch)
+    monkeypatch.setattr(gemm, "PACK_PER_CALL_MACS", 20 * 30 * 17)
+    launched, call = [], td.Kernel.__call__
+    monkeypatch.setattr(td.Kernel, "__call__", lambda self, *args: (launched.append(self.name), call(self, *args)))
+    assert tuned_product(tmp_path)["failed"] == 0
+    assert len(launched) > 6 and all(name.endswith("_packed") for name in launched), launched
 
 
 def test_a_plan_made_with_tuning_off_is_not_kept_once_it_is_on(tmp_path, monkeypatch):
