@@ -83,6 +83,8 @@ def geometry(x_shape, w_shape, stride=1, padding=0, dilation=1, groups=1, layout
         raise ValueError(f"conv2d: layout must be 'NCHW' or 'NHWC', got {layout!r}")
     if len(x_shape) != 4 or len(w_shape) != 4:
         raise ValueError(f"conv2d needs a 4-D input and a 4-D OIHW weight, got {tuple(x_shape)} and {tuple(w_shape)}")
+    # Python ints: numpy ones would key the geometry's tuning record apart (`repr`)
+    x_shape, w_shape = int_tuple(x_shape, "conv2d: shapes"), int_tuple(w_shape, "conv2d: shapes")
     n, c, h, w = x_shape if layout == "NCHW" else (x_shape[0], x_shape[3], x_shape[1], x_shape[2])
     oc, cg, kh, kw = w_shape
     groups, = int_tuple(groups, "conv2d: groups", 1)

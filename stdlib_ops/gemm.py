@@ -25,6 +25,7 @@ from taskdsl.runtime.arrays import (as_array, contiguous, empty_like_operands, n
 from taskdsl.schedule.tuner import tune, tuning_enabled
 
 from . import matmul_cpu as cpu
+from .elementwise import int_tuple
 from . import matmul_simt as simt
 from . import matmul_tc as tc
 
@@ -289,8 +290,9 @@ def plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune: bool | Non
     The schedule: `point` if given; else tuned (cuda, or `do_tune=True`) with the winner
     cached on disk; else the target's default. Batch dims broadcast as in numpy.
     """
-    return _plan(tuple(a_shape), tuple(b_shape), dtype, target, do_tune, point, fast_compile_enabled(),
-                 tuning_enabled())
+    # Python ints: numpy ones would key their tuning records apart (`repr`) and tune the same product again
+    return _plan(int_tuple(a_shape, "matmul: shapes"), int_tuple(b_shape, "matmul: shapes"), dtype, target, do_tune,
+                 point, fast_compile_enabled(), tuning_enabled())
 
 
 @functools.lru_cache(maxsize=256)
