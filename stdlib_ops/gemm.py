@@ -44,7 +44,8 @@ PAD_FROM_MACS = 1 << 27
 
 def tdtype(dtype, op: str = "matmul") -> td.ir.types.DataType:
     """The DSL type of a matmul operand dtype (f32 or f16; a TypeError naming `op` otherwise)."""
-    dtype = np.dtype(dtype)
+    # big-endian floats (arrays read from files) are their native type: `contiguous` swaps their bytes
+    dtype = np.dtype(dtype).newbyteorder("=")
     if dtype not in SUPPORTED:
         raise TypeError(f"{op} supports float32 and float16 operands, got {dtype}; convert with .astype(np.float32)")
     return td.ir.types.from_numpy(dtype)
@@ -173,13 +174,19 @@ class MatmulPlan:
         return self.template.pack_b(self.point, np.asarray(b).reshape(self.operand_shapes()[1]))
 
     def check_packed(self, panels) -> None:
-        """A ValueError unless `panels` has the shape this plan's `pack_b` gives (the kernel trusts its rows)."""
+        """A ValueError unless `panels` is a float32 numpy array of the shape this plan's `pack_b` gives (the kernel
+        trusts its rows)."""
         if not self.packs_b:
             raise ValueError(f"the {self.template.name} template takes no packed B: call matmul without packed=")
         want = self.template.packed_b_shape(self.point, self.operand_shapes()[1])
+        how = "pack it with gemm.plan(a.shape, b.shape, ...).pack_b(b) for the b it multiplies"
         if tuple(np.shape(panels)) != want:
             raise ValueError(f"matmul: packed B must have shape {want} for these operands, got {np.shape(panels)}; "
-                             "pack it with gemm.plan(a.shape, b.shape, ...).pack_b(b) for the b it multiplies")
+                             + how)
+        # pack_b's panels are f32 numpy arrays whatever the operands' type; anything else was not made by it
+        if not isinstance(panels, np.ndarray) or panels.dtype != np.float32:
+            got = panels.dtype if isinstance(panels, np.ndarray) else type(panels).__name__
+            raise ValueError(f"matmul: packed B must be a float32 numpy array, got {got}; " + how)
 
     def batch_index(self, split: int | None = None) -> np.ndarray:
         """The kernel's (z-slice -> A, B matrix) table."""
@@ -393,8 +400,27 @@ def _operands(a, b) -> tuple:
     a, b = as_array(a), as_array(b)
     if a.ndim == 0 or b.ndim == 0:
         raise ValueError("matmul needs operands with at least one dimension (use mul for scalars)")
+    _check_inner(a.shape, b.shape)
     dtype = operands_tdtype(a.dtype, b.dtype)
-    return contiguous(a, dtype.numpy), contiguous(b, dtype.numpy), dtype
+    return _converted(a, dtype.numpy), _converted(b, dtype.numpy), dtype
+
+
+def _check_inner(a_shape: tuple, b_shape: tuple) -> None:
+    """A ValueError naming the shapes as given (not as 1-D operands are promoted) when a's K is not b's."""
+    k, k2 = a_shape[-1], b_shape[0 if len(b_shape) == 1 else -2]
+    if k != k2:
+        which = "length" if len(b_shape) == 1 else "second-to-last dimension"
+        raise ValueError(f"matmul: inner dimensions differ: {tuple(a_shape)} @ {tuple(b_shape)}; a's last dimension "
+                         f"({k}) must equal b's {which} ({k2})")
+
+
+def _converted(x, dtype):
+    """`x` as a contiguous array of numpy `dtype`: a DeviceArray of another type through a cast kernel, where
+    `contiguous` would refuse it (numpy arrays are converted on the host)."""
+    from .elementwise import cast
+    if isinstance(x, td.DeviceArray) and x.dtype != dtype:
+        return cast(x, dtype)
+    return contiguous(x, dtype)
 
 
 def matmul(a, b, *, tune: bool | None = None, packed: np.ndarray | None = None):
@@ -433,14 +459,18 @@ def batch_matmul(a, b, *, tune: bool | None = None):
 
 
 def linear(x, weight, bias=None, *, tune: bool | None = None):
-    """`x @ weight.T + bias` with PyTorch's layout: x (..., K), weight (N, K), bias (N,)."""
+    """`x @ weight.T + bias` with PyTorch's layout: x (..., K), weight (N, K), bias (N,), converted to the type of
+    x @ weight.T (matmul's)."""
     from .elementwise import add
     from .transform import transpose
     x, weight = as_array(x), as_array(weight)
     if weight.ndim != 2 or x.shape[-1:] != weight.shape[1:]:
-        raise ValueError(f"linear needs x (..., K) and weight (N, K), got {x.shape} and {weight.shape}")
+        hint = ""
+        if weight.ndim == 2 and x.shape[-1:] == weight.shape[:1]:
+            hint = " (weight is (out_features, in_features) as in PyTorch: for a (K, N) weight, use matmul(x, weight))"
+        raise ValueError(f"linear needs x (..., K) and weight (N, K), got {x.shape} and {weight.shape}" + hint)
     if bias is not None and np.shape(bias) != weight.shape[:1]:
         raise ValueError(f"linear: bias must have shape ({weight.shape[0]},) (one per output feature), got "
                          f"{np.shape(bias)}")
     y = matmul(x, transpose(weight), tune=tune)
-    return y if bias is None else add(y, contiguous(bias, y.dtype))
+    return y if bias is None else add(y, _converted(as_array(bias), y.dtype))
