@@ -23,12 +23,12 @@ import numpy as np
 
 import taskdsl as td
 from taskdsl import blockIdx, ir
-from taskdsl.runtime.arrays import as_array, contiguous, empty_like_operands, note_host_work, on_host, placed_like
+from taskdsl.runtime.arrays import as_array, empty_like_operands, note_host_work, on_host, placed_like
 from taskdsl.runtime.config import fast_compile_enabled
 from taskdsl.schedule.tuner import report, tune, tuning_enabled
 
 from . import gemm as mm
-from .elementwise import int_tuple
+from .elementwise import converted, int_tuple
 
 DIRECT_MAX_REDUCTION = 32     # grouped convs with per-output reductions up to this use the direct (reduce) schedule
 ACTIVATIONS = {
@@ -87,10 +87,12 @@ def geometry(x_shape, w_shape, stride=1, padding=0, dilation=1, groups=1, layout
     x_shape, w_shape = int_tuple(x_shape, "conv2d: shapes"), int_tuple(w_shape, "conv2d: shapes")
     n, c, h, w = x_shape if layout == "NCHW" else (x_shape[0], x_shape[3], x_shape[1], x_shape[2])
     oc, cg, kh, kw = w_shape
-    groups, = int_tuple(groups, "conv2d: groups", 1)
-    if groups < 1 or c % groups or oc % groups or cg != c // groups:
-        raise ValueError(f"conv2d: {c} input channels, {oc} output channels and groups={groups} need a weight "
-                         f"of shape ({oc}, {c // max(groups, 1)}, KH, KW), got {tuple(w_shape)}")
+    groups = _groups(groups, c, oc)
+    if cg != c // groups:
+        raise ValueError(f"conv2d: {c} input channels in {groups} group(s) need a weight of shape "
+                         f"({oc}, {c // groups}, KH, KW) (OIHW, whatever the layout), got {tuple(w_shape)}")
+    if kh < 1 or kw < 1:
+        raise ValueError(f"conv2d: the kernel must be at least 1x1, got a weight of shape {tuple(w_shape)}")
     pad = int_tuple(padding, "conv2d: padding")
     if np.ndim(padding) == 0:
         pad = pad * 4
@@ -101,11 +103,22 @@ def geometry(x_shape, w_shape, stride=1, padding=0, dilation=1, groups=1, layout
     g = ConvGeometry(n, c, h, w, oc, kh, kw, int_tuple(stride, "conv2d: stride", 2), pad,
                      int_tuple(dilation, "conv2d: dilation", 2), groups, layout)
     if min(g.stride + g.dilation) < 1:
-        raise ValueError("conv2d: stride and dilation must be >= 1")
+        raise ValueError(f"conv2d: stride and dilation must be >= 1, got stride={stride!r}, dilation={dilation!r}")
     if g.oh < 1 or g.ow < 1:
         raise ValueError(f"conv2d: the kernel ({kh}x{kw}, dilation {g.dilation}) is larger than the padded input "
                          f"({h}x{w} with padding {g.padding})")
     return g
+
+
+def _groups(groups, c: int, oc: int) -> int:
+    """`groups` as a Python int that divides both channel counts (a TypeError or ValueError saying what to pass)."""
+    if np.ndim(groups) != 0:      # int_tuple would take a one-item sequence
+        raise TypeError(f"conv2d: groups must be an integer, got {groups!r}")
+    groups, = int_tuple(groups, "conv2d: groups", 1)
+    if groups < 1 or c % groups or oc % groups:
+        raise ValueError(f"conv2d: groups must be >= 1 and divide both the {c} input channels and the {oc} output "
+                         f"channels (the weight's first axis), got groups={groups}")
+    return groups
 
 
 def _input_at(g: ConvGeometry, x: td.Tensor, n, ci, oh, ow, kh, kw) -> ir.Expr:
@@ -311,7 +324,9 @@ def direct_kernel(dtype) -> td.Kernel:
     inside the row are found first, so the multiply-add over them has no bounds checks (for
     stride 1, a vectorized loop over contiguous inputs). A row outside the input is skipped
     whole. The chunk is then stored once, where a fused epilogue (bias, activation) applies.
-    The geometry comes in as scalars: one compile serves every convolution.
+    The geometry comes in as scalars: one compile serves every convolution. A channel with an
+    inf or NaN weight also adds what the skipped taps would, w * 0 (NaN), to the outputs they
+    reach, as im2col's zeros do: found once per block, so finite weights skip it for free.
     """
     @td.kernel(grid=lambda O, N: (O, N), block=1, name=f"conv_direct_rows_{dtype.name}")
     def conv_direct_rows(X: dtype["N", "C", "H", "W"], Wt: dtype["O", "CG", "KH", "KW"],
@@ -320,6 +335,12 @@ def direct_kernel(dtype) -> td.Kernel:
         o, n = blockIdx.x, blockIdx.y
         acc = td.registers(td.f32, DIRECT_CHUNK)
         group_base = o // conv_ocg * CG             # the group's first input channel
+        poisoned = False                            # whether a weight of the channel is inf or NaN (w * 0 is NaN)
+        for c in range(CG):
+            for kh in range(KH):
+                for kw in range(KW):
+                    if Wt[o, c, kh, kw] * 0.0 != 0.0:
+                        poisoned = True
         for oh in range(OH):
             for start in range(0, OW, DIRECT_CHUNK):
                 width = min(DIRECT_CHUNK, OW - start)
@@ -336,6 +357,20 @@ def direct_kernel(dtype) -> td.Kernel:
                                 tap = Wt[o, c, kh, kw]
                                 for j in range(first, end):
                                     acc[j] += tap * X[n, group_base + c, ih, j * conv_sw + offset]
+                if poisoned:    # the taps skipped above times the zero padding: NaN where the weight is inf or NaN
+                    for kw in range(KW):
+                        offset = start * conv_sw + kw * conv_dw - conv_pl
+                        first = first_inside(offset, conv_sw)
+                        end = end_inside(offset, conv_sw, width, W, first)
+                        for c in range(CG):
+                            for kh in range(KH):
+                                ih = oh * conv_sh - conv_pt + kh * conv_dh
+                                inside = ih >= 0 and ih < H
+                                padded = Wt[o, c, kh, kw] * 0.0
+                                for j in range(first if inside else width):
+                                    acc[j] += padded
+                                for j in range(end if inside else width, width):
+                                    acc[j] += padded
                 for j in range(width):
                     Y[n, o, oh, start + j] = acc[j]
 
@@ -434,7 +469,11 @@ def direct_nhwc_kernel(dtype) -> td.Kernel:
     """`direct_kernel` for NHWC: one block per (output row, image); for each output pixel, a chunk of
     DIRECT_CHUNK output channels accumulates in registers over the taps inside the input. The weights
     come packed as (KH, KW, CG, O), so a tap's weights for consecutive channels are contiguous; with one
-    input channel per output channel (plain depthwise) the inputs are too, and the loop vectorizes."""
+    input channel per output channel (plain depthwise) the inputs are too, and the loop vectorizes.
+    Unlike `direct_kernel` it skips the taps in the padding even for an inf or NaN weight (whose
+    product with the zero padding is NaN on the other routes): a block is one output row, and finding
+    such weights in each block cost MobileNet-V2's layers 4-9% (7x7x960 to 56x56x144), adding w * 0
+    for each tap in the padding 8-19%."""
     @td.kernel(grid=lambda OH, N: (OH, N), block=1, name=f"conv_direct_nhwc_{dtype.name}")
     def conv_direct_pixels(X: dtype["N", "H", "W", "C"], Wt: dtype["KH", "KW", "CG", "O"],
                            Y: dtype["N", "OH", "OW", "O"], conv_sh: td.i32, conv_sw: td.i32, conv_pt: td.i32,
@@ -789,14 +828,22 @@ def placed_weight_operand(lowering: Lowered | DirectRows, weight, host: np.ndarr
 def plan(g: ConvGeometry, dtype, target: str, has_bias: bool, activation) -> ConvPlan:
     """The conv kernels for geometry `g`: where `uses_direct`, the cpu's direct kernels or elsewhere a reduce
     by the rules; else a matmul lowering."""
+    check_activation(activation)
     return _plan(g, dtype, target, has_bias, activation, fast_compile_enabled(), tuning_enabled())
+
+
+def check_activation(activation) -> None:
+    """A ValueError unless `activation` is one the convolution fuses (a TypeError for one that is no name)."""
+    choices = ", ".join(map(repr, ACTIVATIONS))
+    if activation is not None and not isinstance(activation, str):     # a list would reach the plan cache's hash
+        raise TypeError(f"conv2d: activation must be one of {choices}, got {activation!r}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"conv2d: unknown activation {activation!r}; choose one of {choices}")
 
 
 @functools.lru_cache(maxsize=128)
 def _plan(g: ConvGeometry, dtype, target: str, has_bias: bool, activation, fast: bool, tuning: bool) -> ConvPlan:
     """`plan`, cached per fast-compile mode (the matmul's schedule depends on it) and TASKDSL_TUNE (as `gemm.plan`)."""
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"conv2d: unknown activation {activation!r}; choose one of {', '.join(map(str, ACTIVATIONS))}")
     x = _x_placeholder(g, dtype)
     bias = td.placeholder("bias", dtype, (g.oc,)) if has_bias else None
     if uses_direct(g) and not on_rows(g, target):
@@ -821,8 +868,10 @@ def _direct_op(g: ConvGeometry, dtype, x: td.Tensor, bias, activation) -> td.Op:
         n, o, oh, ow, c, kh, kw = idx if g.layout == "NCHW" else (idx[0], idx[3], idx[1], idx[2], *idx[4:])
         return _input_at(g, x, n, o // ocg * cg + c, oh, ow, kh, kw) * w[o, c, kh, kw]
 
-    y = td.reduce("Y", g.out_shape, (cg, g.kh, g.kw), fcompute, op="sum")
+    y = td.reduce("Y", g.out_shape, (cg, g.kh, g.kw), fcompute, op="sum")     # f16 products sum in f32...
     z = bias_activation(g, y, bias, activation)
+    if z.dtype != dtype:     # ...rounded once, after the bias and activation, to the operands' type (not left f32)
+        z = td.compute("Out", g.out_shape, lambda *idx: ir.convert(z[idx], dtype))
     inputs = [x, w] + ([bias] if bias is not None else [])
     return td.op(inputs, [z], name=f"conv2d_direct_{g.kh}x{g.kw}")
 
@@ -835,11 +884,12 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 
     g = geometry(x.shape, weight.shape, stride, padding, dilation, groups, layout)
     if bias is not None and np.shape(bias) != (g.oc,):
         raise ValueError(f"conv2d: bias must have shape ({g.oc},) (one per output channel), got {np.shape(bias)}")
+    check_activation(activation)
     if g.n == 0:            # an empty batch: nothing to compute (and no plan for it)
         return empty_like_operands(g.out_shape, dtype.numpy, x, weight, *([bias] if bias is not None else []))
-    x, weight = contiguous(x, dtype.numpy), contiguous(weight, dtype.numpy)
+    x, weight = converted(x, dtype.numpy), converted(weight, dtype.numpy)
     p = plan(g, dtype, td.get_target(), bias is not None, activation)
-    return p.run(x, weight, contiguous(bias, dtype.numpy) if bias is not None else None)
+    return p.run(x, weight, converted(bias, dtype.numpy) if bias is not None else None)
 
 
 def _grouped_out_shape(g: ConvGeometry) -> tuple:

@@ -465,3 +465,12 @@ def where(cond, a, b):
 def cast(x, dtype):
     """x converted to `dtype` (a numpy dtype or a taskdsl type); float to int truncates toward zero."""
     return _cast_plan(x, dtype).run()
+
+
+def converted(x, dtype):
+    """`x` (an operand of matmul or conv) as a contiguous array of numpy `dtype`: a DeviceArray of another type
+    through `cast`, where `contiguous` would refuse it, so f16 with f32 computes in f32 on either target (numpy
+    arrays are converted on the host)."""
+    if isinstance(x, td.DeviceArray) and x.dtype != dtype:
+        return cast(x, dtype)
+    return contiguous(x, dtype)

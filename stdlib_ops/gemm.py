@@ -20,12 +20,12 @@ import numpy as np
 import taskdsl as td
 from taskdsl.backend.cpu.launch import num_threads
 from taskdsl.runtime.config import fast_compile_enabled
-from taskdsl.runtime.arrays import (as_array, contiguous, empty_like_operands, note_host_work, placed_like,
+from taskdsl.runtime.arrays import (as_array, empty_like_operands, note_host_work, placed_like,
                                     zeros_like_operands)
 from taskdsl.schedule.tuner import tune, tuning_enabled
 
 from . import matmul_cpu as cpu
-from .elementwise import int_tuple
+from .elementwise import converted, int_tuple
 from . import matmul_simt as simt
 from . import matmul_tc as tc
 
@@ -402,7 +402,7 @@ def _operands(a, b) -> tuple:
         raise ValueError("matmul needs operands with at least one dimension (use mul for scalars)")
     _check_inner(a.shape, b.shape)
     dtype = operands_tdtype(a.dtype, b.dtype)
-    return _converted(a, dtype.numpy), _converted(b, dtype.numpy), dtype
+    return converted(a, dtype.numpy), converted(b, dtype.numpy), dtype
 
 
 def _check_inner(a_shape: tuple, b_shape: tuple) -> None:
@@ -412,15 +412,6 @@ def _check_inner(a_shape: tuple, b_shape: tuple) -> None:
         which = "length" if len(b_shape) == 1 else "second-to-last dimension"
         raise ValueError(f"matmul: inner dimensions differ: {tuple(a_shape)} @ {tuple(b_shape)}; a's last dimension "
                          f"({k}) must equal b's {which} ({k2})")
-
-
-def _converted(x, dtype):
-    """`x` as a contiguous array of numpy `dtype`: a DeviceArray of another type through a cast kernel, where
-    `contiguous` would refuse it (numpy arrays are converted on the host)."""
-    from .elementwise import cast
-    if isinstance(x, td.DeviceArray) and x.dtype != dtype:
-        return cast(x, dtype)
-    return contiguous(x, dtype)
 
 
 def matmul(a, b, *, tune: bool | None = None, packed: np.ndarray | None = None):
@@ -473,4 +464,4 @@ def linear(x, weight, bias=None, *, tune: bool | None = None):
         raise ValueError(f"linear: bias must have shape ({weight.shape[0]},) (one per output feature), got "
                          f"{np.shape(bias)}")
     y = matmul(x, transpose(weight), tune=tune)
-    return y if bias is None else add(y, _converted(as_array(bias), y.dtype))
+    return y if bias is None else add(y, converted(as_array(bias), y.dtype))
