@@ -88,3 +88,23 @@ def pairwise_covering(points: list, weight) -> list:
         chosen.append(best)
         missing -= pairs(best)
     return chosen
+
+
+# ---------------------------------------------------------------- cpu / cuda twins (GPU_TWINS = True modules)
+def put(a):
+    """`a` as the operators get it on this target: a numpy array on the cpu, a (contiguous) DeviceArray on cuda."""
+    import taskdsl as td
+    return td.to_device(np.ascontiguousarray(a) if a.ndim else a) if td.get_target() == "cuda" else a
+
+
+def host(y) -> np.ndarray:
+    """An operator's result as a numpy array."""
+    import taskdsl as td
+    return y.numpy() if isinstance(y, td.DeviceArray) else np.asarray(y)
+
+
+def same(got, want, rtol: float = 0.0, atol: float = 0.0):
+    """`got` has `want`'s shape and dtype and its values (NaNs where it has NaNs)."""
+    got, want = host(got), np.asarray(want)
+    assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, got.dtype, want.shape, want.dtype)
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol, atol=atol)

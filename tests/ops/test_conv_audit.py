@@ -27,30 +27,13 @@ import stdlib_ops as ops
 import taskdsl as td
 from stdlib_ops import conv
 
-from . import FEWER, SEEDS, rand
+from . import FEWER, SEEDS, host, put, rand, same
 from .test_conv import reference
 
 GPU_TWINS = True
 ACTIVATIONS = {None: lambda v: v, "relu": lambda v: np.maximum(v, 0), "relu6": lambda v: np.clip(v, 0, 6),
                "sigmoid": lambda v: 1 / (1 + np.exp(-v))}
 TOL = {np.dtype(np.float32): dict(rtol=1e-5, atol=1e-5), np.dtype(np.float16): dict(rtol=1e-2, atol=1e-2)}
-
-
-def put(a):
-    """`a` as the operators get it on this target: a numpy array on the cpu, a (contiguous) DeviceArray on cuda."""
-    return td.to_device(np.ascontiguousarray(a)) if td.get_target() == "cuda" else a
-
-
-def host(y) -> np.ndarray:
-    """An operator's result as a numpy array."""
-    return y.numpy() if isinstance(y, td.DeviceArray) else np.asarray(y)
-
-
-def same(got, want, rtol: float = 0.0, atol: float = 0.0):
-    """`got` has `want`'s shape and dtype and its values (NaNs where it has NaNs)."""
-    got, want = host(got), np.asarray(want)
-    assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, got.dtype, want.shape, want.dtype)
-    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol, atol=atol)
 
 
 def four(padding) -> tuple:

@@ -23,26 +23,9 @@ import taskdsl as td
 from stdlib_ops import gemm
 from taskdsl.schedule.space import Space
 
-from . import FEW, SEEDS, rand
+from . import FEW, SEEDS, put, rand, same
 
 GPU_TWINS = True
-
-
-def put(a):
-    """`a` as the operators get it on this target: a numpy array on the cpu, a (contiguous) DeviceArray on cuda."""
-    return td.to_device(np.ascontiguousarray(a) if a.ndim else a) if td.get_target() == "cuda" else a
-
-
-def host(y) -> np.ndarray:
-    """An operator's result as a numpy array."""
-    return y.numpy() if isinstance(y, td.DeviceArray) else np.asarray(y)
-
-
-def same(got, want, rtol: float = 0.0, atol: float = 0.0):
-    """`got` has `want`'s shape and dtype and its values (NaNs where it has NaNs)."""
-    got, want = host(got), np.asarray(want)
-    assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, got.dtype, want.shape, want.dtype)
-    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol, atol=atol)
 
 
 def exact(a, b) -> np.ndarray:
