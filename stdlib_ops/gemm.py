@@ -267,16 +267,17 @@ SUM_BLOCK = 256
 def split_sum_kernel(out_dtype) -> td.Kernel:
     """C (batch, M, N) = the sum over s of split-k partials P[b * split + s] (f32), in C's type: the kernel that
     finishes a split-k product, and the anchor a split-k convolution's epilogue fuses into."""
-    @td.kernel(grid=lambda M, N, BZ: (td.cdiv(M * N, SUM_BLOCK), 1, BZ), block=SUM_BLOCK,
+    @td.kernel(grid=lambda M, N, BZ: simt.batch_grid(td.cdiv(M * N, SUM_BLOCK), BZ), block=SUM_BLOCK,
                name=f"split_k_sum_{out_dtype.name}")
     def split_k_sum(P: td.f32["BP", "M", "N"], C: out_dtype["BZ", "M", "N"], split: td.i32):
-        i = td.blockIdx.x * SUM_BLOCK + td.threadIdx.x
+        blocks = td.cdiv(M * N, SUM_BLOCK)
+        zs, i = td.blockIdx.x // blocks, td.blockIdx.x % blocks * SUM_BLOCK + td.threadIdx.x
         if i < M * N:
             row, col = i // N, i % N
-            total = P[td.blockIdx.z * split, row, col]
+            total = P[zs * split, row, col]
             for s in range(1, split):
-                total += P[td.blockIdx.z * split + s, row, col]
-            C[td.blockIdx.z, row, col] = td.cast(total, out_dtype)
+                total += P[zs * split + s, row, col]
+            C[zs, row, col] = td.cast(total, out_dtype)
 
     return split_k_sum
 

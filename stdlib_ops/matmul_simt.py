@@ -136,6 +136,20 @@ def swizzled_tile(block, M, N, BM, BN) -> tuple:
     return (first + in_group % rows) * BM, in_group // rows * BN
 
 
+def batch_grid(blocks, BZ) -> tuple:
+    """The grid of `blocks` blocks for each of BZ z-slices (products of a batch, times split-k), all along x:
+    grid.z holds 65535 blocks, fewer than a batch of small products may need; x holds 2^31 - 1."""
+    return (blocks * BZ, 1, 1)
+
+
+def batch_tile(block, M, N, BM, BN) -> tuple:
+    """(z-slice, first row, first column) of block `block` of a `batch_grid` of BM x BN output tiles (called in
+    a kernel): the z-slices follow one another along x, so blocks still run a product's tiles together."""
+    tiles = td.cdiv(M, BM) * td.cdiv(N, BN)
+    row0, col0 = swizzled_tile(block % tiles, M, N, BM, BN)
+    return block // tiles, row0, col0
+
+
 def split_k_tiles(K, BK, split, z) -> tuple:
     """(first, end) of the k tiles z-slice `z` of a split-k launch reduces (called in a kernel)."""
     k_tiles = td.cdiv(K, BK)
@@ -179,7 +193,7 @@ def simt_matmul_kernel(p, dtype, out_dtype):
     name = (f"simt_matmul_{BM}x{BN}x{BK}_w{wm}x{wn}_r{rm}x{rn}_l{lm}x{ln}_t{tm}x{tn}"
             + ("_prefetch" if PREFETCH else ""))
 
-    @td.kernel(grid=lambda M, N, BZ: (td.cdiv(M, BM) * td.cdiv(N, BN), 1, BZ), block=T, name=name)
+    @td.kernel(grid=lambda M, N, BZ: batch_grid(td.cdiv(M, BM) * td.cdiv(N, BN), BZ), block=T, name=name)
     def matmul(A: dtype["BA", "M", "K"], B: dtype["BB", "K", "N"], C: out_dtype["BZ", "M", "N"],
                batch_index: td.i32["BZ", 2], split: td.i32):
         sa = td.shared(dtype, (2, BK, BM + PAD_A))
@@ -189,10 +203,10 @@ def simt_matmul_kernel(p, dtype, out_dtype):
         acc = td.registers(f32, (rm * tm, rn * tn))
         fa = td.registers(f32, (rm * tm,))
         fb = td.registers(f32, (rn * tn,))
-        row0, col0 = swizzled_tile(blockIdx.x, M, N, BM, BN)
+        zs, row0, col0 = batch_tile(blockIdx.x, M, N, BM, BN)
         # batch broadcasting (which A and B matrices this z-slice multiplies) and its split-k chunk
-        za, zb = batch_index[blockIdx.z, 0], batch_index[blockIdx.z, 1]
-        kt0, kt1 = split_k_tiles(K, BK, split, blockIdx.z)
+        za, zb = batch_index[zs, 0], batch_index[zs, 1]
+        kt0, kt1 = split_k_tiles(K, BK, split, zs)
         for x in range(rm * tm):
             for y in range(rn * tn):
                 acc[x, y] = 0.0
@@ -222,7 +236,7 @@ def simt_matmul_kernel(p, dtype, out_dtype):
         for i, j in c_map(threadIdx.x):
             gi, gj = row0 + i, col0 + j
             if gi < M and gj < N:
-                C[blockIdx.z, gi, gj] = td.cast(acc[i // (lm * tm) % rm * tm + i % tm,
+                C[zs, gi, gj] = td.cast(acc[i // (lm * tm) % rm * tm + i % tm,
                                                     j // (ln * tn) % rn * tn + j % tn], out_dtype)
 
     return matmul

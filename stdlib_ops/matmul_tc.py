@@ -36,7 +36,7 @@ import taskdsl as td
 from taskdsl import blockIdx, f32, threadIdx
 from taskdsl.schedule.space import Space
 
-from .matmul_simt import load_mapping, split_k_tiles, swizzled_tile
+from .matmul_simt import batch_grid, batch_tile, load_mapping, split_k_tiles
 
 # dynamic shared memory per block: sm_80 lets a block have 163 KiB (sm_90 227 KiB), so every point runs on both;
 # up to 96 KiB two blocks share an SM, above it (CUTLASS's 128x256x64 and 256x128x64 tiles of 3 stages) one
@@ -186,7 +186,7 @@ def tc_matmul_kernel(p, dtype, out_dtype, vec: int = 8, parts: str = "all"):
             r = kk * 16 + lane % 16
             td.ldmatrix(fb[fragment_set, b], sb[slot, r, swz(r, warp_n0 + (2 * b + lane // 16) * 8, BN)], trans=True)
 
-    @td.kernel(grid=lambda M, N, BZ: (td.cdiv(M, BM) * td.cdiv(N, BN), 1, BZ), block=T, name=name)
+    @td.kernel(grid=lambda M, N, BZ: batch_grid(td.cdiv(M, BM) * td.cdiv(N, BN), BZ), block=T, name=name)
     def matmul(A: dtype["BA", "M", "K"], B: dtype["BB", "K", "NB"], C: out_dtype["BZ", "M", "N"],
                batch_index: td.i32["BZ", 2], split: td.i32):
         sa = td.shared(dtype, (STAGES, BM, BK))
@@ -194,9 +194,9 @@ def tc_matmul_kernel(p, dtype, out_dtype, vec: int = 8, parts: str = "all"):
         fa = td.registers(dtype, (2, mi, 8))          # two fragment sets: k step kk uses set kk % 2
         fb = td.registers(dtype, (2, ni // 2, 2, 4))  # B fragments in pairs: one ldmatrix.x4 loads two
         acc = td.registers(f32, (mi, ni, 4))
-        row0, col0 = swizzled_tile(blockIdx.x, M, N, BM, BN)
-        za, zb = batch_index[blockIdx.z, 0], batch_index[blockIdx.z, 1]
-        kt0, kt1 = split_k_tiles(K, BK, split, blockIdx.z)
+        zs, row0, col0 = batch_tile(blockIdx.x, M, N, BM, BN)
+        za, zb = batch_index[zs, 0], batch_index[zs, 1]
+        kt0, kt1 = split_k_tiles(K, BK, split, zs)
         lane = threadIdx.x % 32
         warp_m0 = threadIdx.x // 32 // wn * (mi * 16)
         warp_n0 = threadIdx.x // 32 % wn * (ni * 8)
@@ -252,7 +252,7 @@ def tc_matmul_kernel(p, dtype, out_dtype, vec: int = 8, parts: str = "all"):
                     gi = row0 + warp_m0 + a * 16 + lane // 4 + r // 2 * 8
                     gj = col0 + warp_n0 + b * 8 + lane % 4 * 2 + r % 2
                     if gi < M and gj < N:
-                        C[blockIdx.z, gi, gj] = td.cast(acc[a, b, r], out_dtype)
+                        C[zs, gi, gj] = td.cast(acc[a, b, r], out_dtype)
 
     return matmul
 
@@ -266,13 +266,14 @@ def padded_copy_kernel(dtype):
     with rows of a multiple of 8 elements, which the 16-byte copies of `tc_matmul_kernel(vec=8)` need. (Not
     `stdlib_ops.pad`: its widths and fill value are host arrays copied to the GPU at every call; this kernel
     takes device arrays only, so a matmul's launches stay prepared and replayable.)"""
-    @td.kernel(grid=lambda RP, CP, BZ: (td.cdiv(RP * CP, PAD_BLOCK), 1, BZ), block=PAD_BLOCK,
+    @td.kernel(grid=lambda RP, CP, BZ: batch_grid(td.cdiv(RP * CP, PAD_BLOCK), BZ), block=PAD_BLOCK,
                name=f"padded_copy_{dtype.name}")
     def padded_copy(X: dtype["BZ", "R", "C"], Y: dtype["BZ", "RP", "CP"]):
-        i = blockIdx.x * PAD_BLOCK + threadIdx.x
+        blocks = td.cdiv(RP * CP, PAD_BLOCK)
+        zs, i = blockIdx.x // blocks, blockIdx.x % blocks * PAD_BLOCK + threadIdx.x
         r, c = i // CP, i % CP
         if r < RP:
-            Y[blockIdx.z, r, c] = X[blockIdx.z, r, c] if r < R and c < C else td.cast(0.0, dtype)
+            Y[zs, r, c] = X[zs, r, c] if r < R and c < C else td.cast(0.0, dtype)
 
     return padded_copy
 

@@ -67,8 +67,13 @@ class SimulatedGPU:
 
     launches: list = field(default_factory=list)
     replays: int = 0
+    limits: launch.LaunchLimits = field(default_factory=launch.LaunchLimits)     # a GPU's (a test may lower them)
 
-    def run(self, kernel: Kernel, values: list) -> None:
+    def run(self, kernel: Kernel, binding) -> None:
+        """Run a launch on the cpu backend, refusing grids and blocks a GPU's launch would (grid.z 65535 and the
+        like: limits the cpu has not)."""
+        launch.check_launch_dims(binding.grid, binding.block, self.limits, kernel.name)
+        values = binding.values
         arguments = [host_view(v) if isinstance(v, DeviceArray) else v for v in values]
         self.launches.append((kernel, values))
         kernel._call_cpu(tuple(arguments))
@@ -115,7 +120,7 @@ def install(monkeypatch) -> SimulatedGPU:
     for module in (launch, device_array):          # device_array imported them by name
         for name, fn in copies.items():
             monkeypatch.setattr(module, name, fn)
-    monkeypatch.setattr(Kernel, "_run_cuda", lambda kernel, binding: gpu.run(kernel, binding.values))
+    monkeypatch.setattr(Kernel, "_run_cuda", lambda kernel, binding: gpu.run(kernel, binding))
     monkeypatch.setattr(Kernel, "_prepare_cuda", lambda kernel, binding: None)   # every launch through _run_cuda
     monkeypatch.setattr(_Graph, "gpu", gpu)
     monkeypatch.setattr(graphs, "CudaGraph", _Graph)
