@@ -19,6 +19,7 @@ import numpy as np
 
 import taskdsl as td
 from taskdsl.backend.cpu.launch import num_threads
+from taskdsl.ir.types import numpy_dtype
 from taskdsl.runtime.config import fast_compile_enabled
 from taskdsl.runtime.arrays import (as_array, empty_like_operands, note_host_work, placed_like,
                                     zeros_like_operands)
@@ -29,7 +30,8 @@ from .elementwise import converted, int_tuple
 from . import matmul_simt as simt
 from . import matmul_tc as tc
 
-SUPPORTED = (np.dtype(np.float32), np.dtype(np.float16))
+# the operand types each op computes in (the templates take bf16 too; conv's own kernels do not)
+SUPPORTED = {"matmul": ("float32", "float16", "bfloat16"), "conv2d": ("float32", "float16")}
 MIN_K_TILES_PER_SPLIT = 4
 # From this many multiply-adds, a cpu matmul packs B once per call (`pack_b`, numpy) rather than have its row
 # blocks each pack the panels they read: 1024^3 11.4 -> 9.4 ms, 2039^3 81 -> 63 ms, 128x768x3072 3.9 -> 3.6
@@ -43,20 +45,20 @@ PAD_FROM_MACS = 1 << 27
 
 
 def tdtype(dtype, op: str = "matmul") -> td.ir.types.DataType:
-    """The DSL type of a matmul operand dtype (f32 or f16; a TypeError naming `op` otherwise)."""
+    """The DSL type of an operand dtype of `op` (its SUPPORTED types; a TypeError naming `op` otherwise)."""
     # big-endian floats (arrays read from files) are their native type: `contiguous` swaps their bytes
     dtype = np.dtype(dtype).newbyteorder("=")
-    if dtype not in SUPPORTED:
-        raise TypeError(f"{op} supports float32 and float16 operands, got {dtype}; convert with .astype(np.float32)")
+    if dtype.name not in SUPPORTED[op]:
+        raise TypeError(f"{op} supports {', '.join(SUPPORTED[op][:-1])} and {SUPPORTED[op][-1]} operands, got "
+                        f"{dtype}; convert with .astype(np.float32)")
     return td.ir.types.from_numpy(dtype)
 
 
 def operands_tdtype(a_dtype, b_dtype, op: str = "matmul") -> td.ir.types.DataType:
-    """The DSL type two operands compute in (f16 with f32: f32); a TypeError naming the unsupported operand's
-    dtype, not the one numpy would promote the pair to."""
-    for dtype in (a_dtype, b_dtype):
-        tdtype(dtype, op)
-    return tdtype(np.result_type(a_dtype, b_dtype), op)
+    """The DSL type two operands compute in: theirs, or f32 for two types (f16 with f32, bf16 with f16, which
+    numpy cannot promote); a TypeError naming the unsupported operand's dtype, not the pair's promotion."""
+    a, b = tdtype(a_dtype, op), tdtype(b_dtype, op)
+    return a if a == b else td.f32
 
 
 @dataclass(frozen=True)
@@ -209,7 +211,7 @@ class MatmulPlan:
         copy = tc.padded_copy_kernel(self.dtype)
         padded = []
         for x, shape in zip((a3, b3), self.operand_shapes(padded=True)):
-            y = empty_like_operands(shape, self.dtype.numpy, a3, b3)
+            y = empty_like_operands(shape, numpy_dtype(self.dtype), a3, b3)
             copy(x, y)
             padded.append(y)
         return tuple(padded)
@@ -220,7 +222,7 @@ class MatmulPlan:
         if self.pads:
             a3, b3 = self.padded_operands(a3, b3)
         kernel = self.kernel(packed_b=packed_b, padded=self.pads)
-        c = empty_like_operands((self.batch, self.m, self.n), self.dtype.numpy, a3, b3)
+        c = empty_like_operands((self.batch, self.m, self.n), numpy_dtype(self.dtype), a3, b3)
         if self.split == 1:
             kernel(a3, b3, c, self.batch_index(), 1)
         else:
@@ -235,7 +237,7 @@ class MatmulPlan:
     def examples(self, packed_b: bool = False, transposed_a: bool = False) -> tuple:
         """Example arguments (A, B, C, batch index, split 1) that specialize this plan's anchor for fusion (or its
         kernel for packed B panels, for a transposed A: `kernel`)."""
-        a, b, c = (np.empty(s, self.dtype.numpy) for s in self.operand_shapes(transposed_a))
+        a, b, c = (np.empty(s, numpy_dtype(self.dtype)) for s in self.operand_shapes(transposed_a))
         return (a, self.pack_b(b) if packed_b else b, c, self.batch_index(1), 1)
 
     @property
@@ -288,7 +290,7 @@ def _aligned(size: int) -> int:
 
 def random_operand(shape: tuple, dtype) -> np.ndarray:
     """Seeded normal values of DSL type `dtype` (bf16 as its bits): the operands candidates are timed on."""
-    return np.random.default_rng(0).standard_normal(shape).astype(td.ir.types.numpy_dtype(dtype)).view(dtype.numpy)
+    return np.random.default_rng(0).standard_normal(shape).astype(numpy_dtype(dtype)).view(dtype.numpy)
 
 
 def plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune: bool | None = None,
@@ -403,7 +405,7 @@ def _operands(a, b) -> tuple:
         raise ValueError("matmul needs operands with at least one dimension (use mul for scalars)")
     _check_inner(a.shape, b.shape)
     dtype = operands_tdtype(a.dtype, b.dtype)
-    return converted(a, dtype.numpy), converted(b, dtype.numpy), dtype
+    return converted(a, numpy_dtype(dtype)), converted(b, numpy_dtype(dtype)), dtype
 
 
 def _check_inner(a_shape: tuple, b_shape: tuple) -> None:
@@ -416,9 +418,10 @@ def _check_inner(a_shape: tuple, b_shape: tuple) -> None:
 
 
 def matmul(a, b, *, tune: bool | None = None, packed: np.ndarray | None = None):
-    """`a @ b` with numpy's rules (1-D operands promoted, batch dims broadcast); f32 or f16; numpy arrays or
-    td.DeviceArrays (the result is where the operands are). `packed`: b's panels from the plan's `pack_b`,
-    made once by a caller that multiplies by the same b again (the cpu; large products pack b per call)."""
+    """`a @ b` with numpy's rules (1-D operands promoted, batch dims broadcast); f32, f16 or bf16 (operands of two
+    types compute in f32); numpy arrays or td.DeviceArrays (the result is where the operands are). `packed`: b's
+    panels from the plan's `pack_b`, made once by a caller that multiplies by the same b again (the cpu; large
+    products pack b per call)."""
     a, b, dtype = _operands(a, b)
     a2 = a.reshape((1,) + a.shape) if a.ndim == 1 else a
     b2 = b.reshape(b.shape + (1,)) if b.ndim == 1 else b

@@ -1,7 +1,7 @@
 """Audit of the public matmul operators (stdlib_ops.matmul, batch_matmul, linear): regressions of the defects it
 fixed, and the edge cases it checked, each against numpy: sizes 0, 1 and primes in M, N, K and batch dims, 1-D
-operands on either side, 0-d operands, batch broadcasting, shapes that do not fit; f32, f16, mixed f16 / f32,
-big-endian floats, and the dtypes it refuses (f64, integers, bool, bf16); NaN / inf; long K in f16 (f32 sums,
+operands on either side, 0-d operands, batch broadcasting, shapes that do not fit; f32, f16, bf16, mixed types,
+big-endian floats, and the dtypes it refuses (f64, integers, bool); NaN / inf; long K in f16 (f32 sums,
 split-k included); transposed, stepped, reversed, Fortran-order and read-only operands (results never alias
 or change them); linear's PyTorch layout, bias and errors; `packed=` panels; `tune=` on the cpu.
 
@@ -204,17 +204,37 @@ def test_batch_broadcasting_and_promotion_examples():
 
 
 def test_refused_types_say_what_to_do():
-    """numpy multiplies f64, integers, bools and bf16; matmul is documented for f32 and f16 and refuses the
+    """numpy multiplies f64, integers and bools; matmul is documented for f32, f16 and bf16 and refuses the
     others with a TypeError naming the operand's type (not the pair's promotion) and the conversion."""
     b = rand((3, 4), 1)
     for bad in (rand((2, 3), 0, np.float64), rand((2, 3), 0, np.int32), rand((2, 3), 0, np.int64),
-                rand((2, 3), 0) > 0, rand((2, 3), 0).astype(ml_dtypes.bfloat16)):
+                rand((2, 3), 0) > 0):
         for a_, b_ in ((bad, b), (b.T.copy(), bad.T.copy())):
-            with pytest.raises(TypeError, match=rf"supports float32 and float16 operands, got {bad.dtype}; "
+            with pytest.raises(TypeError, match=rf"supports float32, float16 and bfloat16 operands, got {bad.dtype}; "
                                                 r"convert with \.astype\(np\.float32\)"):
                 ops.matmul(put(a_), put(b_))
         with pytest.raises(TypeError, match=f"got {bad.dtype}"):
             ops.linear(put(bad), put(rand((4, 3), 2)))
+
+
+def test_bfloat16_products():
+    """bf16 operands (ml_dtypes.bfloat16 arrays) were refused although the templates take them: they multiply in
+    f32 and round once to bf16 (numpy with ml_dtypes gives f32); bf16 with f16 or f32 computes in f32 (numpy
+    cannot promote bf16 with f16). Broadcast batches, linear with a bias, and on the cpu B's packed panels."""
+    bf16 = ml_dtypes.bfloat16
+    a, b = rand((2, 7, 13), 0).astype(bf16), rand((13, 5), 1).astype(bf16)
+    want = exact(a.astype(np.float32), b.astype(np.float32))
+    same(ops.matmul(put(a), put(b)), want.astype(bf16), rtol=1e-2, atol=1e-2)
+    for other in (np.float16, np.float32):
+        same(ops.matmul(put(a), put(b.astype(other))), exact(a.astype(np.float32), b.astype(other)),
+             rtol=1e-5, atol=1e-5)
+    x, w, bias = rand((3, 13), 2).astype(bf16), rand((4, 13), 3).astype(bf16), rand((4,), 4).astype(bf16)
+    want = exact(x.astype(np.float32), w.T.astype(np.float32)) + bias.astype(np.float32)
+    same(ops.linear(put(x), put(w), put(bias)), want.astype(bf16), rtol=2e-2, atol=2e-2)
+    if td.get_target() == "cpu":
+        panels = gemm.plan((2, 7, 13), (13, 5), td.bf16, "cpu").pack_b(b)
+        same(ops.matmul(a, b, packed=panels), exact(a.astype(np.float32), b.astype(np.float32)).astype(bf16),
+             rtol=1e-2, atol=1e-2)
 
 
 def test_nan_and_infinity_propagate_as_numpys():
