@@ -237,6 +237,6 @@ def simt_matmul_kernel(p, dtype, out_dtype):
             gi, gj = row0 + i, col0 + j
             if gi < M and gj < N:
                 C[zs, gi, gj] = td.cast(acc[i // (lm * tm) % rm * tm + i % tm,
-                                                    j // (ln * tn) % rn * tn + j % tn], out_dtype)
+                                            j // (ln * tn) % rn * tn + j % tn], out_dtype)
 
     return matmul
