@@ -193,17 +193,10 @@ def tuned_product(tmp_path) -> dict:
     return json.loads(next((tmp_path / "tune").glob("*.json")).read_text())
 
 
-def test_real_cpu_template_tuned_through_matmul(tmp_path, monkeypatch):
-    """`stdlib_ops.matmul(..., tune=True)` on the cpu over a two-point cut of the register-tile space, timed for
-    real: the product is numpy's, and the stored winner is one of the two."""
-    cut_points = [json.loads(json.dumps(tuner._point_json(p))) for p in cpu_cut(tmp_path, monkeypatch).points()]
-    record = tuned_product(tmp_path)
-    assert record["candidates"] == 2 and record["failed"] == 0 and record["point"] in cut_points
-
-
 def test_matmul_tuning_skips_a_wrong_point(tmp_path, monkeypatch):
-    """The same, the first point's kernel spoiling C after it runs: the tuner, checking C against the default
-    schedule's (`tests/schedule/test_tuner_results.py`), skips it and stores the other."""
+    """`stdlib_ops.matmul(..., tune=True)` on the cpu, timed for real over two points, the first point's kernel
+    spoiling C after it runs: the tuner, checking C against the default schedule's
+    (`tests/schedule/test_tuner_results.py`), skips it and stores the other; the product is numpy's."""
     from stdlib_ops import gemm
     candidate, spoilt = gemm._candidate, cpu_cut(tmp_path, monkeypatch).points()[0]
 
@@ -225,13 +218,14 @@ def test_matmul_tuning_skips_a_wrong_point(tmp_path, monkeypatch):
 def test_where_calls_pack_b_the_tuner_times_the_kernel_for_packed_b(tmp_path, monkeypatch):
     """A large product packs B before its kernel (`packs_per_call`), but the tuner timed the kernel for B as
     given: a winner ranked on code the call never runs. Every kernel tuning and the call launch is the one for
-    B's panels (the threshold lowered to this product)."""
+    B's panels (the threshold lowered to this product). The product is numpy's, the winner one of the two."""
     from stdlib_ops import gemm
-    cpu_cut(tmp_path, monkeypatch)
+    cut_points = [json.loads(json.dumps(tuner._point_json(p))) for p in cpu_cut(tmp_path, monkeypatch).points()]
     monkeypatch.setattr(gemm, "PACK_PER_CALL_MACS", 20 * 30 * 17)
     launched, call = [], td.Kernel.__call__
     monkeypatch.setattr(td.Kernel, "__call__", lambda self, *args: (launched.append(self.name), call(self, *args)))
-    assert tuned_product(tmp_path)["failed"] == 0
+    record = tuned_product(tmp_path)
+    assert record["candidates"] == 2 and record["failed"] == 0 and record["point"] in cut_points
     assert len(launched) > 6 and all(name.endswith("_packed") for name in launched), launched
 
 
