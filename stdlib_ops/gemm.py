@@ -50,7 +50,7 @@ def tdtype(dtype, op: str = "matmul") -> td.ir.types.DataType:
     dtype = np.dtype(dtype).newbyteorder("=")
     if dtype.name not in SUPPORTED[op]:
         raise TypeError(f"{op} supports {', '.join(SUPPORTED[op][:-1])} and {SUPPORTED[op][-1]} operands, got "
-                        f"{dtype}; convert with .astype(np.float32)")
+                        f"{dtype}; convert with np.asarray(x, np.float32)")
     return td.ir.types.from_numpy(dtype)
 
 

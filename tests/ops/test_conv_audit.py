@@ -282,7 +282,7 @@ def test_refused_types_say_what_to_do():
         name = np.dtype(bad).name
         for pair in ((x.astype(bad), w), (x, w.astype(bad))):
             with pytest.raises(TypeError, match=f"conv2d supports float32 and float16 operands, got {name}; "
-                                                r"convert with .astype\(np.float32\)"):
+                                                r"convert with np\.asarray\(x, np\.float32\)"):
                 ops.conv2d(*map(put, pair))
 
 

@@ -213,10 +213,16 @@ def test_refused_types_say_what_to_do():
                 rand((2, 3), 0) > 0):
         for a_, b_ in ((bad, b), (b.T.copy(), bad.T.copy())):
             with pytest.raises(TypeError, match=rf"supports float32, float16 and bfloat16 operands, got {bad.dtype}; "
-                                                r"convert with \.astype\(np\.float32\)"):
+                                                r"convert with np\.asarray\(x, np\.float32\)"):
                 ops.matmul(put(a_), put(b_))
         with pytest.raises(TypeError, match=f"got {bad.dtype}"):
             ops.linear(put(bad), put(rand((4, 3), 2)))
+    # Python lists are float64 arrays to numpy: the advice works for them too (a list has no .astype, which it gave)
+    lists = ([[1.0, 2.0, 3.0]], b.tolist())
+    with pytest.raises(TypeError, match=r"got float64; convert with np\.asarray\(x, np\.float32\)"):
+        ops.matmul(*lists)
+    same(ops.matmul(*(put(np.asarray(x, np.float32)) for x in lists)), exact(np.float32([[1, 2, 3]]), b), rtol=1e-6,
+         atol=1e-6)
 
 
 def test_bfloat16_products():
