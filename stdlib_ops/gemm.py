@@ -272,8 +272,8 @@ def split_sum_kernel(out_dtype) -> td.Kernel:
     @td.kernel(grid=lambda M, N, BZ: simt.batch_grid(td.cdiv(M * N, SUM_BLOCK), BZ), block=SUM_BLOCK,
                name=f"split_k_sum_{out_dtype.name}")
     def split_k_sum(P: td.f32["BP", "M", "N"], C: out_dtype["BZ", "M", "N"], split: td.i32):
-        blocks = td.cdiv(M * N, SUM_BLOCK)
-        zs, i = td.blockIdx.x // blocks, td.blockIdx.x % blocks * SUM_BLOCK + td.threadIdx.x
+        zs, block = simt.batch_block(td.blockIdx.x, td.cdiv(M * N, SUM_BLOCK))
+        i = block * SUM_BLOCK + td.threadIdx.x
         if i < M * N:
             row, col = i // N, i % N
             total = P[zs * split, row, col]

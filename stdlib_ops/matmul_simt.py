@@ -142,12 +142,18 @@ def batch_grid(blocks, BZ) -> tuple:
     return (blocks * BZ, 1, 1)
 
 
+def batch_block(block, blocks) -> tuple:
+    """(z-slice, block within it) of block `block` of a `batch_grid` of `blocks` blocks a z-slice (called in a
+    kernel)."""
+    return block // blocks, block % blocks
+
+
 def batch_tile(block, M, N, BM, BN) -> tuple:
     """(z-slice, first row, first column) of block `block` of a `batch_grid` of BM x BN output tiles (called in
     a kernel): the z-slices follow one another along x, so blocks still run a product's tiles together."""
-    tiles = td.cdiv(M, BM) * td.cdiv(N, BN)
-    row0, col0 = swizzled_tile(block % tiles, M, N, BM, BN)
-    return block // tiles, row0, col0
+    zs, tile = batch_block(block, td.cdiv(M, BM) * td.cdiv(N, BN))
+    row0, col0 = swizzled_tile(tile, M, N, BM, BN)
+    return zs, row0, col0
 
 
 def split_k_tiles(K, BK, split, z) -> tuple:

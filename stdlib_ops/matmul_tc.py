@@ -36,7 +36,7 @@ import taskdsl as td
 from taskdsl import blockIdx, f32, threadIdx
 from taskdsl.schedule.space import Space
 
-from .matmul_simt import batch_grid, batch_tile, load_mapping, split_k_tiles
+from .matmul_simt import batch_block, batch_grid, batch_tile, load_mapping, split_k_tiles
 
 # dynamic shared memory per block: sm_80 lets a block have 163 KiB (sm_90 227 KiB), so every point runs on both;
 # up to 96 KiB two blocks share an SM, above it (CUTLASS's 128x256x64 and 256x128x64 tiles of 3 stages) one
@@ -269,8 +269,8 @@ def padded_copy_kernel(dtype):
     @td.kernel(grid=lambda RP, CP, BZ: batch_grid(td.cdiv(RP * CP, PAD_BLOCK), BZ), block=PAD_BLOCK,
                name=f"padded_copy_{dtype.name}")
     def padded_copy(X: dtype["BZ", "R", "C"], Y: dtype["BZ", "RP", "CP"]):
-        blocks = td.cdiv(RP * CP, PAD_BLOCK)
-        zs, i = blockIdx.x // blocks, blockIdx.x % blocks * PAD_BLOCK + threadIdx.x
+        zs, block = batch_block(blockIdx.x, td.cdiv(RP * CP, PAD_BLOCK))
+        i = block * PAD_BLOCK + threadIdx.x
         r, c = i // CP, i % CP
         if r < RP:
             Y[zs, r, c] = X[zs, r, c] if r < R and c < C else td.cast(0.0, dtype)
