@@ -27,6 +27,7 @@ import stdlib_ops as ops
 import taskdsl as td
 from stdlib_ops import conv
 
+from ..graph import make_model, run_onnxruntime
 from . import FEWER, SEEDS, host, put, rand, same
 from .test_conv import reference
 
@@ -63,16 +64,13 @@ def conv2d(x, w, bias=None, layout="NCHW", **options):
 
 def onnx_conv(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """onnxruntime's Conv (NCHW, float32): pads are (top, left, bottom, right) as conv2d's."""
-    import onnxruntime
-    from onnx import TensorProto, helper
+    from onnx import helper
     names = ["x", "w"] + (["b"] if bias is not None else [])
     node = helper.make_node("Conv", names, ["y"], strides=list(two(stride)), pads=list(four(padding)),
                             dilations=list(two(dilation)), group=groups)
-    inputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, a.shape) for name, a in zip(names, (x, w, bias))]
-    graph = helper.make_graph([node], "conv", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return session.run(None, dict(zip(names, (x, w, bias))))[0]
+    model = make_model([node], [(name, a.shape) for name, a in zip(names, (x, w, bias))], [("y", ["n", "c", "h", "w"])],
+                       name="conv")
+    return run_onnxruntime(model, dict(zip(names, (x, w, bias))))[0]
 
 
 # The geometries the tests share: (x NCHW shape, OIHW weight shape, options), each a different lowering.

@@ -136,6 +136,15 @@ def _power_of_two(e: ir.Expr) -> int | None:
     return None
 
 
+def _changes_in(e: ir.Expr, body: ir.Stmt) -> bool:
+    """Whether `e` may read another value once `body` has run: it reads memory (this thread's stores or another's),
+    or a variable `body` assigns."""
+    if ir.collect(e, (ir.Load, ir.Atomic)):
+        return True
+    reads = {v.uid for v in ir.collect(e, ir.Var) if v.kind not in ("param", "size")}
+    return bool(reads) and any(a.var.uid in reads for a in ir.collect(body, ir.Assign, expressions=False))
+
+
 class _CudaEmitter:
     def __init__(self, fn: ir.Function):
         self.fn = fn
@@ -268,8 +277,11 @@ class _CudaEmitter:
         cmp = "<" if step > 0 else ">"
         if s.unroll:
             self.lines.append(f"{pad}#pragma unroll")
-        self.lines.append(f"{pad}for ({s.var.dtype.c_name} {v} = {self.expr(s.start)}; {v} {cmp} {self.expr(s.stop)}; "
-                          f"{v} += {step}) {{")
+        init, stop = f"{v} = {self.expr(s.start)}", self.expr(s.stop)
+        if _changes_in(s.stop, s.body):     # range() reads its stop once; a C for loop tests it each time round
+            end = self.name.derived(("end", s.var.uid), f"{v}_end")
+            init, stop = f"{init}, {end} = {stop}", end
+        self.lines.append(f"{pad}for ({s.var.dtype.c_name} {init}; {v} {cmp} {stop}; {v} += {step}) {{")
         lo, hi = int_range(s.start, self.fn.block, self.ranges), int_range(s.stop, self.fn.block, self.ranges)
         if step > 0 and lo is not None and hi is not None:
             self.ranges[s.var.uid] = (lo[0], max(lo[0], hi[1] - 1))
