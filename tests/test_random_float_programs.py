@@ -12,9 +12,9 @@ limits.
 The oracle applies the typing rules the DSL reference states (C promotion, weak literals, 16-bit
 floats computed in f32, int/float comparisons in the float type) with numpy's IEEE arithmetic per
 element. Results must be equal bit for bit (NaN matches NaN; the sign of a zero is not compared,
-since max/min of -0.0 and 0.0 may give either). An element is not checked where C leaves its value
-open: a float converted to an integer it does not fit, signed integer overflow, and a product that
-rounds (both targets may fuse `a * b + c` into one rounding).
+since max/min of -0.0 and 0.0 may give either, and an element computed from such a zero is not checked). An
+element is not checked where C leaves its value open: a float converted to an integer it does not fit,
+signed integer overflow, and a product that rounds (both targets may fuse `a * b + c` into one rounding).
 """
 from __future__ import annotations
 
@@ -230,6 +230,8 @@ def math_call(name: str, args: list) -> Value:
             product = np.multiply(values[0], values[1])
             return Value(product + values[2], dtype, bad | rounded_products(values[0], values[1], product))
         function = {"floor": np.floor, "ceil": np.ceil, "sqrt": np.sqrt, "max": np.maximum, "min": np.minimum}[name]
+        if name in ("max", "min") and is_float(dtype):   # of 0.0 and -0.0 either may come back (a division shows which)
+            bad = bad | ((values[0] == 0) & (values[1] == 0) & (np.signbit(values[0]) != np.signbit(values[1])))
         return Value(function(*values), dtype, bad)
 
 
