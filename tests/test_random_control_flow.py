@@ -18,7 +18,9 @@ The oracle is Python itself: the kernel's body is run as a generator per thread,
 each barrier and at each shuffle (`x = (yield ("xor", v, 4, 32))`); a scheduler runs each warp's
 lanes in lockstep from shuffle to shuffle and the block's threads from barrier to barrier. Its
 integers check that they stay within i64 (an example that leaves it is dropped); `f` only ever
-holds multiples of 1/4 far below 2**24, which f32 represents exactly.
+holds multiples of 1/4 far below 2**24, which f32 represents exactly. On the cpu target, with a host
+C++ compiler, the kernel's CUDA source also runs on the host (tests/cuda_on_host.py) against the
+same oracle: the CUDA generator's semantics, checked without a GPU.
 
 This exercises the translator's control flow and variable typing (the widening restart), the
 uniformity analysis, loop unrolling and simplification, the cpu backend's barrier and shuffle
@@ -36,6 +38,7 @@ from hypothesis import strategies as st
 
 import taskdsl as td
 
+from .cuda_on_host import host_compiler, run_on_host
 from .program_files import load_program
 
 GPU_TWINS = True   # every example also runs as a @gpu twin on the cuda target (conftest.py)
@@ -491,12 +494,17 @@ def test_random_control_flow_matches_python(data, seed, fast):
     except Outside:
         assume(False)
     text = kernel_source(body)
-    got = _outputs()
+    kernel = load_program(text, "random_control_flow").random_control_flow
+    runs = {td.get_target(): _outputs()}
     try:
-        load_program(text, "random_control_flow").random_control_flow(*inputs.values(), *got.values())
+        kernel(*inputs.values(), *runs[td.get_target()].values())
     except td.DSLError as error:   # every program the writer makes is legal
         raise AssertionError(f"{error}\n{text}") from error
-    for name, want in expected.items():
-        wrong = np.argwhere(got[name] != want)
-        assert not wrong.size, (f"{name}{tuple(wrong[0])}: got {got[name][tuple(wrong[0])]}, expected "
-                                f"{want[tuple(wrong[0])]} ({len(wrong)} wrong)\n{text}")
+    if td.get_target() == "cpu" and host_compiler() is not None:    # the cuda twin runs the CUDA source itself
+        runs["cuda on host"] = _outputs()
+        run_on_host(kernel, *inputs.values(), *runs["cuda on host"].values())
+    for target, got in runs.items():
+        for name, want in expected.items():
+            wrong = np.argwhere(got[name] != want)
+            assert not wrong.size, (f"{target}: {name}{tuple(wrong[0])}: got {got[name][tuple(wrong[0])]}, expected "
+                                    f"{want[tuple(wrong[0])]} ({len(wrong)} wrong)\n{text}")

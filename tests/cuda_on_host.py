@@ -1,0 +1,394 @@
+"""Run a kernel's generated CUDA C++ on the host CPU: the CUDA generator's semantics, checked without a GPU.
+
+`run_on_host(kernel, *args)` takes a kernel call's arguments and, like a cpu call, writes the results into
+the numpy arrays. The CUDA source (`kernel.source(..., target="cuda")`) is compiled by the host's C++
+compiler with a shim header (`KERNEL_SHIM`) that gives the CUDA names it uses a host meaning, into a shared
+library linked against a small runtime (`RUNTIME`, compiled once) that runs the launch:
+
+- every thread of a block is a std::thread, so barriers and warp shuffles really synchronize; the blocks run
+  one after another (a schedule CUDA allows), so `__shared__` arrays are function-level statics;
+- `__syncthreads()` and `__syncwarp()` are barriers over the block's (the warp's) threads; a thread that
+  returns drops out of them, as CUDA counts an exited thread as arrived;
+- a shuffle is a per-warp exchange between two warp barriers, reading the source lane as PTX's
+  `shfl.sync` does with the segment mask and clamp CUDA's `__shfl_*_sync(mask, v, arg, width)` pass;
+- a block whose live threads all wait at barriers no other thread will reach is a deadlock: the launch
+  stops and raises, where a GPU would hang.
+
+The kernel's translation unit includes no header (the shim declares the math through GCC builtins), so a
+kernel compiles in about a tenth of a second; libraries are cached by a hash of their text. Sources the
+shim cannot run faithfully (inline PTX: tensor cores, ldmatrix, cp.async; atomics; 16-bit floats) are
+refused with `UnsupportedSource`.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from taskdsl.backend.cuda.launch import kernel_params
+
+# -O0: the kernels are small and run briefly; optimizing costs more compile time than it saves. -fwrapv: signed
+# overflow wraps, as it does on a GPU.
+FLAGS = ("-std=c++17", "-O0", "-fPIC", "-fwrapv", "-w")
+
+KERNEL_SHIM = r"""// CUDA names on the host (tests/cuda_on_host.py): no header, so a kernel compiles fast
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+#define __restrict__ __restrict
+#define memcpy __builtin_memcpy
+static_assert(sizeof(char) == 1 && sizeof(short) == 2 && sizeof(int) == 4 && sizeof(long long) == 8 &&
+              sizeof(void*) == 8, "the integer widths of CUDA's data model");
+struct uint3 { unsigned x, y, z; };
+struct dim3 { unsigned x, y, z; };
+struct td_host_indices { uint3 thread, block; dim3 block_dim, grid_dim; };
+extern "C" const td_host_indices* td_host_this_thread();
+extern "C" void td_host_syncthreads();
+extern "C" void td_host_syncwarp();
+extern "C" unsigned td_host_activemask();
+extern "C" unsigned long long td_host_shuffle(int kind, unsigned long long bits, int arg, int width);
+extern "C" int td_host_run(const unsigned* grid, const unsigned* block, void (*entry)(void**), void** args,
+                           char* message, int size);
+extern "C" unsigned char td_host_dynamic_smem[];
+#define threadIdx (td_host_this_thread()->thread)
+#define blockIdx (td_host_this_thread()->block)
+#define blockDim (td_host_this_thread()->block_dim)
+#define gridDim (td_host_this_thread()->grid_dim)
+static const int warpSize = 32;
+inline void __syncthreads() { td_host_syncthreads(); }
+inline void __syncwarp(unsigned mask = 0xffffffffu) { td_host_syncwarp(); }
+inline unsigned __activemask() { return td_host_activemask(); }
+template <typename T> inline T td_host_shfl(int kind, T v, int arg, int width) {
+  static_assert(sizeof(T) <= 8, "a shuffled value has at most 64 bits");
+  unsigned long long bits = 0; memcpy(&bits, &v, sizeof(T));
+  bits = td_host_shuffle(kind, bits, arg, width);
+  T out; memcpy(&out, &bits, sizeof(T)); return out; }
+template <typename T> inline T __shfl_sync(unsigned, T v, int lane, int width = 32) {
+  return td_host_shfl(0, v, lane, width); }
+template <typename T> inline T __shfl_xor_sync(unsigned, T v, int mask, int width = 32) {
+  return td_host_shfl(1, v, mask, width); }
+template <typename T> inline T __shfl_up_sync(unsigned, T v, unsigned d, int width = 32) {
+  return td_host_shfl(2, v, (int)d, width); }
+template <typename T> inline T __shfl_down_sync(unsigned, T v, unsigned d, int width = 32) {
+  return td_host_shfl(3, v, (int)d, width); }
+// CUDA's integer min / max overloads: the operands' usual arithmetic conversions
+template <typename A, typename B> inline auto max(A a, B b) -> decltype(a + b) { return a > b ? a : b; }
+template <typename A, typename B> inline auto min(A a, B b) -> decltype(a + b) { return a < b ? a : b; }
+inline int abs(int a) { return a < 0 ? -a : a; }
+inline long long llabs(long long a) { return a < 0 ? -a : a; }
+inline float __int_as_float(int a) { return __builtin_bit_cast(float, a); }
+inline int __float_as_int(float a) { return __builtin_bit_cast(int, a); }
+inline double __longlong_as_double(long long a) { return __builtin_bit_cast(double, a); }
+inline long long __double_as_longlong(double a) { return __builtin_bit_cast(long long, a); }
+#define TD_HOST_MATH1(F) inline float F##f(float a) { return __builtin_##F##f(a); } \
+  inline float F(float a) { return __builtin_##F##f(a); } inline double F(double a) { return __builtin_##F(a); }
+#define TD_HOST_MATH2(F) inline float F##f(float a, float b) { return __builtin_##F##f(a, b); } \
+  inline float F(float a, float b) { return __builtin_##F##f(a, b); } \
+  inline double F(double a, double b) { return __builtin_##F(a, b); }
+TD_HOST_MATH1(exp) TD_HOST_MATH1(exp2) TD_HOST_MATH1(log) TD_HOST_MATH1(log2) TD_HOST_MATH1(sqrt)
+TD_HOST_MATH1(sin) TD_HOST_MATH1(cos) TD_HOST_MATH1(tanh) TD_HOST_MATH1(erf) TD_HOST_MATH1(fabs)
+TD_HOST_MATH1(floor) TD_HOST_MATH1(ceil) TD_HOST_MATH2(pow) TD_HOST_MATH2(fmod) TD_HOST_MATH2(copysign)
+inline float rsqrtf(float a) { return 1.0f / __builtin_sqrtf(a); }
+inline double rsqrt(double a) { return 1.0 / __builtin_sqrt(a); }
+inline float fmaf(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+inline double fma(double a, double b, double c) { return __builtin_fma(a, b, c); }
+"""
+
+RUNTIME = r"""// The launch of tests/cuda_on_host.py: a block's threads as std::threads, its barriers, warp exchanges.
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+struct uint3 { unsigned x, y, z; };
+struct dim3 { unsigned x, y, z; };
+struct td_host_indices { uint3 thread, block; dim3 block_dim, grid_dim; };
+
+extern "C" { alignas(16) unsigned char td_host_dynamic_smem[256 * 1024]; }
+
+namespace {
+struct Aborted {};      // thrown out of a wait when the launch stops (deadlock, error)
+
+struct Barrier {
+  std::condition_variable cv;
+  int expected = 0, arrived = 0;
+  unsigned long long generation = 0;
+};
+
+// One block's synchronization state; one mutex guards it all, so a deadlock is seen exactly: every live
+// thread waits, counted in `blocked` (a barrier that completes uncounts its waiters at once).
+struct Block {
+  std::mutex m;
+  Barrier block;
+  std::vector<Barrier> warps;
+  std::vector<unsigned long long> slots;    // 32 per warp: the values of a shuffle
+  std::vector<int> lanes;                   // lanes per warp (the last one may be partial)
+  int live = 0, blocked = 0;
+  bool aborted = false;
+  std::string error;
+  explicit Block(int threads)
+      : warps((threads + 31) / 32), slots(32 * warps.size()), lanes(warps.size()) {
+    live = block.expected = threads;
+    for (size_t w = 0; w < warps.size(); ++w) lanes[w] = warps[w].expected = std::min(32, threads - 32 * (int)w);
+  }
+  void release(Barrier& b) { blocked -= b.arrived; b.arrived = 0; ++b.generation; b.cv.notify_all(); }
+  void abort(const std::string& why) {
+    if (aborted) return;
+    aborted = true; error = why;
+    block.cv.notify_all();
+    for (auto& w : warps) w.cv.notify_all();
+  }
+  void check_deadlock() {
+    if (live > 0 && blocked == live)
+      abort("deadlock: every live thread of the block waits at a __syncthreads or warp operation that the "
+            "other threads do not reach (" + std::to_string(live) + " threads)");
+  }
+};
+
+Block* current = nullptr;
+thread_local td_host_indices indices;
+thread_local int warp_id, lane_id;
+std::mutex launches;     // one launch at a time: the state above is global
+
+void wait(Barrier& b) {
+  Block& s = *current;
+  std::unique_lock<std::mutex> lock(s.m);
+  if (s.aborted) throw Aborted();
+  if (b.arrived + 1 == b.expected) { s.release(b); return; }
+  ++b.arrived; ++s.blocked;
+  s.check_deadlock();
+  unsigned long long generation = b.generation;
+  b.cv.wait(lock, [&] { return b.generation != generation || s.aborted; });
+  if (b.generation == generation) throw Aborted();
+}
+
+void drop(Block& s) {   // this thread has returned: it no longer holds back the block's or its warp's barriers
+  std::lock_guard<std::mutex> lock(s.m);
+  --s.live;
+  for (Barrier* b : {&s.block, &s.warps[warp_id]}) {
+    --b->expected;
+    if (b->arrived > 0 && b->arrived == b->expected) s.release(*b);
+  }
+  s.check_deadlock();
+}
+}  // namespace
+
+extern "C" const td_host_indices* td_host_this_thread() { return &indices; }
+extern "C" void td_host_syncthreads() { wait(current->block); }
+extern "C" void td_host_syncwarp() { wait(current->warps[warp_id]); }
+extern "C" unsigned td_host_activemask() {
+  int n = current->lanes[warp_id];
+  return n == 32 ? 0xffffffffu : (1u << n) - 1;
+}
+
+// PTX shfl.sync with CUDA's c operand for `width`: lanes form segments of `width`; a source lane outside
+// the segment (below it for up, above it for the others) reads the lane's own value.
+extern "C" unsigned long long td_host_shuffle(int kind, unsigned long long bits, int arg, int width) {
+  Block& s = *current;
+  unsigned long long* slots = &s.slots[32 * warp_id];
+  slots[lane_id] = bits;
+  wait(s.warps[warp_id]);     // every lane has written its value
+  int lane = lane_id, first = lane & (32 - width), last = first | (width - 1), offset = arg & 31, source;
+  bool inside;
+  switch (kind) {
+    case 0: source = first | (arg & (width - 1)); inside = source <= last; break;     // idx
+    case 1: source = lane ^ offset; inside = source <= last; break;                   // xor
+    case 2: source = lane - offset; inside = source >= first; break;                  // up
+    default: source = lane + offset; inside = source <= last; break;                  // down
+  }
+  unsigned long long out = inside && source < s.lanes[warp_id] ? slots[source] : bits;
+  wait(s.warps[warp_id]);     // every lane has read before any writes the next shuffle's value
+  return out;
+}
+
+extern "C" int td_host_run(const unsigned* grid, const unsigned* block, void (*entry)(void**), void** args,
+                           char* message, int size) {
+  std::lock_guard<std::mutex> launch(launches);
+  int threads = (int)(block[0] * block[1] * block[2]);
+  std::string error;
+  for (unsigned bz = 0; bz < grid[2] && error.empty(); ++bz)
+    for (unsigned by = 0; by < grid[1] && error.empty(); ++by)
+      for (unsigned bx = 0; bx < grid[0] && error.empty(); ++bx) {
+        Block s(threads);
+        current = &s;
+        std::vector<std::thread> pool;
+        try {
+          for (int t = 0; t < threads; ++t)
+            pool.emplace_back([&, t] {
+              indices = {{t % block[0], t / block[0] % block[1], t / (block[0] * block[1])}, {bx, by, bz},
+                         {block[0], block[1], block[2]}, {grid[0], grid[1], grid[2]}};
+              warp_id = t / 32; lane_id = t % 32;
+              try {
+                entry(args);
+              } catch (const Aborted&) {
+              } catch (const std::exception& e) {
+                std::lock_guard<std::mutex> lock(s.m); s.abort(e.what());
+              } catch (...) {
+                std::lock_guard<std::mutex> lock(s.m); s.abort("an unknown C++ exception");
+              }
+              drop(s);
+            });
+        } catch (const std::exception& e) {     // no more threads: stop the ones started
+          std::lock_guard<std::mutex> lock(s.m);
+          s.abort(std::string("cannot start the block's threads: ") + e.what());
+        }
+        for (auto& th : pool) th.join();
+        if (s.aborted)
+          error = "block (" + std::to_string(bx) + ", " + std::to_string(by) + ", " + std::to_string(bz) + "): " +
+                  s.error;
+        current = nullptr;
+      }
+  if (error.empty()) return 0;
+  std::strncpy(message, error.c_str(), size - 1);
+  message[size - 1] = 0;
+  return 1;
+}
+"""
+
+# Features whose host meaning would be a guess: inline PTX (tensor cores, ldmatrix, cp.async), atomics (the
+# generated code calls CUDA's atomic functions), 16-bit floats (CUDA's half headers).
+_UNSUPPORTED = [(re.compile(r"\basm\b"), "inline PTX (asm: tensor cores, ldmatrix or cp.async)"),
+                (re.compile(r"\batomic[A-Z]\w*\s*\(|\btd_atomic_rmw\b"), "atomics"),
+                (re.compile(r"cuda_fp16|cuda_bf16|__half|__nv_bfloat16"), "16-bit floats (cuda_fp16 / cuda_bf16)")]
+_SIGNATURE = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(([^)]*)\)')
+_DYNAMIC_SHARED = re.compile(r"extern __shared__ __align__\(16\) unsigned char td_dynamic_smem\[\];")
+_MESSAGE_BYTES = 1024
+
+
+class UnsupportedSource(Exception):
+    """A CUDA source that uses what the host shim cannot run faithfully."""
+
+
+def host_compiler() -> str | None:
+    """The host C++ compiler: $CXX, else g++, else clang++ on the PATH (None if there is none)."""
+    for name in (os.environ.get("CXX"), "g++", "clang++"):
+        path = shutil.which(name) if name else None
+        if path:
+            return path
+    return None
+
+
+def unsupported(source: str) -> str | None:
+    """Why the shim cannot run CUDA `source` on the host, or None when it can."""
+    reasons = [why for pattern, why in _UNSUPPORTED if pattern.search(source)]
+    return ", ".join(reasons) or None
+
+
+def run_on_host(kernel, *args, **kwargs) -> None:
+    """Run `kernel`'s generated CUDA C++ on the host for a call's arguments, writing into the numpy arrays."""
+    args = kernel.arguments(args, kwargs)
+    binding = kernel.bind(args, "cuda")     # the grid, block and typed arguments a GPU launch gets
+    if 0 not in binding.grid:
+        run_source(kernel.source(*args, target="cuda"), binding.grid, binding.block, binding.values, kernel.name)
+
+
+def run_source(source: str, grid: tuple, block: tuple, values: list, name: str = "kernel") -> None:
+    """Run the `__global__` function of CUDA `source` on the host: 3-d `grid` x `block`, `values` its numpy
+    arrays and numpy scalars in parameter order."""
+    why = unsupported(source)
+    if why is not None:
+        raise UnsupportedSource(f"kernel '{name}': its CUDA source uses {why}")
+    signature = _SIGNATURE.search(source)
+    assert signature is not None, f"kernel '{name}': no __global__ function in its CUDA source"
+    symbol, param_text = signature.groups()
+    params = kernel_params(source, symbol)
+    c_types = [p.rsplit(None, 1)[0] for p in filter(None, (p.strip() for p in param_text.split(",")))]
+    assert len(c_types) == len(values), f"kernel '{name}': {len(c_types)} C parameters, {len(values)} values"
+    library = _library(source, symbol, c_types)
+    # like a GPU launch: each array gets its own copy ("device memory"); written ones are copied back
+    keep, pointers, copy_back = [], [], []
+    for value, info in zip(values, params):
+        if info.pointer:
+            assert isinstance(value, np.ndarray), f"kernel '{name}': {value!r} for a pointer parameter"
+            host = np.array(value, order="C", copy=True)
+            if info.writable:
+                copy_back.append((value, host))
+            slot = np.array(host.ctypes.data if host.size else 0, np.uintp)   # the argument: a pointer
+            keep += [host, slot]
+            pointers.append(slot.ctypes.data)
+        else:
+            assert isinstance(value, np.generic), f"kernel '{name}': scalars must be typed (numpy), got {value!r}"
+            scalar = np.array(value)
+            keep.append(scalar)
+            pointers.append(scalar.ctypes.data)
+    message = ctypes.create_string_buffer(_MESSAGE_BYTES)
+    dims = [(ctypes.c_uint * 3)(*d) for d in (grid, block)]
+    status = library.td_host_launch(*dims, (ctypes.c_void_p * max(1, len(pointers)))(*pointers), message,
+                                    _MESSAGE_BYTES)
+    if status != 0:
+        raise RuntimeError(f"kernel '{name}' on the host: {message.value.decode(errors='replace')}")
+    for value, host in copy_back:
+        np.copyto(value, host)
+
+
+# ------------------------------------------------------------------ building
+_loaded: dict = {}
+_lock = threading.Lock()
+
+
+def _cache_dir() -> Path:
+    path = Path(tempfile.gettempdir()) / f"taskdsl_cuda_on_host_{os.getuid()}"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+def _build(text: str, stem: str, extra: tuple = ()) -> Path:
+    """The shared library of C++ `text`, compiled once per text, compiler and flags (cached on disk)."""
+    compiler = host_compiler()
+    if compiler is None:
+        raise RuntimeError("no host C++ compiler ($CXX, g++ or clang++)")
+    key = hashlib.sha256("\0".join((compiler, *FLAGS, *extra, text)).encode()).hexdigest()[:24]
+    library = _cache_dir() / f"{stem}_{key}.so"
+    if not library.exists():
+        source = library.with_suffix(".cpp")
+        source.write_text(text)
+        partial = library.with_name(f"{library.name}.{os.getpid()}.{threading.get_ident()}")   # renamed when whole
+        result = subprocess.run([compiler, *FLAGS, "-shared", "-pthread", "-o", str(partial), str(source), *extra],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"{compiler} cannot compile {source}:\n{result.stderr[-4000:]}")
+        os.replace(partial, library)
+    return library
+
+
+def _runtime() -> Path:
+    return _build(RUNTIME, "runtime")
+
+
+def _library(source: str, symbol: str, c_types: list):
+    """The loaded library of a kernel's CUDA source, with its launcher `td_host_launch`."""
+    source = _DYNAMIC_SHARED.sub("unsigned char* td_dynamic_smem = td_host_dynamic_smem;", source)
+    arguments = ", ".join(f"*({t}*)args[{k}]" for k, t in enumerate(c_types))
+    launcher = (f'#line 1 "td_host_launcher"\n'
+                f"static void td_host_entry(void** args) {{ {symbol}({arguments}); }}\n"
+                'extern "C" int td_host_launch(const unsigned* grid, const unsigned* block, void** args, '
+                "char* message, int size) {\n"
+                "  return td_host_run(grid, block, td_host_entry, args, message, size); }\n")
+    text = KERNEL_SHIM + '#line 1 "cuda_source"\n' + source + launcher
+    with _lock:
+        runtime = _runtime()
+        path = _build(text, symbol, (str(runtime), "-lm"))
+        if path not in _loaded:
+            library = ctypes.CDLL(str(path))
+            library.td_host_launch.restype = ctypes.c_int
+            library.td_host_launch.argtypes = [ctypes.POINTER(ctypes.c_uint), ctypes.POINTER(ctypes.c_uint),
+                                               ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p, ctypes.c_int]
+            _loaded[path] = library
+        return _loaded[path]

@@ -1,0 +1,266 @@
+"""The generated CUDA C++, run on the host (tests/cuda_on_host.py), against Python and numpy oracles.
+
+CI has no GPU: elsewhere the CUDA sources are only compiled (NVRTC). Here they run, each CUDA thread a
+host thread, so the generator's semantics (loops, floor division, barriers, shuffles) meet an oracle.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import taskdsl as td
+from taskdsl import blockIdx, f32, f64, i32, i64, threadIdx
+
+from .cuda_on_host import UnsupportedSource, host_compiler, run_on_host, run_source, unsupported
+from .kernels import histogram, tree_sum
+
+pytestmark = pytest.mark.skipif(host_compiler() is None,
+                                reason="no host C++ compiler ($CXX, g++ or clang++) to run CUDA sources on the host")
+
+
+def run_both(kernel, inputs: list, outputs: list) -> dict:
+    """{'cpu': outputs, 'cuda on host': outputs} of `kernel` on `inputs` and fresh copies of `outputs`."""
+    runs = {"cpu": [o.copy() for o in outputs], "cuda on host": [o.copy() for o in outputs]}
+    kernel(*inputs, *runs["cpu"])
+    run_on_host(kernel, *inputs, *runs["cuda on host"])
+    return runs
+
+
+# --------------------------------------------------------------------------- range() reads its stop once
+@td.kernel(grid=1, block=4)
+def trips(OUT: i64[4]):
+    t = threadIdx.x
+    n = t + 3
+    count = 0
+    for i in range(n):
+        n = 1            # range() read n once: t + 3 trips
+        count += 1
+    OUT[t] = count
+
+
+@td.kernel(grid=1, block=4)
+def trips_from_memory(N: i64[4], OUT: i64[4]):
+    t = threadIdx.x
+    count = 0
+    for i in range(1, N[t] + 1):
+        N[t] = 0         # range() read N[t] once
+        count += i
+    OUT[t] = count
+
+
+def test_range_reads_a_stop_the_body_reassigns_once():
+    expected = np.array([t + 3 for t in range(4)])
+    for target, (out,) in run_both(trips, [], [np.zeros(4, np.int64)]).items():
+        np.testing.assert_array_equal(out, expected, err_msg=target)
+
+
+def test_range_reads_a_stop_the_body_stores_to_once():
+    n = np.array([2, 0, 5, 3], np.int64)
+    expected = np.array([sum(range(1, k + 1)) for k in n])
+    for target, (stops, out) in run_both(trips_from_memory, [], [n, np.zeros(4, np.int64)]).items():
+        np.testing.assert_array_equal(out, expected, err_msg=target)
+        np.testing.assert_array_equal(stops, [0, 0, 0, 0], err_msg=target)
+
+
+# --------------------------------------------------------------------------- floor division and modulo
+@td.kernel(grid=lambda N: td.cdiv(N, 64), block=64)
+def divmod_kernel(A: i64["N"], B: i64["N"], C: i32["N"], D: i32["N"], Q: i64[6, "N"], R: i32[6, "N"]):
+    i = blockIdx.x * 64 + threadIdx.x
+    if i < N:
+        a, b, c, d = A[i], B[i], C[i], D[i]
+        Q[0, i] = a // b
+        Q[1, i] = a % b
+        Q[2, i] = a // 8             # a power of two: a shift, whatever a's sign
+        Q[3, i] = a % 8
+        Q[4, i] = a // -3
+        Q[5, i] = a % -3
+        R[0, i] = c // d
+        R[1, i] = c % d
+        R[2, i] = c // 16
+        R[3, i] = c % 16
+        R[4, i] = c // -7
+        R[5, i] = c % -7
+
+
+def test_floor_division_and_modulo_of_negative_integers_follow_python():
+    rng = np.random.default_rng(7)
+    n = 150
+    edges = [(7, 2), (-7, 2), (7, -2), (-7, -2), (0, 3), (-1, 3), (1, -3), (-9, 3), (-8, 8), (-2**40 - 1, 5)]
+    a = rng.integers(-2**62, 2**62, n)
+    b = rng.integers(1, 2**20, n) * rng.choice([-1, 1], n)
+    c = rng.integers(-2**31, 2**31, n).astype(np.int32)   # no INT_MIN // -1 (x86 traps; d is never -1)
+    d = (rng.integers(2, 1000, n) * rng.choice([-1, 1], n)).astype(np.int32)
+    for k, (p, q) in enumerate(edges):
+        a[k], b[k] = p, q
+        c[k], d[k] = max(p, -2**31), q
+    runs = run_both(divmod_kernel, [a, b, c, d], [np.zeros((6, n), np.int64), np.zeros((6, n), np.int32)])
+    cases = [(0, a, y, q, r) for y, q, r in [(b, 0, 1), (8, 2, 3), (-3, 4, 5)]] + \
+            [(1, c, y, q, r) for y, q, r in [(d, 0, 1), (16, 2, 3), (-7, 4, 5)]]
+    for which, x, y, q, r in cases:     # which: the i64 outputs or the i32 ones
+        ys = np.broadcast_to(y, n)
+        want_q, want_r = [int(p) // int(s) for p, s in zip(x, ys)], [int(p) % int(s) for p, s in zip(x, ys)]
+        for target, outputs in runs.items():
+            np.testing.assert_array_equal(outputs[which][q], want_q, err_msg=f"{target}: {x.dtype} //")
+            np.testing.assert_array_equal(outputs[which][r], want_r, err_msg=f"{target}: {x.dtype} %")
+
+
+# --------------------------------------------------------------------------- barriers and shared memory
+@td.kernel(grid=3, block=128)
+def rotate_through_shared(X: f32[3, 128], OUT: f32[3, 128], SUMS: f32[3]):
+    s = td.shared(f32, (128,))
+    t = threadIdx.x
+    b = blockIdx.x
+    s[t] = X[b, t]
+    td.syncthreads()
+    v = s[(t * 5 + 7) % 128] + s[127 - t]
+    td.syncthreads()             # every thread has read before any overwrites
+    s[t] = v
+    td.syncthreads()
+    OUT[b, t] = s[(t + 1) % 128]
+    td.syncthreads()
+    h = 64
+    while h > 0:                 # a tree sum of the new values, a barrier per level
+        if t < h:
+            s[t] += s[t + h]
+        td.syncthreads()
+        h //= 2
+    if t == 0:
+        SUMS[b] = s[0]
+
+
+def test_barriers_order_the_exchanges_through_shared_memory():
+    x = np.random.default_rng(3).integers(-50, 50, (3, 128)).astype(np.float32)    # sums exact in f32
+    t = np.arange(128)
+    v = x[:, (t * 5 + 7) % 128] + x[:, 127 - t]
+    runs = run_both(rotate_through_shared, [x], [np.zeros((3, 128), np.float32), np.zeros(3, np.float32)])
+    for target, (out, sums) in runs.items():
+        np.testing.assert_array_equal(out, v[:, (t + 1) % 128], err_msg=target)
+        np.testing.assert_array_equal(sums, v.sum(axis=1), err_msg=target)
+
+
+def test_tree_sum_over_several_blocks():
+    x = np.random.default_rng(4).integers(-9, 9, 700).astype(np.float32)
+    out = np.zeros(3, np.float32)
+    run_on_host(tree_sum, x, out)
+    np.testing.assert_array_equal(out, [x[k * 256:(k + 1) * 256].sum() for k in range(3)])
+
+
+@td.kernel(grid=(2, 3), block=(8, 4, 2))
+def indices(OUT: i64[3, 2, 2, 4, 8]):
+    OUT[blockIdx.y, blockIdx.x, threadIdx.z, threadIdx.y, threadIdx.x] = \
+        ((blockIdx.y * 10 + blockIdx.x) * 10 + threadIdx.z) * 100 + threadIdx.y * 10 + threadIdx.x
+
+
+def test_multidimensional_grids_and_blocks_number_their_threads():
+    y, x, z, ty, tx = np.indices((3, 2, 2, 4, 8))
+    for target, (out,) in run_both(indices, [], [np.full((3, 2, 2, 4, 8), -1, np.int64)]).items():
+        np.testing.assert_array_equal(out, ((y * 10 + x) * 10 + z) * 100 + ty * 10 + tx, err_msg=target)
+
+
+# --------------------------------------------------------------------------- warp shuffles
+@td.kernel(grid=2, block=64)
+def shuffles(X: i64[2, 64], Y: f32[2, 64], L: i32[64], OUT: i64[8, 2, 64], FOUT: f32[2, 2, 64],
+             DOUT: f64[2, 64]):
+    t = threadIdx.x
+    b = blockIdx.x
+    v = X[b, t]
+    OUT[0, b, t] = td.shfl_xor(v, 5)
+    OUT[1, b, t] = td.shfl_xor(v, 6, width=4)        # may read the earlier segment, never the later one
+    OUT[2, b, t] = td.shfl_down(v, 3, width=8)
+    OUT[3, b, t] = td.shfl_up(v, 2, width=4)
+    OUT[4, b, t] = td.shfl_idx(v, L[t])              # run-time lanes: negative, past 31
+    OUT[5, b, t] = td.shfl_idx(v, L[t], width=8)
+    OUT[6, b, t] = td.shfl_down(v, 33)               # only the low 5 bits of the lane argument count
+    OUT[7, b, t] = td.shfl_up(v, 1)
+    w = Y[b, t]
+    for off in (16, 8, 4, 2, 1):                     # a warp sum: every lane ends with it
+        w += td.shfl_xor(w, off)
+    FOUT[0, b, t] = w
+    FOUT[1, b, t] = td.shfl_down(Y[b, t], 4, width=16)
+    DOUT[b, t] = td.shfl_idx(f64(Y[b, t]) * 0.5, 31 - t % 32)
+
+
+def shuffle_oracle(values: np.ndarray, kind: str, arg, width: int = 32) -> np.ndarray:
+    """CUDA's __shfl_*_sync over the last axis (warps of 32 lanes), as the CUDA programming guide defines them."""
+    lane = np.arange(values.shape[-1]) % 32
+    base = np.arange(values.shape[-1]) - lane
+    arg = np.broadcast_to(arg, lane.shape) & 31      # shfl.sync reads b[4:0]
+    segment = lane // width * width
+    if kind == "idx":
+        source = segment + (arg & (width - 1))
+    elif kind == "up":
+        source = np.where(lane - arg >= segment, lane - arg, lane)
+    elif kind == "down":
+        source = np.where(lane + arg < segment + width, lane + arg, lane)
+    else:
+        source = np.where((lane ^ arg) < segment + width, lane ^ arg, lane)
+    return values[..., base + source]
+
+
+def test_warp_shuffles_follow_cuda():
+    rng = np.random.default_rng(5)
+    x = rng.integers(-2**62, 2**62, (2, 64))           # 64-bit values shuffle whole
+    y = rng.integers(-100, 100, (2, 64)).astype(np.float32)
+    lanes = rng.integers(-40, 70, 64).astype(np.int32)
+    outputs = [np.zeros((8, 2, 64), np.int64), np.zeros((2, 2, 64), np.float32), np.zeros((2, 64), np.float64)]
+    expected = [shuffle_oracle(x, "xor", 5), shuffle_oracle(x, "xor", 6, 4), shuffle_oracle(x, "down", 3, 8),
+                shuffle_oracle(x, "up", 2, 4), shuffle_oracle(x, "idx", lanes), shuffle_oracle(x, "idx", lanes, 8),
+                shuffle_oracle(x, "down", 33), shuffle_oracle(x, "up", 1)]
+    warp_sums = np.repeat(y.reshape(2, 2, 32).sum(axis=2), 32, axis=1)
+    for target, (out, fout, dout) in run_both(shuffles, [x, y, lanes], outputs).items():
+        for k, want in enumerate(expected):
+            np.testing.assert_array_equal(out[k], want, err_msg=f"{target}: OUT[{k}]")
+        np.testing.assert_array_equal(fout[0], warp_sums, err_msg=target)
+        np.testing.assert_array_equal(fout[1], shuffle_oracle(y, "down", 4, 16), err_msg=target)
+        np.testing.assert_array_equal(dout, shuffle_oracle(y.astype(np.float64) * 0.5, "idx", 31 - np.arange(64) % 32),
+                                      err_msg=target)
+
+
+@td.kernel(grid=1, block=40)
+def partial_warp(X: i32[40], OUT: i32[2, 40]):
+    t = threadIdx.x
+    v = X[t]
+    OUT[0, t] = td.shfl_xor(v, 1)
+    OUT[1, t] = td.shfl_idx(v, 2, width=8)
+
+
+def test_shuffles_in_a_partial_last_warp():
+    x = np.arange(40, dtype=np.int32) * 3 - 50
+    expected = [shuffle_oracle(x, "xor", 1), shuffle_oracle(x, "idx", 2, 8)]
+    for target, (out,) in run_both(partial_warp, [x], [np.zeros((2, 40), np.int32)]).items():
+        np.testing.assert_array_equal(out, expected, err_msg=target)
+
+
+# --------------------------------------------------------------------------- the helper itself
+def test_a_deadlock_raises_instead_of_hanging():
+    source = """extern "C" __global__ void __launch_bounds__(64) stuck(int* __restrict__ OUT) {
+  if (threadIdx.x == 0) { __syncthreads(); } else { __syncwarp(0xffffffffu); }
+  OUT[threadIdx.x] = 1;
+}
+"""
+    with pytest.raises(RuntimeError, match="deadlock"):
+        run_source(source, (1, 1, 1), (64, 1, 1), [np.zeros(64, np.int32)], "stuck")
+
+
+def test_exited_threads_count_as_arrived_at_barriers():
+    source = """extern "C" __global__ void __launch_bounds__(64) early(int* __restrict__ OUT, int n) {
+  if ((int)threadIdx.x >= n) return;
+  OUT[threadIdx.x] = (int)threadIdx.x;
+  __syncthreads();
+  int next = OUT[(threadIdx.x + 1) % n];
+  __syncthreads();
+  OUT[threadIdx.x] += next;
+}
+"""
+    out = np.zeros(64, np.int32)
+    run_source(source, (1, 1, 1), (64, 1, 1), [out, np.int32(40)], "early")
+    t = np.arange(40)
+    np.testing.assert_array_equal(out[:40], t + (t + 1) % 40)
+
+
+def test_sources_the_host_cannot_run_are_refused():
+    assert unsupported('asm volatile("cp.async.commit_group;" ::: "memory");') is not None
+    assert unsupported("#include <cuda_fp16.h>") is not None
+    with pytest.raises(UnsupportedSource, match="atomics"):
+        run_on_host(histogram, np.zeros(64, np.int32), np.zeros(4, np.int32), np.zeros(1, np.float32))
+
