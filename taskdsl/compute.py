@@ -241,6 +241,17 @@ def _rounded(value: np.ndarray, dtype: T.DataType) -> np.ndarray:
     return np.asarray(value).astype(_compute_dtype(dtype))
 
 
+def _saturated(value: np.ndarray, dtype: T.DataType) -> np.ndarray:
+    """Floats converted to the integer `dtype` as kernels convert them (`DataType.saturate`): truncated, clamped to
+    the type's range, NaN giving 0."""
+    low, high = dtype.limits
+    out = np.zeros(value.shape, numpy_dtype(dtype))
+    inside = (value >= low) & (value < high + 1.0)      # NaN is neither inside nor past a bound
+    out[inside] = np.trunc(value[inside])
+    out[value < low], out[value >= high + 1.0] = low, high
+    return out
+
+
 def _compute_dtype(dtype: T.DataType):
     """The dtype the reference computes an IR type in (16-bit floats are computed in f32, as in kernels)."""
     return np.float32 if dtype.is_float and dtype.bits == 16 else dtype.numpy
@@ -298,7 +309,7 @@ class _Evaluator:
         if isinstance(e, ir.Cast):
             value = np.asarray(self.eval(e.value, env, live))
             if e.dtype.is_integer and value.dtype.kind == "f":
-                value = np.trunc(value)
+                value = _saturated(value, e.dtype)
             return _rounded(value, e.dtype)
         if isinstance(e, ir.Call):
             args = [self.eval(a, env, live) for a in e.args]

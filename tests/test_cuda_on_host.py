@@ -5,11 +5,13 @@ host thread, so the generator's semantics (loops, floor division, barriers, shuf
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
 import taskdsl as td
-from taskdsl import blockIdx, f32, f64, i32, i64, threadIdx
+from taskdsl import blockIdx, f32, f64, i8, i16, i32, i64, threadIdx, u8, u16, u32, u64
 
 from .cuda_on_host import UnsupportedSource, host_compiler, run_on_host, run_source, unsupported
 from .kernels import histogram, tree_sum
@@ -102,6 +104,65 @@ def test_floor_division_and_modulo_of_negative_integers_follow_python():
         for target, outputs in runs.items():
             np.testing.assert_array_equal(outputs[which][q], want_q, err_msg=f"{target}: {x.dtype} //")
             np.testing.assert_array_equal(outputs[which][r], want_r, err_msg=f"{target}: {x.dtype} %")
+
+
+# --------------------------------------------------------------------------- floats to integers
+@td.kernel(grid=lambda N: td.cdiv(N, 64), block=64)
+def to_integers(X: f32["N"], Y: f64["N"], S8: i8[2, "N"], S16: i16[2, "N"], S32: i32[2, "N"], S64: i64[2, "N"],
+                U8: u8[2, "N"], U16: u16[2, "N"], U32: u32[2, "N"], U64: u64[2, "N"]):
+    i = blockIdx.x * 64 + threadIdx.x
+    if i < N:
+        for row, v in ((0, X[i]), (1, Y[i])):
+            S8[row, i] = i8(v)
+            S16[row, i] = i16(v)
+            S32[row, i] = i32(v)
+            S64[row, i] = i64(v)
+            U8[row, i] = u8(v)
+            U16[row, i] = u16(v)
+            U32[row, i] = u32(v)
+            U64[row, i] = u64(v)
+
+
+def saturated(values: np.ndarray, dtype) -> list:
+    """The DSL reference's conversion, from its words: truncated toward zero, clamped to the type, NaN giving 0."""
+    info = np.iinfo(dtype)
+    return [0 if math.isnan(v) else int(info.min) if v <= info.min else int(info.max) if v >= info.max
+            else math.trunc(v) for v in values.astype(np.float64)]
+
+
+def test_floats_convert_to_integers_saturating_with_nan_as_zero():
+    special = [np.nan, np.inf, -np.inf, 0.5, -0.5, -0.99, 127.9, 128.0, -128.5, -129.0, 255.9, 256.0, -1.0,
+               65535.5, 65536.0, -32769.0, 2147483520.0, 2147483648.0, -2147483904.0, 4294967295.5, 9.2e18, -9.3e18,
+               1.8e19, 2e19, 3.4e38, -3.4e38, 1e300, -1e300]
+    y = np.concatenate([special, np.random.default_rng(3).standard_normal(40) * 10.0 ** np.arange(40) % 1e12])
+    with np.errstate(over="ignore"):
+        x = y.astype(np.float32)
+    types = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
+    runs = run_both(to_integers, [x, y], [np.zeros((2, len(y)), t) for t in types])
+    for target, outputs in runs.items():
+        for dtype, out in zip(types, outputs):
+            for row, source in enumerate((x, y)):
+                np.testing.assert_array_equal(out[row].astype(object), np.array(saturated(source, dtype), object),
+                                              err_msg=f"{target}: {source.dtype} to {np.dtype(dtype)}")
+
+
+@td.kernel(grid=1, block=4)
+def after_a_conversion_that_cannot_fit(Y: f64[4], OUT: i64[4, 4]):
+    t = threadIdx.x
+    OUT[0, t] = i32(Y[t]) // i64(td.max(f64(3.4e38), f64(t)))  # the divisor's conversion provably does not fit
+    OUT[1, t] = 5
+    OUT[2, t] = i32(3.4e38) + u8(-3.5)                        # folded while translating, as at run time
+    OUT[3, t] = i16(-1e9)
+
+
+def test_code_after_a_conversion_that_cannot_fit_still_runs():
+    """A C cast of a float that does not fit is undefined: LLVM (numba) dropped the kernel's stores around one
+    it could prove out of range, silently. The conversions saturate now, on both targets."""
+    y = np.array([np.nan, 1e300, -np.inf, 2.5])
+    i64_max = 2**63 - 1
+    expected = [[v // i64_max for v in saturated(y, np.int32)], [5] * 4, [2**31 - 1] * 4, [-2**15] * 4]
+    for target, (out,) in run_both(after_a_conversion_that_cannot_fit, [y], [np.full((4, 4), 12345)]).items():
+        np.testing.assert_array_equal(out, expected, err_msg=target)
 
 
 # --------------------------------------------------------------------------- barriers and shared memory

@@ -13,8 +13,9 @@ The oracle applies the typing rules the DSL reference states (C promotion, weak 
 floats computed in f32, int/float comparisons in the float type) with numpy's IEEE arithmetic per
 element. Results must be equal bit for bit (NaN matches NaN; the sign of a zero is not compared,
 since max/min of -0.0 and 0.0 may give either, and an element computed from such a zero is not checked). An
-element is not checked where C leaves its value open: a float converted to an integer it does not fit,
-signed integer overflow, and a product that rounds (both targets may fuse `a * b + c` into one rounding).
+element is not checked where C leaves its value open: signed integer overflow, and a product that rounds
+(both targets may fuse `a * b + c` into one rounding). A float converted to an integer it does not fit is
+checked: taskdsl saturates it (NaN gives 0), where C leaves it undefined.
 """
 from __future__ import annotations
 
@@ -115,9 +116,12 @@ def convert(v: Value, dtype: str) -> Value:
         elif source.dtype.kind == "f":
             if (v.dtype is None or v.const) and not np.isfinite(source).all():
                 raise Uncompilable(f"{v.value} as {dtype}")       # the translator refuses i32(inf)
+            # saturating, NaN giving 0 (the DSL reference; PTX's cvt.rzi), where C leaves it undefined
             lo, hi = -2.0**(BITS[dtype] - 1), 2.0**(BITS[dtype] - 1)
-            outside = ~((source >= lo) & (np.trunc(source) < hi))       # NaN too: undefined in C
-            result = Value(np.where(outside, 0, np.trunc(source)).astype(NUMPY[dtype]), dtype, v.bad | outside)
+            low, high = np.iinfo(NUMPY[dtype]).min, np.iinfo(NUMPY[dtype]).max
+            inside = np.where((source >= lo) & (source < hi), np.trunc(source), 0).astype(NUMPY[dtype])
+            saturated = np.where(source < lo, low, np.where(source >= hi, high, inside))
+            result = Value(saturated.astype(NUMPY[dtype]), dtype, v.bad)
         else:
             result = Value(source.astype(NUMPY[dtype]), dtype, v.bad)
     result.const = v.dtype is None or v.const

@@ -248,16 +248,19 @@ class ConstantError(ValueError):
 
 def const(value, dtype: DataType | None = None) -> Const:
     """A literal; Python bool -> bool, int -> i32 (i64, u64 when it needs them), float -> f32 unless
-    `dtype` says otherwise. An integer is converted to an integer `dtype` as C converts it (wrapping),
-    a number to a float `dtype` is rounded to that type (so folding `f32(f16(0.1))` gives f16's 0.1)."""
+    `dtype` says otherwise. An integer is converted to an integer `dtype` as C converts it (wrapping), a finite
+    float as a runtime conversion does (saturating: `DataType.saturate`), a number to a float `dtype` is rounded
+    to that type (so folding `f32(f16(0.1))` gives f16's 0.1)."""
     if dtype is None:
         dtype = boolean if isinstance(value, bool) else _int_literal_type(value) if isinstance(value, int) else f32
     if dtype.is_float:
         value = dtype.round(value)
     elif dtype.is_bool:
         value = bool(value)
-    elif isinstance(value, float) and not math.isfinite(value):
-        raise ConstantError(f"{value} has no {dtype.name} value (only finite floats convert to integers)")
+    elif isinstance(value, (float, np.floating)):
+        if not math.isfinite(value):
+            raise ConstantError(f"{value} has no {dtype.name} value (only finite floats convert to integers)")
+        value = dtype.saturate(float(value))
     else:
         value = dtype.wrap(int(value))
     return Const(value, dtype)

@@ -40,6 +40,14 @@ class DataType:
         low, high = self.limits
         return low <= value <= high
 
+    def saturate(self, value: float) -> int:
+        """A float converted to this integer type as taskdsl converts one on both targets: truncated toward zero,
+        clamped to the type's range, NaN giving 0 (PTX's cvt.rzi; C leaves a value that does not fit undefined)."""
+        if value != value:
+            return 0
+        low, high = self.limits
+        return low if value < low else high if value > high else int(value)
+
     def wrap(self, value: int) -> int:
         """`value` converted to this integer type as C converts it (modulo 2**bits)."""
         value &= (1 << self.bits) - 1

@@ -79,6 +79,30 @@ def fmin(a, b):
     return smaller if (a == a and b == b) else a + b
 
 
+@njit(cache=True, inline="always")
+def float_to_int(v, lo, hi, low, high):
+    """`v` truncated to an integer in [low, high] (lo, hi: low and high + 1 as floats), saturating, NaN giving 0
+    (ir.types.DataType.saturate; PTX's cvt.rzi). A plain conversion of a value that does not fit is poison to
+    LLVM, which may then drop the code around it. As int64: the caller narrows it (exactly: it is in range)."""
+    if v < lo:
+        return low
+    if v >= hi:
+        return high
+    if v != v:
+        return 0
+    return np.int64(v)
+
+
+@njit(cache=True, inline="always")
+def float_to_u64(v):
+    """`v` as float_to_int converts it, to u64 (whose upper half is past int64)."""
+    if v >= 18446744073709551616.0:
+        return np.uint64(18446744073709551615)
+    if not v >= 0.0:        # NaN too
+        return np.uint64(0)
+    return np.uint64(v)
+
+
 # Below TINY = 2^-12, tanh(x) = x and erf(x) = 2 x / sqrt(pi) within x^2 / 3 < 2e-8 (relative). The rational forms
 # would multiply subnormal powers of x there: inaccurate, and a microcode assist per instruction (see exp_f32),
 # so they run on 1 instead and the lane selects the small-x value.

@@ -34,6 +34,11 @@ _HELPERS = {
   if (m != T(0) && ((b < T(0)) != (m < T(0)))) d -= T(1);
   if (d == T(0)) return copysign(T(0), a / b);
   T f = floor(d); return (d - f > T(0.5)) ? f + T(1) : f; }""",
+    # a float to an integer type: truncated, clamped to [low, high] (lo, hi: low and high + 1 as floats), NaN giving
+    # 0 (DataType.saturate; PTX's cvt.rzi). A C cast is undefined where the value does not fit: compilers may drop
+    # the code around one they can prove does not.
+    "td_float_to_int": """template <typename I, typename F> __device__ __forceinline__ I td_float_to_int(F v, F lo, F hi, I low, I high) {
+  return v < lo ? low : v >= hi ? high : v == v ? (I)v : (I)0; }""",
     # a select whose operands are both evaluated (ir.Select.eager): as a call's arguments, so no branch skips one
     "td_select": """template <typename T> __device__ __forceinline__ T td_select(bool c, T a, T b) { return c ? a : b; }""",
     # max / min as the cpu target (support.fmax / fmin) computes them: a NaN operand gives NaN, equal operands
@@ -365,6 +370,8 @@ class _CudaEmitter:
                 return f"td_select<{e.dtype.c_name}>({self.expr(e.cond)}, {a}, {b})"
             return f"({self.expr(e.cond)} ? {a} : {b})"
         if isinstance(e, ir.Cast):
+            if e.value.dtype.is_float and e.dtype.is_integer:
+                return self.float_to_int(e)
             return f"(({e.dtype.c_name})({self.expr(e.value)}))"
         if isinstance(e, ir.Load):
             return f"{self.name(e.buffer)}[{self.expr(e.indices[0])}]"
@@ -373,6 +380,16 @@ class _CudaEmitter:
         if isinstance(e, ir.Call):
             return self.call(e)
         raise AssertionError(f"emit_cuda: unexpected expression {type(e).__name__}")
+
+    def float_to_int(self, e: ir.Cast) -> str:
+        """A float converted to an integer type through td_float_to_int (a 16-bit float through f32)."""
+        wide = T.f64 if e.value.dtype.bits == 64 else T.f32
+        value = self.expr(e.value)
+        value = value if e.value.dtype == wide else f"(({wide.c_name})({value}))"
+        low, high = e.dtype.limits
+        bounds = [_c_float(float(low), wide), _c_float(float(high + 1), wide),
+                  self.expr(ir.const(low, e.dtype)), self.expr(ir.const(high, e.dtype))]
+        return f"td_float_to_int<{e.dtype.c_name}, {wide.c_name}>({value}, {', '.join(bounds)})"
 
     def binary(self, e: ir.Binary) -> str:
         a, b = self.expr(e.a), self.expr(e.b)
