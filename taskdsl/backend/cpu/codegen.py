@@ -455,10 +455,7 @@ class _PythonEmitter:
         if dtype.is_bool:
             return text if e.dtype.is_bool else f"({text} != 0)"
         if e.dtype.is_float and dtype.is_integer:     # saturating (DataType.saturate), never LLVM's poison
-            if dtype.name == "u64":
-                return f"rt.float_to_u64({text})"
-            low, high = dtype.limits
-            return f"{np_type(dtype)}(rt.float_to_int({text}, {float(low)!r}, {float(high + 1)!r}, {low}, {high}))"
+            return f"rt.float_to_int({text}, {dtype.bits}, {dtype.kind == 'int'})"
         if dtype.kind == "int" and dtype.bits >= e.dtype.bits >= 32 and e.dtype.kind == "int":
             # numba's binary arithmetic computes signed 32- and 64-bit ints in int64 anyway (its unary - and
             # abs do not: `expr` widens their operand); not narrower ones (which keep their type in - and ~),

@@ -79,28 +79,24 @@ def fmin(a, b):
     return smaller if (a == a and b == b) else a + b
 
 
-@njit(cache=True, inline="always")
-def float_to_int(v, lo, hi, low, high):
-    """`v` truncated to an integer in [low, high] (lo, hi: low and high + 1 as floats), saturating, NaN giving 0
-    (ir.types.DataType.saturate; PTX's cvt.rzi). A plain conversion of a value that does not fit is poison to
-    LLVM, which may then drop the code around it. As int64: the caller narrows it (exactly: it is in range)."""
-    if v < lo:
-        return low
-    if v >= hi:
-        return high
-    if v != v:
-        return 0
-    return np.int64(v)
+@intrinsic
+def float_to_int(typingctx, value, bits, signed):
+    """`value` converted to the integer type of `bits` and `signed` (literals), truncated, saturating, NaN giving 0:
+    ir.types.DataType.saturate, through LLVM's fpto[su]i.sat (what PTX's cvt.rzi does). A plain fptosi of a value
+    that does not fit is poison, and LLVM drops the code around one it can prove does not fit."""
+    if not (isinstance(value, types.Float) and isinstance(bits, types.IntegerLiteral)
+            and isinstance(signed, types.BooleanLiteral)):
+        return None
+    width, is_signed = bits.literal_value, signed.literal_value
+    result = types.Integer.from_bitwidth(width, is_signed)
 
+    def codegen(context, builder, signature, args):
+        source = args[0]
+        name = f"llvm.fpto{'s' if is_signed else 'u'}i.sat.i{width}.f{value.bitwidth}"
+        fn = builder.module.declare_intrinsic(name, fnty=llvm_ir.FunctionType(llvm_ir.IntType(width), [source.type]))
+        return builder.call(fn, [source])
 
-@njit(cache=True, inline="always")
-def float_to_u64(v):
-    """`v` as float_to_int converts it, to u64 (whose upper half is past int64)."""
-    if v >= 18446744073709551616.0:
-        return np.uint64(18446744073709551615)
-    if not v >= 0.0:        # NaN too
-        return np.uint64(0)
-    return np.uint64(v)
+    return result(value, bits, signed), codegen
 
 
 # Below TINY = 2^-12, tanh(x) = x and erf(x) = 2 x / sqrt(pi) within x^2 / 3 < 2e-8 (relative). The rational forms
