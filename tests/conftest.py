@@ -29,6 +29,7 @@ import taskdsl as td
 from taskdsl.runtime.config import fast_compile_enabled
 from taskdsl.runtime.kernel import Kernel
 
+from . import host_twin
 from .cuda_checks import CudaChecks
 from .simulated_gpu import simulate_cuda_twin
 
@@ -46,6 +47,8 @@ _compiled: set = set()
 SIMULATED_GPU = os.environ.get("TASKDSL_SIMULATED_GPU") == "1"
 
 CUDA_CHECKS = CudaChecks()    # the CUDA sources of the kernels the tests launch, compiled when their module ends
+# TASKDSL_HOST_TWIN=1: each cpu kernel call also runs its CUDA source on the host, from the same inputs
+HOST_TWINS = host_twin.HostTwins() if host_twin.available() else None
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -94,7 +97,10 @@ def _cpu_target_and_nvrtc(monkeypatch, request, twin_target):
     original = Kernel.__call__
 
     def call_and_queue_cuda(self, *args, **kwargs):
-        original(self, *args, **kwargs)
+        if HOST_TWINS is not None and td.get_target() == "cpu":
+            HOST_TWINS.call(self, lambda: original(self, *args, **kwargs), self.arguments(args, kwargs))
+        else:
+            original(self, *args, **kwargs)
         args = self.arguments(args, kwargs)
         binding = self.bind(args)
         key = (id(self), binding.block)
@@ -117,6 +123,24 @@ def simulated_gpu(monkeypatch):
     td.set_target("cuda")
     yield gpu
     td.set_target("cpu")
+
+
+def pytest_sessionfinish(session):
+    if HOST_TWINS is not None and hasattr(session.config, "workeroutput"):     # a pytest-xdist worker
+        session.config.workeroutput["host_twins"] = dict(HOST_TWINS.counts)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """pytest-xdist's controller: add up the workers' host-twin counts."""
+    if HOST_TWINS is not None:
+        HOST_TWINS.counts.update(getattr(node, "workeroutput", {}).get("host_twins", {}))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if HOST_TWINS is not None:
+        for line in HOST_TWINS.summary():
+            terminalreporter.write_line(line)
 
 
 def pytest_collection_modifyitems(config, items):

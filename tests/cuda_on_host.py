@@ -16,7 +16,7 @@ library linked against a small runtime (`RUNTIME`, compiled once) that runs the 
 
 The kernel's translation unit includes no header (the shim declares the math through GCC builtins), so a
 kernel compiles in about a tenth of a second; libraries are cached by a hash of their text. Sources the
-shim cannot run faithfully (inline PTX: tensor cores, ldmatrix, cp.async; atomics; 16-bit floats) are
+shim cannot run faithfully (inline PTX: tensor cores, ldmatrix, cp.async; atomics) are
 refused with `UnsupportedSource`.
 """
 from __future__ import annotations
@@ -104,6 +104,28 @@ inline float rsqrtf(float a) { return 1.0f / __builtin_sqrtf(a); }
 inline double rsqrt(double a) { return 1.0 / __builtin_sqrt(a); }
 inline float fmaf(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 inline double fma(double a, double b, double c) { return __builtin_fma(a, b, c); }
+// 16-bit floats (the kernel's cuda_fp16.h / cuda_bf16.h includes are dropped). __half is the compiler's IEEE
+// binary16: its conversions round to nearest even from any type, as CUDA's do. __nv_bfloat16 holds its bits and
+// rounds to nearest even too; from a double through float rounded to odd, which rounds as once from the double.
+typedef _Float16 __half;
+inline unsigned short td_host_bf16_bits(float f) {
+  unsigned u = __builtin_bit_cast(unsigned, f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fff;      // NaN: the canonical one, as cvt.rn.bf16.f32 gives
+  return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16); }
+inline float td_host_round_to_odd(double d) {
+  float f = (float)d;
+  if ((double)f == d || d != d) return f;
+  if (__builtin_fabs((double)f) > __builtin_fabs(d)) f = __builtin_nextafterf(f, 0.0f);     // toward zero
+  return __builtin_bit_cast(float, __builtin_bit_cast(unsigned, f) | 1u); }
+struct __nv_bfloat16 {
+  unsigned short x;
+  __nv_bfloat16() = default;
+  __nv_bfloat16(float f) : x(td_host_bf16_bits(f)) {}
+  __nv_bfloat16(double d) : x(td_host_bf16_bits(td_host_round_to_odd(d))) {}
+  __nv_bfloat16(__half h) : x(td_host_bf16_bits((float)h)) {}
+  template <typename I, typename = decltype(I(0) % 1)> __nv_bfloat16(I i) : __nv_bfloat16((double)i) {}
+  operator float() const { return __builtin_bit_cast(float, (unsigned)x << 16); } };
+static_assert(sizeof(__half) == 2 && sizeof(__nv_bfloat16) == 2, "16-bit floats are two bytes");
 """
 
 RUNTIME = r"""// The launch of tests/cuda_on_host.py: a block's threads as std::threads, its barriers, warp exchanges.
@@ -263,10 +285,10 @@ extern "C" int td_host_run(const unsigned* grid, const unsigned* block, void (*e
 """
 
 # Features whose host meaning would be a guess: inline PTX (tensor cores, ldmatrix, cp.async), atomics (the
-# generated code calls CUDA's atomic functions), 16-bit floats (CUDA's half headers).
+# generated code calls CUDA's atomic functions).
 _UNSUPPORTED = [(re.compile(r"\basm\b"), "inline PTX (asm: tensor cores, ldmatrix or cp.async)"),
-                (re.compile(r"\batomic[A-Z]\w*\s*\(|\btd_atomic_rmw\b"), "atomics"),
-                (re.compile(r"cuda_fp16|cuda_bf16|__half|__nv_bfloat16"), "16-bit floats (cuda_fp16 / cuda_bf16)")]
+                (re.compile(r"\batomic[A-Z]\w*\s*\(|\btd_atomic_rmw\b"), "atomics")]
+_HALF_HEADERS = re.compile(r"#include <cuda_(fp16|bf16)\.h>")
 _SIGNATURE = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(([^)]*)\)')
 _DYNAMIC_SHARED = re.compile(r"extern __shared__ __align__\(16\) unsigned char td_dynamic_smem\[\];")
 _MESSAGE_BYTES = 1024
@@ -289,6 +311,13 @@ def unsupported(source: str) -> str | None:
     """Why the shim cannot run CUDA `source` on the host, or None when it can."""
     reasons = [why for pattern, why in _UNSUPPORTED if pattern.search(source)]
     return ", ".join(reasons) or None
+
+
+def entry_params(source: str) -> list:
+    """Whether each parameter of CUDA `source`'s `__global__` function is a pointer, and a written one."""
+    signature = _SIGNATURE.search(source)
+    assert signature is not None, "no __global__ function in the CUDA source"
+    return kernel_params(source, signature[1])
 
 
 def run_on_host(kernel, *args, **kwargs) -> None:
@@ -375,6 +404,7 @@ def _runtime() -> Path:
 def _library(source: str, symbol: str, c_types: list):
     """The loaded library of a kernel's CUDA source, with its launcher `td_host_launch`."""
     source = _DYNAMIC_SHARED.sub("unsigned char* td_dynamic_smem = td_host_dynamic_smem;", source)
+    source = _HALF_HEADERS.sub("", source)     # the shim defines the 16-bit float types
     arguments = ", ".join(f"*({t}*)args[{k}]" for k, t in enumerate(c_types))
     launcher = (f'#line 1 "td_host_launcher"\n'
                 f"static void td_host_entry(void** args) {{ {symbol}({arguments}); }}\n"

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numpy as np
 import pytest
 
 import taskdsl as td
-from taskdsl import blockIdx, f32, f64, i8, i16, i32, i64, threadIdx, u8, u16, u32, u64
+from taskdsl import bf16, blockIdx, f16, f32, f64, i8, i16, i32, i64, threadIdx, u8, u16, u32, u64
 
 from .cuda_on_host import UnsupportedSource, host_compiler, run_on_host, run_source, unsupported
+from .host_twin import HostTwins
 from .kernels import histogram, tree_sum
 
 pytestmark = pytest.mark.skipif(host_compiler() is None,
@@ -163,6 +165,53 @@ def test_code_after_a_conversion_that_cannot_fit_still_runs():
     expected = [[v // i64_max for v in saturated(y, np.int32)], [5] * 4, [2**31 - 1] * 4, [-2**15] * 4]
     for target, (out,) in run_both(after_a_conversion_that_cannot_fit, [y], [np.full((4, 4), 12345)]).items():
         np.testing.assert_array_equal(out, expected, err_msg=target)
+
+
+# --------------------------------------------------------------------------- 16-bit floats
+@td.kernel(grid=lambda N: td.cdiv(N, 64), block=64)
+def to_16_bits(X32: f32["N"], X64: f64["N"], XI: i32["N"], H: f16[3, "N"], B: bf16[3, "N"], BACK: f32[2, "N"]):
+    i = blockIdx.x * 64 + threadIdx.x
+    if i < N:
+        H[0, i] = f16(X32[i])
+        H[1, i] = f16(X64[i])
+        H[2, i] = f16(XI[i])
+        B[0, i] = bf16(X32[i])
+        B[1, i] = bf16(X64[i])
+        B[2, i] = bf16(XI[i])
+        BACK[0, i] = f32(H[0, i]) * 2.0 + f32(B[0, i])
+        BACK[1, i] = f32(f16(f32(H[1, i]) * f32(B[1, i])))
+
+
+def bf16_nearest_even(x: float) -> float:
+    """`x` rounded once to bfloat16's 8 significant bits, ties to even (normal range: the test's values)."""
+    if x == 0 or math.isnan(x) or math.isinf(x):
+        return x
+    m, e = math.frexp(x)            # x = m * 2**e, 0.5 <= |m| < 1: m * 2**8 is exact, round() ties to even
+    return math.ldexp(round(m * 256), e - 8)
+
+
+def test_16_bit_floats_round_to_nearest_even_from_every_type():
+    """f16 and bf16 from f32, f64 and i32 round once, to nearest even, on both targets; numpy's float16 and an
+    exact rounding of the value are the oracles. 1 + 2**-8 + 2**-40 is above a bfloat16 tie only in f64: through
+    f32 it rounds twice, down to 1."""
+    x64 = np.array([0.0, -0.0, 1.0, 1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8, 1 + 2.0 ** -8 + 2.0 ** -40, -1 - 2.0 ** -11,
+                    1 + 2.0 ** -11 + 2.0 ** -30, 65504.0, 65520.0, 1e5, -3.14159, 6.1e-5, 2.0 ** -24, 3e38,
+                    np.nan, np.inf, -np.inf, 1234.5678, -0.1], np.float64)
+    x32, xi = x64.astype(np.float32), np.array([0, 1, -7, 2049, 2051, 65519, 65520, 100000, 16777217, -(2 ** 31)]
+                                                 + [3, 257, 258, 511, 513, -1, 4097, 12345, 99999, 2 ** 31 - 1], np.int32)
+    n = x64.size
+    runs = run_both(to_16_bits, [x32, x64, xi], [np.zeros((3, n), np.float16),
+                                                 np.zeros((3, n), ml_dtypes.bfloat16), np.zeros((2, n), np.float32)])
+    bf16_of = np.vectorize(bf16_nearest_even, otypes=[np.float64])
+    with np.errstate(over="ignore", invalid="ignore"):      # to infinity, as the kernels do
+        h = np.stack([x32.astype(np.float16), x64.astype(np.float16), xi.astype(np.float64).astype(np.float16)])
+        b = np.stack([bf16_of(x32.astype(np.float64)), bf16_of(x64), bf16_of(xi.astype(np.float64))])
+        back = np.stack([h[0].astype(np.float32) * 2 + b[0].astype(np.float32),
+                         (h[1].astype(np.float32) * b[1].astype(np.float32)).astype(np.float16).astype(np.float32)])
+    for target, (out_h, out_b, out_back) in runs.items():
+        np.testing.assert_array_equal(out_h, h, err_msg=target)
+        np.testing.assert_array_equal(out_b.astype(np.float64), b, err_msg=target)
+        np.testing.assert_array_equal(out_back, back, err_msg=target)
 
 
 # --------------------------------------------------------------------------- barriers and shared memory
@@ -321,7 +370,33 @@ def test_exited_threads_count_as_arrived_at_barriers():
 
 def test_sources_the_host_cannot_run_are_refused():
     assert unsupported('asm volatile("cp.async.commit_group;" ::: "memory");') is not None
-    assert unsupported("#include <cuda_fp16.h>") is not None
+    assert unsupported("#include <cuda_fp16.h>\n__half h;") is None
     with pytest.raises(UnsupportedSource, match="atomics"):
         run_on_host(histogram, np.zeros(64, np.int32), np.zeros(4, np.int32), np.zeros(1, np.float32))
 
+
+
+def test_host_twins_compare_every_array_and_pass_over_what_they_cannot_run():
+    """`TASKDSL_HOST_TWIN=1`'s checker (host_twin.py): a host run from the call's inputs must leave every array
+    as the cpu kernel did (16-bit floats within two ulps); a cpu result it does not reproduce fails, and an
+    atomic kernel is passed over and counted."""
+    twins = HostTwins()
+    x = np.linspace(-3, 3, 77).astype(np.float16)
+    out = np.zeros(77, np.float16)
+    twins.call(to_16_bits_of_half, lambda: to_16_bits_of_half(x, out), (x, out))
+    np.testing.assert_array_equal(out, (x.astype(np.float32) * 3).astype(np.float16))
+    wrong = out.copy()
+    with pytest.raises(AssertionError, match="to_16_bits_of_half', argument 1"):
+        twins.call(to_16_bits_of_half, lambda: np.copyto(wrong, wrong * 2), (x, wrong))
+    hist = [np.arange(64, dtype=np.int32) % 4, np.zeros(4, np.int32), np.zeros(1, np.float32)]
+    twins.call(histogram, lambda: histogram(*hist), tuple(hist))
+    zeros = np.zeros_like(x)
+    twins.call(to_16_bits_of_half, lambda: to_16_bits_of_half(zeros, out), (zeros, out))     # a compile run
+    assert twins.counts == {"ran": 2, "passed over: atomics": 1, "passed over: every input zero": 1}
+
+
+@td.kernel(grid=lambda N: td.cdiv(N, 32), block=32)
+def to_16_bits_of_half(X: f16["N"], OUT: f16["N"]):
+    i = blockIdx.x * 32 + threadIdx.x
+    if i < N:
+        OUT[i] = f16(f32(X[i]) * 3.0)

@@ -1,0 +1,111 @@
+"""Host twins (TASKDSL_HOST_TWIN=1): every kernel a cpu test launches also runs its CUDA C++ on the host.
+
+With the variable set, `tests/conftest.py` hands each cpu kernel call to `HostTwins.call`: the arguments are
+copied before the cpu kernel runs, the kernel's CUDA source runs on the copies through `cuda_on_host.py`, and
+every array must then hold what the cpu kernel left in it (integers and booleans exactly, floats within a
+few ulps of f32 math, NaN where NaN). The whole suite becomes a search for CUDA code-generator bugs that NVRTC
+(which only compiles) and the simulated GPU (which runs the cpu's kernels) cannot see, without a GPU.
+
+It is off by default: host runs start a std::thread per CUDA thread and multiply the suite's time. Calls the
+shim cannot run faithfully are passed over and counted (inline PTX, atomics, 16-bit floats, launches of
+more than MAX_THREADS threads, arrays passed twice): the counts are printed at the end of the session.
+An integer division by zero stops the process (x86 traps where a GPU gives an unspecified value).
+"""
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import numpy as np
+
+import taskdsl as td
+from taskdsl.backend.cpu import precompile
+
+from .cuda_on_host import UnsupportedSource, entry_params, host_compiler, run_on_host, unsupported
+
+ENABLED = os.environ.get("TASKDSL_HOST_TWIN") == "1"
+MAX_THREADS = 1 << 17      # grid x block: a host run starts one std::thread per CUDA thread
+RTOL, ATOL = 1e-4, 1e-6    # the cpu's f32 math (vectorizable exp, erf, tanh) is not the host libm's
+RTOL_16_BITS = {"f16": 2 * 2.0 ** -10, "bf16": 2 * 2.0 ** -7}       # two ulps
+
+
+class HostTwins:
+    """Runs each cpu kernel call's CUDA source on the host and compares; counts what it ran and passed over."""
+
+    def __init__(self):
+        self.counts: Counter = Counter()
+
+    def call(self, kernel, run_cpu, args: tuple) -> None:
+        """Run the cpu kernel (`run_cpu()`) and, where the shim can, the host twin from the same inputs."""
+        if precompile.is_recording():     # the launch is noted for an ahead compile, not run
+            run_cpu()
+            return
+        copies = self._inputs(kernel, args)
+        run_cpu()
+        if copies is None:
+            return
+        try:
+            run_on_host(kernel, *copies)
+        except UnsupportedSource as exc:
+            self.counts["passed over: " + str(exc).split("uses ", 1)[-1]] += 1
+            return
+        self.counts["ran"] += 1
+        for k, ((_, spec), after, twin) in enumerate(zip(kernel.params, args, copies)):
+            if isinstance(after, np.ndarray):
+                dtype = getattr(spec, "dtype", spec).name
+                _assert_same(f"kernel '{kernel.name}', argument {k}", dtype, after, twin)
+
+    def _inputs(self, kernel, args: tuple) -> list | None:
+        """Copies of the call's arguments for the host run, or None (counted) where it cannot run."""
+        if any(isinstance(a, td.DeviceArray) for a in args):
+            return self._skip("device arrays")
+        arrays = [a for a in args if isinstance(a, np.ndarray)]
+        if any(np.shares_memory(a, b) for i, a in enumerate(arrays) for b in arrays[i + 1:]):
+            return self._skip("arrays passed twice (copies would not alias)")
+        try:
+            binding = kernel.bind(args, "cuda")
+            source = kernel.source(*args, target="cuda")
+        except (TypeError, ValueError) as exc:
+            return self._skip(f"not a cuda call ({type(exc).__name__})")
+        read_only = [a for a, p in zip(args, entry_params(source)) if p.pointer and not p.writable]
+        if not any(np.ascontiguousarray(a).view(np.uint8).any() for a in read_only if a.size):
+            # a graph's compile run: its integer divisions by zero would trap, and zeros test little
+            return self._skip("every input zero")
+        why = unsupported(source)
+        if why is not None:
+            return self._skip(why)
+        if int(np.prod(binding.grid)) * int(np.prod(binding.block)) > MAX_THREADS:
+            return self._skip(f"over {MAX_THREADS} threads")
+        return [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+
+    def _skip(self, why: str) -> None:
+        self.counts["passed over: " + why] += 1
+        return None
+
+    def summary(self) -> list[str]:
+        """Lines for the end of the session."""
+        return [f"host twins: {n} {what}" for what, n in sorted(self.counts.items())]
+
+
+def available() -> bool:
+    """Whether host twins are on and a host compiler exists."""
+    return ENABLED and host_compiler() is not None
+
+
+def _values(array: np.ndarray, dtype: str) -> np.ndarray:
+    """The values a 16-bit float array holds, as f32 (bf16 may come as its uint16 bits)."""
+    if dtype == "bf16":
+        return (np.ascontiguousarray(array).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return array.astype(np.float32)
+
+
+def _assert_same(what: str, dtype: str, cpu: np.ndarray, host: np.ndarray) -> None:
+    """The host run's array `host` holds what the cpu kernel left in `cpu` (`dtype`: the parameter's type)."""
+    message = f"{what}: the CUDA source on the host differs from the cpu kernel"
+    if dtype in RTOL_16_BITS:       # one rounding of an f32 result may land an ulp apart
+        np.testing.assert_allclose(_values(host, dtype), _values(cpu, dtype), rtol=RTOL_16_BITS[dtype], atol=ATOL,
+                                   equal_nan=True, err_msg=message)
+    elif cpu.dtype.kind == "f":
+        np.testing.assert_allclose(host, cpu, rtol=RTOL, atol=ATOL, equal_nan=True, err_msg=message)
+    else:
+        np.testing.assert_array_equal(host, cpu, err_msg=message)
