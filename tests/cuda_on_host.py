@@ -36,8 +36,9 @@ import numpy as np
 from taskdsl.backend.cuda.launch import kernel_params
 
 # -O0: the kernels are small and run briefly; optimizing costs more compile time than it saves. -fwrapv: signed
-# overflow wraps, as it does on a GPU.
-FLAGS = ("-std=c++17", "-O0", "-fPIC", "-fwrapv", "-w")
+# overflow wraps, as it does on a GPU. -fnon-call-exceptions: an integer division by zero (x86 traps; a GPU gives
+# an unspecified value) throws out of the SIGFPE handler and stops the launch with an error.
+FLAGS = ("-std=c++17", "-O0", "-fPIC", "-fwrapv", "-fnon-call-exceptions", "-w")
 
 KERNEL_SHIM = r"""// CUDA names on the host (tests/cuda_on_host.py): no header, so a kernel compiles fast
 #define __global__
@@ -130,6 +131,7 @@ static_assert(sizeof(__half) == 2 && sizeof(__nv_bfloat16) == 2, "16-bit floats 
 
 RUNTIME = r"""// The launch of tests/cuda_on_host.py: a block's threads as std::threads, its barriers, warp exchanges.
 #include <algorithm>
+#include <csignal>
 #include <condition_variable>
 #include <cstring>
 #include <exception>
@@ -147,6 +149,12 @@ extern "C" { alignas(16) unsigned char td_host_dynamic_smem[256 * 1024]; }
 
 namespace {
 struct Aborted {};      // thrown out of a wait when the launch stops (deadlock, error)
+
+struct IntegerDivisionByZero : std::exception {
+  const char* what() const noexcept override {
+    return "an integer division by zero (or MIN / -1), whose value is unspecified on a GPU (x86 traps)"; }
+};
+void on_sigfpe(int) { throw IntegerDivisionByZero(); }    // from the trapping instruction (-fnon-call-exceptions)
 
 struct Barrier {
   std::condition_variable cv;
@@ -243,6 +251,10 @@ extern "C" unsigned long long td_host_shuffle(int kind, unsigned long long bits,
 extern "C" int td_host_run(const unsigned* grid, const unsigned* block, void (*entry)(void**), void** args,
                            char* message, int size) {
   std::lock_guard<std::mutex> launch(launches);
+  struct sigaction trap = {}, saved;
+  trap.sa_handler = on_sigfpe;
+  trap.sa_flags = SA_NODEFER;      // left by a throw, the handler does not unblock the signal itself
+  sigaction(SIGFPE, &trap, &saved);
   int threads = (int)(block[0] * block[1] * block[2]);
   std::string error;
   for (unsigned bz = 0; bz < grid[2] && error.empty(); ++bz)
@@ -277,6 +289,7 @@ extern "C" int td_host_run(const unsigned* grid, const unsigned* block, void (*e
                   s.error;
         current = nullptr;
       }
+  sigaction(SIGFPE, &saved, nullptr);
   if (error.empty()) return 0;
   std::strncpy(message, error.c_str(), size - 1);
   message[size - 1] = 0;

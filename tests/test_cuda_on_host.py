@@ -400,3 +400,16 @@ def to_16_bits_of_half(X: f16["N"], OUT: f16["N"]):
     i = blockIdx.x * 32 + threadIdx.x
     if i < N:
         OUT[i] = f16(f32(X[i]) * 3.0)
+
+
+def test_an_integer_division_by_zero_stops_the_launch_with_an_error():
+    """x86 traps where a GPU gives an unspecified value: the host run raises instead of killing the process."""
+    source = """extern "C" __global__ void __launch_bounds__(32) divide(int* __restrict__ OUT, int d) {
+  OUT[threadIdx.x] = 7 / (d + (int)threadIdx.x % 2);
+}
+"""
+    out = np.zeros(32, np.int32)
+    with pytest.raises(RuntimeError, match="integer division by zero"):
+        run_source(source, (1, 1, 1), (32, 1, 1), [out, np.int32(0)], "divide")
+    run_source(source, (1, 1, 1), (32, 1, 1), [out, np.int32(1)], "divide")     # the process lives on
+    np.testing.assert_array_equal(out, 7 // (1 + np.arange(32) % 2))
