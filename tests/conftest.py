@@ -127,6 +127,7 @@ def simulated_gpu(monkeypatch):
 
 
 def pytest_sessionfinish(session):
+    """A pytest-xdist worker hands its host-twin counts to the controller."""
     if HOST_TWINS is not None and hasattr(session.config, "workeroutput"):     # a pytest-xdist worker
         session.config.workeroutput["host_twins"] = dict(HOST_TWINS.counts)
 
@@ -139,6 +140,7 @@ def pytest_testnodedown(node, error):
 
 
 def pytest_terminal_summary(terminalreporter):
+    """The host twins' counts (TASKDSL_HOST_TWIN=1): runs, and calls passed over by reason."""
     if HOST_TWINS is not None:
         for line in HOST_TWINS.summary():
             terminalreporter.write_line(line)

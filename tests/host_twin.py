@@ -3,13 +3,14 @@
 With the variable set, `tests/conftest.py` hands each cpu kernel call to `HostTwins.call`: the arguments are
 copied before the cpu kernel runs, the kernel's CUDA source runs on the copies through `cuda_on_host.py`, and
 every array must then hold what the cpu kernel left in it (integers and booleans exactly; floats within RTOL,
-or SCALE of the array's largest magnitude; 16-bit floats within two ulps; NaN where NaN). The whole suite becomes a search for CUDA code-generator bugs that NVRTC
-(which only compiles) and the simulated GPU (which runs the cpu's kernels) cannot see, without a GPU.
+or SCALE of the array's largest magnitude; 16-bit floats within two ulps; NaN where NaN). The whole suite
+becomes a search for CUDA code-generator bugs that NVRTC (which only compiles) and the simulated GPU (which
+runs the cpu's kernels) cannot see, without a GPU.
 
 It is off by default: host runs start a std::thread per CUDA thread and multiply the suite's time. Calls the
 shim cannot run faithfully are passed over and counted (inline PTX, atomics, launches of more than
-MAX_THREADS threads, arrays passed twice, a graph's compile run on zeros): the counts are printed at the end of the session.
-A launch that divides an integer by zero (unspecified on a GPU; x86 traps) is passed over too, and tests marked
+MAX_THREADS threads, arrays passed twice, a graph's compile run on zeros, an integer division by zero, which
+x86 traps and a GPU leaves unspecified): the counts print at the end of the session. Tests marked
 `undefined_behavior` are not twinned. One difference is by design and shows as a failure: i32 arithmetic that
 overflows wraps in CUDA and not on the cpu, which computes it in 64 bits (docs/dsl-reference.md); seed 102 of
 the random float programs draws one (`a - t` of two i32 variables, off by 2**32).

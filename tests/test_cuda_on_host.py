@@ -197,8 +197,9 @@ def test_16_bit_floats_round_to_nearest_even_from_every_type():
     x64 = np.array([0.0, -0.0, 1.0, 1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8, 1 + 2.0 ** -8 + 2.0 ** -40, -1 - 2.0 ** -11,
                     1 + 2.0 ** -11 + 2.0 ** -30, 65504.0, 65520.0, 1e5, -3.14159, 6.1e-5, 2.0 ** -24, 3e38,
                     np.nan, np.inf, -np.inf, 1234.5678, -0.1], np.float64)
-    x32, xi = x64.astype(np.float32), np.array([0, 1, -7, 2049, 2051, 65519, 65520, 100000, 16777217, -(2 ** 31)]
-                                                 + [3, 257, 258, 511, 513, -1, 4097, 12345, 99999, 2 ** 31 - 1], np.int32)
+    x32 = x64.astype(np.float32)
+    xi = np.array([0, 1, -7, 2049, 2051, 65519, 65520, 100000, 16777217, -(2 ** 31),
+                   3, 257, 258, 511, 513, -1, 4097, 12345, 99999, 2 ** 31 - 1], np.int32)
     n = x64.size
     runs = run_both(to_16_bits, [x32, x64, xi], [np.zeros((3, n), np.float16),
                                                  np.zeros((3, n), ml_dtypes.bfloat16), np.zeros((2, n), np.float32)])
