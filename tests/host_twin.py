@@ -12,8 +12,8 @@ shim cannot run faithfully are passed over and counted (inline PTX, atomics, lau
 MAX_THREADS threads, arrays passed twice, a graph's compile run on zeros, an integer division by zero, which
 x86 traps and a GPU leaves unspecified): the counts print at the end of the session. Tests marked
 `undefined_behavior` are not twinned. One difference is by design and shows as a failure: i32 arithmetic that
-overflows wraps in CUDA and not on the cpu, which computes it in 64 bits (docs/dsl-reference.md); seed 102 of
-the random float programs draws one (`a - t` of two i32 variables, off by 2**32).
+overflows wraps in CUDA and not on the cpu, which computes it in 64 bits (docs/dsl-reference.md); seeds 102
+and 110 of the random float programs draw one (`a - t` and `a * 2` of i32 values, off by 2**32).
 """
 from __future__ import annotations
 
