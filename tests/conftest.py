@@ -15,6 +15,7 @@ in fast mode (each says why).
 """
 from __future__ import annotations
 
+import functools
 import os
 
 # before numba is imported: numba formats the message of every failed typing attempt, thousands per kernel, and
@@ -98,11 +99,12 @@ def _cpu_target_and_nvrtc(monkeypatch, request, twin_target):
     undefined = request.node.get_closest_marker("undefined_behavior") is not None   # no host twins: C's UB
 
     def call_and_queue_cuda(self, *args, **kwargs):
-        if HOST_TWINS is not None and td.get_target() == "cpu" and not undefined:
-            HOST_TWINS.call(self, lambda: original(self, *args, **kwargs), self.arguments(args, kwargs))
-        else:
-            original(self, *args, **kwargs)
+        run = functools.partial(original, self, *args, **kwargs)
         args = self.arguments(args, kwargs)
+        if HOST_TWINS is not None and td.get_target() == "cpu" and not undefined:
+            HOST_TWINS.call(self, run, args)
+        else:
+            run()
         binding = self.bind(args)
         key = (id(self), binding.block)
         if key not in _compiled and 0 not in binding.grid:

@@ -25,7 +25,7 @@ import numpy as np
 import taskdsl as td
 from taskdsl.backend.cpu import precompile
 
-from .cuda_on_host import UnsupportedSource, entry_params, host_compiler, run_on_host, unsupported
+from .cuda_on_host import entry_params, host_compiler, run_source, unsupported
 
 ENABLED = os.environ.get("TASKDSL_HOST_TWIN") == "1"
 MAX_THREADS = 1 << 17      # grid x block: a host run starts one std::thread per CUDA thread
@@ -47,15 +47,13 @@ class HostTwins:
         if precompile.is_recording():     # the launch is noted for an ahead compile, not run
             run_cpu()
             return
-        copies = self._inputs(kernel, args)
+        launch = self._launch(kernel, args)
         run_cpu()
-        if copies is None:
+        if launch is None:
             return
+        source, grid, block, copies, values = launch
         try:
-            run_on_host(kernel, *copies)
-        except UnsupportedSource as exc:
-            self.counts["passed over: " + str(exc).split("uses ", 1)[-1]] += 1
-            return
+            run_source(source, grid, block, values, kernel.name)
         except RuntimeError as exc:
             if "integer division by zero" not in str(exc):
                 raise
@@ -67,8 +65,9 @@ class HostTwins:
                 dtype = getattr(spec, "dtype", spec).name
                 _assert_same(f"kernel '{kernel.name}', argument {k}", dtype, after, twin)
 
-    def _inputs(self, kernel, args: tuple) -> list | None:
-        """Copies of the call's arguments for the host run, or None (counted) where it cannot run."""
+    def _launch(self, kernel, args: tuple) -> tuple | None:
+        """(CUDA source, grid, block, copies of the arguments, their launch values) for the host run, or None
+        (counted) where it cannot run. The source and binding are the call's, computed once."""
         if any(isinstance(a, td.DeviceArray) for a in args):
             return self._skip("device arrays")
         arrays = [a for a in args if isinstance(a, np.ndarray)]
@@ -88,7 +87,8 @@ class HostTwins:
             return self._skip(why)
         if int(np.prod(binding.grid)) * int(np.prod(binding.block)) > MAX_THREADS:
             return self._skip(f"over {MAX_THREADS} threads")
-        return [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+        copies = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+        return source, binding.grid, binding.block, copies, kernel.bind(copies, "cuda").values
 
     def _skip(self, why: str) -> None:
         self.counts["passed over: " + why] += 1
