@@ -32,6 +32,7 @@ from taskdsl.runtime.kernel import Kernel
 
 from . import host_twin
 from .cuda_checks import CudaChecks
+from .cuda_on_host import host_compiler, run_on_host
 from .simulated_gpu import simulate_cuda_twin
 
 # Under CI (the CI variable set, as CI services and .ci/run's clean-clone check do) hypothesis draws the same
@@ -66,14 +67,19 @@ def pytest_configure(config):
 
 @pytest.fixture
 def twin_target(request):
-    """'cpu' or 'cuda' for the twins of a module with GPU_TWINS = True, else None."""
+    """'cpu', 'cuda' or 'host' for the twins of a module with GPU_TWINS = True, else None."""
     return getattr(request, "param", None)
 
 
 def pytest_generate_tests(metafunc):
-    """Modules that set GPU_TWINS = True get each test twice: on cpu, and as a @gpu test on cuda."""
+    """Modules that set GPU_TWINS = True get each test twice: on cpu, and as a @gpu test on cuda; those that also
+    set HOST_RUNS = True a third time, their kernels' CUDA source run on the host (tests/cuda_on_host.py)."""
     if getattr(metafunc.module, "GPU_TWINS", False):
-        metafunc.parametrize("twin_target", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)], indirect=True)
+        twins = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+        if getattr(metafunc.module, "HOST_RUNS", False):
+            twins.append(pytest.param("host", marks=pytest.mark.skipif(
+                host_compiler() is None, reason="no host C++ compiler ($CXX, g++ or clang++)")))
+        metafunc.parametrize("twin_target", twins, indirect=True)
 
 
 @pytest.fixture(autouse=True)
@@ -92,16 +98,20 @@ def _cpu_target_and_nvrtc(monkeypatch, request, twin_target):
     td.fast_compile(not optimized)
     simulate_cuda_twin(monkeypatch, twin_target)
     if twin_target is not None:
-        td.set_target(twin_target)
+        td.set_target("cpu" if twin_target == "host" else twin_target)
     elif request.node.get_closest_marker("gpu") is None:
         td.set_target(os.environ.get("TASKDSL_TEST_TARGET", "cpu"))
     original = Kernel.__call__
     undefined = request.node.get_closest_marker("undefined_behavior") is not None   # no host twins: C's UB
+    # kernel calls run their CUDA source on the host (tests/cuda_on_host.py) instead of the cpu kernel
+    on_host = twin_target == "host" or request.node.get_closest_marker("cuda_on_host") is not None
+    if on_host and host_compiler() is None:
+        pytest.skip("no host C++ compiler ($CXX, g++ or clang++) to run CUDA sources on the host")
 
     def call_and_queue_cuda(self, *args, **kwargs):
-        run = functools.partial(original, self, *args, **kwargs)
+        run = functools.partial(run_on_host if on_host else original, self, *args, **kwargs)
         args = self.arguments(args, kwargs)
-        if HOST_TWINS is not None and td.get_target() == "cpu" and not undefined:
+        if HOST_TWINS is not None and not on_host and td.get_target() == "cpu" and not undefined:
             HOST_TWINS.call(self, run, args)
         else:
             run()

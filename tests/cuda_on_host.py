@@ -15,9 +15,10 @@ library linked against a small runtime (`RUNTIME`, compiled once) that runs the 
   stops and raises, where a GPU would hang.
 
 The kernel's translation unit includes no header (the shim declares the math through GCC builtins), so a
-kernel compiles in about a tenth of a second; libraries are cached by a hash of their text. Sources the
-shim cannot run faithfully (inline PTX: tensor cores, ldmatrix, cp.async; atomics) are
-refused with `UnsupportedSource`.
+kernel compiles in about a tenth of a second; libraries are cached by a hash of their text. The inline PTX the
+generator writes (mma.sync, ldmatrix, cp.async) runs through its host emulation in `ptx_on_host.py`, which also
+poisons shared memory at the start of each block. Sources the shim cannot run faithfully (atomics, other inline
+PTX) are refused with `UnsupportedSource`.
 """
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ from pathlib import Path
 import numpy as np
 
 from taskdsl.backend.cuda.launch import kernel_params
+
+from . import ptx_on_host
 
 # -O0: the kernels are small and run briefly; optimizing costs more compile time than it saves. -fwrapv: signed
 # overflow wraps, as it does on a GPU. -fnon-call-exceptions: an integer division by zero (x86 traps; a GPU gives
@@ -127,25 +130,28 @@ struct __nv_bfloat16 {
   template <typename I, typename = decltype(I(0) % 1)> __nv_bfloat16(I i) : __nv_bfloat16((double)i) {}
   operator float() const { return __builtin_bit_cast(float, (unsigned)x << 16); } };
 static_assert(sizeof(__half) == 2 && sizeof(__nv_bfloat16) == 2, "16-bit floats are two bytes");
-"""
+#define TD_HOST_DYNAMIC_SMEM_BYTES (256 * 1024)
+""" + ptx_on_host.SHIM
 
-RUNTIME = r"""// The launch of tests/cuda_on_host.py: a block's threads as std::threads, its barriers, warp exchanges.
+RUNTIME = r"""// The launch of tests/cuda_on_host.py: a block's threads as fibers, its barriers, warp exchanges.
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
 #include <algorithm>
 #include <csignal>
-#include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <exception>
-#include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 struct uint3 { unsigned x, y, z; };
 struct dim3 { unsigned x, y, z; };
 struct td_host_indices { uint3 thread, block; dim3 block_dim, grid_dim; };
 
-extern "C" { alignas(16) unsigned char td_host_dynamic_smem[256 * 1024]; }
+extern "C" { alignas(16) unsigned char td_host_dynamic_smem[256 * 1024]; }     // TD_HOST_DYNAMIC_SMEM_BYTES
 
 namespace {
 struct Aborted {};      // thrown out of a wait when the launch stops (deadlock, error)
@@ -156,75 +162,144 @@ struct IntegerDivisionByZero : std::exception {
 };
 void on_sigfpe(int) { throw IntegerDivisionByZero(); }    // from the trapping instruction (-fnon-call-exceptions)
 
+constexpr int kBlobBytes = 32;                 // the most a lane hands to a warp-wide instruction
+constexpr size_t kStackBytes = 1 << 20;        // a fiber's stack, below a guard page (mapped: only used pages cost)
+
 struct Barrier {
-  std::condition_variable cv;
   int expected = 0, arrived = 0;
   unsigned long long generation = 0;
 };
 
-// One block's synchronization state; one mutex guards it all, so a deadlock is seen exactly: every live
-// thread waits, counted in `blocked` (a barrier that completes uncounts its waiters at once).
+// A CUDA thread: a fiber with its own stack, run by the block's scheduler until it waits or returns.
+struct Fiber {
+  ucontext_t context;
+  void* stack = nullptr;
+  td_host_indices indices;
+  int warp, lane;
+  int exchanges = 0;                 // the warp-wide instructions it has run
+  Barrier* waiting = nullptr;        // the barrier it waits at, for the end of `generation`
+  unsigned long long generation = 0;
+  bool done = false;
+  Fiber() = default;
+  Fiber(const Fiber&) = delete;
+  ~Fiber() { if (stack) munmap(stack, kStackBytes + getpagesize()); }
+  bool blocked(bool aborted) const { return waiting && waiting->generation == generation && !aborted; }
+};
+
 struct Block {
-  std::mutex m;
   Barrier block;
   std::vector<Barrier> warps;
+  std::vector<Fiber> fibers;
   std::vector<unsigned long long> slots;    // 32 per warp: the values of a shuffle
+  std::vector<unsigned char> blobs;         // 2 x 32 per warp: the operands of a warp-wide instruction
+  std::vector<long long> stamps;            // 2 x 32 per warp: which instruction each lane is at, and its count
   std::vector<int> lanes;                   // lanes per warp (the last one may be partial)
-  int live = 0, blocked = 0;
+  ucontext_t scheduler;
+  int running = -1, live;
+  unsigned long long serial;                // which block of the process this is, counting from 1
   bool aborted = false;
   std::string error;
-  explicit Block(int threads)
-      : warps((threads + 31) / 32), slots(32 * warps.size()), lanes(warps.size()) {
-    live = block.expected = threads;
+  Block(int threads, unsigned long long serial)
+      : warps((threads + 31) / 32), fibers(threads), slots(32 * warps.size()), blobs(64 * kBlobBytes * warps.size()),
+        stamps(64 * warps.size(), -1), lanes(warps.size()), live(threads), serial(serial) {
+    block.expected = threads;
     for (size_t w = 0; w < warps.size(); ++w) lanes[w] = warps[w].expected = std::min(32, threads - 32 * (int)w);
   }
-  void release(Barrier& b) { blocked -= b.arrived; b.arrived = 0; ++b.generation; b.cv.notify_all(); }
+  void release(Barrier& b) { b.arrived = 0; ++b.generation; }
   void abort(const std::string& why) {
     if (aborted) return;
     aborted = true; error = why;
-    block.cv.notify_all();
-    for (auto& w : warps) w.cv.notify_all();
-  }
-  void check_deadlock() {
-    if (live > 0 && blocked == live)
-      abort("deadlock: every live thread of the block waits at a __syncthreads or warp operation that the "
-            "other threads do not reach (" + std::to_string(live) + " threads)");
   }
 };
 
 Block* current = nullptr;
-thread_local td_host_indices indices;
-thread_local int warp_id, lane_id;
+unsigned long long blocks_run = 0;
+void (*kernel_entry)(void**);
+void** kernel_args;
 std::mutex launches;     // one launch at a time: the state above is global
 
-void wait(Barrier& b) {
+Fiber& me() { return current->fibers[current->running]; }
+
+void wait(Barrier& b) {      // the fiber yields to the scheduler until the barrier completes
   Block& s = *current;
-  std::unique_lock<std::mutex> lock(s.m);
+  Fiber& f = me();
   if (s.aborted) throw Aborted();
   if (b.arrived + 1 == b.expected) { s.release(b); return; }
-  ++b.arrived; ++s.blocked;
-  s.check_deadlock();
-  unsigned long long generation = b.generation;
-  b.cv.wait(lock, [&] { return b.generation != generation || s.aborted; });
-  if (b.generation == generation) throw Aborted();
+  ++b.arrived;
+  f.waiting = &b;
+  f.generation = b.generation;
+  swapcontext(&f.context, &s.scheduler);
+  f.waiting = nullptr;
+  if (b.generation == f.generation) throw Aborted();      // resumed by an abort, not by the barrier
 }
 
-void drop(Block& s) {   // this thread has returned: it no longer holds back the block's or its warp's barriers
-  std::lock_guard<std::mutex> lock(s.m);
+void drop(Block& s, Fiber& f) {   // the thread has returned: it no longer holds back its block's or warp's barriers
   --s.live;
-  for (Barrier* b : {&s.block, &s.warps[warp_id]}) {
+  for (Barrier* b : {&s.block, &s.warps[f.warp]}) {
     --b->expected;
     if (b->arrived > 0 && b->arrived == b->expected) s.release(*b);
   }
-  s.check_deadlock();
+}
+
+void fiber_main() {
+  Block& s = *current;
+  Fiber& f = me();
+  try {
+    if (!s.aborted) kernel_entry(kernel_args);      // a thread first run after an abort does not start
+  } catch (const Aborted&) {
+  } catch (const std::exception& e) {
+    s.abort(e.what());
+  } catch (...) {
+    s.abort("an unknown C++ exception");
+  }
+  drop(s, f);
+  f.done = true;      // returning resumes the scheduler (uc_link)
+}
+
+// Runs the block's fibers in turns, each until it waits or returns: ascending thread order, then descending,
+// so a read of another thread's write that lacks a barrier sees the old value from either side. A turn in
+// which no live fiber can run is a deadlock (a GPU would hang): every fiber is resumed to unwind.
+void run_block(Block& s, const td_host_indices& first) {
+  int threads = (int)s.fibers.size();
+  for (int t = 0; t < threads; ++t) {
+    Fiber& f = s.fibers[t];
+    const dim3& d = first.block_dim;
+    f.indices = first;
+    f.indices.thread = {t % d.x, t / d.x % d.y, t / (d.x * d.y)};
+    f.warp = t / 32; f.lane = t % 32;
+    void* mapping = mmap(nullptr, kStackBytes + getpagesize(), PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+    if (mapping == MAP_FAILED) throw std::runtime_error("cannot map a fiber's stack");
+    f.stack = mapping;
+    mprotect(mapping, getpagesize(), PROT_NONE);      // the guard page: an overflow faults
+    getcontext(&f.context);
+    f.context.uc_stack.ss_sp = (char*)mapping + getpagesize();
+    f.context.uc_stack.ss_size = kStackBytes;
+    f.context.uc_link = &s.scheduler;
+    makecontext(&f.context, fiber_main, 0);
+  }
+  for (bool ascending = true; s.live > 0; ascending = !ascending) {
+    bool ran = false;
+    for (int k = 0; k < threads; ++k) {
+      int t = ascending ? k : threads - 1 - k;
+      Fiber& f = s.fibers[t];
+      if (f.done || f.blocked(s.aborted)) continue;
+      s.running = t;
+      swapcontext(&s.scheduler, &f.context);
+      ran = true;
+    }
+    if (!ran)
+      s.abort("deadlock: every live thread of the block waits at a __syncthreads or warp operation that the "
+              "other threads do not reach (" + std::to_string(s.live) + " threads)");
+  }
 }
 }  // namespace
 
-extern "C" const td_host_indices* td_host_this_thread() { return &indices; }
+extern "C" const td_host_indices* td_host_this_thread() { return &me().indices; }
 extern "C" void td_host_syncthreads() { wait(current->block); }
-extern "C" void td_host_syncwarp() { wait(current->warps[warp_id]); }
+extern "C" void td_host_syncwarp() { wait(current->warps[me().warp]); }
 extern "C" unsigned td_host_activemask() {
-  int n = current->lanes[warp_id];
+  int n = current->lanes[me().warp];
   return n == 32 ? 0xffffffffu : (1u << n) - 1;
 }
 
@@ -232,10 +307,11 @@ extern "C" unsigned td_host_activemask() {
 // the segment (below it for up, above it for the others) reads the lane's own value.
 extern "C" unsigned long long td_host_shuffle(int kind, unsigned long long bits, int arg, int width) {
   Block& s = *current;
-  unsigned long long* slots = &s.slots[32 * warp_id];
-  slots[lane_id] = bits;
-  wait(s.warps[warp_id]);     // every lane has written its value
-  int lane = lane_id, first = lane & (32 - width), last = first | (width - 1), offset = arg & 31, source;
+  int warp = me().warp, lane = me().lane;
+  unsigned long long* slots = &s.slots[32 * warp];
+  slots[lane] = bits;
+  wait(s.warps[warp]);     // every lane has written its value
+  int first = lane & (32 - width), last = first | (width - 1), offset = arg & 31, source;
   bool inside;
   switch (kind) {
     case 0: source = first | (arg & (width - 1)); inside = source <= last; break;     // idx
@@ -243,10 +319,39 @@ extern "C" unsigned long long td_host_shuffle(int kind, unsigned long long bits,
     case 2: source = lane - offset; inside = source >= first; break;                  // up
     default: source = lane + offset; inside = source <= last; break;                  // down
   }
-  unsigned long long out = inside && source < s.lanes[warp_id] ? slots[source] : bits;
-  wait(s.warps[warp_id]);     // every lane has read before any writes the next shuffle's value
+  unsigned long long out = inside && source < s.lanes[warp] ? slots[source] : bits;
+  wait(s.warps[warp]);     // every lane has read before any writes the next shuffle's value
   return out;
 }
+
+// A warp-wide instruction (mma.sync, ldmatrix; tests/ptx_on_host.py): every lane hands in `bytes` of operands
+// and receives all 32 lanes' in `all`. The warp's 32 lanes must all be there, at the same instruction (`kind`):
+// each stamps its slot with the kind and its count of exchanges, which a lane that is missing does not write.
+// Successive exchanges alternate between two areas, so one barrier each is enough: a lane writes an area again
+// two exchanges later, past the barrier of the one between, which every lane reaches after reading it.
+void warp_exchange(int kind, const char* what, const void* mine, int bytes, void* all) {
+  Block& s = *current;
+  Fiber& f = me();
+  long long count = f.exchanges++, stamp = count << 8 | kind;
+  int first = 32 * (2 * f.warp + count % 2);     // this exchange's area: its first lane's slot
+  unsigned char* area = &s.blobs[kBlobBytes * first];
+  std::memcpy(area + kBlobBytes * f.lane, mine, bytes);
+  s.stamps[first + f.lane] = stamp;
+  wait(s.warps[f.warp]);     // every lane here has handed in its operands
+  int here = 0, same = 0;
+  for (int l = 0; l < 32; ++l) {
+    here += s.stamps[first + l] >> 8 == count;
+    same += s.stamps[first + l] == stamp;
+  }
+  if (here != 32)
+    throw std::runtime_error(std::string(what) + " with " + std::to_string(here) +
+                             " of the warp's 32 lanes (.aligned: every lane executes it)");
+  if (same != 32)
+    throw std::runtime_error(std::string(what) + ": the lanes of a warp are at different warp-wide instructions");
+  for (int l = 0; l < 32; ++l) std::memcpy((unsigned char*)all + bytes * l, area + kBlobBytes * l, bytes);
+}
+
+void begin_shared_block(int threads);      // tests/ptx_on_host.py's part, appended to this runtime
 
 extern "C" int td_host_run(const unsigned* grid, const unsigned* block, void (*entry)(void**), void** args,
                            char* message, int size) {
@@ -255,35 +360,21 @@ extern "C" int td_host_run(const unsigned* grid, const unsigned* block, void (*e
   trap.sa_handler = on_sigfpe;
   trap.sa_flags = SA_NODEFER;      // left by a throw, the handler does not unblock the signal itself
   sigaction(SIGFPE, &trap, &saved);
+  kernel_entry = entry;
+  kernel_args = args;
   int threads = (int)(block[0] * block[1] * block[2]);
   std::string error;
   for (unsigned bz = 0; bz < grid[2] && error.empty(); ++bz)
     for (unsigned by = 0; by < grid[1] && error.empty(); ++by)
       for (unsigned bx = 0; bx < grid[0] && error.empty(); ++bx) {
-        Block s(threads);
+        Block s(threads, ++blocks_run);
         current = &s;
-        std::vector<std::thread> pool;
+        begin_shared_block(threads);
         try {
-          for (int t = 0; t < threads; ++t)
-            pool.emplace_back([&, t] {
-              indices = {{t % block[0], t / block[0] % block[1], t / (block[0] * block[1])}, {bx, by, bz},
-                         {block[0], block[1], block[2]}, {grid[0], grid[1], grid[2]}};
-              warp_id = t / 32; lane_id = t % 32;
-              try {
-                entry(args);
-              } catch (const Aborted&) {
-              } catch (const std::exception& e) {
-                std::lock_guard<std::mutex> lock(s.m); s.abort(e.what());
-              } catch (...) {
-                std::lock_guard<std::mutex> lock(s.m); s.abort("an unknown C++ exception");
-              }
-              drop(s);
-            });
-        } catch (const std::exception& e) {     // no more threads: stop the ones started
-          std::lock_guard<std::mutex> lock(s.m);
-          s.abort(std::string("cannot start the block's threads: ") + e.what());
+          run_block(s, {{0, 0, 0}, {bx, by, bz}, {block[0], block[1], block[2]}, {grid[0], grid[1], grid[2]}});
+        } catch (const std::exception& e) {
+          s.abort(e.what());
         }
-        for (auto& th : pool) th.join();
         if (s.aborted)
           error = "block (" + std::to_string(bx) + ", " + std::to_string(by) + ", " + std::to_string(bz) + "): " +
                   s.error;
@@ -295,15 +386,14 @@ extern "C" int td_host_run(const unsigned* grid, const unsigned* block, void (*e
   message[size - 1] = 0;
   return 1;
 }
-"""
+""" + ptx_on_host.RUNTIME
 
-# Features whose host meaning would be a guess: inline PTX (tensor cores, ldmatrix, cp.async), atomics (the
-# generated code calls CUDA's atomic functions).
-_UNSUPPORTED = [(re.compile(r"\basm\b"), "inline PTX (asm: tensor cores, ldmatrix or cp.async)"),
-                (re.compile(r"\batomic[A-Z]\w*\s*\(|\btd_atomic_rmw\b"), "atomics")]
+# Atomics' host meaning would be a guess (the generated code calls CUDA's atomic functions).
+_ATOMICS = re.compile(r"\batomic[A-Z]\w*\s*\(|\btd_atomic_rmw\b")
 _HALF_HEADERS = re.compile(r"#include <cuda_(fp16|bf16)\.h>")
 _SIGNATURE = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(([^)]*)\)')
 _DYNAMIC_SHARED = re.compile(r"extern __shared__ __align__\(16\) unsigned char td_dynamic_smem\[\];")
+_STATIC_SHARED = re.compile(r"(__shared__ __align__\(16\) [\w ]+? (\w+)\[\d+\];)")
 _MESSAGE_BYTES = 1024
 
 
@@ -322,7 +412,11 @@ def host_compiler() -> str | None:
 
 def unsupported(source: str) -> str | None:
     """Why the shim cannot run CUDA `source` on the host, or None when it can."""
-    reasons = [why for pattern, why in _UNSUPPORTED if pattern.search(source)]
+    reasons = ["atomics"] if _ATOMICS.search(source) else []
+    try:
+        ptx_on_host.translate(source)
+    except ptx_on_host.Unsupported as exc:
+        reasons.append(str(exc))
     return ", ".join(reasons) or None
 
 
@@ -411,12 +505,22 @@ def _build(text: str, stem: str, extra: tuple = ()) -> Path:
 
 
 def _runtime() -> Path:
-    return _build(RUNTIME, "runtime")
+    return _build(RUNTIME, "runtime", ("-O2",))     # compiled once: worth optimizing
+
+
+def _host_shared(source: str) -> str:
+    """`source` with each shared array declared to the runtime (poisoned per block; ldmatrix's and cp.async's
+    bounds), the dynamic one in the runtime's buffer."""
+    source = _DYNAMIC_SHARED.sub("unsigned char* td_dynamic_smem = td_host_dynamic_smem; "
+                                 "TD_HOST_SHARED(td_dynamic_smem, TD_HOST_DYNAMIC_SMEM_BYTES)", source)
+    source, declared = _STATIC_SHARED.subn(r"\1 TD_HOST_SHARED(\2, sizeof(\2))", source)
+    assert declared == source.count("__shared__"), "a __shared__ declaration the host shim does not know"
+    return source
 
 
 def _library(source: str, symbol: str, c_types: list):
     """The loaded library of a kernel's CUDA source, with its launcher `td_host_launch`."""
-    source = _DYNAMIC_SHARED.sub("unsigned char* td_dynamic_smem = td_host_dynamic_smem;", source)
+    source = _host_shared(ptx_on_host.translate(source))
     source = _HALF_HEADERS.sub("", source)     # the shim defines the 16-bit float types
     arguments = ", ".join(f"*({t}*)args[{k}]" for k, t in enumerate(c_types))
     launcher = (f'#line 1 "td_host_launcher"\n'

@@ -20,6 +20,7 @@ from taskdsl import bf16, blockIdx, f16, f32, i8, i16, i32, threadIdx
 from .markers import Markers
 
 GPU_TWINS = True   # every test also runs as a @gpu twin on the cuda target (conftest.py)
+HOST_RUNS = True   # and with its kernels' CUDA source run on the host, the inline PTX emulated (ptx_on_host.py)
 
 FEW = settings(max_examples=6, deadline=None)
 MARKS = Markers(__file__)

@@ -8,6 +8,7 @@ every point of the space.
 """
 import math
 
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import example, given, settings, strategies as st
@@ -286,6 +287,43 @@ def test_unaligned_operands_are_padded_for_the_16_byte_copies(m, n, k, batch, se
     assert not p.pads and gemm.MatmulPlan(SMALL, td.f16, (1,), (1,), (1,), 4096, 2039, 2039, 1, gemm.TENSOR_CORE).pads
     assert not gemm.MatmulPlan(SMALL, td.f16, (1,), (1,), (1,), 4096, 4096, 4096, 1, gemm.TENSOR_CORE).pads
     assert not gemm.MatmulPlan(SMALL, td.f32, (1,), (1,), (1,), 4096, 2039, 2039, 1, gemm.SIMT).pads
+
+
+# --------------------------------------------------------------------------- the CUDA source on the host
+# The template's CUDA C++ itself, run on the host with its mma.sync, ldmatrix and cp.async emulated by the PTX ISA
+# (tests/ptx_on_host.py): a block's threads run concurrently there, each copy lands at the wait that retires it,
+# and shared memory starts as NaN. g++ builds a point in about a second where numba takes tens, so these reach
+# the points and shapes the cpu emulation above cannot afford.
+@pytest.mark.cuda_on_host
+def test_the_covering_points_run_their_cuda_source_on_the_host():
+    """The points that hold every pair of axis values: one block with partial tiles in M and N, K through the
+    whole ring of stages and past it."""
+    for i, point in enumerate(_covering()):
+        bm, bn, _ = tc.tile_shape(point)
+        m, n, k = bm - 3, bn - 8, point.bk * (point.stages + 1) + 8
+        rng = np.random.default_rng(i)
+        a = rng.standard_normal((m, k)).astype(np.float16)
+        b = rng.standard_normal((k, n)).astype(np.float16)
+        want = a.astype(np.float64) @ b.astype(np.float64)
+        np.testing.assert_allclose(_run(point, a, b, 8), want, rtol=1e-3, atol=1e-3, err_msg=str(point))
+
+
+@pytest.mark.cuda_on_host
+@settings(max_examples=6, deadline=None)
+@given(point=st.sampled_from(tc.space().points()), m=st.sampled_from([1, 17, 131]), n=st.sampled_from([8, 19, 136]),
+       k=st.sampled_from([13, 40, 392]), dtype=st.sampled_from([td.f16, td.bf16]), split=st.sampled_from([1, 3]),
+       seed=st.integers(0, 2**16))
+@example(point=tc.default_point(2048, 2048), m=131, n=136, k=392, dtype=td.bf16, split=3, seed=0)
+def test_any_point_shape_and_type_on_the_host(point, m, n, k, dtype, split, seed):
+    """A plan at any point of the space: several blocks, unaligned sizes (element loads), bf16, split-k (f32
+    partials, then their sum), a batch of two; its kernels' CUDA sources on the host against numpy."""
+    rng = np.random.default_rng(seed)
+    numpy_type = ml_dtypes.bfloat16 if dtype is td.bf16 else np.float16
+    a = rng.standard_normal((2, m, k)).astype(numpy_type)
+    b = rng.standard_normal((2, k, n)).astype(numpy_type)
+    c = gemm.MatmulPlan(point, dtype, (2,), (2,), (2,), m, n, k, split, gemm.TENSOR_CORE)(a, b)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_allclose(c.astype(np.float64), want, rtol=2e-2, atol=2e-2 * math.sqrt(k), err_msg=str(point))
 
 
 @pytest.mark.gpu
