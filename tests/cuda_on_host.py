@@ -5,8 +5,10 @@ the numpy arrays. The CUDA source (`kernel.source(..., target="cuda")`) is compi
 compiler with a shim header (`KERNEL_SHIM`) that gives the CUDA names it uses a host meaning, into a shared
 library linked against a small runtime (`RUNTIME`, compiled once) that runs the launch:
 
-- every thread of a block is a std::thread, so barriers and warp shuffles really synchronize; the blocks run
-  one after another (a schedule CUDA allows), so `__shared__` arrays are function-level statics;
+- every thread of a block is a fiber (ucontext, its own stack) that runs until it waits at a barrier or
+  returns, the block's fibers in turns, ascending and descending thread order by turns (a schedule CUDA allows;
+  a switch costs far less than waking an OS thread); the blocks run one after another, so `__shared__` arrays
+  are function-level statics, poisoned (every byte 0xff) when a block first declares them;
 - `__syncthreads()` and `__syncwarp()` are barriers over the block's (the warp's) threads; a thread that
   returns drops out of them, as CUDA counts an exited thread as arrived;
 - a shuffle is a per-warp exchange between two warp barriers, reading the source lane as PTX's
@@ -16,8 +18,7 @@ library linked against a small runtime (`RUNTIME`, compiled once) that runs the 
 
 The kernel's translation unit includes no header (the shim declares the math through GCC builtins), so a
 kernel compiles in about a tenth of a second; libraries are cached by a hash of their text. The inline PTX the
-generator writes (mma.sync, ldmatrix, cp.async) runs through its host emulation in `ptx_on_host.py`, which also
-poisons shared memory at the start of each block. Sources the shim cannot run faithfully (atomics, other inline
+generator writes (mma.sync, ldmatrix, cp.async) runs through its host emulation in `ptx_on_host.py`. Sources the shim cannot run faithfully (atomics, other inline
 PTX) are refused with `UnsupportedSource`.
 """
 from __future__ import annotations
@@ -131,6 +132,9 @@ struct __nv_bfloat16 {
   operator float() const { return __builtin_bit_cast(float, (unsigned)x << 16); } };
 static_assert(sizeof(__half) == 2 && sizeof(__nv_bfloat16) == 2, "16-bit floats are two bytes");
 #define TD_HOST_DYNAMIC_SMEM_BYTES (256 * 1024)
+extern "C" void td_host_shared(void* array, unsigned long long bytes, unsigned long long* seen);
+#define TD_HOST_SHARED(array, bytes) { static unsigned long long td_host_seen; \
+  td_host_shared(array, bytes, &td_host_seen); }
 """ + ptx_on_host.SHIM
 
 RUNTIME = r"""// The launch of tests/cuda_on_host.py: a block's threads as fibers, its barriers, warp exchanges.
@@ -214,6 +218,8 @@ struct Block {
 
 Block* current = nullptr;
 unsigned long long blocks_run = 0;
+struct SharedArray { unsigned char* begin; unsigned long long bytes; };
+std::vector<SharedArray> shared_arrays;      // those the running block has declared
 void (*kernel_entry)(void**);
 void** kernel_args;
 std::mutex launches;     // one launch at a time: the state above is global
@@ -256,9 +262,10 @@ void fiber_main() {
   f.done = true;      // returning resumes the scheduler (uc_link)
 }
 
-// Runs the block's fibers in turns, each until it waits or returns: ascending thread order, then descending,
-// so a read of another thread's write that lacks a barrier sees the old value from either side. A turn in
-// which no live fiber can run is a deadlock (a GPU would hang): every fiber is resumed to unwind.
+// Runs the block's fibers in turns, each until it waits or returns: in ascending thread order, then descending
+// (odd blocks start ascending, even ones descending), so a read of another thread's write that lacks a barrier
+// sees the old value from either side. A turn in which no live fiber can run is a deadlock (a GPU would hang):
+// every fiber is resumed to unwind.
 void run_block(Block& s, const td_host_indices& first) {
   int threads = (int)s.fibers.size();
   for (int t = 0; t < threads; ++t) {
@@ -278,7 +285,7 @@ void run_block(Block& s, const td_host_indices& first) {
     f.context.uc_link = &s.scheduler;
     makecontext(&f.context, fiber_main, 0);
   }
-  for (bool ascending = true; s.live > 0; ascending = !ascending) {
+  for (bool ascending = s.serial % 2; s.live > 0; ascending = !ascending) {
     bool ran = false;
     for (int k = 0; k < threads; ++k) {
       int t = ascending ? k : threads - 1 - k;
@@ -351,7 +358,16 @@ void warp_exchange(int kind, const char* what, const void* mine, int bytes, void
   for (int l = 0; l < 32; ++l) std::memcpy((unsigned char*)all + bytes * l, area + kBlobBytes * l, bytes);
 }
 
-void begin_shared_block(int threads);      // tests/ptx_on_host.py's part, appended to this runtime
+// A shared array's declaration (TD_HOST_SHARED after it): the block's first thread there poisons it, since a
+// GPU's shared memory holds whatever was there (every byte 0xff: NaN in floats, -1 in integers).
+extern "C" void td_host_shared(void* array, unsigned long long bytes, unsigned long long* seen) {
+  if (*seen == current->serial) return;      // another thread of the block declared it first
+  *seen = current->serial;
+  std::memset(array, 0xff, bytes);
+  shared_arrays.push_back({(unsigned char*)array, bytes});
+}
+
+void begin_ptx_block(int threads);      // tests/ptx_on_host.py's part, appended to this runtime
 
 extern "C" int td_host_run(const unsigned* grid, const unsigned* block, void (*entry)(void**), void** args,
                            char* message, int size) {
@@ -369,7 +385,8 @@ extern "C" int td_host_run(const unsigned* grid, const unsigned* block, void (*e
       for (unsigned bx = 0; bx < grid[0] && error.empty(); ++bx) {
         Block s(threads, ++blocks_run);
         current = &s;
-        begin_shared_block(threads);
+        shared_arrays.clear();
+        begin_ptx_block(threads);
         try {
           run_block(s, {{0, 0, 0}, {bx, by, bz}, {block[0], block[1], block[2]}, {grid[0], grid[1], grid[2]}});
         } catch (const std::exception& e) {

@@ -13,19 +13,15 @@ names them, so a wrong operand order in the generator is run as written, not as 
   copy reads its source and writes its destination (zero-filled past src-size) only when a `wait_group` retires
   its group: the latest a GPU may do it, so a read of the destination before its wait sees stale bytes.
 
-Shared memory is poisoned (every byte 0xff: NaN in floats, -1 in integers) at the start of each block, since a
-GPU's holds whatever was there, and the shared addresses of ldmatrix and cp.async must lie, whole and aligned as
-the PTX ISA requires, inside one shared array; a violation stops the launch with an error. Any other inline PTX
-is refused (`Unsupported`).
+The shared addresses of ldmatrix and cp.async must lie, whole and aligned as the PTX ISA requires, inside one
+shared array the block declared (cuda_on_host poisons those: a read before the copy lands sees NaN or -1); a
+violation stops the launch with an error. Any other inline PTX is refused (`Unsupported`).
 """
 from __future__ import annotations
 
 import re
 
 SHIM = r"""// inline PTX on the host (tests/ptx_on_host.py)
-extern "C" void td_host_shared(void* array, unsigned long long bytes, unsigned long long* seen);
-#define TD_HOST_SHARED(array, bytes) { static unsigned long long td_host_seen; \
-  td_host_shared(array, bytes, &td_host_seen); }
 extern "C" void td_host_mma_m16n8k16(int bf16, const unsigned* a, const unsigned* b, const float* c, float* d);
 extern "C" void td_host_ldmatrix(int num, int trans, const void* address, unsigned* out);
 extern "C" void td_host_cp_async(void* dst, const void* src, int size, int src_size, int cache_global);
@@ -33,17 +29,14 @@ extern "C" void td_host_cp_async_commit();
 extern "C" void td_host_cp_async_wait(int pending);
 """
 
-# Appended to cuda_on_host's RUNTIME: it uses that file's Block, `current`, `me()` and `warp_exchange`.
+# Appended to cuda_on_host's RUNTIME: it uses that file's `current`, `me()`, `shared_arrays` and `warp_exchange`.
 RUNTIME = r"""
 // ------------------------------------------------------------ inline PTX (tests/ptx_on_host.py)
 namespace {
-struct Region { unsigned char* begin; unsigned long long bytes; };
-std::vector<Region> regions;          // the shared arrays this block has declared (reset per block)
-
-const Region& shared_region(const void* address, int bytes, const char* what) {
+void check_shared(const void* address, int bytes, const char* what) {
   auto p = (const unsigned char*)address;
-  for (const Region& r : regions)
-    if (p >= r.begin && p + bytes <= r.begin + r.bytes) return r;
+  for (const SharedArray& a : shared_arrays)
+    if (p >= a.begin && p + bytes <= a.begin + a.bytes) return;
   throw std::runtime_error(std::string(what) + ": " + std::to_string(bytes) +
                            " bytes at a shared address outside every shared array of the block");
 }
@@ -68,18 +61,7 @@ struct Copies {                          // a thread's cp.async state
 std::vector<Copies> copies;             // per thread of the block
 }  // namespace
 
-void begin_shared_block(int threads) {   // cuda_on_host's td_host_run, before each block
-  regions.clear();
-  copies.assign(threads, Copies());
-}
-
-extern "C" void td_host_shared(void* array, unsigned long long bytes, unsigned long long* seen) {
-  Block& s = *current;
-  if (*seen == s.serial) return;      // another thread of the block declared it first
-  *seen = s.serial;
-  std::memset(array, 0xff, bytes);    // a GPU's shared memory holds whatever was there: NaN, -1
-  regions.push_back({(unsigned char*)array, bytes});
-}
+void begin_ptx_block(int threads) { copies.assign(threads, Copies()); }    // cuda_on_host's td_host_run
 
 // mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.f32: D = A B + C over the warp. groupID = lane >> 2 and
 // threadID_in_group = lane % 4; half r of a lane's A registers is A[groupID + 8 * (r / 2 % 2), 2 * tig + r % 2 +
@@ -115,7 +97,7 @@ extern "C" void td_host_ldmatrix(int num, int trans, const void* address, unsign
   warp_exchange(3 + 2 * num + trans, "ldmatrix", &address, sizeof address, rows);
   for (int k = 0; k < 8 * num; ++k) {
     check_aligned(rows[k], 16, "ldmatrix");
-    shared_region(rows[k], 16, "ldmatrix");
+    check_shared(rows[k], 16, "ldmatrix");
   }
   for (int j = 0; j < num; ++j) {
     unsigned word = 0;
@@ -138,7 +120,7 @@ extern "C" void td_host_cp_async(void* dst, const void* src, int size, int src_s
     throw std::runtime_error("cp.async: src-size " + std::to_string(src_size) + " outside 0.." + std::to_string(size));
   check_aligned(dst, size, "cp.async (shared)");
   check_aligned(src, size, "cp.async (global)");
-  shared_region(dst, size, "cp.async");
+  check_shared(dst, size, "cp.async");
   copies[current->running].uncommitted.push_back({(unsigned char*)dst, (const unsigned char*)src, size, src_size});
 }
 

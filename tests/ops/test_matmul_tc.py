@@ -188,16 +188,24 @@ def test_prologues_replace_the_async_copies_of_their_operand(m, n, k, seed):
     assert source.count("cp.async.cg") == 0 and "mma.sync" in source
 
 
+# (x shape, w shape, pad, groups, stride, dilation)
+NHWC_CASES = [((1, 5, 6, 16), (8, 16, 3, 3), 1, 1, 1, 1), ((2, 4, 5, 16), (16, 8, 3, 3), 2, 2, 1, 1),
+              ((1, 9, 8, 8), (8, 8, 3, 2), 1, 1, 2, 2), ((2, 9, 8, 16), (16, 8, 3, 2), 2, 2, 2, 2)]
+
+
 @settings(max_examples=1, deadline=None)    # a fused kernel is specialized to its shapes: ~20 s of numba each
-@given(case=st.sampled_from([((1, 5, 6, 16), (8, 16, 3, 3), 1, 1, 1, 1), ((2, 4, 5, 16), (16, 8, 3, 3), 2, 2, 1, 1),
-                             ((1, 9, 8, 8), (8, 8, 3, 2), 1, 1, 2, 2), ((2, 9, 8, 16), (16, 8, 3, 2), 2, 2, 2, 2)]),
-       seed=st.integers(0, 2**16))
+@given(case=st.sampled_from(NHWC_CASES), seed=st.integers(0, 2**16))
 # two images, two groups, a wide padding, stride 2, dilation 2 and a 3x2 kernel: one example (one compile)
-@example(case=((2, 9, 8, 16), (16, 8, 3, 2), 2, 2, 2, 2), seed=0)
+@example(case=NHWC_CASES[3], seed=0)
 def test_an_nhwc_im2col_prologue_keeps_the_async_copies_from_the_input(case, seed):
     """conv's NHWC im2col of 8-channel runs (`gather_runs`): the fused kernel copies each run of A from X itself
     by cp.async, zero-filled in the padding, instead of computing element stores; matches numpy on the cpu."""
     td.set_target("cpu")
+    _check_nhwc_im2col(SMALL, case, seed)
+
+
+def _check_nhwc_im2col(point, case, seed: int) -> None:
+    """The template at `point` with conv's NHWC im2col of `case` fused as A's prologue, against numpy."""
     x_shape, w_shape, pad, groups, stride, dilation = case
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(x_shape).astype(np.float16)
@@ -206,7 +214,7 @@ def test_an_nhwc_im2col_prologue_keeps_the_async_copies_from_the_input(case, see
     a = conv.im2col(g, td.placeholder("X", td.f16, x_shape))
     assert a.gather_runs == 8
     n_groups, m, k, n = g.gemm
-    anchor = tc.tc_matmul_kernel(SMALL, td.f16, td.f32, 8)
+    anchor = tc.tc_matmul_kernel(point, td.f16, td.f32, 8)
     index = simt.batch_index((n_groups,), (n_groups,), (n_groups,))
     c = np.full((n_groups, m, n), np.nan, np.float32)
     b = conv.pack_weight(g, w)
@@ -217,7 +225,15 @@ def test_an_nhwc_im2col_prologue_keeps_the_async_copies_from_the_input(case, see
     fused(b, c, index, 1, x)
     want = reference(x.transpose(0, 3, 1, 2), w, None, (stride,) * 2, (pad,) * 4, (dilation,) * 2, groups)
     got = c.reshape(n_groups, x_shape[0], g.oh, g.ow, n).transpose(1, 0, 4, 2, 3).reshape(want.shape)
-    np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3)
+    np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3, err_msg=f"{point}, {case}")
+
+
+@pytest.mark.cuda_on_host
+def test_every_nhwc_im2col_case_runs_its_cuda_source_on_the_host():
+    """Each case above, where the cpu can afford one, at the small point and the default one (2 x 2 warps)."""
+    for point in (SMALL, tc.default_point()):
+        for seed, case in enumerate(NHWC_CASES):
+            _check_nhwc_im2col(point, case, seed)
 
 
 def test_a_three_channel_im2col_loads_its_elements_with_no_branch():
