@@ -45,8 +45,9 @@ if os.environ.get("CI"):
 _compiled: set = set()
 # TASKDSL_SIMULATED_GPU=1 without a GPU: the cuda twins run on the simulated GPU (tests/simulated_gpu.py), so
 # the kernels the cuda target schedules (its templates, reductions, strategies) run on the cpu backend and
-# are checked against the same oracles. Other @gpu tests (real driver features) stay skipped.
-SIMULATED_GPU = os.environ.get("TASKDSL_SIMULATED_GPU") == "1"
+# are checked against the same oracles; with TASKDSL_SIMULATED_GPU=host their CUDA C++ runs on the host
+# (tests/cuda_on_host.py). Other @gpu tests (real driver features) stay skipped.
+SIMULATED_GPU = os.environ.get("TASKDSL_SIMULATED_GPU") in ("1", "host")
 
 CUDA_CHECKS = CudaChecks()    # the CUDA sources of the kernels the tests launch, compiled when their module ends
 # TASKDSL_HOST_TWIN=1: each cpu kernel call also runs its CUDA source on the host, from the same inputs

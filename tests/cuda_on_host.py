@@ -412,6 +412,7 @@ _SIGNATURE = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\)
 _DYNAMIC_SHARED = re.compile(r"extern __shared__ __align__\(16\) unsigned char td_dynamic_smem\[\];")
 _STATIC_SHARED = re.compile(r"(__shared__ __align__\(16\) [\w ]+? (\w+)\[\d+\];)")
 _MESSAGE_BYTES = 1024
+_EMPTY_BYTES = 256     # an empty array's memory: a GPU allocates at least a byte, in blocks of 256 or more
 
 
 class UnsupportedSource(Exception):
@@ -452,9 +453,12 @@ def run_on_host(kernel, *args, **kwargs) -> None:
         run_source(kernel.source(*args, target="cuda"), binding.grid, binding.block, binding.values, kernel.name)
 
 
-def run_source(source: str, grid: tuple, block: tuple, values: list, name: str = "kernel") -> None:
+def run_source(source: str, grid: tuple, block: tuple, values: list, name: str = "kernel",
+               in_place: bool = False) -> None:
     """Run the `__global__` function of CUDA `source` on the host: 3-d `grid` x `block`, `values` its numpy
-    arrays and numpy scalars in parameter order."""
+    arrays and numpy scalars in parameter order. Each array gets its own copy, as a GPU launch's numpy arguments
+    do, unless `in_place` (the C-contiguous arrays are the "device memory", aliases included). An empty array is
+    a zeroed scrap of memory, as a GPU's allocation of at least a byte is."""
     why = unsupported(source)
     if why is not None:
         raise UnsupportedSource(f"kernel '{name}': its CUDA source uses {why}")
@@ -465,15 +469,16 @@ def run_source(source: str, grid: tuple, block: tuple, values: list, name: str =
     c_types = [p.rsplit(None, 1)[0] for p in filter(None, (p.strip() for p in param_text.split(",")))]
     assert len(c_types) == len(values), f"kernel '{name}': {len(c_types)} C parameters, {len(values)} values"
     library = _library(source, symbol, c_types)
-    # like a GPU launch: each array gets its own copy ("device memory"); written ones are copied back
     keep, pointers, copy_back = [], [], []
     for value, info in zip(values, params):
         if info.pointer:
             assert isinstance(value, np.ndarray), f"kernel '{name}': {value!r} for a pointer parameter"
-            host = np.array(value, order="C", copy=True)
-            if info.writable:
+            host = value if in_place and value.flags.c_contiguous else np.array(value, order="C", copy=True)
+            if info.writable and host is not value:
                 copy_back.append((value, host))
-            slot = np.array(host.ctypes.data if host.size else 0, np.uintp)   # the argument: a pointer
+            if not host.size:
+                host = np.zeros(_EMPTY_BYTES, np.uint8)
+            slot = np.array(host.ctypes.data, np.uintp)   # the argument: a pointer
             keep += [host, slot]
             pointers.append(slot.ctypes.data)
         else:

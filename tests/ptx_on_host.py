@@ -174,34 +174,33 @@ def translate(source: str) -> str:
     return "".join(pieces) + source[pos:]
 
 
-def _closing(text: str, open_at: int) -> int:
-    """The index of the bracket that closes the one at `open_at`, string literals skipped."""
-    depth, k = 0, open_at
+def _scan(text: str, start: int = 0):
+    """(index, bracket depth after it) of each character of `text` from `start`, string literals skipped."""
+    depth, k = 0, start
     while k < len(text):
-        ch = text[k]
-        if ch == '"':
+        if text[k] == '"':
             k = _STRING.match(text, k).end()
             continue
-        depth += (ch in _OPEN) - (ch in _CLOSE)
+        depth += (text[k] in _OPEN) - (text[k] in _CLOSE)
+        yield k, depth
+        k += 1
+
+
+def _closing(text: str, open_at: int) -> int:
+    """The index of the bracket that closes the one at `open_at`."""
+    for k, depth in _scan(text, open_at):
         if depth == 0:
             return k
-        k += 1
     raise Unsupported("an asm statement whose brackets do not close")
 
 
 def _split(text: str, separator: str) -> list[str]:
     """`text` split at each `separator` outside brackets and string literals."""
-    parts, depth, start, k = [], 0, 0, 0
-    while k < len(text):
-        ch = text[k]
-        if ch == '"':
-            k = _STRING.match(text, k).end()
-            continue
-        depth += (ch in _OPEN) - (ch in _CLOSE)
-        if ch == separator and depth == 0:
+    parts, start = [], 0
+    for k, depth in _scan(text):
+        if text[k] == separator and depth == 0:
             parts.append(text[start:k])
             start = k + 1
-        k += 1
     return parts + [text[start:]]
 
 

@@ -1,5 +1,5 @@
 """A simulated GPU for machines without one: "device memory" is host memory and cuda launches run on the
-cpu backend.
+cpu backend, or with TASKDSL_SIMULATED_GPU=host their CUDA C++ runs on the host (tests/cuda_on_host.py).
 
 It stands in below everything taskdsl builds on the driver: `td.DeviceArray`s (allocation, copies,
 reshapes), the operator library's placement of results, the graph executor's device-resident
@@ -20,9 +20,12 @@ import numpy as np
 
 import taskdsl
 from taskdsl.backend.cuda import graphs, launch
+from taskdsl.backend.cuda.codegen import emit_cuda
 from taskdsl.runtime import config, device_array
 from taskdsl.runtime.device_array import DeviceArray
 from taskdsl.runtime.kernel import Kernel
+
+from .cuda_on_host import run_source, unsupported
 
 REAL_LAUNCH_PATH = {"_run_cuda": Kernel._run_cuda, "_prepare_cuda": Kernel._prepare_cuda}   # what install replaces
 
@@ -68,18 +71,37 @@ class SimulatedGPU:
     launches: list = field(default_factory=list)
     replays: int = 0
     limits: launch.LaunchLimits = field(default_factory=launch.LaunchLimits)     # a GPU's (a test may lower them)
+    cuda_source: bool = False       # launches run their CUDA C++ on the host, in place (else the cpu kernel)
 
     def run(self, kernel: Kernel, binding) -> None:
-        """Run a launch on the cpu backend, refusing grids and blocks a GPU's launch would (grid.z 65535 and the
-        like: limits the cpu has not)."""
+        """Run a launch, refusing grids and blocks a GPU's launch would (grid.z 65535 and the like: limits the
+        cpu has not)."""
         launch.check_launch_dims(binding.grid, binding.block, self.limits, kernel.name)
         values = binding.values
         arguments = [host_view(v) if isinstance(v, DeviceArray) else v for v in values]
         self.launches.append((kernel, values))
-        kernel._call_cpu(tuple(arguments))
+        self.execute(kernel, arguments)
         record = launch.recording_active()
         if record is not None:
             record.launches.append(launch.LaunchRecord(kernel, None, arguments, list(values), False))
+
+    def execute(self, kernel: Kernel, arguments: list) -> None:
+        """Run `kernel` on `arguments` (numpy arrays over device memory, and scalars): its cpu kernel, or its CUDA
+        source on the host where the host can run it (not atomics; and an integer division by zero, which x86
+        traps and a GPU leaves unspecified, as a graph's compile run on zeros divides, runs again on the cpu)."""
+        if self.cuda_source:
+            binding = kernel.bind(tuple(arguments), "cuda")
+            source = emit_cuda(kernel._cuda_function(binding))
+            if unsupported(source) is None:
+                if 0 in binding.grid:
+                    return
+                try:
+                    run_source(source, binding.grid, binding.block, binding.values, kernel.name, in_place=True)
+                    return
+                except RuntimeError as exc:
+                    if "integer division by zero" not in str(exc):
+                        raise
+        kernel._call_cpu(tuple(arguments))
 
 
 class _Graph:
@@ -96,19 +118,21 @@ class _Graph:
     def replay(self) -> None:
         type(self).gpu.replays += 1
         for r in self.launches:
-            r.kernel._call_cpu(tuple(r.args))
+            type(self).gpu.execute(r.kernel, r.args)
 
 
 def simulate_cuda_twin(monkeypatch, twin_target) -> None:
-    """For a cuda twin (tests/conftest.py GPU_TWINS) on a machine without a GPU, with TASKDSL_SIMULATED_GPU=1:
-    install the simulated GPU (without that variable such twins are skipped)."""
-    if twin_target == "cuda" and os.environ.get("TASKDSL_SIMULATED_GPU") == "1" and not config.gpu_status()[0]:
-        install(monkeypatch)
+    """For a cuda twin (tests/conftest.py GPU_TWINS) on a machine without a GPU, with TASKDSL_SIMULATED_GPU=1 or
+    host: install the simulated GPU (without that variable such twins are skipped)."""
+    mode = os.environ.get("TASKDSL_SIMULATED_GPU")
+    if twin_target == "cuda" and mode in ("1", "host") and not config.gpu_status()[0]:
+        install(monkeypatch, cuda_source=mode == "host")
 
 
-def install(monkeypatch) -> SimulatedGPU:
-    """Make the cuda target usable in this test, on the simulated device."""
-    gpu = SimulatedGPU()
+def install(monkeypatch, cuda_source: bool = False) -> SimulatedGPU:
+    """Make the cuda target usable in this test, on the simulated device (`cuda_source`: launches run their CUDA
+    C++ on the host)."""
+    gpu = SimulatedGPU(cuda_source=cuda_source)
     state = launch.DeviceState(_Device(), 0, "sm_90", launch.LaunchLimits(), 50 * 2**20, _Stream())
     monkeypatch.setattr(launch._local, "state", state, raising=False)
     for module in (config, taskdsl):                # taskdsl re-exports it as td.gpu_status
