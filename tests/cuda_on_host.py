@@ -167,7 +167,7 @@ struct IntegerDivisionByZero : std::exception {
 void on_sigfpe(int) { throw IntegerDivisionByZero(); }    // from the trapping instruction (-fnon-call-exceptions)
 
 constexpr int kBlobBytes = 32;                 // the most a lane hands to a warp-wide instruction
-constexpr size_t kStackBytes = 1 << 20;        // a fiber's stack, below a guard page (mapped: only used pages cost)
+constexpr size_t kStackBytes = 1 << 20;        // a fiber's stack, above a guard page (mapped: only used pages cost)
 
 struct Barrier {
   int expected = 0, arrived = 0;
@@ -177,16 +177,12 @@ struct Barrier {
 // A CUDA thread: a fiber with its own stack, run by the block's scheduler until it waits or returns.
 struct Fiber {
   ucontext_t context;
-  void* stack = nullptr;
   td_host_indices indices;
   int warp, lane;
   int exchanges = 0;                 // the warp-wide instructions it has run
   Barrier* waiting = nullptr;        // the barrier it waits at, for the end of `generation`
   unsigned long long generation = 0;
   bool done = false;
-  Fiber() = default;
-  Fiber(const Fiber&) = delete;
-  ~Fiber() { if (stack) munmap(stack, kStackBytes + getpagesize()); }
   bool blocked(bool aborted) const { return waiting && waiting->generation == generation && !aborted; }
 };
 
@@ -225,6 +221,19 @@ void** kernel_args;
 std::mutex launches;     // one launch at a time: the state above is global
 
 Fiber& me() { return current->fibers[current->running]; }
+
+std::vector<char*> stacks;      // thread t's stack, kept for the next blocks and launches
+
+char* stack_of(int t) {
+  while ((int)stacks.size() <= t) {
+    void* mapping = mmap(nullptr, kStackBytes + getpagesize(), PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+    if (mapping == MAP_FAILED) throw std::runtime_error("cannot map a fiber's stack");
+    mprotect(mapping, getpagesize(), PROT_NONE);      // the guard page: an overflow faults
+    stacks.push_back((char*)mapping + getpagesize());
+  }
+  return stacks[t];
+}
 
 void wait(Barrier& b) {      // the fiber yields to the scheduler until the barrier completes
   Block& s = *current;
@@ -274,13 +283,8 @@ void run_block(Block& s, const td_host_indices& first) {
     f.indices = first;
     f.indices.thread = {t % d.x, t / d.x % d.y, t / (d.x * d.y)};
     f.warp = t / 32; f.lane = t % 32;
-    void* mapping = mmap(nullptr, kStackBytes + getpagesize(), PROT_READ | PROT_WRITE,
-                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
-    if (mapping == MAP_FAILED) throw std::runtime_error("cannot map a fiber's stack");
-    f.stack = mapping;
-    mprotect(mapping, getpagesize(), PROT_NONE);      // the guard page: an overflow faults
     getcontext(&f.context);
-    f.context.uc_stack.ss_sp = (char*)mapping + getpagesize();
+    f.context.uc_stack.ss_sp = stack_of(t);
     f.context.uc_stack.ss_size = kStackBytes;
     f.context.uc_link = &s.scheduler;
     makecontext(&f.context, fiber_main, 0);

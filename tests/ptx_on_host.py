@@ -59,9 +59,18 @@ struct Copies {                          // a thread's cp.async state
   std::deque<std::vector<Copy>> committed;
 };
 std::vector<Copies> copies;             // per thread of the block
+
+struct Product {                         // a warp's mma: A B, for the exchange that gave A and B
+  int exchange = -1;
+  double ab[16][8];
+};
+std::vector<Product> products;          // per warp of the block
 }  // namespace
 
-void begin_ptx_block(int threads) { copies.assign(threads, Copies()); }    // cuda_on_host's td_host_run
+void begin_ptx_block(int threads) {      // cuda_on_host's td_host_run, before each block
+  copies.assign(threads, Copies());
+  products.assign((threads + 31) / 32, Product());
+}
 
 // mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.f32: D = A B + C over the warp. groupID = lane >> 2 and
 // threadID_in_group = lane % 4; half r of a lane's A registers is A[groupID + 8 * (r / 2 % 2), 2 * tig + r % 2 +
@@ -72,21 +81,26 @@ extern "C" void td_host_mma_m16n8k16(int bf16, const unsigned* a, const unsigned
   std::memcpy(mine.a, a, sizeof mine.a);
   std::memcpy(mine.b, b, sizeof mine.b);
   warp_exchange(1 + bf16, "mma.sync", &mine, sizeof mine, all);
-  float A[16][16], B[16][8];
-  for (int lane = 0; lane < 32; ++lane) {
-    int group = lane >> 2, tig = lane % 4;
-    for (int r = 0; r < 8; ++r)
-      A[group + 8 * (r / 2 % 2)][2 * tig + r % 2 + 8 * (r / 4)] = b16_to_float(half_of(all[lane].a[r / 2], r), bf16);
-    for (int r = 0; r < 4; ++r)
-      B[2 * tig + r % 2 + 8 * (r / 2)][group] = b16_to_float(half_of(all[lane].b[r / 2], r), bf16);
+  Product& p = products[me().warp];
+  if (p.exchange != me().exchanges) {     // the warp's first lane here computes A B for all (fibers take turns)
+    p.exchange = me().exchanges;
+    float A[16][16], B[16][8];
+    for (int lane = 0; lane < 32; ++lane) {
+      int group = lane >> 2, tig = lane % 4;
+      for (int r = 0; r < 8; ++r)
+        A[group + 8 * (r / 2 % 2)][2 * tig + r % 2 + 8 * (r / 4)] = b16_to_float(half_of(all[lane].a[r / 2], r), bf16);
+      for (int r = 0; r < 4; ++r)
+        B[2 * tig + r % 2 + 8 * (r / 2)][group] = b16_to_float(half_of(all[lane].b[r / 2], r), bf16);
+    }
+    for (int row = 0; row < 16; ++row)
+      for (int col = 0; col < 8; ++col) {
+        double sum = 0;
+        for (int k = 0; k < 16; ++k) sum += (double)A[row][k] * B[k][col];    // products of 16-bit floats: exact
+        p.ab[row][col] = sum;
+      }
   }
   int group = me().lane >> 2, tig = me().lane % 4;
-  for (int r = 0; r < 4; ++r) {
-    int row = group + 8 * (r / 2), col = 2 * tig + r % 2;
-    double sum = c[r];
-    for (int k = 0; k < 16; ++k) sum += (double)A[row][k] * B[k][col];
-    d[r] = (float)sum;
-  }
+  for (int r = 0; r < 4; ++r) d[r] = (float)(c[r] + p.ab[group + 8 * (r / 2)][2 * tig + r % 2]);
 }
 
 // ldmatrix.sync.aligned.m8n8.x{num}[.trans].shared.b16: lanes 8j..8j+7 give the (16-byte aligned) row addresses
