@@ -1,0 +1,75 @@
+"""What a host run of generated CUDA costs (tests/cuda_on_host.py): barrier-heavy kernels, median of three runs.
+
+    PYTHONPATH=. python tests/bench_host_runner.py                    # this tree's runner
+    git show b659438:tests/cuda_on_host.py > /tmp/old_runner.py       # session 48's (a std::thread per thread)
+    PYTHONPATH=. python tests/bench_host_runner.py /tmp/old_runner.py
+
+`tree_sum` sums 2^16 f32 in 256 blocks of 256 threads (eight __syncthreads each); the tensor-core template
+(this tree's runner only: older ones refuse inline PTX) runs the 28 points that cover every pair of its axis
+values, one block each, K through the ring of stages.
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+
+import numpy as np
+
+import taskdsl as td
+from stdlib_ops import matmul_simt as simt
+from stdlib_ops import matmul_tc as tc
+from tests.kernels import tree_sum
+from tests.ops.test_matmul_tc import _covering
+
+
+def _runner(path: str | None):
+    if path is None:
+        from tests import cuda_on_host
+        return cuda_on_host
+    spec = importlib.util.spec_from_file_location("old_runner", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _median_seconds(run) -> float:
+    run()       # builds and loads the libraries
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[1]
+
+
+def _launch(runner, kernel, *args):
+    args = kernel.arguments(args, {})
+    binding = kernel.bind(args, "cuda")
+    source = kernel.source(*args, target="cuda")
+    return lambda: runner.run_source(source, binding.grid, binding.block, binding.values, kernel.name)
+
+
+def main() -> None:
+    """Print the medians."""
+    runner = _runner(sys.argv[1] if len(sys.argv) > 1 else None)
+    td.set_target("cpu")
+    x = np.random.default_rng(0).standard_normal(1 << 16).astype(np.float32)
+    seconds = _median_seconds(_launch(runner, tree_sum, x, np.zeros(256, np.float32)))
+    print(f"tree_sum, 256 blocks x 256 threads: {seconds * 1e3:.0f} ms")
+    if runner.unsupported('asm volatile("cp.async.commit_group;" ::: "memory");') is not None:
+        return
+    points = _covering()
+    launches = []
+    for point in points:
+        bm, bn, _ = tc.tile_shape(point)
+        m, n, k = bm - 3, bn - 8, point.bk * (point.stages + 1) + 8
+        a, b = np.ones((1, m, k), np.float16), np.ones((1, k, n), np.float16)
+        launches.append(_launch(runner, tc.tc_matmul_kernel(point, td.f16, td.f32, 8), a, b,
+                                np.zeros((1, m, n), np.float32), simt.batch_index((), (), ()), 1))
+    seconds = _median_seconds(lambda: [run() for run in launches])
+    print(f"the tensor-core template at its {len(points)} covering points, one block each: {seconds:.2f} s")
+
+
+if __name__ == "__main__":
+    main()
