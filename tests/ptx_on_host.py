@@ -5,8 +5,9 @@ emulation (`RUNTIME`, compiled into cuda_on_host's runtime), operand by operand 
 names them, so a wrong operand order in the generator is run as written, not as meant:
 
 - `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}`: the warp's 32 lanes hand in their fragments (a warp
-  exchange: every lane must be there); each lane rebuilds A (16x16) and B (16x8) by the PTX ISA's fragment
-  layouts and computes its four elements of D = A B + C, the products summed in double and rounded once;
+  exchange: every lane must be there); A (16x16) and B (16x8) are rebuilt by the PTX ISA's fragment layouts and
+  A B summed in double (the first lane there does it for the warp), and each lane adds its C to its four
+  elements of D, rounded once to f32;
 - `ldmatrix.sync.aligned.m8n8.x{1,2,4}[.trans].shared.b16`: lanes 8j..8j+7 hand in the row addresses of
   matrix j; each lane gathers its elements (of the transpose with .trans);
 - `cp.async.{ca,cg}.shared.global` with `commit_group` and `wait_group N`: each thread queues its copies, and a

@@ -3,7 +3,8 @@
 Each instruction runs on the cpu target and is compared with a numpy model written here
 from the PTX ISA's fragment-layout tables (not from taskdsl's emulation); the CUDA of each
 kernel compiles with NVRTC for sm_80 and sm_90 (the conftest compiles every launched
-kernel for sm_90 too). Misuse is a DSLError at the offending line.
+kernel for sm_90 too), and runs on the host against the same models (the `host` twin:
+tests/ptx_on_host.py emulates the PTX). Misuse is a DSLError at the offending line.
 """
 import functools
 import re
