@@ -14,12 +14,13 @@ library linked against a small runtime (`RUNTIME`, compiled once) that runs the 
 - a shuffle is a per-warp exchange between two warp barriers, reading the source lane as PTX's
   `shfl.sync` does with the segment mask and clamp CUDA's `__shfl_*_sync(mask, v, arg, width)` pass;
 - a block whose live threads all wait at barriers no other thread will reach is a deadlock: the launch
-  stops and raises, where a GPU would hang.
+  stops and raises, where a GPU would hang;
+- atomics are plain read-modify-writes, atomic since threads switch only at barriers.
 
 The kernel's translation unit includes no header (the shim declares the math through GCC builtins), so a
 kernel compiles in about a tenth of a second; libraries are cached by a hash of their text. The inline PTX the
-generator writes (mma.sync, ldmatrix, cp.async) runs through its host emulation in `ptx_on_host.py`. Sources the shim cannot run faithfully (atomics, other inline
-PTX) are refused with `UnsupportedSource`.
+generator writes (mma.sync, ldmatrix, cp.async) runs through its host emulation in `ptx_on_host.py`; other
+inline PTX is refused with `UnsupportedSource`.
 """
 from __future__ import annotations
 
@@ -131,6 +132,15 @@ struct __nv_bfloat16 {
   template <typename I, typename = decltype(I(0) % 1)> __nv_bfloat16(I i) : __nv_bfloat16((double)i) {}
   operator float() const { return __builtin_bit_cast(float, (unsigned)x << 16); } };
 static_assert(sizeof(__half) == 2 && sizeof(__nv_bfloat16) == 2, "16-bit floats are two bytes");
+// Atomics: a block's threads take turns (fibers) and the blocks run one after another, so a plain read-modify-write
+// is atomic here; a float sum adds in the turns' order, one of the orders a GPU may take. The value converts to
+// the element's type first, as CUDA's parameter does.
+template <typename T, typename V> inline T atomicAdd(T* p, V v) { T old = *p; *p = old + (T)v; return old; }
+template <typename T, typename V> inline T atomicSub(T* p, V v) { T old = *p; *p = old - (T)v; return old; }
+template <typename T, typename V> inline T atomicMax(T* p, V v) { T old = *p; if (old < (T)v) *p = (T)v; return old; }
+template <typename T, typename V> inline T atomicMin(T* p, V v) { T old = *p; if ((T)v < old) *p = (T)v; return old; }
+template <typename T, typename V> inline T atomicExch(T* p, V v) { T old = *p; *p = (T)v; return old; }
+template <typename T> inline T atomicCAS(T* p, T compare, T v) { T old = *p; if (old == compare) *p = v; return old; }
 #define TD_HOST_DYNAMIC_SMEM_BYTES (256 * 1024)
 extern "C" void td_host_shared(void* array, unsigned long long bytes, unsigned long long* seen);
 #define TD_HOST_SHARED(array, bytes) { static unsigned long long td_host_seen; \
@@ -409,8 +419,6 @@ extern "C" int td_host_run(const unsigned* grid, const unsigned* block, void (*e
 }
 """ + ptx_on_host.RUNTIME
 
-# Atomics' host meaning would be a guess (the generated code calls CUDA's atomic functions).
-_ATOMICS = re.compile(r"\batomic[A-Z]\w*\s*\(|\btd_atomic_rmw\b")
 _HALF_HEADERS = re.compile(r"#include <cuda_(fp16|bf16)\.h>")
 _SIGNATURE = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(([^)]*)\)')
 _DYNAMIC_SHARED = re.compile(r"extern __shared__ __align__\(16\) unsigned char td_dynamic_smem\[\];")
@@ -434,12 +442,11 @@ def host_compiler() -> str | None:
 
 def unsupported(source: str) -> str | None:
     """Why the shim cannot run CUDA `source` on the host, or None when it can."""
-    reasons = ["atomics"] if _ATOMICS.search(source) else []
     try:
         ptx_on_host.translate(source)
     except ptx_on_host.Unsupported as exc:
-        reasons.append(str(exc))
-    return ", ".join(reasons) or None
+        return str(exc)
+    return None
 
 
 def entry_params(source: str) -> list:

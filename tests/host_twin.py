@@ -8,17 +8,18 @@ becomes a search for CUDA code-generator bugs that NVRTC (which only compiles) a
 runs the cpu's kernels) cannot see, without a GPU.
 
 It is off by default: it takes the suite 1.6x its time (196 s against 121 s on two cores with warm kernel caches,
-session 49). Calls the shim cannot run faithfully are passed over and counted (atomics, inline PTX other than
-mma.sync, ldmatrix and cp.async, launches of more than MAX_THREADS threads, arrays passed twice, a graph's compile
-run on zeros, an integer division by zero, which x86 traps and a GPU leaves unspecified): the counts print at the
-end of the session. Tests marked `undefined_behavior` are not twinned. One difference is by design and shows as
-a failure: i32 arithmetic that overflows wraps in CUDA and not on the cpu, which computes it in 64 bits
-(docs/dsl-reference.md); seeds 102 and 110 of the random float programs draw one (`a - t` and `a * 2` of i32
-values, off by 2**32).
+session 49). Calls the shim cannot run faithfully, or whose results may depend on the threads' order, are passed
+over and counted (atomics, inline PTX other than mma.sync, ldmatrix and cp.async, launches of more than
+MAX_THREADS threads, arrays passed twice, a graph's compile run on zeros, an integer division by zero, which x86
+traps and a GPU leaves unspecified): the counts print at the end of the session. Tests marked
+`undefined_behavior` are not twinned. One difference is by design and shows as a failure: i32 arithmetic that
+overflows wraps in CUDA and not on the cpu, which computes it in 64 bits (docs/dsl-reference.md); seeds 102 and
+110 of the random float programs draw one (`a - t` and `a * 2` of i32 values, off by 2**32).
 """
 from __future__ import annotations
 
 import os
+import re
 from collections import Counter
 
 import numpy as np
@@ -30,6 +31,9 @@ from .cuda_on_host import entry_params, host_compiler, run_source, unsupported
 
 ENABLED = os.environ.get("TASKDSL_HOST_TWIN") == "1"
 MAX_THREADS = 1 << 20      # grid x block: a host run starts a fiber per CUDA thread (about a microsecond each)
+# The host runs atomics, in its threads' order: an exchange's last value or a ticket can differ from the cpu's
+# order, as between two GPU runs, so twins (which compare exactly) pass atomic kernels over.
+_ATOMICS = re.compile(r"\batomic[A-Z]\w*\s*\(|\btd_atomic_rmw\b")
 # The cpu's f32 math (vectorizable exp, erf, tanh) is not the host libm's, and LLVM contracts a * b + c into an fma
 # where the host's -O0 code rounds twice: a sum that cancels (a matmul's output near 0) differs by more than RTOL
 # of itself, so the absolute tolerance is SCALE of the array's largest magnitude. A wrong index is off by far more.
@@ -86,6 +90,8 @@ class HostTwins:
         why = unsupported(source)
         if why is not None:
             return self._skip(why)
+        if _ATOMICS.search(source):
+            return self._skip("atomics (what they leave may depend on the threads' order)")
         if int(np.prod(binding.grid)) * int(np.prod(binding.block)) > MAX_THREADS:
             return self._skip(f"over {MAX_THREADS} threads")
         copies = [a.copy() if isinstance(a, np.ndarray) else a for a in args]

@@ -87,8 +87,8 @@ class SimulatedGPU:
 
     def execute(self, kernel: Kernel, arguments: list) -> None:
         """Run `kernel` on `arguments` (numpy arrays over device memory, and scalars): its cpu kernel, or its CUDA
-        source on the host where the host can run it (not atomics; and an integer division by zero, which x86
-        traps and a GPU leaves unspecified, as a graph's compile run on zeros divides, runs again on the cpu)."""
+        source on the host where the host can run it (an integer division by zero, which x86 traps and a GPU
+        leaves unspecified, as a graph's compile run on zeros divides, runs again on the cpu)."""
         if self.cuda_source:
             binding = kernel.bind(tuple(arguments), "cuda")
             source = emit_cuda(kernel._cuda_function(binding))
