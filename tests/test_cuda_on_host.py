@@ -391,9 +391,9 @@ def test_atomics_add_up_across_threads_and_blocks():
 
 def test_host_twins_compare_every_array_and_pass_over_what_they_cannot_run():
     """`TASKDSL_HOST_TWIN=1`'s checker (host_twin.py): a host run from the call's inputs must leave every array
-    as the cpu kernel did (16-bit floats within two ulps); a cpu result it does not reproduce fails, and an
-    atomic kernel (its results may depend on the threads' order) and a compile run on zeros are passed over and
-    counted."""
+    as the cpu kernel did (16-bit floats within two ulps); a cpu result it does not reproduce fails; an array
+    passed twice is one array on the host too; an atomic kernel (its results may depend on the threads' order)
+    and a compile run on zeros are passed over and counted."""
     twins = HostTwins()
     x = np.linspace(-3, 3, 77).astype(np.float16)
     out = np.zeros(77, np.float16)
@@ -406,7 +406,10 @@ def test_host_twins_compare_every_array_and_pass_over_what_they_cannot_run():
     twins.call(histogram, lambda: histogram(*hist), tuple(hist))
     zeros = np.zeros_like(x)
     twins.call(to_16_bits_of_half, lambda: to_16_bits_of_half(zeros, out), (zeros, out))     # a compile run
-    assert twins.counts == {"ran": 2, "passed over: every input zero": 1,
+    y = x.copy()      # passed as both arguments: one copy for the host run, written in place
+    twins.call(to_16_bits_of_half, lambda: to_16_bits_of_half(y, y), (y, y))
+    np.testing.assert_array_equal(y, (x.astype(np.float32) * 3).astype(np.float16))
+    assert twins.counts == {"ran": 3, "passed over: every input zero": 1,
                             "passed over: atomics (what they leave may depend on the threads' order)": 1}
 
 
