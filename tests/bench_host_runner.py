@@ -3,10 +3,12 @@
     PYTHONPATH=. python tests/bench_host_runner.py                    # this tree's runner
     git show b659438:tests/cuda_on_host.py > /tmp/old_runner.py       # session 48's (a std::thread per thread)
     PYTHONPATH=. python tests/bench_host_runner.py /tmp/old_runner.py
+    PYTHONPATH=. python tests/bench_host_runner.py --space            # every point of the space against numpy
 
 `tree_sum` sums 2^16 f32 in 256 blocks of 256 threads (eight __syncthreads each); the tensor-core template
 (this tree's runner only: older ones refuse inline PTX) runs the 28 points that cover every pair of its axis
-values, one block each, K through the ring of stages.
+values, one block each, K through the ring of stages; with --space, every point of the space, its result checked
+against numpy (the tests run the covering points).
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import taskdsl as td
 from stdlib_ops import matmul_simt as simt
 from stdlib_ops import matmul_tc as tc
 from tests.kernels import tree_sum
-from tests.ops.test_matmul_tc import _covering
+from tests.ops.test_matmul_tc import _covering, one_block_shape
 
 
 def _runner(path: str | None):
@@ -50,10 +52,32 @@ def _launch(runner, kernel, *args):
     return lambda: runner.run_source(source, binding.grid, binding.block, binding.values, kernel.name)
 
 
+def every_point() -> None:
+    """Run every point of the tensor-core space on the host against numpy; print the time and the largest error."""
+    from tests.cuda_on_host import run_on_host
+    start, worst = time.perf_counter(), 0.0
+    points = tc.space().points()
+    for i, point in enumerate(points):
+        m, n, k = one_block_shape(point)
+        rng = np.random.default_rng(i)
+        a = rng.standard_normal((1, m, k)).astype(np.float16)
+        b = rng.standard_normal((1, k, n)).astype(np.float16)
+        c = np.full((1, m, n), np.nan, np.float32)
+        run_on_host(tc.tc_matmul_kernel(point, td.f16, td.f32, 8), a, b, c, simt.batch_index((), (), ()), 1)
+        error = float(np.abs(c[0] - a[0].astype(np.float64) @ b[0].astype(np.float64)).max())
+        assert error < 1e-3, f"{point}: off by {error}"
+        worst = max(worst, error)
+    print(f"every point of the tensor-core space ({len(points)}) on the host: {time.perf_counter() - start:.1f} s, "
+          f"largest error {worst:.1e}")
+
+
 def main() -> None:
-    """Print the medians."""
-    runner = _runner(sys.argv[1] if len(sys.argv) > 1 else None)
+    """Print the medians (or, with --space, check every point)."""
     td.set_target("cpu")
+    if sys.argv[1:] == ["--space"]:
+        every_point()
+        return
+    runner = _runner(sys.argv[1] if len(sys.argv) > 1 else None)
     x = np.random.default_rng(0).standard_normal(1 << 16).astype(np.float32)
     seconds = _median_seconds(_launch(runner, tree_sum, x, np.zeros(256, np.float32)))
     print(f"tree_sum, 256 blocks x 256 threads: {seconds * 1e3:.0f} ms")
@@ -62,8 +86,7 @@ def main() -> None:
     points = _covering()
     launches = []
     for point in points:
-        bm, bn, _ = tc.tile_shape(point)
-        m, n, k = bm - 3, bn - 8, point.bk * (point.stages + 1) + 8
+        m, n, k = one_block_shape(point)
         a, b = np.ones((1, m, k), np.float16), np.ones((1, k, n), np.float16)
         launches.append(_launch(runner, tc.tc_matmul_kernel(point, td.f16, td.f32, 8), a, b,
                                 np.zeros((1, m, n), np.float32), simt.batch_index((), (), ()), 1))

@@ -124,17 +124,22 @@ def test_pipelined_copies_on_cpu(m, n, k, seed):
     np.testing.assert_allclose(_run(SMALL, a, b, 8), a.astype(np.float64) @ b.astype(np.float64), rtol=1e-3, atol=1e-3)
 
 
-@pytest.mark.parametrize("m, n, k, split, bk, stages, early", [(32, 64, 160, 1, 32, 3, False),
-                                                               (17, 40, 200, 2, 32, 3, False),
-                                                               (20, 24, 456, 1, 64, 4, False),
-                                                               (20, 24, 456, 1, 64, 4, True)])
-def test_deep_pipelines_and_their_tails_on_cpu(m, n, k, split, bk, stages, early):
+ON_HOST = pytest.mark.cuda_on_host
+
+
+@pytest.mark.parametrize("m, n, k, split, bk, stages, early", [
+    pytest.param(32, 64, 160, 1, 32, 3, False, marks=ON_HOST),
+    pytest.param(17, 40, 200, 2, 32, 3, False, marks=ON_HOST),
+    pytest.param(20, 24, 456, 1, 64, 4, False, marks=ON_HOST),
+    (20, 24, 456, 1, 64, 4, True)])
+def test_deep_pipelines_and_their_tails(m, n, k, split, bk, stages, early):
     """Several k steps a tile (bk 32: A's and B's copies after the first step's mma; bk 64: A's after the first,
     B's after the second), three and four stages, with more k tiles than stages: the copies stop at the last
     tile while the ring drains. Sizes that are multiples of the tile (their bounds checks fold away) and sizes
-    that are not; split-k starts the pipeline at a later tile. Each copy lands at the wait that covers it
-    (`emulate_async_copies`): a wait for one group too few fails this test. With `early` each lands at issue
-    (`td.cp_async_early`): a copy into a ring slot some lane still reads fails it."""
+    that are not; split-k starts the pipeline at a later tile. Without `early` the template's CUDA source runs
+    on the host (a numba build each would take seconds), where each copy lands at the wait that retires it: a
+    wait for one group too few fails this test (as it fails `emulate_async_copies`' cpu runs). With `early`, on
+    the cpu, each lands at issue (`td.cp_async_early`): a copy into a ring slot some lane still reads fails it."""
     td.set_target("cpu")
     point = Space("tc_deep", {"warps": ((1, 1),), "warp_tiles": ((1, 4),), "bk": (bk,), "stages": (stages,)},
                   tc.check).points()[0]
@@ -310,13 +315,18 @@ def test_unaligned_operands_are_padded_for_the_16_byte_copies(m, n, k, batch, se
 # (tests/ptx_on_host.py): a block's threads run concurrently there, each copy lands at the wait that retires it,
 # and shared memory starts as NaN. g++ builds a point in about a second where numba takes tens, so these reach
 # the points and shapes the cpu emulation above cannot afford.
+def one_block_shape(point) -> tuple:
+    """(M, N, K) of one block with partial tiles in M and N, K through the whole ring of stages and past it."""
+    bm, bn, _ = tc.tile_shape(point)
+    return bm - 3, bn - 8, point.bk * (point.stages + 1) + 8
+
+
 @pytest.mark.cuda_on_host
 def test_the_covering_points_run_their_cuda_source_on_the_host():
-    """The points that hold every pair of axis values: one block with partial tiles in M and N, K through the
-    whole ring of stages and past it."""
+    """The points that hold every pair of axis values, at `one_block_shape` (every point of the space:
+    `tests/bench_host_runner.py --space`)."""
     for i, point in enumerate(_covering()):
-        bm, bn, _ = tc.tile_shape(point)
-        m, n, k = bm - 3, bn - 8, point.bk * (point.stages + 1) + 8
+        m, n, k = one_block_shape(point)
         rng = np.random.default_rng(i)
         a = rng.standard_normal((m, k)).astype(np.float16)
         b = rng.standard_normal((k, n)).astype(np.float16)
