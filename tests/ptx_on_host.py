@@ -20,6 +20,7 @@ violation stops the launch with an error. Any other inline PTX is refused (`Unsu
 """
 from __future__ import annotations
 
+import functools
 import re
 
 SHIM = r"""// inline PTX on the host (tests/ptx_on_host.py)
@@ -173,6 +174,7 @@ _WAIT = re.compile(r"cp\.async\.wait_group")
 _OPEN, _CLOSE = "([{", ")]}"
 
 
+@functools.lru_cache(maxsize=64)     # a host run asks more than once: whether it can run, then to build
 def translate(source: str) -> str:
     """CUDA `source` with each `asm volatile(...);` statement replaced by a block calling its host emulation."""
     pieces, pos = [], 0
