@@ -131,9 +131,10 @@ def _cpu_target_and_nvrtc(monkeypatch, request, twin_target):
 
 @pytest.fixture
 def simulated_gpu(monkeypatch):
-    """The cuda target on a simulated GPU (tests/simulated_gpu.py): device code paths on machines without one."""
-    from .simulated_gpu import install
-    gpu = install(monkeypatch)
+    """The cuda target on a simulated GPU (tests/simulated_gpu.py): device code paths on machines without one,
+    the launches running their CUDA C++ on the host where it can (`cuda_source_on_host`)."""
+    from .simulated_gpu import cuda_source_on_host, install
+    gpu = install(monkeypatch, cuda_source=cuda_source_on_host())
     td.set_target("cuda")
     yield gpu
     td.set_target("cpu")

@@ -1,5 +1,5 @@
-"""A simulated GPU for machines without one: "device memory" is host memory and cuda launches run on the
-cpu backend, or with TASKDSL_SIMULATED_GPU=host their CUDA C++ runs on the host (tests/cuda_on_host.py).
+"""A simulated GPU for machines without one: "device memory" is host memory, and cuda launches run their CUDA C++
+on the host (tests/cuda_on_host.py) or the cpu backend's kernels (`cuda_source_on_host` says which).
 
 It stands in below everything taskdsl builds on the driver: `td.DeviceArray`s (allocation, copies,
 reshapes), the operator library's placement of results, the graph executor's device-resident
@@ -25,7 +25,7 @@ from taskdsl.runtime import config, device_array
 from taskdsl.runtime.device_array import DeviceArray
 from taskdsl.runtime.kernel import Kernel
 
-from .cuda_on_host import run_source, unsupported
+from .cuda_on_host import host_compiler, run_source, unsupported
 
 REAL_LAUNCH_PATH = {"_run_cuda": Kernel._run_cuda, "_prepare_cuda": Kernel._prepare_cuda}   # what install replaces
 
@@ -119,6 +119,14 @@ class _Graph:
         type(self).gpu.replays += 1
         for r in self.launches:
             type(self).gpu.execute(r.kernel, r.args)
+
+
+def cuda_source_on_host() -> bool:
+    """Whether the `simulated_gpu` fixture's launches run their CUDA C++ on the host: where a host C++ compiler
+    exists, unless TASKDSL_SIMULATED_GPU=1 asks for the cpu kernels (cold, the fixture's tests take half the time
+    on the host: g++ builds a kernel faster than numba)."""
+    mode = os.environ.get("TASKDSL_SIMULATED_GPU")
+    return mode == "host" or (mode != "1" and host_compiler() is not None)
 
 
 def simulate_cuda_twin(monkeypatch, twin_target) -> None:
