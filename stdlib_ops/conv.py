@@ -126,7 +126,10 @@ def _input_at(g: ConvGeometry, x: td.Tensor, n, ci, oh, ow, kh, kw) -> ir.Expr:
 
     The read is at the pixel clamped into the image, so it is safe to make whatever the tap: an eager select,
     which on a GPU loads with no branch (a template's element loads of A then overlap their latencies: the
-    7x7 stem's k loop had each of its 48 loads a tile wait behind a branch for the one before)."""
+    7x7 stem's k loop had each of its 48 loads a tile wait behind a branch for the one before). An image with no
+    pixels has none to clamp to: every tap is padding, and X is not read."""
+    if g.h == 0 or g.w == 0:
+        return ir.const(0.0, x.dtype)
     ih = oh * g.stride[0] - g.padding[0] + kh * g.dilation[0]
     iw = ow * g.stride[1] - g.padding[1] + kw * g.dilation[1]
     inside = ir.binary("and", ir.binary("and", ih >= 0, ih < g.h), ir.binary("and", iw >= 0, iw < g.w))

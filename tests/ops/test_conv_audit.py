@@ -325,6 +325,16 @@ def test_empty_batches_and_channels():
                 padding=(2, 0)), np.broadcast_to(relu_bias[..., :1, :], (1, 4, 2, 3)))
 
 
+def test_an_image_with_no_pixels_is_not_read():
+    """All its taps are padding: the im2col reads no element of X (clamped into an image with no pixels, the read
+    was of X's first element, past the end of an empty array), while one row of pixels is read."""
+    for layout, shape, one_row in (("NCHW", (1, 3, 0, 5), (1, 3, 1, 5)), ("NHWC", (1, 0, 5, 3), (1, 1, 5, 3))):
+        for x_shape, reads in ((shape, 0), (one_row, 1)):
+            g = conv.geometry(x_shape, (4, 3, 3, 3), 1, (2, 0), layout=layout)
+            x = td.placeholder("X", td.f32, x_shape)
+            assert len(conv.im2col(g, x).inputs) == reads, (layout, x_shape)
+
+
 def test_argument_errors_say_what_to_do():
     """Every argument a user can get wrong is a ValueError or TypeError naming it."""
     x, w = put(np.zeros((1, 4, 5, 5), np.float32)), put(np.zeros((6, 4, 3, 3), np.float32))
