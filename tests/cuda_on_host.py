@@ -431,6 +431,10 @@ class UnsupportedSource(Exception):
     """A CUDA source that uses what the host shim cannot run faithfully."""
 
 
+class DivisionByZeroOnHost(RuntimeError):
+    """A host run stopped at an integer division by zero: x86 traps where a GPU gives an unspecified value."""
+
+
 def host_compiler() -> str | None:
     """The host C++ compiler: $CXX, else g++, else clang++ on the PATH (None if there is none)."""
     for name in (os.environ.get("CXX"), "g++", "clang++"):
@@ -502,7 +506,9 @@ def run_source(source: str, grid: tuple, block: tuple, values: list, name: str =
     status = library.td_host_launch(*dims, (ctypes.c_void_p * max(1, len(pointers)))(*pointers), message,
                                     _MESSAGE_BYTES)
     if status != 0:
-        raise RuntimeError(f"kernel '{name}' on the host: {message.value.decode(errors='replace')}")
+        text = message.value.decode(errors="replace")
+        error = DivisionByZeroOnHost if "integer division by zero" in text else RuntimeError   # the runtime's words
+        raise error(f"kernel '{name}' on the host: {text}")
     for value, host in copy_back:
         np.copyto(value, host)
 

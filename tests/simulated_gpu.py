@@ -25,7 +25,7 @@ from taskdsl.runtime import config, device_array
 from taskdsl.runtime.device_array import DeviceArray
 from taskdsl.runtime.kernel import Kernel
 
-from .cuda_on_host import host_compiler, run_source, unsupported
+from .cuda_on_host import DivisionByZeroOnHost, host_compiler, run_source, unsupported
 
 REAL_LAUNCH_PATH = {"_run_cuda": Kernel._run_cuda, "_prepare_cuda": Kernel._prepare_cuda}   # what install replaces
 
@@ -72,6 +72,7 @@ class SimulatedGPU:
     replays: int = 0
     limits: launch.LaunchLimits = field(default_factory=launch.LaunchLimits)     # a GPU's (a test may lower them)
     cuda_source: bool = False       # launches run their CUDA C++ on the host, in place (else the cpu kernel)
+    sources: dict = field(default_factory=dict)     # (kernel, block, sizes) -> its CUDA source, lowered once
 
     def run(self, kernel: Kernel, binding) -> None:
         """Run a launch, refusing grids and blocks a GPU's launch would (grid.z 65535 and the like: limits the
@@ -91,16 +92,18 @@ class SimulatedGPU:
         leaves unspecified, as a graph's compile run on zeros divides, runs again on the cpu)."""
         if self.cuda_source:
             binding = kernel.bind(tuple(arguments), "cuda")
-            source = emit_cuda(kernel._cuda_function(binding))
+            if 0 in binding.grid:
+                return
+            key = (kernel, binding.block, tuple(sorted(binding.sizes.items())))    # as Kernel keys its cubins
+            if key not in self.sources:      # a replayed graph launches each kernel again: lower it once
+                self.sources[key] = emit_cuda(kernel._cuda_function(binding))
+            source = self.sources[key]
             if unsupported(source) is None:
-                if 0 in binding.grid:
-                    return
                 try:
                     run_source(source, binding.grid, binding.block, binding.values, kernel.name, in_place=True)
                     return
-                except RuntimeError as exc:
-                    if "integer division by zero" not in str(exc):
-                        raise
+                except DivisionByZeroOnHost:
+                    pass
         kernel._call_cpu(tuple(arguments))
 
 
