@@ -20,6 +20,7 @@ import numpy as np
 import taskdsl as td
 from taskdsl.backend.cpu.launch import num_threads
 from taskdsl.ir.types import numpy_dtype
+from taskdsl.runtime import config
 from taskdsl.runtime.config import fast_compile_enabled
 from taskdsl.runtime.arrays import (as_array, empty_like_operands, note_host_work, placed_like,
                                     zeros_like_operands)
@@ -82,7 +83,7 @@ CPU_TILE = Template("tile_matmul", lambda target, itemsize: cpu.space(itemsize),
                     lambda p, dtype, out, vec, packed_b, transposed_a, m, n: cpu.tile_matmul_kernel(
                         p, dtype, out, packed_b, transposed_a, cpu.copies_a(transposed_a, m, n)),
                     cpu.tile_shape, cpu.pack_b, cpu.packed_b_shape)
-TENSOR_CORE = Template("tc_matmul", lambda target, itemsize: tc.space(),
+TENSOR_CORE = Template("tc_matmul", lambda target, itemsize: tc.space(_block_shared_limit(target) or tc.MAX_SMEM),
                        lambda target, itemsize, m, n: tc.default_point(m, n),
                        lambda p, dtype, out, vec, *forms: tc.tc_matmul_kernel(p, dtype, out, vec), tc.tile_shape)
 
@@ -94,6 +95,14 @@ def template_for(dtype, target: str) -> Template:
     if target != "cuda":
         return CPU_TILE
     return TENSOR_CORE if dtype.is_float and dtype.bits == 16 else SIMT
+
+
+def _block_shared_limit(target: str) -> int | None:
+    """The shared memory a block of this thread's GPU may have, in bytes; None off a GPU, or where not known."""
+    if target != "cuda" or not config.gpu_status()[0]:
+        return None
+    from taskdsl.backend.cuda.launch import device_state
+    return device_state().limits.max_shared
 
 
 def _workers(target: str) -> int:

@@ -38,8 +38,10 @@ from taskdsl.schedule.space import Space
 
 from .matmul_simt import batch_block, batch_grid, batch_tile, load_mapping, split_k_tiles
 
-# dynamic shared memory per block: sm_80 lets a block have 163 KiB (sm_90 227 KiB), so every point runs on both;
-# up to 96 KiB two blocks share an SM, above it (CUTLASS's 128x256x64 and 256x128x64 tiles of 3 stages) one
+# dynamic shared memory per block: sm_80 lets a block have 163 KiB (sm_90 227 KiB, sm_86 and sm_89 99 KiB). The
+# space off a device stops at 160 KiB; on one, at the device's limit (`space(max_smem)`): a Hopper GPU adds the
+# 256x128x64 and 128x256x64 tiles of 4 stages (192 KiB), an sm_86 or sm_89 one drops what it cannot launch. Up to
+# 96 KiB two blocks share an SM, above it (CUTLASS's 128x256x64 and 256x128x64 tiles of 3 stages) one
 MAX_SMEM = 160 * 1024
 MAX_ACC = 128             # f32 accumulators per thread
 
@@ -50,8 +52,8 @@ def tile_shape(p) -> tuple:
     return wm * mi * 16, wn * ni * 8, 32 * wm * wn
 
 
-def check(p):
-    """Why point `p` cannot run, or None."""
+def check(p, max_smem: int = MAX_SMEM):
+    """Why point `p` cannot run in a block of `max_smem` bytes of shared memory, or None."""
     bm, bn, threads = tile_shape(p)
     mi, ni = p.warp_tiles
     if ni % 2:
@@ -60,8 +62,8 @@ def check(p):
         return "a k tile of an odd number of 16-deep steps (a tile's steps alternate two fragment sets)"
     if mi * ni * 4 > MAX_ACC:
         return f"more than {MAX_ACC} accumulators per thread"
-    if p.stages * (bm + bn) * p.bk * 2 > MAX_SMEM:
-        return "shared memory above 160 KiB"
+    if p.stages * (bm + bn) * p.bk * 2 > max_smem:
+        return f"shared memory above {max_smem // 1024} KiB"
     if bm > 256 or bn > 256:
         return "block tile above 256"
     for vec in (8, 1):      # 16-byte copies, and element loads for unaligned sizes
@@ -70,8 +72,9 @@ def check(p):
     return None
 
 
-def space() -> Space:
-    """The hardware-centric space of tensor-core schedules."""
+@functools.cache
+def space(max_smem: int = MAX_SMEM) -> Space:
+    """The hardware-centric space of tensor-core schedules for blocks of up to `max_smem` bytes of shared memory."""
     return Space("tc_matmul", {
         "warps": ((2, 2), (2, 4), (4, 2), (1, 4)),
         # (1, 2) and (2, 2): block tiles down to 16x64 and 32x32 for outputs of a few 128x64 tiles (ResNet-50's
@@ -79,7 +82,7 @@ def space() -> Space:
         "warp_tiles": ((1, 2), (2, 2), (2, 4), (4, 4), (2, 8), (4, 2), (4, 8)),
         "bk": (32, 64),
         "stages": (2, 3, 4),
-    }, check)
+    }, functools.partial(check, max_smem=max_smem))
 
 
 DEFAULT = dict(warps=(2, 2), warp_tiles=(4, 4), bk=32, stages=3)          # 128x64 tiles, 128 threads

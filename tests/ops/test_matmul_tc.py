@@ -34,14 +34,39 @@ def _run(p, a, b, vec):
     return c[0]
 
 
+HOPPER_SMEM, ADA_SMEM = 227 * 1024, 99 * 1024     # the shared memory a block may have on sm_90, on sm_86 and sm_89
+
+
+def _tiles(points) -> set:
+    return {(tc.tile_shape(p)[:2], p.bk, p.stages) for p in points}
+
+
 def test_space_size_and_pruning():
+    """What docs/templates.md says of the space: off a device 151 of 168 points, on a Hopper GPU two more (4-stage
+    256x128 and 128x256 tiles of bk 64), on an sm_86 or sm_89 one 136; every point within its shared memory."""
     space = tc.space()
     assert (space.raw_size, len(space.points())) == (168, 151)
     assert space.pruned() == {"shared memory above 160 KiB": 2, "a tile the threads cannot load evenly": 15}
     assert min(bm * bn for bm, bn, _ in map(tc.tile_shape, space.points())) == 32 * 32
-    for p in space.points():
-        bm, bn, threads = tc.tile_shape(p)
-        assert p.stages * (bm + bn) * p.bk * 2 <= tc.MAX_SMEM and threads <= 256
+    hopper, ada = tc.space(HOPPER_SMEM), tc.space(ADA_SMEM)
+    assert hopper.pruned() == {"a tile the threads cannot load evenly": 15}
+    assert _tiles(set(hopper.points()) - set(space.points())) == {((256, 128), 64, 4), ((128, 256), 64, 4)}
+    assert len(ada.points()) == 136 and ada.pruned()["shared memory above 99 KiB"] == 17
+    for limit, s in ((tc.MAX_SMEM, space), (HOPPER_SMEM, hopper), (ADA_SMEM, ada)):
+        for p in s.points():
+            bm, bn, threads = tc.tile_shape(p)
+            assert p.stages * (bm + bn) * p.bk * 2 <= limit and threads <= 256
+        assert {tc.default_point(), tc.default_point(4096, 4096), tc.default_point(64, 64)} <= set(s.points())
+
+
+@pytest.mark.parametrize("limit, size", [(None, 151), (HOPPER_SMEM, 153), (ADA_SMEM, 136)])
+def test_the_tuner_searches_what_the_device_holds(simulated_gpu, limit, size):
+    """The matmul and conv tuners' space on cuda stops at the device's shared memory a block (160 KiB where the
+    device does not say); on the cpu target it is the space off a device."""
+    from taskdsl.backend.cuda import launch
+    launch.device_state().limits = launch.LaunchLimits(max_shared=limit)
+    assert len(gemm.TENSOR_CORE.space("cuda", 2).points()) == size
+    assert len(gemm.TENSOR_CORE.space("cpu", 2).points()) == 151
 
 
 def _covering() -> list:
@@ -71,7 +96,7 @@ def _program(points: list) -> tuple[str, set]:
 def test_every_point_compiles_with_nvrtc():
     """Every point and variant builds for sm_80 and sm_90 in fast mode (the check is that they build); the
     optimized build is test_the_space_keeps_its_fragments_in_registers's."""
-    unit, names = _program(tc.space().points())
+    unit, names = _program(tc.space(HOPPER_SMEM).points())
     assert "mma.sync.aligned.m16n8k16" in unit and "ldmatrix.sync.aligned.m8n8.x4.trans" in unit and "cp.async" in unit
     for arch in ("sm_80", "sm_90"):
         cubin = compile_cubin(unit, arch, "tc_space", fast=True)
@@ -325,7 +350,18 @@ def one_block_shape(point) -> tuple:
 def test_the_covering_points_run_their_cuda_source_on_the_host():
     """The points that hold every pair of axis values, at `one_block_shape` (every point of the space:
     `tests/bench_host_runner.py --space`)."""
-    for i, point in enumerate(_covering()):
+    _one_block_each(_covering())
+
+
+@pytest.mark.cuda_on_host
+def test_the_points_only_hopper_holds_run_on_the_host():
+    """The 4-stage 256x128 and 128x256 tiles (192 KiB of shared memory: an sm_90 block's, not an sm_80 one's)."""
+    _one_block_each(sorted(set(tc.space(HOPPER_SMEM).points()) - set(tc.space().points()), key=str))
+
+
+def _one_block_each(points) -> None:
+    """Each point's kernel at its `one_block_shape` against numpy."""
+    for i, point in enumerate(points):
         m, n, k = one_block_shape(point)
         rng = np.random.default_rng(i)
         a = rng.standard_normal((m, k)).astype(np.float16)
