@@ -5,6 +5,7 @@ from .. import ir
 from ..errors import DSLError
 from ..ir import types as T
 from .decorators import resolve_annotations
+from .global_reads import GlobalReads
 from .source import parse_function
 from .translator import translate_body
 
@@ -28,8 +29,9 @@ def kernel_params(fn) -> list:
     return params
 
 
-def build_function(fn, name: str, params: list, block: tuple) -> ir.Function:
-    """The typed IR of `fn` for a launch with `block` threads; tensor sizes stay symbolic."""
+def build_function(fn, name: str, params: list, block: tuple, reads: GlobalReads | None = None) -> ir.Function:
+    """The typed IR of `fn` for a launch with `block` threads; tensor sizes stay symbolic. The module-level names
+    its body reads are noted in `reads`."""
     source = parse_function(fn)
     env, ir_params, sizes = {}, [], {}
     for pname, spec in params:
@@ -53,5 +55,5 @@ def build_function(fn, name: str, params: list, block: tuple) -> ir.Function:
         if sname in env:
             raise DSLError(f"size symbol '{sname}' has the same name as a parameter", source.loc(source.tree))
         env[sname] = var
-    body = translate_body(source, fn, env)
+    body = translate_body(source, fn, env, reads)
     return ir.Function(name, tuple(ir_params), tuple(sizes.values()), body, block, source.file)

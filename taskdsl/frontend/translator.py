@@ -21,6 +21,7 @@ from ..errors import DSLError, SourceLoc
 from ..ir import types as T
 from ..lang import intrinsics as L
 from ..mapping import MappingLoop, TaskMapping
+from .global_reads import GlobalReads
 from .source import ParsedSource, closure_values
 
 _BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//", ast.Mod: "%",
@@ -139,7 +140,7 @@ class FunctionTranslator:
     """Translates one Python function body (a kernel, or an inlined `@td.func`) into IR statements."""
 
     def __init__(self, source: ParsedSource, fn, env: dict, var_types: dict, return_var: ir.Var | None = None,
-                 depth: int = 0, is_func: bool = False):
+                 depth: int = 0, is_func: bool = False, reads: GlobalReads | None = None):
         self.src = source
         self.fn = fn
         self.env = dict(env)
@@ -156,7 +157,10 @@ class FunctionTranslator:
         self.returned_read = False      # whether code after a return tests the flag (else its assignments go)
         self.returns_value = is_func and returns_value
         self.namespace = dict(fn.__globals__)
-        self.namespace.update(closure_values(fn))
+        closure = closure_values(fn)
+        self.namespace.update(closure)
+        self.closure_names = frozenset(closure)
+        self.reads = reads      # the globals read, with their values (a call after one is rebound builds again)
 
     # ----------------------------------------------------------------- errors
     def error(self, node: ast.AST, message: str, hint: str | None = None) -> DSLError:
@@ -575,7 +579,10 @@ class FunctionTranslator:
         if name in self.env:
             return self.env[name]
         if name in self.namespace:
-            return self.namespace[name]
+            value = self.namespace[name]
+            if self.reads is not None and name not in self.closure_names:
+                self.reads.note(self.fn.__globals__, name, value)
+            return value
         if name in _ALLOWED_BUILTINS:
             return getattr(builtins, name)
         if hasattr(builtins, name):
@@ -1160,7 +1167,8 @@ class FunctionTranslator:
             self.pending.append(ir.Assign(var, self.cast_to(value, dtype, arg_node), self.loc(arg_node)))
             callee_env[pname] = var
         ret = ir.Var(f"{dfn.name}_ret", dfn.return_dtype) if dfn.return_dtype is not None else None
-        callee = FunctionTranslator(src, dfn.fn, callee_env, self.var_types, ret, self.depth + 1, is_func=True)
+        callee = FunctionTranslator(src, dfn.fn, callee_env, self.var_types, ret, self.depth + 1, is_func=True,
+                                    reads=self.reads)
         body = callee.function_body()
         self.pending.append(body)
         return callee.return_var
@@ -1213,12 +1221,13 @@ def _widens(old: T.DataType, new: T.DataType) -> bool:
     return (new.is_float and not old.is_float) or (new.is_float and old.is_float and new.bits > old.bits)
 
 
-def translate_body(source: ParsedSource, fn, env: dict) -> ir.Stmt:
-    """Translate a kernel body to IR, restarting when a runtime variable's type widens."""
+def translate_body(source: ParsedSource, fn, env: dict, reads: GlobalReads | None = None) -> ir.Stmt:
+    """Translate a kernel body to IR, restarting when a runtime variable's type widens; the globals it reads are
+    noted in `reads`."""
     var_types: dict = {}
     for _ in range(16):
         try:
-            return FunctionTranslator(source, fn, env, var_types).function_body()
+            return FunctionTranslator(source, fn, env, var_types, reads=reads).function_body()
         except _Restart:
             continue
     raise DSLError("variable types did not settle during translation", source.loc(source.tree))

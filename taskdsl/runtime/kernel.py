@@ -124,13 +124,15 @@ class Kernel:
     def __init__(self, fn, grid, block, name: str, params: list | None = None, build=None):
         """A kernel from Python function `fn`, or (fn=None) from `build(block) -> ir.Function` and its `params`."""
         from ..frontend.builder import build_function, kernel_params
+        from ..frontend.global_reads import GlobalReads
         ir.allow_deep_trees()       # its IR is walked recursively (a generated kernel's expressions may nest deep)
         self.fn = fn
         self.name = name
         self.grid_spec = grid
         self.block_spec = block
         self.params = kernel_params(fn) if params is None else params
-        self._build = build or (lambda b: build_function(fn, name, self.params, b))
+        self._global_reads = GlobalReads()   # the module-level names what is built read: rebinding one rebuilds
+        self._build = build or (lambda b: build_function(fn, name, self.params, b, self._global_reads))
         self._callable_args = {what: list(inspect.signature(spec).parameters) if callable(spec) else None
                                for what, spec in (("grid", grid), ("block", block))}
         self._lowered: dict = {}
@@ -169,6 +171,8 @@ class Kernel:
         sizes, grid and block of that call are reused (a cpu launch's Python cost is mostly this).
         """
         target = target or get_target()
+        if self._global_reads.noted:
+            self._forget_if_rebound()
         key = _binding_key(args)
         if key is not None:
             key = (key, target)         # a DeviceArray passes on cuda only
@@ -199,6 +203,8 @@ class Kernel:
                 raise ValueError(f"kernel '{self.name}': axis {axis} of '{pname}' must be {ir.expr_str(dim)} = "
                                  f"{ir.evaluate_int(dim, sizes)}, got {n}")
         scalars = {n: v for (n, s), v in zip(self.params, values) if isinstance(s, T.DataType)}
+        for spec in (self.grid_spec, self.block_spec):      # their results are kept per signature (`_bindings`)
+            self._global_reads.note_code(spec)
         grid = _dims3(self._evaluate(self.grid_spec, sizes, scalars, "grid"), "grid", self.name)
         block = _dims3(self._evaluate(self.block_spec, sizes, scalars, "block"), "block", self.name)
         if block[0] * block[1] * block[2] > 1024:
@@ -274,6 +280,16 @@ class Kernel:
                              f"which is not a size symbol or scalar parameter (known: {', '.join(known) or 'none'})")
         return spec(*(int(known[n]) if isinstance(known[n], (int, np.integer)) else known[n] for n in names))
 
+    def _forget_if_rebound(self) -> None:
+        """Forget everything built, when a module-level name it read is bound to another object now: a call then
+        builds with the new value, as a Python function reads its globals at each call (a notebook cell run
+        again). The on-disk caches hold compiled code by IR, so returning to an earlier value loads it."""
+        if self._global_reads.rebound():
+            self._global_reads.clear()
+            for built in (self._frontend, self._lowered, self._cpu, self._cuda, self._bindings, self._launches,
+                          self._cuda_launches, self._cuda_full_path):
+                built.clear()
+
     # ------------------------------------------------------------------ compilation stages
     def _frontend_ir(self, block: tuple) -> ir.Function:
         if block not in self._frontend:
@@ -319,6 +335,8 @@ class Kernel:
 
     def __call__(self, *args, **kwargs) -> None:
         args = self.arguments(args, kwargs)
+        if self._global_reads.noted:       # (the check inline: a launch with none costs no call)
+            self._forget_if_rebound()
         target = get_target()
         if target == "cpu":
             self._call_cpu(args)
