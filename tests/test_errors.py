@@ -5,6 +5,8 @@ Expected line numbers are found from marker comments (`# E_...`) in this file, s
 tests do not depend on where in the file a kernel sits.
 """
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -1052,3 +1054,43 @@ this one."""
         td.kernel(grid=1, block=1)(accented)(o)
     line = err.value.loc.source_line()
     assert line[err.value.loc.col:].startswith("bogus")
+
+
+# ---------------------------------------------------------------- where a DSLError is raised from
+@td.kernel(grid=1, block=4)
+def undefined_read(X: f32[4]):
+    X[threadIdx.x] = not_defined_anywhere  # noqa: F821  # E_TRACEBACK
+
+
+PACKAGE = Path(td.__file__).resolve().parent
+
+
+def _frames(exc: BaseException) -> list:
+    tb, frames = exc.__traceback__, []
+    while tb is not None:
+        frames.append(str(Path(tb.tb_frame.f_code.co_filename).resolve()))
+        tb = tb.tb_next
+    return frames
+
+
+@pytest.mark.parametrize("entry", ["call", "source", "ir", "compile"])
+def test_a_dsl_error_is_raised_from_the_kernel_method_not_the_compiler(entry, monkeypatch):
+    """Its traceback ends at the kernel's method (one frame of taskdsl, not twenty of the translator): the message
+    already names the line. TASKDSL_FULL_TRACEBACKS=1 keeps the compiler's frames."""
+    from taskdsl.runtime import config
+    x = vec(4)
+    run = {"call": lambda: undefined_read(x), "source": lambda: undefined_read.source(x, target="cpu"),
+           "ir": lambda: undefined_read.ir(x), "compile": lambda: undefined_read.compile(x, target="cpu")}[entry]
+    try:
+        for full in (False, True):
+            monkeypatch.setenv("TASKDSL_FULL_TRACEBACKS", "1" if full else "0")
+            config.environment.cache_clear()
+            err = dsl_error(run, "E_TRACEBACK", "name 'not_defined_anywhere' is not defined")
+            compiler = [Path(f).name for f in _frames(err) if Path(f).is_relative_to(PACKAGE)]
+            if full:
+                assert "translator.py" in compiler, compiler
+            else:
+                assert compiler == ["kernel.py"], compiler
+    finally:
+        monkeypatch.undo()
+        config.environment.cache_clear()

@@ -136,7 +136,7 @@ def env_switch(name: str, default: bool, meaning: str = "on", off: str = "off", 
     """The on/off environment variable `name`: 1 / true / yes / on or 0 / false / no / off, in any case (set but
     empty: off), `default` when unset; any other value is a ValueError saying what 1 (`meaning`) and 0 (`off`)
     do. `read_once`: read through `environment` (once per process). The one reader of TASKDSL_DEBUG,
-    TASKDSL_FAST_COMPILE, TASKDSL_CP_ASYNC_EARLY, TASKDSL_PROGRESS and TASKDSL_TUNE."""
+    TASKDSL_FAST_COMPILE, TASKDSL_CP_ASYNC_EARLY, TASKDSL_FULL_TRACEBACKS, TASKDSL_PROGRESS and TASKDSL_TUNE."""
     text = environment(name) if read_once else os.environ.get(name)
     if text is None:
         return default
@@ -171,6 +171,7 @@ def check_environment() -> None:
     from ..schedule import tuner
     from . import cache, progress
     debug_enabled(), fast_compile_enabled(), cp_async_early_enabled(), progress.enabled(), tuner.tuning_enabled()
+    full_tracebacks_enabled()
     for name in COUNTS:
         env_count(name, 1)
     cache_dir(), cache.max_bytes(), vectors.host()
@@ -205,6 +206,13 @@ def cp_async_early(enabled: bool = True) -> None:
     thread still reads (a ring slot refilled before the barrier that ends its reads) computes the right result
     with late copies and the wrong one with early copies: run a pipeline's tests both ways."""
     _state["cp_async_early"] = _switch(enabled, "td.cp_async_early")
+
+
+def full_tracebacks_enabled() -> bool:
+    """Whether a DSLError keeps the compiler's frames in its traceback (TASKDSL_FULL_TRACEBACKS=1: for reports of
+    compiler bugs); by default it is raised from the kernel call, whose message already names the kernel's line."""
+    return env_switch("TASKDSL_FULL_TRACEBACKS", False, "keep the compiler's frames", "raise from the call",
+                      read_once=True)
 
 
 def cp_async_early_enabled() -> bool:

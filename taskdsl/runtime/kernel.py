@@ -11,7 +11,8 @@ import numpy as np
 from .. import ir
 from ..backend.cpu import precompile
 from ..ir import types as T
-from .config import cp_async_early_enabled, debug_enabled, fast_compile_enabled, get_target
+from ..errors import DSLError
+from .config import cp_async_early_enabled, debug_enabled, fast_compile_enabled, full_tracebacks_enabled, get_target
 from .device_array import DeviceArray
 
 
@@ -116,6 +117,23 @@ def _dims3(value, what: str, kernel: str) -> tuple:
     if any(d < low for d in dims):
         raise ValueError(f"kernel '{kernel}': {what} dims must be >= {low}, got {dims}")
     return dims
+
+
+def _from_the_call(exc: DSLError) -> DSLError:
+    """`exc` to raise from a kernel's public method: without the compiler's frames, which say nothing to the
+    kernel's author (its message names the kernel's line and shows it); with them under TASKDSL_FULL_TRACEBACKS=1."""
+    return exc if full_tracebacks_enabled() else exc.with_traceback(None)
+
+
+def _short_traceback(method):
+    """A public method (not the call: a launch pays for no wrapper) whose DSLErrors come `_from_the_call`."""
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        except DSLError as exc:
+            raise _from_the_call(exc)
+    return wrapper
 
 
 class Kernel:
@@ -334,14 +352,16 @@ class Kernel:
         return bound.args
 
     def __call__(self, *args, **kwargs) -> None:
-        args = self.arguments(args, kwargs)
-        if self._global_reads.noted:       # (the check inline: a launch with none costs no call)
-            self._forget_if_rebound()
-        target = get_target()
-        if target == "cpu":
-            self._call_cpu(args)
-            return
-        self._call_cuda(args)
+        try:        # (free in Python 3.11+ when nothing is raised)
+            args = self.arguments(args, kwargs)
+            if self._global_reads.noted:       # (the check inline: a launch with none costs no call)
+                self._forget_if_rebound()
+            if get_target() == "cpu":
+                self._call_cpu(args)
+            else:
+                self._call_cuda(args)
+        except DSLError as exc:
+            raise _from_the_call(exc)
 
     def _call_cuda(self, args: tuple) -> None:
         """Launch on a GPU: a call whose arguments are td.DeviceArrays and scalars of the signature of an
@@ -432,6 +452,7 @@ class Kernel:
         stored |= {a.buffer.uid for a in ir.collect(fn.body, ir.Atomic)}
         return {k: p.name for k, p in enumerate(fn.params) if isinstance(p, ir.Buffer) and p.uid in stored}
 
+    @_short_traceback
     def ir(self, *args, stage: str = "frontend", **kwargs) -> str:
         """The IR text of the specialization for the arguments (as a call takes them): stage 'frontend',
         'lowered' or 'cuda'."""
@@ -444,6 +465,7 @@ class Kernel:
             return ir.function_str(self._cuda_function(binding))
         raise ValueError(f"unknown stage {stage!r}; use 'frontend', 'lowered' or 'cuda'")
 
+    @_short_traceback
     def source(self, *args, target: str | None = None, **kwargs) -> str:
         """The generated source for the arguments (as a call takes them): CUDA C++ (target='cuda') or the numba
         module (target='cpu')."""
@@ -467,6 +489,7 @@ class Kernel:
                                             lambda: self._cuda_function(binding), self.name)
         return self._cuda[key]
 
+    @_short_traceback
     def compile(self, *args, target: str | None = None, arch: str | None = None, **kwargs) -> CompiledKernel:
         """Compile the specialization for `args` without running it (cuda: a cubin for `arch`, default sm_90)."""
         target = target or get_target()
