@@ -124,12 +124,11 @@ def time_on_device(compiled: CompiledGraph, feeds: dict, iters: int) -> np.ndarr
     """Seconds per call of a cuda graph on inputs already on the GPU, outputs left there (as PyTorch is timed):
     each call waits for the GPU to finish."""
     import taskdsl as td
-    from taskdsl.backend.cuda.launch import synchronize
     on_gpu = {name: td.to_device(a) for name, a in feeds.items()}
 
     def call(f):
         compiled.run_on_device(f)
-        synchronize()
+        td.synchronize()
     call(on_gpu)
     return time_calls(call, on_gpu, iters)
 

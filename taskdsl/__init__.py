@@ -11,7 +11,7 @@ from .lang import *  # noqa: F401,F403 - the kernel language: threadIdx, shared,
 from .lang import cdiv, warp_size
 from .mapping import TaskMapping, repeat, spatial
 from .runtime.config import cp_async_early, debug, fast_compile, get_target, gpu_status, set_target
-from .runtime.device_array import DeviceArray, to_device
+from .runtime.device_array import DeviceArray, synchronize, to_device
 from .runtime.kernel import CompiledKernel, Kernel
 from .schedule import FusionError, Op, fuse, op
 

@@ -54,6 +54,23 @@ def test_import_exports_device_api():
     assert callable(timing.time_cuda)
 
 
+def test_synchronize_waits_on_the_stream_of_the_launches(simulated_gpu, monkeypatch):
+    """td.synchronize() waits for this thread's stream (the simulated device's: its `sync` is counted)."""
+    from taskdsl.backend.cuda import launch
+    waits = []
+    monkeypatch.setattr(launch.device_state().stream, "sync", lambda: waits.append(1), raising=False)
+    x = td.to_device(np.ones((2, 16), np.float32))
+    scale_rows(x, x, 2.0)
+    td.synchronize()
+    assert waits == [1]
+    np.testing.assert_array_equal(x.numpy(), 2.0)
+
+
+def test_synchronize_without_a_gpu_has_nothing_to_wait_for():
+    no_gpu()
+    assert td.synchronize() is None
+
+
 def test_to_device_without_gpu_names_the_reason():
     no_gpu()
     reason = td.gpu_status()[1]

@@ -255,6 +255,15 @@ def _count_memory_op() -> None:
         record.memory_ops += 1
 
 
+def synchronize() -> None:
+    """Wait until the kernels and copies taskdsl issued on this thread's GPU have finished. A cuda launch returns
+    before its kernel ends, so time one as `k(x, y); td.synchronize()`. Nothing waits on a machine without a usable
+    GPU (cpu launches end before they return)."""
+    from .config import gpu_status
+    if gpu_status()[0]:
+        device_state().stream.sync()
+
+
 def to_device(array) -> DeviceArray:
     """A DeviceArray holding a copy of `array` (a numpy array, or anything np.asarray takes, of numbers); a
     DeviceArray is returned as it is (`.copy()` copies one)."""
