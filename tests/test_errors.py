@@ -1094,3 +1094,11 @@ def test_a_dsl_error_is_raised_from_the_kernel_method_not_the_compiler(entry, mo
     finally:
         monkeypatch.undo()
         config.environment.cache_clear()
+
+
+def test_a_kernel_without_source_says_where_to_define_it():
+    """An exec'd string (as `python -c` or an old plain REPL) keeps no source for the translator to read."""
+    namespace = {"td": td, "f32": f32, "threadIdx": threadIdx}
+    exec("@td.kernel(grid=1, block=4)\ndef k(X: f32[4]):\n    X[threadIdx.x] = 1.0\n", namespace)  # noqa: S102
+    with pytest.raises(td.DSLError, match="cannot read the source of 'k'.*a notebook cell.*Python 3.13"):
+        namespace["k"](vec(4))

@@ -46,8 +46,8 @@ def parse_function(fn) -> ParsedSource:
     except (OSError, TypeError) as exc:
         code = fn.__code__
         raise DSLError(f"cannot read the source of '{fn.__qualname__}' ({exc}); kernels must be defined in a "
-                       "file, a notebook cell or a REPL that keeps source (IPython), not the plain python "
-                       "REPL, `python -c` or an exec'd string",
+                       "file, a notebook cell or a REPL that keeps source (IPython; the plain python REPL from "
+                       "Python 3.13), not `python -c`, an exec'd string or an older plain python REPL",
                        SourceLoc(code.co_filename, code.co_firstlineno)) from None
 
 
