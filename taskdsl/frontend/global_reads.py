@@ -29,7 +29,7 @@ class GlobalReads:
 
     def __init__(self):
         self.noted: dict = {}           # (id(namespace), name) -> (namespace, name, value)
-        self._checks: list | None = []  # per namespace: (namespace, names, a getter of their values, the values)
+        self._checks: list | None = []  # per namespace: (namespace, a getter of the names' values, the values)
 
     def note(self, namespace: dict, name: str, value) -> None:
         """Remember that a build read global `name` of `namespace` as `value`."""
@@ -46,24 +46,23 @@ class GlobalReads:
             if namespace is not None and name in namespace:
                 self.note(namespace, name, namespace[name])
 
-    def rebound(self) -> str | None:
-        """The first noted name that is bound to another object now (or was deleted), else None."""
+    def rebound(self) -> bool:
+        """Whether a noted name is bound to another object now, or was deleted."""
         if self._checks is None:
             groups: dict = {}
             for namespace, name, value in self.noted.values():
-                groups.setdefault(id(namespace), (namespace, [], []))
-                groups[id(namespace)][1].append(name)
-                groups[id(namespace)][2].append(value)
-            self._checks = [(namespace, names, operator.itemgetter(*names, names[0]), tuple(values) + (values[0],))
+                names, values = groups.setdefault(id(namespace), (namespace, [], []))[1:]
+                names.append(name)
+                values.append(value)
+            self._checks = [(namespace, operator.itemgetter(*names, names[0]), tuple(values) + (values[0],))
                             for namespace, names, values in groups.values()]   # twice the first: always a tuple
-        for namespace, names, get, values in self._checks:
+        for namespace, get, values in self._checks:
             try:
-                now = get(namespace)
+                if not all(map(operator.is_, get(namespace), values)):
+                    return True
             except KeyError:
-                return next(name for name in names if name not in namespace)
-            if not all(map(operator.is_, now, values)):
-                return next(name for name, a, b in zip(names, now, values) if a is not b)
-        return None
+                return True
+        return False
 
     def clear(self) -> None:
         """Forget every noted name (what was built from them is forgotten too)."""

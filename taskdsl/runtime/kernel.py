@@ -189,8 +189,8 @@ class Kernel:
         sizes, grid and block of that call are reused (a cpu launch's Python cost is mostly this).
         """
         target = target or get_target()
-        if self._global_reads.noted:
-            self._forget_if_rebound()
+        if self._global_reads.noted and self._global_reads.rebound():
+            self._forget_built()
         key = _binding_key(args)
         if key is not None:
             key = (key, target)         # a DeviceArray passes on cuda only
@@ -298,15 +298,14 @@ class Kernel:
                              f"which is not a size symbol or scalar parameter (known: {', '.join(known) or 'none'})")
         return spec(*(int(known[n]) if isinstance(known[n], (int, np.integer)) else known[n] for n in names))
 
-    def _forget_if_rebound(self) -> None:
-        """Forget everything built, when a module-level name it read is bound to another object now: a call then
+    def _forget_built(self) -> None:
+        """Forget everything built, once a module-level name it read is bound to another object: a call then
         builds with the new value, as a Python function reads its globals at each call (a notebook cell run
         again). The on-disk caches hold compiled code by IR, so returning to an earlier value loads it."""
-        if self._global_reads.rebound():
-            self._global_reads.clear()
-            for built in (self._frontend, self._lowered, self._cpu, self._cuda, self._bindings, self._launches,
-                          self._cuda_launches, self._cuda_full_path):
-                built.clear()
+        self._global_reads.clear()
+        for built in (self._frontend, self._lowered, self._cpu, self._cuda, self._bindings, self._launches,
+                      self._cuda_launches, self._cuda_full_path):
+            built.clear()
 
     # ------------------------------------------------------------------ compilation stages
     def _frontend_ir(self, block: tuple) -> ir.Function:
@@ -354,8 +353,8 @@ class Kernel:
     def __call__(self, *args, **kwargs) -> None:
         try:        # (free in Python 3.11+ when nothing is raised)
             args = self.arguments(args, kwargs)
-            if self._global_reads.noted:       # (the check inline: a launch with none costs no call)
-                self._forget_if_rebound()
+            if self._global_reads.noted and self._global_reads.rebound():     # (inline: a launch's cost)
+                self._forget_built()
             if get_target() == "cpu":
                 self._call_cpu(args)
             else:
