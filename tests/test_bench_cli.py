@@ -97,7 +97,10 @@ def test_the_launch_rows(target, simulated_gpu, capsys):
     td.set_target(target)
     result = launch.run(sizes=(20,))
     assert result["target"] == target and min(result["cold"], result["cached"], result["launch"]) > 0
-    assert "us per launch (mean of 20)" in capsys.readouterr().out
+    from taskdsl.bench.launch import reads4
+    assert result["launch_reading_globals"] > 0 and len(reads4._global_reads.noted) == 4   # LIMIT, SCALE, SHIFT,
+    out = capsys.readouterr().out                                                         # _scaled
+    assert "us per launch (mean of 20)" in out and "reading 4 globals" in out
 
 
 def test_settings_and_sizes_taskdsl_cannot_use_are_usage_errors(capsys):

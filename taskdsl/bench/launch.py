@@ -5,7 +5,9 @@ cache: frontend, lowering, code generation, NVRTC or numba, load, first launch),
 from the disk cache by a new Kernel object (what a new process pays), and the host time per
 launch once it is compiled (the Python launch path: binding, argument packing, the launch
 call; `--sizes N` launches, default 20000). On cuda the arguments are td.DeviceArrays and
-launches are asynchronous: the time includes one sync at the end, spread over N launches.
+launches are asynchronous: the time includes one sync at the end, spread over N launches. Then the
+same per launch for a kernel whose body reads four module-level names, which each call checks (a kernel is
+built again once one is rebound, as a Python function reads its globals at each call).
 """
 from __future__ import annotations
 
@@ -27,6 +29,31 @@ def empty3(A: f32["N"], B: f32["N"], C: f32["N"]):  # noqa: F821 - N: the DSL's 
 def _empty_kernel():
     """A fresh Kernel object (empty in-memory caches) of `empty3`."""
     return td.kernel(grid=1, block=32)(empty3)
+
+
+# module-level names `reads4` reads: a call checks that each is still bound to what the kernel was built with
+LIMIT, SCALE, SHIFT = 32, 2.0, 1.0
+
+
+@td.func
+def _scaled(x: f32) -> f32:
+    return x * SCALE
+
+
+@td.kernel(grid=1, block=32)
+def reads4(A: f32["N"], B: f32["N"], C: f32["N"]):  # noqa: F821 - N: the DSL's size symbol
+    if threadIdx.x >= N + LIMIT:  # noqa: F821 - never true, as in empty3
+        C[0] = _scaled(A[0]) + B[0] + SHIFT
+
+
+def _per_launch_seconds(kernel, args, sync, launches: int) -> float:
+    kernel(*args)
+    sync()
+    start = time.perf_counter()
+    for _ in range(launches):
+        kernel(*args)
+    sync()
+    return (time.perf_counter() - start) / launches
 
 
 def _first_call_seconds(kernel, args, sync) -> float:
@@ -58,13 +85,8 @@ def run(sizes=(20000,)) -> dict:
             else:
                 os.environ["TASKDSL_CACHE_DIR"] = previous
     kernel = _empty_kernel()
-    kernel(*args)
-    sync()
-    start = time.perf_counter()
-    for _ in range(launches):
-        kernel(*args)
-    sync()
-    per_launch = (time.perf_counter() - start) / launches
+    per_launch = _per_launch_seconds(kernel, args, sync, launches)
+    with_reads = _per_launch_seconds(reads4, args, sync, launches)
     floor = _cuda_core_launch_seconds(kernel, args, launches) if target == "cuda" else None
     arrays = "td.DeviceArray" if target == "cuda" else "numpy"
     print(f"target {target}: an empty kernel with 3 tensor arguments ({arrays})")
@@ -73,7 +95,10 @@ def run(sizes=(20000,)) -> dict:
     print(f"  launch overhead                 {per_launch * 1e6:9.2f} us per launch (mean of {launches})")
     if floor is not None:
         print(f"    of which cuda.core's launch   {floor * 1e6:9.2f} us (the same launch issued directly)")
-    return {"target": target, "cold": cold, "cached": cached, "launch": per_launch, "cuda_core_launch": floor}
+    print(f"  the same, reading 4 globals     {with_reads * 1e6:9.2f} us per launch (each call checks they are "
+          "unchanged)")
+    return {"target": target, "cold": cold, "cached": cached, "launch": per_launch, "cuda_core_launch": floor,
+            "launch_reading_globals": with_reads}
 
 
 def _cuda_core_launch_seconds(kernel, args, launches: int) -> float:
