@@ -21,11 +21,12 @@ from taskdsl import blockIdx, f32, threadIdx
 SCALE = 2.0
 TERMS = 1
 BLOCKS = 1
+OFFSET = 1.0
 
 
 @td.func
 def helper(x: f32) -> f32:
-    return x + 1.0
+    return x + OFFSET                           # a global of the helper's body: noted too
 
 
 @td.kernel(grid=1, block=8)
@@ -77,11 +78,17 @@ def test_rebinding_a_constant_or_a_helper_changes_the_next_call(program):
     np.testing.assert_array_equal(_scaled(program, X), (X - 1) * 3 * 2)
 
 
+def test_a_global_read_by_the_helper(program):
+    program.OFFSET = -4.0
+    np.testing.assert_array_equal(_scaled(program, X), (X - 4) * 2)
+
+
 def test_what_is_noted_and_what_is_kept(program):
     """The body's own globals are noted, not modules or the DSL's names (td, threadIdx, f32); a call with them
     unchanged keeps the prepared launch, and so does rebinding a name to the object it had."""
     _scaled(program, X)
-    assert sorted(name for _, name, _ in program.scaled._global_reads.noted.values()) == ["SCALE", "TERMS", "helper"]
+    noted = sorted(name for _, name, _ in program.scaled._global_reads.noted.values())
+    assert noted == ["OFFSET", "SCALE", "TERMS", "helper"]
     launch = next(iter(program.scaled._launches.values()))
     program.SCALE = program.SCALE
     _scaled(program, X)
