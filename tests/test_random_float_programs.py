@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 
 import taskdsl as td
 
+from .host_twin import unspecified
 from .program_files import exchange_kernel, expression_source
 
 GPU_TWINS = True   # every example also runs as a @gpu twin on the cuda target (conftest.py)
@@ -365,7 +366,8 @@ def test_random_float_programs_match_numpy(shared, trees, step, shift, seed, sha
     assume(trees)
     kernel, text = build_kernel(shared, trees, step, shift, shared_type)
     out = np.full((LOOP, len(trees), THREADS), 12345.0)
-    kernel(inputs["x"], inputs["y"], inputs["p"], inputs["q"], inputs["a"], inputs["d"], out)
+    with unspecified(6, undefined):     # where C leaves a value open, the CUDA source's host twin may differ
+        kernel(inputs["x"], inputs["y"], inputs["p"], inputs["q"], inputs["a"], inputs["d"], out)
     wrong = np.argwhere(~same(out, reference) & ~undefined)
     if wrong.size:
         i, k, t = wrong[0]
