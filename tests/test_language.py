@@ -174,6 +174,25 @@ def test_unsigned_arithmetic_wraps_before_min_max_and_division_are_simplified():
 
 
 @td.kernel(grid=1, block=64)
+def unsigned_min_max(C: td.u32[64], Out: td.u32[3, 64]):
+    t = threadIdx.x
+    Out[0, t] = max(C[t] >> 2, td.i32(-2) | -8) >> 1     # -2 converts to the u32 4294967294, as in C
+    Out[1, t] = min(C[t] >> 2, 5)
+    Out[2, t] = max(C[t] >> 1, C[t] >> 3)
+
+
+def test_min_and_max_of_unsigned_values_and_literals():
+    """The cpu once failed to compile these: numba took `u32 >> 2` as a uint64 and its max with an int literal to
+    float64 (random integer programs, seed 373)."""
+    c = np.random.default_rng(6).integers(0, 2**32, 64).astype(np.uint32)
+    out = np.zeros((3, 64), np.uint32)
+    unsigned_min_max(c, out)
+    np.testing.assert_array_equal(out[0], np.full(64, 2**31 - 1))
+    np.testing.assert_array_equal(out[1], np.minimum(c >> 2, 5))
+    np.testing.assert_array_equal(out[2], c >> 1)
+
+
+@td.kernel(grid=1, block=64)
 def unsigned_widened(C: td.u32[64], Out: td.i64[2, 64], U: td.u64[64]):
     t = threadIdx.x
     Out[0, t] = max(td.i64(2**53 + 1), C[t] >> 2)    # u32 widened to i64, exactly (not through a double)
@@ -1098,6 +1117,24 @@ def test_kernel_early_return():
     y = np.full(8, 9.0, np.float32)
     early_return_kernel(x, y)
     np.testing.assert_array_equal(y, np.where(x < 0, 9, 2 * x))
+
+
+@td.kernel(grid=1, block=8)
+def return_in_unrolled_loop(Y: f32[8]):
+    t = threadIdx.x
+    for i in (0, 1, 2, 3):          # a compile-time tuple: the loop is unrolled
+        if t % 5 == i:
+            return                  # ...and ends here, as Python's does: no later iteration runs
+        Y[t] += 1.0
+    Y[t] += 10.0
+
+
+def test_a_return_in_an_unrolled_loop_ends_it():
+    """The unrolled iterations after a return ran (thread 0 stored 3, not 0) until session 50."""
+    y = np.zeros(8, np.float32)
+    return_in_unrolled_loop(y)
+    want = [min(t % 5, 4) + (10 if t % 5 == 4 else 0) for t in range(8)]
+    np.testing.assert_array_equal(y, want)
 
 
 @td.func

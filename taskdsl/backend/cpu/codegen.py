@@ -526,6 +526,9 @@ class _PythonEmitter:
         if isinstance(e, ir.Call):
             if e.func == "abs" and e.dtype.is_integer:      # as `-` above: numba's abs keeps an int32's type
                 return f"abs({np_type(e.dtype)}({self.expr(e.args[0])}))"
+            if e.dtype.kind == "uint":      # as in selects: numba takes a uint64 (`u32 >> 2` is one) with an int
+                args = ", ".join(f"{np_type(e.dtype)}({self.expr(a)})" for a in e.args)   # literal to float64
+                return f"{_MATH[e.func]}({args})"
             args = ", ".join(self.cast(a, e.dtype) if e.dtype.is_float else self.expr(a) for a in e.args)
             fn = _FLOAT_MATH.get(e.func, _MATH[e.func]) if e.dtype.is_float else _MATH[e.func]
             fn = _F32_MATH.get(e.func, fn) if e.dtype.name == "f32" else fn
