@@ -441,6 +441,33 @@ def test_barriers_inside_a_device_function_and_uniform_early_return(n, seed):
     np.testing.assert_array_equal(out, want)
 
 
+@td.kernel(grid=1, block=64)
+def shuffle_after_a_warp_uniform_return(X: i32[64], Y: i32[64], skip_warp: i32):
+    t = threadIdx.x
+    if t // 32 == skip_warp:
+        Y[t] = -2
+        if skip_warp >= 0:
+            return                  # a whole warp returns: the other's lanes all reach the shuffle below
+    v = X[t] + td.shfl_xor(X[t], 1)
+    if v > 100:
+        Y[t] = -3
+        if t >= 0:
+            return                  # lane-dependent (as the analysis sees it), but after the shuffle
+    Y[t] = v
+
+
+def test_a_shuffle_after_a_warp_uniform_return():
+    """Refused until session 50 ("inside a branch ... that differs between the lanes"): the code after a return
+    was as divergent as the function's most divergent return, there the lane-dependent one after the shuffle."""
+    x = np.arange(64, dtype=np.int32) * 3
+    for skip in (0, 1):
+        y = np.full(64, -1, np.int32)
+        shuffle_after_a_warp_uniform_return(x, y, skip)
+        v = x + x[np.arange(64) ^ 1]
+        want = np.where(np.arange(64) // 32 == skip, -2, np.where(v > 100, -3, v))
+        np.testing.assert_array_equal(y, want)
+
+
 @td.kernel(grid=lambda N: td.cdiv(N, 32), block=32)
 def nested_block_loops(X: f32["N"], Y: f32["N"], inner: i32):
     s = td.shared(f32, (32,))

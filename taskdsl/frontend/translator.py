@@ -153,8 +153,7 @@ class FunctionTranslator:
         self.loops: list = []     # the loops around the code, innermost last: 'runtime', 'mapping' or 'unrolled'
         self.shadowed: dict = {}  # name -> the loop that bound it over an earlier binding, until it is reassigned
         self.pending: list = []   # statements an expression emits before its own (allocations, inlined calls)
-        self.returned: ir.Var | None = None
-        self.returned_read = False      # whether code after a return tests the flag (else its assignments go)
+        self.return_flags: list = []    # the `returned` flags of the statements around (`guarded`)
         self.returns_value = is_func and returns_value
         self.namespace = dict(fn.__globals__)
         closure = closure_values(fn)
@@ -173,8 +172,8 @@ class FunctionTranslator:
     def block(self, stmts: list) -> ir.Stmt:
         """Translate a statement list, lowering `return`s that are not the last statement.
 
-        `if c: ... return` makes the rest of the list the other branch; a return deeper inside
-        sets the function's `returned` flag, and the rest of the list runs under `if not returned`.
+        `if c: ... return` makes the rest of the list the other branch; after a statement with a return
+        deeper inside, the rest of the list runs under `if not returned` (`guarded`).
         """
         out = []
         for i, node in enumerate(stmts):
@@ -190,32 +189,33 @@ class FunctionTranslator:
                     then_body += rest
                 out.append(self.stmt(node, lambda n: self.stmt_if(n, then_body, else_body)))
                 break
-            out.append(self.stmt(node))
             if rest and _may_return(node):
-                self.returned_read = True
-                out.append(ir.If(ir.Unary("not", self.returned_flag(), T.boolean), self.block(rest), None,
-                                 self.loc(rest[0])))
+                out += self.guarded(lambda: self.stmt(node), lambda: self.block(rest), self.loc(rest[0]))
                 break
+            out.append(self.stmt(node))
         return ir.seq([s for s in out if s is not None]) if out else ir.Seq(())
 
+    def guarded(self, first, rest, loc: SourceLoc) -> list:
+        """`first()`, whose code may return, then `rest()` under `if not returned`. The flag is this statement's
+        own, set by the returns inside it (and by those inside the statements around it, whose own flags are
+        open too): one flag for the whole function would make the code after a warp-uniform return as
+        divergent as the most divergent return anywhere, for the barrier and shuffle checks."""
+        flag = ir.Var("returned", T.boolean)
+        self.return_flags.append(flag)
+        try:
+            head = first()
+        finally:
+            self.return_flags.pop()
+        return [ir.Assign(flag, ir.const(False), loc), head, ir.If(ir.Unary("not", flag, T.boolean), rest(), None, loc)]
+
     def function_body(self) -> ir.Stmt:
-        """The whole body; starts by clearing the `returned` flag when a return needs one."""
+        """The whole body."""
         body = self.block(self.src.tree.body)
         if self.return_var is not None and RETURNED not in self.definite and not _always_returns(self.src.tree.body):
             # a thread that falls off the end would read the result uninitialized (another thread's, in practice)
             raise self.error(self.src.tree, f"@td.func '{self.fn.__name__}' returns a value on some paths but can "
                                             "reach its end without one", "End every path with a 'return value'.")
-        if self.returned is None:
-            return body
-        if not self.returned_read:      # every return ends its path: nothing reads the flag
-            return _DropAssignments(self.returned).visit(body)
-        return ir.seq([ir.Assign(self.returned, ir.const(False), self.loc(self.src.tree)), body])
-
-    def returned_flag(self) -> ir.Var:
-        """The flag a `return` before the end of the function sets (created on first use)."""
-        if self.returned is None:
-            self.returned = ir.Var("returned", T.boolean)
-        return self.returned
+        return body
 
     def stmt(self, node: ast.stmt, translate=None) -> ir.Stmt | None:
         """Translate one statement, with the statements its expressions emit (allocations, inlined calls)."""
@@ -257,7 +257,7 @@ class FunctionTranslator:
         if self.in_runtime_loop:
             raise self.error(node, "'return' inside a loop is not supported",
                              "Use a flag and 'break', or restructure with if/else.")
-        flag = ir.Assign(self.returned_flag(), ir.const(True), self.loc(node))
+        flag = ir.seq([ir.Assign(f, ir.const(True), self.loc(node)) for f in self.return_flags])  # code after it skips
         if not self.is_func:
             if node.value is not None:
                 raise self.error(node, "a kernel cannot return a value", "Write results into an output tensor.")
@@ -500,13 +500,24 @@ class FunctionTranslator:
         return ir.ForMapping(loop_vars, source.mapping, worker, body, self.loc(node))
 
     def for_unrolled(self, node: ast.For, values: list):
-        out = []
         self.loops.append("unrolled")
-        for value in values:
+        try:
+            return self.iterations(node, values)
+        finally:
+            self.loops.pop()
+
+    def iterations(self, node: ast.For, values: list):
+        """The unrolled iterations of loop `node` over `values`; after one that may return, the rest run
+        `guarded` (Python's loop ends at the return)."""
+        out = []
+        for k, value in enumerate(values):
             self.bind_target(node.target, value)
+            if k + 1 < len(values) and _may_return(node):
+                out += self.guarded(lambda: self.block(node.body), lambda: self.iterations(node, values[k + 1:]),
+                                    self.loc(node))
+                break
             out.append(self.block(node.body))
-        self.loops.pop()
-        return ir.seq(out) if out else None
+        return ir.seq([s for s in out if s is not None]) if out else None
 
     def bind_target(self, target: ast.expr, value):
         if isinstance(target, ast.Name):
@@ -1190,16 +1201,6 @@ class FunctionTranslator:
     @staticmethod
     def _name_of(target: ast.expr) -> str | None:
         return target.id if isinstance(target, ast.Name) else None
-
-
-class _DropAssignments(ir.Rewriter):
-    """A statement tree without its assignments to one variable."""
-
-    def __init__(self, var: ir.Var):
-        self.uid = var.uid
-
-    def visit_Assign(self, s: ir.Assign) -> ir.Stmt:
-        return ir.Seq(()) if s.var.uid == self.uid else s
 
 
 def _loop_dtype(start, stop, step: int) -> T.DataType:
