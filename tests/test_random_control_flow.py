@@ -5,7 +5,8 @@ variables `u0`, `u1` (i64), a register array `r` (indexed by constants and by ru
 float accumulator `f` that starts as an int and is widened by the first float added to it:
 assignments, augmented assignments, stores of intermediate values, `if`/`elif`/`else`
 (block-uniform, warp-uniform and per-thread conditions), `for` loops over `range` and `td.unroll`
-(negative steps, bounds computed at run time), `while` loops, `break`, `continue` (a warp may leave
+(negative steps, bounds computed at run time) and over compile-time tuples (unrolled by the translator; a
+`return` may leave them), `while` loops, `break`, `continue` (a warp may leave
 a `for` loop around shuffles), early `return`, calls of device functions with early returns and
 loops (also in conditions), warp shuffles, exchanges through shared memory between barriers, and
 variables `p*` that a warp-uniform branch sets from uniform values, may loop around a shuffle on,
@@ -97,6 +98,8 @@ class Scope:
     thread_names: tuple
     crossed: int = UNIFORM    # the most divergent `if` condition between the innermost loop and here
     for_loop: bool = False    # the innermost runtime loop is a `for` (not a `while`)
+    unrolled: bool = False    # the innermost loop is over a compile-time tuple: no break or continue, a return
+                              # only outside runtime loops
 
 
 class ProgramWriter:
@@ -137,6 +140,8 @@ class ProgramWriter:
                 self.diverged = self.level(scope)
 
     def _jumps(self, scope: Scope) -> list:
+        if scope.unrolled:
+            return ["return"] if scope.loop is None else []
         if scope.loop is None:
             return ["return"] if scope.depth > 1 else []    # `return` is not supported inside loops
         # the cpu target leaves a block-level for loop under a warp-uniform condition, but not a while loop
@@ -235,6 +240,11 @@ class ProgramWriter:
 
     def _for(self, scope: Scope):
         var = self._fresh("j")
+        if self.draw(st.integers(0, 3)) == 0:     # over a compile-time tuple: unrolled, left only by a return
+            values = tuple(self.draw(st.lists(st.integers(-3, 3), min_size=1, max_size=3)))
+            self.emit(scope, f"for {var} in {values!r}:")
+            self.block(replace(scope, depth=scope.depth + 1, unrolled=True, uniform_names=scope.uniform_names + (var,)))
+            return
         names, level = self._names(scope)
         step = self.draw(st.sampled_from([1, 1, 2, -1, -2]))
         if self.draw(st.booleans()):      # constant bounds: the unroll pass may unroll it
@@ -272,7 +282,7 @@ class ProgramWriter:
         names = {"uniform_names": scope.uniform_names + (var,)} if level == UNIFORM and var else \
             {"thread_names": scope.thread_names + ((var,) if var else ())}
         return replace(scope, level=max(level, jumps), loop=jumps, crossed=UNIFORM, depth=scope.depth + 1,
-                       for_loop=var is not None, **names)
+                       for_loop=var is not None, unrolled=False, **names)
 
     def _names(self, scope: Scope) -> tuple:
         """The names a loop bound may read, and their level."""
