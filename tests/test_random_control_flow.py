@@ -99,7 +99,8 @@ class Scope:
     crossed: int = UNIFORM    # the most divergent `if` condition between the innermost loop and here
     for_loop: bool = False    # the innermost runtime loop is a `for` (not a `while`)
     unrolled: bool = False    # the innermost loop is over a compile-time tuple: no break or continue, a return
-                              # only outside runtime loops
+                              # only outside runtime loops, and where `returns`
+    returns: bool = True
 
 
 class ProgramWriter:
@@ -141,7 +142,7 @@ class ProgramWriter:
 
     def _jumps(self, scope: Scope) -> list:
         if scope.unrolled:
-            return ["return"] if scope.loop is None else []
+            return ["return"] if scope.loop is None and scope.returns else []
         if scope.loop is None:
             return ["return"] if scope.depth > 1 else []    # `return` is not supported inside loops
         # the cpu target leaves a block-level for loop under a warp-uniform condition, but not a while loop
@@ -242,8 +243,12 @@ class ProgramWriter:
         var = self._fresh("j")
         if self.draw(st.integers(0, 3)) == 0:     # over a compile-time tuple: unrolled, left only by a return
             values = tuple(self.draw(st.lists(st.integers(-3, 3), min_size=1, max_size=3)))
+            returns = self.draw(st.booleans())
+            if returns and len(values) > 1:     # a return in one iteration comes before the barriers and shuffles
+                self.diverged = THREAD          # of the next (the body's text before it): none from here on
             self.emit(scope, f"for {var} in {values!r}:")
-            self.block(replace(scope, depth=scope.depth + 1, unrolled=True, uniform_names=scope.uniform_names + (var,)))
+            self.block(replace(scope, depth=scope.depth + 1, unrolled=True, returns=returns,
+                               uniform_names=scope.uniform_names + (var,)))
             return
         names, level = self._names(scope)
         step = self.draw(st.sampled_from([1, 1, 2, -1, -2]))
