@@ -1102,3 +1102,15 @@ def test_a_kernel_without_source_says_where_to_define_it():
     exec("@td.kernel(grid=1, block=4)\ndef k(X: f32[4]):\n    X[threadIdx.x] = 1.0\n", namespace)  # noqa: S102
     with pytest.raises(td.DSLError, match="cannot read the source of 'k'.*a notebook cell.*Python 3.13"):
         namespace["k"](vec(4))
+
+
+def test_other_text_under_the_kernels_file_name_is_not_taken_for_its_source(monkeypatch):
+    """linecache may hold other text under an exec'd string's name ("<string>"; Python 3.13 registers more):
+    the translator read it as the kernel's source and failed an internal assertion ("not a def")."""
+    import linecache
+    namespace = {"td": td, "f32": f32, "threadIdx": threadIdx}
+    exec("@td.kernel(grid=1, block=4)\ndef k(X: f32[4]):\n    X[threadIdx.x] = 1.0\n", namespace)  # noqa: S102
+    lines = ["x = 1\n", "y = 2\n", "z = 3\n"]
+    monkeypatch.setitem(linecache.cache, "<string>", (sum(map(len, lines)), None, lines, "<string>"))
+    with pytest.raises(td.DSLError, match=r"cannot read the source of 'k' \(the text at <string>:1 is not the def"):
+        namespace["k"](vec(4))

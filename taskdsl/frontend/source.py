@@ -63,9 +63,14 @@ def _parse_code(code, code_file: str) -> ParsedSource:
     indent = len(lines[0]) - len(lines[0].lstrip())
     prefix = lines[0][:indent]
     dedented = "".join(line[indent:] if line.startswith(prefix) else line for line in lines)
-    module = ast.parse(dedented)
-    tree = module.body[0]
-    assert isinstance(tree, (ast.FunctionDef, ast.AsyncFunctionDef)), "decorated object is not a def"
+    try:
+        tree = ast.parse(dedented).body[0]
+    except (SyntaxError, IndexError):
+        tree = None
+    if not isinstance(tree, (ast.FunctionDef, ast.AsyncFunctionDef)) or tree.name != code.co_name:
+        # the text linecache holds under the code's file name is not this def: an exec'd string whose name
+        # ("<string>") other text was registered under, or a file edited since it was imported
+        raise OSError(f"the text at {code_file}:{code.co_firstlineno} is not the def of '{code.co_name}'")
     if isinstance(tree, ast.AsyncFunctionDef):
         raise DSLError("kernels cannot be async functions", SourceLoc(file, first_line))
     return ParsedSource(tree, file, first_line - 1, indent, tuple(dedented.splitlines()))
