@@ -1138,6 +1138,26 @@ def test_a_return_in_an_unrolled_loop_ends_it():
 
 
 @td.func
+def bucket(v: f32) -> f32:
+    for c in (1.0, 2.0, 3.0):
+        if v < c:
+            return c            # the value of the first bucket (a later iteration's return overwrote it)
+    return 0.0
+
+
+@td.kernel(grid=1, block=8)
+def buckets(X: f32[8], Y: f32[8]):
+    Y[threadIdx.x] = bucket(X[threadIdx.x])
+
+
+def test_a_device_function_returns_from_an_unrolled_loop():
+    x = np.array([0.5, 1.5, 2.5, 3.5, -1, 1, 2, 9], np.float32)
+    y = np.zeros(8, np.float32)
+    buckets(x, y)
+    np.testing.assert_array_equal(y, [next((c for c in (1, 2, 3) if v < c), 0) for v in x])
+
+
+@td.func
 def poly(x: f32, coeffs: tuple) -> f32:
     acc = 0.0
     for c in coeffs:            # a compile-time tuple argument
