@@ -19,6 +19,7 @@ import numpy as np
 from ..backend.cuda.launch import (DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED, copy_on_device, copy_to_device,
                                    copy_to_host, device_state, fill_zero, is_c_contiguous, recording_active)
 from ..ir.types import DataType, is_number_dtype, numpy_dtype
+from . import config
 
 ACCEPTED = ("numpy arrays (copied to the GPU and back) or arrays in GPU memory: td.DeviceArray (td.to_device), "
             "torch / cupy CUDA tensors, any DLPack or __cuda_array_interface__ CUDA array")
@@ -259,8 +260,7 @@ def synchronize() -> None:
     """Wait until the kernels and copies taskdsl issued on this thread's GPU have finished. A cuda launch returns
     before its kernel ends, so time one as `k(x, y); td.synchronize()`. Nothing waits on a machine without a usable
     GPU (cpu launches end before they return)."""
-    from .config import gpu_status
-    if gpu_status()[0]:
+    if config.gpu_status()[0]:
         device_state().stream.sync()
 
 
