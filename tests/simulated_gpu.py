@@ -72,7 +72,7 @@ class SimulatedGPU:
     replays: int = 0
     limits: launch.LaunchLimits = field(default_factory=launch.LaunchLimits)     # a GPU's (a test may lower them)
     cuda_source: bool = False       # launches run their CUDA C++ on the host, in place (else the cpu kernel)
-    sources: dict = field(default_factory=dict)     # (kernel, id of its IR, block, sizes) -> (IR, CUDA source)
+    sources: dict = field(default_factory=dict)     # (id of a kernel's IR, sizes) -> (IR, CUDA source)
 
     def run(self, kernel: Kernel, binding) -> None:
         """Run a launch, refusing grids and blocks a GPU's launch would (grid.z 65535 and the like: limits the
@@ -94,10 +94,10 @@ class SimulatedGPU:
             binding = kernel.bind(tuple(arguments), "cuda")
             if 0 in binding.grid:
                 return
-            # as Kernel keys its cubins, and by its IR (built again after a global it read was rebound), which
-            # the entry keeps alive so that its id is not reused
+            # by the kernel's IR for the launch's block (built again after a global it read was rebound), which the
+            # entry keeps alive so that its id is not reused, and the sizes, as Kernel keys its cubins
             built = kernel._frontend_ir(binding.block)
-            key = (kernel, id(built), binding.block, tuple(sorted(binding.sizes.items())))
+            key = (id(built), tuple(sorted(binding.sizes.items())))
             if key not in self.sources:      # a replayed graph launches each kernel again: lower it once
                 self.sources[key] = (built, emit_cuda(kernel._cuda_function(binding)))
             source = self.sources[key][1]
