@@ -217,6 +217,20 @@ def test_kernels_and_variables_named_like_cpp_keywords_compile(kernel, expected)
         assert compile_cubin(kernel.source(x, y, target="cuda"), arch, fast=True)
 
 
+@pytest.mark.parametrize("name", ["main", "printf", "fmodf", "copysign", "normcdf", "__bump", "_Bump"])
+def test_kernels_named_like_c_library_functions_compile(name):
+    """NVRTC declares C's math and library functions in every program: an `extern "C"` kernel of the same
+    name would redeclare one (sm_90: "function main cannot be marked __device__ or __global__")."""
+    def body(X: f32[32]):
+        X[threadIdx.x] = X[threadIdx.x] + 1.0
+
+    kernel = td.kernel(grid=1, block=32, name=name)(body)
+    x = np.arange(32, dtype=np.float32)
+    kernel(x)
+    np.testing.assert_array_equal(x, np.arange(32) + 1)
+    assert compile_cubin(kernel.source(x, target="cuda"), "sm_90", fast=True)
+
+
 def test_mixed_signedness_comparisons_are_exact_in_cuda():
     """C would compare `-1 < 1u` as unsigned (false); the generated code widens, or tests the sign first."""
     @td.kernel(grid=1, block=1)

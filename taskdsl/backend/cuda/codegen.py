@@ -84,6 +84,17 @@ _C_RESERVED = set(_F32_MATH.values()) | {name[:-1] for name in _F32_MATH.values(
     "register", "volatile", "inline", "sizeof", "new", "delete", "this", "true", "false", "auto", "goto",
     "namespace", "using", "operator", "char", "float", "double", "int", "bool", "asm", "__syncwarp",
     "__cvta_generic_to_shared", "td_r", "td_dynamic_smem"} | set(_HELPERS)
+# C functions NVRTC declares in every program (C's math library, f32 forms included, CUDA's additions to it, and
+# the C library's device functions): a kernel of one of these names, an `extern "C"` function, would redeclare it
+_C_MATH = ("acos asin atan atan2 cos sin tan acosh asinh atanh cosh sinh tanh exp exp2 exp10 expm1 frexp ldexp log "
+           "log10 log1p log2 logb ilogb modf scalbn scalbln cbrt fabs hypot pow sqrt rsqrt rcbrt erf erfc erfinv "
+           "erfcinv lgamma tgamma ceil floor nearbyint rint lrint llrint round lround llround trunc fmod remainder "
+           "remquo copysign nan nextafter fdim fmax fmin fma sincos sinpi cospi sincospi normcdf normcdfinv j0 j1 "
+           "jn y0 y1 yn cyl_bessel_i0 cyl_bessel_i1 norm norm3d norm4d rnorm rnorm3d rnorm4d rhypot fdivide "
+           "isfinite isinf isnan signbit").split()
+_C_LIBRARY = {name + suffix for name in _C_MATH for suffix in ("", "f")} | {
+    "main", "printf", "malloc", "free", "memset", "memcpy", "assert", "clock", "clock64", "labs", "llabs",
+    "llmin", "llmax", "umin", "umax", "ullmin", "ullmax"}
 # the new value from the old one `a` and the operand `b` (max / min keep a NaN, as td_max / td_min do)
 _RMW_OPS = {"add": "a + b", "sub": "a - b", "max": "td_max(a, b)", "min": "td_min(a, b)", "exch": "b"}
 
@@ -117,9 +128,12 @@ def emit_cuda(fn: ir.Function) -> str:
 
 
 def kernel_symbol(fn: ir.Function) -> str:
-    """The C name of a kernel's `__global__` function (a Python name such as `double` gets a suffix)."""
+    """The C name of a kernel's `__global__` function (a Python name such as `double`, `main` or `sinf` gets a
+    suffix, as does a name C++ reserves: `__x`, `_X`)."""
     name = identifier(fn.name)
-    return f"{name}_kernel" if name in _C_RESERVED or name[0].isdigit() else name
+    reserved = name in _C_RESERVED or name in _C_LIBRARY or name.startswith("__") or name[:2].istitle() and \
+        name[0] == "_"
+    return f"{name}_kernel" if reserved or name[0].isdigit() else name
 
 
 def _c_float(value: float, dtype: T.DataType) -> str:
