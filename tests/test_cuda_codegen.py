@@ -52,6 +52,9 @@ def test_compiles_for_each_arch(arch):
 def test_bad_arch_is_a_clear_error():
     with pytest.raises(ValueError, match="sm_90"):
         normalize_arch("hopper")
+    x = np.ones(10, np.float32)
+    with pytest.raises(ValueError, match=r"cannot compile for sm_70; it compiles for sm_75, sm_80"):
+        axpy.compile(x, x, 1.0, target="cuda", arch="sm_70")     # NVRTC 13 dropped Volta
 
 
 def test_nvrtc_error_maps_to_python_line():
@@ -60,6 +63,7 @@ def test_nvrtc_error_maps_to_python_line():
         compile_cubin(source, "sm_90")
     assert info.value.loc.file == "user_kernels.py" and info.value.loc.line == 42
     assert "not_declared" in str(info.value) and "NVRTC log" in str(info.value)
+    assert "\x00" not in str(info.value)        # NVRTC's C string ends in one: grep then calls the text binary
 
 
 @pytest.mark.parametrize("dtype", [td.i32, td.u32, td.i64, td.u64, td.f32, td.f64])

@@ -20,6 +20,18 @@ def normalize_arch(arch) -> str:
 
 
 @functools.cache
+def supported_arch(arch) -> str:
+    """`normalize_arch(arch)`, or a ValueError naming the architectures this NVRTC compiles for."""
+    name = normalize_arch(arch)
+    from cuda.bindings import nvrtc
+    _, numbers = nvrtc.nvrtcGetSupportedArchs()
+    if int(re.match(r"sm_(\d+)", name).group(1)) not in numbers:
+        raise ValueError(f"this NVRTC ({nvrtc_version()}) cannot compile for {name}; it compiles for "
+                         f"{', '.join(f'sm_{n}' for n in numbers)}")
+    return name
+
+
+@functools.cache
 def nvrtc_version() -> str:
     """The NVRTC build, e.g. '13.5.37' (part of every compile-cache key).
 
@@ -61,12 +73,12 @@ def compile_cubin(source: str, arch: str = "sm_90", name: str = "kernel", fast: 
     from cuda.core import Program, ProgramOptions
 
     include = [_cuda_include_dir()] if "#include <cuda_" in source else None
-    options = ProgramOptions(arch=normalize_arch(arch), std="c++17", lineinfo=True, name=f"{name}.cu",
+    options = ProgramOptions(arch=supported_arch(arch), std="c++17", lineinfo=True, name=f"{name}.cu",
                              include_path=include, ofast_compile="max" if fast else None)
     try:
         return bytes(Program(source, code_type="c++", options=options).compile("cubin").code)
     except Exception as exc:  # noqa: BLE001 - cuda.core raises its own NVRTCError type
-        log = str(exc)
+        log = str(exc).replace("\x00", "")      # NVRTC's log ends in its C string's NUL
         if "NVRTC_ERROR_COMPILATION" not in log and "error" not in log:
             raise
         match = _ERROR_LINE.search(log)
@@ -91,7 +103,7 @@ def resource_usage(source: str, arch: str = "sm_90") -> dict:
 
     from cuda.core import Program, ProgramOptions
     include = [_cuda_include_dir()] if "#include <cuda_" in source else None
-    options = ProgramOptions(arch=normalize_arch(arch), std="c++17", include_path=include, ptxas_options=["-v"])
+    options = ProgramOptions(arch=supported_arch(arch), std="c++17", include_path=include, ptxas_options=["-v"])
     log = io.StringIO()
     Program(source, code_type="c++", options=options).compile("cubin", logs=log)
     reports = {}
