@@ -166,6 +166,49 @@ def test_scalar_binding_and_grid_callable_errors():
     assert x[0] == -2 ** 31
 
 
+@td.kernel(grid=1, block=1)
+def store_float_scalars(Out: td.f64[4], h: f16, b: bf16, s: f32, d: td.f64):
+    Out[0] = h
+    Out[1] = b
+    Out[2] = s
+    Out[3] = d
+
+
+def _bf16_once(x: float) -> float:
+    """`x` rounded to bfloat16 (8 significant bits, exponents from -126) in one step, ties to even: exact
+    arithmetic on fractions (Python's round() of a Fraction breaks ties to even)."""
+    from fractions import Fraction
+    import math
+    if x == 0:
+        return x
+    exponent = max(math.frexp(abs(x))[1] - 1, -126)      # of the leading bit; subnormals share -126's ulp
+    ulp = Fraction(2) ** (exponent - 7)
+    return math.copysign(float(round(Fraction(abs(x)) / ulp) * ulp), x)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.floats(-3.39e38, 3.39e38, allow_nan=False))
+def test_a_bf16_scalar_is_rounded_once(x):
+    """ml_dtypes rounds an f64 to f32 and then to bfloat16: 1 + 2^-8 + 2^-40 became 1.0 (the f32 step makes it a
+    tie), where a bf16 literal of the kernel is 1 + 2^-7."""
+    out = np.zeros(4)
+    for value in (x, 1 + 2 ** -8 + 2 ** -40):
+        store_float_scalars(out, 0.0, value, 0.0, 0.0)
+        assert out[1] == _bf16_once(value)
+
+
+def test_float_scalars_outside_their_type_are_refused():
+    """Numpy would give inf (and a RuntimeWarning); an integer too large for any float an OverflowError naming
+    nothing. Values that round to the largest finite value, and inf itself, pass."""
+    out = np.zeros(4)
+    zeros = dict(h=0.0, b=0.0, s=0.0, d=0.0)
+    for name, value in (("h", 65520.0), ("h", -1e5), ("b", 3.4e38), ("s", 1e300), ("s", 10 ** 39), ("d", 10 ** 400)):
+        with pytest.raises(ValueError, match=rf"argument '{name}' = .* is outside the range of"):
+            store_float_scalars(out, *{**zeros, name: value}.values())
+    store_float_scalars(out, 65519.0, 3.39e38, 3.4028235e38, np.inf)
+    np.testing.assert_array_equal(out, [np.float16(65519.0), 3.3895313892515355e38, np.float32(3.4028235e38), np.inf])
+
+
 def test_read_only_arrays_the_kernel_writes_are_refused():
     """Contiguous or strided (the copying path): a read-only output is a ValueError naming it; read-only inputs
     are fine."""

@@ -60,10 +60,20 @@ class DataType:
         if self.bits == 32:
             with np.errstate(over="ignore"):
                 return float(np.float32(value))
-        bits = int(narrow_float_bits(float(value), *_NARROW_FORMATS[self.name]))
+        bits = self.narrow_bits(value)
         if self.name == "f16":
             return float(np.array(bits, np.uint16).view(np.float16))
         return float(np.array(bits << 16, np.uint32).view(np.float32))
+
+    def narrow_bits(self, value: float) -> int:
+        """The bits of `value` rounded to this 16-bit float type (ties to even, in one rounding)."""
+        return int(narrow_float_bits(float(value), *_NARROW_FORMATS[self.name]))
+
+    @property
+    def overflow(self) -> int:
+        """The least magnitude that rounds to inf in this float type (halfway above its largest finite value)."""
+        mant_bits, bias = _FLOAT_FORMATS[self.name][:2]
+        return (1 << (bias + 1)) - (1 << (bias - mant_bits - 1))
 
     def float_text(self, value: float) -> str:
         """The shortest decimal text that reads back exactly as `value`, a value of this float type,
@@ -116,6 +126,7 @@ u64 = DataType("u64", "uint", 64, "unsigned long long")
 boolean = DataType("bool", "bool", 8, "bool")
 
 _NARROW_FORMATS = {"f16": (10, 15, 31), "bf16": (7, 127, 255)}    # mantissa bits, exponent bias, all-ones exponent
+_FLOAT_FORMATS = {**_NARROW_FORMATS, "f32": (23, 127, 255), "f64": (52, 1023, 2047)}
 _NUMPY_NAMES = {"f16": "float16", "bf16": "uint16", "f32": "float32", "f64": "float64", "i8": "int8",
                 "i16": "int16", "i32": "int32", "i64": "int64", "u8": "uint8", "u16": "uint16", "u32": "uint32",
                 "u64": "uint64", "bool": "bool"}

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import struct
 from dataclasses import dataclass, field
 
@@ -283,8 +284,14 @@ class Kernel:
             if not low <= arg <= high:      # numpy would wrap it silently (or raise an OverflowError naming nothing)
                 raise ValueError(f"kernel '{self.name}': argument '{pname}' = {arg} is outside the range of "
                                  f"{dtype.name} ({low} to {high}); declare the parameter with a wider type")
-        if dtype.name == "bf16":    # bf16 values travel as their bits (uint16): 3.0 is 0x4040, not 0x0003
-            return np.asarray(arg, T.numpy_dtype(dtype)).view(np.uint16)[()]
+        if dtype.is_float and dtype.overflow <= abs(arg if isinstance(arg, int) else float(arg)) < math.inf:
+            # numpy would give inf, and a warning
+            text = str(arg) if len(str(arg)) < 30 else f"an integer of {len(str(abs(arg)))} digits"
+            raise ValueError(f"kernel '{self.name}': argument '{pname}' = {text} is outside the range of "
+                             f"{dtype.name} (it would be inf); " + ("declare the parameter with a wider type"
+                                                                   if dtype.bits < 64 else "pass inf if you mean it"))
+        if dtype.name == "bf16":    # bf16 values travel as their bits (uint16): 3.0 is 0x4040, not 0x0003;
+            return np.uint16(dtype.narrow_bits(arg))    # rounded once (ml_dtypes rounds an f64 to f32 first)
         return dtype.numpy.type(arg)
 
     def _evaluate(self, spec, sizes: dict, scalars: dict, what: str):
