@@ -252,6 +252,14 @@ def _saturated(value: np.ndarray, dtype: T.DataType) -> np.ndarray:
     return out
 
 
+def _stored(value, shape: tuple, dtype: T.DataType) -> np.ndarray:
+    """A tensor's values of `shape` in its type, as a kernel stores them (floats into an integer type saturated)."""
+    value = np.asarray(value)
+    if dtype.is_integer and value.dtype.kind == "f":
+        value = _saturated(value, dtype)
+    return np.broadcast_to(value, shape).astype(numpy_dtype(dtype))
+
+
 def _compute_dtype(dtype: T.DataType):
     """The dtype the reference computes an IR type in (16-bit floats are computed in f32, as in kernels)."""
     return np.float32 if dtype.is_float and dtype.bits == 16 else dtype.numpy
@@ -354,7 +362,7 @@ class _Evaluator:
             product = _product_of(t) if 0 not in full and math.prod(full) > BIG_GRID else None
             value = self._contraction(t, *product, full) if product else None
             if value is not None:
-                return np.broadcast_to(value, shape).astype(numpy_dtype(t.dtype))
+                return _stored(value, shape, t.dtype)
             value = np.broadcast_to(self.eval(t.body, self.grid(all_axes, all_dims)), full)
             # accumulated in the wider of the values' and the result's types, as the kernels do, then converted
             value = value.astype(np.float64 if t.op == "mean" else
@@ -370,7 +378,7 @@ class _Evaluator:
                 value = np.full(shape, low if t.op == "max" else high)
             else:
                 value = _NP_REDUCE[t.op](value, axis=axes)
-        return np.broadcast_to(value, shape).astype(numpy_dtype(t.dtype))
+        return _stored(value, shape, t.dtype)
 
     def _contraction(self, t: Tensor, guard, factors: list, full: tuple):
         """A sum or mean of a product (`_product_of`) by numpy's einsum, which never holds the whole domain of

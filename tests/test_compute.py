@@ -583,6 +583,27 @@ def test_a_reduction_accumulates_in_the_wider_of_its_values_and_result_types():
         assert m.tolist() == [int((iv % 16).mean())]
 
 
+@pytest.mark.parametrize("dtype", [td.u8, td.i8, td.i32])
+@given(rows=st.lists(st.lists(st.sampled_from([-300.5, -2.75, 0.0, 2.5, 300.5, 1e10, -1e10, math.nan, math.inf]),
+                              min_size=1, max_size=3), min_size=1, max_size=6))
+@settings(max_examples=15, deadline=None)
+def test_a_float_reduction_into_an_integer_type_saturates(dtype, rows):
+    """`td.reduce(..., dtype=<int>)` of floats: the kernels truncate, clamp to the type and give 0 for NaN (as a
+    cast does); the reference's numpy astype wrapped (300.5 into u8 was 44) and gave junk for NaN."""
+    K = max(len(r) for r in rows)
+    x = np.array([r + [0.0] * (K - len(r)) for r in rows], np.float32)
+    X = td.placeholder("X", td.f32, ("N", "K"))
+    op = td.op([X], [td.reduce(op, ("N",), ("K",), lambda n, k: X[n, k], op=op, dtype=dtype)
+                     for op in ("sum", "max")])
+    low, high = np.iinfo(dtype.numpy).min, np.iinfo(dtype.numpy).max
+    with np.errstate(invalid="ignore"):
+        sums, maxima = x.astype(np.float64).sum(axis=1), x.max(axis=1)    # exact: the values are dyadic, small
+    for got_sum, got_max in (op(x), op.reference(x)):
+        for got, value in ((got_sum, sums), (got_max, maxima)):
+            expected = [0 if math.isnan(v) else low if v < low else high if v >= high + 1 else int(v) for v in value]
+            assert got.tolist() == expected
+
+
 @pytest.mark.parametrize("op", ["sum", "prod", "mean", "max", "min"])
 @given(n=st.integers(1, 40), seed=st.integers(0, 2**31 - 1))
 @settings(max_examples=5, deadline=None)
