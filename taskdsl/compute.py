@@ -252,6 +252,17 @@ def _saturated(value: np.ndarray, dtype: T.DataType) -> np.ndarray:
     return out
 
 
+def accumulator_dtype(t: Tensor) -> T.DataType:
+    """The type partial results are kept in: the wider of the values' and the result's (floats in at least f32,
+    integers in at least i32), so a sum of i32 values into i64 does not wrap first."""
+    values, result = t.body.dtype, t.dtype
+    if values.is_float or (result.is_float and t.op != "mean"):
+        return T.f64 if T.f64 in (values, result) else T.f32
+    if t.op == "mean":      # of integers: summed exactly in i64 (an f32 sum lost 2**29 + 2's last bits), divided in
+        return T.f64 if values.bits == 64 else T.i64      # f64; of 64-bit ones in f64, as onnxruntime: i64 would wrap
+    return T.promote(T.promote(values, result), T.i32)
+
+
 def _stored(value, shape: tuple, dtype: T.DataType) -> np.ndarray:
     """A tensor's values of `shape` in its type, as a kernel stores them (floats into an integer type saturated)."""
     value = np.asarray(value)
@@ -365,8 +376,7 @@ class _Evaluator:
                 return _stored(value, shape, t.dtype)
             value = np.broadcast_to(self.eval(t.body, self.grid(all_axes, all_dims)), full)
             # accumulated in the wider of the values' and the result's types, as the kernels do, then converted
-            value = value.astype(np.float64 if t.op == "mean" else
-                                 np.result_type(_compute_dtype(t.body.dtype), _compute_dtype(t.dtype)))
+            value = value.astype(np.float64 if t.op == "mean" else _compute_dtype(accumulator_dtype(t)))
             axes = tuple(range(len(t.axes), len(all_axes)))
             if 0 in full and t.op in ("max", "min"):   # the identity: what kernels start from
                 if t.dtype.is_float:

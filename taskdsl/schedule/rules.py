@@ -20,7 +20,7 @@ import inspect
 import math
 
 from .. import ir
-from ..compute import Tensor, size_var
+from ..compute import Tensor, accumulator_dtype, size_var
 from ..ir import evaluate_int
 from ..ir import types as T
 from ..lang import math_expr
@@ -198,17 +198,6 @@ def combine(op: str, acc: ir.Expr, value: ir.Expr) -> ir.Expr:
     if op == "prod":
         return ir.binary("*", acc, value)
     return math_expr(op, [acc, value])
-
-
-def accumulator_dtype(t: Tensor) -> T.DataType:
-    """The type partial results are kept in: the wider of the values' and the result's (floats in at least f32,
-    integers in at least i32), so a sum of i32 values into i64 does not wrap first."""
-    values, result = t.body.dtype, t.dtype
-    if values.is_float or (result.is_float and t.op != "mean"):
-        return T.f64 if T.f64 in (values, result) else T.f32
-    if t.op == "mean":      # of integers: summed exactly in i64 (an f32 sum lost 2**29 + 2's last bits), divided in
-        return T.f64 if values.bits == 64 else T.i64      # f64; of 64-bit ones in f64, as onnxruntime: i64 would wrap
-    return T.promote(T.promote(values, result), T.i32)
 
 
 def _identity(op: str, dtype: T.DataType, values: T.DataType) -> ir.Const:
