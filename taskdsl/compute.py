@@ -299,6 +299,16 @@ class _Evaluator:
             raise ValueError(f"size '{unbound[0]}' is not determined by the shape of any input")
         return int(self.eval(d, {}))
 
+    def dims(self, t: Tensor, dims: tuple) -> tuple:
+        """The values of `dims`, sizes of `t` (ValueError where one is negative: the inputs are too small for it)."""
+        values = tuple(self.dim(d) for d in dims)
+        for d, n in zip(dims, values):
+            if n < 0:
+                bound = ", ".join(f"{k}={v}" for k, v in self.sizes.items())
+                raise ValueError(f"'{t.name}' would have a negative size: {ir.expr_str(d)} = {n} for {bound}; "
+                                 "its inputs are too small for the definition")
+        return values
+
     def eval(self, e, env: dict, live=None):
         """The value of `e` over the index grid `env`; `live` (None: everywhere) marks where it is used, which a
         select's branches and the right operand of `and` / `or` narrow (the kernels evaluate them only there)."""
@@ -364,12 +374,12 @@ class _Evaluator:
                 for k, (a, d) in enumerate(zip(axes, dims))}
 
     def tensor(self, t: Tensor) -> np.ndarray:
-        shape = tuple(self.dim(d) for d in t.shape)
+        shape = self.dims(t, t.shape)
         if t.kind == "compute":
             value = self.eval(t.body, self.grid(t.axes, t.shape))
         else:
             all_axes, all_dims = t.axes + t.reduce_axes, t.shape + t.reduce_shape
-            full = tuple(self.dim(d) for d in all_dims)
+            full = self.dims(t, all_dims)
             product = _product_of(t) if 0 not in full and math.prod(full) > BIG_GRID else None
             value = self._contraction(t, *product, full) if product else None
             if value is not None:
@@ -516,7 +526,7 @@ def check_fixed_reads(definitions: list, sizes: dict) -> None:
     every kernel of it would make out of bounds, silently."""
     evaluator = _Evaluator({}, sizes)
     for t in definitions:
-        if t.body is not None and 0 not in [evaluator.dim(d) for d in t.shape + t.reduce_shape]:
+        if t.body is not None and 0 not in evaluator.dims(t, t.shape + t.reduce_shape):
             _FixedReads(t, evaluator).visit(t.body)
 
 

@@ -426,6 +426,30 @@ def test_output_size_symbol_not_bound_by_any_input():
         evaluate([A], [y], [np.zeros((2, 2), np.float32)])
 
 
+@given(n=st.integers(0, 9), k=st.integers(0, 9))
+@settings(max_examples=12, deadline=None)
+def test_a_size_that_evaluates_negative_is_an_error_naming_it(n, k):
+    """A valid convolution of X (N) by W (K) has N - K + 1 outputs; for K > N + 1 that is negative. The call
+    allocated an array of a negative byte count (of arbitrary size) and reported a garbage axis; the reference
+    failed in numpy. A reduction axis of negative size is refused the same way."""
+    X = td.placeholder("X", td.f32, ("N",))
+    W = td.placeholder("W", td.f32, ("K",))
+    N, K = size_var("N"), size_var("K")
+    valid = td.reduce("Valid", (N - K + 1,), ("K",), lambda i, j: X[i + j] * W[j])
+    window = td.reduce("Window", (1,), (N - K,), lambda _, j: X[j])
+    op = td.op([X, W], [valid, window])
+    x, w = np.arange(n, dtype=np.float32), np.ones(k, np.float32)
+    if k <= n:
+        for got_valid, got_window in (op(x, w), op.reference(x, w)):
+            np.testing.assert_allclose(got_valid, [x[i:i + k].sum() for i in range(n - k + 1)])
+            np.testing.assert_allclose(got_window, [x[:n - k].sum()])
+        return
+    for run in (op, op.reference):
+        with pytest.raises(ValueError, match=rf"'(Valid|Window)' would have a negative size: N - K( \+ 1)? = -\d+ "
+                                             rf"for N={n}, K={k}"):
+            run(x, w)
+
+
 # ---------------------------------------------------------------- definition errors
 @pytest.mark.parametrize("bad", [-1, 2.5, True, None, (3, -2)])
 def test_bad_shapes(bad):

@@ -18,6 +18,8 @@ def empty_aligned(shape, dtype) -> np.ndarray:
     """An uninitialized C-contiguous array whose first element starts a 64-byte cache line."""
     shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     dtype = np.dtype(dtype)
+    if any(n < 0 for n in shape):
+        raise ValueError(f"negative dimensions are not allowed: {shape}")     # numpy's own words
     nbytes = math.prod(shape) * dtype.itemsize
     raw = np.empty(nbytes + CACHE_LINE, np.uint8)
     start = -raw.ctypes.data % CACHE_LINE
