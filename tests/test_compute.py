@@ -450,6 +450,33 @@ def test_a_size_that_evaluates_negative_is_an_error_naming_it(n, k):
             run(x, w)
 
 
+@given(m=st.integers(1, 7), n=st.integers(1, 7), seed=st.integers(0, 2**31 - 1))
+@settings(max_examples=8, deadline=None)
+def test_logical_and_bitwise_operators_mean_what_numpy_means(m, n, seed):
+    """& | ^ ~ on comparisons are logical, on integers bitwise (numpy's meanings); Python's `and`, `or`, `if` and
+    max() cannot work on an expression, and their error says what to write instead."""
+    F = td.placeholder("F", td.f32, ("M", "N"))
+    I = td.placeholder("I", td.i8, ("M", "N"))
+    clipped = td.compute("Clipped", ("M", "N"), lambda i, j: ir.Select(
+        (i > 0) & (F[i, j] < 0.5) | ~(j % 2 == 0) ^ (I[i, j] > 3), F[i, j], td.max(F[i, j], 0.25), td.f32))
+    bits = td.compute("Bits", ("M", "N"), lambda i, j: (I[i, j] & 6) | ~I[i, j] ^ (j << 1))
+    rng = np.random.default_rng(seed)
+    f, x = rng.random((m, n), np.float32), rng.integers(-128, 128, (m, n), np.int8)
+    i, j = np.indices((m, n))
+    condition = (i > 0) & (f < 0.5) | ~(j % 2 == 0) ^ (x > 3)
+    expected_bits = (x.astype(np.int32) & 6) | ~x.astype(np.int32) ^ (j << 1)     # int8 computes in i32
+    op = td.op([F, I], [clipped, bits])
+    for got_clipped, got_bits in (op(f, x), op.reference(f, x)):
+        np.testing.assert_array_equal(got_clipped, np.where(condition, f, np.maximum(f, np.float32(0.25))))
+        np.testing.assert_array_equal(got_bits, expected_bits)
+    for body in (lambda i, j: F[i, j] if i > 0 else 0.0, lambda i, j: max(F[i, j], 0.0), lambda i, j: i > 0 and j > 0):
+        with pytest.raises(TypeError, match=r"ir.Select\(c, x, y, dtype\), max/min as td.max/td.min, and "
+                                            r"`and`/`or`/`not` as & \| ~"):
+            td.compute("Bad", ("M", "N"), body)
+    with pytest.raises(TypeError, match="'&' needs integer or bool operands, got f32"):
+        td.compute("Bad", ("M", "N"), lambda i, j: F[i, j] & 1)
+
+
 # ---------------------------------------------------------------- definition errors
 @pytest.mark.parametrize("bad", [-1, 2.5, True, None, (3, -2)])
 def test_bad_shapes(bad):

@@ -65,6 +65,25 @@ class Expr:
         e = self if self.dtype.is_float or self.dtype.bits >= 32 else Cast(self, i32)
         return Unary("-", e, e.dtype)
     def __abs__(self): return math_expr("abs", [self])
+    # numpy's meanings, as a compute definition's body has them: on bools logical, on integers bitwise
+    def __and__(self, o): return _bitwise("&", self, o)
+    def __rand__(self, o): return _bitwise("&", o, self)
+    def __or__(self, o): return _bitwise("|", self, o)
+    def __ror__(self, o): return _bitwise("|", o, self)
+    def __xor__(self, o): return _bitwise("^", self, o)
+    def __rxor__(self, o): return _bitwise("^", o, self)
+    def __lshift__(self, o): return _bitwise("<<", self, o)
+    def __rlshift__(self, o): return _bitwise("<<", o, self)
+    def __rshift__(self, o): return _bitwise(">>", self, o)
+    def __rrshift__(self, o): return _bitwise(">>", o, self)
+
+    def __invert__(self):
+        if self.dtype.is_bool:
+            return Unary("not", self, boolean)
+        if not self.dtype.is_integer:
+            raise TypeError(f"'~' needs an integer or bool operand, got {self.dtype.name}")
+        e = self if self.dtype.bits >= 32 else Cast(self, i32)
+        return Unary("~", e, e.dtype)
     def __lt__(self, o): return binary("<", self, o)
     def __le__(self, o): return binary("<=", self, o)
     def __gt__(self, o): return binary(">", self, o)
@@ -79,7 +98,9 @@ class Expr:
     __hash__ = object.__hash__
 
     def __bool__(self):
-        raise TypeError("an IR expression has no Python truth value (it is only known when the kernel runs)")
+        raise TypeError("an IR expression has no Python truth value (it is only known when the kernel runs); in a "
+                        "compute definition write `x if c else y` as taskdsl.ir.Select(c, x, y, dtype), max/min as "
+                        "td.max/td.min, and `and`/`or`/`not` as & | ~ (comparisons in parentheses)")
 
 
 @dataclass(frozen=True, eq=False)
@@ -314,6 +335,17 @@ def binary(op: str, a, b) -> Expr:
     if (op == "/" and not dtype.is_float) or (dtype.is_float and dtype.bits == 16):
         dtype = f32  # 16-bit floats are a storage format: arithmetic on them is done in f32
     return Binary(op, convert(a, dtype), convert(b, dtype), dtype)
+
+
+def _bitwise(op: str, a, b) -> Expr:
+    """`a op b` for & | ^ << >>: & | ^ of two bools their logical and / or / inequality, else bitwise (integers)."""
+    is_bool = [x.dtype.is_bool if isinstance(x, Expr) else isinstance(x, (bool, np.bool_)) for x in (a, b)]
+    if all(is_bool) and op in ("&", "|", "^"):
+        return binary({"&": "and", "|": "or", "^": "!="}[op], a, b)
+    for x in (a, b):
+        if isinstance(x, Expr) and x.dtype.is_float or isinstance(x, (float, np.floating)):
+            raise TypeError(f"'{op}' needs integer or bool operands, got {x.dtype.name if isinstance(x, Expr) else x}")
+    return binary(op, a, b)
 
 
 def _compare(op: str, a: Expr, b: Expr) -> Expr:
