@@ -691,8 +691,11 @@ def test_reference_checks_inputs_as_the_kernels_do():
     B = td.placeholder("B", td.f32, ("N",))
     op = td.op([B], [td.compute("Y", ("N",), lambda i: B[i] * 2)])
     for run in (op, op.reference):
-        with pytest.raises(TypeError, match=r"input 'B' must have dtype float32 \(f32\), got float64"):
+        with pytest.raises(TypeError, match=r"input 'B' must have dtype float32 \(f32\), got float64; convert it "
+                                            r"with \.astype\(np\.float32\)"):
             run(np.arange(3.0))
+        with pytest.raises(TypeError, match=r"got int64; convert it with np\.asarray\(x, np\.float32\)"):
+            run([1, 2, 3])
         with pytest.raises(TypeError, match=r"takes 1 arrays \(B\), got 2"):
             run(np.zeros(3, np.float32), np.zeros(3, np.float32))
 

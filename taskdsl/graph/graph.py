@@ -12,7 +12,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..ir.types import is_number_dtype
-from ..runtime.arrays import as_array, contiguous
+from ..runtime.arrays import as_array, contiguous, conversion
 from .operator import Operator
 from .tensor import Tensor
 
@@ -197,6 +197,6 @@ def bind_inputs(graph: Graph, args: tuple) -> list:
             raise ValueError(f"input {t.name!r} must have shape {t.shape}, got {a.shape}")
         if a.dtype != t.numpy_dtype:
             raise TypeError(f"input {t.name!r} must have dtype {t.numpy_dtype}, got {a.dtype}; "
-                            "convert it with .astype()")
+                            f"convert it with {conversion(given, t.numpy_dtype)}")
         arrays.append(contiguous(a))
     return arrays

@@ -32,6 +32,15 @@ def as_array(value):
     return value if isinstance(value, DeviceArray) else np.asarray(value)
 
 
+def conversion(value, dtype) -> str:
+    """How to make `value` (an array, a DeviceArray, a list...) an array of numpy `dtype`, for an error message."""
+    name = np.dtype(dtype).name
+    name = "ml_dtypes.bfloat16" if name == "bfloat16" else f"np.{name}"
+    if isinstance(value, DeviceArray):
+        return f"stdlib_ops.cast(x, {name})"
+    return f".astype({name})" if isinstance(value, np.ndarray) else f"np.asarray(x, {name})"
+
+
 def contiguous(value, dtype=None):
     """`value` as a C-contiguous array of `dtype` (default: its own, in native byte order): a DeviceArray as it
     is (always contiguous; TypeError for another dtype, which would need a cast kernel), anything else as a
@@ -126,5 +135,5 @@ def check_indices(indices: np.ndarray, n: int, axis: int, what: str) -> None:
         raise IndexError(f"{what}: an index is out of range for axis {axis} of size {n}")
 
 
-__all__ = ["note_host_work", "on_device", "as_array", "contiguous", "empty_like_operands", "zeros_like_operands",
+__all__ = ["note_host_work", "on_device", "as_array", "conversion", "contiguous", "empty_like_operands", "zeros_like_operands",
            "results_in", "address", "on_host", "placed_like", "check_indices"]

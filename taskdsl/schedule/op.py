@@ -14,7 +14,7 @@ from .. import ir
 from ..compute import _OWNER, Tensor, bind_sizes, check_fixed_reads, evaluate, numpy_dtype, topological
 from ..backend.cpu.launch import num_threads
 from ..runtime.config import fast_compile_enabled, get_target
-from ..runtime.arrays import as_array, empty_like_operands
+from ..runtime.arrays import as_array, conversion, empty_like_operands
 from ..runtime.device_array import DeviceArray
 from ..runtime.kernel import Kernel, remember
 from .rules import (BLOCK, choose_strategy, evaluate_int, injective_strategy, numel, schedule_injective, schedule_reduce,
@@ -133,11 +133,12 @@ class Op:
             raise TypeError(f"op {self.name!r} takes {len(self.inputs)} arrays "
                             f"({', '.join(t.name for t in self.inputs)}), got {len(arrays)}")
         converted = []
-        for t, a in zip(self.inputs, arrays):
-            a = as_array(a)
+        for t, given in zip(self.inputs, arrays):
+            a = as_array(given)
             if a.dtype != numpy_dtype(t.dtype):
-                raise TypeError(f"op {self.name!r}: input '{t.name}' must have dtype {numpy_dtype(t.dtype)} "
-                                f"({t.dtype.name}), got {a.dtype}; convert it with .astype()")
+                wanted = numpy_dtype(t.dtype)
+                raise TypeError(f"op {self.name!r}: input '{t.name}' must have dtype {wanted} ({t.dtype.name}), "
+                                f"got {a.dtype}; convert it with {conversion(given, wanted)}")
             converted.append(a)
         return converted
 

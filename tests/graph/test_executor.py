@@ -31,8 +31,10 @@ def test_input_errors():
         cg(x)
     with pytest.raises(ValueError, match=r"input 'b' must have shape \(4,\), got \(5,\)"):
         cg(x, rand((5,), 1))
-    with pytest.raises(TypeError, match="must have dtype float32, got float64.*astype"):
+    with pytest.raises(TypeError, match=r"must have dtype float32, got float64; convert it with \.astype\(np\.float32\)"):
         cg(x, b.astype(np.float64))
+    with pytest.raises(TypeError, match=r"got int64; convert it with np\.asarray\(x, np\.float32\)"):   # a list
+        cg(x, [1, 2, 3, 4])
     with pytest.raises(ValueError, match="missing"):
         cg({"x": x})
     with pytest.raises(ValueError, match="unknown"):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 from ...compute import compute
 from ...compute import reduce as reduction
@@ -181,6 +182,8 @@ def _arg_reduce(op: str, x, axis: int, keepdims: bool, last: bool):
     shares one pair of kernels (a reshape is a view)."""
     if x.ndim == 0:
         raise ValueError(f"{op} needs a tensor with at least one axis")
+    if not isinstance(axis, numbers.Integral):
+        raise TypeError(f"{op}: axis must be one int, got {axis!r}")
     (axis,) = normalize_axes(axis, x.ndim, op)
     outer, inner = math.prod(x.shape[:axis]), math.prod(x.shape[axis + 1:])
     view = reshape(x, (outer, x.shape[axis], inner))
