@@ -135,5 +135,5 @@ def check_indices(indices: np.ndarray, n: int, axis: int, what: str) -> None:
         raise IndexError(f"{what}: an index is out of range for axis {axis} of size {n}")
 
 
-__all__ = ["note_host_work", "on_device", "as_array", "conversion", "contiguous", "empty_like_operands", "zeros_like_operands",
-           "results_in", "address", "on_host", "placed_like", "check_indices"]
+__all__ = ["note_host_work", "on_device", "as_array", "conversion", "contiguous", "empty_like_operands",
+           "zeros_like_operands", "results_in", "address", "on_host", "placed_like", "check_indices"]

@@ -31,7 +31,7 @@ def test_input_errors():
         cg(x)
     with pytest.raises(ValueError, match=r"input 'b' must have shape \(4,\), got \(5,\)"):
         cg(x, rand((5,), 1))
-    with pytest.raises(TypeError, match=r"must have dtype float32, got float64; convert it with \.astype\(np\.float32\)"):
+    with pytest.raises(TypeError, match=r"dtype float32, got float64; convert it with \.astype\(np\.float32\)"):
         cg(x, b.astype(np.float64))
     with pytest.raises(TypeError, match=r"got int64; convert it with np\.asarray\(x, np\.float32\)"):   # a list
         cg(x, [1, 2, 3, 4])
