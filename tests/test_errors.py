@@ -88,7 +88,55 @@ def test_lambda_expression():
         f = lambda v: v * 2.0  # E_LAMBDA  # noqa: E731
         X[threadIdx.x] = 1.0
 
-    dsl_error(lambda: k(vec()), "E_LAMBDA", "'Lambda' expressions are not supported", token="lambda")
+    err = dsl_error(lambda: k(vec()), "E_LAMBDA", "lambdas are not supported in kernels", token="lambda")
+    assert err.hint == "Use a @td.func."
+
+
+def test_expressions_kernels_do_not_have_are_named_in_words():
+    """The message named the AST class ('ListComp', 'NamedExpr', 'JoinedStr')."""
+    @td.kernel(grid=1, block=1)
+    def comprehension(X: f32[4]):
+        t = [X[i] for i in range(4)]  # E_LISTCOMP
+        X[0] = t[0]
+
+    err = dsl_error(lambda: comprehension(vec(4)), "E_LISTCOMP", "list comprehensions are not supported in kernels")
+    assert "for loop" in err.hint
+
+    @td.kernel(grid=1, block=1)
+    def walrus(X: f32[4]):
+        if (v := X[1]) > 0.0:  # E_WALRUS
+            X[0] = v
+
+    dsl_error(lambda: walrus(vec(4)), "E_WALRUS", "assignment expressions (:=) are not supported in kernels")
+
+    @td.kernel(grid=1, block=1)
+    def appended(X: f32[4]):
+        values = [1.0, 2.0]
+        values.append(X[0])  # E_APPEND
+        X[1] = values[2]
+
+    dsl_error(lambda: appended(vec(4)), "E_APPEND",
+              "'values' is a compile-time tuple (a list in a kernel is one, fixed when the kernel is built): "
+              "it has no 'append'")
+
+    @td.kernel(grid=1, block=1)
+    def declared(X: f32[4]):
+        x: f32
+        X[0] = x  # E_DECLARED
+
+    dsl_error(lambda: declared(vec(4)), "E_DECLARED", "'x' is declared but never assigned a value")
+
+    @td.func
+    def divide(a, b):
+        return a // b, a % b  # E_TUPLE_RETURN
+
+    @td.kernel(grid=1, block=1)
+    def pair(X: i32[4]):
+        q, r = divide(X[0], 3)
+        X[1] = q
+
+    err = dsl_error(lambda: pair(vec(4, np.int32)), "E_TUPLE_RETURN", "a @td.func returns one number, not a tuple")
+    assert "tensor" in err.hint
 
 
 def test_nested_def():

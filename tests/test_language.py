@@ -1013,6 +1013,58 @@ def test_tuple_unpacking_and_augmented_assignment():
     np.testing.assert_array_equal(y, np.arange(8) * 10 - 1 + 3 * x - 2)
 
 
+def test_power_assignment_and_len_of_a_tensor():
+    """`v **= e` is `v = v ** e` (it was refused); len(X) is X.shape[0], as numpy's len."""
+    @td.kernel(grid=1, block=1)
+    def powers(X: f32["N", 3], Y: f32[4]):
+        v = X[0, 0]
+        v **= 2.0
+        Y[0] = v
+        Y[1] = len(X)
+        Y[2] = X[1, 1]
+        Y[2] **= 3
+        w = 2
+        w **= 3
+        Y[3] = w
+
+    x = np.arange(1.5, 16.5, dtype=np.float32).reshape(5, 3)
+    y = np.zeros(4, np.float32)
+    powers(x, y)
+    np.testing.assert_allclose(y, [x[0, 0] ** 2, 5, x[1, 1] ** 3, 8], rtol=1e-6)
+
+
+_REVERSED_STEPS = (-3, -1, 1, 2)
+
+
+@td.kernel(grid=1, block=1)
+def reversed_ranges(Out: i32[len(_REVERSED_STEPS), 16], Count: i32[len(_REVERSED_STEPS)], Bounds: i32[2]):
+    for s, step in enumerate(_REVERSED_STEPS):
+        c = 0
+        for i in reversed(range(Bounds[0], Bounds[1], step)):
+            Out[s, c] = i
+            c += 1
+        Count[s] = c
+    c = 0
+    for i in reversed(td.unroll(1, 8, 3)):      # compile-time bounds: the loop Python's reversed() gives
+        Out[0, 12 + c] = i
+        c += 1
+
+
+@given(start=st.integers(-7, 7), stop=st.integers(-7, 7))
+@settings(max_examples=40, deadline=None)
+@example(start=0, stop=0)
+def test_reversed_range_loops(start, stop):
+    """`for i in reversed(range(a, b, s))`: from the range's last value back to its first, with run-time bounds
+    (it was refused: range() outside a for loop's source)."""
+    out = np.full((len(_REVERSED_STEPS), 16), -99, np.int32)
+    count = np.zeros(len(_REVERSED_STEPS), np.int32)
+    reversed_ranges(out, count, np.array([start, stop], np.int32))
+    for s, step in enumerate(_REVERSED_STEPS):
+        want = list(reversed(range(start, stop, step)))
+        assert count[s] == len(want) and out[s, :len(want)].tolist() == want
+    assert out[0, 12:15].tolist() == [7, 4, 1]
+
+
 # --------------------------------------------------------------------------- device functions
 @td.func
 def relu(x: f32) -> f32:

@@ -29,6 +29,17 @@ _BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv
 _PY_BINOPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
               "//": operator.floordiv, "%": operator.mod, "&": operator.and_, "|": operator.or_,
               "^": operator.xor, "<<": operator.lshift, ">>": operator.rshift, "**": operator.pow}
+# expressions kernels do not have, in words, with what to write instead
+_LOOP_INSTEAD = "Write a for loop (over range() or a compile-time tuple), or a tuple of the expressions."
+_UNSUPPORTED = {ast.ListComp: ("list comprehensions", _LOOP_INSTEAD),
+                ast.GeneratorExp: ("generator expressions", _LOOP_INSTEAD),
+                ast.SetComp: ("set comprehensions", _LOOP_INSTEAD), ast.DictComp: ("dict comprehensions", None),
+                ast.Dict: ("dicts", None), ast.Set: ("sets", None), ast.Lambda: ("lambdas", "Use a @td.func."),
+                ast.NamedExpr: ("assignment expressions (:=)", "Assign in a statement of its own first."),
+                ast.JoinedStr: ("f-strings", "Kernels have no strings."),
+                ast.Starred: ("starred expressions (*x)", None), ast.Await: ("'await' expressions", None),
+                ast.Yield: ("'yield' expressions", None), ast.YieldFrom: ("'yield from' expressions", None),
+                ast.Slice: ("slices (a:b)", "Index one element at a time, in a loop.")}
 _CMPOPS = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!=",
            ast.Is: "is", ast.IsNot: "is not", ast.In: "in", ast.NotIn: "not in"}
 _PY_CMPOPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq,
@@ -117,12 +128,14 @@ def _always_returns(stmts: list, exits: tuple = (ast.Return,)) -> bool:
 JUMPS = (ast.Return, ast.Break, ast.Continue)
 
 
-def _assigned_names(tree: ast.FunctionDef) -> set:
-    """Names the body binds (assignments and loop targets): a read of one must follow a binding on every path."""
+def _assigned_names(tree: ast.FunctionDef, declarations: bool = True) -> set:
+    """Names the body binds (assignments and loop targets, and with `declarations` annotations without a value):
+    a read of one must follow a binding on every path."""
     names = set()
     for node in ast.walk(tree):
         targets = node.targets if isinstance(node, ast.Assign) else \
-            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.For)) else []
+            [node.target] if isinstance(node, (ast.AugAssign, ast.For)) or isinstance(node, ast.AnnAssign) and \
+            (declarations or node.value is not None) else []
         for target in targets:
             names.update(_target_names(target))
     return names
@@ -134,6 +147,11 @@ def _body_names(tree: ast.FunctionDef) -> tuple:
     as every inlined call of a `@td.func` translates its body again (and a kernel's restarts its own)."""
     returns_value = any(isinstance(n, ast.Return) and n.value is not None for n in ast.walk(tree))
     return frozenset(_runtime_names(tree)), frozenset(_assigned_names(tree)), returns_value
+
+
+def _shape(buffer: ir.Buffer) -> tuple:
+    """A tensor's `.shape` in a kernel: ints where the size is fixed, size symbols where it is not."""
+    return tuple(d.value if isinstance(d, ir.Const) else d for d in buffer.shape)
 
 
 class FunctionTranslator:
@@ -266,6 +284,10 @@ class FunctionTranslator:
             if self.return_var is not None or self.returns_value:
                 raise self.error(node, "this @td.func returns a value, so every 'return' needs one")
             return flag
+        if isinstance(node.value, (ast.Tuple, ast.List)):
+            raise self.error(node, "a @td.func returns one number, not a tuple",
+                             "Write the other results into a tensor (or td.registers) the caller passes, or call one "
+                             "@td.func per result.")
         if self.return_var is None:  # no return annotation: the first returned value fixes the type
             value = self.runtime_value(node.value)
             self.return_var = ir.Var(f"{self.fn.__name__}_ret", value.dtype)
@@ -329,8 +351,8 @@ class FunctionTranslator:
 
     def stmt_augassign(self, node: ast.AugAssign):
         op = _BINOPS.get(type(node.op))
-        if op is None or op == "**":
-            raise self.error(node, f"'{type(node.op).__name__}=' is not supported")
+        if op is None:      # '@', the one binary operator of Python kernels do not have
+            raise self.error(node, "'@=' is not supported")
         if isinstance(node.target, ast.Subscript):   # Python reads the element before evaluating the value
             buf, idx = self.subscript_target(node.target)
             [*idx, current], value = self.then([*idx, ir.Load(buf, idx)], node.value)
@@ -450,6 +472,9 @@ class FunctionTranslator:
             func = self.expr(it.func)
             if func is builtins.range or func is L.unroll:
                 return self.for_range(node, it, unroll=func is L.unroll)
+            inner = it.args[0] if func is builtins.reversed and len(it.args) == 1 else None
+            if isinstance(inner, ast.Call) and self.expr(inner.func) in (builtins.range, L.unroll):
+                return self.for_range(node, inner, unroll=self.expr(inner.func) is L.unroll, reverse=True)
         source = self.expr(it)
         if isinstance(source, MappingLoop):
             return self.for_mapping(node, source)
@@ -461,7 +486,17 @@ class FunctionTranslator:
         raise self.error(it, f"cannot iterate over {type(source).__name__}",
                          "Loop over range(...), td.unroll(...), a task mapping call, or a compile-time tuple.")
 
-    def for_range(self, node: ast.For, call: ast.Call, unroll: bool):
+    def reversed_range(self, start, stop, step: int, call: ast.Call) -> tuple:
+        """(start, stop, step) of `reversed(range(start, stop, step))`: from the last value back past the first."""
+        if not is_runtime(start) and not is_runtime(stop):
+            backwards = range(start, stop, step)[::-1]
+            return backwards.start, backwards.stop, backwards.step
+        sign = 1 if step > 0 else -1            # the last value: start + ((stop - start - sign) // step) * step
+        steps = self.binop("//", self.binop("-", self.binop("-", stop, start, call), sign, call), step, call)
+        return self.binop("+", start, self.binop("*", steps, step, call), call), self.binop("-", start, step, call), -step
+
+    def for_range(self, node: ast.For, call: ast.Call, unroll: bool, reverse: bool = False):
+        """A loop over `range(...)` or `td.unroll(...)` (`reverse`: over `reversed()` of it)."""
         if call.keywords or not 1 <= len(call.args) <= 3:
             raise self.error(call, "range() takes 1 to 3 positional arguments")
         args = [self.expr(a) for a in call.args]
@@ -473,6 +508,8 @@ class FunctionTranslator:
         for bound, arg in ((start, call.args[0]), (stop, call.args[-1] if len(args) > 1 else call.args[0])):
             if not (is_runtime(bound) and bound.dtype.is_integer) and not (isinstance(bound, int) and not isinstance(bound, bool)):
                 raise self.error(arg, "range() bounds must be integers")
+        if reverse:
+            start, stop, step = self.reversed_range(start, stop, step, call)
         runs = not is_runtime(start) and not is_runtime(stop) and (stop - start) * step > 0 and \
             not _contains(node, (ast.Break, ast.Continue))
         dtype = _loop_dtype(start, stop, step)
@@ -556,7 +593,8 @@ class FunctionTranslator:
     def expr(self, node: ast.expr, name_hint: str | None = None, statement: bool = False):
         method = getattr(self, "expr_" + type(node).__name__.lower(), None)
         if method is None:
-            raise self.error(node, f"'{type(node).__name__}' expressions are not supported in kernels")
+            what, hint = _UNSUPPORTED.get(type(node), (f"'{type(node).__name__}' expressions", None))
+            raise self.error(node, f"{what} are not supported in kernels", hint)
         try:
             if isinstance(node, ast.Call):
                 return method(node, name_hint=name_hint, statement=statement)
@@ -583,6 +621,9 @@ class FunctionTranslator:
                                    "it is the value from before the loop, not the loop's last one as in Python",
                              "Give the loop variable another name, or assign the value you want after the loop.")
         if name in self.local_names and name not in self.definite:
+            if name not in _assigned_names(self.src.tree, declarations=False):
+                raise self.error(node, f"'{name}' is declared but never assigned a value",
+                                 f"Assign '{name}' before reading it: `{name}: f32 = 0.0` declares and assigns.")
             raise self.error(node, f"'{name}' may be unassigned here: it is assigned only on some paths before this "
                                    "read (one branch of an `if`, or a loop that may run no iteration)",
                              f"Assign '{name}' before the `if` or loop. On a GPU a thread that skipped the "
@@ -604,7 +645,7 @@ class FunctionTranslator:
         base = self.expr(node.value)
         if isinstance(base, ir.Buffer):
             if node.attr == "shape":
-                return tuple(d.value if isinstance(d, ir.Const) else d for d in base.shape)
+                return _shape(base)
             if node.attr == "dtype":
                 return base.dtype
             raise self.error(node, f"tensors have no attribute '{node.attr}' in kernels (use .shape or .dtype)")
@@ -612,6 +653,10 @@ class FunctionTranslator:
             if node.attr == "dtype":
                 return base.dtype
             raise self.error(node, f"runtime values have no attribute '{node.attr}'")
+        if isinstance(base, tuple) and hasattr(list, node.attr) and not hasattr(tuple, node.attr):
+            raise self.error(node, f"'{ast.unparse(node.value)}' is a compile-time tuple (a list in a kernel is "
+                                   f"one, fixed when the kernel is built): it has no '{node.attr}'",
+                             "Keep values that change in td.registers, indexed by a loop variable.")
         try:
             return getattr(base, node.attr)
         except AttributeError:
@@ -687,8 +732,8 @@ class FunctionTranslator:
 
     def expr_binop(self, node: ast.BinOp):
         op = _BINOPS.get(type(node.op))
-        if op is None:
-            raise self.error(node, f"the operator '{type(node.op).__name__}' is not supported")
+        if op is None:      # '@'
+            raise self.error(node, "the operator '@' is not supported")
         [left], right = self.then([self.expr(node.left)], node.right)
         return self.binop(op, left, right, node)
 
@@ -952,6 +997,10 @@ class FunctionTranslator:
         args, kwargs = values[:len(node.args)], {k.arg: v for k, v in zip(node.keywords, values[len(node.args):])}
         if any(k.arg is None for k in node.keywords) or any(isinstance(a, ast.Starred) for a in node.args):
             raise self.error(node, "*args and **kwargs are not supported in kernel calls")
+        if func is builtins.len and len(args) == 1 and isinstance(args[0], ir.Buffer):
+            if not args[0].shape:
+                raise self.error(node, f"len() of the 0-d tensor '{args[0].name}'")
+            return _shape(args[0])[0]           # numpy's len: the first axis
         runtime_args = any(is_runtime(v) for v in list(args) + list(kwargs.values()))
         runtime_items = len(args) == 1 and isinstance(args[0], (tuple, list)) and any(map(is_runtime, args[0]))
         if func in (builtins.min, builtins.max) and (runtime_args or runtime_items):
