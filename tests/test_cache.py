@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import taskdsl as td
-from taskdsl.runtime import cache
+from taskdsl.runtime import cache, config
 
 _COMPILE_TIME = """
 import time, numpy as np
@@ -207,13 +207,16 @@ def test_damaged_cpu_modules_and_numba_files_are_rebuilt(tmp_path):
 
 def test_the_cap_is_checked_and_never_evicts_what_was_just_stored(tmp_path, monkeypatch):
     assert _cpu_run(tmp_path, TASKDSL_CACHE_MAX_MB="0") == "ok"      # the module just written stays
+    # a bad cap is an error with a warm cache too, where nothing is stored (it was read only when storing)
+    assert _cpu_run(tmp_path, TASKDSL_CACHE_MAX_MB="-5").startswith("taskdsl.errors.ConfigError: "
+                                                                    "TASKDSL_CACHE_MAX_MB='-5'")
     monkeypatch.setenv("TASKDSL_CACHE_DIR", str(tmp_path))
     for junk in ("abc", "-1", "nan", "inf"):
         monkeypatch.setenv("TASKDSL_CACHE_MAX_MB", junk)
         with pytest.raises(ValueError, match="TASKDSL_CACHE_MAX_MB"):
-            cache.max_bytes()
+            config.cache_max_bytes()
     monkeypatch.setenv("TASKDSL_CACHE_MAX_MB", "")
-    assert cache.max_bytes() == 2048 * 2**20
+    assert config.cache_max_bytes() == 2048 * 2**20
 
 
 def test_an_entry_under_another_key_is_not_served(tmp_path, monkeypatch):

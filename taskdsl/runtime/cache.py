@@ -25,7 +25,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import math
 import os
 import re
 import shutil
@@ -36,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
-from .config import cache_dir, process_folder
+from .config import cache_dir, cache_max_bytes, process_folder
 
 _KEY = re.compile(r"^(?:k_)?([0-9a-f]{24,64})")
 KINDS = ("cuda", "cpu", "tune")
@@ -62,18 +61,6 @@ def code_fingerprint() -> str:
         for name in sorted(f for f in files if f.endswith(".py")):
             digest.update(Path(folder, name).read_bytes())
     return digest.hexdigest()
-
-
-def max_bytes() -> int:
-    """The size cap of the cache directory in bytes ($TASKDSL_CACHE_MAX_MB, megabytes)."""
-    text = os.environ.get("TASKDSL_CACHE_MAX_MB") or "2048"
-    try:
-        megabytes = float(text)
-    except ValueError:
-        megabytes = math.nan
-    if not 0 <= megabytes < math.inf:
-        raise ConfigError(f"TASKDSL_CACHE_MAX_MB={text!r}: give the cache's size cap as a number of megabytes >= 0")
-    return int(megabytes * 2**20)
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -287,7 +274,7 @@ _estimates: dict = {}       # cache folder -> (bytes it held at the last scan pl
 def keep_under_cap(stored: int, keep: str) -> None:
     """After storing `stored` bytes under key `keep`: evict down to the cap ($TASKDSL_CACHE_MAX_MB) if the cache
     may be over it."""
-    limit, folder = max_bytes(), cache_dir()
+    limit, folder = cache_max_bytes(), cache_dir()
     total, scanned = _estimates.get(folder, (None, 0.0))
     now = time.monotonic()
     if total is not None and total + stored <= limit and now - scanned < RESCAN_SECONDS:
@@ -298,7 +285,7 @@ def keep_under_cap(stored: int, keep: str) -> None:
 
 def info() -> dict:
     """Location, cap and per-kind entry counts (cubins, modules, tuning records) and sizes of the cache."""
-    summary = {"path": str(cache_dir()), "max_bytes": max_bytes(), "kinds": {}}
+    summary = {"path": str(cache_dir()), "max_bytes": cache_max_bytes(), "kinds": {}}
     for e in entries():
         kind = summary["kinds"].setdefault(e.kind, {"entries": 0, "bytes": 0})
         kind["entries"] += e.primary

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import math
 import os
 import shutil
 import tempfile
@@ -32,7 +33,20 @@ def cache_dir() -> Path:
             return _scratch_cache_dir(reason)
         raise ConfigError(f"the compile cache folder {setting} cannot be used ({reason}): set TASKDSL_CACHE_DIR to "
                           "a folder taskdsl may create or write") from None
+    cache_max_bytes()       # the cache's other setting: a bad one is an error at the first use, a hit too
     return path
+
+
+def cache_max_bytes() -> int:
+    """The size cap of the cache directory in bytes ($TASKDSL_CACHE_MAX_MB, megabytes)."""
+    text = os.environ.get("TASKDSL_CACHE_MAX_MB") or "2048"
+    try:
+        megabytes = float(text)
+    except ValueError:
+        megabytes = math.nan
+    if not 0 <= megabytes < math.inf:
+        raise ConfigError(f"TASKDSL_CACHE_MAX_MB={text!r}: give the cache's size cap as a number of megabytes >= 0")
+    return int(megabytes * 2**20)
 
 
 _scratch_cache: list = []
@@ -169,12 +183,12 @@ def check_environment() -> None:
     # the readers live in the layers that use them: imported here, at call time, to avoid import cycles
     from ..backend.cpu import vectors
     from ..schedule import tuner
-    from . import cache, progress
+    from . import progress
     debug_enabled(), fast_compile_enabled(), cp_async_early_enabled(), progress.enabled(), tuner.tuning_enabled()
     full_tracebacks_enabled()
     for name in COUNTS:
         env_count(name, 1)
-    cache_dir(), cache.max_bytes(), vectors.host()
+    cache_dir(), vectors.host()
 
 
 def _flag(name: str, env: str) -> bool:
