@@ -7,11 +7,13 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class SourceLoc:
-    """A position in the user's Python file (1-based line, 0-based column)."""
+    """A position in the user's Python file (1-based line, 0-based column); in an inlined `@td.func`, `caller` is
+    where the call was."""
 
     file: str
     line: int
     col: int = 0
+    caller: SourceLoc | None = None
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}:{self.col}"
@@ -37,10 +39,17 @@ class DSLError(Exception):
         if self.loc is None:
             text = self.message
         else:
-            text = f"{self.loc}: {self.message}"
-            line = self.loc.source_line()
-            if line:
-                text += f"\n    {line}\n    {' ' * self.loc.col}^"
+            text = f"{self.loc}: {self.message}" + _shown(self.loc)
+            caller = self.loc.caller
+            while caller is not None:       # the calls of the @td.funcs it is inlined from, innermost first
+                text += f"\n  in the @td.func called at {caller}" + _shown(caller)
+                caller = caller.caller
         if self.hint:
             text += f"\n{self.hint}"
         return text
+
+
+def _shown(loc: SourceLoc) -> str:
+    """The line of `loc` with a caret under its column, indented ('' when the file is unreadable)."""
+    line = loc.source_line()
+    return f"\n    {line}\n    {' ' * loc.col}^" if line else ""

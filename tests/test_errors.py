@@ -577,9 +577,41 @@ def test_device_function_with_wrong_argument_count():
 def test_error_inside_a_device_function_points_into_the_function():
     @td.kernel(grid=1, block=32)
     def k(X: f32[32]):
-        X[threadIdx.x] = bad_body(X[threadIdx.x])
+        X[threadIdx.x] = bad_body(X[threadIdx.x])  # E_FUNCBODY_CALL
 
-    dsl_error(lambda: k(vec()), "E_FUNCBODY", "name 'missing_name' is not defined")
+    err = dsl_error(lambda: k(vec()), "E_FUNCBODY", "name 'missing_name' is not defined")
+    assert err.loc.caller.line == line_of("E_FUNCBODY_CALL")
+
+
+@td.func
+def shared_first(v: f32) -> f32:
+    buf = td.shared(f32, (64,))
+    buf[threadIdx.x] = v
+    td.syncthreads()  # E_FUNC_BARRIER
+    return buf[0]
+
+
+@td.func
+def through(v: f32) -> f32:
+    return shared_first(v)  # E_FUNC_INNER_CALL
+
+
+def test_an_error_in_a_device_function_names_the_calls_it_was_inlined_from():
+    """The barrier is in no branch of the helper: the branch is around the call. The message showed only the
+    helper's line; it now shows each call, innermost first (a pass's error too, not only the translator's)."""
+    @td.kernel(grid=1, block=64)
+    def k(X: f32[64], Y: f32[64]):
+        r = 0.0
+        if X[threadIdx.x] > 0.0:
+            r = through(X[threadIdx.x])  # E_FUNC_OUTER_CALL
+        Y[threadIdx.x] = r
+
+    err = dsl_error(lambda: k(vec(64), vec(64)), "E_FUNC_BARRIER", "'syncthreads()' inside a branch")
+    inner, outer = err.loc.caller, err.loc.caller.caller
+    assert (inner.line, outer.line, outer.caller) == (line_of("E_FUNC_INNER_CALL"), line_of("E_FUNC_OUTER_CALL"), None)
+    text = str(err)
+    assert text.index(f"in the @td.func called at {inner}") < text.index(f"in the @td.func called at {outer}")
+    assert LINES[outer.line - 1].strip() in text
 
 
 @td.func

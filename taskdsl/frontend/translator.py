@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import dataclasses
 import difflib
 import functools
 import math
@@ -158,8 +159,10 @@ class FunctionTranslator:
     """Translates one Python function body (a kernel, or an inlined `@td.func`) into IR statements."""
 
     def __init__(self, source: ParsedSource, fn, env: dict, var_types: dict, return_var: ir.Var | None = None,
-                 depth: int = 0, is_func: bool = False, reads: GlobalReads | None = None):
+                 depth: int = 0, is_func: bool = False, reads: GlobalReads | None = None,
+                 call_site: SourceLoc | None = None):
         self.src = source
+        self.call_site = call_site      # of an inlined @td.func: where it was called, in each location it gives
         self.fn = fn
         self.env = dict(env)
         self.var_types = var_types
@@ -181,10 +184,11 @@ class FunctionTranslator:
 
     # ----------------------------------------------------------------- errors
     def error(self, node: ast.AST, message: str, hint: str | None = None) -> DSLError:
-        return DSLError(message, self.src.loc(node), hint)
+        return DSLError(message, self.loc(node), hint)
 
     def loc(self, node: ast.AST) -> SourceLoc:
-        return self.src.loc(node)
+        loc = self.src.loc(node)
+        return loc if self.call_site is None else dataclasses.replace(loc, caller=self.call_site)
 
     # ----------------------------------------------------------------- statements
     def block(self, stmts: list) -> ir.Stmt:
@@ -1228,7 +1232,7 @@ class FunctionTranslator:
             callee_env[pname] = var
         ret = ir.Var(f"{dfn.name}_ret", dfn.return_dtype) if dfn.return_dtype is not None else None
         callee = FunctionTranslator(src, dfn.fn, callee_env, self.var_types, ret, self.depth + 1, is_func=True,
-                                    reads=self.reads)
+                                    reads=self.reads, call_site=self.loc(node))
         body = callee.function_body()
         self.pending.append(body)
         return callee.return_var
