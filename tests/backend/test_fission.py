@@ -364,7 +364,7 @@ def warp_break_in_warp_branch_while(X: f32[64], Y: f32[64], n: td.i32):
 
 
 @pytest.mark.parametrize("kernel, message", [
-    (warp_break_in_shuffle_while, "the condition of a loop containing a barrier or shuffle must be the same"),
+    (warp_break_in_shuffle_while, "the condition of a loop containing a barrier or shuffle differs between the warps"),
     (warp_break_in_warp_branch_while, "break or continue under a warp-uniform condition.* in a while loop"),
 ])
 def test_break_under_a_warp_uniform_condition_in_a_while_loop_is_refused(kernel, message):
@@ -424,3 +424,41 @@ def test_a_loop_bound_from_an_inlined_function_in_a_warp_branch_is_block_level()
         inlined_bound_in_warp_branch(a, np.array([u]), y)
         pair_doubled = (a + (a ^ 1)) * 2 ** (trips - 1) if trips else a
         np.testing.assert_array_equal(y, np.where(np.arange(64) >= 32, pair_doubled, a))
+
+
+@td.kernel(grid=1, block=96)
+def per_warp_trips(X: td.i64[96], O: td.i64[96]):
+    warp = threadIdx.x // 32
+    v = X[threadIdx.x]
+    for s in range(warp + 1):           # legal CUDA: a trip count per warp
+        v += td.shfl_xor(v, 1 << s)
+    O[threadIdx.x] = v
+
+
+@td.kernel(grid=1, block=96)
+def per_warp_trips_as_the_cpu_runs_them(X: td.i64[96], O: td.i64[96]):
+    warp = threadIdx.x // 32
+    v = X[threadIdx.x]
+    for s in range(3):
+        if s < warp + 1:                # the rewrite the message asks for
+            v += td.shfl_xor(v, 1 << s)
+    O[threadIdx.x] = v
+
+
+def test_a_loop_around_a_shuffle_with_a_trip_count_per_warp():
+    """The cpu target runs a loop around a shuffle for the whole block: a per-warp trip count is refused there
+    (it compiles for CUDA), with a message that says so and the rewrite; it spoke of barriers, of which there are
+    none. The rewrite computes what a GPU would."""
+    x, out = np.arange(96, dtype=np.int64), np.zeros(96, np.int64)
+    with pytest.raises(td.DSLError, match="differs between the warps of the block: on the cpu target") as info:
+        per_warp_trips(x, out)
+    assert "if i < count" in info.value.hint
+    assert "__shfl_xor_sync" in per_warp_trips.source(x, out, target="cuda")
+    per_warp_trips_as_the_cpu_runs_them(x, out)
+    want = x.copy()
+    for warp in range(3):
+        v = x[warp * 32:(warp + 1) * 32].copy()
+        for s in range(warp + 1):
+            v = v + v[np.arange(32) ^ (1 << s)]
+        want[warp * 32:(warp + 1) * 32] = v
+    np.testing.assert_array_equal(out, want)

@@ -333,9 +333,16 @@ class _Fission:
             raise _Privatize(s, list(shared.values()))
 
     def require_uniform(self, e, s, what: str, branches: tuple) -> None:
-        if not self.agreed(e, branches):
-            raise DSLError(f"{what} must be the same in every thread of the block (it depends on threadIdx or on "
-                           "per-thread data)", s.loc, "A barrier must be reached by every thread of the block.")
+        if self.agreed(e, branches):
+            return
+        if self.uniformity.level(e) == WARP:     # legal on a GPU: only the cpu target's schedule cannot run it
+            raise DSLError(f"{what} differs between the warps of the block: on the cpu target such a loop or branch "
+                           "runs for the whole block at once (a GPU runs it per warp)", s.loc,
+                           "Give the loop the same trip count in every thread and put the per-warp part of its body "
+                           "under a warp-uniform `if` (`for i in range(MAX): if i < count: ...`), which may hold "
+                           "shuffles.")
+        raise DSLError(f"{what} must be the same in every thread of the block (it depends on threadIdx or on "
+                       "per-thread data)", s.loc, "A barrier must be reached by every thread of the block.")
 
 
 class _Privatize(Exception):
