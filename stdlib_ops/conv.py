@@ -645,7 +645,8 @@ class Lowered:
         if self.on_columns and self.x_name is not None and self.columns is None:    # the input is A
             args["A"] = arrays[self.x_name].reshape(shape)
         elif self.on_columns and self.columns is not None:
-            cols = args["cols"] = empty_like_operands(columns_shape, out.dtype, out)
+            # in the convolution's type, which an epilogue (a Cast) may change for the output
+            cols = args["cols"] = empty_like_operands(columns_shape, dict(self.columns.params)["cols"].dtype.numpy, out)
             if self.x_name is not None:
                 args["X"] = arrays[self.x_name]
             yield self.columns, [args[name] for name in columns_params]

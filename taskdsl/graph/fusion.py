@@ -16,6 +16,7 @@ meaning is the composition of its members' compute definitions, so it keeps a nu
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import numpy as np
@@ -25,11 +26,12 @@ from stdlib_ops import conv as conv_lib
 from stdlib_ops import gemm
 
 from ..compute import placeholder
-from ..runtime.arrays import contiguous, empty_like_operands
+from ..runtime.arrays import contiguous, empty_like_operands, unplanned
+from ..schedule.fusion import FusionError
 from .graph import Graph
 from .operator import Operator
 from .ops import BatchNorm, Conv, Elementwise, MatMul, Reshape, Transpose
-from .runners import conv_geometry, packed_b, packed_weight, runs
+from .runners import conv_geometry, packed_b, packed_weight, run, runs
 
 EPILOGUE_KINDS = (Elementwise, BatchNorm, Reshape, Transpose)
 PROLOGUE_KINDS = (Elementwise, BatchNorm, Reshape, Transpose)
@@ -312,13 +314,37 @@ class _Build:
         return next(k for k, x in enumerate(self.op.inputs) if x is t)
 
 
+class _Members:
+    """A FusedAnchor whose kernel fusion cannot build (an epilogue map it cannot invert, such as a reshape whose
+    rows straddle the anchor's, then a transpose): its members run one after the other, as unfused operators."""
+
+    def __init__(self, op: FusedAnchor, reason: FusionError):
+        self.op, self.reason, self.kernels = op, reason, []
+
+    def run(self, arrays: list):
+        values = {id(t): a for t, a in zip(self.op.inputs, arrays)}
+        self.kernels = []
+        members = self.op.members
+        for k, m in enumerate(members):
+            inputs = [values[id(t)] for t in m.inputs]
+            with unplanned() if k < len(members) - 1 else contextlib.nullcontext():   # the arena's slot: the last's
+                outs, kernels = run(m, inputs)
+            self.kernels += kernels
+            values.update({id(t): a for t, a in zip(m.outputs, outs)})
+        return outs[0]
+
+
 @runs(FusedAnchor)
 def run_fused(op: FusedAnchor, arrays: list) -> tuple:
-    """One launch of the fused kernel (built on first use)."""
+    """One launch of the fused kernel (built on first use), or where fusion cannot build it, its members'."""
     build = op.__dict__.get("_build")
     if build is None or build.target != td.get_target():
-        build = op._build = _Build(op)
+        try:
+            build = _Build(op)
+        except FusionError as reason:
+            build = _Members(op, reason)
         build.target = td.get_target()
+        op._build = build
     return [build.run(arrays)], list(build.kernels)
 
 

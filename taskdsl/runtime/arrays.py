@@ -97,6 +97,18 @@ def results_in(slots: list):
         _planned.slots, _planned.claimed = previous
 
 
+@contextmanager
+def unplanned():
+    """Inside, results are allocated as usual, not in the slots of the enclosing `results_in` (intermediate
+    results of an operator that runs as several)."""
+    slots = getattr(_planned, "slots", None)
+    _planned.slots = None
+    try:
+        yield
+    finally:
+        _planned.slots = slots
+
+
 def _claim(shape, dtype, gpu: bool):
     """The slot of `results_in` that a result of this shape, dtype and placement takes, or None."""
     slots = getattr(_planned, "slots", None)
@@ -136,4 +148,4 @@ def check_indices(indices: np.ndarray, n: int, axis: int, what: str) -> None:
 
 
 __all__ = ["note_host_work", "on_device", "as_array", "conversion", "contiguous", "empty_like_operands",
-           "zeros_like_operands", "results_in", "address", "on_host", "placed_like", "check_indices"]
+           "zeros_like_operands", "results_in", "unplanned", "address", "on_host", "placed_like", "check_indices"]

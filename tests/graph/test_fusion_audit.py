@@ -76,3 +76,47 @@ def test_f16_batch_norm_is_not_folded_into_conv_weights_that_overflow():
     want = (conv / np.sqrt(var.astype(np.float32))[:, None, None]).astype(f16)
     assert_close(compiled({"x": x})[0], want, rtol=5e-3, atol=1e-3)
     assert [[m.kind for m in op.epilogue] for op in compiled.graph.nodes] == [["batch_norm"]]
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("after", ["Cast", "Greater"])
+def test_a_conv_whose_epilogue_changes_the_type(after, channels_last):
+    """A Cast (or a comparison) fused after a convolution: the im2col columns were allocated in the output's type
+    (f16, bool), which the columns kernel refuses."""
+    node = helper.make_node("Cast", ["c"], ["y"], to=F16) if after == "Cast" else \
+        helper.make_node("Greater", ["c", "zero"], ["y"])
+    conv, weight = helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), rand((5, 4, 3, 3), 1)
+    model = make_model([conv, node], [("x", (2, 4, 6, 7))],
+                       [("y", (2, 5, 6, 7), F16 if after == "Cast" else TensorProto.BOOL)],
+                       {"w": weight, "zero": np.zeros(1, np.float32)})
+    x = rand((2, 4, 6, 7), 2)
+    td.fast_compile(False)
+    try:
+        compiled = tg.from_onnx(model).compile(target="cpu", channels_last=channels_last)
+    finally:
+        td.fast_compile(True)
+    got, = compiled(x)
+    want, = run_onnxruntime(model, {"x": x})
+    assert got.dtype == want.dtype
+    if after == "Cast":
+        assert_close(got, want, rtol=2e-3, atol=1e-3)
+    else:       # a comparison: exact but for values within rounding of zero
+        conv_alone = make_model([conv], [("x", (2, 4, 6, 7))], [("c", (2, 5, 6, 7))], {"w": weight})
+        close = np.abs(run_onnxruntime(conv_alone, {"x": x})[0]) < 1e-5
+        assert (got == want)[~close].all()
+
+
+def test_an_epilogue_fusion_cannot_invert_runs_unfused():
+    """Conv (1, 3, 4, 4) -> Reshape (8, 6) -> Transpose: the reshape's rows straddle the convolution's, and the
+    composed map is no digit permutation, which fusion can invert: compile raised a FusionError. The group now
+    runs as its operators, on repeated calls too (replayed)."""
+    model = make_model([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+                        helper.make_node("Reshape", ["c", "s"], ["r"]),
+                        helper.make_node("Transpose", ["r"], ["y"], perm=[1, 0])],
+                       [("x", (1, 2, 4, 4))], [("y", (6, 8))],
+                       {"w": rand((3, 2, 3, 3), 1), "s": np.array([8, 6], np.int64)})
+    compiled = _compiled(model)
+    for seed in (2, 3, 4):
+        x = rand((1, 2, 4, 4), seed)
+        got, = compiled(x)
+        assert_close(got, run_onnxruntime(model, {"x": x})[0], rtol=1e-4, atol=1e-5)
