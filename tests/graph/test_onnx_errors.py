@@ -186,3 +186,13 @@ def test_pad_cropping_more_than_the_axis():
     model = make_model([node], [("x", [3])], [("y", [0])], {"pads": np.array([-2, -2], np.int64)})
     with pytest.raises(OnnxImportError, match=r"\(Pad\): pads \[-2, -2\] crop more than the shape \(3,\) has"):
         tg.from_onnx(model)
+
+
+@pytest.mark.parametrize("pads", [[-1, 1], [1, 1]])
+def test_pads_of_the_wrong_length_are_named(pads):
+    """A negative pad of a list too short raised 'list index out of range' (the crop read past it)."""
+    model = make_model([n("Pad", ["x", "pads"], ["y"])], [("x", [1, 2, 4, 4])], [("y", ["a", "b", "c", "d"])],
+                       {"pads": np.array(pads, np.int64)})
+    with pytest.raises(OnnxImportError, match=r"\(Pad\): pads must have 8 values \(begin..., end...\) for a 4-d "
+                                              r"input, got \[" + str(pads[0])):
+        tg.from_onnx(model)

@@ -182,6 +182,9 @@ def pad(node: Node) -> list:
     axes = _optional_ints(node, 3)
     if axes is not None:        # opset 18: pads given for these axes only
         pads = _pads_of_axes(node, pads, axes, x.ndim)
+    if len(pads) != 2 * x.ndim:
+        raise node.error(f"pads must have {2 * x.ndim} values (begin..., end...) for a {x.ndim}-d input, got {pads}",
+                         OnnxImportError)
     if any(p < 0 for p in pads):    # negative pads crop, before the others pad (as onnxruntime does)
         n, crops = x.ndim, [max(-p, 0) for p in pads]
         if any(crops[a] + crops[n + a] > size for a, size in enumerate(x.shape)):
