@@ -103,3 +103,44 @@ def test_an_exception_propagates_from_one_share_and_fails_a_parallel_launch():
     assert raised.value.args == (7, "a negative element")
     with pytest.raises(RuntimeError, match="raised on numba's threads"):
         launch(drive_address(), address, 0, 3, 2, a, 0)
+
+
+_CACHED = '''
+from numba import njit
+
+
+@njit(cache=True)
+def twice(x):
+    return x + x
+'''
+
+
+def _fresh_dispatcher(folder, name: str):
+    """`twice` of the module file in `folder`, imported as a new module: a new dispatcher over the same numba
+    disk cache, as in another process."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, folder / "cached_twice.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.twice
+
+
+def test_a_numba_cache_entry_naming_another_signatures_code_is_compiled_again(tmp_path):
+    """Two processes saving to one numba cache at once (pytest's workers) can leave an index entry that names
+    the data file of another signature's code: `launch` then ran code compiled for other argument types (a
+    TypeError converting an array to a scalar, or worse). `parallel.compiled` takes a lock on the cache for its
+    updates, and compiles again where an entry's code is for another signature."""
+    from taskdsl.backend.cpu.parallel import compiled
+    (tmp_path / "cached_twice.py").write_text(_CACHED)
+    first = _fresh_dispatcher(tmp_path, "cached_twice_a")
+    ints, floats = (types.int64,), (types.float64,)
+    assert compiled(first, ints).entry_point(3) == 6 and compiled(first, floats).entry_point(1.5) == 3.0
+    index_file = first._cache._cache_file
+    index = index_file._load_index()
+    key_of = {k[0]: k for k in index}
+    index[key_of[floats]] = index[key_of[ints]]         # what the race leaves: floats -> the ints' code
+    index_file._save_index(index)
+    second = _fresh_dispatcher(tmp_path, "cached_twice_b")
+    result = compiled(second, floats)
+    assert tuple(result.signature.args) == floats and result.entry_point(1.25) == 2.5
+    assert list((tmp_path / "__pycache__").glob("*.lock"))      # the lock file beside the index

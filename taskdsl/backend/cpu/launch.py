@@ -19,7 +19,7 @@ import numpy as np
 from ...runtime.config import env_count
 from . import call_types
 from .codegen import CpuSource
-from .parallel import drive_address, entry_address, launch
+from .parallel import compiled, drive_address, entry_address, launch, launcher_signature
 from .vectors import widen_slp_vectors
 
 
@@ -221,6 +221,7 @@ def _compile(fn, args: list, tail: tuple, opt_level: int) -> int:
     if address is None:
         with compiler_settings(opt_level):
             address = _addresses[fn, types] = entry_address(fn, types)
+        compiled(launch, launcher_signature((*args, *tail)))     # now, under numba's cache lock, not at the call
     return address
 
 

@@ -19,13 +19,20 @@ and optimizes it again: about 1 s a kernel (24 of the 44 s of a cold ResNet-50 b
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 
 import numpy as np
 from llvmlite import ir as llvm
-from numba import njit, prange, types
+from numba import njit, prange, typeof, types
 from numba.core import cgutils
 from numba.extending import intrinsic
+
+try:
+    import fcntl
+except ImportError:     # not on Windows: numba's caches are then not locked
+    fcntl = None
 
 # a share function: (the packed block, first block, end block) -> 1 if the kernel raised, else 0
 _SHARE = llvm.FunctionType(llvm.IntType(32), [llvm.IntType(8).as_pointer(), llvm.IntType(64), llvm.IntType(64)])
@@ -131,12 +138,56 @@ def launch(drive, address, begin, end, shares, *args):
         raise RuntimeError(PARALLEL_FAILURE)
 
 
+def compiled(dispatcher, signature: tuple):
+    """`dispatcher`'s compile result for `signature` (numba types), compiled or loaded from numba's disk cache now
+    if need be, with that cache locked against other processes.
+
+    Numba names a new entry's data file after the cache index as it read it: two processes sharing the cache
+    (pytest's workers, two notebooks) that compile at once could each write the same file, and the index then
+    sends one signature to another's code, which a call runs on arguments it was not compiled for. Under the
+    lock a process reads and writes the index alone; an entry already damaged that way (its code is for another
+    signature) is dropped from the index and compiled again."""
+    if signature in dispatcher.overloads:
+        return dispatcher.overloads[signature]
+    with _cache_lock(dispatcher):
+        dispatcher.compile(signature)
+        if signature not in dispatcher.overloads:
+            dispatcher._cache.flush()
+            dispatcher.compile(signature)
+    return dispatcher.overloads[signature]
+
+
+@contextlib.contextmanager
+def _cache_lock(dispatcher):
+    """An exclusive lock on `dispatcher`'s numba cache (a file beside its index); none where it cannot be made."""
+    cache = getattr(dispatcher, "_cache", None)
+    path = getattr(cache, "_cache_path", None)
+    try:
+        handle = open(os.path.join(path, cache._impl.filename_base + ".lock"), "a") if path else None
+    except OSError:
+        handle = None
+    if handle is None or fcntl is None:
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def entry_address(dispatcher, signature: tuple) -> int:
     """The address of `dispatcher`'s machine code for `signature` (numba types, the block range's included),
     compiled or loaded from numba's cache now if need be: its function in numba's calling convention."""
-    dispatcher.compile(signature)
-    result = dispatcher.overloads[signature]
+    result = compiled(dispatcher, signature)
     return result.library.get_pointer_to_function(result.fndesc.llvm_func_name)
+
+
+def launcher_signature(args: tuple) -> tuple:
+    """The numba signature `launch` is compiled for to take `args` (after the five block-range ints): numba folds
+    its star arguments into one tuple."""
+    return (types.int64,) * 5 + (typeof(tuple(args)),)
 
 
 @functools.cache
