@@ -196,3 +196,22 @@ def test_pads_of_the_wrong_length_are_named(pads):
     with pytest.raises(OnnxImportError, match=r"\(Pad\): pads must have 8 values \(begin..., end...\) for a 4-d "
                                               r"input, got \[" + str(pads[0])):
         tg.from_onnx(model)
+
+
+@pytest.mark.parametrize("node, inputs, outputs, consts, message", [
+    (n("Where", ["c", "x", "x"], ["y"]), [("c", [3]), ("x", [3])], [("y", [3])], {},
+     r"\(Where\): the condition must be a bool tensor, got f32"),
+    (n("Split", ["x", "s"], ["a", "b"], num_outputs=2), [("x", [4])], [("a", [2]), ("b", [2])],
+     {"s": np.array([2, 2], np.int64)}, r"\(Split\): give either the split sizes or num_outputs, not both"),
+    (n("Slice", ["x", "s", "e"], ["y"]), [("x", [4])], [("y", [2])],
+     {"s": np.array([1.0], np.float32), "e": np.array([3], np.int64)},
+     r"\(Slice\): input 1 \(starts\) must hold integers, got float32"),
+    (n("ConstantOfShape", ["s"], ["y"], value=onnx.numpy_helper.from_array(np.array([1.0, 2.0], np.float32))), [],
+     [("y", [2])], {"s": np.array([2], np.int64)}, r"\(ConstantOfShape\): value must hold one element, got 2"),
+])
+def test_models_onnxruntime_refuses_are_refused(node, inputs, outputs, consts, message):
+    """Each ran before, on a reading of its own (a float condition's truth, float starts truncated, the first
+    of two fill values); onnxruntime refuses them, and so does the ONNX spec."""
+    model = make_model([node], inputs, outputs, consts, opset=18)
+    with pytest.raises(OnnxImportError, match=message):
+        tg.from_onnx(model)

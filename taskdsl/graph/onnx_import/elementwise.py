@@ -89,6 +89,8 @@ def _scalar_bound(node: Node, k: int):
 @converts("Where")
 def where(node: Node) -> list:
     """Where(cond, x, y) with broadcasting."""
+    if not node.input(0).dtype.is_bool:
+        raise node.error(f"the condition must be a bool tensor, got {node.input(0).dtype.name}", OnnxImportError)
     return [ops.elementwise("where", node.input(0), node.input(1), node.input(2))]
 
 

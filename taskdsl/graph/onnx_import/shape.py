@@ -63,6 +63,8 @@ def constant_of_shape(node: Node) -> list:
     """ConstantOfShape: a constant filled with `value` (default float 0)."""
     value = node.attr("value")
     value = np.zeros(1, np.float32) if value is None else np.asarray(value)
+    if value.size != 1:
+        raise node.error(f"value must hold one element, got {value.size}", OnnxImportError)
     return [constant(np.full(_ints(node.const(0)), value.reshape(-1)[0], value.dtype))]
 
 
@@ -130,6 +132,8 @@ def split(node: Node) -> list:
     x = node.input(0)
     axis = normalize_axis(node.attr("axis", 0), x.ndim, "Split")
     sizes = _optional_ints(node, 1) if node.opset >= 13 else node.attr("split")   # an input from opset 13
+    if sizes is not None and node.has_attr("num_outputs"):
+        raise node.error("give either the split sizes or num_outputs, not both", OnnxImportError)
     if sizes is None:
         parts, n = len(node.proto.output), x.shape[axis]
         if node.has_attr("num_outputs"):
@@ -154,6 +158,10 @@ def split(node: Node) -> list:
 def slice_node(node: Node) -> list:
     """Slice with constant starts / ends / axes / steps."""
     x = node.input(0)
+    for k in range(1, min(node.num_inputs, 5)):
+        if node.proto.input[k] and np.asarray(node.const(k)).dtype.kind not in "iu":
+            raise node.error(f"input {k} ({('starts', 'ends', 'axes', 'steps')[k - 1]}) must hold integers, got "
+                             f"{np.asarray(node.const(k)).dtype}", OnnxImportError)
     starts, ends = _ints(node.const(1)), _ints(node.const(2))
     return [ops.slice(x, starts, ends, _optional_ints(node, 3), _optional_ints(node, 4))]
 
