@@ -22,8 +22,7 @@ from taskdsl.backend.cpu.launch import num_threads
 from taskdsl.ir.types import numpy_dtype
 from taskdsl.runtime import config
 from taskdsl.runtime.config import fast_compile_enabled
-from taskdsl.runtime.arrays import (as_array, empty_like_operands, note_host_work, placed_like,
-                                    zeros_like_operands)
+from taskdsl.runtime.arrays import as_array, empty_like_operands, note_host_work, zeros_like_operands
 from taskdsl.schedule.tuner import tune, tuning_enabled
 
 from . import matmul_cpu as cpu
@@ -51,7 +50,8 @@ def tdtype(dtype, op: str = "matmul") -> td.ir.types.DataType:
     dtype = np.dtype(dtype).newbyteorder("=")
     if dtype.name not in SUPPORTED[op]:
         raise TypeError(f"{op} supports {', '.join(SUPPORTED[op][:-1])} and {SUPPORTED[op][-1]} operands, got "
-                        f"{dtype}; convert with np.asarray(x, np.float32)")
+                        f"{dtype}; convert with np.asarray(x, np.float32), or stdlib_ops.cast(x, np.float32) for a "
+                        "td.DeviceArray")
     return td.ir.types.from_numpy(dtype)
 
 
@@ -389,7 +389,7 @@ class SplitRun:
     def __init__(self, plan: MatmulPlan, kernel: td.Kernel):
         self.plan, self.kernel = plan, kernel
         self.sum = split_sum_kernel(plan.dtype)
-        self.buffers = None     # (partials, batch index) where the operands are, made at the first call
+        self.partials = None    # where the operands are, made at the first call
 
     def compile(self, a, b, c, *_, target: str | None = None) -> None:
         """Compile both kernels for these operands (no launch)."""
@@ -399,12 +399,12 @@ class SplitRun:
 
     def __call__(self, a, b, c, *_) -> None:
         """C = A @ B as a call with this plan's split runs it."""
-        if self.buffers is None:
-            self.buffers = (empty_like_operands(self.plan.partials_shape, np.float32, a, b),
-                            placed_like(a, self.plan.batch_index()))
-        partials, index = self.buffers
-        self.kernel(a, b, partials, index, self.plan.split)
-        self.sum(partials, c, self.plan.split)
+        if self.partials is None:
+            self.partials = empty_like_operands(self.plan.partials_shape, np.float32, a, b)
+        # the batch index as a host array, as the unsplit call passes it: the launch takes it with the arguments,
+        # where a copy to the GPU of its own was a memory operation a CUDA-graph replay would not redo
+        self.kernel(a, b, self.partials, self.plan.batch_index(), self.plan.split)
+        self.sum(self.partials, c, self.plan.split)
 
 
 def _operands(a, b) -> tuple:

@@ -170,3 +170,19 @@ def test_probe_catches_what_a_capture_lost(simulated_gpu, monkeypatch):
     assert cg.cuda_graph.startswith("off (a replay on probe inputs gave another output 0 than a run")
     assert cg.replay == cg.cuda_graph
     np.testing.assert_array_equal(cg(rand((4, 5), 1))[0], np.zeros((4, 5), np.float32))
+
+
+def test_a_split_k_matmul_alone_replays_as_a_cuda_graph(simulated_gpu, monkeypatch):
+    """A matmul with nothing fused, whose small output splits K on a GPU of 132 SMs, uploaded its batch index to
+    the GPU at each call: a copy outside kernels, so the graph's CUDA-graph replay was turned off. The index goes
+    with the launch's arguments, as the unsplit kernel's does."""
+    from ..simulated_gpu import _Device
+    monkeypatch.setattr(_Device.properties, "multiprocessor_count", 132)      # an H100's or H200's SMs
+    a = tg.input("a", (2, 512))
+    w = rand((512, 8), 1, low=-0.5, high=0.5)
+    g = tg.Graph([a], [ops.matmul(a, tg.constant(w))])
+    cg = g.compile(target="cuda")
+    assert cg.cuda_graph == "on (2 kernels in one CUDA graph)"      # the partials, then their sum
+    for seed in (30, 31):
+        x = rand((2, 512), seed)
+        assert_close(cg(x)[0], x @ w, rtol=1e-4, atol=1e-5)

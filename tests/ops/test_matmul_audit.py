@@ -213,7 +213,8 @@ def test_refused_types_say_what_to_do():
                 rand((2, 3), 0) > 0):
         for a_, b_ in ((bad, b), (b.T.copy(), bad.T.copy())):
             with pytest.raises(TypeError, match=rf"supports float32, float16 and bfloat16 operands, got {bad.dtype}; "
-                                                r"convert with np\.asarray\(x, np\.float32\)"):
+                                                r"convert with np\.asarray\(x, np\.float32\), or stdlib_ops\.cast\(x, "
+                                                r"np\.float32\) for a td\.DeviceArray"):
                 ops.matmul(put(a_), put(b_))
         with pytest.raises(TypeError, match=f"got {bad.dtype}"):
             ops.linear(put(bad), put(rand((4, 3), 2)))
