@@ -181,6 +181,20 @@ def test_gather_indices_out_of_range():
             compiled(x, np.array(bad))
 
 
+@pytest.mark.parametrize("pads", [[-4, 0, 5, 0], [2, 0, -4, 0], [-3, 1, 2, -1], [0, -5, -3, 7], [-2, -1, -1, 1]])
+def test_pad_cropping_past_an_axis_in_constant_mode_leaves_padding_alone(pads):
+    """onnxruntime reads pads that crop more than an axis has, with padding on it, as an axis of the padding value
+    alone (its length the input's plus the pads); taskdsl refused them."""
+    from . import run_onnxruntime
+    model = make_model([n("Pad", ["x", "pads", "value"], ["y"])], [("x", [3, 4])], [("y", ["a", "b"])],
+                       {"pads": np.array(pads, np.int64), "value": np.array(9.0, np.float32)})
+    x = rand((3, 4), 1)
+    got, = tg.from_onnx(model).compile(target="cpu")(x)
+    want, = run_onnxruntime(model, {"x": x})
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
 def test_pad_cropping_more_than_the_axis():
     node = n("Pad", ["x", "pads"], ["y"])
     model = make_model([node], [("x", [3])], [("y", [0])], {"pads": np.array([-2, -2], np.int64)})

@@ -194,11 +194,21 @@ def pad(node: Node) -> list:
         raise node.error(f"pads must have {2 * x.ndim} values (begin..., end...) for a {x.ndim}-d input, got {pads}",
                          OnnxImportError)
     if any(p < 0 for p in pads):    # negative pads crop, before the others pad (as onnxruntime does)
-        n, crops = x.ndim, [max(-p, 0) for p in pads]
-        if any(crops[a] + crops[n + a] > size for a, size in enumerate(x.shape)):
-            raise node.error(f"pads {pads} crop more than the shape {x.shape} has", OnnxImportError)
-        x = ops.slice(x, crops[:n], [size - c for size, c in zip(x.shape, crops[n:])])
-        pads = [max(p, 0) for p in pads]
+        n, crops, given = x.ndim, [max(-p, 0) for p in pads], pads
+        starts, ends, pads = [], [], [max(p, 0) for p in pads]
+        for a, size in enumerate(x.shape):
+            if crops[a] + crops[n + a] <= size:
+                starts.append(crops[a])
+                ends.append(size - crops[n + a])
+                continue
+            # cropped past its end: in constant mode an axis of padding alone, as long as the pads leave it
+            length = size + given[a] + given[n + a]
+            if mode != "constant" or length < 0:
+                raise node.error(f"pads {given} crop more than the shape {x.shape} has", OnnxImportError)
+            starts.append(0)
+            ends.append(0)
+            pads[a], pads[n + a] = length, 0
+        x = ops.slice(x, starts, ends)
     return [ops.pad(x, pads, 0 if value is None else np.asarray(value).reshape(-1)[0].item(), mode)]
 
 
