@@ -262,3 +262,33 @@ def test_checking_helpers_compile_once_per_type_not_per_site():
     np.testing.assert_array_equal(y, s + s[::-1] + s[np.arange(32) // 2] + s[np.arange(32) % 3])
     grown = {f: len(getattr(rt, f).signatures) - n for f, n in before.items()}
     assert grown["load_checked"] <= 1 and grown["load_shared_checked"] <= 1 and grown["check_index"] <= 2, grown
+
+
+def test_zero_dimensional_tensors_in_debug_mode():
+    """Debug mode keeps tensors n-d for its per-axis checks; a 0-d one (a graph's scalar, a clip bound) has no
+    index to check, and numba could not type the check on an empty index tuple: BERT and MobileNet-V2 failed to
+    build under TASKDSL_DEBUG=1."""
+    import taskdsl.graph as tg
+    from taskdsl.graph import ops
+
+    @td.kernel(block=4)
+    def scaled(S: f32[()], O: f32[4], C: i32[()], T: f32[()]):
+        O[threadIdx.x] = S[()] * 2.0 + threadIdx.x
+        td.atomic_add(C[()], 1)
+        if threadIdx.x == 0:
+            T[()] = S[()] + 1.0
+
+    w = np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)
+    x_in = tg.input("x", (4, 8), "float32")
+    graph = tg.trace(lambda x: ops.clip(x @ tg.constant(w), 0.0, 6.0), x_in)    # the scalar bounds: 0-d operands
+    td.debug(True)
+    try:
+        s, o, c, t = np.array(1.5, np.float32), np.zeros(4, np.float32), np.array(0, np.int32), np.zeros((), np.float32)
+        scaled(s, o, c, t)
+        compiled = graph.compile()
+    finally:
+        td.debug(False)
+    np.testing.assert_array_equal(o, [3, 4, 5, 6])
+    assert c == 4 and t == 2.5
+    x = np.random.default_rng(1).standard_normal((4, 8)).astype(np.float32)
+    np.testing.assert_allclose(compiled(x)[0], np.clip(x @ w, 0, 6), rtol=1e-5, atol=1e-6)

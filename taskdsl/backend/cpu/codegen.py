@@ -411,6 +411,8 @@ class _PythonEmitter:
         name = self.name(e.buffer)
         if not self.debug:
             return f"{name}[{', '.join(idx)}]"
+        if not idx and e.buffer.uid not in self.shadows:     # a 0-d tensor (debug mode keeps shapes): no bound
+            return f"{name}[()]"
         tup = "(" + "".join(f"np.int64({i}), " for i in idx) + ")"
         site = self.site(e.buffer, "read")
         if e.buffer.uid in self.shadows:
@@ -426,6 +428,8 @@ class _PythonEmitter:
         name = self.name(s.buffer)
         if not self.debug:
             return f"{name}[{', '.join(idx)}] = {value}"
+        if not idx and s.buffer.uid not in self.shadows:
+            return f"{name}[()] = {value}"
         tup = "(" + "".join(f"np.int64({i}), " for i in idx) + ")"
         site = self.site(s.buffer, "write")
         if s.buffer.uid in self.shadows:
@@ -436,7 +440,7 @@ class _PythonEmitter:
         idx = self.index(e.buffer, e.indices)
         tup = "(" + "".join(f"np.int64({i}), " for i in idx) + ")"
         name = self.name(e.buffer)
-        if self.debug:
+        if self.debug and idx:
             tup = f"rt.check_index({name}, {tup}, {self.site(e.buffer, 'atomic')})"
         return f"rt.atomic_{e.op}({name}, {tup}, {self.cast(e.value, e.dtype)})"
 
