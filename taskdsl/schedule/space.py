@@ -25,10 +25,16 @@ class Point:
         raise AttributeError(name)
 
     def __getitem__(self, name):
-        return getattr(self, name)
+        for key, value in self.values:
+            if key == name:
+                return value
+        raise KeyError(name)
 
     def replace(self, **changes) -> "Point":
-        """A copy with some axes changed."""
+        """A copy with some axes changed (ValueError for a name that is no axis; `Space.point` checks values)."""
+        unknown = set(changes) - {k for k, _ in self.values}
+        if unknown:
+            raise ValueError(f"{self} has no axis {', '.join(sorted(unknown))}")
         return Point(tuple((k, changes.get(k, v)) for k, v in self.values))
 
     def as_dict(self) -> dict:
@@ -49,18 +55,34 @@ class Space:
     _valid: list = field(default=None, init=False, repr=False)
     _rejected: Counter = field(default=None, init=False, repr=False)
 
+    def __post_init__(self):
+        for name, choices in self.axes.items():
+            if not isinstance(name, str) or not name.isidentifier() or hasattr(Point, name) or name == "values":
+                raise ValueError(f"space {self.name!r}: axis name {name!r} must be an identifier other than a "
+                                 "Point's own attributes (values, replace, as_dict)")
+            if isinstance(choices, (str, bytes)) or not hasattr(choices, "__iter__"):
+                raise TypeError(f"space {self.name!r}: axis {name!r} needs a tuple of choices, got {choices!r}")
+            choices = tuple(choices)
+            if any(a == b for i, a in enumerate(choices) for b in choices[i + 1:]):
+                raise ValueError(f"space {self.name!r}: axis {name!r} repeats a choice: {choices}")
+            self.axes[name] = choices
+
     def _enumerate(self) -> None:
         if self._valid is not None:
             return
-        self._valid, self._rejected = [], Counter()
+        valid, rejected = [], Counter()      # kept only once complete: a check that raises leaves nothing half-made
         names = list(self.axes)
         for combo in itertools.product(*(self.axes[n] for n in names)):
             point = Point(tuple(zip(names, combo)))
             reason = self.check(point) if self.check else None
+            if reason and not isinstance(reason, str):
+                raise TypeError(f"space {self.name!r}: its check must return a reason string or None, got "
+                                f"{reason!r} for {point}")
             if reason:
-                self._rejected[reason] += 1
+                rejected[reason] += 1
             else:
-                self._valid.append(point)
+                valid.append(point)
+        self._valid, self._rejected = valid, rejected
 
     @property
     def raw_size(self) -> int:
@@ -85,11 +107,12 @@ class Space:
         unknown = set(values) - set(self.axes)
         if unknown or len(values) != len(self.axes):
             raise ValueError(f"a {self.name} point needs exactly the axes {', '.join(self.axes)}")
-        p = Point(tuple((n, values[n]) for n in self.axes))
         off = [n for n in self.axes if values[n] not in self.axes[n]]
         if off:     # a value off an axis is no point of the space, however its check judges it
-            raise ValueError(f"{p} is not a point of the {self.name} space: {off[0]} must be one of "
-                             f"{', '.join(map(str, self.axes[off[0]]))}")
+            raise ValueError(f"{Point(tuple(values.items()))} is not a point of the {self.name} space: {off[0]} must "
+                             f"be one of {', '.join(map(str, self.axes[off[0]]))}")
+        # the axis's own values (2.0 or True given for 2 or 1 is the point of 2 or 1, as the tuner stores it)
+        p = Point(tuple((n, self.axes[n][self.axes[n].index(values[n])]) for n in self.axes))
         reason = self.check(p) if self.check else None
         if reason:
             raise ValueError(f"{p} is not a valid {self.name} schedule: {reason}")

@@ -211,6 +211,10 @@ def tune(space: Space, build, args: tuple, *, op: str, shapes, dtypes, default: 
             return hit
     _check_storable(space)
     points = space.points()
+    if not points:
+        warnings.warn(f"tuning {op}: the space has no valid point (its checks pruned all {space.raw_size}: "
+                      f"{dict(space.pruned())}); the default schedule is used", stacklevel=2)
+        return default
     probe, full = _timer(target)
     kernels: dict = {}
     if target == "cuda":

@@ -153,6 +153,52 @@ def test_a_point_off_the_axes_is_not_a_point_of_the_space():
         checked.point(bm=128)
 
 
+def test_a_check_that_raises_leaves_no_half_enumerated_space(timed):
+    """The points found before the check raised were kept: the next call listed only those, and the tuner timed
+    and stored the best of them as the space's winner."""
+    flaky = {"first": True}
+
+    def check(p):
+        if p.t == 5 and flaky.pop("first", False):
+            raise RuntimeError("transient failure in check")
+        return None
+
+    space = Space("flaky", {"t": (20, 5, 1)}, check)
+    with pytest.raises(RuntimeError, match="transient"):
+        space.points()
+    assert [p.t for p in space.points()] == [20, 5, 1]
+    assert tune_toy(space).t == 1
+
+
+def test_space_and_point_misuse_is_named():
+    """Axes named like a Point's own attributes could not be read; a typo in `replace` was dropped; a check's
+    reason that is no string failed in a Counter; an axis of one value or of repeated values, or a tuning space
+    with no valid point, gave no word."""
+    with pytest.raises(ValueError, match="axis name 'values' must be an identifier other than a Point's own"):
+        Space("clash", {"block": (64,), "values": (1, 2)})
+    with pytest.raises(TypeError, match="axis 'a' needs a tuple of choices, got 5"):
+        Space("scalar", {"a": 5})
+    with pytest.raises(ValueError, match=r"axis 'a' repeats a choice: \(1, 1, 2\)"):
+        Space("repeats", {"a": (1, 1, 2)})
+    with pytest.raises(TypeError, match="its check must return a reason string or None, got \\['no'\\]"):
+        Space("listed", {"a": (1,)}, lambda p: ["no"]).points()
+    space = Space("tile", {"block": (64, 128), "flag": (True, False)})
+    point = space.point(block=64.0, flag=1)
+    assert point == space.point(block=64, flag=True) and point["block"] == 64 and point.flag is True
+    with pytest.raises(ValueError, match="has no axis blok"):
+        point.replace(blok=128)
+    with pytest.raises(KeyError):
+        point["blok"]
+
+
+def test_tuning_a_space_with_no_valid_point_says_so(timed):
+    space = Space("empty", {"t": (1, 2)}, lambda p: "never fits")
+    with pytest.warns(UserWarning, match=r"the space has no valid point \(its checks pruned all 2: \{'never fits': 2\}\)"):
+        chosen = tuner.tune(space, Fake, (), op="empty", shapes=((8,),), dtypes=("f32",),
+                            default=Space("any", {"t": (1,)}).point(t=1), target="cpu", show=False)
+    assert chosen.t == 1 and Fake.runs == []
+
+
 def test_keyboard_interrupt_while_timing_stores_nothing(timed):
     """Ctrl-C in the middle of tuning leaves no record, partial or stale: the next tuning times every point."""
     space = Space("toy", {"t": (3, 1, 2)})
