@@ -1,6 +1,6 @@
 """`python -m models ...`: see models.cli."""
-import sys
+from taskdsl.runtime.pipes import exit_with
 
 from .cli import main
 
-sys.exit(main())
+exit_with(main)

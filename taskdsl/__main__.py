@@ -4,7 +4,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .errors import ConfigError
 from .runtime import cache
+from .runtime.pipes import exit_with
 
 
 def main(argv=None) -> int:
@@ -16,6 +18,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         return _cache_command(args.action)
+    except BrokenPipeError:         # the reader is gone: `exit_with` ends quietly
+        raise
+    except ConfigError as e:        # a TASKDSL_* setting: a usage error, as the other command lines report it
+        print(f"python -m taskdsl: error: {e}", file=sys.stderr)
+        return 2
     except (OSError, ValueError) as e:
         print(f"python -m taskdsl: error: {e}", file=sys.stderr)
         return 1
@@ -35,4 +42,4 @@ def _cache_command(action: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main)

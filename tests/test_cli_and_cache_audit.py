@@ -177,3 +177,16 @@ def test_library_readers_of_counts_and_vector_width_raise_config_errors(monkeypa
     monkeypatch.setenv("TASKDSL_CPU_VECTOR_BITS", "100")
     with pytest.raises(config.ConfigError, match="use 128, 256 or 512"):
         vectors.host.__wrapped__()      # (host() is read once a process)
+
+
+@pytest.mark.parametrize("command", [["taskdsl", "cache", "info"], ["taskdsl.bench", "launch"], ["models", "list"]])
+def test_a_reader_that_stops_reading_ends_the_command_quietly(command, tmp_path):
+    """`python -m models run resnet50 | head -1` ended in a BrokenPipeError traceback (exit 1); it now ends as
+    `cat` does there, with 128 + SIGPIPE and nothing on stderr."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, TASKDSL_CACHE_DIR=str(tmp_path), PYTHONPATH=root, TASKDSL_TARGET="cpu")
+    process = subprocess.Popen([sys.executable, "-m", *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               env=env, cwd=tmp_path)
+    process.stdout.close()          # the reader is gone before the first line
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=300) == 141 and "Traceback" not in stderr and "Error" not in stderr, stderr

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..runtime.pipes import exit_with
+
 BENCHMARKS = {
     "cpu-matmul": ("the DESIGN matmul on the cpu target vs numpy (512^3, 1024^3) and compile times",
                    "taskdsl.bench.cpu_matmul"),
@@ -76,4 +78,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main)
