@@ -6,6 +6,7 @@ Layout under `cache_dir()` ($TASKDSL_CACHE_DIR, default ~/.cache/taskdsl):
     cpu/k_<key>.py    cpu/__pycache__/k_<key>.*   a generated module and numba's cache files
     cpu/<key>.json                                 the module generated for a kernel IR (`cpu_modules`)
     tune/<key>.json                                a tuned schedule (`schedule.tuner`)
+    numba/<package folder>/*.nbi, *.nbc            numba's code for the package's own launchers and helpers
 
 Entries are written atomically (a temporary file, then a rename). taskdsl reads its files only as
 bytes or JSON and checks them: a cubin whose bytes or key do not match its record, and a module
@@ -38,8 +39,10 @@ from ..errors import ConfigError
 from .config import cache_dir, cache_max_bytes, process_folder
 
 _KEY = re.compile(r"^(?:k_)?([0-9a-f]{24,64})")
-KINDS = ("cuda", "cpu", "tune")
-PRIMARY = {"cuda": ".cubin", "cpu": ".py", "tune": ".json"}     # the file that makes an entry (others go with it)
+KINDS = ("cuda", "cpu", "tune", "numba")
+# the file that makes an entry (others go with it); numba/ holds numba's own files for the package's launchers and
+# helpers (`backend/cpu/numba_cache.py`), each file an entry: numba takes a data file gone as a miss
+PRIMARY = {"cuda": ".cubin", "cpu": ".py", "tune": ".json", "numba": ".nbc"}
 
 
 def cache_key(*parts: str) -> str:
@@ -217,7 +220,7 @@ def _scan() -> tuple:
         if not folder.is_dir():
             continue
         for path in folder.rglob("*"):
-            match = _KEY.match(path.name)
+            match = _KEY.match(path.name) if kind != "numba" else re.match(r"^(.+\.nb[ci])$", path.name)
             temporary = ".tmp" in path.name          # a file being written, ours or numba's
             if match is None and not temporary:
                 continue
@@ -235,7 +238,7 @@ def _scan() -> tuple:
             entry.files.append(path)
             entry.size += stat.st_size
             entry.last_used = max(entry.last_used, stat.st_mtime)
-            entry.primary = entry.primary or (path.suffix == PRIMARY[kind] and path.parent == folder)
+            entry.primary = entry.primary or (path.suffix == PRIMARY[kind] and (path.parent == folder or kind == "numba"))
     return list(groups.values()), stale
 
 

@@ -1,0 +1,38 @@
+"""Where numba keeps the machine code of taskdsl's own numba functions (the launchers of `parallel.py`, one per
+tuple of argument types; the helpers of `support.py`): in taskdsl's cache folder, under `numba/`, where `python -m
+taskdsl cache` counts, caps and clears it, not beside the package's source (an installed package's folder, which
+held 76 MB of launchers after a few model runs). Registered when this module is imported, before the functions
+are decorated: numba picks a function's cache folder when its dispatcher is made."""
+from __future__ import annotations
+
+import os
+
+from numba.core import caching
+
+from ...errors import ConfigError
+from ...runtime.config import cache_dir
+
+PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))     # .../taskdsl
+
+
+class TaskdslCacheLocator(caching.UserProvidedCacheLocator):
+    """numba's locator for a function of the taskdsl package: `cache_dir()/numba/<its folder in the package>`."""
+
+    def __init__(self, py_func, py_file):
+        self._py_file = py_file
+        self._lineno = py_func.__code__.co_firstlineno
+        folder = os.path.relpath(os.path.dirname(os.path.abspath(py_file)), PACKAGE).replace(os.sep, ".")
+        self._cache_path = os.path.join(str(cache_dir()), "numba", folder)
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        if not os.path.abspath(py_file).startswith(PACKAGE + os.sep):
+            return None             # the user's numba functions, and generated modules (already in the cache)
+        try:
+            return super(caching.UserProvidedCacheLocator, cls).from_function(py_func, py_file)
+        except ConfigError:         # TASKDSL_CACHE_DIR unusable: numba's own place; the first cache use says why
+            return None
+
+
+if TaskdslCacheLocator not in caching.CacheImpl._locator_classes:
+    caching.CacheImpl._locator_classes.insert(0, TaskdslCacheLocator)
