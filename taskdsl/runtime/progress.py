@@ -5,6 +5,7 @@ logs and test output are not flooded. No dependency: tqdm is not needed for one 
 """
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 
@@ -43,13 +44,26 @@ class Progress:
     def _draw(self, final: bool = False) -> None:
         if not self.show:
             return
-        filled = self.WIDTH * self.done // self.total if self.total else self.WIDTH
         eta = self.eta()
         tail = f"{time.perf_counter() - self.start:.1f}s" if final else (f"ETA {eta:.0f}s" if eta is not None else "")
-        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (self.WIDTH - filled)}] {self.done}/{self.total} "
-                         f"{tail} {self.note}".ljust(100)[:120])
+        # one line no wider than the terminal, padded over a longer line drawn before: a line that wrapped would
+        # scroll at each redraw instead of drawing over itself
+        columns = shutil.get_terminal_size((100, 24)).columns - 1
+        sys.stderr.write("\r" + self._line(f"{self.done}/{self.total} {tail}", columns).ljust(columns))
         sys.stderr.write("\n" if final else "")
         sys.stderr.flush()
+
+    def _line(self, count: str, columns: int) -> str:
+        """The bar's text in `columns` characters: the note goes first, then the bar narrows, then the label."""
+        label, width = self.label, self.WIDTH
+        for note in (f" {self.note}" if self.note else "", ""):
+            rest = f" {count}{note}"
+            width = min(self.WIDTH, max(8, columns - len(label) - 3 - len(rest)))
+            if len(label) + 3 + width + len(rest) <= columns:
+                break
+        label = label[:max(columns - 3 - width - len(rest), 0)]
+        filled = width * self.done // self.total if self.total else width
+        return f"{label} [{'#' * filled}{'.' * (width - filled)}]{rest}"[:columns]
 
     def __enter__(self) -> "Progress":
         self._draw()

@@ -90,6 +90,19 @@ def test_progress_bar_for_big_graphs(monkeypatch, capsys):
     assert "compiling tiny" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("columns", [40, 100, 200])
+def test_the_progress_bar_fits_the_terminal(columns, monkeypatch, capsys):
+    """Each redraw was padded to 100 characters: on an 80-column terminal the line wrapped, and each redraw
+    scrolled instead of drawing over the last."""
+    from taskdsl.runtime.progress import Progress
+    monkeypatch.setenv("COLUMNS", str(columns))
+    with Progress(12, "compiling a graph with a long name", show=True) as bar:
+        for k in range(12):
+            bar.step(note=f"best {k * 1.5:.3f} ms, and a long note after it" if k % 2 else None)
+    lines = capsys.readouterr().err.replace("\n", "\r").split("\r")
+    assert all(len(line) <= columns - 1 for line in lines) and any("12/12" in line for line in lines)
+
+
 def test_cpu_kernels_compile_ahead_in_parallel(tmp_path, monkeypatch):
     # A fresh cache and two compile processes: the warm-up's launches are recorded, compiled by the
     # workers, then run; the results are those of the numpy reference.
