@@ -109,6 +109,9 @@ def layer_norm(node: Node) -> list:
     x, scale = node.input(0), node.input(1)
     bias = node.input(2, required=False) if node.num_inputs > 2 else None
     axis = normalize_axis(node.attr("axis", -1), x.ndim, "LayerNormalization")
+    for what, p in (("Scale", scale), ("B", bias)):
+        if p is not None and p.ndim > x.ndim:
+            raise node.error(f"{what} has {p.ndim} axes, more than X's {x.ndim}", OnnxImportError)
     attrs = {"axis": axis, "eps": float(node.attr("epsilon", 1e-5)), "has_weight": True,
              "has_bias": bias is not None, "stats": node.wanted(1) or node.wanted(2)}
     if all(p is None or p.ndim <= x.ndim - axis for p in (scale, bias)):
