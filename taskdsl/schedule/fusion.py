@@ -48,6 +48,10 @@ def fuse(anchor: Kernel, *args, prologues: dict | None = None, epilogues: dict |
     The fused kernel takes, in order, the anchor's remaining parameters, the prologues' and
     epilogues' other inputs, then the epilogues' outputs.
     """
+    for what, given in (("prologues", prologues), ("epilogues", epilogues)):
+        if given is not None and not isinstance(given, dict):
+            raise TypeError(f"fuse: {what} must be a dict of parameter name -> compute definition, got "
+                            f"{type(given).__name__}")
     binding = anchor.bind(anchor.arguments(args, {}))      # (scalar defaults applied, as a call does)
     fn = bind_sizes(anchor._frontend_ir(binding.block), binding.sizes)
     params = {p.name: p for p in fn.params}
@@ -69,6 +73,12 @@ def fuse(anchor: Kernel, *args, prologues: dict | None = None, epilogues: dict |
     _refuse_reads_of_written(body, new_inputs, prologues, epilogues)
     extra = tuple(b for b in new_inputs.values() if b.uid not in {p.uid for p in kept})
     all_params = kept + extra + tuple(outputs)
+    names = [p.name for p in all_params]
+    twice = next((n for k, n in enumerate(names) if n in names[:k]), None)
+    if twice is not None:       # a call by keyword could not say which; a placeholder is no anchor parameter
+        raise FusionError(f"the fused kernel would have two parameters named {twice!r}: a definition's placeholder "
+                          f"is named like another tensor of '{anchor.name}' or of the definitions; give it a name of "
+                          "its own")
     sizes = {d.uid: d for b in all_params if isinstance(b, ir.Buffer) for d in b.shape if isinstance(d, ir.Var)}
     fused = dataclasses.replace(fn, name=f"{fn.name}_fused", params=all_params, sizes=tuple(sizes.values()),
                                 body=body)
