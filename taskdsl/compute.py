@@ -482,13 +482,20 @@ def bind_sizes(placeholders: list, arrays: list) -> dict:
     return sizes
 
 
+CHECKED_DOMAIN = 1 << 20     # definitions of up to this many (output x reduction) elements have every read checked
+
+
 class _FixedReads(ir.Visitor):
-    """Finds an unguarded read at an index no axis moves (X[i, 5], X[N]) outside its tensor: every element of the
-    definition makes that read, so every kernel reads out of bounds (outside a select's branches and the right side
-    of `and` / `or`, which may guard it)."""
+    """Finds an unguarded read outside its tensor (outside a select's branches and the right side of `and` / `or`,
+    which may guard it): at an index no axis moves (X[i, 5], X[N]), which every element makes; and, over a domain of
+    up to CHECKED_DOMAIN elements, at an index an axis moves (X[i + 1]), evaluated for every element. A kernel would
+    read out of bounds there, silently."""
 
     def __init__(self, t: Tensor, evaluator: "_Evaluator"):
         self.t, self.evaluator, self.guarded = t, evaluator, 0
+        axes, dims = t.axes + t.reduce_axes, t.shape + t.reduce_shape
+        self.domain = tuple(evaluator.dim(d) for d in dims)
+        self.grid = evaluator.grid(axes, dims) if math.prod(self.domain) <= CHECKED_DOMAIN else None
 
     def visit_Select(self, e: ir.Select):
         self.visit(e.cond)
@@ -511,14 +518,19 @@ class _FixedReads(ir.Visitor):
         if self.guarded:
             return
         for axis, (i, d) in enumerate(zip(e.indices, e.buffer.shape)):
-            if ir.collect(i, ir.Load) or any(v.kind != "size" for v in ir.collect(i, ir.Var)):
+            moved = any(v.kind != "size" for v in ir.collect(i, ir.Var))
+            if ir.collect(i, ir.Load) or moved and self.grid is None:
                 continue
-            value, n = int(self.evaluator.eval(i, {})), self.evaluator.dim(d)
-            if not 0 <= value < n:
+            values, n = np.asarray(self.evaluator.eval(i, self.grid if moved else {})), self.evaluator.dim(d)
+            outside = (values < 0) | (values >= n)
+            if outside.any():
                 at = ", ".join(ir.expr_str(x) for x in e.indices)
-                raise ValueError(f"{self.t.kind} {self.t.name!r} reads {e.buffer.name}[{at}]: index {value} on axis "
-                                 f"{axis} is outside [0, {n}) for every element (negative indices do not count from "
-                                 "the end); use an index inside the tensor, or guard the read with a condition")
+                count = int(np.broadcast_to(outside, self.domain).sum()) if moved else 0
+                where = f"for {count} of its {math.prod(self.domain)} elements" if moved else "for every element"
+                raise ValueError(f"{self.t.kind} {self.t.name!r} reads {e.buffer.name}[{at}]: index "
+                                 f"{int(values[outside].flat[0])} on axis {axis} is outside [0, {n}) {where} (negative "
+                                 "indices do not count from the end); use an index inside the tensor, or guard the "
+                                 "read with a condition (x[i] if i < n else 0.0)")
 
 
 def check_fixed_reads(definitions: list, sizes: dict) -> None:

@@ -4,6 +4,7 @@ of td.DeviceArrays run on the cpu). Every value is checked against numpy directl
 """
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import taskdsl as td
 from taskdsl import ir
@@ -93,6 +94,28 @@ def test_unguarded_fixed_reads_outside_a_tensor_are_errors():
     fine = np.arange(24, dtype=np.float32).reshape(3, 8)
     np.testing.assert_array_equal(td.op([X], [FIXED])(fine)[0], fine[:, 5])
     np.testing.assert_array_equal(td.op([X], [FIXED])(np.zeros((0, 4), np.float32))[0], np.zeros(0, np.float32))
+
+
+@given(n=st.integers(1, 40), shift=st.integers(-3, 3))
+@settings(max_examples=25, deadline=None)
+def test_unguarded_reads_an_axis_moves_out_of_a_tensor_are_errors(n, shift):
+    """X[i + 1] read past the end for the last element: the kernel returned garbage there, silently (the reference
+    raised). Every read of a definition of up to CHECKED_DOMAIN elements is now checked at the first call; the
+    same read guarded by a select, or one that stays inside, runs."""
+    V1 = td.placeholder("V1", td.f32, ("L",))
+    shifted = td.compute("Shifted", ("L",), lambda i: V1[i + shift])
+    guarded = td.compute("Guarded", ("L",), lambda i: ir.Select((i + shift >= 0) & (i + shift < size_var("L")),
+                                                                V1[i + shift], ir.const(0.0), td.f32))
+    v = np.arange(1, n + 1, dtype=np.float32)
+    expected = np.array([v[i + shift] if 0 <= i + shift < n else 0.0 for i in range(n)], np.float32)
+    np.testing.assert_array_equal(td.op([V1], [guarded])(v)[0], expected)
+    outside = sum(1 for i in range(n) if not 0 <= i + shift < n)
+    if outside:
+        with pytest.raises(ValueError, match=rf"compute 'Shifted' reads V1\[i0 \+ {shift}\]: index -?\d+ on axis 0 is "
+                                             rf"outside \[0, {n}\) for {outside} of its {n} elements"):
+            td.op([V1], [shifted])(v)
+    else:
+        np.testing.assert_array_equal(td.op([V1], [shifted])(v)[0], expected)
 
 
 def test_guarded_fixed_reads_run(target):
