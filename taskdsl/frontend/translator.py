@@ -355,7 +355,7 @@ class FunctionTranslator:
 
     def stmt_augassign(self, node: ast.AugAssign):
         op = _BINOPS.get(type(node.op))
-        if op is None:      # '@', the one binary operator of Python kernels do not have
+        if op is None:      # '@', the one binary operator of Python that kernels do not have
             raise self.error(node, "'@=' is not supported")
         if isinstance(node.target, ast.Subscript):   # Python reads the element before evaluating the value
             buf, idx = self.subscript_target(node.target)

@@ -318,8 +318,8 @@ class _Members:
     """A FusedAnchor whose kernel fusion cannot build (an epilogue map it cannot invert, such as a reshape whose
     rows straddle the anchor's, then a transpose): its members run one after the other, as unfused operators."""
 
-    def __init__(self, op: FusedAnchor, reason: FusionError):
-        self.op, self.reason, self.kernels = op, reason, []
+    def __init__(self, op: FusedAnchor):
+        self.op, self.kernels = op, []
 
     def run(self, arrays: list):
         values = {id(t): a for t, a in zip(self.op.inputs, arrays)}
@@ -341,8 +341,8 @@ def run_fused(op: FusedAnchor, arrays: list) -> tuple:
     if build is None or build.target != td.get_target():
         try:
             build = _Build(op)
-        except FusionError as reason:
-            build = _Members(op, reason)
+        except FusionError:
+            build = _Members(op)
         build.target = td.get_target()
         op._build = build
     return [build.run(arrays)], list(build.kernels)
