@@ -243,9 +243,12 @@ class ProgramWriter:
         var = self._fresh("j")
         if self.draw(st.integers(0, 3)) == 0:     # over a compile-time tuple: unrolled, left only by a return
             values = tuple(self.draw(st.lists(st.integers(-3, 3), min_size=1, max_size=3)))
-            returns = self.draw(st.booleans())
-            if returns and len(values) > 1:     # a return in one iteration comes before the barriers and shuffles
-                self.diverged = THREAD          # of the next (the body's text before it): none from here on
+            # a return in one iteration comes before the barriers and shuffles of the next (the body's text before
+            # it): none from here on. A tuple loop inside one that may not return may not either: its return would
+            # come before the outer loop's next iteration (seed 804), which could not know it at its start
+            returns = self.draw(st.booleans()) and scope.returns
+            if returns and len(values) > 1:
+                self.diverged = THREAD
             self.emit(scope, f"for {var} in {values!r}:")
             self.block(replace(scope, depth=scope.depth + 1, unrolled=True, returns=returns,
                                uniform_names=scope.uniform_names + (var,)))
