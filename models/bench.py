@@ -59,16 +59,18 @@ def command_bench(args: argparse.Namespace, target: str) -> int:
     from . import MODELS, get
     from .cli import UsageError, export_if_checkable, zoo_model
     names = args.names or list(MODELS)
+    # --seq with every model: the text models' length (named models: each must take it)
+    seq = {name: args.seq if args.names or get(name).takes_seq else None for name in names if name in MODELS}
     for name in names:  # every name and size before any model runs: a long bench should not end on a typo
         try:
-            get(name).config(args.small, args.seq)
+            get(name).config(args.small, seq.get(name))
         except KeyError as e:
             raise UsageError(e.args[0]) from None
         except ValueError as e:         # --seq for an image model, or out of a text model's range
             raise UsageError(f"{name}: {e}") from None
     rows = []
     for name in names:
-        title, graph, vocab = zoo_model(argparse.Namespace(**{**vars(args), "name": name}))
+        title, graph, vocab = zoo_model(argparse.Namespace(**{**vars(args), "name": name, "seq": seq[name]}))
         feeds = sample_inputs(graph, vocab)
         model = export_if_checkable(graph)
         result = infer(graph, model, feeds, target, args.iters, args.channels_last)

@@ -6,8 +6,8 @@
     python -m models run --onnx model.onnx [--batch B] [--seq S] [--constant NAME=V,V,... ...]
     python -m models bench [NAME ...] [--small]
 
-Bad input (an unknown model, a bad flag, an unreadable ONNX file) prints one line on stderr
-and exits with status 2; a run whose outputs do not match the reference exits with 1.
+Bad input (an unknown model, a bad flag, an unreadable ONNX file) prints one line on stderr (a flag
+argparse refuses, the usage line too) and exits with status 2; a run whose outputs do not match the reference exits with 1.
 """
 from __future__ import annotations
 
@@ -38,20 +38,22 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--constant", action="append", default=[], metavar="NAME=V,V,...",
                      help="with --onnx: fix a model input's value (e.g. a shape input); repeatable")
     run.add_argument("--iters", type=int, default=10, help="timed iterations after the warm-up (default 10)")
-    add_shape_flags(run)
+    add_shape_flags(run, onnx=True)
     bench = sub.add_parser("bench", help="per model: taskdsl latency vs onnxruntime (and PyTorch on a GPU)")
     bench.add_argument("names", nargs="*", help="models to run (default: all)")
     bench.add_argument("--iters", type=int, default=5, help="timed iterations per runtime (default 5)")
-    add_shape_flags(bench)
+    add_shape_flags(bench, onnx=False)
     return p
 
 
-def add_shape_flags(p: argparse.ArgumentParser) -> None:
-    """The flags `run` and `bench` share: batch, sequence length, dtype, target, small, layout, tuning."""
-    p.add_argument("--batch", type=int, default=1,
-                   help="batch size (default 1; for an ONNX model, the size of its inputs' symbolic axis 0)")
-    p.add_argument("--seq", type=int, help="sequence length of text models (default: 128, 16 with --small), or "
-                   "the size of an ONNX model's symbolic dims past axis 0")
+def add_shape_flags(p: argparse.ArgumentParser, onnx: bool) -> None:
+    """The flags `run` and `bench` share: batch, sequence length, dtype, target, small, layout, tuning (`onnx`:
+    the command also takes --onnx, whose symbolic axes --batch and --seq size)."""
+    p.add_argument("--batch", type=int, default=1, help="batch size (default 1" + (
+        "; for an ONNX model, the size of its inputs' symbolic axis 0)" if onnx else ")"))
+    p.add_argument("--seq", type=int, help="sequence length of text models (default: 128, 16 with --small)" + (
+        ", or the size of an ONNX model's symbolic dims past axis 0" if onnx else "; with every model, of the text "
+        "models only"))
     p.add_argument("--dtype", choices=sorted(DTYPES), default="f32", help="weights and activations (default f32)")
     p.add_argument("--target", choices=list(td.runtime.config.TARGETS),
                    help="where kernels run (default: $TASKDSL_TARGET, else cuda with a usable GPU, else cpu)")

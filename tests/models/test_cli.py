@@ -105,6 +105,30 @@ def test_bench_small_model(capsys):
     assert "taskdsl cpu" in out and "onnxruntime cpu" in out
 
 
+def test_bench_of_every_model_takes_seq_for_the_text_models(monkeypatch, capsys):
+    """`bench --seq 8` with no names stopped at resnet50 ("a sequence length applies to the text models"); named
+    image models still refuse it (test_bad_input_exits_2). Each model is built (not compiled or run)."""
+    import types
+
+    import models.cli
+    from models import MODELS, bench
+    built, zoo_model = {}, models.cli.zoo_model
+
+    def recorded(args):
+        title, graph, vocab = zoo_model(args)
+        built[args.name] = graph.inputs[0].shape
+        return title, graph, vocab
+
+    result = types.SimpleNamespace(ok=True, median_ms=1.0, max_error=0.0, compiled=types.SimpleNamespace(target="cpu"))
+    monkeypatch.setattr(models.cli, "zoo_model", recorded)
+    monkeypatch.setattr(models.cli, "export_if_checkable", lambda graph: None)
+    monkeypatch.setattr(bench, "infer", lambda *args: result)
+    assert main(["bench", "--small", "--seq", "8"]) == 0
+    assert set(built) == set(MODELS)
+    for name, spec in MODELS.items():
+        assert (built[name][-1] == 8) == spec.takes_seq, (name, built[name])     # token ids: (batch, seq)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["run", "resnet51"], "unknown model 'resnet51'"),
     (["run"], "run takes a model name or --onnx PATH"),
