@@ -7,7 +7,8 @@
     python -m models bench [NAME ...] [--small]
 
 Bad input (an unknown model, a bad flag, an unreadable ONNX file) prints one line on stderr (a flag
-argparse refuses, the usage line too) and exits with status 2; a run whose outputs do not match the reference exits with 1.
+argparse refuses, the usage line too) and exits with status 2; a run whose outputs do not match the
+reference exits with 1.
 """
 from __future__ import annotations
 

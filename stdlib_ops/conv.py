@@ -625,28 +625,29 @@ class Lowered:
     @functools.cached_property
     def _call(self) -> tuple:
         """What `run` passes besides the arrays, made once: (the fixed arguments by name, the GEMM shape of the
-        columns operand A, the columns shape, the parameter names of the columns kernel, of the GEMM kernel (but
-        its output, unless it writes split-k partials) and of the finishing kernel (but its output))."""
+        columns operand A, the columns shape and dtype (the convolution's, which an epilogue's Cast may change for
+        the output), the parameter names of the columns kernel, of the GEMM kernel (but its output, unless it
+        writes split-k partials) and of the finishing kernel (but its output))."""
         g = self.geometry
         split = 1 if self.finish is None else self.matmul.fusion_split
         fixed = dict(batch_index=self.batch_index, split=split, **(_columns_scalars(g) if self.columns else {}))
         shape = _x_shape(g) if self.window else self.matmul.operand_shapes(self.transposed_a)[0]
         columns_params = [name for name, _ in self.columns.params] if self.columns else []
+        columns_dtype = dict(self.columns.params)["cols"].dtype.numpy if self.columns else None
         names = [name for name, _ in self.kernel.params]     # with split-k, C (the partials) is among them
         finish_params = [name for name, _ in self.finish.params][:-1] if self.finish else []
-        return fixed, shape, _columns_shape(g), columns_params, names[:-1] if self.finish is None else names, \
-            finish_params
+        return fixed, shape, (_columns_shape(g), columns_dtype), columns_params, \
+            names[:-1] if self.finish is None else names, finish_params
 
     def _launches(self, arrays: dict, weight: np.ndarray, out: np.ndarray):
         """The launches `run` makes, in order, as (kernel, arguments); buffers (columns, split-k partials) are
         allocated where the operands are."""
-        fixed, shape, columns_shape, columns_params, names, finish_params = self._call
+        fixed, shape, (columns_shape, columns_dtype), columns_params, names, finish_params = self._call
         args = dict(arrays, B=weight, **fixed)
         if self.on_columns and self.x_name is not None and self.columns is None:    # the input is A
             args["A"] = arrays[self.x_name].reshape(shape)
         elif self.on_columns and self.columns is not None:
-            # in the convolution's type, which an epilogue (a Cast) may change for the output
-            cols = args["cols"] = empty_like_operands(columns_shape, dict(self.columns.params)["cols"].dtype.numpy, out)
+            cols = args["cols"] = empty_like_operands(columns_shape, columns_dtype, out)
             if self.x_name is not None:
                 args["X"] = arrays[self.x_name]
             yield self.columns, [args[name] for name in columns_params]

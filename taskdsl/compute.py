@@ -491,11 +491,11 @@ class _FixedReads(ir.Visitor):
     up to CHECKED_DOMAIN elements, at an index an axis moves (X[i + 1]), evaluated for every element. A kernel would
     read out of bounds there, silently."""
 
-    def __init__(self, t: Tensor, evaluator: "_Evaluator"):
-        self.t, self.evaluator, self.guarded = t, evaluator, 0
-        axes, dims = t.axes + t.reduce_axes, t.shape + t.reduce_shape
-        self.domain = tuple(evaluator.dim(d) for d in dims)
-        self.grid = evaluator.grid(axes, dims) if math.prod(self.domain) <= CHECKED_DOMAIN else None
+    def __init__(self, t: Tensor, evaluator: "_Evaluator", domain: tuple):
+        self.t, self.evaluator, self.guarded, self.domain = t, evaluator, 0, domain      # domain: the axes' sizes
+        self.size = math.prod(domain)
+        small = self.size <= CHECKED_DOMAIN
+        self.grid = evaluator.grid(t.axes + t.reduce_axes, t.shape + t.reduce_shape) if small else None
 
     def visit_Select(self, e: ir.Select):
         self.visit(e.cond)
@@ -526,7 +526,7 @@ class _FixedReads(ir.Visitor):
             if outside.any():
                 at = ", ".join(ir.expr_str(x) for x in e.indices)
                 count = int(np.broadcast_to(outside, self.domain).sum()) if moved else 0
-                where = f"for {count} of its {math.prod(self.domain)} elements" if moved else "for every element"
+                where = f"for {count} of its {self.size} elements" if moved else "for every element"
                 raise ValueError(f"{self.t.kind} {self.t.name!r} reads {e.buffer.name}[{at}]: index "
                                  f"{int(values[outside].flat[0])} on axis {axis} is outside [0, {n}) {where} (negative "
                                  "indices do not count from the end); use an index inside the tensor, or guard the "
@@ -534,12 +534,15 @@ class _FixedReads(ir.Visitor):
 
 
 def check_fixed_reads(definitions: list, sizes: dict) -> None:
-    """ValueError for an unguarded read of a fixed index outside its tensor in any non-empty definition, which
-    every kernel of it would make out of bounds, silently."""
+    """ValueError for an unguarded read outside its tensor in any non-empty definition (`_FixedReads`), which
+    kernels of it would make out of bounds, silently."""
     evaluator = _Evaluator({}, sizes)
     for t in definitions:
-        if t.body is not None and 0 not in evaluator.dims(t, t.shape + t.reduce_shape):
-            _FixedReads(t, evaluator).visit(t.body)
+        if t.body is None:
+            continue
+        domain = evaluator.dims(t, t.shape + t.reduce_shape)
+        if 0 not in domain:
+            _FixedReads(t, evaluator, domain).visit(t.body)
 
 
 def evaluate(inputs: list, outputs: list, arrays: list) -> list:

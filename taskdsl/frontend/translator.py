@@ -497,7 +497,8 @@ class FunctionTranslator:
             return backwards.start, backwards.stop, backwards.step
         sign = 1 if step > 0 else -1            # the last value: start + ((stop - start - sign) // step) * step
         steps = self.binop("//", self.binop("-", self.binop("-", stop, start, call), sign, call), step, call)
-        return self.binop("+", start, self.binop("*", steps, step, call), call), self.binop("-", start, step, call), -step
+        last = self.binop("+", start, self.binop("*", steps, step, call), call)
+        return last, self.binop("-", start, step, call), -step
 
     def for_range(self, node: ast.For, call: ast.Call, unroll: bool, reverse: bool = False):
         """A loop over `range(...)` or `td.unroll(...)` (`reverse`: over `reversed()` of it)."""

@@ -39,6 +39,7 @@ from ..errors import ConfigError
 from .config import cache_dir, cache_max_bytes, process_folder
 
 _KEY = re.compile(r"^(?:k_)?([0-9a-f]{24,64})")
+_KEYS = {"numba": re.compile(r"^(.+\.nb[ci])$")}       # numba's own files: each its own entry, keyed by its name
 KINDS = ("cuda", "cpu", "tune", "numba")
 # the file that makes an entry (others go with it); numba/ holds numba's own files for the package's launchers and
 # helpers (`backend/cpu/numba_cache.py`), each file an entry: numba takes a data file gone as a miss
@@ -220,7 +221,7 @@ def _scan() -> tuple:
         if not folder.is_dir():
             continue
         for path in folder.rglob("*"):
-            match = _KEY.match(path.name) if kind != "numba" else re.match(r"^(.+\.nb[ci])$", path.name)
+            match = _KEYS.get(kind, _KEY).match(path.name)
             temporary = ".tmp" in path.name          # a file being written, ours or numba's
             if match is None and not temporary:
                 continue
@@ -238,7 +239,8 @@ def _scan() -> tuple:
             entry.files.append(path)
             entry.size += stat.st_size
             entry.last_used = max(entry.last_used, stat.st_mtime)
-            entry.primary = entry.primary or (path.suffix == PRIMARY[kind] and (path.parent == folder or kind == "numba"))
+            in_place = path.parent == folder or kind == "numba"     # numba/ has a folder per package folder
+            entry.primary = entry.primary or (path.suffix == PRIMARY[kind] and in_place)
     return list(groups.values()), stale
 
 

@@ -13,6 +13,7 @@ from .. import ir
 from ..backend.cpu import precompile
 from ..ir import types as T
 from ..errors import DSLError
+from .arrays import conversion
 from .config import cp_async_early_enabled, debug_enabled, fast_compile_enabled, full_tracebacks_enabled, get_target
 from .device_array import DeviceArray
 
@@ -86,14 +87,6 @@ def _is_float_scalar(value) -> bool:
 def plain_arrays(args: tuple) -> tuple:
     """`args` with numpy subclasses (np.matrix, masked arrays) as plain ndarray views of their memory."""
     return tuple(a.view(np.ndarray) if isinstance(a, np.ndarray) and type(a) is not np.ndarray else a for a in args)
-
-
-def _host_conversion(dtype: T.DataType) -> str:
-    """How to convert a numpy array to `dtype`'s values (bf16 arrays hold bits as uint16: converting to uint16
-    would turn values into integers, so the values go through ml_dtypes' bfloat16)."""
-    if dtype.name == "bf16":
-        return ".astype(ml_dtypes.bfloat16) (its values' bits as the kernel reads them)"
-    return f".astype(np.{dtype.numpy})"
 
 
 @functools.cache
@@ -250,7 +243,7 @@ class Kernel:
             wanted = "bfloat16" if spec.dtype.name == "bf16" else spec.dtype.numpy    # not its uint16 bits
             raise TypeError(f"kernel '{self.name}': argument '{pname}' must have dtype {wanted} "
                             f"({spec.dtype.name}), got {dtype}; convert it with "
-                            + (_host_conversion(spec.dtype) if info is None else
+                            + (conversion(arg, T.numpy_dtype(spec.dtype)) if info is None else
                                "stdlib_ops.cast (td.DeviceArray), .astype() (cupy) or .to(torch.<dtype>) (torch)"))
         if len(shape) != len(spec.dims):
             raise ValueError(f"kernel '{self.name}': argument '{pname}' must be {len(spec.dims)}-d ({spec!r}), "

@@ -131,10 +131,12 @@ def test_non_fusible_requests_are_refused_with_a_reason():
     # a placeholder named like the anchor's other tensor, or an epilogue named like its input, made a kernel of two
     # parameters of one name (a keyword call could not say which)
     residual = td.compute("D", (100,), lambda i: OUT[i] + td.placeholder("A", f32, (100,))[i])
-    for request in ({"epilogues": {"out": residual}}, {"epilogues": {"out": td.compute("A", (100,), lambda i: OUT[i])}}):
+    named_a = td.compute("A", (100,), lambda i: OUT[i])
+    for request in ({"epilogues": {"out": residual}}, {"epilogues": {"out": named_a}}):
         with pytest.raises(td.FusionError, match="two parameters named 'A': a definition's placeholder is named"):
             td.fuse(reverse_plus_one, *args, **request)
-    with pytest.raises(TypeError, match="fuse: prologues must be a dict of parameter name -> compute definition, got list"):
+    with pytest.raises(TypeError, match="fuse: prologues must be a dict of parameter name -> compute definition, "
+                                        "got list"):
         td.fuse(reverse_plus_one, *args, prologues=[("A", A_from_C)])
     bigger = td.compute("A", (101,), lambda i: C[i % 100])
     with pytest.raises(td.FusionError, match="shape"):

@@ -193,7 +193,8 @@ def test_space_and_point_misuse_is_named():
 
 def test_tuning_a_space_with_no_valid_point_says_so(timed):
     space = Space("empty", {"t": (1, 2)}, lambda p: "never fits")
-    with pytest.warns(UserWarning, match=r"the space has no valid point \(its checks pruned all 2: \{'never fits': 2\}\)"):
+    with pytest.warns(UserWarning, match=r"the space has no valid point \(its checks pruned all 2: "
+                                         r"\{'never fits': 2\}\)"):
         chosen = tuner.tune(space, Fake, (), op="empty", shapes=((8,),), dtypes=("f32",),
                             default=Space("any", {"t": (1,)}).point(t=1), target="cpu", show=False)
     assert chosen.t == 1 and Fake.runs == []

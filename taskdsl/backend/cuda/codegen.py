@@ -131,8 +131,8 @@ def kernel_symbol(fn: ir.Function) -> str:
     """The C name of a kernel's `__global__` function (a Python name such as `double`, `main` or `sinf` gets a
     suffix, as does a name C++ reserves: `__x`, `_X`)."""
     name = identifier(fn.name)
-    reserved = name in _C_RESERVED or name in _C_LIBRARY or name.startswith("__") or name[:2].istitle() and \
-        name[0] == "_"
+    reserved = name in _C_RESERVED or name in _C_LIBRARY or name.startswith("__") or \
+        (name[0] == "_" and name[1:2].isupper())
     return f"{name}_kernel" if reserved or name[0].isdigit() else name
 
 

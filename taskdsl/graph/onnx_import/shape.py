@@ -159,9 +159,10 @@ def slice_node(node: Node) -> list:
     """Slice with constant starts / ends / axes / steps."""
     x = node.input(0)
     for k in range(1, min(node.num_inputs, 5)):
-        if node.proto.input[k] and np.asarray(node.const(k)).dtype.kind not in "iu":
+        dtype = np.asarray(node.const(k)).dtype if node.proto.input[k] else None
+        if dtype is not None and dtype.kind not in "iu":
             raise node.error(f"input {k} ({('starts', 'ends', 'axes', 'steps')[k - 1]}) must hold integers, got "
-                             f"{np.asarray(node.const(k)).dtype}", OnnxImportError)
+                             f"{dtype}", OnnxImportError)
     starts, ends = _ints(node.const(1)), _ints(node.const(2))
     return [ops.slice(x, starts, ends, _optional_ints(node, 3), _optional_ints(node, 4))]
 
