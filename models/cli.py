@@ -121,7 +121,9 @@ def print_result(title: str, result) -> None:
 
 
 def zoo_model(args) -> tuple:
-    """(title, graph, vocabulary size) of the zoo model the flags name (UsageError for bad names and sizes)."""
+    """(title, graph, vocabulary size) of the zoo model the flags name (UsageError for bad names and sizes,
+    MemoryError for sizes beyond the machine's memory)."""
+    from .inference import check_memory
     try:
         spec = get(args.name)
         config = spec.config(args.small, args.seq)
@@ -132,6 +134,7 @@ def zoo_model(args) -> tuple:
         raise UsageError(f"{args.name}: {e}") from None
     seq = f", sequence {config.seq}" if spec.takes_seq else ""
     title = f"{spec.name}{' (small)' if args.small else ''}: batch {args.batch}{seq}, {args.dtype}"
+    check_memory(graph)
     return title, graph, getattr(config, "vocab_size", 2)
 
 
@@ -207,8 +210,9 @@ def _number(text: str):
 
 def onnx_file(args) -> tuple:
     """(title, graph, ONNX model, the input values --constant fixes) of the ONNX file --onnx names (UsageError
-    when it cannot be read or imported)."""
+    when it cannot be read or imported, MemoryError when its sizes are beyond the machine's memory)."""
     from taskdsl.graph import from_onnx
+    from .inference import check_memory
     from taskdsl.graph.onnx_import import ConstantRequiredError
     from taskdsl.graph.onnx_import.model import load_model
     if args.dtype != "f32" or args.small:
@@ -223,6 +227,7 @@ def onnx_file(args) -> tuple:
         raise UsageError(f"{args.onnx}: {e}; on the command line: --constant {e.inputs[0]}=V,V,...") from None
     except ValueError as e:       # OnnxImportError, and shapes or constants that contradict the model
         raise UsageError(f"{args.onnx}: {e}") from None
+    check_memory(graph)
     return f"{args.onnx}: {graph!r}", graph, model, constants
 
 
@@ -275,7 +280,7 @@ def main(argv=None) -> int:
         print(f"python -m models: error: {e}", file=sys.stderr)
         return 2
     except MemoryError as e:
-        print(f"python -m models: error: not enough memory for this run ({e}); use a smaller --batch or --seq",
+        print(f"python -m models: error: not enough memory for this run: {e}; use a smaller --batch or --seq",
               file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -17,6 +17,8 @@ import onnx
 
 from taskdsl.bench.timing import settle
 from taskdsl.graph import CompiledGraph, Graph
+from taskdsl.graph.passes.plan_memory import plan_memory
+from taskdsl.graph.printer import format_bytes
 
 TOLERANCE = {"float16": 2e-2, "bfloat16": 5e-2}     # relative error allowed by dtype; 1e-3 otherwise
 
@@ -38,6 +40,30 @@ def sample_inputs(graph: Graph, vocab_size: int = 2, seed: int = 0) -> dict:
         else:
             feeds[t.name] = rng.integers(0, vocab_size, t.shape).astype(t.numpy_dtype)
     return feeds
+
+
+def available_memory() -> int | None:
+    """Bytes of host memory the kernel says a process can still take without swapping (Linux's MemAvailable);
+    None where it does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            kilobytes = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+    return kilobytes * 1024
+
+
+def check_memory(graph: Graph, available: int | None = None) -> None:
+    """MemoryError, before anything is allocated, when one run of `graph` needs more host memory than is
+    available: its inputs, and its peak activations twice (taskdsl's arena and the reference's). Without the
+    check a run far too large is killed by the system, with no message."""
+    available = available_memory() if available is None else available
+    inputs, activations = sum(t.nbytes for t in graph.inputs), plan_memory(graph).peak_bytes
+    needed = inputs + 2 * activations
+    if available is not None and needed > available:
+        raise MemoryError(f"it needs about {format_bytes(needed)} (inputs {format_bytes(inputs)}, activations "
+                          f"{format_bytes(activations)} for taskdsl and as much for the reference), and "
+                          f"{format_bytes(available)} are available")
 
 
 def onnxruntime_outputs(model: onnx.ModelProto, feeds: dict, failure: list | None = None) -> list | None:

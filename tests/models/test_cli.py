@@ -209,6 +209,28 @@ def test_a_size_no_symbolic_dim_takes_exits_2(tmp_path, capsys):
     assert "--batch sizes the symbolic dims at axis 0" in capsys.readouterr().err
 
 
+def test_a_batch_beyond_the_machines_memory_exits_2_before_anything_runs(tmp_path, capsys):
+    """A zoo model and an ONNX file whose --batch needs terabytes: refused up front (the system would kill the
+    run, with no message), with what it needs and what is available."""
+    _relu_model(tmp_path / "batch.onnx", ["n", 1 << 20])
+    for argv in (["resnet50", *SMALL_RUN], ["--onnx", str(tmp_path / "batch.onnx"), "--target", "cpu"]):
+        assert main(["run", *argv, "--batch", str(1 << 30)]) == 2
+        err = capsys.readouterr().err
+        assert "not enough memory for this run: it needs about" in err and "GiB are available" in err, err
+        assert "use a smaller --batch" in err
+
+
+def test_check_memory_counts_the_inputs_and_the_activations_twice():
+    from models.inference import check_memory
+    from taskdsl.graph import Graph, input, ops
+    x = input("x", (1000,))
+    graph = Graph([x], [ops.exp(ops.relu(x))])
+    needed = 4000 + 2 * (2 * 4032)     # x; relu's and exp's outputs live at once, 64-byte aligned, on each side
+    check_memory(graph, available=needed)
+    with pytest.raises(MemoryError, match=r"inputs 3.9 KiB, activations 7.9 KiB"):
+        check_memory(graph, available=needed - 1)
+
+
 def test_settings_taskdsl_cannot_use_exit_2_and_an_explicit_target_wins(tmp_path, monkeypatch, capsys):
     """TASKDSL_TARGET naming no target (or cuda without a GPU) and an unusable TASKDSL_CACHE_DIR are usage errors,
     not tracebacks; `--target cpu` runs whatever TASKDSL_TARGET says."""
