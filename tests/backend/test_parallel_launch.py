@@ -144,3 +144,22 @@ def test_a_numba_cache_entry_naming_another_signatures_code_is_compiled_again(tm
     result = compiled(second, floats)
     assert tuple(result.signature.args) == floats and result.entry_point(1.25) == 2.5
     assert list((tmp_path / "__pycache__").glob("*.lock"))      # the lock file beside the index
+
+
+def test_a_helper_numba_compiles_for_a_caller_takes_the_lock_and_the_repair(tmp_path):
+    """The helpers `td.fast_compile` kernels call (`support_calls`) are compiled by numba when it types the kernel,
+    not through `compiled`: `lock_compiles` routes those compiles through the lock and the repair too."""
+    from taskdsl.backend.cpu.parallel import lock_compiles
+    (tmp_path / "cached_twice.py").write_text(_CACHED)
+    first = _fresh_dispatcher(tmp_path, "cached_twice_c")
+    lock_compiles(first)
+    assert first(3) == 6 and first(1.5) == 3.0
+    index_file = first._cache._cache_file
+    index = index_file._load_index()
+    key_of = {k[0]: k for k in index}
+    index[key_of[(types.float64,)]] = index[key_of[(types.int64,)]]
+    index_file._save_index(index)
+    second = _fresh_dispatcher(tmp_path, "cached_twice_d")
+    lock_compiles(second)
+    assert njit(lambda x: second(x))(1.25) == 2.5            # numba compiles `second` as it types the caller
+    assert list((tmp_path / "__pycache__").glob("*.lock"))

@@ -26,7 +26,7 @@ import os
 import numpy as np
 from llvmlite import ir as llvm
 from numba import njit, prange, typeof, types
-from numba.core import cgutils
+from numba.core import cgutils, sigutils
 from numba.extending import intrinsic
 
 try:
@@ -147,13 +147,28 @@ def compiled(dispatcher, signature: tuple):
     sends one signature to another's code, which a call runs on arguments it was not compiled for. Under the
     lock a process reads and writes the index alone; an entry already damaged that way (its code is for another
     signature) is dropped from the index and compiled again."""
+    return _compiled(dispatcher, dispatcher.compile, tuple(signature))
+
+
+def lock_compiles(dispatcher) -> None:
+    """Make numba's own compiles of `dispatcher` (a helper it compiles when it types a caller) take the lock and
+    the repair of `compiled`."""
+    unlocked = dispatcher.compile
+
+    def compile(signature):
+        args, _ = sigutils.normalize_signature(signature)
+        return _compiled(dispatcher, unlocked, tuple(args)).entry_point
+    dispatcher.compile = compile
+
+
+def _compiled(dispatcher, compile, signature: tuple):
     if signature in dispatcher.overloads:
         return dispatcher.overloads[signature]
     with _cache_lock(dispatcher):
-        dispatcher.compile(signature)
+        compile(signature)
         if signature not in dispatcher.overloads:
             dispatcher._cache.flush()
-            dispatcher.compile(signature)
+            compile(signature)
     return dispatcher.overloads[signature]
 
 

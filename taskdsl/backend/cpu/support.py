@@ -13,9 +13,11 @@ from numba import njit, types
 from numba.core.compiler import CompilerBase, DefaultPassBuilder
 from numba.core.typed_passes import NopythonRewrites, PreLowerStripPhis
 from numba.core.untyped_passes import DeadBranchPrune, GenericRewrites, InlineClosureLikes, ReconstructSSA
+from numba.core.registry import CPUDispatcher
 from numba.extending import intrinsic
 
 from ...ir.types import narrow_float_bits
+from .parallel import lock_compiles
 
 WARP = 32
 
@@ -420,3 +422,9 @@ def f32_to_f16(x):
 def f32_to_bf16(x):
     """The bf16 bits nearest to x, an f32 or f64 (ties to even)."""
     return np.uint16(_round_to_bits(x, 7, 127, 255))
+
+
+# numba compiles a called (not inlined) helper for each kernel's argument types into the disk cache that the processes
+# of a parallel build share: under the cache's lock (see `parallel.compiled`)
+for _helper in [value for value in globals().values() if isinstance(value, CPUDispatcher)]:
+    lock_compiles(_helper)

@@ -9,8 +9,17 @@ compiled once and called.
 from numba.core.registry import CPUDispatcher
 
 from . import support
+from .parallel import lock_compiles
 from .support import njit
 
+
+def _called(helper):
+    """`helper` compiled on its own and called, under its cache's lock as `support`'s own called helpers are."""
+    dispatcher = njit(cache=True)(helper.py_func)
+    lock_compiles(dispatcher)
+    return dispatcher
+
+
 globals().update({name: value for name, value in vars(support).items() if not name.startswith("__")})
-globals().update({name: njit(cache=True)(helper.py_func) for name, helper in vars(support).items()
+globals().update({name: _called(helper) for name, helper in vars(support).items()
                   if isinstance(helper, CPUDispatcher) and helper.targetoptions.get("inline") == "always"})
