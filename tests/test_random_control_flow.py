@@ -5,7 +5,8 @@ variables `u0`, `u1` (i64), a register array `r` (indexed by constants and by ru
 float accumulator `f` that starts as an int and is widened by the first float added to it:
 assignments, augmented assignments, stores of intermediate values, `if`/`elif`/`else`
 (block-uniform, warp-uniform and per-thread conditions), `for` loops over `range` and `td.unroll`
-(negative steps, bounds computed at run time) and over compile-time tuples (unrolled by the translator; a
+(negative steps, bounds computed at run time, bounds that differ between warps around shuffles) and over
+compile-time tuples (unrolled by the translator; a
 `return` may leave them), `while` loops, `break`, `continue` (a warp may leave
 a `for` loop around shuffles), early `return`, calls of device functions with early returns and
 loops (also in conditions), warp shuffles, exchanges through shared memory between barriers, and
@@ -253,7 +254,7 @@ class ProgramWriter:
             self.block(replace(scope, depth=scope.depth + 1, unrolled=True, returns=returns,
                                uniform_names=scope.uniform_names + (var,)))
             return
-        names, level = self._names(scope)
+        names, level = self._names(scope, warp_bounds=True)
         step = self.draw(st.sampled_from([1, 1, 2, -1, -2]))
         if self.draw(st.booleans()):      # constant bounds: the unroll pass may unroll it
             start, stop = self.draw(st.integers(-2, 3)), self.draw(st.integers(-2, 5))
@@ -292,10 +293,15 @@ class ProgramWriter:
         return replace(scope, level=max(level, jumps), loop=jumps, crossed=UNIFORM, depth=scope.depth + 1,
                        for_loop=var is not None, unrolled=False, **names)
 
-    def _names(self, scope: Scope) -> tuple:
-        """The names a loop bound may read, and their level."""
-        if self.level(scope) <= WARP and self.draw(st.booleans()):
-            return scope.uniform_names, UNIFORM
+    def _names(self, scope: Scope, warp_bounds: bool = False) -> tuple:
+        """The names a loop bound may read, and their level (`warp_bounds`: a `for` loop's bounds may differ
+        between warps, the warp index `t // 32` one of the names)."""
+        if self.level(scope) <= WARP:
+            choice = self.draw(st.integers(0, 2 if warp_bounds else 1))
+            if choice == 0:
+                return scope.uniform_names, UNIFORM
+            if choice == 2:
+                return scope.uniform_names + ("(t // 32)",), WARP
         return scope.uniform_names + scope.thread_names, THREAD
 
     def scoped_condition(self, scope: Scope) -> tuple:

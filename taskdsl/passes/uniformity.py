@@ -17,6 +17,7 @@ from .. import ir
 
 UNIFORM, WARP, THREAD = 0, 1, 2
 WARP_FUNCS = ("shfl_xor", "shfl_down", "shfl_up", "shfl_idx")
+BLOCK_MAX = "block_max"     # the cpu fission's maximum over the block's threads (of per-warp trip counts): uniform
 _MIRRORED = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}    # c op t is t mirrored-op c
 
 
@@ -87,6 +88,8 @@ class Uniformity:
             return THREAD
         if isinstance(e, ir.Call) and e.func in WARP_FUNCS:
             return THREAD
+        if isinstance(e, ir.Call) and e.func == BLOCK_MAX:
+            return UNIFORM
         children = [getattr(e, f) for f in ("a", "b", "cond", "value") if hasattr(e, f)]
         children += list(getattr(e, "args", ()))
         return max((self.level(c, var_level) for c in children), default=UNIFORM)

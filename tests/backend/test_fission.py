@@ -1,6 +1,8 @@
 """Barrier fission: how a block body is split, and which values become per-thread arrays."""
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import taskdsl as td
 from taskdsl import f32, threadIdx
@@ -435,26 +437,11 @@ def per_warp_trips(X: td.i64[96], O: td.i64[96]):
     O[threadIdx.x] = v
 
 
-@td.kernel(grid=1, block=96)
-def per_warp_trips_as_the_cpu_runs_them(X: td.i64[96], O: td.i64[96]):
-    warp = threadIdx.x // 32
-    v = X[threadIdx.x]
-    for s in range(3):
-        if s < warp + 1:                # the rewrite the message asks for
-            v += td.shfl_xor(v, 1 << s)
-    O[threadIdx.x] = v
-
-
 def test_a_loop_around_a_shuffle_with_a_trip_count_per_warp():
-    """The cpu target runs a loop around a shuffle for the whole block: a per-warp trip count is refused there
-    (it compiles for CUDA), with a message that says so and the rewrite; it spoke of barriers, of which there are
-    none. The rewrite computes what a GPU would."""
+    """Legal CUDA that the cpu target refused: it now runs the loop for the block's largest trip count, each
+    warp skipping the trips past its own under a predicate, and computes what a GPU would."""
     x, out = np.arange(96, dtype=np.int64), np.zeros(96, np.int64)
-    with pytest.raises(td.DSLError, match="differs between the warps of the block: on the cpu target") as info:
-        per_warp_trips(x, out)
-    assert "if i < count" in info.value.hint
-    assert "__shfl_xor_sync" in per_warp_trips.source(x, out, target="cuda")
-    per_warp_trips_as_the_cpu_runs_them(x, out)
+    per_warp_trips(x, out)
     want = x.copy()
     for warp in range(3):
         v = x[warp * 32:(warp + 1) * 32].copy()
@@ -462,3 +449,100 @@ def test_a_loop_around_a_shuffle_with_a_trip_count_per_warp():
             v = v + v[np.arange(32) ^ (1 << s)]
         want[warp * 32:(warp + 1) * 32] = v
     np.testing.assert_array_equal(out, want)
+    assert "__shfl_xor_sync" in per_warp_trips.source(x, out, target="cuda")
+    kinds = [type(it).__name__ for it in _program(per_warp_trips, x, out).items]
+    assert kinds == ["Region", "BlockMax", "BlockFor", "Region"], kinds
+
+
+@td.func
+def warp_row_sum(X, row, lane):
+    v = 0.0
+    for c in range(lane, X.shape[1], 32):
+        v += X[row, c]
+    for k in range(5):
+        v += td.shfl_xor(v, 16 >> k)
+    return v
+
+
+@td.kernel(grid=1, block=128)
+def row_sums_by_warp(X: f32["R", "C"], S: f32["R"], last: td.i32, down: td.i32):
+    """A row per warp, the warps taking turns (the usual softmax / layernorm schedule), in either direction; a
+    warp stops past row `last` (a break under a warp-uniform condition) and skips the rows 3 modulo 5."""
+    warp, lane = threadIdx.x // 32, threadIdx.x % 32
+    if down == 0:
+        for row in range(warp, R, 4):
+            if row > last:
+                break
+            if row % 5 != 3:
+                v = warp_row_sum(X, row, lane)
+                if lane == 0:
+                    S[row] = v
+    else:
+        for row in range(R - 1 - warp, -1, -4):
+            if row < last:
+                break
+            if row % 5 == 3:
+                continue
+            v = warp_row_sum(X, row, lane)
+            if lane == 0:
+                S[row] = v
+
+
+@settings(max_examples=12, deadline=None)
+@given(rows=st.sampled_from([0, 1, 3, 4, 7, 13, 31]), cols=st.sampled_from([1, 5, 32, 37]),
+       last=st.integers(-1, 32), down=st.booleans())
+def test_warps_taking_turns_over_rows_compute_numpy_row_sums(rows, cols, last, down):
+    x = np.random.default_rng(rows * 100 + cols).standard_normal((rows, cols)).astype(np.float32)
+    got = np.full(rows, np.nan, np.float32)
+    row_sums_by_warp(x, got, last, int(down))
+    want = x.sum(axis=1)
+    for r in range(rows):
+        warp = r % 4 if not down else (rows - 1 - r) % 4
+        order = range(warp, rows, 4) if not down else range(rows - 1 - warp, -1, -4)
+        stopped = next((q for q in order if (q > last if not down else q < last)), None)
+        passed = stopped is None or (r < stopped if not down else r > stopped)
+        if r % 5 == 3 or not passed:
+            want[r] = np.nan
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@td.kernel(grid=1, block=96)
+def per_warp_trips_in_a_warp_branch(X: td.i64[96], O: td.i64[96], first: td.i32):
+    warp = threadIdx.x // 32
+    v = X[threadIdx.x]
+    if warp >= first:
+        for s in range(warp + 1):
+            v += td.shfl_xor(v, 1 << s)
+    O[threadIdx.x] = v
+
+
+@pytest.mark.parametrize("first", [0, 1, 2, 3])
+def test_a_per_warp_trip_count_inside_a_warp_uniform_branch(first):
+    """The warps outside the branch publish no trip count: the block's largest is of those inside it."""
+    x, out = np.arange(96, dtype=np.int64) * 3 - 50, np.zeros(96, np.int64)
+    per_warp_trips_in_a_warp_branch(x, out, first)
+    want = x.copy()
+    for warp in range(first, 3):
+        v = x[warp * 32:(warp + 1) * 32].copy()
+        for s in range(warp + 1):
+            v = v + v[np.arange(32) ^ (1 << s)]
+        want[warp * 32:(warp + 1) * 32] = v
+    np.testing.assert_array_equal(out, want)
+
+
+@td.kernel(grid=1, block=64)
+def per_warp_trips_around_a_barrier(X: f32[64], O: f32[64]):
+    s = td.shared(f32, (64,))
+    v = X[threadIdx.x]
+    for k in range(threadIdx.x // 32 + 1):
+        s[threadIdx.x] = v
+        td.syncthreads()
+        v += s[(threadIdx.x + 1) % 64]
+        td.syncthreads()
+    O[threadIdx.x] = v
+
+
+def test_a_per_warp_trip_count_around_a_barrier_is_refused_as_on_a_gpu():
+    x = np.zeros(64, np.float32)
+    with pytest.raises(td.DSLError, match="inside a branch or loop that depends on threadIdx"):
+        per_warp_trips_around_a_barrier(x, x)

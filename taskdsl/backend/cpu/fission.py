@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from ... import ir
 from ...ir import types as T
 from ...errors import DSLError
-from ...passes.uniformity import UNIFORM, WARP, WARP_FUNCS, Uniformity
+from ...passes.uniformity import BLOCK_MAX, UNIFORM, WARP, WARP_FUNCS, Uniformity
 
 
 
@@ -104,6 +104,14 @@ class ShflGet(ir.Stmt):
     loc: object = None
 
 
+@dataclass(eq=False)
+class BlockMax:
+    """A block variable set to the maximum of shuffle `site`'s values, which every thread has just published."""
+
+    site: int
+    var: ir.Var
+
+
 @dataclass
 class BlockProgram:
     """The fissioned body plus what the code generator must allocate."""
@@ -123,6 +131,10 @@ def _flatten(s) -> list:
 
 def _is_shuffle_assign(s) -> bool:
     return isinstance(s, ir.Assign) and isinstance(s.value, ir.Call) and s.value.func in WARP_FUNCS
+
+
+def _is_block_max(s) -> bool:
+    return isinstance(s, ir.Assign) and isinstance(s.value, ir.Call) and s.value.func == BLOCK_MAX
 
 
 def _vars_read(e) -> set:
@@ -195,6 +207,9 @@ class _Fission:
         self.site_numbers = itertools.count()   # per kernel, so the generated source is deterministic
         self.block_loops: list = []             # the block-level loops around the statement being split
 
+    def has_barrier(self, s) -> bool:
+        return any(isinstance(x, ir.SyncThreads) for x in _walk_stmts(s))
+
     def has_split(self, s) -> bool:
         return any(isinstance(x, (ir.SyncThreads, ir.SyncWarp)) or _is_shuffle_assign(x) for x in _walk_stmts(s))
 
@@ -213,7 +228,8 @@ class _Fission:
             self._scan(body, False)
             assigns = [a for a in ir.collect(body, ir.Assign, expressions=False) if a.var.uid in self.block_vars]
             for a in assigns:
-                self.block_vars |= _vars_read(a.value)
+                if not _is_block_max(a):      # its argument is each thread's own
+                    self.block_vars |= _vars_read(a.value)
             changed = before != self.block_vars
 
     def _scan(self, s, in_block_loop, branches: tuple = ()) -> None:
@@ -221,6 +237,10 @@ class _Fission:
             if not self.is_block_level(x, in_block_loop):
                 continue
             if isinstance(x, ir.For):
+                bounds = (x.start, x.stop)
+                if not all(self.agreed(b, branches) for b in bounds) and not self.has_barrier(x) and \
+                        max(self.uniformity.level(b) for b in bounds) == WARP:
+                    raise _WarpTrips(x)
                 self.block_vars |= _vars_read(x.start) | _vars_read(x.stop) | {x.var.uid}
                 self._scan(x.body, True, branches)
             elif isinstance(x, ir.While):
@@ -266,6 +286,12 @@ class _Fission:
                 current.append(ShflPut(site, value, x.loc))
                 flush()
                 current.append(ShflGet(site, x.var, x.value.func, lane, width.value, x.loc))
+            elif _is_block_max(x):
+                site = next(self.site_numbers)
+                self.sites[site] = x.var.dtype
+                current.append(ShflPut(site, x.value.args[0], x.loc))
+                flush()
+                items.append(BlockMax(site, x.var))
             elif isinstance(x, ir.Assign):
                 self.require_uniform(x.value, x, "a variable that controls a barrier or shuffle", branches)
                 flush()
@@ -335,14 +361,17 @@ class _Fission:
     def require_uniform(self, e, s, what: str, branches: tuple) -> None:
         if self.agreed(e, branches):
             return
-        if self.uniformity.level(e) == WARP:     # legal on a GPU: only the cpu target's schedule cannot run it
-            raise DSLError(f"{what} differs between the warps of the block: on the cpu target such a loop or branch "
-                           "runs for the whole block at once (a GPU runs it per warp)", s.loc,
-                           "Give the loop the same trip count in every thread and put the per-warp part of its body "
-                           "under a warp-uniform `if` (`for i in range(MAX): if i < count: ...`), which may hold "
-                           "shuffles.")
+        if self.uniformity.level(e) == WARP and not self.has_barrier(s):   # legal CUDA the cpu target cannot run
+            raise _per_warp_refusal(what, s.loc)
         raise DSLError(f"{what} must be the same in every thread of the block (it depends on threadIdx or on "
                        "per-thread data)", s.loc, "A barrier must be reached by every thread of the block.")
+
+
+def _per_warp_refusal(what: str, loc) -> DSLError:
+    return DSLError(f"{what} differs between the warps of the block: on the cpu target such a loop or branch runs for "
+                    "the whole block at once (a GPU runs it per warp)", loc,
+                    "Give the loop the same trip count in every thread and put the per-warp part of its body under a "
+                    "warp-uniform `if` (`for i in range(MAX): if i < count: ...`), which may hold shuffles.")
 
 
 class _Privatize(Exception):
@@ -438,6 +467,38 @@ def _jumps_as_flags(body: ir.Stmt, loop):
     guarded = ir.If(ir.Unary("not", left, T.boolean), ir.seq(lowered(_flatten(loop.body))), None, loop.loc)
     rewritten = dataclasses.replace(loop, body=ir.seq([ir.Assign(skip, false, loop.loc), guarded]))
     return _with_replaced(body, loop, ir.seq([ir.Assign(left, false, loop.loc), rewritten]))
+
+
+class _WarpTrips(Exception):
+    """`_scan` met a `loop` around shuffles whose trip count differs between warps (and is the same within one)."""
+
+    def __init__(self, loop: ir.For):
+        super().__init__(loop)
+        self.loop = loop
+
+
+def _uniform_trips(body: ir.Stmt, loop: ir.For) -> tuple:
+    """(`body` with `loop`, whose trip count is per warp, run for the block's largest trip count, each warp's
+    trips past its own skipped under a warp-uniform `if` (which fission makes a predicate on the regions):
+
+        start, trips = <start>, <the warp's trip count>
+        for t in range(block_max(trips)):
+            if t < trips:
+                i = start + t * step
+                <body>
+
+    and the new loop)."""
+    var, step, loc = loop.var, loop.step.value, loop.loc
+    start, trips, t = (ir.Var(f"{var.name}_{what}", var.dtype) for what in ("start", "trips", "t"))
+    distance = loop.stop - start if step > 0 else start - loop.stop
+    span = distance if abs(step) == 1 else (distance + (abs(step) - 1)) // abs(step)
+    count = ir.Call("max", (span, ir.const(0, span.dtype)), span.dtype)
+    most = ir.Var(f"{var.name}_most", var.dtype)
+    trip = ir.If(t < trips, ir.seq([ir.Assign(var, start + t * step, loc), loop.body]), None, loc)
+    uniform = ir.For(t, ir.const(0, var.dtype), most, ir.const(1, var.dtype), trip, False, loc)
+    return _with_replaced(body, loop, ir.seq([
+        ir.Assign(start, loop.start, loc), ir.Assign(trips, ir.convert(count, var.dtype), loc),
+        ir.Assign(most, ir.Call(BLOCK_MAX, (trips,), var.dtype), loc), uniform])), uniform
 
 
 def _with_replaced(body: ir.Stmt, old: ir.Stmt, new: ir.Stmt) -> ir.Stmt:
@@ -536,13 +597,19 @@ def fission(fn: ir.Function) -> BlockProgram:
     """Split the body of a lowered kernel into regions and block-level steps."""
     hoisted = _Hoister().block(fn.body)
     privatized: set = set()       # uids of the variables given copies in some warp-uniform branch
+    made_loops: set = set()       # uids of the variables of the loops `_uniform_trips` made
     while True:
         fn = ir.Function(fn.name, fn.params, fn.sizes, hoisted, fn.block, fn.source_file)
         f = _Fission(fn)
-        f.collect_block_vars(fn.body)
         try:
+            f.collect_block_vars(fn.body)
             items = f.split(fn.body, False)
             break
+        except _WarpTrips as w:     # each round runs one loop with a per-warp trip count for the whole block
+            if w.loop.var.uid in made_loops:     # its bounds still differ between warps: no progress
+                raise _per_warp_refusal("the bounds of a loop containing a shuffle", w.loop.loc) from None
+            hoisted, made = _uniform_trips(hoisted, w.loop)
+            made_loops.add(made.var.uid)
         except _WarpJump as j:      # each round makes one loop's jumps flags
             hoisted = _jumps_as_flags(hoisted, j.loop)
             if hoisted is None:
