@@ -716,3 +716,19 @@ def test_abs_and_cast_in_definitions():
         td.cast(3.5, "i32")
     with pytest.raises(TypeError, match="td.cast: unknown type name 'f31'"):
         td.cast(A[0, 0], "f31")
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_a_select_converts_operands_of_another_type_as_cast_does(target, request):
+    """`ir.Select(c, x * 300.0, -5.0, td.u8)`: f32 operands into u8 saturate, as `td.cast` does; the cpu kernel
+    saturated, the CUDA source converted as C does (undefined on a GPU) and the reference wrapped."""
+    if target == "cuda":
+        request.getfixturevalue("simulated_gpu")
+    X = td.placeholder("X", td.f32, (3,))
+    Y = td.compute("Y", (3,), lambda i: ir.Select(X[i] > 0.0, X[i] * 300.0, -5.0, td.u8))
+    op = td.op([X], [Y])
+    x = np.array([1.1, -2.3, 0.7], np.float32)
+    want = np.clip(np.where(x > 0, x * np.float32(300.0), -5.0), 0, 255).astype(np.uint8)
+    np.testing.assert_array_equal(op.reference(x)[0], want)
+    got = op(td.to_device(x) if target == "cuda" else x)[0]
+    np.testing.assert_array_equal(got.numpy() if target == "cuda" else got, want)

@@ -164,11 +164,15 @@ class Select(Expr):
     dtype: DataType
     eager: bool = False
 
-    def __post_init__(self):    # a Python number (a compute definition's `Select(c, x, 0, td.i32)`): a constant
-        for name, like in (("cond", None), ("a", self.dtype), ("b", self.dtype)):
+    def __post_init__(self):
+        """Python numbers become constants (a compute definition's `Select(c, x, 0, td.i32)`), and operands of
+        another type are converted to `dtype` as `td.cast` converts them (float to int saturates): the backends
+        and the reference evaluator would each convert them their own way."""
+        if not isinstance(self.cond, Expr):
+            object.__setattr__(self, "cond", as_expr(self.cond))
+        for name in ("a", "b"):
             value = getattr(self, name)
-            if not isinstance(value, Expr):
-                object.__setattr__(self, name, as_expr(value, like))
+            object.__setattr__(self, name, convert(as_expr(value, self.dtype), self.dtype))
 
 
 @dataclass(frozen=True, eq=False)
