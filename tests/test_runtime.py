@@ -66,6 +66,22 @@ def test_non_contiguous_arrays_are_written_in_place():
     np.testing.assert_array_equal(out, a + 1)
 
 
+@td.kernel(block=1)
+def running_sum(x: f32["N"], y: f32["N"]):
+    for i in range(1, N):
+        y[i] = y[i - 1] + x[i - 1]
+
+
+def test_one_strided_view_passed_for_two_parameters_is_one_array_in_the_kernel():
+    """The cpu target copies a non-contiguous operand; it copied the view once per parameter, so the kernel read
+    stale values from one copy and the copy-backs undid each other's writes."""
+    contiguous, strided = np.ones(6, np.float32), np.ones(12, np.float32)[::2]
+    running_sum(contiguous, contiguous)
+    running_sum(strided, strided)
+    np.testing.assert_array_equal(contiguous, 2.0 ** np.arange(6))
+    np.testing.assert_array_equal(strided, contiguous)
+
+
 @settings(max_examples=8, deadline=None)
 @given(m=st.integers(0, 5), n=st.integers(0, 37))
 def test_empty_and_odd_shapes(m, n):

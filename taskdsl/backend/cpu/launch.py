@@ -82,20 +82,23 @@ def call_args(src: CpuSource, values: list) -> tuple[list, list]:
     """(the arguments for the generated function, (array, copy) pairs to copy back after the call).
 
     In flat mode each array goes in as a 1-D view; a non-contiguous one is copied into a
-    contiguous buffer and copied back afterwards, so callers still see in-place writes.
+    contiguous buffer and copied back afterwards, so callers still see in-place writes. One view
+    passed for several parameters is copied once, so the kernel sees one array, as it would the view.
     """
-    args, copy_back = [], []
+    args, copy_back, copies = [], [], {}
     for v in values:
         v = _half_bits(v)
         if src.flat and isinstance(v, np.ndarray):
             if v.flags.c_contiguous:
                 args.append(v.reshape(-1))
-            else:
-                tmp = np.ascontiguousarray(v)
+                continue
+            view = (v.__array_interface__["data"][0], v.shape, v.strides, v.dtype)
+            if view not in copies:
+                copies[view] = np.ascontiguousarray(v)
                 note_host_work("a non-contiguous operand was copied for a kernel")
                 if v.flags.writeable:   # a read-only input cannot have been written
-                    copy_back.append((v, tmp))
-                args.append(tmp.reshape(-1))
+                    copy_back.append((v, copies[view]))
+            args.append(copies[view].reshape(-1))
         else:
             args.append(v)
     return args, copy_back
