@@ -277,3 +277,28 @@ def test_and_or_of_a_non_number_is_a_clear_error():
 ])
 def test_the_kernels_compile_to_cuda(fn, shapes):
     assert one_thread_kernel(fn).compile(*(np.zeros(n, t) for n, t in shapes), target="cuda").binary
+
+
+def test_a_module_reloaded_after_an_edit_of_a_local_annotation_runs_the_edit(tmp_path, monkeypatch):
+    """Local annotations are not in the bytecode: the edited def's code object equals the old one, and the parsed
+    source cached by code object was the old text's (`v: i32` ran after the edit to `v: f32`)."""
+    import importlib
+    import os
+    import sys
+    source = ("import taskdsl as td\nfrom taskdsl import f32, i32\n\n\n@td.kernel(block=1)\n"
+              "def k(x: f32[1]):\n    v: i32 = 2.75\n    x[0] = v\n")
+    path = tmp_path / "edited_annotation.py"
+    path.write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("edited_annotation")
+    try:
+        x = np.zeros(1, np.float32)
+        module.k(x)
+        assert x[0] == 2.0
+        path.write_text(source.replace("v: i32", "v: f32"))
+        os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))   # a later edit, surely
+        module = importlib.reload(module)
+        module.k(x)
+        assert x[0] == 2.75
+    finally:
+        sys.modules.pop("edited_annotation", None)

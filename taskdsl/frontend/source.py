@@ -4,6 +4,7 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
+import linecache
 from dataclasses import dataclass
 
 from ..errors import DSLError, SourceLoc
@@ -42,7 +43,7 @@ def closure_values(fn) -> dict:
 def parse_function(fn) -> ParsedSource:
     """Parse the source of `fn`; a clear error where Python cannot find it (e.g. `exec` strings)."""
     try:
-        return _parse_code(fn.__code__, fn.__code__.co_filename)
+        return _parse_code(fn.__code__, fn.__code__.co_filename, _text_version(fn.__code__.co_filename))
     except (OSError, TypeError) as exc:
         code = fn.__code__
         raise DSLError(f"cannot read the source of '{fn.__qualname__}' ({exc}); kernels must be defined in a "
@@ -51,11 +52,21 @@ def parse_function(fn) -> ParsedSource:
                        SourceLoc(code.co_filename, code.co_firstlineno)) from None
 
 
+def _text_version(file: str) -> tuple:
+    """What tells one text of `file` from another in linecache, which `inspect` reads: its size and modification
+    time, or for text a REPL registered, the text itself."""
+    linecache.checkcache(file)
+    lines = linecache.getlines(file)
+    entry = linecache.cache.get(file, ())
+    return tuple(entry[:2]) if len(entry) == 4 and entry[1] is not None else (hash("".join(lines)),)
+
+
 @functools.lru_cache(maxsize=1024)
-def _parse_code(code, code_file: str) -> ParsedSource:
+def _parse_code(code, code_file: str, version: tuple) -> ParsedSource:
     """The parsed source of a code object: once, for the many functions a template factory makes of one def
     (a schedule space's kernels). Code objects compare by content, not by file: `code_file` (the code's
-    co_filename) keeps two equal defs of two files apart."""
+    co_filename) keeps two equal defs of two files apart, and `version` (`_text_version`) two texts of one file
+    whose code is equal (an edit of a local's annotation, reloaded)."""
     lines, first_line = inspect.getsourcelines(code)
     file = inspect.getsourcefile(code) or inspect.getfile(code)
     # the def's own indent off every line that has it (textwrap.dedent did nothing where a docstring's line
