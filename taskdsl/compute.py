@@ -221,24 +221,58 @@ def topological(outputs: list) -> list:
 
 
 # ---------------------------------------------------------------- the numpy reference
-_NP_BINARY = {"+": np.add, "-": np.subtract, "*": np.multiply, "/": np.true_divide, "//": np.floor_divide,
+def _floor_divide(a, b):
+    """numpy's `//`, with `MIN // -1` of a signed integer type 0 as on the cpu target (numpy wraps it to MIN)."""
+    quotient = np.floor_divide(a, b)
+    if quotient.dtype.kind == "i":
+        quotient = np.where((np.asarray(b) == -1) & (np.asarray(a) == np.iinfo(quotient.dtype).min), 0, quotient)
+    return quotient
+
+
+def _picked(larger: bool):
+    """`td.max` (`td.min`) on arrays as kernels compute it: a NaN if either operand is one, else the larger
+    (smaller), the first of equal ones (`max(-0.0, 0.0)` is -0.0, where numpy's maximum gives 0.0)."""
+    def pick(a, b):
+        a, b = np.asarray(a), np.asarray(b)
+        better = b > a if larger else b < a
+        return np.where(a != a, a, np.where((b != b) | better, b, a))
+    return pick
+
+
+_NP_BINARY = {"+": np.add, "-": np.subtract, "*": np.multiply, "/": np.true_divide, "//": _floor_divide,
               "%": np.mod, "<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal,
               "==": np.equal, "!=": np.not_equal, "and": np.logical_and, "or": np.logical_or,
               "&": np.bitwise_and, "|": np.bitwise_or, "^": np.bitwise_xor, "<<": np.left_shift,
               ">>": np.right_shift}
 _NP_MATH = {"exp": np.exp, "exp2": np.exp2, "log": np.log, "log2": np.log2, "sqrt": np.sqrt,
             "rsqrt": lambda x: 1.0 / np.sqrt(x), "sin": np.sin, "cos": np.cos, "tanh": np.tanh,
-            "abs": np.abs, "floor": np.floor, "ceil": np.ceil, "max": np.maximum, "min": np.minimum,
+            "abs": np.abs, "floor": np.floor, "ceil": np.ceil, "max": _picked(True), "min": _picked(False),
             "pow": np.power, "fma": lambda a, b, c: a * b + c, "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x))}
 _NP_REDUCE = {"sum": np.sum, "max": np.max, "min": np.min, "prod": np.prod, "mean": np.mean}
 
 
 def _rounded(value: np.ndarray, dtype: T.DataType) -> np.ndarray:
     """`value` as the reference computes values of `dtype`: rounded to `dtype` first where that is a 16-bit float
-    (held in f32 afterwards, as kernels compute with them)."""
+    (held in f32 afterwards, as kernels compute with them), once (ml_dtypes rounds f64 and integers to bf16 through
+    f32, twice)."""
+    value = np.asarray(value)
+    wider_than_f32 = value.dtype.itemsize > (4 if value.dtype.kind == "f" else 2)     # (i16's values f32 holds)
+    if dtype == T.bf16 and value.dtype.kind in "iuf" and wider_than_f32:
+        value = _rounded_to_odd_f32(value.astype(np.float64))
     if dtype.is_float and dtype.bits == 16:
-        value = np.asarray(value).astype(numpy_dtype(dtype))
-    return np.asarray(value).astype(_compute_dtype(dtype))
+        value = value.astype(numpy_dtype(dtype))
+    return value.astype(_compute_dtype(dtype))
+
+
+def _rounded_to_odd_f32(x: np.ndarray) -> np.ndarray:
+    """f64 values as f32 rounded to odd (toward zero, the last bit set where inexact): rounding those to a float
+    of 8 or more bits fewer rounds as from the f64 values themselves."""
+    with np.errstate(over="ignore"):
+        nearest = x.astype(np.float32)
+    wide = nearest.astype(np.float64)
+    inexact = np.isfinite(nearest) & (wide != x)
+    bits = nearest.view(np.uint32) - (inexact & (np.abs(wide) > np.abs(x))).astype(np.uint32)    # toward zero
+    return (bits | inexact.astype(np.uint32)).view(np.float32)
 
 
 def _saturated(value: np.ndarray, dtype: T.DataType) -> np.ndarray:
@@ -261,6 +295,21 @@ def accumulator_dtype(t: Tensor) -> T.DataType:
     if t.op == "mean":      # of integers: summed exactly in i64 (an f32 sum lost 2**29 + 2's last bits), divided in
         return T.f64 if values.bits == 64 else T.i64      # f64; of 64-bit ones in f64, as onnxruntime: i64 would wrap
     return T.promote(T.promote(values, result), T.i32)
+
+
+_IDENTITY = {"sum": 0, "mean": 0, "prod": 1, "max": -math.inf, "min": math.inf}
+
+
+def reduction_identity(op: str, dtype: T.DataType, values: T.DataType) -> ir.Const:
+    """What a reduction `op` accumulated in `dtype` starts from (and gives over no elements); over `values` of bools,
+    max starts False (any) and min True (all), not at the accumulator's extremes (INT_MIN stored to a bool is
+    True)."""
+    value = _IDENTITY[op]
+    if (dtype.is_bool or values.is_bool) and math.isinf(value):
+        return ir.const(value > 0 if dtype.is_bool else int(value > 0), dtype)
+    if not dtype.is_float and math.isinf(value):
+        value = dtype.limits[0] if value < 0 else dtype.limits[1]
+    return ir.const(value, dtype)
 
 
 def _stored(value, shape: tuple, dtype: T.DataType) -> np.ndarray:
@@ -389,13 +438,7 @@ class _Evaluator:
             value = value.astype(np.float64 if t.op == "mean" else _compute_dtype(accumulator_dtype(t)))
             axes = tuple(range(len(t.axes), len(all_axes)))
             if 0 in full and t.op in ("max", "min"):   # the identity: what kernels start from
-                if t.dtype.is_float:
-                    low, high = -np.inf, np.inf
-                elif t.dtype.is_bool:
-                    low, high = False, True
-                else:
-                    low, high = np.iinfo(t.dtype.numpy).min, np.iinfo(t.dtype.numpy).max
-                value = np.full(shape, low if t.op == "max" else high)
+                value = np.full(shape, reduction_identity(t.op, accumulator_dtype(t), t.body.dtype).value, value.dtype)
             else:
                 value = _NP_REDUCE[t.op](value, axis=axes)
         return _stored(value, shape, t.dtype)

@@ -732,3 +732,51 @@ def test_a_select_converts_operands_of_another_type_as_cast_does(target, request
     np.testing.assert_array_equal(op.reference(x)[0], want)
     got = op(td.to_device(x) if target == "cuda" else x)[0]
     np.testing.assert_array_equal(got.numpy() if target == "cuda" else got, want)
+
+
+def _kernel_and_reference(op, *arrays) -> tuple:
+    return op(*arrays)[0], op.reference(*arrays)[0]
+
+
+def test_the_reference_rounds_f64_and_wide_integers_to_bf16_once():
+    """ml_dtypes rounds through f32: 1 + 2^-8 + 2^-40 became 1.0 and 2^24 + 2^16 + 1 became 2^24 in the reference
+    (kernels round once: 1 + 2^-7 and 2^24 + 2^17)."""
+    for values, want in (([1 + 2**-8 + 2**-40, 3.0, -(1 + 2**-8 + 2**-40)], [1 + 2**-7, 3.0, -(1 + 2**-7)]),
+                         ([2**24 + 2**16 + 1, 5, -(2**24 + 2**16 + 1)], [2**24 + 2**17, 5, -(2**24 + 2**17)])):
+        dtype = td.f64 if isinstance(values[0], float) else td.i32
+        X = td.placeholder("X", dtype, (3,))
+        op = td.op([X], [td.compute("Y", (3,), lambda i: td.cast(X[i], td.bf16))])
+        for got in _kernel_and_reference(op, np.array(values, dtype.numpy)):
+            np.testing.assert_array_equal(np.asarray(got, np.float64), want)
+
+
+@pytest.mark.parametrize("dtype", [td.i32, td.i64])
+def test_min_floordiv_minus_one_is_zero_in_the_reference_as_in_kernels(dtype):
+    X = td.placeholder("X", dtype, (3,))
+    op = td.op([X], [td.compute("Y", (3,), lambda i: X[i] // -1)])
+    for got in _kernel_and_reference(op, np.array([np.iinfo(dtype.numpy).min, 7, -7], dtype.numpy)):
+        np.testing.assert_array_equal(got, [0, -7, 7])
+
+
+def test_max_and_min_of_equal_operands_give_the_first_in_the_reference_as_in_kernels():
+    """`td.max(-0.0, 0.0)` is -0.0 (the first of equal operands, as in kernels and on Python numbers); numpy's
+    maximum gave 0.0. NaN wins either way."""
+    A, B = td.placeholder("A", td.f32, (3,)), td.placeholder("B", td.f32, (3,))
+    op = td.op([A, B], [td.compute("Y", (3,), lambda i: 1.0 / td.max(A[i], B[i])),
+                        td.compute("Z", (3,), lambda i: 1.0 / td.min(B[i], A[i]))])
+    a, b = np.array([-0.0, 0.0, np.nan], np.float32), np.array([0.0, -0.0, 1.0], np.float32)
+    for got in (op(a, b), op.reference(a, b)):
+        np.testing.assert_array_equal(got[0], [-np.inf, np.inf, np.nan])
+        np.testing.assert_array_equal(got[1], [np.inf, -np.inf, np.nan])
+
+
+@pytest.mark.parametrize("values, op_name, want", [(td.i64, "min", -1), (td.boolean, "min", 1),
+                                                   (td.f32, "max", np.iinfo(np.int32).min)])
+def test_an_empty_min_or_max_into_i32_gives_the_kernels_start_in_the_reference(values, op_name, want):
+    """Over no elements a min or max gives what the kernels start from, the accumulator's identity, converted:
+    i64's MAX wraps to -1 in i32, a min of bools starts True, -inf saturates to i32's MIN (the reference gave i32's
+    identity for the first two)."""
+    L = td.placeholder("L", values, ("N", "R"))
+    op = td.op([L], [td.reduce("S", ("N",), ("R",), lambda i, r: L[i, r], op=op_name, dtype=td.i32)])
+    for got in _kernel_and_reference(op, np.zeros((3, 0), values.numpy)):
+        np.testing.assert_array_equal(got, [want] * 3)

@@ -20,7 +20,7 @@ import inspect
 import math
 
 from .. import ir
-from ..compute import Tensor, accumulator_dtype, size_var
+from ..compute import Tensor, accumulator_dtype, reduction_identity, size_var
 from ..ir import evaluate_int
 from ..ir import types as T
 from ..lang import math_expr
@@ -36,9 +36,6 @@ LANES = 8               # interleaved accumulators of a sequential ('thread') re
 UNROLL_REDUCED = 16     # a 'thread' reduction of at most this many (constant) elements is unrolled
 SUM_CHAIN = 128         # terms each partial sum of a 'thread' float sum adds before it goes into an f64 total
 WARPS = BLOCK // 32
-_IDENTITY = {"sum": 0, "mean": 0, "prod": 1, "max": -math.inf, "min": math.inf}
-
-
 # ---------------------------------------------------------------- shared helpers
 def _constant(e: ir.Expr) -> int | None:
     """The value of an integer expression of constants only, else None."""
@@ -200,18 +197,6 @@ def combine(op: str, acc: ir.Expr, value: ir.Expr) -> ir.Expr:
     return math_expr(op, [acc, value])
 
 
-def _identity(op: str, dtype: T.DataType, values: T.DataType) -> ir.Const:
-    """What a reduction `op` in `dtype` starts from; over `values` of bools, max starts False (any) and min True
-    (all), not at the accumulator's extremes (INT_MIN stored to a bool is True)."""
-    value = _IDENTITY[op]
-    if (dtype.is_bool or values.is_bool) and math.isinf(value):
-        return ir.const(value > 0 if dtype.is_bool else int(value > 0), dtype)
-    if not dtype.is_float and math.isinf(value):
-        info = (-(2 ** (dtype.bits - 1)), 2 ** (dtype.bits - 1) - 1) if dtype.kind == "int" else (0, 2 ** dtype.bits - 1)
-        value = info[0] if value < 0 else info[1]
-    return ir.const(value, dtype)
-
-
 def choose_strategy(t: Tensor, outputs: int, reduced: int, target: str = "cuda", workers: int = 1,
                     may_split: bool = True) -> str:
     """'thread', 'warp', 'block' or 'split' for a reduction of `reduced` elements into each of `outputs`.
@@ -304,7 +289,7 @@ def _lanes(t: Tensor, body: ir.Expr, out_index: list, into: ir.Var, dtype, start
     main = ir.For(r, ir.const(0), count // lanes, ir.const(1), ir.seq(
         [ir.Assign(lane, combine(t.op, lane, _element(t, body, out_index, start + r * lanes + v, dtype)))
          for v, lane in enumerate(chains)]))
-    identity = _identity(t.op, dtype, t.body.dtype)
+    identity = reduction_identity(t.op, dtype, t.body.dtype)
     stmts = [ir.Assign(lane, identity) for lane in chains] + [main]
     if lanes > 1:
         stmts.append(_reduce_loop(t, body, out_index, chains[0], start + count // lanes * lanes, start + count, 1))
@@ -346,7 +331,7 @@ def schedule_reduce(t: Tensor, inline: set, strategy: str, threads: int = BLOCK,
     else:
         o, head, guard, start, step, leader = blockIdx.x, [], None, threadIdx.x, BLOCK, ir.binary("==", threadIdx.x, 0)
     out_index, coords = _coordinates(o, t.shape, "o")
-    stmts = head + coords + [ir.Assign(acc, _identity(t.op, dtype, t.body.dtype))]
+    stmts = head + coords + [ir.Assign(acc, reduction_identity(t.op, dtype, t.body.dtype))]
     few = _constant(reduced)
     if strategy == "thread" and compact:
         loop = ir.seq(_lanes_loop(t, body, out_index, acc, reduced, lanes=1))
@@ -368,7 +353,7 @@ def schedule_reduce(t: Tensor, inline: set, strategy: str, threads: int = BLOCK,
             ir.SyncThreads(),
             ir.If(ir.binary("==", warp, 0), ir.seq(
                 [ir.Assign(acc, ir.Select(ir.binary("<", lane, WARPS), ir.Load(partials, (lane,)),
-                                          _identity(t.op, dtype, t.body.dtype), dtype))] + _warp_reduce(t.op, acc, 8)))]
+                                          reduction_identity(t.op, dtype, t.body.dtype), dtype))] + _warp_reduce(t.op, acc, 8)))]
     store = ir.Store(t.buffer, tuple(out_index), _finish(t, acc, reduced))
     cond = leader if guard is None else (guard if leader is None else ir.binary("and", guard, leader))
     stmts.append(store if cond is None else ir.If(cond, store))
@@ -389,7 +374,7 @@ def split_stages(t: Tensor, chunks: int) -> tuple[Tensor, Tensor]:
     def chunk(*ix):    # (*output axes, p, k): element p * length + k of the output's elements
         linear = ix[-2] * length + ix[-1]
         value = _element(t, t.body, list(ix[:-2]), linear, dtype)
-        return ir.Select(ir.binary("<", linear, reduced), value, _identity(t.op, dtype, t.body.dtype), dtype)
+        return ir.Select(ir.binary("<", linear, reduced), value, reduction_identity(t.op, dtype, t.body.dtype), dtype)
 
     partial_op = "sum" if t.op == "mean" else t.op
     partial = reduce(f"{t.name}_partials", t.shape + (chunks,), (length,), chunk, op=partial_op, dtype=dtype)
