@@ -421,6 +421,25 @@ def test_stuck_compile_workers_are_stopped_and_the_kernels_compile_at_launch(tmp
     np.testing.assert_array_equal(out, x * np.float32(6.0))
 
 
+def test_an_interrupt_stops_the_compile_workers_at_once(tmp_path, monkeypatch):
+    """An interrupt of this process alone (an IDE's or a debugger's; a terminal's Ctrl-C reaches the workers too)
+    waited for the jobs running in the workers before it reached the caller."""
+    import time
+    from taskdsl.backend.cpu import precompile
+    monkeypatch.setenv("TASKDSL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TASKDSL_COMPILE_WORKERS", "2")
+    monkeypatch.setattr(precompile, "compile_job", _stuck_compile)
+    x, out = np.arange(11, dtype=np.float32), np.zeros(11, np.float32)
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        with precompile.AheadCompiler() as ahead:
+            with ahead.recording():
+                _scale_kernel(7.0)(x, out)
+            processes = list(ahead._pool._processes.values())
+            raise KeyboardInterrupt
+    assert time.monotonic() - start < 60 and not any(p.is_alive() for p in processes)
+
+
 @pytest.mark.parametrize("value", ["0", "-1", "x", "2.5"])
 def test_bad_compile_worker_counts_are_refused(monkeypatch, value):
     from taskdsl.backend.cpu import precompile

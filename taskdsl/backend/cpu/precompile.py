@@ -174,7 +174,11 @@ class AheadCompiler:
     def __enter__(self) -> "AheadCompiler":
         return self
 
-    def __exit__(self, *exc) -> None:
-        if self._pool is not None:    # jobs not started yet are dropped: they compile at their first launch
+    def __exit__(self, kind, value, traceback) -> None:
+        if self._pool is None:
+            return
+        if kind is not None and issubclass(kind, KeyboardInterrupt):   # an interrupt of this process alone (an IDE's,
+            self._stop()                                              # a debugger's) waited for the running jobs
+        else:       # jobs not started yet are dropped: they compile at their first launch
             self._pool.shutdown(wait=True, cancel_futures=True)
 
