@@ -302,3 +302,39 @@ def test_a_module_reloaded_after_an_edit_of_a_local_annotation_runs_the_edit(tmp
         assert x[0] == 2.75
     finally:
         sys.modules.pop("edited_annotation", None)
+
+
+@td.func
+def clamp(v: f32, lo: f32, hi: f32) -> f32:
+    """v held within [lo, hi]."""
+    return td.min(td.max(v, lo), hi)
+
+
+def test_a_device_function_keeps_its_functions_name_docstring_and_signature():
+    import inspect
+    assert clamp.__name__ == "clamp" and clamp.__doc__ == "v held within [lo, hi]."
+    assert clamp.__module__ == __name__ and list(inspect.signature(clamp).parameters) == ["v", "lo", "hi"]
+
+
+def test_numpy_integers_are_dims_of_annotations():
+    assert f32[np.int64(4), "N"].dims == (4, "N") and type(f32[np.int64(4)].dims[0]) is int
+
+
+@td.kernel(block=1)
+def square_only(A: f32["N", "N"]):
+    A[0, 0] = 1.0
+
+
+def test_a_size_twice_in_one_annotation_says_the_axes_disagree():
+    with pytest.raises(ValueError, match="size 'N' is 3 from an earlier axis of this argument but 4 in 'A'"):
+        square_only(np.zeros((3, 4), np.float32))
+
+
+@td.kernel(block=1)
+def yields(x: f32[1]):
+    yield 1
+
+
+def test_a_yield_statement_is_named():
+    with pytest.raises(td.DSLError, match="'yield' expressions are not supported in kernels"):
+        yields(np.zeros(1, np.float32))

@@ -1,6 +1,7 @@
 """`@td.kernel` and `@td.func`: the entry points from Python functions into the compiler."""
 from __future__ import annotations
 
+import functools
 import inspect
 from functools import cached_property
 
@@ -46,7 +47,7 @@ class DeviceFunction:
         if ret is not None and not isinstance(ret, T.DataType):
             raise TypeError(f"@td.func '{self.name}': the return annotation must be a dtype such as td.f32, got {ret!r}")
         self.return_dtype = ret
-        self.__doc__ = fn.__doc__
+        functools.update_wrapper(self, fn)      # the function's name, docstring, module and signature
 
     def source(self) -> ParsedSource:
         return self._source

@@ -261,6 +261,8 @@ class FunctionTranslator:
     def stmt_expr(self, node: ast.Expr):
         if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
             return None  # docstring
+        if isinstance(node.value, tuple(_UNSUPPORTED)):
+            self.expr(node.value)       # the unsupported construct's own message (a `yield` statement, say)
         if not isinstance(node.value, ast.Call):
             raise self.error(node, "this expression statement has no effect")
         result = self.expr(node.value, statement=True)

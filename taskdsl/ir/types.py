@@ -87,7 +87,7 @@ class DataType:
 
     def __getitem__(self, dims) -> "TensorSpec":
         """`f32["M", 64]`: a tensor parameter annotation (dims are ints or size-symbol names)."""
-        dims = dims if isinstance(dims, tuple) else (dims,)
+        dims = tuple(int(d) if isinstance(d, np.integer) else d for d in (dims if isinstance(dims, tuple) else (dims,)))
         for d in dims:
             if isinstance(d, bool) or not isinstance(d, (int, str)) or (isinstance(d, int) and d < 0):
                 raise TypeError(f"tensor dims must be non-negative ints or size-symbol names, got {d!r}")

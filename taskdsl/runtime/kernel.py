@@ -250,12 +250,13 @@ class Kernel:
                              f"got shape {shape}")
         for axis, (dim, n) in enumerate(zip(spec.dims, shape)):
             if isinstance(dim, str):
+                where = "from an earlier " + ("axis of this argument" if dim in spec.dims[:axis] else "argument")
                 if not T.i32.holds(n):      # size symbols are i32 (a GPU kernel would wrap it)
                     raise ValueError(f"kernel '{self.name}': size '{dim}' is {n} in '{pname}' (axis {axis}); size "
                                      "symbols are i32, so an axis holds at most 2^31 - 1 elements")
                 if sizes.setdefault(dim, n) != n:
-                    raise ValueError(f"kernel '{self.name}': size '{dim}' is {sizes[dim]} from an earlier argument "
-                                     f"but {n} in '{pname}' (axis {axis}, shape {shape})")
+                    raise ValueError(f"kernel '{self.name}': size '{dim}' is {sizes[dim]} {where} but {n} in "
+                                     f"'{pname}' (axis {axis}, shape {shape})")
             elif isinstance(dim, ir.Expr):
                 derived.append((pname, axis, dim, n))
             elif dim != n:
