@@ -206,7 +206,7 @@ def tc_matmul(A: f16["M", "K"], B: f16["K", "N"], C: f32["M", "N"]):
             r, c = (t - 64) // 4, (t - 64) % 4 * 8
             td.cp_async(sb[r, c], B[k0 + r, blockIdx.x * BN + c], 8, pred=blockIdx.x * BN + c < N)
         td.cp_async_commit()
-        td.cp_async_wait(0)
+        td.cp_async_wait(n=0)                 # (the keyword form the docs show)
         td.syncthreads()
         td.ldmatrix(a_frag, sa[wm * 16 + lane % 16, lane // 16 * 8])        # x4: the 16 x 16 A tile
         for ni in range(2):

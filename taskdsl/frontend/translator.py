@@ -1202,9 +1202,10 @@ class FunctionTranslator:
         return ir.CpAsyncCommit(self.loc(node))
 
     def cp_async_wait_call(self, node: ast.Call, kwargs: dict) -> ir.CpAsyncWait:
-        if len(node.args) > 1 or kwargs:
+        given = list(node.args) + ([kwargs["n"]] if "n" in kwargs else [])
+        if len(given) > 1 or set(kwargs) - {"n"}:
             raise self.error(node, "td.cp_async_wait(n=0) takes the number of groups that may stay in flight")
-        pending = self.compile_time_count(node.args[0], "the group count of cp_async_wait") if node.args else 0
+        pending = self.compile_time_count(given[0], "the group count of cp_async_wait") if given else 0
         return ir.CpAsyncWait(pending, self.loc(node))
 
     def inline_call(self, dfn, node: ast.Call) -> ir.Expr | None:
