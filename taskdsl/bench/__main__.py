@@ -19,8 +19,8 @@ BENCHMARKS = {
                "launches)", "taskdsl.bench.launch"),
     "tc-parts": ("the tensor-core matmul's k loop whole, its copies alone, its math alone and its mma alone, f16, "
                  "beside cuBLAS (cuda; --sizes N: N^3, default 4096)", "taskdsl.bench.tc_parts"),
-    "ops": ("softmax, layer norm and sums of a (4096, 1024) f32 array vs numpy (--sizes ROWS COLS)",
-            "taskdsl.bench.ops"),
+    "ops": ("softmax, layer norm and sums of an f32 array: cpu, (4096, 1024) vs numpy; cuda, (16384, 4096) "
+            "vs peak and copy bandwidth and torch (--sizes ROWS COLS)", "taskdsl.bench.ops"),
 }
 
 
