@@ -55,3 +55,38 @@ def test_bfloat16_model_rounds_as_numpy(shape, seed):
     np.testing.assert_array_equal(s.view(np.uint16), want_s.view(np.uint16))
     np.testing.assert_array_equal(y.view(np.uint16), want_y.view(np.uint16))
     np.testing.assert_array_equal(xf, xs)
+
+
+def _f16_model(nodes, inputs, output_shape, initializers=None):
+    return make_model(nodes, [(name, shape, TensorProto.FLOAT16) for name, shape in inputs],
+                      [("y", output_shape, TensorProto.FLOAT16)], initializers, opset=18)
+
+
+def test_f16_operators_whose_intermediates_overflow_compute_in_f32():
+    """ReduceL2, ReduceLogSum, Mean and Gemm with alpha became several operators whose f16 intermediates overflowed
+    (300^2 + 400^2, 30000 + 40000, 60000 + 60000, 80000 before alpha) where the result fits: inf, where numpy
+    computing in f32 and rounding once gives 500, 11.16, 60000 and 80."""
+    x = np.array([[300, 400]], np.float16)
+    axes = {"axes": np.array([1], np.int64)}
+    y = tg.from_onnx(_f16_model([oh.make_node("ReduceL2", ["x", "axes"], ["y"], keepdims=0)],
+                                [("x", [1, 2])], [1], axes))(x)[0]
+    np.testing.assert_array_equal(y, [np.float16(500)])
+    big = np.array([[30000, 40000]], np.float16)
+    y = tg.from_onnx(_f16_model([oh.make_node("ReduceLogSum", ["x", "axes"], ["y"], keepdims=0)],
+                                [("x", [1, 2])], [1], axes))(big)[0]
+    np.testing.assert_array_equal(y, np.log(big.astype(np.float32).sum(1)).astype(np.float16))
+    v = np.array([60000, -1], np.float16)
+    y = tg.from_onnx(_f16_model([oh.make_node("Mean", ["a", "b"], ["y"])], [("a", [2]), ("b", [2])], [2]))(v, v)[0]
+    np.testing.assert_array_equal(y, v)
+    a, b = np.full((2, 100), 20, np.float16), np.full((100, 3), 40, np.float16)
+    y = tg.from_onnx(_f16_model([oh.make_node("Gemm", ["a", "b"], ["y"], alpha=0.001)],
+                                [("a", [2, 100]), ("b", [100, 3])], [2, 3]))(a, b)[0]
+    np.testing.assert_array_equal(y, np.full((2, 3), np.float16(80)))
+
+
+def test_a_reduction_naming_an_axis_twice_reduces_it_once():
+    """axes [1, -1] of a matrix: onnxruntime reduces axis 1 once; it was refused as a repeated axis."""
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    model = make_model([oh.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0)], [("x", [2, 3])], [("y", [2])],
+                       {"axes": np.array([1, -1], np.int64)}, opset=18)
+    np.testing.assert_array_equal(tg.from_onnx(model)(x)[0], x.sum(1))

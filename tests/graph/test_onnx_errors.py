@@ -99,6 +99,12 @@ def test_malformed_models():
                                   opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(OnnxImportError, match="not valid ONNX"):
         tg.from_onnx(undefined)
+    unsorted = helper.make_model(helper.make_graph([n("Exp", ["a"], ["y"]), n("Relu", ["x"], ["a"])], "g",
+                                                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                                                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])]),
+                                 opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(OnnxImportError, match="topologically sorted.*input 'a' of node: .*OpType: Exp"):
+        tg.from_onnx(unsorted)                                     # the checker's whole message, not its first line
     mismatched = make_model([n("MatMul", ["x", "w"], ["y"])], [("x", [2, 3])], [("y", [2, 5])],
                             {"w": np.ones((4, 5), np.float32)})
     with pytest.raises(OnnxImportError, match=r"node 'y' \(MatMul\): matmul: shapes \(2, 3\) and \(4, 5\)"):
@@ -254,3 +260,13 @@ def test_models_onnxruntime_refuses_are_refused(node, inputs, outputs, consts, m
     model = make_model([node], inputs, outputs, consts, opset=18)
     with pytest.raises(OnnxImportError, match=message):
         tg.from_onnx(model)
+
+
+def test_an_output_declared_without_a_shape_is_checked_with_the_inferred_one():
+    """onnx's checker refuses it and onnxruntime runs it."""
+    model = helper.make_model(helper.make_graph([n("Relu", ["x"], ["y"])], "g",
+                                                [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                                                [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    x = np.arange(-3, 3, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(tg.from_onnx(model)(x)[0], np.maximum(x, 0))

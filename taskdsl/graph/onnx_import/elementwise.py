@@ -43,8 +43,19 @@ def variadic(node: Node) -> list:
 def mean(node: Node) -> list:
     """Mean of one or more broadcast inputs (their sum divided by their count)."""
     xs = node.inputs()
-    total = xs[0] if len(xs) == 1 else ops.elementwise("add", *xs)
-    return [total if len(xs) == 1 else ops.div(total, float(len(xs)))]
+    if len(xs) == 1:
+        return xs
+    return [in_f32(lambda *wide: ops.div(ops.elementwise("add", *wide), float(len(xs))), *xs)]
+
+
+def in_f32(compute, *xs):
+    """`compute(*xs)` computed in f32 where the `xs` are 16-bit floats, its result rounded back once: as one kernel
+    computes them (docs/graph.md), where the operators a node becomes would round each intermediate result
+    (Mean(60000, 60000) overflowed in its sum)."""
+    dtype = xs[0].dtype
+    if not (dtype.is_float and dtype.bits == 16):
+        return compute(*xs)
+    return ops.cast(compute(*(ops.cast(x, "float32") for x in xs)), dtype)
 
 
 @converts("LeakyRelu", attrs=("alpha",))
@@ -163,13 +174,14 @@ def reduce(node: Node) -> list:
         if node.flag("noop_with_empty_axes"):   # no axis is reduced, but each element is still mapped
             return [_noop_reduce(op_type, x)]
         axes = None
-    axes = None if axes is None else [int(a) for a in np.asarray(axes).reshape(-1)]
+    if axes is not None:        # an axis named twice (1 and -1 of a matrix) is reduced once, as onnxruntime does
+        axes = list(dict.fromkeys(int(a) + (x.ndim if -x.ndim <= a < 0 else 0) for a in np.asarray(axes).reshape(-1)))
     fn = getattr(ops, REDUCTIONS[op_type])
     if op_type in ("ReduceSumSquare", "ReduceL1"):
         return [fn(_noop_reduce(op_type, x), axes, keepdims)]
     if op_type in FLOATING_REDUCTIONS:
-        if x.dtype.is_float:
-            return [_floating_reduce(op_type, x, axes, keepdims)]
+        if x.dtype.is_float:       # (f16's x * x and sums overflow where the result does not)
+            return [in_f32(lambda v: _floating_reduce(op_type, v, axes, keepdims), x)]
         # integers (the schema allows them): computed in f64 and truncated back, as onnxruntime does
         return [ops.cast(_floating_reduce(op_type, ops.cast(x, "float64"), axes, keepdims), x.dtype)]
     return [fn(x, axes, keepdims)]

@@ -196,15 +196,32 @@ def _check_output(vi: onnx.ValueInfoProto, t) -> None:
                       "computed shape is used", stacklevel=3)
 
 
+def _check(model: onnx.ModelProto) -> None:
+    """onnx's checker on the model (OnnxImportError with its whole message). A graph output declared without a shape,
+    which the checker refuses and onnxruntime runs, is checked with the shape onnx infers for it."""
+    try:
+        onnx.checker.check_model(model)
+        return
+    except onnx.checker.ValidationError as e:
+        error = e
+    shapeless = [vi.name for vi in model.graph.output if not vi.type.tensor_type.HasField("shape")]
+    if shapeless:
+        try:
+            onnx.checker.check_model(onnx.shape_inference.infer_shapes(model))
+            return
+        except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
+            error = e
+    message = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+    named = f" (outputs declared without a shape: {', '.join(shapeless)})" if shapeless else ""
+    raise OnnxImportError(f"the model is not valid ONNX: {message}{named}") from error
+
+
 def from_onnx(model_or_path, shapes: dict | None = None, constants: dict | None = None) -> Graph:
     """The Graph of an ONNX model; `shapes` fixes input shapes, `constants` fixes input values (e.g. shape inputs)."""
     original = load_model(model_or_path)
     model = converted_if_old(original)
     opset = model_opset(model)
-    try:
-        onnx.checker.check_model(model)
-    except onnx.checker.ValidationError as e:
-        raise OnnxImportError(f"the model is not valid ONNX: {str(e).strip().splitlines()[0]}") from e
+    _check(model)
     graph = model.graph
     if graph.sparse_initializer:
         raise UnsupportedOnnxError("sparse initializers are not supported")

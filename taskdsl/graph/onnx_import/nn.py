@@ -8,6 +8,7 @@ from ..ops.axes import normalize_axis
 from ..ops.elementwise import broadcast_shape
 from ..ops.norm import LayerNorm
 from ..tensor import constant
+from .elementwise import in_f32
 from .errors import OnnxImportError
 from .node import Node, converts
 
@@ -62,15 +63,20 @@ def gemm(node: Node) -> list:
                          OnnxImportError)
     a = ops.transpose(a) if node.flag("transA") else a
     b = ops.transpose(b) if node.flag("transB") else b
-    y = ops.matmul(a, b)
-    if c is not None and broadcast_shape([c.shape, y.shape], "Gemm") != y.shape:
-        raise node.error(f"C of shape {c.shape} does not broadcast to the result's shape {y.shape}", OnnxImportError)
+    product_shape = (a.shape[0], b.shape[1])
+    if c is not None and broadcast_shape([c.shape, product_shape], "Gemm") != product_shape:
+        raise node.error(f"C of shape {c.shape} does not broadcast to the result's shape {product_shape}",
+                         OnnxImportError)
     alpha, beta = float(node.attr("alpha", 1.0)), float(node.attr("beta", 1.0))
-    if alpha != 1.0:
-        y = ops.mul(y, alpha)
-    if c is not None and beta != 0.0:
-        y = ops.add(y, c if beta == 1.0 else ops.mul(c, beta))
-    return [y]
+    c = c if beta != 0.0 else None
+
+    def scaled(a, b, c=None):
+        y = ops.matmul(a, b)
+        y = ops.mul(y, alpha) if alpha != 1.0 else y
+        return y if c is None else ops.add(y, c if beta == 1.0 else ops.mul(c, beta))
+    if alpha == 1.0:        # (a 16-bit A @ B that alpha scales into range would overflow before it: in f32 then)
+        return [scaled(a, b, c)]
+    return [in_f32(scaled, a, b, *([] if c is None else [c]))]
 
 
 @converts("MatMul")
