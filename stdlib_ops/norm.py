@@ -124,7 +124,9 @@ def _norm_op(rms: bool, eps: float, dtype, has_weight: bool, has_bias: bool, wdt
         centred = xv
         inv = lambda r: td.rsqrt(ms[r] + eps)
     else:
-        mean = td.reduce("mean", ("LR",), ("LD",), xv, op="mean", dtype=sdt)
+        # summed in f64, as the row kernels sum: an f32 sum's rounding leaves x - mean nonzero in a constant row,
+        # which 1 / sqrt(eps) then scales (35 equal values normalized to 1e-4 where the exact result is 0)
+        mean = td.reduce("mean", ("LR",), ("LD",), lambda r, d: ir.convert(x[r, d], td.f64), op="mean", dtype=sdt)
         centred = lambda r, d: xv(r, d) - mean[r]
         var = td.reduce("variance", ("LR",), ("LD",), lambda r, d: centred(r, d) * centred(r, d), op="mean",
                         dtype=sdt)

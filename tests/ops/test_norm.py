@@ -71,6 +71,24 @@ def test_layer_norm(shape, k, affine, seed):
     check(got, N.op_for("layer_norm", x, w, b, eps=eps, ndim=k), expected, rtol=2e-4, atol=5e-5, dtype=np.float32)
 
 
+@pytest.mark.parametrize("fast", [False, True])
+@pytest.mark.parametrize("shape, k", [((3, 7, 5), 2), ((2, 35), 1), ((4, 1), 1)])
+def test_layer_norm_of_constant_rows_is_the_bias(shape, k, fast):
+    """x - mean is 0 in a constant row, so the output is the bias exactly: the mean summed in f32 was off by an
+    ulp, which 1 / sqrt(eps) scaled to 1e-4 (a random ONNX model's LayerNorm of a Where of a constant)."""
+    import taskdsl as td
+    rng = np.random.default_rng(7)
+    x = np.broadcast_to(rng.uniform(-2, 2, shape[:-k] + (1,) * k), shape).astype(np.float32)
+    x = np.full(shape, np.float32(0.86612785)) if shape == (2, 35) else x
+    weight = rng.uniform(0.5, 1.5, shape[-k:]).astype(np.float32)
+    bias = rng.uniform(-0.5, 0.5, shape[-k:]).astype(np.float32)
+    td.fast_compile(fast)
+    try:
+        np.testing.assert_array_equal(N.layer_norm(x, weight, bias, ndim=k), np.broadcast_to(bias, shape))
+    finally:
+        td.fast_compile(False)
+
+
 @FEWER
 @given(shape=shapes(1, 3), with_weight=st.booleans(), seed=SEEDS)
 def test_rms_norm(shape, with_weight, seed):

@@ -113,8 +113,9 @@ class LayerNorm(Operator):
             centred = lambda ix: ir.convert(x[ix], sdt)
             spread = square
         else:
-            mean = reduction("mean", stat_shape, shape[a:], lambda *ix: ir.convert(x[full(ix)], sdt), op="mean",
-                                  dtype=sdt)
+            # summed in f64, as stdlib_ops.norm's definitions and row kernels sum (a constant row's x - mean is 0)
+            mean = reduction("mean", stat_shape, shape[a:], lambda *ix: ir.convert(x[full(ix)], T.f64), op="mean",
+                             dtype=sdt)
             centred = lambda ix: ir.convert(x[ix], sdt) - mean[stat_index(ix)]
             spread = reduction("variance", stat_shape, shape[a:],
                                     lambda *ix: centred(full(ix)) * centred(full(ix)), op="mean", dtype=sdt)
