@@ -15,6 +15,7 @@ import functools
 import inspect
 import math
 import operator
+import weakref
 from dataclasses import dataclass, field
 
 import numba
@@ -75,6 +76,9 @@ class Tensor:
 
     def __post_init__(self):
         self.buffer = ir.Buffer(self.name, self.dtype, self.shape, "global")
+        # a definition reading the buffer keeps the tensor alive (`_OWNER` does not): an attribute, not a field of
+        # the frozen Buffer, which IR walkers and structural keys would visit
+        object.__setattr__(self.buffer, "_owner", self)
         _OWNER[self.buffer.uid] = self
 
     @property
@@ -119,7 +123,9 @@ class Tensor:
         return f"<{self.kind} {self.name}: {self.dtype.name}[{dims}]>"
 
 
-_OWNER: dict = {}   # buffer uid -> the Tensor it belongs to
+# buffer uid -> the Tensor it belongs to, while the Tensor lives: an op holding it, or a definition reading its buffer,
+# keeps it alive; a program making ops and dropping them kept them all
+_OWNER: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 def _name(name, what: str) -> str:

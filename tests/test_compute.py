@@ -780,3 +780,28 @@ def test_an_empty_min_or_max_into_i32_gives_the_kernels_start_in_the_reference(v
     op = td.op([L], [td.reduce("S", ("N",), ("R",), lambda i, r: L[i, r], op=op_name, dtype=td.i32)])
     for got in _kernel_and_reference(op, np.zeros((3, 0), values.numpy)):
         np.testing.assert_array_equal(got, [want] * 3)
+
+
+def test_dropped_definitions_are_freed():
+    """Every tensor ever defined stayed in compute's owner table: a session making ops and dropping them grew
+    without bound. A definition still reads its producers, also ones no name holds."""
+    import gc
+    import importlib
+    compute = importlib.import_module("taskdsl.compute")       # (td.compute is the function)
+
+    def made_and_run():
+        A = td.placeholder("A", td.f32, ("M",))
+        op = td.op([A], [td.reduce("S", (), ("M",), lambda k: td.compute("Y", ("M",), lambda i: A[i] * 2.0)[k])])
+        np.testing.assert_array_equal(op(np.arange(4, dtype=np.float32))[0], 12.0)
+
+    made_and_run()
+    gc.collect()
+    before = len(compute._OWNER)
+    for _ in range(20):
+        made_and_run()
+    gc.collect()
+    assert len(compute._OWNER) == before
+    A = td.placeholder("A", td.f32, (3,))
+    Y = td.compute("Y", (3,), lambda i: A[i] + td.placeholder("C", td.f32, (3,))[i])   # C: held by Y's body only
+    gc.collect()
+    assert [t.name for t in Y.inputs] == ["A", "C"]
