@@ -13,7 +13,10 @@ def main(argv=None) -> int:
     """Run the taskdsl command line (only `cache` for now); return the exit code."""
     parser = argparse.ArgumentParser(prog="python -m taskdsl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    cache_cmd = sub.add_parser("cache", help="the on-disk compile cache ($TASKDSL_CACHE_DIR)")
+    cache_cmd = sub.add_parser("cache", help="the on-disk compile cache ($TASKDSL_CACHE_DIR)",
+                               description="The on-disk compile cache: the folder $TASKDSL_CACHE_DIR names (default "
+                                           "~/.cache/taskdsl), capped at $TASKDSL_CACHE_MAX_MB megabytes (default "
+                                           "2048; the least recently used entries go first).")
     cache_cmd.add_argument("action", choices=["info", "clear"])
     args = parser.parse_args(argv)
     try:
@@ -31,7 +34,8 @@ def main(argv=None) -> int:
 def _cache_command(action: str) -> int:
     if action == "info":
         summary = cache.info()
-        print(f"cache: {summary['path']} (cap {summary['max_bytes'] / 2**20:.0f} MiB, $TASKDSL_CACHE_MAX_MB)")
+        cap = summary["max_bytes"] / 2**20
+        print(f"cache: {summary['path']} (cap {cap:.{0 if cap >= 16 else 2}f} MiB, $TASKDSL_CACHE_MAX_MB)")
         if not summary["kinds"]:
             print("  empty")
         for kind, stats in sorted(summary["kinds"].items()):

@@ -307,3 +307,45 @@ def test_the_package_launchers_numba_code_is_in_the_cache_folder(tmp_path, monke
     cache.clear()
     assert not list((tmp_path / "numba").rglob("*.nb[ci]"))
     assert _cpu_run(tmp_path) == "ok"       # and compiled again
+
+
+_DISTINCT_KERNELS = '''
+import numpy as np
+import taskdsl as td
+from taskdsl import f32, threadIdx
+
+
+def make(c):
+    @td.kernel(block=8)
+    def add(x: f32[8], y: f32[8]):
+        y[threadIdx.x] = x[threadIdx.x] + c
+    return add
+
+
+x, y = np.zeros(8, np.float32), np.zeros(8, np.float32)
+for c in range(12):
+    make(float(c))(x, y)
+    assert (y == c).all()
+'''
+
+
+def test_the_cap_counts_what_numba_writes_for_a_module(tmp_path):
+    """The running estimate counted a module's text only: numba's files for it are ~30 times bigger, so a 0.3 MiB cap
+    held 1 MiB after 40 kernels. Now the cache stays within the cap plus about one module's files."""
+    root = str(Path(__file__).resolve().parents[1])
+    script = tmp_path / "distinct_kernels.py"
+    script.write_text(_DISTINCT_KERNELS)
+    folder, cap = tmp_path / "cache", 0.1
+    env = dict(os.environ, TASKDSL_CACHE_DIR=str(folder), TASKDSL_CACHE_MAX_MB=str(cap), TASKDSL_COMPILE_WORKERS="1",
+               PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    subprocess.run([sys.executable, str(script)], env=env, check=True)
+    size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and "numba" not in p.relative_to(folder).parts)
+    assert size <= cap * 2**20 + 64 * 1024, size
+
+
+def test_cli_info_shows_a_small_cap_and_help_names_the_settings(tmp_path):
+    env = dict(os.environ, TASKDSL_CACHE_DIR=str(tmp_path), TASKDSL_CACHE_MAX_MB="0.3")
+    run = lambda *args: subprocess.run([sys.executable, "-m", "taskdsl", "cache", *args], env=env,
+                                       capture_output=True, text=True).stdout
+    assert "(cap 0.30 MiB, $TASKDSL_CACHE_MAX_MB)" in run("info")          # it said "cap 0 MiB"
+    assert "$TASKDSL_CACHE_MAX_MB" in run("--help") and "$TASKDSL_CACHE_DIR" in run("--help")

@@ -132,7 +132,7 @@ def cpu_module(key: str, text: str) -> Path:
         pass
     data = text.encode()
     if store(path, data):
-        keep_under_cap(len(data), keep=key)
+        keep_under_cap(len(data) + NUMBA_BYTES_PER_MODULE, keep=key)
         return path
     fallback = _scratch_folder() / f"k_{key}.py"
     atomic_write(fallback, data)
@@ -272,6 +272,9 @@ def _evict(limit: int, keep: str | None) -> tuple:
 # would pass the cap or is older than RESCAN_SECONDS (other processes store too, and numba writes its files
 # beside ours: the estimate runs low by what they wrote since).
 RESCAN_SECONDS = 60.0
+# what numba writes for a generated module once it compiles it (its index and machine code in cpu/__pycache__, ~26 KB
+# for a small kernel): counted when the module is stored, or the estimate passed the cap only at a thirtieth of it
+NUMBA_BYTES_PER_MODULE = 32 * 1024
 _estimates: dict = {}       # cache folder -> (bytes it held at the last scan plus what this process stored since,
                             # time.monotonic() of that scan)
 
