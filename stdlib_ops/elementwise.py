@@ -38,6 +38,7 @@ import taskdsl as td
 from taskdsl import ir
 from taskdsl.ir import types as T
 from taskdsl.runtime.arrays import as_array, contiguous
+from taskdsl.runtime.kernel import remember
 
 __all__ = ["add", "cast", "clip", "div", "erf", "exp", "gelu", "log", "maximum", "minimum", "mul", "pow", "relu",
            "rsqrt", "sigmoid", "silu", "sqrt", "sub", "tanh", "where"]
@@ -61,13 +62,15 @@ class Plan:
 
 
 _OPS: dict = {}
+OPS_KEPT = 256      # Ops kept for reuse; some keys hold shapes (a pooling's input), so a program of many shapes is bounded
 
 
 def cached_op(key: tuple, build: Callable[[], td.Op]) -> td.Op:
     """The Op for `key`, built by `build()` on first use (Ops and their kernels are reused across calls)."""
     op = _OPS.get(key)
     if op is None:
-        op = _OPS[key] = build()
+        op = build()
+        remember(_OPS, key, op, OPS_KEPT)
     return op
 
 

@@ -19,6 +19,7 @@ from .. import schedule
 from ..ir import types as T
 from ..runtime.arrays import contiguous, note_host_work, on_device, on_host
 from ..runtime.config import get_target
+from ..runtime.kernel import remember
 from .operator import Operator
 from .ops import (BatchNorm, Concat, Conv, Elementwise, Expand, Gather, LayerNorm, MatMul, Pad, Pool, Reduce,
                   Reshape, Slice, Softmax, Transpose)
@@ -56,7 +57,8 @@ def run_definitions(op: Operator, arrays: list) -> tuple:
     td_op = _DEFINITION_OPS.get(key)
     if td_op is None:
         holders, definitions = op.generic_definitions() if op.generic else (op.placeholders, op.definitions)
-        td_op = _DEFINITION_OPS[key] = schedule.op(holders, definitions, name=op.kind)
+        td_op = schedule.op(holders, definitions, name=op.kind)
+        remember(_DEFINITION_OPS, key, td_op, elementwise.OPS_KEPT)     # keys of non-generic operators hold shapes
     outputs = td_op(*arrays, *(op.size_carriers() if op.generic else ()))
     return outputs, td_op.kernels
 

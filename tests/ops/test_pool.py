@@ -85,3 +85,16 @@ def test_global_avg_pool2d(shape, seed):
     x = rand(shape, seed)
     check(P.global_avg_pool2d(x), P.op_for("global_avg_pool2d", x), x.astype(np.float64).mean(axis=(2, 3),
           keepdims=True), rtol=1e-5, atol=1e-6, dtype=np.float32)
+
+
+def test_ops_kept_for_reuse_are_bounded(monkeypatch):
+    """avg_pool2d builds an Op per input shape, and every Op was kept: a program of many shapes grew without bound."""
+    from stdlib_ops import elementwise
+    monkeypatch.setattr(elementwise, "OPS_KEPT", 3)
+    monkeypatch.setattr(elementwise, "_OPS", {})
+    for size in (5, 6, 7, 9, 11):
+        x = np.random.default_rng(size).standard_normal((1, 2, size, size)).astype(np.float32)
+        got = P.avg_pool2d(x, 2)
+        want = x[:, :, :size // 2 * 2, :size // 2 * 2].reshape(1, 2, size // 2, 2, size // 2, 2).mean(axis=(3, 5))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        assert len(elementwise._OPS) <= 3
