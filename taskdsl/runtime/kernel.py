@@ -51,23 +51,26 @@ def remember(cache: dict, key, value, limit: int = BINDINGS_PER_KERNEL) -> None:
     cache[key] = value
 
 
-def _binding_key(args: tuple):
+def _binding_key(args: tuple, valued=None):
     """What the checks of `bind` depend on, when every argument is a numpy array, a td.DeviceArray or a
-    Python/numpy scalar: kinds, dtypes and shapes of the arrays, types and values of the scalars; else None."""
+    Python/numpy scalar: kinds, dtypes and shapes of the arrays, types and values of the scalars (with `valued`, a
+    set of argument positions, only theirs: the others' types); else None."""
     key = []
-    for a in args:
+    for k, a in enumerate(args):
         if type(a) is DeviceArray:      # first: the arguments of launches that must be cheap
             key.append(a.launch_key)
         elif type(a) is np.ndarray:      # exactly: a subclass is bound as a plain view (`plain_arrays`)
             key.append((a.dtype, a.shape))
+        elif not _is_scalar(a):
+            return None
+        elif valued is not None and k not in valued:
+            key.append(type(a))
         elif type(a) is int:
             key.append((int, a))
         elif _is_float_scalar(a):       # by bits: -0.0 == 0.0 (but 1 / x differs), and a NaN is no NaN's equal
             key.append((type(a), _F64_BITS(a if type(a) is float else float(a))))
-        elif _is_scalar(a):
-            key.append((type(a), a))
         else:
-            return None
+            key.append((type(a), a))
     return tuple(key)
 
 
@@ -153,8 +156,13 @@ class Kernel:
         self._cuda: dict = {}
         self._bindings: dict = {}    # _binding_key(args) -> (sizes, grid, block) of a call that passed the checks
         self._launches: dict = {}    # (_binding_key(args), debug, fast compile) -> PreparedLaunch (cpu)
+        self._launch_bases: dict = {}    # as _launches, scalars by type only (but those grid and block read)
+        names = set(self._callable_args["grid"] or ()) | set(self._callable_args["block"] or ())
+        self._grid_scalars = frozenset(k for k, (n, spec) in enumerate(self.params)   # positions grid, block read
+                                       if isinstance(spec, T.DataType) and n in names)
         self._cuda_launches: dict = {}   # _binding_key(args) -> PreparedCudaLaunch (device arrays and scalars)
-        self._cuda_full_path: dict = {}  # _binding_key(args) -> True: arguments that need the full path every call
+        self._cuda_bases: dict = {}      # as _cuda_launches, scalars by type only (but those grid and block read)
+        self._cuda_full_path: dict = {}  # base key (as _cuda_bases) -> True: arguments needing the full path each call
         if fn is not None:
             functools.update_wrapper(self, fn)
 
@@ -305,7 +313,7 @@ class Kernel:
         again). The on-disk caches hold compiled code by IR, so returning to an earlier value loads it."""
         self._global_reads.clear()
         for built in (self._frontend, self._lowered, self._cpu, self._cuda, self._bindings, self._launches,
-                      self._cuda_launches, self._cuda_full_path):
+                      self._launch_bases, self._cuda_launches, self._cuda_bases, self._cuda_full_path):
             built.clear()
 
     # ------------------------------------------------------------------ compilation stages
@@ -374,15 +382,24 @@ class Kernel:
         if prepared is not None:
             prepared(args)
             return
+        base_key = None if key is None else _binding_key(args, self._grid_scalars)
+        prepared = self._cuda_bases.get(base_key) if base_key is not None else None
+        if prepared is not None:        # new values of scalars alone: checked, then that launch (`_new_cpu_launch`)
+            values = [self._bind_scalar(n, spec, a) if isinstance(spec, T.DataType) else a
+                      for (n, spec), a in zip(self.params, args)]
+            remember(self._cuda_launches, key, prepared)
+            prepared(values)
+            return
         binding = self.bind(args, "cuda")
         if 0 in binding.grid:
             return
-        if key is not None and key not in self._cuda_full_path:     # the first call of this signature
+        if key is not None and base_key not in self._cuda_full_path:     # the first call of this signature
             prepared = self._prepare_cuda(binding)
-            if prepared is None:
-                remember(self._cuda_full_path, key, True)
+            if prepared is None:        # (the kinds of the arguments decide it, not the scalars' values)
+                remember(self._cuda_full_path, base_key, True)
             else:
                 remember(self._cuda_launches, key, prepared)
+                remember(self._cuda_bases, base_key, prepared)
         if prepared is not None:
             prepared(binding.values)
         else:
@@ -417,14 +434,9 @@ class Kernel:
             args = plain_arrays(args)
         launch = self._launches.get(key)
         if launch is None or precompile.is_recording():
-            binding = self.bind(args, "cpu")
-            if 0 in binding.grid:        # nothing to run, and nothing to compile
-                return
-            launch = self._prepare_cpu(binding, debug)
+            launch = self._new_cpu_launch(args, key, debug)
             if launch is None:
                 return
-            if key is not None:
-                remember(self._launches, key, launch)
         try:
             launch(args)
         except (IndexError, RuntimeError) as exc:
@@ -433,6 +445,30 @@ class Kernel:
                 from ..backend.cpu.errors import debug_error
                 raise debug_error(sites[exc.args[0]], exc) from None
             raise
+
+    def _new_cpu_launch(self, args: tuple, key, debug: bool):
+        """The prepared launch of a call `_launches` does not know (None when there is nothing to run, or launches
+        are being recorded). A call that differs from an earlier one in the values of scalars alone (which the grid
+        and block do not read) reuses that one's launch with its scalars bound anew: a scalar changing at each call
+        took the whole path each time (~0.1 ms)."""
+        recording = precompile.is_recording()
+        base_key = None if key is None else (_binding_key(args, self._grid_scalars), *key[1:])
+        base = self._launch_bases.get(base_key) if base_key is not None and not recording else None
+        if base is not None:
+            launch = base.with_scalars({k: self._bind_scalar(n, spec, a) for k, ((n, spec), a)
+                                        in enumerate(zip(self.params, args)) if isinstance(spec, T.DataType)})
+        else:
+            binding = self.bind(args, "cpu")
+            if 0 in binding.grid:        # nothing to run, and nothing to compile
+                return None
+            launch = self._prepare_cpu(binding, debug)
+            if launch is None:
+                return None
+            if base_key is not None:
+                remember(self._launch_bases, base_key, launch)
+        if key is not None:
+            remember(self._launches, key, launch)
+        return launch
 
     def _prepare_cpu(self, binding: Binding, debug: bool):
         """The prepared launch of `binding` (None while launches are being recorded for compiling ahead)."""

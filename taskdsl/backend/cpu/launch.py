@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import copy
 import functools
 import os
 import threading
@@ -154,6 +155,14 @@ class PreparedLaunch:
         # arrays by position, and whether they travel as 16-bit patterns (f16; bf16, bound as uint16 bits)
         self.arrays = [(i, v.dtype in (np.float16, np.uint16)) for i, v in enumerate(values)
                        if isinstance(v, np.ndarray)]
+
+    def with_scalars(self, scalars: dict) -> "PreparedLaunch":
+        """This launch with other values of its scalars ({position: bound value}), sharing its compiled entries."""
+        launch = copy.copy(self)
+        launch.values = self.values[:]
+        for k, value in scalars.items():
+            launch.values[k] = _half_bits(value)
+        return launch
 
     def __call__(self, args: tuple) -> None:
         values = self.values[:]
