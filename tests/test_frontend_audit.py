@@ -338,3 +338,21 @@ def yields(x: f32[1]):
 def test_a_yield_statement_is_named():
     with pytest.raises(td.DSLError, match="'yield' expressions are not supported in kernels"):
         yields(np.zeros(1, np.float32))
+
+
+def test_a_kernel_whose_file_changed_since_it_ran_is_refused(tmp_path):
+    """The kernel was built from the file's text, not from the code Python ran: an editor running an unsaved buffer
+    (exec under the file's name), or a module edited after import, ran other code, silently; a def moved by the
+    edit was blamed on `python -c`."""
+    saved = ("import taskdsl as td\nfrom taskdsl import f32, threadIdx\n\n\n@td.kernel(block=4)\n"
+             "def k(x: f32[4]):\n    x[threadIdx.x] = 2.0\n")
+    path = tmp_path / "edited_cells.py"
+    path.write_text(saved)
+    for text in (saved.replace("2.0", "1.0"), "# a line above\n" + saved):
+        namespace: dict = {}
+        exec(compile(text if text.startswith("import") else saved, str(path), "exec"), namespace)
+        if not text.startswith("import"):
+            path.write_text(text)          # the def moved after it ran
+        with pytest.raises(td.DSLError, match="is not the code Python ran: the file changed since it was run"):
+            namespace["k"](np.zeros(4, np.float32))
+        path.write_text(saved)

@@ -5,6 +5,7 @@ import ast
 import functools
 import inspect
 import linecache
+import os
 from dataclasses import dataclass
 
 from ..errors import DSLError, SourceLoc
@@ -81,7 +82,34 @@ def _parse_code(code, code_file: str, version: tuple) -> ParsedSource:
     if not isinstance(tree, (ast.FunctionDef, ast.AsyncFunctionDef)) or tree.name != code.co_name:
         # the text linecache holds under the code's file name is not this def: an exec'd string whose name
         # ("<string>") other text was registered under, or a file edited since it was imported
+        if os.path.isfile(code_file):
+            raise _changed_since_run(code, file)
         raise OSError(f"the text at {code_file}:{code.co_firstlineno} is not the def of '{code.co_name}'")
     if isinstance(tree, ast.AsyncFunctionDef):
         raise DSLError("kernels cannot be async functions", SourceLoc(file, first_line))
+    if not code.co_freevars and _code_shape(_compiled_def(tree, file)) != _code_shape(code):
+        raise _changed_since_run(code, file)    # (a closure's code reads its free variables another way: not checked)
     return ParsedSource(tree, file, first_line - 1, indent, tuple(dedented.splitlines()))
+
+
+def _changed_since_run(code, file: str) -> DSLError:
+    """The error for a def whose text in its file is not the code Python ran: the file was edited after it was
+    imported (or an editor ran a buffer it had not saved), and a kernel built from the text would silently run
+    other code than the function's."""
+    return DSLError(f"the text of '{code.co_name}' in {file} is not the code Python ran: the file changed since it "
+                    "was run", SourceLoc(file, code.co_firstlineno),
+                    "Reload the module (importlib.reload) or run the cell or file again (saved).")
+
+
+def _compiled_def(tree: ast.FunctionDef, file: str):
+    """The code object Python makes of the def `tree` alone (with no future features of this module)."""
+    module = compile(ast.Module(body=[tree], type_ignores=[]), file, "exec", dont_inherit=True)
+    return next(c for c in module.co_consts if inspect.iscode(c) and c.co_name == tree.name)
+
+
+def _code_shape(code) -> tuple:
+    """What the code objects of one text share wherever it is compiled, and two texts' mostly differ in: constants
+    and names. (Not the bytecode: Python 3.11 calls a method of a name its module imports differently, and the
+    def compiled alone does not know the module's imports.)"""
+    consts = tuple(_code_shape(c) if inspect.iscode(c) else (type(c).__name__, repr(c)) for c in code.co_consts)
+    return consts, code.co_names, code.co_varnames
