@@ -102,7 +102,6 @@ class Scope:
     unrolled: bool = False    # the innermost loop is over a compile-time tuple: no break or continue, a return
                               # only outside runtime loops, and where `returns`
     returns: bool = True
-    in_tuple: bool = False    # inside a loop over a compile-time tuple (at any depth): its body is repeated
 
 
 class ProgramWriter:
@@ -218,10 +217,10 @@ class ProgramWriter:
             level = max(level, cond_level)     # an `elif` or `else` runs where the conditions before are false
             crossed = max(crossed, cond_level)
             inner = replace(scope, level=level, crossed=crossed, depth=scope.depth + 1)
-            if keyword == "if" and level == WARP and not scope.in_tuple and self.draw(st.booleans()):
+            if keyword == "if" and level == WARP and self.draw(st.booleans()):
                 # inside the branch it may bound loops around shuffles (block-level there); after it, each
-                # thread reads its own value (the cpu target gives the branch a copy of it, but not the copies of
-                # the branch that an unrolled tuple loop makes: seed 936)
+                # thread reads its own value (the cpu target gives the branch a copy of it, also each copy of the
+                # branch an unrolled tuple loop makes: seed 936)
                 private = self._fresh("p")
                 self.emit(scope, f"{private} = 0")
                 self.emit(scope, f"{keyword} {cond}:")
@@ -253,7 +252,7 @@ class ProgramWriter:
             if returns and len(values) > 1:
                 self.diverged = THREAD
             self.emit(scope, f"for {var} in {values!r}:")
-            self.block(replace(scope, depth=scope.depth + 1, unrolled=True, returns=returns, in_tuple=True,
+            self.block(replace(scope, depth=scope.depth + 1, unrolled=True, returns=returns,
                                uniform_names=scope.uniform_names + (var,)))
             return
         names, level = self._names(scope, warp_bounds=True)

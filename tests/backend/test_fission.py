@@ -546,3 +546,30 @@ def test_a_per_warp_trip_count_around_a_barrier_is_refused_as_on_a_gpu():
     x = np.zeros(64, np.float32)
     with pytest.raises(td.DSLError, match="inside a branch or loop that depends on threadIdx"):
         per_warp_trips_around_a_barrier(x, x)
+
+
+@td.kernel(grid=1, block=64)
+def one_bound_in_two_warp_branches(B: td.i64[2], O: td.i64[64]):
+    t = threadIdx.x
+    x = t * 1
+    for j in (0, 1):            # unrolled: two copies of the branch assign `p`
+        p = 0
+        if t >= 32:
+            p = B[j]
+            for k in range(p):
+                x += td.shfl_xor(x, 1)
+        x = x + p
+    O[t] = x
+
+
+def test_a_loop_bound_assigned_in_two_warp_uniform_branches_gets_a_copy_in_each():
+    """The second branch's copy was refused (the first's hand-back had made the variable block-level again)."""
+    b, out = np.array([2, 1], np.int64), np.zeros(64, np.int64)
+    one_bound_in_two_warp_branches(b, out)
+    want = np.arange(64, dtype=np.int64)
+    for j in (0, 1):
+        for _ in range(b[j]):
+            high = want[32:].copy()
+            want[32:] = high + high[np.arange(32) ^ 1]
+        want[32:] += b[j]
+    np.testing.assert_array_equal(out, want)

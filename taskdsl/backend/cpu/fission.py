@@ -501,6 +501,24 @@ def _uniform_trips(body: ir.Stmt, loop: ir.For) -> tuple:
         ir.Assign(most, ir.Call(BLOCK_MAX, (trips,), var.dtype), loc), uniform])), uniform
 
 
+def _branch_without_copies(body: ir.Stmt, variables: list, privatized: dict, uniformity: Uniformity):
+    """The first innermost warp-uniform `if` of `body` that assigns one of `variables` and has not given them
+    copies, or None."""
+    uids = {v.uid for v in variables}
+
+    def assigns(s) -> bool:
+        return any(a.var.uid in uids for side in (s.then, s.orelse) if side is not None
+                   for a in ir.collect(side, ir.Assign, expressions=False))
+    candidates = [s for s in _walk_stmts(body) if isinstance(s, ir.If) and uniformity.level(s.cond) == WARP
+                  and assigns(s) and not any((id(s.cond), uid) in privatized for uid in uids)]
+    inner = [s for s in candidates if not any(c is not s and _contains(s, c) for c in candidates)]
+    return inner[0] if inner else None
+
+
+def _contains(outer: ir.Stmt, inner: ir.Stmt) -> bool:
+    return any(x is inner for x in _walk_stmts(outer))
+
+
 def _with_replaced(body: ir.Stmt, old: ir.Stmt, new: ir.Stmt) -> ir.Stmt:
     """`body` with the statement `old` (that very object) replaced by `new`."""
     class _Replace(ir.Rewriter):
@@ -596,8 +614,10 @@ def _region_vars(region: Region) -> tuple[set, set]:
 def fission(fn: ir.Function) -> BlockProgram:
     """Split the body of a lowered kernel into regions and block-level steps."""
     hoisted = _Hoister().block(fn.body)
-    privatized: set = set()       # uids of the variables given copies in some warp-uniform branch
+    privatized: dict = {}         # (id of a branch's condition, variable uid) -> the condition, for each copy given
+                                  # (kept alive: its id names the branch across rewrites, which keep the condition)
     made_loops: set = set()       # uids of the variables of the loops `_uniform_trips` made
+    branches = sum(1 for s in _walk_stmts(hoisted) if isinstance(s, ir.If))
     while True:
         fn = ir.Function(fn.name, fn.params, fn.sizes, hoisted, fn.block, fn.source_file)
         f = _Fission(fn)
@@ -614,12 +634,17 @@ def fission(fn: ir.Function) -> BlockProgram:
             hoisted = _jumps_as_flags(hoisted, j.loop)
             if hoisted is None:
                 raise j.refusal() from None
-        except _Privatize as p:     # each round gives one warp-uniform branch its own copies
-            again = any(v.uid in privatized for v in p.variables)   # a copy's hand-back made it block-level
-            hoisted = None if again else _privatized(hoisted, p.branch, p.variables)
+        except _Privatize as p:     # each round gives one branch its own copies
+            branch = p.branch
+            if any((id(branch.cond), v.uid) in privatized for v in p.variables):
+                # the copy's hand-back is block-level: another branch bounds a loop by the variable (the copies
+                # of one branch an unrolled loop makes): that one gets copies too, or none is left to
+                branch = _branch_without_copies(hoisted, p.variables, privatized, f.uniformity)
+            too_many = len(privatized) > 4 * branches    # (a copy's copy of a copy...: refused, not endless)
+            hoisted = None if branch is None or too_many else _privatized(hoisted, branch, p.variables)
             if hoisted is None:
                 raise p.refusal() from None
-            privatized |= {v.uid for v in p.variables}
+            privatized.update({(id(branch.cond), v.uid): branch.cond for v in p.variables})
     # A variable lives in a per-thread array when a region reads a value of it that another region
     # (or the same region, in an earlier iteration of a block-level loop) assigned.
     all_regions = list(regions(items))
