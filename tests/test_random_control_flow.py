@@ -261,7 +261,8 @@ class ProgramWriter:
             start, stop = self.draw(st.integers(-2, 3)), self.draw(st.integers(-2, 5))
             loop = self.draw(st.sampled_from(["range", "td.unroll"]))
         else:
-            start, stop, loop = self.trip_bound(names), self.trip_bound(names), "range"
+            bound = self.warp_bound if level == WARP else self.trip_bound
+            start, stop, loop = bound(names), bound(names), "range"
         start, stop = (stop, start) if step < 0 else (start, stop)
         arguments = f"{start}, {stop}, {step}" if step != 1 or self.draw(st.booleans()) else f"{start}, {stop}"
         self.emit(scope, f"for {var} in {loop}({arguments}):", f"for {var} in range({arguments}):")
@@ -371,6 +372,12 @@ class ProgramWriter:
 
     def trip_bound(self, names: tuple) -> str:
         return f"min(max({self.expr(names, 2)}, -3), 5)"
+
+    def warp_bound(self, names: tuple) -> str:
+        """A bound that may differ between warps: the warp index and a uniform leaf (no @td.func call, whose
+        inlined variables, shared with its calls in the loop, the cpu target could not give copies)."""
+        names = tuple(n for n in names if n != "(t // 32)")
+        return f"min(max((t // 32) {self.draw(st.sampled_from(['+', '-', '*']))} {self.leaf(names)}, -3), 5)"
 
     def condition(self, names: tuple, size: int | None = None) -> str:
         """A random condition over `names`; its expressions have about `size` leaves."""

@@ -573,3 +573,35 @@ def test_a_loop_bound_assigned_in_two_warp_uniform_branches_gets_a_copy_in_each(
             want[32:] = high + high[np.arange(32) ^ 1]
         want[32:] += b[j]
     np.testing.assert_array_equal(out, want)
+
+
+@td.kernel(grid=1, block=64)
+def warp_break_before_a_per_warp_loop(B: td.i64[2], O: td.i64[64]):
+    t = threadIdx.x
+    x = t * 1
+    for j in range(3):
+        x += td.shfl_xor(x, 1)
+        if t // 32 == B[0]:
+            break
+        for s in range(t // 32, 2):
+            x += td.shfl_xor(x, 2)
+    O[t] = x
+
+
+def test_a_per_warp_loop_after_a_warp_break_in_the_same_loop():
+    """Everything after a warp's break reads as differing between warps until the break becomes a flag: the loop
+    made for the per-warp trip count was refused as not making progress."""
+    for stop_warp in (0, 1, 5):
+        b, out = np.array([stop_warp, 0], np.int64), np.zeros(64, np.int64)
+        warp_break_before_a_per_warp_loop(b, out)
+        want = np.arange(64, dtype=np.int64)
+        for w in range(2):
+            v = want[w * 32:(w + 1) * 32].copy()
+            for _ in range(3):
+                v = v + v[np.arange(32) ^ 1]
+                if w == stop_warp:
+                    break
+                for _ in range(w, 2):
+                    v = v + v[np.arange(32) ^ 2]
+            want[w * 32:(w + 1) * 32] = v
+        np.testing.assert_array_equal(out, want)

@@ -199,8 +199,9 @@ class _Hoister(ir.Rewriter):
 
 # ------------------------------------------------------------------ fission
 class _Fission:
-    def __init__(self, fn: ir.Function):
+    def __init__(self, fn: ir.Function, made_loops: frozenset = frozenset()):
         self.fn = fn
+        self.made_loops = made_loops            # uids of the variables of the loops `_uniform_trips` made
         self.uniformity = Uniformity(fn)
         self.block_vars: set = set()
         self.sites: dict = {}
@@ -238,7 +239,10 @@ class _Fission:
                 continue
             if isinstance(x, ir.For):
                 bounds = (x.start, x.stop)
-                if not all(self.agreed(b, branches) for b in bounds) and not self.has_barrier(x) and \
+                # (a loop made so whose bounds still differ is refused by `split`, once a break before it that
+                # makes everything after it differ between warps has become a flag)
+                if x.var.uid not in self.made_loops and not all(self.agreed(b, branches) for b in bounds) and \
+                        not self.has_barrier(x) and \
                         max(self.uniformity.level(b) for b in bounds) == WARP:
                     raise _WarpTrips(x)
                 self.block_vars |= _vars_read(x.start) | _vars_read(x.stop) | {x.var.uid}
@@ -620,14 +624,12 @@ def fission(fn: ir.Function) -> BlockProgram:
     branches = sum(1 for s in _walk_stmts(hoisted) if isinstance(s, ir.If))
     while True:
         fn = ir.Function(fn.name, fn.params, fn.sizes, hoisted, fn.block, fn.source_file)
-        f = _Fission(fn)
+        f = _Fission(fn, frozenset(made_loops))
         try:
             f.collect_block_vars(fn.body)
             items = f.split(fn.body, False)
             break
         except _WarpTrips as w:     # each round runs one loop with a per-warp trip count for the whole block
-            if w.loop.var.uid in made_loops:     # its bounds still differ between warps: no progress
-                raise _per_warp_refusal("the bounds of a loop containing a shuffle", w.loop.loc) from None
             hoisted, made = _uniform_trips(hoisted, w.loop)
             made_loops.add(made.var.uid)
         except _WarpJump as j:      # each round makes one loop's jumps flags
