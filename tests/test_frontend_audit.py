@@ -356,3 +356,20 @@ def test_a_kernel_whose_file_changed_since_it_ran_is_refused(tmp_path):
         with pytest.raises(td.DSLError, match="is not the code Python ran: the file changed since it was run"):
             namespace["k"](np.zeros(4, np.float32))
         path.write_text(saved)
+
+
+def _nested_kernel_with_a_docstring():
+    @td.kernel(block=4)
+    def nested(x: f32[4]):
+        """A docstring of
+        two lines (the dedented text's differs from the code's)."""
+        x[td.threadIdx.x] = 3.0
+    return nested
+
+
+def test_a_nested_kernel_with_a_multi_line_docstring_is_not_taken_for_an_edited_file():
+    """The check that the text is the code Python ran compared docstrings, which the dedent of a nested def changes:
+    every f16 matmul on cuda (a nested @td.func with such a docstring) was refused."""
+    x = np.zeros(4, np.float32)
+    _nested_kernel_with_a_docstring()(x)
+    np.testing.assert_array_equal(x, 3.0)

@@ -111,5 +111,6 @@ def _code_shape(code) -> tuple:
     """What the code objects of one text share wherever it is compiled, and two texts' mostly differ in: constants
     and names. (Not the bytecode: Python 3.11 calls a method of a name its module imports differently, and the
     def compiled alone does not know the module's imports.)"""
-    consts = tuple(_code_shape(c) if inspect.iscode(c) else (type(c).__name__, repr(c)) for c in code.co_consts)
+    consts = tuple(_code_shape(c) if inspect.iscode(c) else (type(c).__name__, repr(c)) for c in code.co_consts
+                   if not isinstance(c, str))   # (a nested def's docstring loses its indent with the dedent)
     return consts, code.co_names, code.co_varnames
