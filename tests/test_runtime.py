@@ -520,3 +520,34 @@ def test_new_scalar_values_reuse_the_prepared_launch(target, monkeypatch, reques
         fill_blocks(out, blocks, blocks + 10)
         np.testing.assert_array_equal(host(out)[:blocks * 4], blocks + 10)
     assert binds.count("fill_blocks") == 3
+
+
+@td.kernel(block=2)
+def store_narrow(X: f32[2], H: f16[2], B: bf16[2]):
+    H[threadIdx.x] = X[threadIdx.x]
+    B[threadIdx.x] = X[threadIdx.x]
+
+
+def test_a_nan_stored_to_16_bits_keeps_its_sign():
+    """-NaN from f32 became +NaN (0x7e00, 0x7fc0); numpy and ml_dtypes keep the sign (0xfe00, 0xffc0)."""
+    import ml_dtypes
+    x = np.array([0xffc00000, 0x7fc00001], np.uint32).view(np.float32)
+    h, b = np.zeros(2, np.float16), np.zeros(2, ml_dtypes.bfloat16)
+    store_narrow(x, h, b)
+    np.testing.assert_array_equal(h.view(np.uint16), x.astype(np.float16).view(np.uint16))
+    np.testing.assert_array_equal(b.view(np.uint16), [0xffc0, 0x7fc0])
+
+
+def test_numba_helpers_are_cached_by_the_files_they_inline_too(monkeypatch):
+    """support.py's f16 conversions inline ir/types.py's rounding; numba checks a function's own file only, so an
+    edit of the rounding kept the helpers cached with the old one, and kernels (which link them) too."""
+    import inspect
+    from taskdsl.backend.cpu import numba_cache, support
+    from taskdsl.backend.cpu.compile import compiler_fingerprint
+    stamp = support.f32_to_f16._cache._impl.locator.get_source_stamp()
+    assert stamp[1] == numba_cache._inlined_stamps() and "ir/types.py" in numba_cache.INLINED_FROM
+    before = compiler_fingerprint.__wrapped__()
+    original = inspect.getsource
+    monkeypatch.setattr(inspect, "getsource", lambda f: original(f) + ("# edited" if f.__name__ ==
+                                                                         "narrow_float_bits" else ""))
+    assert compiler_fingerprint.__wrapped__() != before

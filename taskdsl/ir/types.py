@@ -208,8 +208,8 @@ def narrow_float_bits(x, mant_bits, exp_bias, exp_max):
 
     Plain Python that numba compiles too (the cpu target's f16/bf16 stores use it).
     """
-    if x != x:
-        return (exp_max << mant_bits) | (1 << (mant_bits - 1))
+    if x != x:      # a quiet NaN of x's sign, as numpy's and ml_dtypes' conversions give
+        return (0x8000 if math.copysign(1.0, x) < 0.0 else 0) | (exp_max << mant_bits) | (1 << (mant_bits - 1))
     sign = 0x8000 if x < 0.0 or (x == 0.0 and math.copysign(1.0, x) < 0.0) else 0
     a = abs(np.float64(x))
     if a == math.inf:

@@ -332,3 +332,12 @@ def test_gelu_and_silu_at_infinities_take_their_limits():
     for y, cdf in zip(got, (phi, tanh_phi, 1 / (1 + math.exp(1.5)))):
         np.testing.assert_array_equal(y[:3], np.array([0.0, np.inf, np.nan], np.float32))
         np.testing.assert_allclose(y[3], -1.5 * cdf, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_neg_of_zero_is_negative_zero(dtype):
+    """Neg was 0 - x: Neg(+0.0) gave +0.0, so 1 / Neg(0) was +inf where numpy and onnxruntime give -inf."""
+    x = tg.input("x", (3,), dtype)
+    got, = tg.Graph([x], [ops.neg(x)]).compile("cpu")(np.array([0.0, -0.0, 2.5], dtype))
+    np.testing.assert_array_equal(np.signbit(got), [True, False, True])
+    np.testing.assert_array_equal(got, [0.0, 0.0, -2.5])

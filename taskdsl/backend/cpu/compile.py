@@ -10,11 +10,16 @@ from pathlib import Path
 
 @functools.cache
 def compiler_fingerprint() -> str:
-    """What besides a module's text decides its machine code: numba, the support helpers, the vector width."""
+    """What besides a module's text decides its machine code: numba, the support helpers (with the rounding they
+    inline from `ir.types`: an edit of it ran kernels cached with the old one), the vector width."""
+    import inspect
+
     import numba
 
+    from ...ir.types import narrow_float_bits
     from . import support, support_calls, vectors
-    text = Path(support.__file__).read_text() + Path(support_calls.__file__).read_text()
+    text = Path(support.__file__).read_text() + Path(support_calls.__file__).read_text() + \
+        inspect.getsource(narrow_float_bits)
     return hashlib.sha256(f"{text}\nnumba={numba.__version__}\nvectors={vectors.host().bits}".encode()).hexdigest()
 
 

@@ -5,6 +5,7 @@ held 76 MB of launchers after a few model runs). Registered when this module is 
 are decorated: numba picks a function's cache folder when its dispatcher is made."""
 from __future__ import annotations
 
+import functools
 import os
 
 from numba.core import caching
@@ -13,6 +14,9 @@ from ...errors import ConfigError
 from ...runtime.config import cache_dir
 
 PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))     # .../taskdsl
+# package files whose functions numba-compiled helpers of other files inline (support.py's f16/bf16 conversions,
+# ir/types.py's rounding): numba checks a function's own file only, and kept helpers cached with an old rounding
+INLINED_FROM = ("ir/types.py",)
 
 
 class TaskdslCacheLocator(caching.UserProvidedCacheLocator):
@@ -24,6 +28,10 @@ class TaskdslCacheLocator(caching.UserProvidedCacheLocator):
         folder = os.path.relpath(os.path.dirname(os.path.abspath(py_file)), PACKAGE).replace(os.sep, ".")
         self._cache_path = os.path.join(str(cache_dir()), "numba", folder)
 
+    def get_source_stamp(self):
+        """The stamp of the function's file, and of the files it may inline from (`INLINED_FROM`)."""
+        return super().get_source_stamp(), _inlined_stamps()
+
     @classmethod
     def from_function(cls, py_func, py_file):
         if not os.path.abspath(py_file).startswith(PACKAGE + os.sep):
@@ -32,6 +40,16 @@ class TaskdslCacheLocator(caching.UserProvidedCacheLocator):
             return super(caching.UserProvidedCacheLocator, cls).from_function(py_func, py_file)
         except ConfigError:         # TASKDSL_CACHE_DIR unusable: numba's own place; the first cache use says why
             return None
+
+
+@functools.cache
+def _inlined_stamps() -> tuple:
+    """(modification time, size) of each `INLINED_FROM` file, read once per process."""
+    stamps = []
+    for name in INLINED_FROM:
+        st = os.stat(os.path.join(PACKAGE, name))
+        stamps.append((st.st_mtime, st.st_size))
+    return tuple(stamps)
 
 
 if TaskdslCacheLocator not in caching.CacheImpl._locator_classes:

@@ -168,7 +168,8 @@ FUNCTIONS = {
     "logical_or": Function(lambda a, b, **_: ir.binary("or", a, b), _logical, (2, 2)),
     "logical_xor": Function(lambda a, b, **_: ir.binary("!=", a, b), _logical, (2, 2)),
     "logical_not": Function(lambda a, **_: ir.Unary("not", a, T.boolean), _logical),
-    "neg": Function(lambda a, **_: ir.binary("-", 0, _f32(a)), _numeric),
+    # -x, not 0 - x, for floats: -(+0.0) is -0.0 (1 / Neg(0) is -inf, as numpy and onnxruntime give)
+    "neg": Function(lambda a, **_: -_f32(a) if a.dtype.is_float else ir.binary("-", 0, a), _numeric),
     "abs": Function(_math("abs"), _numeric),
     "relu": Function(lambda a, **_: math_expr("max", [a, 0]), _numeric),
     "leaky_relu": Function(lambda a, alpha=0.01, **_: ir.Select(a < 0, a * alpha, _f32(a), promote_f32(a)),
