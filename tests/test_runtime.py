@@ -3,6 +3,8 @@
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -361,7 +363,7 @@ def test_jobs_compile_in_workers_while_recording_goes_on(tmp_path, monkeypatch):
             assert len(ahead.futures) == 1                      # submitted at once, before the recording ends
             kernels[5.0](x, outs[5.0])
             kernels[5.0](x, outs[5.0])                          # a repeated launch: no second job
-            jobs = list(precompile._recorder.jobs)
+            jobs = list(precompile._local.recorder.jobs)
         assert len(ahead.futures) == 2 and not any(o.any() for o in outs.values())    # recorded, not run
         ahead.wait()
     assert precompile.pending(jobs) == []                       # the workers' code is in numba's disk cache
@@ -551,3 +553,91 @@ def test_numba_helpers_are_cached_by_the_files_they_inline_too(monkeypatch):
     monkeypatch.setattr(inspect, "getsource", lambda f: original(f) + ("# edited" if f.__name__ ==
                                                                          "narrow_float_bits" else ""))
     assert compiler_fingerprint.__wrapped__() != before
+
+
+def test_a_thread_recording_launches_leaves_other_threads_launches_running(tmp_path, monkeypatch):
+    """Recording (a graph's compile) switched every thread's cpu launches to recording: the kernels another thread
+    called while a graph compiled did not run, silently."""
+    import threading
+    from taskdsl.backend.cpu import precompile
+    monkeypatch.setenv("TASKDSL_CACHE_DIR", str(tmp_path))
+    kernel = _scale_kernel(9.0)
+    x, out = np.arange(13, dtype=np.float32), np.zeros(13, np.float32)
+    recording, other_done = threading.Event(), threading.Event()
+
+    def other():
+        recording.wait()
+        kernel(x, out)
+        other_done.set()
+    thread = threading.Thread(target=other)
+    thread.start()
+    with precompile.recording():
+        recording.set()
+        assert other_done.wait(120)
+    thread.join()
+    np.testing.assert_array_equal(out, x * np.float32(9.0))
+
+
+def _job_of_a_cleared_cache(job):
+    raise FileNotFoundError(2, "No such file or directory", "cpu/k_gone.py")
+
+
+def test_a_job_whose_module_the_cache_lost_compiles_at_first_launch(tmp_path, monkeypatch):
+    """`cache clear` (or another process's eviction) during a graph's compile made the compile fail with the
+    worker's FileNotFoundError."""
+    from taskdsl.backend.cpu import precompile
+    monkeypatch.setenv("TASKDSL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TASKDSL_COMPILE_WORKERS", "2")
+    monkeypatch.setattr(precompile, "compile_job", _job_of_a_cleared_cache)
+    kernel = _scale_kernel(3.0)
+    x, out = np.arange(9, dtype=np.float32), np.zeros(9, np.float32)
+    with precompile.AheadCompiler() as ahead:
+        with ahead.recording():
+            kernel(x, out)
+        assert ahead.futures
+        ahead.wait()
+    kernel(x, out)
+    np.testing.assert_array_equal(out, x * np.float32(3.0))
+
+
+def test_compile_workers_fork_under_numbas_compiler_lock_and_end_with_their_parent(tmp_path):
+    """A worker forked while another thread compiled inherited numba's compiler lock held, and waited out
+    STALL_SECONDS; a process killed during a graph's compile left its workers alive for good."""
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "import concurrent.futures\n"
+        "from numba.core.compiler_lock import global_compiler_lock\n"
+        "from taskdsl.backend.cpu import precompile\n"
+        "locked = []\n"
+        "submit = concurrent.futures.ProcessPoolExecutor.submit\n"
+        "def checked(self, *a, **k):\n"
+        "    locked.append(global_compiler_lock.is_locked())\n"
+        "    return submit(self, *a, **k)\n"
+        "concurrent.futures.ProcessPoolExecutor.submit = checked\n"
+        "precompile.pending = lambda jobs: list(jobs)\n"
+        "def stuck(job):\n"
+        "    time.sleep(600)\n"
+        "precompile.compile_job = stuck\n"
+        "ahead = precompile.AheadCompiler(2)\n"
+        "ahead.submit(precompile.Job('x.py', 'f', ()))\n"
+        "print(locked, *[p.pid for p in ahead._pool._processes.values()], flush=True)\n"
+        "time.sleep(600)\n")
+    root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    parent = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        line = parent.stdout.readline().split()
+        assert line[0] == "[True]", line
+        workers = [int(pid) for pid in line[1:]]
+        assert workers
+    finally:
+        parent.kill()
+        parent.wait()
+    for _ in range(100):
+        if not any(os.path.exists(f"/proc/{pid}") and "zombie" not in open(f"/proc/{pid}/status").read()
+                   for pid in workers):
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the workers {workers} outlived their killed parent")

@@ -163,3 +163,26 @@ def test_a_helper_numba_compiles_for_a_caller_takes_the_lock_and_the_repair(tmp_
     lock_compiles(second)
     assert njit(lambda x: second(x))(1.25) == 2.5            # numba compiles `second` as it types the caller
     assert list((tmp_path / "__pycache__").glob("*.lock"))
+
+
+def test_a_damaged_or_unwritable_numba_cache_of_the_package_is_best_effort(tmp_path, monkeypatch):
+    """A truncated cache file of the package's own launchers and helpers raised at every call in every later
+    process (only generated kernels' files were tolerated); a full disk raised from numba's save."""
+    import errno
+
+    from numba.core import caching
+
+    from taskdsl.backend.cpu.parallel import compiled
+    (tmp_path / "cached_twice.py").write_text(_CACHED)
+    first = _fresh_dispatcher(tmp_path, "cached_twice_e")
+    assert compiled(first, (types.int64,)).entry_point(4) == 8
+    for data in (tmp_path / "__pycache__").glob("*.nbc"):
+        data.write_bytes(data.read_bytes()[:100])
+    second = _fresh_dispatcher(tmp_path, "cached_twice_f")
+    assert compiled(second, (types.int64,)).entry_point(5) == 10
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(caching.IndexDataCacheFile, "save", full)
+    third = _fresh_dispatcher(tmp_path, "cached_twice_g")
+    assert compiled(third, (types.float64,)).entry_point(1.5) == 3.0

@@ -7,6 +7,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from .parallel import damage_tolerant
+
 
 @functools.cache
 def compiler_fingerprint() -> str:
@@ -33,28 +35,5 @@ def load_module_function(path: Path, name: str):
         spec.loader.exec_module(module)
         sys.modules[module_name] = module
     function = getattr(module, name)
-    _damage_tolerant(function)
+    damage_tolerant(function)
     return function
-
-
-def _damage_tolerant(dispatcher) -> None:
-    """Make a damaged numba cache file of `dispatcher` a miss: numba unpickles its index and data files itself, and
-    a truncated or garbled one raised at every call, forever. Now the index is dropped and the kernel recompiled
-    (and cached again)."""
-    cache = getattr(dispatcher, "_cache", None)
-    load = getattr(cache, "load_overload", None)
-    if load is None or getattr(load, "tolerant", False):
-        return
-
-    def load_overload(sig, target_context):
-        try:
-            return load(sig, target_context)
-        except Exception:  # noqa: BLE001 - whatever a damaged pickle raises (EOFError, UnpicklingError, ...)
-            try:
-                cache.flush()
-            except OSError:
-                pass
-            return None
-
-    load_overload.tolerant = True
-    cache.load_overload = load_overload

@@ -164,12 +164,39 @@ def lock_compiles(dispatcher) -> None:
 def _compiled(dispatcher, compile, signature: tuple):
     if signature in dispatcher.overloads:
         return dispatcher.overloads[signature]
+    damage_tolerant(dispatcher)
     with _cache_lock(dispatcher):
         compile(signature)
         if signature not in dispatcher.overloads:
             dispatcher._cache.flush()
             compile(signature)
     return dispatcher.overloads[signature]
+
+
+def damage_tolerant(dispatcher) -> None:
+    """Make `dispatcher`'s numba disk cache best effort. A damaged file is a miss: numba unpickles its index and
+    data files itself, and a truncated or garbled one raised at every call, forever (now the index is dropped and
+    the function compiled and cached again). A file it cannot write (a full disk) is not written: the compiled code
+    is used all the same."""
+    cache = getattr(dispatcher, "_cache", None)
+    load, save = getattr(cache, "load_overload", None), getattr(cache, "save_overload", None)
+    if load is None or getattr(load, "tolerant", False):
+        return
+
+    def load_overload(sig, target_context):
+        try:
+            return load(sig, target_context)
+        except Exception:  # noqa: BLE001 - whatever a damaged file raises (EOFError, UnpicklingError, LLVM's ...)
+            with contextlib.suppress(OSError):
+                cache.flush()
+            return None
+
+    def save_overload(sig, data):
+        with contextlib.suppress(OSError):      # ENOSPC, a folder gone read-only
+            save(sig, data)
+
+    load_overload.tolerant = True
+    cache.load_overload, cache.save_overload = load_overload, save_overload
 
 
 @contextlib.contextmanager

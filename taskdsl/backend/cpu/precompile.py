@@ -18,16 +18,21 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import ctypes
 import multiprocessing
 import os
+import signal
 import sys
+import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from numba.core.compiler_lock import global_compiler_lock
+
 from ...runtime.config import env_count
 
-_recorder: "_Recorder | None" = None
+_local = threading.local()   # .recorder: this thread's _Recorder while it records (another thread's launches run)
 
 
 @dataclass(frozen=True)
@@ -54,26 +59,27 @@ class _Recorder:
 
 
 def is_recording() -> bool:
-    """Whether cpu launches are being recorded instead of run."""
-    return _recorder is not None
+    """Whether this thread's cpu launches are being recorded instead of run (a graph compiling in one thread left
+    the kernels other threads called unrun, silently)."""
+    return getattr(_local, "recorder", None) is not None
 
 
 def record(job: Job) -> None:
     """Note one launch's compilation (duplicates are dropped)."""
-    if job not in _recorder.jobs:
-        _recorder.jobs.append(job)
-        if _recorder.on_new is not None:
-            _recorder.on_new(job)
+    recorder = _local.recorder
+    if job not in recorder.jobs:
+        recorder.jobs.append(job)
+        if recorder.on_new is not None:
+            recorder.on_new(job)
 
 
 @contextlib.contextmanager
 def _recording_into(recorder: _Recorder):
-    global _recorder
-    saved, _recorder = _recorder, recorder
+    saved, _local.recorder = getattr(_local, "recorder", None), recorder
     try:
         yield recorder
     finally:
-        _recorder = saved
+        _local.recorder = saved
 
 
 @contextlib.contextmanager
@@ -119,6 +125,14 @@ def _max_processes() -> int:
     return workers() if sys.platform.startswith("linux") else 1
 
 
+def _end_with_parent() -> None:
+    """A worker's start: ask Linux to end it when its parent process ends (killed, the workers stayed for good)."""
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)     # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):                   # not Linux: the executor's own shutdown stops them
+        pass
+
+
 class AheadCompiler:
     """Worker processes that compile jobs while the caller goes on: `with AheadCompiler() as ahead:`, then
     `with ahead.recording(): ...` submits each new recorded job, and `ahead.wait()` waits for them all.
@@ -143,8 +157,11 @@ class AheadCompiler:
             # from a submit, when nothing compiles or launches here: the idle launch threads hold no
             # lock the children need.
             self._pool = concurrent.futures.ProcessPoolExecutor(
-                self.processes, mp_context=multiprocessing.get_context("fork"))
-        self.futures[self._pool.submit(compile_job, job)] = job
+                self.processes, mp_context=multiprocessing.get_context("fork"), initializer=_end_with_parent)
+        # a submit may fork a worker: under numba's compiler lock, which another thread compiling a kernel would
+        # otherwise hold in the child for good (its compiles then waited out STALL_SECONDS)
+        with global_compiler_lock:
+            self.futures[self._pool.submit(compile_job, job)] = job
 
     def wait(self, progress=None, stall_seconds: float = STALL_SECONDS) -> None:
         """Wait for every submitted job, stepping `progress` as each one finishes; a worker's error is raised.
@@ -160,7 +177,10 @@ class AheadCompiler:
                 self._stop()
                 return
             for future in done:
-                future.result()
+                try:
+                    future.result()
+                except FileNotFoundError:   # the cache was cleared or evicted meanwhile: compiled at first launch
+                    pass
                 if progress is not None:
                     progress.step()
 
