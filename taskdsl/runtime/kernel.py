@@ -51,27 +51,30 @@ def remember(cache: dict, key, value, limit: int = BINDINGS_PER_KERNEL) -> None:
     cache[key] = value
 
 
-def _binding_key(args: tuple, valued=None):
+def _binding_key(args: tuple):
     """What the checks of `bind` depend on, when every argument is a numpy array, a td.DeviceArray or a
-    Python/numpy scalar: kinds, dtypes and shapes of the arrays, types and values of the scalars (with `valued`, a
-    set of argument positions, only theirs: the others' types); else None."""
+    Python/numpy scalar: kinds, dtypes and shapes of the arrays, types and values of the scalars; else None."""
     key = []
-    for k, a in enumerate(args):
+    for a in args:
         if type(a) is DeviceArray:      # first: the arguments of launches that must be cheap
             key.append(a.launch_key)
         elif type(a) is np.ndarray:      # exactly: a subclass is bound as a plain view (`plain_arrays`)
             key.append((a.dtype, a.shape))
-        elif not _is_scalar(a):
-            return None
-        elif valued is not None and k not in valued:
-            key.append(type(a))
         elif type(a) is int:
             key.append((int, a))
         elif _is_float_scalar(a):       # by bits: -0.0 == 0.0 (but 1 / x differs), and a NaN is no NaN's equal
             key.append((type(a), _F64_BITS(a if type(a) is float else float(a))))
-        else:
+        elif _is_scalar(a):
             key.append((type(a), a))
+        else:
+            return None
     return tuple(key)
+
+
+def _base_key(key: tuple, args: tuple, valued: frozenset) -> tuple:
+    """`key` (a _binding_key of `args`) with the scalars' values left out, but those at the positions `valued`."""
+    return tuple(type(a) if k not in valued and _is_scalar(a) else part
+                 for k, (a, part) in enumerate(zip(args, key)))
 
 
 _F64_BITS = struct.Struct("d").pack
@@ -382,7 +385,7 @@ class Kernel:
         if prepared is not None:
             prepared(args)
             return
-        base_key = None if key is None else _binding_key(args, self._grid_scalars)
+        base_key = None if key is None else _base_key(key, args, self._grid_scalars)
         prepared = self._cuda_bases.get(base_key) if base_key is not None else None
         if prepared is not None:        # new values of scalars alone: checked, then that launch (`_new_cpu_launch`)
             values = [self._bind_scalar(n, spec, a) if isinstance(spec, T.DataType) else a
@@ -452,7 +455,7 @@ class Kernel:
         and block do not read) reuses that one's launch with its scalars bound anew: a scalar changing at each call
         took the whole path each time (~0.1 ms)."""
         recording = precompile.is_recording()
-        base_key = None if key is None else (_binding_key(args, self._grid_scalars), *key[1:])
+        base_key = None if key is None else (_base_key(key[0], args, self._grid_scalars), *key[1:])
         base = self._launch_bases.get(base_key) if base_key is not None and not recording else None
         if base is not None:
             launch = base.with_scalars({k: self._bind_scalar(n, spec, a) for k, ((n, spec), a)

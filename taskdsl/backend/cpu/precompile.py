@@ -33,6 +33,8 @@ from numba.core.compiler_lock import global_compiler_lock
 from ...runtime.config import env_count
 
 _local = threading.local()   # .recorder: this thread's _Recorder while it records (another thread's launches run)
+_recording_threads = 0       # how many threads record: launches check this int first (no thread-local lookup)
+_count_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,7 @@ class _Recorder:
 def is_recording() -> bool:
     """Whether this thread's cpu launches are being recorded instead of run (a graph compiling in one thread left
     the kernels other threads called unrun, silently)."""
-    return getattr(_local, "recorder", None) is not None
+    return _recording_threads > 0 and getattr(_local, "recorder", None) is not None
 
 
 def record(job: Job) -> None:
@@ -75,11 +77,16 @@ def record(job: Job) -> None:
 
 @contextlib.contextmanager
 def _recording_into(recorder: _Recorder):
+    global _recording_threads
     saved, _local.recorder = getattr(_local, "recorder", None), recorder
+    with _count_lock:
+        _recording_threads += 1
     try:
         yield recorder
     finally:
         _local.recorder = saved
+        with _count_lock:
+            _recording_threads -= 1
 
 
 @contextlib.contextmanager
