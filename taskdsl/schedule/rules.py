@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import math
 
 from .. import ir
 from ..compute import Tensor, accumulator_dtype, reduction_identity, size_var
