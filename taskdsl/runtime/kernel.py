@@ -261,11 +261,11 @@ class Kernel:
                              f"got shape {shape}")
         for axis, (dim, n) in enumerate(zip(spec.dims, shape)):
             if isinstance(dim, str):
-                where = "from an earlier " + ("axis of this argument" if dim in spec.dims[:axis] else "argument")
                 if not T.i32.holds(n):      # size symbols are i32 (a GPU kernel would wrap it)
                     raise ValueError(f"kernel '{self.name}': size '{dim}' is {n} in '{pname}' (axis {axis}); size "
                                      "symbols are i32, so an axis holds at most 2^31 - 1 elements")
                 if sizes.setdefault(dim, n) != n:
+                    where = "from an earlier " + ("axis of this argument" if dim in spec.dims[:axis] else "argument")
                     raise ValueError(f"kernel '{self.name}': size '{dim}' is {sizes[dim]} {where} but {n} in "
                                      f"'{pname}' (axis {axis}, shape {shape})")
             elif isinstance(dim, ir.Expr):
@@ -388,10 +388,9 @@ class Kernel:
         base_key = None if key is None else _base_key(key, args, self._grid_scalars)
         prepared = self._cuda_bases.get(base_key) if base_key is not None else None
         if prepared is not None:        # new values of scalars alone: checked, then that launch (`_new_cpu_launch`)
-            values = [self._bind_scalar(n, spec, a) if isinstance(spec, T.DataType) else a
-                      for (n, spec), a in zip(self.params, args)]
+            scalars = self._bound_scalars(args)
             remember(self._cuda_launches, key, prepared)
-            prepared(values)
+            prepared([scalars.get(k, a) for k, a in enumerate(args)])
             return
         binding = self.bind(args, "cuda")
         if 0 in binding.grid:
@@ -458,8 +457,7 @@ class Kernel:
         base_key = None if key is None else (_base_key(key[0], args, self._grid_scalars), *key[1:])
         base = self._launch_bases.get(base_key) if base_key is not None and not recording else None
         if base is not None:
-            launch = base.with_scalars({k: self._bind_scalar(n, spec, a) for k, ((n, spec), a)
-                                        in enumerate(zip(self.params, args)) if isinstance(spec, T.DataType)})
+            launch = base.with_scalars(self._bound_scalars(args))
         else:
             binding = self.bind(args, "cpu")
             if 0 in binding.grid:        # nothing to run, and nothing to compile
@@ -472,6 +470,11 @@ class Kernel:
         if key is not None:
             remember(self._launches, key, launch)
         return launch
+
+    def _bound_scalars(self, args: tuple) -> dict:
+        """{position: value} of the scalar arguments, checked and converted as `bind` does."""
+        return {k: self._bind_scalar(n, spec, a) for k, ((n, spec), a) in enumerate(zip(self.params, args))
+                if isinstance(spec, T.DataType)}
 
     def _prepare_cpu(self, binding: Binding, debug: bool):
         """The prepared launch of `binding` (None while launches are being recorded for compiling ahead)."""

@@ -7,8 +7,6 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from .parallel import damage_tolerant
-
 
 @functools.cache
 def compiler_fingerprint() -> str:
@@ -34,6 +32,4 @@ def load_module_function(path: Path, name: str):
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         sys.modules[module_name] = module
-    function = getattr(module, name)
-    damage_tolerant(function)
-    return function
+    return getattr(module, name)      # (compiled through `parallel.compiled`: its cache is best effort there)

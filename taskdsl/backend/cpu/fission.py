@@ -129,12 +129,16 @@ def _flatten(s) -> list:
     return [x for y in s.stmts for x in _flatten(y)] if isinstance(s, ir.Seq) else [s]
 
 
+def _assigns_call(s, funcs: tuple) -> bool:
+    return isinstance(s, ir.Assign) and isinstance(s.value, ir.Call) and s.value.func in funcs
+
+
 def _is_shuffle_assign(s) -> bool:
-    return isinstance(s, ir.Assign) and isinstance(s.value, ir.Call) and s.value.func in WARP_FUNCS
+    return _assigns_call(s, WARP_FUNCS)
 
 
 def _is_block_max(s) -> bool:
-    return isinstance(s, ir.Assign) and isinstance(s.value, ir.Call) and s.value.func == BLOCK_MAX
+    return _assigns_call(s, (BLOCK_MAX,))
 
 
 def _vars_read(e) -> set:

@@ -105,8 +105,9 @@ def compile_job(job: Job) -> None:
     """Compile one job's entry for its signature (numba's cache=True writes the machine code)."""
     from .compile import load_module_function
     from .launch import compiler_settings
-    with compiler_settings(job.opt_level):
-        load_module_function(Path(job.path), job.entry).compile(job.signature)
+    from .parallel import compiled
+    with compiler_settings(job.opt_level):      # under the cache's lock and repair, as a launch compiles
+        compiled(load_module_function(Path(job.path), job.entry), job.signature)
 
 
 def pending(jobs: list) -> list:
