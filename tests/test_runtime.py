@@ -603,10 +603,12 @@ def test_a_job_whose_module_the_cache_lost_compiles_at_first_launch(tmp_path, mo
 
 def test_compile_workers_fork_under_numbas_compiler_lock_and_end_with_their_parent(tmp_path):
     """A worker forked while another thread compiled inherited numba's compiler lock held, and waited out
-    STALL_SECONDS; a process killed during a graph's compile left its workers alive for good."""
+    STALL_SECONDS; a process killed during a graph's compile left its workers alive for good (also where
+    SIGTERM is ignored, as some CI runners start processes)."""
     script = tmp_path / "parent.py"
     script.write_text(
-        "import os, sys, time\n"
+        "import os, signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
         "import concurrent.futures\n"
         "from numba.core.compiler_lock import global_compiler_lock\n"
         "from taskdsl.backend.cpu import precompile\n"
@@ -642,3 +644,16 @@ def test_compile_workers_fork_under_numbas_compiler_lock_and_end_with_their_pare
         time.sleep(0.1)
     else:
         raise AssertionError(f"the workers {workers} outlived their killed parent")
+
+
+def test_a_compile_worker_whose_parent_ended_before_it_started_ends_at_once():
+    """The parent killed between a worker's fork and its death-signal request sent it no signal: it stayed."""
+    from taskdsl.backend.cpu import precompile
+    child = os.fork()
+    if child == 0:
+        try:
+            precompile._end_with_parent(parent=-1)      # never this child's parent
+        finally:
+            os._exit(3)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

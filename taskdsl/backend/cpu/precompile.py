@@ -133,12 +133,15 @@ def _max_processes() -> int:
     return workers() if sys.platform.startswith("linux") else 1
 
 
-def _end_with_parent() -> None:
+def _end_with_parent(parent: int) -> None:
     """A worker's start: ask Linux to end it when its parent process ends (killed, the workers stayed for good)."""
     try:
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)     # PR_SET_PDEATHSIG
+        # SIGKILL: a SIGTERM ignored where the process started (some CI runners) is ignored in the workers too
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)     # PR_SET_PDEATHSIG
     except (OSError, AttributeError):                   # not Linux: the executor's own shutdown stops them
-        pass
+        return
+    if os.getppid() != parent:      # the parent ended before the request was made: no signal will come
+        os._exit(0)
 
 
 class AheadCompiler:
@@ -165,7 +168,8 @@ class AheadCompiler:
             # from a submit, when nothing compiles or launches here: the idle launch threads hold no
             # lock the children need.
             self._pool = concurrent.futures.ProcessPoolExecutor(
-                self.processes, mp_context=multiprocessing.get_context("fork"), initializer=_end_with_parent)
+                self.processes, mp_context=multiprocessing.get_context("fork"), initializer=_end_with_parent,
+                initargs=(os.getpid(),))
         # a submit may fork a worker: under numba's compiler lock, which another thread compiling a kernel would
         # otherwise hold in the child for good (its compiles then waited out STALL_SECONDS)
         with global_compiler_lock:
@@ -195,7 +199,7 @@ class AheadCompiler:
     def _stop(self) -> None:
         """End the worker processes now, whatever they are doing."""
         for process in list(self._pool._processes.values()):     # (the executor has no public way to kill them)
-            process.terminate()
+            process.kill()          # not terminate: a SIGTERM ignored where this process started is ignored there
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._pool = None
 
