@@ -267,12 +267,17 @@ def test_switches_take_booleans(switch):
     switch(False)
 
 
-def test_block_limit():
-    @td.kernel(grid=1, block=2048)
+@pytest.mark.parametrize("grid, block, message", [
+    (1, 2048, "2048 threads"), ((1, 70000), 32, r"grid\.y is 70000"), (2**31, 1, r"grid\.x is 2147483648"),
+    (1, (1, 1, 128), r"block\.z is 128")])
+def test_launch_limits_hold_on_every_target(grid, block, message):
+    """The cpu target ran grids and blocks that no GPU launches (the per-axis limits): a kernel tried there
+    failed at its first GPU launch."""
+    @td.kernel(grid=grid, block=block)
     def too_big(X: f32[1]):
         X[0] = 1.0
 
-    with pytest.raises(ValueError, match="1024"):
+    with pytest.raises(ValueError, match=message):
         too_big(np.ones(1, np.float32))
 
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from .. import ir
 from ..backend.cpu import precompile
+from ..backend.cuda.launch import check_launch_dims
 from ..ir import types as T
 from ..errors import DSLError
 from .arrays import conversion
@@ -230,8 +231,7 @@ class Kernel:
             self._global_reads.note_code(spec)
         grid = _dims3(self._evaluate(self.grid_spec, sizes, scalars, "grid"), "grid", self.name)
         block = _dims3(self._evaluate(self.block_spec, sizes, scalars, "block"), "block", self.name)
-        if block[0] * block[1] * block[2] > 1024:
-            raise ValueError(f"kernel '{self.name}': a block has at most 1024 threads, got {block}")
+        check_launch_dims(grid, block, kernel=self.name)    # on every target: a kernel tried on the cpu runs on a GPU
         return Binding(values, sizes, grid, block)
 
     def _bind_tensor(self, pname, spec: T.TensorSpec, arg, sizes: dict, target: str, derived: list):
