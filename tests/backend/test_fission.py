@@ -365,9 +365,24 @@ def warp_break_in_warp_branch_while(X: f32[64], Y: f32[64], n: td.i32):
     Y[t] = v
 
 
+@td.kernel(grid=1, block=64)
+def per_warp_while_through_an_alias(X: f32[64], Y: f32[64], n: td.i32):
+    t = threadIdx.x          # a thread-level alias the warp index is computed from
+    warp = t // 32
+    v = X[t]
+    i = 0
+    while i < n + warp:
+        v += td.shfl_xor(v, 1)
+        i += 1
+    Y[t] = v
+
+
 @pytest.mark.parametrize("kernel, message", [
     (warp_break_in_shuffle_while, "the condition of a loop containing a barrier or shuffle differs between the warps"),
     (warp_break_in_warp_branch_while, "break or continue under a warp-uniform condition.* in a while loop"),
+    # (the error was at `t = threadIdx.x`, as if the loop held a barrier and the alias had to be block-uniform)
+    (per_warp_while_through_an_alias, "the condition of a loop containing a barrier or shuffle differs between the "
+                                      "warps(.|\n)*while i < n \+ warp"),
 ])
 def test_break_under_a_warp_uniform_condition_in_a_while_loop_is_refused(kernel, message):
     with pytest.raises(td.DSLError, match=message):

@@ -252,6 +252,8 @@ class _Fission:
                 self.block_vars |= _vars_read(x.start) | _vars_read(x.stop) | {x.var.uid}
                 self._scan(x.body, True, branches)
             elif isinstance(x, ir.While):
+                # checked here, before `split` meets the assignments its condition reads: the loop is the cause
+                self.require_uniform(x.cond, x, "the condition of a loop containing a barrier or shuffle", branches)
                 self.block_vars |= _vars_read(x.cond)
                 self._scan(x.body, True, branches)
             elif isinstance(x, ir.If):
