@@ -43,10 +43,20 @@ class DSLError(Exception):
             caller = self.loc.caller
             while caller is not None:       # the calls of the @td.funcs it is inlined from, innermost first
                 text += f"\n  in the @td.func called at {caller}" + _shown(caller)
-                caller = caller.caller
+                repeats, caller = _same_calls(caller)
+                if repeats:                 # a recursion: one line for its repeated calls, not 32 frames
+                    text += f"\n  ... called there {repeats} more time{'s' * (repeats > 1)}"
         if self.hint:
             text += f"\n{self.hint}"
         return text
+
+
+def _same_calls(call: SourceLoc) -> tuple:
+    """How many callers after `call` are at its very place, and the first caller that is not."""
+    repeats, caller = 0, call.caller
+    while caller is not None and (caller.file, caller.line, caller.col) == (call.file, call.line, call.col):
+        repeats, caller = repeats + 1, caller.caller
+    return repeats, caller
 
 
 def _shown(loc: SourceLoc) -> str:

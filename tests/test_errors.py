@@ -705,7 +705,10 @@ def test_nested_device_functions_may_be_defined_after_their_callers_and_recursio
     x = np.arange(4, dtype=np.float32)
     k(x)
     np.testing.assert_array_equal(x, [1, 2, 3, 4])
-    dsl_error(lambda: r(x), "E_RECURSION", "nests too deeply (recursion is not supported)")
+    err = dsl_error(lambda: r(x), "E_RECURSION", "nests too deeply (recursion is not supported)")
+    # the recursive calls shown once, with their count (it listed 32 frames of the same line), then the kernel's
+    assert str(err).count("in the @td.func called at") == 2 and "called there 31 more times" in str(err), str(err)
+    assert str(err).rstrip().endswith("^") and "X[threadIdx.x] = fact(threadIdx.x)" in str(err)
 
 
 def test_a_whole_tensor_is_no_condition_and_compares_by_its_elements():
