@@ -570,7 +570,8 @@ def _library(source: str, symbol: str, c_types: list):
     text = KERNEL_SHIM + '#line 1 "cuda_source"\n' + source + launcher
     with _lock:
         runtime = _runtime()
-        path = _build(text, symbol, (str(runtime), "-lm"))
+        # -Bsymbolic: the launcher calls this library's kernel, not a function of its name loaded earlier (libm's fdiv)
+        path = _build(text, symbol, (str(runtime), "-lm", "-Wl,-Bsymbolic"))
         if path not in _loaded:
             library = ctypes.CDLL(str(path))
             library.td_host_launch.restype = ctypes.c_int

@@ -30,6 +30,21 @@ def run_both(kernel, inputs: list, outputs: list) -> dict:
     return runs
 
 
+# --------------------------------------------------------------------------- the shim itself
+@td.kernel(grid=1, block=4)
+def fdiv(A: f32[4], B: f32[4], OUT: f32[4]):      # named like libm's fdiv (C23), which python has loaded
+    t = threadIdx.x
+    OUT[t] = A[t] / B[t]
+
+
+def test_a_kernel_named_like_a_loaded_c_function_runs_itself():
+    """The launcher called libm's `fdiv` in place of the kernel: its outputs stayed as they were, and a test
+    comparing them with a cpu run's compared nothing it computed."""
+    a, b = np.array([7, -1, 3, 9], np.float32), np.array([2, 4, -8, 3], np.float32)
+    for target, (out,) in run_both(fdiv, [a, b], [np.zeros(4, np.float32)]).items():
+        np.testing.assert_array_equal(out, a / b, err_msg=target)
+
+
 # --------------------------------------------------------------------------- range() reads its stop once
 @td.kernel(grid=1, block=4)
 def trips(OUT: i64[4]):
