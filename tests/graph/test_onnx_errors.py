@@ -270,3 +270,17 @@ def test_an_output_declared_without_a_shape_is_checked_with_the_inferred_one():
                               opset_imports=[helper.make_opsetid("", 17)])
     x = np.arange(-3, 3, dtype=np.float32).reshape(2, 3)
     np.testing.assert_array_equal(tg.from_onnx(model)(x)[0], np.maximum(x, 0))
+
+
+def test_an_output_without_a_shape_onnx_cannot_infer_takes_the_computed_one():
+    """A ReduceSum whose axes are a graph input: onnx infers no shape, and the model was refused as invalid ONNX
+    even with `constants=` fixing the axes (onnxruntime runs it)."""
+    model = helper.make_model(helper.make_graph([n("ReduceSum", ["x", "axes"], ["y"])], "g",
+                                                [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 5]),
+                                                 helper.make_tensor_value_info("axes", TensorProto.INT64, [1])],
+                                                [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]),
+                              opset_imports=[helper.make_opsetid("", 18)])
+    with pytest.raises(ConstantRequiredError, match="constants=.*'axes'"):
+        tg.from_onnx(model)
+    x = np.arange(15, dtype=np.float32).reshape(3, 5)
+    np.testing.assert_array_equal(tg.from_onnx(model, constants={"axes": [1]})(x)[0], x.sum(1, keepdims=True))
