@@ -18,11 +18,12 @@ from ..runtime.arrays import contiguous
 
 def as_shape(shape, what: str = "shape") -> tuple:
     """A shape as a tuple of non-negative Python ints (ValueError otherwise)."""
-    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
-    for d in shape:
-        if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0:
-            raise ValueError(f"{what} must be a tuple of non-negative ints, got {shape!r}")
-    return tuple(int(d) for d in shape)
+    if isinstance(shape, (int, np.integer)):
+        shape = (shape,)
+    dims = None if isinstance(shape, str) or not hasattr(shape, "__iter__") else tuple(shape)   # ("2,3": no dims)
+    if dims is None or any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0 for d in dims):
+        raise ValueError(f"{what} must be a tuple of non-negative ints, got {shape!r}")
+    return tuple(int(d) for d in dims)
 
 
 class Tensor:

@@ -284,3 +284,15 @@ def test_an_output_without_a_shape_onnx_cannot_infer_takes_the_computed_one():
         tg.from_onnx(model)
     x = np.arange(15, dtype=np.float32).reshape(3, 5)
     np.testing.assert_array_equal(tg.from_onnx(model, constants={"axes": [1]})(x)[0], x.sum(1, keepdims=True))
+
+
+@pytest.mark.parametrize("dims", [(2.5, 3), (True, 3), (2.0, 3), "2,3", (-2, 3), None])
+def test_shapes_take_non_negative_int_dims(dims):
+    """A float dim was truncated (2.5 -> 2) and a bool taken as 1 without a word; a string gave int()'s message."""
+    model = helper.make_model(helper.make_graph([n("Relu", ["x"], ["y"])], "g",
+                                                [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 3])],
+                                                [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 3])]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(ValueError, match=r"from_onnx: shapes\['x'\] must be a tuple of non-negative ints"):
+        tg.from_onnx(model, shapes={"x": dims})
+    assert tg.from_onnx(model, shapes={"x": np.array([2, 3])}).inputs[0].shape == (2, 3)

@@ -16,7 +16,7 @@ import onnx
 from onnx import version_converter
 
 from ..graph import Graph, topological_nodes
-from ..tensor import constant
+from ..tensor import as_shape, constant
 from ..tensor import input as graph_input
 from . import elementwise, nn, shape  # noqa: F401 - register the converters
 from .errors import OnnxImportError, UnsupportedOnnxError
@@ -102,7 +102,7 @@ def _check_declared(vi: onnx.ValueInfoProto, shape: tuple, what: str) -> None:
 
 def _input_shape(vi: onnx.ValueInfoProto, shapes: dict) -> tuple:
     if vi.name in shapes:
-        shape = tuple(int(d) for d in shapes[vi.name])
+        shape = as_shape(shapes[vi.name], f"from_onnx: shapes[{vi.name!r}]")
         _check_declared(vi, shape, "shapes")
         return shape
     declared = _declared_dims(vi)
