@@ -77,9 +77,13 @@ def test_models_before_opset_11_are_converted():
         tg.from_onnx(unchecked_model(n("NoSuchOp", ["x"], ["y"]), opset=9))
     upsample = make_model([n("Upsample", ["x", "scales"], ["y"], mode="nearest")], [("x", [1, 1, 2, 3])],
                           [("y", [1, 1, 4, 6])], {"scales": np.array([1, 1, 2, 2], np.float32)}, opset=9)
-    with pytest.warns(UserWarning), pytest.raises(UnsupportedOnnxError, match=r"operator Resize is not supported.*"
-                                                  r"opset 9 was converted to 13 by onnx.version_converter"):
-        tg.from_onnx(upsample)      # the converter made its Upsample a Resize: the message says where it came from
+    upsample.graph.node[0].name = "up1"
+    # the converter made its Upsample a Resize, and dropped its name: the message named a node and an operator the
+    # model does not have
+    with pytest.warns(UserWarning), pytest.raises(UnsupportedOnnxError, match=r"^node 'up1' \(Upsample\): operator "
+                                                  r"Upsample is not supported \(the model's opset 9 was converted to "
+                                                  r"13 by onnx.version_converter, where .*Resize is not supported"):
+        tg.from_onnx(upsample)
 
 
 def test_malformed_models():

@@ -238,9 +238,14 @@ def from_onnx(model_or_path, shapes: dict | None = None, constants: dict | None 
         except UnsupportedOnnxError as e:
             if model is original or type(e) is not UnsupportedOnnxError:
                 raise
-            raise UnsupportedOnnxError(f"{e} (the model's opset {_default_domain_opset(original)} was converted to "
-                                       f"{opset} by onnx.version_converter, which may have replaced its operators)"
-                                       ) from e
+            converted = (f"the model's opset {_default_domain_opset(original)} was converted to {opset} by "
+                         "onnx.version_converter")
+            unknown = next((p for p in original.graph.node if p.op_type not in CONVERTERS), None)
+            if unknown is not None:     # named as the user's model has it (an Upsample became a Resize)
+                raise UnsupportedOnnxError(f"node {unknown.name or unknown.output[0]!r} ({unknown.op_type}): operator "
+                                           f"{unknown.op_type} is not supported ({converted}, where it failed as: "
+                                           f"{e})") from e
+            raise UnsupportedOnnxError(f"{e} ({converted}, which may have replaced its operators)") from e
     outputs = []
     for vi in graph.output:
         if vi.name not in env:
