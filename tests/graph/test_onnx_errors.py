@@ -300,3 +300,22 @@ def test_shapes_take_non_negative_int_dims(dims):
     with pytest.raises(ValueError, match=r"from_onnx: shapes\['x'\] must be a tuple of non-negative ints"):
         tg.from_onnx(model, shapes={"x": dims})
     assert tg.from_onnx(model, shapes={"x": np.array([2, 3])}).inputs[0].shape == (2, 3)
+
+
+def test_a_named_dim_given_by_one_input_fixes_it_in_the_others():
+    """Inputs sharing a symbolic dim ('batch') each needed a shape; contradicting sizes gave an Add's broadcast
+    error."""
+    model = helper.make_model(helper.make_graph([n("Add", ["x", "y"], ["z"])], "g",
+                                                [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3]),
+                                                 helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3]),
+                                                 helper.make_tensor_value_info("m", TensorProto.FLOAT, ["?", 2])],
+                                                [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch", 3])]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    x, y = rand((2, 3)), rand((2, 3), seed=1)
+    g = tg.from_onnx(model, shapes={"x": (2, 3), "m": (1, 2)})
+    assert [t.shape for t in g.inputs] == [(2, 3), (2, 3), (1, 2)]
+    np.testing.assert_array_equal(g(x, y, np.zeros((1, 2), np.float32))[0], x + y)
+    with pytest.raises(ValueError, match=r"dim 'batch' is 2 in shapes\['x'\] but 4 in shapes\['y'\]"):
+        tg.from_onnx(model, shapes={"x": (2, 3), "y": (4, 3), "m": (1, 2)})
+    with pytest.raises(UnsupportedOnnxError, match="graph input 'm' has a symbolic dim '\\?'"):
+        tg.from_onnx(model, shapes={"x": (2, 3)})     # an unnamed dim is no one's

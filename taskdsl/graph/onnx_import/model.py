@@ -100,21 +100,43 @@ def _check_declared(vi: onnx.ValueInfoProto, shape: tuple, what: str) -> None:
                          f"{tuple(declared)}")
 
 
-def _input_shape(vi: onnx.ValueInfoProto, shapes: dict) -> tuple:
+def _given_shape(vi: onnx.ValueInfoProto, shapes: dict) -> tuple:
+    shape = as_shape(shapes[vi.name], f"from_onnx: shapes[{vi.name!r}]")
+    _check_declared(vi, shape, "shapes")
+    return shape
+
+
+def _symbolic_dims(graph: onnx.GraphProto, shapes: dict, constants: dict) -> dict:
+    """{dim name: size} that `shapes` and `constants` give the inputs' named symbolic dims (ValueError where two
+    give one name different sizes), so that an input whose dims are all named by others needs no shape."""
+    sizes, where = {}, {}
+    for vi in graph.input:
+        for what, given in (("shapes", shapes), ("constants", constants)):
+            if vi.name not in given:
+                continue
+            shape = _given_shape(vi, shapes) if what == "shapes" else np.shape(given[vi.name])
+            for d, n in zip(_declared_dims(vi) or (), shape):
+                if isinstance(d, str) and d != "?":
+                    if sizes.setdefault(d, n) != n:
+                        raise ValueError(f"from_onnx: the model's dim {d!r} is {sizes[d]} in {where[d]} but {n} in "
+                                         f"{what}[{vi.name!r}]; give the inputs that share it the same size")
+                    where.setdefault(d, f"{what}[{vi.name!r}]")
+    return sizes
+
+
+def _input_shape(vi: onnx.ValueInfoProto, shapes: dict, named: dict) -> tuple:
     if vi.name in shapes:
-        shape = as_shape(shapes[vi.name], f"from_onnx: shapes[{vi.name!r}]")
-        _check_declared(vi, shape, "shapes")
-        return shape
+        return _given_shape(vi, shapes)
     declared = _declared_dims(vi)
     if declared is None:
         raise UnsupportedOnnxError(f"graph input {vi.name!r} has no shape; give it with "
                                    f"from_onnx(model, shapes={{{vi.name!r}: (...)}})")
     for d in declared:
-        if not isinstance(d, int):
+        if not isinstance(d, int) and d not in named:
             raise UnsupportedOnnxError(
                 f"graph input {vi.name!r} has a symbolic dim {d!r}; shapes are static: give them "
-                f"with from_onnx(model, shapes={{{vi.name!r}: (...)}})")
-    return tuple(declared)
+                f"with from_onnx(model, shapes={{{vi.name!r}: (...)}}) (or give another input with that dim a shape)")
+    return tuple(d if isinstance(d, int) else named[d] for d in declared)
 
 
 def _input_constant(vi: onnx.ValueInfoProto, value, dtype: str) -> np.ndarray:
@@ -135,6 +157,7 @@ def _bind_inputs(graph: onnx.GraphProto, env: dict, shapes: dict, constants: dic
         unknown = sorted(set(given) - set(names))
         if unknown:
             raise ValueError(f"from_onnx: {what} names {unknown}, which are not graph inputs ({names})")
+    named = _symbolic_dims(graph, shapes, constants)
     for vi in graph.input:
         if not vi.type.HasField("tensor_type"):
             raise UnsupportedOnnxError(f"graph input {vi.name!r} is not a tensor ({vi.type.WhichOneof('value')}); "
@@ -143,7 +166,7 @@ def _bind_inputs(graph: onnx.GraphProto, env: dict, shapes: dict, constants: dic
         if vi.name in constants:
             env[vi.name] = constant(_input_constant(vi, constants[vi.name], dtype), name=vi.name)
         elif vi.name not in env:     # an input with an initializer is a constant with a default: use the default
-            env[vi.name] = graph_input(vi.name, _input_shape(vi, shapes), dtype)
+            env[vi.name] = graph_input(vi.name, _input_shape(vi, shapes, named), dtype)
             inputs.append(env[vi.name])
     return inputs
 
