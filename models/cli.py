@@ -217,6 +217,7 @@ def onnx_file(args) -> tuple:
     from taskdsl.graph.onnx_import.model import load_model
     if args.dtype != "f32" or args.small:
         raise UsageError("--dtype and --small apply to zoo models; an ONNX model runs with its own types and sizes")
+    shapes = {}
     try:
         model = load_model(args.onnx)
         constants = onnx_constants(model, args.constant)
@@ -226,7 +227,11 @@ def onnx_file(args) -> tuple:
     except ConstantRequiredError as e:
         raise UsageError(f"{args.onnx}: {e}; on the command line: --constant {e.inputs[0]}=V,V,...") from None
     except ValueError as e:       # OnnxImportError, and shapes or constants that contradict the model
-        raise UsageError(f"{args.onnx}: {e}") from None
+        sized = "" if not shapes else (         # a default --batch 1 the user never wrote may be the cause
+            f" (the inputs' symbolic dims were sized by --batch {args.batch}"
+            f"{'' if args.seq is None else f' and --seq {args.seq}'}: "
+            f"{', '.join(f'{name} {tuple(shape)}' for name, shape in shapes.items())})")
+        raise UsageError(f"{args.onnx}: {e}{sized}") from None
     check_memory(graph)
     return f"{args.onnx}: {graph!r}", graph, model, constants
 

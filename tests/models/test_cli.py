@@ -209,6 +209,22 @@ def test_a_size_no_symbolic_dim_takes_exits_2(tmp_path, capsys):
     assert "--batch sizes the symbolic dims at axis 0" in capsys.readouterr().err
 
 
+def test_a_model_the_default_batch_contradicts_says_where_its_sizes_came_from(tmp_path, capsys):
+    """A reshape of a batch-symbolic input to 4x8 failed with "cannot reshape a tensor of shape (1, 16)": the 1
+    was --batch's default, which the command never showed."""
+    import onnx
+    from onnx import TensorProto, helper
+    path = tmp_path / "reshape.onnx"
+    graph = helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"])], "reshape",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 16]),
+                               helper.make_tensor_value_info("shape", TensorProto.INT64, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    assert main(["run", "--onnx", str(path), "--target", "cpu", "--constant", "shape=4,8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "the inputs' symbolic dims were sized by --batch 1: x (1, 16)" in err and len(err.splitlines()) == 1
+
+
 def test_a_batch_beyond_the_machines_memory_exits_2_before_anything_runs(tmp_path, capsys):
     """A zoo model and an ONNX file whose --batch needs terabytes: refused up front (the system would kill the
     run, with no message), with what it needs and what is available."""
