@@ -5,7 +5,8 @@ computed only from these, loads at uniform addresses), WARP (same within a warp:
 `threadIdx.x // 32k`, `threadIdx.x < 32k`, threadIdx.y/z when blockDim.x is a multiple of 32)
 and THREAD. A variable's level is the highest of its assigned values and of the control
 flow its assignments sit under; a loop left by a `break` under a divergent condition is
-itself divergent from then on.
+itself divergent from then on, and the rest of a trip after a `continue` under a warp-uniform
+condition is warp-uniform (a thread-level `continue` makes the whole loop divergent).
 
 `agreed_within` answers a second question, for code that runs under warp-uniform branches:
 is a value the same in every thread that runs the innermost of them? (A variable assigned
@@ -31,6 +32,7 @@ class Uniformity:
         self.branches: dict = {}       # var uid -> warp-uniform branches its assignments sit in
         self.loop_level: dict = {}     # id(loop stmt) -> level of its trip count
         self.tid_aliases = self._tid_aliases(fn)
+        self.control: dict = {}        # id(statement) -> level of the control flow around it
         changed = True
         while changed:
             self._changed = False
@@ -127,16 +129,21 @@ class Uniformity:
             self.branches[var.uid].add(branches[-1])
             self._changed = True
 
-    def _walk(self, s, ctl: int, loop, rctl: int, branches: tuple) -> None:
+    def _walk(self, s, ctl: int, loop, rctl: int, branches: tuple) -> int:
         """`ctl`: level of the control flow around `s`; `rctl`: the same counting only thread-level
-        conditions; `branches`: the warp-uniform if-branches around `s`, outermost first."""
+        conditions; `branches`: the warp-uniform if-branches around `s`, outermost first. Returns WARP where
+        `s` holds a `continue` of `loop` under warp-uniform control flow: the statements after `s`, to the end
+        of the trip, run in the warps that did not continue."""
         if s is None:
-            return
+            return UNIFORM
+        self.control[id(s)] = ctl
         relaxed = lambda e: self.level(e, self.relaxed_level)
         if isinstance(s, ir.Seq):
+            skipped = UNIFORM
             for x in s.stmts:
-                self._walk(x, ctl, loop, rctl, branches)
-        elif isinstance(s, ir.Assign):
+                skipped = max(skipped, self._walk(x, max(ctl, skipped), loop, rctl, branches))
+            return skipped
+        if isinstance(s, ir.Assign):
             self._set(s.var, max(ctl, self.level(s.value)), max(rctl, relaxed(s.value)), branches)
         elif isinstance(s, (ir.For, ir.While)):
             heads = (s.start, s.stop) if isinstance(s, ir.For) else (s.cond,)
@@ -145,7 +152,7 @@ class Uniformity:
             rlevel = max([rctl] + [THREAD if max(trips, relaxed(h)) == THREAD else UNIFORM for h in heads])
             if isinstance(s, ir.For):
                 self._set(s.var, level, rlevel, branches)
-            self._walk(s.body, level, s, rlevel, branches)
+            self._walk(s.body, level, s, rlevel, branches)     # (its own continues end with its trips)
         elif isinstance(s, ir.If):
             cond = self.level(s.cond)
             level, rlevel = max(ctl, cond), max(rctl, THREAD if cond == THREAD else UNIFORM)
@@ -153,30 +160,33 @@ class Uniformity:
             # function's early-return test on its arguments, say) opens no new branch
             divergent = cond == WARP and not (branches and self.agreed_within(s.cond, branches))
             inner = lambda side: branches + ((id(s), side),) if divergent else branches
-            self._walk(s.then, level, loop, rlevel, inner("then"))
-            self._walk(s.orelse, level, loop, rlevel, inner("else"))
+            return max(self._walk(s.then, level, loop, rlevel, inner("then")),
+                       self._walk(s.orelse, level, loop, rlevel, inner("else")))
+        elif isinstance(s, ir.Continue) and loop is not None and ctl == WARP:
+            return WARP
         elif isinstance(s, (ir.Break, ir.Continue)) and loop is not None:
             if ctl > self.loop_level.get(id(loop), UNIFORM):
                 self.loop_level[id(loop)] = ctl
                 self._changed = True
+        return UNIFORM
 
     def control_levels(self, fn: ir.Function):
-        """Yield (statement, level of the control flow around it) for every statement."""
-        yield from self._control(fn.body, UNIFORM)
+        """Yield (statement, level of the control flow around it) for every statement of `fn` (the function
+        this analysis was made of)."""
+        for s in _statements(fn.body):
+            yield s, self.control[id(s)]
 
-    def _control(self, s, ctl):
-        if s is None:
-            return
-        yield s, ctl
-        if isinstance(s, ir.Seq):
-            for x in s.stmts:
-                yield from self._control(x, ctl)
-        elif isinstance(s, ir.For):
-            yield from self._control(s.body, max(ctl, self.level(s.start), self.level(s.stop),
-                                                 self.loop_level.get(id(s), UNIFORM)))
-        elif isinstance(s, ir.While):
-            yield from self._control(s.body, max(ctl, self.level(s.cond), self.loop_level.get(id(s), UNIFORM)))
-        elif isinstance(s, ir.If):
-            level = max(ctl, self.level(s.cond))
-            yield from self._control(s.then, level)
-            yield from self._control(s.orelse, level)
+
+def _statements(s):
+    """`s` and the statements nested in it, in program order (as `_walk` visits them)."""
+    if s is None:
+        return
+    yield s
+    if isinstance(s, ir.Seq):
+        inner = s.stmts
+    elif isinstance(s, (ir.For, ir.While)):
+        inner = (s.body,)
+    else:
+        inner = (s.then, s.orelse) if isinstance(s, ir.If) else ()
+    for x in inner:
+        yield from _statements(x)

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import taskdsl as td
-from taskdsl import f32, threadIdx
+from taskdsl import f32, i64, threadIdx
 from taskdsl.backend.cpu import fission as F
 from taskdsl.passes import lower
 
@@ -620,3 +620,89 @@ def test_a_per_warp_loop_after_a_warp_break_in_the_same_loop():
                     v = v + v[np.arange(32) ^ 2]
             want[w * 32:(w + 1) * 32] = v
         np.testing.assert_array_equal(out, want)
+
+
+# ------------------------------------------------------------------ a warp's continue ends its trip only
+@td.kernel(grid=2, block=64)
+def uniform_loop_before_a_warp_continue(B: i64[2], OUT: i64[2, 64]):
+    t = threadIdx.x
+    b = td.blockIdx.x
+    x1: i64 = t * 3 - 50
+    x3: i64 = b - t
+    for j1 in range(2):
+        p2 = 0
+        if B[b] % 3:
+            p2 = b + 1
+            for j3 in range(p2):       # its bound is set before the warps' continue: the same in every warp
+                x3 = td.shfl_up(x3 + 1, 7, width=8)
+        elif t < 32:
+            x3 += td.shfl_idx(x1, 3)
+            continue
+        x1 = x1 + p2
+    OUT[b, t] = x1 * 1000 + x3
+
+
+def test_a_warp_continue_leaves_what_comes_before_it_in_later_trips_uniform():
+    """A loop bound assigned before a warp-uniform `continue` (in a later trip) was taken for a per-warp one: the
+    whole loop counted as divergent, and the kernel was refused (random control-flow seed 1204)."""
+    B = np.array([0, 1], np.int64)
+    out = np.zeros((2, 64), np.int64)
+    uniform_loop_before_a_warp_continue(B, out)
+    t = np.arange(64)
+    for b in range(2):
+        x1, x3 = t * 3 - 50, b - t
+        for _ in range(2):
+            p2 = 0
+            if B[b] % 3:
+                p2 = b + 1
+                for _ in range(p2):
+                    x3 = (x3 + 1)[np.where(t % 8 >= 7, t - 7, t)]
+                x1 = x1 + p2
+            else:
+                stays = t < 32
+                x3 = np.where(stays, x3 + x1[(t // 32) * 32 + 3], x3)
+                x1 = np.where(stays, x1, x1 + p2)
+        np.testing.assert_array_equal(out[b], x1 * 1000 + x3)
+
+
+@td.kernel(grid=1, block=64)
+def barriers_before_a_warp_continue(X: f32[64], Y: f32[64]):
+    s = td.shared(f32, (64,))
+    t = threadIdx.x
+    v = X[t]
+    for i in range(3):
+        s[t] = v                       # every thread reaches these barriers in every trip
+        td.syncthreads()
+        v = s[63 - t] + 1.0
+        td.syncthreads()
+        if t // 32 == i % 2:
+            continue
+        v = v * 2.0
+    Y[t] = v
+
+
+@td.kernel(grid=1, block=64)
+def barrier_after_a_warp_continue(X: f32[64], Y: f32[64]):
+    t = threadIdx.x
+    v = X[t]
+    for i in range(3):
+        if t // 32 == i % 2:
+            continue
+        td.syncthreads()               # the warp that continued skips it
+        v = v * 2.0
+    Y[t] = v
+
+
+def test_barriers_before_a_warp_continue_are_reached_by_every_thread():
+    """They were refused as under divergent control flow; one after the continue still is."""
+    x = np.arange(64, dtype=np.float32)
+    y = np.zeros(64, np.float32)
+    barriers_before_a_warp_continue(x, y)
+    t, v = np.arange(64), x.copy()
+    for i in range(3):
+        v = v[63 - t] + np.float32(1)
+        v = np.where(t // 32 == i % 2, v, v * np.float32(2))
+    np.testing.assert_array_equal(y, v)
+    assert "__syncthreads()" in barriers_before_a_warp_continue.source(x, y, target="cuda")
+    with pytest.raises(td.DSLError, match="'syncthreads\\(\\)' inside a branch or loop that depends on threadIdx"):
+        barrier_after_a_warp_continue(x, y)
