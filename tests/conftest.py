@@ -38,6 +38,7 @@ from .simulated_gpu import simulate_cuda_twin
 # Under CI (the CI variable set, as CI services and .ci/run's clean-clone check do) hypothesis draws the same
 # examples at every run, so a red CI is a regression, not a program drawn for the first time; other runs keep
 # drawing new ones, which is how the random-program tests find compiler bugs (then pinned by an @example).
+# (hypothesis is pinned in pyproject.toml: a new release draws other derandomized examples)
 settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")

@@ -532,14 +532,18 @@ def _build(text: str, stem: str, extra: tuple = ()) -> Path:
     key = hashlib.sha256("\0".join((compiler, *FLAGS, *extra, text)).encode()).hexdigest()[:24]
     library = _cache_dir() / f"{stem}_{key}.so"
     if not library.exists():
-        source = library.with_suffix(".cpp")
+        # this process's and thread's own source and output: another pytest-xdist worker (or another run sharing
+        # $TMPDIR) building the same library rewrote a shared .cpp (truncated, then written) while g++ read it
+        mine = f"{os.getpid()}.{threading.get_ident()}"
+        source = library.with_name(f"{library.stem}.{mine}.cpp")
         source.write_text(text)
-        partial = library.with_name(f"{library.name}.{os.getpid()}.{threading.get_ident()}")   # renamed when whole
+        partial = library.with_name(f"{library.name}.{mine}")   # renamed when whole
         result = subprocess.run([compiler, *FLAGS, "-shared", "-pthread", "-o", str(partial), str(source), *extra],
                                 capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(f"{compiler} cannot compile {source}:\n{result.stderr[-4000:]}")
         os.replace(partial, library)
+        source.unlink(missing_ok=True)
     return library
 
 

@@ -55,7 +55,8 @@ def test_cpu_winners_are_keyed_by_the_threads_and_cpu_they_ran_on(timed, monkeyp
         if setting == "threads":
             monkeypatch.setenv("TASKDSL_NUM_THREADS", "2")
         elif setting == "vectors":
-            monkeypatch.setattr(vectors, "host", lambda: vectors.VectorUnit(128, 16))
+            other = vectors.AVX2 if vectors.host().bits == 128 else vectors.SSE   # a width this host does not have
+            monkeypatch.setattr(vectors, "host", lambda: other)
         else:
             from numba.core import config as numba_config
             monkeypatch.setattr(numba_config, "CPU_NAME", "some-other-cpu")
