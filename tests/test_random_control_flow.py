@@ -7,8 +7,8 @@ assignments, augmented assignments, stores of intermediate values, `if`/`elif`/`
 (block-uniform, warp-uniform and per-thread conditions), `for` loops over `range` and `td.unroll`
 (negative steps, bounds computed at run time, bounds that differ between warps around shuffles) and over
 compile-time tuples (unrolled by the translator; a
-`return` may leave them), `while` loops, `break`, `continue` (a warp may leave
-a `for` loop around shuffles), early `return`, calls of device functions with early returns and
+`return` may leave them), `while` loops (conditions that differ between warps around shuffles), `break`,
+`continue` (a warp may leave a loop around shuffles), early `return`, calls of device functions with early returns and
 loops (also in conditions), warp shuffles, exchanges through shared memory between barriers, and
 variables `p*` that a warp-uniform branch sets from uniform values, may loop around a shuffle on,
 and leaves for the threads to read after it. Barriers and shuffles are placed only where the
@@ -97,8 +97,6 @@ class Scope:
     depth: int
     uniform_names: tuple
     thread_names: tuple
-    crossed: int = UNIFORM    # the most divergent `if` condition between the innermost loop and here
-    for_loop: bool = False    # the innermost runtime loop is a `for` (not a `while`)
     unrolled: bool = False    # the innermost loop is over a compile-time tuple: no break or continue, a return
                               # only outside runtime loops, and where `returns`
     returns: bool = True
@@ -146,9 +144,7 @@ class ProgramWriter:
             return ["return"] if scope.loop is None and scope.returns else []
         if scope.loop is None:
             return ["return"] if scope.depth > 1 else []    # `return` is not supported inside loops
-        # the cpu target leaves a block-level for loop under a warp-uniform condition, but not a while loop
-        allowed = scope.loop == THREAD or (self.level(scope) <= scope.loop and
-                                           (scope.crossed == UNIFORM or scope.for_loop))
+        allowed = scope.loop == THREAD or self.level(scope) <= scope.loop
         return ["break", "continue"] if allowed else []
 
     def statement(self, scope: Scope):
@@ -210,13 +206,12 @@ class ProgramWriter:
 
     # ----------------------------------------------------------- compound statements
     def _if(self, scope: Scope):
-        level, crossed = self.level(scope), scope.crossed
+        level = self.level(scope)
         private = None      # a variable the first branch, if warp-uniform, sets from uniform values
         for keyword in ["if"] + ["elif"] * self.draw(st.integers(0, 1)):
             cond, cond_level = self.scoped_condition(scope)
             level = max(level, cond_level)     # an `elif` or `else` runs where the conditions before are false
-            crossed = max(crossed, cond_level)
-            inner = replace(scope, level=level, crossed=crossed, depth=scope.depth + 1)
+            inner = replace(scope, level=level, depth=scope.depth + 1)
             if keyword == "if" and level == WARP and self.draw(st.booleans()):
                 # inside the branch it may bound loops around shuffles (block-level there); after it, each
                 # thread reads its own value (the cpu target gives the branch a copy of it, also each copy of the
@@ -236,7 +231,7 @@ class ProgramWriter:
             self.block(inner)
         if self.draw(st.booleans()):
             self.emit(scope, "else:")
-            self.block(replace(scope, level=level, crossed=crossed, depth=scope.depth + 1))
+            self.block(replace(scope, level=level, depth=scope.depth + 1))
         if private is not None:
             x = self.draw(st.sampled_from(XS))
             self.emit(scope, f"{x} = min(max({x} + {private}, -5000), 5000)")
@@ -274,11 +269,13 @@ class ProgramWriter:
         self.block(body)
 
     def _while(self, scope: Scope):
-        """A while loop that counts its trips first, so that `continue` cannot make it endless."""
+        """A while loop that counts its trips first, so that `continue` cannot make it endless; its condition may
+        differ between warps."""
         counter = self._fresh("w")
-        names, level = self._names(scope)
+        names, level = self._names(scope, warp_bounds=True)
+        condition = self.warp_bound(names) + " > 0" if level == WARP else self.condition(names)
         self.emit(scope, f"{counter} = 0")
-        self.emit(scope, f"while {counter} < {self.draw(st.integers(1, 4))} and ({self.condition(names)}):")
+        self.emit(scope, f"while {counter} < {self.draw(st.integers(1, 4))} and ({condition}):")
         inner = self._loop_scope(scope, level, None)
         self.emit(inner, f"{counter} += 1")
         self.block(inner)
@@ -288,12 +285,11 @@ class ProgramWriter:
         per-thread."""
         level = max(bounds_level, self.level(scope))
         jumps = level if level < THREAD and self.draw(st.booleans()) else THREAD
-        if var is not None and jumps == UNIFORM and self.draw(st.booleans()):
-            jumps = WARP      # a warp may leave a for loop: no barrier inside then, shuffles still
+        if jumps == UNIFORM and self.draw(st.booleans()):
+            jumps = WARP      # a warp may leave the loop: no barrier inside then, shuffles still
         names = {"uniform_names": scope.uniform_names + (var,)} if level == UNIFORM and var else \
             {"thread_names": scope.thread_names + ((var,) if var else ())}
-        return replace(scope, level=max(level, jumps), loop=jumps, crossed=UNIFORM, depth=scope.depth + 1,
-                       for_loop=var is not None, unrolled=False, **names)
+        return replace(scope, level=max(level, jumps), loop=jumps, depth=scope.depth + 1, unrolled=False, **names)
 
     def _names(self, scope: Scope, warp_bounds: bool = False) -> tuple:
         """The names a loop bound may read, and their level (`warp_bounds`: a `for` loop's bounds may differ

@@ -252,6 +252,9 @@ class _Fission:
                 self.block_vars |= _vars_read(x.start) | _vars_read(x.stop) | {x.var.uid}
                 self._scan(x.body, True, branches)
             elif isinstance(x, ir.While):
+                if not self.agreed(x.cond, branches) and not self.has_barrier(x) and \
+                        self.uniformity.level(x.cond) == WARP:
+                    raise _WarpTrips(x)
                 # checked here, before `split` meets the assignments its condition reads: the loop is the cause
                 self.require_uniform(x.cond, x, "the condition of a loop containing a barrier or shuffle", branches)
                 self.block_vars |= _vars_read(x.cond)
@@ -439,50 +442,74 @@ class _WarpJump(Exception):
         super().__init__(branch, loop)
         self.branch, self.loop = branch, loop
 
-    def refusal(self) -> DSLError:
-        """The error for a loop `_jumps_as_flags` cannot rewrite."""
-        return DSLError("a break or continue under a warp-uniform condition, in a loop with a shuffle, is not "
-                        "supported on the cpu target in a while loop", self.branch.loc,
-                        "Leave the loop under a condition that is the same in every thread of the block.")
+
+def _jumps_lowered(stmts: list, left: ir.Var, skip: ir.Var) -> list:
+    """`stmts` (a loop's body) with the loop's own `break`s setting `left` and `skip`, its `continue`s `skip`,
+    and what follows a statement that may jump under `if not skip`."""
+    true = ir.const(True)
+    out = []
+    for k, x in enumerate(stmts):
+        if isinstance(x, (ir.Break, ir.Continue)):
+            return out + ([ir.Assign(left, true, x.loc)] if isinstance(x, ir.Break) else []) + \
+                [ir.Assign(skip, true, x.loc)]
+        if isinstance(x, ir.If) and _own_jumps(x):
+            orelse = None if x.orelse is None else ir.seq(_jumps_lowered(_flatten(x.orelse), left, skip))
+            out.append(dataclasses.replace(x, then=ir.seq(_jumps_lowered(_flatten(x.then), left, skip)),
+                                           orelse=orelse))
+            rest = _jumps_lowered(stmts[k + 1:], left, skip)
+            return out + ([ir.If(ir.Unary("not", skip, T.boolean), ir.seq(rest), None, x.loc)] if rest else [])
+        out.append(x)
+    return out
 
 
-def _jumps_as_flags(body: ir.Stmt, loop):
-    """`body` with the `break`s and `continue`s of the block-level for `loop` made per-thread flags, or None.
+def _jumps_as_flags(body: ir.Stmt, loop) -> ir.Stmt:
+    """`body` with the `break`s and `continue`s of the block-level `loop` made per-thread flags.
 
-    The loop runs all its trips at block level; a thread whose warp left it skips the rest (`left`), and one
+    A for loop runs all its trips at block level; a thread whose warp left it skips the rest (`left`), and one
     whose warp continued skips the rest of the trip (`skip`): both are warp-uniform guards, so fission turns
     them into predicates on the regions. (The loop variable is the loop's own: nothing reads it after the loop.)
-    A while loop could run on after every warp left it: None for a while loop.
+    A while loop runs while a warp is still in it (`_uniform_while`).
     """
-    if not isinstance(loop, ir.For):
-        return None
+    if isinstance(loop, ir.While):
+        return _uniform_while(body, loop)
     left = ir.Var(f"{loop.var.name}_left", T.boolean)
     skip = ir.Var(f"{loop.var.name}_skip", T.boolean)
-    true, false = ir.const(True), ir.const(False)
-
-    def lowered(stmts: list) -> list:
-        out = []
-        for k, x in enumerate(stmts):
-            if isinstance(x, (ir.Break, ir.Continue)):
-                return out + ([ir.Assign(left, true, x.loc)] if isinstance(x, ir.Break) else []) + \
-                    [ir.Assign(skip, true, x.loc)]
-            if isinstance(x, ir.If) and _own_jumps(x):
-                orelse = None if x.orelse is None else ir.seq(lowered(_flatten(x.orelse)))
-                out.append(dataclasses.replace(x, then=ir.seq(lowered(_flatten(x.then))), orelse=orelse))
-                rest = lowered(stmts[k + 1:])
-                return out + ([ir.If(ir.Unary("not", skip, T.boolean), ir.seq(rest), None, x.loc)] if rest else [])
-            out.append(x)
-        return out
-
-    guarded = ir.If(ir.Unary("not", left, T.boolean), ir.seq(lowered(_flatten(loop.body))), None, loop.loc)
+    false = ir.const(False)
+    guarded = ir.If(ir.Unary("not", left, T.boolean), ir.seq(_jumps_lowered(_flatten(loop.body), left, skip)),
+                    None, loop.loc)
     rewritten = dataclasses.replace(loop, body=ir.seq([ir.Assign(skip, false, loop.loc), guarded]))
     return _with_replaced(body, loop, ir.seq([ir.Assign(left, false, loop.loc), rewritten]))
+
+
+def _uniform_while(body: ir.Stmt, loop: ir.While) -> ir.Stmt:
+    """`body` with the while `loop`, whose condition differs between warps (or which a warp may leave by a
+    `break`), run at block level while a warp is still in it; a warp that left it skips the trips:
+
+        on = <cond>
+        while block_max(on) > 0:
+            if on:                          # warp-uniform: fission makes it a predicate on the regions
+                left, skip = False, False
+                <body, a break setting left and skip, a continue skip; what follows under `if not skip`>
+                on = False if left else <cond>
+    """
+    loc, false = loop.loc, ir.const(False)
+    on, most = ir.Var("while_on", T.boolean), ir.Var("while_most", T.i32)
+    left, skip = ir.Var("while_left", T.boolean), ir.Var("while_skip", T.boolean)
+
+    def counted():      # (a statement object appears once in the tree: analyses key on identity)
+        return ir.Assign(most, ir.Call(BLOCK_MAX, (ir.convert(on, T.i32),), T.i32), loc)
+
+    again = ir.If(left, ir.Assign(on, false, loc), ir.Assign(on, loop.cond, loc), loc)
+    trip = ir.If(on, ir.seq([ir.Assign(left, false, loc), ir.Assign(skip, false, loc),
+                             *_jumps_lowered(_flatten(loop.body), left, skip), again]), None, loc)
+    uniform = ir.While(most > ir.const(0, T.i32), ir.seq([trip, counted()]), loc)
+    return _with_replaced(body, loop, ir.seq([ir.Assign(on, loop.cond, loc), counted(), uniform]))
 
 
 class _WarpTrips(Exception):
     """`_scan` met a `loop` around shuffles whose trip count differs between warps (and is the same within one)."""
 
-    def __init__(self, loop: ir.For):
+    def __init__(self, loop: ir.For | ir.While):
         super().__init__(loop)
         self.loop = loop
 
@@ -636,12 +663,13 @@ def fission(fn: ir.Function) -> BlockProgram:
             items = f.split(fn.body, False)
             break
         except _WarpTrips as w:     # each round runs one loop with a per-warp trip count for the whole block
-            hoisted, made = _uniform_trips(hoisted, w.loop)
-            made_loops.add(made.var.uid)
+            if isinstance(w.loop, ir.While):
+                hoisted = _uniform_while(hoisted, w.loop)
+            else:
+                hoisted, made = _uniform_trips(hoisted, w.loop)
+                made_loops.add(made.var.uid)
         except _WarpJump as j:      # each round makes one loop's jumps flags
             hoisted = _jumps_as_flags(hoisted, j.loop)
-            if hoisted is None:
-                raise j.refusal() from None
         except _Privatize as p:     # each round gives one branch its own copies
             branch = p.branch
             if any((id(branch.cond), v.uid) in privatized for v in p.variables):
