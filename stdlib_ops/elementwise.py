@@ -100,8 +100,11 @@ def int_tuple(values, what: str, length: int | None = None) -> tuple:
     but integers (`int()` would truncate a float size silently; numpy refuses one too), a ValueError for a
     wrong count."""
     scalar = np.ndim(values) == 0
+    given = (values,) if scalar else tuple(values)
     try:
-        items = tuple(operator.index(n) for n in ((values,) if scalar else values))
+        if any(isinstance(n, (bool, np.bool_)) for n in given):    # True is no stride of 1
+            raise TypeError
+        items = tuple(operator.index(n) for n in given)
     except TypeError:
         raise TypeError(f"{what} must be integers, got {values!r}") from None
     if length is not None and scalar:

@@ -309,6 +309,8 @@ def plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune: bool | Non
     The schedule: `point` if given; else tuned (cuda, or `do_tune=True`) with the winner
     cached on disk; else the target's default. Batch dims broadcast as in numpy.
     """
+    if do_tune is not None and not isinstance(do_tune, (bool, np.bool_)):     # "no" would tune the whole space
+        raise TypeError(f"matmul: tune takes True, False or None (the target's default), got {do_tune!r}")
     # Python ints: numpy ones would key their tuning records apart (`repr`) and tune the same product again
     return _plan(int_tuple(a_shape, "matmul: shapes"), int_tuple(b_shape, "matmul: shapes"), dtype, target, do_tune,
                  point, fast_compile_enabled(), tuning_enabled())
@@ -335,6 +337,9 @@ def _plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune, point, fa
     def split_for(p) -> int:
         return choose_split(p, math.prod(out_batch), m, n, k, target, template)
 
+    if point is not None and {name for name, _ in point.values} != set(template.space(target, itemsize).axes):
+        raise ValueError(f"matmul: the point {point} is not of the {template.name} template's space, which "
+                         f"this {dtype.name} matmul on {target} uses: take one from its space() or default()")
     if point is None:
         point = template.default(target, itemsize, m, n)
         if do_tune or (do_tune is None and target == "cuda"):

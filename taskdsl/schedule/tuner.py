@@ -99,6 +99,10 @@ def report(op: str, shapes, dtypes, target: str, top: int = 5, default: Point | 
     return lines
 
 
+# What reading a damaged record raises (JSON nested past the parser's depth: RecursionError)
+DAMAGED_RECORD = (OSError, ValueError, KeyError, TypeError, AttributeError, ArithmeticError, RecursionError)
+
+
 def _stored_timings(op: str, shapes, dtypes, target: str) -> dict | None:
     """The stored record of this problem with its timings, or None (absent, or damaged: each timing must be
     [point, seconds, timed in full], the counts whole numbers)."""
@@ -108,7 +112,7 @@ def _stored_timings(op: str, shapes, dtypes, target: str) -> dict | None:
         well_formed = (isinstance(timings, list) and all(isinstance(record[k], int) for k in ("candidates", "failed"))
                        and all(isinstance(t, list) and len(t) == 3 and isinstance(t[0], dict)
                                and isinstance(t[1], (int, float)) for t in timings))
-    except (OSError, ValueError, KeyError, TypeError):
+    except DAMAGED_RECORD:
         return None
     return record if well_formed else None
 
@@ -118,7 +122,7 @@ def cached_winner(space: Space, op: str, shapes, dtypes, target: str) -> Point |
     try:
         record = json.loads(_record_path(op, shapes, dtypes, target).read_text())
         point = space.point(**{k: _from_json(v) for k, v in record["point"].items()})
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, ArithmeticError):
+    except DAMAGED_RECORD:
         return None
     # the space's own point (its values' types: numpy scalars come back from JSON as Python numbers)
     return next((p for p in space.points() if p == point), None)

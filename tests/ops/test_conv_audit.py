@@ -352,6 +352,9 @@ def test_argument_errors_say_what_to_do():
         (TypeError, r"padding must be integers, got 'same'", dict(padding="same")),
         (TypeError, r"dilation must be integers, got None", dict(dilation=None)),
         (TypeError, r"groups must be integers, got 2.0", dict(groups=2.0)),
+        (TypeError, r"stride must be integers, got True", dict(stride=True)),       # (they ran as 1)
+        (TypeError, r"padding must be integers, got \(True, 0\)", dict(padding=(True, 0))),
+        (TypeError, r"groups must be integers, got True", dict(groups=True)),
         (ValueError, r"layout must be 'NCHW' or 'NHWC', got 'nchw'", dict(layout="nchw")),
         (ValueError, r"layout must be 'NCHW' or 'NHWC', got None", dict(layout=None)),
         (ValueError, r"the kernel \(3x3, dilation \(3, 3\)\) is larger than the padded input \(5x5 with padding "

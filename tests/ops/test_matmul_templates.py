@@ -214,6 +214,23 @@ def test_empty_products_tune_nothing(monkeypatch):
                                   np.zeros((2, 3)))
 
 
+def test_tune_takes_a_bool_and_a_point_of_the_plans_own_space(monkeypatch):
+    """tune="no" tuned the whole space (171 compiles); a point of another template's space gave
+    `AttributeError: block`."""
+    monkeypatch.setattr(gemm, "tune", lambda *a, **k: pytest.fail("tuned"))
+    a, b = np.ones((2, 3), np.float32), np.ones((3, 2), np.float32)
+    for flag in ("no", 0, 1.0):
+        with pytest.raises(TypeError, match="matmul: tune takes True, False or None"):
+            ops.matmul(a, b, tune=flag)
+    for foreign in (simt.default_point("cpu"), simt.default_point("cuda")):
+        with pytest.raises(ValueError, match="is not of the tile_matmul template's space, which this f32 matmul on "
+                                             "cpu uses"):
+            gemm.plan((2, 3), (3, 2), td.f32, "cpu", point=foreign)
+    own = gemm.template_for(td.f32, "cpu").space("cpu", 4).points()[0]
+    np.testing.assert_array_equal(gemm.plan((1, 2, 3), (1, 3, 2), td.f32, "cpu", point=own)(a[None], b[None]),
+                                  (a @ b)[None])
+
+
 @pytest.mark.fast_compile     # the ops' semantics; test_matmul_cpu checks the optimized f16 and f32 kernels
 def test_batch_matmul_and_linear_f16_and_f32_bias():
     td.set_target("cpu")
@@ -271,9 +288,10 @@ def test_tuner_picks_the_fastest_point_and_caches_it(tmp_path, monkeypatch):
                        show=False)
     assert again == best and not calls                     # from the disk cache: nothing re-timed
     record = next((tmp_path / "tune").glob("*.json"))
-    record.write_text("{not json")                          # a damaged record is ignored and re-tuned
-    assert tuner.tune(space, Fake, (), op="toy", shapes=(1,), dtypes=("f32",), default=default, target="cpu",
-                      show=False).delay == 1
+    for damage in ("{not json", "[" * 100000):     # a damaged record is ignored and re-tuned (the second nests past
+        record.write_text(damage)                    # the JSON parser's depth: a RecursionError escaped)
+        assert tuner.tune(space, Fake, (), op="toy", shapes=(1,), dtypes=("f32",), default=default, target="cpu",
+                          show=False).delay == 1
     monkeypatch.setenv("TASKDSL_TUNE", "0")
     assert tuner.tune(space, Fake, (), op="toy", shapes=(2,), dtypes=("f32",), default=default,
                       target="cpu") == default
