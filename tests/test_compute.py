@@ -5,6 +5,7 @@ This is the oracle the schedules of tests/schedule are tested against; kernels r
 definition's construction is in question (Select's number operands).
 """
 import math
+import re
 
 import numpy as np
 import pytest
@@ -475,6 +476,30 @@ def test_logical_and_bitwise_operators_mean_what_numpy_means(m, n, seed):
             td.compute("Bad", ("M", "N"), body)
     with pytest.raises(TypeError, match="'&' needs integer or bool operands, got f32"):
         td.compute("Bad", ("M", "N"), lambda i, j: F[i, j] & 1)
+
+
+def test_powers_shifts_and_python_conversions_in_a_definition():
+    """`**` is td.pow, as in a kernel's body (it was a TypeError); a constant shift count outside the type's
+    bits is refused as a kernel's body refuses it (`>> -1` was accepted, and the kernel left its output unwritten);
+    math.exp(x) and int(x) say what to write."""
+    X = td.placeholder("X", td.f32, ("N",))
+    I = td.placeholder("I", td.i32, ("N",))
+    powers = td.compute("P", ("N",), lambda i: X[i] ** 2 + 2.0 ** X[i])
+    x = np.linspace(-2, 3, 7, dtype=np.float32)
+    op = td.op([X], [powers])
+    for (got,) in (op(x), op.reference(x)):
+        np.testing.assert_allclose(got, x.astype(np.float64) ** 2 + 2.0 ** x.astype(np.float64), rtol=1e-6)
+    for count in (-1, 32, 40):
+        with pytest.raises(ValueError, match=f"shift by {count}: the count must be in 0..31 for i32"):
+            td.compute("Bad", ("N",), lambda i: I[i] >> count)
+    shifted = td.op([I], [td.compute("S", ("N",), lambda i: (I[i] << 31) >> 3)])
+    np.testing.assert_array_equal(shifted(np.arange(5, dtype=np.int32))[0],
+                                  (np.arange(5, dtype=np.int32) << 31) >> 3)
+    for body, words in ((lambda i: math.exp(X[i]), "td.cast(x, td.f32)"), (lambda i: int(X[i]), "td.cast(x, td.i32)"),
+                        (lambda i: round(X[i]), "td.floor(x + 0.5)")):
+        with pytest.raises(TypeError, match=r"no \w+ Python value \(it is only known when the kernel runs\): write "
+                                            + re.escape(words)):
+            td.compute("Bad", ("N",), body)
 
 
 # ---------------------------------------------------------------- definition errors

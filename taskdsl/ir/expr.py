@@ -76,6 +76,12 @@ class Expr:
     def __rlshift__(self, o): return _bitwise("<<", o, self)
     def __rshift__(self, o): return _bitwise(">>", self, o)
     def __rrshift__(self, o): return _bitwise(">>", o, self)
+    def __pow__(self, o): return math_expr("pow", [self, o])      # as `**` is td.pow in a kernel's body
+    def __rpow__(self, o): return math_expr("pow", [o, self])
+
+    def __float__(self): raise _no_python_value("float", "td.cast(x, td.f32)")
+    def __int__(self): raise _no_python_value("int", "td.cast(x, td.i32)")
+    def __round__(self, ndigits=None): raise _no_python_value("rounded", "td.floor(x + 0.5)")
 
     def __invert__(self):
         if self.dtype.is_bool:
@@ -341,6 +347,12 @@ def binary(op: str, a, b) -> Expr:
     return Binary(op, convert(a, dtype), convert(b, dtype), dtype)
 
 
+def _no_python_value(kind: str, instead: str) -> TypeError:
+    """What converting an IR expression to a Python number raises (math.exp(x) does, float(x), ...)."""
+    return TypeError(f"an IR expression has no {kind} Python value (it is only known when the kernel runs): write "
+                     f"{instead} for a conversion, and td.exp, td.sqrt, ... (not math's or numpy's) for math")
+
+
 def _bitwise(op: str, a, b) -> Expr:
     """`a op b` for & | ^ << >>: & | ^ of two bools their logical and / or / inequality, else bitwise (integers)."""
     is_bool = [x.dtype.is_bool if isinstance(x, Expr) else isinstance(x, (bool, np.bool_)) for x in (a, b)]
@@ -349,7 +361,12 @@ def _bitwise(op: str, a, b) -> Expr:
     for x in (a, b):
         if isinstance(x, Expr) and x.dtype.is_float or isinstance(x, (float, np.floating)):
             raise TypeError(f"'{op}' needs integer or bool operands, got {x.dtype.name if isinstance(x, Expr) else x}")
-    return binary(op, a, b)
+    result = binary(op, a, b)
+    count = b.value if isinstance(b, Const) else b
+    if op in ("<<", ">>") and isinstance(count, (int, np.integer)) and not 0 <= count < result.dtype.bits:
+        # undefined in C and CUDA (x86 masks the count, PTX clamps it), as a kernel's body refuses it
+        raise ValueError(f"shift by {count}: the count must be in 0..{result.dtype.bits - 1} for {result.dtype.name}")
+    return result
 
 
 def _compare(op: str, a: Expr, b: Expr) -> Expr:

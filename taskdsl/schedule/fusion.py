@@ -25,7 +25,7 @@ import math
 import numpy as np
 
 from .. import ir
-from ..compute import Tensor, _Evaluator, _OWNER
+from ..compute import Tensor, _Evaluator, _OWNER, check_fixed_reads, topological
 from ..passes import bind_sizes
 from ..runtime.kernel import Kernel
 from .inline import inline_injective
@@ -70,6 +70,8 @@ def fuse(anchor: Kernel, *args, prologues: dict | None = None, epilogues: dict |
         replaced.add(param.uid)
         outputs.append(definition.buffer)
     kept = tuple(p for p in fn.params if p.uid not in replaced)
+    # (their shapes are concrete by now) a read outside its tensor, which `td.op` refuses, would run out of bounds
+    check_fixed_reads(topological([*(prologues or {}).values(), *(epilogues or {}).values()]), {})
     _refuse_reads_of_written(body, new_inputs, prologues, epilogues)
     extra = tuple(b for b in new_inputs.values() if b.uid not in {p.uid for p in kept})
     all_params = kept + extra + tuple(outputs)

@@ -165,6 +165,24 @@ def test_non_fusible_requests_are_refused_with_a_reason():
 A_ph = td.placeholder("A", f32, (100,))
 
 
+def test_prologues_and_epilogues_reading_outside_a_tensor_are_refused_as_td_op_refuses_them():
+    """td.op refused these definitions; fused, the kernel read past the end of C and bias, silently."""
+    past_c = td.compute("A", (100,), lambda i: C[i + 1000])
+    with pytest.raises(ValueError, match=r"compute 'A' reads C\[i0 \+ 1000\]: index 1000 on axis 0 is outside "
+                                         r"\[0, 100\) for 100 of its 100 elements"):
+        td.fuse(reverse_plus_one, *_examples(), prologues={"A": past_c})
+    bias = td.placeholder("bias", f32, (2,))
+    past_bias = td.compute("E", (2, 50), lambda a, b: OUT[a * 50 + b] + bias[a + 1])
+    with pytest.raises(ValueError, match=r"reads bias\[i0 \+ 1\]: index 2 on axis 0 is outside \[0, 2\) for 50 "
+                                         r"of its 100 elements"):
+        td.fuse(reverse_plus_one, *_examples(), epilogues={"out": past_bias})
+    guarded = td.compute("E", (2, 50), lambda a, b: OUT[a * 50 + b] + td.ir.Select(a < 1, bias[a + 1], 0.0, f32))
+    fused = td.fuse(reverse_plus_one, *_examples(), epilogues={"out": guarded})    # a guarded read is fine
+    a, e, b = np.arange(100, dtype=np.float32), np.zeros((2, 50), np.float32), np.array([5, 7], np.float32)
+    fused(a, b, e)
+    np.testing.assert_array_equal(e, (a[::-1] + 1).reshape(2, 50) + np.array([[7], [0]], np.float32))
+
+
 def test_definitions_reading_what_the_fused_kernel_writes_are_refused():
     """An epilogue reading the anchor's other output (the same kernel writes it), and an output the anchor also
     reads back through an asynchronous copy, are refused: each had run, the first with wrong results."""
