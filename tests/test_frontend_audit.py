@@ -373,3 +373,35 @@ def test_a_nested_kernel_with_a_multi_line_docstring_is_not_taken_for_an_edited_
     x = np.zeros(4, np.float32)
     _nested_kernel_with_a_docstring()(x)
     np.testing.assert_array_equal(x, 3.0)
+
+
+@td.func
+def _bumped_if(v: td.i64, k: td.i64) -> td.i64:
+    if k > 0:
+        v = v + 10
+    return v
+
+
+@td.func
+def _counted_down(v: td.i64, k: td.i64) -> td.i64:
+    while k > 0:
+        v = v + 10
+        k -= 1
+    return v
+
+
+@td.kernel(block=64)
+def _constant_arguments_reassigned(OUT: td.i64[64, 2]):
+    t = td.threadIdx.x
+    OUT[t, 0] = _bumped_if(5, t // 32)          # 5 bound to v, which a runtime if reassigns
+    OUT[t, 1] = _counted_down(t, 3)             # 3 bound to k, which the loop counts down
+
+
+def test_a_constant_argument_of_a_parameter_the_func_reassigns_is_a_runtime_variable():
+    """The constant was bound as a compile-time value: `v = v + 10` under a runtime if took effect while
+    translating, in every thread (15 for warp 0 too), and `while k > 0: k -= 1` was refused as endless."""
+    out = np.zeros((64, 2), np.int64)
+    _constant_arguments_reassigned(out)
+    t = np.arange(64)
+    np.testing.assert_array_equal(out[:, 0], np.where(t // 32 > 0, 15, 5))
+    np.testing.assert_array_equal(out[:, 1], t + 30)

@@ -1221,10 +1221,13 @@ class FunctionTranslator:
         callee_env = {}
         for (pname, pdtype), arg_node in zip(dfn.params, node.args):
             value = self.expr(arg_node)
-            if isinstance(value, ir.Buffer) or not is_runtime(value):
+            # a number for a parameter the callee assigns is a runtime variable, as a local assigned twice is (bound
+            # as a constant, an assignment under a runtime `if` took effect while translating, in every thread)
+            if isinstance(value, ir.Buffer) or not is_runtime(value) and not (pname in reassigned and
+                                                                              _is_number(value)):
                 callee_env[pname] = value
                 continue
-            dtype = pdtype or value.dtype
+            dtype = pdtype or ir.as_expr(value).dtype
             if isinstance(value, (ir.Var, ir.SpecialReg)) and value.dtype == dtype and pname not in reassigned:
                 # the callee only reads it, and cannot assign the caller's variables: no copy (a copy is one
                 # more variable for every later stage, and on the cpu one more per-thread array across barriers)

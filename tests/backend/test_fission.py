@@ -764,3 +764,85 @@ def test_per_warp_while_loops_with_continue_break_and_nesting_match_a_warp_by_wa
     y = np.zeros(96, np.int64)
     per_warp_whiles_with_jumps(x, lim, y)
     np.testing.assert_array_equal(y, _per_warp_whiles_with_jumps(x, lim))
+
+
+# ------------------------------------------------------------------ per-warp loops a per-warp fuzzer found
+@td.kernel(block=64)
+def shuffle_while_after_a_warp_break(OUT: i64[64]):
+    t = threadIdx.x
+    x: i64 = t
+    for i in range(3):
+        if t // 32 == i:             # warp 0 leaves at i == 0, warp 1 at i == 1
+            break
+        j = 0
+        while j < 2:                 # the same in every warp that is still in the loop
+            j += 1
+            x = td.shfl_xor(x, 1) + 1
+    OUT[t] = x
+
+
+@td.kernel(block=64)
+def shuffle_while_after_a_warp_continue(OUT: i64[64]):
+    t = threadIdx.x
+    x: i64 = t
+    for i in range(3):
+        if t // 32 == i:
+            continue
+        j = 0
+        while j < 2:
+            j += 1
+            x = td.shfl_xor(x, 1) + 1
+    OUT[t] = x
+
+
+@td.kernel(block=64)
+def shuffle_while_in_a_while_a_warp_breaks(OUT: i64[64]):
+    t = threadIdx.x
+    x: i64 = t
+    i = 0
+    while True:
+        i += 1
+        if i > t // 32 + 1:
+            break
+        j = 0
+        while j < 2:
+            j += 1
+            x = td.shfl_xor(x, 1) + 1
+    OUT[t] = x
+
+
+@td.kernel(block=64)
+def dead_shuffle_after_a_break(OUT: i64[64]):
+    t = threadIdx.x
+    x: i64 = t
+    i = 0
+    while i < t // 32 + 1:
+        i += 1
+        x += 1
+        break
+        x = td.shfl_xor(x, 1)        # never runs: the loop holds no shuffle once the break is a flag
+    OUT[t] = x
+
+
+@pytest.mark.parametrize("kernel, trips", [
+    (shuffle_while_after_a_warp_break, lambda warp: warp),
+    (shuffle_while_after_a_warp_continue, lambda warp: 2),
+    (shuffle_while_in_a_while_a_warp_breaks, lambda warp: warp + 1),
+    (dead_shuffle_after_a_break, None),
+])
+def test_while_loops_around_shuffles_nested_in_loops_warps_leave(kernel, trips):
+    """The inner while was made per warp again at each round of fission, for good (the compile never ended); a
+    loop whose only shuffle was dead code after a break kept its block maximum in a region (KeyError)."""
+    out = np.zeros(64, np.int64)
+    kernel(out)
+    t = np.arange(64)
+    if trips is None:
+        np.testing.assert_array_equal(out, t + 1)
+        return
+    expected = t.copy()
+    for warp in (0, 1):
+        x = t[warp * 32:(warp + 1) * 32]
+        for _ in range(2 * trips(warp)):
+            x = x[np.arange(32) ^ 1] + 1
+        expected[warp * 32:(warp + 1) * 32] = x
+    np.testing.assert_array_equal(out, expected)

@@ -205,7 +205,7 @@ class _Hoister(ir.Rewriter):
 class _Fission:
     def __init__(self, fn: ir.Function, made_loops: frozenset = frozenset()):
         self.fn = fn
-        self.made_loops = made_loops            # uids of the variables of the loops `_uniform_trips` made
+        self.made_loops = made_loops            # uids of the variables controlling the loops made per warp
         self.uniformity = Uniformity(fn)
         self.block_vars: set = set()
         self.sites: dict = {}
@@ -216,7 +216,9 @@ class _Fission:
         return any(isinstance(x, ir.SyncThreads) for x in _walk_stmts(s))
 
     def has_split(self, s) -> bool:
-        return any(isinstance(x, (ir.SyncThreads, ir.SyncWarp)) or _is_shuffle_assign(x) for x in _walk_stmts(s))
+        # (a block maximum too: a loop made per warp whose shuffles were dead code after a jump holds one)
+        return any(isinstance(x, (ir.SyncThreads, ir.SyncWarp)) or _is_shuffle_assign(x) or _is_block_max(x)
+                   for x in _walk_stmts(s))
 
     def is_block_level(self, s, in_block_loop: bool) -> bool:
         if self.has_split(s):
@@ -252,11 +254,13 @@ class _Fission:
                 self.block_vars |= _vars_read(x.start) | _vars_read(x.stop) | {x.var.uid}
                 self._scan(x.body, True, branches)
             elif isinstance(x, ir.While):
-                if not self.agreed(x.cond, branches) and not self.has_barrier(x) and \
-                        self.uniformity.level(x.cond) == WARP:
-                    raise _WarpTrips(x)
-                # checked here, before `split` meets the assignments its condition reads: the loop is the cause
-                self.require_uniform(x.cond, x, "the condition of a loop containing a barrier or shuffle", branches)
+                if not _vars_read(x.cond) & self.made_loops:     # (a loop made so is checked by `split`, once a
+                    if not self.agreed(x.cond, branches) and not self.has_barrier(x) and \
+                            self.uniformity.level(x.cond) == WARP:      # break before it has become a flag)
+                        raise _WarpTrips(x)
+                    # checked here, before `split` meets the assignments its condition reads: the loop is the cause
+                    self.require_uniform(x.cond, x, "the condition of a loop containing a barrier or shuffle",
+                                         branches)
                 self.block_vars |= _vars_read(x.cond)
                 self._scan(x.body, True, branches)
             elif isinstance(x, ir.If):
@@ -468,10 +472,8 @@ def _jumps_as_flags(body: ir.Stmt, loop) -> ir.Stmt:
     A for loop runs all its trips at block level; a thread whose warp left it skips the rest (`left`), and one
     whose warp continued skips the rest of the trip (`skip`): both are warp-uniform guards, so fission turns
     them into predicates on the regions. (The loop variable is the loop's own: nothing reads it after the loop.)
-    A while loop runs while a warp is still in it (`_uniform_while`).
+    (A while loop runs while a warp is still in it instead: `_uniform_while`.)
     """
-    if isinstance(loop, ir.While):
-        return _uniform_while(body, loop)
     left = ir.Var(f"{loop.var.name}_left", T.boolean)
     skip = ir.Var(f"{loop.var.name}_skip", T.boolean)
     false = ir.const(False)
@@ -481,9 +483,10 @@ def _jumps_as_flags(body: ir.Stmt, loop) -> ir.Stmt:
     return _with_replaced(body, loop, ir.seq([ir.Assign(left, false, loop.loc), rewritten]))
 
 
-def _uniform_while(body: ir.Stmt, loop: ir.While) -> ir.Stmt:
-    """`body` with the while `loop`, whose condition differs between warps (or which a warp may leave by a
-    `break`), run at block level while a warp is still in it; a warp that left it skips the trips:
+def _uniform_while(body: ir.Stmt, loop: ir.While) -> tuple:
+    """(`body` with the while `loop`, whose condition differs between warps (or which a warp may leave by a
+    `break`), run at block level while a warp is still in it, a warp that left it skipping the trips, and the uid
+    of the variable the new loop's condition reads):
 
         on = <cond>
         while block_max(on) > 0:
@@ -503,7 +506,7 @@ def _uniform_while(body: ir.Stmt, loop: ir.While) -> ir.Stmt:
     trip = ir.If(on, ir.seq([ir.Assign(left, false, loc), ir.Assign(skip, false, loc),
                              *_jumps_lowered(_flatten(loop.body), left, skip), again]), None, loc)
     uniform = ir.While(most > ir.const(0, T.i32), ir.seq([trip, counted()]), loc)
-    return _with_replaced(body, loop, ir.seq([ir.Assign(on, loop.cond, loc), counted(), uniform]))
+    return _with_replaced(body, loop, ir.seq([ir.Assign(on, loop.cond, loc), counted(), uniform])), most.uid
 
 
 class _WarpTrips(Exception):
@@ -524,7 +527,7 @@ def _uniform_trips(body: ir.Stmt, loop: ir.For) -> tuple:
                 i = start + t * step
                 <body>
 
-    and the new loop)."""
+    and the uid of the new loop's variable)."""
     var, step, loc = loop.var, loop.step.value, loop.loc
     start, trips, t = (ir.Var(f"{var.name}_{what}", var.dtype) for what in ("start", "trips", "t"))
     distance = loop.stop - start if step > 0 else start - loop.stop
@@ -535,7 +538,7 @@ def _uniform_trips(body: ir.Stmt, loop: ir.For) -> tuple:
     uniform = ir.For(t, ir.const(0, var.dtype), most, ir.const(1, var.dtype), trip, False, loc)
     return _with_replaced(body, loop, ir.seq([
         ir.Assign(start, loop.start, loc), ir.Assign(trips, ir.convert(count, var.dtype), loc),
-        ir.Assign(most, ir.Call(BLOCK_MAX, (trips,), var.dtype), loc), uniform])), uniform
+        ir.Assign(most, ir.Call(BLOCK_MAX, (trips,), var.dtype), loc), uniform])), t.uid
 
 
 def _branch_without_copies(body: ir.Stmt, variables: list, privatized: dict, uniformity: Uniformity):
@@ -653,7 +656,7 @@ def fission(fn: ir.Function) -> BlockProgram:
     hoisted = _Hoister().block(fn.body)
     privatized: dict = {}         # (id of a branch's condition, variable uid) -> the condition, for each copy given
                                   # (kept alive: its id names the branch across rewrites, which keep the condition)
-    made_loops: set = set()       # uids of the variables of the loops `_uniform_trips` made
+    made_loops: set = set()       # uids of the variables controlling the loops made per warp
     branches = sum(1 for s in _walk_stmts(hoisted) if isinstance(s, ir.If))
     while True:
         fn = ir.Function(fn.name, fn.params, fn.sizes, hoisted, fn.block, fn.source_file)
@@ -662,14 +665,14 @@ def fission(fn: ir.Function) -> BlockProgram:
             f.collect_block_vars(fn.body)
             items = f.split(fn.body, False)
             break
-        except _WarpTrips as w:     # each round runs one loop with a per-warp trip count for the whole block
+        except (_WarpTrips, _WarpJump) as w:    # each round runs one loop per warp, or makes its jumps flags
             if isinstance(w.loop, ir.While):
-                hoisted = _uniform_while(hoisted, w.loop)
-            else:
+                hoisted, made = _uniform_while(hoisted, w.loop)
+            elif isinstance(w, _WarpTrips):
                 hoisted, made = _uniform_trips(hoisted, w.loop)
-                made_loops.add(made.var.uid)
-        except _WarpJump as j:      # each round makes one loop's jumps flags
-            hoisted = _jumps_as_flags(hoisted, j.loop)
+            else:
+                hoisted, made = _jumps_as_flags(hoisted, w.loop), None
+            made_loops.add(made)
         except _Privatize as p:     # each round gives one branch its own copies
             branch = p.branch
             if any((id(branch.cond), v.uid) in privatized for v in p.variables):
