@@ -767,31 +767,25 @@ def test_per_warp_while_loops_with_continue_break_and_nesting_match_a_warp_by_wa
 
 
 # ------------------------------------------------------------------ per-warp loops a per-warp fuzzer found
-@td.kernel(block=64)
-def shuffle_while_after_a_warp_break(OUT: i64[64]):
-    t = threadIdx.x
-    x: i64 = t
-    for i in range(3):
-        if t // 32 == i:             # warp 0 leaves at i == 0, warp 1 at i == 1
-            break
-        j = 0
-        while j < 2:                 # the same in every warp that is still in the loop
-            j += 1
-            x = td.shfl_xor(x, 1) + 1
-    OUT[t] = x
+@td.func
+def _two_swaps(x: i64) -> i64:
+    j = 0
+    while j < 2:                     # the same in every warp that runs it
+        j += 1
+        x = td.shfl_xor(x, 1) + 1
+    return x
 
 
 @td.kernel(block=64)
-def shuffle_while_after_a_warp_continue(OUT: i64[64]):
+def shuffle_while_after_a_warp_jump(OUT: i64[64], leave: td.i32):
     t = threadIdx.x
     x: i64 = t
     for i in range(3):
-        if t // 32 == i:
+        if t // 32 == i:             # warp 0 at i == 0, warp 1 at i == 1: leaves the loop, or skips the trip
+            if leave:
+                break
             continue
-        j = 0
-        while j < 2:
-            j += 1
-            x = td.shfl_xor(x, 1) + 1
+        x = _two_swaps(x)
     OUT[t] = x
 
 
@@ -805,7 +799,7 @@ def shuffle_while_in_a_while_a_warp_breaks(OUT: i64[64]):
         if i > t // 32 + 1:
             break
         j = 0
-        while j < 2:
+        while j < 2:                 # written out: not only an inlined call's loop
             j += 1
             x = td.shfl_xor(x, 1) + 1
     OUT[t] = x
@@ -824,17 +818,17 @@ def dead_shuffle_after_a_break(OUT: i64[64]):
     OUT[t] = x
 
 
-@pytest.mark.parametrize("kernel, trips", [
-    (shuffle_while_after_a_warp_break, lambda warp: warp),
-    (shuffle_while_after_a_warp_continue, lambda warp: 2),
-    (shuffle_while_in_a_while_a_warp_breaks, lambda warp: warp + 1),
-    (dead_shuffle_after_a_break, None),
+@pytest.mark.parametrize("kernel, args, trips", [
+    (shuffle_while_after_a_warp_jump, (1,), lambda warp: warp),
+    (shuffle_while_after_a_warp_jump, (0,), lambda warp: 2),
+    (shuffle_while_in_a_while_a_warp_breaks, (), lambda warp: warp + 1),
+    (dead_shuffle_after_a_break, (), None),
 ])
-def test_while_loops_around_shuffles_nested_in_loops_warps_leave(kernel, trips):
+def test_while_loops_around_shuffles_nested_in_loops_warps_leave(kernel, args, trips):
     """The inner while was made per warp again at each round of fission, for good (the compile never ended); a
     loop whose only shuffle was dead code after a break kept its block maximum in a region (KeyError)."""
     out = np.zeros(64, np.int64)
-    kernel(out)
+    kernel(out, *args)
     t = np.arange(64)
     if trips is None:
         np.testing.assert_array_equal(out, t + 1)
