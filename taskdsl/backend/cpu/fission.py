@@ -666,13 +666,11 @@ def fission(fn: ir.Function) -> BlockProgram:
             items = f.split(fn.body, False)
             break
         except (_WarpTrips, _WarpJump) as w:    # each round runs one loop per warp, or makes its jumps flags
-            if isinstance(w.loop, ir.While):
-                hoisted, made = _uniform_while(hoisted, w.loop)
-            elif isinstance(w, _WarpTrips):
-                hoisted, made = _uniform_trips(hoisted, w.loop)
+            if isinstance(w, _WarpJump) and isinstance(w.loop, ir.For):
+                hoisted = _jumps_as_flags(hoisted, w.loop)
             else:
-                hoisted, made = _jumps_as_flags(hoisted, w.loop), None
-            made_loops.add(made)
+                hoisted, made = (_uniform_while if isinstance(w.loop, ir.While) else _uniform_trips)(hoisted, w.loop)
+                made_loops.add(made)
         except _Privatize as p:     # each round gives one branch its own copies
             branch = p.branch
             if any((id(branch.cond), v.uid) in privatized for v in p.variables):
