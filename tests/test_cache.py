@@ -11,15 +11,16 @@ import pytest
 import taskdsl as td
 from taskdsl.runtime import cache, config
 
-_COMPILE_TIME = """
-import time, numpy as np
+_COMPILE_IN_A_NEW_PROCESS = """
+import hashlib, numpy as np
+from taskdsl.backend.cuda import nvrtc
 from stdlib_ops.design_matmul import matmul_kernel
+calls = []
+compile_cubin = nvrtc.compile_cubin
+nvrtc.compile_cubin = lambda *args, **kwargs: calls.append(1) or compile_cubin(*args, **kwargs)
 a = np.ones((96, 96), np.float32)
-matmul_kernel.source(a, a, a, target="cuda")      # imports and code paths warmed, as in a real program
-matmul_kernel._frontend.clear(); matmul_kernel._lowered.clear()
-start = time.perf_counter()
-matmul_kernel.compile(a, a, a, target="cuda", arch="sm_90")
-print(time.perf_counter() - start)
+binary = matmul_kernel.compile(a, a, a, target="cuda", arch="sm_90").binary
+print(len(calls), hashlib.sha256(binary).hexdigest())
 """
 
 
@@ -37,19 +38,19 @@ def _compile(kernel):
     return kernel.compile(x, target="cuda", arch="sm_90").binary
 
 
-def test_hit_in_a_new_process_is_10x_faster_than_a_cold_compile(tmp_path):
-    def run(cache) -> float:
-        env = dict(os.environ, TASKDSL_CACHE_DIR=str(cache))
-        out = subprocess.run([sys.executable, "-c", _COMPILE_TIME], env=env, capture_output=True, text=True,
-                             check=True)
-        return float(out.stdout.strip().splitlines()[-1])
+def test_a_new_process_loads_the_binary_an_earlier_one_compiled(tmp_path):
+    """A cache hit in a new process runs no NVRTC compile and loads the same cubin (its speed is `bench`'s and
+    docs/benchmarks.md's concern: this test timed it once, and failed on a busy machine)."""
+    def run() -> tuple:
+        env = dict(os.environ, TASKDSL_CACHE_DIR=str(tmp_path))
+        out = subprocess.run([sys.executable, "-c", _COMPILE_IN_A_NEW_PROCESS], env=env, capture_output=True,
+                             text=True, check=True)
+        calls, digest = out.stdout.split()[-2:]
+        return int(calls), digest
 
-    # best of several runs on each side, so that a busy machine does not decide the ratio
-    cold = min(run(tmp_path / f"cold{k}") for k in range(2))
-    warm = min(run(tmp_path / "cold0") for _ in range(3))
-    assert len(list((tmp_path / "cold0" / "cuda").glob("*.cubin"))) == 1
-    print(f"cold compile {cold * 1e3:.0f} ms, cache hit in a new process {warm * 1e3:.1f} ms")
-    assert cold >= 10 * warm, (cold, warm)
+    cold, warm = run(), run()
+    assert len(list((tmp_path / "cuda").glob("*.cubin"))) == 1
+    assert cold[0] == 1 and warm == (0, cold[1])
 
 
 def test_damaged_entries_are_rebuilt(tmp_path, monkeypatch):

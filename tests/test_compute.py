@@ -502,6 +502,33 @@ def test_powers_shifts_and_python_conversions_in_a_definition():
             td.compute("Bad", ("N",), body)
 
 
+def test_numpy_functions_of_definition_values():
+    """numpy's ufuncs with an IR meaning build it (`np.exp(x)` gave numpy's "loop of ufunc does not support
+    argument 0"); numpy scalars keep working in operators and comparisons; the rest say what to write."""
+    X = td.placeholder("X", td.f32, ("N",))
+    I = td.placeholder("I", td.i32, ("N",))
+    y = td.compute("Y", ("N",), lambda i: np.maximum(np.exp(X[i]) - np.sqrt(np.abs(X[i])), np.float32(1.5))
+                   + np.power(np.floor(X[i]), 2) * np.float32(2))
+    bits = td.compute("Bits", ("N",), lambda i: np.right_shift(np.bitwise_xor(I[i], 6), 1) - np.negative(I[i]))
+    flags = td.compute("Flags", ("N",), lambda i: np.int64(0) < X[i])
+    x = np.linspace(-3, 3, 11, dtype=np.float32)
+    k = np.arange(-5, 6, dtype=np.int32)
+    op = td.op([X, I], [y, bits, flags])
+    x64 = x.astype(np.float64)
+    for got_y, got_bits, got_flags in (op(x, k), op.reference(x, k)):
+        np.testing.assert_allclose(got_y, np.maximum(np.exp(x64) - np.sqrt(np.abs(x64)), 1.5)
+                                   + np.floor(x64) ** 2 * 2, rtol=1e-6)
+        np.testing.assert_array_equal(got_bits, ((k ^ 6) >> 1) + k)
+        np.testing.assert_array_equal(got_flags, x > 0)
+    with pytest.raises(TypeError, match="numpy's equal of IR values outside a compute definition"):
+        np.int64(3) == X[0]     # noqa: B015 (outside a definition `==` is identity, not a silent False)
+    for body, words in ((lambda i: np.logaddexp(X[i], 1.0), "numpy's logaddexp does not take IR values"),
+                        (lambda i: np.arange(3) * X[i], "multiply of an IR value and a ndarray"),
+                        (lambda i: np.add.reduce(X[i]), "add.reduce does not take IR values")):
+        with pytest.raises(TypeError, match=re.escape(words)):
+            td.compute("Bad", ("N",), body)
+
+
 # ---------------------------------------------------------------- definition errors
 @pytest.mark.parametrize("bad", [-1, 2.5, True, None, (3, -2)])
 def test_bad_shapes(bad):

@@ -79,6 +79,8 @@ class Expr:
     def __pow__(self, o): return math_expr("pow", [self, o])      # as `**` is td.pow in a kernel's body
     def __rpow__(self, o): return math_expr("pow", [o, self])
 
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs): return numpy_ufunc(ufunc, method, inputs, kwargs)
+
     def __float__(self): raise _no_python_value("float", "td.cast(x, td.f32)")
     def __int__(self): raise _no_python_value("int", "td.cast(x, td.i32)")
     def __round__(self, ndigits=None): raise _no_python_value("rounded", "td.floor(x + 0.5)")
@@ -350,7 +352,44 @@ def binary(op: str, a, b) -> Expr:
 def _no_python_value(kind: str, instead: str) -> TypeError:
     """What converting an IR expression to a Python number raises (math.exp(x) does, float(x), ...)."""
     return TypeError(f"an IR expression has no {kind} Python value (it is only known when the kernel runs): write "
-                     f"{instead} for a conversion, and td.exp, td.sqrt, ... (not math's or numpy's) for math")
+                     f"{instead} for a conversion, and td.exp, td.sqrt, ... (or numpy's, not math's) for math")
+
+
+# numpy's ufuncs that have an IR meaning: operators (np.float32(2) * x calls np.multiply) and math functions
+_UFUNC_OPERATORS = {np.add: "+", np.subtract: "-", np.multiply: "*", np.true_divide: "/", np.floor_divide: "//",
+                    np.remainder: "%", np.less: "<", np.less_equal: "<=", np.greater: ">", np.greater_equal: ">=",
+                    np.equal: "==", np.not_equal: "!="}
+_UFUNC_BITWISE = {np.bitwise_and: "&", np.bitwise_or: "|", np.bitwise_xor: "^", np.left_shift: "<<",
+                  np.right_shift: ">>"}
+_UFUNC_MATH = {np.exp: "exp", np.exp2: "exp2", np.log: "log", np.log2: "log2", np.sqrt: "sqrt", np.sin: "sin",
+               np.cos: "cos", np.tanh: "tanh", np.floor: "floor", np.ceil: "ceil", np.absolute: "abs", np.fabs: "abs",
+               np.maximum: "max", np.minimum: "min", np.power: "pow"}
+
+
+def numpy_ufunc(ufunc, method: str, inputs: tuple, kwargs: dict) -> Expr:
+    """A numpy ufunc called on IR values (`np.exp(x)`, `np.float32(2) * x`): the IR expression it means, as a
+    compute definition's body has them, or a TypeError saying what to write."""
+    if method != "__call__" or kwargs:
+        raise TypeError(f"numpy's {ufunc.__name__}.{method}{' with ' + ', '.join(kwargs) if kwargs else ''} does "
+                        f"not take IR values: write the expression for one element (td.exp(x), td.max(a, b), ...)")
+    inputs = [x[()] if isinstance(x, np.ndarray) and x.ndim == 0 else x for x in inputs]   # a numpy scalar's binop
+    arrays = [type(x).__name__ for x in inputs if not isinstance(x, (Expr, bool, int, float, np.generic))]
+    if arrays:
+        raise TypeError(f"numpy's {ufunc.__name__} of an IR value and a {arrays[0]}: an IR value is one element, "
+                        "so it combines with numbers only (index an array's element instead)")
+    if ufunc in (np.equal, np.not_equal) and not _elementwise_equality.depth:   # `==` is identity there (__eq__)
+        raise TypeError(f"numpy's {ufunc.__name__} of IR values outside a compute definition: write `a == b` or "
+                        "`a != b` in a kernel's body")
+    if ufunc in _UFUNC_OPERATORS:
+        return binary(_UFUNC_OPERATORS[ufunc], *inputs)
+    if ufunc in _UFUNC_BITWISE:
+        return _bitwise(_UFUNC_BITWISE[ufunc], *inputs)
+    if ufunc is np.negative:
+        return -inputs[0]
+    if ufunc in _UFUNC_MATH:
+        return math_expr(_UFUNC_MATH[ufunc], list(inputs))
+    raise TypeError(f"numpy's {ufunc.__name__} does not take IR values: write taskdsl's math functions (td.exp, "
+                    "td.sqrt, td.max, ...) or operators on them")
 
 
 def _bitwise(op: str, a, b) -> Expr:
