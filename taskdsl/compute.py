@@ -307,14 +307,14 @@ _IDENTITY = {"sum": 0, "mean": 0, "prod": 1, "max": -math.inf, "min": math.inf}
 
 
 def reduction_identity(op: str, dtype: T.DataType, values: T.DataType) -> ir.Const:
-    """What a reduction `op` accumulated in `dtype` starts from (and gives over no elements); over `values` of bools,
-    max starts False (any) and min True (all), not at the accumulator's extremes (INT_MIN stored to a bool is
-    True)."""
+    """What a reduction `op` accumulated in `dtype` starts from (and gives over no elements): max and min of integer
+    `values` start at their type's extremes, of bools False (any) and True (all), not at the accumulator's (INT_MIN
+    stored to a bool is True)."""
     value = _IDENTITY[op]
     if (dtype.is_bool or values.is_bool) and math.isinf(value):
         return ir.const(value > 0 if dtype.is_bool else int(value > 0), dtype)
-    if not dtype.is_float and math.isinf(value):
-        value = dtype.limits[0] if value < 0 else dtype.limits[1]
+    if not dtype.is_float and math.isinf(value):    # the values' extremes: an i8 max starts at -128, not at its i32
+        value = values.limits[0 if value < 0 else 1]  # accumulator's INT_MIN, which an empty one stored to i8 wrapped to 0
     return ir.const(value, dtype)
 
 

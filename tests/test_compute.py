@@ -367,17 +367,22 @@ def test_empty_reduction_float_identities():
     assert all(g.dtype == np.float32 and g.shape == (3,) for g in got.values())
 
 
-def test_empty_reduction_integer_identities():
-    """An empty int max / min is the type's lowest / highest value (the kernels' identities)."""
-    X = td.placeholder("XEI", td.i32, ("M", "N"))
+@pytest.mark.parametrize("dtype", ["i8", "u8", "i16", "u16", "i32", "u32", "i64"])
+def test_empty_reduction_integer_identities(dtype):
+    """An empty int max / min is the values' type's lowest / highest value, in the kernels and the reference (an i8
+    max over no elements gave 0: its i32 accumulator's INT_MIN, wrapped to i8; ONNX's ReduceMax says -128)."""
+    X = td.placeholder("XEI", getattr(td, dtype), ("M", "N"))
     outs = {op: td.reduce(f"REI_{op}", ("M",), ("N",), lambda i, k: X[i, k], op=op)
             for op in ("sum", "max", "min", "prod")}
-    got = dict(zip(outs, evaluate([X], list(outs.values()), [np.zeros((2, 0), np.int32)])))
-    info = np.iinfo(np.int32)
-    np.testing.assert_array_equal(got["sum"], [0, 0])
-    np.testing.assert_array_equal(got["prod"], [1, 1])
-    np.testing.assert_array_equal(got["max"], [info.min, info.min])
-    np.testing.assert_array_equal(got["min"], [info.max, info.max])
+    info = np.iinfo(np.dtype(getattr(td, dtype).numpy))
+    op = td.op([X], list(outs.values()))
+    for result in (op(np.zeros((2, 0), info.dtype)), op.reference(np.zeros((2, 0), info.dtype))):
+        got = dict(zip(outs, result))
+        assert all(v.dtype == info.dtype for v in got.values())
+        np.testing.assert_array_equal(got["sum"], [0, 0])
+        np.testing.assert_array_equal(got["prod"], [1, 1])
+        np.testing.assert_array_equal(got["max"], [info.min, info.min])
+        np.testing.assert_array_equal(got["min"], [info.max, info.max])
 
 
 def test_empty_outputs():

@@ -17,7 +17,11 @@ from ...compute import compute
 from ...compute import reduce as reduction
 from ..operator import Operator, dims
 from .norm import stat_dtype
+from ...lang import math_expr
 from .window import ChannelsLast, pads_of, per_axis, positions_inside, window_input, window_positions
+
+
+NOT_FOUND = ir.const(np.iinfo(np.int64).max, T.i64)      # a window's index before one is found (the min's start)
 
 
 class Pool(ChannelsLast, Operator):
@@ -102,7 +106,7 @@ class Pool(ChannelsLast, Operator):
                 lo, hi = (0 - pads[i], spatial[i] + pads[rank + i]) if a["count_include_pad"] else (0, spatial[i])
                 n = positions_inside(start, kernel[i], dilations[i], lo, hi)
                 count = n if count is None else count * n
-            return value(ix, 0.0) / ir.Cast(count, acc)
+            return value(ix, 0.0) / ir.Cast(math_expr("max", [count, 1]), acc)   # a window all padding: 0, not 0/0
 
         return [reduction("avg_pool", out_shape, kernel, average, op="sum", dtype=x.dtype)]
 
@@ -126,11 +130,15 @@ class Pool(ChannelsLast, Operator):
             flat = ir.Cast(n, T.i64) * ir.Cast(ir.as_expr(shape[1]), T.i64) + ir.Cast(c, T.i64)
             for i in range(rank):
                 flat = flat * spatial[i] + ir.Cast(pos[i], T.i64)
-            return ir.Select(ir.binary("and", ok, hit), flat, ir.const(np.iinfo(np.int64).max, T.i64), T.i64)
+            return ir.Select(ir.binary("and", ok, hit), flat, NOT_FOUND, T.i64)
 
-        first = reduction("max_pool_indices", pooled.shape, kernel, position, op="min", dtype=T.i64)
+        first = reduction("max_pool_indices_found", pooled.shape, kernel, position, op="min", dtype=T.i64)
+
+        def found(ix, index):   # -1 where a window lies wholly in the padding (dilated), as onnxruntime gives
+            return ir.Select(ir.binary("==", first[ix], NOT_FOUND), ir.const(-1, T.i64), index, T.i64)
+
         if self.attrs["indices"] == 1:
-            return first
+            return compute("max_pool_indices", pooled.shape, lambda *ix: found(ix, first[ix]))
 
         def column_major(*ix):
             rest, coords = first[ix], []
@@ -139,7 +147,7 @@ class Pool(ChannelsLast, Operator):
                 rest = rest // d
             for d, coord in zip(reversed(spatial), coords):     # from the (n, c) plane, the last axis first
                 rest = rest * d + coord
-            return rest
+            return found(ix, rest)
 
         return compute("max_pool_indices_cm", pooled.shape, column_major)
 
