@@ -276,6 +276,43 @@ def test_an_output_declared_without_a_shape_is_checked_with_the_inferred_one():
     np.testing.assert_array_equal(tg.from_onnx(model)(x)[0], np.maximum(x, 0))
 
 
+def test_an_input_without_a_shape_takes_it_from_shapes_and_an_output_without_a_type_is_inferred():
+    """Both run in onnxruntime. The input was refused as invalid ONNX even with `shapes=` giving its shape (the
+    importer's own message, which asks for `shapes=`, was never reached); the typeless output (an empty value
+    info) was called "not a tensor"."""
+    model = helper.make_model(helper.make_graph([n("Relu", ["x"], ["y"])], "g",
+                                                [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+                                                [helper.make_empty_tensor_value_info("y")]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(UnsupportedOnnxError, match=r"graph input 'x' has no shape; give it with from_onnx\(model, "
+                                                   r"shapes=\{'x': \(\.\.\.\)\}\)"):
+        tg.from_onnx(model)
+    x = np.arange(-3, 3, dtype=np.float32).reshape(2, 3)
+    (y,) = tg.from_onnx(model, shapes={"x": (2, 3)})(x)
+    assert y.dtype == np.float32
+    np.testing.assert_array_equal(y, np.maximum(x, 0))
+
+
+def test_a_valid_old_model_the_converter_breaks_is_not_called_invalid():
+    """An opset-2 Pad(mode='edge', value=0.0) is valid ONNX (onnxruntime runs it); onnx 1.2x's version converter
+    keeps its `value` attribute in Pad-13, which the checker refuses, and the error blamed the user's model. Where
+    a later converter gets it right, the model must import and pad as numpy does."""
+    model = helper.make_model(helper.make_graph([n("Pad", ["x"], ["y"], pads=[1, 1, 1, 1], mode="edge", value=0.0)],
+                                                "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
+                                                [helper.make_tensor_value_info("y", TensorProto.FLOAT, [5, 6])]),
+                              opset_imports=[helper.make_opsetid("", 2)])
+    onnx.checker.check_model(model)
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    try:
+        with pytest.warns(UserWarning, match="converted to opset 13"):
+            graph = tg.from_onnx(model)
+    except OnnxImportError as e:
+        assert str(e).startswith("the model is valid ONNX, but onnx.version_converter's conversion of it from opset 2 "
+                                 "to 13 (the importer reads opsets 11-"), e
+    else:
+        np.testing.assert_array_equal(graph(x)[0], np.pad(x, 1, mode="edge"))
+
+
 def test_an_output_without_a_shape_onnx_cannot_infer_takes_the_computed_one():
     """A ReduceSum whose axes are a graph input: onnx infers no shape, and the model was refused as invalid ONNX
     even with `constants=` fixing the axes (onnxruntime runs it)."""

@@ -204,6 +204,8 @@ def _convert(proto: onnx.NodeProto, env: dict, opset: int) -> None:
 
 def _check_output(vi: onnx.ValueInfoProto, t) -> None:
     declared = vi.type.tensor_type
+    if vi.type.WhichOneof("value") is None:     # declared without a type (onnxruntime runs it): nothing to check
+        return
     if not vi.type.HasField("tensor_type"):
         raise UnsupportedOnnxError(f"graph output {vi.name!r} is not a tensor; only tensor outputs are supported")
     if declared.elem_type and dtype_of(declared.elem_type, f"graph output {vi.name!r}") != str(t.numpy_dtype):
@@ -219,28 +221,35 @@ def _check_output(vi: onnx.ValueInfoProto, t) -> None:
                       "computed shape is used", stacklevel=3)
 
 
-def _check(model: onnx.ModelProto) -> None:
-    """onnx's checker on the model (OnnxImportError with its whole message). A graph output declared without a shape,
-    which the checker refuses and onnxruntime runs, is checked with the shape onnx infers for it."""
+def _shapeless(values) -> list:
+    """The value infos of `values` declared without a shape (tensors), or without a type."""
+    return [vi for vi in values if vi.type.WhichOneof("value") in (None, "tensor_type")
+            and not vi.type.tensor_type.HasField("shape")]
+
+
+def _check(model: onnx.ModelProto, what: str = "the model") -> None:
+    """onnx's checker on the model (OnnxImportError with its whole message). Graph inputs and outputs declared
+    without a shape, and outputs without a type, which the checker refuses and onnxruntime runs, are checked with
+    what onnx infers for them (an input's shape then comes from `shapes=`)."""
     try:
         onnx.checker.check_model(model)
         return
     except onnx.checker.ValidationError as e:
         error = e
-    shapeless = [vi.name for vi in model.graph.output if not vi.type.tensor_type.HasField("shape")]
+    shapeless = [vi.name for vi in _shapeless(model.graph.input) + _shapeless(model.graph.output)]
     if shapeless:
         try:
             inferred = onnx.shape_inference.infer_shapes(model)
-            for vi in inferred.graph.output:
-                if not vi.type.tensor_type.HasField("shape"):   # read from an input (ReduceSum's axes): onnx cannot
-                    vi.type.tensor_type.shape.SetInParent()     # tell, taskdsl computes it (a stand-in for the check)
+            for vi in _shapeless(inferred.graph.input) + _shapeless(inferred.graph.output):
+                if vi.type.HasField("tensor_type"):         # one onnx cannot tell (ReduceSum's axes read from an
+                    vi.type.tensor_type.shape.SetInParent()  # input): taskdsl computes it (a stand-in for the check)
             onnx.checker.check_model(inferred)
             return
         except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
             error = e
     message = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
-    named = f" (outputs declared without a shape: {', '.join(shapeless)})" if shapeless else ""
-    raise OnnxImportError(f"the model is not valid ONNX: {message}{named}") from error
+    named = f" (inputs and outputs declared without a shape or type: {', '.join(shapeless)})" if shapeless else ""
+    raise OnnxImportError(f"{what} is not valid ONNX: {message}{named}") from error
 
 
 def from_onnx(model_or_path, shapes: dict | None = None, constants: dict | None = None) -> Graph:
@@ -248,7 +257,13 @@ def from_onnx(model_or_path, shapes: dict | None = None, constants: dict | None 
     original = load_model(model_or_path)
     model = converted_if_old(original)
     opset = model_opset(model)
-    _check(model)
+    if model is original:
+        _check(model)
+    else:       # the user's model first: what its conversion breaks is onnx.version_converter's doing
+        _check(original)
+        _check(model, f"the model is valid ONNX, but onnx.version_converter's conversion of it from opset "
+                      f"{_default_domain_opset(original)} to {opset} (the importer reads opsets {MIN_OPSET}-{MAX_OPSET};"
+                      f" export the model at one of them to avoid it)")
     graph = model.graph
     if graph.sparse_initializer:
         raise UnsupportedOnnxError("sparse initializers are not supported")
