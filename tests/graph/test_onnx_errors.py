@@ -257,6 +257,9 @@ def test_pads_of_the_wrong_length_are_named(pads):
      [("y", [2])], {"s": np.array([2], np.int64)}, r"\(ConstantOfShape\): value must hold one element, got 2"),
     (n("LayerNormalization", ["x", "s"], ["y"]), [("x", [3])], [("y", [2, 3])], {"s": np.ones((2, 3), np.float32)},
      r"\(LayerNormalization\): Scale has 2 axes, more than X's 1"),
+    (n("Conv", ["x", "w"], ["y"], auto_pad="SAME_UPPER", pads=[1, 1, 1, 1]), [("x", [1, 1, 4, 4])],
+     [("y", [1, 1, 4, 4])], {"w": np.ones((1, 1, 3, 3), np.float32)},
+     r"\(Conv\): pads \(1, 1, 1, 1\) and auto_pad='SAME_UPPER' are both given; the operator takes one of them"),
 ])
 def test_models_onnxruntime_refuses_are_refused(node, inputs, outputs, consts, message):
     """Each ran before, on a reading of its own (a float condition's truth, float starts truncated, the first

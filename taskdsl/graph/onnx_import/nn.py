@@ -23,6 +23,9 @@ def _window(node: Node, x, kernel: tuple) -> tuple:
     auto_pad = node.attr("auto_pad", "NOTSET")
     if len(strides) != rank or len(dilations) != rank:
         raise node.error(f"strides {strides} and dilations {dilations} need {rank} values", OnnxImportError)
+    if auto_pad != "NOTSET" and any(node.attr("pads", [])):    # the spec allows one of them, onnxruntime refuses both
+        raise node.error(f"pads {tuple(node.attr('pads'))} and auto_pad={auto_pad!r} are both given; the operator "
+                         "takes one of them", OnnxImportError)
     if auto_pad == "NOTSET":
         pads = tuple(node.attr("pads", [0] * 2 * rank))
     elif auto_pad == "VALID":
