@@ -10,11 +10,14 @@ condition is warp-uniform (a thread-level `continue` makes the whole loop diverg
 
 `agreed_within` answers a second question, for code that runs under warp-uniform branches:
 is a value the same in every thread that runs the innermost of them? (A variable assigned
-only inside those branches, from values their threads agree on, is.)
+only inside those branches, from values their threads agree on, is; one copied from a variable
+another branch assigns is not, and neither is one a loop assigns that its threads leave at
+different trips: a warp-uniform head, or a `break` under a warp-uniform branch of its own.)
 """
 from __future__ import annotations
 
 from .. import ir
+from ..ir.visitor import field_names
 
 UNIFORM, WARP, THREAD = 0, 1, 2
 WARP_FUNCS = ("shfl_xor", "shfl_down", "shfl_up", "shfl_idx")
@@ -29,8 +32,11 @@ class Uniformity:
         self.block = fn.block
         self.var_level: dict = {}
         self.relaxed_level: dict = {}  # as var_level, but ignoring warp-uniform control flow
-        self.branches: dict = {}       # var uid -> warp-uniform branches its assignments sit in
+        self.branches: dict = {}       # var uid -> warp-uniform branches its assignments, or its values' sources, sit in
         self.loop_level: dict = {}     # id(loop stmt) -> level of its trip count
+        self.loop_branches: dict = {}  # id(loop stmt) -> the warp-uniform branches around it
+        self.split_trips: set = set()  # ids of loops left under warp-uniform branches of their own: the threads
+        #                                running such a loop disagree on its trip count (relaxed level WARP)
         self.tid_aliases = self._tid_aliases(fn)
         self.control: dict = {}        # id(statement) -> level of the control flow around it
         changed = True
@@ -120,13 +126,16 @@ class Uniformity:
         return boundary % 32 == 0
 
     # -------------------------------------------------------------- statements
-    def _set(self, var: ir.Var, level: int, relaxed: int, branches: tuple) -> None:
-        for table, value in ((self.var_level, level), (self.relaxed_level, relaxed)):
-            if value > table.get(var.uid, UNIFORM):
-                table[var.uid] = value
+    def _set(self, var: ir.Var, level: int, relaxed: int, branches: tuple, value: ir.Expr | None = None) -> None:
+        for table, new in ((self.var_level, level), (self.relaxed_level, relaxed)):
+            if new > table.get(var.uid, UNIFORM):
+                table[var.uid] = new
                 self._changed = True
-        if branches and branches[-1] not in self.branches.setdefault(var.uid, set()):
-            self.branches[var.uid].add(branches[-1])
+        # a value copied from a variable some branch assigns is as local to that branch (`n = c` before a later
+        # `if warp: c += 1` agrees only where `c` does)
+        sources = set(branches[-1:]).union(*(self.branches.get(v.uid, ()) for v in _copied_vars(value)))
+        if not sources <= self.branches.setdefault(var.uid, set()):
+            self.branches[var.uid] |= sources
             self._changed = True
 
     def _walk(self, s, ctl: int, loop, rctl: int, branches: tuple) -> int:
@@ -144,12 +153,15 @@ class Uniformity:
                 skipped = max(skipped, self._walk(x, max(ctl, skipped), loop, rctl, branches))
             return skipped
         if isinstance(s, ir.Assign):
-            self._set(s.var, max(ctl, self.level(s.value)), max(rctl, relaxed(s.value)), branches)
+            self._set(s.var, max(ctl, self.level(s.value)), max(rctl, relaxed(s.value)), branches, s.value)
         elif isinstance(s, (ir.For, ir.While)):
             heads = (s.start, s.stop) if isinstance(s, ir.For) else (s.cond,)
             trips = self.loop_level.get(id(s), UNIFORM)
             level = max([ctl, trips] + [self.level(h) for h in heads])
             rlevel = max([rctl] + [THREAD if max(trips, relaxed(h)) == THREAD else UNIFORM for h in heads])
+            if id(s) in self.split_trips or any(not self.agreed_within(h, branches) for h in heads):
+                rlevel = max(rlevel, WARP)  # its threads leave it at different trips: what it assigns differs
+            self.loop_branches[id(s)] = branches
             if isinstance(s, ir.For):
                 self._set(s.var, level, rlevel, branches)
             self._walk(s.body, level, s, rlevel, branches)     # (its own continues end with its trips)
@@ -168,6 +180,10 @@ class Uniformity:
             if ctl > self.loop_level.get(id(loop), UNIFORM):
                 self.loop_level[id(loop)] = ctl
                 self._changed = True
+            if isinstance(s, ir.Break) and len(branches) > len(self.loop_branches[id(loop)]) and \
+                    id(loop) not in self.split_trips:
+                self.split_trips.add(id(loop))
+                self._changed = True
         return UNIFORM
 
     def control_levels(self, fn: ir.Function):
@@ -175,6 +191,17 @@ class Uniformity:
         this analysis was made of)."""
         for s in _statements(fn.body):
             yield s, self.control[id(s)]
+
+
+def _copied_vars(e) -> list:
+    """The variables whose values expression `e` passes on: all it reads but under a BLOCK_MAX (every thread's
+    maximum is the block's, whichever branches its argument came from)."""
+    if isinstance(e, ir.Var):
+        return [e]
+    if not isinstance(e, ir.Expr) or (isinstance(e, ir.Call) and e.func == BLOCK_MAX):
+        return []
+    fields = [getattr(e, name) for name in field_names(type(e))]
+    return [v for f in fields for x in (f if type(f) is tuple else (f,)) for v in _copied_vars(x)]
 
 
 def _statements(s):

@@ -840,3 +840,67 @@ def test_while_loops_around_shuffles_nested_in_loops_warps_leave(kernel, args, t
             x = x[np.arange(32) ^ 1] + 1
         expected[warp * 32:(warp + 1) * 32] = x
     np.testing.assert_array_equal(out, expected)
+
+
+@td.kernel(grid=1, block=128)
+def counter_of_a_loop_warps_leave_apart(A: i64[128], OUT: i64[128]):
+    t = threadIdx.x
+    wv = t // 32
+    x = A[t]
+    wc = 0
+    while True:
+        wc += 1
+        if wc > wv:         # each warp leaves after its own number of trips
+            break
+        if wv > 0:
+            if wc != 2:     # warp-uniform: the counter is one warp's
+                x = td.shfl_xor(x, 1) + wc
+    OUT[t] = x
+
+
+@td.kernel(grid=1, block=128)
+def bound_a_later_warp_branch_assigns(A: i64[128], OUT: i64[128, 2], n: i64):
+    t = threadIdx.x
+    wv = t // 32
+    x = A[t]
+    c = n
+    if wv > 0:
+        p = c               # the same in every thread here: the later branch has not run yet
+        for k in range(p):
+            x = td.shfl_xor(x, 1) + k
+    if wv > 1:
+        c = c + 1
+    OUT[t, 0] = x
+    OUT[t, 1] = c
+
+
+def test_the_counter_of_a_loop_warps_leave_apart_is_one_warps_in_a_nested_warp_branch():
+    """The uniformity analysis took the counter for the block's inside the branches (the threads of a warp-uniform
+    branch agree on values assigned outside every branch), so `wc += 1` was refused as a block variable that
+    differs between warps (a fuzzer's seeds 3011, 3389, 3482). A loop its threads leave under warp-uniform
+    branches of its own now makes what it assigns per warp."""
+    a, out = np.arange(128, dtype=np.int64) * 7 - 300, np.zeros(128, np.int64)
+    counter_of_a_loop_warps_leave_apart(a, out)
+    want = a.copy()
+    for warp in range(4):
+        v = a[warp * 32:(warp + 1) * 32].copy()
+        for wc in range(1, warp + 1):
+            if warp > 0 and wc != 2:
+                v = v[np.arange(32) ^ 1] + wc
+        want[warp * 32:(warp + 1) * 32] = v
+    np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("n", [0, 3])
+def test_a_loop_bound_copied_before_a_later_warp_branch_assigns_it(n):
+    """`p = c` in a warp branch was taken as agreed (`c` from outside every branch) though a later warp-uniform
+    branch assigns `c`, and refused there (seeds 3038, 3328); a copy is now as local to a branch as its source."""
+    a, out = np.arange(128, dtype=np.int64) * 5 - 100, np.zeros((128, 2), np.int64)
+    bound_a_later_warp_branch_assigns(a, out, n)
+    want = a.copy()
+    for warp in range(1, 4):
+        v = want[warp * 32:(warp + 1) * 32]
+        for k in range(n):
+            v[:] = v[np.arange(32) ^ 1] + k
+    np.testing.assert_array_equal(out[:, 0], want)
+    np.testing.assert_array_equal(out[:, 1], np.where(np.arange(128) // 32 > 1, n + 1, n))
