@@ -153,6 +153,8 @@ class Uniformity:
                 skipped = max(skipped, self._walk(x, max(ctl, skipped), loop, rctl, branches))
             return skipped
         if isinstance(s, ir.Assign):
+            if isinstance(s.value, ir.Call) and s.value.func == BLOCK_MAX:   # the same in every thread that runs it
+                rctl = THREAD if rctl == THREAD else UNIFORM                # (warps that left a loop publish none)
             self._set(s.var, max(ctl, self.level(s.value)), max(rctl, relaxed(s.value)), branches, s.value)
         elif isinstance(s, (ir.For, ir.While)):
             heads = (s.start, s.stop) if isinstance(s, ir.For) else (s.cond,)
