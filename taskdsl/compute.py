@@ -313,8 +313,8 @@ def reduction_identity(op: str, dtype: T.DataType, values: T.DataType) -> ir.Con
     value = _IDENTITY[op]
     if (dtype.is_bool or values.is_bool) and math.isinf(value):
         return ir.const(value > 0 if dtype.is_bool else int(value > 0), dtype)
-    if not dtype.is_float and math.isinf(value):    # the values' extremes: an i8 max starts at -128, not at its i32
-        value = values.limits[0 if value < 0 else 1]  # accumulator's INT_MIN, which an empty one stored to i8 wrapped to 0
+    if not dtype.is_float and math.isinf(value):    # the values' extremes: an i8 max starts at -128, not at its
+        value = values.limits[0 if value < 0 else 1]  # i32 accumulator's INT_MIN, which an empty one wrapped to 0
     return ir.const(value, dtype)
 
 

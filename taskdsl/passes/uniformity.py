@@ -32,7 +32,7 @@ class Uniformity:
         self.block = fn.block
         self.var_level: dict = {}
         self.relaxed_level: dict = {}  # as var_level, but ignoring warp-uniform control flow
-        self.branches: dict = {}       # var uid -> warp-uniform branches its assignments, or its values' sources, sit in
+        self.branches: dict = {}       # var uid -> warp-uniform branches its assignments (or their sources) sit in
         self.loop_level: dict = {}     # id(loop stmt) -> level of its trip count
         self.loop_branches: dict = {}  # id(loop stmt) -> the warp-uniform branches around it
         self.split_trips: set = set()  # ids of loops left under warp-uniform branches of their own: the threads
@@ -153,9 +153,10 @@ class Uniformity:
                 skipped = max(skipped, self._walk(x, max(ctl, skipped), loop, rctl, branches))
             return skipped
         if isinstance(s, ir.Assign):
-            if isinstance(s.value, ir.Call) and s.value.func == BLOCK_MAX:   # the same in every thread that runs it
-                rctl = THREAD if rctl == THREAD else UNIFORM                # (warps that left a loop publish none)
-            self._set(s.var, max(ctl, self.level(s.value)), max(rctl, relaxed(s.value)), branches, s.value)
+            around = rctl   # a block maximum is the same in every thread that runs it (warps out of a loop: none)
+            if isinstance(s.value, ir.Call) and s.value.func == BLOCK_MAX:
+                around = THREAD if rctl == THREAD else UNIFORM
+            self._set(s.var, max(ctl, self.level(s.value)), max(around, relaxed(s.value)), branches, s.value)
         elif isinstance(s, (ir.For, ir.While)):
             heads = (s.start, s.stop) if isinstance(s, ir.For) else (s.cond,)
             trips = self.loop_level.get(id(s), UNIFORM)

@@ -262,8 +262,8 @@ def from_onnx(model_or_path, shapes: dict | None = None, constants: dict | None 
     else:       # the user's model first: what its conversion breaks is onnx.version_converter's doing
         _check(original)
         _check(model, f"the model is valid ONNX, but onnx.version_converter's conversion of it from opset "
-                      f"{_default_domain_opset(original)} to {opset} (the importer reads opsets {MIN_OPSET}-{MAX_OPSET};"
-                      f" export the model at one of them to avoid it)")
+                      f"{_default_domain_opset(original)} to {opset} (the importer reads opsets "
+                      f"{MIN_OPSET}-{MAX_OPSET}; export the model at one of them to avoid it)")
     graph = model.graph
     if graph.sparse_initializer:
         raise UnsupportedOnnxError("sparse initializers are not supported")

@@ -15,9 +15,9 @@ from ...ir import types as T
 from ...runtime.config import fast_compile_enabled
 from ...compute import compute
 from ...compute import reduce as reduction
+from ...lang import math_expr
 from ..operator import Operator, dims
 from .norm import stat_dtype
-from ...lang import math_expr
 from .window import ChannelsLast, pads_of, per_axis, positions_inside, window_input, window_positions
 
 
