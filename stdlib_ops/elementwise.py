@@ -114,6 +114,22 @@ def int_tuple(values, what: str, length: int | None = None) -> tuple:
     return items
 
 
+def flag(value, what: str) -> bool:
+    """`value`, a bool (or 0 / 1), as a bool: a TypeError names `what` for anything else (`keepdims="False"` is
+    truthy, and was read as True)."""
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, (int, np.integer)) and value in (0, 1)):
+        return bool(value)
+    raise TypeError(f"{what} must be True or False, got {value!r}")
+
+
+def real(value, what: str) -> float:
+    """`value`, a real number, as a float: a TypeError names `what` for anything else (`float("0.1")` took a
+    string)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{what} must be a number, got {value!r}")
+    return float(value)
+
+
 def normalize_axis(axis: int, ndim: int) -> int:
     """A possibly negative axis as an index in [0, ndim); TypeError/ValueError when invalid."""
     if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):

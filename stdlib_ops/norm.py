@@ -21,7 +21,7 @@ from taskdsl import ir
 from taskdsl.ir.types import is_float_dtype
 from taskdsl.runtime.arrays import as_array
 
-from .elementwise import Plan, cached_op, contiguous, normalize_axis, reshaper, tdtype
+from .elementwise import Plan, cached_op, contiguous, int_tuple, normalize_axis, real, reshaper, tdtype
 from .rowwise import applies as rows_apply
 from .rowwise import layer_norm_rows, softmax_rows
 
@@ -150,7 +150,7 @@ def _norm_plan(rms: bool, x, weight, bias, eps: float, ndim: int | None) -> Plan
     x = contiguous(x)
     if not is_float_dtype(x.dtype):
         raise TypeError(f"{what} needs a float array, got {x.dtype}")
-    k = ndim if ndim is not None else (np.ndim(weight) if weight is not None else 1)
+    k = int_tuple(ndim, f"{what}: ndim")[0] if ndim is not None else (np.ndim(weight) if weight is not None else 1)
     if not 1 <= k <= x.ndim:
         raise ValueError(f"{what}: cannot normalize over the last {k} axes of a {x.ndim}-d array")
     norm_shape = x.shape[x.ndim - k:]
@@ -165,7 +165,7 @@ def _norm_plan(rms: bool, x, weight, bias, eps: float, ndim: int | None) -> Plan
         raise TypeError(f"{what}: weight and bias must have the same dtype, got {params[0].dtype}, {params[1].dtype}")
     wdtype = tdtype(params[0].dtype) if params else None
     dtype = tdtype(x.dtype)
-    eps = float(eps)
+    eps = real(eps, f"{what}: eps")
     key = (what, eps, dtype, weight is not None, bias is not None, wdtype)
     op = cached_op(key, lambda: _norm_op(rms, eps, dtype, weight is not None, bias is not None, wdtype))
     d = _prod(norm_shape)
@@ -189,7 +189,7 @@ def layer_norm(x, weight=None, bias=None, eps: float = 1e-5, ndim: int | None = 
     """
     x = as_array(x)
     if _rows_affine(x, weight, bias, ndim):
-        return layer_norm_rows(x, weight, bias, eps)   # one fused kernel per row
+        return layer_norm_rows(x, weight, bias, real(eps, "layer_norm: eps"))   # one fused kernel per row
     return _norm_plan(False, x, weight, bias, eps, ndim).run()
 
 
@@ -234,7 +234,7 @@ def _batch_norm_plan(x, mean, var, weight=None, bias=None, eps: float = 1e-5) ->
             raise ValueError(f"batch_norm: mean, var, weight and bias must have shape ({c},), got {p.shape}")
         if p.dtype != params[0].dtype or not is_float_dtype(p.dtype):
             raise TypeError("batch_norm: mean, var, weight and bias must share one float dtype")
-    dtype, pdtype, eps = tdtype(x.dtype), tdtype(params[0].dtype), float(eps)
+    dtype, pdtype, eps = tdtype(x.dtype), tdtype(params[0].dtype), real(eps, "batch_norm: eps")
     key = ("batch_norm", eps, dtype, pdtype, weight is not None, bias is not None)
     op = cached_op(key, lambda: _batch_norm_op(eps, dtype, pdtype, weight is not None, bias is not None))
     return Plan(op, (x.reshape(x.shape[0], c, _prod(x.shape[2:])), *params), reshaper(x.shape))

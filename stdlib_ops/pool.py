@@ -32,7 +32,7 @@ from taskdsl.runtime.arrays import as_array
 from taskdsl.runtime.config import fast_compile_enabled, get_target
 
 from . import reduce as _reduce
-from .elementwise import Plan, cached_op, contiguous, int_tuple, tdtype
+from .elementwise import Plan, cached_op, contiguous, flag, int_tuple, tdtype
 
 __all__ = ["avg_pool2d", "global_avg_pool2d", "max_pool2d"]
 
@@ -75,7 +75,7 @@ def _pool_op(kind: str, kernel: tuple, stride: tuple, padding: tuple, include_pa
 
 def _pool_plan(kind: str, x, kernel_size, stride=None, padding=0, count_include_pad: bool = True) -> Plan:
     x, kernel, stride, padding, out_hw = _window(kind, x, kernel_size, stride, padding)
-    include_pad = bool(count_include_pad) if kind == "avg" else True
+    include_pad = flag(count_include_pad, f"{kind}_pool2d: count_include_pad") if kind == "avg" else True
     dtype = tdtype(x.dtype)
     key = ("pool2d", kind, kernel, stride, padding, include_pad, dtype, x.shape)
     op = cached_op(key, lambda: _pool_op(kind, kernel, stride, padding, include_pad, dtype, x.shape, out_hw))
@@ -200,7 +200,7 @@ def op_for(name: str, *args, **kwargs) -> Plan:
     if name == "global_avg_pool2d":
         (x,) = args
         x = as_array(x)
-        if x.ndim != 4:
-            raise ValueError(f"global_avg_pool2d needs an NCHW array, got shape {x.shape}")
+        if x.ndim != 4 or not is_float_dtype(x.dtype):     # as the other pools (an int mean would be f32)
+            raise ValueError(f"global_avg_pool2d needs a float NCHW array, got {x.dtype} {x.shape}")
         return _reduce.op_for("mean", x, axis=(2, 3), keepdims=True)
     raise ValueError(f"unknown pooling {name!r}")

@@ -23,7 +23,7 @@ import taskdsl as td
 from taskdsl import blockIdx, threadIdx
 from taskdsl.runtime.arrays import empty_like_operands
 
-from .elementwise import Plan, cached_op, contiguous, normalize_axis, reshaper, tdtype
+from .elementwise import Plan, cached_op, contiguous, flag, normalize_axis, reshaper, tdtype
 
 __all__ = ["argmax", "argmin", "max", "mean", "min", "sum"]
 
@@ -86,7 +86,7 @@ def op_for(name: str, x, axis=None, keepdims: bool = False) -> Plan:
     dtype = tdtype(x.dtype)
     pattern, canon = reduce_canon(x.shape, axes)
     op = cached_op(("reduce", name, pattern, dtype), lambda: _build(name, pattern, dtype))
-    if keepdims:
+    if flag(keepdims, f"{name}: keepdims"):
         out_shape = tuple(1 if a in axes else n for a, n in enumerate(x.shape))
     else:
         out_shape = tuple(n for a, n in enumerate(x.shape) if a not in axes)
@@ -149,6 +149,7 @@ def arg_kernel(dtype, is_max: bool):
 def _arg(x, axis, keepdims: bool, is_max: bool):
     x = contiguous(x)
     what = "argmax" if is_max else "argmin"
+    keepdims = flag(keepdims, f"{what}: keepdims")
     if axis is None:
         out_shape = (1,) * x.ndim if keepdims else ()
         x, axis = x.reshape(-1), 0

@@ -160,9 +160,13 @@ def _slice_plan(x, starts, stops, steps=None, axes=None) -> Plan:
 
     def seq(v, what):   # an integer or None stands for the same value on every sliced axis
         values = [v] * count if v is None or np.ndim(v) == 0 else list(v)
+        if any(n is not None and np.ndim(n) > 0 for n in values):       # ((1, 2),) is no start
+            raise TypeError(f"slice: {what} must be integers (one per sliced axis), got {v!r}")
         return [None if n is None else int_tuple(n, f"slice: {what}")[0] for n in values]
 
     starts, stops, steps = seq(starts, "starts"), seq(stops, "stops"), seq(steps, "steps")
+    if axes is None and count > x.ndim:
+        raise ValueError(f"slice: {count} starts/stops for a {x.ndim}-d array; give at most {x.ndim}, or `axes`")
     axes = list(range(count)) if axes is None else [normalize_axis(a, x.ndim) for a in seq(axes, "axes")]
     if not len(starts) == len(stops) == len(steps) == len(axes) or len(set(axes)) != len(axes):
         raise ValueError("slice: starts, stops, steps and axes must have the same length (and distinct axes)")
@@ -220,6 +224,9 @@ def _pad_widths(pad_width, ndim: int) -> list:
 
 def _pad_plan(x, pad_width, value=0) -> Plan:
     x = contiguous(x)
+    if np.ndim(value) != 0:
+        raise TypeError(f"pad: value must be one number (per-axis or (before, after) values, as numpy.pad takes, "
+                        f"are not supported), got {value!r}")
     widths = _pad_widths(pad_width, x.ndim)
     if x.ndim == 0:         # nothing to pad (numpy.pad returns a copy): a 1-element copy
         one = _pad_plan(x.reshape(1), 0, value)

@@ -144,7 +144,8 @@ def check_indices(indices: np.ndarray, n: int, axis: int, what: str) -> None:
     """IndexError when host `indices` into an axis of size `n` hold one outside [-n, n) (negative ones count
     from the end); kernels would clamp it to the axis instead."""
     if indices.size and (indices.max() >= n or (indices.dtype.kind == "i" and indices.min() < -n)):
-        raise IndexError(f"{what}: an index is out of range for axis {axis} of size {n}")
+        bad = indices.max() if indices.max() >= n else indices.min()
+        raise IndexError(f"{what}: index {bad} is out of range for axis {axis} of size {n}")
 
 
 __all__ = ["note_host_work", "on_device", "as_array", "conversion", "contiguous", "empty_like_operands",
