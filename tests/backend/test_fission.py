@@ -223,7 +223,7 @@ def bound_from_before_the_branch(X: f32[64], Y: f32[64], m: td.i32):
     v = X[t]
     n = m
     if t // 32 == 0:
-        n = n + 1         # the copy would start from the value before the if, read at block level
+        n = n + 1         # the copy starts from the value before the if
         for i in range(n):
             v += td.shfl_xor(v, 1)
     Y[t] = v + n
@@ -235,18 +235,57 @@ def bound_maybe_unassigned(X: f32[64], Y: f32[64], m: td.i32):
     v = X[t]
     n = 1
     if t // 32 == 0:
-        for k in range(m):    # m = 0 leaves n as it was: the copy cannot say so
+        for k in range(m):    # m = 0 leaves n as it was
             n = k + 2
             for i in range(n):
                 v += td.shfl_xor(v, 1)
     Y[t] = v + n
 
 
-@pytest.mark.parametrize("kernel", [bound_from_before_the_branch, bound_maybe_unassigned])
-def test_block_variable_of_a_warp_branch_that_needs_the_outer_value_is_refused(kernel):
+def _pairs_summed(v, times):
+    for _ in range(times):
+        v = v + v[np.arange(v.size) ^ 1]
+    return v
+
+
+@pytest.mark.parametrize("m", [0, 1, 3])
+def test_block_variable_of_a_warp_branch_that_needs_the_outer_value_starts_from_it(m):
+    """Refused before ("the branch reads the value from before the if"): the copy in the branch now starts from
+    the block maximum of the outer value over the threads running the branch, which agree on it."""
     x = np.arange(64, dtype=np.float32)
-    with pytest.raises(td.DSLError, match="'n' controls a loop or branch .* also read outside .* value from before"):
-        kernel(x, np.zeros(64, np.float32), 2)
+    y = np.zeros(64, np.float32)
+    bound_from_before_the_branch(x, y, m)
+    want = x.copy()
+    want[:32] = _pairs_summed(x[:32], m + 1)
+    np.testing.assert_array_equal(y, want + np.where(np.arange(64) < 32, m + 1, m))
+    bound_maybe_unassigned(x, y, m)
+    want, n = x.copy(), 1
+    for k in range(m):
+        n = k + 2
+        want[:32] = _pairs_summed(want[:32], n)
+    np.testing.assert_array_equal(y, want + np.where(np.arange(64) < 32, n, 1))
+
+
+@td.kernel(grid=1, block=64)
+def counter_a_nested_branch_needs(OUT: i64[64]):
+    t = threadIdx.x
+    x: i64 = t
+    c = 0
+    for i in range(4):
+        if i > t // 32:
+            break
+        c += 1
+        for j in range(c):
+            x = td.shfl_xor(x, 1) + j
+    OUT[t] = x + c
+
+
+def test_a_copy_that_a_nested_branch_needs_from_before_it_is_refused():
+    """The warp's `break` makes two nested warp-uniform branches: the copy of the outer one would hand its value
+    back to a block-level copy, which the threads outside the inner one share (a first version of the starts
+    gave INT_MIN + 1 there, from a maximum no thread took part in): refused, as legal CUDA the cpu cannot run."""
+    with pytest.raises(td.DSLError, match="'c_w' controls a loop or branch .* also read outside that if"):
+        counter_a_nested_branch_needs(np.zeros(64, np.int64))
 
 
 @td.kernel(grid=1, block=64)
@@ -843,7 +882,7 @@ def test_while_loops_around_shuffles_nested_in_loops_warps_leave(kernel, args, t
 
 
 @td.kernel(grid=1, block=128)
-def counter_of_a_loop_warps_leave_apart(A: i64[128], OUT: i64[128]):
+def counter_of_a_loop_warps_leave_apart(A: i64[128], OUT: i64[128, 2]):
     t = threadIdx.x
     wv = t // 32
     x = A[t]
@@ -855,7 +894,8 @@ def counter_of_a_loop_warps_leave_apart(A: i64[128], OUT: i64[128]):
         if wv > 0:
             if wc != 2:     # warp-uniform: the counter is one warp's
                 x = td.shfl_xor(x, 1) + wc
-    OUT[t] = x
+    OUT[t, 0] = x
+    OUT[t, 1] = wc          # read after the loop: the branch's copy starts from each trip's value
 
 
 @td.kernel(grid=1, block=128)
@@ -879,7 +919,7 @@ def test_the_counter_of_a_loop_warps_leave_apart_is_one_warps_in_a_nested_warp_b
     branch agree on values assigned outside every branch), so `wc += 1` was refused as a block variable that
     differs between warps (a fuzzer's seeds 3011, 3389, 3482). A loop its threads leave under warp-uniform
     branches of its own now makes what it assigns per warp."""
-    a, out = np.arange(128, dtype=np.int64) * 7 - 300, np.zeros(128, np.int64)
+    a, out = np.arange(128, dtype=np.int64) * 7 - 300, np.zeros((128, 2), np.int64)
     counter_of_a_loop_warps_leave_apart(a, out)
     want = a.copy()
     for warp in range(4):
@@ -888,7 +928,8 @@ def test_the_counter_of_a_loop_warps_leave_apart_is_one_warps_in_a_nested_warp_b
             if warp > 0 and wc != 2:
                 v = v[np.arange(32) ^ 1] + wc
         want[warp * 32:(warp + 1) * 32] = v
-    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(out[:, 0], want)
+    np.testing.assert_array_equal(out[:, 1], np.arange(128) // 32 + 1)
 
 
 @pytest.mark.parametrize("n", [0, 3])
@@ -904,3 +945,30 @@ def test_a_loop_bound_copied_before_a_later_warp_branch_assigns_it(n):
             v[:] = v[np.arange(32) ^ 1] + k
     np.testing.assert_array_equal(out[:, 0], want)
     np.testing.assert_array_equal(out[:, 1], np.where(np.arange(128) // 32 > 1, n + 1, n))
+
+
+@td.kernel(grid=1, block=64)
+def carried_bound_in_a_per_warp_loop(OUT: i64[64]):
+    t = threadIdx.x
+    x: i64 = t
+    c = 0
+    for i in range(t // 32 + 2):    # warp 0: 2 trips, warp 1: 3
+        c += 1
+        for j in range(c):          # bounded by what the loop carries from trip to trip
+            x = td.shfl_xor(x, 1) + j
+    OUT[t] = x + c
+
+
+def test_a_variable_a_per_warp_loop_carries_bounds_a_shuffle_loop_inside_it():
+    """Refused before (the made loop's warp-uniform `if` read `c` from the trip before): its copy starts there."""
+    out = np.zeros(64, np.int64)
+    carried_bound_in_a_per_warp_loop(out)
+    want = np.arange(64, dtype=np.int64)
+    for warp in range(2):
+        v, c = want[warp * 32:(warp + 1) * 32], 0
+        for _ in range(warp + 2):
+            c += 1
+            for j in range(c):
+                v[:] = v[np.arange(32) ^ 1] + j
+        v += c
+    np.testing.assert_array_equal(out, want)

@@ -162,8 +162,9 @@ class _PythonEmitter:
             out.append(f"{pad}{self.name(b)} = np.empty({self.shape(shape)}, {np_type(b.dtype)})")
         for v in self.program.thread_arrays.values():
             out.append(f"{pad}{self.thread_array(v)} = np.empty({self.threads}, {np_type(v.dtype)})")
-        for site, dtype in self.program.shuffle_sites.items():   # zeros: a `BlockMax` may read threads that skipped it
-            out.append(f"{pad}{self.shuffle_array(site)} = np.zeros({self.threads}, {np_type(dtype)})")
+        for site, dtype in self.program.shuffle_sites.items():   # a `BlockMax` reads the slots of threads that skip it
+            start = self.expr(F.lowest(dtype)) if site in self.program.block_max_sites else "0"
+            out.append(f"{pad}{self.shuffle_array(site)} = np.full({self.threads}, {start}, {np_type(dtype)})")
         if not self.debug:
             out.extend(block_loop)
         pad = "        "
@@ -211,7 +212,9 @@ class _PythonEmitter:
                     self.lines.append(f"{pad}else:")
                     self.items(it.orelse, depth + 1)
             elif isinstance(it, F.BlockMax):
-                self.lines.append(f"{pad}{self.name(it.var)} = {self.shuffle_array(it.site)}.max()")
+                slots = self.shuffle_array(it.site)
+                self.lines.append(f"{pad}{self.name(it.var)} = {slots}.max()")
+                self.lines.append(f"{pad}{slots}[:] = {self.expr(F.lowest(it.var.dtype))}")
             elif isinstance(it, F.BlockJump):
                 self.lines.append(f"{pad}{'break' if isinstance(it.stmt, ir.Break) else 'continue'}")
         if len(self.lines) == start:

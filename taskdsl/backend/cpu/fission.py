@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -106,7 +107,9 @@ class ShflGet(ir.Stmt):
 
 @dataclass(eq=False)
 class BlockMax:
-    """A block variable set to the maximum of shuffle `site`'s values, which every thread has just published."""
+    """A block variable set to the maximum of shuffle `site`'s values, which the threads running it have just
+    published; every slot then returns to the lowest value, so a thread that skips a later maximum of the site (a
+    warp outside its branch) takes no part in it with what it published here."""
 
     site: int
     var: ir.Var
@@ -120,6 +123,7 @@ class BlockProgram:
     block_vars: set           # Var uids assigned at block level
     thread_arrays: dict       # Var uid -> Var: per-thread arrays
     shuffle_sites: dict       # site -> dtype
+    block_max_sites: set = field(default_factory=set)   # the sites of `BlockMax`es (their slots start at `lowest`)
 
 
 # ------------------------------------------------------------------ helpers
@@ -139,6 +143,11 @@ def _is_shuffle_assign(s) -> bool:
 
 def _is_block_max(s) -> bool:
     return _assigns_call(s, (BLOCK_MAX,))
+
+
+def lowest(dtype: T.DataType) -> ir.Const:
+    """The least value of `dtype` (-inf for floats): what no thread's value is below, in a block maximum."""
+    return ir.const(-math.inf if dtype.is_float else dtype.limits[0], dtype)
 
 
 def _vars_read(e) -> set:
@@ -209,6 +218,7 @@ class _Fission:
         self.uniformity = Uniformity(fn)
         self.block_vars: set = set()
         self.sites: dict = {}
+        self.block_max_sites: set = set()
         self.site_numbers = itertools.count()   # per kernel, so the generated source is deterministic
         self.block_loops: list = []             # the block-level loops around the statement being split
 
@@ -306,6 +316,7 @@ class _Fission:
             elif _is_block_max(x):
                 site = next(self.site_numbers)
                 self.sites[site] = x.var.dtype
+                self.block_max_sites.add(site)
                 current.append(ShflPut(site, x.value.args[0], x.loc))
                 flush()
                 items.append(BlockMax(site, x.var))
@@ -416,15 +427,23 @@ def _privatized(body: ir.Stmt, branch: ir.If, variables: list):
     outer ones at its end, a per-thread assignment: the copies are block-level variables inside the branch (set
     once per block, by the warps that run it), and outside it each thread keeps its own value, as in CUDA (a
     side that only reads a variable reads that per-thread value). A side that reads a variable before assigning
-    it would need the copy to start from the outer value at block level, which would make the outer variable
-    block-level too: None (and so for a side that may leave a variable unassigned, in a loop that can run no trip).
+    it, or may leave it unassigned (in a loop that can run no trip), starts its copy from the outer value: the
+    block maximum of it over the threads running the side, which agree on it (the uniformity analysis made it a
+    block variable there), so the outer variable stays per thread. None for a bool (a maximum needs numbers)
+    and for a variable a block maximum assigns (a copy that started so, whose hand-back would be block-level:
+    a nested branch that needs the copy's value).
     """
     uids = {v.uid for v in variables}
+    maxima = {a.var.uid for a in ir.collect(body, ir.Assign, expressions=False) if _is_block_max(a)}
+    if uids & maxima:
+        return None
+    outer = {}       # id(side) -> uids whose copies start from the outer value
     for side in (branch.then, branch.orelse):
         live, surely, assigned = set(), set(), set()
         _live_in(side, surely, live, assigned)
         mine = assigned & uids
-        if live & mine or mine - surely:    # the copy would need the outer value
+        outer[id(side)] = live & mine | mine - surely
+        if any(v.dtype.is_bool for v in variables if v.uid in outer[id(side)]):
             return None
 
     def private(side):
@@ -432,8 +451,10 @@ def _privatized(body: ir.Stmt, branch: ir.If, variables: list):
             return None
         assigned = {a.var.uid for a in ir.collect(side, ir.Assign, expressions=False)}
         copies = {v.uid: ir.Var(f"{v.name}_w", v.dtype) for v in variables if v.uid in assigned}
-        return ir.seq([ir.substitute(side, copies)] + [ir.Assign(v, copies[v.uid], branch.loc) for v in variables
-                                                        if v.uid in copies])
+        starts = [ir.Assign(copies[v.uid], ir.Call(BLOCK_MAX, (v,), v.dtype), branch.loc) for v in variables
+                  if v.uid in outer[id(side)]]
+        return ir.seq(starts + [ir.substitute(side, copies)] +
+                      [ir.Assign(v, copies[v.uid], branch.loc) for v in variables if v.uid in copies])
 
     return _with_replaced(body, branch, dataclasses.replace(branch, then=private(branch.then),
                                                             orelse=private(branch.orelse)))
@@ -701,4 +722,4 @@ def fission(fn: ir.Function) -> BlockProgram:
                 carried.add(uid)
     # in the kernel's order (uids number variables in the order this process made them): the same source each time
     arrays = {uid: v for uid, v in local_vars.items() if uid in carried}
-    return BlockProgram(items, f.block_vars, arrays, f.sites)
+    return BlockProgram(items, f.block_vars, arrays, f.sites, f.block_max_sites)
