@@ -576,6 +576,21 @@ def _branch_without_copies(body: ir.Stmt, variables: list, privatized: dict, uni
     return inner[0] if inner else None
 
 
+def _innermost_holding(branch: ir.If, variables: list, uniformity: Uniformity) -> ir.If:
+    """The innermost warp-uniform `if` in `branch` (or `branch`) that holds every mention of `variables` in it:
+    the copies go there, so that a branch nested in `branch` does not copy `branch`'s copies again (whose
+    hand-back would be block-level)."""
+    uids = {v.uid for v in variables}
+    mentions = lambda s: sum(1 for v in ir.collect(s, ir.Var) if v.uid in uids)
+    while True:
+        total = mentions(branch)
+        inner = [s for side in (branch.then, branch.orelse) for s in _flatten(side)
+                 if isinstance(s, ir.If) and uniformity.level(s.cond) == WARP and mentions(s) == total > 0]
+        if not inner:
+            return branch
+        branch = inner[0]
+
+
 def _contains(outer: ir.Stmt, inner: ir.Stmt) -> bool:
     return any(x is inner for x in _walk_stmts(outer))
 
@@ -698,6 +713,7 @@ def fission(fn: ir.Function) -> BlockProgram:
                 # the copy's hand-back is block-level: another branch bounds a loop by the variable (the copies
                 # of one branch an unrolled loop makes): that one gets copies too, or none is left to
                 branch = _branch_without_copies(hoisted, p.variables, privatized, f.uniformity)
+            branch = branch and _innermost_holding(branch, p.variables, f.uniformity)
             too_many = len(privatized) > 4 * branches    # (a copy's copy of a copy...: refused, not endless)
             hoisted = None if branch is None or too_many else _privatized(hoisted, branch, p.variables)
             if hoisted is None:
