@@ -429,9 +429,9 @@ def _privatized(body: ir.Stmt, branch: ir.If, variables: list):
     side that only reads a variable reads that per-thread value). A side that reads a variable before assigning
     it, or may leave it unassigned (in a loop that can run no trip), starts its copy from the outer value: the
     block maximum of it over the threads running the side, which agree on it (the uniformity analysis made it a
-    block variable there), so the outer variable stays per thread. None for a bool (a maximum needs numbers)
-    and for a variable a block maximum assigns (a copy that started so, whose hand-back would be block-level:
-    a nested branch that needs the copy's value).
+    block variable there), so the outer variable stays per thread. None for a bool or a 16-bit float (a maximum
+    needs numbers, in their own order) and for a variable a block maximum assigns (a copy that started so, whose
+    hand-back would be block-level: a nested branch that needs the copy's value).
     """
     uids = {v.uid for v in variables}
     maxima = {a.var.uid for a in ir.collect(body, ir.Assign, expressions=False) if _is_block_max(a)}
@@ -443,8 +443,9 @@ def _privatized(body: ir.Stmt, branch: ir.If, variables: list):
         _live_in(side, surely, live, assigned)
         mine = assigned & uids
         outer[id(side)] = live & mine | mine - surely
-        if any(v.dtype.is_bool for v in variables if v.uid in outer[id(side)]):
-            return None
+        if any(v.dtype.is_bool or (v.dtype.is_float and v.dtype.bits == 16) for v in variables
+               if v.uid in outer[id(side)]):
+            return None     # (16-bit floats are stored as their bits, which a maximum does not order)
 
     def private(side):
         if side is None:
