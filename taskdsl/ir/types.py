@@ -35,6 +35,11 @@ class DataType:
             return -(1 << (self.bits - 1)), (1 << (self.bits - 1)) - 1
         return 0, (1 << self.bits) - 1
 
+    @property
+    def lowest(self) -> float | int:
+        """The least value of this type (-inf for floats): no value lies below it (a maximum's start)."""
+        return -math.inf if self.is_float else self.limits[0]
+
     def holds(self, value: int) -> bool:
         """Whether the integer `value` is representable in this integer type."""
         low, high = self.limits

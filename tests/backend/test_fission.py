@@ -287,15 +287,21 @@ def test_a_counter_a_nested_warp_branch_needs_gets_its_copy_there():
     first version of the copies' starts gave INT_MIN + 1 there, from a maximum no thread took part in)."""
     out = np.zeros(64, np.int64)
     counter_a_nested_branch_needs(out)
+    np.testing.assert_array_equal(out, _counted_shuffles(lambda warp: warp + 1))   # warp w leaves at trip w + 1
+
+
+def _counted_shuffles(trips):
+    """What the two warps of a counting loop write: `trips(warp)` trips, trip c (from 1) swapping lane pairs and
+    adding j for j < c, then the count added."""
     want = np.arange(64, dtype=np.int64)
     for warp in range(2):
         v, c = want[warp * 32:(warp + 1) * 32], 0
-        for _ in range(warp + 1):       # warp w leaves at trip w + 1
+        for _ in range(trips(warp)):
             c += 1
             for j in range(c):
                 v[:] = v[np.arange(32) ^ 1] + j
         v += c
-    np.testing.assert_array_equal(out, want)
+    return want
 
 
 @td.kernel(grid=1, block=64)
@@ -973,12 +979,4 @@ def test_a_variable_a_per_warp_loop_carries_bounds_a_shuffle_loop_inside_it():
     """Refused before (the made loop's warp-uniform `if` read `c` from the trip before): its copy starts there."""
     out = np.zeros(64, np.int64)
     carried_bound_in_a_per_warp_loop(out)
-    want = np.arange(64, dtype=np.int64)
-    for warp in range(2):
-        v, c = want[warp * 32:(warp + 1) * 32], 0
-        for _ in range(warp + 2):
-            c += 1
-            for j in range(c):
-                v[:] = v[np.arange(32) ^ 1] + j
-        v += c
-    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(out, _counted_shuffles(lambda warp: warp + 2))

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-import math
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -146,8 +145,8 @@ def _is_block_max(s) -> bool:
 
 
 def lowest(dtype: T.DataType) -> ir.Const:
-    """The least value of `dtype` (-inf for floats): what no thread's value is below, in a block maximum."""
-    return ir.const(-math.inf if dtype.is_float else dtype.limits[0], dtype)
+    """The least value of `dtype` as a constant: what no thread's value is below, in a block maximum."""
+    return ir.const(dtype.lowest, dtype)
 
 
 def _vars_read(e) -> set:

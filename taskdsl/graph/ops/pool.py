@@ -6,7 +6,6 @@ the window positions inside the padded input (count_include_pad) or inside the i
 """
 from __future__ import annotations
 
-import math
 
 import numpy as np
 
@@ -95,8 +94,8 @@ class Pool(ChannelsLast, Operator):
 
         out_shape = self.join_index(shape[0], self.channels(shape), self.size("out"))
         if a["mode"] == "max":
-            low = -math.inf if acc.is_float else int(np.iinfo(acc.numpy).min)
-            pooled = reduction("max_pool", out_shape, kernel, lambda *ix: value(ix, low), op="max", dtype=x.dtype)
+            pooled = reduction("max_pool", out_shape, kernel, lambda *ix: value(ix, acc.lowest), op="max",
+                               dtype=x.dtype)
             return [pooled] + ([self._indices(x, pooled)] if a.get("indices") else [])
 
         def average(*ix):
