@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import taskdsl as td
-from taskdsl import f32, i64, threadIdx
+from taskdsl import f16, f32, i32, i64, threadIdx
 from taskdsl.backend.cpu import fission as F
 from taskdsl.passes import lower
 
@@ -980,3 +980,49 @@ def test_a_variable_a_per_warp_loop_carries_bounds_a_shuffle_loop_inside_it():
     out = np.zeros(64, np.int64)
     carried_bound_in_a_per_warp_loop(out)
     np.testing.assert_array_equal(out, _counted_shuffles(lambda warp: warp + 2))
+
+
+@td.kernel(grid=1, block=64)
+def carried_half_bound_in_a_per_warp_loop(OUT: f32[64]):
+    t = threadIdx.x
+    x: f32 = t
+    c: f16 = -1.5
+    for i in range(t // 32 + 2):    # warp 0: 2 trips, warp 1: 3
+        c = c + td.cast(1.0, f16)
+        for j in range(td.cast(c, i32) + 2):
+            x = td.shfl_xor(x, 1) + j
+    OUT[t] = x + td.cast(c, f32)
+
+
+@td.kernel(grid=1, block=64)
+def carried_flag_in_a_per_warp_loop(OUT: i64[64]):
+    t = threadIdx.x
+    x: i64 = t
+    on = False
+    for i in range(t // 32 + 2):
+        on = not on
+        if on:
+            x = td.shfl_xor(x, 1) + i
+    OUT[t] = x * 2 + (1 if on else 0)
+
+
+def test_a_half_or_bool_a_per_warp_loop_carries_controls_a_shuffle_inside_it():
+    """Refused before (a block maximum compared the bits of a 16-bit float, where -0.5 is above -inf): their copies
+    start from the trip before's value too, the slots of the maximum starting at 0 in their storage."""
+    half, flag = np.zeros(64, np.float32), np.zeros(64, np.int64)
+    carried_half_bound_in_a_per_warp_loop(half)
+    carried_flag_in_a_per_warp_loop(flag)
+    want_half, want_flag = np.zeros(64, np.float32), np.zeros(64, np.int64)
+    for warp in range(2):
+        lanes = slice(warp * 32, warp * 32 + 32)
+        x, c = np.arange(64, dtype=np.float32)[lanes], np.float16(-1.5)
+        y, on = np.arange(64)[lanes], False
+        for i in range(warp + 2):
+            c, on = np.float16(c + np.float16(1)), not on
+            for j in range(int(c) + 2):
+                x = x[np.arange(32) ^ 1] + j
+            if on:
+                y = y[np.arange(32) ^ 1] + i
+        want_half[lanes], want_flag[lanes] = x + np.float32(c), y * 2 + on
+    np.testing.assert_array_equal(half, want_half)
+    np.testing.assert_array_equal(flag, want_flag)

@@ -163,7 +163,7 @@ class _PythonEmitter:
         for v in self.program.thread_arrays.values():
             out.append(f"{pad}{self.thread_array(v)} = np.empty({self.threads}, {np_type(v.dtype)})")
         for site, dtype in self.program.shuffle_sites.items():   # a `BlockMax` reads the slots of threads that skip it
-            start = self.expr(F.lowest(dtype)) if site in self.program.block_max_sites else "0"
+            start = self.least_stored(dtype) if site in self.program.block_max_sites else "0"
             out.append(f"{pad}{self.shuffle_array(site)} = np.full({self.threads}, {start}, {np_type(dtype)})")
         if not self.debug:
             out.extend(block_loop)
@@ -214,7 +214,7 @@ class _PythonEmitter:
             elif isinstance(it, F.BlockMax):
                 slots = self.shuffle_array(it.site)
                 self.lines.append(f"{pad}{self.name(it.var)} = {slots}.max()")
-                self.lines.append(f"{pad}{slots}[:] = {self.expr(F.lowest(it.var.dtype))}")
+                self.lines.append(f"{pad}{slots}[:] = {self.least_stored(it.var.dtype)}")
             elif isinstance(it, F.BlockJump):
                 self.lines.append(f"{pad}{'break' if isinstance(it.stmt, ir.Break) else 'continue'}")
         if len(self.lines) == start:
@@ -378,6 +378,14 @@ class _PythonEmitter:
     def shuffle_array(self, site: int) -> str:
         """The per-thread array a shuffle site exchanges its values through."""
         return self.name.derived(("shuffle", site), f"shfl_{site}")
+
+    def least_stored(self, dtype) -> str:
+        """What a block maximum's slot holds where no thread published: the least value numba's `max` can meet in
+        the slots' storage (the block's threads that publish agree on their value, so any order will do: 16-bit
+        floats compare as their bit patterns, from 0)."""
+        if dtype.is_bool or _is_half(dtype):
+            return f"{np_type(dtype)}(0)"
+        return self.expr(ir.const(dtype.lowest, dtype))
 
     # ------------------------------------------------------------------ memory
     def index(self, buf: ir.Buffer, indices) -> list:

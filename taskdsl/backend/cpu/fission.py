@@ -107,7 +107,7 @@ class ShflGet(ir.Stmt):
 @dataclass(eq=False)
 class BlockMax:
     """A block variable set to the maximum of shuffle `site`'s values, which the threads running it have just
-    published; every slot then returns to the lowest value, so a thread that skips a later maximum of the site (a
+    published; every slot then returns to the least value of its storage, so a thread that skips a later maximum of the site (a
     warp outside its branch) takes no part in it with what it published here."""
 
     site: int
@@ -122,7 +122,7 @@ class BlockProgram:
     block_vars: set           # Var uids assigned at block level
     thread_arrays: dict       # Var uid -> Var: per-thread arrays
     shuffle_sites: dict       # site -> dtype
-    block_max_sites: set = field(default_factory=set)   # the sites of `BlockMax`es (their slots start at `lowest`)
+    block_max_sites: set = field(default_factory=set)   # the sites of `BlockMax`es (their slots start at the least value)
 
 
 # ------------------------------------------------------------------ helpers
@@ -142,11 +142,6 @@ def _is_shuffle_assign(s) -> bool:
 
 def _is_block_max(s) -> bool:
     return _assigns_call(s, (BLOCK_MAX,))
-
-
-def lowest(dtype: T.DataType) -> ir.Const:
-    """The least value of `dtype` as a constant: what no thread's value is below, in a block maximum."""
-    return ir.const(dtype.lowest, dtype)
 
 
 def _vars_read(e) -> set:
@@ -428,9 +423,8 @@ def _privatized(body: ir.Stmt, branch: ir.If, variables: list):
     side that only reads a variable reads that per-thread value). A side that reads a variable before assigning
     it, or may leave it unassigned (in a loop that can run no trip), starts its copy from the outer value: the
     block maximum of it over the threads running the side, which agree on it (the uniformity analysis made it a
-    block variable there), so the outer variable stays per thread. None for a bool or a 16-bit float (a maximum
-    needs numbers, in their own order) and for a variable a block maximum assigns (a copy that started so, whose
-    hand-back would be block-level: a nested branch that needs the copy's value).
+    block variable there), so the outer variable stays per thread. None for a variable a block maximum assigns
+    (a copy that started so, whose hand-back would be block-level: a nested branch that needs the copy's value).
     """
     uids = {v.uid for v in variables}
     maxima = {a.var.uid for a in ir.collect(body, ir.Assign, expressions=False) if _is_block_max(a)}
@@ -442,9 +436,6 @@ def _privatized(body: ir.Stmt, branch: ir.If, variables: list):
         _live_in(side, surely, live, assigned)
         mine = assigned & uids
         outer[id(side)] = live & mine | mine - surely
-        if any(v.dtype.is_bool or (v.dtype.is_float and v.dtype.bits == 16) for v in variables
-               if v.uid in outer[id(side)]):
-            return None     # (16-bit floats are stored as their bits, which a maximum does not order)
 
     def private(side):
         if side is None:
