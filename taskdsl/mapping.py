@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .ir.expr import Expr
+
 
 def _positive_int(value, what: str) -> int:
     """Return ``value`` as a Python int, or raise ValueError unless it is a positive int."""
@@ -118,10 +120,11 @@ class TaskMapping:
 
     def __call__(self, w):
         """Tasks of worker ``w`` (an int), or a :class:`MappingLoop` for a symbolic ``w``."""
-        if isinstance(w, (bool, np.bool_, float, np.floating)):
-            raise TypeError(f"worker index must be an int or a symbolic expression, got {w!r}")
-        if not isinstance(w, (int, np.integer)):
+        if isinstance(w, Expr) and not isinstance(w, bool):
             return MappingLoop(self, w)
+        if isinstance(w, (bool, np.bool_)) or not isinstance(w, (int, np.integer)):
+            raise TypeError(f"worker index must be an int, or an integer value of a kernel such as threadIdx.x, "
+                            f"got {w!r}")
         if not 0 <= w < self.num_workers:
             raise ValueError(f"worker {w} is out of range: valid workers are 0..{self.num_workers - 1}")
         return self._tasks(int(w))
@@ -136,7 +139,9 @@ class TaskMapping:
         for task in self.worker_to_tasks(w):
             if not isinstance(task, tuple) or len(task) != len(self.task_shape):
                 raise ValueError(f"worker {w}: task {task!r} is not a tuple of rank {len(self.task_shape)}")
-            if not all(isinstance(t, (int, np.integer)) and 0 <= t < d for t, d in zip(task, self.task_shape)):
+            if any(isinstance(t, bool) or not isinstance(t, (int, np.integer)) for t in task):
+                raise ValueError(f"worker {w}: task {task!r} is not a tuple of ints (use // for division)")
+            if not all(0 <= t < d for t, d in zip(task, self.task_shape)):
                 raise ValueError(f"worker {w}: task {task!r} is outside task_shape {self.task_shape}")
             tasks.append(tuple(int(t) for t in task))
         return tasks

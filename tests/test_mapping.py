@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from taskdsl import threadIdx
 from taskdsl.mapping import (
     ComposedMapping,
     MappingLoop,
@@ -270,11 +271,25 @@ def test_symbolic_call_returns_mapping_loop():
 
     custom = TaskMapping((4,), 4, fn)
     for m in (spatial(4), spatial(2) * repeat(2), custom):
-        w = Sym("threadIdx.x", [])
+        w = threadIdx.x // 2
         loop = m(w)
         assert isinstance(loop, MappingLoop)
         assert loop.mapping is m and loop.worker is w
         assert isinstance(m.on(w), MappingLoop)
+
+
+@pytest.mark.parametrize("worker", ["1", None, [1], np.array(1), 1 + 0j, True, 1.0])
+def test_a_worker_that_is_neither_an_int_nor_a_kernel_value_is_a_type_error(worker):
+    """A str, None, list, array or complex worker gave a MappingLoop, which failed later as 'not iterable'."""
+    with pytest.raises(TypeError, match="worker index must be an int"):
+        spatial(4)(worker)
+
+
+def test_a_custom_task_must_hold_ints():
+    with pytest.raises(ValueError, match="not a tuple of ints"):
+        TaskMapping((4,), 2, lambda w: [(w == 1,)])(0)
+    with pytest.raises(ValueError, match="use // for division"):
+        TaskMapping((4,), 2, lambda w: [(w / 2,)])(1)
 
 
 # --- errors --------------------------------------------------------------------------------------

@@ -103,6 +103,12 @@ def _runtime_names(tree: ast.FunctionDef) -> set:
 
 
 @functools.lru_cache(maxsize=4096)
+def _is_mapping_call(func, rank: int) -> bool:
+    """Whether `func` is a task mapping of `rank`-d tasks, or its `on` method."""
+    mapping = func.__self__ if getattr(func, "__func__", None) is TaskMapping.on else func
+    return isinstance(mapping, TaskMapping) and len(mapping.task_shape) == rank
+
+
 def _contains(node: ast.AST, kinds: tuple) -> bool:
     """Whether `node` or a node inside it is of one of the classes `kinds`: remembered per node, as an unrolled
     loop or an inlined `@td.func` translates the same statements again (~5% of building a tensor-core kernel)."""
@@ -488,7 +494,10 @@ class FunctionTranslator:
             raise self.error(it, "a task mapping must be called on a worker index to be iterated",
                              "Write 'for i, j in mapping(threadIdx.x):'.")
         if isinstance(source, (tuple, list, range)) or hasattr(source, "__iter__") and not is_runtime(source):
-            return self.for_unrolled(node, list(source))
+            values = list(source)
+            if isinstance(it, ast.Call) and _is_mapping_call(func, rank=1) and isinstance(node.target, ast.Name):
+                values = [task for task, in values]     # one name per dimension, as with a runtime worker
+            return self.for_unrolled(node, values)
         raise self.error(it, f"cannot iterate over {type(source).__name__}",
                          "Loop over range(...), td.unroll(...), a task mapping call, or a compile-time tuple.")
 

@@ -6,6 +6,8 @@ loop nest over d (unrolled), a custom mapping the tasks its function returns on 
 symbolic w_t. Coordinates combine as in the paper's f1 * f2: t = t_outer * d_inner + t_inner.
 The loop variables are replaced by their coordinate expressions, which lets simplify turn
 `i % 4` of `i = (w // 16) * 4 + r` into `r`. A worker index that may exceed the mapping's workers is guarded by `if w < n`.
+A worker that reads memory, calls, or reads a variable the body assigns is first stored in a variable of its
+own: `m(w)` is evaluated once, before the loop, as in Python.
 """
 from __future__ import annotations
 
@@ -30,10 +32,14 @@ class _Expander(ir.Rewriter):
 
     def visit_ForMapping(self, s: ir.ForMapping) -> ir.Stmt:
         body = self.visit(s.body)
+        bound = int_range(s.worker, self.block, {})
+        given = s.worker
+        held = None if _stable(given, body) else ir.Var("worker", given.dtype)
+        if held is not None:
+            s = dataclasses.replace(s, worker=held)
         atoms = s.mapping.atoms()
         workers_after = [math.prod(a.num_workers for a in atoms[t + 1:]) for t in range(len(atoms))]
         expanded = self._emit(s, atoms, workers_after, 0, None, body)
-        bound = int_range(s.worker, self.block, {})
         if bound is not None and bound[1] < s.mapping.num_workers - 1:
             raise DSLError(f"the mapping has {s.mapping.num_workers} workers, but its worker index reaches "
                            f"{bound[1]} at most (block {tuple(self.block)}): the tasks of workers {bound[1] + 1} to "
@@ -43,16 +49,18 @@ class _Expander(ir.Rewriter):
         tests = [] if bound is not None and bound[0] >= 0 else [ir.binary(">=", s.worker, 0)]    # others' tasks
         if bound is None or bound[1] >= s.mapping.num_workers:
             tests.append(ir.binary("<", s.worker, s.mapping.num_workers))
-        if not tests:
-            return expanded
-        return ir.If(tests[0] if len(tests) == 1 else ir.binary("and", *tests), expanded, None, s.loc)
+        if tests:
+            expanded = ir.If(tests[0] if len(tests) == 1 else ir.binary("and", *tests), expanded, None, s.loc)
+        return expanded if held is None else ir.seq([ir.Assign(held, given, s.loc), expanded])
 
     def _emit(self, s: ir.ForMapping, atoms, workers_after, t, coords, body) -> ir.Stmt:
         if t == len(atoms):  # the loop variables are read-only, so their uses take the coordinates
             return ir.substitute(body, {v.uid: ir.as_expr(c, T.i32) for v, c in zip(s.vars, coords)})
         atom = atoms[t]
         worker = s.worker if workers_after[t] == 1 else s.worker // workers_after[t]
-        if t > 0 and atom.num_workers > 1:
+        if atom.num_workers == 1:       # (the only worker: a custom function may use it)
+            worker = 0
+        elif t > 0:
             worker = worker % atom.num_workers
 
         def combine(task):
@@ -70,6 +78,7 @@ class _Expander(ir.Rewriter):
                 if atom.dims[d] > 1:  # the rank-0 dimension ends up outermost
                     inner = ir.For(loop_vars[d], ir.const(0), ir.const(atom.dims[d]), ir.const(1), inner, True, s.loc)
             return inner
+        _check_custom(atom, s.loc)
         try:
             with ir.elementwise_equality():
                 tasks = atom.worker_to_tasks(worker)
@@ -78,3 +87,24 @@ class _Expander(ir.Rewriter):
                            f"{exc}", s.loc, "A custom mapping run in a kernel may only do arithmetic (+ - * // %) "
                            "on the worker, no comparisons in 'if' or min/max.") from None
         return ir.seq([self._emit(s, atoms, workers_after, t + 1, combine(tuple(task)), body) for task in tasks])
+
+
+def _stable(worker: ir.Expr, body: ir.Stmt) -> bool:
+    """Whether `worker` has one value wherever `body` uses the coordinates made of it: it reads no memory, calls
+    nothing (an atomic would run at each use) and reads no variable that `body` assigns."""
+    if ir.collect(worker, (ir.Load, ir.Call, ir.Atomic)):
+        return False
+    assigned = {a.var.uid for a in ir.collect(body, ir.Assign, expressions=False)}
+    return not any(v.uid in assigned for v in ir.collect(worker, ir.Var))
+
+
+def _check_custom(atom, loc) -> None:
+    """Run custom mapping `atom` on each of its workers in Python: its tasks must be what `atom(w)` accepts
+    (tuples of its rank, inside its task shape), which the symbolic run in the kernel cannot check."""
+    for w in range(atom.num_workers):
+        try:
+            atom(w)
+        except Exception as exc:  # noqa: BLE001 - the user's mapping function
+            raise DSLError(f"the custom task mapping {atom!r} is not valid: {type(exc).__name__}: {exc}", loc,
+                           "Return a list of int tuples of the task shape's rank, each inside the task shape, "
+                           "for every worker.") from None
