@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 import taskdsl as td
 from stdlib_ops.design_matmul import matmul_kernel
-from taskdsl import blockIdx, f32, i32, threadIdx
+from taskdsl import blockIdx, f16, f32, i32, threadIdx
 
 from .kernels import tree_sum
 
@@ -184,6 +184,104 @@ def same_slot(X: f32[32]):
 def test_write_write_race_is_reported():
     x = np.arange(32, dtype=np.float32)
     debug_error(lambda: same_slot(x), "D_WAW", r"^shared-memory race on 's'")
+
+
+@td.kernel(grid=1, block=64)
+def atomics_after_an_unsynced_init(X: f32[64], Y: f32[1]):
+    s = td.shared(f32, (1,))
+    if threadIdx.x == 0:
+        s[0] = 0.0
+    td.atomic_add(s[0], X[threadIdx.x])  # D_ATOMIC_INIT
+    td.syncthreads()
+    if threadIdx.x == 0:
+        Y[0] = s[0]
+
+
+@td.kernel(grid=1, block=64)
+def read_among_atomics(X: f32[64], Y: f32[64]):
+    s = td.shared(f32, (1,))
+    if threadIdx.x == 0:
+        s[0] = 0.0
+    td.syncthreads()
+    td.atomic_add(s[0], X[threadIdx.x])  # D_ATOMIC_READ_A
+    Y[threadIdx.x] = s[0]  # D_ATOMIC_READ_B
+
+
+@td.kernel(grid=1, block=64)
+def synced_shared_atomics(X: f32[64], Y: f32[1]):
+    s = td.shared(f32, (1,))
+    if threadIdx.x == 0:
+        s[0] = 0.0
+    td.syncthreads()
+    td.atomic_add(s[0], X[threadIdx.x])
+    td.syncthreads()
+    if threadIdx.x == 0:
+        Y[0] = s[0]
+
+
+def test_shared_atomics_racing_plain_accesses_are_reported():
+    """A shared atomic was only bounds-checked: a plain write or read of its element by another thread with no
+    barrier in between (a GPU may run warp 1's atomics before warp 0's store) went unreported."""
+    x = np.arange(64, dtype=np.float32)
+    debug_error(lambda: atomics_after_an_unsynced_init(x, np.zeros(1, np.float32)), "D_ATOMIC_INIT",
+                r"^shared-memory race on 's' \(element 0\): thread 1 updates an element atomically that thread 0 "
+                "wrote")
+    debug_error(lambda: read_among_atomics(x, np.zeros(64, np.float32)), ["D_ATOMIC_READ_A", "D_ATOMIC_READ_B"],
+                r"^shared-memory race on 's'")
+    y = np.zeros(1, np.float32)
+    synced_shared_atomics(x, y)      # atomics of many threads between barriers do not race each other
+    assert y[0] == x.sum()
+
+
+@td.kernel(grid=1, block=64)
+def race_across_an_mma(X: f32[64], A: f16[16, 16], B: f16[16, 8], C: f32[64, 4]):
+    sm = td.shared(f32, (64,))
+    a = td.registers(f16, (8,))
+    b = td.registers(f16, (4,))
+    c = td.registers(f32, (4,))
+    t = threadIdx.x
+    lane = t % 32
+    sm[t] = X[t]
+    for r in range(8):
+        a[r] = A[lane // 4 + r // 2 % 2 * 8, lane % 4 * 2 + r % 2 + r // 4 * 8]
+    for r in range(4):
+        b[r] = B[lane % 4 * 2 + r % 2 + r // 2 * 8, lane // 4]
+        c[r] = 0.0
+    td.mma_m16n8k16(a, b, c)
+    for r in range(4):
+        C[t, r] = c[r] + sm[63 - t]  # D_MMA_RACE
+
+
+def test_a_tensor_core_instruction_does_not_hide_a_race():
+    """The cpu emulation's syncwarps around its exchange counted as barriers: a write and another warp's read
+    with an mma between them, and no syncthreads(), went unreported."""
+    debug_error(lambda: race_across_an_mma(np.ones(64, np.float32), np.ones((16, 16), np.float16),
+                                           np.ones((16, 8), np.float16), np.zeros((64, 4), np.float32)),
+                "D_MMA_RACE", r"^shared-memory race on 'sm' \(element 63\): thread 0 reads an element that thread "
+                              "63 wrote")
+
+
+@td.kernel(grid=1, block=64)
+def loop_bound_then_write(X: f32[64], P: i32[1]):
+    n = td.shared(i32, (1,))
+    if threadIdx.x == 0:
+        n[0] = 0
+    td.syncthreads()
+    for k in range(n[0]):      # every thread reads n[0] here, at once (a block-level loop: no barrier runs) ...
+        td.syncthreads()
+        X[threadIdx.x] += 1.0
+    if threadIdx.x == P[0]:
+        n[0] = 7  # D_BOUND_WRITE
+
+
+@settings(max_examples=3, deadline=None)
+@given(writer=st.integers(0, 63))
+def test_a_block_level_read_counts_as_every_threads(writer):
+    """A shared read made once for the block (a loop bound) was charged to the thread of the region before (63):
+    its write racing the others' read went unreported, another thread's named 63 as the reader."""
+    debug_error(lambda: loop_bound_then_write(np.zeros(64, np.float32), np.array([writer], np.int32)),
+                "D_BOUND_WRITE", rf"^shared-memory race on 'n' \(element 0\): thread {writer} writes an element "
+                                 "that several threads read")
 
 
 # --------------------------------------------------------------------------- correct kernels stay silent

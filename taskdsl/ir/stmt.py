@@ -42,10 +42,12 @@ class Store(Stmt):
 
 @dataclass(frozen=True, eq=False)
 class Allocate(Stmt):
-    """Declares a shared or register buffer (per block / per thread)."""
+    """Declares a shared or register buffer (per block / per thread); `scratch`: the cpu emulation's exchange
+    buffer of warp-wide instructions, which debug mode does not check for races."""
 
     buffer: Buffer
     loc: SourceLoc | None = None
+    scratch: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -114,9 +116,11 @@ class SyncThreads(Stmt):
 
 @dataclass(frozen=True, eq=False)
 class SyncWarp(Stmt):
-    """A barrier of the lanes of a warp (`__syncwarp()`)."""
+    """A barrier of the lanes of a warp (`__syncwarp()`); `emulated`: one of the cpu emulation of a warp-wide
+    instruction, which debug mode does not count as ordering the kernel's own accesses (the GPU has none)."""
 
     loc: SourceLoc | None = None
+    emulated: bool = False
 
 
 @dataclass(frozen=True, eq=False)

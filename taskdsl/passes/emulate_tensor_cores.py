@@ -25,7 +25,7 @@ def emulate_tensor_cores(fn: ir.Function, flat: bool = False) -> ir.Function:
     """`fn` with every mma and ldmatrix replaced by loads, stores and syncwarps; `flat`: `fn` was flattened."""
     emulator = _Emulator(fn, flat)
     body = emulator.visit(fn.body)
-    allocations = [ir.Allocate(b) for b in emulator.scratch.values()]
+    allocations = [ir.Allocate(b, scratch=True) for b in emulator.scratch.values()]
     return dataclasses.replace(fn, body=ir.seq(allocations + [body]) if allocations else body)
 
 
@@ -49,7 +49,7 @@ class _Emulator(ir.Rewriter):
         buf = self.scratch[name]
         stores = [ir.Store(buf, (self.tid * len(values) + r,), ir.Cast(v, dtype) if v.dtype != dtype else v, loc)
                   for r, v in enumerate(values)]
-        return buf, [ir.SyncWarp(loc), *stores, ir.SyncWarp(loc)]
+        return buf, [ir.SyncWarp(loc, emulated=True), *stores, ir.SyncWarp(loc, emulated=True)]
 
     def visit_Mma(self, s: ir.Mma) -> ir.Stmt:
         fragments = [ir.Load(s.a.buffer, s.a.element(r, self.flat)) for r in range(8)]

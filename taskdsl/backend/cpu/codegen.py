@@ -119,9 +119,15 @@ class _PythonEmitter:
         self.threads = fn.num_threads
         allocs = list({a.buffer.uid: a.buffer for a in ir.collect(fn.body, ir.Allocate, expressions=False)}.values())
         self.shared = [b for b in allocs if b.scope == "shared"]
+        scratch = {a.buffer.uid for a in ir.collect(fn.body, ir.Allocate, expressions=False) if a.scratch}
         self.registers = {b.uid: b for b in allocs if b.scope == "register"}
         self.promoted_elements: dict = {}   # (buffer uid, element) -> local name, inside a region
-        self.shadows = {b.uid: self.name.derived((b.uid, "shadow"), f"shadow_{self.name(b)}") for b in self.shared}
+        # who reads shared memory, for debug mode's race check: `tid` in a region; at block level (a loop bound)
+        # every thread at once
+        self.block_reader = "np.int64(-1)" if self.threads > 1 else "np.int64(0)"
+        self.reader = self.block_reader
+        self.shadows = {b.uid: self.name.derived((b.uid, "shadow"), f"shadow_{self.name(b)}") for b in self.shared
+                        if b.uid not in scratch}
         self.register_regions = _regions_per_register(self.program.items, self.registers)
         self.constants: dict = {}      # module-level name -> numpy scalar constructor (see `constant`)
         self.bases: dict = {}          # index base text -> local holding it, in a straight run (see `run`)
@@ -154,7 +160,7 @@ class _PythonEmitter:
         for b in self.shared:
             out.append(f"{pad}{self.name(b)} = np.empty({self.shape(self.storage_shape(b.shape))}, "
                        f"{np_type(b.dtype)})")
-            if self.debug:
+            if self.debug and b.uid in self.shadows:
                 out.append(f"{pad}{self.shadows[b.uid]} = rt.new_shadow({self.name(b)})")
         for b in self.registers.values():  # one row per thread
             shape = (ir.const(self.threads * math.prod(d.value for d in b.shape)),) if self.flat else \
@@ -192,7 +198,7 @@ class _PythonEmitter:
             if isinstance(it, F.Region):
                 self.region(it, depth)
             elif isinstance(it, F.Barrier):
-                if self.debug:
+                if self.debug and not it.emulated:
                     self.lines.append(f"{pad}epoch += 1  # syncthreads()")
             elif isinstance(it, F.BlockAssign):
                 self.loc = it.stmt.loc
@@ -221,6 +227,7 @@ class _PythonEmitter:
             self.lines.append(f"{pad}pass")
 
     def region(self, region: F.Region, depth: int) -> None:
+        self.reader = "tid"
         pad = "    " * depth
         self.lines.append(f"{pad}for tid in range({self.threads}):")
         bx, by, _ = self.fn.block
@@ -251,6 +258,7 @@ class _PythonEmitter:
         for key in stored:
             self.lines.append(f"{body_pad}{self.register_slot(*key)} = {self.promoted_elements[key]}")
         self.promoted_elements = {}
+        self.reader = self.block_reader
 
     def promote_register_elements(self, region: F.Region) -> list:
         """Keep the register elements a region indexes only by constants in locals; return those it stores."""
@@ -429,7 +437,7 @@ class _PythonEmitter:
         tup = "(" + "".join(f"np.int64({i}), " for i in idx) + ")"
         site = self.site(e.buffer, "read")
         if e.buffer.uid in self.shadows:
-            return f"rt.load_shared_checked({name}, {tup}, {self.shadows[e.buffer.uid]}, tid, epoch, {site})"
+            return f"rt.load_shared_checked({name}, {tup}, {self.shadows[e.buffer.uid]}, {self.reader}, epoch, {site})"
         return f"rt.load_checked({name}, {tup}, {site})"
 
     def store(self, s: ir.Store) -> str:
@@ -453,7 +461,10 @@ class _PythonEmitter:
         idx = self.index(e.buffer, e.indices)
         tup = "(" + "".join(f"np.int64({i}), " for i in idx) + ")"
         name = self.name(e.buffer)
-        if self.debug and idx:
+        if self.debug and e.buffer.uid in self.shadows:
+            site = self.site(e.buffer, "atomic")
+            tup = f"rt.atomic_shared_checked({name}, {tup}, {self.shadows[e.buffer.uid]}, tid, epoch, {site})"
+        elif self.debug and idx:
             tup = f"rt.check_index({name}, {tup}, {self.site(e.buffer, 'atomic')})"
         return f"rt.atomic_{e.op}({name}, {tup}, {self.cast(e.value, e.dtype)})"
 

@@ -42,9 +42,10 @@ class Region:
 
 @dataclass(eq=False)
 class Barrier:
-    """A `syncthreads()` or `syncwarp()` between regions."""
+    """A `syncthreads()` or `syncwarp()` between regions; `emulated`: a tensor-core emulation's (see `ir.SyncWarp`)."""
 
     loc: object
+    emulated: bool = False
 
 
 @dataclass(eq=False)
@@ -299,7 +300,7 @@ class _Fission:
                 current.append(x)
             elif isinstance(x, (ir.SyncThreads, ir.SyncWarp)):   # a block-wide split is a legal schedule of a syncwarp
                 flush()
-                items.append(Barrier(x.loc))
+                items.append(Barrier(x.loc, isinstance(x, ir.SyncWarp) and x.emulated))
             elif _is_shuffle_assign(x):
                 site = next(self.site_numbers)
                 value, lane, width = x.value.args

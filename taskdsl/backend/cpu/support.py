@@ -324,8 +324,9 @@ def _flat(a, idx):
 
 @njit(cache=True)
 def new_shadow(a):
-    """Per-element race bookkeeping of a shared buffer: writer epoch/thread, reader epoch/thread."""
-    return np.zeros((4, a.size), np.int64)
+    """Per-element race bookkeeping of a shared buffer: writer epoch/thread, reader epoch/thread, atomic updater
+    epoch/thread (thread -1: several, or the whole block at once)."""
+    return np.zeros((6, a.size), np.int64)
 
 
 @njit(cache=True)
@@ -349,6 +350,8 @@ def load_shared_checked(a, idx, shadow, tid, epoch, site):
     e = _flat(a, idx)
     if shadow[0, e] == epoch and shadow[1, e] != tid:
         raise RuntimeError(site, 0, e, tid, shadow[1, e])
+    if shadow[4, e] == epoch and shadow[5, e] != tid:
+        raise RuntimeError(site, 5, e, tid, shadow[5, e])
     if shadow[2, e] == epoch and shadow[3, e] != tid:
         shadow[3, e] = -1  # several readers
     elif shadow[2, e] != epoch:
@@ -366,9 +369,29 @@ def store_shared_checked(a, idx, value, shadow, tid, epoch, site):
         raise RuntimeError(site, 1, e, tid, shadow[1, e])
     if shadow[2, e] == epoch and shadow[3, e] != tid:
         raise RuntimeError(site, 2, e, tid, shadow[3, e])
+    if shadow[4, e] == epoch and shadow[5, e] != tid:
+        raise RuntimeError(site, 6, e, tid, shadow[5, e])
     shadow[0, e] = epoch
     shadow[1, e] = tid
     a[idx] = value
+
+
+@njit(cache=True)
+def atomic_shared_checked(a, idx, shadow, tid, epoch, site):
+    """`idx` after a bounds check of a shared atomic, which races another thread's plain access (atomics of
+    several threads do not race each other)."""
+    check_index(a, idx, site)
+    e = _flat(a, idx)
+    if shadow[0, e] == epoch and shadow[1, e] != tid:
+        raise RuntimeError(site, 3, e, tid, shadow[1, e])
+    if shadow[2, e] == epoch and shadow[3, e] != tid:
+        raise RuntimeError(site, 4, e, tid, shadow[3, e])
+    if shadow[4, e] == epoch and shadow[5, e] != tid:
+        shadow[5, e] = -1  # several threads
+    elif shadow[4, e] != epoch:
+        shadow[4, e] = epoch
+        shadow[5, e] = tid
+    return idx
 
 
 # -------------------------------------------------------------- 16-bit floats (held as uint16 bits)
