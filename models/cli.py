@@ -3,7 +3,7 @@
     python -m models list
     python -m models run resnet50 [--batch B] [--dtype f32|f16] [--target cpu|cuda] [--iters N] [--small]
     python -m models run bert --seq 64
-    python -m models run --onnx model.onnx [--batch B] [--seq S] [--constant NAME=V,V,... ...]
+    python -m models run --onnx model.onnx [--batch B] [--seq S] [--constant NAME=V,V,... ...] [--shape NAME=D,D,...]
     python -m models bench [NAME ...] [--small]
 
 Bad input (an unknown model, a bad flag, an unreadable ONNX file) prints one line on stderr (a flag
@@ -38,6 +38,9 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--onnx", metavar="PATH", help="run this ONNX model instead of a zoo model")
     run.add_argument("--constant", action="append", default=[], metavar="NAME=V,V,...",
                      help="with --onnx: fix a model input's value (e.g. a shape input); repeatable")
+    run.add_argument("--shape", action="append", default=[], metavar="NAME=D,D,...",
+                     help="with --onnx: an input's shape (one without a shape in the model, or sized otherwise than "
+                          "--batch/--seq do); repeatable")
     run.add_argument("--iters", type=int, default=10, help="timed iterations after the warm-up (default 10)")
     add_shape_flags(run, onnx=True)
     bench = sub.add_parser("bench", help="per model: taskdsl latency vs onnxruntime (and PyTorch on a GPU)")
@@ -138,22 +141,31 @@ def zoo_model(args) -> tuple:
     return title, graph, getattr(config, "vocab_size", 2)
 
 
-def onnx_shapes(model, batch: int, seq: int | None) -> dict:
-    """Static shapes for the model inputs with symbolic dims: axis 0 is the batch, any other axis the sequence."""
+def onnx_shapes(model, batch: int, seq: int | None, given: dict | None = None) -> dict:
+    """Static shapes for the model inputs with symbolic dims, or none: `given` (--shape) as it says, else each
+    symbolic dim by its name, in every input that names it: --seq where it names an axis past 0 of some input,
+    else --batch (an unnamed one by its place: axis 0 --batch, others --seq)."""
+    given = given or {}
     initializers = {init.name for init in model.graph.initializer}
-    symbolic = [vi for vi in model.graph.input if vi.name not in initializers
+    inputs = [vi for vi in model.graph.input if vi.name not in initializers]
+    unshaped = [vi.name for vi in inputs if vi.name not in given and not vi.type.tensor_type.HasField("shape")]
+    if unshaped:
+        raise UsageError(f"input {unshaped[0]!r} has no shape in the model; give it with --shape "
+                         f"{unshaped[0]}=D,D,...")
+    symbolic = [vi for vi in inputs if vi.name not in given
                 and not all(d.HasField("dim_value") for d in vi.type.tensor_type.shape.dim)]
     if not symbolic and (batch != 1 or seq is not None):
         raise UsageError("--batch and --seq size the symbolic dims of an ONNX model's inputs; this model's inputs "
-                         "have static shapes")
-    shapes, used = {}, set()
+                         "have static shapes" + (" (or sizes --shape gives)" if given else ""))
+    past_axis_0 = {d.dim_param for vi in symbolic for axis, d in enumerate(vi.type.tensor_type.shape.dim)
+                   if axis > 0 and d.dim_param}
+    shapes, used = dict(given), set()
     for vi in symbolic:
-        dims = vi.type.tensor_type.shape.dim
         shape = []
-        for axis, d in enumerate(dims):
+        for axis, d in enumerate(vi.type.tensor_type.shape.dim):
             if d.HasField("dim_value"):
                 shape.append(d.dim_value)
-            elif axis == 0:
+            elif d.dim_param not in past_axis_0 and (d.dim_param or axis == 0):
                 shape.append(batch)
                 used.add("--batch")
             elif seq is not None:
@@ -161,14 +173,34 @@ def onnx_shapes(model, batch: int, seq: int | None) -> dict:
                 used.add("--seq")
             else:
                 raise UsageError(f"input {vi.name!r} has a symbolic dim {d.dim_param or '?'!r} at axis {axis}; "
-                                 "give its size with --seq")
+                                 "give its size with --seq (or the input's shape with --shape NAME=D,D,...)")
         shapes[vi.name] = shape
-    given = {flag for flag, value in (("--batch", batch != 1), ("--seq", seq is not None)) if value}
-    if given - used:        # a size no symbolic dim takes would be silently ignored
-        flag = sorted(given - used)[0]
+    flags = {flag for flag, value in (("--batch", batch != 1), ("--seq", seq is not None)) if value}
+    if flags - used:        # a size no symbolic dim takes would be silently ignored
+        flag = sorted(flags - used)[0]
         which = "axis 0" if flag == "--batch" else "an axis past 0"
         raise UsageError(f"{flag} sizes the symbolic dims at {which} of an ONNX model's inputs; this model's inputs "
                          f"have none there ({', '.join(f'{n}: {shapes[n]}' for n in shapes)})")
+    return shapes
+
+
+def onnx_given_shapes(model, specs: list) -> dict:
+    """The input shapes `--shape NAME=D,D,...` give; UsageError for a spec that is malformed or names no input."""
+    inputs = {vi.name for vi in model.graph.input} - {init.name for init in model.graph.initializer}
+    shapes = {}
+    for spec in specs:
+        name, sep, text = spec.partition("=")
+        if name not in inputs:
+            raise UsageError(f"--shape {spec!r}: the model has no input {name!r} (inputs: {', '.join(inputs)})")
+        if name in shapes:
+            raise UsageError(f"--shape {spec!r}: {name!r} is given twice")
+        try:
+            shape = [int(d) for d in text.split(",")] if text else []
+        except ValueError:
+            shape = None
+        if not sep or shape is None or any(d < 0 for d in shape):
+            raise UsageError(f"--shape {spec!r}: give NAME=D,D,... of sizes >= 0 (NAME= for a 0-d input)")
+        shapes[name] = shape
     return shapes
 
 
@@ -221,7 +253,8 @@ def onnx_file(args) -> tuple:
     try:
         model = load_model(args.onnx)
         constants = onnx_constants(model, args.constant)
-        shapes = {name: shape for name, shape in onnx_shapes(model, args.batch, args.seq).items()
+        given = onnx_given_shapes(model, args.shape)
+        shapes = {name: shape for name, shape in onnx_shapes(model, args.batch, args.seq, given).items()
                   if name not in constants}
         graph = from_onnx(model, shapes=shapes, constants=constants)
     except ConstantRequiredError as e:
@@ -248,8 +281,8 @@ def command_run(args) -> int:
     if args.onnx:
         title, graph, model, fixed = onnx_file(args)
         feeds = sample_inputs(graph)
-    elif args.constant:
-        raise UsageError("--constant applies to --onnx models")
+    elif args.constant or args.shape:
+        raise UsageError(f"{'--constant' if args.constant else '--shape'} applies to --onnx models")
     else:
         title, graph, vocab = zoo_model(args)
         feeds = sample_inputs(graph, vocab)

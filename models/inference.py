@@ -24,10 +24,12 @@ TOLERANCE = {"float16": 2e-2, "bfloat16": 5e-2}     # relative error allowed by 
 
 
 def sample_inputs(graph: Graph, vocab_size: int = 2, seed: int = 0) -> dict:
-    """Seeded inputs for `graph`: standard normal floats; integer ids in [0, vocab_size); masks of ones
-    (integer inputs named *mask*) with the last quarter of the last row masked out."""
+    """Seeded inputs for `graph`: standard normal floats; integer ids in [0, vocab_size), and below the size of
+    every table they index (a RoBERTa's one-row token-type table); masks of ones (integer inputs named *mask*)
+    with the last quarter of the last row masked out."""
     rng = np.random.default_rng(seed)
     feeds = {}
+    users = graph.users()
     for t in graph.inputs:
         if t.dtype.is_float:
             feeds[t.name] = rng.standard_normal(t.shape, dtype=np.float32).astype(t.numpy_dtype)
@@ -38,8 +40,22 @@ def sample_inputs(graph: Graph, vocab_size: int = 2, seed: int = 0) -> dict:
         elif t.dtype.is_bool:
             feeds[t.name] = rng.random(t.shape) < 0.5
         else:
-            feeds[t.name] = rng.integers(0, vocab_size, t.shape).astype(t.numpy_dtype)
+            feeds[t.name] = rng.integers(0, min(vocab_size, _table_rows(t, users)), t.shape).astype(t.numpy_dtype)
     return feeds
+
+
+def _table_rows(ids, users: dict) -> int:
+    """The least size of the axes that `ids` (an integer tensor) indexes through gathers, directly or after casts
+    and reshapes (at least 1); a large number where it indexes none."""
+    rows, reached = 2**31, [ids]
+    while reached:
+        t = reached.pop()
+        for op in users.get(id(t), []):
+            if op.kind == "gather" and op.inputs[1] is t:
+                rows = min(rows, max(op.inputs[0].shape[op.attrs["axis"]], 1))
+            elif op.kind == "cast" or op.is_view:
+                reached += op.outputs
+    return rows
 
 
 def available_memory() -> int | None:

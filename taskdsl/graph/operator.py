@@ -129,7 +129,9 @@ class Operator:
         return [np.broadcast_to(np.zeros((), np.int8), _as_shape(self.attrs[name])) for name in self.size_attrs]
 
     def reference(self, *arrays) -> list:
-        """The outputs for these input arrays, by the numpy evaluation of the definitions."""
+        """The outputs for these input arrays, by the numpy evaluation of the definitions (after the checks of the
+        values that a compiled run makes: an index out of range is the same IndexError)."""
+        self.check_values(list(arrays))
         return evaluate(self.placeholders, self.definitions, list(arrays))
 
     def clone(self, inputs: list) -> Operator:

@@ -209,9 +209,12 @@ def test_gather_indices_out_of_range():
     compiled = tg.from_onnx(gather_model([3, 2])).compile()
     x = rand((3, 2), 1)
     np.testing.assert_array_equal(compiled(x, np.array([2, -3]))[0], x[[2, -3]])
+    graph = tg.from_onnx(gather_model([3, 2]))
     for bad in ([0, 3], [-4, 0]):
         with pytest.raises(IndexError, match="out of range for axis 0 of size 3"):
             compiled(x, np.array(bad))
+        with pytest.raises(IndexError, match="out of range for axis 0 of size 3"):    # the oracle says the same
+            graph.reference(x, np.array(bad))   # (was "a definition reads in0[3, 0], outside its shape")
 
 
 @pytest.mark.parametrize("pads", [[-4, 0, 5, 0], [2, 0, -4, 0], [-3, 1, 2, -1], [0, -5, -3, 7], [-2, -1, -1, 1]])

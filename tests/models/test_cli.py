@@ -209,6 +209,68 @@ def test_a_size_no_symbolic_dim_takes_exits_2(tmp_path, capsys):
     assert "--batch sizes the symbolic dims at axis 0" in capsys.readouterr().err
 
 
+def _save(path, nodes, inputs, outputs, initializers=()):
+    import onnx
+    from onnx import helper
+    graph = helper.make_graph(nodes, path.stem, inputs, outputs, list(initializers))
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+
+
+def test_a_named_dim_takes_one_size_in_every_input_that_names_it(tmp_path, capsys):
+    """Dims were sized by their axis: `seq` at axis 0 of b took --batch, at axis 1 of a --seq, and no flags could
+    run the model ("the model's dim 'seq' is 5 in shapes['a'] but 2 in shapes['b']"); also a matmul's `k`."""
+    pytest.importorskip("onnxruntime")
+    from onnx import TensorProto as T, helper
+    vi = helper.make_tensor_value_info
+    _save(tmp_path / "bias.onnx", [helper.make_node("Add", ["a", "b"], ["y"])],
+          [vi("a", T.FLOAT, ["batch", "seq"]), vi("b", T.FLOAT, ["seq"])], [vi("y", T.FLOAT, ["batch", "seq"])])
+    _save(tmp_path / "mm.onnx", [helper.make_node("MatMul", ["a", "b"], ["y"])],
+          [vi("a", T.FLOAT, ["n", "k"]), vi("b", T.FLOAT, ["k", "m"])], [vi("y", T.FLOAT, ["n", "m"])])
+    for name in ("bias", "mm"):
+        assert main(["run", "--onnx", str(tmp_path / f"{name}.onnx"), "--target", "cpu", "--iters", "1",
+                     "--batch", "2", "--seq", "5"]) == 0
+        out = capsys.readouterr().out
+        assert ", ok" in out and ("y: f32[2, 5]" in out), out
+
+
+def test_shape_gives_the_shape_of_an_input_the_model_leaves_without_one(tmp_path, capsys):
+    """Such an input was sent to the Python API (`from_onnx(model, shapes=...)`), and with --batch called
+    "static"; --shape sizes it (or any input) on the command line."""
+    pytest.importorskip("onnxruntime")
+    from onnx import TensorProto as T, helper
+    vi = helper.make_tensor_value_info
+    path = tmp_path / "noshape.onnx"
+    _save(path, [helper.make_node("Relu", ["x"], ["y"])], [vi("x", T.FLOAT, None)], [vi("y", T.FLOAT, None)])
+    for flags in ([], ["--batch", "2"]):
+        assert main(["run", "--onnx", str(path), "--target", "cpu", *flags]) == 2
+        assert "input 'x' has no shape in the model; give it with --shape x=D,D,..." in capsys.readouterr().err
+    assert main(["run", "--onnx", str(path), "--target", "cpu", "--iters", "1", "--shape", "x=3,7"]) == 0
+    out = capsys.readouterr().out
+    assert "y: f32[3, 7]" in out and ", ok" in out
+    for flags, message in ((["--shape", "z=2"], "the model has no input 'z'"),
+                           (["--shape", "x=2,a"], "give NAME=D,D,... of sizes >= 0"),
+                           (["--shape", "x=2", "--shape", "x=3"], "'x' is given twice")):
+        assert main(["run", "--onnx", str(path), "--target", "cpu", *flags]) == 2
+        assert message in capsys.readouterr().err
+    assert main(["run", "mobilenet_v2", "--shape", "x=1"]) == 2
+    assert "--shape applies to --onnx models" in capsys.readouterr().err
+
+
+def test_sample_ids_fit_the_tables_they_index(tmp_path, capsys):
+    """Ids in [0, 2) for a one-row table (a RoBERTa's token types): onnxruntime refused them and the numpy
+    reference died with an internal traceback."""
+    pytest.importorskip("onnxruntime")
+    import numpy as np
+    from onnx import TensorProto as T, helper, numpy_helper
+    vi = helper.make_tensor_value_info
+    path = tmp_path / "types.onnx"
+    nodes = [helper.make_node("Cast", ["ids"], ["i32"], to=T.INT32), helper.make_node("Gather", ["table", "i32"], ["y"])]
+    _save(path, nodes, [vi("ids", T.INT64, [1, 4])], [vi("y", T.FLOAT, [1, 4, 2])],
+          [numpy_helper.from_array(np.arange(2, dtype=np.float32).reshape(1, 2), "table")])
+    assert main(["run", "--onnx", str(path), "--target", "cpu", "--iters", "1"]) == 0
+    assert ", ok" in capsys.readouterr().out
+
+
 def test_a_model_the_default_batch_contradicts_says_where_its_sizes_came_from(tmp_path, capsys):
     """A reshape of a batch-symbolic input to 4x8 failed with "cannot reshape a tensor of shape (1, 16)": the 1
     was --batch's default, which the command never showed."""
