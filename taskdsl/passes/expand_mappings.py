@@ -38,6 +38,9 @@ class _Expander(ir.Rewriter):
         if held is not None:
             s = dataclasses.replace(s, worker=held)
         atoms = s.mapping.atoms()
+        for atom in atoms:
+            if not isinstance(atom, (SpatialMapping, RepeatMapping)):
+                _check_custom(atom, s.loc)
         workers_after = [math.prod(a.num_workers for a in atoms[t + 1:]) for t in range(len(atoms))]
         expanded = self._emit(s, atoms, workers_after, 0, None, body)
         if bound is not None and bound[1] < s.mapping.num_workers - 1:
@@ -78,7 +81,6 @@ class _Expander(ir.Rewriter):
                 if atom.dims[d] > 1:  # the rank-0 dimension ends up outermost
                     inner = ir.For(loop_vars[d], ir.const(0), ir.const(atom.dims[d]), ir.const(1), inner, True, s.loc)
             return inner
-        _check_custom(atom, s.loc)
         try:
             with ir.elementwise_equality():
                 tasks = atom.worker_to_tasks(worker)

@@ -117,9 +117,10 @@ class _PythonEmitter:
         self.sites: list = []
         self.loc = None
         self.threads = fn.num_threads
-        allocs = list({a.buffer.uid: a.buffer for a in ir.collect(fn.body, ir.Allocate, expressions=False)}.values())
+        allocations = ir.collect(fn.body, ir.Allocate, expressions=False)
+        allocs = list({a.buffer.uid: a.buffer for a in allocations}.values())
         self.shared = [b for b in allocs if b.scope == "shared"]
-        scratch = {a.buffer.uid for a in ir.collect(fn.body, ir.Allocate, expressions=False) if a.scratch}
+        scratch = {a.buffer.uid for a in allocations if a.scratch}
         self.registers = {b.uid: b for b in allocs if b.scope == "register"}
         self.promoted_elements: dict = {}   # (buffer uid, element) -> local name, inside a region
         # who reads shared memory, for debug mode's race check: `tid` in a region; at block level (a loop bound)

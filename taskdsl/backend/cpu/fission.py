@@ -108,8 +108,8 @@ class ShflGet(ir.Stmt):
 @dataclass(eq=False)
 class BlockMax:
     """A block variable set to the maximum of shuffle `site`'s values, which the threads running it have just
-    published; every slot then returns to the least value of its storage, so a thread that skips a later maximum of the site (a
-    warp outside its branch) takes no part in it with what it published here."""
+    published; every slot then returns to the least value of its storage, so a thread that skips a later maximum
+    of the site (a warp outside its branch) takes no part in it with what it published here."""
 
     site: int
     var: ir.Var
@@ -123,7 +123,7 @@ class BlockProgram:
     block_vars: set           # Var uids assigned at block level
     thread_arrays: dict       # Var uid -> Var: per-thread arrays
     shuffle_sites: dict       # site -> dtype
-    block_max_sites: set = field(default_factory=set)   # the sites of `BlockMax`es (their slots start at the least value)
+    block_max_sites: set = field(default_factory=set)   # the sites of `BlockMax`es (slots start at the least value)
 
 
 # ------------------------------------------------------------------ helpers
