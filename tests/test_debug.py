@@ -186,15 +186,20 @@ def test_write_write_race_is_reported():
     debug_error(lambda: same_slot(x), "D_WAW", r"^shared-memory race on 's'")
 
 
-@td.kernel(grid=1, block=64)
-def atomics_after_an_unsynced_init(X: f32[64], Y: f32[1]):
-    s = td.shared(f32, (1,))
-    if threadIdx.x == 0:
-        s[0] = 0.0
-    td.atomic_add(s[0], X[threadIdx.x])  # D_ATOMIC_INIT
-    td.syncthreads()
-    if threadIdx.x == 0:
-        Y[0] = s[0]
+def shared_atomics(synced: bool):
+    """Thread 0 zeroes a shared sum that every thread then adds to atomically (`synced`: a barrier between)."""
+    @td.kernel(grid=1, block=64)
+    def sum_atomically(X: f32[64], Y: f32[1]):
+        s = td.shared(f32, (1,))
+        if threadIdx.x == 0:
+            s[0] = 0.0
+        if synced:
+            td.syncthreads()
+        td.atomic_add(s[0], X[threadIdx.x])  # D_ATOMIC_INIT
+        td.syncthreads()
+        if threadIdx.x == 0:
+            Y[0] = s[0]
+    return sum_atomically
 
 
 @td.kernel(grid=1, block=64)
@@ -207,29 +212,17 @@ def read_among_atomics(X: f32[64], Y: f32[64]):
     Y[threadIdx.x] = s[0]  # D_ATOMIC_READ_B
 
 
-@td.kernel(grid=1, block=64)
-def synced_shared_atomics(X: f32[64], Y: f32[1]):
-    s = td.shared(f32, (1,))
-    if threadIdx.x == 0:
-        s[0] = 0.0
-    td.syncthreads()
-    td.atomic_add(s[0], X[threadIdx.x])
-    td.syncthreads()
-    if threadIdx.x == 0:
-        Y[0] = s[0]
-
-
 def test_shared_atomics_racing_plain_accesses_are_reported():
     """A shared atomic was only bounds-checked: a plain write or read of its element by another thread with no
     barrier in between (a GPU may run warp 1's atomics before warp 0's store) went unreported."""
     x = np.arange(64, dtype=np.float32)
-    debug_error(lambda: atomics_after_an_unsynced_init(x, np.zeros(1, np.float32)), "D_ATOMIC_INIT",
+    debug_error(lambda: shared_atomics(False)(x, np.zeros(1, np.float32)), "D_ATOMIC_INIT",
                 r"^shared-memory race on 's' \(element 0\): thread 1 updates an element atomically that thread 0 "
                 "wrote")
     debug_error(lambda: read_among_atomics(x, np.zeros(64, np.float32)), ["D_ATOMIC_READ_A", "D_ATOMIC_READ_B"],
                 r"^shared-memory race on 's'")
     y = np.zeros(1, np.float32)
-    synced_shared_atomics(x, y)      # atomics of many threads between barriers do not race each other
+    shared_atomics(True)(x, y)      # atomics of many threads between barriers do not race each other
     assert y[0] == x.sum()
 
 

@@ -343,20 +343,34 @@ def store_checked(a, idx, value, site):
     a[idx] = value
 
 
+_WRITE, _READ, _ATOMIC = 0, 2, 4     # the shadow's rows: an access's epoch, and the next row its thread
+
+
+@njit(cache=True)
+def _race(shadow, row, e, tid, epoch, site, kind):
+    """Raise race `kind` where another thread made element `e`'s access of shadow row `row` in this epoch."""
+    if shadow[row, e] == epoch and shadow[row + 1, e] != tid:
+        raise RuntimeError(site, kind, e, tid, shadow[row + 1, e])
+
+
+@njit(cache=True)
+def _note(shadow, row, e, tid, epoch):
+    """Record thread `tid`'s access of element `e` in shadow row `row` (thread -1: several, in this epoch)."""
+    if shadow[row, e] != epoch:
+        shadow[row, e] = epoch
+        shadow[row + 1, e] = tid
+    elif shadow[row + 1, e] != tid:
+        shadow[row + 1, e] = -1
+
+
 @njit(cache=True)
 def load_shared_checked(a, idx, shadow, tid, epoch, site):
-    """A bounds-checked shared load that reports a read of another thread's unsynchronized write."""
+    """A bounds-checked shared load that reports a read of another thread's unsynchronized write or atomic."""
     check_index(a, idx, site)
     e = _flat(a, idx)
-    if shadow[0, e] == epoch and shadow[1, e] != tid:
-        raise RuntimeError(site, 0, e, tid, shadow[1, e])
-    if shadow[4, e] == epoch and shadow[5, e] != tid:
-        raise RuntimeError(site, 5, e, tid, shadow[5, e])
-    if shadow[2, e] == epoch and shadow[3, e] != tid:
-        shadow[3, e] = -1  # several readers
-    elif shadow[2, e] != epoch:
-        shadow[2, e] = epoch
-        shadow[3, e] = tid
+    _race(shadow, _WRITE, e, tid, epoch, site, 0)
+    _race(shadow, _ATOMIC, e, tid, epoch, site, 5)
+    _note(shadow, _READ, e, tid, epoch)
     return a[idx]
 
 
@@ -365,14 +379,10 @@ def store_shared_checked(a, idx, value, shadow, tid, epoch, site):
     """A bounds-checked shared store that reports a write racing another thread's access."""
     check_index(a, idx, site)
     e = _flat(a, idx)
-    if shadow[0, e] == epoch and shadow[1, e] != tid:
-        raise RuntimeError(site, 1, e, tid, shadow[1, e])
-    if shadow[2, e] == epoch and shadow[3, e] != tid:
-        raise RuntimeError(site, 2, e, tid, shadow[3, e])
-    if shadow[4, e] == epoch and shadow[5, e] != tid:
-        raise RuntimeError(site, 6, e, tid, shadow[5, e])
-    shadow[0, e] = epoch
-    shadow[1, e] = tid
+    _race(shadow, _WRITE, e, tid, epoch, site, 1)
+    _race(shadow, _READ, e, tid, epoch, site, 2)
+    _race(shadow, _ATOMIC, e, tid, epoch, site, 6)
+    _note(shadow, _WRITE, e, tid, epoch)
     a[idx] = value
 
 
@@ -382,15 +392,9 @@ def atomic_shared_checked(a, idx, shadow, tid, epoch, site):
     several threads do not race each other)."""
     check_index(a, idx, site)
     e = _flat(a, idx)
-    if shadow[0, e] == epoch and shadow[1, e] != tid:
-        raise RuntimeError(site, 3, e, tid, shadow[1, e])
-    if shadow[2, e] == epoch and shadow[3, e] != tid:
-        raise RuntimeError(site, 4, e, tid, shadow[3, e])
-    if shadow[4, e] == epoch and shadow[5, e] != tid:
-        shadow[5, e] = -1  # several threads
-    elif shadow[4, e] != epoch:
-        shadow[4, e] = epoch
-        shadow[5, e] = tid
+    _race(shadow, _WRITE, e, tid, epoch, site, 3)
+    _race(shadow, _READ, e, tid, epoch, site, 4)
+    _note(shadow, _ATOMIC, e, tid, epoch)
     return idx
 
 
