@@ -282,7 +282,7 @@ EDGES = np.array([np.nan, np.inf, -np.inf, 1e30, -1e30, 3e38, -0.0, 0.0, -0.5, 0
 
 
 @td.kernel(grid=1, block=len(EDGES))
-def math_edges(X: f32[len(EDGES)], Y: f32[len(EDGES)], Out: f32[9, len(EDGES)], Folded: f32[5]):
+def math_edges(X: f32[len(EDGES)], Y: f32[len(EDGES)], Out: f32[9, len(EDGES)], Folded: f32[10]):
     t = threadIdx.x
     x, y = X[t], Y[t]
     Out[0, t] = td.floor(x)
@@ -300,14 +300,21 @@ def math_edges(X: f32[len(EDGES)], Y: f32[len(EDGES)], Out: f32[9, len(EDGES)], 
         Folded[2] = td.exp(1000.0)
         Folded[3] = td.floor(1e30)
         Folded[4] = td.max(float("nan"), 1.0)
+        Folded[5] = (-8.0) ** (1 / 3)      # Python: a complex number; td.pow: nan
+        Folded[6] = 0.0 ** -1.0            # Python: ZeroDivisionError
+        Folded[7] = -1.0 // 0.0
+        Folded[8] = 1.0 % 0.0
+        Folded[9] = 1.0 / -0.0
 
 
 def test_math_functions_follow_ieee_at_edges():
-    """floor/ceil of huge, infinite and signed-zero floats stay floats; max/min keep a NaN (numpy's maximum)."""
+    """floor/ceil of huge, infinite and signed-zero floats stay floats; max/min keep a NaN (numpy's maximum); float
+    operators of compile-time numbers give IEEE's value where Python raises or gives a complex number (they were
+    "compile-time '//' failed: float floor division by zero", "expected a number, got complex")."""
     x = EDGES
     y = np.roll(EDGES, 3)
     out = np.zeros((9, len(x)), np.float32)
-    folded = np.zeros(5, np.float32)
+    folded = np.zeros(10, np.float32)
     math_edges(x, y, out, folded)
     with np.errstate(all="ignore"):
         want = [np.floor(x), np.ceil(x), np.maximum(x, y), np.minimum(x, y), np.maximum(y, x), np.abs(x), np.sqrt(x),
@@ -317,7 +324,8 @@ def test_math_functions_follow_ieee_at_edges():
         signs_kept = row not in (2, 3, 4, 8)    # which zero max/min of -0.0 and 0.0 gives is unspecified
         zeros = ref == 0
         assert not signs_kept or (np.signbit(out[row][zeros]) == np.signbit(ref[zeros])).all(), f"row {row}"
-    np.testing.assert_array_equal(folded, np.array([-np.inf, np.nan, np.inf, 1e30, np.nan], np.float32))
+    np.testing.assert_array_equal(folded, np.array([-np.inf, np.nan, np.inf, 1e30, np.nan, np.nan, np.inf, -np.inf,
+                                                    np.nan, -np.inf], np.float32))
 
 
 # f64 values whose nearest f16 (elements 0 and 2) or bf16 (element 1) is farther from zero, but that round

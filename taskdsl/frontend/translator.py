@@ -17,6 +17,8 @@ import functools
 import math
 import operator
 
+import numpy as np
+
 from .. import ir
 from ..errors import DSLError, SourceLoc
 from ..ir import types as T
@@ -103,6 +105,11 @@ def _runtime_names(tree: ast.FunctionDef) -> set:
 
 
 @functools.lru_cache(maxsize=4096)
+def _is_float_operation(a, b) -> bool:
+    """Whether compile-time numbers `a` and `b` make a float operation (one of them a float)."""
+    return _is_number(a) and _is_number(b) and any(isinstance(v, (float, np.floating)) for v in (a, b))
+
+
 def _is_mapping_call(func, rank: int) -> bool:
     """Whether `func` is a task mapping of `rank`-d tasks, or its `on` method."""
     mapping = func.__self__ if getattr(func, "__func__", None) is TaskMapping.on else func
@@ -759,9 +766,14 @@ class FunctionTranslator:
                 raise self.error(node, f"'{op}' cannot take {describe(v)}")
         if not is_runtime(a) and not is_runtime(b):
             try:
-                return _PY_BINOPS[op](a, b)
+                value = _PY_BINOPS[op](a, b)
             except Exception as exc:  # noqa: BLE001 - a compile-time Python error in user code
+                if isinstance(exc, ZeroDivisionError) and _is_float_operation(a, b):
+                    return self.ieee_fold(op, a, b, node)      # a float's zero divisor: inf or nan
                 raise self.error(node, f"compile-time '{op}' failed: {exc}") from None
+            if isinstance(value, complex) and _is_float_operation(a, b):    # (-8.0) ** 0.5
+                return self.ieee_fold(op, a, b, node)
+            return value
         for v in (a, b):
             if not (is_runtime(v) or _is_number(v)):
                 raise self.error(node, f"unsupported operand {describe(v)} for '{op}'")
@@ -776,6 +788,15 @@ class FunctionTranslator:
             raise self.error(node, f"shift by {eb.value}: the count must be in 0..{result.dtype.bits - 1} "
                                    f"for {result.dtype.name}")
         return result
+
+    def ieee_fold(self, op: str, a, b, node: ast.AST) -> float:
+        """Compile-time float `a op b` where Python raises or gives a complex number: the IEEE value the
+        operation has at run time (`1.0 // 0.0` is inf, `(-8.0) ** 0.5` nan)."""
+        if op == "**":
+            return self.math_call("pow", [a, b], node)
+        with np.errstate(all="ignore"):
+            return float({"/": np.true_divide, "//": np.floor_divide, "%": np.remainder}[op](np.float64(a),
+                                                                                          np.float64(b)))
 
     def expr_unaryop(self, node: ast.UnaryOp):
         v = self.test(node.operand) if isinstance(node.op, ast.Not) else self.expr(node.operand)
