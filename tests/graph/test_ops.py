@@ -191,6 +191,42 @@ def test_conv2d(stride, pads, dilation, groups):
     assert_close(got, want.astype(np.float32), rtol=1e-5, atol=1e-5)
 
 
+def test_window_arguments_take_numpy_ints():
+    x, w = rand((1, 4, 7, 6), 1), rand((6, 2, 3, 3), 2)
+    i = np.int64
+    got, = run(lambda t: ops.conv2d(t, w, stride=i(2), padding=(i(1), 0), dilation=[i(1), 1], groups=i(2)), x)
+    assert_close(got, conv_reference(x, w, 2, (1, 0, 1, 0), 1, 2).astype(np.float32), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arguments, error, message", [
+    ({"groups": 2.5}, TypeError, "groups must be integers, got 2.5"),
+    ({"groups": True}, TypeError, "groups must be integers"),
+    ({"stride": 1.5}, TypeError, "stride must be integers, got 1.5"),
+    ({"padding": "same"}, TypeError, "padding must be integers, got 'same'"),
+    ({"padding": (1, 1.0)}, TypeError, r"padding must be integers, got \(1, 1.0\)"),
+    ({"padding": (1, 1, 1)}, ValueError, r"padding must be an integer, 2 of them .* or 4"),
+    ({"dilation": (1, 1, 1)}, ValueError, "dilation must be an integer or 2 of them"),
+])
+def test_window_arguments_are_checked(arguments, error, message):
+    x = tg.input("x", (1, 4, 6, 6))
+    with pytest.raises(error, match=message):
+        ops.conv2d(x, rand((6, 2, 3, 3), 0), **{"groups": 2, **arguments})
+    if "groups" not in arguments:
+        with pytest.raises(error, match=message):
+            ops.max_pool2d(x, 2, **arguments)
+    with pytest.raises(TypeError, match="kernel_size must be integers, got 2.5"):
+        ops.max_pool2d(x, 2.5)
+
+
+def test_linear_errors_name_the_given_shapes():
+    x = tg.input("x", (3, 6))
+    with pytest.raises(ValueError, match=r"weight must be \(out_features, in_features\).*x \(3, 6\) and weight "
+                                         r"\(6, 4\)"):
+        ops.linear(x, rand((6, 4), 0))
+    with pytest.raises(ValueError, match=r"one value per output feature, shape \(4,\), got \(3, 4\)"):
+        ops.linear(x, rand((4, 6), 0), rand((3, 4), 1))
+
+
 def pool_reference(x, mode, k, s, pads, dilation, ceil_mode, include_pad):
     """Pooling by explicit windows over a padded array (pads: (top, left, bottom, right))."""
     n, c, h, w = x.shape

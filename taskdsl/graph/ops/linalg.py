@@ -11,7 +11,9 @@ from ..operator import Operator, dims
 from ..tensor import Tensor, as_tensor
 from .elementwise import add, broadcast_shape
 from .transform import reshape, transpose
-from .window import ChannelsLast, pads_of, per_axis, window_input, window_positions
+from stdlib_ops.elementwise import int_tuple
+
+from .window import ChannelsLast, pads_of, window_input, window_positions
 
 
 class MatMul(Operator):
@@ -123,8 +125,18 @@ def matmul(a, b):
 
 def linear(x, weight, bias=None):
     """x @ weight.T + bias (PyTorch's nn.Linear: weight is (out_features, in_features))."""
-    y = matmul(x, transpose(as_tensor(weight)))
-    return add(y, as_tensor(bias, y)) if bias is not None else y
+    x, weight = as_tensor(x), as_tensor(weight)
+    if weight.ndim != 2 or x.ndim == 0 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"linear: the weight must be (out_features, in_features) with in_features = x's last dim "
+                         f"{x.shape[-1:]}, got x {x.shape} and weight {weight.shape}")
+    y = matmul(x, transpose(weight))
+    if bias is None:
+        return y
+    bias = as_tensor(bias, y)
+    if bias.shape != weight.shape[:1]:
+        raise ValueError(f"linear: the bias must have one value per output feature, shape ({weight.shape[0]},), "
+                         f"got {bias.shape}")
+    return add(y, bias)
 
 
 def conv(x, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1,
@@ -133,8 +145,8 @@ def conv(x, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1,
     x is (N, C, ...), or (N, ..., C) with channels_last."""
     weight = as_tensor(weight)
     rank = x.ndim - 2
-    attrs = {"strides": per_axis(stride, rank, "stride"), "pads": pads_of(padding, rank),
-             "dilations": per_axis(dilation, rank, "dilation"), "groups": int(groups),
+    attrs = {"strides": int_tuple(stride, "stride", rank), "pads": pads_of(padding, rank),
+             "dilations": int_tuple(dilation, "dilation", rank), "groups": int_tuple(groups, "groups", 1)[0],
              "channels_last": bool(channels_last)}
     y = Conv([x, weight], attrs).outputs[0]
     if bias is None:

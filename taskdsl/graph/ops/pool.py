@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from stdlib_ops.elementwise import int_tuple
+
 from ... import ir
 from ...ir import types as T
 from ...runtime.config import fast_compile_enabled
@@ -17,7 +19,7 @@ from ...compute import reduce as reduction
 from ...lang import math_expr
 from ..operator import Operator, dims
 from .norm import stat_dtype
-from .window import ChannelsLast, pads_of, per_axis, positions_inside, window_input, window_positions
+from .window import ChannelsLast, pads_of, positions_inside, window_input, window_positions
 
 
 NOT_FOUND = ir.const(np.iinfo(np.int64).max, T.i64)      # a window's index before one is found (the min's start)
@@ -171,10 +173,10 @@ def max_pool_with_indices(x, kernel, stride=None, padding=0, dilation=1, ceil_mo
 def _attrs(x, mode: str, kernel, stride, padding, dilation, ceil_mode: bool) -> dict:
     """The window attributes of a pooling of x; stride defaults to the window."""
     rank = x.ndim - 2
-    kernel = per_axis(kernel, rank, "kernel_size")
+    kernel = int_tuple(kernel, "kernel_size", rank)
     return {"mode": mode, "kernel": kernel,
-            "strides": per_axis(stride if stride is not None else kernel, rank, "stride"),
-            "pads": pads_of(padding, rank), "dilations": per_axis(dilation, rank, "dilation"),
+            "strides": int_tuple(stride if stride is not None else kernel, "stride", rank),
+            "pads": pads_of(padding, rank), "dilations": int_tuple(dilation, "dilation", rank),
             "ceil_mode": bool(ceil_mode)}
 
 

@@ -1,6 +1,10 @@
 """Sliding-window arithmetic shared by convolution and pooling, on ints and on IR size expressions alike."""
 from __future__ import annotations
 
+import numpy as np
+
+from stdlib_ops.elementwise import int_tuple
+
 from ... import ir
 from ...lang import math_expr
 
@@ -38,17 +42,14 @@ class ChannelsLast:
         return shown
 
 
-def per_axis(value, rank: int, what: str) -> tuple:
-    """An int or `rank` ints as a tuple of `rank` ints (ValueError naming `what` otherwise)."""
-    value = (value,) * rank if isinstance(value, int) else tuple(value)
-    if len(value) != rank:
-        raise ValueError(f"{what} must be an int or {rank} ints, got {value!r}")
-    return value
-
-
 def pads_of(padding, rank: int) -> tuple:
     """(begin..., end...) pads from an int, one int per spatial axis, or (begin..., end...)."""
-    pads = (padding,) * (2 * rank) if isinstance(padding, int) else tuple(padding)
+    if np.ndim(padding) == 0:
+        return int_tuple(padding, "padding", 2 * rank)
+    pads = int_tuple(padding, "padding")
+    if len(pads) not in (rank, 2 * rank):
+        raise ValueError(f"padding must be an integer, {rank} of them (one per spatial axis) or {2 * rank} "
+                         f"(begin..., end...), got {padding!r}")
     return pads * 2 if len(pads) == rank else pads
 
 
