@@ -53,11 +53,12 @@ class Operator:
     derived_attrs = ()     # attributes `check` computes (not printed; recomputed when the operator is cloned)
 
     def __init__(self, inputs: list, attrs: dict | None = None):
-        for t in inputs:
-            if not isinstance(t, Tensor):
-                raise TypeError(f"{self.kind}: inputs must be graph Tensors, got {type(t).__name__}")
         self.inputs = list(inputs)
         self.attrs = {k: freeze(v) for k, v in (attrs or {}).items()}
+        for t in inputs:
+            if not isinstance(t, Tensor):
+                raise TypeError(f"{type(self).__name__}: inputs must be graph Tensors (graph.input, graph.constant "
+                                f"or an op's output), got {type(t).__name__}")
         self.id = next(_ids)
         self._symbolic: dict = {}
         self.check()

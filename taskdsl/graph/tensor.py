@@ -93,11 +93,11 @@ class Tensor:
 
     def reshape(self, *shape):
         """ops.reshape(self, shape); one dim may be -1."""
-        return _ops().reshape(self, shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape)
+        return _ops().reshape(self, shape[0] if len(shape) == 1 and np.ndim(shape[0]) == 1 else shape)
 
     def transpose(self, *perm):
         """ops.transpose(self, perm) (no perm: reverse the axes)."""
-        return _ops().transpose(self, perm[0] if len(perm) == 1 and not isinstance(perm[0], int) else perm or None)
+        return _ops().transpose(self, perm[0] if len(perm) == 1 and np.ndim(perm[0]) == 1 else perm or None)
 
     @property
     def T(self):  # noqa: N802 - numpy's name
@@ -119,11 +119,17 @@ def input(name: str, shape, dtype="float32") -> Tensor:
 
 def constant(value, dtype=None, name: str | None = None) -> Tensor:
     """A constant tensor holding `value` (an array or a number), converted to `dtype` if given."""
-    array = np.asarray(value) if dtype is None else np.asarray(value, dtype=numpy_dtype(as_dtype(dtype)))
-    if dtype is None and not isinstance(value, (np.ndarray, np.generic)):
-        # Python numbers (and lists of them) default to f32 / i32, as in the DSL
-        array = array.astype({np.dtype(np.float64): np.float32, np.dtype(np.int64): np.int32}.get(array.dtype,
-                                                                                                array.dtype))
+    if dtype is None:
+        array = np.asarray(value)
+        if not isinstance(value, (np.ndarray, np.generic)):
+            array = array.astype(_python_default(array))
+    else:
+        try:
+            array = np.asarray(value, dtype=numpy_dtype(as_dtype(dtype)))
+        except OverflowError:
+            raise ValueError(f"the constant {value!r} does not fit {as_dtype(dtype).name}") from None
+    if array.dtype.kind == "c":
+        raise TypeError(f"complex constants are not supported, got {value!r}")
     array = contiguous(array)
     if not array.flags.writeable:
         # numba types read-only arrays apart, so a read-only weight (an ONNX initializer is one) would compile
@@ -132,17 +138,43 @@ def constant(value, dtype=None, name: str | None = None) -> Tensor:
     return Tensor(array.shape, as_dtype(array.dtype), name=name, value=array)
 
 
+def _python_default(array: np.ndarray) -> np.dtype:
+    """The dtype of a constant given as Python numbers (or lists of them): f32 and i32, as in the DSL; i64 for
+    ints i32 cannot hold (numpy's choice); numpy's for the rest."""
+    if array.dtype == np.float64:
+        return np.dtype(np.float32)
+    if array.dtype == np.int64 and (array.size == 0 or np.iinfo(np.int32).min <= array.min() <= array.max()
+                                    <= np.iinfo(np.int32).max):
+        return np.dtype(np.int32)
+    return array.dtype
+
+
 def as_tensor(value, like: Tensor | None = None) -> Tensor:
     """`value` as a Tensor: tensors as they are, numbers adopt `like`'s dtype, arrays become constants."""
     if isinstance(value, Tensor):
         return value
-    if isinstance(value, (bool, int, float, np.number)) and like is not None:
-        fits = (like.dtype.is_float or (like.dtype.is_integer and not isinstance(value, float))
-                or (like.dtype.is_bool and isinstance(value, bool)))
-        if not fits:
-            raise TypeError(f"cannot combine the number {value!r} with a {like.dtype.name} tensor; "
-                            "cast the tensor first with ops.cast")
-        return constant(value, like.dtype)
-    if isinstance(value, (bool, int, float, np.number, np.ndarray, list, tuple)):
+    if isinstance(value, (bool, int, float, np.number, np.bool_)) and like is not None:
+        return constant(number_for(value, like), like.dtype)
+    if isinstance(value, (bool, int, float, np.number, np.bool_, np.ndarray, list, tuple)):
         return constant(value)
     raise TypeError(f"expected a graph Tensor, a number or an array, got {type(value).__name__}")
+
+
+def number_for(value, like: Tensor, what: str = "the number"):
+    """`value`, a number combined with the tensor `like`, checked to be one of its dtype (ops.cast says what to do
+    otherwise): a float tensor takes any real, an integer one integers in its range, a bool one bools."""
+    if isinstance(value, (complex, np.complexfloating)) or \
+            not isinstance(value, (bool, int, float, np.number, np.bool_)):
+        raise TypeError(f"{what} must be a real number, got {value!r}")
+    boolean = isinstance(value, (bool, np.bool_))
+    integer = boolean or isinstance(value, (int, np.integer))
+    fits = like.dtype.is_float or (like.dtype.is_integer and integer) or (like.dtype.is_bool and boolean)
+    if not fits:
+        raise TypeError(f"cannot combine {what} {value!r} with a {like.dtype.name} tensor; "
+                        "cast the tensor first with ops.cast")
+    if like.dtype.is_integer:
+        info = np.iinfo(numpy_dtype(like.dtype))
+        if not info.min <= int(value) <= info.max:
+            raise ValueError(f"{what} {value!r} does not fit the {like.dtype.name} tensor it is combined with "
+                             f"({info.min}..{info.max}); cast the tensor first with ops.cast")
+    return value

@@ -168,6 +168,8 @@ def as_dtype(dtype, what: str = "dtype") -> DataType:
     TypeError naming `what` otherwise."""
     if isinstance(dtype, DataType):
         return dtype
+    if dtype is None:       # numpy reads None as float64
+        raise TypeError(f"{what}: no type given (None); use a taskdsl type (td.f32, ...), a name or a numpy dtype")
     if isinstance(dtype, str):
         by_name = {t.name: t for t in ALL_DTYPES} | _TYPE_NAMES
         if dtype in by_name:

@@ -39,6 +39,6 @@ def test_arg_reductions_refuse_scalars_and_empty_axes():
         ops.argmax(tg.input("s", ()))
     with pytest.raises(ValueError, match="empty axis"):
         ops.argmin(tg.input("e", (3, 0)), axis=1)
-    with pytest.raises(TypeError, match=r"argmax: axis must be one int, got \(0, 1\)"):    # was an unpacking error
+    with pytest.raises(TypeError, match=r"argmax: an axis must be an int, got \(0, 1\)"):    # was an unpacking error
         ops.argmax(tg.input("m", (2, 3)), axis=(0, 1))
     assert ops.argmax(tg.input("m", (2, 3)), axis=np.int64(-1)).shape == (2,)

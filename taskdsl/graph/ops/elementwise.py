@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stdlib_ops.elementwise import gelu_formula, silu_formula
+from stdlib_ops.elementwise import flag, gelu_formula, real, silu_formula
 
 from ... import ir
 from ...compute import compute
@@ -139,16 +139,31 @@ def _clip_dtype(dtypes, fn, **_):
 
 
 def _to(dtypes, fn, to=None, **_):
-    return as_dtype(to)
+    return as_dtype(to, f"{fn}: to")
+
+
+# ---------------------------------------------------------------- parameter checks: (value, what) -> value
+def _one_of(*options) -> Callable:
+    def check(value, what: str):
+        if value not in options:
+            raise ValueError(f"{what} must be one of {', '.join(map(repr, options))}, got {value!r}")
+        return value
+    return check
+
+
+def _type_name(value, what: str) -> str:
+    return as_dtype(value, what).name
 
 
 @dataclass(frozen=True)
 class Function:
-    """An elementwise function: its body over loaded operands, its dtype rule, and how many operands it takes."""
+    """An elementwise function: its body over loaded operands, its dtype rule, how many operands it takes, and
+    its parameters' checks (name -> check(value, what), which returns the value to keep)."""
 
     body: Callable
     dtype: Callable
     arity: tuple = (1, 1)     # (min, max); max None = variadic
+    params: tuple = ()        # (name, check) pairs
 
 
 FUNCTIONS = {
@@ -173,7 +188,7 @@ FUNCTIONS = {
     "abs": Function(_math("abs"), _numeric),
     "relu": Function(lambda a, **_: math_expr("max", [a, 0]), _numeric),
     "leaky_relu": Function(lambda a, alpha=0.01, **_: ir.Select(a < 0, a * alpha, _f32(a), promote_f32(a)),
-                           _floating),
+                           _floating, params=(("alpha", real),)),
     "sigmoid": Function(_math("sigmoid"), _floating),
     "tanh": Function(_math("tanh"), _floating),
     "exp": Function(_math("exp"), _floating),
@@ -186,11 +201,12 @@ FUNCTIONS = {
     "floor": Function(_math("floor"), _floating),
     "ceil": Function(_math("ceil"), _floating),
     "reciprocal": Function(lambda a, **_: 1.0 / a, _floating),
-    "gelu": Function(lambda a, approximate="none", **_: gelu_formula(a, approximate), _floating),
+    "gelu": Function(lambda a, approximate="none", **_: gelu_formula(a, approximate), _floating,
+                     params=(("approximate", _one_of("none", "tanh")),)),
     "silu": Function(lambda a, **_: silu_formula(a), _floating),
     "where": Function(_where, _select, (3, 3)),
-    "clip": Function(_clip, _clip_dtype, (1, 3)),
-    "cast": Function(lambda a, **_: a, _to),
+    "clip": Function(_clip, _clip_dtype, (1, 3), params=(("has_min", flag), ("has_max", flag))),
+    "cast": Function(lambda a, **_: a, _to, params=(("to", _type_name),)),
 }
 
 
@@ -217,6 +233,12 @@ class Elementwise(Operator):
         if n < low or (high is not None and n > high):
             raise TypeError(f"{fn} takes {low}{'' if high == low else '+' if high is None else f'-{high}'} "
                             f"operands, got {n}")
+        checks = dict(FUNCTIONS[fn].params)
+        for name, value in self.params.items():
+            if name not in checks:
+                raise TypeError(f"{fn} takes no parameter {name!r}" +
+                                (f"; its parameters: {', '.join(checks)}" if checks else ""))
+            self.attrs[name] = checks[name](value, f"{fn}: {name}")
         self.out_dtype = FUNCTIONS[fn].dtype([t.dtype for t in self.inputs], fn, **self.params)
         self.out_shape = broadcast_shape([t.shape for t in self.inputs], fn)
 
@@ -301,8 +323,6 @@ def relu(x):
 
 def gelu(x, approximate: str = "none"):
     """GELU, exact (erf) or with approximate='tanh'."""
-    if approximate not in ("none", "tanh"):
-        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
     return elementwise("gelu", x, approximate=approximate)
 
 
@@ -361,6 +381,7 @@ def cast(x, dtype):
 
 def clip(x, lo=None, hi=None):
     """x clamped to [lo, hi] (either may be None; numbers or tensors of x's dtype)."""
+    x = as_tensor(x)
     if lo is None and hi is None:
         return x
     bounds = [as_tensor(v, x) for v in (lo, hi) if v is not None]

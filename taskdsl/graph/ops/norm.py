@@ -4,14 +4,16 @@ Statistics are computed in f32 (f64 for f64 inputs); 16-bit inputs give 16-bit o
 """
 from __future__ import annotations
 
+from stdlib_ops.elementwise import real
+
 from ... import ir
 from ...compute import compute
 from ...compute import reduce as reduction
 from ...ir import types as T
 from ...lang import math_expr
 from ..operator import Operator, dims
-from ..tensor import Tensor, as_tensor
-from .axes import normalize_axis
+from ..tensor import as_tensor
+from .axes import as_int, normalize_axis
 from .elementwise import broadcast_index, broadcast_shape
 
 
@@ -212,28 +214,32 @@ def log_softmax(x, axis: int = -1):
 
 def layer_norm(x, weight=None, bias=None, eps: float = 1e-5, axis: int | None = None):
     """Layer norm over the axes from `axis` on (default: the last weight.ndim axes, else the last axis)."""
+    weight, bias = (None if p is None else as_tensor(p) for p in (weight, bias))
     if axis is None:
-        axis = -(weight.ndim if isinstance(weight, Tensor) and weight.ndim else 1)
-    params = [as_tensor(p) for p in (weight, bias) if p is not None]
-    attrs = {"axis": axis, "eps": float(eps), "has_weight": weight is not None, "has_bias": bias is not None}
+        axis = -(weight.ndim if weight is not None and weight.ndim else 1)
+    params = [p for p in (weight, bias) if p is not None]
+    attrs = {"axis": axis, "eps": real(eps, "layer_norm: eps"), "has_weight": weight is not None, "has_bias": bias is not None}
     return LayerNorm([x, *params], attrs).outputs[0]
 
 
 def rms_norm(x, weight=None, eps: float = 1e-6, axis: int = -1):
     """x / sqrt(mean(x^2) + eps) * weight over the axes from `axis` on."""
     params = [as_tensor(weight)] if weight is not None else []
-    attrs = {"axis": axis, "eps": float(eps), "has_weight": weight is not None, "rms": True}
+    attrs = {"axis": axis, "eps": real(eps, "rms_norm: eps"), "has_weight": weight is not None, "rms": True}
     return LayerNorm([x, *params], attrs).outputs[0]
 
 
 def batch_norm(x, mean, var, weight=None, bias=None, eps: float = 1e-5):
     """Inference batch norm: (x - mean) / sqrt(var + eps) * weight + bias per channel (axis 1)."""
+    if mean is None or var is None:
+        raise TypeError("batch_norm needs the running mean and variance (inference batch norm)")
     params = [as_tensor(p) for p in (mean, var, weight, bias) if p is not None]
-    attrs = {"eps": float(eps), "has_weight": weight is not None, "has_bias": bias is not None}
+    attrs = {"eps": real(eps, "batch_norm: eps"), "has_weight": weight is not None, "has_bias": bias is not None}
     return BatchNorm([x, *params], attrs).outputs[0]
 
 
 def lrn(x, size: int, alpha: float = 1e-4, beta: float = 0.75, bias: float = 1.0):
     """Local response normalization over `size` neighbouring channels (AlexNet / ONNX LRN)."""
-    attrs = {"size": int(size), "alpha": float(alpha), "beta": float(beta), "bias": float(bias)}
+    attrs = {"size": as_int(size, "lrn: size"), "alpha": real(alpha, "lrn: alpha"), "beta": real(beta, "lrn: beta"),
+             "bias": real(bias, "lrn: bias")}
     return LRN([x], attrs).outputs[0]

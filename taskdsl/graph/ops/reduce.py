@@ -2,14 +2,17 @@
 from __future__ import annotations
 
 import math
-import numbers
+
+import numpy as np
+
+from stdlib_ops.elementwise import flag
 
 from ...compute import compute
 from ...compute import reduce as reduction
 from ...ir import Cast, Select, binary, const, convert
 from ...ir import types as T
 from ..operator import Operator, dims
-from .axes import normalize_axes
+from .axes import normalize_axes, normalize_axis
 from .transform import reshape
 
 REDUCTIONS = ("sum", "mean", "max", "min", "prod")
@@ -67,9 +70,10 @@ class Reduce(Operator):
 
 
 def _reduce(op: str, x, axis, keepdims: bool):
-    if axis is not None and not isinstance(axis, int) and len(tuple(axis)) == 0:
+    keepdims = flag(keepdims, f"{op}: keepdims")
+    if axis is not None and np.ndim(axis) == 1 and len(axis) == 0:
         return x
-    return Reduce([x], {"op": op, "axes": axis, "keepdims": bool(keepdims)}).outputs[0]
+    return Reduce([x], {"op": op, "axes": axis, "keepdims": keepdims}).outputs[0]
 
 
 def sum(x, axis=None, keepdims: bool = False):
@@ -182,10 +186,9 @@ def _arg_reduce(op: str, x, axis: int, keepdims: bool, last: bool):
     shares one pair of kernels (a reshape is a view)."""
     if x.ndim == 0:
         raise ValueError(f"{op} needs a tensor with at least one axis")
-    if not isinstance(axis, numbers.Integral):
-        raise TypeError(f"{op}: axis must be one int, got {axis!r}")
-    (axis,) = normalize_axes(axis, x.ndim, op)
+    axis = normalize_axis(axis, x.ndim, op)
+    keepdims, last = flag(keepdims, f"{op}: keepdims"), flag(last, f"{op}: select_last_index")
     outer, inner = math.prod(x.shape[:axis]), math.prod(x.shape[axis + 1:])
     view = reshape(x, (outer, x.shape[axis], inner))
-    y = ArgReduce([view], {"op": op, "axis": 1, "keepdims": True, "select_last_index": bool(last)}).outputs[0]
+    y = ArgReduce([view], {"op": op, "axis": 1, "keepdims": True, "select_last_index": last}).outputs[0]
     return reshape(y, reduced_shape(x.shape, (axis,), keepdims))

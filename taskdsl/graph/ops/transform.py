@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from stdlib_ops.elementwise import int_tuple
+
 from ... import ir
 from ...compute import compute
 from ...lang import math_expr
 from ...runtime.arrays import check_indices
 from ..operator import Operator, dims
-from ..tensor import Tensor, as_shape, as_tensor
-from .axes import normalize_axes, normalize_axis
+from ..tensor import Tensor, as_shape, as_tensor, number_for
+from .axes import as_int, normalize_axes, normalize_axis
 from .elementwise import broadcast_index, broadcast_shape
 
 
@@ -191,6 +193,10 @@ class Pad(Operator):
             raise ValueError(f"pad: pads must be {2 * x.ndim} non-negative ints (begin..., end...), got {pads!r}")
         if mode not in PAD_MODES:
             raise ValueError(f"pad: mode {mode!r} is not one of {', '.join(PAD_MODES)}")
+        value = self.attrs["value"]
+        if x.dtype.is_bool and isinstance(value, (int, np.integer)) and value in (0, 1):
+            value = bool(value)         # the default 0 pads a bool tensor with False
+        self.attrs["value"] = number_for(value, x, "pad: value")
         for k, d in enumerate(x.shape):
             widest = max(pads[k], pads[x.ndim + k])
             if mode != "constant" and widest and d == 0:
@@ -229,7 +235,7 @@ def pad_source(s, size, mode: str) -> ir.Expr:
 # ---------------------------------------------------------------- the functions
 def resolve_shape(size: int, shape, what: str = "reshape") -> tuple:
     """A target shape with its one -1 dim (if any) resolved for `size` elements."""
-    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(n) for n in shape)
+    shape = int_tuple(shape, f"{what}: the shape")
     unknown = [k for k, n in enumerate(shape) if n == -1]
     if len(unknown) > 1 or any(n < -1 for n in shape):
         raise ValueError(f"{what}: invalid shape {shape} (at most one -1, other dims >= 0)")
@@ -251,6 +257,7 @@ def reshape(x, shape) -> Tensor:
 
 def flatten(x, axis: int = 1) -> Tensor:
     """x as a 2-d tensor: the axes before `axis` make the rows, the rest the columns."""
+    axis = as_int(axis, "flatten: axis")
     if not -x.ndim <= axis <= x.ndim:
         raise ValueError(f"flatten: axis {axis} is out of range for a {x.ndim}-d tensor")
     axis = axis + x.ndim if axis < 0 else axis
@@ -270,7 +277,9 @@ def squeeze(x, axis=None) -> Tensor:
 
 def unsqueeze(x, axis) -> Tensor:
     """x with new size-1 axes at positions `axis` (of the result)."""
-    n = x.ndim + (1 if isinstance(axis, (int, np.integer)) else len(tuple(axis)))
+    if axis is None:
+        raise TypeError("unsqueeze: axis must be an int or a sequence of ints, got None")
+    n = x.ndim + (1 if np.ndim(axis) == 0 else len(tuple(axis)))
     axes = normalize_axes(axis, n, "unsqueeze")
     dims = iter(x.shape)
     return reshape(x, tuple(1 if a in axes else next(dims) for a in range(n)))
@@ -278,6 +287,8 @@ def unsqueeze(x, axis) -> Tensor:
 
 def transpose(x, perm=None) -> Tensor:
     """x with its axes permuted (default: reversed)."""
+    if perm is not None and np.ndim(perm) != 1:
+        raise TypeError(f"transpose: perm must be a sequence of axes, got {perm!r}")
     perm = tuple(reversed(range(x.ndim))) if perm is None else tuple(normalize_axis(a, x.ndim, "transpose")
                                                                       for a in perm)
     if perm == tuple(range(x.ndim)):
@@ -287,6 +298,8 @@ def transpose(x, perm=None) -> Tensor:
 
 def concat(xs, axis: int = 0) -> Tensor:
     """The tensors joined along `axis`."""
+    if isinstance(xs, (Tensor, np.ndarray)):
+        raise TypeError("concat takes a list of tensors, got one tensor")
     xs = [as_tensor(t) for t in xs]
     if len(xs) == 1:        # nothing to join, but the axis must still be one of x's
         normalize_axis(axis, xs[0].ndim, "concat")
@@ -311,14 +324,15 @@ def _slice_axis(n: int, start: int, end: int, step: int) -> tuple:
 
 def slice(x, starts, ends, axes=None, steps=None) -> Tensor:
     """x[start:end:step] along `axes` (default 0, 1, ...); negative and out-of-range bounds clamp as in ONNX."""
-    starts, ends = list(starts), list(ends)
-    axes = [normalize_axis(a, x.ndim, "slice") for a in (range(len(starts)) if axes is None else axes)]
-    steps = [1] * len(starts) if steps is None else list(steps)
+    starts, ends = int_tuple(starts, "slice: starts"), int_tuple(ends, "slice: ends")
+    axes = [normalize_axis(a, x.ndim, "slice") for a in (range(len(starts)) if axes is None else
+                                                         int_tuple(axes, "slice: axes"))]
+    steps = (1,) * len(starts) if steps is None else int_tuple(steps, "slice: steps")
     if not len(starts) == len(ends) == len(axes) == len(steps) or len(set(axes)) != len(axes):
         raise ValueError("slice: starts, ends, axes and steps must have one entry per (distinct) axis")
     bounds = [(0, 1, n) for n in x.shape]
     for a, s, e, d in zip(axes, starts, ends, steps):
-        bounds[a] = _slice_axis(x.shape[a], int(s), int(e), int(d))
+        bounds[a] = _slice_axis(x.shape[a], s, e, d)
     if all(b == (0, 1, n) for b, n in zip(bounds, x.shape)):
         return x
     attrs = {"starts": tuple(b[0] for b in bounds), "steps": tuple(b[1] for b in bounds),
@@ -330,11 +344,12 @@ def split(x, sizes, axis: int = 0) -> list:
     """x cut along `axis` into pieces of the given sizes (an int: that many equal pieces)."""
     axis = normalize_axis(axis, x.ndim, "split")
     n = x.shape[axis]
-    if isinstance(sizes, (int, np.integer)):
-        if sizes < 1 or n % sizes:
-            raise ValueError(f"split: axis {axis} of size {n} does not split into {sizes} equal parts")
-        sizes = [n // int(sizes)] * int(sizes)
-    sizes = [int(s) for s in sizes]
+    if np.ndim(sizes) == 0:
+        parts = as_int(sizes, "split: sizes")
+        if parts < 1 or n % parts:
+            raise ValueError(f"split: axis {axis} of size {n} does not split into {parts} equal parts")
+        sizes = [n // parts] * parts
+    sizes = list(int_tuple(sizes, "split: sizes"))
     if sum(sizes) != n or any(s < 0 for s in sizes):
         raise ValueError(f"split: sizes {sizes} do not add up to {n}, the size of axis {axis}")
     offsets = np.concatenate([[0], np.cumsum(sizes)]).tolist()
@@ -343,6 +358,8 @@ def split(x, sizes, axis: int = 0) -> list:
 
 def gather(x, indices, axis: int = 0) -> Tensor:
     """numpy.take(x, indices, axis) (indices: an integer tensor or array)."""
+    if isinstance(indices, (list, tuple)) and np.size(indices) == 0:
+        indices = np.zeros(np.shape(indices), np.int64)      # numpy.take's empty indices (np.asarray([]) is float)
     return Gather([x, as_tensor(indices)], {"axis": axis}).outputs[0]
 
 
@@ -357,9 +374,8 @@ def expand(x, shape) -> Tensor:
 def pad(x, pads, value=0, mode: str = "constant") -> Tensor:
     """x padded as numpy.pad pads it: with `value` (mode `constant`), or by `edge`, `reflect` or `wrap`;
     pads: (begin..., end...) per axis, or numpy.pad's ((before, after), ...)."""
-    pads = np.asarray(pads, dtype=np.int64)
-    if pads.ndim == 2:
-        pads = np.concatenate([pads[:, 0], pads[:, 1]])
-    if not pads.any():
-        return x
-    return Pad([x], {"pads": tuple(int(p) for p in pads), "value": value, "mode": mode}).outputs[0]
+    if np.ndim(pads) == 2:
+        rows = [int_tuple(row, "pad: each axis's (before, after)", 2) for row in pads]
+        pads = tuple(row[0] for row in rows) + tuple(row[1] for row in rows)
+    op = Pad([x], {"pads": int_tuple(pads, "pad: pads"), "value": value, "mode": mode})    # checked, even if all 0
+    return op.outputs[0] if any(op.attrs["pads"]) else x
