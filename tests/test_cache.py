@@ -274,7 +274,7 @@ def test_damaged_or_stray_tuning_winners_are_retuned(tmp_path, monkeypatch):
     path = tuner._record_path("op", ((8,),), ("f32",), "cpu")
     path.parent.mkdir(parents=True)
     for point in ([], "x", {"per_thread": 3}, {"per_thread": "4"}, {"per_thread": 4}):
-        path.write_text(json.dumps({"point": point}))
+        path.write_text(json.dumps({"point": point, "timed_with": tuner._timed_with(space)}))
         found = tuner.cached_winner(space, "op", ((8,),), ("f32",), "cpu")
         assert found == (space.point(per_thread=4) if point == {"per_thread": 4} else None), point
 
@@ -308,6 +308,70 @@ def test_the_package_launchers_numba_code_is_in_the_cache_folder(tmp_path, monke
     cache.clear()
     assert not list((tmp_path / "numba").rglob("*.nb[ci]"))
     assert _cpu_run(tmp_path) == "ok"       # and compiled again
+
+
+def test_winners_of_another_space_or_code_are_retuned_and_hits_are_kept_fresh(tmp_path, monkeypatch):
+    """The record was keyed by (op, shapes, dtypes, device, version) only: a space given more points, or a changed
+    template, kept serving the old winner, its new points never timed. A hit now also refreshes the record's time
+    (the least-recently-used eviction took the most used records first)."""
+    from taskdsl.schedule import tuner
+    from taskdsl.schedule.space import Space
+    monkeypatch.setenv("TASKDSL_CACHE_DIR", str(tmp_path))
+    small, large = Space("widths", {"per_thread": [1, 4]}), Space("widths", {"per_thread": [1, 4, 8]})
+    path = tuner._record_path("op", ((8,),), ("f32",), "cpu")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"point": {"per_thread": 4}, "timed_with": tuner._timed_with(small)}))
+    os.utime(path, (1, 1))
+    assert tuner.cached_winner(small, "op", ((8,),), ("f32",), "cpu") == small.point(per_thread=4)
+    assert path.stat().st_mtime > 1
+    assert tuner.cached_winner(large, "op", ((8,),), ("f32",), "cpu") is None
+    monkeypatch.setattr(tuner, "code_fingerprint", lambda package="taskdsl": f"another {package}")
+    assert tuner.cached_winner(small, "op", ((8,),), ("f32",), "cpu") is None
+
+
+def test_a_module_removed_between_its_lookup_and_its_import_is_written_again(tmp_path, monkeypatch):
+    """Another process's eviction or `cache clear` between the two made the kernel call a FileNotFoundError."""
+    from taskdsl.runtime import cpu_modules
+    monkeypatch.setenv("TASKDSL_CACHE_DIR", str(tmp_path))
+    found = cpu_modules.cpu_module
+
+    def removed_meanwhile(*args, **kwargs):
+        src, path = found(*args, **kwargs)
+        path.unlink()
+        return src, path
+    monkeypatch.setattr(cpu_modules, "cpu_module", removed_meanwhile)
+    x = np.arange(8, dtype=np.float32)
+    y = np.zeros(8, np.float32)
+    _module_kernel(3.5)(x, y)
+    np.testing.assert_array_equal(y, x + 3.5)
+
+
+def _module_kernel(c: float):
+    @td.kernel(block=8)
+    def add_constant(x: td.f32[8], y: td.f32[8]):
+        y[td.threadIdx.x] = x[td.threadIdx.x] + c
+    return add_constant
+
+
+def test_a_kernel_hit_refreshes_its_index_record(tmp_path, monkeypatch):
+    """Only the module's time was refreshed: its index record (an entry of its own) went first when the cache was
+    over its cap, and the kernel was lowered and generated again."""
+    from taskdsl.runtime import cpu_modules
+    monkeypatch.setenv("TASKDSL_CACHE_DIR", str(tmp_path))
+    _module_kernel(1.25)(np.zeros(8, np.float32), np.zeros(8, np.float32))
+    index, = [p for p in (tmp_path / "cpu").glob("*.json")]
+    os.utime(index, (1, 1))
+    assert cpu_modules._load(index.stem) is not None
+    assert index.stat().st_mtime > 1
+
+
+def test_numba_cache_dir_does_not_take_the_kernels_machine_code(tmp_path):
+    """With $NUMBA_CACHE_DIR set, numba wrote the generated modules' machine code there: outside the cap, left by
+    `cache clear`, orphaned once the modules were evicted."""
+    elsewhere = tmp_path / "numba_elsewhere"
+    assert _cpu_run(tmp_path / "cache", NUMBA_CACHE_DIR=str(elsewhere)) == "ok"
+    assert list((tmp_path / "cache" / "cpu" / "__pycache__").glob("k_*.nbc"))
+    assert not list(elsewhere.rglob("k_*.nb[ci]"))
 
 
 _DISTINCT_KERNELS = '''

@@ -19,12 +19,14 @@ Storing is best effort: a cache folder that cannot be written (read-only, remove
 in another process meanwhile) costs the reuse, not the compile; a warning says so once.
 The files of one entry share the key in their names; when the cache grows past its cap
 ($TASKDSL_CACHE_MAX_MB, default 2048) the least recently used entries are removed (never the
-one just stored). A hit refreshes the entry's time.
+one just stored). A hit refreshes the entry's time. A module another process removes between its
+lookup and its import is written again (`cpu_modules.entry_function`).
 """
 from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -56,11 +58,12 @@ def cache_key(*parts: str) -> str:
 
 
 @functools.cache
-def code_fingerprint() -> str:
-    """A hash of taskdsl's own code, which decides generated text and how it is compiled (NVRTC's options, say):
-    part of the keys of what was built from it (read once a process: ~5 ms)."""
+def code_fingerprint(package: str = "taskdsl") -> str:
+    """A hash of taskdsl's own code (or another package's), which decides generated text and how it is compiled
+    (NVRTC's options, say): part of the keys of what was built from it (read once a process: ~5 ms)."""
     digest = hashlib.sha256()
-    for folder, subfolders, files in os.walk(Path(__file__).resolve().parents[1]):    # 40% faster than rglob
+    root = Path(importlib.util.find_spec(package).origin).resolve().parent
+    for folder, subfolders, files in os.walk(root):    # 40% faster than rglob
         subfolders.sort()
         for name in sorted(f for f in files if f.endswith(".py")):
             digest.update(Path(folder, name).read_bytes())
@@ -134,9 +137,15 @@ def cpu_module(key: str, text: str) -> Path:
     if store(path, data):
         keep_under_cap(len(data) + NUMBA_BYTES_PER_MODULE, keep=key)
         return path
-    fallback = _scratch_folder() / f"k_{key}.py"
-    atomic_write(fallback, data)
-    return fallback
+    return scratch_module(key, text)
+
+
+def scratch_module(key: str, text: str) -> Path:
+    """A generated module written to this process's own folder (removed at exit), which no eviction or `clear`
+    of another process touches."""
+    path = _scratch_folder() / f"k_{key}.py"
+    atomic_write(path, text.encode())
+    return path
 
 
 _scratch: list = []

@@ -52,6 +52,17 @@ def cpu_module(fn: ir.Function, lowered, debug: bool, fast: bool, early_copies: 
     return src, path
 
 
+def entry_function(src, path: Path):
+    """(the kernel's entry function, the module path it came from): a module another process evicted or cleared
+    between its lookup and this import is written again, in this process's own folder, which nothing else clears."""
+    from ..backend.cpu.compile import load_module_function
+    try:
+        return load_module_function(path, src.entry), path
+    except FileNotFoundError:
+        path = cache.scratch_module(path.stem.removeprefix("k_"), src.text)
+        return load_module_function(path, src.entry), path
+
+
 def _keep(key: str, found: tuple) -> None:
     """Remember `found` for this process (a program building thousands of kernels keeps a bounded number)."""
     if len(_generated) >= GENERATED_KEPT:
@@ -100,4 +111,5 @@ def _load(key: str):
         cache.remove(index, path)
         return None
     cache.touch(path)
+    cache.touch(index)      # its own entry: the eviction would take it first, and the kernel be generated again
     return CpuSource(text, record["entry"], [], record["parallel"], record["flat"], record["opt_level"]), path

@@ -335,10 +335,10 @@ class Kernel:
         fast, early = fast_compile_enabled(), cp_async_early_enabled()
         key = (block, debug, fast, early)
         if key not in self._cpu:
-            from ..backend.cpu.compile import load_module_function
-            from .cpu_modules import cpu_module
+            from .cpu_modules import cpu_module, entry_function
             src, path = cpu_module(self._frontend_ir(block), lambda: self._lowered_ir(block), debug, fast, early)
-            self._cpu[key] = (load_module_function(path, src.entry), src, path)
+            function, path = entry_function(src, path)
+            self._cpu[key] = (function, src, path)
         return self._cpu[key]
 
     def _cuda_function(self, binding: Binding) -> ir.Function:

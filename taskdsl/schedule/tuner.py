@@ -8,8 +8,9 @@ enumerated exhaustively (it is small by design); on cuda every candidate is comp
 in parallel threads (NVRTC runs outside the GIL), then timed with CUDA events on arguments copied
 to the GPU once; on the cpu
 numba compiles one at a time. Winners are stored as JSON under
-`cache_dir()/tune/<key>.json`, keyed by (op, shapes, dtypes, device, taskdsl version).
-TASKDSL_TUNE=0 turns tuning off (the default point is used). A candidate that fails to
+`cache_dir()/tune/<key>.json`, keyed by (op, shapes, dtypes, device, taskdsl version); a record
+also names the space and the code it was timed with (`_timed_with`): a winner from another space, or
+from before taskdsl or its templates changed, is re-tuned. TASKDSL_TUNE=0 turns tuning off (the default point is used). A candidate that fails to
 compile or run is skipped with a warning, never fatal; a damaged record is ignored and re-tuned.
 With `outputs`, a candidate that would become the best must first agree with the default's
 results (`results.check`): one that does not is skipped as failed.
@@ -23,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..runtime.cache import cache_key, store
+from ..runtime.cache import cache_key, code_fingerprint, store, touch
 from ..runtime import config
 from ..runtime.config import cache_dir, get_target
 from ..runtime.progress import Progress
@@ -62,7 +63,8 @@ def _record_path(op: str, shapes, dtypes, target: str):
     from .. import __version__
     fast = f"fast={config.fast_compile_enabled()}"      # a fast-compile build ranks other code
     debug = ("debug",) if target == "cpu" and config.debug_enabled() else ()     # so does a checked cpu build
-    key = cache_key(op, repr(shapes), repr(dtypes), device_name(target), __version__, fast, *debug)
+    early = ("cp_async_early",) if config.cp_async_early_enabled() else ()        # and copies landing at issue
+    key = cache_key(op, repr(shapes), repr(dtypes), device_name(target), __version__, fast, *debug, *early)
     return cache_dir() / "tune" / f"{key}.json"
 
 
@@ -119,13 +121,23 @@ def _stored_timings(op: str, shapes, dtypes, target: str) -> dict | None:
 
 def cached_winner(space: Space, op: str, shapes, dtypes, target: str) -> Point | None:
     """The stored winner for this problem, or None (absent, damaged, or no longer in the space)."""
+    path = _record_path(op, shapes, dtypes, target)
     try:
-        record = json.loads(_record_path(op, shapes, dtypes, target).read_text())
+        record = json.loads(path.read_text())
+        if record.get("timed_with") != _timed_with(space):
+            return None
         point = space.point(**{k: _from_json(v) for k, v in record["point"].items()})
     except DAMAGED_RECORD:
         return None
+    touch(path)
     # the space's own point (its values' types: numpy scalars come back from JSON as Python numbers)
     return next((p for p in space.points() if p == point), None)
+
+
+def _timed_with(space: Space) -> str:
+    """What a winner was chosen among and timed as: the space's name and valid points, taskdsl's code and the
+    templates' (`stdlib_ops`): a record of another space or code was the best of other candidates."""
+    return cache_key(space.name, repr(space.points()), code_fingerprint(), code_fingerprint("stdlib_ops"))
 
 
 # CUDA errors after which a context runs nothing more: every later candidate would fail too, and a winner of the
@@ -280,7 +292,7 @@ def tune(space: Space, build, args: tuple, *, op: str, shapes, dtypes, default: 
         warnings.warn(f"tuning {op}: the candidates' results were not checked: {unchecked}", stacklevel=2)
     if tuned:
         record = {"op": op, "shapes": repr(shapes), "dtypes": repr(dtypes), "device": device_name(target),
-                  "point": _point_json(best), "seconds": best_time, "candidates": len(points), "failed": failed,
+                  "timed_with": _timed_with(space), "point": _point_json(best), "seconds": best_time, "candidates": len(points), "failed": failed,
                   "timings": sorted(timings, key=lambda t: t[1])}
         store(_record_path(op, shapes, dtypes, target), json.dumps(record, indent=1).encode())
     return best
