@@ -69,6 +69,19 @@ def test_the_cpu_matmul_rows_check_both_kernels_against_numpy(capsys):
     assert "B packed GFLOP/s" in capsys.readouterr().out
 
 
+def test_a_wrong_kernel_is_flagged_and_fails_the_run(monkeypatch, capsys):
+    """A matmul giving zeros printed a 17x 'win' and exited 0: the error column was never compared with anything."""
+    import numpy as np
+    import stdlib_ops
+    monkeypatch.setattr(stdlib_ops, "matmul", lambda a, b, **_: np.zeros((a.shape[0], b.shape[1]), np.float32))
+    assert main(["matmul", "--sizes", "16"]) == 1
+    captured = capsys.readouterr()
+    assert "1.0e+00 WRONG" in captured.out
+    assert "wrong results: matmul 16 f32: max rel err 1.0e+00 (tolerance 1e-03)" in captured.err
+    monkeypatch.undo()
+    assert main(["matmul", "--sizes", "16"]) == 0 and "WRONG" not in capsys.readouterr().out
+
+
 @pytest.fixture
 def cpu_clock(monkeypatch):
     """time_cuda as host timing: the simulated GPU has no events (its kernels run on the cpu)."""
@@ -101,6 +114,8 @@ def test_the_launch_rows(target, simulated_gpu, capsys):
     assert result["launch_reading_globals"] > 0 and len(reads4._global_reads.noted) == 4   # LIMIT, SCALE, SHIFT,
     out = capsys.readouterr().out                                                         # _scaled
     assert "us per launch (mean of 20)" in out and "reading 4 globals" in out
+    if target == "cpu":     # a new Python process on the disk cache (the in-process figure hit in-memory caches)
+        assert result["new_process"] > 0 and "new process, cache on disk" in out
 
 
 def test_settings_and_sizes_taskdsl_cannot_use_are_usage_errors(capsys):

@@ -64,6 +64,8 @@ def main(argv=None) -> int:
             parser.error("conv --layers depthwise runs on the cpu target only (TASKDSL_TARGET=cpu)")
         if args.name == "tc-parts" and td.get_target() != "cuda":
             parser.error("tc-parts times tensor-core kernels on a GPU: it needs the cuda target")
+        from . import accuracy
+        accuracy.wrong.clear()
         module = importlib.import_module(BENCHMARKS[args.name][1])
         options = {"sizes": tuple(args.sizes) if args.sizes else None, "layout": args.layout, "layers": args.layers,
                    "tune": args.tune or None}
@@ -74,6 +76,9 @@ def main(argv=None) -> int:
         parser.exit(2, f"{parser.prog}: error: not enough memory for these sizes ({e}); use smaller --sizes\n")
     except KeyboardInterrupt:
         parser.exit(130, f"{parser.prog}: interrupted\n")
+    if accuracy.wrong:      # the figures are printed, but they are a wrong kernel's
+        print(f"{parser.prog}: error: wrong results: {'; '.join(accuracy.wrong)}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+from .accuracy import rel_err, shown
 from .timing import time_cpu
 
 # (channels, height/width, out channels, kernel, stride, padding): ResNet-50's distinct conv shapes
@@ -81,7 +82,7 @@ def _cpu_rows(layers, layout: str, depthwise: bool) -> list:
         want = peer()
         t_peer = time_cpu(peer, warmup=3, repeat=10)
         time.sleep(0.2)
-        rows.append(dict(layer=(c, hw, oc, k, s), taskdsl=t_td, peer=t_peer, err=_rel_err(y, want),
+        rows.append(dict(layer=(c, hw, oc, k, s), taskdsl=t_td, peer=t_peer, err=rel_err(y, want),
                          flops=2.0 * oc * c // groups * k * k * y.shape[2] * y.shape[3]))
     return rows
 
@@ -106,7 +107,7 @@ def _cuda_rows(layers, layout: str) -> list:
         want = torch.nn.functional.conv2d(x.float(), w.float(), stride=s, padding=p).cpu().numpy()
         y = run().numpy().astype(np.float32)
         got = y if layout == "NCHW" else y.transpose(0, 3, 1, 2)
-        rows.append(dict(layer=(c, hw, oc, k, s), taskdsl=t_td, call=t_call, peer=t_peer, err=_rel_err(got, want),
+        rows.append(dict(layer=(c, hw, oc, k, s), taskdsl=t_td, call=t_call, peer=t_peer, err=rel_err(got, want),
                          flops=2.0 * oc * c * k * k * got.shape[2] * got.shape[3], schedule=_schedule(plan)))
         print(f"  layer {rows[-1]['layer']}: {t_peer / t_td:.3f}x cuDNN", flush=True)
         for line in conv.tuning_report(g, td.f16):     # when tuned: the fastest points and the default's rank
@@ -124,10 +125,6 @@ def _schedule(plan) -> str:
     plain = plan.lowered.on_columns and plan.lowered.columns is None
     return (f"{bm}x{bn} bk{matmul.point.bk}" + (f" split {matmul.split}" if matmul.split > 1 else "")
             + (", input as A" if plain else ""))
-
-
-def _rel_err(got, want) -> float:
-    return float(np.abs(np.asarray(got, np.float64) - want).max() / max(np.abs(want).max(), 1e-30))
 
 
 def run(sizes=None, layout: str = "NCHW", layers: str = "resnet50") -> list:
@@ -155,7 +152,8 @@ def run(sizes=None, layout: str = "NCHW", layers: str = "resnet50") -> list:
     for r in rows:
         r["ratio"] = r["peer"] / r["taskdsl"]
         print(f"{','.join(map(str, r['layer'])):>22} {r['taskdsl'] * 1e3:>11.3f} {r['peer'] * 1e3:>9.3f} "
-              f"{r['ratio']:>7.3f} {r['flops'] / r['taskdsl'] / 1e9:>8.1f} {r['err']:>8.1e}"
+              f"{r['ratio']:>7.3f} {r['flops'] / r['taskdsl'] / 1e9:>8.1f} "
+              f"{shown(r['err'], 'f16' if target == 'cuda' else 'f32', 'conv layer %s' % (r['layer'],), 8)}"
               + (f" {r['call'] * 1e3:>8.3f}  {r['schedule']}" if "call" in r else ""))
     if rows:
         print(f"mean ratio {np.mean([r['ratio'] for r in rows]):.3f}")

@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 
+from .accuracy import rel_err, shown
 from .timing import time_cpu
 
 _LOAD_FROM_DISK = """
@@ -58,7 +59,7 @@ def run(sizes=(512, 1024)) -> list[dict]:
           f"(disk cache), cached call {steady * 1e6:.0f} us (8x8x8)")
     rng = np.random.default_rng(0)
     rows = []
-    print(f"{'size':>6} {'taskdsl GFLOP/s':>16} {'numpy GFLOP/s':>14} {'ratio':>7} {'max err':>9}")
+    print(f"{'size':>6} {'taskdsl GFLOP/s':>16} {'numpy GFLOP/s':>14} {'ratio':>7} {'max rel err':>12}")
     for n in sizes:
         a = rng.standard_normal((n, n), dtype=np.float32)
         b = rng.standard_normal((n, n), dtype=np.float32)
@@ -66,9 +67,9 @@ def run(sizes=(512, 1024)) -> list[dict]:
         t_td = time_cpu(lambda: matmul_kernel(a, b, c), repeat=3)
         t_np = time_cpu(lambda: a @ b, repeat=5)
         flops = 2.0 * n ** 3
-        err = float(np.abs(c - a @ b).max() / np.abs(a @ b).max())
+        err = rel_err(c, a @ b)
         row = {"size": n, "taskdsl_gflops": flops / t_td / 1e9, "numpy_gflops": flops / t_np / 1e9,
                "ratio": t_np / t_td, "rel_err": err}
         rows.append(row)
-        print(f"{n:>6} {row['taskdsl_gflops']:>16.2f} {row['numpy_gflops']:>14.2f} {row['ratio']:>7.3f} {err:>9.1e}")
+        print(f"{n:>6} {row['taskdsl_gflops']:>16.2f} {row['numpy_gflops']:>14.2f} {row['ratio']:>7.3f} {shown(err, 'f32', f'matmul {n}')}")
     return rows

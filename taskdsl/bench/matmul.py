@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 
+from .accuracy import rel_err, shown
 from .timing import time_cpu
 
 
@@ -31,7 +32,7 @@ def _cpu_rows(sizes, tune: bool) -> list:
         panels = gemm.plan(a.shape, b.shape, td.f32, "cpu", tune).pack_b(b)
         t_packed = time_cpu(lambda: ops.matmul(a, b, tune=tune, packed=panels), repeat=3)
         t_np = time_cpu(lambda: a @ b, repeat=5)
-        err = max(_rel_err(c, a @ b), _rel_err(ops.matmul(a, b, tune=tune, packed=panels), a @ b))
+        err = max(rel_err(c, a @ b), rel_err(ops.matmul(a, b, tune=tune, packed=panels), a @ b))
         rows.append(dict(size=n, dtype="f32", taskdsl=t_td, packed=t_packed, peer=t_np, err=err))
     return rows
 
@@ -43,7 +44,7 @@ def _cuda_rows(sizes, tune: bool) -> list:
     from .cuda_timing import time_cuda, time_cuda_replayed, time_torch_replayed
     torch.backends.cuda.matmul.allow_tf32 = False
     rows = []
-    for dtype, tdt, tol in ((np.float32, td.f32, 1e-3), (np.float16, td.f16, 2e-2)):
+    for dtype, tdt in ((np.float32, td.f32), (np.float16, td.f16)):
         for n in sizes:
             a = torch.randn(n, n, device="cuda").to(getattr(torch, np.dtype(dtype).name))
             b = torch.randn(n, n, device="cuda").to(a.dtype)
@@ -54,8 +55,8 @@ def _cuda_rows(sizes, tune: bool) -> list:
             run = lambda: plan(a_, b_)      # as stdlib_ops.matmul runs it: padded copies, split-k sums included
             t_td, t_call = time_cuda_replayed(run), time_cuda(run)
             t_peer = time_torch_replayed(lambda: torch.matmul(a, b))
-            err = _rel_err(run().numpy()[0].astype(np.float64), torch.matmul(a.double(), b.double()).cpu().numpy())
-            rows.append(dict(size=n, dtype=tdt.name, taskdsl=t_td, call=t_call, peer=t_peer, err=err, tol=tol,
+            err = rel_err(run().numpy()[0].astype(np.float64), torch.matmul(a.double(), b.double()).cpu().numpy())
+            rows.append(dict(size=n, dtype=tdt.name, taskdsl=t_td, call=t_call, peer=t_peer, err=err,
                              schedule=f"{plan.point} (planned in {plan_seconds:.1f} s)"))
             print(f"  {n} {tdt.name}: {t_peer / t_td:.3f}x cuBLAS, planned in {plan_seconds:.1f} s", flush=True)
             _print_tuning(n, tdt)
@@ -87,13 +88,9 @@ def _design_rows(sizes) -> list:
         run = lambda: stdlib_ops.matmul_kernel(a_, b_, c_)
         t_td, t_call = time_cuda_replayed(run), time_cuda(run)
         t_peer = time_torch_replayed(lambda: torch.matmul(a, b))
-        err = _rel_err(c_.numpy(), torch.matmul(a.double(), b.double()).cpu().numpy())
-        rows.append(dict(size=n, dtype="f32 DESIGN", taskdsl=t_td, call=t_call, peer=t_peer, err=err, tol=1e-3))
+        err = rel_err(c_.numpy(), torch.matmul(a.double(), b.double()).cpu().numpy())
+        rows.append(dict(size=n, dtype="f32 DESIGN", taskdsl=t_td, call=t_call, peer=t_peer, err=err))
     return rows
-
-
-def _rel_err(got, want) -> float:
-    return float(np.abs(np.asarray(got, np.float64) - want).max() / max(np.abs(want).max(), 1e-30))
 
 
 def run(sizes=None, tune: bool = False) -> list:
@@ -117,5 +114,6 @@ def run(sizes=None, tune: bool = False) -> list:
             r.update(packed_gflops=flops / r["packed"] / 1e9, packed_ratio=r["peer"] / r["packed"])
             extra = f"{r['packed_gflops']:>17.1f} {r['packed_ratio']:>7.3f} "
         print(f"{r['size']:>6} {r['dtype']:>10} {r['taskdsl_gflops']:>16.1f} {r['peer_gflops']:>13.1f} "
-              f"{r['ratio']:>7.3f} {extra}{r['err']:>12.1e}" + (f"  {r['schedule']}" if "schedule" in r else ""))
+              f"{r['ratio']:>7.3f} {extra}{shown(r['err'], r['dtype'].split()[0], 'matmul %d %s' % (r['size'], r['dtype']))}"
+              + (f"  {r['schedule']}" if "schedule" in r else ""))
     return rows

@@ -9,6 +9,7 @@ same run, and torch's time for the same op when torch is installed.
 """
 import numpy as np
 
+from .accuracy import rel_err, shown
 from .timing import time_cpu
 
 CUDA_SIZES = (16384, 4096)
@@ -52,11 +53,11 @@ def _cpu_rows(rows: int, cols: int) -> list:
     results = []
     for name, ours, theirs, moved in cases:
         got, want = ours(), theirs()
-        err = float(np.abs(got.astype(np.float64) - want).max() / max(np.abs(want).max(), 1e-30))
+        err = rel_err(got, want)
         t_ours, t_np = time_cpu(ours, repeat=10), time_cpu(theirs, repeat=10)
         row = (name, t_ours * 1e3, t_np * 1e3, moved / t_ours / 1e9, t_np / t_ours, err)
         results.append(row)
-        print(f"{name:>13} {row[1]:>11.2f} {row[2]:>9.2f} {row[3]:>13.2f} {row[4]:>6.2f} {err:>12.1e}")
+        print(f"{name:>13} {row[1]:>11.3f} {row[2]:>9.3f} {row[3]:>13.2f} {row[4]:>6.2f} {shown(err, 'f32', name)}")
     return results
 
 
@@ -115,13 +116,12 @@ def _cuda_rows(rows: int, cols: int) -> list:
           f"{'max rel err':>12}")
     results = []
     for name, ours, oracle, moved in cases:
-        got, want = np.asarray(ours().numpy(), np.float64), oracle()
-        err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+        err = rel_err(ours().numpy(), oracle())
         t_ours = time_cuda_replayed(ours)       # GPU time, as the peer's: both replayed as CUDA graphs
         t_peer = time_torch_replayed(peers[name]) if name in peers else float("nan")
         rate = moved / t_ours
         row = (name, t_ours * 1e3, t_peer * 1e3, rate / 1e9, t_peer / t_ours, err)
         results.append(row)
         print(f"{name:>13} {row[1]:>11.3f} {row[3]:>7.0f} {rate / peak:>8.2f} {rate / copy:>8.2f} {row[2]:>9.3f} "
-              f"{row[4]:>6.2f} {err:>12.1e}")
+              f"{row[4]:>6.2f} {shown(err, 'f32', name)}")
     return results

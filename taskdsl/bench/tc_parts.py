@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .accuracy import rel_err, shown
+
 # the points timed: the large default, the 256-wide tiles of one block an SM (which read 25% less from L2), the
 # 128x64 default, and where a block may have 192 KiB of shared memory (sm_90) the 256x128 tile with a fourth stage
 POINTS = (
@@ -56,7 +58,7 @@ def rows(n: int) -> list:
             times[parts] = time_cuda_replayed(lambda: kernel(a_, b_, c, index, 1))
             if parts == "all":
                 got = c.numpy()[0].astype(np.float32)
-                err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+                err = rel_err(got, want)
         l2_bytes = td.cdiv(n, bm) * td.cdiv(n, bn) * (bm + bn) * n * 2
         out.append(dict(point=p, tile=f"{bm}x{bn}x{p.bk} s{p.stages}", l2_bytes=l2_bytes, err=err, **times))
     return out
@@ -105,7 +107,7 @@ def run(sizes=None) -> list:
             print(f"{r['tile']:>16} {r['all'] * 1e3:>7.3f} ({tflops(r['all']):>5.0f}) "
                   f"{r['copies'] * 1e3:>7.3f} ({r['l2_bytes'] / r['copies'] / 1e12:>5.2f}) "
                   f"{r['math'] * 1e3:>7.3f} ({tflops(r['math']):>5.0f}) "
-                  f"{r['mma'] * 1e3:>7.3f} ({tflops(r['mma']):>5.0f}) {r['bound']:>9} {r['err']:>12.1e}", flush=True)
+                  f"{r['mma'] * 1e3:>7.3f} ({tflops(r['mma']):>5.0f}) {r['bound']:>9} {shown(r['err'], 'f16', r['tile'])}", flush=True)
             results.append(r)
         fastest_mma = min(r["mma"] for r in size_rows)
         t_peer = cublas_time(n)
