@@ -23,6 +23,7 @@ def test_layout_is_a_conv_option_only(capsys):
     (["matmul", "--sizes", "-8"], "matmul: --sizes must be positive"),
     (["launch", "--sizes", "0"], "launch: --sizes must be positive"),
     (["launch", "--sizes", "100", "200"], "launch: --sizes takes one number"),
+    (["launch", "--sizes", "99999999999999999999"], "launches to time (at most 100,000,000)"),     # ran forever
 ])
 def test_sizes_a_benchmark_cannot_take(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:

@@ -24,6 +24,9 @@ BENCHMARKS = {
 }
 
 
+MAX_LAUNCHES = 10 ** 8     # ~7 minutes of cpu launches
+
+
 def _check_sizes(parser: argparse.ArgumentParser, args) -> None:
     """A usage error (exit 2) for --sizes the benchmark cannot take."""
     if args.name == "conv":
@@ -35,8 +38,8 @@ def _check_sizes(parser: argparse.ArgumentParser, args) -> None:
         parser.error(f"{args.name}: --sizes must be positive, got {' '.join(map(str, args.sizes))}")
     elif args.name == "ops" and len(args.sizes) != 2:
         parser.error("ops: --sizes takes ROWS COLS")
-    elif args.name == "launch" and len(args.sizes) != 1:
-        parser.error("launch: --sizes takes one number, the launches to time")
+    elif args.name == "launch" and (len(args.sizes) != 1 or args.sizes[0] > MAX_LAUNCHES):
+        parser.error(f"launch: --sizes takes one number, the launches to time (at most {MAX_LAUNCHES:,})")
 
 
 def main(argv=None) -> int:

@@ -102,6 +102,9 @@ def run(sizes=None) -> list:
         print(f"tensor-core matmul {n}^3 f16 in parts: ms (TFLOP/s of the whole product; copies: L2 TB/s)")
         print(f"{'tile':>16} {'all':>15} {'copies':>15} {'math':>15} {'mma':>15} {'bound by':>9} {'max rel err':>12}")
         size_rows = rows(n)
+        if not size_rows:
+            print("no point of the table fits this device's shared memory")
+            continue
         for r in size_rows:
             r.update(size=n, bound=bound(r))
             print(f"{r['tile']:>16} {r['all'] * 1e3:>7.3f} ({tflops(r['all']):>5.0f}) "
