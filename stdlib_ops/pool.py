@@ -82,11 +82,18 @@ def _pool_plan(kind: str, x, kernel_size, stride=None, padding=0, count_include_
     return Plan(op, (x,), lambda outputs: outputs[0])
 
 
+def _check_nchw_float(x, what: str) -> None:
+    """A ValueError for an array that is not 4-d (N, C, H, W), a TypeError for one that is not float."""
+    if x.ndim != 4:
+        raise ValueError(f"{what} needs an NCHW array (4-d), got shape {x.shape}")
+    if not is_float_dtype(x.dtype):
+        raise TypeError(f"{what} needs a float array, got {x.dtype}; convert it first (x.astype(np.float32))")
+
+
 def _window(kind: str, x, kernel_size, stride, padding) -> tuple:
     """(contiguous x, kernel, stride, padding, (OH, OW)) of a pooling call, validated (clear ValueErrors)."""
     x = contiguous(x)
-    if x.ndim != 4 or not is_float_dtype(x.dtype):
-        raise ValueError(f"{kind}_pool2d needs a float NCHW array, got {x.dtype} {x.shape}")
+    _check_nchw_float(x, f"{kind}_pool2d")
     kernel = int_tuple(kernel_size, "kernel_size", 2)
     stride = kernel if stride is None else int_tuple(stride, "stride", 2)
     padding = int_tuple(padding, "padding", 2)
@@ -200,7 +207,6 @@ def op_for(name: str, *args, **kwargs) -> Plan:
     if name == "global_avg_pool2d":
         (x,) = args
         x = as_array(x)
-        if x.ndim != 4 or not is_float_dtype(x.dtype):     # as the other pools (an int mean would be f32)
-            raise ValueError(f"global_avg_pool2d needs a float NCHW array, got {x.dtype} {x.shape}")
+        _check_nchw_float(x, "global_avg_pool2d")      # as the other pools (an int mean would be f32)
         return _reduce.op_for("mean", x, axis=(2, 3), keepdims=True)
     raise ValueError(f"unknown pooling {name!r}")

@@ -29,8 +29,10 @@ X = np.arange(24, dtype=np.float32).reshape(2, 3, 4) - 10
     # a list value was "input 'value' must be 1-d, got shape (1, 1)"
     (lambda: ops.pad(X, 1, value=[3.0]), TypeError, r"pad: value must be one number"),
     # integers were averaged into float32, where the other pools refuse them
-    (lambda: ops.global_avg_pool2d(np.ones((1, 2, 3, 3), np.int32)), ValueError,
-     r"global_avg_pool2d needs a float NCHW array, got int32"),
+    (lambda: ops.global_avg_pool2d(np.ones((1, 2, 3, 3), np.int32)), TypeError,
+     r"global_avg_pool2d needs a float array, got int32"),
+    (lambda: ops.max_pool2d(np.ones((1, 2, 3, 3), np.int32), 2), TypeError, r"max_pool2d needs a float array"),
+    (lambda: ops.avg_pool2d(np.ones((2, 3, 3), np.float32), 2), ValueError, r"avg_pool2d needs an NCHW array \(4-d\)"),
     # the message did not say which index
     (lambda: ops.gather(X, np.array([0, 3, -1]), axis=1), IndexError, r"gather: index 3 is out of range for axis 1"),
 ])
