@@ -1044,29 +1044,42 @@ def test_power_assignment_and_len_of_a_tensor():
 _REVERSED_STEPS = (-3, -1, 1, 2)
 
 
-@td.kernel(grid=1, block=1)
-def reversed_ranges(Out: i32[len(_REVERSED_STEPS), 16], Count: i32[len(_REVERSED_STEPS)], Bounds: i32[2]):
-    for s, step in enumerate(_REVERSED_STEPS):
+def _reversed_ranges(bound):
+    """A kernel running reversed(range(Bounds[0], Bounds[1], step)) for each of _REVERSED_STEPS, bounds of type
+    `bound`."""
+    @td.kernel(grid=1, block=1)
+    def reversed_ranges(Out: i32[len(_REVERSED_STEPS), 16], Count: i32[len(_REVERSED_STEPS)], Bounds: bound[2]):
+        for s, step in enumerate(_REVERSED_STEPS):
+            c = 0
+            for i in reversed(range(Bounds[0], Bounds[1], step)):
+                if c < 16:                  # (a wrapped count ran 2**32 trips)
+                    Out[s, c] = i
+                c += 1
+            Count[s] = c
         c = 0
-        for i in reversed(range(Bounds[0], Bounds[1], step)):
-            Out[s, c] = i
+        for i in reversed(td.unroll(1, 8, 3)):      # compile-time bounds: the loop Python's reversed() gives
+            Out[0, 12 + c] = i
             c += 1
-        Count[s] = c
-    c = 0
-    for i in reversed(td.unroll(1, 8, 3)):      # compile-time bounds: the loop Python's reversed() gives
-        Out[0, 12 + c] = i
-        c += 1
+    return reversed_ranges
 
 
-@given(start=st.integers(-7, 7), stop=st.integers(-7, 7))
-@settings(max_examples=40, deadline=None)
-@example(start=0, stop=0)
-def test_reversed_range_loops(start, stop):
+REVERSED_RANGES = {np.int32: _reversed_ranges(i32), np.uint32: _reversed_ranges(td.u32)}
+
+
+@given(start=st.integers(-7, 7), stop=st.integers(-7, 7), unsigned=st.booleans())
+@settings(max_examples=60, deadline=None)
+@example(start=0, stop=0, unsigned=True)
+@example(start=3, stop=0, unsigned=True)
+def test_reversed_range_loops(start, stop, unsigned):
     """`for i in reversed(range(a, b, s))`: from the range's last value back to its first, with run-time bounds
-    (it was refused: range() outside a for loop's source)."""
+    (it was refused: range() outside a for loop's source). Unsigned bounds wrapped: reversed(range(0)) ran 2**32
+    trips, reversed(range(3, 25, 5)) none."""
+    if unsigned:
+        start, stop = abs(start), abs(stop)
+    dtype = np.uint32 if unsigned else np.int32
     out = np.full((len(_REVERSED_STEPS), 16), -99, np.int32)
     count = np.zeros(len(_REVERSED_STEPS), np.int32)
-    reversed_ranges(out, count, np.array([start, stop], np.int32))
+    REVERSED_RANGES[dtype](out, count, np.array([start, stop], dtype))
     for s, step in enumerate(_REVERSED_STEPS):
         want = list(reversed(range(start, stop, step)))
         assert count[s] == len(want) and out[s, :len(want)].tolist() == want

@@ -513,6 +513,9 @@ class FunctionTranslator:
         if not is_runtime(start) and not is_runtime(stop):
             backwards = range(start, stop, step)[::-1]
             return backwards.start, backwards.stop, backwards.step
+        # in a signed type: an empty range's count is negative, and unsigned bounds wrapped (0 - 1 is 2**32 - 1)
+        dtype = _loop_dtype(start, stop, -abs(step))
+        start, stop = (self.cast_to(b, dtype, call) for b in (start, stop))
         sign = 1 if step > 0 else -1            # the last value: start + ((stop - start - sign) // step) * step
         steps = self.binop("//", self.binop("-", self.binop("-", stop, start, call), sign, call), step, call)
         last = self.binop("+", start, self.binop("*", steps, step, call), call)
