@@ -478,6 +478,15 @@ def test_tensor_slices_are_rejected():
     dsl_error(lambda: k(vec(), vec()), "E_SLICE", "slices")
 
 
+def test_compile_time_tuples_are_sliced_with_compile_time_bounds_only():
+    @td.kernel(grid=1, block=32)
+    def k(X: f32[32], Y: f32[32], n: i32):
+        for w in (1.0, 2.0, 3.0)[n:]:  # E_RUNTIME_SLICE
+            Y[threadIdx.x] += w * X[threadIdx.x]
+
+    dsl_error(lambda: k(vec(), vec(), 1), "E_RUNTIME_SLICE", "can only be indexed by a compile-time value")
+
+
 def test_assigning_to_a_parameter():
     @td.kernel(grid=1, block=32)
     def k(X: f32[32], alpha: f32):

@@ -913,9 +913,9 @@ def range_forms(X: f32["N", 12], Out: f32["N", 4]):
         for j in td.unroll(4):             # unrolled
             c += X[r, j] * (j + 1)
         d = 0.0
-        for w in (0.5, 2.0, -1.0):         # compile-time tuple: unrolled with constants
+        for w in (-1.0, 2.0, 0.5)[::-1]:   # compile-time tuple (a slice of one): unrolled with constants
             d += w * X[r, 0]
-        for j, w in enumerate((1.0, 10.0)):
+        for j, w in enumerate((1.0, 10.0, 7.0)[:2]):
             d += w * X[r, j + 1]
         Out[r, 0] = a
         Out[r, 1] = b

@@ -703,8 +703,14 @@ class FunctionTranslator:
         if is_runtime(base):
             raise self.error(node, f"'{ast.unparse(node.value)}' is a number ({base.dtype.name}), not a tensor: it "
                                    "cannot be indexed")
-        index = self.expr(node.slice)
-        if is_runtime(index):
+        if isinstance(node.slice, ast.Slice):       # a compile-time tuple's slice is a compile-time tuple
+            bounds = (node.slice.lower, node.slice.upper, node.slice.step)
+            index = slice(*(None if b is None else self.expr(b) for b in bounds))
+            runtime = any(is_runtime(b) for b in (index.start, index.stop, index.step))
+        else:
+            index = self.expr(node.slice)
+            runtime = is_runtime(index)
+        if runtime:
             raise self.error(node, "a compile-time tuple can only be indexed by a compile-time value")
         if isinstance(base, T.DataType):
             return base[index]
