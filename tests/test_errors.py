@@ -522,7 +522,7 @@ def test_shared_shape_from_a_size_symbol():
         s[threadIdx.x] = 1.0
 
     err = dsl_error(lambda: k(vec()), "E_SHAREDSYM",
-                    "the shape of td.shared() must be positive ints known at compile time")
+                    "the shape of td.shared() must be positive ints known at compile time, got (N,)")
     assert "Var(" not in err.message, err.message    # the user's name, not the IR node's repr
 
 

@@ -1130,7 +1130,7 @@ class FunctionTranslator:
         if not shape or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
             shown = ", ".join(ir.expr_str(d) if is_runtime(d) else repr(d) for d in shape)
             raise self.error(node.args[1], f"the shape of td.{fn.name}() must be positive ints known at compile time, "
-                                           f"got ({shown})")
+                                           f"got ({shown}{',' if len(shape) == 1 else ''})")
         scope = "shared" if fn.name == "shared" else "register"
         buf = ir.Buffer(name_hint or scope, dtype, tuple(ir.const(d) for d in shape), scope)
         self.pending.append(ir.Allocate(buf, self.loc(node)))
