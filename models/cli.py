@@ -100,11 +100,6 @@ def top_operators(summary: str, n: int = TOP_OPERATORS) -> list:
     return [lines[header]] + sorted(rows, key=lambda line: -float(line.split()[-1]))[:n]
 
 
-def _has_convolutions(graph) -> bool:
-    """Whether the compiled graph runs a 2-D convolution (alone, or as the anchor of a fused kernel)."""
-    return any("conv2d" in (op.kind, op.attrs.get("anchor")) for op in graph.nodes)
-
-
 def print_result(title: str, result) -> None:
     """The run's report: build time, latency, activation memory, error, kernels, and where the time goes."""
     cg = result.compiled
@@ -112,7 +107,7 @@ def print_result(title: str, result) -> None:
     print(title)
     print(f"  built in {result.build_seconds:.1f} s: {len(cg.graph.nodes)} operators, {len(kernels)} kernel launches "
           f"({len({id(k) for k in kernels})} distinct kernels), target {cg.target}"
-          f"{', convolutions NHWC' if cg.channels_last and _has_convolutions(cg.graph) else ''}")
+          f"{', convolutions NHWC' if cg.channels_last else ''}")
     print(f"  latency: median {result.median_ms:.3f} ms, p90 {result.p90_ms:.3f} ms "
           f"over {len(result.latencies)} iterations")
     print(f"  {cg.memory.summary()}; arena {cg.arena}; replay {cg.replay}")

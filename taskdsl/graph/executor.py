@@ -41,6 +41,7 @@ from . import runners
 from .arena import Arena, Misplaced
 from .graph import Graph, bind_inputs
 from .passes import LAYOUT_PASS, optimize, pipeline, plan_memory
+from .passes.channels_last import runs_channels_last
 from .printer import Namer, format_bytes
 from .replay import CpuReplay, CudaReplay, disagreement, probe_inputs
 
@@ -64,17 +65,18 @@ class CompiledGraph:
                  channels_last: bool | None = None, cuda_graph: bool = True, arena: bool = True,
                  replay: bool = True):
         start = time.perf_counter()
-        if passes is not None and channels_last:
-            raise ValueError("give either passes or channels_last=True, not both "
+        if passes is not None and channels_last is not None:
+            raise ValueError("give either passes or channels_last, not both "
                              "(passes=taskdsl.graph.passes.pipeline(channels_last=True) is the default pipeline "
                              "with the layout pass)")
         self.source = graph
         self.target = target or get_target()
         if passes is None:
             passes = pipeline(prefers_channels_last(self.target) if channels_last is None else bool(channels_last))
-        self.channels_last = LAYOUT_PASS in passes      # whether 2-D convolutions run NHWC
+        self._layout_pass = LAYOUT_PASS in passes
         with target_scope(self.target):       # partitioning asks what the target's kernels can fuse
             self.graph = optimize(graph, passes)
+        self.channels_last = runs_channels_last(self.graph)      # whether 2-D convolutions run NHWC
         self.memory = plan_memory(self.graph)
         nodes = self.graph.nodes
         outputs = {id(t) for t in self.graph.outputs}
@@ -287,6 +289,11 @@ class CompiledGraph:
         """The kernels the last call launched, in launch order (after compile: those of the warm-up run)."""
         return [k for kernels, _ in self._records for k in kernels]
 
+    def _layout_summary(self) -> str:
+        if self.channels_last:
+            return "on (2-D convolutions NHWC)"
+        return "on (no 2-D convolution to convert)" if self._layout_pass else "off"
+
     def summary(self, timing: bool = False, repeat: int = 3) -> str:
         """A table of the operators, their output types and kernels; with `timing`, the best of `repeat` runs
         of the last call's inputs, per operator (its kernels and their launch overhead)."""
@@ -312,7 +319,7 @@ class CompiledGraph:
                  f"{self.memory.summary()}; arena {self.arena}; "
                  f"constants {format_bytes(sum(t.nbytes for t in self.graph.constants))}"]
         lines.append((f"CUDA graph replay: {self.cuda_graph}" if self.target == "cuda" else f"replay: {self.replay}")
-                     + f"; layout pass {'on (2-D convolutions NHWC)' if self.channels_last else 'off'}")
+                     + f"; layout pass {self._layout_summary()}")
         lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
         if timing:
             lines.append(f"  total {times.sum() * 1e3:.3f} ms")

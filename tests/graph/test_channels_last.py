@@ -72,8 +72,36 @@ def test_the_pass_changes_nothing_without_convolutions():
     x = tg.input("x", (2, 3, 4, 4))
     g = tg.Graph([x], [ops.relu(x)])
     assert passes.channels_last(g) is g
-    with pytest.raises(ValueError, match="either passes or channels_last"):
-        g.compile(passes=passes.PIPELINE, channels_last=True)
+    for flag in (True, False):      # False was accepted, and the passes ran the layout pass anyway
+        with pytest.raises(ValueError, match="either passes or channels_last"):
+            g.compile(passes=passes.pipeline(True), channels_last=flag)
+
+
+@pytest.mark.parametrize("second_reader", ["add", "max_pool"])
+@pytest.mark.parametrize("conv_input", ["computed", "graph input"])
+def test_a_channels_first_tensor_a_conv_reads_keeps_its_other_readers_channels_first(second_reader, conv_input):
+    """Its transposed copy for the conv made its other readers follow channels-last, each then transposed back
+    (3 transposes where 2 do: only what a converted operator computes channels-last is followed)."""
+    x = tg.input("x", (1, 3, 6, 6))
+    r = ops.relu(x) if conv_input == "computed" else x
+    other = ops.add(r, 1.0) if second_reader == "add" else ops.max_pool2d(r, 2)
+    g = tg.Graph([x], [ops.conv2d(r, tg.constant(rand((4, 3, 3, 3), 5)), padding=1), other])
+    last = passes.optimize(g, LAYOUT_PASSES)
+    assert _kinds(last).count("transpose") == 2, _kinds(last)
+    assert not any(op.attrs.get("channels_last") for op in last.nodes if op.kind != "conv2d")
+    xa = rand((1, 3, 6, 6), 6)
+    for got, want in zip(last.reference(xa), g.reference(xa)):
+        assert_close(got, want)
+
+
+def test_the_compiled_graph_says_whether_a_convolution_runs_channels_last():
+    """A graph whose convolutions the pass leaves alone (1-d here) reported 'layout pass on (2-D convolutions
+    NHWC)' and channels_last=True."""
+    x = tg.input("x", (1, 3, 9))
+    g = tg.Graph([x], [ops.conv(x, tg.constant(rand((2, 3, 3), 7)))])
+    cg = g.compile("cpu", channels_last=True)
+    assert not cg.channels_last and "layout pass on (no 2-D convolution to convert)" in cg.summary()
+    assert "layout pass off" in g.compile("cpu", channels_last=False).summary()
 
 
 def test_a_tensor_read_in_both_layouts_is_transposed_once():

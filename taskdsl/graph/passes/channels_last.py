@@ -34,18 +34,26 @@ def _converts(op) -> bool:
     return isinstance(op, Conv) and op.inputs[0].ndim == 4 and not op.attrs["channels_last"]
 
 
-def _pools_last(op, last: dict) -> bool:
-    """A channels-first 2-D pooling of a tensor already channels-last (without indices, which are NCHW ones)."""
+def _pools_last(op, computed: set) -> bool:
+    """A channels-first 2-D pooling of a tensor computed channels-last (without indices, which are NCHW ones)."""
     return (isinstance(op, Pool) and op.inputs[0].ndim == 4 and not op.attrs["channels_last"]
-            and not op.attrs.get("indices") and id(op.inputs[0]) in last)
+            and not op.attrs.get("indices") and id(op.inputs[0]) in computed)
 
 
-def _follows(op, last: dict) -> bool:
-    """An elementwise operator with a 4-D output, or a concat of 4-D tensors, that reads a 4-D tensor already
-    computed channels-last (not a constant or input padded and transposed for an earlier reader)."""
-    computed_last = any(t.ndim == 4 and t.producer is not None and id(t) in last for t in op.inputs)
+def _follows(op, computed: set) -> bool:
+    """An elementwise operator with a 4-D output, or a concat of 4-D tensors, that reads a 4-D tensor computed
+    channels-last (not one transposed for an earlier reader: a graph input, a constant, an NCHW result)."""
     return (isinstance(op, (Elementwise, Concat)) and len(op.outputs) == 1 and op.outputs[0].ndim == 4
-            and all(t.ndim <= 4 for t in op.inputs) and computed_last)
+            and all(t.ndim <= 4 for t in op.inputs) and any(t.ndim == 4 and id(t) in computed for t in op.inputs))
+
+
+def runs_channels_last(graph: Graph) -> bool:
+    """Whether a 2-D convolution of `graph` (alone, or the anchor of a fused kernel) runs channels-last."""
+    def conv(op):
+        anchor = getattr(op, "anchor", None)
+        return op if isinstance(op, Conv) else conv(anchor) if anchor is not None else None
+    return any(c is not None and c.inputs[0].ndim == 4 and c.attrs["channels_last"]
+               for c in map(conv, graph.nodes))
 
 
 class _Layouts:
@@ -54,13 +62,13 @@ class _Layouts:
     def __init__(self):
         self.first: dict = {}     # id(tensor) -> the new graph's tensor in the original layout
         self.last: dict = {}      # id(tensor) -> the new graph's tensor holding it channels-last
+        self.computed: set = set()    # ids of the tensors computed channels-last (not transposed for a reader)
 
     def as_first(self, t):
         """`t` in its original layout (a transpose back, made once, when it only exists channels-last)."""
         if id(t) not in self.first:
             # a graph input or constant is itself in every graph; its channels-last form may be padded to rank 4
-            computed = t.producer is not None and id(t) in self.last
-            self.first[id(t)] = transpose(self.last[id(t)], TO_FIRST) if computed else t
+            self.first[id(t)] = transpose(self.last[id(t)], TO_FIRST) if id(t) in self.computed else t
         return self.first[id(t)]
 
     def as_last(self, t):
@@ -85,10 +93,10 @@ def channels_last(graph: Graph) -> Graph:
         return graph
     layouts = _Layouts()
     for op in graph.nodes:
-        if _converts(op) or _pools_last(op, layouts.last):
+        if _converts(op) or _pools_last(op, layouts.computed):
             inputs = [layouts.as_last(op.inputs[0])] + [layouts.as_first(t) for t in op.inputs[1:]]   # conv: weights
             results, into = type(op)(inputs, dict(op.attrs, channels_last=True)).outputs, layouts.last
-        elif _follows(op, layouts.last):
+        elif _follows(op, layouts.computed):
             inputs = [layouts.as_last(t) for t in op.inputs]
             if isinstance(op, Concat):       # the same axis, where it now lies
                 results = Concat(inputs, dict(op.attrs, axis=TO_LAST.index(op.attrs["axis"]))).outputs
@@ -102,4 +110,6 @@ def channels_last(graph: Graph) -> Graph:
         for old, new in zip(op.outputs, results):
             new.name = old.name
             into[id(old)] = new
+            if into is layouts.last:
+                layouts.computed.add(id(old))
     return Graph(graph.inputs, [layouts.as_first(t) for t in graph.outputs], name=graph.name)
