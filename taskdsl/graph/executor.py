@@ -71,6 +71,9 @@ class CompiledGraph:
                              "with the layout pass)")
         self.source = graph
         self.target = target or get_target()
+        if passes is not None and (isinstance(passes, (str, bytes)) or not all(callable(p) for p in passes)):
+            raise TypeError(f"passes must be a list of graph passes (functions from a Graph to a Graph, as in "
+                            f"taskdsl.graph.passes.PIPELINE), got {passes!r}")
         if passes is None:
             passes = pipeline(prefers_channels_last(self.target) if channels_last is None else bool(channels_last))
         self._layout_pass = LAYOUT_PASS in passes
@@ -241,28 +244,33 @@ class CompiledGraph:
         """The graph's outputs among a run's `values`, as numpy arrays of their own (device ones copied back)."""
         return [a.numpy() if isinstance(a, DeviceArray) else a for a in self._handed_out(values)]
 
-    def __call__(self, *args) -> list:
-        """The outputs for these inputs (numpy arrays; td.DeviceArrays too on cuda), as a list of numpy arrays."""
-        arrays = bind_inputs(self.graph, args)
+    def __call__(self, *args, **named) -> list:
+        """The outputs for these inputs (numpy arrays; td.DeviceArrays too on cuda; positional, one dict keyed by
+        input name, or by keyword), as a list of numpy arrays."""
+        arrays = bind_inputs(self.graph, args, named)
         with self._lock, target_scope(self.target):
-            self._last_inputs = arrays
             if self._replay is not None and not (self.target == "cpu" and debug_enabled()):
-                return self._replayed(arrays)
-            return self._execute(arrays)
+                outputs = self._replayed(arrays)
+            else:
+                outputs = self._execute(arrays)
+            self._last_inputs = arrays          # those of a call that ran (summary(timing=True) times them)
+            return outputs
 
-    def run_on_device(self, *args) -> list:
+    def run_on_device(self, *args, **named) -> list:
         """cuda only: the outputs left on the GPU, as td.DeviceArrays (a constant output as its numpy value),
         queued but not waited for. With CUDA graph replay they are the graph's own output buffers, which the
         next call overwrites: copy what you keep (`.numpy()`)."""
         if self.target != "cuda":
             raise ValueError(f"run_on_device needs a graph compiled for the cuda target (this one is for "
                              f"{self.target}); call the compiled graph for numpy outputs")
-        arrays = bind_inputs(self.graph, args)
+        arrays = bind_inputs(self.graph, args, named)
         with self._lock, target_scope(self.target):
-            self._last_inputs = arrays
             if isinstance(self._replay, CudaReplay):
-                return list(self._replay.run(arrays))
+                outputs = list(self._replay.run(arrays))
+                self._last_inputs = arrays
+                return outputs
             outputs = self._handed_out(self._run(arrays))
+            self._last_inputs = arrays
             # an output computed on the host (an empty tensor's) goes to the GPU like the others
             return [to_device(a) if isinstance(a, np.ndarray) and not t.is_constant else a
                     for t, a in zip(self.graph.outputs, outputs)]

@@ -57,6 +57,8 @@ class Graph:
             if t.name in names:
                 raise ValueError(f"two graph inputs are called {t.name!r}")
             names.add(t.name)
+        if not self.outputs:
+            raise ValueError("a graph needs at least one output (the tensors it computes, as a list)")
         for t in self.outputs:
             if not isinstance(t, Tensor):
                 raise TypeError(f"graph outputs must be graph Tensors, got {type(t).__name__}")
@@ -143,15 +145,15 @@ class Graph:
         return CompiledGraph(self, target=target, passes=passes, channels_last=channels_last, cuda_graph=cuda_graph,
                              arena=arena, replay=replay)
 
-    def __call__(self, *args) -> list:
-        """The outputs for these input arrays (positional, or one dict keyed by input name)."""
+    def __call__(self, *args, **named) -> list:
+        """The outputs for these input arrays (positional, one dict keyed by input name, or by keyword)."""
         if self._compiled is None:
             self._compiled = self.compile()
-        return self._compiled(*args)
+        return self._compiled(*args, **named)
 
-    def reference(self, *args) -> list:
+    def reference(self, *args, **named) -> list:
         """The outputs computed by each operator's numpy reference (the test oracle of the whole graph)."""
-        values = {id(t): a for t, a in zip(self.inputs, bind_inputs(self, args))}
+        values = {id(t): a for t, a in zip(self.inputs, bind_inputs(self, args, named))}
         for op in self.nodes:
             arrays = [t.value if t.is_constant else values[id(t)] for t in op.inputs]
             for t, a in zip(op.outputs, op.reference(*arrays)):
@@ -174,8 +176,13 @@ def trace(fn, *inputs: Tensor, name: str | None = None) -> Graph:
     return Graph(list(inputs), outputs, name=name or getattr(fn, "__name__", "graph"))
 
 
-def bind_inputs(graph: Graph, args: tuple) -> list:
-    """The input arrays of a call (positional, or one dict keyed by input name), checked against the graph."""
+def bind_inputs(graph: Graph, args: tuple, named: dict | None = None) -> list:
+    """The input arrays of a call (positional, one dict keyed by input name, or by keyword: `named`), checked
+    against the graph; read-only ones copied (numba would compile each kernel again for them)."""
+    if named:
+        if args:
+            raise TypeError("give a graph's inputs positionally, as one dict, or by keyword, not mixed")
+        args = (named,)
     names = [t.name for t in graph.inputs]
     if len(args) == 1 and isinstance(args[0], dict):
         given = args[0]
@@ -189,14 +196,19 @@ def bind_inputs(graph: Graph, args: tuple) -> list:
         raise TypeError(f"graph {graph.name!r} takes {len(names)} input arrays ({', '.join(names)}), got {len(args)}")
     arrays = []
     for t, a in zip(graph.inputs, args):
-        given, a = a, as_array(a)
+        given = a
+        try:
+            a = as_array(a)
+        except ValueError:                  # ragged lists numpy refuses
+            a = np.asarray(None)
         if not is_number_dtype(a.dtype):     # None, a string, ragged lists: not an array of numbers
             raise TypeError(f"input {t.name!r} must be an array of shape {t.shape} and dtype {t.numpy_dtype}, "
                             f"got {type(given).__name__} {str(given)[:40]!r}")
         if a.shape != t.shape:
             raise ValueError(f"input {t.name!r} must have shape {t.shape}, got {a.shape}")
-        if a.dtype != t.numpy_dtype:
+        if a.dtype.newbyteorder("=") != t.numpy_dtype:      # big-endian data is converted on the way in
             raise TypeError(f"input {t.name!r} must have dtype {t.numpy_dtype}, got {a.dtype}; "
                             f"convert it with {conversion(given, t.numpy_dtype)}")
-        arrays.append(contiguous(a))
+        a = contiguous(a)
+        arrays.append(a.copy() if isinstance(a, np.ndarray) and not a.flags.writeable else a)
     return arrays

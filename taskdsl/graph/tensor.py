@@ -118,7 +118,7 @@ def input(name: str, shape, dtype="float32") -> Tensor:
 
 
 def constant(value, dtype=None, name: str | None = None) -> Tensor:
-    """A constant tensor holding `value` (an array or a number), converted to `dtype` if given."""
+    """A constant tensor holding a copy of `value` (an array or a number), converted to `dtype` if given."""
     if dtype is None:
         array = np.asarray(value)
         if not isinstance(value, (np.ndarray, np.generic)):
@@ -131,9 +131,10 @@ def constant(value, dtype=None, name: str | None = None) -> Tensor:
     if array.dtype.kind == "c":
         raise TypeError(f"complex constants are not supported, got {value!r}")
     array = contiguous(array)
-    if not array.flags.writeable:
-        # numba types read-only arrays apart, so a read-only weight (an ONNX initializer is one) would compile
-        # each kernel reading it once more, for that type; the kernels never write constants
+    if not array.flags.writeable or (isinstance(value, np.ndarray) and np.shares_memory(array, value)):
+        # a snapshot: kernels, packed weights and folded values all see the value as it was given (a later
+        # change of the caller's array reached some and not others); and numba types read-only arrays apart,
+        # so a read-only weight (an ONNX initializer is one) would compile each kernel once more for that type
         array = array.copy()
     return Tensor(array.shape, as_dtype(array.dtype), name=name, value=array)
 

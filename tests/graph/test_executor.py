@@ -43,6 +43,67 @@ def test_input_errors():
         cg({"x": x, "bb": b})
     with pytest.raises(TypeError, match=r"input 'x' must be an array of shape \(3, 4\)"):
         cg(None, b)
+    with pytest.raises(TypeError, match=r"input 'x' must be an array .* got list"):       # numpy's ValueError
+        cg([[1.0, 2.0, 3.0, 4.0], [1.0]], b)
+    with pytest.raises(TypeError, match="not mixed"):
+        cg(x, b=b)
+
+
+def test_keyword_calls_and_big_endian_inputs():
+    """`cg(x=..., b=...)` was Python's "unexpected keyword argument"; a big-endian float32 array was refused as
+    of another dtype, though it is converted on the way in."""
+    cg = two_input_graph().compile(target="cpu")
+    x, b = rand((3, 4), 1), rand((4,), 2)
+    want = cg(x, b)
+    for got in (cg(x=x, b=b), cg(x.astype(">f4"), b), cg.source.reference(x=x, b=b)):
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+        np.testing.assert_allclose(got[1], want[1], rtol=1e-5)
+
+
+def test_read_only_inputs_are_copied_once_bound():
+    """numba compiled every kernel again for a read-only array (np.frombuffer, an image's pixels)."""
+    from taskdsl.graph.graph import bind_inputs
+    g = two_input_graph()
+    x = rand((3, 4), 1)
+    x.setflags(write=False)
+    bound = bind_inputs(g, (x, rand((4,), 2)))[0]
+    assert bound.flags.writeable and not np.shares_memory(bound, x)
+    np.testing.assert_array_equal(bound, x)
+
+
+def test_constants_are_snapshots():
+    """A constant kept the caller's array: changing it afterwards reached the kernels that read it, not the
+    packed matmul weights nor the folded values (one call gave 8, 9 and 2 where each should agree)."""
+    w = np.full((2, 2), 1.0, np.float32)
+    x = tg.input("x", (1, 2))
+    c = tg.constant(w)
+    g = tg.Graph([x], [ops.matmul(x, c), ops.add(ops.sum(c), x), c])
+    w[:] = 2.0
+    xa = np.full((1, 2), 4.0, np.float32)
+    for got in (g.compile("cpu")(xa), g.compile("cpu", replay=False)(xa), g.reference(xa)):
+        np.testing.assert_array_equal(got[0], [[8.0, 8.0]])
+        np.testing.assert_array_equal(got[1], [[8.0, 8.0]])
+        np.testing.assert_array_equal(got[2], np.ones((2, 2)))
+
+
+def test_graph_and_compile_arguments_are_checked():
+    x = tg.input("x", (2,))
+    with pytest.raises(ValueError, match="at least one output"):
+        tg.Graph([x], [])
+    g = tg.Graph([x], [ops.relu(x)])
+    for passes in ([1], "infer_shapes"):
+        with pytest.raises(TypeError, match="passes must be a list of graph passes"):
+            g.compile("cpu", passes=passes)
+
+
+def test_timing_summary_after_a_failed_call_times_the_last_call_that_ran():
+    """The failed call's inputs were kept, and summary(timing=True) raised its error again."""
+    x = tg.input("x", (3,), "int64")
+    cg = tg.Graph([x], [ops.gather(tg.constant(rand((10, 4), 3)), x)], name="gathers").compile("cpu")
+    cg(np.array([1, 2, 3]))
+    with pytest.raises(IndexError, match="out of range"):
+        cg(np.array([1, 2, 30]))
+    assert "total" in cg.summary(timing=True)
 
 
 def test_kernels_and_summary():
