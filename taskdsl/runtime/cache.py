@@ -37,7 +37,6 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ConfigError
 from .config import cache_dir, cache_max_bytes, process_folder
 
 _KEY = re.compile(r"^(?:k_)?([0-9a-f]{24,64})")
