@@ -759,7 +759,7 @@ def test_reference_checks_inputs_as_the_kernels_do():
 
 def test_abs_and_cast_in_definitions():
     """Python's abs() and td.cast work on a definition's values (abs: TypeError 'bad operand type for abs()';
-    td.cast: 'can only be used inside a @td.kernel')."""
+    td.cast: 'can only be used inside a @td.kernel'), and a Select's dtype may be a name (an AttributeError)."""
     A = td.placeholder("A", td.f32, ("M", "K"))
     Y = td.compute("Y", ("M", "K"), lambda i, j: abs(A[i, j]))
     Z = td.compute("Z", ("M", "K"), lambda i, j: td.cast(A[i, j] * 10, "i32"))
@@ -769,10 +769,18 @@ def test_abs_and_cast_in_definitions():
     np.testing.assert_array_equal(y, np.abs(a))
     np.testing.assert_array_equal(z, (a * np.float32(10)).astype(np.int32))
     np.testing.assert_array_equal(h, a.astype(np.float16))
-    with pytest.raises(RuntimeError, match="convert Python and numpy values with numpy"):
-        td.cast(3.5, "i32")
+    # a number is cast as a kernel casts it (a definition adding td.cast(5.7, "i32") was refused as outside one)
+    assert td.cast(3.5, "i32") == 3 and td.cast(3e10, "i32") == 2**31 - 1 and td.cast(-1, "u8") == 255
+    assert td.cast(3.5, "i32").dtype == np.int32
+    W = td.compute("W", ("M", "K"), lambda i, j: A[i, j] + td.cast(5.7, "i32"))
+    np.testing.assert_array_equal(td.op([A], [W])(a)[0], a + np.float32(5))
+    with pytest.raises(RuntimeError, match="convert arrays with numpy"):
+        td.cast([3.5], "i32")
     with pytest.raises(TypeError, match="td.cast: unknown type name 'f31'"):
         td.cast(A[0, 0], "f31")
+    for dtype in ("float32", np.float32):
+        P = td.compute("P", ("M", "K"), lambda i, j: ir.Select(i > 0, A[i, j], 0.0, dtype))
+        np.testing.assert_array_equal(td.op([A], [P])(a)[0], np.where(np.arange(3)[:, None] > 0, a, 0))
 
 
 @pytest.mark.parametrize("target", ["cpu", "cuda"])
@@ -862,3 +870,20 @@ def test_dropped_definitions_are_freed():
     Y = td.compute("Y", (3,), lambda i: A[i] + td.placeholder("C", td.f32, (3,))[i])   # C: held by Y's body only
     gc.collect()
     assert [t.name for t in Y.inputs] == ["A", "C"]
+
+
+def test_an_ops_cuda_source_is_of_the_kernels_a_gpu_launches():
+    """On the cpu target `op.source(target="cuda")` gave the cpu plan's kernels (row spans, a thread per output, one
+    thread a block): CI's NVRTC check of the CUDA source never saw the GPU's rows, warp or block kernels."""
+    x_ = td.placeholder("X", "float32", ("M", "N"))
+    y = td.compute("Y", ("M", "N"), lambda i, j: x_[i, j] * 2.0)
+    s = td.reduce("S", ("M",), ("N",), lambda i, k: x_[i, k])
+    op = td.op([x_], [y, s])
+    x = np.ones((4, 600), np.float32)
+    names = lambda target: re.findall(r"__global__ void(?: __launch_bounds__\(\d+\))? (\w+)",
+                                      op.source(x, target=target))
+    from taskdsl.runtime.config import target_scope
+    with target_scope("cpu"):
+        assert names("cuda") == ["Y_rows", "S_reduce_block"]         # docs/compute.md's GPU strategies
+        op(x)
+        assert [k.name for k in op.kernels][0] == "Y_row_spans"      # what the cpu launches

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .types import DataType, boolean, f32, i32, i64, promote, u64
+from .types import DataType, as_dtype, boolean, f32, i32, i64, promote, u64
 
 _ids = itertools.count()
 
@@ -175,7 +175,10 @@ class Select(Expr):
     def __post_init__(self):
         """Python numbers become constants (a compute definition's `Select(c, x, 0, td.i32)`), and operands of
         another type are converted to `dtype` as `td.cast` converts them (float to int saturates): the backends
-        and the reference evaluator would each convert them their own way."""
+        and the reference evaluator would each convert them their own way. The dtype may be named as for
+        placeholders ('float32', np.float32)."""
+        if not isinstance(self.dtype, DataType):
+            object.__setattr__(self, "dtype", as_dtype(self.dtype, "Select's dtype"))
         if not isinstance(self.cond, Expr):
             object.__setattr__(self, "cond", as_expr(self.cond))
         for name in ("a", "b"):

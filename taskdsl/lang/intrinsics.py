@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..ir.expr import Expr, SpecialReg, convert, math_expr
-from ..ir.types import as_dtype
+from ..ir.expr import Expr, SpecialReg, as_expr, convert, math_expr
+from ..ir.types import as_dtype, numpy_dtype
 
 
 class _Dim3:
@@ -81,11 +81,14 @@ registers = Intrinsic("registers", "memory")
 syncthreads = Intrinsic("syncthreads", "barrier")
 def _cast_expr(value, dtype):
     """td.cast outside a kernel: an IR value (a td.compute definition's) as `dtype` (a type, its name or a numpy
-    dtype)."""
+    dtype); a number as the numpy scalar a kernel's cast gives (float to int saturates)."""
+    dtype = as_dtype(dtype, "td.cast")
+    if isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating)):
+        return np.asarray(convert(as_expr(value), dtype).value, numpy_dtype(dtype))[()]
     if not isinstance(value, Expr):
-        raise RuntimeError("td.cast() can only be used inside a @td.kernel or @td.func body, or on the values of a "
-                           "td.compute definition; convert Python and numpy values with numpy")
-    return convert(value, as_dtype(dtype, "td.cast"))
+        raise RuntimeError("td.cast() can only be used inside a @td.kernel or @td.func body, on the values of a "
+                           "td.compute definition, or on a number; convert arrays with numpy (.astype)")
+    return convert(value, dtype)
 
 
 cast = Intrinsic("cast", "cast", _cast_expr)

@@ -87,8 +87,8 @@ class Op:
         self._prepared: dict = {}   # (_call_key(arrays), target, threads, fast) -> (steps, sizes, allocations)
 
     # ------------------------------------------------------------------ planning
-    def _plan(self, sizes: dict) -> list:
-        target, workers = get_target(), num_threads()
+    def _plan(self, sizes: dict, target: str | None = None) -> list:
+        target, workers = target or get_target(), num_threads()
 
         def counts(t: Tensor) -> tuple:
             """(outputs, reduced elements per output) of reduction `t` at these sizes."""
@@ -198,10 +198,11 @@ class Op:
         return [s.kernel for s in self._plan(self._arrays(arrays)[1])]
 
     def source(self, *arrays, target: str = "cuda") -> str:
-        """The generated source of every kernel a call on these arrays launches."""
+        """The generated source of every kernel a call on these arrays launches on `target` (planned for it: a
+        GPU's kernels are not the cpu's)."""
         buffers, sizes = self._arrays(arrays)
         texts = []
-        for step in self._plan(sizes):
+        for step in self._plan(sizes, target):
             for b in step.buffers:
                 if b.uid not in buffers:
                     buffers[b.uid] = np.empty(tuple(evaluate_int(d, sizes) for d in b.shape), numpy_dtype(b.dtype))
