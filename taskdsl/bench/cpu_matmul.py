@@ -71,5 +71,6 @@ def run(sizes=(512, 1024)) -> list[dict]:
         row = {"size": n, "taskdsl_gflops": flops / t_td / 1e9, "numpy_gflops": flops / t_np / 1e9,
                "ratio": t_np / t_td, "rel_err": err}
         rows.append(row)
-        print(f"{n:>6} {row['taskdsl_gflops']:>16.2f} {row['numpy_gflops']:>14.2f} {row['ratio']:>7.3f} {shown(err, 'f32', f'matmul {n}')}")
+        print(f"{n:>6} {row['taskdsl_gflops']:>16.2f} {row['numpy_gflops']:>14.2f} {row['ratio']:>7.3f} "
+              f"{shown(err, 'f32', f'matmul {n}')}")
     return rows

@@ -126,8 +126,8 @@ def run(sizes=(20000,)) -> dict:
         print(f"    of which cuda.core's launch   {floor * 1e6:9.2f} us (the same launch issued directly)")
     print(f"  the same, reading 4 globals     {with_reads * 1e6:9.2f} us per launch (each call checks they are "
           "unchanged)")
-    return {"target": target, "cold": cold, "new_process": new_process, "cached": cached, "launch": per_launch, "cuda_core_launch": floor,
-            "launch_reading_globals": with_reads}
+    return {"target": target, "cold": cold, "new_process": new_process, "cached": cached, "launch": per_launch,
+            "cuda_core_launch": floor, "launch_reading_globals": with_reads}
 
 
 def _cuda_core_launch_seconds(kernel, args, launches: int) -> float:

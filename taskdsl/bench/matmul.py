@@ -114,6 +114,7 @@ def run(sizes=None, tune: bool = False) -> list:
             r.update(packed_gflops=flops / r["packed"] / 1e9, packed_ratio=r["peer"] / r["packed"])
             extra = f"{r['packed_gflops']:>17.1f} {r['packed_ratio']:>7.3f} "
         print(f"{r['size']:>6} {r['dtype']:>10} {r['taskdsl_gflops']:>16.1f} {r['peer_gflops']:>13.1f} "
-              f"{r['ratio']:>7.3f} {extra}{shown(r['err'], r['dtype'].split()[0], 'matmul %d %s' % (r['size'], r['dtype']))}"
+              f"{r['ratio']:>7.3f} {extra}"
+              f"{shown(r['err'], r['dtype'].split()[0], 'matmul %d %s' % (r['size'], r['dtype']))}"
               + (f"  {r['schedule']}" if "schedule" in r else ""))
     return rows

@@ -110,7 +110,8 @@ def run(sizes=None) -> list:
             print(f"{r['tile']:>16} {r['all'] * 1e3:>7.3f} ({tflops(r['all']):>5.0f}) "
                   f"{r['copies'] * 1e3:>7.3f} ({r['l2_bytes'] / r['copies'] / 1e12:>5.2f}) "
                   f"{r['math'] * 1e3:>7.3f} ({tflops(r['math']):>5.0f}) "
-                  f"{r['mma'] * 1e3:>7.3f} ({tflops(r['mma']):>5.0f}) {r['bound']:>9} {shown(r['err'], 'f16', r['tile'])}", flush=True)
+                  f"{r['mma'] * 1e3:>7.3f} ({tflops(r['mma']):>5.0f}) {r['bound']:>9} "
+                  f"{shown(r['err'], 'f16', r['tile'])}", flush=True)
             results.append(r)
         fastest_mma = min(r["mma"] for r in size_rows)
         t_peer = cublas_time(n)

@@ -131,7 +131,7 @@ def constant(value, dtype=None, name: str | None = None) -> Tensor:
     if array.dtype.kind == "c":
         raise TypeError(f"complex constants are not supported, got {value!r}")
     array = contiguous(array)
-    if not array.flags.writeable or (isinstance(value, np.ndarray) and np.shares_memory(array, value)):
+    if not array.flags.writeable or (isinstance(value, np.ndarray) and np.may_share_memory(array, value)):
         # a snapshot: kernels, packed weights and folded values all see the value as it was given (a later
         # change of the caller's array reached some and not others); and numba types read-only arrays apart,
         # so a read-only weight (an ONNX initializer is one) would compile each kernel once more for that type

@@ -199,8 +199,8 @@ def test_window_arguments_take_numpy_ints():
 
 
 @pytest.mark.parametrize("arguments, error, message", [
-    ({"groups": 2.5}, TypeError, "groups must be integers, got 2.5"),
-    ({"groups": True}, TypeError, "groups must be integers"),
+    ({"groups": 2.5}, TypeError, "groups must be an int, got 2.5"),
+    ({"groups": True}, TypeError, "groups must be an int"),
     ({"stride": 1.5}, TypeError, "stride must be integers, got 1.5"),
     ({"padding": "same"}, TypeError, "padding must be integers, got 'same'"),
     ({"padding": (1, 1.0)}, TypeError, r"padding must be integers, got \(1, 1.0\)"),

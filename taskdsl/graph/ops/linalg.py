@@ -13,6 +13,7 @@ from .elementwise import add, broadcast_shape
 from .transform import reshape, transpose
 from stdlib_ops.elementwise import int_tuple
 
+from .axes import as_int
 from .window import ChannelsLast, pads_of, window_input, window_positions
 
 
@@ -146,7 +147,7 @@ def conv(x, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1,
     weight = as_tensor(weight)
     rank = x.ndim - 2
     attrs = {"strides": int_tuple(stride, "stride", rank), "pads": pads_of(padding, rank),
-             "dilations": int_tuple(dilation, "dilation", rank), "groups": int_tuple(groups, "groups", 1)[0],
+             "dilations": int_tuple(dilation, "dilation", rank), "groups": as_int(groups, "groups"),
              "channels_last": bool(channels_last)}
     y = Conv([x, weight], attrs).outputs[0]
     if bias is None:

@@ -218,7 +218,8 @@ def layer_norm(x, weight=None, bias=None, eps: float = 1e-5, axis: int | None = 
     if axis is None:
         axis = -(weight.ndim if weight is not None and weight.ndim else 1)
     params = [p for p in (weight, bias) if p is not None]
-    attrs = {"axis": axis, "eps": real(eps, "layer_norm: eps"), "has_weight": weight is not None, "has_bias": bias is not None}
+    attrs = {"axis": axis, "eps": real(eps, "layer_norm: eps"), "has_weight": weight is not None,
+             "has_bias": bias is not None}
     return LayerNorm([x, *params], attrs).outputs[0]
 
 
