@@ -10,7 +10,8 @@ to the GPU once; on the cpu
 numba compiles one at a time. Winners are stored as JSON under
 `cache_dir()/tune/<key>.json`, keyed by (op, shapes, dtypes, device, taskdsl version); a record
 also names the space and the code it was timed with (`_timed_with`): a winner from another space, or
-from before taskdsl or its templates changed, is re-tuned. TASKDSL_TUNE=0 turns tuning off (the default point is used). A candidate that fails to
+from before taskdsl or its templates changed, is re-tuned. TASKDSL_TUNE=0 turns tuning off (the
+default point is used). A candidate that fails to
 compile or run is skipped with a warning, never fatal; a damaged record is ignored and re-tuned.
 With `outputs`, a candidate that would become the best must first agree with the default's
 results (`results.check`): one that does not is skipped as failed.
@@ -292,7 +293,8 @@ def tune(space: Space, build, args: tuple, *, op: str, shapes, dtypes, default: 
         warnings.warn(f"tuning {op}: the candidates' results were not checked: {unchecked}", stacklevel=2)
     if tuned:
         record = {"op": op, "shapes": repr(shapes), "dtypes": repr(dtypes), "device": device_name(target),
-                  "timed_with": _timed_with(space), "point": _point_json(best), "seconds": best_time, "candidates": len(points), "failed": failed,
+                  "timed_with": _timed_with(space), "point": _point_json(best), "seconds": best_time,
+                  "candidates": len(points), "failed": failed,
                   "timings": sorted(timings, key=lambda t: t[1])}
         store(_record_path(op, shapes, dtypes, target), json.dumps(record, indent=1).encode())
     return best
