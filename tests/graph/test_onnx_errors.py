@@ -362,3 +362,18 @@ def test_a_named_dim_given_by_one_input_fixes_it_in_the_others():
         tg.from_onnx(model, shapes={"x": (2, 3), "y": (4, 3), "m": (1, 2)})
     with pytest.raises(UnsupportedOnnxError, match="graph input 'm' has a symbolic dim '\\?'"):
         tg.from_onnx(model, shapes={"x": (2, 3)})     # an unnamed dim is no one's
+
+
+def test_integer_gemm_scales_by_whole_alpha_and_beta():
+    """Gemm-13 on int32 with alpha=2.0 was refused ('cannot combine the number 2.0 with a i32 tensor'); numpy is the
+    oracle (onnxruntime's cpu provider has no integer Gemm)."""
+    a, b, c = (np.arange(n, dtype=np.int32).reshape(shape) - 3 for n, shape in ((6, (2, 3)), (12, (3, 4)), (4, (4,))))
+    node = helper.make_node("Gemm", ["a", "b", "c"], ["y"], alpha=2.0, beta=3.0)
+    model = make_model([node], [("a", [2, 3], TensorProto.INT32)], [("y", [2, 4], TensorProto.INT32)],
+                       {"b": b, "c": c}, opset=13)
+    got, = tg.from_onnx(model).compile(target="cpu")(a)
+    np.testing.assert_array_equal(got, 2 * a @ b + 3 * c)
+    half = make_model([helper.make_node("Gemm", ["a", "b"], ["y"], alpha=0.5)], [("a", [2, 3], TensorProto.INT32)],
+                      [("y", [2, 4], TensorProto.INT32)], {"b": b}, opset=13)
+    with pytest.raises(OnnxImportError, match="an integer Gemm needs whole alpha and beta, got 0.5"):
+        tg.from_onnx(half)

@@ -71,6 +71,10 @@ def gemm(node: Node) -> list:
         raise node.error(f"C of shape {c.shape} does not broadcast to the result's shape {product_shape}",
                          OnnxImportError)
     alpha, beta = float(node.attr("alpha", 1.0)), float(node.attr("beta", 1.0))
+    if a.dtype.is_integer:      # an integer Gemm (opset 13) scales by whole numbers, as integers
+        if not (alpha.is_integer() and beta.is_integer()):
+            raise node.error(f"an integer Gemm needs whole alpha and beta, got {alpha} and {beta}", OnnxImportError)
+        alpha, beta = int(alpha), int(beta)
     c = c if beta != 0.0 else None
 
     def scaled(a, b, c=None):
