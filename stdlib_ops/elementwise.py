@@ -102,9 +102,7 @@ def int_tuple(values, what: str, length: int | None = None) -> tuple:
     scalar = np.ndim(values) == 0
     given = (values,) if scalar else tuple(values)
     try:
-        if any(isinstance(n, (bool, np.bool_)) for n in given):    # True is no stride of 1
-            raise TypeError
-        items = tuple(operator.index(n) for n in given)
+        items = tuple(as_int(n, what) for n in given)
     except TypeError:
         raise TypeError(f"{what} must be integers, got {values!r}") from None
     if length is not None and scalar:
@@ -112,6 +110,17 @@ def int_tuple(values, what: str, length: int | None = None) -> tuple:
     if length is not None and len(items) != length:
         raise ValueError(f"{what} must be an integer or {length} of them, got {values!r}")
     return items
+
+
+def as_int(value, what: str) -> int:
+    """`value`, an integer (a numpy one, a 0-d integer array), as a Python int; a TypeError naming `what` for a bool
+    (True is no stride of 1), a float or anything else (`int()` would truncate 1.5 and take "1")."""
+    try:
+        if isinstance(value, (bool, np.bool_)):
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what} must be an int, got {value!r}") from None
 
 
 def flag(value, what: str) -> bool:

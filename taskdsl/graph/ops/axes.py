@@ -1,9 +1,9 @@
 """Axis arguments: negative axes, tuples of axes, and the errors for invalid ones."""
 from __future__ import annotations
 
-import operator
-
 import numpy as np
+
+from stdlib_ops.elementwise import as_int
 
 
 def normalize_axis(axis, ndim: int, what: str) -> int:
@@ -12,17 +12,6 @@ def normalize_axis(axis, ndim: int, what: str) -> int:
     if not -ndim <= axis < ndim:
         raise ValueError(f"{what}: axis {axis} is out of range for a {ndim}-d tensor")
     return axis % ndim
-
-
-def as_int(value, what: str) -> int:
-    """`value`, an integer (a numpy one, a 0-d integer array), as a Python int; TypeError naming `what` for a
-    bool, a float or anything else (`int()` would truncate 1.5 and take "1")."""
-    try:
-        if isinstance(value, (bool, np.bool_)):
-            raise TypeError
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{what} must be an int, got {value!r}") from None
 
 
 def normalize_axes(axes, ndim: int, what: str) -> tuple:

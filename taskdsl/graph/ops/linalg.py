@@ -11,9 +11,8 @@ from ..operator import Operator, dims
 from ..tensor import Tensor, as_tensor
 from .elementwise import add, broadcast_shape
 from .transform import reshape, transpose
-from stdlib_ops.elementwise import int_tuple
+from stdlib_ops.elementwise import as_int, int_tuple
 
-from .axes import as_int
 from .window import ChannelsLast, pads_of, window_input, window_positions
 
 

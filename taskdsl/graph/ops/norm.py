@@ -4,7 +4,7 @@ Statistics are computed in f32 (f64 for f64 inputs); 16-bit inputs give 16-bit o
 """
 from __future__ import annotations
 
-from stdlib_ops.elementwise import real
+from stdlib_ops.elementwise import as_int, real
 
 from ... import ir
 from ...compute import compute
@@ -13,7 +13,7 @@ from ...ir import types as T
 from ...lang import math_expr
 from ..operator import Operator, dims
 from ..tensor import as_tensor
-from .axes import as_int, normalize_axis
+from .axes import normalize_axis
 from .elementwise import broadcast_index, broadcast_shape
 
 

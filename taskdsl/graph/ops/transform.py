@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stdlib_ops.elementwise import int_tuple
+from stdlib_ops.elementwise import as_int, int_tuple
 
 from ... import ir
 from ...compute import compute
@@ -11,7 +11,7 @@ from ...lang import math_expr
 from ...runtime.arrays import check_indices
 from ..operator import Operator, dims
 from ..tensor import Tensor, as_shape, as_tensor, number_for
-from .axes import as_int, normalize_axes, normalize_axis
+from .axes import normalize_axes, normalize_axis
 from .elementwise import broadcast_index, broadcast_shape
 
 
