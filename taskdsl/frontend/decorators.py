@@ -7,6 +7,7 @@ from functools import cached_property
 
 from ..errors import DSLError, SourceLoc
 from ..ir import types as T
+from .autoreload import follow_autoreload
 from .source import ParsedSource, closure_values, parse_function
 
 _PY_DTYPES = {int: T.i32, float: T.f32, bool: T.boolean}
@@ -48,6 +49,7 @@ class DeviceFunction:
             raise TypeError(f"@td.func '{self.name}': the return annotation must be a dtype such as td.f32, got {ret!r}")
         self.return_dtype = ret
         functools.update_wrapper(self, fn)      # the function's name, docstring, module and signature
+        follow_autoreload(DeviceFunction)
 
     def source(self) -> ParsedSource:
         return self._source

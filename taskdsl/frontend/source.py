@@ -1,6 +1,7 @@
 """Parsed source of a decorated Python function, with positions mapped back to the user's file."""
 from __future__ import annotations
 
+import __future__
 import ast
 import functools
 import inspect
@@ -87,9 +88,51 @@ def _parse_code(code, code_file: str, version: tuple) -> ParsedSource:
         raise OSError(f"the text at {code_file}:{code.co_firstlineno} is not the def of '{code.co_name}'")
     if isinstance(tree, ast.AsyncFunctionDef):
         raise DSLError("kernels cannot be async functions", SourceLoc(file, first_line))
-    if not code.co_freevars and _code_shape(_compiled_def(tree, file)) != _code_shape(code):
-        raise _changed_since_run(code, file)    # (a closure's code reads its free variables another way: not checked)
+    if not _text_is_the_code(code, code_file, version, tree, file):
+        raise _changed_since_run(code, file)
     return ParsedSource(tree, file, first_line - 1, indent, tuple(dedented.splitlines()))
+
+
+def _text_is_the_code(code, code_file: str, version: tuple, tree: ast.FunctionDef, file: str) -> bool:
+    """Whether the text the def was parsed from is the code Python ran: the bytecode Python makes of the whole
+    text (the def in its context: closures, the module's future imports) for the def at the code's first line is
+    the code's. Where the whole text does not compile (a notebook cell with magics), the def compiled alone is
+    compared by constants and names (which misses an edited operator), and a closure not at all."""
+    ran = _code_objects(code_file, version, code.co_flags & _FUTURE_FLAGS)
+    if ran is not None:
+        twin = ran.get((code.co_name, code.co_firstlineno))
+        return twin is not None and _same_code(twin, code)
+    return bool(code.co_freevars) or _code_shape(_compiled_def(tree, file)) == _code_shape(code)
+
+
+_FUTURE_FLAGS = functools.reduce(lambda a, b: a | b, (getattr(__future__, f).compiler_flag
+                                                      for f in __future__.all_feature_names)) & ~0xFFFF
+
+
+@functools.lru_cache(maxsize=16)
+def _code_objects(code_file: str, version: tuple, flags: int) -> dict | None:
+    """The code objects Python makes of the text linecache holds for `code_file`, by (name, first line); None
+    where the text does not compile by itself."""
+    try:
+        module = compile("".join(linecache.getlines(code_file)), code_file, "exec", flags=flags, dont_inherit=True)
+    except (SyntaxError, ValueError):
+        return None
+    found, pending = {}, [module]
+    while pending:
+        for const in pending.pop().co_consts:
+            if inspect.iscode(const):
+                found.setdefault((const.co_name, const.co_firstlineno), const)
+                pending.append(const)
+    return found
+
+
+def _same_code(a, b) -> bool:
+    """Whether two code objects run the same operations on the same constants and names."""
+    fields = lambda c: (c.co_code, c.co_names, c.co_varnames, c.co_freevars, c.co_cellvars, len(c.co_consts))
+    if fields(a) != fields(b):
+        return False
+    return all(_same_code(x, y) if inspect.iscode(x) and inspect.iscode(y) else
+               type(x) is type(y) and repr(x) == repr(y) for x, y in zip(a.co_consts, b.co_consts))
 
 
 def _changed_since_run(code, file: str) -> DSLError:

@@ -14,6 +14,7 @@ from ..backend.cpu import precompile
 from ..backend.cuda.launch import check_launch_dims
 from ..ir import types as T
 from ..errors import DSLError
+from ..frontend.autoreload import follow_autoreload
 from .arrays import conversion
 from .config import cp_async_early_enabled, debug_enabled, fast_compile_enabled, full_tracebacks_enabled, get_target
 from .device_array import DeviceArray
@@ -169,6 +170,7 @@ class Kernel:
         self._cuda_full_path: dict = {}  # base key (as _cuda_bases) -> True: arguments needing the full path each call
         if fn is not None:
             functools.update_wrapper(self, fn)
+            follow_autoreload(Kernel)
 
     @classmethod
     def from_ir(cls, function: ir.Function, grid) -> "Kernel":
