@@ -94,15 +94,19 @@ class Op:
             """(outputs, reduced elements per output) of reduction `t` at these sizes."""
             return evaluate_int(numel(t.shape), sizes), evaluate_int(numel(t.reduce_shape), sizes)
 
+        def last(t: Tensor) -> int:
+            """The outputs along `t`'s last axis."""
+            return evaluate_int(t.shape[-1], sizes) if t.shape else 1
+
         steps = []
         for t in self.materialized:
             if t.kind == "compute":
                 steps.append((t, injective_strategy(t, sizes, target)))
                 continue
             outputs, reduced = counts(t)
-            strategy = choose_strategy(t, outputs, reduced, target, workers)
+            strategy = choose_strategy(t, outputs, reduced, target, workers, last=last(t))
             if strategy == "split":
-                steps += [(s, choose_strategy(s, *counts(s), target, workers, may_split=False))
+                steps += [(s, choose_strategy(s, *counts(s), target, workers, may_split=False, last=last(s)))
                           for s in self._split(t, split_chunks(outputs, reduced, target))]
             else:
                 steps.append((t, strategy))

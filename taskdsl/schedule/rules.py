@@ -9,7 +9,10 @@ Reduce, by the sizes of the call (O outputs, R reduced elements each):
   - 'warp':    a warp per output, lanes striding over R, then a shuffle reduction;
   - 'block':   a block per output, threads striding over R, shuffles then shared memory;
   - 'split':   two reduce definitions when there are few outputs and many reduced elements:
-               chunks of R reduced into partials, then the partials (each scheduled as above).
+               chunks of R reduced into partials, then the partials (each scheduled as above);
+  - 'columns': (the cpu) a block per COLUMNS neighbouring outputs along the last axis, where that axis is
+               the contiguous one of the loads (a sum over axis 0): each reduced element is a row of up to
+               COLUMNS contiguous values added into as many accumulators.
 Generated kernels are ordinary kernels: their IR prints, their CUDA compiles, they run on
 the cpu target.
 """
@@ -34,6 +37,7 @@ CPU_ROW = 32            # the cpu's shortest row walked as a row (shorter: flat 
 LANES = 8               # interleaved accumulators of a sequential ('thread') reduction
 UNROLL_REDUCED = 16     # a 'thread' reduction of at most this many (constant) elements is unrolled
 SUM_CHAIN = 128         # terms each partial sum of a 'thread' float sum adds before it goes into an f64 total
+COLUMNS = 1024          # neighbouring outputs per block of a 'columns' reduction (8 KiB of f64 accumulators)
 WARPS = BLOCK // 32
 # ---------------------------------------------------------------- shared helpers
 def _constant(e: ir.Expr) -> int | None:
@@ -197,28 +201,42 @@ def combine(op: str, acc: ir.Expr, value: ir.Expr) -> ir.Expr:
 
 
 def choose_strategy(t: Tensor, outputs: int, reduced: int, target: str = "cuda", workers: int = 1,
-                    may_split: bool = True) -> str:
-    """'thread', 'warp', 'block' or 'split' for a reduction of `reduced` elements into each of `outputs`.
+                    may_split: bool = True, last: int = 1) -> str:
+    """'thread', 'warp', 'block', 'split' or 'columns' for a reduction of `reduced` elements into each of
+    `outputs` (`last` of them along the output's last axis).
 
     On a GPU the choice keeps memory accesses coalesced and the device full. On the cpu
     target, where a block's threads run one after another on one core, a thread per output
-    streams through memory sequentially; only too few outputs to share among the `workers`
-    (CPU threads) call for splitting the reduced elements. The two stages of a split
-    (`may_split=False`) are not split again.
+    streams through memory sequentially where the reduced axis is the contiguous one, and a
+    block per COLUMNS outputs reads rows of them where the output's last axis is ('columns': a
+    thread per output walked a column, a cache line and a page per element, 50x numpy's time for
+    a sum over axis 0); only too few outputs to share among the `workers` (CPU threads) call for splitting
+    the reduced elements. The two stages of a split (`may_split=False`) are not split again.
     """
     may_split = may_split and (t.op != "mean" or accumulator_dtype(t).is_float)   # an integer mean divides once
     if target == "cpu":
-        return "split" if may_split and outputs < workers and reduced >= 32768 else "thread"
-    reduce_uids = {a.uid for a in t.reduce_axes}   # contiguous: a load's last index moves with a reduced axis
-    contiguous = any(load.indices and reduce_uids & {v.uid for v in ir.collect(load.indices[-1], ir.Var)}
-                     for load in ir.collect(t.body, ir.Load))
-    if reduced <= 16 or not contiguous:
+        if may_split and outputs < workers and reduced >= 32768:
+            return "split"
+        return "columns" if last >= CPU_ROW and reduced > 1 and _walks_columns(t) else "thread"
+    if reduced <= 16 or not _last_index_moves_with(t, t.reduce_axes):
         return "thread"
     if reduced <= 512:
         return "warp"
     if may_split and outputs < 64 and reduced >= 32768:   # too few blocks to fill a GPU otherwise
         return "split"
     return "block"
+
+
+def _last_index_moves_with(t: Tensor, axes) -> bool:
+    """Whether some load of `t`'s body has a last index that moves with one of `axes` (reads contiguously along it)."""
+    uids = {a.uid for a in axes}
+    return any(load.indices and uids & {v.uid for v in ir.collect(load.indices[-1], ir.Var)}
+               for load in ir.collect(t.body, ir.Load))
+
+
+def _walks_columns(t: Tensor) -> bool:
+    """Whether `t`'s loads read contiguously along its last output axis and along no reduced axis."""
+    return bool(t.axes) and _last_index_moves_with(t, t.axes[-1:]) and not _last_index_moves_with(t, t.reduce_axes)
 
 
 CPU_SPLIT_CHUNKS = 32       # chunks per output of a split on the cpu: work for every CPU thread
@@ -315,6 +333,8 @@ def schedule_reduce(t: Tensor, inline: set, strategy: str, threads: int = BLOCK,
     window, so its body appears once, not up to UNROLL_REDUCED times (`td.fast_compile`: the
     unrolled forms are most of numba's time on a pooling or a fused-input reduction)."""
     body = inline_injective(t.body, inline)
+    if strategy == "columns":
+        return _schedule_columns(t, body)
     outputs, reduced = numel(t.shape), numel(t.reduce_shape)
     dtype = accumulator_dtype(t)
     acc = ir.Var("acc", dtype)
@@ -360,6 +380,36 @@ def schedule_reduce(t: Tensor, inline: set, strategy: str, threads: int = BLOCK,
     per_block = {"thread": threads, "warp": WARPS, "block": 1}[strategy]
     grid = size_function(lambda env: -(-evaluate_int(outputs, env) // per_block), size_names(outputs))
     return Kernel.from_ir(fn, grid)
+
+
+def _schedule_columns(t: Tensor, body: ir.Expr) -> Kernel:
+    """The 'columns' kernel of `t` (see `choose_strategy`): a block of one thread reduces the outputs j0 ..
+    j0 + COLUMNS - 1 of one row of the output's last axis into an array of accumulators, adding each reduced
+    element's contiguous row of values to them (a loop LLVM vectorizes). A float sum of narrower floats
+    accumulates in f64."""
+    reduced, last = numel(t.reduce_shape), t.shape[-1]
+    dtype = accumulator_dtype(t)
+    if t.op in ("sum", "mean") and dtype.is_float and dtype.bits < 64:
+        dtype = T.f64
+    chunks = (last + (COLUMNS - 1)) // COLUMNS
+    row_index, coords = _coordinates(blockIdx.x // chunks, t.shape[:-1], "o")
+    j0, width = ir.Var("j0", T.i32), ir.Var("width", T.i32)
+    r, j = ir.Var("k", T.i32, kind="loop"), ir.Var("j", T.i32, kind="loop")
+    accs = ir.Buffer("columns", dtype, (ir.const(COLUMNS),), "register")
+
+    def over_columns(stmt_of_j) -> ir.Stmt:
+        return ir.For(j, ir.const(0), width, ir.const(1), stmt_of_j)
+
+    element = _element(t, body, row_index + [j0 + j], r, dtype)
+    stmts = [ir.Allocate(accs), *coords, ir.Assign(j0, blockIdx.x % chunks * COLUMNS),
+             ir.Assign(width, ir.Call("min", (ir.const(COLUMNS), last - j0), T.i32)),
+             over_columns(ir.Store(accs, (j,), reduction_identity(t.op, dtype, t.body.dtype))),
+             ir.For(r, ir.const(0), reduced, ir.const(1), over_columns(
+                 ir.Store(accs, (j,), combine(t.op, ir.Load(accs, (j,)), element)))),
+             over_columns(ir.Store(t.buffer, tuple(row_index + [j0 + j]), _finish(t, ir.Load(accs, (j,)), reduced)))]
+    fn = _function(f"{t.name}_reduce_columns", t, ir.seq(stmts), block=1)
+    work = numel(t.shape[:-1]) * chunks
+    return Kernel.from_ir(fn, size_function(lambda env: evaluate_int(work, env), size_names(work)))
 
 
 def split_stages(t: Tensor, chunks: int) -> tuple[Tensor, Tensor]:
