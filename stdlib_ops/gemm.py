@@ -25,6 +25,7 @@ from taskdsl.runtime.config import fast_compile_enabled
 from taskdsl.runtime.arrays import as_array, empty_like_operands, note_host_work, zeros_like_operands
 from taskdsl.schedule.tuner import tune, tuning_enabled
 
+from . import gemv
 from . import matmul_cpu as cpu
 from .elementwise import converted, int_tuple
 from . import matmul_simt as simt
@@ -309,11 +310,16 @@ def plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune: bool | Non
     The schedule: `point` if given; else tuned (cuda, or `do_tune=True`) with the winner
     cached on disk; else the target's default. Batch dims broadcast as in numpy.
     """
-    if do_tune is not None and not isinstance(do_tune, (bool, np.bool_)):     # "no" would tune the whole space
-        raise TypeError(f"matmul: tune takes True, False or None (the target's default), got {do_tune!r}")
+    _check_tune(do_tune)
     # Python ints: numpy ones would key their tuning records apart (`repr`) and tune the same product again
     return _plan(int_tuple(a_shape, "matmul: shapes"), int_tuple(b_shape, "matmul: shapes"), dtype, target, do_tune,
                  point, fast_compile_enabled(), tuning_enabled())
+
+
+def _check_tune(do_tune) -> None:
+    """A TypeError unless `do_tune` is True, False or None ("no" would tune the whole space)."""
+    if do_tune is not None and not isinstance(do_tune, (bool, np.bool_)):
+        raise TypeError(f"matmul: tune takes True, False or None (the target's default), got {do_tune!r}")
 
 
 @functools.lru_cache(maxsize=256)
@@ -436,27 +442,37 @@ def matmul(a, b, *, tune: bool | None = None, packed: np.ndarray | None = None):
     types compute in f32); numpy arrays or td.DeviceArrays (the result is where the operands are). `packed`: b's
     panels from the plan's `pack_b`, made once by a caller that multiplies by the same b again (the cpu; large
     products pack b per call)."""
+    _check_tune(tune)
     a, b, dtype = _operands(a, b)
     a2 = a.reshape((1,) + a.shape) if a.ndim == 1 else a
     b2 = b.reshape(b.shape + (1,)) if b.ndim == 1 else b
     empty = 0 in a2.shape or 0 in b2.shape       # nothing to multiply: no schedule to tune
-    p = plan(a2.shape, b2.shape, dtype, td.get_target(), False if empty else tune)
-    shape_a, shape_b, _ = p.operand_shapes()
-    shape = p.out_batch + (p.m, p.n)
-    if math.prod(shape) == 0 or p.k == 0:
-        out = zeros_like_operands(shape, a.dtype, a, b)
+    batched = max(a2.ndim, b2.ndim) > 2
+    if not (empty or tune or packed is not None) and gemv.applies(a2.shape[-2], b2.shape[-1], batched):
+        out = gemv.product(a2, b2, dtype)
     else:
-        if packed is None and p.packs_per_call and isinstance(b2, np.ndarray):
-            packed = p.pack_b(b2)
-        elif packed is not None:
-            p.check_packed(packed)
-        operand = b2.reshape(shape_b) if packed is None else packed
-        out = p(a2.reshape(shape_a), operand, packed is not None).reshape(shape)
+        out = _on_template(a2, b2, dtype, False if empty else tune, packed)
+    shape = out.shape
     if a.ndim == 1:      # drop the promoted axes again
         shape = shape[:-2] + shape[-1:]
     if b.ndim == 1:
         shape = shape[:-1]
     return out.reshape(shape)
+
+
+def _on_template(a2, b2, dtype, tune: bool | None, packed: np.ndarray | None):
+    """a2 (..., M, K) @ b2 (..., K, N) on the matmul template (b2's panels `packed`, or packed here where large)."""
+    p = plan(a2.shape, b2.shape, dtype, td.get_target(), tune)
+    shape_a, shape_b, _ = p.operand_shapes()
+    shape = p.out_batch + (p.m, p.n)
+    if math.prod(shape) == 0 or p.k == 0:
+        return zeros_like_operands(shape, numpy_dtype(dtype), a2, b2)
+    if packed is None and p.packs_per_call and isinstance(b2, np.ndarray):
+        packed = p.pack_b(b2)
+    elif packed is not None:
+        p.check_packed(packed)
+    operand = b2.reshape(shape_b) if packed is None else packed
+    return p(a2.reshape(shape_a), operand, packed is not None).reshape(shape)
 
 
 def batch_matmul(a, b, *, tune: bool | None = None):
@@ -471,7 +487,6 @@ def linear(x, weight, bias=None, *, tune: bool | None = None):
     """`x @ weight.T + bias` with PyTorch's layout: x (..., K), weight (N, K), bias (N,), converted to the type of
     x @ weight.T (matmul's)."""
     from .elementwise import add
-    from .transform import transpose
     x, weight = as_array(x), as_array(weight)
     if weight.ndim != 2 or x.shape[-1:] != weight.shape[1:]:
         hint = ""
@@ -481,5 +496,24 @@ def linear(x, weight, bias=None, *, tune: bool | None = None):
     if bias is not None and np.shape(bias) != weight.shape[:1]:
         raise ValueError(f"linear: bias must have shape ({weight.shape[0]},) (one per output feature), got "
                          f"{np.shape(bias)}")
-    y = matmul(x, transpose(weight), tune=tune)
+    y = _times_transposed(x, weight, tune)
     return y if bias is None else add(y, converted(as_array(bias), y.dtype))
+
+
+def _times_transposed(x, weight, tune: bool | None):
+    """x @ weight.T; on the cpu without a transposed copy of the weight: a product of few rows reads its rows
+    (`gemv`), the template packs its panels from them (a transpose of a (3072, 768) weight took 6-14 ms, the
+    panels from the rows 2.7 ms; x (1, 768) took 8-16 ms in all, 59-135x numpy's time)."""
+    from .transform import transpose
+    _check_tune(tune)
+    (n, k), m = weight.shape, math.prod(x.shape[:-1])
+    if td.get_target() != "cpu" or m * n * k == 0:
+        return matmul(x, transpose(weight), tune=tune)
+    dtype = operands_tdtype(x.dtype, weight.dtype)
+    x2, w = converted(x, numpy_dtype(dtype)).reshape(m, k), converted(weight, numpy_dtype(dtype))
+    if not tune and gemv.applies(m, n, False):
+        y = gemv.product(x2, w, dtype, rows_b=True)
+    else:
+        p = plan((m, k), (k, n), dtype, "cpu", tune)
+        y = p(x2.reshape(p.operand_shapes()[0]), p.pack_b(w.T), packed_b=True)
+    return y.reshape(x.shape[:-1] + (n,))

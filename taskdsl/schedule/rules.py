@@ -218,7 +218,7 @@ def choose_strategy(t: Tensor, outputs: int, reduced: int, target: str = "cuda",
         if may_split and outputs < workers and reduced >= 32768:
             return "split"
         return "columns" if last >= CPU_ROW and reduced > 1 and _walks_columns(t) else "thread"
-    if reduced <= 16 or not _last_index_moves_with(t, t.reduce_axes):
+    if reduced <= 16 or not _reads_contiguously_along(t, t.reduce_axes):
         return "thread"
     if reduced <= 512:
         return "warp"
@@ -227,16 +227,24 @@ def choose_strategy(t: Tensor, outputs: int, reduced: int, target: str = "cuda",
     return "block"
 
 
-def _last_index_moves_with(t: Tensor, axes) -> bool:
-    """Whether some load of `t`'s body has a last index that moves with one of `axes` (reads contiguously along it)."""
+def _reads_contiguously_along(t: Tensor, axes) -> bool:
+    """Whether some load of `t`'s body has a last index that moves with one of `axes`."""
     uids = {a.uid for a in axes}
     return any(load.indices and uids & {v.uid for v in ir.collect(load.indices[-1], ir.Var)}
                for load in ir.collect(t.body, ir.Load))
 
 
 def _walks_columns(t: Tensor) -> bool:
-    """Whether `t`'s loads read contiguously along its last output axis and along no reduced axis."""
-    return bool(t.axes) and _last_index_moves_with(t, t.axes[-1:]) and not _last_index_moves_with(t, t.reduce_axes)
+    """Whether `t`'s loads that move with its last output axis read contiguously along it and along no reduced
+    axis (a load that does not move with it, such as the vector of a vector-matrix product, stays put along a
+    row of outputs)."""
+    if not t.axes:
+        return False
+    last, reduced = t.axes[-1].uid, {a.uid for a in t.reduce_axes}
+    moving = [load for load in ir.collect(t.body, ir.Load)
+              if any(v.uid == last for index in load.indices for v in ir.collect(index, ir.Var))]
+    last_index = lambda load: {v.uid for v in ir.collect(load.indices[-1], ir.Var)}
+    return bool(moving) and all(last in last_index(load) and not reduced & last_index(load) for load in moving)
 
 
 CPU_SPLIT_CHUNKS = 32       # chunks per output of a split on the cpu: work for every CPU thread
