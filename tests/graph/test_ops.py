@@ -329,6 +329,16 @@ def test_transforms():
         assert_close(g, np.ascontiguousarray(w).astype(np.float32))
 
 
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_concat_of_many_tensors_some_empty(axis):
+    """Each element's source is found by a balanced tree of tests over the non-empty parts (stdlib_ops'
+    `part_at`, shared with stdlib_ops.concat)."""
+    widths = (2, 0, 1, 3, 0, 5, 1)
+    parts = [rand(tuple(w if a == axis else 3 for a in range(3)), k) for k, w in enumerate(widths)]
+    got, = run(lambda *ts: [ops.concat(list(ts), axis=axis)], *parts)
+    assert_close(got, np.concatenate(parts, axis=axis))
+
+
 @FEW
 @given(shape=small_shapes, mode=st.sampled_from(["constant", "edge", "reflect", "wrap"]), data=st.data())
 def test_pad_modes_match_numpy(shape, mode, data):

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from stdlib_ops.elementwise import as_int, int_tuple
+from stdlib_ops.transform import part_at
 
 from ... import ir
 from ...compute import compute
@@ -107,10 +108,9 @@ class Concat(Operator):
             def part(k):
                 return xs[k][ix[:axis] + (ix[axis] - offsets[k],) + ix[axis + 1:]]
             parts = [k for k, t in enumerate(self.inputs) if t.shape[axis]]     # empty inputs take no part
-            value = part(parts[-1]) if parts else xs[0][ix]
-            for k in reversed(parts[:-1]):
-                value = ir.Select(ix[axis] < offsets[k + 1], part(k), value, value.dtype)
-            return value
+            if not parts:
+                return xs[0][ix]
+            return part_at(ix[axis], [offsets[k] for k in parts], lambda j: part(parts[j]), xs[0].dtype)
 
         return [compute("concat", shape, fcompute)]
 
