@@ -34,7 +34,7 @@ from . import fission as F
 
 _MATH = {"exp": "math.exp", "log": "math.log", "log2": "math.log2", "sqrt": "math.sqrt", "sin": "math.sin",
          "cos": "math.cos", "tanh": "math.tanh", "erf": "math.erf", "floor": "np.floor", "ceil": "np.ceil",
-         "pow": "math.pow", "abs": "abs", "max": "max", "min": "min", "rsqrt": "rt.rsqrt", "exp2": "rt.exp2",
+         "pow": "rt.pow", "abs": "abs", "max": "max", "min": "min", "rsqrt": "rt.rsqrt", "exp2": "rt.exp2",
          "sigmoid": "rt.sigmoid", "fma": "rt.fma"}
 _F32_MATH = {"erf": "rt.erf_f32", "tanh": "rt.tanh_f32", "exp": "rt.exp_f32",     # vectorizable approximations
              "sigmoid": "rt.sigmoid_f32"}                                            # (support.py)
