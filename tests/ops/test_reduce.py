@@ -52,6 +52,9 @@ def test_reduce_whole_array_and_size_one_axes():
             check(got, R.op_for(name, x, axis), expected, rtol=1e-5, atol=1e-6, dtype=np.float32)
     assert R.sum(x).shape == ()
     assert R.max(x, axis=(0, 1, 2, 3), keepdims=True).shape == (1, 1, 1, 1)
+    # axes of size 1 only: one element an output, a constant (as a size: a reduction loop an output, 15x numpy)
+    reduction = R.op_for("sum", x, (0, 2)).op.outputs[0]
+    assert [d.value for d in reduction.reduce_shape] == [1]
 
 
 @TWO
