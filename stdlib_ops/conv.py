@@ -240,9 +240,11 @@ def _pointwise(g: ConvGeometry) -> bool:
 
 
 @td.func
-def first_inside(offset, stride):
-    """The first j >= 0 whose input column j * stride + offset is >= 0 (no division for stride 1)."""
-    return td.max(0, -offset) if stride == 1 else td.max(0, -(offset // stride))
+def first_inside(offset, stride, count):
+    """The first j >= 0 whose input column j * stride + offset is >= 0 (no division for stride 1), at most `count`
+    (past the last of `count` outputs: a window tap left of the input by more than the row, with dilation, made
+    the im2col zero-fill run into the next row, which another block was writing)."""
+    return td.min(count, td.max(0, -offset) if stride == 1 else td.max(0, -(offset // stride)))
 
 
 @td.func
@@ -267,7 +269,7 @@ def columns_kernel(dtype) -> td.Kernel:
         row, n = blockIdx.x, blockIdx.y
         c, kh, kw = row // (conv_kh * conv_kw), row // conv_kw % conv_kh, row % conv_kw
         offset = kw * conv_dw - conv_pl                       # iw = ow * stride + offset
-        first = first_inside(offset, conv_sw)                 # the output columns with 0 <= iw < W
+        first = first_inside(offset, conv_sw, conv_ow)        # the output columns with 0 <= iw < W
         end = end_inside(offset, conv_sw, conv_ow, W, first)
         for oh in range(L // conv_ow):
             ih = oh * conv_sh - conv_pt + kh * conv_dh
@@ -356,7 +358,7 @@ def direct_kernel(dtype) -> td.Kernel:
                     acc[j] = 0.0
                 for kw in range(KW):     # a column tap's range of outputs first: two divisions, not one a tap
                     offset = start * conv_sw + kw * conv_dw - conv_pl     # iw = j * stride + offset
-                    first = first_inside(offset, conv_sw)
+                    first = first_inside(offset, conv_sw, width)
                     end = end_inside(offset, conv_sw, width, W, first)
                     for c in range(CG):
                         for kh in range(KH):
@@ -368,7 +370,7 @@ def direct_kernel(dtype) -> td.Kernel:
                 if poisoned:    # the taps skipped above times the zero padding: NaN where the weight is inf or NaN
                     for kw in range(KW):
                         offset = start * conv_sw + kw * conv_dw - conv_pl
-                        first = first_inside(offset, conv_sw)
+                        first = first_inside(offset, conv_sw, width)
                         end = end_inside(offset, conv_sw, width, W, first)
                         for c in range(CG):
                             for kh in range(KH):
@@ -421,7 +423,7 @@ def plane_kernel(dtype) -> td.Kernel:
         for ph in range(conv_sh):
             for pw in range(conv_sw):
                 base = (ph * conv_sw + pw) * hq * wq
-                first = first_inside(pw - conv_pl, conv_sw)          # the columns b whose input column
+                first = first_inside(pw - conv_pl, conv_sw, wq)      # the columns b whose input column
                 end = end_inside(pw - conv_pl, conv_sw, wq, W, first)   # b*sw + pw - pl is in [0, W)
                 for a in range(hq):
                     h = a * conv_sh + ph - conv_pt

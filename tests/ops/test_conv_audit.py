@@ -370,3 +370,22 @@ def test_argument_errors_say_what_to_do():
         ops.conv2d(put(np.zeros((4, 5, 5), np.float32)), w)
     with pytest.raises(ValueError, match=r"5 input channels in 1 group\(s\) need a weight of shape \(6, 5, KH, KW\)"):
         ops.conv2d(x, w, layout="NHWC")      # x read as NHWC has 5 channels; the weight stays OIHW
+
+
+@pytest.mark.parametrize("channels", [1, 11])
+def test_a_window_tap_left_of_the_input_by_more_than_a_row_pads_its_own_row(channels):
+    """A dilated 1x3 window whose first tap lies left of the input by more than the output's width: the im2col
+    kernel zero-filled past its row of columns into the next row, which another block copies the input into
+    (intermittently wrong on the cpu, 5 calls in 200: the graph fuzzer's seed 1015). Debug mode reports any
+    access past a row; the values must hold call after call."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, channels, 3, 1)).astype(np.float32)
+    w = rng.standard_normal((4, channels, 1, 3)).astype(np.float32)
+    expected = reference(x, w, None, (1, 1), (0, 2, 0, 2), (1, 2), 1)
+    td.debug(True)
+    try:
+        same(ops.conv2d(x, w, padding=(0, 2), dilation=(1, 2)), expected.astype(np.float32), rtol=1e-5, atol=1e-5)
+    finally:
+        td.debug(False)
+    for _ in range(20):
+        same(ops.conv2d(x, w, padding=(0, 2), dilation=(1, 2)), expected.astype(np.float32), rtol=1e-5, atol=1e-5)
