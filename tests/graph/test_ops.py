@@ -191,6 +191,16 @@ def test_conv2d(stride, pads, dilation, groups):
     assert_close(got, want.astype(np.float32), rtol=1e-5, atol=1e-5)
 
 
+def test_grouped_conv2d_with_a_prologue_and_an_epilogue():
+    """A grouped convolution of 36 terms a group (on the cpu: explicit columns, the GEMM batched over images and
+    groups) with a relu fused into its columns and a residual add into its stores."""
+    x, w = rand((2, 12, 6, 5), 4), rand((6, 4, 3, 3), 5)
+    shortcut = rand((2, 6, 6, 5), 6)
+    got, = run(lambda t: ops.conv2d(ops.relu(t), w, padding=1, groups=3) + shortcut, x)
+    want = conv_reference(np.maximum(x, 0), w, 1, (1, 1, 1, 1), 1, 3) + shortcut
+    assert_close(got, want.astype(np.float32), rtol=1e-5, atol=1e-5)
+
+
 def test_window_arguments_take_numpy_ints():
     x, w = rand((1, 4, 7, 6), 1), rand((6, 2, 3, 3), 2)
     i = np.int64

@@ -75,13 +75,13 @@ def onnx_conv(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1):
 
 # The geometries the tests share: (x NCHW shape, OIHW weight shape, options), each a different lowering.
 ODD = ((2, 3, 7, 11), (5, 3, 4, 3), dict(stride=(2, 3), padding=(0, 2, 3, 1), dilation=(2, 1)))   # columns GEMM
-GROUPED = ((1, 10, 6, 5), (4, 5, 3, 3), dict(stride=(1, 2), padding=(2, 1), groups=2))           # implicit GEMM
+GROUPED = ((1, 10, 6, 5), (4, 5, 3, 3), dict(stride=(1, 2), padding=(2, 1), groups=2))   # columns (NHWC: implicit)
 ROWS = ((2, 4, 5, 6), (6, 2, 3, 3), dict(padding=1, groups=2))       # direct rows: two channels a group, K = 18
 DEPTHWISE = ((1, 3, 7, 8), (6, 1, 3, 2), dict(stride=(1, 2), padding=(1, 0, 2, 1), dilation=(2, 1), groups=3))
 
 CPU_ROUTES = {   # (the case's input shape, layout) -> the first kernel of its cpu lowering
     (ODD[0], "NCHW"): "im2col_f32", (ODD[0], "NHWC"): "im2col_nhwc_f32",
-    (GROUPED[0], "NCHW"): "tile_matmul_", (GROUPED[0], "NHWC"): "tile_matmul_",
+    (GROUPED[0], "NCHW"): "im2col_f32", (GROUPED[0], "NHWC"): "tile_matmul_",
     (ROWS[0], "NCHW"): "conv_direct_rows_", (ROWS[0], "NHWC"): "conv_direct_nhwc_",
     (DEPTHWISE[0], "NCHW"): "conv_direct_plane_", (DEPTHWISE[0], "NHWC"): "conv_direct_nhwc_"}
 
@@ -389,3 +389,30 @@ def test_a_window_tap_left_of_the_input_by_more_than_a_row_pads_its_own_row(chan
         td.debug(False)
     for _ in range(20):
         same(ops.conv2d(x, w, padding=(0, 2), dilation=(1, 2)), expected.astype(np.float32), rtol=1e-5, atol=1e-5)
+
+
+GROUPED_ON_COLUMNS = [   # n, c, h, w, oc, (kh, kw), stride, padding (t, l, b, r), dilation, groups: 33-576 terms a group
+    (2, 12, 7, 9, 6, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 2),
+    (1, 15, 6, 5, 9, (3, 3), (2, 1), (0, 2, 1, 0), (1, 2), 3),
+    (1, 66, 5, 5, 64, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 2),      # pointwise: the input is the columns
+    (1, 32, 9, 9, 32, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 4),
+]
+
+
+@pytest.mark.parametrize("case", GROUPED_ON_COLUMNS)
+def test_grouped_convolutions_run_on_columns(case):
+    """NCHW grouped convolutions (not depthwise) take the explicit columns and a GEMM batched over image and
+    group on the cpu (the implicit im2col's divisions per element: 4-10x onnxruntime's time); bias and relu
+    fused into its stores, the output's channels group after group."""
+    n, c, h, w, oc, ks, stride, padding, dilation, groups = case
+    rng = np.random.default_rng(oc)
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    wt = rng.standard_normal((oc, c // groups) + ks).astype(np.float32)
+    bias = rng.standard_normal(oc).astype(np.float32)
+    g = conv.geometry(x.shape, wt.shape, stride, padding, dilation, groups)
+    p = conv.plan(g, td.f32, td.get_target(), True, "relu")
+    if td.get_target() == "cpu":
+        assert p.lowered is not None and p.lowered.on_columns and not conv.uses_direct(g)
+    expected = np.maximum(reference(x, wt, bias, stride, padding, dilation, groups), 0).astype(np.float32)
+    same(ops.conv2d(x, wt, bias, stride, padding, dilation, groups, activation="relu"), expected, rtol=1e-4,
+         atol=1e-4)
