@@ -135,7 +135,7 @@ def run_pool(op: Pool, arrays: list) -> tuple:
     if (a["mode"] != "max" or x.ndim != 4 or a["channels_last"] or a.get("indices")
             or not pool.on_rows(x.numpy_dtype, get_target())):
         return run_definitions(op, arrays)
-    y, kernel = pool.max_rows(contiguous(arrays[0]), op.outputs[0].shape[2:], a["kernel"], a["strides"],
+    y, kernel = pool.pool_rows(contiguous(arrays[0]), op.outputs[0].shape[2:], a["kernel"], a["strides"],
                               a["pads"][:2], a["dilations"])
     return [y], [kernel]
 

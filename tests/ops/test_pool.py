@@ -98,3 +98,27 @@ def test_ops_kept_for_reuse_are_bounded(monkeypatch):
         want = x[:, :, :size // 2 * 2, :size // 2 * 2].reshape(1, 2, size // 2, 2, size // 2, 2).mean(axis=(3, 5))
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
         assert len(elementwise._OPS) <= 3
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("include_pad", [True, False])
+def test_average_pools_by_rows(fast, include_pad, monkeypatch):
+    """f32 average pooling on the cpu sums each output row's window taps into a chunk of registers and divides by
+    the window's size or by its taps inside the input (a thread per output, four divisions and nine guarded
+    loads each: 17x onnxruntime's time); rows wider than a chunk (64), the generic kernel (fast compile) and
+    one built for the layer."""
+    import taskdsl as td
+    calls, real = [], P.pool_rows
+    monkeypatch.setattr(P, "pool_rows", lambda *a, **k: calls.append(k["kind"]) or real(*a, **k))
+    td.fast_compile(fast)
+    try:
+        for shape, kernel, stride, padding in (((1, 2, 9, 150), (3, 3), (1, 1), (1, 1)),
+                                               ((2, 3, 13, 11), (3, 2), (2, 1), (1, 1)),
+                                               ((1, 1, 5, 5), (5, 5), (1, 1), (2, 2))):
+            x = rand(shape, sum(shape))
+            got = P.avg_pool2d(x, kernel, stride, padding, count_include_pad=include_pad)
+            check(got, P.op_for("avg_pool2d", x, kernel, stride, padding, count_include_pad=include_pad),
+                  _np_pool(x, kernel, stride, padding, "avg", include_pad), rtol=1e-5, atol=1e-6, dtype=np.float32)
+        assert calls == (["avg"] * 3 if td.get_target() == "cpu" else [])
+    finally:
+        td.fast_compile(True)
