@@ -391,7 +391,8 @@ def test_a_window_tap_left_of_the_input_by_more_than_a_row_pads_its_own_row(chan
         same(ops.conv2d(x, w, padding=(0, 2), dilation=(1, 2)), expected.astype(np.float32), rtol=1e-5, atol=1e-5)
 
 
-GROUPED_ON_COLUMNS = [   # n, c, h, w, oc, (kh, kw), stride, padding (t, l, b, r), dilation, groups: 33-576 terms a group
+# n, c, h, w, oc, (kh, kw), stride, padding (t, l, b, r), dilation, groups: 33-576 terms a group
+GROUPED_ON_COLUMNS = [
     (2, 12, 7, 9, 6, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 2),
     (1, 15, 6, 5, 9, (3, 3), (2, 1), (0, 2, 1, 0), (1, 2), 3),
     (1, 66, 5, 5, 64, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 2),      # pointwise: the input is the columns
