@@ -1,5 +1,6 @@
 """`python -m taskdsl.bench ops`: softmax, layer norm and sums of an f32 array through the operator library
-(stdlib_ops), on the current target.
+(stdlib_ops), on the current target; on the cpu also its sum over axis 0 and its first row times its
+transpose (`linear`: a matrix-vector product).
 
 cpu: a (4096, 1024) array, against numpy in the same run. cuda: a (16384, 4096) array (256 MiB) in
 GPU memory, results left there, timed with CUDA events from a cold L2; the achieved bandwidth
@@ -47,6 +48,8 @@ def _cpu_rows(rows: int, cols: int) -> list:
         ("layer_norm", lambda: ops.layer_norm(x, w, b), lambda: _numpy_layer_norm(x, w, b), 2 * nbytes),
         ("sum(axis=-1)", lambda: ops.sum(x, axis=-1), lambda: x.sum(axis=-1), nbytes),
         ("sum(all)", lambda: np.asarray(ops.sum(x)), lambda: np.asarray(x.sum()), nbytes),
+        ("sum(axis=0)", lambda: ops.sum(x, axis=0), lambda: x.sum(axis=0), nbytes),
+        ("x[:1] @ x.T", lambda: ops.linear(x[:1], x), lambda: x[:1] @ x.T, nbytes),   # a product of one row
     ]
     print(f"target: {td.get_target()}, input ({rows}, {cols}) f32")
     print(f"{'op':>13} {'taskdsl ms':>11} {'numpy ms':>9} {'taskdsl GB/s':>13} {'ratio':>6} {'max rel err':>12}")
