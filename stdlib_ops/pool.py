@@ -33,6 +33,7 @@ from taskdsl.runtime.arrays import as_array
 from taskdsl.runtime.config import fast_compile_enabled, get_target
 
 from . import reduce as _reduce
+from .conv import end_inside, first_inside
 from .elementwise import Plan, cached_op, contiguous, flag, int_tuple, tdtype
 
 __all__ = ["avg_pool2d", "global_avg_pool2d", "max_pool2d"]
@@ -139,8 +140,8 @@ def rows_kernel(dtype, kind: str = "max") -> td.Kernel:
                     if ih >= 0 and ih < H:
                         for kw in range(pool_kw):
                             offset = start * pool_sw + kw * pool_dw - pool_pl     # iw = j * stride + offset
-                            first = min(width, max(0, -(offset // pool_sw)))
-                            end = min(width, max(first, -((offset - W) // pool_sw)))
+                            first = first_inside(offset, pool_sw, width)
+                            end = end_inside(offset, pool_sw, width, W, first)
                             for j in range(first, end):
                                 if is_max:
                                     acc[j] = max(acc[j], X[n, c, ih, j * pool_sw + offset])
@@ -150,11 +151,11 @@ def rows_kernel(dtype, kind: str = "max") -> td.Kernel:
                     for j in range(width):
                         Y[n, c, oh, start + j] = acc[j]
                 else:
-                    ih0 = oh * pool_sh - pool_pt
-                    rows = min(H, ih0 + (pool_kh - 1) * pool_dh + 1) - max(0, ih0)
+                    ih0 = oh * pool_sh - pool_pt          # (an average pool has no dilation)
+                    rows = min(H, ih0 + pool_kh) - max(0, ih0)
                     for j in range(width):
                         iw0 = (start + j) * pool_sw - pool_pl
-                        cols = min(W, iw0 + (pool_kw - 1) * pool_dw + 1) - max(0, iw0)
+                        cols = min(W, iw0 + pool_kw) - max(0, iw0)
                         count = pool_kh * pool_kw if pool_all else rows * cols
                         Y[n, c, oh, start + j] = acc[j] / td.cast(count, dtype)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 
+
 def follow_autoreload(cls: type) -> None:
     """Have IPython's autoreload, where it is loaded, update objects of `cls` in place from their reloaded twins."""
     rules = getattr(sys.modules.get("IPython.extensions.autoreload"), "UPDATE_RULES", None)

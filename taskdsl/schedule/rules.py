@@ -227,11 +227,15 @@ def choose_strategy(t: Tensor, outputs: int, reduced: int, target: str = "cuda",
     return "block"
 
 
+def _last_index_vars(load: ir.Load) -> set:
+    """The uids of the variables a load's last index reads (none for a 0-d load)."""
+    return {v.uid for v in ir.collect(load.indices[-1], ir.Var)} if load.indices else set()
+
+
 def _reads_contiguously_along(t: Tensor, axes) -> bool:
     """Whether some load of `t`'s body has a last index that moves with one of `axes`."""
     uids = {a.uid for a in axes}
-    return any(load.indices and uids & {v.uid for v in ir.collect(load.indices[-1], ir.Var)}
-               for load in ir.collect(t.body, ir.Load))
+    return any(uids & _last_index_vars(load) for load in ir.collect(t.body, ir.Load))
 
 
 def _walks_columns(t: Tensor) -> bool:
@@ -243,8 +247,8 @@ def _walks_columns(t: Tensor) -> bool:
     last, reduced = t.axes[-1].uid, {a.uid for a in t.reduce_axes}
     moving = [load for load in ir.collect(t.body, ir.Load)
               if any(v.uid == last for index in load.indices for v in ir.collect(index, ir.Var))]
-    last_index = lambda load: {v.uid for v in ir.collect(load.indices[-1], ir.Var)}
-    return bool(moving) and all(last in last_index(load) and not reduced & last_index(load) for load in moving)
+    return bool(moving) and all(last in _last_index_vars(load) and not reduced & _last_index_vars(load)
+                                for load in moving)
 
 
 CPU_SPLIT_CHUNKS = 32       # chunks per output of a split on the cpu: work for every CPU thread
