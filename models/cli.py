@@ -63,8 +63,8 @@ def add_shape_flags(p: argparse.ArgumentParser, onnx: bool) -> None:
                    help="where kernels run (default: $TASKDSL_TARGET, else cuda with a usable GPU, else cpu)")
     p.add_argument("--small", action="store_true", help="the reduced model (fewer layers and channels)")
     p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
-                   help="run 2-D convolutions in NHWC (the graph's channels_last layout pass; default: on for cuda, "
-                   "off for cpu)")
+                   help="run 2-D convolutions in NHWC (the graph's channels_last layout pass; default: on; "
+                   "--no-channels-last keeps the model's NCHW)")
     p.add_argument("--no-tune", action="store_true",
                    help="use the templates' default schedules instead of tuning each new shape (TASKDSL_TUNE=0)")
 

@@ -136,8 +136,8 @@ class Graph:
     def compile(self, target: str | None = None, passes: list | None = None, channels_last: bool | None = None,
                 cuda_graph: bool = True, arena: bool = True, replay: bool = True):
         """The CompiledGraph of this graph for `target` ('cpu' / 'cuda'; default: the current target);
-        `channels_last` runs its 2-D convolutions in NHWC (the layout pass, passes.channels_last; default: on for
-        cuda, off for the cpu, see executor.prefers_channels_last; ignored when `passes` are given); `replay`
+        `channels_last` runs its 2-D convolutions in NHWC (the layout pass, passes.channels_last; default: on,
+        see executor.CHANNELS_LAST; ignored when `passes` are given); `replay`
         issues each call's recorded launches again without the Python between them (on cuda as one CUDA graph,
         which `cuda_graph=False` turns off too); `arena` places the activations by the memory plan (see
         taskdsl.graph.executor and taskdsl.graph.replay)."""

@@ -170,14 +170,15 @@ def _convs_layouts(cg) -> set:
     return {c.attrs["channels_last"] for op in cg.graph.nodes for c in convs(op)}
 
 
-def test_the_layout_is_the_targets_choice_unless_given(simulated_gpu):
-    """cuda runs convolutions NHWC by default (its tensor-core im2col copies runs of channels), the cpu NCHW;
-    `channels_last=` overrides either, and explicit passes decide alone. Each result matches the reference."""
+def test_convolutions_run_channels_last_unless_told_otherwise(simulated_gpu):
+    """Both targets run convolutions NHWC by default (cuda's tensor-core im2col copies runs of channels, the cpu's
+    GEMM stores output rows); `channels_last=` overrides either, and explicit passes decide alone. Each result
+    matches the reference."""
     x = tg.input("x", (1, 3, 5, 4))
     g = tg.Graph([x], [ops.relu(ops.conv2d(x, tg.constant(rand((4, 3, 3, 3), 20)), padding=1))])
     xa = rand((1, 3, 5, 4), 21)
     want = g.reference(xa)[0]
-    for target, flag, nhwc in (("cuda", None, True), ("cuda", False, False), ("cpu", None, False)):
+    for target, flag, nhwc in (("cuda", None, True), ("cuda", False, False), ("cpu", None, True), ("cpu", False, False)):
         cg = g.compile(target, channels_last=flag)
         assert cg.channels_last is nhwc and _convs_layouts(cg) == {nhwc}, (target, flag)
         assert f"layout pass {'on' if nhwc else 'off'}" in cg.summary()

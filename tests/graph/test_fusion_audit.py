@@ -75,7 +75,8 @@ def test_f16_batch_norm_is_not_folded_into_conv_weights_that_overflow():
     conv = np.einsum("nchwij,ocij->nohw", windows, w.astype(np.float32)).astype(f16).astype(np.float32)
     want = (conv / np.sqrt(var.astype(np.float32))[:, None, None]).astype(f16)
     assert_close(compiled({"x": x})[0], want, rtol=5e-3, atol=1e-3)
-    assert [[m.kind for m in op.epilogue] for op in compiled.graph.nodes] == [["batch_norm"]]
+    fused, = compiled.graph.nodes
+    assert "batch_norm" in [m.kind for m in fused.epilogue]
 
 
 @pytest.mark.parametrize("channels_last", [False, True])

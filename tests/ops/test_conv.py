@@ -98,17 +98,16 @@ def test_cpu_window_kernels_im2col_in_their_copy(n, c, oc, hw, k, stride, pad, d
     if fused:       # relu -> conv -> relu6 in a graph: the relu in the window kernel's loads
         t = tg.input("x", x.shape)
         y = tg.ops.clip(tg.ops.conv2d(tg.ops.relu(t), tg.constant(wt), tg.constant(b), stride, pad, dilation), 0.0, 6.0)
-        cg = tg.Graph([t], [y]).compile("cpu")
+        cg = tg.Graph([t], [y]).compile("cpu", channels_last=False)
         assert [k.name for k in cg.kernels] == [low.kernel.name]
         want = np.clip(reference(np.maximum(x, 0), wt, b, (stride,) * 2, (pad,) * 4, (dilation,) * 2, 1), 0, 6)
         np.testing.assert_allclose(cg(x)[0], want, rtol=1e-4, atol=1e-4)
 
 
-def test_grouped_convolutions_fold_im2col_into_the_gemm_loads():
-    """Where the cpu keeps the implicit im2col (grouped convs; every conv on GPUs): one kernel, no A and no C buffer."""
-    td.set_target("cpu")
+def test_gpu_convolutions_fold_im2col_into_the_gemm_loads(simulated_gpu):
+    """On GPUs the GEMM's loads of A are the implicit im2col: one kernel, no A and no C buffer."""
     g = conv.geometry((2, 9, 7, 8), (12, 4, 3, 3), padding=1, groups=2, layout="NHWC")
-    low = conv.plan(g, td.f32, "cpu", True, "relu").lowered
+    low = conv.plan(g, td.f32, "cuda", True, "relu").lowered
     assert not low.transposed_a and not low.on_columns and low.kernels == [low.kernel]
     assert [name for name, _ in low.kernel.params] == ["B", "batch_index", "split", "X", "bias", "Z"]
     x, w = np.zeros((2, 9, 7, 8), np.float32), np.zeros((2, 36, 6), np.float32)
@@ -309,13 +308,31 @@ def test_cpu_nhwc_convolutions_multiply_explicit_columns_by_the_packed_weights()
     td.set_target("cpu")
     g = conv.geometry((2, 9, 7, 40), (12, 40, 3, 3), padding=1, layout="NHWC")
     low = conv.plan(g, td.f32, "cpu", True, "relu").lowered
-    assert low.on_columns and not low.transposed_a and low.columns is conv.nhwc_columns_kernel(td.f32)
+    assert low.on_columns and not low.transposed_a and low.columns is conv.nhwc_columns_kernel(td.f32, False)
     assert [k.name for k in low.kernels] == ["im2col_nhwc_f32", low.matmul.anchor.name + "_packed_fused"]
     assert low.matmul.operand_shapes()[0] == (1, 2 * 9 * 7, 9 * 40)
     w = np.random.default_rng(5).standard_normal((12, 40, 3, 3)).astype(np.float32)   # as the template's B panels
     np.testing.assert_array_equal(low.weight_operand(w), cpu_tile.pack_b(low.matmul.point, conv.pack_weight(g, w)))
     pointwise = conv.plan(conv.geometry((2, 9, 7, 40), (12, 40, 1, 1), layout="NHWC"), td.f32, "cpu", False, None)
     assert pointwise.lowered.columns is None and len(pointwise.kernels) == 1
+
+
+@pytest.mark.parametrize("kernel", [(1, 1), (3, 2)])
+def test_cpu_grouped_nhwc_convolutions_multiply_each_groups_columns(kernel):
+    """Grouped NHWC on the cpu: the columns are each group's in turn, (image, group) a GEMM batch with its group's
+    weights (the implicit im2col took 4x the time), even for a 1x1 convolution (its input is no group's columns)."""
+    td.set_target("cpu")
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((2, 5, 6, 120)).astype(np.float32)          # 3 groups of 40 channels
+    w = rng.standard_normal((9, 40, *kernel)).astype(np.float32)
+    padding = (kernel[0] // 2, 0)
+    g = conv.geometry(x.shape, w.shape, padding=padding, groups=3, layout="NHWC")
+    low = conv.plan(g, td.f32, "cpu", False, None).lowered
+    assert low.columns is conv.nhwc_columns_kernel(td.f32, True)
+    assert low.matmul.operand_shapes()[0] == (2 * 3, g.oh * g.ow, 40 * kernel[0] * kernel[1])
+    got = ops.conv2d(x, w, padding=padding, groups=3, layout="NHWC")
+    want = reference(x.transpose(0, 3, 1, 2), w, None, (1, 1), g.padding, (1, 1), 3).transpose(0, 2, 3, 1)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
 @settings(max_examples=8, deadline=None)
