@@ -180,7 +180,7 @@ class Window:
 
 @functools.cache
 def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a: bool = False,
-                       copy_a: bool = False, window: Window | None = None):
+                       copy_a: bool = False, window: Window | None = None, indirect: bool = False):
     """The cpu matmul kernel for schedule point `p` and element types (one compile serves every shape).
 
     With `packed_b`, B comes as `pack_b`'s panels and the blocks read them in place instead of packing
@@ -190,25 +190,36 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
     With `copy_a` too, each block copies its K x BM part of A for a k block first (`copies_a` says when) and
     computes every column panel (N <= WIDE_N) from the copy: the grid has no column blocks then. With a
     `window` (and copy_a), A is an NCHW input and the copy is its im2col, `window_strip`.
+    With `indirect` (and neither), A is an NHWC input read in place as its im2col: flat (batch, elements),
+    with element (i, k) of the GEMM's A at A[za, rows[i] + taps[k]] for the tables `indirect_index` appends to
+    batch_index's first row (the kernel's M comes from C, its K from the table's width).
     """
     (MR, NR), (BM, BN), KC = p.micro, p.block, p.bk
     copy_a = copy_a and transposed_a
     window = window if copy_a else None
+    indirect = indirect and not transposed_a
     name = (f"tile_matmul_{BM}x{BN}x{KC}_m{MR}x{NR}" + ("_packed" if packed_b else "") + ("_at" if transposed_a else "")
-            + ("_copied" if copy_a else "") + ("_window" if window else ""))
+            + ("_copied" if copy_a else "") + ("_window" if window else "") + ("_indirect" if indirect else ""))
     a_spec = (dtype["BA", "CI", "H", "W"] if window else dtype["BA", "K", "M"] if transposed_a
-              else dtype["BA", "M", "K"])
+              else dtype["BA", "XL"] if indirect else dtype["BA", "M", "K"])
+    index_spec = td.i32["BZ", "BW"] if indirect else td.i32["BZ", 2]
     fill_strip = window_strip(window, MR) if window else None
     b_spec = f32["RB", BN] if packed_b else dtype["BB", "K", "N"]
 
     @td.func
-    def micro_kernel(A, strip, panel, c, fa, fb, za, i0, j, k0, k1, row, M):
+    def micro_kernel(A, strip, panel, c, fa, fb, za, i0, j, k0, k1, row, M, index, at):
         """c += A[i0:i0+MR, k0:k1] @ panel[row : row+k1-k0, j:j+NR] (rows past M clamped); with `copy_a`, A is
-        read from the block's copy `strip`, where i0 counts from the block's first row."""
+        read from the block's copy `strip`, where i0 counts from the block's first row; with `indirect`, at
+        `at` (the rows' offsets) plus the k's offset in `index`."""
+        if indirect:
+            for x in range(MR):
+                at[x] = index[0, 2 + td.min(i0 + x, M - 1)]
         for k in range(k0, k1):
             for x in range(MR):
                 if copy_a:
                     fa[x] = strip[k - k0, i0 + x]
+                elif indirect:
+                    fa[x] = td.cast(A[za, at[x] + index[0, 2 + M + k]], f32)
                 else:
                     i = td.min(i0 + x, M - 1)
                     fa[x] = td.cast(A[za, k, i] if transposed_a else A[za, i, k], f32)
@@ -219,18 +230,18 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
                     c[x, y] += fa[x] * fb[y]
 
     @td.kernel(grid=lambda M, N, BZ: (td.cdiv(M, BM) * (1 if copy_a else td.cdiv(N, BN)), 1, BZ), block=1, name=name)
-    def matmul(A: a_spec, B: b_spec, C: out_dtype["BZ", "M", "N"],
-               batch_index: td.i32["BZ", 2], split: td.i32):
+    def matmul(A: a_spec, B: b_spec, C: out_dtype["BZ", "M", "N"], batch_index: index_spec, split: td.i32):
         # the sums, panel after panel (copy_a: every panel's; each BN wide, as a panel's micro-tiles and stores read)
         partial = td.shared(f32, (BM * (WIDE_N // BN if copy_a else 1), BN))
         strip = td.shared(f32, (KC if copy_a else 1, BM))     # copy_a: the block's A for one k block
         c = td.registers(f32, (MR, NR))
         fa = td.registers(f32, (MR,))
         fb = td.registers(f32, (NR,))
+        at = td.registers(td.i32, (MR,))     # indirect: the micro-tile's rows' offsets in A
         grid_m = td.cdiv(M, BM)
         row0 = blockIdx.x % grid_m * BM      # consecutive blocks share a B panel
         za, zb = batch_index[blockIdx.z, 0], batch_index[blockIdx.z, 1]
-        kdim = CI * window.kh * window.kw if window else K
+        kdim = CI * window.kh * window.kw if window else BW - 2 - M if indirect else K
         chunk = td.cdiv(td.cdiv(kdim, KC), split) * KC      # split-k: this z-slice's range of k
         k_begin = blockIdx.z % split * chunk
         k_end = td.min(kdim, k_begin + chunk)
@@ -272,7 +283,8 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
                                 for x in td.unroll(MR):
                                     for y in td.unroll(NR):
                                         c[x, y] = partial[pj * BM + mi * MR + x, j + y]
-                            micro_kernel(A, strip, panel, c, fa, fb, za, i0 - row0 if copy_a else i0, j, k0, k1, row, M)
+                            micro_kernel(A, strip, panel, c, fa, fb, za, i0 - row0 if copy_a else i0, j, k0, k1, row, M,
+                                         batch_index, at)
                             for x in td.unroll(MR):
                                 for y in td.unroll(NR):
                                     partial[pj * BM + mi * MR + x, j + y] = c[x, y]
@@ -293,6 +305,15 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
                         C[blockIdx.z, row0 + i, col0 + j] = td.cast(partial[pj * BM + i, j], out_dtype)
 
     return matmul
+
+
+def indirect_index(batch_index: np.ndarray, rows: np.ndarray, taps: np.ndarray) -> np.ndarray:
+    """The `indirect` kernel's table: `batch_index` with each row of the GEMM's A's offset in the input, then
+    each k's, appended to its first row."""
+    table = np.zeros((len(batch_index), 2 + len(rows) + len(taps)), np.int32)
+    table[:, :2] = batch_index
+    table[0, 2:] = np.concatenate([rows, taps])
+    return table
 
 
 def window_strip(w: Window, MR: int):

@@ -302,19 +302,29 @@ def test_cpu_nchw_convolutions_multiply_explicit_columns_by_the_packed_weights()
         np.testing.assert_allclose(ops.conv2d(x, w, b, padding=pad, activation="relu"), want, rtol=1e-4, atol=1e-4)
 
 
-def test_cpu_nhwc_convolutions_multiply_explicit_columns_by_the_packed_weights():
-    """On the cpu, NHWC: an im2col kernel (a row of (kh, kw, c) per output pixel), then columns @ weights;
-    C comes out NHWC. A 1x1 stride-1 convolution reads its input as the columns: one kernel."""
+def test_cpu_nhwc_convolutions_read_their_im2col_in_place_from_the_padded_input():
+    """On the cpu, NHWC of one group: the input copied into its zero border, then the `indirect` GEMM, reading
+    element (pixel, (kh, kw, c)) of the im2col at the pixel's offset plus the tap's; C comes out NHWC. Without
+    padding the input itself is read (one kernel), and a 1x1 stride-1 convolution's input is the columns."""
     td.set_target("cpu")
-    g = conv.geometry((2, 9, 7, 40), (12, 40, 3, 3), padding=1, layout="NHWC")
+    g = conv.geometry((2, 9, 7, 40), (12, 40, 3, 3), padding=(1, 2, 0, 1), layout="NHWC")
     low = conv.plan(g, td.f32, "cpu", True, "relu").lowered
-    assert low.on_columns and not low.transposed_a and low.columns is conv.nhwc_columns_kernel(td.f32, False)
-    assert [k.name for k in low.kernels] == ["im2col_nhwc_f32", low.matmul.anchor.name + "_packed_fused"]
-    assert low.matmul.operand_shapes()[0] == (1, 2 * 9 * 7, 9 * 40)
+    assert low.on_columns and low.indirect and low.columns is conv.pad_kernel(td.f32)
+    assert [k.name for k in low.kernels] == ["pad_nhwc_f32", low.matmul.anchor.name + "_packed_indirect_fused"]
+    table = low.batch_index[0, 2:]           # the offsets of pixel (1, 3, 4) and of tap (2, 1, 5), by hand
+    hp, wp, oh, ow = 9 + 1, 7 + 3, 8, 8
+    assert table[(1 * oh + 3) * ow + 4] == ((1 * hp + 3) * wp + 4) * 40
+    assert table[2 * oh * ow + (2 * 3 + 1) * 40 + 5] == (2 * wp + 1) * 40 + 5
     w = np.random.default_rng(5).standard_normal((12, 40, 3, 3)).astype(np.float32)   # as the template's B panels
     np.testing.assert_array_equal(low.weight_operand(w), cpu_tile.pack_b(low.matmul.point, conv.pack_weight(g, w)))
+    x = np.random.default_rng(6).standard_normal((2, 9, 7, 40)).astype(np.float32)
+    want = reference(x.transpose(0, 3, 1, 2), w, None, (1, 1), g.padding, (1, 1), 1).transpose(0, 2, 3, 1)
+    np.testing.assert_allclose(ops.conv2d(x, w, padding=(1, 2, 0, 1), layout="NHWC"), want, rtol=1e-4, atol=1e-4)
+    unpadded = conv.plan(conv.geometry((2, 9, 7, 40), (12, 40, 3, 3), stride=2, layout="NHWC"), td.f32, "cpu",
+                         False, None)
+    assert unpadded.lowered.indirect and unpadded.lowered.columns is None and len(unpadded.kernels) == 1
     pointwise = conv.plan(conv.geometry((2, 9, 7, 40), (12, 40, 1, 1), layout="NHWC"), td.f32, "cpu", False, None)
-    assert pointwise.lowered.columns is None and len(pointwise.kernels) == 1
+    assert not pointwise.lowered.indirect and pointwise.lowered.columns is None and len(pointwise.kernels) == 1
 
 
 @pytest.mark.parametrize("kernel", [(1, 1), (3, 2)])
@@ -338,17 +348,19 @@ def test_cpu_grouped_nhwc_convolutions_multiply_each_groups_columns(kernel):
 @settings(max_examples=8, deadline=None)
 @given(n=st.sampled_from([1, 2]), c=st.sampled_from([5, 11, 37]), hw=st.tuples(st.integers(1, 12), st.integers(1, 12)),
        oc=st.sampled_from([1, 7, 50]), k=st.sampled_from([(1, 1), (3, 3), (2, 5)]), stride=st.sampled_from([1, 2]),
-       pad=st.integers(0, 2), dilation=st.sampled_from([1, 2]), layout=st.sampled_from(["NCHW", "NHWC"]),
-       seed=st.integers(0, 2**16))
+       pad=st.tuples(*[st.integers(0, 2)] * 4), dilation=st.sampled_from([1, 2]),
+       layout=st.sampled_from(["NCHW", "NHWC"]), seed=st.integers(0, 2**16))
 def test_cpu_columns_lowering_matches_reference(n, c, hw, oc, k, stride, pad, dilation, layout, seed):
+    """The cpu's GEMM routes (NCHW columns or window, NHWC indirect or pointwise) against float64 numpy, with
+    padding (top, left, bottom, right) of its own on each side."""
     td.set_target("cpu")
     kh, kw = k
     h, w = hw
-    assume(h + 2 * pad >= dilation * (kh - 1) + 1 and w + 2 * pad >= dilation * (kw - 1) + 1)
+    assume(h + pad[0] + pad[2] >= dilation * (kh - 1) + 1 and w + pad[1] + pad[3] >= dilation * (kw - 1) + 1)
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((n, c, h, w)).astype(np.float32)
     wt = rng.standard_normal((oc, c, kh, kw)).astype(np.float32)
-    want = reference(x, wt, None, (stride,) * 2, (pad,) * 4, (dilation,) * 2, 1)
+    want = reference(x, wt, None, (stride,) * 2, pad, (dilation,) * 2, 1)
     if layout == "NHWC":
         got = ops.conv2d(x.transpose(0, 2, 3, 1), wt, stride=stride, padding=pad, dilation=dilation, layout=layout)
         got = got.transpose(0, 3, 1, 2)

@@ -80,7 +80,7 @@ ROWS = ((2, 4, 5, 6), (6, 2, 3, 3), dict(padding=1, groups=2))       # direct ro
 DEPTHWISE = ((1, 3, 7, 8), (6, 1, 3, 2), dict(stride=(1, 2), padding=(1, 0, 2, 1), dilation=(2, 1), groups=3))
 
 CPU_ROUTES = {   # (the case's input shape, layout) -> the first kernel of its cpu lowering
-    (ODD[0], "NCHW"): "im2col_f32", (ODD[0], "NHWC"): "im2col_nhwc_f32",
+    (ODD[0], "NCHW"): "im2col_f32", (ODD[0], "NHWC"): "pad_nhwc_f32",
     (GROUPED[0], "NCHW"): "im2col_f32", (GROUPED[0], "NHWC"): "im2col_nhwc_f32_grouped",
     (ROWS[0], "NCHW"): "conv_direct_rows_", (ROWS[0], "NHWC"): "conv_direct_nhwc_",
     (DEPTHWISE[0], "NCHW"): "conv_direct_plane_", (DEPTHWISE[0], "NHWC"): "conv_direct_nhwc_"}
