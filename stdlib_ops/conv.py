@@ -220,22 +220,23 @@ def bias_activation(g: ConvGeometry, y: td.Tensor, bias: td.Tensor | None, activ
 
 
 def on_columns(g: ConvGeometry, target: str) -> bool:
-    """Whether the convolution runs as a plain GEMM over explicit im2col columns: on the cpu, always.
+    """Whether the convolution runs as a plain GEMM over its im2col columns, materialized or read in place: on the
+    cpu, all but NHWC ones whose padded input's offsets pass i32.
 
     The cpu's register-tile matmul reads rows of B as vectors; an im2col folded into those loads
     costs a dozen integer divisions per element, repeated for every block that reads it (the
-    implicit im2col ran at 10-20 GFLOP/s on the cpu, the plain matmul at 100+). Materializing the
-    columns once, with no divisions per element, leaves a GEMM of the columns by the weights (K x OC),
-    which are constant, so packed once as the template's B panels (`Lowered.weight_operand`):
-    NHWC multiplies the columns (N*OH*OW x K, K = (kh, kw, c)) and C is the output;
-    NCHW has its columns as (K x OH*OW) per image, the template's transposed A, and C (OH*OW x OC) is
+    implicit im2col ran at 10-20 GFLOP/s on the cpu, the plain matmul at 100+). Without those divisions,
+    what is left is a GEMM of the columns by the weights (K x OC), which are constant, so packed once as the
+    template's B panels (`Lowered.weight_operand`):
+    NHWC reads its columns (N*OH*OW x K, K = (kh, kw, c)) in place from the input inside its zero border, an
+    offset per output pixel plus one per (kh, kw, c) (`_lower_indirect`), and C is the output;
+    NCHW has its columns materialized as (K x OH*OW) per image, the template's transposed A, and C (OH*OW x OC) is
     the output transposed, stored column by column (`columns_output_view`). With more groups, each
     image's columns are each group's in turn, so the GEMM is batched over (image, group), each with its
     group's weights (ResNeXt-style convolutions of 72-576 terms a group took the implicit im2col: 4-10x
-    onnxruntime's time; NHWC (1, 28, 28, 256) 3x3 at 32 / 4 groups 4.1 / 7.8 ms so, 1.0 / 2.2 ms
-    on columns).
+    onnxruntime's time; NHWC (1, 28, 28, 256) 3x3 at 32 / 4 groups 4.1 / 7.8 ms so, 0.58 / 2.2 ms read in place).
     """
-    return target == "cpu"
+    return target == "cpu" and (g.layout == "NCHW" or _indexable(g))
 
 
 def _pointwise(g: ConvGeometry) -> bool:
@@ -295,45 +296,6 @@ def columns_kernel(dtype) -> td.Kernel:
                 cols[n, row, base + ow] = 0.0
 
     return im2col_rows
-
-
-@functools.lru_cache(maxsize=8)
-def nhwc_columns_kernel(dtype, grouped: bool) -> td.Kernel:
-    """im2col of an NHWC input: cols[n * G + g, oh * OW + ow, (kh, kw, c)] (G groups, c a group's channel), zero
-    in the padding.
-
-    One block per (output pixel, image) copies its KH x KW input pixels, each group's CG contiguous
-    channels: a vectorized copy, or zeros where the tap falls in the padding. `grouped` kernels loop
-    over the groups, which costs the others a loop level per tap: ResNet-50's 7x7 stem (three channels
-    a tap) took 3.1 ms instead of 1.7. The geometry comes in as scalars, so one compile serves every
-    convolution.
-    """
-    @td.kernel(grid=lambda L, N: (L, N), block=1, name=f"im2col_nhwc_{dtype.name}" + ("_grouped" if grouped else ""))
-    def im2col_pixels(X: dtype["N", "H", "W", "C"], cols: dtype["Z", "L", "KG"], conv_kh: td.i32, conv_kw: td.i32,
-                      conv_ow: td.i32, conv_sh: td.i32, conv_sw: td.i32, conv_pt: td.i32, conv_pl: td.i32,
-                      conv_dh: td.i32, conv_dw: td.i32):
-        pixel, n = blockIdx.x, blockIdx.y
-        oh, ow = pixel // conv_ow, pixel % conv_ow
-        groups = Z // N
-        cg = C // groups
-        for kh in range(conv_kh):
-            ih = oh * conv_sh - conv_pt + kh * conv_dh
-            for kw in range(conv_kw):
-                iw = ow * conv_sw - conv_pl + kw * conv_dw
-                base = (kh * conv_kw + kw) * cg
-                inside = ih >= 0 and ih < H and iw >= 0 and iw < W
-                if grouped:
-                    for gi in range(groups):
-                        for c in range(cg):
-                            cols[n * groups + gi, pixel, base + c] = X[n, ih, iw, gi * cg + c] if inside else 0.0
-                elif inside:
-                    for c in range(C):
-                        cols[n, pixel, base + c] = X[n, ih, iw, c]
-                else:
-                    for c in range(C):
-                        cols[n, pixel, base + c] = 0.0
-
-    return im2col_pixels
 
 
 @functools.lru_cache(maxsize=8)
@@ -564,9 +526,12 @@ def _direct_scalars(g: ConvGeometry) -> dict:
 
 
 def on_rows(g: ConvGeometry, target: str) -> bool:
-    """Whether `direct_kernel` (NCHW) or `direct_nhwc_kernel` runs the convolution: a direct one
-    (`uses_direct`) on the cpu. (GPUs keep the rule-scheduled reduce, whose threads share a row's work.)"""
-    return target == "cpu" and uses_direct(g)
+    """Whether `direct_kernel` (NCHW) or `direct_nhwc_kernel` runs the convolution on the cpu: a direct one
+    (`uses_direct`), or a depthwise one (one input channel a group) of any window, whose GEMMs would be a
+    column or two wide: a 7x7 depthwise layer of 96 channels at 28x28 took 2.4 ms (NCHW) and 6.9 ms (NHWC) on
+    columns, 0.20 and 0.76 ms direct. (GPUs keep the rule-scheduled reduce of `uses_direct`, whose threads
+    share a row's work, and the template for the rest.)"""
+    return target == "cpu" and (uses_direct(g) or g.groups == g.c > 1)
 
 
 @dataclass(frozen=True)
@@ -625,10 +590,9 @@ def _lower_rows(g: ConvGeometry, dtype, x: td.Tensor, epilogue) -> DirectRows:
 
 
 def _columns_shape(g: ConvGeometry) -> tuple:
-    """The shape the columns kernel writes: (N, K, OH*OW) for NCHW (K of every group), (N * G, OH*OW, K) for
-    NHWC (K of a group)."""
+    """The shape `columns_kernel` writes: (N, K, OH*OW) (K of every group)."""
     groups, _, k, _ = g.gemm
-    return (g.n, groups * k, g.oh * g.ow) if g.layout == "NCHW" else (g.n * groups, g.oh * g.ow, k)
+    return (g.n, groups * k, g.oh * g.ow)
 
 
 def _columns_scalars(g: ConvGeometry) -> dict:
@@ -758,7 +722,7 @@ def lower(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue) -> Lowere
         y = columns_output_view(g, c)
         x_name = x.name if x.kind == "placeholder" else None
         pointwise = _pointwise(g) and x_name is not None and (nchw or groups == 1)    # the input is the columns
-        if not nchw and groups == 1 and not pointwise and _indexable(g):
+        if not nchw and not pointwise:
             return _lower_indirect(g, dtype, matmul, x, epilogue(y))
         windowed = nchw and not pointwise and groups == 1 and g.ow >= WINDOW_ROW
         if windowed and mm.cpu.copies_a(True, matmul.m, matmul.n):
@@ -770,8 +734,8 @@ def lower(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue) -> Lowere
                          *matmul.examples(packed_b=True, transposed_a=nchw), epilogues={"C": epilogue(y)})
         if pointwise:
             return Lowered(g, matmul, kernel, None, x_name, True, matmul.batch_index(1))
-        columns = columns_kernel(dtype) if nchw else nhwc_columns_kernel(dtype, groups > 1)  # generic over geometries,
-        if x_name is None:                                                       # ...a fused prologue specializes it
+        columns = columns_kernel(dtype)     # generic over geometries, a fused prologue specializes it
+        if x_name is None:
             columns = td.fuse(columns, np.empty(_x_shape(g), dtype.numpy), np.empty(_columns_shape(g), dtype.numpy),
                               *_columns_scalars(g).values(), prologues={"X": x})
         return Lowered(g, matmul, kernel, columns, x_name, True, matmul.batch_index(1))
@@ -790,18 +754,24 @@ def _indexable(g: ConvGeometry) -> bool:
 
 
 def indirect_table(g: ConvGeometry, batch_index: np.ndarray) -> np.ndarray:
-    """The `indirect` GEMM's table for NHWC convolution `g` (`matmul_cpu.indirect_index`): each output pixel's
-    offset in the padded input (its window's first element), then each (kh, kw, c)'s from there."""
+    """The `indirect` GEMM's table for NHWC convolution `g` (`matmul_cpu.indirect_index`): each z-slice's offset in
+    the padded input (with more groups, z is (image, group): the image's and the group's first channel), each
+    output pixel's (its window's first element; with one group, of every image), then each (kh, kw, c)'s."""
     _, hp, wp, c = _padded_shape(g)
-    n, oh, ow = np.meshgrid(np.arange(g.n), np.arange(g.oh), np.arange(g.ow), indexing="ij")
-    rows = ((n * hp + oh * g.stride[0]) * wp + ow * g.stride[1]) * c
-    kh, kw, ci = np.meshgrid(np.arange(g.kh), np.arange(g.kw), np.arange(c), indexing="ij")
+    groups, cg = g.groups, g.c // g.groups
+    image = hp * wp * c
+    table = batch_index.copy()
+    table[:, 0] = batch_index[:, 0] // groups * image + batch_index[:, 0] % groups * cg
+    n, oh, ow = np.meshgrid(np.arange(g.n if groups == 1 else 1), np.arange(g.oh), np.arange(g.ow), indexing="ij")
+    rows = n * image + (oh * g.stride[0] * wp + ow * g.stride[1]) * c
+    kh, kw, ci = np.meshgrid(np.arange(g.kh), np.arange(g.kw), np.arange(cg), indexing="ij")
     taps = (kh * g.dilation[0] * wp + kw * g.dilation[1]) * c + ci
-    return mm.cpu.indirect_index(batch_index, rows.ravel(), taps.ravel())
+    return mm.cpu.indirect_index(table, rows.ravel(), taps.ravel())
 
 
 def _lower_indirect(g: ConvGeometry, dtype, matmul, x: td.Tensor, out: td.Tensor) -> Lowered:
-    """An NHWC convolution of one group on the cpu as the `indirect` GEMM, which reads its im2col in place from
+    """An NHWC convolution on the cpu as the `indirect` GEMM (batched over (image, group) with more groups), which
+    reads its im2col in place from
     the input inside a zero border (`pad_kernel`, with the input's prologue fused; no copy at all for an input
     without either). On im2col columns, ResNet-50's 7x7 stem took 3.9 ms, 2.3 so (its three channels a tap made the
     columns kernel 1.7 ms of it); 3x3 layers 2.23 -> 2.16 ms at 56x56, 2.29 -> 2.12 at 14x14 (one thread)."""

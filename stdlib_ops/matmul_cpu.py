@@ -190,9 +190,10 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
     With `copy_a` too, each block copies its K x BM part of A for a k block first (`copies_a` says when) and
     computes every column panel (N <= WIDE_N) from the copy: the grid has no column blocks then. With a
     `window` (and copy_a), A is an NCHW input and the copy is its im2col, `window_strip`.
-    With `indirect` (and neither), A is an NHWC input read in place as its im2col: flat (batch, elements),
-    with element (i, k) of the GEMM's A at A[za, rows[i] + taps[k]] for the tables `indirect_index` appends to
-    batch_index's first row (the kernel's M comes from C, its K from the table's width).
+    With `indirect` (and neither), A is an NHWC input read in place as its im2col: flat (1, elements), with
+    element (i, k) of z-slice z's A at A[0, za + rows[i] + taps[k]] for the tables `indirect_index` appends to
+    batch_index's first row, where za = batch_index[z, 0] is an offset (an image's, a group's first channel),
+    not a matrix index (the kernel's M comes from C, its K from the table's width).
     """
     (MR, NR), (BM, BN), KC = p.micro, p.block, p.bk
     copy_a = copy_a and transposed_a
@@ -219,7 +220,7 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
                 if copy_a:
                     fa[x] = strip[k - k0, i0 + x]
                 elif indirect:
-                    fa[x] = td.cast(A[za, at[x] + index[0, 2 + M + k]], f32)
+                    fa[x] = td.cast(A[0, za + at[x] + index[0, 2 + M + k]], f32)
                 else:
                     i = td.min(i0 + x, M - 1)
                     fa[x] = td.cast(A[za, k, i] if transposed_a else A[za, i, k], f32)

@@ -298,7 +298,7 @@ class CompiledGraph:
     def _layout_summary(self) -> str:
         if self.channels_last:
             return "on (2-D convolutions NHWC)"
-        return "on (no 2-D convolution to convert)" if self._layout_pass else "off"
+        return "on (no 2-D convolution to convert, or lone ones only)" if self._layout_pass else "off"
 
     def summary(self, timing: bool = False, repeat: int = 3) -> str:
         """A table of the operators, their output types and kernels; with `timing`, the best of `repeat` runs

@@ -328,9 +328,10 @@ def test_cpu_nhwc_convolutions_read_their_im2col_in_place_from_the_padded_input(
 
 
 @pytest.mark.parametrize("kernel", [(1, 1), (3, 2)])
-def test_cpu_grouped_nhwc_convolutions_multiply_each_groups_columns(kernel):
-    """Grouped NHWC on the cpu: the columns are each group's in turn, (image, group) a GEMM batch with its group's
-    weights (the implicit im2col took 4x the time), even for a 1x1 convolution (its input is no group's columns)."""
+def test_cpu_grouped_nhwc_convolutions_read_each_groups_im2col_in_place(kernel):
+    """Grouped NHWC on the cpu: the indirect GEMM batched over (image, group), each z-slice's A at its image's and
+    group's first channel in the padded input, with its group's weights (the implicit im2col took 4x the
+    time), a 1x1 convolution too (its input is no group's columns matrix); depthwise ones run direct."""
     td.set_target("cpu")
     rng = np.random.default_rng(6)
     x = rng.standard_normal((2, 5, 6, 120)).astype(np.float32)          # 3 groups of 40 channels
@@ -338,11 +339,14 @@ def test_cpu_grouped_nhwc_convolutions_multiply_each_groups_columns(kernel):
     padding = (kernel[0] // 2, 0)
     g = conv.geometry(x.shape, w.shape, padding=padding, groups=3, layout="NHWC")
     low = conv.plan(g, td.f32, "cpu", False, None).lowered
-    assert low.columns is conv.nhwc_columns_kernel(td.f32, True)
-    assert low.matmul.operand_shapes()[0] == (2 * 3, g.oh * g.ow, 40 * kernel[0] * kernel[1])
+    assert low.indirect and low.matmul.operand_shapes()[2] == (2 * 3, g.oh * g.ow, 3)
+    image = (5 + 2 * padding[0]) * 6 * 120
+    assert low.batch_index[:, 0].tolist() == [0, 40, 80, image, image + 40, image + 80]
     got = ops.conv2d(x, w, padding=padding, groups=3, layout="NHWC")
     want = reference(x.transpose(0, 3, 1, 2), w, None, (1, 1), g.padding, (1, 1), 3).transpose(0, 2, 3, 1)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    depthwise = conv.geometry((1, 9, 9, 8), (8, 1, 7, 7), padding=3, groups=8, layout="NHWC")    # 49 terms
+    assert isinstance(conv.plan(depthwise, td.f32, "cpu", False, None).lowered, conv.DirectRows)
 
 
 @settings(max_examples=8, deadline=None)

@@ -81,7 +81,7 @@ DEPTHWISE = ((1, 3, 7, 8), (6, 1, 3, 2), dict(stride=(1, 2), padding=(1, 0, 2, 1
 
 CPU_ROUTES = {   # (the case's input shape, layout) -> the first kernel of its cpu lowering
     (ODD[0], "NCHW"): "im2col_f32", (ODD[0], "NHWC"): "pad_nhwc_f32",
-    (GROUPED[0], "NCHW"): "im2col_f32", (GROUPED[0], "NHWC"): "im2col_nhwc_f32_grouped",
+    (GROUPED[0], "NCHW"): "im2col_f32", (GROUPED[0], "NHWC"): "pad_nhwc_f32",
     (ROWS[0], "NCHW"): "conv_direct_rows_", (ROWS[0], "NHWC"): "conv_direct_nhwc_",
     (DEPTHWISE[0], "NCHW"): "conv_direct_plane_", (DEPTHWISE[0], "NHWC"): "conv_direct_nhwc_"}
 
