@@ -431,6 +431,19 @@ def test_cpu_direct_rows_match_reference(n, groups, cg, mult, hw, k, stride, pad
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("channels,width", [(72, 121), (conv.ROW_BUFFER + 5, 3)])
+def test_nhwc_depthwise_rows_sum_in_pieces(channels, width):
+    """The NHWC depthwise kernel sums an output row in pieces of ROW_BUFFER floats: of pixels (72 channels:
+    56 pixels a piece, then 5), and of channels where one pixel's are more."""
+    td.set_target("cpu")
+    rng = np.random.default_rng(channels)
+    x = rng.standard_normal((1, 4, width, channels)).astype(np.float32)
+    w = rng.standard_normal((channels, 1, 3, 3)).astype(np.float32)
+    got = ops.conv2d(x, w, stride=(1, 2), padding=(2, 1, 0, 1), groups=channels, layout="NHWC")
+    want = reference(x.transpose(0, 3, 1, 2), w, None, (1, 2), (2, 1, 0, 1), (1, 1), channels)
+    np.testing.assert_allclose(got, want.transpose(0, 2, 3, 1), rtol=1e-4, atol=1e-4)
+
+
 @settings(max_examples=16, deadline=None)
 @given(n=st.sampled_from([1, 2]), channels=st.sampled_from([2, 3, 7]), mult=st.sampled_from([1, 2]),
        hw=st.tuples(st.integers(1, 13), st.integers(1, 29)), k=st.sampled_from([(1, 1), (3, 3), (5, 3)]),
