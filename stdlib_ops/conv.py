@@ -801,10 +801,10 @@ def indirect_table(g: ConvGeometry, batch_index: np.ndarray) -> np.ndarray:
 
 def _lower_indirect(g: ConvGeometry, dtype, matmul, x: td.Tensor, out: td.Tensor) -> Lowered:
     """An NHWC convolution on the cpu as the `indirect` GEMM (batched over (image, group) with more groups), which
-    reads its im2col in place from
-    the input inside a zero border (`pad_kernel`, with the input's prologue fused; no copy at all for an input
-    without either). On im2col columns, ResNet-50's 7x7 stem took 3.9 ms, 2.3 so (its three channels a tap made the
-    columns kernel 1.7 ms of it); 3x3 layers 2.23 -> 2.16 ms at 56x56, 2.29 -> 2.12 at 14x14 (one thread)."""
+    reads its im2col in place from the input inside a zero border (`pad_kernel`, with the input's prologue fused;
+    no copy at all for an input without either). On im2col columns, ResNet-50's 7x7 stem took 3.9 ms, 2.3 so
+    (its three channels a tap made the columns kernel 1.7 ms of it); 3x3 layers 2.23 -> 2.16 ms at 56x56,
+    2.29 -> 2.12 at 14x14 (one thread)."""
     table = indirect_table(g, matmul.batch_index(1))
     flat = np.empty((1, math.prod(_padded_shape(g))), dtype.numpy)
     kernel = td.fuse(mm.cpu.tile_matmul_kernel(matmul.point, dtype, dtype, packed_b=True, indirect=True), flat,
@@ -824,8 +824,8 @@ def _pad_scalars(g: ConvGeometry) -> dict:
 
 
 def _lower_gemm(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue, point) -> Lowered:
-    """`lower` on the matmul template with its loads of A the implicit im2col (GPUs, and grouped convolutions
-    on the cpu), at schedule `point` (None: the template's default)."""
+    """`lower` on the matmul template with its loads of A the implicit im2col (GPUs, and on the cpu NHWC
+    convolutions whose offsets pass the indirect GEMM's i32), at schedule `point` (None: the template's default)."""
     groups, m, k, n = g.gemm
     matmul = mm.plan((groups, m, k), (groups, k, n), dtype, target, do_tune=False, point=point)
     c = td.placeholder("C", dtype, matmul.operand_shapes()[2])

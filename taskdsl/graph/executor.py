@@ -50,9 +50,9 @@ PROGRESS_MIN_NODES = 20      # smaller graphs compile quickly: no progress bar
 # its shared A tile from an NHWC input with 16-byte cp.async copies of 8 channels (`im2col`'s gather runs), and
 # from an NCHW one element by element, each with its own index arithmetic and padding test (sm_90 SASS of
 # ResNet-50's 3x3 layer: 12 LDGSTS against 66 LDG + 64 STS and 260 branches). On the cpu the NHWC GEMM stores
-# its output tiles row by row where NCHW's are the output transposed, and a 1x1 convolution's input is its
-# columns: ResNet-50 94.4 -> 85.6 ms on one thread, MobileNet-V2 11.4 -> 11.1, Inception-V3 132.3 -> 129.0
-# (docs/benchmarks.md, session 58).
+# its output tiles row by row where NCHW's are the output transposed, and reads its im2col in place: ResNet-50
+# 96.1 -> 81.0 ms on one thread, MobileNet-V2 11.3 -> 10.2, Inception-V3 133.3 -> 114.0 (docs/benchmarks.md,
+# session 58). The layout pass leaves lone convolutions alone (`passes.channels_last`).
 CHANNELS_LAST = True
 
 
