@@ -207,5 +207,10 @@ def test_a_lone_convolution_keeps_its_layout(simulated_gpu, target):
         ops.conv2d(x, tg.constant(rand((4, 3, 3, 3), 32)), padding=1)
     pair = tg.Graph([x], [side_by_side])
     assert _convs_layouts(pair.compile(target)) == {True}
+    y = x      # ConvNeXt-like: each conv's output meets a layer norm (no channels-last form), its input a residual add
+    for k in range(2):
+        t = ops.layer_norm(ops.conv2d(y, tg.constant(rand((3, 1, 3, 3), 34 + k)), padding=1, groups=3))
+        y = y + t
+    assert passes.channels_last(tg.Graph([x], [y])).nodes == tg.Graph([x], [y]).nodes
     xa = rand((1, 3, 6, 6), 33)
     assert_close(np.asarray(g.compile(target)(xa)[0]), g.reference(xa)[0])
