@@ -327,6 +327,22 @@ def test_cpu_nhwc_convolutions_read_their_im2col_in_place_from_the_padded_input(
     assert not pointwise.lowered.indirect and pointwise.lowered.columns is None and len(pointwise.kernels) == 1
 
 
+def test_cpu_nhwc_convolutions_past_i32_offsets_take_the_implicit_im2col(monkeypatch):
+    """An input whose padded elements pass i32 cannot be the indirect GEMM's table: the implicit im2col runs
+    (a geometry that small, told it is that large)."""
+    td.set_target("cpu")
+    monkeypatch.setattr(conv, "_indexable", lambda g: False)
+    x = np.random.default_rng(8).standard_normal((1, 6, 5, 7)).astype(np.float32)
+    w = np.random.default_rng(9).standard_normal((4, 7, 3, 3)).astype(np.float32)
+    g = conv.geometry(x.shape, w.shape, stride=(2, 1), padding=(1, 0, 2, 1), layout="NHWC")
+    low = conv.lower(g, td.f32, "cpu", conv._x_placeholder(g, td.f32), conv.no_epilogue)
+    assert not low.on_columns and low.kernels == [low.kernel]
+    out = np.empty(g.out_shape, np.float32)
+    low.run({"X": x}, low.weight_operand(w), out)
+    want = reference(x.transpose(0, 3, 1, 2), w, None, (2, 1), (1, 0, 2, 1), (1, 1), 1).transpose(0, 2, 3, 1)
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("kernel", [(1, 1), (3, 2)])
 def test_cpu_grouped_nhwc_convolutions_read_each_groups_im2col_in_place(kernel):
     """Grouped NHWC on the cpu: the indirect GEMM batched over (image, group), each z-slice's A at its image's and
