@@ -476,6 +476,8 @@ def uses_plane(g: ConvGeometry) -> bool:
 
 
 ROW_BUFFER = 4096            # floats of the sums `direct_nhwc_kernel` keeps for a depthwise output row's pixels
+FLAT_CHANNELS = 48          # depthwise NHWC convolutions of fewer channels run `flat_depthwise_kernel`
+FLAT_PIECE = 512            # floats of a row piece of `flat_depthwise_kernel`: its KH*KW taps' tiled weights stay in L1
 
 
 @functools.lru_cache(maxsize=8)
@@ -485,8 +487,8 @@ def direct_nhwc_kernel(dtype) -> td.Kernel:
     run of channels, into ROW_BUFFER floats of sums (the row in pieces of as many pixels as fit): 3x3 layers of
     96 channels at 56x56 and of 144 at 56x56 strided took 0.60 and 0.18 ms as a chunk of DIRECT_CHUNK channels
     per pixel over its taps (each tap's inside test, 96 channels as 64 + 32), 0.27 and 0.11 ms so; a 7x7 one of
-    96 channels at 28x28 0.74 -> 0.40 ms. Few channels still cost: 32 at 112x112 take 1.57 ms, NCHW's
-    `plane_kernel` 0.26. Otherwise, for each output pixel a chunk of DIRECT_CHUNK output channels accumulates in
+    96 channels at 28x28 0.74 -> 0.40 ms (fewer than FLAT_CHANNELS channels at stride 1 run
+    `flat_depthwise_kernel`). Otherwise, for each output pixel a chunk of DIRECT_CHUNK output channels accumulates in
     registers over the taps inside the input. The weights come packed as (KH, KW, CG, O), so a tap's weights
     for consecutive channels are contiguous. Unlike `direct_kernel` it skips the taps in the padding even for an
     inf or NaN weight (whose product with the zero padding is NaN on the other routes): a block is one output
@@ -545,6 +547,49 @@ def direct_nhwc_kernel(dtype) -> td.Kernel:
     return conv_direct_pixels
 
 
+@functools.lru_cache(maxsize=8)
+def flat_depthwise_kernel(dtype) -> td.Kernel:
+    """A plain depthwise NHWC convolution of stride 1 over flat rows: X (N, H, W*C), Y (N, OH, OW*C) and weights
+    tiled along a row piece, (KH, KW, P*C) with each tap's C weights repeated for P pixels, so a tap's products over
+    a piece of P output pixels are one contiguous, vectorized loop over pixels and channels together. With few
+    channels `direct_nhwc_kernel`'s loop over a pixel's channels is too short to vectorize: 32 channels at
+    112x112 (MobileNet-V2's first depthwise layer) took 1.57 ms, 0.58 so (NCHW's `plane_kernel`: 0.26), 16 at
+    56x56 0.54 -> 0.08 ms; from 48 channels on the other kernel is faster (5x5 of 48 at 56x56: 0.28 against 0.39)."""
+    @td.kernel(grid=lambda OH, N: (OH, N), block=1, name=f"conv_depthwise_rows_{dtype.name}")
+    def depthwise_rows(X: dtype["N", "H", "WC"], Wt: dtype["KH", "KW", "RW"], Y: dtype["N", "OH", "OWC"],
+                       conv_pt: td.i32, conv_pl: td.i32, conv_dh: td.i32, conv_dw: td.i32, conv_c: td.i32):
+        oh, n = blockIdx.x, blockIdx.y
+        sums = td.shared(td.f32, ROW_BUFFER)
+        width, out_width = WC // conv_c, OWC // conv_c
+        pixels = RW // conv_c
+        for piece in range(td.cdiv(out_width, pixels)):
+            ow0 = piece * pixels
+            ow1 = min(out_width, ow0 + pixels)
+            for j in range((ow1 - ow0) * conv_c):
+                sums[j] = 0.0
+            for kh in range(KH):
+                ih = oh - conv_pt + kh * conv_dh
+                if ih >= 0 and ih < H:
+                    for kw in range(KW):
+                        offset = kw * conv_dw - conv_pl                  # iw = ow + offset
+                        first = first_inside(offset, 1, out_width)
+                        end = end_inside(offset, 1, out_width, width, first)
+                        lo, hi = max(ow0, first), min(ow1, end)
+                        for j in range((lo - ow0) * conv_c, (hi - ow0) * conv_c):
+                            sums[j] += Wt[kh, kw, j] * X[n, ih, (ow0 + offset) * conv_c + j]
+            for j in range((ow1 - ow0) * conv_c):
+                Y[n, oh, ow0 * conv_c + j] = sums[j]
+
+    return depthwise_rows
+
+
+def _flat_rows(g: ConvGeometry, x: td.Tensor) -> bool:
+    """Whether `flat_depthwise_kernel` runs `g`: NHWC, plain depthwise, stride 1, the input a placeholder (a
+    prologue is defined on (N, H, W, C) indices), a pixel's channels within ROW_BUFFER."""
+    return (g.layout == "NHWC" and g.groups == g.c == g.oc and g.stride == (1, 1) and x.kind == "placeholder"
+            and g.c < FLAT_CHANNELS)
+
+
 def _window_scalars(g: ConvGeometry) -> dict:
     """Stride, top/left padding and dilation: the scalar arguments every generic conv kernel takes."""
     return dict(conv_sh=g.stride[0], conv_sw=g.stride[1], conv_pt=g.padding[0], conv_pl=g.padding[1],
@@ -573,9 +618,14 @@ class DirectRows:
     kernel: td.Kernel
     x_name: str | None          # the input's placeholder, when the input is one (no prologue)
     output: str                 # the kernel's output parameter: Y, or the fused epilogue's output
+    flat: bool = False          # `flat_depthwise_kernel`: X and Y as flat rows, the weights tiled along a row piece
 
     def weight_operand(self, weight: np.ndarray) -> np.ndarray:
-        """The OIHW weights as the kernel reads them: as they are (NCHW), or (KH, KW, CG, O) for NHWC."""
+        """The OIHW weights as the kernel reads them: as they are (NCHW), (KH, KW, CG, O) for NHWC, or for `flat`
+        each tap's (KH, KW, P*C), repeated for the P pixels of a row piece."""
+        if self.flat:
+            pixels = FLAT_PIECE // self.geometry.c
+            return np.ascontiguousarray(np.tile(weight[:, 0].transpose(1, 2, 0), (1, 1, pixels)))
         if self.geometry.layout == "NHWC":
             return np.ascontiguousarray(weight.transpose(2, 3, 1, 0))
         return np.ascontiguousarray(weight)
@@ -583,7 +633,7 @@ class DirectRows:
     @functools.cached_property
     def _call(self) -> tuple:
         """The generic kernel's geometry scalars (a fused kernel has them built in) and its parameter names."""
-        return (dict(**_direct_scalars(self.geometry), **_plane_scalars(self.geometry)),
+        return (dict(**_direct_scalars(self.geometry), **_plane_scalars(self.geometry), conv_c=self.geometry.c),
                 [name for name, _ in self.kernel.params])
 
     def run(self, arrays: dict, weight: np.ndarray, out: np.ndarray) -> None:
@@ -592,7 +642,8 @@ class DirectRows:
         args = dict(arrays, Wt=weight, **scalars)
         args[self.output] = out
         if self.x_name is not None:
-            args["X"] = arrays[self.x_name]
+            x = arrays[self.x_name]
+            args["X"] = x.reshape(x.shape[0], x.shape[1], -1) if self.flat else x
         self.kernel(*[args[name] for name in names])
 
     @property
@@ -603,6 +654,8 @@ class DirectRows:
 def _lower_rows(g: ConvGeometry, dtype, x: td.Tensor, epilogue) -> DirectRows:
     """The layout's direct kernel with `x`'s definition in its loads (unless a placeholder) and `epilogue`
     in its stores."""
+    if _flat_rows(g, x):
+        return _lower_flat_rows(g, dtype, x, epilogue)
     y = td.placeholder("Y", dtype, g.out_shape)
     z = epilogue(y)
     x_name = x.name if x.kind == "placeholder" else None
@@ -617,6 +670,20 @@ def _lower_rows(g: ConvGeometry, dtype, x: td.Tensor, epilogue) -> DirectRows:
         kernel = td.fuse(kernel, *examples, *scalars.values(), *extents.values(), prologues={} if x_name else {"X": x},
                          epilogues={"Y": z} if z is not y else {}, constants=tuple(scalars))
     return DirectRows(g, kernel, x_name, "Y" if z is y else z.name)
+
+
+def _lower_flat_rows(g: ConvGeometry, dtype, x: td.Tensor, epilogue) -> DirectRows:
+    """`flat_depthwise_kernel` with `epilogue` in its stores (the output's view of its flat rows, at least)."""
+    n, oh, ow, c = g.out_shape
+    rows = td.placeholder("Y", dtype, (n, oh, ow * c))
+    z = epilogue(td.compute("Y4", g.out_shape, lambda i, h, w, o: rows[i, h, w * c + o]))
+    examples = [np.empty(s, dtype.numpy) for s in ((g.n, g.h, g.w * g.c), (g.kh, g.kw, FLAT_PIECE // c * c),
+                                                   (n, oh, ow * c))]
+    scalars = dict(conv_pt=g.padding[0], conv_pl=g.padding[1], conv_dh=g.dilation[0], conv_dw=g.dilation[1],
+                   conv_c=c)
+    kernel = td.fuse(flat_depthwise_kernel(dtype), *examples, *scalars.values(), epilogues={"Y": z},
+                     constants=tuple(scalars))
+    return DirectRows(g, kernel, x.name, z.name, flat=True)
 
 
 def _columns_shape(g: ConvGeometry) -> tuple:

@@ -447,6 +447,25 @@ def test_cpu_direct_rows_match_reference(n, groups, cg, mult, hw, k, stride, pad
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("channels,width,dilation", [(5, 230, 2), (32, 37, 1)])
+def test_nhwc_depthwise_convolutions_of_few_channels_run_over_flat_rows(channels, width, dilation):
+    """Fewer than FLAT_CHANNELS channels, stride 1: `flat_depthwise_kernel`, a tap's products over a row piece of
+    pixels and channels in one loop, the weights tiled along the piece (5 channels: 102 pixels a piece, 3 pieces
+    a row), with the bias and activation fused in its stores."""
+    td.set_target("cpu")
+    rng = np.random.default_rng(channels)
+    x = rng.standard_normal((2, 6, width, channels)).astype(np.float32)
+    w = rng.standard_normal((channels, 1, 3, 5)).astype(np.float32)
+    b = rng.standard_normal(channels).astype(np.float32)
+    padding = (1, 4, 0, 3)
+    g = conv.geometry(x.shape, w.shape, padding=padding, dilation=dilation, groups=channels, layout="NHWC")
+    low = conv.plan(g, td.f32, "cpu", True, "relu").lowered
+    assert low.flat and [k.name for k in low.kernels] == ["conv_depthwise_rows_f32_fused"]
+    got = ops.conv2d(x, w, b, padding=padding, dilation=dilation, groups=channels, layout="NHWC", activation="relu")
+    want = reference(x.transpose(0, 3, 1, 2), w, b, (1, 1), padding, (dilation,) * 2, channels)
+    np.testing.assert_allclose(got, np.maximum(want, 0).transpose(0, 2, 3, 1), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("channels,width", [(72, 121), (conv.ROW_BUFFER + 5, 3)])
 def test_nhwc_depthwise_rows_sum_in_pieces(channels, width):
     """The NHWC depthwise kernel sums an output row in pieces of ROW_BUFFER floats: of pixels (72 channels:
