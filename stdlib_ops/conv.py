@@ -559,7 +559,7 @@ def flat_depthwise_kernel(dtype) -> td.Kernel:
     def depthwise_rows(X: dtype["N", "H", "WC"], Wt: dtype["KH", "KW", "RW"], Y: dtype["N", "OH", "OWC"],
                        conv_pt: td.i32, conv_pl: td.i32, conv_dh: td.i32, conv_dw: td.i32, conv_c: td.i32):
         oh, n = blockIdx.x, blockIdx.y
-        sums = td.shared(td.f32, ROW_BUFFER)
+        sums = td.shared(td.f32, FLAT_PIECE)      # a row piece's: RW, at most FLAT_PIECE
         width, out_width = WC // conv_c, OWC // conv_c
         pixels = RW // conv_c
         for piece in range(td.cdiv(out_width, pixels)):
@@ -585,7 +585,7 @@ def flat_depthwise_kernel(dtype) -> td.Kernel:
 
 def _flat_rows(g: ConvGeometry, x: td.Tensor) -> bool:
     """Whether `flat_depthwise_kernel` runs `g`: NHWC, plain depthwise, stride 1, the input a placeholder (a
-    prologue is defined on (N, H, W, C) indices), a pixel's channels within ROW_BUFFER."""
+    prologue is defined on (N, H, W, C) indices), fewer than FLAT_CHANNELS channels."""
     return (g.layout == "NHWC" and g.groups == g.c == g.oc and g.stride == (1, 1) and x.kind == "placeholder"
             and g.c < FLAT_CHANNELS)
 
@@ -633,7 +633,7 @@ class DirectRows:
     @functools.cached_property
     def _call(self) -> tuple:
         """The generic kernel's geometry scalars (a fused kernel has them built in) and its parameter names."""
-        return (dict(**_direct_scalars(self.geometry), **_plane_scalars(self.geometry), conv_c=self.geometry.c),
+        return (dict(**_direct_scalars(self.geometry), **_plane_scalars(self.geometry)),
                 [name for name, _ in self.kernel.params])
 
     def run(self, arrays: dict, weight: np.ndarray, out: np.ndarray) -> None:
