@@ -475,119 +475,118 @@ def uses_plane(g: ConvGeometry) -> bool:
     return g.layout == "NCHW" and g.c == g.groups and _plane_scalars(g)["conv_plane"] <= limit
 
 
-ROW_BUFFER = 4096            # floats of the sums `direct_nhwc_kernel` keeps for a depthwise output row's pixels
-FLAT_CHANNELS = 48          # depthwise NHWC convolutions of fewer channels run `flat_depthwise_kernel`
-FLAT_PIECE = 512            # floats of a row piece of `flat_depthwise_kernel`: its KH*KW taps' tiled weights stay in L1
-
-
 @functools.lru_cache(maxsize=8)
 def direct_nhwc_kernel(dtype) -> td.Kernel:
-    """`direct_kernel` for NHWC: one block per (output row, image). A plain depthwise convolution (one input
-    channel per output channel) sums a tap at a time over the row's pixels inside the input, each a vectorized
-    run of channels, into ROW_BUFFER floats of sums (the row in pieces of as many pixels as fit): 3x3 layers of
-    96 channels at 56x56 and of 144 at 56x56 strided took 0.60 and 0.18 ms as a chunk of DIRECT_CHUNK channels
-    per pixel over its taps (each tap's inside test, 96 channels as 64 + 32), 0.27 and 0.11 ms so; a 7x7 one of
-    96 channels at 28x28 0.74 -> 0.40 ms (fewer than FLAT_CHANNELS channels at stride 1 run
-    `flat_depthwise_kernel`). Otherwise, for each output pixel a chunk of DIRECT_CHUNK output channels accumulates in
-    registers over the taps inside the input. The weights come packed as (KH, KW, CG, O), so a tap's weights
-    for consecutive channels are contiguous. Unlike `direct_kernel` it skips the taps in the padding even for an
-    inf or NaN weight (whose product with the zero padding is NaN on the other routes): a block is one output
-    row, and finding such weights in each block cost MobileNet-V2's layers 4-9% (7x7x960 to 56x56x144), adding
-    w * 0 for each tap in the padding 8-19%."""
+    """`direct_kernel` for NHWC (a plain depthwise convolution runs `depthwise_nhwc_kernel`): one block per
+    (output row, image); for each output pixel a chunk of DIRECT_CHUNK output channels accumulates in registers
+    over the taps inside the input. The weights come packed as (KH, KW, CG, O), so a tap's weights for
+    consecutive channels are contiguous. Unlike `direct_kernel` it skips the taps in the padding even for an inf
+    or NaN weight (whose product with the zero padding is NaN on the other routes)."""
     @td.kernel(grid=lambda OH, N: (OH, N), block=1, name=f"conv_direct_nhwc_{dtype.name}")
     def conv_direct_pixels(X: dtype["N", "H", "W", "C"], Wt: dtype["KH", "KW", "CG", "O"],
                            Y: dtype["N", "OH", "OW", "O"], conv_sh: td.i32, conv_sw: td.i32, conv_pt: td.i32,
                            conv_pl: td.i32, conv_dh: td.i32, conv_dw: td.i32, conv_ocg: td.i32):
         oh, n = blockIdx.x, blockIdx.y
-        if conv_ocg == 1 and CG == 1:
-            sums = td.shared(td.f32, ROW_BUFFER)
-            span = min(C, ROW_BUFFER)                # channels, and pixels, a piece of the row sums at once
-            pixels = ROW_BUFFER // span
-            for cp in range(td.cdiv(C, span)):
-                c0 = cp * span
-                width = min(span, C - c0)
-                for op in range(td.cdiv(OW, pixels)):
-                    ow0 = op * pixels
-                    ow1 = min(OW, ow0 + pixels)
-                    for i in range((ow1 - ow0) * span):
-                        sums[i] = 0.0
-                    for kh in range(KH):
-                        ih = oh * conv_sh - conv_pt + kh * conv_dh
-                        if ih >= 0 and ih < H:
-                            for kw in range(KW):
-                                offset = kw * conv_dw - conv_pl             # iw = ow * stride + offset
-                                first = first_inside(offset, conv_sw, OW)
-                                end = end_inside(offset, conv_sw, OW, W, first)
-                                for ow in range(max(ow0, first), min(ow1, end)):
-                                    row = (ow - ow0) * span
-                                    for c in range(width):
-                                        sums[row + c] += Wt[kh, kw, 0, c0 + c] * X[n, ih, ow * conv_sw + offset, c0 + c]
-                    for ow in range(ow0, ow1):
-                        for c in range(width):
-                            Y[n, oh, ow, c0 + c] = sums[(ow - ow0) * span + c]
-        else:
-            acc = td.registers(td.f32, DIRECT_CHUNK)
-            for ow in range(OW):
-                for start in range(0, O, DIRECT_CHUNK):
-                    width = min(DIRECT_CHUNK, O - start)
-                    for j in range(DIRECT_CHUNK):
-                        acc[j] = 0.0
-                    for kh in range(KH):
-                        ih = oh * conv_sh - conv_pt + kh * conv_dh
-                        for kw in range(KW):
-                            iw = ow * conv_sw - conv_pl + kw * conv_dw
-                            if ih >= 0 and ih < H and iw >= 0 and iw < W:
-                                for c in range(CG):
-                                    for j in range(width):
-                                        ci = (start + j) // conv_ocg * CG + c
-                                        acc[j] += Wt[kh, kw, c, start + j] * X[n, ih, iw, ci]
-                    for j in range(width):
-                        Y[n, oh, ow, start + j] = acc[j]
+        acc = td.registers(td.f32, DIRECT_CHUNK)
+        for ow in range(OW):
+            for start in range(0, O, DIRECT_CHUNK):
+                width = min(DIRECT_CHUNK, O - start)
+                for j in range(DIRECT_CHUNK):
+                    acc[j] = 0.0
+                for kh in range(KH):
+                    ih = oh * conv_sh - conv_pt + kh * conv_dh
+                    for kw in range(KW):
+                        iw = ow * conv_sw - conv_pl + kw * conv_dw
+                        if ih >= 0 and ih < H and iw >= 0 and iw < W:
+                            for c in range(CG):
+                                for j in range(width):
+                                    ci = (start + j) // conv_ocg * CG + c
+                                    acc[j] += Wt[kh, kw, c, start + j] * X[n, ih, iw, ci]
+                for j in range(width):
+                    Y[n, oh, ow, start + j] = acc[j]
 
     return conv_direct_pixels
 
 
+DEPTHWISE_PIXELS = 4        # output pixels `depthwise_nhwc_kernel` sums at once (2, 3, 5, 6 or 8 were slower)
+DEPTHWISE_TAPS = 9          # taps of the biggest window whose taps it unrolls all (3x3); a bigger one's, row by row
+ROW_BUFFER = 4096           # floats of the sums `depthwise_nhwc_kernel` keeps for its pixels' channels
+
+
+def whole_window(g: ConvGeometry) -> bool:
+    """Whether `depthwise_nhwc_kernel` unrolls all of `g`'s taps (3x3 and smaller), or a window row's."""
+    return g.kh * g.kw <= DEPTHWISE_TAPS
+
+
+@td.func
+def add_tap(sums, X, n, ih, row, w, first_iw, conv_sw, c, pixels, last):
+    """sums[p] += w * X[n, ih, first_iw + min(p, last) * conv_sw, c] for each of the `pixels`, the input zero
+    outside its bounds (read at a clamped pixel of `row`, ih clamped)."""
+    for p in range(pixels):
+        iw = first_iw + td.min(p, last) * conv_sw
+        inside = ih >= 0 and ih < X.shape[1] and iw >= 0 and iw < X.shape[2]
+        x = X[n, row, td.min(td.max(iw, 0), X.shape[2] - 1), c]
+        sums[p] += w * (x if inside else 0.0)
+
+
 @functools.lru_cache(maxsize=8)
-def flat_depthwise_kernel(dtype) -> td.Kernel:
-    """A plain depthwise NHWC convolution of stride 1 over flat rows: X (N, H, W*C), Y (N, OH, OW*C) and weights
-    tiled along a row piece, (KH, KW, P*C) with each tap's C weights repeated for P pixels, so a tap's products over
-    a piece of P output pixels are one contiguous, vectorized loop over pixels and channels together. With few
-    channels `direct_nhwc_kernel`'s loop over a pixel's channels is too short to vectorize: 32 channels at
-    112x112 (MobileNet-V2's first depthwise layer) took 1.57 ms, 0.58 so (NCHW's `plane_kernel`: 0.26), 16 at
-    56x56 0.54 -> 0.08 ms; from 48 channels on the other kernel is faster (5x5 of 48 at 56x56: 0.28 against 0.39)."""
-    @td.kernel(grid=lambda OH, N: (OH, N), block=1, name=f"conv_depthwise_rows_{dtype.name}")
-    def depthwise_rows(X: dtype["N", "H", "WC"], Wt: dtype["KH", "KW", "RW"], Y: dtype["N", "OH", "OWC"],
-                       conv_pt: td.i32, conv_pl: td.i32, conv_dh: td.i32, conv_dw: td.i32, conv_c: td.i32):
+def depthwise_nhwc_kernel(dtype, whole: bool) -> td.Kernel:
+    """A plain depthwise NHWC convolution (one input channel per output channel), for a geometry built in (`fuse`
+    with its scalars as constants): one block per (output row, image), DEPTHWISE_PIXELS output pixels at a time.
+
+    The loop over channels is the one LLVM vectorizes. For each channel it sums the taps of the `whole` window
+    (unrolled) in registers, one independent chain of FMAs per pixel, each tap's weight loaded once for all of them;
+    for a bigger window, the taps of a window row, adding to the sums of the rows before, kept in a local buffer.
+    The sums go to the local buffer, and a second loop stores them to the output, where a fused epilogue applies:
+    so the loop over channels stores to no tensor that might overlap its inputs (on the output, 36 tap loads
+    made too many run-time overlap checks for LLVM, which left the loop scalar). A tap in the padding reads a
+    clamped pixel and adds w * 0, as the zero padding gives it (NaN for an inf or NaN weight, as on the other
+    routes); the last group of pixels repeats the row's last pixel. Summing a tap at a time over a row's pixels
+    into a buffer instead (3 loads and a store per FMA) took, on one thread: 144 channels at 56x56 0.44 ms
+    (now 0.14), 960 at 7x7 0.051 (0.035), 32 at 112x112 0.58 (0.17), a 7x7 window over 96 at 28x28 0.38 (0.13)."""
+    @td.kernel(grid=lambda OH, N: (OH, N), block=1, name=f"conv_depthwise_nhwc_{dtype.name}")
+    def conv_depthwise_pixels(X: dtype["N", "H", "W", "C"], Wt: dtype["KH", "KW", "CG", "C"],
+                              Y: dtype["N", "OH", "OW", "C"], conv_sh: td.i32, conv_sw: td.i32, conv_pt: td.i32,
+                              conv_pl: td.i32, conv_dh: td.i32, conv_dw: td.i32):
         oh, n = blockIdx.x, blockIdx.y
-        sums = td.shared(td.f32, FLAT_PIECE)      # a row piece's: RW, at most FLAT_PIECE
-        width, out_width = WC // conv_c, OWC // conv_c
-        pixels = RW // conv_c
-        for piece in range(td.cdiv(out_width, pixels)):
-            ow0 = piece * pixels
-            ow1 = min(out_width, ow0 + pixels)
-            for j in range((ow1 - ow0) * conv_c):
-                sums[j] = 0.0
-            for kh in range(KH):
-                ih = oh - conv_pt + kh * conv_dh
-                if ih >= 0 and ih < H:
-                    for kw in range(KW):
-                        offset = kw * conv_dw - conv_pl                  # iw = ow + offset
-                        first = first_inside(offset, 1, out_width)
-                        end = end_inside(offset, 1, out_width, width, first)
-                        lo, hi = max(ow0, first), min(ow1, end)
-                        for j in range((lo - ow0) * conv_c, (hi - ow0) * conv_c):
-                            sums[j] += Wt[kh, kw, j] * X[n, ih, (ow0 + offset) * conv_c + j]
-            for j in range((ow1 - ow0) * conv_c):
-                Y[n, oh, ow0 * conv_c + j] = sums[j]
+        pixels = DEPTHWISE_PIXELS
+        sums = td.registers(td.f32, pixels)
+        buffer = td.registers(td.f32, ROW_BUFFER)
+        span = td.min(C, ROW_BUFFER // pixels)          # channels a piece sums at once
+        for ow0 in range(0, OW, pixels):
+            last = OW - 1 - ow0                         # pixels past it repeat it
+            for piece in range(td.cdiv(C, span)):
+                c0 = piece * span
+                width = td.min(span, C - c0)
+                if whole:
+                    for c in range(c0, c0 + width):
+                        for p in range(pixels):
+                            sums[p] = 0.0
+                        for kh in td.unroll(KH):
+                            ih = oh * conv_sh - conv_pt + kh * conv_dh
+                            for kw in td.unroll(KW):
+                                add_tap(sums, X, n, ih, td.min(td.max(ih, 0), H - 1), Wt[kh, kw, 0, c],
+                                        ow0 * conv_sw - conv_pl + kw * conv_dw, conv_sw, c, pixels, last)
+                        for p in range(pixels):
+                            buffer[p * span + c - c0] = sums[p]
+                else:
+                    for j in range(pixels * span):
+                        buffer[j] = 0.0
+                    for kh in range(KH):
+                        ih = oh * conv_sh - conv_pt + kh * conv_dh
+                        for c in range(c0, c0 + width):
+                            for p in range(pixels):
+                                sums[p] = buffer[p * span + c - c0]
+                            for kw in td.unroll(KW):
+                                add_tap(sums, X, n, ih, td.min(td.max(ih, 0), H - 1), Wt[kh, kw, 0, c],
+                                        ow0 * conv_sw - conv_pl + kw * conv_dw, conv_sw, c, pixels, last)
+                            for p in range(pixels):
+                                buffer[p * span + c - c0] = sums[p]
+                for p in range(pixels):
+                    for c in range(width):
+                        Y[n, oh, ow0 + td.min(p, last), c0 + c] = buffer[p * span + c]
 
-    return depthwise_rows
-
-
-def _flat_rows(g: ConvGeometry, x: td.Tensor) -> bool:
-    """Whether `flat_depthwise_kernel` runs `g`: NHWC, plain depthwise, stride 1, the input a placeholder (a
-    prologue is defined on (N, H, W, C) indices), fewer than FLAT_CHANNELS channels."""
-    return (g.layout == "NHWC" and g.groups == g.c == g.oc and g.stride == (1, 1) and x.kind == "placeholder"
-            and g.c < FLAT_CHANNELS)
+    return conv_depthwise_pixels
 
 
 def _window_scalars(g: ConvGeometry) -> dict:
@@ -618,14 +617,9 @@ class DirectRows:
     kernel: td.Kernel
     x_name: str | None          # the input's placeholder, when the input is one (no prologue)
     output: str                 # the kernel's output parameter: Y, or the fused epilogue's output
-    flat: bool = False          # `flat_depthwise_kernel`: X and Y as flat rows, the weights tiled along a row piece
 
     def weight_operand(self, weight: np.ndarray) -> np.ndarray:
-        """The OIHW weights as the kernel reads them: as they are (NCHW), (KH, KW, CG, O) for NHWC, or for `flat`
-        each tap's (KH, KW, P*C), repeated for the P pixels of a row piece."""
-        if self.flat:
-            pixels = FLAT_PIECE // self.geometry.c
-            return np.ascontiguousarray(np.tile(weight[:, 0].transpose(1, 2, 0), (1, 1, pixels)))
+        """The OIHW weights as the kernel reads them: as they are (NCHW), (KH, KW, CG, O) for NHWC."""
         if self.geometry.layout == "NHWC":
             return np.ascontiguousarray(weight.transpose(2, 3, 1, 0))
         return np.ascontiguousarray(weight)
@@ -643,7 +637,7 @@ class DirectRows:
         args[self.output] = out
         if self.x_name is not None:
             x = arrays[self.x_name]
-            args["X"] = x.reshape(x.shape[0], x.shape[1], -1) if self.flat else x
+            args["X"] = x
         self.kernel(*[args[name] for name in names])
 
     @property
@@ -653,37 +647,26 @@ class DirectRows:
 
 def _lower_rows(g: ConvGeometry, dtype, x: td.Tensor, epilogue) -> DirectRows:
     """The layout's direct kernel with `x`'s definition in its loads (unless a placeholder) and `epilogue`
-    in its stores."""
-    if _flat_rows(g, x):
-        return _lower_flat_rows(g, dtype, x, epilogue)
+    in its stores. A plain depthwise NHWC convolution's kernel is always built for its geometry: its taps unroll."""
     y = td.placeholder("Y", dtype, g.out_shape)
     z = epilogue(y)
     x_name = x.name if x.kind == "placeholder" else None
     nchw = g.layout == "NCHW"
     plane = uses_plane(g)
-    kernel = plane_kernel(dtype) if plane else direct_kernel(dtype) if nchw else direct_nhwc_kernel(dtype)
-    if z is not y or x_name is None:      # generic kernels: one compile serves every geometry... but fusion
+    depthwise = not nchw and g.groups == g.c == g.oc
+    if depthwise:
+        kernel, scalars = depthwise_nhwc_kernel(dtype, whole_window(g)), _window_scalars(g)
+    else:
+        kernel = plane_kernel(dtype) if plane else direct_kernel(dtype) if nchw else direct_nhwc_kernel(dtype)
+        scalars = _direct_scalars(g)
+    if depthwise or z is not y or x_name is None:   # generic kernels: one compile serves every geometry... but
         w_shape = (g.oc, g.c // g.groups, g.kh, g.kw) if nchw else (g.kh, g.kw, g.c // g.groups, g.oc)
         examples = [np.empty(s, dtype.numpy) for s in (_x_shape(g), w_shape, g.out_shape)]
-        scalars = _direct_scalars(g)      # specializes them, to the geometry's scalars too: with a constant
-        extents = _plane_scalars(g) if plane else {}   # stride, a row's taps are unit-stride loops that vectorize
-        kernel = td.fuse(kernel, *examples, *scalars.values(), *extents.values(), prologues={} if x_name else {"X": x},
-                         epilogues={"Y": z} if z is not y else {}, constants=tuple(scalars))
+        extents = _plane_scalars(g) if plane else {}   # fusion specializes them, to the geometry's scalars too:
+        kernel = td.fuse(kernel, *examples, *scalars.values(), *extents.values(),    # with a constant stride, a
+                         prologues={} if x_name else {"X": x},          # row's taps are unit-stride loops that
+                         epilogues={"Y": z} if z is not y else {}, constants=tuple(scalars))       # vectorize
     return DirectRows(g, kernel, x_name, "Y" if z is y else z.name)
-
-
-def _lower_flat_rows(g: ConvGeometry, dtype, x: td.Tensor, epilogue) -> DirectRows:
-    """`flat_depthwise_kernel` with `epilogue` in its stores (the output's view of its flat rows, at least)."""
-    n, oh, ow, c = g.out_shape
-    rows = td.placeholder("Y", dtype, (n, oh, ow * c))
-    z = epilogue(td.compute("Y4", g.out_shape, lambda i, h, w, o: rows[i, h, w * c + o]))
-    examples = [np.empty(s, dtype.numpy) for s in ((g.n, g.h, g.w * g.c), (g.kh, g.kw, FLAT_PIECE // c * c),
-                                                   (n, oh, ow * c))]
-    scalars = dict(conv_pt=g.padding[0], conv_pl=g.padding[1], conv_dh=g.dilation[0], conv_dw=g.dilation[1],
-                   conv_c=c)
-    kernel = td.fuse(flat_depthwise_kernel(dtype), *examples, *scalars.values(), epilogues={"Y": z},
-                     constants=tuple(scalars))
-    return DirectRows(g, kernel, x.name, z.name, flat=True)
 
 
 def _columns_shape(g: ConvGeometry) -> tuple:

@@ -100,3 +100,30 @@ def test_split_offset_keeps_the_value_and_leaves_no_constant_term_in_a_sum(tree,
     base, offset = _split_offset(expr)
     assert _evaluate(base, env) + offset == value(env)
     assert not (isinstance(base, ir.Binary) and base.op == "+" and isinstance(base.b, ir.Const))
+
+
+@td.kernel(grid=1, block=1)
+def padded_window(X: f32["N"], Y: f32["N"], shift: i32):
+    for i in range(N):
+        j = i + shift
+        inside = j >= 0 and j < N and not (j == 3)          # arithmetic and comparisons: both sides evaluated
+        Y[i] = X[td.min(td.max(j, 0), N - 1)] if inside else 0.0
+        if j >= 0 and j < N and X[td.min(td.max(j, 0), N - 1)] > 0.0:     # a load: Python's short-circuit stays
+            Y[i] += 1.0
+
+
+def test_and_of_plain_comparisons_is_branch_free():
+    """`a and b` of integer comparisons is emitted as `a & b` (a branch in a loop body keeps LLVM from vectorizing
+    it); with a load on either side it stays Python's `and`, which evaluates the load only when it may."""
+    x = np.random.default_rng(1).standard_normal(23).astype(np.float32)
+    for shift in (-5, 0, 4):
+        y = np.zeros_like(x)
+        source = padded_window.source(x, y, shift, target="cpu")
+        assert "inside = (((j >= 0) & (j < N)) & (not (j == 3)))" in source
+        assert "if (((j >= 0) & (j < N)) and (X[" in source
+        padded_window(x, y, shift)
+        j = np.arange(23) + shift
+        inside = (j >= 0) & (j < 23) & (j != 3)
+        shifted = x[np.clip(j, 0, 22)]
+        want = np.where(inside, shifted, 0) + ((j >= 0) & (j < 23) & (shifted > 0))
+        np.testing.assert_array_equal(y, want.astype(np.float32))

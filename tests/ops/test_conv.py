@@ -447,36 +447,44 @@ def test_cpu_direct_rows_match_reference(n, groups, cg, mult, hw, k, stride, pad
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("channels,width,dilation", [(5, 230, 2), (32, 37, 1)])
-def test_nhwc_depthwise_convolutions_of_few_channels_run_over_flat_rows(channels, width, dilation):
-    """Fewer than FLAT_CHANNELS channels, stride 1: `flat_depthwise_kernel`, a tap's products over a row piece of
-    pixels and channels in one loop, the weights tiled along the piece (5 channels: 102 pixels a piece, 3 pieces
-    a row), with the bias and activation fused in its stores."""
+@pytest.mark.parametrize("channels,width,window,stride,dilation,whole", [
+    (5, 13, (3, 3), (1, 1), 2, True),           # the whole window unrolled; 13 pixels: the last group repeats one
+    (37, 37, (3, 3), (2, 1), 1, True),
+    (conv.ROW_BUFFER // conv.DEPTHWISE_PIXELS + 5, 6, (3, 3), (1, 2), 1, True),    # two pieces of channels
+    (24, 29, (5, 3), (1, 1), 1, False),         # a window row at a time
+    (16, 11, (7, 7), (2, 1), 1, False)])
+def test_nhwc_depthwise_kernel_sums_groups_of_pixels(channels, width, window, stride, dilation, whole):
+    """`depthwise_nhwc_kernel`: DEPTHWISE_PIXELS output pixels at a time, each channel's taps in registers (the
+    whole window, or of a window row over the sums of the rows before), the bias and activation fused in its
+    stores; strides, dilation and padding on every side, against float64 numpy."""
     td.set_target("cpu")
     rng = np.random.default_rng(channels)
-    x = rng.standard_normal((2, 6, width, channels)).astype(np.float32)
-    w = rng.standard_normal((channels, 1, 3, 5)).astype(np.float32)
+    x = rng.standard_normal((2, 9, width, channels)).astype(np.float32)
+    w = rng.standard_normal((channels, 1) + window).astype(np.float32)
     b = rng.standard_normal(channels).astype(np.float32)
     padding = (1, 4, 0, 3)
-    g = conv.geometry(x.shape, w.shape, padding=padding, dilation=dilation, groups=channels, layout="NHWC")
-    low = conv.plan(g, td.f32, "cpu", True, "relu").lowered
-    assert low.flat and [k.name for k in low.kernels] == ["conv_depthwise_rows_f32_fused"]
-    got = ops.conv2d(x, w, b, padding=padding, dilation=dilation, groups=channels, layout="NHWC", activation="relu")
-    want = reference(x.transpose(0, 3, 1, 2), w, b, (1, 1), padding, (dilation,) * 2, channels)
+    g = conv.geometry(x.shape, w.shape, stride, padding, dilation, channels, layout="NHWC")
+    assert conv.whole_window(g) == whole
+    assert [k.name for k in conv.plan(g, td.f32, "cpu", True, "relu").kernels] == ["conv_depthwise_nhwc_f32_fused"]
+    got = ops.conv2d(x, w, b, stride, padding, dilation, channels, layout="NHWC", activation="relu")
+    want = reference(x.transpose(0, 3, 1, 2), w, b, stride, padding, (dilation,) * 2, channels)
     np.testing.assert_allclose(got, np.maximum(want, 0).transpose(0, 2, 3, 1), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("channels,width", [(72, 121), (conv.ROW_BUFFER + 5, 3)])
-def test_nhwc_depthwise_rows_sum_in_pieces(channels, width):
-    """The NHWC depthwise kernel sums an output row in pieces of ROW_BUFFER floats: of pixels (72 channels:
-    56 pixels a piece, then 5), and of channels where one pixel's are more."""
+@pytest.mark.parametrize("window", [(3, 3), (1, 7)])
+def test_nhwc_depthwise_kernel_multiplies_the_padding_by_infinite_weights(window):
+    """A tap in the padding adds w * 0, as the zero padding does in numpy (and in onnxruntime): NaN for an inf or
+    NaN weight, in the outputs whose window reaches the padding there (inf or finite elsewhere)."""
     td.set_target("cpu")
-    rng = np.random.default_rng(channels)
-    x = rng.standard_normal((1, 4, width, channels)).astype(np.float32)
-    w = rng.standard_normal((channels, 1, 3, 3)).astype(np.float32)
-    got = ops.conv2d(x, w, stride=(1, 2), padding=(2, 1, 0, 1), groups=channels, layout="NHWC")
-    want = reference(x.transpose(0, 3, 1, 2), w, None, (1, 2), (2, 1, 0, 1), (1, 1), channels)
-    np.testing.assert_allclose(got, want.transpose(0, 2, 3, 1), rtol=1e-4, atol=1e-4)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((1, 6, 7, 16)).astype(np.float32)
+    w = rng.standard_normal((16, 1) + window).astype(np.float32)
+    w[3, 0, 0, 0] = np.inf
+    w[5, 0, -1, -1] = np.nan
+    want = reference(x.transpose(0, 3, 1, 2), w, None, (1, 1), (1, 3, 1, 3), (1, 1), 16).transpose(0, 2, 3, 1)
+    assert np.isnan(want[..., 3]).any() and not np.isnan(want[..., 3]).all()
+    got = ops.conv2d(x, w, padding=(1, 3, 1, 3), groups=16, layout="NHWC")
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)      # NaN where want is NaN, inf where inf
 
 
 @settings(max_examples=16, deadline=None)
