@@ -68,6 +68,28 @@ def test_the_pass_leaves_one_transpose_at_each_end_of_a_conv_stack():
     assert_close(cg(xa)[0], g.reference(xa)[0])
 
 
+@pytest.mark.parametrize("keepdims", [True, False])
+def test_a_global_pool_of_a_channels_last_tensor_reduces_its_channels_last_form(keepdims):
+    """A reduction over the spatial axes (2, 3) of a tensor computed channels-last reduces axes (1, 2) of that form:
+    with keepdims its (N, 1, 1, C) result is the channels-last form (one transpose back, of N x C elements), without
+    it (N, C) is the same in both layouts. A reduction over the channels keeps the channels-first layout."""
+    x = tg.input("x", (2, 4, 9, 8))
+    y = _block(_block(x, 0), 10)
+    pooled = ops.mean(y, (2, 3), keepdims) if keepdims else ops.max(y, (-1, -2))
+    g = tg.Graph([x], [ops.flatten(pooled), ops.sum(y, 1)])
+    last = passes.optimize(g, LAYOUT_PASSES)
+    spatial = [op for op in last.nodes if op.kind.startswith("reduce") and op.inputs[0].shape == (2, 9, 8, 5)]
+    assert [op.attrs["axes"] for op in spatial] == [(1, 2)]
+    channels = [op for op in last.nodes if op.kind == "reduce_sum"]
+    assert [(op.attrs["axes"], op.inputs[0].shape) for op in channels] == [((1,), (2, 5, 9, 8))]
+    assert _kinds(last).count("transpose") == (3 if keepdims else 2)
+    xa = rand((2, 4, 9, 8), 6)
+    for got, want in zip(last.reference(xa), g.reference(xa)):
+        assert_close(got, want)
+    for got, want in zip(g.compile(channels_last=True)(xa), g.reference(xa)):
+        assert_close(got, want)
+
+
 def test_the_pass_changes_nothing_without_convolutions():
     x = tg.input("x", (2, 3, 4, 4))
     g = tg.Graph([x], [ops.relu(x)])
