@@ -481,7 +481,8 @@ def direct_nhwc_kernel(dtype) -> td.Kernel:
     (output row, image); for each output pixel a chunk of DIRECT_CHUNK output channels accumulates in registers
     over the taps inside the input. The weights come packed as (KH, KW, CG, O), so a tap's weights for
     consecutive channels are contiguous. Unlike `direct_kernel` it skips the taps in the padding even for an inf
-    or NaN weight (whose product with the zero padding is NaN on the other routes)."""
+    or NaN weight (whose product with the zero padding is NaN on the other routes): it has no pass adding w * 0
+    for them, as `direct_kernel` has."""
     @td.kernel(grid=lambda OH, N: (OH, N), block=1, name=f"conv_direct_nhwc_{dtype.name}")
     def conv_direct_pixels(X: dtype["N", "H", "W", "C"], Wt: dtype["KH", "KW", "CG", "O"],
                            Y: dtype["N", "OH", "OW", "O"], conv_sh: td.i32, conv_sw: td.i32, conv_pt: td.i32,

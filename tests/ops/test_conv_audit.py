@@ -137,7 +137,8 @@ def test_nan_and_infinite_weights_times_the_zero_padding():
     """A NaN or inf weight times the zero padding is NaN (as onnxruntime, numpy and the im2col GEMMs give it): the
     cpu's direct rows kernel (two channels a group, NCHW) skipped the taps in the padding, so the border outputs
     were finite (8, 12, ...) where every other lowering gave NaN. Depthwise (the plane kernel) and GEMM agree.
-    NCHW only: the cpu's NHWC direct kernel still skips those taps (conv.direct_nhwc_kernel says why)."""
+    NCHW here (NHWC depthwise: test_conv.py); the cpu's grouped NHWC kernel still skips those taps
+    (conv.direct_nhwc_kernel)."""
     for case, activation in ((ROWS, "relu"), (DEPTHWISE, "sigmoid"), (ODD, "relu6")):
         x, w, bias, options = operands(case, 0)
         w[:, 0, 0, 0] = np.inf
