@@ -762,7 +762,8 @@ class Lowered:
                 args["X"] = arrays[self.x_name]
             yield self.columns, [args[name] for name in columns_params]
             args["A"] = cols.reshape(shape)
-        out = out if self.geometry.groups == 1 else out.reshape(_grouped_out_shape(self.geometry))
+        if len((self.finish or self.kernel).params[-1][1].dims) == 5:     # grouped: the channel axis split
+            out = out.reshape(_grouped_out_shape(self.geometry))
         if self.finish is None:
             yield self.kernel, [args[name] for name in names] + [out]
             return

@@ -96,9 +96,8 @@ def _fusible_anchor(op: Operator) -> bool:
     if isinstance(op, MatMul):
         return all(t.ndim >= 2 for t in op.inputs) and op.inputs[0].dtype in (td.f32, td.f16)
     if isinstance(op, Conv):
-        x = op.inputs[0]    # ungrouped: the matmul template; grouped: the cpu's direct rows (conv_lib.lower)
-        return x.ndim == 4 and x.dtype in (td.f32, td.f16) and (
-            op.attrs["groups"] == 1 or conv_lib.on_rows(conv_geometry(op), td.get_target()))
+        x = op.inputs[0]    # ungrouped: the matmul template; grouped: the cpu's direct rows or GEMMs (conv_lib.lower)
+        return x.ndim == 4 and x.dtype in (td.f32, td.f16) and (op.attrs["groups"] == 1 or td.get_target() == "cpu")
     return False
 
 
@@ -240,8 +239,9 @@ class _Build:
 
     def _conv(self, anchor: Conv) -> None:
         x, w = anchor.inputs
+        out = anchor.outputs[0]     # a grouped GEMM's output has its channel axis split: (group, channel) views it
         self.conv = conv_lib.lower(conv_geometry(anchor), x.dtype, td.get_target(), self.value[id(x)],
-                                   lambda y: self._epilogue(anchor.outputs[0], y))
+                                   lambda y: self._epilogue(out, y if y.ndim == 4 else _view(y, out.shape, "conv_out")))
         self.weight, self.kernels = w, self.conv.kernels
 
     def _matmul(self, anchor: MatMul) -> None:

@@ -86,6 +86,28 @@ def test_a_depthwise_conv_with_prologue_and_epilogue_is_one_direct_kernel(shape,
     assert [k.name for k in cg.kernels] == [kernel]
 
 
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("groups", [4, 2])
+def test_a_grouped_gemm_convolution_fuses_its_prologue_and_epilogue_on_the_cpu(groups, channels_last):
+    """relu -> a grouped 3x3 convolution of 4 or 6 channels a group (the cpu's GEMMs batched over the groups, not
+    the direct rows) -> BN -> ReLU6 is one fused node: its GEMM's output, channels split by group, is viewed as the
+    graph's (group, channel) axis for the epilogue. NCHW (the columns) and NHWC (the indirect GEMM)."""
+    td.set_target("cpu")
+    x = tg.input("x", (2, 8 * groups, 7, 9))
+    var = tg.constant(RNG.random(6 * groups).astype(np.float32) + 0.5)
+    y = ops.conv2d(ops.relu(x), _const(6 * groups, 8, 3, 3, scale=0.3), padding=(1, 2), groups=groups)
+    z = ops.conv2d(ops.clip(ops.batch_norm(y, *(_const(6 * groups) for _ in range(2)), var, _const(6 * groups)),
+                            0.0, 6.0), _const(5, 6 * groups, 1, 1, scale=0.3))
+    g = tg.Graph([x], [z])
+    data = RNG.standard_normal(x.shape).astype(np.float32)
+    cg = g.compile(channels_last=channels_last)
+    np.testing.assert_allclose(cg(data)[0], g.reference(data)[0], rtol=1e-4, atol=1e-4)
+    grouped, = [op for op in cg.graph.nodes if isinstance(op, FusedAnchor) and op.anchor.attrs["groups"] > 1]
+    assert [m.kind for m in grouped.prologues.values()] == ["relu"]
+    assert [m.kind for m in grouped.epilogue] == ["batch_norm", "clip"]
+    assert not any(op.kind in ("relu", "batch_norm", "clip") for op in cg.graph.nodes)
+
+
 def test_matmul_add_gelu_is_one_kernel_and_transposed_operands_fuse_as_prologues():
     a = tg.input("a", (2, 5, 40))
     b = tg.input("b", (24, 40))
