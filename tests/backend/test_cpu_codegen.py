@@ -110,20 +110,24 @@ def padded_window(X: f32["N"], Y: f32["N"], shift: i32):
         Y[i] = X[td.min(td.max(j, 0), N - 1)] if inside else 0.0
         if j >= 0 and j < N and X[td.min(td.max(j, 0), N - 1)] > 0.0:     # a load: Python's short-circuit stays
             Y[i] += 1.0
+        if shift >= 0 and shift < 31 and ((i >> shift) & 1) == 1:      # a shift: its count is guarded
+            Y[i] += 2.0
 
 
 def test_and_of_plain_comparisons_is_branch_free():
     """`a and b` of integer comparisons is emitted as `a & b` (a branch in a loop body keeps LLVM from vectorizing
-    it); with a load on either side it stays Python's `and`, which evaluates the load only when it may."""
+    it); with a load or a shift on either side it stays Python's `and`, which evaluates that only when it may."""
     x = np.random.default_rng(1).standard_normal(23).astype(np.float32)
     for shift in (-5, 0, 4):
         y = np.zeros_like(x)
         source = padded_window.source(x, y, shift, target="cpu")
         assert "inside = (((j >= 0) & (j < N)) & (not (j == 3)))" in source
         assert "if (((j >= 0) & (j < N)) and (X[" in source
+        assert "(((shift >= 0) & (shift < 31)) and" in source
         padded_window(x, y, shift)
         j = np.arange(23) + shift
         inside = (j >= 0) & (j < 23) & (j != 3)
         shifted = x[np.clip(j, 0, 22)]
         want = np.where(inside, shifted, 0) + ((j >= 0) & (j < 23) & (shifted > 0))
+        want += 2 * ((np.arange(23) >> max(shift, 0)) & 1) if shift >= 0 else 0
         np.testing.assert_array_equal(y, want.astype(np.float32))

@@ -48,18 +48,22 @@ _EAGER_OPS = {"and": "&", "or": "|"}     # for operands `plain`: both evaluated,
 
 
 def plain(e: ir.Expr) -> bool:
-    """Whether `e` is a boolean of integer arithmetic and comparisons on variables: cheap, and safe to evaluate
-    when a short-circuit would not. `a and b` of such operands is emitted as `a & b`: Python's `and` is a
+    """Whether `e` is a boolean of integer arithmetic (no division, no shift) and comparisons on variables: cheap,
+    and safe to evaluate when a short-circuit would not (a guard such as `s < 32 and (m >> s) & 1` keeps its `and`). `a and b` of such operands is emitted as `a & b`: Python's `and` is a
     branch, and a branch in a loop body stops LLVM from vectorizing it (a depthwise conv's taps' bounds tests,
     `ih >= 0 and ih < H and iw >= 0 and iw < W`, left its channel loop scalar: 15x slower)."""
     return e.dtype.name == "bool" and _plain_value(e)
+
+
+_UNSAFE_OPS = ("//", "%", "/", "<<", ">>")   # a zero divisor, or a shift count past the width: undefined
 
 
 def _plain_value(e: ir.Expr) -> bool:
     if isinstance(e, (ir.Const, ir.Var, ir.SpecialReg)):
         return True
     if isinstance(e, ir.Binary):
-        return e.op not in ("//", "%", "/") and not e.a.dtype.is_float and _plain_value(e.a) and _plain_value(e.b)
+        return (e.op not in _UNSAFE_OPS and not e.a.dtype.is_float and _plain_value(e.a)
+                and _plain_value(e.b))
     if isinstance(e, ir.Unary):
         return e.op != "~" and _plain_value(e.a)        # numba's ~ of a bool is an int
     return False
