@@ -48,9 +48,10 @@ _EAGER_OPS = {"and": "&", "or": "|"}     # for operands `plain`: both evaluated,
 
 
 def plain(e: ir.Expr) -> bool:
-    """Whether `e` is a boolean of integer arithmetic (no division, no shift) and comparisons on variables: cheap,
-    and safe to evaluate when a short-circuit would not (a guard such as `s < 32 and (m >> s) & 1` keeps its `and`). `a and b` of such operands is emitted as `a & b`: Python's `and` is a
-    branch, and a branch in a loop body stops LLVM from vectorizing it (a depthwise conv's taps' bounds tests,
+    """Whether `e` is a boolean of integer arithmetic (no division, no shift) and comparisons on variables:
+    cheap, and safe to evaluate when a short-circuit would not (a guard such as `s < 32 and (m >> s) & 1`
+    keeps its `and`). `a and b` of such operands is emitted as `a & b`: Python's `and` is a branch, and a
+    branch in a loop body stops LLVM from vectorizing it (a depthwise conv's taps' bounds tests,
     `ih >= 0 and ih < H and iw >= 0 and iw < W`, left its channel loop scalar: 15x slower)."""
     return e.dtype.name == "bool" and _plain_value(e)
 

@@ -7,9 +7,10 @@ Each 2-D convolution stacked with another (not a lone one between channels-first
 `_stacked`) becomes its channels-last form, and the layout then propagates forward
 through pooling, concat and elementwise operators: one that reads a channels-last tensor
 computes channels-last too. A reduction over the spatial axes of one (a global pool) reduces
-its channels-last form: the channels are then the contiguous axis of its output rows. A concat joins along the same axis, where it now lies; an
-elementwise operator's other operands are transposed to match (constants here, once; a
-lower-rank broadcast operand is first padded to rank 4). Every other operator keeps the
+its channels-last form: the channels are then the contiguous axis of its output rows. A
+concat joins along the same axis, where it now lies; an elementwise operator's other operands
+are transposed to match (constants here, once; a lower-rank broadcast operand is first padded
+to rank 4). Every other operator keeps the
 original layout, and a tensor crossing back gets one transpose, made once however many read
 it; the graph's inputs and outputs keep their layout. Transposes at a convolution's input or
 output are fused into its kernel by `partition` like any other prologue or epilogue.
