@@ -520,13 +520,14 @@ def whole_window(g: ConvGeometry) -> bool:
 
 
 @td.func
-def add_tap(sums, X, n, ih, row, w, first_iw, conv_sw, c, pixels, last):
+def add_tap(sums, X, n, ih, w, first_iw, conv_sw, c, pixels, last):
     """sums[p] += w * X[n, ih, first_iw + min(p, last) * conv_sw, c] for each of the `pixels`, the input zero
-    outside its bounds (read at a clamped pixel of `row`, ih clamped)."""
+    outside its bounds (read at the clamped pixel)."""
+    h, wd = X.shape[1], X.shape[2]
     for p in range(pixels):
         iw = first_iw + td.min(p, last) * conv_sw
-        inside = ih >= 0 and ih < X.shape[1] and iw >= 0 and iw < X.shape[2]
-        x = X[n, row, td.min(td.max(iw, 0), X.shape[2] - 1), c]
+        inside = ih >= 0 and ih < h and iw >= 0 and iw < wd
+        x = X[n, td.min(td.max(ih, 0), h - 1), td.min(td.max(iw, 0), wd - 1), c]
         sums[p] += w * (x if inside else 0.0)
 
 
@@ -566,8 +567,8 @@ def depthwise_nhwc_kernel(dtype, whole: bool) -> td.Kernel:
                         for kh in td.unroll(KH):
                             ih = oh * conv_sh - conv_pt + kh * conv_dh
                             for kw in td.unroll(KW):
-                                add_tap(sums, X, n, ih, td.min(td.max(ih, 0), H - 1), Wt[kh, kw, 0, c],
-                                        ow0 * conv_sw - conv_pl + kw * conv_dw, conv_sw, c, pixels, last)
+                                add_tap(sums, X, n, ih, Wt[kh, kw, 0, c], ow0 * conv_sw - conv_pl + kw * conv_dw,
+                                        conv_sw, c, pixels, last)
                         for p in range(pixels):
                             buffer[p * span + c - c0] = sums[p]
                 else:
@@ -579,8 +580,8 @@ def depthwise_nhwc_kernel(dtype, whole: bool) -> td.Kernel:
                             for p in range(pixels):
                                 sums[p] = buffer[p * span + c - c0]
                             for kw in td.unroll(KW):
-                                add_tap(sums, X, n, ih, td.min(td.max(ih, 0), H - 1), Wt[kh, kw, 0, c],
-                                        ow0 * conv_sw - conv_pl + kw * conv_dw, conv_sw, c, pixels, last)
+                                add_tap(sums, X, n, ih, Wt[kh, kw, 0, c], ow0 * conv_sw - conv_pl + kw * conv_dw,
+                                        conv_sw, c, pixels, last)
                             for p in range(pixels):
                                 buffer[p * span + c - c0] = sums[p]
                 for p in range(pixels):
@@ -660,13 +661,14 @@ def _lower_rows(g: ConvGeometry, dtype, x: td.Tensor, epilogue) -> DirectRows:
     else:
         kernel = plane_kernel(dtype) if plane else direct_kernel(dtype) if nchw else direct_nhwc_kernel(dtype)
         scalars = _direct_scalars(g)
-    if depthwise or z is not y or x_name is None:   # generic kernels: one compile serves every geometry... but
+    # The generic kernels serve every geometry with one compile, but fusion specializes them, to the geometry's
+    # scalars too: with a constant stride, a row's taps are unit-stride loops that vectorize.
+    if depthwise or z is not y or x_name is None:
         w_shape = (g.oc, g.c // g.groups, g.kh, g.kw) if nchw else (g.kh, g.kw, g.c // g.groups, g.oc)
         examples = [np.empty(s, dtype.numpy) for s in (_x_shape(g), w_shape, g.out_shape)]
-        extents = _plane_scalars(g) if plane else {}   # fusion specializes them, to the geometry's scalars too:
-        kernel = td.fuse(kernel, *examples, *scalars.values(), *extents.values(),    # with a constant stride, a
-                         prologues={} if x_name else {"X": x},          # row's taps are unit-stride loops that
-                         epilogues={"Y": z} if z is not y else {}, constants=tuple(scalars))       # vectorize
+        extents = _plane_scalars(g) if plane else {}
+        kernel = td.fuse(kernel, *examples, *scalars.values(), *extents.values(), prologues={} if x_name else {"X": x},
+                         epilogues={"Y": z} if z is not y else {}, constants=tuple(scalars))
     return DirectRows(g, kernel, x_name, "Y" if z is y else z.name)
 
 
