@@ -545,7 +545,8 @@ def depthwise_nhwc_kernel(dtype, whole: bool) -> td.Kernel:
     clamped pixel and adds w * 0, as the zero padding gives it (NaN for an inf or NaN weight, as on the other
     routes); the last group of pixels repeats the row's last pixel. Summing a tap at a time over a row's pixels
     into a buffer instead (3 loads and a store per FMA) took, on one thread: 144 channels at 56x56 0.44 ms
-    (now 0.14), 960 at 7x7 0.051 (0.035), 32 at 112x112 0.58 (0.17), a 7x7 window over 96 at 28x28 0.38 (0.13)."""
+    (now 0.14), 960 at 7x7 0.051 (0.035), a 7x7 window over 96 at 28x28 0.38 (0.13); 32 channels at 112x112 took
+    0.58 ms over flat rows (`flat_depthwise_kernel`, removed), 0.17 now."""
     @td.kernel(grid=lambda OH, N: (OH, N), block=1, name=f"conv_depthwise_nhwc_{dtype.name}")
     def conv_depthwise_pixels(X: dtype["N", "H", "W", "C"], Wt: dtype["KH", "KW", "CG", "C"],
                               Y: dtype["N", "OH", "OW", "C"], conv_sh: td.i32, conv_sw: td.i32, conv_pt: td.i32,

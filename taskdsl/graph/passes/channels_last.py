@@ -10,10 +10,10 @@ computes channels-last too. A reduction over the spatial axes of one (a global p
 its channels-last form: the channels are then the contiguous axis of its output rows. A
 concat joins along the same axis, where it now lies; an elementwise operator's other operands
 are transposed to match (constants here, once; a lower-rank broadcast operand is first padded
-to rank 4). Every other operator keeps the
-original layout, and a tensor crossing back gets one transpose, made once however many read
-it; the graph's inputs and outputs keep their layout. Transposes at a convolution's input or
-output are fused into its kernel by `partition` like any other prologue or epilogue.
+to rank 4). Every other operator keeps the original layout, and a tensor crossing back gets
+one transpose, made once however many read it; the graph's inputs and outputs keep their layout.
+Transposes at a convolution's input or output are fused into its kernel by `partition` like any
+other prologue or epilogue.
 
 Why: with channels contiguous, the im2col of a convolution copies runs of C floats and a
 convolution's GEMM writes its output rows in place (cpu and GPU alike), and tensor cores want
