@@ -1106,7 +1106,7 @@ class FunctionTranslator:
             return self.atomic_call(fn, node)
         if fn.kind == "warp":
             return self.warp_call(fn, node, kwargs)
-        if fn.kind == "tensor":
+        if fn.kind in ("tensor", "hint"):
             return getattr(self, fn.name + "_call")(node, kwargs)
         raise self.error(node, f"td.{fn.name}() can only be used as a for-loop source")
 
@@ -1234,6 +1234,11 @@ class FunctionTranslator:
         pred = self.condition(self.runtime_value(kwargs["pred"]), kwargs["pred"]) if "pred" in kwargs else \
             ir.const(True)
         return ir.CpAsync(dst, src, count, pred, self.loc(node))
+
+    def prefetch_call(self, node: ast.Call, kwargs: dict) -> ir.Prefetch:
+        if len(node.args) != 1 or kwargs:
+            raise self.error(node, "td.prefetch(tensor[i, j]) takes one element of a global tensor")
+        return ir.Prefetch(self.buffer_ref(node.args[0], "the prefetched address", "global"), self.loc(node))
 
     def cp_async_commit_call(self, node: ast.Call, kwargs: dict) -> ir.CpAsyncCommit:
         if node.args or kwargs:

@@ -88,6 +88,8 @@ def _lines(s, depth: int, out: list) -> None:
         out.append(f"{pad}cp_async_commit()")
     elif isinstance(s, S.CpAsyncWait):
         out.append(f"{pad}cp_async_wait({s.pending})")
+    elif isinstance(s, S.Prefetch):
+        out.append(f"{pad}prefetch({expr_str(s.src)})")
     elif isinstance(s, S.Evaluate):
         out.append(f"{pad}{expr_str(s.expr)}")
     else:

@@ -174,6 +174,14 @@ class CpAsyncWait(Stmt):
 
 
 @dataclass(frozen=True, eq=False)
+class Prefetch(Stmt):
+    """A hint to bring the cache line of global element `src` nearer, for a read soon after; no effect on values."""
+
+    src: Expr
+    loc: SourceLoc | None = None
+
+
+@dataclass(frozen=True, eq=False)
 class Evaluate(Stmt):
     """An expression run for its effect (an atomic whose old value is unused)."""
 

@@ -1,5 +1,5 @@
 """What kernel bodies may call: index registers, memory, barriers, math, casts, atomics, warp ops,
-tensor cores (mma, ldmatrix) and asynchronous copies (cp_async).
+tensor cores (mma, ldmatrix), asynchronous copies (cp_async) and cache hints (prefetch).
 
 Each entry is a marker the frontend recognises; math functions also work on plain Python
 numbers outside kernels, so host code and tests can share formulas with kernels.
@@ -35,7 +35,7 @@ class Intrinsic:
     """A function kernels may call; `kind` says how the frontend lowers it."""
 
     name: str
-    kind: str          # 'math', 'memory', 'barrier', 'cast', 'atomic', 'warp', 'loop', 'tensor'
+    kind: str          # 'math', 'memory', 'barrier', 'cast', 'atomic', 'warp', 'loop', 'tensor', 'hint'
     host: object = None
 
     def __call__(self, *args, **kwargs):
@@ -79,6 +79,7 @@ MATH = {name: Intrinsic(name, "math", fn) for name, fn in _MATH_HOST.items()}
 shared = Intrinsic("shared", "memory")
 registers = Intrinsic("registers", "memory")
 syncthreads = Intrinsic("syncthreads", "barrier")
+prefetch = Intrinsic("prefetch", "hint")
 def _cast_expr(value, dtype):
     """td.cast outside a kernel: an IR value (a td.compute definition's) as `dtype` (a type, its name or a numpy
     dtype); a number as the numpy scalar a kernel's cast gives (float to int saturates)."""

@@ -209,6 +209,9 @@ def _fuse_prologue(body: ir.Stmt, param: ir.Buffer, definition: Tensor, new_inpu
                                     ir.Select(s.pred, self.visit(ir.Load(param, s.src.element(k))), zero, s.dst.dtype),
                                     s.loc) for k in range(s.count)])
 
+        def visit_Prefetch(self, s):
+            return _without_prefetch_of(s, param)
+
         def gathered_copy(self, s):
             """The copy from the placeholder itself where the definition gathers aligned runs of its elements
             (`gather_runs`; a cp_async run starts at a multiple of its length, as its alignment requires), else
@@ -254,6 +257,9 @@ def _fuse_epilogue(body: ir.Stmt, param: ir.Buffer, definition: Tensor, new_inpu
     _record_inputs(value, new_inputs, skip=stand_in.buffer)
 
     class _Epilogue(ir.Rewriter):
+        def visit_Prefetch(self, s):
+            return _without_prefetch_of(s, param)
+
         def visit_Store(self, s):
             s = self.generic_visit(s)
             if s.buffer.uid != param.uid:
@@ -267,6 +273,11 @@ def _fuse_epilogue(body: ir.Stmt, param: ir.Buffer, definition: Tensor, new_inpu
             return ir.seq([ir.Assign(anchor_value, s.value, s.loc), ir.Store(definition.buffer, tuple(index), stored, s.loc)])
 
     return _Epilogue().visit(body)
+
+
+def _without_prefetch_of(s: ir.Prefetch, param: ir.Buffer) -> ir.Stmt:
+    """`s`, or nothing where it prefetches `param`: a fused prologue's or epilogue's values have no memory."""
+    return ir.Seq(()) if s.src.buffer.uid == param.uid else s
 
 
 def _replace_loads(expr: ir.Expr, buffer: ir.Buffer, value: ir.Expr) -> ir.Expr:

@@ -200,6 +200,27 @@ def test_plans_copy_a_transposed_a_of_many_rows():
         assert not p.kernel(packed_b=True).name.endswith("_copied")
 
 
+@settings(max_examples=6, deadline=None)
+@given(m=DIMS, n=DIMS, k=st.sampled_from([1, 17, 127, 128, 129, 300]), seed=st.integers(0, 2**16))
+def test_packed_b_is_prefetched_inside_its_panels(m, n, k, seed):
+    """The packed-B kernel prefetches the rows after each k block's: debug mode checks each prefetch, so none may
+    pass the end of packed B (the last panel's last k block, a block of few rows, K below a k block)."""
+    td.set_target("cpu")
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    td.debug(True)
+    try:
+        got = _run(SMALL, a, b, packed_b=True)
+    finally:
+        td.debug(False)
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+    operand = cpu.pack_b(SMALL, b[None])
+    source = cpu.tile_matmul_kernel(SMALL, td.f32, td.f32, True).source(a[None], operand, a[None, :, :1],
+                                                                         np.zeros((1, 2), np.int32), 1, target="cpu")
+    assert "rt.prefetch(B, " in source
+
+
 def test_every_point_compiles_with_nvrtc():
     """The kernels are ordinary DSL kernels: every point builds for sm_80 and sm_90 (one program per arch). The
     packed-B, A-transposed and A-copying variants change only the operands' addressing: eight points of each."""

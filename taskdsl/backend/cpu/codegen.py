@@ -347,6 +347,8 @@ class _PythonEmitter:
             self.lines.append(pad + self.store(s))
         elif isinstance(s, ir.Evaluate):
             self.lines.append(f"{pad}{self.expr(s.expr)}")
+        elif isinstance(s, ir.Prefetch):
+            self.lines.append(pad + self.prefetch(s.src))
         elif isinstance(s, ir.For):
             self.lines.append(f"{pad}for {self.var_ref(s.var)} in {self.range_of(s)}:")
             self.stmts([s.body], depth + 1)
@@ -464,6 +466,15 @@ class _PythonEmitter:
         if e.buffer.uid in self.shadows:
             return f"rt.load_shared_checked({name}, {tup}, {self.shadows[e.buffer.uid]}, {self.reader}, epoch, {site})"
         return f"rt.load_checked({name}, {tup}, {site})"
+
+    def prefetch(self, ref: ir.Ref) -> str:
+        """A prefetch of `ref`'s element; in debug mode the bounds check of a read there instead (an index outside
+        the tensor is an error on every target: a GPU's prefetch must name a global address)."""
+        idx = self.index(ref.buffer, ref.indices)
+        if not self.debug:
+            return f"rt.prefetch({self.name(ref.buffer)}, {idx[0]})"
+        tup = "(" + "".join(f"np.int64({i}), " for i in idx) + ")"
+        return f"rt.check_index({self.name(ref.buffer)}, {tup}, {self.site(ref.buffer, 'prefetch')})"
 
     def store(self, s: ir.Store) -> str:
         value = self.cast(s.value, s.buffer.dtype)

@@ -1,4 +1,4 @@
-"""numba-compiled helpers the generated cpu code calls: math, shuffles, atomics, debug checks.
+"""numba-compiled helpers the generated cpu code calls: math, shuffles, atomics, prefetches, debug checks.
 
 Debug checks raise exceptions whose first argument is a site number; the runtime maps it
 back to the kernel source line (see `backend/cpu/errors.py`).
@@ -309,6 +309,25 @@ def atomic_exch(a, idx, v):
     old = a[idx]
     a[idx] = v
     return old
+
+
+@intrinsic
+def prefetch(typingctx, array, index):
+    """Bring the cache line of element `index` of the flat `array` into every cache level (LLVM's prefetch for a
+    read: x86's prefetcht0). A hint: it neither faults nor changes a value."""
+    if not (isinstance(array, types.Array) and isinstance(index, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(array)(context, builder, args[0]).data
+        byte_pointer, i32 = llvm_ir.IntType(8).as_pointer(), llvm_ir.IntType(32)
+        fn = builder.module.declare_intrinsic("llvm.prefetch", [byte_pointer], llvm_ir.FunctionType(
+            llvm_ir.VoidType(), [byte_pointer, i32, i32, i32]))
+        address = builder.bitcast(builder.gep(data, [args[1]]), byte_pointer)
+        builder.call(fn, [address, i32(0), i32(3), i32(1)])       # a read, kept in every level, a data line
+        return context.get_dummy_value()
+
+    return types.none(array, index), codegen
 
 
 # -------------------------------------------------------------- debug mode

@@ -283,6 +283,9 @@ class _CudaEmitter:
             self.ldmatrix(s, pad)
         elif isinstance(s, ir.CpAsync):
             self.cp_async(s, pad)
+        elif isinstance(s, ir.Prefetch):
+            self.lines.append(f'{pad}asm volatile("prefetch.global.L2 [%0];" :: "l"(__cvta_generic_to_global('
+                              f'&{self.element(s.src)})));')
         elif isinstance(s, ir.CpAsyncCommit):
             self.lines.append(f'{pad}asm volatile("cp.async.commit_group;" ::: "memory");')
         elif isinstance(s, ir.CpAsyncWait):
