@@ -20,8 +20,10 @@ blocked by KC. For each k block, the block first packs B's (KC x BN) panel into 
 buffer, as a BLAS does: read in place, the panel's rows are N floats apart, and for N a
 multiple of 1024 (BERT's 3072) they all map to the same few L1 sets (128 x 768 x 3072 ran at
 73 GFLOP/s unpacked, 120 packed). Its micro-tiles then sweep the panel; between k blocks the
-partial sums wait in a per-block buffer (the first k block starts from zero registers), and
-the tile goes from the buffer to C in one pass of unguarded row loops.
+partial sums wait in a per-block buffer (the first k block starts from zero registers). In the
+last k block, each row of micro-tiles goes from the buffer to C (and a fused epilogue) as soon as
+it is done, so the stores interleave with the next rows' arithmetic; C stored column by column
+(a transposed A's) goes after the whole block, in one pass.
 
 Edges: rows past M are clamped (they read row M - 1 and are never stored); the packed
 panel's columns past N are zeros (computed, never stored), so there is one micro-kernel
@@ -262,8 +264,8 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
         first_panel = 0 if copy_a else blockIdx.x // grid_m
         panel = B if packed_b else td.shared(f32, (KC, BN))
         rows = td.min(BM, M - row0)
-        for k0 in range(k_begin, k_end, KC):
-            k1 = td.min(k_end, k0 + KC)
+        for k0 in range(k_begin, td.max(k_end, k_begin + 1), KC):   # a slice with no k (K = 0, split past K): one
+            k1 = td.min(k_end, k0 + KC)                                # empty k block, its sums zeros
             if window:
                 fill_strip(A, strip, za, k0, k1, rows, row0, H, W)
             elif copy_a:
@@ -307,22 +309,16 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
                             for x in td.unroll(MR):
                                 for y in td.unroll(NR):
                                     partial[pj * BM + mi * MR + x, j + y] = c[x, y]
-        for pj in range(panels):
-            col0 = (first_panel + pj) * BN
-            cols = td.min(BN, N - col0)
-            if k_end <= k_begin:                     # no k to sum (K = 0, or a split slice past K): zeros
-                for i in range(rows):
-                    for j in range(cols):
-                        partial[pj * BM + i, j] = 0.0
-            if transposed_a:
-                for j in range(cols):
+                    if not transposed_a and k1 == k_end:    # these rows are done: to C, through the epilogue
+                        for i in range(mi * MR, td.min(mi * MR + MR, rows)):
+                            for jc in range(cols):
+                                C[blockIdx.z, row0 + i, col0 + jc] = td.cast(partial[pj * BM + i, jc], out_dtype)
+        if transposed_a:    # C's columns are the output's rows: a whole block's stored at once, column by column
+            for pj in range(panels):
+                col0 = (first_panel + pj) * BN
+                for j in range(td.min(BN, N - col0)):
                     for i in range(rows):
                         C[blockIdx.z, row0 + i, col0 + j] = td.cast(partial[pj * BM + i, j], out_dtype)
-            else:
-                for i in range(rows):
-                    for j in range(cols):
-                        C[blockIdx.z, row0 + i, col0 + j] = td.cast(partial[pj * BM + i, j], out_dtype)
-
     return matmul
 
 

@@ -125,6 +125,15 @@ def test_template_points_on_cpu(point, variants, m, n, k, split, data, seed):
     np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("packed_b, transposed_a, copy_a", GRAPH_VARIANTS)
+@pytest.mark.parametrize("split", [1, 3])
+def test_no_k_stores_zeros(packed_b, transposed_a, copy_a, split):
+    """K = 0 (and split-k slices past K) run one empty k block: every element of C is stored, as zero."""
+    a, b = np.zeros((7, 0), np.float32), np.zeros((0, 70), np.float32)
+    np.testing.assert_array_equal(_run(SMALL, a, b, split, packed_b=packed_b, transposed_a=transposed_a,
+                                       copy_a=copy_a), np.zeros((7, 70)))
+
+
 @settings(max_examples=10, deadline=None)
 @given(batch=st.sampled_from([1, 2, 3]), k=DIMS, n=DIMS, seed=st.integers(0, 2**16))
 def test_packed_b_holds_each_panel_row_after_row_aligned_and_zero_padded(batch, k, n, seed):
