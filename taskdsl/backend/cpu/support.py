@@ -69,16 +69,18 @@ def sigmoid(x):
 @njit(cache=True, inline="always")
 def fmax(a, b):
     """max of floats keeping a NaN; equal operands give `a` (CUDA's td_max). Selects only, so LLVM vectorizes
-    it, where numba's np.maximum branches."""
+    it, where numba's np.maximum branches. The NaN tests are joined by `&`: `and` is a branch too, which kept a
+    loop of maxima over channels scalar (Inception-V3's first max pool, 147x147x64, two threads, warm: 0.28 ms
+    with `and`, 0.25-0.26 with `&`; a max pooling by the depthwise kernel's loops 0.66 -> 0.32-0.40 ms)."""
     larger = b if b > a else a
-    return larger if (a == a and b == b) else a + b
+    return larger if (a == a) & (b == b) else a + b
 
 
 @njit(cache=True, inline="always")
 def fmin(a, b):
     """min of floats keeping a NaN; equal operands give `a` (CUDA's td_min)."""
     smaller = b if b < a else a
-    return smaller if (a == a and b == b) else a + b
+    return smaller if (a == a) & (b == b) else a + b
 
 
 @intrinsic
