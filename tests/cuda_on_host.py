@@ -19,7 +19,7 @@ library linked against a small runtime (`RUNTIME`, compiled once) that runs the 
 
 The kernel's translation unit includes no header (the shim declares the math through GCC builtins), so a
 kernel compiles in about a tenth of a second; libraries are cached by a hash of their text. The inline PTX the
-generator writes (mma.sync, ldmatrix, cp.async) runs through its host emulation in `ptx_on_host.py`; other
+generator writes (mma.sync, ldmatrix, cp.async, prefetch) runs through its host emulation in `ptx_on_host.py`; other
 inline PTX is refused with `UnsupportedSource`.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The inline PTX of generated CUDA C++ on the host: mma.sync, ldmatrix and cp.async for tests/cuda_on_host.py.
+"""The inline PTX of generated CUDA C++ on the host: mma.sync, ldmatrix, cp.async, prefetch for tests/cuda_on_host.py.
 
 `translate(source)` replaces each `asm volatile(...)` statement the CUDA generator writes by a call of its host
 emulation (`RUNTIME`, compiled into cuda_on_host's runtime), operand by operand as the instruction's template
@@ -12,7 +12,8 @@ names them, so a wrong operand order in the generator is run as written, not as 
   matrix j; each lane gathers its elements (of the transpose with .trans);
 - `cp.async.{ca,cg}.shared.global` with `commit_group` and `wait_group N`: each thread queues its copies, and a
   copy reads its source and writes its destination (zero-filled past src-size) only when a `wait_group` retires
-  its group: the latest a GPU may do it, so a read of the destination before its wait sees stale bytes.
+  its group: the latest a GPU may do it, so a read of the destination before its wait sees stale bytes;
+- `prefetch.global.L2`: nothing (a hint), its address formed.
 
 The shared addresses of ldmatrix and cp.async must lie, whole and aligned as the PTX ISA requires, inside one
 shared array the block declared (cuda_on_host poisons those: a read before the copy lands sees NaN or -1); a
@@ -167,6 +168,7 @@ _ASM = re.compile(r"\basm\s+volatile\s*\(")
 _STRING = re.compile(r'"((?:[^"\\]|\\.)*)"')
 _OPERAND = re.compile(r'\s*"([^"]*)"\s*\((.*)\)\s*', re.S)
 _SHARED_ADDRESS = re.compile(r"\(unsigned\)__cvta_generic_to_shared\((.*)\)", re.S)
+_GLOBAL_ADDRESS = re.compile(r"__cvta_generic_to_global\((.*)\)", re.S)
 _MMA = re.compile(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.(f16|bf16)\.\1\.f32")
 _LDMATRIX = re.compile(r"ldmatrix\.sync\.aligned\.m8n8\.x([124])(\.trans)?\.shared\.b16")
 _CP_ASYNC = re.compile(r"cp\.async\.(ca|cg)\.shared\.global")
@@ -246,6 +248,8 @@ def _emulation(body: str) -> str:
             raise Unsupported(f"cp.async with a copy size from a register: '{template}'")
         return (f"{{ td_host_cp_async({_shared_pointer(dst)}, {_value(src, 'l')}, {size}, {_value(src_size, 'r')}, "
                 f"{int(match[1] == 'cg')}); }}")
+    if mnemonic == "prefetch.global.L2" and len(args) == 1 and args[0][0] == "[":
+        return f"{{ (void){_global_pointer(args[0][1])}; }}"     # a hint: the address is formed, nothing read
     if mnemonic == "cp.async.commit_group" and not args:
         return "{ td_host_cp_async_commit(); }"
     if _WAIT.fullmatch(mnemonic) and len(args) == 1 and args[0][1] is None:
@@ -293,6 +297,14 @@ def _assign(operands: list, array: str, kind: str) -> str:
         if constraint not in (f"={kind}", f"+{kind}"):
             raise Unsupported(f'an operand "{constraint}" where PTX writes a "{kind}" register')
     return " ".join(f"{expression} = {array}[{k}];" for k, (_, expression) in enumerate(operands))
+
+
+def _global_pointer(operand: tuple) -> str:
+    """A host pointer for a global-space address operand ("l", from __cvta_generic_to_global)."""
+    match = _GLOBAL_ADDRESS.fullmatch(_value(operand, "l")[1:-1])
+    if match is None:
+        raise Unsupported(f"a global address not taken by __cvta_generic_to_global: {operand[1]!r}")
+    return f"((const void*)({match[1]}))"
 
 
 def _shared_pointer(operand: tuple) -> str:

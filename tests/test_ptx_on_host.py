@@ -89,6 +89,10 @@ def test_inline_ptx_without_an_emulation_is_refused():
         translate('asm volatile("bar.sync 0;" ::: "memory");')
     with pytest.raises(Unsupported, match="a shared address not taken by __cvta_generic_to_shared"):
         translate('asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"(addr), "l"(p), "r"(4));')
+    with pytest.raises(Unsupported, match="a global address not taken by __cvta_generic_to_global"):
+        translate('asm volatile("prefetch.global.L2 [%0];" :: "l"(&X[1]));')
+    assert translate('asm volatile("prefetch.global.L2 [%0];" :: "l"(__cvta_generic_to_global(&X[i + 1])));') == \
+        "{ (void)((const void*)(&X[i + 1])); }"     # a hint: nothing to run
     with pytest.raises(UnsupportedSource, match="inline PTX 'membar.gl'"):
         run('  asm volatile("membar.gl;" ::: "memory");', "int* __restrict__ OUT", [np.zeros(1, np.int32)])
 
