@@ -69,9 +69,9 @@ def sigmoid(x):
 @njit(cache=True, inline="always")
 def fmax(a, b):
     """max of floats keeping a NaN; equal operands give `a` (CUDA's td_max). Selects only, so LLVM vectorizes
-    it, where numba's np.maximum branches. The NaN tests are joined by `&`: `and` is a branch too, which kept a
-    loop of maxima over channels scalar (Inception-V3's first max pool, 147x147x64, two threads, warm: 0.28 ms
-    with `and`, 0.25-0.26 with `&`; a max pooling by the depthwise kernel's loops 0.66 -> 0.32-0.40 ms)."""
+    it, where numba's np.maximum branches. The NaN tests are joined by `&`, as `and` is a branch too, which can
+    keep a loop scalar (Inception-V3's first max pool, 147x147x64, two threads, warm: 0.28 ms with `and`, 0.25-0.26
+    with `&`)."""
     larger = b if b > a else a
     return larger if (a == a) & (b == b) else a + b
 
