@@ -116,3 +116,23 @@ def test_fusion_drops_the_prefetches_of_a_prologue_or_epilogue():
     fused(x, d)
     np.testing.assert_allclose(d, x * 3 + 1 - 2, rtol=1e-6)
     assert "prefetch" not in fused.ir(x, d)
+
+
+@td.kernel(grid=1, block=32)
+def gather_ahead(X: f32[64], I: td.i32[32], Y: f32[32]):
+    i = threadIdx.x
+    td.prefetch(X[I[(i + 1) % 32]])
+    Y[i] = X[I[i]]
+
+
+def test_a_prologue_reaches_into_the_index_of_a_prefetch_it_keeps():
+    """The prefetch of X stays when a prologue replaces the index tensor I, and its index reads the prologue's
+    values (it named the removed parameter I: an audit's finding)."""
+    j = td.placeholder("J", td.i32, (32,))
+    fused = td.fuse(gather_ahead, np.zeros(64, np.float32), np.zeros(32, np.int32), np.zeros(32, np.float32),
+                    prologues={"I": td.compute("I", (32,), lambda i: j[i] * 2)})
+    x, jj, y = np.arange(64, dtype=np.float32), np.arange(32, dtype=np.int32), np.zeros(32, np.float32)
+    fused(x, y, jj)
+    np.testing.assert_array_equal(y, x[jj * 2])
+    assert "prefetch(&X[J[(i + 1) % 32] * 2])" in fused.ir(x, y, jj)
+    assert "I[" not in fused.source(x, y, jj, target="cuda")

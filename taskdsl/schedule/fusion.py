@@ -210,7 +210,7 @@ def _fuse_prologue(body: ir.Stmt, param: ir.Buffer, definition: Tensor, new_inpu
                                     s.loc) for k in range(s.count)])
 
         def visit_Prefetch(self, s):
-            return _without_prefetch_of(s, param)
+            return _without_prefetch_of(self.generic_visit(s), param)     # its index may read the prologue's tensor
 
         def gathered_copy(self, s):
             """The copy from the placeholder itself where the definition gathers aligned runs of its elements
@@ -258,7 +258,7 @@ def _fuse_epilogue(body: ir.Stmt, param: ir.Buffer, definition: Tensor, new_inpu
 
     class _Epilogue(ir.Rewriter):
         def visit_Prefetch(self, s):
-            return _without_prefetch_of(s, param)
+            return _without_prefetch_of(self.generic_visit(s), param)
 
         def visit_Store(self, s):
             s = self.generic_visit(s)
