@@ -244,7 +244,13 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
                 for y in td.unroll(NR):
                     c[x, y] += fa[x] * fb[y]
 
-    @td.kernel(grid=lambda M, N, BZ: (td.cdiv(M, BM) * (1 if copy_a else td.cdiv(N, BN)), 1, BZ), block=1, name=name)
+    def grid(M, N, BZ):
+        if copy_a and N > WIDE_N:       # the block's sums hold WIDE_N columns: past them, writes out of bounds
+            raise ValueError(f"kernel '{name}' copies A and computes every column panel of a block from the copy: "
+                             f"at most {WIDE_N} columns, got N = {N} (`matmul_cpu.copies_a` says when to copy A)")
+        return td.cdiv(M, BM) * (1 if copy_a else td.cdiv(N, BN)), 1, BZ
+
+    @td.kernel(grid=grid, block=1, name=name)
     def matmul(A: a_spec, B: b_spec, C: out_dtype["BZ", "M", "N"], batch_index: index_spec, split: td.i32):
         # the sums, panel after panel (copy_a: every panel's; each BN wide, as a panel's micro-tiles and stores read)
         partial = td.shared(f32, (BM * (WIDE_N // BN if copy_a else 1), BN))

@@ -134,6 +134,16 @@ def test_no_k_stores_zeros(packed_b, transposed_a, copy_a, split):
                                        copy_a=copy_a), np.zeros((7, 70)))
 
 
+def test_copying_a_refuses_more_columns_than_a_block_holds():
+    """A block that copies A computes every column panel: at most WIDE_N columns (past them its sums would be
+    written out of bounds; the process crashed: an audit's finding)."""
+    a, b = np.ones((7, 3), np.float32), np.ones((3, cpu.WIDE_N + 1), np.float32)
+    with pytest.raises(ValueError, match=f"at most {cpu.WIDE_N} columns, got N = {cpu.WIDE_N + 1}"):
+        _run(SMALL, a, b, transposed_a=True, copy_a=True)
+    b = np.ones((3, cpu.WIDE_N), np.float32)
+    np.testing.assert_array_equal(_run(SMALL, a, b, transposed_a=True, copy_a=True), np.full((7, cpu.WIDE_N), 3))
+
+
 @settings(max_examples=10, deadline=None)
 @given(batch=st.sampled_from([1, 2, 3]), k=DIMS, n=DIMS, seed=st.integers(0, 2**16))
 def test_packed_b_holds_each_panel_row_after_row_aligned_and_zero_padded(batch, k, n, seed):
