@@ -461,7 +461,7 @@ class _PythonEmitter:
             return f"{name}[{', '.join(idx)}]"
         if not idx and e.buffer.uid not in self.shadows:     # a 0-d tensor (debug mode keeps shapes): no bound
             return f"{name}[()]"
-        tup = "(" + "".join(f"np.int64({i}), " for i in idx) + ")"
+        tup = _index_tuple(idx)
         site = self.site(e.buffer, "read")
         if e.buffer.uid in self.shadows:
             return f"rt.load_shared_checked({name}, {tup}, {self.shadows[e.buffer.uid]}, {self.reader}, epoch, {site})"
@@ -473,7 +473,7 @@ class _PythonEmitter:
         idx = self.index(ref.buffer, ref.indices)
         if not self.debug:
             return f"rt.prefetch({self.name(ref.buffer)}, {idx[0]})"
-        tup = "(" + "".join(f"np.int64({i}), " for i in idx) + ")"
+        tup = _index_tuple(idx)
         return f"rt.check_index({self.name(ref.buffer)}, {tup}, {self.site(ref.buffer, 'prefetch')})"
 
     def store(self, s: ir.Store) -> str:
@@ -487,7 +487,7 @@ class _PythonEmitter:
             return f"{name}[{', '.join(idx)}] = {value}"
         if not idx and s.buffer.uid not in self.shadows:
             return f"{name}[()] = {value}"
-        tup = "(" + "".join(f"np.int64({i}), " for i in idx) + ")"
+        tup = _index_tuple(idx)
         site = self.site(s.buffer, "write")
         if s.buffer.uid in self.shadows:
             return f"rt.store_shared_checked({name}, {tup}, {value}, {self.shadows[s.buffer.uid]}, tid, epoch, {site})"
@@ -495,7 +495,7 @@ class _PythonEmitter:
 
     def atomic(self, e: ir.Atomic) -> str:
         idx = self.index(e.buffer, e.indices)
-        tup = "(" + "".join(f"np.int64({i}), " for i in idx) + ")"
+        tup = _index_tuple(idx)
         name = self.name(e.buffer)
         if self.debug and e.buffer.uid in self.shadows:
             site = self.site(e.buffer, "atomic")
@@ -600,6 +600,11 @@ class _PythonEmitter:
             call = f"{fn}({args})"
             return f"{np_type(e.dtype)}({call})" if e.dtype.is_float else call
         raise AssertionError(f"emit_python: unexpected expression {type(e).__name__}")
+
+
+def _index_tuple(idx: list) -> str:
+    """The tuple of int64 indices a debug-mode check takes, from an access's index expressions."""
+    return "(" + "".join(f"np.int64({i}), " for i in idx) + ")"
 
 
 def _may_hold(e: ir.Expr, block: tuple, value: int) -> bool:
