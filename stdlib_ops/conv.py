@@ -515,7 +515,8 @@ ROW_BUFFER = 4096           # floats of the sums `depthwise_nhwc_kernel` keeps f
 
 
 def whole_window(g: ConvGeometry) -> bool:
-    """Whether `depthwise_nhwc_kernel` unrolls all of `g`'s taps (3x3 and smaller), or a window row's."""
+    """Whether `depthwise_nhwc_kernel` unrolls all of `g`'s taps (3x3 and smaller) where they lie inside the
+    input, or a window row's everywhere."""
     return g.kh * g.kw <= DEPTHWISE_TAPS
 
 
@@ -531,22 +532,36 @@ def add_tap(sums, X, n, ih, w, first_iw, conv_sw, c, pixels, last):
         sums[p] += w * (x if inside else 0.0)
 
 
+@td.func
+def add_inner_tap(sums, X, n, ih, w, first_iw, conv_sw, c, pixels):
+    """sums[p] += w * X[n, ih, first_iw + p * conv_sw, c] for each of the `pixels`, all inside the input."""
+    for p in range(pixels):
+        sums[p] += w * X[n, ih, first_iw + p * conv_sw, c]
+
+
 @functools.lru_cache(maxsize=8)
 def depthwise_nhwc_kernel(dtype, whole: bool) -> td.Kernel:
     """A plain depthwise NHWC convolution (one input channel per output channel), for a geometry built in (`fuse`
     with its scalars as constants): one block per (output row, image), DEPTHWISE_PIXELS output pixels at a time.
 
-    The loop over channels is the one LLVM vectorizes. For each channel it sums the taps of the `whole` window
-    (unrolled) in registers, one independent chain of FMAs per pixel, each tap's weight loaded once for all of them;
-    for a bigger window, the taps of a window row, adding to the sums of the rows before, kept in a local buffer.
-    The sums go to the local buffer, and a second loop stores them to the output, where a fused epilogue applies:
-    so the loop over channels stores to no tensor that might overlap its inputs (on the output, 36 tap loads
-    made too many run-time overlap checks for LLVM, which left the loop scalar). A tap in the padding reads a
-    clamped pixel and adds w * 0, as the zero padding gives it (NaN for an inf or NaN weight, as on the other
-    routes); the last group of pixels repeats the row's last pixel. Summing a tap at a time over a row's pixels
-    into a buffer instead (3 loads and a store per FMA) took, on one thread: 144 channels at 56x56 0.44 ms
-    (now 0.14), 960 at 7x7 0.051 (0.035), a 7x7 window over 96 at 28x28 0.38 (0.13); 32 channels at 112x112 took
-    0.58 ms over flat rows (`flat_depthwise_kernel`, removed), 0.17 now."""
+    The loop over channels is the one LLVM vectorizes. Where the pixels' windows lie inside the input and the
+    window is `whole` (3x3 or smaller), it sums each channel's taps unrolled, in registers, one independent
+    chain of FMAs per pixel, each tap's weight loaded once for all of them. At the borders, and for a bigger
+    window, it sums the taps of a window row, adding to the sums of the rows before, kept in a local buffer; a
+    tap in the padding reads a clamped pixel and adds w * 0, as the zero padding gives it (NaN for an inf or NaN
+    weight, as on the other routes), and the last group of pixels repeats the row's last pixel. The sums go to
+    the local buffer, and a second loop stores them to the output, where a fused epilogue applies: so the loop
+    over channels stores to no tensor that might overlap its inputs (on the output, 36 tap loads made too many
+    run-time overlap checks for LLVM, which left the loop scalar).
+
+    The borders once ran the unrolled window too, with each tap's bounds test: LLVM turned the 36 selects into
+    branches inside the vector loop, with every loaded vector spilled to the stack. Without them inside, and the
+    rows at the borders (two threads, session 61): 768 channels at 17x17 0.123 -> 0.076 ms, 192 at 35x35 0.074
+    -> 0.056 (Inception-V3's average pools), 2048 at 8x8 0.063 -> 0.041, 96 at 112x112 stride 2 0.100 ->
+    0.085; and a geometry compiles in 1.3 s, not 1.8. Summing a tap at a time over a row's pixels into a buffer
+    instead (3 loads and a store per FMA) took, on one thread: 144 channels at 56x56 0.44 ms (0.14 with the
+    unrolled window), 960 at 7x7 0.051 (0.035), a 7x7 window over 96 at 28x28 0.38 (0.13); 32 channels at
+    112x112 took 0.58 ms over flat rows (`flat_depthwise_kernel`, removed), 0.17 with the unrolled window."""
     @td.kernel(grid=lambda OH, N: (OH, N), block=1, name=f"conv_depthwise_nhwc_{dtype.name}")
     def conv_depthwise_pixels(X: dtype["N", "H", "W", "C"], Wt: dtype["KH", "KW", "CG", "C"],
                               Y: dtype["N", "OH", "OW", "C"], conv_sh: td.i32, conv_sw: td.i32, conv_pt: td.i32,
@@ -558,18 +573,20 @@ def depthwise_nhwc_kernel(dtype, whole: bool) -> td.Kernel:
         span = td.min(C, ROW_BUFFER // pixels)          # channels a piece sums at once
         for ow0 in range(0, OW, pixels):
             last = OW - 1 - ow0                         # pixels past it repeat it
+            inner = (oh * conv_sh - conv_pt >= 0 and oh * conv_sh - conv_pt + (KH - 1) * conv_dh < H    # all the
+                     and ow0 * conv_sw - conv_pl >= 0 and ow0 + pixels <= OW                            # pixels'
+                     and (ow0 + pixels - 1) * conv_sw - conv_pl + (KW - 1) * conv_dw < W)               # taps inside
             for piece in range(td.cdiv(C, span)):
                 c0 = piece * span
                 width = td.min(span, C - c0)
-                if whole:
+                if whole and inner:
                     for c in range(c0, c0 + width):
                         for p in range(pixels):
                             sums[p] = 0.0
                         for kh in td.unroll(KH):
-                            ih = oh * conv_sh - conv_pt + kh * conv_dh
                             for kw in td.unroll(KW):
-                                add_tap(sums, X, n, ih, Wt[kh, kw, 0, c], ow0 * conv_sw - conv_pl + kw * conv_dw,
-                                        conv_sw, c, pixels, last)
+                                add_inner_tap(sums, X, n, oh * conv_sh - conv_pt + kh * conv_dh, Wt[kh, kw, 0, c],
+                                              ow0 * conv_sw - conv_pl + kw * conv_dw, conv_sw, c, pixels)
                         for p in range(pixels):
                             buffer[p * span + c - c0] = sums[p]
                 else:

@@ -487,6 +487,33 @@ def test_nhwc_depthwise_kernel_multiplies_the_padding_by_infinite_weights(window
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)      # NaN where want is NaN, inf where inf
 
 
+@settings(max_examples=24, deadline=None)
+@given(channels=st.sampled_from([3, 16, 17, 40]), hw=st.tuples(st.integers(1, 11), st.integers(1, 23)),
+       k=st.sampled_from([(1, 3), (2, 3), (3, 3), (3, 5)]), stride=st.tuples(st.integers(1, 2), st.integers(1, 3)),
+       pads=st.tuples(*[st.integers(0, 2)] * 4), dilation=st.sampled_from([1, 2]), infinite=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_nhwc_depthwise_kernel_matches_reference_inside_and_at_the_borders(channels, hw, k, stride, pads, dilation,
+                                                                           infinite, seed):
+    """`depthwise_nhwc_kernel` on any geometry: groups of pixels whose windows lie inside the input (the unrolled
+    window, for 3x3 and smaller) and groups at the borders (window rows, clamped reads), with a bias and ReLU
+    fused; an inf weight gives NaN only where its tap meets the padding. Against float64 numpy."""
+    td.set_target("cpu")
+    (h, w), (kh, kw) = hw, k
+    assume(h + pads[0] + pads[2] >= dilation * (kh - 1) + 1 and w + pads[1] + pads[3] >= dilation * (kw - 1) + 1)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((1, h, w, channels)).astype(np.float32)
+    wt = rng.standard_normal((channels, 1, kh, kw)).astype(np.float32)
+    b = rng.standard_normal(channels).astype(np.float32)
+    if infinite:
+        wt[channels // 2, 0, 0, kw - 1] = np.inf
+    g = conv.geometry(x.shape, wt.shape, stride, pads, dilation, channels, layout="NHWC")
+    assert [k.name for k in conv.plan(g, td.f32, "cpu", True, "relu").kernels] == ["conv_depthwise_nhwc_f32_fused"]
+    got = ops.conv2d(x, wt, b, stride, pads, dilation, channels, layout="NHWC", activation="relu")
+    with np.errstate(invalid="ignore"):
+        want = reference(x.transpose(0, 3, 1, 2), wt, b, stride, pads, (dilation,) * 2, channels)
+    np.testing.assert_allclose(got, np.maximum(want, 0).transpose(0, 2, 3, 1), rtol=1e-4, atol=1e-4)
+
+
 @settings(max_examples=16, deadline=None)
 @given(n=st.sampled_from([1, 2]), channels=st.sampled_from([2, 3, 7]), mult=st.sampled_from([1, 2]),
        hw=st.tuples(st.integers(1, 13), st.integers(1, 29)), k=st.sampled_from([(1, 1), (3, 3), (5, 3)]),
