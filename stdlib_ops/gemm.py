@@ -81,12 +81,20 @@ SIMT = Template("simt_matmul", simt.space_for, lambda target, itemsize, m, n: si
                 lambda p, dtype, out, vec, *forms: simt.simt_matmul_kernel(p, dtype, out), simt.tile_shape)
 CPU_TILE = Template("tile_matmul", lambda target, itemsize: cpu.space(itemsize),
                     lambda target, itemsize, m, n: cpu.default_point(itemsize, m=m, n=n),
-                    lambda p, dtype, out, vec, packed_b, transposed_a, m, n: cpu.tile_matmul_kernel(
-                        p, dtype, out, packed_b, transposed_a, cpu.copies_a(transposed_a, m, n)),
+                    lambda p, dtype, out, vec, packed_b, transposed_a, m, n: _cpu_kernel(
+                        p, dtype, out, packed_b, transposed_a, m, n),
                     cpu.tile_shape, cpu.pack_b, cpu.packed_b_shape)
 TENSOR_CORE = Template("tc_matmul", lambda target, itemsize: tc.space(_block_shared_limit(target) or tc.MAX_SMEM),
                        lambda target, itemsize, m, n: tc.default_point(m, n),
                        lambda p, dtype, out, vec, *forms: tc.tc_matmul_kernel(p, dtype, out, vec), tc.tile_shape)
+
+
+def _cpu_kernel(p, dtype, out, packed_b: bool, transposed_a: bool, m: int | None, n: int | None) -> td.Kernel:
+    """The cpu template's kernel: for packed B and at most `gemv.MAX_ROWS` rows of A, one streaming B's panels
+    (`gemv.packed_rows_kernel`); else the register-tile kernel."""
+    if packed_b and not transposed_a and m is not None and 1 <= m <= gemv.MAX_ROWS:
+        return gemv.packed_rows_kernel(p, dtype, out, m)
+    return cpu.tile_matmul_kernel(p, dtype, out, packed_b, transposed_a, cpu.copies_a(transposed_a, m, n))
 
 
 def template_for(dtype, target: str) -> Template:

@@ -10,9 +10,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import taskdsl as td
+import taskdsl.graph as tg
 from stdlib_ops import gemm, gemv
+from stdlib_ops import matmul_cpu as cpu
+from stdlib_ops import matmul_simt as simt
+from taskdsl.backend.cpu import vectors
 
-from . import FEW, SEEDS, rand
+from . import FEW, SEEDS, examples, rand
 
 SIZES = st.sampled_from([1, 2, 3, 17, 31, 32, 33, 1031])
 TOLERANCE = {np.float32: 1e-5, np.float16: 2e-3}
@@ -85,3 +89,54 @@ def test_linear_and_matmul_of_empty_operands():
     x, w = np.zeros((0, 5), np.float32), np.zeros((4, 5), np.float32)
     assert gemm.linear(x, w).shape == (0, 4)
     np.testing.assert_array_equal(gemm.matmul(np.ones((2, 0), np.float32), np.ones((0, 3), np.float32)), 0)
+
+
+# panels of 64 (the AVX-512 default), 64 with k blocks of 128, 16 and 128 columns
+ROWS_POINTS = [cpu.default_point(unit=vectors.AVX512), cpu.space().point(micro=(4, 8), block=(24, 64), bk=128),
+               cpu.space().point(micro=(6, 16), block=(96, 16), bk=256),
+               cpu.space().point(micro=(4, 32), block=(48, 128), bk=512)]
+
+
+@examples(12)
+@given(rows=st.integers(1, gemv.MAX_ROWS), k=st.sampled_from([0, 1, 5, 17, 131, 300, 1031]), n=SIZES,
+       split=st.sampled_from([1, 1, 3]), point=st.sampled_from(ROWS_POINTS), seed=SEEDS)
+def test_packed_rows_kernel_matches_numpy(rows, k, n, split, point, seed):
+    """`packed_rows_kernel`: each block one panel of packed B over its z-slice's k range (split-k partials summed,
+    K = 0 and slices past K zeros); every element of C is written."""
+    td.set_target("cpu")
+    a, b = rand((rows, k), seed, low=-1, high=1), rand((k, n), seed + 1, low=-1, high=1)
+    c = np.full((split, rows, n), np.nan, np.float32)
+    kernel = gemv.packed_rows_kernel(point, td.f32, td.f32, rows)
+    kernel(a[None], cpu.pack_b(point, b[None]), c, simt.batch_index((), (), (), split), split)
+    _close(c.sum(axis=0), _expected(a, b), np.float32, k)
+
+
+def test_plans_of_few_rows_stream_packed_weights_with_batches_and_f16():
+    """A cpu plan of at most MAX_ROWS rows takes packed B through `packed_rows_kernel` (batch dims broadcast,
+    f16 operands summed in f32); from MAX_ROWS + 1 rows on, the register-tile kernel."""
+    td.set_target("cpu")
+    a, w = rand((2, 3, 1, 131), 1, low=-1, high=1), rand((3, 131, 67), 2, low=-1, high=1)   # batch 1 -> 2
+    p = gemm.plan(a.shape, w.shape, td.f32, "cpu")
+    assert p.kernel(packed_b=True).name == f"rows_matmul_1x{p.point.block[1]}_packed"
+    _close(gemm.matmul(a, w, packed=p.pack_b(w)), _expected(a, w), np.float32, 131)
+    a16, w16 = rand((3, 200), 3, np.float16, -1, 1), rand((200, 45), 4, np.float16, -1, 1)
+    p16 = gemm.plan(a16.shape, w16.shape, td.f16, "cpu")
+    assert p16.kernel(packed_b=True).name.startswith("rows_matmul_3x")
+    _close(gemm.matmul(a16, w16, packed=p16.pack_b(w16)), _expected(a16, w16), np.float16, 200)
+    a4 = rand((gemv.MAX_ROWS + 1, 131), 5)
+    assert gemm.plan(a4.shape, w[0].shape, td.f32, "cpu").kernel(packed_b=True).name.startswith("tile_matmul")
+
+
+def test_a_classifier_at_batch_one_is_one_fused_rows_kernel():
+    """A model's classifier at batch 1 (x @ W + b, ReLU; W a constant): one kernel, streaming W's packed panels,
+    the bias and ReLU fused into its stores."""
+    td.set_target("cpu")
+    rng = np.random.default_rng(9)
+    w, bias = (rng.standard_normal(s).astype(np.float32) for s in ((300, 1001), (1001,)))
+    x = tg.input("x", (1, 300))
+    g = tg.Graph([x], [tg.ops.relu(tg.ops.add(tg.ops.matmul(x, tg.constant(w)), tg.constant(bias)))])
+    cg = g.compile()
+    data = rng.standard_normal((1, 300)).astype(np.float32)
+    got, = cg(data)
+    np.testing.assert_allclose(got, np.maximum(data.astype(np.float64) @ w + bias, 0), rtol=1e-4, atol=1e-4)
+    assert [k.name for k in cg.kernels] == [f"rows_matmul_1x{cpu.default_point().block[1]}_packed_fused"]
