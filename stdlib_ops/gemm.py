@@ -199,7 +199,8 @@ class MatmulPlan:
         if not self.packs_b:
             raise ValueError(f"the {self.template.name} template takes no packed B: call matmul without packed=")
         want = self.template.packed_b_shape(self.point, self.operand_shapes()[1])
-        how = "pack it with gemm.plan(a.shape, b.shape, ...).pack_b(b) for the b it multiplies"
+        how = ("pack it with gemm.plan(a.shape, b.shape, ...).pack_b(b) for the b it multiplies (a plan tuned as this "
+               "call is: a tuned plan's panels need tune=True)")
         if tuple(np.shape(panels)) != want:
             raise ValueError(f"matmul: packed B must have shape {want} for these operands, got {np.shape(panels)}; "
                              + how)

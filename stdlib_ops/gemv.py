@@ -59,7 +59,15 @@ def packed_rows_kernel(p, dtype, out_dtype, rows: int) -> td.Kernel:
     BN, KC = p.block[1], p.bk
     assert 1 <= rows <= MAX_ROWS
 
-    @td.kernel(grid=lambda N, BZ: (td.cdiv(N, BN), 1, BZ), block=1, name=f"rows_matmul_{rows}x{BN}_packed")
+    name = f"rows_matmul_{rows}x{BN}_packed"
+
+    def grid(M, N, BZ):
+        if M > rows:        # its sums hold `rows` rows: past them, rows of C would be left unwritten
+            raise ValueError(f"kernel '{name}' computes at most {rows} rows of A, got M = {M} (a plan of M rows "
+                             f"builds its kernel: gemm.plan(a.shape, b.shape, ...).kernel(packed_b=True))")
+        return td.cdiv(N, BN), 1, BZ
+
+    @td.kernel(grid=grid, block=1, name=name)
     def rows_matmul(A: dtype["BA", "M", "K"], B: f32["RB", BN], C: out_dtype["BZ", "M", "N"],
                     batch_index: td.i32["BZ", 2], split: td.i32):
         c = td.registers(f32, (rows, BN))       # indexed by constants only: LLVM keeps them in vector registers

@@ -111,6 +111,19 @@ def test_packed_rows_kernel_matches_numpy(rows, k, n, split, point, seed):
     _close(c.sum(axis=0), _expected(a, b), np.float32, k)
 
 
+def test_the_packed_rows_kernel_refuses_more_rows_than_it_sums():
+    """A kernel built for `rows` rows of A refuses more at launch (they were left unwritten: an audit's finding)."""
+    td.set_target("cpu")
+    point = ROWS_POINTS[0]
+    a, b = rand((1, 3, 20), 1), rand((1, 20, 70), 2)
+    c = np.full((1, 3, 70), np.nan, np.float32)
+    kernel = gemv.packed_rows_kernel(point, td.f32, td.f32, 2)
+    with pytest.raises(ValueError, match="at most 2 rows of A, got M = 3"):
+        kernel(a, cpu.pack_b(point, b), c, simt.batch_index((), (), (), 1), 1)
+    kernel(a[:, :2], cpu.pack_b(point, b), c[:, :2], simt.batch_index((), (), (), 1), 1)
+    _close(c[0, :2], _expected(a[0, :2], b[0]), np.float32, 20)
+
+
 def test_plans_of_few_rows_stream_packed_weights_with_batches_and_f16():
     """A cpu plan of at most MAX_ROWS rows takes packed B through `packed_rows_kernel` (batch dims broadcast,
     f16 operands summed in f32); from MAX_ROWS + 1 rows on, the register-tile kernel."""
