@@ -555,8 +555,8 @@ def depthwise_nhwc_kernel(dtype, whole: bool) -> td.Kernel:
     run-time overlap checks for LLVM, which left the loop scalar).
 
     The borders once ran the unrolled window too, with each tap's bounds test: LLVM turned the 36 selects into
-    branches inside the vector loop, with every loaded vector spilled to the stack. Without them inside, and the
-    rows at the borders (two threads, session 61): 768 channels at 17x17 0.123 -> 0.076 ms, 192 at 35x35 0.074
+    branches inside the vector loop, with every loaded vector spilled to the stack. With no bounds tests inside and
+    window rows at the borders (two threads, session 61): 768 channels at 17x17 0.123 -> 0.076 ms, 192 at 35x35 0.074
     -> 0.056 (Inception-V3's average pools), 2048 at 8x8 0.063 -> 0.041, 96 at 112x112 stride 2 0.100 ->
     0.085; and a geometry compiles in 1.3 s, not 1.8. Summing a tap at a time over a row's pixels into a buffer
     instead (3 loads and a store per FMA) took, on one thread: 144 channels at 56x56 0.44 ms (0.14 with the

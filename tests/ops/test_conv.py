@@ -507,7 +507,8 @@ def test_nhwc_depthwise_kernel_matches_reference_inside_and_at_the_borders(chann
     if infinite:
         wt[channels // 2, 0, 0, kw - 1] = np.inf
     g = conv.geometry(x.shape, wt.shape, stride, pads, dilation, channels, layout="NHWC")
-    assert [k.name for k in conv.plan(g, td.f32, "cpu", True, "relu").kernels] == ["conv_depthwise_nhwc_f32_fused"]
+    assert [kern.name for kern in conv.plan(g, td.f32, "cpu", True, "relu").kernels] == \
+        ["conv_depthwise_nhwc_f32_fused"]
     got = ops.conv2d(x, wt, b, stride, pads, dilation, channels, layout="NHWC", activation="relu")
     with np.errstate(invalid="ignore"):
         want = reference(x.transpose(0, 3, 1, 2), wt, b, stride, pads, (dilation,) * 2, channels)
