@@ -15,7 +15,8 @@ accumulators as the host has (`taskdsl.backend.cpu.vectors`): 6 x 16 fills 12 of
 registers (L = 8), 6 x 32 fills 12 of AVX-512's 32 zmm registers (L = 16). The
 register tile's loops are `td.unroll` loops, not the compile-time tasks of `repeat(MR, NR)(0)`:
 the cpu target's unroll pass (and the CUDA compiler) unroll them all the same, and under
-`td.fast_compile` they stay loops, which takes a third off numba's time for the kernel. k is
+`td.fast_compile` they stay loops, which takes a third off numba's time for the kernel (LLVM
+unrolls them itself and keeps the tile, on the stack, in registers: `codegen.STACK_BYTES`). k is
 blocked by KC. For each k block, the block first packs B's (KC x BN) panel into a contiguous
 buffer, as a BLAS does: read in place, the panel's rows are N floats apart, and for N a
 multiple of 1024 (BERT's 3072) they all map to the same few L1 sets (128 x 768 x 3072 ran at
@@ -39,7 +40,6 @@ import taskdsl as td
 from taskdsl import blockIdx, f32
 from taskdsl.backend.cpu import vectors
 from taskdsl.passes.unroll import MAX_COPIES
-from taskdsl.runtime.config import fast_compile_enabled
 from taskdsl.runtime.host import empty_aligned
 from taskdsl.schedule.space import Space
 
@@ -80,18 +80,15 @@ def space(itemsize: int = 4, unit: vectors.VectorUnit | None = None) -> Space:
 # the default tile per vector width, measured: docs/benchmarks.md
 DEFAULT = {512: dict(micro=(6, 32), block=(48, 64), bk=256), 256: dict(micro=(6, 16), block=(48, 64), bk=256),
            128: dict(micro=(4, 8), block=(48, 64), bk=256)}
-# under td.fast_compile: a micro-kernel a sixth the size, its register tile left in loops, compiles in
-# ~2 s instead of 10-15 s (numba's time grows with the unrolled tile), at about 4 GFLOP/s instead of 100+
-FAST_COMPILE = dict(micro=(2, 8), block=(16, 64), bk=256)
 
 
 def default_point(itemsize: int = 4, unit: vectors.VectorUnit | None = None, m: int | None = None,
                   n: int | None = None):
     """The default cpu schedule for `unit` (the host's vectors), fitted to an M x N product where its
-    shape is known (`fitted`); under `td.fast_compile` a small micro-tile for any product."""
+    shape is known (`fitted`); under `td.fast_compile` too (its tile in loops compiles about as fast as a 2x8
+    tile's, which fast compiles took before: MobileNet-V2 built in 13.6 s, not 13.9, and ran in 12.7 ms, not 19.8)."""
     unit = unit or vectors.host()
-    return space(itemsize, unit).point(**(FAST_COMPILE if fast_compile_enabled() else
-                                          fitted(DEFAULT[unit.bits], m, n)))
+    return space(itemsize, unit).point(**fitted(DEFAULT[unit.bits], m, n))
 
 
 def fitted(chosen: dict, m: int | None, n: int | None) -> dict:

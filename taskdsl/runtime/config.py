@@ -204,7 +204,7 @@ def debug_enabled() -> bool:
 
 def fast_compile(enabled: bool = True) -> None:
     """Trade kernel speed for compile speed (prototyping, tests). cpu: no loop unrolling, so numba
-    compiles large kernels 3-5x faster, which then run several times slower; cuda: NVRTC at its least
+    compiles large kernels 3-5x faster, which then run slower (up to several times); cuda: NVRTC at its least
     optimization (-Ofast-compile=max), about 2x faster. Kernels compiled before the switch are kept."""
     _state["fast_compile"] = _switch(enabled, "td.fast_compile")
 

@@ -1,4 +1,5 @@
-"""The cpu code generator's compile-time economies: shared index bases and module-level constants.
+"""The cpu code generator's compile-time economies (shared index bases, module-level constants) and where it
+allocates buffers (the stack or the heap).
 
 Oracle: numpy for the kernels' results; for `_split_offset`, Python's integer arithmetic on the
 same expression tree.
@@ -7,8 +8,8 @@ import numpy as np
 from hypothesis import given, settings, strategies as st
 
 import taskdsl as td
-from taskdsl import f32, i32, ir
-from taskdsl.backend.cpu.codegen import _split_offset
+from taskdsl import blockIdx, f32, i32, ir, threadIdx
+from taskdsl.backend.cpu.codegen import STACK_BYTES, _split_offset
 
 OPTIMIZED = True   # not td.fast_compile: the register tiles below unroll into straight-line code
 
@@ -131,3 +132,46 @@ def test_and_of_plain_comparisons_is_branch_free():
         want = np.where(inside, shifted, 0) + ((j >= 0) & (j < 23) & (shifted > 0))
         want += 2 * ((np.arange(23) >> max(shift, 0)) & 1) if shift >= 0 else 0
         np.testing.assert_array_equal(y, want.astype(np.float32))
+
+
+BIG = STACK_BYTES // 4 + 1      # floats: more than the stack's budget alone
+
+
+@td.kernel(grid=2, block=4)
+def weighted_rows(X: f32[2, 4, 16], Y: f32[2, 4], n: i32):
+    """Thread t of block b: its row of X reversed into registers indexed at run time, weighted and summed; then
+    Y[b, t] = its neighbour's sum (through a small shared buffer) + twice its own (through one too big for the
+    stack)."""
+    row = td.registers(f32, (16,))
+    small = td.shared(f32, (4,))
+    big = td.shared(f32, (BIG,))
+    t, b = threadIdx.x, blockIdx.x
+    for k in range(n):          # a bound known at run time only: `row` stays an array
+        row[k] = X[b, t, n - 1 - k]
+    acc = 0.0
+    for k in range(n):
+        acc += row[k] * (k + 1)
+    small[t] = acc
+    big[BIG - 1 - t] = acc * 2.0
+    td.syncthreads()
+    Y[b, t] = small[3 - t] + big[BIG - 1 - t]
+
+
+@given(n=st.integers(0, 16), debug=st.booleans())
+@settings(max_examples=6, deadline=None)
+def test_small_buffers_live_on_the_stack_and_large_ones_on_the_heap(n, debug):
+    """Registers (one row per thread) and shared buffers of STACK_BYTES in all go on the stack (`rt.stack_array`),
+    where LLVM knows they alias no argument; a larger one, and every buffer in debug mode, on the heap."""
+    x = np.random.default_rng(n).standard_normal((2, 4, 16)).astype(np.float32)
+    y = np.full((2, 4), np.nan, np.float32)
+    td.debug(debug)
+    try:
+        source = weighted_rows.source(x, y, n, target="cpu")
+        weighted_rows(x, y, n)
+    finally:
+        td.debug(False)
+    on_stack = ["rt.stack_array(64, np.float32)", "rt.stack_array(4, np.float32)"]    # 4 threads x 16; 4
+    assert all((line in source) != debug for line in on_stack)
+    assert f"rt.stack_array({BIG}," not in source and (debug or f"np.empty(({BIG}, ), np.float32)" in source)
+    sums = (x[:, :, :n][:, :, ::-1].astype(np.float64) * np.arange(1, n + 1)).sum(axis=2)
+    np.testing.assert_allclose(y, sums[:, ::-1] + 2 * sums, rtol=1e-5, atol=1e-5)

@@ -332,6 +332,29 @@ def prefetch(typingctx, array, index):
     return types.none(array, index), codegen
 
 
+@intrinsic(prefer_literal=True)
+def stack_array(typingctx, size, dtype):
+    """A flat array of `size` (a literal) elements of `dtype` in the calling function's stack frame, 64-byte
+    aligned: LLVM knows it aliases no argument, so loops between it and an output need no overlap checks."""
+    if not (isinstance(size, types.IntegerLiteral) and isinstance(dtype, types.NumberClass)):
+        return None
+    element, count = dtype.instance_type, size.literal_value
+    array = types.Array(element, 1, "C")
+
+    def codegen(context, builder, signature, args):
+        data_type = context.get_data_type(element)
+        with builder.goto_entry_block():        # once per call, not per loop trip
+            data = builder.alloca(data_type, size=llvm_ir.IntType(64)(count))
+            data.align = 64
+        itemsize = context.get_constant(types.intp, context.get_abi_sizeof(data_type))
+        out = context.make_array(array)(context, builder)
+        context.populate_array(out, data=data, shape=[context.get_constant(types.intp, count)], strides=[itemsize],
+                               itemsize=itemsize, meminfo=None)
+        return out._getvalue()
+
+    return array(size, dtype), codegen
+
+
 # -------------------------------------------------------------- debug mode
 @njit(cache=True)
 def check_index(a, idx, site):
