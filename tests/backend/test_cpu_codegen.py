@@ -157,21 +157,25 @@ def weighted_rows(X: f32[2, 4, 16], Y: f32[2, 4], n: i32):
     Y[b, t] = small[3 - t] + big[BIG - 1 - t]
 
 
-@given(n=st.integers(0, 16), debug=st.booleans())
-@settings(max_examples=6, deadline=None)
-def test_small_buffers_live_on_the_stack_and_large_ones_on_the_heap(n, debug):
-    """Registers (one row per thread) and shared buffers of STACK_BYTES in all go on the stack (`rt.stack_array`),
-    where LLVM knows they alias no argument; a larger one, and every buffer in debug mode, on the heap."""
+@given(n=st.integers(0, 16), fast=st.booleans(), debug=st.booleans())
+@settings(max_examples=8, deadline=None)
+def test_small_buffers_of_fast_compiles_live_on_the_stack_and_large_ones_on_the_heap(n, fast, debug):
+    """Under `td.fast_compile`, registers (one row per thread) and shared buffers of STACK_BYTES in all go on the
+    stack (`rt.stack_array`), where LLVM knows they alias no argument; a larger one, every buffer in debug mode and
+    those of optimized kernels, on the heap."""
     x = np.random.default_rng(n).standard_normal((2, 4, 16)).astype(np.float32)
     y = np.full((2, 4), np.nan, np.float32)
+    td.fast_compile(fast)
     td.debug(debug)
     try:
         source = weighted_rows.source(x, y, n, target="cpu")
         weighted_rows(x, y, n)
     finally:
         td.debug(False)
+        td.fast_compile(False)
+    stacked = fast and not debug
     on_stack = ["rt.stack_array(64, np.float32)", "rt.stack_array(4, np.float32)"]    # 4 threads x 16; 4
-    assert all((line in source) != debug for line in on_stack)
-    assert f"rt.stack_array({BIG}," not in source and (debug or f"np.empty(({BIG}, ), np.float32)" in source)
+    assert all((line in source) == stacked for line in on_stack)
+    assert f"rt.stack_array({BIG}," not in source and (not stacked or f"np.empty(({BIG}, ), np.float32)" in source)
     sums = (x[:, :, :n][:, :, ::-1].astype(np.float64) * np.arange(1, n + 1)).sum(axis=2)
     np.testing.assert_allclose(y, sums[:, ::-1] + 2 * sums, rtol=1e-5, atol=1e-5)

@@ -57,11 +57,12 @@ def plain(e: ir.Expr) -> bool:
 
 
 _UNSAFE_OPS = ("//", "%", "/", "<<", ">>")   # a zero divisor, or a shift count past the width: undefined
-# register and shared buffers of up to this many bytes in all live in the stack frame of a kernel's call
-# (`rt.stack_array`, registers first), where LLVM knows they alias no argument and, where its own unrolling leaves
-# every index constant, keeps them in registers: a register tile left in loops (`td.fast_compile`) then computes in
-# registers as the unrolled one does (the 6x32 tile matmul at 1024^3, fast compile: 98 GFLOP/s, 18 with its tile on
-# the heap; 101 unrolled). Deeper frames could overflow the stacks of numba's worker threads.
+# under `td.fast_compile`, register and shared buffers of up to this many bytes in all live in the stack frame of
+# a kernel's call (`rt.stack_array`, registers first), where LLVM knows they alias no argument and, where its own
+# unrolling leaves every index constant, keeps them in registers: a register tile left in loops then computes in
+# registers as an unrolled one does (the 6x32 tile matmul at 1024^3: 98 GFLOP/s, 18 with its tile on the heap,
+# 101 optimized). Optimized kernels, whose tiles the IR unrolls, keep numpy arrays: ResNet-50 ran 1.8% slower
+# with its buffers on the stack (one process, 20 rounds). Deeper frames could overflow numba's worker threads.
 STACK_BYTES = 64 * 1024
 
 
@@ -160,7 +161,8 @@ class _PythonEmitter:
         self.shadows = {b.uid: self.name.derived((b.uid, "shadow"), f"shadow_{self.name(b)}") for b in self.shared
                         if b.uid not in scratch}
         self.register_regions = _regions_per_register(self.program.items, self.registers)
-        self.on_stack = set() if debug else _stacked([*self.registers.values(), *self.shared], self.threads)
+        self.on_stack = _stacked([*self.registers.values(), *self.shared], self.threads) if fast and not debug \
+            else set()
         self.constants: dict = {}      # module-level name -> numpy scalar constructor (see `constant`)
         self.bases: dict = {}          # index base text -> local holding it, in a straight run (see `run`)
 
