@@ -85,8 +85,9 @@ DEFAULT = {512: dict(micro=(6, 32), block=(48, 64), bk=256), 256: dict(micro=(6,
 def default_point(itemsize: int = 4, unit: vectors.VectorUnit | None = None, m: int | None = None,
                   n: int | None = None):
     """The default cpu schedule for `unit` (the host's vectors), fitted to an M x N product where its
-    shape is known (`fitted`); under `td.fast_compile` too (its tile in loops compiles about as fast as a 2x8
-    tile's, which fast compiles took before: MobileNet-V2 built in 13.6 s, not 13.9, and ran in 12.7 ms, not 19.8)."""
+    shape is known (`fitted`); under `td.fast_compile` too: left in loops, on the stack (`codegen.STACK_BYTES`),
+    it compiles about as fast as the 2x8 tile fast compiles took before (MobileNet-V2 built in 13.6 s, not 13.9,
+    and ran in 12.7 ms, not 19.8)."""
     unit = unit or vectors.host()
     return space(itemsize, unit).point(**fitted(DEFAULT[unit.bits], m, n))
 

@@ -61,8 +61,9 @@ _UNSAFE_OPS = ("//", "%", "/", "<<", ">>")   # a zero divisor, or a shift count 
 # a kernel's call (`rt.stack_array`, registers first), where LLVM knows they alias no argument and, where its own
 # unrolling leaves every index constant, keeps them in registers: a register tile left in loops then computes in
 # registers as an unrolled one does (the 6x32 tile matmul at 1024^3: 98 GFLOP/s, 18 with its tile on the heap,
-# 101 optimized). Optimized kernels, whose tiles the IR unrolls, keep numpy arrays: ResNet-50 ran 1.8% slower
-# with its buffers on the stack (one process, 20 rounds). Deeper frames could overflow numba's worker threads.
+# 101 optimized). Optimized kernels, whose tiles the IR unrolls, keep numpy arrays: with their buffers on the stack
+# ResNet-50 ran 1.8% slower (one process, 20 rounds), MobileNet-V2 no faster. Deeper frames could overflow the
+# stacks of numba's worker threads.
 STACK_BYTES = 64 * 1024
 
 

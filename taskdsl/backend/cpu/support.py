@@ -335,7 +335,8 @@ def prefetch(typingctx, array, index):
 @intrinsic(prefer_literal=True)
 def stack_array(typingctx, size, dtype):
     """A flat array of `size` (a literal) elements of `dtype` in the calling function's stack frame, 64-byte
-    aligned: LLVM knows it aliases no argument, so loops between it and an output need no overlap checks."""
+    aligned: LLVM knows it aliases no argument, and keeps it in registers where every index of it is a constant
+    once LLVM has unrolled the loops around it (`codegen.STACK_BYTES`)."""
     if not (isinstance(size, types.IntegerLiteral) and isinstance(dtype, types.NumberClass)):
         return None
     element, count = dtype.instance_type, size.literal_value
