@@ -480,14 +480,17 @@ class Kernel:
 
     def _prepare_cpu(self, binding: Binding, debug: bool):
         """The prepared launch of `binding` (None while launches are being recorded for compiling ahead)."""
-        from ..backend.cpu.launch import PreparedLaunch, signature
+        from ..backend.cpu.launch import PreparedLaunch, arrays_apart, signature
         run, src, path = self._cpu_kernel(binding.block, debug)
         sizes = [binding.sizes[s.name] for s in self._frontend_ir(binding.block).sizes]   # `lower` keeps them
+        written = self._written(binding.block)
         if precompile.is_recording():
-            precompile.record(precompile.Job(str(path), src.entry, signature(src, binding.values, sizes, binding.grid),
-                                             src.opt_level))
+            types = signature(src, binding.values, sizes, binding.grid)
+            contiguous = all(v.flags.c_contiguous for v in binding.values if isinstance(v, np.ndarray))
+            apart = src.flat and contiguous and arrays_apart(binding.values, written)    # as the launch decides
+            precompile.record(precompile.Job(str(path), src.entry, types, src.opt_level, apart))
             return None
-        return PreparedLaunch(run, src, binding.values, sizes, binding.grid, self._written(binding.block), self.name)
+        return PreparedLaunch(run, src, binding.values, sizes, binding.grid, written, self.name)
 
     def _written(self, block: tuple) -> dict:
         """{parameter index: name} of the arrays the kernel stores to (or updates atomically)."""

@@ -117,3 +117,38 @@ def test_empty_grids_run_nothing_and_compile_nothing():
 def _reset_debug():
     yield
     td.debug(False)
+
+
+@td.kernel(grid=1, block=lambda N: N)
+def shifted_sum(X: f32["N"], Z: f32["N"], Y: f32["N"]):
+    """Y[i] = 2 X[i] + Z[i], one block whose threads run in order on the cpu."""
+    Y[threadIdx.x] = X[threadIdx.x] * 2.0 + Z[threadIdx.x]
+
+
+def _run_of(*args) -> str:
+    from taskdsl.backend.cpu.launch import recording
+    with recording() as r:
+        shifted_sum(*args)
+    return r.launches[-1].run.__name__
+
+
+@given(n=st.integers(2, 40))
+@settings(max_examples=5, deadline=None)
+def test_calls_whose_written_array_overlaps_no_other_run_the_noalias_twin(n):
+    """A call whose written arrays share no memory with another argument runs the kernel's `apart_twin` (numba marks
+    its arrays `noalias`); one writing where it reads runs the plain kernel. Read-only arguments may share memory."""
+    rng = np.random.default_rng(n)
+    x, z = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    y = np.zeros(n, np.float32)
+    assert _run_of(x, z, y).endswith("_apart")
+    np.testing.assert_array_equal(y, x * np.float32(2) + z)
+    assert _run_of(x, x, y).endswith("_apart")          # both read: they may alias
+    np.testing.assert_array_equal(y, x * np.float32(3))
+    buf = rng.standard_normal(n + 1).astype(np.float32)
+    want = buf[1:] * np.float32(2) + z[:n]             # thread i reads buf[i + 1] before thread i + 1 writes it
+    name = _run_of(buf[1:], z, buf[:-1])
+    assert not name.endswith("_apart")
+    np.testing.assert_array_equal(buf[:-1], want)
+    inplace = x.copy()
+    assert not _run_of(inplace, z, inplace).endswith("_apart")
+    np.testing.assert_array_equal(inplace, x * np.float32(2) + z)

@@ -5,6 +5,7 @@ import functools
 import hashlib
 import importlib.util
 import sys
+import types
 from pathlib import Path
 
 
@@ -33,3 +34,24 @@ def load_module_function(path: Path, name: str):
         spec.loader.exec_module(module)
         sys.modules[module_name] = module
     return getattr(module, name)      # (compiled through `parallel.compiled`: its cache is best effort there)
+
+
+APART = "_apart"      # the suffix of an apart twin's name
+
+
+def apart_twin(dispatcher):
+    """`dispatcher`'s kernel for calls whose written arrays overlap no other argument: the same function under
+    its own name (so numba caches it apart), compiled by `support.ApartKernelCompiler` (made once per kernel)."""
+    twin = getattr(dispatcher, "_taskdsl_apart", None)
+    if twin is None:
+        from numba import njit
+        from .support import ApartKernelCompiler
+        fn = dispatcher.py_func
+        name = fn.__name__ + APART
+        code = fn.__code__.replace(co_name=name, co_qualname=name)
+        copy = types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+        copy.__qualname__, copy.__module__ = name, fn.__module__
+        options = {k: v for k, v in dispatcher.targetoptions.items() if k != "nopython"}    # (njit's own)
+        twin = njit(cache=True, pipeline_class=ApartKernelCompiler, **options)(copy)
+        dispatcher._taskdsl_apart = twin
+    return twin

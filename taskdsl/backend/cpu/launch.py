@@ -20,6 +20,7 @@ import numpy as np
 from ...runtime.config import env_count
 from . import call_types
 from .codegen import CpuSource
+from .compile import apart_twin
 from .parallel import compiled, drive_address, entry_address, launch, launcher_signature
 from .vectors import widen_slp_vectors
 
@@ -77,6 +78,15 @@ def check_writeable(values: list, written: dict, kernel: str) -> None:
         if isinstance(v, np.ndarray) and not v.flags.writeable:
             raise ValueError(f"kernel '{kernel}': argument '{name}' is a read-only numpy array, but the kernel "
                              "writes to it; pass a writable one (np.array(x) copies)")
+
+
+def arrays_apart(values: list, written) -> bool:
+    """Whether no array the kernel writes (positions `written`) shares memory with another array argument: such a
+    call may run the kernel's `apart_twin`, whose arrays numba marks `noalias`. Bounds decide (np.may_share_memory:
+    about 0.4 us a pair), so interleaved views count as overlapping."""
+    arrays = [(k, v) for k, v in enumerate(values) if isinstance(v, np.ndarray) and v.size]
+    return not any(np.may_share_memory(values[w], v) for w in written if isinstance(values[w], np.ndarray)
+                   for k, v in arrays if k != w)
 
 
 def call_args(src: CpuSource, values: list) -> tuple[list, list]:
@@ -151,7 +161,7 @@ class PreparedLaunch:
         self.tail = (*sizes, *grid)
         self.blocks = grid[0] * grid[1] * grid[2]
         self.workers = _workers(src, self.blocks)      # the thread count as of the first such call
-        self.addresses: dict = {}      # the arrays' writeable flags -> the entry's machine code for them
+        self.addresses: dict = {}      # (the arrays' writeable flags, apart) -> the entry's machine code for them
         # arrays by position, and whether they travel as 16-bit patterns (f16; bf16, bound as uint16 bits)
         self.arrays = [(i, v.dtype in (np.float16, np.uint16)) for i, v in enumerate(values)
                        if isinstance(v, np.ndarray)]
@@ -180,12 +190,14 @@ class PreparedLaunch:
         for i, _ in self.arrays:
             a = values[i] = values[i].reshape(-1)
             writeable.append(a.flags.writeable)
-        writeable = tuple(writeable)
-        address = self.addresses.get(writeable)
+        apart = arrays_apart(values, self.written)
+        run = apart_twin(self.run) if apart else self.run
+        key = (tuple(writeable), apart)
+        address = self.addresses.get(key)
         if address is None:       # a new combination of read-only arrays: none may be one the kernel writes
             check_writeable(values, self.written, self.kernel)
-            address = self.addresses[writeable] = _compile(self.run, values, self.tail, self.src.opt_level)
-        _run_blocks(self.run, address, values, self.tail, self.blocks, self.workers)
+            address = self.addresses[key] = _compile(run, values, self.tail, self.src.opt_level)
+        _run_blocks(run, address, values, self.tail, self.blocks, self.workers)
 
 
 def _workers(src: CpuSource, blocks: int) -> int:

@@ -50,6 +50,13 @@ class Job:
     entry: str
     signature: tuple      # numba types, in call order
     opt_level: int = 3    # the source's (see `launch.compiler_settings`)
+    apart: bool = False   # the entry's `apart_twin` (a call whose written arrays overlap no other argument)
+
+    def function(self):
+        """The numba dispatcher this job compiles."""
+        from .compile import apart_twin, load_module_function
+        entry = load_module_function(Path(self.path), self.entry)
+        return apart_twin(entry) if self.apart else entry
 
 
 class _Recorder:
@@ -103,23 +110,23 @@ def workers() -> int:
 
 def compile_job(job: Job) -> None:
     """Compile one job's entry for its signature (numba's cache=True writes the machine code)."""
-    from .compile import load_module_function
     from .launch import compiler_settings
     from .parallel import compiled
     with compiler_settings(job.opt_level):      # under the cache's lock and repair, as a launch compiles
-        compiled(load_module_function(Path(job.path), job.entry), job.signature)
+        compiled(job.function(), job.signature)
 
 
 def pending(jobs: list) -> list:
     """The jobs whose function is neither compiled for that signature in this process nor in
     numba's disk cache (any cached signature counts: a new one compiles at its first launch)."""
-    from .compile import load_module_function
+    from .compile import APART
 
     def compiled(job: Job) -> bool:
         path = Path(job.path)
-        if job.signature in load_module_function(path, job.entry).signatures:
+        if job.signature in job.function().signatures:
             return True
-        return any((path.parent / "__pycache__").glob(f"{path.stem}.{job.entry}-*.nbi"))
+        entry = job.entry + (APART if job.apart else "")
+        return any((path.parent / "__pycache__").glob(f"{path.stem}.{entry}-*.nbi"))
 
     return [j for j in jobs if not compiled(j)]
 

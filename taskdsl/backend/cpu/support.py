@@ -54,6 +54,17 @@ class KernelCompiler(CompilerBase):
         return [pipeline]
 
 
+class ApartKernelCompiler(KernelCompiler):
+    """The kernel pipeline for calls whose written arrays overlap no other argument (`compile.apart_twin`):
+    numba marks the arrays' pointers `noalias`, so LLVM needs no run-time overlap checks around the loops
+    between them, nor keeps loads of one array behind stores to another."""
+
+    def define_pipelines(self):
+        """`KernelCompiler`'s pipeline, the arguments not aliasing each other."""
+        self.state.flags.noalias = True
+        return super().define_pipelines()
+
+
 @njit(cache=True, inline="always")
 def rsqrt(x):
     """1 / sqrt(x)."""
