@@ -480,14 +480,13 @@ class Kernel:
 
     def _prepare_cpu(self, binding: Binding, debug: bool):
         """The prepared launch of `binding` (None while launches are being recorded for compiling ahead)."""
-        from ..backend.cpu.launch import PreparedLaunch, arrays_apart, signature
+        from ..backend.cpu.launch import PreparedLaunch, runs_apart, signature
         run, src, path = self._cpu_kernel(binding.block, debug)
         sizes = [binding.sizes[s.name] for s in self._frontend_ir(binding.block).sizes]   # `lower` keeps them
         written = self._written(binding.block)
         if precompile.is_recording():
             types = signature(src, binding.values, sizes, binding.grid)
-            contiguous = all(v.flags.c_contiguous for v in binding.values if isinstance(v, np.ndarray))
-            apart = src.flat and contiguous and arrays_apart(binding.values, written)    # as the launch decides
+            apart = runs_apart(src, binding.values, written)
             precompile.record(precompile.Job(str(path), src.entry, types, src.opt_level, apart))
             return None
         return PreparedLaunch(run, src, binding.values, sizes, binding.grid, written, self.name)

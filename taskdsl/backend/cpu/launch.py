@@ -80,13 +80,25 @@ def check_writeable(values: list, written: dict, kernel: str) -> None:
                              "writes to it; pass a writable one (np.array(x) copies)")
 
 
-def arrays_apart(values: list, written) -> bool:
-    """Whether no array the kernel writes (positions `written`) shares memory with another array argument: such a
-    call may run the kernel's `apart_twin`, whose arrays numba marks `noalias`. Bounds decide (np.may_share_memory:
-    about 0.4 us a pair), so interleaved views count as overlapping."""
-    arrays = [(k, v) for k, v in enumerate(values) if isinstance(v, np.ndarray) and v.size]
-    return not any(np.may_share_memory(values[w], v) for w in written if isinstance(values[w], np.ndarray)
-                   for k, v in arrays if k != w)
+def written_pairs(values: list, written) -> list:
+    """(position of an array the kernel writes, position of another array) for each pair of a call's arguments
+    that `arrays_apart` tests (`written`: the written positions)."""
+    arrays = [k for k, v in enumerate(values) if isinstance(v, np.ndarray)]
+    return [(w, k) for w in written if w in arrays for k in arrays if k != w]
+
+
+def arrays_apart(values: list, pairs: list) -> bool:
+    """Whether the arrays of no pair of `written_pairs` share memory: such a call may run the kernel's
+    `apart_twin`, whose arrays numba marks `noalias`. Bounds decide (np.may_share_memory: about 0.4 us a pair),
+    so interleaved views count as overlapping."""
+    return not any(np.may_share_memory(values[w], values[k]) for w, k in pairs)
+
+
+def runs_apart(src: CpuSource, values: list, written) -> bool:
+    """Whether a `PreparedLaunch` call on `values` runs the kernel's `apart_twin` (flat, contiguous arrays, none
+    written overlapping another), as compile-ahead jobs record it."""
+    contiguous = all(v.flags.c_contiguous for v in values if isinstance(v, np.ndarray))
+    return src.flat and contiguous and arrays_apart(values, written_pairs(values, written))
 
 
 def call_args(src: CpuSource, values: list) -> tuple[list, list]:
@@ -165,6 +177,7 @@ class PreparedLaunch:
         # arrays by position, and whether they travel as 16-bit patterns (f16; bf16, bound as uint16 bits)
         self.arrays = [(i, v.dtype in (np.float16, np.uint16)) for i, v in enumerate(values)
                        if isinstance(v, np.ndarray)]
+        self.pairs = written_pairs(values, written)     # the arrays `arrays_apart` tests at each call
 
     def with_scalars(self, scalars: dict) -> "PreparedLaunch":
         """This launch with other values of its scalars ({position: bound value}), sharing its compiled entries."""
@@ -190,7 +203,7 @@ class PreparedLaunch:
         for i, _ in self.arrays:
             a = values[i] = values[i].reshape(-1)
             writeable.append(a.flags.writeable)
-        apart = arrays_apart(values, self.written)
+        apart = arrays_apart(values, self.pairs)
         run = apart_twin(self.run) if apart else self.run
         key = (tuple(writeable), apart)
         address = self.addresses.get(key)
