@@ -179,3 +179,32 @@ def test_small_buffers_of_fast_compiles_live_on_the_stack_and_large_ones_on_the_
     assert f"rt.stack_array({BIG}," not in source and (not stacked or f"np.empty(({BIG}, ), np.float32)" in source)
     sums = (x[:, :, :n][:, :, ::-1].astype(np.float64) * np.arange(1, n + 1)).sum(axis=2)
     np.testing.assert_allclose(y, sums[:, ::-1] + 2 * sums, rtol=1e-5, atol=1e-5)
+
+
+def test_fast_compiles_call_the_costly_helpers_and_inline_the_tiny_ones():
+    """`support_calls` (the helpers of `td.fast_compile` kernels) calls the helpers numba would type again at every
+    use (erf, tanh, exp), compiled once; the few selects of fmax / fmin and floordiv's division stay inlined, so
+    that loops using them can vectorize and hoist their arguments."""
+    from taskdsl.backend.cpu import support, support_calls
+    for name in support_calls.STAY_INLINED:
+        assert getattr(support_calls, name) is getattr(support, name)
+        assert getattr(support, name).targetoptions.get("inline") == "always"
+    for name in ("erf_f32", "tanh_f32", "exp_f32"):
+        called = getattr(support_calls, name)
+        assert called is not getattr(support, name) and called.targetoptions.get("inline") != "always"
+    x = np.array([[1.0, np.nan, -2.0, 7.0], [-5.0, 3.0, np.inf, -np.inf]], np.float32)
+    out = np.empty(2, np.float32)
+    td.fast_compile(True)
+    try:
+        row_max(x, out)
+    finally:
+        td.fast_compile(False)
+    np.testing.assert_array_equal(out, [np.nan, np.inf])
+
+
+@td.kernel(grid=lambda R: R, block=1)
+def row_max(X: td.f32["R", "C"], out: td.f32["R"]):
+    best = X[blockIdx.x, 0]
+    for c in range(1, C):
+        best = td.max(best, X[blockIdx.x, c])
+    out[blockIdx.x] = best

@@ -653,3 +653,27 @@ def test_op_materializes_outputs_and_reductions_only():
     assert SOFTMAX_OP.inlined == {id(EXP)}
     assert [t.name for t in SHARED_OUT.materialized] == ["Yo", "Zo", "So"] and SHARED_OUT.inlined == set()
     assert [t.name for t in CHAIN.materialized] == ["S"] and CHAIN.inlined == {id(Y)}
+
+
+
+# a max over the 3 rows around each row, outside X -inf: the test of the window position reads no column
+PADDED = td.reduce("PaddedMax", ("M", "K"), (3,), lambda i, j, w: ir.Select(
+    (i + w >= 1) & (i + w <= X.shape[0]), X[i + w - 1, j], ir.const(-np.inf, ir.types.f32), ir.types.f32), op="max")
+PADDED_OP = td.op([X], [PADDED])
+
+
+@pytest.mark.parametrize("shape", [(7, 40), (1, 33), (2, 1031)])
+def test_a_columns_window_test_is_taken_out_of_the_row_loop(shape):
+    """A 'columns' reduction tests a window position that reads no column once per row, not per element: `if`
+    the loop over the row on the select's first operand, `else` on its second (a pooling's padding); the
+    results are the compute definition's, padding rows included."""
+    x = make_data("max", shape, np.random.default_rng(1))
+    if td.get_target() != "cpu":
+        pytest.skip("the 'columns' strategy is the cpu's")
+    assert check(PADDED_OP, x) == ["PaddedMax_reduce_columns"]
+    [kernel] = PADDED_OP.kernels
+    fn = kernel._frontend_ir(kernel.bind(kernel.arguments((x, np.empty(shape, np.float32)), {})).block)
+    [test] = [s for s in ir.collect(fn.body, ir.If, expressions=False) if isinstance(s.then, ir.For)]
+    assert isinstance(test.orelse, ir.For) and not ir.collect(test.then, ir.Select)
+    np.testing.assert_array_equal(PADDED_OP(x)[0], np.max(np.stack([np.pad(x, ((1, 1), (0, 0)),
+                                  constant_values=-np.inf)[w:w + shape[0]] for w in range(3)]), axis=0))

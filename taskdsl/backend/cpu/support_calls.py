@@ -21,5 +21,10 @@ def _called(helper):
 
 
 globals().update({name: value for name, value in vars(support).items() if not name.startswith("__")})
+# a few selects or an integer division: inlined they cost numba next to nothing, while calls kept the loops using
+# them scalar and their arguments' arithmetic inside (ResNet-50's max pool under fast compile: 5.0 ms, 4.1 inlined)
+STAY_INLINED = ("fmax", "fmin", "floordiv_i32", "fma")
+
 globals().update({name: _called(helper) for name, helper in vars(support).items()
-                  if isinstance(helper, CPUDispatcher) and helper.targetoptions.get("inline") == "always"})
+                  if isinstance(helper, CPUDispatcher) and helper.targetoptions.get("inline") == "always"
+                  and name not in STAY_INLINED})
