@@ -208,3 +208,38 @@ def row_max(X: td.f32["R", "C"], out: td.f32["R"]):
     for c in range(1, C):
         best = td.max(best, X[blockIdx.x, c])
     out[blockIdx.x] = best
+
+
+@td.kernel(grid=lambda R: R, block=1)
+def shifted_rows(X: f32["R", "C"], Y: f32["R", "C"], Z: f32["R", "C"], k: i32):
+    r = blockIdx.x
+    for c in range(C):     # the row read is the same for every c: its base is computed before the loop
+        Y[r, c] = X[(r * 7 + k) // 3 % R, c] * 2.0
+    s = 0
+    for c in range(C):     # the row read changes inside the loop: nothing to take out
+        Z[r, c] = X[(r + s) % R, c]
+        s = s + k
+
+
+@given(rows=st.integers(1, 7), cols=st.sampled_from([1, 2, 17, 64]), k=st.integers(0, 5), fast=st.booleans())
+@settings(max_examples=10, deadline=None)
+def test_loop_invariant_index_bases_are_computed_before_their_loop(rows, cols, k, fast):
+    """Under `td.fast_compile`, a flat index's terms that no statement of the loop changes (here with a division,
+    which -O1 leaves in the loop, unvectorized) go into a local before the loop, and the loop adds its own terms;
+    optimized kernels leave that to -O3. A row that changes inside the loop keeps its index whole. numpy is the
+    oracle."""
+    x = np.random.default_rng(rows * 100 + cols).standard_normal((rows, cols)).astype(np.float32)
+    y, z = np.full_like(x, np.nan), np.full_like(x, np.nan)
+    td.fast_compile(fast)
+    try:
+        source = shifted_rows.source(x, y, z, k, target="cpu")
+        shifted_rows(x, y, z, k)
+    finally:
+        td.fast_compile(False)
+    lines = [line.strip() for line in source.splitlines()]
+    first_loop = next(i for i, line in enumerate(lines) if line.startswith("for c in range"))
+    hoisted = any(line.startswith("lb") and "// 3" in line for line in lines[:first_loop])
+    assert hoisted == fast and any(line.startswith("Y[np.uint64(lb") for line in lines) == fast, source
+    np.testing.assert_array_equal(y, 2 * x[[(r * 7 + k) // 3 % rows for r in range(rows)]])
+    np.testing.assert_array_equal(z, np.stack([x[[(r + c * k) % rows for c in range(cols)], np.arange(cols)]
+                                               for r in range(rows)]))
