@@ -447,17 +447,21 @@ def test_cpu_direct_rows_match_reference(n, groups, cg, mult, hw, k, stride, pad
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("channels,width,window,stride,dilation,whole", [
-    (5, 13, (3, 3), (1, 1), 2, True),           # the whole window unrolled; 13 pixels: the last group repeats one
-    (37, 37, (3, 3), (2, 1), 1, True),
-    (conv.ROW_BUFFER // conv.DEPTHWISE_PIXELS + 5, 6, (3, 3), (1, 2), 1, True),    # two pieces of channels
-    (24, 29, (5, 3), (1, 1), 1, False),         # a window row at a time
-    (16, 11, (7, 7), (2, 1), 1, False)])
-def test_nhwc_depthwise_kernel_sums_groups_of_pixels(channels, width, window, stride, dilation, whole):
+@pytest.mark.parametrize("channels,width,window,stride,dilation,whole,fast", [
+    (5, 13, (3, 3), (1, 1), 2, True, True),     # the whole window unrolled; 13 pixels: the last group repeats one
+    (5, 13, (3, 3), (1, 1), 2, True, False),
+    (37, 37, (3, 3), (2, 1), 1, True, True),
+    (conv.ROW_BUFFER // conv.DEPTHWISE_PIXELS + 5, 6, (3, 3), (1, 2), 1, True, True),    # two pieces of channels
+    (conv.ROW_BUFFER // conv.DEPTHWISE_PIXELS + 5, 6, (3, 3), (1, 2), 1, True, False),
+    (24, 29, (5, 3), (1, 1), 1, False, True),   # a window row at a time
+    (16, 11, (7, 7), (2, 1), 1, False, True)])
+def test_nhwc_depthwise_kernel_sums_groups_of_pixels(channels, width, window, stride, dilation, whole, fast):
     """`depthwise_nhwc_kernel`: DEPTHWISE_PIXELS output pixels at a time, each channel's taps in registers (the
     whole window, or of a window row over the sums of the rows before), the bias and activation fused in its
-    stores; strides, dilation and padding on every side, against float64 numpy."""
+    stores; strides, dilation and padding on every side, against float64 numpy. Under `td.fast_compile` (`fast`)
+    the inner pixels sum a tap at a time over their channels (`compact`); optimized, the window unrolled."""
     td.set_target("cpu")
+    td.fast_compile(fast)
     rng = np.random.default_rng(channels)
     x = rng.standard_normal((2, 9, width, channels)).astype(np.float32)
     w = rng.standard_normal((channels, 1) + window).astype(np.float32)
