@@ -420,7 +420,7 @@ class _PythonEmitter:
             return set(), bases
         changing = {loop.var.uid} | {x.var.uid for x in ir.collect(loop.body, ir.Stmt, expressions=False)
                                      if isinstance(getattr(x, "var", None), ir.Var)}
-        for access in ir.collect(loop.body, ir.Load) + ir.collect(loop.body, ir.Store, expressions=False):
+        for access in _accesses_of_this_level(loop.body):
             if access.buffer.uid in self.registers or len(access.indices) != 1:
                 continue
             base, rest = _split_invariant(access.indices[0], changing)
@@ -692,6 +692,25 @@ def _split_offset(e: ir.Expr) -> tuple:
                     base, c = _split_offset(p)
                     return (None if base is None else ir.binary("*", base, q)), c * int(q.value)
     return e, 0
+
+
+def _accesses_of_this_level(body: ir.Stmt) -> list:
+    """The loads and stores of a loop's `body` outside the `for` loops nested in it: an access inside an inner one
+    takes that loop's base (`loop_level`), computed there, and a base for it here would go unused."""
+    found, stack = [], [body]
+    while stack:
+        s = stack.pop()
+        if isinstance(s, ir.Seq):
+            stack.extend(s.stmts)
+        elif isinstance(s, ir.If):
+            found += ir.collect(s.cond, ir.Load)
+            stack += [s.then] + ([s.orelse] if s.orelse is not None else [])
+        elif isinstance(s, ir.While):     # no bases of its own
+            found += ir.collect(s.cond, ir.Load)
+            stack.append(s.body)
+        elif not isinstance(s, ir.For):
+            found += ir.collect(s, ir.Load) + ([s] if isinstance(s, ir.Store) else [])
+    return found
 
 
 def _split_invariant(e: ir.Expr, changing: set) -> tuple:
