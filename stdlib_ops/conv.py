@@ -594,8 +594,8 @@ def depthwise_nhwc_kernel(dtype, whole: bool, compact: bool = False) -> td.Kerne
                                 iw = ow0 * conv_sw - conv_pl + kw * conv_dw + p * conv_sw
                                 for c in range(width):
                                     buffer[p * span + c] += Wt[kh, kw, 0, c0 + c] * X[n, ih, iw, c0 + c]
-                elif whole and inner and not compact:
-                    for c in range(c0, c0 + width):
+                elif whole and inner and not compact:     # (`not compact`: no dead copy in the fast kernel,
+                    for c in range(c0, c0 + width):       # which numba would compile all the same)
                         for p in range(pixels):
                             sums[p] = 0.0
                         for kh in td.unroll(KH):

@@ -8,4 +8,5 @@ from .stmt import (Allocate, Assign, Break, Continue, CpAsync, CpAsyncCommit, Cp
                    ForMapping, If, LdMatrix, Mma, Prefetch, Seq, Stmt, Store, SyncThreads, SyncWarp, While, seq)
 from .structure import Unspellable, structural_text
 from .types import DataType, TensorSpec
-from .visitor import ELEMENT_ACCESSES, Rewriter, Visitor, allow_deep_trees, collect, referenced_buffers, substitute
+from .visitor import (ELEMENT_ACCESSES, Rewriter, Visitor, allow_deep_trees, collect, invariant, referenced_buffers,
+                      substitute)

@@ -9,7 +9,7 @@ import dataclasses
 import functools
 import sys
 
-from .expr import Atomic, Buffer, Expr, Load
+from .expr import Atomic, Buffer, Expr, Load, Var
 from .stmt import Stmt, Store
 
 _CHILD_TYPES = (Expr, Stmt)
@@ -140,6 +140,12 @@ def collect(node, cls, expressions: bool = True) -> list:
             _append_nodes(getattr(n, name), kinds, children)
         stack.extend(reversed(children))
     return found
+
+
+def invariant(node, variables: set) -> bool:
+    """Whether expression `node` reads no memory and no Var whose uid is in `variables` (its value the same wherever
+    those change: it may be computed before a loop assigning them)."""
+    return not any(isinstance(x, Load) or x.uid in variables for x in collect(node, (Load, Var)))
 
 
 def _append_nodes(value, kinds, out: list) -> None:

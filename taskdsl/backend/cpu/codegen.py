@@ -720,10 +720,7 @@ def _split_invariant(e: ir.Expr, changing: set) -> tuple:
         (a, ra), (b, rb) = _split_invariant(e.a, changing), _split_invariant(e.b, changing)
         join = lambda x, y: x if y is None else y if x is None else ir.binary("+", x, y)     # noqa: E731
         return join(a, b), join(ra, rb)
-    reads = ir.collect(e, (ir.Load, ir.Var))
-    if any(isinstance(x, ir.Load) or x.uid in changing for x in reads):
-        return None, e
-    return e, None
+    return (e, None) if ir.invariant(e, changing) else (None, e)
 
 
 def _stacked(buffers: list, threads: int) -> set:
@@ -749,7 +746,7 @@ def _shared_bases(stmts: list, registers: dict, text) -> list:
             if access.buffer.uid in registers or len(access.indices) != 1:
                 continue
             base, _ = _split_offset(access.indices[0])
-            if base is None or any(isinstance(x, ir.Load) or x.uid in assigned for x in ir.collect(base, (ir.Load, ir.Var))):
+            if base is None or not ir.invariant(base, assigned):
                 continue
             counts[text(base)] += 1
     return [key for key, n in counts.items() if n > 1]
