@@ -3,7 +3,8 @@
 Write kernels with `@td.kernel`, schedule their work with `spatial(...)` / `repeat(...)`
 task mappings, and run them on the cpu target (numba) or compile them to CUDA (NVRTC).
 """
-from .backend.cpu import numba_cache  # noqa: F401 - first: numba's cache folder for the package's functions
+from .backend.cpu import numba_settings  # noqa: F401 - first of all: settings numba reads at its import
+from .backend.cpu import numba_cache  # noqa: F401 - then: numba's cache folder for the package's functions
 from .compute import Tensor, compute, placeholder, reduce
 from .errors import ConfigError, DSLError, SourceLoc
 from .frontend.decorators import func, kernel

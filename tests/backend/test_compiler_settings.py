@@ -1,6 +1,11 @@
 """numba's settings while a generated kernel compiles (`launch.compiler_settings`): which LLVM passes run at
 each optimization level, and that nothing of them outlives the compile; and what the kernels' own pipeline
 (`support.KernelCompiler`) may leave out."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numba
 import numpy as np
 import pytest
@@ -15,11 +20,11 @@ from taskdsl import f16, f32, threadIdx
 from taskdsl.backend.cpu.launch import compiler_settings
 
 
-@pytest.mark.parametrize("opt_level, function_passes", [(1, 0), (3, 3)])
-def test_fast_kernels_skip_the_per_function_passes(monkeypatch, opt_level, function_passes):
-    """A fast kernel (level 1) builds its per-function pass pipelines at level 0 (the module pipeline at
-    level 1 simplifies each function once); an optimized one keeps numba's level-3 ones. After the compile
-    numba's own settings are back."""
+@pytest.mark.parametrize("opt_level, function_passes", [(1, 0), (3, 1)])
+def test_per_function_passes_run_at_a_low_level(monkeypatch, opt_level, function_passes):
+    """The per-function pass pipelines are built at level 0 for a fast kernel (level 1) and at level 1 for an
+    optimized one (level 3): the module pipeline at the kernel's level optimizes each function after them.
+    After the compile numba's own settings are back."""
     codegen = cpu_target.target_context.codegen()
     built = []
     original = type(codegen)._pass_builder
@@ -47,12 +52,24 @@ def test_settings_inside_settings_give_the_outer_ones_back():
     with compiler_settings(1):
         fast = codegen.__dict__["_function_pass_manager"]
         with compiler_settings(3):
-            assert "_function_pass_manager" not in codegen.__dict__ and config.OPT == 3
+            inner = codegen.__dict__["_function_pass_manager"]
+            assert inner is not fast and inner.keywords == {"opt": 1} and config.OPT == 3
         assert codegen.__dict__["_function_pass_manager"] is fast and config.OPT == 1
-        with compiler_settings(2):
-            assert codegen.__dict__["_function_pass_manager"] is not fast
-        assert codegen.__dict__["_function_pass_manager"] is fast
     assert "_function_pass_manager" not in codegen.__dict__
+
+
+@pytest.mark.parametrize("setting, scheme", [(None, "NOPColorScheme"), ("", "HighlightColorScheme")])
+def test_taskdsl_turns_numbas_error_highlighting_off_before_numba_loads(setting, scheme):
+    """Highlighting wraps each of the thousands of typing errors numba raises and catches in a kernel's compile in
+    terminal escapes: taskdsl's import turns it off before it imports numba (`numba_settings`), unless the
+    environment says otherwise (an empty NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING keeps it on)."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING"}
+    if setting is not None:
+        env["NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING"] = setting
+    code = "import taskdsl, numba.core.errors as e; print(type(e.termcolor()).__name__)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.stdout.strip() == scheme
 
 
 @td.kernel(grid=1, block=32)

@@ -31,20 +31,21 @@ def compiler_settings(opt_level: int):
     register tiles need it, as wide as the host's vectors: `vectors`) and optimization level `opt_level`
     (a source's `opt_level`), with numba's call typing memoized (`call_types`).
 
-    Below level 3 (`td.fast_compile`) numba's per-function passes, run on each function as it joins the
-    module, are skipped: the module pipeline that follows simplifies every function anyway, and running
-    both was 12% of numba's time on fast kernels (tests/ops/test_conv.py; 4% less CPU over the suite's zoo
-    and cpu matmul tests, with no slower runs)."""
+    numba's per-function passes, run on each function as it joins the module, run at a low level: the module
+    pipeline that follows, at `opt_level`, optimizes every function again. Under `td.fast_compile` (below level
+    3) they run at level 0, next to nothing: running both was 12% of numba's time on fast kernels
+    (tests/ops/test_conv.py; 4% less CPU over the suite's zoo and cpu matmul tests, with no slower runs).
+    Optimized kernels run them at level 1: at level 3 they were a third of a tile matmul's compile, and at 0
+    BERT's GELU epilogue stayed scalar (its matmuls 16% slower); at 1 the zoo runs as fast (docs/benchmarks.md,
+    session 64)."""
     from numba.core import config
     from numba.core.registry import cpu_target
     widen_slp_vectors()
     codegen = cpu_target.target_context.codegen()
     saved = config.SLP_VECTORIZE, config.OPT, codegen.__dict__.get("_function_pass_manager")
     config.SLP_VECTORIZE, config.OPT = 1, config._OptLevel(opt_level)
-    if opt_level < 3:
-        codegen._function_pass_manager = functools.partial(type(codegen)._function_pass_manager, codegen, opt=0)
-    else:
-        codegen.__dict__.pop("_function_pass_manager", None)
+    codegen._function_pass_manager = functools.partial(type(codegen)._function_pass_manager, codegen,
+                                                       opt=1 if opt_level >= 3 else 0)
     try:
         with call_types.memoized():
             yield
