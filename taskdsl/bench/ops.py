@@ -1,6 +1,6 @@
 """`python -m taskdsl.bench ops`: softmax, layer norm and sums of an f32 array through the operator library
-(stdlib_ops), on the current target; on the cpu also its sum over axis 0 and its first row times its
-transpose (`linear`: a matrix-vector product).
+(stdlib_ops), on the current target; on the cpu also its sum over axis 0, its first row times its
+transpose (`linear`: a matrix-vector product) and its rows' argmax.
 
 cpu: a (4096, 1024) array, against numpy in the same run. cuda: a (16384, 4096) array (256 MiB) in
 GPU memory, results left there, timed with CUDA events from a cold L2; the achieved bandwidth
@@ -50,9 +50,10 @@ def _cpu_rows(rows: int, cols: int) -> list:
         ("sum(all)", lambda: np.asarray(ops.sum(x)), lambda: np.asarray(x.sum()), nbytes),
         ("sum(axis=0)", lambda: ops.sum(x, axis=0), lambda: x.sum(axis=0), nbytes),
         ("x[:1] @ x.T", lambda: ops.linear(x[:1], x), lambda: x[:1] @ x.T, nbytes),   # a product of one row
+        ("argmax(axis=-1)", lambda: ops.argmax(x, axis=-1), lambda: x.argmax(axis=-1), nbytes),   # indices: exact
     ]
     print(f"target: {td.get_target()}, input ({rows}, {cols}) f32")
-    print(f"{'op':>13} {'taskdsl ms':>11} {'numpy ms':>9} {'taskdsl GB/s':>13} {'ratio':>6} {'max rel err':>12}")
+    print(f"{'op':>15} {'taskdsl ms':>11} {'numpy ms':>9} {'taskdsl GB/s':>13} {'ratio':>6} {'max rel err':>12}")
     results = []
     for name, ours, theirs, moved in cases:
         got, want = ours(), theirs()
@@ -60,7 +61,7 @@ def _cpu_rows(rows: int, cols: int) -> list:
         t_ours, t_np = time_cpu(ours, repeat=10), time_cpu(theirs, repeat=10)
         row = (name, t_ours * 1e3, t_np * 1e3, moved / t_ours / 1e9, t_np / t_ours, err)
         results.append(row)
-        print(f"{name:>13} {row[1]:>11.3f} {row[2]:>9.3f} {row[3]:>13.2f} {row[4]:>6.2f} {shown(err, 'f32', name)}")
+        print(f"{name:>15} {row[1]:>11.3f} {row[2]:>9.3f} {row[3]:>13.2f} {row[4]:>6.2f} {shown(err, 'f32', name)}")
     return results
 
 
@@ -115,7 +116,7 @@ def _cuda_rows(rows: int, cols: int) -> list:
     peers = _torch_ops(x) or {}
     print(f"target: cuda, input ({rows}, {cols}) f32 on the GPU; datasheet peak {peak / 1e9:.0f} GB/s, "
           f"device-to-device copy {copy / 1e9:.0f} GB/s")
-    print(f"{'op':>13} {'taskdsl ms':>11} {'GB/s':>7} {'of peak':>8} {'of copy':>8} {'torch ms':>9} {'ratio':>6} "
+    print(f"{'op':>15} {'taskdsl ms':>11} {'GB/s':>7} {'of peak':>8} {'of copy':>8} {'torch ms':>9} {'ratio':>6} "
           f"{'max rel err':>12}")
     results = []
     for name, ours, oracle, moved in cases:
@@ -125,6 +126,6 @@ def _cuda_rows(rows: int, cols: int) -> list:
         rate = moved / t_ours
         row = (name, t_ours * 1e3, t_peer * 1e3, rate / 1e9, t_peer / t_ours, err)
         results.append(row)
-        print(f"{name:>13} {row[1]:>11.3f} {row[3]:>7.0f} {rate / peak:>8.2f} {rate / copy:>8.2f} {row[2]:>9.3f} "
+        print(f"{name:>15} {row[1]:>11.3f} {row[3]:>7.0f} {rate / peak:>8.2f} {rate / copy:>8.2f} {row[2]:>9.3f} "
               f"{row[4]:>6.2f} {shown(err, 'f32', name)}")
     return results

@@ -130,6 +130,25 @@ def test_argmax_integers_and_large_axis():
         R.argmax(np.zeros((2, 0), np.float32), axis=1)
 
 
+@pytest.mark.parametrize("which", ["argmax", "argmin"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64, np.int32, np.uint8])
+def test_arg_rows_longer_than_a_chunk_take_the_first_chunk_holding_the_extreme(which, dtype):
+    """The cpu searches a row of more than ARG_CHUNK elements chunk by chunk (`arg_rows_kernel`): the first chunk
+    holding the extreme wins, with ties in later chunks, and a NaN anywhere beats every number."""
+    chunk = R.ARG_CHUNK
+    x = rand((4, 2 * chunk + 37), 5, np.int32, 1, 50).astype(dtype)
+    extreme = 60 if which == "argmax" else 0
+    x[0, [chunk + 3, 5, 2 * chunk + 1]] = extreme       # ties in three chunks: the first chunk's wins
+    x[1, [2 * chunk + 30, chunk + 17, chunk + 18]] = extreme      # the middle chunk's first, past a lane step
+    x[2, -1] = extreme                                   # the last element, in the last step's tail
+    if np.dtype(dtype).kind == "f":
+        x[3, [chunk + 7, 2 * chunk]] = np.nan           # the first NaN, though the extreme comes before it
+        x[3, 1] = extreme
+    got = getattr(R, which)(x, axis=1)
+    np.testing.assert_array_equal(got, getattr(np, which)(x, axis=1))
+    np.testing.assert_array_equal(getattr(R, which)(x[:, :chunk - 5], axis=1), getattr(np, which)(x[:, :chunk - 5], axis=1))
+
+
 def test_zero_dim_reduction_in_taskdsl():
     """A reduction to shape () (0-d tensors crashed index flattening before taskdsl d6de583)."""
     import taskdsl as td
