@@ -677,3 +677,22 @@ def test_a_columns_window_test_is_taken_out_of_the_row_loop(shape):
     assert isinstance(test.orelse, ir.For) and not ir.collect(test.then, ir.Select)
     np.testing.assert_array_equal(PADDED_OP(x)[0], np.max(np.stack([np.pad(x, ((1, 1), (0, 0)),
                                   constant_values=-np.inf)[w:w + shape[0]] for w in range(3)]), axis=0))
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_a_splits_chunks_reduce_their_elements_inside_untested(monkeypatch, op):
+    """On the cpu the partial stage of a split reduces each chunk over its elements inside the reduced ones
+    (`rules._inside_prefix`): its loops hold no select (tested element by element, the loop stayed scalar) and the
+    last chunk stops short; the results are the compute definition's, for floats and integers."""
+    if td.get_target() != "cpu":
+        pytest.skip("the cpu's split reduces its chunks by the 'thread' strategy")
+    monkeypatch.setenv("TASKDSL_NUM_THREADS", "4")     # one output: split wherever there are threads to share it
+    rng = np.random.default_rng(3)
+    for holder, reductions, dtype in ((X, RED, np.float32), (XI, RED_I, np.int32)):
+        fresh = td.op([holder], [reductions[op]])
+        check(fresh, make_data(op, (1, 40009), rng, dtype), reduced=40009)
+        if op == "mean" and dtype == np.int32:      # an integer mean divides once: it is not split
+            continue
+        [partial] = [k for k in fresh.kernels if k.name.endswith("_partials_reduce_thread")]
+        loops = ir.collect(partial._frontend_ir(partial.block_spec).body, ir.For, expressions=False)
+        assert loops and not any(ir.collect(loop.body, ir.Select) for loop in loops)
