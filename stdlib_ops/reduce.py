@@ -26,6 +26,7 @@ from taskdsl import blockIdx, threadIdx
 from taskdsl.runtime.arrays import empty_like_operands, on_device
 from taskdsl.runtime.config import get_target
 
+from . import rowwise
 from .elementwise import Plan, cached_op, contiguous, flag, normalize_axis, reshaper, tdtype
 
 __all__ = ["argmax", "argmin", "max", "mean", "min", "sum"]
@@ -154,7 +155,6 @@ def arg_kernel(dtype, is_max: bool):
 
 
 # the cpu's argmax / argmin along a contiguous axis: `arg_rows_kernel`
-ARG_LANES = 16          # interleaved partial results: one AVX-512 vector of f32
 ARG_CHUNK = 16384       # elements of a row one block searches; a longer row's chunks' results are combined after
 _ARG_ROWS_KERNELS: dict = {}
 
@@ -165,8 +165,8 @@ def arg_rows_kernel(dtype, is_max: bool):
 
     The per-output kernel (`arg_kernel`) keeps a running best and its index, a loop with a branch per element that
     LLVM does not vectorize (9-11x numpy's time over rows of 1024). This one reads its chunk twice. First the extreme
-    value m, in ARG_LANES interleaved lanes (`td.max` / `td.min` keep a NaN: one vector instruction a step). Then it
-    compares ARG_LANES elements a step with m, or tests them for a NaN (there is one exactly when m is NaN), until a
+    value m, in interleaved lanes (`rowwise.lane_extreme`: one vector instruction a step, a NaN kept). Then it
+    compares `rowwise.LANES` elements a step with m, or tests them for a NaN (there is one exactly when m is NaN), until a
     step holds one, and finds its first in those: the first extreme, as numpy's. (Kept as the least index over
     lanes of a branch-free select instead, LLVM vectorized the loop across steps, reading with gathers: 7x slower.)
     The row is in L1 for the second read, which stops at the first hit."""
@@ -174,34 +174,24 @@ def arg_rows_kernel(dtype, is_max: bool):
     if key in _ARG_ROWS_KERNELS:
         return _ARG_ROWS_KERNELS[key]
     lane_type = dtype if not dtype.is_float or dtype.bits >= 32 else td.f32     # f16 / bf16 compare as f32
-    extreme = td.max if is_max else td.min
 
     @td.kernel(grid=lambda AO, AC: (AC, AO), block=1, name="argmax_rows" if is_max else "argmin_rows")
     def kernel(X: dtype["AO", "AR"], Best: lane_type["AO", "AC"], Index: td.i64["AO", "AC"]):
         c, o = blockIdx.x, blockIdx.y
         begin = c * ARG_CHUNK
         n = td.min(AR - begin, ARG_CHUNK)
-        full = n // ARG_LANES * ARG_LANES
-        lane = td.registers(lane_type, (ARG_LANES,))
-        for v in td.unroll(ARG_LANES):
-            lane[v] = X[o, begin]       # an element of the chunk: no start can beat the extreme wrongly
-        for k in range(0, full, ARG_LANES):
-            for v in td.unroll(ARG_LANES):
-                lane[v] = extreme(lane[v], td.cast(X[o, begin + k + v], lane_type))
-        m = lane[0]
-        for v in td.unroll(1, ARG_LANES):
-            m = extreme(m, lane[v])
-        for k in range(full, n):
-            m = extreme(m, td.cast(X[o, begin + k], lane_type))
+        full = n // rowwise.LANES * rowwise.LANES
+        lanes = td.registers(lane_type, (rowwise.LANES,))
+        m = rowwise.lane_extreme(X, o, begin, n, lanes, X[o, begin], is_max)     # (an element: no wrong start)
         at = 0
-        while at < full:        # to the first ARG_LANES elements holding m (or a NaN): a vector compare a step
+        while at < full:        # to the first LANES elements holding m (or a NaN): a vector compare a step
             hits = False
-            for v in td.unroll(ARG_LANES):
+            for v in td.unroll(rowwise.LANES):
                 x = td.cast(X[o, begin + at + v], lane_type)
                 hits = hits | (x == m) | (x != x)
             if hits:
                 break
-            at += ARG_LANES
+            at += rowwise.LANES
         index = n
         for j in range(at, n):
             x = td.cast(X[o, begin + j], lane_type)

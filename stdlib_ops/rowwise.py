@@ -26,7 +26,7 @@ from taskdsl.runtime.arrays import contiguous, empty_like_operands
 BLOCK = 256
 CACHED = (1, 2, 4, 8, 16, 32)    # elements per thread a 'block' kernel can keep of its row in registers
 ROWS_PER_BLOCK = 64     # 'thread' schedule
-LANES = 16              # 'thread' schedule: partial results per row (see `lane_max`)
+LANES = 16              # 'thread' schedule: partial results per row (see `lane_extreme`)
 
 
 ROW_DTYPES = (f16, bf16, f32, f64)
@@ -74,27 +74,28 @@ def block_reduce(v, op, partials):
 
 
 @td.func
-def lane_max(X, row, n, lanes):
-    """max(X[row, :n]) by LANES interleaved partial maxima: independent chains the cpu's SLP vectorizer packs,
-    where one running maximum waits on the previous compare at every element."""
+def lane_extreme(X, row, start, n, lanes, first, is_max):
+    """max (is_max) or min of X[row, start : start + n] and `first` by LANES interleaved partial results: independent
+    chains the cpu's SLP vectorizer packs, where one running maximum waits on the previous compare at every element.
+    `td.max` / `td.min` keep a NaN."""
     for k in td.unroll(LANES):
-        lanes[k] = -math.inf
+        lanes[k] = first
     body = n - n % LANES
     for j in range(0, body, LANES):
         for k in td.unroll(LANES):
-            lanes[k] = td.max(lanes[k], X[row, j + k])
+            lanes[k] = td.max(lanes[k], X[row, start + j + k]) if is_max else td.min(lanes[k], X[row, start + j + k])
     m = lanes[0]
     for k in td.unroll(LANES - 1):
-        m = td.max(m, lanes[k + 1])
+        m = td.max(m, lanes[k + 1]) if is_max else td.min(m, lanes[k + 1])
     for j in range(body, n):
-        m = td.max(m, X[row, j])
+        m = td.max(m, X[row, start + j]) if is_max else td.min(m, X[row, start + j])
     return m
 
 
 @td.func
 def lane_sum(Y, row, n, center, squares, lanes):
     """The sum of Y[row, :n] - center (of their squares, with `squares`) in `lanes`' type, by LANES interleaved
-    partial sums (see `lane_max`)."""
+    partial sums (see `lane_extreme`)."""
     for k in td.unroll(LANES):
         lanes[k] = 0.0
     body = n - n % LANES
@@ -181,7 +182,7 @@ def softmax_kernel(dtype, log: bool, schedule: str, cached: int = 0):
         sums = td.registers(f64, (LANES,))
         row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x
         if row < R:
-            m = lane_max(X, row, C, maxima)
+            m = lane_extreme(X, row, 0, C, maxima, -math.inf, True)
             s: f64 = 0.0
             if exact:
                 for j in range(C):          # no reduction in the loop: it vectorizes, exps included
