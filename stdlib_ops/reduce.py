@@ -24,6 +24,7 @@ import numpy as np
 import taskdsl as td
 from taskdsl import blockIdx, threadIdx
 from taskdsl.runtime.arrays import empty_like_operands, on_device
+from taskdsl.ir.types import numpy_dtype
 from taskdsl.runtime.config import get_target
 
 from . import rowwise
@@ -173,7 +174,7 @@ def arg_rows_kernel(dtype, is_max: bool):
     key = (dtype, is_max)
     if key in _ARG_ROWS_KERNELS:
         return _ARG_ROWS_KERNELS[key]
-    lane_type = dtype if not dtype.is_float or dtype.bits >= 32 else td.f32     # f16 / bf16 compare as f32
+    lane_type = _lane_type(dtype)
 
     @td.kernel(grid=lambda AO, AC: (AC, AO), block=1, name="argmax_rows" if is_max else "argmin_rows")
     def kernel(X: dtype["AO", "AR"], Best: lane_type["AO", "AC"], Index: td.i64["AO", "AC"]):
@@ -205,13 +206,19 @@ def arg_rows_kernel(dtype, is_max: bool):
     return kernel
 
 
+def _lane_type(dtype):
+    """The type `arg_rows_kernel` compares elements of `dtype` in: f16 and bf16 as f32, others as themselves."""
+    return dtype if not dtype.is_float or dtype.bits >= 32 else td.f32
+
+
 def _arg_rows(x: np.ndarray, is_max: bool) -> np.ndarray:
     """argmax / argmin along the last axis of a contiguous 2-d cpu array (`arg_rows_kernel`)."""
     rows, length = x.shape
     chunks = -(-length // ARG_CHUNK)
-    best = np.empty((rows, chunks), np.float32 if x.dtype.itemsize < 4 and x.dtype.kind == "f" else x.dtype)
+    dtype = tdtype(x.dtype)
+    best = np.empty((rows, chunks), numpy_dtype(_lane_type(dtype)))
     index = np.empty((rows, chunks), np.int64)
-    arg_rows_kernel(tdtype(x.dtype), is_max)(x, best, index)
+    arg_rows_kernel(dtype, is_max)(x, best, index)
     if chunks == 1:
         return index[:, 0]
     # the first chunk holding the row's extreme (or its first NaN), as numpy's own argmax / argmin finds it

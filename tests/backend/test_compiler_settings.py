@@ -58,18 +58,25 @@ def test_settings_inside_settings_give_the_outer_ones_back():
     assert "_function_pass_manager" not in codegen.__dict__
 
 
-@pytest.mark.parametrize("setting, scheme", [(None, "NOPColorScheme"), ("", "HighlightColorScheme")])
-def test_taskdsl_turns_numbas_error_highlighting_off_before_numba_loads(setting, scheme):
-    """Highlighting wraps each of the thousands of typing errors numba raises and catches in a kernel's compile in
-    terminal escapes: taskdsl's import turns it off before it imports numba (`numba_settings`), unless the
-    environment says otherwise (an empty NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING keeps it on)."""
+def _numba_highlighting(first: str, setting: str | None) -> str:
+    """The class of numba's error-message scheme in a new process that imports `first`, then numba, with
+    NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING set to `setting` (None: unset)."""
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING"}
     if setting is not None:
         env["NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING"] = setting
-    code = "import taskdsl, numba.core.errors as e; print(type(e.termcolor()).__name__)"
+    code = f"import {first}, numba.core.errors as e; print(type(e.termcolor()).__name__)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True,
                           cwd=Path(__file__).resolve().parents[2])
-    assert done.stdout.strip() == scheme
+    return done.stdout.strip()
+
+
+def test_taskdsl_turns_numbas_error_highlighting_off_before_numba_loads():
+    """Highlighting wraps each of the thousands of typing errors numba raises and catches in a kernel's compile in
+    terminal escapes (where colorama is installed): taskdsl's import turns it off before it imports numba
+    (`numba_settings`), unless the environment says otherwise (an empty NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING
+    leaves numba's own choice)."""
+    assert _numba_highlighting("taskdsl", None) == "NOPColorScheme"
+    assert _numba_highlighting("taskdsl", "") == _numba_highlighting("numpy", "")
 
 
 @td.kernel(grid=1, block=32)

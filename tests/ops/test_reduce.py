@@ -1,4 +1,5 @@
 """stdlib_ops.reduce: sum / mean / max / min over any axes, argmax / argmin."""
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import example, given
@@ -131,7 +132,7 @@ def test_argmax_integers_and_large_axis():
 
 
 @pytest.mark.parametrize("which", ["argmax", "argmin"])
-@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64, np.int32, np.uint8])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16, np.float64, np.int32, np.uint8])
 def test_arg_rows_longer_than_a_chunk_take_the_first_chunk_holding_the_extreme(which, dtype):
     """The cpu searches a row of more than ARG_CHUNK elements chunk by chunk (`arg_rows_kernel`): the first chunk
     holding the extreme wins, with ties in later chunks, and a NaN anywhere beats every number."""
@@ -141,7 +142,7 @@ def test_arg_rows_longer_than_a_chunk_take_the_first_chunk_holding_the_extreme(w
     x[0, [chunk + 3, 5, 2 * chunk + 1]] = extreme       # ties in three chunks: the first chunk's wins
     x[1, [2 * chunk + 30, chunk + 17, chunk + 18]] = extreme      # the middle chunk's first, past a lane step
     x[2, -1] = extreme                                   # the last element, in the last step's tail
-    if np.dtype(dtype).kind == "f":
+    if np.dtype(dtype).kind == "f" or dtype is ml_dtypes.bfloat16:
         x[3, [chunk + 7, 2 * chunk]] = np.nan           # the first NaN, though the extreme comes before it
         x[3, 1] = extreme
     got = getattr(R, which)(x, axis=1)
