@@ -19,12 +19,14 @@ parallel); elsewhere `arg_kernel`, a thread per output.
 """
 # ruff: noqa: F821 - the argmax kernels' bodies use their size symbols AO, AR, AI, AC as names
 # No `from __future__ import annotations`: the argmax kernel's annotations use closure dtypes.
+import functools
+
 import numpy as np
 
 import taskdsl as td
 from taskdsl import blockIdx, threadIdx
-from taskdsl.runtime.arrays import empty_like_operands, on_device
 from taskdsl.ir.types import numpy_dtype
+from taskdsl.runtime.arrays import empty_like_operands, on_device
 from taskdsl.runtime.config import get_target
 
 from . import rowwise
@@ -124,14 +126,11 @@ def min(x, axis=None, keepdims: bool = False):
 
 # ---------------------------------------------------------------- argmax / argmin
 ARG_BLOCK = 256
-_ARG_KERNELS: dict = {}
 
 
+@functools.cache
 def arg_kernel(dtype, is_max: bool):
     """The argmax (is_max) / argmin kernel for inputs of `dtype`: X viewed as (outer, axis, inner)."""
-    key = (dtype, is_max)
-    if key in _ARG_KERNELS:
-        return _ARG_KERNELS[key]
     sign = 1 if is_max else -1   # argmin is the argmax of the negated comparison
 
     @td.kernel(grid=lambda AO, AI: td.cdiv(AO * AI, ARG_BLOCK), block=ARG_BLOCK,
@@ -151,15 +150,14 @@ def arg_kernel(dtype, is_max: bool):
                     index = r
             Y[o, i] = td.cast(index, td.i64)
 
-    _ARG_KERNELS[key] = kernel
     return kernel
 
 
 # the cpu's argmax / argmin along a contiguous axis: `arg_rows_kernel`
 ARG_CHUNK = 16384       # elements of a row one block searches; a longer row's chunks' results are combined after
-_ARG_ROWS_KERNELS: dict = {}
 
 
+@functools.cache
 def arg_rows_kernel(dtype, is_max: bool):
     """The cpu's argmax (is_max) / argmin kernel along the contiguous axis of X (rows, AR): block (chunk, row) finds
     the first extreme element of its ARG_CHUNK elements of the row, as Best[row, chunk] and Index[row, chunk].
@@ -171,9 +169,6 @@ def arg_rows_kernel(dtype, is_max: bool):
     step holds one, and finds its first in those: the first extreme, as numpy's. (Kept as the least index over
     lanes of a branch-free select instead, LLVM vectorized the loop across steps, reading with gathers: 7x slower.)
     The row is in L1 for the second read, which stops at the first hit."""
-    key = (dtype, is_max)
-    if key in _ARG_ROWS_KERNELS:
-        return _ARG_ROWS_KERNELS[key]
     lane_type = _lane_type(dtype)
 
     @td.kernel(grid=lambda AO, AC: (AC, AO), block=1, name="argmax_rows" if is_max else "argmin_rows")
@@ -202,7 +197,6 @@ def arg_rows_kernel(dtype, is_max: bool):
         Best[o, c] = m
         Index[o, c] = td.cast(begin + index, td.i64)
 
-    _ARG_ROWS_KERNELS[key] = kernel
     return kernel
 
 

@@ -55,6 +55,9 @@ def test_settings_inside_settings_give_the_outer_ones_back():
             inner = codegen.__dict__["_function_pass_manager"]
             assert inner is not fast and inner.keywords == {"opt": 1} and config.OPT == 3
         assert codegen.__dict__["_function_pass_manager"] is fast and config.OPT == 1
+        with compiler_settings(2):
+            assert codegen.__dict__["_function_pass_manager"] is not fast
+        assert codegen.__dict__["_function_pass_manager"] is fast
     assert "_function_pass_manager" not in codegen.__dict__
 
 

@@ -6,6 +6,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from stdlib_ops import reduce as R
+from taskdsl.ir.types import is_float_dtype
 
 from . import FEW, SEEDS, TWO, check, rand, shapes
 
@@ -142,7 +143,7 @@ def test_arg_rows_longer_than_a_chunk_take_the_first_chunk_holding_the_extreme(w
     x[0, [chunk + 3, 5, 2 * chunk + 1]] = extreme       # ties in three chunks: the first chunk's wins
     x[1, [2 * chunk + 30, chunk + 17, chunk + 18]] = extreme      # the middle chunk's first, past a lane step
     x[2, -1] = extreme                                   # the last element, in the last step's tail
-    if np.dtype(dtype).kind == "f" or dtype is ml_dtypes.bfloat16:
+    if is_float_dtype(np.dtype(dtype)):
         x[3, [chunk + 7, 2 * chunk]] = np.nan           # the first NaN, though the extreme comes before it
         x[3, 1] = extreme
     got = getattr(R, which)(x, axis=1)
