@@ -27,6 +27,7 @@ from taskdsl.schedule.tuner import tune, tuning_enabled
 
 from . import gemv
 from . import matmul_cpu as cpu
+from . import matmul_small as small
 from .elementwise import converted, int_tuple
 from . import matmul_simt as simt
 from . import matmul_tc as tc
@@ -45,6 +46,7 @@ ALIGN = 8
 PAD_FROM_MACS = 1 << 27
 
 
+@functools.lru_cache(maxsize=64)
 def tdtype(dtype, op: str = "matmul") -> td.ir.types.DataType:
     """The DSL type of an operand dtype of `op` (its SUPPORTED types; a TypeError naming `op` otherwise)."""
     # big-endian floats (arrays read from files) are their native type: `contiguous` swaps their bytes
@@ -147,6 +149,7 @@ class MatmulPlan:
     k: int
     split: int
     template: Template = SIMT
+    small: bool = False     # the cpu runs it on `matmul_small`'s kernel (given B as it is: not packed)
 
     @property
     def vec(self) -> int:
@@ -173,6 +176,8 @@ class MatmulPlan:
         if (packed_b or transposed_a) and not self.packs_b:
             raise ValueError(f"the {self.template.name} template has no kernel for packed B or transposed A operands")
         out = out_dtype or (td.f32 if self.split > 1 else self.dtype)
+        if self.small and not (packed_b or transposed_a or padded):
+            return small.small_matmul_kernel(self.dtype, out, self.m, self.n)
         vec = ALIGN if padded else self.vec
         return self.template.build(self.point, self.dtype, out, vec, packed_b, transposed_a, self.m, self.n)
 
@@ -186,7 +191,7 @@ class MatmulPlan:
     def packs_per_call(self) -> bool:
         """Whether a call given B as a numpy array packs it first: products of PACK_PER_CALL_MACS or more, where
         the template can (whose blocks otherwise pack their panels of B on every call)."""
-        return self.packs_b and self.batch * self.m * self.n * self.k >= PACK_PER_CALL_MACS
+        return self.packs_b and not self.small and self.batch * self.m * self.n * self.k >= PACK_PER_CALL_MACS
 
     def pack_b(self, b) -> np.ndarray:
         """B (any shape with the elements of the 3-D operand) as the `packed_b` kernel reads it."""
@@ -317,7 +322,8 @@ def plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune: bool | Non
     """The plan for (..., M, K) @ (..., K, N) operands of DSL type `dtype` on `target`.
 
     The schedule: `point` if given; else tuned (cuda, or `do_tune=True`) with the winner
-    cached on disk; else the target's default. Batch dims broadcast as in numpy.
+    cached on disk; else the target's default (on the cpu, for small matrices, `matmul_small`'s kernel). Batch
+    dims broadcast as in numpy.
     """
     _check_tune(do_tune)
     # Python ints: numpy ones would key their tuning records apart (`repr`) and tune the same product again
@@ -346,8 +352,8 @@ def _plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune, point, fa
     itemsize = dtype.bits // 8
     template = template_for(dtype, target)
 
-    def at(p, split: int = 1) -> MatmulPlan:
-        return MatmulPlan(p, dtype, out_batch, tuple(a_batch), tuple(b_batch), m, n, k, split, template)
+    def at(p, split: int = 1, on_small: bool = False) -> MatmulPlan:
+        return MatmulPlan(p, dtype, out_batch, tuple(a_batch), tuple(b_batch), m, n, k, split, template, on_small)
 
     def split_for(p) -> int:
         return choose_split(p, math.prod(out_batch), m, n, k, target, template)
@@ -357,6 +363,8 @@ def _plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune, point, fa
                          f"this {dtype.name} matmul on {target} uses: take one from its space() or default()")
     if point is None:
         point = template.default(target, itemsize, m, n)
+        if template is CPU_TILE and not do_tune and small.applies(math.prod(out_batch), m, n, k):
+            return at(point, on_small=True)
         if do_tune or (do_tune is None and target == "cuda"):
             proto = at(point)
             pads = proto.pads           # tuned as called: on padded operands where a call pads them

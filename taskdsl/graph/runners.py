@@ -84,8 +84,9 @@ def run_matmul(op: MatMul, arrays: list) -> tuple:
 
 def packed_b(plan: gemm.MatmulPlan, tensor, b: np.ndarray, cache: dict) -> np.ndarray | None:
     """A matmul's B operand as its plan's packed panels, made once and kept in `cache`, when B is a constant
-    of the graph and the plan's template takes packed operands (the cpu's); else None."""
-    if not (tensor.is_constant and plan.packs_b):
+    of the graph and the plan's template takes packed operands (the cpu's, but not for small matrices, whose
+    kernel reads B as it is: `MatmulPlan.small`); else None."""
+    if not (tensor.is_constant and plan.packs_b) or plan.small:
         return None
     return _made_once(cache, plan, lambda: plan.pack_b(b))
 

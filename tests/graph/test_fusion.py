@@ -47,7 +47,8 @@ def test_conv_bn_relu_is_one_kernel():
     assert [op.kind for op in pointwise.graph.nodes] == ["fused"] and len(pointwise.kernels) == 1
     window = _run(tg.Graph([x], [conv_bn_relu(x, 3)]), data)
     assert [op.kind for op in window.graph.nodes] == ["fused"]
-    gemm_name = gemm.plan((2, 63, 360), (1, 360, 16), td.f32, "cpu").anchor.name + "_packed_at_fused"
+    gemm_name = gemm.plan((2, 63, 360), (1, 360, 16), td.f32, "cpu").kernel(packed_b=True, transposed_a=True).name \
+        + "_fused"
     assert [k.name for k in window.kernels] == ["im2col_f32", gemm_name]
     prologue = _run(tg.Graph([x], [conv_bn_relu(ops.sigmoid(x), 3)]), data)
     fused, = prologue.graph.nodes

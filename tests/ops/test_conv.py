@@ -288,9 +288,9 @@ def test_cpu_nchw_convolutions_multiply_explicit_columns_by_the_packed_weights()
     g = conv.geometry((2, 40, 9, 7), (12, 40, 3, 3), padding=1)
     low = conv.plan(g, td.f32, "cpu", True, "relu").lowered
     assert low.transposed_a and low.columns is conv.columns_kernel(td.f32)
-    assert [k.name for k in low.kernels] == ["im2col_f32", low.matmul.anchor.name + "_packed_at_fused"]
+    assert [k.name for k in low.kernels] == ["im2col_f32", low.matmul.kernel(packed_b=True).name + "_at_fused"]
     assert low.matmul.operand_shapes(transposed_a=True)[0] == (2, 40 * 9, 9 * 7)
-    assert low.matmul.anchor.name.startswith("tile_matmul_")
+    assert low.matmul.kernel(packed_b=True).name.startswith("tile_matmul_")
     assert [name for name, _ in low.kernel.params] == ["A", "B", "batch_index", "split", "bias", "Z"]
     pointwise = conv.plan(conv.geometry((2, 40, 9, 7), (12, 40, 1, 1)), td.f32, "cpu", False, None).lowered
     assert pointwise.columns is None and len(pointwise.kernels) == 1
@@ -310,7 +310,7 @@ def test_cpu_nhwc_convolutions_read_their_im2col_in_place_from_the_padded_input(
     g = conv.geometry((2, 9, 7, 40), (12, 40, 3, 3), padding=(1, 2, 0, 1), layout="NHWC")
     low = conv.plan(g, td.f32, "cpu", True, "relu").lowered
     assert low.on_columns and low.indirect and low.columns is conv.pad_kernel(td.f32)
-    assert [k.name for k in low.kernels] == ["pad_nhwc_f32", low.matmul.anchor.name + "_packed_indirect_fused"]
+    assert [k.name for k in low.kernels] == ["pad_nhwc_f32", low.matmul.kernel(packed_b=True).name + "_indirect_fused"]
     table = low.batch_index[0, 2:]           # the offsets of pixel (1, 3, 4) and of tap (2, 1, 5), by hand
     hp, wp, oh, ow = 9 + 1, 7 + 3, 8, 8
     assert table[(1 * oh + 3) * ow + 4] == ((1 * hp + 3) * wp + 4) * 40

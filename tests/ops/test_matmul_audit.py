@@ -271,8 +271,9 @@ def many_workers(monkeypatch, twin_target):
 
 def test_long_k_sums_in_f32_split_or_not(many_workers):
     """K = 8191 of f16 values about 0.5: an f16 running sum would stall near 1024 (its ulp 1 there); sums in f32
-    round once. Split-k (a few z-slices of partial sums) with a broadcast batch, NaN and inf in some rows."""
-    a = rand((3, 8191), 2, low=0.25, high=0.75).astype(np.float16)
+    round once. Split-k (a few z-slices of partial sums) with a broadcast batch, NaN and inf in some rows; 131
+    rows, past those of the cpu's kernel for small matrices (`matmul_small`), which never splits."""
+    a = rand((131, 8191), 2, low=0.25, high=0.75).astype(np.float16)
     b = rand((2, 8191, 5), 3, low=0.25, high=0.75).astype(np.float16)
     a[1, 100], b[1, 8190, 4] = np.inf, np.nan
     assert gemm.plan(a.shape, b.shape, td.f16, td.get_target()).split > 1

@@ -264,10 +264,10 @@ def test_a_large_product_packs_b_once_per_call(monkeypatch):
     shapes = []
     pack_b = gemm.MatmulPlan.pack_b
     monkeypatch.setattr(gemm.MatmulPlan, "pack_b", lambda self, b: shapes.append(b.shape) or pack_b(self, b))
-    monkeypatch.setattr(gemm, "PACK_PER_CALL_MACS", 40 * 60 * 50)
+    monkeypatch.setattr(gemm, "PACK_PER_CALL_MACS", 140 * 60 * 50)     # rows past `matmul_small`'s
     rng = np.random.default_rng(5)
     b = rng.standard_normal((60, 50)).astype(np.float32)
-    for m, packs in ((40, True), (39, False)):
+    for m, packs in ((140, True), (139, False)):
         a = rng.standard_normal((m, 60)).astype(np.float32)
         shapes.clear()
         np.testing.assert_allclose(gemm.matmul(a, b), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,86 @@
+"""Products of small matrices on the cpu target: (..., M, K) @ (..., K, N), M <= 128 and N <= 64.
+
+The register-tile template computes whole micro-tiles (6 x 32 with AVX-512) in blocks of 48 x 64 or more, with
+their sums kept in memory between k blocks and B's panels packed per block: a 4 x 4 product fills a sixth of a
+micro-tile's rows and an eighth of its columns (4096 products of 4 x 4 matrices: 0.48 ms, numpy 0.21). Here a
+kernel per (M, N) keeps a product's M x N sums, a chunk of rows at a time, in registers over the whole k range,
+reading A and B in place: a block per product, its sizes built in, so LLVM vectorizes each row of sums across the
+N columns (0.09 ms). From 128 x 128 outputs on, the two run about as fast (docs/templates.md), and each (M, N)
+here is a compile of its own, where the template's one kernel serves every shape.
+"""
+import functools
+
+import taskdsl as td
+from taskdsl import blockIdx, f32
+from taskdsl.backend.cpu.launch import num_threads
+from taskdsl.passes.unroll import MAX_COPIES
+
+MAX_M = 128         # rows (M) at most of a product this kernel computes
+MAX_N = 64          # columns (N) at most
+ONE_THREAD_MACS = 1 << 18   # multiply-adds at most of a batch with fewer products than threads (a block each)
+
+
+def applies(batch: int, m: int, n: int, k: int) -> bool:
+    """Whether the cpu computes `batch` products of (m x k) @ (k x n) with `small_matmul_kernel`: small matrices,
+    enough of them for every thread, or too few multiply-adds for the threads to matter."""
+    return 1 <= m <= MAX_M and 1 <= n <= MAX_N and (batch >= num_threads() or batch * m * n * k <= ONE_THREAD_MACS)
+
+
+def rows_at_once(m: int, n: int) -> int:
+    """The rows of sums a kernel for m x n outputs keeps in registers at once: at most MAX_COPIES sums (the
+    multiply-adds the cpu target unrolls for one k)."""
+    return max(1, min(m, MAX_COPIES // n))
+
+
+@functools.cache
+def small_matmul_kernel(dtype, out_dtype, m: int, n: int) -> td.Kernel:
+    """C[z] = A[za] @ B[zb] for each z-slice z of `batch_index`, with the register-tile template's parameters
+    and meaning (batch dims broadcast by the table; z-slice z sums chunk z % split of k), C's sizes built in
+    (m x n), K any; the sums in f32. The rows go in chunks of `rows_at_once`, the last one of the rest: each
+    chunk's size is a constant, so its multiply-adds unroll with their sums in registers. The sums reach C
+    through a buffer and a loop left to LLVM: unrolled, a fused epilogue would be in the source once a store."""
+    rows = rows_at_once(m, n)
+    whole, rest = m // rows * rows, m % rows
+
+    def chunk(size: int):
+        @td.func
+        def product_rows(A, B, C, c, fa, fb, sums, z, za, zb, i0, k_begin, k_end):
+            """C[z, i0 : i0 + size] = A[za, i0 : i0 + size, k_begin:k_end] @ B[zb, k_begin:k_end]."""
+            for x in td.unroll(size):
+                for y in td.unroll(n):
+                    c[x, y] = 0.0
+            for k in range(k_begin, k_end):
+                for x in range(size):
+                    fa[x] = td.cast(A[za, i0 + x, k], f32)
+                for y in range(n):
+                    fb[y] = td.cast(B[zb, k, y], f32)
+                for x in td.unroll(size):
+                    for y in td.unroll(n):
+                        c[x, y] += fa[x] * fb[y]
+            for x in td.unroll(size):
+                for y in td.unroll(n):
+                    sums[x, y] = c[x, y]
+            for x in range(size):
+                for y in range(n):
+                    C[z, i0 + x, y] = td.cast(sums[x, y], out_dtype)
+        return product_rows
+
+    whole_rows, rest_rows = chunk(rows), chunk(max(rest, 1))
+
+    @td.kernel(grid=lambda BZ: BZ, block=1, name=f"small_matmul_{m}x{n}")
+    def small_matmul(A: dtype["BA", m, "K"], B: dtype["BB", "K", n], C: out_dtype["BZ", m, n],
+                     batch_index: td.i32["BZ", 2], split: td.i32):
+        c = td.registers(f32, (rows, n))
+        fa = td.registers(f32, (rows,))
+        fb = td.registers(f32, (n,))
+        sums = td.shared(f32, (rows, n))
+        z = blockIdx.x
+        za, zb = batch_index[z, 0], batch_index[z, 1]
+        chunk = td.cdiv(K, split)
+        k_begin = z % split * chunk
+        k_end = td.min(K, k_begin + chunk)
+        for i0 in range(0, whole, rows):
+            whole_rows(A, B, C, c, fa, fb, sums, z, za, zb, i0, k_begin, k_end)
+        if rest:
+            rest_rows(A, B, C, c, fa, fb, sums, z, za, zb, whole, k_begin, k_end)
+    return small_matmul
