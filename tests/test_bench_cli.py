@@ -173,3 +173,11 @@ def test_the_tc_parts_verdict_compares_the_mma_alone_with_the_target(monkeypatch
         result, = tc_parts.run(sizes=(64,))
         assert result["cublas"] == cublas and result["bound"] == "math"
         assert reach in capsys.readouterr().out
+
+
+def test_the_batched_small_products_are_checked_against_numpy(capsys):
+    """The cpu's batched small products: taskdsl's batch_matmul against numpy's matmul, timed and checked."""
+    from taskdsl.bench import matmul
+    row, = matmul.small_products(((64, 3, 5, 7),))
+    assert row["shape"] == (64, 3, 5, 7) and row["err"] < 1e-5 and row["taskdsl"] > 0 and row["peer"] > 0
+    assert "64 x (3x5 @ 5x7)" in capsys.readouterr().out

@@ -2,7 +2,8 @@
 
 cpu target: stdlib_ops.matmul (the register-tile cpu template at its default schedule, or tuned
 with --tune) against numpy's BLAS, f32; and, as the graph layer runs constant weights, with B
-packed once outside the timing (`plan.pack_b`). cuda target: the tuned plan, called as stdlib_ops.matmul
+packed once outside the timing (`plan.pack_b`); then batched products of small matrices (`stdlib_ops.matmul_small`),
+the same call against numpy's. cuda target: the tuned plan, called as stdlib_ops.matmul
 calls it (padded copies of unaligned operands and split-k sums included), against torch.matmul (cuBLAS,
 TF32 off), f32 and f16, and DESIGN.md's kernel (f32): each side's kernels captured into a CUDA graph and
 timed as its replays with CUDA events (GPU time only; 'call ms' is a taskdsl call's time with its host
@@ -34,6 +35,31 @@ def _cpu_rows(sizes, tune: bool) -> list:
         t_np = time_cpu(lambda: a @ b, repeat=5)
         err = max(rel_err(c, a @ b), rel_err(ops.matmul(a, b, tune=tune, packed=panels), a @ b))
         rows.append(dict(size=n, dtype="f32", taskdsl=t_td, packed=t_packed, peer=t_np, err=err))
+    return rows
+
+
+# (batch, M, K, N) of the cpu's batched small products: tiny matrices, then up to 64 x 64 (`matmul_small`)
+SMALL_BATCHES = ((4096, 4, 4, 4), (1024, 8, 8, 8), (512, 16, 16, 16), (64, 64, 64, 64))
+
+
+def small_products(shapes=SMALL_BATCHES) -> list:
+    """Print and return the times of stdlib_ops.batch_matmul and numpy's matmul for batched products of small
+    matrices (cpu, f32)."""
+    import stdlib_ops as ops
+    rng = np.random.default_rng(0)
+    rows = []
+    print("batched small products on cpu: taskdsl vs numpy")
+    print(f"{'batch x (M x K @ K x N)':>24} {'taskdsl ms':>11} {'numpy ms':>9} {'ratio':>7} {'max rel err':>12}")
+    for batch, m, k, n in shapes:
+        a = rng.standard_normal((batch, m, k), dtype=np.float32)
+        b = rng.standard_normal((batch, k, n), dtype=np.float32)
+        err = rel_err(ops.batch_matmul(a, b), a @ b)      # compiles outside the timing
+        t_td = time_cpu(lambda: ops.batch_matmul(a, b), warmup=3, repeat=15)
+        t_np = time_cpu(lambda: a @ b, warmup=3, repeat=15)
+        rows.append(dict(shape=(batch, m, k, n), taskdsl=t_td, peer=t_np, err=err))
+        what = f"{batch} x ({m}x{k} @ {k}x{n})"
+        print(f"{what:>24} {t_td * 1e3:>11.3f} {t_np * 1e3:>9.3f} {t_np / t_td:>7.3f} "
+              f"{shown(err, 'f32', 'batched matmul ' + what)}")
     return rows
 
 
@@ -94,7 +120,8 @@ def _design_rows(sizes) -> list:
 
 
 def run(sizes=None, tune: bool = False) -> list:
-    """Print and return GFLOP/s of taskdsl and the peer (numpy on cpu, cuBLAS on cuda) per size."""
+    """Print and return GFLOP/s of taskdsl and the peer (numpy on cpu, cuBLAS on cuda) per size; on the cpu
+    without `sizes`, print `small_products` after them."""
     import taskdsl as td
     target = td.get_target()
     if target == "cuda":
@@ -117,4 +144,7 @@ def run(sizes=None, tune: bool = False) -> list:
               f"{r['ratio']:>7.3f} {extra}"
               f"{shown(r['err'], r['dtype'].split()[0], 'matmul %d %s' % (r['size'], r['dtype']))}"
               + (f"  {r['schedule']}" if "schedule" in r else ""))
+    if target == "cpu" and sizes is None:
+        print()
+        small_products()
     return rows
