@@ -151,13 +151,14 @@ def test_split_k_fused_matmul_on_a_gpu():
 
 def test_constant_weights_are_packed_once_and_computed_ones_are_not():
     """On the cpu a matmul by a constant (unfused, or fused with its epilogue) runs the kernel that reads B
-    as panels packed once; a B computed by the graph keeps the kernel that packs its own panels per call."""
+    as panels packed once; a B computed by the graph keeps the kernel that packs its own panels per call. (67
+    columns: the kernel for small matrices, `matmul_small`, reads any B as it is.)"""
     x = tg.input("x", (3, 7, 61))
-    b = tg.input("b", (61, 37))
-    w = _const(61, 37)
-    outputs = [ops.matmul(x, w), ops.relu(ops.matmul(x, w) + _const(37)), ops.matmul(x, b)]
+    b = tg.input("b", (61, 67))
+    w = _const(61, 67)
+    outputs = [ops.matmul(x, w), ops.relu(ops.matmul(x, w) + _const(67)), ops.matmul(x, b)]
     g = tg.Graph([x, b], outputs)
-    arrays = [RNG.standard_normal((3, 7, 61)).astype(np.float32), RNG.standard_normal((61, 37)).astype(np.float32)]
+    arrays = [RNG.standard_normal((3, 7, 61)).astype(np.float32), RNG.standard_normal((61, 67)).astype(np.float32)]
     cg = _run(g, *arrays)
     kinds = sorted(("packed " if "_packed" in k.name else "") + ("fused" if k.name.endswith("_fused") else "alone")
                    for k in cg.kernels)
