@@ -5,7 +5,7 @@ their sums kept in memory between k blocks and B's panels packed per block: a 4 
 micro-tile's rows and an eighth of its columns (4096 products of 4 x 4 matrices: 0.48 ms, numpy 0.21). Here a
 kernel per (M, N) keeps a product's M x N sums, a chunk of rows at a time, in registers over the whole k range,
 reading A and B in place: a block per product, its sizes built in, so LLVM vectorizes each row of sums across the
-N columns (0.09 ms). From 128 x 128 outputs on, the two run about as fast (docs/templates.md), and each (M, N)
+N columns (0.09 ms); with one column, each row's dot product in interleaved sums over k. From 128 x 128 outputs on, the two run about as fast (docs/templates.md), and each (M, N)
 here is a compile of its own, where the template's one kernel serves every shape.
 """
 import functools
@@ -17,6 +17,7 @@ from taskdsl.passes.unroll import MAX_COPIES
 
 MAX_M = 128         # rows (M) at most of a product this kernel computes
 MAX_N = 64          # columns (N) at most
+LANES = 16          # interleaved sums of a row's dot product, for one column
 ONE_THREAD_MACS = 1 << 18   # multiply-adds at most of a batch with fewer products than threads (a block each)
 
 
@@ -65,12 +66,31 @@ def small_matmul_kernel(dtype, out_dtype, m: int, n: int) -> td.Kernel:
                     C[z, i0 + x, y] = td.cast(sums[x, y], out_dtype)
         return product_rows
 
+    @td.func
+    def column(A, B, C, lanes, z, za, zb, k_begin, k_end):
+        """C[z, :, 0] = A[za, :, k_begin:k_end] @ B[zb, k_begin:k_end, 0], each row's dot product in LANES
+        interleaved sums (B's one column is contiguous: a vector of multiply-adds a step, where the chunks of rows
+        would multiply one element at a time, reading A's rows K apart)."""
+        body = k_end - (k_end - k_begin) % LANES
+        for i in range(m):
+            for x in td.unroll(LANES):
+                lanes[x, 0] = 0.0
+            for k in range(k_begin, body, LANES):
+                for x in td.unroll(LANES):
+                    lanes[x, 0] += td.cast(A[za, i, k + x], f32) * td.cast(B[zb, k + x, 0], f32)
+            for half in (8, 4, 2, 1):
+                for x in td.unroll(half):
+                    lanes[x, 0] += lanes[x + half, 0]
+            for k in range(body, k_end):
+                lanes[0, 0] += td.cast(A[za, i, k], f32) * td.cast(B[zb, k, 0], f32)
+            C[z, i, 0] = td.cast(lanes[0, 0], out_dtype)
+
     whole_rows, rest_rows = chunk(rows), chunk(max(rest, 1))
 
     @td.kernel(grid=lambda BZ: BZ, block=1, name=f"small_matmul_{m}x{n}")
     def small_matmul(A: dtype["BA", m, "K"], B: dtype["BB", "K", n], C: out_dtype["BZ", m, n],
                      batch_index: td.i32["BZ", 2], split: td.i32):
-        c = td.registers(f32, (rows, n))
+        c = td.registers(f32, (LANES, 1) if n == 1 else (rows, n))     # one column: a row's interleaved sums
         fa = td.registers(f32, (rows,))
         fb = td.registers(f32, (n,))
         sums = td.shared(f32, (rows, n))
@@ -79,8 +99,11 @@ def small_matmul_kernel(dtype, out_dtype, m: int, n: int) -> td.Kernel:
         chunk = td.cdiv(K, split)
         k_begin = z % split * chunk
         k_end = td.min(K, k_begin + chunk)
-        for i0 in range(0, whole, rows):
-            whole_rows(A, B, C, c, fa, fb, sums, z, za, zb, i0, k_begin, k_end)
-        if rest:
-            rest_rows(A, B, C, c, fa, fb, sums, z, za, zb, whole, k_begin, k_end)
+        if n == 1:
+            column(A, B, C, c, z, za, zb, k_begin, k_end)
+        else:
+            for i0 in range(0, whole, rows):
+                whole_rows(A, B, C, c, fa, fb, sums, z, za, zb, i0, k_begin, k_end)
+            if rest:
+                rest_rows(A, B, C, c, fa, fb, sums, z, za, zb, whole, k_begin, k_end)
     return small_matmul

@@ -66,10 +66,12 @@ def test_batched_small_products_match_numpy(m, n, k, batches, dtype, seed):
         _close(gemm.matmul(a, b), a, b, dtype)
 
 
-@pytest.mark.parametrize("shape", [(4096, 4, 4, 4), (7, 128, 3, 64), (2, 1, 33, 1), (5, 100, 16, 16)])
+@pytest.mark.parametrize("shape", [(4096, 4, 4, 4), (7, 128, 3, 64), (2, 1, 33, 1), (5, 100, 16, 16),
+                                   (9, 37, 70, 1)])
 def test_which_products_run_small_and_their_results(shape, monkeypatch):
     """The kernel is the small one, with its sizes in its name: many 4 x 4 products, the largest matrices it takes,
-    1 x 1 outputs, and 100 rows of 16 in chunks of 16 rows and a last one of 4."""
+    1 x 1 outputs, 100 rows of 16 in chunks of 16 rows and a last one of 4, and one column (dot products of
+    16-element steps and a tail of 6)."""
     names = _kernels_run(monkeypatch)
     batch, m, k, n = shape
     a, b = rand((batch, m, k), 1, low=-1, high=1), rand((batch, k, n), 2, low=-1, high=1)
@@ -100,11 +102,11 @@ def test_bf16_and_mixed_operands():
     _close(gemm.matmul(a, b.astype(np.float32)), a.astype(np.float32), b.astype(np.float32), np.float32)
 
 
-@pytest.mark.parametrize("split", [1, 2, 3])
-def test_split_sums_chunks_of_k_as_the_template_does(split):
+@pytest.mark.parametrize("split, n", [(1, 5), (2, 5), (3, 5), (3, 1)])
+def test_split_sums_chunks_of_k_as_the_template_does(split, n):
     """The kernel takes the template's parameters: z-slice z of the batch index sums chunk z % split of k (the
-    plans never split it, but a caller of the template's kernels may)."""
-    batch, m, k, n = 3, 13, 50, 5
+    plans never split it, but a caller of the template's kernels may); one column's dot products too."""
+    batch, m, k = 3, 13, 50
     a, b = rand((batch, m, k), 7, low=-1, high=1), rand((1, k, n), 8, low=-1, high=1)
     index = np.repeat(np.stack([np.arange(batch), np.zeros(batch)], 1).astype(np.int32), split, axis=0)
     partials = np.full((batch * split, m, n), np.nan, np.float32)
