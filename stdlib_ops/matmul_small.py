@@ -5,8 +5,9 @@ their sums kept in memory between k blocks and B's panels packed per block: a 4 
 micro-tile's rows and an eighth of its columns (4096 products of 4 x 4 matrices: 0.48 ms, numpy 0.21). Here a
 kernel per (M, N) keeps a product's M x N sums, a chunk of rows at a time, in registers over the whole k range,
 reading A and B in place: a block per product, its sizes built in, so LLVM vectorizes each row of sums across the
-N columns (0.09 ms); with one column, each row's dot product in interleaved sums over k. From 128 x 128 outputs on, the two run about as fast (docs/templates.md), and each (M, N)
-here is a compile of its own, where the template's one kernel serves every shape.
+N columns (0.09 ms); with one column, each row's dot product in interleaved sums over k. From 128 x 128 outputs
+on, the two run about as fast (docs/templates.md), and each (M, N) here is a compile of its own, where the
+template's one kernel serves every shape.
 """
 import functools
 
