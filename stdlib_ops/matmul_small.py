@@ -91,18 +91,19 @@ def small_matmul_kernel(dtype, out_dtype, m: int, n: int) -> td.Kernel:
     @td.kernel(grid=lambda BZ: BZ, block=1, name=f"small_matmul_{m}x{n}")
     def small_matmul(A: dtype["BA", m, "K"], B: dtype["BB", "K", n], C: out_dtype["BZ", m, n],
                      batch_index: td.i32["BZ", 2], split: td.i32):
-        c = td.registers(f32, (LANES, 1) if n == 1 else (rows, n))     # one column: a row's interleaved sums
-        fa = td.registers(f32, (rows,))
-        fb = td.registers(f32, (n,))
-        sums = td.shared(f32, (rows, n))
         z = blockIdx.x
         za, zb = batch_index[z, 0], batch_index[z, 1]
         chunk = td.cdiv(K, split)
         k_begin = z % split * chunk
         k_end = td.min(K, k_begin + chunk)
         if n == 1:
-            column(A, B, C, c, z, za, zb, k_begin, k_end)
+            lanes = td.registers(f32, (LANES, 1))
+            column(A, B, C, lanes, z, za, zb, k_begin, k_end)
         else:
+            c = td.registers(f32, (rows, n))
+            fa = td.registers(f32, (rows,))
+            fb = td.registers(f32, (n,))
+            sums = td.shared(f32, (rows, n))
             for i0 in range(0, whole, rows):
                 whole_rows(A, B, C, c, fa, fb, sums, z, za, zb, i0, k_begin, k_end)
             if rest:
