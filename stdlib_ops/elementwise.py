@@ -99,12 +99,15 @@ def int_tuple(values, what: str, length: int | None = None) -> tuple:
     ones, and a sequence must have `length` items, when `length` is given. A TypeError names `what` for anything
     but integers (`int()` would truncate a float size silently; numpy refuses one too), a ValueError for a
     wrong count."""
-    scalar = np.ndim(values) == 0
-    given = (values,) if scalar else tuple(values)
-    try:
-        items = tuple(as_int(n, what) for n in given)
-    except TypeError:
-        raise TypeError(f"{what} must be integers, got {values!r}") from None
+    if type(values) is tuple and all(type(n) is int for n in values):     # a numpy shape: nothing to convert
+        scalar, items = False, values       # (the general path took a third of a small matmul's planning)
+    else:
+        scalar = np.ndim(values) == 0
+        given = (values,) if scalar else tuple(values)
+        try:
+            items = tuple(as_int(n, what) for n in given)
+        except TypeError:
+            raise TypeError(f"{what} must be integers, got {values!r}") from None
     if length is not None and scalar:
         return items * length
     if length is not None and len(items) != length:
