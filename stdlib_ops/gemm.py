@@ -520,7 +520,8 @@ def linear(x, weight, bias=None, *, tune: bool | None = None):
 def _times_transposed(x, weight, tune: bool | None):
     """x @ weight.T; on the cpu without a transposed copy of the weight: a product of few rows reads its rows
     (`gemv`), the template packs its panels from them (a transpose of a (3072, 768) weight took 6-14 ms, the
-    panels from the rows 2.7 ms; x (1, 768) took 8-16 ms in all, 59-135x numpy's time)."""
+    panels from the rows 2.7 ms; x (1, 768) took 8-16 ms in all, 59-135x numpy's time); but a small product
+    (`MatmulPlan.small`) copies its few columns transposed for the small kernel (a (16, 16) one: 60 -> 30 us)."""
     from .transform import transpose
     _check_tune(tune)
     (n, k), m = weight.shape, math.prod(x.shape[:-1])
@@ -532,5 +533,9 @@ def _times_transposed(x, weight, tune: bool | None):
         y = gemv.product(x2, w, dtype, rows_b=True)
     else:
         p = plan((m, k), (k, n), dtype, "cpu", tune)
-        y = p(x2.reshape(p.operand_shapes()[0]), p.pack_b(w.T), packed_b=True)
+        a_shape, b_shape, _ = p.operand_shapes()
+        if p.small:     # a few columns: their transposed copy is cheap, and the small kernel reads it as it is
+            y = p(x2.reshape(a_shape), np.ascontiguousarray(w.T).reshape(b_shape))
+        else:
+            y = p(x2.reshape(a_shape), p.pack_b(w.T), packed_b=True)
     return y.reshape(x.shape[:-1] + (n,))

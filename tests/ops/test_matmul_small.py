@@ -141,3 +141,14 @@ def test_a_graph_matmul_by_constant_weights_reads_them_unpacked():
     got, = compiled(x=xs)
     np.testing.assert_allclose(got, xs.astype(np.float64) @ weight + bias, rtol=1e-5, atol=1e-5)
     assert [k.name for k in compiled.kernels] == ["small_matmul_10x12_fused"]
+
+
+def test_a_small_linear_reads_its_weight_transposed_by_the_small_kernel(monkeypatch):
+    """`linear` of a few columns copies its (out, in) weight transposed and runs the small kernel (it packed the
+    template's panels from the weight's rows on every call), with batch dims in x and a bias."""
+    names = _kernels_run(monkeypatch)
+    x, weight, bias = rand((2, 5, 3, 40), 14, low=-1, high=1), rand((24, 40), 15, low=-1, high=1), rand((24,), 16)
+    with _two_threads():
+        got = gemm.linear(x, weight, bias)
+    np.testing.assert_allclose(got, x.astype(np.float64) @ weight.T + bias, rtol=1e-5, atol=1e-5)
+    assert names == ["small_matmul_30x24"]
