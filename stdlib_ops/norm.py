@@ -14,6 +14,8 @@ Statistics are computed in f32 (f64 for f64 inputs); 16-bit inputs give 16-bit o
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 import taskdsl as td
@@ -30,10 +32,6 @@ __all__ = ["batch_norm", "layer_norm", "log_softmax", "rms_norm", "softmax"]
 
 def _stat_dtype(dtype) -> td.ir.types.DataType:
     return td.f64 if dtype == td.f64 else td.f32
-
-
-def _prod(shape) -> int:
-    return int(np.prod(shape, dtype=np.int64))
 
 
 # ---------------------------------------------------------------- softmax / log_softmax
@@ -72,7 +70,7 @@ def _softmax_plan(log: bool, x, axis: int = -1) -> Plan:
     if not is_float_dtype(x.dtype):
         raise TypeError(f"{'log_softmax' if log else 'softmax'} needs a float array, got {x.dtype}")
     axis = normalize_axis(axis, x.ndim)
-    outer, n, inner = _prod(x.shape[:axis]), x.shape[axis], _prod(x.shape[axis + 1:])
+    outer, n, inner = math.prod(x.shape[:axis]), x.shape[axis], math.prod(x.shape[axis + 1:])
     dtype = tdtype(x.dtype)
     has_inner = inner != 1
     op = cached_op(("softmax", log, has_inner, dtype), lambda: _softmax_op(log, has_inner, dtype))
@@ -168,8 +166,8 @@ def _norm_plan(rms: bool, x, weight, bias, eps: float, ndim: int | None) -> Plan
     eps = real(eps, f"{what}: eps")
     key = (what, eps, dtype, weight is not None, bias is not None, wdtype)
     op = cached_op(key, lambda: _norm_op(rms, eps, dtype, weight is not None, bias is not None, wdtype))
-    d = _prod(norm_shape)
-    return Plan(op, (x.reshape(_prod(x.shape) // d if d else 0, d), *params), reshaper(x.shape))
+    d = math.prod(norm_shape)
+    return Plan(op, (x.reshape(math.prod(x.shape) // d if d else 0, d), *params), reshaper(x.shape))
 
 
 def _rows_affine(x, weight, bias, ndim) -> bool:
@@ -237,7 +235,7 @@ def _batch_norm_plan(x, mean, var, weight=None, bias=None, eps: float = 1e-5) ->
     dtype, pdtype, eps = tdtype(x.dtype), tdtype(params[0].dtype), real(eps, "batch_norm: eps")
     key = ("batch_norm", eps, dtype, pdtype, weight is not None, bias is not None)
     op = cached_op(key, lambda: _batch_norm_op(eps, dtype, pdtype, weight is not None, bias is not None))
-    return Plan(op, (x.reshape(x.shape[0], c, _prod(x.shape[2:])), *params), reshaper(x.shape))
+    return Plan(op, (x.reshape(x.shape[0], c, math.prod(x.shape[2:])), *params), reshaper(x.shape))
 
 
 def batch_norm(x, mean, var, weight=None, bias=None, eps: float = 1e-5):

@@ -14,6 +14,8 @@ no input has are bound by a zero-stride "shape carrier" input that no kernel rea
 from __future__ import annotations
 
 import builtins
+import functools
+import math
 
 import numpy as np
 
@@ -38,10 +40,6 @@ from .elementwise import (
 __all__ = ["concat", "expand", "gather", "pad", "permute", "reshape", "slice", "transpose"]
 
 
-def _prod(shape) -> int:
-    return int(np.prod(shape, dtype=np.int64))
-
-
 def _all(conds: list) -> ir.Expr:
     out = conds[0]
     for c in conds[1:]:
@@ -50,8 +48,10 @@ def _all(conds: list) -> ir.Expr:
 
 
 # ---------------------------------------------------------------- transpose
+@functools.lru_cache(maxsize=1024)
 def transpose_canon(shape: tuple, perm: tuple) -> tuple[tuple, tuple]:
-    """(canonical input shape, canonical perm): size-1 axes dropped, axes that stay neighbours merged."""
+    """(canonical input shape, canonical perm): size-1 axes dropped, axes that stay neighbours merged (remembered:
+    graphs ask for the same shapes at every run)."""
     keep = [a for a in range(len(shape)) if shape[a] != 1]
     rank = {a: k for k, a in enumerate(keep)}
     groups: list = []          # in output order, each a run of consecutive (kept) input axes
@@ -63,7 +63,7 @@ def transpose_canon(shape: tuple, perm: tuple) -> tuple[tuple, tuple]:
     if not groups:
         return (1,), (0,)
     by_input = sorted(range(len(groups)), key=lambda g: groups[g][0])
-    canon_shape = tuple(_prod([shape[keep[r]] for r in groups[g]]) for g in by_input)
+    canon_shape = tuple(math.prod([shape[keep[r]] for r in groups[g]]) for g in by_input)
     position = {g: k for k, g in enumerate(by_input)}
     return canon_shape, tuple(position[g] for g in range(len(groups)))
 
@@ -116,12 +116,12 @@ def _resolve_shape(size: int, shape) -> tuple:
     unknown = [k for k, n in enumerate(shape) if n == -1]
     if len(unknown) > 1 or any(n < -1 for n in shape):
         raise ValueError(f"invalid shape {shape} for reshape")
-    known = _prod([n for n in shape if n != -1])
+    known = math.prod([n for n in shape if n != -1])
     if unknown:
         if known == 0 or size % known:
             raise ValueError(f"cannot reshape an array of size {size} into shape {shape}")
         shape = shape[:unknown[0]] + (size // known,) + shape[unknown[0] + 1:]
-    if _prod(shape) != size:
+    if math.prod(shape) != size:
         raise ValueError(f"cannot reshape an array of size {size} into shape {shape}")
     return shape
 
@@ -291,7 +291,7 @@ def _concat_plan(arrays, axis: int = 0) -> Plan:
     out_dtype = result_dtype(*arrays)
     dtypes = tuple(tdtype(a.dtype) for a in arrays)
     out_t = tdtype(out_dtype)
-    outer, inner = _prod(base[:axis]), _prod(base[axis + 1:])
+    outer, inner = math.prod(base[:axis]), math.prod(base[axis + 1:])
     total = builtins.sum(a.shape[axis] for a in arrays)
     last = inner == 1
     op = cached_op(("concat", dtypes, out_t, last), lambda: _concat_op(dtypes, out_t, last))
@@ -334,7 +334,7 @@ def _gather_plan(x, indices, axis: int = 0) -> Plan:
         check_indices(indices, n, axis, "gather")
     dtype, idtype = tdtype(x.dtype), tdtype(indices.dtype)
     op = cached_op(("gather", dtype, idtype), lambda: _gather_op(dtype, idtype))
-    canon = x.reshape(_prod(x.shape[:axis]), n, _prod(x.shape[axis + 1:]))
+    canon = x.reshape(math.prod(x.shape[:axis]), n, math.prod(x.shape[axis + 1:]))
     out_shape = x.shape[:axis] + indices.shape + x.shape[axis + 1:]
     return Plan(op, (canon, indices.reshape(-1)), reshaper(out_shape))
 

@@ -669,3 +669,25 @@ def test_a_compile_worker_whose_parent_ended_before_it_started_ends_at_once():
             os._exit(3)
     _, status = os.waitpid(child, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+@pytest.mark.parametrize("name, spellings", [
+    ("f32", [np.float32, np.dtype(np.float32), "float32", "f4", np.dtype(">f4"), np.dtype("<f4")]),
+    ("f64", [np.float64, float, "float64", np.dtype(">f8")]),
+    ("i64", [np.int64, "int64", np.dtype(">i8")]),
+    ("u16", [np.uint16, "uint16"]),
+    ("bool", [np.bool_, bool, "bool"]),
+])
+def test_numpy_dtypes_map_to_the_same_type_however_spelled(name, spellings):
+    from taskdsl.ir.types import from_numpy
+    for spelling in spellings * 2:      # the second time from what was remembered
+        assert from_numpy(spelling).name == name, spelling
+
+
+def test_dtypes_without_a_type_are_refused_every_time():
+    from taskdsl.ir.types import from_numpy
+    for spelling in [np.complex64, "U3", [("a", np.float32)], np.dtype([("a", np.float32)])] * 2:
+        with pytest.raises(TypeError, match="no taskdsl type"):
+            from_numpy(spelling)
+    import ml_dtypes
+    assert from_numpy(ml_dtypes.bfloat16) is bf16 and from_numpy(np.dtype(ml_dtypes.bfloat16)) is bf16

@@ -182,9 +182,24 @@ def as_dtype(dtype, what: str = "dtype") -> DataType:
         raise TypeError(f"{what}: {e}") from None
 
 
+_FROM_NUMPY: dict = {}      # what from_numpy was given (a dtype, a scalar type, a name) -> its DataType
+
+
 def from_numpy(dtype) -> DataType:
     """The DataType of a numpy dtype (ml_dtypes' bfloat16 is bf16; uint16 is u16, not bf16's bits); TypeError
     for dtypes the DSL has no type for."""
+    try:        # every operator call asks, for each operand: numpy's dtype.name alone costs a microsecond
+        found = _FROM_NUMPY.get(dtype)
+    except TypeError:       # unhashable (a list of fields, say)
+        return _from_numpy(dtype)
+    if found is None:
+        found = _from_numpy(dtype)
+        if len(_FROM_NUMPY) < 256:
+            _FROM_NUMPY[dtype] = found
+    return found
+
+
+def _from_numpy(dtype) -> DataType:
     dtype = np.dtype(dtype)
     if not dtype.isnative:      # big-endian data: its type is the native one (arrays are converted on the way in)
         dtype = dtype.newbyteorder("=")
