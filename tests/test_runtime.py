@@ -1,5 +1,6 @@
 """Targets, argument binding and launch details of Kernel objects."""
 
+import math
 import os
 import subprocess
 import sys
@@ -691,3 +692,16 @@ def test_dtypes_without_a_type_are_refused_every_time():
             from_numpy(spelling)
     import ml_dtypes
     assert from_numpy(ml_dtypes.bfloat16) is bf16 and from_numpy(np.dtype(ml_dtypes.bfloat16)) is bf16
+
+
+@settings(max_examples=20, deadline=None)
+@given(shape=st.lists(st.integers(0, 40), max_size=3).map(tuple))
+def test_operator_results_start_a_cache_line_unless_small(shape):
+    import stdlib_ops
+    from taskdsl.runtime.arrays import SMALL_RESULT_BYTES
+    x = np.arange(math.prod(shape), dtype=np.float32).reshape(shape)
+    y = stdlib_ops.add(x, 1.0)
+    np.testing.assert_array_equal(y, x + 1)
+    assert y.flags.c_contiguous and y.flags.writeable
+    if y.nbytes >= SMALL_RESULT_BYTES:       # (below, numpy's own allocation: 16-byte aligned)
+        assert y.ctypes.data % 64 == 0
