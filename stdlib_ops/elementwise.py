@@ -91,7 +91,12 @@ def shape_carrier(shape: tuple) -> np.ndarray:
     Its placeholder's size symbols name output sizes that no real input has (a slice's or a
     pad's output extent), so the op needs no rebuild when they change.
     """
-    return np.broadcast_to(np.zeros((), np.int8), tuple(int(n) for n in shape))
+    return _shape_carrier(tuple(int(n) for n in shape))
+
+
+@functools.lru_cache(maxsize=1024)
+def _shape_carrier(shape: tuple) -> np.ndarray:
+    return np.broadcast_to(np.zeros((), np.int8), shape)    # (read-only: one array serves every call; 5 us to make)
 
 
 def int_tuple(values, what: str, length: int | None = None) -> tuple:
@@ -101,6 +106,8 @@ def int_tuple(values, what: str, length: int | None = None) -> tuple:
     wrong count."""
     if type(values) is tuple and all(type(n) is int for n in values):     # a numpy shape: nothing to convert
         scalar, items = False, values       # (the general path took a third of a small matmul's planning)
+    elif type(values) is int:       # a conv's stride of 1, say (np.ndim alone costs a microsecond)
+        scalar, items = True, (values,)
     else:
         scalar = np.ndim(values) == 0
         given = (values,) if scalar else tuple(values)

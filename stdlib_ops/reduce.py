@@ -20,6 +20,7 @@ parallel); elsewhere `arg_kernel`, a thread per output.
 # ruff: noqa: F821 - the argmax kernels' bodies use their size symbols AO, AR, AI, AC as names
 # No `from __future__ import annotations`: the argmax kernel's annotations use closure dtypes.
 import functools
+import math
 
 import numpy as np
 
@@ -232,8 +233,8 @@ def _arg(x, axis, keepdims: bool, is_max: bool):
         out_shape = x.shape[:axis] + ((1,) if keepdims else ()) + x.shape[axis + 1:]
     if x.shape[axis] == 0:
         raise ValueError(f"attempt to get {what} of an empty sequence")
-    outer = int(np.prod(x.shape[:axis], dtype=np.int64))
-    inner = int(np.prod(x.shape[axis + 1:], dtype=np.int64))
+    outer = math.prod(x.shape[:axis])
+    inner = math.prod(x.shape[axis + 1:])
     if inner == 1 and x.dtype != np.bool_ and get_target() == "cpu" and not on_device(x):
         return _arg_rows(x.reshape(outer, x.shape[axis]), is_max).reshape(out_shape)
     y = empty_like_operands((outer, inner), np.int64, x)

@@ -276,7 +276,7 @@ def _rows(x: np.ndarray) -> np.ndarray:
     if not applies(x.dtype):    # the kernels would compute in the integer type and return integers
         raise TypeError(f"row-wise ops need a float array (float16, bfloat16, float32, float64), got {x.dtype}")
     # the row count explicitly: -1 cannot be inferred beside a last axis of length 0
-    return x.reshape(int(np.prod(x.shape[:-1], dtype=np.int64)), x.shape[-1])
+    return x.reshape(math.prod(x.shape[:-1]), x.shape[-1])
 
 
 def softmax_rows(x: np.ndarray, log: bool = False, schedule: str | None = None) -> np.ndarray:
