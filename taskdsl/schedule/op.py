@@ -17,11 +17,10 @@ from ..runtime.config import fast_compile_enabled, get_target
 from ..runtime.arrays import as_array, conversion, empty_like_operands
 from ..runtime.device_array import DeviceArray
 from ..runtime.kernel import Kernel, remember
-from .rules import (BLOCK, choose_strategy, evaluate_int, injective_strategy, numel, schedule_injective, schedule_reduce,
-                    size_names, split_chunks, split_stages)
+from .rules import (BLOCK, CPU_THREAD_BLOCK, choose_strategy, evaluate_int, injective_strategy, numel, reads_rows,
+                    schedule_injective, schedule_reduce, size_names, split_chunks, split_stages)
 
 PREPARED_CALLS = 64     # remembered call signatures per op (forgotten all at once past this)
-CPU_THREAD_BLOCK = 8    # outputs per block of a cpu 'thread' reduction: blocks are what the CPU threads share
 
 
 def _call_key(arrays: tuple):
@@ -105,9 +104,10 @@ class Op:
                 continue
             outputs, reduced = counts(t)
             strategy = choose_strategy(t, outputs, reduced, target, workers, last=last(t))
-            if strategy == "split":
+            if strategy == "split":     # (on the cpu, a reduction by rows of outputs keeps its rows: chunks lead)
+                leading = target == "cpu" and reads_rows(t, last(t), reduced)
                 steps += [(s, choose_strategy(s, *counts(s), target, workers, may_split=False, last=last(s)))
-                          for s in self._split(t, split_chunks(outputs, reduced, target))]
+                          for s in self._split(t, split_chunks(outputs, reduced, target), leading)]
             else:
                 steps.append((t, strategy))
         compact = target == "cpu" and fast_compile_enabled()
@@ -116,10 +116,10 @@ class Op:
             self._plans[key] = [self._step(stage, strategy, target, compact) for stage, strategy in steps]
         return self._plans[key]
 
-    def _split(self, t: Tensor, chunks: int) -> tuple:
-        if (id(t), chunks) not in self._splits:
-            self._splits[id(t), chunks] = split_stages(t, chunks)
-        return self._splits[id(t), chunks]
+    def _split(self, t: Tensor, chunks: int, leading: bool) -> tuple:
+        if (id(t), chunks, leading) not in self._splits:
+            self._splits[id(t), chunks, leading] = split_stages(t, chunks, leading)
+        return self._splits[id(t), chunks, leading]
 
     def _step(self, t: Tensor, strategy: str, target: str, compact: bool) -> Step:
         threads = CPU_THREAD_BLOCK if target == "cpu" else BLOCK

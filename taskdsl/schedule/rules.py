@@ -211,14 +211,18 @@ def choose_strategy(t: Tensor, outputs: int, reduced: int, target: str = "cuda",
     streams through memory sequentially where the reduced axis is the contiguous one, and a
     block per COLUMNS outputs reads rows of them where the output's last axis is ('columns': a
     thread per output walked a column, a cache line and a page per element, 50x numpy's time for
-    a sum over axis 0); only too few outputs to share among the `workers` (CPU threads) call for splitting
-    the reduced elements. The two stages of a split (`may_split=False`) are not split again.
+    a sum over axis 0); a reduction whose blocks are fewer than the `workers` (CPU threads) is split, its reduced
+    elements cut into chunks, where it has enough of them to pay for the split's second launch. The two stages of
+    a split (`may_split=False`) are not split again.
     """
     may_split = may_split and (t.op != "mean" or accumulator_dtype(t).is_float)   # an integer mean divides once
     if target == "cpu":
-        if may_split and outputs < workers and reduced >= 32768:
-            return "split"
-        return "columns" if last >= CPU_ROW and reduced > 1 and _walks_columns(t) else "thread"
+        rows = reads_rows(t, last, reduced)
+        blocks = outputs // max(last, 1) * -(-last // COLUMNS) if rows else -(-outputs // CPU_THREAD_BLOCK)
+        work = outputs * reduced // (2 if rows else 1)
+        if may_split and blocks < workers and work >= CPU_SPLIT_ELEMENTS and reduced >= CPU_SPLIT_CHUNKS:
+            return "split"      # (a sum over axis 0 of (4096, 1024) ran as one block: one of two cores idle)
+        return "columns" if rows else "thread"
     if reduced <= 16 or not _reads_contiguously_along(t, t.reduce_axes):
         return "thread"
     if reduced <= 512:
@@ -226,6 +230,12 @@ def choose_strategy(t: Tensor, outputs: int, reduced: int, target: str = "cuda",
     if may_split and outputs < 64 and reduced >= 32768:   # too few blocks to fill a GPU otherwise
         return "split"
     return "block"
+
+
+def reads_rows(t: Tensor, last: int, reduced: int) -> bool:
+    """Whether the cpu reduces `t` by 'columns' (a block adds rows of `last`-axis neighbours), or a split of it
+    with its chunks as a leading axis (`split_stages`), each chunk's partials a row."""
+    return last >= CPU_ROW and reduced > 1 and _walks_columns(t)
 
 
 def _last_index_vars(load: ir.Load) -> set:
@@ -253,6 +263,10 @@ def _walks_columns(t: Tensor) -> bool:
 
 
 CPU_SPLIT_CHUNKS = 32       # chunks per output of a split on the cpu: work for every CPU thread
+CPU_THREAD_BLOCK = 8        # outputs per block of a cpu 'thread' reduction: blocks are what the CPU threads share
+CPU_SPLIT_ELEMENTS = 1 << 20    # elements in all, at least, of a cpu reduction split for threads its blocks leave idle
+                                # (a split's second launch and partials cost ~20 us: a one-thread sum of 2^20 f32 took
+                                # 94 us, split 72; of 2^19, 59 against 75; 'columns' break even at twice as many)
 GPU_SPLIT_PARTIALS = 2048   # partial results of a split on a GPU, in all: a dozen blocks per SM of a large one
 MIN_SPLIT_CHUNK = 4096      # elements per chunk on a GPU, at least: a block's loads in flight
 
@@ -470,29 +484,35 @@ def _schedule_columns(t: Tensor, body: ir.Expr) -> Kernel:
     return Kernel.from_ir(fn, size_function(lambda env: evaluate_int(work, env), size_names(work)))
 
 
-def split_stages(t: Tensor, chunks: int) -> tuple[Tensor, Tensor]:
+def split_stages(t: Tensor, chunks: int, leading: bool = False) -> tuple[Tensor, Tensor]:
     """The two reduce definitions of a 'split' reduction: each output's elements cut into
-    `chunks` chunks reduced into partials, then the partials reduced (each scheduled as usual)."""
+    `chunks` chunks reduced into partials, then the partials reduced (each scheduled as usual).
+    The partials' chunk axis is their last, or (`leading`) their first: where the cpu reduces `t` by rows of
+    outputs ('columns'), both stages then do too."""
     from ..compute import reduce
     reduced = numel(t.reduce_shape)
     length = (reduced + chunks - 1) // chunks
     dtype = accumulator_dtype(t)
 
-    def chunk(*ix):    # (*output axes, p, k): element p * length + k of the output's elements
-        linear = ix[-2] * length + ix[-1]
-        value = _element(t, t.body, list(ix[:-2]), linear, dtype)
+    def chunk(*ix):    # (*output axes, p, k) or (p, *output axes, k): element p * length + k of the output's elements
+        p, out = (ix[0], ix[1:-1]) if leading else (ix[-2], ix[:-2])
+        linear = p * length + ix[-1]
+        value = _element(t, t.body, list(out), linear, dtype)
         return ir.Select(ir.binary("<", linear, reduced), value, reduction_identity(t.op, dtype, t.body.dtype), dtype)
 
     partial_op = "sum" if t.op == "mean" else t.op
-    partial = reduce(f"{t.name}_partials", t.shape + (chunks,), (length,), chunk, op=partial_op, dtype=dtype)
+    shape = (chunks,) + t.shape if leading else t.shape + (chunks,)
+    partial = reduce(f"{t.name}_partials", shape, (length,), chunk, op=partial_op, dtype=dtype)
     count = ir.Cast(reduced, dtype)
 
     def partial_of(*ix):   # a mean is the sum of the partial sums, each divided by the count
-        return ir.binary("/", partial[ix], count) if t.op == "mean" else partial[ix]
+        at = (ix[-1],) + ix[:-1] if leading else ix
+        return ir.binary("/", partial[at], count) if t.op == "mean" else partial[at]
 
     final = reduce(t.name, t.shape, (chunks,), partial_of, op=partial_op, dtype=t.dtype)
     final.buffer = t.buffer
     return partial, final
 
 
-__all__ = ["schedule_injective", "schedule_reduce", "choose_strategy", "split_chunks", "split_stages", "size_var", "evaluate_int"]
+__all__ = ["schedule_injective", "schedule_reduce", "choose_strategy", "reads_rows", "split_chunks", "split_stages",
+           "size_var", "evaluate_int"]

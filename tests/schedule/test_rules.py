@@ -121,20 +121,22 @@ def test_row_reduce_strategy(op, strategy, data):
         assert [k_.name for k_ in ROW_OPS[op].kernels_for(x)] == names
 
 
-CPU_SHAPES = st.sampled_from([(1, 1), (4099, 7), (3, 3001), (5, 40009), (1, 32768), (3, 40009)])
+CPU_SHAPES = st.sampled_from([(1, 1), (4099, 7), (3, 3001), (5, 40009), (1, 2**20), (3, 349529), (17, 65537),
+                               (25, 65537)])
 
 
 @pytest.mark.parametrize("op", OPS)
 @settings(max_examples=4, deadline=None)
 @given(shape=CPU_SHAPES, seed=st.integers(0, 2**16))
-@example(shape=(2, 40009), seed=0)
+@example(shape=(2, 524309), seed=0)
 def test_row_reduce_cpu_plan(op, shape, seed):
-    """On the cpu target: a thread per output, split only when outputs are fewer than CPU threads."""
+    """On the cpu target: a thread per output, 8 outputs a block; split where the blocks are fewer than the CPU
+    threads, and the reduction has 2^20 elements or more to share."""
     m, k = shape
     x = make_data(op, shape, np.random.default_rng(seed))
     with mock.patch.dict(os.environ, {"TASKDSL_NUM_THREADS": "4"}):
         names = check(ROW_OPS[op], x, reduced=k)
-    if m < 4 and k >= 32768:
+    if -(-m // 8) < 4 and m * k >= 2**20:
         assert len(names) == 2 and names[0].startswith(f"R{op}_partials_reduce_")
         assert names[1].startswith(f"R{op}_reduce_")
     else:
@@ -150,8 +152,9 @@ def test_choose_strategy_thresholds(m, k, expected):
 
 
 @pytest.mark.parametrize("m,k,workers,expected", [
-    (4099, 7, 2, "thread"), (1, 513, 2, "thread"), (64, 10**6, 2, "thread"), (1, 32767, 2, "thread"),
-    (1, 32768, 2, "split"), (3, 10**6, 4, "split"), (4, 10**6, 4, "thread")])
+    (4099, 7, 2, "thread"), (1, 513, 2, "thread"), (64, 10**6, 2, "thread"), (1, 2**20 - 1, 2, "thread"),
+    (1, 2**20, 2, "split"), (3, 10**6, 4, "split"), (4, 10**6, 4, "split"), (25, 10**6, 4, "thread"),
+    (24, 10**6, 4, "split"), (1, 2**20, 1, "thread")])
 def test_choose_strategy_cpu(m, k, workers, expected):
     assert choose_strategy(RED["sum"], m, k, "cpu", workers) == expected
 
@@ -171,7 +174,7 @@ def test_the_stages_of_a_split_are_not_split_again():
         assert_strategy(check(ROW_OPS["sum"], x, reduced=2**21), "split", "Rsum", 1, 2**21)
     assert choose_strategy(RED["sum"], 32, 2**17) == "split"
     assert choose_strategy(RED["sum"], 32, 2**17, may_split=False) == "block"
-    assert choose_strategy(RED["sum"], 1, 2**17, "cpu", 4, may_split=False) == "thread"
+    assert choose_strategy(RED["sum"], 1, 2**20, "cpu", 4, may_split=False) == "thread"
 
 
 def test_choose_strategy_non_contiguous_is_thread():
@@ -285,6 +288,23 @@ def test_column_reduce_uses_thread_or_columns_strategy(shape, seed):
     assert check(COL_OP, x, reduced=shape[0]) == ["ColSum_reduce_columns" if rows else "ColSum_reduce_thread"]
 
 
+@pytest.mark.parametrize("op", OPS)
+def test_a_column_reduce_of_too_few_blocks_is_split_into_rows_of_partials(monkeypatch, op):
+    """On the cpu a 'columns' reduction with fewer blocks of columns than threads is split with its chunks as the
+    partials' leading axis: both stages add rows (64 columns of 32771 rows ran on one of two cores)."""
+    if td.get_target() != "cpu":
+        pytest.skip("the 'columns' strategy is the cpu's")
+    monkeypatch.setenv("TASKDSL_NUM_THREADS", "4")
+    reduction = td.reduce(f"Col{op}", ("K",), ("M",), lambda j, i: X[i, j], op=op)
+    fresh = td.op([X], [reduction])
+    x = make_data(op, (32771, 67), np.random.default_rng(11))      # 2.2M elements: one block of 67 columns
+    assert check(fresh, x, reduced=32771) == [f"Col{op}_partials_reduce_columns", f"Col{op}_reduce_columns"]
+    assert choose_strategy(reduction, 67, 32771, "cpu", 4, last=67) == "split"
+    assert choose_strategy(reduction, 67, 32771, "cpu", 1, last=67) == "columns"    # one thread: nothing to share
+    assert choose_strategy(reduction, 67, 2**14, "cpu", 4, last=67) == "columns"    # (not worth a split)
+    assert choose_strategy(reduction, 4096, 2**12, "cpu", 4, last=4096) == "columns"    # four blocks of columns
+
+
 @FEW
 @given(shape=st.sampled_from([(3, 2, 5), (1, 1, 1), (7, 3, 31), (2, 13, 1031), (1, 2, 3001)]),
        seed=st.integers(0, 2**16))
@@ -370,7 +390,7 @@ def test_injective_producer_is_inlined_into_the_reduction(shape, seed):
             assert "expf" in src and "__global__" in src
 
 
-@pytest.mark.parametrize("shape", [(1, 40009), (2, 32768)])
+@pytest.mark.parametrize("shape", [(1, 2**20 + 7), (3, 349529)])
 def test_injective_producer_is_inlined_into_a_split_reduction(shape):
     """A 'split' reduction inlines the producer into its first stage: Y is never stored."""
     rng = np.random.default_rng(0)
@@ -690,7 +710,7 @@ def test_a_splits_chunks_reduce_their_elements_inside_untested(monkeypatch, op):
     rng = np.random.default_rng(3)
     for holder, reductions, dtype in ((X, RED, np.float32), (XI, RED_I, np.int32)):
         fresh = td.op([holder], [reductions[op]])
-        check(fresh, make_data(op, (1, 40009), rng, dtype), reduced=40009)
+        check(fresh, make_data(op, (1, 2**20 + 9), rng, dtype), reduced=2**20 + 9)
         if op == "mean" and dtype == np.int32:      # an integer mean divides once: it is not split
             continue
         [partial] = [k for k in fresh.kernels if k.name.endswith("_partials_reduce_thread")]
