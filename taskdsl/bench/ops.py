@@ -1,6 +1,7 @@
 """`python -m taskdsl.bench ops`: softmax, layer norm and sums of an f32 array through the operator library
 (stdlib_ops), on the current target; on the cpu also its sum over axis 0, its first row times its
-transpose (`linear`: a matrix-vector product) and its rows' argmax.
+transpose (`linear`: a matrix-vector product), its rows' argmax and maximum, the array padded by 1 and two
+copies of it concatenated along the rows.
 
 cpu: a (4096, 1024) array, against numpy in the same run. cuda: a (16384, 4096) array (256 MiB) in
 GPU memory, results left there, timed with CUDA events from a cold L2; the achieved bandwidth
@@ -51,6 +52,9 @@ def _cpu_rows(rows: int, cols: int) -> list:
         ("sum(axis=0)", lambda: ops.sum(x, axis=0), lambda: x.sum(axis=0), nbytes),
         ("x[:1] @ x.T", lambda: ops.linear(x[:1], x), lambda: x[:1] @ x.T, nbytes),   # a product of one row
         ("argmax(axis=-1)", lambda: ops.argmax(x, axis=-1), lambda: x.argmax(axis=-1), nbytes),   # indices: exact
+        ("max(axis=-1)", lambda: ops.max(x, axis=-1), lambda: x.max(axis=-1), nbytes),
+        ("pad by 1", lambda: ops.pad(x, 1), lambda: np.pad(x, 1), 2 * nbytes),
+        ("concat(x, x)", lambda: ops.concat([x, x], axis=-1), lambda: np.concatenate([x, x], axis=-1), 4 * nbytes),
     ]
     print(f"target: {td.get_target()}, input ({rows}, {cols}) f32")
     print(f"{'op':>15} {'taskdsl ms':>11} {'numpy ms':>9} {'taskdsl GB/s':>13} {'ratio':>6} {'max rel err':>12}")

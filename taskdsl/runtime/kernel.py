@@ -168,13 +168,15 @@ class Kernel:
         self._cuda_launches: dict = {}   # _binding_key(args) -> PreparedCudaLaunch (device arrays and scalars)
         self._cuda_bases: dict = {}      # as _cuda_launches, scalars by type only (but those grid and block read)
         self._cuda_full_path: dict = {}  # base key (as _cuda_bases) -> True: arguments needing the full path each call
+        self.streams = False    # its work is its arrays' bytes (a rule-based operator's): a small cpu launch is serial
         if fn is not None:
             functools.update_wrapper(self, fn)
             follow_autoreload(Kernel)
 
     @classmethod
-    def from_ir(cls, function: ir.Function, grid) -> "Kernel":
-        """A kernel whose IR was built by a program (a scheduler), not written as Python."""
+    def from_ir(cls, function: ir.Function, grid, streams: bool = False) -> "Kernel":
+        """A kernel whose IR was built by a program (a scheduler), not written as Python; `streams`: its work is
+        reading and writing its arrays once (`launch.SERIAL_BYTES`)."""
         params = []
         for p in function.params:
             if isinstance(p, ir.Buffer):   # a dim computed from symbols stays an expression, checked per call
@@ -183,7 +185,9 @@ class Kernel:
                 params.append((p.name, T.TensorSpec(p.dtype, dims)))
             else:
                 params.append((p.name, p.dtype))
-        return cls(None, grid, function.block, function.name, params, build=lambda block: function)
+        kernel = cls(None, grid, function.block, function.name, params, build=lambda block: function)
+        kernel.streams = streams
+        return kernel
 
     def __repr__(self) -> str:
         sig = ", ".join(f"{n}: {s!r}" for n, s in self.params)
@@ -489,7 +493,7 @@ class Kernel:
             apart = runs_apart(src, binding.values, written)
             precompile.record(precompile.Job(str(path), src.entry, types, src.opt_level, apart))
             return None
-        return PreparedLaunch(run, src, binding.values, sizes, binding.grid, written, self.name)
+        return PreparedLaunch(run, src, binding.values, sizes, binding.grid, written, self.name, self.streams)
 
     def _written(self, block: tuple) -> dict:
         """{parameter index: name} of the arrays the kernel stores to (or updates atomically)."""

@@ -179,7 +179,7 @@ def schedule_injective(out: Tensor, inline: set, strategy: str = "flat") -> Kern
     names = size_names(rows, width)
     grid = size_function(lambda env: (-(-evaluate_int(width, env) // per_block),
                                       max(1, min(evaluate_int(rows, env), rows_per_grid))), names)
-    return Kernel.from_ir(fn, grid)
+    return Kernel.from_ir(fn, grid, streams=True)
 
 
 RANGE_SPLITS = 6        # nested selects a cpu row loop is split by, at most (a concatenation of 64 parts: 6)
@@ -538,7 +538,7 @@ def schedule_reduce(t: Tensor, inline: set, strategy: str, threads: int = BLOCK,
     fn = _function(f"{t.name}_reduce_{strategy}", t, ir.seq(stmts), block=threads if strategy == "thread" else BLOCK)
     per_block = {"thread": threads, "warp": WARPS, "block": 1}[strategy]
     grid = size_function(lambda env: -(-evaluate_int(outputs, env) // per_block), size_names(outputs))
-    return Kernel.from_ir(fn, grid)
+    return Kernel.from_ir(fn, grid, streams=True)
 
 
 class _Branch(ir.Rewriter):
@@ -591,7 +591,7 @@ def _schedule_columns(t: Tensor, body: ir.Expr) -> Kernel:
              over_columns(ir.Store(t.buffer, tuple(row_index + [j0 + j]), _finish(t, ir.Load(accs, (j,)), reduced)))]
     fn = _function(f"{t.name}_reduce_columns", t, ir.seq(stmts), block=1)
     work = numel(t.shape[:-1]) * chunks
-    return Kernel.from_ir(fn, size_function(lambda env: evaluate_int(work, env), size_names(work)))
+    return Kernel.from_ir(fn, size_function(lambda env: evaluate_int(work, env), size_names(work)), streams=True)
 
 
 def split_stages(t: Tensor, chunks: int, leading: bool = False) -> tuple[Tensor, Tensor]:

@@ -186,3 +186,25 @@ def test_a_damaged_or_unwritable_numba_cache_of_the_package_is_best_effort(tmp_p
     monkeypatch.setattr(caching.IndexDataCacheFile, "save", full)
     third = _fresh_dispatcher(tmp_path, "cached_twice_g")
     assert compiled(third, (types.float64,)).entry_point(1.5) == 3.0
+
+
+def test_little_data_of_a_rule_based_kernel_runs_on_one_thread(monkeypatch):
+    """A rule-based operator's kernel (its work its arrays' bytes) launched on less than SERIAL_BYTES runs on one
+    thread: with the cores busy, handing a sum of (64, 64) to two threads took up to 8 ms. More data, and any kernel written
+    in the DSL, whatever its data, share their blocks among the threads."""
+    import stdlib_ops
+    from stdlib_ops import elementwise
+    from taskdsl.backend.cpu.launch import SERIAL_BYTES
+    monkeypatch.setenv("TASKDSL_NUM_THREADS", "2")
+    td.set_target("cpu")
+    for size, workers in ((6000, 1), (65536, 2)):       # spans of 4096 elements: 2 and 16 blocks
+        x = np.linspace(-1, 1, size, dtype=np.float32)
+        np.testing.assert_array_equal(stdlib_ops.relu(x), np.maximum(x, 0))
+        [kernel] = elementwise._unary_plan("relu", x).op.kernels
+        launch = list(kernel._launches.values())[-1]        # this call's (the latest signature)
+        assert kernel.streams and (2 * x.nbytes < SERIAL_BYTES) == (workers == 1)
+        assert launch.blocks > 1 and launch.workers == workers
+    x, y = np.arange(64, dtype=np.float32), np.zeros(64, np.float32)
+    add_shifted(x, y, 1, 0, 0, 0, 0)        # a DSL kernel of 512 bytes: its 2 blocks on 2 threads
+    np.testing.assert_array_equal(y, x)
+    assert not add_shifted.streams and list(add_shifted._launches.values())[-1].workers == 2

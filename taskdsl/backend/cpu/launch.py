@@ -164,7 +164,8 @@ class PreparedLaunch:
     take `launch_cpu`'s copying path.
     """
 
-    def __init__(self, run, src: CpuSource, values: list, sizes: list, grid: tuple, written: dict, kernel: str):
+    def __init__(self, run, src: CpuSource, values: list, sizes: list, grid: tuple, written: dict, kernel: str,
+                 streams: bool = False):
         self.run, self.src = run, src
         self.written, self.kernel = written, kernel      # the arrays the kernel stores to (index -> name)
         # the binding's scalars, reused as they are; not its arrays, which each call replaces (kept, they would
@@ -173,7 +174,9 @@ class PreparedLaunch:
         self.sizes, self.grid = list(sizes), grid
         self.tail = (*sizes, *grid)
         self.blocks = grid[0] * grid[1] * grid[2]
-        self.workers = _workers(src, self.blocks)      # the thread count as of the first such call
+        # the thread count as of the first such call; one for a kernel that `streams` little memory
+        serial = streams and sum(v.nbytes for v in values if isinstance(v, np.ndarray)) < SERIAL_BYTES
+        self.workers = 1 if serial else _workers(src, self.blocks)
         self.addresses: dict = {}      # (the arrays' writeable flags, apart) -> the entry's machine code for them
         # arrays by position, and whether they travel as 16-bit patterns (f16; bf16, bound as uint16 bits)
         self.arrays = [(i, v.dtype in (np.float16, np.uint16)) for i, v in enumerate(values)
@@ -212,6 +215,13 @@ class PreparedLaunch:
             check_writeable(values, self.written, self.kernel)
             address = self.addresses[key] = _compile(run, values, self.tail, self.src.opt_level)
         _run_blocks(run, address, values, self.tail, self.blocks, self.workers)
+
+
+# A launch of a kernel whose work is its arrays' bytes (a rule-based operator's: `Kernel.streams`) that touches fewer
+# bytes than this runs on one thread: sharing its blocks costs more than they take. Unloaded, the hand-off to numba's
+# threads is a few microseconds; with the cores busy (a second process, pytest's workers) a thread waits for its
+# turn: a sum of (64, 64) took 35-543 us (median; 8 ms at the 90th percentile) on two threads, 18.6 us on one.
+SERIAL_BYTES = 64 * 1024
 
 
 def _workers(src: CpuSource, blocks: int) -> int:
