@@ -142,12 +142,13 @@ def test_pad_rows_past_a_span(rows, cols, before, after, above, seed):
 
 def test_pad_and_concat_rows_test_no_element():
     """A pad's or a last-axis concatenation's row loops on the cpu copy and fill: no select is left in them (tested
-    per element, a pad of (4096, 1024) ran 1.6-2.5x numpy's time)."""
+    per element, a pad of (4096, 1024) ran 1.6-2.5x numpy's time), for short rows and 1-d arrays too."""
     from taskdsl import get_target, ir
     if get_target() != "cpu":
         pytest.skip("the row loops are the cpu's ('row_spans')")
-    x = rand((3, 50), 0)
-    for plan in (X.op_for("pad", x, ((1, 2), (3, 4)), 0.0), X.op_for("concat", [x, x[:, :7], x], 1)):
+    x, short = rand((3, 50), 0), rand((9, 5), 1)     # (rows of 5: split too, where plain ones run as flat spans)
+    for plan in (X.op_for("pad", x, ((1, 2), (3, 4)), 0.0), X.op_for("concat", [x, x[:, :7], x], 1),
+                 X.op_for("pad", short, 1, 0.0), X.op_for("pad", x[0], (2, 3), 0.0)):
         plan.run()
         [kernel] = plan.op.kernels
         loops = ir.collect(kernel._frontend_ir(kernel.block_spec).body, ir.For, expressions=False)
