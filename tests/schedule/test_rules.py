@@ -280,11 +280,12 @@ ALL_OP = td.op([X], [ALL])
 
 
 @FEW
-@given(shape=st.sampled_from([(3001, 5), (1, 1), (7, 1), (513, 131), (40009, 2)]), seed=st.integers(0, 2**16))
+@given(shape=st.sampled_from([(3001, 5), (1, 1), (7, 1), (513, 131), (40009, 2), (9, 15), (9, 16)]),
+       seed=st.integers(0, 2**16))
 def test_column_reduce_uses_thread_or_columns_strategy(shape, seed):
-    """A thread per output; on the cpu, from 32 outputs on, a block per 1024 of them adding rows ('columns')."""
+    """A thread per output; on the cpu, from 16 outputs on, a block per 1024 of them adding rows ('columns')."""
     x = make_data("sum", shape, np.random.default_rng(seed))
-    rows = td.get_target() == "cpu" and shape[1] >= 32 and shape[0] > 1
+    rows = td.get_target() == "cpu" and shape[1] >= 16 and shape[0] > 1
     assert check(COL_OP, x, reduced=shape[0]) == ["ColSum_reduce_columns" if rows else "ColSum_reduce_thread"]
 
 
@@ -509,15 +510,15 @@ ROWIDX = td.compute("RowIdx", ("M", "K"), lambda i, j: AI[i, j] + i * 1000 + j)
 ROWIDX_OP = td.op([AI], [ROWIDX])
 
 
-@pytest.mark.parametrize("shape", [(3, 255), (3, 256), (1, 3001), (1031, 7), (5, 31), (5, 32), (65537, 256), (0, 300),
+@pytest.mark.parametrize("shape", [(3, 255), (3, 256), (1, 3001), (1031, 7), (5, 15), (5, 16), (65537, 256), (0, 300),
                                    (300, 0)])
 def test_elementwise_rows_and_flat(shape):
     """'rows' for a last axis of >= 256 (grid-striding past 65535 rows), else 'flat'; on the cpu their
-    one-thread forms, a loop over a contiguous span per block ('row_spans' from rows of 32, 'spans')."""
+    one-thread forms, a loop over a contiguous span per block ('row_spans' from rows of 16, 'spans')."""
     a = np.random.default_rng(0).integers(-5, 6, shape).astype(np.int32)
     names = check(ROWIDX_OP, a)
     rows = shape[1] >= 256
-    assert names == ["RowIdx_row_spans" if shape[1] >= 32 else "RowIdx_spans"]
+    assert names == ["RowIdx_row_spans" if shape[1] >= 16 else "RowIdx_spans"]
     sizes = {"M": shape[0], "K": shape[1]}
     assert injective_strategy(ROWIDX, sizes, "cuda") == ("rows" if rows else "flat")
     gpu_kernel = schedule_injective(ROWIDX, set(), injective_strategy(ROWIDX, sizes, "cuda"))
