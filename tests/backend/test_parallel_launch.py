@@ -190,8 +190,8 @@ def test_a_damaged_or_unwritable_numba_cache_of_the_package_is_best_effort(tmp_p
 
 def test_little_data_of_a_rule_based_kernel_runs_on_one_thread(monkeypatch):
     """A rule-based operator's kernel (its work its arrays' bytes) launched on less than SERIAL_BYTES runs on one
-    thread: with the cores busy, handing a sum of (64, 64) to two threads took up to 8 ms. More data, and any kernel written
-    in the DSL, whatever its data, share their blocks among the threads."""
+    thread: with the cores busy, handing a sum of (64, 64) to two threads took up to 8 ms. More data, and any
+    kernel written in the DSL, whatever its data, share their blocks among the threads."""
     import stdlib_ops
     from stdlib_ops import elementwise
     from taskdsl.backend.cpu.launch import SERIAL_BYTES
