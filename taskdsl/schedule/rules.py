@@ -448,11 +448,25 @@ def _lanes(t: Tensor, body: ir.Expr, out_index: list, into: ir.Var, dtype, start
     results of `dtype` (combined pairwise at the end)."""
     chains = [ir.Var(f"lane{v}", dtype) for v in range(lanes)]
     r = ir.Var("k", T.i32, kind="loop")
-    main = ir.For(r, ir.const(0), count // lanes, ir.const(1), ir.seq(
-        [ir.Assign(lane, combine(t.op, lane, _element(t, body, out_index, start + r * lanes + v, dtype)))
-         for v, lane in enumerate(chains)]))
+    # a float max / min keeps each lane's extreme by a plain compare (a vmaxps) and notes a NaN beside it: `td.max`'s
+    # NaN tests on the lane's own chain made each step wait on three more operations
+    noted = t.op in ("max", "min") and dtype.is_float and lanes > 1
+    nans = [ir.Var(f"nan{v}", dtype) for v in range(lanes)] if noted else []
+    steps = []
+    for v, lane in enumerate(chains):
+        element = _element(t, body, out_index, start + r * lanes + v, dtype)
+        if not noted:
+            steps.append(ir.Assign(lane, combine(t.op, lane, element)))
+            continue
+        value = ir.Var(f"value{v}", dtype)
+        beyond = ir.binary(">" if t.op == "max" else "<", value, lane)
+        steps += [ir.Assign(value, element), ir.Assign(lane, ir.Select(beyond, value, lane, dtype)),
+                  ir.Assign(nans[v], ir.Select(ir.binary("!=", value, value), value, nans[v], dtype))]
+    main = ir.For(r, ir.const(0), count // lanes, ir.const(1), ir.seq(steps))
     identity = reduction_identity(t.op, dtype, t.body.dtype)
-    stmts = [ir.Assign(lane, identity) for lane in chains] + [main]
+    stmts = [ir.Assign(lane, identity) for lane in chains] + [ir.Assign(nan, ir.const(0.0, dtype)) for nan in nans]
+    stmts += [main] + [ir.Assign(lane, ir.Select(ir.binary("!=", nan, nan), nan, lane, dtype))     # a NaN seen wins
+                       for lane, nan in zip(chains, nans)]
     if lanes > 1:
         stmts.append(_reduce_loop(t, body, out_index, chains[0], start + count // lanes * lanes, start + count, 1))
     width = lanes // 2

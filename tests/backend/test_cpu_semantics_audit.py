@@ -197,3 +197,19 @@ def test_16_bit_float_conversions_match_numpy_and_ml_dtypes_bit_for_bit():
         nan = np.isnan(ref32)
         assert np.isnan(got32[nan]).all(), name       # a NaN's sign and payload are not promised
         np.testing.assert_array_equal(got32.view(np.uint32)[~nan], ref32.view(np.uint32)[~nan], err_msg=name)
+
+
+@FEW
+@given(n=st.sampled_from([8, 9, 63, 1031, 4099]), at=st.integers(0, 10**6), op=st.sampled_from(["max", "min"]),
+       seed=st.integers(0, 2**16))
+def test_a_nan_anywhere_reaches_an_operators_max_and_min(n, at, op, seed):
+    """The optimized 'thread' max / min keep each lane's extreme by plain compares and note NaNs beside them: a NaN
+    in any lane, the tail or a split's chunk is the result, as in numpy; the other rows are exact."""
+    from stdlib_ops import reduce
+    x = np.random.default_rng(seed).uniform(-3, 3, (3, n)).astype(np.float32)
+    x[1, at % n] = np.nan
+    x[2, at % n] = np.inf if op == "max" else -np.inf
+    for axis in (1, None):
+        np.testing.assert_array_equal(getattr(reduce, op)(x, axis=axis), getattr(np, op)(x, axis=axis))
+    big = np.repeat(x[1:2], 1 + 2**20 // n, axis=0)        # one output of over 2^20 elements: split on the cpu
+    assert np.isnan(getattr(reduce, op)(big))
