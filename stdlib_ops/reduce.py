@@ -179,7 +179,8 @@ def arg_rows_kernel(dtype, is_max: bool):
         n = td.min(AR - begin, ARG_CHUNK)
         full = n // rowwise.LANES * rowwise.LANES
         lanes = td.registers(lane_type, (rowwise.LANES,))
-        m = rowwise.lane_extreme(X, o, begin, n, lanes, X[o, begin], is_max)     # (an element: no wrong start)
+        nans = td.registers(lane_type, (rowwise.LANES,))
+        m = rowwise.lane_extreme(X, o, begin, n, lanes, nans, X[o, begin], is_max)   # (an element: no wrong start)
         at = 0
         while at < full:        # to the first LANES elements holding m (or a NaN): a vector compare a step
             hits = False

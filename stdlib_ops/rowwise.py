@@ -74,16 +74,25 @@ def block_reduce(v, op, partials):
 
 
 @td.func
-def lane_extreme(X, row, start, n, lanes, first, is_max):
+def lane_extreme(X, row, start, n, lanes, nans, first, is_max):
     """max (is_max) or min of X[row, start : start + n] and `first` by LANES interleaved partial results: independent
     chains the cpu's SLP vectorizer packs, where one running maximum waits on the previous compare at every element.
-    `td.max` / `td.min` keep a NaN."""
+    Each lane keeps its extreme by a plain compare and notes a NaN in `nans` (as many lanes), which wins after the
+    loop: `td.max`'s NaN tests on the lane's chain made each step wait on three more operations. A NaN is kept."""
     for k in td.unroll(LANES):
         lanes[k] = first
+        nans[k] = 0.0
     body = n - n % LANES
     for j in range(0, body, LANES):
         for k in td.unroll(LANES):
-            lanes[k] = td.max(lanes[k], X[row, start + j + k]) if is_max else td.min(lanes[k], X[row, start + j + k])
+            x = X[row, start + j + k]
+            if is_max:
+                lanes[k] = x if x > lanes[k] else lanes[k]
+            else:
+                lanes[k] = x if x < lanes[k] else lanes[k]
+            nans[k] = x if x != x else nans[k]
+    for k in td.unroll(LANES):
+        lanes[k] = nans[k] if nans[k] != nans[k] else lanes[k]
     m = lanes[0]
     for k in td.unroll(LANES - 1):
         m = td.max(m, lanes[k + 1]) if is_max else td.min(m, lanes[k + 1])
@@ -179,10 +188,11 @@ def softmax_kernel(dtype, log: bool, schedule: str, cached: int = 0):
                name=f"{'log_' if log else ''}softmax_thread")
     def softmax(X: dtype["R", "C"], Y: dtype["R", "C"]):
         maxima = td.registers(acc, (LANES,))
+        nans = td.registers(acc, (LANES,))
         sums = td.registers(f64, (LANES,))
         row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x
         if row < R:
-            m = lane_extreme(X, row, 0, C, maxima, -math.inf, True)
+            m = lane_extreme(X, row, 0, C, maxima, nans, -math.inf, True)
             s: f64 = 0.0
             if exact:
                 for j in range(C):          # no reduction in the loop: it vectorizes, exps included
