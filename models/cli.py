@@ -106,7 +106,8 @@ def print_result(title: str, result) -> None:
     kernels = cg.kernels
     print(title)
     print(f"  built in {result.build_seconds:.1f} s: {len(cg.graph.nodes)} operators, {len(kernels)} kernel launches "
-          f"({len({id(k) for k in kernels})} distinct kernels), target {cg.target}"
+          f"({len({id(k) for k in kernels})} distinct kernels"
+          f"{f', {cg.cpu_modules} modules' if cg.target == 'cpu' else ''}), target {cg.target}"
           f"{', convolutions NHWC' if cg.channels_last else ''}")
     print(f"  latency: median {result.median_ms:.3f} ms, p90 {result.p90_ms:.3f} ms "
           f"over {len(result.latencies)} iterations")

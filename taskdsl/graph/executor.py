@@ -37,6 +37,7 @@ from ..runtime.arrays import results_in
 from ..runtime.config import debug_enabled, get_target, target_scope
 from ..runtime.device_array import DeviceArray, to_device
 from ..runtime.progress import Progress
+from ..runtime.sharing import share_code
 from . import runners
 from .arena import Arena, Misplaced
 from .graph import Graph, bind_inputs
@@ -91,6 +92,7 @@ class CompiledGraph:
         self._replay: CudaReplay | CpuReplay | None = None
         self.cuda_graph = "off (cpu target)" if self.target == "cpu" else "off (cuda_graph=False)"
         self.replay = "off (replay=False)"
+        self.shared_kernels = 0     # kernels running code shared with others of other shapes (cpu, `share_code`)
         self._lock = threading.RLock()
         show = None if len(nodes) >= PROGRESS_MIN_NODES else False
         with target_scope(self.target):
@@ -111,19 +113,28 @@ class CompiledGraph:
         self.compile_seconds = time.perf_counter() - start
 
     def _compile_cpu_kernels_ahead(self, show) -> None:
-        """Record the warm-up run's cpu launches; worker processes compile their kernels meanwhile. The bar of
+        """Collect the kernels of a run and let those that differ only in constants share code (`share_code`);
+        then record the warm-up run's cpu launches, worker processes compiling their kernels meanwhile. The bar of
         the compiles shows on a terminal whatever the graph's size: numba takes seconds a kernel."""
+        with precompile.collecting() as launched:     # fusion builds the kernels; none is generated yet
+            self._run_unwritten()
+        self.shared_kernels = share_code(launched)
         label = f"generating the kernels of {self.graph.name}"
         with precompile.AheadCompiler() as ahead:
             with ahead.recording(), Progress(len(self.graph.nodes), label, show=show) as bar:
-                try:
-                    self._execute(self._last_inputs, bar)
-                except Exception:  # noqa: BLE001 - recorded launches write no outputs, so a runner reading
-                    pass           # them may fail; the warm-up run after this raises any real error
+                self._run_unwritten(bar)
             if ahead.futures:
                 n = len(ahead.futures)
                 with Progress(n, f"compiling {n} kernels on {ahead.processes} processes") as bar:
                     ahead.wait(bar)
+
+    def _run_unwritten(self, progress: Progress | None = None) -> None:
+        """A run whose cpu launches are recorded or collected, not run: they write no outputs, so a runner reading
+        them may fail; the warm-up run after this raises any real error."""
+        try:
+            self._execute(self._last_inputs, progress)
+        except Exception:  # noqa: BLE001 - (see the docstring)
+            pass
 
     def _execute(self, arrays: list, progress: Progress | None = None, sync: bool = False) -> list:
         return self._outputs(self._run(arrays, progress, sync), arrays)
@@ -294,6 +305,12 @@ class CompiledGraph:
     def kernels(self) -> list:
         """The kernels the last call launched, in launch order (after compile: those of the warm-up run)."""
         return [k for kernels, _ in self._records for k in kernels]
+
+    @property
+    def cpu_modules(self) -> int:
+        """How many generated cpu modules those kernels run (fewer than the kernels where kernels of other shapes
+        share one: `share_code`)."""
+        return len({path for k in self.kernels for _, _, path in k._cpu.values()})
 
     def _layout_summary(self) -> str:
         if self.channels_last:

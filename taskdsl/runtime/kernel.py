@@ -138,6 +138,20 @@ def _short_traceback(method):
     return wrapper
 
 
+def _ir_params(function: ir.Function) -> list:
+    """The (name, spec) of a kernel built from IR: a dim computed from symbols stays an expression, checked per
+    call."""
+    params = []
+    for p in function.params:
+        if isinstance(p, ir.Buffer):
+            dims = tuple(d.value if isinstance(d, ir.Const) else d.name if isinstance(d, ir.Var) else d
+                         for d in p.shape)
+            params.append((p.name, T.TensorSpec(p.dtype, dims)))
+        else:
+            params.append((p.name, p.dtype))
+    return params
+
+
 class Kernel:
     """A `@td.kernel` function: call it on arrays to run it on the current target."""
 
@@ -169,6 +183,8 @@ class Kernel:
         self._cuda_bases: dict = {}      # as _cuda_launches, scalars by type only (but those grid and block read)
         self._cuda_full_path: dict = {}  # base key (as _cuda_bases) -> True: arguments needing the full path each call
         self.streams = False    # its work is its arrays' bytes (a rule-based operator's): a small cpu launch is serial
+        self.shareable = False  # its constants may become size symbols, one compile serving its other shapes (`share`)
+        self._fixed_sizes: dict = {}     # size symbols no argument's shape gives: their values (`share`)
         if fn is not None:
             functools.update_wrapper(self, fn)
             follow_autoreload(Kernel)
@@ -177,17 +193,21 @@ class Kernel:
     def from_ir(cls, function: ir.Function, grid, streams: bool = False) -> "Kernel":
         """A kernel whose IR was built by a program (a scheduler), not written as Python; `streams`: its work is
         reading and writing its arrays once (`launch.SERIAL_BYTES`)."""
-        params = []
-        for p in function.params:
-            if isinstance(p, ir.Buffer):   # a dim computed from symbols stays an expression, checked per call
-                dims = tuple(d.value if isinstance(d, ir.Const) else d.name if isinstance(d, ir.Var) else d
-                             for d in p.shape)
-                params.append((p.name, T.TensorSpec(p.dtype, dims)))
-            else:
-                params.append((p.name, p.dtype))
-        kernel = cls(None, grid, function.block, function.name, params, build=lambda block: function)
+        kernel = cls(None, grid, function.block, function.name, _ir_params(function), build=lambda block: function)
         kernel.streams = streams
         return kernel
+
+    def share(self, function: ir.Function, sizes: dict) -> None:
+        """Run as `function` from now on: this kernel's IR with some constants made size symbols, shared with
+        kernels of other shapes (`passes.generalize`); `sizes` gives the symbols' values for this kernel (those
+        that name an axis of a parameter are checked against the arrays). Its arguments stay as they were."""
+        if self.fn is not None or [n for n, _ in self.params] != [p.name for p in function.params]:
+            raise ValueError(f"kernel '{self.name}' cannot run as '{function.name}': only a kernel built from IR "
+                             "can, with the same parameters")
+        self._forget_built()
+        self.params = _ir_params(function)
+        self._build = lambda block: function
+        self._fixed_sizes = dict(sizes)
 
     def __repr__(self) -> str:
         sig = ", ".join(f"{n}: {s!r}" for n, s in self.params)
@@ -220,7 +240,7 @@ class Kernel:
         if len(args) != len(self.params):
             raise TypeError(f"kernel '{self.name}' takes {len(self.params)} arguments "
                             f"({', '.join(n for n, _ in self.params)}), got {len(args)}")
-        sizes: dict = {}
+        sizes: dict = dict(self._fixed_sizes)
         values = []
         derived: list = []     # dims that are expressions of size symbols, checked once all are bound
         for (pname, spec), arg in zip(self.params, args):
@@ -485,6 +505,8 @@ class Kernel:
     def _prepare_cpu(self, binding: Binding, debug: bool):
         """The prepared launch of `binding` (None while launches are being recorded for compiling ahead)."""
         from ..backend.cpu.launch import PreparedLaunch, runs_apart, signature
+        if precompile.is_recording() and precompile.collected(self, binding.block):
+            return None
         run, src, path = self._cpu_kernel(binding.block, debug)
         sizes = [binding.sizes[s.name] for s in self._frontend_ir(binding.block).sizes]   # `lower` keeps them
         written = self._written(binding.block)

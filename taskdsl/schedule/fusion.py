@@ -84,7 +84,9 @@ def fuse(anchor: Kernel, *args, prologues: dict | None = None, epilogues: dict |
     sizes = {d.uid: d for b in all_params if isinstance(b, ir.Buffer) for d in b.shape if isinstance(d, ir.Var)}
     fused = dataclasses.replace(fn, name=f"{fn.name}_fused", params=all_params, sizes=tuple(sizes.values()),
                                 body=body)
-    return Kernel.from_ir(fused, _launch_grid(anchor, binding, [p.name for p in kept if isinstance(p, ir.Var)]))
+    kernel = Kernel.from_ir(fused, _launch_grid(anchor, binding, [p.name for p in kept if isinstance(p, ir.Var)]))
+    kernel.shareable = not constants    # its sizes were fixed for fusion's sake, not its speed's: one compile may
+    return kernel                       # serve its other shapes (`runtime.sharing`)
 
 
 def _launch_grid(anchor: Kernel, binding, scalars: list):

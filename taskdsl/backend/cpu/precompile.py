@@ -60,11 +60,13 @@ class Job:
 
 
 class _Recorder:
-    """The jobs recorded so far; `on_new(job)` is called for each job not seen before."""
+    """The jobs recorded so far; `on_new(job)` is called for each job not seen before. With `kernels` (a list),
+    launches note (kernel, block) there instead, and generate no code."""
 
-    def __init__(self, on_new=None):
+    def __init__(self, on_new=None, kernels: list | None = None):
         self.jobs: list = []
         self.on_new = on_new
+        self.kernels = kernels
 
 
 def is_recording() -> bool:
@@ -80,6 +82,15 @@ def record(job: Job) -> None:
         recorder.jobs.append(job)
         if recorder.on_new is not None:
             recorder.on_new(job)
+
+
+def collected(kernel, block: tuple) -> bool:
+    """Whether this thread collects its launched kernels (`collecting`): then `kernel` (launched with `block`) is
+    noted, and its launch does nothing else."""
+    kernels = _local.recorder.kernels
+    if kernels is not None:
+        kernels.append((kernel, block))
+    return kernels is not None
 
 
 @contextlib.contextmanager
@@ -101,6 +112,14 @@ def recording():
     """Inside the block, cpu kernel launches are recorded (not run): yields the list of Jobs."""
     with _recording_into(_Recorder()) as recorder:
         yield recorder.jobs
+
+
+@contextlib.contextmanager
+def collecting():
+    """Inside the block, cpu kernel launches are noted, not run nor compiled: yields the list of (kernel, block)
+    launched (a kernel launched twice is there twice)."""
+    with _recording_into(_Recorder(kernels=[])) as recorder:
+        yield recorder.kernels
 
 
 def workers() -> int:

@@ -1,0 +1,98 @@
+"""Kernels that differ only in integer constants, made one kernel over size symbols (anti-unification).
+
+A model's fused convolutions are one template at many shapes: fusion fixes each to its own sizes, so
+their IRs differ only in constants (M = 3136 or 784, an epilogue's 64 or 128 channels). Compiled
+apart, each costs seconds of numba. `generalize` groups such functions and gives each group one
+function in which every constant that differs across the group is a size symbol:
+
+    f(x) = A[3136 * x + 64]        g(x) = A[784 * x + 64]
+    shared(x) = A[shared_0 * x + 64]       f: {shared_0: 3136}     g: {shared_0: 784}
+
+A constant that takes the same values at two places in every member becomes the same symbol, so
+`(i // 56) * 56 + i % 56` stays foldable. The shared function with a member's values bound is that
+member's function, exactly: sharing changes which code runs, never what it computes.
+
+Only i32 constants of zero or more, as sizes are, become symbols; constants that passes and code
+generators need as numbers keep a member apart: the shapes of shared and register buffers (they are
+allocated by size), the bounds of `td.unroll` loops, and the shape of a tensor of more than 2^31 - 1
+elements (flattening indexes it in i64 because its shape says so).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import defaultdict
+
+from .. import ir
+from ..ir import types as T
+from .specialize import _BufferRewriter
+
+SHARED = "shared_"      # the prefix of the size symbols generalize makes
+_HOLE = ir.Var("#", T.i32, kind="size")     # every liftable constant, in the text that groups functions
+
+
+class _Constants(_BufferRewriter):
+    """Replaces the liftable constants in visiting order: the k-th by `fill(k, const)`."""
+
+    def __init__(self, fill):
+        super().__init__()
+        self.fill = fill
+        self.count = 0
+
+    def visit_Const(self, c: ir.Const):
+        if c.dtype != T.i32 or c.value < 0:
+            return c
+        self.count += 1
+        return self.fill(self.count - 1, c)
+
+    def visit_For(self, s: ir.For):
+        if not s.unroll:
+            return self.generic_visit(s)
+        return dataclasses.replace(s, body=self.visit(s.body))      # its bounds: numbers the unrolling needs
+
+    def new_buffer(self, b: ir.Buffer) -> ir.Buffer:
+        if b.scope != "global" or _wide(b):     # allocated by its size; or indexed in i64 for its size
+            return b
+        return dataclasses.replace(b, shape=tuple(self.visit(d) for d in b.shape))
+
+
+def _wide(b: ir.Buffer) -> bool:
+    """Whether `b` has more elements than an i32 counts: flattening indexes it in i64 for its constant shape."""
+    dims = [d.value for d in b.shape if isinstance(d, ir.Const)]
+    return len(dims) == len(b.shape) and not T.i32.holds(math.prod(dims))
+
+
+def _key(fn: ir.Function) -> tuple:
+    """(the function's text with every liftable constant a hole, those constants' values in order), or None where
+    the function cannot be spelled."""
+    values: list = []
+    masked = _Constants(lambda k, c: values.append(c.value) or _HOLE).run(fn)
+    try:
+        return ir.structural_text(masked), tuple(values)
+    except (ir.Unspellable, RecursionError):
+        return None
+
+
+def generalize(functions: list) -> list:
+    """For each function, (the function it shares with the others of its group, {size symbol name: value} that
+    makes it this one); a function alone in its group, or equal to all of its group, comes back as it is."""
+    results = [(fn, {}) for fn in functions]
+    groups = defaultdict(list)      # text -> [(index, values)]
+    for k, fn in enumerate(functions):
+        key = _key(fn)
+        if key is not None:
+            groups[key[0]].append((k, key[1]))
+    for members in groups.values():
+        columns = list(zip(*(values for _, values in members)))     # per constant, its value in each member
+        symbols: dict = {}      # a column of values -> its size symbol
+        for column in columns:
+            if len(set(column)) > 1 and column not in symbols:
+                symbols[column] = ir.Var(f"{SHARED}{len(symbols)}", T.i32, kind="size")
+        if not symbols:
+            continue
+        first = functions[members[0][0]]
+        shared = _Constants(lambda k, c: symbols.get(columns[k], c)).run(first)
+        shared = dataclasses.replace(shared, sizes=first.sizes + tuple(symbols.values()))
+        for position, (k, _) in enumerate(members):
+            results[k] = (shared, {v.name: column[position] for column, v in symbols.items()})
+    return results

@@ -1,0 +1,66 @@
+"""generalize: kernels that differ only in integer constants become one kernel over size symbols, and each
+member's values give that member back exactly (oracle: the member's own IR, spelled out by structural_text, and
+its stores evaluated)."""
+from hypothesis import given, settings, strategies as st
+
+from taskdsl import ir
+from taskdsl.ir import types as T
+from taskdsl.passes import bind_sizes
+from taskdsl.passes.generalize import generalize
+
+from .ir_eval import run
+
+
+def _scaled(n: int, m: int, *, local: int = 4, trips: int = 2, offset: int = 3, wide: bool = False) -> ir.Function:
+    """out[i] = i * m + offset for i < n (A, of n elements, unread), then `trips` unrolled stores to a register buffer of `local`
+    elements; A of 2^31 elements where `wide`."""
+    a = ir.Buffer("A", T.i32, (ir.const(2 ** 31 if wide else n),))
+    out = ir.Buffer("out", T.i32, (ir.const(n),))
+    regs = ir.Buffer("regs", T.i32, (ir.const(local),), "register")
+    i, j = ir.Var("i", T.i32, kind="loop"), ir.Var("j", T.i32, kind="loop")
+    scale = ir.For(i, ir.const(0), ir.const(n), ir.const(1),
+                   ir.Store(out, (i,), i * ir.const(m) + ir.const(offset)))
+    fill = ir.For(j, ir.const(0), ir.const(trips), ir.const(1), ir.Store(regs, (j,), j), unroll=True)
+    return ir.Function("k", (a, out), (), ir.seq([ir.Allocate(regs), scale, fill]), (1, 1, 1))
+
+
+def _stores(fn: ir.Function, sizes: dict) -> list:
+    trace: list = []
+    run(fn.body, {v.uid: sizes[v.name] for v in fn.sizes}, (0, 0, 0), trace)
+    return trace
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 9), st.integers(0, 7)), min_size=1, max_size=5))
+def test_members_share_one_function_that_gives_each_back(shapes):
+    functions = [_scaled(n, m) for n, m in shapes]
+    forms = generalize(functions)
+    for fn, (shared, sizes) in zip(functions, forms):
+        assert ir.structural_text(bind_sizes(shared, sizes)) == ir.structural_text(fn)
+        assert _stores(shared, sizes) == _stores(fn, {})
+    differing = [column for column in zip(*shapes) if len(set(column)) > 1]
+    symbols = len(set(differing)) if len(set(shapes)) > 1 else 0   # n's and m's columns: one symbol where equal
+    assert len({id(shared) for shared, _ in forms}) == (1 if symbols else len(functions))
+    assert all(len(shared.sizes) == symbols for shared, _ in forms)
+
+
+def test_a_constant_at_two_places_with_the_same_values_is_one_symbol():
+    """n is out's size and the loop's bound: one symbol, so a pass may see the loop covers out."""
+    (shared, sizes), _ = generalize([_scaled(5, 2), _scaled(7, 2)])
+    loop = ir.collect(shared.body, ir.For, expressions=False)[0]
+    assert sizes == {"shared_0": 5} and loop.stop is shared.params[1].shape[0] is shared.sizes[0]
+
+
+def test_constants_that_passes_and_code_generators_need_keep_kernels_apart():
+    """A register buffer's size, an unrolled loop's bound, a negative constant, an i32-wide tensor's shape: the
+    kernels come back as they are (and alike ones still share)."""
+    for apart in ({"local": 8}, {"trips": 3}, {"offset": -3}, {"wide": True}):
+        first, second = _scaled(5, 2, **({"offset": -1} if "offset" in apart else {})), _scaled(6, 2, **apart)
+        assert generalize([first, second]) == [(first, {}), (second, {})]
+    same = [_scaled(5, 2, local=8), _scaled(6, 2, local=8)]
+    assert [sizes for _, sizes in generalize(same)] == [{"shared_0": 5}, {"shared_0": 6}]
+
+
+def test_equal_functions_and_unspellable_ones_come_back_as_they_are():
+    functions = [_scaled(5, 2), _scaled(5, 2)]
+    assert generalize(functions) == [(fn, {}) for fn in functions]
