@@ -171,6 +171,7 @@ class Kernel:
                                for what, spec in (("grid", grid), ("block", block))}
         self._lowered: dict = {}
         self._frontend: dict = {}
+        self._stored: dict = {}     # block -> `_written`
         self._cpu: dict = {}
         self._cuda: dict = {}
         self._bindings: dict = {}    # _binding_key(args) -> (sizes, grid, block) of a call that passed the checks
@@ -341,7 +342,7 @@ class Kernel:
         builds with the new value, as a Python function reads its globals at each call (a notebook cell run
         again). The on-disk caches hold compiled code by IR, so returning to an earlier value loads it."""
         self._global_reads.clear()
-        for built in (self._frontend, self._lowered, self._cpu, self._cuda, self._bindings, self._launches,
+        for built in (self._frontend, self._stored, self._lowered, self._cpu, self._cuda, self._bindings, self._launches,
                       self._launch_bases, self._cuda_launches, self._cuda_bases, self._cuda_full_path):
             built.clear()
 
@@ -518,11 +519,15 @@ class Kernel:
         return PreparedLaunch(run, src, binding.values, sizes, binding.grid, written, self.name, self.streams)
 
     def _written(self, block: tuple) -> dict:
-        """{parameter index: name} of the arrays the kernel stores to (or updates atomically)."""
-        fn = self._frontend_ir(block)
-        stored = {s.buffer.uid for s in ir.collect(fn.body, ir.Store, expressions=False)}
-        stored |= {a.buffer.uid for a in ir.collect(fn.body, ir.Atomic)}
-        return {k: p.name for k, p in enumerate(fn.params) if isinstance(p, ir.Buffer) and p.uid in stored}
+        """{parameter index: name} of the arrays the kernel stores to (or updates atomically); walked once per block
+        (a graph's compile prepared a fused kernel's launches hundreds of times, each walk 1-2 ms)."""
+        if block not in self._stored:
+            fn = self._frontend_ir(block)
+            stored = {s.buffer.uid for s in ir.collect(fn.body, ir.Store, expressions=False)}
+            stored |= {a.buffer.uid for a in ir.collect(fn.body, ir.Atomic)}
+            self._stored[block] = {k: p.name for k, p in enumerate(fn.params)
+                                   if isinstance(p, ir.Buffer) and p.uid in stored}
+        return self._stored[block]
 
     @_short_traceback
     def ir(self, *args, stage: str = "frontend", **kwargs) -> str:
