@@ -62,9 +62,9 @@ def _wide(b: ir.Buffer) -> bool:
     return len(dims) == len(b.shape) and not T.i32.holds(math.prod(dims))
 
 
-def _key(fn: ir.Function) -> tuple:
+def holes(fn: ir.Function) -> tuple | None:
     """(the function's text with every liftable constant a hole, those constants' values in order), or None where
-    the function cannot be spelled."""
+    the function cannot be spelled. Functions of one text differ only in those values."""
     values: list = []
     masked = _Constants(lambda k, c: values.append(c.value) or _HOLE).run(fn)
     try:
@@ -73,26 +73,34 @@ def _key(fn: ir.Function) -> tuple:
         return None
 
 
+def shared_form(fn: ir.Function, members: list) -> tuple:
+    """(`fn` over size symbols, {symbol name: value} per member) for a group of functions of `fn`'s `holes` text
+    whose hole values are `members` (a tuple each): every constant that differs across them is a symbol, one per
+    column of values. Where they all agree, `fn` itself and empty dicts."""
+    columns = list(zip(*members))       # per constant, its value in each member
+    symbols: dict = {}                  # a column of values -> its size symbol
+    for column in columns:
+        if len(set(column)) > 1 and column not in symbols:
+            symbols[column] = ir.Var(f"{SHARED}{len(symbols)}", T.i32, kind="size")
+    if not symbols:
+        return fn, [{} for _ in members]
+    shared = _Constants(lambda k, c: symbols.get(columns[k], c)).run(fn)
+    shared = dataclasses.replace(shared, sizes=fn.sizes + tuple(symbols.values()))
+    return shared, [{v.name: column[position] for column, v in symbols.items()} for position in range(len(members))]
+
+
 def generalize(functions: list) -> list:
     """For each function, (the function it shares with the others of its group, {size symbol name: value} that
     makes it this one); a function alone in its group, or equal to all of its group, comes back as it is."""
     results = [(fn, {}) for fn in functions]
     groups = defaultdict(list)      # text -> [(index, values)]
     for k, fn in enumerate(functions):
-        key = _key(fn)
-        if key is not None:
-            groups[key[0]].append((k, key[1]))
+        found = holes(fn)
+        if found is not None:
+            groups[found[0]].append((k, found[1]))
     for members in groups.values():
-        columns = list(zip(*(values for _, values in members)))     # per constant, its value in each member
-        symbols: dict = {}      # a column of values -> its size symbol
-        for column in columns:
-            if len(set(column)) > 1 and column not in symbols:
-                symbols[column] = ir.Var(f"{SHARED}{len(symbols)}", T.i32, kind="size")
-        if not symbols:
-            continue
-        first = functions[members[0][0]]
-        shared = _Constants(lambda k, c: symbols.get(columns[k], c)).run(first)
-        shared = dataclasses.replace(shared, sizes=first.sizes + tuple(symbols.values()))
-        for position, (k, _) in enumerate(members):
-            results[k] = (shared, {v.name: column[position] for column, v in symbols.items()})
+        shared, sizes = shared_form(functions[members[0][0]], [values for _, values in members])
+        for (k, _), own in zip(members, sizes):
+            if own:
+                results[k] = (shared, own)
     return results

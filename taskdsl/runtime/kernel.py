@@ -18,6 +18,7 @@ from ..frontend.autoreload import follow_autoreload
 from .arrays import conversion
 from .config import cp_async_early_enabled, debug_enabled, fast_compile_enabled, full_tracebacks_enabled, get_target
 from .device_array import DeviceArray
+from .sharing import share_with_earlier
 
 
 @dataclass
@@ -185,6 +186,7 @@ class Kernel:
         self._cuda_full_path: dict = {}  # base key (as _cuda_bases) -> True: arguments needing the full path each call
         self.streams = False    # its work is its arrays' bytes (a rule-based operator's): a small cpu launch is serial
         self.shareable = False  # its constants may become size symbols, one compile serving its other shapes (`share`)
+        self.share_checked = False  # whether `runtime.sharing` has looked for kernels it may share code with
         self._fixed_sizes: dict = {}     # size symbols no argument's shape gives: their values (`share`)
         if fn is not None:
             functools.update_wrapper(self, fn)
@@ -486,6 +488,8 @@ class Kernel:
         if base is not None:
             launch = base.with_scalars(self._bound_scalars(args))
         else:
+            if self.shareable and not self.share_checked and not recording:     # (a fused kernel's block is fixed)
+                share_with_earlier(self, _dims3(self.block_spec, "block", self.name))
             binding = self.bind(args, "cpu")
             if 0 in binding.grid:        # nothing to run, and nothing to compile
                 return None

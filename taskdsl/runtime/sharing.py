@@ -1,7 +1,19 @@
-"""One compile for kernels that differ only in their shapes' constants (a graph's fused convolutions)."""
+"""One compile for kernels that differ only in their shapes' constants (fused convolutions at many sizes).
+
+A graph compile knows every kernel before it generates any (`share_code`); a kernel launched on its own (an
+eager `stdlib_ops.conv2d` at a new image size) joins the kernels of its form launched before it
+(`share_with_earlier`): the second shape compiles their shared form, later ones mostly find it compiled.
+"""
 from __future__ import annotations
 
-from ..passes.generalize import generalize
+import threading
+
+from ..passes.generalize import generalize, holes, shared_form
+
+_alone: dict = {}       # holes' text -> (the first kernel's IR, the hole values of each kernel launched alone)
+_alone_lock = threading.Lock()
+ALONE_MEMBERS = 64      # hole values kept per form (past it, the oldest go: their kernels keep what they run)
+ALONE_FORMS = 256       # forms kept (past it, all are forgotten at once, as `cpu_modules` forgets generated modules)
 
 
 def share_code(launched: list) -> int:
@@ -12,7 +24,32 @@ def share_code(launched: list) -> int:
     forms = generalize([k._frontend_ir(block) for k, block in kernels])
     shared = 0
     for (kernel, _), (fn, sizes) in zip(kernels, forms):
+        kernel.share_checked = True
         if sizes:
             kernel.share(fn, sizes)
             shared += 1
     return shared
+
+
+def share_with_earlier(kernel, block: tuple) -> None:
+    """Where shareable `kernel`, launched outside a graph compile, differs only in constants from kernels launched so
+    before it, make it run their group's IR over size symbols (theirs keep what they run). Once per kernel, under a
+    lock: a thread that finds it checked finds it shared, if it is."""
+    with _alone_lock:
+        if kernel.share_checked:
+            return
+        fn = kernel._frontend_ir(block)
+        found = holes(fn)
+        if found is not None:
+            text, values = found
+            if text not in _alone and len(_alone) >= ALONE_FORMS:
+                _alone.clear()
+            first, seen = _alone.setdefault(text, (fn, []))
+            if values not in seen:
+                seen.append(values)
+                del seen[:-ALONE_MEMBERS]
+            shared, sizes = shared_form(first, seen)
+            own = sizes[seen.index(values)]
+            if own:
+                kernel.share(shared, own)
+        kernel.share_checked = True
