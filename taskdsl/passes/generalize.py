@@ -6,7 +6,7 @@ apart, each costs seconds of numba. `generalize` groups such functions and gives
 function in which every constant that differs across the group is a size symbol:
 
     f(x) = A[3136 * x + 64]        g(x) = A[784 * x + 64]
-    shared(x) = A[shared_0 * x + 64]       f: {shared_0: 3136}     g: {shared_0: 784}
+    shared(x) = A[lifted_0 * x + 64]       f: {lifted_0: 3136}     g: {lifted_0: 784}
 
 A constant that takes the same values at two places in every member becomes the same symbol, so
 `(i // 56) * 56 + i % 56` stays foldable. The shared function with a member's values bound is that
@@ -27,7 +27,7 @@ from .. import ir
 from ..ir import types as T
 from .specialize import _BufferRewriter
 
-SHARED = "shared_"      # the prefix of the size symbols generalize makes
+LIFTED = "lifted_"      # the prefix of the size symbols generalize makes (not "shared": that is a memory scope)
 _HOLE = ir.Var("#", T.i32, kind="size")     # every liftable constant, in the text that groups functions
 
 
@@ -81,7 +81,7 @@ def shared_form(fn: ir.Function, members: list) -> tuple:
     symbols: dict = {}                  # a column of values -> its size symbol
     for column in columns:
         if len(set(column)) > 1 and column not in symbols:
-            symbols[column] = ir.Var(f"{SHARED}{len(symbols)}", T.i32, kind="size")
+            symbols[column] = ir.Var(f"{LIFTED}{len(symbols)}", T.i32, kind="size")
     if not symbols:
         return fn, [{} for _ in members]
     shared = _Constants(lambda k, c: symbols.get(columns[k], c)).run(fn)

@@ -344,8 +344,8 @@ class Kernel:
         builds with the new value, as a Python function reads its globals at each call (a notebook cell run
         again). The on-disk caches hold compiled code by IR, so returning to an earlier value loads it."""
         self._global_reads.clear()
-        for built in (self._frontend, self._stored, self._lowered, self._cpu, self._cuda, self._bindings, self._launches,
-                      self._launch_bases, self._cuda_launches, self._cuda_bases, self._cuda_full_path):
+        for built in (self._frontend, self._stored, self._lowered, self._cpu, self._cuda, self._bindings,
+                      self._launches, self._launch_bases, self._cuda_launches, self._cuda_bases, self._cuda_full_path):
             built.clear()
 
     # ------------------------------------------------------------------ compilation stages

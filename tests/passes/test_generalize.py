@@ -11,7 +11,8 @@ from taskdsl.passes.generalize import generalize
 from .ir_eval import run
 
 
-def _scaled(n: int, m: int, *, local: int = 4, trips: int = 2, offset: int = 3, wide: bool = False) -> ir.Function:
+def _scaled(n: int, m: int, *, local: int = 4, trips: int = 2, offset: int = 3,
+            wide: bool = False) -> ir.Function:
     """out[i] = i * m + offset for i < n (A, of n elements, unread), then `trips` unrolled stores to a register buffer of `local`
     elements; A of 2^31 elements where `wide`."""
     a = ir.Buffer("A", T.i32, (ir.const(2 ** 31 if wide else n),))
@@ -48,7 +49,7 @@ def test_a_constant_at_two_places_with_the_same_values_is_one_symbol():
     """n is out's size and the loop's bound: one symbol, so a pass may see the loop covers out."""
     (shared, sizes), _ = generalize([_scaled(5, 2), _scaled(7, 2)])
     loop = ir.collect(shared.body, ir.For, expressions=False)[0]
-    assert sizes == {"shared_0": 5} and loop.stop is shared.params[1].shape[0] is shared.sizes[0]
+    assert sizes == {"lifted_0": 5} and loop.stop is shared.params[1].shape[0] is shared.sizes[0]
 
 
 def test_constants_that_passes_and_code_generators_need_keep_kernels_apart():
@@ -58,7 +59,7 @@ def test_constants_that_passes_and_code_generators_need_keep_kernels_apart():
         first, second = _scaled(5, 2, **({"offset": -1} if "offset" in apart else {})), _scaled(6, 2, **apart)
         assert generalize([first, second]) == [(first, {}), (second, {})]
     same = [_scaled(5, 2, local=8), _scaled(6, 2, local=8)]
-    assert [sizes for _, sizes in generalize(same)] == [{"shared_0": 5}, {"shared_0": 6}]
+    assert [sizes for _, sizes in generalize(same)] == [{"lifted_0": 5}, {"lifted_0": 6}]
 
 
 def test_equal_functions_and_unspellable_ones_come_back_as_they_are():
