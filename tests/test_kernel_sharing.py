@@ -2,11 +2,13 @@
 a kernel joins the ones of its form launched before it. Oracles: numpy (the kernels' stores written out, a
 convolution by sums of shifted products)."""
 import numpy as np
+import pytest
 
 import stdlib_ops as ops
 import taskdsl as td
 from taskdsl import ir
 from taskdsl.ir import types as T
+from taskdsl.runtime import config
 
 
 def _scaled(n: int, m: int) -> td.Kernel:
@@ -40,6 +42,26 @@ def test_a_kernel_launched_alone_shares_the_module_of_its_form():
     scaled.shareable = False        # (td.fuse with constants=): its own code
     scaled(np.zeros(9, np.int32), np.zeros(9, np.int32))
     assert not scaled._fixed_sizes and _modules([scaled]).isdisjoint(_modules(kernels))
+
+
+@pytest.fixture
+def sharing_off(monkeypatch):
+    """TASKDSL_SHARE_CODE=0 for the test (the variable is read once per process: read again before and after)."""
+    monkeypatch.setenv("TASKDSL_SHARE_CODE", "0")
+    config.environment.cache_clear()
+    yield
+    monkeypatch.undo()
+    config.environment.cache_clear()
+
+
+def test_share_code_0_gives_each_kernel_its_own_code(sharing_off):
+    td.set_target("cpu")
+    kernels = [_scaled(n, 5) for n in (4, 6, 8)]
+    for kernel, n in zip(kernels, (4, 6, 8)):
+        out = np.zeros(n, np.int32)
+        kernel(np.zeros(n, np.int32), out)
+        np.testing.assert_array_equal(out, np.arange(n) * 5 + 3)
+    assert all(k.share_checked and not k._fixed_sizes for k in kernels) and len(_modules(kernels)) == 3
 
 
 def _conv_bias_relu(x, w, b):

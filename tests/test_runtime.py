@@ -35,7 +35,7 @@ def test_target_from_environment():
 
 
 @pytest.mark.parametrize("name", ["TASKDSL_DEBUG", "TASKDSL_FAST_COMPILE", "TASKDSL_CP_ASYNC_EARLY", "TASKDSL_PROGRESS",
-                                  "TASKDSL_TUNE", "TASKDSL_FULL_TRACEBACKS"])
+                                  "TASKDSL_TUNE", "TASKDSL_FULL_TRACEBACKS", "TASKDSL_SHARE_CODE"])
 def test_on_off_variables_read_alike(name, monkeypatch):
     """One reader (`config.env_switch`): TASKDSL_DEBUG=off was on, TASKDSL_DEBUG=2 silently on, TASKDSL_TUNE=2 an
     error; now every switch takes 1/true/yes/on and 0/false/no/off in any case, and refuses anything else."""
@@ -43,7 +43,8 @@ def test_on_off_variables_read_alike(name, monkeypatch):
     from taskdsl.schedule import tuner
     read = {"TASKDSL_DEBUG": config.debug_enabled, "TASKDSL_FAST_COMPILE": config.fast_compile_enabled,
             "TASKDSL_CP_ASYNC_EARLY": config.cp_async_early_enabled, "TASKDSL_PROGRESS": progress.enabled,
-            "TASKDSL_TUNE": tuner.tuning_enabled, "TASKDSL_FULL_TRACEBACKS": config.full_tracebacks_enabled}[name]
+            "TASKDSL_TUNE": tuner.tuning_enabled, "TASKDSL_FULL_TRACEBACKS": config.full_tracebacks_enabled,
+            "TASKDSL_SHARE_CODE": config.share_code_enabled}[name]
     for switch in ("debug", "fast_compile", "cp_async_early"):     # no td.debug() / ... choice above the variable
         monkeypatch.setitem(config._state, switch, None)
     try:

@@ -150,7 +150,8 @@ def env_switch(name: str, default: bool, meaning: str = "on", off: str = "off", 
     """The on/off environment variable `name`: 1 / true / yes / on or 0 / false / no / off, in any case (set but
     empty: off), `default` when unset; any other value is a ValueError saying what 1 (`meaning`) and 0 (`off`)
     do. `read_once`: read through `environment` (once per process). The one reader of TASKDSL_DEBUG,
-    TASKDSL_FAST_COMPILE, TASKDSL_CP_ASYNC_EARLY, TASKDSL_FULL_TRACEBACKS, TASKDSL_PROGRESS and TASKDSL_TUNE."""
+    TASKDSL_FAST_COMPILE, TASKDSL_CP_ASYNC_EARLY, TASKDSL_FULL_TRACEBACKS, TASKDSL_PROGRESS, TASKDSL_SHARE_CODE and
+    TASKDSL_TUNE."""
     text = environment(name) if read_once else os.environ.get(name)
     if text is None:
         return default
@@ -185,7 +186,7 @@ def check_environment() -> None:
     from ..schedule import tuner
     from . import progress
     debug_enabled(), fast_compile_enabled(), cp_async_early_enabled(), progress.enabled(), tuner.tuning_enabled()
-    full_tracebacks_enabled()
+    full_tracebacks_enabled(), share_code_enabled()
     for name in COUNTS:
         env_count(name, 1)
     cache_dir(), vectors.host()
@@ -220,6 +221,12 @@ def cp_async_early(enabled: bool = True) -> None:
     thread still reads (a ring slot refilled before the barrier that ends its reads) computes the right result
     with late copies and the wrong one with early copies: run a pipeline's tests both ways."""
     _state["cp_async_early"] = _switch(enabled, "td.cp_async_early")
+
+
+def share_code_enabled() -> bool:
+    """Whether cpu kernels that differ only in constants share one module (`runtime.sharing`); TASKDSL_SHARE_CODE=0
+    gives each its own code (a compile per shape: for comparisons)."""
+    return env_switch("TASKDSL_SHARE_CODE", True, "share", "each kernel its own code", read_once=True)
 
 
 def full_tracebacks_enabled() -> bool:

@@ -3,12 +3,14 @@
 A graph compile knows every kernel before it generates any (`share_code`); a kernel launched on its own (an
 eager `stdlib_ops.conv2d` at a new image size) joins the kernels of its form launched before it
 (`share_with_earlier`): the second shape compiles their shared form, later ones mostly find it compiled.
+TASKDSL_SHARE_CODE=0 turns both off.
 """
 from __future__ import annotations
 
 import threading
 
 from ..passes.generalize import generalize, holes, shared_form
+from .config import share_code_enabled
 
 _alone: dict = {}       # holes' text -> (the first kernel's IR, the hole values of each kernel launched alone)
 _alone_lock = threading.Lock()
@@ -21,10 +23,13 @@ def share_code(launched: list) -> int:
     constants run as one IR over size symbols (`passes.generalize`): one generated module and one numba compile
     serve them all. Returns how many kernels now run shared code."""
     kernels = list({id(k): (k, block) for k, block in launched if k.shareable}.values())
+    for kernel, _ in kernels:
+        kernel.share_checked = True     # (not again at its first launch)
+    if not share_code_enabled():
+        return 0
     forms = generalize([k._frontend_ir(block) for k, block in kernels])
     shared = 0
     for (kernel, _), (fn, sizes) in zip(kernels, forms):
-        kernel.share_checked = True
         if sizes:
             kernel.share(fn, sizes)
             shared += 1
@@ -39,7 +44,7 @@ def share_with_earlier(kernel, block: tuple) -> None:
         if kernel.share_checked:
             return
         fn = kernel._frontend_ir(block)
-        found = holes(fn)
+        found = holes(fn) if share_code_enabled() else None
         if found is not None:
             text, values = found
             if text not in _alone and len(_alone) >= ALONE_FORMS:

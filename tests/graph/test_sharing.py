@@ -45,6 +45,19 @@ def test_convolutions_of_other_shapes_share_one_module():
     assert cg.cpu_modules == len({id(k) for k in cg.kernels}) - 1
 
 
+def test_share_code_0_compiles_each_convolution_apart(monkeypatch):
+    from taskdsl.runtime import config
+    monkeypatch.setenv("TASKDSL_SHARE_CODE", "0")
+    config.environment.cache_clear()
+    try:
+        cg = _check(_pointwise_convs((1, 8, 32, 32), (64, 128, 192, 64)))
+    finally:
+        monkeypatch.undo()
+        config.environment.cache_clear()
+    inner = [k for k in cg.kernels if k.name.startswith("tile_matmul")][1:3]
+    assert cg.shared_kernels == 0 and len(_modules(inner)) == 2
+
+
 @settings(max_examples=6, deadline=None)
 @given(st.integers(1, 47), st.integers(1, 23), st.lists(st.sampled_from([64, 128, 192]), min_size=3, max_size=4))
 def test_shared_convolutions_compute_their_own_shapes(height, width, widths):
