@@ -37,19 +37,18 @@ def share_code(launched: list) -> int:
 
 
 def share_with_earlier(kernel, block: tuple) -> None:
-    """Where shareable `kernel`, launched outside a graph compile, differs only in constants from kernels launched so
+    """Where shareable `kernel`, launched outside a graph compile, differs only in constants from kernels launched
     before it, make it run their group's IR over size symbols (theirs keep what they run). Once per kernel, under a
     lock: a thread that finds it checked finds it shared, if it is."""
     with _alone_lock:
         if kernel.share_checked:
             return
-        fn = kernel._frontend_ir(block)
-        found = holes(fn) if share_code_enabled() else None
+        found = holes(kernel._frontend_ir(block)) if share_code_enabled() else None
         if found is not None:
             text, values = found
             if text not in _alone and len(_alone) >= ALONE_FORMS:
                 _alone.clear()
-            first, seen = _alone.setdefault(text, (fn, []))
+            first, seen = _alone.setdefault(text, (kernel._frontend_ir(block), []))
             if values not in seen:
                 seen.append(values)
                 del seen[:-ALONE_MEMBERS]
