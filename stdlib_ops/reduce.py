@@ -165,9 +165,9 @@ def arg_rows_kernel(dtype, is_max: bool):
 
     The per-output kernel (`arg_kernel`) keeps a running best and its index, a loop with a branch per element that
     LLVM does not vectorize (9-11x numpy's time over rows of 1024). This one reads its chunk twice. First the extreme
-    value m, in interleaved lanes (`rowwise.lane_extreme`: one vector instruction a step, a NaN kept). Then it
-    compares `rowwise.LANES` elements a step with m, or tests them for a NaN (there is one exactly when m is NaN), until a
-    step holds one, and finds its first in those: the first extreme, as numpy's. (Kept as the least index over
+    value m (`rowwise.row_extreme`: vector instructions, a NaN kept). Then it compares `rowwise.LANES` elements a
+    step with m, or tests them for a NaN (there is one exactly when m is NaN), until a step holds one, and finds its
+    first in those: the first extreme, as numpy's. (Kept as the least index over
     lanes of a branch-free select instead, LLVM vectorized the loop across steps, reading with gathers: 7x slower.)
     The row is in L1 for the second read, which stops at the first hit."""
     lane_type = _lane_type(dtype)
@@ -178,9 +178,7 @@ def arg_rows_kernel(dtype, is_max: bool):
         begin = c * ARG_CHUNK
         n = td.min(AR - begin, ARG_CHUNK)
         full = n // rowwise.LANES * rowwise.LANES
-        lanes = td.registers(lane_type, (rowwise.LANES,))
-        nans = td.registers(lane_type, (rowwise.LANES,))
-        m = rowwise.lane_extreme(X, o, begin, n, lanes, nans, X[o, begin], is_max)   # (an element: no wrong start)
+        m = rowwise.row_extreme(X, o, begin, n, td.cast(X[o, begin], lane_type), is_max)   # (an element: no wrong start)
         at = 0
         while at < full:        # to the first LANES elements holding m (or a NaN): a vector compare a step
             hits = False

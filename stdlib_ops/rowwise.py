@@ -26,7 +26,7 @@ from taskdsl.runtime.arrays import contiguous, empty_like_operands
 BLOCK = 256
 CACHED = (1, 2, 4, 8, 16, 32)    # elements per thread a 'block' kernel can keep of its row in registers
 ROWS_PER_BLOCK = 64     # 'thread' schedule
-LANES = 16              # 'thread' schedule: partial results per row (see `lane_extreme`)
+LANES = 16              # 'thread' schedule: partial sums per row (see `lane_sum`)
 
 
 ROW_DTYPES = (f16, bf16, f32, f64)
@@ -74,29 +74,12 @@ def block_reduce(v, op, partials):
 
 
 @td.func
-def lane_extreme(X, row, start, n, lanes, nans, first, is_max):
-    """max (is_max) or min of X[row, start : start + n] and `first` by LANES interleaved partial results: independent
-    chains the cpu's SLP vectorizer packs, where one running maximum waits on the previous compare at every element.
-    Each lane keeps its extreme by a plain compare and notes a NaN in `nans` (as many lanes), which wins after the
-    loop: `td.max`'s NaN tests on the lane's chain made each step wait on three more operations. A NaN is kept."""
-    for k in td.unroll(LANES):
-        lanes[k] = first
-        nans[k] = 0.0
-    body = n - n % LANES
-    for j in range(0, body, LANES):
-        for k in td.unroll(LANES):
-            x = X[row, start + j + k]
-            if is_max:
-                lanes[k] = x if x > lanes[k] else lanes[k]
-            else:
-                lanes[k] = x if x < lanes[k] else lanes[k]
-            nans[k] = x if x != x else nans[k]
-    for k in td.unroll(LANES):
-        lanes[k] = nans[k] if nans[k] != nans[k] else lanes[k]
-    m = lanes[0]
-    for k in td.unroll(LANES - 1):
-        m = td.max(m, lanes[k + 1]) if is_max else td.min(m, lanes[k + 1])
-    for j in range(body, n):
+def row_extreme(X, row, start, n, first, is_max):
+    """max (is_max) or min of X[row, start : start + n] and `first` (whose type the result has), a NaN kept: one
+    running `td.max`, whose chain the cpu's LLVM vectorizes itself (`backend/cpu/support.fmax`). Lanes of plain
+    compares with their NaNs noted beside them, which this replaced, stayed scalar."""
+    m = first
+    for j in range(n):
         m = td.max(m, X[row, start + j]) if is_max else td.min(m, X[row, start + j])
     return m
 
@@ -104,7 +87,8 @@ def lane_extreme(X, row, start, n, lanes, nans, first, is_max):
 @td.func
 def lane_sum(Y, row, n, center, squares, lanes):
     """The sum of Y[row, :n] - center (of their squares, with `squares`) in `lanes`' type, by LANES interleaved
-    partial sums (see `lane_extreme`)."""
+    partial sums: independent chains the cpu's SLP vectorizer packs, where one running sum waits on the previous
+    addition at every element (and LLVM keeps a float sum's order)."""
     for k in td.unroll(LANES):
         lanes[k] = 0.0
     body = n - n % LANES
@@ -187,12 +171,10 @@ def softmax_kernel(dtype, log: bool, schedule: str, cached: int = 0):
     @td.kernel(grid=lambda R: td.cdiv(R, ROWS_PER_BLOCK), block=ROWS_PER_BLOCK,
                name=f"{'log_' if log else ''}softmax_thread")
     def softmax(X: dtype["R", "C"], Y: dtype["R", "C"]):
-        maxima = td.registers(acc, (LANES,))
-        nans = td.registers(acc, (LANES,))
         sums = td.registers(f64, (LANES,))
         row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x
         if row < R:
-            m = lane_extreme(X, row, 0, C, maxima, nans, -math.inf, True)
+            m = row_extreme(X, row, 0, C, td.cast(-math.inf, acc), True)
             s: f64 = 0.0
             if exact:
                 for j in range(C):          # no reduction in the loop: it vectorizes, exps included

@@ -236,12 +236,17 @@ def _floor_divide(a, b):
 
 
 def _picked(larger: bool):
-    """`td.max` (`td.min`) on arrays as kernels compute it: a NaN if either operand is one, else the larger
-    (smaller), the first of equal ones (`max(-0.0, 0.0)` is -0.0, where numpy's maximum gives 0.0)."""
+    """`td.max` (`td.min`) on arrays as kernels compute it, IEEE 754's maximum (minimum): a NaN if either operand is
+    one, else the larger (smaller), -0.0 below 0.0 (numpy's maximum gives either of two zeros by their order)."""
     def pick(a, b):
         a, b = np.asarray(a), np.asarray(b)
-        better = b > a if larger else b < a
-        return np.where(a != a, a, np.where((b != b) | better, b, a))
+        picked = np.maximum(a, b) if larger else np.minimum(a, b)
+        if picked.dtype.kind != "f":
+            return picked
+        zeros = (a == 0) & (b == 0)
+        signed = np.signbit(a) & np.signbit(b) if larger else np.signbit(a) | np.signbit(b)
+        zero = np.zeros((), picked.dtype)
+        return np.where(zeros, np.where(signed, -zero, zero), picked)
     return pick
 
 

@@ -823,16 +823,17 @@ def test_min_floordiv_minus_one_is_zero_in_the_reference_as_in_kernels(dtype):
         np.testing.assert_array_equal(got, [0, -7, 7])
 
 
-def test_max_and_min_of_equal_operands_give_the_first_in_the_reference_as_in_kernels():
-    """`td.max(-0.0, 0.0)` is -0.0 (the first of equal operands, as in kernels and on Python numbers); numpy's
-    maximum gave 0.0. NaN wins either way."""
-    A, B = td.placeholder("A", td.f32, (3,)), td.placeholder("B", td.f32, (3,))
-    op = td.op([A, B], [td.compute("Y", (3,), lambda i: 1.0 / td.max(A[i], B[i])),
-                        td.compute("Z", (3,), lambda i: 1.0 / td.min(B[i], A[i]))])
-    a, b = np.array([-0.0, 0.0, np.nan], np.float32), np.array([0.0, -0.0, 1.0], np.float32)
+def test_max_and_min_order_zeros_as_ieee_in_the_reference_as_in_kernels():
+    """`td.max` of -0.0 and 0.0 is 0.0 and `td.min` -0.0, in either order (IEEE 754's maximum / minimum: a max whose
+    result depends on its operands' order makes a reduction's depend on its schedule); numpy's maximum gives the
+    second of two zeros. NaN wins either way."""
+    A, B = td.placeholder("A", td.f32, (4,)), td.placeholder("B", td.f32, (4,))
+    op = td.op([A, B], [td.compute("Y", (4,), lambda i: 1.0 / td.max(A[i], B[i])),
+                        td.compute("Z", (4,), lambda i: 1.0 / td.min(B[i], A[i]))])
+    a, b = np.array([-0.0, 0.0, -0.0, np.nan], np.float32), np.array([0.0, -0.0, -0.0, 1.0], np.float32)
     for got in (op(a, b), op.reference(a, b)):
-        np.testing.assert_array_equal(got[0], [-np.inf, np.inf, np.nan])
-        np.testing.assert_array_equal(got[1], [np.inf, -np.inf, np.nan])
+        np.testing.assert_array_equal(got[0], [np.inf, np.inf, -np.inf, np.nan])
+        np.testing.assert_array_equal(got[1], [-np.inf, -np.inf, -np.inf, np.nan])
 
 
 @pytest.mark.parametrize("values, op_name, want", [(td.i64, "min", -1), (td.boolean, "min", 1),

@@ -230,6 +230,59 @@ def test_16_bit_floats_round_to_nearest_even_from_every_type():
         np.testing.assert_array_equal(out_back, back, err_msg=target)
 
 
+@td.kernel(grid=1, block=4)
+def extremes(A: f32[4], B: f32[4], A64: f64[4], B64: f64[4], A16: f16[4], B16: f16[4], AB: bf16[4], BB: bf16[4],
+             OUT: f32[4, 4], OUT64: f64[2, 4], OUT16: f16[2, 4], OUTB: bf16[2, 4], RUNNING: f32[2], ATOMIC: f32[2]):
+    t = threadIdx.x
+    OUT[0, t] = td.max(A[t], B[t])
+    OUT[1, t] = td.max(B[t], A[t])
+    OUT[2, t] = td.min(A[t], B[t])
+    OUT[3, t] = td.min(B[t], A[t])
+    OUT64[0, t] = td.max(A64[t], B64[t])
+    OUT64[1, t] = td.min(A64[t], B64[t])
+    OUT16[0, t] = td.max(A16[t], B16[t])
+    OUT16[1, t] = td.min(A16[t], B16[t])
+    OUTB[0, t] = td.max(AB[t], BB[t])
+    OUTB[1, t] = td.min(AB[t], BB[t])
+    td.atomic_max(ATOMIC[0], A[t])
+    td.atomic_min(ATOMIC[1], A[t])
+    if t == 0:
+        hi = B[0]
+        lo = B[0]
+        for j in range(4):         # a running extreme, as a reduction keeps it
+            hi = td.max(hi, A[j])
+            lo = td.min(lo, A[j])
+        RUNNING[0] = hi
+        RUNNING[1] = lo
+
+
+def test_max_and_min_are_ieee_maximum_and_minimum_on_both_targets():
+    """td.max / td.min are IEEE 754's maximum / minimum on the cpu (selects; LLVM's intrinsics in a running extreme)
+    and in CUDA (td_max): a NaN wins, -0.0 is below 0.0 in either order, for f16, bf16, f32 and f64, in a running
+    extreme and in atomics."""
+    a = np.array([-0.0, 0.0, -0.0, np.nan], np.float32)
+    b = np.array([0.0, -0.0, -0.0, 1.0], np.float32)
+    outputs = [np.zeros((4, 4), np.float32), np.zeros((2, 4), np.float64), np.zeros((2, 4), np.float16),
+               np.zeros((2, 4), ml_dtypes.bfloat16), np.zeros(2, np.float32), np.array([-0.0, 0.0], np.float32)]
+    typed = [x.astype(t) for t in (np.float64, np.float16, ml_dtypes.bfloat16) for x in (a, b)]
+    runs = run_both(extremes, [a, b, *typed], outputs)
+    largest, smallest = [0.0, 0.0, -0.0, np.nan], [-0.0, -0.0, -0.0, np.nan]
+    for target, (out, out64, out16, outb, running, atomic) in runs.items():
+        for got, want in [(out[0], largest), (out[1], largest), (out[2], smallest), (out[3], smallest),
+                          (out64[0], largest), (out64[1], smallest), (out16[0], largest), (out16[1], smallest),
+                          (outb[0], largest), (outb[1], smallest), (running, [np.nan, np.nan]),
+                          (atomic, [np.nan, np.nan])]:
+            got = got.astype(np.float64)
+            np.testing.assert_array_equal(got, want, err_msg=target)
+            zeros = got == 0
+            assert (np.signbit(got[zeros]) == np.signbit(np.array(want)[zeros])).all(), f"{target}: {got} vs {want}"
+    a[3] = 1.0                     # without the NaN: the zeros' order decides nothing
+    for target, (*_, running, atomic) in run_both(extremes, [a, b, *typed], outputs).items():
+        np.testing.assert_array_equal(np.signbit(running), [False, True], err_msg=target)
+        np.testing.assert_array_equal(atomic, [1.0, -0.0], err_msg=target)
+        np.testing.assert_array_equal(np.signbit(atomic), [False, True], err_msg=target)
+
+
 # --------------------------------------------------------------------------- barriers and shared memory
 @td.kernel(grid=3, block=128)
 def rotate_through_shared(X: f32[3, 128], OUT: f32[3, 128], SUMS: f32[3]):

@@ -235,16 +235,22 @@ def math_call(name: str, args: list) -> Value:
             product = np.multiply(values[0], values[1])
             return Value(product + values[2], dtype, bad | rounded_products(values[0], values[1], product))
         function = {"floor": np.floor, "ceil": np.ceil, "sqrt": np.sqrt, "max": np.maximum, "min": np.minimum}[name]
-        if name in ("max", "min") and is_float(dtype):   # of 0.0 and -0.0 either may come back (a division shows which)
-            bad = bad | ((values[0] == 0) & (values[1] == 0) & (np.signbit(values[0]) != np.signbit(values[1])))
-        return Value(function(*values), dtype, bad)
+        result = function(*values)
+        if name in ("max", "min") and is_float(dtype):     # IEEE's: -0.0 below 0.0 (numpy's gives the second zero)
+            a, b = values
+            zeros = (a + b if name == "max" else -(-a - b))   # of two zeros: 0.0 unless both are -0.0, for max
+            result = np.where((a == 0) & (b == 0), zeros, result).astype(result.dtype)
+        return Value(result, dtype, bad)
 
 
 def host_math(name: str, args: list):
     """A math function of plain numbers, as the DSL evaluates it while translating: IEEE f64 results;
-    max/min return one operand (a NaN if either is one)."""
+    max/min return one operand (a NaN if either is one, -0.0 below 0.0)."""
     if name in ("max", "min"):
         nan = [a for a in args if a != a]
+        a, b = args
+        if not nan and a == 0 and b == 0:
+            return (a + b) if name == "max" else -(-a - b)
         return nan[0] if nan else (max if name == "max" else min)(*args)
     x = [np.float64(a) for a in args]
     with np.errstate(all="ignore"):

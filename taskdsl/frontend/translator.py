@@ -1077,7 +1077,7 @@ class FunctionTranslator:
 
     def extremum(self, name: str, args: list, kwargs: dict, node: ast.Call):
         """Python's `min` / `max` of runtime values, of several arguments or of one tuple: td.min / td.max folded
-        from the left (the first of equal values wins, as in Python)."""
+        from the left (a NaN wins, and -0.0 is below 0.0, where Python's gives the first of equal values)."""
         if kwargs:
             raise self.error(node, f"{name}() of runtime values takes no keyword arguments")
         items = args[0] if len(args) == 1 and isinstance(args[0], (tuple, list)) else args

@@ -58,12 +58,17 @@ def _ieee(function):
 
 
 def _pick(larger: bool):
-    """max (min): the larger (smaller) operand, a NaN if either is one, the first of equal ones (numpy's
-    maximum / minimum; Python's max depends on the argument order with a NaN)."""
+    """max (min): the larger (smaller) operand, a NaN if either is one, -0.0 below 0.0: IEEE 754's maximum / minimum
+    (Python's max depends on the argument order with a NaN or two zeros)."""
     def host(a, b):
         if a != a:
             return a
-        return b if b != b or (b > a if larger else b < a) else a
+        if b != b or (b > a if larger else b < a):
+            return b
+        if a == 0 and b == 0:
+            negative = math.copysign(1, a) < 0
+            return b if negative == larger else a
+        return a
     return host
 
 

@@ -423,11 +423,15 @@ def _element(t: Tensor, body: ir.Expr, out_index: list, linear: ir.Expr, dtype) 
 
 def _lanes_loop(t: Tensor, body: ir.Expr, out_index: list, acc: ir.Var, reduced: ir.Expr, lanes: int = LANES) -> list:
     """A sequential reduction over `lanes` interleaved accumulators; a float sum takes blocks of SUM_CHAIN terms per
-    accumulator that way and adds each block's sum to an f64 total.
+    accumulator that way and adds each block's sum to an f64 total. A float max / min keeps one chain: the cpu's
+    `td.max` is LLVM's NaN-keeping maximum, whose running value LLVM vectorizes itself (lanes of plain compares with
+    their NaNs noted beside them stayed scalar: a max over rows of 1024 f32 took twice the time).
 
     Independent accumulators let a CPU add `lanes` elements per vector instruction. One running f32 sum of 4M
     elements of 0.1 drifted 0.35% from numpy's (each of 8 lanes added half a million terms); by blocks, no f32
     partial sum adds more than SUM_CHAIN terms, and the total is exact to f64's precision."""
+    if t.op in ("max", "min") and acc.dtype.is_float:
+        lanes = 1
     few, block = _constant(reduced), SUM_CHAIN * lanes
     if t.op not in ("sum", "mean") or not acc.dtype.is_float or (few is not None and few <= block):
         if lanes == 1:
@@ -448,25 +452,11 @@ def _lanes(t: Tensor, body: ir.Expr, out_index: list, into: ir.Var, dtype, start
     results of `dtype` (combined pairwise at the end)."""
     chains = [ir.Var(f"lane{v}", dtype) for v in range(lanes)]
     r = ir.Var("k", T.i32, kind="loop")
-    # a float max / min keeps each lane's extreme by a plain compare (a vmaxps) and notes a NaN beside it: `td.max`'s
-    # NaN tests on the lane's own chain made each step wait on three more operations
-    noted = t.op in ("max", "min") and dtype.is_float and lanes > 1
-    nans = [ir.Var(f"nan{v}", dtype) for v in range(lanes)] if noted else []
-    steps = []
-    for v, lane in enumerate(chains):
-        element = _element(t, body, out_index, start + r * lanes + v, dtype)
-        if not noted:
-            steps.append(ir.Assign(lane, combine(t.op, lane, element)))
-            continue
-        value = ir.Var(f"value{v}", dtype)
-        beyond = ir.binary(">" if t.op == "max" else "<", value, lane)
-        steps += [ir.Assign(value, element), ir.Assign(lane, ir.Select(beyond, value, lane, dtype)),
-                  ir.Assign(nans[v], ir.Select(ir.binary("!=", value, value), value, nans[v], dtype))]
+    steps = [ir.Assign(lane, combine(t.op, lane, _element(t, body, out_index, start + r * lanes + v, dtype)))
+             for v, lane in enumerate(chains)]
     main = ir.For(r, ir.const(0), count // lanes, ir.const(1), ir.seq(steps))
     identity = reduction_identity(t.op, dtype, t.body.dtype)
-    stmts = [ir.Assign(lane, identity) for lane in chains] + [ir.Assign(nan, ir.const(0.0, dtype)) for nan in nans]
-    stmts += [main] + [ir.Assign(lane, ir.Select(ir.binary("!=", nan, nan), nan, lane, dtype))     # a NaN seen wins
-                       for lane, nan in zip(chains, nans)]
+    stmts = [ir.Assign(lane, identity) for lane in chains] + [main]
     if lanes > 1:
         stmts.append(_reduce_loop(t, body, out_index, chains[0], start + count // lanes * lanes, start + count, 1))
     width = lanes // 2

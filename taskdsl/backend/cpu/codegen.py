@@ -40,6 +40,8 @@ _F32_MATH = {"erf": "rt.erf_f32", "tanh": "rt.tanh_f32", "exp": "rt.exp_f32",   
              "sigmoid": "rt.sigmoid_f32"}                                            # (support.py)
 # Python's max / min on floats depend on the argument order when one is a NaN; these keep it
 _FLOAT_MATH = {"max": "rt.fmax", "min": "rt.fmin"}
+# `v = max(v, x)` of floats: LLVM's own maximum, which it vectorizes as a reduction (support.running_max)
+_RUNNING = {"max": "rt.running_max", "min": "rt.running_min"}
 _NP_TYPES = {"f16": "np.uint16", "bf16": "np.uint16", "f32": "np.float32", "f64": "np.float64", "i8": "np.int8",
              "i16": "np.int16", "i32": "np.int32", "i64": "np.int64", "u8": "np.uint8", "u16": "np.uint16",
              "u32": "np.uint32", "u64": "np.uint64", "bool": "np.bool_"}
@@ -358,7 +360,10 @@ class _PythonEmitter:
             return
         self.loc = s.loc or self.loc
         if isinstance(s, ir.Assign):
-            self.lines.append(f"{pad}{self.var_ref(s.var)} = {self.cast(s.value, s.var.dtype)}")
+            running = _running_extreme(s)
+            value = f"{_RUNNING[s.value.func]}({self.var_ref(s.var)}, {self.cast(running, s.var.dtype)})" \
+                if running is not None else self.cast(s.value, s.var.dtype)
+            self.lines.append(f"{pad}{self.var_ref(s.var)} = {value}")
         elif isinstance(s, ir.Store):
             self.lines.append(pad + self.store(s))
         elif isinstance(s, ir.Evaluate):
@@ -654,6 +659,19 @@ class _PythonEmitter:
             call = f"{fn}({args})"
             return f"{np_type(e.dtype)}({call})" if e.dtype.is_float else call
         raise AssertionError(f"emit_python: unexpected expression {type(e).__name__}")
+
+
+def _running_extreme(s: ir.Assign) -> ir.Expr | None:
+    """The other operand x of `v = max(v, x)` or `min` (either order) of f32 or f64 values: a running extreme; else
+    None."""
+    e = s.value
+    if not (isinstance(e, ir.Call) and e.func in _RUNNING and e.dtype == s.var.dtype and e.dtype.is_float
+            and e.dtype.bits >= 32):
+        return None
+    for mine, other in ((0, 1), (1, 0)):
+        if isinstance(e.args[mine], ir.Var) and e.args[mine].uid == s.var.uid:
+            return e.args[other]
+    return None
 
 
 def _index_tuple(idx: list) -> str:

@@ -41,11 +41,14 @@ _HELPERS = {
   return v < lo ? low : v >= hi ? high : v == v ? (I)v : (I)0; }""",
     # a select whose operands are both evaluated (ir.Select.eager): as a call's arguments, so no branch skips one
     "td_select": """template <typename T> __device__ __forceinline__ T td_select(bool c, T a, T b) { return c ? a : b; }""",
-    # max / min as the cpu target (support.fmax / fmin) computes them: a NaN operand gives NaN, equal operands
-    # the first. fmaxf / fminf would drop the NaN: relu(NaN) would be 0 where numpy, PyTorch and onnxruntime
-    # give NaN.
-    "td_max": """template <typename T> __device__ __forceinline__ T td_max(T a, T b) { return (b > a || b != b) ? b : a; }""",
-    "td_min": """template <typename T> __device__ __forceinline__ T td_min(T a, T b) { return (b < a || b != b) ? b : a; }""",
+    # max / min as the cpu target (support.fmax / fmin) computes them, IEEE 754's maximum / minimum: a NaN operand
+    # gives NaN, and -0 is below +0, so the result does not depend on the operands' order (where b is a zero or a
+    # NaN is there, max is `larger + b`, min `-(-smaller - b)`). fmaxf / fminf would drop the NaN: relu(NaN) would
+    # be 0 where numpy, PyTorch and onnxruntime give NaN.
+    "td_max": """template <typename T> __device__ __forceinline__ T td_max(T a, T b) {
+  T larger = b > a ? b : a; return (a == a && b == b && b != T(0)) ? larger : T(larger + b); }""",
+    "td_min": """template <typename T> __device__ __forceinline__ T td_min(T a, T b) {
+  T smaller = b < a ? b : a; return (a == a && b == b && b != T(0)) ? smaller : T(-(-smaller - b)); }""",
     "td_atomic_rmw": """// Read-modify-write by compare-and-swap, for atomics CUDA has no instruction for.
 template <int N> struct td_uint;
 template <> struct td_uint<4> { typedef unsigned int type; };
@@ -95,7 +98,7 @@ _C_MATH = ("acos asin atan atan2 cos sin tan acosh asinh atanh cosh sinh tanh ex
 _C_LIBRARY = {name + suffix for name in _C_MATH for suffix in ("", "f")} | {
     "main", "printf", "malloc", "free", "memset", "memcpy", "assert", "clock", "clock64", "labs", "llabs",
     "llmin", "llmax", "umin", "umax", "ullmin", "ullmax"}
-# the new value from the old one `a` and the operand `b` (max / min keep a NaN, as td_max / td_min do)
+# the new value from the old one `a` and the operand `b` (max / min as td_max / td_min: a NaN kept)
 _RMW_OPS = {"add": "a + b", "sub": "a - b", "max": "td_max(a, b)", "min": "td_min(a, b)", "exch": "b"}
 
 
