@@ -563,19 +563,6 @@ class _Branch(ir.Rewriter):
         return self.taken if e is self.select else self.generic_visit(e)
 
 
-def _unswitched(element: ir.Expr, j: ir.Var, statement_of) -> ir.Stmt:
-    """`statement_of(element)`, a loop over `j`, with the test of a Select in `element` that does not depend on
-    `j` (a window position inside the input or in its padding) taken out of the loop: `if cond:` the loop on the
-    Select's first operand, `else:` on its second. The loop over a row then reads contiguous values with no
-    test, and no division (a pooling under `td.fast_compile`, whose window is a loop: ResNet-50's max pool 11.2 -> 5.0
-    ms; specialized, 0.16 -> 0.15). The test reads no memory, so evaluating it before the loop is safe."""
-    for select in ir.collect(element, ir.Select):
-        if ir.invariant(select.cond, {j.uid}):
-            return ir.If(select.cond, statement_of(_Branch(select, select.a).visit(element)),
-                         statement_of(_Branch(select, select.b).visit(element)))
-    return statement_of(element)
-
-
 def _schedule_columns(t: Tensor, body: ir.Expr) -> Kernel:
     """The 'columns' kernel of `t` (see `choose_strategy`): a block of one thread reduces the outputs j0 ..
     j0 + COLUMNS - 1 of one row of the output's last axis into an array of accumulators, adding each reduced
@@ -598,8 +585,8 @@ def _schedule_columns(t: Tensor, body: ir.Expr) -> Kernel:
     stmts = [ir.Allocate(accs), *coords, ir.Assign(j0, blockIdx.x % chunks * COLUMNS),
              ir.Assign(width, ir.Call("min", (ir.const(COLUMNS), last - j0), T.i32)),
              over_columns(ir.Store(accs, (j,), reduction_identity(t.op, dtype, t.body.dtype))),
-             ir.For(r, ir.const(0), reduced, ir.const(1), _unswitched(element, j, lambda e: over_columns(
-                 ir.Store(accs, (j,), combine(t.op, ir.Load(accs, (j,)), e))))),
+             ir.For(r, ir.const(0), reduced, ir.const(1), _ranged_loop(j, ir.const(0), width, element, lambda e:
+                 ir.Store(accs, (j,), combine(t.op, ir.Load(accs, (j,)), e)), t.buffer)),
              over_columns(ir.Store(t.buffer, tuple(row_index + [j0 + j]), _finish(t, ir.Load(accs, (j,)), reduced)))]
     fn = _function(f"{t.name}_reduce_columns", t, ir.seq(stmts), block=1)
     work = numel(t.shape[:-1]) * chunks

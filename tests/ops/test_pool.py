@@ -122,3 +122,24 @@ def test_average_pools_by_rows(fast, include_pad, monkeypatch):
         assert calls == (["avg"] * 3 if td.get_target() == "cpu" else [])
     finally:
         td.fast_compile(True)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_max_pools_keep_nans_and_infinities(fast):
+    """A NaN anywhere in a window makes its maximum NaN, before or after the window's largest number, and -inf and
+    inf pool as numbers (the cpu's rows kernel selects by a compare and a NaN test, the generic kernel and one built
+    for the layer); numpy's max of each window is the oracle."""
+    import taskdsl as td
+    x = rand((1, 2, 7, 9), 3)
+    x[0, 0, 0, 0] = x[0, 0, 3, 5] = np.nan        # the first element of a window, and one after larger ones
+    x[0, 1, 2, 2] = np.inf
+    x[0, 1, 4:6, 6:8] = -np.inf                    # a window of -inf only
+    td.fast_compile(fast)
+    try:
+        for kernel, stride, padding in (((2, 2), (2, 2), (0, 0)), ((3, 3), (2, 2), (1, 1)), ((3, 2), (1, 1), (1, 0))):
+            want = _np_pool(x, kernel, stride, padding, "max")
+            got = P.max_pool2d(x, kernel, stride, padding)
+            np.testing.assert_array_equal(got, want.astype(np.float32))
+            assert np.isnan(got).any() and np.isinf(got).any()
+    finally:
+        td.fast_compile(True)

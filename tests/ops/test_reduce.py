@@ -98,6 +98,27 @@ def test_reduction_errors():
         R.max(np.zeros((3, 0), np.float32), axis=1)
 
 
+@pytest.mark.parametrize("name", ["max", "min"])
+@FEW
+@given(case=shape_and_axis(), seed=SEEDS)
+@example(case=((3, 1031), -1), seed=0)        # rows long enough for the cpu's vectorized running maximum
+def test_max_and_min_keep_nans_and_order_zeros(name, case, seed):
+    """A float max / min is IEEE 754's maximum / minimum whatever the schedule's order (lanes, splits, columns): a
+    NaN wins, and a zero result is +0.0 for max where any +0.0 is among the elements (-0.0 for min where any -0.0
+    is). numpy's max / min are the oracle for the values, the elements' signs for the zeros."""
+    shape, axis = case
+    x = rand(shape, seed, np.int32, -2, 2).astype(np.float32)      # many zeros, ties and extremes
+    special = rand(shape, seed + 1, np.int32, 0, 40)
+    x = np.where(special == 0, np.nan, np.where(special == 1, -np.inf, np.where(special < 12, -0.0, x)))
+    got = np.asarray(getattr(R, name)(x, axis=axis))
+    expected = np.asarray(NUMPY[name](x, axis=axis))
+    np.testing.assert_array_equal(got, expected)
+    signed = (x == 0) & (np.signbit(x) if name == "min" else ~np.signbit(x))
+    want_sign = np.asarray(signed.any(axis=axis)) if name == "min" else ~np.asarray(signed.any(axis=axis))
+    zeros = expected == 0
+    np.testing.assert_array_equal(np.signbit(got)[zeros], want_sign[zeros])
+
+
 @pytest.mark.parametrize("which", ["argmax", "argmin"])
 @FEW
 @given(shape=shapes(1, 4, max_size=20_000), data=st.data(), keepdims=st.booleans(), seed=SEEDS)

@@ -50,7 +50,8 @@ _EAGER_OPS = {"and": "&", "or": "|"}     # for operands `plain`: both evaluated,
 
 
 def plain(e: ir.Expr) -> bool:
-    """Whether `e` is a boolean of integer arithmetic (no division, no shift) and comparisons on variables:
+    """Whether `e` is a boolean of integer arithmetic (no division, no shift) and comparisons on variables (of
+    floats: of variables and constants only):
     cheap, and safe to evaluate when a short-circuit would not (a guard such as `s < 32 and (m >> s) & 1`
     keeps its `and`). `a and b` of such operands is emitted as `a & b`: Python's `and` is a branch, and a
     branch in a loop body stops LLVM from vectorizing it (a depthwise conv's taps' bounds tests,
@@ -58,7 +59,8 @@ def plain(e: ir.Expr) -> bool:
     return e.dtype.name == "bool" and _plain_value(e)
 
 
-_UNSAFE_OPS = ("//", "%", "/", "<<", ">>")   # a zero divisor, or a shift count past the width: undefined
+_UNSAFE_OPS = ("//", "%", "/", "<<", ">>")
+_COMPARISONS = ("<", "<=", ">", ">=", "==", "!=")   # a zero divisor, or a shift count past the width: undefined
 # under `td.fast_compile`, register and shared buffers of up to this many bytes in all live in the stack frame of
 # a kernel's call (`rt.stack_array`, registers first), where LLVM knows they alias no argument and, where its own
 # unrolling leaves every index constant, keeps them in registers: a register tile left in loops then computes in
@@ -72,9 +74,10 @@ STACK_BYTES = 64 * 1024
 def _plain_value(e: ir.Expr) -> bool:
     if isinstance(e, (ir.Const, ir.Var, ir.SpecialReg)):
         return True
+    if isinstance(e, ir.Binary) and e.a.dtype.is_float:     # a comparison of float variables (a NaN test, say)
+        return e.op in _COMPARISONS and all(isinstance(x, (ir.Const, ir.Var)) for x in (e.a, e.b))
     if isinstance(e, ir.Binary):
-        return (e.op not in _UNSAFE_OPS and not e.a.dtype.is_float and _plain_value(e.a)
-                and _plain_value(e.b))
+        return e.op not in _UNSAFE_OPS and _plain_value(e.a) and _plain_value(e.b)
     if isinstance(e, ir.Unary):
         return e.op != "~" and _plain_value(e.a)        # numba's ~ of a bool is an int
     return False
