@@ -259,7 +259,23 @@ _NP_MATH = {"exp": np.exp, "exp2": np.exp2, "log": np.log, "log2": np.log2, "sqr
             "rsqrt": lambda x: 1.0 / np.sqrt(x), "sin": np.sin, "cos": np.cos, "tanh": np.tanh,
             "abs": np.abs, "floor": np.floor, "ceil": np.ceil, "max": _picked(True), "min": _picked(False),
             "pow": np.power, "fma": lambda a, b, c: a * b + c, "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x))}
-_NP_REDUCE = {"sum": np.sum, "max": np.max, "min": np.min, "prod": np.prod, "mean": np.mean}
+def _extreme(larger: bool):
+    """A max (min) reduction over `axis` as kernels compute it, IEEE 754's maximum (minimum): numpy's, NaN kept, but
+    a zero result is 0.0 where any element is 0.0 (-0.0 where any is -0.0, for min), whatever their order."""
+    def reduce(value, axis):
+        value = np.asarray(value)
+        picked = (np.max if larger else np.min)(value, axis=axis)
+        if value.dtype.kind != "f":
+            return picked
+        sign_wins = (value == 0) & (~np.signbit(value) if larger else np.signbit(value))
+        wins = np.any(sign_wins, axis=axis)
+        zero = np.zeros((), value.dtype)
+        chosen = np.where(wins, zero if larger else -zero, -zero if larger else zero)
+        return np.where(picked == 0, chosen, picked)
+    return reduce
+
+
+_NP_REDUCE = {"sum": np.sum, "max": _extreme(True), "min": _extreme(False), "prod": np.prod, "mean": np.mean}
 
 
 def _rounded(value: np.ndarray, dtype: T.DataType) -> np.ndarray:

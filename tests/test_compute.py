@@ -888,3 +888,16 @@ def test_an_ops_cuda_source_is_of_the_kernels_a_gpu_launches():
         assert names("cuda") == ["Y_rows", "S_reduce_block"]         # docs/compute.md's GPU strategies
         op(x)
         assert [k.name for k in op.kernels][0] == "Y_row_spans"      # what the cpu launches
+
+
+def test_max_and_min_reductions_order_zeros_as_ieee_in_the_reference_as_in_kernels():
+    """A float max reduction of zeros is 0.0 where any is 0.0 and a min -0.0 where any is -0.0, whatever their order
+    (numpy's max gives the first of equal values), in the reference as in kernels; a NaN wins."""
+    X = td.placeholder("X", td.f32, (4, "R"))
+    op = td.op([X], [td.reduce("H", (4,), ("R",), lambda i, r: X[i, r], op="max"),
+                     td.reduce("L", (4,), ("R",), lambda i, r: X[i, r], op="min")])
+    x = np.array([[-0.0, 0.0, -0.0], [0.0, -0.0, -1.0], [-0.0, -0.0, -0.0], [np.nan, 0.0, -0.0]], np.float32)
+    for high, low in (op(x), op.reference(x)):
+        np.testing.assert_array_equal(1.0 / high[:3], [np.inf, np.inf, -np.inf])
+        np.testing.assert_array_equal(1.0 / low[:2], [-np.inf, -1.0])
+        assert low[2] == 0 and np.signbit(low[2]) and np.isnan(high[3]) and np.isnan(low[3])
