@@ -178,7 +178,7 @@ def arg_rows_kernel(dtype, is_max: bool):
         begin = c * ARG_CHUNK
         n = td.min(AR - begin, ARG_CHUNK)
         full = n // rowwise.LANES * rowwise.LANES
-        m = rowwise.row_extreme(X, o, begin, n, td.cast(X[o, begin], lane_type), is_max)   # (an element: no wrong start)
+        m = rowwise.row_extreme(X, o, begin, n, td.cast(X[o, begin], lane_type), is_max)  # (an element: no wrong start)
         at = 0
         while at < full:        # to the first LANES elements holding m (or a NaN): a vector compare a step
             hits = False

@@ -259,6 +259,8 @@ _NP_MATH = {"exp": np.exp, "exp2": np.exp2, "log": np.log, "log2": np.log2, "sqr
             "rsqrt": lambda x: 1.0 / np.sqrt(x), "sin": np.sin, "cos": np.cos, "tanh": np.tanh,
             "abs": np.abs, "floor": np.floor, "ceil": np.ceil, "max": _picked(True), "min": _picked(False),
             "pow": np.power, "fma": lambda a, b, c: a * b + c, "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x))}
+
+
 def _extreme(larger: bool):
     """A max (min) reduction over `axis` as kernels compute it, IEEE 754's maximum (minimum): numpy's, NaN kept, but
     a zero result is 0.0 where any element is 0.0 (-0.0 where any is -0.0, for min), whatever their order."""

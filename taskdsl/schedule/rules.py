@@ -425,7 +425,7 @@ def _lanes_loop(t: Tensor, body: ir.Expr, out_index: list, acc: ir.Var, reduced:
     """A sequential reduction over `lanes` interleaved accumulators; a float sum takes blocks of SUM_CHAIN terms per
     accumulator that way and adds each block's sum to an f64 total. A float max / min keeps one chain: the cpu's
     `td.max` is LLVM's NaN-keeping maximum, whose running value LLVM vectorizes itself (lanes of plain compares with
-    their NaNs noted beside them stayed scalar: a max over rows of 1024 f32 took twice the time).
+    their NaNs noted beside them stayed scalar: a max over the rows of (4096, 1024) f32 took 1.5-1.7x the time).
 
     Independent accumulators let a CPU add `lanes` elements per vector instruction. One running f32 sum of 4M
     elements of 0.1 drifted 0.35% from numpy's (each of 8 lanes added half a million terms); by blocks, no f32

@@ -59,8 +59,8 @@ def plain(e: ir.Expr) -> bool:
     return e.dtype.name == "bool" and _plain_value(e)
 
 
-_UNSAFE_OPS = ("//", "%", "/", "<<", ">>")
-_COMPARISONS = ("<", "<=", ">", ">=", "==", "!=")   # a zero divisor, or a shift count past the width: undefined
+_UNSAFE_OPS = ("//", "%", "/", "<<", ">>")   # a zero divisor, or a shift count past the width: undefined
+_COMPARISONS = ("<", "<=", ">", ">=", "==", "!=")
 # under `td.fast_compile`, register and shared buffers of up to this many bytes in all live in the stack frame of
 # a kernel's call (`rt.stack_array`, registers first), where LLVM knows they alias no argument and, where its own
 # unrolling leaves every index constant, keeps them in registers: a register tile left in loops then computes in
