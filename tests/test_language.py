@@ -310,13 +310,14 @@ def math_edges(X: f32[len(EDGES)], Y: f32[len(EDGES)], Out: f32[9, len(EDGES)], 
 def test_math_functions_follow_ieee_at_edges():
     """floor/ceil of huge, infinite and signed-zero floats stay floats; max/min keep a NaN and put -0.0 below 0.0
     (IEEE's maximum / minimum); float operators of compile-time numbers give IEEE's value where Python raises or
-    gives a complex number (they were
-    "compile-time '//' failed: float floor division by zero", "expected a number, got complex")."""
+    gives a complex number (they were "compile-time '//' failed: float floor division by zero", "expected a number,
+    got complex")."""
     x = EDGES
     y = np.roll(EDGES, 3)
     out = np.zeros((9, len(x)), np.float32)
     folded = np.zeros(10, np.float32)
     math_edges(x, y, out, folded)
+
     def ieee(extreme, a, b):        # numpy's, but -0.0 below 0.0 (numpy's gives the second of two zeros)
         zeros = a + b if extreme is np.maximum else -(-a - b)       # of two zeros: the sum is 0.0 unless both are -0.0
         return np.where((a == 0) & (b == 0), zeros, extreme(a, b))
