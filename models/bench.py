@@ -11,16 +11,16 @@ import argparse
 
 import numpy as np
 
-from .inference import infer, sample_inputs, time_calls
+from .inference import infer, onnxruntime_session, sample_inputs, time_calls
 
 
-def onnxruntime_latency(model, feeds: dict, iters: int) -> float | None:
-    """Median seconds of onnxruntime (all CPU cores) on `model`, after a warm-up; None without onnxruntime."""
+def onnxruntime_latency(model, feeds: dict, iters: int, weights: dict | None = None) -> float | None:
+    """Median seconds of onnxruntime (all CPU cores) on `model` (and the `weights` its export left out), after a
+    warm-up; None without onnxruntime."""
     try:
-        import onnxruntime as ort
+        session = onnxruntime_session(model, weights)
     except ImportError:
         return None
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     def run(f):
         return session.run(None, f)
     run(feeds)
@@ -72,11 +72,11 @@ def command_bench(args: argparse.Namespace, target: str) -> int:
     for name in names:
         title, graph, vocab = zoo_model(argparse.Namespace(**{**vars(args), "name": name, "seq": seq[name]}))
         feeds = sample_inputs(graph, vocab)
-        model = export_if_checkable(graph)
-        result = infer(graph, model, feeds, target, args.iters, args.channels_last)
+        model, weights = export_if_checkable(graph)
+        result = infer(graph, model, feeds, target, args.iters, args.channels_last, weights=weights)
         peers = {}
         if model is not None:
-            peers["onnxruntime cpu"] = onnxruntime_latency(model, feeds, args.iters)
+            peers["onnxruntime cpu"] = onnxruntime_latency(model, feeds, args.iters, weights)
         if target == "cuda":
             peers.update(torch_latencies(graph, feeds, args.iters))
         rows.append((title, result, peers))

@@ -273,7 +273,7 @@ def command_run(args) -> int:
     if args.onnx is not None and not args.onnx:
         raise UsageError("--onnx needs a path to an ONNX file")
     target = check_flags(args)
-    fixed = {}
+    fixed, weights = {}, {}
     if args.onnx:
         title, graph, model, fixed = onnx_file(args)
         feeds = sample_inputs(graph)
@@ -282,21 +282,23 @@ def command_run(args) -> int:
     else:
         title, graph, vocab = zoo_model(args)
         feeds = sample_inputs(graph, vocab)
-        model = export_if_checkable(graph)
+        model, weights = export_if_checkable(graph)
     print(f"{title}: building for {target}...", flush=True)     # the first build compiles for a minute or more
-    result = infer(graph, model, feeds, target, args.iters, args.channels_last, fixed)
+    result = infer(graph, model, feeds, target, args.iters, args.channels_last, fixed, weights)
     print_result(title, result)
     return 0 if result.ok else 1
 
 
-def export_if_checkable(graph):
-    """The graph as ONNX when onnxruntime is there to run it (the reference), else None."""
+def export_if_checkable(graph) -> tuple:
+    """(the graph as ONNX, its weights left out as arrays: `export_onnx`) when onnxruntime is there to run it (the
+    reference), else (None, {})."""
     try:
         import onnxruntime  # noqa: F401
     except ImportError:
-        return None
+        return None, {}
     from .onnx_export import export_onnx
-    return export_onnx(graph)
+    weights: dict = {}
+    return export_onnx(graph, weights=weights), weights
 
 
 def main(argv=None) -> int:

@@ -82,16 +82,27 @@ def check_memory(graph: Graph, available: int | None = None) -> None:
                           f"{format_bytes(available)} are available")
 
 
-def onnxruntime_outputs(model: onnx.ModelProto, feeds: dict, failure: list | None = None) -> list | None:
-    """The model's outputs by onnxruntime on the CPU; None when onnxruntime is not installed or cannot run it
-    (then why it could not, in one line, is appended to `failure`)."""
+def onnxruntime_session(model: onnx.ModelProto, weights: dict | None = None):
+    """An onnxruntime CPU session of `model`, given the arrays of the constants its export left out (`weights`:
+    `export_onnx(graph, weights=...)`) as external initializers (ImportError without onnxruntime)."""
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    if weights:
+        options.add_external_initializers(list(weights), [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a))
+                                                          for a in weights.values()])
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def onnxruntime_outputs(model: onnx.ModelProto, feeds: dict, failure: list | None = None,
+                        weights: dict | None = None) -> list | None:
+    """The model's outputs by onnxruntime on the CPU (`weights`: as `onnxruntime_session` takes them); None when
+    onnxruntime is not installed or cannot run it (then why it could not, in one line, is appended to `failure`)."""
     try:
-        import onnxruntime as ort
+        import onnxruntime  # noqa: F401
     except ImportError:
         return None
     try:
-        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-        return session.run(None, feeds)
+        return onnxruntime_session(model, weights).run(None, feeds)
     except Exception as e:  # noqa: BLE001 - e.g. an operator onnxruntime lacks for this dtype: use the numpy reference
         if failure is not None:
             first_line = (str(e).strip().splitlines() or [""])[0]
@@ -99,11 +110,13 @@ def onnxruntime_outputs(model: onnx.ModelProto, feeds: dict, failure: list | Non
         return None
 
 
-def reference_outputs(graph: Graph, model: onnx.ModelProto | None, feeds: dict, fixed: dict | None = None) -> tuple:
-    """(outputs, name of the reference): onnxruntime on `model` when it can (fed also the values of the model
-    inputs that `fixed` fixed at import), else the graph's numpy evaluator (named with onnxruntime's failure)."""
+def reference_outputs(graph: Graph, model: onnx.ModelProto | None, feeds: dict, fixed: dict | None = None,
+                      weights: dict | None = None) -> tuple:
+    """(outputs, name of the reference): onnxruntime on `model` (and the `weights` its export left out) when it
+    can (fed also the values of the model inputs that `fixed` fixed at import), else the graph's numpy evaluator
+    (named with onnxruntime's failure)."""
     failure: list = []
-    outputs = onnxruntime_outputs(model, {**feeds, **(fixed or {})}, failure) if model is not None else None
+    outputs = None if model is None else onnxruntime_outputs(model, {**feeds, **(fixed or {})}, failure, weights)
     if outputs is not None:
         return outputs, "onnxruntime"
     return graph.reference(feeds), "numpy reference" + "".join(f" (onnxruntime failed: {why})" for why in failure)
@@ -187,11 +200,12 @@ def time_calls(fn, feeds: dict, iters: int) -> np.ndarray:
 
 
 def infer(graph: Graph, model: onnx.ModelProto | None, feeds: dict, target: str | None = None,
-          iters: int = 10, channels_last: bool | None = None, fixed: dict | None = None) -> Result:
+          iters: int = 10, channels_last: bool | None = None, fixed: dict | None = None,
+          weights: dict | None = None) -> Result:
     """Compile `graph` for `target` (convolutions NHWC with `channels_last`; None: the target's choice), warm up,
     time `iters` calls and check the outputs against the reference (`fixed`: the model inputs' values fixed at
-    import)."""
-    want, reference = reference_outputs(graph, model, feeds, fixed)
+    import; `weights`: the constants `model`'s export left out)."""
+    want, reference = reference_outputs(graph, model, feeds, fixed, weights)
     start = time.perf_counter()
     compiled = graph.compile(target, channels_last=channels_last)
     build_seconds = time.perf_counter() - start

@@ -5,6 +5,15 @@
 
 Constants become initializers; each operator class has one exporter in `EXPORTERS`, which
 receives the operator, the names of its inputs and outputs, and the model being built.
+
+    weights = {}
+    proto = export_onnx(graph, weights=weights)     # large constants left out, as numpy arrays in `weights`
+    session = models.inference.onnxruntime_session(proto, weights)
+
+protobuf copies bytes slowly here (about 230 MB/s: BERT-base's 440 MB of weights took 1.9 s a copy, and
+export, check and onnxruntime's load copied them five times, 7 s of a 17 s `python -m models run bert`), so a
+model exported only to be run by onnxruntime leaves its weights out: onnxruntime takes them as external
+initializers, from the arrays.
 """
 from __future__ import annotations
 
@@ -30,14 +39,14 @@ class ModelBuilder:
 
     def __init__(self):
         self.nodes: list = []
-        self.initializers: dict = {}     # name -> TensorProto
+        self.initializers: dict = {}     # name -> numpy array
         self.names = Namer()
 
     def name(self, t) -> str:
         """The ONNX name of graph tensor `t` (constants become initializers the first time they are named)."""
         name = self.names(t)
         if t.is_constant and name not in self.initializers:
-            self.initializers[name] = numpy_helper.from_array(np.asarray(t.value), name)
+            self.initializers[name] = np.asarray(t.value)
         return name
 
     def fresh(self, hint: str) -> str:
@@ -51,7 +60,7 @@ class ModelBuilder:
     def array(self, value, dtype=np.int64, hint: str = "const") -> str:
         """A new initializer holding `value` (a shape, axes, pads, a bound), by name."""
         name = self.fresh(hint)
-        self.initializers[name] = numpy_helper.from_array(np.asarray(value, dtype=dtype), name)
+        self.initializers[name] = np.asarray(value, dtype=dtype)
         return name
 
     def add(self, op_type: str, inputs: list, outputs: list, **attrs) -> None:
@@ -262,8 +271,12 @@ def _value_info(name: str, t) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, elem_type(t.numpy_dtype), list(t.shape))
 
 
-def export_onnx(graph: Graph, opset: int = OPSET) -> onnx.ModelProto:
-    """`graph` as a checked ONNX ModelProto (OnnxExportError for an operator without an ONNX equivalent)."""
+def export_onnx(graph: Graph, opset: int = OPSET, weights: dict | None = None) -> onnx.ModelProto:
+    """`graph` as a checked ONNX ModelProto (OnnxExportError for an operator without an ONNX equivalent).
+
+    With a `weights` dict, each constant of at least EXTERNAL_BYTES (numbers: numpy's own dtypes) goes into it, by
+    its initializer's name, and the model holds only a reference to external data for it (`onnxruntime_session`
+    passes the arrays to onnxruntime); the rest of the model is checked with those constants as graph inputs."""
     b = ModelBuilder()
     inputs = [_value_info(b.name(t), t) for t in graph.inputs]
     for op in graph.nodes:
@@ -280,8 +293,47 @@ def export_onnx(graph: Graph, opset: int = OPSET) -> onnx.ModelProto:
             b.add("Identity", [source], [name])
         named.add(name)
         outputs.append(_value_info(name, t))
-    proto = helper.make_graph(b.nodes, graph.name, inputs, outputs, initializer=list(b.initializers.values()))
-    model = helper.make_model(proto, opset_imports=[helper.make_opsetid("", opset)], producer_name="taskdsl.models")
-    model.ir_version = IR_VERSION
+    apart = {} if weights is None else {name: a for name, a in b.initializers.items() if _stays_apart(a)}
+    # built in place: helper.make_graph and make_model copy every initializer (`weights` above)
+    model = onnx.ModelProto(ir_version=IR_VERSION, producer_name="taskdsl.models",
+                            opset_import=[helper.make_opsetid("", opset)])
+    model.graph.name = graph.name
+    model.graph.node.extend(b.nodes)
+    model.graph.input.extend(inputs + [helper.make_tensor_value_info(name, elem_type(a.dtype), a.shape)
+                                       for name, a in apart.items()])
+    model.graph.output.extend(outputs)
+    for name, a in b.initializers.items():
+        if name not in apart:
+            _fill_tensor(model.graph.initializer.add(), a, name)
     onnx.checker.check_model(model)
+    if apart:       # the constants checked as inputs become initializers whose data is elsewhere
+        del model.graph.input[len(inputs):]
+        for name, a in apart.items():
+            _external_tensor(model.graph.initializer.add(), a, name)
+        weights.update(apart)
     return model
+
+
+EXTERNAL_BYTES = 4096       # constants this large at least stay apart from the model (weights, not shapes or axes)
+EXTERNAL_LOCATION = "taskdsl-weights-in-memory"    # the file named by a constant left out: none (onnxruntime_session)
+
+
+def _stays_apart(a: np.ndarray) -> bool:
+    return a.nbytes >= EXTERNAL_BYTES and a.dtype.kind in "fiu" and a.dtype.isnative
+
+
+def _fill_tensor(t: onnx.TensorProto, a: np.ndarray, name: str) -> None:
+    """Set TensorProto `t` (a new element of the model) to array `a`: numbers as raw bytes, one copy of them."""
+    if a.dtype.kind in "biuf" and a.dtype.isnative:
+        t.name, t.data_type, t.raw_data = name, elem_type(a.dtype), np.ascontiguousarray(a).tobytes()
+        t.dims.extend(a.shape)
+    else:           # bfloat16, strings, ...: numpy_helper's conversions
+        t.CopyFrom(numpy_helper.from_array(a, name))
+
+
+def _external_tensor(t: onnx.TensorProto, a: np.ndarray, name: str) -> None:
+    """Set TensorProto `t` to a reference to external data of `a`'s name, type and shape."""
+    t.name, t.data_type, t.data_location = name, elem_type(a.dtype), onnx.TensorProto.EXTERNAL
+    t.dims.extend(a.shape)
+    for key, value in (("location", EXTERNAL_LOCATION), ("offset", "0"), ("length", str(a.nbytes))):
+        t.external_data.add(key=key, value=value)

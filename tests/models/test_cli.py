@@ -121,8 +121,8 @@ def test_bench_of_every_model_takes_seq_for_the_text_models(monkeypatch, capsys)
 
     result = types.SimpleNamespace(ok=True, median_ms=1.0, max_error=0.0, compiled=types.SimpleNamespace(target="cpu"))
     monkeypatch.setattr(models.cli, "zoo_model", recorded)
-    monkeypatch.setattr(models.cli, "export_if_checkable", lambda graph: None)
-    monkeypatch.setattr(bench, "infer", lambda *args: result)
+    monkeypatch.setattr(models.cli, "export_if_checkable", lambda graph: (None, {}))
+    monkeypatch.setattr(bench, "infer", lambda *args, **kwargs: result)
     assert main(["bench", "--small", "--seq", "8"]) == 0
     assert set(built) == set(MODELS)
     for name, spec in MODELS.items():

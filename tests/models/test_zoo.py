@@ -2,6 +2,7 @@
 model read back with from_onnx is the same graph (same operators, same outputs)."""
 import numpy as np
 import pytest
+from onnx import numpy_helper as onnx_numpy
 
 import models
 import taskdsl.graph as tg
@@ -81,3 +82,26 @@ def test_a_model_onnxruntime_cannot_run_is_checked_against_the_numpy_reference_w
     outputs, name = reference_outputs(graph, broken, feeds)
     assert name.startswith("numpy reference (onnxruntime failed: ") and "NoSuchOperator" in name
     assert relative_error(outputs, onnxruntime_outputs(models.export_onnx(graph), feeds)) < 1e-4
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2"])
+def test_weights_left_out_of_the_export_give_onnxruntime_the_same_outputs(name):
+    """export_onnx(weights=...) leaves each constant of EXTERNAL_BYTES or more out of the model, as an array in the
+    dict and a reference to external data in the model; onnxruntime, given the arrays, computes what it computes on
+    the whole model."""
+    from models.inference import onnxruntime_session
+    from models.onnx_export import EXTERNAL_BYTES
+    graph, feeds = small(name)
+    whole = models.export_onnx(graph)
+    weights: dict = {}
+    slim = models.export_onnx(graph, weights=weights)
+    large = {t.name: t for t in whole.graph.initializer if len(t.raw_data) >= EXTERNAL_BYTES}
+    assert large and set(weights) == set(large)
+    for t in slim.graph.initializer:
+        if t.name in weights:
+            assert t.data_location == t.EXTERNAL and not t.raw_data and tuple(t.dims) == weights[t.name].shape
+            np.testing.assert_array_equal(weights[t.name], onnx_numpy.to_array(large[t.name]))
+    assert [t.name for t in slim.graph.input] == [t.name for t in whole.graph.input]
+    for got, want in zip(onnxruntime_session(slim, weights).run(None, feeds), onnxruntime_outputs(whole, feeds)):
+        np.testing.assert_array_equal(got, want)
+    assert reference_outputs(graph, slim, feeds, weights=weights)[1] == "onnxruntime"
