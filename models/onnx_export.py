@@ -10,8 +10,9 @@ receives the operator, the names of its inputs and outputs, and the model being 
     proto = export_onnx(graph, weights=weights)     # large constants left out, as numpy arrays in `weights`
     session = models.inference.onnxruntime_session(proto, weights)
 
-protobuf copies bytes slowly here (about 230 MB/s: BERT-base's 440 MB of weights took 1.9 s a copy, and
-export, check and onnxruntime's load copied them five times, 7 s of a 17 s `python -m models run bert`), so a
+protobuf copies bytes slowly here (about 230 MB/s: 425 MB took 1.9 s a copy), and building, checking and
+handing BERT-base's 440 MB of weights to onnxruntime copied them several times (9 s of a warm 17.5 s
+`python -m models run bert`, profiled), so a
 model exported only to be run by onnxruntime leaves its weights out: onnxruntime takes them as external
 initializers, from the arrays.
 """
