@@ -12,9 +12,8 @@ receives the operator, the names of its inputs and outputs, and the model being 
 
 protobuf copies bytes slowly here (about 230 MB/s: 425 MB took 1.9 s a copy), and building, checking and
 handing BERT-base's 440 MB of weights to onnxruntime copied them several times (9 s of a warm 17.5 s
-`python -m models run bert`, profiled), so a
-model exported only to be run by onnxruntime leaves its weights out: onnxruntime takes them as external
-initializers, from the arrays.
+`python -m models run bert`, profiled), so a model exported only to be run by onnxruntime leaves its weights
+out: onnxruntime takes them as external initializers, from the arrays.
 """
 from __future__ import annotations
 
