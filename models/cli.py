@@ -237,7 +237,7 @@ def _number(text: str):
 
 
 def onnx_file(args) -> tuple:
-    """(title, graph, ONNX model, the input values --constant fixes) of the ONNX file --onnx names (UsageError
+    """(title, graph, the input values --constant fixes) of the ONNX file --onnx names (UsageError
     when it cannot be read or imported, MemoryError when its sizes are beyond the machine's memory)."""
     from taskdsl.graph import from_onnx
     from .inference import check_memory
@@ -262,7 +262,7 @@ def onnx_file(args) -> tuple:
             f"{', '.join(f'{name} {tuple(shape)}' for name, shape in shapes.items())})")
         raise UsageError(f"{args.onnx}: {e}{sized}") from None
     check_memory(graph)
-    return f"{args.onnx}: {graph!r}", graph, model, constants
+    return f"{args.onnx}: {graph!r}", graph, constants
 
 
 def command_run(args) -> int:
@@ -275,7 +275,8 @@ def command_run(args) -> int:
     target = check_flags(args)
     fixed, weights = {}, {}
     if args.onnx:
-        title, graph, model, fixed = onnx_file(args)
+        title, graph, fixed = onnx_file(args)
+        model = args.onnx       # onnxruntime reads the file itself (serialized again, the model took seconds)
         feeds = sample_inputs(graph)
     elif args.constant or args.shape:
         raise UsageError(f"{'--constant' if args.constant else '--shape'} applies to --onnx models")

@@ -82,18 +82,20 @@ def check_memory(graph: Graph, available: int | None = None) -> None:
                           f"{format_bytes(available)} are available")
 
 
-def onnxruntime_session(model: onnx.ModelProto, weights: dict | None = None):
-    """An onnxruntime CPU session of `model`, given the arrays of the constants its export left out (`weights`:
-    `export_onnx(graph, weights=...)`) as external initializers (ImportError without onnxruntime)."""
+def onnxruntime_session(model: onnx.ModelProto | str, weights: dict | None = None):
+    """An onnxruntime CPU session of `model` (or of the ONNX file at that path, which onnxruntime reads itself),
+    given the arrays of the constants its export left out (`weights`: `export_onnx(graph, weights=...)`) as
+    external initializers (ImportError without onnxruntime)."""
     import onnxruntime as ort
     options = ort.SessionOptions()
     if weights:
         options.add_external_initializers(list(weights), [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a))
                                                           for a in weights.values()])
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    source = model if isinstance(model, str) else model.SerializeToString()    # (2 s for BERT-base's 440 MB)
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
 
-def onnxruntime_outputs(model: onnx.ModelProto, feeds: dict, failure: list | None = None,
+def onnxruntime_outputs(model: onnx.ModelProto | str, feeds: dict, failure: list | None = None,
                         weights: dict | None = None) -> list | None:
     """The model's outputs by onnxruntime on the CPU (`weights`: as `onnxruntime_session` takes them); None when
     onnxruntime is not installed or cannot run it (then why it could not, in one line, is appended to `failure`)."""
@@ -110,7 +112,7 @@ def onnxruntime_outputs(model: onnx.ModelProto, feeds: dict, failure: list | Non
         return None
 
 
-def reference_outputs(graph: Graph, model: onnx.ModelProto | None, feeds: dict, fixed: dict | None = None,
+def reference_outputs(graph: Graph, model: onnx.ModelProto | str | None, feeds: dict, fixed: dict | None = None,
                       weights: dict | None = None) -> tuple:
     """(outputs, name of the reference): onnxruntime on `model` (and the `weights` its export left out) when it
     can (fed also the values of the model inputs that `fixed` fixed at import), else the graph's numpy evaluator
@@ -199,7 +201,7 @@ def time_calls(fn, feeds: dict, iters: int) -> np.ndarray:
     return np.array(times)
 
 
-def infer(graph: Graph, model: onnx.ModelProto | None, feeds: dict, target: str | None = None,
+def infer(graph: Graph, model: onnx.ModelProto | str | None, feeds: dict, target: str | None = None,
           iters: int = 10, channels_last: bool | None = None, fixed: dict | None = None,
           weights: dict | None = None) -> Result:
     """Compile `graph` for `target` (convolutions NHWC with `channels_last`; None: the target's choice), warm up,
