@@ -797,7 +797,9 @@ class Lowered:
                 args["X"] = arrays[self.x_name]
             yield self.columns, [args[name] for name in columns_params]
             args["A"] = cols.reshape(shape)
-        if len((self.finish or self.kernel).params[-1][1].dims) == 5:     # grouped: the channel axis split
+        if len((self.finish or self.kernel).params[-1][1].dims) != out.ndim:
+            # grouped, the kernel's output the convolution's with its channel axis split (an epilogue may end in
+            # a tensor of five axes of its own, written as it is)
             out = out.reshape(_grouped_out_shape(self.geometry))
         if self.finish is None:
             yield self.kernel, [args[name] for name in names] + [out]

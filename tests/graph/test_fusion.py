@@ -109,6 +109,24 @@ def test_a_grouped_gemm_convolution_fuses_its_prologue_and_epilogue_on_the_cpu(g
     assert not any(op.kind in ("relu", "batch_norm", "clip") for op in cg.graph.nodes)
 
 
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("shape", [(2, 6, 1, 7, 9), (2, 3, 2, 7, 9), (2, 7, 9, 1, 6)])
+def test_a_convolution_whose_epilogue_ends_in_five_axes(shape, groups, channels_last):
+    """A convolution (6 channels; one group or two) whose output is reshaped to five axes, then ReLU'd, is one fused
+    node writing those five axes as they are; only the eager grouped kernel's own output splits the channel axis
+    (a 5-D epilogue was taken for that split: a ValueError, or channels written in the wrong places)."""
+    td.set_target("cpu")
+    x = tg.input("x", (2, 4, 7, 9))
+    y = ops.relu(ops.reshape(ops.conv2d(x, _const(6, 4 // groups, 3, 3, scale=0.3), padding=1, groups=groups), shape))
+    g = tg.Graph([x], [y])
+    data = RNG.standard_normal(x.shape).astype(np.float32)
+    cg = g.compile(channels_last=channels_last)
+    got, = cg(data)
+    np.testing.assert_allclose(got, g.reference(data)[0], rtol=1e-4, atol=1e-4)
+    assert got.shape == shape and [op.kind for op in cg.graph.nodes] == ["fused"]
+
+
 def test_matmul_add_gelu_is_one_kernel_and_transposed_operands_fuse_as_prologues():
     a = tg.input("a", (2, 5, 40))
     b = tg.input("b", (24, 40))
