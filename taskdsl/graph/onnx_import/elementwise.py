@@ -182,7 +182,8 @@ def reduce(node: Node) -> list:
     if op_type in FLOATING_REDUCTIONS:
         if x.dtype.is_float:       # (f16's x * x and sums overflow where the result does not)
             return [in_f32(lambda v: _floating_reduce(op_type, v, axes, keepdims), x)]
-        # integers (the schema allows them): computed in f64 and truncated back, as onnxruntime does
+        # integers (the schema allows them): computed in f64 and truncated back once (onnxruntime's ReduceL2 and
+        # ReduceLogSum agree; its ReduceLogSumExp truncates its intermediates: docs/graph.md)
         return [ops.cast(_floating_reduce(op_type, ops.cast(x, "float64"), axes, keepdims), x.dtype)]
     return [fn(x, axes, keepdims)]
 
