@@ -546,6 +546,19 @@ def test_bad_shapes(bad):
         td.reduce("BadR", ("M",), shape, lambda *ix: ir.const(0.0))
 
 
+def test_a_shape_computed_from_a_size_symbol():
+    """td.cdiv(td.size_var("N"), 2) elements, every other one of A (N odd, even, 1 and 0), against numpy slicing; the
+    symbol's name in td.cdiv is a TypeError that says to spell it td.size_var."""
+    a = td.placeholder("Aodd", td.f32, ("N",))
+    every_other = td.op([a], [td.compute("Yodd", (td.cdiv(td.size_var("N"), 2),), lambda i: a[2 * i])])
+    for n in (7, 8, 1, 0):
+        x = np.arange(n, dtype=np.float32)
+        np.testing.assert_array_equal(every_other(x)[0], x[::2])
+    assert td.size_var("N") is a.shape[0]
+    with pytest.raises(TypeError, match=r"td.cdiv\('N', 2\).*td.size_var\('N'\)"):
+        td.cdiv("N", 2)
+
+
 def test_bad_reduce_op():
     with pytest.raises(ValueError, match=r"op must be one of sum, max, min, prod, mean, got 'avg'"):
         td.reduce("BadOp", ("M",), ("N",), lambda i, k: A[i, k], op="avg")

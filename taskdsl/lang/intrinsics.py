@@ -109,4 +109,7 @@ TENSOR_OPS = {name: Intrinsic(name, "tensor") for name in
 
 def cdiv(a, b):
     """Ceiling division, on ints (host code, grid lambdas) and IR values (kernel bodies)."""
+    if isinstance(a, str) or isinstance(b, str):     # a size symbol's name, in a definition's shape
+        raise TypeError(f"td.cdiv({a!r}, {b!r}): a size symbol in an expression is td.size_var(name) (or a "
+                        f"placeholder's shape[k]): td.cdiv(td.size_var({(a if isinstance(a, str) else b)!r}), ...)")
     return (a + b - 1) // b
