@@ -39,6 +39,8 @@ class ModelSpec:
         if not self.takes_seq:
             raise ValueError("a sequence length applies to the text models "
                              f"({', '.join(n for n, s in MODELS.items() if s.takes_seq)}), not to images")
+        if not 1 <= seq <= config.max_positions:
+            raise ValueError(f"sequence length {seq} is outside 1..{config.max_positions}, the positions the model has")
         return dataclasses.replace(config, seq=seq)
 
 

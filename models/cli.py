@@ -137,13 +137,14 @@ def zoo_model(args) -> tuple:
     return title, graph, getattr(config, "vocab_size", 2)
 
 
-def onnx_shapes(model, batch: int, seq: int | None, given: dict | None = None) -> dict:
+def onnx_shapes(model, batch: int, seq: int | None, given: dict | None = None, fixed=()) -> dict:
     """Static shapes for the model inputs with symbolic dims, or none: `given` (--shape) as it says, else each
     symbolic dim by its name, in every input that names it: --seq where it names an axis past 0 of some input,
-    else --batch (an unnamed one by its place: axis 0 --batch, others --seq)."""
+    else --batch (an unnamed one by its place: axis 0 --batch, others --seq). The inputs named in `fixed`
+    (--constant: their values give their shapes) are left out."""
     given = given or {}
     initializers = {init.name for init in model.graph.initializer}
-    inputs = [vi for vi in model.graph.input if vi.name not in initializers]
+    inputs = [vi for vi in model.graph.input if vi.name not in initializers and vi.name not in fixed]
     unshaped = [vi.name for vi in inputs if vi.name not in given and not vi.type.tensor_type.HasField("shape")]
     if unshaped:
         raise UsageError(f"input {unshaped[0]!r} has no shape in the model; give it with --shape "
@@ -217,15 +218,28 @@ def onnx_constants(model, specs: list) -> dict:
             raise UsageError(f"--constant {spec!r}: {name!r} is given twice")
         tensor = inputs[name].type.tensor_type
         try:
-            values = np.array([_number(v) for v in text.split(",")])
-            dtype = tensor_dtype_to_np_dtype(tensor.elem_type)
-            if not np.can_cast(values.dtype, dtype, casting="same_kind"):     # 1.5 for an int64 shape: no
-                raise TypeError
+            dtype = np.dtype(tensor_dtype_to_np_dtype(tensor.elem_type))
+        except KeyError:
+            raise UsageError(f"--constant {spec!r}: input {name!r} has no type numbers can take") from None
+        try:
+            values = np.array([_truth(v) if dtype == np.bool_ else _number(v) for v in text.split(",")])
             value = values.astype(dtype)
-        except (ValueError, KeyError, TypeError):
-            raise UsageError(f"--constant {spec!r}: the values must be numbers of the input's type") from None
+            if not np.can_cast(values.dtype, dtype, casting="same_kind") or (      # 1.5 for an int64 shape: no
+                    dtype.kind in "iu" and not np.array_equal(value, values)):    # nor 2**31 for an int32
+                raise TypeError
+        except (ValueError, TypeError, OverflowError):
+            what = "0 or 1 (false or true)" if dtype == np.bool_ else f"{dtype.name} numbers"
+            raise UsageError(f"--constant {spec!r}: the values must be {what}, as input {name!r} takes") from None
         constants[name] = value.reshape(()) if value.size == 1 and len(tensor.shape.dim) == 0 else value
     return constants
+
+
+def _truth(text: str) -> bool:
+    """A bool input's value on the command line: 0 / 1 / false / true (ValueError otherwise)."""
+    truth = {"0": False, "1": True, "false": False, "true": True}.get(text.strip().lower())
+    if truth is None:
+        raise ValueError(text)
+    return truth
 
 
 def _number(text: str):
@@ -241,25 +255,26 @@ def onnx_file(args) -> tuple:
     when it cannot be read or imported, MemoryError when its sizes are beyond the machine's memory)."""
     from taskdsl.graph import from_onnx
     from .inference import check_memory
-    from taskdsl.graph.onnx_import import ConstantRequiredError
+    from taskdsl.graph.onnx_import import ConstantRequiredError, UnsupportedOnnxError
     from taskdsl.graph.onnx_import.model import load_model
     if args.dtype != "f32" or args.small:
         raise UsageError("--dtype and --small apply to zoo models; an ONNX model runs with its own types and sizes")
-    shapes = {}
+    shapes, given = {}, {}
     try:
         model = load_model(args.onnx)
         constants = onnx_constants(model, args.constant)
         given = onnx_given_shapes(model, args.shape)
-        shapes = {name: shape for name, shape in onnx_shapes(model, args.batch, args.seq, given).items()
+        shapes = {name: shape for name, shape in onnx_shapes(model, args.batch, args.seq, given, constants).items()
                   if name not in constants}
         graph = from_onnx(model, shapes=shapes, constants=constants)
     except ConstantRequiredError as e:
         raise UsageError(f"{args.onnx}: {e}; on the command line: --constant {e.inputs[0]}=V,V,...") from None
     except ValueError as e:       # OnnxImportError, and shapes or constants that contradict the model
-        sized = "" if not shapes else (         # a default --batch 1 the user never wrote may be the cause
-            f" (the inputs' symbolic dims were sized by --batch {args.batch}"
-            f"{'' if args.seq is None else f' and --seq {args.seq}'}: "
-            f"{', '.join(f'{name} {tuple(shape)}' for name, shape in shapes.items())})")
+        by_flags = {name: shape for name, shape in shapes.items() if name not in given}
+        sized = "" if not by_flags or isinstance(e, UnsupportedOnnxError) else (     # a default --batch 1 the
+            f" (the inputs' symbolic dims were sized by --batch {args.batch}"          # user never wrote may be
+            f"{'' if args.seq is None else f' and --seq {args.seq}'}: "                # the cause
+            f"{', '.join(f'{name} {tuple(shape)}' for name, shape in by_flags.items())})")
         raise UsageError(f"{args.onnx}: {e}{sized}") from None
     check_memory(graph)
     return f"{args.onnx}: {graph!r}", graph, constants

@@ -33,7 +33,7 @@ def sample_inputs(graph: Graph, vocab_size: int = 2, seed: int = 0) -> dict:
     for t in graph.inputs:
         if t.dtype.is_float:
             feeds[t.name] = rng.standard_normal(t.shape, dtype=np.float32).astype(t.numpy_dtype)
-        elif "mask" in t.name and t.ndim >= 1:
+        elif "mask" in t.name and t.ndim >= 1 and t.size:
             mask = np.ones(t.shape, t.numpy_dtype)
             mask.reshape(-1, t.shape[-1])[-1, t.shape[-1] - t.shape[-1] // 4:] = 0
             feeds[t.name] = mask

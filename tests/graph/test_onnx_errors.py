@@ -169,6 +169,12 @@ def test_shape_inputs_must_be_constants():
         tg.from_onnx(model, constants={"shape": [3.7, 4]})
     with pytest.raises(ValueError, match=r"constants gives graph input 'shape' shape \(2, 1\)"):
         tg.from_onnx(model, constants={"shape": [[3], [4]]})
+    narrow = make_model([n("Reshape", ["x", "shape32"], ["y"])], [("x", [2, 6]), ("shape32", [2], TensorProto.INT32)],
+                        [("y", [3, 4])])
+    for wraps in ([3, 2**32 + 4], np.array([3, 2**31], np.int64)):    # would be 4 and -2**31 in int32
+        with pytest.raises(ValueError, match=r"'shape32' values outside the range of its type int32 "
+                                             r"\(-2147483648\.\.2147483647\)"):
+            tg.from_onnx(narrow, constants={"shape32": wraps})
     g = tg.from_onnx(model, constants={"shape": np.array([3, 4], np.int64)})
     assert [t.name for t in g.inputs] == ["x"]
     x = rand((2, 6), 2)

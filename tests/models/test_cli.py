@@ -81,8 +81,9 @@ def test_run_onnx_file_with_a_shape_input_fixed_by_constant(tmp_path, capsys):
 @pytest.mark.parametrize("spec, message", [
     ("shape", "give NAME=V or NAME=V,V,..."),
     ("size=3,4", "the model has no input 'size' (inputs: x, shape)"),
-    ("shape=3,four", "the values must be numbers"),
-    ("shape=1.5,8", "the values must be numbers of the input's type"),     # not truncated to 1
+    ("shape=3,four", "the values must be int64 numbers, as input 'shape' takes"),
+    ("shape=1.5,8", "the values must be int64 numbers"),     # not truncated to 1
+    ("shape=3,99999999999999999999", "the values must be int64 numbers"),      # not an OverflowError
     ("shape=3,4,1", "constants gives graph input 'shape' shape (3,), but the model declares (2,)"),
     ("x=1,2", "constants gives graph input 'x' shape (2,), but the model declares (2, 6)"),
     ("shape=3,4 --constant shape=4,3", "'shape' is given twice"),
@@ -96,6 +97,83 @@ def test_bad_constant_exits_2(tmp_path, spec, message, capsys):
     assert message in err and len(err.splitlines()) == 1
     assert main(["run", "resnet50", "--small", "--constant", "shape=1"]) == 2
     assert "--constant applies to --onnx models" in capsys.readouterr().err
+
+
+def _save_model(path, nodes, inputs, outputs):
+    import onnx
+    from onnx import helper
+    onnx.save(helper.make_model(helper.make_graph(nodes, "m", inputs, outputs),
+                                opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def test_constant_gives_bool_inputs_and_refuses_integers_out_of_range(tmp_path, capsys):
+    """A bool input (Dropout's training_mode) takes 0 / 1 / false / true; an int32 input refuses 2**31 and 2**32 + 1,
+    which it would wrap to other values. Each refusal is one line, exit 2."""
+    pytest.importorskip("onnxruntime")
+    from onnx import TensorProto as T, helper
+    value = helper.make_tensor_value_info
+    dropout, add = tmp_path / "dropout.onnx", tmp_path / "add.onnx"
+    _save_model(dropout, [helper.make_node("Dropout", ["x", "", "training_mode"], ["y"])],
+                [value("x", T.FLOAT, [2, 3]), value("training_mode", T.BOOL, [])], [value("y", T.FLOAT, [2, 3])])
+    _save_model(add, [helper.make_node("Add", ["x", "c"], ["y"])], [value("x", T.INT32, [3]), value("c", T.INT32, [])],
+                [value("y", T.INT32, [3])])
+    for truth in ("0", "false", "False"):
+        assert main(["run", "--onnx", str(dropout), "--iters", "1", "--constant", f"training_mode={truth}"]) == 0
+        assert ", ok" in capsys.readouterr().out
+    for spec, message in (("training_mode=2", "the values must be 0 or 1 (false or true), as input 'training_mode'"),
+                          ("training_mode=yes", "the values must be 0 or 1")):
+        assert main(["run", "--onnx", str(dropout), "--constant", spec]) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1
+    for big in (2**31, 2**32 + 1):
+        assert main(["run", "--onnx", str(add), "--constant", f"c={big}"]) == 2
+        assert "the values must be int32 numbers, as input 'c' takes" in capsys.readouterr().err
+    assert main(["run", "--onnx", str(add), "--iters", "1", "--constant", "c=-2147483648"]) == 0
+
+
+def test_an_input_constant_fixes_needs_no_shape_and_takes_no_batch(tmp_path, capsys):
+    """A shape input declared without a shape, or with a symbolic one, is sized by its --constant value: no --shape
+    asked for, and a --batch nothing else takes is refused, not ignored."""
+    pytest.importorskip("onnxruntime")
+    from onnx import TensorProto as T, helper
+    value = helper.make_tensor_value_info
+    for name, dims in (("noshape", None), ("symbolic", ["rank"])):
+        path = tmp_path / f"{name}.onnx"
+        _save_model(path, [helper.make_node("Reshape", ["x", "shape"], ["y"])],
+                    [value("x", T.FLOAT, [2, 16]), value("shape", T.INT64, dims)], [value("y", T.FLOAT, None)])
+        assert main(["run", "--onnx", str(path), "--iters", "1", "--constant", "shape=4,8"]) == 0
+        assert "f32[4, 8]" in capsys.readouterr().out
+        assert main(["run", "--onnx", str(path), "--constant", "shape=4,8", "--batch", "3"]) == 2
+        assert "--batch and --seq size the symbolic dims" in capsys.readouterr().err
+
+
+def test_an_empty_mask_input_is_sampled_and_checked(tmp_path, capsys):
+    """An integer input named *mask* of no elements (a --shape of a 0 dim) runs as other empty inputs do."""
+    pytest.importorskip("onnxruntime")
+    from onnx import TensorProto as T, helper
+    path = tmp_path / "mask.onnx"
+    _save_model(path, [helper.make_node("Cast", ["attention_mask"], ["y"], to=T.FLOAT)],
+                [helper.make_tensor_value_info("attention_mask", T.INT64, ["b", "s"])],
+                [helper.make_tensor_value_info("y", T.FLOAT, ["b", "s"])])
+    for shape in ("2,0", "0,3"):
+        assert main(["run", "--onnx", str(path), "--iters", "1", "--shape", f"attention_mask={shape}"]) == 0
+        assert ", ok" in capsys.readouterr().out
+
+
+def test_an_error_names_only_the_sizes_batch_and_seq_gave(tmp_path, capsys):
+    """A --shape contradicting a static input is reported without a note on --batch (which sized nothing), and an
+    unsupported operator without one either."""
+    from onnx import TensorProto as T, helper
+    value = helper.make_tensor_value_info
+    static, einsum = tmp_path / "static.onnx", tmp_path / "einsum.onnx"
+    _save_model(static, [helper.make_node("Relu", ["x"], ["y"])], [value("x", T.FLOAT, [2, 3])],
+                [value("y", T.FLOAT, [2, 3])])
+    _save_model(einsum, [helper.make_node("Einsum", ["x", "x"], ["y"], equation="ij,ij->ij")],
+                [value("x", T.FLOAT, ["n", 4])], [value("y", T.FLOAT, ["n", 4])])
+    for argv in (["--onnx", str(static), "--shape", "x=2,4"], ["--onnx", str(einsum)]):
+        assert main(["run", *argv]) == 2
+        err = capsys.readouterr().err
+        assert "error" in err and "sized by --batch" not in err
 
 
 def test_bench_small_model(capsys):
@@ -139,11 +217,12 @@ def test_bench_of_every_model_takes_seq_for_the_text_models(monkeypatch, capsys)
     (["bench", "nosuch", "--small"], "unknown model 'nosuch'"),
     (["bench", "mobilenet_v2", "nosuch", "--small"], "unknown model 'nosuch'"),    # before mobilenet_v2 runs
     (["bench", "bert", "resnet50", "--small", "--seq", "16"], "resnet50: a sequence length applies"),   # before bert
+    (["bench", "--small", "--seq", "100"], "bert: sequence length 100 is outside 1..64"),  # before the image models
 ])
 def test_bad_input_exits_2(argv, message, capsys):
     assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert message in err and len(err.splitlines()) == 1
+    out, err = capsys.readouterr()
+    assert message in err and len(err.strip().splitlines()) == 1 and out == ""     # refused before any model ran
 
 
 def test_unreadable_onnx_exits_2(tmp_path, capsys):

@@ -147,7 +147,11 @@ def _input_constant(vi: onnx.ValueInfoProto, value, dtype: str) -> np.ndarray:
         raise ValueError(f"from_onnx: constants gives graph input {vi.name!r} values of {given.dtype}, which do not "
                          f"convert to its type {dtype} without loss; pass {dtype} values")
     _check_declared(vi, given.shape, "constants")
-    return given.astype(dtype)
+    value = given.astype(dtype)
+    if given.dtype.kind in "biu" and not np.array_equal(value, given):     # int64's 2**31 for an int32: wrapped
+        raise ValueError(f"from_onnx: constants gives graph input {vi.name!r} values outside the range of its type "
+                         f"{dtype} ({np.iinfo(value.dtype).min}..{np.iinfo(value.dtype).max})")
+    return value
 
 
 def _bind_inputs(graph: onnx.GraphProto, env: dict, shapes: dict, constants: dict) -> list:
