@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from . import bert, gpt2, inception, mobilenet, resnet
 from .onnx_export import OnnxExportError, export_onnx
+from .transformer import check_positions
 
 
 @dataclass(frozen=True)
@@ -39,8 +40,7 @@ class ModelSpec:
         if not self.takes_seq:
             raise ValueError("a sequence length applies to the text models "
                              f"({', '.join(n for n, s in MODELS.items() if s.takes_seq)}), not to images")
-        if not 1 <= seq <= config.max_positions:
-            raise ValueError(f"sequence length {seq} is outside 1..{config.max_positions}, the positions the model has")
+        check_positions(seq, config.max_positions)     # before any model is built (bench builds several)
         return dataclasses.replace(config, seq=seq)
 
 

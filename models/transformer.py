@@ -44,10 +44,15 @@ def attention(q, k, v, heads: int, mask=None):
     return merge_heads(ops.matmul(ops.softmax(scores, axis=-1), v))
 
 
+def check_positions(seq: int, count: int) -> None:
+    """A ValueError unless a model of `count` positions takes sequences of length `seq`."""
+    if not 1 <= seq <= count:
+        raise ValueError(f"sequence length {seq} is outside 1..{count}, the positions the model has")
+
+
 def positions(table, seq: int):
     """The first `seq` rows of a position-embedding table (ValueError if it has fewer)."""
-    if not 1 <= seq <= table.shape[0]:
-        raise ValueError(f"sequence length {seq} is outside 1..{table.shape[0]}, the positions the model has")
+    check_positions(seq, table.shape[0])
     return ops.slice(table, [0], [seq], [0])
 
 

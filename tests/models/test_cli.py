@@ -99,13 +99,6 @@ def test_bad_constant_exits_2(tmp_path, spec, message, capsys):
     assert "--constant applies to --onnx models" in capsys.readouterr().err
 
 
-def _save_model(path, nodes, inputs, outputs):
-    import onnx
-    from onnx import helper
-    onnx.save(helper.make_model(helper.make_graph(nodes, "m", inputs, outputs),
-                                opset_imports=[helper.make_opsetid("", 17)]), str(path))
-
-
 def test_constant_gives_bool_inputs_and_refuses_integers_out_of_range(tmp_path, capsys):
     """A bool input (Dropout's training_mode) takes 0 / 1 / false / true; an int32 input refuses 2**31 and 2**32 + 1,
     which it would wrap to other values. Each refusal is one line, exit 2."""
@@ -113,9 +106,9 @@ def test_constant_gives_bool_inputs_and_refuses_integers_out_of_range(tmp_path, 
     from onnx import TensorProto as T, helper
     value = helper.make_tensor_value_info
     dropout, add = tmp_path / "dropout.onnx", tmp_path / "add.onnx"
-    _save_model(dropout, [helper.make_node("Dropout", ["x", "", "training_mode"], ["y"])],
+    _save(dropout, [helper.make_node("Dropout", ["x", "", "training_mode"], ["y"])],
                 [value("x", T.FLOAT, [2, 3]), value("training_mode", T.BOOL, [])], [value("y", T.FLOAT, [2, 3])])
-    _save_model(add, [helper.make_node("Add", ["x", "c"], ["y"])], [value("x", T.INT32, [3]), value("c", T.INT32, [])],
+    _save(add, [helper.make_node("Add", ["x", "c"], ["y"])], [value("x", T.INT32, [3]), value("c", T.INT32, [])],
                 [value("y", T.INT32, [3])])
     for truth in ("0", "false", "False"):
         assert main(["run", "--onnx", str(dropout), "--iters", "1", "--constant", f"training_mode={truth}"]) == 0
@@ -139,7 +132,7 @@ def test_an_input_constant_fixes_needs_no_shape_and_takes_no_batch(tmp_path, cap
     value = helper.make_tensor_value_info
     for name, dims in (("noshape", None), ("symbolic", ["rank"])):
         path = tmp_path / f"{name}.onnx"
-        _save_model(path, [helper.make_node("Reshape", ["x", "shape"], ["y"])],
+        _save(path, [helper.make_node("Reshape", ["x", "shape"], ["y"])],
                     [value("x", T.FLOAT, [2, 16]), value("shape", T.INT64, dims)], [value("y", T.FLOAT, None)])
         assert main(["run", "--onnx", str(path), "--iters", "1", "--constant", "shape=4,8"]) == 0
         assert "f32[4, 8]" in capsys.readouterr().out
@@ -152,7 +145,7 @@ def test_an_empty_mask_input_is_sampled_and_checked(tmp_path, capsys):
     pytest.importorskip("onnxruntime")
     from onnx import TensorProto as T, helper
     path = tmp_path / "mask.onnx"
-    _save_model(path, [helper.make_node("Cast", ["attention_mask"], ["y"], to=T.FLOAT)],
+    _save(path, [helper.make_node("Cast", ["attention_mask"], ["y"], to=T.FLOAT)],
                 [helper.make_tensor_value_info("attention_mask", T.INT64, ["b", "s"])],
                 [helper.make_tensor_value_info("y", T.FLOAT, ["b", "s"])])
     for shape in ("2,0", "0,3"):
@@ -166,9 +159,9 @@ def test_an_error_names_only_the_sizes_batch_and_seq_gave(tmp_path, capsys):
     from onnx import TensorProto as T, helper
     value = helper.make_tensor_value_info
     static, einsum = tmp_path / "static.onnx", tmp_path / "einsum.onnx"
-    _save_model(static, [helper.make_node("Relu", ["x"], ["y"])], [value("x", T.FLOAT, [2, 3])],
+    _save(static, [helper.make_node("Relu", ["x"], ["y"])], [value("x", T.FLOAT, [2, 3])],
                 [value("y", T.FLOAT, [2, 3])])
-    _save_model(einsum, [helper.make_node("Einsum", ["x", "x"], ["y"], equation="ij,ij->ij")],
+    _save(einsum, [helper.make_node("Einsum", ["x", "x"], ["y"], equation="ij,ij->ij")],
                 [value("x", T.FLOAT, ["n", 4])], [value("y", T.FLOAT, ["n", 4])])
     for argv in (["--onnx", str(static), "--shape", "x=2,4"], ["--onnx", str(einsum)]):
         assert main(["run", *argv]) == 2
