@@ -206,6 +206,7 @@ def onnx_constants(model, specs: list) -> dict:
     0-d input is a scalar); UsageError for a spec that is malformed or names no input."""
     import numpy as np
     from onnx.helper import tensor_dtype_to_np_dtype
+    from taskdsl.graph.onnx_import.model import input_constant
     inputs = {vi.name: vi for vi in model.graph.input}
     constants = {}
     for spec in specs:
@@ -223,14 +224,17 @@ def onnx_constants(model, specs: list) -> dict:
             raise UsageError(f"--constant {spec!r}: input {name!r} has no type numbers can take") from None
         try:
             values = np.array([_truth(v) if dtype == np.bool_ else _number(v) for v in text.split(",")])
-            value = values.astype(dtype)
-            if not np.can_cast(values.dtype, dtype, casting="same_kind") or (      # 1.5 for an int64 shape: no
-                    dtype.kind in "iu" and not np.array_equal(value, values)):    # nor 2**31 for an int32
-                raise TypeError
-        except (ValueError, TypeError, OverflowError):
+            if values.dtype == object:      # an integer beyond int64
+                raise ValueError(text)
+        except ValueError:
             what = "0 or 1 (false or true)" if dtype == np.bool_ else f"{dtype.name} numbers"
             raise UsageError(f"--constant {spec!r}: the values must be {what}, as input {name!r} takes") from None
-        constants[name] = value.reshape(()) if value.size == 1 and len(tensor.shape.dim) == 0 else value
+        if values.size == 1 and len(tensor.shape.dim) == 0:
+            values = values.reshape(())
+        try:        # checked as from_onnx checks constants, and cast to the input's type (onnxruntime's feeds)
+            constants[name] = input_constant(inputs[name], values, f"--constant {spec!r}")
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     return constants
 
 

@@ -82,10 +82,11 @@ def test_run_onnx_file_with_a_shape_input_fixed_by_constant(tmp_path, capsys):
     ("shape", "give NAME=V or NAME=V,V,..."),
     ("size=3,4", "the model has no input 'size' (inputs: x, shape)"),
     ("shape=3,four", "the values must be int64 numbers, as input 'shape' takes"),
-    ("shape=1.5,8", "the values must be int64 numbers"),     # not truncated to 1
+    ("shape=1.5,8", "'shape=1.5,8' gives graph input 'shape' values of float64, which do not convert to its "
+                    "type int64 without loss"),     # not truncated to 1
     ("shape=3,99999999999999999999", "the values must be int64 numbers"),      # not an OverflowError
-    ("shape=3,4,1", "constants gives graph input 'shape' shape (3,), but the model declares (2,)"),
-    ("x=1,2", "constants gives graph input 'x' shape (2,), but the model declares (2, 6)"),
+    ("shape=3,4,1", "--constant 'shape=3,4,1' gives graph input 'shape' shape (3,), but the model declares (2,)"),
+    ("x=1,2", "--constant 'x=1,2' gives graph input 'x' shape (2,), but the model declares (2, 6)"),
     ("shape=3,4 --constant shape=4,3", "'shape' is given twice"),
 ])
 def test_bad_constant_exits_2(tmp_path, spec, message, capsys):
@@ -120,7 +121,7 @@ def test_constant_gives_bool_inputs_and_refuses_integers_out_of_range(tmp_path, 
         assert message in err and len(err.splitlines()) == 1
     for big in (2**31, 2**32 + 1):
         assert main(["run", "--onnx", str(add), "--constant", f"c={big}"]) == 2
-        assert "the values must be int32 numbers, as input 'c' takes" in capsys.readouterr().err
+        assert "values outside the range of its type int32 (-2147483648..2147483647)" in capsys.readouterr().err
     assert main(["run", "--onnx", str(add), "--iters", "1", "--constant", "c=-2147483648"]) == 0
 
 

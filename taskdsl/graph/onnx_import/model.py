@@ -18,7 +18,7 @@ from onnx import version_converter
 from ..graph import Graph, topological_nodes
 from ..tensor import as_shape, constant
 from ..tensor import input as graph_input
-from . import elementwise, nn, shape  # noqa: F401 - register the converters
+from . import activations, elementwise, layout, nn, resize, shape  # noqa: F401 - register the converters
 from .errors import OnnxImportError, UnsupportedOnnxError
 from .node import CONVERTERS, Node, dtype_of, to_array
 
@@ -90,19 +90,19 @@ def _declared_dims(vi: onnx.ValueInfoProto) -> list | None:
     return [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in t.shape.dim]
 
 
-def _check_declared(vi: onnx.ValueInfoProto, shape: tuple, what: str) -> None:
-    """A ValueError where `shape` (given by `what`) contradicts the input's declared rank or fixed dims."""
+def _check_declared(vi: onnx.ValueInfoProto, shape: tuple, source: str) -> None:
+    """A ValueError where `shape` (given by `source`) contradicts the input's declared rank or fixed dims."""
     declared = _declared_dims(vi)
     if declared is None:
         return
     if len(shape) != len(declared) or any(isinstance(d, int) and d != n for d, n in zip(declared, shape)):
-        raise ValueError(f"from_onnx: {what} gives graph input {vi.name!r} shape {shape}, but the model declares "
+        raise ValueError(f"{source} gives graph input {vi.name!r} shape {shape}, but the model declares "
                          f"{tuple(declared)}")
 
 
 def _given_shape(vi: onnx.ValueInfoProto, shapes: dict) -> tuple:
     shape = as_shape(shapes[vi.name], f"from_onnx: shapes[{vi.name!r}]")
-    _check_declared(vi, shape, "shapes")
+    _check_declared(vi, shape, "from_onnx: shapes")
     return shape
 
 
@@ -139,18 +139,20 @@ def _input_shape(vi: onnx.ValueInfoProto, shapes: dict, named: dict) -> tuple:
     return tuple(d if isinstance(d, int) else named[d] for d in declared)
 
 
-def _input_constant(vi: onnx.ValueInfoProto, value, dtype: str) -> np.ndarray:
-    """The value `constants=` gives graph input `vi`, checked against its declared shape and type (a float for
-    an integer input would be truncated: refused)."""
+def input_constant(vi: onnx.ValueInfoProto, value, source: str = "from_onnx: constants") -> np.ndarray:
+    """The value `source` gives graph input `vi`, as an array of its type: a ValueError where the shape contradicts
+    the declared one or the type cannot hold the values exactly (a float for an integer input would be truncated,
+    int64's 2**31 for an int32 wrapped)."""
+    dtype = dtype_of(vi.type.tensor_type.elem_type, f"graph input {vi.name!r}")
     given = np.asarray(value)
     if not np.can_cast(given.dtype, dtype, casting="same_kind"):
-        raise ValueError(f"from_onnx: constants gives graph input {vi.name!r} values of {given.dtype}, which do not "
-                         f"convert to its type {dtype} without loss; pass {dtype} values")
-    _check_declared(vi, given.shape, "constants")
+        raise ValueError(f"{source} gives graph input {vi.name!r} values of {given.dtype}, which do not convert to "
+                         f"its type {dtype} without loss; pass {dtype} values")
+    _check_declared(vi, given.shape, source)
     value = given.astype(dtype)
-    if given.dtype.kind in "biu" and not np.array_equal(value, given):     # int64's 2**31 for an int32: wrapped
-        raise ValueError(f"from_onnx: constants gives graph input {vi.name!r} values outside the range of its type "
-                         f"{dtype} ({np.iinfo(value.dtype).min}..{np.iinfo(value.dtype).max})")
+    if given.dtype.kind in "biu" and not np.array_equal(value, given):
+        raise ValueError(f"{source} gives graph input {vi.name!r} values outside the range of its type {dtype} "
+                         f"({np.iinfo(value.dtype).min}..{np.iinfo(value.dtype).max})")
     return value
 
 
@@ -166,10 +168,10 @@ def _bind_inputs(graph: onnx.GraphProto, env: dict, shapes: dict, constants: dic
         if not vi.type.HasField("tensor_type"):
             raise UnsupportedOnnxError(f"graph input {vi.name!r} is not a tensor ({vi.type.WhichOneof('value')}); "
                                        "only tensor inputs are supported")
-        dtype = dtype_of(vi.type.tensor_type.elem_type, f"graph input {vi.name!r}")
         if vi.name in constants:
-            env[vi.name] = constant(_input_constant(vi, constants[vi.name], dtype), name=vi.name)
+            env[vi.name] = constant(input_constant(vi, constants[vi.name]), name=vi.name)
         elif vi.name not in env:     # an input with an initializer is a constant with a default: use the default
+            dtype = dtype_of(vi.type.tensor_type.elem_type, f"graph input {vi.name!r}")
             env[vi.name] = graph_input(vi.name, _input_shape(vi, shapes, named), dtype)
             inputs.append(env[vi.name])
     return inputs
