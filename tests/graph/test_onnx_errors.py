@@ -15,11 +15,12 @@ n = helper.make_node
 
 
 def test_unsupported_operator_names_node_op_and_alternatives():
-    model = make_model([n("Relu", ["x"], ["r"]), n("Celu", ["r"], ["y"], name="my_celu")], [("x", [3])], [("y", [3])])
+    model = make_model([n("Relu", ["x"], ["r"]), n("Hardmax", ["r"], ["y"], name="my_hardmax")], [("x", [3])],
+                       [("y", [3])])
     with pytest.raises(UnsupportedOnnxError) as info:
         tg.from_onnx(model)
     message = str(info.value)
-    assert "node 'my_celu' (Celu): operator Celu is not supported" in message
+    assert "node 'my_hardmax' (Hardmax): operator Hardmax is not supported" in message
     assert "supported operators:" in message and "Conv" in message and "MatMul" in message
     assert isinstance(info.value, ValueError)
 
@@ -383,3 +384,23 @@ def test_integer_gemm_scales_by_whole_alpha_and_beta():
                       [("y", [2, 4], TensorProto.INT32)], {"b": b}, opset=13)
     with pytest.raises(OnnxImportError, match="an integer Gemm needs whole alpha and beta, got 0.5"):
         tg.from_onnx(half)
+
+
+def test_weights_are_checked_apart_from_the_model():
+    """onnx's checker sees large initializers as graph inputs (it would serialize their data): a model is still
+    refused for what the checker finds elsewhere, or for an initializer's broken data (to_array), and the weights
+    are used whether or not (IR version 3) the model also declares them as inputs."""
+    weight = rand((64, 33), 5)
+    for ir_version, declared in ((8, []), (3, [("w", [64, 33])])):
+        model = make_model([n("MatMul", ["x", "w"], ["y"])], [("x", [2, 64])] + declared, [("y", [2, 33])],
+                           {"w": weight})
+        model.ir_version = ir_version
+        x = rand((2, 64), 6)
+        np.testing.assert_allclose(tg.from_onnx(model)(x)[0], x @ weight, rtol=1e-5, atol=1e-5)
+    model.graph.node[0].op_type = "Matmul"      # no such operator: the checker's error
+    with pytest.raises(OnnxImportError, match="is not valid ONNX: .*Matmul"):
+        tg.from_onnx(model)
+    model.graph.node[0].op_type = "MatMul"
+    model.graph.initializer[0].raw_data = model.graph.initializer[0].raw_data[:-4]
+    with pytest.raises(OnnxImportError, match="initializer 'w'"):
+        tg.from_onnx(model)

@@ -258,16 +258,48 @@ def _check(model: onnx.ModelProto, what: str = "the model") -> None:
     raise OnnxImportError(f"{what} is not valid ONNX: {message}{named}") from error
 
 
+WEIGHT_BYTES = 4096     # initializers this large at least are checked as graph inputs (their data by to_array)
+
+
+def _weights_as_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` whose initializers of WEIGHT_BYTES or more are graph inputs of their type and shape: what
+    onnx's checker checks without the weights' data, which it would serialize at some 200 MB/s (to_array reads and
+    checks that data)."""
+    light = onnx.ModelProto()
+    _copy_fields(light, model, skip="graph")
+    _copy_fields(light.graph, model.graph, skip="initializer")
+    declared = {vi.name for vi in model.graph.input}
+    for init in model.graph.initializer:
+        if init.ByteSize() < WEIGHT_BYTES:
+            light.graph.initializer.add().CopyFrom(init)
+        elif init.name not in declared:     # (IR version 3 declares every initializer an input)
+            light.graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, init.dims))
+    return light
+
+
+def _copy_fields(target, source, skip: str) -> None:
+    """Copy every field set in protobuf message `source` but `skip` into the empty message `target`."""
+    for field, value in source.ListFields():
+        if field.name == skip:
+            continue
+        if hasattr(value, "CopyFrom"):          # a message
+            getattr(target, field.name).CopyFrom(value)
+        elif isinstance(value, (str, bytes, int, float)):
+            setattr(target, field.name, value)
+        else:                                   # a repeated field
+            getattr(target, field.name).extend(value)
+
+
 def from_onnx(model_or_path, shapes: dict | None = None, constants: dict | None = None) -> Graph:
     """The Graph of an ONNX model; `shapes` fixes input shapes, `constants` fixes input values (e.g. shape inputs)."""
     original = load_model(model_or_path)
     model = converted_if_old(original)
     opset = model_opset(model)
     if model is original:
-        _check(model)
+        _check(_weights_as_inputs(model))
     else:       # the user's model first: what its conversion breaks is onnx.version_converter's doing
-        _check(original)
-        _check(model, f"the model is valid ONNX, but onnx.version_converter's conversion of it from opset "
+        _check(_weights_as_inputs(original))
+        _check(_weights_as_inputs(model), f"the model is valid ONNX, but onnx.version_converter's conversion of it from opset "
                       f"{_default_domain_opset(original)} to {opset} (the importer reads opsets "
                       f"{MIN_OPSET}-{MAX_OPSET}; export the model at one of them to avoid it)")
     graph = model.graph
