@@ -1,0 +1,1 @@
+"""Converters of activation functions and elementwise math beyond elementwise.py's tables."""

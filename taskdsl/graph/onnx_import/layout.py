@@ -1,0 +1,1 @@
+"""Converters of data-movement operators: tiling, depth/space rearrangement, element gathers and scans.

@@ -1,0 +1,1 @@
+"""Converters of Resize / Upsample and ConvTranspose."""
