@@ -149,17 +149,31 @@ def test_integer_and_bool_paths():
         assert_close(g_, w_, rtol=1e-6)
 
 
+@pytest.mark.parametrize("op_type", ["LayerNormalization", "RMSNormalization"])
 @pytest.mark.parametrize("axis, scale_shape, bias_shape", [(-1, (3, 4, 5), (5,)), (2, (2, 1, 4, 5), None),
                                                            (-2, (4, 5), (3, 1, 1))])
-def test_layer_norm_scale_over_more_axes(axis, scale_shape, bias_shape):
-    """LayerNormalization's Scale and B broadcast with Y as its definition's Mul and Add do: they may span
-    axes before `axis` (per-row parameters), as onnxruntime accepts."""
-    x_shape = (2, 3, 4, 5)
-    params = {"s": rand(scale_shape, 2)} | ({"b": rand(bias_shape, 3)} if bias_shape else {})
-    node = helper.make_node("LayerNormalization", ["x", *params], ["y"], axis=axis)
-    model = make_model([node], [("x", list(x_shape))], [("y", list(x_shape))], params)
+def test_normalization_scale_over_more_axes(op_type, axis, scale_shape, bias_shape):
+    """LayerNormalization's Scale and B (RMSNormalization's Scale: opset 23) broadcast with Y as the definition's
+    Mul and Add do: they may span axes before `axis` (per-row parameters), as onnxruntime accepts."""
+    x_shape, rms = (2, 3, 4, 5), op_type == "RMSNormalization"
+    params = {"s": rand(scale_shape, 2)} | ({"b": rand(bias_shape, 3)} if bias_shape and not rms else {})
+    node = helper.make_node(op_type, ["x", *params], ["y"], axis=axis)
+    model = make_model([node], [("x", list(x_shape))], [("y", list(x_shape))], params, opset=23 if rms else 17)
     x = rand(x_shape, 1)
     assert_close(tg.from_onnx(model)(x)[0], run_onnxruntime(model, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
+def test_rms_normalization_of_f16_keeps_f32_statistics():
+    """RMSNormalization of f16 with stash_type 1 squares and averages in f32: rows of 300 would overflow f16's
+    x * x; the result is f16, as onnxruntime's."""
+    x = (rand((3, 64), 1) * 300).astype(np.float16)
+    scale = rand((64,), 2).astype(np.float16)
+    node = helper.make_node("RMSNormalization", ["x", "s"], ["y"], epsilon=1e-3)
+    model = make_model([node], [("x", [3, 64], TensorProto.FLOAT16)], [("y", [3, 64], TensorProto.FLOAT16)],
+                       {"s": scale}, opset=23)
+    got, want = tg.from_onnx(model)(x)[0], run_onnxruntime(model, {"x": x})[0]
+    assert got.dtype == np.float16 and np.isfinite(got).all()
+    assert_close(got.astype(np.float32), want.astype(np.float32), rtol=2e-3, atol=2e-3)
 
 
 @pytest.mark.parametrize("mode", ["constant", "edge", "reflect", "wrap"])

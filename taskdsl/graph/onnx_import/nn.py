@@ -114,19 +114,20 @@ def batch_norm(node: Node) -> list:
             running(var, batch_var)]
 
 
-@converts("LayerNormalization", attrs=("axis", "epsilon", "stash_type"))
+@converts("LayerNormalization", "RMSNormalization", attrs=("axis", "epsilon", "stash_type"))
 def layer_norm(node: Node) -> list:
-    """LayerNormalization, with the Mean and InvStdDev outputs when they are used."""
+    """LayerNormalization (with the Mean and InvStdDev outputs when they are used) and RMSNormalization (opset 23)."""
     if node.attr("stash_type", 1) != 1:
         raise node.error(f"stash_type={node.attr('stash_type')} is not supported (1: statistics in float32)")
+    rms = node.op_type == "RMSNormalization"
     x, scale = node.input(0), node.input(1)
-    bias = node.input(2, required=False) if node.num_inputs > 2 else None
-    axis = normalize_axis(node.attr("axis", -1), x.ndim, "LayerNormalization")
+    bias = node.input(2, required=False) if node.num_inputs > 2 and not rms else None
+    axis = normalize_axis(node.attr("axis", -1), x.ndim, node.op_type)
     for what, p in (("Scale", scale), ("B", bias)):
         if p is not None and p.ndim > x.ndim:
             raise node.error(f"{what} has {p.ndim} axes, more than X's {x.ndim}", OnnxImportError)
     attrs = {"axis": axis, "eps": float(node.attr("epsilon", 1e-5)), "has_weight": True,
-             "has_bias": bias is not None, "stats": node.wanted(1) or node.wanted(2)}
+             "has_bias": bias is not None, "stats": not rms and (node.wanted(1) or node.wanted(2)), "rms": rms}
     if all(p is None or p.ndim <= x.ndim - axis for p in (scale, bias)):
         y, *stats = LayerNorm([t for t in (x, scale, bias) if t is not None], attrs).outputs
     else:   # Scale or B spans axes before `axis` too (per batch row): the definition's Mul and Add broadcast them
