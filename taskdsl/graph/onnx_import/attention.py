@@ -1,0 +1,1 @@
+"""Converters of attention blocks: Attention and RotaryEmbedding (opset 23)."""
