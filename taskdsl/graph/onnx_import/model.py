@@ -18,7 +18,7 @@ from onnx import version_converter
 from ..graph import Graph, topological_nodes
 from ..tensor import as_shape, constant
 from ..tensor import input as graph_input
-from . import activations, attention, elementwise, layout, nn, resize, shape  # noqa: F401 - register the converters
+from . import activations, attention, einsum, elementwise, layout, nn, resize, shape  # noqa: F401 - register the converters
 from .errors import OnnxImportError, UnsupportedOnnxError
 from .node import CONVERTERS, Node, dtype_of, to_array
 
