@@ -5,13 +5,16 @@ from onnx import TensorProto, helper, numpy_helper
 
 
 def rand(shape, seed: int = 0, dtype=np.float32, low: float = -2.0, high: float = 2.0) -> np.ndarray:
-    """Uniform random values (integers for integer dtypes)."""
+    """Uniform random values (integers for integer dtypes), an array even of shape () (onnxruntime takes no numpy
+    scalar)."""
     rng = np.random.default_rng(seed)
     if np.dtype(dtype).kind in "iu":
-        return rng.integers(int(low), int(high) + 1, size=shape).astype(dtype)
-    if np.dtype(dtype).kind == "b":
-        return rng.random(shape) < 0.5
-    return rng.uniform(low, high, size=shape).astype(dtype)
+        values = rng.integers(int(low), int(high) + 1, size=shape)
+    elif np.dtype(dtype).kind == "b":
+        values = rng.random(shape) < 0.5
+    else:
+        values = rng.uniform(low, high, size=shape)
+    return np.asarray(values, dtype)
 
 
 def assert_close(got, want, rtol: float = 1e-4, atol: float = 1e-6) -> None:

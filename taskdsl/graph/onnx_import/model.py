@@ -18,7 +18,8 @@ from onnx import version_converter
 from ..graph import Graph, topological_nodes
 from ..tensor import as_shape, constant
 from ..tensor import input as graph_input
-from . import activations, attention, einsum, elementwise, layout, nn, resize, shape  # noqa: F401 - register the converters
+# imported to register their converters
+from . import activations, attention, einsum, elementwise, layout, nn, resize, shape  # noqa: F401
 from .errors import OnnxImportError, UnsupportedOnnxError
 from .node import CONVERTERS, Node, dtype_of, to_array
 
@@ -299,9 +300,10 @@ def from_onnx(model_or_path, shapes: dict | None = None, constants: dict | None 
         _check(_weights_as_inputs(model))
     else:       # the user's model first: what its conversion breaks is onnx.version_converter's doing
         _check(_weights_as_inputs(original))
-        _check(_weights_as_inputs(model), f"the model is valid ONNX, but onnx.version_converter's conversion of it from opset "
-                      f"{_default_domain_opset(original)} to {opset} (the importer reads opsets "
-                      f"{MIN_OPSET}-{MAX_OPSET}; export the model at one of them to avoid it)")
+        _check(_weights_as_inputs(model),
+               f"the model is valid ONNX, but onnx.version_converter's conversion of it from opset "
+               f"{_default_domain_opset(original)} to {opset} (the importer reads opsets "
+               f"{MIN_OPSET}-{MAX_OPSET}; export the model at one of them to avoid it)")
     graph = model.graph
     if graph.sparse_initializer:
         raise UnsupportedOnnxError("sparse initializers are not supported")

@@ -111,7 +111,8 @@ class LayerNorm(Operator):
         if self.attrs.get("rms"):
             mean = None
             square = reduction("mean_square", stat_shape, shape[a:],
-                                    lambda *ix: ir.convert(x[full(ix)], sdt) * ir.convert(x[full(ix)], sdt), op="mean", dtype=sdt)
+                               lambda *ix: ir.convert(x[full(ix)], sdt) * ir.convert(x[full(ix)], sdt), op="mean",
+                               dtype=sdt)
             centred = lambda ix: ir.convert(x[ix], sdt)
             spread = square
         else:
@@ -161,7 +162,8 @@ class BatchNorm(Operator):
 
         def out(*ix):
             c = ix[1]
-            v = (ir.convert(x[ix], sdt) - ir.convert(mean[c], sdt)) * math_expr("rsqrt", [ir.convert(var[c], sdt) + self.attrs["eps"]])
+            inv_std = math_expr("rsqrt", [ir.convert(var[c], sdt) + self.attrs["eps"]])
+            v = (ir.convert(x[ix], sdt) - ir.convert(mean[c], sdt)) * inv_std
             if weight is not None:
                 v = v * ir.convert(weight[c], sdt)
             if bias is not None:
