@@ -33,7 +33,12 @@ pytest.importorskip("onnxruntime")
 
 OPSET = 19                   # Pad mode "wrap" is new in opset 19
 DIMS = st.sampled_from([1, 2, 3, 5, 7])
-UNARY = ["Relu", "Sigmoid", "Tanh", "Neg", "Abs", "Erf", "Sin", "Cos", "LeakyRelu", "Clip", "Sqrt"]
+# (continuous ones: a value a rounding away from Sign's, Round's or Shrink's step would flip the result)
+UNARY = ["Relu", "Sigmoid", "Tanh", "Neg", "Abs", "Erf", "Sin", "Cos", "LeakyRelu", "Clip", "Sqrt", "Elu", "Selu",
+         "Celu", "HardSigmoid", "HardSwish", "Softplus", "Softsign", "Mish", "PRelu"]
+INTEGER_UNARY = ["Abs", "Neg", "Sign"]
+ATTRIBUTES = {"LeakyRelu": {"alpha": 0.125}, "Elu": {"alpha": 0.5}, "Celu": {"alpha": 2.0},
+              "HardSigmoid": {"alpha": 0.25, "beta": 0.375}}
 BINARY = ["Add", "Sub", "Mul", "Div", "Max", "Min"]
 REDUCE = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceSumSquare", "ReduceL2"]
 
@@ -92,14 +97,15 @@ class ModelWriter:
 
     # ------------------------------------------------------------------ operators
     def unary(self, a):
-        op = self.draw(st.sampled_from(["Abs", "Neg"] if self.integer else UNARY))
+        op = self.draw(st.sampled_from(INTEGER_UNARY if self.integer else UNARY))
         if op == "Clip":
             low = self.draw(st.floats(-1, 0, width=32))
             return self.emit(op, [a[0], self.constant(np.float32(low)), self.constant(np.float32(low + 1))], a[1])
         if op == "Sqrt":        # of |a|: no NaNs
             return self.emit(op, [self.emit("Abs", [a[0]], a[1])[0]], a[1])
-        attributes = {"alpha": 0.125} if op == "LeakyRelu" else {}
-        return self.emit(op, [a[0]], a[1], **attributes)
+        if op == "PRelu":      # a slope per element of the last axis
+            return self.emit(op, [a[0], self.weights(a[1][-1:], 0.1, 0.5)], a[1])
+        return self.emit(op, [a[0]], a[1], **ATTRIBUTES.get(op, {}))
 
     def broadcast_partner(self, shape, constant=False) -> tuple:
         """A constant or an earlier value whose shape broadcasts with `shape`."""

@@ -1,1 +1,231 @@
-"""Converters of activation functions and elementwise math beyond elementwise.py's tables."""
+"""Converters of activation functions and elementwise math beyond elementwise.py's tables.
+
+Each is a composition of elementwise graph ops, which fusion makes one kernel; a 16-bit float input is computed in
+f32 and rounded once (`in_f32`), as that kernel computes it.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import ops
+from ..ops.elementwise import broadcast_shape
+from .elementwise import in_f32
+from .errors import OnnxImportError
+from .node import Node, converts
+
+FLOOR_MOD_OF_FLOATS_SINCE = 28      # Mod's fmod=0 on floats; before, fmod must be 1 for them
+SIGNED_BIT_SHIFT_SINCE = 28
+
+
+@converts("HardSigmoid", attrs=("alpha", "beta"))
+def hard_sigmoid(node: Node) -> list:
+    """HardSigmoid: max(0, min(1, alpha x + beta))."""
+    alpha, beta = _real_attr(node, "alpha", 0.2), _real_attr(node, "beta", 0.5)
+    return [in_f32(lambda x: _hard_sigmoid(x, alpha, beta), _float_input(node))]
+
+
+def _real_attr(node: Node, name: str, default: float) -> float:
+    """A float attribute, or its default as ONNX holds one (a float32: HardSigmoid's 0.2 is 0.20000000298)."""
+    return float(np.float32(node.attr(name, default)))
+
+
+def _float_input(node: Node):
+    """Input 0, which the operator's schema allows only as a float tensor."""
+    x = node.input(0)
+    if not x.dtype.is_float:
+        raise node.error(f"needs a float tensor, got {x.dtype.name}", OnnxImportError)
+    return x
+
+
+def _hard_sigmoid(x, alpha: float, beta: float):
+    """max(0, min(1, alpha x + beta)), NaN kept."""
+    return ops.clip(ops.add(ops.mul(x, alpha), beta), 0.0, 1.0)
+
+
+@converts("HardSwish")
+def hard_swish(node: Node) -> list:
+    """HardSwish: x HardSigmoid(x) with alpha 1/6 and beta 1/2, the attributes of its ONNX function body (float32
+    values, for doubles too)."""
+    alpha = float(np.float32(1 / 6))
+    return [in_f32(lambda x: ops.mul(x, _hard_sigmoid(x, alpha, 0.5)), _float_input(node))]
+
+
+@converts("Elu", attrs=("alpha",))
+def elu(node: Node) -> list:
+    """Elu: x, or alpha (e^x - 1) below 0."""
+    alpha = _real_attr(node, "alpha", 1.0)
+    return [in_f32(lambda x: _exponential_linear(x, x, alpha), _float_input(node))]
+
+
+def _exponential_linear(x, exponent, alpha: float):
+    """x where x >= 0 (or NaN), else alpha (e^exponent - 1): Elu, Selu and Celu."""
+    return ops.where(ops.less(x, 0.0), ops.mul(ops.sub(ops.exp(exponent), 1.0), alpha), x)
+
+
+@converts("Selu", attrs=("alpha", "gamma"))
+def selu(node: Node) -> list:
+    """Selu: gamma x, or gamma alpha (e^x - 1) below 0."""
+    alpha, gamma = _real_attr(node, "alpha", 1.6732632423543772), _real_attr(node, "gamma", 1.0507009873554805)
+    return [in_f32(lambda x: ops.mul(_exponential_linear(x, x, alpha), gamma), _float_input(node))]
+
+
+@converts("Celu", attrs=("alpha",))
+def celu(node: Node) -> list:
+    """Celu: max(0, x) + min(0, alpha (e^(x / alpha) - 1)), that is x, or alpha (e^(x / alpha) - 1) below 0."""
+    alpha = _real_attr(node, "alpha", 1.0)
+    if alpha == 0:
+        raise node.error("alpha 0 is not supported (the formula divides by it)")
+    return [in_f32(lambda x: _exponential_linear(x, ops.div(x, alpha), alpha), _float_input(node))]
+
+
+@converts("Softplus")
+def softplus(node: Node) -> list:
+    """Softplus: log(1 + e^x)."""
+    return [in_f32(_softplus, _float_input(node))]
+
+
+def _softplus(x):
+    """log(1 + e^x) as max(x, 0) + log1p(e^-|x|), as onnxruntime computes it: e^x would overflow where the result
+    is x, and 1 + e^x round to 1 where the result is e^x."""
+    return ops.add(ops.relu(x), _log1p(ops.exp(ops.neg(ops.elementwise("abs", x)))))
+
+
+def _log1p(u):
+    """log(1 + u), accurate for a tiny u too (where 1 + u rounds to 1): Kahan's log(w) u / (w - 1), w = 1 + u, in
+    which w - 1 is exact."""
+    w = ops.add(u, 1.0)
+    return ops.where(ops.equal(w, 1.0), u, ops.mul(ops.log(w), ops.div(u, ops.sub(w, 1.0))))
+
+
+@converts("Mish")
+def mish(node: Node) -> list:
+    """Mish: x tanh(softplus(x))."""
+    return [in_f32(lambda x: ops.mul(x, ops.tanh(_softplus(x))), _float_input(node))]
+
+
+@converts("Softsign")
+def softsign(node: Node) -> list:
+    """Softsign: x / (1 + |x|)."""
+    return [in_f32(lambda x: ops.div(x, ops.add(ops.elementwise("abs", x), 1.0)), _float_input(node))]
+
+
+@converts("ThresholdedRelu", attrs=("alpha",))
+def thresholded_relu(node: Node) -> list:
+    """ThresholdedRelu: x above alpha, else 0."""
+    alpha = _real_attr(node, "alpha", 1.0)
+    return [in_f32(lambda x: ops.where(ops.greater(x, alpha), x, 0.0), _float_input(node))]
+
+
+@converts("PRelu")
+def prelu(node: Node) -> list:
+    """PRelu: x, or slope x below 0; the slope broadcasts to x's shape (never the other way)."""
+    x, slope = node.input(0), node.input(1)
+    if broadcast_shape([x.shape, slope.shape], "PRelu") != tuple(x.shape):
+        raise node.error(f"the slope of shape {slope.shape} does not broadcast to X's shape {x.shape}",
+                         OnnxImportError)
+    return [in_f32(lambda v, s: ops.where(ops.less(v, 0), ops.mul(v, s), v), x, slope)]
+
+
+@converts("Shrink", attrs=("bias", "lambd"))
+def shrink(node: Node) -> list:
+    """Shrink: x + bias below -lambd, x - bias above lambd, else 0. Integers are computed in f64 (exact for 32
+    bits; onnxruntime computes in f32) and truncated back."""
+    x = node.input(0)
+    bias, lambd = _real_attr(node, "bias", 0.0), _real_attr(node, "lambd", 0.5)
+
+    def formula(v):
+        inside = ops.where(ops.greater(v, lambd), ops.sub(v, bias), 0.0)
+        return ops.where(ops.less(v, -lambd), ops.add(v, bias), inside)
+
+    if x.dtype.is_integer:
+        return [ops.cast(formula(ops.cast(x, "float64")), x.dtype)]
+    return [in_f32(formula, x)]
+
+
+@converts("Sign")
+def sign(node: Node) -> list:
+    """Sign: 1 above 0, -1 below, else 0 (a float's NaN kept; -0.0 gives 0.0, as in numpy and onnxruntime)."""
+    x = node.input(0)
+    if x.dtype.is_bool:
+        raise node.error("needs a numeric tensor, got bool", OnnxImportError)
+    rest = ops.add(x, 0.0) if x.dtype.is_float else x     # -0.0 + 0.0 is 0.0, NaN + 0.0 NaN
+    if x.dtype.kind != "uint":
+        rest = ops.where(ops.less(x, 0), -1, rest)
+    return [ops.where(ops.greater(x, 0), 1, rest)]
+
+
+@converts("IsNaN")
+def is_nan(node: Node) -> list:
+    """IsNaN: x != x."""
+    x = _float_input(node)
+    return [ops.elementwise("logical_not", ops.equal(x, x))]
+
+
+@converts("IsInf", attrs=("detect_negative", "detect_positive"))
+def is_inf(node: Node) -> list:
+    """IsInf: whether x is inf (if detect_positive, default 1) or -inf (if detect_negative, default 1)."""
+    x = _float_input(node)
+    positive, negative = node.flag("detect_positive", 1), node.flag("detect_negative", 1)
+    if positive and negative:
+        return [ops.equal(ops.elementwise("abs", x), np.inf)]
+    if positive or negative:
+        return [ops.equal(x, np.inf if positive else -np.inf)]
+    return [ops.less(x, -np.inf)]       # nothing is: all False
+
+
+@converts("Mod", attrs=("fmod",))
+def mod(node: Node) -> list:
+    """Mod: the remainder with the divisor's sign (fmod=0: floored) or the dividend's (fmod=1: C's fmod and %)."""
+    a, b = node.input(0), node.input(1)
+    truncated = node.flag("fmod")
+    if a.dtype.is_float and not truncated and node.opset < FLOOR_MOD_OF_FLOATS_SINCE:
+        raise node.error(f"fmod must be 1 for float inputs before opset {FLOOR_MOD_OF_FLOATS_SINCE}",
+                         OnnxImportError)
+    if truncated and a.dtype.kind != "uint":
+        return [_truncated_mod(a, b)]
+    return [ops.elementwise("mod", a, b)]
+
+
+def _truncated_mod(a, b):
+    """a - trunc(a / b) b, with a's sign. Of floats, the floored remainder of |a| and |b| given a's sign: exact,
+    where a - trunc(a / b) b rounds."""
+    if not a.dtype.is_float:
+        return ops.sub(a, ops.mul(ops.div(a, b), b))
+    remainder = ops.elementwise("mod", ops.elementwise("abs", a), ops.elementwise("abs", b))
+    return ops.where(ops.less(a, 0.0), ops.neg(remainder), remainder)
+
+
+@converts("Round")
+def round_(node: Node) -> list:
+    """Round: to the nearest integer, halves to the even one."""
+    return [in_f32(_round_half_to_even, _float_input(node))]
+
+
+def _round_half_to_even(x):
+    """floor(x), plus 1 above a fraction of 1/2 and at 1/2 above an odd floor (each step exact); a zero result
+    takes x's sign (Round(-0.25) is -0.0)."""
+    low = ops.elementwise("floor", x)
+    fraction = ops.sub(x, low)
+    odd = ops.equal(ops.elementwise("mod", low, 2.0), 1.0)
+    half_to_odd = ops.elementwise("logical_and", ops.equal(fraction, 0.5), odd)
+    up = ops.elementwise("logical_or", ops.greater(fraction, 0.5), half_to_odd)
+    rounded = ops.where(up, ops.add(low, 1.0), low)
+    return ops.where(ops.equal(rounded, 0.0), ops.mul(x, 0.0), rounded)
+
+
+@converts("Tan")
+def tan(node: Node) -> list:
+    """Tan: sin(x) / cos(x), within a few ulps of tan as both are within one."""
+    return [in_f32(lambda x: ops.div(ops.elementwise("sin", x), ops.elementwise("cos", x)), _float_input(node))]
+
+
+@converts("BitShift", attrs=("direction",))
+def bit_shift(node: Node) -> list:
+    """BitShift: X shifted by Y bits, direction 'LEFT' or 'RIGHT' (arithmetic for signed types, from opset 28)."""
+    x, direction = node.input(0), node.attr("direction")
+    if direction not in ("LEFT", "RIGHT"):
+        raise node.error(f"direction must be 'LEFT' or 'RIGHT', got {direction!r}", OnnxImportError)
+    if x.dtype.kind == "int" and node.opset < SIGNED_BIT_SHIFT_SINCE:
+        raise node.error(f"signed integers are shifted from opset {SIGNED_BIT_SHIFT_SINCE}, got {x.dtype.name}",
+                         OnnxImportError)
+    return [ops.elementwise("bit_shift", x, node.input(1), direction=direction.lower())]

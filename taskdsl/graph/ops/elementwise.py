@@ -91,6 +91,23 @@ def _math(name: str) -> Callable:
     return lambda x, **_: math_expr(name, [x])
 
 
+def _bit_shift(x, count, direction="left", **_):
+    """x shifted left, or right (arithmetic for a signed x), by `count` bits: ONNX's BitShift. A count outside
+    0..bits-1, where C's shift is undefined, shifts every bit out: 0, or -1 right of a negative x."""
+    in_range = count < x.dtype.bits
+    if count.dtype.kind == "int":
+        in_range = ir.binary("and", count >= 0, in_range)
+    count = ir.Select(in_range, count, ir.const(0, count.dtype), count.dtype)
+    fill = ir.const(0, x.dtype)
+    if direction == "left":     # in the unsigned type: C's left shift of a negative value is undefined
+        shifted = ir.binary("<<", ir.convert(x, as_dtype(f"u{x.dtype.bits}")), count)
+    else:
+        shifted = ir.binary(">>", x, count)
+        if x.dtype.kind == "int":
+            fill = ir.Select(x < 0, ir.const(-1, x.dtype), fill, x.dtype)
+    return ir.Select(in_range, ir.convert(shifted, x.dtype), fill, x.dtype)
+
+
 # ---------------------------------------------------------------- dtype rules
 def _same(dtypes: list, fn: str) -> T.DataType:
     if len(set(dtypes)) > 1:
@@ -110,6 +127,13 @@ def _floating(dtypes, fn, **_):
     dtype = _same(dtypes, fn)
     if not dtype.is_float:
         raise TypeError(f"{fn} needs float tensors, got {dtype.name}; cast the input first with ops.cast")
+    return dtype
+
+
+def _integer(dtypes, fn, **_):
+    dtype = _same(dtypes, fn)
+    if not dtype.is_integer:
+        raise TypeError(f"{fn} needs integer tensors, got {dtype.name}")
     return dtype
 
 
@@ -171,6 +195,8 @@ FUNCTIONS = {
     "sub": Function(lambda a, b, **_: a - b, _numeric, (2, 2)),
     "mul": Function(_fold(lambda a, b: a * b), _numeric, (1, None)),
     "div": Function(_truncdiv, _numeric, (2, 2)),
+    # the floored remainder, with b's sign, as Python's and numpy's % (of floats: exact, through fmod)
+    "mod": Function(lambda a, b, **_: ir.binary("%", a, b), _numeric, (2, 2)),
     "pow": Function(_pow, _base, (2, 2)),
     "maximum": Function(_fold(lambda a, b: math_expr("max", [a, b])), _numeric, (1, None)),
     "minimum": Function(_fold(lambda a, b: math_expr("min", [a, b])), _numeric, (1, None)),
@@ -207,6 +233,7 @@ FUNCTIONS = {
     "where": Function(_where, _select, (3, 3)),
     "clip": Function(_clip, _clip_dtype, (1, 3), params=(("has_min", flag), ("has_max", flag))),
     "cast": Function(lambda a, **_: a, _to, params=(("to", _type_name),)),
+    "bit_shift": Function(_bit_shift, _integer, (2, 2), params=(("direction", _one_of("left", "right")),)),
 }
 
 
