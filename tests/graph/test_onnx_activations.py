@@ -138,6 +138,7 @@ class Unary:
     ort_types: tuple = (F32, F16)
     out_type: int | None = None         # the output's element type, where it is not the input's
     exact: bool = False
+    opset: int = 20
 
 
 def _hard_sigmoid_corners(a: dict) -> tuple:
@@ -165,6 +166,7 @@ UNARY = {
     "Round": Unary(thresholds=lambda a: (0.5, -0.5, 1.5, -2.5, 3.5, 2**22 + 0.5, 2**52 + 0.5),
                    ort_types=(F32, F16, F64), exact=True),
     "Tan": Unary(thresholds=lambda a: (np.pi / 2, -np.pi / 2, 3 * np.pi / 2, np.pi)),
+    "Swish": Unary({"alpha": REAL}, opset=24),
 }
 
 
@@ -183,7 +185,7 @@ def test_unary_operator(op, shape, data):
     x = data.draw(float_arrays(dtype, shape, case.thresholds(attribute_values(op, drawn))), label="x")
     if op == "Sign" and elem_type == F16:
         x[np.isnan(x)] = 0      # onnxruntime's f16 Sign gives 0 at NaN (its f32 and f64 give NaN, as taskdsl does)
-    check_node(n(op, ["x"], ["y"], **drawn), {"x": x}, case.out_type or elem_type, opset=20,
+    check_node(n(op, ["x"], ["y"], **drawn), {"x": x}, case.out_type or elem_type, opset=case.opset,
                reference=elem_type not in case.ort_types, exact=case.exact)
 
 

@@ -103,6 +103,13 @@ def mish(node: Node) -> list:
     return [in_f32(lambda x: ops.mul(x, ops.tanh(_softplus(x))), _float_input(node))]
 
 
+@converts("Swish", attrs=("alpha",))
+def swish(node: Node) -> list:
+    """Swish (opset 24): x sigmoid(alpha x), as its definition computes it (NaN at -inf, where ops.silu gives -0)."""
+    alpha = _real_attr(node, "alpha", 1.0)
+    return [in_f32(lambda x: ops.mul(x, ops.sigmoid(ops.mul(x, alpha))), _float_input(node))]
+
+
 @converts("Softsign")
 def softsign(node: Node) -> list:
     """Softsign: x / (1 + |x|)."""
