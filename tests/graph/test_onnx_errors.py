@@ -40,7 +40,8 @@ def test_unsupported_attribute_values(node, inputs, what):
 
 
 @pytest.mark.parametrize("op_type, attr, out_shape", [("ReduceSum", "keepdims", [1, 1]), ("Gemm", "transB", [2, 2]),
-                                                      ("MaxPool", "ceil_mode", [1, 1, 2, 2]), ("Reshape", "allowzero", [4])])
+                                                      ("MaxPool", "ceil_mode", [1, 1, 2, 2]),
+                                                      ("Reshape", "allowzero", [4])])
 def test_flag_attributes_must_be_0_or_1(op_type, attr, out_shape):
     """onnxruntime reads keepdims=2 as 1 but ceil_mode=-1 as 0: a value that is neither is refused, not guessed."""
     inputs = {"Gemm": ["x", "x"], "Reshape": ["x", "shape"]}.get(op_type, ["x"])
@@ -76,15 +77,16 @@ def test_models_before_opset_11_are_converted():
     np.testing.assert_array_equal(g(x)[0], np.maximum(x, 0))
     with pytest.raises(UnsupportedOnnxError, match="opset 9 is not supported.*could not convert"):
         tg.from_onnx(unchecked_model(n("NoSuchOp", ["x"], ["y"]), opset=9))
-    upsample = make_model([n("Upsample", ["x", "scales"], ["y"], mode="nearest")], [("x", [1, 1, 2, 3])],
-                          [("y", [1, 1, 4, 6])], {"scales": np.array([1, 1, 2, 2], np.float32)}, opset=9)
-    upsample.graph.node[0].name = "up1"
-    # the converter made its Upsample a Resize, and dropped its name: the message named a node and an operator the
-    # model does not have
-    with pytest.warns(UserWarning), pytest.raises(UnsupportedOnnxError, match=r"^node 'up1' \(Upsample\): operator "
-                                                  r"Upsample is not supported \(the model's opset 9 was converted to "
-                                                  r"13 by onnx.version_converter, where .*Resize is not supported"):
-        tg.from_onnx(upsample)
+    scatter = make_model([n("Scatter", ["x", "i", "u"], ["y"], axis=0)],
+                         [("x", [3, 3]), ("i", [1, 3], TensorProto.INT64), ("u", [1, 3])], [("y", [3, 3])], opset=9)
+    scatter.graph.node[0].name = "sc1"
+    # the converter made its Scatter a ScatterElements, and dropped its name: the message named a node and an
+    # operator the model does not have
+    with pytest.warns(UserWarning), pytest.raises(UnsupportedOnnxError, match=r"^node 'sc1' \(Scatter\): operator "
+                                                  r"Scatter is not supported \(the model's opset 9 was converted to "
+                                                  r"13 by onnx.version_converter, where .*ScatterElements is not "
+                                                  r"supported"):
+        tg.from_onnx(scatter)
 
 
 def test_malformed_models():

@@ -1,1 +1,121 @@
 """Converters of data-movement operators: tiling, depth/space rearrangement, element gathers and scans.
+
+Tile, DepthToSpace and SpaceToDepth are exact compositions of reshapes (views), an expand or a transpose;
+GatherElements and CumSum are graph ops of their own; InstanceNormalization is a layer norm over the spatial
+axes, then a per-channel scale and shift.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import ops
+from .elementwise import in_f32
+from .errors import OnnxImportError
+from .node import Node, converts
+
+BLOCK_MODES = ("DCR", "CRD")
+# the axes of x viewed as (N, blocksize, blocksize, C', H, W) (DCR) or (N, C', blocksize, blocksize, H, W) (CRD)
+# as DepthToSpace permutes them into (N, C', H, blocksize, W, blocksize)
+DEPTH_TO_SPACE_PERMS = {"DCR": (0, 3, 4, 1, 5, 2), "CRD": (0, 1, 4, 2, 5, 3)}
+# the axes of x viewed as (N, C, H', blocksize, W', blocksize) as SpaceToDepth permutes them: its inverse
+SPACE_TO_DEPTH_PERMS = {"DCR": (0, 3, 5, 1, 2, 4), "CRD": (0, 1, 3, 5, 2, 4)}
+
+
+@converts("Tile")
+def tile(node: Node) -> list:
+    """Tile by constant repeats: x viewed with a 1 before each repeated axis, expanded to the repeats, then
+    each (repeat, axis) pair merged (numpy.tile's layout)."""
+    x, repeats = node.input(0), [int(r) for r in np.asarray(node.const(1)).reshape(-1)]
+    if len(repeats) != x.ndim or any(r < 0 for r in repeats):
+        raise node.error(f"repeats {repeats} need one non-negative count per axis of the input's shape {x.shape}",
+                         OnnxImportError)
+    split, expanded = [], []
+    for r, n in zip(repeats, x.shape):
+        split += [n] if r == 1 else [1, n]
+        expanded += [n] if r == 1 else [r, n]
+    tiled = ops.expand(ops.reshape(x, split), expanded)
+    return [ops.reshape(tiled, tuple(r * n for r, n in zip(repeats, x.shape)))]
+
+
+def _block_layout(node: Node) -> tuple:
+    """(x, blocksize, mode) of a DepthToSpace / SpaceToDepth node, checked: x (N, C, H, W), blocksize >= 1."""
+    x, blocksize, mode = node.input(0), node.attr("blocksize"), node.attr("mode", "DCR")
+    if blocksize is None or blocksize < 1:
+        raise node.error(f"blocksize must be given and positive, got {blocksize}", OnnxImportError)
+    if mode not in BLOCK_MODES:
+        raise node.error(f"mode={mode!r} is not supported ({', '.join(BLOCK_MODES)})")
+    if x.ndim != 4:
+        raise node.error(f"needs an (N, C, H, W) input, got shape {x.shape}", OnnxImportError)
+    return x, blocksize, mode
+
+
+def _rearranged(x, split: tuple, perm: tuple, shape: tuple):
+    """x viewed as `split`, its axes permuted by `perm`, viewed as `shape`: one transpose between two views."""
+    return ops.reshape(ops.transpose(ops.reshape(x, split), perm), shape)
+
+
+@converts("DepthToSpace", attrs=("blocksize", "mode"))
+def depth_to_space(node: Node) -> list:
+    """DepthToSpace in DCR (default) or CRD mode: channel blocks moved into blocksize x blocksize pixels."""
+    x, b, mode = _block_layout(node)
+    n, c, h, w = x.shape
+    if c % (b * b):
+        raise node.error(f"the channels of shape {x.shape} are not a multiple of blocksize^2 = {b * b}",
+                         OnnxImportError)
+    depth = c // (b * b)
+    split = (n, b, b, depth, h, w) if mode == "DCR" else (n, depth, b, b, h, w)
+    return [_rearranged(x, split, DEPTH_TO_SPACE_PERMS[mode], (n, depth, h * b, w * b))]
+
+
+@converts("SpaceToDepth", attrs=("blocksize", "mode"))
+def space_to_depth(node: Node) -> list:
+    """SpaceToDepth (mode from opset 28: DCR, the default, or CRD): blocksize x blocksize pixels moved into
+    channels, DepthToSpace's inverse."""
+    x, b, mode = _block_layout(node)
+    n, c, h, w = x.shape
+    if h % b or w % b:
+        raise node.error(f"the height and width of shape {x.shape} are not multiples of blocksize {b}",
+                         OnnxImportError)
+    split = (n, c, h // b, b, w // b, b)
+    return [_rearranged(x, split, SPACE_TO_DEPTH_PERMS[mode], (n, c * b * b, h // b, w // b))]
+
+
+@converts("GatherElements", attrs=("axis",))
+def gather_elements(node: Node) -> list:
+    """GatherElements along `axis` (indices may be any tensor; negative ones count from the end)."""
+    return [ops.gather_elements(node.input(0), node.input(1), node.attr("axis", 0))]
+
+
+@converts("CumSum", attrs=("exclusive", "reverse"))
+def cumsum(node: Node) -> list:
+    """CumSum along a constant axis (a scalar, or one value in a 1-d tensor), exclusive and / or reversed."""
+    x, axis = node.input(0), np.asarray(node.const(1))
+    if axis.size != 1 or axis.ndim > 1 or axis.dtype.kind not in "iu":
+        raise node.error(f"the axis must be one integer, got {axis.dtype}{list(axis.shape)}", OnnxImportError)
+    if not (x.dtype.is_float or x.dtype.is_integer):
+        raise node.error(f"data type {x.dtype.name} is not supported (integers and floats)")
+    return [ops.cumsum(x, int(axis.reshape(-1)[0]), node.flag("exclusive"), node.flag("reverse"))]
+
+
+@converts("InstanceNormalization", attrs=("epsilon",))
+def instance_norm(node: Node) -> list:
+    """InstanceNormalization: x normalized over its spatial axes per instance and channel (a layer norm from axis
+    2, statistics in f32, or f64 for f64 x), then scaled and shifted per channel; 16-bit x computed in f32 and
+    rounded once."""
+    x, scale, bias = (node.input(k) for k in range(3))
+    if x.ndim < 3:
+        raise node.error(f"needs an (N, C, D1, ...) input, got shape {x.shape}", OnnxImportError)
+    if not x.dtype.is_float:
+        raise node.error(f"data type {x.dtype.name} is not supported (floats)")
+    for what, p in (("scale", scale), ("B", bias)):
+        if p.shape != (x.shape[1],):
+            raise node.error(f"{what} must have shape ({x.shape[1]},), one value per channel, got {p.shape}",
+                             OnnxImportError)
+    per_channel = (x.shape[1],) + (1,) * (x.ndim - 2)
+    eps = float(node.attr("epsilon", 1e-5))
+
+    def normalized(x, scale, bias):
+        y = ops.layer_norm(x, eps=eps, axis=2)
+        return ops.add(ops.mul(y, ops.reshape(scale, per_channel)), ops.reshape(bias, per_channel))
+
+    return [in_f32(normalized, x, scale, bias)]

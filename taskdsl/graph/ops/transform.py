@@ -1,19 +1,28 @@
-"""Data movement: reshape (and flatten / squeeze / unsqueeze), transpose, concat, split, slice, gather, expand, pad."""
+"""Data movement: reshape (and flatten / squeeze / unsqueeze), transpose, concat, split, slice, gather,
+gather_elements, resample, expand, pad, and cumsum."""
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
-from stdlib_ops.elementwise import as_int, int_tuple
+from stdlib_ops.elementwise import as_int, flag, int_tuple
 from stdlib_ops.transform import part_at
 
 from ... import ir
 from ...compute import compute
+from ...compute import reduce as reduction
 from ...lang import math_expr
 from ...runtime.arrays import check_indices
 from ..operator import Operator, dims
 from ..tensor import Tensor, as_shape, as_tensor, number_for
 from .axes import normalize_axes, normalize_axis
 from .elementwise import broadcast_index, broadcast_shape
+
+
+def _from_end(k: ir.Expr, n) -> ir.Expr:
+    """Index `k` into an axis of size `n`, a negative one counting from the end."""
+    return ir.Select(k < 0, k + n, k, k.dtype)
 
 
 def _all(conds: list) -> ir.Expr:
@@ -157,11 +166,88 @@ class Gather(Operator):
         shape = dx[:axis] + dims(idx) + dx[axis + 1:]
 
         def fcompute(*ix):
-            k = idx[ix[axis:axis + rank]]
-            k = ir.Select(k < 0, k + dx[axis], k, k.dtype)
+            k = _from_end(idx[ix[axis:axis + rank]], dx[axis])
             return x[ix[:axis] + (k,) + ix[axis + rank:]]
 
         return [compute("gather", shape, fcompute)]
+
+
+class GatherElements(Operator):
+    """torch.gather(x, axis, indices): out[i] is x at i with i[axis] replaced by indices[i] (negative indices count
+    from the end); indices have x's rank and are no longer than x along the other axes."""
+
+    kind = "gather_elements"
+    generic = True
+
+    def check(self):
+        x, idx = self.inputs
+        if not idx.dtype.is_integer:
+            raise TypeError(f"gather_elements: indices must be integers, got {idx.dtype.name}")
+        if idx.ndim != x.ndim:
+            raise ValueError(f"gather_elements: indices of shape {idx.shape} need the rank of x's shape {x.shape}")
+        axis = self.attrs["axis"] = normalize_axis(self.attrs["axis"], x.ndim, "gather_elements")
+        if any(m > n for a, (m, n) in enumerate(zip(idx.shape, x.shape)) if a != axis):
+            raise ValueError(f"gather_elements: indices of shape {idx.shape} are longer than x's shape {x.shape} "
+                             f"on an axis other than {axis}")
+        if idx.is_constant:
+            self.check_values([None, idx.value])
+        elif idx.size and not x.shape[axis]:
+            raise IndexError(f"gather_elements: indices of shape {idx.shape} into axis {axis} of size 0")
+
+    def check_values(self, arrays):
+        """IndexError for an index outside [-n, n) (the kernels would clamp it to the axis instead)."""
+        axis = self.attrs["axis"]
+        check_indices(arrays[1], self.inputs[0].shape[axis], axis, "gather_elements")
+
+    def define(self, x, idx):
+        axis, n = self.attrs["axis"], dims(x)[self.attrs["axis"]]
+
+        def fcompute(*ix):
+            return x[ix[:axis] + (_from_end(idx[ix], n),) + ix[axis + 1:]]
+
+        return [compute("gather_elements", dims(idx), fcompute)]
+
+
+class Resample(Operator):
+    """x resampled along `axis` with precomputed taps: output slice o is the sum over the taps of weights[o] *
+    x's slice indices[o] (negative indices count from the end). Inputs: x, then each tap's 1-d indices and
+    weights, one entry per output position. Computed in, and given as, the weights' dtype: f32 weights resample
+    a 16-bit x with one rounding, at the end."""
+
+    kind = "resample"
+    generic = True
+
+    def check(self):
+        x, taps = self.inputs[0], self.inputs[1:]
+        if not taps or len(taps) % 2:
+            raise ValueError(f"resample: needs x and (indices, weights) pairs, got {len(self.inputs)} inputs")
+        self.attrs["axis"] = normalize_axis(self.attrs["axis"], x.ndim, "resample")
+        for idx, w in zip(taps[0::2], taps[1::2]):
+            if not (x.dtype.is_float and idx.dtype.is_integer and w.dtype.is_float and w.dtype == taps[1].dtype):
+                raise TypeError(f"resample: needs a float x, integer indices and float weights of one dtype, got "
+                                f"{x.dtype.name}, {idx.dtype.name} and {w.dtype.name}")
+            if idx.ndim != 1 or idx.shape != w.shape or idx.shape != taps[0].shape:
+                raise ValueError(f"resample: each tap's indices and weights must be 1-d, one entry per output "
+                                 f"position, got shapes {[t.shape for t in taps]}")
+        self.check_values([None, *(t.value for t in taps)])
+
+    def check_values(self, arrays):
+        """IndexError for an index outside [-n, n) (the kernels would clamp it to the axis instead)."""
+        axis = self.attrs["axis"]
+        for indices in arrays[1::2]:
+            if indices is not None:
+                check_indices(indices, self.inputs[0].shape[axis], axis, "resample")
+
+    def define(self, x, *taps):
+        axis, dx = self.attrs["axis"], dims(x)
+
+        def fcompute(*ix):
+            o = ix[axis:axis + 1]
+            terms = [w[o] * x[ix[:axis] + (_from_end(idx[o], dx[axis]),) + ix[axis + 1:]]
+                     for idx, w in zip(taps[0::2], taps[1::2])]
+            return sum(terms[1:], terms[0])
+
+        return [compute("resample", dx[:axis] + dims(taps[0]) + dx[axis + 1:], fcompute, dtype=taps[1].dtype)]
 
 
 class Expand(Operator):
@@ -175,6 +261,40 @@ class Expand(Operator):
     def define(self, x):
         shape = self.inputs[0].shape
         return [compute("expand", self.out_shape, lambda *ix: x[broadcast_index(ix, shape)])]
+
+
+class CumSum(Operator):
+    """Running sums of x along `axis` (in x's dtype; 16-bit floats summed in f32): element i sums the elements
+    j <= i (j < i with `exclusive`; j >= i and j > i with `reverse`). attrs: axis, exclusive, reverse."""
+
+    kind = "cumsum"
+    generic = True
+
+    def check(self):
+        x = self.inputs[0]
+        if x.dtype.is_bool:
+            raise TypeError("cumsum is not defined on bool tensors; cast them first")
+        if x.ndim == 0:
+            raise ValueError("cumsum needs a tensor with at least one axis")
+        self.attrs["axis"] = normalize_axis(self.attrs["axis"], x.ndim, "cumsum")
+
+    def define(self, x):
+        shape, axis = dims(x), self.attrs["axis"]
+        exclusive, reverse = self.attrs["exclusive"], self.attrs["reverse"]
+        zero = ir.const(0, x.dtype)
+
+        # A reduction's extent cannot depend on the output index (compute.reduce takes a fixed reduce_shape), so
+        # each element sums the whole axis with the elements outside its prefix masked to 0: n^2 adds per axis of
+        # n, not a scan's n. (A select, not a product by 0 / 1, so an inf or NaN outside the prefix stays out.)
+        def term(*ix):
+            i, j = ix[axis], ix[-1]
+            if reverse:
+                taken = j > i if exclusive else j >= i
+            else:
+                taken = j < i if exclusive else j <= i
+            return ir.Select(taken, x[ix[:axis] + (j,) + ix[axis + 1:-1]], zero, x.dtype)
+
+        return [reduction("cumsum", shape, (shape[axis],), term, op="sum", dtype=x.dtype)]
 
 
 PAD_MODES = ("constant", "edge", "reflect", "wrap")
@@ -361,6 +481,29 @@ def gather(x, indices, axis: int = 0) -> Tensor:
     if isinstance(indices, (list, tuple)) and np.size(indices) == 0:
         indices = np.zeros(np.shape(indices), np.int64)      # numpy.take's empty indices (np.asarray([]) is float)
     return Gather([x, as_tensor(indices)], {"axis": axis}).outputs[0]
+
+
+def gather_elements(x, indices, axis: int = 0) -> Tensor:
+    """torch.gather(x, axis, indices) (ONNX GatherElements): x's elements at integer `indices` along `axis`."""
+    return GatherElements([x, as_tensor(indices)], {"axis": axis}).outputs[0]
+
+
+def cumsum(x, axis: int = 0, exclusive: bool = False, reverse: bool = False) -> Tensor:
+    """numpy.cumsum along `axis` (ONNX CumSum): with `exclusive` each sum leaves its own element out, with
+    `reverse` the sums run from the end. Computed on x viewed as (outer, axis, inner): every rank and axis share
+    one kernel (a reshape is a view)."""
+    if x.ndim == 0:
+        raise ValueError("cumsum needs a tensor with at least one axis")
+    axis = normalize_axis(axis, x.ndim, "cumsum")
+    attrs = {"axis": 1, "exclusive": flag(exclusive, "cumsum: exclusive"), "reverse": flag(reverse, "cumsum: reverse")}
+    view = reshape(x, (math.prod(x.shape[:axis]), x.shape[axis], math.prod(x.shape[axis + 1:])))
+    return reshape(CumSum([view], attrs).outputs[0], x.shape)
+
+
+def resample(x, taps, axis: int) -> Tensor:
+    """x resampled along `axis`: output slice o is the sum of weights[o] * x's slice indices[o] over the 1-d
+    (indices, weights) pairs `taps` (linear or cubic interpolation with precomputed taps), in the weights' dtype."""
+    return Resample([x, *(as_tensor(t) for tap in taps for t in tap)], {"axis": axis}).outputs[0]
 
 
 def expand(x, shape) -> Tensor:
