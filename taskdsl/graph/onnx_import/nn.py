@@ -15,7 +15,7 @@ from .node import Node, converts
 WINDOW_ATTRS = ("auto_pad", "dilations", "kernel_shape", "pads", "strides")
 
 
-def _window(node: Node, x, kernel: tuple) -> tuple:
+def window(node: Node, x, kernel: tuple) -> tuple:
     """(strides, pads (begin..., end...), dilations) of a conv / pool node, auto_pad resolved."""
     rank = len(kernel)
     strides = tuple(node.attr("strides", [1] * rank))
@@ -52,7 +52,7 @@ def conv(node: Node) -> list:
     kernel = tuple(node.attr("kernel_shape", w.shape[2:]))
     if kernel != w.shape[2:]:
         raise node.error(f"kernel_shape {kernel} does not match the weight's {w.shape[2:]}", OnnxImportError)
-    strides, pads, dilations = _window(node, x, kernel)
+    strides, pads, dilations = window(node, x, kernel)
     return [ops.conv(x, w, bias, strides, pads, dilations, node.attr("group", 1))]
 
 
@@ -146,7 +146,7 @@ def pool(node: Node) -> list:
     kernel = tuple(node.attr("kernel_shape", ()))
     if len(kernel) != x.ndim - 2:
         raise node.error(f"kernel_shape {kernel} needs one value per spatial axis of {x.shape}", OnnxImportError)
-    strides, pads, dilations = _window(node, x, kernel)
+    strides, pads, dilations = window(node, x, kernel)
     if node.wanted(1):
         return list(ops.max_pool_with_indices(x, kernel, strides, pads, dilations, node.flag("ceil_mode"),
                                               column_major=node.flag("storage_order")))

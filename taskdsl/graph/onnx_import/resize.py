@@ -19,7 +19,7 @@ import numpy as np
 from .. import ops
 from ..ops.axes import normalize_axis
 from .errors import OnnxImportError
-from .nn import WINDOW_ATTRS, _window
+from .nn import WINDOW_ATTRS, window
 from .node import Node, converts
 
 
@@ -310,7 +310,7 @@ def conv_transpose(node: Node) -> list:
     if w.ndim != x.ndim or x.ndim < 3 or w.shape[0] != x.shape[1] or group < 1 or w.shape[0] % group:
         raise node.error(f"X {x.shape}, W {w.shape} and group={group} do not match (W is (C, M / group, "
                          "kernel...) for X (N, C, spatial...), C a multiple of group)", OnnxImportError)
-    strides, pads, dilations = _window(node, x, kernel)    # (its SAME pads are a Conv's: replaced below)
+    strides, pads, dilations = window(node, x, kernel)    # (its SAME pads are a Conv's: replaced below)
     begins, out = _transposed_geometry(node, x, kernel, strides, pads, dilations)
     if any(n < 1 for n in out):
         raise node.error(f"the output's spatial size {out} is empty", OnnxImportError)
