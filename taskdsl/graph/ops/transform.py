@@ -139,26 +139,36 @@ class Slice(Operator):
         return [compute("slice", sizes, lambda *ix: x[tuple(s + i * d for s, i, d in zip(starts, ix, steps))])]
 
 
-class Gather(Operator):
-    """numpy.take(x, indices, axis): x's slices at integer `indices` (negative ones count from the end)."""
+class _IndexedRead(Operator):
+    """An operator reading x at integer indices along `axis` (negative ones count from the end): the checks of the
+    indices, which kernels would clamp to the axis instead of refusing."""
 
-    kind = "gather"
     generic = True
 
     def check(self):
         x, idx = self.inputs
         if not idx.dtype.is_integer:
-            raise TypeError(f"gather: indices must be integers, got {idx.dtype.name}")
-        self.attrs["axis"] = normalize_axis(self.attrs["axis"], x.ndim, "gather")
+            raise TypeError(f"{self.kind}: indices must be integers, got {idx.dtype.name}")
+        axis = self.attrs["axis"] = normalize_axis(self.attrs["axis"], x.ndim, self.kind)
+        self.check_shapes(x, idx, axis)
         if idx.is_constant:
             self.check_values([None, idx.value])
-        elif idx.size and not x.shape[self.attrs["axis"]]:
-            raise IndexError(f"gather: indices of shape {idx.shape} into axis {self.attrs['axis']} of size 0")
+        elif idx.size and not x.shape[axis]:
+            raise IndexError(f"{self.kind}: indices of shape {idx.shape} into axis {axis} of size 0")
+
+    def check_shapes(self, x, idx, axis: int) -> None:
+        """ValueError where the indices' shape does not fit x's (any shape fits by default)."""
 
     def check_values(self, arrays):
         """IndexError for an index outside [-n, n) (the kernels would clamp it to the axis instead)."""
         axis = self.attrs["axis"]
-        check_indices(arrays[1], self.inputs[0].shape[axis], axis, "gather")
+        check_indices(arrays[1], self.inputs[0].shape[axis], axis, self.kind)
+
+
+class Gather(_IndexedRead):
+    """numpy.take(x, indices, axis): x's slices at integer `indices` (negative ones count from the end)."""
+
+    kind = "gather"
 
     def define(self, x, idx):
         axis, rank = self.attrs["axis"], self.inputs[1].ndim
@@ -172,32 +182,18 @@ class Gather(Operator):
         return [compute("gather", shape, fcompute)]
 
 
-class GatherElements(Operator):
+class GatherElements(_IndexedRead):
     """torch.gather(x, axis, indices): out[i] is x at i with i[axis] replaced by indices[i] (negative indices count
     from the end); indices have x's rank and are no longer than x along the other axes."""
 
     kind = "gather_elements"
-    generic = True
 
-    def check(self):
-        x, idx = self.inputs
-        if not idx.dtype.is_integer:
-            raise TypeError(f"gather_elements: indices must be integers, got {idx.dtype.name}")
+    def check_shapes(self, x, idx, axis: int) -> None:
         if idx.ndim != x.ndim:
             raise ValueError(f"gather_elements: indices of shape {idx.shape} need the rank of x's shape {x.shape}")
-        axis = self.attrs["axis"] = normalize_axis(self.attrs["axis"], x.ndim, "gather_elements")
         if any(m > n for a, (m, n) in enumerate(zip(idx.shape, x.shape)) if a != axis):
             raise ValueError(f"gather_elements: indices of shape {idx.shape} are longer than x's shape {x.shape} "
                              f"on an axis other than {axis}")
-        if idx.is_constant:
-            self.check_values([None, idx.value])
-        elif idx.size and not x.shape[axis]:
-            raise IndexError(f"gather_elements: indices of shape {idx.shape} into axis {axis} of size 0")
-
-    def check_values(self, arrays):
-        """IndexError for an index outside [-n, n) (the kernels would clamp it to the axis instead)."""
-        axis = self.attrs["axis"]
-        check_indices(arrays[1], self.inputs[0].shape[axis], axis, "gather_elements")
 
     def define(self, x, idx):
         axis, n = self.attrs["axis"], dims(x)[self.attrs["axis"]]
