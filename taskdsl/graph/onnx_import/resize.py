@@ -7,12 +7,14 @@ them, so that nearest ties round as there. Upsample (opsets 7-9) reaches no conv
 converts models before opset 11 to opset 13, where onnx.version_converter has made it a Resize (and
 model.py gives it back the coordinates and rounding it had, which the conversion drops).
 
-ConvTranspose is a convolution: of the input with stride - 1 zeros between its elements, by the weights
-flipped spatially with their channel axes swapped per group.
+ConvTranspose is a convolution by the weights flipped spatially with their channel axes swapped per group: of the
+input itself, with one output channel per channel and output phase (dilation 1), the phases then interleaved;
+with a dilation, of the input with stride - 1 zeros between its elements.
 """
 from __future__ import annotations
 
 import functools
+import itertools
 
 import numpy as np
 
@@ -298,6 +300,40 @@ def _conv_weights(w, group: int):
     return ops.slice(w, [-1] * rank, [-k - 1 for k in kernel], list(range(2, 2 + rank)), [-1] * rank)
 
 
+def _by_phases(x, weights, bias, strides: tuple, begins: list, out: list, group: int):
+    """ConvTranspose with dilation 1 as one convolution of x without inserted zeros, whose output channels hold
+    every output phase. Along an axis of stride s, the outputs o with (o + begin) % s == r, at q = (o + begin) // s,
+    are y[q] = sum over m of x[q - m] * w[r + m * s]: a correlation with the kernel's taps r, r + s, ... flipped,
+    which are the flipped kernel's every s-th tap from s - 1 - r once zeros before it make its length a multiple
+    of s (one tap count for every phase: a phase with fewer multiplies the zeros). The phases are then
+    interleaved, and each computes q over the span of them all: what lies outside the output is cropped."""
+    kernel, rank, n_out = weights.shape[2:], len(strides), weights.shape[0] // group
+    spatial = list(range(2, 2 + rank))
+    taps = [-(-k // s) for k, s in zip(kernel, strides)]
+    spans = [(b // s, (b + o - 1) // s) for b, o, s in zip(begins, out, strides)]
+    front = [t * s - k for t, s, k in zip(taps, strides, kernel)]
+    padded = ops.pad(weights, [0, 0] + front + [0] * (2 + rank)) if any(front) else weights
+    phases = list(itertools.product(*(range(s) for s in strides)))
+    shape = (group, 1, n_out, weights.shape[1]) + tuple(taps)
+    subs = [ops.reshape(ops.slice(padded, [s - 1 - r for r, s in zip(phase, strides)],
+                                  [s - 1 - r + (t - 1) * s + 1 for r, s, t in zip(phase, strides, taps)],
+                                  spatial, list(strides)), shape) for phase in phases]
+    channels = group * len(phases) * n_out      # ordered (group, phase, output channel)
+    stacked = ops.reshape(ops.concat(subs, 1) if len(subs) > 1 else subs[0], (channels,) + shape[3:])
+    if bias is not None:
+        bias = ops.reshape(ops.expand(ops.reshape(bias, (group, 1, n_out)), (group, len(phases), n_out)), (channels,))
+    before = [t - 1 - lo for t, (lo, _) in zip(taps, spans)]
+    after = [hi - lo + t - n - b for t, (lo, hi), n, b in zip(taps, spans, x.shape[2:], before)]
+    source, pads = _cropped(x, before + after)
+    y = ops.conv(source, stacked, bias, 1, pads, 1, group)
+    q = y.shape[2:]
+    y = ops.reshape(y, (x.shape[0], group) + tuple(strides) + (n_out,) + q)
+    y = ops.transpose(y, (0, 1, 2 + rank) + tuple(v for a in range(rank) for v in (3 + rank + a, 2 + a)))
+    y = ops.reshape(y, (x.shape[0], group * n_out) + tuple(n * s for n, s in zip(q, strides)))
+    starts = [b - lo * s for b, (lo, _), s in zip(begins, spans, strides)]
+    return ops.slice(y, starts, [st + o for st, o in zip(starts, out)], spatial)
+
+
 @converts("ConvTranspose", attrs=WINDOW_ATTRS + ("group", "output_padding", "output_shape"))
 def conv_transpose(node: Node) -> list:
     """ConvTranspose (1-3 spatial axes, groups, dilations, output_padding, output_shape, auto_pad) with an
@@ -314,11 +350,14 @@ def conv_transpose(node: Node) -> list:
     begins, out = _transposed_geometry(node, x, kernel, strides, pads, dilations)
     if any(n < 1 for n in out):
         raise node.error(f"the output's spatial size {out} is empty", OnnxImportError)
+    weights = _conv_weights(w, group)
+    if all(d == 1 for d in dilations) and any(s > 1 for s in strides):
+        return [_by_phases(x, weights, bias, strides, begins, out, group)]
     # Output o reads the zero-inserted input at o + begin - (k - 1) * d + j * d for the flipped kernel's j: a
-    # convolution padded by (k - 1) * d - begin. It does prod(strides) times the needed work (most products are
-    # with the inserted zeros): a direct kernel is future work.
+    # convolution padded by (k - 1) * d - begin. With a stride, it does prod(strides) times the needed work (most
+    # products are with the inserted zeros): the phases above avoid that where the dilation is 1.
     upsampled = _zeros_between(x, strides)
     pads = [(k - 1) * d - b for k, d, b in zip(kernel, dilations, begins)]
     pads += [o - n * s + b for o, n, s, b in zip(out, x.shape[2:], strides, begins)]
     upsampled, pads = _cropped(upsampled, pads)
-    return [ops.conv(upsampled, _conv_weights(w, group), bias, 1, pads, dilations, group)]
+    return [ops.conv(upsampled, weights, bias, 1, pads, dilations, group)]
