@@ -106,7 +106,9 @@ def _contract(node: Node, left: tuple, right: tuple, needed: set) -> tuple:
     a = _as_matrices(a, la, batch, a_free, summed, size)
     b = _as_matrices(b, lb, batch, summed, b_free, size)
     labels = batch + a_free + b_free
-    return ops.reshape(ops.matmul(a, b), [size[label] for label in labels]), labels
+    product = ops.matmul(a, b)
+    shape = tuple(size[label] for label in labels)
+    return (product if product.shape == shape else ops.reshape(product, shape)), labels
 
 
 def _broadcast(node: Node, x, labels: list, other, other_labels: list, shared: list):
@@ -122,7 +124,11 @@ def _broadcast(node: Node, x, labels: list, other, other_labels: list, shared: l
 
 
 def _as_matrices(x, labels: list, batch: list, rows: list, columns: list, size: dict):
-    """x transposed to (batch, rows, columns) labels and reshaped to (batch, rows, columns) sizes."""
-    order = batch + rows + columns
-    x = ops.transpose(x, [labels.index(label) for label in order])
-    return ops.reshape(x, [math.prod(size[label] for label in group) for group in (batch, rows, columns)])
+    """x with its axes in the order of the batch, rows and columns labels, the rows and the columns each merged
+    into one axis (matmul's operand, batch axes kept: a transpose of the last two axes matmul reads in place)."""
+    order = [labels.index(label) for label in batch + rows + columns]
+    if order != list(range(len(order))):
+        x = ops.transpose(x, order)
+    shape = tuple(size[label] for label in batch) + tuple(math.prod(size[label] for label in group)
+                                                          for group in (rows, columns))
+    return x if x.shape == shape else ops.reshape(x, shape)
