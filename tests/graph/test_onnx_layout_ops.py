@@ -138,6 +138,17 @@ def test_cumsum(shape, data, exclusive, reverse, dtype, axis_dtype):
     check_node(node, values(shape, dtype, 6), dtype, {"a": axis})
 
 
+@pytest.mark.parametrize("length", [31, 32, 33, 97])
+@pytest.mark.parametrize("exclusive, reverse", [(0, 0), (1, 0), (0, 1), (1, 1)])
+@pytest.mark.parametrize("dtype", [F32, I64])
+def test_cumsum_over_several_blocks(length, exclusive, reverse, dtype):
+    """Axes longer than a scan block (32: ops.transform.SCAN_BLOCK), with a partial last block, scanned either way
+    along the inner and the outer axis."""
+    for axis, shape in ((1, (3, length)), (0, (length, 2))):
+        node = n("CumSum", ["x", "a"], ["y"], exclusive=exclusive, reverse=reverse)
+        check_node(node, values(shape, dtype, length), dtype, {"a": np.array(axis, np.int64)})
+
+
 def test_cumsum_of_large_int64_values_is_exact():
     """2**60 + 1 + 1 is exact in int64 (a float64 accumulator rounds it to 2**60)."""
     x = np.array([2**60, 1, 1, -(2**61)], np.int64)

@@ -10,6 +10,7 @@ from stdlib_ops.elementwise import as_int, flag, int_tuple
 from stdlib_ops.transform import part_at
 
 from ... import ir
+from ...ir import types as T
 from ...compute import compute
 from ...compute import reduce as reduction
 from ...lang import math_expr
@@ -276,21 +277,44 @@ class CumSum(Operator):
 
     def define(self, x):
         shape, axis = dims(x), self.attrs["axis"]
+        n, block = shape[axis], SCAN_BLOCK
         exclusive, reverse = self.attrs["exclusive"], self.attrs["reverse"]
-        zero = ir.const(0, x.dtype)
+        acc = T.f32 if x.dtype.is_float and x.dtype.bits == 16 else x.dtype
+        zero = ir.const(0, acc)
 
         # A reduction's extent cannot depend on the output index (compute.reduce takes a fixed reduce_shape), so
-        # each element sums the whole axis with the elements outside its prefix masked to 0: n^2 adds per axis of
-        # n, not a scan's n. (A select, not a product by 0 / 1, so an inf or NaN outside the prefix stays out.)
-        def term(*ix):
-            i, j = ix[axis], ix[-1]
-            if reverse:
-                taken = j > i if exclusive else j >= i
-            else:
-                taken = j < i if exclusive else j <= i
-            return ir.Select(taken, x[ix[:axis] + (j,) + ix[axis + 1:-1]], zero, x.dtype)
+        # the axis is scanned in blocks: each element sums the blocks before its own (their totals) and its own
+        # block up to itself, masked (a select, not a product by 0 / 1, so an inf or NaN outside stays out):
+        # n / block + block adds an element, not a scan's 1 nor a masked whole axis's n.
+        def at(ix, p):      # ix with the element at scan position p (from the end when reversed) on the axis
+            return ix[:axis] + ((n - 1 - p) if reverse else p,) + ix[axis + 1:]
 
-        return [reduction("cumsum", shape, (shape[axis],), term, op="sum", dtype=x.dtype)]
+        def position(ix):
+            return (n - 1 - ix[axis]) if reverse else ix[axis]
+
+        def block_term(*ix):
+            p = ix[axis] * block + ix[-1]
+            return ir.Select(p < n, ir.convert(x[at(ix[:-1], p)], acc), zero, acc)
+
+        blocks = (n + block - 1) // block
+        totals = reduction("cumsum_blocks", shape[:axis] + (blocks,) + shape[axis + 1:], (block,), block_term,
+                           op="sum", dtype=acc)
+
+        def before_term(*ix):
+            c = ix[-1]
+            return ir.Select(c < position(ix[:-1]) // block, totals[ix[:axis] + (c,) + ix[axis + 1:-1]], zero, acc)
+
+        def own_term(*ix):
+            i = position(ix[:-1])
+            p = (i // block) * block + ix[-1]
+            return ir.Select(p < i if exclusive else p <= i, ir.convert(x[at(ix[:-1], p)], acc), zero, acc)
+
+        before = reduction("cumsum_before", shape, (blocks,), before_term, op="sum", dtype=acc)
+        own = reduction("cumsum_own", shape, (block,), own_term, op="sum", dtype=acc)
+        return [compute("cumsum", shape, lambda *ix: ir.convert(before[ix] + own[ix], x.dtype), dtype=x.dtype)]
+
+
+SCAN_BLOCK = 32         # elements of a cumsum block (an element adds up n / 32 block totals and up to 32 elements)
 
 
 PAD_MODES = ("constant", "edge", "reflect", "wrap")
