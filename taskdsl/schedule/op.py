@@ -14,7 +14,7 @@ from .. import ir
 from ..compute import _OWNER, Tensor, bind_sizes, check_fixed_reads, evaluate, numpy_dtype, topological
 from ..backend.cpu.launch import num_threads
 from ..runtime.config import fast_compile_enabled, get_target
-from ..runtime.arrays import as_array, conversion, empty_like_operands
+from ..runtime.arrays import as_array, conversion, empty_like_operands, unplanned
 from ..runtime.device_array import DeviceArray
 from ..runtime.kernel import Kernel, remember
 from .rules import (BLOCK, CPU_THREAD_BLOCK, choose_strategy, evaluate_int, injective_strategy, numel, reads_rows,
@@ -172,8 +172,14 @@ class Op:
         else:                      # the same dtypes and shapes as a checked call
             buffers = {t.buffer.uid: a for t, a in zip(self.inputs, arrays)}
         steps, sizes, allocations = prepared
-        for uid, shape, dtype in allocations:
-            buffers[uid] = empty_like_operands(shape, dtype, *arrays)
+        outputs = {t.buffer.uid for t in self.outputs}
+        for uid, shape, dtype in allocations:       # the outputs first: a slot the caller planned is theirs
+            if uid in outputs:
+                buffers[uid] = empty_like_operands(shape, dtype, *arrays)
+        with unplanned():       # (an intermediate of the output's shape took its slot: graph.arena's Misplaced)
+            for uid, shape, dtype in allocations:
+                if uid not in outputs:
+                    buffers[uid] = empty_like_operands(shape, dtype, *arrays)
         for step in steps:
             step.kernel(*step.arguments(buffers, sizes))
         self._last = steps

@@ -80,17 +80,17 @@ def converted_if_old(model: onnx.ModelProto) -> onnx.ModelProto:
             f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}") from e
     warnings.warn(f"from_onnx: the model's opset {opset} predates opset {MIN_OPSET}; it was converted to "
                   f"opset {CONVERTED_OPSET} with onnx.version_converter", stacklevel=3)
-    _keep_old_resize_semantics(model, converted)
+    _keep_old_resize_semantics(converted)
     return converted
 
 
-def _keep_old_resize_semantics(original: onnx.ModelProto, converted: onnx.ModelProto) -> None:
-    """Give each Resize that onnx's converter made of an Upsample (opsets 7-9) or an opset-10 Resize the semantics
-    it had, which the conversion drops (they would read as opset 11's half_pixel defaults): asymmetric
-    coordinates, and its nearest rounding (resize.BEFORE_OPSET_11)."""
-    old = {p.output[0] for p in original.graph.node if p.op_type in ("Upsample", "Resize") and p.output}
+def _keep_old_resize_semantics(converted: onnx.ModelProto) -> None:
+    """Give each Resize of a model converted from before opset 11, which onnx's converter made of an Upsample
+    (opsets 7-9) or an opset-10 Resize, the semantics those had, which the conversion drops (they would read as
+    opset 11's half_pixel defaults): asymmetric coordinates, and their nearest rounding (resize.BEFORE_OPSET_11).
+    (Every Resize is one of those: the converter renames the outputs it does not keep as graph outputs.)"""
     for p in converted.graph.node:
-        if p.op_type == "Resize" and p.output and p.output[0] in old:
+        if p.op_type == "Resize":
             kept = [a for a in p.attribute if a.name not in ("coordinate_transformation_mode", "nearest_mode")]
             del p.attribute[:]
             p.attribute.extend(kept + [onnx.helper.make_attribute("coordinate_transformation_mode", "asymmetric"),
