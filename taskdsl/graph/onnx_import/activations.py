@@ -44,10 +44,8 @@ def _hard_sigmoid(x, alpha: float, beta: float):
 
 @converts("HardSwish")
 def hard_swish(node: Node) -> list:
-    """HardSwish: x HardSigmoid(x) with alpha 1/6 and beta 1/2, the attributes of its ONNX function body (float32
-    values, for doubles too)."""
-    alpha = float(np.float32(1 / 6))
-    return [in_f32(lambda x: ops.mul(x, _hard_sigmoid(x, alpha, 0.5)), _float_input(node))]
+    """HardSwish: x HardSigmoid(x) with alpha 1/6 and beta 1/2 (ops' hard_swish, one operator)."""
+    return [ops.elementwise("hard_swish", _float_input(node))]
 
 
 @converts("Elu", attrs=("alpha",))
@@ -78,36 +76,16 @@ def celu(node: Node) -> list:
     return [in_f32(lambda x: _exponential_linear(x, ops.div(x, alpha), alpha), _float_input(node))]
 
 
-@converts("Softplus")
+@converts("Softplus", "Mish")
 def softplus(node: Node) -> list:
-    """Softplus: log(1 + e^x)."""
-    return [in_f32(_softplus, _float_input(node))]
-
-
-def _softplus(x):
-    """log(1 + e^x) as max(x, 0) + log1p(e^-|x|), as onnxruntime computes it: e^x would overflow where the result
-    is x, and 1 + e^x round to 1 where the result is e^x."""
-    return ops.add(ops.relu(x), _log1p(ops.exp(ops.neg(ops.elementwise("abs", x)))))
-
-
-def _log1p(u):
-    """log(1 + u), accurate for a tiny u too (where 1 + u rounds to 1): Kahan's log(w) u / (w - 1), w = 1 + u, in
-    which w - 1 is exact."""
-    w = ops.add(u, 1.0)
-    return ops.where(ops.equal(w, 1.0), u, ops.mul(ops.log(w), ops.div(u, ops.sub(w, 1.0))))
-
-
-@converts("Mish")
-def mish(node: Node) -> list:
-    """Mish: x tanh(softplus(x))."""
-    return [in_f32(lambda x: ops.mul(x, ops.tanh(_softplus(x))), _float_input(node))]
+    """Softplus log(1 + e^x), and Mish x tanh(softplus(x)): one operator each (ops' softplus and mish)."""
+    return [ops.elementwise(node.op_type.lower(), _float_input(node))]
 
 
 @converts("Swish", attrs=("alpha",))
 def swish(node: Node) -> list:
     """Swish (opset 24): x sigmoid(alpha x), as its definition computes it (NaN at -inf, where ops.silu gives -0)."""
-    alpha = _real_attr(node, "alpha", 1.0)
-    return [in_f32(lambda x: ops.mul(x, ops.sigmoid(ops.mul(x, alpha))), _float_input(node))]
+    return [ops.elementwise("swish", _float_input(node), alpha=_real_attr(node, "alpha", 1.0))]
 
 
 @converts("Softsign")

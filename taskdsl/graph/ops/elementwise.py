@@ -108,6 +108,24 @@ def _bit_shift(x, count, direction="left", **_):
     return ir.Select(in_range, ir.convert(shifted, x.dtype), fill, x.dtype)
 
 
+def _softplus(a) -> ir.Expr:
+    """log(1 + e^a) as max(a, 0) + log1p(e^-|a|), as onnxruntime computes it (e^a would overflow where the result
+    is a, and 1 + e^a round to 1 where it is e^a); log1p(u) as Kahan's log(w) u / (w - 1), w = 1 + u, in which
+    w - 1 is exact (and u itself where w rounds to 1)."""
+    a = _f32(a)
+    u = math_expr("exp", [-math_expr("abs", [a])])
+    w = u + 1.0
+    log1p = ir.Select(ir.binary("==", w, 1.0), u, math_expr("log", [w]) * (u / (w - 1.0)), a.dtype)
+    return math_expr("max", [a, 0]) + log1p
+
+
+def _hard_swish(a, **_) -> ir.Expr:
+    """x HardSigmoid(x) with alpha 1/6 and beta 1/2, the attributes of ONNX HardSwish's function body (float32
+    values, for doubles too); NaN kept."""
+    a = _f32(a)
+    return a * math_expr("min", [math_expr("max", [a * float(np.float32(1 / 6)) + 0.5, 0]), 1])
+
+
 # ---------------------------------------------------------------- dtype rules
 def _same(dtypes: list, fn: str) -> T.DataType:
     if len(set(dtypes)) > 1:
@@ -230,6 +248,13 @@ FUNCTIONS = {
     "gelu": Function(lambda a, approximate="none", **_: gelu_formula(a, approximate), _floating,
                      params=(("approximate", _one_of("none", "tanh")),)),
     "silu": Function(lambda a, **_: silu_formula(a), _floating),
+    # activations of one operand read more than once, as one operator (an epilogue fuses a chain of operators
+    # each read once): ONNX Swish x sigmoid(alpha x) (NaN at -inf, where silu gives -0), HardSwish, Softplus, Mish
+    "swish": Function(lambda a, alpha=1.0, **_: _f32(a) * math_expr("sigmoid", [a * alpha]), _floating,
+                      params=(("alpha", real),)),
+    "hard_swish": Function(_hard_swish, _floating),
+    "softplus": Function(lambda a, **_: _softplus(a), _floating),
+    "mish": Function(lambda a, **_: _f32(a) * math_expr("tanh", [_softplus(a)]), _floating),
     "where": Function(_where, _select, (3, 3)),
     "clip": Function(_clip, _clip_dtype, (1, 3), params=(("has_min", flag), ("has_max", flag))),
     "cast": Function(lambda a, **_: a, _to, params=(("to", _type_name),)),
