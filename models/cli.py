@@ -201,9 +201,12 @@ def onnx_given_shapes(model, specs: list) -> dict:
     return shapes
 
 
-def onnx_constants(model, specs: list) -> dict:
-    """The values `--constant NAME=V,V,...` fix, as arrays of the inputs' ONNX types (a one-value spec of a
-    0-d input is a scalar); UsageError for a spec that is malformed or names no input."""
+def onnx_constants(model, specs: list, shapes: dict | None = None) -> dict:
+    """The values `--constant NAME=V,V,...` fix, as arrays of the inputs' ONNX types, in the shape `--shape` gives
+    the input (`shapes`), else the one it declares where its dims are all fixed (a one-value spec of a 0-d input
+    is a scalar), else 1-d; UsageError for a spec that is malformed or names no input."""
+    import math
+
     import numpy as np
     from onnx.helper import tensor_dtype_to_np_dtype
     from taskdsl.graph.onnx_import.model import input_constant
@@ -229,8 +232,11 @@ def onnx_constants(model, specs: list) -> dict:
         except ValueError:
             what = "0 or 1 (false or true)" if dtype == np.bool_ else f"{dtype.name} numbers"
             raise UsageError(f"--constant {spec!r}: the values must be {what}, as input {name!r} takes") from None
-        if values.size == 1 and len(tensor.shape.dim) == 0:
-            values = values.reshape(())
+        shape = (shapes or {}).get(name)
+        if shape is None and tensor.HasField("shape") and all(d.HasField("dim_value") for d in tensor.shape.dim):
+            shape = [d.dim_value for d in tensor.shape.dim]
+        if shape is not None and math.prod(shape) == values.size:
+            values = values.reshape(shape)
         try:        # checked as from_onnx checks constants, and cast to the input's type (onnxruntime's feeds)
             constants[name] = input_constant(inputs[name], values, f"--constant {spec!r}")
         except ValueError as e:
@@ -266,8 +272,8 @@ def onnx_file(args) -> tuple:
     shapes, given = {}, {}
     try:
         model = load_model(args.onnx)
-        constants = onnx_constants(model, args.constant)
         given = onnx_given_shapes(model, args.shape)
+        constants = onnx_constants(model, args.constant, given)
         shapes = {name: shape for name, shape in onnx_shapes(model, args.batch, args.seq, given, constants).items()
                   if name not in constants}
         graph = from_onnx(model, shapes=shapes, constants=constants)

@@ -154,6 +154,23 @@ def test_an_empty_mask_input_is_sampled_and_checked(tmp_path, capsys):
         assert ", ok" in capsys.readouterr().out
 
 
+def test_constant_fixes_an_input_of_several_dims(tmp_path, capsys):
+    """`--constant` values fill the shape --shape gives the input, or the one it declares where every dim is
+    fixed: a 2-d input was refused ("shape (6,), but the model declares ...")."""
+    pytest.importorskip("onnxruntime")
+    from onnx import TensorProto as T, helper
+    value = helper.make_tensor_value_info
+    for declared, flags in ((["a", "b"], ["--shape", "c=2,3"]), ([2, 3], [])):
+        path = tmp_path / "add.onnx"
+        _save(path, [helper.make_node("Add", ["x", "c"], ["y"])], [value("x", T.FLOAT, [2, 3]),
+                                                                   value("c", T.FLOAT, declared)],
+              [value("y", T.FLOAT, [2, 3])])
+        assert main(["run", "--onnx", str(path), "--iters", "1", "--constant", "c=1,2,3,4,5,6", *flags]) == 0
+        assert ", ok" in capsys.readouterr().out
+    assert main(["run", "--onnx", str(path), "--constant", "c=1,2,3,4"]) == 2
+    assert "gives graph input 'c' shape (4,), but the model declares (2, 3)" in capsys.readouterr().err
+
+
 def test_an_error_names_only_the_sizes_batch_and_seq_gave(tmp_path, capsys):
     """A --shape contradicting a static input is reported without a note on --batch (which sized nothing), and an
     unsupported operator without one either."""
