@@ -50,21 +50,15 @@ def hard_swish(node: Node) -> list:
 
 @converts("Elu", attrs=("alpha",))
 def elu(node: Node) -> list:
-    """Elu: x, or alpha (e^x - 1) below 0."""
-    alpha = _real_attr(node, "alpha", 1.0)
-    return [in_f32(lambda x: _exponential_linear(x, x, alpha), _float_input(node))]
-
-
-def _exponential_linear(x, exponent, alpha: float):
-    """x where x >= 0 (or NaN), else alpha (e^exponent - 1): Elu, Selu and Celu."""
-    return ops.where(ops.less(x, 0.0), ops.mul(ops.sub(ops.exp(exponent), 1.0), alpha), x)
+    """Elu: x, or alpha (e^x - 1) below 0 (ops' elu, one operator)."""
+    return [ops.elementwise("elu", _float_input(node), alpha=_real_attr(node, "alpha", 1.0))]
 
 
 @converts("Selu", attrs=("alpha", "gamma"))
 def selu(node: Node) -> list:
     """Selu: gamma x, or gamma alpha (e^x - 1) below 0."""
     alpha, gamma = _real_attr(node, "alpha", 1.6732632423543772), _real_attr(node, "gamma", 1.0507009873554805)
-    return [in_f32(lambda x: ops.mul(_exponential_linear(x, x, alpha), gamma), _float_input(node))]
+    return [ops.elementwise("elu", _float_input(node), alpha=alpha, gamma=gamma)]
 
 
 @converts("Celu", attrs=("alpha",))
@@ -73,7 +67,7 @@ def celu(node: Node) -> list:
     alpha = _real_attr(node, "alpha", 1.0)
     if alpha == 0:
         raise node.error("alpha 0 is not supported (the formula divides by it)")
-    return [in_f32(lambda x: _exponential_linear(x, ops.div(x, alpha), alpha), _float_input(node))]
+    return [ops.elementwise("elu", _float_input(node), alpha=alpha, celu=True)]
 
 
 @converts("Softplus", "Mish")
@@ -108,7 +102,7 @@ def prelu(node: Node) -> list:
     if broadcast_shape([x.shape, slope.shape], "PRelu") != tuple(x.shape):
         raise node.error(f"the slope of shape {slope.shape} does not broadcast to X's shape {x.shape}",
                          OnnxImportError)
-    return [in_f32(lambda v, s: ops.where(ops.less(v, 0), ops.mul(v, s), v), x, slope)]
+    return [ops.elementwise("prelu", x, slope)]
 
 
 @converts("Shrink", attrs=("bias", "lambd"))

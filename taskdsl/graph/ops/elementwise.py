@@ -119,6 +119,14 @@ def _softplus(a) -> ir.Expr:
     return math_expr("max", [a, 0]) + log1p
 
 
+def _elu(a, alpha=1.0, gamma=1.0, celu=False, **_) -> ir.Expr:
+    """ONNX Elu: a, or alpha (e^a - 1) below 0 (NaN kept); Selu: that times gamma; Celu: e^(a / alpha) instead."""
+    a = _f32(a)
+    below = (math_expr("exp", [a / alpha if celu else a]) - 1.0) * alpha
+    value = ir.Select(a < 0, below, a, a.dtype)
+    return value if gamma == 1.0 else value * gamma
+
+
 def _hard_swish(a, **_) -> ir.Expr:
     """x HardSigmoid(x) with alpha 1/6 and beta 1/2, the attributes of ONNX HardSwish's function body (float32
     values, for doubles too); NaN kept."""
@@ -249,10 +257,13 @@ FUNCTIONS = {
                      params=(("approximate", _one_of("none", "tanh")),)),
     "silu": Function(lambda a, **_: silu_formula(a), _floating),
     # activations of one operand read more than once, as one operator (an epilogue fuses a chain of operators
-    # each read once): ONNX Swish x sigmoid(alpha x) (NaN at -inf, where silu gives -0), HardSwish, Softplus, Mish
+    # each read once): ONNX Swish x sigmoid(alpha x) (NaN at -inf, where silu gives -0), HardSwish, Softplus, Mish,
+    # Elu / Selu / Celu, PRelu (x, or slope x below 0)
     "swish": Function(lambda a, alpha=1.0, **_: _f32(a) * math_expr("sigmoid", [a * alpha]), _floating,
                       params=(("alpha", real),)),
     "hard_swish": Function(_hard_swish, _floating),
+    "elu": Function(_elu, _floating, params=(("alpha", real), ("gamma", real), ("celu", flag))),
+    "prelu": Function(lambda a, b, **_: ir.Select(a < 0, a * b, _f32(a), promote_f32(a)), _numeric, (2, 2)),
     "softplus": Function(lambda a, **_: _softplus(a), _floating),
     "mish": Function(lambda a, **_: _f32(a) * math_expr("tanh", [_softplus(a)]), _floating),
     "where": Function(_where, _select, (3, 3)),
