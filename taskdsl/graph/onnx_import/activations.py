@@ -1,7 +1,8 @@
 """Converters of activation functions and elementwise math beyond elementwise.py's tables.
 
-Each is a composition of elementwise graph ops, which fusion makes one kernel; a 16-bit float input is computed in
-f32 and rounded once (`in_f32`), as that kernel computes it.
+Those that read x more than once in a common network (HardSwish, Swish, Softplus, Mish, the Elu family, PRelu) are
+one elementwise operator each (ops.FUNCTIONS), which a convolution's or matmul's epilogue takes; the others are
+compositions of elementwise ops. A 16-bit float input is computed in f32 and rounded once (`in_f32`).
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ SIGNED_BIT_SHIFT_SINCE = 28
 def hard_sigmoid(node: Node) -> list:
     """HardSigmoid: max(0, min(1, alpha x + beta))."""
     alpha, beta = _real_attr(node, "alpha", 0.2), _real_attr(node, "beta", 0.5)
-    return [in_f32(lambda x: _hard_sigmoid(x, alpha, beta), _float_input(node))]
+    # (a chain of operators each read once: an epilogue takes it whole)
+    return [in_f32(lambda x: ops.clip(ops.add(ops.mul(x, alpha), beta), 0.0, 1.0), _float_input(node))]
 
 
 def _real_attr(node: Node, name: str, default: float) -> float:
@@ -35,11 +37,6 @@ def _float_input(node: Node):
     if not x.dtype.is_float:
         raise node.error(f"needs a float tensor, got {x.dtype.name}", OnnxImportError)
     return x
-
-
-def _hard_sigmoid(x, alpha: float, beta: float):
-    """max(0, min(1, alpha x + beta)), NaN kept."""
-    return ops.clip(ops.add(ops.mul(x, alpha), beta), 0.0, 1.0)
 
 
 @converts("HardSwish")

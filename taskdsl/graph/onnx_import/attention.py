@@ -12,7 +12,7 @@ from onnx import TensorProto
 
 from .. import ops
 from ..passes.fold_constants import constant_value
-from ..tensor import as_dtype, constant
+from ..tensor import constant
 from .elementwise import in_f32
 from .errors import OnnxImportError
 from .node import Node, converts, dtype_of
@@ -47,9 +47,9 @@ def attention(node: Node) -> list:
     k, v = _with_past(node, k, past_key), _with_past(node, v, past_value)    # present_key, present_value
     work = "float64" if q.dtype.bits == 64 else "float32"      # 16-bit inputs computed in f32, rounded once
     bias = _bias(node, q.shape, k.shape[2], work)
-    stages = _attention(node, *(_cast(x, work) for x in (q, k, v)), bias)
-    y = _cast(stages["y"], q.dtype)
-    qk = _cast(stages[mode], q.dtype) if node.wanted(3) else None
+    stages = _attention(node, *(ops.cast(x, work) for x in (q, k, v)), bias)
+    y = ops.cast(stages["y"], q.dtype)
+    qk = ops.cast(stages[mode], q.dtype) if node.wanted(3) else None
     return [_merged_heads(y) if three_d else y, k, v, qk]
 
 
@@ -146,7 +146,7 @@ def _bias(node: Node, q_shape: tuple, total: int, dtype: str):
     if mask.dtype.is_bool:      # a select, not a product: -inf * 0 would be NaN
         kept = constant(np.zeros((), dtype)) if allowed_bias is None else allowed_bias
         return ops.where(mask, kept, constant(np.array(-np.inf, dtype)))
-    mask = _cast(mask, dtype)       # an integer mask is added too, as onnxruntime and the reference do
+    mask = ops.cast(mask, dtype)       # an integer mask is added too, as onnxruntime and the reference do
     return mask if allowed_bias is None else ops.add(mask, allowed_bias)
 
 
@@ -220,18 +220,13 @@ def _grouped_matmul(a, b):
 def _probabilities(scores, bias, softmax_dtype):
     """softmax(scores) along the keys (in `softmax_dtype` if given), a row whose keys the bias all masks zeros
     (its softmax is NaN: -inf - -inf)."""
-    p = ops.softmax(_cast(scores, softmax_dtype or scores.dtype), axis=-1)
+    p = ops.softmax(ops.cast(scores, softmax_dtype or scores.dtype), axis=-1)
     if bias is not None:
         masked_rows = ops.equal(ops.max(bias, -1, keepdims=True), -np.inf)
         known = constant_value(masked_rows)     # without attn_mask, the bias is a constant
         if known is None or known.any():
             p = ops.where(masked_rows if known is None else constant(known), constant(np.zeros((), p.numpy_dtype)), p)
-    return _cast(p, scores.dtype)
-
-
-def _cast(x, dtype):
-    """x as `dtype` (x itself where it has that dtype: a cast to its own type would still be an operator)."""
-    return x if x.dtype == as_dtype(dtype) else ops.cast(x, dtype)
+    return ops.cast(p, scores.dtype)
 
 
 # ---------------------------------------------------------------- RotaryEmbedding

@@ -135,7 +135,7 @@ def layer_norm(node: Node) -> list:
         y = ops.mul(y, scale)
         y = ops.add(y, bias) if bias is not None else y
     # stash_type 1: Mean and InvStdDev are float32 whatever X's type (a double X computes them in double)
-    return [y, *(t if t.numpy_dtype == np.float32 else ops.cast(t, "float32") for t in stats)]
+    return [y, *(ops.cast(t, "float32") for t in stats)]
 
 
 @converts("MaxPool", "AveragePool", attrs=WINDOW_ATTRS + ("ceil_mode", "count_include_pad", "storage_order"))

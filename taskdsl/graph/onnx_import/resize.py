@@ -228,7 +228,7 @@ def resize(node: Node) -> list:
     if node.attr("coordinate_transformation_mode") == "tf_crop_and_resize" and outside.any():
         value = np.asarray(node.attr("extrapolation_value", 0.0)).astype(y.numpy_dtype)
         y = ops.where(outside, value[()], y)
-    return [y if y.dtype == x.dtype else ops.cast(y, x.dtype)]
+    return [ops.cast(y, x.dtype)]
 
 
 # ---------------------------------------------------------------- ConvTranspose

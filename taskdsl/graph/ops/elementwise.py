@@ -438,8 +438,10 @@ def where(cond, a, b):
 
 
 def cast(x, dtype):
-    """x converted to `dtype` (float to int truncates toward zero)."""
-    return elementwise("cast", x, to=as_dtype(dtype).name)
+    """x converted to `dtype` (float to int truncates toward zero); x itself where it has that dtype (an operator
+    would copy it)."""
+    x = as_tensor(x)
+    return x if x.dtype == as_dtype(dtype) else elementwise("cast", x, to=as_dtype(dtype).name)
 
 
 def clip(x, lo=None, hi=None):
