@@ -52,7 +52,7 @@ class FusedAnchor(Operator):
                 if id(t) not in produced and id(t) not in seen:
                     seen.add(id(t))
                     inputs.append(t)
-        super().__init__(inputs, {"anchor": anchor.kind, "epilogue": tuple(m.kind for m in self.epilogue)})
+        super().__init__(inputs, {"anchor": anchor.kind, "epilogue": tuple(k for m in self.epilogue for k in m.kinds)})
 
     @property
     def members(self) -> list:

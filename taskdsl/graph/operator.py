@@ -85,6 +85,11 @@ class Operator:
         return f"{self.kind}_{self.id}"
 
     @property
+    def kinds(self) -> tuple:
+        """The kinds of the operators the node computes: its own; a fused group's, its members' in order."""
+        return (self.kind,)
+
+    @property
     def is_injective(self) -> bool:
         """Whether every definition (outputs and intermediates) is a compute, i.e. no reduction."""
         return all(t.kind != "reduce" for t in topological(self.definitions))

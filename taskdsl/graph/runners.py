@@ -21,7 +21,7 @@ from ..runtime.arrays import contiguous, note_host_work, on_device, on_host
 from ..runtime.config import get_target
 from ..runtime.kernel import remember
 from .operator import Operator
-from .ops import (BatchNorm, Concat, Conv, Elementwise, Expand, Gather, LayerNorm, MatMul, Pad, Pool, Reduce,
+from .ops import (BatchNorm, Concat, Conv, Elementwise, Expand, FusedElementwise, Gather, LayerNorm, MatMul, Pad, Pool, Reduce,
                   Reshape, Slice, Softmax, Transpose)
 from .replay import record_check
 
@@ -142,9 +142,9 @@ def run_pool(op: Pool, arrays: list) -> tuple:
 
 
 # ---------------------------------------------------------------- through stdlib_ops
-@runs(Elementwise)
+@runs(Elementwise, FusedElementwise)
 def run_elementwise(op: Elementwise, arrays: list) -> tuple:
-    """Any elementwise function through stdlib_ops' canonical broadcast kernels."""
+    """Any elementwise function, or fused group of them, through stdlib_ops' canonical broadcast kernels."""
     plan = elementwise.custom_plan(f"graph.{op.kind}", arrays, op.body, op.outputs[0].numpy_dtype,
                                    params=tuple(sorted(op.params.items())))
     return _plan(plan)

@@ -3,6 +3,12 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from taskdsl.graph import passes
+
+# the default passes but elementwise fusion: for tests that need a chain of elementwise operators to stay one
+# operator (one kernel, one activation) each
+UNFUSED = [p for p in passes.PIPELINE if p is not passes.fuse_elementwise]
+
 
 def rand(shape, seed: int = 0, dtype=np.float32, low: float = -2.0, high: float = 2.0) -> np.ndarray:
     """Uniform random values (integers for integer dtypes), an array even of shape () (onnxruntime takes no numpy

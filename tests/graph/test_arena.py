@@ -14,13 +14,14 @@ from taskdsl.graph import ops, runners
 from taskdsl.graph.ops import Elementwise
 from taskdsl.runtime.arrays import address, empty_like_operands
 
-from . import assert_close, rand
+from . import UNFUSED, assert_close, rand
 
 UNARY = {"exp": lambda t: ops.exp(ops.mul(t, 0.25)), "tanh": ops.tanh, "relu": ops.relu, "neg": ops.neg}
 
 
 def chain(n: int, shape=(64, 33)) -> tg.Graph:
-    """x -> n unary ops in a row: two activations are live at a time."""
+    """x -> n unary ops in a row: two activations are live at a time (compiled with the UNFUSED passes, which
+    keep the operators apart)."""
     x = tg.input("x", shape)
     y = x
     for k in range(n):
@@ -35,7 +36,7 @@ def in_arena(cg, array) -> bool:
 
 def test_a_chain_reuses_two_slots_and_outputs_survive_the_next_call():
     g = chain(8)
-    cg = g.compile(target="cpu")
+    cg = g.compile(target="cpu", passes=UNFUSED)
     assert cg.arena.startswith("on (")
     slot = 64 * 33 * 4
     assert cg._arena.nbytes <= 2 * (slot + 64) < cg.memory.unshared_bytes
@@ -54,7 +55,7 @@ def test_the_arena_leaves_out_the_outputs_room():
     h = ops.tanh(ops.exp(ops.mul(x, 0.25)))
     big = ops.matmul(h, tg.constant(rand((16, 4096), 4)))          # 128 KiB, the graph's output
     g = tg.Graph([x], [big])
-    cg = g.compile(target="cpu")
+    cg = g.compile(target="cpu", passes=UNFUSED)
     small = 8 * 16 * 4
     assert cg.memory.peak_bytes >= 8 * 4096 * 4                   # the plan reports every activation
     assert 0 < cg._arena.nbytes <= 2 * (small + 64)               # the arena holds only the small ones
@@ -66,7 +67,7 @@ def test_the_arena_leaves_out_the_outputs_room():
 
 def test_activations_live_in_the_arena(monkeypatch):
     g = chain(4)
-    cg = g.compile(target="cpu", replay=False)     # a replayed call runs no runners to spy on
+    cg = g.compile(target="cpu", passes=UNFUSED, replay=False)     # a replayed call runs no runners to spy on
     seen = []
     run = runners.run
 
@@ -133,7 +134,7 @@ def test_an_output_aliasing_its_input_turns_the_arena_off(monkeypatch):
         return ([arrays[0]], []) if op.kind == "relu" else run_elementwise(op, arrays)
 
     monkeypatch.setitem(runners.RUNNERS, Elementwise, lazy_relu)
-    cg = g.compile(target="cpu")
+    cg = g.compile(target="cpu", passes=UNFUSED)
     assert cg.arena.startswith("off (output 0 of relu") and "did not give it" in cg.arena
     xa = rand((16, 16), 4)
     assert_close(cg(xa)[0], g.reference(xa)[0])
@@ -150,7 +151,7 @@ def test_a_temporary_in_the_output_slot_turns_the_arena_off(monkeypatch):
         return run_elementwise(op, arrays)
 
     monkeypatch.setitem(runners.RUNNERS, Elementwise, with_scratch)
-    cg = g.compile(target="cpu")
+    cg = g.compile(target="cpu", passes=UNFUSED)
     assert "other than its output" in cg.arena
     xa = rand((8, 8), 5)
     assert_close(cg(xa)[0], g.reference(xa)[0])
@@ -158,7 +159,7 @@ def test_a_temporary_in_the_output_slot_turns_the_arena_off(monkeypatch):
 
 def test_arena_false_allocates_every_activation():
     g = chain(3)
-    cg = g.compile(target="cpu", arena=False)
+    cg = g.compile(target="cpu", passes=UNFUSED, arena=False)
     assert cg.arena == "off (arena=False)" and "arena off (arena=False)" in cg.summary()
     xa = rand((64, 33), 6)
     assert_close(cg(xa)[0], g.reference(xa)[0])
@@ -166,7 +167,7 @@ def test_arena_false_allocates_every_activation():
 
 def test_calls_from_threads_wait_for_each_other():
     g = chain(6, (32, 32))
-    cg = g.compile(target="cpu")
+    cg = g.compile(target="cpu", passes=UNFUSED)
     inputs = [rand((32, 32), s) for s in range(8)]
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda a: cg(a)[0], inputs))
@@ -176,7 +177,7 @@ def test_calls_from_threads_wait_for_each_other():
 
 def test_the_arena_is_in_gpu_memory_on_cuda(simulated_gpu):
     g = chain(6, (16, 24))
-    cg = g.compile(target="cuda")
+    cg = g.compile(target="cuda", passes=UNFUSED)
     assert "of GPU memory" in cg.arena and cg.cuda_graph.startswith("on")
     start = address(cg._arena.memory)
     written = {address(v) for _, values in simulated_gpu.launches for v in values if hasattr(v, "ptr")}

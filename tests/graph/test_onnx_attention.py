@@ -26,7 +26,7 @@ F32, F16, BOOL, I32, I64 = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.
 NUMPY = {F32: np.float32, F16: np.float16, I32: np.int32}
 # f16 results are rounded once from f32 here; onnxruntime's may differ from them by an ulp
 TOLERANCE = {F32: {"rtol": 1e-4, "atol": 1e-5}, F16: {"rtol": 1e-2, "atol": 1e-2}}
-EXAMPLES = settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+EXAMPLES = settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SEQUENCES = st.sampled_from([1, 2, 3, 5, 7])
 HEAD_SIZES = st.sampled_from([1, 2, 4, 5, 8])
 OUTPUTS = ["Y", "present_key", "present_value", "qk_matmul_output"]
@@ -329,6 +329,6 @@ def test_projections_attention_projection_fused():
     model = make_model(nodes, [("x", [batch, seq, width])], [("y", [batch, seq, width])], inits, opset=23)
     x = rand((batch, seq, width), 25)
     compiled = tg.from_onnx(model).compile()
-    epilogues = [tuple(m.kind for m in op.epilogue) for op in compiled.graph.nodes if isinstance(op, FusedAnchor)]
+    epilogues = [op.attrs["epilogue"] for op in compiled.graph.nodes if isinstance(op, FusedAnchor)]
     assert ("reshape", "mul", "add") in epilogues      # the scores' matmul: its head groups, the scale, the bias
     assert_close(compiled(x)[0], run_onnxruntime(model, {"x": x})[0], rtol=1e-4, atol=1e-5)

@@ -66,8 +66,9 @@ def _array(value) -> np.ndarray:
     return onnx.numpy_helper.to_array(value) if isinstance(value, onnx.TensorProto) else np.asarray(value)
 
 
-def run_case(case) -> str:
-    """'passed' or 'unsupported'; raises AssertionError (or the error) when the case fails."""
+def run_case(case, pipeline: list = UNFUSED) -> str:
+    """'passed' or 'unsupported' when compiled with the passes of `pipeline`; raises AssertionError (or the
+    error) when the case fails."""
     inputs, expected = case.data_sets[0]
     feeds = {vi.name: _array(v) for vi, v in zip(case.model.graph.input, inputs)}
     constants: dict = {}
@@ -81,7 +82,7 @@ def run_case(case) -> str:
             constants.update({name: feeds[name] for name in e.inputs})
         except UnsupportedOnnxError:
             return "unsupported"
-    compiled = graph.compile(passes=UNFUSED)
+    compiled = graph.compile(passes=pipeline)
     with np.errstate(all="ignore"):
         outputs = compiled({t.name: feeds[t.name] for t in graph.inputs})
     for got, want in zip(outputs, (_array(v) for v in expected)):

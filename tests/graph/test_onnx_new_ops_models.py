@@ -79,7 +79,7 @@ def test_unet_decoder(elem):
     _check(model, feeds, elem)
 
 
-@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batch=st.integers(1, 2), channels=st.sampled_from([1, 3]), h=st.sampled_from([1, 2, 5]),
        w=st.sampled_from([1, 3, 7]), skip=st.integers(1, 2))
 def test_unet_decoder_shapes(batch, channels, h, w, skip):
@@ -255,7 +255,7 @@ def test_llama_layer_3d_rotary_and_mask(elem):
     _check(model, llama_feeds(2, 5, 3, elem, mask=True), elem)
 
 
-@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batch=st.integers(1, 2), seq=st.sampled_from([1, 2, 7, 11]), past=st.sampled_from([0, 1, 3]))
 def test_llama_layer_shapes(batch, seq, past):
     _check(llama_layer(batch, seq, past), llama_feeds(batch, seq, past))
@@ -293,7 +293,7 @@ def post_processing(batch, queries, keys, channels, top, reverse=0, exclusive=0)
                        ("total", [batch, 2 * queries])], weights, opset=17, name="post_processing")
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batch=st.integers(1, 3), queries=st.sampled_from([1, 5, 13]), keys=st.sampled_from([1, 2, 7, 11, 37]),
        channels=st.sampled_from([1, 6]), top=st.integers(1, 4), reverse=st.integers(0, 1), exclusive=st.integers(0, 1))
 def test_post_processing(batch, queries, keys, channels, top, reverse, exclusive):

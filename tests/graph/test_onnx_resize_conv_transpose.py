@@ -234,7 +234,7 @@ def conv_transpose_model(case: dict) -> tuple:
     return model, {k: values[k] for k, *_ in inputs}
 
 
-@PROFILE
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])   # ~2 s an example
 @given(case=conv_transpose_cases())
 def test_conv_transpose_matches_onnxruntime(case):
     """ConvTranspose of 1-3 spatial axes: strides, pads, dilations, groups, output_padding, output_shape,

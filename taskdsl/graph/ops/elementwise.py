@@ -315,6 +315,51 @@ class Elementwise(Operator):
         return [compute(f"{self.kind}_out", self.out_shape, fcompute, dtype=self.out_dtype)]
 
 
+class FusedElementwise(Elementwise):
+    """Elementwise operators computed as one: attrs["steps"] holds each member as (fn, its parameters as sorted
+    (name, value) pairs, its operands), an operand k < len(inputs) being input k, and len(inputs) + j step j's
+    value; the last step is the output. Each step's value is converted to its own dtype, so the result is the
+    members' run one after another, bit for bit (a 16-bit intermediate is rounded as its tensor would be).
+    Built by the graph pass `fuse_elementwise`."""
+
+    kind = "fused_elementwise"
+    kind_attr = None
+
+    @property
+    def params(self) -> dict:
+        return {"steps": self.attrs["steps"]}
+
+    @property
+    def kinds(self) -> tuple:
+        return tuple(fn for fn, _, _ in self.attrs["steps"])
+
+    def check(self):
+        values = [(t.dtype, t.shape) for t in self.inputs]
+        for fn, params, refs in self.attrs["steps"]:
+            dtypes, shapes = [values[r][0] for r in refs], [values[r][1] for r in refs]
+            values.append((FUNCTIONS[fn].dtype(dtypes, fn, **dict(params)), broadcast_shape(shapes, fn)))
+        self.step_dtypes = [dtype for dtype, _ in values[len(self.inputs):]]
+        self.out_dtype, self.out_shape = values[-1]
+
+    def body(self, *loads: ir.Expr) -> ir.Expr:
+        values = list(loads)
+        for (fn, params, refs), dtype in zip(self.attrs["steps"], self.step_dtypes):
+            value = ir.as_expr(FUNCTIONS[fn].body(*(values[r] for r in refs), **dict(params)))
+            values.append(ir.convert(value, dtype))
+        return values[-1]
+
+    def expression(self) -> str:
+        """The steps as one nested call, e.g. `mul(in0, sigmoid(in0))`."""
+        text = [f"in{k}" for k in range(len(self.inputs))]
+        for fn, params, refs in self.attrs["steps"]:
+            args = [text[r] for r in refs] + [f"{k}={v!r}" for k, v in params]
+            text.append(f"{fn}({', '.join(args)})")
+        return text[-1]
+
+    def shown_attrs(self) -> dict:
+        return {"computes": self.expression()}
+
+
 def elementwise(fn: str, *operands, **params) -> Tensor:
     """`fn` (a name in FUNCTIONS) applied to operands (tensors; numbers adopt the first tensor's dtype)."""
     like = next((x for x in operands if isinstance(x, Tensor)), None)

@@ -1,0 +1,105 @@
+"""Elementwise fusion: each connected group of elementwise operators of one output shape becomes one
+`FusedElementwise` node, one kernel that keeps the intermediates in registers.
+
+    a = div(x, 1.41); b = erf(a); c = add(b, 1); d = mul(x, 0.5); e = mul(d, c)
+    =>  e = fused_elementwise(x, computes='mul(mul(in0, 0.5), add(erf(div(in0, 1.41)), 1))')
+
+Groups grow backwards from their last operator: a producer joins when every reader of its output is
+already a member (so the intermediate is needed nowhere else) and the output is not a graph output.
+Read more than once (x above), a tensor is still one operand of the group. That is what lets
+`partition` fuse such a DAG into a convolution's or matmul's epilogue, whose chain follows tensors
+read once: ONNX's decomposed GELU, Softsign (x / (1 + |x|)), Swish, and a chain with no anchor
+before it (one kernel instead of one per operator).
+
+Members share the group's output shape (none is computed for a broadcast and then recomputed per
+element), and the body, an expression tree, stays under `MAX_TREE` nodes: a value read twice is
+written out twice in the tree (the compilers' common-subexpression elimination computes it once).
+"""
+from __future__ import annotations
+
+from ..graph import Graph
+from ..ops import Elementwise
+from ..ops.elementwise import FusedElementwise
+
+MAX_TREE = 256      # nodes of a group's expression tree, a value counted once per read
+
+
+def _tree_size(members: list, inputs: list) -> int:
+    """The nodes of the expression tree of `members` (in order; the last is the output), inputs counted as 1."""
+    size = {id(t): 1 for t in inputs}
+    for m in members:
+        size[id(m.outputs[0])] = 1 + sum(size[id(t)] for t in m.inputs)
+    return size[id(members[-1].outputs[0])]
+
+
+def _external_inputs(members: list) -> list:
+    """The tensors the members read that none of them produces, in order of first read."""
+    produced = {id(m.outputs[0]) for m in members}
+    seen: dict = {}
+    for m in members:
+        for t in m.inputs:
+            if id(t) not in produced:
+                seen.setdefault(id(t), t)
+    return list(seen.values())
+
+
+def _groups(graph: Graph) -> list:
+    """The groups of two or more members, each a list of operators in graph order (the last: the output)."""
+    users = graph.users()
+    outputs = {id(t) for t in graph.outputs}
+    order = {id(op): k for k, op in enumerate(graph.nodes)}
+    taken: set = set()
+    groups = []
+    for sink in reversed(graph.nodes):
+        if id(sink) in taken or type(sink) is not Elementwise:
+            continue
+        members = {id(sink): sink}
+        grown = True
+        while grown:
+            grown = False
+            for m in list(members.values()):
+                for t in m.inputs:
+                    p = t.producer
+                    if (type(p) is not Elementwise or id(p) in members or id(p) in taken or id(t) in outputs
+                            or p.outputs[0].shape != sink.outputs[0].shape
+                            or any(id(r) not in members for r in users[id(t)])):
+                        continue
+                    candidate = sorted([*members.values(), p], key=lambda op: order[id(op)])
+                    if _tree_size(candidate, _external_inputs(candidate)) <= MAX_TREE:
+                        members[id(p)] = p
+                        grown = True
+        if len(members) > 1:
+            taken.update(members)
+            groups.append(sorted(members.values(), key=lambda op: order[id(op)]))
+    return groups
+
+
+def fused(members: list, mapping: dict | None = None) -> FusedElementwise:
+    """The FusedElementwise computing `members` (elementwise operators in order; the last is the output), over
+    their external inputs replaced as `mapping` (id(tensor) -> tensor) says."""
+    inputs = _external_inputs(members)
+    ref = {id(t): k for k, t in enumerate(inputs)}
+    steps = []
+    for j, m in enumerate(members):
+        steps.append((m.attrs["fn"], tuple(sorted(m.params.items())), tuple(ref[id(t)] for t in m.inputs)))
+        ref[id(m.outputs[0])] = len(inputs) + j
+    mapping = mapping or {}
+    return FusedElementwise([mapping.get(id(t), t) for t in inputs], {"steps": tuple(steps)})
+
+
+def fuse_elementwise(graph: Graph) -> Graph:
+    """The graph with each group of elementwise operators (see the module docstring) replaced by one operator."""
+    groups = _groups(graph)
+    if not groups:
+        return graph
+    last = {id(g[-1]): g for g in groups}
+    members = {id(m) for g in groups for m in g}
+    replaced: dict = {}     # id(tensor of `graph`) -> the tensor `transform` passes for it
+
+    def replacement(op, inputs):
+        replaced.update({id(old): new for old, new in zip(op.inputs, inputs) if old is not new})
+        if id(op) in last:
+            return fused(last[id(op)], replaced).outputs
+        return op.outputs if id(op) in members else None    # (built with their group)
+
+    return graph.transform(replacement)
