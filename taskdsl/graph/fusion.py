@@ -92,7 +92,8 @@ class FusedAnchor(Operator):
 
 
 # ---------------------------------------------------------------- the pass
-def _fusible_anchor(op: Operator) -> bool:
+def fusible_anchor(op: Operator) -> bool:
+    """Whether `op` is an anchor the target's templates fuse (a matmul or 2-D convolution of f32 / f16)."""
     if isinstance(op, MatMul):
         return all(t.ndim >= 2 for t in op.inputs) and op.inputs[0].dtype in (td.f32, td.f16)
     if isinstance(op, Conv):
@@ -121,7 +122,7 @@ def _groups(graph: Graph) -> list:
 
     groups = []
     for op in graph.nodes:
-        if id(op) in taken or not _fusible_anchor(op):
+        if id(op) in taken or not fusible_anchor(op):
             continue
         epilogue, tail = [], op.outputs[0]
         while (nxt := free_sole_reader(tail)) is not None and _elementwise_like(nxt, tail):
@@ -348,4 +349,4 @@ def run_fused(op: FusedAnchor, arrays: list) -> tuple:
     return [build.run(arrays)], list(build.kernels)
 
 
-__all__ = ["FusedAnchor", "partition"]
+__all__ = ["FusedAnchor", "fusible_anchor", "partition"]

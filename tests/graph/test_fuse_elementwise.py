@@ -70,6 +70,24 @@ def test_an_activation_read_twice_fuses_into_the_anchors_epilogue(anchor):
     np.testing.assert_allclose(got, g.reference(data)[0], rtol=1e-4, atol=1e-5)
 
 
+def test_each_anchor_keeps_the_head_of_its_epilogue():
+    """ResNet's downsampling block: relu(conv(x) + shift + conv'(x) + shift'). Each add of a shift is its
+    convolution's epilogue head; the residual add and the ReLU are one group in the first convolution's
+    epilogue. (Had the group swallowed both shifts, the second convolution would store its output bare.)"""
+    x = tg.input("x", (1, 4, 6, 6))
+
+    def conv_shift(k):
+        w = tg.constant(RNG.standard_normal((8, 4, k, k)).astype(np.float32) * 0.3)
+        shift = tg.constant(RNG.standard_normal((1, 8, 1, 1)).astype(np.float32))
+        return ops.add(ops.conv2d(x, w, padding=k // 2), shift)
+
+    g = tg.Graph([x], [ops.relu(ops.add(conv_shift(3), conv_shift(1)))])
+    data = RNG.standard_normal((1, 4, 6, 6)).astype(np.float32)
+    cg, (got,) = _compiled(g, data)
+    assert sorted(op.attrs["epilogue"] for op in cg.graph.nodes) == [("add",), ("add", "add", "relu")]
+    np.testing.assert_allclose(got, g.reference(data)[0], rtol=1e-5, atol=1e-5)
+
+
 def test_groups_stop_where_an_intermediate_is_needed_elsewhere():
     """A group ends at a tensor that two groups read, at a graph output, at a tensor a reduction also reads, and
     at a change of shape (a per-row value broadcast over a row is not recomputed per element)."""

@@ -11,12 +11,18 @@ Read more than once (x above), a tensor is still one operand of the group. That 
 read once: ONNX's decomposed GELU, Softsign (x / (1 + |x|)), Swish, and a chain with no anchor
 before it (one kernel instead of one per operator).
 
+An operator that reads an anchor's output, as its only reader, stays out of other operators' groups (it
+may end one): it is the head of that anchor's epilogue. Swallowed by a group that also read another
+anchor's output (ResNet's two convolutions with their shifts, added), it would leave that anchor's
+output stored bare and the group reading both.
+
 Members share the group's output shape (none is computed for a broadcast and then recomputed per
 element), and the body, an expression tree, stays under `MAX_TREE` nodes: a value read twice is
 written out twice in the tree (the compilers' common-subexpression elimination computes it once).
 """
 from __future__ import annotations
 
+from ..fusion import fusible_anchor
 from ..graph import Graph
 from ..ops import Elementwise
 from ..ops.elementwise import FusedElementwise
@@ -43,10 +49,21 @@ def _external_inputs(members: list) -> list:
     return list(seen.values())
 
 
+def _epilogue_heads(graph: Graph, users: dict, outputs: set) -> set:
+    """The ids of the operators that read a fusible anchor's output as its only reader."""
+    heads = set()
+    for op in graph.nodes:
+        readers = users.get(id(op.outputs[0]), []) if fusible_anchor(op) else []
+        if len(readers) == 1 and id(op.outputs[0]) not in outputs:
+            heads.add(id(readers[0]))
+    return heads
+
+
 def _groups(graph: Graph) -> list:
     """The groups of two or more members, each a list of operators in graph order (the last: the output)."""
     users = graph.users()
     outputs = {id(t) for t in graph.outputs}
+    heads = _epilogue_heads(graph, users, outputs)
     order = {id(op): k for k, op in enumerate(graph.nodes)}
     taken: set = set()
     groups = []
@@ -60,7 +77,8 @@ def _groups(graph: Graph) -> list:
             for m in list(members.values()):
                 for t in m.inputs:
                     p = t.producer
-                    if (type(p) is not Elementwise or id(p) in members or id(p) in taken or id(t) in outputs
+                    if (type(p) is not Elementwise or id(p) in members or id(p) in taken or id(p) in heads
+                            or id(t) in outputs
                             or p.outputs[0].shape != sink.outputs[0].shape
                             or any(id(r) not in members for r in users[id(t)])):
                         continue
