@@ -121,7 +121,64 @@ def test_16_bit_to_f32_is_exact_for_every_bit_pattern(name, numpy_type):
     bits = np.arange(2**16, dtype=np.uint16)
     out = np.empty(2**16, np.float32)
     widen(bits, out)
-    np.testing.assert_array_equal(out.view(np.uint32), bits.view(numpy_type).astype(np.float32).view(np.uint32))
+    want = bits.view(numpy_type).astype(np.float32).view(np.uint32)
+    # a signaling NaN may come out quiet (IEEE 754's conversion, and F16C's vcvtph2ps): sign and payload kept
+    quiet = np.uint32(0x00400000)
+    nan = np.isnan(bits.view(numpy_type).astype(np.float32))
+    np.testing.assert_array_equal(np.where(nan, out.view(np.uint32) | quiet, out.view(np.uint32)),
+                                  np.where(nan, want | quiet, want))
+
+
+def test_the_software_f16_widening_is_exact_for_every_bit_pattern():
+    """The conversion hosts without F16C run (this one may use the instruction): exact, signaling NaNs too."""
+    from numba import njit
+
+    from taskdsl.backend.cpu import support
+    convert = njit(support._f32_of_f16_bits_in_software)
+
+    @njit
+    def widen(bits, out):
+        for i in range(bits.size):
+            out[i] = convert(bits[i])
+
+    bits = np.arange(2**16, dtype=np.uint16)
+    out = np.empty(2**16, np.float32)
+    widen(bits, out)
+    np.testing.assert_array_equal(out.view(np.uint32), bits.view(np.float16).astype(np.float32).view(np.uint32))
+
+
+@pytest.mark.parametrize("hardware", [True, False])
+def test_f32_to_f16_rounds_to_nearest_even_as_numpy(hardware):
+    """Both roundings of f32 to f16 (F16C's instruction where the host has it, the bit manipulations elsewhere)
+    against numpy: ties, subnormals, overflow to inf, the largest finite values, random bit patterns (NaNs
+    compared as NaNs of the same sign)."""
+    from numba import njit
+
+    from taskdsl.backend.cpu import support
+    if hardware and not support.HARDWARE_HALVES:
+        pytest.skip("the host has no F16C (or numba compiles for a named cpu)")
+    rounding = support._f16_bits_by_hardware if hardware else njit(lambda x: np.uint16(support._round_to_bits(
+        x, 10, 15, 31)))
+
+    @njit
+    def narrow(x, out):
+        for i in range(x.size):
+            out[i] = rounding(x[i])
+
+    ties = (np.arange(1, 2048, dtype=np.float32) + 0.5) * np.float32(2.0**-10)
+    edges = np.array([0, -0.0, 65504, 65519.99, 65520, -65520, 2.0**-24, 2.0**-25, 1.5 * 2.0**-25, 2.0**-14,
+                      np.inf, -np.inf, np.nan, -np.nan], np.float32)
+    randoms = np.random.default_rng(5).integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    x = np.concatenate([ties, edges, randoms, randoms * np.float32(2.0**-100)])
+    out = np.empty(x.size, np.uint16)
+    narrow(x, out)
+    with np.errstate(all="ignore"):
+        want = x.astype(np.float16)
+    got = out.view(np.float16)
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(np.signbit(got[nan]), np.signbit(want[nan]))
+    np.testing.assert_array_equal(out[~nan], want[~nan].view(np.uint16))
 
 
 # --------------------------------------------------------------------------- ldmatrix
