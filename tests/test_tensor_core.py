@@ -147,18 +147,19 @@ def test_the_software_f16_widening_is_exact_for_every_bit_pattern():
     np.testing.assert_array_equal(out.view(np.uint32), bits.view(np.float16).astype(np.float32).view(np.uint32))
 
 
-@pytest.mark.parametrize("hardware", [True, False])
-def test_f32_to_f16_rounds_to_nearest_even_as_numpy(hardware):
-    """Both roundings of f32 to f16 (F16C's instruction where the host has it, the bit manipulations elsewhere)
-    against numpy: ties, subnormals, overflow to inf, the largest finite values, random bit patterns (NaNs
-    compared as NaNs of the same sign)."""
+@pytest.mark.parametrize("path, numpy_type", [("f16 instruction", np.float16), ("f16 software", np.float16),
+                                              ("bf16", ml_dtypes.bfloat16)])
+def test_f32_to_16_bits_rounds_to_nearest_even_as_numpy(path, numpy_type):
+    """The roundings of f32 to f16 (F16C's instruction where the host has it, the bit manipulations elsewhere) and
+    to bf16 (integer arithmetic on the bits) against numpy and ml_dtypes: ties, subnormals, overflow to inf, the
+    largest finite values, random bit patterns (NaNs compared as NaNs of the same sign)."""
     from numba import njit
 
     from taskdsl.backend.cpu import support
-    if hardware and not support.HARDWARE_HALVES:
+    if path == "f16 instruction" and not support.HARDWARE_HALVES:
         pytest.skip("the host has no F16C (or numba compiles for a named cpu)")
-    rounding = support._f16_bits_by_hardware if hardware else njit(lambda x: np.uint16(support._round_to_bits(
-        x, 10, 15, 31)))
+    rounding = {"f16 instruction": support._f16_bits_by_hardware, "bf16": njit(support._bf16_bits_of_f32),
+                "f16 software": njit(lambda x: np.uint16(support._round_to_bits(x, 10, 15, 31)))}[path]
 
     @njit
     def narrow(x, out):
@@ -167,14 +168,15 @@ def test_f32_to_f16_rounds_to_nearest_even_as_numpy(hardware):
 
     ties = (np.arange(1, 2048, dtype=np.float32) + 0.5) * np.float32(2.0**-10)
     edges = np.array([0, -0.0, 65504, 65519.99, 65520, -65520, 2.0**-24, 2.0**-25, 1.5 * 2.0**-25, 2.0**-14,
-                      np.inf, -np.inf, np.nan, -np.nan], np.float32)
+                      np.inf, -np.inf, np.nan, -np.nan, 3.3895314e38, np.finfo(np.float32).max, 1e-45],
+                     np.float32)
     randoms = np.random.default_rng(5).integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
     x = np.concatenate([ties, edges, randoms, randoms * np.float32(2.0**-100)])
     out = np.empty(x.size, np.uint16)
     narrow(x, out)
     with np.errstate(all="ignore"):
-        want = x.astype(np.float16)
-    got = out.view(np.float16)
+        want = x.astype(numpy_type)
+    got = out.view(numpy_type)
     nan = np.isnan(want)
     np.testing.assert_array_equal(np.isnan(got), nan)
     np.testing.assert_array_equal(np.signbit(got[nan]), np.signbit(want[nan]))

@@ -609,10 +609,43 @@ def f32_to_f16(x):
     return _f16_bits(x)
 
 
+@intrinsic
+def _bits_of_f32(typingctx, x):
+    """The bit pattern of the f32 x, as a uint32 (a bitcast)."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], llvm_ir.IntType(32))
+
+    return types.uint32(x), codegen
+
+
+def _bf16_bits(x):
+    """The bf16 bits nearest to x (typed by the overload below)."""
+
+
+def _bf16_bits_of_f32(x):
+    # bf16 is f32's upper half: add half a unit of the kept bits, less one unless the kept part is odd (ties to
+    # even), and drop the lower half; a carry rounds into the exponent, up to inf. Integer arithmetic only, so it
+    # vectorizes, where the general rounding calls frexp and rint per value.
+    b = np.int64(_bits_of_f32(x))
+    if x != x:      # a quiet NaN of x's sign
+        return np.uint16(((b >> 16) & 0x8000) | 0x7fc0)
+    return np.uint16((b + 0x7fff + ((b >> 16) & 1)) >> 16)
+
+
+@overload(_bf16_bits)
+def _bf16_bits_typed(x):
+    if x == types.float32:
+        return _bf16_bits_of_f32
+    return lambda x: np.uint16(_round_to_bits(x, 7, 127, 255))     # an f64 rounds once
+
+
 @njit(cache=True)
 def f32_to_bf16(x):
     """The bf16 bits nearest to x, an f32 or f64 (ties to even)."""
-    return np.uint16(_round_to_bits(x, 7, 127, 255))
+    return _bf16_bits(x)
 
 
 # numba compiles a called (not inlined) helper for each kernel's argument types into the disk cache that the processes
