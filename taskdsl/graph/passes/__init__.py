@@ -1,9 +1,10 @@
 """Graph passes, in the order `optimize` runs them. A pass is a function Graph -> Graph.
 
     infer_shapes -> fold_constants -> fold_batch_norm -> eliminate_dead_code -> avg_pool_as_conv
-        -> fuse_elementwise -> partition
+        -> recognize_norms -> fuse_elementwise -> partition
 
-`fuse_elementwise` makes each connected group of elementwise operators one operator (one kernel);
+`recognize_norms` makes a layer or RMS norm written out in reductions and elementwise operators one
+LayerNorm; `fuse_elementwise` makes each connected group of elementwise operators one operator (one kernel);
 `partition` (taskdsl/graph/fusion.py) replaces each anchor and the injective operators
 around it by one FusedAnchor node (one kernel, by post-scheduling fusion).
 `channels_last` (optional: `pipeline(channels_last=True)`, `g.compile(channels_last=True)`)
@@ -22,12 +23,13 @@ from .fold_constants import constant_value, fold_constants
 from .fuse_elementwise import fuse_elementwise
 from .infer_shapes import infer_shapes
 from .plan_memory import MemoryPlan, plan_memory
+from .recognize_norms import recognize_norms
 
 from ..fusion import partition  # noqa: E402 - after the passes it builds on
 
 LAYOUT_PASS = channels_last       # (named apart: `pipeline`'s flag shares the pass's name)
-PIPELINE = [infer_shapes, fold_constants, fold_batch_norm, eliminate_dead_code, avg_pool_as_conv, fuse_elementwise,
-            partition]
+PIPELINE = [infer_shapes, fold_constants, fold_batch_norm, eliminate_dead_code, avg_pool_as_conv, recognize_norms,
+            fuse_elementwise, partition]
 
 
 def pipeline(channels_last: bool = False) -> list:
@@ -46,4 +48,4 @@ def optimize(graph: Graph, passes: list | None = None) -> Graph:
 
 
 __all__ = ["PIPELINE", "pipeline", "optimize", "channels_last", "avg_pool_as_conv", "infer_shapes", "fold_constants",
-           "constant_value", "fold_batch_norm", "eliminate_dead_code", "fuse_elementwise", "plan_memory", "MemoryPlan", "partition"]
+           "constant_value", "fold_batch_norm", "eliminate_dead_code", "recognize_norms", "fuse_elementwise", "plan_memory", "MemoryPlan", "partition"]
