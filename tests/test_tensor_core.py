@@ -105,13 +105,9 @@ def test_mma_passes_the_debug_mode_checks():
     np.testing.assert_allclose(c, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("name, numpy_type", [("f16", np.float16), ("bf16", ml_dtypes.bfloat16)])
-def test_16_bit_to_f32_is_exact_for_every_bit_pattern(name, numpy_type):
-    # The cpu emulation of mma widens fragments with these helpers (bit manipulations and a bitcast).
+def _every_pattern_widened(convert) -> tuple:
+    """(every 16-bit pattern, `convert` (a numba function: bits -> f32) of each)."""
     from numba import njit
-
-    from taskdsl.backend.cpu import support
-    convert = getattr(support, f"{name}_to_f32")
 
     @njit
     def widen(bits, out):
@@ -121,6 +117,15 @@ def test_16_bit_to_f32_is_exact_for_every_bit_pattern(name, numpy_type):
     bits = np.arange(2**16, dtype=np.uint16)
     out = np.empty(2**16, np.float32)
     widen(bits, out)
+    return bits, out
+
+
+@pytest.mark.parametrize("name, numpy_type", [("f16", np.float16), ("bf16", ml_dtypes.bfloat16)])
+def test_16_bit_to_f32_is_exact_for_every_bit_pattern(name, numpy_type):
+    # The cpu emulation of mma widens fragments with these helpers (F16C's instruction, or bit manipulations; a
+    # bitcast for bf16).
+    from taskdsl.backend.cpu import support
+    bits, out = _every_pattern_widened(getattr(support, f"{name}_to_f32"))
     want = bits.view(numpy_type).astype(np.float32).view(np.uint32)
     # a signaling NaN may come out quiet (IEEE 754's conversion, and F16C's vcvtph2ps): sign and payload kept
     quiet = np.uint32(0x00400000)
@@ -134,16 +139,7 @@ def test_the_software_f16_widening_is_exact_for_every_bit_pattern():
     from numba import njit
 
     from taskdsl.backend.cpu import support
-    convert = njit(support._f32_of_f16_bits_in_software)
-
-    @njit
-    def widen(bits, out):
-        for i in range(bits.size):
-            out[i] = convert(bits[i])
-
-    bits = np.arange(2**16, dtype=np.uint16)
-    out = np.empty(2**16, np.float32)
-    widen(bits, out)
+    bits, out = _every_pattern_widened(njit(support._f32_of_f16_bits_in_software))
     np.testing.assert_array_equal(out.view(np.uint32), bits.view(np.float16).astype(np.float32).view(np.uint32))
 
 

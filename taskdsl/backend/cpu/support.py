@@ -509,6 +509,13 @@ def _host_converts_halves() -> bool:
 HARDWARE_HALVES = _host_converts_halves()
 
 
+def _low_bits(builder, value, width: int, wanted: int):
+    """The low `wanted` bits of an integer value `width` bits wide (zero-extended when narrower)."""
+    if width == wanted:
+        return value
+    return (builder.trunc if width > wanted else builder.zext)(value, llvm_ir.IntType(wanted))
+
+
 @intrinsic
 def _f32_from_bits(typingctx, bits):
     """The f32 whose bit pattern is the low 32 bits of the integer `bits` (a bitcast)."""
@@ -516,11 +523,7 @@ def _f32_from_bits(typingctx, bits):
         return None
 
     def codegen(context, builder, signature, args):
-        value = args[0]
-        if bits.bitwidth != 32:
-            resize = builder.trunc if bits.bitwidth > 32 else builder.zext
-            value = resize(value, llvm_ir.IntType(32))
-        return builder.bitcast(value, llvm_ir.FloatType())
+        return builder.bitcast(_low_bits(builder, args[0], bits.bitwidth, 32), llvm_ir.FloatType())
 
     return types.float32(bits), codegen
 
@@ -536,11 +539,8 @@ def _f32_of_f16_bits_by_hardware(typingctx, bits):
         return None
 
     def codegen(context, builder, signature, args):
-        value = args[0]
-        if bits.bitwidth != 16:
-            resize = builder.trunc if bits.bitwidth > 16 else builder.zext
-            value = resize(value, llvm_ir.IntType(16))
-        return builder.fpext(builder.bitcast(value, llvm_ir.HalfType()), llvm_ir.FloatType())
+        half = builder.bitcast(_low_bits(builder, args[0], bits.bitwidth, 16), llvm_ir.HalfType())
+        return builder.fpext(half, llvm_ir.FloatType())
 
     return types.float32(bits), codegen
 
