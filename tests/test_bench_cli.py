@@ -24,6 +24,7 @@ def test_layout_is_a_conv_option_only(capsys):
     (["launch", "--sizes", "0"], "launch: --sizes must be positive"),
     (["launch", "--sizes", "100", "200"], "launch: --sizes takes one number"),
     (["launch", "--sizes", "99999999999999999999"], "launches to time (at most 100,000,000)"),     # ran forever
+    (["written-out", "--sizes", "8"], "written-out takes no --sizes"),
 ])
 def test_sizes_a_benchmark_cannot_take(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -181,3 +182,14 @@ def test_the_batched_small_products_are_checked_against_numpy(capsys):
     row, = matmul.small_products(((64, 3, 5, 7),))
     assert row["shape"] == (64, 3, 5, 7) and row["err"] < 1e-5 and row["taskdsl"] > 0 and row["peer"] > 0
     assert "64 x (3x5 @ 5x7)" in capsys.readouterr().out
+
+
+def test_the_written_out_models_are_few_kernels_and_match_onnxruntime():
+    """bench written-out's models at a small size: the layer's GELU fused into its matmul and its written-out norm
+    one kernel (two matmuls and a layer norm), each activation in its convolution's epilogue (im2col and GEMM)."""
+    pytest.importorskip("onnxruntime")
+    from taskdsl.bench import written_out
+    rows = {name: (kernels, err) for name, kernels, _, _, _, _, err in written_out.rows(written_out.SMALL)}
+    assert {name: kernels for name, (kernels, _) in rows.items()} == {"bert-ffn": 3, "conv-swish": 4,
+                                                                        "conv-softsign": 4}
+    assert all(err < 1e-5 for _, err in rows.values()), rows

@@ -19,6 +19,8 @@ BENCHMARKS = {
                "launches)", "taskdsl.bench.launch"),
     "tc-parts": ("the tensor-core matmul's k loop whole, its copies alone, its math alone and its mma alone, f16, "
                  "beside cuBLAS (cuda; --sizes N: N^3, default 4096)", "taskdsl.bench.tc_parts"),
+    "written-out": ("ONNX models with GELU, Swish, Softsign and layer norms written out in elementwise operators and "
+                    "reductions (older exports), vs onnxruntime (cpu)", "taskdsl.bench.written_out"),
     "ops": ("softmax, layer norm and sums of an f32 array: cpu, (4096, 1024) vs numpy; cuda, (16384, 4096) "
             "vs peak and copy bandwidth and torch (--sizes ROWS COLS)", "taskdsl.bench.ops"),
 }
@@ -29,6 +31,8 @@ MAX_LAUNCHES = 10 ** 8     # ~7 minutes of cpu launches
 
 def _check_sizes(parser: argparse.ArgumentParser, args) -> None:
     """A usage error (exit 2) for --sizes the benchmark cannot take."""
+    if args.name == "written-out":
+        parser.error("written-out takes no --sizes: its models have BERT-base's and ResNet's sizes")
     if args.name == "conv":
         from .conv import LAYERS
         count = len(LAYERS[args.layers or "resnet50"])
@@ -65,6 +69,8 @@ def main(argv=None) -> int:
         td.runtime.config.check_environment()      # a bad TASKDSL_* setting: exit 2 before the benchmark starts
         if args.layers == "depthwise" and td.get_target() == "cuda":
             parser.error("conv --layers depthwise runs on the cpu target only (TASKDSL_TARGET=cpu)")
+        if args.name == "written-out" and td.get_target() != "cpu":
+            parser.error("written-out compares with onnxruntime on the cpu: it needs the cpu target (TASKDSL_TARGET=cpu)")
         if args.name == "tc-parts" and td.get_target() != "cuda":
             parser.error("tc-parts times tensor-core kernels on a GPU: it needs the cuda target")
         from . import accuracy
