@@ -318,8 +318,9 @@ class Elementwise(Operator):
 class FusedElementwise(Elementwise):
     """Elementwise operators computed as one: attrs["steps"] holds each member as (fn, its parameters as sorted
     (name, value) pairs, its operands), an operand k < len(inputs) being input k, and len(inputs) + j step j's
-    value; the last step is the output. Each step's value is converted to its own dtype, so the result is the
-    members' run one after another, bit for bit (a 16-bit intermediate is rounded as its tensor would be).
+    value; the last step is the output. Each step's value is converted to its own dtype (a 16-bit intermediate
+    rounded, an i32 one wrapped, as its tensor would be), so the result is the members' run one after another,
+    but for a multiply and an add of f32 / f64 contracted into one FMA (an ulp; docs/dsl-reference.md).
     Built by the graph pass `fuse_elementwise`."""
 
     kind = "fused_elementwise"
@@ -344,8 +345,10 @@ class FusedElementwise(Elementwise):
     def body(self, *loads: ir.Expr) -> ir.Expr:
         values = list(loads)
         for (fn, params, refs), dtype in zip(self.attrs["steps"], self.step_dtypes):
-            value = ir.as_expr(FUNCTIONS[fn].body(*(values[r] for r in refs), **dict(params)))
-            values.append(ir.convert(value, dtype))
+            value = ir.convert(ir.as_expr(FUNCTIONS[fn].body(*(values[r] for r in refs), **dict(params))), dtype)
+            if dtype == T.i32:      # the cpu computes i32 + - * in 64 bits: wrap as the stored tensor would
+                value = ir.Cast(ir.Cast(value, T.u32), T.i32)
+            values.append(value)
         return values[-1]
 
     def expression(self) -> str:

@@ -46,7 +46,7 @@ class _Match:
         if not (isinstance(op, Reduce) and op.attrs["op"] == "mean" and op.attrs["keepdims"]) or id(t) in self.outputs:
             return None
         x, axes = op.inputs[0], tuple(op.attrs["axes"])
-        if axes != tuple(range(x.ndim - len(axes), x.ndim)):
+        if not axes or axes != tuple(range(x.ndim - len(axes), x.ndim)):
             return None
         self.inner.append(t)
         return x, axes
@@ -64,7 +64,10 @@ def _scalar(t) -> float | None:
 
 
 def _other(op, t):
-    """The operand of binary `op` that is not `t` (None when both are, or neither is)."""
+    """The operand of binary `op` that is not `t` (None when both are, or neither is, or `op` has other than two
+    operands: add and mul take any number)."""
+    if len(op.inputs) != 2:
+        return None
     a, b = op.inputs
     return b if a is t and b is not t else a if b is t and a is not t else None
 
@@ -72,7 +75,7 @@ def _other(op, t):
 def _denominator(match: _Match, n):
     """(d, the variance tensor, eps) where n = d / sqrt(v + eps) or d * (1 / sqrt(v + eps)), else None."""
     op = n.producer     # (n may be a graph output: it is the norm's result where no weight follows)
-    if type(op) is not Elementwise or op.attrs["fn"] not in ("div", "mul"):
+    if type(op) is not Elementwise or op.attrs["fn"] not in ("div", "mul") or len(op.inputs) != 2:
         return None
     candidates = [tuple(op.inputs)] if op.attrs["fn"] == "div" else [tuple(op.inputs), tuple(op.inputs)[::-1]]
     for d, s in candidates:
@@ -81,7 +84,7 @@ def _denominator(match: _Match, n):
         if root is not None and op.attrs["fn"] == "mul":
             root = probe.producer(root.inputs[0], "sqrt")
         shifted = root is not None and probe.producer(root.inputs[0], "add")
-        if not shifted:
+        if not shifted or len(shifted.inputs) != 2:
             continue
         a, b = shifted.inputs
         var, eps = (a, _scalar(b)) if _scalar(b) is not None else (b, _scalar(a))
@@ -98,7 +101,7 @@ def _variance_of(match: _Match, var):
         return None
     square, axes = found
     op = match.producer(square, "pow", "mul")
-    if op is None:
+    if op is None or len(op.inputs) != 2:
         return None
     a, b = op.inputs
     if (op.attrs["fn"] == "pow" and _scalar(b) == 2.0) or (op.attrs["fn"] == "mul" and a is b):
@@ -154,7 +157,7 @@ def _norm_at(graph_users: dict, outputs: set, n):
     if not rms:
         match.inner += centred.inner
     x = d if rms else sub.inputs[0]
-    if x.dtype.name not in ("f32", "f64"):
+    if x.dtype.name not in ("f32", "f64") or n.shape != x.shape:     # (a constant of higher rank broadcast it)
         return None
     end, weight, bias = _affine(match, n, len(axes), with_bias=not rms)
     if not match.private(end):
