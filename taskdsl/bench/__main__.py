@@ -70,7 +70,8 @@ def main(argv=None) -> int:
         if args.layers == "depthwise" and td.get_target() == "cuda":
             parser.error("conv --layers depthwise runs on the cpu target only (TASKDSL_TARGET=cpu)")
         if args.name == "written-out" and td.get_target() != "cpu":
-            parser.error("written-out compares with onnxruntime on the cpu: it needs the cpu target (TASKDSL_TARGET=cpu)")
+            parser.error("written-out compares with onnxruntime on the cpu: it needs the cpu target "
+                         "(TASKDSL_TARGET=cpu)")
         if args.name == "tc-parts" and td.get_target() != "cuda":
             parser.error("tc-parts times tensor-core kernels on a GPU: it needs the cuda target")
         from . import accuracy

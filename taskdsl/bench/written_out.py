@@ -42,13 +42,14 @@ def bert_ffn(seq: int, hidden: int, inner: int, layers: int, **_):
                  ("Mul", ["ge", "half"], "gelu"), ("MatMul", ["gelu", "w2"], "m2"), ("Add", ["m2", "b2"], "a2"),
                  ("Add", ["a2", x], "r"), ("ReduceMean", ["r"], "mu"), ("Sub", ["r", "mu"], "c"),
                  ("Pow", ["c", "two"], "c2"), ("ReduceMean", ["c2"], "var"), ("Add", ["var", "eps"], "ve"),
-                 ("Sqrt", ["ve"], "sd"), ("Div", ["c", "sd"], "n"), ("Mul", ["n", "g"], "ng"), ("Add", ["ng", "be"], "y")]
+                 ("Sqrt", ["ve"], "sd"), ("Div", ["c", "sd"], "n"), ("Mul", ["n", "g"], "ng"),
+                 ("Add", ["ng", "be"], "y")]
         for op, ins, out in steps:
             ins = [t if t == x else p + t for t in ins]
             nodes.append(node(op, ins, [p + out], axes=[-1]) if op == "ReduceMean" else node(op, ins, [p + out]))
         x = p + "y"
-    graph = helper.make_graph(nodes, "bert_ffn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, seq, hidden])],
-                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, seq, hidden])], inits)
+    info = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, seq, hidden]) for name in ("x", x)]
+    graph = helper.make_graph(nodes, "bert_ffn", info[:1], info[1:], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     return model, rng.standard_normal((1, seq, hidden)).astype(np.float32)
 
@@ -71,8 +72,8 @@ def conv_activation(activation: str, channels: int, side: int, blocks: int, **_)
                       node("Div", [p + "c", p + "a1"], [p + "y"])]
         x = p + "y"
     shape = [1, channels, side, side]
-    graph = helper.make_graph(nodes, f"conv_{activation}", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, shape)], inits)
+    info = [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name in ("x", x)]
+    graph = helper.make_graph(nodes, f"conv_{activation}", info[:1], info[1:], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     return model, rng.standard_normal(shape).astype(np.float32)
 
@@ -107,5 +108,6 @@ def run() -> list:
           f"{'max rel err':>12}")
     table = rows(FULL)
     for name, kernels, nodes, ours, peer, ratio, err in table:
-        print(f"{name:>14} {kernels:>8} {nodes:>9} {ours:>11.3f} {peer:>15.3f} {ratio:>5.2f}x {shown(err, 'f32', name)}")
+        print(f"{name:>14} {kernels:>8} {nodes:>9} {ours:>11.3f} {peer:>15.3f} {ratio:>5.2f}x "
+              f"{shown(err, 'f32', name)}")
     return table

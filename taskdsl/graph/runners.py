@@ -21,8 +21,8 @@ from ..runtime.arrays import contiguous, note_host_work, on_device, on_host
 from ..runtime.config import get_target
 from ..runtime.kernel import remember
 from .operator import Operator
-from .ops import (BatchNorm, Concat, Conv, Elementwise, Expand, FusedElementwise, Gather, LayerNorm, MatMul, Pad, Pool, Reduce,
-                  Reshape, Slice, Softmax, Transpose)
+from .ops import (BatchNorm, Concat, Conv, Elementwise, Expand, FusedElementwise, Gather, LayerNorm, MatMul, Pad,
+                  Pool, Reduce, Reshape, Slice, Softmax, Transpose)
 from .replay import record_check
 
 RUNNERS: dict = {}

@@ -18,8 +18,8 @@ RNG = np.random.default_rng(0)
 
 
 def _compiled(g, *arrays, pipeline=None):
-    """g compiled for the cpu (by the passes of `pipeline`, else the default NCHW ones) and run on `arrays`: (the compiled
-    graph, its outputs)."""
+    """g compiled for the cpu (by the passes of `pipeline`, else the default NCHW ones) and run on `arrays`: (the
+    compiled graph, its outputs)."""
     td.set_target("cpu")
     cg = g.compile(passes=pipeline) if pipeline else g.compile(channels_last=False)
     return cg, cg(*arrays)

@@ -5,9 +5,9 @@
 
 Every op is an Operator defined by compute definitions (its numpy reference and its kernels).
 """
-from .elementwise import (FUNCTIONS, Elementwise, FusedElementwise, add, cast, clip, div, elementwise, equal, erf, exp,
-                          gelu, greater, less, log, maximum, minimum, mul, neg, pow, relu, rsqrt, sigmoid, silu, sqrt, sub,
-                          tanh, where)
+from .elementwise import (FUNCTIONS, Elementwise, FusedElementwise, add, cast, clip, div, elementwise, equal, erf,
+                          exp, gelu, greater, less, log, maximum, minimum, mul, neg, pow, relu, rsqrt, sigmoid, silu, sqrt,
+                          sub, tanh, where)
 from .linalg import Conv, MatMul, conv, conv2d, linear, matmul
 from .norm import LRN, BatchNorm, LayerNorm, Softmax, batch_norm, layer_norm, log_softmax, lrn, rms_norm, softmax
 from .pool import Pool, avg_pool2d, max_pool2d, max_pool_with_indices, pool
@@ -18,9 +18,9 @@ from .transform import (Concat, CumSum, Expand, Gather, GatherElements, Pad, Res
 
 __all__ = [
     # elementwise
-    "FUNCTIONS", "Elementwise", "FusedElementwise", "elementwise", "add", "sub", "mul", "div", "pow", "maximum", "minimum", "equal", "less",
-    "greater", "neg", "relu", "gelu", "silu", "sigmoid", "tanh", "erf", "exp", "log", "sqrt", "rsqrt", "where", "cast",
-    "clip",
+    "FUNCTIONS", "Elementwise", "FusedElementwise", "elementwise", "add", "sub", "mul", "div", "pow", "maximum",
+    "minimum", "equal", "less", "greater", "neg", "relu", "gelu", "silu", "sigmoid", "tanh", "erf", "exp", "log",
+    "sqrt", "rsqrt", "where", "cast", "clip",
     # anchors
     "MatMul", "Conv", "matmul", "linear", "conv", "conv2d",
     # normalization

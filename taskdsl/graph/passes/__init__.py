@@ -48,4 +48,5 @@ def optimize(graph: Graph, passes: list | None = None) -> Graph:
 
 
 __all__ = ["PIPELINE", "pipeline", "optimize", "channels_last", "avg_pool_as_conv", "infer_shapes", "fold_constants",
-           "constant_value", "fold_batch_norm", "eliminate_dead_code", "recognize_norms", "fuse_elementwise", "plan_memory", "MemoryPlan", "partition"]
+           "constant_value", "fold_batch_norm", "eliminate_dead_code", "recognize_norms", "fuse_elementwise",
+           "plan_memory", "MemoryPlan", "partition"]

@@ -34,8 +34,7 @@ class _Match:
         """t's producer when it is an elementwise operator of one of `fns` and t is an intermediate (not a graph
         output), else None."""
         op = t.producer
-        if type(op) is Elementwise and op.attrs["fn"] in fns \
-                and id(t) not in self.outputs:
+        if type(op) is Elementwise and op.attrs["fn"] in fns and id(t) not in self.outputs:
             self.inner.append(t)
             return op
         return None
