@@ -13,14 +13,13 @@ import ml_dtypes
 
 import taskdsl as td
 import taskdsl.graph as tg
-from taskdsl.graph import ops, passes
+from taskdsl.graph import ops
 from taskdsl.graph.passes.fuse_elementwise import MAX_TREE
 from taskdsl.graph.passes.recognize_norms import recognize_norms
 
-from . import assert_close, make_model, rand, run_onnxruntime
+from . import UNFUSED, assert_close, make_model, rand, run_onnxruntime
 
 node = helper.make_node
-UNFUSED = [p for p in passes.PIPELINE if p is not passes.fuse_elementwise]
 
 
 @pytest.fixture(autouse=True)
