@@ -68,6 +68,15 @@ def pytest_configure(config):
 
 
 @pytest.fixture
+def elementwise_fusion(monkeypatch):
+    """The graph pass fuse_elementwise on, as in an optimized build: it leaves graphs alone under the tests'
+    td.fast_compile (one generic kernel per elementwise function serves them all)."""
+    import importlib
+    monkeypatch.setattr(importlib.import_module("taskdsl.graph.passes.fuse_elementwise"), "fast_compile_enabled",
+                        lambda: False)
+
+
+@pytest.fixture
 def twin_target(request):
     """'cpu', 'cuda' or 'host' for the twins of a module with GPU_TWINS = True, else None."""
     return getattr(request, "param", None)

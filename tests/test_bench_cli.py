@@ -184,6 +184,7 @@ def test_the_batched_small_products_are_checked_against_numpy(capsys):
     assert "64 x (3x5 @ 5x7)" in capsys.readouterr().out
 
 
+@pytest.mark.usefixtures("elementwise_fusion")
 def test_the_written_out_models_are_few_kernels_and_match_onnxruntime():
     """bench written-out's models at a small size: the layer's GELU fused into its matmul and its written-out norm
     one kernel (two matmuls and a layer norm), each activation in its convolution's epilogue (im2col and GEMM)."""

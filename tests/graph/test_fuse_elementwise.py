@@ -15,6 +15,7 @@ from taskdsl.graph.fusion import FusedAnchor
 from taskdsl.graph.passes.fuse_elementwise import MAX_TREE, _tree_size
 
 RNG = np.random.default_rng(0)
+pytestmark = pytest.mark.usefixtures("elementwise_fusion")     # on under the tests' td.fast_compile too
 
 
 def _compiled(g, *arrays, pipeline=None):

@@ -20,6 +20,7 @@ from taskdsl.graph.passes.recognize_norms import recognize_norms
 from . import UNFUSED, assert_close, make_model, rand, run_onnxruntime
 
 node = helper.make_node
+pytestmark = pytest.mark.usefixtures("elementwise_fusion")     # on under the tests' td.fast_compile too
 
 
 @pytest.fixture(autouse=True)

@@ -101,6 +101,7 @@ def test_what_is_not_a_norm_stays_as_written():
     assert "layer_norm" not in [op.kind for op in half.compile().graph.nodes]
 
 
+@pytest.mark.usefixtures("elementwise_fusion")
 def test_two_bert_style_layers_are_two_matmuls_and_a_norm_each():
     """Written-out layer norms after residual adds of matmuls with the GELU written out too: per layer two fused
     matmuls and one layer norm (elementwise fusion takes the GELU and the residual add)."""
