@@ -29,7 +29,7 @@ from ..compute import placeholder
 from ..runtime.arrays import contiguous, empty_like_operands, unplanned
 from ..schedule.fusion import FusionError
 from .graph import Graph
-from .operator import Operator
+from .operator import Operator, external_inputs
 from .ops import BatchNorm, Conv, Elementwise, MatMul, Reshape, Transpose
 from .runners import conv_geometry, packed_b, packed_weight, run, runs
 
@@ -44,15 +44,8 @@ class FusedAnchor(Operator):
 
     def __init__(self, anchor: Operator, prologues: dict, epilogue: list):
         self.anchor, self.prologues, self.epilogue = anchor, dict(prologues), list(epilogue)
-        members = list(self.prologues.values()) + [anchor] + self.epilogue
-        produced = {id(t) for m in members for t in m.outputs}
-        inputs, seen = [], set()
-        for m in members:
-            for t in m.inputs:
-                if id(t) not in produced and id(t) not in seen:
-                    seen.add(id(t))
-                    inputs.append(t)
-        super().__init__(inputs, {"anchor": anchor.kind, "epilogue": tuple(k for m in self.epilogue for k in m.kinds)})
+        super().__init__(external_inputs(self.members),
+                         {"anchor": anchor.kind, "epilogue": tuple(k for m in self.epilogue for k in m.kinds)})
 
     @property
     def members(self) -> list:

@@ -28,6 +28,18 @@ def _as_shape(size) -> tuple:
     return size if isinstance(size, tuple) else (size,)
 
 
+def external_inputs(members: list) -> list:
+    """The tensors operators `members` read that none of them produces, in order of first read (a fused node's
+    inputs)."""
+    produced = {id(t) for m in members for t in m.outputs}
+    seen: dict = {}
+    for m in members:
+        for t in m.inputs:
+            if id(t) not in produced:
+                seen.setdefault(id(t), t)
+    return list(seen.values())
+
+
 def freeze(value):
     """An attribute value in hashable form (lists -> tuples, numpy scalars -> Python numbers)."""
     if isinstance(value, (list, tuple)):

@@ -103,31 +103,10 @@ def test_what_is_not_a_norm_stays_as_written():
 
 @pytest.mark.usefixtures("elementwise_fusion")
 def test_two_bert_style_layers_are_two_matmuls_and_a_norm_each():
-    """Written-out layer norms after residual adds of matmuls with the GELU written out too: per layer two fused
-    matmuls and one layer norm (elementwise fusion takes the GELU and the residual add)."""
-    hidden, inner, seq = 16, 40, 5
-    nodes, inits, x = [], {}, "x"
-    for layer in range(2):
-        p = f"l{layer}_"
-        inits.update({p + "w1": rand((hidden, inner), 10 + layer, low=-0.3, high=0.3),
-                      p + "w2": rand((inner, hidden), 20 + layer, low=-0.3, high=0.3),
-                      p + "g": rand((hidden,), 30 + layer, low=0.5, high=1.5), p + "b": rand((hidden,), 40 + layer),
-                      p + "sq2": np.array(1.4142135, np.float32), p + "one": np.array(1.0, np.float32),
-                      p + "half": np.array(0.5, np.float32), p + "two": np.array(2.0, np.float32),
-                      p + "eps": np.array(1e-12, np.float32)})
-        nodes += [node("MatMul", [x, p + "w1"], [p + "h"]), node("Div", [p + "h", p + "sq2"], [p + "hd"]),
-                  node("Erf", [p + "hd"], [p + "e"]), node("Add", [p + "e", p + "one"], [p + "e1"]),
-                  node("Mul", [p + "h", p + "e1"], [p + "he"]), node("Mul", [p + "he", p + "half"], [p + "gelu"]),
-                  node("MatMul", [p + "gelu", p + "w2"], [p + "o"]), node("Add", [p + "o", x], [p + "r"]),
-                  node("ReduceMean", [p + "r"], [p + "m"], axes=[-1]), node("Sub", [p + "r", p + "m"], [p + "d"]),
-                  node("Pow", [p + "d", p + "two"], [p + "d2"]), node("ReduceMean", [p + "d2"], [p + "v"], axes=[-1]),
-                  node("Add", [p + "v", p + "eps"], [p + "ve"]), node("Sqrt", [p + "ve"], [p + "s"]),
-                  node("Div", [p + "d", p + "s"], [p + "n"]), node("Mul", [p + "n", p + "g"], [p + "ng"]),
-                  node("Add", [p + "ng", p + "b"], [p + "y"])]
-        x = p + "y"
-    nodes.append(node("Identity", [x], ["out"]))
-    model = make_model(nodes, [("x", [1, seq, hidden])], [("out", [1, seq, hidden])], inits, opset=13)
+    """Written-out layer norms after residual adds of matmuls with the GELU written out too (`bench written-out`'s
+    model): per layer two fused matmuls and one layer norm (elementwise fusion takes the GELU and the residual add)."""
+    from taskdsl.bench.written_out import bert_ffn
+    model, data = bert_ffn(seq=5, hidden=16, inner=40, layers=2)
     cg = _compiled(model)
     assert [op.kind for op in cg.graph.nodes] == ["fused", "fused", "layer_norm"] * 2
-    data = rand((1, seq, hidden), 7)
     assert_close(cg(data)[0], run_onnxruntime(model, {"x": data})[0], rtol=1e-4, atol=1e-5)

@@ -29,6 +29,7 @@ from __future__ import annotations
 from ...runtime.config import fast_compile_enabled
 from ..fusion import fusible_anchor
 from ..graph import Graph
+from ..operator import external_inputs
 from ..ops import Elementwise
 from ..ops.elementwise import FusedElementwise
 
@@ -41,17 +42,6 @@ def _tree_size(members: list, inputs: list) -> int:
     for m in members:
         size[id(m.outputs[0])] = 1 + sum(size[id(t)] for t in m.inputs)
     return size[id(members[-1].outputs[0])]
-
-
-def _external_inputs(members: list) -> list:
-    """The tensors the members read that none of them produces, in order of first read."""
-    produced = {id(m.outputs[0]) for m in members}
-    seen: dict = {}
-    for m in members:
-        for t in m.inputs:
-            if id(t) not in produced:
-                seen.setdefault(id(t), t)
-    return list(seen.values())
 
 
 def _epilogue_heads(graph: Graph, users: dict, outputs: set) -> set:
@@ -88,7 +78,7 @@ def _groups(graph: Graph) -> list:
                             or any(id(r) not in members for r in users[id(t)])):
                         continue
                     candidate = sorted([*members.values(), p], key=lambda op: order[id(op)])
-                    if _tree_size(candidate, _external_inputs(candidate)) <= MAX_TREE:
+                    if _tree_size(candidate, external_inputs(candidate)) <= MAX_TREE:
                         members[id(p)] = p
                         grown = True
         if len(members) > 1:
@@ -100,7 +90,7 @@ def _groups(graph: Graph) -> list:
 def fused(members: list, mapping: dict | None = None) -> FusedElementwise:
     """The FusedElementwise computing `members` (elementwise operators in order; the last is the output), over
     their external inputs replaced as `mapping` (id(tensor) -> tensor) says."""
-    inputs = _external_inputs(members)
+    inputs = external_inputs(members)
     ref = {id(t): k for k, t in enumerate(inputs)}
     steps = []
     for j, m in enumerate(members):
