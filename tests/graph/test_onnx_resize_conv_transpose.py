@@ -5,8 +5,7 @@ CUDA by NVRTC (tests/conftest.py).
 
 Where onnxruntime departs from the operator's definition the draws leave the case out, and say why: onnxruntime
 copies the input when a Resize's output shape equals its input's (whatever the scales), reads an axis of scale 1
-as the identity (a tf_crop_and_resize roi there is ignored), and rounds nearest half_pixel_symmetric coordinates
-that fall on a tie differently from its own linear path (which the importer follows).
+as the identity (a tf_crop_and_resize roi there is ignored).
 """
 import warnings
 
@@ -55,9 +54,8 @@ def resize_cases(draw, modes: tuple, ranks: tuple) -> dict:
     mode = draw(st.sampled_from(modes))
     opset = draw(st.sampled_from([11, 13, 18, 19]))
     resizable = list(range(rank - 2, rank)) if mode != "nearest" and rank == 4 else list(range(rank))
-    symmetric = opset >= 19 and mode != "nearest"        # (half_pixel_symmetric is opset 19's)
-    attrs = {"mode": mode, "coordinate_transformation_mode": draw(st.sampled_from(
-        [m for m in COORDINATE_MODES if m != "half_pixel_symmetric" or symmetric]))}
+    coordinates = [m for m in COORDINATE_MODES if m != "half_pixel_symmetric" or opset >= 19]     # (opset 19's)
+    attrs = {"mode": mode, "coordinate_transformation_mode": draw(st.sampled_from(coordinates))}
     if mode == "nearest":
         attrs["nearest_mode"] = draw(st.sampled_from(NEAREST_MODES))
     if mode == "cubic":
@@ -122,7 +120,7 @@ def check_resize(case: dict) -> None:
 @given(case=resize_cases(("nearest",), (1, 2, 3, 4)))
 def test_resize_nearest_matches_onnxruntime(case):
     """Nearest resizing of 1-4 axes by scales or sizes (keep_aspect_ratio_policy, axes), every nearest_mode and
-    coordinate mode; half_pixel_symmetric left out (onnxruntime's nearest rounds its ties its own way)."""
+    coordinate mode."""
     check_resize(case)
 
 
@@ -142,6 +140,23 @@ def test_trilinear_resize_matches_onnxruntime(shape, scales, mode):
     case = {"shape": shape, "opset": 13, "attrs": {"mode": "linear", "coordinate_transformation_mode": mode},
             "values": {"scales": np.array(scales, np.float32)}, "unit": False, "elem": TensorProto.FLOAT, "seed": 1}
     check_resize(case)
+
+
+@pytest.mark.parametrize("nearest_mode, coordinates, n_in, n_out", [
+    ("round_prefer_ceil", "asymmetric", 7, 2),      # 1 / f32(2/7) = 3.4999998: a tie, rounded up
+    ("round_prefer_floor", "asymmetric", 7, 38),    # 19 / f32(38/7) = 3.5000002: a tie, rounded down
+    ("round_prefer_ceil", "half_pixel", 14, 1),     # 6.4999995
+    ("round_prefer_floor", "half_pixel", 14, 19),   # 6.5000005
+    ("round_prefer_ceil", "asymmetric", 26, 28),    # 19.499998 at 21 is 1.9e-6 off a half: no tie, rounded down
+])
+def test_nearest_rounds_f32_near_ties_as_ties(nearest_mode, coordinates, n_in, n_out):
+    """An f32 coordinate within 1e-6 of a half (the exact coordinate's tie, off by the rounding of the scale) is
+    a tie, rounded the way nearest_mode prefers, as onnxruntime takes it."""
+    case = {"shape": [1, n_in], "opset": 13, "values": {"sizes": np.array([1, n_out])}, "elem": TensorProto.FLOAT,
+            "attrs": {"mode": "nearest", "coordinate_transformation_mode": coordinates, "nearest_mode": nearest_mode}}
+    x = np.arange(n_in, dtype=np.float32).reshape(1, n_in)
+    got, want = run_both(resize_model(case), {"x": x})
+    np.testing.assert_array_equal(got, want)
 
 
 def test_nearest_resize_of_integers_and_opset_11_modes():

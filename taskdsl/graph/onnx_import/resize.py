@@ -3,9 +3,9 @@
 Shapes are static, so the source coordinate of each output index along each resized axis is a constant:
 a nearest Resize is a gather per resized axis, a linear or cubic one an `ops.resample` per axis (a gather
 of 2 or 4 taps weighted by constant weights). Coordinates are computed in f32, as onnxruntime computes
-them, so that nearest ties round as there. Upsample (opsets 7-9) reaches no converter: the importer
-converts models before opset 11 to opset 13, where onnx.version_converter has made it a Resize (and
-model.py gives it back the coordinates and rounding it had, which the conversion drops).
+them, so that nearest ties (within 1e-6 of a half) round as there. Upsample (opsets 7-9) reaches no
+converter: the importer converts models before opset 11 to opset 13, where onnx.version_converter has made
+it a Resize (and model.py gives it back the coordinates and rounding it had, which the conversion drops).
 
 ConvTranspose is a convolution by the weights flipped spatially with their channel axes swapped per group: of the
 input itself, with one output channel per channel and output phase (dilation 1), the phases then interleaved;
@@ -51,10 +51,24 @@ COORDINATE_MODES = {
     "tf_half_pixel_for_nn": lambda x, scale, n_in, n_out, roi: (x + 0.5) / scale,     # opset 11 only
     "tf_crop_and_resize": _crop_and_resize,
 }
-# nearest_mode -> the index nearest each coordinate (in f64, where x + 0.5 is exact for an f32 x)
+# a coordinate within this of a half is a tie, as onnxruntime (1.2x on) takes it: the f32 coordinate of an exact
+# half such as 1 / f32(2/7) = 3.4999998 then rounds the way the mode prefers
+TIE_TOLERANCE = 1e-6
+
+
+def _round_half(prefer_ceil: bool):
+    """Round to the nearest index (in f64, where x - floor(x) is exact for an f32 x), near-ties up or down."""
+    def nearest(x):
+        below = np.floor(x)
+        tie = np.abs(x - below - 0.5) <= TIE_TOLERANCE
+        return np.where(tie, below + prefer_ceil, np.floor(x + 0.5))
+    return nearest
+
+
+# nearest_mode -> the index nearest each coordinate
 NEAREST_MODES = {
-    "round_prefer_floor": lambda x: np.ceil(x - 0.5),
-    "round_prefer_ceil": lambda x: np.floor(x + 0.5),
+    "round_prefer_floor": _round_half(prefer_ceil=False),
+    "round_prefer_ceil": _round_half(prefer_ceil=True),
     "floor": np.floor,
     "ceil": np.ceil,
 }
