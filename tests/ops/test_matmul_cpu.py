@@ -5,6 +5,7 @@ point serves every shape hypothesis draws.
 """
 import dataclasses
 
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -15,6 +16,7 @@ from stdlib_ops import matmul_cpu as cpu
 from stdlib_ops import matmul_simt as simt
 from taskdsl.backend.cpu import vectors
 from taskdsl.backend.cuda.nvrtc import combine_sources, compile_cubin
+from taskdsl.ir.types import numpy_dtype
 
 OPTIMIZED = True   # the unrolled, vectorized micro-kernel this template exists for, not td.fast_compile
 DIMS = st.sampled_from([1, 2, 5, 16, 17, 31, 48, 49, 65, 97, 130])
@@ -32,7 +34,7 @@ def _run(p, a, b, split=1, dtype=td.f32, packed_b=False, transposed_a=False, cop
     `packed_b`, the kernel that reads B as `pack_b` packs it; with `transposed_a`, the one reading a.T, which
     `copy_a` copies block by block)."""
     out_dtype = td.f32 if split > 1 else dtype
-    c = np.full((split, a.shape[0], b.shape[1]), np.nan, out_dtype.numpy)    # every element must be written
+    c = np.full((split, a.shape[0], b.shape[1]), np.nan, numpy_dtype(out_dtype))    # every element must be written
     operand = cpu.pack_b(p, b[None]) if packed_b else b[None]
     kernel = cpu.tile_matmul_kernel(p, dtype, out_dtype, packed_b, transposed_a, copy_a)
     kernel(np.ascontiguousarray(a.T)[None] if transposed_a else a[None], operand, c,
@@ -190,6 +192,24 @@ def test_long_k_crosses_k_blocks_and_f16_accumulates_in_f32():
     a16, b16 = a[:, :300].astype(np.float16), b[:300].astype(np.float16)
     got = _run(cpu.default_point(), a16, b16, dtype=td.f16)
     np.testing.assert_allclose(got, a16.astype(np.float64) @ b16.astype(np.float64), rtol=1e-2, atol=5e-2)
+
+
+@pytest.mark.fast_compile     # the copy of A is the same code unrolled or not
+@settings(max_examples=12, deadline=None)
+@given(m=DIMS, n=DIMS, k=DIMS, split=st.sampled_from([1, 3]), variant=st.sampled_from(GRAPH_VARIANTS),
+       dtype=st.sampled_from([td.f16, td.bf16]), seed=st.integers(0, 2**16))
+def test_16_bit_a_is_copied_to_f32_a_block_at_a_time(m, n, k, split, variant, dtype, seed):
+    """16-bit A is converted to f32 a block and k block at a time (`matmul_cpu.stages_a`), in place or transposed:
+    rows past M, k blocks past the first and split-k slices read the right elements."""
+    td.set_target("cpu")
+    assert cpu.stages_a(dtype) and not cpu.stages_a(td.f32)
+    host = np.float16 if dtype is td.f16 else ml_dtypes.bfloat16
+    rng = np.random.default_rng(seed)
+    a, b = (rng.standard_normal(shape).astype(host) for shape in ((m, k), (k, n)))
+    packed_b, transposed_a, copy_a = variant
+    got = _run(SMALL, a, b, split, dtype, packed_b, transposed_a, copy_a)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2 * max(1, np.abs(want).max(initial=0)))
 
 
 def test_the_cpu_plans_use_this_template_and_split_only_long_k():
