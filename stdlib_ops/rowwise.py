@@ -85,23 +85,23 @@ def row_extreme(X, row, start, n, first, is_max):
 
 
 @td.func
-def lane_sum(Y, row, n, center, squares, lanes):
-    """The sum of Y[row, :n] - center (of their squares, with `squares`) in `lanes`' type, by LANES interleaved
-    partial sums: independent chains the cpu's SLP vectorizer packs, where one running sum waits on the previous
-    addition at every element (and LLVM keeps a float sum's order)."""
+def lane_sum(Y, row, n, center, term, lanes):
+    """The sum of the terms d = Y[row, :n] - center ('plain'), of their squares ('square') or of exp(d) ('exp') in
+    `lanes`' type, by LANES interleaved partial sums: independent chains the cpu's SLP vectorizer packs, where one
+    running sum waits on the previous addition at every element (and LLVM keeps a float sum's order)."""
     for k in td.unroll(LANES):
         lanes[k] = 0.0
     body = n - n % LANES
     for j in range(0, body, LANES):
         for k in td.unroll(LANES):
             d = Y[row, j + k] - center
-            lanes[k] += d * d if squares else d
+            lanes[k] += d * d if term == "square" else td.exp(d) if term == "exp" else d
     s = lanes[0]
     for k in td.unroll(LANES - 1):
         s += lanes[k + 1]
     for j in range(body, n):
         d = Y[row, j] - center
-        s += d * d if squares else d
+        s += d * d if term == "square" else td.exp(d) if term == "exp" else d
     return s
 
 
@@ -179,10 +179,9 @@ def softmax_kernel(dtype, log: bool, schedule: str, cached: int = 0):
             if exact:
                 for j in range(C):          # no reduction in the loop: it vectorizes, exps included
                     Y[row, j] = td.exp(X[row, j] - m)
-                s = lane_sum(Y, row, C, 0.0, False, sums)
+                s = lane_sum(Y, row, C, 0.0, "plain", sums)
             else:                           # a 16-bit Y would round each exp: they are computed again below
-                for j in range(C):
-                    s += td.exp(X[row, j] - m)
+                s = lane_sum(X, row, C, m, "exp", sums)
             inv: acc = 1.0 / s              # scale in f32 for f32: s is f64 only to add up exactly
             log_s: acc = td.log(s)
             for j in range(C):
@@ -253,8 +252,8 @@ def layer_norm_kernel(dtype, schedule: str, cached: int = 0):
         sums = td.registers(f64, (LANES,))
         row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x
         if row < R:
-            mean: acc = lane_sum(X, row, C, 0.0, False, sums) / C
-            rstd: acc = td.rsqrt(lane_sum(X, row, C, mean, True, sums) / C + eps)
+            mean: acc = lane_sum(X, row, C, 0.0, "plain", sums) / C
+            rstd: acc = td.rsqrt(lane_sum(X, row, C, mean, "square", sums) / C + eps)
             for j in range(C):
                 Y[row, j] = (X[row, j] - mean) * rstd * W[j] + B[j]
     return layer_norm
