@@ -1,7 +1,7 @@
 """Converters of data-movement operators: tiling, depth/space rearrangement, element gathers and scans.
 
 Tile, DepthToSpace and SpaceToDepth are exact compositions of reshapes (views), an expand or a transpose;
-GatherElements and CumSum are graph ops of their own; InstanceNormalization is a layer norm over the spatial
+GatherElements, CumSum and TopK are graph ops of their own; InstanceNormalization is a layer norm over the spatial
 axes, then a per-channel scale and shift.
 """
 from __future__ import annotations
@@ -95,6 +95,29 @@ def cumsum(node: Node) -> list:
     if not (x.dtype.is_float or x.dtype.is_integer):
         raise node.error(f"data type {x.dtype.name} is not supported (integers and floats)")
     return [ops.cumsum(x, int(axis.reshape(-1)[0]), node.flag("exclusive"), node.flag("reverse"))]
+
+
+@converts("TopK", attrs=("axis", "k", "largest", "sorted"))
+def top_k(node: Node) -> list:
+    """TopK: the k largest (or, largest=0, smallest) elements along `axis` and their int64 indices, sorted (with
+    sorted=0 the order is the operator's choice: sorted too); k an attribute (opset 1) or a constant input."""
+    x = node.input(0)
+    if node.opset < 10:
+        k = node.attr("k")
+    else:
+        k = np.asarray(node.const(1))
+        if k.size != 1 or k.dtype.kind not in "iu":
+            raise node.error(f"K must be one integer, got {k.dtype}{list(k.shape)}", OnnxImportError)
+        k = int(k.reshape(-1)[0])
+    if x.dtype.is_bool:
+        raise node.error("data type bool is not supported (numbers)")
+    if x.ndim == 0:
+        raise node.error("needs an input of at least one axis", OnnxImportError)
+    axis = int(node.attr("axis", -1))
+    if not 0 <= k <= x.shape[axis % x.ndim]:
+        raise node.error(f"K = {k} must be between 0 and the axis's length {x.shape[axis % x.ndim]}",
+                         OnnxImportError)
+    return list(ops.topk(x, k, axis, node.flag("largest", 1)))
 
 
 @converts("InstanceNormalization", attrs=("epsilon",))

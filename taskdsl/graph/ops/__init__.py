@@ -12,6 +12,7 @@ from .linalg import Conv, MatMul, conv, conv2d, linear, matmul
 from .norm import LRN, BatchNorm, LayerNorm, Softmax, batch_norm, layer_norm, log_softmax, lrn, rms_norm, softmax
 from .pool import Pool, avg_pool2d, max_pool2d, max_pool_with_indices, pool
 from .reduce import ArgReduce, Reduce, argmax, argmin, global_avg_pool, global_max_pool, max, mean, min, prod, sum
+from .sort import TopK, topk
 from .transform import (Concat, CumSum, Expand, Gather, GatherElements, Pad, Resample, Reshape, Slice, Transpose,
                         concat, cumsum, expand, flatten, gather, gather_elements, pad, resample, reshape, slice, split,
                         squeeze, transpose, unsqueeze)
@@ -27,7 +28,7 @@ __all__ = [
     "Softmax", "LayerNorm", "BatchNorm", "LRN", "softmax", "log_softmax", "layer_norm", "rms_norm", "batch_norm", "lrn",
     # pooling and reductions
     "Pool", "pool", "max_pool2d", "max_pool_with_indices", "avg_pool2d", "Reduce", "sum", "mean", "max", "min", "prod",
-    "global_avg_pool", "global_max_pool", "ArgReduce", "argmax", "argmin",
+    "global_avg_pool", "global_max_pool", "ArgReduce", "argmax", "argmin", "TopK", "topk",
     # data movement
     "Reshape", "Transpose", "Concat", "Slice", "Gather", "Expand", "Pad", "reshape", "flatten", "squeeze", "unsqueeze",
     "transpose", "concat", "split", "slice", "gather", "expand", "pad", "GatherElements", "CumSum", "Resample",

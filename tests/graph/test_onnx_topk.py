@@ -1,0 +1,110 @@
+"""ONNX TopK against onnxruntime: hypothesis-drawn shapes (size-1 and prime axes), axes, k (0 to the axis's
+length), largest / smallest, opsets 1 (k an attribute), 10 and 11, element types, and values with many ties and
+NaNs; sorted=0; the graph op's refusals. Every kernel the tests launch is also compiled for CUDA by NVRTC
+(tests/conftest.py)."""
+import numpy as np
+import pytest
+from hypothesis import assume, given, note, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper
+
+import taskdsl.graph as tg
+from taskdsl.graph import ops
+from taskdsl.graph.onnx_import import OnnxImportError
+
+from . import make_model, run_onnxruntime
+
+pytest.importorskip("onnxruntime")
+
+TYPES = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16, TensorProto.DOUBLE: np.float64,
+         TensorProto.INT32: np.int32, TensorProto.INT64: np.int64, TensorProto.UINT8: np.uint8}
+OPSETS_BEFORE_LARGEST = (1, 10)     # largest and sorted are opset 11's
+
+
+def topk_model(shape: list, k: int, axis: int, largest: int, elem: int, opset: int, sort: int = 1):
+    """A one-node TopK model (k an initializer from opset 10, an attribute before)."""
+    attrs = {"axis": axis} if opset < 11 else {"axis": axis, "largest": largest, "sorted": sort}
+    inputs, inits = ["x"], {}
+    if opset >= 10:
+        inputs, inits = ["x", "k"], {"k": np.array([k], np.int64)}
+    else:
+        attrs["k"] = k
+    node = helper.make_node("TopK", inputs, ["values", "indices"], **attrs)
+    rank = len(shape)
+    return make_model([node], [("x", shape, elem)], [("values", [None] * rank, elem),
+                                                     ("indices", [None] * rank, TensorProto.INT64)], inits, opset=opset)
+
+
+def values(shape: list, elem: int, seed: int, nans: bool) -> np.ndarray:
+    """Few distinct values (ties everywhere), NaNs among floats where asked."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0 if elem == TensorProto.UINT8 else -3, 4, shape).astype(TYPES[elem])
+    if nans and x.size and np.dtype(TYPES[elem]).kind == "f":
+        x.flat[rng.integers(0, x.size, 1 + x.size // 4)] = np.nan
+    return x
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.data(), shape=st.lists(st.sampled_from([1, 2, 3, 5, 7]), min_size=1, max_size=3),
+       elem=st.sampled_from(sorted(TYPES)), opset=st.sampled_from([1, 10, 11, 24]), nans=st.booleans(),
+       seed=st.integers(0, 99))
+def test_topk_matches_onnxruntime(data, shape, elem, opset, nans, seed):
+    """Values and indices equal onnxruntime's, ties in index order and NaN above every number."""
+    floats = np.dtype(TYPES[elem]).kind == "f"
+    assume(floats or opset >= 11)       # (integers are opset 11's)
+    axis = data.draw(st.integers(-len(shape), len(shape) - 1), label="axis")
+    k = data.draw(st.integers(1 if opset == 1 else 0, shape[axis]), label="k")     # (opset 1: k >= 1)
+    largest = 1 if opset in OPSETS_BEFORE_LARGEST else data.draw(st.sampled_from([0, 1]), label="largest")
+    x = values(shape, elem, seed, nans)
+    note(f"x = {x!r}")
+    model = topk_model(shape, k, axis, largest, elem, opset)
+    got = tg.from_onnx(model).compile()({"x": x})
+    if elem == TensorProto.FLOAT16:     # onnxruntime has no f16 TopK: its f32 one, on the same (exact) values
+        wide = run_onnxruntime(topk_model(shape, k, axis, largest, TensorProto.FLOAT, opset), {"x": x.astype(np.float32)})
+        want = [wide[0].astype(np.float16), wide[1]]
+    else:
+        want = run_onnxruntime(model, {"x": x})
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_array_equal(g, w)
+
+
+def test_unsorted_topk_selects_what_onnxruntime_selects():
+    """sorted=0 leaves the order to the operator: taskdsl sorts anyway; the selected elements are onnxruntime's."""
+    x = np.array([[5, 1, 5, 2, 5, 1, 0, 7, 7], [0, 0, 1, 1, 2, 2, 3, 3, 4]], np.float32)
+    for largest in (0, 1):
+        model = topk_model([2, 9], 4, 1, largest, TensorProto.FLOAT, 11, sort=0)
+        got_values, got_indices = tg.from_onnx(model).compile()({"x": x})
+        want_values, want_indices = run_onnxruntime(model, {"x": x})
+        sorted_model = topk_model([2, 9], 4, 1, largest, TensorProto.FLOAT, 11)
+        np.testing.assert_array_equal(got_indices, run_onnxruntime(sorted_model, {"x": x})[1])
+        np.testing.assert_array_equal(np.sort(got_values, axis=1), np.sort(want_values, axis=1))
+        np.testing.assert_array_equal(np.sort(got_indices, axis=1), np.sort(want_indices, axis=1))
+
+
+def test_topk_refusals():
+    """k past the axis, a K of more than one value, bool and 0-d tensors are clear errors."""
+    with pytest.raises(OnnxImportError, match="between 0 and the axis's length 5"):
+        tg.from_onnx(topk_model([2, 5], 6, -1, 1, TensorProto.FLOAT, 11))
+    two = make_model([helper.make_node("TopK", ["x", "k"], ["v", "i"])], [("x", [2, 5])],
+                     [("v", [None, None]), ("i", [None, None], TensorProto.INT64)], {"k": np.array([1, 2], np.int64)},
+                     opset=11)
+    with pytest.raises(OnnxImportError, match="K must be one integer"):
+        tg.from_onnx(two)
+    with pytest.raises(ValueError, match="k must be between 0 and the axis's length 5, got 6"):
+        ops.topk(tg.input("x", (2, 5)), 6)
+    with pytest.raises(TypeError, match="not defined on bool"):
+        ops.topk(tg.input("b", (2, 5), "bool"), 1)
+    with pytest.raises(ValueError, match="at least one axis"):
+        ops.topk(tg.input("s", ()), 1)
+
+
+def test_topk_graph_op_matches_numpy_along_a_middle_axis():
+    """ops.topk against numpy's stable argsort (descending by a stable sort of the negation) on a 3-d tensor."""
+    x = np.random.default_rng(5).integers(-4, 5, (3, 7, 2)).astype(np.float32)
+    t = tg.input("x", x.shape)
+    graph = tg.trace(lambda a: ops.topk(a, 4, axis=1), t)
+    got_values, got_indices = graph.compile()({"x": x})
+    order = np.argsort(-x, axis=1, kind="stable")[:, :4]
+    np.testing.assert_array_equal(got_indices, order)
+    np.testing.assert_array_equal(got_values, np.take_along_axis(x, order, axis=1))
