@@ -97,18 +97,15 @@ def cumsum(node: Node) -> list:
     return [ops.cumsum(x, int(axis.reshape(-1)[0]), node.flag("exclusive"), node.flag("reverse"))]
 
 
-@converts("TopK", attrs=("axis", "k", "largest", "sorted"))
+@converts("TopK", attrs=("axis", "largest", "sorted"))
 def top_k(node: Node) -> list:
     """TopK: the k largest (or, largest=0, smallest) elements along `axis` and their int64 indices, sorted (with
-    sorted=0 the order is the operator's choice: sorted too); k an attribute (opset 1) or a constant input."""
-    x = node.input(0)
-    if node.opset < 10:
-        k = node.attr("k")
-    else:
-        k = np.asarray(node.const(1))
-        if k.size != 1 or k.dtype.kind not in "iu":
-            raise node.error(f"K must be one integer, got {k.dtype}{list(k.shape)}", OnnxImportError)
-        k = int(k.reshape(-1)[0])
+    sorted=0 the order is the operator's choice: sorted too); K a constant input (opset 1's attribute k is one
+    after the conversion to opset 13, model.py)."""
+    x, k = node.input(0), np.asarray(node.const(1))
+    if k.size != 1 or k.dtype.kind not in "iu":
+        raise node.error(f"K must be one integer, got {k.dtype}{list(k.shape)}", OnnxImportError)
+    k = int(k.reshape(-1)[0])
     if x.dtype.is_bool:
         raise node.error("data type bool is not supported (numbers)")
     if x.ndim == 0:
