@@ -91,7 +91,9 @@ ELEMENTWISE = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "pow": "P
                "greater_equal": "GreaterOrEqual", "logical_and": "And", "logical_or": "Or", "logical_xor": "Xor",
                "logical_not": "Not", "neg": "Neg", "abs": "Abs", "relu": "Relu", "sigmoid": "Sigmoid",
                "tanh": "Tanh", "exp": "Exp", "log": "Log", "sqrt": "Sqrt", "erf": "Erf", "sin": "Sin", "cos": "Cos",
-               "floor": "Floor", "ceil": "Ceil", "reciprocal": "Reciprocal", "where": "Where"}
+               "asin": "Asin", "acos": "Acos", "atan": "Atan", "sinh": "Sinh", "cosh": "Cosh", "asinh": "Asinh",
+               "acosh": "Acosh", "atanh": "Atanh", "floor": "Floor", "ceil": "Ceil", "reciprocal": "Reciprocal",
+               "where": "Where"}
 BINARY_ONLY = {"Add": "Sum", "Mul": None}     # ONNX Add / Mul take two operands: more add up with Sum, or chain
 
 

@@ -179,6 +179,7 @@ def test_operators():
 # ---------------------------------------------------------------- every math function
 POS = (0.1, 3.0)
 SIGNED = (-3.0, 3.0)
+UNIT = (-0.95, 0.95)
 MATH_CASES = {   # name: (number of arguments, domain, independent scalar formula)
     "exp": (1, SIGNED, math.exp),
     "exp2": (1, SIGNED, lambda x: 2.0 ** x),
@@ -189,6 +190,14 @@ MATH_CASES = {   # name: (number of arguments, domain, independent scalar formul
     "sin": (1, SIGNED, math.sin),
     "cos": (1, SIGNED, math.cos),
     "tanh": (1, SIGNED, math.tanh),
+    "asin": (1, UNIT, math.asin),
+    "acos": (1, UNIT, math.acos),
+    "atan": (1, SIGNED, math.atan),
+    "sinh": (1, SIGNED, math.sinh),
+    "cosh": (1, SIGNED, math.cosh),
+    "asinh": (1, SIGNED, math.asinh),
+    "acosh": (1, (1.0, 3.0), math.acosh),
+    "atanh": (1, UNIT, math.atanh),
     "erf": (1, SIGNED, math.erf),
     "abs": (1, SIGNED, abs),
     "floor": (1, SIGNED, math.floor),

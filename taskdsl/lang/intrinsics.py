@@ -75,7 +75,9 @@ def _pick(larger: bool):
 _MATH_HOST = {
     "exp": _ieee(np.exp), "exp2": _ieee(np.exp2), "log": _ieee(np.log), "log2": _ieee(np.log2),
     "sqrt": _ieee(np.sqrt), "rsqrt": _ieee(lambda x: 1.0 / np.sqrt(x)), "sin": _ieee(np.sin), "cos": _ieee(np.cos),
-    "tanh": _ieee(np.tanh), "erf": _ieee(math.erf), "floor": _ieee(np.floor), "ceil": _ieee(np.ceil),
+    "tanh": _ieee(np.tanh), "asin": _ieee(np.arcsin), "acos": _ieee(np.arccos), "atan": _ieee(np.arctan),
+    "sinh": _ieee(np.sinh), "cosh": _ieee(np.cosh), "asinh": _ieee(np.arcsinh), "acosh": _ieee(np.arccosh),
+    "atanh": _ieee(np.arctanh), "erf": _ieee(math.erf), "floor": _ieee(np.floor), "ceil": _ieee(np.ceil),
     "pow": _ieee(np.power), "fma": _ieee(lambda a, b, c: a * b + c), "sigmoid": _ieee(lambda x: 1.0 / (1.0 + np.exp(-x))),
     "abs": abs, "max": _pick(True), "min": _pick(False),
 }

@@ -8,6 +8,7 @@ from onnx import TensorProto, helper
 import taskdsl.graph as tg
 from taskdsl.graph import OnnxImportError, UnsupportedOnnxError
 from taskdsl.graph.onnx_import import ConstantRequiredError
+from taskdsl.graph.onnx_import.node import CONVERTERS
 
 from . import make_model, rand
 
@@ -15,12 +16,12 @@ n = helper.make_node
 
 
 def test_unsupported_operator_names_node_op_and_alternatives():
-    model = make_model([n("Relu", ["x"], ["r"]), n("Hardmax", ["r"], ["y"], name="my_hardmax")], [("x", [3])],
-                       [("y", [3])])
+    model = make_model([n("Relu", ["x"], ["r"]), n("NonZero", ["r"], ["y"], name="my_nonzero")], [("x", [3])],
+                       [("y", [1, None], TensorProto.INT64)])
     with pytest.raises(UnsupportedOnnxError) as info:
         tg.from_onnx(model)
     message = str(info.value)
-    assert "node 'my_hardmax' (Hardmax): operator Hardmax is not supported" in message
+    assert "node 'my_nonzero' (NonZero): operator NonZero is not supported" in message
     assert "supported operators:" in message and "Conv" in message and "MatMul" in message
     assert isinstance(info.value, ValueError)
 
@@ -68,7 +69,7 @@ def unchecked_model(node, opset: int):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
-def test_models_before_opset_11_are_converted():
+def test_models_before_opset_11_are_converted(monkeypatch):
     """An opset-9 model goes through onnx's version converter (with a warning) and computes what it says; a model
     the converter cannot take is refused with the converter's reason."""
     with pytest.warns(UserWarning, match="opset 9 predates opset 11; it was converted to opset 13"):
@@ -80,8 +81,13 @@ def test_models_before_opset_11_are_converted():
     scatter = make_model([n("Scatter", ["x", "i", "u"], ["y"], axis=0)],
                          [("x", [3, 3]), ("i", [1, 3], TensorProto.INT64), ("u", [1, 3])], [("y", [3, 3])], opset=9)
     scatter.graph.node[0].name = "sc1"
+    with pytest.warns(UserWarning):
+        g = tg.from_onnx(scatter)      # (a ScatterElements after the conversion)
+    x, u = np.zeros((3, 3), np.float32), np.array([[1, 2, 3]], np.float32)
+    np.testing.assert_array_equal(g(x, np.array([[2, 0, 1]], np.int64), u)[0], [[0, 2, 0], [0, 0, 3], [1, 0, 0]])
     # the converter made its Scatter a ScatterElements, and dropped its name: the message named a node and an
-    # operator the model does not have
+    # operator the model does not have (ScatterElements taken out of the converters to see it)
+    monkeypatch.delitem(CONVERTERS, "ScatterElements")
     with pytest.warns(UserWarning), pytest.raises(UnsupportedOnnxError, match=r"^node 'sc1' \(Scatter\): operator "
                                                   r"Scatter is not supported \(the model's opset 9 was converted to "
                                                   r"13 by onnx.version_converter, where .*ScatterElements is not "

@@ -33,7 +33,9 @@ from ..naming import NameTable, identifier
 from . import fission as F
 
 _MATH = {"exp": "math.exp", "log": "math.log", "log2": "math.log2", "sqrt": "math.sqrt", "sin": "math.sin",
-         "cos": "math.cos", "tanh": "math.tanh", "erf": "math.erf", "floor": "np.floor", "ceil": "np.ceil",
+         "cos": "math.cos", "tanh": "math.tanh", "asin": "math.asin", "acos": "math.acos", "atan": "math.atan",
+         "sinh": "math.sinh", "cosh": "math.cosh", "asinh": "math.asinh", "acosh": "math.acosh",
+         "atanh": "math.atanh", "erf": "math.erf", "floor": "np.floor", "ceil": "np.ceil",
          "pow": "rt.pow", "abs": "abs", "max": "max", "min": "min", "rsqrt": "rt.rsqrt", "exp2": "rt.exp2",
          "sigmoid": "rt.sigmoid", "fma": "rt.fma"}
 _F32_MATH = {"erf": "rt.erf_f32", "tanh": "rt.tanh_f32", "exp": "rt.exp_f32",     # vectorizable approximations

@@ -69,7 +69,9 @@ template <typename T> __device__ __forceinline__ unsigned td_get_b32(const T& fi
 }
 
 _F32_MATH = {"exp": "expf", "exp2": "exp2f", "log": "logf", "log2": "log2f", "sqrt": "sqrtf", "rsqrt": "rsqrtf",
-             "sin": "sinf", "cos": "cosf", "tanh": "tanhf", "erf": "erff", "abs": "fabsf", "floor": "floorf",
+             "sin": "sinf", "cos": "cosf", "tanh": "tanhf", "asin": "asinf", "acos": "acosf", "atan": "atanf",
+             "sinh": "sinhf", "cosh": "coshf", "asinh": "asinhf", "acosh": "acoshf", "atanh": "atanhf",
+             "erf": "erff", "abs": "fabsf", "floor": "floorf",
              "ceil": "ceilf", "pow": "powf", "fma": "fmaf"}
 _SHUFFLES = {"shfl_xor": "__shfl_xor_sync", "shfl_down": "__shfl_down_sync", "shfl_up": "__shfl_up_sync",
              "shfl_idx": "__shfl_sync"}

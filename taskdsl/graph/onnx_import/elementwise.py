@@ -16,7 +16,8 @@ BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow", 
           "Or": "logical_or", "Xor": "logical_xor"}
 UNARY = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Erf": "erf", "Exp": "exp", "Log": "log", "Sqrt": "sqrt",
          "Neg": "neg", "Abs": "abs", "Reciprocal": "reciprocal", "Floor": "floor", "Ceil": "ceil", "Sin": "sin",
-         "Cos": "cos", "Not": "logical_not"}
+         "Cos": "cos", "Asin": "asin", "Acos": "acos", "Atan": "atan", "Sinh": "sinh", "Cosh": "cosh",
+         "Asinh": "asinh", "Acosh": "acosh", "Atanh": "atanh", "Not": "logical_not"}
 VARIADIC = {"Sum": "add", "Max": "maximum", "Min": "minimum"}
 
 

@@ -1,8 +1,8 @@
 """Converters of data-movement operators: tiling, depth/space rearrangement, element gathers and scans.
 
 Tile, DepthToSpace and SpaceToDepth are exact compositions of reshapes (views), an expand or a transpose;
-GatherElements, CumSum and TopK are graph ops of their own; InstanceNormalization is a layer norm over the spatial
-axes, then a per-channel scale and shift.
+GatherElements, ScatterElements, ScatterND, CumSum and TopK are graph ops of their own; InstanceNormalization
+is a layer norm over the spatial axes, then a per-channel scale and shift.
 """
 from __future__ import annotations
 
@@ -95,6 +95,33 @@ def cumsum(node: Node) -> list:
     if not (x.dtype.is_float or x.dtype.is_integer):
         raise node.error(f"data type {x.dtype.name} is not supported (integers and floats)")
     return [ops.cumsum(x, int(axis.reshape(-1)[0]), node.flag("exclusive"), node.flag("reverse"))]
+
+
+@converts("ScatterElements", attrs=("axis", "reduction"))
+def scatter_elements(node: Node) -> list:
+    """ScatterElements: data with updates written (or, opsets 16 and 18, combined: add, mul, max, min) where
+    indices point along `axis` (negative ones count from the end); of duplicates the last update wins."""
+    data, indices, updates = (node.input(k) for k in range(3))
+    return [ops.scatter_elements(data, indices, updates, node.attr("axis", 0), _scatter_reduction(node))]
+
+
+@converts("ScatterND", attrs=("reduction",))
+def scatter_nd(node: Node) -> list:
+    """ScatterND: data with each update slice written (or combined) at the index tuple indices[u...]."""
+    data, indices, updates = (node.input(k) for k in range(3))
+    return [ops.scatter_nd(data, indices, updates, _scatter_reduction(node))]
+
+
+def _scatter_reduction(node: Node) -> str:
+    """The node's reduction attribute, refused where its opset does not define it."""
+    op = node.attr("reduction", "none")
+    if op in ("max", "min") and node.opset < 18 or op in ("add", "mul") and node.opset < 16:
+        raise node.error(f"reduction {op!r} is opset {18 if op in ('max', 'min') else 16}'s, the model's opset is "
+                         f"{node.opset}", OnnxImportError)
+    if op not in ops.scatter.REDUCTIONS:
+        raise node.error(f"reduction must be one of {', '.join(ops.scatter.REDUCTIONS)}, got {op!r}",
+                         OnnxImportError)
+    return op
 
 
 @converts("TopK", attrs=("axis", "largest", "sorted"))

@@ -12,6 +12,7 @@ from .linalg import Conv, MatMul, conv, conv2d, linear, matmul
 from .norm import LRN, BatchNorm, LayerNorm, Softmax, batch_norm, layer_norm, log_softmax, lrn, rms_norm, softmax
 from .pool import Pool, avg_pool2d, max_pool2d, max_pool_with_indices, pool
 from .reduce import ArgReduce, Reduce, argmax, argmin, global_avg_pool, global_max_pool, max, mean, min, prod, sum
+from .scatter import ScatterElements, ScatterND, scatter_elements, scatter_nd
 from .sort import TopK, topk
 from .transform import (Concat, CumSum, Expand, Gather, GatherElements, Pad, Resample, Reshape, Slice, Transpose,
                         concat, cumsum, expand, flatten, gather, gather_elements, pad, resample, reshape, slice, split,
@@ -32,5 +33,5 @@ __all__ = [
     # data movement
     "Reshape", "Transpose", "Concat", "Slice", "Gather", "Expand", "Pad", "reshape", "flatten", "squeeze", "unsqueeze",
     "transpose", "concat", "split", "slice", "gather", "expand", "pad", "GatherElements", "CumSum", "Resample",
-    "gather_elements", "cumsum", "resample",
+    "gather_elements", "cumsum", "resample", "ScatterElements", "ScatterND", "scatter_elements", "scatter_nd",
 ]

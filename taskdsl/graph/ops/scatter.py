@@ -1,0 +1,160 @@
+"""Scatters: scatter_elements (ONNX ScatterElements, torch.scatter) and scatter_nd (ONNX ScatterND).
+
+Each output element looks for the updates that land on it: a reduction over the updates that could (along the
+axis for scatter_elements, all of them for scatter_nd), of those whose index is the element's. With reduction
+'none' the last such update wins (onnxruntime applies them in order; the operators leave duplicates undefined);
+'add', 'mul', 'max' and 'min' combine the element with all of them. The cost is one comparison per (output
+element, candidate update): cheap for the few updates these operators usually carry (a cache's new positions),
+heavy for a scatter of millions of updates into millions of elements.
+"""
+from __future__ import annotations
+
+import math
+
+from ... import ir
+from ...compute import compute
+from ...compute import reduce as reduction
+from ...ir import types as T
+from ...lang import math_expr
+from ..operator import Operator, dims
+from ..tensor import Tensor, as_tensor
+from .axes import normalize_axis
+from .transform import reshape
+
+REDUCTIONS = ("none", "add", "mul", "max", "min")
+_COMBINE = {"add": ("sum", "+"), "mul": ("prod", "*"), "max": ("max", "max"), "min": ("min", "min")}
+
+
+def _normalized(index: ir.Expr, n) -> ir.Expr:
+    """An i64 index into an axis of size `n`, a negative one counting from the end."""
+    index, n = ir.convert(index, T.i64), ir.const(n, T.i64) if isinstance(n, int) else ir.convert(n, T.i64)
+    return ir.Select(index < 0, index + n, index, T.i64)
+
+
+def _scattered(kind: str, data, shape: tuple, count, hit, update, op: str):
+    """data's elements combined, as `op` says, with the updates `update(p, j)` for the j < count where `hit(p, j)`
+    (p an output index)."""
+    if op == "none":        # the last update that lands here, or -1
+        last = reduction(f"{kind}_last", shape, (count,),
+                         lambda *ix: ir.Select(hit(ix[:-1], ix[-1]), ir.convert(ix[-1], T.i64), ir.const(-1, T.i64),
+                                               T.i64), op="max", dtype=T.i64)
+        return compute(kind, shape, lambda *p: ir.Select(last[p] >= 0, update(p, ir.convert(last[p], T.i32)),
+                                                         data[p], data.dtype), dtype=data.dtype)
+    reduce_op, combine = _COMBINE[op]
+    acc = T.f32 if data.dtype.is_float and data.dtype.bits == 16 else data.dtype
+    identity = {"sum": 0, "prod": 1, "max": acc.lowest, "min": -acc.lowest if acc.is_float else acc.limits[1]}
+    neutral = ir.const(identity[reduce_op], acc)
+    combined = reduction(f"{kind}_{op}", shape, (count,),
+                         lambda *ix: ir.Select(hit(ix[:-1], ix[-1]), ir.convert(update(ix[:-1], ix[-1]), acc), neutral,
+                                               acc), op=reduce_op, dtype=acc)
+
+    def out(*p):
+        element = ir.convert(data[p], acc)
+        if combine in ("max", "min"):
+            value = math_expr(combine, [element, combined[p]])
+        else:
+            value = ir.binary(combine, element, combined[p])
+        return ir.convert(value, data.dtype)
+
+    return compute(kind, shape, out, dtype=data.dtype)
+
+
+class ScatterElements(Operator):
+    """data with updates[q] written (or combined, attr reduction) at q with q[axis] replaced by indices[q]
+    (negative indices count from the end); indices and updates have data's rank and no larger a shape.
+    attrs: axis, reduction."""
+
+    kind = "scatter_elements"
+    generic = True
+
+    def check(self):
+        data, indices, updates = self.inputs
+        axis = self.attrs["axis"] = normalize_axis(self.attrs["axis"], data.ndim, "scatter_elements")
+        _check_common(data, indices, updates, self.attrs["reduction"], "scatter_elements")
+        if indices.shape != updates.shape or indices.ndim != data.ndim:
+            raise ValueError(f"scatter_elements: indices {indices.shape} and updates {updates.shape} need one shape, "
+                             f"of data's rank {data.ndim}")
+        if any(m > n for a, (m, n) in enumerate(zip(indices.shape, data.shape)) if a != axis):
+            raise ValueError(f"scatter_elements: indices of shape {indices.shape} are longer than data's shape "
+                             f"{data.shape} on an axis other than {axis}")
+
+    def define(self, data, indices, updates):
+        shape, ishape, axis = dims(data), dims(indices), self.attrs["axis"]
+
+        def at(p, j):
+            return p[:axis] + (j,) + p[axis + 1:]
+
+        def hit(p, j):
+            inside = [p[a] < ishape[a] for a in range(len(shape)) if a != axis]    # a row the updates reach
+            same = ir.binary("==", _normalized(indices[at(p, j)], shape[axis]), ir.convert(p[axis], T.i64))
+            for condition in inside:
+                same = ir.binary("and", condition, same)
+            return same
+
+        return [_scattered(self.kind, data, shape, ishape[axis], hit, lambda p, j: updates[at(p, j)],
+                           self.attrs["reduction"])]
+
+
+class ScatterND(Operator):
+    """data with each update slice updates[u] written (or combined, attr reduction) at data[indices[u]]:
+    indices (U, q) (negative ones count from the end), updates (U,) + data.shape[q:]. attrs: reduction."""
+
+    kind = "scatter_nd"
+    generic = True
+    derived_attrs = ("q",)      # the index tuples' length: the comparisons each update takes (in generic's key)
+
+    def check(self):
+        data, indices, updates = self.inputs
+        _check_common(data, indices, updates, self.attrs["reduction"], "scatter_nd")
+        if indices.ndim != 2 or not 1 <= indices.shape[1] <= data.ndim:
+            raise ValueError(f"scatter_nd: indices must be (updates, q) with 1 <= q <= data's rank {data.ndim}, got "
+                             f"shape {indices.shape}; use ops.scatter_nd")
+        q = self.attrs["q"] = indices.shape[1]
+        if updates.shape != indices.shape[:1] + data.shape[q:]:
+            raise ValueError(f"scatter_nd: updates must have shape {indices.shape[:1] + data.shape[q:]}, got "
+                             f"{updates.shape}")
+
+    def define(self, data, indices, updates):
+        shape, count, q = dims(data), dims(indices)[0], self.attrs["q"]
+
+        def hit(p, u):
+            same = None
+            for k in range(q):
+                match = ir.binary("==", _normalized(indices[u, k], shape[k]), ir.convert(p[k], T.i64))
+                same = match if same is None else ir.binary("and", same, match)
+            return same
+
+        return [_scattered(self.kind, data, shape, count, hit, lambda p, u: updates[(u,) + tuple(p[q:])],
+                           self.attrs["reduction"])]
+
+
+def _check_common(data, indices, updates, op: str, what: str) -> None:
+    """The checks both scatters share: index and update types, the reduction."""
+    if not indices.dtype.is_integer:
+        raise TypeError(f"{what}: indices must be integers, got {indices.dtype.name}")
+    if updates.dtype != data.dtype:
+        raise TypeError(f"{what}: updates must have data's dtype {data.dtype.name}, got {updates.dtype.name}")
+    if op not in REDUCTIONS:
+        raise ValueError(f"{what}: reduction must be one of {', '.join(REDUCTIONS)}, got {op!r}")
+    if op != "none" and data.dtype.is_bool:
+        raise TypeError(f"{what}: reduction {op!r} is not defined on bool tensors; cast them first")
+
+
+def scatter_elements(data, indices, updates, axis: int = 0, reduction: str = "none") -> Tensor:
+    """torch.scatter / ONNX ScatterElements: data with updates[q] written at q with q[axis] replaced by
+    indices[q], or combined with it ('add', 'mul', 'max', 'min'); with 'none' a later duplicate wins."""
+    return ScatterElements([as_tensor(data), as_tensor(indices), as_tensor(updates)],
+                           {"axis": axis, "reduction": reduction}).outputs[0]
+
+
+def scatter_nd(data, indices, updates, reduction: str = "none") -> Tensor:
+    """ONNX ScatterND: data with the slice updates[u...] written at data[indices[u...]] (indices (..., q), updates
+    indices.shape[:-1] + data.shape[q:]), or combined with it; with 'none' a later duplicate wins."""
+    data, indices, updates = as_tensor(data), as_tensor(indices), as_tensor(updates)
+    if indices.ndim == 0:
+        raise ValueError("scatter_nd: indices need at least one axis (the index tuples along the last)")
+    q = indices.shape[-1]
+    count = math.prod(indices.shape[:-1])
+    flat_updates = reshape(updates, (count,) + tuple(updates.shape[indices.ndim - 1:])) if \
+        updates.shape[:indices.ndim - 1] == indices.shape[:-1] else updates     # (else check() says what is wrong)
+    return ScatterND([data, reshape(indices, (count, q)), flat_updates], {"reduction": reduction}).outputs[0]
