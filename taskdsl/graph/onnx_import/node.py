@@ -57,6 +57,8 @@ class Node:
                 value = helper.get_attribute_value(a)
                 if a.type == onnx.AttributeProto.STRING:
                     return value.decode()
+                if a.type == onnx.AttributeProto.STRINGS:
+                    return [v.decode() for v in value]
                 if a.type in (onnx.AttributeProto.INTS, onnx.AttributeProto.FLOATS):
                     return list(value)
                 if a.type in (onnx.AttributeProto.INT, onnx.AttributeProto.FLOAT):
