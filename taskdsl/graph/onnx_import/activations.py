@@ -174,10 +174,10 @@ def _truncated_mod(a, b):
 @converts("Round")
 def round_(node: Node) -> list:
     """Round: to the nearest integer, halves to the even one."""
-    return [in_f32(_round_half_to_even, _float_input(node))]
+    return [in_f32(round_half_to_even, _float_input(node))]
 
 
-def _round_half_to_even(x):
+def round_half_to_even(x):
     """floor(x), plus 1 above a fraction of 1/2 and at 1/2 above an odd floor (each step exact); a zero result
     takes x's sign (Round(-0.25) is -0.0)."""
     low = ops.elementwise("floor", x)

@@ -19,7 +19,8 @@ from ..graph import Graph, topological_nodes
 from ..tensor import as_shape, constant
 from ..tensor import input as graph_input
 # imported to register their converters
-from . import activations, attention, einsum, elementwise, layout, nn, one_hot, recurrent, resize, shape  # noqa: F401
+from . import (activations, attention, einsum, elementwise, layout, nn, one_hot, quantize, recurrent,  # noqa: F401
+               resize, shape)
 from .errors import OnnxImportError, UnsupportedOnnxError
 from .node import CONVERTERS, Node, dtype_of, to_array
 
