@@ -13,11 +13,12 @@ from .node import Node, converts, dtype_of
 
 BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow", "Equal": "equal", "Less": "less",
           "LessOrEqual": "less_equal", "Greater": "greater", "GreaterOrEqual": "greater_equal", "And": "logical_and",
-          "Or": "logical_or", "Xor": "logical_xor"}
+          "Or": "logical_or", "Xor": "logical_xor", "BitwiseAnd": "bitwise_and", "BitwiseOr": "bitwise_or",
+          "BitwiseXor": "bitwise_xor"}
 UNARY = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Erf": "erf", "Exp": "exp", "Log": "log", "Sqrt": "sqrt",
          "Neg": "neg", "Abs": "abs", "Reciprocal": "reciprocal", "Floor": "floor", "Ceil": "ceil", "Sin": "sin",
          "Cos": "cos", "Asin": "asin", "Acos": "acos", "Atan": "atan", "Sinh": "sinh", "Cosh": "cosh",
-         "Asinh": "asinh", "Acosh": "acosh", "Atanh": "atanh", "Not": "logical_not"}
+         "Asinh": "asinh", "Acosh": "acosh", "Atanh": "atanh", "Not": "logical_not", "BitwiseNot": "bitwise_not"}
 VARIADIC = {"Sum": "add", "Max": "maximum", "Min": "minimum"}
 
 

@@ -278,6 +278,11 @@ FUNCTIONS = {
     "clip": Function(_clip, _clip_dtype, (1, 3), params=(("has_min", flag), ("has_max", flag))),
     "cast": Function(lambda a, **_: a, _to, params=(("to", _type_name),)),
     "bit_shift": Function(_bit_shift, _integer, (2, 2), params=(("direction", _one_of("left", "right")),)),
+    "bitwise_and": Function(lambda a, b, **_: ir.binary("&", a, b), _integer, (2, 2)),
+    "bitwise_or": Function(lambda a, b, **_: ir.binary("|", a, b), _integer, (2, 2)),
+    "bitwise_xor": Function(lambda a, b, **_: ir.binary("^", a, b), _integer, (2, 2)),
+    "bitwise_not": Function(lambda a, **_: ir.binary("^", a, ir.const(-1 if a.dtype.kind == "int" else
+                                                                       a.dtype.limits[1], a.dtype)), _integer),
 }
 
 
