@@ -1,5 +1,6 @@
-"""Tile, DepthToSpace, SpaceToDepth, GatherElements, CumSum and InstanceNormalization imported from one-node ONNX
-models and checked against onnxruntime (onnx's reference evaluator where onnxruntime has no kernel for the type),
+"""Tile, DepthToSpace, SpaceToDepth, GatherElements, CumSum, CumProd and InstanceNormalization imported from one-node
+ONNX models and checked against onnxruntime (onnx's reference evaluator where onnxruntime has no kernel for the type;
+numpy for CumProd),
 with hypothesis drawing shapes (odd, prime, 1 and 0 sizes) and attributes; then a small model in which they feed
 elementwise operators, compiled with the default passes (fusion on). Every kernel is also compiled by NVRTC
 (tests/conftest.py), and each test has a @gpu twin on the cuda target (a GPU, or the simulated one with
@@ -126,7 +127,7 @@ def test_gather_elements_indices_of_a_graph_input_are_checked_at_each_call(twin_
         graph(x, np.array([[0, 3], [2, 1]], np.int64))
 
 
-# ---------------------------------------------------------------- CumSum
+# ---------------------------------------------------------------- CumSum and CumProd
 @EXAMPLES
 @given(shape=st.lists(SIZES_OR_0, min_size=1, max_size=3), data=st.data(), exclusive=st.sampled_from([0, 1]),
        reverse=st.sampled_from([0, 1]), dtype=st.sampled_from([F32, I64, I32, F16]),
@@ -147,6 +148,32 @@ def test_cumsum_over_several_blocks(length, exclusive, reverse, dtype):
     for axis, shape in ((1, (3, length)), (0, (length, 2))):
         node = n("CumSum", ["x", "a"], ["y"], exclusive=exclusive, reverse=reverse)
         check_node(node, values(shape, dtype, length), dtype, {"a": np.array(axis, np.int64)})
+
+
+@EXAMPLES
+@given(shape=st.lists(SIZES_OR_0, min_size=1, max_size=3), data=st.data(), exclusive=st.sampled_from([0, 1]),
+       reverse=st.sampled_from([0, 1]), dtype=st.sampled_from([F32, I64, I32]), seed=st.integers(0, 99))
+def test_cumprod(shape, data, exclusive, reverse, dtype, seed):
+    """CumProd (opset 26) against numpy's cumprod, shifted for `exclusive` and flipped for `reverse`; axes longer
+    than a scan block too (the block products multiply in another order: f32 within rounding)."""
+    axis = data.draw(st.integers(-len(shape), len(shape) - 1))
+    if shape[axis] and data.draw(st.booleans()):
+        shape[axis] = 37
+    rng = np.random.default_rng(seed)
+    x = (rng.choice([-1, 1], shape) * rng.uniform(0.9, 1.1, shape) if dtype == F32 else
+         rng.choice([-1, 1, 1, 1, 2], shape)).astype(NUMPY[dtype])
+    node = n("CumProd", ["x", "a"], ["y"], exclusive=exclusive, reverse=reverse)
+    model = make_model([node], [("x", shape, dtype)], [("y", [None] * len(shape), dtype)],
+                       {"a": np.array(axis, np.int64)}, opset=26)
+    flipped = np.flip(x, axis) if reverse else x
+    want = np.cumprod(flipped, axis=axis, dtype=x.dtype)
+    if exclusive:
+        ones = np.ones_like(np.take(want, [0], axis=axis))
+        want = np.concatenate([ones, np.take(want, range(want.shape[axis] - 1), axis=axis)], axis=axis)
+    want = np.flip(want, axis) if reverse else want
+    got = tg.from_onnx(model)(x)[0]
+    assert got.dtype == want.dtype
+    assert_close(got, want, **TOLERANCE[dtype])
 
 
 def test_cumsum_of_large_int64_values_is_exact():

@@ -60,7 +60,8 @@ def test_topk_matches_onnxruntime(data, shape, elem, opset, nans, seed):
     model = topk_model(shape, k, axis, largest, elem, opset)
     got = tg.from_onnx(model).compile()({"x": x})
     if elem == TensorProto.FLOAT16:     # onnxruntime has no f16 TopK: its f32 one, on the same (exact) values
-        wide = run_onnxruntime(topk_model(shape, k, axis, largest, TensorProto.FLOAT, opset), {"x": x.astype(np.float32)})
+        wide_model = topk_model(shape, k, axis, largest, TensorProto.FLOAT, opset)
+        wide = run_onnxruntime(wide_model, {"x": x.astype(np.float32)})
         want = [wide[0].astype(np.float16), wide[1]]
     else:
         want = run_onnxruntime(model, {"x": x})

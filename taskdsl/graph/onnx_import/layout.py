@@ -1,8 +1,8 @@
 """Converters of data-movement operators: tiling, depth/space rearrangement, element gathers and scans.
 
 Tile, DepthToSpace and SpaceToDepth are exact compositions of reshapes (views), an expand or a transpose;
-GatherElements, ScatterElements, ScatterND, CumSum and TopK are graph ops of their own; InstanceNormalization
-is a layer norm over the spatial axes, then a per-channel scale and shift.
+GatherElements, ScatterElements, ScatterND, CumSum, CumProd and TopK are graph ops of their own;
+InstanceNormalization is a layer norm over the spatial axes, then a per-channel scale and shift.
 """
 from __future__ import annotations
 
@@ -86,15 +86,17 @@ def gather_elements(node: Node) -> list:
     return [ops.gather_elements(node.input(0), node.input(1), node.attr("axis", 0))]
 
 
-@converts("CumSum", attrs=("exclusive", "reverse"))
-def cumsum(node: Node) -> list:
-    """CumSum along a constant axis (a scalar, or one value in a 1-d tensor), exclusive and / or reversed."""
+@converts("CumSum", "CumProd", attrs=("exclusive", "reverse"))
+def cumulative(node: Node) -> list:
+    """CumSum / CumProd along a constant axis (a scalar, or one value in a 1-d tensor), exclusive and / or
+    reversed."""
     x, axis = node.input(0), np.asarray(node.const(1))
     if axis.size != 1 or axis.ndim > 1 or axis.dtype.kind not in "iu":
         raise node.error(f"the axis must be one integer, got {axis.dtype}{list(axis.shape)}", OnnxImportError)
     if not (x.dtype.is_float or x.dtype.is_integer):
         raise node.error(f"data type {x.dtype.name} is not supported (integers and floats)")
-    return [ops.cumsum(x, int(axis.reshape(-1)[0]), node.flag("exclusive"), node.flag("reverse"))]
+    fn = ops.cumsum if node.op_type == "CumSum" else ops.cumprod
+    return [fn(x, int(axis.reshape(-1)[0]), node.flag("exclusive"), node.flag("reverse"))]
 
 
 @converts("ScatterElements", attrs=("axis", "reduction"))

@@ -14,9 +14,9 @@ from .pool import Pool, avg_pool2d, max_pool2d, max_pool_with_indices, pool
 from .reduce import ArgReduce, Reduce, argmax, argmin, global_avg_pool, global_max_pool, max, mean, min, prod, sum
 from .scatter import ScatterElements, ScatterND, scatter_elements, scatter_nd
 from .sort import TopK, topk
-from .transform import (Concat, CumSum, Expand, Gather, GatherElements, Pad, Resample, Reshape, Slice, Transpose,
-                        concat, cumsum, expand, flatten, gather, gather_elements, pad, resample, reshape, slice, split,
-                        squeeze, transpose, unsqueeze)
+from .transform import (Concat, Cumulative, Expand, Gather, GatherElements, Pad, Resample, Reshape, Slice, Transpose,
+                        concat, cumprod, cumsum, expand, flatten, gather, gather_elements, pad, resample, reshape,
+                        slice, split, squeeze, transpose, unsqueeze)
 
 __all__ = [
     # elementwise
@@ -32,6 +32,7 @@ __all__ = [
     "global_avg_pool", "global_max_pool", "ArgReduce", "argmax", "argmin", "TopK", "topk",
     # data movement
     "Reshape", "Transpose", "Concat", "Slice", "Gather", "Expand", "Pad", "reshape", "flatten", "squeeze", "unsqueeze",
-    "transpose", "concat", "split", "slice", "gather", "expand", "pad", "GatherElements", "CumSum", "Resample",
-    "gather_elements", "cumsum", "resample", "ScatterElements", "ScatterND", "scatter_elements", "scatter_nd",
+    "transpose", "concat", "split", "slice", "gather", "expand", "pad", "GatherElements", "Cumulative", "Resample",
+    "gather_elements", "cumsum", "cumprod", "resample", "ScatterElements", "ScatterND", "scatter_elements",
+    "scatter_nd",
 ]

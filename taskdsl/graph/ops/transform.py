@@ -1,5 +1,5 @@
 """Data movement: reshape (and flatten / squeeze / unsqueeze), transpose, concat, split, slice, gather,
-gather_elements, resample, expand, pad, and cumsum."""
+gather_elements, resample, expand, pad, cumsum and cumprod."""
 from __future__ import annotations
 
 import math
@@ -260,27 +260,34 @@ class Expand(Operator):
         return [compute("expand", self.out_shape, lambda *ix: x[broadcast_index(ix, shape)])]
 
 
-class CumSum(Operator):
-    """Running sums of x along `axis` (in x's dtype; 16-bit floats summed in f32): element i sums the elements
-    j <= i (j < i with `exclusive`; j >= i and j > i with `reverse`). attrs: axis, exclusive, reverse."""
+class Cumulative(Operator):
+    """Running sums (attr op 'sum') or products ('prod') of x along `axis` (in x's dtype; 16-bit floats in f32):
+    element i combines the elements j <= i (j < i with `exclusive`; j >= i and j > i with `reverse`). attrs: op,
+    axis, exclusive, reverse."""
 
-    kind = "cumsum"
+    kind_attr = "op"
     generic = True
+
+    @property
+    def kind(self) -> str:
+        return "cum" + self.attrs["op"]
 
     def check(self):
         x = self.inputs[0]
+        if self.attrs["op"] not in ("sum", "prod"):
+            raise ValueError(f"cumulative op must be 'sum' or 'prod', got {self.attrs['op']!r}")
         if x.dtype.is_bool:
-            raise TypeError("cumsum is not defined on bool tensors; cast them first")
+            raise TypeError(f"{self.kind} is not defined on bool tensors; cast them first")
         if x.ndim == 0:
-            raise ValueError("cumsum needs a tensor with at least one axis")
-        self.attrs["axis"] = normalize_axis(self.attrs["axis"], x.ndim, "cumsum")
+            raise ValueError(f"{self.kind} needs a tensor with at least one axis")
+        self.attrs["axis"] = normalize_axis(self.attrs["axis"], x.ndim, self.kind)
 
     def define(self, x):
-        shape, axis = dims(x), self.attrs["axis"]
+        shape, axis, op = dims(x), self.attrs["axis"], self.attrs["op"]
         n, block = shape[axis], SCAN_BLOCK
         exclusive, reverse = self.attrs["exclusive"], self.attrs["reverse"]
         acc = T.f32 if x.dtype.is_float and x.dtype.bits == 16 else x.dtype
-        zero = ir.const(0, acc)
+        zero = ir.const(0 if op == "sum" else 1, acc)      # the identity (a masked-out element adds nothing)
 
         # A reduction's extent cannot depend on the output index (compute.reduce takes a fixed reduce_shape), so
         # the axis is scanned in blocks: each element sums the blocks before its own (their totals) and its own
@@ -297,8 +304,8 @@ class CumSum(Operator):
             return ir.Select(p < n, ir.convert(x[at(ix[:-1], p)], acc), zero, acc)
 
         blocks = (n + block - 1) // block
-        totals = reduction("cumsum_blocks", shape[:axis] + (blocks,) + shape[axis + 1:], (block,), block_term,
-                           op="sum", dtype=acc)
+        totals = reduction(f"{self.kind}_blocks", shape[:axis] + (blocks,) + shape[axis + 1:], (block,), block_term,
+                           op=op, dtype=acc)
 
         def before_term(*ix):
             c = ix[-1]
@@ -309,9 +316,11 @@ class CumSum(Operator):
             p = (i // block) * block + ix[-1]
             return ir.Select(p < i if exclusive else p <= i, ir.convert(x[at(ix[:-1], p)], acc), zero, acc)
 
-        before = reduction("cumsum_before", shape, (blocks,), before_term, op="sum", dtype=acc)
-        own = reduction("cumsum_own", shape, (block,), own_term, op="sum", dtype=acc)
-        return [compute("cumsum", shape, lambda *ix: ir.convert(before[ix] + own[ix], x.dtype), dtype=x.dtype)]
+        before = reduction(f"{self.kind}_before", shape, (blocks,), before_term, op=op, dtype=acc)
+        own = reduction(f"{self.kind}_own", shape, (block,), own_term, op=op, dtype=acc)
+        combine = "+" if op == "sum" else "*"
+        return [compute(self.kind, shape, lambda *ix: ir.convert(ir.binary(combine, before[ix], own[ix]), x.dtype),
+                        dtype=x.dtype)]
 
 
 SCAN_BLOCK = 32         # elements of a cumsum block (an element adds up n / 32 block totals and up to 32 elements)
@@ -512,12 +521,24 @@ def cumsum(x, axis: int = 0, exclusive: bool = False, reverse: bool = False) -> 
     """numpy.cumsum along `axis` (ONNX CumSum): with `exclusive` each sum leaves its own element out, with
     `reverse` the sums run from the end. Computed on x viewed as (outer, axis, inner): every rank and axis share
     one kernel (a reshape is a view)."""
+    return _cumulative("sum", x, axis, exclusive, reverse)
+
+
+def cumprod(x, axis: int = 0, exclusive: bool = False, reverse: bool = False) -> Tensor:
+    """numpy.cumprod along `axis` (ONNX CumProd), `exclusive` and `reverse` as cumsum's."""
+    return _cumulative("prod", x, axis, exclusive, reverse)
+
+
+def _cumulative(op: str, x, axis: int, exclusive: bool, reverse: bool) -> Tensor:
+    """The running sums or products of x along `axis`, on x viewed as (outer, axis, inner)."""
+    what = "cum" + op
     if x.ndim == 0:
-        raise ValueError("cumsum needs a tensor with at least one axis")
-    axis = normalize_axis(axis, x.ndim, "cumsum")
-    attrs = {"axis": 1, "exclusive": flag(exclusive, "cumsum: exclusive"), "reverse": flag(reverse, "cumsum: reverse")}
+        raise ValueError(f"{what} needs a tensor with at least one axis")
+    axis = normalize_axis(axis, x.ndim, what)
+    attrs = {"op": op, "axis": 1, "exclusive": flag(exclusive, f"{what}: exclusive"),
+             "reverse": flag(reverse, f"{what}: reverse")}
     view = reshape(x, (math.prod(x.shape[:axis]), x.shape[axis], math.prod(x.shape[axis + 1:])))
-    return reshape(CumSum([view], attrs).outputs[0], x.shape)
+    return reshape(Cumulative([view], attrs).outputs[0], x.shape)
 
 
 def resample(x, taps, axis: int) -> Tensor:
