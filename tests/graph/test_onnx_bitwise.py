@@ -27,7 +27,7 @@ def full_range(shape, dtype, rng) -> np.ndarray:
     return x
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(data=st.data(), op=st.sampled_from(["BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot"]),
        elem=st.sampled_from(sorted(TYPES)), a=SHAPES, seed=st.integers(0, 99))
 def test_bitwise_matches_onnxruntime(data, op, elem, a, seed):

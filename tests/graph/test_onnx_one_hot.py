@@ -30,7 +30,7 @@ def check(model, feeds: dict) -> None:
     np.testing.assert_array_equal(got, want)
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(data=st.data(), shape=SHAPES, depth=st.sampled_from([1, 2, 5, 7]), types=st.sampled_from(ONNXRUNTIME_TYPES),
        seed=st.integers(0, 99))
 def test_one_hot_matches_onnxruntime(data, shape, depth, types, seed):
@@ -50,7 +50,7 @@ def test_one_hot_matches_onnxruntime(data, shape, depth, types, seed):
     check(model, {"indices": indices})
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(data=st.data(), shape=SHAPES, opset=st.sampled_from([11, 13]), seed=st.integers(0, 99))
 def test_hardmax_matches_onnxruntime(data, shape, opset, seed):
     """1 at the first largest element (few distinct values: ties), along an axis (opset 13) or over the axes

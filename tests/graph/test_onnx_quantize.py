@@ -54,7 +54,7 @@ def check(model, x: np.ndarray, exact: bool) -> None:
         assert_close(got, want, rtol=1e-6, atol=0)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(data=st.data(), shape=st.lists(SIZES, min_size=1, max_size=3), elem=st.sampled_from(sorted(INTEGERS)),
        zero=st.booleans(), seed=st.integers(0, 99))
 def test_quantize_linear_matches_onnxruntime(data, shape, elem, zero, seed):
@@ -75,7 +75,7 @@ def test_quantize_linear_matches_onnxruntime(data, shape, elem, zero, seed):
     check(one_node("QuantizeLinear", shape, TensorProto.FLOAT, elem, axis, block, inits), x, exact=True)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(data=st.data(), shape=st.lists(SIZES, min_size=1, max_size=3), elem=st.sampled_from(sorted(INTEGERS)),
        zero=st.booleans(), seed=st.integers(0, 99))
 def test_dequantize_linear_matches_onnxruntime(data, shape, elem, zero, seed):

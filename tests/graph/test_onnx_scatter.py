@@ -46,7 +46,7 @@ def small_values(rng, shape, elem: int) -> np.ndarray:
     return rng.integers(-3, 4, shape).astype(TYPES[elem])
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(data=st.data(), shape=st.lists(SIZES, min_size=1, max_size=3), elem=st.sampled_from(sorted(TYPES)),
        reduction=REDUCTIONS, seed=st.integers(0, 99))
 def test_scatter_elements_matches_onnxruntime(data, shape, elem, reduction, seed):
@@ -61,7 +61,7 @@ def test_scatter_elements_matches_onnxruntime(data, shape, elem, reduction, seed
           axis=axis, reduction=reduction)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(data=st.data(), shape=st.lists(SIZES, min_size=1, max_size=3), elem=st.sampled_from(sorted(TYPES)),
        reduction=REDUCTIONS, batch=st.lists(st.sampled_from([1, 2, 3]), min_size=0, max_size=2),
        seed=st.integers(0, 99))
