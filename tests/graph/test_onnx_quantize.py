@@ -20,6 +20,13 @@ INTEGERS = {TensorProto.UINT8: np.uint8, TensorProto.INT8: np.int8, TensorProto.
 SIZES = st.sampled_from([1, 2, 3, 5, 8])
 
 
+def drawn_cases(test):
+    """`test` over drawn shapes, integer types, with or without a zero point, and seeds (10 examples)."""
+    cases = given(data=st.data(), shape=st.lists(SIZES, min_size=1, max_size=3), elem=st.sampled_from(sorted(INTEGERS)),
+                  zero=st.booleans(), seed=st.integers(0, 99))
+    return settings(max_examples=10, deadline=None)(cases(test))
+
+
 @st.composite
 def granularity(draw, shape: list) -> tuple:
     """(axis, block_size, the scale's and zero point's shape): per tensor, per axis, or per block."""
@@ -54,9 +61,7 @@ def check(model, x: np.ndarray, exact: bool) -> None:
         assert_close(got, want, rtol=1e-6, atol=0)
 
 
-@settings(max_examples=10, deadline=None)
-@given(data=st.data(), shape=st.lists(SIZES, min_size=1, max_size=3), elem=st.sampled_from(sorted(INTEGERS)),
-       zero=st.booleans(), seed=st.integers(0, 99))
+@drawn_cases
 def test_quantize_linear_matches_onnxruntime(data, shape, elem, zero, seed):
     """Halves (x / scale on a tie rounds to even) and values past the type's range (saturated)."""
     axis, block, param_shape = data.draw(granularity(shape), label="granularity")
@@ -75,9 +80,7 @@ def test_quantize_linear_matches_onnxruntime(data, shape, elem, zero, seed):
     check(one_node("QuantizeLinear", shape, TensorProto.FLOAT, elem, axis, block, inits), x, exact=True)
 
 
-@settings(max_examples=10, deadline=None)
-@given(data=st.data(), shape=st.lists(SIZES, min_size=1, max_size=3), elem=st.sampled_from(sorted(INTEGERS)),
-       zero=st.booleans(), seed=st.integers(0, 99))
+@drawn_cases
 def test_dequantize_linear_matches_onnxruntime(data, shape, elem, zero, seed):
     """(x - zero point) * scale over the whole integer range."""
     axis, block, param_shape = data.draw(granularity(shape), label="granularity")
