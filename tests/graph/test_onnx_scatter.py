@@ -75,6 +75,16 @@ def test_scatter_nd_matches_onnxruntime(data, shape, elem, reduction, batch, see
     check("ScatterND", small_values(rng, shape, elem), indices, updates, elem, reduction=reduction)
 
 
+def test_no_updates_leave_data_as_it_is():
+    """Empty indices and updates scatter nothing (and no kernel reads an update that is not there)."""
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    graph = tg.trace(lambda d: [ops.scatter_nd(d, np.zeros((0, 1), np.int64), np.zeros((0, 3), np.float32)),
+                                ops.scatter_elements(d, np.zeros((0, 3), np.int64), np.zeros((0, 3), np.float32))],
+                     tg.input("d", (4, 3)))
+    for got in graph.compile()({"d": x}):
+        np.testing.assert_array_equal(got, x)
+
+
 def test_scatter_refusals():
     """Reductions before their opsets, an unknown one, mismatched shapes and types are clear errors."""
     def model(op_type, opset, **attrs):

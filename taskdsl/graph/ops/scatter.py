@@ -38,8 +38,12 @@ def _scattered(kind: str, data, shape: tuple, count, hit, update, op: str):
         last = reduction(f"{kind}_last", shape, (count,),
                          lambda *ix: ir.Select(hit(ix[:-1], ix[-1]), ir.convert(ix[-1], T.i64), ir.const(-1, T.i64),
                                                T.i64), op="max", dtype=T.i64)
-        return compute(kind, shape, lambda *p: ir.Select(last[p] >= 0, update(p, ir.convert(last[p], T.i32)),
-                                                         data[p], data.dtype), dtype=data.dtype)
+        def out(*p):        # (the update read at 0 where none lands: a select may read both of its sides)
+            landed = last[p] >= 0
+            j = ir.convert(ir.Select(landed, last[p], ir.const(0, T.i64), T.i64), T.i32)
+            return ir.Select(landed, update(p, j), data[p], data.dtype)
+
+        return compute(kind, shape, out, dtype=data.dtype)
     reduce_op, combine = _COMBINE[op]
     acc = T.f32 if data.dtype.is_float and data.dtype.bits == 16 else data.dtype
     identity = {"sum": 0, "prod": 1, "max": acc.lowest, "min": -acc.lowest if acc.is_float else acc.limits[1]}
@@ -143,8 +147,9 @@ def _check_common(data, indices, updates, op: str, what: str) -> None:
 def scatter_elements(data, indices, updates, axis: int = 0, reduction: str = "none") -> Tensor:
     """torch.scatter / ONNX ScatterElements: data with updates[q] written at q with q[axis] replaced by
     indices[q], or combined with it ('add', 'mul', 'max', 'min'); with 'none' a later duplicate wins."""
-    return ScatterElements([as_tensor(data), as_tensor(indices), as_tensor(updates)],
-                           {"axis": axis, "reduction": reduction}).outputs[0]
+    op = ScatterElements([as_tensor(data), as_tensor(indices), as_tensor(updates)],
+                         {"axis": axis, "reduction": reduction})
+    return op.inputs[0] if op.inputs[2].size == 0 else op.outputs[0]      # (no update: the kernel would read one)
 
 
 def scatter_nd(data, indices, updates, reduction: str = "none") -> Tensor:
@@ -157,4 +162,5 @@ def scatter_nd(data, indices, updates, reduction: str = "none") -> Tensor:
     count = math.prod(indices.shape[:-1])
     flat_updates = reshape(updates, (count,) + tuple(updates.shape[indices.ndim - 1:])) if \
         updates.shape[:indices.ndim - 1] == indices.shape[:-1] else updates     # (else check() says what is wrong)
-    return ScatterND([data, reshape(indices, (count, q)), flat_updates], {"reduction": reduction}).outputs[0]
+    op = ScatterND([data, reshape(indices, (count, q)), flat_updates], {"reduction": reduction})
+    return data if count == 0 else op.outputs[0]      # (no update: the kernel would read one)
