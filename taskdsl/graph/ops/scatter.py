@@ -85,8 +85,8 @@ class ScatterElements(Operator):
     def define(self, data, indices, updates):
         shape, ishape, axis = dims(data), dims(indices), self.attrs["axis"]
 
-        def at(p, j):
-            return p[:axis] + (j,) + p[axis + 1:]
+        def at(p, j):       # update j along the axis for output p; past the updates' extent, their last (masked)
+            return tuple(j if a == axis else math_expr("min", [p[a], ishape[a] - 1]) for a in range(len(shape)))
 
         def hit(p, j):
             inside = [p[a] < ishape[a] for a in range(len(shape)) if a != axis]    # a row the updates reach
