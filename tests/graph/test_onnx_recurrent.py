@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
-from onnx import TensorProto, helper
+from onnx import helper
 
 import taskdsl.graph as tg
 from taskdsl.graph.onnx_import import OnnxImportError, UnsupportedOnnxError
