@@ -150,7 +150,7 @@ def test_cumsum_over_several_blocks(length, exclusive, reverse, dtype):
         check_node(node, values(shape, dtype, length), dtype, {"a": np.array(axis, np.int64)})
 
 
-@EXAMPLES
+@settings(EXAMPLES, max_examples=10)
 @given(shape=st.lists(SIZES_OR_0, min_size=1, max_size=3), data=st.data(), exclusive=st.sampled_from([0, 1]),
        reverse=st.sampled_from([0, 1]), dtype=st.sampled_from([F32, I64, I32]), seed=st.integers(0, 99))
 def test_cumprod(shape, data, exclusive, reverse, dtype, seed):

@@ -44,7 +44,7 @@ def values(shape: list, elem: int, seed: int, nans: bool) -> np.ndarray:
     return x
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(data=st.data(), shape=st.lists(st.sampled_from([1, 2, 3, 5, 7]), min_size=1, max_size=3),
        elem=st.sampled_from(sorted(TYPES)), opset=st.sampled_from([1, 10, 11, 24]), nans=st.booleans(),
        seed=st.integers(0, 99))

@@ -195,7 +195,7 @@ def test_long_k_crosses_k_blocks_and_f16_accumulates_in_f32():
 
 
 @pytest.mark.fast_compile     # the copy of A is the same code unrolled or not
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(m=DIMS, n=DIMS, k=DIMS, split=st.sampled_from([1, 3]), variant=st.sampled_from(GRAPH_VARIANTS),
        dtype=st.sampled_from([td.f16, td.bf16]), seed=st.integers(0, 2**16))
 def test_16_bit_a_is_copied_to_f32_a_block_at_a_time(m, n, k, split, variant, dtype, seed):
