@@ -173,10 +173,13 @@ def _gate(gates, k: int, hidden: int):
     return ops.slice(gates, [k * hidden], [(k + 1) * hidden], axes=[1])
 
 
-def _recurrence(h, weights: dict):
-    """H @ R^T (+ Rb)."""
-    gates_h = ops.matmul(h, weights["r"])
-    return gates_h if weights["rb"] is None else ops.add(gates_h, weights["rb"])
+def _recurrence(h, weights: dict, columns: int | None = None):
+    """H @ R^T (+ Rb), of R's first `columns` gate columns (default all)."""
+    r, rb = weights["r"], weights["rb"]
+    if columns is not None and columns < r.shape[1]:
+        r, rb = ops.slice(r, [0], [columns], axes=[1]), None if rb is None else ops.slice(rb, [0], [columns])
+    gates_h = ops.matmul(h, r)
+    return gates_h if rb is None else ops.add(gates_h, rb)
 
 
 def _activate(function: tuple, x, clip):
@@ -196,10 +199,11 @@ def _gru_step(node, gx, h, c, weights, functions, clip, hidden):
     """z, r = f(...); candidate g(X Wh^T + (r H) Rh^T + Rbh + Wbh), or with linear_before_reset
     g(X Wh^T + r (H Rh^T + Rbh) + Wbh); H = (1 - z) candidate + z H."""
     f, g = functions
-    gh = _recurrence(h, weights)
+    reset_after = node.attr("linear_before_reset", 0)
+    gh = _recurrence(h, weights, None if reset_after else 2 * hidden)    # (else h's gate is (r H) R^T, below)
     z = _activate(f, ops.add(_gate(gx, 0, hidden), _gate(gh, 0, hidden)), clip)
     r = _activate(f, ops.add(_gate(gx, 1, hidden), _gate(gh, 1, hidden)), clip)
-    if node.attr("linear_before_reset", 0):
+    if reset_after:
         candidate = ops.add(_gate(gx, 2, hidden), ops.mul(r, _gate(gh, 2, hidden)))
     else:
         rh = ops.matmul(ops.mul(r, h), _gate(weights["r"], 2, hidden))

@@ -7,8 +7,6 @@ a detector's few hundred boxes), slow for a vocabulary of 50 000.
 """
 from __future__ import annotations
 
-import math
-
 from stdlib_ops.elementwise import flag
 
 from ...compute import compute
@@ -18,7 +16,7 @@ from ...ir import types as T
 from ..operator import Operator, dims
 from ..tensor import Tensor
 from .axes import normalize_axis
-from .transform import reshape
+from .transform import axis_view, reshape
 
 
 class TopK(Operator):
@@ -72,8 +70,6 @@ def topk(x: Tensor, k: int, axis: int = -1, largest: bool = True) -> tuple:
     if x.ndim == 0:
         raise ValueError("topk needs a tensor with at least one axis")
     axis = normalize_axis(axis, x.ndim, "topk")
-    shape = x.shape
-    view = reshape(x, (math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])))
-    op = TopK([view], {"k": int(k), "largest": flag(largest, "topk: largest")})
-    out_shape = shape[:axis] + (int(k),) + shape[axis + 1:]
+    op = TopK([axis_view(x, axis)], {"k": int(k), "largest": flag(largest, "topk: largest")})
+    out_shape = x.shape[:axis] + (int(k),) + x.shape[axis + 1:]
     return tuple(reshape(t, out_shape) for t in op.outputs)

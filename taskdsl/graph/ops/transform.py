@@ -537,8 +537,13 @@ def _cumulative(op: str, x, axis: int, exclusive: bool, reverse: bool) -> Tensor
     axis = normalize_axis(axis, x.ndim, what)
     attrs = {"op": op, "axis": 1, "exclusive": flag(exclusive, f"{what}: exclusive"),
              "reverse": flag(reverse, f"{what}: reverse")}
-    view = reshape(x, (math.prod(x.shape[:axis]), x.shape[axis], math.prod(x.shape[axis + 1:])))
-    return reshape(Cumulative([view], attrs).outputs[0], x.shape)
+    return reshape(Cumulative([axis_view(x, axis)], attrs).outputs[0], x.shape)
+
+
+def axis_view(x, axis: int) -> Tensor:
+    """x viewed as (outer, x.shape[axis], inner): an operator on its axis 1 then serves every rank and axis with
+    one kernel (a reshape is a view)."""
+    return reshape(x, (math.prod(x.shape[:axis]), x.shape[axis], math.prod(x.shape[axis + 1:])))
 
 
 def resample(x, taps, axis: int) -> Tensor:
