@@ -150,8 +150,8 @@ def launch_cpu(run, src: CpuSource, values: list, sizes: list, grid: tuple) -> N
     in parallel on numba's threads (`parallel.launch`) from the main thread, else on a thread pool."""
     args, copy_back = call_args(src, values)
     blocks, tail = grid[0] * grid[1] * grid[2], (*sizes, *grid)
-    address = _compile(run, args, tail, src.opt_level)
-    _run_blocks(run, address, args, tail, blocks, _workers(src, blocks))
+    address = _compile(run, src, args, tail)
+    _run_blocks(run, address, byte_views(src, args), tail, blocks, _workers(src, blocks))
     for original, tmp in copy_back:
         np.copyto(original, tmp)
 
@@ -213,8 +213,8 @@ class PreparedLaunch:
         address = self.addresses.get(key)
         if address is None:       # a new combination of read-only arrays: none may be one the kernel writes
             check_writeable(values, self.written, self.kernel)
-            address = self.addresses[key] = _compile(run, values, self.tail, self.src.opt_level)
-        _run_blocks(run, address, values, self.tail, self.blocks, self.workers)
+            address = self.addresses[key] = _compile(run, self.src, values, self.tail)
+        _run_blocks(run, address, byte_views(self.src, values), self.tail, self.blocks, self.workers)
 
 
 # A launch of a kernel whose work is its arrays' bytes (a rule-based operator's: `Kernel.streams`) that touches fewer
@@ -228,8 +228,19 @@ def _workers(src: CpuSource, blocks: int) -> int:
     return min(num_threads(), blocks) if src.parallel else 1
 
 
+def byte_views(src: CpuSource, args: list) -> list:
+    """The arguments as the launcher takes them: in flat mode each (1-D) array as a view of its bytes. An entry
+    reads a flat array through its data pointer alone, and numba's 1-D array structs have one layout whatever
+    their element type, so one launcher (compiled per tuple of numba types, ~0.15 s) serves every element type:
+    the onnx conformance cases compiled one per dtype of each arity. A debug kernel (not flat) checks its
+    indices against its arrays' shapes: its arrays stay typed."""
+    if not src.flat:
+        return args
+    return [a.view(np.uint8) if isinstance(a, np.ndarray) else a for a in args]
+
+
 def _run_blocks(run, address: int, args: list, tail: tuple, blocks: int, workers: int) -> None:
-    """`_issue` the launch, and add it to this thread's `recording` if one is on."""
+    """`_issue` the launch (`args`: its `byte_views`), and add it to this thread's `recording` if one is on."""
     record = recording_active()
     if record is not None:
         record.launches.append(RecordedLaunch(run, address, list(args), tail, blocks, workers))
@@ -238,7 +249,7 @@ def _run_blocks(run, address: int, args: list, tail: tuple, blocks: int, workers
 
 def _issue(address: int, args: list, tail: tuple, blocks: int, workers: int) -> None:
     """Run blocks [0, blocks) of the generated function whose machine code is at `address` (compiled for these
-    arguments: `_compile`) on `args` (flat views and scalars) and `tail` (sizes and grid), on `workers`
+    arguments: `_compile`) on `args` (`byte_views` and scalars) and `tail` (sizes and grid), on `workers`
     threads: numba's from the main thread, a thread pool's from any other (some of numba's threading
     layers do not take parallel regions from two threads at once)."""
     if workers <= 1:
@@ -261,15 +272,16 @@ def _issue(address: int, args: list, tail: tuple, blocks: int, workers: int) -> 
 _addresses: dict = {}      # (dispatcher, argument types) -> the address of its machine code for them
 
 
-def _compile(fn, args: list, tail: tuple, opt_level: int) -> int:
-    """Compile (or load) the generated function `fn` for these arguments once, with `compiler_settings`:
+def _compile(fn, src: CpuSource, args: list, tail: tuple) -> int:
+    """Compile (or load) the generated function `fn` of `src` for these arguments once, with `compiler_settings`:
     the address of its machine code (`parallel.entry_address`)."""
     types = _entry_types(args, tail)
     address = _addresses.get((fn, types))
     if address is None:
-        with compiler_settings(opt_level):
+        with compiler_settings(src.opt_level):
             address = _addresses[fn, types] = entry_address(fn, types)
-        compiled(launch, launcher_signature((*args, *tail)))     # now, under numba's cache lock, not at the call
+        # now, under numba's cache lock, not at the call
+        compiled(launch, launcher_signature((*byte_views(src, args), *tail)))
     return address
 
 

@@ -19,8 +19,8 @@ from ..graph import Graph, topological_nodes
 from ..tensor import as_shape, constant
 from ..tensor import input as graph_input
 # imported to register their converters
-from . import (activations, attention, einsum, elementwise, layout, nn, one_hot, quantize, recurrent,  # noqa: F401
-               resize, shape)
+from . import (activations, attention, einsum, elementwise, grid_sample, indexing, layout, loss, lp, nn,  # noqa: F401
+               one_hot, quantize, recurrent, resize, shape)
 from .errors import OnnxImportError, UnsupportedOnnxError
 from .node import CONVERTERS, Node, dtype_of, to_array
 
