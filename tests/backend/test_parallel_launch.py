@@ -74,6 +74,37 @@ def test_kernels_with_the_same_argument_types_share_one_launcher(fast, monkeypat
     assert len(add_shifted.source(x, y, 1, 0, 0, 0, 0, target="cpu").split("@njit")) == 2   # one function a module
 
 
+def _doubling(dtype):
+    """Y = X + X, on elements of `dtype`."""
+    @td.kernel(grid=lambda N: td.cdiv(N, 32), block=32, name=f"doubling_{dtype}")
+    def doubling(X: dtype["N"], Y: dtype["N"]):
+        i = blockIdx.x * 32 + threadIdx.x
+        if i < N:
+            Y[i] = X[i] + X[i]
+
+    return doubling
+
+
+DOUBLINGS = {np.dtype(n): _doubling(t) for n, t in
+             [("float32", td.f32), ("float64", td.f64), ("int16", td.i16), ("uint8", td.u8), ("float16", td.f16)]}
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_kernels_on_other_element_types_share_one_launcher(fast):
+    """The launcher takes flat arrays as views of their bytes: one launcher serves every element type."""
+    from taskdsl.backend.cpu.parallel import launch
+    td.set_target("cpu")
+    td.fast_compile(fast)
+    launchers = None
+    for dtype, kernel in DOUBLINGS.items():
+        x = (np.arange(37) % 100).astype(dtype)
+        y = np.zeros_like(x)
+        kernel(x, y)
+        np.testing.assert_array_equal(y, x + x)
+        launchers = set(launch.signatures) if launchers is None else launchers
+        assert set(launch.signatures) == launchers, f"a new launcher for {dtype}"
+
+
 @njit(nogil=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
 def _doubling_entry(a, shift, block_begin, block_end):
     """A kernel entry as the cpu code generator makes them (no numba wrappers): block i doubles a[i] and adds

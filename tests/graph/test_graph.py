@@ -100,9 +100,9 @@ def test_read_only_constants_compile_the_kernels_of_writable_ones(monkeypatch):
     assert c.value.flags.writeable and not np.shares_memory(c.value, frozen)
     layouts = []
     original = launch._compile
-    monkeypatch.setattr(launch, "_compile", lambda fn, args, *rest: (
+    monkeypatch.setattr(launch, "_compile", lambda fn, src, args, *rest: (
         layouts.append([(a.ndim, a.flags.c_contiguous, a.flags.writeable) for a in args if isinstance(a, np.ndarray)]),
-        original(fn, args, *rest))[1])
+        original(fn, src, args, *rest))[1])
     x = tg.input("x", (3, 7))
     g = tg.Graph([x], [ops.relu(ops.linear(x, c, bias))])
     xa = rand((3, 7), 3)
