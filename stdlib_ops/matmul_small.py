@@ -15,6 +15,7 @@ import taskdsl as td
 from taskdsl import blockIdx, f32
 from taskdsl.backend.cpu.launch import num_threads
 from taskdsl.passes.unroll import MAX_COPIES
+from taskdsl.runtime.config import fast_compile_enabled
 
 MAX_M = 128         # rows (M) at most of a product this kernel computes
 MAX_N = 64          # columns (N) at most
@@ -34,14 +35,22 @@ def rows_at_once(m: int, n: int) -> int:
     return max(1, min(m, MAX_COPIES // n))
 
 
-@functools.cache
 def small_matmul_kernel(dtype, out_dtype, m: int, n: int) -> td.Kernel:
     """C[z] = A[za] @ B[zb] for each z-slice z of `batch_index`, with the register-tile template's parameters
     and meaning (batch dims broadcast by the table; z-slice z sums chunk z % split of k), C's sizes built in
     (m x n), K any; the sums in f32. The rows go in chunks of `rows_at_once`, the last one of the rest: each
     chunk's size is a constant, so its multiply-adds unroll with their sums in registers. The sums reach C
     through a buffer and a loop left to LLVM: unrolled, a fused epilogue would be in the source once a store."""
+    return _small_matmul_kernel(dtype, out_dtype, m, n, fast_compile_enabled())
+
+
+@functools.cache
+def _small_matmul_kernel(dtype, out_dtype, m: int, n: int, fast: bool) -> td.Kernel:
+    """`small_matmul_kernel`; under `td.fast_compile` in chunks of a size that divides m (1 at worst): no chunk of
+    the rest, whose code (a copy of the chunks') was nearly half of a kernel's source and of numba's time."""
     rows = rows_at_once(m, n)
+    if fast:
+        rows = max(d for d in range(1, rows + 1) if m % d == 0)
     whole, rest = m // rows * rows, m % rows
 
     def chunk(size: int):
