@@ -1,20 +1,31 @@
-"""Converters of QuantizeLinear and DequantizeLinear: a QDQ model runs in float, quantized values rounded and
-saturated exactly where the model says.
+"""Converters of QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear and the integer operators (MatMulInteger,
+ConvInteger, QLinearMatMul, QLinearConv): a quantized model runs in float, quantized values rounded (halves to even)
+and saturated exactly where the model says.
 
 The scale and zero point apply per tensor (scalars), per axis (1-d, one per index along `axis`) or, from opset
 21, per block of `block_size` indices along it (x's rank, the axis `block_size` times shorter): each becomes a
 tensor that broadcasts against x (a blocked one repeated along the axis by a constant gather).
+
+The integer operators subtract the zero points in int32 and accumulate exactly: a matmul in int32, a convolution
+(a float op) in f64, where the products and sums of 8-bit values are exact. QLinear* then requantize the
+accumulator in f64 by the f32 multiplier x_scale * w_scale / y_scale, as the reference does. The second operand's
+scale and zero point may be per column (matmul) or per output channel (conv); the first's are per tensor.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from ...compute import numpy_dtype
+from ...ir.types import as_dtype
 from .. import ops
 from ..ops.axes import normalize_axis
 from ..tensor import constant
 from .activations import round_half_to_even
 from .errors import OnnxImportError
+from .nn import WINDOW_ATTRS, window
 from .node import Node, converts
+
+QUANTIZED = ("i8", "u8")     # the 8-bit types the integer operators take
 
 
 def _broadcastable(node: Node, param, x, axis: int, block_size: int, what: str):
@@ -75,8 +86,132 @@ def quantize_linear(node: Node) -> list:
     if not (zero is None or zero.dtype.is_integer):
         raise node.error(f"data type {out} is not supported for the zero point (integers)")
     wide = "float64" if x.dtype.name == "f64" else "float32"
-    q = round_half_to_even(ops.div(ops.cast(x, wide), ops.cast(scale, wide)))
+    return [_saturated(ops.div(ops.cast(x, wide), ops.cast(scale, wide)), zero, out)]
+
+
+def _saturated(q, zero, out: str):
+    """round(q) (halves to even) + zero (None: 0), saturated to the integer type `out` and cast to it."""
+    q = round_half_to_even(q)
     if zero is not None:
-        q = ops.add(q, ops.cast(zero, wide))
-    limits = np.iinfo(np.uint8 if zero is None else zero.numpy_dtype)
-    return [ops.cast(ops.clip(q, float(limits.min), float(limits.max)), out)]
+        q = ops.add(q, ops.cast(zero, q.dtype))
+    limits = np.iinfo(numpy_dtype(as_dtype(out)))
+    return ops.cast(ops.clip(q, float(limits.min), float(limits.max)), out)
+
+
+@converts("DynamicQuantizeLinear")
+def dynamic_quantize_linear(node: Node) -> list:
+    """DynamicQuantizeLinear: uint8 y, its scale (max(x, 0) - min(x, 0)) / 255 (1 / 255 for an all-zero x) and
+    zero point round(-min(x, 0) / scale), all in f32."""
+    x = node.input(0)
+    if x.dtype.name != "f32":
+        raise node.error(f"data type {x.dtype.name} is not supported for x (float32)")
+    high, low = ops.maximum(ops.max(x), 0.0), ops.minimum(ops.min(x), 0.0)
+    scale = ops.div(ops.where(ops.equal(high, low), 1.0, ops.sub(high, low)), 255.0)
+    zero = _saturated(ops.neg(ops.div(low, scale)), None, "uint8")
+    return [_saturated(ops.div(x, scale), zero, "uint8"), scale, zero]
+
+
+def _quantized_input(node: Node, k: int):
+    """Input k, which must be an 8-bit integer tensor."""
+    q = node.input(k)
+    if q.dtype.name not in QUANTIZED:
+        raise node.error(f"data type {q.dtype.name} is not supported for input {k} (int8, uint8)")
+    return q
+
+
+def _centred(node: Node, q, zero, axis: int | None, what: str):
+    """q - zero in int32; the zero point per tensor, or per index along `axis` of q (None: per tensor only)."""
+    centred = ops.cast(q, "int32")
+    if zero is None:
+        return centred
+    if zero.dtype != q.dtype:
+        raise node.error(f"{what} has type {zero.dtype.name}, its input {q.dtype.name}", OnnxImportError)
+    if axis is None and zero.size != 1:
+        raise node.error(f"{what} of shape {list(zero.shape)} is not supported (per tensor only)")
+    return ops.sub(centred, ops.cast(_broadcastable(node, zero, q, 0 if axis is None else axis, 0, what), "int32"))
+
+
+def _zero(node: Node, k: int):
+    """Optional input k (a zero point), or None."""
+    return node.input(k, required=False) if node.num_inputs > k else None
+
+
+def _requantized(node: Node, accumulator, scales: tuple, w_axis: int, zero, out: str):
+    """The f64 accumulator times x_scale * w_scale / y_scale (w_scale per tensor or along `w_axis` of the
+    accumulator), quantized by y's zero point `zero` (None: 0) into the type `out`."""
+    for s in scales:
+        if not s.dtype.is_float:
+            raise node.error(f"data type {s.dtype.name} is not supported for a scale (floats)", OnnxImportError)
+    x_scale, w_scale, y_scale = scales
+    if x_scale.size != 1 or y_scale.size != 1:
+        raise node.error("per-axis scales are supported only for the second operand (the first's and y's are "
+                         "per tensor)")
+    w_scale = _broadcastable(node, w_scale, accumulator, w_axis, 0, "the second operand's scale")
+    multiplier = ops.div(ops.mul(ops.reshape(x_scale, ()), w_scale), ops.reshape(y_scale, ()))
+    if zero is not None and zero.size != 1:
+        raise node.error(f"y's zero point of shape {list(zero.shape)} is not supported (per tensor only)")
+    return _saturated(ops.mul(accumulator, ops.cast(multiplier, "float64")),
+                      None if zero is None else ops.reshape(zero, ()), out)
+
+
+def _matmul_integer(node: Node, a_k: int, b_k: int, a_zero, b_zero):
+    """(a - a_zero) @ (b - b_zero) in int32, exact; b's zero point per tensor or per column."""
+    a, b = _quantized_input(node, a_k), _quantized_input(node, b_k)
+    if b.ndim < 2 and b_zero is not None and b_zero.size != 1:
+        raise node.error("a per-column zero point needs b of rank 2 or more", OnnxImportError)
+    return ops.matmul(_centred(node, a, a_zero, None, "a's zero point"),
+                      _centred(node, b, b_zero, -1, "b's zero point"))
+
+
+@converts("MatMulInteger")
+def matmul_integer(node: Node) -> list:
+    """MatMulInteger: (a - a_zero_point) @ (b - b_zero_point) in int32 (8-bit a and b; a's zero point per tensor,
+    b's per tensor or per column)."""
+    return [_matmul_integer(node, 0, 1, _zero(node, 2), _zero(node, 3))]
+
+
+@converts("QLinearMatMul")
+def qlinear_matmul(node: Node) -> list:
+    """QLinearMatMul: MatMulInteger's exact product requantized by a_scale * b_scale / y_scale into y's zero
+    point's type (b's scale and zero point per tensor or per column)."""
+    product = _matmul_integer(node, 0, 3, node.input(2), node.input(5))
+    y_zero = node.input(7)
+    scales = (node.input(1), node.input(4), node.input(6))
+    return [_requantized(node, ops.cast(product, "float64"), scales, -1, y_zero, y_zero.dtype.name)]
+
+
+def _conv_integer(node: Node, x_k: int, w_k: int, x_zero, w_zero, bias=None):
+    """The convolution of x - x_zero by w - w_zero (plus an int32 bias), exact in f64 (8-bit operands); w's zero
+    point per tensor or per output channel."""
+    x, w = _quantized_input(node, x_k), _quantized_input(node, w_k)
+    if x.ndim < 3:
+        raise node.error(f"x must have a batch, a channel and a spatial axis, got shape {list(x.shape)}",
+                         OnnxImportError)
+    kernel = tuple(node.attr("kernel_shape", w.shape[2:]))
+    if kernel != w.shape[2:]:
+        raise node.error(f"kernel_shape {kernel} does not match the weight's {w.shape[2:]}", OnnxImportError)
+    strides, pads, dilations = window(node, x, kernel)
+    centred_x = ops.cast(_centred(node, x, x_zero, None, "x's zero point"), "float64")
+    centred_w = ops.cast(_centred(node, w, w_zero, 0, "w's zero point"), "float64")
+    if bias is not None and bias.dtype.name != "i32":
+        raise node.error(f"the bias has type {bias.dtype.name}, not int32", OnnxImportError)
+    return ops.conv(centred_x, centred_w, None if bias is None else ops.cast(bias, "float64"), strides, pads,
+                    dilations, node.attr("group", 1))
+
+
+@converts("ConvInteger", attrs=WINDOW_ATTRS + ("group",))
+def conv_integer(node: Node) -> list:
+    """ConvInteger: Conv of x - x_zero_point by w - w_zero_point in int32 (8-bit x and w; x's zero point per
+    tensor, w's per tensor or per output channel)."""
+    return [ops.cast(_conv_integer(node, 0, 1, _zero(node, 2), _zero(node, 3)), "int32")]
+
+
+@converts("QLinearConv", attrs=WINDOW_ATTRS + ("group",))
+def qlinear_conv(node: Node) -> list:
+    """QLinearConv: ConvInteger's exact result plus the int32 bias, requantized by x_scale * w_scale / y_scale
+    into y's zero point's type (w's scale and zero point per tensor or per output channel)."""
+    bias = node.input(8, required=False) if node.num_inputs > 8 else None
+    accumulator = _conv_integer(node, 0, 3, node.input(2), node.input(5), bias)
+    y_zero = node.input(7)
+    scales = (node.input(1), node.input(4), node.input(6))
+    return [_requantized(node, accumulator, scales, 1, y_zero, y_zero.dtype.name)]

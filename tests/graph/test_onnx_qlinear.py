@@ -1,0 +1,183 @@
+"""ONNX DynamicQuantizeLinear, MatMulInteger, QLinearMatMul, ConvInteger and QLinearConv against onnxruntime:
+hypothesis-drawn shapes (size 1, odd and prime sizes), int8 and uint8 operands, zero points and scales per tensor and
+per column / output channel, full-range values (exact int32 accumulators, saturated outputs); refusals. Where
+onnxruntime refuses a valid model (mixed int8/uint8 QLinearMatMul, a per-channel ConvInteger zero point), onnx's
+reference implementation is the oracle."""
+import numpy as np
+import pytest
+from hypothesis import assume, given, note, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper
+from onnx.reference import ReferenceEvaluator
+
+import taskdsl.graph as tg
+from taskdsl.graph.onnx_import import OnnxImportError, UnsupportedOnnxError
+
+from . import make_model, run_onnxruntime
+
+pytest.importorskip("onnxruntime")
+
+ELEMS = {np.int8: TensorProto.INT8, np.uint8: TensorProto.UINT8}
+SIZES = st.sampled_from([1, 2, 3, 5, 7])
+
+
+def full_range(shape, dtype, rng) -> np.ndarray:
+    """Random values over the whole range of the 8-bit `dtype`."""
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max + 1, shape).astype(dtype)
+
+
+def check(model, feeds: dict, oracle=run_onnxruntime) -> None:
+    """taskdsl's outputs equal the oracle's, onnxruntime's by default (type, shape and value)."""
+    got = tg.from_onnx(model).compile()(feeds)
+    want = oracle(model, feeds)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_array_equal(g, w)
+
+
+def run_reference(model, feeds: dict) -> list:
+    """The model's outputs computed by onnx's reference implementation (the spec)."""
+    return ReferenceEvaluator(model).run(None, feeds)
+
+
+def dynamic_quantize_model(shape: list):
+    """A one-node DynamicQuantizeLinear model (opset 13)."""
+    node = helper.make_node("DynamicQuantizeLinear", ["x"], ["y", "scale", "zero"])
+    return make_model([node], [("x", shape)], [("y", shape, TensorProto.UINT8), ("scale", [], TensorProto.FLOAT),
+                                               ("zero", [], TensorProto.UINT8)], opset=13)
+
+
+@settings(max_examples=3, deadline=None)
+@given(shape=st.lists(SIZES, min_size=1, max_size=3), kind=st.sampled_from(["mixed", "positive", "negative"]),
+       seed=st.integers(0, 99))
+def test_dynamic_quantize_linear_matches_onnxruntime(shape, kind, seed):
+    """y, scale and zero point, x of both signs or of only one."""
+    x = np.random.default_rng(seed).uniform(-3.0, 5.0, shape).astype(np.float32)
+    x = {"mixed": x, "positive": np.abs(x), "negative": -np.abs(x)}[kind]
+    check(dynamic_quantize_model(shape), {"x": x})
+
+
+def test_dynamic_quantize_linear_of_zeros():
+    """An all-zero x: y and the zero point 0, the scale the reference's 1 / 255 (onnxruntime's is 1)."""
+    x = np.zeros([3, 2], np.float32)
+    got = tg.from_onnx(dynamic_quantize_model([3, 2])).compile()({"x": x})
+    np.testing.assert_array_equal(got[0], np.zeros([3, 2], np.uint8))
+    assert got[1] == np.float32(1 / 255) and got[2] == 0
+
+
+@st.composite
+def matmul_case(draw) -> tuple:
+    """(a's shape, b's shape, a's type, b's type, per-column b parameters)."""
+    batch = draw(st.lists(SIZES, max_size=1))
+    m, k, n = draw(SIZES), draw(SIZES), draw(SIZES)
+    return batch + [m, k], [k, n], draw(st.sampled_from([np.uint8, np.int8])), \
+        draw(st.sampled_from([np.uint8, np.int8])), draw(st.booleans())
+
+
+@settings(max_examples=3, deadline=None)
+@given(case=matmul_case(), seed=st.integers(0, 99))
+def test_matmul_integer_matches_onnxruntime(case, seed):
+    """(a - a_zero) @ (b - b_zero) in int32, b's zero point per tensor or per column."""
+    a_shape, b_shape, a_type, b_type, per_column = case
+    rng = np.random.default_rng(seed)
+    inits = {"az": full_range([], a_type, rng), "bz": full_range(b_shape[-1:] if per_column else [], b_type, rng)}
+    node = helper.make_node("MatMulInteger", ["a", "b", "az", "bz"], ["y"])
+    model = make_model([node], [("a", a_shape, ELEMS[a_type]), ("b", b_shape, ELEMS[b_type])],
+                       [("y", a_shape[:-1] + b_shape[-1:], TensorProto.INT32)], inits, opset=13)
+    check(model, {"a": full_range(a_shape, a_type, rng), "b": full_range(b_shape, b_type, rng)})
+
+
+@settings(max_examples=3, deadline=None)
+@given(case=matmul_case(), seed=st.integers(0, 99))
+def test_qlinear_matmul_matches_onnxruntime(case, seed):
+    """Requantized products, b's scale and zero point per tensor or per column; some outputs saturate (mixed
+    int8 and uint8 operands, which onnxruntime refuses, against the reference)."""
+    a_shape, b_shape, a_type, b_type, per_column = case
+    rng = np.random.default_rng(seed)
+    b_params = b_shape[-1:] if per_column else []
+    inits = {"as": np.float32(0.05), "az": full_range([], a_type, rng) // 4,
+             "bs": rng.uniform(0.01, 0.1, b_params).astype(np.float32), "bz": full_range(b_params, b_type, rng) // 4,
+             "ys": np.float32(rng.uniform(0.05, 0.5)), "yz": full_range([], a_type, rng) // 2}
+    node = helper.make_node("QLinearMatMul", ["a", "as", "az", "b", "bs", "bz", "ys", "yz"], ["y"])
+    model = make_model([node], [("a", a_shape, ELEMS[a_type]), ("b", b_shape, ELEMS[b_type])],
+                       [("y", a_shape[:-1] + b_shape[-1:], ELEMS[a_type])], inits, opset=21)
+    check(model, {"a": full_range(a_shape, a_type, rng), "b": full_range(b_shape, b_type, rng)},
+          run_onnxruntime if a_type == b_type else run_reference)
+
+
+@st.composite
+def conv_case(draw) -> tuple:
+    """(x's shape, w's shape, attributes) of a 1-d or 2-d convolution, with groups, strides, pads, dilations."""
+    rank, groups = draw(st.integers(1, 2)), draw(st.sampled_from([1, 2]))
+    c, o = groups * draw(st.integers(1, 2)), groups * draw(st.integers(1, 3))
+    kernel = draw(st.lists(st.integers(1, 3), min_size=rank, max_size=rank))
+    spatial = [draw(st.integers(k, k + 4)) for k in kernel]
+    attrs = {"group": groups, "strides": draw(st.lists(st.integers(1, 2), min_size=rank, max_size=rank)),
+             "pads": draw(st.lists(st.integers(0, 1), min_size=2 * rank, max_size=2 * rank))}
+    return [draw(st.integers(1, 2)), c] + spatial, [o, c // groups] + kernel, attrs
+
+
+def conv_output(x_shape: list, w_shape: list, attrs: dict) -> list:
+    """The output shape of a convolution (dilations 1)."""
+    rank = len(x_shape) - 2
+    return x_shape[:1] + w_shape[:1] + [
+        (n + attrs["pads"][i] + attrs["pads"][rank + i] - k) // attrs["strides"][i] + 1
+        for i, (n, k) in enumerate(zip(x_shape[2:], w_shape[2:]))]
+
+
+@settings(max_examples=3, deadline=None)
+@given(case=conv_case(), per_channel=st.booleans(), seed=st.integers(0, 99))
+def test_conv_integer_matches_onnxruntime(case, per_channel, seed):
+    """The exact int32 convolution of uint8 x and w (onnxruntime's types), w's zero point per tensor or per output
+    channel (which onnxruntime refuses: against the reference then, whose per-channel zero point is 2-d only)."""
+    x_shape, w_shape, attrs = case
+    assume(not per_channel or len(x_shape) == 4)
+    rng = np.random.default_rng(seed)
+    inits = {"w": full_range(w_shape, np.uint8, rng), "xz": full_range([], np.uint8, rng),
+             "wz": full_range(w_shape[:1] if per_channel else [], np.uint8, rng)}
+    node = helper.make_node("ConvInteger", ["x", "w", "xz", "wz"], ["y"], **attrs)
+    model = make_model([node], [("x", x_shape, TensorProto.UINT8)],
+                       [("y", conv_output(x_shape, w_shape, attrs), TensorProto.INT32)], inits, opset=13)
+    check(model, {"x": full_range(x_shape, np.uint8, rng)}, run_reference if per_channel else run_onnxruntime)
+
+
+@settings(max_examples=3, deadline=None)
+@given(case=conv_case(), x_type=st.sampled_from([np.uint8, np.int8]), per_channel=st.booleans(),
+       seed=st.integers(0, 99))
+def test_qlinear_conv_matches_onnxruntime(case, x_type, per_channel, seed):
+    """Requantized convolutions with an int32 bias, int8 w's scale per tensor or output channel (zero point 0)."""
+    x_shape, w_shape, attrs = case
+    rng = np.random.default_rng(seed)
+    channels = w_shape[:1] if per_channel else []
+    inits = {"xs": np.float32(0.05), "xz": full_range([], x_type, rng) // 4, "w": full_range(w_shape, np.int8, rng),
+             "ws": rng.uniform(0.01, 0.1, channels).astype(np.float32), "wz": np.zeros(channels, np.int8),
+             "ys": np.float32(rng.uniform(0.1, 1.0)), "yz": full_range([], x_type, rng) // 2,
+             "b": rng.integers(-5000, 5000, w_shape[:1]).astype(np.int32)}
+    node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], ["y"], **attrs)
+    model = make_model([node], [("x", x_shape, ELEMS[x_type])],
+                       [("y", conv_output(x_shape, w_shape, attrs), ELEMS[x_type])], inits, opset=13)
+    x = full_range(x_shape, x_type, rng)
+    note(f"x = {x!r}")
+    check(model, {"x": x})
+
+
+def test_per_row_zero_point_is_refused():
+    """A per-row zero point of a (onnxruntime takes only a scalar one) is unsupported."""
+    node = helper.make_node("MatMulInteger", ["a", "b", "az"], ["y"])
+    model = make_model([node], [("a", [3, 2], TensorProto.UINT8), ("b", [2, 4], TensorProto.UINT8)],
+                       [("y", [3, 4], TensorProto.INT32)], {"az": np.array([1, 2, 3], np.uint8)}, opset=13)
+    with pytest.raises(UnsupportedOnnxError, match="per tensor only"):
+        tg.from_onnx(model)
+
+
+def test_mismatched_scale_is_an_error():
+    """A per-channel w_scale with the wrong number of channels is an invalid model."""
+    inits = {"xs": np.float32(1), "xz": np.uint8(0), "ws": np.ones(3, np.float32), "wz": np.uint8(0),
+             "ys": np.float32(1), "yz": np.uint8(0), "w": np.ones([2, 1, 1], np.uint8)}
+    node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"], ["y"])
+    model = make_model([node], [("x", [1, 1, 4], TensorProto.UINT8)], [("y", [1, 2, 4], TensorProto.UINT8)], inits,
+                       opset=13)
+    with pytest.raises(OnnxImportError, match=r"scale of shape \[3\]"):
+        tg.from_onnx(model)
