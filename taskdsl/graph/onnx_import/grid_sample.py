@@ -24,6 +24,7 @@ import numpy as np
 
 from .. import ops
 from ..tensor import constant
+from .activations import round_half_to_even
 from .elementwise import in_f32
 from .errors import OnnxImportError
 from .node import Node, converts
@@ -34,11 +35,10 @@ MODE_NAMES = {16: ("bilinear", "nearest", "bicubic"), 20: ("linear", "nearest", 
 TAPS = {"linear": (0, 1), "nearest": (0,), "cubic": (-1, 0, 1, 2)}
 PADDING_MODES = ("zeros", "border", "reflection")
 CUBIC_A = -0.75     # Keys' coefficient, as onnxruntime and PyTorch fix it
-# coordinate dtype -> (the limit coordinates, in pixels, are clamped to: past it every float is whole, and whole
-# ones stay exact below the rounding number, their int64 indices far from overflowing; a number that adding and
-# subtracting rounds a coordinate to a whole one, halves to even). A NaN coordinate stays NaN: its index is 0
-# (casts saturate, NaN giving 0), its weights NaN.
-ROUNDING = {"f32": (2.0 ** 22, 1.5 * 2.0 ** 23), "f64": (2.0 ** 51, 1.5 * 2.0 ** 52)}
+# coordinate dtype -> the limit coordinates, in pixels, are clamped to: past it every float is whole, and whole
+# ones stay exact, their int64 indices far from overflowing. A NaN coordinate stays NaN: its index is 0 (casts
+# saturate, NaN giving 0), its weights NaN.
+COORDINATE_LIMIT = {"f32": 2.0 ** 22, "f64": 2.0 ** 51}
 
 
 # ---------------------------------------------------------------- GridSample
@@ -70,8 +70,8 @@ def _check_inputs(node: Node, x, grid, mode: str) -> None:
 def _coordinates(grid, spatial: tuple, align_corners: bool):
     """The pixel coordinates (N * points, r) the grid gives, last spatial axis first as the grid lists them, in
     the grid's dtype (f32 for 16-bit grids): (g + 1) * scale - shift, the value onnxruntime's ((g + 1) * n - 1) / 2
-    (or (g + 1) / 2 * (n - 1) with align_corners) rounds to, as the halving is exact; clamped to ROUNDING's
-    limit."""
+    (or (g + 1) / 2 * (n - 1) with align_corners) rounds to, as the halving is exact; clamped to
+    COORDINATE_LIMIT."""
     g = ops.reshape(grid, (math.prod(grid.shape[:-1]), grid.shape[-1]))
     if grid.dtype.bits == 16:
         g = ops.cast(g, "float32")
@@ -80,7 +80,7 @@ def _coordinates(grid, spatial: tuple, align_corners: bool):
         x = ops.mul(ops.add(g, 1.0), constant((sizes - 1) / 2, g.dtype))
     else:                   # [-1, 1] -> [-0.5, n - 0.5]
         x = ops.sub(ops.mul(ops.add(g, 1.0), constant(sizes / 2, g.dtype)), 0.5)
-    limit = ROUNDING[g.dtype.name][0]
+    limit = COORDINATE_LIMIT[g.dtype.name]
     return ops.clip(x, -limit, limit)
 
 
@@ -151,9 +151,8 @@ def grid_sample(node: Node) -> list:
     (batch, channels), spatial, out_spatial = x.shape[:2], x.shape[2:], grid.shape[1:-1]
     pixels, points = math.prod(spatial), math.prod(out_spatial)
     coordinates = ops.unsqueeze(_coordinates(grid, spatial, align_corners), 2)        # (rows, r, 1)
-    if mode == "nearest":       # onnxruntime's nearbyint: halves to even (the rounding of an f32 / f64 add)
-        magic = ROUNDING[coordinates.dtype.name][1]
-        base, weights = ops.sub(ops.add(coordinates, magic), magic), None
+    if mode == "nearest":       # onnxruntime's nearbyint: halves to even
+        base, weights = round_half_to_even(coordinates), None
     else:
         base = ops.elementwise("floor", coordinates)
         weights = _corners(_tap_weights(ops.sub(coordinates, base), mode), "prod")

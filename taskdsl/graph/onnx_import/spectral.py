@@ -62,9 +62,9 @@ def _signal(node: Node, x):
                          OnnxImportError)
 
 
-def _length(node: Node, k: int, what: str) -> int | None:
-    """Input k, an optional constant positive integer."""
-    value = node.const(k, required=False)
+def _length(node: Node, k: int, what: str, required: bool = False) -> int | None:
+    """Input k, a constant positive integer (None where it is optional and absent)."""
+    value = node.const(k, required)
     if value is None:
         return None
     value = np.asarray(value)
@@ -139,12 +139,7 @@ def stft(node: Node) -> list:
 def _window(node: Node, size_of_period) -> list:
     """A window of the constant `size` as a constant of output_datatype: f(2 pi n / N) for n < size, where N is
     size (periodic, the default) or size - 1 (symmetric)."""
-    size = np.asarray(node.const(0))
-    if size.size != 1 or size.dtype.kind not in "iu":
-        raise node.error(f"size must be one integer, got {size.dtype}{list(size.shape)}", OnnxImportError)
-    size = int(size.reshape(-1)[0])
-    if size < 1:
-        raise node.error(f"size must be at least 1, got {size}", OnnxImportError)
+    size = _length(node, 0, "size", required=True)
     dtype = dtype_of(node.attr("output_datatype", TensorProto.FLOAT), f"node {node.name!r} output_datatype")
     period = size if node.flag("periodic", 1) else size - 1
     with np.errstate(divide="ignore", invalid="ignore"):     # a symmetric window of size 1 is NaN, as in the spec
