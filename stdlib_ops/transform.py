@@ -310,18 +310,19 @@ def concat(arrays, axis: int = 0):
 
 
 # ---------------------------------------------------------------- gather
-def _gather_op(dtype, idtype) -> td.Op:
-    x = td.placeholder("x", dtype, ("GO", "GA", "GI"))
+def _gather_op(dtype, idtype, last: bool) -> td.Op:
+    inner = () if last else ("GI",)       # gathers along the last axis drop the inner axis of size 1: rows to walk
+    x = td.placeholder("x", dtype, ("GO", "GA") + inner)
     idx = td.placeholder("indices", idtype, ("GJ",))
 
-    def fcompute(o, j, i):
+    def fcompute(o, j, *i):
         k, n = ir.Cast(idx[j], td.i64), size_var("GA")    # i64: a narrow index plus the axis length would wrap
         k = ir.Select(k < 0, k + n, k, k.dtype)
         # indices in GPU memory are not checked on the host: one out of range reads the nearest end of the
         # axis instead of memory outside the tensor
-        return x[o, ir.Select(k < 0, ir.const(0, k.dtype), ir.Select(k >= n, n - 1, k, k.dtype), k.dtype), i]
+        return x[(o, ir.Select(k < 0, ir.const(0, k.dtype), ir.Select(k >= n, n - 1, k, k.dtype), k.dtype)) + i]
 
-    y = td.compute("gather", ("GO", "GJ", "GI"), fcompute)
+    y = td.compute("gather", ("GO", "GJ") + inner, fcompute)
     return td.op([x, idx], [y], name="gather")
 
 
@@ -337,8 +338,10 @@ def _gather_plan(x, indices, axis: int = 0) -> Plan:
     if not on_device(indices):
         check_indices(indices, n, axis, "gather")
     dtype, idtype = tdtype(x.dtype), tdtype(indices.dtype)
-    op = cached_op(("gather", dtype, idtype), lambda: _gather_op(dtype, idtype))
-    canon = x.reshape(math.prod(x.shape[:axis]), n, math.prod(x.shape[axis + 1:]))
+    inner = math.prod(x.shape[axis + 1:])
+    last = inner == 1
+    op = cached_op(("gather", dtype, idtype, last), lambda: _gather_op(dtype, idtype, last))
+    canon = x.reshape((math.prod(x.shape[:axis]), n) + (() if last else (inner,)))
     out_shape = x.shape[:axis] + indices.shape + x.shape[axis + 1:]
     return Plan(op, (canon, indices.reshape(-1)), reshaper(out_shape))
 

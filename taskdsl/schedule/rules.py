@@ -34,7 +34,7 @@ from .inline import inline_injective
 BLOCK = 256
 PER_THREAD = 4          # elements per thread in elementwise kernels
 SPAN = 4096             # elements per block (one thread) in the cpu's elementwise kernels
-CPU_ROW = 16            # the cpu's shortest row walked as a row (shorter: flat spans, a division per element); rows
+CPU_ROW = 16            # the cpu's shortest row walked as a row (shorter: flat spans, coordinates carried); rows
                         # of 16 f32 as rows: (65536, 16) + (16,) 1.1-1.5 -> 0.5 ms, its sum over axis 0 0.47-0.75 ->
                         # 0.26-0.30 ('columns'); rows of 8 sliced from (131072, 64) ran slower as rows (1.7 -> 2.6)
 LANES = 8               # interleaved accumulators of a sequential ('thread') reduction
@@ -171,10 +171,11 @@ def schedule_injective(out: Tensor, inline: set, strategy: str = "flat") -> Kern
         start = blockIdx.x * per_block
         loop = _ranged_loop(column, start, ir.Call("min", (start + per_block, width), start.dtype), value, store_of,
                             out.buffer)
-    elif serial:
+    elif serial:            # coordinates unravelled once per span, then carried: no division per element
         start = blockIdx.x * per_block
-        loop = ir.For(column, start, ir.Call("min", (start + per_block, width), start.dtype), ir.const(1),
-                      ir.seq(coords + [store]))
+        first = [ir.Assign(c, e) for c, e in zip(index, _unravel(start, out.shape))]
+        loop = ir.seq(first + [ir.For(column, start, ir.Call("min", (start + per_block, width), start.dtype),
+                                      ir.const(1), ir.seq([store, _advance(index, out.shape)]))])
     else:
         loop = ir.For(r, ir.const(0), ir.const(PER_THREAD), ir.const(1), ir.seq([
             ir.Assign(column, blockIdx.x * per_block + r * BLOCK + threadIdx.x),
@@ -188,6 +189,15 @@ def schedule_injective(out: Tensor, inline: set, strategy: str = "flat") -> Kern
     grid = size_function(lambda env: (-(-evaluate_int(width, env) // per_block),
                                       max(1, min(evaluate_int(rows, env), rows_per_grid))), names)
     return Kernel.from_ir(fn, grid, streams=True)
+
+
+def _advance(coords: list, shape: tuple) -> ir.Stmt:
+    """Step row-major `coords` in `shape` to the next element: the last one counts up, and one that reaches its
+    axis's size goes back to 0 and carries into the one before."""
+    step = ir.Assign(coords[0], coords[0] + 1)
+    for c, d in zip(coords[1:], shape[1:]):
+        step = ir.seq([ir.Assign(c, c + 1), ir.If(ir.binary(">=", c, d), ir.seq([ir.Assign(c, ir.const(0)), step]))])
+    return step
 
 
 RANGE_SPLITS = 6        # nested selects a cpu row loop is split by, at most (a concatenation of 64 parts: 6)

@@ -527,6 +527,25 @@ def test_elementwise_rows_and_flat(shape):
     np.testing.assert_array_equal(out, a + np.arange(shape[0])[:, None] * 1000 + np.arange(shape[1]))
 
 
+AI3 = td.placeholder("AI3", td.i32, ("A", "B", "C"))
+COORDS3 = td.compute("Coords3", ("A", "B", "C"), lambda i, j, k: AI3[i, j, k] + i * 100000 + j * 10 + k)
+COORDS3_OP = td.op([AI3], [COORDS3])
+
+
+@pytest.mark.parametrize("shape", [(2, 3001, 3), (3, 5, 7), (4099, 1, 2), (1, 1, 1), (0, 4, 3)])
+def test_cpu_spans_carry_coordinates(shape):
+    """A cpu 'spans' kernel unravels its first element's coordinates once and carries them from element to
+    element (spans of 4096 start mid-row and mid-plane here), with no division in its loop: a gather of 2M elements
+    with a short last axis took 19.3 ms with three int64 divisions an element, numpy.take 1.8 ms."""
+    a = np.random.default_rng(1).integers(-5, 6, shape).astype(np.int32)
+    assert check(COORDS3_OP, a) == ["Coords3_spans"]
+    i, j, k = np.indices(shape)
+    np.testing.assert_array_equal(COORDS3_OP(a)[0], a + i * 100000 + j * 10 + k)
+    fn = schedule_injective(COORDS3, set(), "spans")._frontend_ir((1, 1, 1))
+    loop, = [f for f in ir.collect(fn.body, ir.For) if f.var.name == "j"]
+    assert not [e for e in ir.collect(loop.body, ir.Binary) if e.op in ("//", "%")]
+
+
 NI = td.placeholder("NI", td.i32, ("N",))
 ND = td.placeholder("ND", td.i32, ("N",))
 NF = td.placeholder("NF", td.f32, ("N",))
