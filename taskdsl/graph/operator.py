@@ -56,7 +56,7 @@ class Operator:
 
     kind = "operator"      # the name printed for the node ("conv2d", "add", ...)
     is_anchor = False      # matmul / conv: what fusion partitions are built around
-    is_view = False        # the output is the input's memory with another shape (reshape)
+    is_view = False        # the output is (part of) the input's memory: a reshape, a contiguous slice
     kind_attr = None       # the attribute `kind` is made from (not printed again)
     generic = False        # `define` reads sizes only from its placeholders' dims (never from self.inputs),
                            # so it also works on symbolic dims: one kernel then serves every size

@@ -19,6 +19,7 @@ from .. import schedule
 from ..ir import types as T
 from ..runtime.arrays import contiguous, note_host_work, on_device, on_host
 from ..runtime.config import get_target
+from ..runtime.device_array import DeviceArray, carve
 from ..runtime.kernel import remember
 from .operator import Operator
 from .ops import (BatchNorm, Concat, Conv, Elementwise, Expand, FusedElementwise, Gather, LayerNorm, MatMul, Pad,
@@ -228,9 +229,16 @@ SPECIALIZED_SLICE = 1 << 14     # output elements from which a slice gets its ow
 
 @runs(Slice)
 def run_slice(op: Slice, arrays: list) -> tuple:
-    """Slice through stdlib_ops.transform's kernel (starts and steps as arguments: one compile serves every
+    """A contiguous slice (`Slice.view_offset`) as a view of its input, without a kernel; others through
+    stdlib_ops.transform's kernel (starts and steps as arguments: one compile serves every
     slice), or for large outputs by the operator's definitions, starts and steps built in: the copy then
     vectorizes (GPT-2's q/k/v slices of 128 x 768: 0.29 -> 0.13 ms)."""
+    offset, x = op.view_offset, arrays[0]
+    if offset is not None and isinstance(x, (np.ndarray, DeviceArray)):
+        shape = op.outputs[0].shape
+        if isinstance(x, DeviceArray):
+            return [carve(x, offset * x.dtype.itemsize, shape, x.dtype)], []
+        return [contiguous(x).reshape(-1)[offset:offset + op.outputs[0].size].reshape(shape)], []
     if op.outputs[0].size >= SPECIALIZED_SLICE:
         return run_definitions(op, arrays)
     a = op.attrs

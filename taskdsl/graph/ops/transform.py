@@ -33,6 +33,11 @@ def _all(conds: list) -> ir.Expr:
     return out
 
 
+# a contiguous slice is a view where it starts at a multiple of this many bytes: kernels move 16-byte vectors
+# (cp.async, ldmatrix) from operands they assume aligned as allocations are
+VIEW_ALIGNMENT = 64
+
+
 class Reshape(Operator):
     """x with another shape of the same size (row-major); executed as a view, without a kernel."""
 
@@ -134,6 +139,28 @@ class Slice(Operator):
         x = self.inputs[0]
         if not len(self.attrs["starts"]) == len(self.attrs["steps"]) == len(self.attrs["sizes"]) == x.ndim:
             raise ValueError(f"slice: starts, steps and sizes need one entry per axis of {x.shape}")
+
+    @property
+    def view_offset(self) -> int | None:
+        """The element offset of the output in x's row-major memory where it is one contiguous run of it that
+        starts VIEW_ALIGNMENT-aligned (a part of the leading axis, say), else None."""
+        x, (starts, steps, sizes) = self.inputs[0], (self.attrs[k] for k in ("starts", "steps", "sizes"))
+        if 0 in sizes:
+            return None
+        offset, stride, partial = 0, 1, False
+        for n, s, d, m in reversed(list(zip(x.shape, starts, steps, sizes))):
+            if partial and m != 1:          # axes before the partial one are single
+                return None
+            if not (s == 0 and m == n and (d == 1 or m == 1)):
+                if m > 1 and d != 1:        # a strided axis
+                    return None
+                partial = True              # axes after it are whole
+            offset, stride = offset + s * stride, stride * n
+        return offset if offset * np.dtype(x.numpy_dtype).itemsize % VIEW_ALIGNMENT == 0 else None
+
+    @property
+    def is_view(self) -> bool:
+        return self.view_offset is not None
 
     def define(self, x):
         starts, steps, sizes = self.attrs["starts"], self.attrs["steps"], self.attrs["sizes"]

@@ -1,7 +1,7 @@
 """Memory planning: where each activation lives in one arena, reusing memory by liveness.
 
 An activation (an operator's output) is live from the step that computes it to the last
-step that reads it; graph outputs live to the end. A view (reshape) shares its input's
+step that reads it; graph outputs live to the end. A view (a reshape, a contiguous slice) shares its input's
 storage, so it extends that storage's life instead of taking memory. Storages are placed
 greedily, largest first, at the lowest offset that overlaps no storage live at the same
 time (the greedy-by-size planner of TFLite). `peak_bytes` is the arena size: the peak
