@@ -167,7 +167,7 @@ def test_cumprod(shape, data, exclusive, reverse, dtype, seed):
                        {"a": np.array(axis, np.int64)}, opset=26)
     flipped = np.flip(x, axis) if reverse else x
     want = np.cumprod(flipped, axis=axis, dtype=x.dtype)
-    if exclusive:
+    if exclusive and want.shape[axis]:     # (an empty axis stays empty)
         ones = np.ones_like(np.take(want, [0], axis=axis))
         want = np.concatenate([ones, np.take(want, range(want.shape[axis] - 1), axis=axis)], axis=axis)
     want = np.flip(want, axis) if reverse else want
