@@ -250,7 +250,7 @@ class _Build:
         y = _view(c, anchor.outputs[0].shape, "matmul_out")
         z = self._epilogue(anchor.outputs[0], y)
         # constant weights (no prologue) are packed once, for the kernel that reads them packed
-        self.b_panels = None if 1 in self.op.prologues else packed_b(plan, tb, tb.value, {})
+        self.b_panels = None if 1 in self.op.prologues else packed_b(plan, tb, tb.value)
         # with split-k (a GPU with too few output tiles to fill it), the kernel writes partials and `finish`
         # sums them with the epilogue fused in
         self.kernel, self.finish = plan.fused(prologues, z, packed_b=self.b_panels is not None)

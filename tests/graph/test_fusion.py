@@ -13,6 +13,7 @@ import taskdsl as td
 import taskdsl.graph as tg
 from taskdsl.graph import ops
 from taskdsl.compute import evaluate, placeholder
+from taskdsl.graph import fusion
 from taskdsl.graph.fusion import FusedAnchor, _view, partition
 from stdlib_ops import gemm
 
@@ -291,3 +292,24 @@ def _prime_factors(n: int) -> list:
             n //= p
         p += 1
     return out or [1]
+
+
+def test_matmuls_of_one_constant_share_its_packed_panels(monkeypatch):
+    """An unrolled recurrence multiplies every step by one constant: the matmuls of one plan pack it once and read
+    the same panels (packing it per step, an LSTM's 32 steps kept 32 MiB of panels and ran 3x slower); a matmul of
+    another plan (more rows) packs its own."""
+    panels = []
+    packed_b = fusion.packed_b
+    monkeypatch.setattr(fusion, "packed_b", lambda *args: panels.append(packed_b(*args)) or panels[-1])
+    w = _const(64, 96, scale=0.1)
+    x, rows = tg.input("x", (1, 64)), tg.input("rows", (40, 64))
+    h, outputs = x, []
+    for step in range(3):           # each step's product feeds the next: (1, 96) -> tanh -> its first 64 columns
+        y = ops.tanh(ops.add(ops.matmul(h, w), 0.5 * step))
+        outputs.append(y)
+        h = ops.slice(y, [0], [64], axes=[1])
+    outputs.append(ops.relu(ops.matmul(rows, w)))
+    g = tg.Graph([x, rows], outputs)
+    cg = _run(g, RNG.standard_normal((1, 64)).astype(np.float32), RNG.standard_normal((40, 64)).astype(np.float32))
+    assert sum(k.name.startswith(("rows_matmul", "tile_matmul")) for k in cg.kernels) == 4
+    assert len(panels) == 4 and panels[0] is panels[1] is panels[2] is not panels[3]
