@@ -22,6 +22,31 @@ def test_fold_weight_only_subgraphs():
     assert_close(folded(xa)[0], g.reference(xa)[0])
 
 
+def test_folded_values_equal_bit_for_bit_are_one_constant():
+    """An unrolled recurrence slices its weights anew each step: the folded slices are one constant (read by one
+    packed copy), where values that differ, in a bit or in dtype, stay apart."""
+    x = tg.input("x", (2, 4))
+    w = tg.constant(rand((4, 6), 1), name="w")
+    zeros = tg.constant(np.zeros((2, 4), np.float32))
+    h, outputs = x, []
+    for _ in range(3):
+        h = ops.tanh(ops.matmul(h, ops.slice(w, [0], [4], axes=[1])))
+        outputs.append(h)
+    wide = ops.cast(ops.slice(w, [0], [4], axes=[1]), "float64")
+    outputs += [ops.matmul(x, ops.slice(w, [2], [6], axes=[1])), ops.matmul(ops.cast(x, "float64"), wide),
+                ops.add(x, ops.neg(zeros)), ops.add(x, zeros)]
+    g = tg.Graph([x], outputs)
+    folded = passes.fold_constants(g)
+    assert all(op.kind != "slice" for op in folded.nodes)
+    steps = [op.inputs[1] for op in folded.nodes if op.kind == "matmul"]
+    assert steps[0] is steps[1] is steps[2] is not steps[3] and steps[4].dtype.name == "f64"
+    adds = [op.inputs[1] for op in folded.nodes if op.kind == "add"]
+    assert adds[0] is not adds[1] and adds[0].value.tobytes() != adds[1].value.tobytes()      # -0.0 and 0.0
+    xa = rand((2, 4), 3)
+    for got, want in zip(folded(xa), g.reference(xa)):
+        assert_close(got, want)
+
+
 def test_fold_shape_arithmetic_from_onnx():
     """Shape -> Gather -> Unsqueeze -> Concat -> Reshape: the target shape is known at import, nothing runs."""
     n = helper.make_node
