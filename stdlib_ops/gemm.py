@@ -167,6 +167,15 @@ class MatmulPlan:
     def batch(self) -> int:
         return math.prod(self.out_batch)
 
+    @property
+    def operand_reads(self) -> tuple:
+        """How many blocks load each element of A and of B: the column blocks (N / BN) for A, the row blocks for
+        B (a small product's one block reads each once). What a prologue fused into an operand's loads costs."""
+        if self.small:
+            return 1, 1
+        bm, bn, _ = self.template.tile_shape(self.point)
+        return -(-self.n // bn), -(-self.m // bm)
+
     def kernel(self, out_dtype=None, packed_b: bool = False, transposed_a: bool = False,
                padded: bool = False) -> td.Kernel:
         """The template kernel of this plan (output type: the operands', or f32 for split-k partials); with

@@ -6,8 +6,9 @@ becomes one `FusedAnchor` node, run as one kernel by post-scheduling fusion (`td
       epilogue: follow the anchor's output while it has exactly one reader (and is not a graph
                 output) and that reader is injective with as many elements out as in
                 (elementwise with broadcast operands, batch norm, reshape, transpose);
-      prologue: an operand produced by an injective operator read only by the anchor is
-                computed inside the anchor's loads (conv input, matmul operands).
+      prologue: an operand produced by an injective operator read only by the anchor is computed
+                inside the anchor's loads (conv input, matmul operands); a matmul's, where its blocks load
+                an element more than once, only if it is cheap (no transcendental call: `CHEAP_CALLS`).
 
 The template is scheduled for the anchor alone (stdlib_ops.gemm / stdlib_ops.conv); its loads of
 the operands are then replaced by the prologue definitions (for a convolution: im2col of the
@@ -25,12 +26,14 @@ import taskdsl as td
 from stdlib_ops import conv as conv_lib
 from stdlib_ops import gemm
 
-from ..compute import placeholder
+from .. import ir
+from ..compute import placeholder, topological
 from ..runtime.arrays import contiguous, empty_like_operands, unplanned
 from ..schedule.fusion import FusionError
 from .graph import Graph
 from .operator import Operator, external_inputs
 from .ops import BatchNorm, Conv, Elementwise, MatMul, Reshape, Transpose
+from .ops.transform import view_index
 from .runners import conv_geometry, packed_b, packed_weight, run, runs
 
 EPILOGUE_KINDS = (Elementwise, BatchNorm, Reshape, Transpose)
@@ -95,6 +98,28 @@ def fusible_anchor(op: Operator) -> bool:
     return False
 
 
+# The calls a matmul's prologue makes however many blocks read its operand. A fused operand's element is computed by
+# every block of outputs that loads it (for A, each of the N / BN column blocks: `MatmulPlan.operand_reads`), so a
+# transcendental one is computed that many times: a GRU's sigmoid(...) * h in its matmul's A took 20 of the step's
+# 24 us at hidden 256 (four column blocks); as a kernel of its own, 2 us.
+CHEAP_CALLS = frozenset({"min", "max", "abs", "floor", "ceil"})
+
+
+def _cheap(op: Operator) -> bool:
+    """Whether `op`'s definitions call no function but CHEAP_CALLS (arithmetic, selects, casts, clamps)."""
+    return all(c.func in CHEAP_CALLS for t in topological(op.definitions) if t.kind != "placeholder"
+               for c in ir.collect(t.body, ir.Call))
+
+
+def _worth_recomputing(anchor: Operator, k: int, producer: Operator) -> bool:
+    """Whether operand k's producer may be computed in the anchor's loads: cheap, or loaded once per element (a
+    convolution's: its im2col copy or loads read the input window by window either way)."""
+    if not isinstance(anchor, MatMul) or _cheap(producer):
+        return True
+    ta, tb = anchor.inputs
+    return gemm.plan(ta.shape, tb.shape, ta.dtype, td.get_target()).operand_reads[k] == 1
+
+
 def _elementwise_like(op: Operator, source) -> bool:
     """Injective, one output with as many elements as `source`, which it reads once per output element."""
     return (isinstance(op, EPILOGUE_KINDS) and op.is_injective and len(op.outputs) == 1
@@ -125,7 +150,8 @@ def _groups(graph: Graph) -> list:
         for k in (0,) if isinstance(op, Conv) else (0, 1):
             producer = op.inputs[k].producer
             if (isinstance(producer, PROLOGUE_KINDS) and id(producer) not in taken and producer.is_injective
-                    and len(producer.outputs) == 1 and free_sole_reader(op.inputs[k]) is op):
+                    and len(producer.outputs) == 1 and free_sole_reader(op.inputs[k]) is op
+                    and _worth_recomputing(op, k, producer)):
                 prologues[k] = producer
         if epilogue or prologues:
             groups.append((op, prologues, epilogue))
@@ -156,51 +182,10 @@ def partition(graph: Graph) -> Graph:
 
 
 # ---------------------------------------------------------------- building and running the kernel
-def _axis_groups(src: tuple, dst: tuple) -> list:
-    """(source axes, view axes) groups of equal size products, in order, e.g. (1, 12, 64) read as (12, 64):
-    [([0, 1], [0]), ([2], [1])]; source axes of size 1 left over join the last group."""
-    groups, i, j = [], 0, 0
-    while i < len(src) and j < len(dst):
-        s_axes, d_axes, ps, pd = [i], [j], src[i], dst[j]
-        i, j = i + 1, j + 1
-        while ps != pd:
-            if ps < pd:
-                s_axes.append(i)
-                ps, i = ps * src[i], i + 1
-            else:
-                d_axes.append(j)
-                pd, j = pd * dst[j], j + 1
-        groups.append((s_axes, d_axes))
-    if groups:
-        groups[-1][0].extend(range(i, len(src)))
-    return groups
-
-
 def _view(t, shape: tuple, name: str):
-    """A compute reading `t` (any shape with as many elements) as row-major `shape`.
-
-    Axes go in groups of equal size (`_axis_groups`): where a group has one source axis that is not 1,
-    the view's index passes through, so the kernel's loads keep the plain index of the operand, not a
-    flattening undone by divisions (which the simplifier cannot remove without knowing the bounds)."""
+    """A compute reading `t` (any shape with as many elements) as row-major `shape` (`view_index`)."""
     src = tuple(int(d.value) for d in t.shape)
-    groups = _axis_groups(src, shape) if 0 not in src else [(list(range(len(src))), list(range(len(shape))))]
-
-    def fcompute(*ix):
-        index = [0] * len(src)
-        for s_axes, d_axes in groups:
-            flat = 0
-            for a in d_axes:
-                flat = flat * shape[a] + ix[a]
-            live = [a for a in s_axes if src[a] != 1]
-            if len(live) == 1:
-                index[live[0]] = flat
-                continue
-            for a in reversed(s_axes):
-                index[a] = flat % src[a]
-                flat = flat // src[a]
-        return t[tuple(index)]
-
-    return td.compute(name, shape, fcompute)
+    return td.compute(name, shape, lambda *ix: t[view_index(src, shape, ix)])
 
 
 class _Build:

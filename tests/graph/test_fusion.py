@@ -313,3 +313,17 @@ def test_matmuls_of_one_constant_share_its_packed_panels(monkeypatch):
     cg = _run(g, RNG.standard_normal((1, 64)).astype(np.float32), RNG.standard_normal((40, 64)).astype(np.float32))
     assert sum(k.name.startswith(("rows_matmul", "tile_matmul")) for k in cg.kernels) == 4
     assert len(panels) == 4 and panels[0] is panels[1] is panels[2] is not panels[3]
+
+
+def test_a_transcendental_prologue_fuses_only_where_each_element_is_loaded_once():
+    """A fused A operand is computed by each of the N / BN column blocks that load it: sigmoid(x) fuses into a
+    product of one column block, not into one of many (a GRU step's sigmoid(...) * h ran four times over); a
+    cheap prologue fuses either way."""
+    x = tg.input("x", (3, 64))
+    data = RNG.standard_normal((3, 64)).astype(np.float32)
+    for n, prologue, fuses in ((8, ops.sigmoid, True), (1024, ops.sigmoid, False), (1024, ops.relu, True)):
+        w = _const(64, n, scale=0.1)
+        p = gemm.plan((3, 64), (64, n), td.f32, "cpu")
+        assert (p.operand_reads[0] == 1) == (n == 8)
+        cg = _run(tg.Graph([x], [ops.matmul(prologue(x), w)]), data)
+        assert [op.kind for op in cg.graph.nodes] == (["fused"] if fuses else [prologue.__name__, "matmul"])

@@ -2,9 +2,13 @@
 
 The input's projection for every step is one matmul (X @ W^T over the whole sequence); each step then adds the
 previous state's projection (H @ R^T), applies the gates' activations and updates the state, as elementwise
-operators that fusion groups. A reverse direction reads each sequence's valid steps backwards: a gather along the
-time axis reverses them (and, the same permutation, its outputs back). With sequence_lens, a batch entry past its
-length keeps its state and outputs zeros, as onnxruntime gives.
+operators that fusion groups. Projections are gate-major, (gates, batch, hidden): a gate is a leading part of its
+step's projection, one run of memory that the graph reads as a view (a (batch, G hidden) projection's gates are
+strided columns, each copied by a kernel every step).
+
+A reverse direction reads each sequence's valid steps backwards: a gather along the time axis reverses them (and,
+the same permutation, its outputs back). With sequence_lens, a batch entry past its length keeps its state and
+outputs zeros, as onnxruntime gives.
 """
 from __future__ import annotations
 
@@ -118,7 +122,8 @@ def _initial(node: Node, k: int, wide: str, batch_first: bool):
 
 
 def _direction_weights(node: Node, kind: str, d: int, hidden: int, wide: str) -> dict:
-    """Direction d's W^T (input, G hidden), R^T (hidden, G hidden), biases Wb, Rb (G hidden) and LSTM's peepholes."""
+    """Direction d's W^T and R^T gate-major, (G, input, hidden) and (G, hidden, hidden), biases Wb, Rb (G, 1,
+    hidden) and LSTM's peepholes (3 hidden)."""
     def row(k):                 # input k's direction d, or None
         t = node.input(k, required=False) if node.num_inputs > k else None
         return None if t is None else ops.cast(ops.reshape(ops.slice(t, [d], [d + 1]), t.shape[1:]), wide)
@@ -127,10 +132,14 @@ def _direction_weights(node: Node, kind: str, d: int, hidden: int, wide: str) ->
     if w.shape[0] != g or r.shape != (g, hidden):
         raise node.error(f"W {node.input(1).shape} and R {node.input(2).shape} need {g} rows (hidden_size "
                          f"{hidden}, {GATES[kind]} gates)", OnnxImportError)
-    biases = (None, None) if b is None else (ops.slice(b, [0], [g]), ops.slice(b, [g], [2 * g]))
+    gates = GATES[kind]
+
+    def gate_major(t):          # (G hidden, n) -> (G, n, hidden): gate k's rows, transposed
+        return ops.transpose(ops.reshape(t, (gates, hidden, t.shape[1])), (0, 2, 1))
+    biases = (None, None) if b is None else tuple(
+        ops.reshape(ops.slice(b, [k * g], [(k + 1) * g]), (gates, 1, hidden)) for k in (0, 1))
     peepholes = row(7) if kind == "LSTM" else None
-    return {"w": ops.transpose(w, (1, 0)), "r": ops.transpose(r, (1, 0)), "wb": biases[0], "rb": biases[1],
-            "p": peepholes}
+    return {"w": gate_major(w), "r": gate_major(r), "wb": biases[0], "rb": biases[1], "p": peepholes}
 
 
 def _reversal(seq: int, batch: int, width: int, lengths: np.ndarray):
@@ -144,7 +153,7 @@ def _unrolled(kind: str, node: Node, x, weights: dict, start: list, functions: l
               hidden: int) -> tuple:
     """The step outputs (each (batch, hidden)) and the final states of one direction over x (seq, batch, input)."""
     seq, batch, _ = x.shape
-    gates_x = ops.matmul(x, weights["w"])          # every step's input projection at once: (seq, batch, G hidden)
+    gates_x = ops.matmul(ops.unsqueeze(x, 1), weights["w"])    # every step's input projection: (seq, G, batch, hidden)
     if weights["wb"] is not None:
         gates_x = ops.add(gates_x, weights["wb"])
     h = start[0] if start[0] is not None else constant(np.zeros((batch, hidden), np.float32), gates_x.dtype)
@@ -154,7 +163,7 @@ def _unrolled(kind: str, node: Node, x, weights: dict, start: list, functions: l
     clip = node.attr("clip")
     ys = []
     for t in range(seq):
-        gx = ops.reshape(ops.slice(gates_x, [t], [t + 1]), (batch, gates_x.shape[2]))
+        gx = ops.reshape(ops.slice(gates_x, [t], [t + 1]), gates_x.shape[1:])
         step = _STEPS[kind](node, gx, h, c, weights, functions, clip, hidden)
         alive = t < lengths         # (batch,): entries still inside their sequence
         if alive.all():
@@ -168,16 +177,16 @@ def _unrolled(kind: str, node: Node, x, weights: dict, start: list, functions: l
     return ys, [h] if c is None else [h, c]
 
 
-def _gate(gates, k: int, hidden: int):
-    """Gate k's columns of a (batch, G hidden) projection."""
-    return ops.slice(gates, [k * hidden], [(k + 1) * hidden], axes=[1])
+def _gate(gates, k: int):
+    """Gate k of a gate-major projection (G, batch, hidden), or of gate-major weights."""
+    return ops.reshape(ops.slice(gates, [k], [k + 1]), gates.shape[1:])
 
 
-def _recurrence(h, weights: dict, columns: int | None = None):
-    """H @ R^T (+ Rb), of R's first `columns` gate columns (default all)."""
+def _recurrence(h, weights: dict, gates: int | None = None):
+    """H @ R^T (+ Rb), gate-major, of R's first `gates` gates (default all)."""
     r, rb = weights["r"], weights["rb"]
-    if columns is not None and columns < r.shape[1]:
-        r, rb = ops.slice(r, [0], [columns], axes=[1]), None if rb is None else ops.slice(rb, [0], [columns])
+    if gates is not None and gates < r.shape[0]:
+        r, rb = ops.slice(r, [0], [gates]), None if rb is None else ops.slice(rb, [0], [gates])
     gates_h = ops.matmul(h, r)
     return gates_h if rb is None else ops.add(gates_h, rb)
 
@@ -192,7 +201,7 @@ def _activate(function: tuple, x, clip):
 
 def _rnn_step(node, gx, h, c, weights, functions, clip, hidden):
     """H = f(X W^T + H R^T + Wb + Rb)."""
-    return _activate(functions[0], ops.add(gx, _recurrence(h, weights)), clip), None
+    return _activate(functions[0], _gate(ops.add(gx, _recurrence(h, weights)), 0), clip), None
 
 
 def _gru_step(node, gx, h, c, weights, functions, clip, hidden):
@@ -200,16 +209,16 @@ def _gru_step(node, gx, h, c, weights, functions, clip, hidden):
     g(X Wh^T + r (H Rh^T + Rbh) + Wbh); H = (1 - z) candidate + z H."""
     f, g = functions
     reset_after = node.attr("linear_before_reset", 0)
-    gh = _recurrence(h, weights, None if reset_after else 2 * hidden)    # (else h's gate is (r H) R^T, below)
-    z = _activate(f, ops.add(_gate(gx, 0, hidden), _gate(gh, 0, hidden)), clip)
-    r = _activate(f, ops.add(_gate(gx, 1, hidden), _gate(gh, 1, hidden)), clip)
+    gh = _recurrence(h, weights, None if reset_after else 2)      # (else h's gate is (r H) R^T, below)
+    z = _activate(f, ops.add(_gate(gx, 0), _gate(gh, 0)), clip)
+    r = _activate(f, ops.add(_gate(gx, 1), _gate(gh, 1)), clip)
     if reset_after:
-        candidate = ops.add(_gate(gx, 2, hidden), ops.mul(r, _gate(gh, 2, hidden)))
+        candidate = ops.add(_gate(gx, 2), ops.mul(r, _gate(gh, 2)))
     else:
-        rh = ops.matmul(ops.mul(r, h), _gate(weights["r"], 2, hidden))
+        rh = ops.matmul(ops.mul(r, h), _gate(weights["r"], 2))
         if weights["rb"] is not None:
-            rh = ops.add(rh, ops.slice(weights["rb"], [2 * hidden], [3 * hidden]))
-        candidate = ops.add(_gate(gx, 2, hidden), rh)
+            rh = ops.add(rh, _gate(weights["rb"], 2))
+        candidate = ops.add(_gate(gx, 2), rh)
     candidate = _activate(g, candidate, clip)
     return ops.add(ops.mul(ops.sub(1.0, z), candidate), ops.mul(z, h)), None
 
@@ -222,12 +231,12 @@ def _lstm_step(node, gx, h, c, weights, functions, clip, hidden):
     p = weights["p"]
 
     def peep(k, state):         # gate k's pre-activation, plus its peephole times the cell (P holds i, o, f)
-        pre = _gate(gates, k, hidden)
+        pre = _gate(gates, k)
         return pre if p is None else ops.add(pre, ops.mul(ops.slice(p, [k * hidden], [(k + 1) * hidden]), state))
 
     i = _activate(f, peep(0, c), clip)
     forget = ops.sub(1.0, i) if node.attr("input_forget", 0) else _activate(f, peep(2, c), clip)
-    cell = ops.add(ops.mul(forget, c), ops.mul(i, _activate(g, _gate(gates, 3, hidden), clip)))
+    cell = ops.add(ops.mul(forget, c), ops.mul(i, _activate(g, _gate(gates, 3), clip)))
     o = _activate(f, peep(1, cell), clip)
     return ops.mul(o, _activate(hh, cell, None)), cell
 

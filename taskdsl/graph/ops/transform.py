@@ -51,18 +51,50 @@ class Reshape(Operator):
 
     def define(self, x):
         shape, in_shape = self.attrs["shape"], self.inputs[0].shape
+        return [compute("reshape", shape, lambda *ix: x[view_index(in_shape, shape, ix)])]
 
-        def fcompute(*ix):
-            flat = ir.const(0)
-            for i, n in zip(ix, shape):
-                flat = flat * n + i
-            index = []
-            for n in reversed(in_shape):
-                index.append(flat % n if n != 1 else ir.const(0))
-                flat = flat // n
-            return x[tuple(reversed(index))]
 
-        return [compute("reshape", shape, fcompute)]
+def axis_groups(src: tuple, dst: tuple) -> list:
+    """(source axes, view axes) groups of equal size products, in order, e.g. (1, 12, 64) read as (12, 64):
+    [([0, 1], [0]), ([2], [1])]; source axes of size 1 left over join the last group."""
+    groups, i, j = [], 0, 0
+    while i < len(src) and j < len(dst):
+        s_axes, d_axes, ps, pd = [i], [j], src[i], dst[j]
+        i, j = i + 1, j + 1
+        while ps != pd:
+            if ps < pd:
+                s_axes.append(i)
+                ps, i = ps * src[i], i + 1
+            else:
+                d_axes.append(j)
+                pd, j = pd * dst[j], j + 1
+        groups.append((s_axes, d_axes))
+    if groups:
+        groups[-1][0].extend(range(i, len(src)))
+    return groups
+
+
+def view_index(src: tuple, dst: tuple, ix: tuple) -> tuple:
+    """The index into a row-major `src`-shaped tensor of the element at index `ix` of its reading as `dst` (as many
+    elements). Axes go in groups of equal size (`axis_groups`): where a group has one source axis that is not 1,
+    the index passes through, so a kernel's loads keep the operand's plain index, not a flattening undone by
+    divisions, which the simplifier cannot remove without knowing the bounds (a GRU's input projection read its
+    unsqueezed input with three divisions a multiply-add)."""
+    groups = axis_groups(src, dst) if 0 not in src else [(list(range(len(src))), list(range(len(dst))))]
+    index = [0] * len(src)
+    for s_axes, d_axes in groups:
+        flat = 0
+        for a in d_axes:
+            flat = flat * dst[a] + ix[a]
+        live = [a for a in s_axes if src[a] != 1]
+        if len(live) == 1:
+            index[live[0]] = flat
+            continue
+        for a in reversed(s_axes):
+            if src[a] != 1:
+                index[a] = flat % src[a]
+                flat = flat // src[a]
+    return tuple(index)
 
 
 class Transpose(Operator):
