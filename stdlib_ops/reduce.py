@@ -28,7 +28,8 @@ import taskdsl as td
 from taskdsl import blockIdx, threadIdx
 from taskdsl.ir.types import numpy_dtype
 from taskdsl.runtime.arrays import empty_like_operands, on_device
-from taskdsl.runtime.config import get_target
+from taskdsl.runtime.config import fast_compile_enabled, get_target
+from taskdsl.schedule.rules import UNROLL_REDUCED
 
 from . import rowwise
 from .elementwise import Plan, cached_op, contiguous, flag, normalize_axis, reshaper, tdtype
@@ -66,11 +67,10 @@ def reduce_canon(shape: tuple, axes: tuple) -> tuple[tuple, tuple]:
     return tuple(r for r, _ in groups), tuple(n for _, n in groups)
 
 
-def _build(op: str, pattern: tuple, dtype: td.ir.types.DataType, unit: bool = False) -> td.Op:
-    """The reduction `op` of a canonical `pattern`; `unit`: its one reduced group has one element (the axes reduced
-    all have size 1), a constant, so each output is a copy (as a size, a reduction loop an output: 4M of them
-    took 15x numpy's time)."""
-    dims = tuple(1 if unit and r else f"RD{g}" for g, r in enumerate(pattern))
+def _build(op: str, pattern: tuple, dtype: td.ir.types.DataType, few: int | None = None) -> td.Op:
+    """The reduction `op` of a canonical `pattern`; `few`: the size of its one reduced group where that is built in
+    (`_few`), else None (a size symbol)."""
+    dims = tuple(few if few is not None and r else f"RD{g}" for g, r in enumerate(pattern))
     x = td.placeholder("x", dtype, dims)
     kept = tuple(d for d, r in zip(dims, pattern) if not r)
     reduced = tuple(d for d, r in zip(dims, pattern) if r)
@@ -86,6 +86,16 @@ def _build(op: str, pattern: tuple, dtype: td.ir.types.DataType, unit: bool = Fa
     return td.op([x], [out], name=f"reduce_{op}")
 
 
+def _few(reduced: list) -> int | None:
+    """The size of a canonical reduction's one reduced group to build into its kernel, or None: 1 (the axes reduced
+    all have size 1: each output is a copy; as a size, a reduction loop an output, 4M of them took 15x numpy's
+    time), and outside `td.fast_compile` up to UNROLL_REDUCED, whose loop then unrolls (sums of (524288, 4) over
+    the last axis: 1.62 -> 0.46 ms; a kernel per such size)."""
+    if len(reduced) != 1 or not 1 <= reduced[0] <= UNROLL_REDUCED or (reduced[0] > 1 and fast_compile_enabled()):
+        return None
+    return reduced[0]
+
+
 def op_for(name: str, x, axis=None, keepdims: bool = False) -> Plan:
     """The Plan a call of reduction `name` ('sum', 'mean', 'max', 'min') runs."""
     if name not in _OPS:
@@ -96,8 +106,8 @@ def op_for(name: str, x, axis=None, keepdims: bool = False) -> Plan:
         raise ValueError(f"zero-size array to reduction operation {name} which has no identity")
     dtype = tdtype(x.dtype)
     pattern, canon = reduce_canon(x.shape, axes)
-    unit = [n for r, n in zip(pattern, canon) if r] == [1]
-    op = cached_op(("reduce", name, pattern, dtype, unit), lambda: _build(name, pattern, dtype, unit))
+    few = _few([n for r, n in zip(pattern, canon) if r])
+    op = cached_op(("reduce", name, pattern, dtype, few), lambda: _build(name, pattern, dtype, few))
     if flag(keepdims, f"{name}: keepdims"):
         out_shape = tuple(1 if a in axes else n for a, n in enumerate(x.shape))
     else:
