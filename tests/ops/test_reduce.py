@@ -5,8 +5,10 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+import taskdsl as td
 from stdlib_ops import reduce as R
 from taskdsl.ir.types import is_float_dtype
+from taskdsl.schedule.rules import UNROLL_REDUCED
 
 from . import FEW, SEEDS, TWO, check, rand, shapes
 
@@ -63,9 +65,6 @@ def test_few_reduced_elements_are_built_into_the_kernel():
     """Outside td.fast_compile a reduction of at most UNROLL_REDUCED elements an output has that count built in, so
     its loop unrolls (a sum of (524288, 4) over the last axis: 1.62 -> 0.46 ms); more elements, or the tests' fast
     compiles, keep a size symbol (one kernel for every size)."""
-    import taskdsl as td
-    from taskdsl.schedule.rules import UNROLL_REDUCED
-
     def reduced(name, x, axis):     # the reduced extents built in (None: a size symbol)
         return [d.value if isinstance(d, td.ir.Const) else None
                 for d in R.op_for(name, x, axis).op.outputs[0].reduce_shape]
