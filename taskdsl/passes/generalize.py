@@ -14,7 +14,7 @@ member's function, exactly: sharing changes which code runs, never what it compu
 
 Only i32 constants of zero or more, as sizes are, become symbols; constants that passes and code
 generators need as numbers keep a member apart: the shapes of shared and register buffers (they are
-allocated by size), the bounds of `td.unroll` loops, and the shape of a tensor of more than 2^31 - 1
+allocated by size), the bounds of `td.unroll` loops, loop steps, and the shape of a tensor of more than 2^31 - 1
 elements (flattening indexes it in i64 because its shape says so).
 """
 from __future__ import annotations
@@ -46,9 +46,10 @@ class _Constants(_BufferRewriter):
         return self.fill(self.count - 1, c)
 
     def visit_For(self, s: ir.For):
-        if not s.unroll:
-            return self.generic_visit(s)
-        return dataclasses.replace(s, body=self.visit(s.body))      # its bounds: numbers the unrolling needs
+        if s.unroll:        # its bounds: numbers the unrolling needs
+            return dataclasses.replace(s, body=self.visit(s.body))
+        # its step stays a number: passes read it (the loop's direction and trip count, in `simplify`)
+        return dataclasses.replace(s, start=self.visit(s.start), stop=self.visit(s.stop), body=self.visit(s.body))
 
     def new_buffer(self, b: ir.Buffer) -> ir.Buffer:
         if b.scope != "global" or _wide(b):     # allocated by its size; or indexed in i64 for its size

@@ -62,6 +62,21 @@ def test_constants_that_passes_and_code_generators_need_keep_kernels_apart():
     assert [sizes for _, sizes in generalize(same)] == [{"lifted_0": 5}, {"lifted_0": 6}]
 
 
+def _strided(step: int) -> ir.Function:
+    """out[i] = i for every `step`-th i < 12."""
+    out = ir.Buffer("out", T.i32, (ir.const(12),))
+    i = ir.Var("i", T.i32, kind="loop")
+    return ir.Function("k", (out,), (), ir.For(i, ir.const(0), ir.const(12), ir.const(step), ir.Store(out, (i,), i)),
+                       (1, 1, 1))
+
+
+def test_loops_of_other_steps_keep_kernels_apart():
+    """A loop's step stays a number: `simplify` reads it (the loop's direction, its trip count), and failed on a
+    lifted one."""
+    first, second = _strided(2), _strided(3)
+    assert generalize([first, second]) == [(first, {}), (second, {})]
+
+
 def test_equal_functions_and_unspellable_ones_come_back_as_they_are():
     functions = [_scaled(5, 2), _scaled(5, 2)]
     assert generalize(functions) == [(fn, {}) for fn in functions]
