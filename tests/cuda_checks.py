@@ -3,11 +3,13 @@
 Every kernel specialization a test runs (on the cpu target too) also has its CUDA source generated, at the call,
 and queued here; when the module's tests end, the queued sources are compiled as one NVRTC program per
 optimization mode (`td.fast_compile` or not). One program parses the headers once: about 15 ms a small kernel
-instead of 95 ms compiled alone. A failure is reported at the teardown of the module's last test, naming the
+instead of 95 ms compiled alone. A source an earlier module of the process built (a rule-based kernel many
+modules launch) is not compiled again. A failure is reported at the teardown of the module's last test, naming the
 tests and kernels whose sources fail (each compiled alone then, to tell which).
 """
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 
@@ -31,10 +33,12 @@ class CudaChecks:
     """Queued CUDA sources, by optimization mode (fast: NVRTC's least optimization)."""
 
     queued: dict = field(default_factory=lambda: {True: {}, False: {}})     # fast -> {source: Queued}
+    built: set = field(default_factory=set)     # digests of (fast, source) compiled by earlier modules
 
     def add(self, test: str, kernel: str, source: str, fast: bool) -> None:
-        """Queue `source` (the same text queued twice is compiled once)."""
-        self.queued[fast].setdefault(source, Queued(test, kernel, source))
+        """Queue `source` (the same text queued twice, or built by an earlier module, is compiled once)."""
+        if _digest(source, fast) not in self.built:
+            self.queued[fast].setdefault(source, Queued(test, kernel, source))
 
     def compile_all(self) -> None:
         """Compile what is queued (one program per mode) and empty the queue; an
@@ -42,9 +46,16 @@ class CudaChecks:
         failures = []
         for fast, queued in self.queued.items():
             if queued:
-                failures += _compile(list(queued.values()), fast)
+                failed = _compile(list(queued.values()), fast)
+                if not failed:
+                    self.built.update(_digest(source, fast) for source in queued)
+                failures += failed
             queued.clear()
         assert not failures, "NVRTC could not compile these kernels:\n" + "\n".join(failures)
+
+
+def _digest(source: str, fast: bool) -> bytes:
+    return hashlib.blake2b(f"{fast}\n{source}".encode(), digest_size=16).digest()
 
 
 def _renamed(q: Queued, k: int) -> str:

@@ -24,3 +24,21 @@ def test_a_kernel_that_does_not_compile_fails_naming_its_test():
     with pytest.raises(AssertionError, match=r"(?s)tests/x.py::test_bad: broken: .*undefined_name") as info:
         checks.compile_all()
     assert "test_good" not in str(info.value)
+
+
+def test_a_source_an_earlier_module_built_is_not_compiled_again_and_a_failed_one_is():
+    """After a module's compile, the same source (in the same mode) is not queued again; another mode's is, and so
+    is everything of a program that failed."""
+    checks = CudaChecks()
+    checks.add("tests/x.py::test_a", "twin", GOOD.format(value="1.0f"), fast=True)
+    checks.compile_all()
+    checks.add("tests/y.py::test_b", "twin", GOOD.format(value="1.0f"), fast=True)
+    checks.add("tests/y.py::test_c", "twin", GOOD.format(value="1.0f"), fast=False)
+    assert [len(q) for q in checks.queued.values()] == [0, 1]
+    checks.add("tests/y.py::test_d", "broken", BAD, fast=True)
+    checks.add("tests/y.py::test_d", "twin", GOOD.format(value="4.0f"), fast=True)
+    with pytest.raises(AssertionError):
+        checks.compile_all()
+    for source in (BAD, GOOD.format(value="4.0f")):
+        checks.add("tests/z.py::test_e", "again", source, fast=True)
+    assert len(checks.queued[True]) == 2
