@@ -3,7 +3,8 @@
 Generated shape (see fission.py for how regions come about):
 
     @njit(nogil=True, cache=True)
-    def kernel(A, B, C, M, N, K, grid_x, grid_y, grid_z, block_begin, block_end):
+    def kernel(A, B, C, launch_ints, block_begin, block_end):
+        M, N, K, grid_x, grid_y, grid_z = launch_ints     # sizes and grid
         sa = np.empty((64, 8), float32)  # shared memory, one block's (reused by the next)
         acc = np.empty((256, 4, 4), float32)  # registers: one row per thread
         for block_id in range(block_begin, block_end):
@@ -149,7 +150,7 @@ class _PythonEmitter:
         self.fast = fast
         self.program = F.fission(fn)
         self.name = NameTable({"rt", "njit", "block_id", "block_begin", "block_end", "tid", "tx", "ty", "tz", "bx", "by", "bz",
-                               "grid_x", "grid_y", "grid_z", "epoch"})
+                               "grid_x", "grid_y", "grid_z", "epoch", "launch_ints"})
         self.lines: list = []
         self.promoted = False   # inside a region body, thread-array variables are plain locals
         self.flat = not debug   # accesses were flattened to 1-D by lower_for_cpu
@@ -180,8 +181,7 @@ class _PythonEmitter:
         fn = self.fn
         global_atomics = any(a.buffer.scope == "global" for a in ir.collect(fn.body, ir.Atomic))
         parallel = not (global_atomics or self.debug)  # debug: serial blocks report the first error exactly
-        args = [self.name(p) for p in fn.params] + [self.name(s) for s in fn.sizes] + \
-            ["grid_x", "grid_y", "grid_z", "block_begin", "block_end"]
+        args = [self.name(p) for p in fn.params] + ["launch_ints", "block_begin", "block_end"]
         entry = "kernel_" + self.name(ir.Var(fn.name, ir.types.i32))
         out = ["import math", "import numpy as np", "from numba import njit",
                f"import taskdsl.backend.cpu.{'support_calls' if self.fast else 'support'} as rt", "",
@@ -189,6 +189,10 @@ class _PythonEmitter:
                "@njit(nogil=True, cache=True, error_model='numpy', fastmath={'contract'}, pipeline_class=rt.KernelCompiler,",
                "      no_cpython_wrapper=True, no_cfunc_wrapper=True)    # called through its address: parallel.py",
                f"def {entry}({', '.join(args)}):"]
+        # the sizes and the grid come in one int64 array, so that a launcher (compiled per tuple of argument types)
+        # serves kernels of any number of sizes
+        ints = [self.name(v) for v in fn.sizes] + ["grid_x", "grid_y", "grid_z"]
+        out.append(f"    {', '.join(ints)} = launch_ints")
         self.lines = out
         # per-block scratch, allocated once per call: a block writes what it reads (np.empty's garbage either
         # way), and an allocation per block cost ~10 ns of a 7x7 depthwise block's ~75. Debug mode keeps one

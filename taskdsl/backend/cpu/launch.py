@@ -137,19 +137,25 @@ def _half_bits(value):
 def signature(src: CpuSource, values: list, sizes: list, grid: tuple) -> tuple:
     """The numba types of the arguments `launch_cpu` passes (block range included), for compiling ahead."""
     args, _ = call_args(src, values)
-    return _entry_types(args, (*sizes, *grid))
+    return _entry_types(args, launch_ints(sizes, grid))
 
 
-def _entry_types(args: list, tail: tuple) -> tuple:
+def launch_ints(sizes: list, grid: tuple) -> np.ndarray:
+    """The sizes and the grid as an entry takes them: one int64 array, so that one launcher (compiled per tuple of
+    argument types, ~0.15 s) serves kernels of any number of sizes."""
+    return np.array((*sizes, *grid), np.int64)
+
+
+def _entry_types(args: list, tail: np.ndarray) -> tuple:
     from numba import typeof
-    return tuple(typeof(a) for a in args) + tuple(typeof(int(n)) for n in (*tail, 0, 0))
+    return tuple(typeof(a) for a in args) + (typeof(tail), typeof(0), typeof(0))
 
 
 def launch_cpu(run, src: CpuSource, values: list, sizes: list, grid: tuple) -> None:
     """Run the dispatcher `run` on `values` (arrays and scalars), `sizes` and the `grid` of blocks; blocks
     in parallel on numba's threads (`parallel.launch`) from the main thread, else on a thread pool."""
     args, copy_back = call_args(src, values)
-    blocks, tail = grid[0] * grid[1] * grid[2], (*sizes, *grid)
+    blocks, tail = grid[0] * grid[1] * grid[2], launch_ints(sizes, grid)
     address = _compile(run, src, args, tail)
     _run_blocks(run, address, byte_views(src, args), tail, blocks, _workers(src, blocks))
     for original, tmp in copy_back:
@@ -172,7 +178,7 @@ class PreparedLaunch:
         # stay alive as long as the kernel's launch cache)
         self.values = [None if isinstance(v, np.ndarray) else _half_bits(v) for v in values]
         self.sizes, self.grid = list(sizes), grid
-        self.tail = (*sizes, *grid)
+        self.tail = launch_ints(sizes, grid)
         self.blocks = grid[0] * grid[1] * grid[2]
         # the thread count as of the first such call; one for a kernel that `streams` little memory
         serial = streams and sum(v.nbytes for v in values if isinstance(v, np.ndarray)) < SERIAL_BYTES
@@ -239,7 +245,7 @@ def byte_views(src: CpuSource, args: list) -> list:
     return [a.view(np.uint8) if isinstance(a, np.ndarray) else a for a in args]
 
 
-def _run_blocks(run, address: int, args: list, tail: tuple, blocks: int, workers: int) -> None:
+def _run_blocks(run, address: int, args: list, tail: np.ndarray, blocks: int, workers: int) -> None:
     """`_issue` the launch (`args`: its `byte_views`), and add it to this thread's `recording` if one is on."""
     record = recording_active()
     if record is not None:
@@ -247,21 +253,21 @@ def _run_blocks(run, address: int, args: list, tail: tuple, blocks: int, workers
     _issue(address, args, tail, blocks, workers)
 
 
-def _issue(address: int, args: list, tail: tuple, blocks: int, workers: int) -> None:
+def _issue(address: int, args: list, tail: np.ndarray, blocks: int, workers: int) -> None:
     """Run blocks [0, blocks) of the generated function whose machine code is at `address` (compiled for these
-    arguments: `_compile`) on `args` (`byte_views` and scalars) and `tail` (sizes and grid), on `workers`
-    threads: numba's from the main thread, a thread pool's from any other (some of numba's threading
+    arguments: `_compile`) on `args` (`byte_views` and scalars) and `tail` (`launch_ints`: sizes and grid), on
+    `workers` threads: numba's from the main thread, a thread pool's from any other (some of numba's threading
     layers do not take parallel regions from two threads at once)."""
     if workers <= 1:
-        launch(0, address, 0, blocks, 1, *args, *tail)
+        launch(0, address, 0, blocks, 1, *args, tail)
     elif threading.current_thread() is threading.main_thread():
-        launch(drive_address(), address, 0, blocks, workers, *args, *tail)
+        launch(drive_address(), address, 0, blocks, workers, *args, tail)
     else:   # the calling thread runs the first share itself: one thread hand-off fewer per launch
         bounds = [blocks * w // workers for w in range(workers + 1)]
-        futures = [_pool(workers - 1).submit(launch, 0, address, lo, hi, 1, *args, *tail)
+        futures = [_pool(workers - 1).submit(launch, 0, address, lo, hi, 1, *args, tail)
                    for lo, hi in zip(bounds[1:-1], bounds[2:])]
         try:
-            launch(0, address, bounds[0], bounds[1], 1, *args, *tail)
+            launch(0, address, bounds[0], bounds[1], 1, *args, tail)
         finally:
             for f in futures:    # every share has finished writing before this returns or raises
                 f.exception()
@@ -272,7 +278,7 @@ def _issue(address: int, args: list, tail: tuple, blocks: int, workers: int) -> 
 _addresses: dict = {}      # (dispatcher, argument types) -> the address of its machine code for them
 
 
-def _compile(fn, src: CpuSource, args: list, tail: tuple) -> int:
+def _compile(fn, src: CpuSource, args: list, tail: np.ndarray) -> int:
     """Compile (or load) the generated function `fn` of `src` for these arguments once, with `compiler_settings`:
     the address of its machine code (`parallel.entry_address`)."""
     types = _entry_types(args, tail)
@@ -281,7 +287,7 @@ def _compile(fn, src: CpuSource, args: list, tail: tuple) -> int:
         with compiler_settings(src.opt_level):
             address = _addresses[fn, types] = entry_address(fn, types)
         # now, under numba's cache lock, not at the call
-        compiled(launch, launcher_signature((*byte_views(src, args), *tail)))
+        compiled(launch, launcher_signature((*byte_views(src, args), tail)))
     return address
 
 
@@ -294,7 +300,7 @@ class RecordedLaunch:
     run: object             # the generated function (numba dispatcher): kept, it keeps its machine code alive
     address: int            # its machine code for these argument types
     args: list
-    tail: tuple             # sizes and grid
+    tail: np.ndarray        # sizes and grid (`launch_ints`)
     blocks: int
     workers: int
 
