@@ -105,6 +105,28 @@ def test_kernels_on_other_element_types_share_one_launcher(fast):
         assert set(launch.signatures) == launchers, f"a new launcher for {dtype}"
 
 
+@td.kernel(grid=lambda R: R, block=lambda C: C)
+def _doubled_rows(X: f32["R", "C"], Y: f32["R", "C"]):
+    Y[blockIdx.x, threadIdx.x] = X[blockIdx.x, threadIdx.x] * 2.0
+
+
+def test_kernels_of_other_numbers_of_sizes_share_one_launcher():
+    """A kernel's sizes and grid travel as one int64 array (`launch.launch_ints`): a kernel of two size symbols
+    runs through the launcher of a kernel of one. (Once a process: launchers are the process's.)"""
+    from taskdsl.backend.cpu.parallel import launch
+    td.set_target("cpu")
+    x = np.arange(37, dtype=np.float32)
+    y = np.zeros_like(x)
+    DOUBLINGS[np.dtype(np.float32)](x, y)
+    np.testing.assert_array_equal(y, x + x)
+    launchers = set(launch.signatures)
+    rows = np.arange(15, dtype=np.float32).reshape(3, 5)
+    doubled = np.zeros_like(rows)
+    _doubled_rows(rows, doubled)
+    np.testing.assert_array_equal(doubled, rows * 2)
+    assert set(launch.signatures) == launchers, "a new launcher for a kernel of two sizes"
+
+
 @njit(nogil=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
 def _doubling_entry(a, shift, block_begin, block_end):
     """A kernel entry as the cpu code generator makes them (no numba wrappers): block i doubles a[i] and adds
