@@ -7,7 +7,7 @@ kernel per (M, N) keeps a product's M x N sums, a chunk of rows at a time, in re
 reading A and B in place: a block per product, its sizes built in, so LLVM vectorizes each row of sums across the
 N columns (0.09 ms); with one column, each row's dot product in interleaved sums over k. From 128 x 128 outputs
 on, the two run about as fast (docs/templates.md), and each (M, N) here is a compile of its own, where the
-template's one kernel serves every shape.
+template's one kernel serves every shape (under `td.fast_compile`, one kernel here serves them all too).
 """
 import functools
 
@@ -40,17 +40,54 @@ def small_matmul_kernel(dtype, out_dtype, m: int, n: int) -> td.Kernel:
     and meaning (batch dims broadcast by the table; z-slice z sums chunk z % split of k), C's sizes built in
     (m x n), K any; the sums in f32. The rows go in chunks of `rows_at_once`, the last one of the rest: each
     chunk's size is a constant, so its multiply-adds unroll with their sums in registers. The sums reach C
-    through a buffer and a loop left to LLVM: unrolled, a fused epilogue would be in the source once a store."""
-    return _small_matmul_kernel(dtype, out_dtype, m, n, fast_compile_enabled())
+    through a buffer and a loop left to LLVM: unrolled, a fused epilogue would be in the source once a store.
+    Under `td.fast_compile`, where nothing unrolls, one kernel of any sizes serves every (m, n)
+    (`any_small_matmul_kernel`)."""
+    if fast_compile_enabled():
+        return any_small_matmul_kernel(dtype, out_dtype)
+    return _small_matmul_kernel(dtype, out_dtype, m, n)
 
 
 @functools.cache
-def _small_matmul_kernel(dtype, out_dtype, m: int, n: int, fast: bool) -> td.Kernel:
-    """`small_matmul_kernel`; under `td.fast_compile` in chunks of a size that divides m (1 at worst): no chunk of
-    the rest, whose code (a copy of the chunks') was nearly half of a kernel's source and of numba's time."""
+def any_small_matmul_kernel(dtype, out_dtype) -> td.Kernel:
+    """`small_matmul_kernel` with C's sizes read from its shape (M <= MAX_M rows, N <= MAX_N columns): a row's N
+    sums at a time, in loops over them. The kernel of `td.fast_compile`: the sized kernels' loops stay loops
+    there too, and each (m, n) was a numba compile of its own (a model's attention and projections at a few
+    sequence lengths: a dozen)."""
+    @td.func
+    def product(A, B, C, z, za, zb, k_begin, k_end):
+        """C[z] = A[za, :, k_begin:k_end] @ B[zb, k_begin:k_end], a row at a time."""
+        sums = td.registers(f32, (MAX_N,))
+        for i in range(C.shape[1]):
+            for y in range(C.shape[2]):
+                sums[y] = 0.0
+            for k in range(k_begin, k_end):
+                a = td.cast(A[za, i, k], f32)
+                for y in range(C.shape[2]):
+                    sums[y] += a * td.cast(B[zb, k, y], f32)
+            for y in range(C.shape[2]):
+                C[z, i, y] = td.cast(sums[y], out_dtype)
+    return _batched(dtype, out_dtype, "M", "N", "small_matmul", product)
+
+
+def _batched(dtype, out_dtype, m, n, name: str, product) -> td.Kernel:
+    """The kernel both builds share: block z computes C[z] = A[za] @ B[zb] over its chunk of k (z-slice z of
+    `batch_index`, chunk z % split) by `product`, a `td.func` of (A, B, C, z, za, zb, k_begin, k_end); m and n
+    are C's sizes, numbers or size symbols."""
+    @td.kernel(grid=lambda BZ: BZ, block=1, name=name)
+    def small_matmul(A: dtype["BA", m, "K"], B: dtype["BB", "K", n], C: out_dtype["BZ", m, n],
+                     batch_index: td.i32["BZ", 2], split: td.i32):
+        z = blockIdx.x
+        chunk = td.cdiv(K, split)
+        k_begin = z % split * chunk
+        product(A, B, C, z, batch_index[z, 0], batch_index[z, 1], k_begin, td.min(K, k_begin + chunk))
+    return small_matmul
+
+
+@functools.cache
+def _small_matmul_kernel(dtype, out_dtype, m: int, n: int) -> td.Kernel:
+    """`small_matmul_kernel` (optimized builds)."""
     rows = rows_at_once(m, n)
-    if fast:
-        rows = max(d for d in range(1, rows + 1) if m % d == 0)
     whole, rest = m // rows * rows, m % rows
 
     def chunk(size: int):
@@ -97,14 +134,9 @@ def _small_matmul_kernel(dtype, out_dtype, m: int, n: int, fast: bool) -> td.Ker
 
     whole_rows, rest_rows = chunk(rows), chunk(max(rest, 1))
 
-    @td.kernel(grid=lambda BZ: BZ, block=1, name=f"small_matmul_{m}x{n}")
-    def small_matmul(A: dtype["BA", m, "K"], B: dtype["BB", "K", n], C: out_dtype["BZ", m, n],
-                     batch_index: td.i32["BZ", 2], split: td.i32):
-        z = blockIdx.x
-        za, zb = batch_index[z, 0], batch_index[z, 1]
-        chunk = td.cdiv(K, split)
-        k_begin = z % split * chunk
-        k_end = td.min(K, k_begin + chunk)
+    @td.func
+    def product(A, B, C, z, za, zb, k_begin, k_end):
+        """C[z] = A[za, :, k_begin:k_end] @ B[zb, k_begin:k_end]: one column's dot products, or chunks of rows."""
         if n == 1:
             lanes = td.registers(f32, (LANES, 1))
             column(A, B, C, lanes, z, za, zb, k_begin, k_end)
@@ -117,4 +149,4 @@ def _small_matmul_kernel(dtype, out_dtype, m: int, n: int, fast: bool) -> td.Ker
                 whole_rows(A, B, C, c, fa, fb, sums, z, za, zb, i0, k_begin, k_end)
             if rest:
                 rest_rows(A, B, C, c, fa, fb, sums, z, za, zb, whole, k_begin, k_end)
-    return small_matmul
+    return _batched(dtype, out_dtype, m, n, f"small_matmul_{m}x{n}", product)
