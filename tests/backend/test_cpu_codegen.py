@@ -1,5 +1,5 @@
-"""The cpu code generator's compile-time economies (shared index bases, module-level constants) and where it
-allocates buffers (the stack or the heap).
+"""The cpu code generator's compile-time economies (shared index bases, module-level constants, while loops, no unread
+indices) and where it allocates buffers (the stack or the heap).
 
 Oracle: numpy for the kernels' results; for `_split_offset`, Python's integer arithmetic on the
 same expression tree.
@@ -243,3 +243,49 @@ def test_loop_invariant_index_bases_are_computed_before_their_loop(rows, cols, k
     np.testing.assert_array_equal(y, 2 * x[[(r * 7 + k) // 3 % rows for r in range(rows)]])
     np.testing.assert_array_equal(z, np.stack([x[[(r + c * k) % rows for c in range(cols)], np.arange(cols)]
                                                for r in range(rows)]))
+
+
+@td.kernel(grid=lambda N: N, block=1)
+def row_steps(X: f32["N", "C"], Y: f32["N", "C"]):
+    r = blockIdx.x
+    for c in range(C):              # step 1: a while loop under fast compile
+        Y[r, c] = X[r, c] * 2.0
+    for c in range(1, C, 2):        # another step: a range loop
+        Y[r, c] = Y[r, c] + 1.0
+
+
+@td.kernel(grid=lambda N: N, block=1)
+def row_skips(X: f32["N", "C"], Y: f32["N", "C"]):
+    r = blockIdx.x
+    for c in range(C):              # a `continue` would skip a while loop's increment: a range loop
+        if c % 3 == 0:
+            continue
+        Y[r, c] = Y[r, c] - X[r, c]
+
+
+@given(rows=st.integers(1, 4), cols=st.sampled_from([0, 1, 5, 17]), fast=st.booleans())
+@settings(max_examples=8, deadline=None)
+def test_loops_and_indices_numba_need_not_compile(rows, cols, fast):
+    """One thread per block: no loop over threads, no assignment of an index nothing reads (`by`, `tx`). Under
+    `td.fast_compile`, loops of step 1 are while loops; optimized kernels keep range loops. A `continue` keeps
+    its loop a range loop, and the loop over threads around it (it might be the loop's). numpy is the oracle."""
+    x = np.random.default_rng(rows * 10 + cols).standard_normal((rows, cols)).astype(np.float32)
+    y = np.full_like(x, np.nan)
+    td.fast_compile(fast)
+    try:
+        sources = [kernel.source(x, y, target="cpu") for kernel in (row_steps, row_skips)]
+        row_steps(x, y)
+        row_skips(x, y)
+    finally:
+        td.fast_compile(False)
+    steps, skips = ([line.strip() for line in source.splitlines()] for source in sources)
+    assert not any(line.startswith(("by =", "bz =", "tx =")) for line in steps + skips)
+    assert not any("tid" in line for line in steps) and "for tid in range(1):" in skips
+    assert ("while c < c_stop:" in steps) == fast and ("for c in range(0, C, 1):" in steps) != fast
+    assert "for c_1 in range(1, C, 2):" in steps and "for c in range(0, C, 1):" in skips
+    assert ("block_id = block_begin" in steps) == fast and ("block_id = block_begin" in skips) is False
+    want = 2 * x
+    want[:, 1::2] += 1
+    keep = np.arange(cols) % 3 != 0
+    want[:, keep] -= x[:, keep]
+    np.testing.assert_array_equal(y, want)
