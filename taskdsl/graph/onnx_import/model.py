@@ -19,8 +19,8 @@ from ..graph import Graph, topological_nodes
 from ..tensor import as_shape, constant
 from ..tensor import input as graph_input
 # imported to register their converters
-from . import (activations, attention, einsum, elementwise, grid_sample, indexing, layout, loss, lp, nn,  # noqa: F401
-               one_hot, quantize, recurrent, resize, shape, spectral)
+from . import (activations, attention, data_dependent, einsum, elementwise, grid_sample, indexing,  # noqa: F401
+               layout, loss, lp, nn, one_hot, quantize, recurrent, resize, shape, spectral)
 from .errors import OnnxImportError, UnsupportedOnnxError
 from .node import CONVERTERS, Node, dtype_of, to_array
 
