@@ -24,7 +24,7 @@ from stdlib_ops.design_matmul import matmul_kernel as matmul   # the kernel, ver
 
 
 def main():
-    td.set_target("cpu")   # runs anywhere (launching on a GPU is not implemented yet)
+    td.set_target("cpu")   # runs anywhere; "cuda" launches it on a GPU
     print(inspect.getsource(matmul.fn))
     rng = np.random.default_rng(0)
     M, K, N = 300, 200, 250
