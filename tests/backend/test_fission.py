@@ -465,13 +465,36 @@ def two_tiles(X: f32[32, 4], Y: f32[32, 4], Z: f32[32, 4]):
         Z[t, j] = kept[j] * kept[j]
 
 
-def test_a_register_tile_of_one_region_starts_from_zero_not_from_its_slot():
+@td.kernel(grid=1, block=32)
+def branch_tile(X: f32[32, 2], Y: f32[32, 2]):
+    t = threadIdx.x
+    r = td.registers(f32, (2,))     # one region: r[0] written on both paths before it is read, r[1] on one
+    if X[t, 0] > 0.0:
+        r[0] = X[t, 0]
+        r[1] = X[t, 1]
+    else:
+        r[0] = -X[t, 0]
+    Y[t, 0] = r[0]
+    if X[t, 0] > 0.0:
+        Y[t, 1] = r[1]
+
+
+def test_a_register_tile_of_one_region_never_reads_its_slot():
+    """A promoted element is given a value on entering its region only where the region may read it before
+    writing it, and then a zero, not its slot (no other region writes the slot)."""
     td.fast_compile(False)        # unrolled: the tiles' elements are promoted to locals
     x = np.random.default_rng(0).standard_normal((32, 4)).astype(np.float32)
     y, z = np.empty_like(x), np.empty_like(x)
     source = two_tiles.source(x, y, z, target="cpu")
-    assert "acc_0 = k_float32_0_0" in source and "acc[" not in source   # np.empty's garbage is never read
-    assert "kept_0 = kept[np.uint64(tid * 4 + 0)]" in source            # the value the first region wrote
+    assert "acc_0 =" in source and "acc[" not in source         # np.empty's garbage is never read
+    assert "acc_0 = k_float32_0_0" not in source                  # nor a zero written first
+    assert "kept_0 = kept[np.uint64(tid * 4 + 0)]" in source      # the value the first region wrote
+    a = np.random.default_rng(1).standard_normal((32, 2)).astype(np.float32)
+    b = np.zeros_like(a)
+    source = branch_tile.source(a, b, target="cpu")
+    assert "r_0 = k_float32_0_0" not in source and "r_1 = k_float32_0_0" in source and "r[" not in source
+    branch_tile(a, b)
+    np.testing.assert_array_equal(b, np.stack([np.abs(a[:, 0]), np.where(a[:, 0] > 0, a[:, 1], 0)], axis=1))
     two_tiles(x, y, z)
     np.testing.assert_array_equal(y, x * np.float32(2) + np.float32(1))
     np.testing.assert_array_equal(z, (x - np.float32(3)) ** 2)
