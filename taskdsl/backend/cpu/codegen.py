@@ -408,8 +408,13 @@ class _PythonEmitter:
         """The promoted elements whose value on entering the region may be read: in the region before it writes
         them, or by the write-back after it (`stored`). The others need no entry value (a 6x32 matmul micro-kernel
         wrote 230 dead ones, 18% of its module's lines)."""
+        if not self.promoted_elements:
+            return set()
+
         def key_of(access):
-            key = (access.buffer.uid, access.indices[0].value) if isinstance(access.indices[0], ir.Const) else None
+            if access.buffer.uid not in self.registers or not isinstance(access.indices[0], ir.Const):
+                return None
+            key = (access.buffer.uid, access.indices[0].value)
             return key if key in self.promoted_elements else None
         write_back = [ir.Evaluate(ir.Load(self.registers[uid], (ir.const(element),))) for uid, element in stored]
         return _read_before_written(list(region.stmts) + write_back, key_of)
