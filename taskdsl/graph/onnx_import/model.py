@@ -19,8 +19,8 @@ from ..graph import Graph, topological_nodes
 from ..tensor import as_shape, constant
 from ..tensor import input as graph_input
 # imported to register their converters
-from . import (activations, attention, data_dependent, einsum, elementwise, grid_sample, indexing,  # noqa: F401
-               layout, loss, lp, nn, one_hot, quantize, recurrent, resize, shape, spectral)
+from . import (activations, attention, control_flow, data_dependent, einsum, elementwise, grid_sample,  # noqa: F401
+               indexing, layout, loss, lp, nn, one_hot, quantize, recurrent, resize, shape, spectral)
 from .errors import OnnxImportError, UnsupportedOnnxError
 from .node import CONVERTERS, Node, dtype_of, to_array
 
@@ -193,7 +193,8 @@ def _bind_inputs(graph: onnx.GraphProto, env: dict, shapes: dict, constants: dic
     return inputs
 
 
-def _convert(proto: onnx.NodeProto, env: dict, opset: int) -> None:
+def convert_node(proto: onnx.NodeProto, env: dict, opset: int) -> None:
+    """Convert one node, adding its outputs to `env` (name -> tensor)."""
     node = Node(proto, env, opset)
     if proto.domain not in ("", "ai.onnx"):
         raise node.error(f"domain {proto.domain!r} is not supported (only the default ONNX domain)")
@@ -327,7 +328,7 @@ def from_onnx(model_or_path, shapes: dict | None = None, constants: dict | None 
     inputs = _bind_inputs(graph, env, dict(shapes or {}), dict(constants or {}))
     for proto in graph.node:
         try:
-            _convert(proto, env, opset)
+            convert_node(proto, env, opset)
         except UnsupportedOnnxError as e:
             if model is original or type(e) is not UnsupportedOnnxError:
                 raise
