@@ -1,42 +1,99 @@
-"""The converter of If: shapes are static, so its condition must be known at import time, and the branch it
-chooses is imported in its place.
+"""The converters of If and Loop: shapes are static, so what decides which nodes run must be known at import time,
+and the nodes that run are imported in place of the control flow.
 
-Exporters emit If where the model's Python code branched on a shape (`if x.dim() == 3:`); with the shapes fixed,
-that condition folds to a constant. A condition that depends on a graph input's values raises the
-ConstantRequiredError that names the inputs to fix with `from_onnx(constants=...)`. The chosen branch's nodes are
-converted in a scope of their own, which sees the enclosing graph's tensors (ONNX's outer-scope references) and
-the branch's initializers; its outputs are the If's outputs, in order.
+Exporters emit If where the model's Python code branched on a shape (`if x.dim() == 3:`), and Loop for a Python
+loop over a range; with the shapes fixed, the condition and the trip count fold to constants. One that depends on a
+graph input's values raises the ConstantRequiredError that names the inputs to fix with `from_onnx(constants=...)`.
+If imports the branch it chooses; Loop is unrolled: its body is imported once per iteration, with that iteration's
+number, condition and loop-carried values bound to the body's inputs, and its scan outputs stacked. Each import of
+a subgraph has a scope of its own, which sees the enclosing graph's tensors (ONNX's outer-scope references) and the
+subgraph's initializers.
 """
 from __future__ import annotations
 
 import numpy as np
 import onnx
 
+from .. import ops
 from ..tensor import constant
 from .errors import OnnxImportError
 from .node import Node, converts, to_array
+
+MAX_UNROLLED_NODES = 20_000     # a Loop's body nodes times its iterations: past it, the loop is refused
 
 
 @converts("If", attrs=("then_branch", "else_branch"))
 def if_node(node: Node) -> list:
     """If with a condition computable at import: the outputs of the branch it chooses."""
-    condition = np.asarray(node.const(0))
-    if condition.size != 1:
-        raise node.error(f"the condition must hold one element, got shape {condition.shape}", OnnxImportError)
-    branch = _graph_attribute(node, "then_branch" if condition.reshape(-1)[0] else "else_branch")
+    condition = _scalar(node, node.const(0), "the condition")
+    branch = _graph_attribute(node, "then_branch" if condition else "else_branch")
     if len(branch.output) != len(node.proto.output):
         raise node.error(f"the branch {branch.name!r} has {len(branch.output)} outputs, the node "
                          f"{len(node.proto.output)}", OnnxImportError)
-    scope = dict(node.env)      # the enclosing graph's tensors; what the branch defines stays in it
-    scope.update({init.name: constant(to_array(init, f"initializer {init.name!r} of branch {branch.name!r}"),
-                                      name=init.name) for init in branch.initializer})
-    from .model import convert_node     # (model imports this module to register its converter)
-    for proto in branch.node:
+    return _imported(node, branch, [])
+
+
+@converts("Loop", attrs=("body",))
+def loop(node: Node) -> list:
+    """Loop with a trip count and a condition computable at import (each iteration's too): the body unrolled, the
+    final loop-carried values and the scan outputs (each iteration's value stacked along a new first axis)."""
+    body = _graph_attribute(node, "body")
+    trips = node.const(0, required=False) if node.num_inputs > 0 and node.proto.input[0] else None
+    given = node.const(1, required=False) if node.num_inputs > 1 and node.proto.input[1] else None
+    carried = [node.input(k) for k in range(2, node.num_inputs)]
+    scanned = len(body.output) - 1 - len(carried)
+    if len(body.input) != 2 + len(carried) or scanned < 0:
+        raise node.error(f"the body takes {len(body.input)} inputs and gives {len(body.output)} outputs; with "
+                         f"{len(carried)} loop-carried values it must take {2 + len(carried)} and give at least "
+                         f"{1 + len(carried)}", OnnxImportError)
+    if trips is None and given is None:
+        raise node.error("a loop with neither a trip count nor a condition never ends", OnnxImportError)
+    trips = None if trips is None else int(_scalar(node, trips, "the trip count M"))
+    condition = True if given is None else bool(_scalar(node, given, "the condition"))
+    scans: list = [[] for _ in range(scanned)]
+    iteration = 0
+    while condition and (trips is None or iteration < trips):
+        # a for-loop's length is known before it is unrolled
+        runs = trips if given is None else iteration + 1
+        if runs * len(body.node) > MAX_UNROLLED_NODES:
+            raise node.error(f"the loop's {runs if given is None else f'more than {iteration}'} iterations of its "
+                             f"{len(body.node)} body nodes are more than the {MAX_UNROLLED_NODES} nodes it may unroll "
+                             "into")
+        bound = [constant(np.array(iteration, np.int64)), constant(np.array(condition)), *carried]
+        outputs = _imported(node, body, bound)
+        carried = outputs[1:1 + len(carried)]
+        for values, value in zip(scans, outputs[1 + len(carried):]):
+            values.append(ops.unsqueeze(value, 0))
+        if given is not None:      # without a condition input, the body's condition output is ignored (the spec)
+            condition = bool(_scalar(node, node.value_of(outputs[0], f"the condition of iteration {iteration}"),
+                                     f"the condition of iteration {iteration}"))
+        iteration += 1
+    if scans and not iteration:
+        raise node.error("a loop that runs no iteration has scan outputs of no known shape; it is not supported")
+    return carried + [ops.concat(values, 0) for values in scans]
+
+
+def _scalar(node: Node, value, what: str):
+    """The one element of `value` (an OnnxImportError naming `what` if it has another number)."""
+    value = np.asarray(value)
+    if value.size != 1:
+        raise node.error(f"{what} must hold one element, got shape {value.shape}", OnnxImportError)
+    return value.reshape(-1)[0]
+
+
+def _imported(node: Node, graph: onnx.GraphProto, bound: list) -> list:
+    """The outputs of subgraph `graph` of `node`, imported with its inputs bound to the tensors `bound`."""
+    scope = dict(node.env)      # the enclosing graph's tensors; what the subgraph defines stays in its scope
+    scope.update({init.name: constant(to_array(init, f"initializer {init.name!r} of {graph.name!r}"), name=init.name)
+                  for init in graph.initializer})
+    scope.update({vi.name: t for vi, t in zip(graph.input, bound)})
+    from .model import convert_node     # (model imports this module to register its converters)
+    for proto in graph.node:
         convert_node(proto, scope, node.opset)
-    missing = [vi.name for vi in branch.output if vi.name not in scope]
+    missing = [vi.name for vi in graph.output if vi.name not in scope]
     if missing:
-        raise node.error(f"the branch {branch.name!r} does not produce its outputs {missing}", OnnxImportError)
-    return [scope[vi.name] for vi in branch.output]
+        raise node.error(f"the subgraph {graph.name!r} does not produce its outputs {missing}", OnnxImportError)
+    return [scope[vi.name] for vi in graph.output]
 
 
 def _graph_attribute(node: Node, name: str) -> onnx.GraphProto:

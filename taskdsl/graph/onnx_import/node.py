@@ -101,14 +101,16 @@ class Node:
     def const(self, k: int, required: bool = True) -> np.ndarray | None:
         """The value of input k, which must be computable at import time (it fixes a shape or a parameter)."""
         t = self.input(k, required)
-        if t is None:
-            return None
+        return None if t is None else self.value_of(t, f"input {self.proto.input[k]!r}")
+
+    def value_of(self, t: Tensor, what: str) -> np.ndarray:
+        """The value of `t` (`what` names it in the error), which must be computable at import time."""
         value = constant_value(t)
         if value is None:
             sources = _graph_inputs_of(t)
             raise ConstantRequiredError(
-                f"node {self.name!r} ({self.op_type}): input {self.proto.input[k]!r} must be a constant (it fixes "
-                f"a shape or a parameter) but depends on graph input(s) {', '.join(sources)}; fix their values with "
+                f"node {self.name!r} ({self.op_type}): {what} must be a constant (it fixes a shape or a parameter) "
+                f"but depends on graph input(s) {', '.join(sources)}; fix their values with "
                 f"from_onnx(model, constants={{{sources[0]!r}: value}}) or make them initializers", sources)
         return value
 
