@@ -1,8 +1,9 @@
-"""ONNX If and Loop against onnxruntime. If: a condition that folds at import (computed from shapes, as exporters
+"""ONNX If, Loop and Scan against onnxruntime. If: a condition that folds at import (computed from shapes, as exporters
 emit it) or given with `from_onnx(constants=...)`; branches that read the enclosing graph's tensors, hold
 initializers of their own, nest, and have other shapes than each other. Loop: for-loops (a trip count), while-loops
 (a condition each iteration recomputes from constants) and both, unrolled, with loop-carried values and scan
-outputs. Refusals that say what to do.
+outputs. Scan: states and scan inputs along any axis, forwards or backwards, scan outputs stacked along any axis.
+Refusals that say what to do.
 Every kernel the tests launch is also compiled for CUDA by NVRTC (tests/conftest.py)."""
 import numpy as np
 import pytest
@@ -156,3 +157,34 @@ def test_loop_refusals_say_what_to_do():
                          (0, "runs no iteration")):
         with pytest.raises(UnsupportedOnnxError, match=match):
             tg.from_onnx(counting_loop(trips, None, (2,)))
+
+
+@settings(max_examples=8, deadline=None)
+@given(length=st.sampled_from([1, 2, 5]), width=st.sampled_from([1, 3]), in_axis=st.sampled_from([0, 1, -1]),
+       out_axis=st.sampled_from([0, 1, -2]), directions=st.tuples(st.booleans(), st.booleans(), st.booleans()),
+       seed=st.integers(0, 99))
+def test_scans_unroll_as_onnxruntime_runs_them(length, width, in_axis, out_axis, directions, seed):
+    """A running sum and product of two scan inputs (one along `in_axis`, one along axis 0), each direction drawn;
+    the state's sums scanned out along `out_axis`, the products along 0, each forwards or backwards."""
+    a_shape = [length, width] if in_axis == 0 else [width, length]
+    nodes = [helper.make_node("Add", ["s_in", "a_t"], ["s_out"]), helper.make_node("Mul", ["s_out", "b_t"], ["p"]),
+             helper.make_node("Identity", ["s_out"], ["y"])]
+    body = branch("body", nodes, [("s_out", 1), ("y", 1), ("p", 1)],
+                  inputs=[("s_in", F32, [width]), ("a_t", F32, [width]), ("b_t", F32, [width])])
+    node = helper.make_node("Scan", ["s0", "a", "b"], ["s", "ys", "ps"], body=body, num_scan_inputs=2,
+                            scan_input_axes=[in_axis, 0], scan_input_directions=[int(directions[0]), 0],
+                            scan_output_axes=[out_axis, 0], scan_output_directions=[int(directions[1]),
+                                                                                   int(directions[2])])
+    model = make_model([node], [("s0", [width]), ("a", a_shape), ("b", [length, width])],
+                       [("s", [width]), ("ys", [None, None]), ("ps", [None, None])], opset=16)
+    check(model, {"s0": rand([width], seed), "a": rand(a_shape, seed + 1), "b": rand([length, width], seed + 2)})
+
+
+def test_an_opset_8_scan_is_refused_not_misread():
+    """Opset 8's Scan has a batch axis and sequence_lens, which onnx's version converter keeps as they are."""
+    body = branch("body", [helper.make_node("Add", ["s_in", "a_t"], ["s_out"])], [("s_out", 1)],
+                  inputs=[("s_in", F32, [2]), ("a_t", F32, [2])])
+    node = helper.make_node("Scan", ["", "s0", "a"], ["s"], body=body, num_scan_inputs=1)
+    model = make_model([node], [("s0", [1, 2]), ("a", [1, 3, 2])], [("s", [1, 2])], opset=8)
+    with pytest.raises(UnsupportedOnnxError, match="opset 8's Scan .* is not supported"):
+        tg.from_onnx(model)

@@ -1,13 +1,13 @@
-"""The converters of If and Loop: shapes are static, so what decides which nodes run must be known at import time,
-and the nodes that run are imported in place of the control flow.
+"""The converters of If, Loop and Scan: shapes are static, so what decides which nodes run must be known at
+import time, and the nodes that run are imported in place of the control flow.
 
 Exporters emit If where the model's Python code branched on a shape (`if x.dim() == 3:`), and Loop for a Python
 loop over a range; with the shapes fixed, the condition and the trip count fold to constants. One that depends on a
 graph input's values raises the ConstantRequiredError that names the inputs to fix with `from_onnx(constants=...)`.
-If imports the branch it chooses; Loop is unrolled: its body is imported once per iteration, with that iteration's
-number, condition and loop-carried values bound to the body's inputs, and its scan outputs stacked. Each import of
-a subgraph has a scope of its own, which sees the enclosing graph's tensors (ONNX's outer-scope references) and the
-subgraph's initializers.
+If imports the branch it chooses; Loop and Scan are unrolled: the body is imported once per iteration, with that
+iteration's values bound to its inputs (a Loop's iteration number, condition and loop-carried values; a Scan's
+states and its scan inputs' slices), and the scan outputs stacked. Each import of a subgraph has a scope of its
+own, which sees the enclosing graph's tensors (ONNX's outer-scope references) and the subgraph's initializers.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 
 from .. import ops
+from ..ops.axes import normalize_axis
 from ..tensor import constant
 from .errors import OnnxImportError
 from .node import Node, converts, to_array
@@ -71,6 +72,50 @@ def loop(node: Node) -> list:
     if scans and not iteration:
         raise node.error("a loop that runs no iteration has scan outputs of no known shape; it is not supported")
     return carried + [ops.concat(values, 0) for values in scans]
+
+
+@converts("Scan", attrs=("body", "num_scan_inputs", "scan_input_axes", "scan_input_directions", "scan_output_axes",
+                         "scan_output_directions"))
+def scan(node: Node) -> list:
+    """Scan (opsets 9 on), unrolled over the scan inputs' length: each iteration binds the state variables and
+    the scan inputs' slices along their axes (from the end where their direction is 1); the final states, and each
+    scan output's values stacked along its axis (in reverse where its direction is 1)."""
+    body = _graph_attribute(node, "body")
+    present = node.inputs()
+    m = node.attr("num_scan_inputs")
+    if not 0 < m <= len(present) or len(body.input) != len(present) or len(body.output) < len(present) - m:
+        raise node.error(f"num_scan_inputs={m} does not fit the node's {len(present)} inputs and the body's "
+                         f"{len(body.input)} inputs and {len(body.output)} outputs", OnnxImportError)
+    states, sequences = present[:len(present) - m], present[len(present) - m:]
+    produced = len(body.output) - len(states)
+    in_axes = [normalize_axis(a, t.ndim, f"node {node.name!r} (Scan): scan_input_axes")
+               for a, t in zip(node.attr("scan_input_axes", [0] * m), sequences)]
+    in_reversed, out_reversed = (node.attr(f"scan_{kind}_directions", [0] * n) for kind, n in
+                                 (("input", m), ("output", produced)))
+    lengths = {t.shape[a] for t, a in zip(sequences, in_axes)}
+    if len(lengths) != 1:
+        raise node.error(f"the scan inputs have lengths {sorted(lengths)} along their axes; they must agree",
+                         OnnxImportError)
+    length = lengths.pop()
+    if length * len(body.node) > MAX_UNROLLED_NODES:
+        raise node.error(f"the scan's {length} iterations of its {len(body.node)} body nodes are more than the "
+                         f"{MAX_UNROLLED_NODES} nodes it may unroll into")
+    if produced and not length:
+        raise node.error("a scan of no iteration has scan outputs of no known shape; it is not supported")
+    values: list = [[] for _ in range(produced)]
+    for step in range(length):
+        slices = [ops.squeeze(ops.slice(t, [k], [k + 1], [axis]), axis) for t, axis, k in
+                  zip(sequences, in_axes, [length - 1 - step if backwards else step for backwards in in_reversed])]
+        outputs = _imported(node, body, states + slices)
+        states = outputs[:len(states)]
+        for stacked, value in zip(values, outputs[len(states):]):
+            stacked.append(value)
+    out_axes = node.attr("scan_output_axes", [0] * produced)
+    results = []
+    for stacked, axis, backwards in zip(values, out_axes, out_reversed):
+        axis = normalize_axis(axis, stacked[0].ndim + 1, f"node {node.name!r} (Scan): scan_output_axes")
+        results.append(ops.concat([ops.unsqueeze(v, axis) for v in (stacked[::-1] if backwards else stacked)], axis))
+    return states + results
 
 
 def _scalar(node: Node, value, what: str):

@@ -72,6 +72,11 @@ def converted_if_old(model: onnx.ModelProto) -> onnx.ModelProto:
     opset = _default_domain_opset(model)
     if opset is None or opset >= MIN_OPSET:
         return model
+    if opset < 9 and any(p.op_type == "Scan" for p in model.graph.node):
+        # opset 8's Scan has a batch axis and a sequence_lens input, which the converter keeps as they are
+        raise UnsupportedOnnxError(f"opset {opset}'s Scan (a batch axis and sequence_lens) is not supported, and "
+                                   f"onnx.version_converter does not convert it to opset 9's; export the model at "
+                                   f"opset {MIN_OPSET} or later")
     try:
         converted = version_converter.convert_version(model, CONVERTED_OPSET)
     except Exception as e:  # noqa: BLE001 - the converter raises RuntimeError, ValidationError, ...
