@@ -2,7 +2,8 @@
 
 Tile, DepthToSpace and SpaceToDepth are exact compositions of reshapes (views), an expand or a transpose;
 GatherElements, ScatterElements, ScatterND, CumSum, CumProd and TopK are graph ops of their own;
-InstanceNormalization is a layer norm over the spatial axes, then a per-channel scale and shift.
+InstanceNormalization is a layer norm over the spatial axes, then a per-channel scale and shift; GroupNormalization
+a layer norm over each group of channels with their spatial axes, then the same.
 """
 from __future__ import annotations
 
@@ -153,6 +154,36 @@ def instance_norm(node: Node) -> list:
 
     def normalized(x, scale, bias):
         y = ops.layer_norm(x, eps=eps, axis=2)
+        return ops.add(ops.mul(y, ops.reshape(scale, per_channel)), ops.reshape(bias, per_channel))
+
+    return [in_f32(normalized, x, scale, bias)]
+
+
+@converts("GroupNormalization", attrs=("epsilon", "num_groups", "stash_type"))
+def group_norm(node: Node) -> list:
+    """GroupNormalization (opset 21; opset 18's, with a scale and bias per group, is deprecated and refused by onnx's
+    checker): x's channels split into num_groups groups, each group of each instance normalized over its channels
+    and spatial positions (a layer norm of x viewed as (N, groups, rest), statistics in f32), then scaled and shifted
+    per channel; 16-bit x computed in f32 and rounded once."""
+    if node.attr("stash_type", 1) != 1:
+        raise node.error(f"stash_type={node.attr('stash_type')} is not supported (1: statistics in float32)")
+    x, scale, bias = (node.input(k) for k in range(3))
+    groups = node.attr("num_groups")
+    if x.ndim < 3:
+        raise node.error(f"needs an (N, C, D1, ...) input, got shape {x.shape}", OnnxImportError)
+    if not x.dtype.is_float:
+        raise node.error(f"data type {x.dtype.name} is not supported (floats)")
+    if groups is None or groups < 1 or x.shape[1] % groups:
+        raise node.error(f"num_groups={groups} must divide the {x.shape[1]} channels", OnnxImportError)
+    for what, p in (("scale", scale), ("bias", bias)):
+        if p.shape != (x.shape[1],):
+            raise node.error(f"{what} must have shape ({x.shape[1]},), one value per channel, got {p.shape}",
+                             OnnxImportError)
+    per_channel = (x.shape[1],) + (1,) * (x.ndim - 2)
+    eps = float(node.attr("epsilon", 1e-5))
+
+    def normalized(x, scale, bias):
+        y = ops.reshape(ops.layer_norm(ops.reshape(x, (x.shape[0], groups, -1)), eps=eps, axis=2), x.shape)
         return ops.add(ops.mul(y, ops.reshape(scale, per_channel)), ops.reshape(bias, per_channel))
 
     return [in_f32(normalized, x, scale, bias)]

@@ -19,8 +19,8 @@ from ..graph import Graph, topological_nodes
 from ..tensor import as_shape, constant
 from ..tensor import input as graph_input
 # imported to register their converters
-from . import (activations, attention, control_flow, data_dependent, einsum, elementwise, grid_sample,  # noqa: F401
-               indexing, layout, loss, lp, nn, one_hot, quantize, recurrent, resize, shape, spectral)
+from . import (activations, attention, control_flow, data_dependent, einsum, elementwise, functions,  # noqa: F401
+               grid_sample, indexing, layout, loss, lp, nn, one_hot, quantize, recurrent, resize, shape, spectral)
 from .errors import OnnxImportError, UnsupportedOnnxError
 from .node import CONVERTERS, Node, dtype_of, to_array
 
@@ -198,6 +198,21 @@ def _bind_inputs(graph: onnx.GraphProto, env: dict, shapes: dict, constants: dic
     return inputs
 
 
+def _converted(node: Node, converter) -> list:
+    """The outputs of `node` by its operator's converter (whose attributes it checks first)."""
+    for a in node.proto.attribute:
+        if a.name not in converter.attrs:
+            accepted = ", ".join(sorted(converter.attrs)) or "none"
+            raise node.error(f"attribute {a.name!r} is not supported; supported attributes of {node.op_type}: "
+                             f"{accepted}")
+    try:
+        return converter.fn(node)
+    except OnnxImportError:
+        raise
+    except (ValueError, TypeError, IndexError) as e:    # the graph ops' checks: the model is inconsistent
+        raise node.error(str(e), OnnxImportError) from e
+
+
 def convert_node(proto: onnx.NodeProto, env: dict, opset: int) -> None:
     """Convert one node, adding its outputs to `env` (name -> tensor)."""
     node = Node(proto, env, opset)
@@ -205,19 +220,13 @@ def convert_node(proto: onnx.NodeProto, env: dict, opset: int) -> None:
         raise node.error(f"domain {proto.domain!r} is not supported (only the default ONNX domain)")
     converter = CONVERTERS.get(proto.op_type)
     if converter is None:
-        raise node.error(f"operator {proto.op_type} is not supported; supported operators: "
-                         f"{', '.join(sorted(CONVERTERS))}")
-    for a in proto.attribute:
-        if a.name not in converter.attrs:
-            accepted = ", ".join(sorted(converter.attrs)) or "none"
-            raise node.error(f"attribute {a.name!r} is not supported; supported attributes of {proto.op_type}: "
-                             f"{accepted}")
-    try:
-        outputs = converter.fn(node)
-    except OnnxImportError:
-        raise
-    except (ValueError, TypeError, IndexError) as e:    # the graph ops' checks: the model is inconsistent
-        raise node.error(str(e), OnnxImportError) from e
+        body = functions.function_body(node)
+        if body is None:
+            raise node.error(f"operator {proto.op_type} is not supported; supported operators: "
+                             f"{', '.join(sorted(CONVERTERS) + list(functions.FUNCTION_OPERATORS))}")
+        outputs = functions.import_function(node, body)
+    else:
+        outputs = _converted(node, converter)
     for k, name in enumerate(proto.output):
         if not name:
             continue

@@ -1,0 +1,89 @@
+"""ONNX GroupNormalization (a converter of its own) and the operators imported as their ONNX function bodies
+(MeanVarianceNormalization), against onnxruntime: hypothesis-drawn shapes (size 1, primes, 1-2 spatial axes),
+groups, epsilons, axes and 16-bit floats; refusals and the error of a function body that cannot be imported.
+Every kernel the tests launch is also compiled for CUDA by NVRTC (tests/conftest.py)."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper
+
+import taskdsl.graph as tg
+from taskdsl.graph.onnx_import import SUPPORTED_OPERATORS, OnnxImportError, UnsupportedOnnxError
+
+from . import assert_close, make_model, rand, run_onnxruntime
+
+pytest.importorskip("onnxruntime")
+
+SIZES = st.sampled_from([1, 2, 3, 5])
+TYPES = {np.float32: TensorProto.FLOAT, np.float16: TensorProto.FLOAT16}
+
+
+def check(model, feeds: dict, rtol: float) -> None:
+    graph = tg.from_onnx(model)
+    got = graph.compile()({t.name: feeds[t.name] for t in graph.inputs})[0]
+    assert_close(got, run_onnxruntime(model, feeds)[0], rtol=rtol, atol=rtol)
+
+
+@settings(max_examples=8, deadline=None)
+@given(batch=SIZES, group_size=SIZES, groups=st.sampled_from([1, 2, 3]), spatial=st.lists(SIZES, min_size=1,
+       max_size=2), epsilon=st.sampled_from([1e-5, 0.1]), dtype=st.sampled_from(list(TYPES)), seed=st.integers(0, 99))
+def test_group_normalization_matches_onnxruntime(batch, group_size, groups, spatial, epsilon, dtype, seed):
+    """Each group of channels of each instance normalized with its spatial positions, then a scale and a bias per
+    channel (opset 21); 16-bit inputs computed in f32."""
+    shape = [batch, groups * group_size] + spatial
+    node = helper.make_node("GroupNormalization", ["x", "s", "b"], ["y"], num_groups=groups, epsilon=epsilon)
+    channels = [shape[1]]
+    model = make_model([node], [("x", shape, TYPES[dtype]), ("s", channels, TYPES[dtype]),
+                                ("b", channels, TYPES[dtype])], [("y", shape, TYPES[dtype])], opset=21)
+    feeds = {"x": rand(shape, seed, dtype), "s": rand(channels, seed + 1, dtype), "b": rand(channels, seed + 2, dtype)}
+    check(model, feeds, 1e-4 if dtype == np.float32 else 2e-2)
+
+
+def test_group_normalization_refusals():
+    """Groups that do not divide the channels and a scale per group (opset 18's form) are import errors."""
+    for groups, scale, match in ((4, [6], "num_groups=4 must divide the 6 channels"),
+                                 (3, [3], r"scale must have shape \(6,\)")):
+        node = helper.make_node("GroupNormalization", ["x", "s", "b"], ["y"], num_groups=groups)
+        model = make_model([node], [("x", [2, 6, 4]), ("s", scale), ("b", scale)], [("y", [2, 6, 4])], opset=21)
+        with pytest.raises(OnnxImportError, match=match):
+            tg.from_onnx(model)
+
+
+@settings(max_examples=6, deadline=None)
+@given(shape=st.lists(SIZES, min_size=3, max_size=4), data=st.data(), seed=st.integers(0, 99))
+def test_mean_variance_normalization_imports_as_its_function_body(shape, data, seed):
+    """MeanVarianceNormalization has no converter: it imports as the nodes of its ONNX function body (opset 13's),
+    its `axes` substituted, or the schema's default where the node leaves them out (a body without it read none)."""
+    axes = data.draw(st.lists(st.integers(0, len(shape) - 1), min_size=1, max_size=len(shape), unique=True),
+                     label="axes")
+    default = len(shape) == 4 and data.draw(st.booleans(), label="default axes (0, 2, 3)")
+    axes = [0, 2, 3] if default else axes
+    node = helper.make_node("MeanVarianceNormalization", ["x"], ["y"], **({} if default else {"axes": sorted(axes)}))
+    model = make_model([node], [("x", shape)], [("y", shape)], opset=13)
+    assert "MeanVarianceNormalization" in SUPPORTED_OPERATORS
+    if np.prod([shape[a] for a in axes]) > 1:
+        check(model, {"x": rand(shape, seed)}, 1e-4)
+    else:   # one element a group: the body's epsilon gives 0, as onnx's reference does; onnxruntime's kernel NaN
+        from onnx.reference import ReferenceEvaluator
+        x = rand(shape, seed)
+        want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+        assert_close(tg.from_onnx(model).compile()({"x": x})[0], want)
+        assert not want.any()
+
+
+def test_mean_variance_normalization_takes_the_schemas_default_axes():
+    """Without `axes` the body normalizes over (0, 2, 3), the schema's default (it read no axes before)."""
+    node = helper.make_node("MeanVarianceNormalization", ["x"], ["y"])
+    model = make_model([node], [("x", [2, 3, 5, 1])], [("y", [2, 3, 5, 1])], opset=13)
+    check(model, {"x": rand([2, 3, 5, 1], 7)}, 1e-4)
+
+
+def test_a_function_body_that_cannot_be_imported_names_its_node():
+    """Bernoulli's body draws with RandomUniformLike, which taskdsl does not have: the error names the Bernoulli
+    node and the node of its body that failed."""
+    model = make_model([helper.make_node("Bernoulli", ["x"], ["y"], name="coin")], [("x", [3])], [("y", [3])],
+                       opset=15)
+    with pytest.raises(UnsupportedOnnxError, match=r"node 'coin' \(Bernoulli\): operator Bernoulli is not supported "
+                                                   r"\(it has no converter.*RandomUniformLike"):
+        tg.from_onnx(model)
