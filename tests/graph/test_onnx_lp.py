@@ -1,4 +1,4 @@
-"""ONNX LpNormalization and LpPool against onnxruntime: hypothesis-drawn shapes (size-1 and prime axes), axes,
+"""ONNX LpNormalization, LpPool and GlobalLpPool against onnxruntime: hypothesis-drawn shapes (size-1 and prime axes), axes,
 p, rows of zeros; LpPool's windows with strides, explicit pads or auto_pad, dilations and ceil_mode (opset 18) or
 opset 11's attributes, f16 computed in f32; refusals.
 Every kernel the tests launch is also compiled for CUDA by NVRTC (tests/conftest.py)."""
@@ -84,6 +84,18 @@ def test_lp_pool_f16_in_f32():
     node = helper.make_node("LpPool", ["x"], ["y"], kernel_shape=[3, 2], pads=[1, 1, 1, 1], p=3)
     model = make_model([node], [("x", x.shape, F16)], [("y", [None] * 4, F16)], opset=18)
     check(model, {"x": x}, rtol=2e-3)
+
+
+@settings(max_examples=6, deadline=None)
+@given(shape=st.lists(SIZES, min_size=3, max_size=5), p=st.sampled_from([1, 2, 3]), f16=st.booleans(),
+       seed=st.integers(0, 99))
+def test_global_lp_pool_matches_onnxruntime(shape, p, f16, seed):
+    """(sum over every spatial position of |x|^p)^(1/p), 1-3 spatial axes; 16-bit floats computed in f32."""
+    x = rand(shape, seed, np.float16 if f16 else np.float32)
+    node = helper.make_node("GlobalLpPool", ["x"], ["y"], p=p)
+    elem = F16 if f16 else TensorProto.FLOAT
+    model = make_model([node], [("x", shape, elem)], [("y", shape[:2] + [1] * (len(shape) - 2), elem)], opset=18)
+    check(model, {"x": x}, rtol=2e-3 if f16 else 1e-5)
 
 
 def test_refusals():

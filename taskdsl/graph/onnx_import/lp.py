@@ -1,10 +1,11 @@
-"""Converters of the p-norm operators: LpNormalization and LpPool, compositions of elementwise operators with a
-reduction or a pooling.
+"""Converters of the p-norm operators: LpNormalization, LpPool and GlobalLpPool, compositions of elementwise
+operators with a reduction or a pooling.
 
 LpNormalization divides x by its L1 or L2 norm along an axis (a sum with keepdims, a square root for L2), 0 where
 the norm is 0. LpPool is (sum over each window of |x|^p)^(1/p), the window's positions in the padding adding
 nothing: an average pool over the positions inside the input (count_include_pad off) times their number, a
-constant per output position. 16-bit floats are computed in f32 and rounded once.
+constant per output position; GlobalLpPool is the sum over the spatial axes. 16-bit floats are computed in f32 and
+rounded once.
 """
 from __future__ import annotations
 
@@ -65,9 +66,29 @@ def lp_pool(node: Node) -> list:
         counts = _inside_counts(x.shape[2:], mean.shape[2:], kernel, strides, pads, dilations)
         uniform = bool(np.all(counts == counts.flat[0]))
         total = ops.mul(mean, float(counts.flat[0]) if uniform else constant(counts.astype(x.numpy_dtype)))
-        return total if p == 1 else ops.sqrt(total) if p == 2 else ops.pow(total, 1.0 / p)
+        return _root(total, p)
 
     return [in_f32(pooled, x)]
+
+
+@converts("GlobalLpPool", attrs=("p",))
+def global_lp_pool(node: Node) -> list:
+    """GlobalLpPool (an integer p >= 1, default 2): (sum over all spatial positions of |x|^p)^(1/p), a reduction."""
+    x, p = node.input(0), node.attr("p", 2)
+    if x.ndim < 3:
+        raise node.error(f"needs an (N, C, spatial...) input, got shape {x.shape}", OnnxImportError)
+    if p < 1:
+        raise node.error(f"p={p} is not supported (a p-norm with an integer p >= 1)")
+
+    def pooled(x):
+        return _root(ops.sum(_power(x, p), tuple(range(2, x.ndim)), keepdims=True), p)
+
+    return [in_f32(pooled, x)]
+
+
+def _root(total, p: int):
+    """total^(1/p) (a square root for p=2)."""
+    return total if p == 1 else ops.sqrt(total) if p == 2 else ops.pow(total, 1.0 / p)
 
 
 def _power(x, p: int):

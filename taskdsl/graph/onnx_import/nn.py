@@ -1,5 +1,8 @@
-"""Converters of network layers: Conv, Gemm, MatMul, normalizations, pooling, LRN, Dropout, Identity."""
+"""Converters of network layers: Conv, Gemm, MatMul, normalizations, pooling and unpooling, LRN, Dropout,
+Identity."""
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -153,6 +156,33 @@ def pool(node: Node) -> list:
     mode = "max" if node.op_type == "MaxPool" else "avg"
     return [ops.pool(x, mode, kernel, strides, pads, dilations, node.flag("ceil_mode"),
                      node.flag("count_include_pad"))]
+
+
+@converts("MaxUnpool", attrs=("kernel_shape", "pads", "strides"))
+def max_unpool(node: Node) -> list:
+    """MaxUnpool: zeros of the pooling's inverse shape ((in - 1) * stride - pad begin - pad end + kernel along each
+    spatial axis) with X's values written at I, MaxPool's Indices (flat, row-major over the whole tensor: one
+    scatter into the flattened output); an output_shape input must give that shape."""
+    x, indices = node.input(0), node.input(1)
+    kernel = tuple(node.attr("kernel_shape", ()))
+    rank = x.ndim - 2
+    strides, pads = tuple(node.attr("strides", [1] * rank)), tuple(node.attr("pads", [0] * 2 * rank))
+    if rank < 1 or len(kernel) != rank or len(strides) != rank or len(pads) != 2 * rank:
+        raise node.error(f"kernel_shape {kernel}, strides {strides} and pads {pads} need one value (pads two) per "
+                         f"spatial axis of {x.shape}", OnnxImportError)
+    if indices.shape != x.shape or not indices.dtype.is_integer:
+        raise node.error(f"I must be integer indices of X's shape {x.shape}, got "
+                         f"{indices.dtype.name}{list(indices.shape)}", OnnxImportError)
+    inferred = x.shape[:2] + tuple((n - 1) * s - pads[a] - pads[a + rank] + k
+                                   for a, (n, s, k) in enumerate(zip(x.shape[2:], strides, kernel)))
+    zeros = ops.expand(constant(np.zeros(1, x.numpy_dtype)), (math.prod(inferred),))
+    unpooled = ops.reshape(ops.scatter_elements(zeros, ops.reshape(indices, (-1,)), ops.reshape(x, (-1,))), inferred)
+    given = node.const(2, required=False) if node.num_inputs > 2 and node.proto.input[2] else None
+    shape = inferred if given is None else tuple(int(n) for n in np.asarray(given).reshape(-1))
+    if shape != inferred:
+        raise node.error(f"output_shape {shape} other than the unpooled shape {inferred} is not supported: "
+                         "onnxruntime writes the indices into it flat, onnx's reference pads the unpooled tensor")
+    return [unpooled]
 
 
 @converts("GlobalAveragePool", "GlobalMaxPool")
