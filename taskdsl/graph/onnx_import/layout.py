@@ -140,23 +140,7 @@ def instance_norm(node: Node) -> list:
     """InstanceNormalization: x normalized over its spatial axes per instance and channel (a layer norm from axis
     2, statistics in f32, or f64 for f64 x), then scaled and shifted per channel; 16-bit x computed in f32 and
     rounded once."""
-    x, scale, bias = (node.input(k) for k in range(3))
-    if x.ndim < 3:
-        raise node.error(f"needs an (N, C, D1, ...) input, got shape {x.shape}", OnnxImportError)
-    if not x.dtype.is_float:
-        raise node.error(f"data type {x.dtype.name} is not supported (floats)")
-    for what, p in (("scale", scale), ("B", bias)):
-        if p.shape != (x.shape[1],):
-            raise node.error(f"{what} must have shape ({x.shape[1]},), one value per channel, got {p.shape}",
-                             OnnxImportError)
-    per_channel = (x.shape[1],) + (1,) * (x.ndim - 2)
-    eps = float(node.attr("epsilon", 1e-5))
-
-    def normalized(x, scale, bias):
-        y = ops.layer_norm(x, eps=eps, axis=2)
-        return ops.add(ops.mul(y, ops.reshape(scale, per_channel)), ops.reshape(bias, per_channel))
-
-    return [in_f32(normalized, x, scale, bias)]
+    return [_normalized_per_channel(node, None, "B")]
 
 
 @converts("GroupNormalization", attrs=("epsilon", "num_groups", "stash_type"))
@@ -167,15 +151,21 @@ def group_norm(node: Node) -> list:
     per channel; 16-bit x computed in f32 and rounded once."""
     if node.attr("stash_type", 1) != 1:
         raise node.error(f"stash_type={node.attr('stash_type')} is not supported (1: statistics in float32)")
-    x, scale, bias = (node.input(k) for k in range(3))
     groups = node.attr("num_groups")
+    if groups is None or groups < 1 or node.input(0).ndim < 2 or node.input(0).shape[1] % groups:
+        raise node.error(f"num_groups={groups} must divide the channels of X {node.input(0).shape}", OnnxImportError)
+    return [_normalized_per_channel(node, groups, "bias")]
+
+
+def _normalized_per_channel(node: Node, groups: int | None, bias_name: str):
+    """x (N, C, spatial...) normalized per instance, over each channel's spatial positions (`groups` None) or each
+    group's channels and positions, then scaled and shifted per channel by inputs 1 and 2."""
+    x, scale, bias = (node.input(k) for k in range(3))
     if x.ndim < 3:
         raise node.error(f"needs an (N, C, D1, ...) input, got shape {x.shape}", OnnxImportError)
     if not x.dtype.is_float:
         raise node.error(f"data type {x.dtype.name} is not supported (floats)")
-    if groups is None or groups < 1 or x.shape[1] % groups:
-        raise node.error(f"num_groups={groups} must divide the {x.shape[1]} channels", OnnxImportError)
-    for what, p in (("scale", scale), ("bias", bias)):
+    for what, p in (("scale", scale), (bias_name, bias)):
         if p.shape != (x.shape[1],):
             raise node.error(f"{what} must have shape ({x.shape[1]},), one value per channel, got {p.shape}",
                              OnnxImportError)
@@ -183,7 +173,10 @@ def group_norm(node: Node) -> list:
     eps = float(node.attr("epsilon", 1e-5))
 
     def normalized(x, scale, bias):
-        y = ops.reshape(ops.layer_norm(ops.reshape(x, (x.shape[0], groups, -1)), eps=eps, axis=2), x.shape)
+        if groups is None:
+            y = ops.layer_norm(x, eps=eps, axis=2)
+        else:
+            y = ops.reshape(ops.layer_norm(ops.reshape(x, (x.shape[0], groups, -1)), eps=eps, axis=2), x.shape)
         return ops.add(ops.mul(y, ops.reshape(scale, per_channel)), ops.reshape(bias, per_channel))
 
-    return [in_f32(normalized, x, scale, bias)]
+    return in_f32(normalized, x, scale, bias)
