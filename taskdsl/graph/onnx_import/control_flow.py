@@ -39,8 +39,7 @@ def loop(node: Node) -> list:
     """Loop with a trip count and a condition computable at import (each iteration's too): the body unrolled, the
     final loop-carried values and the scan outputs (each iteration's value stacked along a new first axis)."""
     body = _graph_attribute(node, "body")
-    trips = node.const(0, required=False) if node.num_inputs > 0 and node.proto.input[0] else None
-    given = node.const(1, required=False) if node.num_inputs > 1 and node.proto.input[1] else None
+    trips, given = node.const(0, required=False), node.const(1, required=False)     # None where absent
     carried = [node.input(k) for k in range(2, node.num_inputs)]
     scanned = len(body.output) - 1 - len(carried)
     if len(body.input) != 2 + len(carried) or scanned < 0:

@@ -2,9 +2,9 @@
 
 A node without a converter of its own, whose schema has a function body for the model's opset, is imported as that
 body's nodes, as onnxruntime runs an operator it has no kernel for. A context-dependent body (one built for the
-node's input types) is built for the types and shapes the node's inputs have. onnx's
-inliner expands the body for the node (its attributes substituted, its names made unique), and its nodes are then
-converted in a scope of their own, at the opset the body is written for.
+node's input types) is built for the types and shapes the node's inputs have. onnx's inliner expands the body for
+the node (its attributes substituted, its names made unique), and its nodes are then converted in a scope of their
+own, at the opset the body is written for.
 """
 from __future__ import annotations
 

@@ -177,7 +177,7 @@ def max_unpool(node: Node) -> list:
                                    for a, (n, s, k) in enumerate(zip(x.shape[2:], strides, kernel)))
     zeros = ops.expand(constant(np.zeros(1, x.numpy_dtype)), (math.prod(inferred),))
     unpooled = ops.reshape(ops.scatter_elements(zeros, ops.reshape(indices, (-1,)), ops.reshape(x, (-1,))), inferred)
-    given = node.const(2, required=False) if node.num_inputs > 2 and node.proto.input[2] else None
+    given = node.const(2, required=False)
     shape = inferred if given is None else tuple(int(n) for n in np.asarray(given).reshape(-1))
     if shape != inferred:
         raise node.error(f"output_shape {shape} other than the unpooled shape {inferred} is not supported: "
