@@ -1,6 +1,6 @@
-"""ONNX LpNormalization, LpPool and GlobalLpPool against onnxruntime: hypothesis-drawn shapes (size-1 and prime axes), axes,
-p, rows of zeros; LpPool's windows with strides, explicit pads or auto_pad, dilations and ceil_mode (opset 18) or
-opset 11's attributes, f16 computed in f32; refusals.
+"""ONNX LpNormalization, LpPool and GlobalLpPool against onnxruntime: hypothesis-drawn shapes (size-1 and prime
+axes), axes, p, rows of zeros; LpPool's windows with strides, explicit pads or auto_pad, dilations and ceil_mode
+(opset 18) or opset 11's attributes, f16 computed in f32; refusals.
 Every kernel the tests launch is also compiled for CUDA by NVRTC (tests/conftest.py)."""
 import numpy as np
 import pytest
