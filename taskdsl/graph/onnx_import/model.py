@@ -223,7 +223,7 @@ def convert_node(proto: onnx.NodeProto, env: dict, opset: int) -> None:
         body = functions.function_body(node)
         if body is None:
             raise node.error(f"operator {proto.op_type} is not supported; supported operators: "
-                             f"{', '.join(sorted(CONVERTERS) + list(functions.FUNCTION_OPERATORS))}")
+                             f"{', '.join(sorted(CONVERTERS))}")
         outputs = functions.import_function(node, body)
     else:
         outputs = _converted(node, converter)
