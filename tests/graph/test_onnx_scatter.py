@@ -1,7 +1,9 @@
 """ONNX ScatterElements and ScatterND against onnxruntime: hypothesis-drawn shapes (size-1 and prime axes), axes,
 index tuples of every length, negative and duplicate indices, every reduction (none, add, mul from opset 16, max
-and min from 18), element types (f16 against onnxruntime's f32 on the same values); the refusals. Every kernel
-the tests launch is also compiled for CUDA by NVRTC (tests/conftest.py)."""
+and min from 18), element types (f16 against onnxruntime's f32 on the same values); the refusals. TensorScatter
+(a KV cache's update) against onnxruntime: both modes, any sequence axis, per-batch write indices (wrapping ones in
+mode 'circular'), without them, and the indices onnxruntime refuses. Every kernel the tests launch is also compiled
+for CUDA by NVRTC (tests/conftest.py)."""
 import numpy as np
 import pytest
 from hypothesis import given, note, settings
@@ -102,3 +104,63 @@ def test_scatter_refusals():
         ops.scatter_elements(tg.input("d", (4,)), np.zeros(2, np.float32), tg.input("u", (2,)))
     with pytest.raises(TypeError, match="updates must have data's dtype f32, got f16"):
         ops.scatter_elements(tg.input("d", (4,)), np.zeros(2, np.int64), tg.input("u", (2,), "float16"))
+
+
+def tensor_scatter_model(cache: list, steps: int, axis: int, mode: str, elem: int, starts: bool = True):
+    """A TensorScatter model (opset 24): past_cache of shape `cache`, an update of `steps` along `axis`."""
+    update = list(cache)
+    update[axis] = steps
+    node = helper.make_node("TensorScatter", ["past", "update"] + ["w"] * starts, ["present"], axis=axis, mode=mode)
+    inputs = [("past", cache, elem), ("update", update, elem)] + [("w", cache[:1], TensorProto.INT64)] * starts
+    return make_model([node], inputs, [("present", cache, elem)], opset=24)
+
+
+@settings(max_examples=12, deadline=None)
+@given(data=st.data(), cache=st.lists(SIZES, min_size=2, max_size=4), mode=st.sampled_from(["linear", "circular"]),
+       elem=st.sampled_from([TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.INT64]), starts=st.booleans(),
+       seed=st.integers(0, 99))
+def test_tensor_scatter_matches_onnxruntime(data, cache, mode, elem, starts, seed):
+    """The update's steps land from each batch's write index on (wrapping in mode 'circular', where the index may
+    exceed the cache's length), or from step 0 without write indices."""
+    axis = data.draw(st.integers(1, len(cache) - 1), label="axis")
+    if data.draw(st.booleans(), label="axis from the end"):
+        axis -= len(cache)
+    length = cache[axis]
+    steps = data.draw(st.integers(1, length), label="steps")
+    last = length - steps if mode == "linear" else 3 * length
+    rng = np.random.default_rng(seed)
+    model = tensor_scatter_model(cache, steps, axis, mode, elem, starts)
+    feeds = {"past": small_values(rng, cache, elem),
+             "update": small_values(rng, [steps if a == axis % len(cache) else n for a, n in enumerate(cache)], elem)}
+    if starts:
+        feeds["w"] = rng.integers(0, last + 1, cache[:1]).astype(np.int64)
+        note(f"write indices = {feeds['w']!r}")
+    got = tg.from_onnx(model).compile()(feeds)[0]
+    want = run_onnxruntime(model, feeds)[0]
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
+def test_tensor_scatter_refuses_write_indices_onnxruntime_refuses():
+    """A negative write index, or in mode 'linear' one whose steps run past the cache, is an IndexError at run
+    time as onnxruntime's is an error; as a constant, it is refused at import."""
+    compiled = tg.from_onnx(tensor_scatter_model([2, 5, 3], 2, 1, "linear", TensorProto.FLOAT)).compile()
+    feeds = {"past": np.zeros((2, 5, 3), np.float32), "update": np.ones((2, 2, 3), np.float32)}
+    with pytest.raises(IndexError, match="write index 4 of batch 1 and the update's 2 steps run past the cache's "
+                                         "length 5 along axis 1; mode 'circular' wraps them"):
+        compiled({**feeds, "w": np.array([3, 4], np.int64)})
+    with pytest.raises(IndexError, match="write index -1 of batch 0 is negative"):
+        compiled({**feeds, "w": np.array([-1, 0], np.int64)})
+    model = tensor_scatter_model([2, 5, 3], 2, 1, "circular", TensorProto.FLOAT)
+    with pytest.raises(OnnxImportError, match="write index -2 of batch 1 is negative"):
+        tg.from_onnx(model, constants={"w": np.array([0, -2], np.int64)})
+    with pytest.raises(OnnxImportError, match="axis 0 of the cache .* is its batch axis"):
+        tg.from_onnx(tensor_scatter_model([2, 5, 3], 2, 0, "linear", TensorProto.FLOAT))
+
+
+def test_tensor_scatter_of_no_steps_is_the_cache():
+    """An update of no steps leaves the cache as it is (and no kernel reads a step that is not there)."""
+    x = np.arange(12, dtype=np.float32).reshape(2, 6)
+    graph = tg.trace(lambda c: ops.tensor_scatter(c, np.zeros((2, 0), np.float32), np.array([3, 1]), axis=1),
+                     tg.input("c", (2, 6)))
+    np.testing.assert_array_equal(graph.compile()({"c": x})[0], x)

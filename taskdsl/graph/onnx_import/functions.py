@@ -4,8 +4,9 @@ A node without a converter of its own, whose schema has a function body for the 
 body's nodes, as onnxruntime runs an operator it has no kernel for. A context-dependent body (one built for the
 node's input types) is built for the types and shapes the node's inputs have. onnx's inliner expands the body for
 the node (its attributes substituted, its names made unique), and its nodes are then converted in a scope of their
-own, at the opset the body is written for. (Every operator the tests meet has a converter; the tests take
-GroupNormalization's and MeanVarianceNormalization's away to check this path against onnxruntime.)
+own, at the opset the body is written for. EXPANDED_OPERATORS are those imported so (onnx's node cases check them);
+the tests also take GroupNormalization's and MeanVarianceNormalization's converters away to check this path against
+onnxruntime.
 """
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ from .errors import UnsupportedOnnxError
 from .node import Node
 
 _CALLS = "taskdsl.expanded"    # the domain the body is a local function of while the inliner expands it
+# the operators without a converter whose bodies import (onnx's node cases of each pass); Bernoulli's body draws
+# random numbers and SequenceMap's maps sequences, which the importer refuses
+EXPANDED_OPERATORS = ("CausalConvWithState", "LinearAttention", "SwiGLU")
 
 
 def _schema(node: Node) -> onnx.defs.OpSchema | None:

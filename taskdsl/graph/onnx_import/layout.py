@@ -1,7 +1,7 @@
 """Converters of data-movement operators: tiling, depth/space rearrangement, element gathers and scans.
 
 Tile, DepthToSpace and SpaceToDepth are exact compositions of reshapes (views), an expand or a transpose;
-GatherElements, ScatterElements, ScatterND, CumSum, CumProd and TopK are graph ops of their own;
+GatherElements, ScatterElements, ScatterND, TensorScatter, CumSum, CumProd and TopK are graph ops of their own;
 InstanceNormalization is a layer norm over the spatial axes, then a per-channel scale and shift; GroupNormalization
 a layer norm over each group of channels with their spatial axes, then the same; MeanVarianceNormalization centers
 x over its axes and divides by the standard deviation.
@@ -115,6 +115,17 @@ def scatter_nd(node: Node) -> list:
     """ScatterND: data with each update slice written (or combined) at the index tuple indices[u...]."""
     data, indices, updates = (node.input(k) for k in range(3))
     return [ops.scatter_nd(data, indices, updates, _scatter_reduction(node))]
+
+
+@converts("TensorScatter", attrs=("axis", "mode"))
+def tensor_scatter(node: Node) -> list:
+    """TensorScatter (opset 24, a KV cache's update): past_cache with update's steps along `axis` (default -2)
+    written from write_indices[b] (default 0) on in each batch b, wrapped around the axis in mode 'circular'."""
+    cache, update, starts = node.input(0), node.input(1), node.input(2, required=False)
+    try:
+        return [ops.tensor_scatter(cache, update, starts, node.attr("axis", -2), node.attr("mode", "linear"))]
+    except (TypeError, ValueError, IndexError) as e:
+        raise node.error(str(e), OnnxImportError) from e
 
 
 def _scatter_reduction(node: Node) -> str:

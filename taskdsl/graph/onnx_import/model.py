@@ -27,6 +27,8 @@ from .node import CONVERTERS, Node, dtype_of, to_array
 MIN_OPSET = 11
 MAX_OPSET = 28   # 22-28 change the supported operators only by new data types (and attributes for them)
 CONVERTED_OPSET = 13     # a model before MIN_OPSET is converted to this one by onnx's version converter
+# operators of opsets before MIN_OPSET only, which that conversion replaces (by ScatterElements and Resize)
+CONVERTED_OPERATORS = ("Scatter", "Upsample")
 
 
 def load_model(model_or_path) -> onnx.ModelProto:

@@ -12,7 +12,7 @@ from .linalg import Conv, MatMul, conv, conv2d, linear, matmul
 from .norm import LRN, BatchNorm, LayerNorm, Softmax, batch_norm, layer_norm, log_softmax, lrn, rms_norm, softmax
 from .pool import Pool, avg_pool2d, max_pool2d, max_pool_with_indices, pool
 from .reduce import ArgReduce, Reduce, argmax, argmin, global_avg_pool, global_max_pool, max, mean, min, prod, sum
-from .scatter import ScatterElements, ScatterND, scatter_elements, scatter_nd
+from .scatter import ScatterElements, ScatterND, TensorScatter, scatter_elements, scatter_nd, tensor_scatter
 from .sort import TopK, topk
 from .transform import (Concat, Cumulative, Expand, Gather, GatherElements, Pad, Resample, Reshape, Slice, Transpose,
                         concat, cumprod, cumsum, expand, flatten, gather, gather_elements, pad, resample, reshape,
@@ -34,5 +34,5 @@ __all__ = [
     "Reshape", "Transpose", "Concat", "Slice", "Gather", "Expand", "Pad", "reshape", "flatten", "squeeze", "unsqueeze",
     "transpose", "concat", "split", "slice", "gather", "expand", "pad", "GatherElements", "Cumulative", "Resample",
     "gather_elements", "cumsum", "cumprod", "resample", "ScatterElements", "ScatterND", "scatter_elements",
-    "scatter_nd",
+    "scatter_nd", "TensorScatter", "tensor_scatter",
 ]

@@ -1,15 +1,19 @@
-"""Scatters: scatter_elements (ONNX ScatterElements, torch.scatter) and scatter_nd (ONNX ScatterND).
+"""Scatters: scatter_elements (ONNX ScatterElements, torch.scatter), scatter_nd (ONNX ScatterND) and
+tensor_scatter (ONNX TensorScatter, a KV cache's update).
 
 Each output element looks for the updates that land on it: a reduction over the updates that could (along the
 axis for scatter_elements, all of them for scatter_nd), of those whose index is the element's. With reduction
 'none' the last such update wins (onnxruntime applies them in order; the operators leave duplicates undefined);
 'add', 'mul', 'max' and 'min' combine the element with all of them. The cost is one comparison per (output
 element, candidate update): cheap for the few updates these operators usually carry (a cache's new positions),
-heavy for a scatter of millions of updates into millions of elements.
+heavy for a scatter of millions of updates into millions of elements. tensor_scatter writes a run of steps per
+batch, so each cache element knows the one step it may take: no search.
 """
 from __future__ import annotations
 
 import math
+
+import numpy as np
 
 from ... import ir
 from ...compute import compute
@@ -25,9 +29,14 @@ REDUCTIONS = ("none", "add", "mul", "max", "min")
 _COMBINE = {"add": ("sum", "+"), "mul": ("prod", "*"), "max": ("max", "max"), "min": ("min", "min")}
 
 
+def _i64(n) -> ir.Expr:
+    """A size (an int or a size symbol's expression) as an i64 expression."""
+    return ir.const(n, T.i64) if isinstance(n, int) else ir.convert(n, T.i64)
+
+
 def _normalized(index: ir.Expr, n) -> ir.Expr:
     """An i64 index into an axis of size `n`, a negative one counting from the end."""
-    index, n = ir.convert(index, T.i64), ir.const(n, T.i64) if isinstance(n, int) else ir.convert(n, T.i64)
+    index, n = ir.convert(index, T.i64), _i64(n)
     return ir.Select(index < 0, index + n, index, T.i64)
 
 
@@ -132,6 +141,62 @@ class ScatterND(Operator):
                            self.attrs["reduction"])]
 
 
+class TensorScatter(Operator):
+    """A cache (batch, ..., length, ...) with the steps of `update` (its shape but `steps` <= length along
+    `axis`) written from step write_indices[b] on in each batch b; mode 'circular' wraps them around the axis, mode
+    'linear' needs them to fit. attrs: axis (not 0, the batch axis), mode."""
+
+    kind = "tensor_scatter"
+    generic = True
+    MODES = ("linear", "circular")
+
+    def check(self):
+        cache, update, starts = self.inputs
+        axis = self.attrs["axis"] = normalize_axis(self.attrs["axis"], cache.ndim, self.kind)
+        if axis == 0:
+            raise ValueError(f"tensor_scatter: axis 0 of the cache {cache.shape} is its batch axis; the sequence axis "
+                             "must be another")
+        if self.attrs["mode"] not in self.MODES:
+            raise ValueError(f"tensor_scatter: mode must be 'linear' or 'circular', got {self.attrs['mode']!r}")
+        if update.dtype != cache.dtype:
+            raise TypeError(f"tensor_scatter: the update must have the cache's dtype {cache.dtype.name}, got "
+                            f"{update.dtype.name}")
+        if update.ndim != cache.ndim or update.shape[axis] > cache.shape[axis] or \
+                any(m != n for a, (m, n) in enumerate(zip(update.shape, cache.shape)) if a != axis):
+            raise ValueError(f"tensor_scatter: the update {update.shape} must have the cache's shape {cache.shape} "
+                             f"but along axis {axis}, where it may be shorter")
+        if not starts.dtype.is_integer or starts.shape != cache.shape[:1]:
+            raise TypeError(f"tensor_scatter: write_indices must be {cache.shape[0]} integers (one per batch), got "
+                            f"{starts.dtype.name}{list(starts.shape)}")
+        if starts.is_constant:
+            self.check_values([None, None, starts.value])
+
+    def check_values(self, arrays):
+        """IndexError for a negative write index, or in mode 'linear' one whose steps run past the cache's end."""
+        starts, axis = arrays[2], self.attrs["axis"]
+        steps, length = self.inputs[1].shape[axis], self.inputs[0].shape[axis]
+        for b, start in enumerate(np.asarray(starts).reshape(-1).tolist()):
+            if start < 0:
+                raise IndexError(f"tensor_scatter: write index {start} of batch {b} is negative")
+            if self.attrs["mode"] == "linear" and start + steps > length:
+                raise IndexError(f"tensor_scatter: write index {start} of batch {b} and the update's {steps} steps run "
+                                 f"past the cache's length {length} along axis {axis}; mode 'circular' wraps them")
+
+    def define(self, cache, update, starts):
+        shape, axis = dims(cache), self.attrs["axis"]
+        length, steps = _i64(shape[axis]), _i64(dims(update)[axis])
+
+        def out(*p):        # the update's step s that lands on p, if one does
+            s = ir.convert(p[axis], T.i64) - ir.convert(starts[p[0]], T.i64)
+            if self.attrs["mode"] == "circular":    # (IR's % is Python's: non-negative here)
+                s = s % length
+            landed = ir.binary("and", s >= 0, s < steps)
+            step = ir.convert(ir.Select(landed, s, ir.const(0, T.i64), T.i64), T.i32)
+            return ir.Select(landed, update[p[:axis] + (step,) + p[axis + 1:]], cache[p], cache.dtype)
+
+        return [compute(self.kind, shape, out, dtype=cache.dtype)]
+
+
 def _check_common(data, indices, updates, op: str, what: str) -> None:
     """The checks both scatters share: index and update types, the reduction."""
     if not indices.dtype.is_integer:
@@ -164,3 +229,13 @@ def scatter_nd(data, indices, updates, reduction: str = "none") -> Tensor:
         updates.shape[:indices.ndim - 1] == indices.shape[:-1] else updates     # (else check() says what is wrong)
     op = ScatterND([data, reshape(indices, (count, q)), flat_updates], {"reduction": reduction})
     return data if count == 0 else op.outputs[0]      # (no update: the kernel would read one)
+
+
+def tensor_scatter(cache, update, write_indices=None, axis: int = -2, mode: str = "linear") -> Tensor:
+    """ONNX TensorScatter (a KV cache's update): cache with update's steps along `axis` written from step
+    write_indices[b] (default 0) on in each batch b; mode 'circular' wraps them around the axis."""
+    cache, update = as_tensor(cache), as_tensor(update)
+    if write_indices is None:
+        write_indices = np.zeros(cache.shape[:1], np.int64)
+    op = TensorScatter([cache, update, as_tensor(write_indices)], {"axis": axis, "mode": mode})
+    return cache if update.size == 0 else op.outputs[0]       # (no step: the kernel would read one)
