@@ -1,4 +1,4 @@
-"""Converters of Resize / Upsample and ConvTranspose.
+"""Converters of Resize / Upsample, ConvTranspose and Col2Im.
 
 Shapes are static, so the source coordinate of each output index along each resized axis is a constant:
 a nearest Resize is a gather per resized axis, a linear or cubic one an `ops.resample` per axis (a gather
@@ -9,12 +9,14 @@ it a Resize (and model.py gives it back the coordinates and rounding it had, whi
 
 ConvTranspose is a convolution by the weights flipped spatially with their channel axes swapped per group: of the
 input itself, with one output channel per channel and output phase (dilation 1), the phases then interleaved;
-with a dilation, of the input with stride - 1 zeros between its elements.
+with a dilation, of the input with stride - 1 zeros between its elements. Col2Im, the sum of blocks a transposed
+convolution makes, adds up one shifted copy of the blocks per block offset, stride - 1 zeros between their elements.
 """
 from __future__ import annotations
 
 import functools
 import itertools
+import math
 
 import numpy as np
 
@@ -375,3 +377,40 @@ def conv_transpose(node: Node) -> list:
     pads += [o - n * s + b for o, n, s, b in zip(out, x.shape[2:], strides, begins)]
     upsampled, pads = _cropped(upsampled, pads)
     return [ops.conv(upsampled, weights, bias, 1, pads, dilations, group)]
+
+
+# ---------------------------------------------------------------- Col2Im
+@converts("Col2Im", attrs=("dilations", "pads", "strides"))
+def col2im(node: Node) -> list:
+    """Col2Im (opset 18): input (N, C * prod(block_shape), L), the L blocks of an image's im2col, summed back into
+    images (N, C, image_shape...) (a constant image_shape and block_shape; 1 or more spatial axes): for each block
+    offset, its value of every block, stride - 1 zeros between them, shifted to the offset's place, added up."""
+    x = node.input(0)
+    image, block = (np.asarray(node.const(k)).reshape(-1).tolist() for k in (1, 2))
+    rank = len(image)
+    strides, dilations = node.attr("strides", [1] * rank), node.attr("dilations", [1] * rank)
+    pads = node.attr("pads", [0] * 2 * rank)
+    if not rank or len(block) != rank or len(strides) != rank or len(dilations) != rank or len(pads) != 2 * rank:
+        raise node.error(f"image_shape {image}, block_shape {block}, strides {strides}, dilations {dilations} and "
+                         f"pads {pads} need one value per spatial axis (pads two), for 1 or more axes", OnnxImportError)
+    if min(image + block + strides + dilations) < 1 or min(pads) < 0:
+        raise node.error(f"image_shape {image}, block_shape {block}, strides {strides} and dilations {dilations} must "
+                         f"be positive, pads {pads} non-negative", OnnxImportError)
+    counts = [(n + b + e - d * (k - 1) - 1) // s + 1
+              for n, k, s, d, b, e in zip(image, block, strides, dilations, pads[:rank], pads[rank:])]
+    size = math.prod(block)
+    if x.ndim != 3 or x.shape[1] % size or min(counts) < 1 or x.shape[2] != math.prod(counts):
+        raise node.error(f"input {x.shape} does not hold the blocks of image_shape {image}: it must be (N, C * "
+                         f"{size}, {math.prod(max(c, 0) for c in counts)}) for block_shape {block}, strides "
+                         f"{strides}, dilations {dilations} and pads {pads}", OnnxImportError)
+    batch, channels = x.shape[0], x.shape[1] // size
+    blocks = ops.reshape(x, (batch, channels, size) + tuple(counts))
+    total = None
+    for k, offset in enumerate(itertools.product(*(range(b) for b in block))):
+        part = ops.reshape(ops.slice(blocks, [k], [k + 1], [2]), (batch, channels) + tuple(counts))
+        begins = [o * d - b for o, d, b in zip(offset, dilations, pads[:rank])]
+        ends = [n - b - c * s for n, b, c, s in zip(image, begins, counts, strides)]
+        part, place = _cropped(_zeros_between(part, tuple(strides)), begins + ends)
+        part = ops.pad(part, [0, 0] + place[:rank] + [0, 0] + place[rank:])
+        total = part if total is None else ops.add(total, part)
+    return [total]
