@@ -149,8 +149,18 @@ def grid_sample(node: Node) -> list:
     align_corners = node.flag("align_corners")
     _check_inputs(node, x, grid, mode)
     (batch, channels), spatial, out_spatial = x.shape[:2], x.shape[2:], grid.shape[1:-1]
-    pixels, points = math.prod(spatial), math.prod(out_spatial)
-    coordinates = ops.unsqueeze(_coordinates(grid, spatial, align_corners), 2)        # (rows, r, 1)
+    y = sample(x, _coordinates(grid, spatial, align_corners), mode, padding, align_corners)     # (C, rows)
+    y = ops.reshape(_swap_leading(ops.reshape(y, (channels, batch, math.prod(out_spatial)))),
+                    (batch, channels) + out_spatial)
+    return [ops.cast(y, x.dtype)]
+
+
+def sample(x, coordinates, mode: str, padding: str, align_corners: bool):
+    """x (N, C, spatial...) sampled at pixel `coordinates` (N * points, r), each batch's points in turn, the last
+    spatial axis's coordinate first: (C, N * points), in f32 for 16-bit floats."""
+    (batch, channels), spatial = x.shape[:2], x.shape[2:]
+    pixels, points = math.prod(spatial), coordinates.shape[0] // batch
+    coordinates = ops.unsqueeze(coordinates, 2)        # (rows, r, 1)
     if mode == "nearest":       # onnxruntime's nearbyint: halves to even
         base, weights = round_half_to_even(coordinates), None
     else:
@@ -167,13 +177,10 @@ def grid_sample(node: Node) -> list:
         table = ops.pad(table, [0, 0, 0, 1], False if x.dtype.is_bool else 0)
         index = ops.clip(index, hi=batch * pixels)
     if weights is None:
-        y = ops.gather(table, ops.reshape(index, (batch * points,)), 1)              # (C, rows)
-    else:
-        if x.dtype.bits == 16:
-            table = ops.cast(table, "float32")
-        y = ops.sum(ops.mul(ops.gather(table, index, 1), ops.cast(weights, table.dtype)), axis=-1)
-    y = ops.reshape(_swap_leading(ops.reshape(y, (channels, batch, points))), (batch, channels) + out_spatial)
-    return [ops.cast(y, x.dtype)]
+        return ops.gather(table, ops.reshape(index, (batch * points,)), 1)
+    if x.dtype.bits == 16:
+        table = ops.cast(table, "float32")
+    return ops.sum(ops.mul(ops.gather(table, index, 1), ops.cast(weights, table.dtype)), axis=-1)
 
 
 # ---------------------------------------------------------------- AffineGrid

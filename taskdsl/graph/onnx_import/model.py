@@ -19,8 +19,9 @@ from ..graph import Graph, topological_nodes
 from ..tensor import as_shape, constant
 from ..tensor import input as graph_input
 # imported to register their converters
-from . import (activations, attention, control_flow, data_dependent, einsum, elementwise, functions,  # noqa: F401
-               grid_sample, indexing, layout, loss, lp, nn, one_hot, quantize, recurrent, resize, shape, spectral)
+from . import (activations, attention, control_flow, data_dependent, deform_conv, einsum, elementwise,  # noqa: F401
+               functions, grid_sample, indexing, layout, loss, lp, nn, one_hot, quantize, recurrent, resize, shape,
+               spectral)
 from .errors import OnnxImportError, UnsupportedOnnxError
 from .node import CONVERTERS, Node, dtype_of, to_array
 
