@@ -62,7 +62,11 @@ def cases_by_group() -> dict:
     return groups
 
 
-def _array(value) -> np.ndarray:
+def _array(value) -> np.ndarray | list:
+    """A case's input or output value as an array (a sequence's, which graph inputs and outputs cannot be, as the
+    list it is)."""
+    if isinstance(value, list):
+        return value
     return onnx.numpy_helper.to_array(value) if isinstance(value, onnx.TensorProto) else np.asarray(value)
 
 

@@ -16,9 +16,9 @@ import onnx
 
 from .. import ops
 from ..ops.axes import normalize_axis
-from ..tensor import constant
+from ..tensor import Tensor, constant
 from .errors import OnnxImportError
-from .node import Node, converts, to_array
+from .node import Node, converts, kind_of, to_array
 
 MAX_UNROLLED_NODES = 20_000     # a Loop's body nodes times its iterations: past it, the loop is refused
 
@@ -27,20 +27,20 @@ MAX_UNROLLED_NODES = 20_000     # a Loop's body nodes times its iterations: past
 def if_node(node: Node) -> list:
     """If with a condition computable at import: the outputs of the branch it chooses."""
     condition = _scalar(node, node.const(0), "the condition")
-    branch = _graph_attribute(node, "then_branch" if condition else "else_branch")
+    branch = graph_attribute(node, "then_branch" if condition else "else_branch")
     if len(branch.output) != len(node.proto.output):
         raise node.error(f"the branch {branch.name!r} has {len(branch.output)} outputs, the node "
                          f"{len(node.proto.output)}", OnnxImportError)
-    return _imported(node, branch, [])
+    return import_subgraph(node, branch, [])
 
 
 @converts("Loop", attrs=("body",))
 def loop(node: Node) -> list:
     """Loop with a trip count and a condition computable at import (each iteration's too): the body unrolled, the
     final loop-carried values and the scan outputs (each iteration's value stacked along a new first axis)."""
-    body = _graph_attribute(node, "body")
+    body = graph_attribute(node, "body")
     trips, given = node.const(0, required=False), node.const(1, required=False)     # None where absent
-    carried = [node.input(k) for k in range(2, node.num_inputs)]
+    carried = [node.value(k) for k in range(2, node.num_inputs)]      # (tensors, sequences or optionals)
     scanned = len(body.output) - 1 - len(carried)
     if len(body.input) != 2 + len(carried) or scanned < 0:
         raise node.error(f"the body takes {len(body.input)} inputs and gives {len(body.output)} outputs; with "
@@ -60,9 +60,12 @@ def loop(node: Node) -> list:
                              f"{len(body.node)} body nodes are more than the {MAX_UNROLLED_NODES} nodes it may unroll "
                              "into")
         bound = [constant(np.array(iteration, np.int64)), constant(np.array(condition)), *carried]
-        outputs = _imported(node, body, bound)
+        outputs = import_subgraph(node, body, bound)
         carried = outputs[1:1 + len(carried)]
-        for values, value in zip(scans, outputs[1 + len(carried):]):
+        for k, (values, value) in enumerate(zip(scans, outputs[1 + len(carried):])):
+            if not isinstance(value, Tensor):
+                raise node.error(f"scan output {k} is a {kind_of(value)}; scan outputs must be tensors",
+                                 OnnxImportError)
             values.append(ops.unsqueeze(value, 0))
         if given is not None:      # without a condition input, the body's condition output is ignored (the spec)
             condition = bool(_scalar(node, node.value_of(outputs[0], f"the condition of iteration {iteration}"),
@@ -79,7 +82,7 @@ def scan(node: Node) -> list:
     """Scan (opsets 9 on), unrolled over the scan inputs' length: each iteration binds the state variables and
     the scan inputs' slices along their axes (from the end where their direction is 1); the final states, and each
     scan output's values stacked along its axis (in reverse where its direction is 1)."""
-    body = _graph_attribute(node, "body")
+    body = graph_attribute(node, "body")
     present = node.inputs()
     m = node.attr("num_scan_inputs")
     if not 0 < m <= len(present) or len(body.input) != len(present) or len(body.output) < len(present) - m:
@@ -105,7 +108,7 @@ def scan(node: Node) -> list:
     for step in range(length):
         slices = [ops.squeeze(ops.slice(t, [k], [k + 1], [axis]), axis) for t, axis, k in
                   zip(sequences, in_axes, [length - 1 - step if backwards else step for backwards in in_reversed])]
-        outputs = _imported(node, body, states + slices)
+        outputs = import_subgraph(node, body, states + slices)
         states = outputs[:len(states)]
         for stacked, value in zip(values, outputs[len(states):]):
             stacked.append(value)
@@ -125,7 +128,7 @@ def _scalar(node: Node, value, what: str):
     return value.reshape(-1)[0]
 
 
-def _imported(node: Node, graph: onnx.GraphProto, bound: list) -> list:
+def import_subgraph(node: Node, graph: onnx.GraphProto, bound: list) -> list:
     """The outputs of subgraph `graph` of `node`, imported with its inputs bound to the tensors `bound`."""
     scope = dict(node.env)      # the enclosing graph's tensors; what the subgraph defines stays in its scope
     scope.update({init.name: constant(to_array(init, f"initializer {init.name!r} of {graph.name!r}"), name=init.name)
@@ -140,7 +143,7 @@ def _imported(node: Node, graph: onnx.GraphProto, bound: list) -> list:
     return [scope[vi.name] for vi in graph.output]
 
 
-def _graph_attribute(node: Node, name: str) -> onnx.GraphProto:
+def graph_attribute(node: Node, name: str) -> onnx.GraphProto:
     for a in node.proto.attribute:
         if a.name == name and a.type == onnx.AttributeProto.GRAPH:
             return a.g

@@ -16,14 +16,14 @@ import onnx
 from onnx import version_converter
 
 from ..graph import Graph, topological_nodes
-from ..tensor import as_shape, constant
+from ..tensor import Tensor, as_shape, constant
 from ..tensor import input as graph_input
 # imported to register their converters
 from . import (activations, attention, control_flow, data_dependent, deform_conv, einsum, elementwise,  # noqa: F401
-               functions, grid_sample, indexing, layout, loss, lp, nn, one_hot, quantize, recurrent, resize, shape,
-               spectral)
+               functions, grid_sample, indexing, layout, loss, lp, nn, one_hot, quantize, recurrent, resize,
+               sequences, shape, spectral)
 from .errors import OnnxImportError, UnsupportedOnnxError
-from .node import CONVERTERS, Node, dtype_of, to_array
+from .node import CONVERTERS, Node, dtype_of, kind_of, to_array
 
 MIN_OPSET = 11
 MAX_OPSET = 28   # 22-28 change the supported operators only by new data types (and attributes for them)
@@ -238,7 +238,8 @@ def convert_node(proto: onnx.NodeProto, env: dict, opset: int) -> None:
             raise node.error(f"output {k} ({name!r}) is not supported")
         if name in env:
             raise node.error(f"output {name!r} is already defined earlier in the graph", OnnxImportError)
-        t.name = t.name or name
+        if isinstance(t, Tensor):
+            t.name = t.name or name
         env[name] = t
 
 
@@ -361,7 +362,10 @@ def from_onnx(model_or_path, shapes: dict | None = None, constants: dict | None 
     for vi in graph.output:
         if vi.name not in env:
             raise OnnxImportError(f"graph output {vi.name!r} is not produced by any node, initializer or input")
+        if not isinstance(env[vi.name], Tensor):
+            raise UnsupportedOnnxError(f"graph output {vi.name!r} is a {kind_of(env[vi.name])}; only tensor outputs "
+                                       "are supported")
         _check_output(vi, env[vi.name])
         outputs.append(env[vi.name])
-    producers = [t.producer for t in env.values() if t.producer is not None]
+    producers = [t.producer for t in env.values() if isinstance(t, Tensor) and t.producer is not None]
     return Graph(inputs, outputs, topological_nodes(outputs, producers), name=graph.name or "onnx_model")

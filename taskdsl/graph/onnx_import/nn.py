@@ -217,5 +217,5 @@ def dropout(node: Node) -> list:
 
 @converts("Identity")
 def identity(node: Node) -> list:
-    """Identity: the input tensor itself."""
-    return [node.input(0)]
+    """Identity: the input itself (a tensor, a sequence or an optional)."""
+    return [node.value(0)]

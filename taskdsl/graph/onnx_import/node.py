@@ -26,6 +26,25 @@ class Converter:
 CONVERTERS: dict = {}
 
 
+@dataclass(frozen=True)
+class TensorSequence:
+    """An ONNX sequence, known at import: its tensors in order (graph Tensors) and their element type (a numpy
+    dtype name, which an empty sequence keeps)."""
+
+    items: tuple
+    dtype: str
+
+
+@dataclass(frozen=True)
+class NoElement:
+    """An ONNX optional without a value (`Optional` of no input)."""
+
+
+def kind_of(value) -> str:
+    """What an imported value is, for errors: a tensor, a sequence or an empty optional."""
+    return {TensorSequence: "sequence", NoElement: "empty optional"}.get(type(value), "tensor")
+
+
 def converts(*op_types: str, attrs: tuple = ()) -> Callable:
     """Register the decorated function as the converter of `op_types`, accepting attributes `attrs`."""
     def register(fn):
@@ -82,8 +101,9 @@ class Node:
     def num_inputs(self) -> int:
         return len(self.proto.input)
 
-    def input(self, k: int, required: bool = True) -> Tensor | None:
-        """Input k as a graph Tensor (None if it is absent and not required)."""
+    def value(self, k: int, required: bool = True):
+        """Input k as imported: a graph Tensor, a TensorSequence or a NoElement (None if it is absent and not
+        required)."""
         name = self.proto.input[k] if k < len(self.proto.input) else ""
         if not name:
             if required:
@@ -93,6 +113,21 @@ class Node:
             raise self.error(f"input {name!r} is not produced by any earlier node, initializer or graph input",
                              OnnxImportError)
         return self.env[name]
+
+    def input(self, k: int, required: bool = True) -> Tensor | None:
+        """Input k as a graph Tensor (None if it is absent and not required)."""
+        return self._of_kind(k, required, "tensor")
+
+    def sequence(self, k: int, required: bool = True) -> TensorSequence | None:
+        """Input k as a TensorSequence (None if it is absent and not required)."""
+        return self._of_kind(k, required, "sequence")
+
+    def _of_kind(self, k: int, required: bool, kind: str):
+        value = self.value(k, required)
+        if value is not None and kind_of(value) != kind:
+            raise self.error(f"input {k} ({self.proto.input[k]!r}) is a{'n' * (kind_of(value)[0] == 'e')} "
+                             f"{kind_of(value)}, where the operator takes a {kind}", OnnxImportError)
+        return value
 
     def inputs(self) -> list:
         """Every present input, in order."""
