@@ -1,15 +1,18 @@
 """ONNX QuantizeLinear and DequantizeLinear against onnxruntime: hypothesis-drawn shapes (size-1 and prime axes),
 scales per tensor, per axis and per block (opset 21), zero points of every 8- and 16-bit integer type or none,
-values on rounding ties and past the type's range (saturation); a QDQ pair around a convolution; refusals.
+values on rounding ties and past the type's range (saturation); a QDQ pair around a convolution; 4-bit integer
+weights (INT4, UINT4 constants) dequantized per tensor, per axis or per block into a matmul, as LLM weights are;
+refusals.
 Every kernel the tests launch is also compiled for CUDA by NVRTC (tests/conftest.py)."""
 import numpy as np
 import pytest
 from hypothesis import assume, given, note, settings
 from hypothesis import strategies as st
+import onnx
 from onnx import TensorProto, helper
 
 import taskdsl.graph as tg
-from taskdsl.graph.onnx_import import OnnxImportError
+from taskdsl.graph.onnx_import import OnnxImportError, UnsupportedOnnxError
 
 from . import assert_close, make_model, rand, run_onnxruntime
 
@@ -129,3 +132,71 @@ def test_quantize_refusals():
     with pytest.raises(OnnxImportError, match=r"must have shape \[2, 2\] \(blocks of 3 along axis 1\)"):
         tg.from_onnx(one_node("QuantizeLinear", [2, 4], TensorProto.FLOAT, TensorProto.UINT8, 1, 3,
                               {"scale": np.ones((2, 1), np.float32)}))
+
+
+FOUR_BIT = {TensorProto.INT4: (-8, 7), TensorProto.UINT4: (0, 15)}
+
+
+def four_bit_matmul(k: int, n: int, elem: int, axis: int, block: int, scale: np.ndarray, weights: np.ndarray,
+                    zero: np.ndarray | None):
+    """x (2, k) @ DequantizeLinear(4-bit weights (k, n), scale, zero) (opset 21), the weights initializers."""
+    names = ["w", "scale"] + ["zero"] * (zero is not None)
+    attrs = {"axis": axis} | ({"block_size": block} if block else {})
+    nodes = [helper.make_node("DequantizeLinear", names, ["wd"], **attrs), helper.make_node("MatMul", ["x", "wd"], ["y"])]
+    inits = [helper.make_tensor("w", elem, [k, n], weights.ravel().tolist()),
+             onnx.numpy_helper.from_array(scale, "scale")]
+    if zero is not None:
+        inits.append(helper.make_tensor("zero", elem, list(zero.shape), zero.ravel().tolist()))
+    graph = helper.make_graph(nodes, "int4", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, n])], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    onnx.checker.check_model(model)
+    return model
+
+
+@settings(max_examples=10, deadline=None)
+@given(data=st.data(), k=st.sampled_from([1, 4, 7, 16]), n=st.sampled_from([1, 3, 8]),
+       elem=st.sampled_from(sorted(FOUR_BIT)), zero=st.booleans(), seed=st.integers(0, 99))
+def test_four_bit_weights_dequantized_into_a_matmul(data, k, n, elem, zero, seed):
+    """INT4 / UINT4 weights over their whole range, a scale and zero point per tensor, per output column or per
+    block of rows (block-wise quantized LLM weights), dequantized and multiplied: as numpy computes it in f64, and
+    as onnxruntime does without its graph optimizations (with them, it fuses the pair into a kernel that rounds x
+    to 8 bits: 1e-3 off)."""
+    import onnxruntime as ort
+    axis, block, param_shape = data.draw(granularity([k, n]), label="granularity")
+    rng = np.random.default_rng(seed)
+    low, high = FOUR_BIT[elem]
+    weights = rng.integers(low, high + 1, (k, n))
+    scale = rng.uniform(0.01, 0.5, param_shape).astype(np.float32)
+    zeros = rng.integers(low, high + 1, param_shape) if zero else None
+    model = four_bit_matmul(k, n, elem, axis, block, scale, weights, zeros)
+    x = rand((2, k), seed, np.float32)
+    got = tg.from_onnx(model).compile()({"x": x})[0]
+    dequantized = (weights - (0 if zeros is None else _expanded(zeros, [k, n], axis, block))) * \
+        _expanded(scale.astype(np.float64), [k, n], axis, block)
+    assert_close(got, (x.astype(np.float64) @ dequantized).astype(np.float32), rtol=1e-5, atol=1e-6)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    assert_close(got, session.run(None, {"x": x})[0], rtol=1e-5, atol=1e-6)
+
+
+def test_four_bit_constants_go_to_dequantize_linear_only():
+    """A 4-bit constant read by any other operator (where its values would wrap and saturate as 8-bit ones) is
+    refused, naming what it is; a 4-bit graph input too."""
+    weights = helper.make_tensor("w", TensorProto.INT4, [2], [-8, 7])
+    graph = helper.make_graph([helper.make_node("Cast", ["w"], ["y"], to=TensorProto.FLOAT)], "int4", [],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], initializer=[weights])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    with pytest.raises(OnnxImportError, match=r"input 0 \('w'\) is a 4-bit integer tensor, where the operator takes a "
+                                              r"tensor"):
+        tg.from_onnx(model)
+    node = helper.make_node("DequantizeLinear", ["x", "s"], ["y"])
+    model = helper.make_model(helper.make_graph([node], "int4", [helper.make_tensor_value_info("x", TensorProto.INT4,
+                                                                                                 [2])],
+                                                [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+                                                initializer=[onnx.numpy_helper.from_array(np.float32(0.5), "s")]),
+                              opset_imports=[helper.make_opsetid("", 21)])
+    with pytest.raises(UnsupportedOnnxError, match="graph input 'x': data type INT4 is not supported"):
+        tg.from_onnx(model)

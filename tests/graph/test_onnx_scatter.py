@@ -115,7 +115,7 @@ def tensor_scatter_model(cache: list, steps: int, axis: int, mode: str, elem: in
     return make_model([node], inputs, [("present", cache, elem)], opset=24)
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(data=st.data(), cache=st.lists(SIZES, min_size=2, max_size=4), mode=st.sampled_from(["linear", "circular"]),
        elem=st.sampled_from([TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.INT64]), starts=st.booleans(),
        seed=st.integers(0, 99))

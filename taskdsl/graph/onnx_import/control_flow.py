@@ -18,7 +18,7 @@ from .. import ops
 from ..ops.axes import normalize_axis
 from ..tensor import Tensor, constant
 from .errors import OnnxImportError
-from .node import Node, converts, kind_of, to_array
+from .node import Node, converts, imported_constant, kind_of
 
 MAX_UNROLLED_NODES = 20_000     # a Loop's body nodes times its iterations: past it, the loop is refused
 
@@ -131,7 +131,7 @@ def _scalar(node: Node, value, what: str):
 def import_subgraph(node: Node, graph: onnx.GraphProto, bound: list) -> list:
     """The outputs of subgraph `graph` of `node`, imported with its inputs bound to the tensors `bound`."""
     scope = dict(node.env)      # the enclosing graph's tensors; what the subgraph defines stays in its scope
-    scope.update({init.name: constant(to_array(init, f"initializer {init.name!r} of {graph.name!r}"), name=init.name)
+    scope.update({init.name: imported_constant(init, f"initializer {init.name!r} of {graph.name!r}", init.name)
                   for init in graph.initializer})
     scope.update({vi.name: t for vi, t in zip(graph.input, bound)})
     from .model import convert_node     # (model imports this module to register its converters)

@@ -23,7 +23,7 @@ from . import (activations, attention, control_flow, data_dependent, deform_conv
                functions, grid_sample, indexing, layout, loss, lp, nn, one_hot, quantize, recurrent, resize,
                sequences, shape, spectral)
 from .errors import OnnxImportError, UnsupportedOnnxError
-from .node import CONVERTERS, Node, dtype_of, kind_of, to_array
+from .node import CONVERTERS, Node, dtype_of, imported_constant, kind_of
 
 MIN_OPSET = 11
 MAX_OPSET = 28   # 22-28 change the supported operators only by new data types (and attributes for them)
@@ -226,7 +226,7 @@ def convert_node(proto: onnx.NodeProto, env: dict, opset: int) -> None:
         body = functions.function_body(node)
         if body is None:
             raise node.error(f"operator {proto.op_type} is not supported; supported operators: "
-                             f"{', '.join(sorted(CONVERTERS))}")
+                             f"{', '.join(sorted({*CONVERTERS, *functions.EXPANDED_OPERATORS}))}")
         outputs = functions.import_function(node, body)
     else:
         outputs = _converted(node, converter)
@@ -341,8 +341,7 @@ def from_onnx(model_or_path, shapes: dict | None = None, constants: dict | None 
     graph = model.graph
     if graph.sparse_initializer:
         raise UnsupportedOnnxError("sparse initializers are not supported")
-    env = {init.name: constant(to_array(init, f"initializer {init.name!r}"), name=init.name)
-           for init in graph.initializer}
+    env = {init.name: imported_constant(init, f"initializer {init.name!r}", init.name) for init in graph.initializer}
     inputs = _bind_inputs(graph, env, dict(shapes or {}), dict(constants or {}))
     for proto in graph.node:
         try:

@@ -11,7 +11,7 @@ from onnx import helper
 from ..graph import topological_nodes
 from ..passes.fold_constants import constant_value
 from ...runtime.arrays import contiguous
-from ..tensor import Tensor
+from ..tensor import Tensor, constant
 from .errors import ConstantRequiredError, OnnxImportError, UnsupportedOnnxError
 
 
@@ -40,9 +40,18 @@ class NoElement:
     """An ONNX optional without a value (`Optional` of no input)."""
 
 
+@dataclass(frozen=True)
+class FourBitTensor:
+    """A constant of ONNX's 4-bit integer types (INT4, UINT4: quantized weights), its values held in an 8-bit
+    `tensor`. Only DequantizeLinear reads it: elsewhere 4-bit values would wrap and saturate as 8-bit ones do."""
+
+    tensor: Tensor
+
+
 def kind_of(value) -> str:
-    """What an imported value is, for errors: a tensor, a sequence or an empty optional."""
-    return {TensorSequence: "sequence", NoElement: "empty optional"}.get(type(value), "tensor")
+    """What an imported value is, for errors: a tensor, a sequence, an empty optional or a 4-bit tensor."""
+    kinds = {TensorSequence: "sequence", NoElement: "empty optional", FourBitTensor: "4-bit integer tensor"}
+    return kinds.get(type(value), "tensor")
 
 
 def converts(*op_types: str, attrs: tuple = ()) -> Callable:
@@ -179,6 +188,18 @@ def dtype_of(elem_type: int, what: str) -> str:
         supported = ", ".join(onnx.TensorProto.DataType.Name(t) for t in ONNX_DTYPES)
         raise UnsupportedOnnxError(f"{what}: data type {name} is not supported; supported: {supported}")
     return ONNX_DTYPES[elem_type]
+
+
+FOUR_BIT_TYPES = {onnx.TensorProto.INT4: np.int8, onnx.TensorProto.UINT4: np.uint8}
+
+
+def imported_constant(proto: onnx.TensorProto, what: str, name: str | None = None):
+    """A TensorProto (an initializer, a Constant's value) as a constant Tensor, or for the 4-bit integer types as
+    a FourBitTensor of its values."""
+    if proto.data_type in FOUR_BIT_TYPES:
+        values = onnx.numpy_helper.to_array(proto).astype(FOUR_BIT_TYPES[proto.data_type])
+        return FourBitTensor(constant(values, name=name))
+    return constant(to_array(proto, what), name=name)
 
 
 def to_array(proto: onnx.TensorProto, what: str) -> np.ndarray:

@@ -4,7 +4,8 @@ and saturated exactly where the model says.
 
 The scale and zero point apply per tensor (scalars), per axis (1-d, one per index along `axis`) or, from opset
 21, per block of `block_size` indices along it (x's rank, the axis `block_size` times shorter): each becomes a
-tensor that broadcasts against x (a blocked one repeated along the axis by a constant gather).
+tensor that broadcasts against x (a blocked one repeated along the axis by a constant gather). DequantizeLinear also
+reads 4-bit integer constants (node.FourBitTensor: block-wise quantized weights), their values held in 8 bits.
 
 The integer operators subtract the zero points in int32 and accumulate exactly: a matmul in int32, a convolution
 (a float op) in f64, where the products and sums of 8-bit values are exact. QLinear* then requantize the
@@ -23,7 +24,7 @@ from ..tensor import constant
 from .activations import round_half_to_even
 from .errors import OnnxImportError
 from .nn import WINDOW_ATTRS, window
-from .node import Node, converts
+from .node import FourBitTensor, Node, converts
 
 QUANTIZED = ("i8", "u8")     # the 8-bit types the integer operators take
 
@@ -47,26 +48,35 @@ def _broadcastable(node: Node, param, x, axis: int, block_size: int, what: str):
     return ops.reshape(param, (n,) + (1,) * (x.ndim - 1 - axis))
 
 
-def _parameters(node: Node, x) -> tuple:
-    """(scale, zero point or None), each broadcastable against x, as the node's axis and block_size say."""
+def _parameters(node: Node, x, zero=None) -> tuple:
+    """(scale, zero point or None), each broadcastable against x, as the node's axis and block_size say (`zero`:
+    the zero point already read, else input 2)."""
     block_size = int(node.attr("block_size", 0))
     if block_size < 0:
         raise node.error(f"block_size must not be negative, got {block_size}", OnnxImportError)
     axis = node.attr("axis", 1)
     scale = _broadcastable(node, node.input(1), x, axis, block_size, "the scale")
-    zero = node.input(2, required=False) if node.num_inputs > 2 else None
+    if zero is None:
+        zero = node.input(2, required=False) if node.num_inputs > 2 else None
     return scale, None if zero is None else _broadcastable(node, zero, x, axis, block_size, "the zero point")
+
+
+def _unpacked(node: Node, k: int):
+    """Input k, a tensor, or a 4-bit integer constant's 8-bit values (None where absent)."""
+    value = node.value(k, required=False) if k < node.num_inputs else None
+    return value.tensor if isinstance(value, FourBitTensor) else None if value is None else node.input(k)
 
 
 @converts("DequantizeLinear", attrs=("axis", "block_size", "output_dtype"))
 def dequantize_linear(node: Node) -> list:
-    """DequantizeLinear: (x - zero_point) * scale in the scale's type (x - zero_point exact, in integers)."""
-    x = node.input(0)
+    """DequantizeLinear: (x - zero_point) * scale in the scale's type (x - zero_point exact, in integers); x and
+    the zero point may be 4-bit integer constants (quantized weights)."""
+    x = _unpacked(node, 0)
     if not x.dtype.is_integer:
         raise node.error(f"data type {x.dtype.name} is not supported for x (integers)")
     if node.attr("output_dtype", 0):
         raise node.error("output_dtype is not supported (the output has the scale's type)")
-    scale, zero = _parameters(node, x)
+    scale, zero = _parameters(node, x, _unpacked(node, 2))
     centred = x if zero is None else ops.sub(ops.cast(x, "int64"), ops.cast(zero, "int64"))
     wide = "float64" if scale.dtype.name == "f64" else "float32"
     return [ops.cast(ops.mul(ops.cast(centred, wide), ops.cast(scale, wide)), scale.dtype)]

@@ -12,7 +12,7 @@ from ..ops.axes import normalize_axis
 from ..ops.transform import PAD_MODES
 from ..tensor import constant
 from .errors import OnnxImportError
-from .node import Node, converts
+from .node import Node, converts, imported_constant
 
 
 def _ints(value) -> list:
@@ -35,12 +35,14 @@ def _axes(node: Node, k: int, since: int) -> list | None:
 @converts("Constant", attrs=("value", "value_float", "value_floats", "value_int", "value_ints", "value_string",
                              "value_strings", "sparse_value"))
 def constant_node(node: Node) -> list:
-    """Constant from a tensor, float(s) or int(s) attribute."""
-    for name, dtype in (("value", None), ("value_float", np.float32), ("value_floats", np.float32),
-                        ("value_int", np.int64), ("value_ints", np.int64)):
+    """Constant from a tensor (a 4-bit integer one too), float(s) or int(s) attribute."""
+    tensor = next((a.t for a in node.proto.attribute if a.name == "value"), None)
+    if tensor is not None:
+        return [imported_constant(tensor, f"attribute 'value' of node {node.name!r}")]
+    for name, dtype in (("value_float", np.float32), ("value_floats", np.float32), ("value_int", np.int64),
+                        ("value_ints", np.int64)):
         if node.has_attr(name):
-            value = node.attr(name)
-            return [constant(value if dtype is None else np.asarray(value, dtype))]
+            return [constant(np.asarray(node.attr(name), dtype))]
     raise node.error("only tensor, float(s) and int(s) values are supported (not strings or sparse tensors)")
 
 
