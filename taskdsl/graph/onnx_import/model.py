@@ -21,7 +21,7 @@ from ..tensor import input as graph_input
 # imported to register their converters
 from . import (activations, attention, control_flow, data_dependent, deform_conv, einsum, elementwise,  # noqa: F401
                functions, grid_sample, indexing, layout, loss, lp, nn, one_hot, quantize, recurrent, resize,
-               sequences, shape, spectral)
+               roi_align, sequences, shape, spectral)
 from .errors import OnnxImportError, UnsupportedOnnxError
 from .node import CONVERTERS, Node, dtype_of, imported_constant, kind_of
 
