@@ -147,6 +147,16 @@ class Node:
         t = self.input(k, required)
         return None if t is None else self.value_of(t, f"input {self.proto.input[k]!r}")
 
+    def const_int(self, k: int, what: str, required: bool = False) -> int | None:
+        """Input k, one constant integer (`what` names it in the error; None where it is absent and may be)."""
+        value = self.const(k, required)
+        if value is None:
+            return None
+        value = np.asarray(value)
+        if value.size != 1 or value.dtype.kind not in "iu":
+            raise self.error(f"{what} must be one integer, got {value.dtype}{list(value.shape)}", OnnxImportError)
+        return int(value.reshape(-1)[0])
+
     def value_of(self, t: Tensor, what: str) -> np.ndarray:
         """The value of `t` (`what` names it in the error), which must be computable at import time."""
         value = constant_value(t)

@@ -23,13 +23,9 @@ from .node import NoElement, Node, TensorSequence, converts, dtype_of, kind_of
 def _position(node: Node, k: int, length: int, default: int, past_end: bool = False) -> int:
     """Input k, a constant position in a sequence of `length` (negative ones count from the end; `past_end`: the
     length itself is one too), or `default` where the input is absent."""
-    given = node.const(k, required=False)
-    if given is None:
+    position = node.const_int(k, "the position")
+    if position is None:
         return default
-    given = np.asarray(given)
-    if given.size != 1 or given.dtype.kind not in "iu":
-        raise node.error(f"the position must be one integer, got {given.dtype}{list(given.shape)}", OnnxImportError)
-    position = int(given.reshape(-1)[0])
     last = length if past_end else length - 1
     if not -length <= position <= last:
         raise node.error(f"position {position} is outside the sequence of {length} tensors ([-{length}, {last}])",

@@ -64,14 +64,8 @@ def _signal(node: Node, x):
 
 def _length(node: Node, k: int, what: str, required: bool = False) -> int | None:
     """Input k, a constant positive integer (None where it is optional and absent)."""
-    value = node.const(k, required)
-    if value is None:
-        return None
-    value = np.asarray(value)
-    if value.size != 1 or value.dtype.kind not in "iu":
-        raise node.error(f"{what} must be one integer, got {value.dtype}{list(value.shape)}", OnnxImportError)
-    value = int(value.reshape(-1)[0])
-    if value < 1:
+    value = node.const_int(k, what, required)
+    if value is not None and value < 1:
         raise node.error(f"{what} must be at least 1, got {value}", OnnxImportError)
     return value
 
