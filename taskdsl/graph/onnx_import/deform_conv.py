@@ -57,15 +57,15 @@ def deform_conv(node: Node) -> list:
     for name, (t, shape) in expected.items():
         if t is not None and t.shape != shape:
             raise node.error(f"{name} must have shape {shape}, got {t.shape}", OnnxImportError)
-    wide = "float32" if x.dtype.bits == 16 else x.dtype.name
+    wide = "f32" if x.dtype.bits == 16 else x.dtype.name
     positions = math.prod(out)
     # each (batch, offset group, tap, position)'s sampling place, in pixels (w, h): a row of the samples
     moved = ops.transpose(ops.reshape(ops.cast(offset, wide), (batch, offset_group) + kernel + (2,) + tuple(out)),
                           (0, 1, 2, 3, 5, 6, 4))
     places = ops.add(ops.slice(moved, [-1], [-3], [6], [-1]),       # (h, w) -> (w, h)
                      constant(_sample_places(kernel, out, strides, pads, dilations), wide))
-    limit = COORDINATE_LIMIT["f64" if wide == "float64" else "f32"]
-    places = ops.clip(ops.reshape(places, (batch * offset_group * taps * positions, 2)), -limit, limit)
+    places = ops.clip(ops.reshape(places, (batch * offset_group * taps * positions, 2)), -COORDINATE_LIMIT[wide],
+                      COORDINATE_LIMIT[wide])
     samples = ops.reshape(sample(x, places, "linear", "zeros", True), (channels, batch, offset_group, taps, positions))
     if mask is not None:
         samples = ops.mul(samples, ops.reshape(ops.cast(mask, wide), (1, batch, offset_group, taps, positions)))

@@ -111,8 +111,8 @@ class Node:
         return len(self.proto.input)
 
     def value(self, k: int, required: bool = True):
-        """Input k as imported: a graph Tensor, a TensorSequence or a NoElement (None if it is absent and not
-        required)."""
+        """Input k as imported: a graph Tensor, a TensorSequence, a NoElement or a FourBitTensor (None if it is
+        absent and not required)."""
         name = self.proto.input[k] if k < len(self.proto.input) else ""
         if not name:
             if required:

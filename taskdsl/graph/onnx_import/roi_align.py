@@ -18,6 +18,7 @@ import numpy as np
 from .. import ops
 from ..tensor import constant
 from .errors import OnnxImportError
+from .grid_sample import corner_sum
 from .node import Node, converts
 
 MAX_SAMPLES = 64    # samples a bin may take (resample taps: 4 each)
@@ -117,10 +118,7 @@ def roi_align(node: Node) -> list:
     if mode == "avg":
         count = np.maximum(grid[:, 0] * grid[:, 1], 1).reshape(-1, 1, 1)
         share = (sampled / count).astype(wide)[:, None, None, :, :, None, None]
-        weight = ops.reshape(ops.mul(weight, constant(share)), (rows, corners))
-        index, weight = ops.transpose(index, (1, 0)), ops.transpose(weight, (1, 0))
-        y = ops.resample(table, [tuple(ops.reshape(ops.slice(t, [j], [j + 1], [0]), (rows,)) for t in (index, weight))
-                                 for j in range(corners)], 1)
+        y = corner_sum(table, index, ops.reshape(ops.mul(weight, constant(share)), (rows, corners)))
     else:
         values = ops.mul(ops.gather(ops.cast(table, wide), index, 1), ops.reshape(weight, (rows, corners)))
         best = ops.max(ops.reshape(values, (channels, rows, most[0] * most[1], 4)), axis=-1)
