@@ -122,10 +122,7 @@ def tensor_scatter(node: Node) -> list:
     """TensorScatter (opset 24, a KV cache's update): past_cache with update's steps along `axis` (default -2)
     written from write_indices[b] (default 0) on in each batch b, wrapped around the axis in mode 'circular'."""
     cache, update, starts = node.input(0), node.input(1), node.input(2, required=False)
-    try:
-        return [ops.tensor_scatter(cache, update, starts, node.attr("axis", -2), node.attr("mode", "linear"))]
-    except (TypeError, ValueError, IndexError) as e:
-        raise node.error(str(e), OnnxImportError) from e
+    return [ops.tensor_scatter(cache, update, starts, node.attr("axis", -2), node.attr("mode", "linear"))]
 
 
 def _scatter_reduction(node: Node) -> str:
