@@ -220,12 +220,22 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
     fill_strip = window_strip(window, MR) if window else None
     b_spec = f32["RB", BN] if packed_b else dtype["BB", "K", "N"]
 
-    @td.func
-    def micro_kernel(A, strip, panel, c, fa, fb, za, i0, j, k0, k1, row, M, index, at, ahead):
-        """c += A[i0:i0+MR, k0:k1] @ panel[row : row+k1-k0, j:j+NR] (rows past M clamped); with `copy_a`, A is
-        read from the block's copy `strip`, where i0 counts from the block's first row; with `indirect`, at
-        `at` (the rows' offsets) plus the k's offset in `index`. With `packed_b` and `ahead` >= 0, every
-        PREFETCH_GAP k steps it prefetches the next line of packed B from its flat element `ahead` on."""
+    @td.func(outline=True)
+    def micro_kernel(A, strip, panel, partial, c, fa, fb, za, i0, j, k0, k1, row, M, index, at, ahead, first, prow):
+        """partial[prow:prow+MR, j:j+NR] (zeros if `first`) += A[i0:i0+MR, k0:k1] @ panel[row : row+k1-k0, j:j+NR]
+        (rows past M clamped), the sums in the registers `c` meanwhile; with `copy_a`, A is read from the block's
+        copy `strip`, where i0 counts from the block's first row; with `indirect`, at `at` (the rows' offsets) plus
+        the k's offset in `index`. With `packed_b` and `ahead` >= 0, every PREFETCH_GAP k steps it prefetches the
+        next line of packed B from its flat element `ahead` on. Outlined: the cpu target compiles it once for all
+        the kernels of a micro-tile and operand form (their fused epilogues and block tiles differ), not once each."""
+        if first:
+            for x in td.unroll(MR):
+                for y in td.unroll(NR):
+                    c[x, y] = 0.0
+        else:
+            for x in td.unroll(MR):
+                for y in td.unroll(NR):
+                    c[x, y] = partial[prow + x, j + y]
         if indirect:
             for x in range(MR):
                 at[x] = index[0, 2 + td.min(i0 + x, M - 1)]
@@ -246,6 +256,9 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
             for x in td.unroll(MR):
                 for y in td.unroll(NR):
                     c[x, y] += fa[x] * fb[y]
+        for x in td.unroll(MR):
+            for y in td.unroll(NR):
+                partial[prow + x, j + y] = c[x, y]
 
     def grid(M, N, BZ):
         if copy_a and N > WIDE_N:       # the block's sums hold WIDE_N columns: past them, writes out of bounds
@@ -307,25 +320,14 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
                     for nj in range(BN // NR):
                         i0, j = row0 + mi * MR, nj * NR
                         if i0 < M and j < cols:
-                            if k0 == k_begin:
-                                for x in td.unroll(MR):
-                                    for y in td.unroll(NR):
-                                        c[x, y] = 0.0
-                            else:
-                                for x in td.unroll(MR):
-                                    for y in td.unroll(NR):
-                                        c[x, y] = partial[pj * BM + mi * MR + x, j + y]
                             ahead = -1
                             if packed_b:    # this call's share of the rows after the k block's: the next one's
                                 span = KC // PREFETCH_GAP * LINE_FLOATS      # the floats a call prefetches
                                 share = (mi * (BN // NR) + nj) * span
                                 ahead = (row + k1 - k0) * BN + share
                                 ahead = ahead if share < KC * BN and ahead + span <= RB * BN else -1
-                            micro_kernel(A, strip, panel, c, fa, fb, za, i0 - row0 if staged else i0, j, k0, k1, row, M,
-                                         batch_index, at, ahead)
-                            for x in td.unroll(MR):
-                                for y in td.unroll(NR):
-                                    partial[pj * BM + mi * MR + x, j + y] = c[x, y]
+                            micro_kernel(A, strip, panel, partial, c, fa, fb, za, i0 - row0 if staged else i0, j, k0,
+                                         k1, row, M, batch_index, at, ahead, k0 == k_begin, pj * BM + mi * MR)
                     if not transposed_a and k1 == k_end:    # these rows are done: to C, through the epilogue
                         for i in range(mi * MR, td.min(mi * MR + MR, rows)):
                             for jc in range(cols):

@@ -31,11 +31,13 @@ def resolve_annotations(fn) -> dict:
 
 
 class DeviceFunction:
-    """A `@td.func`: inlined into the kernels that call it."""
+    """A `@td.func`: inlined into the kernels that call it; with `outline`, the cpu target compiles a call made as a
+    statement once as a function of its own and calls it (`passes.outline`)."""
 
-    def __init__(self, fn):
+    def __init__(self, fn, outline: bool = False):
         self.fn = fn
         self.name = fn.__name__
+        self.outline = outline
         annotations = resolve_annotations(fn)
         parameters = inspect.signature(fn).parameters.values()
         for p in parameters:   # an inlined call binds its arguments one to one, by position
@@ -65,10 +67,14 @@ class DeviceFunction:
         return f"<td.func {self.name}>"
 
 
-def func(fn=None) -> DeviceFunction:
+def func(fn=None, *, outline: bool = False) -> DeviceFunction:
     """Mark `fn` as a device function callable from kernels (annotate params and return with dtypes);
-    `@td.func` and `@td.func()` are the same."""
-    return DeviceFunction(fn) if fn is not None else DeviceFunction
+    `@td.func` and `@td.func()` are the same. `outline=True` asks the cpu target to compile the function's body
+    once and call it, where kernels would each compile it inlined (a large unrolled body shared by many kernels:
+    the cpu matmul's micro-kernel); CUDA and debug mode inline it all the same."""
+    if fn is None:
+        return lambda f: DeviceFunction(f, outline)
+    return DeviceFunction(fn, outline)
 
 
 def is_kernel(value) -> bool:

@@ -1267,12 +1267,14 @@ class FunctionTranslator:
             value = self.expr(arg_node)
             # a number for a parameter the callee assigns is a runtime variable, as a local assigned twice is (bound
             # as a constant, an assignment under a runtime `if` took effect while translating, in every thread)
-            if isinstance(value, ir.Buffer) or not is_runtime(value) and not (pname in reassigned and
-                                                                              _is_number(value)):
+            # an outlined function's numbers are runtime values too: it is compiled once for all of them
+            if isinstance(value, ir.Buffer) or not is_runtime(value) and not ((pname in reassigned or dfn.outline)
+                                                                              and _is_number(value)):
                 callee_env[pname] = value
                 continue
             dtype = pdtype or ir.as_expr(value).dtype
-            if isinstance(value, (ir.Var, ir.SpecialReg)) and value.dtype == dtype and pname not in reassigned:
+            if isinstance(value, (ir.Var, ir.SpecialReg)) and value.dtype == dtype and pname not in reassigned and \
+                    not (dfn.outline and isinstance(value, ir.Var) and value.kind == "size"):  # (a graph binds sizes)
                 # the callee only reads it, and cannot assign the caller's variables: no copy (a copy is one
                 # more variable for every later stage, and on the cpu one more per-thread array across barriers)
                 callee_env[pname] = value
@@ -1285,6 +1287,8 @@ class FunctionTranslator:
         callee = FunctionTranslator(src, dfn.fn, callee_env, self.var_types, ret, self.depth + 1, is_func=True,
                                     reads=self.reads, call_site=self.loc(node))
         body = callee.function_body()
+        if dfn.outline and ret is None:
+            body = ir.Outlined(body.stmts if type(body) is ir.Seq else (body,), self.loc(node), dfn.name)
         self.pending.append(body)
         return callee.return_var
 

@@ -14,6 +14,7 @@ class Function:
     params: Buffers (global tensors) and Vars (scalars), in the user's order.
     sizes: the size-symbol Vars the tensor shapes use (bound from argument shapes).
     block: threads per block (x, y, z) as ints; the grid is computed per call on the host.
+    outlined: the functions its `CallOutlined` statements call, by index (the cpu target: `passes.outline`).
     """
 
     name: str
@@ -22,6 +23,7 @@ class Function:
     body: Stmt
     block: tuple
     source_file: str = "<unknown>"
+    outlined: tuple = ()
 
     @property
     def buffers(self) -> tuple:

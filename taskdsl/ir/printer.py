@@ -43,7 +43,11 @@ def expr_str(e, parent: int = 0) -> str:
 
 def _lines(s, depth: int, out: list) -> None:
     pad = "    " * depth
-    if isinstance(s, S.Seq):
+    if isinstance(s, S.Outlined):
+        out.append(f"{pad}outlined {s.name}:")
+        for x in s.stmts:
+            _lines(x, depth + 1, out)
+    elif isinstance(s, S.Seq):
         for x in s.stmts:
             _lines(x, depth, out)
     elif isinstance(s, S.Assign):

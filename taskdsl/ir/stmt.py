@@ -22,6 +22,15 @@ class Seq(Stmt):
 
 
 @dataclass(frozen=True, eq=False)
+class Outlined(Seq):
+    """The body of a `@td.func(outline=True)` called as a statement: a Seq to every pass (so each sees the body
+    as inlined code), which the cpu target then compiles once as a function of its own and calls
+    (`passes.outline`)."""
+
+    name: str = ""
+
+
+@dataclass(frozen=True, eq=False)
 class Assign(Stmt):
     """`var = value` (locals are function-wide, as in Python)."""
 
@@ -189,9 +198,20 @@ class Evaluate(Stmt):
     loc: SourceLoc | None = None
 
 
+@dataclass(frozen=True, eq=False)
+class CallOutlined(Stmt):
+    """A call of the kernel's outlined function number `index` (the cpu target, after `passes.outline`) on `args`,
+    its parameters' values in order: Buffers and expressions."""
+
+    index: int
+    args: tuple
+    loc: SourceLoc | None = None
+
+
 def seq(stmts) -> Stmt:
-    """A Seq of `stmts` with nested Seqs flattened (a single statement is returned as is)."""
+    """A Seq of `stmts` with nested Seqs flattened (a single statement is returned as is; an Outlined body stays
+    one statement)."""
     flat = []
     for s in stmts:
-        flat.extend(s.stmts if isinstance(s, Seq) else [s])
+        flat.extend(s.stmts if type(s) is Seq else [s])
     return flat[0] if len(flat) == 1 else Seq(tuple(flat))

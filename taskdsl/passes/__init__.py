@@ -7,13 +7,16 @@ Both targets end with split_deep_expressions (generated code must nest within it
 The cpu target keeps sizes symbolic (one numba compile serves every shape) and gives async-copy and
 tensor-core instructions their plain meaning on flattened IR (one linear index where n-d addressing would
 carry several through their exchanges: numba's compile time grows with code size):
-                         unroll_loops -> simplify -> flatten_buffers -> simplify
-                         -> emulate_async_copies -> emulate_tensor_cores -> simplify -> check_loops,
-except in debug mode, which keeps n-d accesses so each index can be checked per axis (it only emulates), and
-with fast compilation, which skips unroll_loops.
+                         unroll_loops -> simplify -> outline -> flatten_buffers -> simplify
+                         -> emulate_async_copies -> emulate_tensor_cores -> simplify -> check_loops
+(outline: the bodies of `@td.func(outline=True)` calls become functions of their own, lowered on alike), except in debug
+mode, which keeps n-d accesses so each index can be checked per axis (it only emulates and inlines), and with
+fast compilation, which skips unroll_loops. CUDA inlines outlined bodies first.
 Blocks are then split at barriers in `backend/cpu/fission.py`.
 """
 from __future__ import annotations
+
+import dataclasses
 
 from .. import ir
 from .check_barriers import check_barriers
@@ -21,6 +24,7 @@ from .check_loops import check_loops
 from .emulate_async_copies import emulate_async_copies
 from .emulate_tensor_cores import emulate_tensor_cores
 from .expand_mappings import expand_mappings
+from .outline import inline_outlined, outline
 from .simplify import simplify
 from .specialize import bind_sizes, flatten_buffers
 from .split_deep import split_deep_expressions
@@ -38,15 +42,23 @@ def lower(fn: ir.Function) -> ir.Function:
 
 def lower_for_cuda(fn: ir.Function, sizes: dict) -> ir.Function:
     """A lowered kernel fixed to `sizes` with 1-D addressing, as the CUDA code generator wants it."""
-    return split_deep_expressions(check_loops(simplify(flatten_buffers(mark_tile_loops(bind_sizes(fn, sizes))))))
+    fn = mark_tile_loops(bind_sizes(inline_outlined(fn), sizes))
+    return split_deep_expressions(check_loops(simplify(flatten_buffers(fn))))
 
 
 def lower_for_cpu(fn: ir.Function, debug: bool, unroll: bool = True, early_copies: bool = False) -> ir.Function:
     """A lowered kernel prepared for the numba code generator (n-d accesses kept in debug mode); `early_copies`:
     cp_async copies land at issue (`td.cp_async_early`)."""
     if debug:
-        return split_deep_expressions(emulate_tensor_cores(emulate_async_copies(fn, early=early_copies)))
-    fn = simplify(flatten_buffers(simplify(unroll_loops(fn) if unroll else fn)))
+        return split_deep_expressions(emulate_tensor_cores(emulate_async_copies(inline_outlined(fn),
+                                                                                early=early_copies)))
+    fn = outline(simplify(unroll_loops(fn) if unroll else fn))
+    return dataclasses.replace(_flat_for_cpu(fn, early_copies),
+                               outlined=tuple(_flat_for_cpu(f, early_copies) for f in fn.outlined))
+
+
+def _flat_for_cpu(fn: ir.Function, early_copies: bool) -> ir.Function:
+    fn = simplify(flatten_buffers(fn))
     emulated = emulate_tensor_cores(emulate_async_copies(fn, flat=True, early=early_copies), flat=True)
     if emulated.body is not fn.body:    # folds the emulation's thread and lane arithmetic
         fn = simplify(emulated)

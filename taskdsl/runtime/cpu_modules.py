@@ -7,8 +7,12 @@ task mapping cannot be spelled, its IR after `passes.lower`), with everything el
 depends on (debug and fast-compile modes, early async copies, the compiler's fingerprint, taskdsl's own code) to the
 module's cache key and the few facts the runtime needs besides its text:
 
-    cpu/<ir key>.json      {"module": <module key>, "entry": ..., "parallel": ..., "flat": ..., "opt_level": ...}
-    cpu/k_<module key>.py  the generated module (`cache.cpu_module`)
+    cpu/<ir key>.json      {"module": <module key>, "entry": ..., "parallel": ..., "flat": ..., "opt_level": ...,
+                            "outlined": [[<module key>, <entry>, <opt_level>], ...]}
+    cpu/k_<module key>.py  the generated module (`cache.cpu_module`), and one per outlined function
+
+An outlined function (`passes.outline`) is a module of its own, shared by every kernel that calls it: compiled once
+(`outlined_addresses`), its address goes to the kernels in their `launch_ints`.
 
 Identical kernels built twice in one process (a model's repeated layers) share one generation too.
 An index entry that does not parse, whose module is gone, or whose module's text does not hash to its
@@ -42,14 +46,63 @@ def cpu_module(fn: ir.Function, lowered, debug: bool, fast: bool, early_copies: 
             _keep(key, found)
             return found
     src = emit_python(lower_for_cpu(lowered(), debug, unroll=not fast, early_copies=early_copies), debug, fast)
-    module_key = cache.cache_key(src.text, compiler_fingerprint())
-    path = cache.cpu_module(module_key, src.text)
+    path = _written(src)
+    for o in src.outlined:
+        _written(o)
     if key is not None:
-        record = {"module": module_key, "entry": src.entry, "parallel": src.parallel, "flat": src.flat,
-                  "opt_level": src.opt_level}
+        record = {"module": _module_key(src), "entry": src.entry, "parallel": src.parallel, "flat": src.flat,
+                  "opt_level": src.opt_level, "outlined": [[_module_key(o), o.entry, o.opt_level]
+                                                           for o in src.outlined]}
         cache.store(_index_path(key), json.dumps(record).encode())
         _keep(key, (src, path))
     return src, path
+
+
+def _module_key(src) -> str:
+    from ..backend.cpu.compile import compiler_fingerprint
+    return cache.cache_key(src.text, compiler_fingerprint())
+
+
+def _written(src) -> Path:
+    """The module file of `src` (written, or found, in the cache)."""
+    return cache.cpu_module(_module_key(src), src.text)
+
+
+def outlined_jobs(src) -> list:
+    """(module path, entry, numba argument types, opt level) of each of `src`'s outlined functions (its `SIGNATURE`,
+    and the one-block launch's `launch_ints` and block range)."""
+    import numpy as np
+    from numba import from_dtype, types
+
+    from ..backend.cpu.compile import load_module_function
+    jobs = []
+    for o in src.outlined:
+        function, path = entry_function(o, _written(o))
+        names = load_module_function(path, "SIGNATURE")
+        params = tuple(types.Array(from_dtype(np.dtype(n[:-2])), 1, "C") if n.endswith("[]")
+                       else from_dtype(np.dtype(n)) for n in names)
+        jobs.append((path, o.entry, (*params, types.Array(types.int64, 1, "C"), types.int64, types.int64),
+                     o.opt_level))
+    return jobs
+
+
+_addresses: dict = {}       # (module path, entry) -> the outlined function's machine code, in this process
+
+
+def outlined_addresses(src) -> tuple:
+    """The addresses of `src`'s outlined functions' machine code, compiled (or loaded from numba's cache) once per
+    process."""
+    from ..backend.cpu.compile import load_module_function
+    from ..backend.cpu.launch import compiler_settings
+    from ..backend.cpu.parallel import entry_address
+    found = []
+    for path, entry, types, opt_level in outlined_jobs(src):
+        address = _addresses.get((path, entry))
+        if address is None:
+            with compiler_settings(opt_level):
+                address = _addresses[path, entry] = entry_address(load_module_function(path, entry), types)
+        found.append(address)
+    return tuple(found)
 
 
 def entry_function(src, path: Path):
@@ -87,7 +140,7 @@ def _index_path(key: str) -> Path:
     return cache_dir() / "cpu" / f"{key}.json"
 
 
-_RECORD_TYPES = {"module": str, "entry": str, "parallel": bool, "flat": bool, "opt_level": int}
+_RECORD_TYPES = {"module": str, "entry": str, "parallel": bool, "flat": bool, "opt_level": int, "outlined": list}
 
 
 def _load(key: str):
@@ -100,16 +153,22 @@ def _load(key: str):
         record = json.loads(index.read_text())
         if not isinstance(record, dict) or any(type(record.get(k)) is not t for k, t in _RECORD_TYPES.items()):
             raise ValueError("a malformed index record")
-        path = cache_dir() / "cpu" / f"k_{record['module']}.py"
-        text = path.read_text()
+        modules = [(record["module"], record["entry"], record["opt_level"]), *map(tuple, record["outlined"])]
+        paths = [cache_dir() / "cpu" / f"k_{module}.py" for module, _, _ in modules]
+        texts = [p.read_text() for p in paths]
     except FileNotFoundError:
         return None
-    except (OSError, ValueError):
+    except (OSError, ValueError, TypeError):
         cache.remove(index)
         return None
-    if cache.cache_key(text, compiler_fingerprint()) != record["module"]:
-        cache.remove(index, path)
-        return None
-    cache.touch(path)
+    for (module, _, _), path, text in zip(modules, paths, texts):
+        if cache.cache_key(text, compiler_fingerprint()) != module:
+            cache.remove(index, path)
+            return None
+    for path in paths:
+        cache.touch(path)
     cache.touch(index)      # its own entry: the eviction would take it first, and the kernel be generated again
-    return CpuSource(text, record["entry"], [], record["parallel"], record["flat"], record["opt_level"]), path
+    outlined = tuple(CpuSource(text, entry, [], False, True, opt_level)
+                     for (_, entry, opt_level), text in zip(modules[1:], texts[1:]))
+    return CpuSource(texts[0], record["entry"], [], record["parallel"], record["flat"], record["opt_level"],
+                     outlined), paths[0]

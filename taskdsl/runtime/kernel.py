@@ -510,6 +510,7 @@ class Kernel:
     def _prepare_cpu(self, binding: Binding, debug: bool):
         """The prepared launch of `binding` (None while launches are being recorded for compiling ahead)."""
         from ..backend.cpu.launch import PreparedLaunch, runs_apart, signature
+        from .cpu_modules import outlined_addresses, outlined_jobs
         if precompile.is_recording() and precompile.collected(self, binding.block):
             return None
         run, src, path = self._cpu_kernel(binding.block, debug)
@@ -519,7 +520,11 @@ class Kernel:
             types = signature(src, binding.values, sizes, binding.grid)
             apart = runs_apart(src, binding.values, written)
             precompile.record(precompile.Job(str(path), src.entry, types, src.opt_level, apart))
+            for job in outlined_jobs(src):
+                precompile.record(precompile.Job(str(job[0]), *job[1:]))
             return None
+        if len(src.addresses) < len(src.outlined):
+            src.addresses = outlined_addresses(src)
         return PreparedLaunch(run, src, binding.values, sizes, binding.grid, written, self.name, self.streams)
 
     def _written(self, block: tuple) -> dict:
@@ -556,7 +561,7 @@ class Kernel:
             from ..backend.cuda.codegen import emit_cuda
             return emit_cuda(self._cuda_function(binding))
         if target == "cpu":
-            return self._cpu_kernel(binding.block, debug_enabled())[1].text
+            return self._cpu_kernel(binding.block, debug_enabled())[1].listing()
         raise ValueError(f"unknown target {target!r}; use 'cpu' or 'cuda'")
 
     def _compiled_cuda(self, binding: Binding, arch: str) -> CompiledKernel:
@@ -579,7 +584,7 @@ class Kernel:
             return self._compiled_cuda(binding, arch or "sm_90")
         if target == "cpu":
             src = self._cpu_kernel(binding.block, debug_enabled())[1]
-            return CompiledKernel("cpu", src.text)
+            return CompiledKernel("cpu", src.listing())
         raise ValueError(f"unknown target {target!r}; use 'cpu' or 'cuda'")
 
 

@@ -110,6 +110,13 @@ class CpuSource:
     parallel: bool
     flat: bool      # tensors are passed as flat 1-D views
     opt_level: int = 3      # LLVM's, for numba (see `launch.compiler_settings`)
+    outlined: tuple = ()    # the CpuSources of the functions the entry calls through addresses (`passes.outline`)
+    addresses: tuple = ()   # their machine code's, once the runtime has compiled them (`cpu_modules`)
+
+    def listing(self) -> str:
+        """The module's text, then each outlined function's module, as `Kernel.source` shows them."""
+        return "".join([self.text, *(f"\n# ---- outlined function {i} (its own module): `outlined_{i}` above\n"
+                                     f"{o.text}" for i, o in enumerate(self.outlined))])
 
 
 def np_type(dtype) -> str:
@@ -128,8 +135,15 @@ def emit_python(fn: ir.Function, debug: bool = False, fast: bool = False) -> Cpu
     `parallel.launch`), called through its address. Under `fast` (`td.fast_compile`) the kernel calls the
     `support` helpers instead of inlining them and compiles at -O1, which together halve numba's time on a
     typical small kernel.
+
+    Each of the kernel's `outlined` functions is a module of its own, emitted as a one-block kernel whose register
+    buffers live on the stack; the entry reads their addresses after its sizes and grid in `launch_ints` and calls
+    them through `rt.call_entry`, with the (1, 1, 1) grid in `outlined_ints`. Its module names its numba argument
+    types in `SIGNATURE` (arrays as "float32[]"), which the runtime compiles it for.
     """
-    return _PythonEmitter(fn, debug, fast).emit()
+    src = _PythonEmitter(fn, debug, fast).emit()
+    src.outlined = tuple(_PythonEmitter(f, debug, fast, outlined=True).emit() for f in fn.outlined)
+    return src
 
 
 
@@ -203,13 +217,15 @@ def _regions_per_register(items: list, registers: dict) -> Counter:
 
 
 class _PythonEmitter:
-    def __init__(self, fn: ir.Function, debug: bool, fast: bool):
+    def __init__(self, fn: ir.Function, debug: bool, fast: bool, outlined: bool = False):
         self.fn = fn
+        self.outlined = outlined
         self.debug = debug
         self.fast = fast
         self.program = F.fission(fn)
         self.name = NameTable({"rt", "njit", "block_id", "block_begin", "block_end", "tid", "tx", "ty", "tz", "bx", "by", "bz",
-                               "grid_x", "grid_y", "grid_z", "epoch", "launch_ints"})
+                               "grid_x", "grid_y", "grid_z", "epoch", "launch_ints", "outlined_ints",
+                               *(f"outlined_{i}" for i in range(len(fn.outlined)))})
         self.lines: list = []
         self.promoted = False   # inside a region body, thread-array variables are plain locals
         self.flat = not debug   # accesses were flattened to 1-D by lower_for_cpu
@@ -229,8 +245,8 @@ class _PythonEmitter:
         self.shadows = {b.uid: self.name.derived((b.uid, "shadow"), f"shadow_{self.name(b)}") for b in self.shared
                         if b.uid not in scratch}
         self.register_regions = _regions_per_register(self.program.items, self.registers)
-        self.on_stack = _stacked([*self.registers.values(), *self.shared], self.threads) if fast and not debug \
-            else set()
+        self.on_stack = _stacked([*self.registers.values(), *self.shared], self.threads) \
+            if (fast or outlined) and not debug else set()     # (an outlined function's are its frame's, per call)
         self.constants: dict = {}      # module-level name -> numpy scalar constructor (see `constant`)
         self.bases: dict = {}          # index base text -> local holding it, in a straight run (see `run`)
         self.loop_bases: list = []     # per enclosing loop, its `loop_level`
@@ -251,7 +267,8 @@ class _PythonEmitter:
                f"def {entry}({', '.join(args)}):"]
         # the sizes and the grid come in one int64 array, so that a launcher (compiled per tuple of argument types)
         # serves kernels of any number of sizes
-        ints = [self.name(v) for v in fn.sizes] + ["grid_x", "grid_y", "grid_z"]
+        ints = [self.name(v) for v in fn.sizes] + ["grid_x", "grid_y", "grid_z"] + \
+            [f"outlined_{i}" for i in range(len(fn.outlined))]
         out.append(f"    {', '.join(ints)} = launch_ints")
         self.lines = out
         # per-block scratch, allocated once per call: a block writes what it reads (np.empty's garbage either
@@ -277,6 +294,8 @@ class _PythonEmitter:
             out.append(self.allocation(b, shape, pad))
         for v in self.program.thread_arrays.values():
             out.append(f"{pad}{self.thread_array(v)} = np.empty({self.threads}, {np_type(v.dtype)})")
+        if fn.outlined:
+            out.append(f"{pad}outlined_ints = np.ones(3, np.int64)")     # their grid
         for site, dtype in self.program.shuffle_sites.items():   # a `BlockMax` reads the slots of threads that skip it
             start = self.least_stored(dtype) if site in self.program.block_max_sites else "0"
             out.append(f"{pad}{self.shuffle_array(site)} = np.full({self.threads}, {start}, {np_type(dtype)})")
@@ -293,9 +312,16 @@ class _PythonEmitter:
             out.append(f"{pad}block_id += 1")
         header = out.index(f"# {fn.name}: generated by taskdsl from {fn.source_file}")
         out[header:header] = [f"{name} = {text}" for name, text in self.constants.items()]
+        if self.outlined:
+            out.insert(header, f"SIGNATURE = {self.signature()!r}")
         if not self.debug:
             out = _without_unread(out, _INDEX_NAMES + tuple(self.hoisted))
         return CpuSource("\n".join(out) + "\n", entry, self.sites, parallel, self.flat, 1 if self.fast else 3)
+
+    def signature(self) -> tuple:
+        """An outlined function's parameters as `SIGNATURE` names them: numpy type names, "[]" after arrays."""
+        return tuple(np_type(p.dtype).removeprefix("np.") + ("[]" if isinstance(p, ir.Buffer) else "")
+                     for p in self.fn.params)
 
     def shape(self, dims) -> str:
         return "(" + "".join(f"{self.expr(d)}, " for d in dims) + ")"
@@ -497,6 +523,12 @@ class _PythonEmitter:
         elif isinstance(s, F.ShflGet):
             src = f"rt.{s.func}_src(tid, {self.expr(s.lane)}, {s.width}, {self.threads})"
             self.lines.append(f"{pad}{self.var_ref(s.var)} = {self.shuffle_array(s.site)}[{src}]")
+        elif isinstance(s, ir.CallOutlined):
+            # scalars in exactly the parameter types compiled for (any 1-D array has one struct layout)
+            args = [self.name(a) if isinstance(a, ir.Buffer) else f"{np_type(a.dtype)}({self.cast(a, a.dtype)})"
+                    for a in s.args]
+            self.lines.append(f"{pad}rt.call_entry(outlined_{s.index}, ({', '.join(args)}, outlined_ints), "
+                              "np.int64(0), np.int64(1))")
         elif isinstance(s, ir.Allocate):
             pass  # allocated per block / per thread at the top
         else:

@@ -137,13 +137,13 @@ def _half_bits(value):
 def signature(src: CpuSource, values: list, sizes: list, grid: tuple) -> tuple:
     """The numba types of the arguments `launch_cpu` passes (block range included), for compiling ahead."""
     args, _ = call_args(src, values)
-    return _entry_types(args, launch_ints(sizes, grid))
+    return _entry_types(args, launch_ints(src, sizes, grid))
 
 
-def launch_ints(sizes: list, grid: tuple) -> np.ndarray:
-    """The sizes and the grid as an entry takes them: one int64 array, so that one launcher (compiled per tuple of
-    argument types, ~0.15 s) serves kernels of any number of sizes."""
-    return np.array((*sizes, *grid), np.int64)
+def launch_ints(src: CpuSource, sizes: list, grid: tuple) -> np.ndarray:
+    """The sizes, the grid and the outlined functions' addresses as an entry takes them: one int64 array, so that
+    one launcher (compiled per tuple of argument types, ~0.15 s) serves kernels of any number of sizes."""
+    return np.array((*sizes, *grid, *src.addresses), np.int64)
 
 
 def _entry_types(args: list, tail: np.ndarray) -> tuple:
@@ -155,7 +155,7 @@ def launch_cpu(run, src: CpuSource, values: list, sizes: list, grid: tuple) -> N
     """Run the dispatcher `run` on `values` (arrays and scalars), `sizes` and the `grid` of blocks; blocks
     in parallel on numba's threads (`parallel.launch`) from the main thread, else on a thread pool."""
     args, copy_back = call_args(src, values)
-    blocks, tail = grid[0] * grid[1] * grid[2], launch_ints(sizes, grid)
+    blocks, tail = grid[0] * grid[1] * grid[2], launch_ints(src, sizes, grid)
     address = _compile(run, src, args, tail)
     _run_blocks(run, address, byte_views(src, args), tail, blocks, _workers(src, blocks))
     for original, tmp in copy_back:
@@ -178,7 +178,7 @@ class PreparedLaunch:
         # stay alive as long as the kernel's launch cache)
         self.values = [None if isinstance(v, np.ndarray) else _half_bits(v) for v in values]
         self.sizes, self.grid = list(sizes), grid
-        self.tail = launch_ints(sizes, grid)
+        self.tail = launch_ints(src, sizes, grid)
         self.blocks = grid[0] * grid[1] * grid[2]
         # the thread count as of the first such call; one for a kernel that `streams` little memory
         serial = streams and sum(v.nbytes for v in values if isinstance(v, np.ndarray)) < SERIAL_BYTES

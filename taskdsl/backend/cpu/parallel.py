@@ -54,7 +54,7 @@ def _unpacked(builder, args, arg_tuple) -> list:
 
 
 @intrinsic
-def _call_entry(typingctx, address, args, begin, end):
+def call_entry(typingctx, address, args, begin, end):
     """Call the kernel entry at `address` on the tuple `args` and the block range [begin, end); an exception
     the kernel raises propagates to the caller."""
 
@@ -133,7 +133,7 @@ def launch(drive, address, begin, end, shares, *args):
     """Blocks [begin, end) of the kernel entry at `address` on `args`: on this thread (one share), else in
     `shares` shares on numba's threads through the `_drive` loop at `drive` (`drive_address()`)."""
     if shares <= 1:
-        _call_entry(address, args, begin, end)
+        call_entry(address, args, begin, end)
     elif not _run_shares(drive, address, args, begin, end, shares):
         raise RuntimeError(PARALLEL_FAILURE)
 

@@ -17,7 +17,7 @@ from numba.core.registry import CPUDispatcher
 from numba.extending import intrinsic, overload
 
 from ...ir.types import narrow_float_bits
-from .parallel import lock_compiles
+from .parallel import call_entry, lock_compiles  # noqa: F401 (call_entry: outlined functions' calls)
 
 WARP = 32
 
