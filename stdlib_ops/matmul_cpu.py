@@ -21,10 +21,11 @@ blocked by KC. For each k block, the block first packs B's (KC x BN) panel into 
 buffer, as a BLAS does: read in place, the panel's rows are N floats apart, and for N a
 multiple of 1024 (BERT's 3072) they all map to the same few L1 sets (128 x 768 x 3072 ran at
 73 GFLOP/s unpacked, 120 packed). Its micro-tiles then sweep the panel; between k blocks the
-partial sums wait in a per-block buffer (the first k block starts from zero registers). In the
-last k block, each row of micro-tiles goes from the buffer to C (and a fused epilogue) as soon as
-it is done, so the stores interleave with the next rows' arithmetic; C stored column by column
-(a transposed A's) goes after the whole block, in one pass.
+partial sums wait in a per-block buffer (the first k block starts from zero registers). After the
+last k block, the block's sums go from the buffer to C (and a fused epilogue) in one pass, row by
+row, or column by column for a transposed A's C. The sweep is an outlined function
+(`@td.func(outline=True)`): the cpu target compiles it once for all the kernels of a micro-tile and
+operand form, whose epilogues, block heights and shapes differ.
 
 Edges: rows past M are clamped (they read row M - 1 and are never stored); the packed
 panel's columns past N are zeros (computed, never stored), so there is one micro-kernel

@@ -96,6 +96,9 @@ def _lines(s, depth: int, out: list) -> None:
         out.append(f"{pad}prefetch({expr_str(s.src)})")
     elif isinstance(s, S.Evaluate):
         out.append(f"{pad}{expr_str(s.expr)}")
+    elif isinstance(s, S.CallOutlined):
+        args = ", ".join(a.name if isinstance(a, E.Buffer) else expr_str(a) for a in s.args)
+        out.append(f"{pad}call outlined_{s.index}({args})")
     else:
         raise AssertionError(f"printer: unknown statement {type(s).__name__}")
 
@@ -118,4 +121,5 @@ def function_str(fn: Function) -> str:
     head = [f"kernel {fn.name}({', '.join(params)})", f"    # block={fn.block}"]
     if fn.sizes:
         head.append(f"    # sizes: {', '.join(v.name for v in fn.sizes)}")
-    return "\n".join(head + [stmt_str(fn.body, 1)])
+    outlined = [f"# outlined_{i}:\n{function_str(f)}" for i, f in enumerate(fn.outlined)]
+    return "\n\n".join(["\n".join(head + [stmt_str(fn.body, 1)]), *outlined])

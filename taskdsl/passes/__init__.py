@@ -9,9 +9,9 @@ tensor-core instructions their plain meaning on flattened IR (one linear index w
 carry several through their exchanges: numba's compile time grows with code size):
                          unroll_loops -> simplify -> outline -> flatten_buffers -> simplify
                          -> emulate_async_copies -> emulate_tensor_cores -> simplify -> check_loops
-(outline: the bodies of `@td.func(outline=True)` calls become functions of their own, lowered on alike), except in debug
-mode, which keeps n-d accesses so each index can be checked per axis (it only emulates and inlines), and with
-fast compilation, which skips unroll_loops. CUDA inlines outlined bodies first.
+(outline: the bodies of `@td.func(outline=True)` calls become functions of their own, lowered on alike), except
+in debug mode, which keeps n-d accesses so each index can be checked per axis (it only emulates and inlines), and
+with fast compilation, which skips unroll_loops. CUDA inlines outlined bodies first.
 Blocks are then split at barriers in `backend/cpu/fission.py`.
 """
 from __future__ import annotations
