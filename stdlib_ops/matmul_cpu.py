@@ -21,11 +21,10 @@ blocked by KC. For each k block, the block first packs B's (KC x BN) panel into 
 buffer, as a BLAS does: read in place, the panel's rows are N floats apart, and for N a
 multiple of 1024 (BERT's 3072) they all map to the same few L1 sets (128 x 768 x 3072 ran at
 73 GFLOP/s unpacked, 120 packed). Its micro-tiles then sweep the panel; between k blocks the
-partial sums wait in a per-block buffer (the first k block starts from zero registers). After the
-last k block, the block's sums go from the buffer to C (and a fused epilogue) in one pass, row by
-row, or column by column for a transposed A's C. The sweep is an outlined function
-(`@td.func(outline=True)`): the cpu target compiles it once for all the kernels of a micro-tile and
-operand form, whose epilogues, block heights and shapes differ.
+partial sums wait in a per-block buffer (the first k block starts from zero registers). In the
+last k block, each row of micro-tiles goes from the buffer to C (and a fused epilogue) as soon as
+it is done, so the stores interleave with the next rows' arithmetic; C stored column by column
+(a transposed A's) goes after the whole block, in one pass.
 
 Edges: rows past M are clamped (they read row M - 1 and are never stored); the packed
 panel's columns past N are zeros (computed, never stored), so there is one micro-kernel
@@ -222,20 +221,11 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
     b_spec = f32["RB", BN] if packed_b else dtype["BB", "K", "N"]
 
     @td.func
-    def micro_kernel(A, strip, panel, partial, c, fa, fb, za, i0, j, k0, k1, row, M, index, at, ahead, first, prow):
-        """partial[prow:prow+MR, j:j+NR] (zeros if `first`) += A[i0:i0+MR, k0:k1] @ panel[row : row+k1-k0, j:j+NR]
-        (rows past M clamped), the sums in the registers `c` meanwhile; with `copy_a`, A is read from the block's
-        copy `strip`, where i0 counts from the block's first row; with `indirect`, at `at` (the rows' offsets) plus
-        the k's offset in `index`. With `packed_b` and `ahead` >= 0, every PREFETCH_GAP k steps it prefetches the
-        next line of packed B from its flat element `ahead` on."""
-        if first:
-            for x in td.unroll(MR):
-                for y in td.unroll(NR):
-                    c[x, y] = 0.0
-        else:
-            for x in td.unroll(MR):
-                for y in td.unroll(NR):
-                    c[x, y] = partial[prow + x, j + y]
+    def micro_kernel(A, strip, panel, c, fa, fb, za, i0, j, k0, k1, row, M, index, at, ahead):
+        """c += A[i0:i0+MR, k0:k1] @ panel[row : row+k1-k0, j:j+NR] (rows past M clamped); with `copy_a`, A is
+        read from the block's copy `strip`, where i0 counts from the block's first row; with `indirect`, at
+        `at` (the rows' offsets) plus the k's offset in `index`. With `packed_b` and `ahead` >= 0, every
+        PREFETCH_GAP k steps it prefetches the next line of packed B from its flat element `ahead` on."""
         if indirect:
             for x in range(MR):
                 at[x] = index[0, 2 + td.min(i0 + x, M - 1)]
@@ -256,29 +246,6 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
             for x in td.unroll(MR):
                 for y in td.unroll(NR):
                     c[x, y] += fa[x] * fb[y]
-        for x in td.unroll(MR):
-            for y in td.unroll(NR):
-                partial[prow + x, j + y] = c[x, y]
-
-    @td.func(outline=True)
-    def sweep(A, strip, panel, partial, c, fa, fb, za, row0, k0, k1, row, M, index, at, first, pj, cols, RB, bm):
-        """The block's micro-tiles over column panel `pj` (`cols` of its columns in C) for k block k0..k1, its sums
-        in `partial` (zeros first if `first`); RB: the rows of packed B, bm: the block's (BM). Outlined: the cpu
-        target compiles it once for all the kernels of a micro-tile and operand form (their fused epilogues and
-        shapes differ, and the block's rows are an argument), and a call runs every micro-tile of the panel (a call
-        per micro-tile made ResNet-50 7% slower: at K = 64 a micro-tile is 64 steps)."""
-        for mi in range(bm // MR):
-            for nj in range(BN // NR):
-                i0, j = row0 + mi * MR, nj * NR
-                if i0 < M and j < cols:
-                    ahead = -1
-                    if packed_b:    # this call's share of the rows after the k block's: the next one's
-                        span = KC // PREFETCH_GAP * LINE_FLOATS      # the floats a call prefetches
-                        share = (mi * (BN // NR) + nj) * span
-                        ahead = (row + k1 - k0) * BN + share
-                        ahead = ahead if share < KC * BN and ahead + span <= RB * BN else -1
-                    micro_kernel(A, strip, panel, partial, c, fa, fb, za, i0 - row0 if staged else i0, j, k0, k1, row,
-                                 M, index, at, ahead, first, pj * bm + mi * MR)
 
     def grid(M, N, BZ):
         if copy_a and N > WIDE_N:       # the block's sums hold WIDE_N columns: past them, writes out of bounds
@@ -336,12 +303,33 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
                             panel[k, j] = td.cast(B[zb, k0 + k, col0 + j], f32)
                         for j in range(cols, BN):    # past column N: zeros, computed but never stored
                             panel[k, j] = 0.0
-                sweep(A, strip, panel, partial, c, fa, fb, za, row0, k0, k1, row, M, batch_index, at, k0 == k_begin,
-                      pj, cols, RB if packed_b else 0, BM)
-                if not transposed_a and k1 == k_end:    # the block's rows are done: to C, through the epilogue
-                    for i in range(rows):
-                        for jc in range(cols):
-                            C[blockIdx.z, row0 + i, col0 + jc] = td.cast(partial[pj * BM + i, jc], out_dtype)
+                for mi in range(BM // MR):
+                    for nj in range(BN // NR):
+                        i0, j = row0 + mi * MR, nj * NR
+                        if i0 < M and j < cols:
+                            if k0 == k_begin:
+                                for x in td.unroll(MR):
+                                    for y in td.unroll(NR):
+                                        c[x, y] = 0.0
+                            else:
+                                for x in td.unroll(MR):
+                                    for y in td.unroll(NR):
+                                        c[x, y] = partial[pj * BM + mi * MR + x, j + y]
+                            ahead = -1
+                            if packed_b:    # this call's share of the rows after the k block's: the next one's
+                                span = KC // PREFETCH_GAP * LINE_FLOATS      # the floats a call prefetches
+                                share = (mi * (BN // NR) + nj) * span
+                                ahead = (row + k1 - k0) * BN + share
+                                ahead = ahead if share < KC * BN and ahead + span <= RB * BN else -1
+                            micro_kernel(A, strip, panel, c, fa, fb, za, i0 - row0 if staged else i0, j, k0, k1, row, M,
+                                         batch_index, at, ahead)
+                            for x in td.unroll(MR):
+                                for y in td.unroll(NR):
+                                    partial[pj * BM + mi * MR + x, j + y] = c[x, y]
+                    if not transposed_a and k1 == k_end:    # these rows are done: to C, through the epilogue
+                        for i in range(mi * MR, td.min(mi * MR + MR, rows)):
+                            for jc in range(cols):
+                                C[blockIdx.z, row0 + i, col0 + jc] = td.cast(partial[pj * BM + i, jc], out_dtype)
         if transposed_a:    # C's columns are the output's rows: a whole block's stored at once, column by column
             for pj in range(panels):
                 col0 = (first_panel + pj) * BN

@@ -70,8 +70,8 @@ class DeviceFunction:
 def func(fn=None, *, outline: bool = False) -> DeviceFunction:
     """Mark `fn` as a device function callable from kernels (annotate params and return with dtypes);
     `@td.func` and `@td.func()` are the same. `outline=True` asks the cpu target to compile the function's body
-    once and call it, where kernels would each compile it inlined (a large unrolled body shared by many kernels:
-    the cpu matmul's micro-kernel); CUDA and debug mode inline it all the same."""
+    once and call it, where kernels would each compile it inlined (a large unrolled body shared by many kernels);
+    CUDA and debug mode inline it all the same."""
     if fn is None:
         return lambda f: DeviceFunction(f, outline)
     return DeviceFunction(fn, outline)

@@ -1,10 +1,10 @@
 """Outlining (the cpu target): the body of a `@td.func(outline=True)` call becomes a function of its own.
 
 numba compiles each kernel module on its own, and everything a kernel inlines is typed, lowered and optimized
-again in every kernel that inlines it. The cpu matmul's micro-kernel is most of its template's code, and a model has
-one matmul kernel per fused epilogue (ResNet-50: nine, about 2 s each). Outlined, the body is compiled once, in a
-module of its own, and each kernel calls it through its address (`backend.cpu.codegen`, as the launcher calls
-kernels): a call per micro-tile and k block, against the thousands of multiply-adds the body runs.
+again in every kernel that inlines it (a large unrolled body shared by kernels that differ in their fused epilogues
+costs each of them its compile). Outlined, the body is compiled once, in a module of its own, and each kernel calls
+it through its address (`backend.cpu.codegen`, as the launcher calls kernels): worth it where a call's work is
+microseconds (a call passes about sixty words).
 
 A body is outlined where it is a function of its arguments alone:
 
