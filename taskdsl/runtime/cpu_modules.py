@@ -77,7 +77,7 @@ def outlined_jobs(src) -> list:
     from ..backend.cpu.compile import load_module_function
     jobs = []
     for o in src.outlined:
-        function, path = entry_function(o, _written(o))
+        _, path = entry_function(o, _written(o))     # (written again where evicted since)
         names = load_module_function(path, "SIGNATURE")
         params = tuple(types.Array(from_dtype(np.dtype(n[:-2])), 1, "C") if n.endswith("[]")
                        else from_dtype(np.dtype(n)) for n in names)
