@@ -9,5 +9,5 @@ from .stmt import (Allocate, Assign, Break, CallOutlined, Continue, CpAsync, CpA
                    seq)
 from .structure import Unspellable, structural_text
 from .types import DataType, TensorSpec
-from .visitor import (ELEMENT_ACCESSES, Rewriter, Visitor, allow_deep_trees, collect, invariant, referenced_buffers,
-                      substitute)
+from .visitor import (ELEMENT_ACCESSES, Rewriter, Visitor, allow_deep_trees, collect, invariant, named_buffers,
+                      referenced_buffers, substitute)

@@ -158,6 +158,11 @@ def _append_nodes(value, kinds, out: list) -> None:
 
 def referenced_buffers(node) -> set:
     """The uids of every buffer the tree names (loads, stores, atomics, addresses, copies)."""
+    return set(named_buffers(node))
+
+
+def named_buffers(node) -> dict:
+    """{uid: buffer} of every buffer the tree names, in the order a walk first meets them."""
     finder = _BufferFinder()
     finder.visit(node)
     return finder.found
@@ -165,10 +170,10 @@ def referenced_buffers(node) -> set:
 
 class _BufferFinder(Visitor):
     def __init__(self):
-        self.found = set()
+        self.found = {}
 
     def _visit_value(self, value):
         if isinstance(value, Buffer):
-            self.found.add(value.uid)
+            self.found.setdefault(value.uid, value)
         else:
             super()._visit_value(value)

@@ -30,7 +30,7 @@ from .uniformity import BLOCK_MAX, WARP_FUNCS
 
 def inline_outlined(fn: ir.Function) -> ir.Function:
     """`fn` with every outlined body a plain part of the kernel."""
-    body = _Inline().visit(fn.body)
+    body = _Replace({}).visit(fn.body)
     return fn if body is fn.body else dataclasses.replace(fn, body=body)
 
 
@@ -73,7 +73,7 @@ _BLOCK_LEVEL = (ir.SyncThreads, ir.SyncWarp, ir.CpAsync, ir.CpAsyncCommit, ir.Cp
 def _outlined(fn: ir.Function, region: ir.Outlined, index: int):
     """(the function, the call replacing `region`, the register buffers it takes from the kernel) where `region`
     can be outlined, else None."""
-    inner = _Inline().visit(ir.Seq(region.stmts, region.loc))
+    inner = _Replace({}).visit(ir.Seq(region.stmts, region.loc))
     if ir.collect(inner, _BLOCK_LEVEL, expressions=False) or \
             any(c.func in WARP_FUNCS or c.func == BLOCK_MAX for c in ir.collect(inner, ir.Call)):
         return None
@@ -84,14 +84,11 @@ def _outlined(fn: ir.Function, region: ir.Outlined, index: int):
     if assigned & seen_outside:
         return None
     allocations = {a.buffer.uid: a for a in ir.collect(fn.body, ir.Allocate, expressions=False)}
-    used = ir.referenced_buffers(inner)
+    used = ir.named_buffers(inner)
     own = {uid for uid in used if uid in allocations and allocations[uid].buffer.scope == "register"}
     if own & ir.referenced_buffers(_DropAllocations(own).visit(outside)):
         return None
-    buffers = {}
-    for b in _buffers_in_order(inner):
-        if b.uid not in own and b.uid not in buffers:
-            buffers[b.uid] = b
+    buffers = {uid: b for uid, b in used.items() if uid not in own}
     free = {}
     for x in ir.collect(inner, (ir.Var, ir.SpecialReg)):
         key = x.uid if isinstance(x, ir.Var) else (x.name, x.axis)
@@ -119,21 +116,6 @@ def _param_name(x) -> str:
     return x.name if isinstance(x, ir.Var) else f"{x.name}_{x.axis}"
 
 
-def _buffers_in_order(node) -> list:
-    """The buffers `node` names, in visiting order."""
-    found = []
-
-    class Finder(ir.Visitor):
-        def _visit_value(self, value):
-            if isinstance(value, ir.Buffer):
-                found.append(value)
-            else:
-                super()._visit_value(value)
-
-    Finder().visit(node)
-    return found
-
-
 class _DropAllocations(ir.Rewriter):
     def __init__(self, uids: set):
         self.uids = uids
@@ -142,13 +124,8 @@ class _DropAllocations(ir.Rewriter):
         return ir.Seq(()) if s.buffer.uid in self.uids else s
 
 
-class _Inline(ir.Rewriter):
-    def visit_Outlined(self, s: ir.Outlined):
-        return ir.Seq(tuple(self.visit(x) for x in s.stmts), s.loc)
-
-
 class _Replace(ir.Rewriter):
-    """Replaces the statements whose id is a key of `calls` (outlined regions) by the value."""
+    """Replaces the outlined bodies whose id is a key of `calls` by the value, and inlines the others."""
 
     def __init__(self, calls: dict):
         self.calls = calls

@@ -69,38 +69,37 @@ def _written(src) -> Path:
 
 
 def outlined_jobs(src) -> list:
-    """(module path, entry, numba argument types, opt level) of each of `src`'s outlined functions (its `SIGNATURE`,
-    and the one-block launch's `launch_ints` and block range)."""
+    """The `precompile.Job` of each of `src`'s outlined functions: its `SIGNATURE`, and the one-block launch's
+    `launch_ints` and block range."""
     import numpy as np
     from numba import from_dtype, types
 
     from ..backend.cpu.compile import load_module_function
+    from ..backend.cpu.precompile import Job
     jobs = []
     for o in src.outlined:
         _, path = entry_function(o, _written(o))     # (written again where evicted since)
-        names = load_module_function(path, "SIGNATURE")
         params = tuple(types.Array(from_dtype(np.dtype(n[:-2])), 1, "C") if n.endswith("[]")
-                       else from_dtype(np.dtype(n)) for n in names)
-        jobs.append((path, o.entry, (*params, types.Array(types.int64, 1, "C"), types.int64, types.int64),
-                     o.opt_level))
+                       else from_dtype(np.dtype(n)) for n in load_module_function(path, "SIGNATURE"))
+        jobs.append(Job(str(path), o.entry, (*params, types.Array(types.int64, 1, "C"), types.int64, types.int64),
+                        o.opt_level))
     return jobs
 
 
-_addresses: dict = {}       # (module path, entry) -> the outlined function's machine code, in this process
+_addresses: dict = {}       # Job -> the outlined function's machine code, in this process
 
 
 def outlined_addresses(src) -> tuple:
     """The addresses of `src`'s outlined functions' machine code, compiled (or loaded from numba's cache) once per
     process."""
-    from ..backend.cpu.compile import load_module_function
     from ..backend.cpu.launch import compiler_settings
     from ..backend.cpu.parallel import entry_address
     found = []
-    for path, entry, types, opt_level in outlined_jobs(src):
-        address = _addresses.get((path, entry))
+    for job in outlined_jobs(src):
+        address = _addresses.get(job)
         if address is None:
-            with compiler_settings(opt_level):
-                address = _addresses[path, entry] = entry_address(load_module_function(path, entry), types)
+            with compiler_settings(job.opt_level):
+                address = _addresses[job] = entry_address(job.function(), job.signature)
         found.append(address)
     return tuple(found)
 

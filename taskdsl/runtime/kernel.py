@@ -521,7 +521,7 @@ class Kernel:
             apart = runs_apart(src, binding.values, written)
             precompile.record(precompile.Job(str(path), src.entry, types, src.opt_level, apart))
             for job in outlined_jobs(src):
-                precompile.record(precompile.Job(str(job[0]), *job[1:]))
+                precompile.record(job)
             return None
         if len(src.addresses) < len(src.outlined):
             src.addresses = outlined_addresses(src)

@@ -2,6 +2,8 @@
 once, as a module of its own, and every kernel calling it calls it through its address. Results match numpy
 where the body is outlined and where it stays inlined (a body that cannot be a function of its arguments, a block
 of several threads, debug mode, CUDA)."""
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -176,7 +178,7 @@ def test_an_indexed_kernel_finds_its_outlined_modules_again(own_cache):
     src, _ = cpu_modules.cpu_module(fn, lambda: None, debug=False, fast=True)     # from the index: nothing lowered
     assert src.outlined[0].text == generated.outlined[0].text
     assert len(src.outlined) == 1 and "\nSIGNATURE = " in src.outlined[0].text
-    path, *_ = cpu_modules.outlined_jobs(src)[0]
+    path = Path(cpu_modules.outlined_jobs(src)[0].path)
     path.unlink()
     cpu_modules._generated.clear()
     assert cpu_modules._load(cpu_modules._ir_key(fn, lambda: None, True, False)) is None
