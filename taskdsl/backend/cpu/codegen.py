@@ -353,8 +353,12 @@ class _PythonEmitter:
                 self.lines.append(f"{pad}{self.name(it.stmt.var)} = {self.cast(it.stmt.value, it.stmt.var.dtype)}")
             elif isinstance(it, F.BlockFor):
                 self.loc = it.loop.loc
-                self.lines.append(f"{pad}for {self.name(it.loop.var)} in {self.range_of(it.loop)}:")
+                counted = self.counted_loop(it.loop, pad)
+                if counted is None:
+                    self.lines.append(f"{pad}for {self.name(it.loop.var)} in {self.range_of(it.loop)}:")
                 self.items(it.body, depth + 1)
+                if counted is not None:
+                    self.lines.append(f"{pad}    {counted} += 1")
             elif isinstance(it, F.BlockWhile):
                 self.loc = it.loop.loc
                 self.lines.append(f"{pad}while {self.expr(it.loop.cond)}:")
@@ -377,11 +381,15 @@ class _PythonEmitter:
     def region(self, region: F.Region, depth: int) -> None:
         self.reader = "tid"
         pad = "    " * depth
-        if self.threads == 1 and not self.debug \
-                and not any(ir.collect(x, (ir.Break, ir.Continue), expressions=False) for x in region.stmts):
+        jumps = any(ir.collect(x, (ir.Break, ir.Continue), expressions=False) for x in region.stmts)
+        counted = False
+        if self.threads == 1 and not self.debug and not jumps:
             # one thread: no loop for numba to type and lower (a `break` or `continue` might be the loop's)
             self.lines.append(f"{pad}tid = 0")
             depth -= 1
+        elif self.fast and not self.debug and not jumps:    # a `while` loop, as `counted_loop` makes
+            self.lines += [f"{pad}tid = 0", f"{pad}while tid < {self.threads}:"]
+            counted = True
         else:
             self.lines.append(f"{pad}for tid in range({self.threads}):")
         bx, by, _ = self.fn.block
@@ -413,6 +421,8 @@ class _PythonEmitter:
             self.lines.append(f"{body_pad}{self.thread_array(arrays[uid])}[tid] = {self.name(arrays[uid])}")
         for key in stored:
             self.lines.append(f"{body_pad}{self.register_slot(*key)} = {self.promoted_elements[key]}")
+        if counted:
+            self.lines.append(f"{inner}tid += 1")
         self.promoted_elements = {}
         self.reader = self.block_reader
 
