@@ -289,3 +289,37 @@ def test_loops_and_indices_numba_need_not_compile(rows, cols, fast):
     keep = np.arange(cols) % 3 != 0
     want[:, keep] -= x[:, keep]
     np.testing.assert_array_equal(y, want)
+
+
+@td.kernel(grid=lambda N: td.cdiv(N, 4), block=4)
+def chunk_sums(X: f32["N", "K"], Out: f32["N"]):
+    sm = td.shared(f32, (4,))
+    t = threadIdx.x
+    r = blockIdx.x * 4 + t
+    acc = 0.0
+    for k0 in range(0, K, 1):       # a block-level loop (a barrier in it) of step 1
+        sm[t] = X[r, k0] if r < N else 0.0
+        td.syncthreads()
+        acc += sm[t] * 2.0
+        td.syncthreads()
+    if r < N:
+        Out[r] = acc
+
+
+@given(rows=st.integers(1, 9), cols=st.sampled_from([0, 1, 3, 17]), fast=st.booleans())
+@settings(max_examples=6, deadline=None)
+def test_fast_compile_loops_over_threads_and_block_loops_are_while_loops(rows, cols, fast):
+    """Under `td.fast_compile` the loop over a block's threads (each region's) and a block-level loop of step 1
+    are while loops, as other loops of step 1 (numba lowers a range loop through an iterator object); optimized
+    kernels keep range loops. numpy is the oracle."""
+    x = np.random.default_rng(rows * 10 + cols).standard_normal((rows, cols)).astype(np.float32)
+    out = np.full(rows, np.nan, np.float32)
+    td.fast_compile(fast)
+    try:
+        lines = [line.strip() for line in chunk_sums.source(x, out, target="cpu").splitlines()]
+        chunk_sums(x, out)
+    finally:
+        td.fast_compile(False)
+    assert ("while tid < 4:" in lines) == fast and ("for tid in range(4):" in lines) != fast
+    assert ("while k0 < k0_stop:" in lines) == fast and ("for k0 in range(0, K, 1):" in lines) != fast
+    np.testing.assert_allclose(out, 2 * x.sum(axis=1, dtype=np.float64), rtol=1e-5, atol=1e-5)
