@@ -1,10 +1,11 @@
 """The cpu code generator's compile-time economies (shared index bases, module-level constants, while loops, no unread
-indices) and where it allocates buffers (the stack or the heap).
+indices, no dead loads on entering a region) and where it allocates buffers (the stack or the heap).
 
 Oracle: numpy for the kernels' results; for `_split_offset`, Python's integer arithmetic on the
 same expression tree.
 """
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
 import taskdsl as td
@@ -323,3 +324,43 @@ def test_fast_compile_loops_over_threads_and_block_loops_are_while_loops(rows, c
     assert ("while tid < 4:" in lines) == fast and ("for tid in range(4):" in lines) != fast
     assert ("while k0 < k0_stop:" in lines) == fast and ("for k0 in range(0, K, 1):" in lines) != fast
     np.testing.assert_allclose(out, 2 * x.sum(axis=1, dtype=np.float64), rtol=1e-5, atol=1e-5)
+
+
+@td.kernel(grid=lambda N: td.cdiv(N, 4), block=4)
+def carried(X: f32["N"], Out: f32["N"]):
+    sm = td.shared(f32, (4,))
+    t = threadIdx.x
+    r = blockIdx.x * 4 + t
+    v = X[r] if r < N else 0.0      # region 1 surely assigns v and w
+    w = 1.0
+    sm[t] = v
+    td.syncthreads()
+    u = sm[(t + 1) % 4]
+    if u > 0.0:                     # region 2 may leave w as region 1 set it
+        w = 3.0
+    td.syncthreads()
+    if r < N:
+        Out[r] = u * w + v
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_region_loads_only_the_values_it_may_read_or_leave_unassigned(fast):
+    """A region loads a variable kept across regions from its per-thread array where it reads the value before
+    assigning it, or may leave it unassigned (its write-back stores the value it came in with); one it surely
+    assigns first is not loaded (numba would type and lower a dead load). numpy is the oracle."""
+    x = np.random.default_rng(5).standard_normal(11).astype(np.float32)
+    out = np.full_like(x, np.nan)
+    td.fast_compile(fast)
+    try:
+        source = carried.source(x, out, target="cpu")
+        carried(x, out)
+    finally:
+        td.fast_compile(False)
+    head = "while tid < 4:" if fast else "for tid in range(4):"
+    regions = [part.splitlines() for part in source.split(head)[1:]]
+    loads = [{line.strip().split(" = ")[0] for line in region if line.strip().endswith("_t[tid]")} for region in regions]
+    assert len(regions) == 3 and not loads[0] & {"v", "w"} and "w" in loads[1] and {"v", "w"} <= loads[2]
+    padded = np.concatenate([x, np.zeros(1, np.float32)])
+    u = np.concatenate([padded[4 * b:4 * b + 4][[1, 2, 3, 0]] for b in range(3)])[:11]
+    want = u * np.where(u > 0, 3.0, 1.0) + x
+    np.testing.assert_allclose(out, want, rtol=1e-6)

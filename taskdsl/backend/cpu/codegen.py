@@ -403,7 +403,10 @@ class _PythonEmitter:
             depth += 1
         body_pad = "    " * (depth + 1)
         arrays = self.program.thread_arrays
-        for uid in sorted((region.live | region.assigned) & arrays.keys()):
+        # a variable's value on entry: where the region reads it before assigning it, or may leave it unassigned
+        # (its write-back stores that value); a region that jumps might skip its end: every one it assigns
+        entry = region.live | region.assigned if jumps else region.live | (region.assigned - region.surely)
+        for uid in sorted(entry & arrays.keys()):
             self.lines.append(f"{body_pad}{self.name(arrays[uid])} = {self.thread_array(arrays[uid])}[tid]")
         # written back in order, so consecutive stores let LLVM vectorize; only for a later region
         # to read (or this one again, in a block-level loop): dead stores would keep every last

@@ -38,6 +38,7 @@ class Region:
     in_block_loop: bool = False
     live: set = field(default_factory=set)       # uids read before the region surely assigns them
     assigned: set = field(default_factory=set)   # uids the region assigns
+    surely: set = field(default_factory=set)     # uids every thread that reaches its end has assigned
 
 
 @dataclass(eq=False)
@@ -670,13 +671,13 @@ def _live_in(s, defined: set, live: set, assigned: set) -> None:
                 live |= reads(e)
 
 
-def _region_vars(region: Region) -> tuple[set, set]:
-    """(uids the region reads before surely assigning them, uids it assigns)."""
-    live, assigned = set(), set()
+def _region_vars(region: Region) -> tuple[set, set, set]:
+    """(uids the region reads before surely assigning them, uids it assigns, uids it surely assigns)."""
+    live, assigned, surely = set(), set(), set()
     for g in region.guards:
         live |= {v.uid for v in ir.collect(g, ir.Var)}
-    _live_in(ir.seq(region.stmts) if region.stmts else None, set(), live, assigned)
-    return live, assigned
+    _live_in(ir.seq(region.stmts) if region.stmts else None, surely, live, assigned)
+    return live, assigned, surely
 
 
 def fission(fn: ir.Function) -> BlockProgram:
@@ -715,7 +716,7 @@ def fission(fn: ir.Function) -> BlockProgram:
     # (or the same region, in an earlier iteration of a block-level loop) assigned.
     all_regions = list(regions(items))
     for r in all_regions:
-        r.live, r.assigned = _region_vars(r)
+        r.live, r.assigned, r.surely = _region_vars(r)
     info = [(r, r.live, r.assigned) for r in all_regions]
     local_vars = {v.uid: v for v in ir.collect(hoisted, ir.Var) if v.kind not in ("size", "param")}
     local_vars.update({g.var.uid: g.var for r in all_regions for g in r.stmts if isinstance(g, ShflGet)})
