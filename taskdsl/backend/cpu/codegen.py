@@ -354,8 +354,6 @@ class _PythonEmitter:
             elif isinstance(it, F.BlockFor):
                 self.loc = it.loop.loc
                 counted = self.counted_loop(it.loop, pad)
-                if counted is None:
-                    self.lines.append(f"{pad}for {self.name(it.loop.var)} in {self.range_of(it.loop)}:")
                 self.items(it.body, depth + 1)
                 if counted is not None:
                     self.lines.append(f"{pad}    {counted} += 1")
@@ -514,8 +512,6 @@ class _PythonEmitter:
         elif isinstance(s, ir.For):
             level = self.loop_level(s, pad)
             counted = self.counted_loop(s, pad)
-            if counted is None:
-                self.lines.append(f"{pad}for {self.var_ref(s.var)} in {self.range_of(s)}:")
             self.loop_bases.append(level)
             self.stmts([s.body], depth + 1)
             self.loop_bases.pop()
@@ -609,15 +605,16 @@ class _PythonEmitter:
         return name
 
     def counted_loop(self, s: ir.For, pad: str):
-        """Under `td.fast_compile`, the head of `s` as a `while` loop over its variable (returned: the body's end
+        """The head of `s`: under `td.fast_compile`, a `while` loop over its variable (returned: the body's end
         increments it), for a loop of step 1 whose body has no `continue` (which would skip the increment);
-        else None. numba lowers a `range` loop through an iterator object, a `while` loop as a compare and a
+        else a `range` loop (and None). numba lowers a `range` loop through an iterator object, a `while` loop as a compare and a
         branch (with the unread indices left out: 0.84x numba's time on the fast kernels of four test files,
         docs/benchmarks.md, session 76)."""
         var = self.var_ref(s.var)
         if not self.fast or self.debug or not (isinstance(s.step, ir.Const) and s.step.value == 1) \
                 or s.var.dtype not in (ir.types.i32, ir.types.i64) or not var.isidentifier() \
                 or ir.collect(s.body, ir.Continue, expressions=False):
+            self.lines.append(f"{pad}for {var} in {self.range_of(s)}:")
             return None
         self.lines.append(f"{pad}{var} = {self.expr(s.start)}")
         stop = self.expr(s.stop)
