@@ -203,6 +203,17 @@ def test_fast_compiles_call_the_costly_helpers_and_inline_the_tiny_ones():
     np.testing.assert_array_equal(out, [np.nan, np.inf])
 
 
+def _source_and_run(kernel, args: tuple, fast: bool) -> str:
+    """`kernel`'s cpu source for `args`, after running it on them, built with `td.fast_compile(fast)`."""
+    td.fast_compile(fast)
+    try:
+        source = kernel.source(*args, target="cpu")
+        kernel(*args)
+    finally:
+        td.fast_compile(False)
+    return source
+
+
 @td.kernel(grid=lambda R: R, block=1)
 def row_max(X: td.f32["R", "C"], out: td.f32["R"]):
     best = X[blockIdx.x, 0]
@@ -231,12 +242,7 @@ def test_loop_invariant_index_bases_are_computed_before_their_loop(rows, cols, k
     oracle."""
     x = np.random.default_rng(rows * 100 + cols).standard_normal((rows, cols)).astype(np.float32)
     y, z = np.full_like(x, np.nan), np.full_like(x, np.nan)
-    td.fast_compile(fast)
-    try:
-        source = shifted_rows.source(x, y, z, k, target="cpu")
-        shifted_rows(x, y, z, k)
-    finally:
-        td.fast_compile(False)
+    source = _source_and_run(shifted_rows, (x, y, z, k), fast)
     lines = [line.strip() for line in source.splitlines()]
     first_loop = next(i for i, line in enumerate(lines) if line.startswith(("for c in range", "while c <")))
     hoisted = any(line.startswith("lb") and "// 3" in line for line in lines[:first_loop])
@@ -272,13 +278,7 @@ def test_loops_and_indices_numba_need_not_compile(rows, cols, fast):
     its loop a range loop, and the loop over threads around it (it might be the loop's). numpy is the oracle."""
     x = np.random.default_rng(rows * 10 + cols).standard_normal((rows, cols)).astype(np.float32)
     y = np.full_like(x, np.nan)
-    td.fast_compile(fast)
-    try:
-        sources = [kernel.source(x, y, target="cpu") for kernel in (row_steps, row_skips)]
-        row_steps(x, y)
-        row_skips(x, y)
-    finally:
-        td.fast_compile(False)
+    sources = [_source_and_run(kernel, (x, y), fast) for kernel in (row_steps, row_skips)]
     steps, skips = ([line.strip() for line in source.splitlines()] for source in sources)
     assert not any(line.startswith(("by =", "bz =", "tx =")) for line in steps + skips)
     assert not any("tid" in line for line in steps) and "for tid in range(1):" in skips
@@ -315,12 +315,7 @@ def test_fast_compile_loops_over_threads_and_block_loops_are_while_loops(rows, c
     kernels keep range loops. numpy is the oracle."""
     x = np.random.default_rng(rows * 10 + cols).standard_normal((rows, cols)).astype(np.float32)
     out = np.full(rows, np.nan, np.float32)
-    td.fast_compile(fast)
-    try:
-        lines = [line.strip() for line in chunk_sums.source(x, out, target="cpu").splitlines()]
-        chunk_sums(x, out)
-    finally:
-        td.fast_compile(False)
+    lines = [line.strip() for line in _source_and_run(chunk_sums, (x, out), fast).splitlines()]
     assert ("while tid < 4:" in lines) == fast and ("for tid in range(4):" in lines) != fast
     assert ("while k0 < k0_stop:" in lines) == fast and ("for k0 in range(0, K, 1):" in lines) != fast
     np.testing.assert_allclose(out, 2 * x.sum(axis=1, dtype=np.float64), rtol=1e-5, atol=1e-5)
@@ -350,12 +345,7 @@ def test_a_region_loads_only_the_values_it_may_read_or_leave_unassigned(fast):
     assigns first is not loaded (numba would type and lower a dead load). numpy is the oracle."""
     x = np.random.default_rng(5).standard_normal(11).astype(np.float32)
     out = np.full_like(x, np.nan)
-    td.fast_compile(fast)
-    try:
-        source = carried.source(x, out, target="cpu")
-        carried(x, out)
-    finally:
-        td.fast_compile(False)
+    source = _source_and_run(carried, (x, out), fast)
     head = "while tid < 4:" if fast else "for tid in range(4):"
     regions = [part.splitlines() for part in source.split(head)[1:]]
     loads = [{line.strip().split(" = ")[0] for line in region if line.strip().endswith("_t[tid]")} for region in regions]
