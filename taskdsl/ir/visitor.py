@@ -42,10 +42,15 @@ class _Dispatch:
     trees of 10^5 nodes, where building the method name at every node was a third of their time."""
 
     _handlers: dict = {}
+    # True in a walker that handles statements only: it leaves expressions unvisited (as `collect(...,
+    # expressions=False)`), several times faster on unrolled bodies, where expressions are most of the nodes
+    statements_only = False
+    _children = _CHILD_TYPES     # the node classes the walk descends into
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         cls._handlers = {}      # per class, so a class built inside a function takes its table with it
+        cls._children = Stmt if cls.statements_only else _CHILD_TYPES
 
     def _handler(self, node_cls):
         try:
@@ -69,7 +74,7 @@ class Visitor(_Dispatch):
             self._visit_value(getattr(node, name))
 
     def _visit_value(self, value):
-        if isinstance(value, _CHILD_TYPES):
+        if isinstance(value, self._children):
             self.visit(value)
         elif type(value) is tuple:
             for v in value:
@@ -97,7 +102,7 @@ class Rewriter(_Dispatch):
         return dataclasses.replace(node, **changes) if changes else node
 
     def _visit_value(self, value):
-        if isinstance(value, _CHILD_TYPES):
+        if isinstance(value, self._children):
             return self.visit(value)
         if isinstance(value, Buffer):
             return self.visit_buffer(value)

@@ -13,6 +13,7 @@ from ..errors import DSLError
 class _Breaks(ir.Visitor):
     """Finds a `break` of the loop being searched (not of loops nested in it)."""
 
+    statements_only = True
     found = False
 
     def visit_Break(self, s: ir.Break):
@@ -25,6 +26,8 @@ class _Breaks(ir.Visitor):
 
 
 class _EndlessLoops(ir.Visitor):
+    statements_only = True
+
     def visit_While(self, s: ir.While):
         if isinstance(s.cond, ir.Const) and s.cond.value:
             breaks = _Breaks()

@@ -114,6 +114,8 @@ def _once(pred: ir.Expr, loc, out: list) -> ir.Expr:
 class _AtIssue(ir.Rewriter):
     """Each copy stored into its destination where it is issued; commits and waits removed."""
 
+    statements_only = True
+
     def __init__(self, flat: bool):
         self.flat = flat
 
@@ -133,6 +135,8 @@ class _AtIssue(ir.Rewriter):
 
 
 class _Emulator(ir.Rewriter):
+    statements_only = True
+
     def __init__(self, fn: ir.Function, destinations, flat: bool):
         self.first_entry = linear_thread_index(fn) * QUEUE     # the thread's ring starts here in each queue's scratch
         self.committed = ir.Var("cp_groups", T.i32)    # the thread's commits so far

@@ -30,6 +30,8 @@ def emulate_tensor_cores(fn: ir.Function, flat: bool = False) -> ir.Function:
 
 
 class _Emulator(ir.Rewriter):
+    statements_only = True
+
     def __init__(self, fn: ir.Function, flat: bool):
         self.flat = flat
         self.tid = linear_thread_index(fn)

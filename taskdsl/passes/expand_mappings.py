@@ -27,6 +27,8 @@ def expand_mappings(fn: ir.Function) -> ir.Function:
 
 
 class _Expander(ir.Rewriter):
+    statements_only = True
+
     def __init__(self, block: tuple):
         self.block = block
 

@@ -117,6 +117,8 @@ def _param_name(x) -> str:
 
 
 class _DropAllocations(ir.Rewriter):
+    statements_only = True
+
     def __init__(self, uids: set):
         self.uids = uids
 
@@ -127,6 +129,7 @@ class _DropAllocations(ir.Rewriter):
 class _Replace(ir.Rewriter):
     """Replaces the outlined bodies whose id is a key of `calls` by the value, and inlines the others."""
 
+    statements_only = True
     def __init__(self, calls: dict):
         self.calls = calls
 

@@ -132,6 +132,8 @@ def _copy_locals(body, inside_only: set) -> list:
 
 
 class _Unroller(ir.Rewriter):
+    statements_only = True
+
     def __init__(self, max_copies: int, counts: Counter, tiles: set):
         self.max_copies = max_copies
         self.counts = counts      # mentions of each variable in the whole function
