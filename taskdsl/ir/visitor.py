@@ -9,6 +9,7 @@ import dataclasses
 import functools
 import sys
 
+from . import stmt
 from .expr import Atomic, Buffer, Expr, Load, Var
 from .stmt import Stmt, Store
 
@@ -51,6 +52,12 @@ class _Dispatch:
         super().__init_subclass__(**kwargs)
         cls._handlers = {}      # per class, so a class built inside a function takes its table with it
         cls._children = Stmt if cls.statements_only else _CHILD_TYPES
+        if cls.statements_only:     # a handler of expressions would never run: say so where the class is made
+            missed = [name for name in dir(cls) if name.startswith("visit_") and name != "visit_buffer"
+                      and not issubclass(getattr(stmt, name[len("visit_"):], Expr), Stmt)]
+            if missed:
+                raise TypeError(f"{cls.__qualname__} walks statements only (statements_only = True), so its "
+                                f"{', '.join(missed)} would never be called: drop statements_only or the handlers")
 
     def _handler(self, node_cls):
         try:
