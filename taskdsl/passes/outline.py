@@ -130,6 +130,7 @@ class _Replace(ir.Rewriter):
     """Replaces the outlined bodies whose id is a key of `calls` by the value, and inlines the others."""
 
     statements_only = True
+
     def __init__(self, calls: dict):
         self.calls = calls
 
