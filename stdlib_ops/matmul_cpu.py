@@ -16,9 +16,10 @@ registers (L = 8), 6 x 32 fills 12 of AVX-512's 32 zmm registers (L = 16). The
 register tile's loops are `td.unroll` loops, not the compile-time tasks of `repeat(MR, NR)(0)`:
 the cpu target's unroll pass (and the CUDA compiler) unroll them all the same, and under
 `td.fast_compile` they stay loops, which takes a third off numba's time for the kernel (LLVM
-unrolls them itself and keeps the tile, on the stack, in registers: `codegen.STACK_BYTES`). Each
-tile loop nest runs over the columns outside the rows: LLVM unrolls the inner loop first and
-vectorizes the one around it, which must be the one along contiguous elements. k is
+unrolls them itself and keeps the tile, on the stack, in registers: `codegen.STACK_BYTES`). There,
+a tile row of one vector (AVX-512's 6x16) has its multiply-adds loop over the columns outside the
+rows: LLVM unrolls an inner loop that short first and vectorizes the loop around it, which for
+rows outside went across the rows, by gathers, 40x slower (`columns_outside`). k is
 blocked by KC. For each k block, the block first packs B's (KC x BN) panel into a contiguous
 buffer, as a BLAS does: read in place, the panel's rows are N floats apart, and for N a
 multiple of 1024 (BERT's 3072) they all map to the same few L1 sets (128 x 768 x 3072 ran at
@@ -172,6 +173,16 @@ def copies_a(transposed_a: bool, m: int | None, n: int | None) -> bool:
     return transposed_a and m is not None and m >= COPY_A_ROWS and n is not None and n <= WIDE_N
 
 
+def columns_outside(nr: int, unit: vectors.VectorUnit | None = None) -> bool:
+    """Whether the micro-kernel's multiply-adds loop over a tile's `nr` columns outside its rows: where a tile row
+    is one vector of `unit` (default: the host's) or less. Left in loops (`td.fast_compile`), LLVM unrolls the
+    inner loop first when it is that short and vectorizes the one around it: for rows outside, across the rows,
+    by gathers (AVX-512's 6x16 tile, 12544 x 32 @ 32 x 16: 6.66 ms, 0.130 with columns outside). A row of two
+    vectors or more is vectorized along itself with rows outside, and runs slower with columns outside (AVX2's
+    6x16: 0.136 ms against 0.262). Unrolled in the IR (optimized kernels), the order makes no difference."""
+    return nr <= (unit or vectors.host()).floats
+
+
 @dataclass(frozen=True)
 class Window:
     """An NCHW convolution's window, for a kernel that reads the input itself as the transposed A (its
@@ -207,6 +218,7 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
     not a matrix index (the kernel's M comes from C, its K from the table's width).
     """
     (MR, NR), (BM, BN), KC = p.micro, p.block, p.bk
+    COLUMNS_OUTSIDE = columns_outside(NR)
     copy_a = copy_a and transposed_a
     window = window if copy_a else None
     indirect = indirect and not transposed_a
@@ -245,11 +257,14 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
                     fa[x] = td.cast(A[za, k, i] if transposed_a else A[za, i, k], f32)
             for y in range(NR):
                 fb[y] = panel[row + k - k0, j + y]
-            # columns outside rows: left in loops (fast compile), LLVM unrolls the rows and vectorizes the columns;
-            # with rows outside, it vectorized a 6x16 tile across its rows, by gathers, 40x slower
-            for y in td.unroll(NR):
+            if COLUMNS_OUTSIDE:
+                for y in td.unroll(NR):
+                    for x in td.unroll(MR):
+                        c[x, y] += fa[x] * fb[y]
+            else:
                 for x in td.unroll(MR):
-                    c[x, y] += fa[x] * fb[y]
+                    for y in td.unroll(NR):
+                        c[x, y] += fa[x] * fb[y]
 
     def grid(M, N, BZ):
         if copy_a and N > WIDE_N:       # the block's sums hold WIDE_N columns: past them, writes out of bounds
@@ -312,12 +327,12 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
                         i0, j = row0 + mi * MR, nj * NR
                         if i0 < M and j < cols:
                             if k0 == k_begin:
-                                for y in td.unroll(NR):
-                                    for x in td.unroll(MR):
+                                for x in td.unroll(MR):
+                                    for y in td.unroll(NR):
                                         c[x, y] = 0.0
                             else:
-                                for y in td.unroll(NR):
-                                    for x in td.unroll(MR):
+                                for x in td.unroll(MR):
+                                    for y in td.unroll(NR):
                                         c[x, y] = partial[pj * BM + mi * MR + x, j + y]
                             ahead = -1
                             if packed_b:    # this call's share of the rows after the k block's: the next one's
@@ -327,8 +342,8 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
                                 ahead = ahead if share < KC * BN and ahead + span <= RB * BN else -1
                             micro_kernel(A, strip, panel, c, fa, fb, za, i0 - row0 if staged else i0, j, k0, k1, row, M,
                                          batch_index, at, ahead)
-                            for y in td.unroll(NR):
-                                for x in td.unroll(MR):
+                            for x in td.unroll(MR):
+                                for y in td.unroll(NR):
                                     partial[pj * BM + mi * MR + x, j + y] = c[x, y]
                     if not transposed_a and k1 == k_end:    # these rows are done: to C, through the epilogue
                         for i in range(mi * MR, td.min(mi * MR + MR, rows)):
