@@ -175,11 +175,11 @@ def copies_a(transposed_a: bool, m: int | None, n: int | None) -> bool:
 
 def columns_outside(nr: int) -> bool:
     """Whether the micro-kernel's multiply-adds loop over a tile's `nr` columns outside its rows: where a tile row
-    is one of the host's vectors or less. Left in loops (`td.fast_compile`), LLVM unrolls the
-    inner loop first when it is that short and vectorizes the one around it: for rows outside, across the rows,
-    by gathers (AVX-512's 6x16 tile, 12544 x 32 @ 32 x 16: 6.66 ms, 0.130 with columns outside). A row of two
-    vectors or more is vectorized along itself with rows outside, and runs slower with columns outside (AVX2's
-    6x16: 0.136 ms against 0.262). Unrolled in the IR (optimized kernels), the order makes no difference."""
+    is one of the host's vectors or less. Left in loops (`td.fast_compile`), LLVM unrolls the inner loop first
+    when it is that short and vectorizes the one around it: for rows outside, across the rows, by gathers
+    (AVX-512's 6x16 tile, 12544 x 32 @ 32 x 16: 6.66 ms, 0.130 with columns outside). A row of two vectors or
+    more is vectorized along itself with rows outside, and runs slower with columns outside (AVX2's 6x16: 0.136
+    ms against 0.262). Unrolled in the IR (optimized kernels), the order makes no difference."""
     return nr <= vectors.host().floats
 
 

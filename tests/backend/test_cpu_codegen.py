@@ -348,7 +348,8 @@ def test_a_region_loads_only_the_values_it_may_read_or_leave_unassigned(fast):
     source = _source_and_run(carried, (x, out), fast)
     head = "while tid < 4:" if fast else "for tid in range(4):"
     regions = [part.splitlines() for part in source.split(head)[1:]]
-    loads = [{line.strip().split(" = ")[0] for line in region if line.strip().endswith("_t[tid]")} for region in regions]
+    loads = [{line.strip().split(" = ")[0] for line in region if line.strip().endswith("_t[tid]")}
+             for region in regions]
     assert len(regions) == 3 and not loads[0] & {"v", "w"} and "w" in loads[1] and {"v", "w"} <= loads[2]
     padded = np.concatenate([x, np.zeros(1, np.float32)])
     u = np.concatenate([padded[4 * b:4 * b + 4][[1, 2, 3, 0]] for b in range(3)])[:11]

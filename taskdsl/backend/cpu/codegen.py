@@ -607,9 +607,9 @@ class _PythonEmitter:
     def counted_loop(self, s: ir.For, pad: str):
         """The head of `s`: under `td.fast_compile`, a `while` loop over its variable (returned: the body's end
         increments it), for a loop of step 1 whose body has no `continue` (which would skip the increment);
-        else a `range` loop (and None). numba lowers a `range` loop through an iterator object, a `while` loop as a compare and a
-        branch (with the unread indices left out: 0.84x numba's time on the fast kernels of four test files,
-        docs/benchmarks.md, session 76)."""
+        else a `range` loop (and None). numba lowers a `range` loop through an iterator object, a `while` loop as
+        a compare and a branch (with the unread indices left out: 0.84x numba's time on the fast kernels of four
+        test files, docs/benchmarks.md, session 76)."""
         var = self.var_ref(s.var)
         if not self.fast or self.debug or not (isinstance(s.step, ir.Const) and s.step.value == 1) \
                 or s.var.dtype not in (ir.types.i32, ir.types.i64) or not var.isidentifier() \
