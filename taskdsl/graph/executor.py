@@ -308,9 +308,10 @@ class CompiledGraph:
 
     @property
     def cpu_modules(self) -> int:
-        """How many generated cpu modules those kernels run (fewer than the kernels where kernels of other shapes
-        share one: `share_code`)."""
-        return len({path for k in self.kernels for _, _, path in k._cpu.values()})
+        """How many generated cpu modules those kernels run, their outlined functions' included (fewer than the
+        kernels where kernels of other shapes share one, `share_code`, and kernels share an outlined function)."""
+        sources = [src for k in self.kernels for _, src, _ in k._cpu.values()]
+        return len({src.text for src in sources} | {o.text for src in sources for o in src.outlined})
 
     def _layout_summary(self) -> str:
         if self.channels_last:

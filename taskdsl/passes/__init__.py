@@ -7,9 +7,10 @@ Both targets end with split_deep_expressions (generated code must nest within it
 The cpu target keeps sizes symbolic (one numba compile serves every shape) and gives async-copy and
 tensor-core instructions their plain meaning on flattened IR (one linear index where n-d addressing would
 carry several through their exchanges: numba's compile time grows with code size):
-                         unroll_loops -> simplify -> outline -> flatten_buffers -> simplify
+                         unroll_loops -> outline -> simplify -> flatten_buffers -> simplify
                          -> emulate_async_copies -> emulate_tensor_cores -> simplify -> check_loops
-(outline: the bodies of `@td.func(outline=True)` calls become functions of their own, lowered on alike), except
+(outline: the bodies of `@td.func(outline=True)` calls become functions of their own, lowered on alike; before
+the kernel is simplified, so that facts of its fixed sizes leave the bodies of kernels of other shapes alike), except
 in debug mode, which keeps n-d accesses so each index can be checked per axis (it only emulates and inlines), and
 with fast compilation, which skips unroll_loops. CUDA inlines outlined bodies first.
 Blocks are then split at barriers in `backend/cpu/fission.py`.
@@ -52,7 +53,7 @@ def lower_for_cpu(fn: ir.Function, debug: bool, unroll: bool = True, early_copie
     if debug:
         return split_deep_expressions(emulate_tensor_cores(emulate_async_copies(inline_outlined(fn),
                                                                                 early=early_copies)))
-    fn = outline(simplify(unroll_loops(fn) if unroll else fn))
+    fn = simplify(outline(unroll_loops(fn) if unroll else fn))
     return dataclasses.replace(_flat_for_cpu(fn, early_copies),
                                outlined=tuple(_flat_for_cpu(f, early_copies) for f in fn.outlined))
 

@@ -355,3 +355,20 @@ def test_a_region_loads_only_the_values_it_may_read_or_leave_unassigned(fast):
     u = np.concatenate([padded[4 * b:4 * b + 4][[1, 2, 3, 0]] for b in range(3)])[:11]
     want = u * np.where(u > 0, 3.0, 1.0) + x
     np.testing.assert_allclose(out, want, rtol=1e-6)
+
+
+def test_borrowed_arrays_view_the_same_data_shape_and_strides():
+    """`rt.borrowed` (an outlined function's call passes its arrays so: no reference count to change) gives a view
+    of the same memory: a write through it lands in the array, and its shape and strides are the array's."""
+    from numba import njit
+    from taskdsl.backend.cpu import support
+
+    @njit
+    def write_through(a):
+        view = support.borrowed(a)
+        view[3] = 7.0
+        return view.shape[0], view.strides[0], view.ctypes.data == a.ctypes.data
+
+    a = np.zeros(5, np.float32)
+    assert write_through(a) == (5, 4, True)
+    np.testing.assert_array_equal(a, [0, 0, 0, 7, 0])

@@ -328,3 +328,22 @@ def test_fast_compile_loops_over_a_tiles_columns_outside_its_rows_where_a_row_is
     inner, outer = loops[:2]
     columns, rows = (outer, inner) if cpu.columns_outside(point.micro[1]) else (inner, outer)
     assert re.search(rf"fa\[[^]]*\b{rows}\b", lines[at]) and re.search(rf"fb\[[^]]*\b{columns}\b", lines[at]), source
+
+
+def test_kernels_of_other_shapes_and_block_heights_share_one_outlined_sweep():
+    """The sweep of a block's micro-tiles is an outlined function: the kernels a graph fixes to other shapes (M in
+    one row block, where the kernel's sizes prove its row clamps never bind, or in several) and of other block
+    heights generate one module for it, the unrolled tile compiled once for them all; the kernels call it."""
+    from taskdsl.backend.cpu.codegen import emit_python
+    from taskdsl.passes import bind_sizes, lower, lower_for_cpu
+    texts, calls = set(), []
+    for block in ((48, 64), (96, 64)):
+        fn = lower(cpu.tile_matmul_kernel(cpu.default_point(unit=vectors.AVX512).replace(block=block), td.f32,
+                                          td.f32, packed_b=True)._frontend_ir((1, 1, 1)))
+        for m in (48, 100):
+            src = emit_python(lower_for_cpu(bind_sizes(fn, {"BA": 1, "M": m, "K": 64, "RB": 64, "BZ": 1, "N": 64}),
+                                            debug=False))
+            texts |= {o.text for o in src.outlined}
+            calls.append(src.text.count("rt.call_entry(outlined_0, ("))
+    assert len(texts) == 1 and calls == [1, 1, 1, 1]
+    assert "def kernel_sweep(" in texts.pop()

@@ -537,7 +537,7 @@ class _PythonEmitter:
             self.lines.append(f"{pad}{self.var_ref(s.var)} = {self.shuffle_array(s.site)}[{src}]")
         elif isinstance(s, ir.CallOutlined):
             # scalars in exactly the parameter types compiled for (any 1-D array has one struct layout)
-            args = [self.name(a) if isinstance(a, ir.Buffer) else f"{np_type(a.dtype)}({self.cast(a, a.dtype)})"
+            args = [f"rt.borrowed({self.name(a)})" if isinstance(a, ir.Buffer) else f"{np_type(a.dtype)}({self.cast(a, a.dtype)})"
                     for a in s.args]
             self.lines.append(f"{pad}rt.call_entry(outlined_{s.index}, ({', '.join(args)}, outlined_ints), "
                               "np.int64(0), np.int64(1))")
