@@ -536,10 +536,11 @@ class _PythonEmitter:
             src = f"rt.{s.func}_src(tid, {self.expr(s.lane)}, {s.width}, {self.threads})"
             self.lines.append(f"{pad}{self.var_ref(s.var)} = {self.shuffle_array(s.site)}[{src}]")
         elif isinstance(s, ir.CallOutlined):
-            # scalars in exactly the parameter types compiled for (any 1-D array has one struct layout)
-            args = [f"rt.borrowed({self.name(a)})" if isinstance(a, ir.Buffer) else f"{np_type(a.dtype)}({self.cast(a, a.dtype)})"
-                    for a in s.args]
-            self.lines.append(f"{pad}rt.call_entry(outlined_{s.index}, ({', '.join(args)}, outlined_ints), "
+            # scalars in exactly the parameter types compiled for (any 1-D array has one struct layout); arrays
+            # borrowed: numba would count a reference to each in the argument tuple, atomically, every call
+            args = [f"rt.borrowed({self.name(a)})" if isinstance(a, ir.Buffer)
+                    else f"{np_type(a.dtype)}({self.cast(a, a.dtype)})" for a in s.args]
+            self.lines.append(f"{pad}rt.call_entry(outlined_{s.index}, ({', '.join(args)}, rt.borrowed(outlined_ints)), "
                               "np.int64(0), np.int64(1))")
         elif isinstance(s, ir.Allocate):
             pass  # allocated per block / per thread at the top
