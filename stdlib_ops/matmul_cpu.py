@@ -31,7 +31,7 @@ column by column where C is stored so (a transposed A's).
 The sweep is an outlined function (`@td.func(outline=True)`): its unrolled tile is nearly all of a
 kernel's numba time, and outlined it is compiled once for every kernel of the same point and operand
 forms, whatever their fused epilogues, block heights and shapes (ResNet-50's cold build: 12.1 -> 8.9 s,
-MobileNet-V2's 19.9 -> 12.1 s). A call costs about 20 ns, once per block, panel and k block: a call
+MobileNet-V2's 19.9 -> 12.1 s). A call costs 20-30 ns, once per block, panel and k block: a call
 per row of micro-tiles cost 1-11% of a product's time (K = 768 down to 16).
 
 Edges: rows past M are clamped (they read row M - 1 and are never stored); the packed

@@ -540,8 +540,8 @@ class _PythonEmitter:
             # borrowed: numba would count a reference to each in the argument tuple, atomically, every call
             args = [f"rt.borrowed({self.name(a)})" if isinstance(a, ir.Buffer)
                     else f"{np_type(a.dtype)}({self.cast(a, a.dtype)})" for a in s.args]
-            self.lines.append(f"{pad}rt.call_entry(outlined_{s.index}, ({', '.join(args)}, rt.borrowed(outlined_ints)), "
-                              "np.int64(0), np.int64(1))")
+            self.lines.append(f"{pad}rt.call_entry(outlined_{s.index}, ({', '.join(args)}, "
+                              "rt.borrowed(outlined_ints)), np.int64(0), np.int64(1))")
         elif isinstance(s, ir.Allocate):
             pass  # allocated per block / per thread at the top
         else:
