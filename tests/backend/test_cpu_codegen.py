@@ -46,16 +46,21 @@ def moving_base(X: f32[16], Y: f32[16]):
     j = 5                      # the same base variable, assigned inside the straight run
     Y[j + 1] = X[j + 2]
     Y[j + 3] = X[j]
+    j = 9                      # one access after it: no base of its own, and not the stale one
+    Y[j + 2] = 7.0
 
 
-def test_a_base_whose_variable_the_run_assigns_is_not_shared():
+def test_a_base_whose_variable_the_run_assigns_is_computed_after_each_assignment():
     x = np.arange(16, dtype=np.float32)
     y = np.zeros(16, np.float32)
-    source = moving_base.source(x, y, target="cpu")
-    assert " ix = " not in source
+    lines = [line.strip() for line in moving_base.source(x, y, target="cpu").splitlines()]
+    assert lines.index("ix = np.uint64(j)") == lines.index("j = 1") + 1
+    assert lines.index("ix_1 = np.uint64(j)") == lines.index("j = 5") + 1
+    assert sum(line.startswith("ix") for line in lines) == 2
     moving_base(x, y)
     want = np.zeros(16, np.float32)
     want[[2, 4, 6, 8]] = x[[3, 1, 7, 5]]
+    want[11] = 7
     np.testing.assert_array_equal(y, want)
 
 

@@ -249,7 +249,7 @@ class _PythonEmitter:
         self.on_stack = _stacked([*self.registers.values(), *self.shared], self.threads) \
             if (fast or outlined) and not debug else set()     # (an outlined function's are its frame's, per call)
         self.constants: dict = {}      # module-level name -> numpy scalar constructor (see `constant`)
-        self.bases: dict = {}          # index base text -> local holding it, in a straight run (see `run`)
+        self.bases: dict = {}          # index base text -> (its local, the uids it reads), in a straight run (`run`)
         self.loop_bases: list = []     # per enclosing loop, its `loop_level`
         self.hoisted: list = []        # the locals `loop_level` made (an access may take another base after all)
 
@@ -550,16 +550,22 @@ class _PythonEmitter:
     def run(self, stmts: list, depth: int) -> None:
         """Straight-line assignments and stores, with each flat-index base that two or more of their accesses
         share computed once before them: `partial[np.uint64(((mi * 6 + 5) * 64) + (j + 29))]` becomes
-        `partial[ix + k_uint64_29]` after `ix = np.uint64((mi * 6 + 5) * 64 + j)`. An unrolled register tile's
-        loads and stores are mostly such accesses, and numba's typing and lowering cost grows with the
-        operations it sees (a 6x32 tile matmul: 3.7k operations, 1.5k of them in these indices)."""
-        if self.flat and len(stmts) > 1:     # (runs hold no statements that nest: no run is inside another)
-            pad = "    " * depth
-            for key in _shared_bases(stmts, self.registers, self.expr):
-                self.bases[key] = name = self.name.derived(("index base", len(self.lines)), "ix")
+        `partial[ix + k_uint64_29]` after `ix = np.uint64((mi * 6 + 5) * 64 + j)`. A base reading a variable the run
+        assigns is computed after that assignment and serves the accesses up to the next one (an unrolled window's
+        taps: `ih_1 = oh * 2`, then four loads at `((n * 56 + ih_1) * 56 + iw) * 144 + c` and steps of 288). An
+        unrolled register tile's loads and stores are mostly such accesses, and numba's typing and lowering cost
+        grows with the operations it sees (a 6x32 tile matmul: 3.7k operations, 1.5k of them in these indices)."""
+        bases = _shared_bases(stmts, self.registers, self.expr) if self.flat and len(stmts) > 1 else {}
+        pad = "    " * depth
+        for position, x in enumerate([None, *stmts]):
+            if x is not None:
+                self.stmt(x, depth)
+                if isinstance(x, ir.Assign):   # the bases reading its variable are stale now
+                    self.bases = {k: v for k, v in self.bases.items() if x.var.uid not in v[1]}
+            for key, reads in bases.get(position - 1, ()):
+                name = self.name.derived(("index base", len(self.lines)), "ix")
+                self.bases[key] = name, reads
                 self.lines.append(f"{pad}{name} = np.uint64({key})")
-        for x in stmts:
-            self.stmt(x, depth)
         self.bases = {}
 
     def loop_level(self, loop: ir.For, pad: str) -> tuple:
@@ -664,7 +670,7 @@ class _PythonEmitter:
         if not self.bases:
             return None
         base, offset = _split_offset(index)
-        name = self.bases.get(self.expr(base)) if base is not None else None
+        name = self.bases.get(self.expr(base), (None,))[0] if base is not None else None
         if name is None or offset == 0:
             return name
         return f"({name} {'+' if offset > 0 else '-'} {self.constant(f'np.uint64({abs(offset)})')})"
@@ -924,17 +930,29 @@ def _stacked(buffers: list, threads: int) -> set:
     return chosen
 
 
-def _shared_bases(stmts: list, registers: dict, text) -> list:
-    """The texts of the flat-index bases (`_split_offset`) that two or more accesses of `stmts` share, outside
-    register buffers, where no statement of `stmts` assigns a variable of the base and the base loads nothing."""
-    assigned = {s.var.uid for s in stmts if isinstance(s, ir.Assign)}
+def _shared_bases(stmts: list, registers: dict, text) -> dict:
+    """{position: [(base text, uids of the variables it reads)]}: the flat-index bases (`_split_offset`) that two or
+    more accesses of `stmts` outside register buffers share between assignments of the base's variables, each
+    to be computed after statement `position` (-1: before the run), the last one assigning one of them; bases that
+    load memory are left alone."""
+    latest: dict = {}         # var uid -> index of the last statement so far assigning it
     counts: Counter = Counter()
-    for s in stmts:
+    reads: dict = {}
+    for i, s in enumerate(stmts):
         for access in ir.collect(s, ir.Load) + ([s] if isinstance(s, ir.Store) else []):
             if access.buffer.uid in registers or len(access.indices) != 1:
                 continue
             base, _ = _split_offset(access.indices[0])
-            if base is None or not ir.invariant(base, assigned):
+            if base is None or ir.collect(base, ir.Load):
                 continue
-            counts[text(base)] += 1
-    return [key for key, n in counts.items() if n > 1]
+            uids = frozenset(v.uid for v in ir.collect(base, ir.Var))
+            key = max((latest.get(uid, -1) for uid in uids), default=-1), text(base)
+            counts[key] += 1
+            reads[key] = uids
+        if isinstance(s, ir.Assign):
+            latest[s.var.uid] = i
+    found: dict = {}
+    for (position, key), n in counts.items():
+        if n > 1:
+            found.setdefault(position, []).append((key, reads[position, key]))
+    return found
