@@ -1,5 +1,6 @@
 """The cpu code generator's compile-time economies (shared index bases, module-level constants, while loops, no unread
-indices, no dead loads on entering a region) and where it allocates buffers (the stack or the heap).
+indices, no dead loads on entering a region, no branch for a test of a register element) and where it allocates
+buffers (the stack or the heap).
 
 Oracle: numpy for the kernels' results; for `_split_offset`, Python's integer arithmetic on the
 same expression tree.
@@ -62,6 +63,27 @@ def test_a_base_whose_variable_the_run_assigns_is_computed_after_each_assignment
     want[[2, 4, 6, 8]] = x[[3, 1, 7, 5]]
     want[11] = 7
     np.testing.assert_array_equal(y, want)
+
+
+@td.kernel(grid=1, block=1)
+def flagged(X: f32[4], Y: f32[4], n: i32):
+    ok = td.registers(i32, 4)
+    for p in td.unroll(4):
+        ok[p] = p < n
+    for p in td.unroll(4):
+        Y[p] = X[p] if n > 1 and ok[p] != 0 else 0.0
+
+
+@pytest.mark.parametrize("n", [0, 2, 3, 9])
+def test_a_register_element_held_in_a_local_is_tested_without_a_branch(n):
+    """An unrolled register element is a local: `n > 1 and ok[p] != 0` needs no short-circuit (a branch in a loop
+    body keeps LLVM from vectorizing it, and numba types every branch's blocks)."""
+    x = np.arange(1, 5, dtype=np.float32)
+    y = np.full(4, -1, np.float32)
+    source = flagged.source(x, y, n, target="cpu")
+    assert "((n > 1) & (ok_0 != 0))" in source and " and " not in source
+    flagged(x, y, n)
+    np.testing.assert_array_equal(y, np.where((n > 1) & (np.arange(4) < n), x, 0))
 
 
 VARIABLES = [ir.Var(name, td.i64) for name in "abc"]

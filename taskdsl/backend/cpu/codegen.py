@@ -57,14 +57,15 @@ _PY_OPS = {"and": "and", "or": "or"}
 _EAGER_OPS = {"and": "&", "or": "|"}     # for operands `plain`: both evaluated, no branch
 
 
-def plain(e: ir.Expr) -> bool:
+def plain(e: ir.Expr, locals_: dict | None = None) -> bool:
     """Whether `e` is a boolean of integer arithmetic (no division, no shift) and comparisons on variables (of
-    floats: of variables and constants only):
+    floats: of variables and constants only), the register elements held in locals (`locals_`, keyed by (buffer
+    uid, element)) counting as variables:
     cheap, and safe to evaluate when a short-circuit would not (a guard such as `s < 32 and (m >> s) & 1`
     keeps its `and`). `a and b` of such operands is emitted as `a & b`: Python's `and` is a branch, and a
     branch in a loop body stops LLVM from vectorizing it (a depthwise conv's taps' bounds tests,
     `ih >= 0 and ih < H and iw >= 0 and iw < W`, left its channel loop scalar: 15x slower)."""
-    return e.dtype.name == "bool" and _plain_value(e)
+    return e.dtype.name == "bool" and _plain_value(e, locals_ or {})
 
 
 _UNSAFE_OPS = ("//", "%", "/", "<<", ">>")   # a zero divisor, or a shift count past the width: undefined
@@ -79,15 +80,18 @@ _COMPARISONS = ("<", "<=", ">", ">=", "==", "!=")
 STACK_BYTES = 64 * 1024
 
 
-def _plain_value(e: ir.Expr) -> bool:
+def _plain_value(e: ir.Expr, locals_: dict) -> bool:
     if isinstance(e, (ir.Const, ir.Var, ir.SpecialReg)):
         return True
+    if isinstance(e, ir.Load):
+        return len(e.indices) == 1 and isinstance(e.indices[0], ir.Const) and \
+            (e.buffer.uid, e.indices[0].value) in locals_
     if isinstance(e, ir.Binary) and e.a.dtype.is_float:     # a comparison of float variables (a NaN test, say)
         return e.op in _COMPARISONS and all(isinstance(x, (ir.Const, ir.Var)) for x in (e.a, e.b))
     if isinstance(e, ir.Binary):
-        return e.op not in _UNSAFE_OPS and _plain_value(e.a) and _plain_value(e.b)
+        return e.op not in _UNSAFE_OPS and _plain_value(e.a, locals_) and _plain_value(e.b, locals_)
     if isinstance(e, ir.Unary):
-        return e.op != "~" and _plain_value(e.a)        # numba's ~ of a bool is an int
+        return e.op != "~" and _plain_value(e.a, locals_)        # numba's ~ of a bool is an int
     return False
 
 
@@ -798,7 +802,8 @@ class _PythonEmitter:
                 return f"({self.cast(e.a, e.dtype)} {e.op} {self.cast(e.b, e.dtype)})"
             if e.op == "//" and e.dtype.name == "i32" and self.may_overflow_division(e):
                 return f"rt.floordiv_i32({self.expr(e.a)}, {self.expr(e.b)})"
-            op = _EAGER_OPS[e.op] if e.op in _EAGER_OPS and plain(e.a) and plain(e.b) else _PY_OPS.get(e.op, e.op)
+            op = _EAGER_OPS[e.op] if e.op in _EAGER_OPS and plain(e.a, self.promoted_elements) and \
+                plain(e.b, self.promoted_elements) else _PY_OPS.get(e.op, e.op)
             text = f"({self.expr(e.a)} {op} {self.expr(e.b)})"
             # Wrap-around CUDA defines (left shifts, unsigned arithmetic); signed +-* overflow is UB there.
             if e.dtype.is_integer and (e.op == "<<" or (e.dtype.kind == "uint" and e.op in ("+", "-", "*"))):
