@@ -73,6 +73,15 @@ class _Simplifier(ir.Rewriter):
         body = self.visit(s.body)
         return dataclasses.replace(s, start=start, stop=stop, body=body)
 
+    def visit_Outlined(self, s: ir.Outlined):
+        # an outlined body is compiled once for all its calls: what the ranges around one call say must not fold
+        # into it (a matmul's row clamps, folded in a kernel of one row block, made it a function of its own)
+        around, self.ranges = self.ranges, {}
+        try:
+            return self.generic_visit(s)
+        finally:
+            self.ranges = around
+
     def visit_If(self, s: ir.If):
         cond = self.visit(s.cond)
         if isinstance(cond, ir.Const):

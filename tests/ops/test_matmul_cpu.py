@@ -338,11 +338,11 @@ def test_kernels_of_other_shapes_and_block_heights_share_one_outlined_sweep():
     from taskdsl.passes import bind_sizes, lower, lower_for_cpu
     texts, calls = set(), []
     for block in ((48, 64), (96, 64)):
-        fn = lower(cpu.tile_matmul_kernel(cpu.default_point(unit=vectors.AVX512).replace(block=block), td.f32,
-                                          td.f32, packed_b=True)._frontend_ir((1, 1, 1)))
-        for m in (48, 100):
-            src = emit_python(lower_for_cpu(bind_sizes(fn, {"BA": 1, "M": m, "K": 64, "RB": 64, "BZ": 1, "N": 64}),
-                                            debug=False))
+        fn = cpu.tile_matmul_kernel(cpu.default_point(unit=vectors.AVX512).replace(block=block), td.f32, td.f32,
+                                    packed_b=True)._frontend_ir((1, 1, 1))
+        for m in (48, 100):     # the sizes fixed before every pass, as a graph fixes them
+            sizes = {"BA": 1, "M": m, "K": 64, "RB": 64, "BZ": 1, "N": 64}
+            src = emit_python(lower_for_cpu(lower(bind_sizes(fn, sizes)), debug=False))
             texts |= {o.text for o in src.outlined}
             calls.append(src.text.count("rt.call_entry(outlined_0, ("))
     assert len(texts) == 1 and calls == [1, 1, 1, 1]

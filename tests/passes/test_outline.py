@@ -93,6 +93,21 @@ def test_a_kernel_of_bound_sizes_passes_them_to_its_outlined_body(own_cache):
     assert "# outlined_0:\nkernel axpy_row(" in text
 
 
+def test_sizes_fixed_before_every_pass_do_not_fold_into_an_outlined_body():
+    """Where a graph fixes the sizes before the first pass, `simplify` could prove the body's clamp
+    `td.min(j0 + j, n - 1)` idle for N = 4 (j0 is 0 there) and drop it: the body would differ from other shapes' and
+    make a module of its own. What the kernel's ranges say about one call stays out of the body."""
+    from taskdsl.backend.cpu.codegen import emit_python
+    from taskdsl.passes import bind_sizes, lower, lower_for_cpu
+    fn = axpy._frontend_ir((1, 1, 1))
+    lowered = [lower_for_cpu(lower(bind_sizes(fn, {"M": m, "N": n})), debug=False) for m, n in ((3, 4), (64, 300))]
+    texts = {emit_python(f).outlined[0].text for f in lowered}
+    assert len(texts) == 1 and "min(" in texts.pop()
+    x, y, out, alpha = _operands(3, 4, 0)
+    axpy(x, y, out, alpha)
+    np.testing.assert_allclose(out, alpha * x + y, rtol=1e-6)
+
+
 @td.func(outline=True)
 def scale_row(x, out, row, n, alpha):
     for j in range(n):
