@@ -71,6 +71,8 @@ def check(p, itemsize: int = 4, unit: vectors.VectorUnit | None = None):
         return f"micro-tile needs more than {unit.registers} vector registers"
     if mr * nr > MAX_COPIES:
         return f"micro-tile above the {MAX_COPIES} multiply-adds the cpu target unrolls"
+    if bn < LINE_FLOATS:
+        return f"block narrower than a cache line ({LINE_FLOATS} floats: the micro-kernel prefetches a line a step)"
     a_bytes = bm * p.bk * (itemsize + 4 if itemsize == 2 else itemsize)     # 16-bit A: and its f32 copy (stages_a)
     if a_bytes + (bn * p.bk + bm * bn) * 4 > PANEL_BYTES:     # B's panel is packed as f32
         return f"panels above {PANEL_BYTES // 1024} KiB"
@@ -240,18 +242,22 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
     b_spec = f32["RB", BN] if packed_b else dtype["BB", "K", "N"]
 
     @td.func
-    def micro_kernel(A, strip, panel, c, fa, fb, za, i0, j, k0, k1, row, M, index, at, ahead):
+    def micro_kernel(A, strip, panel, c, fa, fb, za, i0, j, k0, k1, row, M, index, at, ahead, width):
         """c += A[i0:i0+MR, k0:k1] @ panel[row : row+k1-k0, j:j+NR] (rows past M clamped); with `copy_a`, A is
         read from the block's copy `strip`, where i0 counts from the block's first row; with `indirect`, at
         `at` (the rows' offsets) plus the k's offset in `index`. With `packed_b` and `ahead` >= 0, every
-        PREFETCH_GAP k steps it prefetches the next line of packed B from its flat element `ahead` on."""
+        PREFETCH_GAP k steps it prefetches the next line of packed B (rows `width` wide) from its flat element
+        `ahead` on."""
         if indirect:
             for x in range(MR):
                 at[x] = index[0, 2 + td.min(i0 + x, M - 1)]
+        line_row, line_col = ahead // width, ahead % width      # the next line to prefetch
         for k in range(k0, k1):
             if packed_b and ahead >= 0 and (k - k0) % PREFETCH_GAP == 0:
-                line = ahead + (k - k0) // PREFETCH_GAP * LINE_FLOATS
-                td.prefetch(panel[line // BN, line % BN])
+                td.prefetch(panel[line_row, line_col])
+                line_col += LINE_FLOATS      # (a block is at least a line wide: `check`)
+                wraps = line_col >= width
+                line_col, line_row = line_col - width if wraps else line_col, line_row + 1 if wraps else line_row
             for x in range(MR):
                 if staged:
                     fa[x] = strip[k - k0, i0 + x] if transposed_a else strip[i0 + x, k - k0]
@@ -272,35 +278,34 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
                         c[x, y] += fa[x] * fb[y]
 
     @td.func(outline=True)
-    def sweep(A, strip, panel, ends, partial, c, fa, fb, at, za, i_first, tiles, pbase, cols, k0, k1, first, row, M,
-              index):
+    def sweep(A, strip, panel, ends, width, partial, c, fa, fb, at, za, i_first, tiles, pbase, cols, k0, k1, first, row,
+              M, index):
         """A block's micro-tiles for one column panel and k block k0..k1, `tiles` rows of them: each tile's sums
         from `partial`'s rows `pbase`.. (zeros in the `first` k block), through the micro-kernel and back. Outlined:
-        one compile of the unrolled tile serves every kernel of this point, whatever its epilogue, block height
-        or shapes (`panel`'s rows end at flat element `ends`)."""
+        one compile of the unrolled tile serves every kernel of this micro-tile and operand form, whatever its
+        epilogue, block or shapes (`panel`'s rows, `width` wide, end at flat element `ends`)."""
         for mi in range(tiles):
             i0, prow = i_first + mi * MR, pbase + mi * MR
-            for nj in range(BN // NR):
+            for nj in range(td.cdiv(cols, NR)):
                 j = nj * NR
-                if j < cols:
-                    if first:
-                        for x in td.unroll(MR):
-                            for y in td.unroll(NR):
-                                c[x, y] = 0.0
-                    else:
-                        for x in td.unroll(MR):
-                            for y in td.unroll(NR):
-                                c[x, y] = partial[prow + x, j + y]
-                    ahead = -1
-                    if packed_b:    # this call's share of the rows after the k block's: the next one's
-                        span = KC // PREFETCH_GAP * LINE_FLOATS      # the floats a call prefetches
-                        share = (mi * (BN // NR) + nj) * span
-                        ahead = (row + k1 - k0) * BN + share
-                        ahead = ahead if share < KC * BN and ahead + span <= ends else -1
-                    micro_kernel(A, strip, panel, c, fa, fb, za, i0, j, k0, k1, row, M, index, at, ahead)
+                if first:
                     for x in td.unroll(MR):
                         for y in td.unroll(NR):
-                            partial[prow + x, j + y] = c[x, y]
+                            c[x, y] = 0.0
+                else:
+                    for x in td.unroll(MR):
+                        for y in td.unroll(NR):
+                            c[x, y] = partial[prow + x, j + y]
+                ahead = -1
+                if packed_b:    # this call's share of the rows after the k block's: the next one's
+                    span = KC // PREFETCH_GAP * LINE_FLOATS      # the floats a call prefetches
+                    share = (mi * (width // NR) + nj) * span
+                    ahead = (row + k1 - k0) * width + share
+                    ahead = ahead if share < KC * width and ahead + span <= ends else -1
+                micro_kernel(A, strip, panel, c, fa, fb, za, i0, j, k0, k1, row, M, index, at, ahead, width)
+                for x in td.unroll(MR):
+                    for y in td.unroll(NR):
+                        partial[prow + x, j + y] = c[x, y]
 
     def grid(M, N, BZ):
         if copy_a and N > WIDE_N:       # the block's sums hold WIDE_N columns: past them, writes out of bounds
@@ -358,7 +363,7 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
                             panel[k, j] = td.cast(B[zb, k0 + k, col0 + j], f32)
                         for j in range(cols, BN):    # past column N: zeros, computed but never stored
                             panel[k, j] = 0.0
-                sweep(A, strip, panel, panel.shape[0] * BN, partial, c, fa, fb, at, za, 0 if staged else row0,
+                sweep(A, strip, panel, panel.shape[0] * BN, BN, partial, c, fa, fb, at, za, 0 if staged else row0,
                       td.cdiv(rows, MR), pj * BM, cols, k0, k1, k0 == k_begin, row, M, batch_index)
                 if not transposed_a and k1 == k_end:    # the block's rows are done: to C, through the epilogue
                     for i in range(rows):

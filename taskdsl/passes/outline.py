@@ -14,9 +14,9 @@ A body is outlined where it is a function of its arguments alone:
   per-thread arrays the function could not see).
 
 Everything else it reads comes in as a parameter: the buffers (the kernel's tensors, shared buffers) as arrays,
-the variables and index registers as scalars, and the extents of the kernel's tensors past the first as scalars
-too, so that kernels of other shapes share the function (the frontend passes an outlined call's number arguments
-as runtime values for the same reason). Anywhere the rules do not hold, the body is inlined, as it
+the variables and index registers as scalars, and the extents of the buffers as scalars too, so that kernels of
+other shapes (and of other shared buffer sizes: the cpu matmul's block width) share the function (the frontend
+passes an outlined call's number arguments as runtime values for the same reason). Anywhere the rules do not hold, the body is inlined, as it
 is on CUDA and in debug mode (`inline_outlined`).
 """
 from __future__ import annotations
@@ -94,12 +94,12 @@ def _outlined(fn: ir.Function, region: ir.Outlined, index: int):
         key = x.uid if isinstance(x, ir.Var) else (x.name, x.axis)
         if (not isinstance(x, ir.Var) or x.uid not in assigned) and key not in free:
             free[key] = x
-    # a tensor's extents come in as numbers too: one function serves every shape (the graph fixes a fused kernel's
-    # shapes in its IR, and the body's indexing would otherwise spell them out)
+    # a buffer's extents come in as numbers too: one function serves every shape (the graph fixes a fused kernel's
+    # shapes in its IR, a template its shared buffers', and the body's indexing would otherwise spell them out)
     params, args, dims = {}, [], []
     for uid, b in buffers.items():
         extents = [ir.Var(f"{b.name}_d{axis}", ir.as_expr(d).dtype, "param") for axis, d in enumerate(b.shape)] \
-            if b.scope == "global" else []
+            if b.scope in ("global", "shared") else []
         params[uid] = dataclasses.replace(b, scope="global", shape=tuple(extents) if extents else b.shape)
         args.append(b)
         dims += zip(extents, b.shape)

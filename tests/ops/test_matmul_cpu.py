@@ -58,6 +58,7 @@ def test_space_size_and_pruning_match_the_docs(unit, valid, registers):
                                            unit=unit)
     assert "unrolls" in cpu.check(space.points()[0].replace(micro=(12, 32), block=(48, 64)), unit=vectors.AVX512)
     assert "KiB" in cpu.check(space.points()[0].replace(block=(96, 128), bk=1024), unit=unit)
+    assert "cache line" in cpu.check(space.points()[0].replace(micro=(6, 8), block=(48, 8)), unit=unit)
     assert cpu.check(cpu.default_point(unit=unit), unit=unit) is None
 
 
@@ -330,14 +331,15 @@ def test_fast_compile_loops_over_a_tiles_columns_outside_its_rows_where_a_row_is
     assert re.search(rf"fa\[[^]]*\b{rows}\b", lines[at]) and re.search(rf"fb\[[^]]*\b{columns}\b", lines[at]), source
 
 
-def test_kernels_of_other_shapes_and_block_heights_share_one_outlined_sweep():
+def test_kernels_of_other_shapes_and_blocks_share_one_outlined_sweep():
     """The sweep of a block's micro-tiles is an outlined function: the kernels a graph fixes to other shapes (M in
     one row block, where the kernel's sizes prove its row clamps never bind, or in several) and of other block
-    heights generate one module for it, the unrolled tile compiled once for them all; the kernels call it."""
+    heights and widths generate one module for it, the unrolled tile compiled once for them all; the kernels call
+    it."""
     from taskdsl.backend.cpu.codegen import emit_python
     from taskdsl.passes import bind_sizes, lower, lower_for_cpu
     texts, calls = set(), []
-    for block in ((48, 64), (96, 64)):
+    for block in ((48, 64), (96, 64), (96, 32)):
         fn = cpu.tile_matmul_kernel(cpu.default_point(unit=vectors.AVX512).replace(block=block), td.f32, td.f32,
                                     packed_b=True)._frontend_ir((1, 1, 1))
         for m in (48, 100):     # the sizes fixed before every pass, as a graph fixes them
@@ -345,5 +347,5 @@ def test_kernels_of_other_shapes_and_block_heights_share_one_outlined_sweep():
             src = emit_python(lower_for_cpu(lower(bind_sizes(fn, sizes)), debug=False))
             texts |= {o.text for o in src.outlined}
             calls.append(src.text.count("rt.call_entry(outlined_0, ("))
-    assert len(texts) == 1 and calls == [1, 1, 1, 1]
+    assert len(texts) == 1 and calls == [1] * 6
     assert "def kernel_sweep(" in texts.pop()
