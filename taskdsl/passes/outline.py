@@ -16,8 +16,8 @@ A body is outlined where it is a function of its arguments alone:
 Everything else it reads comes in as a parameter: the buffers (the kernel's tensors, shared buffers) as arrays,
 the variables and index registers as scalars, and the extents of the buffers as scalars too, so that kernels of
 other shapes (and of other shared buffer sizes: the cpu matmul's block width) share the function (the frontend
-passes an outlined call's number arguments as runtime values for the same reason). Anywhere the rules do not hold, the body is inlined, as it
-is on CUDA and in debug mode (`inline_outlined`).
+passes an outlined call's number arguments as runtime values for the same reason). Anywhere the rules do not
+hold, the body is inlined, as it is on CUDA and in debug mode (`inline_outlined`).
 """
 from __future__ import annotations
 
