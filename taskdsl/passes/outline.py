@@ -97,10 +97,9 @@ def _outlined(fn: ir.Function, region: ir.Outlined, index: int):
     # a buffer's extents come in as numbers too: one function serves every shape (the graph fixes a fused kernel's
     # shapes in its IR, a template its shared buffers', and the body's indexing would otherwise spell them out)
     params, args, dims = {}, [], []
-    for uid, b in buffers.items():
-        extents = [ir.Var(f"{b.name}_d{axis}", ir.as_expr(d).dtype, "param") for axis, d in enumerate(b.shape)] \
-            if b.scope in ("global", "shared") else []
-        params[uid] = dataclasses.replace(b, scope="global", shape=tuple(extents) if extents else b.shape)
+    for uid, b in buffers.items():      # (global and shared: the register buffers it uses are its own)
+        extents = [ir.Var(f"{b.name}_d{axis}", ir.as_expr(d).dtype, "param") for axis, d in enumerate(b.shape)]
+        params[uid] = dataclasses.replace(b, scope="global", shape=tuple(extents))
         args.append(b)
         dims += zip(extents, b.shape)
     scalars = {key: ir.Var(_param_name(x), x.dtype, "param") for key, x in free.items()}
