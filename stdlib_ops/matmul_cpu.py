@@ -251,7 +251,8 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
         if indirect:
             for x in range(MR):
                 at[x] = index[0, 2 + td.min(i0 + x, M - 1)]
-        line_row, line_col = ahead // width, ahead % width      # the next line to prefetch
+        if packed_b:
+            line_row, line_col = ahead // width, ahead % width      # the next line to prefetch
         for k in range(k0, k1):
             if packed_b and ahead >= 0 and (k - k0) % PREFETCH_GAP == 0:
                 td.prefetch(panel[line_row, line_col])
