@@ -29,10 +29,11 @@ last k block's sweep, the block goes from the buffer to C (and a fused epilogue)
 column by column where C is stored so (a transposed A's).
 
 The sweep is an outlined function (`@td.func(outline=True)`): its unrolled tile is nearly all of a
-kernel's numba time, and outlined it is compiled once for every kernel of the same point and operand
-forms, whatever their fused epilogues, block heights and shapes (ResNet-50's cold build: 12.1 -> 8.9 s,
-MobileNet-V2's 19.9 -> 12.1 s). A call costs 20-30 ns, once per block, panel and k block: a call
-per row of micro-tiles cost 1-11% of a product's time (K = 768 down to 16).
+kernel's numba time, and outlined it is compiled once for every kernel of the same micro-tile and
+operand forms, whatever their fused epilogues, blocks and shapes (ResNet-50's cold build: 12.1 -> 8.9 s,
+MobileNet-V2's 19.9 -> 12.1 s; the block's width comes in as a number, so Inception-V3's four became
+two). A call costs 20-30 ns, once per block, panel and k block: a call per row of micro-tiles cost 1-11%
+of a product's time (K = 768 down to 16).
 
 Edges: rows past M are clamped (they read row M - 1 and are never stored); the packed
 panel's columns past N are zeros (computed, never stored), so there is one micro-kernel
@@ -258,7 +259,8 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
                 td.prefetch(panel[line_row, line_col])
                 line_col += LINE_FLOATS      # (a block is at least a line wide: `check`)
                 wraps = line_col >= width
-                line_col, line_row = line_col - width if wraps else line_col, line_row + 1 if wraps else line_row
+                line_row += 1 if wraps else 0
+                line_col -= width if wraps else 0
             for x in range(MR):
                 if staged:
                     fa[x] = strip[k - k0, i0 + x] if transposed_a else strip[i0 + x, k - k0]

@@ -941,8 +941,7 @@ def _shared_bases(stmts: list, registers: dict, text) -> dict:
     to be computed after statement `position` (-1: before the run), the last one assigning one of them; bases that
     load memory are left alone."""
     latest: dict = {}         # var uid -> index of the last statement so far assigning it
-    counts: Counter = Counter()
-    reads: dict = {}
+    uses: dict = {}           # (position, base text) -> [accesses, uids the base reads]
     for i, s in enumerate(stmts):
         for access in ir.collect(s, ir.Load) + ([s] if isinstance(s, ir.Store) else []):
             if access.buffer.uid in registers or len(access.indices) != 1:
@@ -952,12 +951,11 @@ def _shared_bases(stmts: list, registers: dict, text) -> dict:
                 continue
             uids = frozenset(v.uid for v in ir.collect(base, ir.Var))
             key = max((latest.get(uid, -1) for uid in uids), default=-1), text(base)
-            counts[key] += 1
-            reads[key] = uids
+            uses.setdefault(key, [0, uids])[0] += 1
         if isinstance(s, ir.Assign):
             latest[s.var.uid] = i
     found: dict = {}
-    for (position, key), n in counts.items():
+    for (position, key), (n, uids) in uses.items():
         if n > 1:
-            found.setdefault(position, []).append((key, reads[position, key]))
+            found.setdefault(position, []).append((key, uids))
     return found
