@@ -3,6 +3,10 @@
 Everything here is pure Python or NVRTC (no CUDA driver call), so it runs on any machine;
 tests/test_gpu.py runs the same paths on a real GPU.
 """
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -78,6 +82,20 @@ def test_to_device_without_gpu_names_the_reason():
         td.to_device(np.ones(4, np.float32))
     assert "td.to_device needs a usable CUDA GPU" in str(info.value)
     assert reason in str(info.value) and "set_target('cpu')" in str(info.value)
+
+
+def test_without_a_driver_the_first_cpu_call_does_not_import_cuda_core():
+    """Choosing the target without a GPU skips cuda.core (and the ml_dtypes it imports: 0.8 s of a small kernel's
+    first call) where the driver library does not load; the reason says so."""
+    from taskdsl.runtime import config
+    if not config._driver_missing():
+        pytest.skip("the CUDA driver library loads here")
+    code = ("import sys, numpy as np, taskdsl as td; from tests.test_device_api import scale_rows; "
+            "a = np.ones((2, 3), np.float32); c = np.empty_like(a); scale_rows(a, c, 2.0); "
+            "print(c.sum(), 'cuda.core' in sys.modules, td.gpu_status())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).parent.parent).stdout
+    assert out.startswith("12.0 False (False, 'no NVIDIA driver: "), out
 
 
 def test_timing_and_device_state_without_gpu_raise():

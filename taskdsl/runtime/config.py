@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import atexit
+import ctypes
 import functools
 import math
 import os
 import shutil
+import sys
 import tempfile
 import warnings
 from contextlib import contextmanager
@@ -74,6 +76,9 @@ def _scratch_cache_dir(reason: str) -> Path:
 @functools.cache
 def gpu_status() -> tuple[bool, str]:
     """(usable, reason): whether a CUDA device can be used, and why not when it cannot."""
+    driver = _driver_missing()
+    if driver:      # no GPU: cuda.core's import (0.8 s, most of a small kernel's first call) is not needed to say so
+        return False, driver
     try:
         from cuda.core import Device
         device = Device(0)
@@ -81,6 +86,16 @@ def gpu_status() -> tuple[bool, str]:
         return True, f"{device.name} (sm_{device.compute_capability.major}{device.compute_capability.minor})"
     except Exception as exc:  # noqa: BLE001 - any failure means no usable GPU; keep the reason
         return False, f"{type(exc).__name__}: {exc}".strip()
+
+
+def _driver_missing() -> str:
+    """Why the CUDA driver library cannot be loaded (as cuda.core would load it, by the system's search), or ''."""
+    name = "nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1"
+    try:
+        ctypes.CDLL(name)
+    except OSError as exc:
+        return f"no NVIDIA driver: {name} cannot be loaded ({exc})"
+    return ""
 
 
 def set_target(name: str) -> None:
