@@ -1,4 +1,4 @@
-"""Block-parallel cpu launches: numba's threads from the main thread, the thread pool from any other."""
+"""Block-parallel cpu launches: the launching thread and the pool's helpers claim chunks of the blocks."""
 import threading
 
 import numpy as np
@@ -137,30 +137,97 @@ def _doubling_entry(a, shift, block_begin, block_end):
         a[i] = 2 * a[i] + shift
 
 
+@njit(nogil=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
+def _counting_entry(a, block_begin, block_end):
+    """A kernel entry whose block i adds 1 to a[i]."""
+    for i in range(block_begin, block_end):
+        a[i] += 1
+
+
+def _entry(fn, *arg_types) -> int:
+    from taskdsl.backend.cpu.parallel import entry_address
+    return entry_address(fn, (*arg_types, types.int64, types.int64))
+
+
+def _idle_pool(helpers: int):
+    """A pool whose state says `helpers` helpers take part, none of them running: as if the machine's other
+    cores were busy and their threads never got a turn."""
+    from taskdsl.backend.cpu import threads
+    pool = threads.Pool(threads.pool().state[[threads.FUTEX, threads.YIELD]])
+    pool.state[threads.HELPERS] = helpers
+    return pool.state_address
+
+
 @settings(max_examples=10, deadline=None)
-@given(n=st.integers(1, 50), bounds=st.tuples(st.integers(0, 50), st.integers(0, 50)), shares=st.integers(1, 5))
-def test_a_launch_runs_each_block_of_its_range_once_in_any_number_of_shares(n, bounds, shares):
-    from taskdsl.backend.cpu.parallel import drive_address, entry_address, launch
+@given(n=st.integers(1, 50), bounds=st.tuples(st.integers(0, 50), st.integers(0, 50)), chunks=st.integers(1, 9),
+       idle=st.booleans())
+def test_a_launch_runs_each_block_of_its_range_once_in_any_number_of_chunks(n, bounds, chunks, idle):
+    """The pool's helpers and the launching thread claim the chunks; with helpers that never run (`idle`), the
+    launching thread runs every chunk and returns: it never waits for a helper to wake."""
+    from taskdsl.backend.cpu import threads
+    from taskdsl.backend.cpu.parallel import launch
     begin, end = min(min(bounds), n), min(max(bounds), n)
-    address = entry_address(_doubling_entry, (typeof(np.zeros(1)), types.int64, types.int64, types.int64))
+    address = _entry(_doubling_entry, typeof(np.zeros(1)), types.int64)
     a = np.arange(n, dtype=np.float64)
-    launch(drive_address(), address, begin, end, shares, a, 3)
+    launch(_idle_pool(3) if idle else threads.pool().engage(1), address, begin, end, chunks, a, 3)
     want = np.arange(n, dtype=np.float64)
     want[begin:end] = 2 * want[begin:end] + 3
     np.testing.assert_array_equal(a, want)
 
 
-def test_an_exception_propagates_from_one_share_and_fails_a_parallel_launch():
-    """One share: the kernel's own exception (a debug check's site number and message). Several: numba's parallel
-    loops drop exceptions, so the launch raises a RuntimeError that says what likely happened."""
-    from taskdsl.backend.cpu.parallel import drive_address, entry_address, launch
-    address = entry_address(_doubling_entry, (typeof(np.zeros(1)), types.int64, types.int64, types.int64))
+def test_launches_from_several_threads_at_once_run_every_block_once():
+    """Threads launching at once: one holds the pool's helpers, the others run their chunks themselves."""
+    from taskdsl.backend.cpu import threads
+    from taskdsl.backend.cpu.parallel import launch
+    address, pool = _entry(_counting_entry, typeof(np.zeros(1))), threads.pool().engage(1)
+    arrays = [np.zeros(97) for _ in range(3)]
+
+    def launches(a):
+        for _ in range(300):
+            launch(pool, address, 0, a.size, 7, a)
+    workers = [threading.Thread(target=launches, args=(a,)) for a in arrays]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    for a in arrays:
+        np.testing.assert_array_equal(a, np.full(97, 300.0))
+
+
+def test_a_forked_child_launches_on_helpers_of_its_own():
+    """A child forked after the parent's helpers started has none of them: it starts its own."""
+    import multiprocessing
+    x = np.arange(4099, dtype=np.float32)
+    y = np.zeros_like(x)
+    add_shifted(x, y, 1, 0, 0, 0, 0)        # the parent's pool is running
+    child = multiprocessing.get_context("fork").Pool(1)
+    try:
+        y = child.apply(_shifted_in_a_child, (x,))
+    finally:
+        child.terminate()
+    np.testing.assert_array_equal(y, x)
+
+
+def _shifted_in_a_child(x):
+    from taskdsl.backend.cpu import threads
+    y = np.zeros_like(x)
+    add_shifted(x, y, 1, 0, 0, 0, 0)        # 129 blocks: a parallel launch
+    assert len(threads.pool().threads) >= 1
+    return y
+
+
+def test_an_exception_propagates_from_one_chunk_and_fails_a_parallel_launch():
+    """One chunk: the kernel's own exception (a debug check's site number and message). Several: a chunk cannot
+    carry it, so the launch raises a RuntimeError that says what likely happened."""
+    from taskdsl.backend.cpu import threads
+    from taskdsl.backend.cpu.parallel import launch
+    address = _entry(_doubling_entry, typeof(np.zeros(1)), types.int64)
     a = np.array([1.0, -1.0, 2.0])
     with pytest.raises(IndexError) as raised:
-        launch(drive_address(), address, 0, 3, 1, a, 0)
+        launch(0, address, 0, 3, 1, a, 0)
     assert raised.value.args == (7, "a negative element")
-    with pytest.raises(RuntimeError, match="raised on numba's threads"):
-        launch(drive_address(), address, 0, 3, 2, a, 0)
+    with pytest.raises(RuntimeError, match="raised in a parallel launch"):
+        launch(threads.pool().engage(1), address, 0, 3, 2, a, 0)
 
 
 _CACHED = '''

@@ -21,7 +21,8 @@ from ...runtime.config import env_count
 from . import call_types
 from .codegen import CpuSource
 from .compile import apart_twin
-from .parallel import compiled, drive_address, entry_address, launch, launcher_signature
+from . import threads
+from .parallel import compiled, entry_address, launch, launcher_signature
 from .vectors import widen_slp_vectors
 
 
@@ -153,7 +154,7 @@ def _entry_types(args: list, tail: np.ndarray) -> tuple:
 
 def launch_cpu(run, src: CpuSource, values: list, sizes: list, grid: tuple) -> None:
     """Run the dispatcher `run` on `values` (arrays and scalars), `sizes` and the `grid` of blocks; blocks
-    in parallel on numba's threads (`parallel.launch`) from the main thread, else on a thread pool."""
+    in parallel on this thread and helper threads (`_issue`)."""
     args, copy_back = call_args(src, values)
     blocks, tail = grid[0] * grid[1] * grid[2], launch_ints(src, sizes, grid)
     address = _compile(run, src, args, tail)
@@ -256,23 +257,30 @@ def _run_blocks(run, address: int, args: list, tail: np.ndarray, blocks: int, wo
 def _issue(address: int, args: list, tail: np.ndarray, blocks: int, workers: int) -> None:
     """Run blocks [0, blocks) of the generated function whose machine code is at `address` (compiled for these
     arguments: `_compile`) on `args` (`byte_views` and scalars) and `tail` (`launch_ints`: sizes and grid), on
-    `workers` threads: numba's from the main thread, a thread pool's from any other (some of numba's threading
-    layers do not take parallel regions from two threads at once)."""
+    `workers` threads: this one and the pool's helpers (`threads`), which claim chunks of the blocks; where there
+    is no pool (not Linux), this thread and a thread pool's, which take equal shares."""
     if workers <= 1:
         launch(0, address, 0, blocks, 1, *args, tail)
-    elif threading.current_thread() is threading.main_thread():
-        launch(drive_address(), address, 0, blocks, workers, *args, tail)
-    else:   # the calling thread runs the first share itself: one thread hand-off fewer per launch
-        bounds = [blocks * w // workers for w in range(workers + 1)]
-        futures = [_pool(workers - 1).submit(launch, 0, address, lo, hi, 1, *args, tail)
-                   for lo, hi in zip(bounds[1:-1], bounds[2:])]
-        try:
-            launch(0, address, bounds[0], bounds[1], 1, *args, tail)
-        finally:
-            for f in futures:    # every share has finished writing before this returns or raises
-                f.exception()
-        for f in futures:
-            f.result()
+        return
+    pool = threads.pool()
+    if pool is not None:
+        launch(pool.engage(workers - 1), address, 0, blocks, min(blocks, CHUNKS_PER_WORKER * workers), *args, tail)
+        return
+    # the calling thread runs the first share itself: one thread hand-off fewer per launch
+    bounds = [blocks * w // workers for w in range(workers + 1)]
+    futures = [_pool(workers - 1).submit(launch, 0, address, lo, hi, 1, *args, tail)
+               for lo, hi in zip(bounds[1:-1], bounds[2:])]
+    try:
+        launch(0, address, bounds[0], bounds[1], 1, *args, tail)
+    finally:
+        for f in futures:    # every share has finished writing before this returns or raises
+            f.exception()
+    for f in futures:
+        f.result()
+
+
+# Chunks a parallel launch cuts its blocks into, per thread: a helper that starts late still finds some to claim.
+CHUNKS_PER_WORKER = 16
 
 
 _addresses: dict = {}      # (dispatcher, argument types) -> the address of its machine code for them

@@ -4,14 +4,13 @@ A generated kernel's entry runs the blocks [block_begin, block_end) of a grid. I
 numba's wrappers (`no_cpython_wrapper`, `no_cfunc_wrapper`: a quarter to a third of a small kernel's numba time)
 and called through the address of its machine code, in numba's calling convention:
 
-    launch(drive_address(), entry_address(entry, signature), begin, end, shares, *arguments)
+    launch(pool, entry_address(entry, signature), begin, end, chunks, *arguments)
 
-With one share, `launch` calls the entry on the calling thread and an exception the kernel raises
+With one chunk, `launch` calls the entry on the calling thread and an exception the kernel raises
 (a debug check's) propagates. With more, it packs the arguments into a block on its stack and hands
-`_drive` (a `prange` loop compiled once: numba's OpenMP-style fork-join, ~2 us) a function of its
-own module that unpacks them and runs one share. So `launch`, compiled per tuple of argument types
-(~0.15 s, kept in numba's disk cache), has no parallel loop of its own: numba's parfor machinery
-costs ~0.6 s a compile.
+the pool's runner (`threads`: the calling thread and helper threads claim the chunks) a function of its
+own module that unpacks them and runs one chunk. So `launch`, compiled per tuple of argument types
+(~0.15 s, kept in numba's disk cache), has no parallel loop of its own.
 
 Calling through addresses keeps the launcher independent of the kernel. A launcher that named
 the entry had to be compiled for each kernel, and numba links the callee's code into the caller
@@ -20,24 +19,22 @@ and optimizes it again: about 1 s a kernel (24 of the 44 s of a cold ResNet-50 b
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 
-import numpy as np
 from llvmlite import ir as llvm
-from numba import njit, prange, typeof, types
+from numba import njit, typeof, types
 from numba.core import cgutils, sigutils
 from numba.extending import intrinsic
+
+from . import threads
 
 try:
     import fcntl
 except ImportError:     # not on Windows: numba's caches are then not locked
     fcntl = None
 
-# a share function: (the packed block, first block, end block) -> 1 if the kernel raised, else 0
-_SHARE = llvm.FunctionType(llvm.IntType(32), [llvm.IntType(8).as_pointer(), llvm.IntType(64), llvm.IntType(64)])
-PARALLEL_FAILURE = ("a cpu kernel raised on numba's threads, which drop the exception: its scratch allocation "
-                    "failed (out of memory?). td.debug(True) runs its blocks one by one, with checks")
+PARALLEL_FAILURE = ("a cpu kernel raised in a parallel launch, whose chunks drop the exception: its scratch "
+                    "allocation failed (out of memory?). td.debug(True) runs its blocks one by one, with checks")
 
 
 def _call(context, builder, address, arg_types: tuple, values: list, restype=types.none):
@@ -72,7 +69,7 @@ def call_entry(typingctx, address, args, begin, end):
 def _define_share(context, module, args) -> llvm.Function:
     """The share function of a launcher's module: it unpacks {entry address, args} and calls the entry on a
     block range."""
-    share = llvm.Function(module, _SHARE, module.get_unique_name("taskdsl_share"))
+    share = llvm.Function(module, threads.SHARE_TYPE, module.get_unique_name("taskdsl_share"))
     share.linkage = "internal"
     builder = llvm.IRBuilder(share.append_basic_block())
     packed, begin, end = share.args
@@ -85,56 +82,34 @@ def _define_share(context, module, args) -> llvm.Function:
 
 
 @intrinsic
-def _run_shares(typingctx, drive, address, args, begin, end, shares):
-    """Run the kernel entry at `address` on `args` over blocks [begin, end) in `shares` shares on numba's
-    threads, through the `_drive` loop at `drive`: whether every share returned without raising."""
+def _run_shares(typingctx, pool, address, args, begin, end, chunks):
+    """Run the kernel entry at `address` on `args` over blocks [begin, end) in `chunks` chunks on this thread and
+    the helper threads of the pool whose state is at `pool` (`threads`): whether every chunk returned without
+    raising."""
 
     def codegen(context, builder, signature, values):
-        drive_value, address_value, arg_tuple, begin_value, end_value, shares_value = values
+        pool_value, address_value, arg_tuple, begin_value, end_value, chunks_value = values
         pack = cgutils.alloca_once_value(builder, cgutils.make_anonymous_struct(builder, [address_value, arg_tuple]))
         share = _define_share(context, builder.module, args)
         i64 = llvm.IntType(64)
-        drive_args = [builder.ptrtoint(share, i64), builder.ptrtoint(pack, i64), begin_value, end_value, shares_value]
-        status, succeeded = _call(context, builder, drive_value, (types.int64,) * 5, drive_args, types.boolean)
+        runner = builder.load(builder.gep(builder.inttoptr(pool_value, i64.as_pointer()), [i64(threads.RUNNER)]))
+        runner_args = [pool_value, builder.ptrtoint(share, i64), builder.ptrtoint(pack, i64), begin_value, end_value,
+                       chunks_value]
+        status, succeeded = _call(context, builder, runner, (types.int64,) * 6, runner_args, types.boolean)
         with cgutils.if_unlikely(builder, status.is_error):
             context.call_conv.return_status_propagate(builder, status)
         return succeeded
 
-    return types.boolean(drive, address, args, begin, end, shares), codegen
-
-
-@intrinsic
-def _share_succeeds(typingctx, share, pack, begin, end):
-    """Call the share function at `share` on the packed arguments at `pack` and blocks [begin, end): whether
-    the kernel returned without raising (numba's parallel loops drop an exception raised in their body)."""
-
-    def codegen(context, builder, signature, values):
-        share_value, pack_value, begin_value, end_value = values
-        fn = builder.inttoptr(share_value, _SHARE.as_pointer())
-        failed = builder.call(fn, [builder.inttoptr(pack_value, llvm.IntType(8).as_pointer()), begin_value, end_value])
-        return builder.icmp_unsigned("==", failed, failed.type(0))
-
-    return types.boolean(share, pack, begin, end), codegen
-
-
-@njit(parallel=True, nogil=True, cache=True)
-def _drive(share, pack, begin, end, shares):
-    """Blocks [begin, end) in `shares` equal shares on numba's threads, each run by the share function at
-    `share` on the packed arguments at `pack`: whether every share succeeded."""
-    failed = np.zeros(shares, np.bool_)
-    blocks = end - begin
-    for s in prange(shares):
-        failed[s] = not _share_succeeds(share, pack, begin + blocks * s // shares, begin + blocks * (s + 1) // shares)
-    return not failed.any()
+    return types.boolean(pool, address, args, begin, end, chunks), codegen
 
 
 @njit(nogil=True, cache=True)
-def launch(drive, address, begin, end, shares, *args):
-    """Blocks [begin, end) of the kernel entry at `address` on `args`: on this thread (one share), else in
-    `shares` shares on numba's threads through the `_drive` loop at `drive` (`drive_address()`)."""
-    if shares <= 1:
+def launch(pool, address, begin, end, chunks, *args):
+    """Blocks [begin, end) of the kernel entry at `address` on `args`: on this thread (one chunk), else in `chunks`
+    chunks on this thread and the helper threads of the pool whose state is at `pool` (`threads.Pool`)."""
+    if chunks <= 1:
         call_entry(address, args, begin, end)
-    elif not _run_shares(drive, address, args, begin, end, shares):
+    elif not _run_shares(pool, address, args, begin, end, chunks):
         raise RuntimeError(PARALLEL_FAILURE)
 
 
@@ -230,9 +205,3 @@ def launcher_signature(args: tuple) -> tuple:
     """The numba signature `launch` is compiled for to take `args` (after the five block-range ints): numba folds
     its star arguments into one tuple."""
     return (types.int64,) * 5 + (typeof(tuple(args)),)
-
-
-@functools.cache
-def drive_address() -> int:
-    """The address of the `_drive` loop (compiled once, or loaded from numba's cache)."""
-    return entry_address(_drive, (types.int64,) * 5)
