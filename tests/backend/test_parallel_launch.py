@@ -216,6 +216,36 @@ def _shifted_in_a_child(x):
     return y
 
 
+def test_a_stopped_pool_ends_its_helpers():
+    """`Pool.stop` (run at exit, before the interpreter tears down the code helpers run) ends every helper, asleep or
+    spinning."""
+    from taskdsl.backend.cpu import threads
+    from taskdsl.backend.cpu.parallel import launch
+    pool = threads.Pool(threads.pool().state[[threads.FUTEX, threads.YIELD]])
+    a = np.zeros(50)
+    launch(pool.engage(2), _entry(_counting_entry, typeof(a)), 0, 50, 9, a)
+    np.testing.assert_array_equal(a, np.ones(50))
+    assert all(t.is_alive() for t in pool.threads) and len(pool.threads) == 2
+    pool.stop()
+    assert not any(t.is_alive() for t in pool.threads)
+
+
+def test_without_a_pool_a_launch_shares_its_blocks_through_python_threads(monkeypatch):
+    """Where helpers cannot sleep on a futex (`threads.pool()` is None: not Linux), equal shares go to a thread
+    pool, the calling thread running the first."""
+    from taskdsl.backend.cpu import launch, threads
+    pools, thread_pool = [], launch._pool
+    monkeypatch.setattr(threads, "pool", lambda: None)
+    monkeypatch.setattr(launch, "_pool", lambda workers: pools.append(workers) or thread_pool(workers))
+    monkeypatch.setenv("TASKDSL_NUM_THREADS", "3")
+    td.set_target("cpu")
+    x = np.arange(4099, dtype=np.float32)
+    y = np.zeros_like(x)
+    sub_shifted(x, y, 1, 0, 0, 0, 0)        # 129 blocks, in 2 or 3 shares (the count of its first launch)
+    np.testing.assert_array_equal(y, -x)
+    assert pools and pools[0] >= 1
+
+
 def test_an_exception_propagates_from_one_chunk_and_fails_a_parallel_launch():
     """One chunk: the kernel's own exception (a debug check's site number and message). Several: a chunk cannot
     carry it, so the launch raises a RuntimeError that says what likely happened."""

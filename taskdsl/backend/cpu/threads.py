@@ -15,6 +15,8 @@ generation word (Linux); `pool()` is None elsewhere and launches share their blo
 """
 from __future__ import annotations
 
+import atexit
+import ctypes
 import os
 import platform
 import sys
@@ -30,7 +32,7 @@ _I64 = llvm.IntType(64)
 LINE = 8                    # words a cache line: every field on a line of its own
 GEN, OWNER, CLAIM, DONE, FAILED, SLEEPERS = (LINE * k for k in range(6))
 SHARE, PACK, BEGIN, END, CHUNKS = (LINE * 6 + k for k in range(5))     # the job: written together, read together
-RUNNER, HELPERS, FUTEX, YIELD = (LINE * 7 + k for k in range(4))      # set by Python: the runner's address, ...
+RUNNER, HELPERS, FUTEX, YIELD, STOP = (LINE * 7 + k for k in range(5))    # set by Python: the runner's address, ...
 WORDS = LINE * 8
 INDEX_BITS = 24             # a claim word: generation << INDEX_BITS | the next chunk
 GEN_MASK = (1 << 32) - 1    # the generation is what the futex compares: the low 32 bits of its word
@@ -168,12 +170,12 @@ def _run_job(state, share, pack, begin, end, chunks) -> bool:
 
 @njit(nogil=True, cache=True)
 def _help(state, helper) -> None:
-    """Helper number `helper`'s life: wait for a job, claim its chunks, forever. A helper numbered past the pool's
-    `HELPERS` (fewer threads asked for since it started) sits the jobs out."""
+    """Helper number `helper`'s life: wait for a job, claim its chunks, until the pool stops. A helper numbered past
+    the pool's `HELPERS` (fewer threads asked for since it started) sits the jobs out."""
     seen = _load(state, GEN)        # the futex is the generation's low 32 bits (little-endian): its word's address
     while True:
         spins = 0
-        while _load(state, GEN) == seen:
+        while _load(state, GEN) == seen and not _load(state, STOP):     # (stopped before it started, too)
             if spins < SPINS:
                 _pause()
                 spins += 1
@@ -181,6 +183,8 @@ def _help(state, helper) -> None:
                 _add(state, SLEEPERS, 1)
                 _syscall(_load(state, FUTEX), state + GEN * 8, FUTEX_WAIT, seen)   # at once if a job came
                 _add(state, SLEEPERS, -1)
+        if _load(state, STOP):
+            return
         seen = _load(state, GEN)
         if helper < _load(state, HELPERS):
             _work(state, seen)
@@ -197,16 +201,29 @@ class Pool:
         self.state[RUNNER] = entry_address(_run_job, (types.int64,) * 6)
         entry_address(_help, (types.int64,) * 2)         # compiled (or loaded) here, not in a helper
         self.threads: list = []
+        self._starting = threading.Lock()
+        atexit.register(self.stop)
 
     def engage(self, helpers: int) -> int:
         """Start helpers up to `helpers` and let that many take part: the state's address."""
-        while len(self.threads) < helpers:
-            thread = threading.Thread(target=_help, args=(self.state_address, len(self.threads)),
-                                      name=f"taskdsl-cpu-{len(self.threads) + 1}", daemon=True)
-            thread.start()
-            self.threads.append(thread)
+        if len(self.threads) < helpers:
+            with self._starting:
+                while len(self.threads) < helpers:
+                    thread = threading.Thread(target=_help, args=(self.state_address, len(self.threads)),
+                                              name=f"taskdsl-cpu-{len(self.threads) + 1}", daemon=True)
+                    thread.start()
+                    self.threads.append(thread)
         self.state[HELPERS] = helpers
         return self.state_address
+
+    def stop(self) -> None:
+        """End the helpers (at exit: before the interpreter and numba tear down the code they run)."""
+        self.state[STOP] = 1
+        self.state[GEN] = (self.state[GEN] + 1) & GEN_MASK
+        ctypes.CDLL(None).syscall(ctypes.c_long(self.state[FUTEX]), ctypes.c_void_p(self.state_address + GEN * 8),
+                                  ctypes.c_int(FUTEX_WAKE), ctypes.c_int(len(self.threads)))
+        for thread in self.threads:
+            thread.join(timeout=1)
 
 
 _pools: list = []
