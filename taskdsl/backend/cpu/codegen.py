@@ -18,8 +18,8 @@ Generated shape (see fission.py for how regions come about):
 A block of one thread has no thread loop (`tid = 0`), and assignments of indices nothing reads are left out.
 Under `td.fast_compile` the loops of step 1 are `while` loops (`counted_loop`): numba compiles them faster.
 
-The launcher runs ranges of blocks on a thread pool (the function releases the GIL; this
-compiles much faster than numba's parallel=True on large unrolled bodies). Blocks run
+The launcher runs ranges of blocks on the calling thread and helper threads (`threads.py`; the function releases
+the GIL; this compiles much faster than numba's parallel=True on large unrolled bodies). Blocks run
 serially when the kernel does atomics on global memory (which makes those atomics exact)
 or debug mode is on. In debug mode every access goes through a checking
 helper, and shared accesses also feed the race detector.

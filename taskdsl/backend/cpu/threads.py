@@ -3,11 +3,12 @@
 A parallel launch cuts its blocks into chunks, publishes them as a job, and claims and runs chunks itself until none
 is left; it then waits only for the chunks helpers claimed, which are running. A helper that has not been scheduled
 yet (the cores busy with another process, or pytest's other worker) claims nothing and holds nothing up: the launch
-takes about what one thread would. numba's fork-join (`prange`) ends at a barrier every thread must reach, and on
-a loaded machine each launch waited for the kernel's scheduler to give its second thread a turn, 4 ms at a time:
-ResNet-50 ran at 140 ms on two threads beside another busy process, 90 ms on one.
+takes about what one thread would. numba's fork-join (`prange`, until session 83) ends at a barrier every thread
+must reach, and on a loaded machine each launch waited for the system to give its second thread a turn, 4 ms at a
+time: ResNet-50 ran at 141-205 ms on two threads beside another busy process, about 104 on one, 95-113 with this.
 
-The job lives in one array of int64 words (`Pool.state`), each word on a cache line of its own; the code that reads
+The job lives in one array of int64 words (`Pool.state`), each field on a cache line of its own (the job's five
+fields, written together, share one); the code that reads
 and writes it is compiled by numba (`_run_job`, `_help`) and runs without the GIL. A chunk is claimed by a
 compare-and-swap of one word holding the job's generation and the next chunk's index, so a helper that read an old
 job's fields claims nothing from a newer one. Helpers spin a little while between jobs, then sleep on a futex of the
@@ -144,6 +145,7 @@ def _run_job(state, share, pack, begin, end, chunks) -> bool:
     holds the helpers, every chunk runs on this thread."""
     if not _swap(state, OWNER, 0, 1):
         return _share_succeeds(share, pack, begin, end)
+    chunks = min(chunks, MAX_CHUNKS - 1)      # the index must not run into the claim word's generation
     _store(state, SHARE, share)
     _store(state, PACK, pack)
     _store(state, BEGIN, begin)
