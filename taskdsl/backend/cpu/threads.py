@@ -5,7 +5,7 @@ is left; it then waits only for the chunks helpers claimed, which are running. A
 yet (the cores busy with another process, or pytest's other worker) claims nothing and holds nothing up: the launch
 takes about what one thread would. numba's fork-join (`prange`, until session 83) ends at a barrier every thread
 must reach, and on a loaded machine each launch waited for the system to give its second thread a turn, 4 ms at a
-time: ResNet-50 ran at 141-205 ms on two threads beside another busy process, about 104 on one, 95-113 with this.
+time: ResNet-50 ran at 141-205 ms on two threads beside another busy process, about 104 on one, 85-91 with this.
 
 The job lives in one array of int64 words (`Pool.state`), each field on a cache line of its own (the job's five
 fields, written together, share one); the code that reads
@@ -38,7 +38,7 @@ WORDS = LINE * 8
 INDEX_BITS = 24             # a claim word: generation << INDEX_BITS | the next chunk
 GEN_MASK = (1 << 32) - 1    # the generation is what the futex compares: the low 32 bits of its word
 SPINS = 20000               # pauses a helper spins for before it sleeps (~0.5 ms): launches come in runs
-YIELD_SPINS = 1024          # pauses the launching thread spins for between yields while helpers finish
+YIELD_SPINS = 1024          # pauses a spinning thread spins for between yields of its core
 _SYSCALLS = {"x86_64": (202, 24), "aarch64": (98, 124)}     # Linux's numbers of (futex, sched_yield)
 FUTEX_WAIT, FUTEX_WAKE = 128, 129                            # the _PRIVATE forms: one process
 MAX_CHUNKS = 1 << INDEX_BITS
@@ -181,6 +181,8 @@ def _help(state, helper) -> None:
             if spins < SPINS:
                 _pause()
                 spins += 1
+                if spins % YIELD_SPINS == 0:    # a thread of this process may be waiting for this core
+                    _syscall(_load(state, YIELD), 0, 0, 0)
             else:
                 _add(state, SLEEPERS, 1)
                 _syscall(_load(state, FUTEX), state + GEN * 8, FUTEX_WAIT, seen)   # at once if a job came
@@ -234,11 +236,12 @@ _pools: list = []
 def pool() -> Pool | None:
     """This process's pool of helper threads, None where they cannot sleep on a futex (not Linux on x86-64 or
     aarch64)."""
+    if _pools:
+        return _pools[0]
     numbers = _SYSCALLS.get(platform.machine()) if sys.platform.startswith("linux") else None
     if numbers is None:
         return None
-    if not _pools:
-        _pools.append(Pool(numbers))
+    _pools.append(Pool(numbers))
     return _pools[0]
 
 
