@@ -18,10 +18,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...runtime.config import env_count
-from . import call_types
+from . import call_types, threads
 from .codegen import CpuSource
 from .compile import apart_twin
-from . import threads
 from .parallel import compiled, entry_address, launch, launcher_signature
 from .vectors import widen_slp_vectors
 

@@ -82,7 +82,7 @@ def _define_share(context, module, args) -> llvm.Function:
 
 
 @intrinsic
-def _run_shares(typingctx, pool, address, args, begin, end, chunks):
+def _run_chunks(typingctx, pool, address, args, begin, end, chunks):
     """Run the kernel entry at `address` on `args` over blocks [begin, end) in `chunks` chunks on this thread and
     the helper threads of the pool whose state is at `pool` (`threads`): whether every chunk returned without
     raising."""
@@ -109,7 +109,7 @@ def launch(pool, address, begin, end, chunks, *args):
     chunks on this thread and the helper threads of the pool whose state is at `pool` (`threads.Pool`)."""
     if chunks <= 1:
         call_entry(address, args, begin, end)
-    elif not _run_shares(pool, address, args, begin, end, chunks):
+    elif not _run_chunks(pool, address, args, begin, end, chunks):
         raise RuntimeError(PARALLEL_FAILURE)
 
 
