@@ -176,22 +176,34 @@ def test_a_launch_runs_each_block_of_its_range_once_in_any_number_of_chunks(n, b
 
 
 def test_launches_from_several_threads_at_once_run_every_block_once():
-    """Threads launching at once: one holds the pool's helpers, the others run their chunks themselves."""
+    """Threads launching at once, for a second and a half, on more helpers than cores: one holds the pool's helpers,
+    the others run their chunks themselves; jobs of every size and count of chunks follow one another, and helpers
+    fall asleep between some. (A run of this kind, 30 s long, found a helper reading a job's fields as the next
+    job wrote them.)"""
+    import time
     from taskdsl.backend.cpu import threads
     from taskdsl.backend.cpu.parallel import launch
-    address, pool = _entry(_counting_entry, typeof(np.zeros(1))), threads.pool().engage(1)
-    arrays = [np.zeros(97) for _ in range(3)]
+    address = _entry(_counting_entry, typeof(np.zeros(1)))
+    pool = threads.Pool(threads.pool().state[[threads.FUTEX, threads.YIELD]])
+    state, failures = pool.engage(3), []
 
-    def launches(a):
-        for _ in range(300):
-            launch(pool, address, 0, a.size, 7, a)
-    workers = [threading.Thread(target=launches, args=(a,)) for a in arrays]
+    def launches(seed):
+        rng, end = np.random.default_rng(seed), time.perf_counter() + 1.5
+        while time.perf_counter() < end:
+            a, repeats = np.zeros(int(rng.integers(1, 300))), int(rng.integers(1, 20))
+            for _ in range(repeats):
+                launch(state, address, 0, a.size, int(rng.integers(1, 70)), a)
+            if not (a == repeats).all():
+                failures.append((a.size, repeats))
+            if rng.random() < 0.01:
+                time.sleep(0.002)
+    workers = [threading.Thread(target=launches, args=(seed,)) for seed in range(3)]
     for w in workers:
         w.start()
     for w in workers:
         w.join()
-    for a in arrays:
-        np.testing.assert_array_equal(a, np.full(97, 300.0))
+    pool.stop()
+    assert not failures
 
 
 def test_a_forked_child_launches_on_helpers_of_its_own():
