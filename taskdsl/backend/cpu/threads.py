@@ -11,8 +11,8 @@ The job lives in one array of int64 words (`Pool.state`), each field on a cache 
 fields, written together, share one); the code that reads and writes it is compiled by numba (`_run_job`, `_help`)
 and runs without the GIL. A chunk is claimed by a compare-and-swap of one word holding the job's generation and the
 next chunk's index. A new job closes that word (its generation, no chunk left) before it writes its fields, so a
-helper that read some of them as they changed claims nothing (a stress run of 12 million launches from three
-threads found that race: a helper ran a chunk of the new job on the old one's count of chunks, and a launch returned
+helper that read some of them as they changed claims nothing (a stress run, three threads launching for 30 s,
+found that race: a helper ran a chunk of the new job on the old one's count of chunks, and a launch returned
 before its chunks had). Helpers spin a little while between jobs, yielding their core now and then, then sleep on a
 futex of the generation word (Linux); `pool()` is None elsewhere and launches share their blocks out through Python
 threads.
