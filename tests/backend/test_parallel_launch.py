@@ -228,9 +228,11 @@ def _shifted_in_a_child(x):
     return y
 
 
-def test_a_stopped_pool_ends_its_helpers():
-    """`Pool.stop` (run at exit, before the interpreter tears down the code helpers run) ends every helper, asleep or
-    spinning."""
+@pytest.mark.parametrize("asleep", [False, True])
+def test_a_stopped_pool_ends_its_helpers(asleep):
+    """`Pool.stop` (run at exit, before the interpreter tears down the code helpers run) ends every helper, spinning
+    right after a launch or asleep on the futex (woken: else each would hold the exit up for its join's timeout)."""
+    import time
     from taskdsl.backend.cpu import threads
     from taskdsl.backend.cpu.parallel import launch
     pool = threads.Pool(threads.pool().state[[threads.FUTEX, threads.YIELD]])
@@ -238,8 +240,13 @@ def test_a_stopped_pool_ends_its_helpers():
     launch(pool.engage(2), _entry(_counting_entry, typeof(a)), 0, 50, 9, a)
     np.testing.assert_array_equal(a, np.ones(50))
     assert all(t.is_alive() for t in pool.threads) and len(pool.threads) == 2
+    deadline = time.perf_counter() + 10
+    while asleep and pool.state[threads.SLEEPERS] < 2 and time.perf_counter() < deadline:
+        time.sleep(0.01)
+    assert not asleep or pool.state[threads.SLEEPERS] == 2
+    started = time.perf_counter()
     pool.stop()
-    assert not any(t.is_alive() for t in pool.threads)
+    assert not any(t.is_alive() for t in pool.threads) and time.perf_counter() - started < 0.9
 
 
 def test_without_a_pool_a_launch_shares_its_blocks_through_python_threads(monkeypatch):
