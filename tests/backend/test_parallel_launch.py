@@ -8,6 +8,7 @@ from numba import njit, typeof, types
 
 import taskdsl as td
 from taskdsl import blockIdx, f32, i32, threadIdx
+from taskdsl.backend.cpu import threads
 
 OPTIMIZED = True    # unrolled, as models compile
 
@@ -127,6 +128,10 @@ def test_kernels_of_other_numbers_of_sizes_share_one_launcher():
     assert set(launch.signatures) == launchers, "a new launcher for a kernel of two sizes"
 
 
+# tests of the helper-thread pool itself, which exists on Linux (x86-64, aarch64) only
+pooled = pytest.mark.skipif(threads._syscall_numbers() is None, reason="no helper-thread pool off Linux")
+
+
 @njit(nogil=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
 def _doubling_entry(a, shift, block_begin, block_end):
     """A kernel entry as the cpu code generator makes them (no numba wrappers): block i doubles a[i] and adds
@@ -152,19 +157,18 @@ def _entry(fn, *arg_types) -> int:
 def _idle_pool(helpers: int):
     """A pool whose state says `helpers` helpers take part, none of them running: as if the machine's other
     cores were busy and their threads never got a turn."""
-    from taskdsl.backend.cpu import threads
-    pool = threads.Pool(threads.pool().state[[threads.FUTEX, threads.YIELD]])
+    pool = threads.Pool()
     pool.state[threads.HELPERS] = helpers
     return pool.state_address
 
 
+@pooled
 @settings(max_examples=10, deadline=None)
 @given(n=st.integers(1, 50), bounds=st.tuples(st.integers(0, 50), st.integers(0, 50)), chunks=st.integers(1, 9),
        idle=st.booleans())
 def test_a_launch_runs_each_block_of_its_range_once_in_any_number_of_chunks(n, bounds, chunks, idle):
     """The pool's helpers and the launching thread claim the chunks; with helpers that never run (`idle`), the
     launching thread runs every chunk and returns: it never waits for a helper to wake."""
-    from taskdsl.backend.cpu import threads
     from taskdsl.backend.cpu.parallel import launch
     begin, end = min(min(bounds), n), min(max(bounds), n)
     address = _entry(_doubling_entry, typeof(np.zeros(1)), types.int64)
@@ -175,16 +179,16 @@ def test_a_launch_runs_each_block_of_its_range_once_in_any_number_of_chunks(n, b
     np.testing.assert_array_equal(a, want)
 
 
+@pooled
 def test_launches_from_several_threads_at_once_run_every_block_once():
     """Threads launching at once, for a second and a half, on more helpers than cores: one holds the pool's helpers,
     the others run their chunks themselves; jobs of every size and count of chunks follow one another, and helpers
     fall asleep between some. (A run of this kind, 30 s long, found a helper reading a job's fields as the next
     job wrote them.)"""
     import time
-    from taskdsl.backend.cpu import threads
     from taskdsl.backend.cpu.parallel import launch
     address = _entry(_counting_entry, typeof(np.zeros(1)))
-    pool = threads.Pool(threads.pool().state[[threads.FUTEX, threads.YIELD]])
+    pool = threads.Pool()
     state, failures = pool.engage(3), []
 
     def launches(seed):
@@ -206,6 +210,7 @@ def test_launches_from_several_threads_at_once_run_every_block_once():
     assert not failures
 
 
+@pooled
 def test_a_forked_child_launches_on_helpers_of_its_own():
     """A child forked after the parent's helpers started has none of them: it starts its own."""
     import multiprocessing
@@ -221,21 +226,20 @@ def test_a_forked_child_launches_on_helpers_of_its_own():
 
 
 def _shifted_in_a_child(x):
-    from taskdsl.backend.cpu import threads
     y = np.zeros_like(x)
     add_shifted(x, y, 1, 0, 0, 0, 0)        # 129 blocks: a parallel launch
     assert len(threads.pool().threads) >= 1
     return y
 
 
+@pooled
 @pytest.mark.parametrize("asleep", [False, True])
 def test_a_stopped_pool_ends_its_helpers(asleep):
     """`Pool.stop` (run at exit, before the interpreter tears down the code helpers run) ends every helper, spinning
     right after a launch or asleep on the futex (woken: else each would hold the exit up for its join's timeout)."""
     import time
-    from taskdsl.backend.cpu import threads
     from taskdsl.backend.cpu.parallel import launch
-    pool = threads.Pool(threads.pool().state[[threads.FUTEX, threads.YIELD]])
+    pool = threads.Pool()
     a = np.zeros(50)
     launch(pool.engage(2), _entry(_counting_entry, typeof(a)), 0, 50, 9, a)
     np.testing.assert_array_equal(a, np.ones(50))
@@ -252,7 +256,7 @@ def test_a_stopped_pool_ends_its_helpers(asleep):
 def test_without_a_pool_a_launch_shares_its_blocks_through_python_threads(monkeypatch):
     """Where helpers cannot sleep on a futex (`threads.pool()` is None: not Linux), equal shares go to a thread
     pool, the calling thread running the first."""
-    from taskdsl.backend.cpu import launch, threads
+    from taskdsl.backend.cpu import launch
     pools, thread_pool = [], launch._pool
     monkeypatch.setattr(threads, "pool", lambda: None)
     monkeypatch.setattr(launch, "_pool", lambda workers: pools.append(workers) or thread_pool(workers))
@@ -265,10 +269,10 @@ def test_without_a_pool_a_launch_shares_its_blocks_through_python_threads(monkey
     assert pools and pools[0] >= 1
 
 
+@pooled
 def test_an_exception_propagates_from_one_chunk_and_fails_a_parallel_launch():
     """One chunk: the kernel's own exception (a debug check's site number and message). Several: a chunk cannot
     carry it, so the launch raises a RuntimeError that says what likely happened."""
-    from taskdsl.backend.cpu import threads
     from taskdsl.backend.cpu.parallel import launch
     address = _entry(_doubling_entry, typeof(np.zeros(1)), types.int64)
     a = np.array([1.0, -1.0, 2.0])

@@ -203,11 +203,11 @@ def _help(state, helper) -> None:
 class Pool:
     """The helper threads of this process and the state they share: `state_address` goes to `parallel.launch`."""
 
-    def __init__(self, numbers: tuple):
+    def __init__(self):
         from .parallel import entry_address
         self.state = np.zeros(WORDS, np.int64)
         self.state_address = self.state.ctypes.data
-        self.state[FUTEX], self.state[YIELD] = numbers
+        self.state[FUTEX], self.state[YIELD] = _syscall_numbers()
         self.state[RUNNER] = entry_address(_run_job, (types.int64,) * 6)
         entry_address(_help, (types.int64,) * 2)         # compiled (or loaded) here, not in a helper
         self.threads: list = []
@@ -239,16 +239,16 @@ class Pool:
 _pools: list = []
 
 
+def _syscall_numbers() -> tuple | None:
+    """Linux's numbers of futex and sched_yield here, None elsewhere (not Linux on x86-64 or aarch64)."""
+    return _SYSCALLS.get(platform.machine()) if sys.platform.startswith("linux") else None
+
+
 def pool() -> Pool | None:
-    """This process's pool of helper threads, None where they cannot sleep on a futex (not Linux on x86-64 or
-    aarch64)."""
-    if _pools:
-        return _pools[0]
-    numbers = _SYSCALLS.get(platform.machine()) if sys.platform.startswith("linux") else None
-    if numbers is None:
-        return None
-    _pools.append(Pool(numbers))
-    return _pools[0]
+    """This process's pool of helper threads, None where they cannot sleep on a futex (`_syscall_numbers`)."""
+    if not _pools and _syscall_numbers() is not None:
+        _pools.append(Pool())
+    return _pools[0] if _pools else None
 
 
 def _forget_pools() -> None:
