@@ -1,6 +1,7 @@
 """Graph-layer tests: shared helpers to make random inputs, build ONNX models and compare outputs."""
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from taskdsl.graph import passes
@@ -56,5 +57,13 @@ def make_model(nodes: list, inputs: list, outputs: list, initializers: dict | No
 def run_onnxruntime(model: onnx.ModelProto, feeds: dict) -> list:
     """The model's outputs computed by onnxruntime on the CPU."""
     import onnxruntime as ort
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    except ort.capi.onnxruntime_pybind11_state.Fail as error:
+        # an onnxruntime older than the test extra's (a GPU machine's image) refuses opsets it does not know yet
+        if "is under development" not in str(error):
+            raise
+        opset = max(o.version for o in model.opset_import)
+        pytest.skip(f"onnxruntime {ort.__version__} reads no opset {opset} (the test extra asks for onnxruntime>=1.32)")
     return session.run(None, feeds)
+
