@@ -710,7 +710,7 @@ def mixed_sign_loops(N: td.u32[1], S: i32[1], A: i32[1], Out: td.i64[9]):
     Out[0], Out[1], Out[2], Out[3] = c0, c1, c2, c3
     Out[4] = a >> N[0]                     # a shift has its left operand's type: arithmetic, as in C and Python
     Out[5] = a << td.u32(2)
-    Out[6] = ~(a < 0)                      # ~ of a bool widens it to i32 first (~True is -2)
+    Out[6] = ~(a < 0)                      # ~ of a bool widens it to i32 first (~ of True is -2)
     Out[7] = ~(a > 0)
 
 
@@ -720,7 +720,7 @@ def test_loops_with_mixed_signedness_and_shifts_by_unsigned_counts():
     out = np.zeros(9, np.int64)
     mixed_sign_loops(np.array([4], np.uint32), np.array([-2], np.int32), np.array([-20], np.int32), out)
     trips = [len(range(3, -1, -1)), len(range(4, 0, -1)), len(range(-2, 4)), len(range(0, -1))]
-    np.testing.assert_array_equal(out[:8], trips + [-20 >> 4, -20 << 2, ~True, ~False])
+    np.testing.assert_array_equal(out[:8], trips + [-20 >> 4, -20 << 2, ~1, ~0])   # ~ of True and of False
 
 
 def test_flat_indices_of_tensors_past_2_31_elements_are_64_bit():
