@@ -66,4 +66,3 @@ def run_onnxruntime(model: onnx.ModelProto, feeds: dict) -> list:
         opset = max(o.version for o in model.opset_import)
         pytest.skip(f"onnxruntime {ort.__version__} reads no opset {opset} (the test extra asks for onnxruntime>=1.32)")
     return session.run(None, feeds)
-
