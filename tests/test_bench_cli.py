@@ -164,16 +164,21 @@ def test_the_tc_parts_rows(simulated_gpu, cpu_clock, monkeypatch, capsys):
     assert "48^3 f16 in parts" in out and "cuBLAS: not timed" in out
 
 
-def test_the_tc_parts_verdict_compares_the_mma_alone_with_the_target(monkeypatch, capsys):
-    """With cuBLAS timed, the last line says whether mma.sync alone reaches 0.6x of it (times made up here)."""
+def test_the_tc_parts_verdict_compares_the_fastest_math_and_mma_with_the_target(monkeypatch, capsys):
+    """With cuBLAS timed, the last line says whether the fastest math alone (a kernel's ceiling) and the fastest
+    mma alone reach 0.6x of it, and at which tiles (times made up here: 0.6x cuBLAS is its time / 0.6)."""
     from taskdsl.bench import tc_parts
-    row = dict(point=None, tile="128x128x64 s3", l2_bytes=1, err=0.0, all=4e-4, copies=3e-4, math=3.6e-4, mma=3.4e-4)
-    monkeypatch.setattr(tc_parts, "rows", lambda n: [dict(row)])
-    for cublas, reach in ((1.8e-4, "cannot reach it"), (2.2e-4, "within mma.sync's reach")):
+    common = dict(point=None, l2_bytes=1, err=0.0, copies=2e-4)
+    rows = [dict(common, tile="128x128x64 s3", all=3.4e-4, math=3.0e-4, mma=2.8e-4),
+            dict(common, tile="128x64x32 s3", all=4.6e-4, math=3.6e-4, mma=2.4e-4)]
+    monkeypatch.setattr(tc_parts, "rows", lambda n: [dict(r) for r in rows])
+    for cublas, reach in ((1.2e-4, "cannot reach it"), (1.5e-4, "fragment loads (ldmatrix) stand between them"),
+                          (1.9e-4, "within the math's reach")):
         monkeypatch.setattr(tc_parts, "cublas_time", lambda n: cublas)
-        result, = tc_parts.run(sizes=(64,))
-        assert result["cublas"] == cublas and result["bound"] == "math"
-        assert reach in capsys.readouterr().out
+        results = tc_parts.run(sizes=(64,))
+        assert [r["cublas"] for r in results] == [cublas, cublas] and results[0]["bound"] == "math"
+        out = capsys.readouterr().out
+        assert reach in out and "cuBLAS, 128x128x64 s3); the fastest mma alone" in out and "x, 128x64x32 s3)" in out
 
 
 def test_the_batched_small_products_are_checked_against_numpy(capsys):
