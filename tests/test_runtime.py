@@ -355,6 +355,29 @@ def test_recorded_launches_compile_ahead_in_worker_processes(tmp_path, monkeypat
         np.testing.assert_array_equal(outs[factor], x * np.float32(factor))
 
 
+def test_a_compile_job_compiles_the_launcher_its_launches_take():
+    """A recorded job names the signature of `parallel.launch` its launches take, and compiling the job (what a
+    worker does) compiles that launcher too: the main process then only loads it, where it compiled all of them
+    one after another once the workers had finished."""
+    from taskdsl.backend.cpu import precompile
+    from taskdsl.backend.cpu.parallel import launch
+
+    @td.kernel(grid=1, block=1)
+    def unusual_scalars(x: f32[2], a: td.i16, b: td.u8, c: td.f64):    # a launcher signature no other test takes
+        x[0] = f32(a * b) + f32(c)
+
+    x = np.zeros(2, np.float32)
+    with precompile.recording() as jobs:
+        unusual_scalars(x, -3, 200, 0.5)
+    job, = jobs
+    assert job.launcher and job.launcher not in launch.overloads and not x.any()
+    precompile.compile_job(job)
+    assert job.launcher in launch.overloads
+    launchers = set(launch.overloads)
+    unusual_scalars(x, -3, 200, 0.5)
+    assert set(launch.overloads) == launchers and x[0] == -599.5      # it launched through the job's launcher
+
+
 def test_jobs_compile_in_workers_while_recording_goes_on(tmp_path, monkeypatch):
     from taskdsl.backend.cpu import precompile
     monkeypatch.setenv("TASKDSL_CACHE_DIR", str(tmp_path))      # nothing compiled yet

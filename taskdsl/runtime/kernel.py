@@ -509,7 +509,7 @@ class Kernel:
 
     def _prepare_cpu(self, binding: Binding, debug: bool):
         """The prepared launch of `binding` (None while launches are being recorded for compiling ahead)."""
-        from ..backend.cpu.launch import PreparedLaunch, runs_apart, signature
+        from ..backend.cpu.launch import PreparedLaunch, runs_apart, signatures
         from .cpu_modules import outlined_addresses, outlined_jobs
         if precompile.is_recording() and precompile.collected(self, binding.block):
             return None
@@ -517,9 +517,9 @@ class Kernel:
         sizes = [binding.sizes[s.name] for s in self._frontend_ir(binding.block).sizes]   # `lower` keeps them
         written = self._written(binding.block)
         if precompile.is_recording():
-            types = signature(src, binding.values, sizes, binding.grid)
+            types, launcher = signatures(src, binding.values, sizes, binding.grid)
             apart = runs_apart(src, binding.values, written)
-            precompile.record(precompile.Job(str(path), src.entry, types, src.opt_level, apart))
+            precompile.record(precompile.Job(str(path), src.entry, types, src.opt_level, apart, launcher))
             for job in outlined_jobs(src):
                 precompile.record(job)
             return None

@@ -134,10 +134,12 @@ def _half_bits(value):
     return value.view(np.uint16) if isinstance(value, (np.ndarray, np.float16)) and value.dtype == np.float16 else value
 
 
-def signature(src: CpuSource, values: list, sizes: list, grid: tuple) -> tuple:
-    """The numba types of the arguments `launch_cpu` passes (block range included), for compiling ahead."""
+def signatures(src: CpuSource, values: list, sizes: list, grid: tuple) -> tuple[tuple, tuple]:
+    """The numba types of the arguments `launch_cpu` passes the entry (block range included), and the signature of
+    the launcher it calls: what compiling ahead compiles."""
     args, _ = call_args(src, values)
-    return _entry_types(args, launch_ints(src, sizes, grid))
+    tail = launch_ints(src, sizes, grid)
+    return _entry_types(args, tail), launcher_signature((*byte_views(src, args), tail))
 
 
 def launch_ints(src: CpuSource, sizes: list, grid: tuple) -> np.ndarray:
