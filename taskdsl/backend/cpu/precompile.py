@@ -41,7 +41,7 @@ _count_lock = threading.Lock()
 class Job:
     """One numba compilation: the generated module, its entry function and the argument types, and the signature
     of `parallel.launch` that launches it (compiled too: in the main process, after every worker had finished,
-    the launchers took 0.8-0.95 s of a cold ResNet-50 or GPT-2 build of 9-10 s, one after another)."""
+    the launchers took 0.9-1.07 s of a cold ResNet-50 or GPT-2 build of 9-11 s, one after another)."""
 
     path: str
     entry: str
