@@ -171,6 +171,7 @@ def arithmetic(op: str, x: Value, y: Value) -> Value:
         exact = {"+": a.astype(object) + b, "-": a.astype(object) - b, "*": a.astype(object) * b,
                  "//": np.floor_divide(a.astype(object), np.where(b == 0, 1, b).astype(object)),
                  "%": np.mod(a.astype(object), np.where(b == 0, 1, b).astype(object))}[op]
+        exact = np.asarray(exact, dtype=object)     # 0-d operands give a Python int: np.where would overflow int64
         lo, hi = -2**(BITS[dtype] - 1), 2**(BITS[dtype] - 1)
         bad = bad | (exact < lo) | (exact >= hi) | ((b == 0) if op in ("//", "%") else False)
         return Value(np.where(bad, 0, exact).astype(NUMPY[dtype]), dtype, bad)
@@ -380,3 +381,11 @@ def test_random_float_programs_match_numpy(shared, trees, step, shift, seed, sha
         values = ", ".join(f"{n}={v[t]!r}" for n, v in inputs.items())
         raise AssertionError(f"expression {k}: {expression_source(trees[k])}\niteration {i}, thread {t} ({values}): "
                              f"got {out[i, k, t]!r}, expected {reference[i, k, t]!r}\n{text}")
+
+
+def test_the_oracle_marks_an_overflowing_product_of_two_constants_undefined():
+    """Two typed constants are 0-d values, whose exact product is a Python int: one past i64's range is undefined
+    (0 in the array), not an OverflowError in the oracle (seed 3405 of the host twins)."""
+    big = Value(np.array(2**62, np.int64), "i64", const=True)
+    product = arithmetic("*", big, big)
+    assert product.bad and product.value == 0 and product.value.dtype == np.int64
