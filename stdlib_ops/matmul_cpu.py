@@ -383,7 +383,7 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
 
 def stages_a(dtype) -> bool:
     """Whether the kernels copy A of element type `dtype` to f32 a block and k block at a time (16-bit floats)."""
-    return dtype.is_float and dtype.bits == 16
+    return dtype.computes_in_f32
 
 
 def indirect_index(batch_index: np.ndarray, rows: np.ndarray, taps: np.ndarray) -> np.ndarray:

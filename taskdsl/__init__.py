@@ -8,7 +8,7 @@ from .backend.cpu import numba_cache  # noqa: F401 - then: numba's cache folder 
 from .compute import Tensor, compute, placeholder, reduce, size_var
 from .errors import ConfigError, DSLError, SourceLoc
 from .frontend.decorators import func, kernel
-from .ir.types import bf16, boolean, f16, f32, f64, i8, i16, i32, i64, u8, u16, u32, u64
+from .ir.types import bf16, boolean, f8e4m3, f8e5m2, f16, f32, f64, i8, i16, i32, i64, u8, u16, u32, u64
 from .lang import *  # noqa: F401,F403 - the kernel language: threadIdx, shared, syncthreads, exp, ...
 from .lang import cdiv, warp_size
 from .mapping import TaskMapping, repeat, spatial

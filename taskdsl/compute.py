@@ -202,7 +202,7 @@ def reduce(name: str, shape, reduce_shape, fcompute, op: str = "sum", dtype: T.D
     if dtype is not None:
         dtype = T.as_dtype(dtype, what)
     else:
-        dtype = T.f32 if body.dtype.is_float and body.dtype.bits == 16 else body.dtype
+        dtype = T.f32 if body.dtype.computes_in_f32 else body.dtype
         dtype = T.f32 if op == "mean" and not dtype.is_float else dtype
         dtype = T.i32 if op in ("sum", "prod") and dtype.is_bool else dtype    # a count, as C promotes bools
     return Tensor(name, dtype, dims, "reduce", axes, body, raxes, rdims, op)
@@ -283,14 +283,17 @@ _NP_REDUCE = {"sum": np.sum, "max": _extreme(True), "min": _extreme(False), "pro
 
 
 def _rounded(value: np.ndarray, dtype: T.DataType) -> np.ndarray:
-    """`value` as the reference computes values of `dtype`: rounded to `dtype` first where that is a 16-bit float
-    (held in f32 afterwards, as kernels compute with them), once (ml_dtypes rounds f64 and integers to bf16 through
-    f32, twice)."""
+    """`value` as the reference computes values of `dtype`: rounded to `dtype` first where that is a 16- or 8-bit
+    float (held in f32 afterwards, as kernels compute with them), once (ml_dtypes rounds f64 and integers to bf16
+    through f32, twice), the 8-bit ones saturated."""
     value = np.asarray(value)
     wider_than_f32 = value.dtype.itemsize > (4 if value.dtype.kind == "f" else 2)     # (i16's values f32 holds)
     if dtype == T.bf16 and value.dtype.kind in "iuf" and wider_than_f32:
         value = _rounded_to_odd_f32(value.astype(np.float64))
-    if dtype.is_float and dtype.bits == 16:
+    if dtype.bits == 8 and dtype.is_float:     # saturated, as kernels convert (ml_dtypes gives NaN or inf past it)
+        largest = T.FLOAT8_FORMATS[dtype.name][2]
+        value = _rounded_to_odd_f32(np.clip(value.astype(np.float64), -largest, largest))
+    if dtype.computes_in_f32:
         value = value.astype(numpy_dtype(dtype))
     return value.astype(_compute_dtype(dtype))
 
@@ -352,8 +355,8 @@ def _stored(value, shape: tuple, dtype: T.DataType) -> np.ndarray:
 
 
 def _compute_dtype(dtype: T.DataType):
-    """The dtype the reference computes an IR type in (16-bit floats are computed in f32, as in kernels)."""
-    return np.float32 if dtype.is_float and dtype.bits == 16 else dtype.numpy
+    """The dtype the reference computes an IR type in (16- and 8-bit floats are computed in f32, as in kernels)."""
+    return np.float32 if dtype.computes_in_f32 else dtype.numpy
 
 
 def _erf_scalar(x):

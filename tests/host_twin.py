@@ -29,6 +29,8 @@ import numpy as np
 import taskdsl as td
 from taskdsl.backend.cpu import precompile
 
+from taskdsl.ir.types import FLOAT8_VALUES
+
 from .cuda_on_host import DivisionByZeroOnHost, entry_params, host_compiler, run_source, unsupported
 
 ENABLED = os.environ.get("TASKDSL_HOST_TWIN") == "1"
@@ -40,7 +42,8 @@ _ATOMICS = re.compile(r"\batomic[A-Z]\w*\s*\(|\btd_atomic_rmw\b")
 # where the host's -O0 code rounds twice: a sum that cancels (a matmul's output near 0) differs by more than RTOL
 # of itself, so the absolute tolerance is SCALE of the array's largest magnitude. A wrong index is off by far more.
 RTOL, ATOL, SCALE = 1e-4, 1e-6, 1e-5
-RTOL_16_BITS = {"f16": 2 * 2.0 ** -10, "bf16": 2 * 2.0 ** -7}       # two ulps: one rounding of an f32 result
+# two ulps: one rounding of an f32 result
+RTOL_16_BITS = {"f16": 2 * 2.0 ** -10, "bf16": 2 * 2.0 ** -7, "f8e4m3": 2 * 2.0 ** -3, "f8e5m2": 2 * 2.0 ** -2}
 
 
 _UNSPECIFIED: dict = {}     # argument index -> mask of its elements the calls under `unspecified` leave open
@@ -135,9 +138,11 @@ def _view(array: np.ndarray) -> tuple:
 
 
 def _values(array: np.ndarray, dtype: str) -> np.ndarray:
-    """The values a 16-bit float array holds, as f32 (bf16 may come as its uint16 bits)."""
+    """The values a 16- or 8-bit float array holds, as f32 (bf16 and the 8-bit floats may come as their bits)."""
     if dtype == "bf16":
         return (np.ascontiguousarray(array).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    if dtype in FLOAT8_VALUES:
+        return FLOAT8_VALUES[dtype][np.ascontiguousarray(array).view(np.uint8)]
     return array.astype(np.float32)
 
 

@@ -327,7 +327,7 @@ def literal_type(partner: DataType) -> DataType:
     """The type a Python number takes next to a `partner` operand in arithmetic or a comparison:
     the partner's, except f32 next to a 16-bit float (whose arithmetic is done in f32, so a
     literal is not rounded to 16 bits first)."""
-    return f32 if partner.is_float and partner.bits == 16 else partner
+    return f32 if partner.computes_in_f32 else partner
 
 
 def convert(e: Expr, dtype: DataType) -> Expr:
@@ -347,7 +347,7 @@ def binary(op: str, a, b) -> Expr:
         return Binary(op, a, b, boolean)
     # a shift has its left operand's (promoted) type, as in C: `-2 >> 1u` is -1, not a logical shift in u32
     dtype = promote(a.dtype, a.dtype) if op in ("<<", ">>") else promote(a.dtype, b.dtype)
-    if (op == "/" and not dtype.is_float) or (dtype.is_float and dtype.bits == 16):
+    if (op == "/" and not dtype.is_float) or (dtype.computes_in_f32):
         dtype = f32  # 16-bit floats are a storage format: arithmetic on them is done in f32
     return Binary(op, convert(a, dtype), convert(b, dtype), dtype)
 
@@ -424,7 +424,7 @@ def _compare(op: str, a: Expr, b: Expr) -> Expr:
     da, db = a.dtype, b.dtype
     if da.is_float or db.is_float:
         dtype = promote(da, db)
-        dtype = f32 if dtype.bits == 16 else dtype
+        dtype = f32 if dtype.computes_in_f32 else dtype
     elif da.is_integer and db.is_integer and (da.kind == "uint") != (db.kind == "uint"):
         if u64 in (da, db):
             return _compare_with_u64(op, a, b)
@@ -494,7 +494,7 @@ def math_expr(name: str, args: list) -> Expr:
             dtype = promote(dtype, const(a).dtype)
     if any(isinstance(a, float) for a in args) and not dtype.is_float:
         dtype = f32   # a Python float with an integer value: as in arithmetic, the float wins
-    if (name not in ("max", "min", "abs") and not dtype.is_float) or (dtype.is_float and dtype.bits == 16):
+    if (name not in ("max", "min", "abs") and not dtype.is_float) or (dtype.computes_in_f32):
         dtype = f32
     if dtype.is_bool or (dtype.is_integer and dtype.bits < 32):
         dtype = i32       # C's integer promotion, as in arithmetic (abs(i8(-128)) is 128)

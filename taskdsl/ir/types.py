@@ -21,6 +21,11 @@ class DataType:
         return self.kind == "float"
 
     @property
+    def computes_in_f32(self) -> bool:
+        """Whether this is a storage format whose arithmetic is done in f32 (f16, bf16, the 8-bit floats)."""
+        return self.kind == "float" and self.bits < 32
+
+    @property
     def is_integer(self) -> bool:
         return self.kind in ("int", "uint")
 
@@ -66,19 +71,32 @@ class DataType:
             with np.errstate(over="ignore"):
                 return float(np.float32(value))
         bits = self.narrow_bits(value)
+        if self.bits == 8:
+            return float(FLOAT8_VALUES[self.name][bits])
         if self.name == "f16":
             return float(np.array(bits, np.uint16).view(np.float16))
         return float(np.array(bits << 16, np.uint32).view(np.float32))
 
     def narrow_bits(self, value: float) -> int:
-        """The bits of `value` rounded to this 16-bit float type (ties to even, in one rounding)."""
+        """The bits of `value` rounded to this 16- or 8-bit float type (ties to even, in one rounding; the 8-bit
+        types saturate)."""
+        if self.bits == 8:
+            return int(float8_bits(float(value), *FLOAT8_FORMATS[self.name]))
         return int(narrow_float_bits(float(value), *_NARROW_FORMATS[self.name]))
 
-    @property
-    def overflow(self) -> int:
-        """The least magnitude that rounds to inf in this float type (halfway above its largest finite value)."""
+    def overflows(self, value) -> bool:
+        """Whether the finite `value` is past the range of this float type: an IEEE type would round it to inf, an
+        8-bit one (which saturates) to a value other than the nearest."""
+        if not abs(value) < math.inf:
+            return False
+        if self.bits == 8:
+            mant_bits, _, largest, _ = FLOAT8_FORMATS[self.name]
+            half_unit = math.ldexp(1.0, math.frexp(largest)[1] - 2 - mant_bits)   # half the last place's unit there
+            # a tie rounds to even: down to an even largest (e4m3's 0x7E), up past an odd one (e5m2's 0x7B)
+            odd = self.narrow_bits(largest) & 1
+            return abs(value) > largest + half_unit or (odd == 1 and abs(value) == largest + half_unit)
         mant_bits, bias = _FLOAT_FORMATS[self.name][:2]
-        return (1 << (bias + 1)) - (1 << (bias - mant_bits - 1))
+        return abs(value) >= (1 << (bias + 1)) - (1 << (bias - mant_bits - 1))    # halfway above the largest
 
     def float_text(self, value: float) -> str:
         """The shortest decimal text that reads back exactly as `value`, a value of this float type,
@@ -87,7 +105,7 @@ class DataType:
 
     @property
     def numpy(self) -> np.dtype:
-        """The numpy dtype holding this type (bf16 is stored as its raw 16 bits)."""
+        """The numpy dtype holding this type (bf16 and the 8-bit floats are stored as their raw bits)."""
         return np.dtype(_NUMPY_NAMES[self.name])
 
     def __getitem__(self, dims) -> "TensorSpec":
@@ -129,18 +147,26 @@ u16 = DataType("u16", "uint", 16, "unsigned short")
 u32 = DataType("u32", "uint", 32, "unsigned int")
 u64 = DataType("u64", "uint", 64, "unsigned long long")
 boolean = DataType("bool", "bool", 8, "bool")
+# OCP's 8-bit floats (ml_dtypes' float8_e4m3fn and float8_e5m2, ONNX's FLOAT8E4M3FN and FLOAT8E5M2): E4M3 has no inf
+# (its largest is 448, S.1111.111 its NaN), E5M2 is IEEE-like (largest 57344)
+f8e4m3 = DataType("f8e4m3", "float", 8, "__nv_fp8_e4m3")
+f8e5m2 = DataType("f8e5m2", "float", 8, "__nv_fp8_e5m2")
 
 _NARROW_FORMATS = {"f16": (10, 15, 31), "bf16": (7, 127, 255)}    # mantissa bits, exponent bias, all-ones exponent
 _FLOAT_FORMATS = {**_NARROW_FORMATS, "f32": (23, 127, 255), "f64": (52, 1023, 2047)}
-_NUMPY_NAMES = {"f16": "float16", "bf16": "uint16", "f32": "float32", "f64": "float64", "i8": "int8",
-                "i16": "int16", "i32": "int32", "i64": "int64", "u8": "uint8", "u16": "uint16", "u32": "uint32",
-                "u64": "uint64", "bool": "bool"}
-ALL_DTYPES = (f16, bf16, f32, f64, i8, i16, i32, i64, u8, u16, u32, u64, boolean)
+_NUMPY_NAMES = {"f16": "float16", "bf16": "uint16", "f8e4m3": "uint8", "f8e5m2": "uint8", "f32": "float32",
+                "f64": "float64", "i8": "int8", "i16": "int16", "i32": "int32", "i64": "int64", "u8": "uint8",
+                "u16": "uint16", "u32": "uint32", "u64": "uint64", "bool": "bool"}
+ALL_DTYPES = (f16, bf16, f8e4m3, f8e5m2, f32, f64, i8, i16, i32, i64, u8, u16, u32, u64, boolean)
+# the types numpy holds as ml_dtypes' types, and their names there (the kernels get their bits)
+ML_DTYPES_NAMES = {"bf16": "bfloat16", "f8e4m3": "float8_e4m3fn", "f8e5m2": "float8_e5m2"}
+_BY_ML_DTYPES_NAME = {name: t for t in ALL_DTYPES for key, name in ML_DTYPES_NAMES.items() if t.name == key}
 
 
 def is_float_dtype(dtype: np.dtype) -> bool:
-    """Whether a numpy dtype is a float type (ml_dtypes' bfloat16 included, whose numpy kind is 'V')."""
-    return dtype.kind == "f" or dtype.name == "bfloat16"
+    """Whether a numpy dtype is a float type (ml_dtypes' bfloat16 and 8-bit floats included, whose numpy kind is
+    'V')."""
+    return dtype.kind == "f" or dtype.name in _BY_ML_DTYPES_NAME
 
 
 def is_number_dtype(dtype: np.dtype) -> bool:
@@ -149,10 +175,11 @@ def is_number_dtype(dtype: np.dtype) -> bool:
 
 
 def numpy_dtype(dtype: DataType) -> np.dtype:
-    """The numpy dtype of a type's values (bf16 as ml_dtypes' bfloat16, not the uint16 of its bits)."""
-    if dtype.name == "bf16":
+    """The numpy dtype of a type's values (bf16 as ml_dtypes' bfloat16, not the uint16 of its bits; the 8-bit floats
+    as ml_dtypes' float8 types)."""
+    if dtype.name in ML_DTYPES_NAMES:
         import ml_dtypes
-        return np.dtype(ml_dtypes.bfloat16)
+        return np.dtype(getattr(ml_dtypes, ML_DTYPES_NAMES[dtype.name]))
     return dtype.numpy
 
 
@@ -160,7 +187,8 @@ def numpy_dtype(dtype: DataType) -> np.dtype:
 # is 64-bit, but a kernel language reads it as C does), "half" and "double" as in C.
 _TYPE_NAMES = {"float16": f16, "half": f16, "bfloat16": bf16, "float32": f32, "float": f32, "float64": f64,
                "double": f64, "int8": i8, "int16": i16, "int32": i32, "int64": i64, "uint8": u8, "uint16": u16,
-               "uint32": u32, "uint64": u64, "bool": boolean}
+               "uint32": u32, "uint64": u64, "bool": boolean,
+               "float8_e4m3fn": f8e4m3, "float8_e5m2": f8e5m2}
 
 
 def as_dtype(dtype, what: str = "dtype") -> DataType:
@@ -186,8 +214,8 @@ _FROM_NUMPY: dict = {}      # what from_numpy was given (a dtype, a scalar type,
 
 
 def from_numpy(dtype) -> DataType:
-    """The DataType of a numpy dtype (ml_dtypes' bfloat16 is bf16; uint16 is u16, not bf16's bits); TypeError
-    for dtypes the DSL has no type for."""
+    """The DataType of a numpy dtype (ml_dtypes' bfloat16 is bf16, its float8_e4m3fn f8e4m3; uint16 is u16, not
+    bf16's bits); TypeError for dtypes the DSL has no type for."""
     try:        # every operator call asks, for each operand: numpy's dtype.name alone costs a microsecond
         found = _FROM_NUMPY.get(dtype)
     except TypeError:       # unhashable (a list of fields, say)
@@ -203,21 +231,23 @@ def _from_numpy(dtype) -> DataType:
     dtype = np.dtype(dtype)
     if not dtype.isnative:      # big-endian data: its type is the native one (arrays are converted on the way in)
         dtype = dtype.newbyteorder("=")
-    if dtype.name == "bfloat16":
-        return bf16
+    if dtype.name in _BY_ML_DTYPES_NAME:
+        return _BY_ML_DTYPES_NAME[dtype.name]
     for t in ALL_DTYPES:
-        if t.name != "bf16" and t.numpy == dtype:
+        if t.name not in ML_DTYPES_NAMES and t.numpy == dtype:
             return t
     raise TypeError(f"numpy dtype {dtype} has no taskdsl type; use one of "
-                    f"{', '.join(str(t.numpy) for t in ALL_DTYPES if t.name != 'bf16')}")
+                    f"{', '.join(str(t.numpy) for t in ALL_DTYPES if t.name not in ML_DTYPES_NAMES)} or ml_dtypes' "
+                    f"{', '.join(ML_DTYPES_NAMES.values())}")
 
 
 def promote(a: DataType, b: DataType) -> DataType:
     """The type arithmetic on two operands is computed in (C rules: float beats int, wider wins,
-    integers narrower than 32 bits and bools widen to i32, f16 with bf16 gives f32)."""
+    integers narrower than 32 bits and bools widen to i32, two different storage formats (f16 with bf16, say)
+    give f32)."""
     if a.is_float or b.is_float:
         if a.is_float and b.is_float and a != b:
-            return f32 if a.bits == b.bits == 16 else max(a, b, key=lambda t: t.bits)
+            return f32 if a.computes_in_f32 and b.computes_in_f32 else max(a, b, key=lambda t: t.bits)
         return a if a.is_float else b
     if a.bits < 32 and b.bits < 32:
         return i32
@@ -249,3 +279,49 @@ def narrow_float_bits(x, mant_bits, exp_bias, exp_max):
     if biased >= exp_max:
         return sign | (exp_max << mant_bits)
     return sign | (biased << mant_bits) | frac
+
+
+# mantissa bits, exponent bias, largest finite value, NaN's bits (without the sign)
+FLOAT8_FORMATS = {"f8e4m3": (3, 7, 448.0, 0x7F), "f8e5m2": (2, 15, 57344.0, 0x7E)}
+
+
+def float8_bits(x, mant_bits, exp_bias, largest, nan_bits):
+    """The bits of float `x` rounded to an 8-bit float as CUDA's conversions with __NV_SATFINITE round it: to
+    nearest even, once; a magnitude past the largest finite value (inf included) gives the largest, a NaN the
+    quiet NaN of its sign.
+
+    Plain Python that numba compiles too (the cpu target's 8-bit float stores use it).
+    """
+    negative = x < 0.0 or (x == 0.0 and math.copysign(1.0, x) < 0.0) or (x != x and math.copysign(1.0, x) < 0.0)
+    sign = 0x80 if negative else 0
+    if x != x:
+        return sign | nan_bits
+    a = min(abs(np.float64(x)), largest)      # saturated: a value below the largest never rounds past it
+    if a == 0.0:
+        return sign
+    e = math.frexp(a)[1] - 1                  # 2**e <= a < 2**(e + 1)
+    unit = max(e, 1 - exp_bias) - mant_bits   # the exponent of a's last place (the subnormals' below the normals)
+    units = np.int64(np.rint(math.ldexp(a, -unit)))     # exact scaling, rounded to even
+    if units < (1 << mant_bits):              # a subnormal (or the least normal, reached by rounding up)
+        return sign | units
+    if units == (2 << mant_bits):             # rounded up into the next binade
+        units, unit = units >> 1, unit + 1
+    return sign | ((unit + mant_bits + exp_bias) << mant_bits) | (units - (1 << mant_bits))
+
+
+def _float8_values(mant_bits, exp_bias, largest, nan_bits) -> np.ndarray:
+    """The f32 value of each of the 256 bit patterns of an 8-bit float format."""
+    values = np.empty(256, np.float32)
+    for bits in range(256):
+        exp, mant = (bits & 0x7F) >> mant_bits, bits & ((1 << mant_bits) - 1)
+        if exp == 0:
+            magnitude = math.ldexp(mant, 1 - exp_bias - mant_bits)
+        else:
+            magnitude = math.ldexp((1 << mant_bits) | mant, exp - exp_bias - mant_bits)
+        if magnitude > largest:       # E5M2's all-ones exponent (inf, NaNs), E4M3's S.1111.111 (NaN)
+            magnitude = math.inf if nan_bits != 0x7F and mant == 0 else math.nan
+        values[bits] = -magnitude if bits & 0x80 else magnitude
+    return values
+
+
+FLOAT8_VALUES = {name: _float8_values(*fmt) for name, fmt in FLOAT8_FORMATS.items()}

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from ..backend.cpu.launch import note_host_work
+from ..ir.types import ML_DTYPES_NAMES
 from .device_array import DeviceArray, to_device
 from .device_array import empty as device_empty
 from .host import empty_aligned
@@ -35,7 +36,7 @@ def as_array(value):
 def conversion(value, dtype) -> str:
     """How to make `value` (an array, a DeviceArray, a list...) an array of numpy `dtype`, for an error message."""
     name = np.dtype(dtype).name
-    name = "ml_dtypes.bfloat16" if name == "bfloat16" else f"np.{name}"
+    name = f"ml_dtypes.{name}" if name in ML_DTYPES_NAMES.values() else f"np.{name}"
     if isinstance(value, DeviceArray):
         return f"stdlib_ops.cast(x, {name})"
     return f".astype({name})" if isinstance(value, np.ndarray) else f"np.asarray(x, {name})"

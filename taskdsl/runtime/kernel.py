@@ -105,9 +105,10 @@ def _integer_range(dtype: np.dtype) -> tuple:
 
 
 def _array_value(spec, arg):
-    """The array the kernel gets for an array argument (a numpy array of ml_dtypes' bfloat16 as its bits)."""
-    if spec.dtype.name == "bf16" and arg.dtype.name == "bfloat16" and isinstance(arg, np.ndarray):
-        return arg.view(np.uint16)
+    """The array the kernel gets for an array argument (a numpy array of ml_dtypes' bfloat16 or 8-bit floats as its
+    bits)."""
+    if T.ML_DTYPES_NAMES.get(spec.dtype.name) == arg.dtype.name and isinstance(arg, np.ndarray):
+        return arg.view(spec.dtype.numpy)
     return arg
 
 
@@ -272,15 +273,15 @@ class Kernel:
             from .device_array import array_info
             info = array_info(arg, f"kernel '{self.name}': argument '{pname}'")
             dtype, shape = info.dtype, info.shape
-            if spec.dtype.name == "bf16" and dtype.name == "bfloat16":
-                dtype = np.dtype(np.uint16)
+            if T.ML_DTYPES_NAMES.get(spec.dtype.name) == dtype.name:
+                dtype = spec.dtype.numpy
         elif isinstance(arg, DeviceArray):
             raise TypeError(f"kernel '{self.name}': argument '{pname}' is a td.DeviceArray (GPU memory), but the "
                             "target is cpu: copy it to the host with .numpy(), or run on the cuda target")
         else:
             raise TypeError(f"kernel '{self.name}': argument '{pname}' must be a numpy array, got {type(arg).__name__}")
         if dtype != spec.dtype.numpy:
-            wanted = "bfloat16" if spec.dtype.name == "bf16" else spec.dtype.numpy    # not its uint16 bits
+            wanted = T.ML_DTYPES_NAMES.get(spec.dtype.name, spec.dtype.numpy)     # not bf16's uint16 bits
             raise TypeError(f"kernel '{self.name}': argument '{pname}' must have dtype {wanted} "
                             f"({spec.dtype.name}), got {dtype}; convert it with "
                             + (conversion(arg, T.numpy_dtype(spec.dtype)) if info is None else
@@ -318,14 +319,15 @@ class Kernel:
             if not low <= arg <= high:      # numpy would wrap it silently (or raise an OverflowError naming nothing)
                 raise ValueError(f"kernel '{self.name}': argument '{pname}' = {arg} is outside the range of "
                                  f"{dtype.name} ({low} to {high}); declare the parameter with a wider type")
-        if dtype.is_float and dtype.overflow <= abs(arg if isinstance(arg, int) else float(arg)) < math.inf:
-            # numpy would give inf, and a warning
+        if dtype.is_float and dtype.overflows(arg if isinstance(arg, int) else float(arg)):
+            # numpy would give inf (or NaN), and a warning
             text = str(arg) if len(str(arg)) < 30 else f"an integer of {len(str(abs(arg)))} digits"
+            becomes = "be inf" if dtype.bits > 8 else "saturate"
+            advice = "declare the parameter with a wider type" if dtype.bits < 64 else "pass inf if you mean it"
             raise ValueError(f"kernel '{self.name}': argument '{pname}' = {text} is outside the range of "
-                             f"{dtype.name} (it would be inf); " + ("declare the parameter with a wider type"
-                                                                   if dtype.bits < 64 else "pass inf if you mean it"))
-        if dtype.name == "bf16":    # bf16 values travel as their bits (uint16): 3.0 is 0x4040, not 0x0003;
-            return np.uint16(dtype.narrow_bits(arg))    # rounded once (ml_dtypes rounds an f64 to f32 first)
+                             f"{dtype.name} (it would {becomes}); {advice}")
+        if dtype.name in T.ML_DTYPES_NAMES:     # values travel as their bits: bf16 3.0 is 0x4040, not 0x0003;
+            return dtype.numpy.type(dtype.narrow_bits(arg))     # rounded once (ml_dtypes rounds an f64 to f32 first)
         return dtype.numpy.type(arg)
 
     def _evaluate(self, spec, sizes: dict, scalars: dict, what: str):

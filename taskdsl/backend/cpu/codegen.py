@@ -50,9 +50,9 @@ _F32_MATH = {"erf": "rt.erf_f32", "tanh": "rt.tanh_f32", "exp": "rt.exp_f32",   
 _FLOAT_MATH = {"max": "rt.fmax", "min": "rt.fmin"}
 # `v = max(v, x)` of floats: LLVM's own maximum, which it vectorizes as a reduction (support.running_max)
 _RUNNING = {"max": "rt.running_max", "min": "rt.running_min"}
-_NP_TYPES = {"f16": "np.uint16", "bf16": "np.uint16", "f32": "np.float32", "f64": "np.float64", "i8": "np.int8",
-             "i16": "np.int16", "i32": "np.int32", "i64": "np.int64", "u8": "np.uint8", "u16": "np.uint16",
-             "u32": "np.uint32", "u64": "np.uint64", "bool": "np.bool_"}
+_NP_TYPES = {"f16": "np.uint16", "bf16": "np.uint16", "f8e4m3": "np.uint8", "f8e5m2": "np.uint8", "f32": "np.float32",
+             "f64": "np.float64", "i8": "np.int8", "i16": "np.int16", "i32": "np.int32", "i64": "np.int64",
+             "u8": "np.uint8", "u16": "np.uint16", "u32": "np.uint32", "u64": "np.uint64", "bool": "np.bool_"}
 _PY_OPS = {"and": "and", "or": "or"}
 _EAGER_OPS = {"and": "&", "or": "|"}     # for operands `plain`: both evaluated, no branch
 
@@ -125,12 +125,12 @@ class CpuSource:
 
 
 def np_type(dtype) -> str:
-    """The numpy type numba holds `dtype` in (f16/bf16 as their uint16 bit patterns)."""
+    """The numpy type numba holds `dtype` in (f16/bf16 as their uint16 bit patterns, 8-bit floats as uint8 ones)."""
     return _NP_TYPES[dtype.name]
 
 
-def _is_half(dtype) -> bool:
-    return dtype.is_float and dtype.bits == 16
+def _held_as_bits(dtype) -> bool:
+    return dtype.computes_in_f32
 
 
 def emit_python(fn: ir.Function, debug: bool = False, fast: bool = False) -> CpuSource:
@@ -656,7 +656,7 @@ class _PythonEmitter:
         """What a block maximum's slot holds where no thread published: the least value numba's `max` can meet in
         the slots' storage (the block's threads that publish agree on their value, so any order will do: 16-bit
         floats compare as their bit patterns, from 0)."""
-        if dtype.is_bool or _is_half(dtype):
+        if dtype.is_bool or _held_as_bits(dtype):
             return f"{np_type(dtype)}(0)"
         return self.expr(ir.const(dtype.lowest, dtype))
 
@@ -748,11 +748,11 @@ class _PythonEmitter:
         text = self.expr(e)
         if e.dtype == dtype:
             return text
-        if _is_half(e.dtype):  # bits -> f32 first
+        if _held_as_bits(e.dtype):  # bits -> f32 first
             text = f"rt.{e.dtype.name}_to_f32({text})"
             if dtype == ir.types.f32:
                 return text
-        if _is_half(dtype):   # rounded once, as CUDA does: f64s and ints past 2**24 would round twice through f32
+        if _held_as_bits(dtype):   # rounded once, as CUDA does: f64s and ints past 2**24 would round twice through f32
             wide = "np.float32" if e.dtype.is_float and e.dtype.bits <= 32 else "np.float64"
             return f"rt.f32_to_{dtype.name}({wide}({text}))"
         if dtype.is_bool:
@@ -774,9 +774,10 @@ class _PythonEmitter:
         if isinstance(e, ir.Const):
             if e.dtype.is_bool:
                 return "True" if e.value else "False"
-            if _is_half(e.dtype):
+            if _held_as_bits(e.dtype):
                 from . import support
-                return self.constant(f"np.uint16({getattr(support, 'f32_to_' + e.dtype.name)(np.float32(e.value))})")
+                bits = getattr(support, "f32_to_" + e.dtype.name)(np.float32(e.value))
+                return self.constant(f"{np_type(e.dtype)}({bits})")
             if e.dtype.is_float:
                 value = e.value
                 literal = repr(value) if math.isfinite(value) else f"np.{'nan' if math.isnan(value) else 'inf'}"
@@ -810,8 +811,8 @@ class _PythonEmitter:
                 return f"{np_type(e.dtype)}({text})"
             return text
         if isinstance(e, ir.Unary):
-            if e.op == "-" and e.dtype.name in ("f16", "bf16"):     # held as bit patterns: flip the sign bit
-                return f"({self.expr(e.a)} ^ np.uint16(0x8000))"
+            if e.op == "-" and _held_as_bits(e.dtype):     # held as bit patterns: flip the sign bit
+                return f"({self.expr(e.a)} ^ {np_type(e.dtype)}({1 << (e.dtype.bits - 1):#x}))"
             if e.op == "-" and e.dtype.name == "i64":     # numba negates an int32 in int32 (-(-2**31) wraps), and
                 return f"(-np.int64({self.expr(e.a)}))"    # `cast` leaves an i32 -> i64 widening to numba
             text = f"({'not ' if e.op == 'not' else e.op}{self.expr(e.a)})"

@@ -128,6 +128,9 @@ def call_args(src: CpuSource, values: list) -> tuple[list, list]:
     return args, copy_back
 
 
+_BIT_PATTERNS = {np.dtype(np.float16): np.uint16, np.dtype(np.uint16): np.uint16, np.dtype(np.uint8): np.uint8}
+
+
 def _half_bits(value):
     """An f16 array or scalar as its uint16 bit patterns (numba has no float16: kernels read and write the bits);
     any other value as it is."""
@@ -186,9 +189,9 @@ class PreparedLaunch:
         serial = streams and sum(v.nbytes for v in values if isinstance(v, np.ndarray)) < SERIAL_BYTES
         self.workers = 1 if serial else _workers(src, self.blocks)
         self.addresses: dict = {}      # (the arrays' writeable flags, apart) -> the entry's machine code for them
-        # arrays by position, and whether they travel as 16-bit patterns (f16; bf16, bound as uint16 bits)
-        self.arrays = [(i, v.dtype in (np.float16, np.uint16)) for i, v in enumerate(values)
-                       if isinstance(v, np.ndarray)]
+        # arrays by position, and the type of the bit patterns they may travel as (f16; bf16 and the 8-bit floats,
+        # bound as uint16 and uint8 bits), or None
+        self.arrays = [(i, _BIT_PATTERNS.get(v.dtype)) for i, v in enumerate(values) if isinstance(v, np.ndarray)]
         self.pairs = written_pairs(values, written)     # the arrays `arrays_apart` tests at each call
 
     def with_scalars(self, scalars: dict) -> "PreparedLaunch":
@@ -203,7 +206,7 @@ class PreparedLaunch:
         values = self.values[:]
         contiguous = self.src.flat
         for i, bits in self.arrays:
-            a = args[i].view(np.uint16) if bits else args[i]
+            a = args[i].view(bits) if bits else args[i]
             contiguous = contiguous and a.flags.c_contiguous
             values[i] = a
         if not contiguous:

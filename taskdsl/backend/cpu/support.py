@@ -16,7 +16,7 @@ from numba.core.untyped_passes import DeadBranchPrune, GenericRewrites, InlineCl
 from numba.core.registry import CPUDispatcher
 from numba.extending import intrinsic, overload
 
-from ...ir.types import narrow_float_bits
+from ...ir.types import FLOAT8_VALUES, float8_bits, narrow_float_bits
 from .parallel import call_entry, lock_compiles  # noqa: F401 (call_entry: outlined functions' calls)
 
 WARP = 32
@@ -664,6 +664,37 @@ def _bf16_bits_typed(x):
 def f32_to_bf16(x):
     """The bf16 bits nearest to x, an f32 or f64 (ties to even)."""
     return _bf16_bits(x)
+
+
+# -------------------------------------------------------------- 8-bit floats (held as uint8 bits)
+# A table gives the 256 values (numba freezes a global array into the module); the rounding is `float8_bits`, the
+# code constant folding rounds with, its arguments those of `FLOAT8_FORMATS` (a test compares them).
+_F8E4M3_VALUES, _F8E5M2_VALUES = FLOAT8_VALUES["f8e4m3"], FLOAT8_VALUES["f8e5m2"]
+_round_to_float8 = njit(cache=True, inline="always")(float8_bits)
+
+
+@njit(cache=True)
+def f8e4m3_to_f32(bits):
+    """The f32 value of f8e4m3 bits."""
+    return _F8E4M3_VALUES[np.int64(bits) & 0xff]
+
+
+@njit(cache=True)
+def f8e5m2_to_f32(bits):
+    """The f32 value of f8e5m2 bits."""
+    return _F8E5M2_VALUES[np.int64(bits) & 0xff]
+
+
+@njit(cache=True)
+def f32_to_f8e4m3(x):
+    """The f8e4m3 bits nearest to x, an f32 or f64 (ties to even; saturated to +-448, as CUDA's __NV_SATFINITE)."""
+    return np.uint8(_round_to_float8(x, 3, 7, 448.0, 0x7F))
+
+
+@njit(cache=True)
+def f32_to_f8e5m2(x):
+    """The f8e5m2 bits nearest to x, an f32 or f64 (ties to even; saturated to +-57344, inf included)."""
+    return np.uint8(_round_to_float8(x, 2, 15, 57344.0, 0x7E))
 
 
 # numba compiles a called (not inlined) helper for each kernel's argument types into the disk cache that the processes

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ...ir.types import ML_DTYPES_NAMES
 from ...runtime.config import gpu_status
 
 # DLPack device types a kernel can read (CUDA, pinned host, managed).
@@ -110,8 +111,12 @@ def is_c_contiguous(shape: tuple, strides: tuple | None, itemsize: int) -> bool:
 
 
 def dtype_matches(actual: np.dtype, expected: np.dtype) -> bool:
-    """Whether an array of `actual` dtype can be passed for `expected` (bf16 travels as uint16 bits)."""
-    return actual == expected or (expected == np.uint16 and getattr(actual, "name", "") == "bfloat16")
+    """Whether an array of `actual` dtype can be passed for `expected` (bf16 and the 8-bit floats travel as their
+    bits: ml_dtypes' types pass for the unsigned integers of their width)."""
+    if actual == expected:
+        return True
+    bits = np.dtype(f"uint{8 * actual.itemsize}") if getattr(actual, "name", "") in ML_DTYPES_NAMES.values() else None
+    return expected == bits
 
 
 def _np_dtype(dtype) -> np.dtype:

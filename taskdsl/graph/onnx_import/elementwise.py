@@ -55,7 +55,7 @@ def in_f32(compute, *xs):
     computes them (docs/graph.md), where the operators a node becomes would round each intermediate result
     (Mean(60000, 60000) overflowed in its sum)."""
     dtype = xs[0].dtype
-    if not (dtype.is_float and dtype.bits == 16):
+    if not dtype.computes_in_f32:
         return compute(*xs)
     return ops.cast(compute(*(ops.cast(x, "float32") for x in xs)), dtype)
 

@@ -38,7 +38,7 @@ def broadcast_index(axes: tuple, shape: tuple) -> tuple:
 
 def promote_f32(e: ir.Expr) -> T.DataType:
     """The dtype arithmetic on `e` is computed in (16-bit floats in f32)."""
-    return T.f32 if e.dtype.is_float and e.dtype.bits == 16 else e.dtype
+    return T.f32 if e.dtype.computes_in_f32 else e.dtype
 
 
 def _f32(e: ir.Expr) -> ir.Expr:

@@ -54,7 +54,7 @@ def _scattered(kind: str, data, shape: tuple, count, hit, update, op: str):
 
         return compute(kind, shape, out, dtype=data.dtype)
     reduce_op, combine = _COMBINE[op]
-    acc = T.f32 if data.dtype.is_float and data.dtype.bits == 16 else data.dtype
+    acc = T.f32 if data.dtype.computes_in_f32 else data.dtype
     identity = {"sum": 0, "prod": 1, "max": acc.lowest, "min": -acc.lowest if acc.is_float else acc.limits[1]}
     neutral = ir.const(identity[reduce_op], acc)
     combined = reduction(f"{kind}_{op}", shape, (count,),

@@ -345,7 +345,7 @@ class Cumulative(Operator):
         shape, axis, op = dims(x), self.attrs["axis"], self.attrs["op"]
         n, block = shape[axis], SCAN_BLOCK
         exclusive, reverse = self.attrs["exclusive"], self.attrs["reverse"]
-        acc = T.f32 if x.dtype.is_float and x.dtype.bits == 16 else x.dtype
+        acc = T.f32 if x.dtype.computes_in_f32 else x.dtype
         zero = ir.const(0 if op == "sum" else 1, acc)      # the identity (a masked-out element adds nothing)
 
         # A reduction's extent cannot depend on the output index (compute.reduce takes a fixed reduce_shape), so

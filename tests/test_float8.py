@@ -1,0 +1,232 @@
+"""The 8-bit floats f8e4m3 and f8e5m2 (OCP's E4M3 and E5M2): storage formats computed in f32, converted to as
+CUDA's cuda_fp8.h converts with __NV_SATFINITE (to nearest even, once; saturated to the largest finite value).
+
+The oracle of a rounding is a search over ml_dtypes' 256 values of the format for the nearest (ties to the even bit
+pattern); the kernels run on the cpu target and, through tests/cuda_on_host.py, as CUDA C++ on the host (NVRTC
+compiles them too, as it does every kernel the tests launch).
+"""
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import taskdsl as td
+from taskdsl import bf16, blockIdx, f8e4m3, f8e5m2, f16, f32, f64, i32, threadIdx
+from taskdsl.ir import types as T
+
+from .cuda_on_host import host_compiler, run_on_host
+
+FORMATS = {"f8e4m3": ml_dtypes.float8_e4m3fn, "f8e5m2": ml_dtypes.float8_e5m2}
+needs_host_compiler = pytest.mark.skipif(host_compiler() is None, reason="no host C++ compiler ($CXX, g++, clang++)")
+
+
+def _table(name: str) -> tuple[np.ndarray, np.ndarray]:
+    """ml_dtypes' finite values of the format, as f64, and their bit patterns."""
+    bits = np.arange(256, dtype=np.uint8)
+    values = bits.view(FORMATS[name]).astype(np.float64)
+    finite = np.isfinite(values)
+    return values[finite], bits[finite]
+
+
+def nearest_bits(x: float, name: str) -> int:
+    """The bits of the format's value nearest to `x`, ties to the even pattern, saturated; NaN's sign and pattern."""
+    values, bits = _table(name)
+    largest = float(values.max())
+    if math.isnan(x):
+        return (0x80 if math.copysign(1, x) < 0 else 0) | T.FLOAT8_FORMATS[name][3]
+    x = min(max(x, -largest), largest)
+    distance = np.abs(values - x)
+    best = [int(b) for b in bits[distance == distance.min()]]
+    even = [b for b in best if b & 1 == 0]      # neighbours' patterns differ by one: a tie has one even
+    if len(even) > 1:       # +0 and -0: the zero of x's sign
+        return 0x80 if math.copysign(1, x) < 0 else 0
+    return even[0] if even else best[0]
+
+
+def test_the_value_tables_and_the_cpu_helpers_match_ml_dtypes_and_the_cuda_formats():
+    """Every bit pattern decodes to ml_dtypes' value; the numba helpers round with FLOAT8_FORMATS' arguments."""
+    from taskdsl.backend.cpu import support
+    for name, fmt in T.FLOAT8_FORMATS.items():
+        want = np.arange(256, dtype=np.uint8).view(FORMATS[name]).astype(np.float32)
+        np.testing.assert_array_equal(T.FLOAT8_VALUES[name], want)
+        np.testing.assert_array_equal([getattr(support, f"{name}_to_f32")(np.uint8(b)) for b in range(256)], want)
+        largest = float(np.nanmax(np.abs(want[np.isfinite(want)])))
+        assert fmt[2] == largest and T.FLOAT8_VALUES[name][fmt[3]] != T.FLOAT8_VALUES[name][fmt[3]]   # a NaN
+        for x in (0.1, -3.3e4, 1e9, -math.inf, 2.0 ** -12, -0.0):
+            assert getattr(support, f"f32_to_{name}")(x) == T.float8_bits(x, *fmt) == nearest_bits(x, name)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from(sorted(FORMATS)))
+def test_rounding_to_8_bits_is_to_the_nearest_even_and_saturates(x, name):
+    assert T.float8_bits(x, *T.FLOAT8_FORMATS[name]) == nearest_bits(x, name)
+
+
+def test_every_midpoint_rounds_to_even_once_from_f64():
+    """Each value halfway between two neighbours rounds to the even one; a hair above or below it (in f64, where
+    f32 would round it onto the tie first) to the nearer one."""
+    for name, fmt in T.FLOAT8_FORMATS.items():
+        values, _ = _table(name)
+        values = np.unique(values)
+        for low, high in zip(values[:-1], values[1:]):
+            mid = (low + high) / 2
+            for x in (mid, mid + abs(mid) * 2.0 ** -40, mid - abs(mid) * 2.0 ** -40):
+                assert T.float8_bits(x, *fmt) == nearest_bits(x, name), (name, x)
+
+
+def test_overflow_of_a_scalar_argument_is_what_rounding_would_change():
+    """464 rounds to E4M3's 448 (a tie, to even), a hair above it would saturate; E5M2's tie above 57344 rounds
+    up, past it."""
+    assert not f8e4m3.overflows(464.0) and f8e4m3.overflows(464.0001) and not f8e4m3.overflows(math.inf)
+    assert f8e5m2.overflows(61440.0) and not f8e5m2.overflows(61439.9)
+    assert f16.overflows(65520.0) and not f16.overflows(65519.0) and f64.overflows(10 ** 400)
+
+
+@td.kernel(grid=lambda N: td.cdiv(N, 64), block=64)
+def to_8_bits(X32: f32["N"], X64: f64["N"], XI: i32["N"], XH: f16["N"], XB: bf16["N"],
+              E: f8e4m3[5, "N"], M: f8e5m2[5, "N"]):
+    i = blockIdx.x * 64 + threadIdx.x
+    if i < N:
+        E[0, i] = f8e4m3(X32[i])
+        E[1, i] = f8e4m3(X64[i])
+        E[2, i] = f8e4m3(XI[i])
+        E[3, i] = f8e4m3(XH[i])
+        E[4, i] = XB[i]
+        M[0, i] = f8e5m2(X32[i])
+        M[1, i] = f8e5m2(X64[i])
+        M[2, i] = f8e5m2(XI[i])
+        M[3, i] = f8e5m2(XH[i])
+        M[4, i] = XB[i]
+
+
+@td.kernel(grid=lambda N: td.cdiv(N, 64), block=64)
+def from_8_bits(E: f8e4m3["N"], M: f8e5m2["N"], F: f32[2, "N"], D: f64[2, "N"], H: f16[2, "N"], B: bf16[2, "N"],
+                I: i32[2, "N"], EM: f8e5m2["N"], ME: f8e4m3["N"], S: f8e4m3["N"], Z: td.boolean[2, "N"]):
+    i = blockIdx.x * 64 + threadIdx.x
+    if i < N:
+        F[0, i] = E[i]
+        F[1, i] = f32(M[i])
+        D[0, i] = f64(E[i])
+        D[1, i] = M[i]
+        H[0, i] = f16(E[i])
+        H[1, i] = M[i]
+        B[0, i] = bf16(E[i])
+        B[1, i] = M[i]
+        I[0, i] = i32(E[i])
+        I[1, i] = i32(M[i])
+        EM[i] = E[i]
+        ME[i] = M[i]
+        S[i] = E[i] * M[i] - E[i] if E[i] > M[i] else -E[i]     # arithmetic and comparisons in f32
+        Z[0, i] = bool(E[i])
+        Z[1, i] = M[i]
+
+
+def _targets(kernel, inputs: list, outputs: list, host: bool) -> dict:
+    """{'cpu': outputs[, 'cuda on host': outputs]} of `kernel` on `inputs` and fresh copies of `outputs`."""
+    runs = {"cpu": [o.copy() for o in outputs]}
+    kernel(*inputs, *runs["cpu"])
+    if host:
+        runs["cuda on host"] = [o.copy() for o in outputs]
+        run_on_host(kernel, *inputs, *runs["cuda on host"])
+    return runs
+
+
+def _bits(array: np.ndarray) -> np.ndarray:
+    return array.view(np.uint8)
+
+
+def _check_conversions_to_8_bits(x64: np.ndarray, host: bool) -> None:
+    x32 = x64.astype(np.float32)
+    with np.errstate(invalid="ignore"):
+        xi = np.nan_to_num(np.clip(x64, -2.0 ** 31, 2.0 ** 31 - 1)).astype(np.int64).astype(np.int32)
+    with np.errstate(over="ignore"):
+        xh, xb = x64.astype(np.float16), x64.astype(ml_dtypes.bfloat16)
+    n = x64.size
+    runs = _targets(to_8_bits, [x32, x64, xi, xh, xb],
+                    [np.zeros((5, n), ml_dtypes.float8_e4m3fn), np.zeros((5, n), ml_dtypes.float8_e5m2)], host)
+    sources = [x32, x64, xi, xh, xb.astype(np.float32)]
+    for target, outs in runs.items():
+        for name, out in zip(("f8e4m3", "f8e5m2"), outs):
+            want = [[nearest_bits(float(v), name) for v in row] for row in sources]
+            np.testing.assert_array_equal(_bits(out), np.array(want, np.uint8), err_msg=f"{target} {name}")
+
+
+@needs_host_compiler
+def test_conversions_to_8_bits_from_every_type_round_once_on_both_targets():
+    """f32, f64, i32, f16 and bf16 to both formats; 1 + 2**-4 + 2**-40 is above an E4M3 tie only in f64."""
+    x64 = np.array([0.0, -0.0, 1.0, 1 + 2.0 ** -4, 1 + 3 * 2.0 ** -4, 1 + 2.0 ** -4 + 2.0 ** -40, 464.0, 465.0,
+                    -1e6, 448.0, 57344.0, 61440.0, 2.0 ** -9, 2.0 ** -10, 3 * 2.0 ** -11, 2.0 ** -17, 2.0 ** -16,
+                    np.nan, -np.nan, np.inf, -np.inf, 0.3, -17.5, 3e38, 7.0, 240.0], np.float64)
+    _check_conversions_to_8_bits(x64, host=True)
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.lists(st.floats(allow_nan=True, allow_infinity=True, width=64), min_size=1, max_size=67))
+def test_conversions_to_8_bits_of_drawn_values(values):
+    with np.errstate(over="ignore"):
+        _check_conversions_to_8_bits(np.array(values, np.float64), host=False)
+
+
+@needs_host_compiler
+def test_conversions_from_8_bits_to_every_type_on_both_targets():
+    """Every bit pattern of both formats to f32, f64, f16, bf16 (exact), i32 (truncated and saturated, NaN 0), the
+    other format (rounded and saturated), bool (NaN true), and arithmetic done in f32 then rounded once."""
+    bits = np.arange(256, dtype=np.uint8)
+    e, m = bits.view(ml_dtypes.float8_e4m3fn), bits.view(ml_dtypes.float8_e5m2)
+    n = bits.size
+    outputs = [np.zeros((2, n), np.float32), np.zeros((2, n), np.float64), np.zeros((2, n), np.float16),
+               np.zeros((2, n), ml_dtypes.bfloat16), np.zeros((2, n), np.int32), np.zeros(n, ml_dtypes.float8_e5m2),
+               np.zeros(n, ml_dtypes.float8_e4m3fn), np.zeros(n, ml_dtypes.float8_e4m3fn), np.zeros((2, n), bool)]
+    ef, mf = e.astype(np.float64), m.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        ints = [[T.i32.saturate(float(v)) for v in row] for row in (ef, mf)]
+        arithmetic = np.where(ef > mf, (ef.astype(np.float32) * mf.astype(np.float32) - ef.astype(np.float32)),
+                              -ef).astype(np.float64)
+    for target, (f, d, h, b, i, em, me, s, z) in _targets(from_8_bits, [e, m], outputs, host=True).items():
+        for got in (f, d, h, b.astype(np.float32)):
+            np.testing.assert_array_equal(got.astype(np.float64), np.stack([ef, mf]), err_msg=target)
+        np.testing.assert_array_equal(i, ints, err_msg=target)
+        np.testing.assert_array_equal(_bits(em), [nearest_bits(v, "f8e5m2") for v in ef], err_msg=target)
+        np.testing.assert_array_equal(_bits(me), [nearest_bits(v, "f8e4m3") for v in mf], err_msg=target)
+        np.testing.assert_array_equal(_bits(s), [nearest_bits(v, "f8e4m3") for v in arithmetic], err_msg=target)
+        np.testing.assert_array_equal(z, np.stack([ef, mf]) != 0, err_msg=target)     # NaN is true
+
+
+@td.kernel(grid=1, block=1)
+def fill(OUT: f8e4m3["N"], value: f8e4m3):
+    for i in range(N):
+        OUT[i] = value + f8e4m3(0.3)     # the constant rounded when compiled (0.3 -> 0.3125), the sum in f32
+
+
+def test_an_8_bit_scalar_argument_rounds_once_and_refuses_a_value_it_would_saturate():
+    out = np.zeros(3, ml_dtypes.float8_e4m3fn)
+    fill(out, 464.0)                 # a tie: to 448, then 448 + 0.3125 rounds to 448
+    np.testing.assert_array_equal(out.astype(np.float32), [448.0] * 3)
+    fill(out, 1.0 + 2.0 ** -4 + 2.0 ** -40)      # 1.125 from the f64 (1.0 through f32), + 0.3125 -> 1.4375 -> 1.5
+    np.testing.assert_array_equal(out.astype(np.float32), [1.5] * 3)
+    with pytest.raises(ValueError, match="outside the range of f8e4m3 .it would saturate"):
+        fill(out, 465.0)
+
+
+def test_an_array_of_bits_is_taken_and_arrays_of_other_types_are_refused_with_the_conversion():
+    """As bf16 takes uint16 bits, an 8-bit float takes uint8 ones; another float type asks for a conversion."""
+    bits = np.zeros(3, np.uint8)
+    fill(bits, 2.0)
+    np.testing.assert_array_equal(bits.view(ml_dtypes.float8_e4m3fn).astype(np.float32), [2.25] * 3)
+    with pytest.raises(TypeError, match=r"must have dtype float8_e4m3fn \(f8e4m3\), got float32.*"
+                                        r"astype\(ml_dtypes.float8_e4m3fn\)"):
+        fill(np.zeros(3, np.float32), 1.0)
+    with pytest.raises(TypeError, match=r"float8_e4m3fn \(f8e4m3\), got float8_e5m2"):
+        fill(np.zeros(3, ml_dtypes.float8_e5m2), 1.0)
+
+
+def test_the_type_names_and_numpy_dtypes():
+    assert T.as_dtype("float8_e4m3fn") is f8e4m3 and T.as_dtype(ml_dtypes.float8_e5m2) is f8e5m2
+    assert T.numpy_dtype(f8e5m2) == np.dtype(ml_dtypes.float8_e5m2) and f8e4m3.numpy == np.uint8
+    assert T.promote(f8e4m3, f8e5m2) == f32 and T.promote(f8e4m3, f16) == f32 and T.promote(f8e4m3, f64) == f64
+    assert f8e4m3.round(0.3) == 0.3125 and f8e5m2.round(1e9) == 57344.0 and math.isnan(f8e4m3.round(math.nan))
