@@ -89,14 +89,20 @@ class DataType:
         8-bit one (which saturates) to a value other than the nearest."""
         if not abs(value) < math.inf:
             return False
+        threshold, tie_rounds_past = self.overflow_threshold
+        return abs(value) > threshold or (tie_rounds_past and abs(value) == threshold)
+
+    @property
+    def overflow_threshold(self) -> tuple:
+        """(t, whether t itself rounds past): magnitudes beyond t round past this float type's largest finite value
+        (to inf, or for the 8-bit types, which saturate, the pattern past it). t is halfway above the largest; a tie
+        rounds to even, past the largest where its pattern is odd (IEEE types, E5M2's 0x7B), not E4M3's 0x7E."""
         if self.bits == 8:
             mant_bits, _, largest, _ = FLOAT8_FORMATS[self.name]
             half_unit = math.ldexp(1.0, math.frexp(largest)[1] - 2 - mant_bits)   # half the last place's unit there
-            # a tie rounds to even: down to an even largest (e4m3's 0x7E), up past an odd one (e5m2's 0x7B)
-            odd = self.narrow_bits(largest) & 1
-            return abs(value) > largest + half_unit or (odd == 1 and abs(value) == largest + half_unit)
+            return largest + half_unit, self.narrow_bits(largest) & 1 == 1
         mant_bits, bias = _FLOAT_FORMATS[self.name][:2]
-        return abs(value) >= (1 << (bias + 1)) - (1 << (bias - mant_bits - 1))    # halfway above the largest
+        return (1 << (bias + 1)) - (1 << (bias - mant_bits - 1)), True
 
     def float_text(self, value: float) -> str:
         """The shortest decimal text that reads back exactly as `value`, a value of this float type,

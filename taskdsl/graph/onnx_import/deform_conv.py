@@ -57,7 +57,7 @@ def deform_conv(node: Node) -> list:
     for name, (t, shape) in expected.items():
         if t is not None and t.shape != shape:
             raise node.error(f"{name} must have shape {shape}, got {t.shape}", OnnxImportError)
-    wide = "f32" if x.dtype.bits == 16 else x.dtype.name
+    wide = "f32" if x.dtype.computes_in_f32 else x.dtype.name
     positions = math.prod(out)
     # each (batch, offset group, tap, position)'s sampling place, in pixels (w, h): a row of the samples
     moved = ops.transpose(ops.reshape(ops.cast(offset, wide), (batch, offset_group) + kernel + (2,) + tuple(out)),

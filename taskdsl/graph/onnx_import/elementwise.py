@@ -1,9 +1,12 @@
 """Converters of elementwise operators, reductions and softmax."""
 from __future__ import annotations
 
+import math
+
 import ml_dtypes
 import numpy as np
 
+from ...ir.types import DataType, as_dtype, numpy_dtype
 from .. import ops
 from ..ops.axes import normalize_axes, normalize_axis
 from ..ops.reduce import reduced_shape
@@ -125,14 +128,32 @@ def trilu(node: Node) -> list:
 
 @converts("Cast", attrs=("to", "saturate", "round_mode"))
 def cast(node: Node) -> list:
-    """Cast to the 'to' data type (float to int truncates)."""
-    return [ops.cast(node.input(0), dtype_of(node.attr("to"), f"node {node.name!r} (Cast) 'to'"))]
+    """Cast to the 'to' data type (float to int truncates; to an 8-bit float as `saturate` says)."""
+    return [cast_to(node.input(0), as_dtype(dtype_of(node.attr("to"), f"node {node.name!r} (Cast) 'to'")),
+                    node.flag("saturate", 1))]
 
 
 @converts("CastLike", attrs=("saturate", "round_mode"))
 def cast_like(node: Node) -> list:
     """CastLike: Cast to the second input's dtype."""
-    return [ops.cast(node.input(0), node.input(1).dtype)]
+    return [cast_to(node.input(0), node.input(1).dtype, node.flag("saturate", 1))]
+
+
+def cast_to(x, dtype: DataType, saturate: bool):
+    """x converted to `dtype`. To an 8-bit float the conversion saturates (infinities too) unless `saturate` is
+    false: then a magnitude that rounds past the largest finite value gives the pattern past it, of x's sign (E4M3's
+    NaN, E5M2's inf), as ml_dtypes converts."""
+    y = ops.cast(x, dtype)
+    if saturate or dtype.bits != 8 or x.dtype == dtype:
+        return y
+    threshold, tie_rounds_past = dtype.overflow_threshold
+    magnitude = ops.elementwise("abs", ops.cast(x, "float64"))     # f64 holds every value of the types cast from
+    past = ops.elementwise("greater_equal" if tie_rounds_past else "greater", magnitude,
+                           constant(np.array(threshold, np.float64)))
+    beyond = dtype.narrow_bits(math.inf) + 1      # the largest finite value's pattern, and one
+    values = np.array([beyond, 0x80 | beyond], np.uint8).view(numpy_dtype(dtype))
+    special = ops.where(ops.less(x, constant(np.zeros((), x.numpy_dtype))), constant(values[1]), constant(values[0]))
+    return ops.where(past, special, y)
 
 
 @converts("Softmax", "LogSoftmax", attrs=("axis",))

@@ -73,7 +73,7 @@ def _coordinates(grid, spatial: tuple, align_corners: bool):
     (or (g + 1) / 2 * (n - 1) with align_corners) rounds to, as the halving is exact; clamped to
     COORDINATE_LIMIT."""
     g = ops.reshape(grid, (math.prod(grid.shape[:-1]), grid.shape[-1]))
-    if grid.dtype.bits == 16:
+    if grid.dtype.computes_in_f32:
         g = ops.cast(g, "float32")
     sizes = np.array(spatial[::-1], np.float64)
     if align_corners:       # [-1, 1] -> [0, n - 1]
@@ -178,7 +178,7 @@ def sample(x, coordinates, mode: str, padding: str, align_corners: bool):
         index = ops.clip(index, hi=batch * pixels)
     if weights is None:
         return ops.gather(table, ops.reshape(index, (batch * points,)), 1)
-    return corner_sum(table, index, ops.cast(weights, "f32" if x.dtype.bits == 16 else x.dtype.name))
+    return corner_sum(table, index, ops.cast(weights, "f32" if x.dtype.computes_in_f32 else x.dtype.name))
 
 
 def corner_sum(table, index, weights):

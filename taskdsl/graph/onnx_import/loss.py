@@ -69,7 +69,7 @@ def _nll(node: Node, log_prob: Tensor, target: Tensor, weight: Tensor | None) ->
     floats computed in f32 and rounded once, as onnxruntime's kernel (the weighting, the sums and their quotient
     would each round)."""
     dtype = log_prob.dtype
-    if dtype.bits == 16:
+    if dtype.computes_in_f32:
         log_prob, weight = (None if t is None else ops.cast(t, "float32") for t in (log_prob, weight))
     target = ops.cast(target, "int64")     # the ignore_index attribute's type: an int32 target cannot hold them all
     ignored = None

@@ -187,7 +187,8 @@ ONNX_DTYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.DOUBLE: "floa
                onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.INT8: "int8", onnx.TensorProto.INT16: "int16",
                onnx.TensorProto.INT32: "int32", onnx.TensorProto.INT64: "int64", onnx.TensorProto.UINT8: "uint8",
                onnx.TensorProto.UINT16: "uint16", onnx.TensorProto.UINT32: "uint32", onnx.TensorProto.UINT64: "uint64",
-               onnx.TensorProto.BOOL: "bool", onnx.TensorProto.BFLOAT16: "bfloat16"}
+               onnx.TensorProto.BOOL: "bool", onnx.TensorProto.BFLOAT16: "bfloat16",
+               onnx.TensorProto.FLOAT8E4M3FN: "float8_e4m3fn", onnx.TensorProto.FLOAT8E5M2: "float8_e5m2"}
 
 
 def dtype_of(elem_type: int, what: str) -> str:

@@ -22,6 +22,7 @@ from .. import ops
 from ..ops.axes import normalize_axis
 from ..tensor import constant
 from .activations import round_half_to_even
+from .elementwise import cast_to
 from .errors import OnnxImportError
 from .nn import WINDOW_ATTRS, window
 from .node import FourBitTensor, Node, converts
@@ -69,23 +70,27 @@ def _unpacked(node: Node, k: int):
 
 @converts("DequantizeLinear", attrs=("axis", "block_size", "output_dtype"))
 def dequantize_linear(node: Node) -> list:
-    """DequantizeLinear: (x - zero_point) * scale in the scale's type (x - zero_point exact, in integers); x and
-    the zero point may be 4-bit integer constants (quantized weights)."""
+    """DequantizeLinear: (x - zero_point) * scale in the scale's type (x - zero_point exact, in integers, or for
+    8-bit float x in f32); x and the zero point may be 4-bit integer constants (quantized weights)."""
     x = _unpacked(node, 0)
-    if not x.dtype.is_integer:
-        raise node.error(f"data type {x.dtype.name} is not supported for x (integers)")
+    if not (x.dtype.is_integer or x.dtype.bits == 8):
+        raise node.error(f"data type {x.dtype.name} is not supported for x (integers, 8-bit floats)")
     if node.attr("output_dtype", 0):
         raise node.error("output_dtype is not supported (the output has the scale's type)")
     scale, zero = _parameters(node, x, _unpacked(node, 2))
-    centred = x if zero is None else ops.sub(ops.cast(x, "int64"), ops.cast(zero, "int64"))
     wide = "float64" if scale.dtype.name == "f64" else "float32"
+    if x.dtype.is_float:
+        centred = x if zero is None else ops.sub(ops.cast(x, wide), ops.cast(zero, wide))
+    else:
+        centred = x if zero is None else ops.sub(ops.cast(x, "int64"), ops.cast(zero, "int64"))
     return [ops.cast(ops.mul(ops.cast(centred, wide), ops.cast(scale, wide)), scale.dtype)]
 
 
 @converts("QuantizeLinear", attrs=("axis", "block_size", "output_dtype", "saturate", "precision"))
 def quantize_linear(node: Node) -> list:
     """QuantizeLinear: round(x / scale) (halves to even) + zero_point, saturated to the zero point's integer type
-    (uint8 without one), computed in f32 (f64 for f64 x)."""
+    (uint8 without one), computed in f32 (f64 for f64 x); to an 8-bit float zero point's type (a constant 0),
+    x / scale converted as Cast converts (`saturate`)."""
     x = node.input(0)
     if not x.dtype.is_float:
         raise node.error(f"data type {x.dtype.name} is not supported for x (floats)")
@@ -93,10 +98,15 @@ def quantize_linear(node: Node) -> list:
         raise node.error("output_dtype and precision are not supported (the output has the zero point's type)")
     scale, zero = _parameters(node, x)
     out = "uint8" if zero is None else zero.dtype.name
-    if not (zero is None or zero.dtype.is_integer):
-        raise node.error(f"data type {out} is not supported for the zero point (integers)")
+    if not (zero is None or zero.dtype.is_integer or zero.dtype.bits == 8):
+        raise node.error(f"data type {out} is not supported for the zero point (integers, 8-bit floats)")
     wide = "float64" if x.dtype.name == "f64" else "float32"
-    return [_saturated(ops.div(ops.cast(x, wide), ops.cast(scale, wide)), zero, out)]
+    quotient = ops.div(ops.cast(x, wide), ops.cast(scale, wide))
+    if zero is not None and zero.dtype.is_float:
+        if np.any(node.const(2) != 0):      # the operator's definition: none is added
+            raise node.error("an 8-bit float zero point must be 0", OnnxImportError)
+        return [cast_to(quotient, zero.dtype, node.flag("saturate", 1))]
+    return [_saturated(quotient, zero, out)]
 
 
 def _saturated(q, zero, out: str):

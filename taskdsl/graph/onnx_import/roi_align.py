@@ -73,7 +73,7 @@ def roi_align(node: Node) -> list:
     if not (x.dtype.is_float and rois.dtype.is_float and batch_indices.dtype.is_integer):
         raise node.error(f"X and rois must be floats, batch_indices integers, got {x.dtype.name}, {rois.dtype.name} "
                          f"and {batch_indices.dtype.name}")
-    wide = "float32" if x.dtype.bits == 16 else str(x.numpy_dtype)
+    wide = "float32" if x.dtype.computes_in_f32 else str(x.numpy_dtype)
     (batch, channels, height, width), regions = x.shape, rois.shape[0]
     grid = _grid(node, rois, ratio, bins, wide)
     most = tuple(int(g) for g in grid.max(axis=0, initial=1))
