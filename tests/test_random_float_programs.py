@@ -2,19 +2,20 @@
 
 Each example is one kernel, shaped like the integer one (test_random_programs.py): in each of three
 iterations of a loop over `i`, every thread computes a random expression, publishes it in a shared
-array (f32, f64, f16 or bf16) and after a barrier reads a neighbour's value `w`; then it stores several random
-expressions. The expressions mix f32, f64, f16 and bf16 values (`x`, `y`, `p`, `q`) with i32 and
+array (f32, f64, f16, bf16, f8e4m3 or f8e5m2) and after a barrier reads a neighbour's value `w`; then it stores
+several random expressions. The expressions mix f32, f64, f16, bf16, f8e4m3 and f8e5m2 values (`x`, `y`, `p`, `q`,
+`e`, `m`) with i32 and
 i64 ones (`t`, `i`, `a`, `d`), typed constants and plain literals, with `+ - * / // %`, unary minus,
 `abs`, `min`, `max`, `floor`, `ceil`, `sqrt`, `fma`, casts, comparisons and conditional
 expressions. Inputs include NaN, infinities, signed zeros, subnormals and values near each type's
 limits.
 
-The oracle applies the typing rules the DSL reference states (C promotion, weak literals, 16-bit
-floats computed in f32, int/float comparisons in the float type) with numpy's IEEE arithmetic per
-element. Results must be equal bit for bit (NaN matches NaN; the sign of a zero is not compared,
-since max/min of -0.0 and 0.0 may give either, and an element computed from such a zero is not checked). An
-element is not checked where C leaves its value open: signed integer overflow, and a product that rounds
-(both targets may fuse `a * b + c` into one rounding). A float converted to an integer it does not fit is
+The oracle applies the typing rules the DSL reference states (C promotion, weak literals, 16- and 8-bit
+floats computed in f32, the 8-bit ones saturating, int/float comparisons in the float type) with numpy's IEEE
+arithmetic per element (ml_dtypes' conversions). Results must be equal bit for bit (NaN matches NaN; the sign of
+a zero is not compared, since max/min of -0.0 and 0.0 may give either, and an element computed from such a zero is
+not checked). An element is not checked where C leaves its value open: signed integer overflow, and a product that
+rounds (both targets may fuse `a * b + c` into one rounding). A float converted to an integer it does not fit is
 checked: taskdsl saturates it (NaN gives 0), where C leaves it undefined.
 """
 from __future__ import annotations
@@ -36,11 +37,12 @@ from .program_files import exchange_kernel, expression_source
 GPU_TWINS = True   # every example also runs as a @gpu twin on the cuda target (conftest.py)
 
 THREADS, LOOP, EXPRESSIONS = 32, 3, 6
-NUMPY = {"f16": np.dtype(np.float16), "bf16": np.dtype(ml_dtypes.bfloat16), "f32": np.dtype(np.float32),
-         "f64": np.dtype(np.float64), "i32": np.dtype(np.int32), "i64": np.dtype(np.int64)}
-BITS = {"f16": 16, "bf16": 16, "f32": 32, "f64": 64, "i32": 32, "i64": 64}
-VARIABLES = {"x": "f32", "y": "f64", "p": "f16", "q": "bf16", "w": "f32", "t": "i32", "i": "i32", "a": "i32",
-             "d": "i64"}
+NUMPY = {"f16": np.dtype(np.float16), "bf16": np.dtype(ml_dtypes.bfloat16), "f8e4m3": np.dtype(ml_dtypes.float8_e4m3fn),
+         "f8e5m2": np.dtype(ml_dtypes.float8_e5m2), "f32": np.dtype(np.float32), "f64": np.dtype(np.float64),
+         "i32": np.dtype(np.int32), "i64": np.dtype(np.int64)}
+BITS = {"f16": 16, "bf16": 16, "f8e4m3": 8, "f8e5m2": 8, "f32": 32, "f64": 64, "i32": 32, "i64": 64}
+VARIABLES = {"x": "f32", "y": "f64", "p": "f16", "q": "bf16", "e": "f8e4m3", "m": "f8e5m2", "w": "f32", "t": "i32",
+             "i": "i32", "a": "i32", "d": "i64"}
 LITERALS = [0.0, -0.0, 0.5, -1.5, 3.0, 0.1, 1e30, 1e-30, 65504.0, 3.4e38, 0, 1, -7, 2, 3]
 
 
@@ -81,11 +83,16 @@ def is_float(dtype: str) -> bool:
     return dtype[0] in "fb"
 
 
+def narrow(dtype: str) -> bool:
+    """A storage format computed in f32 (the 16- and 8-bit floats)."""
+    return is_float(dtype) and BITS[dtype] < 32
+
+
 def promote(a: str, b: str) -> str:
     """The DSL's arithmetic type of two typed operands (the reference's C rules)."""
     if is_float(a) or is_float(b):
         if is_float(a) and is_float(b) and a != b:
-            return "f32" if BITS[a] == BITS[b] == 16 else max(a, b, key=BITS.get)
+            return "f32" if narrow(a) and narrow(b) else max(a, b, key=BITS.get)
         return a if is_float(a) else b
     return max(a, b, key=BITS.get)
 
@@ -95,7 +102,7 @@ def literal_type(value, like: str | None) -> str:
     if like is not None and (is_float(like) or isinstance(value, int)):
         if not is_float(like) and not -2**(BITS[like] - 1) <= value < 2**(BITS[like] - 1):
             return "i32" if -2**31 <= value < 2**31 else "i64"
-        return "f32" if is_float(like) and BITS[like] == 16 else like
+        return "f32" if narrow(like) else like
     if isinstance(value, float):
         return "f32"
     return "i32" if -2**31 <= value < 2**31 else "i64"
@@ -107,11 +114,13 @@ def convert(v: Value, dtype: str) -> Value:
         return v
     source = np.asarray(v.value, np.float64 if v.dtype is None and isinstance(v.value, float) else
                         np.int64 if v.dtype is None else NUMPY[v.dtype])
-    if v.dtype == "bf16":
-        source = source.astype(np.float32)      # exactly: numpy sees ml_dtypes' bf16 as no float kind
+    if v.dtype in ("bf16", "f8e4m3", "f8e5m2"):
+        source = source.astype(np.float32)      # exactly: numpy sees ml_dtypes' types as no float kind
     with np.errstate(all="ignore"):
         if dtype == "bf16":
             result = Value(to_bf16(source), dtype, v.bad | (np.abs(source) > 2**53 if source.dtype.kind == "i" else False))
+        elif BITS[dtype] == 8:
+            result = Value(to_float8(source, dtype), dtype, v.bad)
         elif is_float(dtype):
             result = Value(source.astype(NUMPY[dtype]), dtype, v.bad)
         elif source.dtype.kind == "f":
@@ -132,12 +141,21 @@ def convert(v: Value, dtype: str) -> Value:
 def to_bf16(source):
     """`source` rounded once to bf16. ml_dtypes rounds an f64 to f32 first (twice: 1 + 2**-8 + 2**-30 would
     give 1.0); rounding to f32 *to odd* first keeps the one rounding exact (f32 has 16 more bits)."""
-    wide = source.astype(np.float64)
+    return rounded_to_odd_f32(source.astype(np.float64)).astype(ml_dtypes.bfloat16)
+
+
+def to_float8(source, dtype: str):
+    """`source` rounded once to an 8-bit float, saturated to its largest finite value (infinities too; NaN stays)."""
+    largest = float(ml_dtypes.finfo(NUMPY[dtype]).max)
+    return rounded_to_odd_f32(np.clip(source.astype(np.float64), -largest, largest)).astype(NUMPY[dtype])
+
+
+def rounded_to_odd_f32(wide):
+    """f64 values as f32 rounded to odd: rounding those to a float of 16 or fewer bits rounds as from `wide`."""
     nearest = wide.astype(np.float32)
     toward_zero = np.where(np.abs(nearest.astype(np.float64)) > np.abs(wide), np.nextafter(nearest, np.float32(0)), nearest)
     inexact = (toward_zero.astype(np.float64) != wide) & np.isfinite(wide)
-    odd = (toward_zero.view(np.uint32) | inexact.astype(np.uint32)).view(np.float32)
-    return odd.astype(ml_dtypes.bfloat16)
+    return (toward_zero.view(np.uint32) | inexact.astype(np.uint32)).view(np.float32)
 
 
 def typed_pair(x: Value, y: Value) -> tuple[Value, Value]:
@@ -163,7 +181,7 @@ def arithmetic(op: str, x: Value, y: Value) -> Value:
         return Value(literal_op(op, x.value, y.value), None)
     x, y = typed_pair(x, y)
     dtype = promote(x.dtype, y.dtype)
-    if (op == "/" and not is_float(dtype)) or (is_float(dtype) and BITS[dtype] == 16):
+    if (op == "/" and not is_float(dtype)) or narrow(dtype):
         dtype = "f32"
     x, y = convert(x, dtype), convert(y, dtype)
     a, b, bad = x.value, y.value, x.bad | y.bad
@@ -210,7 +228,7 @@ def compare(cond, env) -> Value:
     x, y = typed_pair(x, y)
     if is_float(x.dtype) or is_float(y.dtype):
         dtype = promote(x.dtype, y.dtype)
-        dtype = "f32" if BITS[dtype] == 16 else dtype
+        dtype = "f32" if narrow(dtype) else dtype
         x, y = convert(x, dtype), convert(y, dtype)
     return Value(function(x.value, y.value), "bool", x.bad | y.bad)
 
@@ -227,7 +245,7 @@ def math_call(name: str, args: list) -> Value:
             dtype = promote(dtype, literal_type(a.value, None))
     if any(a.dtype is None and isinstance(a.value, float) for a in args) and not is_float(dtype):
         dtype = "f32"
-    if (name not in ("max", "min") and not is_float(dtype)) or (is_float(dtype) and BITS[dtype] == 16):
+    if (name not in ("max", "min") and not is_float(dtype)) or narrow(dtype):
         dtype = "f32"
     args = [convert(a if a.dtype is not None else convert(a, literal_type(a.value, dtype)), dtype) for a in args]
     values, bad = [a.value for a in args], functools.reduce(operator.or_, [a.bad for a in args])
@@ -291,8 +309,8 @@ def evaluate(tree, env: dict) -> Value:
 
 
 def negate_or_abs(op: str, v: Value) -> Value:
-    """-v or abs(v) of a typed value: 16-bit floats in f32; an integer's minimum overflows."""
-    v = convert(v, "f32") if BITS[v.dtype] == 16 else v
+    """-v or abs(v) of a typed value: 16- and 8-bit floats in f32; an integer's minimum overflows."""
+    v = convert(v, "f32") if narrow(v.dtype) else v
     overflow = v.value == np.iinfo(v.value.dtype).min if not is_float(v.dtype) else False
     return Value(np.negative(v.value) if op == "-" else np.abs(v.value), v.dtype, v.bad | overflow)
 
@@ -301,12 +319,12 @@ def negate_or_abs(op: str, v: Value) -> Value:
 def build_kernel(shared: tuple, trees: list, step: int, shift: int, shared_type: str):
     """The kernel of the module docstring, written to a file (kernels need their source)."""
     n = THREADS
-    params = (f"X: f32[{n}], Y: f64[{n}], P: f16[{n}], Q: bf16[{n}], A: i32[{n}], D: i64[{n}], "
-              f"OUT: f64[{LOOP}, {len(trees)}, {n}]")
+    params = (f"X: f32[{n}], Y: f64[{n}], P: f16[{n}], Q: bf16[{n}], E: f8e4m3[{n}], M: f8e5m2[{n}], A: i32[{n}], "
+              f"D: i64[{n}], OUT: f64[{LOOP}, {len(trees)}, {n}]")
     stores = "\n".join(f"        OUT[i, {k}, t] = {expression_source(tree)}" for k, tree in enumerate(trees))
-    return exchange_kernel("random_float_program", "bf16, f16, f32, f64, i32, i64", params,
-                           "x, y, p, q, a, d = X[t], Y[t], P[t], Q[t], A[t], D[t]", shared_type, shared, stores,
-                           step, shift, n, LOOP)
+    return exchange_kernel("random_float_program", "bf16, f8e4m3, f8e5m2, f16, f32, f64, i32, i64", params,
+                           "x, y, p, q, e, m, a, d = X[t], Y[t], P[t], Q[t], E[t], M[t], A[t], D[t]", shared_type,
+                           shared, stores, step, shift, n, LOOP)
 
 
 def expected(shared: tuple, trees: list, step: int, shift: int, shared_type: str,
@@ -345,11 +363,14 @@ def _inputs(rng) -> dict:
                         rng.standard_normal(THREADS) * 100])[:THREADS]
     p = np.concatenate([[65504.0, -0.0, np.inf, 6e-8, np.nan, 0.1], rng.standard_normal(THREADS) * 4])[:THREADS]
     q = np.concatenate([[3e38, -0.0, -np.inf, 1e-39, np.nan, 0.1], rng.standard_normal(THREADS) * 4])[:THREADS]
+    e = np.concatenate([[448.0, -0.0, np.nan, 2.0 ** -9, -240.0, 0.1], rng.standard_normal(THREADS) * 8])[:THREADS]
+    m = np.concatenate([[57344.0, -0.0, np.inf, 2.0 ** -16, np.nan, -0.1], rng.standard_normal(THREADS) * 8])[:THREADS]
     a = np.concatenate([[0, -1, 2**31 - 1, -2**31, 16777217, 2**24 + 2**16 + 1], rng.integers(-1000, 1000, THREADS)])[:THREADS]
     d = np.concatenate([[0, -1, 2**53 + 1, -2**62, 2**40], rng.integers(-2**20, 2**20, THREADS)])[:THREADS]
     with np.errstate(all="ignore"):
         return {"x": x.astype(np.float32), "y": y.astype(np.float64), "p": p.astype(np.float16),
-                "q": q.astype(ml_dtypes.bfloat16), "a": a.astype(np.int32), "d": d.astype(np.int64)}
+                "q": q.astype(ml_dtypes.bfloat16), "e": e.astype(ml_dtypes.float8_e4m3fn),
+                "m": m.astype(ml_dtypes.float8_e5m2), "a": a.astype(np.int32), "d": d.astype(np.int64)}
 
 
 def same(got, want):
@@ -359,10 +380,10 @@ def same(got, want):
 
 # No shrinking: a failure already names the wrong expression and prints its kernel.
 @settings(max_examples=10, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate])
-@given(shared=expressions(["t", "i", "x", "y", "p", "q", "a", "d"]),
+@given(shared=expressions(["t", "i", "x", "y", "p", "q", "e", "m", "a", "d"]),
        trees=st.lists(expressions(list(VARIABLES)), min_size=EXPRESSIONS, max_size=EXPRESSIONS),
        step=st.sampled_from([1, 3, 5, 31]), shift=st.integers(0, THREADS - 1), seed=st.integers(0, 2**16),
-       shared_type=st.sampled_from(["f32", "f32", "f64", "f16", "bf16"]), fast=st.booleans())
+       shared_type=st.sampled_from(["f32", "f32", "f64", "f16", "bf16", "f8e4m3", "f8e5m2"]), fast=st.booleans())
 def test_random_float_programs_match_numpy(shared, trees, step, shift, seed, shared_type, fast):
     td.fast_compile(fast)   # the optimized path unrolls the loop over `i`, so the simplifier folds more
     inputs = _inputs(np.random.default_rng(seed))
@@ -373,8 +394,8 @@ def test_random_float_programs_match_numpy(shared, trees, step, shift, seed, sha
     assume(trees)
     kernel, text = build_kernel(shared, trees, step, shift, shared_type)
     out = np.full((LOOP, len(trees), THREADS), 12345.0)
-    with unspecified(6, undefined):     # where C leaves a value open, the CUDA source's host twin may differ
-        kernel(inputs["x"], inputs["y"], inputs["p"], inputs["q"], inputs["a"], inputs["d"], out)
+    with unspecified(8, undefined):     # where C leaves a value open, the CUDA source's host twin may differ
+        kernel(*(inputs[name] for name in "xypqemad"), out)
     wrong = np.argwhere(~same(out, reference) & ~undefined)
     if wrong.size:
         i, k, t = wrong[0]
