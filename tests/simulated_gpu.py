@@ -21,6 +21,7 @@ import numpy as np
 import taskdsl
 from taskdsl.backend.cuda import graphs, launch
 from taskdsl.backend.cuda.codegen import emit_cuda
+from taskdsl.ir.types import ML_DTYPES_NAMES, DataType, numpy_dtype
 from taskdsl.runtime import config, device_array
 from taskdsl.runtime.device_array import DeviceArray
 from taskdsl.runtime.kernel import Kernel
@@ -90,6 +91,7 @@ class SimulatedGPU:
         """Run `kernel` on `arguments` (numpy arrays over device memory, and scalars): its cpu kernel, or its CUDA
         source on the host where the host can run it (an integer division by zero, which x86 traps and a GPU
         leaves unspecified, as a graph's compile run on zeros divides, runs again on the cpu)."""
+        arguments = _held_values(kernel, arguments)
         if self.cuda_source:
             binding = kernel.bind(tuple(arguments), "cuda")
             if 0 in binding.grid:
@@ -108,6 +110,13 @@ class SimulatedGPU:
                 except DivisionByZeroOnHost:
                     pass
         kernel._call_cpu(tuple(arguments))
+
+
+def _held_values(kernel: Kernel, arguments: list) -> list:
+    """Bound arguments with bf16 and 8-bit float scalars, which a binding turns into their bits, as the values the
+    bits hold (ml_dtypes scalars): bound again as numbers, the bits would be rounded as the values they are not."""
+    return [np.array(a).view(numpy_dtype(spec))[()] if isinstance(spec, DataType) and spec.name in ML_DTYPES_NAMES
+            else a for (_, spec), a in zip(kernel.params, arguments)]
 
 
 class _Graph:

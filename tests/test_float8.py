@@ -3,7 +3,7 @@ CUDA's cuda_fp8.h converts with __NV_SATFINITE (to nearest even, once; saturated
 
 The oracle of a rounding is a search over ml_dtypes' 256 values of the format for the nearest (ties to the even bit
 pattern); the kernels run on the cpu target and, through tests/cuda_on_host.py, as CUDA C++ on the host (NVRTC
-compiles them too, as it does every kernel the tests launch).
+compiles them too, as it does every kernel the tests launch), and on a GPU in the @gpu twins.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from taskdsl.ir import types as T
 
 from .cuda_on_host import host_compiler, run_on_host
 
+GPU_TWINS = True   # each test also runs as a @gpu twin on the cuda target (conftest.py)
 FORMATS = {"f8e4m3": ml_dtypes.float8_e4m3fn, "f8e5m2": ml_dtypes.float8_e5m2}
 needs_host_compiler = pytest.mark.skipif(host_compiler() is None, reason="no host C++ compiler ($CXX, g++, clang++)")
 
@@ -230,3 +231,20 @@ def test_the_type_names_and_numpy_dtypes():
     assert T.numpy_dtype(f8e5m2) == np.dtype(ml_dtypes.float8_e5m2) and f8e4m3.numpy == np.uint8
     assert T.promote(f8e4m3, f8e5m2) == f32 and T.promote(f8e4m3, f16) == f32 and T.promote(f8e4m3, f64) == f64
     assert f8e4m3.round(0.3) == 0.3125 and f8e5m2.round(1e9) == 57344.0 and math.isnan(f8e4m3.round(math.nan))
+
+
+@td.kernel(grid=1, block=1)
+def fill_both(OUT8: f8e5m2["N"], OUT16: bf16["N"], value8: f8e5m2, value16: bf16):
+    for i in range(N):
+        OUT8[i] = value8
+        OUT16[i] = value16
+
+
+def test_scalar_bits_reach_a_simulated_gpus_launch_as_the_values_they_hold(simulated_gpu):
+    """8-bit float and bf16 scalars travel as their bits; the simulated GPU bound them again as numbers (a bf16 3.0,
+    bits 0x4040, became 16448.0)."""
+    out8, out16 = np.zeros(2, ml_dtypes.float8_e5m2), np.zeros(2, ml_dtypes.bfloat16)
+    fill_both(out8, out16, -3.0, 3.0)
+    assert simulated_gpu.launches
+    np.testing.assert_array_equal(out8.astype(np.float32), [-3.0] * 2)
+    np.testing.assert_array_equal(out16.astype(np.float32), [3.0] * 2)

@@ -84,12 +84,12 @@ _F64_BITS = struct.Struct("d").pack
 
 
 def _is_scalar(value) -> bool:
-    """Whether `value` is a Python or numpy number (ml_dtypes' bfloat16 included) or bool."""
+    """Whether `value` is a Python or numpy number (ml_dtypes' bfloat16 and 8-bit floats included) or bool."""
     return isinstance(value, (bool, int, float)) or (isinstance(value, np.generic) and T.is_number_dtype(value.dtype))
 
 
 def _is_float_scalar(value) -> bool:
-    """Whether `value` is a Python or numpy float scalar (ml_dtypes' bfloat16 included)."""
+    """Whether `value` is a Python or numpy float scalar (ml_dtypes' bfloat16 and 8-bit floats included)."""
     return isinstance(value, float) or (isinstance(value, np.generic) and T.is_float_dtype(value.dtype))
 
 
