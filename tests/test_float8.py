@@ -198,6 +198,34 @@ def test_conversions_from_8_bits_to_every_type_on_both_targets():
         np.testing.assert_array_equal(z, np.stack([ef, mf]) != 0, err_msg=target)     # NaN is true
 
 
+@td.kernel(grid=lambda N: td.cdiv(N, 128), block=128)
+def from_f32(X: f32["N"], E: f8e4m3["N"], M: f8e5m2["N"]):
+    i = blockIdx.x * 128 + threadIdx.x
+    if i < N:
+        E[i] = X[i]
+        M[i] = X[i]
+
+
+def test_f32_values_of_every_exponent_round_to_8_bits_as_ml_dtypes_rounds_them():
+    """The cpu target rounds an f32 by integer arithmetic on its bits (which vectorizes): every f32 exponent, with
+    mantissas at, beside and between both formats' rounding boundaries, both signs, against ml_dtypes' conversion
+    of the value clipped to the format's range. (Every one of the 2**32 f32 patterns was checked once so.)"""
+    mantissas = {0, 1, 0x7fffff} | {k * (1 << (shift - 1)) + d for shift in (20, 21) for k in range(8)
+                                     for d in (-1, 0, 1) if 0 <= k * (1 << (shift - 1)) + d <= 0x7fffff}
+    bits = np.array([sign | (exp << 23) | m for sign in (0, 1 << 31) for exp in range(256) for m in sorted(mantissas)],
+                    np.uint32)
+    x = bits.view(np.float32)
+    e, m = np.zeros(x.size, ml_dtypes.float8_e4m3fn), np.zeros(x.size, ml_dtypes.float8_e5m2)
+    from_f32(x, e, m)
+    nan = np.isnan(x)
+    for got, dtype in ((e, ml_dtypes.float8_e4m3fn), (m, ml_dtypes.float8_e5m2)):
+        largest = float(ml_dtypes.finfo(dtype).max)
+        with np.errstate(invalid="ignore"):
+            want = np.clip(x, -largest, largest).astype(dtype)
+        np.testing.assert_array_equal(got.view(np.uint8)[~nan], want.view(np.uint8)[~nan])
+        assert np.isnan(got[nan].astype(np.float32)).all()
+
+
 @td.kernel(grid=1, block=1)
 def fill(OUT: f8e4m3["N"], value: f8e4m3):
     for i in range(N):

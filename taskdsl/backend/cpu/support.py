@@ -685,16 +685,46 @@ def f8e5m2_to_f32(bits):
     return _F8E5M2_VALUES[np.int64(bits) & 0xff]
 
 
+def _float8_bits(x, mant_bits, exp_bias, largest, nan_bits):
+    """The 8-bit float bits nearest to x (typed by the overload below)."""
+
+
+def _float8_bits_of_f32(x, mant_bits, exp_bias, largest, nan_bits):
+    # Integer arithmetic on x's bits but for a subnormal's rounding (rint of an exact scaling), so it vectorizes,
+    # where `float8_bits` calls frexp and rint per value (4M f32 to f8e4m3: 39 ms before, on 2 threads).
+    b = np.int64(_bits_of_f32(x))
+    sign = (b >> 24) & 0x80
+    magnitude = min(b & 0x7fffffff, np.int64(_bits_of_f32(np.float32(largest))))   # saturated (a NaN: below)
+    shift = 23 - mant_bits
+    # a normal result: the dropped bits rounded to even (a carry rounds up into the exponent), the exponent's bias
+    # moved from f32's 127 to the format's
+    rounded = (magnitude + (1 << (shift - 1)) - 1 + ((magnitude >> shift) & 1)) >> shift
+    normal = rounded - ((127 - exp_bias) << mant_bits)
+    # a subnormal result (below 2**(1 - bias)): units of the format's least value, rounded to even (2**mant_bits,
+    # reached by rounding up, is the least normal's pattern)
+    units = np.int64(np.rint(_f32_from_bits(magnitude) * np.float32(2.0 ** (exp_bias - 1 + mant_bits))))
+    code = normal if magnitude >= ((128 - exp_bias) << 23) else units
+    return np.uint8(sign | (nan_bits if x != x else code))
+
+
+@overload(_float8_bits)
+def _float8_bits_typed(x, mant_bits, exp_bias, largest, nan_bits):
+    if x == types.float32:
+        return _float8_bits_of_f32
+    return lambda x, mant_bits, exp_bias, largest, nan_bits: np.uint8(      # an f64 rounds once
+        _round_to_float8(x, mant_bits, exp_bias, largest, nan_bits))
+
+
 @njit(cache=True)
 def f32_to_f8e4m3(x):
     """The f8e4m3 bits nearest to x, an f32 or f64 (ties to even; saturated to +-448, as CUDA's __NV_SATFINITE)."""
-    return np.uint8(_round_to_float8(x, 3, 7, 448.0, 0x7F))
+    return _float8_bits(x, 3, 7, 448.0, 0x7F)
 
 
 @njit(cache=True)
 def f32_to_f8e5m2(x):
     """The f8e5m2 bits nearest to x, an f32 or f64 (ties to even; saturated to +-57344, inf included)."""
-    return np.uint8(_round_to_float8(x, 2, 15, 57344.0, 0x7E))
+    return _float8_bits(x, 2, 15, 57344.0, 0x7E)
 
 
 # numba compiles a called (not inlined) helper for each kernel's argument types into the disk cache that the processes
