@@ -1,7 +1,8 @@
 """`python -m taskdsl.bench ops`: softmax, layer norm and sums of an f32 array through the operator library
 (stdlib_ops), on the current target; on the cpu also its sum over axis 0, its first row times its
-transpose (`linear`: a matrix-vector product), its rows' argmax and maximum, the array padded by 1 and two
-copies of it concatenated along the rows.
+transpose (`linear`: a matrix-vector product), its rows' argmax and maximum, the array padded by 1, two
+copies of it concatenated along the rows, and its conversion to and from the 8-bit float f8e4m3 (the peer: ml_dtypes,
+clipped to the format's range, as taskdsl's conversion saturates).
 
 cpu: a (4096, 1024) array, against numpy in the same run. cuda: a (16384, 4096) array (256 MiB) in
 GPU memory, results left there, timed with CUDA events from a cold L2; the achieved bandwidth
@@ -9,6 +10,7 @@ GPU memory, results left there, timed with CUDA events from a cold L2; the achie
 datasheet peak (memory clock x bus width) and of a device-to-device copy measured in the
 same run, and torch's time for the same op when torch is installed.
 """
+import ml_dtypes
 import numpy as np
 
 from .accuracy import rel_err, shown
@@ -44,6 +46,7 @@ def _cpu_rows(rows: int, cols: int) -> list:
     w = rng.standard_normal(cols, dtype=np.float32)
     b = rng.standard_normal(cols, dtype=np.float32)
     nbytes = x.nbytes
+    x8 = np.clip(x * 50, -448, 448).astype(ml_dtypes.float8_e4m3fn)
     cases = [
         ("softmax", lambda: ops.softmax(x), lambda: _numpy_softmax(x), 2 * nbytes),
         ("layer_norm", lambda: ops.layer_norm(x, w, b), lambda: _numpy_layer_norm(x, w, b), 2 * nbytes),
@@ -55,6 +58,9 @@ def _cpu_rows(rows: int, cols: int) -> list:
         ("max(axis=-1)", lambda: ops.max(x, axis=-1), lambda: x.max(axis=-1), nbytes),
         ("pad by 1", lambda: ops.pad(x, 1), lambda: np.pad(x, 1), 2 * nbytes),
         ("concat(x, x)", lambda: ops.concat([x, x], axis=-1), lambda: np.concatenate([x, x], axis=-1), 4 * nbytes),
+        ("to f8e4m3", lambda: ops.cast(x, ml_dtypes.float8_e4m3fn),
+         lambda: np.clip(x, -448, 448).astype(ml_dtypes.float8_e4m3fn), nbytes + x8.nbytes),
+        ("from f8e4m3", lambda: ops.cast(x8, np.float32), lambda: x8.astype(np.float32), nbytes + x8.nbytes),
     ]
     print(f"target: {td.get_target()}, input ({rows}, {cols}) f32")
     print(f"{'op':>15} {'taskdsl ms':>11} {'numpy ms':>9} {'taskdsl GB/s':>13} {'ratio':>6} {'max rel err':>12}")
