@@ -131,3 +131,22 @@ def test_the_graph_api_moves_and_converts_8_bit_floats():
     with np.errstate(invalid="ignore"):
         want = np.clip(xs.astype(np.float32) + np.float32(1000), -57344, 57344).astype(ml_dtypes.float8_e5m2)
     np.testing.assert_array_equal(summed_out.view(np.uint8), want.view(np.uint8))
+
+
+def test_8_bit_float_weights_dequantized_into_a_matmul_match_onnxruntime():
+    """FP8-quantized weights as a model stores them: an E4M3 initializer, dequantized by a scale into a MatMul, and
+    moved (Reshape, Transpose) before a Cast; constants, so folded when the graph compiles."""
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((64, 48)) * 20).astype(ml_dtypes.float8_e4m3fn)
+    nodes = [helper.make_node("DequantizeLinear", ["w", "scale"], ["wf"]),
+             helper.make_node("MatMul", ["x", "wf"], ["y"]),
+             helper.make_node("Reshape", ["w", "shape"], ["w2"]),
+             helper.make_node("Transpose", ["w2"], ["wt"], perm=[1, 0]),
+             helper.make_node("Cast", ["wt"], ["wtf"], to=TensorProto.FLOAT)]
+    model = make_model(nodes, [("x", [5, 64])], [("y", [5, 48]), ("wtf", [48, 64])],
+                       {"w": w, "scale": np.array(0.05, np.float32), "shape": np.array([64, 48], np.int64)}, opset=21)
+    x = rng.standard_normal((5, 64)).astype(np.float32)
+    y, wt = tg.from_onnx(model).compile()({"x": x})
+    want_y, want_wt = run_onnxruntime(model, {"x": x})
+    np.testing.assert_allclose(y, want_y, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(wt, want_wt)
