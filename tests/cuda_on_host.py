@@ -134,12 +134,12 @@ struct __nv_bfloat16 {
   template <typename I, typename = decltype(I(0) % 1)> __nv_bfloat16(I i) : __nv_bfloat16((double)i) {}
   operator float() const { return __builtin_bit_cast(float, (unsigned)x << 16); } };
 static_assert(sizeof(__half) == 2 && sizeof(__nv_bfloat16) == 2, "16-bit floats are two bytes");
-// 8-bit floats (the kernel's cuda_fp8.h include is dropped): their bits, converted as cuda_fp8.h converts (to nearest
-// even, once; saturated to the largest finite value, inf included; a NaN to the quiet NaN of its sign). The
-// formats' arguments are taskdsl.ir.types.FLOAT8_FORMATS' (mantissa bits, bias, largest, NaN's bits).
-inline unsigned char td_host_fp8_bits(double x, int mant, int bias, double largest, int nan) {
+// 8-bit floats (the kernel's cuda_fp8.h include is dropped): their bits, converted as cuda_fp8.h converts an f32
+// (to nearest even, once; saturated to the largest finite value, inf included; a NaN to 0x7f). The formats'
+// arguments are taskdsl.ir.types.FLOAT8_FORMATS' (mantissa bits, bias, largest).
+inline unsigned char td_host_fp8_bits(double x, int mant, int bias, double largest) {
   int sign = __builtin_signbit(x) ? 0x80 : 0;
-  if (x != x) return sign | nan;
+  if (x != x) return 0x7f;
   double a = __builtin_fmin(__builtin_fabs(x), largest);
   if (a == 0.0) return sign;
   int e;
@@ -149,27 +149,27 @@ inline unsigned char td_host_fp8_bits(double x, int mant, int bias, double large
   if (units < (1 << mant)) return sign | units;
   if (units == (2 << mant)) { units >>= 1; unit += 1; }
   return sign | ((unit + mant + bias) << mant) | (units - (1 << mant)); }
-inline float td_host_fp8_value(unsigned char bits, int mant, int bias, double largest, int nan) {
+inline float td_host_fp8_value(unsigned char bits, int mant, int bias, double largest) {
   int exp = (bits & 0x7f) >> mant, m = bits & ((1 << mant) - 1);
   double magnitude = exp == 0 ? __builtin_ldexp(m, 1 - bias - mant)
                               : __builtin_ldexp((1 << mant) | m, exp - bias - mant);
-  if (magnitude > largest) magnitude = nan != 0x7f && m == 0 ? __builtin_inf() : __builtin_nan("");
+  if (magnitude > largest) magnitude = m == 0 ? __builtin_inf() : __builtin_nan("");     // E5M2's inf, NaNs
   return (float)(bits & 0x80 ? -magnitude : magnitude); }
-template <int MANT, int BIAS, int LARGEST, int NAN_BITS> struct td_host_fp8 {
+template <int MANT, int BIAS, int LARGEST> struct td_host_fp8 {
   unsigned char __x;
   td_host_fp8() = default;
-  explicit td_host_fp8(double d) : __x(td_host_fp8_bits(d, MANT, BIAS, LARGEST, NAN_BITS)) {}
+  explicit td_host_fp8(double d) : __x(td_host_fp8_bits(d, MANT, BIAS, LARGEST)) {}
   explicit td_host_fp8(float f) : td_host_fp8((double)f) {}
   explicit td_host_fp8(__half h) : td_host_fp8((double)(float)h) {}
   explicit td_host_fp8(__nv_bfloat16 b) : td_host_fp8((double)(float)b) {}
   template <typename I, typename = decltype(I(0) % 1)> explicit td_host_fp8(I i) : td_host_fp8((double)i) {}
-  explicit operator float() const { return td_host_fp8_value(__x, MANT, BIAS, LARGEST, NAN_BITS); }
+  explicit operator float() const { return td_host_fp8_value(__x, MANT, BIAS, LARGEST); }
   explicit operator double() const { return (double)(float)*this; }
   explicit operator __half() const { return (__half)(float)*this; }
   explicit operator __nv_bfloat16() const { return __nv_bfloat16((float)*this); }
   explicit operator bool() const { return (__x & 0x7f) != 0; } };
-typedef td_host_fp8<3, 7, 448, 0x7f> __nv_fp8_e4m3;
-typedef td_host_fp8<2, 15, 57344, 0x7e> __nv_fp8_e5m2;
+typedef td_host_fp8<3, 7, 448> __nv_fp8_e4m3;
+typedef td_host_fp8<2, 15, 57344> __nv_fp8_e5m2;
 // Atomics: a block's threads take turns (fibers) and the blocks run one after another, so a plain read-modify-write
 // is atomic here; a float sum adds in the turns' order, one of the orders a GPU may take. The value converts to
 // the element's type first, as CUDA's parameter does.

@@ -98,7 +98,7 @@ class DataType:
         (to inf, or for the 8-bit types, which saturate, the pattern past it). t is halfway above the largest; a tie
         rounds to even, past the largest where its pattern is odd (IEEE types, E5M2's 0x7B), not E4M3's 0x7E."""
         if self.bits == 8:
-            mant_bits, _, largest, _ = FLOAT8_FORMATS[self.name]
+            mant_bits, _, largest = FLOAT8_FORMATS[self.name]
             half_unit = math.ldexp(1.0, math.frexp(largest)[1] - 2 - mant_bits)   # half the last place's unit there
             return largest + half_unit, self.narrow_bits(largest) & 1 == 1
         mant_bits, bias = _FLOAT_FORMATS[self.name][:2]
@@ -287,21 +287,21 @@ def narrow_float_bits(x, mant_bits, exp_bias, exp_max):
     return sign | (biased << mant_bits) | frac
 
 
-# mantissa bits, exponent bias, largest finite value, NaN's bits (without the sign)
-FLOAT8_FORMATS = {"f8e4m3": (3, 7, 448.0, 0x7F), "f8e5m2": (2, 15, 57344.0, 0x7E)}
+# mantissa bits, exponent bias, largest finite value
+FLOAT8_FORMATS = {"f8e4m3": (3, 7, 448.0), "f8e5m2": (2, 15, 57344.0)}
+FLOAT8_NAN = 0x7F      # both formats' NaN from a conversion (E4M3's only positive one; E5M2's with mantissa 11)
 
 
-def float8_bits(x, mant_bits, exp_bias, largest, nan_bits):
-    """The bits of float `x` rounded to an 8-bit float as CUDA's conversions with __NV_SATFINITE round it: to
-    nearest even, once; a magnitude past the largest finite value (inf included) gives the largest, a NaN the
-    quiet NaN of its sign.
+def float8_bits(x, mant_bits, exp_bias, largest):
+    """The bits of float `x` rounded to an 8-bit float as CUDA's conversions of an f32 with __NV_SATFINITE round
+    it: to nearest even, once; a magnitude past the largest finite value (inf included) gives the largest, a NaN
+    0x7F (CUDA's canonical NaN: the conversion from an f32 drops the sign and the payload).
 
     Plain Python that numba compiles too (the cpu target's 8-bit float stores use it).
     """
-    negative = x < 0.0 or (x == 0.0 and math.copysign(1.0, x) < 0.0) or (x != x and math.copysign(1.0, x) < 0.0)
-    sign = 0x80 if negative else 0
     if x != x:
-        return sign | nan_bits
+        return FLOAT8_NAN
+    sign = 0x80 if x < 0.0 or (x == 0.0 and math.copysign(1.0, x) < 0.0) else 0
     a = min(abs(np.float64(x)), largest)      # saturated: a value below the largest never rounds past it
     if a == 0.0:
         return sign
@@ -315,7 +315,7 @@ def float8_bits(x, mant_bits, exp_bias, largest, nan_bits):
     return sign | ((unit + mant_bits + exp_bias) << mant_bits) | (units - (1 << mant_bits))
 
 
-def _float8_values(mant_bits, exp_bias, largest, nan_bits) -> np.ndarray:
+def _float8_values(mant_bits, exp_bias, largest) -> np.ndarray:
     """The f32 value of each of the 256 bit patterns of an 8-bit float format."""
     values = np.empty(256, np.float32)
     for bits in range(256):
@@ -325,7 +325,7 @@ def _float8_values(mant_bits, exp_bias, largest, nan_bits) -> np.ndarray:
         else:
             magnitude = math.ldexp((1 << mant_bits) | mant, exp - exp_bias - mant_bits)
         if magnitude > largest:       # E5M2's all-ones exponent (inf, NaNs), E4M3's S.1111.111 (NaN)
-            magnitude = math.inf if nan_bits != 0x7F and mant == 0 else math.nan
+            magnitude = math.inf if mant == 0 else math.nan
         values[bits] = -magnitude if bits & 0x80 else magnitude
     return values
 

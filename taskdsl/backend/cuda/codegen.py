@@ -18,6 +18,10 @@ from ..naming import NameTable, identifier
 
 # Helpers, each emitted only when the kernel uses it.
 _HELPERS = {
+    # cuda_fp8.h converts an f64 NaN to the NaN of its sign (E5M2: and payload), an f32 one to 0x7F: the f32's, so
+    # that a NaN converts alike from every type (the cpu target's rule)
+    "td_fp8_of_f64": """template <typename T> __device__ __forceinline__ T td_fp8_of_f64(double x) {
+  return x == x ? T(x) : T(__int_as_float(0x7fffffff)); }""",
     "td_floordiv": """template <typename T> __device__ __forceinline__ T td_floordiv(T a, T b) {
   T q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }""",
     "td_floormod": """template <typename T> __device__ __forceinline__ T td_floormod(T a, T b) {
@@ -396,6 +400,8 @@ class _CudaEmitter:
                 return self.float_to_int(e)
             if e.value.dtype.bits == e.dtype.bits == 8 and e.dtype.is_float:    # no conversion between the formats:
                 return f"(({e.dtype.c_name})((float)({self.expr(e.value)})))"   # through f32, which holds both
+            if e.dtype.is_float and e.dtype.bits == 8 and e.value.dtype == T.f64:
+                return f"td_fp8_of_f64<{e.dtype.c_name}>({self.expr(e.value)})"
             return f"(({e.dtype.c_name})({self.expr(e.value)}))"
         if isinstance(e, ir.Load):
             return f"{self.name(e.buffer)}[{self.expr(e.indices[0])}]"
