@@ -274,3 +274,15 @@ def test_scalar_bits_reach_a_simulated_gpus_launch_as_the_values_they_hold(simul
     assert simulated_gpu.launches
     np.testing.assert_array_equal(out8.astype(np.float32), [-3.0] * 2)
     np.testing.assert_array_equal(out16.astype(np.float32), [3.0] * 2)
+
+
+def test_device_arrays_of_8_bit_floats_convert_on_a_simulated_gpu(simulated_gpu):
+    """td.to_device and DeviceArray.numpy keep ml_dtypes' type; stdlib_ops.cast converts to and from it on the GPU."""
+    import stdlib_ops
+    x = (np.random.default_rng(0).standard_normal(1000) * 100).astype(np.float32)
+    d8 = stdlib_ops.cast(td.to_device(x), ml_dtypes.float8_e4m3fn)
+    h = d8.numpy()
+    assert isinstance(d8, td.DeviceArray) and h.dtype == ml_dtypes.float8_e4m3fn
+    assert_same_8_bit_floats(h, [nearest_bits(float(v), "f8e4m3") for v in x])
+    np.testing.assert_array_equal(stdlib_ops.cast(td.to_device(h), np.float32).numpy(), h.astype(np.float32))
+    assert len(simulated_gpu.launches) == 2
