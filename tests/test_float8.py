@@ -8,6 +8,7 @@ compiles them too, as it does every kernel the tests launch), and on a GPU in th
 from __future__ import annotations
 
 import math
+import os
 
 import ml_dtypes
 import numpy as np
@@ -207,7 +208,7 @@ def from_f32(X: f32["N"], E: f8e4m3["N"], M: f8e5m2["N"]):
 def test_f32_values_of_every_exponent_round_to_8_bits_as_ml_dtypes_rounds_them():
     """The cpu target rounds an f32 by integer arithmetic on its bits (which vectorizes): every f32 exponent, with
     mantissas at, beside and between both formats' rounding boundaries, both signs, against ml_dtypes' conversion
-    of the value clipped to the format's range. (Every one of the 2**32 f32 patterns was checked once so.)"""
+    of the value clipped to the format's range (TASKDSL_EXHAUSTIVE=1: the test below, all 2**32 patterns)."""
     mantissas = {0, 1, 0x7fffff} | {k * (1 << (shift - 1)) + d for shift in (20, 21) for k in range(8)
                                      for d in (-1, 0, 1) if 0 <= k * (1 << (shift - 1)) + d <= 0x7fffff}
     bits = np.array([sign | (exp << 23) | m for sign in (0, 1 << 31) for exp in range(256) for m in sorted(mantissas)],
@@ -222,6 +223,25 @@ def test_f32_values_of_every_exponent_round_to_8_bits_as_ml_dtypes_rounds_them()
             want = np.clip(x, -largest, largest).astype(dtype)
         np.testing.assert_array_equal(got.view(np.uint8)[~nan], want.view(np.uint8)[~nan])
         assert np.isnan(got[nan].astype(np.float32)).all()
+
+
+@pytest.mark.skipif(os.environ.get("TASKDSL_EXHAUSTIVE") != "1", reason="TASKDSL_EXHAUSTIVE=1 runs it (about 90 s)")
+def test_every_f32_pattern_rounds_to_8_bits_as_ml_dtypes_rounds_it():
+    """All 2**32 f32 bit patterns through the cpu kernel, 2**24 at a time, against ml_dtypes (clipped); NaNs to
+    0x7F."""
+    chunk = 1 << 24
+    e, m = np.zeros(chunk, ml_dtypes.float8_e4m3fn), np.zeros(chunk, ml_dtypes.float8_e5m2)
+    for start in range(0, 1 << 32, chunk):
+        x = np.arange(start, start + chunk, dtype=np.uint64).astype(np.uint32).view(np.float32)
+        from_f32(x, e, m)
+        nan = np.isnan(x)
+        for got, dtype in ((e, ml_dtypes.float8_e4m3fn), (m, ml_dtypes.float8_e5m2)):
+            largest = float(ml_dtypes.finfo(dtype).max)
+            with np.errstate(invalid="ignore"):
+                want = np.clip(x, -largest, largest).astype(dtype).view(np.uint8)
+            want[nan] = T.FLOAT8_NAN
+            wrong = np.flatnonzero(got.view(np.uint8) != want)
+            assert not wrong.size, f"{dtype.__name__}: f32 bits {x[wrong[:3]].view(np.uint32)} to {got[wrong[:3]]}"
 
 
 @td.kernel(grid=1, block=1)
