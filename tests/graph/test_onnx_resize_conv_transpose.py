@@ -60,6 +60,8 @@ def resize_cases(draw, modes: tuple, ranks: tuple) -> dict:
         attrs["nearest_mode"] = draw(st.sampled_from(NEAREST_MODES))
     if mode == "cubic":
         attrs.update(cubic_coeff_a=draw(st.sampled_from([-0.75, -0.5])), exclude_outside=draw(st.sampled_from([0, 1])))
+    if opset >= 18 and mode != "nearest" and draw(st.booleans()):   # (opset 18's) the kernel widened where it shrinks
+        attrs["antialias"] = 1
     axes = list(range(rank))
     if opset >= 18 and draw(st.booleans()):
         axes = draw(st.permutations(resizable))[:draw(st.integers(1, len(resizable)))]
@@ -127,9 +129,23 @@ def test_resize_nearest_matches_onnxruntime(case):
 @PROFILE
 @given(case=resize_cases(("linear", "cubic"), (2, 4)))
 def test_resize_linear_and_cubic_match_onnxruntime(case):
-    """Bilinear and bicubic resizing (cubic_coeff_a, exclude_outside) in every coordinate mode, by scales or
-    sizes."""
+    """Bilinear and bicubic resizing (cubic_coeff_a, exclude_outside, antialias) in every coordinate mode, by scales
+    or sizes."""
     check_resize(case)
+
+
+@settings(max_examples=10, deadline=None)
+@given(shape=st.tuples(st.sampled_from([1, 13, 31]), st.sampled_from([2, 17, 40])),
+       mode=st.sampled_from(["linear", "cubic"]), out=st.tuples(st.integers(1, 6), st.integers(1, 6)),
+       exclude_outside=st.sampled_from([0, 1]), seed=st.integers(0, 9))
+def test_antialiased_resize_shrinking_many_times_matches_onnxruntime(shape, mode, out, exclude_outside, seed):
+    """Antialias (opset 18) where an axis shrinks up to 40 times: the kernel spans up to 160 inputs."""
+    x = rand((1, 2) + shape, seed)
+    node = n("Resize", ["x", "", "", "sizes"], ["y"], mode=mode, antialias=1, exclude_outside=exclude_outside)
+    model = make_model([node], [("x", [1, 2, *shape])], [("y", [1, 2, *out])],
+                       {"sizes": np.array([1, 2, *out], np.int64)}, opset=18)
+    got, want = run_both(model, {"x": x})
+    assert_close(got, want)
 
 
 @settings(max_examples=10, deadline=None)
@@ -171,13 +187,13 @@ def test_nearest_resize_of_integers_and_opset_11_modes():
 
 
 def test_resize_refusals():
-    """antialias, linear integers and fractional output sizes in size-dependent coordinate modes are refused;
-    scales and sizes both, or neither, are an error; scales must be constants."""
+    """antialias in nearest, linear integers and fractional output sizes in size-dependent coordinate modes are
+    refused; scales and sizes both, or neither, are an error; scales must be constants."""
     def model(*inputs, opset=19, elem=TensorProto.FLOAT, **attrs):
         inits = {"s": np.array([1, 1, 0.6, 0.6], np.float32), "z": np.array([1, 1, 2, 2], np.int64)}
         return make_model([n("Resize", ["x", *inputs], ["y"], **attrs)], [("x", [1, 1, 4, 4], elem)],
                           [("y", [None] * 4, elem)], {k: v for k, v in inits.items() if k in inputs}, opset=opset)
-    for bad, match in ((model("", "s", mode="linear", antialias=1), "antialias=1 is not supported"),
+    for bad, match in ((model("", "s", antialias=1), "antialias=1 with mode='nearest' is not supported"),
                        (model("", "s", mode="linear", elem=TensorProto.INT32), "'linear' on int32 tensors"),
                        (model("", "s", coordinate_transformation_mode="align_corners"), "fractional output sizes")):
         with pytest.raises(UnsupportedOnnxError, match=match):

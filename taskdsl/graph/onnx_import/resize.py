@@ -165,16 +165,38 @@ def _cubic_taps(x: np.ndarray, n: int, a: float, exclude_outside: bool) -> tuple
     return np.clip(indices, 0, n - 1), weights
 
 
-def _taps(node: Node, mode: str):
-    """The (coordinates, axis size) -> (indices, weights) function of a linear or cubic Resize."""
+def _antialias_taps(x: np.ndarray, n: int, scale: float, mode: str, a: float, exclude_outside: bool) -> tuple:
+    """(indices, weights) of a shrinking axis (scale < 1) with antialias: the linear (tent) or cubic kernel widened
+    by 1 / scale, as onnx's reference computes it: the taps around each coordinate, the kernel at their distances
+    times the scale, normalized to sum 1; taps outside the axis read its edge, or with `exclude_outside` weigh 0."""
+    x = x.astype(np.float64)
+    base = np.floor(x)
+    ratio = np.where(x == base, 1.0, x - base)      # a whole coordinate: the tap on its left is the base
+    base = x - ratio
+    reach = 1 if mode == "linear" else 2            # the kernel's support, in input steps at scale 1
+    start = math.floor(-reach / scale) + 1
+    offsets = np.arange(start, 2 - start)[:, None]
+    d = np.abs((offsets - ratio) * scale)
+    weights = np.clip(1 - d, 0, 1) if mode == "linear" else np.where(d < 2, _keys_kernel(d, a), 0.0)
+    indices = (base + offsets).astype(np.int64)
+    if exclude_outside:
+        weights = np.where((indices >= 0) & (indices < n), weights, 0.0)
+    return np.clip(indices, 0, n - 1), weights / weights.sum(axis=0)
+
+
+def _taps(node: Node, mode: str, scale: float):
+    """The (coordinates, axis size) -> (indices, weights) function of a linear or cubic Resize along an axis
+    scaled by `scale`."""
+    a, exclude_outside = float(node.attr("cubic_coeff_a", -0.75)), node.flag("exclude_outside")
+    if node.flag("antialias") and scale < 1:
+        return functools.partial(_antialias_taps, scale=float(scale), mode=mode, a=a, exclude_outside=exclude_outside)
     if mode == "linear":
         return _linear_taps
-    return functools.partial(_cubic_taps, a=float(node.attr("cubic_coeff_a", -0.75)),
-                             exclude_outside=node.flag("exclude_outside"))
+    return functools.partial(_cubic_taps, a=a, exclude_outside=exclude_outside)
 
 
-def _resized_along(node: Node, y, axis: int, x: np.ndarray, weight_dtype):
-    """y resized along `axis` to the source coordinates `x` (f32), as the node's mode says."""
+def _resized_along(node: Node, y, axis: int, x: np.ndarray, scale: float, weight_dtype):
+    """y resized along `axis` (by `scale`) to the source coordinates `x` (f32), as the node's mode says."""
     n, mode = y.shape[axis], node.attr("mode", "nearest")
     if mode == "nearest":
         nearest_mode = node.attr("nearest_mode", "round_prefer_floor")
@@ -183,7 +205,7 @@ def _resized_along(node: Node, y, axis: int, x: np.ndarray, weight_dtype):
         else:
             rounding = NEAREST_MODES[nearest_mode]
         return ops.gather(y, np.clip(rounding(x.astype(np.float64)), 0, n - 1).astype(np.int64), axis)
-    indices, weights = _taps(node, mode)(x, n)
+    indices, weights = _taps(node, mode, scale)(x, n)
     return ops.resample(y, list(zip(indices, weights.astype(weight_dtype))), axis)
 
 
@@ -192,8 +214,9 @@ def _check_supported(node: Node, x) -> None:
     mode = node.attr("mode", "nearest")
     if mode not in ("nearest", "linear", "cubic"):
         raise node.error(f"mode={mode!r} is not supported (nearest, linear, cubic)")
-    if node.flag("antialias"):
-        raise node.error("antialias=1 is not supported")
+    if node.flag("antialias") and mode == "nearest":
+        raise node.error("antialias=1 with mode='nearest' is not supported: the operator defines it for linear and "
+                         "cubic (onnx's reference and onnxruntime refuse it too)")
     for name, modes in (("coordinate_transformation_mode", COORDINATE_MODES),
                         ("nearest_mode", [*NEAREST_MODES, BEFORE_OPSET_11])):
         if node.has_attr(name) and node.attr(name) not in modes:
@@ -222,8 +245,8 @@ def _check_whole_sizes(node: Node, scales: np.ndarray, sizes: np.ndarray, n: lis
                            "extrapolation_value", "keep_aspect_ratio_policy", "mode", "nearest_mode"))
 def resize(node: Node) -> list:
     """Resize (opsets 11-19) with constant scales or sizes: nearest (every nearest_mode), linear and cubic
-    (cubic_coeff_a, exclude_outside), every coordinate_transformation_mode, keep_aspect_ratio_policy, axes;
-    antialias is refused. Each resized axis in turn, the most shrunk first (less work for the others)."""
+    (cubic_coeff_a, exclude_outside, antialias), every coordinate_transformation_mode, keep_aspect_ratio_policy,
+    axes. Each resized axis in turn, the most shrunk first (less work for the others)."""
     x = node.input(0)
     _check_supported(node, x)
     axes = _resized_axes(node, x)
@@ -238,7 +261,7 @@ def resize(node: Node) -> list:
         source = transform(np.arange(size, dtype=np.float32), scales[k], n, size, rois[k])
         if size == n and np.array_equal(source, np.arange(n)):
             continue                    # the identity (every mode reads each input where the coordinate is whole)
-        y = _resized_along(node, y, axis, source, weight_dtype)
+        y = _resized_along(node, y, axis, source, scales[k], weight_dtype)
         shape = [-1 if a == axis else 1 for a in range(x.ndim)]
         outside = outside | ((source < 0) | (source > n - 1)).reshape(shape)
     if node.attr("coordinate_transformation_mode") == "tf_crop_and_resize" and outside.any():
