@@ -45,10 +45,10 @@ def granularity(draw, shape: list) -> tuple:
     return axis, block, blocked
 
 
-def one_node(op_type: str, shape: list, x_elem: int, out_elem: int, axis: int, block: int, inits: dict):
+def one_node(op_type: str, shape: list, x_elem: int, out_elem: int, axis: int, block: int, inits: dict, **attrs):
     """A one-node Q or DQ model (opset 21) over x of `shape`, its scale and zero point as initializers."""
     names = ["x", "scale"] + (["zero"] if "zero" in inits else [])
-    attrs = {"axis": axis} | ({"block_size": block} if block else {})
+    attrs = attrs | {"axis": axis} | ({"block_size": block} if block else {})
     node = helper.make_node(op_type, names, ["y"], **attrs)
     return make_model([node], [("x", shape, x_elem)], [("y", shape, out_elem)], inits, opset=21)
 
@@ -66,21 +66,22 @@ def check(model, x: np.ndarray, exact: bool) -> None:
 
 @drawn_cases
 def test_quantize_linear_matches_onnxruntime(data, shape, elem, zero, seed):
-    """Halves (x / scale on a tie rounds to even) and values past the type's range (saturated)."""
+    """Halves (x / scale on a tie rounds to even) and values past the type's range (saturated); the output type
+    the zero point's, or without one output_dtype's (or uint8)."""
     axis, block, param_shape = data.draw(granularity(shape), label="granularity")
     rng = np.random.default_rng(seed)
     scale = rng.choice(np.array([0.5, 0.25, 2.0, 0.1], np.float32), param_shape)
     info = np.iinfo(INTEGERS[elem])
-    inits = {"scale": scale}
+    inits, attrs = {"scale": scale}, {}
     if zero:
         inits["zero"] = rng.integers(info.min // 2, info.max // 2 + 1, param_shape).astype(INTEGERS[elem])
-    else:
-        assume(elem == TensorProto.UINT8)       # (without a zero point the output is uint8)
+    elif elem != TensorProto.UINT8:     # (without a zero point the output is uint8, or output_dtype's type)
+        attrs["output_dtype"] = elem
     halves = rng.integers(-600, 600, shape) * 0.5          # ties at scale 1
     x = (halves * np.broadcast_to(_expanded(scale, shape, axis, block), shape)).astype(np.float32)
     x.flat[::3] *= 300.0                                     # past the range: saturated
     note(f"x = {x!r}")
-    check(one_node("QuantizeLinear", shape, TensorProto.FLOAT, elem, axis, block, inits), x, exact=True)
+    check(one_node("QuantizeLinear", shape, TensorProto.FLOAT, elem, axis, block, inits, **attrs), x, exact=True)
 
 
 @drawn_cases
@@ -124,14 +125,18 @@ def test_a_qdq_convolution_matches_onnxruntime():
 
 
 def test_quantize_refusals():
-    """A per-axis scale of the wrong length, a blocked one of the wrong shape, and float x for DequantizeLinear are
-    clear errors."""
+    """A per-axis scale of the wrong length, a blocked one of the wrong shape, and an output_dtype other than the
+    zero point's type are clear errors."""
     with pytest.raises(OnnxImportError, match=r"the scale of shape \[3\] must be a scalar or have shape \[4\]"):
         tg.from_onnx(one_node("QuantizeLinear", [2, 4], TensorProto.FLOAT, TensorProto.UINT8, 1, 0,
                               {"scale": np.ones(3, np.float32)}))
     with pytest.raises(OnnxImportError, match=r"must have shape \[2, 2\] \(blocks of 3 along axis 1\)"):
         tg.from_onnx(one_node("QuantizeLinear", [2, 4], TensorProto.FLOAT, TensorProto.UINT8, 1, 3,
                               {"scale": np.ones((2, 1), np.float32)}))
+    with pytest.raises(OnnxImportError, match="output_dtype i16 differs from the zero point's type u8"):
+        tg.from_onnx(one_node("QuantizeLinear", [2, 4], TensorProto.FLOAT, TensorProto.UINT8, 1, 0,
+                              {"scale": np.ones((), np.float32), "zero": np.zeros((), np.uint8)},
+                              output_dtype=TensorProto.INT16))
 
 
 FOUR_BIT = {TensorProto.INT4: (-8, 7), TensorProto.UINT4: (0, 15)}

@@ -25,7 +25,7 @@ from .activations import round_half_to_even
 from .elementwise import cast_to
 from .errors import OnnxImportError
 from .nn import WINDOW_ATTRS, window
-from .node import FourBitTensor, Node, converts
+from .node import FourBitTensor, Node, converts, dtype_of
 
 QUANTIZED = ("i8", "u8")     # the 8-bit types the integer operators take
 
@@ -88,25 +88,31 @@ def dequantize_linear(node: Node) -> list:
 
 @converts("QuantizeLinear", attrs=("axis", "block_size", "output_dtype", "saturate", "precision"))
 def quantize_linear(node: Node) -> list:
-    """QuantizeLinear: round(x / scale) (halves to even) + zero_point, saturated to the zero point's integer type
-    (uint8 without one), computed in f32 (f64 for f64 x); to an 8-bit float zero point's type (a constant 0),
-    x / scale converted as Cast converts (`saturate`)."""
+    """QuantizeLinear: round(x / scale) (halves to even) + zero_point, saturated to the output type: the zero
+    point's, or output_dtype's (opset 21), uint8 without either; computed in f32 (f64 for f64 x). To an 8-bit
+    float (its zero point a constant 0), x / scale converted as Cast converts (`saturate`)."""
     x = node.input(0)
     if not x.dtype.is_float:
         raise node.error(f"data type {x.dtype.name} is not supported for x (floats)")
-    if node.attr("output_dtype", 0) or node.attr("precision", 0):
-        raise node.error("output_dtype and precision are not supported (the output has the zero point's type)")
+    if node.attr("precision", 0):
+        raise node.error("precision is not supported (x / scale is computed in f32, or f64 for f64 x)")
     scale, zero = _parameters(node, x)
-    out = "uint8" if zero is None else zero.dtype.name
-    if not (zero is None or zero.dtype.is_integer or zero.dtype.bits == 8):
-        raise node.error(f"data type {out} is not supported for the zero point (integers, 8-bit floats)")
+    out = as_dtype("uint8") if zero is None else zero.dtype
+    if node.attr("output_dtype", 0):
+        named = as_dtype(dtype_of(node.attr("output_dtype"), f"node {node.name!r} (QuantizeLinear) 'output_dtype'"))
+        if zero is not None and named != out:
+            raise node.error(f"output_dtype {named.name} differs from the zero point's type {out.name}",
+                             OnnxImportError)
+        out = named
+    if not (out.is_integer or out.bits == 8):
+        raise node.error(f"data type {out.name} is not supported for the output (integers, 8-bit floats)")
     wide = "float64" if x.dtype.name == "f64" else "float32"
     quotient = ops.div(ops.cast(x, wide), ops.cast(scale, wide))
-    if zero is not None and zero.dtype.is_float:
-        if np.any(node.const(2) != 0):      # the operator's definition: none is added
+    if out.is_float:
+        if zero is not None and np.any(node.const(2) != 0):      # the operator's definition: none is added
             raise node.error("an 8-bit float zero point must be 0", OnnxImportError)
-        return [cast_to(quotient, zero.dtype, node.flag("saturate", 1))]
-    return [_saturated(quotient, zero, out)]
+        return [cast_to(quotient, out, node.flag("saturate", 1))]
+    return [_saturated(quotient, zero, out.name)]
 
 
 def _saturated(q, zero, out: str):
