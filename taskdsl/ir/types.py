@@ -166,7 +166,7 @@ _NUMPY_NAMES = {"f16": "float16", "bf16": "uint16", "f8e4m3": "uint8", "f8e5m2":
 ALL_DTYPES = (f16, bf16, f8e4m3, f8e5m2, f32, f64, i8, i16, i32, i64, u8, u16, u32, u64, boolean)
 # the types numpy holds as ml_dtypes' types, and their names there (the kernels get their bits)
 ML_DTYPES_NAMES = {"bf16": "bfloat16", "f8e4m3": "float8_e4m3fn", "f8e5m2": "float8_e5m2"}
-_BY_ML_DTYPES_NAME = {name: t for t in ALL_DTYPES for key, name in ML_DTYPES_NAMES.items() if t.name == key}
+_BY_ML_DTYPES_NAME = {ML_DTYPES_NAMES[t.name]: t for t in ALL_DTYPES if t.name in ML_DTYPES_NAMES}
 
 
 def is_float_dtype(dtype: np.dtype) -> bool:
