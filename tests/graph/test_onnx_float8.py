@@ -6,7 +6,8 @@ The oracle is onnx's reference evaluator (ml_dtypes' conversions, clipped where 
 the conversion saturates: without saturation onnxruntime 1.32 gives E4M3's 448 for 480 (NaN for 470 and for 500)
 and E5M2's NaN for 61440 (the operator's table: inf). onnxruntime returns no E5M2 array, so its E5M2 results are
 compared after the cast back.
-Every kernel the tests launch is also compiled for CUDA by NVRTC (tests/conftest.py)."""
+Every kernel the tests launch is also compiled for CUDA by NVRTC (tests/conftest.py), and runs on a GPU in the @gpu
+twins."""
 import ml_dtypes
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from . import make_model, run_onnxruntime
 
 pytest.importorskip("onnxruntime")
 
+GPU_TWINS = True   # each test also runs as a @gpu twin on the cuda target (conftest.py)
 FORMATS = {TensorProto.FLOAT8E4M3FN: "f8e4m3", TensorProto.FLOAT8E5M2: "f8e5m2"}
 SOURCES = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16}
 # the formats' values, their midpoints (ties), the largest's neighbourhood, and far past it
