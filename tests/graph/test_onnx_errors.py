@@ -55,9 +55,9 @@ def test_flag_attributes_must_be_0_or_1(op_type, attr, out_shape):
 
 
 def test_unsupported_dtype_and_opset():
-    with pytest.raises(UnsupportedOnnxError, match="data type FLOAT8E4M3FN is not supported"):
-        tg.from_onnx(make_model([n("Cast", ["x"], ["y"], to=TensorProto.FLOAT)], [("x", [2], TensorProto.FLOAT8E4M3FN)],
-                                [("y", [2])]))
+    with pytest.raises(UnsupportedOnnxError, match="data type FLOAT8E4M3FNUZ is not supported"):
+        tg.from_onnx(make_model([n("Cast", ["x"], ["y"], to=TensorProto.FLOAT)],
+                                [("x", [2], TensorProto.FLOAT8E4M3FNUZ)], [("y", [2])]))
     with pytest.raises(UnsupportedOnnxError, match="opset 29 is not supported.*version_converter"):
         tg.from_onnx(unchecked_model(n("Relu", ["x"], ["y"]), opset=29))
 
