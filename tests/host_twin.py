@@ -3,7 +3,7 @@
 With the variable set, `tests/conftest.py` hands each cpu kernel call to `HostTwins.call`: the arguments are
 copied before the cpu kernel runs, the kernel's CUDA source runs on the copies through `cuda_on_host.py`, and
 every array must then hold what the cpu kernel left in it (integers and booleans exactly; floats within RTOL,
-or SCALE of the array's largest magnitude; 16-bit floats within two ulps; NaN where NaN). The whole suite
+or SCALE of the array's largest magnitude; 16- and 8-bit floats within two ulps; NaN where NaN). The whole suite
 becomes a search for CUDA code-generator bugs that NVRTC (which only compiles) and the simulated GPU (which
 runs the cpu's kernels) cannot see, without a GPU.
 
@@ -42,8 +42,8 @@ _ATOMICS = re.compile(r"\batomic[A-Z]\w*\s*\(|\btd_atomic_rmw\b")
 # where the host's -O0 code rounds twice: a sum that cancels (a matmul's output near 0) differs by more than RTOL
 # of itself, so the absolute tolerance is SCALE of the array's largest magnitude. A wrong index is off by far more.
 RTOL, ATOL, SCALE = 1e-4, 1e-6, 1e-5
-# two ulps: one rounding of an f32 result
-RTOL_16_BITS = {"f16": 2 * 2.0 ** -10, "bf16": 2 * 2.0 ** -7, "f8e4m3": 2 * 2.0 ** -3, "f8e5m2": 2 * 2.0 ** -2}
+# the 16- and 8-bit floats: two ulps (one rounding of an f32 result)
+RTOL_NARROW = {"f16": 2 * 2.0 ** -10, "bf16": 2 * 2.0 ** -7, "f8e4m3": 2 * 2.0 ** -3, "f8e5m2": 2 * 2.0 ** -2}
 
 
 _UNSPECIFIED: dict = {}     # argument index -> mask of its elements the calls under `unspecified` leave open
@@ -150,11 +150,11 @@ def _assert_same(what: str, dtype: str, cpu: np.ndarray, host: np.ndarray) -> No
     """The host run's array `host` holds what the cpu kernel left in `cpu` (`dtype`: the parameter's type)."""
     message = f"{what}: the CUDA source on the host differs from the cpu kernel"
     cpu, host = np.asarray(cpu), np.asarray(host)       # masked arrays and other subclasses by their memory
-    if dtype in RTOL_16_BITS or cpu.dtype.kind == "f":
-        host, cpu = (_values(host, dtype), _values(cpu, dtype)) if dtype in RTOL_16_BITS else (host, cpu)
+    if dtype in RTOL_NARROW or cpu.dtype.kind == "f":
+        host, cpu = (_values(host, dtype), _values(cpu, dtype)) if dtype in RTOL_NARROW else (host, cpu)
         finite = np.abs(cpu[np.isfinite(cpu)])
         atol = ATOL + SCALE * float(finite.max(initial=0.0))
-        np.testing.assert_allclose(host, cpu, rtol=RTOL_16_BITS.get(dtype, RTOL), atol=atol, equal_nan=True,
+        np.testing.assert_allclose(host, cpu, rtol=RTOL_NARROW.get(dtype, RTOL), atol=atol, equal_nan=True,
                                    err_msg=message)
     else:
         np.testing.assert_array_equal(host, cpu, err_msg=message)
