@@ -45,6 +45,16 @@ from . import ptx_on_host
 # an unspecified value) throws out of the SIGFPE handler and stops the launch with an error.
 FLAGS = ("-std=c++17", "-O0", "-fPIC", "-fwrapv", "-fnon-call-exceptions", "-w")
 
+FP8_VALUE = r"""// an 8-bit float's bits (format: mantissa bits, bias, largest finite value) as a float; the
+// kernels' shim and the runtime's mma.sync both read them
+inline float td_host_fp8_value(unsigned char bits, int mant, int bias, double largest) {
+  int exp = (bits & 0x7f) >> mant, m = bits & ((1 << mant) - 1);
+  double magnitude = exp == 0 ? __builtin_ldexp(m, 1 - bias - mant)
+                              : __builtin_ldexp((1 << mant) | m, exp - bias - mant);
+  if (magnitude > largest) magnitude = m == 0 ? __builtin_inf() : __builtin_nan("");     // E5M2's inf, NaNs
+  return (float)(bits & 0x80 ? -magnitude : magnitude); }
+"""
+
 KERNEL_SHIM = r"""// CUDA names on the host (tests/cuda_on_host.py): no header, so a kernel compiles fast
 #define __global__
 #define __device__
@@ -149,13 +159,7 @@ inline unsigned char td_host_fp8_bits(double x, int mant, int bias, double large
   if (units < (1 << mant)) return sign | units;
   if (units == (2 << mant)) { units >>= 1; unit += 1; }
   return sign | ((unit + mant + bias) << mant) | (units - (1 << mant)); }
-inline float td_host_fp8_value(unsigned char bits, int mant, int bias, double largest) {
-  int exp = (bits & 0x7f) >> mant, m = bits & ((1 << mant) - 1);
-  double magnitude = exp == 0 ? __builtin_ldexp(m, 1 - bias - mant)
-                              : __builtin_ldexp((1 << mant) | m, exp - bias - mant);
-  if (magnitude > largest) magnitude = m == 0 ? __builtin_inf() : __builtin_nan("");     // E5M2's inf, NaNs
-  return (float)(bits & 0x80 ? -magnitude : magnitude); }
-template <int MANT, int BIAS, int LARGEST> struct td_host_fp8 {
+""" + FP8_VALUE + r"""template <int MANT, int BIAS, int LARGEST> struct td_host_fp8 {
   unsigned char __x;
   td_host_fp8() = default;
   explicit td_host_fp8(double d) : __x(td_host_fp8_bits(d, MANT, BIAS, LARGEST)) {}
@@ -455,7 +459,7 @@ extern "C" int td_host_run(const unsigned* grid, const unsigned* block, void (*e
   message[size - 1] = 0;
   return 1;
 }
-""" + ptx_on_host.RUNTIME
+""" + FP8_VALUE + ptx_on_host.RUNTIME
 
 _HALF_HEADERS = re.compile(r"#include <cuda_(fp16|bf16|fp8)\.h>")
 _SIGNATURE = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(([^)]*)\)')

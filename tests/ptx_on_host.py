@@ -4,10 +4,11 @@
 emulation (`RUNTIME`, compiled into cuda_on_host's runtime), operand by operand as the instruction's template
 names them, so a wrong operand order in the generator is run as written, not as meant:
 
-- `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}`: the warp's 32 lanes hand in their fragments (a warp
-  exchange: every lane must be there); A (16x16) and B (16x8) are rebuilt by the PTX ISA's fragment layouts and
-  A B summed in double (the first lane there does it for the warp), and each lane adds its C to its four
-  elements of D, rounded once to f32;
+- `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}` and `m16n8k32.row.col.f32.{e4m3,e5m2}` (the two mixed
+  too) or `.s32.{s8,u8}`: the warp's 32 lanes hand in their fragments (a warp exchange: every lane must be
+  there); A (16xK) and B (Kx8) are rebuilt by the PTX ISA's fragment layouts and A B summed in double (exact:
+  the products of these types and their sums over K), by the first lane there for the warp, and each lane adds
+  its C to its four elements of D, rounded once to f32 (wrapped to s32);
 - `ldmatrix.sync.aligned.m8n8.x{1,2,4}[.trans].shared.b16`: lanes 8j..8j+7 hand in the row addresses of
   matrix j; each lane gathers its elements (of the transpose with .trans);
 - `cp.async.{ca,cg}.shared.global` with `commit_group` and `wait_group N`: each thread queues its copies, and a
@@ -25,7 +26,8 @@ import functools
 import re
 
 SHIM = r"""// inline PTX on the host (tests/ptx_on_host.py)
-extern "C" void td_host_mma_m16n8k16(int bf16, const unsigned* a, const unsigned* b, const float* c, float* d);
+extern "C" void td_host_mma(int k, int a_type, int b_type, const unsigned* a, const unsigned* b, const void* c,
+                            void* d);
 extern "C" void td_host_ldmatrix(int num, int trans, const void* address, unsigned* out);
 extern "C" void td_host_cp_async(void* dst, const void* src, int size, int src_size, int cache_global);
 extern "C" void td_host_cp_async_commit();
@@ -49,12 +51,17 @@ void check_aligned(const void* address, int bytes, const char* what) {
     throw std::runtime_error(std::string(what) + ": an address not aligned to " + std::to_string(bytes) + " bytes");
 }
 
-float b16_to_float(unsigned short bits, int bf16) {
-  if (bf16) return __builtin_bit_cast(float, (unsigned)bits << 16);
-  return (float)__builtin_bit_cast(_Float16, bits);
+// An operand element of PTX type `type` (OPERAND_TYPES' index) with bits `bits`, as a double (exactly).
+double operand_value(unsigned bits, int type) {
+  switch (type) {
+    case 0: return (double)__builtin_bit_cast(_Float16, (unsigned short)bits);
+    case 1: return __builtin_bit_cast(float, bits << 16);
+    case 2: return td_host_fp8_value(bits, 3, 7, 448);
+    case 3: return td_host_fp8_value(bits, 2, 15, 57344);
+    case 4: return (signed char)bits;
+    default: return (unsigned char)bits;
+  }
 }
-
-unsigned short half_of(unsigned word, int r) { return (unsigned short)(r % 2 ? word >> 16 : word & 0xffffu); }
 
 struct Copy { unsigned char* dst; const unsigned char* src; int size, src_size; };
 struct Copies {                          // a thread's cp.async state
@@ -75,35 +82,47 @@ void begin_ptx_block(int threads) {      // cuda_on_host's td_host_run, before e
   products.assign((threads + 31) / 32, Product());
 }
 
-// mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.f32: D = A B + C over the warp. groupID = lane >> 2 and
-// threadID_in_group = lane % 4; half r of a lane's A registers is A[groupID + 8 * (r / 2 % 2), 2 * tig + r % 2 +
-// 8 * (r / 4)], of its B registers B[2 * tig + r % 2 + 8 * (r / 2), groupID]; its C and D element r is
-// [groupID + 8 * (r / 2), 2 * tig + r % 2].
-extern "C" void td_host_mma_m16n8k16(int bf16, const unsigned* a, const unsigned* b, const float* c, float* d) {
+// mma.sync.aligned.m16n8k{k}.row.col: D = A B + C over the warp, for operands of `per` = k / 8 elements a 32-bit
+// register (16 or 8 bits, the first in the low bits). groupID = lane >> 2 and threadID_in_group = lane % 4;
+// element e of a lane's A register q is A[groupID + 8 * (q % 2), per * tig + e + k / 2 * (q / 2)], of its B
+// register q B[per * tig + e + k / 2 * q, groupID]; its C and D element r is [groupID + 8 * (r / 2), 2 * tig + r % 2].
+// Integer operands (s8, u8) accumulate in s32 (wrapping), the others in f32.
+extern "C" void td_host_mma(int k, int a_type, int b_type, const unsigned* a, const unsigned* b, const void* c,
+                            void* d) {
   struct Fragments { unsigned a[4], b[2]; } mine, all[32];
   std::memcpy(mine.a, a, sizeof mine.a);
   std::memcpy(mine.b, b, sizeof mine.b);
-  warp_exchange(1 + bf16, "mma.sync", &mine, sizeof mine, all);
+  warp_exchange(64 + 8 * a_type + b_type, "mma.sync", &mine, sizeof mine, all);
   Product& p = products[me().warp];
+  int per = k / 8, bits = 32 / per;
   if (p.exchange != me().exchanges) {     // the warp's first lane here computes A B for all (fibers take turns)
     p.exchange = me().exchanges;
-    float A[16][16], B[16][8];
+    double A[16][32], B[32][8];
+    auto element = [&](unsigned word, int e) { return word >> (bits * e) & ((1u << bits) - 1); };
     for (int lane = 0; lane < 32; ++lane) {
       int group = lane >> 2, tig = lane % 4;
-      for (int r = 0; r < 8; ++r)
-        A[group + 8 * (r / 2 % 2)][2 * tig + r % 2 + 8 * (r / 4)] = b16_to_float(half_of(all[lane].a[r / 2], r), bf16);
-      for (int r = 0; r < 4; ++r)
-        B[2 * tig + r % 2 + 8 * (r / 2)][group] = b16_to_float(half_of(all[lane].b[r / 2], r), bf16);
+      for (int e = 0; e < per; ++e) {
+        for (int q = 0; q < 4; ++q)
+          A[group + 8 * (q % 2)][per * tig + e + k / 2 * (q / 2)] = operand_value(element(all[lane].a[q], e), a_type);
+        for (int q = 0; q < 2; ++q)
+          B[per * tig + e + k / 2 * q][group] = operand_value(element(all[lane].b[q], e), b_type);
+      }
     }
     for (int row = 0; row < 16; ++row)
       for (int col = 0; col < 8; ++col) {
         double sum = 0;
-        for (int k = 0; k < 16; ++k) sum += (double)A[row][k] * B[k][col];    // products of 16-bit floats: exact
+        for (int kk = 0; kk < k; ++kk) sum += A[row][kk] * B[kk][col];    // exact for these operand types
         p.ab[row][col] = sum;
       }
   }
   int group = me().lane >> 2, tig = me().lane % 4;
-  for (int r = 0; r < 4; ++r) d[r] = (float)(c[r] + p.ab[group + 8 * (r / 2)][2 * tig + r % 2]);
+  for (int r = 0; r < 4; ++r) {
+    double ab = p.ab[group + 8 * (r / 2)][2 * tig + r % 2];
+    if (a_type >= 4)       // s32: wraps, as the GPU's does without .satfinite
+      ((int*)d)[r] = (int)(unsigned)((long long)((const int*)c)[r] + (long long)ab);
+    else
+      ((float*)d)[r] = (float)(((const float*)c)[r] + ab);
+  }
 }
 
 // ldmatrix.sync.aligned.m8n8.x{num}[.trans].shared.b16: lanes 8j..8j+7 give the (16-byte aligned) row addresses
@@ -169,7 +188,12 @@ _STRING = re.compile(r'"((?:[^"\\]|\\.)*)"')
 _OPERAND = re.compile(r'\s*"([^"]*)"\s*\((.*)\)\s*', re.S)
 _SHARED_ADDRESS = re.compile(r"\(unsigned\)__cvta_generic_to_shared\((.*)\)", re.S)
 _GLOBAL_ADDRESS = re.compile(r"__cvta_generic_to_global\((.*)\)", re.S)
-_MMA = re.compile(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.(f16|bf16)\.\1\.f32")
+_MMA = re.compile(r"mma\.sync\.aligned\.m16n8k(16|32)\.row\.col\.(f32|s32)\.(\w+)\.(\w+)\.\2")
+OPERAND_TYPES = ("f16", "bf16", "e4m3", "e5m2", "s8", "u8")      # operand_value's codes
+# the operand pairs of each mma shape, and their accumulator's type
+MMA_KINDS = {("16", "f32"): (("f16", "f16"), ("bf16", "bf16")),
+             ("32", "f32"): tuple((a, b) for a in ("e4m3", "e5m2") for b in ("e4m3", "e5m2")),
+             ("32", "s32"): tuple((a, b) for a in ("s8", "u8") for b in ("s8", "u8"))}
 _LDMATRIX = re.compile(r"ldmatrix\.sync\.aligned\.m8n8\.x([124])(\.trans)?\.shared\.b16")
 _CP_ASYNC = re.compile(r"cp\.async\.(ca|cg)\.shared\.global")
 _WAIT = re.compile(r"cp\.async\.wait_group")
@@ -230,13 +254,14 @@ def _emulation(body: str) -> str:
     operands = [_operand(text) for section in sections[1:3] for text in _split(section, ",") if text.strip()]
     mnemonic, _, rest = template.partition(" ")
     args = [_argument(text.strip(), operands) for text in _split(rest, ",") if text.strip()]
-    if match := _MMA.fullmatch(mnemonic):
+    if (match := _MMA.fullmatch(mnemonic)) and match.group(3, 4) in MMA_KINDS.get(match.group(1, 2), ()):
         d, a, b, c = args
+        acc, kind = ("float", "f") if match[2] == "f32" else ("int", "r")
         return (f"{{ const unsigned td_host_a[4] = {{{', '.join(_values(a, 'r'))}}}; "
                 f"const unsigned td_host_b[2] = {{{', '.join(_values(b, 'r'))}}}; "
-                f"const float td_host_c[4] = {{{', '.join(_values(c, 'f'))}}}; float td_host_d[4]; "
-                f"td_host_mma_m16n8k16({int(match[1] == 'bf16')}, td_host_a, td_host_b, td_host_c, td_host_d); "
-                + _assign(d, "td_host_d", "f") + " }")
+                f"const {acc} td_host_c[4] = {{{', '.join(_values(c, kind))}}}; {acc} td_host_d[4]; "
+                f"td_host_mma({match[1]}, {OPERAND_TYPES.index(match[3])}, {OPERAND_TYPES.index(match[4])}, "
+                f"td_host_a, td_host_b, td_host_c, td_host_d); " + _assign(d, "td_host_d", kind) + " }")
     if match := _LDMATRIX.fullmatch(mnemonic):
         num = int(match[1])
         outputs, (_, address) = args

@@ -1,7 +1,7 @@
 """The host's inline PTX (tests/ptx_on_host.py) and shared memory (tests/cuda_on_host.py) fail what a GPU would.
 
-The emulation's meaning is checked elsewhere against numpy models of the PTX ISA (test_tensor_core.py's host
-twins) and the tensor-core template (test_matmul_tc.py). Here: it runs an asm statement's operands as the
+The emulation's meaning is checked elsewhere against numpy models of the PTX ISA (test_tensor_core.py's and
+test_tensor_core_8bit.py's host twins) and the tensor-core template (test_matmul_tc.py). Here: it runs an asm statement's operands as the
 template names them, not as the generator meant them; a warp-wide instruction needs the warp's 32 lanes, at the
 same instruction; addresses must be aligned and inside a shared array; a copy lands only at the wait that
 retires it; shared memory starts poisoned, and the order threads run in exposes a missing barrier.
@@ -11,11 +11,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from taskdsl import f16
+from taskdsl import f16, i8, u8
 
+from . import test_tensor_core as k16
+from . import test_tensor_core_8bit as k32
 from .cuda_on_host import UnsupportedSource, host_compiler, run_source
 from .ptx_on_host import Unsupported, translate
-from .test_tensor_core import a_position, b_position, c_position, layout_table, mma_kernel
 
 pytestmark = pytest.mark.skipif(host_compiler() is None,
                                 reason="no host C++ compiler ($CXX, g++ or clang++) to run CUDA sources on the host")
@@ -33,18 +34,28 @@ TILE = "  __shared__ __align__(16) __half s[64];\n  s[threadIdx.x % 64] = (__hal
 
 
 # --------------------------------------------------------------------------- operands as written
-def test_an_mma_runs_its_operands_in_the_templates_order():
+def _mma_case(k: int, rng) -> tuple:
+    """(kernel, A, B, C, layout tables, A B in f64) of test_tensor_core's (k 16, f16) or test_tensor_core_8bit's
+    (k 32, s8 by u8) one-mma kernel."""
+    if k == 16:
+        a, b = (rng.standard_normal((1, 16, n)).astype(np.float16) for n in (16, 8))
+        tables = [k16.layout_table(k16.a_position, 8), k16.layout_table(k16.b_position, 4),
+                  k16.layout_table(k16.c_position, 4)]
+        return k16.mma_kernel(f16), a, b, np.zeros((1, 16, 8), np.float32), tables, a.astype(np.float64) @ b
+    a, b = k32.random_operand(rng, i8, (1, 16, 32)), k32.random_operand(rng, u8, (1, 32, 8))
+    c = np.zeros((1, 16, 8), np.int32)
+    return k32.mma_kernel(i8, u8), a, b, c, k32.TABLES, k32.expected_product(a, b, c)
+
+
+@pytest.mark.parametrize("k", [16, 32])
+def test_an_mma_runs_its_operands_in_the_templates_order(k):
     """The mma kernel's CUDA source as generated matches numpy; with the template's A and B register lists
     swapped (a generator bug NVRTC would accept) it no longer does."""
-    rng = np.random.default_rng(1)
-    a, b = (rng.standard_normal((1, 16, n)).astype(np.float16) for n in (16, 8))
-    kernel = mma_kernel(f16)
-    want = a.astype(np.float64) @ b.astype(np.float64)
+    kernel, a, b, c0, tables, want = _mma_case(k, np.random.default_rng(1))
     results = []
     for swap in (False, True):
-        c = np.zeros((1, 16, 8), np.float32)
-        args = kernel.arguments((a, b, c, layout_table(a_position, 8), layout_table(b_position, 4),
-                                 layout_table(c_position, 4)), {})
+        c = c0.copy()
+        args = kernel.arguments((a, b, c, *tables), {})
         source = kernel.source(*args, target="cuda")
         if swap:
             assert source.count("{%4, %5, %6, %7}, {%8, %9}") == 1
@@ -93,6 +104,12 @@ def test_inline_ptx_without_an_emulation_is_refused():
         translate('asm volatile("prefetch.global.L2 [%0];" :: "l"(&X[1]));')
     assert translate('asm volatile("prefetch.global.L2 [%0];" :: "l"(__cvta_generic_to_global(&X[i + 1])));') == \
         "{ (void)((const void*)(&X[i + 1])); }"     # a hint: nothing to run
+    for types in ("f32.s8.s8.f32", "s32.e4m3.e4m3.s32", "f32.e4m3.s8.f32"):     # no such instruction
+        with pytest.raises(Unsupported, match=f"inline PTX 'mma.sync.aligned.m16n8k32.row.col.{types}"):
+            translate(f'asm volatile("mma.sync.aligned.m16n8k32.row.col.{types} {{%0, %1, %2, %3}}, '
+                      '{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};" : '
+                      + ", ".join(f'"+f"(c[{r}])' for r in range(4)) + " : "
+                      + ", ".join(f'"r"(a[{r}])' for r in range(6)) + ");")
     with pytest.raises(UnsupportedSource, match="inline PTX 'membar.gl'"):
         run('  asm volatile("membar.gl;" ::: "memory");', "int* __restrict__ OUT", [np.zeros(1, np.int32)])
 

@@ -559,7 +559,7 @@ def syncwarp_divergent(X: f32[32]):
     (mma_partial_warp, "E_PARTIAL", "needs whole warps, but the block has 48 threads"),
     (ldmatrix_from_global, "E_LDM_GLOBAL", "the ldmatrix source must be in shared memory; 'X' is global"),
     (ldmatrix_bad_size, "E_LDM_SIZE", "must be a fragment of 2 or 4 or 8 elements, got 6"),
-    (ldmatrix_f32, "E_LDM_DTYPE", "ldmatrix loads 16-bit elements"),
+    (ldmatrix_f32, "E_LDM_DTYPE", "ldmatrix loads 16-bit or 8-bit elements"),
     (ldmatrix_runtime_trans, "E_LDM_TRANS", "trans= must be True or False"),
     (cp_async_to_global, "E_CP_DST", "the cp_async destination must be in shared memory; 'Y' is global"),
     (cp_async_from_shared, "E_CP_SRC", "the cp_async source must be in global memory; 't' is shared"),

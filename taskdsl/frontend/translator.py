@@ -1197,11 +1197,22 @@ class FunctionTranslator:
         return value
 
     def mma_m16n8k16_call(self, node: ast.Call, kwargs: dict) -> ir.Mma:
+        return self.mma_call(node, kwargs, 16, ((T.f16,), (T.bf16,)))
+
+    def mma_m16n8k32_call(self, node: ast.Call, kwargs: dict) -> ir.Mma:
+        # PTX pairs either 8-bit integer type with either, and either 8-bit float with either
+        return self.mma_call(node, kwargs, 32, ((T.i8, T.u8), (T.f8e4m3, T.f8e5m2)))
+
+    def mma_call(self, node: ast.Call, kwargs: dict, k: int, kinds: tuple) -> ir.Mma:
+        """td.mma_m16n8k{k}(a, b, c): a and b of one of `kinds` (tuples of types that mix), c f32 (i32 for
+        integer operands)."""
         if len(node.args) != 3 or kwargs:
-            raise self.error(node, "td.mma_m16n8k16(a, b, c) takes three register fragments")
-        a, _ = self.fragment(node.args[0], "the a fragment", (8,), (T.f16, T.bf16))
-        b, _ = self.fragment(node.args[1], "the b fragment", (4,), (a.dtype,))
-        c, _ = self.fragment(node.args[2], "the c fragment", (4,), (T.f32,))
+            raise self.error(node, f"td.mma_m16n8k{k}(a, b, c) takes three register fragments")
+        per_register = k // 8            # operand elements in a 32-bit register
+        a, _ = self.fragment(node.args[0], "the a fragment", (4 * per_register,), sum(kinds, ()))
+        kind = next(kind for kind in kinds if a.dtype in kind)
+        b, _ = self.fragment(node.args[1], "the b fragment", (2 * per_register,), kind)
+        c, _ = self.fragment(node.args[2], "the c fragment", (4,), (T.f32 if a.dtype.is_float else T.i32,))
         return ir.Mma(a, b, c, self.loc(node))
 
     def ldmatrix_call(self, node: ast.Call, kwargs: dict) -> ir.LdMatrix:
@@ -1209,14 +1220,20 @@ class FunctionTranslator:
             raise self.error(node, "td.ldmatrix(frag, smem[row, col], trans=False) takes a register fragment and "
                                    "a shared-memory element")
         src = self.buffer_ref(node.args[1], "the ldmatrix source", "shared")
-        if src.dtype.bits != 16:
-            raise self.error(node.args[1], f"ldmatrix loads 16-bit elements; '{src.buffer.name}' holds "
+        if src.dtype.bits not in (8, 16):
+            raise self.error(node.args[1], f"ldmatrix loads 16-bit or 8-bit elements; '{src.buffer.name}' holds "
                                            f"{src.dtype.name}")
-        frag, size = self.fragment(node.args[0], "the ldmatrix fragment", (2, 4, 8), (src.dtype,))
+        per_register = 32 // src.dtype.bits
+        frag, size = self.fragment(node.args[0], "the ldmatrix fragment", tuple(n * per_register for n in (1, 2, 4)),
+                                   (src.dtype,))
         trans = self.expr(kwargs["trans"]) if "trans" in kwargs else False
         if not isinstance(trans, bool):
             raise self.error(kwargs["trans"], "trans= must be True or False, known at compile time")
-        return ir.LdMatrix(frag, src, size // 2, trans, self.loc(node))
+        if trans and src.dtype.bits == 8:
+            raise self.error(node, "ldmatrix's trans= transposes 16-bit elements, not 8-bit ones",
+                             "Store the 8-bit tile transposed in shared memory instead (an mma_m16n8k32 takes B "
+                             "k-major: its rows are B's columns).")
+        return ir.LdMatrix(frag, src, size // per_register, trans, self.loc(node))
 
     def cp_async_call(self, node: ast.Call, kwargs: dict) -> ir.CpAsync:
         if len(node.args) != 3 or set(kwargs) - {"pred"}:

@@ -134,17 +134,23 @@ class SyncWarp(Stmt):
 
 @dataclass(frozen=True, eq=False)
 class Mma(Stmt):
-    """Warp-wide `c += a @ b` on m16n8k16 tensor-core fragments (`Ref`s to register arrays)."""
+    """Warp-wide `c += a @ b` on tensor-core fragments (`Ref`s to register arrays): m16n8k16 for 16-bit operands,
+    m16n8k32 for 8-bit ones; either way a lane holds four 32-bit registers of a, two of b and four elements of c."""
 
     a: Expr
     b: Expr
     c: Expr
     loc: SourceLoc | None = None
 
+    @property
+    def k(self) -> int:
+        """The depth of the product: 16 for 16-bit operands, 32 for 8-bit ones."""
+        return 256 // self.a.dtype.bits
+
 
 @dataclass(frozen=True, eq=False)
 class LdMatrix(Stmt):
-    """Warp-wide load of `num` 8x8 b16 matrices from shared memory into the fragment `frag`.
+    """Warp-wide load of `num` 8x8 b16 matrices (8 rows of 16 bytes) from shared memory into the fragment `frag`.
 
     Lane 8j + r gives in `src` the address of row r of matrix j; see `passes/emulate_tensor_cores.py`.
     """

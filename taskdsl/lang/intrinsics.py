@@ -106,7 +106,7 @@ WARP_OPS = {name: Intrinsic(name, "warp") for name in ("shfl_xor", "shfl_down", 
 syncwarp = Intrinsic("syncwarp", "barrier")
 # Tensor-core fragments and asynchronous global -> shared copies (sm_80+); see docs/dsl-reference.md.
 TENSOR_OPS = {name: Intrinsic(name, "tensor") for name in
-              ("mma_m16n8k16", "ldmatrix", "cp_async", "cp_async_commit", "cp_async_wait")}
+              ("mma_m16n8k16", "mma_m16n8k32", "ldmatrix", "cp_async", "cp_async_commit", "cp_async_wait")}
 
 
 def cdiv(a, b):

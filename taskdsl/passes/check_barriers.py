@@ -17,8 +17,11 @@ def _warp_calls(s: ir.Stmt) -> list:
     return found
 
 
-# Statements every lane of a warp executes together, and their names in the language.
-WARP_STMTS = {ir.SyncWarp: "syncwarp", ir.Mma: "mma_m16n8k16", ir.LdMatrix: "ldmatrix"}
+def _warp_stmt_name(s: ir.Stmt) -> str | None:
+    """The language's name of `s` if every lane of a warp executes it together, else None."""
+    if isinstance(s, ir.Mma):
+        return f"mma_m16n8k{s.k}"
+    return {ir.SyncWarp: "syncwarp", ir.LdMatrix: "ldmatrix"}.get(type(s))
 
 
 def check_barriers(fn: ir.Function) -> ir.Function:
@@ -30,7 +33,7 @@ def check_barriers(fn: ir.Function) -> ir.Function:
         if isinstance(s, ir.SyncThreads) and level > UNIFORM:
             raise DSLError("'syncthreads()' inside a branch or loop that depends on threadIdx", s.loc,
                            "A barrier must be reached by every thread of the block.")
-        name = WARP_STMTS.get(type(s))
+        name = _warp_stmt_name(s)
         if name is not None and level >= THREAD:
             raise DSLError(f"'{name}()' inside a branch or loop that differs between the lanes of a warp", s.loc,
                            "Every lane of a warp must reach it together.")

@@ -63,14 +63,18 @@ template <typename T, typename Op> __device__ __forceinline__ T td_atomic_rmw(T*
   do { assumed = old; T cur; memcpy(&cur, &assumed, sizeof(T)); T next = op(cur, v); U bits;
        memcpy(&bits, &next, sizeof(T)); old = atomicCAS(up, assumed, bits); } while (assumed != old);
   T result; memcpy(&result, &old, sizeof(T)); return result; }""",
-    "td_get_b32": """// Two neighbouring 16-bit elements of a register array (4-byte aligned) as one 32-bit register, the
-// first in the low half (mma, ldmatrix); whole-word copies, not two halves shifted and masked: ptxas then
-// keeps the fragments in 32-bit registers as the instructions use them
+    "td_get_b32": """// Two neighbouring 16-bit elements (four 8-bit ones) of a register array (4-byte aligned) as
+// one 32-bit register, the first in the low bits (mma, ldmatrix); whole-word copies, not halves shifted and
+// masked: ptxas then keeps the fragments in 32-bit registers as the instructions use them
 template <typename T> __device__ __forceinline__ unsigned td_get_b32(const T& first) {
   unsigned r; memcpy(&r, &first, 4); return r; }""",
     "td_set_b32": """template <typename T> __device__ __forceinline__ void td_set_b32(T& first, unsigned r) {
   memcpy(&first, &r, 4); }""",
 }
+
+# PTX's names of the tensor cores' operand and accumulator types
+_PTX_TYPES = {"f16": "f16", "bf16": "bf16", "f8e4m3": "e4m3", "f8e5m2": "e5m2", "i8": "s8", "u8": "u8", "f32": "f32",
+              "i32": "s32"}
 
 _F32_MATH = {"exp": "expf", "exp2": "exp2f", "log": "logf", "log2": "log2f", "sqrt": "sqrtf", "rsqrt": "rsqrtf",
              "sin": "sinf", "cos": "cosf", "tanh": "tanhf", "asin": "asinf", "acos": "acosf", "atan": "atanf",
@@ -228,8 +232,8 @@ class _CudaEmitter:
             else:
                 # 16-byte aligned shared arrays: neighbouring elements a thread reads can become one vector load
                 qualifier = "__shared__ __align__(16) " if b.scope == "shared" else ""
-                if b.scope == "register" and b.dtype.bits == 16:
-                    qualifier = "__align__(4) "     # pairs of elements are read and written as words (td_get_b32)
+                if b.scope == "register" and b.dtype.bits < 32:
+                    qualifier = "__align__(4) "     # fragments are read and written as words (td_get_b32)
                 self.lines.append(f"  {qualifier}{b.dtype.c_name} {self.name(b)}[{size}];")
         for_vars = {f.var.uid for f in self.found[ir.For]}  # declared by their for statement
         local_vars = {a.var.uid: a.var for a in self.found[ir.Assign] if a.var.uid not in for_vars}
@@ -330,23 +334,25 @@ class _CudaEmitter:
         return f"(unsigned)__cvta_generic_to_shared(&{self.element(ref)})"
 
     def mma(self, s: ir.Mma, pad: str) -> None:
-        ab = s.a.dtype.name   # the PTX type names f16 / bf16
+        per = 32 // s.a.dtype.bits     # operand elements in a 32-bit register
+        a, b, c = (_PTX_TYPES[ref.dtype.name] for ref in (s.a, s.b, s.c))
         pairs = [(s.a, r) for r in range(4)] + [(s.b, r) for r in range(2)]
-        inputs = ", ".join(f'"r"(td_get_b32({self.element(f, 2 * r)}))' for f, r in pairs)
-        accumulators = ", ".join(f'"+f"({self.element(s.c, i)})' for i in range(4))
-        self.lines += [f'{pad}asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.{ab}.{ab}.f32 '
+        inputs = ", ".join(f'"r"(td_get_b32({self.element(f, per * r)}))' for f, r in pairs)
+        constraint = "+f" if s.c.dtype.is_float else "+r"
+        accumulators = ", ".join(f'"{constraint}"({self.element(s.c, i)})' for i in range(4))
+        self.lines += [f'{pad}asm volatile("mma.sync.aligned.m16n8k{s.k}.row.col.{c}.{a}.{b}.{c} '
                        '{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"',
                        f"{pad}    : {accumulators}", f"{pad}    : {inputs});"]
 
     def ldmatrix(self, s: ir.LdMatrix, pad: str) -> None:
-        n = s.num
+        n, per = s.num, 32 // s.frag.dtype.bits
         registers = ", ".join(f"%{r}" for r in range(n))
         outputs = ", ".join(f'"=r"(td_r[{r}])' for r in range(n))
         self.lines += [f"{pad}{{", f"{pad}  unsigned td_r[{n}];",
                        f'{pad}  asm volatile("ldmatrix.sync.aligned.m8n8.x{n}{".trans" if s.trans else ""}.shared.b16 '
                        f'{{{registers}}}, [%{n}];"',
                        f'{pad}      : {outputs} : "r"({self.shared_address(s.src)}) : "memory");']
-        self.lines += [f"{pad}  td_set_b32({self.element(s.frag, 2 * r)}, td_r[{r}]);" for r in range(n)]
+        self.lines += [f"{pad}  td_set_b32({self.element(s.frag, per * r)}, td_r[{r}]);" for r in range(n)]
         self.lines.append(f"{pad}}}")
 
     def cp_async(self, s: ir.CpAsync, pad: str) -> None:
