@@ -1,4 +1,5 @@
-"""The tensor-core matmul template: f16/bf16 operands, f32 accumulation, mma.sync m16n8k16.
+"""The tensor-core matmul template: f16/bf16 operands with f32 accumulation (mma.sync m16n8k16), and 8-bit ones
+(m16n8k32: E4M3/E5M2 into f32, s8/u8 into s32).
 
 A block of wm x wn warps computes a BM x BN tile; each warp owns mi x ni mma tiles of
 16 x 8 (a warp tile of 16*mi x 8*ni). The k loop is a `stages`-deep cp.async pipeline:
@@ -27,8 +28,11 @@ caller first copies the operands into rows padded with zeros (`padded_copy_kerne
 may be longer than C's (B (batch, K, NB), C (batch, M, N), NB >= N; the extra columns are
 computed and never stored). Operands are 3-D with the SIMT template's `batch_index` table
 (batch broadcasting) and the same calling convention.
+
+8-bit operands take B k-major, as BT (batch, NB, K) (the instruction reads B's columns as rows, and ldmatrix
+cannot transpose 8-bit elements), and their k tiles are twice as deep: a point's `bk` counts 16-bit columns, so a
+point moves the same bytes and runs the same number of mma steps a k tile for either width.
 """
-from __future__ import annotations
 
 import functools
 
@@ -52,8 +56,16 @@ def tile_shape(p) -> tuple:
     return wm * mi * 16, wn * ni * 8, 32 * wm * wn
 
 
-def check(p, max_smem: int = MAX_SMEM):
-    """Why point `p` cannot run in a block of `max_smem` bytes of shared memory, or None."""
+def operand_tiles(p, bits: int = 16) -> tuple:
+    """The (rows, columns), in elements, of a k tile of A and of B in shared memory, for operands of `bits` bits:
+    B's is (BK, BN), or k-major (BN, BK) for 8-bit operands."""
+    bm, bn, _ = tile_shape(p)
+    bk = p.bk * 16 // bits
+    return (bm, bk), ((bn, bk) if bits == 8 else (bk, bn))
+
+
+def check(p, max_smem: int = MAX_SMEM, bits: int = 16):
+    """Why point `p` cannot run in a block of `max_smem` bytes of shared memory (operands of `bits` bits), or None."""
     bm, bn, threads = tile_shape(p)
     mi, ni = p.warp_tiles
     if ni % 2:
@@ -66,23 +78,24 @@ def check(p, max_smem: int = MAX_SMEM):
         return f"shared memory above {max_smem // 1024} KiB"
     if bm > 256 or bn > 256:
         return "block tile above 256"
-    for vec in (8, 1):      # 16-byte copies, and element loads for unaligned sizes
-        if load_mapping(bm, p.bk // vec, threads) is None or load_mapping(p.bk, bn // vec, threads) is None:
+    for vec in (128 // bits, 1):      # 16-byte copies, and element loads for unaligned sizes
+        if any(load_mapping(rows, cols // vec, threads) is None for rows, cols in operand_tiles(p, bits)):
             return "a tile the threads cannot load evenly"
     return None
 
 
 @functools.cache
-def space(max_smem: int = MAX_SMEM) -> Space:
-    """The hardware-centric space of tensor-core schedules for blocks of up to `max_smem` bytes of shared memory."""
-    return Space("tc_matmul", {
+def space(max_smem: int = MAX_SMEM, bits: int = 16) -> Space:
+    """The hardware-centric space of tensor-core schedules for blocks of up to `max_smem` bytes of shared memory,
+    for operands of `bits` bits (16, or 8)."""
+    return Space("tc_matmul" if bits == 16 else f"tc_matmul_{bits}bit", {
         "warps": ((2, 2), (2, 4), (4, 2), (1, 4)),
         # (1, 2) and (2, 2): block tiles down to 16x64 and 32x32 for outputs of a few 128x64 tiles (ResNet-50's
         # 1x1 convolutions at 14x14 and 7x7), which otherwise fill the SMs only through split-k and its second kernel
         "warp_tiles": ((1, 2), (2, 2), (2, 4), (4, 4), (2, 8), (4, 2), (4, 8)),
         "bk": (32, 64),
         "stages": (2, 3, 4),
-    }, functools.partial(check, max_smem=max_smem))
+    }, functools.partial(check, max_smem=max_smem, bits=bits))
 
 
 DEFAULT = dict(warps=(2, 2), warp_tiles=(4, 4), bk=32, stages=3)          # 128x64 tiles, 128 threads
@@ -112,8 +125,10 @@ PARTS = ("all", "copies", "math", "mma")
 
 
 @functools.cache
-def tc_matmul_kernel(p, dtype, out_dtype, vec: int = 8, parts: str = "all"):
-    """The tensor-core kernel for point `p`; `vec` 8: 16-byte cp.async copies (K, N multiples of 8), 1: loads.
+def tc_matmul_kernel(p, dtype, out_dtype, vec: int = 8, parts: str = "all", b_dtype=None):
+    """The tensor-core kernel for point `p`, A of `dtype` and B of `b_dtype` (default `dtype`; 8-bit types may
+    mix within their kind); `vec` the elements a copy moves: 16 bytes' worth (8 of 16 bits, 16 of 8 bits:
+    cp.async, K and N multiples of it) or 1 (loads).
 
     `parts` other than "all" keeps part of the k loop, to time where its time goes (`bench tc-parts`):
     "copies" the copies, waits and barriers alone (C is zeros), "math" the ldmatrix and mma alone, on
@@ -122,26 +137,41 @@ def tc_matmul_kernel(p, dtype, out_dtype, vec: int = 8, parts: str = "all"):
     """
     if parts not in PARTS:
         raise ValueError(f"parts must be one of {', '.join(PARTS)}, got {parts!r}")
+    b_dtype = b_dtype or dtype
+    if {dtype.bits, b_dtype.bits} not in ({16}, {8}):
+        raise TypeError(f"the tensor-core template takes 16-bit or 8-bit operands of one width, got {dtype.name} and "
+                        f"{b_dtype.name}")
+    bits = dtype.bits
+    chunk = 128 // bits            # elements of a 16-byte copy
+    if vec not in (chunk, 1):
+        raise ValueError(f"vec must be {chunk} (16-byte copies of {dtype.name}) or 1, got {vec}")
     copies, math = parts in ("all", "copies"), parts != "copies"
     streamed = parts != "mma"       # the k loop waits for the copies, and (with math) ldmatrix their tiles
     (wm, wn), (mi, ni) = p.warps, p.warp_tiles
     BM, BN, T = tile_shape(p)
-    BK, STAGES = p.bk, p.stages
-    KS = BK // 16                 # 16-deep k steps a tile: even (the check), so tile kt + 1 starts on fragment set 0
+    (_, BK), b_tile = operand_tiles(p, bits)
+    STAGES = p.stages
+    k_major_b = bits == 8         # B's shared tile (BN, BK), read by ldmatrix without .trans
+    B_DIMS = ("BB", "NB", "K") if k_major_b else ("BB", "K", "NB")
+    STEP = 256 // bits            # the depth of one mma: 16, or 32 for 8-bit operands
+    KS = BK // STEP               # k steps a tile: even (the check), so tile kt + 1 starts on fragment set 0
     B_STEP = min(1, KS - 2)       # the step that copies B's part of the tile ahead
+    per = 32 // bits              # operand elements in a 32-bit register
+    acc_dtype = f32 if dtype.is_float else td.i32
+    mma = td.mma_m16n8k16 if bits == 16 else td.mma_m16n8k32
     a_map, (a_s0, a_s1) = load_mapping(BM, BK // vec, T)      # over 'vec'-element chunks of the tiles
-    b_map, (b_s0, b_s1) = load_mapping(BK, BN // vec, T)
-    name = (f"tc_matmul_{BM}x{BN}x{BK}_w{wm}x{wn}_m{mi}x{ni}_s{STAGES}" + ("" if vec == 8 else "_v1")
+    b_map, (b_s0, b_s1) = load_mapping(b_tile[0], b_tile[1] // vec, T)
+    name = (f"tc_matmul_{BM}x{BN}x{BK}_w{wm}x{wn}_m{mi}x{ni}_s{STAGES}" + ("" if vec > 1 else "_v1")
             + ("" if parts == "all" else "_" + parts))
 
     @td.func
     def swz(row, col, width):
-        """Physical column of (row, col) in a shared row of `width` 16-bit elements: chunk ^ f(row).
+        """Physical column of (row, col) in a shared row of `width` elements: its 16-byte chunk ^ f(row).
 
         f(row) cycles over the chunks of a 128-byte line of banks, for the rows sharing one line.
         """
-        chunks = width // 8
-        return ((col // 8) ^ (row // max(1, 8 // chunks) % min(8, chunks))) * 8 + col % 8
+        chunks = width // chunk
+        return ((col // chunk) ^ (row // max(1, 8 // chunks) % min(8, chunks))) * chunk + col % chunk
 
     @td.func
     def issue_a(A, sa, za, row0, kt, slot):
@@ -156,47 +186,63 @@ def tc_matmul_kernel(p, dtype, out_dtype, vec: int = 8, parts: str = "all"):
         for i, c in a_map(threadIdx.x):
             gi, gk = td.min(row0 + i, M - 1), kt * BK + c * vec
             ok = K % BK == 0 or gk < K
-            if vec == 8:
-                td.cp_async(sa[slot, i, swz(i, c * 8, BK)], A[za, gi, gk], 8, pred=ok)
+            if vec > 1:
+                td.cp_async(sa[slot, i, swz(i, c * vec, BK)], A[za, gi, gk], vec, pred=ok)
             else:       # the load unconditional (its index clamped), so a thread's loads overlap their latencies
                 value = A[za, gi, td.min(gk, K - 1)]
-                sa[slot, i, swz(i, c, BK)] = value if ok else 0.0
+                sa[slot, i, swz(i, c, BK)] = value if ok else td.cast(0, dtype)
 
     @td.func
     def issue_b(B, sb, zb, col0, kt, slot):
-        """Copy (or load) B's part of k tile `kt` into ring slot `slot` (as `issue_a`)."""
-        K, NB = B.shape[1], B.shape[2]
+        """Copy (or load) B's part of k tile `kt` into ring slot `slot` (as `issue_a`); B (batch, K, NB), or
+        k-major BT (batch, NB, K) for 8-bit operands."""
+        K = B.shape[2] if k_major_b else B.shape[1]
+        NB = B.shape[1] if k_major_b else B.shape[2]
         if not copies:
             return
-        for k, c in b_map(threadIdx.x):
-            gk, gj = kt * BK + k, td.min(col0 + c * vec, NB - vec)     # clamped columns: never stored either
-            ok = K % BK == 0 or gk < K
-            if vec == 8:
-                td.cp_async(sb[slot, k, swz(k, c * 8, BN)], B[zb, gk, gj], 8, pred=ok)
+        for r, c in b_map(threadIdx.x):
+            if k_major_b:       # row r of the tile is column col0 + r of B; c counts chunks along k
+                gk, gj = kt * BK + c * vec, td.min(col0 + r, NB - 1)
+                ok = K % BK == 0 or gk < K
+                if vec > 1:
+                    td.cp_async(sb[slot, r, swz(r, c * vec, BK)], B[zb, gj, gk], vec, pred=ok)
+                else:
+                    value = B[zb, gj, td.min(gk, K - 1)]
+                    sb[slot, r, swz(r, c, BK)] = value if ok else td.cast(0, b_dtype)
             else:
-                value = B[zb, td.min(gk, K - 1), gj]
-                sb[slot, k, swz(k, c, BN)] = value if ok else 0.0
+                gk, gj = kt * BK + r, td.min(col0 + c * vec, NB - vec)     # clamped columns: never stored either
+                ok = K % BK == 0 or gk < K
+                if vec > 1:
+                    td.cp_async(sb[slot, r, swz(r, c * vec, BN)], B[zb, gk, gj], vec, pred=ok)
+                else:
+                    value = B[zb, td.min(gk, K - 1), gj]
+                    sb[slot, r, swz(r, c, BN)] = value if ok else td.cast(0, b_dtype)
 
     @td.func
     def load_fragments(sa, sb, fa, fb, slot, kk, fragment_set, lane, warp_m0, warp_n0):
         """ldmatrix k step `kk` of ring slot `slot` into fragment set `fragment_set` (0 or 1) of `fa` and `fb`."""
         if not math:
             return
-        for a in range(mi):
+        for a in range(mi):     # x4: lanes 0-15 address rows 0-15 at the step's first half, lanes 16-31 its second
             r = warp_m0 + a * 16 + lane % 16
-            td.ldmatrix(fa[fragment_set, a], sa[slot, r, swz(r, kk * 16 + lane // 16 * 8, BK)])
-        for b in range(ni // 2):      # lanes 16-31 address the second 8 columns
-            r = kk * 16 + lane % 16
-            td.ldmatrix(fb[fragment_set, b], sb[slot, r, swz(r, warp_n0 + (2 * b + lane // 16) * 8, BN)], trans=True)
+            td.ldmatrix(fa[fragment_set, a], sa[slot, r, swz(r, kk * STEP + lane // 16 * chunk, BK)])
+        for b in range(ni // 2):      # x4: two 8-column mma tiles' B fragments, lanes 16-31 the second's
+            if k_major_b:     # lanes 8j..8j+7: the tile's 8 rows (B's columns) at the step's half j % 2
+                r = warp_n0 + (2 * b + lane // 16) * 8 + lane % 8
+                td.ldmatrix(fb[fragment_set, b], sb[slot, r, swz(r, kk * STEP + lane // 8 % 2 * chunk, BK)])
+            else:
+                r = kk * STEP + lane % 16
+                td.ldmatrix(fb[fragment_set, b], sb[slot, r, swz(r, warp_n0 + (2 * b + lane // 16) * 8, BN)],
+                            trans=True)
 
     @td.kernel(grid=lambda M, N, BZ: batch_grid(td.cdiv(M, BM) * td.cdiv(N, BN), BZ), block=T, name=name)
-    def matmul(A: dtype["BA", "M", "K"], B: dtype["BB", "K", "NB"], C: out_dtype["BZ", "M", "N"],
+    def matmul(A: dtype["BA", "M", "K"], B: b_dtype[B_DIMS], C: out_dtype["BZ", "M", "N"],
                batch_index: td.i32["BZ", 2], split: td.i32):
         sa = td.shared(dtype, (STAGES, BM, BK))
-        sb = td.shared(dtype, (STAGES, BK, BN))
-        fa = td.registers(dtype, (2, mi, 8))          # two fragment sets: k step kk uses set kk % 2
-        fb = td.registers(dtype, (2, ni // 2, 2, 4))  # B fragments in pairs: one ldmatrix.x4 loads two
-        acc = td.registers(f32, (mi, ni, 4))
+        sb = td.shared(b_dtype, (STAGES, b_tile[0], b_tile[1]))
+        fa = td.registers(dtype, (2, mi, 4 * per))          # two fragment sets: k step kk uses set kk % 2
+        fb = td.registers(b_dtype, (2, ni // 2, 2, 2 * per))  # B fragments in pairs: one ldmatrix.x4 loads two
+        acc = td.registers(acc_dtype, (mi, ni, 4))
         zs, row0, col0 = batch_tile(blockIdx.x, M, N, BM, BN)
         za, zb = batch_index[zs, 0], batch_index[zs, 1]
         kt0, kt1 = split_k_tiles(K, BK, split, zs)
@@ -206,7 +252,7 @@ def tc_matmul_kernel(p, dtype, out_dtype, vec: int = 8, parts: str = "all"):
         for a in range(mi):
             for b in range(ni):
                 for r in range(4):
-                    acc[a, b, r] = 0.0
+                    acc[a, b, r] = 0
         for s in range(STAGES - 1):
             if kt0 + s < kt1:
                 issue_a(A, sa, za, row0, kt0 + s, (kt0 + s) % STAGES)
@@ -237,7 +283,7 @@ def tc_matmul_kernel(p, dtype, out_dtype, vec: int = 8, parts: str = "all"):
                 if math:
                     for a in range(mi):
                         for b in range(ni):
-                            td.mma_m16n8k16(fa[kk % 2, a], fb[kk % 2, b // 2, b % 2], acc[a, b])
+                            mma(fa[kk % 2, a], fb[kk % 2, b // 2, b % 2], acc[a, b])
                 # the copies of tile `ahead` are issued after the step's mma (the tensor cores busy meanwhile), A's
                 # in the first step and B's in the second (the first, of two), committed before the last step's
                 # wait. ptxas predicates the branch around them (no select of each copy's address, as `pred=` has)

@@ -1,10 +1,10 @@
 """The host's inline PTX (tests/ptx_on_host.py) and shared memory (tests/cuda_on_host.py) fail what a GPU would.
 
 The emulation's meaning is checked elsewhere against numpy models of the PTX ISA (test_tensor_core.py's and
-test_tensor_core_8bit.py's host twins) and the tensor-core template (test_matmul_tc.py). Here: it runs an asm statement's operands as the
-template names them, not as the generator meant them; a warp-wide instruction needs the warp's 32 lanes, at the
-same instruction; addresses must be aligned and inside a shared array; a copy lands only at the wait that
-retires it; shared memory starts poisoned, and the order threads run in exposes a missing barrier.
+test_tensor_core_8bit.py's host twins) and the tensor-core template (test_matmul_tc.py). Here: it runs an asm
+statement's operands as the template names them, not as the generator meant them; a warp-wide instruction needs the
+warp's 32 lanes, at the same instruction; addresses must be aligned and inside a shared array; a copy lands only at
+the wait that retires it; shared memory starts poisoned, and the order threads run in exposes a missing barrier.
 """
 from __future__ import annotations
 
