@@ -1,13 +1,17 @@
 """matmul, batch_matmul and linear on the matmul templates, with schedules picked per problem.
 
 A `MatmulPlan` is the scheduled anchor for one problem: the template (on a GPU tensor cores
-for f16/bf16 and the SIMT template otherwise; on the cpu the register-tile template), its
+for f16/bf16 and the 8-bit floats, the SIMT template otherwise; on the cpu the register-tile template), its
 kernel at the chosen schedule point (tuned on cuda, the measured default on the cpu unless
 tuning is asked for), the 3-D operand shapes it runs on, and split-k when the output has too
 few tiles to fill the machine (tuned as such: a point that splits is timed as the split call,
 `SplitRun`). Fusion (conv2d's im2col, the graph layer's prologues and
 epilogues) goes through `plan.fused`: with split-k the epilogue fuses into the kernel that sums
 the partials (`split_sum_kernel`), as no partial is the output yet.
+
+8-bit float operands (E4M3, E5M2) give an f32 product: on a GPU by the tensor-core template's m16n8k32 kernel,
+which takes B transposed (a call copies it so); on the cpu (and for two different 8-bit types) as f32 operands,
+the same exact products summed in f32.
 """
 from __future__ import annotations
 
@@ -33,7 +37,8 @@ from . import matmul_simt as simt
 from . import matmul_tc as tc
 
 # the operand types each op computes in (the templates take bf16 too; conv's own kernels do not)
-SUPPORTED = {"matmul": ("float32", "float16", "bfloat16"), "conv2d": ("float32", "float16")}
+SUPPORTED = {"matmul": ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"),
+             "conv2d": ("float32", "float16")}
 MIN_K_TILES_PER_SPLIT = 4
 # From this many multiply-adds, a cpu matmul packs B once per call (`pack_b`, numpy) rather than have its row
 # blocks each pack the panels they read: 1024^3 11.4 -> 9.4 ms, 2039^3 81 -> 63 ms, 128x768x3072 3.9 -> 3.6
@@ -44,6 +49,7 @@ PACK_PER_CALL_MACS = 1 << 28
 # 26) where the 16-byte-copy kernel ran 4096^3 at 222; the two copies read and write each operand once more
 ALIGN = 8
 PAD_FROM_MACS = 1 << 27
+ALIGN_8_BIT = 16        # 8-bit operands: 16-byte copies need K a multiple of 16 (B is read k-major: N is free)
 
 
 @functools.lru_cache(maxsize=64)
@@ -60,9 +66,10 @@ def tdtype(dtype, op: str = "matmul") -> td.ir.types.DataType:
 
 def operands_tdtype(a_dtype, b_dtype, op: str = "matmul") -> td.ir.types.DataType:
     """The DSL type two operands compute in: theirs, or f32 for two types (f16 with f32, bf16 with f16, which
-    numpy cannot promote); a TypeError naming the unsupported operand's dtype, not the pair's promotion."""
+    numpy cannot promote) and for 8-bit floats off a GPU (no tensor cores to take them); a TypeError naming the
+    unsupported operand's dtype, not the pair's promotion."""
     a, b = tdtype(a_dtype, op), tdtype(b_dtype, op)
-    return a if a == b else td.f32
+    return a if a == b and (a.bits > 8 or td.get_target() == "cuda") else td.f32
 
 
 @dataclass(frozen=True)
@@ -86,7 +93,8 @@ CPU_TILE = Template("tile_matmul", lambda target, itemsize: cpu.space(itemsize),
                     lambda p, dtype, out, vec, packed_b, transposed_a, m, n: _cpu_kernel(
                         p, dtype, out, packed_b, transposed_a, m, n),
                     cpu.tile_shape, cpu.pack_b, cpu.packed_b_shape)
-TENSOR_CORE = Template("tc_matmul", lambda target, itemsize: tc.space(_block_shared_limit(target) or tc.MAX_SMEM),
+TENSOR_CORE = Template("tc_matmul", lambda target, itemsize: tc.space(_block_shared_limit(target) or tc.MAX_SMEM,
+                                                                      8 * itemsize),
                        lambda target, itemsize, m, n: tc.default_point(m, n),
                        lambda p, dtype, out, vec, *forms: tc.tc_matmul_kernel(p, dtype, out, vec), tc.tile_shape)
 
@@ -100,12 +108,12 @@ def _cpu_kernel(p, dtype, out, packed_b: bool, transposed_a: bool, m: int | None
 
 
 def template_for(dtype, target: str) -> Template:
-    """On a GPU: tensor cores for 16-bit floats, the SIMT template otherwise. On the cpu: the
+    """On a GPU: tensor cores for 16-bit and 8-bit floats, the SIMT template otherwise. On the cpu: the
     register-tile template (one thread per block; the SIMT template's barriers cost more than
     they save when a block's threads run in turn)."""
     if target != "cuda":
         return CPU_TILE
-    return TENSOR_CORE if dtype.is_float and dtype.bits == 16 else SIMT
+    return TENSOR_CORE if dtype.is_float and dtype.bits in (8, 16) else SIMT
 
 
 def _block_shared_limit(target: str) -> int | None:
@@ -152,10 +160,26 @@ class MatmulPlan:
     small: bool = False     # the cpu runs it on `matmul_small`'s kernel (given B as it is: not packed)
 
     @property
+    def out_dtype(self):
+        """The type of C: the operands', or f32 for 8-bit ones (the tensor cores' accumulators)."""
+        return td.f32 if self.k_major_b else self.dtype
+
+    @property
+    def k_major_b(self) -> bool:
+        """Whether the kernel takes B as its transpose (batch, N, K): the 8-bit tensor-core kernel's."""
+        return self.dtype.bits == 8
+
+    @property
+    def align(self) -> int:
+        """The multiple of elements that rows must hold for 16-byte copies."""
+        return ALIGN_8_BIT if self.k_major_b else ALIGN
+
+    @property
     def vec(self) -> int:
         """Elements per global->shared copy for the operands as given: 16-byte copies need rows of a multiple of 8
-        elements."""
-        return ALIGN if self.k % ALIGN == 0 and self.n % ALIGN == 0 else 1
+        elements (8-bit operands: K a multiple of 16)."""
+        aligned = self.k % self.align == 0 and (self.k_major_b or self.n % self.align == 0)
+        return self.align if aligned else 1
 
     @property
     def pads(self) -> bool:
@@ -184,10 +208,10 @@ class MatmulPlan:
         for operands copied into rows of a multiple of 8 elements (`pads`)."""
         if (packed_b or transposed_a) and not self.packs_b:
             raise ValueError(f"the {self.template.name} template has no kernel for packed B or transposed A operands")
-        out = out_dtype or (td.f32 if self.split > 1 else self.dtype)
+        out = out_dtype or (td.f32 if self.split > 1 else self.out_dtype)
         if self.small and not (packed_b or transposed_a or padded):
             return small.small_matmul_kernel(self.dtype, out, self.m, self.n)
-        vec = ALIGN if padded else self.vec
+        vec = self.align if padded else self.vec
         return self.template.build(self.point, self.dtype, out, vec, packed_b, transposed_a, self.m, self.n)
 
     @property
@@ -230,17 +254,31 @@ class MatmulPlan:
     @property
     def anchor(self) -> td.Kernel:
         """The kernel for fusion: called with split 1, it stores each output element once, in the operands' type."""
-        return self.kernel(self.dtype)
+        return self.kernel(self.out_dtype)
 
     def operand_shapes(self, transposed_a: bool = False, padded: bool = False) -> tuple:
-        """The 3-D shapes of A (or, `transposed_a`, of A's transpose), B and C the kernels take (C without split-k);
-        `padded`: of A and B copied into rows of a multiple of 8 elements (`pads`)."""
-        k, n = (_aligned(self.k), _aligned(self.n)) if padded else (self.k, self.n)
+        """The 3-D shapes of A (or, `transposed_a`, of A's transpose), B (k-major: B's transpose) and C the kernels
+        take (C without split-k); `padded`: of A and B copied into rows of a multiple of `align` elements
+        (`pads`)."""
+        k, n = self.k, self.n
+        if padded:
+            k, n = _aligned(k, self.align), (n if self.k_major_b else _aligned(n, self.align))
         a_shape = (k, self.m) if transposed_a else (self.m, k)
-        return ((math.prod(self.a_batch),) + a_shape, (math.prod(self.b_batch), k, n), (self.batch, self.m, self.n))
+        b_shape = (n, k) if self.k_major_b else (k, n)
+        return ((math.prod(self.a_batch),) + a_shape, (math.prod(self.b_batch),) + b_shape, (self.batch, self.m, self.n))
+
+    def kernel_b(self, b3):
+        """B (batch, K, N) as the kernel takes it: B itself, or its transpose copied (k-major: `k_major_b`)."""
+        if not self.k_major_b:
+            return b3
+        if isinstance(b3, np.ndarray):
+            note_host_work("an 8-bit matmul's B operand was transposed on the host")
+            return np.ascontiguousarray(b3.transpose(0, 2, 1))
+        from .transform import transpose
+        return transpose(b3, (0, 2, 1))
 
     def padded_operands(self, a3, b3) -> tuple:
-        """A and B copied on the target into zero-padded rows of a multiple of 8 elements (`pads`)."""
+        """A and B copied on the target into zero-padded rows of a multiple of `align` elements (`pads`)."""
         copy = tc.padded_copy_kernel(self.dtype)
         padded = []
         for x, shape in zip((a3, b3), self.operand_shapes(padded=True)):
@@ -250,12 +288,13 @@ class MatmulPlan:
         return tuple(padded)
 
     def __call__(self, a3, b3, packed_b: bool = False):
-        """C (batch, M, N) for 3-D operands (`b3`: B's `pack_b` panels with `packed_b`), allocated where the
-        operands are (numpy arrays or td.DeviceArrays)."""
+        """C (batch, M, N) for 3-D operands (`b3`: B (batch, K, N), or B's `pack_b` panels with `packed_b`),
+        allocated where the operands are (numpy arrays or td.DeviceArrays)."""
+        b3 = b3 if packed_b else self.kernel_b(b3)
         if self.pads:
             a3, b3 = self.padded_operands(a3, b3)
         kernel = self.kernel(packed_b=packed_b, padded=self.pads)
-        c = empty_like_operands((self.batch, self.m, self.n), numpy_dtype(self.dtype), a3, b3)
+        c = empty_like_operands((self.batch, self.m, self.n), numpy_dtype(self.out_dtype), a3, b3)
         if self.split == 1:
             kernel(a3, b3, c, self.batch_index(), 1)
         else:
@@ -270,7 +309,8 @@ class MatmulPlan:
     def examples(self, packed_b: bool = False, transposed_a: bool = False) -> tuple:
         """Example arguments (A, B, C, batch index, split 1) that specialize this plan's anchor for fusion (or its
         kernel for packed B panels, for a transposed A: `kernel`)."""
-        a, b, c = (np.empty(s, numpy_dtype(self.dtype)) for s in self.operand_shapes(transposed_a))
+        a, b, c = (np.empty(s, numpy_dtype(t)) for s, t in zip(self.operand_shapes(transposed_a),
+                                                                 (self.dtype, self.dtype, self.out_dtype)))
         return (a, self.pack_b(b) if packed_b else b, c, self.batch_index(1), 1)
 
     @property
@@ -287,12 +327,12 @@ class MatmulPlan:
         a, b, c, _, _ = self.examples(packed_b)
         split = self.fusion_split
         if split == 1:
-            return td.fuse(self.kernel(self.dtype, packed_b=packed_b), a, b, c, self.batch_index(1), 1,
+            return td.fuse(self.kernel(self.out_dtype, packed_b=packed_b), a, b, c, self.batch_index(1), 1,
                            prologues=prologues, epilogues={"C": out}), None
         partials = np.empty(self.partials_shape, np.float32)
         kernel = td.fuse(self.kernel(td.f32, packed_b=packed_b), a, b, partials, self.batch_index(), split,
                          prologues=prologues)
-        return kernel, td.fuse(split_sum_kernel(self.dtype), partials, c, split, epilogues={"C": out})
+        return kernel, td.fuse(split_sum_kernel(self.out_dtype), partials, c, split, epilogues={"C": out})
 
 
 SUM_BLOCK = 256
@@ -317,8 +357,8 @@ def split_sum_kernel(out_dtype) -> td.Kernel:
     return split_k_sum
 
 
-def _aligned(size: int) -> int:
-    return -(-size // ALIGN) * ALIGN
+def _aligned(size: int, align: int = ALIGN) -> int:
+    return -(-size // align) * align
 
 
 def random_operand(shape: tuple, dtype) -> np.ndarray:
@@ -358,6 +398,9 @@ def _plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune, point, fa
         out_batch = tuple(np.broadcast_shapes(tuple(a_batch), tuple(b_batch)))
     except ValueError:
         raise ValueError(f"matmul: batch dimensions {tuple(a_batch)} and {tuple(b_batch)} do not broadcast") from None
+    if dtype.bits == 8 and target != "cuda":
+        raise ValueError(f"matmul: {dtype.name} operands run on tensor cores (the cuda target); on the {target}, "
+                         "plan the product of their f32 values (stdlib_ops.matmul converts them so)")
     itemsize = dtype.bits // 8
     template = template_for(dtype, target)
 
@@ -383,7 +426,7 @@ def _plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune, point, fa
             candidate = lambda p: _candidate(at(p, split_for(p)), pads, packs)
             point = tune(template.space(target, itemsize), candidate, args,
                          op=template.name, shapes=(tuple(a_shape), tuple(b_shape)), dtypes=(dtype.name,),
-                         default=point, target=target, outputs={2: dtype})
+                         default=point, target=target, outputs={2: proto.out_dtype})
     return at(point, split_for(point))
 
 
@@ -425,7 +468,7 @@ class SplitRun:
 
     def __init__(self, plan: MatmulPlan, kernel: td.Kernel):
         self.plan, self.kernel = plan, kernel
-        self.sum = split_sum_kernel(plan.dtype)
+        self.sum = split_sum_kernel(plan.out_dtype)
         self.partials = None    # where the operands are, made at the first call
 
     def compile(self, a, b, c, *_, target: str | None = None) -> None:
@@ -464,8 +507,9 @@ def _check_inner(a_shape: tuple, b_shape: tuple) -> None:
 
 
 def matmul(a, b, *, tune: bool | None = None, packed: np.ndarray | None = None):
-    """`a @ b` with numpy's rules (1-D operands promoted, batch dims broadcast); f32, f16 or bf16 (operands of two
-    types compute in f32); numpy arrays or td.DeviceArrays (the result is where the operands are). `packed`: b's
+    """`a @ b` with numpy's rules (1-D operands promoted, batch dims broadcast); f32, f16, bf16, or E4M3 / E5M2
+    into an f32 result (operands of two types compute in f32); numpy arrays or td.DeviceArrays (the result is
+    where the operands are). `packed`: b's
     panels from the plan's `pack_b`, made once by a caller that multiplies by the same b again (the cpu; large
     products pack b per call)."""
     _check_tune(tune)
@@ -489,15 +533,15 @@ def matmul(a, b, *, tune: bool | None = None, packed: np.ndarray | None = None):
 def _on_template(a2, b2, dtype, tune: bool | None, packed: np.ndarray | None):
     """a2 (..., M, K) @ b2 (..., K, N) on the matmul template (b2's panels `packed`, or packed here where large)."""
     p = plan(a2.shape, b2.shape, dtype, td.get_target(), tune)
-    shape_a, shape_b, _ = p.operand_shapes()
+    shape_a = p.operand_shapes()[0]
     shape = p.out_batch + (p.m, p.n)
     if math.prod(shape) == 0 or p.k == 0:
-        return zeros_like_operands(shape, numpy_dtype(dtype), a2, b2)
+        return zeros_like_operands(shape, numpy_dtype(p.out_dtype), a2, b2)
     if packed is None and p.packs_per_call and isinstance(b2, np.ndarray):
         packed = p.pack_b(b2)
     elif packed is not None:
         p.check_packed(packed)
-    operand = b2.reshape(shape_b) if packed is None else packed
+    operand = b2.reshape(math.prod(p.b_batch), p.k, p.n) if packed is None else packed
     return p(a2.reshape(shape_a), operand, packed is not None).reshape(shape)
 
 

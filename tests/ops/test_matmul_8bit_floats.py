@@ -1,0 +1,124 @@
+"""stdlib_ops.matmul / batch_matmul / linear on E4M3 and E5M2 operands: an f32 product.
+
+On the cuda target the 8-bit tensor-core kernel runs it (B transposed by a call, K padded where large and
+unaligned, split-k); here on a simulated GPU whose launches run their CUDA C++ on the host, and as @gpu tests on a
+GPU. On the cpu the operands' f32 values multiply (the same exact products, summed in f32). The oracle is numpy in
+f64: the products of 8-bit floats are exact, so the only error is the f32 sums'.
+"""
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, example, given, settings, strategies as st
+
+import stdlib_ops
+import taskdsl as td
+from stdlib_ops import gemm
+
+from ..cuda_on_host import unsupported
+
+E4M3, E5M2 = ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2
+FEW = settings(max_examples=8, deadline=None,     # the target fixture holds across the examples
+               suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def operand(rng, shape, dtype) -> np.ndarray:
+    return (rng.standard_normal(shape) * 4).astype(dtype)
+
+
+def assert_f32_product(c, a, b):
+    """`c` is a @ b (numpy's rules) up to f32 sums' rounding: |error| <= (K + 2) 2^-24 sum |a||b|."""
+    wide = lambda x: x.astype(np.float64)
+    want, scale = wide(a) @ wide(b), np.abs(wide(a)) @ np.abs(wide(b))
+    assert c.dtype == np.float32 and c.shape == want.shape
+    k = a.shape[-1]
+    assert np.all(np.abs(c - want) <= (k + 2) * 2.0**-24 * scale), np.abs(c - want).max()
+
+
+@pytest.fixture(params=["cpu", "simulated cuda"])
+def target(request, monkeypatch):
+    """The cpu target, or the cuda target on a simulated GPU running the kernels' CUDA source on the host."""
+    if request.param == "cpu":
+        yield "cpu"
+        return
+    from ..cuda_on_host import host_compiler
+    from ..simulated_gpu import install
+    if host_compiler() is None:
+        pytest.skip("no host C++ compiler to run CUDA sources on the host")
+    install(monkeypatch, cuda_source=True)
+    td.set_target("cuda")
+    yield "cuda"
+    td.set_target("cpu")
+
+
+@FEW
+@given(m=st.sampled_from([1, 5, 33]), k=st.sampled_from([1, 16, 37, 96]), n=st.sampled_from([1, 8, 23]),
+       types=st.sampled_from([(E4M3, E4M3), (E5M2, E5M2), (E4M3, E5M2)]), seed=st.integers(0, 2**16))
+@example(m=33, k=37, n=23, types=(E4M3, E4M3), seed=0)
+def test_matmul_of_8_bit_floats(target, m, k, n, types, seed):
+    rng = np.random.default_rng(seed)
+    a, b = operand(rng, (m, k), types[0]), operand(rng, (k, n), types[1])
+    assert_f32_product(stdlib_ops.matmul(a, b), a, b)
+
+
+def test_batched_and_one_dimensional_operands(target):
+    rng = np.random.default_rng(2)
+    a, b = operand(rng, (2, 3, 20, 32), E5M2), operand(rng, (3, 32, 9), E5M2)
+    assert_f32_product(stdlib_ops.batch_matmul(a, b), a, b)
+    v = operand(rng, (32,), E5M2)
+    assert_f32_product(stdlib_ops.matmul(a, v), a, v)
+    assert_f32_product(stdlib_ops.matmul(v, b), v, b)
+
+
+def test_linear_of_8_bit_floats(target):
+    rng = np.random.default_rng(3)
+    x, w = operand(rng, (4, 7, 48), E4M3), operand(rng, (24, 48), E4M3)
+    bias = rng.standard_normal(24).astype(np.float32)
+    y = stdlib_ops.linear(x, w, bias)
+    want = x.astype(np.float64) @ w.astype(np.float64).T
+    assert y.dtype == np.float32 and y.shape == (4, 7, 24)
+    np.testing.assert_allclose(y - bias, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_the_cuda_plan_runs_tensor_cores_on_b_transposed(simulated_gpu):
+    """On a GPU an E4M3 product plans the 8-bit tensor-core kernel: B (K, N) is copied to (N, K), the kernel's
+    operand; a large product of unaligned K pads K to a multiple of 16 (16-byte copies); a few output tiles split
+    K, the f32 partials summed by the split-k kernel."""
+    rng = np.random.default_rng(4)
+    aligned = gemm.plan((64, 96), (96, 40), td.f8e4m3, "cuda", False)
+    assert aligned.template is gemm.TENSOR_CORE and aligned.k_major_b and aligned.vec == 16
+    assert aligned.operand_shapes()[1] == (1, 40, 96) and aligned.out_dtype == td.f32
+    source = aligned.kernel().source(*aligned.examples(), target="cuda")
+    assert "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32" in source
+    unaligned = gemm.plan((1024, 1030), (1030, 1024), td.f8e4m3, "cuda", False)
+    assert unaligned.pads and unaligned.operand_shapes(padded=True)[:2] == ((1, 1024, 1040), (1, 1024, 1040))
+    split = gemm.plan((16, 4096), (4096, 64), td.f8e5m2, "cuda", False)
+    assert split.split > 1
+    a, b = operand(rng, (16, 4096), E5M2), operand(rng, (4096, 64), E5M2)
+    assert_f32_product(stdlib_ops.matmul(a, b), a, b)
+    launched = [kernel.name for kernel, _ in simulated_gpu.launches]
+    assert launched[-1] == "split_k_sum_f32" and launched[-2].startswith("tc_matmul_"), launched
+    assert unsupported(source) is None          # the launches ran the CUDA source on the host
+    with pytest.raises(ValueError, match="f8e4m3 operands run on tensor cores .* on the cpu, plan the product of "
+                                         "their f32 values"):
+        gemm.plan((4, 4), (4, 4), td.f8e4m3, "cpu", False)
+
+
+def test_device_arrays_stay_on_the_device(simulated_gpu):
+    """td.DeviceArrays in, a td.DeviceArray out: B's transpose made on the device."""
+    rng = np.random.default_rng(5)
+    a, b = operand(rng, (24, 64), E4M3), operand(rng, (64, 40), E4M3)
+    c = stdlib_ops.matmul(td.to_device(a), td.to_device(b))
+    assert isinstance(c, td.DeviceArray)
+    assert_f32_product(c.numpy(), a, b)
+
+
+@pytest.mark.gpu
+def test_8_bit_float_matmul_on_gpu():
+    td.set_target("cuda")
+    rng = np.random.default_rng(0)
+    for size in (256, 2039):
+        a, b = operand(rng, (size, size), E4M3), operand(rng, (size, size), E4M3)
+        assert_f32_product(stdlib_ops.matmul(a, b), a, b)
+    assert math.isfinite(float(stdlib_ops.matmul(a[:1], b).sum()))
