@@ -54,6 +54,11 @@ def layout_table(position, regs: int) -> np.ndarray:
 @pytest.mark.parametrize("position, regs, shape", [(a_position, 8, (16, 16)), (b_position, 4, (16, 8)),
                                                    (c_position, 4, (16, 8))])
 def test_layout_tables_cover_each_element_once(position, regs, shape):
+    assert_covers_each_element_once(position, regs, shape)
+
+
+def assert_covers_each_element_once(position, regs: int, shape: tuple) -> None:
+    """The 32 lanes' `regs` elements placed by `position` cover a `shape` matrix, each element once."""
     cells = layout_table(position, regs).reshape(-1, 2)
     assert len({tuple(c) for c in cells}) == cells.shape[0] == shape[0] * shape[1]
     assert cells.max(axis=0).tolist() == [shape[0] - 1, shape[1] - 1]
@@ -570,7 +575,12 @@ def syncwarp_divergent(X: f32[32]):
     (syncwarp_divergent, "E_SYNCWARP", "'syncwarp()' inside a branch or loop that differs between the lanes"),
 ])
 def test_misuse_is_a_dsl_error_at_the_line(kernel, tag, fragment):
-    params = kernel.params
-    args = [np.zeros(spec.dims, spec.dtype.numpy) if hasattr(spec, "dims") else 1 for _, spec in params]
-    err = MARKS.expect_error(lambda: kernel.ir(*args, stage="lowered"), tag)
+    assert_dsl_error_at(MARKS, kernel, tag, fragment)
+
+
+def assert_dsl_error_at(marks: Markers, kernel, tag: str, fragment: str) -> None:
+    """Lowering `kernel` (zeros for its arrays, 1 for its scalars) is a DSLError at the line marked `tag`, whose
+    message holds `fragment`."""
+    args = [np.zeros(spec.dims, spec.dtype.numpy) if hasattr(spec, "dims") else 1 for _, spec in kernel.params]
+    err = marks.expect_error(lambda: kernel.ir(*args, stage="lowered"), tag)
     assert fragment in err.message, err.message

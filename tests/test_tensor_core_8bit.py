@@ -18,6 +18,7 @@ import taskdsl as td
 from taskdsl import blockIdx, f8e4m3, f8e5m2, f16, f32, i8, i32, threadIdx, u8
 
 from .markers import Markers
+from .test_tensor_core import assert_covers_each_element_once, assert_dsl_error_at, c_position, layout_table
 
 GPU_TWINS = True   # every test also runs as a @gpu twin on the cuda target (conftest.py)
 HOST_RUNS = True   # and with its kernels' CUDA source run on the host, the inline PTX emulated (ptx_on_host.py)
@@ -48,7 +49,7 @@ def random_operand(rng, dtype, shape) -> np.ndarray:
 
 # --------------------------------------------------------------------------- the PTX ISA layouts
 # mma.m16n8k32 with 8-bit inputs: four elements a 32-bit register; groupID = lane >> 2, threadID_in_group =
-# lane % 4. Each returns the (row, col) of matrix element `r` of `lane`.
+# lane % 4. Each returns the (row, col) of matrix element `r` of `lane`; C's layout is m16n8k16's (c_position).
 def a_position(lane, r):
     """a0-a3: (groupID, 4*tig + i); a4-a7: row + 8; a8-a11: col + 16; a12-a15: both."""
     return (lane >> 2) + 8 * (r // 4 % 2), (lane % 4) * 4 + r % 4 + 16 * (r // 8)
@@ -59,25 +60,12 @@ def b_position(lane, r):
     return (lane % 4) * 4 + r % 4 + 16 * (r // 4), lane >> 2
 
 
-def c_position(lane, r):
-    """c0,c1: (groupID, 2*tig + i); c2,c3: row + 8 (as m16n8k16's)."""
-    return (lane >> 2) + 8 * (r // 2), (lane % 4) * 2 + r % 2
-
-
-def layout_table(position, regs: int) -> np.ndarray:
-    """int32 [32, regs, 2]: the (row, col) each lane's element holds."""
-    return np.array([[position(lane, r) for r in range(regs)] for lane in range(32)], np.int32)
-
-
 TABLES = (layout_table(a_position, 16), layout_table(b_position, 8), layout_table(c_position, 4))
 
 
-@pytest.mark.parametrize("position, regs, shape", [(a_position, 16, (16, 32)), (b_position, 8, (32, 8)),
-                                                   (c_position, 4, (16, 8))])
+@pytest.mark.parametrize("position, regs, shape", [(a_position, 16, (16, 32)), (b_position, 8, (32, 8))])
 def test_layout_tables_cover_each_element_once(position, regs, shape):
-    cells = layout_table(position, regs).reshape(-1, 2)
-    assert len({tuple(c) for c in cells}) == cells.shape[0] == shape[0] * shape[1]
-    assert cells.max(axis=0).tolist() == [shape[0] - 1, shape[1] - 1]
+    assert_covers_each_element_once(position, regs, shape)
 
 
 # --------------------------------------------------------------------------- mma
@@ -297,36 +285,16 @@ def test_cuda_source_uses_the_ptx_instructions():
 
 
 # --------------------------------------------------------------------------- misuse
-@td.kernel(block=32)
-def mma8_f16_operands(X: f32[4]):
-    a = td.registers(f16, (16,))
-    b = td.registers(f16, (8,))
-    c = td.registers(f32, (4,))
-    td.mma_m16n8k32(a, b, c)  # E_A_F16
-
-
-@td.kernel(block=32)
-def mma8_mixed_kinds(X: f32[4]):
-    a = td.registers(i8, (16,))
-    b = td.registers(f8e4m3, (8,))
-    c = td.registers(i32, (4,))
-    td.mma_m16n8k32(a, b, c)  # E_MIXED
-
-
-@td.kernel(block=32)
-def mma8_float_accumulators_of_integers(X: f32[4]):
-    a = td.registers(u8, (16,))
-    b = td.registers(u8, (8,))
-    c = td.registers(f32, (4,))
-    td.mma_m16n8k32(a, b, c)  # E_ACC
-
-
-@td.kernel(block=32)
-def mma8_b_size(X: f32[4]):
-    a = td.registers(f8e5m2, (16,))
-    b = td.registers(f8e5m2, (4,))
-    c = td.registers(f32, (4,))
-    td.mma_m16n8k32(a, b, c)  # E_B_SIZE
+@functools.cache
+def mma8_misuse(a_type, a_size: int, b_type, b_size: int, c_type):
+    """A kernel calling mma_m16n8k32 on fragments of these types and sizes."""
+    @td.kernel(block=32)
+    def mma8(X: f32[4]):
+        a = td.registers(a_type, (a_size,))
+        b = td.registers(b_type, (b_size,))
+        c = td.registers(c_type, (4,))
+        td.mma_m16n8k32(a, b, c)  # E_MMA8
+    return mma8
 
 
 @td.kernel(block=32)
@@ -355,15 +323,15 @@ def ldmatrix8_size(X: f32[4]):
 
 
 @pytest.mark.parametrize("kernel, tag, fragment", [
-    (mma8_f16_operands, "E_A_F16", "the a fragment must hold i8 or u8 or f8e4m3 or f8e5m2 elements; 'a' holds f16"),
-    (mma8_mixed_kinds, "E_MIXED", "the b fragment must hold i8 or u8 elements; 'b' holds f8e4m3"),
-    (mma8_float_accumulators_of_integers, "E_ACC", "the c fragment must hold i32 elements; 'c' holds f32"),
-    (mma8_b_size, "E_B_SIZE", "the b fragment must be a fragment of 8 elements, got 4"),
+    (mma8_misuse(f16, 16, f16, 8, f32), "E_MMA8",
+     "the a fragment must hold i8 or u8 or f8e4m3 or f8e5m2 elements; 'a' holds f16"),
+    (mma8_misuse(i8, 16, f8e4m3, 8, i32), "E_MMA8", "the b fragment must hold i8 or u8 elements; 'b' holds f8e4m3"),
+    (mma8_misuse(u8, 16, u8, 8, f32), "E_MMA8", "the c fragment must hold i32 elements; 'c' holds f32"),
+    (mma8_misuse(f8e5m2, 16, f8e5m2, 4, f32), "E_MMA8", "the b fragment must be a fragment of 8 elements, got 4"),
+    (mma8_misuse(i8, 8, i8, 8, i32), "E_MMA8", "the a fragment must be a fragment of 16 elements, got 8"),
     (mma8_divergent, "E_DIVERGENT", "'mma_m16n8k32()' inside a branch or loop that differs between the lanes"),
     (ldmatrix8_trans, "E_LDM_TRANS", "ldmatrix's trans= transposes 16-bit elements, not 8-bit ones"),
     (ldmatrix8_size, "E_LDM_SIZE", "must be a fragment of 4 or 8 or 16 elements, got 6"),
 ])
 def test_misuse_is_a_dsl_error_at_the_line(kernel, tag, fragment):
-    args = [np.zeros(spec.dims, spec.dtype.numpy) if hasattr(spec, "dims") else 1 for _, spec in kernel.params]
-    err = MARKS.expect_error(lambda: kernel.ir(*args, stage="lowered"), tag)
-    assert fragment in err.message, err.message
+    assert_dsl_error_at(MARKS, kernel, tag, fragment)
