@@ -287,10 +287,13 @@ class MatmulPlan:
             padded.append(y)
         return tuple(padded)
 
-    def __call__(self, a3, b3, packed_b: bool = False):
-        """C (batch, M, N) for 3-D operands (`b3`: B (batch, K, N), or B's `pack_b` panels with `packed_b`),
-        allocated where the operands are (numpy arrays or td.DeviceArrays)."""
-        b3 = b3 if packed_b else self.kernel_b(b3)
+    def __call__(self, a3, b3, packed_b: bool = False, b_k_major: bool = False):
+        """C (batch, M, N) for 3-D operands (`b3`: B (batch, K, N), or B's `pack_b` panels with `packed_b`, or
+        with `b_k_major` B's transpose (batch, N, K), as a `k_major_b` plan's kernel takes it), allocated where
+        the operands are (numpy arrays or td.DeviceArrays)."""
+        if b_k_major and not self.k_major_b:
+            raise ValueError("b_k_major: this plan's kernel takes B (batch, K, N), not its transpose")
+        b3 = b3 if packed_b or b_k_major else self.kernel_b(b3)
         if self.pads:
             a3, b3 = self.padded_operands(a3, b3)
         kernel = self.kernel(packed_b=packed_b, padded=self.pads)
@@ -574,13 +577,18 @@ def _times_transposed(x, weight, tune: bool | None):
     """x @ weight.T; on the cpu without a transposed copy of the weight: a product of few rows reads its rows
     (`gemv`), the template packs its panels from them (a transpose of a (3072, 768) weight took 6-14 ms, the
     panels from the rows 2.7 ms; x (1, 768) took 8-16 ms in all, 59-135x numpy's time); but a small product
-    (`MatmulPlan.small`) copies its few columns transposed for the small kernel (a (16, 16) one: 60 -> 30 us)."""
+    (`MatmulPlan.small`) copies its few columns transposed for the small kernel (a (16, 16) one: 60 -> 30 us).
+    On a GPU 8-bit operands go as they are: the weight is the B operand the 8-bit kernel takes (k-major)."""
     from .transform import transpose
     _check_tune(tune)
     (n, k), m = weight.shape, math.prod(x.shape[:-1])
+    dtype = operands_tdtype(x.dtype, weight.dtype)
+    if td.get_target() != "cpu" and dtype.bits == 8 and m * n * k:
+        p = plan((m, k), (k, n), dtype, "cuda", tune)
+        return p(x.reshape(p.operand_shapes()[0]), weight.reshape(p.operand_shapes()[1]), b_k_major=True).reshape(
+            x.shape[:-1] + (n,))
     if td.get_target() != "cpu" or m * n * k == 0:
         return matmul(x, transpose(weight), tune=tune)
-    dtype = operands_tdtype(x.dtype, weight.dtype)
     x2, w = converted(x, numpy_dtype(dtype)).reshape(m, k), converted(weight, numpy_dtype(dtype))
     if not tune and gemv.applies(m, n, False):
         y = gemv.product(x2, w, dtype, rows_b=True)

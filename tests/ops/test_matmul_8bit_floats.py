@@ -105,6 +105,18 @@ def test_the_cuda_plan_runs_tensor_cores_on_b_transposed(simulated_gpu):
         gemm.plan((4, 4), (4, 4), td.f8e4m3, "cpu", False)
 
 
+def test_linear_passes_its_weight_as_the_kernels_b(simulated_gpu):
+    """linear's weight (N, K) is the k-major B the 8-bit kernel takes: no transposes on the way."""
+    rng = np.random.default_rng(6)
+    x, w = operand(rng, (2, 9, 64), E4M3), operand(rng, (40, 64), E4M3)
+    y = stdlib_ops.linear(td.to_device(x), td.to_device(w))
+    assert [kernel.name.startswith("tc_matmul_") for kernel, _ in simulated_gpu.launches] == [True]
+    np.testing.assert_allclose(y.numpy(), x.astype(np.float64) @ w.astype(np.float64).T, rtol=1e-5, atol=1e-4)
+    with pytest.raises(ValueError, match="b_k_major: this plan's kernel takes B"):
+        gemm.plan((4, 8), (8, 4), td.f16, "cuda", False)(np.zeros((1, 4, 8), np.float16),
+                                                          np.zeros((1, 4, 8), np.float16), b_k_major=True)
+
+
 def test_device_arrays_stay_on_the_device(simulated_gpu):
     """td.DeviceArrays in, a td.DeviceArray out: B's transpose made on the device."""
     rng = np.random.default_rng(5)
