@@ -49,6 +49,22 @@ def test_compiles_for_each_arch(arch):
     assert compiled.arch == normalize_arch(arch)
 
 
+def test_threads_compiling_first_in_a_process_all_succeed():
+    """A tuner compiles its candidates on a thread pool; off a GPU nothing imported cuda.core before, and eight
+    threads importing it at once had some fail with "cannot import name 'Program'" (a fresh interpreter: this
+    one imported it long ago)."""
+    import subprocess
+    import sys
+    script = ("from concurrent.futures import ThreadPoolExecutor\n"
+              "from taskdsl.backend.cuda.nvrtc import compile_cubin\n"
+              "source = 'extern \"C\" __global__ void k(float* x) { x[0] = 1.0f; }'\n"
+              "with ThreadPoolExecutor(8) as pool:\n"
+              "    cubins = list(pool.map(lambda i: compile_cubin(source, fast=True), range(8)))\n"
+              "print(sum(c[:4] == b'\\x7fELF' for c in cubins))\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.split() == ["8"], result.stderr[-2000:]
+
+
 def test_bad_arch_is_a_clear_error():
     with pytest.raises(ValueError, match="sm_90"):
         normalize_arch("hopper")

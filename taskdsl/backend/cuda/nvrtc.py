@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import re
+import threading
 
 from ...errors import DSLError, SourceLoc
 
@@ -64,14 +65,24 @@ def _cuda_include_dir() -> str:
     return path
 
 
+_IMPORTING = threading.Lock()
+
+
+def _program_api() -> tuple:
+    """cuda.core's (Program, ProgramOptions), imported under a lock: two threads importing cuda.core for the first
+    time at once (a tuner's compile pool, off a GPU) had one get "cannot import name 'Program'"."""
+    with _IMPORTING:
+        from cuda.core import Program, ProgramOptions
+    return Program, ProgramOptions
+
+
 def compile_cubin(source: str, arch: str = "sm_90", name: str = "kernel", fast: bool = False) -> bytes:
     """Compile a CUDA C++ translation unit to a cubin for `arch` (`fast`: least optimization, for checks).
 
     A compile error becomes a DSLError at the Python line named by the failing line's
     `#line` directive, with the whole NVRTC log attached.
     """
-    from cuda.core import Program, ProgramOptions
-
+    Program, ProgramOptions = _program_api()
     include = [_cuda_include_dir()] if "#include <cuda_" in source else None
     options = ProgramOptions(arch=supported_arch(arch), std="c++17", lineinfo=True, name=f"{name}.cu",
                              include_path=include, ofast_compile="max" if fast else None)
@@ -101,7 +112,7 @@ def resource_usage(source: str, arch: str = "sm_90") -> dict:
     """
     import io
 
-    from cuda.core import Program, ProgramOptions
+    Program, ProgramOptions = _program_api()
     include = [_cuda_include_dir()] if "#include <cuda_" in source else None
     options = ProgramOptions(arch=supported_arch(arch), std="c++17", include_path=include, ptxas_options=["-v"])
     log = io.StringIO()
