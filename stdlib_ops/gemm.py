@@ -1,7 +1,7 @@
 """matmul, batch_matmul and linear on the matmul templates, with schedules picked per problem.
 
-A `MatmulPlan` is the scheduled anchor for one problem: the template (on a GPU tensor cores
-for f16/bf16 and the 8-bit floats, the SIMT template otherwise; on the cpu the register-tile template), its
+A `MatmulPlan` is the scheduled anchor for one problem: the template (on a GPU tensor cores for f16/bf16
+and the 8-bit floats, the SIMT template otherwise; on the cpu the register-tile template), its
 kernel at the chosen schedule point (tuned on cuda, the measured default on the cpu unless
 tuning is asked for), the 3-D operand shapes it runs on, and split-k when the output has too
 few tiles to fill the machine (tuned as such: a point that splits is timed as the split call,
@@ -265,7 +265,8 @@ class MatmulPlan:
             k, n = _aligned(k, self.align), (n if self.k_major_b else _aligned(n, self.align))
         a_shape = (k, self.m) if transposed_a else (self.m, k)
         b_shape = (n, k) if self.k_major_b else (k, n)
-        return ((math.prod(self.a_batch),) + a_shape, (math.prod(self.b_batch),) + b_shape, (self.batch, self.m, self.n))
+        c_shape = (self.batch, self.m, self.n)
+        return (math.prod(self.a_batch),) + a_shape, (math.prod(self.b_batch),) + b_shape, c_shape
 
     def kernel_b(self, b3):
         """B (batch, K, N) as the kernel takes it: B itself, or its transpose copied (k-major: `k_major_b`)."""
@@ -512,9 +513,8 @@ def _check_inner(a_shape: tuple, b_shape: tuple) -> None:
 def matmul(a, b, *, tune: bool | None = None, packed: np.ndarray | None = None):
     """`a @ b` with numpy's rules (1-D operands promoted, batch dims broadcast); f32, f16, bf16, or E4M3 / E5M2
     into an f32 result (operands of two types compute in f32); numpy arrays or td.DeviceArrays (the result is
-    where the operands are). `packed`: b's
-    panels from the plan's `pack_b`, made once by a caller that multiplies by the same b again (the cpu; large
-    products pack b per call)."""
+    where the operands are). `packed`: b's panels from the plan's `pack_b`, made once by a caller that multiplies
+    by the same b again (the cpu; large products pack b per call)."""
     _check_tune(tune)
     a, b, dtype = _operands(a, b)
     a2 = a.reshape((1,) + a.shape) if a.ndim == 1 else a

@@ -1,14 +1,14 @@
 """`python -m taskdsl.bench matmul`: the matmul templates against the best local peer, in one run.
 
-cpu target: stdlib_ops.matmul (the register-tile cpu template at its default schedule, or tuned
-with --tune) against numpy's BLAS, f32; and, as the graph layer runs constant weights, with B
-packed once outside the timing (`plan.pack_b`); then batched products of small matrices (`stdlib_ops.matmul_small`),
-the same call against numpy's. cuda target: the tuned plan, called as stdlib_ops.matmul
-calls it (padded copies of unaligned operands and split-k sums included), against torch.matmul (cuBLAS,
-TF32 off), f32 and f16; E4M3 into f32 against torch._scaled_mm (cuBLASLt's 8-bit product, scales 1; where
-it refuses a size, f16 cuBLAS, named in the row); and DESIGN.md's kernel (f32): each side's kernels captured into a CUDA graph and
-timed as its replays with CUDA events (GPU time only; 'call ms' is a taskdsl call's time with its host
-launch cost and output allocation, td.DeviceArray operands).
+cpu target: stdlib_ops.matmul (the register-tile cpu template at its default schedule, or tuned with --tune)
+against numpy's BLAS, f32; and, as the graph layer runs constant weights, with B packed once outside the
+timing (`plan.pack_b`); then batched products of small matrices (`stdlib_ops.matmul_small`), the same call
+against numpy's. cuda target: the tuned plan, called as stdlib_ops.matmul calls it (padded copies of
+unaligned operands and split-k sums included), against torch.matmul (cuBLAS, TF32 off), f32 and f16; E4M3
+into f32 against torch._scaled_mm (cuBLASLt's 8-bit product, scales 1; where it refuses a size, f16 cuBLAS,
+named in the row); and DESIGN.md's kernel (f32): each side's kernels captured into a CUDA graph and timed as
+its replays with CUDA events (GPU time only; 'call ms' is a taskdsl call's time with its host launch cost
+and output allocation, td.DeviceArray operands).
 """
 from __future__ import annotations
 
