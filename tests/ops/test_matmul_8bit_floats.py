@@ -81,6 +81,22 @@ def test_linear_of_8_bit_floats(target):
     np.testing.assert_allclose(y - bias, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("dtype", [E4M3, E5M2, ml_dtypes.bfloat16])
+def test_large_operands_widen_by_the_cast_kernel(dtype):
+    """On the cpu a large operand of ml_dtypes' types widens by the `cast` kernel, not ml_dtypes' elementwise
+    conversion: the same f32 values, every bit pattern of the 8-bit types (NaNs as NaNs)."""
+    from stdlib_ops.elementwise import ML_DTYPES_CAST_FROM, converted
+    rng = np.random.default_rng(7)
+    bits = rng.integers(0, 2**16, ML_DTYPES_CAST_FROM + 3).astype(np.uint16)
+    x = (bits.astype(np.uint8) if np.dtype(dtype).itemsize == 1 else bits).view(dtype)
+    got, want = converted(x, np.dtype(np.float32)), x.astype(np.float32)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(got[~np.isnan(want)], want[~np.isnan(want)])
+    if np.dtype(dtype).itemsize == 1:
+        a, b = operand(rng, (160, 128), dtype), operand(rng, (128, 130), dtype)
+        assert_f32_product(stdlib_ops.matmul(a, b), a, b)
+
+
 def test_the_cuda_plan_runs_tensor_cores_on_b_transposed(simulated_gpu):
     """On a GPU an E4M3 product plans the 8-bit tensor-core kernel: B (K, N) is copied to (N, K), the kernel's
     operand; a large product of unaligned K pads K to a multiple of 16 (16-byte copies); a few output tiles split
