@@ -63,12 +63,15 @@ def test_the_depthwise_layers_match_onnxruntime(capsys):
 
 
 def test_the_cpu_matmul_rows_check_both_kernels_against_numpy(capsys):
-    """A prime size through the template as called (B packed per block) and with B packed once."""
+    """A prime size through the template as called (B packed per block) and with B packed once; and E4M3
+    operands, their f32 product against numpy's."""
     from taskdsl.bench import matmul
-    row, = matmul.run(sizes=(37,))
+    row, eight = matmul.run(sizes=(37,))
     assert row["size"] == 37 and row["err"] < 1e-5
     assert row["taskdsl"] > 0 and row["packed"] > 0 and row["peer"] > 0
-    assert "B packed GFLOP/s" in capsys.readouterr().out
+    assert eight["dtype"] == "f8e4m3" and eight["err"] < 1e-5 and eight["taskdsl"] > 0 and "packed" not in eight
+    out = capsys.readouterr().out
+    assert "B packed GFLOP/s" in out and "f8e4m3" in out
 
 
 def test_a_wrong_kernel_is_flagged_and_fails_the_run(monkeypatch, capsys):

@@ -2,13 +2,14 @@
 
 cpu target: stdlib_ops.matmul (the register-tile cpu template at its default schedule, or tuned with --tune)
 against numpy's BLAS, f32; and, as the graph layer runs constant weights, with B packed once outside the
-timing (`plan.pack_b`); then batched products of small matrices (`stdlib_ops.matmul_small`), the same call
-against numpy's. cuda target: the tuned plan, called as stdlib_ops.matmul calls it (padded copies of
-unaligned operands and split-k sums included), against torch.matmul (cuBLAS, TF32 off), f32 and f16; E4M3
-into f32 against torch._scaled_mm (cuBLASLt's 8-bit product, scales 1; where it refuses a size, f16 cuBLAS,
-named in the row); and DESIGN.md's kernel (f32): each side's kernels captured into a CUDA graph and timed as
-its replays with CUDA events (GPU time only; 'call ms' is a taskdsl call's time with its host launch cost
-and output allocation, td.DeviceArray operands).
+timing (`plan.pack_b`); E4M3 operands into f32 against numpy on their f32 values (ml_dtypes' conversion);
+then batched products of small matrices (`stdlib_ops.matmul_small`), the same call against numpy's. cuda
+target: the tuned plan, called as stdlib_ops.matmul calls it (padded copies of unaligned operands and
+split-k sums included), against torch.matmul (cuBLAS, TF32 off), f32 and f16; E4M3 into f32 against
+torch._scaled_mm (cuBLASLt's 8-bit product, scales 1; where it refuses a size, f16 cuBLAS, named in the
+row); and DESIGN.md's kernel (f32): each side's kernels captured into a CUDA graph and timed as its replays
+with CUDA events (GPU time only; 'call ms' is a taskdsl call's time with its host launch cost and output
+allocation, td.DeviceArray operands).
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from .timing import time_cpu
 
 
 def _cpu_rows(sizes, tune: bool) -> list:
+    import ml_dtypes
+
     import stdlib_ops as ops
     import taskdsl as td
     from stdlib_ops import gemm
@@ -36,6 +39,13 @@ def _cpu_rows(sizes, tune: bool) -> list:
         t_np = time_cpu(lambda: a @ b, repeat=5)
         err = max(rel_err(c, a @ b), rel_err(ops.matmul(a, b, tune=tune, packed=panels), a @ b))
         rows.append(dict(size=n, dtype="f32", taskdsl=t_td, packed=t_packed, peer=t_np, err=err))
+    for n in sizes:     # E4M3 operands, an f32 product: against numpy on ml_dtypes' f32 values of them
+        a, b = (rng.standard_normal((n, n), dtype=np.float32).astype(ml_dtypes.float8_e4m3fn) for _ in range(2))
+        c = ops.matmul(a, b, tune=tune)
+        t_td = time_cpu(lambda: ops.matmul(a, b, tune=tune), repeat=3)
+        t_np = time_cpu(lambda: a.astype(np.float32) @ b.astype(np.float32), repeat=5)
+        err = rel_err(c, a.astype(np.float64) @ b.astype(np.float64))
+        rows.append(dict(size=n, dtype="f8e4m3", taskdsl=t_td, peer=t_np, err=err))
     return rows
 
 
@@ -180,9 +190,11 @@ def run(sizes=None, tune: bool = False) -> list:
         r.update(taskdsl_gflops=flops / r["taskdsl"] / 1e9, peer_gflops=flops / r["peer"] / 1e9,
                  ratio=r["peer"] / r["taskdsl"])
         extra = f"{r['call'] * 1e3:>8.3f} " if "call" in r else ""
-        if packed:
+        if packed and "packed" in r:
             r.update(packed_gflops=flops / r["packed"] / 1e9, packed_ratio=r["peer"] / r["packed"])
             extra = f"{r['packed_gflops']:>17.1f} {r['packed_ratio']:>7.3f} "
+        elif packed:
+            extra = f"{'-':>17} {'-':>7} "
         print(f"{r['size']:>6} {r['dtype']:>10} {r['taskdsl_gflops']:>16.1f} {r['peer_gflops']:>13.1f} "
               f"{r['ratio']:>7.3f} {extra}"
               f"{shown(r['err'], r['dtype'].split()[0], 'matmul %d %s' % (r['size'], r['dtype']))}"
