@@ -424,7 +424,8 @@ def _plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune, point, fa
         if do_tune or (do_tune is None and target == "cuda"):
             proto = at(point)
             pads = proto.pads           # tuned as called: on padded operands where a call pads them
-            operands = tuple(random_operand(s, dtype) for s in proto.operand_shapes(padded=pads))
+            operands = tuple(random_operand(s, t) for s, t in zip(proto.operand_shapes(padded=pads),
+                                                                  (dtype, dtype, proto.out_dtype)))
             args = operands + (proto.batch_index(1), 1)
             packs = proto.packs_per_call        # ...and on B's panels where a call packs them
             candidate = lambda p: _candidate(at(p, split_for(p)), pads, packs)

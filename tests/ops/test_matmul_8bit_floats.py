@@ -133,6 +133,28 @@ def test_linear_passes_its_weight_as_the_kernels_b(simulated_gpu):
                                                           np.zeros((1, 4, 8), np.float16), b_k_major=True)
 
 
+def test_the_tuner_times_the_8_bit_kernels_on_b_transposed(simulated_gpu, monkeypatch):
+    """Tuning an E4M3 product on a GPU: the 8-bit space, operands as the kernels take them (B k-major, normal
+    E4M3 values), outputs checked as f32; and each candidate computes the product (here, two of them run)."""
+    seen = {}
+
+    def tune(space, build, args, *, outputs, default, **options):
+        seen.update(space=space, args=args, outputs=outputs)
+        for point in space.points()[:: len(space.points()) // 2]:
+            args[2][:] = np.nan
+            build(point)(*args)
+            assert_f32_product(args[2][0], args[0][0].view(E4M3), args[1][0].view(E4M3).T)
+        return default
+    monkeypatch.setattr(gemm, "tune", tune)
+    monkeypatch.setattr(gemm, "_plan", gemm._plan.__wrapped__)
+    gemm.plan((24, 64), (64, 40), td.f8e4m3, "cuda", do_tune=True)
+    assert seen["space"].name == "tc_matmul_8bit" and seen["outputs"] == {2: td.f32}
+    a, bt, c = seen["args"][:3]
+    assert a.shape == (1, 24, 64) and bt.shape == (1, 40, 64) and c.dtype == np.float32
+    values = bt.view(E4M3).astype(np.float64)
+    assert np.isfinite(values).all() and 0.5 < values.std() < 2        # normal values, not random bits
+
+
 def test_device_arrays_stay_on_the_device(simulated_gpu):
     """td.DeviceArrays in, a td.DeviceArray out: B's transpose made on the device."""
     rng = np.random.default_rng(5)
