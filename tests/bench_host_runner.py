@@ -4,6 +4,7 @@
     git show b659438:tests/cuda_on_host.py > /tmp/old_runner.py       # session 48's (a std::thread per thread)
     PYTHONPATH=. python tests/bench_host_runner.py /tmp/old_runner.py
     PYTHONPATH=. python tests/bench_host_runner.py --space            # every point of the space against numpy
+    PYTHONPATH=. python tests/bench_host_runner.py --space8           # ... of the 8-bit space
 
 `tree_sum` sums 2^16 f32 in 256 blocks of 256 threads (eight __syncthreads each); the tensor-core template
 (this tree's runner only: older ones refuse inline PTX) runs the 28 points that cover every pair of its axis
@@ -72,11 +73,33 @@ def every_point() -> None:
           f"largest error {worst:.1e}")
 
 
+def every_8_bit_point() -> None:
+    """Run every point of the 8-bit space (a Hopper GPU's) on the host against numpy, u8 x s8 and E4M3 x E5M2 taking
+    turns: a partial tile in M and N, K around the ring of stages (session 87: 153 points, 47.7 s)."""
+    from tests.cuda_on_host import run_on_host
+    from tests.ops import test_matmul_tc_8bit as t8
+    start = time.perf_counter()
+    points = tc.space(HOPPER_SMEM, 8).points()
+    rng = np.random.default_rng(0)
+    for i, point in enumerate(points):
+        a_type, b_type = [(td.u8, td.i8), (td.f8e4m3, td.f8e5m2)][i % 2]
+        bm, bn, _ = tc.tile_shape(point)
+        m, n, k = bm + 3, bn + 5, 2 * point.bk * (point.stages + 1) + 32
+        a, bt = t8.operand(rng, a_type, (1, m, k)), t8.operand(rng, b_type, (1, n, k))
+        out = t8.accumulator(a_type)
+        c = np.zeros((1, m, n), out.numpy)
+        run_on_host(tc.tc_matmul_kernel(point, a_type, out, 16, b_dtype=b_type), a, bt, c,
+                    simt.batch_index((1,), (1,), (1,)), 1)
+        t8.check(c.astype(np.float64 if out.is_float else np.int64), a, bt, k)
+    print(f"every point of the 8-bit tensor-core space ({len(points)}) on the host: "
+          f"{time.perf_counter() - start:.1f} s")
+
+
 def main() -> None:
-    """Print the medians (or, with --space, check every point)."""
+    """Print the medians (or, with --space / --space8, check every point)."""
     td.set_target("cpu")
-    if sys.argv[1:] == ["--space"]:
-        every_point()
+    if sys.argv[1:] in (["--space"], ["--space8"]):
+        (every_point if sys.argv[1] == "--space" else every_8_bit_point)()
         return
     runner = _runner(sys.argv[1] if len(sys.argv) > 1 else None)
     x = np.random.default_rng(0).standard_normal(1 << 16).astype(np.float32)
