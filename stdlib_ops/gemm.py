@@ -9,9 +9,10 @@ few tiles to fill the machine (tuned as such: a point that splits is timed as th
 epilogues) goes through `plan.fused`: with split-k the epilogue fuses into the kernel that sums
 the partials (`split_sum_kernel`), as no partial is the output yet.
 
-8-bit float operands (E4M3, E5M2) give an f32 product: on a GPU by the tensor-core template's m16n8k32 kernel,
-which takes B transposed (a call copies it so); on the cpu (and for two different 8-bit types) as f32 operands,
-the same exact products summed in f32.
+8-bit operands run on the tensor-core template's m16n8k32 kernel on a GPU, which takes B transposed (a call
+copies it so); the two operands may differ within a kind. 8-bit floats (E4M3, E5M2) give an f32 product (on the
+cpu from their f32 values: the same exact products, summed in f32); 8-bit integers (s8, u8) an exact i32 one (on
+the cpu by a rule-based reduction: `integer_product`).
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ from . import matmul_simt as simt
 from . import matmul_tc as tc
 
 # the operand types each op computes in (the templates take bf16 too; conv's own kernels do not)
-SUPPORTED = {"matmul": ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"),
+SUPPORTED = {"matmul": ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int8", "uint8"),
              "conv2d": ("float32", "float16")}
 MIN_K_TILES_PER_SPLIT = 4
 # From this many multiply-adds, a cpu matmul packs B once per call (`pack_b`, numpy) rather than have its row
@@ -62,6 +63,19 @@ def tdtype(dtype, op: str = "matmul") -> td.ir.types.DataType:
                         f"{dtype}; convert with np.asarray(x, np.float32), or stdlib_ops.cast(x, np.float32) for a "
                         "td.DeviceArray")
     return td.ir.types.from_numpy(dtype)
+
+
+# the 8-bit types one tensor-core instruction takes as its two operands, in any pair within a kind
+EIGHT_BIT_KINDS = (frozenset({"i8", "u8"}), frozenset({"f8e4m3", "f8e5m2"}))
+
+
+def operand_types(a_dtype, b_dtype) -> tuple:
+    """(A's DSL type, B's, or None where it is A's) that two matmul operands compute in: 8-bit operands of one kind
+    as they are (integers on either target, 8-bit floats on a GPU), other pairs in `operands_tdtype`'s one type."""
+    a, b = tdtype(a_dtype), tdtype(b_dtype)
+    if any({a.name, b.name} <= kind for kind in EIGHT_BIT_KINDS) and (not a.is_float or td.get_target() == "cuda"):
+        return a, (None if b == a else b)
+    return operands_tdtype(a_dtype, b_dtype), None
 
 
 def operands_tdtype(a_dtype, b_dtype, op: str = "matmul") -> td.ir.types.DataType:
@@ -96,7 +110,9 @@ CPU_TILE = Template("tile_matmul", lambda target, itemsize: cpu.space(itemsize),
 TENSOR_CORE = Template("tc_matmul", lambda target, itemsize: tc.space(_block_shared_limit(target) or tc.MAX_SMEM,
                                                                       8 * itemsize),
                        lambda target, itemsize, m, n: tc.default_point(m, n),
-                       lambda p, dtype, out, vec, *forms: tc.tc_matmul_kernel(p, dtype, out, vec), tc.tile_shape)
+                       lambda p, dtype, out, vec, *forms, b_dtype=None: tc.tc_matmul_kernel(p, dtype, out, vec,
+                                                                                            b_dtype=b_dtype),
+                       tc.tile_shape)
 
 
 def _cpu_kernel(p, dtype, out, packed_b: bool, transposed_a: bool, m: int | None, n: int | None) -> td.Kernel:
@@ -108,12 +124,12 @@ def _cpu_kernel(p, dtype, out, packed_b: bool, transposed_a: bool, m: int | None
 
 
 def template_for(dtype, target: str) -> Template:
-    """On a GPU: tensor cores for 16-bit and 8-bit floats, the SIMT template otherwise. On the cpu: the
+    """On a GPU: tensor cores for 16-bit floats and 8-bit types, the SIMT template otherwise. On the cpu: the
     register-tile template (one thread per block; the SIMT template's barriers cost more than
     they save when a block's threads run in turn)."""
     if target != "cuda":
         return CPU_TILE
-    return TENSOR_CORE if dtype.is_float and dtype.bits in (8, 16) else SIMT
+    return TENSOR_CORE if dtype.bits == 8 or (dtype.is_float and dtype.bits == 16) else SIMT
 
 
 def _block_shared_limit(target: str) -> int | None:
@@ -158,11 +174,20 @@ class MatmulPlan:
     split: int
     template: Template = SIMT
     small: bool = False     # the cpu runs it on `matmul_small`'s kernel (given B as it is: not packed)
+    b_dtype: object = None  # B's type where it is not A's (8-bit operands of one kind)
+
+    @property
+    def b_type(self):
+        """B's DSL type."""
+        return self.b_dtype or self.dtype
 
     @property
     def out_dtype(self):
-        """The type of C: the operands', or f32 for 8-bit ones (the tensor cores' accumulators)."""
-        return td.f32 if self.k_major_b else self.dtype
+        """The type of C: the operands', or for 8-bit ones the tensor cores' accumulators' (f32, or i32 for
+        integers)."""
+        if not self.k_major_b:
+            return self.dtype
+        return td.f32 if self.dtype.is_float else td.i32
 
     @property
     def k_major_b(self) -> bool:
@@ -212,7 +237,8 @@ class MatmulPlan:
         if self.small and not (packed_b or transposed_a or padded):
             return small.small_matmul_kernel(self.dtype, out, self.m, self.n)
         vec = self.align if padded else self.vec
-        return self.template.build(self.point, self.dtype, out, vec, packed_b, transposed_a, self.m, self.n)
+        mixed = {"b_dtype": self.b_dtype} if self.b_dtype else {}
+        return self.template.build(self.point, self.dtype, out, vec, packed_b, transposed_a, self.m, self.n, **mixed)
 
     @property
     def packs_b(self) -> bool:
@@ -280,11 +306,10 @@ class MatmulPlan:
 
     def padded_operands(self, a3, b3) -> tuple:
         """A and B copied on the target into zero-padded rows of a multiple of `align` elements (`pads`)."""
-        copy = tc.padded_copy_kernel(self.dtype)
         padded = []
-        for x, shape in zip((a3, b3), self.operand_shapes(padded=True)):
-            y = empty_like_operands(shape, numpy_dtype(self.dtype), a3, b3)
-            copy(x, y)
+        for x, shape, dtype in zip((a3, b3), self.operand_shapes(padded=True), (self.dtype, self.b_type)):
+            y = empty_like_operands(shape, numpy_dtype(dtype), a3, b3)
+            tc.padded_copy_kernel(dtype)(x, y)
             padded.append(y)
         return tuple(padded)
 
@@ -314,7 +339,7 @@ class MatmulPlan:
         """Example arguments (A, B, C, batch index, split 1) that specialize this plan's anchor for fusion (or its
         kernel for packed B panels, for a transposed A: `kernel`)."""
         a, b, c = (np.empty(s, numpy_dtype(t)) for s, t in zip(self.operand_shapes(transposed_a),
-                                                                 (self.dtype, self.dtype, self.out_dtype)))
+                                                                 (self.dtype, self.b_type, self.out_dtype)))
         return (a, self.pack_b(b) if packed_b else b, c, self.batch_index(1), 1)
 
     @property
@@ -370,9 +395,33 @@ def random_operand(shape: tuple, dtype) -> np.ndarray:
     return np.random.default_rng(0).standard_normal(shape).astype(numpy_dtype(dtype)).view(dtype.numpy)
 
 
+@functools.cache
+def _integer_product_op(a_dtype, b_dtype) -> td.Op:
+    """C (Z, M, N) = A (Z, M, K) @ B (Z, K, N) of 8-bit integers, summed exactly in i32."""
+    a = td.placeholder("a", a_dtype, ("Z", "M", "K"))
+    b = td.placeholder("b", b_dtype, ("Z", "K", "N"))
+    c = td.reduce("integer_product", ("Z", "M", "N"), ("K",),
+                  lambda z, i, j, k: td.cast(a[z, i, k], td.i32) * td.cast(b[z, k, j], td.i32), op="sum", dtype=td.i32)
+    return td.op([a, b], [c], name="integer_product")
+
+
+def integer_product(a2, b2) -> np.ndarray:
+    """a2 (..., M, K) @ b2 (..., K, N) of 8-bit integers, exact in i32, off a GPU: a rule-based reduction (the
+    batch dims broadcast by copies)."""
+    batch = tuple(np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2]))
+    (m, k), n, z = a2.shape[-2:], b2.shape[-1], math.prod(batch)
+    if 0 in (z, m, n, k):        # nothing to sum: zeros
+        return np.zeros(batch + (m, n), np.int32)
+    a3, b3 = (np.ascontiguousarray(np.broadcast_to(x, batch + x.shape[-2:])).reshape((z,) + x.shape[-2:])
+              for x in (a2, b2))
+    op = _integer_product_op(td.ir.types.from_numpy(a3.dtype), td.ir.types.from_numpy(b3.dtype))
+    return op(a3, b3)[0].reshape(batch + (m, n))
+
+
 def plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune: bool | None = None,
-         point=None) -> MatmulPlan:
-    """The plan for (..., M, K) @ (..., K, N) operands of DSL type `dtype` on `target`.
+         point=None, b_dtype=None) -> MatmulPlan:
+    """The plan for (..., M, K) @ (..., K, N) operands of DSL type `dtype` (B of `b_dtype`, where it differs:
+    8-bit operands of one kind) on `target`.
 
     The schedule: `point` if given; else tuned (cuda, or `do_tune=True`) with the winner
     cached on disk; else the target's default (on the cpu, for small matrices, `matmul_small`'s kernel). Batch
@@ -381,7 +430,7 @@ def plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune: bool | Non
     _check_tune(do_tune)
     # Python ints: numpy ones would key their tuning records apart (`repr`) and tune the same product again
     return _plan(int_tuple(a_shape, "matmul: shapes"), int_tuple(b_shape, "matmul: shapes"), dtype, target, do_tune,
-                 point, fast_compile_enabled(), tuning_enabled())
+                 point, fast_compile_enabled(), tuning_enabled(), None if b_dtype == dtype else b_dtype)
 
 
 def _check_tune(do_tune) -> None:
@@ -391,7 +440,8 @@ def _check_tune(do_tune) -> None:
 
 
 @functools.lru_cache(maxsize=256)
-def _plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune, point, fast: bool, tuning: bool) -> MatmulPlan:
+def _plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune, point, fast: bool, tuning: bool,
+          b_dtype) -> MatmulPlan:
     """`plan`, cached per fast-compile mode (the cpu default point depends on it) and TASKDSL_TUNE (read at each
     call: a plan made with tuning off is not kept once it is on) too."""
     *a_batch, m, k = a_shape
@@ -404,15 +454,19 @@ def _plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune, point, fa
         raise ValueError(f"matmul: batch dimensions {tuple(a_batch)} and {tuple(b_batch)} do not broadcast") from None
     if dtype.bits == 8 and target != "cuda":
         raise ValueError(f"matmul: {dtype.name} operands run on tensor cores (the cuda target); on the {target}, "
-                         "plan the product of their f32 values (stdlib_ops.matmul converts them so)")
+                         "stdlib_ops.matmul multiplies them (8-bit floats as their f32 values, integers exactly)")
+    if b_dtype is not None and not any({dtype.name, b_dtype.name} <= kind for kind in EIGHT_BIT_KINDS):
+        raise TypeError(f"matmul: operands of two types plan in one ({dtype.name} and {b_dtype.name}: convert one); "
+                        "only 8-bit operands of one kind (s8 / u8, E4M3 / E5M2) mix")
     itemsize = dtype.bits // 8
     template = template_for(dtype, target)
 
     def at(p, split: int = 1, on_small: bool = False) -> MatmulPlan:
-        return MatmulPlan(p, dtype, out_batch, tuple(a_batch), tuple(b_batch), m, n, k, split, template, on_small)
+        return MatmulPlan(p, dtype, out_batch, tuple(a_batch), tuple(b_batch), m, n, k, split, template, on_small,
+                          b_dtype)
 
-    def split_for(p) -> int:
-        return choose_split(p, math.prod(out_batch), m, n, k, target, template)
+    def split_for(p) -> int:     # integer partials would need a sum kernel of their own: not split
+        return choose_split(p, math.prod(out_batch), m, n, k, target, template) if dtype.is_float else 1
 
     if point is not None and {name for name, _ in point.values} != set(template.space(target, itemsize).axes):
         raise ValueError(f"matmul: the point {point} is not of the {template.name} template's space, which "
@@ -425,12 +479,13 @@ def _plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune, point, fa
             proto = at(point)
             pads = proto.pads           # tuned as called: on padded operands where a call pads them
             operands = tuple(random_operand(s, t) for s, t in zip(proto.operand_shapes(padded=pads),
-                                                                  (dtype, dtype, proto.out_dtype)))
+                                                                  (dtype, proto.b_type, proto.out_dtype)))
             args = operands + (proto.batch_index(1), 1)
             packs = proto.packs_per_call        # ...and on B's panels where a call packs them
             candidate = lambda p: _candidate(at(p, split_for(p)), pads, packs)
             point = tune(template.space(target, itemsize), candidate, args,
-                         op=template.name, shapes=(tuple(a_shape), tuple(b_shape)), dtypes=(dtype.name,),
+                         op=template.name, shapes=(tuple(a_shape), tuple(b_shape)),
+                         dtypes=(dtype.name,) + ((b_dtype.name,) if b_dtype else ()),
                          default=point, target=target, outputs={2: proto.out_dtype})
     return at(point, split_for(point))
 
@@ -493,13 +548,14 @@ class SplitRun:
 
 
 def _operands(a, b) -> tuple:
-    """(a, b, their DSL type): both contiguous arrays of the type they compute in."""
+    """(a, b, A's DSL type, B's or None where it is A's): contiguous arrays of the types they compute in
+    (`operand_types`)."""
     a, b = as_array(a), as_array(b)
     if a.ndim == 0 or b.ndim == 0:
         raise ValueError("matmul needs operands with at least one dimension (use mul for scalars)")
     _check_inner(a.shape, b.shape)
-    dtype = operands_tdtype(a.dtype, b.dtype)
-    return converted(a, numpy_dtype(dtype)), converted(b, numpy_dtype(dtype)), dtype
+    dtype, b_dtype = operand_types(a.dtype, b.dtype)
+    return converted(a, numpy_dtype(dtype)), converted(b, numpy_dtype(b_dtype or dtype)), dtype, b_dtype
 
 
 def _check_inner(a_shape: tuple, b_shape: tuple) -> None:
@@ -512,20 +568,25 @@ def _check_inner(a_shape: tuple, b_shape: tuple) -> None:
 
 
 def matmul(a, b, *, tune: bool | None = None, packed: np.ndarray | None = None):
-    """`a @ b` with numpy's rules (1-D operands promoted, batch dims broadcast); f32, f16, bf16, or E4M3 / E5M2
-    into an f32 result (operands of two types compute in f32); numpy arrays or td.DeviceArrays (the result is
-    where the operands are). `packed`: b's panels from the plan's `pack_b`, made once by a caller that multiplies
-    by the same b again (the cpu; large products pack b per call)."""
+    """`a @ b` with numpy's rules (1-D operands promoted, batch dims broadcast); f32, f16, bf16, E4M3 / E5M2 into
+    an f32 result, or s8 / u8 into an exact i32 one (8-bit operands may differ within their kind; other operands
+    of two types compute in f32); numpy arrays or td.DeviceArrays (the result is where the operands are).
+    `packed`: b's panels from the plan's `pack_b`, made once by a caller that multiplies by the same b again (the
+    cpu's float products; large ones pack b per call)."""
     _check_tune(tune)
-    a, b, dtype = _operands(a, b)
+    a, b, dtype, b_dtype = _operands(a, b)
     a2 = a.reshape((1,) + a.shape) if a.ndim == 1 else a
     b2 = b.reshape(b.shape + (1,)) if b.ndim == 1 else b
     empty = 0 in a2.shape or 0 in b2.shape       # nothing to multiply: no schedule to tune
     batched = max(a2.ndim, b2.ndim) > 2
-    if not (empty or tune or packed is not None) and gemv.applies(a2.shape[-2], b2.shape[-1], batched):
+    if not dtype.is_float and td.get_target() != "cuda":
+        if packed is not None:
+            raise ValueError("matmul: packed B is for the cpu template's float products, not 8-bit integers")
+        out = integer_product(a2, b2)
+    elif not (empty or tune or packed is not None) and gemv.applies(a2.shape[-2], b2.shape[-1], batched):
         out = gemv.product(a2, b2, dtype)
     else:
-        out = _on_template(a2, b2, dtype, False if empty else tune, packed)
+        out = _on_template(a2, b2, dtype, False if empty else tune, packed, b_dtype)
     shape = out.shape
     if a.ndim == 1:      # drop the promoted axes again
         shape = shape[:-2] + shape[-1:]
@@ -534,9 +595,9 @@ def matmul(a, b, *, tune: bool | None = None, packed: np.ndarray | None = None):
     return out.reshape(shape)
 
 
-def _on_template(a2, b2, dtype, tune: bool | None, packed: np.ndarray | None):
+def _on_template(a2, b2, dtype, tune: bool | None, packed: np.ndarray | None, b_dtype=None):
     """a2 (..., M, K) @ b2 (..., K, N) on the matmul template (b2's panels `packed`, or packed here where large)."""
-    p = plan(a2.shape, b2.shape, dtype, td.get_target(), tune)
+    p = plan(a2.shape, b2.shape, dtype, td.get_target(), tune, b_dtype=b_dtype)
     shape_a = p.operand_shapes()[0]
     shape = p.out_batch + (p.m, p.n)
     if math.prod(shape) == 0 or p.k == 0:
@@ -583,12 +644,12 @@ def _times_transposed(x, weight, tune: bool | None):
     from .transform import transpose
     _check_tune(tune)
     (n, k), m = weight.shape, math.prod(x.shape[:-1])
-    dtype = operands_tdtype(x.dtype, weight.dtype)
+    dtype, b_dtype = operand_types(x.dtype, weight.dtype)
     if td.get_target() != "cpu" and dtype.bits == 8 and m * n * k:
-        p = plan((m, k), (k, n), dtype, "cuda", tune)
+        p = plan((m, k), (k, n), dtype, "cuda", tune, b_dtype=b_dtype)
         return p(x.reshape(p.operand_shapes()[0]), weight.reshape(p.operand_shapes()[1]), b_k_major=True).reshape(
             x.shape[:-1] + (n,))
-    if td.get_target() != "cpu" or m * n * k == 0:
+    if td.get_target() != "cpu" or m * n * k == 0 or not dtype.is_float:
         return matmul(x, transpose(weight), tune=tune)
     x2, w = converted(x, numpy_dtype(dtype)).reshape(m, k), converted(weight, numpy_dtype(dtype))
     if not tune and gemv.applies(m, n, False):

@@ -206,15 +206,15 @@ def test_batch_broadcasting_and_promotion_examples():
 
 
 def test_refused_types_say_what_to_do():
-    """numpy multiplies f64, integers and bools; matmul is documented for f32, f16, bf16 and the two 8-bit floats
-    and refuses the others with a TypeError naming the operand's type (not the pair's promotion) and the
-    conversion."""
+    """numpy multiplies f64, integers and bools; matmul is documented for f32, f16, bf16, the two 8-bit floats and
+    8-bit integers and refuses the others with a TypeError naming the operand's type (not the pair's promotion) and
+    the conversion."""
     b = rand((3, 4), 1)
     for bad in (rand((2, 3), 0, np.float64), rand((2, 3), 0, np.int32), rand((2, 3), 0, np.int64),
                 rand((2, 3), 0) > 0):
         for a_, b_ in ((bad, b), (b.T.copy(), bad.T.copy())):
-            with pytest.raises(TypeError, match=r"supports float32, float16, bfloat16, float8_e4m3fn and "
-                                                rf"float8_e5m2 operands, got {bad.dtype}; "
+            with pytest.raises(TypeError, match=r"supports float32, float16, bfloat16, float8_e4m3fn, float8_e5m2, "
+                                                rf"int8 and uint8 operands, got {bad.dtype}; "
                                                 r"convert with np\.asarray\(x, np\.float32\), or stdlib_ops\.cast\(x, "
                                                 r"np\.float32\) for a td\.DeviceArray"):
                 ops.matmul(put(a_), put(b_))

@@ -1,12 +1,12 @@
-"""stdlib_ops.matmul / batch_matmul / linear on E4M3 and E5M2 operands: an f32 product.
+"""stdlib_ops.matmul / batch_matmul / linear on 8-bit operands: E4M3 / E5M2 into an f32 product, s8 / u8 into an
+exact i32 one (the two operands may differ within their kind).
 
-On the cuda target the 8-bit tensor-core kernel runs it (B transposed by a call, K padded where large and
-unaligned, split-k); here on a simulated GPU whose launches run their CUDA C++ on the host, and as @gpu tests on a
-GPU. On the cpu the operands' f32 values multiply (the same exact products, summed in f32). The oracle is numpy in
-f64: the products of 8-bit floats are exact, so the only error is the f32 sums'.
+On the cuda target the 8-bit tensor-core kernel runs them (B transposed by a call, K padded where large and
+unaligned, split-k for floats); here on a simulated GPU whose launches run their CUDA C++ on the host, and as @gpu
+tests on a GPU. On the cpu the 8-bit floats' f32 values multiply (the same exact products, summed in f32), and the
+integers by a rule-based reduction in i32. The oracle is numpy: in f64 for floats (the products of 8-bit floats
+are exact, so the only error is the f32 sums'), in int64 for integers (exact).
 """
-import math
-
 import ml_dtypes
 import numpy as np
 import pytest
@@ -19,12 +19,25 @@ from stdlib_ops import gemm
 from ..cuda_on_host import unsupported
 
 E4M3, E5M2 = ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2
+PAIRS = [(E4M3, E4M3), (E5M2, E5M2), (E4M3, E5M2), (np.int8, np.int8), (np.uint8, np.uint8), (np.uint8, np.int8)]
 FEW = settings(max_examples=8, deadline=None,     # the target fixture holds across the examples
                suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 def operand(rng, shape, dtype) -> np.ndarray:
+    """Integers over their whole range; 8-bit floats normal, scaled by 4."""
+    if np.dtype(dtype).kind in "iu":
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max + 1, shape).astype(dtype)
     return (rng.standard_normal(shape) * 4).astype(dtype)
+
+
+def assert_product(c, a, b):
+    """`c` is a @ b (numpy's rules): exactly, in i32, for integers; for 8-bit floats `assert_f32_product`."""
+    if a.dtype.kind not in "iu":
+        return assert_f32_product(c, a, b)
+    assert c.dtype == np.int32
+    np.testing.assert_array_equal(c, np.matmul(a.astype(np.int64), b.astype(np.int64)))
 
 
 def assert_f32_product(c, a, b):
@@ -53,32 +66,36 @@ def target(request, monkeypatch):
 
 
 @FEW
-@given(m=st.sampled_from([1, 5, 33]), k=st.sampled_from([1, 16, 37, 96]), n=st.sampled_from([1, 8, 23]),
-       types=st.sampled_from([(E4M3, E4M3), (E5M2, E5M2), (E4M3, E5M2)]), seed=st.integers(0, 2**16))
+@given(m=st.sampled_from([0, 1, 5, 33]), k=st.sampled_from([0, 1, 16, 37, 96]), n=st.sampled_from([1, 8, 23]),
+       types=st.sampled_from(PAIRS), seed=st.integers(0, 2**16))
 @example(m=33, k=37, n=23, types=(E4M3, E4M3), seed=0)
-def test_matmul_of_8_bit_floats(target, m, k, n, types, seed):
+@example(m=33, k=96, n=23, types=(np.uint8, np.int8), seed=0)
+def test_matmul_of_8_bit_operands(target, m, k, n, types, seed):
     rng = np.random.default_rng(seed)
     a, b = operand(rng, (m, k), types[0]), operand(rng, (k, n), types[1])
-    assert_f32_product(stdlib_ops.matmul(a, b), a, b)
+    assert_product(stdlib_ops.matmul(a, b), a, b)
 
 
-def test_batched_and_one_dimensional_operands(target):
+@pytest.mark.parametrize("dtype", [E5M2, np.int8])
+def test_batched_and_one_dimensional_operands(target, dtype):
     rng = np.random.default_rng(2)
-    a, b = operand(rng, (2, 3, 20, 32), E5M2), operand(rng, (3, 32, 9), E5M2)
-    assert_f32_product(stdlib_ops.batch_matmul(a, b), a, b)
-    v = operand(rng, (32,), E5M2)
-    assert_f32_product(stdlib_ops.matmul(a, v), a, v)
-    assert_f32_product(stdlib_ops.matmul(v, b), v, b)
+    a, b = operand(rng, (2, 3, 20, 32), dtype), operand(rng, (3, 32, 9), dtype)
+    assert_product(stdlib_ops.batch_matmul(a, b), a, b)
+    v = operand(rng, (32,), dtype)
+    assert_product(stdlib_ops.matmul(a, v), a, v)
+    assert_product(stdlib_ops.matmul(v, b), v, b)
 
 
-def test_linear_of_8_bit_floats(target):
+@pytest.mark.parametrize("types", [(E4M3, E4M3), (np.uint8, np.int8)])
+def test_linear_of_8_bit_operands(target, types):
     rng = np.random.default_rng(3)
-    x, w = operand(rng, (4, 7, 48), E4M3), operand(rng, (24, 48), E4M3)
-    bias = rng.standard_normal(24).astype(np.float32)
-    y = stdlib_ops.linear(x, w, bias)
-    want = x.astype(np.float64) @ w.astype(np.float64).T
-    assert y.dtype == np.float32 and y.shape == (4, 7, 24)
-    np.testing.assert_allclose(y - bias, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    x, w = operand(rng, (4, 7, 48), types[0]), operand(rng, (24, 48), types[1])
+    assert_product(stdlib_ops.linear(x, w), x, w.T)
+    if x.dtype.kind == "f":      # a bias adds in the product's type
+        bias = rng.standard_normal(24).astype(np.float32)
+        want = x.astype(np.float64) @ w.astype(np.float64).T
+        np.testing.assert_allclose(stdlib_ops.linear(x, w, bias) - bias, want, rtol=1e-5,
+                                   atol=1e-5 * np.abs(want).max())
 
 
 @pytest.mark.parametrize("dtype", [E4M3, E5M2, ml_dtypes.bfloat16])
@@ -116,9 +133,25 @@ def test_the_cuda_plan_runs_tensor_cores_on_b_transposed(simulated_gpu):
     launched = [kernel.name for kernel, _ in simulated_gpu.launches]
     assert launched[-1] == "split_k_sum_f32" and launched[-2].startswith("tc_matmul_"), launched
     assert unsupported(source) is None          # the launches ran the CUDA source on the host
-    with pytest.raises(ValueError, match="f8e4m3 operands run on tensor cores .* on the cpu, plan the product of "
-                                         "their f32 values"):
+    with pytest.raises(ValueError, match="f8e4m3 operands run on tensor cores .* on the cpu, stdlib_ops.matmul "
+                                         "multiplies them"):
         gemm.plan((4, 4), (4, 4), td.f8e4m3, "cpu", False)
+
+
+def test_integer_and_mixed_plans(simulated_gpu):
+    """s8 by u8 plans the integer kernel (`.s32.s8.u8.s32`), B's type beside A's; integer products are never split
+    (a few output tiles of a long K split a float product); two types that do not mix in one instruction are
+    refused."""
+    mixed = gemm.plan((16, 4096), (4096, 64), td.i8, "cuda", False, b_dtype=td.u8)
+    assert mixed.split == 1 and mixed.out_dtype == td.i32 and mixed.b_type == td.u8
+    assert "mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32" in mixed.kernel().source(*mixed.examples(),
+                                                                                         target="cuda")
+    assert gemm.plan((16, 4096), (4096, 64), td.f8e4m3, "cuda", False, b_dtype=td.f8e5m2).split > 1
+    rng = np.random.default_rng(8)
+    a, b = operand(rng, (16, 4096), np.int8), operand(rng, (4096, 64), np.uint8)
+    assert_product(stdlib_ops.matmul(a, b), a, b)
+    with pytest.raises(TypeError, match="only 8-bit operands of one kind .* mix"):
+        gemm.plan((4, 4), (4, 4), td.i8, "cuda", False, b_dtype=td.f8e4m3)
 
 
 def test_linear_passes_its_weight_as_the_kernels_b(simulated_gpu):
@@ -133,25 +166,30 @@ def test_linear_passes_its_weight_as_the_kernels_b(simulated_gpu):
                                                           np.zeros((1, 4, 8), np.float16), b_k_major=True)
 
 
-def test_the_tuner_times_the_8_bit_kernels_on_b_transposed(simulated_gpu, monkeypatch):
-    """Tuning an E4M3 product on a GPU: the 8-bit space, operands as the kernels take them (B k-major, normal
-    E4M3 values), outputs checked as f32; and each candidate computes the product (here, two of them run)."""
+@pytest.mark.parametrize("a_type, b_type, numpy_types, out", [(td.f8e4m3, None, (E4M3, E4M3), td.f32),
+                                                              (td.u8, td.i8, (np.uint8, np.int8), td.i32)])
+def test_the_tuner_times_the_8_bit_kernels_on_b_transposed(simulated_gpu, monkeypatch, a_type, b_type, numpy_types,
+                                                           out):
+    """Tuning an 8-bit product on a GPU: the 8-bit space, operands as the kernels take them (B k-major, of its own
+    type; normal values, not random bits), outputs checked in the accumulators' type; and each candidate computes
+    the product (here, three of them run)."""
     seen = {}
 
-    def tune(space, build, args, *, outputs, default, **options):
-        seen.update(space=space, args=args, outputs=outputs)
+    def tune(space, build, args, *, outputs, default, dtypes, **options):
+        seen.update(space=space, args=args, outputs=outputs, dtypes=dtypes)
         for point in space.points()[:: len(space.points()) // 2]:
-            args[2][:] = np.nan
+            args[2][:] = -1     # an element left unwritten shows
             build(point)(*args)
-            assert_f32_product(args[2][0], args[0][0].view(E4M3), args[1][0].view(E4M3).T)
+            assert_product(args[2][0], args[0][0].view(numpy_types[0]), args[1][0].view(numpy_types[1]).T)
         return default
     monkeypatch.setattr(gemm, "tune", tune)
     monkeypatch.setattr(gemm, "_plan", gemm._plan.__wrapped__)
-    gemm.plan((24, 64), (64, 40), td.f8e4m3, "cuda", do_tune=True)
-    assert seen["space"].name == "tc_matmul_8bit" and seen["outputs"] == {2: td.f32}
+    gemm.plan((24, 64), (64, 40), a_type, "cuda", do_tune=True, b_dtype=b_type)
+    assert seen["space"].name == "tc_matmul_8bit" and seen["outputs"] == {2: out}
+    assert seen["dtypes"] == (a_type.name,) + ((b_type.name,) if b_type else ())    # the tuning records' key
     a, bt, c = seen["args"][:3]
-    assert a.shape == (1, 24, 64) and bt.shape == (1, 40, 64) and c.dtype == np.float32
-    values = bt.view(E4M3).astype(np.float64)
+    assert a.shape == (1, 24, 64) and bt.shape == (1, 40, 64) and c.dtype == out.numpy
+    values = bt.view(numpy_types[1]).astype(np.float64)
     assert np.isfinite(values).all() and 0.5 < values.std() < 2        # normal values, not random bits
 
 
@@ -165,10 +203,11 @@ def test_device_arrays_stay_on_the_device(simulated_gpu):
 
 
 @pytest.mark.gpu
-def test_8_bit_float_matmul_on_gpu():
+@pytest.mark.parametrize("types", [(E4M3, E4M3), (E4M3, E5M2), (np.uint8, np.int8)])
+def test_8_bit_matmul_on_gpu(types):
     td.set_target("cuda")
     rng = np.random.default_rng(0)
     for size in (256, 2039):
-        a, b = operand(rng, (size, size), E4M3), operand(rng, (size, size), E4M3)
-        assert_f32_product(stdlib_ops.matmul(a, b), a, b)
-    assert math.isfinite(float(stdlib_ops.matmul(a[:1], b).sum()))
+        a, b = operand(rng, (size, size), types[0]), operand(rng, (size, size), types[1])
+        assert_product(stdlib_ops.matmul(a, b), a, b)
+        assert_product(stdlib_ops.matmul(a[:1], b), a[:1], b)
