@@ -22,8 +22,8 @@ from ..runtime.config import get_target
 from ..runtime.device_array import DeviceArray, carve
 from ..runtime.kernel import remember
 from .operator import Operator
-from .ops import (BatchNorm, Concat, Conv, Elementwise, Expand, FusedElementwise, Gather, LayerNorm, MatMul, Pad,
-                  Pool, Reduce, Reshape, Slice, Softmax, Transpose)
+from .ops import (BatchNorm, Concat, Conv, Elementwise, Expand, FusedElementwise, Gather, IntegerMatMul, LayerNorm,
+                  MatMul, Pad, Pool, Reduce, Reshape, Slice, Softmax, Transpose)
 from .replay import record_check
 
 RUNNERS: dict = {}
@@ -81,6 +81,18 @@ def run_matmul(op: MatMul, arrays: list) -> tuple:
     packed = packed_b(p, b, arrays[1])
     out = gemm.matmul(*arrays, packed=packed).reshape(op.outputs[0].shape)
     return [out], [p.kernel(packed_b=packed is not None)]
+
+
+@runs(IntegerMatMul)
+def run_integer_matmul(op: IntegerMatMul, arrays: list) -> tuple:
+    """The product of 8-bit integers: on a GPU by the 8-bit tensor-core template (stdlib_ops.gemm), else by its
+    definitions (an exact int32 reduction)."""
+    if get_target() != "cuda":
+        return run_definitions(op, arrays)
+    a, b = op.inputs
+    p = gemm.plan(a.shape if a.ndim > 1 else (1,) + a.shape, b.shape if b.ndim > 1 else b.shape + (1,), a.dtype,
+                  "cuda", b_dtype=b.dtype)
+    return [gemm.matmul(*arrays).reshape(op.outputs[0].shape)], [p.kernel()]
 
 
 def packed_b(plan: gemm.MatmulPlan, tensor, b: np.ndarray) -> np.ndarray | None:

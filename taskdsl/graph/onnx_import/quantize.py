@@ -7,8 +7,10 @@ The scale and zero point apply per tensor (scalars), per axis (1-d, one per inde
 tensor that broadcasts against x (a blocked one repeated along the axis by a constant gather). DequantizeLinear also
 reads 4-bit integer constants (node.FourBitTensor: block-wise quantized weights), their values held in 8 bits.
 
-The integer operators subtract the zero points in int32 and accumulate exactly: a matmul in int32, a convolution
-(a float op) in f64, where the products and sums of 8-bit values are exact. QLinear* then requantize the
+The integer operators accumulate exactly: a matmul multiplies the 8-bit operands as they are into int32
+(`integer_matmul`: on a GPU, 8-bit tensor cores) and subtracts the zero points' share after, (a - za) @ (b - zb) =
+a @ b - za * colsum(b) - zb * rowsum(a) + K * za * zb; a convolution (a float op) subtracts them first, in f64,
+where the products and sums of 8-bit values are exact. QLinear* then requantize the
 accumulator in f64 by the f32 multiplier x_scale * w_scale / y_scale, as the reference does. The second operand's
 scale and zero point may be per column (matmul) or per output channel (conv); the first's are per tensor.
 """
@@ -147,14 +149,8 @@ def _quantized_input(node: Node, k: int):
 
 def _centred(node: Node, q, zero, axis: int | None, what: str):
     """q - zero in int32; the zero point per tensor, or per index along `axis` of q (None: per tensor only)."""
-    centred = ops.cast(q, "int32")
-    if zero is None:
-        return centred
-    if zero.dtype != q.dtype:
-        raise node.error(f"{what} has type {zero.dtype.name}, its input {q.dtype.name}", OnnxImportError)
-    if axis is None and zero.size != 1:
-        raise node.error(f"{what} of shape {list(zero.shape)} is not supported (per tensor only)")
-    return ops.sub(centred, ops.cast(_broadcastable(node, zero, q, 0 if axis is None else axis, 0, what), "int32"))
+    centred, zero = ops.cast(q, "int32"), _zero_point(node, q, zero, axis, what)
+    return centred if zero is None else ops.sub(centred, zero)
 
 
 def _zero(node: Node, k: int):
@@ -180,13 +176,38 @@ def _requantized(node: Node, accumulator, scales: tuple, w_axis: int, zero, out:
                       None if zero is None else ops.reshape(zero, ()), out)
 
 
+def _zero_point(node: Node, q, zero, axis: int | None, what: str):
+    """A zero point of q as an int32 tensor that broadcasts against q: per tensor, or per index along `axis`
+    (None: per tensor only); None where there is none or it is a constant 0."""
+    if zero is None:
+        return None
+    if zero.dtype != q.dtype:
+        raise node.error(f"{what} has type {zero.dtype.name}, its input {q.dtype.name}", OnnxImportError)
+    if axis is None and zero.size != 1:
+        raise node.error(f"{what} of shape {list(zero.shape)} is not supported (per tensor only)")
+    if zero.is_constant and not np.any(zero.value):
+        return None
+    return ops.cast(_broadcastable(node, zero, q, 0 if axis is None else axis, 0, what), "int32")
+
+
 def _matmul_integer(node: Node, a_k: int, b_k: int, a_zero, b_zero):
-    """(a - a_zero) @ (b - b_zero) in int32, exact; b's zero point per tensor or per column."""
+    """(a - a_zero) @ (b - b_zero) in int32, exact: a @ b of the 8-bit operands, less the zero points' share; b's
+    zero point per tensor or per column."""
     a, b = _quantized_input(node, a_k), _quantized_input(node, b_k)
     if b.ndim < 2 and b_zero is not None and b_zero.size != 1:
         raise node.error("a per-column zero point needs b of rank 2 or more", OnnxImportError)
-    return ops.matmul(_centred(node, a, a_zero, None, "a's zero point"),
-                      _centred(node, b, b_zero, -1, "b's zero point"))
+    za = _zero_point(node, a, a_zero, None, "a's zero point")
+    zb = _zero_point(node, b, b_zero, -1, "b's zero point")
+    product = ops.integer_matmul(a, b)
+    keep = a.ndim > 1 and b.ndim > 1        # the sums keep their axis where the product has it (numpy's rules)
+    if za is not None:      # - za * (the sums of b's columns)
+        product = ops.sub(product, ops.mul(za, ops.sum(ops.cast(b, "int32"), axis=-2 if b.ndim > 1 else -1,
+                                                       keepdims=keep)))
+    if zb is not None:      # - zb * (the sums of a's rows)
+        product = ops.sub(product, ops.mul(zb, ops.sum(ops.cast(a, "int32"), axis=-1, keepdims=keep)))
+    if za is not None and zb is not None:
+        product = ops.add(product, ops.mul(ops.mul(za, zb), constant(np.int32(a.shape[-1]))))
+    return product
 
 
 @converts("MatMulInteger")

@@ -1,11 +1,13 @@
 """The anchors: matmul (numpy semantics: 1-d operands, broadcast batch axes) and N-d convolution.
 
 Both are reductions; they are what fusion partitions are built around (`is_anchor`).
-`linear` and `conv2d` with a bias are the anchor followed by an elementwise add.
+`linear` and `conv2d` with a bias are the anchor followed by an elementwise add. `integer_matmul`, the product of
+8-bit integers into exact int32 (ONNX's MatMulInteger), runs on its own (on a GPU's 8-bit tensor cores).
 """
 from __future__ import annotations
 
 from ... import ir
+from ...ir import types as T
 from ...compute import reduce as reduction
 from ..operator import Operator, dims
 from ..tensor import Tensor, as_tensor
@@ -27,6 +29,11 @@ class MatMul(Operator):
         a, b = self.inputs
         if a.dtype != b.dtype or a.dtype.is_bool:
             raise TypeError(f"matmul needs two numeric tensors of one dtype, got {a.dtype.name} and {b.dtype.name}")
+        self.check_shapes()
+
+    def check_shapes(self):
+        """A ValueError unless the operands' shapes multiply (numpy's matmul rules)."""
+        a, b = self.inputs
         if a.ndim == 0 or b.ndim == 0:
             raise ValueError("matmul needs tensors of at least 1 dimension; use mul for scalars")
         ka = a.shape[-1]
@@ -36,6 +43,10 @@ class MatMul(Operator):
         broadcast_shape([a.shape[:-2], b.shape[:-2]], "matmul batch axes")
 
     def define(self, a, b):
+        return [self.product(a, b, lambda x, y: x * y, self.inputs[0].dtype)]
+
+    def product(self, a, b, term, dtype) -> Tensor:
+        """The reduction a @ b whose summed terms are term(a element, b element), of `dtype`."""
         ta, tb = self.inputs
         da, db = dims(a), dims(b)
         rank = max(ta.ndim, tb.ndim, 2) - 2
@@ -52,9 +63,26 @@ class MatMul(Operator):
             k = ix[-1]
             row = (ix[rank],) if m else ()
             col = (ix[rank + len(m)],) if n else ()
-            return a[operand_batch(ix, ta) + row + (k,)] * b[operand_batch(ix, tb) + (k,) + col]
+            return term(a[operand_batch(ix, ta) + row + (k,)], b[operand_batch(ix, tb) + (k,) + col])
 
-        return [reduction("matmul", batch + m + n, (da[-1],), fcompute, op="sum", dtype=ta.dtype)]
+        return reduction(self.kind, batch + m + n, (da[-1],), fcompute, op="sum", dtype=dtype)
+
+
+class IntegerMatMul(MatMul):
+    """a @ b of 8-bit integers (int8 or uint8 each) into exact int32, as numpy.matmul's shapes: ONNX's MatMulInteger
+    without zero points. Not an anchor: it runs on its own, on a GPU by the 8-bit tensor-core template."""
+
+    kind = "matmul_integer"
+    is_anchor = False
+
+    def check(self):
+        a, b = self.inputs
+        if a.dtype.name not in ("i8", "u8") or b.dtype.name not in ("i8", "u8"):
+            raise TypeError(f"integer_matmul needs int8 or uint8 tensors, got {a.dtype.name} and {b.dtype.name}")
+        self.check_shapes()
+
+    def define(self, a, b):
+        return [self.product(a, b, lambda x, y: ir.Cast(x, T.i32) * ir.Cast(y, T.i32), T.i32)]
 
 
 class Conv(ChannelsLast, Operator):
@@ -121,6 +149,11 @@ class Conv(ChannelsLast, Operator):
 def matmul(a, b):
     """numpy.matmul(a, b) on graph tensors."""
     return MatMul([as_tensor(a), as_tensor(b)]).outputs[0]
+
+
+def integer_matmul(a, b):
+    """numpy.matmul(a, b) of int8 / uint8 tensors into exact int32."""
+    return IntegerMatMul([as_tensor(a), as_tensor(b)]).outputs[0]
 
 
 def linear(x, weight, bias=None):
