@@ -1,7 +1,7 @@
 """matmul, batch_matmul and linear on the matmul templates, with schedules picked per problem.
 
 A `MatmulPlan` is the scheduled anchor for one problem: the template (on a GPU tensor cores for f16/bf16
-and the 8-bit floats, the SIMT template otherwise; on the cpu the register-tile template), its
+and 8-bit types, the SIMT template otherwise; on the cpu the register-tile template), its
 kernel at the chosen schedule point (tuned on cuda, the measured default on the cpu unless
 tuning is asked for), the 3-D operand shapes it runs on, and split-k when the output has too
 few tiles to fill the machine (tuned as such: a point that splits is timed as the split call,
