@@ -8,11 +8,11 @@ tensor that broadcasts against x (a blocked one repeated along the axis by a con
 reads 4-bit integer constants (node.FourBitTensor: block-wise quantized weights), their values held in 8 bits.
 
 The integer operators accumulate exactly: a matmul multiplies the 8-bit operands as they are into int32
-(`integer_matmul`: on a GPU, 8-bit tensor cores) and subtracts the zero points' share after, (a - za) @ (b - zb) = a
-@ b - za * colsum(b) - zb * rowsum(a) + K * za * zb; a convolution (a float op) subtracts them first, in f64, where
-the products and sums of 8-bit values are exact. QLinear* then requantize the accumulator in f64 by the f32
-multiplier x_scale * w_scale / y_scale, as the reference does. The second operand's scale and zero point may be per
-column (matmul) or per output channel (conv); the first's are per tensor.
+(`integer_matmul`: on a GPU, 8-bit tensor cores) and subtracts the zero points' share after:
+(a - za) @ (b - zb) = a @ b - za * colsum(b) - zb * rowsum(a) + K * za * zb. A convolution (a float op) subtracts
+them first, in f64, where the products and sums of 8-bit values are exact. QLinear* then requantize the accumulator
+in f64 by the f32 multiplier x_scale * w_scale / y_scale, as the reference does. The second operand's scale and
+zero point may be per column (matmul) or per output channel (conv); the first's are per tensor.
 """
 from __future__ import annotations
 
