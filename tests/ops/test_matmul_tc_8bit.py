@@ -84,7 +84,7 @@ def test_the_kernel_refuses_what_it_cannot_run():
         tc.tc_matmul_kernel(SMALL, td.i8, td.i32, 8)
 
 
-@settings(max_examples=3, deadline=None)     # a numba build of the emulated kernel each: ~6 s
+@settings(max_examples=2, deadline=None)     # a numba build of the emulated kernel each: ~6 s
 @given(pair=st.sampled_from(PAIRS), m=st.sampled_from([1, 16, 23]), n=st.sampled_from([8, 32, 40]),
        k=st.sampled_from([16, 48, 64, 144]), seed=st.integers(0, 2**16))
 @example(pair=(td.i8, td.u8), m=23, n=40, k=144, seed=0)       # a partial tile in every dimension
@@ -95,7 +95,7 @@ def test_pipelined_copies_on_cpu(pair, m, n, k, seed):
     check(run(SMALL, a, bt, 16), a, bt, k)
 
 
-@settings(max_examples=3, deadline=None)
+@settings(max_examples=2, deadline=None)
 @given(pair=st.sampled_from(PAIRS), m=st.sampled_from([1, 7, 17]), n=st.sampled_from([1, 5, 19]),
        k=st.sampled_from([1, 13, 37, 71]), seed=st.integers(0, 2**16))
 def test_odd_sizes_use_element_loads_on_cpu(pair, m, n, k, seed):
