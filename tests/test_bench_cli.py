@@ -63,15 +63,16 @@ def test_the_depthwise_layers_match_onnxruntime(capsys):
 
 
 def test_the_cpu_matmul_rows_check_both_kernels_against_numpy(capsys):
-    """A prime size through the template as called (B packed per block) and with B packed once; and E4M3
-    operands, their f32 product against numpy's."""
+    """A prime size through the template as called (B packed per block) and with B packed once; E4M3 operands,
+    their f32 product against numpy's; s8 by u8, exactly."""
     from taskdsl.bench import matmul
-    row, eight = matmul.run(sizes=(37,))
+    row, eight, integer = matmul.run(sizes=(37,))
     assert row["size"] == 37 and row["err"] < 1e-5
     assert row["taskdsl"] > 0 and row["packed"] > 0 and row["peer"] > 0
     assert eight["dtype"] == "f8e4m3" and eight["err"] < 1e-5 and eight["taskdsl"] > 0 and "packed" not in eight
+    assert integer["dtype"] == "s8 x u8" and integer["err"] == 0 and integer["taskdsl"] > 0
     out = capsys.readouterr().out
-    assert "B packed GFLOP/s" in out and "f8e4m3" in out
+    assert "B packed GFLOP/s" in out and "f8e4m3" in out and "s8 x u8" in out
 
 
 def test_a_wrong_kernel_is_flagged_and_fails_the_run(monkeypatch, capsys):

@@ -2,14 +2,15 @@
 
 cpu target: stdlib_ops.matmul (the register-tile cpu template at its default schedule, or tuned with --tune)
 against numpy's BLAS, f32; and, as the graph layer runs constant weights, with B packed once outside the
-timing (`plan.pack_b`); E4M3 operands into f32 against numpy on their f32 values (ml_dtypes' conversion);
-then batched products of small matrices (`stdlib_ops.matmul_small`), the same call against numpy's. cuda
-target: the tuned plan, called as stdlib_ops.matmul calls it (padded copies of unaligned operands and
-split-k sums included), against torch.matmul (cuBLAS, TF32 off), f32 and f16; E4M3 into f32 against
-torch._scaled_mm (cuBLASLt's 8-bit product, scales 1; where it refuses a size, f16 cuBLAS, named in the
-row); and DESIGN.md's kernel (f32): each side's kernels captured into a CUDA graph and timed as its replays
-with CUDA events (GPU time only; 'call ms' is a taskdsl call's time with its host launch cost and output
-allocation, td.DeviceArray operands).
+timing (`plan.pack_b`); E4M3 operands into f32 against numpy on their f32 values (ml_dtypes' conversion); s8
+by u8 into i32 against numpy's f64 product of their values (exact); then batched products of small matrices
+(`stdlib_ops.matmul_small`), the same call against numpy's. cuda target: the tuned plan, called as
+stdlib_ops.matmul calls it (padded copies of unaligned operands and split-k sums included), against
+torch.matmul (cuBLAS, TF32 off), f32 and f16; E4M3 into f32 against torch._scaled_mm (cuBLASLt's 8-bit
+product, scales 1; where it refuses a size, f16 cuBLAS, named in the row); int8 into int32 against
+torch._int_mm (likewise); and DESIGN.md's kernel (f32): each side's kernels captured into a CUDA graph and
+timed as its replays with CUDA events (GPU time only; 'call ms' is a taskdsl call's time with its host
+launch cost and output allocation, td.DeviceArray operands).
 """
 from __future__ import annotations
 
@@ -46,6 +47,14 @@ def _cpu_rows(sizes, tune: bool) -> list:
         t_np = time_cpu(lambda: a.astype(np.float32) @ b.astype(np.float32), repeat=5)
         err = rel_err(c, a.astype(np.float64) @ b.astype(np.float64))
         rows.append(dict(size=n, dtype="f8e4m3", taskdsl=t_td, peer=t_np, err=err))
+    for n in sizes:     # s8 by u8 into exact i32: against numpy's f64 BLAS on their values (exact, and its fastest)
+        a = rng.integers(-128, 128, (n, n)).astype(np.int8)
+        b = rng.integers(0, 256, (n, n)).astype(np.uint8)
+        c = ops.matmul(a, b, tune=tune)
+        t_td = time_cpu(lambda: ops.matmul(a, b, tune=tune), repeat=3)
+        t_np = time_cpu(lambda: a.astype(np.float64) @ b.astype(np.float64), repeat=5)
+        err = rel_err(c, a.astype(np.int64) @ b.astype(np.int64))
+        rows.append(dict(size=n, dtype="s8 x u8", taskdsl=t_td, peer=t_np, err=err))
     return rows
 
 
@@ -79,7 +88,8 @@ def _cuda_rows(sizes, tune: bool) -> list:
     import taskdsl as td
     torch.backends.cuda.matmul.allow_tf32 = False
     rows = []
-    for tdt, torch_type in ((td.f32, torch.float32), (td.f16, torch.float16), (td.f8e4m3, torch.float8_e4m3fn)):
+    for tdt, torch_type in ((td.f32, torch.float32), (td.f16, torch.float16), (td.f8e4m3, torch.float8_e4m3fn),
+                            (td.i8, torch.int8)):
         for n in sizes:
             try:
                 rows.append(_cuda_row(n, tdt, torch_type, tune))
@@ -107,7 +117,7 @@ def _cuda_row(n: int, tdt, torch_type, tune: bool) -> dict:
     peer, peer_name = _peer(a, b)
     t_peer = time_torch_replayed(peer)
     err = rel_err(run().numpy()[0].astype(np.float64), torch.matmul(a.double(), b.double()).cpu().numpy())
-    peer_shown = peer_name or ("cuBLASLt" if tdt.bits == 8 else "cuBLAS")
+    peer_shown = peer_name or ("cuBLASLt" if tdt.bits == 8 else "cuBLAS")      # torch's 8-bit products: cuBLASLt
     print(f"  {n} {tdt.name}: {t_peer / t_td:.3f}x {peer_shown}, planned in {plan_seconds:.1f} s", flush=True)
     _print_tuning(n, tdt)
     return dict(size=n, dtype=tdt.name + (f" vs {peer_name}" if peer_name else ""), taskdsl=t_td, call=t_call,
@@ -125,18 +135,21 @@ def _host(t) -> np.ndarray:
 
 def _peer(a, b) -> tuple:
     """(the peer's product of torch tensors a and b, None) for f32 / f16: torch.matmul; for E4M3:
-    torch._scaled_mm into f32 (B column-major, as it takes it), or, where it refuses the size or this torch has
-    none, (f16 torch.matmul, its name for the row)."""
+    torch._scaled_mm into f32 (B column-major, as it takes it); for int8: torch._int_mm into int32; where those
+    refuse the size, or this torch has none, (f16 torch.matmul, its name for the row)."""
     import torch
-    if a.dtype != torch.float8_e4m3fn:
+    if a.dtype == torch.float8_e4m3fn:
+        bt, one = b.t().contiguous().t(), torch.ones((), device="cuda")
+        product, name = lambda: torch._scaled_mm(a, bt, scale_a=one, scale_b=one, out_dtype=torch.float32), "_scaled_mm"
+    elif a.dtype == torch.int8:
+        product, name = lambda: torch._int_mm(a, b), "_int_mm"
+    else:
         return (lambda: torch.matmul(a, b)), None
-    bt, one = b.t().contiguous().t(), torch.ones((), device="cuda")
-    scaled = lambda: torch._scaled_mm(a, bt, scale_a=one, scale_b=one, out_dtype=torch.float32)
     try:
-        scaled()
-        return scaled, None
+        product()
+        return product, None
     except (RuntimeError, TypeError, AttributeError) as exc:
-        print(f"  torch._scaled_mm refused {tuple(a.shape)} @ {tuple(b.shape)} ({str(exc).splitlines()[0][:80]}): "
+        print(f"  torch.{name} refused {tuple(a.shape)} @ {tuple(b.shape)} ({str(exc).splitlines()[0][:80]}): "
               "the peer is f16 cuBLAS", flush=True)
         a16, b16 = a.half(), b.half()
         return (lambda: torch.matmul(a16, b16)), "f16 cuBLAS"
