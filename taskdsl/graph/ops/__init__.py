@@ -23,7 +23,7 @@ __all__ = [
     "FUNCTIONS", "Elementwise", "FusedElementwise", "elementwise", "add", "sub", "mul", "div", "pow", "maximum",
     "minimum", "equal", "less", "greater", "neg", "relu", "gelu", "silu", "sigmoid", "tanh", "erf", "exp", "log",
     "sqrt", "rsqrt", "where", "cast", "clip",
-    # anchors
+    # anchors (and the 8-bit integer product, which runs on its own)
     "MatMul", "IntegerMatMul", "Conv", "matmul", "integer_matmul", "linear", "conv", "conv2d",
     # normalization
     "Softmax", "LayerNorm", "BatchNorm", "LRN", "softmax", "log_softmax", "layer_norm", "rms_norm", "batch_norm", "lrn",
