@@ -86,13 +86,19 @@ def run_matmul(op: MatMul, arrays: list) -> tuple:
 @runs(IntegerMatMul)
 def run_integer_matmul(op: IntegerMatMul, arrays: list) -> tuple:
     """The product of 8-bit integers: on a GPU by the 8-bit tensor-core template (stdlib_ops.gemm), else by its
-    definitions (an exact int32 reduction)."""
+    definitions (an exact int32 reduction). The kernel takes B transposed: a constant B (quantized weights) is
+    transposed once and kept with the constant, where a call of stdlib_ops.matmul transposes B every time."""
     if get_target() != "cuda":
         return run_definitions(op, arrays)
     a, b = op.inputs
     p = gemm.plan(a.shape if a.ndim > 1 else (1,) + a.shape, b.shape if b.ndim > 1 else b.shape + (1,), a.dtype,
                   "cuda", b_dtype=b.dtype)
-    return [gemm.matmul(*arrays).reshape(op.outputs[0].shape)], [p.kernel()]
+    if not b.is_constant:
+        return [gemm.matmul(*arrays).reshape(op.outputs[0].shape)], [p.kernel()]
+    a_shape, bt_shape, _ = p.operand_shapes()
+    per_plan = b.__dict__.setdefault("_k_major", {}).setdefault(id(p), {})
+    bt = _made_once(per_plan, p, lambda: p.kernel_b(arrays[1].reshape(bt_shape[0], p.k, p.n)))
+    return [p(arrays[0].reshape(a_shape), bt, b_k_major=True).reshape(op.outputs[0].shape)], [p.kernel()]
 
 
 def packed_b(plan: gemm.MatmulPlan, tensor, b: np.ndarray) -> np.ndarray | None:

@@ -114,18 +114,26 @@ def test_matmul_integer_of_any_rank_and_zero_points(a_shape, b_shape, a_type, b_
     check(model, feeds, run_reference)
 
 
-def test_matmul_integer_runs_8_bit_tensor_cores_on_a_gpu(simulated_gpu):
-    """On the cuda target MatMulInteger's product is the 8-bit tensor-core kernel's (s8 by u8, the weight's zero
-    point per column), the zero points' share fused elementwise after it; the same int32 as onnxruntime's."""
+@pytest.mark.parametrize("a_shape, b_shape", [([2, 9, 40], [40, 24]), ([2, 9, 40], [2, 40, 24]), ([9, 40], [40])])
+def test_matmul_integer_runs_8_bit_tensor_cores_on_a_gpu(simulated_gpu, a_shape, b_shape):
+    """On the cuda target MatMulInteger's product is the 8-bit tensor-core kernel's (u8 by s8, the weight's zero
+    point per column where it has columns), the zero points' share after it; the same int32 as onnx's reference,
+    run after run; the constant weight (a matrix, a batch of them, a vector) is transposed for the kernel once, not
+    at every run."""
     rng = np.random.default_rng(5)
-    inits = {"az": np.uint8(131), "bz": full_range([24], np.int8, rng), "b": full_range([40, 24], np.int8, rng)}
+    inits = {"az": np.uint8(131), "bz": full_range(b_shape[-1:] if len(b_shape) > 1 else [], np.int8, rng),
+             "b": full_range(b_shape, np.int8, rng)}
+    out = list(np.matmul(np.zeros(a_shape), np.zeros(b_shape)).shape)
     node = helper.make_node("MatMulInteger", ["a", "b", "az", "bz"], ["y"])
-    model = make_model([node], [("a", [2, 9, 40], TensorProto.UINT8)], [("y", [2, 9, 24], TensorProto.INT32)], inits,
+    model = make_model([node], [("a", a_shape, TensorProto.UINT8)], [("y", out, TensorProto.INT32)], inits,
                        opset=13)
-    feeds = {"a": full_range([2, 9, 40], np.uint8, rng)}
-    check(model, feeds)
-    launched = [kernel.name for kernel, _ in simulated_gpu.launches]
-    assert any(name.startswith("tc_matmul_") for name in launched), launched
+    feeds = {"a": full_range(a_shape, np.uint8, rng)}
+    compiled, want = tg.from_onnx(model).compile(), run_reference(model, feeds)
+    launched = [kernel.name for kernel, _ in simulated_gpu.launches]     # the compile's runs (and its recording)
+    assert sum(name.startswith("tc_matmul_") for name in launched) > 1, launched
+    assert sum(name.startswith("transpose") for name in launched) <= 1, launched   # the constant B, transposed once
+    for _ in range(2):
+        np.testing.assert_array_equal(compiled(feeds)[0], want[0])
 
 
 @settings(max_examples=3, deadline=None)
