@@ -40,21 +40,20 @@ def _cpu_rows(sizes, tune: bool) -> list:
         t_np = time_cpu(lambda: a @ b, repeat=5)
         err = max(rel_err(c, a @ b), rel_err(ops.matmul(a, b, tune=tune, packed=panels), a @ b))
         rows.append(dict(size=n, dtype="f32", taskdsl=t_td, packed=t_packed, peer=t_np, err=err))
-    for n in sizes:     # E4M3 operands, an f32 product: against numpy on ml_dtypes' f32 values of them
-        a, b = (rng.standard_normal((n, n), dtype=np.float32).astype(ml_dtypes.float8_e4m3fn) for _ in range(2))
-        c = ops.matmul(a, b, tune=tune)
-        t_td = time_cpu(lambda: ops.matmul(a, b, tune=tune), repeat=3)
-        t_np = time_cpu(lambda: a.astype(np.float32) @ b.astype(np.float32), repeat=5)
-        err = rel_err(c, a.astype(np.float64) @ b.astype(np.float64))
-        rows.append(dict(size=n, dtype="f8e4m3", taskdsl=t_td, peer=t_np, err=err))
-    for n in sizes:     # s8 by u8 into exact i32: against numpy's f64 BLAS on their values (exact, and its fastest)
-        a = rng.integers(-128, 128, (n, n)).astype(np.int8)
-        b = rng.integers(0, 256, (n, n)).astype(np.uint8)
-        c = ops.matmul(a, b, tune=tune)
-        t_td = time_cpu(lambda: ops.matmul(a, b, tune=tune), repeat=3)
-        t_np = time_cpu(lambda: a.astype(np.float64) @ b.astype(np.float64), repeat=5)
-        err = rel_err(c, a.astype(np.int64) @ b.astype(np.int64))
-        rows.append(dict(size=n, dtype="s8 x u8", taskdsl=t_td, peer=t_np, err=err))
+    e4m3 = lambda n: tuple(rng.standard_normal((n, n), dtype=np.float32).astype(ml_dtypes.float8_e4m3fn)
+                           for _ in range(2))
+    s8_u8 = lambda n: (rng.integers(-128, 128, (n, n)).astype(np.int8), rng.integers(0, 256, (n, n)).astype(np.uint8))
+    # (row, operands of size n, the type numpy multiplies them in, the oracle's): E4M3 into f32 against numpy on
+    # ml_dtypes' f32 values; s8 by u8 into exact i32 against numpy's f64 BLAS on their values (exact, its fastest)
+    for label, operands, peer_type, exact_type in (("f8e4m3", e4m3, np.float32, np.float64),
+                                                   ("s8 x u8", s8_u8, np.float64, np.int64)):
+        for n in sizes:
+            a, b = operands(n)
+            c = ops.matmul(a, b, tune=tune)
+            t_td = time_cpu(lambda: ops.matmul(a, b, tune=tune), repeat=3)
+            t_np = time_cpu(lambda: a.astype(peer_type) @ b.astype(peer_type), repeat=5)
+            err = rel_err(c, a.astype(exact_type) @ b.astype(exact_type))
+            rows.append(dict(size=n, dtype=label, taskdsl=t_td, peer=t_np, err=err))
     return rows
 
 
