@@ -96,8 +96,7 @@ def run_integer_matmul(op: IntegerMatMul, arrays: list) -> tuple:
     if not b.is_constant:
         return [gemm.matmul(*arrays).reshape(op.outputs[0].shape)], [p.kernel()]
     a_shape, bt_shape, _ = p.operand_shapes()
-    per_plan = b.__dict__.setdefault("_k_major", {}).setdefault(id(p), {})
-    bt = _made_once(per_plan, p, lambda: p.kernel_b(arrays[1].reshape(bt_shape[0], p.k, p.n)))
+    bt = _kept_with(b, "_k_major", p, lambda: p.kernel_b(arrays[1].reshape(bt_shape[0], p.k, p.n)))
     return [p(arrays[0].reshape(a_shape), bt, b_k_major=True).reshape(op.outputs[0].shape)], [p.kernel()]
 
 
@@ -109,8 +108,12 @@ def packed_b(plan: gemm.MatmulPlan, tensor, b: np.ndarray) -> np.ndarray | None:
     (45 us a step against 15)."""
     if not (tensor.is_constant and plan.packs_b) or plan.small:
         return None
-    per_plan = tensor.__dict__.setdefault("_packed_b", {}).setdefault(id(plan), {})
-    return _made_once(per_plan, plan, lambda: plan.pack_b(b))
+    return _kept_with(tensor, "_packed_b", plan, lambda: plan.pack_b(b))
+
+
+def _kept_with(tensor, what: str, plan, make):
+    """make(), made once for `plan` and kept with the constant `tensor` (under its attribute `what`)."""
+    return _made_once(tensor.__dict__.setdefault(what, {}).setdefault(id(plan), {}), plan, make)
 
 
 def _made_once(cache: dict, owner, make):
