@@ -23,6 +23,7 @@ import numpy as np
 
 import taskdsl as td
 from taskdsl import blockIdx, ir
+from taskdsl.ir.types import numpy_dtype
 from taskdsl.runtime.arrays import as_array, empty_like_operands, note_host_work, on_host, placed_like
 from taskdsl.runtime.config import fast_compile_enabled
 from taskdsl.schedule.tuner import report, tune, tuning_enabled
@@ -31,10 +32,10 @@ from . import gemm as mm
 from .elementwise import converted, int_tuple
 
 DIRECT_MAX_REDUCTION = 32     # grouped convs with per-output reductions up to this use the direct (reduce) schedule
-ACTIVATIONS = {
+ACTIVATIONS = {       # integer constants: an integer convolution's clamps stay exact in i32 (a float one promotes)
     None: lambda v: v,
-    "relu": lambda v: td.max(v, 0.0),
-    "relu6": lambda v: td.min(td.max(v, 0.0), 6.0),
+    "relu": lambda v: td.max(v, 0),
+    "relu6": lambda v: td.min(td.max(v, 0), 6),
     "sigmoid": lambda v: td.sigmoid(v),
 }
 
@@ -162,9 +163,11 @@ def im2col(g: ConvGeometry, x: td.Tensor) -> td.Tensor:
     return td.compute("A", (groups, m, k), fcompute, gather_runs=runs)
 
 
-def pack_weight(g: ConvGeometry, weight: np.ndarray) -> np.ndarray:
-    """OIHW weights as the GEMM's B (G, K, N), in the K order of `im2col`."""
-    return np.ascontiguousarray(_weight_as_b(g, weight))
+def pack_weight(g: ConvGeometry, weight: np.ndarray, k_major: bool = False) -> np.ndarray:
+    """OIHW weights as the GEMM's B (G, K, N), in the K order of `im2col`; `k_major`: as B's transpose (G, N, K),
+    the 8-bit tensor-core kernel's (for NCHW, the weights as they are)."""
+    b = _weight_as_b(g, weight)
+    return np.ascontiguousarray(b.transpose(0, 2, 1) if k_major else b)
 
 
 def _weight_as_b(g: ConvGeometry, weight: np.ndarray) -> np.ndarray:
@@ -768,10 +771,11 @@ class Lowered:
     def weight_operand(self, weight: np.ndarray) -> np.ndarray:
         """The GEMM's B the OIHW weights become (made once for constant weights): (K, OC) in the order of
         `im2col`, as the cpu template's packed panels where the GEMM reads explicit columns: packed from a view
-        of the weights (a transposed copy first took 33 ms of a 55 ms call of a 2048 -> 2048 1x1 convolution)."""
+        of the weights (a transposed copy first took 33 ms of a 55 ms call of a 2048 -> 2048 1x1 convolution);
+        for 8-bit operands B's transpose (`pack_weight`)."""
         if self.on_columns and self.matmul.packs_b:
             return self.matmul.pack_b(_weight_as_b(self.geometry, weight))
-        return pack_weight(self.geometry, weight)
+        return pack_weight(self.geometry, weight, self.matmul.k_major_b)
 
     @functools.cached_property
     def _call(self) -> tuple:
@@ -832,9 +836,10 @@ class Lowered:
         return [k for k in (self.columns, self.kernel, self.finish) if k is not None]
 
 
-def lower(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue) -> Lowered | DirectRows:
+def lower(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue, b_dtype=None) -> Lowered | DirectRows:
     """Schedule convolution `g` on the matmul template (a direct kernel where `on_rows`): `x` defines the
-    input (a placeholder or a prologue's compute), `epilogue(y)` the final output from the conv output `y`.
+    input (a placeholder or a prologue's compute), `epilogue(y)` the final output from the conv output `y`;
+    `b_dtype`: the weights' type where it is not x's (8-bit operands of one kind).
     On a GPU the schedule is `tuned_point`'s, one per geometry whatever the prologue and epilogue."""
     if on_rows(g, target):
         return _lower_rows(g, dtype, x, epilogue)
@@ -867,7 +872,7 @@ def lower(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue) -> Lowere
             columns = td.fuse(columns, np.empty(_x_shape(g), dtype.numpy), np.empty(_columns_shape(g), dtype.numpy),
                               *_columns_scalars(g).values(), prologues={"X": x})
         return Lowered(g, matmul, kernel, columns, x_name, True, matmul.batch_index(1))
-    return _lower_gemm(g, dtype, target, x, epilogue, tuned_point(g, dtype, target))
+    return _lower_gemm(g, dtype, target, x, epilogue, tuned_point(g, dtype, target, b_dtype), b_dtype)
 
 
 def _padded_shape(g: ConvGeometry) -> tuple:
@@ -921,12 +926,12 @@ def _pad_scalars(g: ConvGeometry) -> dict:
     return dict(conv_pt=g.padding[0], conv_pl=g.padding[1])
 
 
-def _lower_gemm(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue, point) -> Lowered:
+def _lower_gemm(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue, point, b_dtype=None) -> Lowered:
     """`lower` on the matmul template with its loads of A the implicit im2col (GPUs, and on the cpu NHWC
     convolutions whose offsets pass the indirect GEMM's i32), at schedule `point` (None: the template's default)."""
     groups, m, k, n = g.gemm
-    matmul = mm.plan((groups, m, k), (groups, k, n), dtype, target, do_tune=False, point=point)
-    c = td.placeholder("C", dtype, matmul.operand_shapes()[2])
+    matmul = mm.plan((groups, m, k), (groups, k, n), dtype, target, do_tune=False, point=point, b_dtype=b_dtype)
+    c = td.placeholder("C", matmul.out_dtype, matmul.operand_shapes()[2])
     out = epilogue(output_view(g, c))
     batch_index = matmul.batch_index(matmul.fusion_split)
     # with split-k (too few output tiles to fill a GPU) the GEMM writes f32 partials and the kernel that sums
@@ -941,27 +946,29 @@ def _lower_gemm(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue, poi
     return Lowered(g, matmul, kernel, None, None, False, batch_index, finish=finish)
 
 
-def tuned_point(g: ConvGeometry, dtype, target: str):
+def tuned_point(g: ConvGeometry, dtype, target: str, b_dtype=None):
     """The GEMM schedule of convolution `g` on a GPU: tuned (cached on disk, per geometry) by timing the
     convolution's own kernels at each point, as `run` launches them: the implicit im2col's loads and a split
     point's sum included, which a plain GEMM of the same sizes would leave out of the ranking (the 7x7 stem's
     element loads, say). None (the default) elsewhere, or when tuning is off."""
     if target != "cuda" or not tuning_enabled():
         return None
-    template, op, default = _tuning(g, dtype, target)
-    x = _x_placeholder(g, dtype)
-    weight = pack_weight(g, mm.random_operand((g.oc, g.c // g.groups, g.kh, g.kw), dtype))
-    args = (mm.random_operand(_x_shape(g), dtype), weight, np.empty(g.out_shape, dtype.numpy))
-    candidate = lambda p: ConvRun(_lower_gemm(g, dtype, target, x, no_epilogue, p))
-    return tune(template.space(target, dtype.bits // 8), candidate, args, op=op, shapes=(g,), dtypes=(dtype.name,),
-                default=default, target=target, outputs={2: dtype})
+    template, op, default = _tuning(g, dtype, target, b_dtype)
+    x, out = _x_placeholder(g, dtype), mm.product_type(dtype)
+    weights = mm.random_operand((g.oc, g.c // g.groups, g.kh, g.kw), b_dtype or dtype)
+    args = (mm.random_operand(_x_shape(g), dtype), pack_weight(g, weights, dtype.bits == 8),
+            np.empty(g.out_shape, out.numpy))
+    candidate = lambda p: ConvRun(_lower_gemm(g, dtype, target, x, no_epilogue, p, b_dtype))
+    return tune(template.space(target, dtype.bits // 8), candidate, args, op=op, shapes=(g,),
+                dtypes=(dtype.name,) + ((b_dtype.name,) if b_dtype else ()), default=default, target=target,
+                outputs={2: out})
 
 
-def _tuning(g: ConvGeometry, dtype, target: str) -> tuple:
+def _tuning(g: ConvGeometry, dtype, target: str, b_dtype=None) -> tuple:
     """(template, tuning op name, default point) of convolution `g`'s GEMM schedule."""
     template = mm.template_for(dtype, target)
     groups, m, k, n = g.gemm
-    default = mm.plan((groups, m, k), (groups, k, n), dtype, target, do_tune=False).point
+    default = mm.plan((groups, m, k), (groups, k, n), dtype, target, do_tune=False, b_dtype=b_dtype).point
     return template, f"conv_{template.name}", default
 
 
@@ -1017,6 +1024,7 @@ class ConvPlan:
     geometry: ConvGeometry
     direct: td.Op | None = None
     lowered: Lowered | DirectRows | None = None
+    out_dtype: np.dtype | None = None   # the output's numpy type where it is not x's (8-bit operands: i32 / f32)
 
     @property
     def kernels(self) -> list:
@@ -1029,7 +1037,7 @@ class ConvPlan:
         extra = [bias] if bias is not None else []
         if self.direct is not None:
             return self.direct(x, weight, *extra)[0]
-        out = empty_like_operands(self.geometry.out_shape, x.dtype, x, weight, *extra)   # on the GPU if any is
+        out = empty_like_operands(self.geometry.out_shape, self.out_dtype or x.dtype, x, weight, *extra)  # where x is
         operand = packed if packed is not None else placed_weight_operand(self.lowered, weight)
         self.lowered.run({"X": x, "bias": bias}, operand, out)
         return out
@@ -1042,30 +1050,40 @@ def placed_weight_operand(lowering: Lowered | DirectRows, weight, host: np.ndarr
     return placed_like(weight, lowering.weight_operand(on_host(weight) if host is None else host))
 
 
-def plan(g: ConvGeometry, dtype, target: str, has_bias: bool, activation) -> ConvPlan:
-    """The conv kernels for geometry `g`: where `uses_direct`, the cpu's direct kernels or elsewhere a reduce
-    by the rules; else a matmul lowering."""
-    check_activation(activation)
-    return _plan(g, dtype, target, has_bias, activation, fast_compile_enabled(), tuning_enabled())
+def plan(g: ConvGeometry, dtype, target: str, has_bias: bool, activation, b_dtype=None) -> ConvPlan:
+    """The conv kernels for geometry `g` (weights of `b_dtype` where it is not x's: 8-bit operands of one kind):
+    where `uses_direct`, the cpu's direct kernels or elsewhere a reduce by the rules; else a matmul lowering.
+    8-bit operands: on a GPU the 8-bit tensor-core template (or a reduce where `uses_direct`), elsewhere a reduce
+    (integers; 8-bit floats compute in f32 there), into i32 or f32."""
+    check_activation(activation, dtype)
+    return _plan(g, dtype, target, has_bias, activation, fast_compile_enabled(), tuning_enabled(),
+                 None if b_dtype == dtype else b_dtype)
 
 
-def check_activation(activation) -> None:
-    """A ValueError unless `activation` is one the convolution fuses (a TypeError for one that is no name)."""
+def check_activation(activation, dtype=None) -> None:
+    """A ValueError unless `activation` is one the convolution of `dtype` operands fuses (a TypeError for one that
+    is no name)."""
     choices = ", ".join(map(repr, ACTIVATIONS))
     if activation is not None and not isinstance(activation, str):     # a list would reach the plan cache's hash
         raise TypeError(f"conv2d: activation must be one of {choices}, got {activation!r}")
     if activation not in ACTIVATIONS:
         raise ValueError(f"conv2d: unknown activation {activation!r}; choose one of {choices}")
+    if activation == "sigmoid" and dtype is not None and not mm.product_type(dtype).is_float:
+        raise ValueError("conv2d: the sigmoid of an integer convolution (int32) is no integer: convert its result "
+                         "to floats first, or fuse relu / relu6")
 
 
 @functools.lru_cache(maxsize=128)
-def _plan(g: ConvGeometry, dtype, target: str, has_bias: bool, activation, fast: bool, tuning: bool) -> ConvPlan:
+def _plan(g: ConvGeometry, dtype, target: str, has_bias: bool, activation, fast: bool, tuning: bool,
+          b_dtype=None) -> ConvPlan:
     """`plan`, cached per fast-compile mode (the matmul's schedule depends on it) and TASKDSL_TUNE (as `gemm.plan`)."""
-    x = _x_placeholder(g, dtype)
-    bias = td.placeholder("bias", dtype, (g.oc,)) if has_bias else None
-    if uses_direct(g) and not on_rows(g, target):
-        return ConvPlan(g, direct=_direct_op(g, dtype, x, bias, activation))
-    return ConvPlan(g, lowered=lower(g, dtype, target, x, lambda y: bias_activation(g, y, bias, activation)))
+    x, out = _x_placeholder(g, dtype), mm.product_type(dtype)
+    bias = td.placeholder("bias", out, (g.oc,)) if has_bias else None
+    out_dtype = None if out == dtype else out.numpy
+    if (dtype.bits == 8 and target != "cuda") or (uses_direct(g) and not on_rows(g, target)):
+        return ConvPlan(g, direct=_direct_op(g, dtype, x, bias, activation, b_dtype), out_dtype=out_dtype)
+    lowered = lower(g, dtype, target, x, lambda y: bias_activation(g, y, bias, activation), b_dtype)
+    return ConvPlan(g, lowered=lowered, out_dtype=out_dtype)
 
 
 def uses_direct(g: ConvGeometry) -> bool:
@@ -1076,37 +1094,43 @@ def uses_direct(g: ConvGeometry) -> bool:
     return g.groups > 1 and g.gemm[2] <= DIRECT_MAX_REDUCTION
 
 
-def _direct_op(g: ConvGeometry, dtype, x: td.Tensor, bias, activation) -> td.Op:
-    """The convolution as one reduce definition over (c, kh, kw) of a group."""
+def _direct_op(g: ConvGeometry, dtype, x: td.Tensor, bias, activation, b_dtype=None) -> td.Op:
+    """The convolution as one reduce definition over (c, kh, kw) of a group (8-bit operands: their products
+    summed in i32 or f32)."""
     cg, ocg = g.c // g.groups, g.oc // g.groups
-    w = td.placeholder("W", dtype, (g.oc, cg, g.kh, g.kw))
+    w = td.placeholder("W", b_dtype or dtype, (g.oc, cg, g.kh, g.kw))
+    out = mm.product_type(dtype)
+    widened = (lambda v: td.cast(v, out)) if dtype.bits == 8 else (lambda v: v)
 
     def fcompute(*idx):
         n, o, oh, ow, c, kh, kw = idx if g.layout == "NCHW" else (idx[0], idx[3], idx[1], idx[2], *idx[4:])
-        return _input_at(g, x, n, o // ocg * cg + c, oh, ow, kh, kw) * w[o, c, kh, kw]
+        return widened(_input_at(g, x, n, o // ocg * cg + c, oh, ow, kh, kw)) * widened(w[o, c, kh, kw])
 
     y = td.reduce("Y", g.out_shape, (cg, g.kh, g.kw), fcompute, op="sum")     # f16 products sum in f32...
     z = bias_activation(g, y, bias, activation)
-    if z.dtype != dtype:     # ...rounded once, after the bias and activation, to the operands' type (not left f32)
-        z = td.compute("Out", g.out_shape, lambda *idx: ir.convert(z[idx], dtype))
+    if z.dtype != out:     # ...rounded once, after the bias and activation, to the operands' type (not left f32)
+        z = td.compute("Out", g.out_shape, lambda *idx: ir.convert(z[idx], out))
     inputs = [x, w] + ([bias] if bias is not None else [])
     return td.op(inputs, [z], name=f"conv2d_direct_{g.kh}x{g.kw}")
 
 
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1, layout: str = "NCHW",
            activation: str | None = None):
-    """2-D convolution of x (NCHW or NHWC) with OIHW `weight`, plus optional bias and activation."""
+    """2-D convolution of x (NCHW or NHWC) with OIHW `weight`, plus optional bias and activation: f32 or f16
+    (in their type, two types in f32); E4M3 / E5M2 into f32, s8 / u8 into exact i32 (8-bit operands of one kind in
+    any pair; a bias in the result's type)."""
     x, weight = as_array(x), as_array(weight)
-    dtype = mm.operands_tdtype(x.dtype, weight.dtype, "conv2d")
+    dtype, b_dtype = mm.operand_types(x.dtype, weight.dtype, "conv2d")
+    out = mm.product_type(dtype)
     g = geometry(x.shape, weight.shape, stride, padding, dilation, groups, layout)
     if bias is not None and np.shape(bias) != (g.oc,):
         raise ValueError(f"conv2d: bias must have shape ({g.oc},) (one per output channel), got {np.shape(bias)}")
-    check_activation(activation)
+    check_activation(activation, dtype)
     if g.n == 0:            # an empty batch: nothing to compute (and no plan for it)
-        return empty_like_operands(g.out_shape, dtype.numpy, x, weight, *([bias] if bias is not None else []))
-    x, weight = converted(x, dtype.numpy), converted(weight, dtype.numpy)
-    p = plan(g, dtype, td.get_target(), bias is not None, activation)
-    return p.run(x, weight, converted(bias, dtype.numpy) if bias is not None else None)
+        return empty_like_operands(g.out_shape, out.numpy, x, weight, *([bias] if bias is not None else []))
+    x, weight = converted(x, numpy_dtype(dtype)), converted(weight, numpy_dtype(b_dtype or dtype))
+    p = plan(g, dtype, td.get_target(), bias is not None, activation, b_dtype)
+    return p.run(x, weight, converted(bias, out.numpy) if bias is not None else None)
 
 
 def _grouped_out_shape(g: ConvGeometry) -> tuple:

@@ -39,7 +39,7 @@ from . import matmul_tc as tc
 
 # the operand types each op computes in (the templates take bf16 too; conv's own kernels do not)
 SUPPORTED = {"matmul": ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int8", "uint8"),
-             "conv2d": ("float32", "float16")}
+             "conv2d": ("float32", "float16", "float8_e4m3fn", "float8_e5m2", "int8", "uint8")}
 MIN_K_TILES_PER_SPLIT = 4
 # From this many multiply-adds, a cpu matmul packs B once per call (`pack_b`, numpy) rather than have its row
 # blocks each pack the panels they read: 1024^3 11.4 -> 9.4 ms, 2039^3 81 -> 63 ms, 128x768x3072 3.9 -> 3.6
@@ -69,13 +69,13 @@ def tdtype(dtype, op: str = "matmul") -> td.ir.types.DataType:
 EIGHT_BIT_KINDS = (frozenset({"i8", "u8"}), frozenset({"f8e4m3", "f8e5m2"}))
 
 
-def operand_types(a_dtype, b_dtype) -> tuple:
-    """(A's DSL type, B's, or None where it is A's) that two matmul operands compute in: 8-bit operands of one kind
+def operand_types(a_dtype, b_dtype, op: str = "matmul") -> tuple:
+    """(A's DSL type, B's, or None where it is A's) that two operands of `op` compute in: 8-bit operands of one kind
     as they are (integers on either target, 8-bit floats on a GPU), other pairs in `operands_tdtype`'s one type."""
-    a, b = tdtype(a_dtype), tdtype(b_dtype)
+    a, b = tdtype(a_dtype, op), tdtype(b_dtype, op)
     if any({a.name, b.name} <= kind for kind in EIGHT_BIT_KINDS) and (not a.is_float or td.get_target() == "cuda"):
         return a, (None if b == a else b)
-    return operands_tdtype(a_dtype, b_dtype), None
+    return operands_tdtype(a_dtype, b_dtype, op), None
 
 
 def operands_tdtype(a_dtype, b_dtype, op: str = "matmul") -> td.ir.types.DataType:
@@ -84,6 +84,14 @@ def operands_tdtype(a_dtype, b_dtype, op: str = "matmul") -> td.ir.types.DataTyp
     unsupported operand's dtype, not the pair's promotion."""
     a, b = tdtype(a_dtype, op), tdtype(b_dtype, op)
     return a if a == b and (a.bits > 8 or td.get_target() == "cuda") else td.f32
+
+
+def product_type(dtype) -> td.ir.types.DataType:
+    """The type a product of `dtype` operands comes out in: theirs, or for 8-bit ones the tensor cores'
+    accumulators' (f32, or i32 for integers)."""
+    if dtype.bits != 8:
+        return dtype
+    return td.f32 if dtype.is_float else td.i32
 
 
 @dataclass(frozen=True)
@@ -183,11 +191,8 @@ class MatmulPlan:
 
     @property
     def out_dtype(self):
-        """The type of C: the operands', or for 8-bit ones the tensor cores' accumulators' (f32, or i32 for
-        integers)."""
-        if not self.k_major_b:
-            return self.dtype
-        return td.f32 if self.dtype.is_float else td.i32
+        """The type of C (`product_type`)."""
+        return product_type(self.dtype)
 
     @property
     def k_major_b(self) -> bool:

@@ -589,5 +589,5 @@ def test_conv2d_errors_are_clear():
     for name, value in (("stride", 1.0), ("padding", 1.0), ("dilation", None), ("groups", 2.0)):   # raw TypeErrors
         with pytest.raises(TypeError, match=f"conv2d: {name} must be integers"):
             ops.conv2d(x, np.zeros((8, 4, 3, 3), np.float32), **{name: value})
-    with pytest.raises(TypeError, match="conv2d supports float32 and float16 operands, got int32"):
+    with pytest.raises(TypeError, match="conv2d supports float32, float16, .* and uint8 operands, got int32"):
         ops.conv2d(x.astype(np.int32), np.zeros((8, 4, 3, 3), np.float32))

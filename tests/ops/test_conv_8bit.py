@@ -1,0 +1,110 @@
+"""stdlib_ops.conv2d on 8-bit operands: E4M3 / E5M2 into an f32 output, s8 / u8 into an exact i32 one (the input
+and the weights may differ within their kind).
+
+On the cuda target the 8-bit tensor-core template runs them with the implicit im2col in its loads of A and the
+weights as its k-major B (OIHW as they are, for NCHW), a grouped convolution of tiny reductions (`uses_direct`)
+as a reduce; here on a simulated GPU whose launches run their CUDA C++ on the host, and as @gpu tests on a GPU.
+On the cpu the 8-bit floats' f32 values convolve, and the integers by a reduce summing in i32. The oracle is
+test_conv's f64 reference: exact for the integers, and for the floats up to the f32 sums' rounding.
+"""
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import example, given, strategies as st
+
+import stdlib_ops as ops
+import taskdsl as td
+from stdlib_ops import conv
+
+from .test_conv import reference
+from .test_matmul_8bit import FEW, PAIRS, operand, target  # noqa: F401 (target: the fixture)
+
+E4M3 = ml_dtypes.float8_e4m3fn
+GEOMETRIES = [   # n, c, h, w, oc, (kh, kw), stride, padding (t, l, b, r), dilation, groups
+    (2, 8, 9, 7, 12, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
+    (1, 6, 11, 13, 4, (3, 2), (2, 1), (0, 1, 2, 0), (2, 1), 2),
+    (1, 16, 5, 6, 16, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1),     # pointwise: NHWC's input is the GEMM's A
+    (1, 4, 8, 8, 4, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 4),       # depthwise: a reduce on either target
+    (1, 3, 13, 11, 5, (7, 7), (2, 2), (3, 3, 3, 3), (1, 1), 1),     # a stem: K = 147, no multiple of 16
+    (1, 32, 4, 4, 8, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),      # K = 288: whole 16-element copies of B
+]
+
+
+def assert_convolution(y, x, w, bias=None, activation=None, **options):
+    """`y` is the NCHW convolution of x by w (`reference`) plus the bias, then the activation: exactly, in i32,
+    for integers; for 8-bit floats up to f32 sums' rounding, (K + 2) 2^-24 times the sum of |x||w| and |bias|."""
+    want = reference(x, w, bias, **options)
+    if activation == "relu":
+        want = np.maximum(want, 0)
+    if x.dtype.kind in "iu":
+        assert y.dtype == np.int32
+        np.testing.assert_array_equal(y, want.astype(np.int64))
+        return
+    scale = reference(np.abs(x.astype(np.float64)), np.abs(w.astype(np.float64)),
+                      None if bias is None else np.abs(bias), **options)
+    k = w[0].size
+    assert y.dtype == np.float32 and y.shape == want.shape
+    assert np.all(np.abs(y - want) <= (k + 2) * 2.0**-24 * scale + 1e-6), np.abs(y - want).max()
+
+
+def _options(stride, padding, dilation, groups) -> dict:
+    return dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+
+
+@FEW
+@given(case=st.sampled_from(GEOMETRIES), layout=st.sampled_from(["NCHW", "NHWC"]), types=st.sampled_from(PAIRS),
+       fused=st.booleans(), seed=st.integers(0, 2**16))
+@example(case=GEOMETRIES[4], layout="NHWC", types=(np.uint8, np.int8), fused=True, seed=0)
+@example(case=GEOMETRIES[1], layout="NCHW", types=(E4M3, ml_dtypes.float8_e5m2), fused=False, seed=0)
+def test_convolutions_of_8_bit_operands(target, case, layout, types, fused, seed):
+    """Every geometry kind, either layout, every operand pair; a bias in the output's type and relu fused."""
+    n, c, h, w, oc, (kh, kw), stride, padding, dilation, groups = case
+    rng = np.random.default_rng(seed)
+    x, wt = operand(rng, (n, c, h, w), types[0]), operand(rng, (oc, c // groups, kh, kw), types[1])
+    out = np.int32 if x.dtype.kind in "iu" else np.float32
+    bias = rng.integers(-5000, 5000, oc).astype(out) if fused else None
+    activation = "relu" if fused else None
+    xin = x if layout == "NCHW" else np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    y = ops.conv2d(xin, wt, bias, stride, padding, dilation, groups, layout, activation)
+    got = y if layout == "NCHW" else y.transpose(0, 3, 1, 2)
+    assert_convolution(got, x, wt, bias, activation, **_options(stride, padding, dilation, groups))
+
+
+def test_the_gpu_lowering_is_the_8_bit_tensor_core_gemm(simulated_gpu):
+    """On a GPU: the 8-bit template with im2col in its loads (one kernel), the weights as its k-major B, which for
+    NCHW are the OIHW weights as they are; a depthwise convolution is a reduce summing in i32."""
+    g = conv.geometry((1, 16, 6, 6), (8, 16, 3, 3), padding=1)
+    low = conv.plan(g, td.i8, "cuda", False, None, td.u8).lowered
+    assert low.matmul.template.name == "tc_matmul" and low.matmul.k_major_b and low.kernels == [low.kernel]
+    assert dict(low.kernel.params)["B"].dtype == td.u8 and "X" in dict(low.kernel.params)
+    w = np.arange(8 * 16 * 9, dtype=np.uint8).reshape(8, 16, 3, 3)
+    np.testing.assert_array_equal(low.weight_operand(w), w.reshape(1, 8, 144))
+    depthwise = conv.plan(conv.geometry((1, 8, 8, 4), (4, 1, 3, 3), padding=1, groups=4, layout="NHWC"), td.i8,
+                          "cuda", False, None)
+    assert depthwise.direct is not None and depthwise.out_dtype == np.int32
+
+
+def test_mixed_and_refused_operands(target):
+    """An 8-bit integer with a float convolves in f32; sigmoid on an integer convolution is a ValueError; empty
+    batches give an empty output of the product's type."""
+    rng = np.random.default_rng(1)
+    x, w = operand(rng, (1, 4, 5, 5), np.int8), rng.standard_normal((3, 4, 3, 3)).astype(np.float32)
+    y = ops.conv2d(x, w, padding=1)
+    assert y.dtype == np.float32
+    np.testing.assert_allclose(y, reference(x, w, None, (1, 1), (1, 1, 1, 1), (1, 1), 1), rtol=1e-5, atol=1e-3)
+    with pytest.raises(ValueError, match="sigmoid of an integer convolution"):
+        ops.conv2d(x, w.astype(np.int8), activation="sigmoid")
+    empty = ops.conv2d(np.zeros((0, 4, 5, 5), np.uint8), w.astype(np.int8))
+    assert empty.shape == (0, 3, 3, 3) and empty.dtype == np.int32
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("types", PAIRS)
+def test_8_bit_convolutions_on_a_gpu(types):
+    """The 8-bit tensor-core convolutions on a GPU (E4M3 / E5M2 need sm_89+), device arrays in and out."""
+    td.set_target("cuda")
+    n, c, h, w, oc, kernel, stride, padding, dilation, groups = GEOMETRIES[0]
+    rng = np.random.default_rng(2)
+    x, wt = operand(rng, (n, c, h, w), types[0]), operand(rng, (oc, c // groups, *kernel), types[1])
+    y = ops.conv2d(td.to_device(x), td.to_device(wt), None, stride, padding, dilation, groups).numpy()
+    assert_convolution(y, x, wt, **_options(stride, padding, dilation, groups))
