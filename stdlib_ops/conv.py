@@ -24,7 +24,8 @@ import numpy as np
 import taskdsl as td
 from taskdsl import blockIdx, ir
 from taskdsl.ir.types import numpy_dtype
-from taskdsl.runtime.arrays import as_array, empty_like_operands, note_host_work, on_host, placed_like
+from taskdsl.runtime.arrays import (as_array, empty_like_operands, note_host_work, on_host, placed_like,
+                                    unplanned)
 from taskdsl.runtime.config import fast_compile_enabled
 from taskdsl.schedule.tuner import report, tune, tuning_enabled
 
@@ -717,6 +718,60 @@ def _lower_rows(g: ConvGeometry, dtype, x: td.Tensor, epilogue) -> DirectRows:
     return DirectRows(g, kernel, x_name, "Y" if z is y else z.name)
 
 
+@dataclass(frozen=True)
+class IntegerColumns:
+    """An 8-bit integer convolution on the cpu: im2col columns (`columns_kernel`, (N, G * K, OH*OW); an NHWC input
+    transposed first), then the exact i32 product of each group's weights (OCg, K) by its columns
+    (`integer_columns_product`), the bias and activation in the same op. A reduce over the windows took 1.5 s for
+    a 64 -> 64 3x3 convolution at 56x56; so, 4 ms."""
+
+    geometry: ConvGeometry
+    columns: td.Kernel
+    product: td.Op      # weights (G, OCg, K), columns (N, G, K, OH*OW)[, bias] -> the output
+
+    def weight_operand(self, weight: np.ndarray) -> np.ndarray:
+        """The OIHW weights as the product reads them: (G, OCg, K)."""
+        groups, _, k, ocg = self.geometry.gemm
+        return np.ascontiguousarray(weight).reshape(groups, ocg, k)
+
+    def result(self, x, weight, bias=None):
+        """The convolution of x by the weight operand (plus the bias, then the activation), a new array (a kernel's
+        output: a graph's planned slot for it)."""
+        from .transform import transpose
+        g = self.geometry
+        groups, _, k, _ = g.gemm
+        with unplanned():       # intermediates
+            x = x if g.layout == "NCHW" else transpose(x, (0, 3, 1, 2))
+            cols = empty_like_operands(_columns_shape(g), x.dtype, x)
+            self.columns(x, cols, *_columns_scalars(g).values())
+        extra = [] if bias is None else [bias]
+        return self.product(weight, cols.reshape(g.n, groups, k, g.oh * g.ow), *extra)[0].reshape(g.out_shape)
+
+    @property
+    def kernels(self) -> list:
+        return [self.columns] + list(self.product.kernels)
+
+
+@functools.cache
+def integer_columns_product(g: ConvGeometry, x_dtype, w_dtype, has_bias: bool, activation) -> td.Op:
+    """The op of `IntegerColumns`: Y (N, G, OCg, OH*OW) = the i32 sum over k of W[g, o, k] * cols[n, g, k, p], which
+    is the NCHW output; a bias and activation in a compute of the output's layout after it."""
+    w = td.placeholder("W", w_dtype, ("G", "M", "K"))
+    cols = td.placeholder("cols", x_dtype, ("N", "G", "K", "L"))
+    y = td.reduce("integer_conv", ("N", "G", "M", "L"), ("K",),
+                  lambda n, gi, o, p, k: td.cast(w[gi, o, k], td.i32) * td.cast(cols[n, gi, k, p], td.i32), op="sum",
+                  dtype=td.i32)
+    bias = td.placeholder("bias", td.i32, (g.oc,)) if has_bias else None
+    if bias is None and activation is None and g.layout == "NCHW":
+        return td.op([w, cols], [y], name="integer_conv")
+    ocg = g.oc // g.groups
+    nchw = td.compute("Y", g.out_shape, lambda *i: y[i[0], i[1] // ocg, i[1] % ocg, i[2] * g.ow + i[3]]) \
+        if g.layout == "NCHW" else \
+        td.compute("Y", g.out_shape, lambda *i: y[i[0], i[3] // ocg, i[3] % ocg, i[1] * g.ow + i[2]])
+    z = bias_activation(g, nchw, bias, activation)
+    return td.op([w, cols] + ([bias] if bias is not None else []), [z], name="integer_conv")
+
+
 def _columns_shape(g: ConvGeometry) -> tuple:
     """The shape `columns_kernel` writes: (N, K, OH*OW) (K of every group)."""
     groups, _, k, _ = g.gemm
@@ -1023,7 +1078,7 @@ class ConvPlan:
 
     geometry: ConvGeometry
     direct: td.Op | None = None
-    lowered: Lowered | DirectRows | None = None
+    lowered: Lowered | DirectRows | IntegerColumns | None = None
     out_dtype: np.dtype | None = None   # the output's numpy type where it is not x's (8-bit operands: i32 / f32)
 
     @property
@@ -1037,6 +1092,8 @@ class ConvPlan:
         extra = [bias] if bias is not None else []
         if self.direct is not None:
             return self.direct(x, weight, *extra)[0]
+        if isinstance(self.lowered, IntegerColumns):        # the cpu's: its result is its product's output
+            return self.lowered.result(x, self.lowered.weight_operand(weight) if packed is None else packed, bias)
         out = empty_like_operands(self.geometry.out_shape, self.out_dtype or x.dtype, x, weight, *extra)  # where x is
         operand = packed if packed is not None else placed_weight_operand(self.lowered, weight)
         self.lowered.run({"X": x, "bias": bias}, operand, out)
@@ -1080,6 +1137,9 @@ def _plan(g: ConvGeometry, dtype, target: str, has_bias: bool, activation, fast:
     x, out = _x_placeholder(g, dtype), mm.product_type(dtype)
     bias = td.placeholder("bias", out, (g.oc,)) if has_bias else None
     out_dtype = None if out == dtype else out.numpy
+    if dtype.bits == 8 and target != "cuda" and not uses_direct(g):     # integers: 8-bit floats are f32 here
+        product = integer_columns_product(g, dtype, b_dtype or dtype, has_bias, activation)
+        return ConvPlan(g, lowered=IntegerColumns(g, columns_kernel(dtype), product), out_dtype=out_dtype)
     if (dtype.bits == 8 and target != "cuda") or (uses_direct(g) and not on_rows(g, target)):
         return ConvPlan(g, direct=_direct_op(g, dtype, x, bias, activation, b_dtype), out_dtype=out_dtype)
     lowered = lower(g, dtype, target, x, lambda y: bias_activation(g, y, bias, activation), b_dtype)

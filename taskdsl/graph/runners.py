@@ -22,8 +22,8 @@ from ..runtime.config import get_target
 from ..runtime.device_array import DeviceArray, carve
 from ..runtime.kernel import remember
 from .operator import Operator
-from .ops import (BatchNorm, Concat, Conv, Elementwise, Expand, FusedElementwise, Gather, IntegerMatMul, LayerNorm,
-                  MatMul, Pad, Pool, Reduce, Reshape, Slice, Softmax, Transpose)
+from .ops import (BatchNorm, Concat, Conv, Elementwise, Expand, FusedElementwise, Gather, IntegerConv, IntegerMatMul,
+                  LayerNorm, MatMul, Pad, Pool, Reduce, Reshape, Slice, Softmax, Transpose)
 from .replay import record_check
 
 RUNNERS: dict = {}
@@ -123,7 +123,7 @@ def _made_once(cache: dict, owner, make):
     return cache["value"]
 
 
-def conv_geometry(op: Conv) -> conv.ConvGeometry:
+def conv_geometry(op: Conv | IntegerConv) -> conv.ConvGeometry:
     """The stdlib_ops.conv geometry of a 2-D graph convolution."""
     x, w = op.inputs
     a = op.attrs
@@ -147,10 +147,26 @@ def run_conv(op: Conv, arrays: list) -> tuple:
     x = op.inputs[0]
     if x.ndim != 4 or x.dtype not in (T.f32, T.f16):
         return run_definitions(op, arrays)
-    p = conv.plan(conv_geometry(op), x.dtype, get_target(), False, None)
+    return _on_conv_plan(op, conv.plan(conv_geometry(op), x.dtype, get_target(), False, None), arrays)
+
+
+def _on_conv_plan(op, p: conv.ConvPlan, arrays: list) -> tuple:
+    """(outputs, kernels) of graph convolution `op` by stdlib_ops.conv's plan `p`, the weights' operand made once
+    where they are a constant."""
     packed = None if p.lowered is None else packed_weight(p.lowered, op.inputs[1], arrays[1],
                                                             op.__dict__.setdefault("_packed", {}))
     return [p.run(contiguous(arrays[0]), arrays[1], packed=packed)], p.kernels
+
+
+@runs(IntegerConv)
+def run_integer_conv(op: IntegerConv, arrays: list) -> tuple:
+    """2-D convolutions of 8-bit integers by stdlib_ops.conv (on a GPU the 8-bit tensor-core template, on the cpu
+    im2col columns and an exact int32 product; a reduce for tiny grouped reductions), the weights laid out once
+    where constant; others by definitions."""
+    x, w = op.inputs
+    if x.ndim != 4:
+        return run_definitions(op, arrays)
+    return _on_conv_plan(op, conv.plan(conv_geometry(op), x.dtype, get_target(), False, None, w.dtype), arrays)
 
 
 @runs(Pool)

@@ -191,6 +191,22 @@ def test_conv2d(stride, pads, dilation, groups):
     assert_close(got, want.astype(np.float32), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("stride, pads, dilation, groups", [(1, (1, 1, 1, 1), 1, 1), (2, (0, 1, 1, 0), 2, 2)])
+def test_integer_conv_is_exact(channels_last, stride, pads, dilation, groups):
+    """integer_conv of u8 by s8 over their whole ranges: exact int32, either layout; float operands are refused."""
+    rng = np.random.default_rng(groups)
+    x = rng.integers(0, 256, (2, 4, 9, 7)).astype(np.uint8)
+    w = rng.integers(-128, 128, (6, 4 // groups, 3, 3)).astype(np.int8)
+    xin = x.transpose(0, 2, 3, 1).copy() if channels_last else x
+    got, = run(lambda t: ops.integer_conv(t, w, stride, pads, dilation, groups, channels_last), xin)
+    want = conv_reference(x, w, stride, pads, dilation, groups).astype(np.int64)
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got.transpose(0, 3, 1, 2) if channels_last else got, want)
+    with pytest.raises(TypeError, match="integer_conv needs int8 or uint8 tensors, got f32 and i8"):
+        tg.trace(lambda t: ops.integer_conv(t, w), tg.input("x", x.shape, np.float32))
+
+
 def test_grouped_conv2d_with_a_prologue_and_an_epilogue():
     """A grouped convolution of 36 terms a group (on the cpu: explicit columns, the GEMM batched over images and
     groups) with a relu fused into its columns and a residual add into its stores."""

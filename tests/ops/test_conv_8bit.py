@@ -4,8 +4,8 @@ and the weights may differ within their kind).
 On the cuda target the 8-bit tensor-core template runs them with the implicit im2col in its loads of A and the
 weights as its k-major B (OIHW as they are, for NCHW), a grouped convolution of tiny reductions (`uses_direct`)
 as a reduce; here on a simulated GPU whose launches run their CUDA C++ on the host, and as @gpu tests on a GPU.
-On the cpu the 8-bit floats' f32 values convolve, and the integers by a reduce summing in i32. The oracle is
-test_conv's f64 reference: exact for the integers, and for the floats up to the f32 sums' rounding.
+On the cpu the 8-bit floats' f32 values convolve, and the integers as im2col columns and an i32 product. The oracle
+is test_conv's f64 reference: exact for the integers, and for the floats up to the f32 sums' rounding.
 """
 import ml_dtypes
 import numpy as np
@@ -82,6 +82,19 @@ def test_the_gpu_lowering_is_the_8_bit_tensor_core_gemm(simulated_gpu):
     depthwise = conv.plan(conv.geometry((1, 8, 8, 4), (4, 1, 3, 3), padding=1, groups=4, layout="NHWC"), td.i8,
                           "cuda", False, None)
     assert depthwise.direct is not None and depthwise.out_dtype == np.int32
+
+
+def test_the_cpu_lowering_is_columns_and_an_integer_product():
+    """On the cpu an integer convolution is im2col columns and an i32 product of the (G, OCg, K) weights by them,
+    the bias and activation in the product's op; a depthwise one a reduce."""
+    g = conv.geometry((2, 6, 6, 8), (8, 4, 3, 3), padding=1, groups=2, layout="NHWC")
+    low = conv.plan(g, td.u8, "cpu", True, "relu6", td.i8).lowered
+    assert isinstance(low, conv.IntegerColumns) and low.columns.name == "im2col_u8"
+    assert [t.name for t in low.product.inputs] == ["W", "cols", "bias"]
+    w = np.arange(8 * 4 * 9, dtype=np.int8).reshape(8, 4, 3, 3)
+    np.testing.assert_array_equal(low.weight_operand(w), w.reshape(2, 4, 36))
+    depthwise = conv.plan(conv.geometry((1, 4, 8, 8), (4, 1, 3, 3), padding=1, groups=4), td.u8, "cpu", False, None)
+    assert depthwise.direct is not None
 
 
 def test_mixed_and_refused_operands(target):

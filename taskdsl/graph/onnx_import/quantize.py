@@ -9,10 +9,11 @@ reads 4-bit integer constants (node.FourBitTensor: block-wise quantized weights)
 
 The integer operators accumulate exactly: a matmul multiplies the 8-bit operands as they are into int32
 (`integer_matmul`: on a GPU, 8-bit tensor cores) and subtracts the zero points' share after:
-(a - za) @ (b - zb) = a @ b - za * colsum(b) - zb * rowsum(a) + K * za * zb. A convolution (a float op) subtracts
-them first, in f64, where the products and sums of 8-bit values are exact. QLinear* then requantize the accumulator
-in f64 by the f32 multiplier x_scale * w_scale / y_scale, as the reference does. The second operand's scale and
-zero point may be per column (matmul) or per output channel (conv); the first's are per tensor.
+(a - za) @ (b - zb) = a @ b - za * colsum(b) - zb * rowsum(a) + K * za * zb. A convolution likewise
+(`integer_conv`), x first padded with its zero point so that every window is whole: the sums of w's channels and a
+convolution of x by ones over each window of a group stand for colsum(b) and rowsum(a). QLinear* then requantize
+the accumulator in f64 by the f32 multiplier x_scale * w_scale / y_scale, as the reference does. The second
+operand's scale and zero point may be per column (matmul) or per output channel (conv); the first's are per tensor.
 """
 from __future__ import annotations
 
@@ -147,12 +148,6 @@ def _quantized_input(node: Node, k: int):
     return q
 
 
-def _centred(node: Node, q, zero, axis: int | None, what: str):
-    """q - zero in int32; the zero point per tensor, or per index along `axis` of q (None: per tensor only)."""
-    centred, zero = ops.cast(q, "int32"), _zero_point(node, q, zero, axis, what)
-    return centred if zero is None else ops.sub(centred, zero)
-
-
 def _zero(node: Node, k: int):
     """Optional input k (a zero point), or None."""
     return node.input(k, required=False) if node.num_inputs > k else None
@@ -227,9 +222,10 @@ def qlinear_matmul(node: Node) -> list:
     return [_requantized(node, ops.cast(product, "float64"), scales, -1, y_zero, y_zero.dtype.name)]
 
 
-def _conv_integer(node: Node, x_k: int, w_k: int, x_zero, w_zero, bias=None):
-    """The convolution of x - x_zero by w - w_zero (plus an int32 bias), exact in f64 (8-bit operands); w's zero
-    point per tensor or per output channel."""
+def _conv_integer(node: Node, x_k: int, w_k: int, x_zero, w_zero):
+    """The convolution of x - x_zero by w - w_zero in int32, exact: the 8-bit operands' convolution, less the zero
+    points' share (x padded with its zero point: the centred input's padding is 0); w's zero point per tensor or per
+    output channel."""
     x, w = _quantized_input(node, x_k), _quantized_input(node, w_k)
     if x.ndim < 3:
         raise node.error(f"x must have a batch, a channel and a spatial axis, got shape {list(x.shape)}",
@@ -238,27 +234,68 @@ def _conv_integer(node: Node, x_k: int, w_k: int, x_zero, w_zero, bias=None):
     if kernel != w.shape[2:]:
         raise node.error(f"kernel_shape {kernel} does not match the weight's {w.shape[2:]}", OnnxImportError)
     strides, pads, dilations = window(node, x, kernel)
-    centred_x = ops.cast(_centred(node, x, x_zero, None, "x's zero point"), "float64")
-    centred_w = ops.cast(_centred(node, w, w_zero, 0, "w's zero point"), "float64")
-    if bias is not None and bias.dtype.name != "i32":
-        raise node.error(f"the bias has type {bias.dtype.name}, not int32", OnnxImportError)
-    return ops.conv(centred_x, centred_w, None if bias is None else ops.cast(bias, "float64"), strides, pads,
-                    dilations, node.attr("group", 1))
+    groups = node.attr("group", 1)
+    zx = _zero_point(node, x, x_zero, None, "x's zero point")
+    zw = _zero_point(node, w, w_zero, 0, "w's zero point")
+    per_channel = (w.shape[0],) + (1,) * (w.ndim - 2)      # broadcasts against y (N, O, ...)
+    if zw is not None and zw.ndim:
+        zw = ops.reshape(zw, per_channel)
+    if zx is not None and any(pads):
+        x, pads = _padded_with(x, pads, ops.reshape(x_zero, ())), 0
+    y = ops.integer_conv(x, w, strides, pads, dilations, groups)
+    if zx is not None:      # - zx * (the sum of each output channel's weights): every window is whole
+        y = ops.sub(y, ops.mul(zx, ops.reshape(ops.sum(ops.cast(w, "int32"), axis=tuple(range(1, w.ndim))),
+                                               per_channel)))
+    if zw is not None:
+        y = ops.sub(y, _weight_zero_share(x, w, zw, strides, pads, dilations, groups))
+    if zx is not None and zw is not None:
+        y = ops.add(y, ops.mul(ops.mul(zx, zw), constant(np.int32(w.size // w.shape[0]))))
+    return y
+
+
+def _padded_with(x, pads: tuple, value):
+    """x (N, C, spatial...) with its spatial axes padded by `pads` ((begin..., end...)) with `value` (a scalar
+    tensor of x's type)."""
+    rank = x.ndim - 2
+    padded = ops.pad(x, (0, 0) + tuple(pads[:rank]) + (0, 0) + tuple(pads[rank:]))
+    border = np.pad(np.zeros(x.shape[2:], bool), [(b, e) for b, e in zip(pads[:rank], pads[rank:])],
+                    constant_values=True)
+    return ops.where(constant(border), value, padded)
+
+
+def _weight_zero_share(x, w, zw, strides, pads, dilations, groups: int):
+    """zw (per tensor, or (O, 1...) per output channel) times the sums of x over each output position's window of
+    its channel's group: what w's zero point takes from the convolution of x by w."""
+    sums = ops.integer_conv(x, constant(np.ones((groups,) + w.shape[1:], np.uint8)), strides, pads, dilations, groups)
+    if groups == 1:
+        return ops.mul(zw, sums)        # (N, 1, ...) broadcasts over the channels
+    n, spatial, channels = sums.shape[0], sums.shape[2:], w.shape[0]
+    per_channel = ops.reshape(ops.expand(zw, (channels,) + (1,) * len(spatial)),
+                              (groups, channels // groups) + (1,) * len(spatial))
+    share = ops.mul(ops.reshape(sums, (n, groups, 1) + spatial), per_channel)
+    return ops.reshape(share, (n, channels) + spatial)
 
 
 @converts("ConvInteger", attrs=WINDOW_ATTRS + ("group",))
 def conv_integer(node: Node) -> list:
     """ConvInteger: Conv of x - x_zero_point by w - w_zero_point in int32 (8-bit x and w; x's zero point per
     tensor, w's per tensor or per output channel)."""
-    return [ops.cast(_conv_integer(node, 0, 1, _zero(node, 2), _zero(node, 3)), "int32")]
+    return [_conv_integer(node, 0, 1, _zero(node, 2), _zero(node, 3))]
 
 
 @converts("QLinearConv", attrs=WINDOW_ATTRS + ("group",))
 def qlinear_conv(node: Node) -> list:
     """QLinearConv: ConvInteger's exact result plus the int32 bias, requantized by x_scale * w_scale / y_scale
     into y's zero point's type (w's scale and zero point per tensor or per output channel)."""
+    accumulator = _conv_integer(node, 0, 3, node.input(2), node.input(5))
     bias = node.input(8, required=False) if node.num_inputs > 8 else None
-    accumulator = _conv_integer(node, 0, 3, node.input(2), node.input(5), bias)
+    if bias is not None:
+        if bias.dtype.name != "i32":
+            raise node.error(f"the bias has type {bias.dtype.name}, not int32", OnnxImportError)
+        if bias.shape != accumulator.shape[1:2]:
+            raise node.error(f"the bias must have one value per output channel, shape {list(accumulator.shape[1:2])}, "
+                             f"got {list(bias.shape)}", OnnxImportError)
+        accumulator = ops.add(accumulator, ops.reshape(bias, bias.shape + (1,) * (accumulator.ndim - 2)))
     y_zero = node.input(7)
     scales = (node.input(1), node.input(4), node.input(6))
-    return [_requantized(node, accumulator, scales, 1, y_zero, y_zero.dtype.name)]
+    return [_requantized(node, ops.cast(accumulator, "float64"), scales, 1, y_zero, y_zero.dtype.name)]

@@ -8,7 +8,8 @@ Every op is an Operator defined by compute definitions (its numpy reference and 
 from .elementwise import (FUNCTIONS, Elementwise, FusedElementwise, add, cast, clip, div, elementwise, equal, erf,
                           exp, gelu, greater, less, log, maximum, minimum, mul, neg, pow, relu, rsqrt, sigmoid, silu, sqrt,
                           sub, tanh, where)
-from .linalg import Conv, IntegerMatMul, MatMul, conv, conv2d, integer_matmul, linear, matmul
+from .linalg import (Conv, IntegerConv, IntegerMatMul, MatMul, conv, conv2d, integer_conv, integer_matmul, linear,
+                     matmul)
 from .norm import LRN, BatchNorm, LayerNorm, Softmax, batch_norm, layer_norm, log_softmax, lrn, rms_norm, softmax
 from .pool import Pool, avg_pool2d, max_pool2d, max_pool_with_indices, pool
 from .reduce import ArgReduce, Reduce, argmax, argmin, global_avg_pool, global_max_pool, max, mean, min, prod, sum
@@ -23,8 +24,9 @@ __all__ = [
     "FUNCTIONS", "Elementwise", "FusedElementwise", "elementwise", "add", "sub", "mul", "div", "pow", "maximum",
     "minimum", "equal", "less", "greater", "neg", "relu", "gelu", "silu", "sigmoid", "tanh", "erf", "exp", "log",
     "sqrt", "rsqrt", "where", "cast", "clip",
-    # anchors (and the 8-bit integer product, which runs on its own)
-    "MatMul", "IntegerMatMul", "Conv", "matmul", "integer_matmul", "linear", "conv", "conv2d",
+    # anchors (and the 8-bit integer product and convolution, which run on their own)
+    "MatMul", "IntegerMatMul", "Conv", "IntegerConv", "matmul", "integer_matmul", "linear", "conv", "integer_conv",
+    "conv2d",
     # normalization
     "Softmax", "LayerNorm", "BatchNorm", "LRN", "softmax", "log_softmax", "layer_norm", "rms_norm", "batch_norm", "lrn",
     # pooling and reductions

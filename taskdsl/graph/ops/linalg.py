@@ -1,8 +1,9 @@
 """The anchors: matmul (numpy semantics: 1-d operands, broadcast batch axes) and N-d convolution.
 
 Both are reductions; they are what fusion partitions are built around (`is_anchor`).
-`linear` and `conv2d` with a bias are the anchor followed by an elementwise add. `integer_matmul`, the product of
-8-bit integers into exact int32 (ONNX's MatMulInteger), runs on its own (on a GPU's 8-bit tensor cores).
+`linear` and `conv2d` with a bias are the anchor followed by an elementwise add. `integer_matmul` and
+`integer_conv`, the product and convolution of 8-bit integers into exact int32 (ONNX's MatMulInteger and
+ConvInteger), run on their own (on a GPU's 8-bit tensor cores).
 """
 from __future__ import annotations
 
@@ -85,29 +86,37 @@ class IntegerMatMul(MatMul):
         return [self.product(a, b, lambda x, y: ir.Cast(x, T.i32) * ir.Cast(y, T.i32), T.i32)]
 
 
-class Conv(ChannelsLast, Operator):
-    """N-d convolution (1-3 spatial axes) of x (N, C, ...) with w (O, C / groups, ...), no bias.
+class Convolution(ChannelsLast, Operator):
+    """What Conv and IntegerConv share: N-d convolution (1-3 spatial axes) of x (N, C, ...) with w (O, C / groups,
+    ...), no bias, as one reduction of `term(x element, w element)` in `accumulator`.
 
     attrs: strides, pads ((begin..., end...) per spatial axis), dilations, groups, and
     channels_last: x is (N, ..., C) and the output (N, ..., O) (the weights stay (O, C / groups, ...)).
     """
 
-    is_anchor = True
     generic = True
     size_attrs = ("strides", "pads", "dilations", "groups", "out")    # one kernel for every convolution of a rank
     derived_attrs = ("out",)      # the output's spatial size: a plain size symbol in the generic definitions
 
+    def check_types(self, x: Tensor, w: Tensor) -> None:
+        """A TypeError unless the operands' types are the operator's."""
+        raise NotImplementedError
+
+    def term(self, x: ir.Expr, w: ir.Expr) -> ir.Expr:
+        """One summed term of the convolution."""
+        return x * w
+
     @property
-    def kind(self) -> str:
-        return f"conv{len(self.inputs[0].shape) - 2}d"
+    def accumulator(self) -> T.DataType:
+        """The type of the sums (the output's)."""
+        return self.inputs[0].dtype
 
     def check(self):
         self.set_layout()
         x, w = self.inputs
         a = self.attrs
         rank = x.ndim - 2
-        if not x.dtype.is_float or w.dtype != x.dtype:
-            raise TypeError(f"conv needs float input and weight of one dtype, got {x.dtype.name} and {w.dtype.name}")
+        self.check_types(x, w)
         if not 1 <= rank <= 3 or w.ndim != x.ndim:
             raise ValueError(f"conv needs x (N, C, spatial...) with 1-3 spatial axes and a weight of the same rank, "
                              f"got {x.shape} and {w.shape}")
@@ -139,11 +148,45 @@ class Conv(ChannelsLast, Operator):
             (c, *k) = ix[rank + 2:]
             pos, ok = window_input(spatial, k, strides, pads, dilations, self.spatial_dims(dx))
             channel = (o // (dw[0] // groups)) * dw[1] + c         # the input channel of group o // (O / groups)
-            v = x[self.join_index(n, channel, pos)] * w[(o, c, *k)]
+            v = self.term(x[self.join_index(n, channel, pos)], w[(o, c, *k)])
             return ir.Select(ok, v, ir.const(0, v.dtype), v.dtype)
 
         out_shape = self.join_index(dx[0], dw[0], self.size("out"))
-        return [reduction("conv", out_shape, dw[1:], fcompute, op="sum", dtype=x.dtype)]
+        return [reduction("conv", out_shape, dw[1:], fcompute, op="sum", dtype=self.accumulator)]
+
+
+class Conv(Convolution):
+    """N-d convolution of float x by w of its type (`Convolution`): an anchor."""
+
+    is_anchor = True
+
+    @property
+    def kind(self) -> str:
+        return f"conv{len(self.inputs[0].shape) - 2}d"
+
+    def check_types(self, x: Tensor, w: Tensor) -> None:
+        if not x.dtype.is_float or w.dtype != x.dtype:
+            raise TypeError(f"conv needs float input and weight of one dtype, got {x.dtype.name} and {w.dtype.name}")
+
+
+class IntegerConv(Convolution):
+    """N-d convolution of 8-bit integers (int8 or uint8 each) into exact int32 (`Convolution`): ONNX's ConvInteger
+    without zero points. Not an anchor: it runs on its own, on a GPU (2-D) by the 8-bit tensor-core template."""
+
+    @property
+    def kind(self) -> str:
+        return f"conv{len(self.inputs[0].shape) - 2}d_integer"
+
+    def check_types(self, x: Tensor, w: Tensor) -> None:
+        if x.dtype.name not in ("i8", "u8") or w.dtype.name not in ("i8", "u8"):
+            raise TypeError(f"integer_conv needs int8 or uint8 tensors, got {x.dtype.name} and {w.dtype.name}")
+
+    def term(self, x: ir.Expr, w: ir.Expr) -> ir.Expr:
+        return ir.Cast(x, T.i32) * ir.Cast(w, T.i32)
+
+    @property
+    def accumulator(self) -> T.DataType:
+        return T.i32
 
 
 def matmul(a, b):
@@ -172,23 +215,33 @@ def linear(x, weight, bias=None):
     return add(y, bias)
 
 
+def _window_attrs(rank: int, stride, padding, dilation, groups, channels_last: bool) -> dict:
+    """A convolution's attrs (`Convolution`) from its arguments."""
+    return {"strides": int_tuple(stride, "stride", rank), "pads": pads_of(padding, rank),
+            "dilations": int_tuple(dilation, "dilation", rank), "groups": as_int(groups, "groups"),
+            "channels_last": bool(channels_last)}
+
+
 def conv(x, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1,
          channels_last: bool = False) -> Tensor:
     """N-d convolution (1-3 spatial axes); padding is an int, one per axis, or (begin..., end...);
     x is (N, C, ...), or (N, ..., C) with channels_last."""
     weight = as_tensor(weight)
-    rank = x.ndim - 2
-    attrs = {"strides": int_tuple(stride, "stride", rank), "pads": pads_of(padding, rank),
-             "dilations": int_tuple(dilation, "dilation", rank), "groups": as_int(groups, "groups"),
-             "channels_last": bool(channels_last)}
-    y = Conv([x, weight], attrs).outputs[0]
+    y = Conv([x, weight], _window_attrs(x.ndim - 2, stride, padding, dilation, groups, channels_last)).outputs[0]
     if bias is None:
         return y
     bias = as_tensor(bias, y)
     if bias.shape != (weight.shape[0],):
         raise ValueError(f"conv: the bias must have one value per output channel, shape ({weight.shape[0]},), "
                          f"got {bias.shape}")
-    return add(y, bias if channels_last else reshape(bias, (bias.size,) + (1,) * rank))
+    return add(y, bias if channels_last else reshape(bias, (bias.size,) + (1,) * (x.ndim - 2)))
+
+
+def integer_conv(x, weight, stride=1, padding=0, dilation=1, groups: int = 1, channels_last: bool = False) -> Tensor:
+    """N-d convolution of int8 / uint8 tensors into exact int32 (`conv`'s arguments, no bias)."""
+    x, weight = as_tensor(x), as_tensor(weight)
+    return IntegerConv([x, weight], _window_attrs(x.ndim - 2, stride, padding, dilation, groups,
+                                                  channels_last)).outputs[0]
 
 
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1,
