@@ -62,6 +62,23 @@ def test_the_depthwise_layers_match_onnxruntime(capsys):
     assert "MobileNet-V2 depthwise layers" in capsys.readouterr().out
 
 
+def test_the_int8_conv_rows_match_onnxruntime_exactly(capsys):
+    """`bench conv --int8` on the cpu: u8 by s8 ResNet-50 layers (a 1x1 and the 7x7 stem, NHWC) through the
+    integer columns, against onnxruntime's ConvInteger, exactly; --int8 is a conv option, f32-only layers refuse
+    it."""
+    pytest.importorskip("onnxruntime")
+    from taskdsl.bench import conv
+    rows = conv.run(sizes=(1, 0), layout="NHWC", int8=True)
+    assert [r["layer"] for r in rows] == [(64, 56, 64, 1, 1), (3, 224, 64, 7, 2)]
+    assert all(r["err"] == 0 and r["taskdsl"] > 0 and r["peer"] > 0 for r in rows)
+    assert "u8 x s8 into int32" in capsys.readouterr().out
+    for argv, message in ((["matmul", "--int8"], "--int8 applies to the conv benchmark only"),
+                          (["conv", "--int8", "--layers", "depthwise"], "depthwise is f32 only")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_the_cpu_matmul_rows_check_both_kernels_against_numpy(capsys):
     """A prime size through the template as called (B packed per block) and with B packed once; E4M3 operands,
     their f32 product against numpy's; s8 by u8, exactly."""

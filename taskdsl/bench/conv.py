@@ -10,6 +10,10 @@ replays ('call ms': a call with its host cost and output allocation).
 
 `--layers depthwise` (cpu): MobileNet-V2's depthwise 3x3 layers with their bias and ReLU6, as the
 graph runs them (one direct kernel with the epilogue fused), against Conv + Clip in onnxruntime.
+
+`--int8`: uint8 inputs by int8 weights into exact int32. cpu: im2col columns and the i32 product
+(`conv.IntegerColumns`) against onnxruntime's ConvInteger; cuda: the 8-bit tensor-core template (mma
+m16n8k32, implicit im2col) against cuDNN's f16 convolution (torch has no 8-bit one to time).
 """
 from __future__ import annotations
 
@@ -38,7 +42,7 @@ LAYERS = {"resnet50": RESNET50, "depthwise": DEPTHWISE}
 
 
 def _onnx_conv(x: np.ndarray, w: np.ndarray, stride: int, pad: int, groups: int = 1, bias=None):
-    """A session running Conv (and with `bias`, Clip to [0, 6] after it) on `x`."""
+    """A session running Conv (and with `bias`, Clip to [0, 6] after it) on `x`; ConvInteger for 8-bit x and w."""
     import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper
@@ -48,29 +52,41 @@ def _onnx_conv(x: np.ndarray, w: np.ndarray, stride: int, pad: int, groups: int 
         initializers += [onnx.numpy_helper.from_array(bias, "b"), onnx.numpy_helper.from_array(np.float32(0), "lo"),
                          onnx.numpy_helper.from_array(np.float32(6), "hi")]
         nodes.append(helper.make_node("Clip", ["conv", "lo", "hi"], ["y"]))
-    nodes.insert(0, helper.make_node("Conv", inputs, ["conv" if bias is not None else "y"], strides=[stride] * 2,
-                                     pads=[pad] * 4, group=groups))
-    graph = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializers)
+    integer = x.dtype == np.uint8
+    nodes.insert(0, helper.make_node("ConvInteger" if integer else "Conv", inputs, ["conv" if bias is not None else "y"],
+                                     strides=[stride] * 2, pads=[pad] * 4, group=groups))
+    types = (TensorProto.UINT8, TensorProto.INT32) if integer else (TensorProto.FLOAT, TensorProto.FLOAT)
+    graph = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", types[0], x.shape)],
+                              [helper.make_tensor_value_info("y", types[1], None)], initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8    # what onnxruntime builds older than the onnx package still read
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return lambda: session.run(None, {"x": x})[0]
 
 
-def _cpu_rows(layers, layout: str, depthwise: bool) -> list:
+def _operands(rng, c: int, hw: int, oc: int, k: int, groups: int, int8: bool) -> tuple:
+    """A batch-1 input and OIHW weights: f32 (the weights scaled by 1 / sqrt(fan-in)), or uint8 and int8 over
+    their whole ranges."""
+    if int8:
+        return (rng.integers(0, 256, (1, c, hw, hw)).astype(np.uint8),
+                rng.integers(-128, 128, (oc, c // groups, k, k)).astype(np.int8))
+    return (rng.standard_normal((1, c, hw, hw), dtype=np.float32),
+            (rng.standard_normal((oc, c // groups, k, k)) / np.sqrt(c // groups * k * k)).astype(np.float32))
+
+
+def _cpu_rows(layers, layout: str, depthwise: bool, int8: bool) -> list:
     import taskdsl as td
     from stdlib_ops import conv
     rng = np.random.default_rng(0)
     rows = []
     for c, hw, oc, k, s, p in layers:
         groups = c if depthwise else 1
-        x = rng.standard_normal((1, c, hw, hw), dtype=np.float32)
-        w = (rng.standard_normal((oc, c // groups, k, k)) / np.sqrt(c // groups * k * k)).astype(np.float32)
+        x, w = _operands(rng, c, hw, oc, k, groups, int8)
         bias = rng.standard_normal(oc).astype(np.float32) if depthwise else None
         x_in = x if layout == "NCHW" else np.ascontiguousarray(x.transpose(0, 2, 3, 1))
         g = conv.geometry(x_in.shape, w.shape, s, p, groups=groups, layout=layout)
-        plan = conv.plan(g, td.f32, "cpu", depthwise, "relu6" if depthwise else None)
+        types = (td.u8, td.i8) if int8 else (td.f32, None)
+        plan = conv.plan(g, types[0], "cpu", depthwise, "relu6" if depthwise else None, types[1])
         packed = plan.lowered.weight_operand(w)   # once, as onnxruntime prepacks at session creation
         call = lambda: plan.run(x_in, w, bias, packed=packed)
         y = call()                                # compiles outside the timing
@@ -87,30 +103,32 @@ def _cpu_rows(layers, layout: str, depthwise: bool) -> list:
     return rows
 
 
-def _cuda_rows(layers, layout: str) -> list:
+def _cuda_rows(layers, layout: str, int8: bool) -> list:
     import torch
     import taskdsl as td
     from stdlib_ops import conv
     from .cuda_timing import time_cuda, time_cuda_replayed, time_torch_replayed
+    rng = np.random.default_rng(0)
     rows = []
     for c, hw, oc, k, s, p in layers:
-        x = torch.randn(1, c, hw, hw, device="cuda", dtype=torch.float16)
-        w = torch.randn(oc, c, k, k, device="cuda", dtype=torch.float16) / (c * k * k) ** 0.5
-        x_in = x if layout == "NCHW" else x.permute(0, 2, 3, 1).contiguous()
-        g = conv.geometry(tuple(x_in.shape), tuple(w.shape), s, p, layout=layout)
-        plan = conv.plan(g, td.f16, "cuda", False, None)
-        x_dev = td.to_device(x_in.cpu().numpy())                                   # the prepared launch path
-        packed = td.to_device(plan.lowered.weight_operand(w.cpu().numpy()))      # made once, as for a model
+        x_host, w_host = _operands(rng, c, hw, oc, k, 1, int8)
+        x, w = (torch.from_numpy(a.astype(np.float16)).cuda() for a in (x_host, w_host))   # the peer's, f16
+        x_in = x_host if layout == "NCHW" else np.ascontiguousarray(x_host.transpose(0, 2, 3, 1))
+        g = conv.geometry(x_in.shape, w_host.shape, s, p, layout=layout)
+        plan = conv.plan(g, *((td.u8, "cuda", False, None, td.i8) if int8 else (td.f16, "cuda", False, None)))
+        x_dev = td.to_device(x_in if int8 else x_in.astype(np.float16))          # the prepared launch path
+        packed = td.to_device(plan.lowered.weight_operand(w_host if int8 else w_host.astype(np.float16)))  # once
         run = lambda: plan.run(x_dev, None, packed=packed)    # the fused kernel (and split-k's sum, if it splits)
         t_td, t_call = time_cuda_replayed(run), time_cuda(run)
         t_peer = time_torch_replayed(lambda: torch.nn.functional.conv2d(x, w, stride=s, padding=p))
-        want = torch.nn.functional.conv2d(x.float(), w.float(), stride=s, padding=p).cpu().numpy()
-        y = run().numpy().astype(np.float32)
+        exact = torch.float64 if int8 else torch.float32        # 8-bit products sum exactly in f64
+        want = torch.nn.functional.conv2d(x.to(exact), w.to(exact), stride=s, padding=p).cpu().numpy()
+        y = run().numpy().astype(np.float64 if int8 else np.float32)
         got = y if layout == "NCHW" else y.transpose(0, 3, 1, 2)
         rows.append(dict(layer=(c, hw, oc, k, s), taskdsl=t_td, call=t_call, peer=t_peer, err=rel_err(got, want),
                          flops=2.0 * oc * c * k * k * got.shape[2] * got.shape[3], schedule=_schedule(plan)))
         print(f"  layer {rows[-1]['layer']}: {t_peer / t_td:.3f}x cuDNN", flush=True)
-        for line in conv.tuning_report(g, td.f16):     # when tuned: the fastest points and the default's rank
+        for line in conv.tuning_report(g, td.f16) if not int8 else ():     # when tuned: the fastest points
             print("   ", line, flush=True)
     return rows
 
@@ -127,10 +145,15 @@ def _schedule(plan) -> str:
             + (", input as A" if plain else ""))
 
 
-def run(sizes=None, layout: str = "NCHW", layers: str = "resnet50") -> list:
+def _tolerance_key(target: str, int8: bool) -> str:
+    """The accuracy.TOLERANCE entry of a row: exact for 8-bit integers, else the target's float type's."""
+    return "i8" if int8 else "f16" if target == "cuda" else "f32"
+
+
+def run(sizes=None, layout: str = "NCHW", layers: str = "resnet50", int8: bool = False) -> list:
     """Print and return per-layer times of taskdsl's conv2d (input and output in `layout`) and the peer
     (onnxruntime / cuDNN, NCHW) on the `layers` set ('resnet50' or 'depthwise'), or those of its
-    indices in `sizes`."""
+    indices in `sizes`; `int8`: of uint8 inputs by int8 weights (exact int32)."""
     import taskdsl as td
     target = td.get_target()
     depthwise = layers == "depthwise"
@@ -140,9 +163,12 @@ def run(sizes=None, layout: str = "NCHW", layers: str = "resnet50") -> list:
         chosen = [LAYERS[layers][i] for i in sizes]
     else:
         chosen = CPU_DEFAULT if target == "cpu" and not depthwise else LAYERS[layers]
-    rows = _cuda_rows(chosen, layout) if target == "cuda" else _cpu_rows(chosen, layout, depthwise)
-    peer = "cuDNN (torch, f16)" if target == "cuda" else "onnxruntime (f32)"
+    if depthwise and int8:
+        raise ValueError("the depthwise layer set is f32 only: leave out int8")
+    rows = _cuda_rows(chosen, layout, int8) if target == "cuda" else _cpu_rows(chosen, layout, depthwise, int8)
+    peer = "cuDNN (torch, f16)" if target == "cuda" else "onnxruntime (%s)" % ("ConvInteger" if int8 else "f32")
     what = "MobileNet-V2 depthwise layers + bias + ReLU6" if depthwise else "ResNet-50 conv layers"
+    what += ", u8 x s8 into int32" if int8 else ""
     print(f"{what}, batch 1, on {target}: taskdsl ({layout}) vs {peer} (NCHW)")
     if target == "cuda":
         print("(GPU times of each side's kernels replayed as a CUDA graph; 'call ms': a taskdsl call with its host "
@@ -153,7 +179,7 @@ def run(sizes=None, layout: str = "NCHW", layers: str = "resnet50") -> list:
         r["ratio"] = r["peer"] / r["taskdsl"]
         print(f"{','.join(map(str, r['layer'])):>22} {r['taskdsl'] * 1e3:>11.3f} {r['peer'] * 1e3:>9.3f} "
               f"{r['ratio']:>7.3f} {r['flops'] / r['taskdsl'] / 1e9:>8.1f} "
-              f"{shown(r['err'], 'f16' if target == 'cuda' else 'f32', 'conv layer %s' % (r['layer'],), 8)}"
+              f"{shown(r['err'], _tolerance_key(target, int8), 'conv layer %s' % (r['layer'],), 8)}"
               + (f" {r['call'] * 1e3:>8.3f}  {r['schedule']}" if "call" in r else ""))
     if rows:
         print(f"mean ratio {np.mean([r['ratio'] for r in rows]):.3f}")
