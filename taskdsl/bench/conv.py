@@ -53,8 +53,9 @@ def _onnx_conv(x: np.ndarray, w: np.ndarray, stride: int, pad: int, groups: int 
                          onnx.numpy_helper.from_array(np.float32(6), "hi")]
         nodes.append(helper.make_node("Clip", ["conv", "lo", "hi"], ["y"]))
     integer = x.dtype == np.uint8
-    nodes.insert(0, helper.make_node("ConvInteger" if integer else "Conv", inputs, ["conv" if bias is not None else "y"],
-                                     strides=[stride] * 2, pads=[pad] * 4, group=groups))
+    conv_out = "conv" if bias is not None else "y"
+    nodes.insert(0, helper.make_node("ConvInteger" if integer else "Conv", inputs, [conv_out], strides=[stride] * 2,
+                                     pads=[pad] * 4, group=groups))
     types = (TensorProto.UINT8, TensorProto.INT32) if integer else (TensorProto.FLOAT, TensorProto.FLOAT)
     graph = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", types[0], x.shape)],
                               [helper.make_tensor_value_info("y", types[1], None)], initializers)
