@@ -56,6 +56,7 @@ def _options(stride, padding, dilation, groups) -> dict:
        fused=st.booleans(), seed=st.integers(0, 2**16))
 @example(case=GEOMETRIES[4], layout="NHWC", types=(np.uint8, np.int8), fused=True, seed=0)
 @example(case=GEOMETRIES[1], layout="NCHW", types=(E4M3, ml_dtypes.float8_e5m2), fused=False, seed=0)
+@example(case=GEOMETRIES[5], layout="NHWC", types=(np.int8, np.uint8), fused=False, seed=0)   # runs of 8 channels
 def test_convolutions_of_8_bit_operands(target, case, layout, types, fused, seed):
     """Every geometry kind, either layout, every operand pair; a bias in the output's type and relu fused."""
     n, c, h, w, oc, (kh, kw), stride, padding, dilation, groups = case
