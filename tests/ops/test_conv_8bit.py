@@ -14,7 +14,7 @@ from hypothesis import example, given, strategies as st
 
 import stdlib_ops as ops
 import taskdsl as td
-from stdlib_ops import conv
+from stdlib_ops import conv, gemm
 
 from .test_conv import reference
 from .test_matmul_8bit import FEW, PAIRS, operand, target  # noqa: F401 (target: the fixture)
@@ -83,6 +83,31 @@ def test_the_gpu_lowering_is_the_8_bit_tensor_core_gemm(simulated_gpu):
     depthwise = conv.plan(conv.geometry((1, 8, 8, 4), (4, 1, 3, 3), padding=1, groups=4, layout="NHWC"), td.i8,
                           "cuda", False, None)
     assert depthwise.direct is not None and depthwise.out_dtype == np.int32
+
+
+def test_8_bit_gpu_convolutions_are_tuned_on_their_own_kernels(simulated_gpu, monkeypatch):
+    """Tuning an 8-bit convolution on a GPU: the tensor-core space of 1-byte operands, keyed by both operands'
+    types, candidates checked on the i32 output, each the convolution itself on its k-major weights."""
+    seen = {}
+
+    def record(space, build, args, **options):
+        seen.update(space=space, build=build, args=args, **options)
+        return options["default"]
+    monkeypatch.setattr(conv, "tune", record)
+    monkeypatch.setenv("TASKDSL_TUNE", "1")
+    conv._plan.cache_clear()
+    g = conv.geometry((1, 16, 6, 6), (8, 16, 3, 3), padding=1)
+    low = conv.plan(g, td.u8, "cuda", False, None, td.i8).lowered
+    assert seen["op"] == "conv_tc_matmul" and seen["dtypes"] == ("u8", "i8") and seen["outputs"] == {2: td.i32}
+    assert seen["space"].name == gemm.template_for(td.u8, "cuda").space("cuda", 1).name
+    x_example, weight, out = seen["args"]
+    assert (x_example.dtype, weight.shape, out.dtype) == (np.uint8, (1, 8, 144), np.int32)
+    rng = np.random.default_rng(6)
+    x, w = operand(rng, (1, 16, 6, 6), np.uint8), operand(rng, (8, 16, 3, 3), np.int8)
+    candidate = seen["build"](low.matmul.point)
+    y = td.to_device(np.zeros(g.out_shape, np.int32))
+    candidate(td.to_device(x), td.to_device(candidate.lowered.weight_operand(w)), y)
+    assert_convolution(y.numpy(), x, w, **_options((1, 1), (1, 1, 1, 1), (1, 1), 1))
 
 
 def test_the_cpu_lowering_is_columns_and_an_integer_product():
