@@ -711,7 +711,7 @@ def _lower_rows(g: ConvGeometry, dtype, x: td.Tensor, epilogue) -> DirectRows:
     # scalars too: with a constant stride, a row's taps are unit-stride loops that vectorize.
     if depthwise or z is not y or x_name is None:
         w_shape = (g.oc, g.c // g.groups, g.kh, g.kw) if nchw else (g.kh, g.kw, g.c // g.groups, g.oc)
-        examples = [np.empty(s, dtype.numpy) for s in (_x_shape(g), w_shape, g.out_shape)]
+        examples = [np.empty(s, dtype.numpy) for s in (input_shape(g), w_shape, g.out_shape)]
         extents = _plane_scalars(g) if plane else {}
         kernel = td.fuse(kernel, *examples, *scalars.values(), *extents.values(), prologues={} if x_name else {"X": x},
                          epilogues={"Y": z} if z is not y else {}, constants=tuple(scalars))
@@ -842,7 +842,7 @@ class Lowered:
         split = 1 if self.finish is None else self.matmul.fusion_split
         scalars = {} if self.columns is None else _pad_scalars(g) if self.indirect else _columns_scalars(g)
         fixed = dict(batch_index=self.batch_index, split=split, **scalars)
-        shape = (_x_shape(g) if self.window else (1, math.prod(_padded_shape(g))) if self.indirect
+        shape = (input_shape(g) if self.window else (1, math.prod(_padded_shape(g))) if self.indirect
                  else self.matmul.operand_shapes(self.transposed_a)[0])
         columns_params = [name for name, _ in self.columns.params] if self.columns else []
         columns_dtype = dict(self.columns.params)["cols"].dtype.numpy if self.columns else None
@@ -914,7 +914,7 @@ def lower(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue, b_dtype=N
             return _lower_indirect(g, dtype, matmul, x, epilogue(y))
         windowed = nchw and not pointwise and groups == 1 and g.ow >= WINDOW_ROW
         if windowed and mm.cpu.copies_a(True, matmul.m, matmul.n):
-            kernel = td.fuse(window_kernel(g, matmul, dtype), np.empty(_x_shape(g), dtype.numpy),
+            kernel = td.fuse(window_kernel(g, matmul, dtype), np.empty(input_shape(g), dtype.numpy),
                              *matmul.examples(packed_b=True)[1:], prologues={} if x_name else {"A": x},
                              epilogues={"C": epilogue(y)})
             return Lowered(g, matmul, kernel, None, x_name, True, matmul.batch_index(1), window=True)
@@ -924,7 +924,7 @@ def lower(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue, b_dtype=N
             return Lowered(g, matmul, kernel, None, x_name, True, matmul.batch_index(1))
         columns = columns_kernel(dtype)     # generic over geometries, a fused prologue specializes it
         if x_name is None:
-            columns = td.fuse(columns, np.empty(_x_shape(g), dtype.numpy), np.empty(_columns_shape(g), dtype.numpy),
+            columns = td.fuse(columns, np.empty(input_shape(g), dtype.numpy), np.empty(_columns_shape(g), dtype.numpy),
                               *_columns_scalars(g).values(), prologues={"X": x})
         return Lowered(g, matmul, kernel, columns, x_name, True, matmul.batch_index(1))
     return _lower_gemm(g, dtype, target, x, epilogue, tuned_point(g, dtype, target, b_dtype), b_dtype)
@@ -972,7 +972,7 @@ def _lower_indirect(g: ConvGeometry, dtype, matmul, x: td.Tensor, out: td.Tensor
         return Lowered(g, matmul, kernel, None, x_name, True, table, indirect=True)
     pad = pad_kernel(dtype)
     if x_name is None:
-        pad = td.fuse(pad, np.empty(_x_shape(g), dtype.numpy), np.empty(_padded_shape(g), dtype.numpy),
+        pad = td.fuse(pad, np.empty(input_shape(g), dtype.numpy), np.empty(_padded_shape(g), dtype.numpy),
                       *_pad_scalars(g).values(), prologues={"X": x})
     return Lowered(g, matmul, kernel, pad, x_name, True, table, indirect=True)
 
@@ -1011,7 +1011,7 @@ def tuned_point(g: ConvGeometry, dtype, target: str, b_dtype=None):
     template, op, default = _tuning(g, dtype, target, b_dtype)
     x, out = _x_placeholder(g, dtype), mm.product_type(dtype)
     weights = mm.random_operand((g.oc, g.c // g.groups, g.kh, g.kw), b_dtype or dtype)
-    args = (mm.random_operand(_x_shape(g), dtype), pack_weight(g, weights, dtype.bits == 8),
+    args = (mm.random_operand(input_shape(g), dtype), pack_weight(g, weights, dtype.bits == 8),
             np.empty(g.out_shape, out.numpy))
     candidate = lambda p: ConvRun(_lower_gemm(g, dtype, target, x, no_epilogue, p, b_dtype))
     return tune(template.space(target, dtype.bits // 8), candidate, args, op=op, shapes=(g,),
@@ -1068,7 +1068,8 @@ def window_kernel(g: ConvGeometry, matmul, dtype) -> td.Kernel:
     return mm.cpu.tile_matmul_kernel(matmul.point, dtype, dtype, True, True, True, window)
 
 
-def _x_shape(g: ConvGeometry) -> tuple:
+def input_shape(g: ConvGeometry) -> tuple:
+    """The shape of convolution `g`'s input, in its layout."""
     return (g.n, g.c, g.h, g.w) if g.layout == "NCHW" else (g.n, g.h, g.w, g.c)
 
 

@@ -124,47 +124,56 @@ def _made_once(cache: dict, owner, make):
 
 
 def conv_geometry(op: Conv | IntegerConv) -> conv.ConvGeometry:
-    """The stdlib_ops.conv geometry of a 2-D graph convolution."""
+    """The stdlib_ops.conv geometry of a 1-D or 2-D graph convolution (1-D: 2-D over an image of one row)."""
     x, w = op.inputs
     a = op.attrs
+    layout = "NHWC" if a["channels_last"] else "NCHW"
+    if x.ndim == 3:
+        x_shape = (x.shape[0], 1) + x.shape[1:] if a["channels_last"] else x.shape[:2] + (1, x.shape[2])
+        return conv.geometry(x_shape, w.shape[:2] + (1, w.shape[2]), (1, a["strides"][0]),
+                             (0, a["pads"][0], 0, a["pads"][1]), (1, a["dilations"][0]), a["groups"], layout)
     pads = (a["pads"][0], a["pads"][1], a["pads"][2], a["pads"][3])
-    return conv.geometry(x.shape, w.shape, a["strides"], pads, a["dilations"], a["groups"],
-                         "NHWC" if a["channels_last"] else "NCHW")
+    return conv.geometry(x.shape, w.shape, a["strides"], pads, a["dilations"], a["groups"], layout)
 
 
 def packed_weight(lowering, tensor, weight, cache: dict):
-    """A conv lowering's operand of the weights `weight` (graph tensor `tensor`): made once, and kept in
-    `cache`, when the weights are a constant of the graph. It is made on the host (from the constant's
+    """A conv lowering's operand of the weights `weight` (graph tensor `tensor`, of weight's elements): made once,
+    and kept in `cache`, when the weights are a constant of the graph. It is made on the host (from the constant's
     value, or a copy of GPU weights) and placed where `weight` is."""
     def make():
-        return conv.placed_weight_operand(lowering, weight, tensor.value if tensor.is_constant else None)
+        host = tensor.value.reshape(weight.shape) if tensor.is_constant else None
+        return conv.placed_weight_operand(lowering, weight, host)
     return _made_once(cache, lowering, make) if tensor.is_constant else make()
 
 
 @runs(Conv)
 def run_conv(op: Conv, arrays: list) -> tuple:
-    """2-D convolutions of f32 / f16 by stdlib_ops.conv (a matmul lowering or a direct reduce); others by definitions."""
+    """1-D and 2-D convolutions of f32 / f16 by stdlib_ops.conv (a matmul lowering or a direct reduce); others by
+    definitions."""
     x = op.inputs[0]
-    if x.ndim != 4 or x.dtype not in (T.f32, T.f16):
+    if x.ndim not in (3, 4) or x.dtype not in (T.f32, T.f16):
         return run_definitions(op, arrays)
     return _on_conv_plan(op, conv.plan(conv_geometry(op), x.dtype, get_target(), False, None), arrays)
 
 
 def _on_conv_plan(op, p: conv.ConvPlan, arrays: list) -> tuple:
-    """(outputs, kernels) of graph convolution `op` by stdlib_ops.conv's plan `p`, the weights' operand made once
-    where they are a constant."""
-    packed = None if p.lowered is None else packed_weight(p.lowered, op.inputs[1], arrays[1],
+    """(outputs, kernels) of graph convolution `op` by stdlib_ops.conv's plan `p` (a 1-D one's arrays seen as 2-D
+    ones of one row), the weights' operand made once where they are a constant."""
+    g = p.geometry
+    x = contiguous(arrays[0]).reshape(conv.input_shape(g))
+    weight = arrays[1].reshape(g.oc, g.c // g.groups, g.kh, g.kw)
+    packed = None if p.lowered is None else packed_weight(p.lowered, op.inputs[1], weight,
                                                             op.__dict__.setdefault("_packed", {}))
-    return [p.run(contiguous(arrays[0]), arrays[1], packed=packed)], p.kernels
+    return [p.run(x, weight, packed=packed).reshape(op.outputs[0].shape)], p.kernels
 
 
 @runs(IntegerConv)
 def run_integer_conv(op: IntegerConv, arrays: list) -> tuple:
-    """2-D convolutions of 8-bit integers by stdlib_ops.conv (on a GPU the 8-bit tensor-core template, on the cpu
-    im2col columns and an exact int32 product; a reduce for tiny grouped reductions), the weights laid out once
-    where constant; others by definitions."""
+    """1-D and 2-D convolutions of 8-bit integers by stdlib_ops.conv (on a GPU the 8-bit tensor-core template, on
+    the cpu im2col columns and an exact int32 product; a reduce for tiny grouped reductions), the weights laid out
+    once where constant; others by definitions."""
     x, w = op.inputs
-    if x.ndim != 4:
+    if x.ndim not in (3, 4):
         return run_definitions(op, arrays)
     return _on_conv_plan(op, conv.plan(conv_geometry(op), x.dtype, get_target(), False, None, w.dtype), arrays)
 
