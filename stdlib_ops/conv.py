@@ -1191,7 +1191,7 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 
         return empty_like_operands(g.out_shape, out.numpy, x, weight, *([bias] if bias is not None else []))
     x, weight = converted(x, numpy_dtype(dtype)), converted(weight, numpy_dtype(b_dtype or dtype))
     p = plan(g, dtype, td.get_target(), bias is not None, activation, b_dtype)
-    return p.run(x, weight, converted(bias, out.numpy) if bias is not None else None)
+    return p.run(x, weight, mm.bias_operand(bias, out.numpy, "conv2d") if bias is not None else None)
 
 
 def _grouped_out_shape(g: ConvGeometry) -> tuple:

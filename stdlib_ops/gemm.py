@@ -637,7 +637,17 @@ def linear(x, weight, bias=None, *, tune: bool | None = None):
         raise ValueError(f"linear: bias must have shape ({weight.shape[0]},) (one per output feature), got "
                          f"{np.shape(bias)}")
     y = _times_transposed(x, weight, tune)
-    return y if bias is None else add(y, converted(as_array(bias), y.dtype))
+    return y if bias is None else add(y, bias_operand(bias, y.dtype, "linear"))
+
+
+def bias_operand(bias, dtype, op: str):
+    """`bias` as a contiguous array of the result's numpy `dtype`; a TypeError for a float bias of an integer
+    result, which converting would truncate."""
+    bias = as_array(bias)
+    if np.dtype(dtype).kind in "iu" and bias.dtype.kind not in "iub":
+        raise TypeError(f"{op}: the bias of an integer result must be integers (it adds to the exact int32 sums), "
+                        f"got {bias.dtype}; round it to integers first, or convert the result to floats")
+    return converted(bias, dtype)
 
 
 def _times_transposed(x, weight, tune: bool | None):

@@ -124,8 +124,9 @@ def test_the_cpu_lowering_is_columns_and_an_integer_product():
 
 
 def test_mixed_and_refused_operands(target):
-    """An 8-bit integer with a float convolves in f32; sigmoid on an integer convolution is a ValueError; empty
-    batches give an empty output of the product's type."""
+    """An 8-bit integer with a float convolves in f32; sigmoid on an integer convolution is a ValueError, a float
+    bias a TypeError (converting it would truncate it); empty batches give an empty output of the product's
+    type."""
     rng = np.random.default_rng(1)
     x, w = operand(rng, (1, 4, 5, 5), np.int8), rng.standard_normal((3, 4, 3, 3)).astype(np.float32)
     y = ops.conv2d(x, w, padding=1)
@@ -133,6 +134,8 @@ def test_mixed_and_refused_operands(target):
     np.testing.assert_allclose(y, reference(x, w, None, (1, 1), (1, 1, 1, 1), (1, 1), 1), rtol=1e-5, atol=1e-3)
     with pytest.raises(ValueError, match="sigmoid of an integer convolution"):
         ops.conv2d(x, w.astype(np.int8), activation="sigmoid")
+    with pytest.raises(TypeError, match="conv2d: the bias of an integer result must be integers"):
+        ops.conv2d(x, w.astype(np.int8), np.full(3, 0.5, np.float32))
     empty = ops.conv2d(np.zeros((0, 4, 5, 5), np.uint8), w.astype(np.int8))
     assert empty.shape == (0, 3, 3, 3) and empty.dtype == np.int32
 

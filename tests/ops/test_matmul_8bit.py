@@ -91,11 +91,16 @@ def test_linear_of_8_bit_operands(target, types):
     rng = np.random.default_rng(3)
     x, w = operand(rng, (4, 7, 48), types[0]), operand(rng, (24, 48), types[1])
     assert_product(stdlib_ops.linear(x, w), x, w.T)
-    if x.dtype.kind == "f":      # a bias adds in the product's type
+    if x.dtype.kind not in "iu":      # a bias adds in the product's type (ml_dtypes' floats are of kind "V")
         bias = rng.standard_normal(24).astype(np.float32)
         want = x.astype(np.float64) @ w.astype(np.float64).T
         np.testing.assert_allclose(stdlib_ops.linear(x, w, bias) - bias, want, rtol=1e-5,
                                    atol=1e-5 * np.abs(want).max())
+    else:                        # an integer bias adds exactly; a float one is refused, not truncated
+        bias = rng.integers(-2**20, 2**20, 24).astype(np.int32)
+        assert_product(stdlib_ops.linear(x, w, bias) - bias, x, w.T)
+        with pytest.raises(TypeError, match="linear: the bias of an integer result must be integers"):
+            stdlib_ops.linear(x, w, bias + 0.5)
 
 
 @pytest.mark.parametrize("dtype", [E4M3, E5M2, ml_dtypes.bfloat16])
