@@ -14,6 +14,9 @@ Grouped convolutions with tiny per-group reductions (depthwise; `uses_direct`) a
 (K = 9 per group has nothing to tile): on the cpu they run `direct_kernel` (NCHW) or
 `direct_nhwc_kernel` (outputs accumulated in registers, epilogue fused into their stores);
 elsewhere a `td.reduce` definition scheduled by the rules.
+8-bit operands (E4M3 / E5M2 into f32, s8 / u8 into exact i32) take the 8-bit tensor-core
+template on a GPU, its B the weights k-major; on the cpu integers run as explicit columns and an
+exact i32 product (`IntegerColumns`).
 """
 import functools
 import math
@@ -1111,8 +1114,8 @@ def placed_weight_operand(lowering: Lowered | DirectRows, weight, host: np.ndarr
 def plan(g: ConvGeometry, dtype, target: str, has_bias: bool, activation, b_dtype=None) -> ConvPlan:
     """The conv kernels for geometry `g` (weights of `b_dtype` where it is not x's: 8-bit operands of one kind):
     where `uses_direct`, the cpu's direct kernels or elsewhere a reduce by the rules; else a matmul lowering.
-    8-bit operands: on a GPU the 8-bit tensor-core template (or a reduce where `uses_direct`), elsewhere a reduce
-    (integers; 8-bit floats compute in f32 there), into i32 or f32."""
+    8-bit operands (into i32 or f32): on a GPU the 8-bit tensor-core template; on the cpu, integers as
+    `IntegerColumns` (8-bit floats compute in f32 there); where `uses_direct`, a reduce."""
     check_activation(activation, dtype)
     return _plan(g, dtype, target, has_bias, activation, fast_compile_enabled(), tuning_enabled(),
                  None if b_dtype == dtype else b_dtype)
@@ -1169,7 +1172,7 @@ def _direct_op(g: ConvGeometry, dtype, x: td.Tensor, bias, activation, b_dtype=N
 
     y = td.reduce("Y", g.out_shape, (cg, g.kh, g.kw), fcompute, op="sum")     # f16 products sum in f32...
     z = bias_activation(g, y, bias, activation)
-    if z.dtype != out:     # ...rounded once, after the bias and activation, to the operands' type (not left f32)
+    if z.dtype != out:     # ...rounded once, after the bias and activation, to the output's type (not left f32)
         z = td.compute("Out", g.out_shape, lambda *idx: ir.convert(z[idx], out))
     inputs = [x, w] + ([bias] if bias is not None else [])
     return td.op(inputs, [z], name=f"conv2d_direct_{g.kh}x{g.kw}")

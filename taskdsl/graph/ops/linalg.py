@@ -171,7 +171,8 @@ class Conv(Convolution):
 
 class IntegerConv(Convolution):
     """N-d convolution of 8-bit integers (int8 or uint8 each) into exact int32 (`Convolution`): ONNX's ConvInteger
-    without zero points. Not an anchor: it runs on its own, on a GPU (2-D) by the 8-bit tensor-core template."""
+    without zero points. Not an anchor: it runs on its own, 1-D and 2-D ones by stdlib_ops.conv (on a GPU the 8-bit
+    tensor-core template)."""
 
     @property
     def kind(self) -> str:
