@@ -1071,6 +1071,39 @@ def window_kernel(g: ConvGeometry, matmul, dtype) -> td.Kernel:
     return mm.cpu.tile_matmul_kernel(matmul.point, dtype, dtype, True, True, True, window)
 
 
+@functools.lru_cache(maxsize=32)
+def _depth_stack_op(shape: tuple, dtype, kd: int, stride: int, begin: int, dilation: int, od: int,
+                    channels_last: bool) -> td.Op:
+    """`depth_stacked`'s op for inputs of `shape` and DSL type `dtype`."""
+    n, c, d, h, w = (shape[0], shape[4], *shape[1:4]) if channels_last else shape
+    x = td.placeholder("X", dtype, shape)
+
+    def fcompute(image, channel, row, col):
+        b, o = image // od, image % od
+        ci, k = channel // kd, channel % kd
+        depth = o * stride - begin + k * dilation
+        inside = ir.binary("and", depth >= 0, depth < d)
+        depth = td.max(td.min(depth, d - 1), 0)         # a read that is safe whatever the depth: an eager select
+        value = x[b, depth, row, col, ci] if channels_last else x[b, ci, depth, row, col]
+        return ir.Select(inside, value, ir.const(0, dtype), dtype, eager=True)
+
+    if channels_last:
+        stacked = td.compute("stacked", (n * od, h, w, c * kd), lambda i, r, q, ch: fcompute(i, ch, r, q))
+    else:
+        stacked = td.compute("stacked", (n * od, c * kd, h, w), fcompute)
+    return td.op([x], [stacked], name="conv_depth_stack")
+
+
+def depth_stacked(x, kd: int, stride: int, begin: int, dilation: int, od: int, channels_last: bool = False):
+    """A 3-D convolution's input x (N, C, D, H, W), or (N, D, H, W, C), as the input of a 2-D one: (N * OD, C * KD,
+    H, W), or (N * OD, H, W, C * KD), whose image n * OD + od holds as channel c * KD + kd x's channel c at depth
+    od * stride - begin + kd * dilation (0 outside x). The 3-D convolution is the 2-D convolution of it by the
+    weights (O, C / G * KD, KH, KW) (OIDHW reshaped), whose output image n * OD + od is output depth od."""
+    op = _depth_stack_op(tuple(x.shape), td.ir.types.from_numpy(x.dtype), kd, stride, begin, dilation, od,
+                         channels_last)
+    return op(x)[0], op
+
+
 def input_shape(g: ConvGeometry) -> tuple:
     """The shape of convolution `g`'s input, in its layout."""
     return (g.n, g.c, g.h, g.w) if g.layout == "NCHW" else (g.n, g.h, g.w, g.c)
