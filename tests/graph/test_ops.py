@@ -312,6 +312,42 @@ def test_integer_conv_is_exact(channels_last, stride, pads, dilation, groups):
         tg.trace(lambda t: ops.integer_conv(t, w), tg.input("x", x.shape, np.float32))
 
 
+@pytest.mark.parametrize("rank, groups", [(2, 1), (2, 4), (1, 2), (3, 1)])
+def test_bf16_convolutions_run_in_f32_on_the_templates(rank, groups):
+    """A bf16 convolution runs as an f32 one (the template, or depthwise the direct kernel) rounded to bf16 once,
+    as its definitions sum: equal to their evaluation but for a last-bit rounding of a differently ordered sum; new
+    inputs at each run (the replay), the constant weights converted once."""
+    import ml_dtypes
+    bf16 = ml_dtypes.bfloat16
+    spatial = {1: (23,), 2: (9, 7), 3: (5, 6, 7)}[rank]
+    w = rand((8, 8 // groups) + (3,) * rank, 2).astype(bf16)
+    t = tg.input("x", (2, 8) + spatial, bf16)
+    g = tg.trace(lambda t: ops.conv(t, w, padding=1, groups=groups), t)
+    compiled = g.compile()
+    for seed in range(3):
+        x = rand((2, 8) + spatial, seed).astype(bf16)
+        got, = compiled(x)
+        want, = g.reference(x)
+        assert got.dtype == bf16
+        np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2**-7, atol=2**-7)
+    names = [k.name for k in compiled.kernels]
+    assert names[0].startswith("cast") and not any(name.startswith("conv_reduce") for name in names), names
+
+
+def test_bf16_convolutions_on_a_gpu(simulated_gpu):
+    """On a (simulated) GPU too, a bf16 convolution is the f32 template's between two casts, run after run."""
+    import ml_dtypes
+    w = rand((8, 8, 3, 3), 2).astype(ml_dtypes.bfloat16)
+    t = tg.input("x", (1, 8, 9, 7), ml_dtypes.bfloat16)
+    g = tg.trace(lambda t: ops.conv2d(t, w, padding=1), t)
+    compiled = g.compile("cuda")
+    for seed in range(3):
+        x = rand((1, 8, 9, 7), seed).astype(ml_dtypes.bfloat16)
+        np.testing.assert_allclose(compiled(x)[0].astype(np.float32), g.reference(x)[0].astype(np.float32),
+                                   rtol=2**-7, atol=2**-7)
+    assert any(kernel.name.startswith("simt_matmul") for kernel, _ in simulated_gpu.launches)
+
+
 def test_grouped_conv2d_with_a_prologue_and_an_epilogue():
     """A grouped convolution of 36 terms a group (on the cpu: explicit columns, the GEMM batched over images and
     groups) with a relu fused into its columns and a residual add into its stores."""
