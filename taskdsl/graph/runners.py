@@ -130,11 +130,9 @@ def conv_geometry(op: Conv | IntegerConv) -> conv.ConvGeometry:
     a = op.attrs
     layout = "NHWC" if a["channels_last"] else "NCHW"
     if x.ndim == 5:
-        (n, *spatial), kd, od = (x.shape[:4] if a["channels_last"] else x.shape[:1] + x.shape[2:]), w.shape[2], \
-            a["out"][0]
+        n, (h, width), kd, od = x.shape[0], op.spatial_dims(x.shape)[1:], w.shape[2], a["out"][0]
         channels = op.channels(x.shape) * kd
-        x_shape = (n * od,) + tuple(spatial[1:]) + (channels,) if a["channels_last"] else \
-            (n * od, channels) + tuple(spatial[1:])
+        x_shape = (n * od, h, width, channels) if a["channels_last"] else (n * od, channels, h, width)
         pads = (a["pads"][1], a["pads"][2], a["pads"][4], a["pads"][5])
         return conv.geometry(x_shape, (w.shape[0], w.shape[1] * kd) + w.shape[3:], a["strides"][1:], pads,
                              a["dilations"][1:], a["groups"], layout)
