@@ -72,9 +72,10 @@ def _plan(plan) -> tuple:
 # ---------------------------------------------------------------- the anchors (one call site each)
 @runs(MatMul)
 def run_matmul(op: MatMul, arrays: list) -> tuple:
-    """matmul on the matmul templates (stdlib_ops.gemm) for f32 / f16; other dtypes by definitions."""
+    """matmul on the matmul templates (stdlib_ops.gemm) for f32, f16 and bf16; other dtypes by definitions (a bf16
+    128x768 @ 768x768 took 4.8 ms by them on the cpu, a rule-based reduce)."""
     a, b = op.inputs
-    if a.dtype not in (T.f32, T.f16):
+    if a.dtype not in (T.f32, T.f16, T.bf16):
         return run_definitions(op, arrays)
     p = gemm.plan(a.shape if a.ndim > 1 else (1,) + a.shape, b.shape if b.ndim > 1 else b.shape + (1,), a.dtype,
                   get_target())

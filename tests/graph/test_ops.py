@@ -334,6 +334,24 @@ def test_bf16_convolutions_run_in_f32_on_the_templates(rank, groups):
     assert names[0].startswith("cast") and not any(name.startswith("conv_reduce") for name in names), names
 
 
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_bf16_matmuls_run_on_the_templates(simulated_gpu, target):
+    """A bf16 matmul (constant B, batched A) runs on the matmul templates (the cpu's register tile, a GPU's tensor
+    cores), not by its definitions, equal to their evaluation but for bf16 roundings of differently ordered sums."""
+    import ml_dtypes
+    b = rand((48, 40), 2).astype(ml_dtypes.bfloat16)
+    t = tg.input("a", (3, 37, 48), ml_dtypes.bfloat16)
+    g = tg.Graph([t], [ops.matmul(t, tg.constant(b))])
+    compiled = g.compile(target)
+    for seed in range(3):
+        a = rand((3, 37, 48), seed).astype(ml_dtypes.bfloat16)
+        got, want = compiled(a)[0], g.reference(a)[0]
+        assert got.dtype == ml_dtypes.bfloat16
+        np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2**-7, atol=2**-6)
+    names = [k.name for k in compiled.kernels]
+    assert names and not any("reduce" in name for name in names), names
+
+
 def test_bf16_convolutions_on_a_gpu(simulated_gpu):
     """On a (simulated) GPU too, a bf16 convolution is the f32 template's between two casts, run after run."""
     import ml_dtypes
