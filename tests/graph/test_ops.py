@@ -251,8 +251,9 @@ def test_3d_convolutions_run_as_2d_ones_of_the_depth_stacked_input(integer, chan
         w = rand((6, 4 // groups, 3, 2, 3), 2)
     conv = ops.integer_conv if integer else ops.conv
     shape = (2, 7, 6, 5, 4) if channels_last else (2, 4, 7, 6, 5)
+    x_input = tg.input("x", shape, np.uint8 if integer else w.dtype)
     g = tg.trace(lambda t: conv(t, w, stride=stride, padding=pads, dilation=dilation, groups=groups,
-                                channels_last=channels_last), tg.input("x", shape, w.dtype if not integer else np.uint8))
+                                channels_last=channels_last), x_input)
     compiled = g.compile()
     for seed in range(3):      # new inputs at each run: the compiled graph's replay too
         x = rng.integers(0, 256, (2, 4, 7, 6, 5)).astype(np.uint8) if integer else rand((2, 4, 7, 6, 5), seed)
