@@ -193,6 +193,23 @@ def test_conv2d(stride, pads, dilation, groups):
     assert_close(got, want.astype(np.float32), rtol=1e-5, atol=1e-5)
 
 
+def conv_operand(shape, integer: bool, seed: int, weights: bool = False) -> np.ndarray:
+    """A convolution's operand: f32 (`rand`), or for an integer convolution uint8 inputs and int8 weights over their
+    whole ranges."""
+    if not integer:
+        return rand(shape, seed)
+    low, high, dtype = (-128, 128, np.int8) if weights else (0, 256, np.uint8)
+    return np.random.default_rng(seed).integers(low, high, shape).astype(dtype)
+
+
+def assert_convolution(got, want, integer: bool) -> None:
+    """`got` equals the f64 reference `want`: exactly for an integer convolution, else to f32's rounding."""
+    if integer:
+        np.testing.assert_array_equal(got, want.astype(np.int64))
+    else:
+        assert_close(got, want.astype(np.float32), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("integer", [False, True])
 @pytest.mark.parametrize("channels_last", [False, True])
 @pytest.mark.parametrize("stride, pads, dilation, groups", [(1, (1, 1), 1, 1), (2, (0, 2), 2, 2), (1, (2, 2), 1, 6)])
@@ -200,23 +217,14 @@ def test_1d_convolutions_run_as_2d_ones_of_one_row(integer, channels_last, strid
     """A 1-D convolution (float or 8-bit integer, either layout, grouped and depthwise) runs on stdlib_ops.conv as a
     2-D one over an image of one row, not by its definitions (a reduce: 761 ms for 256 -> 256 channels over 1000
     positions, 2.7 ms so)."""
-    rng = np.random.default_rng(groups)
-    if integer:
-        x = rng.integers(0, 256, (2, 6, 23)).astype(np.uint8)
-        w = rng.integers(-128, 128, (6, 6 // groups, 3)).astype(np.int8)
-    else:
-        x, w = rand((2, 6, 23), 1), rand((6, 6 // groups, 3), 2)
+    x, w = conv_operand((2, 6, 23), integer, 1), conv_operand((6, 6 // groups, 3), integer, 2, weights=True)
     conv = ops.integer_conv if integer else ops.conv
     t = tg.input("x", (2, 23, 6) if channels_last else x.shape, x.dtype)
     g = tg.trace(lambda t: conv(t, w, stride=stride, padding=pads, dilation=dilation, groups=groups,
                                 channels_last=channels_last), t)
     got, = g(x.transpose(0, 2, 1).copy() if channels_last else x)
     want = conv_reference(x[:, :, None], w[:, :, None], stride, (0, pads[0], 0, pads[1]), dilation, groups)[:, :, 0]
-    got = got.transpose(0, 2, 1) if channels_last else got
-    if integer:
-        np.testing.assert_array_equal(got, want.astype(np.int64))
-    else:
-        assert_close(got, want.astype(np.float32), rtol=1e-5, atol=1e-5)
+    assert_convolution(got.transpose(0, 2, 1) if channels_last else got, want, integer)
     names = [k.name for k in g.compile().kernels]
     assert names and not any(name.startswith("conv_reduce") for name in names), names     # not the definitions
 
@@ -244,11 +252,7 @@ def test_3d_convolutions_run_as_2d_ones_of_the_depth_stacked_input(integer, chan
     """A 3-D convolution (float or 8-bit integer, either layout, grouped, strided, dilated and padded in depth)
     runs on stdlib_ops.conv as the 2-D one of its depth-stacked input, not by its definitions (13.8 s for 64 -> 64
     channels 3x3x3 over 8x28x28, 12.4 ms so)."""
-    rng = np.random.default_rng(groups)
-    if integer:
-        w = rng.integers(-128, 128, (6, 4 // groups, 3, 2, 3)).astype(np.int8)
-    else:
-        w = rand((6, 4 // groups, 3, 2, 3), 2)
+    w = conv_operand((6, 4 // groups, 3, 2, 3), integer, 10, weights=True)
     conv = ops.integer_conv if integer else ops.conv
     shape = (2, 7, 6, 5, 4) if channels_last else (2, 4, 7, 6, 5)
     x_input = tg.input("x", shape, np.uint8 if integer else w.dtype)
@@ -256,14 +260,10 @@ def test_3d_convolutions_run_as_2d_ones_of_the_depth_stacked_input(integer, chan
                                 channels_last=channels_last), x_input)
     compiled = g.compile()
     for seed in range(3):      # new inputs at each run: the compiled graph's replay too
-        x = rng.integers(0, 256, (2, 4, 7, 6, 5)).astype(np.uint8) if integer else rand((2, 4, 7, 6, 5), seed)
+        x = conv_operand((2, 4, 7, 6, 5), integer, seed)
         got = compiled(x.transpose(0, 2, 3, 4, 1).copy() if channels_last else x)[0]
-        got = got.transpose(0, 4, 1, 2, 3) if channels_last else got
         want = conv3d_reference(x, w, stride, pads, dilation, groups)
-        if integer:
-            np.testing.assert_array_equal(got, want.astype(np.int64))
-        else:
-            assert_close(got, want.astype(np.float32), rtol=1e-5, atol=1e-5)
+        assert_convolution(got.transpose(0, 4, 1, 2, 3) if channels_last else got, want, integer)
     names = [k.name for k in compiled.kernels]
     assert names[0].startswith("stacked") and not any(name.startswith("conv_reduce") for name in names), names
 
@@ -273,12 +273,8 @@ def test_3d_convolutions_run_as_2d_ones_of_the_depth_stacked_input(integer, chan
 def test_1d_and_3d_convolutions_on_a_gpu(simulated_gpu, integer, rank):
     """On a (simulated) GPU a 1-D or 3-D convolution is the template's GEMM with the implicit im2col of a one-row
     image or of the depth-stacked input (f32: SIMT; 8-bit: the 8-bit tensor cores), equal to the reference."""
-    rng = np.random.default_rng(4)
     x_shape, w_shape = ((2, 16, 19), (8, 16, 3)) if rank == 1 else ((1, 8, 5, 6, 7), (8, 8, 3, 3, 3))
-    if integer:
-        x, w = rng.integers(0, 256, x_shape).astype(np.uint8), rng.integers(-128, 128, w_shape).astype(np.int8)
-    else:
-        x, w = rand(x_shape, 3), rand(w_shape, 4)
+    x, w = conv_operand(x_shape, integer, 3), conv_operand(w_shape, integer, 4, weights=True)
     t = tg.input("x", x.shape, x.dtype)
     padding = (1, 2) if rank == 1 else (1, 0, 1, 1, 2, 0)
     g = tg.Graph([t], [(ops.integer_conv if integer else ops.conv)(t, tg.constant(w), stride=2, padding=padding)])
@@ -288,11 +284,7 @@ def test_1d_and_3d_convolutions_on_a_gpu(simulated_gpu, integer, rank):
     else:
         want = conv3d_reference(x, w, (2, 2, 2), padding, (1, 1, 1), 1)
     for _ in range(2):
-        got = compiled(x)[0]
-        if integer:
-            np.testing.assert_array_equal(got, want.astype(np.int64))
-        else:
-            assert_close(got, want.astype(np.float32), rtol=1e-5, atol=1e-5)
+        assert_convolution(compiled(x)[0], want, integer)
     names = [kernel.name for kernel, _ in simulated_gpu.launches]
     assert any(name.startswith("tc_matmul_" if integer else "simt_matmul") for name in names), names
 
@@ -301,9 +293,7 @@ def test_1d_and_3d_convolutions_on_a_gpu(simulated_gpu, integer, rank):
 @pytest.mark.parametrize("stride, pads, dilation, groups", [(1, (1, 1, 1, 1), 1, 1), (2, (0, 1, 1, 0), 2, 2)])
 def test_integer_conv_is_exact(channels_last, stride, pads, dilation, groups):
     """integer_conv of u8 by s8 over their whole ranges: exact int32, either layout; float operands are refused."""
-    rng = np.random.default_rng(groups)
-    x = rng.integers(0, 256, (2, 4, 9, 7)).astype(np.uint8)
-    w = rng.integers(-128, 128, (6, 4 // groups, 3, 3)).astype(np.int8)
+    x, w = conv_operand((2, 4, 9, 7), True, groups), conv_operand((6, 4 // groups, 3, 3), True, groups, weights=True)
     xin = x.transpose(0, 2, 3, 1).copy() if channels_last else x
     got, = run(lambda t: ops.integer_conv(t, w, stride, pads, dilation, groups, channels_last), xin)
     want = conv_reference(x, w, stride, pads, dilation, groups).astype(np.int64)
