@@ -15,8 +15,8 @@ Grouped convolutions with tiny per-group reductions (depthwise; `uses_direct`) a
 `direct_nhwc_kernel` (outputs accumulated in registers, epilogue fused into their stores);
 elsewhere a `td.reduce` definition scheduled by the rules.
 8-bit operands (E4M3 / E5M2 into f32, s8 / u8 into exact i32) take the 8-bit tensor-core
-template on a GPU, its B the weights k-major; on the cpu integers run as explicit columns and an
-exact i32 product (`IntegerColumns`).
+template on a GPU, its B the weights k-major; on the cpu integers take the float convolutions' GEMMs, whose
+register-tile kernel sums 8-bit integers exactly (`gemm.exact_k`).
 """
 import functools
 import math
@@ -27,8 +27,7 @@ import numpy as np
 import taskdsl as td
 from taskdsl import blockIdx, ir
 from taskdsl.ir.types import numpy_dtype
-from taskdsl.runtime.arrays import (as_array, empty_like_operands, note_host_work, on_host, placed_like,
-                                    unplanned)
+from taskdsl.runtime.arrays import as_array, empty_like_operands, note_host_work, on_host, placed_like
 from taskdsl.runtime.config import fast_compile_enabled
 from taskdsl.schedule.tuner import report, tune, tuning_enabled
 
@@ -721,60 +720,6 @@ def _lower_rows(g: ConvGeometry, dtype, x: td.Tensor, epilogue) -> DirectRows:
     return DirectRows(g, kernel, x_name, "Y" if z is y else z.name)
 
 
-@dataclass(frozen=True)
-class IntegerColumns:
-    """An 8-bit integer convolution on the cpu: im2col columns (`columns_kernel`, (N, G * K, OH*OW); an NHWC input
-    transposed first), then the exact i32 product of each group's weights (OCg, K) by its columns
-    (`integer_columns_product`), the bias and activation in the same op. A reduce over the windows took 1.5 s for
-    a 64 -> 64 3x3 convolution at 56x56; so, 4 ms."""
-
-    geometry: ConvGeometry
-    columns: td.Kernel
-    product: td.Op      # weights (G, OCg, K), columns (N, G, K, OH*OW)[, bias] -> the output
-
-    def weight_operand(self, weight: np.ndarray) -> np.ndarray:
-        """The OIHW weights as the product reads them: (G, OCg, K)."""
-        groups, _, k, ocg = self.geometry.gemm
-        return np.ascontiguousarray(weight).reshape(groups, ocg, k)
-
-    def result(self, x, weight, bias=None):
-        """The convolution of x by the weight operand (plus the bias, then the activation), a new array (a kernel's
-        output: a graph's planned slot for it)."""
-        from .transform import transpose
-        g = self.geometry
-        groups, _, k, _ = g.gemm
-        with unplanned():       # intermediates
-            x = x if g.layout == "NCHW" else transpose(x, (0, 3, 1, 2))
-            cols = empty_like_operands(_columns_shape(g), x.dtype, x)
-            self.columns(x, cols, *_columns_scalars(g).values())
-        extra = [] if bias is None else [bias]
-        return self.product(weight, cols.reshape(g.n, groups, k, g.oh * g.ow), *extra)[0].reshape(g.out_shape)
-
-    @property
-    def kernels(self) -> list:
-        return [self.columns] + list(self.product.kernels)
-
-
-@functools.cache
-def integer_columns_product(g: ConvGeometry, x_dtype, w_dtype, has_bias: bool, activation) -> td.Op:
-    """The op of `IntegerColumns`: Y (N, G, OCg, OH*OW) = the i32 sum over k of W[g, o, k] * cols[n, g, k, p], which
-    is the NCHW output; a bias and activation in a compute of the output's layout after it."""
-    w = td.placeholder("W", w_dtype, ("G", "M", "K"))
-    cols = td.placeholder("cols", x_dtype, ("N", "G", "K", "L"))
-    y = td.reduce("integer_conv", ("N", "G", "M", "L"), ("K",),
-                  lambda n, gi, o, p, k: td.cast(w[gi, o, k], td.i32) * td.cast(cols[n, gi, k, p], td.i32), op="sum",
-                  dtype=td.i32)
-    bias = td.placeholder("bias", td.i32, (g.oc,)) if has_bias else None
-    if bias is None and activation is None and g.layout == "NCHW":
-        return td.op([w, cols], [y], name="integer_conv")
-    ocg = g.oc // g.groups
-    nchw = td.compute("Y", g.out_shape, lambda *i: y[i[0], i[1] // ocg, i[1] % ocg, i[2] * g.ow + i[3]]) \
-        if g.layout == "NCHW" else \
-        td.compute("Y", g.out_shape, lambda *i: y[i[0], i[3] // ocg, i[3] % ocg, i[1] * g.ow + i[2]])
-    z = bias_activation(g, nchw, bias, activation)
-    return td.op([w, cols] + ([bias] if bias is not None else []), [z], name="integer_conv")
-
-
 def _columns_shape(g: ConvGeometry) -> tuple:
     """The shape `columns_kernel` writes: (N, K, OH*OW) (K of every group)."""
     groups, _, k, _ = g.gemm
@@ -899,17 +844,18 @@ def lower(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue, b_dtype=N
     input (a placeholder or a prologue's compute), `epilogue(y)` the final output from the conv output `y`;
     `b_dtype`: the weights' type where it is not x's (8-bit operands of one kind).
     On a GPU the schedule is `tuned_point`'s, one per geometry whatever the prologue and epilogue."""
-    if on_rows(g, target):
+    if on_rows(g, target) and dtype.is_float:      # (the direct kernels sum in f32)
         return _lower_rows(g, dtype, x, epilogue)
     groups, m, k, n = g.gemm
     if on_columns(g, target):
         nchw = g.layout == "NCHW"
         if groups == 1 and not nchw:        # the columns of every image, one matrix
-            matmul = mm.plan((1, m, k), (1, k, g.oc), dtype, target)
+            matmul = mm.plan((1, m, k), (1, k, g.oc), dtype, target, b_dtype=b_dtype)
         else:       # per image (and group): (K x OH*OW columns)^T @ weights (NCHW), columns @ weights (NHWC)
             per = () if groups == 1 else (groups,)
-            matmul = mm.plan((g.n, *per, g.oh * g.ow, k), (1, *per, k, n), dtype, target)
-        c = td.placeholder("C", dtype, matmul.operand_shapes()[2])
+            matmul = mm.plan((g.n, *per, g.oh * g.ow, k), (1, *per, k, n), dtype, target, b_dtype=b_dtype)
+        out = matmul.out_dtype
+        c = td.placeholder("C", out, matmul.operand_shapes()[2])
         y = columns_output_view(g, c)
         x_name = x.name if x.kind == "placeholder" else None
         pointwise = _pointwise(g) and x_name is not None and (nchw or groups == 1)    # the input is the columns
@@ -921,7 +867,7 @@ def lower(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue, b_dtype=N
                              *matmul.examples(packed_b=True)[1:], prologues={} if x_name else {"A": x},
                              epilogues={"C": epilogue(y)})
             return Lowered(g, matmul, kernel, None, x_name, True, matmul.batch_index(1), window=True)
-        kernel = td.fuse(matmul.kernel(dtype, packed_b=True, transposed_a=nchw),
+        kernel = td.fuse(matmul.kernel(out, packed_b=True, transposed_a=nchw),
                          *matmul.examples(packed_b=True, transposed_a=nchw), epilogues={"C": epilogue(y)})
         if pointwise:
             return Lowered(g, matmul, kernel, None, x_name, True, matmul.batch_index(1))
@@ -968,7 +914,8 @@ def _lower_indirect(g: ConvGeometry, dtype, matmul, x: td.Tensor, out: td.Tensor
     2.29 -> 2.12 at 14x14 (one thread)."""
     table = indirect_table(g, matmul.batch_index(1))
     flat = np.empty((1, math.prod(_padded_shape(g))), dtype.numpy)
-    kernel = td.fuse(mm.cpu.tile_matmul_kernel(matmul.point, dtype, dtype, packed_b=True, indirect=True), flat,
+    kernel = td.fuse(mm.cpu.tile_matmul_kernel(matmul.point, dtype, matmul.out_dtype, packed_b=True, indirect=True),
+                     flat,
                      *matmul.examples(packed_b=True)[1:3], table, 1, epilogues={"C": out})
     x_name = x.name if x.kind == "placeholder" else None
     if x_name is not None and not any(g.padding):
@@ -1068,7 +1015,7 @@ def window_kernel(g: ConvGeometry, matmul, dtype) -> td.Kernel:
     3.49 ms as im2col and GEMM, 1.95 ms so; ResNet-50's 28x28 3x3 layers (a 48-pixel block is three row
     segments) 1.05-1.11 ms as im2col and GEMM, 1.09-1.19 ms so."""
     window = mm.cpu.Window(g.kh, g.kw, *g.stride, g.padding[0], g.padding[1], *g.dilation, g.ow)
-    return mm.cpu.tile_matmul_kernel(matmul.point, dtype, dtype, True, True, True, window)
+    return mm.cpu.tile_matmul_kernel(matmul.point, dtype, matmul.out_dtype, True, True, True, window)
 
 
 @functools.lru_cache(maxsize=32)
@@ -1115,7 +1062,7 @@ class ConvPlan:
 
     geometry: ConvGeometry
     direct: td.Op | None = None
-    lowered: Lowered | DirectRows | IntegerColumns | None = None
+    lowered: Lowered | DirectRows | None = None
     out_dtype: np.dtype | None = None   # the output's numpy type where it is not x's (8-bit operands: i32 / f32)
 
     @property
@@ -1129,8 +1076,6 @@ class ConvPlan:
         extra = [bias] if bias is not None else []
         if self.direct is not None:
             return self.direct(x, weight, *extra)[0]
-        if isinstance(self.lowered, IntegerColumns):        # the cpu's: its result is its product's output
-            return self.lowered.result(x, self.lowered.weight_operand(weight) if packed is None else packed, bias)
         out = empty_like_operands(self.geometry.out_shape, self.out_dtype or x.dtype, x, weight, *extra)  # where x is
         operand = packed if packed is not None else placed_weight_operand(self.lowered, weight)
         self.lowered.run({"X": x, "bias": bias}, operand, out)
@@ -1147,8 +1092,8 @@ def placed_weight_operand(lowering: Lowered | DirectRows, weight, host: np.ndarr
 def plan(g: ConvGeometry, dtype, target: str, has_bias: bool, activation, b_dtype=None) -> ConvPlan:
     """The conv kernels for geometry `g` (weights of `b_dtype` where it is not x's: 8-bit operands of one kind):
     where `uses_direct`, the cpu's direct kernels or elsewhere a reduce by the rules; else a matmul lowering.
-    8-bit operands (into i32 or f32): on a GPU the 8-bit tensor-core template; on the cpu, integers as
-    `IntegerColumns` (8-bit floats compute in f32 there); where `uses_direct`, a reduce."""
+    8-bit operands (into i32 or f32): on a GPU the 8-bit tensor-core template; on the cpu, integers on the float
+    convolutions' GEMMs (8-bit floats compute in f32 there); where `uses_direct`, a reduce."""
     check_activation(activation, dtype)
     return _plan(g, dtype, target, has_bias, activation, fast_compile_enabled(), tuning_enabled(),
                  None if b_dtype == dtype else b_dtype)
@@ -1174,10 +1119,7 @@ def _plan(g: ConvGeometry, dtype, target: str, has_bias: bool, activation, fast:
     x, out = _x_placeholder(g, dtype), mm.product_type(dtype)
     bias = td.placeholder("bias", out, (g.oc,)) if has_bias else None
     out_dtype = None if out == dtype else out.numpy
-    if dtype.bits == 8 and target != "cuda" and not uses_direct(g):     # integers: 8-bit floats are f32 here
-        product = integer_columns_product(g, dtype, b_dtype or dtype, has_bias, activation)
-        return ConvPlan(g, lowered=IntegerColumns(g, columns_kernel(dtype), product), out_dtype=out_dtype)
-    if (dtype.bits == 8 and target != "cuda") or (uses_direct(g) and not on_rows(g, target)):
+    if uses_direct(g) and not (on_rows(g, target) and dtype.is_float):     # (8-bit floats are f32 on the cpu)
         return ConvPlan(g, direct=_direct_op(g, dtype, x, bias, activation, b_dtype), out_dtype=out_dtype)
     lowered = lower(g, dtype, target, x, lambda y: bias_activation(g, y, bias, activation), b_dtype)
     return ConvPlan(g, lowered=lowered, out_dtype=out_dtype)

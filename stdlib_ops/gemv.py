@@ -58,6 +58,9 @@ def packed_rows_kernel(p, dtype, out_dtype, rows: int) -> td.Kernel:
     0.40 and 0.28 ms. Its parameters, the split of k over z-slices and the packed layout are the template's."""
     BN, KC = p.block[1], p.bk
     assert 1 <= rows <= MAX_ROWS
+    # 8-bit integers: a k block's sums at a time in f32 (exact: `gemm.exact_k`), added up in i32
+    integer = not dtype.is_float
+    sums_type = td.i32 if integer else f32
 
     name = f"rows_matmul_{rows}x{BN}_packed"
 
@@ -67,11 +70,20 @@ def packed_rows_kernel(p, dtype, out_dtype, rows: int) -> td.Kernel:
                              f"builds its kernel: gemm.plan(a.shape, b.shape, ...).kernel(packed_b=True))")
         return td.cdiv(N, BN), 1, BZ
 
+    @td.func
+    def rows_times_panel(A, B, c, za, first, k0, k1, M):
+        """c += A[za, :rows, k0:k1] @ the panel's rows k0..k1 (packed B's, from row `first`)."""
+        for k in range(k0, k1):
+            for x in td.unroll(rows):
+                a = td.cast(A[za, td.min(x, M - 1), k], f32)
+                for y in td.unroll(BN):
+                    c[x, y] += a * B[first + k, y]
+
     @td.kernel(grid=grid, block=1, name=name)
     def rows_matmul(A: dtype["BA", "M", "K"], B: f32["RB", BN], C: out_dtype["BZ", "M", "N"],
                     batch_index: td.i32["BZ", 2], split: td.i32):
         c = td.registers(f32, (rows, BN))       # indexed by constants only: LLVM keeps them in vector registers
-        sums = td.shared(f32, (rows, BN))       # ...and the stores read them from here
+        sums = td.shared(sums_type, (rows, BN))     # ...and the stores read them from here
         za, zb = batch_index[blockIdx.z, 0], batch_index[blockIdx.z, 1]
         chunk = td.cdiv(td.cdiv(K, KC), split) * KC      # split-k: this z-slice's range of k, as the template's
         k_begin = blockIdx.z % split * chunk
@@ -81,14 +93,21 @@ def packed_rows_kernel(p, dtype, out_dtype, rows: int) -> td.Kernel:
         for x in td.unroll(rows):
             for y in td.unroll(BN):
                 c[x, y] = 0.0
-        for k in range(k_begin, k_end):
+        if integer:
             for x in td.unroll(rows):
-                a = td.cast(A[za, td.min(x, M - 1), k], f32)
                 for y in td.unroll(BN):
-                    c[x, y] += a * B[first + k, y]
-        for x in td.unroll(rows):
-            for y in td.unroll(BN):
-                sums[x, y] = c[x, y]
+                    sums[x, y] = 0
+            for k0 in range(k_begin, k_end, KC):
+                rows_times_panel(A, B, c, za, first, k0, td.min(k_end, k0 + KC), M)
+                for x in td.unroll(rows):
+                    for y in td.unroll(BN):
+                        sums[x, y] += td.cast(c[x, y], td.i32)
+                        c[x, y] = 0.0
+        else:
+            rows_times_panel(A, B, c, za, first, k_begin, k_end, M)
+            for x in td.unroll(rows):
+                for y in td.unroll(BN):
+                    sums[x, y] = c[x, y]
         for x in range(td.min(rows, M)):
             for y in range(td.min(BN, N - col0)):
                 C[blockIdx.z, x, col0 + y] = td.cast(sums[x, y], out_dtype)

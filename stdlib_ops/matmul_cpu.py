@@ -60,9 +60,10 @@ def tile_shape(p) -> tuple:
     return p.block[0], p.block[1], 1
 
 
-def check(p, itemsize: int = 4, unit: vectors.VectorUnit | None = None):
+def check(p, itemsize: int = 4, unit: vectors.VectorUnit | None = None, k_block_at_most: int | None = None):
     """Why point `p` cannot run well on `unit` (default: the host's vectors) for registers, unrolling, cache
-    or a block the micro-tiles do not divide; or None."""
+    or a block the micro-tiles do not divide, or (integer operands) sums more than `k_block_at_most` products in a
+    k block; or None."""
     (mr, nr), (bm, bn) = p.micro, p.block
     unit = unit or vectors.host()
     if bm % mr or bn % nr:
@@ -74,19 +75,22 @@ def check(p, itemsize: int = 4, unit: vectors.VectorUnit | None = None):
         return f"micro-tile above the {MAX_COPIES} multiply-adds the cpu target unrolls"
     if bn < LINE_FLOATS:
         return f"block narrower than a cache line ({LINE_FLOATS} floats: the micro-kernel prefetches a line a step)"
-    a_bytes = bm * p.bk * (itemsize + 4 if itemsize == 2 else itemsize)     # 16-bit A: and its f32 copy (stages_a)
+    if k_block_at_most is not None and p.bk > k_block_at_most:
+        return f"k block above the {k_block_at_most} products whose f32 sum is exact (integer operands: gemm.exact_k)"
+    a_bytes = bm * p.bk * (itemsize + 4 if itemsize < 4 else itemsize)     # narrow A: and its f32 copy (stages_a)
     if a_bytes + (bn * p.bk + bm * bn) * 4 > PANEL_BYTES:     # B's panel is packed as f32
         return f"panels above {PANEL_BYTES // 1024} KiB"
     return None
 
 
-def space(itemsize: int = 4, unit: vectors.VectorUnit | None = None) -> Space:
-    """The cpu schedule space: micro-tile, block tile and k block (the micro-tiles that fit `unit`)."""
+def space(itemsize: int = 4, unit: vectors.VectorUnit | None = None, k_block_at_most: int | None = None) -> Space:
+    """The cpu schedule space: micro-tile, block tile and k block (the micro-tiles that fit `unit`; for integer
+    operands, the k blocks of at most `k_block_at_most`)."""
     return Space("tile_matmul_cpu", {
         "micro": ((6, 32), (8, 32), (4, 32), (6, 16), (4, 16), (8, 8), (4, 8), (2, 8)),
         "block": ((48, 64), (96, 64), (48, 128), (24, 64), (64, 64), (16, 64), (96, 32), (96, 16)),
         "bk": (128, 256, 512),
-    }, lambda p: check(p, itemsize, unit))
+    }, lambda p: check(p, itemsize, unit, k_block_at_most))
 
 
 # the default tile per vector width, measured: docs/benchmarks.md
@@ -210,8 +214,9 @@ class Window:
 
 @functools.cache
 def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a: bool = False,
-                       copy_a: bool = False, window: Window | None = None, indirect: bool = False):
-    """The cpu matmul kernel for schedule point `p` and element types (one compile serves every shape).
+                       copy_a: bool = False, window: Window | None = None, indirect: bool = False, b_dtype=None):
+    """The cpu matmul kernel for schedule point `p` and element types (one compile serves every shape; B of
+    `b_dtype` where it is not A's type: 8-bit integers of two kinds).
 
     With `packed_b`, B comes as `pack_b`'s panels and the blocks read them in place instead of packing
     their own. With `transposed_a`, A comes as (batch, K, M), so a micro-kernel step reads MR consecutive
@@ -234,13 +239,17 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
     # (`stages_a`), which converts each element once, vectorized, where the micro-kernel converted it once a
     # micro-tile column, a scalar at a time (BERT's 128 x 3072 @ 3072 x 768 in f16 took 1.8x f32's time)
     staged = copy_a or (stages_a(dtype) and not indirect)
+    # 8-bit integers: each k block's sums (at most `gemm.exact_k` products: exact in f32) from zero, then added to
+    # the block's sums in i32, which f32 would round past 2^24
+    integer = not dtype.is_float
+    sums_type = td.i32 if integer else f32
     name = (f"tile_matmul_{BM}x{BN}x{KC}_m{MR}x{NR}" + ("_packed" if packed_b else "") + ("_at" if transposed_a else "")
             + ("_copied" if copy_a else "") + ("_window" if window else "") + ("_indirect" if indirect else ""))
     a_spec = (dtype["BA", "CI", "H", "W"] if window else dtype["BA", "K", "M"] if transposed_a
               else dtype["BA", "XL"] if indirect else dtype["BA", "M", "K"])
     index_spec = td.i32["BZ", "BW"] if indirect else td.i32["BZ", 2]
     fill_strip = window_strip(window, MR) if window else None
-    b_spec = f32["RB", BN] if packed_b else dtype["BB", "K", "N"]
+    b_spec = f32["RB", BN] if packed_b else (b_dtype or dtype)["BB", "K", "N"]
 
     @td.func
     def micro_kernel(A, strip, panel, c, fa, fb, za, i0, j, k0, k1, row, M, index, at, ahead, width):
@@ -284,14 +293,15 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
     def sweep(A, strip, panel, ends, width, partial, c, fa, fb, at, za, i_first, tiles, pbase, cols, k0, k1, first, row,
               M, index):
         """A block's micro-tiles for one column panel and k block k0..k1, `tiles` rows of them: each tile's sums
-        from `partial`'s rows `pbase`.. (zeros in the `first` k block), through the micro-kernel and back. Outlined:
+        from `partial`'s rows `pbase`.. (zeros in the `first` k block), through the micro-kernel and back (integers:
+        from zeros, then added to `partial` in i32, or stored there in the `first` k block). Outlined:
         one compile of the unrolled tile serves every kernel of this micro-tile and operand form, whatever its
         epilogue, block or shapes (`panel`'s rows, `width` wide, end at flat element `ends`)."""
         for mi in range(tiles):
             i0, prow = i_first + mi * MR, pbase + mi * MR
             for nj in range(td.cdiv(cols, NR)):
                 j = nj * NR
-                if first:
+                if first or integer:
                     for x in td.unroll(MR):
                         for y in td.unroll(NR):
                             c[x, y] = 0.0
@@ -306,9 +316,14 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
                     ahead = (row + k1 - k0) * width + share
                     ahead = ahead if share < KC * width and ahead + span <= ends else -1
                 micro_kernel(A, strip, panel, c, fa, fb, za, i0, j, k0, k1, row, M, index, at, ahead, width)
-                for x in td.unroll(MR):
-                    for y in td.unroll(NR):
-                        partial[prow + x, j + y] = c[x, y]
+                if integer and not first:
+                    for x in td.unroll(MR):
+                        for y in td.unroll(NR):
+                            partial[prow + x, j + y] += td.cast(c[x, y], td.i32)
+                else:
+                    for x in td.unroll(MR):
+                        for y in td.unroll(NR):
+                            partial[prow + x, j + y] = td.cast(c[x, y], sums_type)
 
     def grid(M, N, BZ):
         if copy_a and N > WIDE_N:       # the block's sums hold WIDE_N columns: past them, writes out of bounds
@@ -319,7 +334,7 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
     @td.kernel(grid=grid, block=1, name=name)
     def matmul(A: a_spec, B: b_spec, C: out_dtype["BZ", "M", "N"], batch_index: index_spec, split: td.i32):
         # the sums, panel after panel (copy_a: every panel's; each BN wide, as a panel's micro-tiles and stores read)
-        partial = td.shared(f32, (BM * (WIDE_N // BN if copy_a else 1), BN))
+        partial = td.shared(sums_type, (BM * (WIDE_N // BN if copy_a else 1), BN))
         # the block's A for one k block, in f32 (staged): as A's transpose (k, i) or as A (i, k)
         strip = td.shared(f32, ((KC, BM) if transposed_a else (BM, KC)) if staged else (1, 1))
         c = td.registers(f32, (MR, NR))
@@ -382,8 +397,8 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
 
 
 def stages_a(dtype) -> bool:
-    """Whether the kernels copy A of element type `dtype` to f32 a block and k block at a time (16-bit floats)."""
-    return dtype.computes_in_f32
+    """Whether the kernels copy A of element type `dtype` to f32 a block and k block at a time (16- and 8-bit)."""
+    return dtype.bits < 32
 
 
 def indirect_index(batch_index: np.ndarray, rows: np.ndarray, taps: np.ndarray) -> np.ndarray:

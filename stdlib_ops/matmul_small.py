@@ -35,7 +35,7 @@ def rows_at_once(m: int, n: int) -> int:
     return max(1, min(m, MAX_COPIES // n))
 
 
-def small_matmul_kernel(dtype, out_dtype, m: int, n: int) -> td.Kernel:
+def small_matmul_kernel(dtype, out_dtype, m: int, n: int, b_dtype=None) -> td.Kernel:
     """C[z] = A[za] @ B[zb] for each z-slice z of `batch_index`, with the register-tile template's parameters
     and meaning (batch dims broadcast by the table; z-slice z sums chunk z % split of k), C's sizes built in
     (m x n), K any; the sums in f32. The rows go in chunks of `rows_at_once`, the last one of the rest: each
@@ -44,12 +44,12 @@ def small_matmul_kernel(dtype, out_dtype, m: int, n: int) -> td.Kernel:
     Under `td.fast_compile`, where nothing unrolls, one kernel of any sizes serves every (m, n)
     (`any_small_matmul_kernel`)."""
     if fast_compile_enabled():
-        return any_small_matmul_kernel(dtype, out_dtype)
-    return _small_matmul_kernel(dtype, out_dtype, m, n)
+        return any_small_matmul_kernel(dtype, out_dtype, b_dtype)
+    return _small_matmul_kernel(dtype, out_dtype, m, n, b_dtype)
 
 
 @functools.cache
-def any_small_matmul_kernel(dtype, out_dtype) -> td.Kernel:
+def any_small_matmul_kernel(dtype, out_dtype, b_dtype=None) -> td.Kernel:
     """`small_matmul_kernel` with C's sizes read from its shape (M <= MAX_M rows, N <= MAX_N columns): a row's N
     sums at a time, in loops over them. The kernel of `td.fast_compile`: the sized kernels' loops stay loops
     there too, and each (m, n) was a numba compile of its own (a model's attention and projections at a few
@@ -67,15 +67,15 @@ def any_small_matmul_kernel(dtype, out_dtype) -> td.Kernel:
                     sums[y] += a * td.cast(B[zb, k, y], f32)
             for y in range(C.shape[2]):
                 C[z, i, y] = td.cast(sums[y], out_dtype)
-    return _batched(dtype, out_dtype, "M", "N", "small_matmul", product)
+    return _batched(dtype, out_dtype, "M", "N", "small_matmul", product, b_dtype)
 
 
-def _batched(dtype, out_dtype, m, n, name: str, product) -> td.Kernel:
+def _batched(dtype, out_dtype, m, n, name: str, product, b_dtype=None) -> td.Kernel:
     """The kernel both builds share: block z computes C[z] = A[za] @ B[zb] over its chunk of k (z-slice z of
     `batch_index`, chunk z % split) by `product`, a `td.func` of (A, B, C, z, za, zb, k_begin, k_end); m and n
-    are C's sizes, numbers or size symbols."""
+    are C's sizes, numbers or size symbols; B is of `b_dtype` where it is not A's type."""
     @td.kernel(grid=lambda BZ: BZ, block=1, name=name)
-    def small_matmul(A: dtype["BA", m, "K"], B: dtype["BB", "K", n], C: out_dtype["BZ", m, n],
+    def small_matmul(A: dtype["BA", m, "K"], B: (b_dtype or dtype)["BB", "K", n], C: out_dtype["BZ", m, n],
                      batch_index: td.i32["BZ", 2], split: td.i32):
         z = blockIdx.x
         chunk = td.cdiv(K, split)
@@ -85,7 +85,7 @@ def _batched(dtype, out_dtype, m, n, name: str, product) -> td.Kernel:
 
 
 @functools.cache
-def _small_matmul_kernel(dtype, out_dtype, m: int, n: int) -> td.Kernel:
+def _small_matmul_kernel(dtype, out_dtype, m: int, n: int, b_dtype=None) -> td.Kernel:
     """`small_matmul_kernel` (optimized builds)."""
     rows = rows_at_once(m, n)
     whole, rest = m // rows * rows, m % rows
@@ -149,4 +149,4 @@ def _small_matmul_kernel(dtype, out_dtype, m: int, n: int) -> td.Kernel:
                 whole_rows(A, B, C, c, fa, fb, sums, z, za, zb, i0, k_begin, k_end)
             if rest:
                 rest_rows(A, B, C, c, fa, fb, sums, z, za, zb, whole, k_begin, k_end)
-    return _batched(dtype, out_dtype, m, n, f"small_matmul_{m}x{n}", product)
+    return _batched(dtype, out_dtype, m, n, f"small_matmul_{m}x{n}", product, b_dtype)

@@ -74,26 +74,36 @@ def _plan(plan) -> tuple:
 def run_matmul(op: MatMul, arrays: list) -> tuple:
     """matmul on the matmul templates (stdlib_ops.gemm) for f32, f16 and bf16; other dtypes by definitions (a bf16
     128x768 @ 768x768 took 4.8 ms by them on the cpu, a rule-based reduce)."""
-    a, b = op.inputs
-    if a.dtype not in (T.f32, T.f16, T.bf16):
+    if op.inputs[0].dtype not in (T.f32, T.f16, T.bf16):
         return run_definitions(op, arrays)
-    p = gemm.plan(a.shape if a.ndim > 1 else (1,) + a.shape, b.shape if b.ndim > 1 else b.shape + (1,), a.dtype,
-                  get_target())
-    packed = packed_b(p, b, arrays[1])
+    return _on_matmul_plan(op, arrays)
+
+
+def _matmul_plan(op, target: str, b_dtype=None) -> gemm.MatmulPlan:
+    """The stdlib_ops.gemm plan of a graph matmul (1-D operands promoted as numpy does)."""
+    a, b = op.inputs
+    return gemm.plan(a.shape if a.ndim > 1 else (1,) + a.shape, b.shape if b.ndim > 1 else b.shape + (1,), a.dtype,
+                     target, b_dtype=b_dtype)
+
+
+def _on_matmul_plan(op, arrays: list, b_dtype=None) -> tuple:
+    """A graph matmul by stdlib_ops.matmul, a constant B packed once for the cpu template (`packed_b`)."""
+    p = _matmul_plan(op, get_target(), b_dtype)
+    packed = packed_b(p, op.inputs[1], arrays[1])
     out = gemm.matmul(*arrays, packed=packed).reshape(op.outputs[0].shape)
     return [out], [p.kernel(packed_b=packed is not None)]
 
 
 @runs(IntegerMatMul)
 def run_integer_matmul(op: IntegerMatMul, arrays: list) -> tuple:
-    """The product of 8-bit integers: on a GPU by the 8-bit tensor-core template (stdlib_ops.gemm), else by its
-    definitions (an exact int32 reduction). The kernel takes B transposed: a constant B (quantized weights) is
-    transposed once and kept with the constant, where a call of stdlib_ops.matmul transposes B every time."""
-    if get_target() != "cuda":
-        return run_definitions(op, arrays)
+    """The product of 8-bit integers on the matmul templates (stdlib_ops.gemm): on a GPU the 8-bit tensor-core
+    template, which takes B transposed: a constant B (quantized weights) is transposed once and kept with the
+    constant, where a call of stdlib_ops.matmul transposes B every time; on the cpu the register-tile template's
+    exact f32 k blocks, a constant B packed once."""
     a, b = op.inputs
-    p = gemm.plan(a.shape if a.ndim > 1 else (1,) + a.shape, b.shape if b.ndim > 1 else b.shape + (1,), a.dtype,
-                  "cuda", b_dtype=b.dtype)
+    if get_target() != "cuda":
+        return _on_matmul_plan(op, arrays, b.dtype)
+    p = _matmul_plan(op, "cuda", b.dtype)
     if not b.is_constant:
         return [gemm.matmul(*arrays).reshape(op.outputs[0].shape)], [p.kernel()]
     a_shape, bt_shape, _ = p.operand_shapes()
@@ -215,9 +225,9 @@ def _depth_stacked_conv(op, p: conv.ConvPlan, x, weight, packed) -> tuple:
 
 @runs(IntegerConv)
 def run_integer_conv(op: IntegerConv, arrays: list) -> tuple:
-    """Convolutions of 8-bit integers by stdlib_ops.conv (on a GPU the 8-bit tensor-core template, on the cpu im2col
-    columns and an exact int32 product; a reduce for tiny grouped reductions; 1-D and 3-D ones through 2-D ones,
-    `conv_geometry`), the weights laid out once where constant."""
+    """Convolutions of 8-bit integers by stdlib_ops.conv (on a GPU the 8-bit tensor-core template, on the cpu the
+    float convolutions' GEMMs, exact in i32; a reduce for tiny grouped reductions; 1-D and 3-D ones through 2-D
+    ones, `conv_geometry`), the weights laid out once where constant."""
     x, w = op.inputs
     return _on_conv_plan(op, conv.plan(conv_geometry(op), x.dtype, get_target(), False, None, w.dtype), arrays)
 

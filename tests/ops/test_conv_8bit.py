@@ -4,8 +4,9 @@ and the weights may differ within their kind).
 On the cuda target the 8-bit tensor-core template runs them with the implicit im2col in its loads of A and the
 weights as its k-major B (OIHW as they are, for NCHW), a grouped convolution of tiny reductions (`uses_direct`)
 as a reduce; here on a simulated GPU whose launches run their CUDA C++ on the host, and as @gpu tests on a GPU.
-On the cpu the 8-bit floats' f32 values convolve, and the integers as im2col columns and an i32 product. The oracle
-is test_conv's f64 reference: exact for the integers, and for the floats up to the f32 sums' rounding.
+On the cpu the 8-bit floats' f32 values convolve, and the integers on the float convolutions' GEMMs, whose k blocks
+sum them exactly in f32, the blocks' sums added in i32. The oracle is test_conv's f64 reference: exact for the
+integers, and for the floats up to the f32 sums' rounding.
 """
 import ml_dtypes
 import numpy as np
@@ -110,17 +111,47 @@ def test_8_bit_gpu_convolutions_are_tuned_on_their_own_kernels(simulated_gpu, mo
     assert_convolution(y.numpy(), x, w, **_options((1, 1), (1, 1, 1, 1), (1, 1), 1))
 
 
-def test_the_cpu_lowering_is_columns_and_an_integer_product():
-    """On the cpu an integer convolution is im2col columns and an i32 product of the (G, OCg, K) weights by them,
-    the bias and activation in the product's op; a depthwise one a reduce."""
+def test_the_cpu_lowering_is_the_float_gemm_summing_in_i32():
+    """On the cpu an integer convolution takes a float one's GEMM (here NHWC's, reading its im2col in place), its
+    k blocks no longer than `gemm.exact_k`, its output i32, its weights the template's f32 panels; a depthwise one
+    a reduce."""
     g = conv.geometry((2, 6, 6, 8), (8, 4, 3, 3), padding=1, groups=2, layout="NHWC")
     low = conv.plan(g, td.u8, "cpu", True, "relu6", td.i8).lowered
-    assert isinstance(low, conv.IntegerColumns) and low.columns.name == "im2col_u8"
-    assert [t.name for t in low.product.inputs] == ["W", "cols", "bias"]
+    assert low.indirect and low.matmul.template is gemm.CPU_TILE and low.matmul.point.bk <= gemm.exact_k(td.u8, td.i8)
+    assert dict(low.kernel.params)["A"].dtype == td.u8 and low.matmul.out_dtype == td.i32
     w = np.arange(8 * 4 * 9, dtype=np.int8).reshape(8, 4, 3, 3)
-    np.testing.assert_array_equal(low.weight_operand(w), w.reshape(2, 4, 36))
+    panels = low.weight_operand(w)
+    assert panels.dtype == np.float32 and np.array_equal(panels, low.matmul.pack_b(conv._weight_as_b(g, w)))
     depthwise = conv.plan(conv.geometry((1, 4, 8, 8), (4, 1, 3, 3), padding=1, groups=4), td.u8, "cpu", False, None)
     assert depthwise.direct is not None
+
+
+# Each cpu lowering (NCHW: columns, the window kernel's own im2col (512+ pixels, rows of 32+), a pointwise input as
+# the columns, groups; NHWC: the input read in place, pointwise, groups, a few pixels), K past every pair's `exact_k`
+LONG_K = [   # n, c, h, w, oc, (kh, kw), stride, padding, groups
+    (1, 130, 5, 6, 9, (3, 3), 1, 1, 1),
+    (1, 120, 16, 36, 5, (3, 3), 1, 1, 1),
+    (2, 1100, 3, 4, 7, (1, 1), 1, 0, 1),
+    (1, 260, 4, 5, 6, (3, 3), 2, 1, 2),
+    (1, 1030, 1, 2, 4, (1, 1), 1, 0, 1),      # NHWC: two rows of A, `gemv.packed_rows_kernel`
+]
+
+
+@pytest.mark.parametrize("case", LONG_K)
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_long_integer_reductions_are_exact_on_the_cpu(case, layout):
+    """Sums far past 2^24, many odd (which no f32 holds: a sum that went through f32 fails), exact in every cpu
+    lowering."""
+    n, c, h, w, oc, kernel, stride, padding, groups = case
+    rng = np.random.default_rng(3)
+    x = rng.integers(193, 256, (n, c, h, w)).astype(np.uint8)
+    wt = rng.integers(-128, -96, (oc, c // groups) + kernel).astype(np.int8)
+    options = dict(stride=(stride, stride), padding=(padding,) * 4, dilation=(1, 1), groups=groups)
+    want = reference(x, wt, None, **options)
+    assert np.mean((np.abs(want) > 2**24) & (want % 2 == 1)) > 0.25
+    xin = x if layout == "NCHW" else np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    y = ops.conv2d(xin, wt, None, stride, padding, 1, groups, layout)
+    np.testing.assert_array_equal(y if layout == "NCHW" else y.transpose(0, 3, 1, 2), want.astype(np.int64))
 
 
 def test_mixed_and_refused_operands(target):

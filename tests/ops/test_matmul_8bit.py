@@ -4,8 +4,9 @@ exact i32 one (the two operands may differ within their kind).
 On the cuda target the 8-bit tensor-core kernel runs them (B transposed by a call, K padded where large and
 unaligned, split-k for floats); here on a simulated GPU whose launches run their CUDA C++ on the host, and as @gpu
 tests on a GPU. On the cpu the 8-bit floats' f32 values multiply (the same exact products, summed in f32), and the
-integers by a rule-based reduction in i32. The oracle is numpy: in f64 for floats (the products of 8-bit floats
-are exact, so the only error is the f32 sums'), in int64 for integers (exact).
+integers on the same f32 kernels, exactly: k blocks of at most `gemm.exact_k` products, added up in i32. The
+oracle is numpy: in f64 for floats (the products of 8-bit floats are exact, so the only error is the f32 sums'),
+in int64 for integers (exact).
 """
 import ml_dtypes
 import numpy as np
@@ -101,6 +102,61 @@ def test_linear_of_8_bit_operands(target, types):
         assert_product(stdlib_ops.linear(x, w, bias) - bias, x, w.T)
         with pytest.raises(TypeError, match="linear: the bias of an integer result must be integers"):
             stdlib_ops.linear(x, w, bias + 0.5)
+
+
+INTEGER_PAIRS = [(np.int8, np.int8), (np.uint8, np.int8), (np.uint8, np.uint8)]
+
+
+def large_terms(rng, shape, dtype) -> np.ndarray:
+    """Integers of the top quarter of `dtype`'s magnitudes, one sign: long sums of their products pass 2^24."""
+    return (rng.integers(193, 256, shape) if dtype == np.uint8 else rng.integers(-128, -96, shape)).astype(dtype)
+
+
+@pytest.mark.parametrize("types", INTEGER_PAIRS)
+def test_exact_k_is_the_longest_exact_f32_sum(types):
+    """`exact_k` products of the largest magnitude sum to at most 2^24 (every partial sum an f32 integer), one more
+    past it."""
+    largest = [max(abs(np.iinfo(t).min), np.iinfo(t).max) for t in types]
+    k = gemm.exact_k(*map(gemm.tdtype, types))
+    assert k * largest[0] * largest[1] <= 2**24 < (k + 1) * largest[0] * largest[1]
+
+
+@settings(max_examples=12, deadline=None)
+@given(m=st.sampled_from([1, 2, 3, 5, 40, 130]), k=st.sampled_from([1500, 2100, 2600]),
+       n=st.sampled_from([1, 7, 70]), types=st.sampled_from(INTEGER_PAIRS), packed=st.booleans(),
+       seed=st.integers(0, 2**16))
+@example(m=2, k=2100, n=70, types=(np.uint8, np.int8), packed=True, seed=0)      # the packed rows kernel
+@example(m=5, k=2100, n=7, types=(np.uint8, np.uint8), packed=False, seed=0)     # the small kernel, split
+@example(m=130, k=1500, n=70, types=(np.int8, np.int8), packed=False, seed=0)    # the register-tile kernel
+def test_long_integer_products_are_exact_on_the_cpu(m, k, n, types, packed, seed):
+    """Sums past 2^24 of large terms, odd ones among several (no f32 holds those: a sum that went through f32
+    fails), exact in i32 by every cpu kernel: small (split so each z-slice sums `exact_k` products at most, the slices added in
+    i32), register-tile, and with B packed once, the rows kernel of few rows."""
+    rng = np.random.default_rng(seed)
+    a, b = large_terms(rng, (m, k), types[0]), large_terms(rng, (k, n), types[1])
+    want = a.astype(np.int64) @ b.astype(np.int64)
+    assert np.abs(want).min() > 2**24 and (want.size < 8 or np.any(want % 2))
+    if packed:
+        p = gemm.plan(a.shape, b.shape, gemm.tdtype(a.dtype), "cpu", b_dtype=gemm.tdtype(b.dtype))
+        got = stdlib_ops.matmul(a, b, packed=p.pack_b(b))
+    else:
+        got = stdlib_ops.matmul(a, b)
+    np.testing.assert_array_equal(got, want)
+    assert_product(stdlib_ops.linear(a, np.ascontiguousarray(b.T)), a, b)
+
+
+def test_integer_plans_on_the_cpu():
+    """The cpu space for u8 by u8 has no k block past its 258 exact products (a point with one is refused); s8 by s8
+    keeps 512; a small product of a long k is split into z-slices of 258 products at most."""
+    u8_space = gemm.cpu.space(1, k_block_at_most=gemm.exact_k(td.u8, td.u8))
+    assert {p.bk for p in u8_space.points()} == {128, 256}
+    assert "k block above the 258 products" in "".join(u8_space.pruned())
+    wide = gemm.cpu.default_point(1).replace(bk=512)
+    with pytest.raises(ValueError, match="cannot run this u8 matmul: k block above the 258 products"):
+        gemm.plan((8, 600), (600, 8), td.u8, "cpu", point=wide)
+    assert gemm.plan((8, 600), (600, 8), td.i8, "cpu", point=wide).point.bk == 512
+    small = gemm.plan((5, 3000), (3000, 7), td.u8, "cpu")
+    assert small.small and small.split == 12 and small.out_dtype == td.i32
 
 
 @pytest.mark.parametrize("dtype", [E4M3, E5M2, ml_dtypes.bfloat16])
