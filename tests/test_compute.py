@@ -202,6 +202,7 @@ MATH_CASES = {   # name: (number of arguments, domain, independent scalar formul
     "abs": (1, SIGNED, abs),
     "floor": (1, SIGNED, math.floor),
     "ceil": (1, SIGNED, math.ceil),
+    "rint": (1, SIGNED, round),         # Python's round: halves to even, as rint
     "max": (2, SIGNED, max),
     "min": (2, SIGNED, min),
     "pow": (2, POS, math.pow),

@@ -282,7 +282,7 @@ EDGES = np.array([np.nan, np.inf, -np.inf, 1e30, -1e30, 3e38, -0.0, 0.0, -0.5, 0
 
 
 @td.kernel(grid=1, block=len(EDGES))
-def math_edges(X: f32[len(EDGES)], Y: f32[len(EDGES)], Out: f32[9, len(EDGES)], Folded: f32[10]):
+def math_edges(X: f32[len(EDGES)], Y: f32[len(EDGES)], Out: f32[10, len(EDGES)], Folded: f32[10]):
     t = threadIdx.x
     x, y = X[t], Y[t]
     Out[0, t] = td.floor(x)
@@ -294,6 +294,7 @@ def math_edges(X: f32[len(EDGES)], Y: f32[len(EDGES)], Out: f32[9, len(EDGES)], 
     Out[6, t] = td.sqrt(x)
     Out[7, t] = td.log(td.abs(x))
     Out[8, t] = td.max(x, 0.0)          # relu
+    Out[9, t] = td.rint(x)              # halves to even, a zero with x's sign
     if t == 0:                          # compile-time arguments: evaluated while translating
         Folded[0] = td.log(0.0)
         Folded[1] = td.sqrt(-1.0)
@@ -308,13 +309,13 @@ def math_edges(X: f32[len(EDGES)], Y: f32[len(EDGES)], Out: f32[9, len(EDGES)], 
 
 
 def test_math_functions_follow_ieee_at_edges():
-    """floor/ceil of huge, infinite and signed-zero floats stay floats; max/min keep a NaN and put -0.0 below 0.0
+    """floor/ceil/rint of huge, infinite and signed-zero floats stay floats (rint's halves to even); max/min keep a NaN and put -0.0 below 0.0
     (IEEE's maximum / minimum); float operators of compile-time numbers give IEEE's value where Python raises or
     gives a complex number (they were "compile-time '//' failed: float floor division by zero", "expected a number,
     got complex")."""
     x = EDGES
     y = np.roll(EDGES, 3)
-    out = np.zeros((9, len(x)), np.float32)
+    out = np.zeros((10, len(x)), np.float32)
     folded = np.zeros(10, np.float32)
     math_edges(x, y, out, folded)
 
@@ -324,7 +325,7 @@ def test_math_functions_follow_ieee_at_edges():
 
     with np.errstate(all="ignore"):
         want = [np.floor(x), np.ceil(x), ieee(np.maximum, x, y), ieee(np.minimum, x, y), ieee(np.maximum, y, x),
-                np.abs(x), np.sqrt(x), np.log(np.abs(x)), ieee(np.maximum, x, np.float32(0))]
+                np.abs(x), np.sqrt(x), np.log(np.abs(x)), ieee(np.maximum, x, np.float32(0)), np.rint(x)]
     for row, ref in enumerate(want):
         np.testing.assert_array_equal(out[row], ref, err_msg=f"row {row}")
         zeros = ref == 0

@@ -59,7 +59,7 @@ def _extend(children):
     return st.one_of(
         st.tuples(st.just("bin"), st.sampled_from(["+", "-", "*", "/", "//", "%"]), children, children),
         st.tuples(st.just("unary"), st.sampled_from(["-", "abs"]), children),
-        st.tuples(st.just("call"), st.sampled_from(["floor", "ceil", "sqrt"]), children),
+        st.tuples(st.just("call"), st.sampled_from(["floor", "ceil", "rint", "sqrt"]), children),
         st.tuples(st.just("call"), st.sampled_from(["min", "max"]), children, children),
         st.tuples(st.just("call"), st.just("fma"), children, children, children),
         st.tuples(st.just("cast"), st.sampled_from(list(NUMPY)), children),
@@ -253,7 +253,8 @@ def math_call(name: str, args: list) -> Value:
         if name == "fma":
             product = np.multiply(values[0], values[1])
             return Value(product + values[2], dtype, bad | rounded_products(values[0], values[1], product))
-        function = {"floor": np.floor, "ceil": np.ceil, "sqrt": np.sqrt, "max": np.maximum, "min": np.minimum}[name]
+        function = {"floor": np.floor, "ceil": np.ceil, "rint": np.rint, "sqrt": np.sqrt, "max": np.maximum,
+                    "min": np.minimum}[name]
         result = function(*values)
         if name in ("max", "min") and is_float(dtype):     # IEEE's: -0.0 below 0.0 (numpy's gives the second zero)
             a, b = values
@@ -273,7 +274,8 @@ def host_math(name: str, args: list):
         return nan[0] if nan else (max if name == "max" else min)(*args)
     x = [np.float64(a) for a in args]
     with np.errstate(all="ignore"):
-        return float({"floor": np.floor, "ceil": np.ceil, "sqrt": np.sqrt}[name](*x) if name != "fma" else x[0] * x[1] + x[2])
+        return float({"floor": np.floor, "ceil": np.ceil, "rint": np.rint, "sqrt": np.sqrt}[name](*x) if name != "fma"
+                     else x[0] * x[1] + x[2])
 
 
 def evaluate(tree, env: dict) -> Value:

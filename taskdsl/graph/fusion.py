@@ -102,7 +102,7 @@ def fusible_anchor(op: Operator) -> bool:
 # every block of outputs that loads it (for A, each of the N / BN column blocks: `MatmulPlan.operand_reads`), so a
 # transcendental one is computed that many times: a GRU's sigmoid(...) * h in its matmul's A took 20 of the step's
 # 24 us at hidden 256 (four column blocks); as a kernel of its own, 2 us.
-CHEAP_CALLS = frozenset({"min", "max", "abs", "floor", "ceil"})
+CHEAP_CALLS = frozenset({"min", "max", "abs", "floor", "ceil", "rint"})
 
 
 def _cheap(op: Operator) -> bool:

@@ -367,7 +367,7 @@ _UFUNC_BITWISE = {np.bitwise_and: "&", np.bitwise_or: "|", np.bitwise_xor: "^", 
 _UFUNC_MATH = {np.exp: "exp", np.exp2: "exp2", np.log: "log", np.log2: "log2", np.sqrt: "sqrt", np.sin: "sin",
                np.cos: "cos", np.tanh: "tanh", np.arcsin: "asin", np.arccos: "acos", np.arctan: "atan",
                np.sinh: "sinh", np.cosh: "cosh", np.arcsinh: "asinh", np.arccosh: "acosh", np.arctanh: "atanh",
-               np.floor: "floor", np.ceil: "ceil", np.absolute: "abs", np.fabs: "abs",
+               np.floor: "floor", np.ceil: "ceil", np.rint: "rint", np.absolute: "abs", np.fabs: "abs",
                np.maximum: "max", np.minimum: "min", np.power: "pow"}
 
 

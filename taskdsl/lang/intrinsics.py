@@ -78,6 +78,7 @@ _MATH_HOST = {
     "tanh": _ieee(np.tanh), "asin": _ieee(np.arcsin), "acos": _ieee(np.arccos), "atan": _ieee(np.arctan),
     "sinh": _ieee(np.sinh), "cosh": _ieee(np.cosh), "asinh": _ieee(np.arcsinh), "acosh": _ieee(np.arccosh),
     "atanh": _ieee(np.arctanh), "erf": _ieee(math.erf), "floor": _ieee(np.floor), "ceil": _ieee(np.ceil),
+    "rint": _ieee(np.rint),
     "pow": _ieee(np.power), "fma": _ieee(lambda a, b, c: a * b + c), "sigmoid": _ieee(lambda x: 1.0 / (1.0 + np.exp(-x))),
     "abs": abs, "max": _pick(True), "min": _pick(False),
 }

@@ -42,6 +42,7 @@ _MATH = {"exp": "math.exp", "log": "math.log", "log2": "math.log2", "sqrt": "mat
          "cos": "math.cos", "tanh": "math.tanh", "asin": "math.asin", "acos": "math.acos", "atan": "math.atan",
          "sinh": "math.sinh", "cosh": "math.cosh", "asinh": "math.asinh", "acosh": "math.acosh",
          "atanh": "math.atanh", "erf": "math.erf", "floor": "np.floor", "ceil": "np.ceil",
+         "rint": "np.rint",
          "pow": "rt.pow", "abs": "abs", "max": "max", "min": "min", "rsqrt": "rt.rsqrt", "exp2": "rt.exp2",
          "sigmoid": "rt.sigmoid", "fma": "rt.fma"}
 _F32_MATH = {"erf": "rt.erf_f32", "tanh": "rt.tanh_f32", "exp": "rt.exp_f32",     # vectorizable approximations

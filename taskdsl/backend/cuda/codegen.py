@@ -80,7 +80,7 @@ _F32_MATH = {"exp": "expf", "exp2": "exp2f", "log": "logf", "log2": "log2f", "sq
              "sin": "sinf", "cos": "cosf", "tanh": "tanhf", "asin": "asinf", "acos": "acosf", "atan": "atanf",
              "sinh": "sinhf", "cosh": "coshf", "asinh": "asinhf", "acosh": "acoshf", "atanh": "atanhf",
              "erf": "erff", "abs": "fabsf", "floor": "floorf",
-             "ceil": "ceilf", "pow": "powf", "fma": "fmaf"}
+             "ceil": "ceilf", "rint": "rintf", "pow": "powf", "fma": "fmaf"}
 _SHUFFLES = {"shfl_xor": "__shfl_xor_sync", "shfl_down": "__shfl_down_sync", "shfl_up": "__shfl_up_sync",
              "shfl_idx": "__shfl_sync"}
 _C_OPS = {"and": "&&", "or": "||"}

@@ -24,7 +24,6 @@ import numpy as np
 
 from .. import ops
 from ..tensor import constant
-from .activations import round_half_to_even
 from .elementwise import in_f32
 from .errors import OnnxImportError
 from .node import Node, converts
@@ -162,7 +161,7 @@ def sample(x, coordinates, mode: str, padding: str, align_corners: bool):
     pixels, points = math.prod(spatial), coordinates.shape[0] // batch
     coordinates = ops.unsqueeze(coordinates, 2)        # (rows, r, 1)
     if mode == "nearest":       # onnxruntime's nearbyint: halves to even
-        base, weights = round_half_to_even(coordinates), None
+        base, weights = ops.elementwise("rint", coordinates), None
     else:
         base = ops.elementwise("floor", coordinates)
         weights = _corners(_tap_weights(ops.sub(coordinates, base), mode), "prod")

@@ -24,7 +24,6 @@ from ...ir.types import as_dtype
 from .. import ops
 from ..ops.axes import normalize_axis
 from ..tensor import constant
-from .activations import round_half_to_even
 from .elementwise import cast_to
 from .errors import OnnxImportError
 from .nn import WINDOW_ATTRS, window
@@ -120,7 +119,7 @@ def quantize_linear(node: Node) -> list:
 
 def _saturated(q, zero, out: str):
     """round(q) (halves to even) + zero (None: 0), saturated to the integer type `out` and cast to it."""
-    q = round_half_to_even(q)
+    q = ops.elementwise("rint", q)
     if zero is not None:
         q = ops.add(q, ops.cast(zero, q.dtype))
     limits = np.iinfo(numpy_dtype(as_dtype(out)))
@@ -255,10 +254,13 @@ def _conv_integer(node: Node, x_k: int, w_k: int, x_zero, w_zero):
 
 def _padded_with(x, pads: tuple, value):
     """x (N, C, spatial...) with its spatial axes padded by `pads` ((begin..., end...)) with `value` (a scalar
-    tensor of x's type)."""
+    tensor of x's type): a constant's number by the pad itself, a graph input's by a select after it."""
     rank = x.ndim - 2
-    padded = ops.pad(x, (0, 0) + tuple(pads[:rank]) + (0, 0) + tuple(pads[rank:]))
-    border = np.pad(np.zeros(x.shape[2:], bool), [(b, e) for b, e in zip(pads[:rank], pads[rank:])],
+    pads = (0, 0) + tuple(pads[:rank]) + (0, 0) + tuple(pads[rank:])
+    if value.is_constant:
+        return ops.pad(x, pads, value.value.item())
+    padded = ops.pad(x, pads)
+    border = np.pad(np.zeros(x.shape[2:], bool), [(b, e) for b, e in zip(pads[2:rank + 2], pads[rank + 4:])],
                     constant_values=True)
     return ops.where(constant(border), value, padded)
 

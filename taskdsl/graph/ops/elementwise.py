@@ -260,6 +260,7 @@ FUNCTIONS = {
     "atanh": Function(_math("atanh"), _floating),
     "floor": Function(_math("floor"), _floating),
     "ceil": Function(_math("ceil"), _floating),
+    "rint": Function(_math("rint"), _floating),      # to the nearest integer, halves to even (ONNX's Round)
     "reciprocal": Function(lambda a, **_: 1.0 / a, _floating),
     "gelu": Function(lambda a, approximate="none", **_: gelu_formula(a, approximate), _floating,
                      params=(("approximate", _one_of("none", "tanh")),)),
