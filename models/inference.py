@@ -17,10 +17,17 @@ import onnx
 
 from taskdsl.bench.timing import settle
 from taskdsl.graph import CompiledGraph, Graph
+from taskdsl.graph.ops import IntegerConv, IntegerMatMul
 from taskdsl.graph.passes.plan_memory import plan_memory
 from taskdsl.graph.printer import format_bytes
 
 TOLERANCE = {"float16": 2e-2, "bfloat16": 5e-2}     # relative error allowed by dtype; 1e-3 otherwise
+# ...and by a graph that multiplies 8-bit integers: its activations are rounded to 8 bits at run time, where a
+# float one rounding apart from the reference's (a layer norm's, a softmax's) gives another integer, and the step
+# propagates: on dynamically quantized BERT-base (onnxruntime.quantization's quantize_dynamic), three seeds of
+# `sample_inputs`, onnxruntime's outputs differ from onnx's reference evaluator by 6.4-7.3%, taskdsl's by
+# 6.8-9.9%, taskdsl's from onnxruntime's by 7.3-7.7%
+QUANTIZED_TOLERANCE = 0.2
 
 
 def sample_inputs(graph: Graph, vocab_size: int = 2, seed: int = 0) -> dict:
@@ -147,7 +154,10 @@ def relative_error(got: list, want: list) -> float:
 
 
 def tolerance(graph: Graph) -> float:
-    """The relative error a correct run stays within, by the graph's least precise float input or output."""
+    """The relative error a correct run stays within, by the graph's least precise float input or output, or
+    QUANTIZED_TOLERANCE for a graph of 8-bit integer products (of activations quantized at run time)."""
+    if any(isinstance(op, (IntegerMatMul, IntegerConv)) for op in graph.nodes):
+        return QUANTIZED_TOLERANCE
     dtypes = {t.numpy_dtype.name for t in graph.inputs + graph.outputs}
     return max([TOLERANCE.get(d, 1e-3) for d in dtypes])
 

@@ -53,6 +53,24 @@ def test_run_onnx_file(tmp_path, capsys):
     assert str(path) in out and "vs onnxruntime" in out and ", ok" in out     # onnxruntime read the file itself
 
 
+def test_run_onnx_file_quantized_by_onnxruntime(tmp_path, capsys):
+    """A model onnxruntime's dynamic quantization made (MatMulInteger, DynamicQuantizeLinear: the small BERT) runs
+    on the integer products, checked within the tolerance of a graph that rounds its activations to 8 bits, which
+    the report names."""
+    pytest.importorskip("onnxruntime")
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from models.inference import tolerance
+    spec = models.get("bert")
+    graph = spec.build(spec.small)
+    assert tolerance(graph) == 1e-3
+    onnx.save(models.export_onnx(graph), str(tmp_path / "bert.onnx"))
+    quantize_dynamic(str(tmp_path / "bert.onnx"), str(tmp_path / "int8.onnx"), weight_type=QuantType.QInt8)
+    assert main(["run", "--onnx", str(tmp_path / "int8.onnx"), "--iters", "1", "--target", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "matmul_integer" in out and ", ok (tolerance 2e-01, 8-bit integer products)" in out, out
+
+
 def _reshape_model(path):
     """An ONNX model whose Reshape takes its shape from a graph input: fixed only by --constant."""
     import onnx
