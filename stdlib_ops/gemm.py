@@ -361,9 +361,10 @@ class MatmulPlan:
 
     @property
     def fusion_split(self) -> int:
-        """The split-k of this plan's fused kernels (`fused`): the plan's on the GPU templates; 1 on the cpu's
-        register-tile template, whose fused kernels are measured unsplit."""
-        return 1 if self.template is CPU_TILE else self.split
+        """The split-k of this plan's fused kernels (`fused`): the plan's on the GPU templates and for integers (the
+        small kernel's exact z-slices); 1 for floats on the cpu's register-tile template, whose fused kernels are
+        measured unsplit."""
+        return 1 if self.template is CPU_TILE and self.dtype.is_float else self.split
 
     def fused(self, prologues: dict, out: td.Tensor, packed_b: bool = False) -> tuple:
         """(kernel, finish) with `prologues` ({"A" or "B": a compute defining it}) fused into the kernel's loads and

@@ -1,6 +1,7 @@
 """Fusion partitioning: each anchor (matmul, 2-D convolution) with the injective operators around it
 becomes one `FusedAnchor` node, run as one kernel by post-scheduling fusion (`td.fuse`).
-(Grouped convolutions fuse where stdlib_ops.conv runs them as its direct-rows kernel: the cpu.)
+(Grouped convolutions fuse where stdlib_ops.conv runs them as its direct-rows kernel: the cpu. A product of
+8-bit integers, `IntegerMatMul`, takes an epilogue on the cpu, whose register-tile template runs it.)
 
     partition(graph):  for each anchor, in order
       epilogue: follow the anchor's output while it has exactly one reader (and is not a graph
@@ -32,7 +33,7 @@ from ..runtime.arrays import contiguous, empty_like_operands, unplanned
 from ..schedule.fusion import FusionError
 from .graph import Graph
 from .operator import Operator, external_inputs
-from .ops import BatchNorm, Conv, Elementwise, MatMul, Reshape, Transpose
+from .ops import BatchNorm, Conv, Elementwise, IntegerMatMul, MatMul, Reshape, Transpose
 from .ops.transform import view_index
 from .runners import conv_geometry, packed_b, packed_weight, run, runs
 
@@ -89,7 +90,10 @@ class FusedAnchor(Operator):
 
 # ---------------------------------------------------------------- the pass
 def fusible_anchor(op: Operator) -> bool:
-    """Whether `op` is an anchor the target's templates fuse (a matmul or 2-D convolution of f32 / f16)."""
+    """Whether `op` is an anchor the target's templates fuse (a matmul or 2-D convolution of f32 / f16; on the cpu a
+    matmul of 8-bit integers: a GPU's 8-bit kernel takes B k-major, which the fused node does not make)."""
+    if isinstance(op, IntegerMatMul):
+        return td.get_target() == "cpu" and all(t.ndim >= 2 for t in op.inputs)
     if isinstance(op, MatMul):
         return all(t.ndim >= 2 for t in op.inputs) and op.inputs[0].dtype in (td.f32, td.f16)
     if isinstance(op, Conv):
@@ -147,7 +151,8 @@ def _groups(graph: Graph) -> list:
             epilogue.append(nxt)
             tail = nxt.outputs[0]
         prologues = {}
-        for k in (0,) if isinstance(op, Conv) else (0, 1):
+        # (an integer product's operands are quantizations, rounded: an epilogue only)
+        for k in () if isinstance(op, IntegerMatMul) else (0,) if isinstance(op, Conv) else (0, 1):
             producer = op.inputs[k].producer
             if (isinstance(producer, PROLOGUE_KINDS) and id(producer) not in taken and producer.is_injective
                     and len(producer.outputs) == 1 and free_sole_reader(op.inputs[k]) is op
@@ -225,13 +230,13 @@ class _Build:
 
     def _matmul(self, anchor: MatMul) -> None:
         ta, tb = anchor.inputs
-        self.plan = plan = gemm.plan(ta.shape, tb.shape, ta.dtype, td.get_target())
+        self.plan = plan = gemm.plan(ta.shape, tb.shape, ta.dtype, td.get_target(), b_dtype=tb.dtype)
         a_shape, b_shape, c_shape = plan.operand_shapes()
         prologues = {}
         for k, (name, shape) in enumerate((("A", a_shape), ("B", b_shape))):
             if k in self.op.prologues:
                 prologues[name] = _view(self.value[id(anchor.inputs[k])], shape, name)
-        c = placeholder("C", ta.dtype, c_shape)
+        c = placeholder("C", plan.out_dtype, c_shape)
         y = _view(c, anchor.outputs[0].shape, "matmul_out")
         z = self._epilogue(anchor.outputs[0], y)
         # constant weights (no prologue) are packed once, for the kernel that reads them packed

@@ -114,6 +114,29 @@ def test_matmul_integer_of_any_rank_and_zero_points(a_shape, b_shape, a_type, b_
     check(model, feeds, run_reference)
 
 
+@pytest.mark.parametrize("m, k, n, kernel", [(5, 3000, 7, "small_matmul"), (64, 1500, 96, "tile_matmul_"),
+                                             (3, 2000, 50, "rows_matmul_3x")])
+def test_integer_products_on_the_cpu_fuse_their_epilogue_exact_past_2_to_the_24(m, k, n, kernel):
+    """On the cpu MatMulInteger's product is the last kernel, the zero points' share in its epilogue (after the
+    kernels summing a's rows for it); its int32 sums, far past 2^24 (large terms of one sign), equal onnx's
+    reference, for each cpu kernel (the small one split into exact z-slices, whose sum then carries the
+    epilogue)."""
+    rng = np.random.default_rng(k)
+    a = rng.integers(193, 256, (m, k)).astype(np.uint8)
+    inits = {"b": rng.integers(-128, -96, (k, n)).astype(np.int8), "az": np.uint8(3), "bz": np.int8(-2)}
+    node = helper.make_node("MatMulInteger", ["a", "b", "az", "bz"], ["y"])
+    model = make_model([node], [("a", [m, k], TensorProto.UINT8)], [("y", [m, n], TensorProto.INT32)], inits,
+                       opset=13)
+    compiled = tg.from_onnx(model).compile("cpu")
+    want = run_reference(model, {"a": a})[0]
+    assert np.abs(want).min() > 2**24
+    np.testing.assert_array_equal(compiled({"a": a})[0], want)
+    names = [kernel.name for kernel in compiled.kernels]
+    product = next(i for i, name in enumerate(names) if name.startswith(kernel))
+    assert names[product:] == [names[product]] + (["split_k_sum_i32_fused"] if kernel == "small_matmul" else [])
+    assert names[-1].endswith("_fused"), names
+
+
 @pytest.mark.parametrize("a_shape, b_shape", [([2, 9, 40], [40, 24]), ([2, 9, 40], [2, 40, 24]), ([9, 40], [40])])
 def test_matmul_integer_runs_8_bit_tensor_cores_on_a_gpu(simulated_gpu, a_shape, b_shape):
     """On the cuda target MatMulInteger's product is the 8-bit tensor-core kernel's (u8 by s8, the weight's zero

@@ -68,7 +68,7 @@ def test_run_onnx_file_quantized_by_onnxruntime(tmp_path, capsys):
     quantize_dynamic(str(tmp_path / "bert.onnx"), str(tmp_path / "int8.onnx"), weight_type=QuantType.QInt8)
     assert main(["run", "--onnx", str(tmp_path / "int8.onnx"), "--iters", "1", "--target", "cpu"]) == 0
     out = capsys.readouterr().out
-    assert "matmul_integer" in out and ", ok (tolerance 2e-01, 8-bit integer products)" in out, out
+    assert ", ok (tolerance 2e-01, 8-bit integer products)" in out, out
 
 
 def _reshape_model(path):
