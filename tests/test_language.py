@@ -313,6 +313,16 @@ def test_math_functions_follow_ieee_at_edges():
     (IEEE's maximum / minimum); float operators of compile-time numbers give IEEE's value where Python raises or
     gives a complex number (they were "compile-time '//' failed: float floor division by zero", "expected a number,
     got complex")."""
+    assert_math_edges()
+
+
+def test_math_edges_through_the_cuda_source(simulated_gpu):
+    """The same through the kernel's CUDA C++ run on the host: the C library's functions it calls (rintf, ...)."""
+    assert_math_edges()
+
+
+def assert_math_edges():
+    """`math_edges` gives IEEE's values at EDGES, on the target set."""
     x = EDGES
     y = np.roll(EDGES, 3)
     out = np.zeros((10, len(x)), np.float32)
