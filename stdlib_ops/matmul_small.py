@@ -38,7 +38,8 @@ def rows_at_once(m: int, n: int) -> int:
 def small_matmul_kernel(dtype, out_dtype, m: int, n: int, b_dtype=None) -> td.Kernel:
     """C[z] = A[za] @ B[zb] for each z-slice z of `batch_index`, with the register-tile template's parameters
     and meaning (batch dims broadcast by the table; z-slice z sums chunk z % split of k), C's sizes built in
-    (m x n), K any; the sums in f32. The rows go in chunks of `rows_at_once`, the last one of the rest: each
+    (m x n), K any; the sums in f32 (8-bit integers' exact where the plan splits k into z-slices of at most
+    `gemm.exact_k` products). The rows go in chunks of `rows_at_once`, the last one of the rest: each
     chunk's size is a constant, so its multiply-adds unroll with their sums in registers. The sums reach C
     through a buffer and a loop left to LLVM: unrolled, a fused epilogue would be in the source once a store.
     Under `td.fast_compile`, where nothing unrolls, one kernel of any sizes serves every (m, n)
