@@ -259,7 +259,8 @@ _NP_MATH = {"exp": np.exp, "exp2": np.exp2, "log": np.log, "log2": np.log2, "sqr
             "rsqrt": lambda x: 1.0 / np.sqrt(x), "sin": np.sin, "cos": np.cos, "tanh": np.tanh,
             "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh,
             "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh,
-            "abs": np.abs, "floor": np.floor, "ceil": np.ceil, "rint": np.rint, "max": _picked(True), "min": _picked(False),
+            "abs": np.abs, "floor": np.floor, "ceil": np.ceil, "rint": np.rint, "max": _picked(True),
+            "min": _picked(False),
             "pow": np.power, "fma": lambda a, b, c: a * b + c, "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x))}
 
 

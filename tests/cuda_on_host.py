@@ -117,7 +117,8 @@ TD_HOST_MATH1(exp) TD_HOST_MATH1(exp2) TD_HOST_MATH1(log) TD_HOST_MATH1(log2) TD
 TD_HOST_MATH1(sin) TD_HOST_MATH1(cos) TD_HOST_MATH1(tanh) TD_HOST_MATH1(erf) TD_HOST_MATH1(fabs)
 TD_HOST_MATH1(asin) TD_HOST_MATH1(acos) TD_HOST_MATH1(atan) TD_HOST_MATH1(sinh) TD_HOST_MATH1(cosh)
 TD_HOST_MATH1(asinh) TD_HOST_MATH1(acosh) TD_HOST_MATH1(atanh)
-TD_HOST_MATH1(floor) TD_HOST_MATH1(ceil) TD_HOST_MATH1(rint) TD_HOST_MATH2(pow) TD_HOST_MATH2(fmod) TD_HOST_MATH2(copysign)
+TD_HOST_MATH1(floor) TD_HOST_MATH1(ceil) TD_HOST_MATH1(rint)
+TD_HOST_MATH2(pow) TD_HOST_MATH2(fmod) TD_HOST_MATH2(copysign)
 inline float rsqrtf(float a) { return 1.0f / __builtin_sqrtf(a); }
 inline double rsqrt(double a) { return 1.0 / __builtin_sqrt(a); }
 inline float fmaf(float a, float b, float c) { return __builtin_fmaf(a, b, c); }

@@ -309,10 +309,10 @@ def math_edges(X: f32[len(EDGES)], Y: f32[len(EDGES)], Out: f32[10, len(EDGES)],
 
 
 def test_math_functions_follow_ieee_at_edges():
-    """floor/ceil/rint of huge, infinite and signed-zero floats stay floats (rint's halves to even); max/min keep a NaN and put -0.0 below 0.0
-    (IEEE's maximum / minimum); float operators of compile-time numbers give IEEE's value where Python raises or
-    gives a complex number (they were "compile-time '//' failed: float floor division by zero", "expected a number,
-    got complex")."""
+    """floor/ceil/rint of huge, infinite and signed-zero floats stay floats (rint's halves to even); max/min keep a NaN
+    and put -0.0 below 0.0 (IEEE's maximum / minimum); float operators of compile-time numbers give IEEE's value
+    where Python raises or gives a complex number (they were "compile-time '//' failed: float floor division by
+    zero", "expected a number, got complex")."""
     assert_math_edges()
 
 

@@ -11,9 +11,9 @@ replays ('call ms': a call with its host cost and output allocation).
 `--layers depthwise` (cpu): MobileNet-V2's depthwise 3x3 layers with their bias and ReLU6, as the
 graph runs them (one direct kernel with the epilogue fused), against Conv + Clip in onnxruntime.
 
-`--int8`: uint8 inputs by int8 weights into exact int32. cpu: the float convolutions' GEMMs, whose k blocks sum
-the 8-bit products exactly in f32 (`gemm.exact_k`), against onnxruntime's ConvInteger; cuda: the 8-bit tensor-core template (mma
-m16n8k32, implicit im2col) against cuDNN's f16 convolution (torch has no 8-bit one to time).
+`--int8`: uint8 inputs by int8 weights into exact int32. cpu: the float convolutions' GEMMs, whose k blocks sum the
+8-bit products exactly in f32 (`gemm.exact_k`), against onnxruntime's ConvInteger; cuda: the 8-bit tensor-core
+template (mma m16n8k32, implicit im2col) against cuDNN's f16 convolution (torch has no 8-bit one to time).
 """
 from __future__ import annotations
 

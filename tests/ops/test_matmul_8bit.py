@@ -129,9 +129,9 @@ def test_exact_k_is_the_longest_exact_f32_sum(types):
 @example(m=5, k=2100, n=7, types=(np.uint8, np.uint8), packed=False, seed=0)     # the small kernel, split
 @example(m=130, k=1500, n=70, types=(np.int8, np.int8), packed=False, seed=0)    # the register-tile kernel
 def test_long_integer_products_are_exact_on_the_cpu(m, k, n, types, packed, seed):
-    """Sums past 2^24 of large terms, odd ones among several (no f32 holds those: a sum that went through f32
-    fails), exact in i32 by every cpu kernel: small (split so each z-slice sums `exact_k` products at most, the slices added in
-    i32), register-tile, and with B packed once, the rows kernel of few rows."""
+    """Sums past 2^24 of large terms, odd ones among several (no f32 holds those: a sum that went through f32 fails),
+    exact in i32 by every cpu kernel: small (split so each z-slice sums `exact_k` products at most, the slices added
+    in i32), register-tile, and with B packed once, the rows kernel of few rows."""
     rng = np.random.default_rng(seed)
     a, b = large_terms(rng, (m, k), types[0]), large_terms(rng, (k, n), types[1])
     want = a.astype(np.int64) @ b.astype(np.int64)
