@@ -1,6 +1,6 @@
 """The cpu code generator's compile-time economies (shared index bases, module-level constants, while loops, no unread
-indices, no dead loads on entering a region, no branch for a test of a register element) and where it allocates
-buffers (the stack or the heap).
+indices, no dead loads on entering a region, no branch for a test of a register element), where it allocates
+buffers (the stack or the heap), and its saturating float-to-integer conversions.
 
 Oracle: numpy for the kernels' results; for `_split_offset`, Python's integer arithmetic on the
 same expression tree.
@@ -399,3 +399,32 @@ def test_borrowed_arrays_view_the_same_data_shape_and_strides():
     a = np.zeros(5, np.float32)
     assert write_through(a) == (5, 4, True)
     np.testing.assert_array_equal(a, [0, 0, 0, 7, 0])
+
+
+def _float_to_int_kernel(source, target):
+    """Out[i] = td.cast(X[i], target) over a loop LLVM vectorizes (its remainder scalar)."""
+    @td.kernel(grid=1, block=1)
+    def convert(X: source["N"], Out: target["N"]):
+        for i in range(N):
+            Out[i] = td.cast(X[i], target)
+    return convert
+
+
+@pytest.mark.parametrize("source", [td.f32, td.f64])
+@pytest.mark.parametrize("target", [td.i8, td.u8, td.i16, td.u16, td.i32, td.u32, td.i64, td.u64])
+def test_float_to_int_saturates_at_every_edge(source, target):
+    """A float converted to an integer type truncates toward zero, clamps to the type's range and gives 0 for NaN
+    (`DataType.saturate`, PTX's cvt.rzi), vectorized or not: at the range's bounds and one float either side of
+    them, zeros, fractions, infinities, NaN and random values of every magnitude (the cpu's selects around a plain
+    conversion, not LLVM's fpto[su]i.sat)."""
+    low, high = target.limits
+    edges = [float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 0.5, -0.5, 0.99, -0.99, 1.5, -1.5]
+    for bound in (low, high, low - 1, high + 1, 2.0 ** target.bits):
+        value, float_type = source.numpy.type(bound), source.numpy.type
+        edges += [value, np.nextafter(value, float_type(np.inf)), np.nextafter(value, float_type(-np.inf))]
+    rng = np.random.default_rng(target.bits)
+    magnitudes = 2.0 ** rng.uniform(-3, target.bits + 2, 300)
+    x = np.concatenate([np.array(edges), magnitudes * rng.choice([-1, 1], 300)]).astype(source.numpy)
+    out = np.zeros(len(x), target.numpy)
+    _float_to_int_kernel(source, target)(x, out)
+    np.testing.assert_array_equal(out, np.array([target.saturate(float(v)) for v in x], dtype=target.numpy))
