@@ -254,6 +254,26 @@ def test_the_tuner_times_the_8_bit_kernels_on_b_transposed(simulated_gpu, monkey
     assert np.isfinite(values).all() and 0.5 < values.std() < 2        # normal values, not random bits
 
 
+def test_tuning_an_integer_product_on_the_cpu_times_exact_kernels(monkeypatch):
+    """Tuning a u8 by u8 product on the cpu: the space of k blocks of at most 258 products, outputs checked in i32,
+    and each candidate exact on sums past 2^24 (here, three of them run)."""
+    seen = {}
+
+    def tune(space, build, args, *, outputs, default, **options):
+        seen.update(space=space, outputs=outputs)
+        rng = np.random.default_rng(4)
+        a, b = large_terms(rng, args[0].shape, np.uint8), large_terms(rng, args[1].shape, np.uint8)
+        for point in space.points()[:: len(space.points()) // 2]:
+            c = np.full(args[2].shape, -1, np.int32)
+            build(point)(a, b, c, *args[3:])
+            np.testing.assert_array_equal(c[0], a[0].astype(np.int64) @ b[0].astype(np.int64))
+        return default
+    monkeypatch.setattr(gemm, "tune", tune)
+    monkeypatch.setattr(gemm, "_plan", gemm._plan.__wrapped__)
+    gemm.plan((40, 1100), (1100, 24), td.u8, "cpu", do_tune=True)
+    assert {p.bk for p in seen["space"].points()} == {128, 256} and seen["outputs"] == {2: td.i32}
+
+
 def test_device_arrays_stay_on_the_device(simulated_gpu):
     """td.DeviceArrays in, a td.DeviceArray out: B's transpose made on the device."""
     rng = np.random.default_rng(5)
