@@ -113,10 +113,10 @@ def print_result(title: str, result) -> None:
     print(f"  latency: median {result.median_ms:.3f} ms, p90 {result.p90_ms:.3f} ms "
           f"over {len(result.latencies)} iterations")
     print(f"  {cg.memory.summary()}; arena {cg.arena}; replay {cg.replay}")
+    quantized = result.tolerance == QUANTIZED_TOLERANCE       # (a quantized graph's tolerance is loose: say so)
     verdict = "ok" if result.ok else "MISMATCH"
-    if not result.ok or result.tolerance == QUANTIZED_TOLERANCE:      # (a quantized graph's is loose: say so)
-        quantized = ", 8-bit integer products" if result.tolerance == QUANTIZED_TOLERANCE else ""
-        verdict += f" (tolerance {result.tolerance:.0e}{quantized})"
+    if not result.ok or quantized:
+        verdict += f" (tolerance {result.tolerance:.0e}{', 8-bit integer products' if quantized else ''})"
     print(f"  max error vs {result.reference}: {result.max_error:.2e} relative, {verdict}")
     print("  top operators by time (best of one more run, operator by operator):")
     for line in top_operators(cg.summary(timing=True, repeat=1)):
