@@ -473,8 +473,8 @@ def _plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune, point, fa
     if point is not None and {name for name, _ in point.values} != set(space.axes):
         raise ValueError(f"matmul: the point {point} is not of the {template.name} template's space, which "
                          f"this {dtype.name} matmul on {target} uses: take one from its space() or default()")
-    if point is not None and exact and space.check(point):
-        raise ValueError(f"matmul: the point {point} cannot run this {dtype.name} matmul: {space.check(point)}")
+    if point is not None and exact and (reason := space.check(point)):
+        raise ValueError(f"matmul: the point {point} cannot run this {dtype.name} matmul: {reason}")
     if point is None:
         point = template.default(target, itemsize, m, n)
         if template is CPU_TILE and not do_tune and small.applies(math.prod(out_batch), m, n, k):

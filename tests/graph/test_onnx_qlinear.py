@@ -13,6 +13,7 @@ from onnx.reference import ReferenceEvaluator
 import taskdsl.graph as tg
 from taskdsl.graph.onnx_import import OnnxImportError, UnsupportedOnnxError
 
+from ..ops.test_matmul_8bit import large_terms
 from . import make_model, run_onnxruntime
 
 pytest.importorskip("onnxruntime")
@@ -122,8 +123,8 @@ def test_integer_products_on_the_cpu_fuse_their_epilogue_exact_past_2_to_the_24(
     reference, for each cpu kernel (the small one split into exact z-slices, whose sum then carries the
     epilogue)."""
     rng = np.random.default_rng(k)
-    a = rng.integers(193, 256, (m, k)).astype(np.uint8)
-    inits = {"b": rng.integers(-128, -96, (k, n)).astype(np.int8), "az": np.uint8(3), "bz": np.int8(-2)}
+    a = large_terms(rng, (m, k), np.uint8)
+    inits = {"b": large_terms(rng, (k, n), np.int8), "az": np.uint8(3), "bz": np.int8(-2)}
     node = helper.make_node("MatMulInteger", ["a", "b", "az", "bz"], ["y"])
     model = make_model([node], [("a", [m, k], TensorProto.UINT8)], [("y", [m, n], TensorProto.INT32)], inits,
                        opset=13)

@@ -18,7 +18,7 @@ import taskdsl as td
 from stdlib_ops import conv, gemm
 
 from .test_conv import reference
-from .test_matmul_8bit import FEW, PAIRS, operand, target  # noqa: F401 (target: the fixture)
+from .test_matmul_8bit import FEW, PAIRS, large_terms, operand, target  # noqa: F401 (target: the fixture)
 
 E4M3 = ml_dtypes.float8_e4m3fn
 GEOMETRIES = [   # n, c, h, w, oc, (kh, kw), stride, padding (t, l, b, r), dilation, groups
@@ -144,8 +144,8 @@ def test_long_integer_reductions_are_exact_on_the_cpu(case, layout):
     lowering."""
     n, c, h, w, oc, kernel, stride, padding, groups = case
     rng = np.random.default_rng(3)
-    x = rng.integers(193, 256, (n, c, h, w)).astype(np.uint8)
-    wt = rng.integers(-128, -96, (oc, c // groups) + kernel).astype(np.int8)
+    x = large_terms(rng, (n, c, h, w), np.uint8)
+    wt = large_terms(rng, (oc, c // groups) + kernel, np.int8)
     options = dict(stride=(stride, stride), padding=(padding,) * 4, dilation=(1, 1), groups=groups)
     want = reference(x, wt, None, **options)
     assert np.mean((np.abs(want) > 2**24) & (want % 2 == 1)) > 0.25
