@@ -1155,9 +1155,9 @@ def _direct_op(g: ConvGeometry, dtype, x: td.Tensor, bias, activation, b_dtype=N
 
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1, layout: str = "NCHW",
            activation: str | None = None):
-    """2-D convolution of x (NCHW or NHWC) with OIHW `weight`, plus optional bias and activation: f32 or f16
-    (in their type, two types in f32); E4M3 / E5M2 into f32, s8 / u8 into exact i32 (8-bit operands of one kind in
-    any pair; a bias in the result's type)."""
+    """2-D convolution of x (NCHW or NHWC) with OIHW `weight`, plus optional bias and activation: f32, f16 or
+    bf16 (in their type, products summed in f32; two types in f32); E4M3 / E5M2 into f32, s8 / u8 into exact i32
+    (8-bit operands of one kind in any pair; a bias in the result's type)."""
     x, weight = as_array(x), as_array(weight)
     dtype, b_dtype = mm.operand_types(x.dtype, weight.dtype, "conv2d")
     out = mm.product_type(dtype)
@@ -1166,10 +1166,10 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 
         raise ValueError(f"conv2d: bias must have shape ({g.oc},) (one per output channel), got {np.shape(bias)}")
     check_activation(activation, dtype)
     if g.n == 0:            # an empty batch: nothing to compute (and no plan for it)
-        return empty_like_operands(g.out_shape, out.numpy, x, weight, *([bias] if bias is not None else []))
+        return empty_like_operands(g.out_shape, numpy_dtype(out), x, weight, *([bias] if bias is not None else []))
     x, weight = converted(x, numpy_dtype(dtype)), converted(weight, numpy_dtype(b_dtype or dtype))
     p = plan(g, dtype, td.get_target(), bias is not None, activation, b_dtype)
-    return p.run(x, weight, mm.bias_operand(bias, out.numpy, "conv2d") if bias is not None else None)
+    return p.run(x, weight, mm.bias_operand(bias, numpy_dtype(out), "conv2d") if bias is not None else None)
 
 
 def _grouped_out_shape(g: ConvGeometry) -> tuple:

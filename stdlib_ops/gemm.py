@@ -40,9 +40,9 @@ from .elementwise import converted, int_tuple
 from . import matmul_simt as simt
 from . import matmul_tc as tc
 
-# the operand types each op computes in (the templates take bf16 too; conv's own kernels do not)
-SUPPORTED = {"matmul": ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int8", "uint8"),
-             "conv2d": ("float32", "float16", "float8_e4m3fn", "float8_e5m2", "int8", "uint8")}
+# the operand types each op computes in
+OPERAND_TYPES = ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int8", "uint8")
+SUPPORTED = {"matmul": OPERAND_TYPES, "conv2d": OPERAND_TYPES}
 MIN_K_TILES_PER_SPLIT = 4
 # From this many multiply-adds, a cpu matmul packs B once per call (`pack_b`, numpy) rather than have its row
 # blocks each pack the panels they read: 1024^3 11.4 -> 9.4 ms, 2039^3 81 -> 63 ms, 128x768x3072 3.9 -> 3.6

@@ -89,16 +89,19 @@ class FusedAnchor(Operator):
 
 
 # ---------------------------------------------------------------- the pass
+TEMPLATE_FLOATS = (td.f32, td.f16, td.bf16)     # the float types the matmul / conv templates compute in
+
+
 def fusible_anchor(op: Operator) -> bool:
-    """Whether `op` is an anchor the target's templates fuse (a matmul or 2-D convolution of f32 / f16; on the cpu a
-    matmul of 8-bit integers: a GPU's 8-bit kernel takes B k-major, which the fused node does not make)."""
+    """Whether `op` is an anchor the target's templates fuse (a matmul or 2-D convolution of f32 / f16 / bf16; on the
+    cpu a matmul of 8-bit integers: a GPU's 8-bit kernel takes B k-major, which the fused node does not make)."""
     if isinstance(op, IntegerMatMul):
         return td.get_target() == "cpu" and all(t.ndim >= 2 for t in op.inputs)
     if isinstance(op, MatMul):
-        return all(t.ndim >= 2 for t in op.inputs) and op.inputs[0].dtype in (td.f32, td.f16)
+        return all(t.ndim >= 2 for t in op.inputs) and op.inputs[0].dtype in TEMPLATE_FLOATS
     if isinstance(op, Conv):
         x = op.inputs[0]    # ungrouped: the matmul template; grouped: the cpu's direct rows or GEMMs (conv_lib.lower)
-        return x.ndim == 4 and x.dtype in (td.f32, td.f16) and (op.attrs["groups"] == 1 or td.get_target() == "cpu")
+        return x.ndim == 4 and x.dtype in TEMPLATE_FLOATS and (op.attrs["groups"] == 1 or td.get_target() == "cpu")
     return False
 
 

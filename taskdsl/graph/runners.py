@@ -167,28 +167,12 @@ def packed_weight(lowering, tensor, weight, cache: dict):
 
 @runs(Conv)
 def run_conv(op: Conv, arrays: list) -> tuple:
-    """Convolutions of f32 / f16 by stdlib_ops.conv (a matmul lowering or a direct reduce; 1-D and 3-D ones through
-    2-D ones, `conv_geometry`); others by definitions."""
+    """Convolutions of f32 / f16 / bf16 by stdlib_ops.conv (a matmul lowering or a direct reduce; 1-D and 3-D ones
+    through 2-D ones, `conv_geometry`); others by definitions."""
     x = op.inputs[0]
-    if x.dtype == T.bf16:
-        return _bf16_conv_in_f32(op, arrays)
-    if x.dtype not in (T.f32, T.f16):
+    if x.dtype not in (T.f32, T.f16, T.bf16):
         return run_definitions(op, arrays)
     return _on_conv_plan(op, conv.plan(conv_geometry(op), x.dtype, get_target(), False, None), arrays)
-
-
-def _bf16_conv_in_f32(op: Conv, arrays: list) -> tuple:
-    """A bf16 convolution as an f32 one, rounded to bf16 once after, as its definitions sum (by them, a 64 -> 64 3x3
-    convolution at 28x28 took 372 ms on the cpu); constant weights converted once."""
-    p = conv.plan(conv_geometry(op), T.f32, get_target(), False, None)
-    in_f32 = lambda a: _plan(elementwise.op_for("cast", a, np.float32))
-    with unplanned():       # intermediates: the inputs and the output in f32
-        (w,), _ = _kept_with(op.inputs[1], "_f32", p, lambda: in_f32(arrays[1])) if op.inputs[1].is_constant \
-            else in_f32(arrays[1])
-        (x,), widening = in_f32(arrays[0])
-        (y,), kernels = _on_conv_plan(op, p, [x, w])
-    out, rounding = _plan(elementwise.op_for("cast", y, op.outputs[0].numpy_dtype))
-    return out, widening + kernels + rounding
 
 
 def _on_conv_plan(op, p: conv.ConvPlan, arrays: list) -> tuple:

@@ -304,10 +304,10 @@ def test_integer_conv_is_exact(channels_last, stride, pads, dilation, groups):
 
 
 @pytest.mark.parametrize("rank, groups", [(2, 1), (2, 4), (1, 2), (3, 1)])
-def test_bf16_convolutions_run_in_f32_on_the_templates(rank, groups):
-    """A bf16 convolution runs as an f32 one (the template, or depthwise the direct kernel) rounded to bf16 once,
-    as its definitions sum: equal to their evaluation but for a last-bit rounding of a differently ordered sum; new
-    inputs at each run (the replay), the constant weights converted once."""
+def test_bf16_convolutions_run_on_the_templates(rank, groups):
+    """A bf16 convolution runs on the templates (or depthwise the direct kernel) in bf16, its products summed in f32
+    and rounded to bf16 once, as its definitions sum: equal to their evaluation but for a last-bit rounding of a
+    differently ordered sum; new inputs at each run (the replay); no f32 copies of the input or the output."""
     import ml_dtypes
     bf16 = ml_dtypes.bfloat16
     spatial = {1: (23,), 2: (9, 7), 3: (5, 6, 7)}[rank]
@@ -322,17 +322,18 @@ def test_bf16_convolutions_run_in_f32_on_the_templates(rank, groups):
         assert got.dtype == bf16
         np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2**-7, atol=2**-7)
     names = [k.name for k in compiled.kernels]
-    assert names[0].startswith("cast") and not any(name.startswith("conv_reduce") for name in names), names
+    assert not any(name.startswith(("cast", "conv_reduce")) for name in names), names
 
 
 @pytest.mark.parametrize("target", ["cpu", "cuda"])
 def test_bf16_matmuls_run_on_the_templates(simulated_gpu, target):
-    """A bf16 matmul (constant B, batched A) runs on the matmul templates (the cpu's register tile, a GPU's tensor
-    cores), not by its definitions, equal to their evaluation but for bf16 roundings of differently ordered sums."""
+    """A bf16 matmul (constant B, batched A) runs on the matmul templates (the cpu's register tile or small kernel,
+    a GPU's tensor cores), not by its definitions, its prologue and epilogue fused in (four kernels before); equal
+    to their evaluation but for bf16 roundings of differently ordered sums."""
     import ml_dtypes
-    b = rand((48, 40), 2).astype(ml_dtypes.bfloat16)
+    b, bias = rand((48, 40), 2).astype(ml_dtypes.bfloat16), rand((40,), 3).astype(ml_dtypes.bfloat16)
     t = tg.input("a", (3, 37, 48), ml_dtypes.bfloat16)
-    g = tg.Graph([t], [ops.matmul(t, tg.constant(b))])
+    g = tg.Graph([t], [ops.relu(ops.matmul(ops.elementwise("abs", t), tg.constant(b)) + tg.constant(bias))])
     compiled = g.compile(target)
     for seed in range(3):
         a = rand((3, 37, 48), seed).astype(ml_dtypes.bfloat16)
@@ -340,21 +341,26 @@ def test_bf16_matmuls_run_on_the_templates(simulated_gpu, target):
         assert got.dtype == ml_dtypes.bfloat16
         np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2**-7, atol=2**-6)
     names = [k.name for k in compiled.kernels]
-    assert names and not any("reduce" in name for name in names), names
+    assert len(names) == 1 and "matmul" in names[0] and names[0].endswith("fused"), names
 
 
-def test_bf16_convolutions_on_a_gpu(simulated_gpu):
-    """On a (simulated) GPU too, a bf16 convolution is the f32 template's between two casts, run after run."""
+def test_bf16_convolutions_on_a_gpu_run_on_tensor_cores(simulated_gpu):
+    """On a (simulated) GPU a bf16 convolution is the tensor-core template's implicit-im2col GEMM (mma.sync of bf16
+    into f32), its bias and ReLU fused into the stores, run after run."""
     import ml_dtypes
-    w = rand((8, 8, 3, 3), 2).astype(ml_dtypes.bfloat16)
-    t = tg.input("x", (1, 8, 9, 7), ml_dtypes.bfloat16)
-    g = tg.trace(lambda t: ops.conv2d(t, w, padding=1), t)
+    bf16 = ml_dtypes.bfloat16
+    w, b = rand((16, 8, 3, 3), 2).astype(bf16), rand((16,), 3).astype(bf16)
+    t = tg.input("x", (1, 8, 9, 7), bf16)
+    g = tg.trace(lambda t: ops.relu(ops.conv2d(t, w, b, padding=1)), t)
     compiled = g.compile("cuda")
     for seed in range(3):
-        x = rand((1, 8, 9, 7), seed).astype(ml_dtypes.bfloat16)
-        np.testing.assert_allclose(compiled(x)[0].astype(np.float32), g.reference(x)[0].astype(np.float32),
+        x = rand((1, 8, 9, 7), seed).astype(bf16)
+        got = compiled(x)[0]
+        assert got.dtype == bf16
+        np.testing.assert_allclose(got.astype(np.float32), g.reference(x)[0].astype(np.float32),
                                    rtol=2**-7, atol=2**-7)
-    assert any(kernel.name.startswith("simt_matmul") for kernel, _ in simulated_gpu.launches)
+    assert [kernel.name for kernel in compiled.kernels] == [compiled.kernels[0].name]     # one kernel
+    assert all(kernel.name.startswith("tc_matmul") for kernel, _ in simulated_gpu.launches)
 
 
 def test_grouped_conv2d_with_a_prologue_and_an_epilogue():

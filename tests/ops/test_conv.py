@@ -5,6 +5,7 @@ Oracle: a float64 numpy convolution written as a sum over kernel taps of strided
 """
 import dataclasses
 
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import assume, given, settings, strategies as st
@@ -572,6 +573,25 @@ def test_f16_tensor_core_convolutions_split_k_on_a_gpu(layout):
     got = y if layout == "NCHW" else y.transpose(0, 3, 1, 2)
     want = np.maximum(reference(x, w, b, (1, 1), (1,) * 4, (1, 1), 1), 0)
     np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_bf16_tensor_core_convolutions_split_k(simulated_gpu, layout):
+    """bf16 on the (simulated) GPU's tensor cores, mma.sync of bf16 into f32: a layer of two tiles splits K, the f32
+    partials summed with the bias and ReLU fused in and rounded to bf16 once (a last bit from the float64 sum's)."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 64, 5, 5)).astype(ml_dtypes.bfloat16)
+    w = (rng.standard_normal((16, 64, 3, 3)) / 24).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal(16).astype(ml_dtypes.bfloat16)
+    xin = x if layout == "NCHW" else x.transpose(0, 2, 3, 1).copy()
+    low = conv.plan(conv.geometry(xin.shape, w.shape, padding=1, layout=layout), td.bf16, "cuda", True, "relu").lowered
+    assert low.kernel.name.startswith("tc_matmul") and low.matmul.split > 1 and low.finish is not None
+    y = ops.conv2d(td.to_device(xin), w, b, padding=1, layout=layout, activation="relu").numpy()
+    assert y.dtype == ml_dtypes.bfloat16
+    got = y if layout == "NCHW" else y.transpose(0, 3, 1, 2)
+    want = np.maximum(reference(x, w, b, (1, 1), (1,) * 4, (1, 1), 1), 0).astype(ml_dtypes.bfloat16)
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=2**-7, atol=2**-7)
+    assert [k.name for k, _ in simulated_gpu.launches][-2:] == [low.kernel.name, low.finish.name]
 
 
 def test_conv2d_errors_are_clear():

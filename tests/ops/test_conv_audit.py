@@ -3,13 +3,13 @@ checked, each against a float64 numpy convolution (test_conv.reference) and, for
 pads, dilations, groups, NaN weights over the padding), onnxruntime.
 
 Covered: strides 1, 2, 3; padding as an int, (ph, pw) and asymmetric (top, left, bottom, right); dilation; kernels
-larger than the input that the padding makes fit, a kernel the size of the padded input (a 1x1 output), 1x1
-kernels with and without stride; non-square, odd and prime sizes; batches 0, 1, 2, 3; one channel; groups 1, 2
-(two and five channels a group), depthwise with a channel multiplier; NCHW and NHWC (OIHW weights for both); bias
-and each activation; f32, f16, f16 with f32, big-endian; the refused types (f64, integers, bool, bf16); NaN and
-inf through inputs and weights, the zero padding adding exactly zero; transposed, reversed, strided and read-only
-operands (never changed, results never shared); the argument errors. Each lowering takes part: on the cpu the
-explicit-columns GEMM (NCHW and NHWC), the pointwise GEMM, the grouped implicit-im2col GEMM, the direct rows
+larger than the input that the padding makes fit, a kernel the size of the padded input (a 1x1 output), 1x1 kernels
+with and without stride; non-square, odd and prime sizes; batches 0, 1, 2, 3; one channel; groups 1, 2 (two and five
+channels a group), depthwise with a channel multiplier; NCHW and NHWC (OIHW weights for both); bias and each
+activation; f32, f16, f16 with f32, bf16, bf16 with f32, big-endian; the refused types (f64, integers, bool); NaN
+and inf through inputs and weights, the zero padding adding exactly zero; transposed, reversed, strided and
+read-only operands (never changed, results never shared); the argument errors. Each lowering takes part: on the cpu
+the explicit-columns GEMM (NCHW and NHWC), the pointwise GEMM, the grouped implicit-im2col GEMM, the direct rows
 kernels (NCHW and NHWC) and the depthwise plane kernel; on a GPU the implicit-im2col templates and the reduce.
 
 Each test runs on the cpu and, as a cuda twin, on a GPU (or on the simulated one with TASKDSL_SIMULATED_GPU=1),
@@ -34,7 +34,8 @@ from .test_conv import reference
 GPU_TWINS = True
 ACTIVATIONS = {None: lambda v: v, "relu": lambda v: np.maximum(v, 0), "relu6": lambda v: np.clip(v, 0, 6),
                "sigmoid": lambda v: 1 / (1 + np.exp(-v))}
-TOL = {np.dtype(np.float32): dict(rtol=1e-5, atol=1e-5), np.dtype(np.float16): dict(rtol=1e-2, atol=1e-2)}
+TOL = {np.dtype(np.float32): dict(rtol=1e-5, atol=1e-5), np.dtype(np.float16): dict(rtol=1e-2, atol=1e-2),
+       np.dtype(ml_dtypes.bfloat16): dict(rtol=2**-7, atol=2**-7)}      # bf16: a last-bit rounding
 
 
 def four(padding) -> tuple:
@@ -274,11 +275,28 @@ def test_float16_and_mixed_types():
         same(big, expected(x, w, bias, activation="relu6", **options), **TOL[np.dtype(np.float32)])
 
 
+def test_bfloat16_in_every_lowering():
+    """bf16 in each lowering (the columns GEMM, the grouped one NHWC, the direct rows, the depthwise kernel; on a
+    GPU the tensor-core template and the reduce): products summed in f32, rounded to bf16 once after the bias and
+    activation, so equal to the float64 result rounded to bf16 but for a last bit; with f32, computed in f32. (The
+    result of an empty batch and the bias were the uint16 of bf16's bits.)"""
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    for case, layout, activation in ((ODD, "NCHW", "relu6"), (GROUPED, "NHWC", None), (ROWS, "NCHW", "sigmoid"),
+                                     (DEPTHWISE, "NHWC", "relu")):
+        x, w, bias, options = operands(case, 9, bf16)
+        want = expected(x, w, bias, activation=activation, **options)
+        same(conv2d(x, w, bias, layout, activation=activation, **options), want, **TOL[bf16])
+    same(conv2d(x[:0], w, bias, layout, **options), want[:0])        # an empty batch: bf16 too, not its bits
+    x, w, bias, options = operands(ODD, 9)
+    want = expected(x, w.astype(bf16), bias, dtype=np.float32, **options)
+    same(conv2d(x, w.astype(bf16), bias, **options), want, **TOL[np.dtype(np.float32)])
+
+
 def test_refused_types_say_what_to_do():
-    """f64, wider integers, bool and bf16 are TypeErrors naming the type and the fix (8-bit operands convolve:
+    """f64, wider integers and bool are TypeErrors naming the type and the fix (8-bit operands convolve:
     test_conv_8bit)."""
     x, w = np.zeros((1, 3, 5, 5), np.float32), np.zeros((4, 3, 3, 3), np.float32)
-    for bad in (np.float64, np.int32, np.int16, np.bool_, ml_dtypes.bfloat16):
+    for bad in (np.float64, np.int32, np.int16, np.bool_):
         name = np.dtype(bad).name
         for pair in ((x.astype(bad), w), (x, w.astype(bad))):
             with pytest.raises(TypeError, match=f"conv2d supports float32, float16, .* and uint8 operands, got "
