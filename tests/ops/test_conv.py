@@ -392,8 +392,9 @@ def test_cpu_columns_lowering_matches_reference(n, c, hw, oc, k, stride, pad, di
 
 def test_cpu_direct_convolutions_run_rows_with_the_epilogue_in_the_stores():
     """A grouped NCHW conv with a tiny reduction runs `direct_kernel` on the cpu (`plane_kernel` for a
-    depthwise conv whose padded input, or its phases when strided, fits its buffer): one generic kernel, or one kernel with
-    bias and activation fused and the window geometry built in; on GPUs the rule-scheduled reduce stays."""
+    depthwise conv whose padded input, or its phases when strided, fits its buffer): one generic kernel, or one
+    kernel with bias and activation fused and the window geometry built in; on GPUs the rule-scheduled reduce
+    stays."""
     g = conv.geometry((1, 8, 9, 9), (16, 1, 3, 3), padding=1, groups=8)
     strided = conv.geometry((1, 8, 9, 9), (16, 1, 3, 3), stride=2, padding=1, groups=8)
     for plane in (g, strided):
