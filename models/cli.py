@@ -1,7 +1,7 @@
 """`python -m models`: list the zoo, run one model (or any ONNX file) end to end, or benchmark the zoo.
 
     python -m models list
-    python -m models run resnet50 [--batch B] [--dtype f32|f16] [--target cpu|cuda] [--iters N] [--small]
+    python -m models run resnet50 [--batch B] [--dtype f32|f16|bf16] [--target cpu|cuda] [--iters N] [--small]
     python -m models run bert --seq 64
     python -m models run --onnx model.onnx [--batch B] [--seq S] [--constant NAME=V,V,... ...] [--shape NAME=D,D,...]
     python -m models bench [NAME ...] [--small]
@@ -20,7 +20,7 @@ import taskdsl as td
 
 from . import MODELS, get
 
-DTYPES = {"f32": "float32", "f16": "float16"}
+DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
 TOP_OPERATORS = 5
 
 

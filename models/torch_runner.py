@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from taskdsl.graph import Graph, as_dtype, ops
+from taskdsl.ir.types import numpy_dtype
 
 TORCH_OPS: dict = {}      # Operator class -> fn(op, *tensors) -> tensor
 
@@ -45,7 +46,7 @@ ELEMENTWISE = {
     "gelu": lambda a, approximate="none", **_: F.gelu(a, approximate=approximate),
     "silu": lambda a, **_: F.silu(a), "leaky_relu": lambda a, alpha=0.01, **_: F.leaky_relu(a, alpha),
     "where": lambda c, a, b, **_: torch.where(c.bool(), a, b),
-    "cast": lambda a, to=None, **_: a.to(getattr(torch, np.dtype(as_dtype(to).numpy).name)),
+    "cast": lambda a, to=None, **_: a.to(getattr(torch, numpy_dtype(as_dtype(to)).name)),   # bfloat16, not its bits
 }
 
 
@@ -167,13 +168,20 @@ def _pad(op, x):
     return F.pad(x, order, value=op.attrs["value"])
 
 
+def as_torch(array: np.ndarray, device: str) -> torch.Tensor:
+    """A numpy array as a torch tensor on `device`; bf16 (ml_dtypes', which torch.from_numpy refuses) by its bits."""
+    if array.dtype.name == "bfloat16":
+        return torch.from_numpy(np.ascontiguousarray(array).view(np.int16)).view(torch.bfloat16).to(device)
+    return torch.from_numpy(array).to(device)
+
+
 def torch_function(graph: Graph, feeds: dict, device: str) -> tuple:
     """(fn, inputs): fn(*inputs) computes the graph's outputs with torch on `device` (constants moved there once)."""
     for op in graph.nodes:
         if type(op) not in TORCH_OPS:
             raise NotImplementedError(f"{op.name}: operators of type {type(op).__name__} have no torch replay")
-    constants = {id(t): torch.from_numpy(np.array(t.value)).to(device) for t in graph.constants}
-    inputs = [torch.from_numpy(np.asarray(feeds[t.name])).to(device) for t in graph.inputs]
+    constants = {id(t): as_torch(np.array(t.value), device) for t in graph.constants}
+    inputs = [as_torch(np.asarray(feeds[t.name]), device) for t in graph.inputs]
 
     def fn(*arrays):
         values = dict(constants)

@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 from models.torch_runner import torch_function  # noqa: E402 - imports torch
 
 
-@pytest.mark.parametrize("dtype, tolerance", [("f32", 1e-5), ("f16", 3e-3)])
+@pytest.mark.parametrize("dtype, tolerance", [("f32", 1e-5), ("f16", 3e-3), ("bf16", 3e-2)])
 @pytest.mark.parametrize("name", sorted(models.MODELS))
 def test_torch_replay_matches_the_reference(name, dtype, tolerance):
     _, graph, vocab = zoo_model(argparse.Namespace(name=name, small=True, seq=None, batch=1, dtype=dtype))
