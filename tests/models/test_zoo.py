@@ -42,20 +42,24 @@ def test_small_model_matches_onnxruntime(name):
     assert relative_error(tg.from_onnx(proto).compile("cpu")(feeds), want) < 1e-3    # the same kernels: cached
 
 
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
 @pytest.mark.parametrize("name", ["mobilenet_v2", "bert"])
-def test_small_model_in_bf16_matches_the_f32_model_by_onnxruntime(name):
-    """`--dtype bf16`: the model built in bf16 (the same weights, rounded), compiled for cpu and fed the f32
-    inputs rounded, is within bf16's tolerance (inference.TOLERANCE) of the f32 model by onnxruntime (which runs
-    no bf16 model); by the convolution and matmul templates in bf16, not their f32 forms between casts."""
+def test_small_model_in_bf16_matches_the_f32_model_by_onnxruntime(simulated_gpu, name, target):
+    """`--dtype bf16`: the model built in bf16 (the same weights, rounded), compiled for the cpu or a (simulated)
+    GPU and fed the f32 inputs rounded, is within bf16's tolerance (inference.TOLERANCE) of the f32 model by
+    onnxruntime (which runs no bf16 model); its convolutions and matmuls on the templates in bf16 (a GPU's tensor
+    cores), not their f32 forms between casts."""
     spec = models.get(name)
     graph, feeds = small(name)
     want = onnxruntime_outputs(models.export_onnx(graph), feeds)
     bf16 = spec.build(spec.small, dtype="bfloat16")
-    compiled = bf16.compile("cpu")
-    got = compiled({t.name: feeds[t.name].astype(t.numpy_dtype) for t in bf16.inputs})
+    compiled = bf16.compile(target)
+    got = [np.asarray(a) for a in compiled({t.name: feeds[t.name].astype(t.numpy_dtype) for t in bf16.inputs})]
     assert all(a.dtype.name == "bfloat16" for a in got)
     assert relative_error([a.astype(np.float32) for a in got], want) < TOLERANCE["bfloat16"]
-    assert not any(k.name.startswith("cast") for k in compiled.kernels), [k.name for k in compiled.kernels]
+    names = [k.name for k in compiled.kernels]
+    assert not any(n.startswith("cast") for n in names), names
+    assert target == "cpu" or any(n.startswith("tc_matmul") for n in names), names
 
 
 # the published parameter counts (torchvision; Hugging Face): Inception-V3 without its training-only auxiliary
