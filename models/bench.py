@@ -11,7 +11,7 @@ import argparse
 
 import numpy as np
 
-from .inference import infer, onnxruntime_session, sample_inputs, time_calls
+from .inference import declared_feeds, infer, onnxruntime_session, sample_inputs, time_calls
 
 
 def onnxruntime_latency(model, feeds: dict, iters: int, weights: dict | None = None) -> float | None:
@@ -21,6 +21,8 @@ def onnxruntime_latency(model, feeds: dict, iters: int, weights: dict | None = N
         session = onnxruntime_session(model, weights)
     except ImportError:
         return None
+    feeds = declared_feeds(session, feeds)
+
     def run(f):
         return session.run(None, f)
     run(feeds)
@@ -57,7 +59,7 @@ def torch_latencies(graph, feeds: dict, iters: int) -> dict:
 def command_bench(args: argparse.Namespace, target: str) -> int:
     """Print one row per model: taskdsl latency, each peer's, and taskdsl / peer ratios."""
     from . import MODELS, get
-    from .cli import UsageError, export_if_checkable, zoo_model
+    from .cli import UsageError, checkable_export, zoo_model
     names = args.names or list(MODELS)
     # --seq with every model: the text models' length (named models: each must take it)
     seq = {name: args.seq if args.names or get(name).takes_seq else None for name in names if name in MODELS}
@@ -70,13 +72,15 @@ def command_bench(args: argparse.Namespace, target: str) -> int:
             raise UsageError(f"{name}: {e}") from None
     rows = []
     for name in names:
-        title, graph, vocab = zoo_model(argparse.Namespace(**{**vars(args), "name": name, "seq": seq[name]}))
+        one = argparse.Namespace(**{**vars(args), "name": name, "seq": seq[name]})
+        title, graph, vocab = zoo_model(one)
         feeds = sample_inputs(graph, vocab)
-        model, weights = export_if_checkable(graph)
+        model, weights = checkable_export(one, graph)
         result = infer(graph, model, feeds, target, args.iters, args.channels_last, weights=weights)
         peers = {}
         if model is not None:
-            peers["onnxruntime cpu"] = onnxruntime_latency(model, feeds, args.iters, weights)
+            peers["onnxruntime cpu" + (" (f32)" if args.dtype == "bf16" else "")] = onnxruntime_latency(
+                model, feeds, args.iters, weights)
         if target == "cuda":
             peers.update(torch_latencies(graph, feeds, args.iters))
         rows.append((title, result, peers))

@@ -41,6 +41,19 @@ def test_run_small_cnn_channels_last(name, capsys):
     assert "max error vs onnxruntime" in out and ", ok" in out
 
 
+def test_run_and_bench_in_bf16_check_against_the_model_in_f32(capsys):
+    """--dtype bf16: onnxruntime, whose CPU kernels take next to no bf16 (it refused the bf16 export, and bench
+    stopped on the error), checks and times the model in f32, fed the bf16 inputs widened; the report says so."""
+    pytest.importorskip("onnxruntime")
+    assert main(["run", "resnet50", *SMALL_RUN, "--dtype", "bf16"]) == 0
+    out = capsys.readouterr().out
+    assert "resnet50 (small): batch 1, bf16" in out
+    assert "max error vs onnxruntime (the model in f32)" in out and ", ok" in out
+    assert main(["bench", "bert", *SMALL_RUN, "--dtype", "bf16"]) == 0
+    out = capsys.readouterr().out
+    assert "bf16: taskdsl cpu" in out and "onnxruntime cpu (f32)" in out
+
+
 def test_run_onnx_file(tmp_path, capsys):
     """--onnx runs any model file: here the exported small MobileNet-V2."""
     pytest.importorskip("onnxruntime")
