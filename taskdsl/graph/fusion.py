@@ -35,7 +35,7 @@ from .graph import Graph
 from .operator import Operator, external_inputs
 from .ops import BatchNorm, Conv, Elementwise, IntegerMatMul, MatMul, Reshape, Transpose
 from .ops.transform import view_index
-from .runners import conv_geometry, packed_b, packed_weight, run, runs
+from .runners import TEMPLATE_FLOATS, conv_geometry, packed_b, packed_weight, run, runs
 
 EPILOGUE_KINDS = (Elementwise, BatchNorm, Reshape, Transpose)
 PROLOGUE_KINDS = (Elementwise, BatchNorm, Reshape, Transpose)
@@ -89,9 +89,6 @@ class FusedAnchor(Operator):
 
 
 # ---------------------------------------------------------------- the pass
-TEMPLATE_FLOATS = (td.f32, td.f16, td.bf16)     # the float types the matmul / conv templates compute in
-
-
 def fusible_anchor(op: Operator) -> bool:
     """Whether `op` is an anchor the target's templates fuse (a matmul or 2-D convolution of f32 / f16 / bf16; on the
     cpu a matmul of 8-bit integers: a GPU's 8-bit kernel takes B k-major, which the fused node does not make)."""

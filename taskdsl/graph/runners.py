@@ -28,6 +28,7 @@ from .replay import record_check
 
 RUNNERS: dict = {}
 _DEFINITION_OPS: dict = {}      # Operator.signature() -> td.Op
+TEMPLATE_FLOATS = (T.f32, T.f16, T.bf16)    # the float types the matmul and conv templates compute in
 
 
 def runs(*classes) -> Callable:
@@ -74,7 +75,7 @@ def _plan(plan) -> tuple:
 def run_matmul(op: MatMul, arrays: list) -> tuple:
     """matmul on the matmul templates (stdlib_ops.gemm) for f32, f16 and bf16; other dtypes by definitions (a bf16
     128x768 @ 768x768 took 4.8 ms by them on the cpu, a rule-based reduce)."""
-    if op.inputs[0].dtype not in (T.f32, T.f16, T.bf16):
+    if op.inputs[0].dtype not in TEMPLATE_FLOATS:
         return run_definitions(op, arrays)
     return _on_matmul_plan(op, arrays)
 
@@ -170,7 +171,7 @@ def run_conv(op: Conv, arrays: list) -> tuple:
     """Convolutions of f32 / f16 / bf16 by stdlib_ops.conv (a matmul lowering or a direct reduce; 1-D and 3-D ones
     through 2-D ones, `conv_geometry`); others by definitions."""
     x = op.inputs[0]
-    if x.dtype not in (T.f32, T.f16, T.bf16):
+    if x.dtype not in TEMPLATE_FLOATS:
         return run_definitions(op, arrays)
     return _on_conv_plan(op, conv.plan(conv_geometry(op), x.dtype, get_target(), False, None), arrays)
 
