@@ -79,6 +79,24 @@ def test_the_int8_conv_rows_match_onnxruntime_exactly(capsys):
         assert exit_info.value.code == 2 and message in capsys.readouterr().err
 
 
+def test_the_bf16_conv_rows_match_onnxruntime_within_bf16s_rounding(capsys):
+    """`bench conv --bf16` on the cpu: bf16 ResNet-50 layers (a 1x1, NHWC, and a 3x3) against onnxruntime's f32 Conv
+    of the same values, within a bf16 rounding of the output; --bf16 is a conv option, apart from --int8 and the
+    f32-only layers."""
+    pytest.importorskip("onnxruntime")
+    from taskdsl.bench import conv
+    rows = conv.run(sizes=(1, 5), layout="NHWC", bf16=True)
+    assert [r["layer"] for r in rows] == [(64, 56, 64, 1, 1), (128, 28, 128, 3, 1)]
+    assert all(0 < r["err"] < 2 ** -8 + 1e-5 and r["taskdsl"] > 0 and r["peer"] > 0 for r in rows)   # + f32 sums
+    assert "ResNet-50 conv layers, bf16" in capsys.readouterr().out
+    for argv, message in ((["matmul", "--bf16"], "--bf16 applies to the conv benchmark only"),
+                          (["conv", "--bf16", "--int8"], "--int8 and --bf16 are two benchmarks"),
+                          (["conv", "--bf16", "--layers", "depthwise"], "depthwise is f32 only: leave out --bf16")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_the_cpu_matmul_rows_check_both_kernels_against_numpy(capsys):
     """A prime size through the template as called (B packed per block) and with B packed once; E4M3 operands,
     their f32 product against numpy's; s8 by u8, exactly."""

@@ -14,7 +14,7 @@ BENCHMARKS = {
     "matmul": ("the matmul templates vs numpy (cpu, f32; --sizes N...) or cuBLAS (cuda, f32 and f16)",
                "taskdsl.bench.matmul"),
     "conv": ("ResNet-50 conv layers (--layers depthwise: MobileNet-V2's depthwise ones, cpu; --int8: u8 by s8 into "
-             "int32), batch 1, vs onnxruntime (cpu) or cuDNN (cuda); --sizes picks layers by index",
+             "int32; --bf16: bf16), batch 1, vs onnxruntime (cpu) or cuDNN (cuda); --sizes picks layers by index",
              "taskdsl.bench.conv"),
     "launch": ("an empty kernel with 3 tensor arguments: cold compile, cached load, us per launch (--sizes N "
                "launches)", "taskdsl.bench.launch"),
@@ -57,10 +57,13 @@ def main(argv=None) -> int:
     parser.add_argument("--layers", choices=["resnet50", "depthwise"], help="conv: the layer set (default resnet50)")
     parser.add_argument("--int8", action="store_true", help="conv: uint8 inputs by int8 weights into exact int32 "
                         "(cpu: vs onnxruntime's ConvInteger; cuda: the 8-bit tensor-core template vs cuDNN f16)")
+    parser.add_argument("--bf16", action="store_true", help="conv: bf16 inputs and weights (cpu: vs onnxruntime's "
+                        "f32 Conv of the same values; cuda: the tensor-core template vs cuDNN bf16)")
     parser.add_argument("--tune", action="store_true", help="matmul: tune each size's schedule on the cpu too (on "
                         "cuda it always does)")
     args = parser.parse_args(argv)
-    for flag, benchmark in (("layout", "conv"), ("layers", "conv"), ("int8", "conv"), ("tune", "matmul")):
+    for flag, benchmark in (("layout", "conv"), ("layers", "conv"), ("int8", "conv"), ("bf16", "conv"),
+                            ("tune", "matmul")):
         if getattr(args, flag) and args.name != benchmark:
             parser.error(f"--{flag} applies to the {benchmark} benchmark only")
     if args.sizes:
@@ -70,8 +73,10 @@ def main(argv=None) -> int:
     import taskdsl as td
     try:
         td.runtime.config.check_environment()      # a bad TASKDSL_* setting: exit 2 before the benchmark starts
-        if args.layers == "depthwise" and args.int8:
-            parser.error("conv --layers depthwise is f32 only: leave out --int8")
+        if args.int8 and args.bf16:
+            parser.error("conv: --int8 and --bf16 are two benchmarks: choose one")
+        if args.layers == "depthwise" and (args.int8 or args.bf16):
+            parser.error(f"conv --layers depthwise is f32 only: leave out --{'int8' if args.int8 else 'bf16'}")
         if args.layers == "depthwise" and td.get_target() == "cuda":
             parser.error("conv --layers depthwise runs on the cpu target only (TASKDSL_TARGET=cpu)")
         if args.name == "written-out" and td.get_target() != "cpu":
@@ -83,7 +88,7 @@ def main(argv=None) -> int:
         accuracy.wrong.clear()
         module = importlib.import_module(BENCHMARKS[args.name][1])
         options = {"sizes": tuple(args.sizes) if args.sizes else None, "layout": args.layout, "layers": args.layers,
-                   "tune": args.tune or None, "int8": args.int8 or None}
+                   "tune": args.tune or None, "int8": args.int8 or None, "bf16": args.bf16 or None}
         module.run(**{k: v for k, v in options.items() if v is not None})
     except td.ConfigError as e:         # a TASKDSL_* setting (the target, the cache folder) taskdsl cannot use
         parser.exit(2, f"{parser.prog}: error: {e}\n")

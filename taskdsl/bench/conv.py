@@ -14,11 +14,16 @@ graph runs them (one direct kernel with the epilogue fused), against Conv + Clip
 `--int8`: uint8 inputs by int8 weights into exact int32. cpu: the float convolutions' GEMMs, whose k blocks sum the
 8-bit products exactly in f32 (`gemm.exact_k`), against onnxruntime's ConvInteger; cuda: the 8-bit tensor-core
 template (mma m16n8k32, implicit im2col) against cuDNN's f16 convolution (torch has no 8-bit one to time).
+
+`--bf16`: bf16 inputs and weights, products summed in f32, rounded to bf16 once. cpu: against onnxruntime's f32
+Conv of the same values (its CPU kernels have no bf16 one); cuda: the tensor-core template (mma m16n8k16 of bf16)
+against cuDNN's bf16 convolution.
 """
 from __future__ import annotations
 
 import time
 
+import ml_dtypes
 import numpy as np
 
 from .accuracy import rel_err, shown
@@ -65,32 +70,36 @@ def _onnx_conv(x: np.ndarray, w: np.ndarray, stride: int, pad: int, groups: int 
     return lambda: session.run(None, {"x": x})[0]
 
 
-def _operands(rng, c: int, hw: int, oc: int, k: int, groups: int, int8: bool) -> tuple:
-    """A batch-1 input and OIHW weights: f32 (the weights scaled by 1 / sqrt(fan-in)), or uint8 and int8 over
-    their whole ranges."""
-    if int8:
+def _operands(rng, c: int, hw: int, oc: int, k: int, groups: int, kind: str) -> tuple:
+    """A batch-1 input and OIHW weights: f32 (the weights scaled by 1 / sqrt(fan-in)), those values rounded to
+    bf16 (`kind` "bf16", still as f32 arrays: each side converts them itself), or (`kind` "int8") uint8 and int8
+    over their whole ranges."""
+    if kind == "int8":
         return (rng.integers(0, 256, (1, c, hw, hw)).astype(np.uint8),
                 rng.integers(-128, 128, (oc, c // groups, k, k)).astype(np.int8))
-    return (rng.standard_normal((1, c, hw, hw), dtype=np.float32),
-            (rng.standard_normal((oc, c // groups, k, k)) / np.sqrt(c // groups * k * k)).astype(np.float32))
+    x = rng.standard_normal((1, c, hw, hw), dtype=np.float32)
+    w = (rng.standard_normal((oc, c // groups, k, k)) / np.sqrt(c // groups * k * k)).astype(np.float32)
+    return (x, w) if kind == "float" else tuple(a.astype(ml_dtypes.bfloat16).astype(np.float32) for a in (x, w))
 
 
-def _cpu_rows(layers, layout: str, depthwise: bool, int8: bool) -> list:
+def _cpu_rows(layers, layout: str, depthwise: bool, kind: str) -> list:
     import taskdsl as td
     from stdlib_ops import conv
     rng = np.random.default_rng(0)
     rows = []
     for c, hw, oc, k, s, p in layers:
         groups = c if depthwise else 1
-        x, w = _operands(rng, c, hw, oc, k, groups, int8)
+        x, w = _operands(rng, c, hw, oc, k, groups, kind)
         bias = rng.standard_normal(oc).astype(np.float32) if depthwise else None
         x_in = x if layout == "NCHW" else np.ascontiguousarray(x.transpose(0, 2, 3, 1))
         g = conv.geometry(x_in.shape, w.shape, s, p, groups=groups, layout=layout)
-        types = (td.u8, td.i8) if int8 else (td.f32, None)
+        types = {"int8": (td.u8, td.i8), "bf16": (td.bf16, None), "float": (td.f32, None)}[kind]
         plan = conv.plan(g, types[0], "cpu", depthwise, "relu6" if depthwise else None, types[1])
-        packed = plan.lowered.weight_operand(w)   # once, as onnxruntime prepacks at session creation
-        call = lambda: plan.run(x_in, w, bias, packed=packed)
+        x_td, w_td = (a.astype(ml_dtypes.bfloat16) for a in (x_in, w)) if kind == "bf16" else (x_in, w)
+        packed = plan.lowered.weight_operand(w_td)   # once, as onnxruntime prepacks at session creation
+        call = lambda: plan.run(x_td, w_td, bias, packed=packed)
         y = call()                                # compiles outside the timing
+        y = y.astype(np.float32) if kind == "bf16" else y
         t_td = time_cpu(call, warmup=3, repeat=10)
         y = y if layout == "NCHW" else y.transpose(0, 3, 1, 2)
         # onnxruntime after taskdsl: its pool threads spin for a while after each run, which on a
@@ -104,7 +113,7 @@ def _cpu_rows(layers, layout: str, depthwise: bool, int8: bool) -> list:
     return rows
 
 
-def _cuda_rows(layers, layout: str, int8: bool) -> list:
+def _cuda_rows(layers, layout: str, kind: str) -> list:
     import torch
     import taskdsl as td
     from stdlib_ops import conv
@@ -112,13 +121,17 @@ def _cuda_rows(layers, layout: str, int8: bool) -> list:
     rng = np.random.default_rng(0)
     rows = []
     for c, hw, oc, k, s, p in layers:
-        x_host, w_host = _operands(rng, c, hw, oc, k, 1, int8)
-        x, w = (torch.from_numpy(a.astype(np.float16)).cuda() for a in (x_host, w_host))   # the peer's, f16
+        int8 = kind == "int8"
+        x_host, w_host = _operands(rng, c, hw, oc, k, 1, kind)
+        peer_type = torch.bfloat16 if kind == "bf16" else torch.float16     # (8-bit: cuDNN's f16)
+        x, w = (torch.from_numpy(a.astype(np.float32)).cuda().to(peer_type) for a in (x_host, w_host))
         x_in = x_host if layout == "NCHW" else np.ascontiguousarray(x_host.transpose(0, 2, 3, 1))
         g = conv.geometry(x_in.shape, w_host.shape, s, p, layout=layout)
-        plan = conv.plan(g, *((td.u8, "cuda", False, None, td.i8) if int8 else (td.f16, "cuda", False, None)))
-        x_dev = td.to_device(x_in if int8 else x_in.astype(np.float16))          # the prepared launch path
-        packed = td.to_device(plan.lowered.weight_operand(w_host if int8 else w_host.astype(np.float16)))  # once
+        dtype = {"int8": td.u8, "bf16": td.bf16, "float": td.f16}[kind]
+        plan = conv.plan(g, dtype, "cuda", False, None, td.i8 if int8 else None)
+        as_dtype = (lambda a: a) if int8 else (lambda a: a.astype(td.ir.types.numpy_dtype(dtype)))
+        x_dev = td.to_device(as_dtype(x_in))          # the prepared launch path
+        packed = td.to_device(plan.lowered.weight_operand(as_dtype(w_host)))  # once
         run = lambda: plan.run(x_dev, None, packed=packed)    # the fused kernel (and split-k's sum, if it splits)
         t_td, t_call = time_cuda_replayed(run), time_cuda(run)
         t_peer = time_torch_replayed(lambda: torch.nn.functional.conv2d(x, w, stride=s, padding=p))
@@ -129,7 +142,7 @@ def _cuda_rows(layers, layout: str, int8: bool) -> list:
         rows.append(dict(layer=(c, hw, oc, k, s), taskdsl=t_td, call=t_call, peer=t_peer, err=rel_err(got, want),
                          flops=2.0 * oc * c * k * k * got.shape[2] * got.shape[3], schedule=_schedule(plan)))
         print(f"  layer {rows[-1]['layer']}: {t_peer / t_td:.3f}x cuDNN", flush=True)
-        for line in conv.tuning_report(g, td.f16) if not int8 else ():     # when tuned: the fastest points
+        for line in conv.tuning_report(g, dtype) if not int8 else ():     # when tuned: the fastest points
             print("   ", line, flush=True)
     return rows
 
@@ -146,15 +159,15 @@ def _schedule(plan) -> str:
             + (", input as A" if plain else ""))
 
 
-def _tolerance_key(target: str, int8: bool) -> str:
-    """The accuracy.TOLERANCE entry of a row: exact for 8-bit integers, else the target's float type's."""
-    return "i8" if int8 else "f16" if target == "cuda" else "f32"
+def _tolerance_key(target: str, kind: str) -> str:
+    """The accuracy.TOLERANCE entry of a row: exact for 8-bit integers, bf16's, else the target's float type's."""
+    return {"int8": "i8", "bf16": "bf16"}.get(kind, "f16" if target == "cuda" else "f32")
 
 
-def run(sizes=None, layout: str = "NCHW", layers: str = "resnet50", int8: bool = False) -> list:
+def run(sizes=None, layout: str = "NCHW", layers: str = "resnet50", int8: bool = False, bf16: bool = False) -> list:
     """Print and return per-layer times of taskdsl's conv2d (input and output in `layout`) and the peer
     (onnxruntime / cuDNN, NCHW) on the `layers` set ('resnet50' or 'depthwise'), or those of its
-    indices in `sizes`; `int8`: of uint8 inputs by int8 weights (exact int32)."""
+    indices in `sizes`; `int8`: of uint8 inputs by int8 weights (exact int32); `bf16`: of bf16 operands."""
     import taskdsl as td
     target = td.get_target()
     depthwise = layers == "depthwise"
@@ -164,12 +177,18 @@ def run(sizes=None, layout: str = "NCHW", layers: str = "resnet50", int8: bool =
         chosen = [LAYERS[layers][i] for i in sizes]
     else:
         chosen = CPU_DEFAULT if target == "cpu" and not depthwise else LAYERS[layers]
-    if depthwise and int8:
-        raise ValueError("the depthwise layer set is f32 only: leave out int8")
-    rows = _cuda_rows(chosen, layout, int8) if target == "cuda" else _cpu_rows(chosen, layout, depthwise, int8)
-    peer = "cuDNN (torch, f16)" if target == "cuda" else "onnxruntime (%s)" % ("ConvInteger" if int8 else "f32")
+    if int8 and bf16:
+        raise ValueError("int8 and bf16 are two benchmarks: choose one")
+    kind = "int8" if int8 else "bf16" if bf16 else "float"
+    if depthwise and kind != "float":
+        raise ValueError(f"the depthwise layer set is f32 only: leave out {kind}")
+    rows = _cuda_rows(chosen, layout, kind) if target == "cuda" else _cpu_rows(chosen, layout, depthwise, kind)
+    if target == "cuda":
+        peer = f"cuDNN (torch, {'bf16' if bf16 else 'f16'})"
+    else:
+        peer = "onnxruntime (%s)" % ("ConvInteger" if int8 else "f32")
     what = "MobileNet-V2 depthwise layers + bias + ReLU6" if depthwise else "ResNet-50 conv layers"
-    what += ", u8 x s8 into int32" if int8 else ""
+    what += {"int8": ", u8 x s8 into int32", "bf16": ", bf16"}.get(kind, "")
     print(f"{what}, batch 1, on {target}: taskdsl ({layout}) vs {peer} (NCHW)")
     if target == "cuda":
         print("(GPU times of each side's kernels replayed as a CUDA graph; 'call ms': a taskdsl call with its host "
@@ -180,7 +199,7 @@ def run(sizes=None, layout: str = "NCHW", layers: str = "resnet50", int8: bool =
         r["ratio"] = r["peer"] / r["taskdsl"]
         print(f"{','.join(map(str, r['layer'])):>22} {r['taskdsl'] * 1e3:>11.3f} {r['peer'] * 1e3:>9.3f} "
               f"{r['ratio']:>7.3f} {r['flops'] / r['taskdsl'] / 1e9:>8.1f} "
-              f"{shown(r['err'], _tolerance_key(target, int8), 'conv layer %s' % (r['layer'],), 8)}"
+              f"{shown(r['err'], _tolerance_key(target, kind), 'conv layer %s' % (r['layer'],), 8)}"
               + (f" {r['call'] * 1e3:>8.3f}  {r['schedule']}" if "call" in r else ""))
     if rows:
         print(f"mean ratio {np.mean([r['ratio'] for r in rows]):.3f}")
