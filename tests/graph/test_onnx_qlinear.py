@@ -256,6 +256,19 @@ def test_conv_integer_of_any_zero_points(case, dilated, x_type, w_type, zeros, p
     check(model, dict(feeds, x=full_range(x_shape, x_type, rng)), run_reference)
 
 
+@pytest.mark.parametrize("channels", [65793, 65794])
+def test_weight_zero_point_window_sums_are_exact_at_f32s_edge(channels):
+    """w's zero point takes zw times each window's sum of x: summed in f32 (the channels, then the windows) up to
+    65793 taps of 255 (below 2^24), by an integer convolution of ones from 65794 on; x all 255 but one 254, so the
+    sum is odd, which f32 rounds past 2^24."""
+    x = np.full((1, channels, 1, 1), 255, np.uint8)
+    x[0, 7] = 254
+    w = np.ones((2, channels, 1, 1), np.uint8)
+    model, _ = conv_integer_model(list(x.shape), list(w.shape), {"pads": [0] * 4, "strides": [1, 1]}, np.uint8, w,
+                                  {"xz": np.uint8(0), "wz": np.uint8(3)}, False)
+    check(model, {"x": x}, run_reference)
+
+
 def test_qlinear_conv_on_the_cpu_is_im2col_and_the_template_gemm_replayed():
     """On the cpu an integer convolution is im2col columns and the register-tile GEMM, exact in int32 (no reduce
     over windows: it took 1.5 s for a 64 -> 64 3x3 layer at 56x56); the compiled graph replays its launches, run

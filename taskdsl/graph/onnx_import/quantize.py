@@ -17,6 +17,8 @@ operand's scale and zero point may be per column (matmul) or per output channel 
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ...compute import numpy_dtype
@@ -268,7 +270,7 @@ def _padded_with(x, pads: tuple, value):
 def _weight_zero_share(x, w, zw, strides, pads, dilations, groups: int):
     """zw (per tensor, or (O, 1...) per output channel) times the sums of x over each output position's window of
     its channel's group: what w's zero point takes from the convolution of x by w."""
-    sums = ops.integer_conv(x, constant(np.ones((groups,) + w.shape[1:], np.uint8)), strides, pads, dilations, groups)
+    sums = _window_sums(x, w.shape[1:], strides, pads, dilations, groups)
     if groups == 1:
         return ops.mul(zw, sums)        # (N, 1, ...) broadcasts over the channels
     n, spatial, channels = sums.shape[0], sums.shape[2:], w.shape[0]
@@ -276,6 +278,20 @@ def _weight_zero_share(x, w, zw, strides, pads, dilations, groups: int):
                               (groups, channels // groups) + (1,) * len(spatial))
     share = ops.mul(ops.reshape(sums, (n, groups, 1) + spatial), per_channel)
     return ops.reshape(share, (n, channels) + spatial)
+
+
+def _window_sums(x, window: tuple, strides, pads, dilations, groups: int):
+    """The int32 sums of 8-bit x (N, C, spatial...) over each output position's window of each group's channels
+    (`window`: a group's (channels, kernel...)), (N, groups, out...). Where they are exact in f32 (below 2^24), the
+    channels are summed first and the windows of those planes by a depthwise f32 convolution of ones: a convolution
+    of x by ones, one output channel a group, multiplied and added all the group's channels at every tap (a 64 ->
+    64 QLinearConv at 56x56 with a per-channel weight zero point spent 0.58 of its 2.69 ms there)."""
+    n, channels, spatial = x.shape[0], x.shape[1], x.shape[2:]
+    if 255 * math.prod(window) >= 1 << 24:
+        return ops.integer_conv(x, constant(np.ones((groups,) + window, np.uint8)), strides, pads, dilations, groups)
+    planes = ops.sum(ops.reshape(ops.cast(x, "float32"), (n, groups, channels // groups) + spatial), axis=2)
+    ones = constant(np.ones((groups, 1) + window[1:], np.float32))
+    return ops.cast(ops.conv(planes, ones, stride=strides, padding=pads, dilation=dilations, groups=groups), "int32")
 
 
 @converts("ConvInteger", attrs=WINDOW_ATTRS + ("group",))
