@@ -282,10 +282,10 @@ def _weight_zero_share(x, w, zw, strides, pads, dilations, groups: int):
 
 def _window_sums(x, window: tuple, strides, pads, dilations, groups: int):
     """The int32 sums of 8-bit x (N, C, spatial...) over each output position's window of each group's channels
-    (`window`: a group's (channels, kernel...)), (N, groups, out...). Where they are exact in f32 (below 2^24), the
-    channels are summed first and the windows of those planes by a depthwise f32 convolution of ones: a convolution
-    of x by ones, one output channel a group, multiplied and added all the group's channels at every tap (a 64 ->
-    64 QLinearConv at 56x56 with a per-channel weight zero point spent 0.58 of its 2.69 ms there)."""
+    (`window`: a group's (channels, kernel...)), (N, groups, out...). Where they are exact in f32 (below 2^24), each
+    group's channels are summed first, then the windows of those planes by a depthwise f32 convolution of ones;
+    else by a convolution of x by ones (one output channel a group), which adds every channel again at every tap: a
+    64 -> 64 QLinearConv at 56x56 with a per-channel weight zero point spent 0.58 of its 2.69 ms in it."""
     n, channels, spatial = x.shape[0], x.shape[1], x.shape[2:]
     if 255 * math.prod(window) >= 1 << 24:
         return ops.integer_conv(x, constant(np.ones((groups,) + window, np.uint8)), strides, pads, dilations, groups)
