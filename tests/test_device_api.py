@@ -27,16 +27,16 @@ class FakeCudaArray:
 
 
 class HostDLPack:
-    """A host array that speaks DLPack only (like a torch tensor in CPU memory)."""
+    """A host array that speaks DLPack only (like a torch tensor in CPU memory); `device`: another DLPack device."""
 
-    def __init__(self, array):
-        self._array = array
+    def __init__(self, array, device=None):
+        self._array, self._device = array, device
 
     def __dlpack__(self, **kwargs):
         return self._array.__dlpack__(**kwargs)
 
     def __dlpack_device__(self):
-        return self._array.__dlpack_device__()
+        return self._device or self._array.__dlpack_device__()
 
 
 @td.kernel(grid=lambda M, N: (td.cdiv(N, 16), M), block=16)
@@ -235,16 +235,50 @@ def test_device_array_shape_mismatch():
         scale_rows.bind((FakeCudaArray((60,)), FakeCudaArray((3, 20)), 2.0), target="cuda")
 
 
-def test_host_arrays_other_than_numpy_are_rejected_on_cuda():
-    host = HostDLPack(np.ones((3, 20), np.float32))
-    with pytest.raises(TypeError, match="in host memory.*numpy arrays.*DeviceArray"):
-        scale_rows.bind((host, FakeCudaArray((3, 20)), 2.0), target="cuda")
-    with pytest.raises(TypeError, match="must be an array, got list.*takes numpy arrays"):
+def test_host_arrays_with_dlpack_bind_as_numpy_views_on_cuda():
+    """A host array that speaks DLPack (a torch CPU tensor) binds on the cuda target as numpy arrays do, a view of
+    its memory that the launch copies in and back (it was refused, while stdlib_ops took it); a list is refused."""
+    a = np.ones((3, 20), np.float32)
+    binding = scale_rows.bind((HostDLPack(a), FakeCudaArray((3, 20)), 2.0), target="cuda")
+    assert isinstance(binding.values[0], np.ndarray) and np.shares_memory(binding.values[0], a)
+    with pytest.raises(TypeError, match="must be an array, got list.*host arrays, numpy's or with DLPack"):
         scale_rows.bind(([[1.0]], FakeCudaArray((3, 20)), 2.0), target="cuda")
 
 
-def test_cpu_target_still_takes_numpy_only():
-    with pytest.raises(TypeError, match="must be a numpy array, got FakeCudaArray"):
+def test_host_arrays_with_dlpack_run_on_the_cpu_as_their_memory():
+    """On the cpu target too: a kernel writes into a DLPack host array's memory, on a first call and a repeated one
+    (the prepared launch of its shapes), its source builds, and the operator library takes it; an array on another
+    DLPack device is refused by name."""
+    import stdlib_ops as ops
+    a = HostDLPack(np.arange(60, dtype=np.float32).reshape(3, 20))
+    for k in (2.0, 3.0):
+        c = np.zeros((3, 20), np.float32)
+        scale_rows(a, HostDLPack(c), k)
+        np.testing.assert_array_equal(c, a._array * k)
+    assert "kernel_scale_rows" in scale_rows.source(a, a, 1.0, target="cpu")
+    w = np.linspace(-1, 1, 20 * 7, dtype=np.float32).reshape(20, 7)
+    np.testing.assert_allclose(ops.matmul(a, HostDLPack(w)), a._array @ w, rtol=1e-5)
+    with pytest.raises(TypeError, match=r"argument 'A' must be a numpy array \(or another host array with DLPack: "
+                                        r"a torch CPU tensor\), got HostDLPack"):
+        scale_rows(HostDLPack(a._array, device=(13, 0)), a, 1.0)
+
+
+def test_torch_cpu_tensors_bf16_too_and_a_clear_error_for_ones_that_require_grad():
+    """torch's bf16 tensors (np.asarray refuses them) through their bits; one that requires grad (DLPack refuses
+    it) is a TypeError that says what to pass."""
+    torch = pytest.importorskip("torch")
+    import stdlib_ops as ops
+    a, b = torch.randn(5, 7).bfloat16(), torch.randn(7, 3).bfloat16()
+    got = ops.matmul(a, b)
+    want = (a.float() @ b.float()).bfloat16().float().numpy()
+    assert got.dtype.name == "bfloat16"
+    np.testing.assert_allclose(got.astype(np.float32), want, rtol=2**-7, atol=2**-7)
+    with pytest.raises(TypeError, match=r"through DLPack .*require.* gradient.*x\.detach\(\)\.numpy\(\)"):
+        ops.softmax(torch.ones(4, requires_grad=True))
+
+
+def test_cpu_target_refuses_gpu_arrays():
+    with pytest.raises(TypeError, match=r"must be a numpy array \(or another host array .*\), got FakeCudaArray"):
         scale_rows.bind((FakeCudaArray((3, 20)), FakeCudaArray((3, 20)), 2.0), target="cpu")
     a = np.arange(60, dtype=np.float32).reshape(3, 20)
     c = np.zeros_like(a)

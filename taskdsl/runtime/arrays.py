@@ -17,6 +17,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from ..backend.cpu.launch import note_host_work
+from ..backend.cuda.launch import DL_CPU
 from ..ir.types import ML_DTYPES_NAMES
 from .device_array import DeviceArray, to_device
 from .device_array import empty as device_empty
@@ -29,8 +30,31 @@ def on_device(*values) -> bool:
 
 
 def as_array(value):
-    """`value` as an array: a DeviceArray as it is, anything else through np.asarray."""
-    return value if isinstance(value, DeviceArray) else np.asarray(value)
+    """`value` as an array: a DeviceArray as it is, another library's host array as a numpy view of its memory
+    (`host_view`), anything else through np.asarray."""
+    if isinstance(value, DeviceArray):
+        return value
+    view = host_view(value)
+    return np.asarray(value) if view is None else view
+
+
+def host_view(value) -> np.ndarray | None:
+    """`value` as a numpy array over its memory (no copy: a kernel's writes reach it) where it is another library's
+    host array with DLPack (a torch CPU tensor, ...): bf16, for which DLPack gives numpy no type, through its bits
+    (np.asarray refused torch's bf16 tensors); None for anything else (numpy and GPU arrays, lists, scalars)."""
+    if isinstance(value, (np.ndarray, DeviceArray)) or not hasattr(value, "__dlpack_device__"):
+        return None
+    if int(value.__dlpack_device__()[0]) != DL_CPU:
+        return None
+    try:
+        if str(getattr(value, "dtype", "")) == "torch.bfloat16":
+            import ml_dtypes
+            import torch
+            return np.from_dlpack(value.view(torch.int16)).view(ml_dtypes.bfloat16)
+        return np.from_dlpack(value)
+    except (BufferError, RuntimeError, TypeError) as e:     # e.g. a torch tensor that requires grad
+        raise TypeError(f"a {type(value).__name__} could not be read as a numpy array through DLPack ({e}); pass a "
+                        "numpy array (a torch tensor: x.detach().numpy())") from None
 
 
 def conversion(value, dtype) -> str:

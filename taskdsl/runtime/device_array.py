@@ -21,8 +21,8 @@ from ..backend.cuda.launch import (DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGE
 from ..ir.types import DataType, is_number_dtype, numpy_dtype
 from . import config
 
-ACCEPTED = ("numpy arrays (copied to the GPU and back) or arrays in GPU memory: td.DeviceArray (td.to_device), "
-            "torch / cupy CUDA tensors, any DLPack or __cuda_array_interface__ CUDA array")
+ACCEPTED = ("host arrays, numpy's or with DLPack (copied to the GPU and back), or arrays in GPU memory: td.DeviceArray "
+            "(td.to_device), torch / cupy CUDA tensors, any DLPack or __cuda_array_interface__ CUDA array")
 
 
 class DeviceArray:
@@ -342,8 +342,9 @@ def bfloat16_for_void(dtype: np.dtype) -> np.dtype:
     return dtype
 
 
-def array_info(obj, what: str = "argument") -> ArrayInfo:
-    """Shape, dtype and strides of a GPU array; TypeError for anything else (host arrays included)."""
+def array_info(obj, what: str = "argument") -> ArrayInfo | None:
+    """Shape, dtype and strides of a GPU array; None for another library's host array with DLPack (a torch CPU
+    tensor: the caller binds it as numpy's, `arrays.host_view`); TypeError for anything else."""
     if isinstance(obj, DeviceArray):
         return ArrayInfo(obj.shape, obj.dtype)
     cai = _cuda_array_interface(obj)
@@ -352,9 +353,7 @@ def array_info(obj, what: str = "argument") -> ArrayInfo:
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
         device_type = int(obj.__dlpack_device__()[0])
         if device_type == DL_CPU:
-            raise TypeError(f"{what} is a {type(obj).__module__}.{type(obj).__name__} in host memory; the cuda "
-                            f"target takes {ACCEPTED}. Pass np.asarray(x), or move it to the GPU (x.cuda(), "
-                            "td.to_device(x))")
+            return None
         if device_type not in (DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED):
             raise TypeError(f"{what} is on DLPack device type {device_type}, not a CUDA device; the cuda target "
                             f"takes {ACCEPTED}")

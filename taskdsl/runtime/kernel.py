@@ -15,7 +15,7 @@ from ..backend.cuda.launch import check_launch_dims
 from ..ir import types as T
 from ..errors import DSLError
 from ..frontend.autoreload import follow_autoreload
-from .arrays import conversion
+from .arrays import conversion, host_view
 from .config import cp_async_early_enabled, debug_enabled, fast_compile_enabled, full_tracebacks_enabled, get_target
 from .device_array import DeviceArray
 from .sharing import share_with_earlier
@@ -96,6 +96,12 @@ def _is_float_scalar(value) -> bool:
 def plain_arrays(args: tuple) -> tuple:
     """`args` with numpy subclasses (np.matrix, masked arrays) as plain ndarray views of their memory."""
     return tuple(a.view(np.ndarray) if isinstance(a, np.ndarray) and type(a) is not np.ndarray else a for a in args)
+
+
+def host_arrays(args: tuple) -> tuple:
+    """`plain_arrays(args)` with other libraries' host arrays (torch CPU tensors) as numpy views of their memory
+    (`arrays.host_view`): what the cpu target runs on."""
+    return tuple(a if (view := host_view(a)) is None else view for a in plain_arrays(args))
 
 
 @functools.cache
@@ -274,14 +280,19 @@ class Kernel:
         elif target == "cuda":  # a GPU array (td.DeviceArray, torch, cupy, ...): passed to the kernel as it is
             from .device_array import array_info
             info = array_info(arg, f"kernel '{self.name}': argument '{pname}'")
+            if info is None:    # another library's host array (a torch CPU tensor): as a numpy view of its memory
+                return self._bind_tensor(pname, spec, host_view(arg), sizes, target, derived)
             dtype, shape = info.dtype, info.shape
             if T.ML_DTYPES_NAMES.get(spec.dtype.name) == dtype.name:
                 dtype = spec.dtype.numpy
         elif isinstance(arg, DeviceArray):
             raise TypeError(f"kernel '{self.name}': argument '{pname}' is a td.DeviceArray (GPU memory), but the "
                             "target is cpu: copy it to the host with .numpy(), or run on the cuda target")
+        elif (view := host_view(arg)) is not None:     # a torch CPU tensor...: as a numpy view of its memory
+            return self._bind_tensor(pname, spec, view, sizes, target, derived)
         else:
-            raise TypeError(f"kernel '{self.name}': argument '{pname}' must be a numpy array, got {type(arg).__name__}")
+            raise TypeError(f"kernel '{self.name}': argument '{pname}' must be a numpy array (or another host array "
+                            f"with DLPack: a torch CPU tensor), got {type(arg).__name__}")
         if dtype != spec.dtype.numpy:
             wanted = T.ML_DTYPES_NAMES.get(spec.dtype.name, spec.dtype.numpy)     # not bf16's uint16 bits
             raise TypeError(f"kernel '{self.name}': argument '{pname}' must have dtype {wanted} "
@@ -463,10 +474,11 @@ class Kernel:
         prepared launch (no checks, no lookups: a launch's Python cost is mostly these)."""
         debug = debug_enabled()
         key = _binding_key(args)
+        if key is None:
+            args = host_arrays(args)
+            key = _binding_key(args)        # (numpy views: the prepared launch of their shapes serves them)
         if key is not None:
             key = (key, debug, fast_compile_enabled(), cp_async_early_enabled())
-        else:
-            args = plain_arrays(args)
         launch = self._launches.get(key)
         if launch is None or precompile.is_recording():
             launch = self._new_cpu_launch(args, key, debug)
