@@ -10,8 +10,8 @@ reads 4-bit integer constants (node.FourBitTensor: block-wise quantized weights)
 The integer operators accumulate exactly: a matmul multiplies the 8-bit operands as they are into int32
 (`integer_matmul`: on a GPU, 8-bit tensor cores) and subtracts the zero points' share after:
 (a - za) @ (b - zb) = a @ b - za * colsum(b) - zb * rowsum(a) + K * za * zb. A convolution likewise
-(`integer_conv`), x first padded with its zero point so that every window is whole: the sums of w's channels and a
-convolution of x by ones over each window of a group stand for colsum(b) and rowsum(a). QLinear* then requantize
+(`integer_conv`), x first padded with its zero point so that every window is whole: the sums of w's channels and x's
+sums over each window of a group (`_window_sums`) stand for colsum(b) and rowsum(a). QLinear* then requantize
 the accumulator in f64 by the f32 multiplier x_scale * w_scale / y_scale, as the reference does. The second
 operand's scale and zero point may be per column (matmul) or per output channel (conv); the first's are per tensor.
 """
