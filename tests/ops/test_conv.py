@@ -231,14 +231,18 @@ def tune_over_a_pair(monkeypatch, tmp_path, dtype, g) -> tuple:
     return unsplit, split
 
 
-def test_gpu_convolution_tuning_end_to_end(simulated_gpu, tmp_path, monkeypatch):
+@pytest.mark.parametrize("dtype, channels, hw", [(td.f32, 16, 6), (td.bf16, 64, 7)], ids=["f32", "bf16"])
+def test_gpu_convolution_tuning_end_to_end(simulated_gpu, tmp_path, monkeypatch, dtype, channels, hw):
     """A convolution tuned on the (simulated) GPU over a two-point space, with a timer that prefers the split
-    point: the winner is stored per geometry, reported, and the plan runs it correctly."""
+    point: the winner is stored per geometry, reported, and the plan runs it correctly; f32 on the SIMT template,
+    bf16 on the tensor-core one (its tuning operands bf16 values, its winner checked as values)."""
     rng = np.random.default_rng(8)
-    x = rng.standard_normal((1, 16, 6, 6)).astype(np.float32)
-    w = rng.standard_normal((8, 16, 3, 3)).astype(np.float32)
+    host_type = td.ir.types.numpy_dtype(dtype)
+    x = rng.standard_normal((1, channels, hw, hw)).astype(host_type)
+    w = (rng.standard_normal((8, channels, 3, 3)) / np.sqrt(channels)).astype(host_type)
     g = conv.geometry(x.shape, w.shape, padding=1)
-    _, split_point = tune_over_a_pair(monkeypatch, tmp_path, td.f32, g)
+    template = gemm.template_for(dtype, "cuda").name
+    _, split_point = tune_over_a_pair(monkeypatch, tmp_path, dtype, g)
     timed = []
 
     def timer(target):
@@ -250,14 +254,17 @@ def test_gpu_convolution_tuning_end_to_end(simulated_gpu, tmp_path, monkeypatch)
         return time_it, time_it
     monkeypatch.setattr(tuner, "_timer", timer)
     monkeypatch.setattr(tuner, "ThreadPoolExecutor", SerialPool)    # the simulated GPU is this thread's
-    low = conv.plan(g, td.f32, "cuda", False, None).lowered
+    low = conv.plan(g, dtype, "cuda", False, None).lowered
     assert low.matmul.point == split_point and low.finish is not None
     assert sorted(map(len, timed)) == [1, 1, 2, 2]       # each point once as a probe, once in full
-    lines = conv.tuning_report(g, td.f32)
-    assert lines[0].startswith("conv_simt_matmul") and "2 timed of 2" in lines[0] and len(lines) == 3
+    lines = conv.tuning_report(g, dtype)
+    assert lines[0].startswith(f"conv_{template}") and "2 timed of 2" in lines[0] and len(lines) == 3
     assert "#1" in lines[1] and f"'warps': {list(split_point.warps)}" in lines[1] and "#2" in lines[2]
     y = ops.conv2d(td.to_device(x), w, padding=1).numpy()
-    np.testing.assert_allclose(y, reference(x, w, None, (1, 1), (1, 1, 1, 1), (1, 1), 1), rtol=1e-4, atol=1e-4)
+    assert y.dtype == host_type
+    want = reference(x, w, None, (1, 1), (1, 1, 1, 1), (1, 1), 1)
+    np.testing.assert_allclose(y.astype(np.float64), want, rtol=1e-4 if dtype == td.f32 else 2**-7,
+                               atol=1e-4 if dtype == td.f32 else 2**-7)
     conv._plan.cache_clear()
 
 
