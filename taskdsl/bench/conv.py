@@ -82,6 +82,19 @@ def _operands(rng, c: int, hw: int, oc: int, k: int, groups: int, kind: str) -> 
     return (x, w) if kind == "float" else tuple(a.astype(ml_dtypes.bfloat16).astype(np.float32) for a in (x, w))
 
 
+def _operand_types(kind: str, target: str) -> tuple:
+    """(x's DSL type, w's where it is another) of a row of `kind`: u8 by s8, bf16, or the target's float type (f32 on
+    the cpu, f16 on cuda)."""
+    import taskdsl as td
+    return {"int8": (td.u8, td.i8), "bf16": (td.bf16, None)}.get(kind, (td.f16 if target == "cuda" else td.f32, None))
+
+
+def _as_operand(a: np.ndarray, dtype) -> np.ndarray:
+    """Host operand `a` (f32 values, or 8-bit integers as they are) in DSL type `dtype`."""
+    from taskdsl.ir.types import numpy_dtype
+    return a if a.dtype.kind in "iu" else a.astype(numpy_dtype(dtype), copy=False)
+
+
 def _cpu_rows(layers, layout: str, depthwise: bool, kind: str) -> list:
     import taskdsl as td
     from stdlib_ops import conv
@@ -93,9 +106,9 @@ def _cpu_rows(layers, layout: str, depthwise: bool, kind: str) -> list:
         bias = rng.standard_normal(oc).astype(np.float32) if depthwise else None
         x_in = x if layout == "NCHW" else np.ascontiguousarray(x.transpose(0, 2, 3, 1))
         g = conv.geometry(x_in.shape, w.shape, s, p, groups=groups, layout=layout)
-        types = {"int8": (td.u8, td.i8), "bf16": (td.bf16, None), "float": (td.f32, None)}[kind]
+        types = _operand_types(kind, "cpu")
         plan = conv.plan(g, types[0], "cpu", depthwise, "relu6" if depthwise else None, types[1])
-        x_td, w_td = (a.astype(ml_dtypes.bfloat16) for a in (x_in, w)) if kind == "bf16" else (x_in, w)
+        x_td, w_td = _as_operand(x_in, types[0]), _as_operand(w, types[0])
         packed = plan.lowered.weight_operand(w_td)   # once, as onnxruntime prepacks at session creation
         call = lambda: plan.run(x_td, w_td, bias, packed=packed)
         y = call()                                # compiles outside the timing
@@ -127,11 +140,10 @@ def _cuda_rows(layers, layout: str, kind: str) -> list:
         x, w = (torch.from_numpy(a.astype(np.float32)).cuda().to(peer_type) for a in (x_host, w_host))
         x_in = x_host if layout == "NCHW" else np.ascontiguousarray(x_host.transpose(0, 2, 3, 1))
         g = conv.geometry(x_in.shape, w_host.shape, s, p, layout=layout)
-        dtype = {"int8": td.u8, "bf16": td.bf16, "float": td.f16}[kind]
-        plan = conv.plan(g, dtype, "cuda", False, None, td.i8 if int8 else None)
-        as_dtype = (lambda a: a) if int8 else (lambda a: a.astype(td.ir.types.numpy_dtype(dtype)))
-        x_dev = td.to_device(as_dtype(x_in))          # the prepared launch path
-        packed = td.to_device(plan.lowered.weight_operand(as_dtype(w_host)))  # once
+        dtype, b_dtype = _operand_types(kind, "cuda")
+        plan = conv.plan(g, dtype, "cuda", False, None, b_dtype)
+        x_dev = td.to_device(_as_operand(x_in, dtype))          # the prepared launch path
+        packed = td.to_device(plan.lowered.weight_operand(_as_operand(w_host, dtype)))  # once
         run = lambda: plan.run(x_dev, None, packed=packed)    # the fused kernel (and split-k's sum, if it splits)
         t_td, t_call = time_cuda_replayed(run), time_cuda(run)
         t_peer = time_torch_replayed(lambda: torch.nn.functional.conv2d(x, w, stride=s, padding=p))
@@ -160,8 +172,8 @@ def _schedule(plan) -> str:
 
 
 def _tolerance_key(target: str, kind: str) -> str:
-    """The accuracy.TOLERANCE entry of a row: exact for 8-bit integers, bf16's, else the target's float type's."""
-    return {"int8": "i8", "bf16": "bf16"}.get(kind, "f16" if target == "cuda" else "f32")
+    """The accuracy.TOLERANCE entry of a row: exact for 8-bit integers, else its float type's."""
+    return "i8" if kind == "int8" else _operand_types(kind, target)[0].name
 
 
 def run(sizes=None, layout: str = "NCHW", layers: str = "resnet50", int8: bool = False, bf16: bool = False) -> list:
