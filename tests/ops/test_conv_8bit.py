@@ -25,7 +25,7 @@ GEOMETRIES = [   # n, c, h, w, oc, (kh, kw), stride, padding (t, l, b, r), dilat
     (2, 8, 9, 7, 12, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
     (1, 6, 11, 13, 4, (3, 2), (2, 1), (0, 1, 2, 0), (2, 1), 2),
     (1, 16, 5, 6, 16, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1),     # pointwise: NHWC's input is the GEMM's A
-    (1, 4, 8, 8, 4, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 4),       # depthwise: a reduce on either target
+    (1, 4, 8, 8, 4, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 4),       # depthwise: a GPU's reduce, the cpu's rows
     (1, 3, 13, 11, 5, (7, 7), (2, 2), (3, 3, 3, 3), (1, 1), 1),     # a stem: K = 147, no multiple of 16
     (1, 32, 4, 4, 8, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),      # K = 288: whole 16-element copies of B
 ]
@@ -114,7 +114,7 @@ def test_8_bit_gpu_convolutions_are_tuned_on_their_own_kernels(simulated_gpu, mo
 def test_the_cpu_lowering_is_the_float_gemm_summing_in_i32():
     """On the cpu an integer convolution takes a float one's GEMM (here NHWC's, reading its im2col in place), its
     k blocks no longer than `gemm.exact_k`, its output i32, its weights the template's f32 panels; a depthwise one
-    a reduce."""
+    the f32 direct kernels, x widened in their loads, the sums converted to i32 in their stores, the weights f32."""
     g = conv.geometry((2, 6, 6, 8), (8, 4, 3, 3), padding=1, groups=2, layout="NHWC")
     low = conv.plan(g, td.u8, "cpu", True, "relu6", td.i8).lowered
     assert low.indirect and low.matmul.template is gemm.CPU_TILE and low.matmul.point.bk <= gemm.exact_k(td.u8, td.i8)
@@ -123,7 +123,23 @@ def test_the_cpu_lowering_is_the_float_gemm_summing_in_i32():
     panels = low.weight_operand(w)
     assert panels.dtype == np.float32 and np.array_equal(panels, low.matmul.pack_b(conv._weight_as_b(g, w)))
     depthwise = conv.plan(conv.geometry((1, 4, 8, 8), (4, 1, 3, 3), padding=1, groups=4), td.u8, "cpu", False, None)
-    assert depthwise.direct is not None
+    assert isinstance(depthwise.lowered, conv.DirectRows) and depthwise.out_dtype == np.int32
+    assert dict(depthwise.lowered.kernel.params)["X"].dtype == td.u8
+    assert depthwise.lowered.weight_operand(np.ones((4, 1, 3, 3), np.uint8)).dtype == np.float32
+
+
+@pytest.mark.parametrize("kernel", [(2, 257), (5, 103)])
+def test_integer_depthwise_convolutions_sum_on_the_cpus_rows_up_to_exact_k(kernel):
+    """u8 by s8: a depthwise window of `gemm.exact_k` (514) taps runs on the direct kernels' f32 sums, one of 515 on
+    the GEMM (k blocks of f32 sums added in i32); both exact where 515 terms of 255 x -128 (one -127) sum past 2^24
+    to an odd number, which an f32 sum cannot hold."""
+    x = np.full((1, 2) + kernel, 255, np.uint8)
+    w = np.full((2, 1) + kernel, -128, np.int8)
+    w[:, 0, 0, 0] = -127
+    g = conv.geometry(x.shape, w.shape, groups=2)
+    rows = isinstance(conv.plan(g, td.u8, "cpu", False, None, td.i8).lowered, conv.DirectRows)
+    assert rows == (kernel[0] * kernel[1] <= gemm.exact_k(td.u8, td.i8))
+    assert_convolution(ops.conv2d(x, w, groups=2), x, w, **_options((1, 1), (0, 0, 0, 0), (1, 1), 2))
 
 
 # Each cpu lowering (NCHW: columns, the window kernel's own im2col (512+ pixels, rows of 32+), a pointwise input as

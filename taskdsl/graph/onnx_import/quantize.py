@@ -289,7 +289,9 @@ def _window_sums(x, window: tuple, strides, pads, dilations, groups: int):
     n, channels, spatial = x.shape[0], x.shape[1], x.shape[2:]
     if 255 * math.prod(window) >= 1 << 24:
         return ops.integer_conv(x, constant(np.ones((groups,) + window, np.uint8)), strides, pads, dilations, groups)
-    planes = ops.sum(ops.reshape(ops.cast(x, "float32"), (n, groups, channels // groups) + spatial), axis=2)
+    planes = ops.cast(x, "float32")
+    if channels > groups:       # (depthwise: the planes are x's channels)
+        planes = ops.sum(ops.reshape(planes, (n, groups, channels // groups) + spatial), axis=2)
     ones = constant(np.ones((groups, 1) + window[1:], np.float32))
     return ops.cast(ops.conv(planes, ones, stride=strides, padding=pads, dilation=dilations, groups=groups), "int32")
 
