@@ -464,6 +464,7 @@ extern "C" int td_host_run(const unsigned* grid, const unsigned* block, void (*e
 
 _HALF_HEADERS = re.compile(r"#include <cuda_(fp16|bf16|fp8)\.h>")
 _SIGNATURE = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(([^)]*)\)')
+HOST_DYNAMIC_SMEM_BYTES = 256 * 1024     # the shim's buffer of dynamic shared memory (TD_HOST_DYNAMIC_SMEM_BYTES)
 _DYNAMIC_SHARED = re.compile(r"extern __shared__ __align__\(16\) unsigned char td_dynamic_smem\[\];")
 _STATIC_SHARED = re.compile(r"(__shared__ __align__\(16\) [\w ]+? (\w+)\[\d+\];)")
 _MESSAGE_BYTES = 1024

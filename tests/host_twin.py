@@ -9,13 +9,14 @@ runs the cpu's kernels) cannot see, without a GPU.
 
 It is off by default: it takes the suite 1.6x its time (196 s against 121 s on two cores with warm kernel caches,
 session 49). Calls the shim cannot run faithfully, or whose results may depend on the threads' order, are passed
-over and counted (atomics, inline PTX other than mma.sync, ldmatrix and cp.async, launches of more than
-MAX_THREADS threads, arrays that overlap in part, a graph's compile run on zeros, an integer division by zero,
-which x86 traps and a GPU leaves unspecified): the counts print at the end of the session. Tests marked
-`undefined_behavior` are not twinned. One difference is by design: i32 arithmetic that overflows wraps in CUDA
-and not on the cpu, which computes it in 64 bits (docs/dsl-reference.md). The random float programs draw such
-expressions (`a - t` and `a * 2` of i32 values in session 48's seeds 102 and 110, `a * -7` in session 50's seed
-321) and their oracle knows where: under `unspecified(index, mask)` a twin leaves those elements uncompared.
+over and counted (atomics, inline PTX other than mma.sync, ldmatrix and cp.async, launches of more than MAX_THREADS
+threads or more dynamic shared memory than the shim holds, arrays that overlap in part, a graph's compile run on
+zeros, an integer division by zero, which x86 traps and a GPU leaves unspecified): the counts print at the end of
+the session. Tests marked `undefined_behavior` are not twinned. One difference is by design: i32 arithmetic that
+overflows wraps in CUDA and not on the cpu, which computes it in 64 bits (docs/dsl-reference.md). The random float
+programs draw such expressions (`a - t` and `a * 2` of i32 values in session 48's seeds 102 and 110, `a * -7` in
+session 50's seed 321) and their oracle knows where: under `unspecified(index, mask)` a twin leaves those elements
+uncompared.
 """
 from __future__ import annotations
 
@@ -28,10 +29,12 @@ import numpy as np
 
 import taskdsl as td
 from taskdsl.backend.cpu import precompile
+from taskdsl.backend.cuda.codegen import dynamic_shared_bytes
 
 from taskdsl.ir.types import FLOAT8_VALUES
 
-from .cuda_on_host import DivisionByZeroOnHost, entry_params, host_compiler, run_source, unsupported
+from .cuda_on_host import (HOST_DYNAMIC_SMEM_BYTES, DivisionByZeroOnHost, entry_params, host_compiler, run_source,
+                           unsupported)
 
 ENABLED = os.environ.get("TASKDSL_HOST_TWIN") == "1"
 MAX_THREADS = 1 << 20      # grid x block: a host run starts a fiber per CUDA thread (about a microsecond each)
@@ -114,6 +117,9 @@ class HostTwins:
             return self._skip("atomics (what they leave may depend on the threads' order)")
         if int(np.prod(binding.grid)) * int(np.prod(binding.block)) > MAX_THREADS:
             return self._skip(f"over {MAX_THREADS} threads")
+        if dynamic_shared_bytes(kernel._cuda_function(binding)) > HOST_DYNAMIC_SMEM_BYTES:
+            # (the cpu template's copy-A kernels, up to 384 KiB: they run on no GPU; they wrote past the buffer)
+            return self._skip(f"over {HOST_DYNAMIC_SMEM_BYTES // 1024} KiB of dynamic shared memory")
         copied: dict = {}      # an array passed twice gets one copy: the host run writes the copies in place
         copies = [copied.setdefault(_view(a), a.copy()) if isinstance(a, np.ndarray) else a for a in args]
         return source, binding.grid, binding.block, copies, kernel.bind(copies, "cuda").values
