@@ -1,7 +1,8 @@
 """Fusion partitioning: each anchor (matmul, 2-D convolution) with the injective operators around it
 becomes one `FusedAnchor` node, run as one kernel by post-scheduling fusion (`td.fuse`).
-(Grouped convolutions fuse where stdlib_ops.conv runs them as its direct-rows kernel: the cpu. A product of
-8-bit integers, `IntegerMatMul`, takes an epilogue on the cpu, whose register-tile template runs it.)
+(Grouped convolutions fuse where stdlib_ops.conv runs them as its direct-rows kernel: the cpu. A product or a 2-D
+convolution of 8-bit integers, `IntegerMatMul` / `IntegerConv`, takes an epilogue on the cpu, whose float kernels
+run it.)
 
     partition(graph):  for each anchor, in order
       epilogue: follow the anchor's output while it has exactly one reader (and is not a graph
@@ -33,11 +34,13 @@ from ..runtime.arrays import contiguous, empty_like_operands, unplanned
 from ..schedule.fusion import FusionError
 from .graph import Graph
 from .operator import Operator, external_inputs
-from .ops import BatchNorm, Conv, Elementwise, IntegerMatMul, MatMul, Reshape, Transpose
+from .ops import BatchNorm, Conv, Elementwise, IntegerConv, IntegerMatMul, MatMul, Reshape, Transpose
 from .ops.transform import view_index
 from .runners import TEMPLATE_FLOATS, conv_geometry, packed_b, packed_weight, run, runs
 
 EPILOGUE_KINDS = (Elementwise, BatchNorm, Reshape, Transpose)
+INTEGER_ANCHORS = (IntegerMatMul, IntegerConv)   # their operands are quantizations, rounded: an epilogue only
+CONV_ANCHORS = (Conv, IntegerConv)
 PROLOGUE_KINDS = (Elementwise, BatchNorm, Reshape, Transpose)
 
 
@@ -94,6 +97,8 @@ def fusible_anchor(op: Operator) -> bool:
     cpu a matmul of 8-bit integers: a GPU's 8-bit kernel takes B k-major, which the fused node does not make)."""
     if isinstance(op, IntegerMatMul):
         return td.get_target() == "cpu" and all(t.ndim >= 2 for t in op.inputs)
+    if isinstance(op, IntegerConv):     # (on the cpu: the float convolutions' kernels, their sums exact in i32)
+        return td.get_target() == "cpu" and op.inputs[0].ndim == 4
     if isinstance(op, MatMul):
         return all(t.ndim >= 2 for t in op.inputs) and op.inputs[0].dtype in TEMPLATE_FLOATS
     if isinstance(op, Conv):
@@ -151,8 +156,7 @@ def _groups(graph: Graph) -> list:
             epilogue.append(nxt)
             tail = nxt.outputs[0]
         prologues = {}
-        # (an integer product's operands are quantizations, rounded: an epilogue only)
-        for k in () if isinstance(op, IntegerMatMul) else (0,) if isinstance(op, Conv) else (0, 1):
+        for k in () if isinstance(op, INTEGER_ANCHORS) else (0,) if isinstance(op, Conv) else (0, 1):
             producer = op.inputs[k].producer
             if (isinstance(producer, PROLOGUE_KINDS) and id(producer) not in taken and producer.is_injective
                     and len(producer.outputs) == 1 and free_sole_reader(op.inputs[k]) is op
@@ -204,7 +208,7 @@ class _Build:
         for m in op.prologues.values():
             self._define(m)
         anchor = op.anchor
-        if isinstance(anchor, Conv):
+        if isinstance(anchor, CONV_ANCHORS):
             self._conv(anchor)
         else:
             self._matmul(anchor)
@@ -221,11 +225,12 @@ class _Build:
             self._define(m)
         return self.value[id(self.op.epilogue[-1].outputs[0])] if self.op.epilogue else y
 
-    def _conv(self, anchor: Conv) -> None:
+    def _conv(self, anchor: Conv | IntegerConv) -> None:
         x, w = anchor.inputs
         out = anchor.outputs[0]     # a grouped GEMM's output has its channel axis split: (group, channel) views it
         self.conv = conv_lib.lower(conv_geometry(anchor), x.dtype, td.get_target(), self.value[id(x)],
-                                   lambda y: self._epilogue(out, y if y.ndim == 4 else _view(y, out.shape, "conv_out")))
+                                   lambda y: self._epilogue(out, y if y.ndim == 4 else _view(y, out.shape, "conv_out")),
+                                   None if w.dtype == x.dtype else w.dtype)
         self.weight, self.kernels = w, self.conv.kernels
 
     def _matmul(self, anchor: MatMul) -> None:
@@ -250,7 +255,7 @@ class _Build:
     def run(self, arrays: list) -> np.ndarray:
         """The fused node's output for its input arrays (one kernel launch; two for a cpu conv with im2col)."""
         out = empty_like_operands(self.op.outputs[0].shape, self.op.outputs[0].numpy_dtype, *arrays)
-        if isinstance(self.op.anchor, Conv):
+        if isinstance(self.op.anchor, CONV_ANCHORS):
             named = {name: contiguous(arrays[k]) for name, k in self.index_of.items()}
             weight = arrays[self._weight_index]
             self.conv.run(named, packed_weight(self.conv, self.weight, weight, self._packed), out)

@@ -138,6 +138,26 @@ def test_integer_products_on_the_cpu_fuse_their_epilogue_exact_past_2_to_the_24(
     assert names[-1].endswith("_fused"), names
 
 
+@pytest.mark.parametrize("c, groups, kernel, zeros", [(300, 1, "tile_matmul", ("xz", "wz")),
+                                                      (6, 6, "conv_direct", ("xz",))])
+def test_integer_convolutions_on_the_cpu_fuse_their_epilogue(c, groups, kernel, zeros):
+    """On the cpu ConvInteger's convolution (the GEMM, or a depthwise one's direct rows) is the last kernel, the
+    zero points' shares fused into its stores (with w's zero point, the window sums' convolution runs before it);
+    exact, the GEMM's raw sums past 2^24 (an inner window: 2700 products of at least 193 x 97, large terms)."""
+    rng = np.random.default_rng(c)
+    x_shape, w_shape = [1, c, 7, 6], [c, c // groups, 3, 3]
+    x = large_terms(rng, x_shape, np.uint8)
+    attrs = {"pads": [1, 0, 1, 2], "strides": [1, 1], "group": groups}
+    model, _ = conv_integer_model(x_shape, w_shape, attrs, np.uint8, large_terms(rng, w_shape, np.int8),
+                                  {k: v for k, v in (("xz", np.uint8(200)), ("wz", np.int8(-100))) if k in zeros},
+                                  False)
+    compiled = tg.from_onnx(model).compile("cpu")
+    want = run_reference(model, {"x": x})[0]
+    np.testing.assert_array_equal(compiled({"x": x})[0], want)
+    names = [k.name for k in compiled.kernels]
+    assert names[-1].startswith(kernel) and names[-1].endswith("_fused"), names
+
+
 @pytest.mark.parametrize("a_shape, b_shape", [([2, 9, 40], [40, 24]), ([2, 9, 40], [2, 40, 24]), ([9, 40], [40])])
 def test_matmul_integer_runs_8_bit_tensor_cores_on_a_gpu(simulated_gpu, a_shape, b_shape):
     """On the cuda target MatMulInteger's product is the 8-bit tensor-core kernel's (u8 by s8, the weight's zero
