@@ -661,7 +661,7 @@ def rows_sum_exactly(g: ConvGeometry, target: str, dtype, b_dtype=None) -> bool:
     """Whether the cpu's direct kernels (`on_rows`) run convolution `g` of `dtype` operands: floats, or 8-bit
     integers (as f32, widened in the loads and converted to i32 in the stores) whose outputs sum at most
     `gemm.exact_k` products, exact in f32. As a reduce summing in i32, a 3x3 depthwise ConvInteger over 144 channels
-    at 56x56 took about 6 ms."""
+    at 56x56 took 3.7-4.3 ms, on the rows 0.4-0.7 ms."""
     if not on_rows(g, target):
         return False
     return dtype.is_float or g.c // g.groups * g.kh * g.kw <= mm.exact_k(dtype, b_dtype)

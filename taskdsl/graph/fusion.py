@@ -94,10 +94,11 @@ class FusedAnchor(Operator):
 # ---------------------------------------------------------------- the pass
 def fusible_anchor(op: Operator) -> bool:
     """Whether `op` is an anchor the target's templates fuse (a matmul or 2-D convolution of f32 / f16 / bf16; on the
-    cpu a matmul of 8-bit integers: a GPU's 8-bit kernel takes B k-major, which the fused node does not make)."""
+    cpu a matmul or 2-D convolution of 8-bit integers: a GPU's 8-bit kernels take B k-major, which the fused node
+    does not make)."""
     if isinstance(op, IntegerMatMul):
         return td.get_target() == "cpu" and all(t.ndim >= 2 for t in op.inputs)
-    if isinstance(op, IntegerConv):     # (on the cpu: the float convolutions' kernels, their sums exact in i32)
+    if isinstance(op, IntegerConv):     # (the float convolutions' kernels, their sums exact in i32)
         return td.get_target() == "cpu" and op.inputs[0].ndim == 4
     if isinstance(op, MatMul):
         return all(t.ndim >= 2 for t in op.inputs) and op.inputs[0].dtype in TEMPLATE_FLOATS
