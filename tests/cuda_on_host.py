@@ -55,6 +55,8 @@ inline float td_host_fp8_value(unsigned char bits, int mant, int bias, double la
   return (float)(bits & 0x80 ? -magnitude : magnitude); }
 """
 
+HOST_DYNAMIC_SMEM_BYTES = 256 * 1024     # the runtime's buffer of dynamic shared memory (TD_HOST_DYNAMIC_SMEM_BYTES)
+
 KERNEL_SHIM = r"""// CUDA names on the host (tests/cuda_on_host.py): no header, so a kernel compiles fast
 #define __global__
 #define __device__
@@ -184,11 +186,11 @@ template <typename T, typename V> inline T atomicMax(T* p, V v) { T old = *p; if
 template <typename T, typename V> inline T atomicMin(T* p, V v) { T old = *p; if ((T)v < old) *p = (T)v; return old; }
 template <typename T, typename V> inline T atomicExch(T* p, V v) { T old = *p; *p = (T)v; return old; }
 template <typename T> inline T atomicCAS(T* p, T compare, T v) { T old = *p; if (old == compare) *p = v; return old; }
-#define TD_HOST_DYNAMIC_SMEM_BYTES (256 * 1024)
+#define TD_HOST_DYNAMIC_SMEM_BYTES @SMEM_BYTES@
 extern "C" void td_host_shared(void* array, unsigned long long bytes, unsigned long long* seen);
 #define TD_HOST_SHARED(array, bytes) { static unsigned long long td_host_seen; \
   td_host_shared(array, bytes, &td_host_seen); }
-""" + ptx_on_host.SHIM
+""".replace("@SMEM_BYTES@", str(HOST_DYNAMIC_SMEM_BYTES)) + ptx_on_host.SHIM
 
 RUNTIME = r"""// The launch of tests/cuda_on_host.py: a block's threads as fibers, its barriers, warp exchanges.
 #include <sys/mman.h>
@@ -208,7 +210,7 @@ struct uint3 { unsigned x, y, z; };
 struct dim3 { unsigned x, y, z; };
 struct td_host_indices { uint3 thread, block; dim3 block_dim, grid_dim; };
 
-extern "C" { alignas(16) unsigned char td_host_dynamic_smem[256 * 1024]; }     // TD_HOST_DYNAMIC_SMEM_BYTES
+extern "C" { alignas(16) unsigned char td_host_dynamic_smem[@SMEM_BYTES@]; }
 
 namespace {
 struct Aborted {};      // thrown out of a wait when the launch stops (deadlock, error)
@@ -460,11 +462,10 @@ extern "C" int td_host_run(const unsigned* grid, const unsigned* block, void (*e
   message[size - 1] = 0;
   return 1;
 }
-""" + FP8_VALUE + ptx_on_host.RUNTIME
+""".replace("@SMEM_BYTES@", str(HOST_DYNAMIC_SMEM_BYTES)) + FP8_VALUE + ptx_on_host.RUNTIME
 
 _HALF_HEADERS = re.compile(r"#include <cuda_(fp16|bf16|fp8)\.h>")
 _SIGNATURE = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(([^)]*)\)')
-HOST_DYNAMIC_SMEM_BYTES = 256 * 1024     # the shim's buffer of dynamic shared memory (TD_HOST_DYNAMIC_SMEM_BYTES)
 _DYNAMIC_SHARED = re.compile(r"extern __shared__ __align__\(16\) unsigned char td_dynamic_smem\[\];")
 _STATIC_SHARED = re.compile(r"(__shared__ __align__\(16\) [\w ]+? (\w+)\[\d+\];)")
 _MESSAGE_BYTES = 1024
