@@ -29,6 +29,7 @@ from ..ir import types as T
 from ..lang import math_expr
 from ..lang.intrinsics import blockIdx, gridDim, threadIdx
 from ..runtime.kernel import Kernel
+from .hoist import hoist_invariants
 from .inline import inline_injective
 
 BLOCK = 256
@@ -162,7 +163,8 @@ def schedule_injective(out: Tensor, inline: set, strategy: str = "flat") -> Kern
     else:
         rows, width = ir.const(1), numel(out.shape)
         index, coords = ([column], []) if len(out.shape) == 1 else _coordinates(column, out.shape, "i")
-    value = ir.substitute(body, {a.uid: i for a, i in zip(out.axes, index)})
+    invariants, value = hoist_invariants(ir.substitute(body, {a.uid: i for a, i in zip(out.axes, index)}),
+                                         out.buffer)
 
     def store_of(value: ir.Expr) -> ir.Stmt:
         return ir.Store(out.buffer, tuple(index), ir.Cast(value, out.dtype) if value.dtype != out.dtype else value)
@@ -184,7 +186,7 @@ def schedule_injective(out: Tensor, inline: set, strategy: str = "flat") -> Kern
         trips = (rows - blockIdx.y + gridDim.y - 1) // gridDim.y
         loop = ir.For(step, ir.const(0), trips, ir.const(1),
                       ir.seq([ir.Assign(row, blockIdx.y + step * gridDim.y)] + row_coords + [loop]))
-    fn = _function(f"{out.name}_{strategy}", out, loop, block=1 if serial else BLOCK)
+    fn = _function(f"{out.name}_{strategy}", out, ir.seq(invariants + [loop]), block=1 if serial else BLOCK)
     names = size_names(rows, width)
     grid = size_function(lambda env: (-(-evaluate_int(width, env) // per_block),
                                       max(1, min(evaluate_int(rows, env), rows_per_grid))), names)

@@ -107,6 +107,28 @@ def test_groups_stop_where_an_intermediate_is_needed_elsewhere():
         np.testing.assert_allclose(have, want, rtol=1e-6, atol=1e-7)
 
 
+def test_scalar_chains_are_computed_by_each_group_that_reads_them():
+    """DynamicQuantizeLinear's pattern: a scale and a zero point computed from two reductions, read by two full-size
+    groups and a per-channel one. Each group computes its own copy of the scalar chain (once per span), so the
+    scalars take no kernel; a scalar that is also a graph output keeps its own kernel beside the copies."""
+    x = tg.input("x", (3, 7, 11))
+    high, low = ops.maximum(ops.max(x), 0.0), ops.minimum(ops.min(x), 0.0)
+    scale = ops.div(ops.where(ops.equal(high, low), 1.0, ops.sub(high, low)), 255.0)
+    zero = ops.cast(ops.clip(ops.elementwise("rint", ops.neg(ops.div(low, scale))), 0.0, 255.0), "uint8")
+    quantized = ops.add(ops.elementwise("rint", ops.div(x, scale)), ops.cast(zero, "float32"))
+    restored = ops.mul(ops.sub(quantized, ops.cast(zero, "float32")), scale)
+    per_channel = ops.mul(tg.constant(np.arange(1, 8, dtype=np.float32).reshape(7, 1)), scale)
+    data = RNG.standard_normal((3, 7, 11)).astype(np.float32) * 4
+    # (the second graph's quantized values are read by `restored` alone: one group)
+    for outputs, scalar_kernels in (([quantized, restored, per_channel], 0), ([restored, per_channel, scale], 1)):
+        g = tg.Graph([x], outputs)
+        cg, got = _compiled(g, data)
+        assert sorted(op.kind for op in cg.graph.nodes) == ["fused_elementwise"] * 3 + ["reduce_max", "reduce_min"]
+        assert sum(op.outputs[0].size == 1 for op in cg.graph.nodes) == 2 + scalar_kernels
+        for have, want in zip(got, g.reference(data)):
+            np.testing.assert_allclose(have, want, rtol=1e-6, atol=1e-6)
+
+
 def test_a_tree_that_would_grow_past_the_bound_is_split():
     """x squared 12 times: each step reads the last twice, so one body would be a tree of 2^12 nodes; the groups
     stay under MAX_TREE nodes and still compute x^4096."""
@@ -159,7 +181,7 @@ def _programs(draw):
     """A random elementwise DAG over two inputs (one broadcast), with its input shapes: each step applies a unary
     or binary function to earlier values; some values are also graph outputs."""
     shape = (draw(st.sampled_from([1, 2, 3, 5])), draw(st.sampled_from([1, 7, 11, 16])))
-    other = draw(st.sampled_from([shape, (shape[1],), (1, 1), (shape[0], 1)]))
+    other = draw(st.sampled_from([shape, (shape[1],), (1, 1), (), (shape[0], 1)]))
     steps = []
     for k in range(draw(st.integers(1, 9))):
         available = 2 + k

@@ -1,0 +1,87 @@
+"""Hoisting an element's invariant subexpressions out of a generated kernel's loops.
+
+An elementwise value such as a quantization's `rint(x[i] / scale) + zero`, where `scale` and `zero` are
+computed from broadcast scalars (`where(hi == lo, 1, hi - lo) / 255`), repeats the same arithmetic at every
+element. LLVM cannot move it out of the loop on its own: it would have to know that the loop's stores never
+alias the scalars' loads. The schedule knows (the kernel writes one buffer), so it computes each such
+subexpression once, into a local, ahead of the loops:
+
+    inv0 = where(hi[0] == lo[0], 1.0, hi[0] - lo[0]) / 255.0
+    for i in span: out[i] = rint(x[i] / inv0) + ...
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from .. import ir
+from ..passes.uniformity import WARP_FUNCS
+
+
+def hoist_invariants(value: ir.Expr, written: ir.Buffer) -> tuple[list, ir.Expr]:
+    """(assignments of the invariant subexpressions of `value` to fresh locals, `value` reading those locals).
+
+    Invariant: no loop, thread or local variable (sizes are fine), and loads only from buffers other than
+    `written`. In a select's branches or the right operand of `and` / `or`, which only some elements evaluate,
+    only what is safe to evaluate anyway moves (no integer division, loads at constant indices inside constant
+    shapes): a zero point in a padding's border costs a select, not a division per element."""
+    hoister = _Hoister(written)
+    return hoister.assigns, hoister.visit(value)
+
+
+def _invariant(e: ir.Expr, written: ir.Buffer, conditional: bool) -> bool:
+    """Whether `e` has the same value at every element of a kernel that writes `written` (see above); where
+    `conditional`, also whether evaluating it can neither trap nor read out of bounds."""
+    for x in ir.collect(e, (ir.Var, ir.SpecialReg, ir.Load, ir.Call, ir.Binary)):
+        if isinstance(x, ir.SpecialReg) or (isinstance(x, ir.Var) and x.kind != "size"):
+            return False
+        if isinstance(x, ir.Load) and (x.buffer.uid == written.uid or conditional and not _in_bounds(x)):
+            return False
+        if isinstance(x, ir.Call) and x.func in WARP_FUNCS:
+            return False
+        if conditional and isinstance(x, ir.Binary) and x.op in ("/", "%", "//") and not x.dtype.is_float:
+            return False
+    return True
+
+
+def _in_bounds(load: ir.Load) -> bool:
+    """Whether `load` reads constant indices inside its buffer's constant shape."""
+    return len(load.indices) == len(load.buffer.shape) and all(
+        isinstance(i, ir.Const) and isinstance(d, ir.Const) and 0 <= i.value < d.value
+        for i, d in zip(load.indices, load.buffer.shape))
+
+
+class _Hoister(ir.Rewriter):
+    def __init__(self, written: ir.Buffer):
+        self.written = written
+        self.assigns: list = []
+        self.conditional = False      # inside a select's branch or the right operand of `and` / `or`
+
+    def visit(self, node):
+        if isinstance(node, ir.Expr) and _worth_hoisting(node) and _invariant(node, self.written, self.conditional):
+            local = ir.Var(f"invariant{len(self.assigns)}", node.dtype)
+            self.assigns.append(ir.Assign(local, node))
+            return local
+        return super().visit(node)
+
+    def visit_Select(self, e: ir.Select):
+        cond = self.visit(e.cond)
+        a, b = self._conditionally(e.a), self._conditionally(e.b)
+        return e if (cond, a, b) == (e.cond, e.a, e.b) else dataclasses.replace(e, cond=cond, a=a, b=b)
+
+    def visit_Binary(self, e: ir.Binary):
+        a = self.visit(e.a)
+        b = self._conditionally(e.b) if e.op in ("and", "or") else self.visit(e.b)
+        return e if a is e.a and b is e.b else dataclasses.replace(e, a=a, b=b)
+
+    def _conditionally(self, e: ir.Expr) -> ir.Expr:
+        """`e` rewritten as a value only some elements evaluate."""
+        outer, self.conditional = self.conditional, True
+        try:
+            return self.visit(e)
+        finally:
+            self.conditional = outer
+
+
+def _worth_hoisting(e: ir.Expr) -> bool:
+    """Whether computing `e` takes more than reading a name or a literal (a load counts: it may alias a store)."""
+    return not isinstance(e, (ir.Const, ir.Var, ir.SpecialReg))
