@@ -228,22 +228,27 @@ def _pad_widths(pad_width, ndim: int) -> list:
 
 def _pad_plan(x, pad_width, value=0) -> Plan:
     x = contiguous(x)
-    if np.ndim(value) != 0:
-        raise TypeError(f"pad: value must be one number (per-axis or (before, after) values, as numpy.pad takes, "
-                        f"are not supported), got {value!r}")
+    if hasattr(value, "reshape") and not np.isscalar(value) and value.size == 1 and value.dtype == x.dtype:
+        fill = value.reshape(1)     # a view: the plan reads the value when it runs (a graph's run-time zero point)
+    elif np.ndim(value) != 0:
+        raise TypeError(f"pad: value must be one number or a one-element array of x's dtype (per-axis or (before, "
+                        f"after) values, as numpy.pad takes, are not supported), got {value!r}")
+    else:
+        fill = np.array([value], x.dtype)
     widths = _pad_widths(pad_width, x.ndim)
     if x.ndim == 0:         # nothing to pad (numpy.pad returns a copy): a 1-element copy
-        one = _pad_plan(x.reshape(1), 0, value)
+        one = _pad_plan(x.reshape(1), 0, fill)
         return Plan(one.op, one.arrays, reshaper(()))
     out_shape = tuple(n + b + a for n, (b, a) in zip(x.shape, widths))
     dtype = tdtype(x.dtype)
     op = cached_op(("pad", x.ndim, dtype), lambda: _pad_op(x.ndim, dtype))
-    arrays = (x, np.array([b for b, _ in widths], np.int32), np.array([value], x.dtype), shape_carrier(out_shape))
+    arrays = (x, np.array([b for b, _ in widths], np.int32), fill, shape_carrier(out_shape))
     return Plan(op, arrays, reshaper(out_shape))
 
 
 def pad(x, pad_width, value=0):
-    """x padded with the constant `value`; pad_width as in numpy.pad (int, (before, after), or one pair per axis)."""
+    """x padded with the constant `value` (a number, or a one-element array of x's dtype); pad_width as in numpy.pad
+    (int, (before, after), or one pair per axis)."""
     return _pad_plan(x, pad_width, value).run()
 
 

@@ -348,8 +348,10 @@ def run_expand(op: Expand, arrays: list) -> tuple:
 
 @runs(Pad)
 def run_pad(op: Pad, arrays: list) -> tuple:
-    """Constant padding through stdlib_ops.transform; the other modes by their definitions."""
+    """Constant padding through stdlib_ops.transform (by a number, or by the value of a one-element input); the
+    other modes by their definitions."""
     if op.attrs["mode"] != "constant":
         return run_definitions(op, arrays)
     pads, n = op.attrs["pads"], op.inputs[0].ndim
-    return _plan(transform.op_for("pad", arrays[0], [(pads[k], pads[n + k]) for k in range(n)], op.attrs["value"]))
+    value = arrays[1] if len(arrays) == 2 else op.attrs["value"]
+    return _plan(transform.op_for("pad", arrays[0], [(pads[k], pads[n + k]) for k in range(n)], value))

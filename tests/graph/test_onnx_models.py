@@ -187,6 +187,18 @@ def test_pad_with_negative_pads_crops_first(mode):
     assert_close(tg.from_onnx(model)(x)[0], run_onnxruntime(model, {"x": x})[0], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("elem", [TensorProto.FLOAT, TensorProto.INT32])
+def test_pad_by_a_value_computed_at_run_time(elem):
+    """Pad's constant_value from the graph (the input's max), with negative pads cropping too."""
+    reduce = helper.make_node("ReduceMax", ["x"], ["m"], keepdims=0)
+    node = helper.make_node("Pad", ["x", "pads", "m"], ["y"], mode="constant")
+    pads = np.array([0, 1, -2, 1, 0, 3], np.int64)
+    model = make_model([reduce, node], [("x", [2, 3, 5], elem)], [("y", [3, 4, 6], elem)], {"pads": pads},
+                       opset=18)
+    x = rand((2, 3, 5), 3, np.int32 if elem == TensorProto.INT32 else np.float32, low=-9, high=9)
+    assert_close(tg.from_onnx(model)(x)[0], run_onnxruntime(model, {"x": x})[0], rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("upper", [0, 1])
 @pytest.mark.parametrize("k, shape, elem", [(None, (5, 5), TensorProto.FLOAT), (2, (2, 3, 7), TensorProto.FLOAT),
                                             (-1, (1, 6, 4), TensorProto.INT32), (-9, (3, 4), TensorProto.FLOAT)])

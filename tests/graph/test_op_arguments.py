@@ -110,6 +110,30 @@ def test_pad_takes_numpy_pads_and_pads_bools_with_false():
     np.testing.assert_array_equal(run(lambda t: ops.pad(t, (1, 1)), flags), np.pad(flags, 1))
 
 
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+@pytest.mark.parametrize("dtype", [np.float32, np.uint8, np.int32])
+def test_pad_by_a_value_computed_at_run_time(dtype, target, request):
+    """A one-element tensor pads (a quantized input's zero point): its value when the graph runs, every run (on a
+    simulated GPU too, its calls replayed)."""
+    if target == "cuda":
+        request.getfixturevalue("simulated_gpu")
+    x = (rand((2, 5, 3), 7) * 20 + 30).astype(dtype)
+    t = tg.input("x", x.shape, x.dtype)
+    graph = tg.Graph([t], [ops.pad(t, (0, 1, 2, 1, 0, 3), ops.max(t))])
+    compiled = graph.compile(target)
+    for data in (x, x + 1):
+        np.testing.assert_array_equal(compiled(data)[0], np.pad(data, ((0, 1), (1, 0), (2, 3)),
+                                                                 constant_values=data.max()))
+        np.testing.assert_array_equal(graph.reference(data)[0], compiled(data)[0])
+
+
+@pytest.mark.parametrize("fill, mode", [(ops.cast(tg.input("v", ()), "int32"), "constant"),
+                                        (tg.input("v", (2,)), "constant"), (tg.input("v", ()), "edge")])
+def test_a_pad_value_tensor_must_be_one_element_of_x_dtype_in_constant_mode(fill, mode):
+    with pytest.raises(ValueError, match="a tensor value must have one element of x's dtype"):
+        ops.pad(tg.input("x", (3, 4)), (1, 1, 0, 0), fill, mode)
+
+
 def test_gather_with_empty_index_list_and_layer_norm_with_an_array_weight():
     x = rand((5, 3), 4)
     assert run(lambda t: ops.gather(t, []), x).shape == (0, 3)

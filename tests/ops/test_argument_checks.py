@@ -51,6 +51,7 @@ def test_the_same_calls_with_good_arguments_match_numpy():
     want = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 0.25)
     np.testing.assert_allclose(ops.layer_norm(X, eps=np.float32(0.25)), want, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(ops.pad(X, 1, value=np.float32(3)), np.pad(X, 1, constant_values=3))
+    np.testing.assert_array_equal(ops.pad(X, 1, value=np.array([2.5], X.dtype)), np.pad(X, 1, constant_values=2.5))
     np.testing.assert_array_equal(ops.gather(X, np.array([0, 3, -1]), axis=2), np.take(X, [0, 3, -1], axis=2))
 
 

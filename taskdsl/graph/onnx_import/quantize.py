@@ -256,15 +256,10 @@ def _conv_integer(node: Node, x_k: int, w_k: int, x_zero, w_zero):
 
 def _padded_with(x, pads: tuple, value):
     """x (N, C, spatial...) with its spatial axes padded by `pads` ((begin..., end...)) with `value` (a scalar
-    tensor of x's type): a constant's number by the pad itself, a graph input's by a select after it."""
+    tensor of x's type; a constant's number)."""
     rank = x.ndim - 2
     pads = (0, 0) + tuple(pads[:rank]) + (0, 0) + tuple(pads[rank:])
-    if value.is_constant:
-        return ops.pad(x, pads, value.value.item())
-    padded = ops.pad(x, pads)
-    border = np.pad(np.zeros(x.shape[2:], bool), [(b, e) for b, e in zip(pads[2:rank + 2], pads[rank + 4:])],
-                    constant_values=True)
-    return ops.where(constant(border), value, padded)
+    return ops.pad(x, pads, value.value.item() if value.is_constant else value)
 
 
 def _weight_zero_share(x, w, zw, strides, pads, dilations, groups: int):

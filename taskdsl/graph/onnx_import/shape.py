@@ -10,6 +10,7 @@ import numpy as np
 from .. import ops
 from ..ops.axes import normalize_axis
 from ..ops.transform import PAD_MODES
+from ..passes.fold_constants import constant_value
 from ..tensor import constant
 from .errors import OnnxImportError
 from .node import Node, converts, imported_constant
@@ -183,13 +184,18 @@ def expand(node: Node) -> list:
 
 @converts("Pad", attrs=("mode",))
 def pad(node: Node) -> list:
-    """Pad (pads and the optional value and axes inputs constant): modes constant, edge, reflect, wrap."""
+    """Pad (pads and the optional axes input constant; the value computed at run time or not): modes constant,
+    edge, reflect, wrap."""
     x = node.input(0)
     mode = node.attr("mode", "constant")
     if mode not in PAD_MODES:
         raise node.error(f"mode={mode!r} is not supported (only {', '.join(PAD_MODES)})")
     pads = _ints(node.const(1))
-    value = node.const(2, required=False) if node.num_inputs > 2 and node.proto.input[2] else None
+    fill = node.input(2) if node.num_inputs > 2 and node.proto.input[2] and mode == "constant" else None
+    if fill is not None and fill.size != 1:
+        raise node.error(f"constant_value must be one element, got shape {list(fill.shape)}", OnnxImportError)
+    value = 0 if fill is None else constant_value(fill)
+    value = ops.reshape(fill, ()) if value is None else np.asarray(value).reshape(-1)[0].item()
     axes = _optional_ints(node, 3)
     if axes is not None:        # opset 18: pads given for these axes only
         pads = _pads_of_axes(node, pads, axes, x.ndim)
@@ -212,7 +218,7 @@ def pad(node: Node) -> list:
             ends.append(0)
             pads[a], pads[n + a] = length, 0
         x = ops.slice(x, starts, ends)
-    return [ops.pad(x, pads, 0 if value is None else np.asarray(value).reshape(-1)[0].item(), mode)]
+    return [ops.pad(x, pads, value, mode)]
 
 
 def _pads_of_axes(node: Node, pads: list, axes: list, ndim: int) -> list:

@@ -390,7 +390,7 @@ PAD_MODES = ("constant", "edge", "reflect", "wrap")
 
 class Pad(Operator):
     """x padded: attrs pads ((begin..., end...) per axis, non-negative), mode (numpy.pad's: `constant`
-    with attr value, `edge`, `reflect`, `wrap`)."""
+    with attr value, or with a second input, a one-element tensor of x's dtype; `edge`, `reflect`, `wrap`)."""
 
     kind = "pad"
     generic = True
@@ -401,10 +401,16 @@ class Pad(Operator):
             raise ValueError(f"pad: pads must be {2 * x.ndim} non-negative ints (begin..., end...), got {pads!r}")
         if mode not in PAD_MODES:
             raise ValueError(f"pad: mode {mode!r} is not one of {', '.join(PAD_MODES)}")
-        value = self.attrs["value"]
-        if x.dtype.is_bool and isinstance(value, (int, np.integer)) and value in (0, 1):
-            value = bool(value)         # the default 0 pads a bool tensor with False
-        self.attrs["value"] = number_for(value, x, "pad: value")
+        if len(self.inputs) == 2:
+            fill = self.inputs[1]
+            if mode != "constant" or fill.size != 1 or fill.dtype != x.dtype:
+                raise ValueError(f"pad: a tensor value must have one element of x's dtype ({x.dtype.name}) and "
+                                 f"mode 'constant', got {fill.dtype.name}{list(fill.shape)} with mode {mode!r}")
+        else:
+            value = self.attrs["value"]
+            if x.dtype.is_bool and isinstance(value, (int, np.integer)) and value in (0, 1):
+                value = bool(value)         # the default 0 pads a bool tensor with False
+            self.attrs["value"] = number_for(value, x, "pad: value")
         for k, d in enumerate(x.shape):
             widest = max(pads[k], pads[x.ndim + k])
             if mode != "constant" and widest and d == 0:
@@ -412,11 +418,11 @@ class Pad(Operator):
             if mode == "reflect" and widest >= d > 0:
                 raise ValueError(f"pad: mode 'reflect' pads axis {k} of size {d} by {widest}; at most {d - 1}")
 
-    def define(self, x):
+    def define(self, x, fill=None):
         shape, pads, mode = dims(x), self.attrs["pads"], self.attrs["mode"]
         n = len(shape)
         out = tuple(d + pads[k] + pads[n + k] for k, d in enumerate(shape))
-        value = ir.const(self.attrs["value"], x.dtype)
+        value = ir.const(self.attrs["value"], x.dtype) if fill is None else fill[(0,) * len(fill.shape)]
 
         def fcompute(*ix):
             src = [i - pads[k] for k, i in enumerate(ix)]
@@ -620,10 +626,15 @@ def expand(x, shape) -> Tensor:
 
 
 def pad(x, pads, value=0, mode: str = "constant") -> Tensor:
-    """x padded as numpy.pad pads it: with `value` (mode `constant`), or by `edge`, `reflect` or `wrap`;
-    pads: (begin..., end...) per axis, or numpy.pad's ((before, after), ...)."""
+    """x padded as numpy.pad pads it: with `value` (mode `constant`; a number, or a one-element tensor of x's
+    dtype: a zero point computed at run time), or by `edge`, `reflect` or `wrap`; pads: (begin..., end...) per
+    axis, or numpy.pad's ((before, after), ...)."""
     if np.ndim(pads) == 2:
         rows = [int_tuple(row, "pad: each axis's (before, after)", 2) for row in pads]
         pads = tuple(row[0] for row in rows) + tuple(row[1] for row in rows)
-    op = Pad([x], {"pads": int_tuple(pads, "pad: pads"), "value": value, "mode": mode})    # checked, even if all 0
+    pads = int_tuple(pads, "pad: pads")
+    if isinstance(value, Tensor):
+        op = Pad([x, value], {"pads": pads, "value": None, "mode": mode})
+    else:
+        op = Pad([x], {"pads": pads, "value": value, "mode": mode})    # checked, even if all 0
     return op.outputs[0] if any(op.attrs["pads"]) else x
