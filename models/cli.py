@@ -116,7 +116,7 @@ def print_result(title: str, result) -> None:
     quantized = result.tolerance == QUANTIZED_TOLERANCE       # (a quantized graph's tolerance is loose: say so)
     verdict = "ok" if result.ok else "MISMATCH"
     if not result.ok or quantized:
-        verdict += f" (tolerance {result.tolerance:.0e}{', 8-bit integer products' if quantized else ''})"
+        verdict += f" (tolerance {result.tolerance:.0e}{', activations rounded to 8 bits' if quantized else ''})"
     print(f"  max error vs {result.reference}: {result.max_error:.2e} relative, {verdict}")
     print("  top operators by time (best of one more run, operator by operator):")
     for line in top_operators(cg.summary(timing=True, repeat=1)):
