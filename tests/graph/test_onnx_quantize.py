@@ -97,6 +97,20 @@ def test_dequantize_linear_matches_onnxruntime(data, shape, elem, zero, seed):
     check(one_node("DequantizeLinear", shape, elem, TensorProto.FLOAT, axis, block, inits), x, exact=False)
 
 
+@pytest.mark.parametrize("elem", sorted(INTEGERS))
+def test_dequantize_linear_is_exact_at_the_extremes(elem):
+    """x - zero point, from one end of the type's range to the other (65535 for 16 bits), is exact in f32: the
+    result is the exact product rounded once, as numpy's f64 product of the two rounds to f32."""
+    info = np.iinfo(INTEGERS[elem])
+    x = np.array([info.max, info.min, info.max, info.min, 0], INTEGERS[elem])
+    zero = np.array([info.min, info.max, info.max, info.min, info.max], INTEGERS[elem])
+    scale = np.array([0.1, 3.7, 1e-3, 7.0, 0.3], np.float32)
+    model = one_node("DequantizeLinear", [5], elem, TensorProto.FLOAT, 0, 0, {"scale": scale, "zero": zero})
+    got = tg.from_onnx(model).compile()({"x": x})[0]
+    want = ((x.astype(np.float64) - zero) * scale).astype(np.float32)
+    np.testing.assert_array_equal(got, want)
+
+
 def _expanded(param: np.ndarray, shape: list, axis: int, block: int) -> np.ndarray:
     """A scale of `granularity` as an array that broadcasts against x of `shape`."""
     if param.ndim == 0:

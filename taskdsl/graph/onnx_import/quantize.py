@@ -74,8 +74,9 @@ def _unpacked(node: Node, k: int):
 
 @converts("DequantizeLinear", attrs=("axis", "block_size", "output_dtype"))
 def dequantize_linear(node: Node) -> list:
-    """DequantizeLinear: (x - zero_point) * scale in the scale's type (x - zero_point exact, in integers, or for
-    8-bit float x in f32); x and the zero point may be 4-bit integer constants (quantized weights)."""
+    """DequantizeLinear: (x - zero_point) * scale in the scale's type (x - zero_point exact: in the scale's float
+    type for 8-bit float and up to 16-bit integer x, in int64 for wider integers); x and the zero point may be 4-bit
+    integer constants (quantized weights)."""
     x = _unpacked(node, 0)
     if not (x.dtype.is_integer or x.dtype.bits == 8):
         raise node.error(f"data type {x.dtype.name} is not supported for x (integers, 8-bit floats)")
@@ -83,7 +84,7 @@ def dequantize_linear(node: Node) -> list:
         raise node.error("output_dtype is not supported (the output has the scale's type)")
     scale, zero = _parameters(node, x, _unpacked(node, 2))
     wide = "float64" if scale.dtype.name == "f64" else "float32"
-    if x.dtype.is_float:
+    if x.dtype.is_float or x.dtype.bits <= 16:     # (an f32's 24 bits hold a difference of 16-bit integers)
         centred = x if zero is None else ops.sub(ops.cast(x, wide), ops.cast(zero, wide))
     else:
         centred = x if zero is None else ops.sub(ops.cast(x, "int64"), ops.cast(zero, "int64"))
