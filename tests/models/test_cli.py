@@ -85,10 +85,12 @@ def test_run_onnx_file_quantized_by_onnxruntime(tmp_path, capsys):
     assert ", ok (tolerance 2e-01, activations rounded to 8 bits)" in out, out
 
 
-def test_run_onnx_file_quantized_statically_by_onnxruntime(tmp_path, capsys):
-    """A model onnxruntime's static quantization made (QDQ: QuantizeLinear and DequantizeLinear around f32
-    convolutions, the small MobileNet-V2) is checked within the same tolerance: onnxruntime runs its own integer
-    kernels, whose roundings differ from the f32 convolutions' (it failed at 1e-3 by 1.5e-2 at full size)."""
+@pytest.mark.parametrize("quant_format", ["QDQ", "QOperator"])
+def test_run_onnx_file_quantized_statically_by_onnxruntime(tmp_path, capsys, quant_format):
+    """A model onnxruntime's static quantization made (the small MobileNet-V2), QDQ (QuantizeLinear and
+    DequantizeLinear around f32 convolutions) or QOperator (QLinearConv, and com.microsoft's QLinearAdd), is checked
+    within the same tolerance: onnxruntime runs its own integer kernels, whose roundings differ from the f32
+    convolutions' (the QDQ model failed at 1e-3 by 1.5e-2 at full size)."""
     pytest.importorskip("onnxruntime")
     import onnx
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
@@ -108,7 +110,10 @@ def test_run_onnx_file_quantized_statically_by_onnxruntime(tmp_path, capsys):
         def get_next(self):
             return next(self.batches, None)
     quantize_static(str(tmp_path / "f32.onnx"), str(tmp_path / "qdq.onnx"), Calibration(),
-                    quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+                    quant_format=QuantFormat[quant_format], activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QInt8)
+    contrib = {n.op_type for n in onnx.load(str(tmp_path / "qdq.onnx")).graph.node if n.domain == "com.microsoft"}
+    assert contrib == (set() if quant_format == "QDQ" else {"QLinearAdd"})
     assert tolerance(from_onnx(str(tmp_path / "qdq.onnx"))) == 2e-1
     assert main(["run", "--onnx", str(tmp_path / "qdq.onnx"), "--iters", "1", "--target", "cpu"]) == 0
     out = capsys.readouterr().out

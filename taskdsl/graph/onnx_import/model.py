@@ -20,10 +20,10 @@ from ..tensor import Tensor, as_shape, constant
 from ..tensor import input as graph_input
 # imported to register their converters
 from . import (activations, attention, control_flow, data_dependent, deform_conv, einsum, elementwise,  # noqa: F401
-               functions, grid_sample, indexing, layout, loss, lp, nn, one_hot, quantize, recurrent, resize,
-               roi_align, sequences, shape, spectral)
+               functions, grid_sample, indexing, layout, loss, lp, microsoft, nn, one_hot, quantize, recurrent,
+               resize, roi_align, sequences, shape, spectral)
 from .errors import OnnxImportError, UnsupportedOnnxError
-from .node import CONVERTERS, Node, dtype_of, imported_constant, kind_of
+from .node import CONVERTERS, DOMAIN_CONVERTERS, Node, dtype_of, imported_constant, kind_of
 
 MIN_OPSET = 11
 MAX_OPSET = 28   # 22-28 change the supported operators only by new data types (and attributes for them)
@@ -220,8 +220,16 @@ def convert_node(proto: onnx.NodeProto, env: dict, opset: int) -> None:
     """Convert one node, adding its outputs to `env` (name -> tensor)."""
     node = Node(proto, env, opset)
     if proto.domain not in ("", "ai.onnx"):
-        raise node.error(f"domain {proto.domain!r} is not supported (only the default ONNX domain)")
-    converter = CONVERTERS.get(proto.op_type)
+        converters = DOMAIN_CONVERTERS.get(proto.domain)
+        if converters is None:
+            raise node.error(f"domain {proto.domain!r} is not supported (the default ONNX domain and "
+                             f"{', '.join(sorted(DOMAIN_CONVERTERS))} are)")
+        if proto.op_type not in converters:
+            raise node.error(f"operator {proto.op_type} of domain {proto.domain!r} is not supported; supported "
+                             f"operators of {proto.domain}: {', '.join(sorted(converters))}")
+        converter = converters[proto.op_type]
+    else:
+        converter = CONVERTERS.get(proto.op_type)
     if converter is None:
         body = functions.function_body(node)
         if body is None:

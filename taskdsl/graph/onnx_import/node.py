@@ -23,7 +23,8 @@ class Converter:
     attrs: frozenset
 
 
-CONVERTERS: dict = {}
+CONVERTERS: dict = {}           # the default ONNX domain's, by operator
+DOMAIN_CONVERTERS: dict = {}    # other domains' (onnxruntime's com.microsoft): domain -> operator -> Converter
 
 
 @dataclass(frozen=True)
@@ -54,11 +55,14 @@ def kind_of(value) -> str:
     return kinds.get(type(value), "tensor")
 
 
-def converts(*op_types: str, attrs: tuple = ()) -> Callable:
-    """Register the decorated function as the converter of `op_types`, accepting attributes `attrs`."""
+def converts(*op_types: str, attrs: tuple = (), domain: str = "") -> Callable:
+    """Register the decorated function as the converter of `op_types` (of `domain`; default: ONNX's), accepting
+    attributes `attrs`."""
+    table = CONVERTERS if domain == "" else DOMAIN_CONVERTERS.setdefault(domain, {})
+
     def register(fn):
         for op_type in op_types:
-            CONVERTERS[op_type] = Converter(fn, frozenset(attrs))
+            table[op_type] = Converter(fn, frozenset(attrs))
         return fn
     return register
 

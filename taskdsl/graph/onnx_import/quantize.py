@@ -117,10 +117,10 @@ def quantize_linear(node: Node) -> list:
         if zero is not None and np.any(node.const(2) != 0):      # the operator's definition: none is added
             raise node.error("an 8-bit float zero point must be 0", OnnxImportError)
         return [cast_to(quotient, out, node.flag("saturate", 1))]
-    return [_saturated(quotient, zero, out.name)]
+    return [saturated(quotient, zero, out.name)]
 
 
-def _saturated(q, zero, out: str):
+def saturated(q, zero, out: str):
     """round(q) (halves to even) + zero (None: 0), saturated to the integer type `out` and cast to it."""
     q = ops.elementwise("rint", q)
     if zero is not None:
@@ -138,8 +138,8 @@ def dynamic_quantize_linear(node: Node) -> list:
         raise node.error(f"data type {x.dtype.name} is not supported for x (float32)")
     high, low = ops.maximum(ops.max(x), 0.0), ops.minimum(ops.min(x), 0.0)
     scale = ops.div(ops.where(ops.equal(high, low), 1.0, ops.sub(high, low)), 255.0)
-    zero = _saturated(ops.neg(ops.div(low, scale)), None, "uint8")
-    return [_saturated(ops.div(x, scale), zero, "uint8"), scale, zero]
+    zero = saturated(ops.neg(ops.div(low, scale)), None, "uint8")
+    return [saturated(ops.div(x, scale), zero, "uint8"), scale, zero]
 
 
 def _quantized_input(node: Node, k: int):
@@ -169,7 +169,7 @@ def _requantized(node: Node, accumulator, scales: tuple, w_axis: int, zero, out:
     multiplier = ops.div(ops.mul(ops.reshape(x_scale, ()), w_scale), ops.reshape(y_scale, ()))
     if zero is not None and zero.size != 1:
         raise node.error(f"y's zero point of shape {list(zero.shape)} is not supported (per tensor only)")
-    return _saturated(ops.mul(accumulator, ops.cast(multiplier, "float64")),
+    return saturated(ops.mul(accumulator, ops.cast(multiplier, "float64")),
                       None if zero is None else ops.reshape(zero, ()), out)
 
 

@@ -1,0 +1,124 @@
+"""Converters of onnxruntime's quantized operators in the `com.microsoft` domain, which its quantizer writes into a
+model of QOperator format (`quantize_static(..., quant_format=QuantFormat.QOperator)`): QLinearAdd, QLinearMul,
+QLinearSigmoid, QLinearLeakyRelu, QLinearSoftmax, QLinearGlobalAveragePool, QLinearAveragePool, QLinearConcat.
+
+Each is its float operator between a dequantization of its 8-bit inputs and a quantization of the result, as the
+operators' definitions say: x = (q - zero_point) * scale per input, y = saturate(round(f(x...) / y_scale) +
+y_zero_point) (halves to even), scales and zero points per tensor. The float operator is the default domain's own
+converter (`float_operator`), so QLinearAveragePool pools exactly as AveragePool does. onnxruntime computes some of
+them in fixed point or by tables, one step apart from the definition at times (the tests allow that step).
+"""
+from __future__ import annotations
+
+from onnx import helper
+
+from .. import ops
+from .errors import OnnxImportError
+from .node import CONVERTERS, Node, converts
+from .quantize import QUANTIZED, saturated
+
+MICROSOFT = "com.microsoft"
+WINDOW_ATTRS = ("auto_pad", "kernel_shape", "pads", "strides", "ceil_mode", "count_include_pad")
+
+
+def dequantized(node: Node, k: int):
+    """Input k (8-bit integers) as f32 values, by its scale (input k + 1) and optional zero point (k + 2)."""
+    q = node.input(k)
+    if q.dtype.name not in QUANTIZED:
+        raise node.error(f"data type {q.dtype.name} is not supported for input {k} (int8, uint8)")
+    scale, zero = _per_tensor(node, k + 1, k + 2, q)
+    centred = ops.cast(q, "float32") if zero is None else ops.sub(ops.cast(q, "float32"), ops.cast(zero, "float32"))
+    return ops.mul(centred, scale)
+
+
+def quantized(node: Node, value, k: int, like):
+    """`value` (f32) quantized by the scale of input k and the optional zero point of input k + 1, into the zero
+    point's type (without one, the type of `like`, the first quantized input)."""
+    scale, zero = _per_tensor(node, k, k + 1, like)
+    return saturated(ops.div(value, scale), zero, (like if zero is None else zero).dtype.name)
+
+
+def _per_tensor(node: Node, k_scale: int, k_zero: int, q) -> tuple:
+    """(the f32 scale of input k_scale, the zero point of input k_zero or None), each one element as a scalar."""
+    scale = node.input(k_scale)
+    zero = node.input(k_zero, required=False) if node.num_inputs > k_zero else None
+    if not scale.dtype.is_float or scale.size != 1:
+        raise node.error(f"input {k_scale} (a scale) must be one float, got {scale.dtype.name}{list(scale.shape)}",
+                         OnnxImportError)
+    if zero is not None and (zero.size != 1 or zero.dtype.name not in QUANTIZED):
+        raise node.error(f"input {k_zero} (a zero point) must be one int8 or uint8, got "
+                         f"{zero.dtype.name}{list(zero.shape)} (per-tensor quantization only)", OnnxImportError)
+    return (ops.cast(ops.reshape(scale, ()), "float32"),
+            None if zero is None else ops.reshape(zero, ()))
+
+
+def float_operator(node: Node, op_type: str, inputs: list, opset: int | None = None, **attrs):
+    """The default domain's `op_type` with `attrs` applied to the graph tensors `inputs`, by its own converter."""
+    names = [f"{node.name}/{op_type}/{k}" for k in range(len(inputs))]
+    proto = helper.make_node(op_type, names, [f"{node.name}/{op_type}"], name=node.name, **attrs)
+    return CONVERTERS[op_type].fn(Node(proto, dict(zip(names, inputs)), opset or node.opset))[0]
+
+
+def _channels_first(node: Node, x, op_type: str, **attrs):
+    """`op_type` over x, whose channels are last where the node's `channels_last` says so (then moved there and
+    back around the operator)."""
+    if not node.flag("channels_last"):
+        return float_operator(node, op_type, [x], **attrs)
+    last = list(range(x.ndim))
+    first = [0, x.ndim - 1] + last[1:-1]
+    y = float_operator(node, op_type, [ops.transpose(x, first)], **attrs)
+    return ops.transpose(y, [0] + last[2:] + [1])
+
+
+@converts("QLinearAdd", "QLinearMul", domain=MICROSOFT)
+def qlinear_binary(node: Node) -> list:
+    """QLinearAdd / QLinearMul (A, its scale and zero point, B, its, C's): A + B or A * B, broadcast."""
+    a = node.input(0)
+    total = float_operator(node, node.op_type[len("QLinear"):], [dequantized(node, 0), dequantized(node, 3)])
+    return [quantized(node, total, 6, a)]
+
+
+@converts("QLinearSigmoid", "QLinearLeakyRelu", attrs=("alpha",), domain=MICROSOFT)
+def qlinear_activation(node: Node) -> list:
+    """QLinearSigmoid / QLinearLeakyRelu (alpha, default 0.01) of X (X, its scale and zero point, Y's)."""
+    attrs = {"alpha": float(node.attr("alpha", 0.01))} if node.op_type == "QLinearLeakyRelu" else {}
+    y = float_operator(node, node.op_type[len("QLinear"):], [dequantized(node, 0)], **attrs)
+    return [quantized(node, y, 3, node.input(0))]
+
+
+@converts("QLinearSoftmax", attrs=("axis", "opset"), domain=MICROSOFT)
+def qlinear_softmax(node: Node) -> list:
+    """QLinearSoftmax: Softmax of the opset its `opset` attribute names (before 13: over the axes from `axis` on)."""
+    opset = node.attr("opset")
+    if opset is None:
+        raise node.error("attribute 'opset' is required (the Softmax semantics it follows)", OnnxImportError)
+    y = float_operator(node, "Softmax", [dequantized(node, 0)], opset=int(opset),
+                       **({"axis": int(node.attr("axis"))} if node.attr("axis") is not None else {}))
+    return [quantized(node, y, 3, node.input(0))]
+
+
+@converts("QLinearGlobalAveragePool", attrs=("channels_last",), domain=MICROSOFT)
+def qlinear_global_average_pool(node: Node) -> list:
+    """QLinearGlobalAveragePool, channels first (NCHW) or, with channels_last, last (NHWC)."""
+    y = _channels_first(node, dequantized(node, 0), "GlobalAveragePool")
+    return [quantized(node, y, 3, node.input(0))]
+
+
+@converts("QLinearAveragePool", attrs=WINDOW_ATTRS + ("channels_last",), domain=MICROSOFT)
+def qlinear_average_pool(node: Node) -> list:
+    """QLinearAveragePool: AveragePool's windows (pads, strides, ceil mode, count_include_pad), channels first or
+    last."""
+    attrs = {name: node.attr(name) for name in WINDOW_ATTRS if node.attr(name) is not None}
+    y = _channels_first(node, dequantized(node, 0), "AveragePool", **attrs)
+    return [quantized(node, y, 3, node.input(0))]
+
+
+@converts("QLinearConcat", attrs=("axis",), domain=MICROSOFT)
+def qlinear_concat(node: Node) -> list:
+    """QLinearConcat (Y's scale and zero point, then each input with its scale and zero point) along `axis`."""
+    if node.num_inputs < 5 or (node.num_inputs - 2) % 3:
+        raise node.error(f"takes Y's scale and zero point, then (tensor, scale, zero point) triples; got "
+                         f"{node.num_inputs} inputs", OnnxImportError)
+    parts = [dequantized(node, k) for k in range(2, node.num_inputs, 3)]
+    y = float_operator(node, "Concat", parts, axis=int(node.attr("axis")))
+    return [quantized(node, y, 0, node.input(2))]

@@ -1,0 +1,203 @@
+"""onnxruntime's quantized `com.microsoft` operators (graph/onnx_import/microsoft.py) against two oracles: numpy's
+evaluation of their definition (dequantize, the float operator, quantize with halves to even, saturate) and
+onnxruntime, which computes some of them in fixed point or by tables, a quantization step apart at times.
+Hypothesis draws shapes (size 1, odd and prime), both 8-bit types, and zero points or none; refusals follow.
+Every kernel the tests launch is also compiled for CUDA by NVRTC (tests/conftest.py)."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+import taskdsl.graph as tg
+from taskdsl.graph.onnx_import import OnnxImportError, UnsupportedOnnxError
+
+from . import make_model, run_onnxruntime, tensor_info
+
+pytest.importorskip("onnxruntime")
+
+TYPES = {TensorProto.UINT8: np.uint8, TensorProto.INT8: np.int8}
+SIZES = st.sampled_from([1, 2, 3, 5, 7])
+
+
+def microsoft_model(node, inputs: list, inits: dict, out_elem: int):
+    """A one-node model of an operator of another domain (com.microsoft), unchecked: onnx's checker knows no contrib
+    schema."""
+    graph = helper.make_graph([node], "test", [tensor_info(*i) for i in inputs],
+                              [helper.make_tensor_value_info("y", out_elem, None)],
+                              [numpy_helper.from_array(np.asarray(v), name=k) for k, v in inits.items()])
+    return helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 17),
+                                                                 helper.make_opsetid(node.domain, 1)])
+
+
+def parameters(rng, dtype, zero: bool, name: str) -> dict:
+    """A scale and (with `zero`) a zero point, per tensor, named after `name`."""
+    info = np.iinfo(dtype)
+    params = {f"{name}_scale": np.float32(rng.choice([0.02, 0.05, 0.1, 0.37]))}
+    if zero:
+        params[f"{name}_zero"] = dtype(rng.integers(info.min // 2, info.max // 2 + 1))
+    return params
+
+
+def inputs_of(name: str, params: dict) -> list:
+    """The node's inputs for a quantized tensor `name`: itself, its scale, its zero point ('' where none)."""
+    return [name, f"{name}_scale", f"{name}_zero" if f"{name}_zero" in params else ""]
+
+
+def dequantize(q: np.ndarray, params: dict, name: str) -> np.ndarray:
+    zero = np.float32(params.get(f"{name}_zero", 0))
+    return (q.astype(np.float32) - zero) * params[f"{name}_scale"]
+
+
+def quantize(v: np.ndarray, params: dict, name: str, dtype) -> np.ndarray:
+    info = np.iinfo(dtype)
+    zero = np.float32(params.get(f"{name}_zero", 0))
+    return np.clip(np.rint(v / params[f"{name}_scale"]) + zero, info.min, info.max).astype(dtype)
+
+
+def check(model, feeds: dict, want: np.ndarray, steps: int) -> None:
+    """taskdsl's output against the numpy definition and onnxruntime: within `steps` quantization steps of the
+    definition (0: equal), and within one of onnxruntime, which runs the operators only with every zero point
+    given (its type inference fails on a missing one, which the schema allows)."""
+    got = tg.from_onnx(model).compile()(feeds)[0]
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert np.abs(got.astype(np.int32) - want).max(initial=0) <= steps
+    if "" in model.graph.node[0].input:       # (a zero point left out)
+        return
+    ort = run_onnxruntime(model, feeds)[0]
+    assert np.abs(got.astype(np.int32) - ort).max(initial=0) <= 1
+
+
+def quantized_input(rng, shape, dtype) -> np.ndarray:
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max + 1, shape).astype(dtype)
+
+
+@settings(max_examples=12, deadline=None)
+@given(op=st.sampled_from(["QLinearAdd", "QLinearMul"]), shape=st.lists(SIZES, min_size=1, max_size=3),
+       broadcast=st.sampled_from(["same", "scalar", "last"]), elem=st.sampled_from(sorted(TYPES)),
+       zeros=st.tuples(st.booleans(), st.booleans(), st.booleans()), seed=st.integers(0, 99))
+def test_qlinear_add_and_mul(op, shape, broadcast, elem, zeros, seed):
+    """A + B / A * B of two quantized tensors, B broadcast, each with its own scale and zero point (or none)."""
+    dtype, rng = TYPES[elem], np.random.default_rng(seed)
+    other = {"same": shape, "scalar": [1], "last": shape[-1:]}[broadcast]
+    a, b = quantized_input(rng, shape, dtype), quantized_input(rng, other, dtype)
+    params = {**parameters(rng, dtype, zeros[0], "a"), **parameters(rng, dtype, zeros[1], "b"),
+              **parameters(rng, dtype, zeros[2], "c")}
+    node = helper.make_node(op, inputs_of("a", params) + inputs_of("b", params) + inputs_of("c", params)[1:], ["y"],
+                            domain="com.microsoft")
+    model = microsoft_model(node, [("a", shape, elem), ("b", other, elem)], params, elem)
+    fn = np.add if op == "QLinearAdd" else np.multiply
+    want = quantize(fn(dequantize(a, params, "a"), dequantize(b, params, "b")), params, "c", dtype)
+    check(model, {"a": a, "b": b}, want, steps=0)
+
+
+@settings(max_examples=10, deadline=None)
+@given(op=st.sampled_from(["QLinearSigmoid", "QLinearLeakyRelu"]), shape=st.lists(SIZES, min_size=1, max_size=3),
+       elem=st.sampled_from(sorted(TYPES)), zeros=st.tuples(st.booleans(), st.booleans()), seed=st.integers(0, 99))
+def test_qlinear_activations(op, shape, elem, zeros, seed):
+    """Sigmoid (a transcendental: one step from numpy's at a rounding tie) and LeakyRelu with its alpha."""
+    dtype, rng = TYPES[elem], np.random.default_rng(seed)
+    x = quantized_input(rng, shape, dtype)
+    params = {**parameters(rng, dtype, zeros[0], "x"), **parameters(rng, dtype, zeros[1], "y")}
+    attrs = {"alpha": 0.3} if op == "QLinearLeakyRelu" else {}
+    node = helper.make_node(op, inputs_of("x", params) + inputs_of("y", params)[1:], ["y"], domain="com.microsoft",
+                            **attrs)
+    v = dequantize(x, params, "x")
+    v = 1 / (1 + np.exp(-v.astype(np.float64))) if op == "QLinearSigmoid" else np.where(v >= 0, v, np.float32(0.3) * v)
+    want = quantize(v.astype(np.float32), params, "y", dtype)
+    check(microsoft_model(node, [("x", shape, elem)], params, elem), {"x": x}, want,
+          steps=1 if op == "QLinearSigmoid" else 0)
+
+
+@pytest.mark.parametrize("channels_last", [0, 1])
+@pytest.mark.parametrize("elem", sorted(TYPES))
+def test_qlinear_global_average_pool(channels_last, elem):
+    """The mean over the spatial axes, channels first or last (onnxruntime rounds its mean in fixed point)."""
+    dtype, rng = TYPES[elem], np.random.default_rng(3)
+    shape = [2, 7, 5, 3] if channels_last else [2, 3, 7, 5]
+    x = quantized_input(rng, shape, dtype)
+    params = {**parameters(rng, dtype, True, "x"), **parameters(rng, dtype, True, "y")}
+    node = helper.make_node("QLinearGlobalAveragePool", inputs_of("x", params) + inputs_of("y", params)[1:], ["y"],
+                            domain="com.microsoft", channels_last=channels_last)
+    axes = (1, 2) if channels_last else (2, 3)
+    want = quantize(dequantize(x, params, "x").astype(np.float64).mean(axes, keepdims=True).astype(np.float32),
+                    params, "y", dtype)
+    check(microsoft_model(node, [("x", shape, elem)], params, elem), {"x": x}, want, steps=1)
+
+
+@pytest.mark.parametrize("channels_last", [0, 1])
+@pytest.mark.parametrize("count_include_pad", [0, 1])
+def test_qlinear_average_pool(channels_last, count_include_pad):
+    """3x3 windows, stride 2, padding 1, channels first or last; against the float AveragePool's mean."""
+    dtype, rng = np.uint8, np.random.default_rng(5)
+    x = quantized_input(rng, [1, 4, 9, 7], dtype)
+    params = {**parameters(rng, dtype, True, "x"), **parameters(rng, dtype, True, "y")}
+    window = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "count_include_pad": count_include_pad}
+    node = helper.make_node("QLinearAveragePool", inputs_of("x", params) + inputs_of("y", params)[1:], ["y"],
+                            domain="com.microsoft", channels_last=channels_last, **window)
+    float_pool = make_model([helper.make_node("AveragePool", ["x"], ["y"], **window)], [("x", [1, 4, 9, 7])],
+                            [("y", [1, 4, 5, 4])])
+    pooled = run_onnxruntime(float_pool, {"x": dequantize(x, params, "x")})[0]
+    want = quantize(pooled, params, "y", dtype)
+    feed = x.transpose(0, 2, 3, 1).copy() if channels_last else x
+    model = microsoft_model(node, [("x", list(feed.shape), TensorProto.UINT8)], params, TensorProto.UINT8)
+    got = tg.from_onnx(model).compile()({"x": feed})[0]
+    got = got.transpose(0, 3, 1, 2) if channels_last else got
+    assert np.abs(got.astype(np.int32) - want).max() <= 1
+    assert np.abs(got.astype(np.int32) - (run_onnxruntime(model, {"x": feed})[0].transpose(0, 3, 1, 2)
+                                          if channels_last else run_onnxruntime(model, {"x": feed})[0])).max() <= 1
+
+
+@pytest.mark.parametrize("opset, axis", [(13, 1), (11, 1), (13, -1)])
+def test_qlinear_softmax(opset, axis):
+    """Softmax by the semantics of its `opset` attribute (11: over the axes from `axis` on, flattened)."""
+    dtype, rng = np.uint8, np.random.default_rng(7)
+    x = quantized_input(rng, [2, 3, 5], dtype)
+    params = {**parameters(rng, dtype, True, "x"), "y_scale": np.float32(1 / 256), "y_zero": np.uint8(0)}
+    node = helper.make_node("QLinearSoftmax", inputs_of("x", params) + inputs_of("y", params)[1:], ["y"],
+                            domain="com.microsoft", opset=opset, axis=axis)
+    v = dequantize(x, params, "x").astype(np.float64)
+    rows = v.reshape(2, 15) if opset == 11 else v
+    e = np.exp(rows - rows.max(-1 if opset == 11 else axis, keepdims=True))
+    soft = (e / e.sum(-1 if opset == 11 else axis, keepdims=True)).reshape(v.shape)
+    want = quantize(soft.astype(np.float32), params, "y", dtype)
+    check(microsoft_model(node, [("x", [2, 3, 5], TensorProto.UINT8)], params, TensorProto.UINT8), {"x": x}, want,
+          steps=1)
+
+
+@pytest.mark.parametrize("elem", sorted(TYPES))
+def test_qlinear_concat(elem):
+    """Three inputs, each with its scale and zero point, requantized by Y's along axis 1."""
+    dtype, rng = TYPES[elem], np.random.default_rng(11)
+    shapes = [[2, 3, 4], [2, 1, 4], [2, 5, 4]]
+    xs = [quantized_input(rng, s, dtype) for s in shapes]
+    params = parameters(rng, dtype, True, "y")
+    names = []
+    for k in range(3):
+        params |= parameters(rng, dtype, k != 1, f"x{k}")
+        names += inputs_of(f"x{k}", params)
+    node = helper.make_node("QLinearConcat", ["y_scale", "y_zero"] + names, ["y"], domain="com.microsoft", axis=1)
+    model = microsoft_model(node, [(f"x{k}", s, elem) for k, s in enumerate(shapes)], params, elem)
+    want = quantize(np.concatenate([dequantize(x, params, f"x{k}") for k, x in enumerate(xs)], 1), params, "y", dtype)
+    check(model, {f"x{k}": x for k, x in enumerate(xs)}, want, steps=0)
+
+
+def test_refusals_name_what_is_supported():
+    """An unknown domain, an unknown com.microsoft operator, a per-axis zero point, a QLinearSoftmax without opset."""
+    x = ("x", [2, 3], TensorProto.UINT8)
+    scalar = {"s": np.float32(0.1), "z": np.uint8(3)}
+    cases = [
+        (helper.make_node("Foo", ["x"], ["y"], domain="org.example"), scalar,
+         r"domain 'org.example' is not supported \(the default ONNX domain and com.microsoft are\)"),
+        (helper.make_node("QGemm", ["x"], ["y"], domain="com.microsoft"), scalar,
+         r"operator QGemm of domain 'com.microsoft' is not supported; supported operators of com.microsoft: "
+         r"QLinearAdd, QLinearAveragePool"),
+        (helper.make_node("QLinearSigmoid", ["x", "s", "zz", "s", "z"], ["y"], domain="com.microsoft"),
+         {**scalar, "zz": np.array([1, 2, 3], np.uint8)}, r"input 2 \(a zero point\) must be one int8 or uint8"),
+        (helper.make_node("QLinearSoftmax", ["x", "s", "z", "s", "z"], ["y"], domain="com.microsoft"), scalar,
+         r"attribute 'opset' is required"),
+    ]
+    for node, inits, message in cases:
+        with pytest.raises(UnsupportedOnnxError if "not supported" in message else OnnxImportError, match=message):
+            tg.from_onnx(microsoft_model(node, [x], inits, TensorProto.UINT8))
