@@ -3,17 +3,20 @@
     conv(x) -> add(., c) -> relu -> conv        (NCHW, as imported)
       =>  transpose(x, NHWC) -> conv' -> add(., c') -> relu -> conv' -> transpose(., NCHW)
 
-Each 2-D convolution stacked with another (not a lone one between channels-first tensors,
-`_stacked`) becomes its channels-last form, and the layout then propagates forward
-through pooling, concat and elementwise operators: one that reads a channels-last tensor
-computes channels-last too. A reduction over the spatial axes of one (a global pool) reduces
-its channels-last form: the channels are then the contiguous axis of its output rows. A
-concat joins along the same axis, where it now lies; an elementwise operator's other operands
-are transposed to match (constants here, once; a lower-rank broadcast operand is first padded
-to rank 4). Every other operator keeps the original layout, and a tensor crossing back gets
-one transpose, made once however many read it; the graph's inputs and outputs keep their layout.
-Transposes at a convolution's input or output are fused into its kernel by `partition` like any
-other prologue or epilogue.
+Each 2-D convolution (of floats, or of 8-bit integers: a quantized model's) stacked with another
+(not a lone one between channels-first tensors, `_stacked`) becomes its channels-last form, and the
+layout then propagates forward through pooling, concat, elementwise operators and pads of the
+spatial axes (a quantized convolution's input padded with its zero point): one that reads a
+channels-last tensor computes channels-last too. A reduction over the spatial axes of one (a global
+pool) reduces its channels-last form: the channels are then the contiguous axis of its output rows;
+one over every axis (a dynamic quantization's max and min) reads it as it is. A concat joins along
+the same axis, where it now lies; an elementwise operator's other operands are transposed to match
+(constants here, once; a lower-rank broadcast operand is first padded to rank 4). Every other
+operator keeps the original layout, and a tensor crossing back gets one transpose, made once however
+many read it; the graph's inputs and outputs keep their layout. A transpose whose axes longer than 1
+keep their order (a per-channel (1, C, 1, 1) operand) is a reshape, which moves no data. Transposes
+at a convolution's input or output are fused into its kernel by `partition` like any other prologue
+or epilogue.
 
 Why: with channels contiguous, the im2col of a convolution copies runs of C floats and a
 convolution's GEMM writes its output rows in place (cpu and GPU alike), and tensor cores want
@@ -24,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph import Graph
-from ..ops import Concat, Conv, Elementwise, Pool
+from ..ops import Concat, Conv, Elementwise, IntegerConv, Pad, Pool
 from ..ops.reduce import Reduce
 from ..ops.transform import reshape, transpose
 from ..tensor import constant
@@ -34,8 +37,8 @@ TO_FIRST = (0, 3, 1, 2)       # NHWC -> NCHW
 
 
 def _converts(op) -> bool:
-    """A channels-first 2-D convolution."""
-    return isinstance(op, Conv) and op.inputs[0].ndim == 4 and not op.attrs["channels_last"]
+    """A channels-first 2-D convolution (of floats, or of 8-bit integers: a quantized model's)."""
+    return isinstance(op, (Conv, IntegerConv)) and op.inputs[0].ndim == 4 and not op.attrs["channels_last"]
 
 
 def _stacked(graph: Graph) -> set:
@@ -55,7 +58,8 @@ def _stacked(graph: Graph) -> set:
             for op in users.get(id(frontier.pop()), []):
                 if _converts(op) and id(op.inputs[0]) in reached:
                     stacked |= {id(conv), id(op)}
-                elif (_pools_last(op, reached) or _follows(op, reached)) and id(op.outputs[0]) not in reached:
+                elif (_pools_last(op, reached) or _follows(op, reached) or _pads_spatially(op, reached)) \
+                        and id(op.outputs[0]) not in reached:
                     out = id(op.outputs[0])
                     if reached_by.setdefault(out, id(conv)) != id(conv):      # meets another's region
                         stacked |= {id(conv), reached_by[out]}
@@ -77,6 +81,21 @@ def _follows(op, computed: set) -> bool:
             and all(t.ndim <= 4 for t in op.inputs) and any(t.ndim == 4 and id(t) in computed for t in op.inputs))
 
 
+def _pads_spatially(op, computed: set) -> bool:
+    """A pad of the spatial axes alone of a 4-D tensor computed channels-last (a quantized convolution's input,
+    padded with its zero point): its channels-last form pads axes 1 and 2."""
+    pads = op.attrs["pads"] if isinstance(op, Pad) else None
+    return (pads is not None and op.inputs[0].ndim == 4 and id(op.inputs[0]) in computed
+            and not any(pads[k] or pads[4 + k] for k in (0, 1)))
+
+
+def _reduces_everything(op, computed: set) -> bool:
+    """A reduction of every axis of a 4-D tensor computed channels-last into a scalar (a dynamic quantization's
+    max and min), the same in either layout."""
+    return (isinstance(op, Reduce) and op.inputs[0].ndim == 4 and sorted(op.attrs["axes"]) == [0, 1, 2, 3]
+            and not op.attrs["keepdims"] and id(op.inputs[0]) in computed)
+
+
 def _reduces_spatial(op, computed: set) -> bool:
     """A reduction over exactly the spatial axes (2, 3) of a 4-D tensor computed channels-last: a global pool, whose
     channels-last form reduces axes (1, 2), each output row's channels contiguous (the cpu's 'columns' schedule).
@@ -90,7 +109,7 @@ def runs_channels_last(graph: Graph) -> bool:
     """Whether a 2-D convolution of `graph` (alone, or the anchor of a fused kernel) runs channels-last."""
     def conv(op):
         anchor = getattr(op, "anchor", None)
-        return op if isinstance(op, Conv) else conv(anchor) if anchor is not None else None
+        return op if isinstance(op, (Conv, IntegerConv)) else conv(anchor) if anchor is not None else None
     return any(c is not None and c.inputs[0].ndim == 4 and c.attrs["channels_last"]
                for c in map(conv, graph.nodes))
 
@@ -107,7 +126,7 @@ class _Layouts:
         """`t` in its original layout (a transpose back, made once, when it only exists channels-last)."""
         if id(t) not in self.first:
             # a graph input or constant is itself in every graph; its channels-last form may be padded to rank 4
-            self.first[id(t)] = transpose(self.last[id(t)], TO_FIRST) if id(t) in self.computed else t
+            self.first[id(t)] = _permuted(self.last[id(t)], TO_FIRST) if id(t) in self.computed else t
         return self.first[id(t)]
 
     def as_last(self, t):
@@ -120,9 +139,17 @@ class _Layouts:
                 self.last[id(t)] = constant(np.ascontiguousarray(value.transpose(TO_LAST)), t.dtype)
             else:
                 x = self.as_first(t)
-                x = x if x.ndim == 4 else reshape(x, (1,) * (4 - x.ndim) + x.shape)
-                self.last[id(t)] = transpose(x, TO_LAST)
+                self.last[id(t)] = _permuted(reshape(x, (1,) * (4 - x.ndim) + x.shape), TO_LAST)
         return self.last[id(t)]
+
+
+def _permuted(x, perm: tuple):
+    """x transposed by `perm`; reshaped where its axes longer than 1 keep their order (a per-channel (1, C, 1, 1)
+    operand, a global pool's (1, 1, 1, C)), which moves no data: no transpose kernel."""
+    shape = tuple(x.shape[k] for k in perm)
+    if [n for n in x.shape if n != 1] == [n for n in shape if n != 1]:
+        return reshape(x, shape)
+    return transpose(x, perm)
 
 
 def channels_last(graph: Graph) -> Graph:
@@ -139,6 +166,14 @@ def channels_last(graph: Graph) -> Graph:
         elif _reduces_spatial(op, layouts.computed):     # without keepdims, (N, C) in either layout
             results = Reduce([layouts.as_last(op.inputs[0])], dict(op.attrs, axes=(1, 2))).outputs
             into = layouts.last if op.attrs["keepdims"] else layouts.first
+        elif _reduces_everything(op, layouts.computed):
+            results, into = op.clone([layouts.as_last(op.inputs[0])]).outputs, layouts.first
+        elif _pads_spatially(op, layouts.computed):     # (a pad's value, if a tensor, is one element)
+            pads = op.attrs["pads"]
+            inputs = [layouts.as_last(op.inputs[0])] + [layouts.as_first(t) for t in op.inputs[1:]]
+            results = Pad(inputs, dict(op.attrs, pads=tuple(pads[k] for k in TO_LAST) +
+                                       tuple(pads[4 + k] for k in TO_LAST))).outputs
+            into = layouts.last
         elif _follows(op, layouts.computed):
             inputs = [layouts.as_last(t) for t in op.inputs]
             if isinstance(op, Concat):       # the same axis, where it now lies
