@@ -20,21 +20,23 @@ from ..passes.uniformity import WARP_FUNCS
 def hoist_invariants(value: ir.Expr, written: ir.Buffer) -> tuple[list, ir.Expr]:
     """(assignments of the invariant subexpressions of `value` to fresh locals, `value` reading those locals).
 
-    Invariant: no loop, thread or local variable (sizes are fine), and loads only from buffers other than
-    `written`. In a select's branches or the right operand of `and` / `or`, which only some elements evaluate,
-    only what is safe to evaluate anyway moves (no integer division, loads at constant indices inside constant
-    shapes): a zero point in a padding's border costs a select, not a division per element."""
+    Invariant: no loop, thread or local variable (sizes and scalar parameters are fine), and loads only of
+    constant indices inside constant shapes (a size-1 operand's element) of buffers other than `written`: the
+    assignments run even where the loops run no element (a GPU block's threads past the end, an empty output),
+    so they read nothing a loop would not. In a select's branches or the right operand of `and` / `or`, which
+    only some elements evaluate, no integer division moves either (x86 traps on INT_MIN // -1): a zero point in a
+    padding's border costs a select, not a division per element."""
     hoister = _Hoister(written)
     return hoister.assigns, hoister.visit(value)
 
 
 def _invariant(e: ir.Expr, written: ir.Buffer, conditional: bool) -> bool:
-    """Whether `e` has the same value at every element of a kernel that writes `written` (see above); where
-    `conditional`, also whether evaluating it can neither trap nor read out of bounds."""
+    """Whether `e` has the same value at every element of a kernel that writes `written` and may be computed
+    ahead of its loops (see above; `conditional`: in a branch only some elements take)."""
     for x in ir.collect(e, (ir.Var, ir.SpecialReg, ir.Load, ir.Call, ir.Binary)):
-        if isinstance(x, ir.SpecialReg) or (isinstance(x, ir.Var) and x.kind != "size"):
+        if isinstance(x, ir.SpecialReg) or (isinstance(x, ir.Var) and x.kind not in ("size", "param")):
             return False
-        if isinstance(x, ir.Load) and (x.buffer.uid == written.uid or conditional and not _in_bounds(x)):
+        if isinstance(x, ir.Load) and (x.buffer.uid == written.uid or not _in_bounds(x)):
             return False
         if isinstance(x, ir.Call) and x.func in WARP_FUNCS:
             return False

@@ -58,12 +58,25 @@ def test_hoisted_kernels_match_numpy(m, n, gpu, s):
 
 
 def test_a_branch_keeps_what_may_not_be_evaluated():
-    """In a select's branch an integer division (its divisor may be 0 where the branch is not taken) and a load of
-    a buffer that may be empty stay in the loop; a float product of a size-1 buffer moves ahead, and so do the
-    division's operands."""
+    """In a select's branch an integer division (INT_MIN // -1 traps on x86, where the branch is not taken) stays in
+    the loop, and so does a load of a buffer that may be empty; a float product of a size-1 buffer moves ahead, and
+    so do the division's operands."""
     ahead, loop = _loop_and_ahead(BRANCHES, "spans")
     assert "HS[0] * 2.0" in ahead and "HA[0]" in ahead and "HB[0]" in ahead
     assert "//" in loop and "HV[0]" in loop and "//" not in ahead and "HV" not in ahead
+
+
+GATHERED = td.compute("Gathered", ("M", "N"), lambda i, j: X[i, j] + V[0] + V[A[0]] + X[0, 0])
+
+
+@pytest.mark.parametrize("strategy", ["row_spans", "rows"])
+def test_loads_move_only_where_they_stay_in_bounds(strategy):
+    """Outside any branch too, only loads at constant indices inside constant shapes move: the assignments run where
+    the loops run no element (an output of 0 rows still runs a block of row_spans' grid, a GPU block's threads past
+    the end run too), so V[0] of a V that may be empty, V[A[0]] and X[0, 0] stay in the loop; A[0] moves."""
+    ahead, loop = _loop_and_ahead(GATHERED, strategy)
+    assert "HA[0]" in ahead and "HV" not in ahead and "HX" not in ahead
+    assert "HV[0]" in loop and "HX[0, 0]" in loop
 
 
 @pytest.mark.parametrize("taken", [False, True])
