@@ -86,14 +86,14 @@ def _groups(graph: Graph) -> tuple[list, set]:
                     p = t.producer
                     if type(p) is not Elementwise or id(p) in members or id(p) in heads:
                         continue
-                    alone = (id(p) not in taken and id(t) not in outputs and p.outputs[0].shape == sink.outputs[0].shape
-                             and all(id(r) in members for r in users[id(t)]))
-                    if not (alone or _scalar(p)):
+                    owned = (id(p) not in taken and id(t) not in outputs and p.outputs[0].shape == sink.outputs[0].shape
+                             and all(id(r) in members for r in users[id(t)]))     # (else a scalar joins as a copy)
+                    if not (owned or _scalar(p)):
                         continue
                     candidate = sorted([*members.values(), p], key=lambda op: order[id(op)])
                     if _tree_size(candidate, external_inputs(candidate)) <= MAX_TREE:
                         members[id(p)] = p
-                        copies |= set() if alone else {id(p)}
+                        copies |= set() if owned else {id(p)}
                         grown = True
         if len(members) > 1:
             taken.update(members.keys() - copies)
