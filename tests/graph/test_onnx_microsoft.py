@@ -1,7 +1,8 @@
-"""onnxruntime's quantized `com.microsoft` operators (graph/onnx_import/microsoft.py) against two oracles: numpy's
-evaluation of their definition (dequantize, the float operator, quantize with halves to even, saturate) and
-onnxruntime, which computes some of them in fixed point or by tables, a quantization step apart at times.
-Hypothesis draws shapes (size 1, odd and prime), both 8-bit types, and zero points or none; refusals follow.
+"""onnxruntime's `com.microsoft` operators (graph/onnx_import/microsoft.py) against two oracles: numpy's evaluation of
+their definitions and onnxruntime. The quantized ones (dequantize, the float operator, quantize with halves to even,
+saturate; onnxruntime computes some in fixed point or by tables, a quantization step apart at times) over
+hypothesis-drawn shapes (size 1, odd and prime), both 8-bit types, and zero points or none; the transformer
+optimizer's fused ones (Gelus, FusedMatMul, skip layer norms); refusals.
 Every kernel the tests launch is also compiled for CUDA by NVRTC (tests/conftest.py)."""
 import numpy as np
 import pytest
@@ -184,7 +185,8 @@ def test_qlinear_concat(elem):
 
 
 def test_refusals_name_what_is_supported():
-    """An unknown domain, an unknown com.microsoft operator, a per-axis zero point, a QLinearSoftmax without opset."""
+    """An unknown domain, an unknown com.microsoft operator, a per-axis zero point, a QLinearSoftmax without opset,
+    FusedMatMul's batch transposes, an RMS norm's mean."""
     x = ("x", [2, 3], TensorProto.UINT8)
     scalar = {"s": np.float32(0.1), "z": np.uint8(3)}
     cases = [
@@ -192,12 +194,92 @@ def test_refusals_name_what_is_supported():
          r"domain 'org.example' is not supported \(the default ONNX domain and com.microsoft are\)"),
         (helper.make_node("QGemm", ["x"], ["y"], domain="com.microsoft"), scalar,
          r"operator QGemm of domain 'com.microsoft' is not supported; supported operators of com.microsoft: "
-         r"QLinearAdd, QLinearAveragePool"),
+         r"BiasGelu, FastGelu, FusedMatMul, Gelu, QLinearAdd"),
         (helper.make_node("QLinearSigmoid", ["x", "s", "zz", "s", "z"], ["y"], domain="com.microsoft"),
          {**scalar, "zz": np.array([1, 2, 3], np.uint8)}, r"input 2 \(a zero point\) must be one int8 or uint8"),
         (helper.make_node("QLinearSoftmax", ["x", "s", "z", "s", "z"], ["y"], domain="com.microsoft"), scalar,
          r"attribute 'opset' is required"),
+        (helper.make_node("FusedMatMul", ["x", "x"], ["y"], domain="com.microsoft", transBatchA=1), scalar,
+         r"transBatchA / transBatchB are not supported"),
+        (helper.make_node("SkipSimplifiedLayerNormalization", ["x", "x", "x"], ["y", "mean"], domain="com.microsoft"),
+         scalar, r"outputs mean and inv_std_var are not supported"),
     ]
     for node, inits, message in cases:
         with pytest.raises(UnsupportedOnnxError if "not supported" in message else OnnxImportError, match=message):
             tg.from_onnx(microsoft_model(node, [x], inits, TensorProto.UINT8))
+
+
+# ---------------------------------------------------------------- the transformer optimizer's fused operators
+def float_model(op: str, inputs: list, inits: dict | None = None, outputs: tuple = ("y",), **attrs):
+    """A one-node model of com.microsoft's `op` over f32 inputs ((name, shape); '' for one left out), its outputs
+    named `outputs` ('' for one left out; the first is y)."""
+    node = helper.make_node(op, [name for name, _ in inputs], list(outputs), domain="com.microsoft", **attrs)
+    model = microsoft_model(node, [(n, s, TensorProto.FLOAT) for n, s in inputs if n and n not in (inits or {})],
+                            inits or {}, TensorProto.FLOAT)
+    model.graph.output.extend(helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs[1:] if n)
+    return model
+
+
+def check_float(model, feeds: dict, want: list, rtol: float = 1e-5) -> None:
+    """taskdsl's outputs against numpy's `want` and onnxruntime's."""
+    got = tg.from_onnx(model).compile()(feeds)
+    ort = run_onnxruntime(model, feeds)
+    for g, w, o in zip(got, want, ort):
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=rtol)
+        np.testing.assert_allclose(g, o, rtol=rtol, atol=rtol)
+
+
+@pytest.mark.parametrize("op, bias", [("Gelu", False), ("BiasGelu", True), ("FastGelu", False), ("FastGelu", True),
+                                      ("QuickGelu", False)])
+def test_gelus(op, bias):
+    """Gelu (erf), BiasGelu, FastGelu (tanh; with or without its bias) and QuickGelu (x * sigmoid(1.702 x))."""
+    rng = np.random.default_rng(13)
+    x, b = (rng.standard_normal((2, 3, 7)) * 3).astype(np.float32), rng.standard_normal(7).astype(np.float32)
+    v = (x + b if bias else x).astype(np.float64)
+    if op == "QuickGelu":
+        want = v / (1 + np.exp(-1.702 * v))
+    elif op == "FastGelu":
+        want = 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v ** 3)))
+    else:
+        want = 0.5 * v * (1 + np.vectorize(__import__("math").erf)(v / np.sqrt(2)))
+    model = float_model(op, [("x", [2, 3, 7])] + ([("b", [7])] if bias else []))
+    check_float(model, {"x": x, **({"b": b} if bias else {})}, [want.astype(np.float32)])
+
+
+@pytest.mark.parametrize("trans_a, trans_b, alpha", [(0, 0, 1.0), (1, 0, 0.5), (0, 1, 1.0), (1, 1, -2.0)])
+def test_fused_matmul(trans_a, trans_b, alpha):
+    """alpha * A @ B with A or B transposed in its last two axes; A batched (2, ...), B broadcast."""
+    rng = np.random.default_rng(17)
+    a = rng.standard_normal((2, 7, 5) if trans_a else (2, 5, 7)).astype(np.float32)
+    b = rng.standard_normal((3, 7) if trans_b else (7, 3)).astype(np.float32)
+    model = float_model("FusedMatMul", [("a", list(a.shape)), ("b", list(b.shape))], transA=trans_a,
+                        transB=trans_b, alpha=alpha)
+    want = alpha * np.matmul(a.transpose(0, 2, 1) if trans_a else a, b.T if trans_b else b)
+    check_float(model, {"a": a, "b": b}, [want])
+
+
+@pytest.mark.parametrize("op", ["SkipLayerNormalization", "SkipSimplifiedLayerNormalization"])
+@pytest.mark.parametrize("with_beta, with_bias", [(True, True), (False, False), (True, False)])
+def test_skip_layer_norms(op, with_beta, with_bias):
+    """input + skip (+ bias) normalized over the last axis, times gamma (+ beta); the sum as output 3, and the layer
+    norm's mean and 1 / standard deviation as outputs 1 and 2."""
+    simplified = op == "SkipSimplifiedLayerNormalization"
+    rng = np.random.default_rng(19)
+    x, skip = (rng.standard_normal((2, 3, 16)).astype(np.float32) for _ in range(2))
+    gamma, beta, bias = (rng.standard_normal(16).astype(np.float32) for _ in range(3))
+    inits = {"gamma": gamma} | ({"beta": beta} if with_beta and not simplified else {}) | \
+        ({"bias": bias} if with_bias else {})
+    names = ["x", "skip", "gamma"] + ([] if simplified else ["beta" if "beta" in inits else ""]) + \
+        (["bias"] if with_bias else [])
+    outputs = ("y", "", "", "sum") if simplified else ("y", "mean", "inv_std", "sum")   # (the RMS norm has no mean)
+    model = float_model(op, [(n, [2, 3, 16] if n in ("x", "skip") else [16]) for n in names], inits, outputs,
+                        epsilon=1e-5)
+    total = (x + skip + (bias if with_bias else 0)).astype(np.float64)
+    if simplified:
+        normed = total / np.sqrt((total ** 2).mean(-1, keepdims=True) + 1e-5) * gamma
+        want = [normed, total]
+    else:
+        mean, var = total.mean(-1, keepdims=True), total.var(-1, keepdims=True)
+        inv_std = 1 / np.sqrt(var + 1e-5)
+        want = [(total - mean) * inv_std * gamma + (beta if "beta" in inits else 0), mean, inv_std, total]
+    check_float(model, {"x": x, "skip": skip}, [w.astype(np.float32) for w in want], rtol=2e-5)

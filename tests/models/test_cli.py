@@ -120,6 +120,23 @@ def test_run_onnx_file_quantized_statically_by_onnxruntime(tmp_path, capsys, qua
     assert ", ok (tolerance 2e-01, activations rounded to 8 bits)" in out, out
 
 
+def test_run_onnx_file_fused_by_onnxruntimes_transformer_optimizer(tmp_path, capsys):
+    """The small BERT after onnxruntime's transformer optimizer (its fusions only, opt_level 0): com.microsoft's
+    SkipLayerNormalization and BiasGelu in it, run and checked against onnxruntime at f32's tolerance."""
+    pytest.importorskip("onnxruntime")
+    import onnx
+    from onnxruntime.transformers.optimizer import optimize_model
+    spec = models.get("bert")
+    onnx.save(models.export_onnx(spec.build(spec.small)), str(tmp_path / "bert.onnx"))
+    optimize_model(str(tmp_path / "bert.onnx"), model_type="bert", opt_level=0).save_model_to_file(
+        str(tmp_path / "fused.onnx"))
+    contrib = {n.op_type for n in onnx.load(str(tmp_path / "fused.onnx")).graph.node if n.domain == "com.microsoft"}
+    assert contrib == {"SkipLayerNormalization", "BiasGelu"}
+    assert main(["run", "--onnx", str(tmp_path / "fused.onnx"), "--iters", "1", "--target", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "vs onnxruntime" in out and ", ok" in out and "tolerance" not in out, out
+
+
 def _reshape_model(path):
     """An ONNX model whose Reshape takes its shape from a graph input: fixed only by --constant."""
     import onnx

@@ -1,6 +1,9 @@
-"""Converters of onnxruntime's quantized operators in the `com.microsoft` domain, which its quantizer writes into a
+"""Converters of onnxruntime's operators in the `com.microsoft` domain: the quantized ones its quantizer writes into a
 model of QOperator format (`quantize_static(..., quant_format=QuantFormat.QOperator)`): QLinearAdd, QLinearMul,
-QLinearSigmoid, QLinearLeakyRelu, QLinearSoftmax, QLinearGlobalAveragePool, QLinearAveragePool, QLinearConcat.
+QLinearSigmoid, QLinearLeakyRelu, QLinearSoftmax, QLinearGlobalAveragePool, QLinearAveragePool, QLinearConcat; and
+the fused ones its transformer optimizer writes (`onnxruntime.transformers.optimizer`): Gelu, BiasGelu, FastGelu,
+QuickGelu, FusedMatMul, SkipLayerNormalization, SkipSimplifiedLayerNormalization, each the default domain's operators
+it stands for.
 
 Each is its float operator between a dequantization of its 8-bit inputs and a quantization of the result, as the
 operators' definitions say: x = (q - zero_point) * scale per input, y = saturate(round(f(x...) / y_scale) +
@@ -52,11 +55,15 @@ def _per_tensor(node: Node, k_scale: int, k_zero: int, q) -> tuple:
             None if zero is None else ops.reshape(zero, ()))
 
 
-def float_operator(node: Node, op_type: str, inputs: list, opset: int | None = None, **attrs):
-    """The default domain's `op_type` with `attrs` applied to the graph tensors `inputs`, by its own converter."""
-    names = [f"{node.name}/{op_type}/{k}" for k in range(len(inputs))]
-    proto = helper.make_node(op_type, names, [f"{node.name}/{op_type}"], name=node.name, **attrs)
-    return CONVERTERS[op_type].fn(Node(proto, dict(zip(names, inputs)), opset or node.opset))[0]
+def float_operator(node: Node, op_type: str, inputs: list, opset: int | None = None, outputs: int = 1, **attrs):
+    """The default domain's `op_type` with `attrs` applied to the graph tensors `inputs` (None: left out), by its
+    own converter: its first output, or with `outputs` > 1 that many."""
+    names = ["" if t is None else f"{node.name}/{op_type}/{k}" for k, t in enumerate(inputs)]
+    results = [f"{node.name}/{op_type}:{k}" for k in range(outputs)]
+    proto = helper.make_node(op_type, names, results, name=node.name, **attrs)
+    env = {name: t for name, t in zip(names, inputs) if t is not None}
+    converted = CONVERTERS[op_type].fn(Node(proto, env, opset or node.opset))
+    return converted[0] if outputs == 1 else converted[:outputs]
 
 
 def _channels_first(node: Node, x, op_type: str, **attrs):
@@ -122,3 +129,61 @@ def qlinear_concat(node: Node) -> list:
     parts = [dequantized(node, k) for k in range(2, node.num_inputs, 3)]
     y = float_operator(node, "Concat", parts, axis=int(node.attr("axis")))
     return [quantized(node, y, 0, node.input(2))]
+
+
+# ---------------------------------------------------------------- the transformer optimizer's fused operators
+@converts("Gelu", "BiasGelu", "FastGelu", domain=MICROSOFT)
+def gelu(node: Node) -> list:
+    """Gelu (exact, by erf), BiasGelu (Gelu of A + B) and FastGelu (the tanh approximation, of X + the optional
+    bias), as onnxruntime's transformer optimizer fuses them."""
+    x = node.input(0)
+    if node.op_type != "Gelu" and node.num_inputs > 1 and node.proto.input[1]:
+        x = ops.add(x, node.input(1))
+    approximate = "tanh" if node.op_type == "FastGelu" else "none"
+    return [float_operator(node, "Gelu", [x], opset=20, approximate=approximate)]
+
+
+@converts("QuickGelu", attrs=("alpha",), domain=MICROSOFT)
+def quick_gelu(node: Node) -> list:
+    """QuickGelu: x * sigmoid(alpha * x) (alpha 1.702 by default)."""
+    x = node.input(0)
+    return [ops.mul(x, ops.sigmoid(ops.mul(x, float(node.attr("alpha", 1.702)))))]
+
+
+@converts("FusedMatMul", attrs=("alpha", "transA", "transB", "transBatchA", "transBatchB"), domain=MICROSOFT)
+def fused_matmul(node: Node) -> list:
+    """FusedMatMul: alpha * A @ B, A or B transposed in its last two axes (transA / transB)."""
+    if node.flag("transBatchA") or node.flag("transBatchB"):
+        raise node.error("transBatchA / transBatchB are not supported (transA and transB are)")
+    a, b = node.input(0), node.input(1)
+
+    def last_two_swapped(t, flag: str):
+        if not node.flag(flag) or t.ndim < 2:
+            return t
+        return ops.transpose(t, list(range(t.ndim - 2)) + [t.ndim - 1, t.ndim - 2])
+    y = float_operator(node, "MatMul", [last_two_swapped(a, "transA"), last_two_swapped(b, "transB")])
+    alpha = float(node.attr("alpha", 1.0))
+    return [y if alpha == 1.0 else ops.mul(y, alpha)]
+
+
+@converts("SkipLayerNormalization", "SkipSimplifiedLayerNormalization", attrs=("epsilon",), domain=MICROSOFT)
+def skip_layer_norm(node: Node) -> list:
+    """SkipLayerNormalization (input, skip, gamma, beta, bias) / SkipSimplifiedLayerNormalization (input, skip,
+    gamma, bias): input + skip (+ bias) normalized over the last axis, by a layer norm (beta added) or an RMS norm;
+    outputs the normalized sum, its mean and 1 / standard deviation (the layer norm's), and the sum."""
+    simplified = node.op_type == "SkipSimplifiedLayerNormalization"
+    bias_at = 3 if simplified else 4
+    total = ops.add(node.input(0), node.input(1))
+    if node.num_inputs > bias_at and node.proto.input[bias_at]:
+        total = ops.add(total, node.input(bias_at))
+    beta = None if simplified or node.num_inputs < 4 or not node.proto.input[3] else node.input(3)
+    eps = float(node.attr("epsilon", 1e-12))
+    if simplified:
+        if node.wanted(1) or node.wanted(2):
+            raise node.error("outputs mean and inv_std_var are not supported (output and input_skip_bias_sum are)")
+        return [float_operator(node, "RMSNormalization", [total, node.input(2)], opset=23, epsilon=eps), None, None,
+                total]
+    if not (node.wanted(1) or node.wanted(2)):
+        return [float_operator(node, "LayerNormalization", [total, node.input(2), beta], epsilon=eps), None, None,
+                total]
+    return float_operator(node, "LayerNormalization", [total, node.input(2), beta], outputs=3, epsilon=eps) + [total]
