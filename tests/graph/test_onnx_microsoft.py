@@ -2,7 +2,7 @@
 their definitions and onnxruntime. The quantized ones (dequantize, the float operator, quantize with halves to even,
 saturate; onnxruntime computes some in fixed point or by tables, a quantization step apart at times) over
 hypothesis-drawn shapes (size 1, odd and prime), both 8-bit types, and zero points or none; the transformer
-optimizer's fused ones (Gelus, FusedMatMul, skip layer norms); refusals.
+optimizer's fused ones (Gelus, FusedMatMul, skip layer norms, Attention, EmbedLayerNormalization); refusals.
 Every kernel the tests launch is also compiled for CUDA by NVRTC (tests/conftest.py)."""
 import numpy as np
 import pytest
@@ -186,7 +186,7 @@ def test_qlinear_concat(elem):
 
 def test_refusals_name_what_is_supported():
     """An unknown domain, an unknown com.microsoft operator, a per-axis zero point, a QLinearSoftmax without opset,
-    FusedMatMul's batch transposes, an RMS norm's mean."""
+    FusedMatMul's batch transposes, an RMS norm's mean, Attention's past state and its missing num_heads."""
     x = ("x", [2, 3], TensorProto.UINT8)
     scalar = {"s": np.float32(0.1), "z": np.uint8(3)}
     cases = [
@@ -194,7 +194,7 @@ def test_refusals_name_what_is_supported():
          r"domain 'org.example' is not supported \(the default ONNX domain and com.microsoft are\)"),
         (helper.make_node("QGemm", ["x"], ["y"], domain="com.microsoft"), scalar,
          r"operator QGemm of domain 'com.microsoft' is not supported; supported operators of com.microsoft: "
-         r"BiasGelu, FastGelu, FusedMatMul, Gelu, QLinearAdd"),
+         r"Attention, BiasGelu, EmbedLayerNormalization, FastGelu"),
         (helper.make_node("QLinearSigmoid", ["x", "s", "zz", "s", "z"], ["y"], domain="com.microsoft"),
          {**scalar, "zz": np.array([1, 2, 3], np.uint8)}, r"input 2 \(a zero point\) must be one int8 or uint8"),
         (helper.make_node("QLinearSoftmax", ["x", "s", "z", "s", "z"], ["y"], domain="com.microsoft"), scalar,
@@ -203,6 +203,10 @@ def test_refusals_name_what_is_supported():
          r"transBatchA / transBatchB are not supported"),
         (helper.make_node("SkipSimplifiedLayerNormalization", ["x", "x", "x"], ["y", "mean"], domain="com.microsoft"),
          scalar, r"outputs mean and inv_std_var are not supported"),
+        (helper.make_node("Attention", ["x", "x", "", "", "x"], ["y"], domain="com.microsoft", num_heads=1), scalar,
+         r"input past is not supported \(no past state\)"),
+        (helper.make_node("Attention", ["x", "x"], ["y"], domain="com.microsoft"), scalar,
+         r"attribute 'num_heads' is required"),
     ]
     for node, inits, message in cases:
         with pytest.raises(UnsupportedOnnxError if "not supported" in message else OnnxImportError, match=message):
@@ -283,3 +287,66 @@ def test_skip_layer_norms(op, with_beta, with_bias):
         inv_std = 1 / np.sqrt(var + 1e-5)
         want = [(total - mean) * inv_std * gamma + (beta if "beta" in inits else 0), mean, inv_std, total]
     check_float(model, {"x": x, "skip": skip}, [w.astype(np.float32) for w in want], rtol=2e-5)
+
+
+def _numpy_attention(x, w, b, heads: int, bias) -> np.ndarray:
+    """Multi-head attention of x (B, S, hidden) by packed weights, with an additive (B, 1, S or 1, S) bias."""
+    qkv = x.astype(np.float64) @ w + b
+    batch, length, hidden = x.shape[0], x.shape[1], w.shape[1] // 3
+    q, k, v = (qkv[..., i * hidden:(i + 1) * hidden].reshape(batch, length, heads, -1).transpose(0, 2, 1, 3)
+               for i in range(3))
+    scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(hidden // heads) + bias
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    y = (p / p.sum(-1, keepdims=True)) @ v
+    return y.transpose(0, 2, 1, 3).reshape(batch, length, hidden)
+
+
+@pytest.mark.parametrize("mask, unidirectional", [("none", 0), ("raw", 0), ("lengths", 0), ("raw", 1), ("none", 1)])
+def test_attention(mask, unidirectional):
+    """Packed QKV weights and bias, 2 heads, a raw (B, S) mask of 1 / 0 or valid lengths (B,), causal or not."""
+    rng = np.random.default_rng(23)
+    x = rng.standard_normal((2, 5, 8)).astype(np.float32)
+    w, b = (rng.standard_normal((8, 24)) * 0.5).astype(np.float32), rng.standard_normal(24).astype(np.float32)
+    lengths = np.array([5, 3], np.int32)
+    valid = np.arange(5)[None, :] < lengths[:, None]
+    feeds = {"x": x} | ({"m": valid.astype(np.int32)} if mask == "raw" else {"m": lengths} if mask == "lengths" else {})
+    inputs = [("x", [2, 5, 8]), ("w", [8, 24]), ("b", [24])] + ([("m", list(feeds["m"].shape))] if "m" in feeds else [])
+    node = helper.make_node("Attention", [n for n, _ in inputs], ["y"], domain="com.microsoft", num_heads=2,
+                            unidirectional=unidirectional)
+    graph_inputs = [(n, s, TensorProto.INT32 if n == "m" else TensorProto.FLOAT) for n, s in inputs if n in feeds]
+    model = microsoft_model(node, graph_inputs, {"w": w, "b": b}, TensorProto.FLOAT)
+    bias = np.where(valid, 0.0, -10000.0)[:, None, None, :] if mask != "none" else np.zeros((1, 1, 1, 5))
+    if unidirectional:
+        bias = bias + np.where(np.triu(np.ones((5, 5), bool), 1), -10000.0, 0.0)[None, None]
+    check_float(model, feeds, [_numpy_attention(x, w, b, 2, bias).astype(np.float32)], rtol=1e-4)
+
+
+@pytest.mark.parametrize("segments, mask", [(True, True), (False, False)])
+def test_embed_layer_norm(segments, mask):
+    """Word, position and segment embeddings added and layer-normalized; the mask's count per row."""
+    rng = np.random.default_rng(29)
+    ids = rng.integers(0, 11, (2, 6)).astype(np.int32)
+    seg = rng.integers(0, 2, (2, 6)).astype(np.int32)
+    m = (np.arange(6)[None, :] < np.array([[6], [4]])).astype(np.int32)
+    tables = {"word": rng.standard_normal((11, 16)), "pos": rng.standard_normal((8, 16)),
+              "segment": rng.standard_normal((2, 16)), "gamma": rng.standard_normal(16), "beta": rng.standard_normal(16)}
+    tables = {k: v.astype(np.float32) for k, v in tables.items()}
+    names = ["ids", "seg" if segments else "", "word", "pos", "segment" if segments else "", "gamma", "beta"] + \
+        (["m"] if mask else [])
+    node = helper.make_node("EmbedLayerNormalization", names, ["y", "count", "sum"], domain="com.microsoft",
+                            epsilon=1e-5)
+    feeds = {"ids": ids} | ({"seg": seg} if segments else {}) | ({"m": m} if mask else {})
+    model = microsoft_model(node, [(n, [2, 6], TensorProto.INT32) for n in feeds], tables, TensorProto.FLOAT)
+    model.graph.output.extend([helper.make_tensor_value_info("count", TensorProto.INT32, None),
+                               helper.make_tensor_value_info("sum", TensorProto.FLOAT, None)])
+    total = tables["word"][ids] + tables["pos"][np.arange(6)] + (tables["segment"][seg] if segments else 0)
+    total = total.astype(np.float64)
+    normed = (total - total.mean(-1, keepdims=True)) / np.sqrt(total.var(-1, keepdims=True) + 1e-5)
+    got = tg.from_onnx(model).compile()(feeds)
+    ort = run_onnxruntime(model, feeds)
+    np.testing.assert_allclose(got[0], normed * tables["gamma"] + tables["beta"], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got[0], ort[0], rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(got[1], m.sum(1) if mask else np.zeros(2))
+    np.testing.assert_array_equal(got[1], ort[1])
+    np.testing.assert_allclose(got[2], total, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got[2], ort[2], rtol=1e-6, atol=1e-6)

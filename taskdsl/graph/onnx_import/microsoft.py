@@ -2,8 +2,8 @@
 model of QOperator format (`quantize_static(..., quant_format=QuantFormat.QOperator)`): QLinearAdd, QLinearMul,
 QLinearSigmoid, QLinearLeakyRelu, QLinearSoftmax, QLinearGlobalAveragePool, QLinearAveragePool, QLinearConcat; and
 the fused ones its transformer optimizer writes (`onnxruntime.transformers.optimizer`): Gelu, BiasGelu, FastGelu,
-QuickGelu, FusedMatMul, SkipLayerNormalization, SkipSimplifiedLayerNormalization, each the default domain's operators
-it stands for.
+QuickGelu, FusedMatMul, SkipLayerNormalization, SkipSimplifiedLayerNormalization, EmbedLayerNormalization and
+Attention, each the default domain's operators it stands for.
 
 Each is its float operator between a dequantization of its 8-bit inputs and a quantization of the result, as the
 operators' definitions say: x = (q - zero_point) * scale per input, y = saturate(round(f(x...) / y_scale) +
@@ -13,9 +13,11 @@ them in fixed point or by tables, one step apart from the definition at times (t
 """
 from __future__ import annotations
 
+import numpy as np
 from onnx import helper
 
 from .. import ops
+from ..tensor import constant
 from .errors import OnnxImportError
 from .node import CONVERTERS, Node, converts
 from .quantize import QUANTIZED, saturated
@@ -187,3 +189,89 @@ def skip_layer_norm(node: Node) -> list:
         return [float_operator(node, "LayerNormalization", [total, node.input(2), beta], epsilon=eps), None, None,
                 total]
     return float_operator(node, "LayerNormalization", [total, node.input(2), beta], outputs=3, epsilon=eps) + [total]
+
+
+ATTENTION_INPUTS = ("input", "weights", "bias", "mask_index", "past", "attention_bias", "past_sequence_length")
+
+
+@converts("Attention", attrs=("num_heads", "unidirectional", "qkv_hidden_sizes", "mask_filter_value", "scale",
+                              "do_rotary"), domain=MICROSOFT)
+def attention(node: Node) -> list:
+    """com.microsoft's Attention: input (B, S, hidden) @ weights (+ bias) split into Q, K and V (qkv_hidden_sizes,
+    else thirds), num_heads heads each, attended by the default domain's Attention with an additive mask built as
+    onnxruntime builds it: mask_filter_value (-10000) where mask_index (a (B, S) or (B, S, S) raw mask of 1 / 0, or
+    (B,) valid lengths) masks, and after the query's position where unidirectional, attention_bias added. No past
+    state (past, past_sequence_length, present) and no rotary embedding."""
+    for k in (4, 6):
+        if node.num_inputs > k and node.proto.input[k]:
+            raise node.error(f"input {ATTENTION_INPUTS[k]} is not supported (no past state)")
+    if node.wanted(1) or node.attr("do_rotary", 0):
+        raise node.error("the present output and do_rotary are not supported (no past state, no rotary embedding)")
+    heads = node.attr("num_heads")
+    if heads is None:
+        raise node.error("attribute 'num_heads' is required", OnnxImportError)
+    x, weights = node.input(0), node.input(1)
+    qkv = float_operator(node, "MatMul", [x, weights])
+    if node.num_inputs > 2 and node.proto.input[2]:
+        qkv = ops.add(qkv, node.input(2))
+    sizes = node.attr("qkv_hidden_sizes") or [weights.shape[-1] // 3] * 3
+    if len(sizes) != 3 or sum(sizes) != weights.shape[-1]:
+        raise node.error(f"qkv_hidden_sizes {list(sizes)} must be three sizes adding up to the weights' "
+                         f"{weights.shape[-1]} columns", OnnxImportError)
+    starts = np.cumsum([0] + list(sizes))
+    q, k, v = (ops.slice(qkv, [int(starts[i])], [int(starts[i + 1])], [qkv.ndim - 1]) for i in range(3))
+    bias = _attention_bias(node, x.shape[0], x.shape[1])
+    attrs = {"scale": float(node.attr("scale"))} if node.attr("scale") else {}
+    return [float_operator(node, "Attention", [q, k, v, bias], opset=23, q_num_heads=int(heads),
+                           kv_num_heads=int(heads), **attrs), None]
+
+
+def _attention_bias(node: Node, batch: int, length: int):
+    """The additive (B or 1, 1 or heads, S, S) bias of com.microsoft's Attention (see `attention`), or None."""
+    fill = float(node.attr("mask_filter_value", -10000.0))
+    terms = []
+    if node.num_inputs > 3 and node.proto.input[3]:
+        mask = node.input(3)
+        if mask.ndim == 1 and mask.shape[0] == batch:       # valid lengths: keys from the length on are masked
+            keys = constant(np.arange(length, dtype=np.int64).reshape(1, length))
+            valid = ops.less(keys, ops.reshape(ops.cast(mask, "int64"), (batch, 1)))
+        elif mask.ndim in (2, 3) and mask.shape[0] == batch and mask.shape[-1] == length:
+            valid = ops.greater(mask, constant(np.zeros((), mask.numpy_dtype)))
+        else:
+            raise node.error(f"mask_index of shape {list(mask.shape)} is not supported ((B,) valid lengths, or a "
+                             f"(B, S) or (B, S, S) raw mask)")
+        valid = ops.reshape(valid, (batch, 1, 1 if valid.ndim == 2 else length, length))
+        terms.append(ops.where(valid, constant(np.float32(0)), constant(np.float32(fill))))
+    if node.attr("unidirectional", 0):
+        later = np.triu(np.ones((length, length), bool), 1)
+        terms.append(constant(np.where(later, np.float32(fill), np.float32(0)).reshape(1, 1, length, length)))
+    if node.num_inputs > 5 and node.proto.input[5]:
+        terms.append(node.input(5))
+    bias = terms[0] if terms else None
+    for term in terms[1:]:
+        bias = ops.add(bias, term)
+    return bias
+
+
+@converts("EmbedLayerNormalization", attrs=("epsilon", "mask_index_type"), domain=MICROSOFT)
+def embed_layer_norm(node: Node) -> list:
+    """EmbedLayerNormalization: the word, position (position_ids, else 0..S-1) and optional segment embeddings of
+    (B, S) ids added and layer-normalized (gamma, beta; epsilon 1e-12); outputs the result, mask_index (the
+    mask's count of nonzero entries per batch row, int32; zeros without a mask) and the embeddings' sum."""
+    ids = node.input(0)
+    batch, length = ids.shape
+
+    def optional(k):
+        return node.input(k) if node.num_inputs > k and node.proto.input[k] else None
+    positions = optional(8)
+    if positions is None:
+        positions = constant(np.arange(length, dtype=np.int64).reshape(1, length))
+    total = ops.add(ops.gather(node.input(2), ids), ops.gather(node.input(3), positions))
+    if optional(1) is not None:
+        total = ops.add(total, ops.gather(node.input(4), optional(1)))
+    y = float_operator(node, "LayerNormalization", [total, node.input(5), optional(6)],
+                       epsilon=float(node.attr("epsilon", 1e-12)))
+    mask = optional(7)
+    count = (constant(np.zeros(batch, np.int32)) if mask is None else
+             ops.sum(ops.cast(ops.greater(mask, constant(np.zeros((), mask.numpy_dtype))), "int32"), 1))
+    return [y, count, total]
