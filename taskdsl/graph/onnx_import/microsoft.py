@@ -31,7 +31,7 @@ def dequantized(node: Node, k: int):
     q = node.input(k)
     if q.dtype.name not in QUANTIZED:
         raise node.error(f"data type {q.dtype.name} is not supported for input {k} (int8, uint8)")
-    scale, zero = _per_tensor(node, k + 1, k + 2, q)
+    scale, zero = _per_tensor(node, k + 1, k + 2)
     centred = ops.cast(q, "float32") if zero is None else ops.sub(ops.cast(q, "float32"), ops.cast(zero, "float32"))
     return ops.mul(centred, scale)
 
@@ -39,14 +39,14 @@ def dequantized(node: Node, k: int):
 def quantized(node: Node, value, k: int, like):
     """`value` (f32) quantized by the scale of input k and the optional zero point of input k + 1, into the zero
     point's type (without one, the type of `like`, the first quantized input)."""
-    scale, zero = _per_tensor(node, k, k + 1, like)
+    scale, zero = _per_tensor(node, k, k + 1)
     return saturated(ops.div(value, scale), zero, (like if zero is None else zero).dtype.name)
 
 
-def _per_tensor(node: Node, k_scale: int, k_zero: int, q) -> tuple:
+def _per_tensor(node: Node, k_scale: int, k_zero: int) -> tuple:
     """(the f32 scale of input k_scale, the zero point of input k_zero or None), each one element as a scalar."""
     scale = node.input(k_scale)
-    zero = node.input(k_zero, required=False) if node.num_inputs > k_zero else None
+    zero = node.input(k_zero, required=False)
     if not scale.dtype.is_float or scale.size != 1:
         raise node.error(f"input {k_scale} (a scale) must be one float, got {scale.dtype.name}{list(scale.shape)}",
                          OnnxImportError)
@@ -138,9 +138,9 @@ def qlinear_concat(node: Node) -> list:
 def gelu(node: Node) -> list:
     """Gelu (exact, by erf), BiasGelu (Gelu of A + B) and FastGelu (the tanh approximation, of X + the optional
     bias), as onnxruntime's transformer optimizer fuses them."""
-    x = node.input(0)
-    if node.op_type != "Gelu" and node.num_inputs > 1 and node.proto.input[1]:
-        x = ops.add(x, node.input(1))
+    x, bias = node.input(0), node.input(1, required=False)
+    if node.op_type != "Gelu" and bias is not None:
+        x = ops.add(x, bias)
     approximate = "tanh" if node.op_type == "FastGelu" else "none"
     return [float_operator(node, "Gelu", [x], opset=20, approximate=approximate)]
 
@@ -175,10 +175,9 @@ def skip_layer_norm(node: Node) -> list:
     outputs the normalized sum, its mean and 1 / standard deviation (the layer norm's), and the sum."""
     simplified = node.op_type == "SkipSimplifiedLayerNormalization"
     bias_at = 3 if simplified else 4
-    total = ops.add(node.input(0), node.input(1))
-    if node.num_inputs > bias_at and node.proto.input[bias_at]:
-        total = ops.add(total, node.input(bias_at))
-    beta = None if simplified or node.num_inputs < 4 or not node.proto.input[3] else node.input(3)
+    total, bias = ops.add(node.input(0), node.input(1)), node.input(bias_at, required=False)
+    total = total if bias is None else ops.add(total, bias)
+    beta = None if simplified else node.input(3, required=False)
     eps = float(node.attr("epsilon", 1e-12))
     if simplified:
         if node.wanted(1) or node.wanted(2):
@@ -203,7 +202,7 @@ def attention(node: Node) -> list:
     (B,) valid lengths) masks, and after the query's position where unidirectional, attention_bias added. No past
     state (past, past_sequence_length, present) and no rotary embedding."""
     for k in (4, 6):
-        if node.num_inputs > k and node.proto.input[k]:
+        if node.input(k, required=False) is not None:
             raise node.error(f"input {ATTENTION_INPUTS[k]} is not supported (no past state)")
     if node.wanted(1) or node.attr("do_rotary", 0):
         raise node.error("the present output and do_rotary are not supported (no past state, no rotary embedding)")
@@ -211,9 +210,8 @@ def attention(node: Node) -> list:
     if heads is None:
         raise node.error("attribute 'num_heads' is required", OnnxImportError)
     x, weights = node.input(0), node.input(1)
-    qkv = float_operator(node, "MatMul", [x, weights])
-    if node.num_inputs > 2 and node.proto.input[2]:
-        qkv = ops.add(qkv, node.input(2))
+    qkv, bias = float_operator(node, "MatMul", [x, weights]), node.input(2, required=False)
+    qkv = qkv if bias is None else ops.add(qkv, bias)
     sizes = node.attr("qkv_hidden_sizes") or [weights.shape[-1] // 3] * 3
     if len(sizes) != 3 or sum(sizes) != weights.shape[-1]:
         raise node.error(f"qkv_hidden_sizes {list(sizes)} must be three sizes adding up to the weights' "
@@ -230,8 +228,8 @@ def _attention_bias(node: Node, batch: int, length: int):
     """The additive (B or 1, 1 or heads, S, S) bias of com.microsoft's Attention (see `attention`), or None."""
     fill = float(node.attr("mask_filter_value", -10000.0))
     terms = []
-    if node.num_inputs > 3 and node.proto.input[3]:
-        mask = node.input(3)
+    mask = node.input(3, required=False)
+    if mask is not None:
         if mask.ndim == 1 and mask.shape[0] == batch:       # valid lengths: keys from the length on are masked
             keys = constant(np.arange(length, dtype=np.int64).reshape(1, length))
             valid = ops.less(keys, ops.reshape(ops.cast(mask, "int64"), (batch, 1)))
@@ -245,7 +243,7 @@ def _attention_bias(node: Node, batch: int, length: int):
     if node.attr("unidirectional", 0):
         later = np.triu(np.ones((length, length), bool), 1)
         terms.append(constant(np.where(later, np.float32(fill), np.float32(0)).reshape(1, 1, length, length)))
-    if node.num_inputs > 5 and node.proto.input[5]:
+    if node.input(5, required=False) is not None:
         terms.append(node.input(5))
     bias = terms[0] if terms else None
     for term in terms[1:]:
@@ -260,18 +258,14 @@ def embed_layer_norm(node: Node) -> list:
     mask's count of nonzero entries per batch row, int32; zeros without a mask) and the embeddings' sum."""
     ids = node.input(0)
     batch, length = ids.shape
-
-    def optional(k):
-        return node.input(k) if node.num_inputs > k and node.proto.input[k] else None
-    positions = optional(8)
+    segments, positions, mask = (node.input(k, required=False) for k in (1, 8, 7))
     if positions is None:
         positions = constant(np.arange(length, dtype=np.int64).reshape(1, length))
     total = ops.add(ops.gather(node.input(2), ids), ops.gather(node.input(3), positions))
-    if optional(1) is not None:
-        total = ops.add(total, ops.gather(node.input(4), optional(1)))
-    y = float_operator(node, "LayerNormalization", [total, node.input(5), optional(6)],
+    if segments is not None:
+        total = ops.add(total, ops.gather(node.input(4), segments))
+    y = float_operator(node, "LayerNormalization", [total, node.input(5), node.input(6, required=False)],
                        epsilon=float(node.attr("epsilon", 1e-12)))
-    mask = optional(7)
     count = (constant(np.zeros(batch, np.int32)) if mask is None else
              ops.sum(ops.cast(ops.greater(mask, constant(np.zeros((), mask.numpy_dtype))), "int32"), 1))
     return [y, count, total]
