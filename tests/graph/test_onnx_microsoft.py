@@ -2,7 +2,8 @@
 their definitions and onnxruntime. The quantized ones (dequantize, the float operator, quantize with halves to even,
 saturate; onnxruntime computes some in fixed point or by tables, a quantization step apart at times) over
 hypothesis-drawn shapes (size 1, odd and prime), both 8-bit types, and zero points or none; the transformer
-optimizer's fused ones (Gelus, FusedMatMul, skip layer norms, Attention, EmbedLayerNormalization); refusals.
+optimizer's fused ones (Gelus, FusedMatMul, skip layer norms, Attention, EmbedLayerNormalization); QGemm;
+refusals.
 Every kernel the tests launch is also compiled for CUDA by NVRTC (tests/conftest.py)."""
 import numpy as np
 import pytest
@@ -192,8 +193,8 @@ def test_refusals_name_what_is_supported():
     cases = [
         (helper.make_node("Foo", ["x"], ["y"], domain="org.example"), scalar,
          r"domain 'org.example' is not supported \(the default ONNX domain and com.microsoft are\)"),
-        (helper.make_node("QGemm", ["x"], ["y"], domain="com.microsoft"), scalar,
-         r"operator QGemm of domain 'com.microsoft' is not supported; supported operators of com.microsoft: "
+        (helper.make_node("MatMulNBits", ["x"], ["y"], domain="com.microsoft"), scalar,
+         r"operator MatMulNBits of domain 'com.microsoft' is not supported; supported operators of com.microsoft: "
          r"Attention, BiasGelu, EmbedLayerNormalization, FastGelu"),
         (helper.make_node("QLinearSigmoid", ["x", "s", "zz", "s", "z"], ["y"], domain="com.microsoft"),
          {**scalar, "zz": np.array([1, 2, 3], np.uint8)}, r"input 2 \(a zero point\) must be one int8 or uint8"),
@@ -350,3 +351,36 @@ def test_embed_layer_norm(segments, mask):
     np.testing.assert_array_equal(got[1], ort[1])
     np.testing.assert_allclose(got[2], total, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(got[2], ort[2], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("trans_a, trans_b, quantized_y, per_column, bias, alpha",
+                         [(0, 0, False, False, False, 1.0), (1, 1, False, True, True, 0.5),
+                          (0, 1, True, False, True, 1.0), (1, 0, True, True, False, 2.0)])
+def test_qgemm(trans_a, trans_b, quantized_y, per_column, bias, alpha):
+    """alpha * (A - za) @ (B - zb) * a_scale * b_scale + C * a_scale * b_scale (C an int32 bias), f32 or requantized
+    by Y's scale and zero point; B's scale and zero point per tensor or per column; A or B transposed."""
+    rng = np.random.default_rng(31)
+    m, k, n = 5, 7, 3
+    a = rng.integers(0, 256, (k, m) if trans_a else (m, k)).astype(np.uint8)
+    b = rng.integers(-128, 128, (n, k) if trans_b else (k, n)).astype(np.int8)
+    inits = {"a_scale": np.float32(0.02), "a_zero": np.uint8(120),
+             "b_scale": (rng.uniform(0.01, 0.05, n) if per_column else np.float32(0.03)).astype(np.float32),
+             "b_zero": (rng.integers(-3, 4, n) if per_column else np.int8(2)).astype(np.int8),
+             "c": rng.integers(-500, 500, n).astype(np.int32), "y_scale": np.float32(0.25), "y_zero": np.uint8(128)}
+    names = ["a", "a_scale", "a_zero", "b", "b_scale", "b_zero", "c" if bias else ""] + \
+        (["y_scale", "y_zero"] if quantized_y else [])
+    node = helper.make_node("QGemm", names, ["y"], domain="com.microsoft", transA=trans_a, transB=trans_b, alpha=alpha)
+    out = TensorProto.UINT8 if quantized_y else TensorProto.FLOAT
+    model = microsoft_model(node, [("a", list(a.shape), TensorProto.UINT8), ("b", list(b.shape), TensorProto.INT8)],
+                            {k: v for k, v in inits.items() if k in names}, out)
+    at, bt = (a.T if trans_a else a).astype(np.int64), (b.T if trans_b else b).astype(np.int64)
+    product = (at - 120) @ (bt - inits["b_zero"].astype(np.int64)) + (inits["c"] if bias else 0)
+    value = alpha * product * (np.float32(0.02) * inits["b_scale"]).astype(np.float64)
+    got = tg.from_onnx(model).compile()({"a": a, "b": b})[0]
+    ort = run_onnxruntime(model, {"a": a, "b": b})[0]
+    if quantized_y:
+        want = np.clip(np.rint(value / 0.25) + 128, 0, 255)
+        assert np.abs(got.astype(np.int32) - want).max() <= 0 and np.abs(got.astype(np.int32) - ort).max() <= 1
+    else:
+        np.testing.assert_allclose(got, value, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(got, ort, rtol=1e-5, atol=1e-5)

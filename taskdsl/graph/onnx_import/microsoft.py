@@ -1,12 +1,13 @@
 """Converters of onnxruntime's operators in the `com.microsoft` domain: the quantized ones its quantizer writes into a
 model of QOperator format (`quantize_static(..., quant_format=QuantFormat.QOperator)`): QLinearAdd, QLinearMul,
-QLinearSigmoid, QLinearLeakyRelu, QLinearSoftmax, QLinearGlobalAveragePool, QLinearAveragePool, QLinearConcat; and
+QLinearSigmoid, QLinearLeakyRelu, QLinearSoftmax, QLinearGlobalAveragePool, QLinearAveragePool, QLinearConcat, QGemm;
+and
 the fused ones its transformer optimizer writes (`onnxruntime.transformers.optimizer`): Gelu, BiasGelu, FastGelu,
 QuickGelu, FusedMatMul, SkipLayerNormalization, SkipSimplifiedLayerNormalization, EmbedLayerNormalization and
 Attention, each the default domain's operators it stands for.
 
-Each is its float operator between a dequantization of its 8-bit inputs and a quantization of the result, as the
-operators' definitions say: x = (q - zero_point) * scale per input, y = saturate(round(f(x...) / y_scale) +
+Each quantized one but QGemm (the exact integer product of MatMulInteger, scaled) is its float operator between a
+dequantization of its 8-bit inputs and a quantization of the result, as the operators' definitions say: x = (q - zero_point) * scale per input, y = saturate(round(f(x...) / y_scale) +
 y_zero_point) (halves to even), scales and zero points per tensor. The float operator is the default domain's own
 converter (`float_operator`), so QLinearAveragePool pools exactly as AveragePool does. onnxruntime computes some of
 them in fixed point or by tables, one step apart from the definition at times (the tests allow that step).
@@ -20,7 +21,7 @@ from .. import ops
 from ..tensor import constant
 from .errors import OnnxImportError
 from .node import CONVERTERS, Node, converts
-from .quantize import QUANTIZED, saturated
+from .quantize import QUANTIZED, requantized, saturated
 
 MICROSOFT = "com.microsoft"
 WINDOW_ATTRS = ("auto_pad", "kernel_shape", "pads", "strides", "ceil_mode", "count_include_pad")
@@ -131,6 +132,30 @@ def qlinear_concat(node: Node) -> list:
     parts = [dequantized(node, k) for k in range(2, node.num_inputs, 3)]
     y = float_operator(node, "Concat", parts, axis=int(node.attr("axis")))
     return [quantized(node, y, 0, node.input(2))]
+
+
+@converts("QGemm", attrs=("alpha", "transA", "transB"), domain=MICROSOFT)
+def qgemm(node: Node) -> list:
+    """QGemm (A, its scale and zero point, B, its (per tensor or per column), the optional int32 bias C, Y's
+    optional scale and zero point): alpha * (A - za) @ (B - zb) * a_scale * b_scale, C added to the exact int32
+    product (C's scale is a_scale * b_scale); f32 without Y's scale, else requantized as QLinearMatMul is."""
+    a, b = (node.input(k) for k in (0, 3))
+    if a.ndim != 2 or b.ndim != 2:
+        raise node.error(f"A and B must be 2-D, got shapes {list(a.shape)} and {list(b.shape)}", OnnxImportError)
+    a, b = (ops.transpose(t) if node.flag(flag) else t for t, flag in ((a, "transA"), (b, "transB")))
+    product = float_operator(node, "MatMulInteger", [a, b, node.input(2, required=False),
+                                                     node.input(5, required=False)])
+    bias = node.input(6, required=False)
+    product = ops.cast(product if bias is None else ops.add(product, bias), "float64")
+    alpha = float(node.attr("alpha", 1.0))
+    product = product if alpha == 1.0 else ops.mul(product, alpha)
+    y_scale = node.input(7, required=False)
+    if y_scale is not None:
+        y_zero = node.input(8, required=False)
+        return [requantized(node, product, (node.input(1), node.input(4), y_scale), -1,
+                            y_zero, "uint8" if y_zero is None else y_zero.dtype.name)]
+    scale = ops.mul(ops.cast(ops.reshape(node.input(1), ()), "float32"), ops.cast(node.input(4), "float32"))
+    return [ops.cast(ops.mul(product, ops.cast(scale, "float64")), "float32")]
 
 
 # ---------------------------------------------------------------- the transformer optimizer's fused operators

@@ -155,7 +155,7 @@ def _zero(node: Node, k: int):
     return node.input(k, required=False) if node.num_inputs > k else None
 
 
-def _requantized(node: Node, accumulator, scales: tuple, w_axis: int, zero, out: str):
+def requantized(node: Node, accumulator, scales: tuple, w_axis: int, zero, out: str):
     """The f64 accumulator times x_scale * w_scale / y_scale (w_scale per tensor or along `w_axis` of the
     accumulator), quantized by y's zero point `zero` (None: 0) into the type `out`."""
     for s in scales:
@@ -170,7 +170,7 @@ def _requantized(node: Node, accumulator, scales: tuple, w_axis: int, zero, out:
     if zero is not None and zero.size != 1:
         raise node.error(f"y's zero point of shape {list(zero.shape)} is not supported (per tensor only)")
     return saturated(ops.mul(accumulator, ops.cast(multiplier, "float64")),
-                      None if zero is None else ops.reshape(zero, ()), out)
+                     None if zero is None else ops.reshape(zero, ()), out)
 
 
 def _zero_point(node: Node, q, zero, axis: int | None, what: str):
@@ -221,7 +221,7 @@ def qlinear_matmul(node: Node) -> list:
     product = _matmul_integer(node, 0, 3, node.input(2), node.input(5))
     y_zero = node.input(7)
     scales = (node.input(1), node.input(4), node.input(6))
-    return [_requantized(node, ops.cast(product, "float64"), scales, -1, y_zero, y_zero.dtype.name)]
+    return [requantized(node, ops.cast(product, "float64"), scales, -1, y_zero, y_zero.dtype.name)]
 
 
 def _conv_integer(node: Node, x_k: int, w_k: int, x_zero, w_zero):
@@ -314,4 +314,4 @@ def qlinear_conv(node: Node) -> list:
         accumulator = ops.add(accumulator, ops.reshape(bias, bias.shape + (1,) * (accumulator.ndim - 2)))
     y_zero = node.input(7)
     scales = (node.input(1), node.input(4), node.input(6))
-    return [_requantized(node, ops.cast(accumulator, "float64"), scales, 1, y_zero, y_zero.dtype.name)]
+    return [requantized(node, ops.cast(accumulator, "float64"), scales, 1, y_zero, y_zero.dtype.name)]
