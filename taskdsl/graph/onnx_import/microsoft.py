@@ -1,16 +1,16 @@
 """Converters of onnxruntime's operators in the `com.microsoft` domain: the quantized ones its quantizer writes into a
 model of QOperator format (`quantize_static(..., quant_format=QuantFormat.QOperator)`): QLinearAdd, QLinearMul,
 QLinearSigmoid, QLinearLeakyRelu, QLinearSoftmax, QLinearGlobalAveragePool, QLinearAveragePool, QLinearConcat, QGemm;
-and
-the fused ones its transformer optimizer writes (`onnxruntime.transformers.optimizer`): Gelu, BiasGelu, FastGelu,
-QuickGelu, FusedMatMul, SkipLayerNormalization, SkipSimplifiedLayerNormalization, EmbedLayerNormalization and
-Attention, each the default domain's operators it stands for.
+and the fused ones its transformer optimizer writes (`onnxruntime.transformers.optimizer`): Gelu, BiasGelu, FastGelu,
+QuickGelu, FusedMatMul, SkipLayerNormalization, SkipSimplifiedLayerNormalization, EmbedLayerNormalization and Attention,
+each the default domain's operators it stands for.
 
 Each quantized one but QGemm (the exact integer product of MatMulInteger, scaled) is its float operator between a
-dequantization of its 8-bit inputs and a quantization of the result, as the operators' definitions say: x = (q - zero_point) * scale per input, y = saturate(round(f(x...) / y_scale) +
-y_zero_point) (halves to even), scales and zero points per tensor. The float operator is the default domain's own
-converter (`float_operator`), so QLinearAveragePool pools exactly as AveragePool does. onnxruntime computes some of
-them in fixed point or by tables, one step apart from the definition at times (the tests allow that step).
+dequantization of its 8-bit inputs and a quantization of the result, as the operators' definitions say: x = (q -
+zero_point) * scale per input, y = saturate(round(f(x...) / y_scale) + y_zero_point) (halves to even), scales and zero
+points per tensor. The float operator is the default domain's own converter (`float_operator`), so QLinearAveragePool
+pools exactly as AveragePool does. onnxruntime computes some of them in fixed point or by tables, one step apart from
+the definition at times (the tests allow that step).
 """
 from __future__ import annotations
 
