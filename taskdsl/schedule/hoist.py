@@ -6,8 +6,8 @@ element. LLVM cannot move it out of the loop on its own: it would have to know t
 alias the scalars' loads. The schedule knows (the kernel writes one buffer), so it computes each such
 subexpression once, into a local, ahead of the loops:
 
-    inv0 = where(hi[0] == lo[0], 1.0, hi[0] - lo[0]) / 255.0
-    for i in span: out[i] = rint(x[i] / inv0) + ...
+    invariant0 = where(hi[0] == lo[0], 1.0, hi[0] - lo[0]) / 255.0
+    for i in span: out[i] = rint(x[i] / invariant0) + ...
 """
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ class _Hoister(ir.Rewriter):
     def visit_Select(self, e: ir.Select):
         cond = self.visit(e.cond)
         a, b = self._conditionally(e.a), self._conditionally(e.b)
-        return e if (cond, a, b) == (e.cond, e.a, e.b) else dataclasses.replace(e, cond=cond, a=a, b=b)
+        return e if cond is e.cond and a is e.a and b is e.b else dataclasses.replace(e, cond=cond, a=a, b=b)
 
     def visit_Binary(self, e: ir.Binary):
         a = self.visit(e.a)
@@ -85,5 +85,6 @@ class _Hoister(ir.Rewriter):
 
 
 def _worth_hoisting(e: ir.Expr) -> bool:
-    """Whether computing `e` takes more than reading a name or a literal (a load counts: it may alias a store)."""
-    return not isinstance(e, (ir.Const, ir.Var, ir.SpecialReg))
+    """Whether `e` reads memory: what LLVM cannot move out of the loop itself (a load may alias the loop's stores).
+    Arithmetic of sizes alone stays where it is, in the index expressions the passes and codegen analyze."""
+    return bool(ir.collect(e, ir.Load))
