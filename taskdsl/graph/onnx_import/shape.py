@@ -191,11 +191,11 @@ def pad(node: Node) -> list:
     if mode not in PAD_MODES:
         raise node.error(f"mode={mode!r} is not supported (only {', '.join(PAD_MODES)})")
     pads = _ints(node.const(1))
-    fill = node.input(2) if node.num_inputs > 2 and node.proto.input[2] and mode == "constant" else None
+    fill = node.input(2, required=False) if mode == "constant" else None
     if fill is not None and fill.size != 1:
         raise node.error(f"constant_value must be one element, got shape {list(fill.shape)}", OnnxImportError)
-    value = 0 if fill is None else constant_value(fill)
-    value = ops.reshape(fill, ()) if value is None else np.asarray(value).reshape(-1)[0].item()
+    known = None if fill is None else constant_value(fill)       # (None: computed at run time)
+    value = 0 if fill is None else ops.reshape(fill, ()) if known is None else np.asarray(known).reshape(-1)[0].item()
     axes = _optional_ints(node, 3)
     if axes is not None:        # opset 18: pads given for these axes only
         pads = _pads_of_axes(node, pads, axes, x.ndim)
