@@ -171,8 +171,9 @@ class Conv(Convolution):
 
 class IntegerConv(Convolution):
     """N-d convolution of 8-bit integers (int8 or uint8 each) into exact int32 (`Convolution`): ONNX's ConvInteger
-    without zero points. Not an anchor: it runs on its own, 1-D and 2-D ones by stdlib_ops.conv (on a GPU the 8-bit
-    tensor-core template)."""
+    without zero points. 1-D and 2-D ones run by stdlib_ops.conv (on a GPU the 8-bit tensor-core template); on the
+    cpu a 2-D one is an anchor with an epilogue (graph/fusion.py), and runs channels-last in a stack
+    (passes.channels_last)."""
 
     @property
     def kind(self) -> str:
