@@ -254,10 +254,14 @@ def _dynamic_quantized_conv(x, w: np.ndarray, pad: int):
     return ops.relu(ops.mul(ops.cast(y, "float32"), scale))
 
 
-def test_a_quantized_stack_runs_channels_last():
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_a_quantized_stack_runs_channels_last(target, request):
     """Integer convolutions stack like float ones: the pads with a run-time zero point pad the spatial axes of the
     channels-last form, the max and min over everything read it as it is, and the zero point's per-channel share
-    is reshaped, not transposed: the stack has a transpose at each end only."""
+    is reshaped, not transposed: the stack has a transpose at each end only. On a (simulated) GPU the NHWC integer
+    convolutions run the 8-bit tensor-core template."""
+    if target == "cuda":
+        request.getfixturevalue("simulated_gpu")
     x = tg.input("x", (1, 3, 9, 7))
     w1 = np.random.default_rng(1).integers(-100, 100, (6, 3, 3, 3)).astype(np.int8)
     w2 = np.random.default_rng(2).integers(-100, 100, (4, 6, 1, 1)).astype(np.int8)
@@ -270,4 +274,6 @@ def test_a_quantized_stack_runs_channels_last():
     xa = rand((1, 3, 9, 7), 8)
     want = g.reference(xa)[0]
     assert_close(last.reference(xa)[0], want)
-    assert_close(g.compile(channels_last=True)(xa)[0], want)
+    compiled = g.compile(target, channels_last=True)
+    assert compiled.channels_last
+    assert_close(compiled(xa)[0], want)
