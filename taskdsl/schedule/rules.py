@@ -148,6 +148,8 @@ def schedule_injective(out: Tensor, inline: set, strategy: str = "flat") -> Kern
     over blockIdx.y) and chunks of PER_THREAD * BLOCK columns, so no element pays for a division.
     'spans' / 'row_spans' (the cpu): the same with one thread per block, which loops over a
     contiguous span of SPAN elements (of the flattened output, or of a row).
+    In every form the element's invariant subexpressions that read memory are computed once, ahead of
+    the loops (`hoist.hoist_invariants`).
     """
     body = inline_injective(out.body, inline)
     serial = strategy in ("spans", "row_spans")
