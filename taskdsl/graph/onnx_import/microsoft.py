@@ -146,8 +146,7 @@ def qgemm(node: Node) -> list:
     a, b = (ops.transpose(t) if node.flag(flag) else t for t, flag in ((a, "transA"), (b, "transB")))
     product = float_operator(node, "MatMulInteger", [a, b, node.input(2, required=False),
                                                      node.input(5, required=False)])
-    bias = node.input(6, required=False)
-    product = ops.cast(product if bias is None else ops.add(product, bias), "float64")
+    product = ops.cast(_plus(product, node.input(6, required=False)), "float64")
     alpha = float(node.attr("alpha", 1.0))
     product = product if alpha == 1.0 else ops.mul(product, alpha)
     y_scale = node.input(7, required=False)
@@ -155,8 +154,7 @@ def qgemm(node: Node) -> list:
         y_zero = node.input(8, required=False)
         return [requantized(node, product, (node.input(1), node.input(4), y_scale), -1,
                             y_zero, "uint8" if y_zero is None else y_zero.dtype.name)]
-    scale = ops.mul(ops.cast(ops.reshape(node.input(1), ()), "float32"), ops.cast(node.input(4), "float32"))
-    return [ops.cast(ops.mul(product, ops.cast(scale, "float64")), "float32")]
+    return [ops.cast(ops.mul(product, _product_scale(node, node.input(1), node.input(4))), "float32")]
 
 
 # ---------------------------------------------------------------- the transformer optimizer's fused operators
@@ -201,19 +199,16 @@ def skip_layer_norm(node: Node) -> list:
     outputs the normalized sum, its mean and 1 / standard deviation (the layer norm's), and the sum."""
     simplified = node.op_type == "SkipSimplifiedLayerNormalization"
     bias_at = 3 if simplified else 4
-    total, bias = ops.add(node.input(0), node.input(1)), node.input(bias_at, required=False)
-    total = total if bias is None else ops.add(total, bias)
-    beta = None if simplified else node.input(3, required=False)
-    eps = float(node.attr("epsilon", 1e-12))
+    total = _plus(ops.add(node.input(0), node.input(1)), node.input(bias_at, required=False))
+    eps, stats = float(node.attr("epsilon", 1e-12)), node.wanted(1) or node.wanted(2)
+    if simplified and stats:
+        raise node.error("outputs mean and inv_std_var are not supported (output and input_skip_bias_sum are)")
     if simplified:
-        if node.wanted(1) or node.wanted(2):
-            raise node.error("outputs mean and inv_std_var are not supported (output and input_skip_bias_sum are)")
         return [float_operator(node, "RMSNormalization", [total, node.input(2)], opset=23, epsilon=eps), None, None,
                 total]
-    if not (node.wanted(1) or node.wanted(2)):
-        return [float_operator(node, "LayerNormalization", [total, node.input(2), beta], epsilon=eps), None, None,
-                total]
-    return float_operator(node, "LayerNormalization", [total, node.input(2), beta], outputs=3, epsilon=eps) + [total]
+    normed = float_operator(node, "LayerNormalization", [total, node.input(2), node.input(3, required=False)],
+                            outputs=3 if stats else 1, epsilon=eps)
+    return (normed if stats else [normed, None, None]) + [total]
 
 
 # where com.microsoft's Attention and QAttention take their mask and past state, and what they call them
@@ -230,8 +225,8 @@ def attention(node: Node) -> list:
     (B,) valid lengths) masks, and after the query's position where unidirectional, attention_bias added. No past
     state (past, past_sequence_length, present) and no rotary embedding."""
     heads = _attention_heads(node)
-    qkv, bias = float_operator(node, "MatMul", [node.input(0), node.input(1)]), node.input(2, required=False)
-    return _attended(node, heads, qkv if bias is None else ops.add(qkv, bias))
+    qkv = float_operator(node, "MatMul", [node.input(0), node.input(1)])
+    return _attended(node, heads, _plus(qkv, node.input(2, required=False)))
 
 
 @converts("QAttention", attrs=("num_heads", "unidirectional", "mask_filter_value", "scale", "do_rotary"),
@@ -304,11 +299,20 @@ def _integer_product_in_float(node: Node, a, b, a_scale, b_scale, a_zero, b_zero
     """(a - a_zero) @ (b - b_zero), exact in int32 (MatMulInteger), times a_scale * b_scale (b's per tensor or per
     column) in f64, as f32."""
     product = ops.cast(float_operator(node, "MatMulInteger", [a, b, a_zero, b_zero]), "float64")
+    return ops.cast(ops.mul(product, _product_scale(node, a_scale, b_scale)), "float32")
+
+
+def _product_scale(node: Node, a_scale, b_scale):
+    """a_scale * b_scale (a's one value, b's per tensor or per column), in f32, as f64."""
     if a_scale.size != 1:
         raise node.error(f"the first operand's scale must be one value, got shape {list(a_scale.shape)}",
                          OnnxImportError)
-    scale = ops.mul(ops.cast(ops.reshape(a_scale, ()), "float32"), ops.cast(b_scale, "float32"))
-    return ops.cast(ops.mul(product, ops.cast(scale, "float64")), "float32")
+    return ops.cast(ops.mul(ops.cast(ops.reshape(a_scale, ()), "float32"), ops.cast(b_scale, "float32")), "float64")
+
+
+def _plus(x, addend):
+    """x + addend, or x where the optional addend is left out (None)."""
+    return x if addend is None else ops.add(x, addend)
 
 
 @converts("MatMulIntegerToFloat", domain=MICROSOFT)
@@ -316,8 +320,7 @@ def matmul_integer_to_float(node: Node) -> list:
     """MatMulIntegerToFloat (A, B, a_scale, b_scale, zero points, float bias): the exact 8-bit product, scaled."""
     y = _integer_product_in_float(node, node.input(0), node.input(1), node.input(2), node.input(3),
                                   node.input(4, required=False), node.input(5, required=False))
-    bias = node.input(6, required=False)
-    return [y if bias is None else ops.add(y, bias)]
+    return [_plus(y, node.input(6, required=False))]
 
 
 @converts("DynamicQuantizeMatMul", domain=MICROSOFT)
@@ -327,8 +330,7 @@ def dynamic_quantize_matmul(node: Node) -> list:
     a, a_scale, a_zero = float_operator(node, "DynamicQuantizeLinear", [node.input(0)], outputs=3)
     y = _integer_product_in_float(node, a, node.input(1), a_scale, node.input(2), a_zero,
                                   node.input(3, required=False))
-    bias = node.input(4, required=False)
-    return [y if bias is None else ops.add(y, bias)]
+    return [_plus(y, node.input(4, required=False))]
 
 
 @converts("EmbedLayerNormalization", attrs=("epsilon", "mask_index_type"), domain=MICROSOFT)
