@@ -864,10 +864,11 @@ def lower(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue, b_dtype=N
     if on_columns(g, target):
         nchw = g.layout == "NCHW"
         if groups == 1 and not nchw:        # the columns of every image, one matrix
-            matmul = mm.plan((1, m, k), (1, k, g.oc), dtype, target, b_dtype=b_dtype)
+            matmul = mm.plan((1, m, k), (1, k, g.oc), dtype, target, b_dtype=b_dtype, dot4_products=False)
         else:       # per image (and group): (K x OH*OW columns)^T @ weights (NCHW), columns @ weights (NHWC)
             per = () if groups == 1 else (groups,)
-            matmul = mm.plan((g.n, *per, g.oh * g.ow, k), (1, *per, k, n), dtype, target, b_dtype=b_dtype)
+            matmul = mm.plan((g.n, *per, g.oh * g.ow, k), (1, *per, k, n), dtype, target, b_dtype=b_dtype,
+                              dot4_products=False)
         out = matmul.out_dtype
         c = td.placeholder("C", out, matmul.operand_shapes()[2])
         y = columns_output_view(g, c)
@@ -949,7 +950,8 @@ def _lower_gemm(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue, poi
     """`lower` on the matmul template with its loads of A the implicit im2col (GPUs, and on the cpu NHWC
     convolutions whose offsets pass the indirect GEMM's i32), at schedule `point` (None: the template's default)."""
     groups, m, k, n = g.gemm
-    matmul = mm.plan((groups, m, k), (groups, k, n), dtype, target, do_tune=False, point=point, b_dtype=b_dtype)
+    matmul = mm.plan((groups, m, k), (groups, k, n), dtype, target, do_tune=False, point=point, b_dtype=b_dtype,
+                     dot4_products=False)
     c = td.placeholder("C", matmul.out_dtype, matmul.operand_shapes()[2])
     out = epilogue(output_view(g, c))
     batch_index = matmul.batch_index(matmul.fusion_split)
@@ -987,7 +989,8 @@ def _tuning(g: ConvGeometry, dtype, target: str, b_dtype=None) -> tuple:
     """(template, tuning op name, default point) of convolution `g`'s GEMM schedule."""
     template = mm.template_for(dtype, target)
     groups, m, k, n = g.gemm
-    default = mm.plan((groups, m, k), (groups, k, n), dtype, target, do_tune=False, b_dtype=b_dtype).point
+    default = mm.plan((groups, m, k), (groups, k, n), dtype, target, do_tune=False, b_dtype=b_dtype,
+                      dot4_products=False).point
     return template, f"conv_{template.name}", default
 
 

@@ -12,10 +12,12 @@ the partials (`split_sum_kernel`), as no partial is the output yet.
 8-bit operands run on the tensor-core template's m16n8k32 kernel on a GPU, which takes B transposed (a call
 copies it so); the two operands may differ within a kind. 8-bit floats (E4M3, E5M2) give an f32 product (on the
 cpu from their f32 values: the same exact products, summed in f32); 8-bit integers (s8, u8) an exact i32 one. On
-the cpu, integers run on the register-tile template in f32 too, exactly: its k blocks hold at most `exact_k`
-products, whose f32 sums are integers below 2^24 whatever the order, and the blocks' sums add in i32 (the small
-kernel's z-slices are split so, their sums added by `split_sum_kernel`). A rule-based i32 reduction ran
-128x768 @ 768x768 (u8 by s8) in 1.5 ms, the f32 template an f32 one in 0.8.
+the cpu, u8 by s8 runs on byte dot products (`matmul_dot4`, x86's vpdpbusd) where the host has them: 128x768 @
+768x768 in 0.21 ms. Other integers, and any on a cpu without them, run on the register-tile template in f32,
+exactly: its k blocks hold at most `exact_k` products, whose f32 sums are integers below 2^24 whatever the order,
+and the blocks' sums add in i32 (the small kernel's z-slices are split so, their sums added by
+`split_sum_kernel`). A rule-based i32 reduction ran 128x768 @ 768x768 (u8 by s8) in 1.5 ms, the f32 template
+0.87 ms.
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ from taskdsl.schedule.tuner import tune, tuning_enabled
 
 from . import gemv
 from . import matmul_cpu as cpu
+from . import matmul_dot4 as dot4
 from . import matmul_small as small
 from .elementwise import converted, int_tuple
 from . import matmul_simt as simt
@@ -116,6 +119,7 @@ class Template:
     pack_b: object = None  # (point, B (batch, K, N)) -> B as the packed_b kernel reads it; None: the template has
                            # no packed_b / transposed_a kernels
     packed_b_shape: object = None   # (point, B's shape) -> the shape pack_b gives
+    packed_dtype: object = np.float32    # the element type of pack_b's panels
 
 
 SIMT = Template("simt_matmul", simt.space_for, lambda target, itemsize, m, n: simt.default_point(target, itemsize),
@@ -125,6 +129,10 @@ CPU_TILE = Template("tile_matmul", lambda target, itemsize: cpu.space(itemsize),
                     lambda p, dtype, out, vec, packed_b, transposed_a, m, n, b_dtype=None: _cpu_kernel(
                         p, dtype, out, packed_b, transposed_a, m, n, b_dtype),
                     cpu.tile_shape, cpu.pack_b, cpu.packed_b_shape)
+DOT4 = Template("dot4_matmul", lambda target, itemsize: dot4.space(),
+                lambda target, itemsize, m, n: dot4.default_point(m, n),
+                lambda p, dtype, out, vec, packed_b, transposed_a, m, n, b_dtype=None: _dot4_kernel(
+                    p, out, packed_b, transposed_a), dot4.tile_shape, dot4.pack_b, dot4.packed_b_shape, np.int8)
 TENSOR_CORE = Template("tc_matmul", lambda target, itemsize: tc.space(_block_shared_limit(target) or tc.MAX_SMEM,
                                                                       8 * itemsize),
                        lambda target, itemsize, m, n: tc.default_point(m, n),
@@ -143,12 +151,21 @@ def _cpu_kernel(p, dtype, out, packed_b: bool, transposed_a: bool, m: int | None
                                   b_dtype=b_dtype)
 
 
-def template_for(dtype, target: str) -> Template:
-    """On a GPU: tensor cores for 16-bit floats and 8-bit types, the SIMT template otherwise. On the cpu: the
+def _dot4_kernel(p, out, packed_b: bool, transposed_a: bool) -> td.Kernel:
+    """The dot4 template's kernel (A as it is: a convolution's forms are the register-tile template's)."""
+    if transposed_a:
+        raise ValueError("the dot4_matmul template reads A as it is, not transposed: plan with dot4=False")
+    return dot4.dot4_matmul_kernel(p, out, packed_b)
+
+
+def template_for(dtype, target: str, b_dtype=None, dot4_products: bool = True) -> Template:
+    """On a GPU: tensor cores for 16-bit floats and 8-bit types, the SIMT template otherwise. On the cpu: for u8 by
+    s8 (B of `b_dtype`) with `dot4_products`, byte dot products where the host has them (`matmul_dot4`); else the
     register-tile template (one thread per block; the SIMT template's barriers cost more than
     they save when a block's threads run in turn)."""
     if target != "cuda":
-        return CPU_TILE
+        u8_by_s8 = dtype.name == "u8" and b_dtype is not None and b_dtype.name == "i8"
+        return DOT4 if u8_by_s8 and dot4_products and dot4.available() else CPU_TILE
     return TENSOR_CORE if dtype.bits == 8 or (dtype.is_float and dtype.bits == 16) else SIMT
 
 
@@ -285,10 +302,12 @@ class MatmulPlan:
         if tuple(np.shape(panels)) != want:
             raise ValueError(f"matmul: packed B must have shape {want} for these operands, got {np.shape(panels)}; "
                              + how)
-        # pack_b's panels are f32 numpy arrays whatever the operands' type; anything else was not made by it
-        if not isinstance(panels, np.ndarray) or panels.dtype != np.float32:
+        # pack_b's panels are numpy arrays of the template's type whatever the operands' (f32 but for dot4's);
+        # anything else was not made by it
+        want_dtype = np.dtype(self.template.packed_dtype)
+        if not isinstance(panels, np.ndarray) or panels.dtype != want_dtype:
             got = panels.dtype if isinstance(panels, np.ndarray) else type(panels).__name__
-            raise ValueError(f"matmul: packed B must be a float32 numpy array, got {got}; " + how)
+            raise ValueError(f"matmul: packed B must be a {want_dtype} numpy array, got {got}; " + how)
 
     def batch_index(self, split: int | None = None) -> np.ndarray:
         """The kernel's (z-slice -> A, B matrix) table."""
@@ -416,9 +435,10 @@ def random_operand(shape: tuple, dtype) -> np.ndarray:
 
 
 def plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune: bool | None = None,
-         point=None, b_dtype=None) -> MatmulPlan:
+         point=None, b_dtype=None, dot4_products: bool = True) -> MatmulPlan:
     """The plan for (..., M, K) @ (..., K, N) operands of DSL type `dtype` (B of `b_dtype`, where it differs:
-    8-bit operands of one kind) on `target`.
+    8-bit operands of one kind) on `target`; `dot4_products=False` keeps u8 by s8 on the cpu's register-tile
+    template (`template_for`), whose kernels also read a convolution's forms of A.
 
     The schedule: `point` if given; else tuned (cuda, or `do_tune=True`) with the winner
     cached on disk; else the target's default (on the cpu, for small matrices, `matmul_small`'s kernel). Batch
@@ -427,7 +447,7 @@ def plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune: bool | Non
     _check_tune(do_tune)
     # Python ints: numpy ones would key their tuning records apart (`repr`) and tune the same product again
     return _plan(int_tuple(a_shape, "matmul: shapes"), int_tuple(b_shape, "matmul: shapes"), dtype, target, do_tune,
-                 point, fast_compile_enabled(), tuning_enabled(), None if b_dtype == dtype else b_dtype)
+                 point, fast_compile_enabled(), tuning_enabled(), None if b_dtype == dtype else b_dtype, dot4_products)
 
 
 def _check_tune(do_tune) -> None:
@@ -438,7 +458,7 @@ def _check_tune(do_tune) -> None:
 
 @functools.lru_cache(maxsize=256)
 def _plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune, point, fast: bool, tuning: bool,
-          b_dtype) -> MatmulPlan:
+          b_dtype, dot4_products: bool) -> MatmulPlan:
     """`plan`, cached per fast-compile mode (the cpu default point depends on it) and TASKDSL_TUNE (read at each
     call: a plan made with tuning off is not kept once it is on) too."""
     *a_batch, m, k = a_shape
@@ -456,7 +476,7 @@ def _plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune, point, fa
         raise TypeError(f"matmul: operands of two types plan in one ({dtype.name} and {b_dtype.name}: convert one); "
                         "only 8-bit operands of one kind (s8 / u8, E4M3 / E5M2) mix")
     itemsize = dtype.bits // 8
-    template = template_for(dtype, target)
+    template = template_for(dtype, target, b_dtype, dot4_products)
     # integers on the cpu: k blocks of at most `exact_k` products, each summed in f32 exactly
     exact = exact_k(dtype, b_dtype) if template is CPU_TILE and not dtype.is_float else None
     space = cpu.space(itemsize, k_block_at_most=exact) if exact else template.space(target, itemsize)

@@ -76,6 +76,18 @@ def elementwise_fusion(monkeypatch):
                         lambda: False)
 
 
+@pytest.fixture(params=[True, False], ids=["dot4", "register_tile"])
+def dot4_products(monkeypatch, request):
+    """u8 by s8 products on the cpu planned as a host with byte dot-product instructions plans them (the dot4
+    template, `stdlib_ops.matmul_dot4`; on a host without them its kernels run dot4's plain arithmetic) and as one
+    without (the register-tile template); the parameter says which."""
+    from stdlib_ops import gemm, matmul_dot4
+    monkeypatch.setattr(matmul_dot4, "available", lambda: request.param)
+    gemm._plan.cache_clear()        # plans made the other way
+    yield request.param
+    gemm._plan.cache_clear()
+
+
 @pytest.fixture
 def twin_target(request):
     """'cpu', 'cuda' or 'host' for the twins of a module with GPU_TWINS = True, else None."""

@@ -1161,13 +1161,14 @@ class FunctionTranslator:
         return ir.Call(fn.name, (value, lane, ir.const(width)), value.dtype)
 
     # ----------------------------------------------------------------- tensor cores and async copies
-    def buffer_ref(self, node: ast.expr, what: str, scope: str, fragment: bool = False) -> ir.Ref:
-        """`T[i, j]` (an element) or, for a `fragment`, `T` / `T[i]` (the sub-tensor of the remaining axes)."""
+    def buffer_ref(self, node: ast.expr, what: str, scope: str | None, fragment: bool = False) -> ir.Ref:
+        """`T[i, j]` (an element) or, for a `fragment`, `T` / `T[i]` (the sub-tensor of the remaining axes), of a
+        tensor in `scope` (None: any)."""
         base = self.expr(node.value if isinstance(node, ast.Subscript) else node)
         if not isinstance(base, ir.Buffer):
             got = "a runtime value" if is_runtime(base) else repr(base)
             raise self.error(node, f"{what} must be a {'register array' if fragment else 'tensor element'}, got {got}")
-        if base.scope != scope:
+        if scope is not None and base.scope != scope:
             raise self.error(node, f"{what} must be in {scope} memory; '{base.name}' is {base.scope}")
         if isinstance(node, ast.Subscript):
             return ir.Ref(*self.buffer_indices(base, node, partial=fragment))
@@ -1214,6 +1215,29 @@ class FunctionTranslator:
         b, _ = self.fragment(node.args[1], "the b fragment", (2 * per_register,), kind)
         c, _ = self.fragment(node.args[2], "the c fragment", (4,), (T.f32 if a.dtype.is_float else T.i32,))
         return ir.Mma(a, b, c, self.loc(node))
+
+    DOT4_LANES = (4, 8, 16)     # x86's vpdpbusd on 128-, 256- and 512-bit vectors
+
+    def dot4_call(self, node: ast.Call, kwargs: dict) -> ir.Dot4:
+        """td.dot4(acc[...], a[...], b[...], lanes): acc's `lanes` i32 elements from the one named += the dot products
+        of the four u8 from a's element on with each four i8 of b's 4 * lanes from its element on."""
+        if len(node.args) != 4 or kwargs:
+            raise self.error(node, "td.dot4(acc[i, j], a[r, k], b[q, 4 * j], lanes) takes an i32 register element, "
+                                   "a u8 element, an i8 element and the lane count (4, 8 or 16)")
+        lanes = self.compile_time_count(node.args[3], "the lane count of dot4")
+        if lanes not in self.DOT4_LANES:
+            raise self.error(node.args[3], f"dot4 computes 4, 8 or 16 lanes (a 128-, 256- or 512-bit vector), got "
+                                           f"{lanes}")
+        acc = self.buffer_ref(node.args[0], "the dot4 accumulator", "register")
+        refs = [acc, self.buffer_ref(node.args[1], "the dot4 a operand", None),
+                self.buffer_ref(node.args[2], "the dot4 b operand", None)]
+        whats = ("accumulator", "a operand", "b operand")
+        for ref, arg, dtype, what in zip(refs, node.args, (T.i32, T.u8, T.i8), whats):
+            if ref.dtype != dtype:
+                raise self.error(arg, f"the dot4 {what} must hold {dtype.name} elements; '{ref.buffer.name}' holds "
+                                      f"{ref.dtype.name}", "dot4 multiplies u8 a by i8 b into i32 (x86's vpdpbusd); "
+                                                           "offset other operands into those types first")
+        return ir.Dot4(*refs, lanes, self.loc(node))
 
     def ldmatrix_call(self, node: ast.Call, kwargs: dict) -> ir.LdMatrix:
         if len(node.args) != 2 or set(kwargs) - {"trans"}:

@@ -4,9 +4,9 @@ from .expr import (Atomic, Binary, Buffer, Call, Cast, Const, ConstantError, Exp
                    structurally_equal)
 from .function import Function
 from .printer import expr_str, function_str, stmt_str
-from .stmt import (Allocate, Assign, Break, CallOutlined, Continue, CpAsync, CpAsyncCommit, CpAsyncWait, Evaluate, For,
-                   ForMapping, If, LdMatrix, Mma, Outlined, Prefetch, Seq, Stmt, Store, SyncThreads, SyncWarp, While,
-                   seq)
+from .stmt import (Allocate, Assign, Break, CallOutlined, Continue, CpAsync, CpAsyncCommit, CpAsyncWait, Dot4, Evaluate,
+                   For, ForMapping, If, LdMatrix, Mma, Outlined, Prefetch, Seq, Stmt, Store, SyncThreads, SyncWarp,
+                   While, seq)
 from .structure import Unspellable, structural_text
 from .types import DataType, TensorSpec
 from .visitor import (ELEMENT_ACCESSES, Rewriter, Visitor, allow_deep_trees, collect, invariant, named_buffers,

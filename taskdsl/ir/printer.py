@@ -84,6 +84,8 @@ def _lines(s, depth: int, out: list) -> None:
         out.append(f"{pad}syncwarp()")
     elif isinstance(s, S.Mma):
         out.append(f"{pad}mma_m16n8k16({expr_str(s.a)}, {expr_str(s.b)}, {expr_str(s.c)})")
+    elif isinstance(s, S.Dot4):
+        out.append(f"{pad}dot4({expr_str(s.acc)}, {expr_str(s.a)}, {expr_str(s.b)}, lanes={s.lanes})")
     elif isinstance(s, S.LdMatrix):
         out.append(f"{pad}ldmatrix.x{s.num}{'.trans' if s.trans else ''}({expr_str(s.frag)}, {expr_str(s.src)})")
     elif isinstance(s, S.CpAsync):

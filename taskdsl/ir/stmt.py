@@ -149,6 +149,19 @@ class Mma(Stmt):
 
 
 @dataclass(frozen=True, eq=False)
+class Dot4(Stmt):
+    """`acc[l] += a[0] * b[4l] + a[1] * b[4l + 1] + a[2] * b[4l + 2] + a[3] * b[4l + 3]` for each lane l < `lanes`:
+    four-byte dot products of u8 `a` (the same four bytes for every lane) and i8 `b` into the i32 lanes of `acc`
+    (`Ref`s to their first elements; the sums wrap as i32 do). x86's vpdpbusd (AVX-512 VNNI) on the cpu."""
+
+    acc: Expr
+    a: Expr
+    b: Expr
+    lanes: int
+    loc: SourceLoc | None = None
+
+
+@dataclass(frozen=True, eq=False)
 class LdMatrix(Stmt):
     """Warp-wide load of `num` 8x8 b16 matrices (8 rows of 16 bytes) from shared memory into the fragment `frag`.
 

@@ -1,5 +1,5 @@
 """What kernel bodies may call: index registers, memory, barriers, math, casts, atomics, warp ops,
-tensor cores (mma, ldmatrix), asynchronous copies (cp_async) and cache hints (prefetch).
+tensor cores (mma, ldmatrix), byte dot products (dot4), asynchronous copies (cp_async) and cache hints (prefetch).
 
 Each entry is a marker the frontend recognises; math functions also work on plain Python
 numbers outside kernels, so host code and tests can share formulas with kernels.
@@ -105,9 +105,10 @@ unroll = Intrinsic("unroll", "loop")
 ATOMICS = {f"atomic_{op}": Intrinsic(f"atomic_{op}", "atomic") for op in ("add", "sub", "max", "min", "exch")}
 WARP_OPS = {name: Intrinsic(name, "warp") for name in ("shfl_xor", "shfl_down", "shfl_up", "shfl_idx")}
 syncwarp = Intrinsic("syncwarp", "barrier")
-# Tensor-core fragments and asynchronous global -> shared copies (sm_80+); see docs/dsl-reference.md.
+# Tensor-core fragments, asynchronous global -> shared copies (sm_80+) and the cpu's byte dot products (dot4); see
+# docs/dsl-reference.md.
 TENSOR_OPS = {name: Intrinsic(name, "tensor") for name in
-              ("mma_m16n8k16", "mma_m16n8k32", "ldmatrix", "cp_async", "cp_async_commit", "cp_async_wait")}
+              ("mma_m16n8k16", "mma_m16n8k32", "ldmatrix", "cp_async", "cp_async_commit", "cp_async_wait", "dot4")}
 
 
 def cdiv(a, b):

@@ -117,11 +117,12 @@ def test_matmul_integer_of_any_rank_and_zero_points(a_shape, b_shape, a_type, b_
 
 @pytest.mark.parametrize("m, k, n, kernel", [(5, 3000, 7, "small_matmul"), (64, 1500, 96, "tile_matmul_"),
                                              (3, 2000, 50, "rows_matmul_3x")])
-def test_integer_products_on_the_cpu_fuse_their_epilogue_exact_past_2_to_the_24(m, k, n, kernel):
+def test_integer_products_on_the_cpu_fuse_their_epilogue_exact_past_2_to_the_24(m, k, n, kernel, dot4_products):
     """On the cpu MatMulInteger's product is the last kernel, the zero points' share in its epilogue (after the
     kernels summing a's rows for it); its int32 sums, far past 2^24 (large terms of one sign), equal onnx's
     reference, for each cpu kernel (the small one split into exact z-slices, whose sum then carries the
-    epilogue)."""
+    epilogue), or on the dot4 template for every size where the host has byte dot products."""
+    kernel = "dot4_matmul" if dot4_products else kernel
     rng = np.random.default_rng(k)
     a = large_terms(rng, (m, k), np.uint8)
     inits = {"b": large_terms(rng, (k, n), np.int8), "az": np.uint8(3), "bz": np.int8(-2)}

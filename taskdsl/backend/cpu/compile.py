@@ -12,7 +12,8 @@ from pathlib import Path
 @functools.cache
 def compiler_fingerprint() -> str:
     """What besides a module's text decides its machine code: numba, the support helpers (with the rounding they
-    inline from `ir.types`: an edit of it ran kernels cached with the old one), the vector width."""
+    inline from `ir.types`: an edit of it ran kernels cached with the old one), the vector width and the dot4
+    instructions (`vectors.dot4_lanes`)."""
     import inspect
 
     import numba
@@ -21,7 +22,8 @@ def compiler_fingerprint() -> str:
     from . import support, support_calls, vectors
     text = Path(support.__file__).read_text() + Path(support_calls.__file__).read_text() + \
         inspect.getsource(narrow_float_bits)
-    return hashlib.sha256(f"{text}\nnumba={numba.__version__}\nvectors={vectors.host().bits}".encode()).hexdigest()
+    host = f"vectors={vectors.host().bits} dot4={sorted(vectors.dot4_lanes())}"
+    return hashlib.sha256(f"{text}\nnumba={numba.__version__}\n{host}".encode()).hexdigest()
 
 
 def load_module_function(path: Path, name: str):

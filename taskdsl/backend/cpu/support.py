@@ -17,6 +17,7 @@ from numba.core.registry import CPUDispatcher
 from numba.extending import intrinsic, overload
 
 from ...ir.types import FLOAT8_NAN, FLOAT8_VALUES, float8_bits, narrow_float_bits
+from . import vectors
 from .parallel import call_entry, lock_compiles  # noqa: F401 (call_entry: outlined functions' calls)
 
 WARP = 32
@@ -384,6 +385,47 @@ def prefetch(typingctx, array, index):
         return context.get_dummy_value()
 
     return types.none(array, index), codegen
+
+
+@intrinsic(prefer_literal=True)
+def dot4(typingctx, acc, acc_index, a, a_index, b, b_index, lanes):
+    """`td.dot4` on flat arrays: acc[acc_index + l] (i32) += the dot product of a[a_index : a_index + 4] (u8) and
+    b[b_index + 4 * l : b_index + 4 * l + 4] (i8), for each lane l < `lanes` (a literal). One vpdpbusd where the
+    host has it for `lanes` (`vectors.dot4_lanes`; the accumulators, in a stack array, stay in a vector register
+    across an unrolled loop), else the same sums lane by lane."""
+    if not (isinstance(lanes, types.IntegerLiteral) and all(isinstance(x, types.Array) for x in (acc, a, b))):
+        return None
+    count = lanes.literal_value
+    vectorized = count in vectors.dot4_lanes()
+
+    def codegen(context, builder, signature, args):
+        (acc_array, acc_at, a_array, a_at, b_array, b_at, _), (acc_type, _, a_type, _, b_type, _, _) = \
+            args, signature.args
+        data = lambda array, kind, at: builder.gep(context.make_array(kind)(context, builder, array).data, [at])
+        acc_p, a_p, b_p = data(acc_array, acc_type, acc_at), data(a_array, a_type, a_at), data(b_array, b_type, b_at)
+        i32 = llvm_ir.IntType(32)
+        if vectorized:
+            vector = llvm_ir.VectorType(i32, count)
+            fn = builder.module.declare_intrinsic(f"llvm.x86.avx512.vpdpbusd.{32 * count}", (), llvm_ir.FunctionType(
+                vector, [vector] * 3))
+            acc_v = builder.bitcast(acc_p, vector.as_pointer())
+            word = builder.load(builder.bitcast(a_p, i32.as_pointer()), align=1)
+            words = builder.shuffle_vector(builder.insert_element(llvm_ir.Constant(vector, None), word, i32(0)),
+                                           llvm_ir.Constant(vector, None), llvm_ir.Constant(vector, [0] * count))
+            b_v = builder.load(builder.bitcast(b_p, vector.as_pointer()), align=1)
+            builder.store(builder.call(fn, [builder.load(acc_v, align=4), words, b_v]), acc_v, align=4)
+            return context.get_dummy_value()
+        byte = lambda pointer, k, widen: widen(builder.load(builder.gep(pointer, [i32(k)])), i32)
+        a_values = [byte(a_p, q, builder.zext) for q in range(4)]
+        for lane in range(count):
+            slot = builder.gep(acc_p, [i32(lane)])
+            total = builder.load(slot)
+            for q in range(4):
+                total = builder.add(total, builder.mul(a_values[q], byte(b_p, 4 * lane + q, builder.sext)))
+            builder.store(total, slot)
+        return context.get_dummy_value()
+
+    return types.none(acc, acc_index, a, a_index, b, b_index, lanes), codegen
 
 
 @intrinsic(prefer_literal=True)

@@ -50,6 +50,17 @@ def host() -> VectorUnit:
     return unit
 
 
+@functools.cache
+def dot4_lanes() -> frozenset:
+    """The lane counts of `td.dot4` the host computes by one instruction (x86's vpdpbusd): 16 with AVX-512 VNNI,
+    8 and 4 with its 256- and 128-bit forms (AVX-512 VL, or AVX-VNNI), within $TASKDSL_CPU_VECTOR_BITS."""
+    features = set(_cpu_features().split(","))
+    lanes = {16} if "+avx512vnni" in features else set()
+    if {"+avx512vnni", "+avx512vl"} <= features or "+avxvnni" in features:
+        lanes |= {4, 8}
+    return frozenset(n for n in lanes if 32 * n <= host().bits)
+
+
 def _cpu_features() -> str:
     from numba.core import config
     if config.CPU_NAME or config.CPU_FEATURES:     # numba compiles for the CPU these name, not the host

@@ -1,0 +1,169 @@
+"""The cpu's 8-bit integer matmul on byte dot products: u8 A by s8 B into exact i32, four k at a time.
+
+`td.dot4(acc[x, y], a[i, k], b[q, 4 * y], L)` adds to L i32 accumulators the dot products of four bytes of A's
+row with four bytes of each of L columns of B: x86's vpdpbusd, 64 multiply-adds an AVX-512 instruction where the
+f32 register-tile template (`matmul_cpu`, which runs 8-bit integers exactly as f32) does 16 a fused multiply-add.
+The micro-kernel's step is MR broadcasts of four bytes of A, NR / L vector loads of B and MR * NR / L dot4s:
+
+    repeat(BM // MR, BN // NR)  *  repeat(MR, NR // L)  *  L lanes
+    micro-tiles, one at a time     the register tile       a vector of accumulators
+
+B comes packed as each block's panel wants it (`pack_b`): per column block, its rows are groups of four k, each
+holding the block's BN columns as four consecutive bytes (k, k + 1, k + 2, k + 3): one 64-byte load gives 16
+columns' four bytes. Constant weights are packed once; the kernel without `packed_b` packs its own panels. A's
+block is copied per k block into a strip whose rows run past K to a multiple of 4 in zeros (and whose rows past M
+are zeros), so a step never reads past A. The sums are exact in i32 (they wrap as i32 do past 2^31, at K of
+65793 or more): no k blocks of bounded length as the f32 template needs (`gemm.exact_k`).
+
+It runs where the host computes dot4 by an instruction (`vectors.dot4_lanes`: AVX-512 VNNI); elsewhere the
+register-tile template multiplies 8-bit integers (`gemm.template_for`). The kernel itself runs on any cpu (dot4's
+plain arithmetic, slowly) and on a GPU, which has tensor cores for 8-bit products.
+"""
+
+import functools
+
+import numpy as np
+
+import taskdsl as td
+from taskdsl import blockIdx
+from taskdsl.backend.cpu import vectors
+from taskdsl.runtime.host import empty_aligned
+from taskdsl.schedule.space import Space
+
+PANEL_BYTES = 512 * 1024       # a block's A strip, B panel and i32 sums, kept in L2
+
+
+def lanes() -> int:
+    """The accumulators one dot4 computes: the host's widest dot4 instruction's (16 where it has none: the
+    kernels then run dot4 as plain arithmetic)."""
+    return max(vectors.dot4_lanes(), default=16)
+
+
+def available() -> bool:
+    """Whether the host computes dot4 by an instruction, which this template needs to be worth running."""
+    return bool(vectors.dot4_lanes())
+
+
+def tile_shape(p) -> tuple:
+    """(BM, BN, threads) of a schedule point."""
+    return p.block[0], p.block[1], 1
+
+
+def check(p, width: int | None = None, registers: int | None = None):
+    """Why point `p` cannot run well with dot4s of `width` lanes and `registers` vector registers (default: the
+    host's), or None."""
+    (mr, nr), (bm, bn) = p.micro, p.block
+    width, registers = width or lanes(), registers or vectors.host().registers
+    if nr % width:
+        return f"micro-tile columns not a multiple of the {width} lanes of a dot4"
+    if bm % mr or bn % nr:
+        return "block tile not a multiple of the micro-tile"
+    row = nr // width
+    if mr * row + row + 1 > registers:      # accumulators + B's vectors + A's broadcast
+        return f"micro-tile needs more than {registers} vector registers"
+    if bm * p.bk + p.bk * bn + 4 * bm * bn > PANEL_BYTES:
+        return f"panels above {PANEL_BYTES // 1024} KiB"
+    return None
+
+
+def space(width: int | None = None, registers: int | None = None) -> Space:
+    """The schedule space: micro-tile, block tile and k block (the micro-tiles that fit the host's vectors)."""
+    return Space("dot4_matmul", {
+        "micro": ((6, 32), (8, 32), (12, 32), (4, 64), (6, 64), (4, 32), (6, 16), (12, 16)),
+        "block": ((48, 64), (96, 64), (48, 128), (96, 128), (24, 128), (64, 64), (64, 128), (96, 32)),
+        "bk": (256, 512, 1024),
+    }, lambda p: check(p, width, registers))
+
+
+DEFAULT = dict(micro=(6, 32), block=(48, 128), bk=1024)     # measured: docs/benchmarks.md
+
+
+def default_point(m: int | None = None, n: int | None = None):
+    """The default schedule (AVX-512's; 256-bit dot4s take half its columns)."""
+    chosen = DEFAULT if lanes() == 16 else dict(DEFAULT, micro=(6, 16))
+    return space().point(**chosen)
+
+
+def pack_b(p, b3):
+    """B (BB, K, N) s8 as the `packed_b` kernel of point `p` reads it: (BB * cdiv(N, BN) * cdiv(K, 4), 4 * BN),
+    panel (z, j) holding B[z, :, j*BN : (j+1)*BN] as rows of four k, each column's four bytes together, zeros past
+    K and N (constant weights: pack once)."""
+    bb, k, n = b3.shape
+    bn = p.block[1]
+    blocks, groups = -(-n // bn), -(-k // 4)
+    padded = np.zeros((bb, 4 * groups, blocks * bn), np.int8)
+    padded[:, :k, :n] = b3
+    out = empty_aligned(packed_b_shape(p, b3.shape), np.int8)     # aligned: the kernel's vector loads
+    out.reshape(bb, blocks, groups, bn, 4)[...] = padded.reshape(bb, groups, 4, blocks, bn).transpose(0, 3, 1, 4, 2)
+    return out
+
+
+def packed_b_shape(p, b_shape: tuple) -> tuple:
+    """The shape `pack_b` gives a (BB, K, N) operand."""
+    bb, k, n = b_shape
+    bn = p.block[1]
+    return (bb * -(-n // bn) * -(-k // 4), 4 * bn)
+
+
+@functools.cache
+def dot4_matmul_kernel(p, out_dtype, packed_b: bool = False):
+    """The kernel for schedule point `p` (one compile serves every shape): C (BZ, M, N) of `out_dtype` = A (BA, M,
+    K) u8 @ B (BB, K, N) s8 in exact i32, the z-slices' A and B from `batch_index`; with `packed_b`, B as `pack_b`'s
+    panels. The `split` argument (the other templates' split-k) must be 1."""
+    (MR, NR), (BM, BN), KC = p.micro, p.block, p.bk
+    L = lanes()
+    name = f"dot4_matmul_{BM}x{BN}x{KC}_m{MR}x{NR}" + ("_packed" if packed_b else "")
+    b_spec = td.i8["RB", 4 * BN] if packed_b else td.i8["BB", "K", "N"]
+
+    @td.kernel(grid=lambda M, N, BZ: (td.cdiv(M, BM) * td.cdiv(N, BN), 1, BZ), block=1, name=name)
+    def matmul(A: td.u8["BA", "M", "K"], B: b_spec, C: out_dtype["BZ", "M", "N"], batch_index: td.i32["BZ", 2],
+               split: td.i32):
+        partial = td.shared(td.i32, (BM, BN))        # the block's sums between k blocks
+        strip = td.shared(td.u8, (BM, KC))           # A's block for one k block, zeros past K and M
+        panel = B if packed_b else td.shared(td.i8, (KC // 4, 4 * BN))
+        c = td.registers(td.i32, (MR, NR))
+        grid_m = td.cdiv(M, BM)
+        row0, col0 = blockIdx.x % grid_m * BM, blockIdx.x // grid_m * BN      # consecutive blocks share a panel
+        za, zb = batch_index[blockIdx.z, 0], batch_index[blockIdx.z, 1]
+        rows, cols = td.min(BM, M - row0), td.min(BN, N - col0)
+        for k0 in range(0, td.max(K, 1), KC):        # K = 0: one empty k block, the sums zeros
+            k1 = td.min(K, k0 + KC)
+            steps = td.cdiv(k1 - k0, 4)
+            for i in range(rows):
+                for k in range(k1 - k0):
+                    strip[i, k] = A[za, row0 + i, k0 + k]
+                for k in range(k1 - k0, 4 * steps):
+                    strip[i, k] = 0
+            for i in range(rows, td.cdiv(rows, MR) * MR):
+                for k in range(4 * steps):
+                    strip[i, k] = 0
+            row = 0     # the panel's first row of this k block
+            if packed_b:
+                row = (zb * td.cdiv(N, BN) + col0 // BN) * td.cdiv(K, 4) + k0 // 4
+            else:
+                for s in range(steps):
+                    for q in range(4):      # B's row k0 + 4s + q: every fourth byte of the panel's row s
+                        k = k0 + 4 * s + q
+                        filled = cols if k < k1 else 0
+                        for j in range(filled):
+                            panel[s, 4 * j + q] = B[zb, k, col0 + j]
+                        for j in range(filled, BN):
+                            panel[s, 4 * j + q] = 0
+            for mi in range(td.cdiv(rows, MR)):
+                for nj in range(td.cdiv(cols, NR)):
+                    i0, j0 = mi * MR, nj * NR
+                    for x in td.unroll(MR):
+                        for y in td.unroll(NR):
+                            c[x, y] = partial[i0 + x, j0 + y] if k0 > 0 else 0
+                    for s in range(steps):
+                        for x in td.unroll(MR):
+                            for v in td.unroll(NR // L):
+                                td.dot4(c[x, v * L], strip[i0 + x, 4 * s], panel[row + s, 4 * (j0 + v * L)], L)
+                    for x in td.unroll(MR):
+                        for y in td.unroll(NR):
+                            partial[i0 + x, j0 + y] = c[x, y]
+        for i in range(rows):
+            for j in range(cols):
+                C[blockIdx.z, row0 + i, col0 + j] = td.cast(partial[i, j], out_dtype)
+
+    return matmul
