@@ -91,6 +91,24 @@ def test_a_global_pool_of_a_channels_last_tensor_reduces_its_channels_last_form(
         assert_close(got, want)
 
 
+@pytest.mark.parametrize("shape", [(1, 2, 1, 2), (1, 2, 2, 2), (1, 3, 1, 3)])
+def test_a_stack_whose_channels_and_width_are_alike_transposes_back(shape):
+    """Two axes longer than 1 of one length that change places (C and W of (1, 2, 1, 2)) are a transpose, not a
+    reshape: comparing the lengths alone took them for axes that keep their order (a hypothesis example of a
+    ConvInteger found it)."""
+    c = shape[1]
+    x = tg.input("x", (1, 1) + shape[2:])
+    y = ops.conv2d(ops.relu(ops.conv2d(x, tg.constant(rand((c, 1, 1, 1), 1)))), tg.constant(rand((c, c, 1, 1), 2)))
+    g = tg.Graph([x], [y])
+    assert y.shape == shape
+    last = passes.optimize(g, LAYOUT_PASSES)
+    assert [op.attrs.get("channels_last") for op in last.nodes if op.kind == "conv2d"] == [True, True]
+    assert _kinds(last)[-1] == "transpose"
+    xa = rand((1, 1) + shape[2:], 2)
+    for got, want in zip(g.compile(channels_last=True)(xa), g.reference(xa)):
+        assert_close(got, want)
+
+
 def test_the_pass_changes_nothing_without_convolutions():
     x = tg.input("x", (2, 3, 4, 4))
     g = tg.Graph([x], [ops.relu(x)])

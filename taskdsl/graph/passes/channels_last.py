@@ -146,9 +146,9 @@ class _Layouts:
 def _permuted(x, perm: tuple):
     """x transposed by `perm`; reshaped where its axes longer than 1 keep their order (a per-channel (1, C, 1, 1)
     operand, a global pool's (1, 1, 1, C)), which moves no data: no transpose kernel."""
-    shape = tuple(x.shape[k] for k in perm)
-    if [n for n in x.shape if n != 1] == [n for n in shape if n != 1]:
-        return reshape(x, shape)
+    moved = [k for k in perm if x.shape[k] != 1]      # the axes longer than 1, in their new order
+    if moved == sorted(moved):
+        return reshape(x, tuple(x.shape[k] for k in perm))
     return transpose(x, perm)
 
 
