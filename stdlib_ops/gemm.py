@@ -154,7 +154,7 @@ def _cpu_kernel(p, dtype, out, packed_b: bool, transposed_a: bool, m: int | None
 def _dot4_kernel(p, out, packed_b: bool, transposed_a: bool) -> td.Kernel:
     """The dot4 template's kernel (A as it is: a convolution's forms are the register-tile template's)."""
     if transposed_a:
-        raise ValueError("the dot4_matmul template reads A as it is, not transposed: plan with dot4=False")
+        raise ValueError("the dot4_matmul template reads A as it is, not transposed: plan with dot4_products=False")
     return dot4.dot4_matmul_kernel(p, out, packed_b)
 
 
@@ -307,7 +307,7 @@ class MatmulPlan:
         want_dtype = np.dtype(self.template.packed_dtype)
         if not isinstance(panels, np.ndarray) or panels.dtype != want_dtype:
             got = panels.dtype if isinstance(panels, np.ndarray) else type(panels).__name__
-            raise ValueError(f"matmul: packed B must be a {want_dtype} numpy array, got {got}; " + how)
+            raise ValueError(f"matmul: packed B must be a numpy array of {want_dtype}, got {got}; " + how)
 
     def batch_index(self, split: int | None = None) -> np.ndarray:
         """The kernel's (z-slice -> A, B matrix) table."""

@@ -113,7 +113,7 @@ def test_packed_panels_of_another_type_are_refused():
     same(ops.matmul(a, b, packed=panels), exact(a, b), rtol=1e-5, atol=1e-5)
     for bad, named in ((panels.astype(np.float16), "float16"), (panels.astype(np.float64), "float64"),
                        (panels.tolist(), "list")):
-        with pytest.raises(ValueError, match=f"packed B must be a float32 numpy array, got {named}; pack it"):
+        with pytest.raises(ValueError, match=f"packed B must be a numpy array of float32, got {named}; pack it"):
             ops.matmul(a, b, packed=bad)
     with pytest.raises(ValueError, match=rf"packed B must have shape \({panels.shape[0]}, {panels.shape[1]}\)"):
         ops.matmul(a, b, packed=panels[:, :8].copy())
