@@ -182,3 +182,21 @@ def test_misuse_is_reported_at_the_call(kernel, tag, pattern):
     n = 5 if kernel is five_lanes else 16
     args = np.zeros(4, np.int8 if kernel is signed_a else np.uint8), np.zeros(4 * n, np.int8), np.zeros(n, np.int32)
     MARKS.expect_error(lambda: kernel(*args), tag, pattern)
+
+
+def test_fusion_refuses_a_prologue_of_an_operand_dot4_reads_and_fuses_one_staged_by_loads():
+    """dot4 reads its operands' bytes in memory, which a prologue's computed values are not: fused into B, which
+    the "global" kernel reads by dot4, a prologue is refused; into A of the "registers" kernel, which stages A's
+    four bytes by plain loads first, it computes what the unfused pair does."""
+    a, b, c = operands(np.random.default_rng(6), 2, 3, 8, False)
+    source = td.placeholder("S", i8, b.shape)
+    doubled = td.compute("B2", b.shape, lambda s, q: source[s, q] // 2)
+    with pytest.raises(td.FusionError, match="reads 'B' by td.dot4"):
+        td.fuse(row_dots(8, "global"), a, b, c, prologues={"B": doubled})
+    flipped = td.placeholder("F", u8, a.shape)
+    fused = td.fuse(row_dots(8, "registers"), a, b, c, prologues={"A": td.compute(
+        "A2", a.shape, lambda m, k: 255 - flipped[m, k])})
+    want = expected(255 - a, b, c)
+    assert [name for name, _ in fused.params] == ["B", "C", "F"]
+    fused(b, c, a)
+    np.testing.assert_array_equal(c, want)

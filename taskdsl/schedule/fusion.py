@@ -214,6 +214,13 @@ def _fuse_prologue(body: ir.Stmt, param: ir.Buffer, definition: Tensor, new_inpu
         def visit_Prefetch(self, s):
             return _without_prefetch_of(self.generic_visit(s), param)     # its index may read the prologue's tensor
 
+        def visit_Dot4(self, s):
+            if param.uid in (s.a.buffer.uid, s.b.buffer.uid):
+                raise FusionError(f"the anchor reads '{param.name}' by td.dot4, whose bytes must be in memory: a "
+                                  "prologue's computed values are not; stage them in shared or register memory by "
+                                  "plain loads first, or compute the prologue by a kernel of its own")
+            return self.generic_visit(s)
+
         def gathered_copy(self, s):
             """The copy from the placeholder itself where the definition gathers aligned runs of its elements
             (`gather_runs`; a cp_async run starts at a multiple of its length, as its alignment requires), else
