@@ -863,8 +863,11 @@ def lower(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue, b_dtype=N
     groups, m, k, n = g.gemm
     if on_columns(g, target):
         nchw = g.layout == "NCHW"
+        x_name = x.name if x.kind == "placeholder" else None
+        pointwise = _pointwise(g) and x_name is not None and (nchw or groups == 1)    # the input is the columns
         if groups == 1 and not nchw:        # the columns of every image, one matrix
-            matmul = mm.plan((1, m, k), (1, k, g.oc), dtype, target, b_dtype=b_dtype, dot4_products=False)
+            # (a plain GEMM where pointwise: u8 by s8 on byte dot products, `gemm.template_for`)
+            matmul = mm.plan((1, m, k), (1, k, g.oc), dtype, target, b_dtype=b_dtype, dot4_products=pointwise)
         else:       # per image (and group): (K x OH*OW columns)^T @ weights (NCHW), columns @ weights (NHWC)
             per = () if groups == 1 else (groups,)
             matmul = mm.plan((g.n, *per, g.oh * g.ow, k), (1, *per, k, n), dtype, target, b_dtype=b_dtype,
@@ -872,8 +875,6 @@ def lower(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue, b_dtype=N
         out = matmul.out_dtype
         c = td.placeholder("C", out, matmul.operand_shapes()[2])
         y = columns_output_view(g, c)
-        x_name = x.name if x.kind == "placeholder" else None
-        pointwise = _pointwise(g) and x_name is not None and (nchw or groups == 1)    # the input is the columns
         if not nchw and not pointwise:
             return _lower_indirect(g, dtype, matmul, x, epilogue(y))
         windowed = nchw and not pointwise and groups == 1 and g.ow >= WINDOW_ROW

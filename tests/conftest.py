@@ -81,11 +81,13 @@ def dot4_products(monkeypatch, request):
     """u8 by s8 products on the cpu planned as a host with byte dot-product instructions plans them (the dot4
     template, `stdlib_ops.matmul_dot4`; on a host without them its kernels run dot4's plain arithmetic) and as one
     without (the register-tile template); the parameter says which."""
-    from stdlib_ops import gemm, matmul_dot4
+    from stdlib_ops import conv, gemm, matmul_dot4
     monkeypatch.setattr(matmul_dot4, "available", lambda: request.param)
-    gemm._plan.cache_clear()        # plans made the other way
+    for plans in (gemm._plan, conv._plan):      # made the other way
+        plans.cache_clear()
     yield request.param
-    gemm._plan.cache_clear()
+    for plans in (gemm._plan, conv._plan):
+        plans.cache_clear()
 
 
 @pytest.fixture

@@ -225,7 +225,7 @@ def tune_over_a_pair(monkeypatch, tmp_path, dtype, g) -> tuple:
     splits = lambda p: gemm.choose_split(p, groups, m, n, k, "cuda", template) > 1
     unsplit, split = (next(p for p in full.points() if splits(p) == want) for want in (False, True))
     pair = Space(full.name, full.axes, lambda q: None if q in (unsplit, split) else "off the pair")
-    monkeypatch.setattr(gemm, "template_for", lambda dtype, target: dataclasses.replace(
+    monkeypatch.setattr(gemm, "template_for", lambda dtype, target, *_: dataclasses.replace(
         template, space=lambda target, itemsize: pair))
     conv._plan.cache_clear()
     return unsplit, split

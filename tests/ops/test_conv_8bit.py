@@ -128,6 +128,25 @@ def test_the_cpu_lowering_is_the_float_gemm_summing_in_i32():
     assert depthwise.lowered.weight_operand(np.ones((4, 1, 3, 3), np.uint8)).dtype == np.float32
 
 
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+def test_a_pointwise_nhwc_convolution_of_u8_by_s8_is_the_dot4_gemm_where_the_host_has_it(layout, dot4_products):
+    """NHWC's pointwise convolution is a plain GEMM of its input: u8 by s8, on byte dot products where the host has
+    them (the dot4 template, its int8 panels), exact with a bias and relu fused; NCHW's reads its input transposed,
+    which only the register-tile template does."""
+    g = conv.geometry((2, 37, 5, 7) if layout == "NCHW" else (2, 5, 7, 37), (11, 37, 1, 1), layout=layout)
+    low = conv.plan(g, td.u8, "cpu", True, "relu", td.i8).lowered
+    on_dot4 = dot4_products and layout == "NHWC"
+    assert (low.matmul.template is gemm.DOT4) == on_dot4
+    assert low.kernel.name.startswith("dot4_matmul" if on_dot4 else "tile_matmul")
+    rng = np.random.default_rng(8)
+    x, w = operand(rng, (2, 37, 5, 7), np.uint8), operand(rng, (11, 37, 1, 1), np.int8)
+    bias = rng.integers(-50000, 50000, 11).astype(np.int32)
+    xin = x if layout == "NCHW" else np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    y = ops.conv2d(xin, w, bias, layout=layout, activation="relu")
+    assert_convolution(y if layout == "NCHW" else y.transpose(0, 3, 1, 2), x, w, bias, "relu",
+                       **_options((1, 1), (0, 0, 0, 0), (1, 1), 1))
+
+
 @pytest.mark.parametrize("kernel", [(2, 257), (5, 103)])
 def test_integer_depthwise_convolutions_sum_on_the_cpus_rows_up_to_exact_k(kernel):
     """u8 by s8: a depthwise window of `gemm.exact_k` (514) taps runs on the direct kernels' f32 sums, one of 515 on
