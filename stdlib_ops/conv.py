@@ -866,7 +866,7 @@ def lower(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue, b_dtype=N
         x_name = x.name if x.kind == "placeholder" else None
         pointwise = _pointwise(g) and x_name is not None and (nchw or groups == 1)    # the input is the columns
         if groups == 1 and not nchw:        # the columns of every image, one matrix
-            # (a plain GEMM where pointwise: u8 by s8 on byte dot products, `gemm.template_for`)
+            # (a plain GEMM where pointwise: 8-bit integers on byte dot products, `gemm.template_for`)
             matmul = mm.plan((1, m, k), (1, k, g.oc), dtype, target, b_dtype=b_dtype, dot4_products=pointwise)
         else:       # per image (and group): (K x OH*OW columns)^T @ weights (NCHW), columns @ weights (NHWC)
             per = () if groups == 1 else (groups,)

@@ -12,8 +12,8 @@ the partials (`split_sum_kernel`), as no partial is the output yet.
 8-bit operands run on the tensor-core template's m16n8k32 kernel on a GPU, which takes B transposed (a call
 copies it so); the two operands may differ within a kind. 8-bit floats (E4M3, E5M2) give an f32 product (on the
 cpu from their f32 values: the same exact products, summed in f32); 8-bit integers (s8, u8) an exact i32 one. On
-the cpu, u8 by s8 runs on byte dot products (`matmul_dot4`, x86's vpdpbusd) where the host has them: 128x768 @
-768x768 in 0.21 ms. Other integers, and any on a cpu without them, run on the register-tile template in f32,
+the cpu, 8-bit integers run on byte dot products (`matmul_dot4`, x86's vpdpbusd) where the host has them: u8 by
+s8 128x768 @ 768x768 in 0.21 ms. On a cpu without them integers run on the register-tile template in f32,
 exactly: its k blocks hold at most `exact_k` products, whose f32 sums are integers below 2^24 whatever the order,
 and the blocks' sums add in i32 (the small kernel's z-slices are split so, their sums added by
 `split_sum_kernel`). A rule-based i32 reduction ran 128x768 @ 768x768 (u8 by s8) in 1.5 ms, the f32 template
@@ -132,7 +132,8 @@ CPU_TILE = Template("tile_matmul", lambda target, itemsize: cpu.space(itemsize),
 DOT4 = Template("dot4_matmul", lambda target, itemsize: dot4.space(),
                 lambda target, itemsize, m, n: dot4.default_point(m, n),
                 lambda p, dtype, out, vec, packed_b, transposed_a, m, n, b_dtype=None: _dot4_kernel(
-                    p, out, packed_b, transposed_a), dot4.tile_shape, dot4.pack_b, dot4.packed_b_shape, np.int8)
+                    p, out, packed_b, transposed_a, dtype, b_dtype or dtype), dot4.tile_shape, dot4.pack_b,
+                dot4.packed_b_shape, np.int8)
 TENSOR_CORE = Template("tc_matmul", lambda target, itemsize: tc.space(_block_shared_limit(target) or tc.MAX_SMEM,
                                                                       8 * itemsize),
                        lambda target, itemsize, m, n: tc.default_point(m, n),
@@ -151,21 +152,21 @@ def _cpu_kernel(p, dtype, out, packed_b: bool, transposed_a: bool, m: int | None
                                   b_dtype=b_dtype)
 
 
-def _dot4_kernel(p, out, packed_b: bool, transposed_a: bool) -> td.Kernel:
+def _dot4_kernel(p, out, packed_b: bool, transposed_a: bool, a_dtype, b_dtype) -> td.Kernel:
     """The dot4 template's kernel (A as it is: a convolution's forms are the register-tile template's)."""
     if transposed_a:
         raise ValueError("the dot4_matmul template reads A as it is, not transposed: plan with dot4_products=False")
-    return dot4.dot4_matmul_kernel(p, out, packed_b)
+    return dot4.dot4_matmul_kernel(p, out, packed_b, a_dtype, b_dtype)
 
 
 def template_for(dtype, target: str, b_dtype=None, dot4_products: bool = True) -> Template:
-    """On a GPU: tensor cores for 16-bit floats and 8-bit types, the SIMT template otherwise. On the cpu: for u8 by
-    s8 (B of `b_dtype`) with `dot4_products`, byte dot products where the host has them (`matmul_dot4`); else the
-    register-tile template (one thread per block; the SIMT template's barriers cost more than
-    they save when a block's threads run in turn)."""
+    """On a GPU: tensor cores for 16-bit floats and 8-bit types, the SIMT template otherwise. On the cpu: for 8-bit
+    integers (B of `b_dtype`, or of `dtype`) with `dot4_products`, byte dot products where the host has them
+    (`matmul_dot4`); else the register-tile template (one thread per block; the SIMT template's barriers cost more
+    than they save when a block's threads run in turn)."""
     if target != "cuda":
-        u8_by_s8 = dtype.name == "u8" and b_dtype is not None and b_dtype.name == "i8"
-        return DOT4 if u8_by_s8 and dot4_products and dot4.available() else CPU_TILE
+        integers = dtype.bits == 8 and not dtype.is_float
+        return DOT4 if integers and dot4_products and dot4.available() else CPU_TILE
     return TENSOR_CORE if dtype.bits == 8 or (dtype.is_float and dtype.bits == 16) else SIMT
 
 
@@ -437,7 +438,7 @@ def random_operand(shape: tuple, dtype) -> np.ndarray:
 def plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune: bool | None = None,
          point=None, b_dtype=None, dot4_products: bool = True) -> MatmulPlan:
     """The plan for (..., M, K) @ (..., K, N) operands of DSL type `dtype` (B of `b_dtype`, where it differs:
-    8-bit operands of one kind) on `target`; `dot4_products=False` keeps u8 by s8 on the cpu's register-tile
+    8-bit operands of one kind) on `target`; `dot4_products=False` keeps 8-bit integers on the cpu's register-tile
     template (`template_for`), whose kernels also read a convolution's forms of A.
 
     The schedule: `point` if given; else tuned (cuda, or `do_tune=True`) with the winner

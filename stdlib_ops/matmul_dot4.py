@@ -1,4 +1,4 @@
-"""The cpu's 8-bit integer matmul on byte dot products: u8 A by s8 B into exact i32, four k at a time.
+"""The cpu's 8-bit integer matmul on byte dot products: u8 or s8 A by u8 or s8 B into exact i32, four k at a time.
 
 `td.dot4(acc[x, y], a[i, k], b[q, 4 * y], L)` adds to L i32 accumulators the dot products of four bytes of A's
 row with four bytes of each of L columns of B: x86's vpdpbusd, 64 multiply-adds an AVX-512 instruction where the
@@ -14,6 +14,15 @@ columns' four bytes. Constant weights are packed once; the kernel without `packe
 block is copied per k block into a strip whose rows run past K to a multiple of 4 in zeros (and whose rows past M
 are zeros), so a step never reads past A. The sums are exact in i32 (they wrap as i32 do past 2^31, at K of
 65793 or more): no k blocks of bounded length as the f32 template needs (`gemm.exact_k`).
+
+The instruction takes u8 by s8. The other pairs run offset into them: A' = A + alpha (alpha = 128 for s8 A, else
+0) when A's block is copied, B' = B - beta (beta = 128 for u8 B) when B is packed, and since
+sum (A + alpha)(B - beta) = AB - beta sum A + alpha sum B - alpha beta K,
+
+    AB = A'B' + beta * rowsum(A') - alpha * colsum(B') - alpha * beta * K
+
+in i32 (wrapping alike on both sides, so exact wherever AB fits). rowsum(A') adds up as A's block is copied;
+colsum(B') is one more dot4 per panel step, of four ones by the panel row (1 / BM of the products).
 
 It runs where the host computes dot4 by an instruction (`vectors.dot4_lanes`: AVX-512 VNNI); elsewhere the
 register-tile template multiplies 8-bit integers (`gemm.template_for`). The kernel itself runs on any cpu (dot4's
@@ -87,14 +96,14 @@ def default_point(m: int | None = None, n: int | None = None):
 
 
 def pack_b(p, b3):
-    """B (BB, K, N) s8 as the `packed_b` kernel of point `p` reads it: (BB * cdiv(N, BN) * cdiv(K, 4), 4 * BN),
-    panel (z, j) holding B[z, :, j*BN : (j+1)*BN] as rows of four k, each column's four bytes together, zeros past
-    K and N (constant weights: pack once)."""
+    """B (BB, K, N) s8 or u8 as the `packed_b` kernel of point `p` reads it: (BB * cdiv(N, BN) * cdiv(K, 4), 4 * BN)
+    s8, panel (z, j) holding B[z, :, j*BN : (j+1)*BN] (less 128, u8: B') as rows of four k, each column's four
+    bytes together, zeros past K and N (constant weights: pack once)."""
     bb, k, n = b3.shape
     bn = p.block[1]
     blocks, groups = -(-n // bn), -(-k // 4)
     padded = np.zeros((bb, 4 * groups, blocks * bn), np.int8)
-    padded[:, :k, :n] = b3
+    padded[:, :k, :n] = b3 if b3.dtype == np.int8 else (b3.astype(np.int16) - 128).astype(np.int8)
     out = empty_aligned(packed_b_shape(p, b3.shape), np.int8)     # aligned: the kernel's vector loads
     out.reshape(bb, blocks, groups, bn, 4)[...] = padded.reshape(bb, groups, 4, blocks, bn).transpose(0, 3, 1, 4, 2)
     return out
@@ -108,22 +117,30 @@ def packed_b_shape(p, b_shape: tuple) -> tuple:
 
 
 @functools.cache
-def dot4_matmul_kernel(p, out_dtype, packed_b: bool = False):
+def dot4_matmul_kernel(p, out_dtype, packed_b: bool = False, a_dtype=td.u8, b_dtype=td.i8):
     """The kernel for schedule point `p` (one compile serves every shape): C (BZ, M, N) of `out_dtype` = A (BA, M,
-    K) u8 @ B (BB, K, N) s8 in exact i32, the z-slices' A and B from `batch_index`; with `packed_b`, B as `pack_b`'s
-    panels. The `split` argument (the other templates' split-k) must be 1."""
+    K) @ B (BB, K, N) of 8-bit integers (`a_dtype`, `b_dtype`) in exact i32, the z-slices' A and B from
+    `batch_index`; with `packed_b`, B as `pack_b`'s panels. The `split` argument (the other templates' split-k)
+    must be 1."""
     (MR, NR), (BM, BN), KC = p.micro, p.block, p.bk
     L = lanes()
-    name = f"dot4_matmul_{BM}x{BN}x{KC}_m{MR}x{NR}" + ("_packed" if packed_b else "")
-    b_spec = td.i8["RB", 4 * BN] if packed_b else td.i8["BB", "K", "N"]
+    alpha, beta = (128 if a_dtype == td.i8 else 0), (128 if b_dtype == td.u8 else 0)    # A' = A + alpha, B' = B - beta
+    pair = "" if (alpha, beta) == (0, 0) else f"_{a_dtype.name}{b_dtype.name}"
+    name = f"dot4_matmul_{BM}x{BN}x{KC}_m{MR}x{NR}" + ("_packed" if packed_b else "") + pair
+    b_spec = td.i8["RB", 4 * BN] if packed_b else b_dtype["BB", "K", "N"]
 
     @td.kernel(grid=lambda M, N, BZ: (td.cdiv(M, BM) * td.cdiv(N, BN), 1, BZ), block=1, name=name)
-    def matmul(A: td.u8["BA", "M", "K"], B: b_spec, C: out_dtype["BZ", "M", "N"], batch_index: td.i32["BZ", 2],
+    def matmul(A: a_dtype["BA", "M", "K"], B: b_spec, C: out_dtype["BZ", "M", "N"], batch_index: td.i32["BZ", 2],
                split: td.i32):
         partial = td.shared(td.i32, (BM, BN))        # the block's sums between k blocks
-        strip = td.shared(td.u8, (BM, KC))           # A's block for one k block, zeros past K and M
+        strip = td.shared(td.u8, (BM, KC))           # A' 's block for one k block, zeros past K and M
         panel = B if packed_b else td.shared(td.i8, (KC // 4, 4 * BN))
+        rowsums = td.shared(td.i32, (BM,))           # beta: each row's sum of A'
+        colsums = td.shared(td.i32, (BN,))           # alpha: each column's sum of B'
         c = td.registers(td.i32, (MR, NR))
+        ones = td.registers(td.u8, (4,))
+        for q in td.unroll(4):
+            ones[q] = 1
         grid_m = td.cdiv(M, BM)
         row0, col0 = blockIdx.x % grid_m * BM, blockIdx.x // grid_m * BN      # consecutive blocks share a panel
         za, zb = batch_index[blockIdx.z, 0], batch_index[blockIdx.z, 1]
@@ -132,8 +149,16 @@ def dot4_matmul_kernel(p, out_dtype, packed_b: bool = False):
             k1 = td.min(K, k0 + KC)
             steps = td.cdiv(k1 - k0, 4)
             for i in range(rows):
+                total = 0
                 for k in range(k1 - k0):
-                    strip[i, k] = A[za, row0 + i, k0 + k]
+                    if alpha:
+                        strip[i, k] = td.cast(td.cast(A[za, row0 + i, k0 + k], td.i32) + alpha, td.u8)
+                    else:
+                        strip[i, k] = A[za, row0 + i, k0 + k]
+                    if beta:
+                        total += td.cast(strip[i, k], td.i32)
+                if beta:
+                    rowsums[i] = total if k0 == 0 else rowsums[i] + total
                 for k in range(k1 - k0, 4 * steps):
                     strip[i, k] = 0
             for i in range(rows, td.cdiv(rows, MR) * MR):
@@ -148,9 +173,22 @@ def dot4_matmul_kernel(p, out_dtype, packed_b: bool = False):
                         k = k0 + 4 * s + q
                         filled = cols if k < k1 else 0
                         for j in range(filled):
-                            panel[s, 4 * j + q] = B[zb, k, col0 + j]
+                            if beta:
+                                panel[s, 4 * j + q] = td.cast(td.cast(B[zb, k, col0 + j], td.i32) - beta, td.i8)
+                            else:
+                                panel[s, 4 * j + q] = B[zb, k, col0 + j]
                         for j in range(filled, BN):
                             panel[s, 4 * j + q] = 0
+            if alpha:       # the panel's column sums: four ones dotted with each row (c's first row)
+                for nj in range(td.cdiv(cols, NR)):
+                    j0 = nj * NR
+                    for y in td.unroll(NR):
+                        c[0, y] = colsums[j0 + y] if k0 > 0 else 0
+                    for s in range(steps):
+                        for v in td.unroll(NR // L):
+                            td.dot4(c[0, v * L], ones[0], panel[row + s, 4 * (j0 + v * L)], L)
+                    for y in td.unroll(NR):
+                        colsums[j0 + y] = c[0, y]
             for mi in range(td.cdiv(rows, MR)):
                 for nj in range(td.cdiv(cols, NR)):
                     i0, j0 = mi * MR, nj * NR
@@ -166,6 +204,11 @@ def dot4_matmul_kernel(p, out_dtype, packed_b: bool = False):
                             partial[i0 + x, j0 + y] = c[x, y]
         for i in range(rows):
             for j in range(cols):
-                C[blockIdx.z, row0 + i, col0 + j] = td.cast(partial[i, j], out_dtype)
+                total = partial[i, j]
+                if beta:
+                    total += beta * rowsums[i]
+                if alpha:
+                    total -= alpha * colsums[j] + alpha * beta * K
+                C[blockIdx.z, row0 + i, col0 + j] = td.cast(total, out_dtype)
 
     return matmul

@@ -78,15 +78,16 @@ def elementwise_fusion(monkeypatch):
 
 @pytest.fixture(params=[True, False], ids=["dot4", "register_tile"])
 def dot4_products(monkeypatch, request):
-    """u8 by s8 products on the cpu planned as a host with byte dot-product instructions plans them (the dot4
+    """8-bit integer products on the cpu planned as a host with byte dot-product instructions plans them (the dot4
     template, `stdlib_ops.matmul_dot4`; on a host without them its kernels run dot4's plain arithmetic) and as one
     without (the register-tile template); the parameter says which."""
     from stdlib_ops import conv, gemm, matmul_dot4
     monkeypatch.setattr(matmul_dot4, "available", lambda: request.param)
-    for plans in (gemm._plan, conv._plan):      # made the other way
+    caches = (gemm._plan, conv._plan)       # (as they are now: a test may replace them)
+    for plans in caches:                    # made the other way
         plans.cache_clear()
     yield request.param
-    for plans in (gemm._plan, conv._plan):
+    for plans in caches:
         plans.cache_clear()
 
 

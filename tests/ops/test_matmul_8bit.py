@@ -145,9 +145,11 @@ def test_long_integer_products_are_exact_on_the_cpu(m, k, n, types, packed, seed
     assert_product(stdlib_ops.linear(a, np.ascontiguousarray(b.T)), a, b)
 
 
-def test_integer_plans_on_the_cpu():
-    """The cpu space for u8 by u8 has no k block past its 258 exact products (a point with one is refused); s8 by s8
-    keeps 512; a small product of a long k is split into z-slices of 258 products at most."""
+@pytest.mark.parametrize("dot4_products", [False], indirect=True)
+def test_integer_plans_on_the_cpu(dot4_products):
+    """On a cpu without byte dot products (`matmul_dot4`), the register-tile space for u8 by u8 has no k block past
+    its 258 exact products (a point with one is refused); s8 by s8 keeps 512; a small product of a long k is split
+    into z-slices of 258 products at most."""
     u8_space = gemm.cpu.space(1, k_block_at_most=gemm.exact_k(td.u8, td.u8))
     assert {p.bk for p in u8_space.points()} == {128, 256}
     assert "k block above the 258 products" in "".join(u8_space.pruned())
@@ -254,9 +256,10 @@ def test_the_tuner_times_the_8_bit_kernels_on_b_transposed(simulated_gpu, monkey
     assert np.isfinite(values).all() and 0.5 < values.std() < 2        # normal values, not random bits
 
 
-def test_tuning_an_integer_product_on_the_cpu_times_exact_kernels(monkeypatch):
-    """Tuning a u8 by u8 product on the cpu: the space of k blocks of at most 258 products, outputs checked in i32,
-    and each candidate exact on sums past 2^24 (here, three of them run)."""
+def test_tuning_an_integer_product_on_the_cpu_times_exact_kernels(monkeypatch, dot4_products):
+    """Tuning a u8 by u8 product on the cpu: the dot4 template's space where the host has byte dot products, else
+    the register-tile space of k blocks of at most 258 products; outputs checked in i32, and each candidate exact
+    on sums past 2^24 (here, three of them run)."""
     seen = {}
 
     def tune(space, build, args, *, outputs, default, **options):
@@ -271,7 +274,11 @@ def test_tuning_an_integer_product_on_the_cpu_times_exact_kernels(monkeypatch):
     monkeypatch.setattr(gemm, "tune", tune)
     monkeypatch.setattr(gemm, "_plan", gemm._plan.__wrapped__)
     gemm.plan((40, 1100), (1100, 24), td.u8, "cpu", do_tune=True)
-    assert {p.bk for p in seen["space"].points()} == {128, 256} and seen["outputs"] == {2: td.i32}
+    assert seen["outputs"] == {2: td.i32}
+    if dot4_products:
+        assert seen["space"].name == "dot4_matmul"
+    else:
+        assert {p.bk for p in seen["space"].points()} == {128, 256}
 
 
 def test_device_arrays_stay_on_the_device(simulated_gpu):

@@ -1,5 +1,6 @@
-"""The cpu's dot4 matmul template (u8 by s8 into exact i32 on byte dot products): its space, its kernels on the
-cpu (on a host without vpdpbusd, dot4's plain arithmetic) and with NVRTC, and the plans that choose it.
+"""The cpu's dot4 matmul template (8-bit integers into exact i32 on byte dot products: u8 by s8 as they are, the
+other pairs offset into them): its space, its kernels on the cpu (on a host without vpdpbusd, dot4's plain
+arithmetic) and with NVRTC, and the plans that choose it.
 
 Oracle: numpy's matmul in int64 (exact). Sizes are symbolic, so one compiled kernel per schedule point and form
 serves every shape hypothesis draws.
@@ -14,6 +15,7 @@ from stdlib_ops import gemm
 from stdlib_ops import matmul_dot4 as dot4
 from stdlib_ops import matmul_simt as simt
 from taskdsl.backend.cuda.nvrtc import combine_sources, compile_cubin
+from taskdsl.ir.types import from_numpy
 
 from .test_matmul_8bit import large_terms
 
@@ -23,13 +25,20 @@ DEPTHS = st.sampled_from([0, 1, 3, 4, 5, 17, 64, 257, 1031])     # K past a mult
 SPACE = dot4.space(16, 32)
 POINTS = [dot4.default_point(), SPACE.point(micro=(4, 16), block=(24, 128), bk=256),
           SPACE.point(micro=(8, 32), block=(64, 64), bk=256)]
+PAIRS = [(np.uint8, np.int8), (np.uint8, np.uint8), (np.int8, np.int8), (np.int8, np.uint8)]
 
 
 def product(p, a3, b3, batch_index, packed_b: bool) -> np.ndarray:
     """C = A @ B (3-D operands, z-slices by `batch_index`) by the kernel at point `p`; every element written."""
     c = np.full((len(batch_index), a3.shape[1], b3.shape[2]), -7, np.int32)
-    dot4.dot4_matmul_kernel(p, td.i32, packed_b)(a3, dot4.pack_b(p, b3) if packed_b else b3, c, batch_index, 1)
+    kernel = dot4.dot4_matmul_kernel(p, td.i32, packed_b, from_numpy(a3.dtype), from_numpy(b3.dtype))
+    kernel(a3, dot4.pack_b(p, b3) if packed_b else b3, c, batch_index, 1)
     return c
+
+
+def full_range(rng, shape, dtype) -> np.ndarray:
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max + 1, shape).astype(dtype)
 
 
 def exact(a, b) -> np.ndarray:
@@ -38,27 +47,26 @@ def exact(a, b) -> np.ndarray:
 
 @pytest.mark.parametrize("point", POINTS, ids=lambda p: f"{p.block[0]}x{p.block[1]}_m{p.micro[0]}x{p.micro[1]}")
 @settings(max_examples=6, deadline=None)
-@given(m=DIMS, n=DIMS, k=DEPTHS, packed_b=st.booleans(), seed=st.integers(0, 2**16))
-def test_template_points_are_exact(point, m, n, k, packed_b, seed):
+@given(m=DIMS, n=DIMS, k=DEPTHS, types=st.sampled_from(PAIRS), packed_b=st.booleans(), seed=st.integers(0, 2**16))
+def test_template_points_are_exact_for_every_pair(point, m, n, k, types, packed_b, seed):
     rng = np.random.default_rng(seed)
-    a = rng.integers(0, 256, (1, m, k), dtype=np.uint8)
-    b = rng.integers(-128, 128, (1, k, n), dtype=np.int8)
+    a, b = full_range(rng, (1, m, k), types[0]), full_range(rng, (1, k, n), types[1])
     got = product(point, a, b, np.zeros((1, 2), np.int32), packed_b)
     np.testing.assert_array_equal(got, exact(a, b))
 
 
+@pytest.mark.parametrize("types", PAIRS, ids=lambda t: f"{t[0].__name__}_{t[1].__name__}")
 @pytest.mark.parametrize("packed_b", [False, True])
-def test_sums_far_past_2_to_the_24_and_broadcast_batches_are_exact(packed_b):
-    """Large terms of one sign (sums past 2^24, where f32 would round), and a batch of 3 A's by one B and 2 B's
-    (`simt.batch_index`'s broadcasting)."""
+def test_sums_far_past_2_to_the_24_and_broadcast_batches_are_exact(types, packed_b):
+    """Large terms of one sign (sums past 2^24, where f32 would round; the offsets' corrections too), and a batch
+    of 3 A's by one B and 2 B's (`simt.batch_index`'s broadcasting)."""
     rng = np.random.default_rng(5)
-    a, b = large_terms(rng, (3, 7, 2000), np.uint8), large_terms(rng, (1, 2000, 37), np.int8)
+    a, b = large_terms(rng, (3, 7, 2000), types[0]), large_terms(rng, (1, 2000, 37), types[1])
     want = exact(a, b)
     assert np.abs(want).min() > 2**24
     np.testing.assert_array_equal(product(dot4.default_point(), a, b, simt.batch_index((3,), (3,), (1,)), packed_b),
                                   want)
-    b2 = rng.integers(-128, 128, (2, 9, 5), dtype=np.int8)
-    a2 = rng.integers(0, 256, (1, 4, 9), dtype=np.uint8)
+    a2, b2 = full_range(rng, (1, 4, 9), types[0]), full_range(rng, (2, 9, 5), types[1])
     np.testing.assert_array_equal(product(POINTS[1], a2, b2, simt.batch_index((2,), (1,), (2,)), packed_b),
                                   exact(a2, b2))
 
@@ -78,26 +86,30 @@ def test_space_size_and_pruning_match_the_docs(width, registers, valid, too_many
     assert "KiB" in dot4.check(space.points()[0].replace(block=(96, 1024), bk=1024), width, registers)
 
 
-def test_packed_b_groups_four_k_per_column_zero_padded():
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8])
+def test_packed_b_groups_four_k_per_column_zero_padded(dtype):
+    """s8 B as it is, u8 B less 128 (B'), four k of a column together, zeros past K and N."""
     p = SPACE.point(micro=(4, 16), block=(24, 128), bk=256)
-    b = np.random.default_rng(0).integers(-128, 128, (2, 6, 130), dtype=np.int8)
+    b = full_range(np.random.default_rng(0), (2, 6, 130), dtype)
     panels = dot4.pack_b(p, b)
     assert panels.shape == dot4.packed_b_shape(p, b.shape) == (2 * 2 * 2, 512) and panels.ctypes.data % 64 == 0
+    assert panels.dtype == np.int8
     grouped = panels.reshape(2, 2, 2, 128, 4)        # (batch, column block, group of 4 k, column, k in group)
-    padded = np.zeros((2, 8, 256), np.int8)
-    padded[:, :6, :130] = b
+    padded = np.zeros((2, 8, 256), np.int64)
+    padded[:, :6, :130] = b.astype(np.int64) - (128 if dtype == np.uint8 else 0)
     for z, j, g, col, q in [(0, 0, 0, 0, 0), (1, 1, 1, 1, 1), (0, 1, 0, 1, 3), (1, 0, 1, 127, 2)]:
         assert grouped[z, j, g, col, q] == padded[z, 4 * g + q, 128 * j + col]
     assert not grouped[:, :, 1, :, 2:].any() and not grouped[:, 1, :, 2:].any()     # past K, past N
 
 
 @pytest.mark.parametrize("shapes", [((5, 3000), (3000, 7)), ((2, 3, 40), (40, 50)), ((17,), (17, 3)), ((4, 0), (0, 6))])
-def test_stdlib_matmul_and_linear_of_u8_by_s8_plan_on_it_where_the_host_has_dot4(shapes, dot4_products):
+@pytest.mark.parametrize("types", PAIRS[:2], ids=lambda t: f"{t[0].__name__}_{t[1].__name__}")
+def test_stdlib_matmul_and_linear_of_integers_plan_on_it_where_the_host_has_dot4(shapes, types, dot4_products):
     td.set_target("cpu")
     rng = np.random.default_rng(1)
-    a = rng.integers(0, 256, shapes[0], dtype=np.uint8)
-    b = rng.integers(-128, 128, shapes[1], dtype=np.int8)
-    p = gemm.plan((1,) + a.shape[-1:] if a.ndim == 1 else a.shape, b.shape, td.u8, "cpu", b_dtype=td.i8)
+    a, b = full_range(rng, shapes[0], types[0]), full_range(rng, shapes[1], types[1])
+    p = gemm.plan((1,) + a.shape[-1:] if a.ndim == 1 else a.shape, b.shape, from_numpy(a.dtype), "cpu",
+                  b_dtype=from_numpy(b.dtype))
     assert (p.template is gemm.DOT4) == dot4_products
     got = stdlib_ops.matmul(a, b)
     assert got.dtype == np.int32
@@ -107,9 +119,11 @@ def test_stdlib_matmul_and_linear_of_u8_by_s8_plan_on_it_where_the_host_has_dot4
         np.testing.assert_array_equal(stdlib_ops.matmul(a, b, packed=p.pack_b(b)), exact(a, b))
 
 
-def test_other_integer_pairs_and_convolutions_keep_the_register_tile_template(dot4_products):
-    for a_type, b_type in ((td.i8, td.i8), (td.u8, td.u8), (td.i8, td.u8)):
-        assert gemm.plan((64, 64), (64, 64), a_type, "cpu", b_dtype=b_type).template is gemm.CPU_TILE
+def test_every_integer_pair_plans_on_it_but_convolutions_forms_and_floats_do_not(dot4_products):
+    for a_type, b_type in ((td.u8, td.i8), (td.i8, td.i8), (td.u8, td.u8), (td.i8, td.u8)):
+        template = gemm.plan((64, 64), (64, 64), a_type, "cpu", b_dtype=b_type).template
+        assert template is (gemm.DOT4 if dot4_products else gemm.CPU_TILE)
+    assert gemm.plan((64, 64), (64, 64), td.f32, "cpu").template is gemm.CPU_TILE
     assert gemm.plan((64, 64), (64, 64), td.u8, "cpu", b_dtype=td.i8, dot4_products=False).template is gemm.CPU_TILE
     assert gemm.plan((64, 64), (64, 64), td.u8, "cuda", b_dtype=td.i8).template is gemm.TENSOR_CORE
 
@@ -125,13 +139,18 @@ def test_a_dot4_plan_refuses_the_register_tile_templates_forms_and_its_panels(do
 
 def test_every_point_compiles_with_nvrtc():
     """Every point of AVX-512's space builds for sm_80 and sm_90 (dot4 as plain arithmetic), and the packed-B
-    kernels of eight."""
+    kernels of eight, and the kernels of the other pairs (their offsets and corrections) of four."""
     a, b, c = np.zeros((1, 64, 64), np.uint8), np.zeros((1, 64, 64), np.int8), np.zeros((1, 64, 64), np.int32)
     index = np.zeros((1, 2), np.int32)
     points = SPACE.points()
     kernels = [(dot4.dot4_matmul_kernel(p, td.i32), b) for p in points]
     kernels += [(dot4.dot4_matmul_kernel(p, td.i32, True), dot4.pack_b(p, b)) for p in points[:8]]
-    unit = combine_sources([k.source(a, operand, c, index, 1, target="cuda") for k, operand in kernels])
+    kernels = [(k, a, operand) for k, operand in kernels]
+    for a_type, b_type in PAIRS[1:]:
+        ao, bo = np.zeros((1, 64, 64), a_type), np.zeros((1, 64, 64), b_type)
+        kernels += [(dot4.dot4_matmul_kernel(p, td.i32, False, from_numpy(ao.dtype), from_numpy(bo.dtype)), ao, bo)
+                    for p in points[:4]]
+    unit = combine_sources([k.source(x, operand, c, index, 1, target="cuda") for k, x, operand in kernels])
     for arch in ("sm_80", "sm_90"):
         cubin = compile_cubin(unit, arch, "dot4_space", fast=True)
-        assert all(k.name.encode() in cubin for k, _ in kernels)
+        assert all(k.name.encode() in cubin for k, _, _ in kernels)

@@ -253,9 +253,11 @@ class _PythonEmitter:
         self.register_regions = _regions_per_register(self.program.items, self.registers)
         self.on_stack = _stacked([*self.registers.values(), *self.shared], self.threads) \
             if (fast or outlined) and not debug else set()     # (an outlined function's are its frame's, per call)
-        # dot4's accumulators are vectors in memory: on the stack, where LLVM keeps them in registers
-        self.dot4_accumulators = {s.acc.buffer.uid for s in ir.collect(fn.body, ir.Dot4, expressions=False)}
-        self.on_stack |= self.dot4_accumulators & self.registers.keys()
+        # dot4 reads its register operands in memory, never split into locals; its accumulators go on the
+        # stack, where LLVM keeps them in vector registers
+        dots = ir.collect(fn.body, ir.Dot4, expressions=False)
+        self.dot4_operands = {r.buffer.uid for s in dots for r in (s.acc, s.a, s.b)}
+        self.on_stack |= {s.acc.buffer.uid for s in dots} & self.registers.keys()
         self.constants: dict = {}      # module-level name -> numpy scalar constructor (see `constant`)
         self.bases: dict = {}          # index base text -> (its local, the uids it reads), in a straight run (`run`)
         self.loop_bases: list = []     # per enclosing loop, its `loop_level`
@@ -441,7 +443,7 @@ class _PythonEmitter:
             return []
         accesses = _register_accesses(region.stmts, self.registers)
         dynamic = {a.buffer.uid for a in accesses if isinstance(a, ir.Atomic) or not isinstance(a.indices[0], ir.Const)}
-        dynamic |= self.dot4_accumulators      # dot4 reads and writes them in memory
+        dynamic |= self.dot4_operands      # dot4 reads (and writes) them in memory
         stored = []
         for a in accesses:
             if a.buffer.uid in dynamic:
