@@ -865,13 +865,14 @@ def lower(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue, b_dtype=N
         nchw = g.layout == "NCHW"
         x_name = x.name if x.kind == "placeholder" else None
         pointwise = _pointwise(g) and x_name is not None and (nchw or groups == 1)    # the input is the columns
+        # NHWC reads its input as A in place (pointwise) or through an index table (`_lower_indirect`), which the
+        # dot4 template's kernels do too: 8-bit integers on byte dot products (`gemm.template_for`)
         if groups == 1 and not nchw:        # the columns of every image, one matrix
-            # (a plain GEMM where pointwise: 8-bit integers on byte dot products, `gemm.template_for`)
-            matmul = mm.plan((1, m, k), (1, k, g.oc), dtype, target, b_dtype=b_dtype, dot4_products=pointwise)
+            matmul = mm.plan((1, m, k), (1, k, g.oc), dtype, target, b_dtype=b_dtype, dot4_products=True)
         else:       # per image (and group): (K x OH*OW columns)^T @ weights (NCHW), columns @ weights (NHWC)
             per = () if groups == 1 else (groups,)
             matmul = mm.plan((g.n, *per, g.oh * g.ow, k), (1, *per, k, n), dtype, target, b_dtype=b_dtype,
-                              dot4_products=False)
+                              dot4_products=not nchw)
         out = matmul.out_dtype
         c = td.placeholder("C", out, matmul.operand_shapes()[2])
         y = columns_output_view(g, c)
@@ -930,8 +931,11 @@ def _lower_indirect(g: ConvGeometry, dtype, matmul, x: td.Tensor, out: td.Tensor
     2.29 -> 2.12 at 14x14 (one thread)."""
     table = indirect_table(g, matmul.batch_index(1))
     flat = np.empty((1, math.prod(_padded_shape(g))), dtype.numpy)
-    kernel = td.fuse(mm.cpu.tile_matmul_kernel(matmul.point, dtype, matmul.out_dtype, packed_b=True, indirect=True),
-                     flat,
+    if matmul.template is mm.DOT4:      # 8-bit integers on byte dot products
+        gemm = mm.dot4.dot4_matmul_kernel(matmul.point, matmul.out_dtype, True, dtype, matmul.b_type, indirect=True)
+    else:
+        gemm = mm.cpu.tile_matmul_kernel(matmul.point, dtype, matmul.out_dtype, packed_b=True, indirect=True)
+    kernel = td.fuse(gemm, flat,
                      *matmul.examples(packed_b=True)[1:3], table, 1, epilogues={"C": out})
     x_name = x.name if x.kind == "placeholder" else None
     if x_name is not None and not any(g.padding):

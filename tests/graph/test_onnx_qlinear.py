@@ -141,10 +141,12 @@ def test_integer_products_on_the_cpu_fuse_their_epilogue_exact_past_2_to_the_24(
 
 @pytest.mark.parametrize("c, groups, kernel, zeros", [(300, 1, "tile_matmul", ("xz", "wz")),
                                                       (6, 6, "conv_direct", ("xz",))])
-def test_integer_convolutions_on_the_cpu_fuse_their_epilogue(c, groups, kernel, zeros):
-    """On the cpu ConvInteger's convolution (the GEMM, or a depthwise one's direct rows) is the last kernel, the
-    zero points' shares fused into its stores (with w's zero point, the window sums' convolution runs before it);
-    exact, the GEMM's raw sums past 2^24 (an inner window: 2700 products of at least 193 x 97, large terms)."""
+def test_integer_convolutions_on_the_cpu_fuse_their_epilogue(c, groups, kernel, zeros, dot4_products):
+    """On the cpu ConvInteger's convolution (the GEMM, on byte dot products where the host has them, or a depthwise
+    one's direct rows) is the last kernel, the zero points' shares fused into its stores (with w's zero point, the
+    window sums' convolution runs before it); exact, the GEMM's raw sums past 2^24 (an inner window: 2700 products
+    of at least 193 x 97, large terms)."""
+    kernel = "dot4_matmul" if dot4_products and kernel == "tile_matmul" else kernel
     rng = np.random.default_rng(c)
     x_shape, w_shape = [1, c, 7, 6], [c, c // groups, 3, 3]
     x = large_terms(rng, x_shape, np.uint8)

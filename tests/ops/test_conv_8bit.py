@@ -58,8 +58,9 @@ def _options(stride, padding, dilation, groups) -> dict:
 @example(case=GEOMETRIES[4], layout="NHWC", types=(np.uint8, np.int8), fused=True, seed=0)
 @example(case=GEOMETRIES[1], layout="NCHW", types=(E4M3, ml_dtypes.float8_e5m2), fused=False, seed=0)
 @example(case=GEOMETRIES[5], layout="NHWC", types=(np.int8, np.uint8), fused=False, seed=0)   # runs of 8 channels
-def test_convolutions_of_8_bit_operands(target, case, layout, types, fused, seed):
-    """Every geometry kind, either layout, every operand pair; a bias in the output's type and relu fused."""
+def test_convolutions_of_8_bit_operands(target, case, layout, types, fused, seed, dot4_products):
+    """Every geometry kind, either layout, every operand pair; a bias in the output's type and relu fused; on the
+    cpu, integers with and without byte dot products (NHWC's GEMMs on the dot4 template or the register-tile one)."""
     n, c, h, w, oc, (kh, kw), stride, padding, dilation, groups = case
     rng = np.random.default_rng(seed)
     x, wt = operand(rng, (n, c, h, w), types[0]), operand(rng, (oc, c // groups, kh, kw), types[1])
@@ -111,7 +112,8 @@ def test_8_bit_gpu_convolutions_are_tuned_on_their_own_kernels(simulated_gpu, mo
     assert_convolution(y.numpy(), x, w, **_options((1, 1), (1, 1, 1, 1), (1, 1), 1))
 
 
-def test_the_cpu_lowering_is_the_float_gemm_summing_in_i32():
+@pytest.mark.parametrize("dot4_products", [False], indirect=True)
+def test_the_cpu_lowering_is_the_float_gemm_summing_in_i32(dot4_products):
     """On the cpu an integer convolution takes a float one's GEMM (here NHWC's, reading its im2col in place), its
     k blocks no longer than `gemm.exact_k`, its output i32, its weights the template's f32 panels; a depthwise one
     the f32 direct kernels, x widened in their loads, the sums converted to i32 in their stores, the weights f32."""
@@ -129,22 +131,27 @@ def test_the_cpu_lowering_is_the_float_gemm_summing_in_i32():
 
 
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
-def test_a_pointwise_nhwc_convolution_of_u8_by_s8_is_the_dot4_gemm_where_the_host_has_it(layout, dot4_products):
-    """NHWC's pointwise convolution is a plain GEMM of its input: u8 by s8, on byte dot products where the host has
-    them (the dot4 template, its int8 panels), exact with a bias and relu fused; NCHW's reads its input transposed,
-    which only the register-tile template does."""
-    g = conv.geometry((2, 37, 5, 7) if layout == "NCHW" else (2, 5, 7, 37), (11, 37, 1, 1), layout=layout)
+@pytest.mark.parametrize("kernel, groups", [(1, 1), (3, 1), (3, 3)], ids=["pointwise", "indirect", "grouped"])
+def test_nhwc_integer_convolutions_are_dot4_gemms_where_the_host_has_them(layout, kernel, groups, dot4_products):
+    """NHWC's GEMMs read the input in place: a pointwise convolution's as A, the others' through an index table
+    (`conv._lower_indirect`, batched over the groups); on byte dot products where the host has them (the dot4
+    template, its int8 panels, a 64-column block for 33 channels), exact with a bias and relu fused. NCHW's read
+    it transposed, which only the register-tile template does."""
+    c, oc, pad = 39, 33, (kernel - 1) // 2
+    g = conv.geometry((2, c, 9, 7) if layout == "NCHW" else (2, 9, 7, c), (oc, c // groups, kernel, kernel),
+                      padding=pad, groups=groups, layout=layout)
     low = conv.plan(g, td.u8, "cpu", True, "relu", td.i8).lowered
     on_dot4 = dot4_products and layout == "NHWC"
-    assert (low.matmul.template is gemm.DOT4) == on_dot4
+    assert (low.matmul.template is gemm.DOT4) == on_dot4 and low.indirect == (layout == "NHWC" and kernel == 3)
     assert low.kernel.name.startswith("dot4_matmul" if on_dot4 else "tile_matmul")
+    assert not on_dot4 or low.matmul.point.block[1] == (32 if groups > 1 else 64)      # 11 / 33 columns
     rng = np.random.default_rng(8)
-    x, w = operand(rng, (2, 37, 5, 7), np.uint8), operand(rng, (11, 37, 1, 1), np.int8)
-    bias = rng.integers(-50000, 50000, 11).astype(np.int32)
+    x, w = operand(rng, (2, c, 9, 7), np.uint8), operand(rng, (oc, c // groups, kernel, kernel), np.int8)
+    bias = rng.integers(-50000, 50000, oc).astype(np.int32)
     xin = x if layout == "NCHW" else np.ascontiguousarray(x.transpose(0, 2, 3, 1))
-    y = ops.conv2d(xin, w, bias, layout=layout, activation="relu")
+    y = ops.conv2d(xin, w, bias, padding=pad, groups=groups, layout=layout, activation="relu")
     assert_convolution(y if layout == "NCHW" else y.transpose(0, 3, 1, 2), x, w, bias, "relu",
-                       **_options((1, 1), (0, 0, 0, 0), (1, 1), 1))
+                       **_options((1, 1), (pad,) * 4, (1, 1), groups))
 
 
 @pytest.mark.parametrize("kernel", [(2, 257), (5, 103)])
