@@ -86,6 +86,14 @@ def test_space_size_and_pruning_match_the_docs(width, registers, valid, too_many
     assert "KiB" in dot4.check(space.points()[0].replace(block=(96, 1024), bk=1024), width, registers)
 
 
+def test_the_default_block_leaves_the_fewest_columns_unused():
+    """128 columns a block, but 64 or 32 where N leaves fewer of the last block's columns unused (ties: wider)."""
+    for n, width in ((None, 128), (768, 128), (3072, 128), (200, 32), (320, 64), (64, 64), (33, 64), (192, 64), (11, 32),
+                     (16, 32), (1, 32), (96, 32)):
+        p = dot4.default_point(n=n)
+        assert p.block[1] == width and SPACE.check(p) is None, (n, p)
+
+
 @pytest.mark.parametrize("dtype", [np.int8, np.uint8])
 def test_packed_b_groups_four_k_per_column_zero_padded(dtype):
     """s8 B as it is, u8 B less 128 (B'), four k of a column together, zeros past K and N."""
