@@ -10,7 +10,7 @@ import numpy as np
 # max |got - want| / max |want| a kernel may reach: f32 sums of up to ~10^4 terms; 16-bit outputs round to 2^-11
 # an 8-bit float product's error is its f32 sums' alone (the reference multiplies the same 8-bit values, exactly);
 # an 8-bit integer product is exact
-TOLERANCE = {"f32": 1e-3, "f16": 2e-2, "bf16": 5e-2, "f8e4m3": 1e-3, "s8": 0.0, "i8": 0.0}
+TOLERANCE = {"f32": 1e-3, "f16": 2e-2, "bf16": 5e-2, "f8e4m3": 1e-3, "s8": 0.0, "i8": 0.0, "u8": 0.0}
 
 wrong: list = []        # 'what: error' of each row past its tolerance, in this run
 

@@ -3,7 +3,9 @@
 cpu target: stdlib_ops.matmul (the register-tile cpu template at its default schedule, or tuned with --tune)
 against numpy's BLAS, f32; and, as the graph layer runs constant weights, with B packed once outside the
 timing (`plan.pack_b`); E4M3 operands into f32 against numpy on their f32 values (ml_dtypes' conversion); s8
-by u8 into i32 against numpy's f64 product of their values (exact); then batched products of small matrices
+by u8 into i32 against numpy's f64 product of their values (exact); u8 by s8 (a dynamically quantized model's
+activations by its weights) against onnxruntime's MatMulInteger, B an initializer (its 8-bit kernels, AVX-512
+VNNI where the host has it), where onnxruntime is installed; then batched products of small matrices
 (`stdlib_ops.matmul_small`), the same call against numpy's. cuda target: the tuned plan, called as
 stdlib_ops.matmul calls it (padded copies of unaligned operands and split-k sums included), against
 torch.matmul (cuBLAS, TF32 off), f32 and f16; E4M3 into f32 against torch._scaled_mm (cuBLASLt's 8-bit
@@ -54,6 +56,39 @@ def _cpu_rows(sizes, tune: bool) -> list:
             t_np = time_cpu(lambda: a.astype(peer_type) @ b.astype(peer_type), repeat=5)
             err = rel_err(c, a.astype(exact_type) @ b.astype(exact_type))
             rows.append(dict(size=n, dtype=label, taskdsl=t_td, peer=t_np, err=err))
+    return rows + _integer_rows(sizes, tune, rng)
+
+
+def _integer_rows(sizes, tune: bool, rng) -> list:
+    """u8 by s8 into i32, as called and with B packed once, against onnxruntime's MatMulInteger ([] without it)."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return []
+    import onnx
+    from onnx import TensorProto, helper
+
+    import stdlib_ops as ops
+    import taskdsl as td
+    from stdlib_ops import gemm
+    rows = []
+    for n in sizes:
+        a, b = rng.integers(0, 256, (n, n)).astype(np.uint8), rng.integers(-128, 128, (n, n)).astype(np.int8)
+        graph = helper.make_graph([helper.make_node("MatMulInteger", ["a", "b"], ["y"])], "mm",
+                                  [helper.make_tensor_value_info("a", TensorProto.UINT8, a.shape)],
+                                  [helper.make_tensor_value_info("y", TensorProto.INT32, None)],
+                                  [onnx.numpy_helper.from_array(b, "b")])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8    # what onnxruntime builds older than the onnx package still read
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        panels = gemm.plan(a.shape, b.shape, td.u8, "cpu", tune, b_dtype=td.i8).pack_b(b)
+        c, c_packed = ops.matmul(a, b, tune=tune), ops.matmul(a, b, tune=tune, packed=panels)
+        t_td = time_cpu(lambda: ops.matmul(a, b, tune=tune), repeat=3)
+        t_packed = time_cpu(lambda: ops.matmul(a, b, tune=tune, packed=panels), repeat=3)
+        t_ort = time_cpu(lambda: session.run(None, {"a": a}), repeat=5)
+        exact = a.astype(np.int64) @ b.astype(np.int64)
+        err = max(rel_err(c, exact), rel_err(c_packed, exact), rel_err(session.run(None, {"a": a})[0], exact))
+        rows.append(dict(size=n, dtype="u8 x s8 vs onnxruntime", taskdsl=t_td, packed=t_packed, peer=t_ort, err=err))
     return rows
 
 
