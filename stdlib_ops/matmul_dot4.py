@@ -146,7 +146,7 @@ def dot4_matmul_kernel(p, out_dtype, packed_b: bool = False, a_dtype=td.u8, b_dt
     @td.kernel(grid=lambda M, N, BZ: (td.cdiv(M, BM) * td.cdiv(N, BN), 1, BZ), block=1, name=name)
     def matmul(A: a_spec, B: b_spec, C: out_dtype["BZ", "M", "N"], batch_index: index_spec, split: td.i32):
         partial = td.shared(td.i32, (BM, BN))        # the block's sums between k blocks
-        strip = td.shared(td.u8, (BM, KC))           # A' 's block for one k block, zeros past K and M
+        strip = td.shared(td.u8, (BM, KC))           # the block of A' for one k block, zeros past K and M
         panel = B if packed_b else td.shared(td.i8, (KC // 4, 4 * BN))
         rowsums = td.shared(td.i32, (BM,))           # beta: each row's sum of A'
         colsums = td.shared(td.i32, (BN,))           # alpha: each column's sum of B'

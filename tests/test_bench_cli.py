@@ -99,15 +99,18 @@ def test_the_bf16_conv_rows_match_onnxruntime_within_bf16s_rounding(capsys):
 
 def test_the_cpu_matmul_rows_check_both_kernels_against_numpy(capsys):
     """A prime size through the template as called (B packed per block) and with B packed once; E4M3 operands,
-    their f32 product against numpy's; s8 by u8, exactly."""
+    their f32 product against numpy's; s8 by u8, exactly; u8 by s8 as called and packed, exactly, against
+    onnxruntime's MatMulInteger."""
     from taskdsl.bench import matmul
-    row, eight, integer = matmul.run(sizes=(37,))
+    row, eight, integer, onnx_row = matmul.run(sizes=(37,))
     assert row["size"] == 37 and row["err"] < 1e-5
     assert row["taskdsl"] > 0 and row["packed"] > 0 and row["peer"] > 0
     assert eight["dtype"] == "f8e4m3" and eight["err"] < 1e-5 and eight["taskdsl"] > 0 and "packed" not in eight
     assert integer["dtype"] == "s8 x u8" and integer["err"] == 0 and integer["taskdsl"] > 0
+    assert onnx_row["dtype"] == "u8 x s8 vs onnxruntime" and onnx_row["err"] == 0
+    assert onnx_row["taskdsl"] > 0 and onnx_row["packed"] > 0 and onnx_row["peer"] > 0
     out = capsys.readouterr().out
-    assert "B packed GFLOP/s" in out and "f8e4m3" in out and "s8 x u8" in out
+    assert "B packed GFLOP/s" in out and "f8e4m3" in out and "s8 x u8" in out and "u8 x s8 vs onnxruntime" in out
 
 
 def test_a_wrong_kernel_is_flagged_and_fails_the_run(monkeypatch, capsys):
