@@ -19,12 +19,12 @@ from taskdsl.ir.types import from_numpy
 
 from .test_matmul_8bit import large_terms
 
-OPTIMIZED = True   # the unrolled micro-kernel this template exists for, not td.fast_compile
+OPTIMIZED = True   # the unrolled micro-kernel this template exists for, not td.fast_compile (but where marked)
 DIMS = st.sampled_from([1, 2, 3, 5, 16, 17, 31, 49, 97, 130])
 DEPTHS = st.sampled_from([0, 1, 3, 4, 5, 17, 64, 257, 1031])     # K past a multiple of 4, past a k block
 SPACE = dot4.space(16, 32)
 POINTS = [dot4.default_point(), SPACE.point(micro=(4, 16), block=(24, 128), bk=256),
-          SPACE.point(micro=(8, 32), block=(64, 64), bk=256)]
+          SPACE.point(micro=(8, 16), block=(64, 64), bk=256)]
 PAIRS = [(np.uint8, np.int8), (np.uint8, np.uint8), (np.int8, np.int8), (np.int8, np.uint8)]
 
 
@@ -46,7 +46,7 @@ def exact(a, b) -> np.ndarray:
 
 
 @pytest.mark.parametrize("point", POINTS, ids=lambda p: f"{p.block[0]}x{p.block[1]}_m{p.micro[0]}x{p.micro[1]}")
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=4, deadline=None)
 @given(m=DIMS, n=DIMS, k=DEPTHS, types=st.sampled_from(PAIRS), packed_b=st.booleans(), seed=st.integers(0, 2**16))
 def test_template_points_are_exact_for_every_pair(point, m, n, k, types, packed_b, seed):
     rng = np.random.default_rng(seed)
@@ -55,6 +55,7 @@ def test_template_points_are_exact_for_every_pair(point, m, n, k, types, packed_
     np.testing.assert_array_equal(got, exact(a, b))
 
 
+@pytest.mark.fast_compile      # (the offsets' corrections, not the micro-kernel's speed)
 @pytest.mark.parametrize("types", PAIRS, ids=lambda t: f"{t[0].__name__}_{t[1].__name__}")
 @pytest.mark.parametrize("packed_b", [False, True])
 def test_sums_far_past_2_to_the_24_and_broadcast_batches_are_exact(types, packed_b):
@@ -111,6 +112,7 @@ def test_packed_b_groups_four_k_per_column_zero_padded(dtype):
 
 
 @pytest.mark.parametrize("shapes", [((5, 3000), (3000, 7)), ((2, 3, 40), (40, 50)), ((17,), (17, 3)), ((4, 0), (0, 6))])
+@pytest.mark.fast_compile      # (the plans and calls, not the micro-kernel's speed)
 @pytest.mark.parametrize("types", PAIRS[:2], ids=lambda t: f"{t[0].__name__}_{t[1].__name__}")
 def test_stdlib_matmul_and_linear_of_integers_plan_on_it_where_the_host_has_dot4(shapes, types, dot4_products):
     td.set_target("cpu")
@@ -147,7 +149,7 @@ def test_a_dot4_plan_refuses_the_register_tile_templates_forms_and_its_panels(do
 
 def test_every_point_compiles_with_nvrtc():
     """Every point of AVX-512's space builds for sm_80 and sm_90 (dot4 as plain arithmetic), and the packed-B
-    kernels of eight, and the kernels of the other pairs (their offsets and corrections) of four."""
+    kernels of eight, and the kernels of the other pairs (their offsets and corrections) of one."""
     a, b, c = np.zeros((1, 64, 64), np.uint8), np.zeros((1, 64, 64), np.int8), np.zeros((1, 64, 64), np.int32)
     index = np.zeros((1, 2), np.int32)
     points = SPACE.points()
@@ -157,7 +159,7 @@ def test_every_point_compiles_with_nvrtc():
     for a_type, b_type in PAIRS[1:]:
         ao, bo = np.zeros((1, 64, 64), a_type), np.zeros((1, 64, 64), b_type)
         kernels += [(dot4.dot4_matmul_kernel(p, td.i32, False, from_numpy(ao.dtype), from_numpy(bo.dtype)), ao, bo)
-                    for p in points[:4]]
+                    for p in points[:1]]
     unit = combine_sources([k.source(x, operand, c, index, 1, target="cuda") for k, x, operand in kernels])
     for arch in ("sm_80", "sm_90"):
         cubin = compile_cubin(unit, arch, "dot4_space", fast=True)
