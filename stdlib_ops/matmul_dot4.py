@@ -150,6 +150,7 @@ def dot4_matmul_kernel(p, out_dtype, packed_b: bool = False, a_dtype=td.u8, b_dt
         panel = B if packed_b else td.shared(td.i8, (KC // 4, 4 * BN))
         rowsums = td.shared(td.i32, (BM,))           # beta: each row's sum of A'
         colsums = td.shared(td.i32, (BN,))           # alpha: each column's sum of B'
+        runs = td.shared(td.i32, (KC + 1,))          # where the k block's runs of contiguous A start (indirect)
         c = td.registers(td.i32, (MR, NR))
         ones = td.registers(td.u8, (4,))
         for q in td.unroll(4):
@@ -162,17 +163,32 @@ def dot4_matmul_kernel(p, out_dtype, packed_b: bool = False, a_dtype=td.u8, b_dt
         for k0 in range(0, td.max(kdim, 1), KC):     # K = 0: one empty k block, the sums zeros
             k1 = td.min(kdim, k0 + KC)
             steps = td.cdiv(k1 - k0, 4)
+            count = 1       # runs of the k block whose taps are consecutive offsets, from runs[r] to runs[r + 1]
+            runs[0] = 0
+            if indirect:    # (the same for every row: an NHWC window's taps run a pixel's channels, or more)
+                count = 0
+                k = 0
+                while k < k1 - k0:
+                    runs[count] = k
+                    first = batch_index[0, 2 + M + k0 + k]
+                    k += 1
+                    while k < k1 - k0 and batch_index[0, 2 + M + k0 + k] == first + k - runs[count]:
+                        k += 1
+                    count += 1
+            runs[count] = k1 - k0
             for i in range(rows):
                 total = 0
-                at = za + batch_index[0, 2 + row0 + i] if indirect else 0      # the row's offset in A
-                for k in range(k1 - k0):
-                    value = A[0, at + batch_index[0, 2 + M + k0 + k]] if indirect else A[za, row0 + i, k0 + k]
-                    if alpha:
-                        strip[i, k] = td.cast(td.cast(value, td.i32) + alpha, td.u8)
-                    else:
-                        strip[i, k] = value
-                    if beta:
-                        total += td.cast(strip[i, k], td.i32)
+                for r in range(count):      # one run: a contiguous copy, which LLVM vectorizes
+                    start = runs[r]
+                    at = za + batch_index[0, 2 + row0 + i] + batch_index[0, 2 + M + k0 + start] if indirect else 0
+                    for k in range(start, runs[r + 1]):
+                        value = A[0, at + k - start] if indirect else A[za, row0 + i, k0 + k]
+                        if alpha:
+                            strip[i, k] = td.cast(td.cast(value, td.i32) + alpha, td.u8)
+                        else:
+                            strip[i, k] = value
+                        if beta:
+                            total += td.cast(strip[i, k], td.i32)
                 if beta:
                     rowsums[i] = total if k0 == 0 else rowsums[i] + total
                 for k in range(k1 - k0, 4 * steps):

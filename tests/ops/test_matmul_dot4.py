@@ -12,6 +12,7 @@ from hypothesis import given, settings, strategies as st
 import stdlib_ops
 import taskdsl as td
 from stdlib_ops import gemm
+from stdlib_ops import matmul_cpu as cpu
 from stdlib_ops import matmul_dot4 as dot4
 from stdlib_ops import matmul_simt as simt
 from taskdsl.backend.cuda.nvrtc import combine_sources, compile_cubin
@@ -70,6 +71,29 @@ def test_sums_far_past_2_to_the_24_and_broadcast_batches_are_exact(types, packed
     a2, b2 = full_range(rng, (1, 4, 9), types[0]), full_range(rng, (2, 9, 5), types[1])
     np.testing.assert_array_equal(product(POINTS[1], a2, b2, simt.batch_index((2,), (1,), (2,)), packed_b),
                                   exact(a2, b2))
+
+
+@pytest.mark.parametrize("types", [PAIRS[0], PAIRS[2]], ids=lambda t: f"{t[0].__name__}_{t[1].__name__}")
+def test_an_indirect_a_is_copied_run_by_run_across_k_blocks(types):
+    """A read through an index table (`indirect`, a convolution's im2col in place): each k block's taps copied in
+    runs of consecutive offsets, found once for all rows; runs of random lengths, crossing the k blocks of 256."""
+    rng = np.random.default_rng(9)
+    m, k, n = 29, 601, 40
+    flat = full_range(rng, (1, 5000), types[0])
+    rows, taps = rng.integers(0, 2000, m), []
+    while len(taps) < k:
+        start = int(rng.integers(0, 2500))
+        taps += range(start, start + int(rng.integers(1, 70)))
+    taps = np.array(taps[:k])
+    table = cpu.indirect_index(np.zeros((1, 2), np.int32), rows, taps)
+    b = full_range(rng, (1, k, n), types[1])
+    p = POINTS[1]
+    kernel = dot4.dot4_matmul_kernel(p, td.i32, True, from_numpy(flat.dtype), from_numpy(b.dtype), indirect=True)
+    c = np.full((1, m, n), -7, np.int32)
+    kernel(flat, dot4.pack_b(p, b), c, table, 1)
+    np.testing.assert_array_equal(c[0], exact(flat[0][rows[:, None] + taps[None, :]], b[0]))
+    with pytest.raises(ValueError, match="an indirect A goes with packed B"):
+        dot4.dot4_matmul_kernel(p, td.i32, False, indirect=True)
 
 
 @pytest.mark.parametrize("width, registers, valid, too_many", [(16, 32, 171, 0), (8, 32, 126, 45), (8, 16, 42, 129)])
