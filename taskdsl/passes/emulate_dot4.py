@@ -1,5 +1,5 @@
-"""Replace dot4 by plain IR: its meaning where no instruction computes it (a GPU, a cpu without AVX-512 VNNI's
-vpdpbusd, debug mode's checked accesses).
+"""Replace dot4 by plain IR: its meaning on a GPU and in the cpu's debug mode, whose accesses are checked (an
+optimized cpu kernel calls `rt.dot4`: vpdpbusd, or the same sums where the host lacks it).
 
 Each lane l becomes `acc[l] = acc[l] + a[0] * b[4l] + ... + a[3] * b[4l + 3]` in i32, the bytes widened first
 (u8 a, i8 b: every product and sum of four fits, and the accumulation wraps as the instruction's does).
