@@ -27,6 +27,7 @@ import ml_dtypes
 import numpy as np
 
 from .accuracy import rel_err, shown
+from .onnx_peer import session_of
 from .timing import time_cpu
 
 # (channels, height/width, out channels, kernel, stride, padding): ResNet-50's distinct conv shapes
@@ -49,7 +50,6 @@ LAYERS = {"resnet50": RESNET50, "depthwise": DEPTHWISE}
 def _onnx_conv(x: np.ndarray, w: np.ndarray, stride: int, pad: int, groups: int = 1, bias=None):
     """A session running Conv (and with `bias`, Clip to [0, 6] after it) on `x`; ConvInteger for 8-bit x and w."""
     import onnx
-    import onnxruntime as ort
     from onnx import TensorProto, helper
     inputs, initializers, nodes = ["x", "w"], [onnx.numpy_helper.from_array(w, "w")], []
     if bias is not None:
@@ -64,9 +64,7 @@ def _onnx_conv(x: np.ndarray, w: np.ndarray, stride: int, pad: int, groups: int 
     types = (TensorProto.UINT8, TensorProto.INT32) if integer else (TensorProto.FLOAT, TensorProto.FLOAT)
     graph = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", types[0], x.shape)],
                               [helper.make_tensor_value_info("y", types[1], None)], initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8    # what onnxruntime builds older than the onnx package still read
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = session_of(graph)
     return lambda: session.run(None, {"x": x})[0]
 
 

@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from .accuracy import rel_err, shown
+from .onnx_peer import session_of
 from .timing import time_cpu
 
 
@@ -62,7 +63,7 @@ def _cpu_rows(sizes, tune: bool) -> list:
 def _integer_rows(sizes, tune: bool, rng) -> list:
     """u8 by s8 into i32, as called and with B packed once, against onnxruntime's MatMulInteger ([] without it)."""
     try:
-        import onnxruntime as ort
+        import onnxruntime  # noqa: F401 (the peer: `session_of`)
     except ImportError:
         return []
     import onnx
@@ -78,9 +79,7 @@ def _integer_rows(sizes, tune: bool, rng) -> list:
                                   [helper.make_tensor_value_info("a", TensorProto.UINT8, a.shape)],
                                   [helper.make_tensor_value_info("y", TensorProto.INT32, None)],
                                   [onnx.numpy_helper.from_array(b, "b")])
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-        model.ir_version = 8    # what onnxruntime builds older than the onnx package still read
-        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        session = session_of(graph)
         panels = gemm.plan(a.shape, b.shape, td.u8, "cpu", tune, b_dtype=td.i8).pack_b(b)
         c, c_packed = ops.matmul(a, b, tune=tune), ops.matmul(a, b, tune=tune, packed=panels)
         t_td = time_cpu(lambda: ops.matmul(a, b, tune=tune), repeat=3)
