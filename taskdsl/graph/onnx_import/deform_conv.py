@@ -18,7 +18,7 @@ from .. import ops
 from ..tensor import constant
 from .errors import OnnxImportError
 from .grid_sample import COORDINATE_LIMIT, sample
-from .nn import window
+from .windows import window
 from .node import Node, converts
 
 

@@ -16,7 +16,7 @@ from ..ops.axes import normalize_axis
 from ..tensor import constant
 from .elementwise import in_f32
 from .errors import OnnxImportError
-from .nn import WINDOW_ATTRS, window
+from .windows import WINDOW_ATTRS, window
 from .node import Node, converts
 
 

@@ -11,52 +11,23 @@ from ..ops.axes import normalize_axis
 from ..ops.elementwise import broadcast_shape
 from ..ops.norm import LayerNorm
 from ..tensor import constant
+from . import qdq
 from .elementwise import in_f32
 from .errors import OnnxImportError
 from .node import Node, converts
-
-WINDOW_ATTRS = ("auto_pad", "dilations", "kernel_shape", "pads", "strides")
-
-
-def window(node: Node, x, kernel: tuple) -> tuple:
-    """(strides, pads (begin..., end...), dilations) of a conv / pool node, auto_pad resolved."""
-    rank = len(kernel)
-    strides = tuple(node.attr("strides", [1] * rank))
-    dilations = tuple(node.attr("dilations", [1] * rank))
-    auto_pad = node.attr("auto_pad", "NOTSET")
-    if len(strides) != rank or len(dilations) != rank:
-        raise node.error(f"strides {strides} and dilations {dilations} need {rank} values", OnnxImportError)
-    if auto_pad != "NOTSET" and any(node.attr("pads", [])):    # the spec allows one of them, onnxruntime refuses both
-        raise node.error(f"pads {tuple(node.attr('pads'))} and auto_pad={auto_pad!r} are both given; the operator "
-                         "takes one of them", OnnxImportError)
-    if auto_pad == "NOTSET":
-        pads = tuple(node.attr("pads", [0] * 2 * rank))
-    elif auto_pad == "VALID":
-        pads = (0,) * 2 * rank
-    elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        begin, end = [], []
-        for n, k, s, d in zip(x.shape[2:], kernel, strides, dilations):
-            total = max((-(-n // s) - 1) * s + (k - 1) * d + 1 - n, 0)
-            small = total // 2
-            begin.append(small if auto_pad == "SAME_UPPER" else total - small)
-            end.append(total - small if auto_pad == "SAME_UPPER" else small)
-        pads = tuple(begin + end)
-    else:
-        raise node.error(f"auto_pad={auto_pad!r} is not supported (NOTSET, VALID, SAME_UPPER, SAME_LOWER)")
-    if len(pads) != 2 * rank:
-        raise node.error(f"pads {pads} need {2 * rank} values (begin..., end...)", OnnxImportError)
-    return strides, pads, dilations
+from .windows import WINDOW_ATTRS, window
 
 
 @converts("Conv", attrs=WINDOW_ATTRS + ("group",))
 def conv(node: Node) -> list:
-    """Conv (1-3 spatial axes, groups, dilations, auto_pad) with an optional bias."""
+    """Conv (1-3 spatial axes, groups, dilations, auto_pad) with an optional bias (of dequantized 8-bit operands:
+    `qdq.conv`)."""
     x, w, bias = node.input(0), node.input(1), node.input(2, required=False) if node.num_inputs > 2 else None
     kernel = tuple(node.attr("kernel_shape", w.shape[2:]))
     if kernel != w.shape[2:]:
         raise node.error(f"kernel_shape {kernel} does not match the weight's {w.shape[2:]}", OnnxImportError)
     strides, pads, dilations = window(node, x, kernel)
-    return [ops.conv(x, w, bias, strides, pads, dilations, node.attr("group", 1))]
+    return [qdq.conv(x, w, bias, strides, pads, dilations, node.attr("group", 1))]
 
 
 @converts("Gemm", attrs=("alpha", "beta", "transA", "transB"))
@@ -81,7 +52,7 @@ def gemm(node: Node) -> list:
     c = c if beta != 0.0 else None
 
     def scaled(a, b, c=None):
-        y = ops.matmul(a, b)
+        y = qdq.matmul(a, b)
         y = ops.mul(y, alpha) if alpha != 1.0 else y
         return y if c is None else ops.add(y, c if beta == 1.0 else ops.mul(c, beta))
     if alpha == 1.0:        # (a 16-bit A @ B that alpha scales into range would overflow before it: in f32 then)
@@ -91,8 +62,8 @@ def gemm(node: Node) -> list:
 
 @converts("MatMul")
 def matmul(node: Node) -> list:
-    """MatMul with numpy semantics."""
-    return [ops.matmul(node.input(0), node.input(1))]
+    """MatMul with numpy semantics (of dequantized 8-bit operands: `qdq.matmul`)."""
+    return [qdq.matmul(node.input(0), node.input(1))]
 
 
 @converts("BatchNormalization", attrs=("epsilon", "momentum", "training_mode"))

@@ -25,11 +25,12 @@ from ...compute import numpy_dtype
 from ...ir.types import as_dtype
 from .. import ops
 from ..ops.axes import normalize_axis
+from ..passes.fold_constants import constant_value
 from ..tensor import constant
 from .elementwise import cast_to
 from .errors import OnnxImportError
-from .nn import WINDOW_ATTRS, window
 from .node import FourBitTensor, Node, converts, dtype_of
+from .windows import WINDOW_ATTRS, window
 
 QUANTIZED = ("i8", "u8")     # the 8-bit types the integer operators take
 
@@ -188,13 +189,18 @@ def _zero_point(node: Node, q, zero, axis: int | None, what: str):
 
 
 def _matmul_integer(node: Node, a_k: int, b_k: int, a_zero, b_zero):
-    """(a - a_zero) @ (b - b_zero) in int32, exact: a @ b of the 8-bit operands, less the zero points' share; b's
-    zero point per tensor or per column."""
+    """(a - a_zero) @ (b - b_zero) in int32 of inputs a_k and b_k, their zero points ONNX inputs (or None); b's per
+    tensor or per column."""
     a, b = _quantized_input(node, a_k), _quantized_input(node, b_k)
     if b.ndim < 2 and b_zero is not None and b_zero.size != 1:
         raise node.error("a per-column zero point needs b of rank 2 or more", OnnxImportError)
-    za = _zero_point(node, a, a_zero, None, "a's zero point")
-    zb = _zero_point(node, b, b_zero, -1, "b's zero point")
+    return centred_matmul(a, b, _zero_point(node, a, a_zero, None, "a's zero point"),
+                          _zero_point(node, b, b_zero, -1, "b's zero point"))
+
+
+def centred_matmul(a, b, za, zb):
+    """(a - za) @ (b - zb) in int32, exact: a @ b of the 8-bit operands, less the zero points' share; za, zb int32
+    zero points that broadcast against a (per tensor) and b (per tensor or per column), or None for 0."""
     product = ops.integer_matmul(a, b)
     keep = a.ndim > 1 and b.ndim > 1        # the sums keep their axis where the product has it (numpy's rules)
     if za is not None:      # - za * (the sums of b's columns)
@@ -225,9 +231,8 @@ def qlinear_matmul(node: Node) -> list:
 
 
 def _conv_integer(node: Node, x_k: int, w_k: int, x_zero, w_zero):
-    """The convolution of x - x_zero by w - w_zero in int32, exact: the 8-bit operands' convolution, less the zero
-    points' share (x padded with its zero point: the centred input's padding is 0); w's zero point per tensor or per
-    output channel."""
+    """The convolution of x - x_zero by w - w_zero in int32 of inputs x_k and w_k, their zero points ONNX inputs
+    (or None); w's per tensor or per output channel."""
     x, w = _quantized_input(node, x_k), _quantized_input(node, w_k)
     if x.ndim < 3:
         raise node.error(f"x must have a batch, a channel and a spatial axis, got shape {list(x.shape)}",
@@ -236,14 +241,20 @@ def _conv_integer(node: Node, x_k: int, w_k: int, x_zero, w_zero):
     if kernel != w.shape[2:]:
         raise node.error(f"kernel_shape {kernel} does not match the weight's {w.shape[2:]}", OnnxImportError)
     strides, pads, dilations = window(node, x, kernel)
-    groups = node.attr("group", 1)
-    zx = _zero_point(node, x, x_zero, None, "x's zero point")
-    zw = _zero_point(node, w, w_zero, 0, "w's zero point")
+    return centred_conv(x, w, _zero_point(node, x, x_zero, None, "x's zero point"),
+                        _zero_point(node, w, w_zero, 0, "w's zero point"), strides, pads, dilations,
+                        node.attr("group", 1))
+
+
+def centred_conv(x, w, zx, zw, strides, pads, dilations, groups: int):
+    """The convolution of x - zx by w - zw in int32, exact: the 8-bit operands' convolution, less the zero points'
+    share (x padded with its zero point: the centred input's padding is 0); zx, zw int32 zero points that broadcast
+    against x (per tensor) and w (per tensor or per output channel), or None for 0."""
     per_channel = (w.shape[0],) + (1,) * (w.ndim - 2)      # broadcasts against y (N, O, ...)
     if zw is not None and zw.ndim:
         zw = ops.reshape(zw, per_channel)
     if zx is not None and any(pads):
-        x, pads = _padded_with(x, pads, ops.reshape(x_zero, ())), 0
+        x, pads = _padded_with(x, pads, ops.cast(ops.reshape(zx, ()), x.dtype)), 0
     y = ops.integer_conv(x, w, strides, pads, dilations, groups)
     if zx is not None:      # - zx * (the sum of each output channel's weights): every window is whole
         y = ops.sub(y, ops.mul(zx, ops.reshape(ops.sum(ops.cast(w, "int32"), axis=tuple(range(1, w.ndim))),
@@ -257,10 +268,11 @@ def _conv_integer(node: Node, x_k: int, w_k: int, x_zero, w_zero):
 
 def _padded_with(x, pads: tuple, value):
     """x (N, C, spatial...) with its spatial axes padded by `pads` ((begin..., end...)) with `value` (a scalar
-    tensor of x's type; a constant's number)."""
+    tensor of x's type; a number where it is a constant)."""
     rank = x.ndim - 2
     pads = (0, 0) + tuple(pads[:rank]) + (0, 0) + tuple(pads[rank:])
-    return ops.pad(x, pads, value.value.item() if value.is_constant else value)
+    known = constant_value(value)
+    return ops.pad(x, pads, value if known is None else known.item())
 
 
 def _weight_zero_share(x, w, zw, strides, pads, dilations, groups: int):

@@ -23,7 +23,7 @@ import numpy as np
 from .. import ops
 from ..ops.axes import normalize_axis
 from .errors import OnnxImportError
-from .nn import WINDOW_ATTRS, window
+from .windows import WINDOW_ATTRS, window
 from .node import Node, converts
 
 

@@ -1,0 +1,139 @@
+"""Products of dequantized 8-bit tensors as exact integer products, scaled once (QDQ models).
+
+onnxruntime's static quantization writes by default (QuantFormat.QDQ) each quantized product as the float operator
+between DequantizeLinear nodes, and leaves the runtime to find the pattern:
+
+    Conv(DequantizeLinear(xq, sx, zx), DequantizeLinear(wq, sw, zw), bias)
+    MatMul(DequantizeLinear(aq, sa, za), DequantizeLinear(bq, sb, zb))          (Gemm likewise)
+
+Where the first operand's scale and zero point are per tensor and the second's per tensor or per output channel (a
+matmul's b: per column), the scales factor out of the sums,
+
+    sum_k (xq - zx) sx (wq - zw) sw  =  sx sw * sum_k (xq - zx) (wq - zw),
+
+and the sum is the exact int32 product that ConvInteger and MatMulInteger compute (`centred_conv`,
+`centred_matmul`: the cpu's byte dot products, a GPU's 8-bit tensor cores), scaled once in f32 where the float
+product rounds every term; the two agree to that rounding. An operand is recognized by the operators
+DequantizeLinear's converter builds, (cast(q) - cast(zero)) * scale (`dequantized`), also through a transpose
+(Gemm's transA / transB). Any other operand, scales or zero points along another axis, and a sum that could pass
+int32's range keep the float product.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from .. import ops
+from ..ops import Elementwise, Transpose
+from ..passes.fold_constants import constant_value
+from ..tensor import Tensor
+from .quantize import QUANTIZED, centred_conv, centred_matmul
+
+INT32_MAX = 2 ** 31 - 1
+
+
+class Dequantized(NamedTuple):
+    """(q - zero) * scale: 8-bit integers q, an f32 scale and a zero point of q's type (or None) that broadcast
+    against q."""
+    q: Tensor
+    scale: Tensor
+    zero: Tensor | None
+
+    def varies_along(self, axis: int | None) -> bool:
+        """Whether the scale and the zero point are one value (axis None), or one per index of q's `axis`."""
+        q = self.q
+        return all(p is None or p.size == 1 or (axis is not None and p.ndim >= q.ndim - axis
+                                                 and p.shape[axis - q.ndim] == p.size == q.shape[axis])
+                   for p in (self.scale, self.zero))
+
+    @property
+    def largest(self) -> int:
+        """A bound on |q - zero|."""
+        return 128 if self.zero is None and self.q.dtype.name == "i8" else 255
+
+    def int32_zero(self):
+        """The zero point as an int32 scalar or vector (one per index of the axis it varies along); None where
+        there is none or it is a constant 0."""
+        zero = self.zero
+        if zero is None:
+            return None
+        value = constant_value(zero)
+        if value is not None and not np.any(value):
+            return None
+        return ops.reshape(ops.cast(zero, "int32"), () if zero.size == 1 else (zero.size,))
+
+
+def _elementwise(t, fn: str):
+    """t's producer where it is the elementwise operator `fn`, else None."""
+    op = t.producer
+    return op if type(op) is Elementwise and op.attrs["fn"] == fn else None
+
+
+def dequantized(t) -> Dequantized | None:
+    """t as (q - zero) * scale of 8-bit q, as DequantizeLinear's converter computes it (an f32 t; also a transpose
+    of one), else None."""
+    if type(t.producer) is Transpose:
+        inner = dequantized(t.producer.inputs[0])
+        return None if inner is None else _transposed(inner, t.producer.attrs["perm"])
+    product = _elementwise(t, "mul")
+    if t.dtype.name != "f32" or product is None or len(product.inputs) != 2:
+        return None
+    centred, scale = product.inputs
+    difference = _elementwise(centred, "sub")
+    parts = difference.inputs if difference is not None and len(difference.inputs) == 2 else [centred]
+    casts = [_elementwise(p, "cast") for p in parts]
+    if None in casts:
+        return None
+    q, zero = casts[0].inputs[0], casts[1].inputs[0] if len(casts) == 2 else None
+    if q.dtype.name not in QUANTIZED or q.shape != t.shape or scale.dtype.name != "f32" \
+            or (zero is not None and zero.dtype != q.dtype):
+        return None
+    return Dequantized(q, scale, zero)
+
+
+def _transposed(d: Dequantized, perm: tuple) -> Dequantized:
+    """d with q's axes permuted by `perm`, its scale and zero point with them."""
+    def moved(p):
+        if p is None or p.size == 1:
+            return p
+        return ops.transpose(ops.reshape(p, (1,) * (d.q.ndim - p.ndim) + p.shape), perm)
+    return Dequantized(ops.transpose(d.q, perm), moved(d.scale), moved(d.zero))
+
+
+def _fits_int32(a: Dequantized, b: Dequantized, terms: int) -> bool:
+    """Whether a sum of `terms` products of a's and b's centred integers cannot pass int32's range."""
+    return terms * a.largest * b.largest <= INT32_MAX
+
+
+def _scale(first: Dequantized, second: Dequantized, shape: tuple):
+    """first's scale (per tensor) times second's, per tensor or reshaped to `shape` (per output channel)."""
+    per_channel = second.scale.size > 1
+    return ops.mul(ops.reshape(first.scale, ()), ops.reshape(second.scale, shape if per_channel else ()))
+
+
+def conv(x, w, bias, strides, pads, dilations, groups: int):
+    """The convolution of x by w (+ bias): exact in int32 and scaled once where x and w are dequantized 8-bit
+    tensors (x per tensor, w per tensor or per output channel), else `ops.conv`."""
+    dx, dw = dequantized(x), dequantized(w)
+    if dx is None or dw is None or not dx.varies_along(None) or not dw.varies_along(0) \
+            or not _fits_int32(dx, dw, w.size // max(w.shape[0], 1)) \
+            or (bias is not None and bias.shape != w.shape[:1]):      # (ops.conv says what is wrong)
+        return ops.conv(x, w, bias, strides, pads, dilations, groups)
+    per_channel = (w.shape[0],) + (1,) * (w.ndim - 2)       # broadcasts against y (N, O, ...)
+    y = centred_conv(dx.q, dw.q, dx.int32_zero(), dw.int32_zero(), strides, pads, dilations, groups)
+    y = ops.mul(ops.cast(y, "float32"), _scale(dx, dw, per_channel))
+    return y if bias is None else ops.add(y, ops.reshape(bias, per_channel))
+
+
+def matmul(a, b):
+    """numpy.matmul(a, b): exact in int32 and scaled once where a and b are dequantized 8-bit tensors (a per
+    tensor, b per tensor or per column), else `ops.matmul`."""
+    if a.ndim == 0 or b.ndim == 0:        # (ops.matmul says what is wrong)
+        return ops.matmul(a, b)
+    da, db = dequantized(a), dequantized(b)
+    if da is None or db is None or not da.varies_along(None) \
+            or not db.varies_along(b.ndim - 1 if b.ndim > 1 else None) or not _fits_int32(da, db, a.shape[-1]):
+        return ops.matmul(a, b)
+    y = centred_matmul(da.q, db.q, da.int32_zero(), db.int32_zero())
+    return ops.mul(ops.cast(y, "float32"), _scale(da, db, b.shape[-1:]))

@@ -1,0 +1,140 @@
+"""QDQ products (Conv, MatMul and Gemm of DequantizeLinear outputs, as onnxruntime's static quantization writes
+them) imported as exact integer products scaled once, against onnxruntime running the model as written
+(its optimizations off):
+hypothesis-drawn shapes (size 1, odd and prime sizes), groups, strides, pads, dilations, int8 and uint8 operands,
+zero points or none, scales per tensor and per output channel / column, activation by activation products, Gemm's
+transposes; the products that must stay float (another axis's scales, a sum past int32) stay float.
+Every kernel the tests launch is also compiled for CUDA by NVRTC (tests/conftest.py)."""
+import numpy as np
+import pytest
+from hypothesis import given, note, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper
+
+import taskdsl.graph as tg
+from taskdsl.graph.ops import Conv, IntegerConv, IntegerMatMul, MatMul
+
+from . import assert_close, make_model
+from .test_onnx_qlinear import ELEMS, conv_case, conv_output, full_range
+
+pytest.importorskip("onnxruntime")
+
+
+def dequantized(name: str, q: np.ndarray, axis: int | None, zero: bool, rng, inits: dict, as_input: bool = False):
+    """A DequantizeLinear node of 8-bit `q` (an initializer, or a graph input with `as_input`), its scale per tensor
+    (axis None) or along `axis`, with a random zero point or none; its parameters (and q) go into `inits`."""
+    n = 1 if axis is None else q.shape[axis]
+    shape = () if axis is None else (n,)
+    inits[f"{name}_s"] = rng.uniform(0.002, 0.05, shape).astype(np.float32)
+    if zero:
+        inits[f"{name}_z"] = full_range(shape, q.dtype, rng)
+    if not as_input:
+        inits[name] = q
+    inputs = [name, f"{name}_s"] + ([f"{name}_z"] if zero else [])
+    return helper.make_node("DequantizeLinear", inputs, [f"{name}_d"], **({} if axis is None else {"axis": axis}))
+
+
+def run_as_written(model, feeds: dict) -> np.ndarray:
+    """onnxruntime's output with its graph optimizations off: the float product of the dequantized operands (its
+    own QDQ fusion refuses some valid models, a per-column zero point of b among them)."""
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)[0]
+
+
+def products(model) -> dict:
+    """How many float and integer products the imported graph holds."""
+    graph = tg.from_onnx(model)
+    kinds = {"float": (Conv, MatMul), "integer": (IntegerConv, IntegerMatMul)}
+    return {kind: sum(type(op) in types for op in graph.nodes) for kind, types in kinds.items()}
+
+
+def check(model, feeds: dict, integer: bool) -> None:
+    """taskdsl's output within f32 rounding of onnxruntime's, from an integer product (`integer`; a float
+    convolution of ones may sum x's windows for w's zero point) or a float one."""
+    counts = products(model)
+    assert counts["integer"] == 1 if integer else counts == {"float": 1, "integer": 0}
+    got, want = tg.from_onnx(model).compile()(feeds)[0], run_as_written(model, feeds)
+    assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=8, deadline=None)
+@given(case=conv_case(), x_type=st.sampled_from(sorted(ELEMS, key=str)), w_type=st.sampled_from(sorted(ELEMS, key=str)),
+       zeros=st.tuples(st.booleans(), st.booleans()), per_channel=st.booleans(), bias=st.booleans(),
+       dilated=st.booleans(), seed=st.integers(0, 99))
+def test_qdq_convolutions_are_integer_products(case, x_type, w_type, zeros, per_channel, bias, dilated, seed):
+    """Conv(DQ(x), DQ(w) [, bias]): x's scale per tensor, w's per tensor or per output channel, any zero points."""
+    x_shape, w_shape, attrs = case
+    if dilated:
+        attrs["dilations"] = [2] * (len(x_shape) - 2)
+        x_shape = x_shape[:2] + [n + k for n, k in zip(x_shape[2:], w_shape[2:])]
+    note(f"x {x_shape}, w {w_shape}, {attrs}")
+    rng = np.random.default_rng(seed)
+    inits = {}
+    nodes = [dequantized("x", full_range(x_shape, x_type, rng), None, zeros[0], rng, inits, as_input=True),
+             dequantized("w", full_range(w_shape, w_type, rng), 0 if per_channel else None, zeros[1], rng, inits)]
+    if bias:
+        inits["b"] = rng.uniform(-1, 1, w_shape[:1]).astype(np.float32)
+    nodes.append(helper.make_node("Conv", ["x_d", "w_d"] + (["b"] if bias else []), ["y"], **attrs))
+    model = make_model(nodes, [("x", x_shape, ELEMS[x_type])], [("y", conv_output(x_shape, w_shape, attrs))], inits,
+                       opset=13)
+    check(model, {"x": full_range(x_shape, x_type, rng)}, integer=True)
+
+
+@settings(max_examples=8, deadline=None)
+@given(shapes=st.sampled_from([([1, 1], [1, 1]), ([3, 7], [7, 5]), ([2, 5, 13], [13, 3]), ([2, 3, 7], [2, 7, 11]),
+                               ([4, 17], [17]), ([17], [17, 2])]),
+       types=st.tuples(st.sampled_from(sorted(ELEMS, key=str)), st.sampled_from(sorted(ELEMS, key=str))),
+       zeros=st.tuples(st.booleans(), st.booleans()), per_column=st.booleans(), b_input=st.booleans(),
+       seed=st.integers(0, 99))
+def test_qdq_matmuls_are_integer_products(shapes, types, zeros, per_column, b_input, seed):
+    """MatMul(DQ(a), DQ(b)) of any rank: a's scale per tensor, b's per tensor or per column; b a weight or an
+    activation."""
+    (a_shape, b_shape), rng = shapes, np.random.default_rng(seed)
+    per_column = per_column and len(b_shape) > 1
+    inits = {}
+    a, b = full_range(a_shape, types[0], rng), full_range(b_shape, types[1], rng)
+    nodes = [dequantized("a", a, None, zeros[0], rng, inits, as_input=True),
+             dequantized("b", b, len(b_shape) - 1 if per_column else None, zeros[1], rng, inits, as_input=b_input),
+             helper.make_node("MatMul", ["a_d", "b_d"], ["y"])]
+    inputs = [("a", a_shape, ELEMS[types[0]])] + ([("b", b_shape, ELEMS[types[1]])] if b_input else [])
+    model = make_model(nodes, inputs, [("y", list(np.matmul(a, b).shape))], inits, opset=13)
+    check(model, {"a": a} | ({"b": b} if b_input else {}), integer=True)
+
+
+@pytest.mark.parametrize("trans_a, trans_b, alpha, beta", [(0, 0, 1.0, 1.0), (1, 1, 0.5, 2.0), (0, 1, 1.0, 0.0)])
+def test_qdq_gemms_are_integer_products(trans_a, trans_b, alpha, beta):
+    """Gemm(DQ(A), DQ(B), C) with transposes: B's scale per output column (axis 0 of a transposed B)."""
+    rng = np.random.default_rng(trans_a + 2 * trans_b)
+    m, k, n = 5, 19, 7
+    inits = {"c": rng.uniform(-1, 1, (n,)).astype(np.float32)}
+    a = full_range([k, m] if trans_a else [m, k], np.uint8, rng)
+    nodes = [dequantized("a", a, None, True, rng, inits, as_input=True),
+             dequantized("b", full_range([n, k] if trans_b else [k, n], np.int8, rng), 0 if trans_b else 1, False, rng,
+                         inits),
+             helper.make_node("Gemm", ["a_d", "b_d", "c"], ["y"], transA=trans_a, transB=trans_b, alpha=alpha,
+                              beta=beta)]
+    model = make_model(nodes, [("a", list(a.shape), TensorProto.UINT8)], [("y", [m, n])], inits, opset=13)
+    check(model, {"a": a}, integer=True)
+
+
+def test_products_that_do_not_factor_stay_float():
+    """An activation scaled per channel, a weight scaled along its input channels, b scaled per row and a sum that
+    could pass int32's range (33027 terms of 255 x 255) keep the float product, and its result."""
+    rng = np.random.default_rng(0)
+    x, w = full_range([1, 3, 5, 5], np.uint8, rng), full_range([4, 3, 3, 3], np.int8, rng)
+    for x_axis, w_axis in [(1, 0), (None, 1)]:
+        inits = {}
+        nodes = [dequantized("x", x, x_axis, True, rng, inits, as_input=True),
+                 dequantized("w", w, w_axis, False, rng, inits), helper.make_node("Conv", ["x_d", "w_d"], ["y"])]
+        model = make_model(nodes, [("x", [1, 3, 5, 5], TensorProto.UINT8)], [("y", [1, 4, 3, 3])], inits, opset=13)
+        check(model, {"x": x}, integer=False)
+    for k, b_axis in [(6, 0), (33027, None)]:
+        inits = {}
+        a, b = full_range([2, k], np.uint8, rng), full_range([k, 3], np.uint8, rng)
+        nodes = [dequantized("a", a, None, True, rng, inits, as_input=True),
+                 dequantized("b", b, b_axis, True, rng, inits), helper.make_node("MatMul", ["a_d", "b_d"], ["y"])]
+        model = make_model(nodes, [("a", [2, k], TensorProto.UINT8)], [("y", [2, 3])], inits, opset=13)
+        check(model, {"a": a}, integer=False)
