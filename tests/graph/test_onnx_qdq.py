@@ -3,7 +3,8 @@ them) imported as exact integer products scaled once, against onnxruntime runnin
 (its optimizations off):
 hypothesis-drawn shapes (size 1, odd and prime sizes), groups, strides, pads, dilations, int8 and uint8 operands,
 zero points or none, scales per tensor and per output channel / column, activation by activation products, Gemm's
-transposes; the products that must stay float (another axis's scales, a sum past int32) stay float.
+transposes; the products that must stay float (another axis's scales, a sum past int32) stay float; Gather of a
+dequantized table dequantizes the gathered rows only.
 Every kernel the tests launch is also compiled for CUDA by NVRTC (tests/conftest.py)."""
 import numpy as np
 import pytest
@@ -138,3 +139,23 @@ def test_products_that_do_not_factor_stay_float():
                  dequantized("b", b, b_axis, True, rng, inits), helper.make_node("MatMul", ["a_d", "b_d"], ["y"])]
         model = make_model(nodes, [("a", [2, k], TensorProto.UINT8)], [("y", [2, 3])], inits, opset=13)
         check(model, {"a": a}, integer=False)
+
+
+@pytest.mark.parametrize("axis, zero", [(0, True), (1, False)])
+def test_gathers_of_dequantized_tables_dequantize_the_rows_only(axis, zero):
+    """Gather(DQ(table), ids): the 8-bit rows gathered, then dequantized (no float table in the graph), equal to
+    onnxruntime's; a table scaled per row keeps the float gather."""
+    rng = np.random.default_rng(axis)
+    table = full_range([11, 6], np.int8, rng)
+    for per_row in (False, True):
+        inits = {}
+        nodes = [dequantized("t", table, 0 if per_row else None, zero, rng, inits),
+                 helper.make_node("Gather", ["t_d", "ids"], ["y"], axis=axis)]
+        ids = np.array([[3, 0, 5], [5, 1, 2]], np.int64)
+        model = make_model(nodes, [("ids", [2, 3], TensorProto.INT64)], [("y", list(np.take(table, ids, axis).shape))],
+                           inits, opset=13)
+        graph = tg.from_onnx(model)
+        floats = [op for op in graph.nodes if op.kind == "gather" and op.outputs[0].dtype.name == "f32"]
+        assert len(floats) == per_row
+        got, want = graph.compile()({"ids": ids})[0], run_as_written(model, {"ids": ids})
+        np.testing.assert_array_equal(got, want)

@@ -17,6 +17,10 @@ product rounds every term; the two agree to that rounding. An operand is recogni
 DequantizeLinear's converter builds, (cast(q) - cast(zero)) * scale (`dequantized`), also through a transpose
 (Gemm's transA / transB). Any other operand, scales or zero points along another axis, and a sum that could pass
 int32's range keep the float product.
+
+Gather (`gather`) likewise picks rows of the integers and dequantizes those only: a quantized embedding table
+(BERT's: 30522 x 768) is then never dequantized whole, which constant folding leaves to every call past its size
+limit.
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ from .. import ops
 from ..ops import Elementwise, Transpose
 from ..passes.fold_constants import constant_value
 from ..tensor import Tensor
-from .quantize import QUANTIZED, centred_conv, centred_matmul
+from .quantize import QUANTIZED, centred_conv, centred_matmul, dequantize
 
 INT32_MAX = 2 ** 31 - 1
 
@@ -137,3 +141,12 @@ def matmul(a, b):
         return ops.matmul(a, b)
     y = centred_matmul(da.q, db.q, da.int32_zero(), db.int32_zero())
     return ops.mul(ops.cast(y, "float32"), _scale(da, db, b.shape[-1:]))
+
+
+def gather(data, indices, axis: int):
+    """ops.gather(data, indices, axis), of dequantized 8-bit data (scale and zero point per tensor) the gathered
+    integers dequantized: a quantized embedding table is not dequantized whole at every call."""
+    d = dequantized(data)
+    if d is None or not d.varies_along(None):
+        return ops.gather(data, indices, axis)
+    return dequantize(ops.gather(d.q, indices, axis), d.scale, d.zero)

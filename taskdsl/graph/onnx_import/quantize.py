@@ -83,13 +83,17 @@ def dequantize_linear(node: Node) -> list:
         raise node.error(f"data type {x.dtype.name} is not supported for x (integers, 8-bit floats)")
     if node.attr("output_dtype", 0):
         raise node.error("output_dtype is not supported (the output has the scale's type)")
-    scale, zero = _parameters(node, x, _unpacked(node, 2))
+    return [dequantize(x, *_parameters(node, x, _unpacked(node, 2)))]
+
+
+def dequantize(x, scale, zero):
+    """(x - zero) * scale in the scale's type, zero (None: 0) and scale broadcasting against x."""
     wide = "float64" if scale.dtype.name == "f64" else "float32"
     if x.dtype.is_float or x.dtype.bits <= 16:     # (an f32's 24 bits hold a difference of 16-bit integers)
         centred = x if zero is None else ops.sub(ops.cast(x, wide), ops.cast(zero, wide))
     else:
         centred = x if zero is None else ops.sub(ops.cast(x, "int64"), ops.cast(zero, "int64"))
-    return [ops.cast(ops.mul(ops.cast(centred, wide), ops.cast(scale, wide)), scale.dtype)]
+    return ops.cast(ops.mul(ops.cast(centred, wide), ops.cast(scale, wide)), scale.dtype)
 
 
 @converts("QuantizeLinear", attrs=("axis", "block_size", "output_dtype", "saturate", "precision"))

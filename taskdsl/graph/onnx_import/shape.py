@@ -12,6 +12,7 @@ from ..ops.axes import normalize_axis
 from ..ops.transform import PAD_MODES
 from ..passes.fold_constants import constant_value
 from ..tensor import constant
+from . import qdq
 from .errors import OnnxImportError
 from .node import Node, converts, imported_constant
 
@@ -172,8 +173,8 @@ def slice_node(node: Node) -> list:
 
 @converts("Gather", attrs=("axis",))
 def gather(node: Node) -> list:
-    """Gather along `axis` (indices may be any tensor)."""
-    return [ops.gather(node.input(0), node.input(1), node.attr("axis", 0))]
+    """Gather along `axis` (indices may be any tensor; of dequantized 8-bit data: `qdq.gather`)."""
+    return [qdq.gather(node.input(0), node.input(1), node.attr("axis", 0))]
 
 
 @converts("Expand")
