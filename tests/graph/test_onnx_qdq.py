@@ -159,3 +159,22 @@ def test_gathers_of_dequantized_tables_dequantize_the_rows_only(axis, zero):
         assert len(floats) == per_row
         got, want = graph.compile()({"ids": ids})[0], run_as_written(model, {"ids": ids})
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("layout, same", [("Reshape", True), ("Transpose", True), ("Transpose", False)])
+def test_requantizing_with_the_same_parameters_gives_the_integers_back(layout, same):
+    """Q(layout(DQ(q))) by DQ's own scale and zero point (QDQ models requantize every reshape and transpose) is
+    layout(q), with no quantizing step in the graph, equal to onnxruntime's over all 256 values; other parameters
+    quantize."""
+    q = np.arange(256, dtype=np.uint8).reshape(4, 64)
+    inits = {"s": np.float32(0.0371), "z": np.uint8(131), "s2": np.float32(0.0371 if same else 0.05),
+             "shape": np.array([8, 32])}
+    extra = ["shape"] if layout == "Reshape" else []
+    nodes = [helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+             helper.make_node(layout, ["d"] + extra, ["l"]), helper.make_node("QuantizeLinear", ["l", "s2", "z"], ["y"])]
+    shape = [8, 32] if layout == "Reshape" else [64, 4]
+    model = make_model(nodes, [("q", [4, 64], TensorProto.UINT8)], [("y", shape, TensorProto.UINT8)], inits, opset=13)
+    graph = tg.from_onnx(model)
+    assert any(op.attrs.get("fn") == "rint" for op in graph.nodes) is not same
+    got, want = graph.compile()({"q": q})[0], run_as_written(model, {"q": q})
+    np.testing.assert_array_equal(got, want)

@@ -24,85 +24,10 @@ limit.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
-import numpy as np
-
 from .. import ops
-from ..ops import Elementwise, Transpose
-from ..passes.fold_constants import constant_value
-from ..tensor import Tensor
-from .quantize import QUANTIZED, centred_conv, centred_matmul, dequantize
+from .quantize import Dequantized, centred_conv, centred_matmul, dequantize, dequantized
 
 INT32_MAX = 2 ** 31 - 1
-
-
-class Dequantized(NamedTuple):
-    """(q - zero) * scale: 8-bit integers q, an f32 scale and a zero point of q's type (or None) that broadcast
-    against q."""
-    q: Tensor
-    scale: Tensor
-    zero: Tensor | None
-
-    def varies_along(self, axis: int | None) -> bool:
-        """Whether the scale and the zero point are one value (axis None), or one per index of q's `axis`."""
-        q = self.q
-        return all(p is None or p.size == 1 or (axis is not None and p.ndim >= q.ndim - axis
-                                                 and p.shape[axis - q.ndim] == p.size == q.shape[axis])
-                   for p in (self.scale, self.zero))
-
-    @property
-    def largest(self) -> int:
-        """A bound on |q - zero|."""
-        return 128 if self.zero is None and self.q.dtype.name == "i8" else 255
-
-    def int32_zero(self):
-        """The zero point as an int32 scalar or vector (one per index of the axis it varies along); None where
-        there is none or it is a constant 0."""
-        zero = self.zero
-        if zero is None:
-            return None
-        value = constant_value(zero)
-        if value is not None and not np.any(value):
-            return None
-        return ops.reshape(ops.cast(zero, "int32"), () if zero.size == 1 else (zero.size,))
-
-
-def _elementwise(t, fn: str):
-    """t's producer where it is the elementwise operator `fn`, else None."""
-    op = t.producer
-    return op if type(op) is Elementwise and op.attrs["fn"] == fn else None
-
-
-def dequantized(t) -> Dequantized | None:
-    """t as (q - zero) * scale of 8-bit q, as DequantizeLinear's converter computes it (an f32 t; also a transpose
-    of one), else None."""
-    if type(t.producer) is Transpose:
-        inner = dequantized(t.producer.inputs[0])
-        return None if inner is None else _transposed(inner, t.producer.attrs["perm"])
-    product = _elementwise(t, "mul")
-    if t.dtype.name != "f32" or product is None or len(product.inputs) != 2:
-        return None
-    centred, scale = product.inputs
-    difference = _elementwise(centred, "sub")
-    parts = difference.inputs if difference is not None and len(difference.inputs) == 2 else [centred]
-    casts = [_elementwise(p, "cast") for p in parts]
-    if None in casts:
-        return None
-    q, zero = casts[0].inputs[0], casts[1].inputs[0] if len(casts) == 2 else None
-    if q.dtype.name not in QUANTIZED or q.shape != t.shape or scale.dtype.name != "f32" \
-            or (zero is not None and zero.dtype != q.dtype):
-        return None
-    return Dequantized(q, scale, zero)
-
-
-def _transposed(d: Dequantized, perm: tuple) -> Dequantized:
-    """d with q's axes permuted by `perm`, its scale and zero point with them."""
-    def moved(p):
-        if p is None or p.size == 1:
-            return p
-        return ops.transpose(ops.reshape(p, (1,) * (d.q.ndim - p.ndim) + p.shape), perm)
-    return Dequantized(ops.transpose(d.q, perm), moved(d.scale), moved(d.zero))
 
 
 def _fits_int32(a: Dequantized, b: Dequantized, terms: int) -> bool:

@@ -18,15 +18,17 @@ operand's scale and zero point may be per column (matmul) or per output channel 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
 from ...compute import numpy_dtype
 from ...ir.types import as_dtype
 from .. import ops
+from ..ops import Elementwise, Reshape, Transpose
 from ..ops.axes import normalize_axis
 from ..passes.fold_constants import constant_value
-from ..tensor import constant
+from ..tensor import Tensor, constant
 from .elementwise import cast_to
 from .errors import OnnxImportError
 from .node import FourBitTensor, Node, converts, dtype_of
@@ -116,6 +118,9 @@ def quantize_linear(node: Node) -> list:
         out = named
     if not (out.is_integer or out.bits == 8):
         raise node.error(f"data type {out.name} is not supported for the output (integers, 8-bit floats)")
+    same = _as_quantized(x, scale, zero, out)
+    if same is not None:
+        return [same]
     wide = "float64" if x.dtype.name == "f64" else "float32"
     quotient = ops.div(ops.cast(x, wide), ops.cast(scale, wide))
     if out.is_float:
@@ -123,6 +128,93 @@ def quantize_linear(node: Node) -> list:
             raise node.error("an 8-bit float zero point must be 0", OnnxImportError)
         return [cast_to(quotient, out, node.flag("saturate", 1))]
     return [saturated(quotient, zero, out.name)]
+
+
+class Dequantized(NamedTuple):
+    """(q - zero) * scale: 8-bit integers q, an f32 scale and a zero point of q's type (or None) that broadcast
+    against q."""
+    q: Tensor
+    scale: Tensor
+    zero: Tensor | None
+
+    def varies_along(self, axis: int | None) -> bool:
+        """Whether the scale and the zero point are one value (axis None), or one per index of q's `axis`."""
+        q = self.q
+        return all(p is None or p.size == 1 or (axis is not None and p.ndim >= q.ndim - axis
+                                                 and p.shape[axis - q.ndim] == p.size == q.shape[axis])
+                   for p in (self.scale, self.zero))
+
+    @property
+    def largest(self) -> int:
+        """A bound on |q - zero|."""
+        return 128 if self.zero is None and self.q.dtype.name == "i8" else 255
+
+    def int32_zero(self):
+        """The zero point as an int32 scalar or vector (one per index of the axis it varies along); None where
+        there is none or it is a constant 0."""
+        zero = self.zero
+        if zero is None:
+            return None
+        value = constant_value(zero)
+        if value is not None and not np.any(value):
+            return None
+        return ops.reshape(ops.cast(zero, "int32"), () if zero.size == 1 else (zero.size,))
+
+
+def _elementwise(t, fn: str):
+    """t's producer where it is the elementwise operator `fn`, else None."""
+    op = t.producer
+    return op if type(op) is Elementwise and op.attrs["fn"] == fn else None
+
+
+def dequantized(t) -> Dequantized | None:
+    """t as (q - zero) * scale of 8-bit q, as `dequantize` computes it (an f32 t; also a transpose of one, or a
+    reshape of one with a scale and zero point per tensor), else None."""
+    if type(t.producer) in (Transpose, Reshape):
+        inner = dequantized(t.producer.inputs[0])
+        if inner is None:
+            return None
+        if type(t.producer) is Transpose:
+            return _transposed(inner, t.producer.attrs["perm"])
+        return inner._replace(q=ops.reshape(inner.q, t.shape)) if inner.varies_along(None) else None
+    product = _elementwise(t, "mul")
+    if t.dtype.name != "f32" or product is None or len(product.inputs) != 2:
+        return None
+    centred, scale = product.inputs
+    difference = _elementwise(centred, "sub")
+    parts = difference.inputs if difference is not None and len(difference.inputs) == 2 else [centred]
+    casts = [_elementwise(p, "cast") for p in parts]
+    if None in casts:
+        return None
+    q, zero = casts[0].inputs[0], casts[1].inputs[0] if len(casts) == 2 else None
+    if q.dtype.name not in QUANTIZED or q.shape != t.shape or scale.dtype.name != "f32" \
+            or (zero is not None and zero.dtype != q.dtype):
+        return None
+    return Dequantized(q, scale, zero)
+
+
+def _transposed(d: Dequantized, perm: tuple) -> Dequantized:
+    """d with q's axes permuted by `perm`, its scale and zero point with them."""
+    def moved(p):
+        if p is None or p.size == 1:
+            return p
+        return ops.transpose(ops.reshape(p, (1,) * (d.q.ndim - p.ndim) + p.shape), perm)
+    return Dequantized(ops.transpose(d.q, perm), moved(d.scale), moved(d.zero))
+
+
+def _as_quantized(x, scale, zero, out):
+    """The integers x dequantizes where quantizing x by `scale` and `zero` (None: 0) into `out` gives them back:
+    x = (q - z) * s of 8-bit q of type `out` (through transposes and reshapes), s and z per tensor and equal to the
+    constants `scale` and `zero` (QDQ models requantize every reshape and transpose), else None. Exact: x / s is
+    q - z to within 255 * 2^-23, far from a rounding step."""
+    d = dequantized(x)
+    if d is None or d.q.dtype != out or not d.varies_along(None) or scale.size != 1 or (zero is not None
+                                                                                        and zero.size != 1):
+        return None
+    values = [constant_value(p) if p is not None else np.zeros(()) for p in (scale, d.scale, zero, d.zero)]
+    if any(v is None for v in values) or values[0].item() != values[1].item() or values[2].item() != values[3].item():
+        return None
+    return d.q
 
 
 def saturated(q, zero, out: str):
