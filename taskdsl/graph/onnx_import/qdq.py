@@ -14,8 +14,8 @@ matmul's b: per column), the scales factor out of the sums,
 and the sum is the exact int32 product that ConvInteger and MatMulInteger compute (`centred_conv`,
 `centred_matmul`: the cpu's byte dot products, a GPU's 8-bit tensor cores), scaled once in f32 where the float
 product rounds every term; the two agree to that rounding. An operand is recognized by the operators
-DequantizeLinear's converter builds, (cast(q) - cast(zero)) * scale (`dequantized`), also through a transpose
-(Gemm's transA / transB). Any other operand, scales or zero points along another axis, and a sum that could pass
+DequantizeLinear's converter builds, (cast(q) - cast(zero)) * scale (`quantize.dequantized`), also through a
+transpose (Gemm's transA / transB) and, per tensor, a reshape. Any other operand, scales or zero points along another axis, and a sum that could pass
 int32's range keep the float product.
 
 Gather (`gather`) likewise picks rows of the integers and dequantizes those only: a quantized embedding table

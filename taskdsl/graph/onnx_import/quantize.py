@@ -208,11 +208,11 @@ def _as_quantized(x, scale, zero, out):
     constants `scale` and `zero` (QDQ models requantize every reshape and transpose), else None. Exact: x / s is
     q - z to within 255 * 2^-23, far from a rounding step."""
     d = dequantized(x)
-    if d is None or d.q.dtype != out or not d.varies_along(None) or scale.size != 1 or (zero is not None
-                                                                                        and zero.size != 1):
+    if d is None or d.q.dtype != out or not d.varies_along(None) or any(
+            p is not None and p.size != 1 for p in (scale, zero)):
         return None
-    values = [constant_value(p) if p is not None else np.zeros(()) for p in (scale, d.scale, zero, d.zero)]
-    if any(v is None for v in values) or values[0].item() != values[1].item() or values[2].item() != values[3].item():
+    s, s_d, z, z_d = (np.zeros(()) if p is None else constant_value(p) for p in (scale, d.scale, zero, d.zero))
+    if any(v is None for v in (s, s_d, z, z_d)) or s.item() != s_d.item() or z.item() != z_d.item():
         return None
     return d.q
 
