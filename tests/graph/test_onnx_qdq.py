@@ -4,7 +4,7 @@ them) imported as exact integer products scaled once, against onnxruntime runnin
 hypothesis-drawn shapes (size 1, odd and prime sizes), groups, strides, pads, dilations, int8 and uint8 operands,
 zero points or none, scales per tensor and per output channel / column, activation by activation products, Gemm's
 transposes; the products that must stay float (another axis's scales, a sum past int32) stay float; Gather of a
-dequantized table dequantizes the gathered rows only.
+dequantized table dequantizes the gathered rows only; on a simulated GPU the products run the 8-bit tensor cores.
 Every kernel the tests launch is also compiled for CUDA by NVRTC (tests/conftest.py)."""
 import numpy as np
 import pytest
@@ -178,3 +178,26 @@ def test_requantizing_with_the_same_parameters_gives_the_integers_back(layout, s
     assert any(op.attrs.get("fn") == "rint" for op in graph.nodes) is not same
     got, want = graph.compile()({"q": q})[0], run_as_written(model, {"q": q})
     np.testing.assert_array_equal(got, want)
+
+
+def test_qdq_products_run_8_bit_tensor_cores_on_a_gpu(simulated_gpu):
+    """On the cuda target a QDQ convolution into a QDQ matmul runs the 8-bit tensor-core kernels (their CUDA C++
+    run on the host), within f32 rounding of onnxruntime's float products, run after run."""
+    rng = np.random.default_rng(5)
+    inits = {"shape": np.array([1, 6 * 7 * 4])}
+    x = full_range([1, 8, 7, 6], np.uint8, rng)
+    nodes = [dequantized("x", x, None, True, rng, inits, as_input=True),
+             dequantized("w", full_range([6, 8, 3, 3], np.int8, rng), 0, False, rng, inits),
+             helper.make_node("Conv", ["x_d", "w_d"], ["c"], pads=[1, 0, 1, 0], strides=[1, 1]),
+             helper.make_node("Reshape", ["c", "shape"], ["r"]),
+             helper.make_node("QuantizeLinear", ["r", "x_s", "x_z"], ["rq"]),
+             dequantized("rq", np.zeros([1, 168], np.uint8), None, True, rng, {}, as_input=True),
+             dequantized("v", full_range([168, 9], np.int8, rng), 1, False, rng, inits),
+             helper.make_node("MatMul", ["rq_d", "v_d"], ["y"])]
+    nodes[5].input[1:] = ["x_s", "x_z"]       # (rq dequantized by the scale and zero point it was quantized by)
+    model = make_model(nodes, [("x", [1, 8, 7, 6], TensorProto.UINT8)], [("y", [1, 9])], inits, opset=13)
+    compiled, want = tg.from_onnx(model).compile(), run_as_written(model, {"x": x})
+    launched = [kernel.name for kernel, _ in simulated_gpu.launches]
+    assert sum(name.startswith("tc_matmul_") for name in launched) >= 2, launched
+    for _ in range(2):
+        assert_close(compiled({"x": x})[0], want, rtol=1e-5, atol=1e-5)
