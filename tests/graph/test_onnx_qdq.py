@@ -171,7 +171,8 @@ def test_requantizing_with_the_same_parameters_gives_the_integers_back(layout, s
              "shape": np.array([8, 32])}
     extra = ["shape"] if layout == "Reshape" else []
     nodes = [helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
-             helper.make_node(layout, ["d"] + extra, ["l"]), helper.make_node("QuantizeLinear", ["l", "s2", "z"], ["y"])]
+             helper.make_node(layout, ["d"] + extra, ["l"]),
+             helper.make_node("QuantizeLinear", ["l", "s2", "z"], ["y"])]
     shape = [8, 32] if layout == "Reshape" else [64, 4]
     model = make_model(nodes, [("q", [4, 64], TensorProto.UINT8)], [("y", shape, TensorProto.UINT8)], inits, opset=13)
     graph = tg.from_onnx(model)

@@ -15,8 +15,8 @@ and the sum is the exact int32 product that ConvInteger and MatMulInteger comput
 `centred_matmul`: the cpu's byte dot products, a GPU's 8-bit tensor cores), scaled once in f32 where the float
 product rounds every term; the two agree to that rounding. An operand is recognized by the operators
 DequantizeLinear's converter builds, (cast(q) - cast(zero)) * scale (`quantize.dequantized`), also through a
-transpose (Gemm's transA / transB) and, per tensor, a reshape. Any other operand, scales or zero points along another axis, and a sum that could pass
-int32's range keep the float product.
+transpose (Gemm's transA / transB) and, per tensor, a reshape. Any other operand, scales or zero points along
+another axis, and a sum that could pass int32's range keep the float product.
 
 Gather (`gather`) likewise picks rows of the integers and dequantizes those only: a quantized embedding table
 (BERT's: 30522 x 768) is then never dequantized whole, which constant folding leaves to every call past its size
