@@ -126,3 +126,20 @@ def test_generated_kernels_hold_nothing_the_dropped_passes_change(fast):
             branch = block.terminator
             if isinstance(branch, numba_ir.Branch):
                 assert not isinstance(func_ir.get_definition(branch.cond), numba_ir.Const), kernel.name
+
+
+def test_compiled_kernels_keep_no_copy_of_numbas_ir():
+    """`support.KernelCompiler` leaves out numba's type annotation, a copy of the typed IR that each compiled
+    kernel would keep for the life of the process; the kernel still computes."""
+    from taskdsl.backend.cpu.support import KernelCompiler
+
+    def axpy(a, x, y):
+        for i in range(x.size):
+            y[i] += a * x[i]
+
+    compiled = numba.njit(pipeline_class=KernelCompiler)(axpy)
+    x, y = np.arange(5, dtype=np.float32), np.ones(5, np.float32)
+    compiled(np.float32(2), x, y)
+    np.testing.assert_array_equal(y, 1 + 2 * x)
+    result, = compiled.overloads.values()
+    assert result.type_annotation is None

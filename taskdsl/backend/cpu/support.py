@@ -11,7 +11,7 @@ import numpy as np
 from llvmlite import ir as llvm_ir
 from numba import njit, types
 from numba.core.compiler import CompilerBase, DefaultPassBuilder
-from numba.core.typed_passes import NopythonRewrites, PreLowerStripPhis
+from numba.core.typed_passes import AnnotateTypes, NopythonRewrites, PreLowerStripPhis
 from numba.core.untyped_passes import DeadBranchPrune, GenericRewrites, InlineClosureLikes, ReconstructSSA
 from numba.core.registry import CPUDispatcher
 from numba.extending import intrinsic, overload
@@ -42,10 +42,13 @@ class KernelCompiler(CompilerBase):
       there are none without `ReconstructSSA`; `DeadBranchPrune` prunes branches on constants, which LLVM
       folds. Without the three, the 515 kernels of the onnx conformance, rowwise and rule-scheduler tests
       compiled in 197 s instead of 219 s (each compiled both ways in turn, in one process).
+    - `AnnotateTypes` copies the typed function's IR for `Dispatcher.inspect_types()`, and the compiled kernel
+      keeps that copy for the life of the process: a test worker held about a million objects of numba IR, so
+      each full garbage collection took over a second, and numba's cache renders the copy as text when it saves.
     """
 
     UNUSED = (ReconstructSSA, InlineClosureLikes, NopythonRewrites, GenericRewrites, PreLowerStripPhis,
-              DeadBranchPrune)
+              DeadBranchPrune, AnnotateTypes)
 
     def define_pipelines(self):
         """The one nopython pipeline, without the `UNUSED` passes."""
