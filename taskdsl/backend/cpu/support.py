@@ -43,8 +43,9 @@ class KernelCompiler(CompilerBase):
       folds. Without the three, the 515 kernels of the onnx conformance, rowwise and rule-scheduler tests
       compiled in 197 s instead of 219 s (each compiled both ways in turn, in one process).
     - `AnnotateTypes` copies the typed function's IR for `Dispatcher.inspect_types()`, and the compiled kernel
-      keeps that copy for the life of the process: a test worker held about a million objects of numba IR, so
-      each full garbage collection took over a second, and numba's cache renders the copy as text when it saves.
+      keeps that copy for the life of the process: a test worker compiling the graph tests held 3 million objects
+      instead of 0.75 million, each full garbage collection took about 2 s instead of 0.5, and numba's cache
+      renders the copy as text when it saves (the conformance tests' kernels compiled in 116 s instead of 124).
     """
 
     UNUSED = (ReconstructSSA, InlineClosureLikes, NopythonRewrites, GenericRewrites, PreLowerStripPhis,
