@@ -16,6 +16,7 @@ in fast mode (each says why).
 from __future__ import annotations
 
 import functools
+import gc
 import os
 
 # before numba is imported: numba formats the message of every failed typing attempt, thousands per kernel, and
@@ -166,9 +167,15 @@ def simulated_gpu(monkeypatch):
 
 
 def pytest_sessionfinish(session):
-    """A pytest-xdist worker hands its host-twin counts to the controller."""
+    """A pytest-xdist worker hands its host-twin counts to the controller; the heap is collected once and frozen."""
     if HOST_TWINS is not None and hasattr(session.config, "workeroutput"):     # a pytest-xdist worker
         session.config.workeroutput["host_twins"] = dict(HOST_TWINS.counts)
+    # pytest's cleanup after this runs five full collections to find unraisable exceptions; on a worker's heap (over
+    # a million objects, most held by the kernels cached in memory) they could pass the 5 s in which pytest-xdist
+    # wants a worker done before it interrupts it (a PytestUnraisableExceptionWarning: KeyboardInterrupt in a gc
+    # callback). This one collection finds the same exceptions; freezing what survives keeps it out of the five.
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.hookimpl(optionalhook=True)
