@@ -1,10 +1,11 @@
 """Activation functions and elementwise math (onnx_import/activations.py) imported from one-node ONNX models and
-checked against onnxruntime (onnx's reference evaluator where onnxruntime has no kernel for the type), with
-hypothesis drawing shapes (odd, prime, 1 and 0 sizes), attributes (or their defaults), and values among which the
-special ones (NaN, +-inf, -0.0) and those at and beside the operator's thresholds. Each model runs compiled with the
-default passes (an operator's graph ops fused into one kernel) and through the graph's numpy reference (what
-constant folding computes). Every kernel is also compiled by NVRTC (tests/conftest.py), and each test has a @gpu
-twin on the cuda target (a GPU, or the simulated one with TASKDSL_SIMULATED_GPU=1)."""
+checked against onnxruntime (onnx's reference evaluator where onnxruntime has no kernel for the type; Swish against
+f64 numpy, where onnxruntime's sigmoid is too coarse), with hypothesis drawing shapes (odd, prime, 1 and 0 sizes),
+attributes (or their defaults), and values among which the special ones (NaN, +-inf, -0.0) and those at and beside
+the operator's thresholds. Each model runs compiled with the default passes (an operator's graph ops fused into one
+kernel) and through the graph's numpy reference (what constant folding computes). Every kernel is also compiled by
+NVRTC (tests/conftest.py), and each test has a @gpu twin on the cuda target (a GPU, or the simulated one with
+TASKDSL_SIMULATED_GPU=1)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -193,7 +194,7 @@ def test_unary_operator(op, shape, data):
     x = data.draw(float_arrays(dtype, shape, case.thresholds(attribute_values(op, drawn))), label="x")
     if op == "Sign" and elem_type == F16:
         x[np.isnan(x)] = 0      # onnxruntime's f16 Sign gives 0 at NaN (its f32 and f64 give NaN, as taskdsl does)
-    in_f64 = case.in_f64 and (lambda x: case.in_f64(x, **drawn))
+    in_f64 = (lambda x: case.in_f64(x, **drawn)) if case.in_f64 else None
     check_node(n(op, ["x"], ["y"], **drawn), {"x": x}, case.out_type or elem_type, opset=case.opset,
                reference=elem_type not in case.ort_types, exact=case.exact, numpy_oracle=in_f64)
 
