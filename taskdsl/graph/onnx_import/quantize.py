@@ -153,10 +153,7 @@ class Dequantized(NamedTuple):
         """The zero point as an int32 scalar or vector (one per index of the axis it varies along); None where
         there is none or it is a constant 0."""
         zero = self.zero
-        if zero is None:
-            return None
-        value = constant_value(zero)
-        if value is not None and not np.any(value):
+        if zero is None or _constant_zero(zero):
             return None
         return ops.reshape(ops.cast(zero, "int32"), () if zero.size == 1 else (zero.size,))
 
@@ -270,6 +267,12 @@ def requantized(node: Node, accumulator, scales: tuple, w_axis: int, zero, out: 
                      None if zero is None else ops.reshape(zero, ()), out)
 
 
+def _constant_zero(zero) -> bool:
+    """Whether a zero point is constant and 0 everywhere (its share of a product is then 0)."""
+    value = constant_value(zero)
+    return value is not None and not np.any(value)
+
+
 def _zero_point(node: Node, q, zero, axis: int | None, what: str):
     """A zero point of q as an int32 tensor that broadcasts against q: per tensor, or per index along `axis`
     (None: per tensor only); None where there is none or it is a constant 0."""
@@ -279,7 +282,7 @@ def _zero_point(node: Node, q, zero, axis: int | None, what: str):
         raise node.error(f"{what} has type {zero.dtype.name}, its input {q.dtype.name}", OnnxImportError)
     if axis is None and zero.size != 1:
         raise node.error(f"{what} of shape {list(zero.shape)} is not supported (per tensor only)")
-    if zero.is_constant and not np.any(zero.value):
+    if _constant_zero(zero):
         return None
     return ops.cast(_broadcastable(node, zero, q, 0 if axis is None else axis, 0, what), "int32")
 
