@@ -228,6 +228,17 @@ class Load(Expr):
     def dtype(self) -> DataType:
         return self.buffer.dtype
 
+    @property
+    def at_constant_element(self) -> bool:
+        """Whether the load reads constant indices inside its buffer's constant shape (after flattening, one index
+        inside its size): an element any point of the kernel may read, such as a size-1 operand's."""
+        shape, indices = self.buffer.shape, self.indices
+        if not all(isinstance(x, Const) for x in (*shape, *indices)):
+            return False
+        if len(indices) == 1 and len(shape) != 1:
+            return 0 <= indices[0].value < math.prod(d.value for d in shape)
+        return len(indices) == len(shape) and all(0 <= i.value < d.value for i, d in zip(indices, shape))
+
 
 @dataclass(frozen=True, eq=False)
 class Ref(Expr):

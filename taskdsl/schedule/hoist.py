@@ -36,20 +36,13 @@ def _invariant(e: ir.Expr, written: ir.Buffer, conditional: bool) -> bool:
     for x in ir.collect(e, (ir.Var, ir.SpecialReg, ir.Load, ir.Call, ir.Binary)):
         if isinstance(x, ir.SpecialReg) or (isinstance(x, ir.Var) and x.kind not in ("size", "param")):
             return False
-        if isinstance(x, ir.Load) and (x.buffer.uid == written.uid or not _in_bounds(x)):
+        if isinstance(x, ir.Load) and (x.buffer.uid == written.uid or not x.at_constant_element):
             return False
         if isinstance(x, ir.Call) and x.func in WARP_FUNCS:
             return False
         if conditional and isinstance(x, ir.Binary) and x.op in ("/", "%", "//") and not x.dtype.is_float:
             return False
     return True
-
-
-def _in_bounds(load: ir.Load) -> bool:
-    """Whether `load` reads constant indices inside its buffer's constant shape."""
-    return len(load.indices) == len(load.buffer.shape) and all(
-        isinstance(i, ir.Const) and isinstance(d, ir.Const) and 0 <= i.value < d.value
-        for i, d in zip(load.indices, load.buffer.shape))
 
 
 class _Hoister(ir.Rewriter):

@@ -96,6 +96,26 @@ def _plain_value(e: ir.Expr, locals_: dict) -> bool:
     return False
 
 
+def speculable(e: ir.Select) -> bool:
+    """Whether both operands of `e` may be computed at every element, as one select (`rt.select`) computes them: no
+    load but of a constant element (`ir.Load.at_constant_element`) or one its condition makes anyway (a padding's
+    `x[i] if 0 <= i < n else 0` keeps its branch), no integer division (x86 traps), no call but pure math; or a
+    select a library made `eager` (its loads at clamped indices)."""
+    if e.eager:
+        return True
+    made = ir.collect(e.cond, ir.Load)
+    for operand in (e.a, e.b):
+        for x in ir.collect(operand, (ir.Load, ir.Binary, ir.Call, ir.Atomic)):
+            if isinstance(x, ir.Load) and not x.at_constant_element and \
+                    not any(ir.structurally_equal(x, m) for m in made):
+                return False
+            if isinstance(x, ir.Binary) and x.op in ("/", "%", "//") and not x.dtype.is_float:
+                return False
+            if isinstance(x, ir.Atomic) or (isinstance(x, ir.Call) and x.func not in _MATH):
+                return False
+    return True
+
+
 @dataclass(frozen=True)
 class DebugSite:
     """What a debug check number refers to: the statement, the buffer and the kind of access."""
@@ -832,6 +852,8 @@ class _PythonEmitter:
             a, b = self.cast(e.a, e.dtype), self.cast(e.b, e.dtype)
             if e.dtype.kind == "uint":      # numba unifies a uint64 branch with an int literal's int64 into float64
                 a, b = f"{np_type(e.dtype)}({a})", f"{np_type(e.dtype)}({b})"
+            if speculable(e):
+                return f"rt.select({self.expr(e.cond)}, {a}, {b})"
             return f"({a} if {self.expr(e.cond)} else {b})"
         if isinstance(e, ir.Cast):
             return self.cast(e.value, e.dtype)

@@ -162,6 +162,24 @@ def float_to_int(typingctx, value, bits, signed):
     return result(value, bits, signed), codegen
 
 
+@intrinsic
+def select(typingctx, cond, a, b):
+    """`a` if `cond` else `b`, both evaluated: LLVM's select, where numba's `a if cond else b` is a branch that keeps
+    a loop scalar unless LLVM can move each side's instructions above it (a few at most). For operands that are
+    safe to evaluate at every element (`codegen.speculable`)."""
+    common = typingctx.unify_pairs(a, b)
+    if common is None or not isinstance(common, (types.Number, types.Boolean)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        c, x, y = args
+        truth = context.cast(builder, c, signature.args[0], types.boolean)
+        return builder.select(truth, *(context.cast(builder, v, t, common) for v, t in zip((x, y),
+                                                                                            signature.args[1:])))
+
+    return common(cond, a, b), codegen
+
+
 # Below TINY = 2^-12, tanh(x) = x and erf(x) = 2 x / sqrt(pi) within x^2 / 3 < 2e-8 (relative). The rational forms
 # would multiply subnormal powers of x there: inaccurate, and a microcode assist per instruction (see exp_f32),
 # so they run on 1 instead and the lane selects the small-x value.
