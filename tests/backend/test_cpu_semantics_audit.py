@@ -217,11 +217,12 @@ def test_a_nan_anywhere_reaches_an_operators_max_and_min(n, at, op, seed):
 
 # --------------------------------------------------------------------------- selects
 @td.kernel(grid=1, block=LANES)
-def selects(A: td.f32[LANES], B: td.i32[LANES], S: td.f32[1], Out: td.f32[3, LANES], Q: td.i32[LANES]):
+def selects(A: td.f32[LANES], B: td.i32[LANES], S: td.f32[1], Out: td.f32[4, LANES], Q: td.i32[LANES]):
     t = threadIdx.x
     Out[0, t] = (A[t] * 2.0 + 1.0) if A[t] == A[t] else S[0]     # a NaN to S[0]: both sides safe everywhere
     Out[1, t] = A[t - 1] if t >= 1 else -1.0      # a padding's border: A[-1] must not be read
     Out[2, t] = A[t] if B[t] > 0 else 0.0         # A[t] is not read by the condition
+    Out[3, t] = A[t + 1] if t < LANES - 1 and A[t + 1] > 0 else 0.0   # the condition reads A[LANES] only past `and`
     Q[t] = (B[t] // (B[t] - 3)) if B[t] != 3 else 7       # an integer division is never made for the lane it skips
 
 
@@ -229,14 +230,22 @@ def selects(A: td.f32[LANES], B: td.i32[LANES], S: td.f32[1], Out: td.f32[3, LAN
        b=st.lists(st.integers(-5, 5), min_size=LANES, max_size=LANES))
 @FEW
 def test_a_select_computes_both_sides_only_where_both_are_safe_everywhere(a, b):
-    """A select whose sides read only what its condition reads, or constant elements, and divide no integers is one
-    `rt.select` (a branch in a loop keeps it scalar); the others stay branches. Values against numpy."""
+    """A select whose sides read only what its condition always reads, or constant elements, and divide no integers
+    is one `rt.select` (a branch in a loop keeps it scalar); the others stay branches, and read nothing out of
+    bounds (debug mode checks every load). Values against numpy."""
     a, b, s = np.array(a, np.float32), np.array(b, np.int32), np.array([-2.5], np.float32)
-    out, q = np.zeros((3, LANES), np.float32), np.zeros(LANES, np.int32)
+    out, q = np.zeros((4, LANES), np.float32), np.zeros(LANES, np.int32)
     assert selects.source(a, b, s, out, q, target="cpu").count("rt.select(") == 1
+    td.debug(True)
+    try:
+        selects(a, b, s, out.copy(), q.copy())
+    finally:
+        td.debug(False)
     out, q = both_modes(selects, a, b, s, out, q)[3:]
     with np.errstate(all="ignore"):
         np.testing.assert_array_equal(out[0], np.where(a == a, a * np.float32(2) + np.float32(1), s[0]))
         np.testing.assert_array_equal(out[1], np.concatenate([[-1.0], a[:-1]]).astype(np.float32))
         np.testing.assert_array_equal(out[2], np.where(b > 0, a, np.float32(0)))
+        ahead = np.append(a[1:], np.float32(0))
+        np.testing.assert_array_equal(out[3], np.where(ahead > 0, ahead, np.float32(0)))
         np.testing.assert_array_equal(q, [7 if x == 3 else x // (x - 3) for x in b.tolist()])

@@ -103,7 +103,7 @@ def speculable(e: ir.Select) -> bool:
     select a library made `eager` (its loads at clamped indices)."""
     if e.eager:
         return True
-    made = ir.collect(e.cond, ir.Load)
+    made = _MadeLoads.of(e.cond)
     for operand in (e.a, e.b):
         for x in ir.collect(operand, (ir.Load, ir.Binary, ir.Call, ir.Atomic)):
             if isinstance(x, ir.Load) and not x.at_constant_element and \
@@ -114,6 +114,34 @@ def speculable(e: ir.Select) -> bool:
             if isinstance(x, ir.Atomic) or (isinstance(x, ir.Call) and x.func not in _MATH):
                 return False
     return True
+
+
+class _MadeLoads(ir.Visitor):
+    """The loads an expression makes whatever its values are: not those of the right side of an `and` / `or` (a
+    guard such as `i < n and x[i] > 0`) nor of a select's sides."""
+
+    def __init__(self):
+        self.loads: list = []
+
+    @classmethod
+    def of(cls, e: ir.Expr) -> list:
+        """The loads `e` always makes."""
+        walker = cls()
+        walker.visit(e)
+        return walker.loads
+
+    def visit_Load(self, e: ir.Load):
+        self.loads.append(e)
+        self.generic_visit(e)
+
+    def visit_Binary(self, e: ir.Binary):
+        if e.op in ("and", "or"):
+            self.visit(e.a)
+        else:
+            self.generic_visit(e)
+
+    def visit_Select(self, e: ir.Select):
+        self.visit(e.cond)
 
 
 @dataclass(frozen=True)
