@@ -87,3 +87,24 @@ def test_round_trips_that_change_values_stay(case):
     else:       # 2^31 - 1 is 2^31 in f32
         y = ops.cast(ops.cast(ops.clip(ops.elementwise("rint", x), -2.0**31, 2.0**31 - 1), "int32"), "float32")
     check(y, x, data, round_trips_left=2)
+
+
+def test_a_products_epilogue_takes_the_whole_chain_of_pairs():
+    """A matmul, then two quantize-dequantize pairs with a bias between: one kernel, the pairs' round trips
+    `nan_to_zero` in its epilogue (each reads its value once, as an epilogue needs), values as the reference's (the
+    product of small integers is exact; a multiply-add contracted into an FMA may move a value by one step)."""
+    rng = np.random.default_rng(5)
+    x = tg.input("x", (13, 29), "float32")
+    w = tg.constant(rng.integers(-3, 4, (29, 7)).astype(np.float32))
+    b = tg.constant(rng.standard_normal(7).astype(np.float32))
+    y = quantize_dequantize(ops.matmul(x, w), 0.05, 3, "int8", -128.0, 127.0)
+    y = quantize_dequantize(ops.add(y, b), 0.1, 200, "uint8", 0.0, 255.0)
+    graph = tg.Graph([x], [y])
+    compiled = graph.compile("cpu")
+    fused, = [op for op in compiled.graph.nodes if op.kind == "fused"]
+    assert fused.attrs["epilogue"].count("nan_to_zero") == 2 and "cast" not in fused.attrs["epilogue"]
+    data = rng.integers(-4, 5, (13, 29)).astype(np.float32)
+    data[0, :3] = [np.nan, np.inf, -np.inf]
+    got, = compiled(data)
+    want, = graph.reference(data)
+    np.testing.assert_allclose(got, want, rtol=0, atol=0.1001)
