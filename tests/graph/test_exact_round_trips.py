@@ -73,6 +73,19 @@ def test_other_roundings_types_and_bounds(rounding, zero, integer, bounds):
     check(y, x, np.array(SPECIAL + [63.7, -64.2, 100.0, 2.0**29 + 64], np.float32), round_trips_left=0)
 
 
+def test_a_round_trip_stays_where_the_integers_are_read_elsewhere():
+    """An 8-bit activation read by the next product and, dequantized, by a residual: the integers are made anyway,
+    so both casts stay, and the values are the reference's."""
+    x = tg.input("x", (len(SPECIAL) + 3,), "float32")
+    q = ops.cast(ops.clip(ops.add(ops.elementwise("rint", ops.div(x, 0.5)), tg.constant(np.float32(3))), 0.0, 255.0),
+                 "uint8")
+    graph = passes.fold_constants(passes.infer_shapes(tg.Graph([x], [ops.cast(q, "float32"), ops.cast(q, "int32")])))
+    assert sum(op.kind == "cast" for op in passes.drop_exact_round_trips(graph).nodes) == 3
+    data = np.array(SPECIAL + [63.7, -64.2, 200.0], np.float32)
+    for got, want in zip(graph(data), graph.reference(data)):
+        np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("case", ["bounds past the type", "no rounding", "one bound", "int32 bounds past it in f32"])
 def test_round_trips_that_change_values_stay(case):
     """Where the cast to the integer type is not exact, both casts stay and the values are the casts'."""
