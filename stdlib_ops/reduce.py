@@ -11,7 +11,9 @@ scheduler picks a thread / warp / block / split strategy from the sizes of each 
 
 Dtypes: sum / max / min keep the input dtype (floats accumulate in at least f32, integers
 in at least i32, so an int8 sum wraps like numpy's `sum(dtype=int8)`), except that a sum
-of bools counts them in i64, as numpy's does; mean of integers and bools gives f32.
+of bools counts them in i64, as numpy's does, and `sum(x, dtype=...)` sums in that type, as
+numpy's does (each element converted: 8-bit integers into int32, no widened copy); mean of
+integers and bools gives f32.
 argmax / argmin give int64 indices of the first extreme element, like numpy: a NaN is the
 extreme (the first NaN wins), so `x[argmax(x)]` is `max(x)`, which keeps NaNs too. On the cpu,
 along a contiguous axis, they run `arg_rows_kernel` (vector instructions, chunks of a row in
@@ -26,7 +28,7 @@ import numpy as np
 
 import taskdsl as td
 from taskdsl import blockIdx, threadIdx
-from taskdsl.ir.types import numpy_dtype
+from taskdsl.ir.types import as_dtype, numpy_dtype
 from taskdsl.runtime.arrays import empty_like_operands, on_device
 from taskdsl.runtime.config import fast_compile_enabled, get_target
 from taskdsl.schedule.rules import UNROLL_REDUCED
@@ -67,9 +69,10 @@ def reduce_canon(shape: tuple, axes: tuple) -> tuple[tuple, tuple]:
     return tuple(r for r, _ in groups), tuple(n for _, n in groups)
 
 
-def _build(op: str, pattern: tuple, dtype: td.ir.types.DataType, few: int | None = None) -> td.Op:
+def _build(op: str, pattern: tuple, dtype: td.ir.types.DataType, few: int | None = None,
+           sum_dtype: td.ir.types.DataType | None = None) -> td.Op:
     """The reduction `op` of a canonical `pattern`; `few`: the size of its one reduced group where that is built in
-    (`_few`), else None (a size symbol)."""
+    (`_few`), else None (a size symbol); `sum_dtype`: a sum's type, its elements converted to it (`sum`'s dtype)."""
     dims = tuple(few if few is not None and r else f"RD{g}" for g, r in enumerate(pattern))
     x = td.placeholder("x", dtype, dims)
     kept = tuple(d for d, r in zip(dims, pattern) if not r)
@@ -77,12 +80,13 @@ def _build(op: str, pattern: tuple, dtype: td.ir.types.DataType, few: int | None
 
     def fcompute(*ix):
         k_ix, r_ix = list(ix[:len(kept)]), list(ix[len(kept):])
-        return x[tuple(r_ix.pop(0) if r else k_ix.pop(0) for r in pattern)]
+        value = x[tuple(r_ix.pop(0) if r else k_ix.pop(0) for r in pattern)]
+        return value if sum_dtype is None else td.cast(value, sum_dtype)
 
     out_dtype = td.f32 if op == "mean" and not dtype.is_float else dtype   # 16-bit floats: stored as the input
     if op == "sum" and dtype.is_bool:
         out_dtype = td.i64                 # a count, as numpy's sum of bools (a bool sum would be an `or`)
-    out = td.reduce(f"reduce_{op}", kept, reduced, fcompute, op=op, dtype=out_dtype)
+    out = td.reduce(f"reduce_{op}", kept, reduced, fcompute, op=op, dtype=sum_dtype or out_dtype)
     return td.op([x], [out], name=f"reduce_{op}")
 
 
@@ -96,18 +100,21 @@ def _few(reduced: list) -> int | None:
     return reduced[0]
 
 
-def op_for(name: str, x, axis=None, keepdims: bool = False) -> Plan:
-    """The Plan a call of reduction `name` ('sum', 'mean', 'max', 'min') runs."""
+def op_for(name: str, x, axis=None, keepdims: bool = False, dtype=None) -> Plan:
+    """The Plan a call of reduction `name` ('sum', 'mean', 'max', 'min') runs; `dtype`: a sum's type (see `sum`)."""
     if name not in _OPS:
         raise ValueError(f"unknown reduction {name!r}; use one of {', '.join(_OPS)}")
+    if dtype is not None and name != "sum":
+        raise TypeError(f"{name}: dtype= is for sums only")
     x = contiguous(x)
     axes = _axes(axis, x.ndim)
     if name in ("max", "min") and any(x.shape[a] == 0 for a in axes):
         raise ValueError(f"zero-size array to reduction operation {name} which has no identity")
-    dtype = tdtype(x.dtype)
+    x_dtype, sum_dtype = tdtype(x.dtype), None if dtype is None else as_dtype(dtype, f"{name}'s dtype")
     pattern, canon = reduce_canon(x.shape, axes)
     few = _few([n for r, n in zip(pattern, canon) if r])
-    op = cached_op(("reduce", name, pattern, dtype, few), lambda: _build(name, pattern, dtype, few))
+    op = cached_op(("reduce", name, pattern, x_dtype, few, sum_dtype),
+                   lambda: _build(name, pattern, x_dtype, few, sum_dtype))
     if flag(keepdims, f"{name}: keepdims"):
         out_shape = tuple(1 if a in axes else n for a, n in enumerate(x.shape))
     else:
@@ -115,9 +122,10 @@ def op_for(name: str, x, axis=None, keepdims: bool = False) -> Plan:
     return Plan(op, (x.reshape(canon),), reshaper(out_shape))
 
 
-def sum(x, axis=None, keepdims: bool = False):  # numpy's name (shadows the builtin in this module)
-    """The sum over `axis` (int, tuple or None for all)."""
-    return op_for("sum", x, axis, keepdims).run()
+def sum(x, axis=None, keepdims: bool = False, dtype=None):  # numpy's name (shadows the builtin in this module)
+    """The sum over `axis` (int, tuple or None for all); `dtype`, as numpy's: the sum's type, each element converted
+    to it first (8-bit integers summed in int32 with no widened copy of them)."""
+    return op_for("sum", x, axis, keepdims, dtype).run()
 
 
 def mean(x, axis=None, keepdims: bool = False):

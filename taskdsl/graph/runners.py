@@ -245,7 +245,8 @@ def run_reduce(op: Reduce, arrays: list) -> tuple:
     dtype = op.inputs[0].dtype
     if op.attrs["op"] in ("sum", "max", "min", "mean") and (dtype.is_float or (dtype.is_integer and
                                                                                 op.attrs["op"] != "mean")):
-        return _plan(reduce.op_for(op.attrs["op"], arrays[0], op.attrs["axes"], op.attrs["keepdims"]))
+        return _plan(reduce.op_for(op.attrs["op"], arrays[0], op.attrs["axes"], op.attrs["keepdims"],
+                                   op.attrs.get("dtype")))
     return run_definitions(op, arrays)
 
 

@@ -115,6 +115,22 @@ def test_reduce_bool_and_int():
     np.testing.assert_array_equal(got[1], i.max(1, keepdims=True))
 
 
+def test_a_sum_in_a_given_dtype_is_one_reduction_of_the_narrow_elements():
+    """`ops.sum(x, dtype=...)` as numpy's: bytes summed in int32 past where uint8 would wrap, by one operator (no
+    cast of x first); over no axes, the elements converted; a dtype for anything but a sum is refused."""
+    x = np.random.default_rng(7).integers(0, 256, (3, 70, 5)).astype(np.uint8)
+    got = run(lambda t: [ops.sum(t, 1, dtype="int32"), ops.sum(t, (0, 2), True, dtype=np.int64),
+                         ops.sum(t, (), dtype="int32")], x)
+    for g, want in zip(got, [x.sum(1, dtype=np.int32), x.sum((0, 2), keepdims=True, dtype=np.int64),
+                             x.astype(np.int32)]):
+        assert g.dtype == want.dtype
+        np.testing.assert_array_equal(g, want)
+    graph = tg.trace(lambda t: ops.sum(t, 1, dtype="int32"), tg.input("x", x.shape, x.dtype))
+    assert [op.kind for op in graph.nodes] == ["reduce_sum"]
+    with pytest.raises(TypeError, match="sums only"):
+        ops.Reduce([tg.input("x", (3,), "uint8")], {"op": "max", "axes": 0, "keepdims": False, "dtype": "int32"})
+
+
 @pytest.mark.parametrize("axis", [0, 1, -1])
 def test_softmax_family(axis):
     x = rand((3, 4, 5), axis + 10, low=-5, high=5)

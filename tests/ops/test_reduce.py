@@ -165,6 +165,25 @@ def test_sum_of_bools_counts_them():
     np.testing.assert_allclose(R.mean(x, axis=1), np.mean(x, axis=1), rtol=1e-6)
 
 
+@TWO
+@given(case=shape_and_axis(3), keepdims=st.booleans(), seed=SEEDS,
+       types=st.sampled_from([(np.uint8, np.int32), (np.int8, np.int32), (np.int16, np.int64), (np.uint8, np.float32)]))
+def test_a_sum_in_a_given_dtype_converts_each_element(case, keepdims, seed, types):
+    """`sum(x, dtype=...)`, as numpy's: 8-bit integers summed in int32 (where their own type would wrap), each
+    element converted, with no widened copy of x."""
+    (shape, axis), (source, target) = case, types
+    info = np.iinfo(source)
+    x = np.random.default_rng(seed).integers(info.min, info.max, shape, endpoint=True).astype(source)
+    expected = np.sum(x, axis=axis, keepdims=keepdims, dtype=target)
+    got = R.sum(x, axis=axis, keepdims=keepdims, dtype=target)
+    check(got, R.op_for("sum", x, axis, keepdims, target), expected, dtype=target)
+
+
+def test_only_sums_take_a_dtype():
+    with pytest.raises(TypeError, match="sums only"):
+        R.op_for("max", np.zeros(3, np.uint8), 0, dtype=np.int32)
+
+
 def test_argmax_integers_and_large_axis():
     x = rand((5, 1031), 7, np.int32, -1000, 1000)
     np.testing.assert_array_equal(R.argmax(x, axis=1), np.argmax(x, axis=1))

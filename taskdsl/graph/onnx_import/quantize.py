@@ -303,10 +303,10 @@ def centred_matmul(a, b, za, zb):
     product = ops.integer_matmul(a, b)
     keep = a.ndim > 1 and b.ndim > 1        # the sums keep their axis where the product has it (numpy's rules)
     if za is not None:      # - za * (the sums of b's columns)
-        product = ops.sub(product, ops.mul(za, ops.sum(ops.cast(b, "int32"), axis=-2 if b.ndim > 1 else -1,
-                                                       keepdims=keep)))
+        product = ops.sub(product, ops.mul(za, ops.sum(b, axis=-2 if b.ndim > 1 else -1, keepdims=keep,
+                                                       dtype="int32")))
     if zb is not None:      # - zb * (the sums of a's rows)
-        product = ops.sub(product, ops.mul(zb, ops.sum(ops.cast(a, "int32"), axis=-1, keepdims=keep)))
+        product = ops.sub(product, ops.mul(zb, ops.sum(a, axis=-1, keepdims=keep, dtype="int32")))
     if za is not None and zb is not None:
         product = ops.add(product, ops.mul(ops.mul(za, zb), constant(np.int32(a.shape[-1]))))
     return product
@@ -356,7 +356,7 @@ def centred_conv(x, w, zx, zw, strides, pads, dilations, groups: int):
         x, pads = _padded_with(x, pads, ops.cast(ops.reshape(zx, ()), x.dtype)), 0
     y = ops.integer_conv(x, w, strides, pads, dilations, groups)
     if zx is not None:      # - zx * (the sum of each output channel's weights): every window is whole
-        y = ops.sub(y, ops.mul(zx, ops.reshape(ops.sum(ops.cast(w, "int32"), axis=tuple(range(1, w.ndim))),
+        y = ops.sub(y, ops.mul(zx, ops.reshape(ops.sum(w, axis=tuple(range(1, w.ndim)), dtype="int32"),
                                                per_channel)))
     if zw is not None:
         y = ops.sub(y, _weight_zero_share(x, w, zw, strides, pads, dilations, groups))

@@ -13,6 +13,7 @@ from ...ir import Cast, Select, binary, const, convert
 from ...ir import types as T
 from ..operator import Operator, dims
 from .axes import normalize_axes, normalize_axis
+from .elementwise import cast
 from .transform import reshape
 
 REDUCTIONS = ("sum", "mean", "max", "min", "prod")
@@ -24,7 +25,9 @@ def reduced_shape(shape: tuple, axes: tuple, keepdims: bool) -> tuple:
 
 
 class Reduce(Operator):
-    """`op` over `axes` of the input; the result keeps the input's dtype. attrs: op, axes, keepdims."""
+    """`op` over `axes` of the input; the result keeps the input's dtype, but for a sum given a `dtype` (its
+    elements converted to it: 8-bit integers summed in int32 with no widened copy). attrs: op, axes, keepdims and,
+    optional, dtype."""
 
     kind_attr = "op"
     generic = True
@@ -41,12 +44,17 @@ class Reduce(Operator):
             raise ValueError(f"unknown reduction {op!r}; use one of {', '.join(REDUCTIONS)}")
         if x.dtype.is_bool and op not in ("max", "min"):
             raise TypeError(f"reduce_{op} is not defined on bool tensors; cast them first")
+        if self.attrs.get("dtype") is not None:
+            if op != "sum":
+                raise TypeError(f"{self.kind}: dtype= is for sums only")
+            self.attrs["dtype"] = T.as_dtype(self.attrs["dtype"], f"{self.kind}'s dtype").name
         self.attrs["axes"] = normalize_axes(self.attrs["axes"], x.ndim, self.kind)
 
     def define(self, x):
         shape, axes, keepdims = dims(x), self.attrs["axes"], self.attrs["keepdims"]
         out_shape = reduced_shape(shape, axes, keepdims)
         boolean = x.dtype.is_bool
+        value_dtype = T.i32 if boolean else T.as_dtype(self.attrs.get("dtype") or x.dtype)
 
         def fcompute(*ix):
             kept, red = list(ix[:len(out_shape)]), list(ix[len(out_shape):])
@@ -59,26 +67,28 @@ class Reduce(Operator):
                 else:
                     index.append(kept.pop(0))
             value = x[tuple(index)]
-            return Cast(value, T.i32) if boolean else value
+            return value if value_dtype == x.dtype else Cast(value, value_dtype)
 
         name = self.kind
         r = reduction(name, out_shape, tuple(shape[a] for a in axes), fcompute, op=self.attrs["op"],
-                           dtype=T.i32 if boolean else x.dtype)
+                      dtype=value_dtype)
         if boolean:    # max = any, min = all; `> 0` maps the empty identities (INT_MIN / INT_MAX) to False / True
             return [compute(f"{name}_bool", out_shape, lambda *ix: r[ix] > 0)]
         return [r]
 
 
-def _reduce(op: str, x, axis, keepdims: bool):
+def _reduce(op: str, x, axis, keepdims: bool, dtype=None):
     keepdims = flag(keepdims, f"{op}: keepdims")
     if axis is not None and np.ndim(axis) == 1 and len(axis) == 0:
-        return x
-    return Reduce([x], {"op": op, "axes": axis, "keepdims": keepdims}).outputs[0]
+        return x if dtype is None else cast(x, dtype)
+    attrs = {"op": op, "axes": axis, "keepdims": keepdims}
+    return Reduce([x], attrs if dtype is None else dict(attrs, dtype=dtype)).outputs[0]
 
 
-def sum(x, axis=None, keepdims: bool = False):
-    """The sum over `axis` (an int, a sequence, or None for every axis)."""
-    return _reduce("sum", x, axis, keepdims)
+def sum(x, axis=None, keepdims: bool = False, dtype=None):
+    """The sum over `axis` (an int, a sequence, or None for every axis); `dtype`, as numpy's: the sum's type, each
+    element converted to it first."""
+    return _reduce("sum", x, axis, keepdims, dtype)
 
 
 def mean(x, axis=None, keepdims: bool = False):
