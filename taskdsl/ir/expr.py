@@ -147,6 +147,12 @@ class Binary(Expr):
     b: Expr
     dtype: DataType
 
+    @property
+    def divides_integers(self) -> bool:
+        """Whether this is an integer division or remainder: an operation not to make where the program would not
+        (x86 traps on INT_MIN // -1)."""
+        return self.op in ("/", "%", "//") and not self.dtype.is_float
+
 
 @dataclass(frozen=True, eq=False)
 class Unary(Expr):

@@ -40,7 +40,7 @@ def _invariant(e: ir.Expr, written: ir.Buffer, conditional: bool) -> bool:
             return False
         if isinstance(x, ir.Call) and x.func in WARP_FUNCS:
             return False
-        if conditional and isinstance(x, ir.Binary) and x.op in ("/", "%", "//") and not x.dtype.is_float:
+        if conditional and isinstance(x, ir.Binary) and x.divides_integers:
             return False
     return True
 

@@ -109,7 +109,7 @@ def speculable(e: ir.Select) -> bool:
             if isinstance(x, ir.Load) and not x.at_constant_element and \
                     not any(ir.structurally_equal(x, m) for m in made):
                 return False
-            if isinstance(x, ir.Binary) and x.op in ("/", "%", "//") and not x.dtype.is_float:
+            if isinstance(x, ir.Binary) and x.divides_integers:
                 return False
             if isinstance(x, ir.Atomic) or (isinstance(x, ir.Call) and x.func not in _MATH):
                 return False
