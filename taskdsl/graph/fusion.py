@@ -136,6 +136,16 @@ def _elementwise_like(op: Operator, source) -> bool:
             and op.outputs[0].size == source.size and sum(t is source for t in op.inputs) == 1)
 
 
+def _broadcast_operand_producers(member: Operator, chained, owned) -> list:
+    """The producers an epilogue member's other operands may be computed by inside its loads: cheap elementwise
+    operators of fewer elements than the member's output, `owned` by it (read by it alone, in no other group). A
+    quantized product's zero point times its operand's sums, say ([1, 12, 128, 1] into QK^T's [1, 12, 128, 128]):
+    a kernel of its own cost a launch and a store, where the epilogue adds a multiply per element."""
+    return [t.producer for t in member.inputs if t is not chained
+            and isinstance(t.producer, Elementwise) and len(t.producer.outputs) == 1
+            and t.size < member.outputs[0].size and owned(t, member) and _cheap(t.producer)]
+
+
 def _groups(graph: Graph) -> list:
     """(anchor, prologues, epilogue) of each anchor with something to fuse, in order; an operator joins the
     first group that can take it."""
@@ -148,13 +158,16 @@ def _groups(graph: Graph) -> list:
         one = readers[0] if len(readers) == 1 and id(t) not in outputs else None
         return one if one is not None and id(one) not in taken else None
 
+    def owned(t, member) -> bool:
+        return free_sole_reader(t) is member and id(t.producer) not in taken
+
     groups = []
     for op in graph.nodes:
         if id(op) in taken or not fusible_anchor(op):
             continue
         epilogue, tail = [], op.outputs[0]
         while (nxt := free_sole_reader(tail)) is not None and _elementwise_like(nxt, tail):
-            epilogue.append(nxt)
+            epilogue += [*_broadcast_operand_producers(nxt, tail, owned), nxt]
             tail = nxt.outputs[0]
         prologues = {}
         for k in () if isinstance(op, INTEGER_ANCHORS) else (0,) if isinstance(op, Conv) else (0, 1):

@@ -139,6 +139,24 @@ def test_matmul_add_gelu_is_one_kernel_and_transposed_operands_fuse_as_prologues
     assert list(fused.attrs["epilogue"]) == ["add", "gelu"] and len(cg.kernels) == 1
 
 
+@pytest.mark.parametrize("rows", [1, 5])
+def test_cheap_producers_of_an_epilogues_broadcast_operands_fuse(rows):
+    """An epilogue member's smaller operand made by a cheap elementwise operator read by it alone (s * 3 below,
+    broadcast over the product's columns) is computed in the fused kernel; a transcendental one (exp) or one read
+    elsewhere too is a kernel of its own."""
+    x, s = tg.input("x", (2, rows, 40)), tg.input("s", (2, rows, 1))
+    w = _const(40, 24)
+    arrays = RNG.standard_normal((2, rows, 40)).astype(np.float32), RNG.standard_normal((2, rows, 1)).astype(np.float32)
+    fused = _run(tg.Graph([x, s], [ops.relu(ops.matmul(x, w) - s * 3.0)]), *arrays)
+    assert [op.kind for op in fused.graph.nodes] == ["fused"] and len(fused.kernels) == 1
+    assert list(fused.graph.nodes[0].attrs["epilogue"]) == ["mul", "sub", "relu"]
+    shared = s * 3.0
+    for outputs in ([ops.matmul(x, w) - ops.exp(s)], [ops.matmul(x, w) - shared, ops.sigmoid(shared)]):
+        apart = _run(tg.Graph([x, s], outputs), *arrays)
+        fused_node, = (op for op in apart.graph.nodes if isinstance(op, FusedAnchor))
+        assert list(fused_node.attrs["epilogue"]) == ["sub"] and len(apart.graph.nodes) == 1 + len(outputs)
+
+
 def _split_k_matmul_with_epilogue():
     """A fused matmul whose output has too few tiles on a GPU: the kernel (with B's transpose as its prologue)
     writes f32 partials, the second sums them with bias, GELU and a residual input fused in; CUDA-graph

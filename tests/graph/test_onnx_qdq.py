@@ -105,6 +105,21 @@ def test_qdq_matmuls_are_integer_products(shapes, types, zeros, per_column, b_in
     check(model, {"a": a} | ({"b": b} if b_input else {}), integer=True)
 
 
+def test_an_activation_product_with_zero_points_is_its_sums_and_one_fused_kernel():
+    """MatMul(DQ(a), DQ(b)) of two activations with zero points: the sums of a's rows and of b's columns, then one
+    kernel, the product with every zero-point share in its epilogue (their products with the zero points too)."""
+    rng = np.random.default_rng(3)
+    a, b = full_range([2, 5, 13], np.int8, rng), full_range([2, 13, 11], np.uint8, rng)
+    inits = {}
+    nodes = [dequantized("a", a, None, True, rng, inits, as_input=True),
+             dequantized("b", b, None, True, rng, inits, as_input=True), helper.make_node("MatMul", ["a_d", "b_d"], ["y"])]
+    model = make_model(nodes, [("a", [2, 5, 13], ELEMS[np.int8]), ("b", [2, 13, 11], ELEMS[np.uint8])],
+                       [("y", [2, 5, 11])], inits, opset=13)
+    cg = tg.from_onnx(model).compile()
+    assert_close(cg({"a": a, "b": b})[0], run_as_written(model, {"a": a, "b": b}), rtol=1e-5, atol=1e-5)
+    assert [op.kind for op in cg.graph.nodes] == ["reduce_sum", "reduce_sum", "fused"] and len(cg.kernels) == 3
+
+
 @pytest.mark.parametrize("trans_a, trans_b, alpha, beta", [(0, 0, 1.0, 1.0), (1, 1, 0.5, 2.0), (0, 1, 1.0, 0.0)])
 def test_qdq_gemms_are_integer_products(trans_a, trans_b, alpha, beta):
     """Gemm(DQ(A), DQ(B), C) with transposes: B's scale per output column (axis 0 of a transposed B)."""

@@ -128,6 +128,25 @@ def test_pad(shape, data, seed):
     check(X.pad(x, widths, value), X.op_for("pad", x, widths, value), np.pad(x, widths, constant_values=value))
 
 
+@FEW
+@given(shape=shapes(2, 4, max_size=10_000), padded=st.lists(st.booleans(), min_size=4, max_size=4), data=st.data(),
+       seed=SEEDS)
+@example(shape=(1, 9, 7, 64), padded=[False, True, True, False], data=None, seed=0)
+def test_pad_of_some_axes(shape, padded, data, seed):
+    """An axis not padded is merged into the one before it (widths times its size): an NHWC image padded along H
+    and W runs as rows of W * C; any pattern of padded and unpadded axes, empty ones included, is numpy's pad."""
+    widths = [(1, 1) if data is None and p else
+              tuple(data.draw(st.tuples(st.integers(0, 3), st.integers(1, 3)), label=f"pad{k}")) if p else (0, 0)
+              for k, p in enumerate(padded[:len(shape)])]
+    x = rand(shape, seed)
+    plan = X.op_for("pad", x, widths, 3.0)
+    check(X.pad(x, widths, 3.0), plan, np.pad(x, widths, constant_values=3.0))
+    if data is None:
+        assert plan.arrays[0].shape == (1, 9, 7 * 64)
+    empty = np.zeros(shape[:-1] + (0,), np.float32)
+    check(X.pad(empty, widths, 3.0), X.op_for("pad", empty, widths, 3.0), np.pad(empty, widths, constant_values=3.0))
+
+
 @FEWER
 @given(rows=st.sampled_from([1, 2, 5]), cols=st.sampled_from([1, 7, 4093, 4096, 4099, 9001]),
        before=st.sampled_from([0, 1, 3, 4095, 4097]), after=st.sampled_from([0, 2, 4096, 5003]),
