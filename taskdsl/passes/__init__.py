@@ -29,7 +29,7 @@ from .emulate_dot4 import emulate_dot4
 from .emulate_tensor_cores import emulate_tensor_cores
 from .expand_mappings import expand_mappings
 from .outline import inline_outlined, outline
-from .simplify import simplify
+from .simplify import simplify, simplify_within
 from .specialize import bind_sizes, flatten_buffers
 from .split_deep import split_deep_expressions
 from .unroll import mark_tile_loops, unroll_loops

@@ -30,6 +30,13 @@ def simplify(fn: ir.Function) -> ir.Function:
     return dataclasses.replace(fn, body=_Simplifier(fn.block, single_assignments(fn.body)).visit(fn.body))
 
 
+def simplify_within(e: ir.Expr, ranges: dict) -> ir.Expr:
+    """Expression `e` simplified knowing the inclusive (lo, hi) range of each variable in `ranges` (uid -> range)."""
+    simplifier = _Simplifier((1, 1, 1), set())
+    simplifier.ranges = dict(ranges)
+    return simplifier.visit(e)
+
+
 def single_assignments(body: ir.Stmt) -> set:
     """Uids of the variables assigned exactly once (their range is their value's range)."""
     counts: dict = {}

@@ -26,7 +26,7 @@ import numpy as np
 
 from .. import ir
 from ..compute import Tensor, _Evaluator, _OWNER, check_fixed_reads, topological
-from ..passes import bind_sizes
+from ..passes import bind_sizes, simplify_within
 from ..runtime.kernel import Kernel
 from .inline import inline_injective
 from .rules import _unravel, size_function
@@ -275,11 +275,21 @@ def _fuse_epilogue(body: ir.Stmt, param: ir.Buffer, definition: Tensor, new_inpu
                 return s
             index = inverse(s.indices)
             anchor_value = ir.Var(f"{param.name}_value", s.value.dtype)   # computed once, however often read
-            stored = _replace_loads(value, stand_in.buffer, anchor_value)
-            stored = ir.substitute(stored, {a.uid: i for a, i in zip(definition.axes, index)})
+            stored = _at_store(_replace_loads(value, stand_in.buffer, anchor_value), s.indices)
             if stored.dtype != definition.dtype:
                 stored = ir.Cast(stored, definition.dtype)
             return ir.seq([ir.Assign(anchor_value, s.value, s.loc), ir.Store(definition.buffer, tuple(index), stored, s.loc)])
+
+    def _at_store(stored: ir.Expr, indices: tuple) -> ir.Expr:
+        """The epilogue's value at the anchor's store to `indices`, its index arithmetic simplified knowing that the
+        store is in bounds: a transpose-and-reshape epilogue (attention's heads merged) read its other operands at
+        `(z + (j0 + j) // 64) % 12` for head z, where 0 <= j0 + j < 64 makes that z (a division and a remainder an
+        element, which kept the loop scalar)."""
+        at = [ir.Var(f"{param.name}_at{k}", i.dtype) for k, i in enumerate(indices)]
+        stored = ir.substitute(stored, {a.uid: i for a, i in zip(definition.axes, inverse(tuple(at)))})
+        if all(out_shape):
+            stored = simplify_within(stored, {v.uid: (0, n - 1) for v, n in zip(at, out_shape)})
+        return ir.substitute(stored, {v.uid: i for v, i in zip(at, indices)})
 
     return _Epilogue().visit(body)
 
