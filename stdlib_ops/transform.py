@@ -239,13 +239,16 @@ def _pad_plan(x, pad_width, value=0) -> Plan:
     if x.ndim == 0:         # nothing to pad (numpy.pad returns a copy): a 1-element copy
         one = _pad_plan(x.reshape(1), 0, fill)
         return Plan(one.op, one.arrays, reshaper(()))
-    out_shape = tuple(n + b + a for n, (b, a) in zip(x.shape, widths))
+    out_shape = _padded(x.shape, widths)
     shape, widths = _merged(x.shape, widths)
     x, dtype = x.reshape(shape), tdtype(x.dtype)
     op = cached_op(("pad", x.ndim, dtype), lambda: _pad_op(x.ndim, dtype))
-    arrays = (x, np.array([b for b, _ in widths], np.int32), fill, shape_carrier(tuple(
-        n + b + a for n, (b, a) in zip(shape, widths))))
+    arrays = (x, np.array([b for b, _ in widths], np.int32), fill, shape_carrier(_padded(shape, widths)))
     return Plan(op, arrays, reshaper(out_shape))
+
+
+def _padded(shape: tuple, widths: list) -> tuple:
+    return tuple(n + b + a for n, (b, a) in zip(shape, widths))
 
 
 def _merged(shape: tuple, widths: list) -> tuple[tuple, list]:

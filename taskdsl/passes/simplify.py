@@ -32,9 +32,7 @@ def simplify(fn: ir.Function) -> ir.Function:
 
 def simplify_within(e: ir.Expr, ranges: dict) -> ir.Expr:
     """Expression `e` simplified knowing the inclusive (lo, hi) range of each variable in `ranges` (uid -> range)."""
-    simplifier = _Simplifier((1, 1, 1), set())
-    simplifier.ranges = dict(ranges)
-    return simplifier.visit(e)
+    return _Simplifier((1, 1, 1), set(), ranges).visit(e)
 
 
 def single_assignments(body: ir.Stmt) -> set:
@@ -55,10 +53,10 @@ def _fold_value(op: str, a, b, dtype):
 
 
 class _Simplifier(ir.Rewriter):
-    def __init__(self, block: tuple, single: set):
+    def __init__(self, block: tuple, single: set, ranges: dict | None = None):
         self.block = block
         self.single = single
-        self.ranges: dict = {}
+        self.ranges: dict = dict(ranges or {})
 
     def visit_Assign(self, s: ir.Assign):
         s = self.generic_visit(s)
