@@ -112,7 +112,8 @@ def test_an_activation_product_with_zero_points_is_its_sums_and_one_fused_kernel
     a, b = full_range([2, 5, 13], np.int8, rng), full_range([2, 13, 11], np.uint8, rng)
     inits = {}
     nodes = [dequantized("a", a, None, True, rng, inits, as_input=True),
-             dequantized("b", b, None, True, rng, inits, as_input=True), helper.make_node("MatMul", ["a_d", "b_d"], ["y"])]
+             dequantized("b", b, None, True, rng, inits, as_input=True),
+             helper.make_node("MatMul", ["a_d", "b_d"], ["y"])]
     model = make_model(nodes, [("a", [2, 5, 13], ELEMS[np.int8]), ("b", [2, 13, 11], ELEMS[np.uint8])],
                        [("y", [2, 5, 11])], inits, opset=13)
     cg = tg.from_onnx(model).compile()
