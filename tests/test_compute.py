@@ -859,6 +859,41 @@ def test_max_and_min_order_zeros_as_ieee_in_the_reference_as_in_kernels():
         np.testing.assert_array_equal(got[1], [-np.inf, -np.inf, -np.inf, np.nan])
 
 
+def _ieee(a: float, b: float, larger: bool) -> float:
+    """IEEE 754's maximum (`larger`) or minimum of two floats: a NaN if either is one, +0.0 above -0.0."""
+    if math.isnan(a) or math.isnan(b):
+        return math.nan
+    if a == b == 0.0:
+        negative = math.copysign(1.0, a) < 0, math.copysign(1.0, b) < 0
+        return -0.0 if (all(negative) if larger else any(negative)) else 0.0
+    return max(a, b) if larger else min(a, b)
+
+
+_SPECIAL = [math.nan, -math.inf, -3.4028235e38, -1.5, -1e-45, -0.0, 0.0, 1e-45, 1.0, 1.5, 3.4028235e38, math.inf]
+
+
+@pytest.mark.parametrize("invariant", [False, True], ids=["pairs", "one_b_throughout"])
+def test_max_and_min_of_special_values_are_ieee_in_kernels(invariant):
+    """`td.max` / `td.min` of every pair of NaN, infinities, zeros of both signs, subnormals and the largest
+    floats, against IEEE 754's maximum / minimum computed here; with `invariant`, b is one value read by every
+    element (a clamp's bound, whose tests on b alone the cpu hoists out of the loop)."""
+    n = len(_SPECIAL)
+    A = td.placeholder("A", td.f32, (n,))
+    B = td.placeholder("B", td.f32, (n if not invariant else 1,))
+    b_of = (lambda i: B[0]) if invariant else (lambda i: B[i])
+    op = td.op([A, B], [td.compute("Y", (n,), lambda i: td.max(A[i], b_of(i))),
+                        td.compute("Z", (n,), lambda i: td.min(A[i], b_of(i)))])
+    a = np.array(_SPECIAL, np.float32)
+    for shift, b_value in enumerate(_SPECIAL):      # (pairs: b is a rotated, so every pair meets once)
+        b = np.full(1, b_value, np.float32) if invariant else np.roll(a, shift)
+        got_max, got_min = op(a, b)
+        for k in range(n):
+            bk = float(b[0] if invariant else b[k])
+            for got, larger in ((got_max[k], True), (got_min[k], False)):
+                want = np.float32(_ieee(float(a[k]), bk, larger))
+                assert (np.isnan(got) and np.isnan(want)) or (got == want and np.signbit(got) == np.signbit(want)), \
+                    f"{'max' if larger else 'min'}({a[k]}, {bk}) = {got}, want {want}"
+
 @pytest.mark.parametrize("values, op_name, want", [(td.i64, "min", -1), (td.boolean, "min", 1),
                                                    (td.f32, "max", np.iinfo(np.int32).min)])
 def test_an_empty_min_or_max_into_i32_gives_the_kernels_start_in_the_reference(values, op_name, want):

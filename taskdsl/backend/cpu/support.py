@@ -88,18 +88,21 @@ def fmax(a, b):
     LLVM vectorizes it, where numba's np.maximum branches; the tests are joined by `&`, as `and` is a branch too,
     which can keep a loop scalar (Inception-V3's first max pool, 147x147x64, two threads, warm: 0.28 ms with `and`,
     0.25-0.26 with `&`). `larger + b` is the answer when b is a zero (of two zeros, their sum; else larger, exactly)
-    or a NaN is there, so the zeros cost one test (testing both operands for zero cost a stride-2 max pool's loop
-    another 10%)."""
+    or a NaN, so the zeros cost one test (testing both operands for zero cost a stride-2 max pool's loop another
+    10%). A NaN a needs no test: no b is above it, so `larger` is a. The tests left read b alone, which LLVM hoists
+    out of a loop where b is the same throughout (a quantization's clamp to [-128, 127]: QDQ BERT's first
+    feed-forward epilogue, three quantizations and a GELU an element, 905 -> 686 us over 128 x 3072 on one thread,
+    with a test of a as well)."""
     larger = b if b > a else a
-    return larger if (a == a) & (b == b) & (b != 0) else larger + b
+    return larger if (b == b) & (b != 0) else larger + b
 
 
 @njit(cache=True, inline="always")
 def fmin(a, b):
     """IEEE 754's minimum of floats, as CUDA's td_min: a NaN if either is one, -0.0 below 0.0 (where b is a zero,
-    `-(-smaller - b)`: of two zeros, the negated sum of their negations)."""
+    `-(-smaller - b)`: of two zeros, the negated sum of their negations; a NaN a is `smaller`, as in `fmax`)."""
     smaller = b if b < a else a
-    return smaller if (a == a) & (b == b) & (b != 0) else -(-smaller - b)
+    return smaller if (b == b) & (b != 0) else -(-smaller - b)
 
 
 def _nan_keeping(name):
