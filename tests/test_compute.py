@@ -959,3 +959,25 @@ def test_max_and_min_reductions_order_zeros_as_ieee_in_the_reference_as_in_kerne
         np.testing.assert_array_equal(1.0 / high[:3], [np.inf, np.inf, -np.inf])
         np.testing.assert_array_equal(1.0 / low[:2], [-np.inf, -1.0])
         assert low[2] == 0 and np.signbit(low[2]) and np.isnan(high[3]) and np.isnan(low[3])
+
+
+def test_nested_nan_to_zero_is_written_once_a_level_in_both_targets_sources():
+    """`x + 0 if x == x else 0` (the graph's nan_to_zero, one per quantize-dequantize pair of a QDQ epilogue) nested
+    four deep: each level is one call in the cpu and CUDA sources, X read once (the select's form wrote X 3^4 = 81
+    times), and the values are the reference's: NaN to 0, -0.0 to 0.0 at every level."""
+    X = td.placeholder("X", td.f32, ("N",))
+
+    def nan_to_zero(v):
+        return ir.Select(ir.binary("==", v, v), v + 0.0, ir.const(0.0), td.f32)
+
+    def level(v, depth):
+        return v if depth == 0 else nan_to_zero(level(v, depth - 1) * 2.0 - 1.0)
+
+    op = td.op([X], [td.compute("Y", ("N",), lambda i: level(X[i], 4))])
+    x = np.array([np.nan, -0.0, 0.0, 0.5, -np.inf, np.inf, 3.0e38, -1.5], np.float32)
+    cpu, cuda = op.source(x, target="cpu"), op.source(x, target="cuda")
+    assert cpu.count("rt.nan_to_zero(") == 4 and cuda.count("td_nan_to_zero(") == 4 + 1    # (+ the helper)
+    assert len(re.findall(r"\bX\[", cpu)) == 1 and len(re.findall(r"\bX\[", cuda)) == 1
+    got, want = _kernel_and_reference(op, x)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))

@@ -191,6 +191,12 @@ def select(typingctx, cond, a, b):
     return common(cond, a, b), codegen
 
 
+@njit(cache=True, inline="always")
+def nan_to_zero(x):
+    """0 for a NaN, else x + 0 (-0.0 made 0.0): an integral float converted to an integer type and back."""
+    return select(x == x, x + np.float32(0.0), np.float32(0.0))
+
+
 # Below TINY = 2^-12, tanh(x) = x and erf(x) = 2 x / sqrt(pi) within x^2 / 3 < 2e-8 (relative). The rational forms
 # would multiply subnormal powers of x there: inaccurate, and a microcode assist per instruction (see exp_f32),
 # so they run on 1 instead and the lane selects the small-x value.

@@ -50,9 +50,13 @@ _HELPERS = {
     # NaN is there, max is `larger + b`, min `-(-smaller - b)`). fmaxf / fminf would drop the NaN: relu(NaN) would
     # be 0 where numpy, PyTorch and onnxruntime give NaN.
     "td_max": """template <typename T> __device__ __forceinline__ T td_max(T a, T b) {
-  T larger = b > a ? b : a; return (a == a && b == b && b != T(0)) ? larger : T(larger + b); }""",
+  T larger = b > a ? b : a; return (b == b && b != T(0)) ? larger : T(larger + b); }""",
     "td_min": """template <typename T> __device__ __forceinline__ T td_min(T a, T b) {
-  T smaller = b < a ? b : a; return (a == a && b == b && b != T(0)) ? smaller : T(-(-smaller - b)); }""",
+  T smaller = b < a ? b : a; return (b == b && b != T(0)) ? smaller : T(-(-smaller - b)); }""",
+    # a NaN to 0 and -0.0 to 0.0 (the graph's nan_to_zero: an integral float cast to an integer type and back), its
+    # operand written once where `x == x ? x + 0 : 0` writes it three times (nested: 3^depth in a QDQ epilogue)
+    "td_nan_to_zero": """template <typename T> __device__ __forceinline__ T td_nan_to_zero(T x) {
+  return x == x ? T(x + T(0)) : T(0); }""",
     "td_atomic_rmw": """// Read-modify-write by compare-and-swap, for atomics CUDA has no instruction for.
 template <int N> struct td_uint;
 template <> struct td_uint<4> { typedef unsigned int type; };
@@ -397,6 +401,9 @@ class _CudaEmitter:
         if isinstance(e, ir.Unary):
             return f"({'!' if e.op == 'not' else e.op}{self.expr(e.a)})"
         if isinstance(e, ir.Select):
+            kept = ir.nan_to_zero_operand(e)
+            if kept is not None and kept.dtype == e.dtype:
+                return f"td_nan_to_zero({self.expr(kept)})"
             a, b = (self.expr(x) if x.dtype == e.dtype else f"(({e.dtype.c_name})({self.expr(x)}))" for x in (e.a, e.b))
             if e.eager:
                 return f"td_select<{e.dtype.c_name}>({self.expr(e.cond)}, {a}, {b})"

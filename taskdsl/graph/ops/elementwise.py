@@ -275,7 +275,8 @@ FUNCTIONS = {
     "prelu": Function(lambda a, b, **_: ir.Select(a < 0, a * b, _f32(a), promote_f32(a)), _numeric, (2, 2)),
     "softplus": Function(lambda a, **_: _softplus(a), _floating),
     # a NaN to 0 and -0.0 to 0.0, else the value: what an integral float in an integer type's range becomes cast
-    # there and back (`passes.drop_exact_round_trips`)
+    # there and back (`passes.drop_exact_round_trips`); the code generators write this select as one call
+    # (`ir.nan_to_zero_operand`)
     "nan_to_zero": Function(lambda a, **_: ir.Select(ir.binary("==", a, a), a + 0.0, 0.0, a.dtype), _floating),
     "mish": Function(lambda a, **_: _f32(a) * math_expr("tanh", [_softplus(a)]), _floating),
     "where": Function(_where, _select, (3, 3)),
