@@ -143,6 +143,39 @@ def dot4_matmul_kernel(p, out_dtype, packed_b: bool = False, a_dtype=td.u8, b_dt
     b_spec = td.i8["RB", 4 * BN] if packed_b else b_dtype["BB", "K", "N"]
     index_spec = td.i32["BZ", "BW"] if indirect else td.i32["BZ", 2]
 
+    @td.func(outline=True)
+    def sweep(strip, panel, partial, colsums, c, ones, rows, cols, steps, row, first):
+        """One k block of a block's products (`steps` groups of four k, the panel's from row `row`): with alpha,
+        the panel's column sums first (four ones dotted with each panel row, in c's first row); then each
+        micro-tile's sums from `partial` (zeros in the `first` k block), its dot4s, and back. Outlined: one compile
+        of the unrolled tile serves every kernel of this point and operand form, whatever its epilogue or shapes
+        (QDQ BERT-base's 19 fused products, built cold: about 8 s of numba each when each had its own)."""
+        for q in td.unroll(4):
+            ones[q] = 1
+        if alpha:
+            for nj in range(td.cdiv(cols, NR)):
+                j0 = nj * NR
+                for y in td.unroll(NR):
+                    c[0, y] = 0 if first else colsums[j0 + y]
+                for s in range(steps):
+                    for v in td.unroll(NR // L):
+                        td.dot4(c[0, v * L], ones[0], panel[row + s, 4 * (j0 + v * L)], L)
+                for y in td.unroll(NR):
+                    colsums[j0 + y] = c[0, y]
+        for mi in range(td.cdiv(rows, MR)):
+            for nj in range(td.cdiv(cols, NR)):
+                i0, j0 = mi * MR, nj * NR
+                for x in td.unroll(MR):
+                    for y in td.unroll(NR):
+                        c[x, y] = 0 if first else partial[i0 + x, j0 + y]
+                for s in range(steps):
+                    for x in td.unroll(MR):
+                        for v in td.unroll(NR // L):
+                            td.dot4(c[x, v * L], strip[i0 + x, 4 * s], panel[row + s, 4 * (j0 + v * L)], L)
+                for x in td.unroll(MR):
+                    for y in td.unroll(NR):
+                        partial[i0 + x, j0 + y] = c[x, y]
+
     @td.kernel(grid=lambda M, N, BZ: (td.cdiv(M, BM) * td.cdiv(N, BN), 1, BZ), block=1, name=name)
     def matmul(A: a_spec, B: b_spec, C: out_dtype["BZ", "M", "N"], batch_index: index_spec, split: td.i32):
         partial = td.shared(td.i32, (BM, BN))        # the block's sums between k blocks
@@ -153,8 +186,6 @@ def dot4_matmul_kernel(p, out_dtype, packed_b: bool = False, a_dtype=td.u8, b_dt
         runs = td.shared(td.i32, (KC + 1,))          # where the k block's runs of contiguous A start (indirect)
         c = td.registers(td.i32, (MR, NR))
         ones = td.registers(td.u8, (4,))
-        for q in td.unroll(4):
-            ones[q] = 1
         grid_m = td.cdiv(M, BM)
         row0, col0 = blockIdx.x % grid_m * BM, blockIdx.x // grid_m * BN      # consecutive blocks share a panel
         za, zb = batch_index[blockIdx.z, 0], batch_index[blockIdx.z, 1]
@@ -211,29 +242,7 @@ def dot4_matmul_kernel(p, out_dtype, packed_b: bool = False, a_dtype=td.u8, b_dt
                                 panel[s, 4 * j + q] = B[zb, k, col0 + j]
                         for j in range(filled, BN):
                             panel[s, 4 * j + q] = 0
-            if alpha:       # the panel's column sums: four ones dotted with each row (c's first row)
-                for nj in range(td.cdiv(cols, NR)):
-                    j0 = nj * NR
-                    for y in td.unroll(NR):
-                        c[0, y] = colsums[j0 + y] if k0 > 0 else 0
-                    for s in range(steps):
-                        for v in td.unroll(NR // L):
-                            td.dot4(c[0, v * L], ones[0], panel[row + s, 4 * (j0 + v * L)], L)
-                    for y in td.unroll(NR):
-                        colsums[j0 + y] = c[0, y]
-            for mi in range(td.cdiv(rows, MR)):
-                for nj in range(td.cdiv(cols, NR)):
-                    i0, j0 = mi * MR, nj * NR
-                    for x in td.unroll(MR):
-                        for y in td.unroll(NR):
-                            c[x, y] = partial[i0 + x, j0 + y] if k0 > 0 else 0
-                    for s in range(steps):
-                        for x in td.unroll(MR):
-                            for v in td.unroll(NR // L):
-                                td.dot4(c[x, v * L], strip[i0 + x, 4 * s], panel[row + s, 4 * (j0 + v * L)], L)
-                    for x in td.unroll(MR):
-                        for y in td.unroll(NR):
-                            partial[i0 + x, j0 + y] = c[x, y]
+            sweep(strip, panel, partial, colsums, c, ones, rows, cols, steps, row, k0 == 0)
         for i in range(rows):
             for j in range(cols):
                 total = partial[i, j]
