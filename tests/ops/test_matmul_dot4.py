@@ -96,6 +96,34 @@ def test_an_indirect_a_is_copied_run_by_run_across_k_blocks(types):
         dot4.dot4_matmul_kernel(p, td.i32, False, indirect=True)
 
 
+def test_kernels_of_other_epilogues_and_shapes_share_one_outlined_sweep():
+    """The k block's column sums and micro-tiles are an outlined function: kernels fused with other epilogues (a
+    requantization, a plain cast) and specialized to other shapes generate one module for it, which they call once a
+    k block, and compute the product exactly (numpy's in int64)."""
+    p = dot4.default_point()
+    kernel = dot4.dot4_matmul_kernel(p, td.i32, False, td.i8, td.i8)
+    rng = np.random.default_rng(7)
+    texts = set()
+    for (m, n, k), requantized in (((13, 70, 33), True), ((50, 129, 300), False), ((13, 70, 33), False)):
+        a, b = rng.integers(-128, 128, (1, m, k)).astype(np.int8), rng.integers(-128, 128, (1, k, n)).astype(np.int8)
+        c = td.placeholder("C", td.i32, (1, m, n))
+        if requantized:     # round(C / 7), saturated to int8
+            out = td.compute("Q", (1, m, n), lambda z, i, j: td.cast(td.rint(td.cast(c[z, i, j], td.f32) / 7.0), td.i8))
+            want = np.clip(np.rint(np.float32(a[0].astype(np.int64) @ b[0]) / np.float32(7)), -128, 127)
+        else:
+            out = td.compute("Q", (1, m, n), lambda z, i, j: td.cast(c[z, i, j], td.f32) * 2.0)
+            want = 2.0 * (a[0].astype(np.int64) @ b[0])
+        index = np.zeros((1, 2), np.int32)
+        fused = td.fuse(kernel, a, b, np.zeros((1, m, n), np.int32), index, 1, epilogues={"C": out})
+        got = np.zeros((1, m, n), out.dtype.numpy)
+        fused(a, b, index, 1, got)
+        np.testing.assert_array_equal(got[0], want)
+        module, *outlined = fused.source(a, b, index, 1, got, target="cpu").split("# ---- outlined function")
+        assert len(outlined) == 1 and module.count("rt.call_entry(outlined_0, (") == 1
+        texts.add(outlined[0].split("\n", 1)[1])
+    assert len(texts) == 1 and "def kernel_sweep(" in texts.pop()
+
+
 @pytest.mark.parametrize("width, registers, valid, too_many", [(16, 32, 171, 0), (8, 32, 126, 45), (8, 16, 42, 129)])
 def test_space_size_and_pruning_match_the_docs(width, registers, valid, too_many):
     space = dot4.space(width, registers)
