@@ -981,3 +981,19 @@ def test_nested_nan_to_zero_is_written_once_a_level_in_both_targets_sources():
     got, want = _kernel_and_reference(op, x)
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+
+@pytest.mark.parametrize("kept_zero, else_zero", [(-0.0, 0.0), (0.0, -0.0)])
+def test_a_nan_to_zero_lookalike_with_a_negative_zero_keeps_its_own_meaning(kept_zero, else_zero):
+    """`x + -0.0 if x == x else 0.0` keeps a -0.0 x, and `... else -0.0` gives -0.0 for a NaN: neither is the
+    graph's nan_to_zero, so neither is written as its call; kernels give the reference's values and zero signs."""
+    X = td.placeholder("X", td.f32, (4,))
+    body = lambda i: ir.Select(ir.binary("==", X[i], X[i]), X[i] + ir.const(kept_zero), ir.const(else_zero), td.f32)
+    assert ir.nan_to_zero_operand(body(ir.const(0))) is None
+    op = td.op([X], [td.compute("Y", (4,), body)])
+    x = np.array([np.nan, -0.0, 0.0, 2.5], np.float32)
+    got, want = _kernel_and_reference(op, x)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+    assert (np.signbit(want[0]), np.signbit(want[1])) == (math.copysign(1, else_zero) < 0,
+                                                          math.copysign(1, kept_zero) < 0)

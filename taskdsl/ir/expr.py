@@ -487,9 +487,12 @@ def nan_to_zero_operand(e: Select) -> Expr | None:
     3^depth times (a QDQ epilogue's quantize-dequantize pairs: 27 copies of the first at three levels, 2 s of a 10 s
     compile)."""
     cond, kept, zero = e.cond, e.a, e.b
+
+    def plus_zero(c) -> bool:       # (a -0.0 would keep a -0.0 x, or give -0.0 for a NaN)
+        return isinstance(c, Const) and c.value == 0 and math.copysign(1.0, c.value) > 0
+
     if not (e.dtype.name in ("f32", "f64") and isinstance(cond, Binary) and cond.op == "==" and isinstance(kept, Binary)
-            and kept.op == "+" and isinstance(kept.b, Const) and kept.b.value == 0 and isinstance(zero, Const)
-            and zero.value == 0):
+            and kept.op == "+" and plus_zero(kept.b) and plus_zero(zero)):
         return None
     x = cond.a
     return x if structurally_equal(x, cond.b) and structurally_equal(x, kept.a) else None
