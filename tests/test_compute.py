@@ -879,7 +879,7 @@ def test_max_and_min_of_special_values_are_ieee_in_kernels(invariant):
     element (a clamp's bound, whose tests on b alone the cpu hoists out of the loop)."""
     n = len(_SPECIAL)
     A = td.placeholder("A", td.f32, (n,))
-    B = td.placeholder("B", td.f32, (n if not invariant else 1,))
+    B = td.placeholder("B", td.f32, (1 if invariant else n,))
     b_of = (lambda i: B[0]) if invariant else (lambda i: B[i])
     op = td.op([A, B], [td.compute("Y", (n,), lambda i: td.max(A[i], b_of(i))),
                         td.compute("Z", (n,), lambda i: td.min(A[i], b_of(i)))])
@@ -893,6 +893,7 @@ def test_max_and_min_of_special_values_are_ieee_in_kernels(invariant):
                 want = np.float32(_ieee(float(a[k]), bk, larger))
                 assert (np.isnan(got) and np.isnan(want)) or (got == want and np.signbit(got) == np.signbit(want)), \
                     f"{'max' if larger else 'min'}({a[k]}, {bk}) = {got}, want {want}"
+
 
 @pytest.mark.parametrize("values, op_name, want", [(td.i64, "min", -1), (td.boolean, "min", 1),
                                                    (td.f32, "max", np.iinfo(np.int32).min)])
@@ -988,7 +989,10 @@ def test_a_nan_to_zero_lookalike_with_a_negative_zero_keeps_its_own_meaning(kept
     """`x + -0.0 if x == x else 0.0` keeps a -0.0 x, and `... else -0.0` gives -0.0 for a NaN: neither is the
     graph's nan_to_zero, so neither is written as its call; kernels give the reference's values and zero signs."""
     X = td.placeholder("X", td.f32, (4,))
-    body = lambda i: ir.Select(ir.binary("==", X[i], X[i]), X[i] + ir.const(kept_zero), ir.const(else_zero), td.f32)
+
+    def body(i):
+        return ir.Select(ir.binary("==", X[i], X[i]), X[i] + ir.const(kept_zero), ir.const(else_zero), td.f32)
+
     assert ir.nan_to_zero_operand(body(ir.const(0))) is None
     op = td.op([X], [td.compute("Y", (4,), body)])
     x = np.array([np.nan, -0.0, 0.0, 2.5], np.float32)
