@@ -482,7 +482,7 @@ def structurally_equal(a, b) -> bool:
 
 
 def nan_to_zero_operand(e: Select) -> Expr | None:
-    """x where `e` is `x + 0 if x == x else 0` of f32 or f64 (a NaN made 0, -0.0 made 0.0: the graph's
+    """x where `e` is `x + 0 if x == x else 0`, x and e of f32 or f64 alike (a NaN made 0, -0.0 made 0.0: the graph's
     `nan_to_zero`), else None. The code generators write it as one call, x once: nested, the select's form writes x
     3^depth times (a QDQ epilogue's quantize-dequantize pairs: 27 copies of the first at three levels, 2 s of a 10 s
     compile)."""
@@ -495,7 +495,7 @@ def nan_to_zero_operand(e: Select) -> Expr | None:
             and kept.op == "+" and plus_zero(kept.b) and plus_zero(zero)):
         return None
     x = cond.a
-    return x if structurally_equal(x, cond.b) and structurally_equal(x, kept.a) else None
+    return x if x.dtype == e.dtype and structurally_equal(x, cond.b) and structurally_equal(x, kept.a) else None
 
 
 def evaluate_int(e: Expr, sizes: dict) -> int:

@@ -878,7 +878,7 @@ class _PythonEmitter:
             return f"{np_type(e.dtype)}({text})" if e.dtype.kind == "uint" else text
         if isinstance(e, ir.Select):
             kept = ir.nan_to_zero_operand(e)
-            if kept is not None and kept.dtype == e.dtype:
+            if kept is not None:
                 return f"rt.nan_to_zero({self.expr(kept)})"
             a, b = self.cast(e.a, e.dtype), self.cast(e.b, e.dtype)
             if e.dtype.kind == "uint":      # numba unifies a uint64 branch with an int literal's int64 into float64

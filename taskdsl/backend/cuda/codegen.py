@@ -402,7 +402,7 @@ class _CudaEmitter:
             return f"({'!' if e.op == 'not' else e.op}{self.expr(e.a)})"
         if isinstance(e, ir.Select):
             kept = ir.nan_to_zero_operand(e)
-            if kept is not None and kept.dtype == e.dtype:
+            if kept is not None:
                 return f"td_nan_to_zero({self.expr(kept)})"
             a, b = (self.expr(x) if x.dtype == e.dtype else f"(({e.dtype.c_name})({self.expr(x)}))" for x in (e.a, e.b))
             if e.eager:
