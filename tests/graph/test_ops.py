@@ -527,6 +527,55 @@ def test_transforms():
         assert_close(g, np.ascontiguousarray(w).astype(np.float32))
 
 
+def resampled(x, indices, weights, axis):
+    """numpy's resample: output slice o is the sum over t of weights[o, t] * x's slice indices[o, t], in f64."""
+    taken = np.take(x.astype(np.float64), indices, axis=axis)      # axis replaced by (outputs, taps)
+    w = weights.astype(np.float64).reshape((1,) * axis + weights.shape + (1,) * (x.ndim - axis - 1))
+    return (taken * w).sum(axis=axis + 1)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shape=st.lists(st.sampled_from([1, 2, 3, 7]), min_size=1, max_size=3).map(tuple), data=st.data(),
+       taps=st.sampled_from([0, 1, 2, 4, 16, 17, 41]), outputs=st.sampled_from([0, 1, 5]))
+def test_resample_of_any_number_of_taps_matches_numpy(shape, data, taps, outputs):
+    """Taps written out (up to Resample.UNROLLED_TAPS) or reduced over; negative indices count from the end; no
+    taps sum to 0."""
+    axis = data.draw(st.integers(0, len(shape) - 1))
+    n = shape[axis]
+    rng = np.random.default_rng(taps * 7 + outputs)
+    indices = rng.integers(-n, n, (outputs, taps)).astype(np.int64)
+    weights = rng.uniform(-1, 1, (outputs, taps)).astype(np.float32)
+    x = rand(shape, taps)
+    got, = run(lambda t, i, w: ops.resample(t, i, w, axis), x, indices, weights)
+    assert_close(got, resampled(x, indices, weights, axis).astype(np.float32), rtol=1e-5)
+
+
+def test_resamples_of_many_taps_share_one_kernel():
+    """Past Resample.UNROLLED_TAPS the taps are a reduction: one kernel for any number of them."""
+    x = rand((3, 50), 1)
+    kernels = []
+    for taps in (17, 40):
+        indices = np.arange(2 * taps).reshape(2, taps) % 50
+        weights = rand((2, taps), taps)
+        g = tg.trace(lambda t: [ops.resample(t, indices, weights, 1)], tg.input("x", x.shape))
+        cg = g.compile()
+        assert_close(cg(x)[0], resampled(x, indices, weights, 1).astype(np.float32))
+        kernels += cg.kernels
+    assert len(kernels) == 2 and kernels[0] is kernels[1]
+
+
+def test_resample_refuses_taps_of_other_shapes_and_types():
+    x = tg.input("x", (4, 5))
+    with pytest.raises(ValueError, match="one shape"):
+        ops.resample(x, np.zeros((2, 3), np.int64), np.zeros((2, 2), np.float32), 1)
+    with pytest.raises(ValueError, match="2-d"):
+        ops.resample(x, np.zeros(2, np.int64), np.zeros(2, np.float32), 1)
+    with pytest.raises(TypeError, match="integer indices"):
+        ops.resample(x, np.zeros((2, 3), np.float32), np.zeros((2, 3), np.float32), 1)
+    with pytest.raises(IndexError):
+        ops.resample(x, np.full((2, 3), 5, np.int64), np.zeros((2, 3), np.float32), 1)
+
+
 @pytest.mark.parametrize("axis", [0, 1, 2])
 def test_concat_of_many_tensors_some_empty(axis):
     """Each element's source is found by a balanced tree of tests over the non-empty parts (stdlib_ops'

@@ -177,17 +177,9 @@ def sample(x, coordinates, mode: str, padding: str, align_corners: bool):
         index = ops.clip(index, hi=batch * pixels)
     if weights is None:
         return ops.gather(table, ops.reshape(index, (batch * points,)), 1)
-    return corner_sum(table, index, ops.cast(weights, "f32" if x.dtype.computes_in_f32 else x.dtype.name))
-
-
-def corner_sum(table, index, weights):
-    """(C, rows): per row, the table's (C, columns) columns at `index` (rows, corners) times `weights` (rows,
-    corners), summed in the weights' dtype by one resample, which reads each value where it lies (a gather of the
-    corners, a product and a sum wrote and read every corner's value once more: 3x onnxruntime's time)."""
-    rows, corners = index.shape
-    index, weights = ops.transpose(index, (1, 0)), ops.transpose(weights, (1, 0))
-    return ops.resample(table, [tuple(ops.reshape(ops.slice(t, [j], [j + 1], [0]), (rows,)) for t in (index, weights))
-                                for j in range(corners)], 1)
+    # the corners summed by one resample, which reads each value where it lies (a gather of the corners, a product
+    # and a sum wrote and read every corner's value once more: 3x onnxruntime's time)
+    return ops.resample(table, index, ops.cast(weights, "f32" if x.dtype.computes_in_f32 else x.dtype.name), 1)
 
 
 # ---------------------------------------------------------------- AffineGrid

@@ -2,7 +2,7 @@
 
 Shapes are static, so the source coordinate of each output index along each resized axis is a constant:
 a nearest Resize is a gather per resized axis, a linear or cubic one an `ops.resample` per axis (a gather
-of 2 or 4 taps weighted by constant weights). Coordinates are computed in f32, as onnxruntime computes
+of 2 or 4 taps, or with antialias 2 / s or 4 / s where the axis shrinks by s, weighted by constant weights). Coordinates are computed in f32, as onnxruntime computes
 them, so that nearest ties (within 1e-6 of a half) round as there. Upsample (opsets 7-9) reaches no
 converter: the importer converts models before opset 11 to opset 13, where onnx.version_converter has made
 it a Resize (and model.py gives it back the coordinates and rounding it had, which the conversion drops).
@@ -205,8 +205,8 @@ def _resized_along(node: Node, y, axis: int, x: np.ndarray, scale: float, weight
         else:
             rounding = NEAREST_MODES[nearest_mode]
         return ops.gather(y, np.clip(rounding(x.astype(np.float64)), 0, n - 1).astype(np.int64), axis)
-    indices, weights = _taps(node, mode, scale)(x, n)
-    return ops.resample(y, list(zip(indices, weights.astype(weight_dtype))), axis)
+    indices, weights = _taps(node, mode, scale)(x, n)       # (taps, outputs)
+    return ops.resample(y, indices.T, weights.T.astype(weight_dtype), axis)
 
 
 def _check_supported(node: Node, x) -> None:

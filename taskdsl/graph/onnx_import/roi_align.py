@@ -18,7 +18,6 @@ import numpy as np
 from .. import ops
 from ..tensor import constant
 from .errors import OnnxImportError
-from .grid_sample import corner_sum
 from .node import Node, converts
 
 MAX_SAMPLES = 64    # samples a bin may take (resample taps: 4 each)
@@ -118,7 +117,7 @@ def roi_align(node: Node) -> list:
     if mode == "avg":
         count = np.maximum(grid[:, 0] * grid[:, 1], 1).reshape(-1, 1, 1)
         share = (sampled / count).astype(wide)[:, None, None, :, :, None, None]
-        y = corner_sum(table, index, ops.reshape(ops.mul(weight, constant(share)), (rows, corners)))
+        y = ops.resample(table, index, ops.reshape(ops.mul(weight, constant(share)), (rows, corners)), 1)
     else:
         values = ops.mul(ops.gather(ops.cast(table, wide), index, 1), ops.reshape(weight, (rows, corners)))
         best = ops.max(ops.reshape(values, (channels, rows, most[0] * most[1], 4)), axis=-1)

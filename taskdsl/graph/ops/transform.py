@@ -265,45 +265,54 @@ class GatherElements(_IndexedRead):
 
 
 class Resample(Operator):
-    """x resampled along `axis` with precomputed taps: output slice o is the sum over the taps of weights[o] *
-    x's slice indices[o] (negative indices count from the end). Inputs: x, then each tap's 1-d indices and
-    weights, one entry per output position. Computed in, and given as, the weights' dtype: f32 weights resample
-    a 16-bit x with one rounding, at the end."""
+    """x resampled along `axis` with precomputed taps: output slice o is the sum over t of weights[o, t] * x's
+    slice indices[o, t] (negative indices count from the end). Inputs: x, indices (outputs, taps) of an integer
+    type, weights (outputs, taps) of a float type. Computed in, and given as, the weights' dtype: f32 weights
+    resample a 16-bit x with one rounding, at the end.
+
+    Up to UNROLLED_TAPS taps (linear, cubic, a grid sample's corners) are one sum written out, its kernel
+    specialized to their number; more (an antialiased shrink, RoiAlign's samples) are a reduction over the taps,
+    whose kernel serves any number: 160 taps written out took a kernel about 3 s of numba to compile."""
 
     kind = "resample"
     generic = True
+    derived_attrs = ("unrolled",)
+
+    UNROLLED_TAPS = 16
 
     def check(self):
-        x, taps = self.inputs[0], self.inputs[1:]
-        if not taps or len(taps) % 2:
-            raise ValueError(f"resample: needs x and (indices, weights) pairs, got {len(self.inputs)} inputs")
+        if len(self.inputs) != 3:
+            raise ValueError(f"resample: needs x, indices and weights, got {len(self.inputs)} inputs")
+        x, indices, weights = self.inputs
         self.attrs["axis"] = normalize_axis(self.attrs["axis"], x.ndim, "resample")
-        for idx, w in zip(taps[0::2], taps[1::2]):
-            if not (x.dtype.is_float and idx.dtype.is_integer and w.dtype.is_float and w.dtype == taps[1].dtype):
-                raise TypeError(f"resample: needs a float x, integer indices and float weights of one dtype, got "
-                                f"{x.dtype.name}, {idx.dtype.name} and {w.dtype.name}")
-            if idx.ndim != 1 or idx.shape != w.shape or idx.shape != taps[0].shape:
-                raise ValueError(f"resample: each tap's indices and weights must be 1-d, one entry per output "
-                                 f"position, got shapes {[t.shape for t in taps]}")
-        self.check_values([None, *(t.value for t in taps)])
+        if not (x.dtype.is_float and indices.dtype.is_integer and weights.dtype.is_float):
+            raise TypeError(f"resample: needs a float x, integer indices and float weights, got {x.dtype.name}, "
+                            f"{indices.dtype.name} and {weights.dtype.name}")
+        if indices.ndim != 2 or indices.shape != weights.shape:
+            raise ValueError(f"resample: indices and weights must be 2-d, (outputs, taps), of one shape, got "
+                             f"{indices.shape} and {weights.shape}")
+        taps = indices.shape[1]
+        self.attrs["unrolled"] = taps if 0 < taps <= self.UNROLLED_TAPS else 0
+        self.check_values([None, indices.value, None])
 
     def check_values(self, arrays):
         """IndexError for an index outside [-n, n) (the kernels would clamp it to the axis instead)."""
-        axis = self.attrs["axis"]
-        for indices in arrays[1::2]:
-            if indices is not None:
-                check_indices(indices, self.inputs[0].shape[axis], axis, "resample")
+        if arrays[1] is not None:
+            check_indices(arrays[1], self.inputs[0].shape[self.attrs["axis"]], self.attrs["axis"], "resample")
 
-    def define(self, x, *taps):
-        axis, dx = self.attrs["axis"], dims(x)
+    def define(self, x, indices, weights):
+        axis, dx, taps = self.attrs["axis"], dims(x), self.attrs["unrolled"]
+        shape = dx[:axis] + dims(indices)[:1] + dx[axis + 1:]
 
-        def fcompute(*ix):
-            o = ix[axis:axis + 1]
-            terms = [w[o] * x[ix[:axis] + (_from_end(idx[o], dx[axis]),) + ix[axis + 1:]]
-                     for idx, w in zip(taps[0::2], taps[1::2])]
-            return sum(terms[1:], terms[0])
+        def term(ix, t):
+            o = ix[axis]
+            return weights[o, t] * x[ix[:axis] + (_from_end(indices[o, t], dx[axis]),) + ix[axis + 1:]]
 
-        return [compute("resample", dx[:axis] + dims(taps[0]) + dx[axis + 1:], fcompute, dtype=taps[1].dtype)]
+        if taps:
+            return [compute("resample", shape, lambda *ix: sum((term(ix, t) for t in range(1, taps)), term(ix, 0)),
+                            dtype=weights.dtype)]
+        return [reduction("resample", shape, dims(indices)[1:], lambda *ix: term(ix[:-1], ix[-1]),
+                          dtype=weights.dtype)]
 
 
 class Expand(Operator):
@@ -611,10 +620,11 @@ def axis_view(x, axis: int) -> Tensor:
     return reshape(x, (math.prod(x.shape[:axis]), x.shape[axis], math.prod(x.shape[axis + 1:])))
 
 
-def resample(x, taps, axis: int) -> Tensor:
-    """x resampled along `axis`: output slice o is the sum of weights[o] * x's slice indices[o] over the 1-d
-    (indices, weights) pairs `taps` (linear or cubic interpolation with precomputed taps), in the weights' dtype."""
-    return Resample([x, *(as_tensor(t) for tap in taps for t in tap)], {"axis": axis}).outputs[0]
+def resample(x, indices, weights, axis: int) -> Tensor:
+    """x resampled along `axis`: output slice o is the sum over t of weights[o, t] * x's slice indices[o, t]
+    (indices and weights: (outputs, taps); linear and cubic resizing, a grid sample's corners), in the weights'
+    dtype."""
+    return Resample([x, as_tensor(indices), as_tensor(weights)], {"axis": axis}).outputs[0]
 
 
 def expand(x, shape) -> Tensor:
