@@ -181,6 +181,11 @@ def dot4_matmul_kernel(p, out_dtype, packed_b: bool = False, a_dtype=td.u8, b_dt
                     for y in td.unroll(NR):
                         partial[i0 + x, j0 + y] = c[x, y]
 
+    @td.func
+    def b_prime(v):
+        """An element of B as the panel holds it: B' = B - beta."""
+        return td.cast(td.cast(v, td.i32) - beta, td.i8) if beta else v
+
     @td.kernel(grid=lambda M, N, BZ: (td.cdiv(M, BM) * td.cdiv(N, BN), 1, BZ), block=1, name=name)
     def matmul(A: a_spec, B: b_spec, C: out_dtype["BZ", "M", "N"], batch_index: index_spec, split: td.i32):
         partial = td.shared(td.i32, (BM, BN))        # the block's sums between k blocks
@@ -236,17 +241,20 @@ def dot4_matmul_kernel(p, out_dtype, packed_b: bool = False, a_dtype=td.u8, b_dt
             if packed_b:
                 row = (zb * td.cdiv(N, BN) + col0 // BN) * td.cdiv(kdim, 4) + k0 // 4
             else:
-                for s in range(steps):
-                    for q in range(4):      # B's row k0 + 4s + q: every fourth byte of the panel's row s
-                        k = k0 + 4 * s + q
-                        filled = cols if k < k1 else 0
-                        for j in range(filled):
-                            if beta:
-                                panel[s, 4 * j + q] = td.cast(td.cast(B[zb, k, col0 + j], td.i32) - beta, td.i8)
-                            else:
-                                panel[s, 4 * j + q] = B[zb, k, col0 + j]
-                        for j in range(filled, BN):
-                            panel[s, 4 * j + q] = 0
+                for s in range(steps):      # B's rows k0 + 4s .. k0 + 4s + 3, interleaved into the panel's row s
+                    k = k0 + 4 * s
+                    if k + 4 <= k1:         # (a column's four bytes stored together: LLVM vectorizes the pass)
+                        for j in range(cols):
+                            for q in td.unroll(4):
+                                panel[s, 4 * j + q] = b_prime(B[zb, k + q, col0 + j])
+                    else:                   # the last group, past K in zeros
+                        for q in range(4):
+                            for j in range(cols if k + q < k1 else 0):
+                                panel[s, 4 * j + q] = b_prime(B[zb, k + q, col0 + j])
+                            for j in range(cols if k + q < k1 else 0, cols):
+                                panel[s, 4 * j + q] = 0
+                    for j in range(4 * cols, 4 * BN):
+                        panel[s, j] = 0
             sweep(strip, panel, partial, colsums, c, ones, rows, cols, steps, row, k0 == 0)
         for i in range(rows):
             for j in range(cols):
