@@ -199,6 +199,22 @@ def test_a_dot4_plan_refuses_the_register_tile_templates_forms_and_its_panels(do
         p.check_packed(np.zeros(p.template.packed_b_shape(p.point, (1, 64, 64)), np.float32))
 
 
+@pytest.mark.fast_compile      # (which kernel a call launches, not its speed)
+def test_large_calls_leave_b_to_the_blocks_where_the_register_tile_template_packs_it_first(dot4_products,
+                                                                                            monkeypatch):
+    """From PACK_PER_CALL_MACS (lowered to this product) a call of the register-tile template packs B on the host
+    and launches its packed-B kernel; the dot4 template's blocks pack their panels faster than that pass, so its
+    call launches the kernel that takes B as it is. Both exact."""
+    td.set_target("cpu")
+    monkeypatch.setattr(gemm, "PACK_PER_CALL_MACS", 1)
+    launched, call = [], td.Kernel.__call__
+    monkeypatch.setattr(td.Kernel, "__call__", lambda self, *args: (launched.append(self.name), call(self, *args))[1])
+    rng = np.random.default_rng(3)
+    a, b = full_range(rng, (2, 100, 301), np.uint8), full_range(rng, (301, 130), np.int8)
+    np.testing.assert_array_equal(stdlib_ops.matmul(a, b), exact(a, b))
+    assert len(launched) == 1 and launched[0].endswith("_packed") != dot4_products, launched
+
+
 def test_every_point_compiles_with_nvrtc():
     """Every point of AVX-512's space builds for sm_80 and sm_90 (dot4 as plain arithmetic), and the packed-B
     kernels of eight, and the kernels of the other pairs (their offsets and corrections) of one."""
