@@ -133,9 +133,9 @@ CPU_TILE = Template("tile_matmul", lambda target, itemsize: cpu.space(itemsize),
                     cpu.tile_shape, cpu.pack_b, cpu.packed_b_shape)
 DOT4 = Template("dot4_matmul", lambda target, itemsize: dot4.space(),
                 lambda target, itemsize, m, n: dot4.default_point(m, n),
-                lambda p, dtype, out, vec, packed_b, transposed_a, m, n, b_dtype=None: _dot4_kernel(
-                    p, out, packed_b, transposed_a, dtype, b_dtype or dtype), dot4.tile_shape, dot4.pack_b,
-                dot4.packed_b_shape, np.int8, packs_large_calls=False)
+                lambda p, dtype, out, vec, packed_b, transposed_a, m, n, b_dtype=None, columns_outer=False:
+                _dot4_kernel(p, out, packed_b, transposed_a, dtype, b_dtype or dtype, columns_outer), dot4.tile_shape,
+                dot4.pack_b, dot4.packed_b_shape, np.int8, packs_large_calls=False)
 TENSOR_CORE = Template("tc_matmul", lambda target, itemsize: tc.space(_block_shared_limit(target) or tc.MAX_SMEM,
                                                                       8 * itemsize),
                        lambda target, itemsize, m, n: tc.default_point(m, n),
@@ -154,11 +154,11 @@ def _cpu_kernel(p, dtype, out, packed_b: bool, transposed_a: bool, m: int | None
                                   b_dtype=b_dtype)
 
 
-def _dot4_kernel(p, out, packed_b: bool, transposed_a: bool, a_dtype, b_dtype) -> td.Kernel:
+def _dot4_kernel(p, out, packed_b: bool, transposed_a: bool, a_dtype, b_dtype, columns_outer: bool) -> td.Kernel:
     """The dot4 template's kernel (A as it is: a convolution's forms are the register-tile template's)."""
     if transposed_a:
         raise ValueError("the dot4_matmul template reads A as it is, not transposed: plan with dot4_products=False")
-    return dot4.dot4_matmul_kernel(p, out, packed_b, a_dtype, b_dtype)
+    return dot4.dot4_matmul_kernel(p, out, packed_b, a_dtype, b_dtype, columns_outer=columns_outer)
 
 
 def template_for(dtype, target: str, b_dtype=None, dot4_products: bool = True) -> Template:
@@ -263,11 +263,12 @@ class MatmulPlan:
         return -(-self.n // bn), -(-self.m // bm)
 
     def kernel(self, out_dtype=None, packed_b: bool = False, transposed_a: bool = False,
-               padded: bool = False) -> td.Kernel:
+               padded: bool = False, columns_outer: bool = False) -> td.Kernel:
         """The template kernel of this plan (output type: the operands', or f32 for split-k partials); with
         `packed_b`, the kernel that takes B as `pack_b` gives it; with `transposed_a`, the one that takes A
         as (batch, K, M) (the cpu template's forms, `matmul_cpu.tile_matmul_kernel`); with `padded`, the one
-        for operands copied into rows of a multiple of 8 elements (`pads`)."""
+        for operands copied into rows of a multiple of 8 elements (`pads`); with `columns_outer`, the dot4
+        template's that stores its blocks a column at a time (other templates ignore it)."""
         if (packed_b or transposed_a) and not self.packs_b:
             raise ValueError(f"the {self.template.name} template has no kernel for packed B or transposed A operands")
         out = out_dtype or (td.f32 if self.split > 1 else self.out_dtype)
@@ -275,6 +276,8 @@ class MatmulPlan:
             return small.small_matmul_kernel(self.dtype, out, self.m, self.n, self.b_dtype)
         vec = self.align if padded else self.vec
         mixed = {"b_dtype": self.b_dtype} if self.b_dtype else {}
+        if columns_outer and self.template is DOT4:
+            mixed["columns_outer"] = True
         return self.template.build(self.point, self.dtype, out, vec, packed_b, transposed_a, self.m, self.n, **mixed)
 
     @property
@@ -390,16 +393,17 @@ class MatmulPlan:
         measured unsplit."""
         return 1 if self.template is CPU_TILE and self.dtype.is_float else self.split
 
-    def fused(self, prologues: dict, out: td.Tensor, packed_b: bool = False) -> tuple:
+    def fused(self, prologues: dict, out: td.Tensor, packed_b: bool = False, columns_outer: bool = False) -> tuple:
         """(kernel, finish) with `prologues` ({"A" or "B": a compute defining it}) fused into the kernel's loads and
         `out` (a compute over a placeholder "C" of the output): without split-k (`fusion_split`) into its stores,
         and finish is None; with split-k the kernel writes f32 partials instead (its "C") and finish,
-        `split_sum_kernel` with `out` fused in, adds them (parameters: P, split, out's other inputs, out)."""
+        `split_sum_kernel` with `out` fused in, adds them (parameters: P, split, out's other inputs, out).
+        `columns_outer`: `out` lays C's rows together and its columns apart (`kernel`)."""
         a, b, c, _, _ = self.examples(packed_b)
         split = self.fusion_split
         if split == 1:
-            return td.fuse(self.kernel(self.out_dtype, packed_b=packed_b), a, b, c, self.batch_index(1), 1,
-                           prologues=prologues, epilogues={"C": out}), None
+            kernel = self.kernel(self.out_dtype, packed_b=packed_b, columns_outer=columns_outer)
+            return td.fuse(kernel, a, b, c, self.batch_index(1), 1, prologues=prologues, epilogues={"C": out}), None
         partials = np.empty(self.partials_shape, np.float32)
         kernel = td.fuse(self.kernel(td.f32, packed_b=packed_b), a, b, partials, self.batch_index(), split,
                          prologues=prologues)

@@ -262,9 +262,30 @@ class _Build:
         self.b_panels = None if 1 in self.op.prologues else packed_b(plan, tb, tb.value)
         # with split-k (a GPU with too few output tiles to fill it), the kernel writes partials and `finish`
         # sums them with the epilogue fused in
-        self.kernel, self.finish = plan.fused(prologues, z, packed_b=self.b_panels is not None)
+        self.kernel, self.finish = plan.fused(prologues, z, packed_b=self.b_panels is not None,
+                                              columns_outer=self._columns_together(plan.m, plan.n))
         self.kernels = [k for k in (self.kernel, self.finish) if k is not None]
         self.batch_index = plan.batch_index(plan.fusion_split)
+
+    def _columns_together(self, m: int, n: int) -> bool:
+        """Whether the epilogue stores the anchor's (M, N) rows next to each other and its columns apart (a
+        transpose of the product's last two axes among its reshapes, as attention's K^T): its elements (0, 0),
+        (0, 1) and (1, 0) followed through the chain's reshapes and transposes to their offsets in the output."""
+        if m < 2 or n < 2:
+            return False
+        tail, shape = self.op.anchor.outputs[0], self.op.anchor.outputs[0].shape
+        points = [np.unravel_index(flat, shape) for flat in (0, 1, n)]
+        for member in self.op.epilogue:
+            if not any(t is tail for t in member.inputs):
+                continue        # (a producer of an operand the chain reads beside it)
+            out_shape = member.outputs[0].shape
+            if isinstance(member, Transpose):
+                points = [tuple(p[a] for a in member.attrs["perm"]) for p in points]
+            else:               # as many elements, in the same order (a reshape, an elementwise operator)
+                points = [np.unravel_index(np.ravel_multi_index(p, shape), out_shape) for p in points]
+            tail, shape = member.outputs[0], out_shape
+        first, right, below = (int(np.ravel_multi_index(p, shape)) for p in points)
+        return abs(right - first) != 1 and abs(below - first) == 1
 
     def run(self, arrays: list) -> np.ndarray:
         """The fused node's output for its input arrays (one kernel launch; two for a cpu conv with im2col)."""

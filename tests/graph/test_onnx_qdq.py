@@ -121,6 +121,27 @@ def test_an_activation_product_with_zero_points_is_its_sums_and_one_fused_kernel
     assert [op.kind for op in cg.graph.nodes] == ["reduce_sum", "reduce_sum", "fused"] and len(cg.kernels) == 3
 
 
+@pytest.mark.parametrize("dot4_products", [True], indirect=True)
+@pytest.mark.parametrize("perm, columns", [((0, 2, 3, 1), True), ((0, 2, 1, 3), False), ((0, 1, 2, 3), False)])
+def test_a_projection_stored_transposed_stores_its_blocks_a_column_at_a_time(perm, columns, dot4_products):
+    """A QDQ projection whose epilogue splits heads and transposes them as attention's K^T (C's rows land next to
+    each other in the output, its columns apart) runs the dot4 kernel that stores a column of a block at a time;
+    as Q or untransposed, the one that stores rows."""
+    rng = np.random.default_rng(4)
+    s, e, heads = 7, 12, 3
+    a, w = full_range([1, s, e], np.int8, rng), full_range([e, e], np.int8, rng)
+    inits = {"shape": np.array([1, s, heads, e // heads], np.int64)}
+    nodes = [dequantized("a", a, None, True, rng, inits, as_input=True), dequantized("w", w, None, False, rng, inits),
+             helper.make_node("MatMul", ["a_d", "w_d"], ["m"]), helper.make_node("Reshape", ["m", "shape"], ["r"]),
+             helper.make_node("Transpose", ["r"], ["y"], perm=list(perm))]
+    out_shape = list(np.empty((1, s, heads, e // heads)).transpose(perm).shape)
+    model = make_model(nodes, [("a", [1, s, e], ELEMS[np.int8])], [("y", out_shape)], inits, opset=13)
+    cg = tg.from_onnx(model).compile()
+    assert_close(cg({"a": a})[0], run_as_written(model, {"a": a}), rtol=1e-5, atol=1e-5)
+    kernel, = cg.kernels
+    assert kernel.name.startswith("dot4_matmul") and ("_columns" in kernel.name) == columns, kernel.name
+
+
 @pytest.mark.parametrize("trans_a, trans_b, alpha, beta", [(0, 0, 1.0, 1.0), (1, 1, 0.5, 2.0), (0, 1, 1.0, 0.0)])
 def test_qdq_gemms_are_integer_products(trans_a, trans_b, alpha, beta):
     """Gemm(DQ(A), DQ(B), C) with transposes: B's scale per output column (axis 0 of a transposed B)."""

@@ -56,6 +56,20 @@ def test_template_points_are_exact_for_every_pair(point, m, n, k, types, packed_
     np.testing.assert_array_equal(got, exact(a, b))
 
 
+@pytest.mark.fast_compile      # (the stores, not the micro-kernel's speed)
+@pytest.mark.parametrize("packed_b", [False, True])
+def test_blocks_stored_a_column_at_a_time_are_exact(packed_b):
+    """`columns_outer` (the store for an epilogue that lays C's rows together): every pair, odd sizes, a batch."""
+    rng = np.random.default_rng(6)
+    for (a_type, b_type), (m, k, n) in zip(PAIRS, [(49, 17, 130), (5, 64, 3), (97, 5, 16), (1, 3, 31)]):
+        a, b = full_range(rng, (2, m, k), a_type), full_range(rng, (2, k, n), b_type)
+        kernel = dot4.dot4_matmul_kernel(POINTS[1], td.i32, packed_b, from_numpy(a.dtype), from_numpy(b.dtype),
+                                         columns_outer=True)
+        c = np.full((2, m, n), -7, np.int32)
+        kernel(a, dot4.pack_b(POINTS[1], b) if packed_b else b, c, simt.batch_index((2,), (2,), (2,)), 1)
+        np.testing.assert_array_equal(c, exact(a, b))
+
+
 @pytest.mark.fast_compile      # (the offsets' corrections, not the micro-kernel's speed)
 @pytest.mark.parametrize("types", PAIRS, ids=lambda t: f"{t[0].__name__}_{t[1].__name__}")
 @pytest.mark.parametrize("packed_b", [False, True])
