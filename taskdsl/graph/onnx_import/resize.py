@@ -2,8 +2,9 @@
 
 Shapes are static, so the source coordinate of each output index along each resized axis is a constant:
 a nearest Resize is a gather per resized axis, a linear or cubic one an `ops.resample` per axis (a gather
-of 2 or 4 taps, or with antialias 2 / s or 4 / s where the axis shrinks by s, weighted by constant weights). Coordinates are computed in f32, as onnxruntime computes
-them, so that nearest ties (within 1e-6 of a half) round as there. Upsample (opsets 7-9) reaches no
+of 2 or 4 taps, or with antialias 2 / s or 4 / s where the axis shrinks by s, weighted by constant weights).
+Coordinates are computed in f32, as onnxruntime computes them, so that nearest ties (within 1e-6 of a half) round
+as there. Upsample (opsets 7-9) reaches no
 converter: the importer converts models before opset 11 to opset 13, where onnx.version_converter has made
 it a Resize (and model.py gives it back the coordinates and rounding it had, which the conversion drops).
 
