@@ -155,8 +155,8 @@ def test_space_size_and_pruning_match_the_docs(width, registers, valid, too_many
 
 def test_the_default_block_leaves_the_fewest_columns_unused():
     """128 columns a block, but 64 or 32 where N leaves fewer of the last block's columns unused (ties: wider)."""
-    for n, width in ((None, 128), (768, 128), (3072, 128), (200, 32), (320, 64), (64, 64), (33, 64), (192, 64), (11, 32),
-                     (16, 32), (1, 32), (96, 32)):
+    for n, width in ((None, 128), (768, 128), (3072, 128), (200, 32), (320, 64), (64, 64), (33, 64), (192, 64),
+                     (11, 32), (16, 32), (1, 32), (96, 32)):
         p = dot4.default_point(n=n)
         assert p.block[1] == width and SPACE.check(p) is None, (n, p)
 
