@@ -77,8 +77,13 @@ class Visitor(_Dispatch):
         return method(self, node) if method else self.generic_visit(node)
 
     def generic_visit(self, node):
+        children = self._children
         for name in field_names(type(node)):
-            self._visit_value(getattr(node, name))
+            value = getattr(node, name)
+            if isinstance(value, children):     # (the common case without a call to `_visit_value`)
+                self.visit(value)
+            elif value is not None:
+                self._visit_value(value)
 
     def _visit_value(self, value):
         if isinstance(value, self._children):
@@ -98,10 +103,12 @@ class Rewriter(_Dispatch):
         return method(self, node) if method else self.generic_visit(node)
 
     def generic_visit(self, node):
-        changes = None
+        changes, children = None, self._children
         for name in field_names(type(node)):
             value = getattr(node, name)
-            new = self._visit_value(value)
+            if value is None:
+                continue
+            new = self.visit(value) if isinstance(value, children) else self._visit_value(value)
             if new is not value:
                 if changes is None:
                     changes = {}
@@ -141,31 +148,36 @@ def substitute(node, values: dict):
 def collect(node, cls, expressions: bool = True) -> list:
     """Every node of class `cls` in the tree, in visiting order; with `expressions=False` the walk stays
     on statements (several times faster on unrolled bodies, for statement classes)."""
+    if node is None:
+        return []
     kinds = _CHILD_TYPES if expressions else Stmt
-    found, stack = [], [node] if node is not None else []
-    while stack:        # an explicit stack: no method call per node, and no recursion limit on deep trees
-        n = stack.pop()
-        if isinstance(n, cls):
-            found.append(n)
-        children = []
-        for name in field_names(type(n)):
-            _append_nodes(getattr(n, name), kinds, children)
-        stack.extend(reversed(children))
+    found = [node] if isinstance(node, cls) else []
+    stack = [getattr(node, name) for name in _fields_backwards(type(node))]
+    pop, push = stack.pop, stack.append
+    # an explicit stack, no call per node and no recursion limit on deep trees (passes call this ~50K times a
+    # model); field values go on it as they are, each node's last field first, and a tuple pops as its items
+    while stack:
+        n = pop()
+        if isinstance(n, kinds):
+            if isinstance(n, cls):
+                found.append(n)
+            for name in _fields_backwards(type(n)):
+                push(getattr(n, name))
+        elif type(n) is tuple:
+            stack.extend(reversed(n))
     return found
+
+
+@functools.cache
+def _fields_backwards(cls) -> tuple:
+    """`field_names(cls)`, last first: the order a stack walk pushes them."""
+    return tuple(reversed(field_names(cls)))
 
 
 def invariant(node, variables: set) -> bool:
     """Whether expression `node` reads no memory and no Var whose uid is in `variables` (its value the same wherever
     those change: it may be computed before a loop assigning them)."""
     return not any(isinstance(x, Load) or x.uid in variables for x in collect(node, (Load, Var)))
-
-
-def _append_nodes(value, kinds, out: list) -> None:
-    if isinstance(value, kinds):
-        out.append(value)
-    elif type(value) is tuple:
-        for v in value:
-            _append_nodes(v, kinds, out)
 
 
 def referenced_buffers(node) -> set:
