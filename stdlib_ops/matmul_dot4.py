@@ -92,18 +92,28 @@ def space(width: int | None = None, registers: int | None = None) -> Space:
 
 
 DEFAULT = dict(micro=(6, 32), block=(48, 128), bk=1024)     # measured: docs/benchmarks.md
+# Packed B (constant weights) comes from memory once a run of a model, where the hardware prefetcher alone kept it
+# late (as the register-tile template's, `matmul_cpu.PREFETCH_GAP`): each micro-tile of a k block prefetches its
+# share of the rows after the block's, a line every PREFETCH_GAP steps of four k
+PREFETCH_GAP = 2
+LINE_BYTES = 64
 
 
 def default_point(m: int | None = None, n: int | None = None):
     """The default schedule (AVX-512's; 256-bit dot4s take half its columns), in 64- or 32-column blocks where N
     (where known) leaves fewer columns of the last block unused so (N = 64: 128-column blocks compute twice the
-    columns; ResNet-50's 64-channel layers ran 1.4x faster quantized)."""
+    columns; ResNet-50's 64-channel layers ran 1.4x faster quantized); and with 16 lanes, in 64-row blocks of 8x32
+    micro-tiles where M (where known) fills them but not 48-row ones, whose last block streams B's panels for a few
+    rows (M x 768 @ 768 x 768, medians: M = 128 204-207 us against 214-250, M = 256 381-393 against 399-420; M = 192
+    and M = 100, which 64-row blocks do not fill, ran 2-3% slower on them; M = 3136 and 12544 alike both ways)."""
     chosen = DEFAULT if lanes() == 16 else dict(DEFAULT, micro=(6, 16))
     if n is not None:
         unused = lambda bn: -(-n // bn) * bn - n     # noqa: E731
         width = min((128, 64, 32), key=lambda bn: (unused(bn), -bn))
         if width < 128:
             chosen = dict(chosen, block=(48, 64) if width == 64 else (96, 32))
+    if m is not None and m % 64 == 0 and m % 48 and lanes() == 16 and chosen["block"][0] == 48:
+        chosen = dict(chosen, micro=(8, 32), block=(64, chosen["block"][1]))
     return space().point(**chosen)
 
 
@@ -153,12 +163,14 @@ def dot4_matmul_kernel(p, out_dtype, packed_b: bool = False, a_dtype=td.u8, b_dt
     index_spec = td.i32["BZ", "BW"] if indirect else td.i32["BZ", 2]
 
     @td.func(outline=True)
-    def sweep(strip, panel, partial, colsums, c, ones, rows, cols, steps, row, first):
+    def sweep(strip, panel, partial, colsums, c, ones, rows, cols, steps, row, first, ends):
         """One k block of a block's products (`steps` groups of four k, the panel's from row `row`): with alpha,
         the panel's column sums first (four ones dotted with each panel row, in c's first row); then each
-        micro-tile's sums from `partial` (zeros in the `first` k block), its dot4s, and back. Outlined: one compile
-        of the unrolled tile serves every kernel of this point and operand form, whatever its epilogue or shapes
-        (QDQ BERT-base's 19 fused products, built cold: about 8 s of numba each when each had its own)."""
+        micro-tile's sums from `partial` (zeros in the `first` k block), its dot4s, and back. With `packed_b`, each
+        micro-tile prefetches its share of packed B's next `steps` rows (the next k block's or panel's; `ends`: its
+        rows), a line every PREFETCH_GAP steps. Outlined: one compile of the unrolled tile serves every kernel of
+        this point and operand form, whatever its epilogue or shapes (QDQ BERT-base's 19 fused products, built
+        cold: about 8 s of numba each when each had its own)."""
         for q in td.unroll(4):
             ones[q] = 1
         if alpha:
@@ -177,7 +189,16 @@ def dot4_matmul_kernel(p, out_dtype, packed_b: bool = False, a_dtype=td.u8, b_dt
                 for x in td.unroll(MR):
                     for y in td.unroll(NR):
                         c[x, y] = 0 if first else partial[i0 + x, j0 + y]
+                line = -1       # the flat byte of packed B this micro-tile prefetches next (none: -1)
+                if packed_b:
+                    share = (mi * td.cdiv(cols, NR) + nj) * td.cdiv(steps, PREFETCH_GAP) * LINE_BYTES
+                    if share < steps * 4 * BN:
+                        line = (row + steps) * 4 * BN + share
+                    line = line if line < ends * 4 * BN else -1
                 for s in range(steps):
+                    if packed_b and line >= 0 and s % PREFETCH_GAP == 0:
+                        td.prefetch(panel[line // (4 * BN), line % (4 * BN)])
+                        line = line + LINE_BYTES if line + LINE_BYTES < ends * 4 * BN else -1
                     for x in td.unroll(MR):
                         for v in td.unroll(NR // L):
                             td.dot4(c[x, v * L], strip[i0 + x, 4 * s], panel[row + s, 4 * (j0 + v * L)], L)
@@ -259,7 +280,7 @@ def dot4_matmul_kernel(p, out_dtype, packed_b: bool = False, a_dtype=td.u8, b_dt
                                 panel[s, 4 * j + q] = 0
                     for j in range(4 * cols, 4 * BN):
                         panel[s, j] = 0
-            sweep(strip, panel, partial, colsums, c, ones, rows, cols, steps, row, k0 == 0)
+            sweep(strip, panel, partial, colsums, c, ones, rows, cols, steps, row, k0 == 0, panel.shape[0])
         for u in range(cols if columns_outer else rows):
             for v in range(rows if columns_outer else cols):
                 i = v if columns_outer else u

@@ -56,6 +56,25 @@ def test_template_points_are_exact_for_every_pair(point, m, n, k, types, packed_
     np.testing.assert_array_equal(got, exact(a, b))
 
 
+@pytest.mark.fast_compile      # (the prefetches' addresses, not the micro-kernel's speed)
+@settings(max_examples=5, deadline=None)
+@given(m=DIMS, n=DIMS, k=st.sampled_from([1, 4, 17, 255, 256, 257, 1031]), seed=st.integers(0, 2**16))
+def test_packed_b_is_prefetched_inside_its_panels(m, n, k, seed):
+    """The packed-B kernel prefetches the rows after each k block's: debug mode checks each prefetch, so none may
+    pass the end of packed B (the last panel's last k block, a block of few rows, K below a k block)."""
+    rng = np.random.default_rng(seed)
+    a, b = full_range(rng, (1, m, k), np.uint8), full_range(rng, (1, k, n), np.int8)
+    td.debug(True)
+    try:
+        got = product(POINTS[1], a, b, np.zeros((1, 2), np.int32), packed_b=True)
+    finally:
+        td.debug(False)
+    np.testing.assert_array_equal(got, exact(a, b))
+    source = dot4.dot4_matmul_kernel(POINTS[1], td.i32, True).source(a, dot4.pack_b(POINTS[1], b), got,
+                                                                     np.zeros((1, 2), np.int32), 1, target="cpu")
+    assert "rt.prefetch(B, " in source.split("# ---- outlined function")[1]
+
+
 @pytest.mark.fast_compile      # (the stores, not the micro-kernel's speed)
 @pytest.mark.parametrize("packed_b", [False, True])
 def test_blocks_stored_a_column_at_a_time_are_exact(packed_b):
@@ -159,6 +178,21 @@ def test_the_default_block_leaves_the_fewest_columns_unused():
                      (11, 32), (16, 32), (1, 32), (96, 32)):
         p = dot4.default_point(n=n)
         assert p.block[1] == width and SPACE.check(p) is None, (n, p)
+
+
+def test_the_default_block_is_64_rows_where_they_fill_it_and_48_rows_do_not():
+    """8x32 micro-tiles in 64-row blocks where M is a multiple of 64 but not of 48 (16 lanes); 6x32 in 48 elsewhere."""
+    for n in (None, 768, 64):
+        wide = dot4.default_point(n=n)
+        for m in (64, 128, 256, 320, 512, 3136):
+            p = dot4.default_point(m=m, n=n)
+            if dot4.lanes() == 16:
+                assert p == wide.replace(micro=(8, 32), block=(64, wide.block[1])) and SPACE.check(p) is None, (m, p)
+            else:
+                assert p == wide
+        for m in (None, 1, 48, 49, 96, 100, 192, 196, 384, 3120):
+            assert dot4.default_point(m=m, n=n) == wide, m
+    assert dot4.default_point(m=128, n=32).block == (96, 32)      # narrow blocks keep their rows
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.uint8])
