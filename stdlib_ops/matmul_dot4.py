@@ -104,7 +104,7 @@ def default_point(m: int | None = None, n: int | None = None):
     (where known) leaves fewer columns of the last block unused so (N = 64: 128-column blocks compute twice the
     columns; ResNet-50's 64-channel layers ran 1.4x faster quantized); and with 16 lanes, in 64-row blocks of 8x32
     micro-tiles where M (where known) fills them but not 48-row ones, whose last block streams B's panels for a few
-    rows (M x 768 @ 768 x 768, medians: M = 128 204-207 us against 214-250, M = 256 381-393 against 399-420; M = 192
+    rows (M x 768 @ 768 x 768, medians: M = 128 204-229 us against 214-251, M = 256 381-398 against 399-422; M = 192
     and M = 100, which 64-row blocks do not fill, ran 2-3% slower on them; M = 3136 and 12544 alike both ways)."""
     chosen = DEFAULT if lanes() == 16 else dict(DEFAULT, micro=(6, 16))
     if n is not None:
