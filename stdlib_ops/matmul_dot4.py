@@ -102,17 +102,18 @@ LINE_BYTES = 64
 def default_point(m: int | None = None, n: int | None = None):
     """The default schedule (AVX-512's; 256-bit dot4s take half its columns), in 64- or 32-column blocks where N
     (where known) leaves fewer columns of the last block unused so (N = 64: 128-column blocks compute twice the
-    columns; ResNet-50's 64-channel layers ran 1.4x faster quantized); and with 16 lanes, in 64-row blocks of 8x32
-    micro-tiles where M (where known) fills them but not 48-row ones, whose last block streams B's panels for a few
-    rows (M x 768 @ 768 x 768, medians: M = 128 204-229 us against 214-251, M = 256 381-398 against 399-422; M = 192
-    and M = 100, which 64-row blocks do not fill, ran 2-3% slower on them; M = 3136 and 12544 alike both ways)."""
+    columns; ResNet-50's 64-channel layers ran 1.4x faster quantized); and with AVX-512 VNNI (whose 32 registers
+    hold the tile), in 64-row blocks of 8x32 micro-tiles where M (where known) fills them but not 48-row ones, whose
+    last block streams B's panels for a few rows (M x 768 @ 768 x 768, medians: M = 128 204-229 us against 214-251,
+    M = 256 381-398 against 399-422; M = 192 and M = 100, which 64-row blocks do not fill, ran 2-3% slower on them;
+    M = 3136 and 12544 alike both ways)."""
     chosen = DEFAULT if lanes() == 16 else dict(DEFAULT, micro=(6, 16))
     if n is not None:
         unused = lambda bn: -(-n // bn) * bn - n     # noqa: E731
         width = min((128, 64, 32), key=lambda bn: (unused(bn), -bn))
         if width < 128:
             chosen = dict(chosen, block=(48, 64) if width == 64 else (96, 32))
-    if m is not None and m % 64 == 0 and m % 48 and lanes() == 16 and chosen["block"][0] == 48:
+    if m is not None and m % 64 == 0 and m % 48 and 16 in vectors.dot4_lanes() and chosen["block"][0] == 48:
         chosen = dict(chosen, micro=(8, 32), block=(64, chosen["block"][1]))
     return space().point(**chosen)
 
