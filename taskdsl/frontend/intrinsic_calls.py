@@ -20,6 +20,7 @@ class IntrinsicCalls:
     tensor cores, dot4, async copies and prefetches."""
 
     def intrinsic_call(self, fn: L.Intrinsic, node: ast.Call, name_hint: str | None):
+        """The IR of a call of intrinsic `fn` (an expression, a statement or an allocated buffer), by its kind."""
         kwargs = {k.arg: k.value for k in node.keywords}
         if fn.kind == "math":
             if kwargs:
@@ -45,6 +46,7 @@ class IntrinsicCalls:
         raise self.error(node, f"td.{fn.name}() can only be used as a for-loop source")
 
     def math_call(self, name: str, args: list, node: ast.AST):
+        """td.<name>(args): folded in Python where every argument is a compile-time number, else an IR math call."""
         arity = ir.expr.MATH_ARITY.get(name, 1)
         if len(args) != arity:
             raise self.error(node, f"{name}() takes {arity} argument{'s' if arity > 1 else ''}, got {len(args)}")
@@ -56,6 +58,7 @@ class IntrinsicCalls:
         return L.math_expr(name, args)
 
     def alloc_call(self, fn: L.Intrinsic, node: ast.Call, name_hint: str | None):
+        """td.shared / td.registers(dtype, shape): a buffer of compile-time shape, allocated where the call is."""
         if len(node.args) != 2 or node.keywords:
             raise self.error(node, f"td.{fn.name}(dtype, shape) takes two arguments")
         dtype = self.dtype_of(node.args[0])
@@ -71,6 +74,7 @@ class IntrinsicCalls:
         return buf
 
     def atomic_call(self, fn: L.Intrinsic, node: ast.Call):
+        """td.atomic_<op>(tensor[index], value) on a global or shared tensor of 32- or 64-bit elements."""
         if len(node.args) != 2 or node.keywords or not isinstance(node.args[0], ast.Subscript):
             raise self.error(node, f"td.{fn.name}(tensor[index], value) takes a tensor element and a value")
         buf, idx = self.subscript_target(node.args[0])
@@ -83,6 +87,7 @@ class IntrinsicCalls:
         return ir.Atomic(fn.name.removeprefix("atomic_"), buf, tuple(idx), value)
 
     def warp_call(self, fn: L.Intrinsic, node: ast.Call, kwargs: dict):
+        """A warp shuffle, td.shfl_*(value, lane, width=32) (bools moved as i32)."""
         if len(node.args) != 2 or set(kwargs) - {"width"}:
             raise self.error(node, f"td.{fn.name}(value, lane, width=32) takes a value and a lane argument")
         width = self.expr(kwargs["width"]) if "width" in kwargs else 32
@@ -132,9 +137,11 @@ class IntrinsicCalls:
         return value
 
     def mma_m16n8k16_call(self, node: ast.Call, kwargs: dict) -> ir.Mma:
+        """td.mma_m16n8k16(a, b, c): f16 or bf16 fragments into f32."""
         return self.mma_call(node, kwargs, 16, ((T.f16,), (T.bf16,)))
 
     def mma_m16n8k32_call(self, node: ast.Call, kwargs: dict) -> ir.Mma:
+        """td.mma_m16n8k32(a, b, c): 8-bit integer fragments into i32, or 8-bit float ones into f32."""
         # PTX pairs either 8-bit integer type with either, and either 8-bit float with either
         return self.mma_call(node, kwargs, 32, ((T.i8, T.u8), (T.f8e4m3, T.f8e5m2)))
 
@@ -174,6 +181,7 @@ class IntrinsicCalls:
         return ir.Dot4(*refs, lanes, self.loc(node))
 
     def ldmatrix_call(self, node: ast.Call, kwargs: dict) -> ir.LdMatrix:
+        """td.ldmatrix(frag, smem[row, col], trans=False): one, two or four 8x8 matrices from shared memory."""
         if len(node.args) != 2 or set(kwargs) - {"trans"}:
             raise self.error(node, "td.ldmatrix(frag, smem[row, col], trans=False) takes a register fragment and "
                                    "a shared-memory element")
@@ -194,6 +202,7 @@ class IntrinsicCalls:
         return ir.LdMatrix(frag, src, size // per_register, trans, self.loc(node))
 
     def cp_async_call(self, node: ast.Call, kwargs: dict) -> ir.CpAsync:
+        """td.cp_async(smem[i, j], tensor[gi, gj], n, pred=True): 4, 8 or 16 bytes copied without registers."""
         if len(node.args) != 3 or set(kwargs) - {"pred"}:
             raise self.error(node, "td.cp_async(smem[i, j], tensor[gi, gj], n, pred=True) takes a shared element, "
                                    "a global element and an element count")
@@ -211,16 +220,19 @@ class IntrinsicCalls:
         return ir.CpAsync(dst, src, count, pred, self.loc(node))
 
     def prefetch_call(self, node: ast.Call, kwargs: dict) -> ir.Prefetch:
+        """td.prefetch(tensor[i, j]): a cache hint for one element of a global tensor."""
         if len(node.args) != 1 or kwargs:
             raise self.error(node, "td.prefetch(tensor[i, j]) takes one element of a global tensor")
         return ir.Prefetch(self.buffer_ref(node.args[0], "the prefetched address", "global"), self.loc(node))
 
     def cp_async_commit_call(self, node: ast.Call, kwargs: dict) -> ir.CpAsyncCommit:
+        """td.cp_async_commit(): the async copies issued so far become a group."""
         if node.args or kwargs:
             raise self.error(node, "td.cp_async_commit() takes no arguments")
         return ir.CpAsyncCommit(self.loc(node))
 
     def cp_async_wait_call(self, node: ast.Call, kwargs: dict) -> ir.CpAsyncWait:
+        """td.cp_async_wait(n=0): wait until at most n groups of async copies are in flight."""
         given = list(node.args) + ([kwargs["n"]] if "n" in kwargs else [])
         if len(given) > 1 or set(kwargs) - {"n"}:
             raise self.error(node, "td.cp_async_wait(n=0) takes the number of groups that may stay in flight")
