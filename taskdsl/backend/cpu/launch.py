@@ -205,19 +205,24 @@ class PreparedLaunch:
     def __call__(self, args: tuple) -> None:
         values = self.values[:]
         contiguous = self.src.flat
+        writeable = []
         for i, bits in self.arrays:
             a = args[i].view(bits) if bits else args[i]
-            contiguous = contiguous and a.flags.c_contiguous
+            flags = a.flags
+            contiguous = contiguous and flags.c_contiguous
+            writeable.append(flags.writeable)
             values[i] = a
         if not contiguous:
             check_writeable(values, self.written, self.kernel)
             launch_cpu(self.run, self.src, values, self.sizes, self.grid)
             return
-        # 1-D and contiguous, the arrays' numba types differ only in read-only inputs
-        writeable = []
+        # 1-D and contiguous, the arrays' numba types differ only in read-only inputs; the entry takes their bytes
+        views = values[:]
         for i, _ in self.arrays:
-            a = values[i] = values[i].reshape(-1)
-            writeable.append(a.flags.writeable)
+            a = values[i]
+            if a.ndim != 1:
+                a = values[i] = a.reshape(-1)
+            views[i] = a.view(np.uint8)     # (`byte_views`, made here, where the arrays are known)
         apart = arrays_apart(values, self.pairs)
         run = apart_twin(self.run) if apart else self.run
         key = (tuple(writeable), apart)
@@ -225,7 +230,7 @@ class PreparedLaunch:
         if address is None:       # a new combination of read-only arrays: none may be one the kernel writes
             check_writeable(values, self.written, self.kernel)
             address = self.addresses[key] = _compile(run, self.src, values, self.tail)
-        _run_blocks(run, address, byte_views(self.src, values), self.tail, self.blocks, self.workers)
+        _run_blocks(run, address, views, self.tail, self.blocks, self.workers)
 
 
 # A launch of a kernel whose work is its arrays' bytes (a rule-based operator's: `Kernel.streams`) that touches fewer
