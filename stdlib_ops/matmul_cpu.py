@@ -49,7 +49,7 @@ import taskdsl as td
 from taskdsl import blockIdx, f32
 from taskdsl.backend.cpu import vectors
 from taskdsl.passes.unroll import MAX_COPIES
-from taskdsl.runtime.host import empty_aligned
+from taskdsl.runtime.host import CACHE_LINE, empty_aligned
 from taskdsl.schedule.space import Space
 
 PANEL_BYTES = 512 * 1024       # a block's A and B panels and its partial sums, kept in L2
@@ -169,7 +169,7 @@ def packed_b_shape(p, b_shape: tuple) -> tuple:
 # block's, or the next panel's first), a line every PREFETCH_GAP k steps: 8 calls cover a 256 x 64 panel.
 # ResNet-50 4%, BERT 5%, GPT-2 6% faster; every 4 steps and 1 (covering the panel in 16 and 4 calls) gained less.
 PREFETCH_GAP = 2
-LINE_FLOATS = 16        # f32 in a 64-byte cache line
+LINE_FLOATS = CACHE_LINE // 4        # f32 in a cache line
 
 COPY_A_ROWS = 512     # a transposed A with at least this many rows (M) is copied block by block: `copies_a`
 WIDE_N = 512          # columns (N) at most that a block copying A computes, every column panel of them

@@ -41,7 +41,7 @@ import numpy as np
 import taskdsl as td
 from taskdsl import blockIdx
 from taskdsl.backend.cpu import vectors
-from taskdsl.runtime.host import empty_aligned
+from taskdsl.runtime.host import CACHE_LINE, empty_aligned
 from taskdsl.schedule.space import Space
 
 PANEL_BYTES = 512 * 1024       # a block's A strip, B panel and i32 sums, kept in L2
@@ -96,7 +96,6 @@ DEFAULT = dict(micro=(6, 32), block=(48, 128), bk=1024)     # measured: docs/ben
 # late (as the register-tile template's, `matmul_cpu.PREFETCH_GAP`): each micro-tile of a k block prefetches its
 # share of the rows after the block's, a line every PREFETCH_GAP steps of four k
 PREFETCH_GAP = 2
-LINE_BYTES = 64
 
 
 def default_point(m: int | None = None, n: int | None = None):
@@ -192,14 +191,14 @@ def dot4_matmul_kernel(p, out_dtype, packed_b: bool = False, a_dtype=td.u8, b_dt
                         c[x, y] = 0 if first else partial[i0 + x, j0 + y]
                 line = -1       # the flat byte of packed B this micro-tile prefetches next (none: -1)
                 if packed_b:
-                    share = (mi * td.cdiv(cols, NR) + nj) * td.cdiv(steps, PREFETCH_GAP) * LINE_BYTES
+                    share = (mi * td.cdiv(cols, NR) + nj) * td.cdiv(steps, PREFETCH_GAP) * CACHE_LINE
                     if share < steps * 4 * BN:
                         line = (row + steps) * 4 * BN + share
                     line = line if line < ends * 4 * BN else -1
                 for s in range(steps):
                     if packed_b and line >= 0 and s % PREFETCH_GAP == 0:
                         td.prefetch(panel[line // (4 * BN), line % (4 * BN)])
-                        line = line + LINE_BYTES if line + LINE_BYTES < ends * 4 * BN else -1
+                        line = line + CACHE_LINE if line + CACHE_LINE < ends * 4 * BN else -1
                     for x in td.unroll(MR):
                         for v in td.unroll(NR // L):
                             td.dot4(c[x, v * L], strip[i0 + x, 4 * s], panel[row + s, 4 * (j0 + v * L)], L)
