@@ -77,12 +77,13 @@ def convolutions() -> None:
     simulated_gpu._Device.properties.multiprocessor_count = 132
     import taskdsl as td
     from stdlib_ops import conv
+    from stdlib_ops.conv_geometry import geometry
     from taskdsl.bench.conv import RESNET50
     from taskdsl.runtime.kernel import Kernel
     launched = []
     Kernel.__call__ = lambda self, *args, **kwargs: launched.append((self, args))    # record, never run
     for c, hw, oc, k, s, p in RESNET50:
-        g = conv.geometry((1, hw, hw, c), (oc, c, k, k), s, p, layout="NHWC")
+        g = geometry((1, hw, hw, c), (oc, c, k, k), s, p, layout="NHWC")
         plan = conv.plan(g, td.f16, "cuda", False, None)
         launched.clear()
         plan.run(np.zeros((1, hw, hw, c), np.float16), None, packed=np.zeros((1, c * k * k, oc), np.float16))

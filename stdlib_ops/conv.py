@@ -11,9 +11,9 @@ activation) on top. Weights come in PyTorch/ONNX OIHW and are packed once into B
 On the cpu, convolutions of one group take another route (`on_columns`): explicit im2col
 columns, then a plain GEMM (weights @ columns for NCHW, columns @ weights for NHWC).
 Grouped convolutions with tiny per-group reductions (depthwise; `uses_direct`) are no GEMM
-(K = 9 per group has nothing to tile): on the cpu they run `direct_kernel` (NCHW) or
-`direct_nhwc_kernel` (outputs accumulated in registers, epilogue fused into their stores);
-elsewhere a `td.reduce` definition scheduled by the rules.
+(K = 9 per group has nothing to tile): on the cpu they run `conv_direct`'s kernels (outputs
+accumulated in registers, epilogue fused into their stores); elsewhere a `td.reduce`
+definition scheduled by the rules.
 8-bit operands (E4M3 / E5M2 into f32, s8 / u8 into exact i32) take the 8-bit tensor-core
 template on a GPU, its B the weights k-major; on the cpu integers take the float convolutions' GEMMs, whose
 register-tile kernel sums 8-bit integers exactly (`gemm.exact_k`).
@@ -32,97 +32,16 @@ from taskdsl.runtime.config import fast_compile_enabled
 from taskdsl.schedule.tuner import report, tune, tuning_enabled
 
 from . import gemm as mm
-from .elementwise import converted, int_tuple
+from .conv_direct import DirectRows, lower_rows, rows_sum_exactly
+from .conv_geometry import ConvGeometry, end_inside, first_inside, geometry, input_shape, uses_direct, window_scalars
+from .elementwise import converted
 
-DIRECT_MAX_REDUCTION = 32     # grouped convs with per-output reductions up to this use the direct (reduce) schedule
 ACTIVATIONS = {       # integer constants: an integer convolution's clamps stay exact in i32 (a float one promotes)
     None: lambda v: v,
     "relu": lambda v: td.max(v, 0),
     "relu6": lambda v: td.min(td.max(v, 0), 6),
     "sigmoid": lambda v: td.sigmoid(v),
 }
-
-
-@dataclass(frozen=True)
-class ConvGeometry:
-    """Sizes of one convolution; padding is (top, left, bottom, right)."""
-
-    n: int
-    c: int
-    h: int
-    w: int
-    oc: int
-    kh: int
-    kw: int
-    stride: tuple
-    padding: tuple
-    dilation: tuple
-    groups: int
-    layout: str
-
-    @property
-    def oh(self) -> int:
-        return (self.h + self.padding[0] + self.padding[2] - self.dilation[0] * (self.kh - 1) - 1) // self.stride[0] + 1
-
-    @property
-    def ow(self) -> int:
-        return (self.w + self.padding[1] + self.padding[3] - self.dilation[1] * (self.kw - 1) - 1) // self.stride[1] + 1
-
-    @property
-    def out_shape(self) -> tuple:
-        if self.layout == "NCHW":
-            return (self.n, self.oc, self.oh, self.ow)
-        return (self.n, self.oh, self.ow, self.oc)
-
-    @property
-    def gemm(self) -> tuple:
-        """(G, M, K, N) of the GEMM view."""
-        g = self.groups
-        return g, self.n * self.oh * self.ow, self.c // g * self.kh * self.kw, self.oc // g
-
-
-def geometry(x_shape, w_shape, stride=1, padding=0, dilation=1, groups=1, layout="NCHW") -> ConvGeometry:
-    """Validate a convolution's arguments (clear ValueErrors) and return its sizes."""
-    if layout not in ("NCHW", "NHWC"):
-        raise ValueError(f"conv2d: layout must be 'NCHW' or 'NHWC', got {layout!r}")
-    if len(x_shape) != 4 or len(w_shape) != 4:
-        raise ValueError(f"conv2d needs a 4-D input and a 4-D OIHW weight, got {tuple(x_shape)} and {tuple(w_shape)}")
-    # Python ints: numpy ones would key the geometry's tuning record apart (`repr`)
-    x_shape, w_shape = int_tuple(x_shape, "conv2d: shapes"), int_tuple(w_shape, "conv2d: shapes")
-    n, c, h, w = x_shape if layout == "NCHW" else (x_shape[0], x_shape[3], x_shape[1], x_shape[2])
-    oc, cg, kh, kw = w_shape
-    groups = _groups(groups, c, oc)
-    if cg != c // groups:
-        raise ValueError(f"conv2d: {c} input channels in {groups} group(s) need a weight of shape "
-                         f"({oc}, {c // groups}, KH, KW) (OIHW, whatever the layout), got {tuple(w_shape)}")
-    if kh < 1 or kw < 1:
-        raise ValueError(f"conv2d: the kernel must be at least 1x1, got a weight of shape {tuple(w_shape)}")
-    pad = int_tuple(padding, "conv2d: padding")
-    if np.ndim(padding) == 0:
-        pad = pad * 4
-    elif len(pad) == 2:
-        pad = (pad[0], pad[1], pad[0], pad[1])
-    if len(pad) != 4 or min(pad) < 0:
-        raise ValueError(f"conv2d: padding must be an int, (ph, pw) or (top, left, bottom, right) >= 0, got {padding!r}")
-    g = ConvGeometry(n, c, h, w, oc, kh, kw, int_tuple(stride, "conv2d: stride", 2), pad,
-                     int_tuple(dilation, "conv2d: dilation", 2), groups, layout)
-    if min(g.stride + g.dilation) < 1:
-        raise ValueError(f"conv2d: stride and dilation must be >= 1, got stride={stride!r}, dilation={dilation!r}")
-    if g.oh < 1 or g.ow < 1:
-        raise ValueError(f"conv2d: the kernel ({kh}x{kw}, dilation {g.dilation}) is larger than the padded input "
-                         f"({h}x{w} with padding {g.padding})")
-    return g
-
-
-def _groups(groups, c: int, oc: int) -> int:
-    """`groups` as a Python int that divides both channel counts (a TypeError or ValueError saying what to pass)."""
-    if np.ndim(groups) != 0:      # int_tuple would take a one-item sequence
-        raise TypeError(f"conv2d: groups must be an integer, got {groups!r}")
-    groups, = int_tuple(groups, "conv2d: groups", 1)
-    if groups < 1 or c % groups or oc % groups:
-        raise ValueError(f"conv2d: groups must be >= 1 and divide both the {c} input channels and the {oc} output "
-                         f"channels (the weight's first axis), got groups={groups}")
-    return groups
 
 
 def _input_at(g: ConvGeometry, x: td.Tensor, n, ci, oh, ow, kh, kw) -> ir.Expr:
@@ -250,20 +169,6 @@ def _pointwise(g: ConvGeometry) -> bool:
     return (g.kh, g.kw, g.stride, max(g.padding)) == (1, 1, (1, 1), 0)
 
 
-@td.func
-def first_inside(offset, stride, count):
-    """The first j >= 0 whose input column j * stride + offset is >= 0 (no division for stride 1), at most `count`
-    (past the last of `count` outputs: a window tap left of the input by more than the row, with dilation, made
-    the im2col zero-fill run into the next row, which another block was writing)."""
-    return td.min(count, td.max(0, -offset) if stride == 1 else td.max(0, -(offset // stride)))
-
-
-@td.func
-def end_inside(offset, stride, count, width, first):
-    """One past the last j < count whose input column j * stride + offset is < width; at least `first`."""
-    return td.min(count, td.max(first, width - offset if stride == 1 else -((offset - width) // stride)))
-
-
 @functools.lru_cache(maxsize=8)
 def columns_kernel(dtype) -> td.Kernel:
     """im2col of an NCHW input: cols[n, (c, kh, kw), oh * OW + ow], zero in the padding.
@@ -329,407 +234,6 @@ def pad_kernel(dtype) -> td.Kernel:
     return pad_rows
 
 
-DIRECT_CHUNK = 64           # output columns a direct-conv block accumulates in registers at once
-
-
-@functools.lru_cache(maxsize=8)
-def direct_kernel(dtype) -> td.Kernel:
-    """A grouped NCHW convolution with a tiny reduction per output (depthwise), row by row.
-
-    One block per (output channel, image). For each output row, a chunk of DIRECT_CHUNK columns
-    accumulates in registers, tap by tap: for tap (c, kh, kw) the columns whose input pixel is
-    inside the row are found first, so the multiply-add over them has no bounds checks (for
-    stride 1, a vectorized loop over contiguous inputs). A row outside the input is skipped
-    whole. The chunk is then stored once, where a fused epilogue (bias, activation) applies.
-    The geometry comes in as scalars: one compile serves every convolution. A channel with an
-    inf or NaN weight also adds what the skipped taps would, w * 0 (NaN), to the outputs they
-    reach, as im2col's zeros do: found once per block, so finite weights skip it for free.
-    """
-    @td.kernel(grid=lambda O, N: (O, N), block=1, name=f"conv_direct_rows_{dtype.name}")
-    def conv_direct_rows(X: dtype["N", "C", "H", "W"], Wt: dtype["O", "CG", "KH", "KW"],
-                         Y: dtype["N", "O", "OH", "OW"], conv_sh: td.i32, conv_sw: td.i32, conv_pt: td.i32,
-                         conv_pl: td.i32, conv_dh: td.i32, conv_dw: td.i32, conv_ocg: td.i32):
-        o, n = blockIdx.x, blockIdx.y
-        acc = td.registers(td.f32, DIRECT_CHUNK)
-        group_base = o // conv_ocg * CG             # the group's first input channel
-        poisoned = False                            # whether a weight of the channel is inf or NaN (w * 0 is NaN)
-        for c in range(CG):
-            for kh in range(KH):
-                for kw in range(KW):
-                    if Wt[o, c, kh, kw] * 0.0 != 0.0:
-                        poisoned = True
-        for oh in range(OH):
-            for start in range(0, OW, DIRECT_CHUNK):
-                width = min(DIRECT_CHUNK, OW - start)
-                for j in range(DIRECT_CHUNK):
-                    acc[j] = 0.0
-                for kw in range(KW):     # a column tap's range of outputs first: two divisions, not one a tap
-                    offset = start * conv_sw + kw * conv_dw - conv_pl     # iw = j * stride + offset
-                    first = first_inside(offset, conv_sw, width)
-                    end = end_inside(offset, conv_sw, width, W, first)
-                    for c in range(CG):
-                        for kh in range(KH):
-                            ih = oh * conv_sh - conv_pt + kh * conv_dh
-                            if ih >= 0 and ih < H:
-                                tap = Wt[o, c, kh, kw]
-                                for j in range(first, end):
-                                    acc[j] += tap * X[n, group_base + c, ih, j * conv_sw + offset]
-                if poisoned:    # the taps skipped above times the zero padding: NaN where the weight is inf or NaN
-                    for kw in range(KW):
-                        offset = start * conv_sw + kw * conv_dw - conv_pl
-                        first = first_inside(offset, conv_sw, width)
-                        end = end_inside(offset, conv_sw, width, W, first)
-                        for c in range(CG):
-                            for kh in range(KH):
-                                ih = oh * conv_sh - conv_pt + kh * conv_dh
-                                inside = ih >= 0 and ih < H
-                                padded = Wt[o, c, kh, kw] * 0.0
-                                for j in range(first if inside else width):
-                                    acc[j] += padded
-                                for j in range(end if inside else width, width):
-                                    acc[j] += padded
-                for j in range(width):
-                    Y[n, o, oh, start + j] = acc[j]
-
-    return conv_direct_rows
-
-
-PLANE = 16384               # floats of the phase planes `plane_kernel` copies its input to (the sums take as many)
-STRIDED_PLANE = 4096        # a strided convolution's phase planes take at most this (see `uses_plane`)
-SPAN_ALIGN = 64             # sums `plane_kernel` keeps in registers at once (4 AVX-512 vectors); its span's multiple
-
-
-@functools.lru_cache(maxsize=8)
-def plane_kernel(dtype) -> td.Kernel:
-    """`direct_kernel` for an NCHW depthwise convolution whose padded input fits a local buffer (`uses_plane`).
-
-    Short rows make short loops: a 14x14 plane's taps are 14-element loops, mostly loop overhead, and a
-    stride-2 tap reads every other input. So the block first splits its zero-padded input plane into
-    stride_h x stride_w *phase planes* (phase (ph, pw) holds the padded pixels (a*sh + ph, b*sw + pw)),
-    each Hq x Wq, in a local buffer; for stride 1 there is one, the padded plane itself. The outputs live
-    on the same flat grid: output (oh, ow) is sum[oh * Wq + ow], and tap (kh, kw) reads one phase plane,
-    shifted, for every output at once: sum[j] += w * phase[j + (kh*dh // sh) * Wq + kw*dw // sw], without
-    bounds checks (the Wq - OW columns past each row are computed and dropped). The grid is swept
-    SPAN_ALIGN sums at a time, held in registers over a run-time loop of all the taps (one load and one
-    FMA per tap and vector). The sums are then compacted to OH x OW and stored by one flat loop: the fused
-    epilogue vectorizes over the whole plane (over rows of 7 or 14 it ran scalar: 1.5x slower for 7x7
-    planes). `conv_span`, `conv_plane`, `conv_out` and `conv_taps` (the flat output span, the phase
-    planes' total size, OH * OW and KH * KW) stay runtime arguments, so those loops stay loops.
-    """
-    @td.kernel(grid=lambda O, N: (O, N), block=1, name=f"conv_direct_plane_{dtype.name}")
-    def conv_direct_plane(X: dtype["N", "C", "H", "W"], Wt: dtype["O", "CG", "KH", "KW"],
-                          Y: dtype["N", "O", "OH", "OW"], conv_sh: td.i32, conv_sw: td.i32, conv_pt: td.i32,
-                          conv_pl: td.i32, conv_dh: td.i32, conv_dw: td.i32, conv_ocg: td.i32,
-                          conv_span: td.i32, conv_plane: td.i32, conv_out: td.i32, conv_taps: td.i32):
-        o, n = blockIdx.x, blockIdx.y
-        buf = td.registers(td.f32, 2 * PLANE)     # the phase planes, then the sums (one allocation)
-        hq = OH + (KH - 1) * conv_dh // conv_sh
-        wq = OW + (KW - 1) * conv_dw // conv_sw
-        for j in range(conv_plane):
-            buf[j] = 0.0
-        for ph in range(conv_sh):
-            for pw in range(conv_sw):
-                base = (ph * conv_sw + pw) * hq * wq
-                first = first_inside(pw - conv_pl, conv_sw, wq)      # the columns b whose input column
-                end = end_inside(pw - conv_pl, conv_sw, wq, W, first)   # b*sw + pw - pl is in [0, W)
-                for a in range(hq):
-                    h = a * conv_sh + ph - conv_pt
-                    if h >= 0 and h < H:
-                        for b in range(first, end):
-                            buf[base + a * wq + b] = X[n, o // conv_ocg, h, b * conv_sw + pw - conv_pl]
-        acc = td.registers(td.f32, SPAN_ALIGN)
-        for j0 in range(0, conv_span, SPAN_ALIGN):      # SPAN_ALIGN sums in registers over all the taps
-            for l in range(SPAN_ALIGN):
-                acc[l] = 0.0
-            for t in range(conv_taps):
-                kh, kw = t // KW, t % KW
-                tap = Wt[o, 0, kh, kw]
-                rh, rw = kh * conv_dh, kw * conv_dw
-                shift = ((rh % conv_sh) * conv_sw + rw % conv_sw) * hq * wq + rh // conv_sh * wq + rw // conv_sw
-                for l in range(SPAN_ALIGN):
-                    acc[l] += tap * buf[j0 + l + shift]
-            for l in range(SPAN_ALIGN):
-                buf[PLANE + j0 + l] = acc[l]
-        for oh in range(OH):        # the sums, compacted to the output's layout in the phase planes' place
-            for ow in range(OW):
-                buf[oh * OW + ow] = buf[PLANE + oh * wq + ow]
-        for j in range(conv_out):   # one flat loop, a fused epilogue's vectorized
-            Y[n, o, j // OW, j % OW] = buf[j]
-
-    return conv_direct_plane
-
-
-def _phase_plane(g: ConvGeometry) -> tuple:
-    """(Hq, Wq): the extent of each of `plane_kernel`'s stride_h x stride_w phase planes."""
-    return (g.oh + (g.kh - 1) * g.dilation[0] // g.stride[0], g.ow + (g.kw - 1) * g.dilation[1] // g.stride[1])
-
-
-def _plane_scalars(g: ConvGeometry) -> dict:
-    """`plane_kernel`'s runtime extents: the flat output span, the phase planes' total size, the outputs and the
-    taps."""
-    hq, wq = _phase_plane(g)
-    span = -(-((g.oh - 1) * wq + g.ow) // SPAN_ALIGN) * SPAN_ALIGN
-    return dict(conv_span=span, conv_plane=g.stride[0] * g.stride[1] * hq * wq + SPAN_ALIGN, conv_out=g.oh * g.ow,
-                conv_taps=g.kh * g.kw)
-
-
-def uses_plane(g: ConvGeometry) -> bool:
-    """Whether `plane_kernel` runs direct convolution `g`: NCHW, one input channel per output channel, and
-    phase planes that fit its buffer; for a strided one, STRIDED_PLANE floats (splitting a bigger input
-    into phases cost more than `direct_kernel`'s strided reads: 112x112 -> 56x56 took 319 us, not 211)."""
-    limit = PLANE if g.stride == (1, 1) else STRIDED_PLANE
-    return g.layout == "NCHW" and g.c == g.groups and _plane_scalars(g)["conv_plane"] <= limit
-
-
-@functools.lru_cache(maxsize=8)
-def direct_nhwc_kernel(dtype) -> td.Kernel:
-    """`direct_kernel` for NHWC (a plain depthwise convolution runs `depthwise_nhwc_kernel`): one block per
-    (output row, image); for each output pixel a chunk of DIRECT_CHUNK output channels accumulates in registers
-    over the taps inside the input. The weights come packed as (KH, KW, CG, O), so a tap's weights for
-    consecutive channels are contiguous. Unlike `direct_kernel` it skips the taps in the padding even for an inf
-    or NaN weight (whose product with the zero padding is NaN on the other routes): it has no pass adding w * 0
-    for them, as `direct_kernel` has."""
-    @td.kernel(grid=lambda OH, N: (OH, N), block=1, name=f"conv_direct_nhwc_{dtype.name}")
-    def conv_direct_pixels(X: dtype["N", "H", "W", "C"], Wt: dtype["KH", "KW", "CG", "O"],
-                           Y: dtype["N", "OH", "OW", "O"], conv_sh: td.i32, conv_sw: td.i32, conv_pt: td.i32,
-                           conv_pl: td.i32, conv_dh: td.i32, conv_dw: td.i32, conv_ocg: td.i32):
-        oh, n = blockIdx.x, blockIdx.y
-        acc = td.registers(td.f32, DIRECT_CHUNK)
-        for ow in range(OW):
-            for start in range(0, O, DIRECT_CHUNK):
-                width = min(DIRECT_CHUNK, O - start)
-                for j in range(DIRECT_CHUNK):
-                    acc[j] = 0.0
-                for kh in range(KH):
-                    ih = oh * conv_sh - conv_pt + kh * conv_dh
-                    for kw in range(KW):
-                        iw = ow * conv_sw - conv_pl + kw * conv_dw
-                        if ih >= 0 and ih < H and iw >= 0 and iw < W:
-                            for c in range(CG):
-                                for j in range(width):
-                                    ci = (start + j) // conv_ocg * CG + c
-                                    acc[j] += Wt[kh, kw, c, start + j] * X[n, ih, iw, ci]
-                for j in range(width):
-                    Y[n, oh, ow, start + j] = acc[j]
-
-    return conv_direct_pixels
-
-
-DEPTHWISE_PIXELS = 4        # output pixels `depthwise_nhwc_kernel` sums at once (2, 3, 5, 6 or 8 were slower)
-DEPTHWISE_TAPS = 9          # taps of the biggest window whose taps it unrolls all (3x3); a bigger one's, row by row
-ROW_BUFFER = 4096           # floats of the sums `depthwise_nhwc_kernel` keeps for its pixels' channels
-
-
-def whole_window(g: ConvGeometry) -> bool:
-    """Whether `depthwise_nhwc_kernel` unrolls all of `g`'s taps (3x3 and smaller) where they lie inside the
-    input, or a window row's everywhere."""
-    return g.kh * g.kw <= DEPTHWISE_TAPS
-
-
-@td.func
-def add_tap(sums, X, n, row, row_inside, w, cols, inside, kw, c, pixels):
-    """sums[p] += w * X[n, row, cols[kw * pixels + p], c] for each of the `pixels`, or w * 0 where the tap lies
-    outside the input (`row_inside`, `inside[kw * pixels + p]`; `row` and `cols` are clamped into it)."""
-    for p in range(pixels):
-        x = X[n, row, cols[kw * pixels + p], c]
-        sums[p] += w * (x if row_inside and inside[kw * pixels + p] != 0 else 0.0)
-
-
-@td.func
-def add_inner_tap(sums, X, n, ih, w, first_iw, conv_sw, c, pixels):
-    """sums[p] += w * X[n, ih, first_iw + p * conv_sw, c] for each of the `pixels`, all inside the input."""
-    for p in range(pixels):
-        sums[p] += w * X[n, ih, first_iw + p * conv_sw, c]
-
-
-@functools.lru_cache(maxsize=32)
-def depthwise_nhwc_kernel(dtype, whole: bool, compact: bool, window_width: int) -> td.Kernel:
-    """A plain depthwise NHWC convolution (one input channel per output channel), for a geometry built in (`fuse`
-    with its scalars as constants): one block per (output row, image), DEPTHWISE_PIXELS output pixels at a time.
-
-    The loop over channels is the one LLVM vectorizes. Where the pixels' windows lie inside the input and the
-    window is `whole` (3x3 or smaller), it sums each channel's taps unrolled, in registers, one independent
-    chain of FMAs per pixel, each tap's weight loaded once for all of them. At the borders, and for a bigger
-    window, it sums the taps of a window row, adding to the sums of the rows before, kept in a local buffer; a
-    tap in the padding reads a clamped pixel and adds w * 0, as the zero padding gives it (NaN for an inf or NaN
-    weight, as on the other routes), and the last group of pixels repeats the row's last pixel; each tap's clamped
-    column and bounds test per pixel are computed once per group of pixels, before the rows' loops (in registers:
-    `window_width`, the window's width, sizes them): computed at each tap of each channel, they gave LLVM the
-    same loop to make, from 5% more code for numba to type and lower (192 channels at 28x28: 1.11 -> 1.05 s, the
-    median of 16 compiles in one process). The sums go to
-    the local buffer, and a second loop stores them to the output, where a fused epilogue applies: so the loop
-    over channels stores to no tensor that might overlap its inputs (on the output, 36 tap loads made too many
-    run-time overlap checks for LLVM, which left the loop scalar).
-
-    The borders once ran the unrolled window too, with each tap's bounds test: LLVM turned the 36 selects into
-    branches inside the vector loop, with every loaded vector spilled to the stack. With no bounds tests inside and
-    window rows at the borders (two threads, session 61): 768 channels at 17x17 0.123 -> 0.076 ms, 192 at 35x35 0.074
-    -> 0.056 (Inception-V3's average pools), 2048 at 8x8 0.063 -> 0.041, 96 at 112x112 stride 2 0.100 ->
-    0.085; and a geometry compiles in 1.3 s, not 1.8. Summing a tap at a time over a row's pixels into a buffer
-    instead (3 loads and a store per FMA) took, on one thread: 144 channels at 56x56 0.44 ms (0.14 with the
-    unrolled window), 960 at 7x7 0.051 (0.035), a 7x7 window over 96 at 28x28 0.38 (0.13); 32 channels at
-    112x112 took 0.58 ms over flat rows (`flat_depthwise_kernel`, removed), 0.17 with the unrolled window.
-
-    `compact` (`td.fast_compile`, where the IR's loops stay loops) sums the inner pixels that way all the same,
-    a tap at a time over a pixel's channels into the buffer: -O1 vectorizes that loop, and not a loop over
-    channels holding the window's loops (MobileNet-V2's depthwise layers under fast compile: 5.05 -> 2.04 ms,
-    0.95 optimized)."""
-    @td.kernel(grid=lambda OH, N: (OH, N), block=1, name=f"conv_depthwise_nhwc_{dtype.name}")
-    def conv_depthwise_pixels(X: dtype["N", "H", "W", "C"], Wt: dtype["KH", "KW", "CG", "C"],
-                              Y: dtype["N", "OH", "OW", "C"], conv_sh: td.i32, conv_sw: td.i32, conv_pt: td.i32,
-                              conv_pl: td.i32, conv_dh: td.i32, conv_dw: td.i32):
-        oh, n = blockIdx.x, blockIdx.y
-        pixels = DEPTHWISE_PIXELS
-        sums = td.registers(td.f32, pixels)
-        buffer = td.registers(td.f32, ROW_BUFFER)
-        cols = td.registers(td.i32, window_width * pixels)      # the border taps' input columns, clamped,
-        inside = td.registers(td.i32, window_width * pixels)    # and whether each lies inside the input
-        span = td.min(C, ROW_BUFFER // pixels)          # channels a piece sums at once
-        for ow0 in range(0, OW, pixels):
-            last = OW - 1 - ow0                         # pixels past it repeat it
-            inner = (oh * conv_sh - conv_pt >= 0 and oh * conv_sh - conv_pt + (KH - 1) * conv_dh < H    # all the
-                     and ow0 * conv_sw - conv_pl >= 0 and ow0 + pixels <= OW                            # pixels'
-                     and (ow0 + pixels - 1) * conv_sw - conv_pl + (KW - 1) * conv_dw < W)               # taps inside
-            for piece in range(td.cdiv(C, span)):
-                c0 = piece * span
-                width = td.min(span, C - c0)
-                if whole and inner and compact:
-                    for j in range(pixels * span):
-                        buffer[j] = 0.0
-                    for kh in range(KH):
-                        for kw in range(KW):
-                            for p in range(pixels):
-                                ih = oh * conv_sh - conv_pt + kh * conv_dh
-                                iw = ow0 * conv_sw - conv_pl + kw * conv_dw + p * conv_sw
-                                for c in range(width):
-                                    buffer[p * span + c] += Wt[kh, kw, 0, c0 + c] * X[n, ih, iw, c0 + c]
-                elif whole and inner and not compact:     # (`not compact`: no dead copy in the fast kernel,
-                    for c in range(c0, c0 + width):       # which numba would compile all the same)
-                        for p in range(pixels):
-                            sums[p] = 0.0
-                        for kh in td.unroll(KH):
-                            for kw in td.unroll(KW):
-                                add_inner_tap(sums, X, n, oh * conv_sh - conv_pt + kh * conv_dh, Wt[kh, kw, 0, c],
-                                              ow0 * conv_sw - conv_pl + kw * conv_dw, conv_sw, c, pixels)
-                        for p in range(pixels):
-                            buffer[p * span + c - c0] = sums[p]
-                else:
-                    for j in range(pixels * span):
-                        buffer[j] = 0.0
-                    for kw in td.unroll(KW):        # each tap's input column for each pixel, clamped into the
-                        for p in range(pixels):     # input, and whether it lies inside (the same every row)
-                            iw = ow0 * conv_sw - conv_pl + kw * conv_dw + td.min(p, last) * conv_sw
-                            cols[kw * pixels + p] = td.min(td.max(iw, 0), W - 1)
-                            inside[kw * pixels + p] = iw >= 0 and iw < W
-                    for kh in range(KH):
-                        ih = oh * conv_sh - conv_pt + kh * conv_dh
-                        row, row_inside = td.min(td.max(ih, 0), H - 1), ih >= 0 and ih < H
-                        for c in range(c0, c0 + width):
-                            for p in range(pixels):
-                                sums[p] = buffer[p * span + c - c0]
-                            for kw in td.unroll(KW):
-                                add_tap(sums, X, n, row, row_inside, Wt[kh, kw, 0, c], cols, inside, kw, c, pixels)
-                            for p in range(pixels):
-                                buffer[p * span + c - c0] = sums[p]
-                for p in range(pixels):
-                    for c in range(width):
-                        Y[n, oh, ow0 + td.min(p, last), c0 + c] = buffer[p * span + c]
-
-    return conv_depthwise_pixels
-
-
-def _window_scalars(g: ConvGeometry) -> dict:
-    """Stride, top/left padding and dilation: the scalar arguments every generic conv kernel takes."""
-    return dict(conv_sh=g.stride[0], conv_sw=g.stride[1], conv_pt=g.padding[0], conv_pl=g.padding[1],
-                conv_dh=g.dilation[0], conv_dw=g.dilation[1])
-
-
-def _direct_scalars(g: ConvGeometry) -> dict:
-    return dict(**_window_scalars(g), conv_ocg=g.oc // g.groups)
-
-
-def on_rows(g: ConvGeometry, target: str) -> bool:
-    """Whether `direct_kernel` (NCHW) or `direct_nhwc_kernel` runs the convolution on the cpu: a direct one
-    (`uses_direct`), or a depthwise one (one input channel a group) of any window, whose GEMMs would be a
-    column or two wide: a 7x7 depthwise layer of 96 channels at 28x28 took 2.4 ms (NCHW) and 6.9 ms (NHWC) on
-    columns, 0.20 and 0.76 ms direct. (GPUs keep the rule-scheduled reduce of `uses_direct`, whose threads
-    share a row's work, and the template for the rest.)"""
-    return target == "cpu" and (uses_direct(g) or g.groups == g.c > 1)
-
-
-def rows_sum_exactly(g: ConvGeometry, target: str, dtype, b_dtype=None) -> bool:
-    """Whether the cpu's direct kernels (`on_rows`) run convolution `g` of `dtype` operands: floats, or 8-bit
-    integers (as f32, widened in the loads and converted to i32 in the stores) whose outputs sum at most
-    `gemm.exact_k` products, exact in f32. As a reduce summing in i32, a 3x3 depthwise ConvInteger over 144 channels
-    at 56x56 took 3.7-4.3 ms, on the rows 0.4-0.7 ms."""
-    if not on_rows(g, target):
-        return False
-    return dtype.is_float or g.c // g.groups * g.kh * g.kw <= mm.exact_k(dtype, b_dtype)
-
-
-@dataclass(frozen=True)
-class DirectRows:
-    """A direct convolution as `direct_kernel` / `direct_nhwc_kernel`, its prologue and epilogue fused.
-    `run` as `Lowered.run`."""
-
-    geometry: ConvGeometry
-    kernel: td.Kernel
-    x_name: str | None          # the input's placeholder, when the input is one (no prologue)
-    output: str                 # the kernel's output parameter: Y, or the fused epilogue's output
-
-    def weight_operand(self, weight: np.ndarray) -> np.ndarray:
-        """The OIHW weights as the kernel reads them: as they are (NCHW), (KH, KW, CG, O) for NHWC; in the kernel's
-        type (8-bit integers' as f32)."""
-        weight = weight.transpose(2, 3, 1, 0) if self.geometry.layout == "NHWC" else weight
-        return np.ascontiguousarray(weight, numpy_dtype(dict(self.kernel.params)["Wt"].dtype))
-
-    @functools.cached_property
-    def _call(self) -> tuple:
-        """The generic kernel's geometry scalars (a fused kernel has them built in) and its parameter names."""
-        return (dict(**_direct_scalars(self.geometry), **_plane_scalars(self.geometry)),
-                [name for name, _ in self.kernel.params])
-
-    def run(self, arrays: dict, weight: np.ndarray, out: np.ndarray) -> None:
-        """out = the convolution (with its fused prologue and epilogue) of `arrays` and the weight operand."""
-        scalars, names = self._call
-        args = dict(arrays, Wt=weight, **scalars)
-        args[self.output] = out
-        if self.x_name is not None:
-            x = arrays[self.x_name]
-            args["X"] = x
-        self.kernel(*[args[name] for name in names])
-
-    @property
-    def kernels(self) -> list:
-        return [self.kernel]
-
-
-def _lower_rows(g: ConvGeometry, dtype, x: td.Tensor, epilogue) -> DirectRows:
-    """The layout's direct kernel with `x`'s definition in its loads (unless a placeholder) and `epilogue`
-    in its stores. A plain depthwise NHWC convolution's kernel is always built for its geometry: its taps unroll."""
-    y = td.placeholder("Y", dtype, g.out_shape)
-    z = epilogue(y)
-    x_name = x.name if x.kind == "placeholder" else None
-    nchw = g.layout == "NCHW"
-    plane = uses_plane(g)
-    depthwise = not nchw and g.groups == g.c == g.oc
-    if depthwise:
-        kernel = depthwise_nhwc_kernel(dtype, whole_window(g), fast_compile_enabled(), g.kw)
-        scalars = _window_scalars(g)
-    else:
-        kernel = plane_kernel(dtype) if plane else direct_kernel(dtype) if nchw else direct_nhwc_kernel(dtype)
-        scalars = _direct_scalars(g)
-    # The generic kernels serve every geometry with one compile, but fusion specializes them, to the geometry's
-    # scalars too: with a constant stride, a row's taps are unit-stride loops that vectorize.
-    if depthwise or z is not y or x_name is None:
-        w_shape = (g.oc, g.c // g.groups, g.kh, g.kw) if nchw else (g.kh, g.kw, g.c // g.groups, g.oc)
-        examples = [np.empty(s, dtype.numpy) for s in (input_shape(g), w_shape, g.out_shape)]
-        extents = _plane_scalars(g) if plane else {}
-        kernel = td.fuse(kernel, *examples, *scalars.values(), *extents.values(), prologues={} if x_name else {"X": x},
-                         epilogues={"Y": z} if z is not y else {}, constants=tuple(scalars))
-    return DirectRows(g, kernel, x_name, "Y" if z is y else z.name)
-
-
 def _columns_shape(g: ConvGeometry) -> tuple:
     """The shape `columns_kernel` writes: (N, K, OH*OW) (K of every group)."""
     groups, _, k, _ = g.gemm
@@ -737,7 +241,7 @@ def _columns_shape(g: ConvGeometry) -> tuple:
 
 
 def _columns_scalars(g: ConvGeometry) -> dict:
-    return dict(conv_kh=g.kh, conv_kw=g.kw, conv_ow=g.ow, **_window_scalars(g))
+    return dict(conv_kh=g.kh, conv_kw=g.kw, conv_ow=g.ow, **window_scalars(g))
 
 
 def columns_output_view(g: ConvGeometry, c: td.Tensor) -> td.Tensor:
@@ -856,10 +360,10 @@ def lower(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue, b_dtype=N
     On a GPU the schedule is `tuned_point`'s, one per geometry whatever the prologue and epilogue."""
     if rows_sum_exactly(g, target, dtype, b_dtype):      # (the direct kernels sum in f32)
         if dtype.is_float:
-            return _lower_rows(g, dtype, x, epilogue)
+            return lower_rows(g, dtype, x, epilogue)
         wide = td.compute("XF", x.shape, lambda *i: td.cast(x[i], td.f32))      # 8-bit integers: exact in f32
-        return _lower_rows(g, td.f32, wide, lambda y: epilogue(td.compute("YI", y.shape,
-                                                                          lambda *i: td.cast(y[i], td.i32))))
+        return lower_rows(g, td.f32, wide, lambda y: epilogue(td.compute("YI", y.shape,
+                                                                         lambda *i: td.cast(y[i], td.i32))))
     groups, m, k, n = g.gemm
     if on_columns(g, target):
         nchw = g.layout == "NCHW"
@@ -1073,11 +577,6 @@ def depth_stacked(x, kd: int, stride: int, begin: int, dilation: int, od: int, c
     return op(x)[0], op
 
 
-def input_shape(g: ConvGeometry) -> tuple:
-    """The shape of convolution `g`'s input, in its layout."""
-    return (g.n, g.c, g.h, g.w) if g.layout == "NCHW" else (g.n, g.h, g.w, g.c)
-
-
 @dataclass(frozen=True)
 class ConvPlan:
     """A convolution compiled for one target: a direct reduce op, or a lowering (matmul, direct rows)."""
@@ -1145,14 +644,6 @@ def _plan(g: ConvGeometry, dtype, target: str, has_bias: bool, activation, fast:
         return ConvPlan(g, direct=_direct_op(g, dtype, x, bias, activation, b_dtype), out_dtype=out_dtype)
     lowered = lower(g, dtype, target, x, lambda y: bias_activation(g, y, bias, activation), b_dtype)
     return ConvPlan(g, lowered=lowered, out_dtype=out_dtype)
-
-
-def uses_direct(g: ConvGeometry) -> bool:
-    """Whether `g` is a direct convolution, no GEMM: a grouped (depthwise) convolution with a tiny
-    reduction per output, where each group's GEMM would be a few rows. Ungrouped convolutions always take the
-    matmul template, whose short-k GEMM beats a thread-per-output reduce by far (MobileNet-V2's 1x1
-    convolutions over 16-32 channels: 2 GFLOP/s as reductions)."""
-    return g.groups > 1 and g.gemm[2] <= DIRECT_MAX_REDUCTION
 
 
 def _direct_op(g: ConvGeometry, dtype, x: td.Tensor, bias, activation, b_dtype=None) -> td.Op:

@@ -15,7 +15,7 @@ elements inside the input).
 On the cpu, f32 max and average pooling run `rows_kernel` instead: one block per (channel, image)
 keeps a chunk of an output row's running maxima (sums) in registers, window tap by window tap over
 the columns whose input lies inside the row (no bounds checks in the loop), as the direct
-convolutions of `stdlib_ops.conv` do. `pool_rows` gives the graph layer the same kernel with
+convolutions of `stdlib_ops.conv_direct` do. `pool_rows` gives the graph layer the same kernel with
 the layer's window built in (ResNet-50's max pool: 1.7 ms as a reduce; a 3x3 average pool of
 (1, 64, 112, 112) 6.6 ms as a reduce, 17x onnxruntime's time).
 """
@@ -33,7 +33,7 @@ from taskdsl.runtime.arrays import as_array
 from taskdsl.runtime.config import fast_compile_enabled, get_target
 
 from . import reduce as _reduce
-from .conv import end_inside, first_inside
+from .conv_geometry import end_inside, first_inside
 from .elementwise import Plan, cached_op, contiguous, flag, int_tuple, tdtype
 
 __all__ = ["avg_pool2d", "global_avg_pool2d", "max_pool2d"]

@@ -176,9 +176,10 @@ def test_settings_and_sizes_taskdsl_cannot_use_are_usage_errors(capsys):
 def test_the_conv_schedule_column_says_when_the_input_is_the_gemm_operand(simulated_gpu):
     import taskdsl as td
     from stdlib_ops import conv
+    from stdlib_ops.conv_geometry import geometry
     from taskdsl.bench.conv import _schedule
-    pointwise = conv.plan(conv.geometry((1, 7, 7, 64), (32, 64, 1, 1), layout="NHWC"), td.f16, "cuda", False, None)
-    spatial = conv.plan(conv.geometry((1, 7, 7, 64), (32, 64, 3, 3), padding=1, layout="NHWC"), td.f16, "cuda",
+    pointwise = conv.plan(geometry((1, 7, 7, 64), (32, 64, 1, 1), layout="NHWC"), td.f16, "cuda", False, None)
+    spatial = conv.plan(geometry((1, 7, 7, 64), (32, 64, 3, 3), padding=1, layout="NHWC"), td.f16, "cuda",
                         False, None)
     assert _schedule(pointwise).endswith(", input as A") and "input as A" not in _schedule(spatial)
     assert _schedule(spatial).startswith("16x64 bk64")        # the tensor-core default below 2^20 outputs

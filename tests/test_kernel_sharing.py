@@ -84,6 +84,6 @@ def test_eager_convolutions_at_new_sizes_reuse_one_module():
         x = rng.standard_normal((1, 16, size, size)).astype(np.float32)
         np.testing.assert_allclose(ops.conv2d(x, w, b, padding=1, activation="relu"), _conv_bias_relu(x, w, b),
                                    rtol=1e-4, atol=1e-3)
-        g = ops.conv.geometry(x.shape, w.shape, 1, 1, 1, 1, "NCHW")
+        g = ops.conv_geometry.geometry(x.shape, w.shape, 1, 1, 1, 1, "NCHW")
         tiles += [k for k in ops.conv.plan(g, td.f32, "cpu", True, "relu").kernels if k.name.startswith("tile")]
     assert len(tiles) == 4 and len(_modules(tiles[1:])) == 1

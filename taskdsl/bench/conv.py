@@ -96,6 +96,7 @@ def _as_operand(a: np.ndarray, dtype) -> np.ndarray:
 def _cpu_rows(layers, layout: str, depthwise: bool, kind: str) -> list:
     import taskdsl as td
     from stdlib_ops import conv
+    from stdlib_ops.conv_geometry import geometry
     rng = np.random.default_rng(0)
     rows = []
     for c, hw, oc, k, s, p in layers:
@@ -103,7 +104,7 @@ def _cpu_rows(layers, layout: str, depthwise: bool, kind: str) -> list:
         x, w = _operands(rng, c, hw, oc, k, groups, kind)
         bias = rng.standard_normal(oc).astype(np.float32) if depthwise else None
         x_in = x if layout == "NCHW" else np.ascontiguousarray(x.transpose(0, 2, 3, 1))
-        g = conv.geometry(x_in.shape, w.shape, s, p, groups=groups, layout=layout)
+        g = geometry(x_in.shape, w.shape, s, p, groups=groups, layout=layout)
         types = _operand_types(kind, "cpu")
         plan = conv.plan(g, types[0], "cpu", depthwise, "relu6" if depthwise else None, types[1])
         x_td, w_td = _as_operand(x_in, types[0]), _as_operand(w, types[0])
@@ -128,6 +129,7 @@ def _cuda_rows(layers, layout: str, kind: str) -> list:
     import torch
     import taskdsl as td
     from stdlib_ops import conv
+    from stdlib_ops.conv_geometry import geometry
     from .cuda_timing import time_cuda, time_cuda_replayed, time_torch_replayed
     rng = np.random.default_rng(0)
     rows = []
@@ -137,7 +139,7 @@ def _cuda_rows(layers, layout: str, kind: str) -> list:
         peer_type = torch.bfloat16 if kind == "bf16" else torch.float16     # (8-bit: cuDNN's f16)
         x, w = (torch.from_numpy(a.astype(np.float32)).cuda().to(peer_type) for a in (x_host, w_host))
         x_in = x_host if layout == "NCHW" else np.ascontiguousarray(x_host.transpose(0, 2, 3, 1))
-        g = conv.geometry(x_in.shape, w_host.shape, s, p, layout=layout)
+        g = geometry(x_in.shape, w_host.shape, s, p, layout=layout)
         dtype, b_dtype = _operand_types(kind, "cuda")
         plan = conv.plan(g, dtype, "cuda", False, None, b_dtype)
         x_dev = td.to_device(_as_operand(x_in, dtype))          # the prepared launch path

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 from stdlib_ops import conv, elementwise, gemm, norm, pool, reduce, rowwise, transform
+from stdlib_ops.conv_geometry import ConvGeometry, geometry, input_shape
 
 from .. import schedule
 from ..ir import types as T
@@ -135,7 +136,7 @@ def _made_once(cache: dict, owner, make):
     return cache["value"]
 
 
-def conv_geometry(op: Conv | IntegerConv) -> conv.ConvGeometry:
+def conv_geometry(op: Conv | IntegerConv) -> ConvGeometry:
     """The stdlib_ops.conv geometry of a graph convolution: 2-D; 1-D as 2-D over an image of one row; 3-D as the 2-D
     convolution of its depth-stacked input (`conv.depth_stacked`)."""
     x, w = op.inputs
@@ -146,14 +147,14 @@ def conv_geometry(op: Conv | IntegerConv) -> conv.ConvGeometry:
         channels = op.channels(x.shape) * kd
         x_shape = (n * od, h, width, channels) if a["channels_last"] else (n * od, channels, h, width)
         pads = (a["pads"][1], a["pads"][2], a["pads"][4], a["pads"][5])
-        return conv.geometry(x_shape, (w.shape[0], w.shape[1] * kd) + w.shape[3:], a["strides"][1:], pads,
-                             a["dilations"][1:], a["groups"], layout)
+        return geometry(x_shape, (w.shape[0], w.shape[1] * kd) + w.shape[3:], a["strides"][1:], pads,
+                        a["dilations"][1:], a["groups"], layout)
     if x.ndim == 3:
         x_shape = (x.shape[0], 1) + x.shape[1:] if a["channels_last"] else x.shape[:2] + (1, x.shape[2])
-        return conv.geometry(x_shape, w.shape[:2] + (1, w.shape[2]), (1, a["strides"][0]),
-                             (0, a["pads"][0], 0, a["pads"][1]), (1, a["dilations"][0]), a["groups"], layout)
+        return geometry(x_shape, w.shape[:2] + (1, w.shape[2]), (1, a["strides"][0]),
+                        (0, a["pads"][0], 0, a["pads"][1]), (1, a["dilations"][0]), a["groups"], layout)
     pads = (a["pads"][0], a["pads"][1], a["pads"][2], a["pads"][3])
-    return conv.geometry(x.shape, w.shape, a["strides"], pads, a["dilations"], a["groups"], layout)
+    return geometry(x.shape, w.shape, a["strides"], pads, a["dilations"], a["groups"], layout)
 
 
 def packed_weight(lowering, tensor, weight, cache: dict):
@@ -185,7 +186,7 @@ def _on_conv_plan(op, p: conv.ConvPlan, arrays: list) -> tuple:
                                                             op.__dict__.setdefault("_packed", {}))
     if op.inputs[0].ndim == 5:
         return _depth_stacked_conv(op, p, contiguous(arrays[0]), weight, packed)
-    x = contiguous(arrays[0]).reshape(conv.input_shape(g))
+    x = contiguous(arrays[0]).reshape(input_shape(g))
     return [p.run(x, weight, packed=packed).reshape(op.outputs[0].shape)], p.kernels
 
 

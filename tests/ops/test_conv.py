@@ -12,8 +12,9 @@ from hypothesis import assume, given, settings, strategies as st
 
 import taskdsl as td
 import stdlib_ops as ops
-from stdlib_ops import conv, gemm
+from stdlib_ops import conv, conv_direct, gemm
 from stdlib_ops import matmul_cpu as cpu_tile
+from stdlib_ops.conv_geometry import geometry
 from taskdsl.schedule import tuner
 from taskdsl.schedule.space import Space
 import taskdsl.graph as tg
@@ -85,7 +86,7 @@ def test_cpu_window_kernels_im2col_in_their_copy(n, c, oc, hw, k, stride, pad, d
     dilations, padding, and a preceding ReLU fused into its loads with bias and ReLU6 in its stores."""
     td.set_target("cpu")
     (h, w), (kh, kw) = hw, k
-    g = conv.geometry((n, c, h, w), (oc, c, kh, kw), stride, pad, dilation)
+    g = geometry((n, c, h, w), (oc, c, kh, kw), stride, pad, dilation)
     assume(g.ow >= conv.WINDOW_ROW and g.oh * g.ow >= 512 and (kh, kw, stride, pad) != (1, 1, 1, 0))
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((n, c, h, w)).astype(np.float32)
@@ -107,7 +108,7 @@ def test_cpu_window_kernels_im2col_in_their_copy(n, c, oc, hw, k, stride, pad, d
 
 def test_gpu_convolutions_fold_im2col_into_the_gemm_loads(simulated_gpu):
     """On GPUs the GEMM's loads of A are the implicit im2col: one kernel, no A and no C buffer."""
-    g = conv.geometry((2, 9, 7, 8), (12, 4, 3, 3), padding=1, groups=2, layout="NHWC")
+    g = geometry((2, 9, 7, 8), (12, 4, 3, 3), padding=1, groups=2, layout="NHWC")
     low = conv.plan(g, td.f32, "cuda", True, "relu").lowered
     assert not low.transposed_a and not low.on_columns and low.kernels == [low.kernel]
     assert [name for name, _ in low.kernel.params] == ["B", "batch_index", "split", "X", "bias", "Z"]
@@ -115,9 +116,9 @@ def test_gpu_convolutions_fold_im2col_into_the_gemm_loads(simulated_gpu):
     text = low.kernel.ir(w, np.zeros((2, 2), np.int32), 1, x, np.zeros(12, np.float32),
                          np.zeros((2, 9, 7, 2, 6), np.float32))
     assert "X[" in text and "A[" not in text
-    depthwise = conv.geometry((1, 8, 8, 4), (4, 1, 3, 3), padding=1, groups=4, layout="NHWC")
+    depthwise = geometry((1, 8, 8, 4), (4, 1, 3, 3), padding=1, groups=4, layout="NHWC")
     assert conv.plan(depthwise, td.f32, "cuda", False, None).direct        # a reduce (cpu: direct rows)
-    tiny = conv.plan(conv.geometry((1, 3, 7, 7), (5, 3, 1, 1)), td.f32, "cpu", False, None)   # reduction of 3,
+    tiny = conv.plan(geometry((1, 3, 7, 7), (5, 3, 1, 1)), td.f32, "cpu", False, None)   # reduction of 3,
     assert tiny.direct is None and tiny.lowered is not None                                # but ungrouped: a GEMM
 
 
@@ -130,7 +131,7 @@ def test_gpu_convolutions_with_few_tiles_split_k(simulated_gpu, layout, groups, 
     w = rng.standard_normal((8, 16 // groups, 3, 3)).astype(np.float32)
     bias = rng.standard_normal(8).astype(np.float32)
     xin = x if layout == "NCHW" else x.transpose(0, 2, 3, 1).copy()
-    g = conv.geometry(xin.shape, w.shape, padding=1, groups=groups, layout=layout)
+    g = geometry(xin.shape, w.shape, padding=1, groups=groups, layout=layout)
     low = conv.plan(g, td.f32, "cuda", True, "relu").lowered
     assert low.matmul.split == split and low.kernels == [low.kernel, low.finish]
     assert [name for name, _ in low.finish.params][:2] == ["P", "split"] and "bias" in dict(low.finish.params)
@@ -149,7 +150,7 @@ def test_gpu_pointwise_nhwc_convolutions_read_the_input_as_the_gemm_operand(simu
     x = rng.standard_normal((1, pixels, pixels, channels)).astype(np.float32)
     w = rng.standard_normal((8, channels, 1, 1)).astype(np.float32)
     bias = rng.standard_normal(8).astype(np.float32)
-    g = conv.geometry(x.shape, w.shape, layout="NHWC")
+    g = geometry(x.shape, w.shape, layout="NHWC")
     low = conv.plan(g, td.f32, "cuda", True, "relu").lowered
     assert low.on_columns and low.columns is None and low.matmul.split == split
     assert "A" in dict(low.kernel.params) and "X" not in dict(low.kernel.params)
@@ -177,7 +178,7 @@ def test_gpu_convolutions_are_tuned_on_their_own_kernels(simulated_gpu, monkeypa
     rng = np.random.default_rng(5)
     x = rng.standard_normal((1, 16, 6, 6)).astype(np.float32)
     w = rng.standard_normal((8, 16, 3, 3)).astype(np.float32)
-    g = conv.geometry(x.shape, w.shape, padding=1)
+    g = geometry(x.shape, w.shape, padding=1)
     low = conv.plan(g, td.f32, "cuda", True, "relu").lowered
     assert low.matmul.point == winner and seen["op"] == "conv_simt_matmul" and seen["shapes"] == (g,)
     assert seen["outputs"] == {2: td.f32}       # a would-be winner's output is checked against the default's
@@ -240,7 +241,7 @@ def test_gpu_convolution_tuning_end_to_end(simulated_gpu, tmp_path, monkeypatch,
     host_type = td.ir.types.numpy_dtype(dtype)
     x = rng.standard_normal((1, channels, hw, hw)).astype(host_type)
     w = (rng.standard_normal((8, channels, 3, 3)) / np.sqrt(channels)).astype(host_type)
-    g = conv.geometry(x.shape, w.shape, padding=1)
+    g = geometry(x.shape, w.shape, padding=1)
     template = gemm.template_for(dtype, "cuda").name
     _, split_point = tune_over_a_pair(monkeypatch, tmp_path, dtype, g)
     timed = []
@@ -276,7 +277,7 @@ def test_f16_convolution_tuning_on_a_gpu(tmp_path, monkeypatch):
     rng = np.random.default_rng(9)
     x = rng.standard_normal((1, 14, 14, 32)).astype(np.float16)
     w = (rng.standard_normal((64, 32, 3, 3)) / 17).astype(np.float16)
-    g = conv.geometry(x.shape, w.shape, padding=1, layout="NHWC")
+    g = geometry(x.shape, w.shape, padding=1, layout="NHWC")
     pair = tune_over_a_pair(monkeypatch, tmp_path, td.f16, g)
     low = conv.plan(g, td.f16, "cuda", False, None).lowered
     assert low.matmul.point in pair
@@ -293,14 +294,14 @@ def test_cpu_nchw_convolutions_multiply_explicit_columns_by_the_packed_weights()
     stride-1 convolution reads its input as the columns: one kernel."""
     td.set_target("cpu")
     rng = np.random.default_rng(7)
-    g = conv.geometry((2, 40, 9, 7), (12, 40, 3, 3), padding=1)
+    g = geometry((2, 40, 9, 7), (12, 40, 3, 3), padding=1)
     low = conv.plan(g, td.f32, "cpu", True, "relu").lowered
     assert low.transposed_a and low.columns is conv.columns_kernel(td.f32)
     assert [k.name for k in low.kernels] == ["im2col_f32", low.matmul.kernel(packed_b=True).name + "_at_fused"]
     assert low.matmul.operand_shapes(transposed_a=True)[0] == (2, 40 * 9, 9 * 7)
     assert low.matmul.kernel(packed_b=True).name.startswith("tile_matmul_")
     assert [name for name, _ in low.kernel.params] == ["A", "B", "batch_index", "split", "bias", "Z"]
-    pointwise = conv.plan(conv.geometry((2, 40, 9, 7), (12, 40, 1, 1)), td.f32, "cpu", False, None).lowered
+    pointwise = conv.plan(geometry((2, 40, 9, 7), (12, 40, 1, 1)), td.f32, "cpu", False, None).lowered
     assert pointwise.columns is None and len(pointwise.kernels) == 1
     x = rng.standard_normal((2, 40, 9, 7)).astype(np.float32)
     for ks, pad in (((3, 3), 1), ((1, 1), 0)):
@@ -315,7 +316,7 @@ def test_cpu_nhwc_convolutions_read_their_im2col_in_place_from_the_padded_input(
     element (pixel, (kh, kw, c)) of the im2col at the pixel's offset plus the tap's; C comes out NHWC. Without
     padding the input itself is read (one kernel), and a 1x1 stride-1 convolution's input is the columns."""
     td.set_target("cpu")
-    g = conv.geometry((2, 9, 7, 40), (12, 40, 3, 3), padding=(1, 2, 0, 1), layout="NHWC")
+    g = geometry((2, 9, 7, 40), (12, 40, 3, 3), padding=(1, 2, 0, 1), layout="NHWC")
     low = conv.plan(g, td.f32, "cpu", True, "relu").lowered
     assert low.on_columns and low.indirect and low.columns is conv.pad_kernel(td.f32)
     assert [k.name for k in low.kernels] == ["pad_nhwc_f32", low.matmul.kernel(packed_b=True).name + "_indirect_fused"]
@@ -328,10 +329,10 @@ def test_cpu_nhwc_convolutions_read_their_im2col_in_place_from_the_padded_input(
     x = np.random.default_rng(6).standard_normal((2, 9, 7, 40)).astype(np.float32)
     want = reference(x.transpose(0, 3, 1, 2), w, None, (1, 1), g.padding, (1, 1), 1).transpose(0, 2, 3, 1)
     np.testing.assert_allclose(ops.conv2d(x, w, padding=(1, 2, 0, 1), layout="NHWC"), want, rtol=1e-4, atol=1e-4)
-    unpadded = conv.plan(conv.geometry((2, 9, 7, 40), (12, 40, 3, 3), stride=2, layout="NHWC"), td.f32, "cpu",
+    unpadded = conv.plan(geometry((2, 9, 7, 40), (12, 40, 3, 3), stride=2, layout="NHWC"), td.f32, "cpu",
                          False, None)
     assert unpadded.lowered.indirect and unpadded.lowered.columns is None and len(unpadded.kernels) == 1
-    pointwise = conv.plan(conv.geometry((2, 9, 7, 40), (12, 40, 1, 1), layout="NHWC"), td.f32, "cpu", False, None)
+    pointwise = conv.plan(geometry((2, 9, 7, 40), (12, 40, 1, 1), layout="NHWC"), td.f32, "cpu", False, None)
     assert not pointwise.lowered.indirect and pointwise.lowered.columns is None and len(pointwise.kernels) == 1
 
 
@@ -342,7 +343,7 @@ def test_cpu_nhwc_convolutions_past_i32_offsets_take_the_implicit_im2col(monkeyp
     monkeypatch.setattr(conv, "_indexable", lambda g: False)
     x = np.random.default_rng(8).standard_normal((1, 6, 5, 7)).astype(np.float32)
     w = np.random.default_rng(9).standard_normal((4, 7, 3, 3)).astype(np.float32)
-    g = conv.geometry(x.shape, w.shape, stride=(2, 1), padding=(1, 0, 2, 1), layout="NHWC")
+    g = geometry(x.shape, w.shape, stride=(2, 1), padding=(1, 0, 2, 1), layout="NHWC")
     low = conv.lower(g, td.f32, "cpu", conv._x_placeholder(g, td.f32), conv.no_epilogue)
     assert not low.on_columns and low.kernels == [low.kernel]
     out = np.empty(g.out_shape, np.float32)
@@ -361,7 +362,7 @@ def test_cpu_grouped_nhwc_convolutions_read_each_groups_im2col_in_place(kernel):
     x = rng.standard_normal((2, 5, 6, 120)).astype(np.float32)          # 3 groups of 40 channels
     w = rng.standard_normal((9, 40, *kernel)).astype(np.float32)
     padding = (kernel[0] // 2, 0)
-    g = conv.geometry(x.shape, w.shape, padding=padding, groups=3, layout="NHWC")
+    g = geometry(x.shape, w.shape, padding=padding, groups=3, layout="NHWC")
     low = conv.plan(g, td.f32, "cpu", False, None).lowered
     assert low.indirect and low.matmul.operand_shapes()[2] == (2 * 3, g.oh * g.ow, 3)
     image = (5 + 2 * padding[0]) * 6 * 120
@@ -369,8 +370,8 @@ def test_cpu_grouped_nhwc_convolutions_read_each_groups_im2col_in_place(kernel):
     got = ops.conv2d(x, w, padding=padding, groups=3, layout="NHWC")
     want = reference(x.transpose(0, 3, 1, 2), w, None, (1, 1), g.padding, (1, 1), 3).transpose(0, 2, 3, 1)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-    depthwise = conv.geometry((1, 9, 9, 8), (8, 1, 7, 7), padding=3, groups=8, layout="NHWC")    # 49 terms
-    assert isinstance(conv.plan(depthwise, td.f32, "cpu", False, None).lowered, conv.DirectRows)
+    depthwise = geometry((1, 9, 9, 8), (8, 1, 7, 7), padding=3, groups=8, layout="NHWC")    # 49 terms
+    assert isinstance(conv.plan(depthwise, td.f32, "cpu", False, None).lowered, conv_direct.DirectRows)
 
 
 @settings(max_examples=8, deadline=None)
@@ -402,19 +403,20 @@ def test_cpu_direct_convolutions_run_rows_with_the_epilogue_in_the_stores():
     depthwise conv whose padded input, or its phases when strided, fits its buffer): one generic kernel, or one
     kernel with bias and activation fused and the window geometry built in; on GPUs the rule-scheduled reduce
     stays."""
-    g = conv.geometry((1, 8, 9, 9), (16, 1, 3, 3), padding=1, groups=8)
-    strided = conv.geometry((1, 8, 9, 9), (16, 1, 3, 3), stride=2, padding=1, groups=8)
+    g = geometry((1, 8, 9, 9), (16, 1, 3, 3), padding=1, groups=8)
+    strided = geometry((1, 8, 9, 9), (16, 1, 3, 3), stride=2, padding=1, groups=8)
     for plane in (g, strided):
-        assert conv.on_rows(plane, "cpu") and not conv.on_rows(plane, "cuda") and conv.uses_plane(plane)
-        assert conv.plan(plane, td.f32, "cpu", False, None).kernels == [conv.plane_kernel(td.f32)]
-    wide = conv.geometry((1, 8, 130, 130), (8, 1, 3, 3), padding=1, groups=8)  # a padded plane over PLANE
-    big = conv.geometry((1, 8, 100, 100), (8, 1, 3, 3), stride=2, padding=1, groups=8)    # phases over PLANE
-    two = conv.geometry((1, 8, 9, 9), (8, 2, 3, 3), padding=1, groups=4)          # two input channels a group
+        assert (conv_direct.on_rows(plane, "cpu") and not conv_direct.on_rows(plane, "cuda")
+                and conv_direct.uses_plane(plane))
+        assert conv.plan(plane, td.f32, "cpu", False, None).kernels == [conv_direct.plane_kernel(td.f32)]
+    wide = geometry((1, 8, 130, 130), (8, 1, 3, 3), padding=1, groups=8)  # a padded plane over PLANE
+    big = geometry((1, 8, 100, 100), (8, 1, 3, 3), stride=2, padding=1, groups=8)    # phases over PLANE
+    two = geometry((1, 8, 9, 9), (8, 2, 3, 3), padding=1, groups=4)          # two input channels a group
     for rows in (wide, big, two):
-        assert not conv.uses_plane(rows)
-        assert conv.plan(rows, td.f32, "cpu", False, None).kernels == [conv.direct_kernel(td.f32)]
-    nhwc = conv.geometry((1, 9, 9, 8), (16, 1, 3, 3), padding=1, groups=8, layout="NHWC")
-    assert conv.plan(nhwc, td.f32, "cpu", False, None).kernels == [conv.direct_nhwc_kernel(td.f32)]
+        assert not conv_direct.uses_plane(rows)
+        assert conv.plan(rows, td.f32, "cpu", False, None).kernels == [conv_direct.direct_kernel(td.f32)]
+    nhwc = geometry((1, 9, 9, 8), (16, 1, 3, 3), padding=1, groups=8, layout="NHWC")
+    assert conv.plan(nhwc, td.f32, "cpu", False, None).kernels == [conv_direct.direct_nhwc_kernel(td.f32)]
     fused = conv.plan(wide, td.f32, "cpu", True, "relu6").lowered
     assert [k.name for k in fused.kernels] == ["conv_direct_rows_f32_fused"]
     assert [name for name, _ in fused.kernel.params] == ["X", "Wt", "bias", "Z"]     # no geometry scalars left
@@ -425,7 +427,7 @@ def test_cpu_direct_convolutions_run_rows_with_the_epilogue_in_the_stores():
     rng = np.random.default_rng(3)
     for hw in (9, 61):     # a plane of one sweep of sums, and one of many (61 x 61 rows of 63: 3904 sums)
         x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((1, 8, hw, hw), (16, 1, 3, 3), (16,)))
-        assert conv.uses_plane(conv.geometry(x.shape, w.shape, padding=1, groups=8))
+        assert conv_direct.uses_plane(geometry(x.shape, w.shape, padding=1, groups=8))
         want = np.clip(reference(x, w, b, (1, 1), (1,) * 4, (1, 1), 8), 0, 6)
         got = ops.conv2d(x, w, b, padding=1, groups=8, activation="relu6")
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
@@ -446,7 +448,7 @@ def test_cpu_direct_rows_match_reference(n, groups, cg, mult, hw, k, stride, pad
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((n, groups * cg, h, w)).astype(np.float32)
     wt = rng.standard_normal((groups * mult, cg, kh, kw)).astype(np.float32)
-    assert conv.on_rows(conv.geometry(x.shape, wt.shape, stride, pad, dilation, groups), "cpu")
+    assert conv_direct.on_rows(geometry(x.shape, wt.shape, stride, pad, dilation, groups), "cpu")
     want = reference(x, wt, None, (stride,) * 2, (pad,) * 4, (dilation,) * 2, groups)
     if layout == "NHWC":
         got = ops.conv2d(x.transpose(0, 2, 3, 1), wt, stride=stride, padding=pad, dilation=dilation, groups=groups,
@@ -460,8 +462,9 @@ def test_cpu_direct_rows_match_reference(n, groups, cg, mult, hw, k, stride, pad
     (5, 13, (3, 3), (1, 1), 2, True, True),     # the whole window unrolled; 13 pixels: the last group repeats one
     (5, 13, (3, 3), (1, 1), 2, True, False),
     (37, 37, (3, 3), (2, 1), 1, True, True),
-    (conv.ROW_BUFFER // conv.DEPTHWISE_PIXELS + 5, 6, (3, 3), (1, 2), 1, True, True),    # two pieces of channels
-    (conv.ROW_BUFFER // conv.DEPTHWISE_PIXELS + 5, 6, (3, 3), (1, 2), 1, True, False),
+    # two pieces of channels
+    (conv_direct.ROW_BUFFER // conv_direct.DEPTHWISE_PIXELS + 5, 6, (3, 3), (1, 2), 1, True, True),
+    (conv_direct.ROW_BUFFER // conv_direct.DEPTHWISE_PIXELS + 5, 6, (3, 3), (1, 2), 1, True, False),
     (24, 29, (5, 3), (1, 1), 1, False, True),   # a window row at a time
     (16, 11, (7, 7), (2, 1), 1, False, True)])
 def test_nhwc_depthwise_kernel_sums_groups_of_pixels(channels, width, window, stride, dilation, whole, fast):
@@ -476,8 +479,8 @@ def test_nhwc_depthwise_kernel_sums_groups_of_pixels(channels, width, window, st
     w = rng.standard_normal((channels, 1) + window).astype(np.float32)
     b = rng.standard_normal(channels).astype(np.float32)
     padding = (1, 4, 0, 3)
-    g = conv.geometry(x.shape, w.shape, stride, padding, dilation, channels, layout="NHWC")
-    assert conv.whole_window(g) == whole
+    g = geometry(x.shape, w.shape, stride, padding, dilation, channels, layout="NHWC")
+    assert conv_direct.whole_window(g) == whole
     assert [k.name for k in conv.plan(g, td.f32, "cpu", True, "relu").kernels] == ["conv_depthwise_nhwc_f32_fused"]
     got = ops.conv2d(x, w, b, stride, padding, dilation, channels, layout="NHWC", activation="relu")
     want = reference(x.transpose(0, 3, 1, 2), w, b, stride, padding, (dilation,) * 2, channels)
@@ -519,7 +522,7 @@ def test_nhwc_depthwise_kernel_matches_reference_inside_and_at_the_borders(chann
     b = rng.standard_normal(channels).astype(np.float32)
     if infinite:
         wt[channels // 2, 0, 0, kw - 1] = np.inf
-    g = conv.geometry(x.shape, wt.shape, stride, pads, dilation, channels, layout="NHWC")
+    g = geometry(x.shape, wt.shape, stride, pads, dilation, channels, layout="NHWC")
     assert [kern.name for kern in conv.plan(g, td.f32, "cpu", True, "relu").kernels] == \
         ["conv_depthwise_nhwc_f32_fused"]
     got = ops.conv2d(x, wt, b, stride, pads, dilation, channels, layout="NHWC", activation="relu")
@@ -544,8 +547,8 @@ def test_cpu_depthwise_planes_match_reference(n, channels, mult, hw, k, stride, 
     x = rng.standard_normal((n, channels, h, w)).astype(np.float32)
     wt = rng.standard_normal((channels * mult, 1, kh, kw)).astype(np.float32)
     b = rng.standard_normal(channels * mult).astype(np.float32) if fused else None
-    g = conv.geometry(x.shape, wt.shape, stride, pads, dilation, channels)
-    assert conv.on_rows(g, "cpu") and conv.uses_plane(g)
+    g = geometry(x.shape, wt.shape, stride, pads, dilation, channels)
+    assert conv_direct.on_rows(g, "cpu") and conv_direct.uses_plane(g)
     want = reference(x, wt, b, stride, pads, (dilation,) * 2, channels)
     got = ops.conv2d(x, wt, b, stride=stride, padding=pads, dilation=dilation, groups=channels,
                      activation="relu6" if fused else None)
@@ -574,7 +577,7 @@ def test_f16_tensor_core_convolutions_split_k_on_a_gpu(layout):
     w = (rng.standard_normal((64, 64, 3, 3)) / 24).astype(np.float16)
     b = rng.standard_normal(64).astype(np.float16)
     xin = x if layout == "NCHW" else x.transpose(0, 2, 3, 1).copy()
-    g = conv.geometry(xin.shape, w.shape, padding=1, layout=layout)
+    g = geometry(xin.shape, w.shape, padding=1, layout=layout)
     low = conv.plan(g, td.f16, "cuda", True, "relu").lowered
     assert low.matmul.split > 1 and low.finish is not None
     y = ops.conv2d(td.to_device(xin), w, b, padding=1, layout=layout, activation="relu").numpy()
@@ -592,7 +595,7 @@ def test_bf16_tensor_core_convolutions_split_k(simulated_gpu, layout):
     w = (rng.standard_normal((16, 64, 3, 3)) / 24).astype(ml_dtypes.bfloat16)
     b = rng.standard_normal(16).astype(ml_dtypes.bfloat16)
     xin = x if layout == "NCHW" else x.transpose(0, 2, 3, 1).copy()
-    low = conv.plan(conv.geometry(xin.shape, w.shape, padding=1, layout=layout), td.bf16, "cuda", True, "relu").lowered
+    low = conv.plan(geometry(xin.shape, w.shape, padding=1, layout=layout), td.bf16, "cuda", True, "relu").lowered
     assert low.kernel.name.startswith("tc_matmul") and low.matmul.split > 1 and low.finish is not None
     y = ops.conv2d(td.to_device(xin), w, b, padding=1, layout=layout, activation="relu").numpy()
     assert y.dtype == ml_dtypes.bfloat16

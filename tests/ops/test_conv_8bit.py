@@ -15,7 +15,8 @@ from hypothesis import example, given, strategies as st
 
 import stdlib_ops as ops
 import taskdsl as td
-from stdlib_ops import conv, gemm
+from stdlib_ops import conv, conv_direct, gemm
+from stdlib_ops.conv_geometry import geometry
 
 from .test_conv import reference
 from .test_matmul_8bit import FEW, PAIRS, large_terms, operand, target  # noqa: F401 (target: the fixture)
@@ -76,13 +77,13 @@ def test_convolutions_of_8_bit_operands(target, case, layout, types, fused, seed
 def test_the_gpu_lowering_is_the_8_bit_tensor_core_gemm(simulated_gpu):
     """On a GPU: the 8-bit template with im2col in its loads (one kernel), the weights as its k-major B, which for
     NCHW are the OIHW weights as they are; a depthwise convolution is a reduce summing in i32."""
-    g = conv.geometry((1, 16, 6, 6), (8, 16, 3, 3), padding=1)
+    g = geometry((1, 16, 6, 6), (8, 16, 3, 3), padding=1)
     low = conv.plan(g, td.i8, "cuda", False, None, td.u8).lowered
     assert low.matmul.template.name == "tc_matmul" and low.matmul.k_major_b and low.kernels == [low.kernel]
     assert dict(low.kernel.params)["B"].dtype == td.u8 and "X" in dict(low.kernel.params)
     w = np.arange(8 * 16 * 9, dtype=np.uint8).reshape(8, 16, 3, 3)
     np.testing.assert_array_equal(low.weight_operand(w), w.reshape(1, 8, 144))
-    depthwise = conv.plan(conv.geometry((1, 8, 8, 4), (4, 1, 3, 3), padding=1, groups=4, layout="NHWC"), td.i8,
+    depthwise = conv.plan(geometry((1, 8, 8, 4), (4, 1, 3, 3), padding=1, groups=4, layout="NHWC"), td.i8,
                           "cuda", False, None)
     assert depthwise.direct is not None and depthwise.out_dtype == np.int32
 
@@ -98,7 +99,7 @@ def test_8_bit_gpu_convolutions_are_tuned_on_their_own_kernels(simulated_gpu, mo
     monkeypatch.setattr(conv, "tune", record)
     monkeypatch.setenv("TASKDSL_TUNE", "1")
     conv._plan.cache_clear()
-    g = conv.geometry((1, 16, 6, 6), (8, 16, 3, 3), padding=1)
+    g = geometry((1, 16, 6, 6), (8, 16, 3, 3), padding=1)
     low = conv.plan(g, td.u8, "cuda", False, None, td.i8).lowered
     assert seen["op"] == "conv_tc_matmul" and seen["dtypes"] == ("u8", "i8") and seen["outputs"] == {2: td.i32}
     assert seen["space"].name == gemm.template_for(td.u8, "cuda").space("cuda", 1).name
@@ -117,15 +118,15 @@ def test_the_cpu_lowering_is_the_float_gemm_summing_in_i32(dot4_products):
     """On the cpu an integer convolution takes a float one's GEMM (here NHWC's, reading its im2col in place), its
     k blocks no longer than `gemm.exact_k`, its output i32, its weights the template's f32 panels; a depthwise one
     the f32 direct kernels, x widened in their loads, the sums converted to i32 in their stores, the weights f32."""
-    g = conv.geometry((2, 6, 6, 8), (8, 4, 3, 3), padding=1, groups=2, layout="NHWC")
+    g = geometry((2, 6, 6, 8), (8, 4, 3, 3), padding=1, groups=2, layout="NHWC")
     low = conv.plan(g, td.u8, "cpu", True, "relu6", td.i8).lowered
     assert low.indirect and low.matmul.template is gemm.CPU_TILE and low.matmul.point.bk <= gemm.exact_k(td.u8, td.i8)
     assert dict(low.kernel.params)["A"].dtype == td.u8 and low.matmul.out_dtype == td.i32
     w = np.arange(8 * 4 * 9, dtype=np.int8).reshape(8, 4, 3, 3)
     panels = low.weight_operand(w)
     assert panels.dtype == np.float32 and np.array_equal(panels, low.matmul.pack_b(conv._weight_as_b(g, w)))
-    depthwise = conv.plan(conv.geometry((1, 4, 8, 8), (4, 1, 3, 3), padding=1, groups=4), td.u8, "cpu", False, None)
-    assert isinstance(depthwise.lowered, conv.DirectRows) and depthwise.out_dtype == np.int32
+    depthwise = conv.plan(geometry((1, 4, 8, 8), (4, 1, 3, 3), padding=1, groups=4), td.u8, "cpu", False, None)
+    assert isinstance(depthwise.lowered, conv_direct.DirectRows) and depthwise.out_dtype == np.int32
     assert dict(depthwise.lowered.kernel.params)["X"].dtype == td.u8
     assert depthwise.lowered.weight_operand(np.ones((4, 1, 3, 3), np.uint8)).dtype == np.float32
 
@@ -138,8 +139,8 @@ def test_nhwc_integer_convolutions_are_dot4_gemms_where_the_host_has_them(layout
     template, its int8 panels, a 64-column block for 33 channels), exact with a bias and relu fused. NCHW's read
     it transposed, which only the register-tile template does."""
     c, oc, pad = 39, 33, (kernel - 1) // 2
-    g = conv.geometry((2, c, 9, 7) if layout == "NCHW" else (2, 9, 7, c), (oc, c // groups, kernel, kernel),
-                      padding=pad, groups=groups, layout=layout)
+    g = geometry((2, c, 9, 7) if layout == "NCHW" else (2, 9, 7, c), (oc, c // groups, kernel, kernel),
+                 padding=pad, groups=groups, layout=layout)
     low = conv.plan(g, td.u8, "cpu", True, "relu", td.i8).lowered
     on_dot4 = dot4_products and layout == "NHWC"
     assert (low.matmul.template is gemm.DOT4) == on_dot4 and low.indirect == (layout == "NHWC" and kernel == 3)
@@ -162,8 +163,8 @@ def test_integer_depthwise_convolutions_sum_on_the_cpus_rows_up_to_exact_k(kerne
     x = np.full((1, 2) + kernel, 255, np.uint8)
     w = np.full((2, 1) + kernel, -128, np.int8)
     w[:, 0, 0, 0] = -127
-    g = conv.geometry(x.shape, w.shape, groups=2)
-    rows = isinstance(conv.plan(g, td.u8, "cpu", False, None, td.i8).lowered, conv.DirectRows)
+    g = geometry(x.shape, w.shape, groups=2)
+    rows = isinstance(conv.plan(g, td.u8, "cpu", False, None, td.i8).lowered, conv_direct.DirectRows)
     assert rows == (kernel[0] * kernel[1] <= gemm.exact_k(td.u8, td.i8))
     assert_convolution(ops.conv2d(x, w, groups=2), x, w, **_options((1, 1), (0, 0, 0, 0), (1, 1), 2))
 

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 import stdlib_ops as ops
 import taskdsl as td
 from stdlib_ops import conv
+from stdlib_ops.conv_geometry import geometry, uses_direct
 
 from ..graph import make_model, run_onnxruntime
 from . import FEWER, SEEDS, host, put, rand, same
@@ -131,7 +132,7 @@ def test_activation_is_checked_before_anything_runs():
     with pytest.raises(ValueError, match="unknown activation 'swish'; choose one of None, 'relu'"):
         ops.conv2d(put(np.zeros((0, 3, 5, 5), np.float32)), w, activation="swish")
     with pytest.raises(ValueError, match="unknown activation 'Relu'"):
-        conv.plan(conv.geometry((1, 3, 5, 5), (4, 3, 3, 3)), td.f32, "cpu", False, "Relu")
+        conv.plan(geometry((1, 3, 5, 5), (4, 3, 3, 3)), td.f32, "cpu", False, "Relu")
 
 
 def test_nan_and_infinite_weights_times_the_zero_padding():
@@ -139,7 +140,7 @@ def test_nan_and_infinite_weights_times_the_zero_padding():
     cpu's direct rows kernel (two channels a group, NCHW) skipped the taps in the padding, so the border outputs
     were finite (8, 12, ...) where every other lowering gave NaN. Depthwise (the plane kernel) and GEMM agree.
     NCHW here (NHWC depthwise: test_conv.py); the cpu's grouped NHWC kernel still skips those taps
-    (conv.direct_nhwc_kernel)."""
+    (conv_direct.direct_nhwc_kernel)."""
     for case, activation in ((ROWS, "relu"), (DEPTHWISE, "sigmoid"), (ODD, "relu6")):
         x, w, bias, options = operands(case, 0)
         w[:, 0, 0, 0] = np.inf
@@ -191,7 +192,7 @@ def test_every_lowering_against_numpy_and_onnxruntime(case, activation, layout):
     same(conv2d(x, w, bias, layout, activation=activation, **options), want, **TOL[np.dtype(np.float32)])
     if td.get_target() == "cpu":     # the lowering the case is for
         x_shape = x.shape if layout == "NCHW" else x.transpose(0, 2, 3, 1).shape
-        p = conv.plan(conv.geometry(x_shape, w.shape, layout=layout, **options), td.f32, "cpu", True, activation)
+        p = conv.plan(geometry(x_shape, w.shape, layout=layout, **options), td.f32, "cpu", True, activation)
         assert p.kernels[0].name.startswith(CPU_ROUTES[case[0], layout]), [k.name for k in p.kernels]
     if layout == "NCHW":
         onnx = ACTIVATIONS[activation](onnx_conv(x, w, bias, **options).astype(np.float64))
@@ -350,7 +351,7 @@ def test_an_image_with_no_pixels_is_not_read():
     was of X's first element, past the end of an empty array), while one row of pixels is read."""
     for layout, shape, one_row in (("NCHW", (1, 3, 0, 5), (1, 3, 1, 5)), ("NHWC", (1, 0, 5, 3), (1, 1, 5, 3))):
         for x_shape, reads in ((shape, 0), (one_row, 1)):
-            g = conv.geometry(x_shape, (4, 3, 3, 3), 1, (2, 0), layout=layout)
+            g = geometry(x_shape, (4, 3, 3, 3), 1, (2, 0), layout=layout)
             x = td.placeholder("X", td.f32, x_shape)
             assert len(conv.im2col(g, x).inputs) == reads, (layout, x_shape)
 
@@ -430,10 +431,10 @@ def test_grouped_convolutions_run_on_columns(case):
     x = rng.standard_normal((n, c, h, w)).astype(np.float32)
     wt = rng.standard_normal((oc, c // groups) + ks).astype(np.float32)
     bias = rng.standard_normal(oc).astype(np.float32)
-    g = conv.geometry(x.shape, wt.shape, stride, padding, dilation, groups)
+    g = geometry(x.shape, wt.shape, stride, padding, dilation, groups)
     p = conv.plan(g, td.f32, td.get_target(), True, "relu")
     if td.get_target() == "cpu":
-        assert p.lowered is not None and p.lowered.on_columns and not conv.uses_direct(g)
+        assert p.lowered is not None and p.lowered.on_columns and not uses_direct(g)
     expected = np.maximum(reference(x, wt, bias, stride, padding, dilation, groups), 0).astype(np.float32)
     same(ops.conv2d(x, wt, bias, stride, padding, dilation, groups, activation="relu"), expected, rtol=1e-4,
          atol=1e-4)

@@ -17,6 +17,7 @@ import taskdsl as td
 from stdlib_ops import conv, gemm
 from stdlib_ops import matmul_simt as simt
 from stdlib_ops import matmul_tc as tc
+from stdlib_ops.conv_geometry import geometry
 from taskdsl.backend.cuda.nvrtc import combine_sources, compile_cubin, resource_usage
 from taskdsl.schedule.space import Space
 
@@ -240,7 +241,7 @@ def _check_nhwc_im2col(point, case, seed: int) -> None:
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(x_shape).astype(np.float16)
     w = rng.standard_normal(w_shape).astype(np.float16)
-    g = conv.geometry(x_shape, w_shape, stride, pad, dilation, groups, layout="NHWC")
+    g = geometry(x_shape, w_shape, stride, pad, dilation, groups, layout="NHWC")
     a = conv.im2col(g, td.placeholder("X", td.f16, x_shape))
     assert a.gather_runs == 8
     n_groups, m, k, n = g.gemm
@@ -274,7 +275,7 @@ def test_a_three_channel_im2col_loads_its_elements_with_no_branch():
     rng = np.random.default_rng(5)
     x = rng.standard_normal((1, 9, 9, 3)).astype(np.float16)
     w = rng.standard_normal((8, 3, 3, 3)).astype(np.float16)
-    g = conv.geometry(x.shape, w.shape, 2, 1, layout="NHWC")
+    g = geometry(x.shape, w.shape, 2, 1, layout="NHWC")
     a = conv.im2col(g, td.placeholder("X", td.f16, x.shape))
     _, m, k, n = g.gemm
     anchor = tc.tc_matmul_kernel(SMALL, td.f16, td.f32, 1)

@@ -280,7 +280,8 @@ def test_where_calls_pack_b_the_tuner_times_the_kernel_for_packed_b(tmp_path, mo
 def test_numpy_integer_shapes_key_their_tuning_as_python_ints(monkeypatch):
     """Records are keyed by the shapes' `repr`, and numpy's ints print as `np.int64(20)`: a product planned from
     numpy-int sizes was tuned again beside the same product from Python ints. A float size is refused."""
-    from stdlib_ops import conv, gemm
+    from stdlib_ops import gemm
+    from stdlib_ops.conv_geometry import geometry
     seen = []
     monkeypatch.setattr(gemm, "tune", lambda space, build, args, *, shapes, default, **options: (
         seen.append(repr(shapes)), default)[1])
@@ -290,8 +291,8 @@ def test_numpy_integer_shapes_key_their_tuning_as_python_ints(monkeypatch):
     assert seen == ["((20, 30), (30, 17))"]
     with pytest.raises(TypeError, match="matmul: shapes must be integers"):
         gemm.plan((20.0, 30), (30, 17), td.f32, "cpu")
-    assert repr(conv.geometry(np.array([1, 3, 8, 8]), (np.int64(4), 3, 3, 3))) == \
-        repr(conv.geometry((1, 3, 8, 8), (4, 3, 3, 3)))
+    assert repr(geometry(np.array([1, 3, 8, 8]), (np.int64(4), 3, 3, 3))) == \
+        repr(geometry((1, 3, 8, 8), (4, 3, 3, 3)))
 
 
 def test_a_plan_made_with_tuning_off_is_not_kept_once_it_is_on(tmp_path, monkeypatch):
