@@ -118,8 +118,10 @@ def print_result(title: str, result) -> None:
     if not result.ok or quantized:
         verdict += f" (tolerance {result.tolerance:.0e}{', activations rounded to 8 bits' if quantized else ''})"
     print(f"  max error vs {result.reference}: {result.max_error:.2e} relative, {verdict}")
-    print("  top operators by time (best of one more run, operator by operator):")
-    for line in top_operators(cg.summary(timing=True, repeat=1)):
+    summary = cg.summary(timing=True)
+    how = summary.splitlines()[-1].partition("(")[2]       # its total line: "total 1.234 ms (how they were timed)"
+    print(f"  top operators by time ({how}:")
+    for line in top_operators(summary):
         print("  " + line)
 
 

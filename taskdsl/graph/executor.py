@@ -5,7 +5,7 @@
     g.compile(channels_last=False)     # the same, without the NHWC layout pass (on by default)
     y, = cg(x)                         # or cg({"x": x}); a list of numpy arrays
     cg.kernels                         # the kernels the last call launched, in order
-    print(cg.summary(timing=True))     # one line per operator, with its time
+    print(cg.summary(timing=True))     # one line per operator, with its time (`operator_times`)
 
 On the cuda target the activations stay on the GPU: inputs are copied there once per call
 (numpy) or read in place (td.DeviceArray), constants are copied once, and every operator's
@@ -44,7 +44,7 @@ from .graph import Graph, bind_inputs
 from .passes import LAYOUT_PASS, optimize, pipeline, plan_memory
 from .passes.channels_last import runs_channels_last
 from .printer import Namer, format_bytes
-from .replay import CpuReplay, CudaReplay, disagreement, probe_inputs
+from .replay import CpuReplay, CudaReplay, StepEnds, disagreement, probe_inputs
 
 PROGRESS_MIN_NODES = 20      # smaller graphs compile quickly: no progress bar
 # 2-D convolutions run channels-last unless told otherwise, on every target. On cuda the tensor-core template fills
@@ -215,15 +215,16 @@ class CompiledGraph:
         replay is sure to give what a run gives; `self.replay` says whether it is on, and why not."""
         inputs = [np.array(a) for a in self._last_inputs]     # buffers of the replay's own
         with cpu_recording() as record:
+            steps = StepEnds(record)
             try:
-                values = self._run_steps(inputs, None, False)
+                values = self._run_steps(inputs, steps, False)
             except Misplaced as reason:
                 self.replay = f"off (the arena's plan did not hold: {reason})"
                 return
         if record.host_work:
             self.replay = f"off (the host computed part of a run: {record.host_work[0]})"
             return
-        replay = CpuReplay(record.launches, inputs, self.graph, self._output_values(values))
+        replay = CpuReplay(record.launches, inputs, self.graph, self._output_values(values), steps.ends)
         if not len(replay):
             self.replay = "off (no kernels to replay)"
             return
@@ -319,16 +320,11 @@ class CompiledGraph:
         return "on (no 2-D convolution to convert, or lone ones only)" if self._layout_pass else "off"
 
     def summary(self, timing: bool = False, repeat: int = 3) -> str:
-        """A table of the operators, their output types and kernels; with `timing`, the best of `repeat` runs
-        of the last call's inputs, per operator (its kernels and their launch overhead)."""
+        """A table of the operators, their output types and kernels; with `timing`, each operator's time, the best
+        of `repeat` runs of the last call's inputs (`operator_times`)."""
         times = None
         if timing:
-            runs = []
-            for _ in range(max(repeat, 1)):
-                with self._lock, target_scope(self.target):
-                    self._execute(self._last_inputs, sync=True)
-                runs.append([seconds for _, seconds in self._records])
-            times = np.min(np.array(runs), axis=0)
+            times, how = self.operator_times(repeat)
         name = Namer()
         for t in self.graph.inputs:
             name(t)
@@ -346,8 +342,27 @@ class CompiledGraph:
                      + f"; layout pass {self._layout_summary()}")
         lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
         if timing:
-            lines.append(f"  total {times.sum() * 1e3:.3f} ms")
+            lines.append(f"  total {times.sum() * 1e3:.3f} ms ({how})")
         return "\n".join(lines)
+
+    def operator_times(self, repeat: int = 3) -> tuple:
+        """(each operator's seconds, the best of `repeat` runs of the last call's inputs; how they were taken).
+        On the cpu with replay on, an operator's time is its launches' inside replays of the whole graph: its
+        kernels with the caches the operators before it leave, and no Python between them (an operator without
+        kernels takes 0). Otherwise the operators run one by one through the executor, each timed with its
+        Python (and on the GPU waited for): a small operator's row is then mostly that path."""
+        repeat = max(repeat, 1)
+        with self._lock, target_scope(self.target):
+            if isinstance(self._replay, CpuReplay) and not debug_enabled():
+                runs = [self._replay.operator_seconds(self._last_inputs) for _ in range(repeat)]
+                how = f"best of {repeat} replays, each operator's launches"
+            else:
+                runs = []
+                for _ in range(repeat):
+                    self._execute(self._last_inputs, sync=True)
+                    runs.append([seconds for _, seconds in self._records])
+                how = f"best of {repeat} runs operator by operator, each with the executor's Python"
+        return np.min(np.array(runs), axis=0), how
 
     def __repr__(self) -> str:
         return f"<CompiledGraph {self.graph.name}: {len(self.graph.nodes)} operators, target {self.target}>"

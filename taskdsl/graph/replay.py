@@ -18,9 +18,13 @@ computed part of the recorded run (a copy of a non-contiguous operand, a zero fi
 of weights that are not constants: `launch.note_host_work`), and when a run and two
 replays on other inputs (`probe_inputs`) disagree in any bit (`disagreement`): the check that
 catches host work nobody noted. The executor checks a CUDA graph the same way.
+
+The recording marks where each operator's launches end (`StepEnds`), so a cpu replay can also time each
+operator's share of a whole run (`CpuReplay.operator_seconds`, `CompiledGraph.summary(timing=True)`).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -160,9 +164,10 @@ class _Again(_Output):
 class CpuReplay:
     """A cpu run's recorded launches and value checks, issued again on new inputs."""
 
-    def __init__(self, actions: list, inputs: list, graph, outputs: list):
+    def __init__(self, actions: list, inputs: list, graph, outputs: list, step_ends: list):
         self.actions = actions
         self.inputs = inputs               # the buffers the recorded run read the graph's inputs from
+        self.step_ends = step_ends         # per operator of the graph: the count of actions up to its last
         self._outputs = _output_plans(actions, inputs, graph, outputs)
 
     def __len__(self) -> int:
@@ -170,16 +175,48 @@ class CpuReplay:
 
     def run(self, arrays: list) -> list:
         """The graph's outputs for input `arrays` (checked, contiguous), as new numpy arrays."""
+        self._prepare(arrays)
+        for action in self.actions:
+            action()
+        return self._results()
+
+    def operator_seconds(self, arrays: list) -> np.ndarray:
+        """Each operator's share of a replay on `arrays`: the seconds its launches and checks took, in order
+        among the others' (so with the caches the whole run leaves them), without the executor's Python."""
+        self._prepare(arrays)
+        clock = time.perf_counter
+        ends = np.empty(len(self.actions) + 1)
+        ends[0] = clock()
+        for k, action in enumerate(self.actions):
+            action()
+            ends[k + 1] = clock()
+        self._results()
+        marks = np.array([0] + list(self.step_ends))
+        return ends[marks[1:]] - ends[marks[:-1]]
+
+    def _prepare(self, arrays: list) -> None:
         for buffer, a in zip(self.inputs, arrays):
             np.copyto(buffer, a)
         for plan in self._outputs:
             plan.prepare()
-        for action in self.actions:
-            action()
+
+    def _results(self) -> list:
         results = []
         for plan in self._outputs:
             results.append(plan.result(results))
         return results
+
+
+class StepEnds:
+    """The count of a recording's actions after each operator: given as a run's `progress` (`step` is called
+    after each operator), it marks where each operator's launches end."""
+
+    def __init__(self, recording):
+        self.recording, self.ends = recording, []
+
+    def step(self, note: str | None = None) -> None:
+        """Mark the end of an operator's actions."""
+        self.ends.append(len(self.recording.launches))
 
 
 def _output_plans(actions: list, inputs: list, graph, outputs: list) -> list:

@@ -118,6 +118,40 @@ def test_kernels_and_summary():
     assert " ms" in timed.splitlines()[2] + timed and "total" in timed.splitlines()[-1]
 
 
+def _gather_reshape_sum():
+    """gather (whose index check is a replayed action), reshape (a view: no kernel), exp, sum."""
+    idx = tg.input("idx", (6,), "int64")
+    rows = ops.gather(tg.constant(rand((10, 4), 3)), idx)
+    return tg.Graph([idx], [ops.sum(ops.exp(ops.reshape(rows, (4, 6))), 1)], name="timed")
+
+
+def test_replayed_timing_gives_each_operator_the_launches_it_made():
+    """On the cpu with replay on, summary(timing=True) times each operator's own actions inside replays: the
+    replay's marks split its launches as the operators' kernels (recorded apart, by the executor) say, a view
+    takes none and no time, and the table says how it timed."""
+    g = _gather_reshape_sum()
+    cg = g.compile("cpu", passes=UNFUSED)
+    idx = np.array([1, 2, 3, 9, 0, 5])
+    (out,) = cg(idx)
+    np.testing.assert_allclose(out, np.exp(rand((10, 4), 3)[idx].reshape(4, 6)).sum(1), rtol=1e-5)
+    assert cg.replay.startswith("on")
+    replay, kinds = cg._replay, [op.kind for op in cg.graph.nodes]
+    ends = [0] + list(replay.step_ends)
+    launches = [sum(type(a).__name__ == "RecordedLaunch" for a in replay.actions[b:e]) for b, e in zip(ends, ends[1:])]
+    assert ends[-1] == len(replay.actions) and launches == [len(kernels) for kernels, _ in cg._records]
+    assert launches[kinds.index("reshape")] == 0 and launches[kinds.index("gather")] >= 1
+    times, how = cg.operator_times(repeat=2)
+    assert times.shape == (len(kinds),) and times[kinds.index("reshape")] == 0 and (times >= 0).all()
+    assert "replays" in how and how in cg.summary(timing=True, repeat=2).splitlines()[-1]
+
+
+def test_timing_without_replay_runs_operator_by_operator():
+    cg = _gather_reshape_sum().compile("cpu", passes=UNFUSED, replay=False)
+    cg(np.array([0, 1, 2, 3, 4, 5]))
+    times, how = cg.operator_times(repeat=1)
+    assert len(times) == len(cg.graph.nodes) and "operator by operator" in how
+
+
 def test_outputs_never_alias_inputs():
     x = tg.input("x", (2, 3))
     g = tg.Graph([x], [x, ops.reshape(x, (6,)), ops.exp(x)])
