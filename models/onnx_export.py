@@ -99,6 +99,7 @@ BINARY_ONLY = {"Add": "Sum", "Mul": None}     # ONNX Add / Mul take two operands
 
 @exports(ops.Elementwise)
 def export_elementwise(op, ins: list, outs: list, b: ModelBuilder) -> None:
+    """An elementwise operator as ONNX nodes (Sum or chained Muls past two operands; rsqrt, silu as two)."""
     fn, params = op.attrs["fn"], op.params
     if fn in ELEMENTWISE:
         op_type = ELEMENTWISE[fn]
@@ -135,6 +136,7 @@ def export_elementwise(op, ins: list, outs: list, b: ModelBuilder) -> None:
 # ---------------------------------------------------------------- anchors and normalizations
 @exports(ops.MatMul)
 def export_matmul(op, ins, outs, b):
+    """MatMul."""
     b.add("MatMul", ins, outs)
 
 
@@ -156,6 +158,7 @@ def channels_first(op, ins: list, outs: list, b, add_node: Callable) -> None:
 
 @exports(ops.Conv)
 def export_conv(op, ins, outs, b):
+    """Conv (between transposes where the convolution is channels-last)."""
     a = op.attrs
     channels_first(op, ins, outs, b, lambda i, o: b.add(
         "Conv", i, o, kernel_shape=list(op.inputs[1].shape[2:]), strides=list(a["strides"]), pads=list(a["pads"]),
@@ -164,11 +167,13 @@ def export_conv(op, ins, outs, b):
 
 @exports(ops.Softmax)
 def export_softmax(op, ins, outs, b):
+    """Softmax or LogSoftmax along the operator's axis."""
     b.add("LogSoftmax" if op.attrs["log"] else "Softmax", ins, outs, axis=op.attrs["axis"])
 
 
 @exports(ops.LayerNorm)
 def export_layer_norm(op, ins, outs, b):
+    """LayerNormalization (ones for a missing scale; rms_norm has no ONNX operator)."""
     a, x = op.attrs, op.inputs[0]
     if a.get("rms"):
         raise OnnxExportError(f"{op.name}: rms_norm has no ONNX operator in opset {OPSET}")
@@ -181,6 +186,7 @@ def export_layer_norm(op, ins, outs, b):
 
 @exports(ops.BatchNorm)
 def export_batch_norm(op, ins, outs, b):
+    """BatchNormalization (ones and zeros for a missing scale and bias)."""
     a, channels = op.attrs, op.inputs[0].shape[1]
     x, mean, var, *params = ins
     dtype = op.inputs[1].numpy_dtype
@@ -191,6 +197,7 @@ def export_batch_norm(op, ins, outs, b):
 
 @exports(ops.Pool)
 def export_pool(op, ins, outs, b):
+    """MaxPool or AveragePool (between transposes where the pool is channels-last)."""
     a = op.attrs
     window = {"kernel_shape": list(a["kernel"]), "strides": list(a["strides"]), "pads": list(a["pads"]),
               "dilations": list(a["dilations"]), "ceil_mode": int(a["ceil_mode"])}
@@ -204,12 +211,14 @@ def export_pool(op, ins, outs, b):
 
 @exports(ops.LRN)
 def export_lrn(op, ins, outs, b):
+    """LRN."""
     a = op.attrs
     b.add("LRN", ins, outs, size=a["size"], alpha=a["alpha"], beta=a["beta"], bias=a["bias"])
 
 
 @exports(ops.ArgReduce)
 def export_arg_reduce(op, ins, outs, b):
+    """ArgMax or ArgMin."""
     a = op.attrs
     b.add("ArgMax" if a["op"] == "argmax" else "ArgMin", ins, outs, axis=a["axis"], keepdims=int(a["keepdims"]),
           select_last_index=int(a["select_last_index"]))
@@ -220,6 +229,7 @@ REDUCTIONS = {"sum": "ReduceSum", "mean": "ReduceMean", "max": "ReduceMax", "min
 
 @exports(ops.Reduce)
 def export_reduce(op, ins, outs, b):
+    """ReduceSum / Mean / Max / Min / Prod over the operator's axes, given as an input."""
     if op.inputs[0].dtype.is_bool:
         raise OnnxExportError(f"{op.name}: ONNX reductions do not take bool tensors")
     b.add(REDUCTIONS[op.attrs["op"]], [ins[0], b.array(op.attrs["axes"], hint="axes")], outs,
@@ -229,21 +239,25 @@ def export_reduce(op, ins, outs, b):
 # ---------------------------------------------------------------- data movement
 @exports(ops.Reshape)
 def export_reshape(op, ins, outs, b):
+    """Reshape to the operator's shape, given as an input."""
     b.add("Reshape", [ins[0], b.array(op.attrs["shape"], hint="shape")], outs)
 
 
 @exports(ops.Transpose)
 def export_transpose(op, ins, outs, b):
+    """Transpose."""
     b.add("Transpose", ins, outs, perm=list(op.attrs["perm"]))
 
 
 @exports(ops.Concat)
 def export_concat(op, ins, outs, b):
+    """Concat."""
     b.add("Concat", ins, outs, axis=op.attrs["axis"])
 
 
 @exports(ops.Slice)
 def export_slice(op, ins, outs, b):
+    """Slice from starts, sizes and steps (an end past index 0 of a negative step: int64's minimum)."""
     a = op.attrs
     lowest = np.iinfo(np.int64).min      # a negative step running past index 0
     ends = [s + n * d if s + n * d >= 0 else lowest for s, n, d in zip(a["starts"], a["sizes"], a["steps"])]
@@ -254,16 +268,19 @@ def export_slice(op, ins, outs, b):
 
 @exports(ops.Gather)
 def export_gather(op, ins, outs, b):
+    """Gather."""
     b.add("Gather", ins, outs, axis=op.attrs["axis"])
 
 
 @exports(ops.Expand)
 def export_expand(op, ins, outs, b):
+    """Expand to the output's shape."""
     b.add("Expand", [ins[0], b.array(op.outputs[0].shape, hint="shape")], outs)
 
 
 @exports(ops.Pad)
 def export_pad(op, ins, outs, b):
+    """Pad with the operator's value and mode."""
     value = b.array(op.attrs["value"], op.inputs[0].numpy_dtype, "pad_value")
     b.add("Pad", [ins[0], b.array(op.attrs["pads"], hint="pads"), value], outs, mode=op.attrs["mode"])
 

@@ -25,6 +25,7 @@ from taskdsl import f32, threadIdx
 
 
 def empty3(A: f32["N"], B: f32["N"], C: f32["N"]):  # noqa: F821 - N: the DSL's size symbol
+    """A kernel body of three array arguments that does no work: what a launch costs, alone."""
     if threadIdx.x >= N + 32:  # noqa: F821 - never true: a launch does no work
         C[0] = A[0] + B[0]
 
@@ -45,6 +46,7 @@ def _scaled(x: f32) -> f32:
 
 @td.kernel(grid=1, block=32)
 def reads4(A: f32["N"], B: f32["N"], C: f32["N"]):  # noqa: F821 - N: the DSL's size symbol
+    """As `empty3`, reading three module-level names and calling a `td.func`: what checking them costs."""
     if threadIdx.x >= N + LIMIT:  # noqa: F821 - never true, as in empty3
         C[0] = _scaled(A[0]) + B[0] + SHIFT
 

@@ -144,6 +144,7 @@ def import_subgraph(node: Node, graph: onnx.GraphProto, bound: list) -> list:
 
 
 def graph_attribute(node: Node, name: str) -> onnx.GraphProto:
+    """The subgraph in `node`'s graph attribute `name` (an OnnxImportError where it has none)."""
     for a in node.proto.attribute:
         if a.name == name and a.type == onnx.AttributeProto.GRAPH:
             return a.g
