@@ -361,7 +361,8 @@ class CompiledGraph:
                 for _ in range(repeat):
                     self._execute(self._last_inputs, sync=True)
                     runs.append([seconds for _, seconds in self._records])
-                how = f"best of {repeat} runs operator by operator, each with the executor's Python"
+                how = (f"best of {repeat} runs operator by operator, each with the executor's Python"
+                       + (", waited for" if self.target == "cuda" else ""))
         return np.min(np.array(runs), axis=0), how
 
     def __repr__(self) -> str:
