@@ -79,15 +79,31 @@ def shared_form(fn: ir.Function, members: list) -> tuple:
     whose hole values are `members` (a tuple each): every constant that differs across them is a symbol, one per
     column of values. Where they all agree, `fn` itself and empty dicts."""
     columns = list(zip(*members))       # per constant, its value in each member
+    varying = sorted({column for column in columns if len(set(column)) > 1}, key=lambda column: (max(column), column))
     symbols: dict = {}                  # a column of values -> its size symbol
-    for column in columns:
-        if len(set(column)) > 1 and column not in symbols:
-            symbols[column] = ir.Var(f"{LIFTED}{len(symbols)}", T.i32, kind="size")
+    values: dict = {}                   # a column of values -> what stands for it: its symbol, or a product of two
+    for column in varying:
+        pair = _factors(column, symbols)
+        if pair is None:
+            values[column] = symbols[column] = ir.Var(f"{LIFTED}{len(symbols)}", T.i32, kind="size")
+        else:
+            values[column] = symbols[pair[0]] * symbols[pair[1]]
     if not symbols:
         return fn, [{} for _ in members]
-    shared = _Constants(lambda k, c: symbols.get(columns[k], c)).run(fn)
+    shared = _Constants(lambda k, c: values.get(columns[k], c)).run(fn)
     shared = dataclasses.replace(shared, sizes=fn.sizes + tuple(symbols.values()))
     return shared, [{v.name: column[position] for column, v in symbols.items()} for position in range(len(members))]
+
+
+def _factors(column: tuple, symbols: dict) -> tuple | None:
+    """Two columns of `symbols` whose values multiply to `column`'s in every member, or None. Written as that
+    product, a constant keeps its relation to its factors (an image's H * W pixels beside its H and W), so that
+    `simplify` can still join the row-major index of a dimension split in three."""
+    for a in symbols:
+        for b in symbols:
+            if all(x * y == z for x, y, z in zip(a, b, column)):
+                return a, b
+    return None
 
 
 def generalize(functions: list) -> list:

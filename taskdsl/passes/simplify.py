@@ -193,19 +193,43 @@ def _is_op(e, op: str) -> bool:
 
 def _join_floor_remainder(p: ir.Expr, q: ir.Expr):
     """x for p + q == (x // c) * c + x % c, and u * c + x for ((u + x // c) * c) + x % c (floor
-    semantics; the second is a reshape's row-major index of a split dimension), else None."""
+    semantics; the second is a reshape's row-major index of a split dimension), else None. x // c may also
+    read y // (b * c) for x = y // b (`_is_floor_of`): the index of a dimension split in three, as a batch's
+    (image, row, column) from a flat pixel index, joins back a level at a time."""
     if not (_is_op(p, "*") and _is_op(q, "%") and ir.structurally_equal(p.b, q.b)):
         return None
     x, c = q.a, q.b
     if _has_atomics(x):      # p and q each update memory once: both updates must stay
         return None
-    if _is_op(p.a, "//") and ir.structurally_equal(p.a.a, x) and ir.structurally_equal(p.a.b, c):
+    if _is_floor_of(p.a, x, c):
         return x
     if _is_op(p.a, "+"):
         for u, v in ((p.a.a, p.a.b), (p.a.b, p.a.a)):
-            if _is_op(v, "//") and ir.structurally_equal(v.a, x) and ir.structurally_equal(v.b, c):
+            if _is_floor_of(v, x, c):
                 return u * c + x
     return None
+
+
+def _is_floor_of(v: ir.Expr, x: ir.Expr, c: ir.Expr) -> bool:
+    """Whether v == x // c: v is x // c, or y // (b * c) where x is y // b, with b and c positive constants or size
+    symbols (floor division by positive numbers composes: (y // b) // c == y // (b * c), negative y too; a size is
+    never negative, and where it is zero, x or x % c divides by zero already)."""
+    if not _is_op(v, "//"):
+        return False
+    if ir.structurally_equal(v.a, x) and ir.structurally_equal(v.b, c):
+        return True
+    if not (_is_op(x, "//") and ir.structurally_equal(v.a, x.a)):
+        return False
+    b, d = x.b, v.b
+    if all(isinstance(k, ir.Const) for k in (b, c, d)):
+        return b.value > 0 and c.value > 0 and d.value == b.value * c.value
+    return (_is_op(d, "*") and all(_is_size(k) for k in (b, c))
+            and any(ir.structurally_equal(f, b) and ir.structurally_equal(g, c) for f, g in ((d.a, d.b), (d.b, d.a))))
+
+
+def _is_size(e: ir.Expr) -> bool:
+    """Whether `e` is a positive constant or a size symbol (never negative)."""
+    return (isinstance(e, ir.Const) and e.value > 0) or (isinstance(e, ir.Var) and e.kind == "size")
 
 
 def _split_multiple(e: ir.Expr, c: int):

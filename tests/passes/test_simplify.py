@@ -81,6 +81,34 @@ def test_row_major_index_of_a_split_dimension_joins_back(u, x, c, swap):
 
 
 @settings(max_examples=200, deadline=None)
+@given(y=st.integers(-2000, 2000), b=st.integers(1, 12), c=st.integers(1, 12), sizes=st.booleans())
+def test_an_index_split_in_three_joins_back(y, b, c, sizes):
+    """((y // (b*c)) * c + (y // b) % c) * b + y % b, a batch's (image, row, column) of flat pixel y flattened
+    again, is y: for constants b and c, and for size symbols with b * c their product (as `generalize` lifts
+    them), negative y too (floor semantics)."""
+    yv = ir.Var("y", T.i32)
+    bv, cv = (ir.Var("b", T.i32, kind="size"), ir.Var("c", T.i32, kind="size")) if sizes else (ir.const(b),
+                                                                                                ir.const(c))
+    whole = bv * cv if sizes else ir.const(b * c)
+    e = _simplified(((yv // whole) * cv + (yv // bv) % cv) * bv + yv % bv)
+    assert e is yv
+    assert ((y // (b * c)) * c + (y // b) % c) * b + y % b == y       # the identity itself, in Python
+
+
+def test_an_index_split_by_values_of_any_sign_keeps_its_divisions():
+    """Floor division composes for positive divisors only ((5 // -2) // -3 == 1, 5 // 6 == 0): b and c that are
+    not sizes (loop variables, which may be negative) leave the index as it is; so do constants whose product
+    is not the outer divisor."""
+    yv, bv, cv = ir.Var("y", T.i32), ir.Var("b", T.i32), ir.Var("c", T.i32)
+    e = _simplified(((yv // (bv * cv)) * cv + (yv // bv) % cv) * bv + yv % bv)
+    assert e is not yv and [x for x in ir.collect(e, ir.Binary) if x.op == "//"]
+    e = _simplified(((yv // 35) * 5 + (yv // 6) % 5) * 6 + yv % 6)
+    assert e is not yv
+    env = {yv.uid: 1234}
+    assert evaluate(e, env, (0, 0, 0)) == ((1234 // 35) * 5 + (1234 // 6) % 5) * 6 + 1234 % 6
+
+
+@settings(max_examples=200, deadline=None)
 @given(a=st.integers(-20, 20), b=st.integers(-20, 20), func=st.sampled_from(["min", "max"]), t=st.integers(0, 255))
 def test_integer_min_and_max_fold_when_ranges_decide_them(a, b, func, t):
     """min/max of constants fold; of threadIdx.x (0..255) and a constant, they fold when the range decides."""
