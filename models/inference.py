@@ -21,7 +21,10 @@ from taskdsl.graph.ops import IntegerConv, IntegerMatMul
 from taskdsl.graph.passes.plan_memory import plan_memory
 from taskdsl.graph.printer import format_bytes
 
-TOLERANCE = {"float16": 2e-2, "bfloat16": 5e-2}     # relative error allowed by dtype; 1e-3 otherwise
+# relative error allowed by dtype; 1e-3 otherwise. bf16 keeps 8 bits of mantissa, f16 11: BERT-base in bf16, the graph's
+# own numpy reference (each operator rounding to bf16) is 4.6e-2 from the model in f32, taskdsl 5.2e-2 (seed 0;
+# GPT-2 1.3e-2 both; BERT-base in f16 5.4e-3), past the 5e-2 this was
+TOLERANCE = {"float16": 2e-2, "bfloat16": 1e-1}
 # ...and by a graph that rounds its activations to 8 bits at run time (a quantized model), where a float one
 # rounding apart from the reference's (a layer norm's, a softmax's, a sum's in another order) gives another integer,
 # and the step propagates: on dynamically quantized BERT-base (onnxruntime.quantization's quantize_dynamic), three
