@@ -209,13 +209,21 @@ def columns_kernel(dtype) -> td.Kernel:
     return im2col_rows
 
 
-@functools.lru_cache(maxsize=8)
-def pad_kernel(dtype) -> td.Kernel:
+def pad_kernel(dtype, cols_dtype=None) -> td.Kernel:
     """An NHWC input inside a zero border: cols[n, pt + h, pl + w, c] = X[n, h, w, c] (named as the columns
-    kernels' output, which `Lowered` allocates), the `indirect` GEMM's A, whose reads then need no bounds checks.
-    One block per (padded row, image); the border's widths come in as scalars (one compile for every geometry)."""
-    @td.kernel(grid=lambda HP, N: (HP, N), block=1, name=f"pad_nhwc_{dtype.name}")
-    def pad_rows(X: dtype["N", "H", "W", "C"], cols: dtype["N", "HP", "WP", "C"], conv_pt: td.i32, conv_pl: td.i32):
+    kernels' output, which `Lowered` allocates), the `indirect` GEMM's A, whose reads then need no bounds checks;
+    in `cols_dtype` where given (a 16-bit input widened to f32, `_lower_indirect`). One block per (padded row,
+    image); the border's widths come in as scalars (one compile for every geometry)."""
+    return _pad_kernel(dtype, cols_dtype or dtype)
+
+
+@functools.lru_cache(maxsize=8)
+def _pad_kernel(dtype, cols_dtype) -> td.Kernel:
+    name = f"pad_nhwc_{dtype.name}" + (f"_to_{cols_dtype.name}" if cols_dtype != dtype else "")
+
+    @td.kernel(grid=lambda HP, N: (HP, N), block=1, name=name)
+    def pad_rows(X: dtype["N", "H", "W", "C"], cols: cols_dtype["N", "HP", "WP", "C"], conv_pt: td.i32,
+                 conv_pl: td.i32):
         hp, n = blockIdx.x, blockIdx.y
         ih = hp - conv_pt
         inside = ih >= 0 and ih < H
@@ -226,7 +234,7 @@ def pad_kernel(dtype) -> td.Kernel:
         if inside:
             for iw in range(W):
                 for c in range(C):
-                    cols[n, hp, conv_pl + iw, c] = X[n, ih, iw, c]
+                    cols[n, hp, conv_pl + iw, c] = td.cast(X[n, ih, iw, c], cols_dtype)
             for wp in range(conv_pl + W, WP):
                 for c in range(C):
                     cols[n, hp, wp, c] = 0.0
@@ -434,19 +442,25 @@ def _lower_indirect(g: ConvGeometry, dtype, matmul, x: td.Tensor, out: td.Tensor
     (its three channels a tap made the columns kernel 1.7 ms of it); 3x3 layers 2.23 -> 2.16 ms at 56x56,
     2.29 -> 2.12 at 14x14 (one thread)."""
     table = indirect_table(g, matmul.batch_index(1))
-    flat = np.empty((1, math.prod(_padded_shape(g))), dtype.numpy)
+    # a 16-bit float input is widened to f32 as it is padded (or copied): the micro-kernel then broadcasts each
+    # element of A from memory, where it converted one at each load, a scalar at a time (a 64 -> 192 3x3 layer at
+    # 71x71 in f16: 9.2-9.7 -> 5.6-6.6 ms, f32 5.3-6.1; ResNet-50 in f16 61.2 -> 49.9 ms, Inception-V3 99.9 ->
+    # 71.8). Staging A a block at a time through the index tables instead made ResNet-50 slower (session 72).
+    widen = matmul.template is not mm.DOT4 and dtype.is_float and mm.cpu.stages_a(dtype)
+    a_dtype = td.f32 if widen else dtype
+    flat = np.empty((1, math.prod(_padded_shape(g))), a_dtype.numpy)
     if matmul.template is mm.DOT4:      # 8-bit integers on byte dot products
         gemm = mm.dot4.dot4_matmul_kernel(matmul.point, matmul.out_dtype, True, dtype, matmul.b_type, indirect=True)
     else:
-        gemm = mm.cpu.tile_matmul_kernel(matmul.point, dtype, matmul.out_dtype, packed_b=True, indirect=True)
+        gemm = mm.cpu.tile_matmul_kernel(matmul.point, a_dtype, matmul.out_dtype, packed_b=True, indirect=True)
     kernel = td.fuse(gemm, flat,
                      *matmul.examples(packed_b=True)[1:3], table, 1, epilogues={"C": out})
     x_name = x.name if x.kind == "placeholder" else None
-    if x_name is not None and not any(g.padding):
+    if x_name is not None and not any(g.padding) and not widen:
         return Lowered(g, matmul, kernel, None, x_name, True, table, indirect=True)
-    pad = pad_kernel(dtype)
+    pad = pad_kernel(dtype, a_dtype)
     if x_name is None:
-        pad = td.fuse(pad, np.empty(input_shape(g), dtype.numpy), np.empty(_padded_shape(g), dtype.numpy),
+        pad = td.fuse(pad, np.empty(input_shape(g), dtype.numpy), np.empty(_padded_shape(g), a_dtype.numpy),
                       *_pad_scalars(g).values(), prologues={"X": x})
     return Lowered(g, matmul, kernel, pad, x_name, True, table, indirect=True)
 

@@ -336,6 +336,29 @@ def test_cpu_nhwc_convolutions_read_their_im2col_in_place_from_the_padded_input(
     assert not pointwise.lowered.indirect and pointwise.lowered.columns is None and len(pointwise.kernels) == 1
 
 
+@pytest.mark.parametrize("dtype", [td.f16, td.bf16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("padding", [(1, 2, 0, 1), (0, 0, 0, 0)], ids=["padded", "unpadded"])
+def test_cpu_nhwc_convolutions_of_16_bit_floats_widen_their_input_to_f32(dtype, padding):
+    """A 16-bit input is copied into its zero border as f32 (without a border too: a copy), and the indirect GEMM
+    reads f32, which its micro-kernel broadcasts from memory (it converted each element at each load, a scalar at
+    a time: 1.6-1.7x f32's time). Oracle: the f32 reference of the 16-bit values, rounded to the type."""
+    td.set_target("cpu")
+    g = geometry((2, 9, 7, 40), (12, 40, 3, 3), padding=padding, layout="NHWC")
+    low = conv.plan(g, dtype, "cpu", False, None).lowered
+    assert low.indirect and low.columns is conv.pad_kernel(dtype, td.f32)
+    assert [k.name for k in low.kernels][0] == f"pad_nhwc_{dtype.name}_to_f32"
+    assert dict(low.kernel.params)["A"].dtype == td.f32
+    rng, values = np.random.default_rng(7), ml_dtypes.bfloat16 if dtype == td.bf16 else np.float16
+    x = rng.standard_normal((2, 9, 7, 40)).astype(values)
+    w = (rng.standard_normal((12, 40, 3, 3)) / 19).astype(values)
+    got = ops.conv2d(x, w, padding=padding, layout="NHWC")
+    want = reference(x.astype(np.float32).transpose(0, 3, 1, 2), w.astype(np.float32), None, (1, 1), padding,
+                     (1, 1), 1).transpose(0, 2, 3, 1)
+    assert got.dtype == values
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(values).astype(np.float32),
+                               rtol=2e-2 if dtype == td.bf16 else 2e-3, atol=1e-2 if dtype == td.bf16 else 1e-3)
+
+
 def test_cpu_nhwc_convolutions_past_i32_offsets_take_the_implicit_im2col(monkeypatch):
     """An input whose padded elements pass i32 cannot be the indirect GEMM's table: the implicit im2col runs
     (a geometry that small, told it is that large)."""
