@@ -6,6 +6,7 @@ import math
 
 from .. import ir
 from ..ir import types as T
+from .simplify import simplify_within
 
 
 class _BufferRewriter(ir.Rewriter):
@@ -36,11 +37,13 @@ class _BindSizes(_BufferRewriter):
         return ir.const(self.sizes[v.name], v.dtype) if v.kind == "size" else v
 
     def new_buffer(self, b):
-        return dataclasses.replace(b, shape=tuple(self.visit(d) for d in b.shape))
+        # a dim computed from symbols (`generalize`'s product of two) becomes its number
+        return dataclasses.replace(b, shape=tuple(simplify_within(self.visit(d), {}) for d in b.shape))
 
 
 def bind_sizes(fn: ir.Function, sizes: dict) -> ir.Function:
-    """`fn` with each size symbol replaced by its value in `sizes` (name -> int)."""
+    """`fn` with each size symbol replaced by its value in `sizes` (name -> int), and the buffers' dims computed
+    from them folded to numbers."""
     return dataclasses.replace(_BindSizes(sizes).run(fn), sizes=())
 
 
