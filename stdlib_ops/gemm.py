@@ -128,8 +128,8 @@ SIMT = Template("simt_matmul", simt.space_for, lambda target, itemsize, m, n: si
                 lambda p, dtype, out, vec, *forms: simt.simt_matmul_kernel(p, dtype, out), simt.tile_shape)
 CPU_TILE = Template("tile_matmul", lambda target, itemsize: cpu.space(itemsize),
                     lambda target, itemsize, m, n: cpu.default_point(itemsize, m=m, n=n),
-                    lambda p, dtype, out, vec, packed_b, transposed_a, m, n, b_dtype=None: _cpu_kernel(
-                        p, dtype, out, packed_b, transposed_a, m, n, b_dtype),
+                    lambda p, dtype, out, vec, packed_b, transposed_a, m, n, b_dtype=None, k=None: _cpu_kernel(
+                        p, dtype, out, packed_b, transposed_a, m, n, b_dtype, k),
                     cpu.tile_shape, cpu.pack_b, cpu.packed_b_shape)
 DOT4 = Template("dot4_matmul", lambda target, itemsize: dot4.space(),
                 lambda target, itemsize, m, n: dot4.default_point(m, n),
@@ -145,13 +145,13 @@ TENSOR_CORE = Template("tc_matmul", lambda target, itemsize: tc.space(_block_sha
 
 
 def _cpu_kernel(p, dtype, out, packed_b: bool, transposed_a: bool, m: int | None, n: int | None,
-                b_dtype=None) -> td.Kernel:
+                b_dtype=None, k: int | None = None) -> td.Kernel:
     """The cpu template's kernel: for packed B and at most `gemv.MAX_ROWS` rows of A, one streaming B's panels
-    (`gemv.packed_rows_kernel`); else the register-tile kernel."""
+    (`gemv.packed_rows_kernel`); else the register-tile kernel (its block order by `matmul_cpu.rows_first`)."""
     if packed_b and not transposed_a and m is not None and 1 <= m <= gemv.MAX_ROWS:
         return gemv.packed_rows_kernel(p, dtype, out, m)
     return cpu.tile_matmul_kernel(p, dtype, out, packed_b, transposed_a, cpu.copies_a(transposed_a, m, n),
-                                  b_dtype=b_dtype)
+                                  b_dtype=b_dtype, rows_first=cpu.rows_first(p, m, k, n))
 
 
 def _dot4_kernel(p, out, packed_b: bool, transposed_a: bool, a_dtype, b_dtype, columns_outer: bool) -> td.Kernel:
@@ -278,6 +278,8 @@ class MatmulPlan:
         mixed = {"b_dtype": self.b_dtype} if self.b_dtype else {}
         if columns_outer and self.template is DOT4:
             mixed["columns_outer"] = True
+        if self.template is CPU_TILE:
+            mixed["k"] = self.k
         return self.template.build(self.point, self.dtype, out, vec, packed_b, transposed_a, self.m, self.n, **mixed)
 
     @property

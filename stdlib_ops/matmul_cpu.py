@@ -175,6 +175,20 @@ COPY_A_ROWS = 512     # a transposed A with at least this many rows (M) is copie
 WIDE_N = 512          # columns (N) at most that a block copying A computes, every column panel of them
 
 
+# `rows_first` where A has at least this many elements (past a core's L2 in f32, with C streaming beside it) and B
+# at most this many: read in column-panel order, A is read from memory once per panel
+ROWS_FIRST_A = 1 << 20
+ROWS_FIRST_B = 1 << 14
+
+
+def rows_first(p, m: int | None, k: int | None, n: int | None) -> bool:
+    """Whether the kernel for an M x K @ K x N product at point `p` runs a row block's column panels one after the
+    other (its rows of A then stay in cache for every panel), not a panel's row blocks: where A is large, B small
+    and there is more than one panel. ResNet-50 at batch 8, its 1x1 convolutions 64 -> 256 at 56x56 (A 6.4 MB, four
+    panels): see docs/benchmarks.md, session 101."""
+    return (None not in (m, k, n) and m * k >= ROWS_FIRST_A and k * n <= ROWS_FIRST_B and n > p.block[1])
+
+
 def copies_a(transposed_a: bool, m: int | None, n: int | None) -> bool:
     """Whether the kernel for a transposed A of M rows and N columns copies each block's A for a k block before its
     micro-tiles run (and then computes every column panel from the copy: N at most WIDE_N). Read in place, a k step
@@ -214,7 +228,8 @@ class Window:
 
 @functools.cache
 def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a: bool = False,
-                       copy_a: bool = False, window: Window | None = None, indirect: bool = False, b_dtype=None):
+                       copy_a: bool = False, window: Window | None = None, indirect: bool = False, b_dtype=None,
+                       rows_first: bool = False):
     """The cpu matmul kernel for schedule point `p` and element types (one compile serves every shape; B of
     `b_dtype` where it is not A's type: 8-bit integers of two kinds).
 
@@ -229,10 +244,13 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
     element (i, k) of z-slice z's A at A[0, za + rows[i] + taps[k]] for the tables `indirect_index` appends to
     batch_index's first row, where za = batch_index[z, 0] is an offset (an image's, a group's first channel),
     not a matrix index (the kernel's M comes from C, its K from the table's width).
+    With `rows_first` (and not copy_a), consecutive blocks are a row block's column panels, not a column panel's row
+    blocks (`rows_first`, the function, says when).
     """
     (MR, NR), (BM, BN), KC = p.micro, p.block, p.bk
     COLUMNS_OUTSIDE = columns_outside(NR)
     copy_a = copy_a and transposed_a
+    rows_first = rows_first and not copy_a
     window = window if copy_a else None
     indirect = indirect and not transposed_a
     # A is copied to f32 a k block at a time: for all column panels (copy_a), or, 16-bit, for the block's one
@@ -244,7 +262,8 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
     integer = not dtype.is_float
     sums_type = td.i32 if integer else f32
     name = (f"tile_matmul_{BM}x{BN}x{KC}_m{MR}x{NR}" + ("_packed" if packed_b else "") + ("_at" if transposed_a else "")
-            + ("_copied" if copy_a else "") + ("_window" if window else "") + ("_indirect" if indirect else ""))
+            + ("_copied" if copy_a else "") + ("_window" if window else "") + ("_indirect" if indirect else "")
+            + ("_rows" if rows_first else ""))
     a_spec = (dtype["BA", "CI", "H", "W"] if window else dtype["BA", "K", "M"] if transposed_a
               else dtype["BA", "XL"] if indirect else dtype["BA", "M", "K"])
     index_spec = td.i32["BZ", "BW"] if indirect else td.i32["BZ", 2]
@@ -341,15 +360,16 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
         fa = td.registers(f32, (MR,))
         fb = td.registers(f32, (NR,))
         at = td.registers(td.i32, (MR,))     # indirect: the micro-tile's rows' offsets in A
-        grid_m = td.cdiv(M, BM)
-        row0 = blockIdx.x % grid_m * BM      # consecutive blocks share a B panel
+        grid_m, grid_n = td.cdiv(M, BM), td.cdiv(N, BN)
+        # consecutive blocks share a B panel, or (rows_first) a block of A's rows
+        row0 = (blockIdx.x // grid_n if rows_first else blockIdx.x % grid_m) * BM
         za, zb = batch_index[blockIdx.z, 0], batch_index[blockIdx.z, 1]
         kdim = CI * window.kh * window.kw if window else BW - 2 - M if indirect else K
         chunk = td.cdiv(td.cdiv(kdim, KC), split) * KC      # split-k: this z-slice's range of k
         k_begin = blockIdx.z % split * chunk
         k_end = td.min(kdim, k_begin + chunk)
         panels = td.cdiv(N, BN) if copy_a else 1          # the column panels this block computes
-        first_panel = 0 if copy_a else blockIdx.x // grid_m
+        first_panel = 0 if copy_a else blockIdx.x % grid_n if rows_first else blockIdx.x // grid_m
         panel = B if packed_b else td.shared(f32, (KC, BN))
         rows = td.min(BM, M - row0)
         for k0 in range(k_begin, td.max(k_end, k_begin + 1), KC):   # a slice with no k (K = 0, split past K): one

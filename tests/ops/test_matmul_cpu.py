@@ -30,14 +30,14 @@ POINTS = [cpu.default_point(unit=vectors.AVX512), cpu.default_point(unit=vectors
           cpu.default_point(unit=vectors.AVX512, m=128)]
 
 
-def _run(p, a, b, split=1, dtype=td.f32, packed_b=False, transposed_a=False, copy_a=False):
+def _run(p, a, b, split=1, dtype=td.f32, packed_b=False, transposed_a=False, copy_a=False, rows_first=False):
     """C = a @ b for 2-D operands through the template kernel at point `p` (split-k partials summed; with
     `packed_b`, the kernel that reads B as `pack_b` packs it; with `transposed_a`, the one reading a.T, which
-    `copy_a` copies block by block)."""
+    `copy_a` copies block by block; with `rows_first`, its blocks in row-major order)."""
     out_dtype = td.f32 if split > 1 else dtype
     c = np.full((split, a.shape[0], b.shape[1]), np.nan, numpy_dtype(out_dtype))    # every element must be written
     operand = cpu.pack_b(p, b[None]) if packed_b else b[None]
-    kernel = cpu.tile_matmul_kernel(p, dtype, out_dtype, packed_b, transposed_a, copy_a)
+    kernel = cpu.tile_matmul_kernel(p, dtype, out_dtype, packed_b, transposed_a, copy_a, rows_first=rows_first)
     kernel(np.ascontiguousarray(a.T)[None] if transposed_a else a[None], operand, c,
            simt.batch_index((), (), (), split), split)
     return c.sum(axis=0, dtype=np.float64)
@@ -128,6 +128,31 @@ def test_template_points_on_cpu(point, variants, m, n, k, split, data, seed):
     b = rng.standard_normal((k, n)).astype(np.float32)
     got = _run(point, a, b, split, packed_b=packed_b, transposed_a=transposed_a, copy_a=copy_a)
     np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+
+
+@settings(max_examples=12, deadline=None)
+@given(m=DIMS, n=DIMS, k=DIMS, split=st.sampled_from([1, 3]), variant=st.sampled_from(GRAPH_VARIANTS),
+       seed=st.integers(0, 2**16))
+def test_blocks_in_row_major_order_compute_the_same_product(m, n, k, split, variant, seed):
+    """`rows_first` kernels (a row block's column panels one after the other) against numpy: partial blocks, one
+    panel or several (SMALL's are 64 columns wide), split-k, each operand form."""
+    td.set_target("cpu")
+    packed_b, transposed_a, copy_a = variant
+    rng = np.random.default_rng(seed)
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    got = _run(SMALL, a, b, split, packed_b=packed_b, transposed_a=transposed_a, copy_a=copy_a, rows_first=True)
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_rows_first_where_a_is_large_and_b_small():
+    """ResNet-50's 64 -> 256 1x1 convolutions at 56x56 take row-major blocks at batch 8 (A 1.6 Mi floats, B 16 Ki),
+    not at batch 1 (A 200 Ki); its 128 -> 512 ones at batch 8 do not (B 64 Ki floats: re-read from L2 by every row
+    block, they ran slower), nor does a product of one column panel."""
+    p = cpu.default_point(unit=vectors.AVX512)
+    assert cpu.rows_first(p, 8 * 56 * 56, 64, 256) and not cpu.rows_first(p, 56 * 56, 64, 256)
+    assert not cpu.rows_first(p, 8 * 28 * 28, 128, 512) and not cpu.rows_first(p, 8 * 56 * 56, 64, p.block[1])
+    assert not cpu.rows_first(p, None, 64, 256)
+    assert cpu.tile_matmul_kernel(p, td.f32, td.f32, True, rows_first=True).name.endswith("_rows")
 
 
 @pytest.mark.parametrize("packed_b, transposed_a, copy_a", GRAPH_VARIANTS)
