@@ -360,16 +360,18 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
         fa = td.registers(f32, (MR,))
         fb = td.registers(f32, (NR,))
         at = td.registers(td.i32, (MR,))     # indirect: the micro-tile's rows' offsets in A
-        grid_m, grid_n = td.cdiv(M, BM), td.cdiv(N, BN)
-        # consecutive blocks share a B panel, or (rows_first) a block of A's rows
-        row0 = (blockIdx.x // grid_n if rows_first else blockIdx.x % grid_m) * BM
+        if rows_first:      # consecutive blocks share a block of A's rows: its column panels in turn
+            grid_n = td.cdiv(N, BN)
+            row0, first_panel = blockIdx.x // grid_n * BM, blockIdx.x % grid_n
+        else:               # consecutive blocks share a B panel
+            grid_m = td.cdiv(M, BM)
+            row0, first_panel = blockIdx.x % grid_m * BM, 0 if copy_a else blockIdx.x // grid_m
         za, zb = batch_index[blockIdx.z, 0], batch_index[blockIdx.z, 1]
         kdim = CI * window.kh * window.kw if window else BW - 2 - M if indirect else K
         chunk = td.cdiv(td.cdiv(kdim, KC), split) * KC      # split-k: this z-slice's range of k
         k_begin = blockIdx.z % split * chunk
         k_end = td.min(kdim, k_begin + chunk)
         panels = td.cdiv(N, BN) if copy_a else 1          # the column panels this block computes
-        first_panel = 0 if copy_a else blockIdx.x % grid_n if rows_first else blockIdx.x // grid_m
         panel = B if packed_b else td.shared(f32, (KC, BN))
         rows = td.min(BM, M - row0)
         for k0 in range(k_begin, td.max(k_end, k_begin + 1), KC):   # a slice with no k (K = 0, split past K): one
