@@ -12,7 +12,8 @@ The micro-kernel's step is MR loads of A (broadcast), NR consecutive loads of B 
 multiply-adds; unrolled, LLVM's SLP vectorizer turns it into NR / L vector loads and
 MR * NR / L vector FMAs, L floats a vector. The default tile fills about as many registers with
 accumulators as the host has (`taskdsl.backend.cpu.vectors`): 6 x 16 fills 12 of AVX2's 16 ymm
-registers (L = 8), 6 x 32 fills 12 of AVX-512's 32 zmm registers (L = 16). The
+registers (L = 8), 4 x 64 fills 16 of AVX-512's 32 zmm registers (L = 16): a step's 8 loads feed 16 FMAs,
+where 6 x 32's 8 fed 12 (ResNet-50 at batch 8 ran 5-8% faster; 24 accumulators, 6 x 64 or 12 x 32, spill). The
 register tile's loops are `td.unroll` loops, not the compile-time tasks of `repeat(MR, NR)(0)`:
 the cpu target's unroll pass (and the CUDA compiler) unroll them all the same, and under
 `td.fast_compile` they stay loops, which takes a third off numba's time for the kernel (LLVM
@@ -87,14 +88,14 @@ def space(itemsize: int = 4, unit: vectors.VectorUnit | None = None, k_block_at_
     """The cpu schedule space: micro-tile, block tile and k block (the micro-tiles that fit `unit`; for integer
     operands, the k blocks of at most `k_block_at_most`)."""
     return Space("tile_matmul_cpu", {
-        "micro": ((6, 32), (8, 32), (4, 32), (6, 16), (4, 16), (8, 8), (4, 8), (2, 8)),
+        "micro": ((4, 64), (6, 32), (8, 32), (6, 16), (4, 16), (8, 8), (4, 8), (2, 8)),
         "block": ((48, 64), (96, 64), (48, 128), (24, 64), (64, 64), (16, 64), (96, 32), (96, 16)),
         "bk": (128, 256, 512),
     }, lambda p: check(p, itemsize, unit, k_block_at_most))
 
 
 # the default tile per vector width, measured: docs/benchmarks.md
-DEFAULT = {512: dict(micro=(6, 32), block=(48, 64), bk=256), 256: dict(micro=(6, 16), block=(48, 64), bk=256),
+DEFAULT = {512: dict(micro=(4, 64), block=(48, 64), bk=256), 256: dict(micro=(6, 16), block=(48, 64), bk=256),
            128: dict(micro=(4, 8), block=(48, 64), bk=256)}
 
 
@@ -121,8 +122,9 @@ def fitted(chosen: dict, m: int | None, n: int | None) -> dict:
     6x16 for N <= 16 (0.30 -> 0.22 ms on one thread for 32 -> 16). A second row block holding a row or two
     (ResNet-50's 7x7 layers, M = 49) reads all of B's panels again for them: 9.2 -> 8.3 ms over those nine
     layers with one 96-row block (docs/benchmarks.md). Where 64-row blocks compute at least 8% fewer rows than
-    48-row ones (M = 100, 128, 256: BERT's and GPT-2's 128 tokens), AVX-512's 6x32 micro-tile becomes 8x32 in
-    64x64 blocks: BERT-base 95.0 -> 90.9 ms, GPT-2 132.8 -> 130.2 ms.
+    48-row ones (M = 100, 128, 256: BERT's and GPT-2's 128 tokens), AVX-512's blocks take 64 rows (with 8x32
+    micro-tiles, against 6x32 in 48-row blocks: BERT-base 95.0 -> 90.9 ms, GPT-2 132.8 -> 130.2 ms; 4x64 ones
+    ran BERT-base as fast as 8x32).
     """
     (bm, bn), micro = chosen["block"], chosen["micro"]
     if m is not None and bm < m <= 96 and 2 * (m - bm) <= bm:     # a second row block at most half used
@@ -132,8 +134,8 @@ def fitted(chosen: dict, m: int | None, n: int | None) -> dict:
         bm, bn = 96, 16 if n <= 16 else 32
         if micro[1] > bn:
             micro = (6, bn)
-    if m is not None and (bm, micro) == (48, (6, 32)) and 100 * _rows(m, 64) <= 92 * _rows(m, 48):
-        bm, micro = 64, (8, 32)
+    if m is not None and (bm, micro) == (48, (4, 64)) and 100 * _rows(m, 64) <= 92 * _rows(m, 48):
+        bm = 64
     return dict(chosen, micro=micro, block=(bm, bn))
 
 

@@ -94,7 +94,7 @@ def test_linear_and_matmul_of_empty_operands():
 # panels of 64 (the AVX-512 default), 64 with k blocks of 128, 16 and 128 columns
 ROWS_POINTS = [cpu.default_point(unit=vectors.AVX512), cpu.space().point(micro=(4, 8), block=(24, 64), bk=128),
                cpu.space().point(micro=(6, 16), block=(96, 16), bk=256),
-               cpu.space().point(micro=(4, 32), block=(48, 128), bk=512)]
+               cpu.space().point(micro=(4, 64), block=(48, 128), bk=512)]
 
 
 @examples(12)
