@@ -13,7 +13,7 @@ multiply-adds; unrolled, LLVM's SLP vectorizer turns it into NR / L vector loads
 MR * NR / L vector FMAs, L floats a vector. The default tile fills about as many registers with
 accumulators as the host has (`taskdsl.backend.cpu.vectors`): 6 x 16 fills 12 of AVX2's 16 ymm
 registers (L = 8), 4 x 64 fills 16 of AVX-512's 32 zmm registers (L = 16): a step's 8 loads feed 16 FMAs,
-where 6 x 32's 8 fed 12 (ResNet-50 at batch 8 ran 5-8% faster; 24 accumulators, 6 x 64 or 12 x 32, spill). The
+where 6 x 32's 8 fed 12 (ResNet-50 at batch 8 ran 5-8% faster; 6 x 64's 24 ran no faster than 4 x 64). The
 register tile's loops are `td.unroll` loops, not the compile-time tasks of `repeat(MR, NR)(0)`:
 the cpu target's unroll pass (and the CUDA compiler) unroll them all the same, and under
 `td.fast_compile` they stay loops, which takes a third off numba's time for the kernel (LLVM
