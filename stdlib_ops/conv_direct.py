@@ -322,9 +322,9 @@ def depthwise_nhwc_kernel(dtype, whole: bool, compact: bool, window_width: int) 
                                 add_tap(sums, X, n, row, row_inside, Wt[kh, kw, 0, c], cols, inside, kw, c, pixels)
                             for p in range(pixels):
                                 buffer[p * span + c - c0] = sums[p]
-                for p in range(pixels):
-                    for c in range(width):
-                        Y[n, oh, ow0 + td.min(p, last), c0 + c] = buffer[p * span + c]
+                for p in range(td.min(pixels, OW - ow0)):     # each pixel once (a fused epilogue may read
+                    for c in range(width):                      # the element it stores: `td.in_place`)
+                        Y[n, oh, ow0 + p, c0 + c] = buffer[p * span + c]
 
     return conv_depthwise_pixels
 

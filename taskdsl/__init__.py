@@ -5,7 +5,7 @@ task mappings, and run them on the cpu target (numba) or compile them to CUDA (N
 """
 from .backend.cpu import numba_settings  # noqa: F401 - first of all: settings numba reads at its import
 from .backend.cpu import numba_cache  # noqa: F401 - then: numba's cache folder for the package's functions
-from .compute import Tensor, compute, placeholder, reduce, size_var
+from .compute import Tensor, compute, in_place, placeholder, reduce, size_var
 from .errors import ConfigError, DSLError, SourceLoc
 from .frontend.decorators import func, kernel
 from .ir.types import bf16, boolean, f8e4m3, f8e5m2, f16, f32, f64, i8, i16, i32, i64, u8, u16, u32, u64

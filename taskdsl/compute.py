@@ -72,6 +72,7 @@ class Tensor:
     op: str | None = None
     gather_runs: int = 1    # a compute promises: each aligned run of this many elements along its last axis is
                             # one placeholder's consecutive elements (aligned likewise) or zeros, by one condition
+    overwrites: "Tensor | None" = None      # a compute computed in place over this placeholder (`in_place`)
     buffer: ir.Buffer = field(init=False)
 
     def __post_init__(self):
@@ -206,6 +207,21 @@ def reduce(name: str, shape, reduce_shape, fcompute, op: str = "sum", dtype: T.D
         dtype = T.f32 if op == "mean" and not dtype.is_float else dtype
         dtype = T.i32 if op in ("sum", "prod") and dtype.is_bool else dtype    # a count, as C promotes bools
     return Tensor(name, dtype, dims, "reduce", axes, body, raxes, rdims, op)
+
+
+def in_place(definition: Tensor, source: Tensor) -> Tensor:
+    """`definition`, to be computed in the memory that holds placeholder `source` when its kernel starts (a
+    residual block's sum over its shortcut): a fused kernel (`td.fuse`, as an epilogue) then reads `source`
+    there, and has no parameter for it. The definition must read `source` only at its own element; the kernel
+    reads that element before it stores it, so its anchor must store each element once. The values are the same."""
+    if definition.kind != "compute" or source.kind != "placeholder":
+        raise TypeError(f"in_place: a compute over a placeholder, got {definition.kind} {definition.name!r} over "
+                        f"{source.kind} {source.name!r}")
+    if not ir.structurally_equal(source.shape, definition.shape) or source.dtype != definition.dtype:
+        raise ValueError(f"in_place: {definition!r} can take the memory of a placeholder of its own shape and type "
+                         f"only, not of {source!r}")
+    return Tensor(definition.name, definition.dtype, definition.shape, "compute", definition.axes, definition.body,
+                  gather_runs=definition.gather_runs, overwrites=source)
 
 
 # ---------------------------------------------------------------- topology

@@ -32,17 +32,21 @@ class Arena:
     """One block of memory holding the planned activations of a graph, on the host or on the GPU."""
 
     def __init__(self, graph: Graph, gpu: bool):
-        plan = plan_memory(graph, place_outputs=False)      # outputs outlive the call: not in the arena
+        # outputs outlive the call: not in the arena; outputs in place over an input on the cpu only (its kernels
+        # are the ones tested so)
+        plan = plan_memory(graph, place_outputs=False, in_place=not gpu)
         placed = [[t if self._placed(t, plan) else None for t in op.outputs] for op in graph.nodes]
-        self.nbytes = max((plan.offsets[id(t)] + t.nbytes for ts in placed for t in ts if t is not None), default=0)
+        offset = lambda t: plan.offsets[id(plan.storage[id(t)])]     # noqa: E731 (an output in place: its input's)
+        self.nbytes = max((offset(t) + t.nbytes for ts in placed for t in ts if t is not None), default=0)
         self.gpu = gpu
         self.memory = device_empty((self.nbytes,), np.uint8) if gpu else empty_aligned((self.nbytes,), np.uint8)
-        self._slots = [[None if t is None else self._slot(plan.offsets[id(t)], t) for t in ts] for ts in placed]
+        self._slots = [[None if t is None else self._slot(offset(t), t) for t in ts] for ts in placed]
         self._claimable = [[slot for slot in slots if slot is not None] for slots in self._slots]
 
     @staticmethod
     def _placed(t, plan: MemoryPlan) -> bool:
-        return plan.storage.get(id(t)) is t and id(t) in plan.offsets and t.size > 0
+        root = plan.storage.get(id(t))
+        return (root is t or id(t) in plan.in_place) and id(root) in plan.offsets and t.size > 0
 
     def _slot(self, offset: int, t):
         """A 1-d array of `t`'s dtype and element count at `offset` in the arena."""

@@ -79,7 +79,7 @@ class CompiledGraph:
         with target_scope(self.target):       # partitioning asks what the target's kernels can fuse
             self.graph = optimize(graph, passes)
         self.channels_last = runs_channels_last(self.graph)      # whether 2-D convolutions run NHWC
-        self.memory = plan_memory(self.graph)
+        self.memory = plan_memory(self.graph, in_place=self.target == "cpu")    # (as the arena plans it)
         nodes = self.graph.nodes
         outputs = {id(t) for t in self.graph.outputs}
         self._free = [[] for _ in nodes]           # tensors whose last reader is step k

@@ -19,7 +19,6 @@ meaning is the composition of its members' compute definitions, so it keeps a nu
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import numpy as np
@@ -29,8 +28,9 @@ from stdlib_ops import conv as conv_lib
 from stdlib_ops import gemm
 
 from .. import ir
-from ..compute import placeholder, topological
-from ..runtime.arrays import contiguous, empty_like_operands, unplanned
+from ..compute import in_place, placeholder, topological
+from ..runtime.arrays import (contiguous, copy_into, empty_like_operands, results_in, same_memory,
+                              unplanned)
 from ..schedule.fusion import FusionError
 from .graph import Graph
 from .operator import Operator, external_inputs
@@ -65,6 +65,21 @@ class FusedAnchor(Operator):
             for t, d in zip(m.outputs, m.define(*(value[id(t)] for t in m.inputs))):
                 value[id(t)] = d
         return [value[id(self.epilogue[-1].outputs[0] if self.epilogue else self.anchor.outputs[0])]]
+
+    def overwritable_input(self) -> int | None:
+        """An input of the output's shape and type that one epilogue member reads, elementwise, with only elementwise
+        members of the output's shape after it: each output element is computed from its own element of that input
+        (a residual block's shortcut, which the kernel's stores can then overwrite: no second pass over memory)."""
+        out = self.outputs[0]
+        for k, t in enumerate(self.inputs):
+            readers = [m for m in self.members for x in m.inputs if x is t]
+            if (t.shape != out.shape or t.dtype != out.dtype or len(readers) != 1
+                    or not any(m is readers[0] for m in self.epilogue)):
+                continue
+            chain = self.epilogue[next(i for i, m in enumerate(self.epilogue) if m is readers[0]):]
+            if all(isinstance(m, Elementwise) and m.outputs[0].shape == out.shape for m in chain):
+                return k
+        return None
 
     def clone(self, inputs: list) -> "FusedAnchor":
         """The same fusion over other external inputs (members rebuilt in order)."""
@@ -214,8 +229,8 @@ def _view(t, shape: tuple, name: str):
 class _Build:
     """The fused kernel of one FusedAnchor and how to call it from the node's input arrays."""
 
-    def __init__(self, op: FusedAnchor):
-        self.op = op
+    def __init__(self, op: FusedAnchor, overwrites: int | None = None):
+        self.op, self.overwrites = op, overwrites   # the input whose memory the output takes (`overwritable_input`)
         self._packed: dict = {}   # a constant conv weight as its lowering's operand (made on first run)
         holders = [placeholder(f"x{k}", t.dtype, t.shape) for k, t in enumerate(op.inputs)]
         self.value = {id(t): h for t, h in zip(op.inputs, holders)}
@@ -237,7 +252,8 @@ class _Build:
         self.value[id(anchor_out)] = y
         for m in self.op.epilogue:
             self._define(m)
-        return self.value[id(self.op.epilogue[-1].outputs[0])] if self.op.epilogue else y
+        z = self.value[id(self.op.epilogue[-1].outputs[0])] if self.op.epilogue else y
+        return z if self.overwrites is None else in_place(z, self.value[id(self.op.inputs[self.overwrites])])
 
     def _conv(self, anchor: Conv | IntegerConv) -> None:
         x, w = anchor.inputs
@@ -287,9 +303,9 @@ class _Build:
         first, right, below = (int(np.ravel_multi_index(p, shape)) for p in points)
         return abs(right - first) != 1 and abs(below - first) == 1
 
-    def run(self, arrays: list) -> np.ndarray:
-        """The fused node's output for its input arrays (one kernel launch; two for a cpu conv with im2col)."""
-        out = empty_like_operands(self.op.outputs[0].shape, self.op.outputs[0].numpy_dtype, *arrays)
+    def run(self, arrays: list, out) -> np.ndarray:
+        """`out`, the fused node's output for its input arrays (one kernel launch; two for a cpu conv with im2col);
+        built to overwrite an input, `out` is that input's memory."""
         if isinstance(self.op.anchor, CONV_ANCHORS):
             named = {name: contiguous(arrays[k]) for name, k in self.index_of.items()}
             weight = arrays[self._weight_index]
@@ -345,31 +361,37 @@ class _Members:
     def __init__(self, op: FusedAnchor):
         self.op, self.kernels = op, []
 
-    def run(self, arrays: list):
+    def run(self, arrays: list, out):
         values = {id(t): a for t, a in zip(self.op.inputs, arrays)}
         self.kernels = []
         members = self.op.members
         for k, m in enumerate(members):
             inputs = [values[id(t)] for t in m.inputs]
-            with unplanned() if k < len(members) - 1 else contextlib.nullcontext():   # the arena's slot: the last's
+            with unplanned() if k < len(members) - 1 else results_in([out.reshape(-1)]):    # the last's: in `out`
                 outs, kernels = run(m, inputs)
             self.kernels += kernels
             values.update({id(t): a for t, a in zip(m.outputs, outs)})
-        return outs[0]
+        if not same_memory(outs[0], out):       # (a runner allocating as it likes, a view's)
+            copy_into(out, outs[0])
+        return out
 
 
 @runs(FusedAnchor)
 def run_fused(op: FusedAnchor, arrays: list) -> tuple:
-    """One launch of the fused kernel (built on first use), or where fusion cannot build it, its members'."""
-    build = op.__dict__.get("_build")
-    if build is None or build.target != td.get_target():
+    """One launch of the fused kernel (built on first use), or where fusion cannot build it, its members'. Where the
+    output comes in the memory of its `overwritable_input` (the memory plan's), the kernel is one built in place."""
+    out = empty_like_operands(op.outputs[0].shape, op.outputs[0].numpy_dtype, *arrays)
+    k = op.overwritable_input()
+    overwrites = k if k is not None and same_memory(out, arrays[k]) else None
+    builds = op.__dict__.setdefault("_builds", {})
+    key = (td.get_target(), overwrites)
+    if key not in builds:
         try:
-            build = _Build(op)
+            builds[key] = _Build(op, overwrites)
         except FusionError:
-            build = _Members(op)
-        build.target = td.get_target()
-        op._build = build
-    return [build.run(arrays)], list(build.kernels)
+            builds[key] = _Members(op)
+    build = builds[key]
+    return [build.run(arrays, out)], list(build.kernels)
 
 
 __all__ = ["FusedAnchor", "fusible_anchor", "partition"]

@@ -90,6 +90,12 @@ class Operator:
         """The compute definitions of the outputs, over placeholders `xs` (compute tensors) of the inputs."""
         raise NotImplementedError(type(self).__name__)
 
+    def overwritable_input(self) -> int | None:
+        """The index of an input whose memory the first output may take (the memory plan then gives it that
+        storage where the input is read by nothing later): one the operator's kernels read at the output's own
+        elements only, each before they write it; None (the default) where no input is read so."""
+        return None
+
     # ------------------------------------------------------------------ derived
     @property
     def name(self) -> str:

@@ -165,6 +165,23 @@ def address(value) -> int:
     return value.ptr if isinstance(value, DeviceArray) else np.asarray(value).__array_interface__["data"][0]
 
 
+def same_memory(a, b) -> bool:
+    """Whether two arrays (numpy, DeviceArray) are one block of memory, element for element: contiguous, at one
+    address, of one size (an output the memory plan put over an input, `plan_memory(in_place=True)`)."""
+    if isinstance(a, DeviceArray) != isinstance(b, DeviceArray):
+        return False
+    contiguous = isinstance(a, DeviceArray) or (a.flags.c_contiguous and b.flags.c_contiguous)
+    return contiguous and a.nbytes == b.nbytes and address(a) == address(b)
+
+
+def copy_into(out, value) -> None:
+    """Copy `value` (of `out`'s shape and dtype) into `out`, on the host or the GPU."""
+    if isinstance(out, DeviceArray):
+        out.copy_from(value)
+    else:
+        np.copyto(out, on_host(value))
+
+
 def on_host(value):
     """A DeviceArray's contents as a numpy array (a copy: waits for the GPU); anything else as it is."""
     return value.numpy() if isinstance(value, DeviceArray) else value

@@ -263,7 +263,10 @@ def _fuse_epilogue(body: ir.Stmt, param: ir.Buffer, definition: Tensor, new_inpu
         raise FusionError(f"placeholder '{param.name}' in the epilogue is {stand_in.buffer.dtype.name}, but the "
                           f"anchor's output is {param.dtype.name}: declare it {param.dtype.name}")
     inverse = _invert(definition.axes, stand_in.indices, epi_shape, out_shape, definition.name)
+    if definition.overwrites is not None:
+        value = _read_in_place(value, definition, new_inputs)
     _record_inputs(value, new_inputs, skip=stand_in.buffer)
+    new_inputs.pop(definition.buffer.uid, None)     # (read in place: the output parameter)
 
     class _Epilogue(ir.Rewriter):
         def visit_Prefetch(self, s):
@@ -292,6 +295,28 @@ def _fuse_epilogue(body: ir.Stmt, param: ir.Buffer, definition: Tensor, new_inpu
         return ir.substitute(stored, {v.uid: i for v, i in zip(at, indices)})
 
     return _Epilogue().visit(body)
+
+
+def _read_in_place(value: ir.Expr, definition: Tensor, new_inputs: dict) -> ir.Expr:
+    """`value` reading the placeholder that `definition` overwrites (`compute.in_place`) from the definition's own
+    memory, which holds it when the kernel starts: each element's own, which the store reads before it writes."""
+    source = definition.overwrites.buffer
+    if source.uid in new_inputs:
+        raise FusionError(f"epilogue '{definition.name}' is computed in place over '{source.name}', which a prologue "
+                          "reads too: the kernel would read elements it may have overwritten")
+
+    def own(i: ir.Expr, axis: ir.Var, size: ir.Expr) -> bool:      # (an axis of one element: read at 0, say)
+        return ir.structurally_equal(i, axis) or (isinstance(size, ir.Const) and size.value == 1)
+
+    class _Own(ir.Rewriter):
+        def visit_Load(self, e):
+            if e.buffer.uid != source.uid:
+                return self.generic_visit(e)
+            if not all(own(i, a, n) for i, a, n in zip(e.indices, definition.axes, definition.shape)):
+                raise FusionError(f"epilogue '{definition.name}' is computed in place over '{source.name}' but reads "
+                                  "it at another element than its own, which the kernel may have overwritten by then")
+            return ir.Load(definition.buffer, e.indices)
+    return _Own().visit(value)
 
 
 def _without_prefetch_of(s: ir.Prefetch, param: ir.Buffer) -> ir.Stmt:

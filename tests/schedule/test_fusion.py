@@ -89,6 +89,39 @@ def test_reduce_anchor_with_elementwise_epilogue():
     np.testing.assert_allclose(out, np.exp(data.astype(np.float64).sum(1)) * w, rtol=1e-4)
 
 
+def test_an_epilogue_in_place_reads_its_shortcut_from_the_output_and_takes_no_parameter_for_it():
+    """A residual sum computed in place (`compute.in_place`): the kernel reads the shortcut from the output's own
+    memory, each element before its store, as a memory plan that puts the output over the shortcut needs."""
+    m, n, k = 37, 29, 19
+    cm, short = td.placeholder("C", f32, (m, n)), td.placeholder("R", f32, (m, n))
+    summed = td.compute("Y", (m, n), lambda i, j: td.max(cm[i, j] + short[i, j], 0.0))
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    fused = td.fuse(matmul_kernel, a, b, np.zeros((m, n), np.float32),
+                    epilogues={"C": td.in_place(summed, short)})
+    assert [name for name, _ in fused.params] == ["A", "B", "Y"]
+    r = rng.standard_normal((m, n)).astype(np.float32)
+    y = r.copy()
+    fused(a, b, y)
+    np.testing.assert_allclose(y, np.maximum(a.astype(np.float64) @ b + r, 0.0), rtol=1e-5, atol=1e-5)
+
+
+def test_in_place_requests_that_could_read_overwritten_elements_are_refused():
+    cm, short = td.placeholder("C", f32, (8, 8)), td.placeholder("R", f32, (8, 8))
+    examples = (np.zeros((8, 8), np.float32),) * 3
+    transposed = td.compute("Y", (8, 8), lambda i, j: cm[i, j] + short[j, i])
+    with pytest.raises(td.FusionError, match="another element than its own"):
+        td.fuse(matmul_kernel, *examples, epilogues={"C": td.in_place(transposed, short)})
+    summed = td.compute("Y", (8, 8), lambda i, j: cm[i, j] + short[i, j])
+    doubled = td.compute("A2", (8, 8), lambda i, j: short[i, j] * 2.0)
+    with pytest.raises(td.FusionError, match="a prologue reads too"):
+        td.fuse(matmul_kernel, *examples, prologues={"A": doubled}, epilogues={"C": td.in_place(summed, short)})
+    with pytest.raises(ValueError, match="of its own shape and type only"):
+        td.in_place(summed, td.placeholder("R", f32, (8, 9)))
+    with pytest.raises(TypeError, match="a compute over a placeholder"):
+        td.in_place(summed, doubled)
+
+
 @td.kernel(grid=1, block=128)
 def strided_scale(A: f32[100], out: f32[100], step: td.i32, scale: f32):
     i = threadIdx.x
