@@ -3,12 +3,13 @@
 The executor runs every operator inside `runtime.arrays.results_in(arena.slots(step))`, so the
 results the operator library allocates land in the arena (host memory on the cpu target, GPU
 memory on cuda), and activations whose lifetimes do not overlap share memory
-(`passes.plan_memory`). The graph's outputs are not placed there (the plan is made without
+(`passes.plan_memory`; on the cpu a fused residual sum's output takes its shortcut's memory, where its kernel
+computes it in place). The graph's outputs are not placed there (the plan is made without
 them): the caller keeps them after the call, while the next call reuses the arena.
 
 Runners are free to allocate as they like, so after each operator `check` confirms that every
 result that took a slot is the output the slot was planned for, and that no other output lies
-in the arena (an output aliasing an input's memory, say). If one does not, the executor
+in the arena (an output aliasing an input's memory where the plan did not put it, say). If one does not, the executor
 turns the arena off for the graph and runs the call again without it.
 """
 from __future__ import annotations

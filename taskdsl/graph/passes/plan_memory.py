@@ -2,9 +2,10 @@
 
 An activation (an operator's output) is live from the step that computes it to the last
 step that reads it; graph outputs live to the end. A view (a reshape, a contiguous slice) shares its input's
-storage, so it extends that storage's life instead of taking memory. Storages are placed
-greedily, largest first, at the lowest offset that overlaps no storage live at the same
-time (the greedy-by-size planner of TFLite). `peak_bytes` is the arena size: the peak
+storage, so it extends that storage's life instead of taking memory; so does, with `in_place`, an output
+that its operator computes over an input read last there (`_overwritten`: a residual block's sum over its
+shortcut). Storages are placed greedily, largest first, at the lowest offset that overlaps no storage live at
+the same time (the greedy-by-size planner of TFLite). `peak_bytes` is the arena size: the peak
 activation memory with reuse; `unshared_bytes` is what one buffer per activation needs.
 """
 from __future__ import annotations
