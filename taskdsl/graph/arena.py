@@ -33,8 +33,8 @@ class Arena:
     """One block of memory holding the planned activations of a graph, on the host or on the GPU."""
 
     def __init__(self, graph: Graph, gpu: bool):
-        # outputs outlive the call: not in the arena; outputs in place over an input on the cpu only (its kernels
-        # are the ones tested so)
+        # outputs outlive the call: not in the arena; sums in place over their shortcut on the cpu only (the GPU's
+        # kernels have not been run so)
         plan = plan_memory(graph, place_outputs=False, in_place=not gpu)
         placed = [[t if self._placed(t, plan) else None for t in op.outputs] for op in graph.nodes]
         offset = lambda t: plan.offsets[id(plan.storage[id(t)])]     # noqa: E731 (an output in place: its input's)
