@@ -45,14 +45,20 @@ def residual_convs(n: int, c: int, hw: tuple, kernel: int, stride: int, dilation
 def test_residual_convolutions_compute_their_sum_over_the_shortcut(n, c, hw, kernel, stride, dilation, groups, relu,
                                                                      shortcut_first, channels_last):
     groups = {"one": 1, "two": 2 if c % 2 == 0 else 1, "depthwise": c}[groups]
-    g = residual_convs(n, c, hw, kernel, stride, dilation, groups, relu, shortcut_first)
+    check_residual_convs(residual_convs(n, c, hw, kernel, stride, dilation, groups, relu, shortcut_first),
+                         channels_last)
+
+
+def check_residual_convs(g: tg.Graph, channels_last: bool) -> None:
+    """`g` (`residual_convs`) against its reference, twice (the arena reused), its sum built in place over h."""
     cg = g.compile(target="cpu", channels_last=channels_last)
-    x = rand((n, c, *hw), 1)
+    shape = tuple(g.inputs[0].shape)
+    x = rand(shape, 1)
     assert_close(cg(x)[0], g.reference(x)[0], rtol=1e-4, atol=1e-5)
     (fused, k), = _in_place_builds(cg)
     assert fused.anchor.kind == "conv2d" and id(fused.outputs[0]) in cg.memory.in_place
     assert cg.memory.storage[id(fused.outputs[0])] is cg.memory.storage[id(fused.inputs[k])]
-    x = rand((n, c, *hw), 2)            # a second call: the arena's memory is reused
+    x = rand(shape, 2)
     assert_close(cg(x)[0], g.reference(x)[0], rtol=1e-4, atol=1e-5)
 
 
@@ -60,8 +66,12 @@ def test_residual_convolutions_compute_their_sum_over_the_shortcut(n, c, hw, ker
 @given(batch=st.sampled_from([(), (2,)]), m=st.sampled_from([1, 2, 7, 33]), k=st.sampled_from([1, 5, 16]),
        n=st.sampled_from([1, 8, 19, 64]))
 def test_residual_products_compute_their_sum_over_the_shortcut(batch, m, k, n):
-    """A transformer's `x + dense(...)`: h = relu(x W0 + b); y = (h W1) W2 + h; out = y W3 (the gemv kernel at one
-    row, the small-matmul kernel and the template)."""
+    """A transformer's `x + dense(...)` (the gemv kernel at one row, the small-matmul kernel and the template)."""
+    check_residual_products(batch, m, k, n)
+
+
+def check_residual_products(batch: tuple, m: int, k: int, n: int) -> None:
+    """h = relu(x W0 + b); y = (h W1) W2 + h; out = y W3: against the reference, the sum built in place."""
     x = tg.input("x", (*batch, m, k))
     w = [tg.constant(rand(s, 20 + j, low=-0.5, high=0.5)) for j, s in enumerate([(k, n), (n, n), (n, n), (n, 3)])]
     h = ops.relu(ops.add(ops.matmul(x, w[0]), tg.constant(rand((n,), 30))))
