@@ -70,6 +70,10 @@ class FusedAnchor(Operator):
         """An input of the output's shape and type that one epilogue member reads, elementwise, with only elementwise
         members of the output's shape after it: each output element is computed from its own element of that input
         (a residual block's shortcut, which the kernel's stores can then overwrite: no second pass over memory)."""
+        return self._overwritable
+
+    @functools.cached_property
+    def _overwritable(self) -> int | None:      # (asked at every run: the members never change)
         out = self.outputs[0]
         for k, t in enumerate(self.inputs):
             readers = [m for m in self.members for x in m.inputs if x is t]
