@@ -29,8 +29,7 @@ from stdlib_ops import gemm
 
 from .. import ir
 from ..compute import in_place, placeholder, topological
-from ..runtime.arrays import (contiguous, copy_into, empty_like_operands, results_in, same_memory,
-                              unplanned)
+from ..runtime.arrays import contiguous, copy_into, empty_like_operands, results_in, same_memory, unplanned
 from ..schedule.fusion import FusionError
 from .graph import Graph
 from .operator import Operator, external_inputs

@@ -66,12 +66,8 @@ def check_residual_convs(g: tg.Graph, channels_last: bool) -> None:
 @given(batch=st.sampled_from([(), (2,)]), m=st.sampled_from([1, 2, 7, 33]), k=st.sampled_from([1, 5, 16]),
        n=st.sampled_from([1, 8, 19, 64]))
 def test_residual_products_compute_their_sum_over_the_shortcut(batch, m, k, n):
-    """A transformer's `x + dense(...)` (the gemv kernel at one row, the small-matmul kernel and the template)."""
-    check_residual_products(batch, m, k, n)
-
-
-def check_residual_products(batch: tuple, m: int, k: int, n: int) -> None:
-    """h = relu(x W0 + b); y = (h W1) W2 + h; out = y W3: against the reference, the sum built in place."""
+    """A transformer's `x + dense(...)`: h = relu(x W0 + b); y = (h W1) W2 + h; out = y W3 (the gemv kernel at one
+    row, the small-matmul kernel and the template)."""
     x = tg.input("x", (*batch, m, k))
     w = [tg.constant(rand(s, 20 + j, low=-0.5, high=0.5)) for j, s in enumerate([(k, n), (n, n), (n, n), (n, 3)])]
     h = ops.relu(ops.add(ops.matmul(x, w[0]), tg.constant(rand((n,), 30))))
