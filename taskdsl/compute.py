@@ -11,6 +11,7 @@ set of definitions: the oracle every schedule is tested against.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import math
@@ -220,8 +221,7 @@ def in_place(definition: Tensor, source: Tensor) -> Tensor:
     if not ir.structurally_equal(source.shape, definition.shape) or source.dtype != definition.dtype:
         raise ValueError(f"in_place: {definition!r} can take the memory of a placeholder of its own shape and type "
                          f"only, not of {source!r}")
-    return Tensor(definition.name, definition.dtype, definition.shape, "compute", definition.axes, definition.body,
-                  gather_runs=definition.gather_runs, overwrites=source)
+    return dataclasses.replace(definition, overwrites=source)      # (a tensor of its own: a buffer of its own)
 
 
 # ---------------------------------------------------------------- topology
