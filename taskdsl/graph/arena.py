@@ -29,13 +29,18 @@ class Misplaced(Exception):
     """An operator's results are not where the memory plan put them (the reason is the message)."""
 
 
+def plans_in_place(gpu: bool) -> bool:
+    """Whether the memory plan puts a fused residual sum over its shortcut: on the cpu only (the GPU's kernels have
+    not been run in place)."""
+    return not gpu
+
+
 class Arena:
     """One block of memory holding the planned activations of a graph, on the host or on the GPU."""
 
     def __init__(self, graph: Graph, gpu: bool):
-        # outputs outlive the call: not in the arena; sums in place over their shortcut on the cpu only (the GPU's
-        # kernels have not been run so)
-        plan = plan_memory(graph, place_outputs=False, in_place=not gpu)
+        # outputs outlive the call: not in the arena
+        plan = plan_memory(graph, place_outputs=False, in_place=plans_in_place(gpu))
         placed = [[t if self._placed(t, plan) else None for t in op.outputs] for op in graph.nodes]
         offset = lambda t: plan.offsets[id(plan.storage[id(t)])]     # noqa: E731 (an output in place: its input's)
         self.nbytes = max((offset(t) + t.nbytes for ts in placed for t in ts if t is not None), default=0)

@@ -39,7 +39,7 @@ from ..runtime.device_array import DeviceArray, to_device
 from ..runtime.progress import Progress
 from ..runtime.sharing import share_code
 from . import runners
-from .arena import Arena, Misplaced
+from .arena import Arena, Misplaced, plans_in_place
 from .graph import Graph, bind_inputs
 from .passes import LAYOUT_PASS, optimize, pipeline, plan_memory
 from .passes.channels_last import runs_channels_last
@@ -79,7 +79,7 @@ class CompiledGraph:
         with target_scope(self.target):       # partitioning asks what the target's kernels can fuse
             self.graph = optimize(graph, passes)
         self.channels_last = runs_channels_last(self.graph)      # whether 2-D convolutions run NHWC
-        self.memory = plan_memory(self.graph, in_place=self.target == "cpu")    # (as the arena plans it)
+        self.memory = plan_memory(self.graph, in_place=plans_in_place(gpu=self.target == "cuda"))   # as the arena's
         nodes = self.graph.nodes
         outputs = {id(t) for t in self.graph.outputs}
         self._free = [[] for _ in nodes]           # tensors whose last reader is step k
