@@ -1079,6 +1079,17 @@ def test_a_mapping_sized_by_a_size_symbol():
     assert "@td.func" not in str(err)
 
 
+def test_a_mapping_sized_by_arithmetic_on_a_size_symbol_shows_it_as_written():
+    """The IR's repr (`Binary(op='//', a=Binary(...` five levels deep) was what the message showed."""
+    @td.kernel(block=32)
+    def k(X: f32["N"]):
+        for i in (td.repeat(td.cdiv(N, 32)) * spatial(32))(threadIdx.x):  # E_SYMBOL_ARITHMETIC  # noqa: F821
+            X[i] = 1.0
+
+    err = dsl_error(lambda: k(vec()), "E_SYMBOL_ARITHMETIC", "'(N + 32 - 1) // 32', a value known only when the")
+    assert "Binary(" not in str(err)
+
+
 def test_equality_in_helpers_and_custom_mappings_is_a_comparison_or_an_error():
     """`==` on a runtime value in a plain Python helper, or in a custom mapping's function, was Python's identity
     test (always False): now a comparison, and an `if` on it a DSLError as for `<`."""
