@@ -36,9 +36,8 @@ from .ir.printer import expr_str
 def _positive_int(value, what: str) -> int:
     """Return ``value`` as a Python int, or raise ValueError unless it is a positive int."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        name = getattr(value, "name", None)     # a kernel's size symbol, variable or arithmetic on them
-        if isinstance(name, str) or isinstance(value, Expr):
-            shown = f"'{name if isinstance(name, str) else expr_str(value)}', a value known only when the kernel runs"
+        if isinstance(value, Expr):     # a kernel's size symbol, a variable or arithmetic on them
+            shown = f"'{expr_str(value)}', a value known only when the kernel runs"
         else:
             shown = repr(value)
         raise ValueError(f"{what} must be a positive int fixed when the kernel is written, got {shown}; "
