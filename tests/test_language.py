@@ -459,6 +459,32 @@ def test_f64_to_f32_conversion():
     np.testing.assert_array_equal(z, x.astype(np.float32).astype(np.float64))
 
 
+@td.kernel(grid=1, block=1)
+def f64_literals(X: f64[1], Out: f64[7], Big: td.i64[2]):
+    z: f64 = 0.1                  # an annotated f64 variable
+    v = X[0]
+    v = 1e-300                    # a literal for a variable that is already f64 (f32 would flush it to 0)
+    acc = 0.1                     # f64 from the start: the next line widens it
+    acc += X[0]
+    Out[0], Out[1], Out[2] = z, v, acc
+    Out[3] = td.cast(0.1, f64)
+    Out[4] = td.cast(1e300, f64)  # past f32's range
+    Out[5] = f64(1e300)
+    w: f64 = 2.0 ** 40 + 1.0 / 3.0
+    Out[6] = w
+    Big[0] = td.cast(16777217.0, td.i64)    # not f32's 16777216 on the way
+    Big[1] = td.i64(2.0 ** 40 + 1)
+
+
+def test_float_literals_convert_once_to_the_type_they_are_given():
+    """A Python float given to an f64 variable or cast (to f64, to i64) converts from the number itself, not
+    from its f32 rounding."""
+    out, big = np.zeros(7, np.float64), np.zeros(2, np.int64)
+    f64_literals(np.zeros(1, np.float64), out, big)
+    np.testing.assert_array_equal(out, [0.1, 1e-300, 0.1, 0.1, 1e300, 1e300, 2.0 ** 40 + 1.0 / 3.0])
+    np.testing.assert_array_equal(big, [16777217, 2 ** 40 + 1])
+
+
 @td.kernel(grid=1, block=32)
 def f64_math(X: f64[32], S: f32[32], Out: f64[5, 32]):
     t = threadIdx.x

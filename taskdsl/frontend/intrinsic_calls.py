@@ -36,7 +36,7 @@ class IntrinsicCalls:
             if len(node.args) != 2 or kwargs:
                 raise self.error(node, "td.cast(value, dtype) takes two arguments")
             dtype = self.dtype_of(node.args[1])
-            return self.cast_to(self.runtime_value(node.args[0]), dtype, node)
+            return self.cast_to(self.expr(node.args[0]), dtype, node)
         if fn.kind == "atomic":
             return self.atomic_call(fn, node)
         if fn.kind == "warp":

@@ -401,8 +401,8 @@ class FunctionTranslator(IntrinsicCalls):
     def assign_var(self, name: str, value, node: ast.AST) -> ir.Assign:
         """Assign to the runtime variable `name`, widening its type (and restarting) when needed."""
         key = (id(self.fn), name)
-        value = ir.as_expr(value)
         known, annotated = self.var_types.get(key, (None, False))
+        value = ir.as_expr(value, known)      # a Python float for an f64 variable: not rounded to f32 first
         if known is None:
             known = value.dtype
             self.var_types[key] = (known, False)
@@ -1042,7 +1042,7 @@ class FunctionTranslator(IntrinsicCalls):
         if isinstance(func, T.DataType):
             if len(args) != 1 or not (runtime_args or is_number(args[0])):
                 raise self.error(node, f"{func.name}(x) takes one number")
-            return self.cast_to(ir.as_expr(args[0], func), func, node)
+            return self.cast_to(args[0], func, node)
         try:
             if not runtime_args:
                 return func(*args, **kwargs)
@@ -1121,7 +1121,9 @@ class FunctionTranslator(IntrinsicCalls):
     def cast_to(self, value, dtype: T.DataType, node: ast.AST) -> ir.Expr:
         if not (is_runtime(value) or is_number(value)):
             raise self.error(node, f"expected a number, got {describe(value)}")
-        return ir.convert(ir.as_expr(value, dtype), dtype)
+        if is_number(value):        # converted once, from the Python number (0.1 as an f64: not f32's 0.1)
+            return ir.const(value.item() if hasattr(value, "item") else value, dtype)
+        return ir.convert(value, dtype)
 
     @staticmethod
     def _name_of(target: ast.expr) -> str | None:
