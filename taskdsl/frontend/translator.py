@@ -61,6 +61,11 @@ class _Restart(Exception):
 RETURNED = "<returned>"      # in `definite` once every path so far has returned a @td.func's value
 
 
+def _shuffles(value) -> bool:
+    """Whether `value` (a runtime expression or a number) holds a warp shuffle."""
+    return is_runtime(value) and any(c.func in L.WARP_OPS for c in ir.collect(value, ir.Call))
+
+
 def _literal_like(partner):
     """The type a Python number next to `partner` takes: see `ir.literal_type` (None: no runtime partner)."""
     return ir.literal_type(partner.dtype) if is_runtime(partner) else None
@@ -895,13 +900,16 @@ class FunctionTranslator(IntrinsicCalls):
         bools = a.dtype.is_bool and (isinstance(b, bool) or is_runtime(b) and b.dtype.is_bool)
         if not (truth_only or bools):
             return self.chosen_operand(op, a, b, node, emitted)
-        if emitted:
+        if emitted or _shuffles(b):     # `b` under an `if`, as in `expr_ifexp`
+            # the test's variable is assigned once: as uniform as `a` (the result is as uniform as `b` too)
             flag = ir.Var("decided" if op == "or" else "holds", T.boolean)
+            result = ir.Var("both" if op == "and" else "either", T.boolean)
             undecided = flag if op == "and" else ir.Unary("not", flag, T.boolean)
             self.pending += [ir.Assign(flag, self.condition(a, node), self.loc(node)),
-                             ir.If(undecided, ir.seq([*emitted, ir.Assign(flag, self.condition(b, node), self.loc(node))]),
-                                   None, self.loc(node))]
-            return flag
+                             ir.Assign(result, flag, self.loc(node)),
+                             ir.If(undecided, ir.seq([*emitted, ir.Assign(result, self.condition(b, node),
+                                                                         self.loc(node))]), None, self.loc(node))]
+            return result
         if not is_runtime(b):
             return decisive if self.truth(b, node) == decisive else self.condition(a, node)
         return ir.Binary(op, self.condition(a, node), self.condition(b, node), T.boolean)
@@ -916,7 +924,7 @@ class FunctionTranslator(IntrinsicCalls):
             a = tested
         dtype, first, other = self.common_type(a, b, node)
         cond = self.condition(a, node)
-        if not emitted:
+        if not (emitted or _shuffles(other)):
             return ir.Select(cond, first, other, dtype) if op == "or" else ir.Select(cond, other, first, dtype)
         chosen = ir.Var("chosen", dtype)
         undecided = cond if op == "and" else ir.Unary("not", cond, T.boolean)
@@ -995,9 +1003,10 @@ class FunctionTranslator(IntrinsicCalls):
                 raise self.error(n, f"a runtime conditional expression needs numbers, got {describe(v)}")
         dtype, ea, eb = self.common_type(a, b, node)
         cond = self.condition(cond, node.test)
-        if not (emitted_a or emitted_b):
+        if not (emitted_a or emitted_b or _shuffles(ea) or _shuffles(eb)):
             return ir.Select(cond, ea, eb, dtype)
-        # an operand takes statements (an inlined call): only the chosen one's run
+        # an operand takes statements (an inlined call) or shuffles: only the chosen one's run, under an `if` (where a
+        # per-thread condition is a shuffle some lanes do not reach: the barrier checks reject it)
         chosen = ir.Var("chosen", dtype)
         self.pending.append(ir.If(cond, ir.seq([*emitted_a, ir.Assign(chosen, ea, self.loc(node))]),
                                   ir.seq([*emitted_b, ir.Assign(chosen, eb, self.loc(node))]), self.loc(node)))

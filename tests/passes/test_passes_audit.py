@@ -99,6 +99,49 @@ def test_shuffles_in_branch_and_loop_conditions_are_checked_on_every_target():
     np.testing.assert_array_equal(out, np.where(x[np.arange(32) ^ 1] > x, -x, x))
 
 
+# ------------------------------------------------------------------ check_barriers: shuffles in chosen operands
+@td.kernel(grid=1, block=32)
+def shuffle_in_a_divergent_conditional_expression(X: f32[32], Out: f32[32]):
+    Out[threadIdx.x] = td.shfl_xor(X[threadIdx.x], 1) if threadIdx.x < 3 else -1.0
+
+
+@td.kernel(grid=1, block=32)
+def shuffle_after_a_divergent_and(X: f32[32], Out: f32[32]):
+    Out[threadIdx.x] = threadIdx.x < 3 and td.shfl_down(X[threadIdx.x], 1) > 0.5
+
+
+@td.kernel(grid=1, block=32)
+def shuffle_after_a_divergent_or_of_numbers(X: f32[32], Out: f32[32]):
+    Out[threadIdx.x] = X[threadIdx.x] or td.shfl_xor(X[threadIdx.x], 1)
+
+
+@td.kernel(grid=1, block=64)
+def shuffles_chosen_by_warp(X: f32[64], Out: f32[64]):
+    v = X[threadIdx.x]
+    Out[threadIdx.x] = td.shfl_xor(v, 1) if threadIdx.x // 32 == 0 else td.shfl_xor(v, 2)
+    Out[threadIdx.x] += threadIdx.x >= 32 and td.shfl_down(v, 1) > v
+
+
+def test_shuffles_in_the_operand_a_condition_chooses_are_checked():
+    """A shuffle in `a if c else b`, or in `b` of `c and b` / `c or b`, runs in the lanes `c` chooses: under a
+    per-thread `c` it is rejected as under an `if` (it compiled to `c ? __shfl_xor_sync(...) : -1.0f`, and the cpu
+    read lanes the GPU would not shuffle); under a warp-uniform one, each warp's choice runs."""
+    x, out = np.arange(32, dtype=np.float32), np.zeros(32, np.float32)
+    for kernel in (shuffle_in_a_divergent_conditional_expression, shuffle_after_a_divergent_and,
+                   shuffle_after_a_divergent_or_of_numbers):
+        with pytest.raises(DSLError, match="inside a branch or loop that differs between the lanes"):
+            kernel.source(x, out, target="cuda")
+        with pytest.raises(DSLError, match="inside a branch or loop that differs between the lanes"):
+            kernel(x, out)
+    x = np.random.default_rng(0).permutation(64).astype(np.float32)
+    out = np.zeros(64, np.float32)
+    shuffles_chosen_by_warp(x, out)
+    lanes = np.arange(64)
+    down = x[np.where(lanes % 32 < 31, lanes + 1, lanes)]     # shfl_down: the last lane keeps its own value
+    expected = np.where(lanes < 32, x[lanes ^ 1], x[lanes ^ 2]) + ((lanes >= 32) & (down > x))
+    np.testing.assert_array_equal(out, expected)
+
+
 # ------------------------------------------------------------------ simplify: atomics are not dropped
 @td.kernel(grid=1, block=4)
 def atomic_times_zero(C: i32[1], Out: i32[4]):
