@@ -332,8 +332,9 @@ class Kernel:
             if not low <= arg <= high:      # numpy would wrap it silently (or raise an OverflowError naming nothing)
                 raise ValueError(f"kernel '{self.name}': argument '{pname}' = {arg} is outside the range of "
                                  f"{dtype.name} ({low} to {high}); declare the parameter with a wider type")
-        if dtype.is_float and dtype.overflows(arg if isinstance(arg, int) else float(arg)):
-            # numpy would give inf (or NaN), and a warning
+        value = arg if isinstance(arg, int) else float(arg) if dtype.is_float else None
+        if dtype.is_float and (dtype.overflows(value) or (dtype.bits == 8 and math.isinf(value))):
+            # numpy would give inf (or NaN), and a warning; an 8-bit float has no inf and would saturate one
             text = str(arg) if len(str(arg)) < 30 else f"an integer of {len(str(abs(arg)))} digits"
             becomes = "be inf" if dtype.bits > 8 else "saturate"
             advice = "declare the parameter with a wider type" if dtype.bits < 64 else "pass inf if you mean it"

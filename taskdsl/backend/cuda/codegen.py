@@ -22,6 +22,9 @@ _HELPERS = {
     # that a NaN converts alike from every type (the cpu target's rule)
     "td_fp8_of_f64": """template <typename T> __device__ __forceinline__ T td_fp8_of_f64(double x) {
   return x == x ? T(x) : T(__int_as_float(0x7fffffff)); }""",
+    # an 8-bit float from its byte (a shuffle moves one as an int: CUDA has no shuffle of cuda_fp8.h's types)
+    "td_fp8_of_bits": """template <typename T> __device__ __forceinline__ T td_fp8_of_bits(int bits) {
+  T r; r.__x = (decltype(r.__x))bits; return r; }""",
     "td_floordiv": """template <typename T> __device__ __forceinline__ T td_floordiv(T a, T b) {
   T q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }""",
     "td_floormod": """template <typename T> __device__ __forceinline__ T td_floormod(T a, T b) {
@@ -455,6 +458,9 @@ class _CudaEmitter:
         args = [self.expr(a) for a in e.args]
         if e.func in _SHUFFLES:
             value, lane, width = args
+            if e.dtype.is_float and e.dtype.bits == 8:
+                moved = f"{_SHUFFLES[e.func]}({self.warp_mask()}, (int)({value}).__x, {lane}, {width})"
+                return f"td_fp8_of_bits<{e.dtype.c_name}>({moved})"
             return f"{_SHUFFLES[e.func]}({self.warp_mask()}, {value}, {lane}, {width})"
         if e.func == "sigmoid":
             one = "1.0f" if e.dtype.bits == 32 else "1.0"
