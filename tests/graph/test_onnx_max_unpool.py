@@ -56,3 +56,15 @@ def test_max_unpool_refusals():
                            opset=11)
         with pytest.raises(OnnxImportError, match=rf"node 'up' \(MaxUnpool\): .*{match}"):
             tg.from_onnx(model)
+
+
+def test_max_unpool_refuses_an_index_past_the_output():
+    """An index past the unpooled tensor is an IndexError at run time, as onnxruntime's is an error (its value was
+    dropped: no output element found it)."""
+    node = helper.make_node("MaxUnpool", ["x", "i"], ["y"], kernel_shape=[2], strides=[2])
+    model = make_model([node], [("x", [1, 1, 2]), ("i", [1, 1, 2], TensorProto.INT64)], [("y", [None] * 3)], opset=11)
+    run = tg.from_onnx(model).compile()
+    x = np.array([[[3.0, 5.0]]], np.float32)
+    np.testing.assert_array_equal(run({"x": x, "i": np.array([[[1, 2]]], np.int64)})[0], [[[0, 3, 5, 0]]])
+    with pytest.raises(IndexError, match="index 4 is out of range for axis 0 of size 4"):
+        run({"x": x, "i": np.array([[[1, 4]]], np.int64)})

@@ -106,6 +106,31 @@ def test_scatter_refusals():
         ops.scatter_elements(tg.input("d", (4,)), np.zeros(2, np.int64), tg.input("u", (2,), "float16"))
 
 
+def test_scatters_refuse_indices_onnxruntime_refuses():
+    """An index outside [-n, n) is an IndexError at run time, as onnxruntime's is an error (its update was dropped:
+    no output element found it), and refused at import as a constant; [-n, n) itself scatters as onnxruntime does."""
+    data = np.zeros((3, 5), np.float32)
+
+    def model(op_type, index_shape, update_shape, constants=None, **attrs):
+        node = helper.make_node(op_type, ["d", "i", "u"], ["y"], **attrs)
+        inputs = [("d", [3, 5])] + [("i", index_shape, TensorProto.INT64)] * (constants is None) + [("u", update_shape)]
+        return make_model([node], inputs, [("y", [3, 5])], constants, opset=18)
+
+    elements = tg.from_onnx(model("ScatterElements", [1, 2], [1, 2], axis=1)).compile()
+    updates = np.array([[1.0, 2.0]], np.float32)
+    for bad in (5, -6):
+        with pytest.raises(IndexError, match=f"scatter_elements: index {bad} is out of range for axis 1 of size 5"):
+            elements({"d": data, "i": np.array([[bad, 1]], np.int64), "u": updates})
+    check("ScatterElements", data, np.array([[-5, 4]], np.int64), updates, TensorProto.FLOAT, axis=1)
+    nd = tg.from_onnx(model("ScatterND", [2, 2], [2])).compile()
+    with pytest.raises(IndexError, match="scatter_nd: index 3 is out of range for axis 0 of size 3"):
+        nd({"d": data, "i": np.array([[0, 1], [3, 0]], np.int64), "u": np.ones(2, np.float32)})
+    with pytest.raises(IndexError, match="scatter_nd: index -6 is out of range for axis 1 of size 5"):
+        nd({"d": data, "i": np.array([[0, -6]], np.int64).repeat(2, 0), "u": np.ones(2, np.float32)})
+    with pytest.raises(OnnxImportError, match="scatter_elements: index 7 is out of range for axis 1 of size 5"):
+        tg.from_onnx(model("ScatterElements", [1, 2], [1, 2], {"i": np.array([[7, 1]], np.int64)}, axis=1))
+
+
 def tensor_scatter_model(cache: list, steps: int, axis: int, mode: str, elem: int, starts: bool = True):
     """A TensorScatter model (opset 24): past_cache of shape `cache`, an update of `steps` along `axis`."""
     update = list(cache)

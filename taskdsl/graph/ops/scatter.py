@@ -20,6 +20,7 @@ from ...compute import compute
 from ...compute import reduce as reduction
 from ...ir import types as T
 from ...lang import math_expr
+from ...runtime.arrays import check_indices
 from ..operator import Operator, dims
 from ..tensor import Tensor, as_tensor
 from .axes import normalize_axis
@@ -90,6 +91,13 @@ class ScatterElements(Operator):
         if any(m > n for a, (m, n) in enumerate(zip(indices.shape, data.shape)) if a != axis):
             raise ValueError(f"scatter_elements: indices of shape {indices.shape} are longer than data's shape "
                              f"{data.shape} on an axis other than {axis}")
+        if indices.is_constant:
+            self.check_values([None, indices.value, None])
+
+    def check_values(self, arrays):
+        """IndexError for an index outside [-n, n) (no output element would find its update: it would be lost)."""
+        axis = self.attrs["axis"]
+        check_indices(arrays[1], self.inputs[0].shape[axis], axis, self.kind)
 
     def define(self, data, indices, updates):
         shape, ishape, axis = dims(data), dims(indices), self.attrs["axis"]
@@ -126,6 +134,14 @@ class ScatterND(Operator):
         if updates.shape != indices.shape[:1] + data.shape[q:]:
             raise ValueError(f"scatter_nd: updates must have shape {indices.shape[:1] + data.shape[q:]}, got "
                              f"{updates.shape}")
+        if indices.is_constant:
+            self.check_values([None, indices.value, None])
+
+    def check_values(self, arrays):
+        """IndexError for an index tuple with an element outside [-n, n) of its axis (its update would be lost)."""
+        indices = np.asarray(arrays[1])
+        for axis in range(self.attrs["q"]):
+            check_indices(indices[:, axis], self.inputs[0].shape[axis], axis, self.kind)
 
     def define(self, data, indices, updates):
         shape, count, q = dims(data), dims(indices)[0], self.attrs["q"]
