@@ -958,7 +958,7 @@ def test_float_for_an_integer_scalar():
 def test_array_for_a_scalar():
     args = good_args()
     args[3] = np.zeros(1, np.float32)
-    with pytest.raises(TypeError, match=r"'alpha' must be a f32 scalar"):
+    with pytest.raises(TypeError, match=r"'alpha' must be a scalar of type f32"):
         scale(*args)
 
 
@@ -1088,6 +1088,36 @@ def test_a_mapping_sized_by_arithmetic_on_a_size_symbol_shows_it_as_written():
 
     err = dsl_error(lambda: k(vec()), "E_SYMBOL_ARITHMETIC", "'(N + 32 - 1) // 32', a value known only when the")
     assert "Binary(" not in str(err)
+
+
+# ---------------------------------------------------------------- from an audit of kernels written as a new user
+def test_messages_name_what_the_user_wrote_not_the_ir():
+    """A size symbol named `len` called as the builtin showed `Var(name='len', ...)`; threadIdx as a number showed
+    `_Dim3`; a plain helper's `if` on a runtime value gave advice for compute definitions (`ir.Select`)."""
+    @td.kernel(block=1)
+    def symbol_called(X: f32["len"], O: i32[1]):
+        O[0] = len(X)   # E_RUNTIME_CALLEE
+
+    err = dsl_error(lambda: symbol_called(vec(5), np.zeros(1, np.int32)), "E_RUNTIME_CALLEE",
+                    "'len' is a runtime i32 value here, not a function", token="len(X)")
+    assert "Var(" not in str(err) and "rename it" in str(err)
+
+    @td.kernel(block=1)
+    def dim3_as_number(X: f32[4]):
+        X[1] = X[0] if X[1] > 0 else threadIdx  # E_DIM3_NUMBER
+
+    dsl_error(lambda: dim3_as_number(vec(4)), "E_DIM3_NUMBER", "got threadIdx itself (use threadIdx.x, .y or .z)")
+
+    def magnitude(v):
+        return v if v > 0 else -v
+
+    @td.kernel(block=1)
+    def helper_branches(X: f32[1], O: f32[1]):
+        O[0] = magnitude(X[0])  # E_HELPER_BRANCH
+
+    err = dsl_error(lambda: helper_branches(vec(1), vec(1)), "E_HELPER_BRANCH",
+                    "calling 'magnitude' at compile time failed: it tests a value known only when the kernel runs")
+    assert "Select" not in str(err) and "@td.func" in str(err)
 
 
 def test_equality_in_helpers_and_custom_mappings_is_a_comparison_or_an_error():

@@ -1052,6 +1052,10 @@ class FunctionTranslator(IntrinsicCalls):
             if len(args) != 1 or not (runtime_args or is_number(args[0])):
                 raise self.error(node, f"{func.name}(x) takes one number")
             return self.cast_to(args[0], func, node)
+        if is_runtime(func):        # e.g. a size symbol named `len`, which hides the builtin in the kernel
+            raise self.error(node, f"'{ast.unparse(node.func)}' is a runtime {func.dtype.name} value here, not a "
+                                   "function", "A size symbol, parameter or variable hides a function of the same "
+                                   "name: rename it.")
         try:
             if not runtime_args:
                 return func(*args, **kwargs)
@@ -1066,7 +1070,13 @@ class FunctionTranslator(IntrinsicCalls):
                     "decorate device functions with @td.func.") if runtime_args and not own else None
             if runtime_args and name in L.MATH:
                 hint = f"Kernels compute math with taskdsl's own functions: td.{name}(...)."
-            raise self.error(node, f"calling '{name}' at compile time failed: {type(exc).__name__}: {exc}", hint) from None
+            why = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, ir.TruthValueError):     # its own text is about compute definitions
+                why = ("it tests a value known only when the kernel runs as a Python bool (an `if`, `while`, "
+                       "`and`/`or`/`not`, or Python's min/max on it)")
+                hint = ("Decorate it with @td.func: a device function may branch on runtime values "
+                        "(td.max / td.min for min / max).")
+            raise self.error(node, f"calling '{name}' at compile time failed: {why}", hint) from None
 
     def extremum(self, name: str, args: list, kwargs: dict, node: ast.Call):
         """Python's `min` / `max` of runtime values, of several arguments or of one tuple: td.min / td.max folded

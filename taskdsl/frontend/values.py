@@ -13,6 +13,8 @@ def describe(value) -> str:
     """A value as an error message names it: a tensor by name, with how to read its elements."""
     if isinstance(value, ir.Buffer):
         return f"the whole tensor '{value.name}' (index it, {value.name}[i], for an element)"
+    if isinstance(getattr(value, "x", None), ir.SpecialReg):      # threadIdx, blockIdx, blockDim, gridDim
+        return f"{value!r} itself (use {value!r}.x, .y or .z)"
     return "None (no value)" if value is None else type(value).__name__
 
 

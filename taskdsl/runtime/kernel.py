@@ -323,7 +323,7 @@ class Kernel:
 
     def _bind_scalar(self, pname, dtype: T.DataType, arg):
         if not _is_scalar(arg):
-            raise TypeError(f"kernel '{self.name}': argument '{pname}' must be a {dtype.name} scalar, "
+            raise TypeError(f"kernel '{self.name}': argument '{pname}' must be a scalar of type {dtype.name}, "
                             f"got {type(arg).__name__}")
         if dtype.is_integer and _is_float_scalar(arg):
             raise TypeError(f"kernel '{self.name}': argument '{pname}' must be an integer ({dtype.name}), got {arg!r}")
