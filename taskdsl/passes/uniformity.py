@@ -103,7 +103,8 @@ class Uniformity:
         return max((self.level(c, var_level) for c in children), default=UNIFORM)
 
     def _warp_pattern(self, e: ir.Binary) -> bool:
-        """threadIdx.x // (32k), k > 0, and threadIdx.x compared with a warp boundary are warp-uniform."""
+        """threadIdx.x // (32k), k > 0, threadIdx.x >> k, k >= 5, and threadIdx.x compared with a warp boundary are
+        warp-uniform."""
         if self.block[0] % 32 != 0:
             return False
         tid_x = lambda x: (isinstance(x, ir.SpecialReg) and x.name == "threadIdx" and x.axis == "x") or \
@@ -111,6 +112,8 @@ class Uniformity:
         constant = lambda x: isinstance(x, ir.Const) and x.dtype.is_integer
         if e.op == "//":    # t // -32 is 0 at t == 0 but -1 at t == 1
             return tid_x(e.a) and constant(e.b) and e.b.value > 0 and e.b.value % 32 == 0
+        if e.op == ">>":    # CUDA's warp index idiom, t >> 5: the lane is t's low 5 bits
+            return tid_x(e.a) and constant(e.b) and e.b.value >= 5
         if e.op not in _MIRRORED:
             return False
         if tid_x(e.a):

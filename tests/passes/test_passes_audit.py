@@ -12,16 +12,18 @@ from taskdsl.passes.uniformity import WARP, Uniformity
 
 OPTIMIZED = True    # the cpu target's optimized path: unroll_loops makes the constants simplify folds
 
-_PY_COMPARE = {"<": int.__lt__, "<=": int.__le__, ">": int.__gt__, ">=": int.__ge__, "//": int.__floordiv__}
+_PY_COMPARE = {"<": int.__lt__, "<=": int.__le__, ">": int.__gt__, ">=": int.__ge__, "//": int.__floordiv__,
+               ">>": int.__rshift__}
 
 
 # ------------------------------------------------------------------ uniformity: warp-uniform patterns
 @settings(max_examples=150, deadline=None)
 @given(op=st.sampled_from(list(_PY_COMPARE)), c=st.integers(-70, 100), tid_left=st.booleans())
 def test_warp_uniform_patterns_are_the_same_in_every_lane_of_a_warp(op, c, tid_left):
-    """Whatever the analysis calls warp-uniform (threadIdx.x compared with or divided by a constant) has one
-    value per warp: `t <= 32` and `t // -32` do not (lane 0 of a warp differs from lane 1)."""
+    """Whatever the analysis calls warp-uniform (threadIdx.x compared with, divided or shifted by a constant) has
+    one value per warp: `t <= 32`, `t // -32` and `t >> 4` do not (lane 0 of a warp differs from lane 1)."""
     assume(op != "//" or (tid_left and c != 0))
+    assume(op != ">>" or (tid_left and 0 <= c < 32))
     block = (128, 1, 1)
     t, k = threadIdx.x, ir.const(c)
     e = ir.binary(op, t, k) if tid_left else ir.binary(op, k, t)
@@ -58,6 +60,22 @@ def test_shuffle_under_a_comparison_that_splits_a_warp_is_rejected():
     expected = x.copy()
     expected[:32] = x[np.arange(32) ^ 1]
     np.testing.assert_array_equal(out, expected)
+
+
+@td.kernel(grid=1, block=96)
+def shuffle_in_warp_1_by_shift(X: f32[96], Out: f32[96]):
+    v = X[threadIdx.x]
+    if threadIdx.x >> 5 == 1:        # CUDA's warp index idiom
+        v = td.shfl_xor(v, 1)
+    Out[threadIdx.x] = v
+
+
+def test_a_warp_index_by_shift_is_warp_uniform():
+    """`threadIdx.x >> 5` was per-thread to the analysis: a shuffle under it was rejected."""
+    x, out = np.arange(96, dtype=np.float32), np.zeros(96, np.float32)
+    shuffle_in_warp_1_by_shift(x, out)
+    lanes = np.arange(96)
+    np.testing.assert_array_equal(out, np.where(lanes // 32 == 1, x[lanes ^ 1], x))
 
 
 # ------------------------------------------------------------------ check_barriers: shuffles in a head
