@@ -405,3 +405,18 @@ def test_a_constant_argument_of_a_parameter_the_func_reassigns_is_a_runtime_vari
     t = np.arange(64)
     np.testing.assert_array_equal(out[:, 0], np.where(t // 32 > 0, 15, 5))
     np.testing.assert_array_equal(out[:, 1], t + 30)
+
+
+def test_print_shows_a_runtime_value_as_the_expression_it_stands_for(capsys):
+    """`print` runs while the kernel translates: a runtime value printed as the IR's repr (`Load(buffer=Buffer(...`),
+    now as the expression (and a compile-time value as itself)."""
+    @td.kernel(block=4)
+    def shows(X: f32["N"]):
+        i = td.threadIdx.x
+        print("at", X[i] * 2.0, N, 3 + 4)   # noqa: F821 (N: X's size symbol)
+        X[i] = 1.0
+
+    x = np.zeros(4, np.float32)
+    shows(x)
+    assert capsys.readouterr().out == "at X[i] * 2.0 N 7\n"
+    np.testing.assert_array_equal(x, np.ones(4, np.float32))

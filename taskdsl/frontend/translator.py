@@ -1052,6 +1052,8 @@ class FunctionTranslator(IntrinsicCalls):
             if len(args) != 1 or not (runtime_args or is_number(args[0])):
                 raise self.error(node, f"{func.name}(x) takes one number")
             return self.cast_to(args[0], func, node)
+        if func is builtins.print:  # runs while translating: a runtime value prints as the expression it is
+            args = [ir.expr_str(a) if is_runtime(a) else a for a in args]
         if is_runtime(func):        # e.g. a size symbol named `len`, which hides the builtin in the kernel
             raise self.error(node, f"'{ast.unparse(node.func)}' is a runtime {func.dtype.name} value here, not a "
                                    "function", "A size symbol, parameter or variable hides a function of the same "
