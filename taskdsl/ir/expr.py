@@ -106,9 +106,9 @@ class Expr:
     __hash__ = object.__hash__
 
     def __bool__(self):
-        raise TruthValueError("an IR expression has no Python truth value (it is only known when the kernel runs); in a "
-                        "compute definition write `x if c else y` as taskdsl.ir.Select(c, x, y, dtype), max/min as "
-                        "td.max/td.min, and `and`/`or`/`not` as & | ~ (comparisons in parentheses)")
+        raise TruthValueError("an IR expression has no Python truth value (it is only known when the kernel runs); "
+                              "in a compute definition write `x if c else y` as taskdsl.ir.Select(c, x, y, dtype), "
+                              "max/min as td.max/td.min, and `and`/`or`/`not` as & | ~ (comparisons in parentheses)")
 
 
 class TruthValueError(TypeError):
