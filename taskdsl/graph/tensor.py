@@ -77,6 +77,10 @@ class Tensor:
         return f"<Tensor {self.name or '?'}: {self.type_str()} ({kind})>"
 
     # ------------------------------------------------------------------ tracing sugar
+    # numpy's operators on an array and a Tensor give way to the Tensor's (else `array + x` is an object array of
+    # one traced add per element)
+    __array_ufunc__ = None
+
     def __add__(self, o): return _ops().add(self, o)
     def __radd__(self, o): return _ops().add(o, self)
     def __sub__(self, o): return _ops().sub(self, o)
@@ -86,6 +90,7 @@ class Tensor:
     def __truediv__(self, o): return _ops().div(self, o)
     def __rtruediv__(self, o): return _ops().div(o, self)
     def __pow__(self, o): return _ops().pow(self, o)
+    def __rpow__(self, o): return _ops().pow(o, self)
     def __matmul__(self, o): return _ops().matmul(self, o)
     def __rmatmul__(self, o): return _ops().matmul(o, self)
     def __neg__(self): return _ops().neg(self)
@@ -173,6 +178,9 @@ def number_for(value, like: Tensor, what: str = "the number"):
     if not fits:
         raise TypeError(f"cannot combine {what} {value!r} with a {like.dtype.name} tensor; "
                         "cast the tensor first with ops.cast")
+    if like.dtype.is_float and not integer and like.dtype.overflows(float(value)):
+        raise ValueError(f"{what} {value!r} does not fit the {like.dtype.name} tensor it is combined with (it would "
+                         "round to inf); cast the tensor first with ops.cast")
     if like.dtype.is_integer:
         info = np.iinfo(numpy_dtype(like.dtype))
         if not info.min <= int(value) <= info.max:

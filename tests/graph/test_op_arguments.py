@@ -30,6 +30,8 @@ def run(build, *arrays):
     (lambda: ops.clip(I8, -1000), ValueError, "does not fit the i8 tensor"),
     (lambda: ops.add(tg.input("u", (2,), "uint8"), np.int64(-1)), ValueError, "does not fit the u8 tensor"),
     (lambda: ops.add(X, np.complex64(1 + 1j)), TypeError, "must be a real number"),
+    (lambda: ops.add(tg.input("h", (2,), "float16"), 1e6), ValueError,    # (was inf, with numpy's warning)
+     r"1000000.0 does not fit the f16 tensor it is combined with \(it would round to inf\)"),
     (lambda: tg.constant(-1, "uint8"), ValueError, "the constant -1 does not fit u8"),
     (lambda: tg.constant(np.ones(2, np.complex64)), TypeError, "complex constants are not supported"),
     # pad (1.5 was truncated, None padded NaN, a third column was dropped, all-zero pads skipped every check)
@@ -142,3 +144,16 @@ def test_gather_with_empty_index_list_and_layer_norm_with_an_array_weight():
     x = rand((2, 3, 4), 6).astype(np.float64)
     mean, var = x.mean(axis=(1, 2), keepdims=True), x.var(axis=(1, 2), keepdims=True)
     np.testing.assert_allclose(y, (x - mean) / np.sqrt(var + 1e-5) * w, rtol=1e-4, atol=1e-5)
+
+
+def test_arrays_and_numbers_on_the_left_of_a_tensor_trace_ops():
+    """`array + x` was numpy's object array of one traced add per element (numpy's operator ran first), and
+    `2.0 ** x` a TypeError (no reflected power)."""
+    b = np.arange(20, dtype=np.float32).reshape(4, 5)
+    xv = rand((4, 5), 3) + np.float32(1.5)
+    np.testing.assert_allclose(run(lambda t: b + t, xv), b + xv, rtol=1e-6)
+    np.testing.assert_allclose(run(lambda t: b / t - b, xv), b / xv - b, rtol=1e-6)
+    np.testing.assert_allclose(run(lambda t: b.T @ t, xv), b.T @ xv, rtol=1e-5)
+    np.testing.assert_allclose(run(lambda t: np.float32(3) * t, xv), 3 * xv, rtol=1e-6)
+    np.testing.assert_allclose(run(lambda t: 2.0 ** t, xv), 2.0 ** xv, rtol=1e-6)
+    assert isinstance(b[:3, :4] * tg.input("y", (3, 4)), tg.Tensor)
