@@ -139,7 +139,13 @@ def _name(name, what: str) -> str:
 def placeholder(name: str, dtype: T.DataType, shape) -> Tensor:
     """An input tensor of the given dtype and shape (ints or size-symbol names)."""
     what = f"placeholder {_name(name, 'placeholder')!r}"
-    return Tensor(name, T.as_dtype(dtype, what), _dims(shape, what))
+    dims = _dims(shape, what)
+    for d in dims:
+        if not isinstance(d, (ir.Const, ir.Var)):     # an input's shape binds symbols: N, not N * 2
+            raise ValueError(f"{what}: dims must be ints or size symbols, got {ir.expr_str(d)} (an input's shape "
+                             "gives a symbol its value; a size computed from symbols has none to take): give the "
+                             "axis a symbol of its own and compute the others from it in the definitions")
+    return Tensor(name, T.as_dtype(dtype, what), dims)
 
 
 def _axis_vars(prefix: str, dims: tuple) -> tuple:
@@ -397,16 +403,23 @@ class _Evaluator:
         unbound = [v.name for v in ir.collect(d, ir.Var) if v.kind == "size" and v.name not in self.sizes]
         if unbound:
             raise ValueError(f"size '{unbound[0]}' is not determined by the shape of any input")
-        return int(self.eval(d, {}))
+        try:
+            return ir.evaluate_int(d, self.sizes)       # in Python's ints: N * N of i32 sizes would wrap
+        except TypeError:                               # (min, max, ...: as the kernels compute them)
+            return int(self.eval(d, {}))
 
     def dims(self, t: Tensor, dims: tuple) -> tuple:
-        """The values of `dims`, sizes of `t` (ValueError where one is negative: the inputs are too small for it)."""
+        """The values of `dims`, sizes of `t` (ValueError where one is negative: the inputs are too small for it; or
+        past 2^31 - 1, which no axis may hold: sizes are i32)."""
         values = tuple(self.dim(d) for d in dims)
         for d, n in zip(dims, values):
+            bound = ", ".join(f"{k}={v}" for k, v in self.sizes.items())
             if n < 0:
-                bound = ", ".join(f"{k}={v}" for k, v in self.sizes.items())
                 raise ValueError(f"'{t.name}' would have a negative size: {ir.expr_str(d)} = {n} for {bound}; "
                                  "its inputs are too small for the definition")
+            if n > T.i32.limits[1]:
+                raise ValueError(f"'{t.name}' would have an axis of {ir.expr_str(d)} = {n} elements for {bound}, "
+                                 f"past the {T.i32.limits[1]} an axis may hold (sizes are i32)")
         return values
 
     def eval(self, e, env: dict, live=None):

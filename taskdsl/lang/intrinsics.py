@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..ir.expr import Expr, SpecialReg, as_expr, convert, math_expr
+from ..ir.expr import Expr, SpecialReg, as_expr, convert
+from ..ir.expr import math_expr as ir_math_expr
 from ..ir.types import as_dtype, numpy_dtype
 
 
@@ -42,7 +43,7 @@ class Intrinsic:
         if self.host is None:
             raise RuntimeError(f"td.{self.name}() can only be used inside a @td.kernel or @td.func body")
         if self.kind == "math" and any(isinstance(a, Expr) for a in args):
-            return math_expr(self.name, list(args))   # e.g. inside a td.compute definition
+            return ir_math_expr(self.name, list(args))   # e.g. inside a td.compute definition
         return self.host(*args, **kwargs)
 
     def __repr__(self) -> str:
@@ -83,6 +84,14 @@ _MATH_HOST = {
     "abs": abs, "max": _pick(True), "min": _pick(False),
 }
 MATH = {name: Intrinsic(name, "math", fn) for name, fn in _MATH_HOST.items()}
+
+
+def math_expr(name: str, args: list):
+    """The typed IR call of math function `name` on `args` (IR values and Python numbers; of numbers only, the
+    number, as td.exp(1.0) gives it); an unknown name is a ValueError."""
+    if name not in MATH:
+        raise ValueError(f"td.math_expr: no math function {name!r}; the functions are {', '.join(sorted(MATH))}")
+    return MATH[name](*args)
 
 shared = Intrinsic("shared", "memory")
 registers = Intrinsic("registers", "memory")

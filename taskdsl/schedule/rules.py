@@ -197,7 +197,9 @@ def schedule_injective(out: Tensor, inline: set, strategy: str = "flat") -> Kern
 
 def _advance(coords: list, shape: tuple) -> ir.Stmt:
     """Step row-major `coords` in `shape` to the next element: the last one counts up, and one that reaches its
-    axis's size goes back to 0 and carries into the one before."""
+    axis's size goes back to 0 and carries into the one before (a 0-d output's one element: nothing to step)."""
+    if not coords:
+        return ir.seq([])
     step = ir.Assign(coords[0], coords[0] + 1)
     for c, d in zip(coords[1:], shape[1:]):
         step = ir.seq([ir.Assign(c, c + 1), ir.If(ir.binary(">=", c, d), ir.seq([ir.Assign(c, ir.const(0)), step]))])

@@ -156,3 +156,40 @@ def test_an_output_listed_twice_is_two_arrays():
     first, second = td.op([X], [Y, Y])(x)
     first[0, 0] = 100.0
     np.testing.assert_array_equal(second, x + 1.0)
+
+
+# ---------------------------------------------------------------- from an audit of the API as a new user meets it
+def test_a_0_d_compute_runs(target):
+    """A 0-d td.compute crashed the cpu schedule (IndexError stepping coordinates it has none of)."""
+    s = td.placeholder("S", td.f32, ())
+    doubled = td.compute("Doubled", (), lambda: s[()] * 2.0)
+    v = td.placeholder("V", td.f32, ("K",))
+    total = td.reduce("Total", (), ("K",), lambda k: v[k], op="sum")
+    plus_one = td.compute("PlusOne", (), lambda: total[()] + 1.0)
+    out, = run(td.op([s], [doubled]), target, np.array(3.0, np.float32))
+    assert out.shape == () and out == 6.0
+    out, = run(td.op([v], [plus_one]), target, np.arange(5, dtype=np.float32))
+    assert out.shape == () and out == 11.0
+
+
+def test_placeholder_dims_computed_from_symbols_math_names_and_sizes_past_i32_are_errors():
+    """A placeholder of (N * 2,) failed at the call (AttributeError: 'Binary' has no 'name'); td.math_expr took a
+    misspelled name (a KeyError when run) and failed on numbers alone; N * N was computed in i32 (the reference gave
+    a (0,) output for N = 65536, the op a false 'negative size' for N = 50000, or ran a 2^32-element axis)."""
+    with pytest.raises(ValueError, match=r"placeholder 'E': dims must be ints or size symbols, got N \* 2"):
+        td.placeholder("E", td.f32, (size_var("N") * 2,))
+    with pytest.raises(ValueError, match=r"td.math_expr: no math function 'expp'; the functions are abs, acos"):
+        td.math_expr("expp", [X[0, 0]])
+    assert td.math_expr("exp", [1.0]) == pytest.approx(np.exp(1.0))
+    assert td.math_expr("max", [2, 3.5]) == 3.5
+    a = td.placeholder("A", td.f32, ("N",))
+    n = size_var("N")
+    outer = td.op([a], [td.compute("Outer", (n * n,), lambda i: a[i // n] * a[i % n])])
+    for size in (50000, 65536):     # N * N past 2^31 - 1, and 2^32 (0 in i32)
+        message = f"'Outer' would have an axis of N \\* N = {size * size} elements for N={size}, past the 2147483647"
+        with pytest.raises(ValueError, match=message):
+            outer.reference(np.ones(size, np.float32))
+        with pytest.raises(ValueError, match=message):
+            outer(np.ones(size, np.float32))
+    small = np.arange(3, dtype=np.float32)
+    np.testing.assert_array_equal(outer(small)[0], np.outer(small, small).ravel())
