@@ -593,26 +593,50 @@ CHECKED_DOMAIN = 1 << 20     # definitions of up to this many (output x reductio
 
 
 class _FixedReads(ir.Visitor):
-    """Finds an unguarded read outside its tensor (outside a select's branches and the right side of `and` / `or`,
-    which may guard it): at an index no axis moves (X[i, 5], X[N]), which every element makes; and, over a domain of
-    up to CHECKED_DOMAIN elements, at an index an axis moves (X[i + 1]), evaluated for every element. A kernel would
-    read out of bounds there, silently."""
+    """Finds a read outside its tensor that no condition keeps out: at an index no axis moves (X[i, 5], X[N]), which
+    every element makes; and, over a domain of up to CHECKED_DOMAIN elements, at an index an axis moves (X[i + 1]),
+    evaluated for every element. A select's branches and the right side of `and` / `or` are read where their
+    condition (of the indices and sizes) picks them; a condition that reads memory may guard its reads anywhere. A
+    kernel would read out of bounds there, silently."""
 
     def __init__(self, t: Tensor, evaluator: "_Evaluator", domain: tuple):
         self.t, self.evaluator, self.guarded, self.domain = t, evaluator, 0, domain      # domain: the axes' sizes
         self.size = math.prod(domain)
         small = self.size <= CHECKED_DOMAIN
         self.grid = evaluator.grid(t.axes + t.reduce_axes, t.shape + t.reduce_shape) if small else None
+        self.live = None        # where the reads visited now are made: None everywhere, else a mask of the domain
 
     def visit_Select(self, e: ir.Select):
         self.visit(e.cond)
-        self._guarded(e.a, e.b)
+        picked = self._mask(e.cond)
+        if picked is None:
+            self._guarded(e.a, e.b)
+        else:
+            self._where(picked, e.a)
+            self._where(~picked, e.b)
 
     def visit_Binary(self, e: ir.Binary):
         if e.op not in ("and", "or"):
             return self.generic_visit(e)
         self.visit(e.a)
-        self._guarded(e.b)
+        decided = self._mask(e.a)       # `b` is read where `a` does not decide
+        if decided is None:
+            self._guarded(e.b)
+        else:
+            self._where(decided if e.op == "and" else ~decided, e.b)
+
+    def _mask(self, cond: ir.Expr):
+        """Where `cond` holds over the domain, or None: a condition that reads memory (unknown here), or a domain
+        too large to evaluate."""
+        if self.grid is None or ir.collect(cond, ir.Load):
+            return None
+        return np.broadcast_to(np.asarray(self.evaluator.eval(cond, self.grid), bool), self.domain)
+
+    def _where(self, mask, e: ir.Expr):
+        outer = self.live
+        self.live = mask if outer is None else outer & mask
+        self.visit(e)
+        self.live = outer
 
     def _guarded(self, *exprs):
         self.guarded += 1
@@ -630,10 +654,14 @@ class _FixedReads(ir.Visitor):
                 continue
             values, n = np.asarray(self.evaluator.eval(i, self.grid if moved else {})), self.evaluator.dim(d)
             outside = (values < 0) | (values >= n)
+            counted = moved or self.live is not None
+            if self.live is not None:
+                values = np.broadcast_to(values, self.domain)
+                outside = np.broadcast_to(outside, self.domain) & self.live
             if outside.any():
                 at = ", ".join(ir.expr_str(x) for x in e.indices)
-                count = int(np.broadcast_to(outside, self.domain).sum()) if moved else 0
-                where = f"for {count} of its {self.size} elements" if moved else "for every element"
+                count = int(np.broadcast_to(outside, self.domain).sum()) if counted else 0
+                where = f"for {count} of its {self.size} elements" if counted else "for every element"
                 raise ValueError(f"{self.t.kind} {self.t.name!r} reads {e.buffer.name}[{at}]: index "
                                  f"{int(values[outside].flat[0])} on axis {axis} is outside [0, {n}) {where} (negative "
                                  "indices do not count from the end); use an index inside the tensor, or guard the "

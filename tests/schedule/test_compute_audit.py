@@ -125,6 +125,25 @@ def test_guarded_fixed_reads_run(target):
     np.testing.assert_array_equal(run(GUARDED_OP, target, wide)[0], wide[:, 5])
 
 
+def test_a_select_guards_only_where_its_condition_keeps_the_read_inside():
+    """Any select counted as a guard: `A[i + 1] if i < N else 0` (a condition true everywhere) read one past A's
+    end at the last element, silently (55.0 of the array A was a view of), where the reference raised."""
+    a = td.placeholder("A", td.f32, ("N",))
+    n = size_var("N")
+    loose = td.compute("Loose", ("N",), lambda i: ir.Select(i < n, a[i + 1], ir.const(0.0), td.f32))
+    wrong_side = td.compute("WrongSide", ("N",), lambda i: ir.Select(i + 1 < n, ir.const(0.0), a[i + 1], td.f32))
+    tight = td.compute("Tight", ("N",), lambda i: ir.Select(i + 1 < n, a[i + 1], ir.const(0.0), td.f32))
+    either = td.compute("Either", ("N",), lambda i: ir.Cast((i + 1 >= n) | (a[i + 1] > 0.0), td.f32))
+    backing = np.arange(6, dtype=np.float32) * 11
+    view = backing[:5]
+    for t in (loose, wrong_side):
+        with pytest.raises(ValueError, match=rf"compute '{t.name}' reads A\[i0 \+ 1\]: index 5 on axis 0 is outside "
+                                             r"\[0, 5\) for 1 of its 5 elements"):
+            td.op([a], [t])(view)
+    np.testing.assert_array_equal(td.op([a], [tight])(view)[0], [11, 22, 33, 44, 0])
+    np.testing.assert_array_equal(td.op([a], [either])(view)[0], [1, 1, 1, 1, 1])
+
+
 # ---------------------------------------------------------------- intermediates whose shapes are computed from sizes
 V = td.placeholder("V", td.f32, ("L",))
 _L = size_var("L")
