@@ -226,8 +226,16 @@ def größe(X: f32[32], Y: f32[32]):
     Y[threadIdx.x] = maß - 1.0
 
 
+@td.kernel(grid=1, block=32)
+def xor(compl: f32[32], Y: f32[32]):     # C++'s alternative tokens and newer keywords (NVRTC: "expected an identifier")
+    constexpr = compl[threadIdx.x]
+    xor_eq = constexpr * 4.0
+    Y[threadIdx.x] = xor_eq
+
+
 @pytest.mark.parametrize("kernel, expected", [(double, lambda x: 2 * x), (signed, lambda x: 3 * x),
-                                               (größe, lambda x: x - 1)], ids=["double", "signed", "grosse"])
+                                               (größe, lambda x: x - 1), (xor, lambda x: 4 * x)],
+                         ids=["double", "signed", "grosse", "xor"])
 def test_kernels_and_variables_named_like_cpp_keywords_compile(kernel, expected):
     x = np.random.rand(32).astype(np.float32)
     y = np.empty_like(x)
@@ -266,3 +274,18 @@ def test_mixed_signedness_comparisons_are_exact_in_cuda():
     assert "((L[0] < 0LL) ? true : (((unsigned long long)(L[0])) < W[0]))" in src
     assert "(((long long)(U[0])) < -1LL)" in src
     assert compile_cubin(src, "sm_90", fast=True)
+
+
+def test_a_kernel_file_whose_path_holds_a_quote_compiles(tmp_path, monkeypatch):
+    """The path went into `#line N "..."` as it was: a `"` in it ended the string (NVRTC: "expected a file name")."""
+    folder = tmp_path / 'say "hi"'
+    folder.mkdir()
+    (folder / "quoted.py").write_text("import taskdsl as td\nfrom taskdsl import f32, threadIdx\n\n\n"
+                                      "@td.kernel(grid=1, block=32)\ndef bump(X: f32[32]):\n"
+                                      "    X[threadIdx.x] = X[threadIdx.x] + 1.0\n")
+    monkeypatch.syspath_prepend(str(folder))
+    import quoted
+    x = np.zeros(32, np.float32)
+    source = quoted.bump.source(x, target="cuda")
+    assert '#line 7 "' in source and "say 'hi'" in source
+    assert compile_cubin(source, "sm_90", fast=True)

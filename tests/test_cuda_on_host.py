@@ -499,3 +499,29 @@ def test_an_integer_division_by_zero_stops_the_launch_with_an_error():
         run_source(source, (1, 1, 1), (32, 1, 1), [out, np.int32(0)], "divide")
     run_source(source, (1, 1, 1), (32, 1, 1), [out, np.int32(1)], "divide")     # the process lives on
     np.testing.assert_array_equal(out, 7 // (1 + np.arange(32) % 2))
+
+
+@td.kernel(grid=1, block=1)
+def nan_to_zero_of_atomics(C: f32[1], OUT: f32[1]):
+    OUT[0] = td.atomic_add(C[0], 1.0) + 0.0 if td.atomic_add(C[0], 1.0) == td.atomic_add(C[0], 1.0) else 0.0
+
+
+@td.kernel(grid=1, block=4)
+def u64_trips(S: u64[4], E: u64[4], OUT: i64[4]):
+    n = 0
+    for i in range(S[threadIdx.x], E[threadIdx.x]):
+        n += 1
+    OUT[threadIdx.x] = n
+
+
+def test_atomics_that_look_alike_are_each_made_and_u64_ranges_count_as_python():
+    """`a + 0.0 if a == a else 0.0` of three atomics became the one-operand nan_to_zero of one (both targets: the
+    sum made once, not twice); numba counted a u64 range from 2**64 - 2 to 1 as 3 trips (the difference, wrapped)."""
+    runs = run_both(nan_to_zero_of_atomics, [], [np.zeros(1, np.float32), np.full(1, -1.0, np.float32)])
+    for target, (c, out) in runs.items():      # 0 == 1 is false: the else side, no third atomic
+        assert (c[0], out[0]) == (2.0, 0.0), target
+    starts = np.array([2**64 - 2, 2**63 - 1, 5, 2**63], np.uint64)
+    stops = np.array([1, 2**63 + 2, 9, 2**63 + 3], np.uint64)
+    want = [len(range(int(s), int(e))) for s, e in zip(starts, stops)]
+    for target, (out,) in run_both(u64_trips, [starts, stops], [np.zeros(4, np.int64)]).items():
+        assert out.tolist() == want, target

@@ -4,13 +4,17 @@ from __future__ import annotations
 import keyword
 import re
 
-# names generated code may not use: Python's keywords and builtins it calls, C++'s keywords and types
-_RESERVED = set(keyword.kwlist) | {
-    "int", "float", "double", "char", "bool", "np", "math", "range", "prange", "max", "min", "abs",
-    "auto", "case", "catch", "const", "default", "delete", "do", "enum", "extern", "friend", "goto", "inline",
-    "long", "namespace", "new", "nullptr", "operator", "private", "protected", "public", "register", "short",
-    "signed", "sizeof", "static", "struct", "switch", "template", "this", "throw", "true", "false", "try",
-    "typedef", "typename", "union", "unsigned", "virtual", "void", "volatile"}
+# C++20's keywords and alternative tokens (`xor`, `compl`, ...), which NVRTC reads as C++: no variable, buffer or kernel
+# of generated CUDA may take one as its name
+CPP_KEYWORDS = frozenset("""
+    alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t char16_t char32_t class compl
+    concept const consteval constexpr constinit const_cast continue co_await co_return co_yield decltype default delete
+    do double dynamic_cast else enum explicit export extern false float for friend goto if inline int long mutable
+    namespace new noexcept not not_eq nullptr operator or or_eq private protected public register reinterpret_cast
+    requires return short signed sizeof static static_assert static_cast struct switch template this thread_local
+    throw true try typedef typeid typename union unsigned using virtual void volatile wchar_t while xor xor_eq""".split())
+# names generated code may not use: Python's keywords and builtins it calls, C++'s keywords
+_RESERVED = set(keyword.kwlist) | CPP_KEYWORDS | {"np", "math", "range", "prange", "max", "min", "abs"}
 
 
 def identifier(name: str) -> str:

@@ -474,8 +474,8 @@ def structurally_equal(a, b) -> bool:
         return False
     if isinstance(a, Const):
         return a.value == b.value and a.dtype == b.dtype
-    if isinstance(a, (Var, Buffer)):
-        return False   # distinct objects: identity was checked above
+    if isinstance(a, (Var, Buffer, Atomic)):
+        return False   # distinct objects: identity was checked above (two atomics are two updates, however alike)
     if isinstance(a, SpecialReg):
         return a.name == b.name and a.axis == b.axis
     if isinstance(a, tuple):

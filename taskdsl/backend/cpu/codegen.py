@@ -695,7 +695,13 @@ class _PythonEmitter:
         return var
 
     def range_of(self, s: ir.For) -> str:
-        return f"range({self.expr(s.start)}, {self.expr(s.stop)}, {self.expr(s.step)})"
+        start, stop, step = self.expr(s.start), self.expr(s.stop), self.expr(s.step)
+        if s.var.dtype == ir.types.u64 and isinstance(s.step, ir.Const) and s.step.value > 0 \
+                and not ir.collect(s.start, ir.Atomic):
+            # numba counts a range's trips in i64: from 2**64 - 2 to 1 it made 3 (stop - start, wrapped); an empty
+            # range's stop is its start, which an unsigned max gives
+            stop = f"max({start}, {stop})"
+        return f"range({start}, {stop}, {step})"
 
     def var_ref(self, v: ir.Var) -> str:
         if v.uid in self.program.thread_arrays and not self.promoted:

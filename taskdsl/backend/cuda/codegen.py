@@ -14,7 +14,7 @@ from ... import ir
 from ...ir import types as T
 from ...passes.bounds import int_range
 from ...passes.simplify import single_assignments
-from ..naming import NameTable, identifier
+from ..naming import CPP_KEYWORDS, NameTable, identifier
 
 # Helpers, each emitted only when the kernel uses it.
 _HELPERS = {
@@ -98,12 +98,8 @@ _NATIVE_ATOMICS = {("add", t) for t in ("i32", "u32", "u64", "f32", "f64")} | {(
 # Identifiers generated code calls or CUDA defines: variables and buffers must not shadow them.
 _C_RESERVED = set(_F32_MATH.values()) | {name[:-1] for name in _F32_MATH.values()} | set(_SHUFFLES.values()) | {
     "llabs", "abs", "max", "min", "threadIdx", "blockIdx", "blockDim", "gridDim", "warpSize", "atomicAdd",
-    "atomicSub", "atomicMax", "atomicMin", "atomicExch", "atomicCAS", "memcpy", "half", "long", "short",
-    "unsigned", "signed", "const", "void", "return", "if", "else", "for", "while", "do", "break", "continue",
-    "switch", "case", "default", "struct", "union", "class", "template", "typename", "static", "extern",
-    "register", "volatile", "inline", "sizeof", "new", "delete", "this", "true", "false", "auto", "goto",
-    "namespace", "using", "operator", "char", "float", "double", "int", "bool", "asm", "__syncwarp",
-    "__cvta_generic_to_shared", "td_r", "td_dynamic_smem"} | set(_HELPERS)
+    "atomicSub", "atomicMax", "atomicMin", "atomicExch", "atomicCAS", "memcpy", "half", "__syncwarp",
+    "__cvta_generic_to_shared", "td_r", "td_dynamic_smem"} | set(_HELPERS) | CPP_KEYWORDS
 # C functions NVRTC declares in every program (C's math library, f32 forms included, CUDA's additions to it, and
 # the C library's device functions): a kernel of one of these names, an `extern "C"` function, would redeclare it
 _C_MATH = ("acos asin atan atan2 cos sin tan acosh asinh atanh cosh sinh tanh exp exp2 exp10 expm1 frexp ldexp log "
@@ -255,7 +251,9 @@ class _CudaEmitter:
     # ------------------------------------------------------------------ statements
     def line_directive(self, s: ir.Stmt) -> None:
         if s.loc is not None and s.loc.line != self.last_line:
-            self.lines.append(f'#line {s.loc.line} "{s.loc.file}"')
+            # a C string that ptxas takes too (-lineinfo puts it in the PTX, whose strings have no escaped quote)
+            file = s.loc.file.replace("\\", "\\\\").replace('"', "'")
+            self.lines.append(f'#line {s.loc.line} "{file}"')
             self.last_line = s.loc.line
 
     def stmt(self, s: ir.Stmt, depth: int) -> None:
