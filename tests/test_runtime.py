@@ -86,6 +86,28 @@ def test_one_strided_view_passed_for_two_parameters_is_one_array_in_the_kernel()
     np.testing.assert_array_equal(strided, contiguous)
 
 
+@td.kernel(block=8)
+def first_column_plus_one(out: f32["N", 2], inp: f32["N"]):
+    if threadIdx.x < N:
+        out[threadIdx.x, 0] = inp[threadIdx.x] + 1.0
+
+
+def test_overlapping_views_of_which_one_is_copied_are_refused():
+    """`k(a, a[:, 0])` ran on a copy of the strided input, which went back after the kernel (an input, copied back
+    all the same) and undid its writes to `a`: all zeros, silently. Overlapping views the kernel would see as two
+    arrays are a ValueError; a strided input apart from the output runs as before."""
+    a = np.zeros((5, 2), np.float32)
+    with pytest.raises(ValueError, match="arguments 'out' .written. and 'inp' share memory and one of them is not "
+                                         "C-contiguous"):
+        first_column_plus_one(a, a[:, 0])
+    with pytest.raises(ValueError, match="'out' .written. and 'inp' share memory"):
+        first_column_plus_one(a[::-1], a[:, 1])      # both strided, interleaved rows of one block
+    source = np.arange(10, dtype=np.float32)
+    out = np.zeros((5, 2), np.float32)
+    first_column_plus_one(out, source[::2])
+    np.testing.assert_array_equal(out[:, 0], source[::2] + 1)
+
+
 @settings(max_examples=8, deadline=None)
 @given(m=st.integers(0, 5), n=st.integers(0, 37))
 def test_empty_and_odd_shapes(m, n):

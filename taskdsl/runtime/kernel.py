@@ -542,7 +542,8 @@ class Kernel:
             return None
         if len(src.addresses) < len(src.outlined):
             src.addresses = outlined_addresses(src)
-        return PreparedLaunch(run, src, binding.values, sizes, binding.grid, written, self.name, self.streams)
+        return PreparedLaunch(run, src, binding.values, sizes, binding.grid, written, self.name, self.streams,
+                              tuple(name for name, _ in self.params))
 
     def _written(self, block: tuple) -> dict:
         """{parameter index: name} of the arrays the kernel stores to (or updates atomically); walked once per block

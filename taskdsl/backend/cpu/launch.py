@@ -102,26 +102,51 @@ def runs_apart(src: CpuSource, values: list, written) -> bool:
     return src.flat and contiguous and arrays_apart(values, written_pairs(values, written))
 
 
-def call_args(src: CpuSource, values: list) -> tuple[list, list]:
+def _view(a: np.ndarray) -> tuple:
+    """What makes two arrays one view of memory: data address, shape, strides and dtype."""
+    return a.__array_interface__["data"][0], a.shape, a.strides, a.dtype
+
+
+def check_copies_apart(values: list, written: dict, kernel: str, names) -> None:
+    """A ValueError where an array the kernel writes and another argument share memory and one of them is not
+    C-contiguous (`names`: the parameters'): the cpu target copies such an array, so the kernel would see two arrays
+    where the caller has one, its writes through one unseen through the other (or lost when the other's copy went
+    back last)."""
+    for w, k in written_pairs(values, written):
+        a, b = values[w], values[k]
+        if (a.flags.c_contiguous and b.flags.c_contiguous) or _view(a) == _view(b):     # one view: copied once
+            continue
+        if np.shares_memory(a, b):
+            raise ValueError(f"kernel '{kernel}': arguments '{names[w]}' (written) and '{names[k]}' share memory "
+                             "and one of them is not C-contiguous; the cpu target runs such an array on a "
+                             "contiguous copy, so the kernel would see two arrays where there is one: pass arrays "
+                             "that do not overlap, or the same view for both")
+
+
+def call_args(src: CpuSource, values: list, written=None) -> tuple[list, list]:
     """(the arguments for the generated function, (array, copy) pairs to copy back after the call).
 
     In flat mode each array goes in as a 1-D view; a non-contiguous one is copied into a
-    contiguous buffer and copied back afterwards, so callers still see in-place writes. One view
+    contiguous buffer and copied back afterwards (those at positions in `written`, the arrays the
+    kernel writes; None: every writable one), so callers still see in-place writes. One view
     passed for several parameters is copied once, so the kernel sees one array, as it would the view.
     """
     args, copy_back, copies = [], [], {}
-    for v in values:
+    for k, v in enumerate(values):
         v = _half_bits(v)
         if src.flat and isinstance(v, np.ndarray):
             if v.flags.c_contiguous:
                 args.append(v.reshape(-1))
                 continue
-            view = (v.__array_interface__["data"][0], v.shape, v.strides, v.dtype)
+            view = _view(v)
             if view not in copies:
                 copies[view] = np.ascontiguousarray(v)
                 note_host_work("a non-contiguous operand was copied for a kernel")
-                if v.flags.writeable:   # a read-only input cannot have been written
-                    copy_back.append((v, copies[view]))
+            # a read-only input cannot have been written; nor an input the kernel only reads, whose copy, going
+            # back, could undo writes made through another view of its memory
+            if v.flags.writeable and (written is None or k in written) and \
+                    all(original is not v for original, _ in copy_back):
+                copy_back.append((v, copies[view]))
             args.append(copies[view].reshape(-1))
         else:
             args.append(v)
@@ -156,10 +181,11 @@ def _entry_types(args: list, tail: np.ndarray) -> tuple:
     return tuple(typeof(a) for a in args) + (typeof(tail), typeof(0), typeof(0))
 
 
-def launch_cpu(run, src: CpuSource, values: list, sizes: list, grid: tuple) -> None:
+def launch_cpu(run, src: CpuSource, values: list, sizes: list, grid: tuple, written=None) -> None:
     """Run the dispatcher `run` on `values` (arrays and scalars), `sizes` and the `grid` of blocks; blocks
-    in parallel on this thread and helper threads (`_issue`)."""
-    args, copy_back = call_args(src, values)
+    in parallel on this thread and helper threads (`_issue`). Copies of non-contiguous arrays go back where the
+    kernel writes them (`written` positions; None: every writable one)."""
+    args, copy_back = call_args(src, values, written)
     blocks, tail = grid[0] * grid[1] * grid[2], launch_ints(src, sizes, grid)
     address = _compile(run, src, args, tail)
     _run_blocks(run, address, byte_views(src, args), tail, blocks, _workers(src, blocks))
@@ -176,9 +202,10 @@ class PreparedLaunch:
     """
 
     def __init__(self, run, src: CpuSource, values: list, sizes: list, grid: tuple, written: dict, kernel: str,
-                 streams: bool = False):
+                 streams: bool = False, names: tuple = ()):
         self.run, self.src = run, src
         self.written, self.kernel = written, kernel      # the arrays the kernel stores to (index -> name)
+        self.names = names                               # the parameters' names, for messages
         # the binding's scalars, reused as they are; not its arrays, which each call replaces (kept, they would
         # stay alive as long as the kernel's launch cache)
         self.values = [None if isinstance(v, np.ndarray) else _half_bits(v) for v in values]
@@ -214,7 +241,8 @@ class PreparedLaunch:
             values[i] = a
         if not contiguous:
             check_writeable(values, self.written, self.kernel)
-            launch_cpu(self.run, self.src, values, self.sizes, self.grid)
+            check_copies_apart(values, self.written, self.kernel, self.names)
+            launch_cpu(self.run, self.src, values, self.sizes, self.grid, self.written)
             return
         # 1-D and contiguous, the arrays' numba types differ only in read-only inputs; the entry takes their bytes
         views = values[:]
