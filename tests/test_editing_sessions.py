@@ -129,3 +129,50 @@ def test_ipython_autoreload_updates_a_kernel_imported_by_name(edited_module):
     finally:
         shell.run_cell("%autoreload 0", store_history=False)
         InteractiveShell.clear_instance()
+
+
+ANNOTATED = '''
+import taskdsl as td
+from taskdsl import f32, i32, threadIdx
+
+SHIFT = 0.5
+
+
+@td.kernel(block=4)
+def truncates(x: f32[4], out: f32[4]):
+    v: {kind} = x[threadIdx.x] + SHIFT
+    out[threadIdx.x] = v
+
+
+@td.kernel(block=4)
+def untouched(x: f32[4], out: f32[4]):
+    out[threadIdx.x] = x[threadIdx.x] * 2.0
+'''
+
+
+def test_an_edited_local_annotation_in_a_module_not_reloaded_is_refused(tmp_path, monkeypatch):
+    """A local's annotation makes no bytecode, so the check that the text is the code Python ran saw `v: i32` edited
+    to `v: f32` as the same code: the rebuild compiled the edit, silently (1.75 where the running code gives
+    1). The
+    text as it was when the kernel was decorated tells it; a kernel of the same file that was not edited runs on."""
+    path = tmp_path / "annotated_kernels.py"
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path.write_text(ANNOTATED.format(kind="i32"))
+    try:
+        module = importlib.import_module("annotated_kernels")
+        x, out = np.arange(4, dtype=np.float32) + 0.25, np.zeros(4, np.float32)
+        module.truncates(x, out)
+        np.testing.assert_array_equal(out, np.arange(4))       # i + 0.75 truncated
+        path.write_text(ANNOTATED.format(kind="f32"))
+        stamp = time.time() + 5
+        os.utime(path, (stamp, stamp))
+        module.SHIFT = 0.25                      # read at compile time: the kernels are built again
+        with pytest.raises(td.DSLError, match="is not the code Python ran: the file changed since it was run"):
+            module.truncates(x, out)
+        module.untouched(x, out)
+        np.testing.assert_array_equal(out, 2 * x)
+        module = importlib.reload(module)
+        module.truncates(x, out)
+        np.testing.assert_array_equal(out, x + 0.5)
+    finally:
+        sys.modules.pop("annotated_kernels", None)

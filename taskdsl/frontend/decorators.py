@@ -8,7 +8,7 @@ from functools import cached_property
 from ..errors import DSLError, SourceLoc
 from ..ir import types as T
 from .autoreload import follow_autoreload
-from .source import ParsedSource, closure_values, parse_function
+from .source import ParsedSource, closure_values, parse_function, remember_text
 
 _PY_DTYPES = {int: T.i32, float: T.f32, bool: T.boolean}
 
@@ -51,6 +51,7 @@ class DeviceFunction:
             raise TypeError(f"@td.func '{self.name}': the return annotation must be a dtype such as td.f32, got {ret!r}")
         self.return_dtype = ret
         functools.update_wrapper(self, fn)      # the function's name, docstring, module and signature
+        remember_text(fn)
         follow_autoreload(DeviceFunction)
 
     def source(self) -> ParsedSource:
@@ -92,6 +93,7 @@ def kernel(fn=None, *, grid=1, block=1, name: str | None = None):
     from ..runtime.kernel import Kernel
 
     def wrap(f):
+        remember_text(f)
         return Kernel(f, grid=grid, block=block, name=name or f.__name__)
 
     return wrap(fn) if fn is not None else wrap

@@ -42,16 +42,34 @@ def closure_values(fn) -> dict:
     return values
 
 
+_TEXT_AT_DECORATION = "__taskdsl_text__"
+
+
+def remember_text(fn) -> None:
+    """Keep the text of `fn`'s file as it is when `fn` is decorated (the text Python ran), for `parse_function`:
+    an edit of a local's annotation changes no bytecode, so only the text tells it."""
+    file = fn.__code__.co_filename
+    setattr(fn, _TEXT_AT_DECORATION, (_text_version(file), linecache.getlines(file)))
+
+
 def parse_function(fn) -> ParsedSource:
-    """Parse the source of `fn`; a clear error where Python cannot find it (e.g. `exec` strings)."""
+    """Parse the source of `fn`; a clear error where Python cannot find it (e.g. `exec` strings), or where the def's
+    text changed since `remember_text` kept it (the file edited and not reloaded)."""
+    code = fn.__code__
+    version = _text_version(code.co_filename)
     try:
-        return _parse_code(fn.__code__, fn.__code__.co_filename, _text_version(fn.__code__.co_filename))
+        parsed = _parse_code(code, code.co_filename, version)
     except (OSError, TypeError) as exc:
-        code = fn.__code__
         raise DSLError(f"cannot read the source of '{fn.__qualname__}' ({exc}); kernels must be defined in a "
                        "file, a notebook cell or a REPL that keeps source (IPython; the plain python REPL from "
                        "Python 3.13), not `python -c`, an exec'd string or an older plain python REPL",
                        SourceLoc(code.co_filename, code.co_firstlineno)) from None
+    kept = getattr(fn, _TEXT_AT_DECORATION, None)
+    if kept is not None and kept[0] != version:     # the file changed: the def's lines too?
+        span = slice(parsed.line_offset, parsed.line_offset + len(parsed.lines))
+        if kept[1][span] != linecache.getlines(code.co_filename)[span]:
+            raise _changed_since_run(code, parsed.file)
+    return parsed
 
 
 def _text_version(file: str) -> tuple:
