@@ -154,3 +154,27 @@ def test_swiglu_matches_onnx_reference(alpha):
     assert_close(got, ReferenceEvaluator(model).run(None, feeds)[0], rtol=1e-5, atol=1e-6)
     a, b = feeds["a"].astype(np.float64), feeds["b"]
     assert_close(got, (a / (1 + np.exp(-alpha * a)) * b).astype(np.float32), rtol=1e-5, atol=1e-6)
+
+
+def test_a_models_own_functions_are_inlined():
+    """A model's local functions (ModelProto.functions, as onnxscript and torch's exporter write them), one with an
+    attribute its callers set, were refused as operators of an unsupported domain."""
+    square_plus = helper.make_function("custom", "SquarePlus", ["a"], ["b"],
+                                       [helper.make_node("Mul", ["a", "a"], ["sq"]),
+                                        helper.make_node("Add", ["sq", "a"], ["b0"]),
+                                        helper.make_node("LeakyRelu", ["b0"], ["b"], alpha=None)],
+                                       [helper.make_opsetid("", 17)], attributes=["alpha"])
+    leaky = square_plus.node[2]
+    del leaky.attribute[:]
+    leaky.attribute.append(onnx.AttributeProto(name="alpha", ref_attr_name="alpha", type=onnx.AttributeProto.FLOAT))
+    graph = helper.make_graph([helper.make_node("SquarePlus", ["x"], ["y"], domain="custom", alpha=0.3)], "local",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 5])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)],
+                              functions=[square_plus])
+    model.ir_version = 10
+    onnx.checker.check_model(model)
+    x = rand((3, 5), 7)
+    check(model, {"x": x}, rtol=1e-6)
+    b0 = x * x + x
+    assert_close(tg.from_onnx(model).compile()({"x": x})[0], np.where(b0 >= 0, b0, 0.3 * b0), rtol=1e-6)

@@ -13,6 +13,7 @@ import warnings
 
 import numpy as np
 import onnx
+import onnx.inliner
 from onnx import version_converter
 
 from ..graph import Graph, topological_nodes
@@ -336,6 +337,8 @@ def _copy_fields(target, source, skip: str) -> None:
 def from_onnx(model_or_path, shapes: dict | None = None, constants: dict | None = None) -> Graph:
     """The Graph of an ONNX model; `shapes` fixes input shapes, `constants` fixes input values (e.g. shape inputs)."""
     original = load_model(model_or_path)
+    if original.functions:      # the model's own functions (onnxscript's, torch's exporter's): their bodies inlined
+        original = onnx.inliner.inline_local_functions(original)
     model = converted_if_old(original)
     opset = model_opset(model)
     if model is original:
