@@ -190,6 +190,10 @@ def bind_inputs(graph: Graph, args: tuple, named: dict | None = None) -> list:
         missing = [n for n in names if n not in given]
         if unknown or missing:
             problems = ([f"missing {missing}"] if missing else []) + ([f"unknown {unknown}"] if unknown else [])
+            fixed = [n for n in unknown if n in {t.name for t in graph.constants}]
+            if fixed:   # an ONNX input with an initializer: imported as the initializer's value
+                problems.append(f"{fixed} are constants of the graph (an ONNX input with an initializer is); give "
+                                "other values when importing: from_onnx(model, constants={name: array})")
             raise ValueError(f"graph {graph.name!r} takes inputs {names}; {', '.join(problems)}")
         args = tuple(given[n] for n in names)
     if len(args) != len(graph.inputs):

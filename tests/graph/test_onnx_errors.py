@@ -190,6 +190,20 @@ def test_shape_inputs_must_be_constants():
     np.testing.assert_array_equal(g(x)[0], x.reshape(3, 4))
 
 
+def test_an_input_with_an_initializer_is_a_constant_that_constants_overrides():
+    """Given at the call, such an input was only 'unknown ['w']': the error says it is a constant of the graph and
+    how to give it another value."""
+    w = rand((2, 3), 3)
+    model = make_model([n("Add", ["a", "w"], ["y"])], [("a", [2, 3]), ("w", [2, 3])], [("y", [2, 3])], {"w": w})
+    a = rand((2, 3), 4)
+    compiled = tg.from_onnx(model).compile()
+    np.testing.assert_array_equal(compiled({"a": a})[0], a + w)
+    with pytest.raises(ValueError, match=r"unknown \['w'\], \['w'\] are constants of the graph .* give other values "
+                                         r"when importing: from_onnx\(model, constants=\{name: array\}\)"):
+        compiled({"a": a, "w": w})
+    np.testing.assert_array_equal(tg.from_onnx(model, constants={"w": 2 * w}).compile()({"a": a})[0], a + 2 * w)
+
+
 def test_saved_model_path(tmp_path):
     model = make_model([n("Tanh", ["x"], ["y"])], [("x", [4])], [("y", [4])])
     path = tmp_path / "tanh.onnx"
