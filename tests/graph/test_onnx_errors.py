@@ -212,6 +212,23 @@ def test_saved_model_path(tmp_path):
     np.testing.assert_allclose(tg.from_onnx(path)(x)[0], np.tanh(x), rtol=1e-6)
 
 
+def test_weights_in_external_data_load_from_a_path_and_bytes_say_they_cannot(tmp_path):
+    """A model's weights saved apart (onnx's external data) load from its path; from its bytes, or a ModelProto
+    loaded without them, the import said 'the model is not valid ONNX' (onnx's checker's words)."""
+    w = rand((4,), 5)
+    model = make_model([n("Add", ["x", "w"], ["y"])], [("x", [4])], [("y", [4])], {"w": w})
+    path = tmp_path / "apart.onnx"
+    onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location="weights.bin",
+              size_threshold=0)
+    x = rand((4,), 6)
+    np.testing.assert_array_equal(tg.from_onnx(path)(x)[0], x + w)
+    np.testing.assert_array_equal(tg.from_onnx(onnx.load(str(path)))(x)[0], x + w)
+    for unlocated in (path.read_bytes(), onnx.load(str(path), load_external_data=False)):
+        with pytest.raises(OnnxImportError, match=r"initializers \['w'\] are in external data files, which it does "
+                                                  r"not locate: pass the model's path"):
+            tg.from_onnx(unlocated)
+
+
 @pytest.mark.parametrize("size, parts, num_outputs, message", [
     (5, 4, 4, "num_outputs=4 cannot split axis 0 of size 5: parts of 2 .* leave -1 for the last"),
     (4, 2, 0, "num_outputs=0 but the node has 2 outputs"),

@@ -36,7 +36,7 @@ CONVERTED_OPERATORS = ("Scatter", "Upsample")
 def load_model(model_or_path) -> onnx.ModelProto:
     """The ModelProto of a ModelProto, a file path, or serialized bytes (OnnxImportError if unreadable)."""
     if isinstance(model_or_path, onnx.ModelProto):
-        return model_or_path
+        return _with_data(model_or_path)
     if not isinstance(model_or_path, (str, os.PathLike, bytes, bytearray)):
         raise TypeError(f"from_onnx takes an onnx.ModelProto, a path or bytes, got {type(model_or_path).__name__}")
     try:
@@ -49,6 +49,16 @@ def load_model(model_or_path) -> onnx.ModelProto:
     if not model.HasField("graph"):     # empty bytes parse as an empty ModelProto
         raise OnnxImportError(f"cannot read an ONNX model from {str(model_or_path)[:80]!r}: it holds no graph "
                               "(an empty or truncated file?)")
+    return _with_data(model)
+
+
+def _with_data(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model`, whose initializers hold their data (OnnxImportError for data left in external files: bytes, or a
+    ModelProto loaded without it, do not say where they are; onnx's checker would call the model invalid)."""
+    external = [t.name for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    if external:
+        raise OnnxImportError(f"the model's initializers {external[:3]} are in external data files, which it does "
+                              "not locate: pass the model's path, or the ModelProto onnx.load(path) gives")
     return model
 
 
