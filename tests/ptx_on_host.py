@@ -7,7 +7,8 @@ names them, so a wrong operand order in the generator is run as written, not as 
 - `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}` and `m16n8k32.row.col.f32.{e4m3,e5m2}` (the two mixed
   too) or `.s32.{s8,u8}`: the warp's 32 lanes hand in their fragments (a warp exchange: every lane must be
   there); A (16xK) and B (Kx8) are rebuilt by the PTX ISA's fragment layouts and A B summed in double (exact:
-  the products of these types and their sums over K), by the first lane there for the warp, and each lane adds
+  the products of these types and their sums over K; a bf16 product past f32's range stays finite here, where the
+  cpu target's f32 gives inf), by the first lane there for the warp, and each lane adds
   its C to its four elements of D, rounded once to f32 (wrapped to s32);
 - `ldmatrix.sync.aligned.m8n8.x{1,2,4}[.trans].shared.b16`: lanes 8j..8j+7 hand in the row addresses of
   matrix j; each lane gathers its elements (of the transpose with .trans);
