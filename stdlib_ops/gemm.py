@@ -504,7 +504,8 @@ def _plan(a_shape: tuple, b_shape: tuple, dtype, target: str, do_tune, point, fa
     if point is not None and {name for name, _ in point.values} != set(space.axes):
         raise ValueError(f"matmul: the point {point} is not of the {template.name} template's space, which "
                          f"this {dtype.name} matmul on {target} uses: take one from its space() or default()")
-    if point is not None and exact and (reason := space.check(point)):
+    # every template's points (a float point that failed its space's check ran, and crashed the process)
+    if point is not None and space.check and (reason := space.check(point)):
         raise ValueError(f"matmul: the point {point} cannot run this {dtype.name} matmul: {reason}")
     if point is None:
         point = template.default(target, itemsize, m, n)
@@ -675,6 +676,11 @@ def bias_operand(bias, dtype, op: str):
     if np.dtype(dtype).kind in "iu" and bias.dtype.kind not in "iub":
         raise TypeError(f"{op}: the bias of an integer result must be integers (it adds to the exact int32 sums), "
                         f"got {bias.dtype}; round it to integers first, or convert the result to floats")
+    if np.dtype(dtype).kind in "iu" and bias.size and bias.dtype.kind in "iu":
+        low, high = np.iinfo(dtype).min, np.iinfo(dtype).max
+        if int(bias.min()) < low or int(bias.max()) > high:     # (converting would wrap it: 2**40 added 0)
+            raise ValueError(f"{op}: the bias holds values outside the result's type {np.dtype(dtype)} "
+                             f"({low}..{high}); convert the operands to floats for such a bias")
     return converted(bias, dtype)
 
 

@@ -123,8 +123,9 @@ def op_for(name: str, x, axis=None, keepdims: bool = False, dtype=None) -> Plan:
 
 
 def sum(x, axis=None, keepdims: bool = False, dtype=None):  # numpy's name (shadows the builtin in this module)
-    """The sum over `axis` (int, tuple or None for all); `dtype`, as numpy's: the sum's type, each element converted
-    to it first (8-bit integers summed in int32 with no widened copy of them)."""
+    """The sum over `axis` (int, tuple or None for all), in x's own type by default (an integer sum wraps there,
+    where numpy's widens to 64 bits); `dtype`, as numpy's: the sum's type, each element converted to it first
+    (8-bit integers summed in int32 with no widened copy of them)."""
     return op_for("sum", x, axis, keepdims, dtype).run()
 
 

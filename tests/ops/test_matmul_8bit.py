@@ -102,6 +102,9 @@ def test_linear_of_8_bit_operands(target, types):
         assert_product(stdlib_ops.linear(x, w, bias) - bias, x, w.T)
         with pytest.raises(TypeError, match="linear: the bias of an integer result must be integers"):
             stdlib_ops.linear(x, w, bias + 0.5)
+        for wide in (bias.astype(np.int64) + 2**40, np.full(24, 2**32 - 1, np.uint32)):    # (wrapped, silently)
+            with pytest.raises(ValueError, match=r"linear: the bias holds values outside the result's type int32"):
+                stdlib_ops.linear(x, w, wide)
 
 
 INTEGER_PAIRS = [(np.int8, np.int8), (np.uint8, np.int8), (np.uint8, np.uint8)]
@@ -149,7 +152,7 @@ def test_long_integer_products_are_exact_on_the_cpu(m, k, n, types, packed, seed
 def test_integer_plans_on_the_cpu(dot4_products):
     """On a cpu without byte dot products (`matmul_dot4`), the register-tile space for u8 by u8 has no k block past
     its 258 exact products (a point with one is refused); s8 by s8 keeps 512; a small product of a long k is split
-    into z-slices of 258 products at most."""
+    into z-slices of 258 products at most. (A float point its space's check rejects is refused as well.)"""
     u8_space = gemm.cpu.space(1, k_block_at_most=gemm.exact_k(td.u8, td.u8))
     assert {p.bk for p in u8_space.points()} == {128, 256}
     assert "k block above the 258 products" in "".join(u8_space.pruned())
@@ -157,6 +160,9 @@ def test_integer_plans_on_the_cpu(dot4_products):
     with pytest.raises(ValueError, match="cannot run this u8 matmul: k block above the 258 products"):
         gemm.plan((8, 600), (600, 8), td.u8, "cpu", point=wide)
     assert gemm.plan((8, 600), (600, 8), td.i8, "cpu", point=wide).point.bk == 512
+    ragged = gemm.cpu.default_point(4).replace(micro=(6, 32), block=(16, 64))      # (a float one crashed the process)
+    with pytest.raises(ValueError, match="cannot run this f32 matmul: block tile not a multiple of the micro-tile"):
+        gemm.plan((37, 127), (127, 61), td.f32, "cpu", point=ragged)
     small = gemm.plan((5, 3000), (3000, 7), td.u8, "cpu")
     assert small.small and small.split == 12 and small.out_dtype == td.i32
 
