@@ -1,4 +1,5 @@
-"""Tiled matrix multiplication, the kernel of DESIGN.md section 3.
+"""Tiled matrix multiplication, the kernel of the project's design document (DESIGN.md section 3, kept with
+the project's shared files, not in this repository).
 
 What it shows:
 
@@ -20,7 +21,7 @@ import inspect
 import numpy as np
 
 import taskdsl as td
-from stdlib_ops.design_matmul import matmul_kernel as matmul   # the kernel, verbatim from DESIGN.md
+from stdlib_ops.design_matmul import matmul_kernel as matmul   # the design document's kernel, verbatim
 
 
 def main():

@@ -475,7 +475,8 @@ class _Evaluator:
         if outside.any():
             at = tuple(int(np.broadcast_to(i, outside.shape)[outside][0]) for i in raw)
             raise ValueError(f"a definition reads {e.buffer.name}{list(at)}, outside its shape {array.shape}; guard "
-                             f"the read with a condition (x[i] if i < n else 0.0) where it can leave the tensor")
+                             f"the read with a select (taskdsl.ir.Select(i < n, x[i], 0.0, dtype)) where it can leave "
+                             "the tensor")
         index = tuple(np.clip(i, 0, max(n - 1, 0)) for i, n in zip(raw, array.shape))
         return array[index].astype(_compute_dtype(e.buffer.dtype)) if array.size else \
             np.zeros(np.broadcast(*index).shape, _compute_dtype(e.buffer.dtype))
@@ -665,7 +666,7 @@ class _FixedReads(ir.Visitor):
                 raise ValueError(f"{self.t.kind} {self.t.name!r} reads {e.buffer.name}[{at}]: index "
                                  f"{int(values[outside].flat[0])} on axis {axis} is outside [0, {n}) {where} (negative "
                                  "indices do not count from the end); use an index inside the tensor, or guard the "
-                                 "read with a condition (x[i] if i < n else 0.0)")
+                                 "read with a select (taskdsl.ir.Select(i < n, x[i], 0.0, dtype))")
 
 
 def check_fixed_reads(definitions: list, sizes: dict) -> None:
