@@ -676,7 +676,7 @@ def bias_operand(bias, dtype, op: str):
     if np.dtype(dtype).kind in "iu" and bias.dtype.kind not in "iub":
         raise TypeError(f"{op}: the bias of an integer result must be integers (it adds to the exact int32 sums), "
                         f"got {bias.dtype}; round it to integers first, or convert the result to floats")
-    if np.dtype(dtype).kind in "iu" and bias.size and bias.dtype.kind in "iu":
+    if np.dtype(dtype).kind in "iu" and isinstance(bias, np.ndarray) and bias.size and bias.dtype.kind in "iu":
         low, high = np.iinfo(dtype).min, np.iinfo(dtype).max
         if int(bias.min()) < low or int(bias.max()) > high:     # (converting would wrap it: 2**40 added 0)
             raise ValueError(f"{op}: the bias holds values outside the result's type {np.dtype(dtype)} "

@@ -37,6 +37,14 @@ def test_matmul_linear_conv_and_pooling(simulated_gpu):
     _check(ops.global_avg_pool2d(td.to_device(x)), x.mean((2, 3), keepdims=True))
 
 
+def test_an_integer_product_takes_a_bias_in_gpu_memory(simulated_gpu):
+    """The check that an integer bias fits the result's type read a DeviceArray's min() (an AttributeError)."""
+    x, w, bias = np.arange(52, dtype=np.int8).reshape(4, 13), np.ones((6, 13), np.int8), np.arange(6, dtype=np.int32)
+    got = ops.linear(td.to_device(x), td.to_device(w), td.to_device(bias))
+    assert isinstance(got, td.DeviceArray)
+    np.testing.assert_array_equal(got.numpy(), x.astype(np.int32) @ w.T.astype(np.int32) + bias)
+
+
 def test_empty_inner_dimension_gives_zeros(simulated_gpu):
     got = ops.matmul(td.to_device(np.zeros((3, 0), np.float32)), td.to_device(np.zeros((0, 4), np.float32)))
     _check(got, np.zeros((3, 4), np.float32))
