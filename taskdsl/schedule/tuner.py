@@ -65,8 +65,16 @@ def _record_path(op: str, shapes, dtypes, target: str):
     fast = f"fast={config.fast_compile_enabled()}"      # a fast-compile build ranks other code
     debug = ("debug",) if target == "cpu" and config.debug_enabled() else ()     # so does a checked cpu build
     early = ("cp_async_early",) if config.cp_async_early_enabled() else ()        # and copies landing at issue
-    key = cache_key(op, repr(shapes), repr(dtypes), device_name(target), __version__, fast, *debug, *early)
+    key = cache_key(op, repr(_plain(shapes)), repr(dtypes), device_name(target), __version__, fast, *debug, *early)
     return cache_dir() / "tune" / f"{key}.json"
+
+
+def _plain(value):
+    """Shapes as one key whatever their form: numpy ints as ints, lists as tuples (`[[4099]]`, `((np.int64(4099),),)`
+    and `((4099,),)` keyed three records of one problem)."""
+    if isinstance(value, np.generic):
+        return value.item()
+    return tuple(map(_plain, value)) if isinstance(value, (tuple, list)) else value
 
 
 def _to_json(value):
@@ -120,12 +128,13 @@ def _stored_timings(op: str, shapes, dtypes, target: str) -> dict | None:
     return record if well_formed else None
 
 
-def cached_winner(space: Space, op: str, shapes, dtypes, target: str) -> Point | None:
-    """The stored winner for this problem, or None (absent, damaged, or no longer in the space)."""
+def cached_winner(space: Space, op: str, shapes, dtypes, target: str, checked: bool = False) -> Point | None:
+    """The stored winner for this problem, or None (absent, damaged, or no longer in the space; with `checked`, one
+    whose results were not checked against the default's when it was chosen)."""
     path = _record_path(op, shapes, dtypes, target)
     try:
         record = json.loads(path.read_text())
-        if record.get("timed_with") != _timed_with(space):
+        if record.get("timed_with") != _timed_with(space) or (checked and record.get("checked") is not True):
             return None
         point = space.point(**{k: _from_json(v) for k, v in record["point"].items()})
     except DAMAGED_RECORD:
@@ -220,10 +229,12 @@ def tune(space: Space, build, args: tuple, *, op: str, shapes, dtypes, default: 
     `force` re-tunes even when a winner is stored.
     """
     target = target or get_target()
+    if target not in ("cpu", "cuda"):
+        raise ValueError(f"tuning {op}: target must be 'cpu' or 'cuda', got {target!r}")
     if not tuning_enabled() or (target == "cuda" and not config.gpu_status()[0]):   # nothing to time a GPU kernel on
         return default
     if not force:
-        hit = cached_winner(space, op, shapes, dtypes, target)
+        hit = cached_winner(space, op, shapes, dtypes, target, checked=bool(outputs))    # (unchecked: re-tuned)
         if hit is not None:
             return hit
     _check_storable(space)
@@ -277,7 +288,8 @@ def tune(space: Space, build, args: tuple, *, op: str, shapes, dtypes, default: 
                                        "fix (or a check to refuse it); TASKDSL_TUNE=0 runs the default") from e
                 failed += 1
                 first_failure = first_failure or (p, e)
-                bar.step()
+                bar.step(note=(f"best {best_time * 1e3:.3f} ms, " if best_time < float("inf") else "") +
+                         f"{failed} failed")
                 continue
             timings.append([_point_json(p), seconds, timed_in_full])
             if seconds < best_time:
@@ -294,7 +306,7 @@ def tune(space: Space, build, args: tuple, *, op: str, shapes, dtypes, default: 
     if tuned:
         record = {"op": op, "shapes": repr(shapes), "dtypes": repr(dtypes), "device": device_name(target),
                   "timed_with": _timed_with(space), "point": _point_json(best), "seconds": best_time,
-                  "candidates": len(points), "failed": failed,
+                  "candidates": len(points), "failed": failed, "checked": reference is not None,
                   "timings": sorted(timings, key=lambda t: t[1])}
         store(_record_path(op, shapes, dtypes, target), json.dumps(record, indent=1).encode())
     return best

@@ -260,7 +260,7 @@ def test_matmul_tuning_skips_a_wrong_point(tmp_path, monkeypatch):
     monkeypatch.setattr(gemm, "_candidate", spoiled)
     with pytest.warns(UserWarning, match=r"1 of 2 candidates failed.*micro=\(2, 8\).*WrongResult"):
         record = tuned_product(tmp_path)
-    assert record["point"]["micro"] == [4, 8] and record["failed"] == 1
+    assert record["point"]["micro"] == [4, 8] and record["failed"] == 1 and record["checked"] is True
 
 
 def test_where_calls_pack_b_the_tuner_times_the_kernel_for_packed_b(tmp_path, monkeypatch):
@@ -314,3 +314,23 @@ def test_a_plan_made_with_tuning_off_is_not_kept_once_it_is_on(tmp_path, monkeyp
     gemm.plan(*shapes, do_tune=True)
     assert len(tuned) == 1 and gemm.plan(*shapes, do_tune=True).point == untuned.point
     gemm._plan.cache_clear()
+
+
+def test_an_unchecked_winner_is_not_served_to_a_checked_call_and_keys_and_targets_are_one(timed):
+    """A winner chosen with no results check (no `outputs`, or a default that failed) was served to a later call that
+    asks for the check, however wrong its results; `shapes` as lists or numpy ints keyed records of their own; a
+    misspelled target ('gpu', 'CPU') ran as the cpu."""
+    space = Space("toy", {"t": (3, 1, 2)})
+    assert tune_toy(space).t == 1
+    record = json.loads(next((timed / "tune").iterdir()).read_text())
+    assert record["checked"] is False
+    found = lambda checked: tuner.cached_winner(space, "toy", ((8, 8),), ("f32",), "cpu", checked=checked)
+    assert found(False).t == 1 and found(True) is None
+    Fake.runs.clear()
+    for shapes in ([[8, 8]], ((np.int64(8), np.int32(8)),)):
+        assert tuner.tune(space, Fake, (), op="toy", shapes=shapes, dtypes=("f32",), default=space.points()[-1],
+                          target="cpu", show=False).t == 1
+    assert not Fake.runs and len(list((timed / "tune").iterdir())) == 1       # the stored winner, one record
+    for target in ("gpu", "CPU"):
+        with pytest.raises(ValueError, match=f"tuning toy: target must be 'cpu' or 'cuda', got '{target}'"):
+            tune_toy(space, target=target)
