@@ -63,6 +63,14 @@ class Space:
             if isinstance(choices, (str, bytes)) or not hasattr(choices, "__iter__"):
                 raise TypeError(f"space {self.name!r}: axis {name!r} needs a tuple of choices, got {choices!r}")
             choices = tuple(choices)
+            if not choices:
+                raise ValueError(f"space {self.name!r}: axis {name!r} has no choices")
+            for value in choices:       # points are dict keys and set members (a list gave the tuner's own TypeError)
+                try:
+                    hash(value)
+                except TypeError:
+                    raise TypeError(f"space {self.name!r}: axis {name!r} has the unhashable value {value!r}; make its "
+                                    "values numbers, strings, bools or tuples of them") from None
             if any(a == b for i, a in enumerate(choices) for b in choices[i + 1:]):
                 raise ValueError(f"space {self.name!r}: axis {name!r} repeats a choice: {choices}")
             self.axes[name] = choices

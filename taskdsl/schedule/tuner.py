@@ -30,6 +30,7 @@ from ..runtime import config
 from ..runtime.config import cache_dir, get_target
 from ..runtime.progress import Progress
 from . import results
+from ..ir.types import DataType
 from .space import Point, Space
 
 
@@ -174,6 +175,21 @@ def _check_storable(space: Space) -> None:
                                 "bools or tuples of them (say, a name to look the object up by)") from None
 
 
+def _check_arguments(space: Space, args: tuple, op: str, default, target: str, outputs) -> None:
+    """A ValueError / TypeError for a call `tune` cannot honour (they were taken for candidates' or the default's
+    failures, and tuning went on unchecked)."""
+    if target not in ("cpu", "cuda"):
+        raise ValueError(f"tuning {op}: target must be 'cpu' or 'cuda', got {target!r}")
+    if not isinstance(default, Point) or {k for k, _ in default.values} != set(space.axes):
+        raise TypeError(f"tuning {op}: default must be a Point of the {space.name} space (space.point(...)), got "
+                        f"{default!r}")
+    for index, dtype in (outputs or {}).items():
+        if not (isinstance(index, int) and 0 <= index < len(args)):
+            raise ValueError(f"tuning {op}: outputs names argument {index!r}, but the call has {len(args)} arguments")
+        if not isinstance(dtype, DataType):
+            raise TypeError(f"tuning {op}: outputs' types are taskdsl types such as td.f32, got {dtype!r}")
+
+
 SLOW_CUT = 2.0   # a candidate whose first timed run takes this many times the best median so far is not timed on
 
 
@@ -229,8 +245,7 @@ def tune(space: Space, build, args: tuple, *, op: str, shapes, dtypes, default: 
     `force` re-tunes even when a winner is stored.
     """
     target = target or get_target()
-    if target not in ("cpu", "cuda"):
-        raise ValueError(f"tuning {op}: target must be 'cpu' or 'cuda', got {target!r}")
+    _check_arguments(space, args, op, default, target, outputs)
     if not tuning_enabled() or (target == "cuda" and not config.gpu_status()[0]):   # nothing to time a GPU kernel on
         return default
     if not force:

@@ -334,3 +334,22 @@ def test_an_unchecked_winner_is_not_served_to_a_checked_call_and_keys_and_target
     for target in ("gpu", "CPU"):
         with pytest.raises(ValueError, match=f"tuning toy: target must be 'cpu' or 'cuda', got '{target}'"):
             tune_toy(space, target=target)
+
+
+def test_arguments_tune_cannot_honour_are_errors(timed):
+    """A wrong `outputs` index or type, or a default that is no point of the space, was taken for the default's
+    failure (tuning went on unchecked and stored its winner); an empty axis, or a list as an axis value (every
+    candidate failed in the tuner's own dict), was accepted."""
+    space = Space("toy", {"t": (3, 1, 2)})
+    with pytest.raises(ValueError, match=r"tuning toy: outputs names argument 5, but the call has 0 arguments"):
+        tune_toy(space, outputs={5: td.f32})
+    with pytest.raises(TypeError, match=r"outputs' types are taskdsl types such as td.f32, got <class 'numpy"):
+        tuner.tune(space, Fake, (np.zeros(2, np.float32),), op="toy", shapes=((8, 8),), dtypes=("f32",),
+                   default=space.points()[-1], target="cpu", show=False, outputs={0: np.float32})
+    with pytest.raises(TypeError, match=r"default must be a Point of the toy space"):
+        tuner.tune(space, Fake, (), op="toy", shapes=((8, 8),), dtypes=("f32",), default={"t": 1}, show=False)
+    assert not (timed / "tune").exists()
+    with pytest.raises(ValueError, match="space 'empty': axis 't' has no choices"):
+        Space("empty", {"t": ()})
+    with pytest.raises(TypeError, match=r"space 'lists': axis 'v' has the unhashable value \[1, 2\]"):
+        Space("lists", {"v": ([1, 2], [3, 4])})
