@@ -285,6 +285,10 @@ def tune(space: Space, build, args: tuple, *, op: str, shapes, dtypes, default: 
         return kernel
     reference, unchecked = _reference(kernel_of, default, args, outputs, target) if outputs else (None, None)
     best, best_time, failed, timings, first_failure = default, float("inf"), 0, [], None
+
+    def progress() -> str:      # the bar's note: the best time so far and the failures
+        parts = [f"best {best_time * 1e3:.3f} ms"] if best_time < float("inf") else []
+        return ", ".join(parts + ([f"{failed} failed"] if failed else []))
     with Progress(len(points), f"tuning {op}", show) as bar:
         for p in points:
             try:
@@ -303,13 +307,12 @@ def tune(space: Space, build, args: tuple, *, op: str, shapes, dtypes, default: 
                                        "fix (or a check to refuse it); TASKDSL_TUNE=0 runs the default") from e
                 failed += 1
                 first_failure = first_failure or (p, e)
-                bar.step(note=(f"best {best_time * 1e3:.3f} ms, " if best_time < float("inf") else "") +
-                         f"{failed} failed")
+                bar.step(note=progress())
                 continue
             timings.append([_point_json(p), seconds, timed_in_full])
             if seconds < best_time:
                 best, best_time = p, seconds
-            bar.step(note=f"best {best_time * 1e3:.3f} ms" + (f", {failed} failed" if failed else ""))
+            bar.step(note=progress())
     tuned = best_time < float("inf")
     if failed:      # a point the space's checks let through and that cannot run: a template or check to fix
         p, error = first_failure

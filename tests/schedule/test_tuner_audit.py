@@ -353,3 +353,17 @@ def test_arguments_tune_cannot_honour_are_errors(timed):
         Space("empty", {"t": ()})
     with pytest.raises(TypeError, match=r"space 'lists': axis 'v' has the unhashable value \[1, 2\]"):
         Space("lists", {"v": ([1, 2], [3, 4])})
+
+
+def test_the_progress_bar_counts_the_failures_to_its_last_line(timed, capsys):
+    """A failing candidate stepped the bar with no note: failures at the end of the space never showed."""
+    def build(p):
+        if p.t != 3:
+            raise RuntimeError("no kernel")
+        return Fake(p)
+
+    space = Space("toy", {"t": (3, 1, 2)})
+    with pytest.warns(UserWarning, match="2 of 3 candidates failed"):
+        assert tuner.tune(space, build, (), op="toy", shapes=((8, 8),), dtypes=("f32",), default=space.points()[0],
+                          target="cpu", show=True).t == 3
+    assert capsys.readouterr().err.rstrip().splitlines()[-1].endswith("best 3000.000 ms, 2 failed")
