@@ -206,6 +206,16 @@ def test_damaged_cpu_modules_and_numba_files_are_rebuilt(tmp_path):
     assert _cpu_run(tmp_path) == "ok" and _cpu_run(tmp_path) == "ok"
 
 
+def test_a_folder_in_place_of_a_cpu_module_is_replaced(tmp_path):
+    """A folder where a generated module belongs made every run warn and compile into a scratch folder."""
+    assert _cpu_run(tmp_path) == "ok"
+    module, = (tmp_path / "cpu").glob("k_*.py")
+    module.unlink()
+    (module / "stray").mkdir(parents=True)
+    assert _cpu_run(tmp_path, PYTHONWARNINGS="error") == "ok"
+    assert module.is_file()
+
+
 def test_the_cap_is_checked_and_never_evicts_what_was_just_stored(tmp_path, monkeypatch):
     assert _cpu_run(tmp_path, TASKDSL_CACHE_MAX_MB="0") == "ok"      # the module just written stays
     # a bad cap is an error with a warm cache too, where nothing is stored (it was read only when storing)

@@ -131,7 +131,8 @@ def cpu_module(key: str, text: str) -> Path:
             touch(path)
             return path
     except (OSError, ValueError):
-        pass
+        if path.is_dir():       # a folder in its place would make every later store fail (a warning each run)
+            remove(path)
     data = text.encode()
     if store(path, data):
         keep_under_cap(len(data) + NUMBA_BYTES_PER_MODULE, keep=key)
