@@ -1,23 +1,26 @@
 """Run every ```python block of README.md and docs/*.md, so the documentation cannot drift from the code.
 
 A page's blocks run in order in one namespace (a page reads as one session), in a scratch
-working directory. Each block is written to a file first: kernels need their source, as
+working directory; a block indented under a list item runs too, and a block that reads `sys.argv` is a script
+shown with its command line, which is not run. Each block is written to a file first: kernels need their source, as
 in a notebook. A block that raises fails the test with the page and block number.
 """
 from __future__ import annotations
 
 import re
+import textwrap
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+BLOCK = re.compile(r"^( *)```python\n(.*?)^\1```", re.S | re.M)
 
 
 def _blocks(page: Path) -> list[str]:
-    return BLOCK.findall(page.read_text(encoding="utf-8"))
+    blocks = [textwrap.dedent(code) for _, code in BLOCK.findall(page.read_text(encoding="utf-8"))]
+    return [code for code in blocks if "sys.argv" not in code]
 
 
 PAGES_WITH_CODE = [p for p in PAGES if _blocks(p)]
