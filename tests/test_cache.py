@@ -414,7 +414,8 @@ def test_the_cap_counts_what_numba_writes_for_a_module(tmp_path):
     env = dict(os.environ, TASKDSL_CACHE_DIR=str(folder), TASKDSL_CACHE_MAX_MB=str(cap), TASKDSL_COMPILE_WORKERS="1",
                PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
     subprocess.run([sys.executable, str(script)], env=env, check=True)
-    size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and "numba" not in p.relative_to(folder).parts)
+    size = sum(p.stat().st_size for p in folder.rglob("*")
+               if p.is_file() and "numba" not in p.relative_to(folder).parts)
     assert size <= cap * 2**20 + 64 * 1024, size
 
 
