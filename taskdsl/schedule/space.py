@@ -45,6 +45,13 @@ class Point:
         return "Point(" + ", ".join(f"{k}={v}" for k, v in self.values) + ")"
 
 
+def _equals_itself(value) -> bool:
+    """False for a NaN, or a tuple holding one at any depth."""
+    if isinstance(value, tuple):
+        return all(map(_equals_itself, value))
+    return bool(value == value)
+
+
 @dataclass
 class Space:
     """The cross product of `axes`, minus the points `check` rejects (it returns a reason)."""
@@ -71,6 +78,9 @@ class Space:
                 except TypeError:
                     raise TypeError(f"space {self.name!r}: axis {name!r} has the unhashable value {value!r}; make its "
                                     "values numbers, strings, bools or tuples of them") from None
+                if not _equals_itself(value):   # a NaN: its point never equals the recorded winner (re-timed each call)
+                    raise ValueError(f"space {self.name!r}: axis {name!r} has the value {value!r}, which is not equal "
+                                     "to itself (a NaN); give the axis values that compare equal to themselves")
             if any(a == b for i, a in enumerate(choices) for b in choices[i + 1:]):
                 raise ValueError(f"space {self.name!r}: axis {name!r} repeats a choice: {choices}")
             self.axes[name] = choices

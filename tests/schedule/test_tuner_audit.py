@@ -353,6 +353,8 @@ def test_arguments_tune_cannot_honour_are_errors(timed):
         Space("empty", {"t": ()})
     with pytest.raises(TypeError, match=r"space 'lists': axis 'v' has the unhashable value \[1, 2\]"):
         Space("lists", {"v": ([1, 2], [3, 4])})
+    with pytest.raises(ValueError, match=r"axis 'v' has the value \(1, nan\), which is not equal to itself"):
+        Space("nan", {"v": (0.5, (1, float("nan")))})
 
 
 def test_the_progress_bar_counts_the_failures_to_its_last_line(timed, capsys):
