@@ -4,7 +4,9 @@ A point the space's checks let through can still compute a wrong result: on a GP
 cpu cannot show (it runs every thread to each barrier or warp operation before any passes it), or a tile a
 grid leaves unwritten. Timing alone would store such a point as the winner and every later call would run it.
 So a candidate that would become the best is run once more on outputs filled with NaN (an element it leaves
-unwritten stays NaN) and must agree with the default's values there.
+unwritten stays NaN) and must agree with the default's values there. A kernel that also reads its output
+(`y += ...`) reads that NaN: where the default's poisoned run gives NaN, every check starts from the outputs'
+given values instead (`Start`).
 """
 from __future__ import annotations
 
@@ -38,16 +40,34 @@ def values(args: tuple, outputs: dict) -> dict:
     return {i: _host(args[i]).view(numpy_dtype(dtype)).astype(np.float64) for i, dtype in outputs.items()}
 
 
+def _store(args: tuple, i: int, host: np.ndarray) -> None:
+    if isinstance(args[i], np.ndarray):
+        args[i][...] = host
+    else:
+        args[i].copy_from_host(host)
+
+
+class Start:
+    """The values a checking run starts from: NaN (`given` None, see `poison`) or the outputs' given values."""
+
+    def __init__(self, args: tuple, outputs: dict, given: bool):
+        self.given = {i: _host(args[i]).copy() for i in outputs} if given else None
+
+    def set(self, args: tuple, outputs: dict) -> None:
+        """Put the start values in the outputs."""
+        if self.given is None:
+            poison(args, outputs)
+        else:
+            for i, host in self.given.items():
+                _store(args, i, host)
+
+
 def poison(args: tuple, outputs: dict) -> None:
     """Fill the outputs with NaN (integer outputs with their type's largest value, bools with True): an element a
     run leaves unwritten keeps it."""
     for i, dtype in outputs.items():
         fill = math.nan if dtype.is_float else dtype.limits[1] if dtype.is_integer else True
-        host = np.full(args[i].shape, fill, numpy_dtype(dtype)).view(args[i].dtype)
-        if isinstance(args[i], np.ndarray):
-            args[i][...] = host
-        else:
-            args[i].copy_from_host(host)
+        _store(args, i, np.full(args[i].shape, fill, numpy_dtype(dtype)).view(args[i].dtype))
 
 
 def disagreement(got: np.ndarray, want: np.ndarray) -> float:
@@ -66,10 +86,10 @@ class WrongResult(Exception):
     """A candidate whose output disagrees with the default schedule's."""
 
 
-def check(run, args: tuple, outputs: dict, reference: dict) -> None:
-    """Run `run` once on poisoned outputs; WrongResult unless each output agrees with `reference` (`values` of
-    the default's run) within its `tolerance`."""
-    poison(args, outputs)
+def check(run, args: tuple, outputs: dict, reference: dict, start: Start) -> None:
+    """Run `run` once from `start`; WrongResult unless each output agrees with `reference` (`values` of the
+    default's run from there) within its `tolerance`."""
+    start.set(args, outputs)
     run()
     for i, got in values(args, outputs).items():
         error, allowed = disagreement(got, reference[i]), tolerance(outputs[i])

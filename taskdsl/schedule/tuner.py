@@ -218,20 +218,25 @@ def _on_device(args: tuple) -> tuple:
 
 
 def _reference(kernel_of, default: Point, args: tuple, outputs: dict, target: str) -> tuple:
-    """(the default's output values to check candidates against, None) or (None, why there are none): the
-    default failed, or left an output element unwritten."""
+    """(the default's output values to check candidates against, the `results.Start` they are from, None), or
+    (None, None, why there are none: the default failed). An output the default leaves NaN when it starts from
+    NaN is one it also reads (or leaves unwritten): then the checks start from the outputs' given values."""
+    given = results.Start(args, outputs, given=True)
     try:
         kernel = kernel_of(default)
         results.poison(args, outputs)
         kernel(*args)
+        reference, start = results.values(args, outputs), results.Start(args, outputs, given=False)
+        if any(np.isnan(v).any() for v in reference.values()):
+            given.set(args, outputs)
+            kernel(*args)
+            reference, start = results.values(args, outputs), given
     except Exception as e:  # noqa: BLE001 - without a reference the candidates are timed unchecked
         if target == "cuda" and _breaks_the_context(e):
             raise RuntimeError(f"tuning: the default point {default} failed on the GPU ({e}); nothing was "
                                "stored") from e
-        return None, f"the default failed: {type(e).__name__}: {e}"
-    reference = results.values(args, outputs)
-    unwritten = [i for i, v in reference.items() if np.isnan(v).any()]
-    return (None, f"the default left elements of output {unwritten[0]} unwritten") if unwritten else (reference, None)
+        return None, None, f"the default failed: {type(e).__name__}: {e}"
+    return reference, start, None
 
 
 def tune(space: Space, build, args: tuple, *, op: str, shapes, dtypes, default: Point,
@@ -283,7 +288,7 @@ def tune(space: Space, build, args: tuple, *, op: str, shapes, dtypes, default: 
         if isinstance(kernel, Exception):
             raise kernel
         return kernel
-    reference, unchecked = _reference(kernel_of, default, args, outputs, target) if outputs else (None, None)
+    reference, start, unchecked = _reference(kernel_of, default, args, outputs, target) if outputs else (None,) * 3
     best, best_time, failed, timings, first_failure = default, float("inf"), 0, [], None
 
     def progress() -> str:      # the bar's note: the best time so far and the failures
@@ -299,7 +304,7 @@ def tune(space: Space, build, args: tuple, *, op: str, shapes, dtypes, default: 
                 if timed_in_full:
                     seconds = full(run)
                 if seconds < best_time and reference is not None:
-                    results.check(run, args, outputs, reference)
+                    results.check(run, args, outputs, reference, start)
             except Exception as e:  # noqa: BLE001 - a candidate that fails is skipped, the others still count
                 if target == "cuda" and _breaks_the_context(e):
                     raise RuntimeError(f"tuning {op}: candidate {p} failed on the GPU ({e}), and the GPU cannot run "

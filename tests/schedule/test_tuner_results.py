@@ -1,6 +1,7 @@
 """The tuner checks a would-be winner's results against the default schedule's before it may win."""
 import json
 import math
+import warnings
 
 import ml_dtypes
 import numpy as np
@@ -29,31 +30,33 @@ def timed(tmp_path, monkeypatch):
 
 class Doubler:
     """A "kernel" writing Y = 2 X (`dtype` values; numpy arrays, or device arrays on the simulated GPU), recording
-    its point's time in `runs` at each run; `spoil` (Y -> None) spoils its output after it is written."""
+    its point's time in `runs` at each run; `spoil` (Y -> None) spoils its output after it is written; with
+    `accumulate`, Y += 2 X."""
 
-    def __init__(self, p, runs: list, dtype, spoil=None):
+    def __init__(self, p, runs: list, dtype, spoil=None, accumulate=False):
         self.p, self.runs, self.values, self.spoil = p, runs, td.ir.types.numpy_dtype(dtype), spoil
+        self.accumulate = accumulate
 
     def compile(self, *args, target):
         pass
 
     def __call__(self, x, y):
         x, y = (a if isinstance(a, np.ndarray) else host_view(a) for a in (x, y))
-        y.view(self.values)[...] = 2 * x.view(self.values)
+        y.view(self.values)[...] = 2 * x.view(self.values) + (y.view(self.values) if self.accumulate else 0)
         if self.spoil:
             self.spoil(y)
         self.runs.append(self.p.t)
 
 
-def doubler(runs: list, wrong: dict, dtype=td.f32):
+def doubler(runs: list, wrong: dict, dtype=td.f32, accumulate=False):
     """build(point): a Doubler, spoilt by `wrong[t]` at point t."""
-    return lambda p: Doubler(p, runs, dtype, wrong.get(p.t))
+    return lambda p: Doubler(p, runs, dtype, wrong.get(p.t), accumulate)
 
 
-def tune_doubler(runs: list, wrong: dict, dtype=td.f32, space=SPACE, target="cpu", **options):
+def tune_doubler(runs: list, wrong: dict, dtype=td.f32, space=SPACE, target="cpu", accumulate=False, **options):
     x = np.linspace(-3, 5, 37).astype(td.ir.types.numpy_dtype(dtype)).view(dtype.numpy)
     y = np.zeros_like(x)
-    return tuner.tune(space, doubler(runs, wrong, dtype), (x, y), op="toy", shapes=((37,),), dtypes=(dtype.name,),
+    return tuner.tune(space, doubler(runs, wrong, dtype, accumulate), (x, y), op="toy", shapes=((37,),), dtypes=(dtype.name,),
                       default=space.points()[-1], target=target, show=False, outputs={1: dtype}, **options)
 
 
@@ -115,8 +118,7 @@ def test_bf16_outputs_are_compared_as_values_not_bits(timed):
 
 
 def test_without_a_usable_default_the_results_go_unchecked_with_a_warning(timed):
-    """A default that fails, or leaves output elements unwritten, gives nothing to check against: tuning goes
-    on unchecked, and says so."""
+    """A default that fails gives nothing to check against: tuning goes on unchecked, and says so."""
     def broken(p):
         if p.t == 2:
             raise RuntimeError("no such intrinsic")
@@ -128,8 +130,24 @@ def test_without_a_usable_default_the_results_go_unchecked_with_a_warning(timed)
     assert [str(w.message).split(": ", 1)[1] for w in caught] == [
         "1 of 3 candidates failed and were skipped (first: Point(t=2): RuntimeError: no such intrinsic)",
         "the candidates' results were not checked: the default failed: RuntimeError: no such intrinsic"]
-    with pytest.warns(UserWarning, match="not checked: the default left elements of output 1 unwritten"):
-        assert tune_doubler(timed, {2: lambda y: y.__setitem__(0, math.nan)}, force=True).t == 1
+
+
+def test_a_kernel_that_reads_its_output_is_checked_from_the_given_values(timed):
+    """Y += 2 X reads the NaN the check fills Y with: every candidate's check was NaN, so tuning went unchecked
+    ("the default left elements unwritten"). The checks start from Y's given values now, and still catch a
+    wrong candidate, one that skips an element included."""
+    with pytest.warns(UserWarning, match=r"1 of 3 candidates failed.*t=1.*WrongResult"):
+        assert tune_doubler(timed, {1: lambda y: y.__setitem__(5, 0)}, accumulate=True).t == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert tune_doubler(timed, {}, accumulate=True, force=True).t == 1
+
+
+def test_a_default_whose_output_holds_nan_is_still_the_reference(timed):
+    """A NaN the default computes (from the outputs' given values too) is part of its result: a candidate
+    without it disagrees."""
+    with pytest.warns(UserWarning, match=r"2 of 3 candidates failed.*WrongResult"):
+        assert tune_doubler(timed, {2: lambda y: y.__setitem__(0, math.nan)}).t == 2
 
 
 def test_the_disagreement_measure():
