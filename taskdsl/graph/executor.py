@@ -290,13 +290,13 @@ class CompiledGraph:
         return [t.value if t.is_constant else values[id(t)] for t in self.graph.outputs]
 
     def _handed_out(self, values: dict) -> list:
-        """The graph's outputs among a run's `values` as a caller gets them: a constant's value, an output in the
-        caller's input memory (an input, or a view of one) and one in an earlier output's memory (a repeated
-        output, or a view of another) as copies; the others as they are."""
+        """The graph's outputs among a run's `values` as a caller gets them: a constant's value (or a view of one),
+        an output in the caller's input memory (an input, or a view of one) and one in an earlier output's memory
+        (a repeated output, or a view of another) as copies; the others as they are."""
         results, seen = [], set()
         for t, a in zip(self.graph.outputs, self._output_values(values)):
             root = self.memory.storage.get(id(t), t)
-            if t.is_constant or root.is_input or id(root) in seen:
+            if t.is_constant or root.is_constant or root.is_input or id(root) in seen:
                 a = a.copy() if isinstance(a, DeviceArray) else np.array(a)
             seen.add(id(root))
             results.append(a)
