@@ -53,7 +53,8 @@ def sample_inputs(graph: Graph, vocab_size: int = 2, seed: int = 0) -> dict:
             feeds[t.name] = rng.random(t.shape) < 0.5
         else:
             feeds[t.name] = rng.integers(0, min(vocab_size, _table_rows(t, users)), t.shape).astype(t.numpy_dtype)
-    return feeds
+    # a 0-d input's sample is a numpy scalar (rng.random(()) < 0.5 is a numpy.bool_), which onnxruntime refuses
+    return {name: np.asarray(value) for name, value in feeds.items()}
 
 
 def _table_rows(ids, users: dict) -> int:

@@ -103,6 +103,23 @@ def test_a_model_onnxruntime_cannot_run_is_checked_against_the_numpy_reference_w
     assert relative_error(outputs, onnxruntime_outputs(models.export_onnx(graph), feeds)) < 1e-4
 
 
+def test_zero_dimensional_inputs_are_sampled_as_arrays_onnxruntime_takes():
+    """A 0-d bool input was sampled as a numpy.bool_ scalar: onnxruntime refused it, and `models run --onnx`
+    checked the model against the numpy reference only."""
+    from onnx import TensorProto, helper
+    node = helper.make_node("Where", ["flag", "x", "y"], ["z"])
+    inputs = [helper.make_tensor_value_info("flag", TensorProto.BOOL, []),
+              *(helper.make_tensor_value_info(n, TensorProto.FLOAT, []) for n in "xy")]
+    model = helper.make_model(helper.make_graph([node], "w", inputs, [helper.make_tensor_value_info(
+        "z", TensorProto.FLOAT, None)]), opset_imports=[helper.make_opsetid("", 17)])
+    graph = tg.from_onnx(model)
+    feeds = sample_inputs(graph)
+    assert all(isinstance(a, np.ndarray) and a.shape == () for a in feeds.values())
+    outputs, name = reference_outputs(graph, model, feeds)
+    assert name == "onnxruntime"
+    assert outputs[0] == (feeds["x"] if feeds["flag"] else feeds["y"])
+
+
 @pytest.mark.parametrize("name", ["bert", "gpt2"])
 def test_weights_left_out_of_the_export_give_onnxruntime_the_same_outputs(name):
     """export_onnx(weights=...) leaves each constant of EXTERNAL_BYTES or more out of the model, as an array in the
