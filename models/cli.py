@@ -145,9 +145,9 @@ def zoo_model(args) -> tuple:
 
 def onnx_shapes(model, batch: int, seq: int | None, given: dict | None = None, fixed=()) -> dict:
     """Static shapes for the model inputs with symbolic dims, or none: `given` (--shape) as it says, else each
-    symbolic dim by its name, in every input that names it: --seq where it names an axis past 0 of some input,
-    else --batch (an unnamed one by its place: axis 0 --batch, others --seq). The inputs named in `fixed`
-    (--constant: their values give their shapes) are left out."""
+    symbolic dim by its name, in every input that names it: the size a given shape has there, else --seq where
+    it names an axis past 0 of some input, else --batch (an unnamed one by its place: axis 0 --batch, others
+    --seq). The inputs named in `fixed` (--constant: their values give their shapes) are left out."""
     given = given or {}
     initializers = {init.name for init in model.graph.initializer}
     inputs = [vi for vi in model.graph.input if vi.name not in initializers and vi.name not in fixed]
@@ -162,12 +162,19 @@ def onnx_shapes(model, batch: int, seq: int | None, given: dict | None = None, f
                          "have static shapes" + (" (or sizes --shape gives)" if given else ""))
     past_axis_0 = {d.dim_param for vi in symbolic for axis, d in enumerate(vi.type.tensor_type.shape.dim)
                    if axis > 0 and d.dim_param}
+    named = {}      # a dim name -> the size a given shape has there (from_onnx reports given shapes that disagree)
+    for vi in inputs:
+        dims = vi.type.tensor_type.shape.dim
+        if vi.name in given and len(dims) == len(given[vi.name]):
+            named.update({d.dim_param: size for d, size in zip(dims, given[vi.name]) if d.dim_param})
     shapes, used = dict(given), set()
     for vi in symbolic:
         shape = []
         for axis, d in enumerate(vi.type.tensor_type.shape.dim):
             if d.HasField("dim_value"):
                 shape.append(d.dim_value)
+            elif d.dim_param in named:
+                shape.append(named[d.dim_param])
             elif d.dim_param not in past_axis_0 and (d.dim_param or axis == 0):
                 shape.append(batch)
                 used.add("--batch")

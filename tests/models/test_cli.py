@@ -430,6 +430,19 @@ def test_shape_gives_the_shape_of_an_input_the_model_leaves_without_one(tmp_path
     assert "--shape applies to --onnx models" in capsys.readouterr().err
 
 
+def test_a_dim_a_given_shape_names_sizes_the_other_inputs_naming_it(tmp_path, capsys):
+    """--shape a=2,5 for a[n, k] left k of b[k, m] to --batch (1): the two disagreed and the run failed."""
+    pytest.importorskip("onnxruntime")
+    from onnx import TensorProto as T, helper
+    vi = helper.make_tensor_value_info
+    path = tmp_path / "mm.onnx"
+    _save(path, [helper.make_node("MatMul", ["a", "b"], ["y"])],
+          [vi("a", T.FLOAT, ["n", "k"]), vi("b", T.FLOAT, ["k", "m"])], [vi("y", T.FLOAT, ["n", "m"])])
+    assert main(["run", "--onnx", str(path), "--target", "cpu", "--iters", "1", "--shape", "a=2,5", "--seq", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "y: f32[2, 3]" in out and ", ok" in out, out
+
+
 def test_sample_ids_fit_the_tables_they_index(tmp_path, capsys):
     """Ids in [0, 2) for a one-row table (a RoBERTa's token types): onnxruntime refused them and the numpy
     reference died with an internal traceback."""
