@@ -190,6 +190,20 @@ def test_shape_inputs_must_be_constants():
     np.testing.assert_array_equal(g(x)[0], x.reshape(3, 4))
 
 
+def test_a_constant_past_a_float_inputs_range_is_refused():
+    """1e40 for an f32 input ran as inf (numpy's overflow warning the only sign), where an int32 input refuses
+    2**31; an integer for a float input converts (70000 for an f16 one would be inf: refused too)."""
+    for elem, dtype in ((TensorProto.FLOAT, np.float32), (TensorProto.FLOAT16, np.float16)):
+        model = make_model([n("Mul", ["x", "s"], ["y"])], [("x", [3], elem), ("s", [], elem)], [("y", [3], elem)])
+        for big in (1e40, -1e40, *([70000] if dtype is np.float16 else [])):
+            with pytest.raises(ValueError, match=rf"'s' values past the range of its type {dtype.__name__}"):
+                tg.from_onnx(model, constants={"s": big})
+        g = tg.from_onnx(model, constants={"s": 3})
+        x = np.array([1, -2, np.inf], dtype)
+        np.testing.assert_array_equal(g(x)[0], x * 3)
+        np.testing.assert_array_equal(tg.from_onnx(model, constants={"s": np.inf})(x)[0], x * np.inf)
+
+
 def test_an_input_with_an_initializer_is_a_constant_that_constants_overrides():
     """Given at the call, such an input was only 'unknown ['w']': the error says it is a constant of the graph and
     how to give it another value."""

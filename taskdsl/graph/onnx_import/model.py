@@ -184,10 +184,15 @@ def input_constant(vi: onnx.ValueInfoProto, value, source: str = "from_onnx: con
         raise ValueError(f"{source} gives graph input {vi.name!r} values of {given.dtype}, which do not convert to "
                          f"its type {dtype} without loss; pass {dtype} values")
     _check_declared(vi, given.shape, source)
-    value = given.astype(dtype)
-    if given.dtype.kind in "biu" and not np.array_equal(value, given):
+    with np.errstate(over="ignore"):
+        value = given.astype(dtype)
+    if given.dtype.kind in "biu" and value.dtype.kind in "biu" and not np.array_equal(value, given):
         raise ValueError(f"{source} gives graph input {vi.name!r} values outside the range of its type {dtype} "
                          f"({np.iinfo(value.dtype).min}..{np.iinfo(value.dtype).max})")
+    if given.dtype.kind in "biuf" and value.dtype.kind not in "biu" and \
+            (np.isinf(value.astype(np.float64)) & np.isfinite(given.astype(np.float64))).any():
+        raise ValueError(f"{source} gives graph input {vi.name!r} values past the range of its type {dtype} "
+                         f"(they would be infinite); pass values it can hold")
     return value
 
 
