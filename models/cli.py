@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 import taskdsl as td
@@ -246,6 +247,9 @@ def onnx_constants(model, specs: list, shapes: dict | None = None) -> dict:
             what = "0 or 1 (false or true)" if dtype == np.bool_ else f"{dtype.name} numbers"
             raise UsageError(f"--constant {spec!r}: the values must be {what}, as input {name!r} takes") from None
         shape = (shapes or {}).get(name)
+        if shape is not None and math.prod(shape) != values.size:
+            raise UsageError(f"--constant {spec!r} gives {values.size} values, but --shape gives {name!r} the shape "
+                             f"{tuple(shape)} ({math.prod(shape)} values)")
         if shape is None and tensor.HasField("shape") and all(d.HasField("dim_value") for d in tensor.shape.dim):
             shape = [d.dim_value for d in tensor.shape.dim]
         if shape is not None and math.prod(shape) == values.size:
@@ -294,13 +298,21 @@ def onnx_file(args) -> tuple:
         raise UsageError(f"{args.onnx}: {e}; on the command line: --constant {e.inputs[0]}=V,V,...") from None
     except ValueError as e:       # OnnxImportError, and shapes or constants that contradict the model
         by_flags = {name: shape for name, shape in shapes.items() if name not in given}
-        sized = "" if not by_flags or isinstance(e, UnsupportedOnnxError) else (     # a default --batch 1 the
-            f" (the inputs' symbolic dims were sized by --batch {args.batch}"          # user never wrote may be
-            f"{'' if args.seq is None else f' and --seq {args.seq}'}: "                # the cause
-            f"{', '.join(f'{name} {tuple(shape)}' for name, shape in by_flags.items())})")
-        raise UsageError(f"{args.onnx}: {e}{sized}") from None
+        raise UsageError(f"{args.onnx}: {e}{_sizing_hint(e, args, by_flags)}") from None
     check_memory(graph)
     return f"{args.onnx}: {graph!r}", graph, constants
+
+
+def _sizing_hint(error: ValueError, args, by_flags: dict) -> str:
+    """The sizes --batch / --seq gave the inputs, for an error about shapes (a default --batch 1 the user never
+    wrote may be its cause); "" for other errors."""
+    from taskdsl.graph.onnx_import import UnsupportedOnnxError
+    if not by_flags or isinstance(error, UnsupportedOnnxError) or not re.search(r"shape|dim|size|broadcast",
+                                                                               str(error)):
+        return ""
+    seq = "" if args.seq is None else f" and --seq {args.seq}"
+    sized = ", ".join(f"{name} {tuple(shape)}" for name, shape in by_flags.items())
+    return f" (the inputs' symbolic dims were sized by --batch {args.batch}{seq}: {sized})"
 
 
 def command_run(args) -> int:

@@ -184,6 +184,10 @@ def test_shape_inputs_must_be_constants():
         with pytest.raises(ValueError, match=r"'shape32' values outside the range of its type int32 "
                                              r"\(-2147483648\.\.2147483647\)"):
             tg.from_onnx(narrow, constants={"shape32": wraps})
+    unshaped = make_model([n("Reshape", ["x", "shape"], ["y"])],
+                          [("x", [2, 6]), ("shape", ["r", "c"], TensorProto.INT64)], [("y", [3, 4])])
+    with pytest.raises(ValueError, match=r"the shape input must be 1-d, got an array of shape \(1, 2\)"):
+        tg.from_onnx(unshaped, constants={"shape": [[3, 4]]})     # onnxruntime refuses it too
     g = tg.from_onnx(model, constants={"shape": np.array([3, 4], np.int64)})
     assert [t.name for t in g.inputs] == ["x"]
     x = rand((2, 6), 2)

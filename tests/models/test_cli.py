@@ -339,7 +339,8 @@ def test_cuda_without_gpu_exits_2(capsys):
 def test_bad_flag_exits_2_in_a_process():
     """argparse's own errors (bad flag, bad choice) exit 2 too, from the real command line."""
     for argv in (["run", "resnet50", "--bogus"], ["run", "resnet50", "--dtype", "f64"]):
-        done = subprocess.run([sys.executable, "-m", "models", *argv], cwd=ROOT, capture_output=True, text=True, check=False)
+        done = subprocess.run([sys.executable, "-m", "models", *argv], cwd=ROOT, capture_output=True, text=True,
+                              check=False)
         assert done.returncode == 2 and "error:" in done.stderr
 
 
@@ -451,7 +452,8 @@ def test_sample_ids_fit_the_tables_they_index(tmp_path, capsys):
     from onnx import TensorProto as T, helper, numpy_helper
     vi = helper.make_tensor_value_info
     path = tmp_path / "types.onnx"
-    nodes = [helper.make_node("Cast", ["ids"], ["i32"], to=T.INT32), helper.make_node("Gather", ["table", "i32"], ["y"])]
+    nodes = [helper.make_node("Cast", ["ids"], ["i32"], to=T.INT32),
+             helper.make_node("Gather", ["table", "i32"], ["y"])]
     _save(path, nodes, [vi("ids", T.INT64, [1, 4])], [vi("y", T.FLOAT, [1, 4, 2])],
           [numpy_helper.from_array(np.arange(2, dtype=np.float32).reshape(1, 2), "table")])
     assert main(["run", "--onnx", str(path), "--target", "cpu", "--iters", "1"]) == 0
@@ -472,6 +474,23 @@ def test_a_model_the_default_batch_contradicts_says_where_its_sizes_came_from(tm
     assert main(["run", "--onnx", str(path), "--target", "cpu", "--constant", "shape=4,8"]) == 2
     err = capsys.readouterr().err.strip()
     assert "the inputs' symbolic dims were sized by --batch 1: x (1, 16)" in err and len(err.splitlines()) == 1
+
+
+def test_errors_not_about_sizes_get_no_sizing_hint_and_constants_must_fill_their_shape(tmp_path, capsys):
+    """A type error was told the sizes --batch gave ("declared FLOAT but computes i64 (the inputs' symbolic dims
+    were sized by --batch 1 ...)"); --constant s=2,2,3 with --shape s=2 ran with a 1-d s of 3 values."""
+    from onnx import TensorProto as T, helper
+    vi = helper.make_tensor_value_info
+    _save(tmp_path / "argmax.onnx", [helper.make_node("ArgMax", ["x"], ["y"], axis=1)], [vi("x", T.FLOAT, ["b", 5])],
+          [vi("y", T.FLOAT, None)])
+    assert main(["run", "--onnx", str(tmp_path / "argmax.onnx"), "--target", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "declared FLOAT but computes i64" in err and "sized by" not in err
+    _save(tmp_path / "reshape.onnx", [helper.make_node("Reshape", ["x", "s"], ["y"])],
+          [vi("x", T.FLOAT, ["n", 6]), vi("s", T.INT64, None)], [vi("y", T.FLOAT, None)])
+    assert main(["run", "--onnx", str(tmp_path / "reshape.onnx"), "--target", "cpu", "--constant", "s=2,2,3",
+                 "--shape", "s=2"]) == 2
+    assert "--constant 's=2,2,3' gives 3 values, but --shape gives 's' the shape (2,)" in capsys.readouterr().err
 
 
 def test_a_batch_beyond_the_machines_memory_exits_2_before_anything_runs(tmp_path, capsys):

@@ -94,7 +94,10 @@ def flatten(node: Node) -> list:
 @converts("Reshape", attrs=("allowzero",))
 def reshape(node: Node) -> list:
     """Reshape to a constant shape (0 copies the input dim unless allowzero)."""
-    x, shape = node.input(0), _ints(node.const(1))
+    x, given = node.input(0), np.asarray(node.const(1))
+    if given.ndim != 1:         # onnxruntime refuses another rank too
+        raise node.error(f"the shape input must be 1-d, got an array of shape {given.shape}", OnnxImportError)
+    shape = _ints(given)
     if not node.flag("allowzero"):
         if any(n == 0 for n in shape[x.ndim:]):
             raise node.error(f"shape {shape} has a 0 (copy the input's dim) at a position past the input's rank "
