@@ -179,11 +179,13 @@ def rounds_to_8_bits(graph: Graph) -> bool:
 
 
 def tolerance(graph: Graph) -> float:
-    """The relative error a correct run stays within, by the graph's least precise float input or output, or
-    QUANTIZED_TOLERANCE for a graph that rounds its activations to 8 bits (`rounds_to_8_bits`)."""
+    """The relative error a correct run stays within, by the graph's least precise float tensor (an f16 model
+    with f32 inputs and outputs, as onnxconverter's keep_io_types makes, is an f16 one), or QUANTIZED_TOLERANCE
+    for a graph that rounds its activations to 8 bits (`rounds_to_8_bits`)."""
     if rounds_to_8_bits(graph):
         return QUANTIZED_TOLERANCE
-    dtypes = {t.numpy_dtype.name for t in graph.inputs + graph.outputs}
+    tensors = [*graph.inputs, *graph.outputs, *(t for op in graph.nodes for t in op.outputs)]
+    dtypes = {t.numpy_dtype.name for t in tensors}
     return max([TOLERANCE.get(d, 1e-3) for d in dtypes])
 
 

@@ -120,6 +120,17 @@ def test_zero_dimensional_inputs_are_sampled_as_arrays_onnxruntime_takes():
     assert outputs[0] == (feeds["x"] if feeds["flag"] else feeds["y"])
 
 
+def test_the_tolerance_follows_the_least_precise_tensor_inside_the_graph():
+    """An f16 model with f32 inputs and outputs (onnxconverter's keep_io_types) was checked at f32's 1e-3: a
+    correct run, as far from onnxruntime as the numpy reference is, reported MISMATCH."""
+    from models.inference import tolerance
+    from taskdsl.graph import ops
+    x = tg.input("x", (4, 8), "float32")
+    inside = ops.matmul(ops.cast(x, "float16"), np.ones((8, 3), np.float16))
+    assert tolerance(tg.Graph([x], [ops.cast(inside, "float32")])) == TOLERANCE["float16"]
+    assert tolerance(tg.Graph([x], [ops.relu(x)])) == 1e-3
+
+
 @pytest.mark.parametrize("name", ["bert", "gpt2"])
 def test_weights_left_out_of_the_export_give_onnxruntime_the_same_outputs(name):
     """export_onnx(weights=...) leaves each constant of EXTERNAL_BYTES or more out of the model, as an array in the
