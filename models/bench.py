@@ -89,11 +89,11 @@ def command_bench(args: argparse.Namespace, target: str) -> int:
 
 
 def format_row(title: str, result, peers: dict) -> str:
-    """`title: taskdsl 12.3 ms (error 1e-6) | onnxruntime cpu 4.1 ms (3.0x) | ...`."""
+    """`title: taskdsl 12.3 ms (error 1e-6) | onnxruntime cpu 4.1 ms (taskdsl takes 3.00x) | ...`."""
     mismatch = "" if result.ok else " MISMATCH"
     cells = [f"{title}: taskdsl {result.compiled.target} {result.median_ms:.2f} ms "
              f"(error {result.max_error:.1e}{mismatch})"]
     for label, seconds in peers.items():
         if seconds is not None:
-            cells.append(f"{label} {seconds * 1e3:.2f} ms (taskdsl {result.median_ms / (seconds * 1e3):.2f}x)")
+            cells.append(f"{label} {seconds * 1e3:.2f} ms (taskdsl takes {result.median_ms / (seconds * 1e3):.2f}x)")
     return " | ".join(cells)

@@ -28,7 +28,7 @@ import numpy as np
 
 from .accuracy import rel_err, shown
 from .onnx_peer import session_of
-from .timing import time_cpu
+from .timing import RATIO_LEGEND, time_cpu
 
 # (channels, height/width, out channels, kernel, stride, padding): ResNet-50's distinct conv shapes
 RESNET50 = [
@@ -201,7 +201,7 @@ def run(sizes=None, layout: str = "NCHW", layers: str = "resnet50", int8: bool =
         peer = "onnxruntime (%s)" % ("ConvInteger" if int8 else "f32")
     what = "MobileNet-V2 depthwise layers + bias + ReLU6" if depthwise else "ResNet-50 conv layers"
     what += {"int8": ", u8 x s8 into int32", "bf16": ", bf16"}.get(kind, "")
-    print(f"{what}, batch 1, on {target}: taskdsl ({layout}) vs {peer} (NCHW)")
+    print(f"{what}, batch 1, on {target}: taskdsl ({layout}) vs {peer} (NCHW); {RATIO_LEGEND}")
     if target == "cuda":
         print("(GPU times of each side's kernels replayed as a CUDA graph; 'call ms': a taskdsl call with its host "
               "launch cost)")

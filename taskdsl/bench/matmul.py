@@ -22,7 +22,7 @@ import numpy as np
 
 from .accuracy import rel_err, shown
 from .onnx_peer import session_of
-from .timing import time_cpu
+from .timing import RATIO_LEGEND, time_cpu
 
 
 def _cpu_rows(sizes, tune: bool) -> list:
@@ -101,7 +101,7 @@ def small_products(shapes=SMALL_BATCHES) -> list:
     import stdlib_ops as ops
     rng = np.random.default_rng(0)
     rows = []
-    print("batched small products on cpu: taskdsl vs numpy")
+    print(f"batched small products on cpu: taskdsl vs numpy; {RATIO_LEGEND}")
     print(f"{'batch x (M x K @ K x N)':>24} {'taskdsl ms':>11} {'numpy ms':>9} {'ratio':>7} {'max rel err':>12}")
     for batch, m, k, n in shapes:
         a = rng.standard_normal((batch, m, k), dtype=np.float32)
@@ -228,8 +228,9 @@ def run(sizes=None, tune: bool = False) -> list:
     else:
         rows, peer = _cpu_rows(sizes or (512, 1024), tune), "numpy"
     packed = target != "cuda"
-    print(f"matmul on {target}: taskdsl vs {peer}")
-    print(f"{'size':>6} {'dtype':>10} {'taskdsl GFLOP/s':>16} {'peer GFLOP/s':>13} {'ratio':>7} "
+    print(f"matmul on {target}: taskdsl vs {peer}; {RATIO_LEGEND}")
+    width = max([10, *(len(r["dtype"]) for r in rows)])       # "u8 x s8 vs onnxruntime" is wider than "dtype"
+    print(f"{'size':>6} {'dtype':>{width}} {'taskdsl GFLOP/s':>16} {'peer GFLOP/s':>13} {'ratio':>7} "
           + (f"{'B packed GFLOP/s':>17} {'ratio':>7} " if packed else f"{'call ms':>8} ") + f"{'max rel err':>12}")
     for r in rows:
         flops = 2.0 * r["size"] ** 3
@@ -241,7 +242,7 @@ def run(sizes=None, tune: bool = False) -> list:
             extra = f"{r['packed_gflops']:>17.1f} {r['packed_ratio']:>7.3f} "
         elif packed:
             extra = f"{'-':>17} {'-':>7} "
-        print(f"{r['size']:>6} {r['dtype']:>10} {r['taskdsl_gflops']:>16.1f} {r['peer_gflops']:>13.1f} "
+        print(f"{r['size']:>6} {r['dtype']:>{width}} {r['taskdsl_gflops']:>16.1f} {r['peer_gflops']:>13.1f} "
               f"{r['ratio']:>7.3f} {extra}"
               f"{shown(r['err'], r['dtype'].split()[0], 'matmul %d %s' % (r['size'], r['dtype']))}"
               + (f"  {r['schedule']}" if "schedule" in r else ""))

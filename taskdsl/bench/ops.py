@@ -14,7 +14,7 @@ import ml_dtypes
 import numpy as np
 
 from .accuracy import rel_err, shown
-from .timing import time_cpu
+from .timing import RATIO_LEGEND, time_cpu
 
 CUDA_SIZES = (16384, 4096)
 
@@ -62,7 +62,7 @@ def _cpu_rows(rows: int, cols: int) -> list:
          lambda: np.clip(x, -448, 448).astype(ml_dtypes.float8_e4m3fn), nbytes + x8.nbytes),
         ("from f8e4m3", lambda: ops.cast(x8, np.float32), lambda: x8.astype(np.float32), nbytes + x8.nbytes),
     ]
-    print(f"target: {td.get_target()}, input ({rows}, {cols}) f32")
+    print(f"target: {td.get_target()}, input ({rows}, {cols}) f32; {RATIO_LEGEND}")
     print(f"{'op':>15} {'taskdsl ms':>11} {'numpy ms':>9} {'taskdsl GB/s':>13} {'ratio':>6} {'max rel err':>12}")
     results = []
     for name, ours, theirs, moved in cases:
@@ -125,7 +125,7 @@ def _cuda_rows(rows: int, cols: int) -> list:
     peak, copy = _peak_bandwidth(), _copy_bandwidth(nbytes)
     peers = _torch_ops(x) or {}
     print(f"target: cuda, input ({rows}, {cols}) f32 on the GPU; datasheet peak {peak / 1e9:.0f} GB/s, "
-          f"device-to-device copy {copy / 1e9:.0f} GB/s")
+          f"device-to-device copy {copy / 1e9:.0f} GB/s; {RATIO_LEGEND}")
     print(f"{'op':>15} {'taskdsl ms':>11} {'GB/s':>7} {'of peak':>8} {'of copy':>8} {'torch ms':>9} {'ratio':>6} "
           f"{'max rel err':>12}")
     results = []
