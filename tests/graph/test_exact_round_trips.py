@@ -121,3 +121,19 @@ def test_a_products_epilogue_takes_the_whole_chain_of_pairs():
     got, = compiled(data)
     want, = graph.reference(data)
     np.testing.assert_allclose(got, want, rtol=0, atol=0.1001)
+
+
+def test_long_chains_and_values_read_twice_are_walked_once_each():
+    """The integer check recursed once per operator (an 8000-operator chain, an unrolled loop's, died with
+    RecursionError) and walked a value read twice twice (a doubling DAG of 60 levels: 2^60 visits)."""
+    x = tg.input("x", (3,))
+    chain = doubled = ops.elementwise("rint", ops.mul(x, 10.0))
+    for k in range(6000):
+        chain = ops.add(chain, 1.0) if k % 2 else ops.sub(chain, 1.0)
+    for _ in range(60):
+        doubled = ops.sub(ops.add(doubled, doubled), doubled)
+    for y in (chain, doubled):
+        graph = tg.Graph([x], [ops.cast(ops.cast(ops.clip(y, 0.0, 255.0), "uint8"), "float32")])
+        assert casts(graph) == 0
+    xa = np.array([0.26, 3.1, -2.0], np.float32)
+    np.testing.assert_array_equal(passes.drop_exact_round_trips(graph).reference(xa)[0], graph.reference(xa)[0])

@@ -33,7 +33,26 @@ def _function(t) -> str | None:
 
 def _integral(t) -> bool:
     """Whether every value of float tensor `t` that is not a NaN is an integer or an infinity (f32 sums and products
-    of integers are: past 2^24 every f32 is an integer)."""
+    of integers are: past 2^24 every f32 is an integer). Walked without recursion and each tensor once: a chain
+    of thousands of operators (an unrolled loop), or a DAG that reads each value twice, stays cheap."""
+    known: dict = {}
+    stack = [t]
+    while stack:
+        u = stack[-1]
+        if id(u) not in known:
+            verdict = _integral_alone(u)
+            pending = [] if verdict is not None else [x for x in u.producer.inputs if id(x) not in known]
+            if pending:
+                stack.extend(pending)
+                continue
+            known[id(u)] = verdict if verdict is not None else all(known[id(x)] for x in u.producer.inputs)
+        stack.pop()
+    return known[id(t)]
+
+
+def _integral_alone(t) -> bool | None:
+    """`_integral(t)` where `t` itself decides it; None when its producer (one CLOSED over integers) leaves it to
+    its inputs."""
     value = constant_value(t)
     if value is not None:
         value = np.asarray(value)
@@ -43,7 +62,7 @@ def _integral(t) -> bool:
         return True
     if fn == "cast":
         return not t.producer.inputs[0].dtype.is_float
-    return fn in CLOSED and all(_integral(x) for x in t.producer.inputs)
+    return None if fn in CLOSED else False
 
 
 def _clamped_within(v, low: int, high: int) -> bool:
