@@ -157,3 +157,15 @@ def test_arrays_and_numbers_on_the_left_of_a_tensor_trace_ops():
     np.testing.assert_allclose(run(lambda t: np.float32(3) * t, xv), 3 * xv, rtol=1e-6)
     np.testing.assert_allclose(run(lambda t: 2.0 ** t, xv), 2.0 ** xv, rtol=1e-6)
     assert isinstance(b[:3, :4] * tg.input("y", (3, 4)), tg.Tensor)
+
+
+def test_pooling_padding_as_wide_as_the_window_is_refused():
+    """Kernel 2, padding 3 was accepted: whole windows lay in the padding (max pooling gave -inf rows, an average
+    without the padding 0 / 0 -> 0); onnxruntime and PyTorch refuse it. One less than the window is fine."""
+    x = tg.input("x", (1, 1, 4, 4))
+    for mode, padding in (("max", 3), ("avg", 2), ("max", (0, 2, 0, 0))):
+        with pytest.raises(ValueError, match=r"pooling: the padding .* must be smaller than the window \(2, 2\)"):
+            ops.pool(x, mode, kernel=2, padding=padding)
+    xa = np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4)
+    got = run(lambda t: ops.max_pool2d(t, 2, stride=2, padding=1), xa)
+    np.testing.assert_array_equal(got[0, 0], [[0, 2, 3], [8, 10, 11], [12, 14, 15]])

@@ -173,11 +173,14 @@ def max_pool_with_indices(x, kernel, stride=None, padding=0, dilation=1, ceil_mo
 def _attrs(x, mode: str, kernel, stride, padding, dilation, ceil_mode: bool) -> dict:
     """The window attributes of a pooling of x; stride defaults to the window."""
     rank = x.ndim - 2
-    kernel = int_tuple(kernel, "kernel_size", rank)
+    kernel, pads = int_tuple(kernel, "kernel_size", rank), pads_of(padding, rank)
+    if any(p >= k for p, k in zip(pads, kernel + kernel)):
+        raise ValueError(f"{mode} pooling: the padding {pads} (begins, ends) must be smaller than the window {kernel} "
+                         "at each side: a window wholly in the padding holds no element (onnxruntime and PyTorch "
+                         "refuse it too)")
     return {"mode": mode, "kernel": kernel,
             "strides": int_tuple(stride if stride is not None else kernel, "stride", rank),
-            "pads": pads_of(padding, rank), "dilations": int_tuple(dilation, "dilation", rank),
-            "ceil_mode": bool(ceil_mode)}
+            "pads": pads, "dilations": int_tuple(dilation, "dilation", rank), "ceil_mode": bool(ceil_mode)}
 
 
 def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False):
