@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import taskdsl as td
-from taskdsl import blockIdx, f32, i32, spatial, threadIdx
+from taskdsl import blockIdx, f32, i32, i64, spatial, threadIdx
 
 from .markers import Markers
 
@@ -422,9 +422,25 @@ def test_integer_literal_beyond_64_bits():
         if k < 1.0:  # E_CTCOMPARE
             X[0] = 1.0
 
+    # stored into an integer tensor, assigned or cast, such a number was wrapped modulo 2^64 silently
+    @td.kernel(grid=1, block=1)
+    def k4(X: i64[4]):
+        X[0] = 2**70  # E_BIGINTSTORE
+
+    @td.kernel(grid=1, block=1)
+    def k5(X: i64[4]):
+        v: i64 = -(2**64) - 5  # E_BIGINTVAR
+        X[0] = v
+
+    @td.kernel(grid=1, block=1)
+    def k6(X: i64[4]):
+        X[0] = i64(2**65 + 7)  # E_BIGINTCAST
+
     dsl_error(lambda: k(vec(), vec()), "E_BIGINT", "the integer literal 1180591620717411303424 does not fit in 64 bits")
     dsl_error(lambda: k2(vec()), "E_BIGSTORE", "does not fit in 64 bits")
     dsl_error(lambda: k3(vec()), "E_CTCOMPARE", "compile-time '<' failed: '<' not supported")
+    for kernel, tag in ((k4, "E_BIGINTSTORE"), (k5, "E_BIGINTVAR"), (k6, "E_BIGINTCAST")):
+        dsl_error(lambda: kernel(np.zeros(4, np.int64)), tag, "does not fit in 64 bits")
 
 
 def test_constant_shift_count_out_of_range():
