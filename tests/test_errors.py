@@ -1263,3 +1263,29 @@ def test_other_text_under_the_kernels_file_name_is_not_taken_for_its_source(monk
     monkeypatch.setitem(linecache.cache, "<string>", (sum(map(len, lines)), None, lines, "<string>"))
     with pytest.raises(td.DSLError, match=r"cannot read the source of 'k' \(the text at <string>:1 is not the def"):
         namespace["k"](vec(4))
+
+
+def test_the_decorators_take_plain_functions_only():
+    """A staticmethod under @td.kernel, decorators stacked or doubled, a functools.partial: an internal
+    AttributeError ('... has no attribute __code__'); a functools.wraps wrapper: its own body was translated
+    ("a kernel cannot return a value" at `return f(*args)`)."""
+    import functools
+
+    def fill(x: f32[4]):
+        x[threadIdx.x] = 1.0
+
+    def logged(f):
+        @functools.wraps(f)
+        def wrapper(*args):
+            return f(*args)
+        return wrapper
+
+    cases = [(td.kernel(block=4), staticmethod(fill), "got staticmethod .*: put @td.kernel innermost"),
+             (td.func, td.kernel(block=4)(fill), "got a @td.kernel .*: a function is either a @td.kernel or a "
+                                                 "@td.func, once"),
+             (td.kernel(block=4), td.func(fill), "got a @td.func"),
+             (td.kernel(block=4), functools.partial(fill), "got partial"),
+             (td.kernel(block=4), logged(fill), "'.*fill' is another decorator's wrapper of <function .*fill")]
+    for decorate, target, message in cases:
+        with pytest.raises(TypeError, match=message):
+            decorate(target)

@@ -30,11 +30,26 @@ def resolve_annotations(fn) -> dict:
     return out
 
 
+def check_plain_function(fn, decorator: str) -> None:
+    """TypeError unless `fn` is a function written with `def` that no other decorator wrapped: what a kernel or
+    device function translates is that function's own source."""
+    if not inspect.isfunction(fn):
+        ours = {"Kernel": "a @td.kernel", "DeviceFunction": "a @td.func"}.get(type(fn).__name__)
+        raise TypeError(f"{decorator} decorates a function written with def, got {ours or type(fn).__name__} "
+                        f"({fn!r}): " + ("a function is either a @td.kernel or a @td.func, once" if ours else
+                                          f"put {decorator} innermost, right above the def"))
+    if hasattr(fn, "__wrapped__"):
+        raise TypeError(f"{decorator}: {fn.__qualname__!r} is another decorator's wrapper of "
+                        f"{fn.__wrapped__!r}; put {decorator} innermost, right above the def (the wrapper's own "
+                        "code would be translated, not the function's)")
+
+
 class DeviceFunction:
     """A `@td.func`: inlined into the kernels that call it; with `outline`, the cpu target compiles a call made as a
     statement once as a function of its own and calls it (`passes.outline`)."""
 
     def __init__(self, fn, outline: bool = False):
+        check_plain_function(fn, "@td.func")
         self.fn = fn
         self.name = fn.__name__
         self.outline = outline
@@ -93,6 +108,7 @@ def kernel(fn=None, *, grid=1, block=1, name: str | None = None):
     from ..runtime.kernel import Kernel
 
     def wrap(f):
+        check_plain_function(f, "@td.kernel")
         remember_text(f)
         return Kernel(f, grid=grid, block=block, name=name or f.__name__)
 
