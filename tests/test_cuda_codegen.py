@@ -229,7 +229,8 @@ def größe(X: f32[32], Y: f32[32]):
 @td.kernel(grid=1, block=32)
 def xor(compl: f32[32], Y: f32[32]):     # C++'s alternative tokens and newer keywords (NVRTC: "expected an identifier")
     constexpr = compl[threadIdx.x]
-    xor_eq = constexpr * 4.0
+    NULL = constexpr * 2.0              # a macro of every NVRTC program
+    xor_eq = NULL * 2.0
     Y[threadIdx.x] = xor_eq
 
 

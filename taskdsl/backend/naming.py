@@ -13,8 +13,10 @@ CPP_KEYWORDS = frozenset("""
     namespace new noexcept not not_eq nullptr operator or or_eq private protected public register reinterpret_cast
     requires return short signed sizeof static static_assert static_cast struct switch template this thread_local
     throw true try typedef typeid typename union unsigned using virtual void volatile wchar_t while xor xor_eq""".split())
-# names generated code may not use: Python's keywords and builtins it calls, C++'s keywords
-_RESERVED = set(keyword.kwlist) | CPP_KEYWORDS | {"np", "math", "range", "prange", "max", "min", "abs"}
+# macros every NVRTC program has (a variable named NULL became `int 0 = ...`)
+CPP_MACROS = frozenset({"NULL"})
+# names generated code may not use: Python's keywords and builtins it calls, C++'s keywords and macros
+_RESERVED = set(keyword.kwlist) | CPP_KEYWORDS | CPP_MACROS | {"np", "math", "range", "prange", "max", "min", "abs"}
 
 
 def identifier(name: str) -> str:

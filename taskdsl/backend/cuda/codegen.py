@@ -14,7 +14,7 @@ from ... import ir
 from ...ir import types as T
 from ...passes.bounds import int_range
 from ...passes.simplify import single_assignments
-from ..naming import CPP_KEYWORDS, NameTable, identifier
+from ..naming import CPP_KEYWORDS, CPP_MACROS, NameTable, identifier
 
 # Helpers, each emitted only when the kernel uses it.
 _HELPERS = {
@@ -99,7 +99,7 @@ _NATIVE_ATOMICS = {("add", t) for t in ("i32", "u32", "u64", "f32", "f64")} | {(
 _C_RESERVED = set(_F32_MATH.values()) | {name[:-1] for name in _F32_MATH.values()} | set(_SHUFFLES.values()) | {
     "llabs", "abs", "max", "min", "threadIdx", "blockIdx", "blockDim", "gridDim", "warpSize", "atomicAdd",
     "atomicSub", "atomicMax", "atomicMin", "atomicExch", "atomicCAS", "memcpy", "half", "__syncwarp",
-    "__cvta_generic_to_shared", "td_r", "td_dynamic_smem"} | set(_HELPERS) | CPP_KEYWORDS
+    "__cvta_generic_to_shared", "td_r", "td_dynamic_smem"} | set(_HELPERS) | CPP_KEYWORDS | CPP_MACROS
 # C functions NVRTC declares in every program (C's math library, f32 forms included, CUDA's additions to it, and
 # the C library's device functions): a kernel of one of these names, an `extern "C"` function, would redeclare it
 _C_MATH = ("acos asin atan atan2 cos sin tan acosh asinh atanh cosh sinh tanh exp exp2 exp10 expm1 frexp ldexp log "
