@@ -1316,3 +1316,28 @@ def test_shared_memory_past_any_gpus_limit_is_an_error_on_every_target():
     want = x[::-1] + 1
     fits(x)
     np.testing.assert_array_equal(x, want)
+
+
+SCALE = 2.0
+
+
+def test_a_local_read_before_it_has_a_value_says_why():
+    """`SCALE = SCALE * x` (a global of that name) and a loop variable read after its loop were told "may be
+    unassigned here: ... one branch of an `if`, or a loop that may run no iteration", with no if and a loop that
+    runs."""
+    @td.kernel(grid=1, block=4)
+    def hides(X: f32[4]):
+        SCALE = SCALE * X[0]  # E_HIDESGLOBAL
+        X[threadIdx.x] = SCALE
+
+    @td.kernel(grid=1, block=1)
+    def after(X: f32[4]):
+        for i in range(3):
+            X[i] = 1.0
+        X[3] = i  # E_LOOPVARAFTER
+
+    dsl_error(lambda: hides(vec(4)), "E_HIDESGLOBAL", "'SCALE' is assigned in this function, which makes it a local "
+              "variable throughout (as in Python)", "it is not the global 'SCALE'", token="SCALE *")
+    err = dsl_error(lambda: after(vec(4)), "E_LOOPVARAFTER", "'i' is the variable of the loop at line "
+                    f"{line_of('E_LOOPVARAFTER') - 2}, which has no value after its loop")
+    assert "last = i" in str(err)

@@ -175,6 +175,7 @@ class FunctionTranslator(IntrinsicCalls):
         self.definite = set(env)  # names bound on every path to the statement being translated
         self.loops: list = []     # the loops around the code, innermost last: 'runtime', 'mapping' or 'unrolled'
         self.shadowed: dict = {}  # name -> the loop that bound it over an earlier binding, until it is reassigned
+        self.ended_loops: dict = {}   # name -> the loop that bound it with no binding before (none after it)
         self.pending: list = []   # statements an expression emits before its own (allocations, inlined calls)
         self.return_flags: list = []    # the `returned` flags of the statements around (`guarded`)
         self.returns_value = is_func and returns_value
@@ -599,6 +600,7 @@ class FunctionTranslator(IntrinsicCalls):
         for n, v in saved.items():
             if v is None:
                 self.env.pop(n, None)
+                self.ended_loops[n] = node
             else:
                 self.env[n] = v
                 self.shadowed[n] = node
@@ -635,6 +637,16 @@ class FunctionTranslator(IntrinsicCalls):
             raise self.error(node, f"'{name}' is read after a loop over '{name}', which had its own '{name}': here "
                                    "it is the value from before the loop, not the loop's last one as in Python",
                              "Give the loop variable another name, or assign the value you want after the loop.")
+        if name in self.local_names and name not in self.env:
+            if name in self.ended_loops:
+                raise self.error(node, f"'{name}' is the variable of the loop at line "
+                                       f"{self.src.loc(self.ended_loops[name]).line}, which has no value after its "
+                                       "loop (Python's would be its last one)",
+                                 f"Assign what you need to another variable in the loop (`last = {name}`).")
+            if name in self.namespace or hasattr(builtins, name):
+                raise self.error(node, f"'{name}' is assigned in this function, which makes it a local variable "
+                                       "throughout (as in Python), and it has no value yet here: it is not the "
+                                       f"global '{name}'", "Give the local another name than the global's.")
         if name in self.local_names and name not in self.definite:
             if name not in _assigned_names(self.src.tree, declarations=False):
                 raise self.error(node, f"'{name}' is declared but never assigned a value",
