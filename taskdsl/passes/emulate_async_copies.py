@@ -12,7 +12,10 @@ the commit group the copy belongs to. `cp_async_commit` counts the thread's grou
 `cp_async_wait(n)` completes, oldest first, every pending copy of a group older than the
 newest `n` committed ones. A thread with `QUEUE` copies pending completes its oldest at the
 next issue: early, which PTX allows too. Runs before `emulate_tensor_cores`, on n-d IR in debug mode and
-on flattened IR otherwise (an entry then holds one linear index, and numba compiles a third less code).
+on flattened IR otherwise (an entry then holds one linear index, and numba compiles a third less code). In
+debug mode a copy also reads the first and last elements of its destination run where it is issued, so an index
+past the buffer is reported at the `cp_async`, not at the wait that lands it (a read, which no correct kernel
+races with: another thread writing there races with the copy itself).
 
 With `early` (`td.cp_async_early`) each copy lands when it is issued instead, the other end of what PTX
 allows, and commits and waits do nothing: a copy that overwrites what another thread still reads then
@@ -174,6 +177,10 @@ class _Emulator(ir.Rewriter):
         out.append(ir.Assign(entry, self._entry(q.tail), s.loc))
         out += [ir.Store(q.indices, (entry * q.rank + d,), ir.convert(i, T.i32), s.loc)
                 for d, i in enumerate(s.dst.indices)]
+        if not self.flat:       # debug mode: the run's ends read here, so a bad index is reported at this copy
+            out += [ir.Assign(ir.Var("cp_probe", s.dst.buffer.dtype),
+                              ir.Load(s.dst.buffer, s.dst.element(ir.const(k), False)), s.loc)
+                    for k in sorted({0, s.count - 1})]
         src = _source_indices(s, pred, out)
         k = ir.Var("cp_k", T.i32)
         value = _copied_element(s, pred, src, k, self.flat)

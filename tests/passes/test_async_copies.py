@@ -173,3 +173,32 @@ def test_early_copies_in_debug_mode_report_the_race():
 def test_early_copies_are_a_switch():
     with pytest.raises(TypeError, match="td.cp_async_early takes True or False"):
         td.cp_async_early("yes")
+
+
+@td.kernel(grid=1, block=32)
+def a_copy_past_its_row(A: f32[32, 8], B: f32[32, 8]):
+    s = td.shared(f32, (32, 8))
+    td.cp_async(s[threadIdx.x, 0], A[threadIdx.x, 0], 4)
+    td.cp_async(s[threadIdx.x, 6], A[threadIdx.x, 4], 4)      # s[t, 6..9]: past the row
+    td.cp_async_commit()
+    td.cp_async_wait(0)
+    td.syncthreads()
+    for j in range(8):
+        B[threadIdx.x, j] = s[threadIdx.x, j]
+
+
+@pytest.mark.parametrize("early", [False, True])
+def test_debug_mode_reports_a_destination_past_its_buffer_at_the_copy(early):
+    """It was reported at the wait that lands the copy: with several copies in flight, which one was wrong?"""
+    import inspect
+    lines, first = inspect.getsourcelines(a_copy_past_its_row.fn)
+    bad = first + next(k for k, line in enumerate(lines) if "past the row" in line)
+    td.debug(True)
+    td.cp_async_early(early)
+    try:
+        with pytest.raises(td.DSLError, match=r"of .s.: index [89] on axis 1 is outside \[0, 8\)") as info:
+            a_copy_past_its_row(np.ones((32, 8), np.float32), np.zeros((32, 8), np.float32))
+    finally:
+        td.debug(False)
+        td.cp_async_early(False)
+    assert info.value.loc.line == bad
