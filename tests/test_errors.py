@@ -1341,3 +1341,33 @@ def test_a_local_read_before_it_has_a_value_says_why():
     err = dsl_error(lambda: after(vec(4)), "E_LOOPVARAFTER", "'i' is the variable of the loop at line "
                     f"{line_of('E_LOOPVARAFTER') - 2}, which has no value after its loop")
     assert "last = i" in str(err)
+
+
+def test_messages_show_the_users_values_not_ir_objects():
+    """Messages showed `Load(buffer=Buffer(name='x', ...))`, `calling 'Buffer(...)'`, "not Var", "got Buffer" and
+    `Binary(op='//', ...)`."""
+    @td.kernel(grid=1, block=4)
+    def swapped(X: f32[4]):
+        X[threadIdx.x] = td.cast(f32, X[0])  # E_SWAPPEDCAST
+
+    @td.kernel(grid=1, block=4)
+    def called(X: f32[4]):
+        X[threadIdx.x] = X(1)  # E_CALLTENSOR
+
+    @td.kernel(grid=1, block=4)
+    def masked(X: f32[4], M: td.boolean[4]):
+        X[M] = 1.0  # E_MASKINDEX
+
+    @td.kernel(grid=lambda N: N // threadIdx.x, block=4)
+    def gridded(X: f32["N"]):
+        X[threadIdx.x] = 1.0
+
+    dsl_error(lambda: swapped(vec(4)), "E_SWAPPEDCAST", "expected a dtype such as td.f32, got the runtime value "
+                                                        "X[0] (f32)")
+    dsl_error(lambda: called(vec(4)), "E_CALLTENSOR", "the whole tensor 'X' (index it, X[i], for an element) cannot "
+                                                      "be called")
+    dsl_error(lambda: masked(vec(4), np.zeros(4, bool)), "E_MASKINDEX", "tensor indices must be integers, got the "
+                                                                        "whole tensor 'M'")
+    with pytest.raises(ValueError, match=r"grid must be an int or a tuple of 1-3 ints, got \(4 // threadIdx.x\): it "
+                                         r"is computed on the host"):
+        gridded(vec(4))

@@ -745,7 +745,8 @@ class FunctionTranslator(IntrinsicCalls):
         for v, p in zip(idx, parts if len(parts) == len(idx) else [node] * len(idx)):
             e = ir.as_expr(v) if (is_runtime(v) or is_number(v)) else None
             if e is None or not (e.dtype.is_integer or e.dtype.is_bool):
-                raise self.error(p, f"tensor indices must be integers, got {e.dtype.name if e is not None else type(v).__name__}")
+                got = e.dtype.name if e is not None else describe(v)
+                raise self.error(p, f"tensor indices must be integers, got {got}")
             self._check_constant_index(buf, len(out), e, p)
             out.append(e)
         return buf, tuple(out)
@@ -1078,6 +1079,8 @@ class FunctionTranslator(IntrinsicCalls):
         except DSLError:
             raise
         except Exception as exc:  # noqa: BLE001 - user code raised at compile time
+            if isinstance(func, (ir.Buffer, ir.Expr)):
+                raise self.error(node, f"{describe(func)} cannot be called") from None
             name = getattr(func, "__name__", repr(func))
             own = (getattr(func, "__module__", None) or "").startswith("taskdsl")    # its message says what to do
             hint = ("Functions called with runtime values must only use arithmetic on them; "
@@ -1149,7 +1152,8 @@ class FunctionTranslator(IntrinsicCalls):
             return value
         if value in _PY_TYPE_DTYPES:
             return _PY_TYPE_DTYPES[value]
-        raise self.error(node, f"expected a dtype such as td.f32, got {value!r}")
+        shown = describe(value) if isinstance(value, (ir.Expr, ir.Buffer)) else repr(value)
+        raise self.error(node, f"expected a dtype such as td.f32, got {shown}")
 
     def cast_to(self, value, dtype: T.DataType, node: ast.AST) -> ir.Expr:
         if not (is_runtime(value) or is_number(value)):

@@ -15,6 +15,8 @@ def describe(value) -> str:
         return f"the whole tensor '{value.name}' (index it, {value.name}[i], for an element)"
     if isinstance(getattr(value, "x", None), ir.SpecialReg):      # threadIdx, blockIdx, blockDim, gridDim
         return f"{value!r} itself (use {value!r}.x, .y or .z)"
+    if isinstance(value, ir.Expr):
+        return f"the runtime value {ir.expr_str(value)} ({value.dtype.name})"
     return "None (no value)" if value is None else type(value).__name__
 
 

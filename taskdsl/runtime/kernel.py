@@ -123,7 +123,10 @@ def _array_value(spec, arg):
 def _dims3(value, what: str, kernel: str) -> tuple:
     dims = tuple(value) if isinstance(value, (tuple, list)) else (value,)
     if not 1 <= len(dims) <= 3 or not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in dims):
-        raise ValueError(f"kernel '{kernel}': {what} must be an int or a tuple of 1-3 ints, got {value!r}")
+        shown = ", ".join(ir.expr_str(d) if isinstance(d, ir.Expr) else repr(d) for d in dims)
+        raise ValueError(f"kernel '{kernel}': {what} must be an int or a tuple of 1-3 ints, got ({shown})" + (
+            ": it is computed on the host, from sizes and scalar parameters (threadIdx and blockIdx have no value "
+            "there)" if any(isinstance(d, ir.Expr) for d in dims) else ""))
     dims = tuple(int(d) for d in dims) + (1,) * (3 - len(dims))
     low = 0 if what == "grid" else 1
     if any(d < low for d in dims):
