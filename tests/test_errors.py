@@ -1371,3 +1371,24 @@ def test_messages_show_the_users_values_not_ir_objects():
     with pytest.raises(ValueError, match=r"grid must be an int or a tuple of 1-3 ints, got \(4 // threadIdx.x\): it "
                                          r"is computed on the host"):
         gridded(vec(4))
+
+
+def test_host_api_mistakes_are_named():
+    """A misspelt keyword was reported as the parameter it left without a value; name=3 raised re.sub's TypeError;
+    a keyword-only grid parameter failed at the call with '<lambda>() takes 0 positional arguments'; f32[4][4]
+    raised "'TensorSpec' object is not subscriptable"."""
+    @td.kernel(grid=1, block=4)
+    def add(x: f32[4], y: f32[4], out: f32[4]):
+        out[threadIdx.x] = x[threadIdx.x] + y[threadIdx.x]
+
+    def body(x: f32[4]):
+        x[threadIdx.x] = 1.0
+
+    with pytest.raises(TypeError, match=r"kernel 'add' has no parameter 'out2' \(its parameters: x, y, out\)"):
+        add(vec(4), vec(4), out2=vec(4))
+    with pytest.raises(TypeError, match="@td.kernel's name must be a string, got 3"):
+        td.kernel(block=4, name=3)(body)
+    with pytest.raises(TypeError, match=r"the grid callable's parameter 'N' \(keyword-only\) cannot be passed"):
+        td.kernel(grid=lambda *, N: N, block=4)(body)
+    with pytest.raises(TypeError, match=r"f32\[4\]\[4\] is C's form: write f32\[4, 4\]"):
+        f32[4][4]

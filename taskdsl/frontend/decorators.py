@@ -106,6 +106,8 @@ def kernel(fn=None, *, grid=1, block=1, name: str | None = None):
     (or scalar parameters) of the kernel, evaluated per call.
     """
     from ..runtime.kernel import Kernel
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"@td.kernel's name must be a string, got {name!r}")
 
     def wrap(f):
         check_plain_function(f, "@td.kernel")

@@ -139,6 +139,12 @@ class TensorSpec:
     def __repr__(self) -> str:
         return f"{self.dtype.name}[{', '.join(repr(d) for d in self.dims)}]"
 
+    def __getitem__(self, dims):
+        """A C-style f32[4][4]: a TypeError saying how to write it."""
+        more = dims if isinstance(dims, tuple) else (dims,)
+        raise TypeError(f"{self!r}{list(more)!r} is C's form: write {self.dtype.name}"
+                        f"[{', '.join(repr(d) for d in self.dims + more)}] for a tensor of those dims")
+
 
 f16 = DataType("f16", "float", 16, "__half")
 bf16 = DataType("bf16", "float", 16, "__nv_bfloat16")

@@ -120,6 +120,18 @@ def _array_value(spec, arg):
     return arg
 
 
+def _callable_names(spec, what: str, kernel: str) -> list:
+    """The parameter names of a grid or block callable, which a launch passes by position; a TypeError for
+    parameters it cannot pass so (keyword-only, *args, **kwargs)."""
+    parameters = inspect.signature(spec).parameters.values()
+    odd = [p for p in parameters if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if odd:
+        raise TypeError(f"kernel '{kernel}': the {what} callable's parameter '{odd[0]}' ({odd[0].kind.description}) "
+                        "cannot be passed; give it "
+                        "plain parameters named after size symbols or scalar parameters (lambda N, M: ...)")
+    return [p.name for p in parameters]
+
+
 def _dims3(value, what: str, kernel: str) -> tuple:
     dims = tuple(value) if isinstance(value, (tuple, list)) else (value,)
     if not 1 <= len(dims) <= 3 or not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in dims):
@@ -180,7 +192,7 @@ class Kernel:
         self.params = kernel_params(fn) if params is None else params
         self._global_reads = GlobalReads()   # the module-level names what is built read: rebinding one rebuilds
         self._build = build or (lambda b: build_function(fn, name, self.params, b, self._global_reads))
-        self._callable_args = {what: list(inspect.signature(spec).parameters) if callable(spec) else None
+        self._callable_args = {what: _callable_names(spec, what, name) if callable(spec) else None
                                for what, spec in (("grid", grid), ("block", block))}
         self._lowered: dict = {}
         self._frontend: dict = {}
@@ -399,9 +411,12 @@ class Kernel:
         binds a call)."""
         if not kwargs and (len(args) == len(self.params) or self.fn is None):
             return args     # a count mismatch is reported by the checks
+        names = ", ".join(n for n, _ in self.params)
         if self.fn is None:   # built from IR: its parameter names need not be Python identifiers
-            raise TypeError(f"kernel '{self.name}' takes positional arguments only "
-                            f"({', '.join(n for n, _ in self.params)})")
+            raise TypeError(f"kernel '{self.name}' takes positional arguments only ({names})")
+        unknown = [k for k in kwargs if k not in dict(self.params)]
+        if unknown:         # (bind would report the parameter left without a value first)
+            raise TypeError(f"kernel '{self.name}' has no parameter {unknown[0]!r} (its parameters: {names})")
         try:
             bound = inspect.signature(self.fn).bind(*args, **kwargs)
         except TypeError as exc:
