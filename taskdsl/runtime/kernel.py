@@ -416,7 +416,8 @@ class Kernel:
             raise TypeError(f"kernel '{self.name}' takes positional arguments only ({names})")
         unknown = [k for k in kwargs if k not in dict(self.params)]
         if unknown:         # (bind would report the parameter left without a value first)
-            raise TypeError(f"kernel '{self.name}' has no parameter {unknown[0]!r} (its parameters: {names})")
+            raise TypeError(f"kernel '{self.name}' takes {len(self.params)} arguments ({names}): got an unexpected "
+                            f"keyword argument {unknown[0]!r}")
         try:
             bound = inspect.signature(self.fn).bind(*args, **kwargs)
         except TypeError as exc:
