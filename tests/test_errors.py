@@ -1393,3 +1393,19 @@ def test_host_api_mistakes_are_named():
         td.kernel(grid=lambda *, N: N, block=4)(body)
     with pytest.raises(TypeError, match=r"f32\[4\]\[4\] is C's form: write f32\[4, 4\]"):
         f32[4][4]
+
+
+def test_numpy_functions_on_runtime_values_point_at_taskdsls_own():
+    """np.where, np.clip and np.mean of runtime values were told to "decorate it with @td.func" (numpy's code
+    cannot be) or nothing at all."""
+    @td.kernel(grid=1, block=32)
+    def where(X: f32[32], Y: f32[32]):
+        Y[threadIdx.x] = np.where(X[threadIdx.x] > 0, X[threadIdx.x], 0.0)  # E_NPWHERE
+
+    @td.kernel(grid=1, block=32)
+    def mean(X: f32[32], Y: f32[32]):
+        Y[threadIdx.x] = np.mean((X[0], X[1]))  # E_NPMEAN
+
+    for kernel, tag in ((where, "E_NPWHERE"), (mean, "E_NPMEAN")):
+        err = dsl_error(lambda: kernel(vec(), vec()), tag, "at compile time failed")
+        assert "numpy's functions run at compile time" in err.hint and "`a if c else b` for np.where" in err.hint

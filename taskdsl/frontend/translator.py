@@ -1093,6 +1093,11 @@ class FunctionTranslator(IntrinsicCalls):
                        "`and`/`or`/`not`, or Python's min/max on it)")
                 hint = ("Decorate it with @td.func: a device function may branch on runtime values "
                         "(td.max / td.min for min / max).")
+            numpy_function = isinstance(func, np.ufunc) or (getattr(func, "__module__", None) or "").startswith("numpy")
+            if (runtime_args or runtime_items) and numpy_function and name not in L.MATH:   # no @td.func wraps it
+                hint = ("numpy's functions run at compile time, on compile-time values. On runtime values write "
+                        "taskdsl's: `a if c else b` for np.where, td.max(lo, td.min(x, hi)) for np.clip, td.rint for "
+                        "np.round, td.max / td.min, and arithmetic for a mean.")
             raise self.error(node, f"calling '{name}' at compile time failed: {why}", hint) from None
 
     def extremum(self, name: str, args: list, kwargs: dict, node: ast.Call):
