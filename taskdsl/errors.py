@@ -40,23 +40,35 @@ class DSLError(Exception):
             text = self.message
         else:
             text = f"{self.loc}: {self.message}" + _shown(self.loc)
-            caller = self.loc.caller
+            calls, caller = [], self.loc.caller
             while caller is not None:       # the calls of the @td.funcs it is inlined from, innermost first
-                text += f"\n  in the @td.func called at {caller}" + _shown(caller)
-                repeats, caller = _same_calls(caller)
-                if repeats:                 # a recursion: one line for its repeated calls, not 32 frames
-                    text += f"\n  ... called there {repeats} more time{'s' * (repeats > 1)}"
+                calls.append(caller)
+                caller = caller.caller
+            k = 0
+            while k < len(calls):           # a recursion: its calls once and how often they repeat, not 32 frames
+                period, repeats = _repeated_calls(calls, k)
+                for call in calls[k:k + period]:
+                    text += f"\n  in the @td.func called at {call}" + _shown(call)
+                if repeats:
+                    what = "called there" if period == 1 else f"the {period} calls above repeat"
+                    text += f"\n  ... {what} {repeats} more time{'s' * (repeats > 1)}"
+                k += period * (repeats + 1)
         if self.hint:
             text += f"\n{self.hint}"
         return text
 
 
-def _same_calls(call: SourceLoc) -> tuple:
-    """How many callers after `call` are at its very place, and the first caller that is not."""
-    repeats, caller = 0, call.caller
-    while caller is not None and (caller.file, caller.line, caller.col) == (call.file, call.line, call.col):
-        repeats, caller = repeats + 1, caller.caller
-    return repeats, caller
+def _repeated_calls(calls: list, start: int) -> tuple:
+    """(period, repeats): the shortest run of calls from `start` that follows itself at once (a recursion through
+    `period` functions), and how many more times it does; (1, 0) where none does."""
+    places = [(c.file, c.line, c.col) for c in calls]
+    for period in range(1, (len(calls) - start) // 2 + 1):
+        run, repeats = places[start:start + period], 0
+        while places[start + period * (repeats + 1):start + period * (repeats + 2)] == run:
+            repeats += 1
+        if repeats:
+            return period, repeats
+    return 1, 0
 
 
 def _shown(loc: SourceLoc) -> str:

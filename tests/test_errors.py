@@ -1409,3 +1409,25 @@ def test_numpy_functions_on_runtime_values_point_at_taskdsls_own():
     for kernel, tag in ((where, "E_NPWHERE"), (mean, "E_NPMEAN")):
         err = dsl_error(lambda: kernel(vec(), vec()), tag, "at compile time failed")
         assert "numpy's functions run at compile time" in err.hint and "`a if c else b` for np.where" in err.hint
+
+
+@td.func
+def is_even(n):
+    return 1 if n == 0 else is_odd(n - 1)  # E_MUTUAL
+
+
+@td.func
+def is_odd(n):
+    return 0 if n == 0 else is_even(n - 1)
+
+
+def test_a_recursion_through_two_functions_is_shown_once_with_its_count():
+    """Two @td.funcs calling each other listed all 32 nested calls (a 102-line message); one repeated call was
+    already folded."""
+    @td.kernel(grid=1, block=4)
+    def k(X: f32[4]):
+        X[threadIdx.x] = is_even(threadIdx.x)
+
+    err = dsl_error(lambda: k(vec(4)), "E_MUTUAL", "nests too deeply (recursion is not supported)")
+    text = str(err)
+    assert "... the 2 calls above repeat 15 more times" in text and len(text.splitlines()) < 20, text
