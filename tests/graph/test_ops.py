@@ -644,3 +644,13 @@ def test_neg_of_zero_is_negative_zero(dtype):
     got, = tg.Graph([x], [ops.neg(x)]).compile("cpu")(np.array([0.0, -0.0, 2.5], dtype))
     np.testing.assert_array_equal(np.signbit(got), [True, False, True])
     np.testing.assert_array_equal(got, [0.0, 0.0, -2.5])
+
+
+def test_cubes_are_products_within_an_ulp_of_numpys_power():
+    """x ** 3 (the tanh-GELU of GPT-2's exports) called libm's pow per element, 10x slower than x * x * x."""
+    special = np.array([0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, 3e12, -3e12, 1e-13, 7.5], np.float32)
+    x = np.concatenate([special, np.random.default_rng(3).standard_normal(997).astype(np.float32) * 40])
+    got, = run(lambda t: t ** 3.0, x)
+    want = np.power(x, np.float32(3))
+    np.testing.assert_array_max_ulp(got, want, maxulp=2)
+    assert np.signbit(got[1]) and np.isnan(got[6])

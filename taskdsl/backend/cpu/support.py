@@ -300,8 +300,11 @@ def floordiv_i32(a, b):
 @njit(cache=True, inline="always")
 def pow(x, y):  # noqa: A001 - the DSL's name
     """x ** y as math.pow, with y == 2 as x * x: a multiply, where math.pow is a libm call an element (a square of
-    4096 x 4096 f32 took 10x numpy's time, whose power squares too). The same value: x * x is correctly rounded."""
-    return x * x if y == 2.0 else math.pow(x, y)
+    4096 x 4096 f32 took 10x numpy's time, whose power squares too). The same value: x * x is correctly rounded.
+    y == 3 (the tanh-GELU of GPT-2's exports) is x * x * x, within an ulp of the power (24-37x faster)."""
+    if y == 2.0:
+        return x * x
+    return x * x * x if y == 3.0 else math.pow(x, y)
 
 
 @njit(cache=True, inline="always")
