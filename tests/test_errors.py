@@ -1431,3 +1431,14 @@ def test_a_recursion_through_two_functions_is_shown_once_with_its_count():
     err = dsl_error(lambda: k(vec(4)), "E_MUTUAL", "nests too deeply (recursion is not supported)")
     text = str(err)
     assert "... the 2 calls above repeat 15 more times" in text and len(text.splitlines()) < 20, text
+
+
+def test_a_name_hiding_a_global_says_so_when_its_attribute_is_read():
+    """A local `td = X[0]` made the later `td.sqrt` fail with "runtime values have no attribute 'sqrt'" only."""
+    @td.kernel(grid=1, block=4)
+    def k(X: f32[4]):
+        td = X[0]
+        X[threadIdx.x] = td.sqrt(2.0)  # E_HIDDENTD
+
+    err = dsl_error(lambda: k(vec(4)), "E_HIDDENTD", "runtime values have no attribute 'sqrt'")
+    assert "'td' is a runtime f32 value here" in err.hint and "hides the global 'td'" in err.hint

@@ -679,7 +679,10 @@ class FunctionTranslator(IntrinsicCalls):
         if is_runtime(base):
             if node.attr == "dtype":
                 return base.dtype
-            raise self.error(node, f"runtime values have no attribute '{node.attr}'")
+            hidden = isinstance(node.value, ast.Name) and node.value.id in self.namespace
+            raise self.error(node, f"runtime values have no attribute '{node.attr}'", (
+                f"'{node.value.id}' is a runtime {base.dtype.name} value here: a size symbol, parameter or variable of "
+                f"that name hides the global '{node.value.id}'; rename it.") if hidden else None)
         if isinstance(base, tuple) and hasattr(list, node.attr) and not hasattr(tuple, node.attr):
             raise self.error(node, f"'{ast.unparse(node.value)}' is a compile-time tuple (a list in a kernel is "
                                    f"one, fixed when the kernel is built): it has no '{node.attr}'",
