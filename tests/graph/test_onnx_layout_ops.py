@@ -139,12 +139,12 @@ def test_cumsum(shape, data, exclusive, reverse, dtype, axis_dtype):
     check_node(node, values(shape, dtype, 6), dtype, {"a": axis})
 
 
-@pytest.mark.parametrize("length", [31, 32, 33, 97])
+@pytest.mark.parametrize("length", [31, 32, 33, 97, 1025, 2111])
 @pytest.mark.parametrize("exclusive, reverse", [(0, 0), (1, 0), (0, 1), (1, 1)])
 @pytest.mark.parametrize("dtype", [F32, I64])
 def test_cumsum_over_several_blocks(length, exclusive, reverse, dtype):
-    """Axes longer than a scan block (32: ops.transform.SCAN_BLOCK), with a partial last block, scanned either way
-    along the inner and the outer axis."""
+    """Axes longer than a scan block (32: ops.transform.SCAN_BLOCK) and a super-block (32 blocks), with a partial
+    last one, scanned either way along the inner and the outer axis."""
     for axis, shape in ((1, (3, length)), (0, (length, 2))):
         node = n("CumSum", ["x", "a"], ["y"], exclusive=exclusive, reverse=reverse)
         check_node(node, values(shape, dtype, length), dtype, {"a": np.array(axis, np.int64)})

@@ -358,40 +358,59 @@ class Cumulative(Operator):
         zero = ir.const(0 if op == "sum" else 1, acc)      # the identity (a masked-out element adds nothing)
 
         # A reduction's extent cannot depend on the output index (compute.reduce takes a fixed reduce_shape), so
-        # the axis is scanned in blocks: each element sums the blocks before its own (their totals) and its own
-        # block up to itself, masked (a select, not a product by 0 / 1, so an inf or NaN outside stays out):
-        # n / block + block adds an element, not a scan's 1 nor a masked whole axis's n.
+        # the axis is scanned in blocks of `block` elements and super-blocks of `block` blocks: an element combines
+        # the super-blocks before its own (their totals), the blocks before its own in its super-block, and its own
+        # block's elements up to itself, each masked (a select, not a product by 0 / 1, so an inf or NaN outside
+        # stays out): about 2 * block + n / block**2 terms an element, not a scan's 1 nor a masked axis's n.
+        combine = "+" if op == "sum" else "*"
+
+        def along(ix, k):   # ix with k on the axis (ix may carry a reduction index last, which is dropped)
+            return ix[:axis] + (k,) + ix[axis + 1:len(shape)]
+
         def at(ix, p):      # ix with the element at scan position p (from the end when reversed) on the axis
-            return ix[:axis] + ((n - 1 - p) if reverse else p,) + ix[axis + 1:]
+            return along(ix, (n - 1 - p) if reverse else p)
 
         def position(ix):
             return (n - 1 - ix[axis]) if reverse else ix[axis]
 
-        def block_term(*ix):
-            p = ix[axis] * block + ix[-1]
-            return ir.Select(p < n, ir.convert(x[at(ix[:-1], p)], acc), zero, acc)
+        def masked(condition, value):
+            return ir.Select(condition, value, zero, acc)
+
+        def totals_of(name, values, count):
+            """Block totals of `values(ix, k)` (k < count along the axis): a tensor of cdiv(count, block) blocks."""
+            return reduction(f"{self.kind}_{name}", shape[:axis] + ((count + block - 1) // block,) + shape[axis + 1:],
+                             (block,), lambda *ix: masked(ix[axis] * block + ix[-1] < count,
+                                                          values(ix, ix[axis] * block + ix[-1])), op=op, dtype=acc)
 
         blocks = (n + block - 1) // block
-        totals = reduction(f"{self.kind}_blocks", shape[:axis] + (blocks,) + shape[axis + 1:], (block,), block_term,
-                           op=op, dtype=acc)
-
-        def before_term(*ix):
-            c = ix[-1]
-            return ir.Select(c < position(ix[:-1]) // block, totals[ix[:axis] + (c,) + ix[axis + 1:-1]], zero, acc)
+        supers = (blocks + block - 1) // block
+        totals = totals_of("blocks", lambda ix, p: ir.convert(x[at(ix, p)], acc), n)
+        super_totals = totals_of("supers", lambda ix, c: totals[along(ix, c)], blocks)
+        supers_before = reduction(f"{self.kind}_supers_before", shape[:axis] + (supers,) + shape[axis + 1:],
+                                  (supers,), lambda *ix: masked(ix[-1] < ix[axis], super_totals[along(ix, ix[-1])]),
+                                  op=op, dtype=acc)
+        blocks_before = reduction(f"{self.kind}_blocks_before", shape[:axis] + (blocks,) + shape[axis + 1:],
+                                  (block,), lambda *ix: masked((ix[axis] // block) * block + ix[-1] < ix[axis],
+                                                               totals[along(ix, (ix[axis] // block) * block + ix[-1])]),
+                                  op=op, dtype=acc)
 
         def own_term(*ix):
             i = position(ix[:-1])
             p = (i // block) * block + ix[-1]
-            return ir.Select(p < i if exclusive else p <= i, ir.convert(x[at(ix[:-1], p)], acc), zero, acc)
+            return masked(p < i if exclusive else p <= i, ir.convert(x[at(ix[:-1], p)], acc))
 
-        before = reduction(f"{self.kind}_before", shape, (blocks,), before_term, op=op, dtype=acc)
         own = reduction(f"{self.kind}_own", shape, (block,), own_term, op=op, dtype=acc)
-        combine = "+" if op == "sum" else "*"
-        return [compute(self.kind, shape, lambda *ix: ir.convert(ir.binary(combine, before[ix], own[ix]), x.dtype),
-                        dtype=x.dtype)]
+
+        def out(*ix):
+            i = position(ix)
+            before = ir.binary(combine, supers_before[along(ix, i // block // block)],
+                               blocks_before[along(ix, i // block)])
+            return ir.convert(ir.binary(combine, before, own[ix]), x.dtype)
+
+        return [compute(self.kind, shape, out, dtype=x.dtype)]
 
 
-SCAN_BLOCK = 32         # elements of a cumsum block (an element adds up n / 32 block totals and up to 32 elements)
+SCAN_BLOCK = 32         # elements of a cumsum block, blocks of a super-block (an element adds up about 64 terms)
 
 
 PAD_MODES = ("constant", "edge", "reflect", "wrap")
