@@ -1291,33 +1291,6 @@ def test_the_decorators_take_plain_functions_only():
             decorate(target)
 
 
-def test_shared_memory_past_any_gpus_limit_is_an_error_on_every_target():
-    """4 MiB of td.shared (a typo for (32, 32)) ran on the cpu and compiled for CUDA; only a GPU launch refused
-    it. The block limits are checked on every target: so is this. Up to sm_90's 227 KiB is fine."""
-    @td.kernel(grid=1, block=32)
-    def k(X: f32[32]):
-        s = td.shared(f32, (1024, 1024))  # E_SHAREDBIG
-        s[0, threadIdx.x] = X[threadIdx.x]
-        td.syncthreads()
-        X[threadIdx.x] = s[0, 31 - threadIdx.x]
-
-    @td.kernel(grid=1, block=32)
-    def fits(X: f32[32]):
-        a = td.shared(f32, (200 * 256,))
-        b = td.shared(f32, (27 * 256 - 32,))
-        a[threadIdx.x] = X[threadIdx.x]
-        b[threadIdx.x] = 1.0
-        td.syncthreads()
-        X[threadIdx.x] = a[31 - threadIdx.x] + b[threadIdx.x]
-
-    dsl_error(lambda: k(vec()), "E_SHAREDBIG", "shared memory reaches 4194304 bytes here (s: f32[1024, 1024]), "
-                                               "past the 232448 bytes", token="td.shared")
-    x = vec()
-    want = x[::-1] + 1
-    fits(x)
-    np.testing.assert_array_equal(x, want)
-
-
 SCALE = 2.0
 
 

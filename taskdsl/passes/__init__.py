@@ -1,6 +1,6 @@
 """The lowering pipeline, read top to bottom.
 
-Common to every target:  expand_mappings -> simplify -> check_barriers -> check_loops -> check_shared_memory.
+Common to every target:  expand_mappings -> simplify -> check_barriers -> check_loops.
 CUDA then specializes:   bind_sizes -> mark_tile_loops -> flatten_buffers -> emulate_dot4 -> simplify -> check_loops
                          (sizes may fold a loop's test; loops indexing register tiles are marked for unrolling;
                          dot4, the cpu's byte dot products, becomes plain arithmetic).
@@ -24,7 +24,6 @@ import dataclasses
 from .. import ir
 from .check_barriers import check_barriers
 from .check_loops import check_loops
-from .check_shared_memory import check_shared_memory
 from .emulate_async_copies import emulate_async_copies
 from .emulate_dot4 import emulate_dot4
 from .emulate_tensor_cores import emulate_tensor_cores
@@ -35,7 +34,7 @@ from .specialize import bind_sizes, flatten_buffers
 from .split_deep import split_deep_expressions
 from .unroll import mark_tile_loops, unroll_loops
 
-COMMON_PIPELINE = (expand_mappings, simplify, check_barriers, check_loops, check_shared_memory)
+COMMON_PIPELINE = (expand_mappings, simplify, check_barriers, check_loops)
 
 
 def lower(fn: ir.Function) -> ir.Function:
