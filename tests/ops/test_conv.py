@@ -46,6 +46,7 @@ CASES = [   # n, c, h, w, oc, (kh, kw), stride, padding (t, l, b, r), dilation, 
     (1, 3, 7, 7, 5, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1),
     (1, 4, 8, 8, 4, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 4),       # depthwise: the direct schedule
     (1, 2, 5, 6, 4, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 2),       # grouped 1x1, a reduction of 1: direct
+    (1, 8, 32, 32, 80, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),    # the cpu tile's scratch past a GPU's 227 KiB
 ]
 
 
