@@ -164,8 +164,16 @@ def test_pooling_padding_as_wide_as_the_window_is_refused():
     without the padding 0 / 0 -> 0); onnxruntime and PyTorch refuse it. One less than the window is fine."""
     x = tg.input("x", (1, 1, 4, 4))
     for mode, padding in (("max", 3), ("avg", 2), ("max", (0, 2, 0, 0))):
-        with pytest.raises(ValueError, match=r"pooling: the padding .* must be smaller than the window \(2, 2\)"):
+        with pytest.raises(ValueError, match=r"pooling: the padding .* must be smaller than the window's extent "
+                                             r"\(2, 2\)"):
             ops.pool(x, mode, kernel=2, padding=padding)
     xa = np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4)
     got = run(lambda t: ops.max_pool2d(t, 2, stride=2, padding=1), xa)
     np.testing.assert_array_equal(got[0, 0], [[0, 2, 3], [8, 10, 11], [12, 14, 15]])
+    # a dilated window reaches further: padding 2 with kernel 2 at dilation 3 (extent 4) holds elements, as
+    # auto_pad SAME gives it
+    got = run(lambda t: ops.max_pool2d(t, 2, stride=1, padding=2, dilation=3), xa)
+    padded = np.pad(xa[0, 0], 2, constant_values=-np.inf)
+    want = np.array([[max(padded[i, j], padded[i, j + 3], padded[i + 3, j], padded[i + 3, j + 3]) for j in range(5)]
+                     for i in range(5)])
+    np.testing.assert_array_equal(got[0, 0], want)

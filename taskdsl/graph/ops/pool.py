@@ -174,13 +174,15 @@ def _attrs(x, mode: str, kernel, stride, padding, dilation, ceil_mode: bool) -> 
     """The window attributes of a pooling of x; stride defaults to the window."""
     rank = x.ndim - 2
     kernel, pads = int_tuple(kernel, "kernel_size", rank), pads_of(padding, rank)
-    if any(p >= k for p, k in zip(pads, kernel + kernel)):
-        raise ValueError(f"{mode} pooling: the padding {pads} (begins, ends) must be smaller than the window {kernel} "
-                         "at each side: a window wholly in the padding holds no element (onnxruntime and PyTorch "
-                         "refuse it too)")
+    dilations = int_tuple(dilation, "dilation", rank)
+    extents = tuple((k - 1) * d + 1 for k, d in zip(kernel, dilations))
+    if any(p >= e for p, e in zip(pads, extents + extents)):
+        raise ValueError(f"{mode} pooling: the padding {pads} (begins, ends) must be smaller than the window's extent "
+                         f"{extents} (kernel {kernel}, dilations {dilations}) at each side: a window wholly in the "
+                         "padding holds no element (onnxruntime and PyTorch refuse it too)")
     return {"mode": mode, "kernel": kernel,
             "strides": int_tuple(stride if stride is not None else kernel, "stride", rank),
-            "pads": pads, "dilations": int_tuple(dilation, "dilation", rank), "ceil_mode": bool(ceil_mode)}
+            "pads": pads, "dilations": dilations, "ceil_mode": bool(ceil_mode)}
 
 
 def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False):
