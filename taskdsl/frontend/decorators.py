@@ -31,17 +31,13 @@ def resolve_annotations(fn) -> dict:
 
 
 def check_plain_function(fn, decorator: str) -> None:
-    """TypeError unless `fn` is a function written with `def` that no other decorator wrapped: what a kernel or
-    device function translates is that function's own source."""
+    """TypeError unless `fn` is a function written with `def` (another decorator's wrapper is one: its own body is
+    what gets translated)."""
     if not inspect.isfunction(fn):
         ours = {"Kernel": "a @td.kernel", "DeviceFunction": "a @td.func"}.get(type(fn).__name__)
         raise TypeError(f"{decorator} decorates a function written with def, got {ours or type(fn).__name__} "
                         f"({fn!r}): " + ("a function is either a @td.kernel or a @td.func, once" if ours else
                                           f"put {decorator} innermost, right above the def"))
-    if hasattr(fn, "__wrapped__"):
-        raise TypeError(f"{decorator}: {fn.__qualname__!r} is another decorator's wrapper of "
-                        f"{fn.__wrapped__!r}; put {decorator} innermost, right above the def (the wrapper's own "
-                        "code would be translated, not the function's)")
 
 
 class DeviceFunction:
