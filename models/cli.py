@@ -307,7 +307,7 @@ def _sizing_hint(error: ValueError, args, by_flags: dict) -> str:
     """The sizes --batch / --seq gave the inputs, for an error about shapes (a default --batch 1 the user never
     wrote may be its cause); "" for other errors."""
     from taskdsl.graph.onnx_import import UnsupportedOnnxError
-    if not by_flags or isinstance(error, UnsupportedOnnxError) or not re.search(r"shape|dim|size|broadcast",
+    if not by_flags or isinstance(error, UnsupportedOnnxError) or not re.search(r"shape|dim|size|broadcast|fit",
                                                                                str(error)):
         return ""
     seq = "" if args.seq is None else f" and --seq {args.seq}"

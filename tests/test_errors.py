@@ -442,6 +442,15 @@ def test_integer_literal_beyond_64_bits():
     for kernel, tag in ((k4, "E_BIGINTSTORE"), (k5, "E_BIGINTVAR"), (k6, "E_BIGINTCAST")):
         dsl_error(lambda: kernel(np.zeros(4, np.int64)), tag, "does not fit in 64 bits")
 
+    @td.kernel(grid=1, block=1)
+    def truthy(B: td.boolean[2], F: f32[2]):     # Python's bool(2**70) and float(2**70) are fine
+        B[0] = 2**70
+        F[0] = 2**70
+
+    b, f = np.zeros(2, bool), np.zeros(2, np.float32)
+    truthy(b, f)
+    assert b[0] and f[0] == np.float32(2.0**70)
+
 
 def test_constant_shift_count_out_of_range():
     @td.kernel(grid=1, block=32)

@@ -1168,7 +1168,7 @@ class FunctionTranslator(IntrinsicCalls):
             raise self.error(node, f"expected a number, got {describe(value)}")
         if is_number(value):        # converted once, from the Python number (0.1 as an f64: not f32's 0.1)
             number = value.item() if hasattr(value, "item") else value
-            if isinstance(number, int) and not dtype.is_float:
+            if isinstance(number, int) and dtype.is_integer:
                 ir.const(number)    # an error past 64 bits (wrapped into `dtype`, 2**70 would store 0 silently)
             return ir.const(number, dtype)
         return ir.convert(value, dtype)

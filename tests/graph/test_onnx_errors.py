@@ -202,6 +202,8 @@ def test_a_constant_past_a_float_inputs_range_is_refused():
         for big in (1e40, -1e40, *([70000] if dtype is np.float16 else [])):
             with pytest.raises(ValueError, match=rf"'s' values past the range of its type {dtype.__name__}"):
                 tg.from_onnx(model, constants={"s": big})
+        with pytest.raises(ValueError, match=rf"'s' integers its type {dtype.__name__} cannot hold exactly"):
+            tg.from_onnx(model, constants={"s": 2**24 + 1 if dtype is np.float32 else 2049})
         g = tg.from_onnx(model, constants={"s": 3})
         x = np.array([1, -2, np.inf], dtype)
         np.testing.assert_array_equal(g(x)[0], x * 3)

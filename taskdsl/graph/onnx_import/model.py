@@ -193,6 +193,10 @@ def input_constant(vi: onnx.ValueInfoProto, value, source: str = "from_onnx: con
             (np.isinf(value.astype(np.float64)) & np.isfinite(given.astype(np.float64))).any():
         raise ValueError(f"{source} gives graph input {vi.name!r} values past the range of its type {dtype} "
                          f"(they would be infinite); pass values it can hold")
+    if given.dtype.kind in "iu" and value.dtype.kind not in "biu" and \
+            not np.array_equal(value.astype(np.float64), given.astype(np.float64)):
+        raise ValueError(f"{source} gives graph input {vi.name!r} integers its type {dtype} cannot hold exactly "
+                         "(they would be rounded); pass values it can hold")
     return value
 
 
