@@ -301,7 +301,7 @@ def floordiv_i32(a, b):
 def pow(x, y):  # noqa: A001 - the DSL's name
     """x ** y as math.pow, with y == 2 as x * x: a multiply, where math.pow is a libm call an element (a square of
     4096 x 4096 f32 took 10x numpy's time, whose power squares too). The same value: x * x is correctly rounded.
-    y == 3 (the tanh-GELU of GPT-2's exports) is x * x * x, within an ulp of the power (24-37x faster)."""
+    y == 3 (the tanh-GELU of GPT-2's exports) is x * x * x, within an ulp of the power (10x faster at 1000 x 1000)."""
     if y == 2.0:
         return x * x
     return x * x * x if y == 3.0 else math.pow(x, y)

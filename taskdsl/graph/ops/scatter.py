@@ -7,8 +7,8 @@ axis for scatter_elements, all of them for scatter_nd), of those whose index is 
 'add', 'mul', 'max' and 'min' combine the element with all of them. The cost is one comparison per (output
 element, candidate update): cheap for the few updates these operators usually carry (a cache's new positions),
 heavy for a scatter of millions of updates into millions of elements. scatter_nd without a reduction looks once
-per slice its index tuples address (a KV cache's rows), not per element (64x fewer comparisons for rows of 64). tensor_scatter writes a run of steps per
-batch, so each cache element knows the one step it may take: no search.
+per slice its index tuples address (a KV cache's rows), not per element (64x fewer comparisons for rows of 64).
+tensor_scatter writes a run of steps per batch, so each cache element knows the one step it may take: no search.
 """
 from __future__ import annotations
 
