@@ -10,10 +10,12 @@ launches of one more run and, where that is safe, replays them on later calls:
   around each kernel: choosing its plan, binding its arguments, the arena's bookkeeping
   (about 40 us an operator on a 2-core Xeon, see docs/benchmarks.md).
 
-A cpu replay copies the call's inputs into the buffers the recording read them from, gives
-each output a fresh array where the recorded launches are its only writers (else copies the
-recorded one out), and calls the operators' value checks (gather's index range) where the
-run called them. It is refused, with the reason in `CompiledGraph.replay`, when the host
+A cpu replay hands the launches the caller's input arrays in place of the buffers the recording
+read them from (`_Bound`: kernels only read a graph's inputs; a copy was half the time of a
+one-operator graph), or copies them in where a launch reads one through a non-contiguous view or
+an output shares its memory (`_CopiedIn`); it gives each output a fresh array where the recorded
+launches are its only writers (else copies the recorded one out), and calls the operators' value
+checks (gather's index range) where the run called them. It is refused, with the reason in `CompiledGraph.replay`, when the host
 computed part of the recorded run (a copy of a non-contiguous operand, a zero fill, packing
 of weights that are not constants: `launch.note_host_work`), and when a run and two
 replays on other inputs (`probe_inputs`) disagree in any bit (`disagreement`): the check that
@@ -24,6 +26,7 @@ operator's share of a whole run (`CpuReplay.operator_seconds`, `CompiledGraph.su
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -71,10 +74,14 @@ def record_check(op: Operator, arrays: list) -> None:
 
 def disagreement(run, replay, probe: list) -> str | None:
     """Why a replay cannot stand in for `run` (the executor's operator-by-operator path), or None: the outputs
-    of `run(probe)` and of two `replay(probe)`s (host arrays) must be equal bit for bit (NaN included)."""
+    of `run(probe)` and of two `replay(probe)`s (host arrays) must be equal bit for bit (NaN included), and the
+    replays must leave their inputs as they were (a replay reads the caller's arrays)."""
     expected = [np.asarray(a) for a in run(probe)]
+    kept = [np.array(a) for a in probe]
     for attempt in ("a replay", "a second replay"):
         got = replay(probe)
+        if not all(np.array_equal(a, k, equal_nan=a.dtype.kind in "fc") for a, k in zip(probe, kept)):
+            return f"{attempt} on probe inputs wrote into them"
         for k, (e, g) in enumerate(zip(expected, got)):
             if e.shape != g.shape or e.dtype != g.dtype or not np.array_equal(e, g, equal_nan=e.dtype.kind in "fc"):
                 return f"{attempt} on probe inputs gave another output {k} than a run: the host computes part of a run"
@@ -100,16 +107,41 @@ def probe_inputs(tensors: list, seed: int = 0) -> list:
 
 @dataclass
 class _Slot:
-    """Where a recorded action reads or writes an output's memory: `action.args[index]`, an array of this
-    dtype and shape (f16 travels as uint16 bits)."""
+    """Where a recorded action reads or writes a graph input's or output's memory: `action.args[index]`, a
+    contiguous array of this dtype and shape (f16 travels as uint16 bits, a flat launch's as bytes) starting
+    `offset` bytes into that memory."""
 
     action: object
     index: int
     dtype: np.dtype
     shape: tuple
+    offset: int = 0
 
-    def bind(self, fresh: np.ndarray) -> None:
-        self.action.args[self.index] = fresh.reshape(-1).view(self.dtype).reshape(self.shape)
+    def bind(self, memory: np.ndarray) -> None:
+        nbytes = self.dtype.itemsize * math.prod(self.shape)
+        flat = memory.reshape(-1).view(np.uint8)[self.offset:self.offset + nbytes]
+        self.action.args[self.index] = flat.view(self.dtype).reshape(self.shape)
+
+
+@dataclass
+class _Bound:
+    """A graph input the recorded actions read through `slots`: the caller's array is bound in its place."""
+
+    slots: list
+
+    def feed(self, a: np.ndarray) -> None:
+        for slot in self.slots:
+            slot.bind(a)
+
+
+@dataclass
+class _CopiedIn:
+    """A graph input copied into the buffer the recording read it from."""
+
+    buffer: np.ndarray
+
+    def feed(self, a: np.ndarray) -> None:
+        np.copyto(self.buffer, a)
 
 
 class _Output:
@@ -166,9 +198,10 @@ class CpuReplay:
 
     def __init__(self, actions: list, inputs: list, graph, outputs: list, step_ends: list):
         self.actions = actions
-        self.inputs = inputs               # the buffers the recorded run read the graph's inputs from
         self.step_ends = step_ends         # per operator of the graph: the count of actions up to its last
-        self._outputs = _output_plans(actions, inputs, graph, outputs)
+        uses = _uses(actions)
+        self._inputs = _input_plans(uses, inputs, outputs)
+        self._outputs = _output_plans(uses, inputs, graph, outputs)
 
     def __len__(self) -> int:
         return sum(not isinstance(a, RecordedCheck) for a in self.actions)
@@ -195,8 +228,8 @@ class CpuReplay:
         return ends[marks[1:]] - ends[marks[:-1]]
 
     def _prepare(self, arrays: list) -> None:
-        for buffer, a in zip(self.inputs, arrays):
-            np.copyto(buffer, a)
+        for plan, a in zip(self._inputs, arrays):
+            plan.feed(a)
         for plan in self._outputs:
             plan.prepare()
 
@@ -219,12 +252,35 @@ class StepEnds:
         self.ends.append(len(self.recording.launches))
 
 
-def _output_plans(actions: list, inputs: list, graph, outputs: list) -> list:
+def _uses(actions: list) -> list:
+    """(byte extent, array, `_Slot`) of every non-empty array among the recorded actions' arguments."""
+    return [(_extent(v), v, _Slot(action, i, v.dtype, v.shape)) for action in actions
+            for i, v in enumerate(action.args) if isinstance(v, np.ndarray) and v.nbytes]
+
+
+def _input_plans(uses: list, inputs: list, outputs: list) -> list:
+    """Per graph input buffer of the recording, how a replay feeds it (`_Bound`, `_CopiedIn`). An input is bound
+    when every recorded argument in its memory is a contiguous view of it and no output shares its memory (an
+    output that is the input, or a view of it, is copied from the buffer)."""
+    out_extents = [_extent(a) for a in outputs if isinstance(a, np.ndarray) and a.nbytes]
+    plans = []
+    for buffer in inputs:
+        e = _extent(buffer)
+        touching = [(extent, v, slot) for extent, v, slot in uses if buffer.nbytes and _overlap(extent, e)]
+        if not buffer.nbytes or any(_overlap(x, e) for x in out_extents) or \
+                not all(v.flags.c_contiguous for _, v, _ in touching):
+            plans.append(_CopiedIn(buffer))
+            continue
+        for extent, _, slot in touching:
+            slot.offset = extent[0] - e[0]
+        plans.append(_Bound([slot for _, _, slot in touching]))
+    return plans
+
+
+def _output_plans(uses: list, inputs: list, graph, outputs: list) -> list:
     """Per graph output, how a replay gives it (`_Rebound`, `_Copied`, `_Again`). An output is rebound when
     every recorded argument that overlaps its memory is exactly its memory, and it shares none with the
     input buffers, the constants or another output."""
-    uses = [(_extent(v), v, _Slot(action, i, v.dtype, v.shape)) for action in actions
-            for i, v in enumerate(action.args) if isinstance(v, np.ndarray) and v.nbytes]
     fixed = [_extent(a) for a in inputs if a.nbytes] + [_extent(t.value) for t in graph.constants if t.nbytes]
     extents = {id(t): _extent(a) for t, a in zip(graph.outputs, outputs)
                if not t.is_constant and isinstance(a, np.ndarray) and a.nbytes}

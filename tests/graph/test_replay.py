@@ -112,3 +112,42 @@ def test_replay_under_other_build_options(options):
         xs = rand((1, 3, 6, 6), seed)
         for got, want in zip(cg(xs), g.reference(xs)):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_replay_reads_the_callers_inputs_without_copying_them():
+    """A replay binds each input array a kernel reads (whole, or a contiguous slice of it at an offset) in place of
+    the recorded buffer, and copies in an input an output shares memory with; results match numpy on every call,
+    inputs are left as they were, and no output shares memory with an input."""
+    x, z = tg.input("x", (16, 16)), tg.input("z", (3, 5))
+    rows = ops.slice(x, [4], [12])                  # a view at 256 bytes into x
+    g = tg.Graph([x, z], [ops.relu(rows), ops.mul(x, 2.0), ops.reshape(z, (15,)), ops.neg(z)], name="bound")
+    cg = g.compile("cpu")
+    assert cg.replay.startswith("on (")
+    assert [type(p).__name__ for p in cg._replay._inputs] == ["_Bound", "_CopiedIn"]
+    for seed in range(3):
+        xs, zs = rand((16, 16), seed), rand((3, 5), seed + 10)
+        kept = xs.copy(), zs.copy()
+        relu_rows, doubled, flat, negated = cg(xs, zs)
+        np.testing.assert_array_equal(relu_rows, np.maximum(xs[4:12], 0))
+        np.testing.assert_array_equal(doubled, xs * 2)
+        np.testing.assert_array_equal(flat, zs.reshape(15))
+        np.testing.assert_array_equal(negated, -zs)
+        np.testing.assert_array_equal(xs, kept[0])
+        np.testing.assert_array_equal(zs, kept[1])
+        assert not any(np.shares_memory(o, a) for o in (relu_rows, doubled, flat, negated) for a in (xs, zs))
+
+
+def test_a_replay_writing_into_its_inputs_is_refused(monkeypatch):
+    """The probe check refuses a replay that changes its input arrays (a kernel may only read a graph's inputs)."""
+    from taskdsl.graph import replay as replay_module
+    real_run = replay_module.CpuReplay.run
+
+    def scribbling_run(self, arrays):
+        outputs = real_run(self, arrays)
+        arrays[0][...] = 0
+        return outputs
+
+    monkeypatch.setattr(replay_module.CpuReplay, "run", scribbling_run)
+    x = tg.input("x", (4, 4))
+    cg = tg.Graph([x], [ops.relu(x)]).compile("cpu")
+    assert cg.replay == "off (a replay on probe inputs wrote into them)"
