@@ -82,6 +82,18 @@ def test_taskdsl_turns_numbas_error_highlighting_off_before_numba_loads():
     assert _numba_highlighting("taskdsl", "") == _numba_highlighting("numpy", "")
 
 
+
+def test_numba_compiles_for_the_host_without_f16_arithmetic():
+    """On a host with AVX512-FP16, numba's codegen takes the host's features less it (`numba_settings`): LLVM would
+    contract f16 products and sums past the rounding a fused 16-bit kernel does between steps (the fused graph's
+    bits are checked by test_fuse_elementwise's 16-bit case). F16C's conversions stay."""
+    from llvmlite import binding
+    host = binding.get_host_cpu_features()
+    features = cpu_target.target_context.codegen()._get_host_cpu_features().split(",")
+    if not host.get("avx512fp16"):
+        pytest.skip("this host has no AVX512-FP16")
+    assert "-avx512fp16" in features and "+f16c" in features and "+avx512f" in features
+
 @td.kernel(grid=1, block=32)
 def _math_and_halves(X: f32["N"], H: f16["N"], Out: f32["N"]):
     i = threadIdx.x
