@@ -70,6 +70,55 @@ def test_topk_matches_onnxruntime(data, shape, elem, opset, nans, seed):
         np.testing.assert_array_equal(g, w)
 
 
+def long_row_values(shape: list, elem: int, seed: int, nans: bool, order: str) -> np.ndarray:
+    """Values of a few hundred kinds (ties), signed zeros and NaNs among floats where asked, along the last axis in
+    random order or sorted (ascending makes every element enter a largest-first selection)."""
+    rng = np.random.default_rng(seed)
+    low = 0 if elem == TensorProto.UINT8 else -100
+    x = rng.integers(low, 100, shape).astype(TYPES[elem])
+    if np.dtype(TYPES[elem]).kind == "f":
+        x = x / 4
+        x[x == 0] *= np.where(rng.random(int((x == 0).sum())) < 0.5, -1, 1).astype(x.dtype)    # -0.0 ties 0.0
+        if nans:
+            x.flat[rng.integers(0, x.size, 1 + x.size // 50)] = np.nan
+    if order != "random":
+        x = np.sort(x, axis=-1)
+        x = x if order == "ascending" else x[..., ::-1].copy()
+    return x
+
+
+@settings(max_examples=8, deadline=None)
+@given(n=st.sampled_from([129, 1009, 4099]), k=st.integers(1, 128), elem=st.sampled_from(sorted(TYPES)),
+       largest=st.sampled_from([0, 1]), nans=st.booleans(), order=st.sampled_from(["random", "ascending", "descending"]),
+       seed=st.integers(0, 99))
+def test_topk_of_long_rows_matches_onnxruntime(n, k, elem, largest, nans, order, seed):
+    """A few of thousands, as a vocabulary's top-k (on the cpu, k <= stdlib_ops.topk.MAX_K selects by its kernel,
+    about n comparisons a row): values and indices equal onnxruntime's."""
+    x = long_row_values([2, n], elem, seed, nans, order)
+    note(f"x = {x!r}")
+    model = topk_model([2, n], k, -1, largest, elem, 11)
+    got = tg.from_onnx(model).compile()({"x": x})
+    if elem == TensorProto.FLOAT16:     # (onnxruntime has no f16 TopK: its f32 one, on the same values)
+        wide = run_onnxruntime(topk_model([2, n], k, -1, largest, TensorProto.FLOAT, 11), {"x": x.astype(np.float32)})
+        want = [wide[0].astype(np.float16), wide[1]]
+    else:
+        want = run_onnxruntime(model, {"x": x})
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_topk_past_the_row_kernels_k_ranks_by_definitions():
+    """k above stdlib_ops.topk.MAX_K (the definitions' n^2 ranking on the cpu too) and inside it give onnxruntime's
+    results on the same rows, along a middle axis."""
+    from stdlib_ops.topk import MAX_K
+    x = long_row_values([2, 3, 300], TensorProto.FLOAT, 3, True, "random").transpose(0, 2, 1).copy()
+    for k in (MAX_K + 1, MAX_K):
+        model = topk_model([2, 300, 3], k, 1, 1, TensorProto.FLOAT, 11)
+        got, want = tg.from_onnx(model).compile()({"x": x}), run_onnxruntime(model, {"x": x})
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+
+
 def test_unsorted_topk_selects_what_onnxruntime_selects():
     """sorted=0 leaves the order to the operator: taskdsl sorts anyway; the selected elements are onnxruntime's."""
     x = np.array([[5, 1, 5, 2, 5, 1, 0, 7, 7], [0, 0, 1, 1, 2, 2, 3, 3, 4]], np.float32)

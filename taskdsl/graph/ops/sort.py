@@ -2,8 +2,9 @@
 
 An element's place in the order is its rank, the count of the elements that come before it along the axis; the
 output's slot r then holds the element of rank r. Each rank is a reduction over the axis, so a row of n elements
-costs n^2 comparisons: cheap for the short rows TopK usually sees (a mixture of experts' routing over 8 experts,
-a detector's few hundred boxes), slow for a vocabulary of 50 000.
+costs n^2 comparisons: cheap for the short rows of a mixture of experts' routing over 8 experts or a detector's few
+hundred boxes, slow for a vocabulary of 50 000, where the cpu runs `stdlib_ops.topk` instead (k <= its MAX_K:
+about n comparisons a row; graph/runners.py).
 """
 from __future__ import annotations
 
