@@ -77,6 +77,50 @@ def test_scatter_nd_matches_onnxruntime(data, shape, elem, reduction, batch, see
     check("ScatterND", small_values(rng, shape, elem), indices, updates, elem, reduction=reduction)
 
 
+UFUNCS = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
+def scattered_in_order(x: np.ndarray, pairs: np.ndarray, updates: np.ndarray, reduction: str) -> np.ndarray:
+    """numpy's ScatterND applying the updates one after the other (ufunc.at is unbuffered; 'none': the last wins)."""
+    y, index = x.copy(), tuple(pairs.T)
+    if reduction != "none":
+        UFUNCS[reduction].at(y, index, updates)
+        return y
+    for u, slot in enumerate(zip(*index)):
+        y[slot] = updates[u]
+    return y
+
+
+@settings(max_examples=8, deadline=None)
+@given(rows=st.sampled_from([1, 3, 64]), n=st.sampled_from([1, 97, 1024]), per_row=st.sampled_from([1, 13, 1000]),
+       elem=st.sampled_from([TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.INT64]), reduction=REDUCTIONS,
+       seed=st.integers(0, 99))
+def test_many_updates_apply_in_order(rows, n, per_row, elem, reduction, seed):
+    """Thousands of updates of random values with duplicates, applied in order, so that floats agree bit for bit:
+    ScatterElements along rows of n and along the first axis against onnxruntime; ScatterND of the same as (row,
+    index) pairs and as whole rows against numpy applying them in order (onnxruntime writes a large ScatterND's
+    updates in parallel: its duplicates race, and sums lose terms)."""
+    rng = np.random.default_rng(seed)
+    dtype = TYPES.get(elem, np.float64)
+
+    def draw(shape):
+        return rng.integers(-50, 50, shape).astype(dtype) if dtype == np.int64 else \
+            rng.standard_normal(shape).astype(dtype)
+
+    x = draw((rows, n))
+    indices = rng.integers(-n, n, (rows, per_row)).astype(np.int64)
+    updates = draw((rows, per_row))
+    check("ScatterElements", x, indices, updates, elem, axis=1, reduction=reduction)
+    check("ScatterElements", x.T.copy(), indices.T.copy(), updates.T.copy(), elem, axis=0, reduction=reduction)
+    pairs = np.stack([np.repeat(np.arange(rows), per_row), indices.reshape(-1)], axis=1)
+    whole_rows = rng.integers(-rows, rows, (per_row, 1)).astype(np.int64)
+    row_updates = draw((per_row, n))
+    for where, values in ((pairs, updates.reshape(-1)), (whole_rows, row_updates)):
+        d = tg.input("d", x.shape, dtype)
+        graph = tg.Graph([d], [ops.scatter_nd(d, tg.constant(where), tg.constant(values), reduction)])
+        np.testing.assert_array_equal(graph.compile()(x)[0], scattered_in_order(x, where, values, reduction))
+
+
 def test_no_updates_leave_data_as_it_is():
     """Empty indices and updates scatter nothing (and no kernel reads an update that is not there)."""
     x = np.arange(12, dtype=np.float32).reshape(4, 3)

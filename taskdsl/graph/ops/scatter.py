@@ -8,6 +8,7 @@ axis for scatter_elements, all of them for scatter_nd), of those whose index is 
 element, candidate update): cheap for the few updates these operators usually carry (a cache's new positions),
 heavy for a scatter of millions of updates into millions of elements. scatter_nd without a reduction looks once
 per slice its index tuples address (a KV cache's rows), not per element (64x fewer comparisons for rows of 64).
+On the cpu both scatters run `stdlib_ops.scatter` instead, which applies the updates in order (graph/runners.py).
 tensor_scatter writes a run of steps per batch, so each cache element knows the one step it may take: no search.
 """
 from __future__ import annotations
