@@ -15,11 +15,12 @@ read them from (`_Bound`: kernels only read a graph's inputs; a copy was half th
 one-operator graph), or copies them in where a launch reads one through a non-contiguous view or
 an output shares its memory (`_CopiedIn`); it gives each output a fresh array where the recorded
 launches are its only writers (else copies the recorded one out), and calls the operators' value
-checks (gather's index range) where the run called them. It is refused, with the reason in `CompiledGraph.replay`, when the host
-computed part of the recorded run (a copy of a non-contiguous operand, a zero fill, packing
-of weights that are not constants: `launch.note_host_work`), and when a run and two
-replays on other inputs (`probe_inputs`) disagree in any bit (`disagreement`): the check that
-catches host work nobody noted. The executor checks a CUDA graph the same way.
+checks (gather's index range) where the run called them. It is refused, with the reason in
+`CompiledGraph.replay`, when the host computed part of the recorded run (a copy of a non-contiguous
+operand, a zero fill, packing of weights that are not constants: `launch.note_host_work`), when a
+run and two replays on other inputs (`probe_inputs`) disagree in any bit (`disagreement`): the
+check that catches host work nobody noted, and when those replays change their inputs. The
+executor checks a CUDA graph the same way.
 
 The recording marks where each operator's launches end (`StepEnds`), so a cpu replay can also time each
 operator's share of a whole run (`CpuReplay.operator_seconds`, `CompiledGraph.summary(timing=True)`).

@@ -54,7 +54,8 @@ def test_onnx_tanh_gelu_matches_onnxruntime():
     its Pow becomes products, and the compiled graph (fused into one kernel where fusion is on) matches onnxruntime."""
     from onnx import helper
     names = [("Pow", ["x", "three"], "p"), ("Mul", ["p", "k"], "pk"), ("Add", ["x", "pk"], "s"),
-             ("Mul", ["s", "r"], "sr"), ("Tanh", ["sr"], "t"), ("Add", ["t", "one"], "t1"), ("Mul", ["x", "half"], "xh"),
+             ("Mul", ["s", "r"], "sr"), ("Tanh", ["sr"], "t"), ("Add", ["t", "one"], "t1"),
+             ("Mul", ["x", "half"], "xh"),
              ("Mul", ["xh", "t1"], "y")]
     nodes = [helper.make_node(kind, inputs, [out]) for kind, inputs, out in names]
     constants = {"three": 3.0, "k": 0.044715, "r": np.sqrt(2 / np.pi), "one": 1.0, "half": 0.5}

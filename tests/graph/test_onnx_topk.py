@@ -89,7 +89,8 @@ def long_row_values(shape: list, elem: int, seed: int, nans: bool, order: str) -
 
 @settings(max_examples=8, deadline=None)
 @given(n=st.sampled_from([129, 1009, 4099]), k=st.integers(1, 128), elem=st.sampled_from(sorted(TYPES)),
-       largest=st.sampled_from([0, 1]), nans=st.booleans(), order=st.sampled_from(["random", "ascending", "descending"]),
+       largest=st.sampled_from([0, 1]), nans=st.booleans(),
+       order=st.sampled_from(["random", "ascending", "descending"]),
        seed=st.integers(0, 99))
 def test_topk_of_long_rows_matches_onnxruntime(n, k, elem, largest, nans, order, seed):
     """A few of thousands, as a vocabulary's top-k (on the cpu, k <= stdlib_ops.topk.MAX_K selects by its kernel,

@@ -1,8 +1,10 @@
 """Graph passes, in the order `optimize` runs them. A pass is a function Graph -> Graph.
 
     infer_shapes -> fold_constants -> fold_batch_norm -> eliminate_dead_code -> avg_pool_as_conv
-        -> recognize_norms -> drop_exact_round_trips -> expand_powers -> fuse_elementwise -> partition
+        -> crop_padding_taps -> recognize_norms -> drop_exact_round_trips -> expand_powers -> fuse_elementwise
+        -> partition
 
+`crop_padding_taps` crops a convolution's edge taps that read only padding (an atrous convolution over a small map);
 `recognize_norms` makes a layer or RMS norm written out in reductions and elementwise operators one
 LayerNorm; `drop_exact_round_trips` replaces a float cast to an integer type and back where the value already is
 such an integer (a quantize-dequantize pair); `expand_powers` writes a power by a constant 2 or 3 as products;
@@ -19,6 +21,7 @@ from __future__ import annotations
 from ..graph import Graph
 from .avg_pool_as_conv import avg_pool_as_conv
 from .channels_last import channels_last
+from .crop_padding_taps import crop_padding_taps
 from .eliminate_dead_code import eliminate_dead_code
 from .exact_round_trips import drop_exact_round_trips
 from .expand_powers import expand_powers
@@ -32,8 +35,8 @@ from .recognize_norms import recognize_norms
 from ..fusion import partition  # noqa: E402 - after the passes it builds on
 
 LAYOUT_PASS = channels_last       # (named apart: `pipeline`'s flag shares the pass's name)
-PIPELINE = [infer_shapes, fold_constants, fold_batch_norm, eliminate_dead_code, avg_pool_as_conv, recognize_norms,
-            drop_exact_round_trips, expand_powers, fuse_elementwise, partition]
+PIPELINE = [infer_shapes, fold_constants, fold_batch_norm, eliminate_dead_code, avg_pool_as_conv, crop_padding_taps,
+            recognize_norms, drop_exact_round_trips, expand_powers, fuse_elementwise, partition]
 
 
 def pipeline(channels_last: bool = False) -> list:
@@ -51,6 +54,6 @@ def optimize(graph: Graph, passes: list | None = None) -> Graph:
     return graph
 
 
-__all__ = ["PIPELINE", "pipeline", "optimize", "channels_last", "avg_pool_as_conv", "infer_shapes", "fold_constants",
-           "constant_value", "fold_batch_norm", "eliminate_dead_code", "recognize_norms", "drop_exact_round_trips",
-           "expand_powers", "fuse_elementwise", "plan_memory", "MemoryPlan", "partition"]
+__all__ = ["PIPELINE", "pipeline", "optimize", "channels_last", "avg_pool_as_conv", "crop_padding_taps", "infer_shapes",
+           "fold_constants", "constant_value", "fold_batch_norm", "eliminate_dead_code", "recognize_norms",
+           "drop_exact_round_trips", "expand_powers", "fuse_elementwise", "plan_memory", "MemoryPlan", "partition"]
