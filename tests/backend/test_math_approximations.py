@@ -1,4 +1,4 @@
-"""The cpu target's float32 tanh, erf and exp are approximations (vectorizable, unlike libm's calls):
+"""The cpu target's float32 tanh, erf, exp and log are approximations (vectorizable, unlike libm's calls):
 checked against float64 numpy / math over their whole range, and at the special values."""
 import math
 
@@ -86,3 +86,26 @@ def test_float32_sigmoid_goes_through_the_exp_approximation_within_a_few_ulp():
     np.testing.assert_allclose(y[normal], want[normal], rtol=2.5e-7)       # a few ulp: exp's, the add's, the divide's
     assert np.all(y[want <= np.finfo(np.float32).tiny] < 2e-38)              # the far negative tail underflows to ~0
     assert list(y[-7:-1]) == [0.5, 0.5, 1.0, 0.0, 1.0, 0.0] and np.isnan(y[-1])
+
+
+LOG = _elementwise(td.log)
+
+
+def test_float32_log_is_within_an_ulp_over_every_positive_float_and_its_special_values():
+    """Random bit patterns of every positive float (subnormals too), a sweep over [0.5, 2] where the mantissa's
+    reduction turns, and the special values: against float64 numpy, within one ulp of the exact logarithm."""
+    td.set_target("cpu")
+    patterns = np.random.default_rng(7).integers(1, 0x7f800000, 400001, dtype=np.int64).astype(np.uint32)
+    specials = [0.0, -0.0, -1.0, -np.inf, np.inf, np.nan, 1.0, np.finfo(np.float32).tiny, 1e-45,
+                np.finfo(np.float32).max]
+    x = np.concatenate([patterns.view(np.float32), np.linspace(0.5, 2.0, 200001, dtype=np.float32),
+                        np.array(specials, np.float32)])
+    y = np.empty_like(x)
+    assert "rt.log_f32(" in LOG.source(x, y, target="cpu")
+    LOG(x, y)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        want = np.log(x.astype(np.float64))
+    finite = np.isfinite(want)
+    ulp = np.spacing(np.abs(want[finite]).astype(np.float32)).astype(np.float64)
+    assert np.all(np.abs(y[finite] - want[finite]) <= ulp)
+    np.testing.assert_array_equal(y[-10:-3], [-np.inf, -np.inf, np.nan, np.nan, np.inf, np.nan, 0.0])
