@@ -607,6 +607,17 @@ def test_pad_modes_match_numpy(shape, mode, data):
     assert_close(got, want.astype(np.float32))
 
 
+@pytest.mark.parametrize("shape", [(1,), (5,), (3, 4)])
+def test_wrap_pads_as_wide_as_the_axis_and_wider_match_numpy(shape):
+    """Wrap padding at most an axis wide finds its source by a select (`Pad`'s wraps_once), wider by a modulo: both
+    at the boundary, each side, against numpy.pad."""
+    x = rand(shape, 4)
+    for around in ((lambda d: (d, d)), (lambda d: (d + 1, 0)), (lambda d: (0, 2 * d + 1))):
+        widths = tuple(around(d) for d in shape)
+        got, = run(lambda t: ops.pad(t, widths, mode="wrap"), x)
+        np.testing.assert_array_equal(got, np.pad(x, widths, mode="wrap"))
+
+
 def test_pad_refuses_reflections_wider_than_the_axis_empty_axes_and_unknown_modes():
     x = tg.input("x", (3, 0))
     with pytest.raises(ValueError, match="at most 2"):

@@ -422,6 +422,7 @@ class Pad(Operator):
 
     kind = "pad"
     generic = True
+    derived_attrs = ("wraps_once",)     # mode wrap, no pad wider than its axis: a select finds the source, not a %
 
     def check(self):
         x, pads, mode = self.inputs[0], self.attrs["pads"], self.attrs["mode"]
@@ -429,6 +430,8 @@ class Pad(Operator):
             raise ValueError(f"pad: pads must be {2 * x.ndim} non-negative ints (begin..., end...), got {pads!r}")
         if mode not in PAD_MODES:
             raise ValueError(f"pad: mode {mode!r} is not one of {', '.join(PAD_MODES)}")
+        self.attrs["wraps_once"] = mode == "wrap" and all(max(pads[k], pads[x.ndim + k]) <= d
+                                                          for k, d in enumerate(x.shape))
         if len(self.inputs) == 2:
             fill = self.inputs[1]
             if mode != "constant" or fill.size != 1 or fill.dtype != x.dtype:
@@ -457,17 +460,21 @@ class Pad(Operator):
             if not src:
                 return x[()]
             if mode != "constant":
-                return x[tuple(pad_source(s, d, mode) for s, d in zip(src, shape))]
+                return x[tuple(pad_source(s, d, mode, self.attrs["wraps_once"]) for s, d in zip(src, shape))]
             inside = _all([ir.binary("and", s >= 0, s < d) for s, d in zip(src, shape)])
             return ir.Select(inside, x[tuple(src)], value, x.dtype)
 
         return [compute("pad", out, fcompute)]
 
 
-def pad_source(s, size, mode: str) -> ir.Expr:
-    """The index read for position `s` (negative before the axis, `size` or more after it) of a padded axis."""
+def pad_source(s, size, mode: str, wraps_once: bool = False) -> ir.Expr:
+    """The index read for position `s` (negative before the axis, `size` or more after it) of a padded axis;
+    `wraps_once`: mode wrap by at most `size` at each side, where one select replaces a division an element (a
+    (1000, 1000) array padded by 2 took 1.04 ms with the division, 2.7x numpy's time)."""
     if mode == "edge":
         return math_expr("min", [math_expr("max", [s, 0]), ir.binary("-", size, 1)])
+    if mode == "wrap" and wraps_once:
+        return ir.Select(s < 0, s + size, ir.Select(s >= size, s - size, s, s.dtype), s.dtype)
     if mode == "wrap":
         return ir.binary("%", s, size)
     last = ir.binary("-", size, 1)        # reflect: -1 -> 1, size -> size - 2
