@@ -176,6 +176,13 @@ def trace(fn, *inputs: Tensor, name: str | None = None) -> Graph:
     return Graph(list(inputs), outputs, name=name or getattr(fn, "__name__", "graph"))
 
 
+def _ready(a, t) -> bool:
+    """Whether `a` is already what a call binds for input `t`: a writable C-contiguous numpy array of its shape and
+    (native) dtype (the checks below, done for the common case in a few attribute reads)."""
+    return type(a) is np.ndarray and a.dtype == t.numpy_dtype and a.shape == t.shape and a.flags.c_contiguous \
+        and a.flags.writeable and a.dtype.isnative
+
+
 def bind_inputs(graph: Graph, args: tuple, named: dict | None = None) -> list:
     """The input arrays of a call (positional, one dict keyed by input name, or by keyword: `named`), checked
     against the graph; read-only ones copied (numba would compile each kernel again for them)."""
@@ -200,6 +207,9 @@ def bind_inputs(graph: Graph, args: tuple, named: dict | None = None) -> list:
         raise TypeError(f"graph {graph.name!r} takes {len(names)} input arrays ({', '.join(names)}), got {len(args)}")
     arrays = []
     for t, a in zip(graph.inputs, args):
+        if _ready(a, t):
+            arrays.append(a)
+            continue
         given = a
         try:
             a = as_array(a)

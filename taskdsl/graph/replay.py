@@ -35,7 +35,7 @@ import numpy as np
 from numpy.lib.array_utils import byte_bounds
 
 from ..backend.cpu.launch import recording_active
-from ..runtime.host import empty_aligned
+from ..runtime.arrays import host_empty
 from .operator import Operator
 
 
@@ -118,10 +118,15 @@ class _Slot:
     shape: tuple
     offset: int = 0
 
+    def __post_init__(self):
+        self.nbytes = self.dtype.itemsize * math.prod(self.shape)
+        self.as_bytes = self.dtype == np.uint8 and len(self.shape) == 1     # a flat launch's: the bytes as they are
+
     def bind(self, memory: np.ndarray) -> None:
-        nbytes = self.dtype.itemsize * math.prod(self.shape)
-        flat = memory.reshape(-1).view(np.uint8)[self.offset:self.offset + nbytes]
-        self.action.args[self.index] = flat.view(self.dtype).reshape(self.shape)
+        flat = memory.reshape(-1).view(np.uint8)
+        if self.offset or flat.size != self.nbytes:
+            flat = flat[self.offset:self.offset + self.nbytes]
+        self.action.args[self.index] = flat if self.as_bytes else flat.view(self.dtype).reshape(self.shape)
 
 
 @dataclass
@@ -166,7 +171,7 @@ class _Rebound(_Output):
     slots: list
 
     def prepare(self) -> None:
-        self.fresh = empty_aligned(self.shape, self.dtype)
+        self.fresh = host_empty(self.shape, self.dtype)
         for slot in self.slots:
             slot.bind(self.fresh)
 

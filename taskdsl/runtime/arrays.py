@@ -92,13 +92,13 @@ def empty_like_operands(shape, dtype, *operands):
     slot = _claim(shape, dtype, gpu)
     if slot is not None:
         return slot
-    return device_empty(shape, dtype) if gpu else _host_empty(shape, dtype)
+    return device_empty(shape, dtype) if gpu else host_empty(shape, dtype)
 
 
 SMALL_RESULT_BYTES = 4096   # host results below a page come from numpy as they are (16-byte aligned)
 
 
-def _host_empty(shape, dtype) -> np.ndarray:
+def host_empty(shape, dtype) -> np.ndarray:
     """A host result: cache-line aligned (`empty_aligned`) unless small, where a split line costs a few loads at
     most, and aligning costs 2-3 us of a tiny operator call's ~20."""
     dtype = np.dtype(dtype)
