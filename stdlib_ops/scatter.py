@@ -23,7 +23,7 @@ from taskdsl import blockIdx
 
 from .elementwise import tdtype
 
-REDUCTIONS = ("none", "add", "mul", "max", "min")
+REDUCTIONS = ("none", "add", "mul", "max", "min")     # also the graph's scatters' (graph/ops/scatter.py)
 SLICE_CHUNK = 1024      # slice elements a `scatter_slices` block applies every update to
 
 

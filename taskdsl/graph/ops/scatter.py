@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from stdlib_ops.scatter import REDUCTIONS
 
 from ... import ir
 from ...compute import compute
@@ -28,7 +29,6 @@ from ..tensor import Tensor, as_tensor
 from .axes import normalize_axis
 from .transform import reshape
 
-REDUCTIONS = ("none", "add", "mul", "max", "min")
 _COMBINE = {"add": ("sum", "+"), "mul": ("prod", "*"), "max": ("max", "max"), "min": ("min", "min")}
 
 

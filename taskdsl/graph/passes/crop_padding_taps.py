@@ -65,8 +65,6 @@ def crop_padding_taps(graph: Graph) -> Graph:
         if found is None:
             return None
         weights, pads = found
-        attrs = {**op.attrs, "pads": pads}
-        attrs.pop("out", None)
-        return Conv([inputs[0], constant(weights, op.inputs[1].dtype)], attrs).outputs
+        return Conv([inputs[0], constant(weights, op.inputs[1].dtype)], dict(op.attrs, pads=pads)).outputs
 
     return graph.transform(rewritten)
