@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from stdlib_ops import conv, elementwise, gemm, norm, pool, reduce, rowwise, scatter, topk, transform
+from stdlib_ops import conv, elementwise, gemm, norm, pool, reduce, rowwise, scan, scatter, topk, transform
 from stdlib_ops.conv_geometry import ConvGeometry, geometry, input_shape
 
 from .. import schedule
@@ -24,9 +24,9 @@ from ..runtime.config import get_target
 from ..runtime.device_array import DeviceArray, carve
 from ..runtime.kernel import remember
 from .operator import Operator
-from .ops import (BatchNorm, Concat, Conv, Elementwise, Expand, FusedElementwise, Gather, IntegerConv, IntegerMatMul,
-                  LayerNorm, MatMul, Pad, Pool, Reduce, Reshape, ScatterElements, ScatterND, Slice, Softmax, TopK,
-                  Transpose)
+from .ops import (BatchNorm, Concat, Conv, Cumulative, Elementwise, Expand, FusedElementwise, Gather, IntegerConv,
+                  IntegerMatMul, LayerNorm, MatMul, Pad, Pool, Reduce, Reshape, ScatterElements, ScatterND, Slice,
+                  Softmax, TopK, Transpose)
 from .replay import record_check
 
 RUNNERS: dict = {}
@@ -268,6 +268,19 @@ def run_topk(op: TopK, arrays: list) -> tuple:
 def _on_host_cpu(arrays: list) -> bool:
     """Whether the cpu target runs this operator on host arrays (the cpu's own kernels apply)."""
     return get_target() == "cpu" and not on_device(*arrays)
+
+
+@runs(Cumulative)
+def run_cumulative(op: Cumulative, arrays: list) -> tuple:
+    """On the cpu, `stdlib_ops.scan.scan` (the axis walked once: the running sums along rows of (512, 4096) took
+    19 ms by the definitions, about 64 block terms an element); elsewhere, by definitions."""
+    if not _on_host_cpu(arrays):
+        return run_definitions(op, arrays)
+    axis, shape = op.attrs["axis"], op.inputs[0].shape
+    x = contiguous(arrays[0]).reshape(math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:]))
+    y = empty_like_operands(shape, x.dtype, x)
+    kernel = scan.scan(x, y.reshape(x.shape), op.attrs["op"], op.attrs["exclusive"], op.attrs["reverse"])
+    return [y], [kernel]
 
 
 @runs(ScatterElements)

@@ -182,6 +182,28 @@ def test_cumsum_of_large_int64_values_is_exact():
     check_node(n("CumSum", ["x", "a"], ["y"]), x, I64, {"a": np.array(0, np.int64)})
 
 
+@pytest.mark.parametrize("shape, axis", [((3, 301), 1), ((2, 37, 131), 1), ((129, 67), 0), ((5, 2, 64), 2)])
+@pytest.mark.parametrize("exclusive, reverse", [(0, 0), (1, 1)])
+def test_cumsum_on_the_cpu_adds_in_numpys_order(shape, axis, exclusive, reverse, twin_target):
+    """The cpu walks the axis once (stdlib_ops.scan; inner sizes past a chunk of 64 columns, with a partial last
+    chunk): f32 sums equal numpy.cumsum's bit for bit, and f16 ones are summed in f32 and rounded once at each
+    store (numpy's f32 sums, rounded)."""
+    if twin_target == "cuda":
+        pytest.skip("the cuda target runs the definitions, which add in blocks")
+    for dtype in (F32, F16):
+        x = values(shape, dtype, 11)
+        node = n("CumSum", ["x", "a"], ["y"], exclusive=exclusive, reverse=reverse)
+        model = make_model([node], [("x", list(shape), dtype)], [("y", [None] * len(shape), dtype)],
+                           {"a": np.array(axis, np.int64)})
+        flipped = np.flip(x, axis) if reverse else x
+        sums = np.cumsum(flipped.astype(np.float32), axis=axis)
+        if exclusive:
+            sums = np.concatenate([np.zeros_like(np.take(sums, [0], axis=axis)),
+                                   np.take(sums, range(shape[axis] - 1), axis=axis)], axis=axis)
+        want = (np.flip(sums, axis) if reverse else sums).astype(x.dtype)
+        np.testing.assert_array_equal(tg.from_onnx(model)(x)[0], want)
+
+
 def test_cumsum_axis_must_be_constant():
     model = make_model([n("CumSum", ["x", "a"], ["y"])], [("x", [3]), ("a", [], I64)], [("y", [3])])
     with pytest.raises(ConstantRequiredError, match="input 'a' must be a constant"):
