@@ -46,7 +46,8 @@ _MATH = {"exp": "math.exp", "log": "math.log", "log2": "math.log2", "sqrt": "mat
          "pow": "rt.pow", "abs": "abs", "max": "max", "min": "min", "rsqrt": "rt.rsqrt", "exp2": "rt.exp2",
          "sigmoid": "rt.sigmoid", "fma": "rt.fma"}
 _F32_MATH = {"erf": "rt.erf_f32", "tanh": "rt.tanh_f32", "exp": "rt.exp_f32",     # vectorizable approximations
-             "log": "rt.log_f32", "sigmoid": "rt.sigmoid_f32"}                      # (support.py)
+             "log": "rt.log_f32", "sigmoid": "rt.sigmoid_f32",                      # (support.py)
+             "sin": "rt.sin_f32", "cos": "rt.cos_f32"}                              # (trig.py)
 # Python's max / min on floats depend on the argument order when one is a NaN; these keep it
 _FLOAT_MATH = {"max": "rt.fmax", "min": "rt.fmin"}
 # `v = max(v, x)` of floats: LLVM's own maximum, which it vectorizes as a reduction (support.running_max)

@@ -18,6 +18,8 @@ from numba.extending import intrinsic, overload
 
 from ...ir.types import FLOAT8_NAN, FLOAT8_VALUES, float8_bits, narrow_float_bits
 from . import vectors
+from .bitcasts import bits_of_f32, f32_from_bits, low_bits
+from .trig import cos_f32, sin_f32  # noqa: F401 (the generated code's rt.sin_f32, rt.cos_f32)
 from .parallel import call_entry, lock_compiles  # noqa: F401 (call_entry: outlined functions' calls)
 
 WARP = 32
@@ -279,15 +281,15 @@ def exp_f32(x):
     p = p * r * r + r + np.float32(1.0)
     k = np.int32(n)
     half = k >> 1
-    y = p * _f32_from_bits((half + 127) << 23) * _f32_from_bits((k - half + 127) << 23)
+    y = p * f32_from_bits((half + 127) << 23) * f32_from_bits((k - half + 127) << 23)
     return np.float32(0.0) if under else (y if x == x else x)
 
 
 # log x = log m + e ln 2, x = m 2^e with m in [sqrt(1/2), sqrt(2)) (m and e from the bits: exponent-field masks),
 # log m = log(1 + f) by Cephes' degree-8 polynomial in f, and ln 2 in two parts: within 1 ulp of the exact logarithm
-# (0.76 at most over 2.3 million floats of every exponent, subnormals included; tests/backend). Subnormals are scaled by 2^23 first (a select: a normal x never goes through a
-# subnormal product). Arithmetic, bitcasts and selects only, so a softplus or mish (log1p of e^-|x|) vectorizes,
-# where math.log is a libm call per element.
+# (0.76 at most over 2.3 million floats of every exponent, subnormals included; tests/backend). Subnormals are
+# scaled by 2^23 first (a select: a normal x never goes through a subnormal product). Arithmetic, bitcasts and
+# selects only, so a softplus or mish (log1p of e^-|x|) vectorizes, where math.log is a libm call per element.
 _LOG_P = (7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1, -1.2420140846e-1, 1.4249322787e-1, -1.6668057665e-1,
           2.0000714765e-1, -2.4999993993e-1, 3.3333331174e-1)
 
@@ -296,9 +298,9 @@ _LOG_P = (7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1, -1.2420140846e-1, 
 def log_f32(x):
     """The natural logarithm of a float32 (-inf at 0 and -0, NaN below 0 and for NaN, inf at inf)."""
     subnormal = x < np.float32(1.17549435e-38)
-    bits = np.int32(_bits_of_f32(x * np.float32(8388608.0) if subnormal else x))
+    bits = np.int32(bits_of_f32(x * np.float32(8388608.0) if subnormal else x))
     e = np.float32(((bits >> 23) & 0xff) - (149 if subnormal else 126))
-    m = _f32_from_bits((bits & 0x007fffff) | 0x3f000000)       # [0.5, 1)
+    m = f32_from_bits((bits & 0x007fffff) | 0x3f000000)       # [0.5, 1)
     low = m < np.float32(0.707106781186547524)
     e = e - np.float32(1.0) if low else e
     f = (m + m if low else m) - np.float32(1.0)
@@ -650,25 +652,6 @@ def _host_converts_halves() -> bool:
 HARDWARE_HALVES = _host_converts_halves()
 
 
-def _low_bits(builder, value, width: int, wanted: int):
-    """The low `wanted` bits of an integer value `width` bits wide (zero-extended when narrower)."""
-    if width == wanted:
-        return value
-    return (builder.trunc if width > wanted else builder.zext)(value, llvm_ir.IntType(wanted))
-
-
-@intrinsic
-def _f32_from_bits(typingctx, bits):
-    """The f32 whose bit pattern is the low 32 bits of the integer `bits` (a bitcast)."""
-    if not isinstance(bits, types.Integer):
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(_low_bits(builder, args[0], bits.bitwidth, 32), llvm_ir.FloatType())
-
-    return types.float32(bits), codegen
-
-
 def _f32_of_f16_bits(bits):
     """The f32 value of f16 bits (typed by the overload below)."""
 
@@ -680,7 +663,7 @@ def _f32_of_f16_bits_by_hardware(typingctx, bits):
         return None
 
     def codegen(context, builder, signature, args):
-        half = builder.bitcast(_low_bits(builder, args[0], bits.bitwidth, 16), llvm_ir.HalfType())
+        half = builder.bitcast(low_bits(builder, args[0], bits.bitwidth, 16), llvm_ir.HalfType())
         return builder.fpext(half, llvm_ir.FloatType())
 
     return types.float32(bits), codegen
@@ -692,7 +675,7 @@ def _f32_of_f16_bits_in_software(bits):
     if exp == 0:   # zero or subnormal: mant * 2**-24, exact in f32
         value = np.float32(mant) * np.float32(5.960464477539063e-08)
         return -value if sign else value
-    return _f32_from_bits(sign | ((exp + 112 if exp < 31 else 255) << 23) | (mant << 13))
+    return f32_from_bits(sign | ((exp + 112 if exp < 31 else 255) << 23) | (mant << 13))
 
 
 @overload(_f32_of_f16_bits)
@@ -711,7 +694,7 @@ def f16_to_f32(bits):
 @njit(cache=True)
 def bf16_to_f32(bits):
     """The f32 value of bf16 bits."""
-    return _f32_from_bits((np.int64(bits) & 0xffff) << 16)
+    return f32_from_bits((np.int64(bits) & 0xffff) << 16)
 
 
 # The rounding is plain Python that numba also compiles: constant folding rounds with the same code.
@@ -750,18 +733,6 @@ def f32_to_f16(x):
     return _f16_bits(x)
 
 
-@intrinsic
-def _bits_of_f32(typingctx, x):
-    """The bit pattern of the f32 x, as a uint32 (a bitcast)."""
-    if x != types.float32:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], llvm_ir.IntType(32))
-
-    return types.uint32(x), codegen
-
-
 def _bf16_bits(x):
     """The bf16 bits nearest to x (typed by the overload below)."""
 
@@ -770,7 +741,7 @@ def _bf16_bits_of_f32(x):
     # bf16 is f32's upper half: add half a unit of the kept bits, less one unless the kept part is odd (ties to
     # even), and drop the lower half; a carry rounds into the exponent, up to inf. Integer arithmetic only, so it
     # vectorizes, where the general rounding calls frexp and rint per value.
-    b = np.int64(_bits_of_f32(x))
+    b = np.int64(bits_of_f32(x))
     if x != x:      # a quiet NaN of x's sign
         return np.uint16(((b >> 16) & 0x8000) | 0x7fc0)
     return np.uint16((b + 0x7fff + ((b >> 16) & 1)) >> 16)
@@ -816,9 +787,9 @@ def _float8_bits(x, mant_bits, exp_bias, largest):
 def _float8_bits_of_f32(x, mant_bits, exp_bias, largest):
     # Integer arithmetic on x's bits but for a subnormal's rounding (rint of an exact scaling), so it vectorizes,
     # where `float8_bits` calls frexp and rint per value (4M f32 values to f8e4m3: 43-46 ms with it, 3-4 ms now).
-    b = np.int64(_bits_of_f32(x))
+    b = np.int64(bits_of_f32(x))
     sign = (b >> 24) & 0x80
-    magnitude = min(b & 0x7fffffff, np.int64(_bits_of_f32(np.float32(largest))))   # saturated (a NaN: below)
+    magnitude = min(b & 0x7fffffff, np.int64(bits_of_f32(np.float32(largest))))   # saturated (a NaN: below)
     shift = 23 - mant_bits
     # a normal result: the dropped bits rounded to even (a carry rounds up into the exponent), the exponent's bias
     # moved from f32's 127 to the format's
@@ -826,7 +797,7 @@ def _float8_bits_of_f32(x, mant_bits, exp_bias, largest):
     normal = rounded - ((127 - exp_bias) << mant_bits)
     # a subnormal result (below 2**(1 - bias)): units of the format's least value, rounded to even (2**mant_bits,
     # reached by rounding up, is the least normal's pattern)
-    units = np.int64(np.rint(_f32_from_bits(magnitude) * np.float32(2.0 ** (exp_bias - 1 + mant_bits))))
+    units = np.int64(np.rint(f32_from_bits(magnitude) * np.float32(2.0 ** (exp_bias - 1 + mant_bits))))
     code = normal if magnitude >= ((128 - exp_bias) << 23) else units
     return np.uint8(FLOAT8_NAN if x != x else sign | code)
 
