@@ -6,8 +6,12 @@ the outputs themselves, with the slot of the one that comes last among them: an 
 before that one, so a row costs about n comparisons plus k per entry (each entry looks for the new last), and
 insertion-sorts its k at the end. Order as the operator's: larger (or, not `largest`, smaller) first, NaN above
 every number, equal elements in index order. An element scanned later never ties its way in: its index is larger.
+
+For k > MAX_K (a row sorted whole: TopK with k = n is ONNX's sort) a row's indices are merge-sorted instead
+(`topk_sorted_kernel`), in runs of 1, 2, 4, ... between two halves of a work array, by the same order: n log2 n
+comparisons (the 1000 best of each row of (8, 4096) took 28.9 ms by the definitions, 78x onnxruntime's time).
 """
-# ruff: noqa: F821 - the kernel's body uses its size symbols TO, TN, TI, TK as names
+# ruff: noqa: F821 - the kernels' bodies use their size symbols TO, TN, TI, TK, TB as names
 # No `from __future__ import annotations`: the kernel's annotations use closure dtypes.
 import functools
 
@@ -21,10 +25,8 @@ from .elementwise import tdtype
 MAX_K = 128     # beyond, the insertion sort (k^2 / 2) and the worst case's entries (k a row element) weigh
 
 
-@functools.cache
-def topk_rows_kernel(dtype, largest: bool) -> td.Kernel:
-    """The top-k kernel for x (outer, n, inner) of `dtype`: block (o, c) selects along n into values and indices
-    (outer, k, inner), k <= n."""
+def _order(dtype, largest: bool) -> tuple:
+    """The device functions (ahead, before) of the top-k order of `dtype`'s values."""
     is_float = dtype.is_float
 
     @td.func
@@ -40,6 +42,15 @@ def topk_rows_kernel(dtype, largest: bool) -> td.Kernel:
     def before(a, i, b, j):
         """Whether the element (value a, index i) comes before (b, j): ahead, or equal and first in the row."""
         return ahead(a, b) | (not ahead(b, a) and i < j)
+
+    return ahead, before
+
+
+@functools.cache
+def topk_rows_kernel(dtype, largest: bool) -> td.Kernel:
+    """The top-k kernel for x (outer, n, inner) of `dtype`: block (o, c) selects along n into values and indices
+    (outer, k, inner), k <= n."""
+    ahead, before = _order(dtype, largest)
 
     @td.func
     def last_slot(values, indices, o, c) -> td.i32:
@@ -82,11 +93,66 @@ def topk_rows_kernel(dtype, largest: bool) -> td.Kernel:
     return topk_rows
 
 
+@functools.cache
+def topk_sorted_kernel(dtype, largest: bool) -> td.Kernel:
+    """The top-k kernel for x (outer, n, inner) of `dtype` by a merge sort of each row: block b = (o, c) sorts the
+    row's values and indices in Keys[b] and Work[b] (each two halves of n), then writes the first k into values and
+    indices (outer, k, inner). The values move with their indices, so comparisons read neighbours, not the row at
+    random (2.7 -> 2.0 ms for the 1000 best of each row of (8, 4096)); a merge without branches, by selects, took
+    2.9 ms: each step waited for the last comparison's loads."""
+    _, before = _order(dtype, largest)
+
+    @td.kernel(grid=lambda TB: TB, block=1, name=f"topk_sorted_{'largest' if largest else 'smallest'}")
+    def topk_sorted(X: dtype["TO", "TN", "TI"], Values: dtype["TO", "TK", "TI"], Indices: td.i64["TO", "TK", "TI"],
+                    Keys: dtype["TB", 2, "TN"], Work: td.i32["TB", 2, "TN"]):
+        b = blockIdx.x
+        o = b // TI
+        c = b % TI
+        for j in range(TN):
+            Keys[b, 0, j] = X[o, j, c]
+            Work[b, 0, j] = j
+        src = 0
+        width = 1
+        while width < TN:      # merge neighbouring runs of `width` from half src into the other
+            for pair in range((TN + 2 * width - 1) // (2 * width)):
+                lo = pair * 2 * width
+                mid = min(lo + width, TN)
+                hi = min(lo + 2 * width, TN)
+                i = lo
+                j = mid
+                for t in range(lo, hi):
+                    take_left = j >= hi
+                    if i < mid and j < hi:
+                        take_left = before(Keys[b, src, i], Work[b, src, i], Keys[b, src, j], Work[b, src, j])
+                    if take_left:
+                        Keys[b, 1 - src, t] = Keys[b, src, i]
+                        Work[b, 1 - src, t] = Work[b, src, i]
+                        i += 1
+                    else:
+                        Keys[b, 1 - src, t] = Keys[b, src, j]
+                        Work[b, 1 - src, t] = Work[b, src, j]
+                        j += 1
+            src = 1 - src
+            width *= 2
+        for t in range(TK):
+            Values[o, t, c] = Keys[b, src, t]
+            Indices[o, t, c] = td.cast(Work[b, src, t], td.i64)
+
+    return topk_sorted
+
+
 def topk_rows(x: np.ndarray, values: np.ndarray, indices: np.ndarray, largest: bool) -> td.Kernel:
     """Write the top-k of x (outer, n, inner), a cpu array, along axis 1 into `values` and `indices` (outer, k,
-    inner), 1 <= k <= min(n, MAX_K); returns the kernel launched."""
-    if not 1 <= values.shape[1] <= min(x.shape[1], MAX_K):
-        raise ValueError(f"topk_rows takes 1 <= k <= min(n, {MAX_K}), got k={values.shape[1]} for n={x.shape[1]}")
-    kernel = topk_rows_kernel(tdtype(x.dtype), bool(largest))
-    kernel(x, values, indices)
+    inner), 1 <= k <= n: a selection for k <= MAX_K, else a merge sort; returns the kernel launched."""
+    outer, n, inner = x.shape
+    if not 1 <= values.shape[1] <= n:
+        raise ValueError(f"topk_rows takes 1 <= k <= n, got k={values.shape[1]} for n={n}")
+    if n >= 2 ** 31:
+        raise ValueError(f"topk_rows sorts rows of fewer than 2^31 elements, got {n}")
+    if values.shape[1] <= MAX_K:
+        kernel = topk_rows_kernel(tdtype(x.dtype), bool(largest))
+        kernel(x, values, indices)
+    else:
+        kernel = topk_sorted_kernel(tdtype(x.dtype), bool(largest))
+        kernel(x, values, indices, np.empty((outer * inner, 2, n), x.dtype), np.empty((outer * inner, 2, n), np.int32))
     return kernel

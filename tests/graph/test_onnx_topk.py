@@ -88,13 +88,16 @@ def long_row_values(shape: list, elem: int, seed: int, nans: bool, order: str) -
 
 
 @settings(max_examples=8, deadline=None)
-@given(n=st.sampled_from([129, 1009, 4099]), k=st.integers(1, 128), elem=st.sampled_from(sorted(TYPES)),
+@given(n=st.sampled_from([129, 1009, 4099]), k=st.one_of(st.integers(1, 128), st.sampled_from([129, 1009, 4099])),
+       elem=st.sampled_from(sorted(TYPES)),
        largest=st.sampled_from([0, 1]), nans=st.booleans(),
        order=st.sampled_from(["random", "ascending", "descending"]),
        seed=st.integers(0, 99))
 def test_topk_of_long_rows_matches_onnxruntime(n, k, elem, largest, nans, order, seed):
     """A few of thousands, as a vocabulary's top-k (on the cpu, k <= stdlib_ops.topk.MAX_K selects by its kernel,
-    about n comparisons a row): values and indices equal onnxruntime's."""
+    about n comparisons a row), or more, up to the whole row sorted (a merge sort): values and indices equal
+    onnxruntime's."""
+    k = min(k, n)
     x = long_row_values([2, n], elem, seed, nans, order)
     note(f"x = {x!r}")
     model = topk_model([2, n], k, -1, largest, elem, 11)
@@ -108,12 +111,12 @@ def test_topk_of_long_rows_matches_onnxruntime(n, k, elem, largest, nans, order,
         np.testing.assert_array_equal(g, w)
 
 
-def test_topk_past_the_row_kernels_k_ranks_by_definitions():
-    """k above stdlib_ops.topk.MAX_K (the definitions' n^2 ranking on the cpu too) and inside it give onnxruntime's
-    results on the same rows, along a middle axis."""
+def test_topk_past_the_selections_k_along_a_middle_axis():
+    """k above stdlib_ops.topk.MAX_K (on the cpu a merge sort of each row), the whole row, and inside MAX_K give
+    onnxruntime's results on the same rows, along a middle axis."""
     from stdlib_ops.topk import MAX_K
     x = long_row_values([2, 3, 300], TensorProto.FLOAT, 3, True, "random").transpose(0, 2, 1).copy()
-    for k in (MAX_K + 1, MAX_K):
+    for k in (MAX_K + 1, 300, MAX_K):
         model = topk_model([2, 300, 3], k, 1, 1, TensorProto.FLOAT, 11)
         got, want = tg.from_onnx(model).compile()({"x": x}), run_onnxruntime(model, {"x": x})
         for g, w in zip(got, want):
