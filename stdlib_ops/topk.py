@@ -97,7 +97,8 @@ def topk_rows_kernel(dtype, largest: bool) -> td.Kernel:
 def topk_sorted_kernel(dtype, largest: bool) -> td.Kernel:
     """The top-k kernel for x (outer, n, inner) of `dtype` by a merge sort of each row: block b = (o, c) sorts the
     row's values and indices in Keys[b] and Work[b] (each two halves of n), then writes the first k into values and
-    indices (outer, k, inner). The values move with their indices, so comparisons read neighbours, not the row at
+    indices (outer, k, inner). A run longer than k keeps its first k only: a top 200 of 50257 merges about 60% of
+    what a full sort does. The values move with their indices, so comparisons read neighbours, not the row at
     random (2.7 -> 2.0 ms for the 1000 best of each row of (8, 4096)); a merge without branches, by selects, took
     2.9 ms: each step waited for the last comparison's loads."""
     _, before = _order(dtype, largest)
@@ -116,11 +117,12 @@ def topk_sorted_kernel(dtype, largest: bool) -> td.Kernel:
         while width < TN:      # merge neighbouring runs of `width` from half src into the other
             for pair in range((TN + 2 * width - 1) // (2 * width)):
                 lo = pair * 2 * width
-                mid = min(lo + width, TN)
-                hi = min(lo + 2 * width, TN)
+                mid = min(lo + min(width, TK), TN)      # runs past k keep their first k (the rest can never count)
+                right = min(lo + width, TN)
+                hi = min(right + min(width, TK), TN)
                 i = lo
-                j = mid
-                for t in range(lo, hi):
+                j = right
+                for t in range(lo, lo + min(mid - lo + hi - right, TK)):
                     take_left = j >= hi
                     if i < mid and j < hi:
                         take_left = before(Keys[b, src, i], Work[b, src, i], Keys[b, src, j], Work[b, src, j])
