@@ -607,6 +607,20 @@ def test_pad_modes_match_numpy(shape, mode, data):
     assert_close(got, want.astype(np.float32))
 
 
+PARTLY_PADDED = [((0, 0), (0, 0), (3, 3), (3, 3)), ((0, 0), (2, 0), (0, 8), (36, 0)), ((1, 1), (0, 0), (0, 0), (0, 4))]
+
+
+@pytest.mark.parametrize("mode", ["edge", "reflect", "wrap"])
+@pytest.mark.parametrize("widths", PARTLY_PADDED)
+def test_pad_modes_of_some_axes_of_long_rows_match_numpy(mode, widths):
+    """Each mode reads an axis's three parts (before, inside, after) through selects that the cpu's row loops split
+    at: rows of 37 padded on both sides, one side (as wide as a reflection may go), or not at all, and axes left
+    unpadded, which read their own index."""
+    x = rand((2, 3, 9, 37), 5)
+    got, = run(lambda t: ops.pad(t, widths, mode=mode), x)
+    np.testing.assert_array_equal(got, np.pad(x, widths, mode=mode))
+
+
 @pytest.mark.parametrize("shape", [(1,), (5,), (3, 4)])
 def test_wrap_pads_as_wide_as_the_axis_and_wider_match_numpy(shape):
     """Wrap padding at most an axis wide finds its source by a select (`Pad`'s wraps_once), wider by a modulo: both

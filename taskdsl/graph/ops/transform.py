@@ -459,8 +459,9 @@ class Pad(Operator):
             src = [i - pads[k] for k, i in enumerate(ix)]
             if not src:
                 return x[()]
-            if mode != "constant":
-                return x[tuple(pad_source(s, d, mode, self.attrs["wraps_once"]) for s, d in zip(src, shape))]
+            if mode != "constant":     # (an axis not padded reads its own index: no selects to split loops by)
+                return x[tuple(pad_source(s, d, mode, self.attrs["wraps_once"]) if pads[k] or pads[n + k] else s
+                               for k, (s, d) in enumerate(zip(src, shape)))]
             inside = _all([ir.binary("and", s >= 0, s < d) for s, d in zip(src, shape)])
             return ir.Select(inside, x[tuple(src)], value, x.dtype)
 
@@ -468,17 +469,23 @@ class Pad(Operator):
 
 
 def pad_source(s, size, mode: str, wraps_once: bool = False) -> ir.Expr:
-    """The index read for position `s` (negative before the axis, `size` or more after it) of a padded axis;
-    `wraps_once`: mode wrap by at most `size` at each side, where one select replaces a division an element (a
-    (1000, 1000) array padded by 2 took 1.04 ms with the division, 2.7x numpy's time)."""
+    """The index read for position `s` (negative before the axis, `size` or more after it) of a padded axis.
+
+    Each mode is a select between the axis's three parts (before, inside, after), each part's index linear in `s`:
+    the cpu's row loops split at the selects' bounds and read each part as a row, where a min / max (edge), the
+    absolute values of a reflection or a division (wrap) kept them scalar (a reflect padding of (1, 64, 112, 112)
+    by 3 took 2.2x onnxruntime's time; a (1000, 1000) array wrapped by 2, 2.7x numpy's). `wraps_once`: mode wrap
+    by at most `size` at each side; a reflection pads by at most size - 1 (Pad.check), so it bounces once."""
+    last = ir.binary("-", size, 1)
     if mode == "edge":
-        return math_expr("min", [math_expr("max", [s, 0]), ir.binary("-", size, 1)])
-    if mode == "wrap" and wraps_once:
-        return ir.Select(s < 0, s + size, ir.Select(s >= size, s - size, s, s.dtype), s.dtype)
-    if mode == "wrap":
+        before, after = ir.const(0, s.dtype), last
+    elif mode == "reflect":               # -1 -> 1, size -> size - 2
+        before, after = ir.binary("-", ir.const(0, s.dtype), s), ir.binary("-", ir.binary("+", last, last), s)
+    elif wraps_once:
+        before, after = s + size, s - size
+    else:
         return ir.binary("%", s, size)
-    last = ir.binary("-", size, 1)        # reflect: -1 -> 1, size -> size - 2
-    return ir.binary("-", last, math_expr("abs", [ir.binary("-", last, math_expr("abs", [s]))]))
+    return ir.Select(s < 0, before, ir.Select(s >= size, after, s, s.dtype), s.dtype)
 
 
 # ---------------------------------------------------------------- the functions
