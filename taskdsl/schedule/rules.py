@@ -147,7 +147,8 @@ def schedule_injective(out: Tensor, inline: set, strategy: str = "flat") -> Kern
     'rows': blocks walk the rows (all but the last axis, unravelled once per row, grid-stride
     over blockIdx.y) and chunks of PER_THREAD * BLOCK columns, so no element pays for a division.
     'spans' / 'row_spans' (the cpu): the same with one thread per block, which loops over a
-    contiguous span of SPAN elements (of the flattened output, or of a row).
+    contiguous span of SPAN elements (of the flattened output, or of a row; rows shorter than SPAN in groups
+    that make SPAN elements, their coordinates carried from row to row).
     In every form the element's invariant subexpressions that read memory are computed once, ahead of
     the loops (`hoist.hoist_invariants`).
     """
@@ -184,15 +185,35 @@ def schedule_injective(out: Tensor, inline: set, strategy: str = "flat") -> Kern
         loop = ir.For(r, ir.const(0), ir.const(PER_THREAD), ir.const(1), ir.seq([
             ir.Assign(column, blockIdx.x * per_block + r * BLOCK + threadIdx.x),
             ir.If(ir.binary("<", column, width), ir.seq(coords + [store]))]), unroll=True)
-    if strategy in ("rows", "row_spans"):
+    if strategy == "rows":
         trips = (rows - blockIdx.y + gridDim.y - 1) // gridDim.y
         loop = ir.For(step, ir.const(0), trips, ir.const(1),
                       ir.seq([ir.Assign(row, blockIdx.y + step * gridDim.y)] + row_coords + [loop]))
+    elif strategy == "row_spans":       # a block takes a group of rows, its coordinates unravelled once, then carried
+        group, first, row = ir.Var("group", T.i32), ir.Var("first", T.i32), ir.Var("row", T.i32, kind="loop")
+        rows_per_group = ir.Call("max", (ir.const(1), ir.const(SPAN) // width), T.i32)
+        groups = (rows + rows_per_group - 1) // rows_per_group
+        trips = (groups - blockIdx.y + gridDim.y - 1) // gridDim.y
+        each_row = ir.For(row, first, ir.Call("min", (first + rows_per_group, rows), T.i32), ir.const(1),
+                          ir.seq([loop, _advance(row_index, out.shape[:-1])]))
+        loop = ir.For(step, ir.const(0), trips, ir.const(1), ir.seq(
+            [ir.Assign(group, blockIdx.y + step * gridDim.y), ir.Assign(first, group * rows_per_group)]
+            + [ir.Assign(c, e) for c, e in zip(row_index, _unravel(first, out.shape[:-1]))] + [each_row]))
     fn = _function(f"{out.name}_{strategy}", out, ir.seq(invariants + [loop]), block=1 if serial else BLOCK)
     names = size_names(rows, width)
     grid = size_function(lambda env: (-(-evaluate_int(width, env) // per_block),
-                                      max(1, min(evaluate_int(rows, env), rows_per_grid))), names)
+                                      max(1, min(_row_groups(strategy, evaluate_int(rows, env),
+                                                             evaluate_int(width, env)), rows_per_grid))), names)
     return Kernel.from_ir(fn, grid, streams=True)
+
+
+def _row_groups(strategy: str, rows: int, width: int) -> int:
+    """The groups of rows the blocks of a 'rows' or 'row_spans' kernel take: a row each on a GPU; on the cpu as many
+    rows as make SPAN elements (rows of 64 took a block each: four divisions a row, for sixteen vector stores)."""
+    if strategy != "row_spans":
+        return rows
+    per_group = max(1, SPAN // max(width, 1))
+    return -(-rows // per_group)
 
 
 def _advance(coords: list, shape: tuple) -> ir.Stmt:

@@ -7,6 +7,7 @@ at module level and reused across hypothesis examples (each new kernel costs a n
 import contextlib
 import functools
 import importlib
+import inspect
 import math
 import os
 from unittest import mock
@@ -19,7 +20,7 @@ from hypothesis import strategies as st
 import taskdsl as td
 from taskdsl import ir
 from taskdsl.compute import evaluate, size_var
-from taskdsl.schedule.rules import (choose_strategy, injective_strategy, schedule_injective, schedule_reduce,
+from taskdsl.schedule.rules import (SPAN, choose_strategy, injective_strategy, schedule_injective, schedule_reduce,
                                     split_chunks, split_stages)
 
 FEW = settings(max_examples=6, deadline=None)
@@ -546,6 +547,25 @@ def test_cpu_spans_carry_coordinates(shape):
     np.testing.assert_array_equal(COORDS3_OP(a)[0], a + i * 100000 + j * 10 + k)
     fn = schedule_injective(COORDS3, set(), "spans")._frontend_ir((1, 1, 1))
     loop, = [f for f in ir.collect(fn.body, ir.For) if f.var.name == "j"]
+    assert not [e for e in ir.collect(loop.body, ir.Binary) if e.op in ("//", "%")]
+
+
+@pytest.mark.parametrize("shape", [(2, 7, 16), (3, 301, 64), (1, 2, 4096), (5, 3, 5000), (0, 2, 20)])
+def test_cpu_row_spans_take_groups_of_rows_carrying_their_coordinates(shape):
+    """A cpu 'row_spans' block takes as many rows as make SPAN elements (one row past SPAN), unravels the first
+    one's coordinates once and carries them from row to row (rows of 64 took a block each, four divisions a row):
+    groups that end mid-plane and a last, partial group."""
+    a = np.random.default_rng(2).integers(-5, 6, shape).astype(np.int32)
+    i, j, k = np.indices(shape)
+    np.testing.assert_array_equal(COORDS3_OP(a)[0], a + i * 100000 + j * 10 + k)
+    kernel = schedule_injective(COORDS3, set(), "row_spans")
+    rows, width = shape[0] * shape[1], shape[2]
+    groups = -(-rows // max(1, SPAN // width))
+    sizes = dict(zip("ABC", shape))
+    assert kernel.grid_spec(*[sizes[name] for name in inspect.signature(kernel.grid_spec).parameters])[1] \
+        == max(1, groups)
+    fn = kernel._frontend_ir((1, 1, 1))
+    loop, = [f for f in ir.collect(fn.body, ir.For) if f.var.name == "row"]
     assert not [e for e in ir.collect(loop.body, ir.Binary) if e.op in ("//", "%")]
 
 
