@@ -3,7 +3,8 @@
     from stdlib_ops import transpose, concat, pad
     y = transpose(x, (0, 2, 1)); z = concat([a, b], axis=1); p = pad(x, ((0, 0), (1, 2)), value=-1.0)
 
-Each returns a new array computed by a kernel (never a numpy view). Shapes are canonical
+Each returns a new array computed by a kernel (never a numpy view); on the cpu a transpose that swaps two axes
+(NCHW <-> NHWC, a matrix's) runs `transpose_tiles` instead. Shapes are canonical
 and symbolic so an op is built once per structure and reused for every size:
 transpose drops size-1 axes and merges axes that stay neighbours; reshape of a row-major
 array is a flat copy; concat and gather view arrays as (outer, axis, inner); expand merges
@@ -23,7 +24,9 @@ import taskdsl as td
 from taskdsl import ir
 from taskdsl.compute import size_var
 from taskdsl.runtime.arrays import check_indices, on_device
+from taskdsl.runtime.config import get_target
 
+from . import transpose_tiles
 from .elementwise import (
     Plan,
     broadcast_canon,
@@ -82,26 +85,53 @@ def _transpose_op(perm: tuple, dtype) -> td.Op:
     return td.op([x], [y], name="transpose")
 
 
-def _transpose_plan(x, axes=None) -> Plan:
-    x = contiguous(x)
+def _permutation(x, axes) -> tuple:
     perm = tuple(reversed(range(x.ndim))) if axes is None else \
         tuple(normalize_axis(a, x.ndim) for a in int_tuple(axes, "transpose: axes"))
     if sorted(perm) != list(range(x.ndim)):
         raise ValueError(f"axes {axes!r} are not a permutation of {x.ndim} axes")
+    return perm
+
+
+def _transpose_plan(x, axes=None) -> Plan:
+    x = contiguous(x)
+    perm = _permutation(x, axes)
     canon_shape, cperm = transpose_canon(x.shape, perm)
     dtype = tdtype(x.dtype)
     op = cached_op(("transpose", cperm, dtype), lambda: _transpose_op(cperm, dtype))
     return Plan(op, (x.reshape(canon_shape),), reshaper(tuple(x.shape[a] for a in perm)))
 
 
+def swaps_in_tiles(x, perm: tuple) -> bool:
+    """Whether transposing x by `perm` runs `transpose_tiles` (the cpu, a host array, a canonical transpose that
+    swaps its last two axes, each a tile long or more) instead of the definitions' kernel."""
+    return get_target() == "cpu" and not on_device(x) and transpose_tiles.applies(*transpose_canon(x.shape, perm))
+
+
+def swap_in_tiles(x: np.ndarray, perm: tuple, y: np.ndarray) -> td.Kernel:
+    """Write x transposed by `perm` into y (x's transposed shape) by `transpose_tiles` (where `swaps_in_tiles`);
+    returns the kernel launched."""
+    canon_shape, _ = transpose_canon(x.shape, perm)
+    rows, columns = canon_shape[-2:]
+    matrices = canon_shape[0] if len(canon_shape) == 3 else 1
+    return transpose_tiles.swap_last_axes(contiguous(x).reshape(matrices, rows, columns),
+                                          y.reshape(matrices, columns, rows))
+
+
 def transpose(x, axes=None):
     """x with its axes permuted (`axes[j]` is the input axis of output axis j; None reverses them)."""
-    return _transpose_plan(x, axes).run()
+    x = contiguous(x)
+    perm = _permutation(x, axes)
+    if swaps_in_tiles(x, perm):
+        y = np.empty(tuple(x.shape[a] for a in perm), x.dtype)
+        swap_in_tiles(x, perm, y)
+        return y
+    return _transpose_plan(x, perm).run()
 
 
 def permute(x, dims):
     """PyTorch's name for `transpose(x, dims)`."""
-    return _transpose_plan(x, dims).run()
+    return transpose(x, dims)
 
 
 # ---------------------------------------------------------------- reshape

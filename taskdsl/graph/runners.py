@@ -364,8 +364,12 @@ def run_reshape(op: Reshape, arrays: list) -> tuple:
 
 @runs(Transpose)
 def run_transpose(op: Transpose, arrays: list) -> tuple:
-    """Transpose through stdlib_ops.transform."""
-    return _plan(transform.op_for("transpose", arrays[0], op.attrs["perm"]))
+    """Transpose through stdlib_ops.transform: on the cpu in tiles where it swaps two axes (`swaps_in_tiles`)."""
+    x, perm = arrays[0], op.attrs["perm"]
+    if transform.swaps_in_tiles(x, perm):
+        y = empty_like_operands(op.outputs[0].shape, x.dtype, x)
+        return [y], [transform.swap_in_tiles(x, perm, y)]
+    return _plan(transform.op_for("transpose", x, perm))
 
 
 @runs(Concat)

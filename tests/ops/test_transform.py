@@ -32,6 +32,26 @@ def test_transpose_defaults_and_ints():
     assert [a.shape for a in plan.arrays] == [(2, 3, 20)]
 
 
+SWAPS = [((1024, 8), (1, 0)), ((8, 129), (1, 0)), ((3, 67, 131), (0, 2, 1)), ((2, 64, 9, 15), (0, 2, 3, 1)),
+         ((2, 9, 15, 64), (0, 3, 1, 2)), ((1, 7, 300), (0, 2, 1)), ((5, 4, 130), (2, 1, 0))]
+
+
+@pytest.mark.parametrize("shape, perm", SWAPS)
+def test_transposes_that_swap_two_axes_run_in_tiles_on_the_cpu(shape, perm):
+    """A canonical transpose that swaps its last two axes, each a tile (8) long or more, runs `transpose_tiles` on
+    the cpu (8 x 8 tiles in squares of 64: full and edge tiles, several matrices, NCHW <-> NHWC), in every element
+    type; a swap with an axis shorter than a tile, or another canonical permutation, runs the definitions."""
+    from stdlib_ops import transpose_tiles
+    from taskdsl.runtime.config import get_target
+    canon_shape, canon_perm = X.transpose_canon(shape, perm)
+    tiled = transpose_tiles.applies(canon_shape, canon_perm)
+    assert tiled == (min(canon_shape[-2:]) >= 8 and canon_perm in ((1, 0), (0, 2, 1)))
+    for dtype in (np.float32, np.float16, np.int8, np.bool_, np.int64):
+        x = (rand(shape, 6) * 10).astype(dtype)
+        assert X.swaps_in_tiles(x, perm) == (tiled and get_target() == "cpu")
+        np.testing.assert_array_equal(X.transpose(x, perm), np.transpose(x, perm))
+
+
 @FEWER
 @given(shape=shapes(1, 4, max_size=20_000), seed=SEEDS)
 def test_reshape(shape, seed):
