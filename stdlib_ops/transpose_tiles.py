@@ -20,7 +20,7 @@ from taskdsl import blockIdx
 from .elementwise import tdtype
 
 TILE = 8        # a tile's rows and columns: the constant loops LLVM turns into shuffles
-SQUARE = 64     # a block's rows and columns, in tiles
+SQUARE = 64     # a block's square: 64 rows and 64 columns of a matrix, 8 x 8 tiles
 
 
 @functools.cache

@@ -13,7 +13,6 @@ from ... import ir
 from ...ir import types as T
 from ...compute import compute
 from ...compute import reduce as reduction
-from ...lang import math_expr
 from ...runtime.arrays import check_indices
 from ..operator import Operator, dims
 from ..tensor import Tensor, as_shape, as_tensor, number_for
