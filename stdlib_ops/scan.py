@@ -32,6 +32,16 @@ def scan_kernel(dtype, op: str, exclusive: bool, reverse: bool) -> td.Kernel:
     def combined(running, value):
         return running + value if op == "sum" else running * value
 
+    @td.func
+    def advance(X, Y, running, o, j, c0, c):
+        """Column c0 + c one step on, to row j: y there is the running value after x there (before, `exclusive`)."""
+        if exclusive:
+            Y[o, j, c0 + c] = td.cast(running[c], dtype)
+            running[c] = combined(running[c], td.cast(X[o, j, c0 + c], acc_dtype))
+        else:
+            running[c] = combined(running[c], td.cast(X[o, j, c0 + c], acc_dtype))
+            Y[o, j, c0 + c] = td.cast(running[c], dtype)
+
     @td.kernel(grid=lambda SO, SI: SO * ((SI + SCAN_CHUNK - 1) // SCAN_CHUNK), block=1,
                name=f"cum{op}{'_exclusive' if exclusive else ''}{'_reverse' if reverse else ''}")
     def scan(X: dtype["SO", "SN", "SI"], Y: dtype["SO", "SN", "SI"]):
@@ -44,13 +54,12 @@ def scan_kernel(dtype, op: str, exclusive: bool, reverse: bool) -> td.Kernel:
             running[c] = td.cast(identity, acc_dtype)
         for step in range(SN):
             j = SN - 1 - step if reverse else step
-            for c in range(width):
-                if exclusive:
-                    Y[o, j, c0 + c] = td.cast(running[c], dtype)
-                    running[c] = combined(running[c], td.cast(X[o, j, c0 + c], acc_dtype))
-                else:
-                    running[c] = combined(running[c], td.cast(X[o, j, c0 + c], acc_dtype))
-                    Y[o, j, c0 + c] = td.cast(running[c], dtype)
+            if width == SCAN_CHUNK:     # a whole chunk: a loop of constant length, its running values in registers
+                for c in range(SCAN_CHUNK):
+                    advance(X, Y, running, o, j, c0, c)
+            else:
+                for c in range(width):
+                    advance(X, Y, running, o, j, c0, c)
 
     return scan
 
