@@ -6,9 +6,9 @@
 The input is put in a canonical form first: axes of size 1 are dropped and neighbouring
 axes that are both kept or both reduced are merged, so (N, C, H, W) reduced over (2, 3) is
 a (NC, HW) reduction over its last axis. On the cpu, reduced groups that stay apart, as in (N, C, HW) over (0, 2),
-are reduced one after the other, the innermost first (`_staged`). Every canonical dim is a size symbol: an Op is
-built once per (operation, kept/reduced pattern, dtype) and serves every size. The rule
-scheduler picks a thread / warp / block / split strategy from the sizes of each call.
+are reduced one after the other (`_staged`: the innermost first where it is long). Every canonical dim is a size
+symbol: an Op is built once per (operation, kept/reduced pattern, dtype) and serves every size. The rule scheduler
+picks a thread / warp / block / split strategy from the sizes of each call.
 
 Dtypes: sum / max / min keep the input dtype (floats accumulate in at least f32, integers
 in at least i32, so an int8 sum wraps like numpy's `sum(dtype=int8)`), except that a sum
@@ -32,7 +32,7 @@ from taskdsl import blockIdx, threadIdx
 from taskdsl.ir.types import as_dtype, numpy_dtype
 from taskdsl.runtime.arrays import empty_like_operands, on_device
 from taskdsl.runtime.config import fast_compile_enabled, get_target
-from taskdsl.schedule.rules import UNROLL_REDUCED
+from taskdsl.schedule.rules import CPU_ROW, UNROLL_REDUCED
 
 from . import rowwise
 from .elementwise import Plan, cached_op, contiguous, flag, normalize_axis, reshaper, tdtype
@@ -71,10 +71,10 @@ def reduce_canon(shape: tuple, axes: tuple) -> tuple[tuple, tuple]:
 
 
 def _build(op: str, pattern: tuple, dtype: td.ir.types.DataType, few: int | None = None,
-           sum_dtype: td.ir.types.DataType | None = None, staged: bool = False) -> td.Op:
+           sum_dtype: td.ir.types.DataType | None = None, staged: str | None = None) -> td.Op:
     """The reduction `op` of a canonical `pattern`; `few`: the size of its one reduced group where that is built in
     (`_few`), else None (a size symbol); `sum_dtype`: a sum's type, its elements converted to it (`sum`'s dtype);
-    `staged`: the reduced groups reduced one after the other, the innermost first (`_staged`)."""
+    `staged`: the reduced groups reduced one after the other, the "inner" or "outer" one first (`_staged`)."""
     dims = tuple(few if few is not None and r else f"RD{g}" for g, r in enumerate(pattern))
     x = td.placeholder("x", dtype, dims)
     out_dtype = td.f32 if op == "mean" and not dtype.is_float else dtype   # 16-bit floats: stored as the input
@@ -84,10 +84,10 @@ def _build(op: str, pattern: tuple, dtype: td.ir.types.DataType, few: int | None
     partial_dtype = dtype if op in ("max", "min") else sum_dtype or (td.f32 if dtype.computes_in_f32 else dtype)
     source, convert = x, sum_dtype
     while staged and pattern.count(True) > 1:
-        innermost = len(pattern) - 1 - pattern[::-1].index(True)
-        source, dims = _reduction(f"reduce_{op}_partial", source, dims, tuple(g == innermost for g in range(len(dims))),
+        first = len(pattern) - 1 - pattern[::-1].index(True) if staged == "inner" else pattern.index(True)
+        source, dims = _reduction(f"reduce_{op}_partial", source, dims, tuple(g == first for g in range(len(dims))),
                                   op, partial_dtype, convert)
-        pattern, convert = pattern[:innermost] + pattern[innermost + 1:], None
+        pattern, convert = pattern[:first] + pattern[first + 1:], None
     out, _ = _reduction(f"reduce_{op}", source, dims, pattern, op, sum_dtype or out_dtype, convert)
     return td.op([x], [out], name=f"reduce_{op}")
 
@@ -106,13 +106,25 @@ def _reduction(name: str, source, dims: tuple, reducing: tuple, op: str, dtype, 
     return td.reduce(name, kept, reduced, fcompute, op=op, dtype=dtype), kept
 
 
-def _staged(name: str, pattern: tuple, dtype) -> bool:
-    """Whether the cpu reduces the groups of `pattern` one after the other, the innermost first: with two or more
-    reduced groups, one reduction reads a strided gather an element (a sum of (64, 256, 64) over axes (0, 2) took 20x
-    onnxruntime's time), where each stage reads rows or columns. A float sum's terms then add in another order, by
-    groups; integer means (divided once) and counts of bools keep one reduction."""
-    return (get_target() == "cpu" and pattern.count(True) > 1 and not dtype.is_bool
-            and (dtype.is_float or name != "mean"))
+STAGED_MIN = 1 << 16   # elements of x, at least, for staged reductions: below, the second launch costs more
+STAGED_REDUCED = 64    # elements an output reduces, at least: fewer are cheap enough to gather
+
+
+def _staged(name: str, pattern: tuple, canon: tuple, dtype) -> str | None:
+    """Whether the cpu reduces the groups of `pattern` one after the other, and which first: "inner", the innermost,
+    where it is a row of CPU_ROW or more, else "outer" (its outputs' rows then hold the inner groups: a sum of
+    (4096, 64, 2) over (0, 2), innermost first, made a stage of 262144 sums of 2, 0.61 -> 0.79-0.89 ms). With two or
+    more reduced groups, one reduction reads a strided gather an element (a sum of (64, 256, 64) over axes (0, 2) took
+    20x onnxruntime's time; batch statistics of (8, 64, 56, 56) over (0, 2, 3), 1.6 ms against 0.1 staged), where
+    each stage reads rows or columns; below STAGED_MIN elements, or STAGED_REDUCED an output, one launch is cheaper
+    (a sum of (64, 3, 64, 3) over (1, 3): 0.08 ms, 0.12 staged; of (3, 100000, 3) over (0, 2): 0.95-1.06, 1.20-1.67
+    staged). A float sum's terms then add in another order, by groups; integer means (divided once) and counts of
+    bools keep one reduction."""
+    reduced = math.prod(n for n, r in zip(canon, pattern) if r)
+    if not (get_target() == "cpu" and pattern.count(True) > 1 and math.prod(canon) >= STAGED_MIN
+            and reduced >= STAGED_REDUCED and not dtype.is_bool and (dtype.is_float or name != "mean")):
+        return None
+    return "inner" if canon[len(pattern) - 1 - pattern[::-1].index(True)] >= CPU_ROW else "outer"
 
 
 def _few(reduced: list) -> int | None:
@@ -137,7 +149,7 @@ def op_for(name: str, x, axis=None, keepdims: bool = False, dtype=None) -> Plan:
         raise ValueError(f"zero-size array to reduction operation {name} which has no identity")
     x_dtype, sum_dtype = tdtype(x.dtype), None if dtype is None else as_dtype(dtype, f"{name}'s dtype")
     pattern, canon = reduce_canon(x.shape, axes)
-    few, staged = _few([n for r, n in zip(pattern, canon) if r]), _staged(name, pattern, x_dtype)
+    few, staged = _few([n for r, n in zip(pattern, canon) if r]), _staged(name, pattern, canon, x_dtype)
     op = cached_op(("reduce", name, pattern, x_dtype, few, sum_dtype, staged),
                    lambda: _build(name, pattern, x_dtype, few, sum_dtype, staged))
     if flag(keepdims, f"{name}: keepdims"):

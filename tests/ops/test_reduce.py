@@ -250,15 +250,19 @@ def test_reductions_over_leading_axes_read_rows(shape, axis):
           rtol=2e-3, atol=2e-2, dtype=np.float16)
 
 
-SEPARATE_AXES = [((64, 13, 33), (0, 2), 2), ((3, 7, 5, 11), (0, 2), 2), ((3, 7, 5, 17), (1, 3), 2),
-                 ((2, 3, 4, 5, 6), (0, 2, 4), 3), ((5, 1, 3, 1, 7), (0, 4), 2), ((1, 9, 2, 1031), (1, 3), 2)]
+SEPARATE_AXES = [((64, 13, 81), (0, 2), 2), ((13, 67, 5, 71), (0, 2), 2), ((3, 7, 5, 17), (1, 3), 1),
+                 ((2, 3, 4, 5, 6), (0, 2, 4), 1), ((11, 3, 8, 5, 61), (0, 2, 4), 3), ((5, 1, 3, 1, 7), (0, 4), 1),
+                 ((1, 37, 2, 1031), (1, 3), 2), ((8193, 5, 2), (0, 2), 2), ((97, 3, 41, 5, 3), (0, 2, 4), 3),
+                 ((3, 30011, 3), (0, 2), 1)]
 
 
 @pytest.mark.parametrize("shape, axis, stages", SEPARATE_AXES)
 def test_reductions_over_separate_axes_run_in_stages(shape, axis, stages):
     """On the cpu the reduced axes that are not neighbours are reduced one group after the other, the innermost
     first (one reduction read a strided gather an element: a sum of (64, 256, 64) over (0, 2) took 20x
-    onnxruntime's time); partial sums of 16-bit floats stay f32, integer sums wrap in their type as numpy's do."""
+    onnxruntime's time), from reduce.STAGED_MIN elements and STAGED_REDUCED an output (fewer: one launch), the
+    outermost first where the innermost is short; partial sums of 16-bit floats stay f32, integer sums wrap in their
+    type as numpy's do."""
     x = rand(shape, 7, low=-1, high=1)
     ints = rand(shape, 8, np.int32, -2**30, 2**30)      # sums wrap around
     for name, fn in NUMPY.items():
