@@ -84,7 +84,7 @@ def _build(op: str, pattern: tuple, dtype: td.ir.types.DataType, few: int | None
     partial_dtype = dtype if op in ("max", "min") else sum_dtype or (td.f32 if dtype.computes_in_f32 else dtype)
     source, convert = x, sum_dtype
     while staged and pattern.count(True) > 1:
-        first = len(pattern) - 1 - pattern[::-1].index(True) if staged == "inner" else pattern.index(True)
+        first = _innermost(pattern) if staged == "inner" else pattern.index(True)
         source, dims = _reduction(f"reduce_{op}_partial", source, dims, tuple(g == first for g in range(len(dims))),
                                   op, partial_dtype, convert)
         pattern, convert = pattern[:first] + pattern[first + 1:], None
@@ -124,7 +124,12 @@ def _staged(name: str, pattern: tuple, canon: tuple, dtype) -> str | None:
     if not (get_target() == "cpu" and pattern.count(True) > 1 and math.prod(canon) >= STAGED_MIN
             and reduced >= STAGED_REDUCED and not dtype.is_bool and (dtype.is_float or name != "mean")):
         return None
-    return "inner" if canon[len(pattern) - 1 - pattern[::-1].index(True)] >= CPU_ROW else "outer"
+    return "inner" if canon[_innermost(pattern)] >= CPU_ROW else "outer"
+
+
+def _innermost(pattern: tuple) -> int:
+    """The position of a canonical pattern's last reduced group."""
+    return len(pattern) - 1 - pattern[::-1].index(True)
 
 
 def _few(reduced: list) -> int | None:

@@ -42,10 +42,10 @@ def scan_kernel(dtype, op: str, exclusive: bool, reverse: bool) -> td.Kernel:
             running[c] = combined(running[c], td.cast(X[o, j, c0 + c], acc_dtype))
             Y[o, j, c0 + c] = td.cast(running[c], dtype)
 
-    @td.kernel(grid=lambda SO, SI: SO * ((SI + SCAN_CHUNK - 1) // SCAN_CHUNK), block=1,
+    @td.kernel(grid=lambda SO, SI: SO * td.cdiv(SI, SCAN_CHUNK), block=1,
                name=f"cum{op}{'_exclusive' if exclusive else ''}{'_reverse' if reverse else ''}")
     def scan(X: dtype["SO", "SN", "SI"], Y: dtype["SO", "SN", "SI"]):
-        chunks = (SI + SCAN_CHUNK - 1) // SCAN_CHUNK
+        chunks = td.cdiv(SI, SCAN_CHUNK)
         o = blockIdx.x // chunks
         c0 = blockIdx.x % chunks * SCAN_CHUNK
         width = td.min(SCAN_CHUNK, SI - c0)

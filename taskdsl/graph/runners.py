@@ -271,15 +271,21 @@ def _on_host_cpu(arrays: list) -> bool:
     return get_target() == "cpu" and not on_device(*arrays)
 
 
+def _axis_view(array, axis: int):
+    """The array, contiguous, viewed as (outer, its size along `axis`, inner): the cpu kernels' view of an axis."""
+    array = contiguous(array)
+    shape = array.shape
+    return array.reshape(math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:]))
+
+
 @runs(Cumulative)
 def run_cumulative(op: Cumulative, arrays: list) -> tuple:
     """On the cpu, `stdlib_ops.scan.scan` (the axis walked once: the running sums along rows of (512, 4096) took
     19 ms by the definitions, about 64 block terms an element); elsewhere, by definitions."""
     if not _on_host_cpu(arrays):
         return run_definitions(op, arrays)
-    axis, shape = op.attrs["axis"], op.inputs[0].shape
-    x = contiguous(arrays[0]).reshape(math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:]))
-    y = empty_like_operands(shape, x.dtype, x)
+    x = _axis_view(arrays[0], op.attrs["axis"])
+    y = empty_like_operands(op.inputs[0].shape, x.dtype, x)
     kernel = scan.scan(x, y.reshape(x.shape), op.attrs["op"], op.attrs["exclusive"], op.attrs["reverse"])
     return [y], [kernel]
 
@@ -294,8 +300,7 @@ def run_scatter_elements(op: ScatterElements, arrays: list) -> tuple:
     spans = all(m == n for a, (m, n) in enumerate(zip(indices.shape, data.shape)) if a != axis)
     if not (_on_host_cpu(arrays) and spans and not data.dtype.is_bool):
         return run_definitions(op, arrays)
-    outer, inner = math.prod(data.shape[:axis]), math.prod(data.shape[axis + 1:])
-    x, i, u = (contiguous(a).reshape(outer, -1, inner) for a in arrays)
+    x, i, u = (_axis_view(a, axis) for a in arrays)
     y = empty_like_operands(data.shape, x.dtype, x)
     return [y], [scatter.scatter_rows(x, i, u, y.reshape(x.shape), op.attrs["reduction"])]
 
