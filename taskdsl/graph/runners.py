@@ -222,14 +222,13 @@ def run_integer_conv(op: IntegerConv, arrays: list) -> tuple:
 
 @runs(Pool)
 def run_pool(op: Pool, arrays: list) -> tuple:
-    """2-d NCHW max pooling by stdlib_ops.pool's row kernel where it runs (f32 on the cpu, no indices), else by
-    definitions."""
+    """2-d NCHW max and average pooling by stdlib_ops.pool's row kernel where it runs (f32 on the cpu, no
+    indices), else by definitions."""
     x, a = op.inputs[0], op.attrs
-    if (a["mode"] != "max" or x.ndim != 4 or a["channels_last"] or a.get("indices")
-            or not pool.on_rows(x.numpy_dtype, get_target())):
+    if x.ndim != 4 or a["channels_last"] or a.get("indices") or not pool.on_rows(x.numpy_dtype, get_target()):
         return run_definitions(op, arrays)
     y, kernel = pool.pool_rows(contiguous(arrays[0]), op.outputs[0].shape[2:], a["kernel"], a["strides"],
-                              a["pads"][:2], a["dilations"])
+                              a["pads"], a["dilations"], a["mode"], a["mode"] == "max" or a["count_include_pad"])
     return [y], [kernel]
 
 
