@@ -224,9 +224,9 @@ def run_integer_conv(op: IntegerConv, arrays: list) -> tuple:
 def run_pool(op: Pool, arrays: list) -> tuple:
     """2-d NCHW max and average pooling by stdlib_ops.pool's row kernel where it runs (f32 on the cpu, no
     indices), else by definitions."""
-    x, a = op.inputs[0], op.attrs
-    if x.ndim != 4 or a["channels_last"] or a.get("indices") or not pool.on_rows(x.numpy_dtype, get_target()):
+    if not op.on_rows:
         return run_definitions(op, arrays)
+    a = op.attrs
     y, kernel = pool.pool_rows(contiguous(arrays[0]), op.outputs[0].shape[2:], a["kernel"], a["strides"],
                               a["pads"], a["dilations"], a["mode"], a["mode"] == "max" or a["count_include_pad"])
     return [y], [kernel]

@@ -1,9 +1,13 @@
 """avg_pool_as_conv: 2-D average pooling rewritten as a depthwise convolution by ones times a constant
 (oracle: the original pooling operator's numpy reference on random inputs)."""
+from unittest import mock
+
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from stdlib_ops import pool as pool_lib
 import taskdsl as td
 import taskdsl.graph as tg
 from taskdsl.graph import ops, passes
@@ -11,11 +15,13 @@ from taskdsl.graph import ops, passes
 from . import assert_close, rand
 
 
-def _rewrite(g):
-    """The pass, run as for a real model (it leaves graphs alone under td.fast_compile)."""
+def _rewrite(g, row_kernel: bool = False):
+    """The pass, run as for a real model (it leaves graphs alone under td.fast_compile), on the cpu with its row
+    kernel for f32 channels-first pools (`row_kernel`: it keeps them) or without, as for a GPU."""
     td.fast_compile(False)
     try:
-        return passes.optimize(g, [passes.infer_shapes, passes.avg_pool_as_conv])
+        with mock.patch.object(pool_lib, "on_rows", pool_lib.on_rows if row_kernel else lambda dtype, target: False):
+            return passes.optimize(g, [passes.infer_shapes, passes.avg_pool_as_conv])
     finally:
         td.fast_compile(True)
 
@@ -44,7 +50,8 @@ def test_rewrite_keeps_the_pooling_values(hw, k, stride, pad, dilation, ceil_mod
 
 
 def test_an_inception_pool_branch_is_one_direct_kernel():
-    """avg_pool(3, 1, 1) -> the depthwise conv by ones with `* ratio` fused into its stores (`plane_kernel`)."""
+    """avg_pool(3, 1, 1) -> the depthwise conv by ones with `* ratio` fused into its stores (`plane_kernel`: the
+    rewrite a GPU gets, run on the cpu)."""
     td.set_target("cpu")
     x = tg.input("x", (1, 5, 9, 8))
     g = tg.Graph([x], [ops.avg_pool2d(x, 3, 1, 1, count_include_pad=False)])
@@ -63,3 +70,15 @@ def test_fast_compile_leaves_pooling_alone():
     g = tg.Graph([x], [ops.avg_pool2d(x, 2)])
     td.fast_compile(True)
     assert passes.avg_pool_as_conv(g) is g
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_the_cpu_keeps_channels_first_pools_for_its_row_kernel(channels_last):
+    """On the cpu an f32 channels-first average pool stays a pool (the row kernel runs it, in about half the
+    convolution's time); a channels-last one is rewritten, as every one is for a GPU."""
+    shape = (1, 5, 9, 3) if channels_last else (1, 3, 5, 9)
+    x = tg.input("x", shape)
+    g = tg.Graph([x], [ops.pool(x, "avg", 3, 2, (1, 1, 1, 1), count_include_pad=False, channels_last=channels_last)])
+    kinds = [op.kind for op in _rewrite(g, row_kernel=True).nodes]
+    assert kinds == (["conv2d", "mul"] if channels_last else ["avg_pool"])
+    assert [op.kind for op in _rewrite(g).nodes] == ["conv2d", "mul"]

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from stdlib_ops import pool as pool_lib
 from stdlib_ops.elementwise import int_tuple
 
 from ... import ir
 from ...ir import types as T
-from ...runtime.config import fast_compile_enabled
+from ...runtime.config import fast_compile_enabled, get_target
 from ...compute import compute
 from ...compute import reduce as reduction
 from ...lang import math_expr
@@ -46,6 +47,14 @@ class Pool(ChannelsLast, Operator):
     @property
     def kind(self) -> str:
         return f"{self.attrs['mode']}_pool"
+
+    @property
+    def on_rows(self) -> bool:
+        """Whether `stdlib_ops.pool`'s row kernel runs this pooling on the current target: a 2-D channels-first
+        one with no indices, of a dtype it takes (f32 on the cpu)."""
+        x, a = self.inputs[0], self.attrs
+        return (x.ndim == 4 and not a["channels_last"] and not a.get("indices")
+                and pool_lib.on_rows(x.numpy_dtype, get_target()))
 
     def check(self):
         self.set_layout()
