@@ -122,7 +122,11 @@ class _Slot:
         self.nbytes = self.dtype.itemsize * math.prod(self.shape)
         self.as_bytes = self.dtype == np.uint8 and len(self.shape) == 1     # a flat launch's: the bytes as they are
 
-    def bind(self, memory: np.ndarray) -> None:
+    def bind(self, memory: np.ndarray | None) -> None:
+        """Point the action at `memory` (None: at nothing, so the action keeps no caller's array alive)."""
+        if memory is None:
+            self.action.args[self.index] = None
+            return
         flat = memory.reshape(-1).view(np.uint8)
         if self.offset or flat.size != self.nbytes:
             flat = flat[self.offset:self.offset + self.nbytes]
@@ -135,9 +139,12 @@ class _Bound:
 
     slots: list
 
-    def feed(self, a: np.ndarray) -> None:
+    def feed(self, a: np.ndarray | None) -> None:
         for slot in self.slots:
             slot.bind(a)
+
+    def release(self) -> None:
+        self.feed(None)
 
 
 @dataclass
@@ -149,6 +156,9 @@ class _CopiedIn:
     def feed(self, a: np.ndarray) -> None:
         np.copyto(self.buffer, a)
 
+    def release(self) -> None:
+        pass
+
 
 class _Output:
     """How a replay gives one graph output: `prepare` before the launches, `result` after them (given the
@@ -159,6 +169,9 @@ class _Output:
 
     def result(self, earlier: list) -> np.ndarray:
         raise NotImplementedError
+
+    def release(self) -> None:
+        """Drop what the replay holds of the result it gave (the caller owns it now)."""
 
 
 @dataclass
@@ -177,6 +190,11 @@ class _Rebound(_Output):
 
     def result(self, earlier: list) -> np.ndarray:
         return self.fresh
+
+    def release(self) -> None:
+        self.fresh = None
+        for slot in self.slots:
+            slot.bind(None)
 
 
 @dataclass
@@ -240,9 +258,13 @@ class CpuReplay:
             plan.prepare()
 
     def _results(self) -> list:
+        """The outputs, after which the launches hold neither the caller's inputs nor the outputs (a replay kept
+        a call's arrays alive until the next call)."""
         results = []
         for plan in self._outputs:
             results.append(plan.result(results))
+        for plan in self._inputs + self._outputs:
+            plan.release()
         return results
 
 

@@ -1,5 +1,8 @@
 """cpu launch replay (graph/replay.py): a call issues the recorded launches again; it gives what an
 operator-by-operator run gives, refuses graphs whose runs the host computes part of, and keeps value checks."""
+import gc
+import weakref
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -135,6 +138,28 @@ def test_replay_reads_the_callers_inputs_without_copying_them():
         np.testing.assert_array_equal(xs, kept[0])
         np.testing.assert_array_equal(zs, kept[1])
         assert not any(np.shares_memory(o, a) for o in (relu_rows, doubled, flat, negated) for a in (xs, zs))
+
+
+def test_a_replay_keeps_no_results_alive():
+    """After a replayed call its launches hold neither its outputs nor its inputs: dropping the outputs frees them
+    (a replay held a call's results until the next call; the last inputs are the compiled graph's, for
+    `summary(timing=True)`); the next call's results are still right."""
+    x = tg.input("x", (6, 8))
+    y = ops.relu(ops.matmul(x, tg.constant(rand((8, 5), 3))))
+    cg = tg.Graph([x], [y, ops.sum(y, 1)]).compile("cpu")
+    assert cg.replay.startswith("on (")
+    x = rand((6, 8), 1)
+    outputs = cg(x)
+    assert type(cg._replay._inputs[0]).__name__ == "_Bound"
+    refs = [weakref.ref(a) for a in outputs]
+    del outputs
+    gc.collect()
+    assert [r() is None for r in refs] == [True, True]
+    assert all(slot.action.args[slot.index] is None for slot in cg._replay._inputs[0].slots)
+    x = rand((6, 8), 2)
+    y, sums = cg(x)
+    np.testing.assert_allclose(y, np.maximum(x @ rand((8, 5), 3), 0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(sums, y.sum(1), rtol=1e-5, atol=1e-6)
 
 
 def test_a_replay_writing_into_its_inputs_is_refused(monkeypatch):
