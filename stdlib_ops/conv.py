@@ -178,6 +178,20 @@ def columns_kernel(dtype) -> td.Kernel:
     bounds checks (for stride 1 a plain, vectorized copy) and no index needs a division. The
     geometry comes in as scalars, so one compile serves every convolution.
     """
+    @td.func
+    def copy_run(X, cols, n, row, c, ih, base, lo, hi, offset, stride):
+        """cols[n, row, base + ow] = X[n, c, ih, ow * stride + offset] for ow in [lo, hi): in whole runs of COPY_RUN
+        (a constant trip count, vectorized; a loop of a run-time count ran in its scalar remainder), the last one
+        overlapping the one before; a shorter row one at a time."""
+        if hi - lo >= COPY_RUN:
+            for step in range(lo, hi, COPY_RUN):
+                start = min(step, hi - COPY_RUN)
+                for r in range(COPY_RUN):
+                    cols[n, row, base + start + r] = X[n, c, ih, (start + r) * stride + offset]
+        else:
+            for ow in range(lo, hi):
+                cols[n, row, base + ow] = X[n, c, ih, ow * stride + offset]
+
     @td.kernel(grid=lambda K, N: (K, N), block=1, name=f"im2col_{dtype.name}")
     def im2col_rows(X: dtype["N", "C", "H", "W"], cols: dtype["N", "K", "L"], conv_kh: td.i32, conv_kw: td.i32,
                     conv_ow: td.i32, conv_sh: td.i32, conv_sw: td.i32, conv_pt: td.i32, conv_pl: td.i32,
@@ -198,11 +212,9 @@ def columns_kernel(dtype) -> td.Kernel:
             # stride 2 as a literal, whose strided loads LLVM vectorizes (for stride 1 it versions the loop
             # itself): ResNet-50's 7x7 stem's columns 0.377 -> 0.250 ms (docs/benchmarks.md)
             if conv_sw == 2:
-                for ow in range(lo, hi):
-                    cols[n, row, base + ow] = X[n, c, ih, ow * 2 + offset]
+                copy_run(X, cols, n, row, c, ih, base, lo, hi, offset, 2)
             else:
-                for ow in range(lo, hi):
-                    cols[n, row, base + ow] = X[n, c, ih, ow * conv_sw + offset]
+                copy_run(X, cols, n, row, c, ih, base, lo, hi, offset, conv_sw)
             for ow in range(hi, conv_ow):
                 cols[n, row, base + ow] = 0.0
 
@@ -545,6 +557,7 @@ class ConvRun:
         self.lowered.run({"X": x}, weight, out)
 
 
+COPY_RUN = mm.cpu.COPY_RUN   # input pixels `columns_kernel` copies at once
 WINDOW_ROW = 32      # output rows at least this wide let `window_kernel` copy a block's pixels in few row segments
 
 

@@ -87,7 +87,7 @@ def direct_kernel(dtype) -> td.Kernel:
 
 PLANE = 16384               # floats of the phase planes `plane_kernel` copies its input to (the sums take as many)
 STRIDED_PLANE = 4096        # a strided convolution's phase planes take at most this (see `uses_plane`)
-COPY_CHUNK = 16             # input columns `plane_kernel` copies at once (the rest of a short row: one at a time)
+COPY_RUN = mm.cpu.COPY_RUN  # input columns `plane_kernel` copies at once (a shorter row: one at a time)
 SPAN_ALIGN = 64             # sums `plane_kernel` keeps in registers at once (4 AVX-512 vectors); its span's multiple
 
 
@@ -128,10 +128,10 @@ def plane_kernel(dtype) -> td.Kernel:
                     h = a * conv_sh + ph - conv_pt
                     if h >= 0 and h < H:
                         row, src = base + a * wq, pw - conv_pl
-                        if end - first >= COPY_CHUNK:   # whole chunks (a constant trip count: vectorized), the
-                            for step in range(first, end, COPY_CHUNK):      # last one overlapping the one before
-                                b = min(step, end - COPY_CHUNK)
-                                for l in range(COPY_CHUNK):
+                        if end - first >= COPY_RUN:   # whole chunks (a constant trip count: vectorized), the
+                            for step in range(first, end, COPY_RUN):      # last one overlapping the one before
+                                b = min(step, end - COPY_RUN)
+                                for l in range(COPY_RUN):
                                     buf[row + b + l] = X[n, o // conv_ocg, h, (b + l) * conv_sw + src]
                         else:
                             for b in range(first, end):

@@ -175,6 +175,8 @@ LINE_FLOATS = CACHE_LINE // 4        # f32 in a cache line
 
 COPY_A_ROWS = 512     # a transposed A with at least this many rows (M) is copied block by block: `copies_a`
 WIDE_N = 512          # columns (N) at most that a block copying A computes, every column panel of them
+COPY_RUN = 16         # input pixels an im2col copies at once, in a loop of constant length (LLVM vectorizes it; one
+                      # of a run-time length, up to a row of 56, ran in its scalar remainder); a shorter run: one by one
 
 
 # `rows_first` where A has at least this many elements (past a core's L2 in f32, with C streaming beside it) and B
@@ -458,8 +460,14 @@ def window_strip(w: Window, MR: int):
                 base = i - ow0                                  # column ow is the block's pixel base + ow
                 for ow in range(ow0, lo):
                     strip[k, base + ow] = 0.0
-                for ow in range(lo, hi):
-                    strip[k, base + ow] = td.cast(X[z, c, ih, ow * w.sw + offset], f32)
+                if hi - lo >= COPY_RUN:     # whole runs (a constant trip count: vectorized), the last overlapping
+                    for step in range(lo, hi, COPY_RUN):
+                        ow_run = min(step, hi - COPY_RUN)
+                        for r in range(COPY_RUN):
+                            strip[k, base + ow_run + r] = td.cast(X[z, c, ih, (ow_run + r) * w.sw + offset], f32)
+                else:
+                    for ow in range(lo, hi):
+                        strip[k, base + ow] = td.cast(X[z, c, ih, ow * w.sw + offset], f32)
                 for ow in range(hi, ow1):
                     strip[k, base + ow] = 0.0
                 i += ow1 - ow0
