@@ -289,6 +289,27 @@ def test_f16_convolution_tuning_on_a_gpu(tmp_path, monkeypatch):
     conv._plan.cache_clear()
 
 
+@settings(max_examples=12, deadline=None)
+@given(hw=st.tuples(st.integers(1, 6), st.sampled_from([1, 15, 16, 17, 31, 33, 40])), k=st.sampled_from([1, 3]),
+       stride=st.sampled_from([1, 2, 3]), pad=st.integers(0, 2), dilation=st.sampled_from([1, 2]),
+       seed=st.integers(0, 2**16))
+def test_cpu_columns_kernel_is_numpys_im2col(hw, k, stride, pad, dilation, seed):
+    """`columns_kernel` copies each output row's pixels inside the input in whole runs of COPY_RUN, the last one
+    overlapping the one before, a shorter row one by one, and zeros the padding: rows around a run's width, any
+    stride, padding and dilation, against numpy's im2col of the zero-padded input."""
+    (h, w), span = hw, dilation * (k - 1) + 1
+    assume(h + 2 * pad >= span and w + 2 * pad >= span)
+    g = geometry((2, 3, h, w), (4, 3, k, k), stride, pad, dilation)
+    x = np.random.default_rng(seed).standard_normal((2, 3, h, w)).astype(np.float32)
+    cols = np.full(conv._columns_shape(g), np.nan, np.float32)
+    conv.columns_kernel(td.f32)(x, cols, *conv._columns_scalars(g).values())
+    padded = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    taps = [padded[:, :, i * dilation:i * dilation + stride * (g.oh - 1) + 1:stride,
+                   j * dilation:j * dilation + stride * (g.ow - 1) + 1:stride] for i in range(k) for j in range(k)]
+    want = np.stack(taps, axis=2).reshape(2, 3 * k * k, g.oh * g.ow)       # rows (c, kh, kw)
+    np.testing.assert_array_equal(cols, want)
+
+
 def test_cpu_nchw_convolutions_multiply_explicit_columns_by_the_packed_weights():
     """On the cpu, NCHW: an im2col kernel (generic over geometries, K x OH*OW per image), then columns^T @
     weights (the template's transposed A and packed B) with the epilogue fused, storing C transposed; a 1x1
