@@ -257,6 +257,27 @@ def test_a_lone_convolution_keeps_its_layout(simulated_gpu, target):
     assert_close(np.asarray(g.compile(target)(xa)[0]), g.reference(xa)[0])
 
 
+@pytest.mark.parametrize("channels, window, groups, nhwc", [
+    (32, 3, 1, True), (48, 5, 1, True), (31, 3, 1, False), (32, 1, 1, False), (32, 3, 2, False)])
+def test_a_lone_convolution_of_many_channels_runs_channels_last_on_the_cpu(channels, window, groups, nhwc,
+                                                                            simulated_gpu):
+    """On the cpu a lone float convolution of one group, reading LONE_MIN_CHANNELS or more channels through a window
+    wider than a pixel, runs NHWC with its two transposes fused into it (its im2col copies runs of channels: a 3x3
+    64 -> 64 at 56 x 56 1.47 -> 1.18 ms); a 1x1 one (NCHW is its columns), a grouped one and one of fewer channels
+    keep NCHW, as every lone one does on a GPU; the values are numpy's."""
+    x = tg.input("x", (1, channels, 9, 7))
+    w = rand((8, channels // groups, window, window), 40)
+    g = tg.Graph([x], [ops.relu(ops.conv2d(x, tg.constant(w), padding=window // 2, groups=groups))])
+    cg = g.compile("cpu")
+    assert _convs_layouts(cg) == {nhwc} and cg.channels_last == nhwc
+    assert [k.name.startswith("pad_nhwc") for k in cg.kernels[:1]] == [nhwc]       # the input's transpose fused in
+    assert _convs_layouts(g.compile("cuda")) == {False}
+    xa = rand((1, channels, 9, 7), 41)
+    want = np.concatenate([_numpy_conv(xa[:, k * channels // groups:(k + 1) * channels // groups],
+                                       w[k * 8 // groups:(k + 1) * 8 // groups], window // 2) for k in range(groups)], 1)
+    assert_close(cg(xa)[0], np.maximum(want, 0).astype(np.float32), rtol=1e-4, atol=1e-5)
+
+
 def _dynamic_quantized_conv(x, w: np.ndarray, pad: int):
     """ONNX's dynamically quantized convolution as the importer writes it: DynamicQuantizeLinear's max and min
     over the whole tensor, x quantized, padded with its zero point (a tensor computed at run time), an integer

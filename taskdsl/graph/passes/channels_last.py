@@ -4,7 +4,8 @@
       =>  transpose(x, NHWC) -> conv' -> add(., c') -> relu -> conv' -> transpose(., NCHW)
 
 Each 2-D convolution (of floats, or of 8-bit integers: a quantized model's) stacked with another
-(not a lone one between channels-first tensors, `_stacked`) becomes its channels-last form, and the
+(not a lone one between channels-first tensors, `_stacked`, but on the cpu one that `_gains_alone`)
+becomes its channels-last form, and the
 layout then propagates forward through pooling, concat, elementwise operators and pads of the
 spatial axes (a quantized convolution's input padded with its zero point): one that reads a
 channels-last tensor computes channels-last too. A reduction over the spatial axes of one (a global
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...runtime.config import get_target
 from ..graph import Graph
 from ..ops import Concat, Conv, Elementwise, IntegerConv, Pad, Pool
 from ..ops.reduce import Reduce
@@ -41,13 +43,27 @@ def _converts(op) -> bool:
     return isinstance(op, (Conv, IntegerConv)) and op.inputs[0].ndim == 4 and not op.attrs["channels_last"]
 
 
+LONE_MIN_CHANNELS = 32      # input channels from which a lone convolution runs channels-last on the cpu
+
+
+def _gains_alone(op) -> bool:
+    """Whether a lone channels-first convolution runs faster channels-last, its two transposes fused into it: on
+    the cpu, a float one of one group whose window is more than a pixel, reading LONE_MIN_CHANNELS channels or
+    more. Its NHWC im2col copies runs of C channels where NCHW's copies runs of output columns (36 lone
+    convolutions on 2 cores, session 109: 0.26-0.94x the NCHW time from 32 channels, 0.72-1.10x at 16, and
+    0.9-3.9x from 3 channels at 224 x 224; a 1x1 256 -> 64 at 56 x 56, which reads NCHW as its columns, 1.4x)."""
+    x, w = op.inputs[:2]
+    return (get_target() == "cpu" and isinstance(op, Conv) and x.dtype.is_float and op.attrs["groups"] == 1
+            and w.shape[2] * w.shape[3] > 1 and x.shape[1] >= LONE_MIN_CHANNELS)
+
+
 def _stacked(graph: Graph) -> set:
     """The ids of the channels-first 2-D convolutions that stack with another: whose output reaches another's
     input, or meets another's output, through operators the layout propagates along (`_pools_last`, `_follows`).
-    A lone convolution between channels-first tensors keeps its layout: converting it adds only its two
-    transposes (fused into it), which cost more than the layout saves (cpu, one thread: a 1x1 256 -> 64
-    convolution at 56x56 1.19 ms NCHW, 1.83 ms so; a ConvNeXt-style block, its depthwise convolutions between a
-    layer norm and a residual add, 4.9 / 7.8 ms)."""
+    A lone convolution between channels-first tensors keeps its layout, unless it `_gains_alone`: converting it
+    adds only its two transposes (fused into it), which can cost more than the layout saves (cpu, one thread: a
+    1x1 256 -> 64 convolution at 56x56 1.19 ms NCHW, 1.83 ms so; a ConvNeXt-style block, its depthwise
+    convolutions between a layer norm and a residual add, 4.9 / 7.8 ms)."""
     users = graph.users()
     stacked = set()
     reached_by: dict = {}        # id(tensor) -> the convolution whose output reached it first
@@ -65,6 +81,8 @@ def _stacked(graph: Graph) -> set:
                         stacked |= {id(conv), reached_by[out]}
                     reached.add(out)
                     frontier.append(op.outputs[0])
+        if _gains_alone(conv):
+            stacked.add(id(conv))
     return stacked
 
 
