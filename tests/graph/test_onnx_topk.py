@@ -123,6 +123,32 @@ def test_topk_past_the_selections_k_along_a_middle_axis():
             np.testing.assert_array_equal(g, w)
 
 
+@pytest.mark.parametrize("rounds", [None, 1, 3])
+def test_the_merge_sorts_selection_and_its_fallback_keep_numpys_order(monkeypatch, rounds):
+    """k above MAX_K: a quickselect moves each row's k first to its front before the merge sort; past SELECT_ROUNDS
+    partitions (cut to 1 or 3 here) it gives up and the row is sorted whole. Rows of many ties, NaNs and a sorted
+    one, both orders: numpy's stable order of the row (a NaN above every number, ties by index)."""
+    from stdlib_ops import topk
+    if rounds is not None:
+        monkeypatch.setattr(topk, "SELECT_ROUNDS", rounds)
+    topk.topk_sorted_kernel.cache_clear()
+    try:
+        rng = np.random.default_rng(5)
+        x = rng.integers(0, 7, (4, 1500)).astype(np.float32)
+        x[1, ::9] = np.nan
+        x[2] = np.arange(1500)
+        x[3] = rng.standard_normal(1500)
+        for largest, k in ((True, 700), (False, 129), (True, 1500)):
+            values, indices = np.empty((4, k, 1), np.float32), np.empty((4, k, 1), np.int64)
+            topk.topk_rows(x[:, :, None], values, indices, largest)
+            nan_above = np.where(np.isnan(x), np.inf, x)         # a NaN above every number (first of the largest)
+            order = np.argsort(-nan_above if largest else nan_above, axis=1, kind="stable")[:, :k]
+            np.testing.assert_array_equal(indices[:, :, 0], order)
+            np.testing.assert_array_equal(values[:, :, 0], np.take_along_axis(x, order, 1))
+    finally:
+        topk.topk_sorted_kernel.cache_clear()
+
+
 def test_unsorted_topk_selects_what_onnxruntime_selects():
     """sorted=0 leaves the order to the operator: taskdsl sorts anyway; the selected elements are onnxruntime's."""
     x = np.array([[5, 1, 5, 2, 5, 1, 0, 7, 7], [0, 0, 1, 1, 2, 2, 3, 3, 4]], np.float32)
