@@ -273,8 +273,9 @@ def test_a_lone_convolution_of_many_channels_runs_channels_last_on_the_cpu(chann
     assert [k.name.startswith("pad_nhwc") for k in cg.kernels[:1]] == [nhwc]       # the input's transpose fused in
     assert _convs_layouts(g.compile("cuda")) == {False}
     xa = rand((1, channels, 9, 7), 41)
-    want = np.concatenate([_numpy_conv(xa[:, k * channels // groups:(k + 1) * channels // groups],
-                                       w[k * 8 // groups:(k + 1) * 8 // groups], window // 2) for k in range(groups)], 1)
+    cg_in, cg_out = channels // groups, 8 // groups
+    want = np.concatenate([_numpy_conv(xa[:, k * cg_in:(k + 1) * cg_in], w[k * cg_out:(k + 1) * cg_out], window // 2)
+                           for k in range(groups)], 1)
     assert_close(cg(xa)[0], np.maximum(want, 0).astype(np.float32), rtol=1e-4, atol=1e-5)
 
 

@@ -2,9 +2,9 @@
 
 Tile, DepthToSpace and SpaceToDepth are exact compositions of reshapes (views), an expand or a transpose;
 GatherElements, ScatterElements, ScatterND, TensorScatter, CumSum, CumProd and TopK are graph ops of their own;
-InstanceNormalization is a layer norm over the spatial axes, then a per-channel scale and shift; GroupNormalization
-a layer norm over each group of channels with their spatial axes, then the same; MeanVarianceNormalization centers
-x over its axes and divides by the standard deviation.
+InstanceNormalization is a layer norm over the spatial axes with a per-channel scale and shift
+(`ops.instance_norm`); GroupNormalization a layer norm over each group of channels with their spatial axes, then a
+per-channel scale and shift; MeanVarianceNormalization centers x over its axes and divides by the standard deviation.
 """
 from __future__ import annotations
 
@@ -201,10 +201,9 @@ def _normalized_per_channel(node: Node, groups: int | None, bias_name: str):
     eps = float(node.attr("epsilon", 1e-5))
 
     def normalized(x, scale, bias):
-        if groups is None:
-            y = ops.layer_norm(x, eps=eps, axis=2)
-        else:
-            y = ops.reshape(ops.layer_norm(ops.reshape(x, (x.shape[0], groups, -1)), eps=eps, axis=2), x.shape)
+        if groups is None:      # the scale and shift in the normalization's own kernel
+            return ops.instance_norm(x, scale, bias, eps)
+        y = ops.reshape(ops.layer_norm(ops.reshape(x, (x.shape[0], groups, -1)), eps=eps, axis=2), x.shape)
         return ops.add(ops.mul(y, ops.reshape(scale, per_channel)), ops.reshape(bias, per_channel))
 
     return in_f32(normalized, x, scale, bias)

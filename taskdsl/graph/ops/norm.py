@@ -15,6 +15,7 @@ from ..operator import Operator, dims
 from ..tensor import as_tensor
 from .axes import normalize_axis
 from .elementwise import broadcast_index, broadcast_shape
+from .transform import reshape
 
 
 def stat_dtype(dtype: T.DataType) -> T.DataType:
@@ -74,7 +75,8 @@ class LayerNorm(Operator):
 
     attrs: axis, eps, has_weight, has_bias, stats (also output the mean and 1/std, shaped with 1s
     on the normalized axes, as ONNX LayerNormalization does); rms=True gives RMS normalization
-    (no centring, no bias).
+    (no centring, no bias); per_channel=True: weight and bias are per channel (axis 1, shaped (C, 1, ...),
+    the normalized axes all after it: an instance norm's), applied in the same kernel as the normalization.
     """
 
     generic = True
@@ -88,6 +90,13 @@ class LayerNorm(Operator):
         x = self.inputs[0]
         self.attrs["axis"] = normalize_axis(self.attrs["axis"], x.ndim, self.kind)
         norm_shape = x.shape[self.attrs["axis"]:]
+        if self.attrs.get("per_channel"):
+            channel_shape = x.shape[1:2] + (1,) * (x.ndim - 2)
+            if self.attrs["axis"] < 2 or any(p.shape != channel_shape for p in self.inputs[1:]):
+                raise ValueError(f"{self.kind}: per-channel weight and bias must have shape {channel_shape} and the "
+                                 f"normalized axes follow the channels (axis >= 2), got "
+                                 f"{[p.shape for p in self.inputs[1:]]} and axis {self.attrs['axis']}")
+            return
         for p in self.inputs[1:]:
             if broadcast_shape([p.shape, norm_shape], self.kind) != norm_shape or p.ndim > len(norm_shape):
                 raise ValueError(f"{self.kind}: weight and bias must broadcast to the normalized shape {norm_shape}, "
@@ -222,6 +231,20 @@ def layer_norm(x, weight=None, bias=None, eps: float = 1e-5, axis: int | None = 
     params = [p for p in (weight, bias) if p is not None]
     attrs = {"axis": axis, "eps": real(eps, "layer_norm: eps"), "has_weight": weight is not None,
              "has_bias": bias is not None}
+    return LayerNorm([x, *params], attrs).outputs[0]
+
+
+def instance_norm(x, weight, bias, eps: float = 1e-5):
+    """x (N, C, spatial...) normalized over its spatial axes per instance and channel, then scaled and shifted
+    per channel: a layer norm from axis 2 whose weight and bias (C,) are applied in its own kernel."""
+    x, weight, bias = (as_tensor(t) for t in (x, weight, bias))
+    if x.ndim < 3 or weight.shape != x.shape[1:2] or bias.shape != x.shape[1:2]:
+        raise ValueError(f"instance_norm needs x (N, C, spatial...) and a weight and bias of shape (C,), one per "
+                         f"channel; got x {x.shape}, weight {weight.shape}, bias {bias.shape}")
+    per_channel = x.shape[1:2] + (1,) * (x.ndim - 2)
+    params = [reshape(p, per_channel) for p in (weight, bias)]
+    attrs = {"axis": 2, "eps": real(eps, "instance_norm: eps"), "has_weight": True, "has_bias": True,
+             "per_channel": True}
     return LayerNorm([x, *params], attrs).outputs[0]
 
 
