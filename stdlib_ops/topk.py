@@ -1,16 +1,17 @@
-"""The cpu's top-k of a few elements from long rows (`topk_rows`): a vocabulary's 50 best logits.
+"""The cpu's top-k along rows (`topk_rows`): a vocabulary's best logits, a row sorted.
 
 The graph's TopK operator ranks every element against every other (graph/ops/sort.py): n^2 comparisons a row,
-466 ms for the 50 best of GPT-2's 50257 logits on a 2-core Xeon. Here one block per row keeps the k best so far in
+466 ms for the 50 best of GPT-2's 50257 logits on a 2-core Xeon. For a few of a long row (`keeps_best`), one
+block per row keeps the k best so far in
 the outputs themselves, with the slot of the one that comes last among them: an element enters only when it comes
 before that one, so a row costs about n comparisons plus k per entry (each entry looks for the new last), and
 insertion-sorts its k at the end. Order as the operator's: larger (or, not `largest`, smaller) first, NaN above
 every number, equal elements in index order. An element scanned later never ties its way in: its index is larger.
 
-For k > MAX_K (a row sorted whole: TopK with k = n is ONNX's sort) a quickselect moves a row's k first to its
-front and those are merge-sorted (`topk_sorted_kernel`), in runs of 1, 2, 4, ... between two halves of a work
-array, by the same order: about 2n + k log2 k comparisons (the 1000 best of each row of (8, 4096) took 28.9 ms by
-the definitions, 78x onnxruntime's time).
+For more of a row (k > MAX_K or k^2 >= n; a row sorted whole: TopK with k = n is ONNX's sort) a quickselect
+moves a row's k first to its front and those are merge-sorted (`topk_sorted_kernel`), in runs of 1, 2, 4, ...
+between two halves of a work array, by the same order: about 2n + k log2 k comparisons (the 1000 best of each row
+of (8, 4096) took 28.9 ms by the definitions, 78x onnxruntime's time; 0.4-0.5 ms so).
 """
 # ruff: noqa: F821 - the kernels' bodies use their size symbols TO, TN, TI, TK, TB as names
 # No `from __future__ import annotations`: the kernel's annotations use closure dtypes.
@@ -23,7 +24,9 @@ from taskdsl import blockIdx
 
 from .elementwise import tdtype
 
-MAX_K = 128     # beyond, the insertion sort (k^2 / 2) and the worst case's entries (k a row element) weigh
+MAX_K = 24      # beyond, or where k^2 reaches n, the entries (each looking through the k for the new last) weigh more
+                # than the quickselect's pass: the 50 best of each row of (2, 50257) 0.15 ms so, 0.11 selected and
+                # sorted; the 16 best of each row of (64, 256) 0.13 against 0.06 (the 16 of 50257: 0.06 against 0.10)
 
 
 def _order(dtype, largest: bool) -> tuple:
@@ -221,15 +224,21 @@ def topk_sorted_kernel(dtype, largest: bool) -> td.Kernel:
     return topk_sorted
 
 
+def keeps_best(k: int, n: int) -> bool:
+    """Whether the top k of rows of n run `topk_rows_kernel` (a pass keeping the k best): k <= MAX_K and k^2 < n."""
+    return k <= MAX_K and k * k < n
+
+
 def topk_rows(x: np.ndarray, values: np.ndarray, indices: np.ndarray, largest: bool) -> td.Kernel:
     """Write the top-k of x (outer, n, inner), a cpu array, along axis 1 into `values` and `indices` (outer, k,
-    inner), 1 <= k <= n: a selection for k <= MAX_K, else a merge sort; returns the kernel launched."""
+    inner), 1 <= k <= n: a pass keeping the k best for a few of a long row (`keeps_best`), else a quickselect and a
+    merge sort; returns the kernel launched."""
     outer, n, inner = x.shape
     if not 1 <= values.shape[1] <= n:
         raise ValueError(f"topk_rows takes 1 <= k <= n, got k={values.shape[1]} for n={n}")
     if n >= 2 ** 31:
         raise ValueError(f"topk_rows sorts rows of fewer than 2^31 elements, got {n}")
-    if values.shape[1] <= MAX_K:
+    if keeps_best(values.shape[1], n):
         kernel = topk_rows_kernel(tdtype(x.dtype), bool(largest))
         kernel(x, values, indices)
     else:

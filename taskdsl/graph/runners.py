@@ -254,8 +254,8 @@ def run_reduce(op: Reduce, arrays: list) -> tuple:
 
 @runs(TopK)
 def run_topk(op: TopK, arrays: list) -> tuple:
-    """On the cpu, `topk_rows` (the k <= stdlib_ops.topk.MAX_K best by about n comparisons a row: the 50 best of
-    50257 took 466 ms by the definitions, which rank every pair, and 0.16 ms so; more by a merge sort); elsewhere by
+    """On the cpu, `topk_rows` (a few of a long row by about n comparisons, more by a quickselect and a merge sort:
+    the 50 best of 50257 took 466 ms by the definitions, which rank every pair, and 0.05-0.1 ms so); elsewhere by
     definitions."""
     if not _on_host_cpu(arrays):
         return run_definitions(op, arrays)

@@ -88,13 +88,13 @@ def long_row_values(shape: list, elem: int, seed: int, nans: bool, order: str) -
 
 
 @settings(max_examples=8, deadline=None)
-@given(n=st.sampled_from([129, 1009, 4099]), k=st.one_of(st.integers(1, 128), st.sampled_from([129, 1009, 4099])),
+@given(n=st.sampled_from([129, 1009, 4099]), k=st.one_of(st.integers(1, 24), st.sampled_from([25, 129, 1009, 4099])),
        elem=st.sampled_from(sorted(TYPES)),
        largest=st.sampled_from([0, 1]), nans=st.booleans(),
        order=st.sampled_from(["random", "ascending", "descending"]),
        seed=st.integers(0, 99))
 def test_topk_of_long_rows_matches_onnxruntime(n, k, elem, largest, nans, order, seed):
-    """A few of thousands, as a vocabulary's top-k (on the cpu, k <= stdlib_ops.topk.MAX_K selects by its kernel,
+    """A few of thousands, as a vocabulary's top-k (on the cpu, `stdlib_ops.topk.keeps_best` selects by its kernel,
     about n comparisons a row), or more, up to the whole row sorted (a merge sort): values and indices equal
     onnxruntime's."""
     k = min(k, n)
@@ -112,11 +112,12 @@ def test_topk_of_long_rows_matches_onnxruntime(n, k, elem, largest, nans, order,
 
 
 def test_topk_past_the_selections_k_along_a_middle_axis():
-    """k above stdlib_ops.topk.MAX_K (on the cpu a merge sort of each row), the whole row, and inside MAX_K give
-    onnxruntime's results on the same rows, along a middle axis."""
-    from stdlib_ops.topk import MAX_K
+    """k above stdlib_ops.topk.MAX_K (on the cpu a quickselect and a merge sort of each row), the whole row, and a
+    few that `keeps_best` give onnxruntime's results on the same rows, along a middle axis."""
+    from stdlib_ops.topk import MAX_K, keeps_best
     x = long_row_values([2, 3, 300], TensorProto.FLOAT, 3, True, "random").transpose(0, 2, 1).copy()
-    for k in (MAX_K + 1, 300, MAX_K):
+    assert keeps_best(16, 300) and not keeps_best(MAX_K, 300) and not keeps_best(MAX_K + 1, 10 ** 6)
+    for k in (MAX_K + 1, 300, MAX_K, 16):
         model = topk_model([2, 300, 3], k, 1, 1, TensorProto.FLOAT, 11)
         got, want = tg.from_onnx(model).compile()({"x": x}), run_onnxruntime(model, {"x": x})
         for g, w in zip(got, want):

@@ -3,8 +3,8 @@
 An element's place in the order is its rank, the count of the elements that come before it along the axis; the
 output's slot r then holds the element of rank r. Each rank is a reduction over the axis, so a row of n elements
 costs n^2 comparisons: cheap for the short rows of a mixture of experts' routing over 8 experts or a detector's few
-hundred boxes, slow for a vocabulary of 50 000, where the cpu runs `stdlib_ops.topk` instead (k <= its MAX_K:
-about n comparisons a row; more: a merge sort, n log2 n; graph/runners.py).
+hundred boxes, slow for a vocabulary of 50 000, where the cpu runs `stdlib_ops.topk` instead (a few of a long row:
+about n comparisons a row; more: a quickselect and a merge sort of the k, about 2n + k log2 k; graph/runners.py).
 """
 from __future__ import annotations
 
