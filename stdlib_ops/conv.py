@@ -181,8 +181,8 @@ def columns_kernel(dtype) -> td.Kernel:
     @td.func
     def copy_run(X, cols, n, row, c, ih, base, lo, hi, offset, stride):
         """cols[n, row, base + ow] = X[n, c, ih, ow * stride + offset] for ow in [lo, hi): in whole runs of COPY_RUN
-        (a constant trip count, vectorized; a loop of a run-time count ran in its scalar remainder), the last one
-        overlapping the one before; a shorter row one at a time."""
+        (a constant trip count, vectorized whole: `matmul_cpu.COPY_RUN`), the last one overlapping the one before;
+        a shorter row one at a time."""
         if hi - lo >= COPY_RUN:
             for step in range(lo, hi, COPY_RUN):
                 start = min(step, hi - COPY_RUN)
