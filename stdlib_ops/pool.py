@@ -224,8 +224,8 @@ def pool_rows(x: np.ndarray, out_hw: tuple, kernel, stride, pads, dilation=(1, 1
              counts_all: bool = True) -> tuple:
     """(y, kernel): the (N, C, *out_hw) max (or `kind` "avg", dividing by the window's taps inside the padded
     input, or with `counts_all` False inside the input) pooling of contiguous NCHW `x` by `rows_kernel`, with
-    `pads` (top, left, bottom, right). Under td.fast_compile the generic kernel runs (one compile), else one built for
-    this layer."""
+    `pads` (top, left, bottom, right). Under td.fast_compile the generic kernel runs (one compile), else one built
+    for this layer."""
     dtype = tdtype(x.dtype)
     y = np.empty(x.shape[:2] + tuple(out_hw), x.dtype)
     window = (tuple(kernel), tuple(stride), tuple(pads), tuple(dilation), bool(counts_all))

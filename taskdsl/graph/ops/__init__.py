@@ -10,8 +10,8 @@ from .elementwise import (FUNCTIONS, Elementwise, FusedElementwise, add, cast, c
                           sub, tanh, where)
 from .linalg import (Conv, IntegerConv, IntegerMatMul, MatMul, conv, conv2d, integer_conv, integer_matmul, linear,
                      matmul)
-from .norm import (LRN, BatchNorm, LayerNorm, Softmax, batch_norm, instance_norm, layer_norm, log_softmax, lrn, rms_norm,
-                   softmax)
+from .norm import (LRN, BatchNorm, LayerNorm, Softmax, batch_norm, instance_norm, layer_norm, log_softmax, lrn,
+                   rms_norm, softmax)
 from .pool import Pool, avg_pool2d, max_pool2d, max_pool_with_indices, pool
 from .reduce import ArgReduce, Reduce, argmax, argmin, global_avg_pool, global_max_pool, max, mean, min, prod, sum
 from .scatter import ScatterElements, ScatterND, TensorScatter, scatter_elements, scatter_nd, tensor_scatter
@@ -29,7 +29,8 @@ __all__ = [
     "MatMul", "IntegerMatMul", "Conv", "IntegerConv", "matmul", "integer_matmul", "linear", "conv", "integer_conv",
     "conv2d",
     # normalization
-    "Softmax", "LayerNorm", "BatchNorm", "LRN", "softmax", "log_softmax", "layer_norm", "instance_norm", "rms_norm", "batch_norm", "lrn",
+    "Softmax", "LayerNorm", "BatchNorm", "LRN", "softmax", "log_softmax", "layer_norm", "instance_norm", "rms_norm",
+    "batch_norm", "lrn",
     # pooling and reductions
     "Pool", "pool", "max_pool2d", "max_pool_with_indices", "avg_pool2d", "Reduce", "sum", "mean", "max", "min", "prod",
     "global_avg_pool", "global_max_pool", "ArgReduce", "argmax", "argmin", "TopK", "topk",

@@ -5,11 +5,11 @@
 
 Each 2-D convolution (of floats, or of 8-bit integers: a quantized model's) stacked with another
 (not a lone one between channels-first tensors, `_stacked`, but on the cpu one that `_gains_alone`)
-becomes its channels-last form, and the
-layout then propagates forward through pooling, concat, elementwise operators and pads of the
-spatial axes (a quantized convolution's input padded with its zero point): one that reads a
-channels-last tensor computes channels-last too. A reduction over the spatial axes of one (a global
-pool) reduces its channels-last form: the channels are then the contiguous axis of its output rows;
+becomes its channels-last form, and the layout then propagates forward through pooling, concat,
+elementwise operators and pads of the spatial axes (a quantized convolution's input padded with its
+zero point): one that reads a channels-last tensor computes channels-last too. A reduction over the
+spatial axes of one (a global pool) reduces its channels-last form: the channels are then the
+contiguous axis of its output rows;
 one over every axis (a dynamic quantization's max and min) reads it as it is. A concat joins along
 the same axis, where it now lies; an elementwise operator's other operands are transposed to match
 (constants here, once; a lower-rank broadcast operand is first padded to rank 4). Every other
