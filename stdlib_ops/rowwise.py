@@ -192,6 +192,7 @@ def softmax_kernel(dtype, log: bool, schedule: str, cached: int = 0):
                     Y[row, j] = Y[row, j] * inv
                 else:                       # rounded once, at the store
                     Y[row, j] = td.exp(X[row, j] - m) * inv
+    softmax.streams = True          # a small launch runs on one thread (a row a block: tiny arrays had many blocks)
     return softmax
 
 
@@ -257,6 +258,7 @@ def layer_norm_kernel(dtype, schedule: str, cached: int = 0):
             rstd: acc = td.rsqrt(lane_sum(X, row, C, mean, "square", sums) / C + eps)
             for j in range(C):
                 Y[row, j] = (X[row, j] - mean) * rstd * W[j] + B[j]
+    layer_norm.streams = True       # (as softmax's)
     return layer_norm
 
 
