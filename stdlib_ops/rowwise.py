@@ -25,8 +25,7 @@ from taskdsl.runtime.arrays import contiguous, empty_like_operands
 
 BLOCK = 256
 CACHED = (1, 2, 4, 8, 16, 32)    # elements per thread a 'block' kernel can keep of its row in registers
-ROWS_PER_BLOCK = 1      # 'thread' schedule: a row a block, so that a few long rows share the cores (64 rows a
-                        # block ran 64 rows of 1000 on one core: their softmax 0.058 -> 0.037 ms on two)
+ROWS_PER_BLOCK = 64     # 'thread' schedule
 LANES = 16              # 'thread' schedule: partial sums per row (see `lane_sum`)
 
 
@@ -192,7 +191,6 @@ def softmax_kernel(dtype, log: bool, schedule: str, cached: int = 0):
                     Y[row, j] = Y[row, j] * inv
                 else:                       # rounded once, at the store
                     Y[row, j] = td.exp(X[row, j] - m) * inv
-    softmax.streams = True          # a small launch runs on one thread (a row a block: tiny arrays had many blocks)
     return softmax
 
 
@@ -258,7 +256,6 @@ def layer_norm_kernel(dtype, schedule: str, cached: int = 0):
             rstd: acc = td.rsqrt(lane_sum(X, row, C, mean, "square", sums) / C + eps)
             for j in range(C):
                 Y[row, j] = (X[row, j] - mean) * rstd * W[j] + B[j]
-    layer_norm.streams = True       # (as softmax's)
     return layer_norm
 
 
