@@ -3,9 +3,9 @@
 Tests run on the cpu target, or on the one $TASKDSL_TEST_TARGET names: with
 TASKDSL_TEST_TARGET=cuda on a GPU machine, every kernel test of the suite runs on the GPU
 and is checked against the same numpy oracles. Every kernel specialization a test launches
-also has its CUDA C++ compiled to an sm_90 cubin by NVRTC (once per kernel and block
-shape, in one program per test module: `cuda_checks.py`), so the suite proves the CUDA path
-on machines without a GPU.
+also has its CUDA C++ compiled for sm_90 by NVRTC (once per kernel and block shape, in one
+program per test module; to a cubin where it holds inline PTX: `cuda_checks.py`), so the suite
+proves the CUDA path on machines without a GPU.
 
 Kernels are compiled with `td.fast_compile` (cpu: no IR unrolling, so numba compiles big kernels
 several times faster; cuda: NVRTC at -Ofast-compile=max), except in modules that set

@@ -1,10 +1,12 @@
 """The suite's NVRTC check of launched kernels (`cuda_checks.py`): one program per module, failures named."""
 import pytest
 
+from . import cuda_checks
 from .cuda_checks import CudaChecks
 
 GOOD = 'extern "C" __global__ void __launch_bounds__(32) twin(float* __restrict__ y) {{ y[threadIdx.x] = {value}; }}\n'
 BAD = 'extern "C" __global__ void broken(float* y) { y[0] = undefined_name; }\n'
+BAD_PTX = 'extern "C" __global__ void bad_ptx(float* y) { asm volatile("no.such.instruction;"); }\n'
 
 
 def test_kernels_of_one_name_compile_together_and_each_source_once():
@@ -42,3 +44,21 @@ def test_a_source_an_earlier_module_built_is_not_compiled_again_and_a_failed_one
     for source in (BAD, GOOD.format(value="4.0f")):
         checks.add("tests/z.py::test_e", "again", source, fast=True)
     assert len(checks.queued[True]) == 2
+
+
+def test_only_sources_with_inline_ptx_are_assembled(monkeypatch):
+    """Inline PTX goes through ptxas (a cubin): the front end passes any text; the other sources stop at PTX."""
+    assert cuda_checks.compile_ptx(BAD_PTX, "sm_90")        # what PTX alone lets through
+    built = []
+    for name in ("compile_cubin", "compile_ptx"):
+        compile_to = getattr(cuda_checks, name)
+        monkeypatch.setattr(cuda_checks, name, lambda unit, *a, f=compile_to, n=name: built.append((n, unit)) or
+                            f(unit, *a))
+    checks = CudaChecks()
+    checks.add("tests/x.py::test_good", "twin", GOOD.format(value="1.0f"), fast=True)
+    checks.add("tests/x.py::test_asm", "bad_ptx", BAD_PTX, fast=True)
+    with pytest.raises(AssertionError, match=r"(?s)tests/x.py::test_asm: bad_ptx: .*ptxas .*'no'") as info:
+        checks.compile_all()
+    assert "test_good" not in str(info.value)
+    assert {(name, "bad_ptx" in unit, "twin" in unit) for name, unit in built} == \
+        {("compile_cubin", True, False), ("compile_ptx", False, True)}

@@ -8,7 +8,7 @@ import pytest
 
 import taskdsl as td
 from taskdsl import f16, f32, i32, threadIdx, blockIdx
-from taskdsl.backend.cuda.nvrtc import compile_cubin, normalize_arch
+from taskdsl.backend.cuda.nvrtc import compile_cubin, compile_ptx, normalize_arch
 
 
 def _line_of(fn, marker: str) -> int:
@@ -73,10 +73,11 @@ def test_bad_arch_is_a_clear_error():
         axpy.compile(x, x, 1.0, target="cuda", arch="sm_70")     # NVRTC 13 dropped Volta
 
 
-def test_nvrtc_error_maps_to_python_line():
+@pytest.mark.parametrize("compile_to", [compile_cubin, compile_ptx])
+def test_nvrtc_error_maps_to_python_line(compile_to):
     source = '#line 42 "user_kernels.py"\nextern "C" __global__ void k(float* a) { a[0] = not_declared; }\n'
     with pytest.raises(td.DSLError) as info:
-        compile_cubin(source, "sm_90")
+        compile_to(source, "sm_90")
     assert info.value.loc.file == "user_kernels.py" and info.value.loc.line == 42
     assert "not_declared" in str(info.value) and "NVRTC log" in str(info.value)
     assert "\x00" not in str(info.value)        # NVRTC's C string ends in one: grep then calls the text binary
@@ -95,6 +96,19 @@ def test_every_atomic_compiles(dtype, op):
     src = k.source(np.zeros(4, dtype.numpy), target="cuda")
     assert src.count("atomic") >= 1
     assert k.compile(np.zeros(4, dtype.numpy), target="cuda").binary
+
+
+def test_ptx_is_the_kernels_for_the_virtual_arch():
+    """compile_ptx: PTX text for `arch`'s virtual architecture, the f16 headers found as compile_cubin finds them."""
+    x = np.ones(8, np.float16)
+
+    @td.kernel(block=8)
+    def twice(X: f16[8]):
+        X[threadIdx.x] = X[threadIdx.x] * f16(2.0)
+
+    ptx = compile_ptx(twice.source(x, target="cuda"), "sm_80", fast=True)
+    assert re.search(r"^\.target sm_80$", ptx, re.M) and f".entry {twice.name}(" in ptx
+    assert not ptx.endswith("\x00")
 
 
 def test_half_kernels_compile_with_runtime_headers():

@@ -16,8 +16,10 @@ from stdlib_ops import gemm
 from stdlib_ops import matmul_cpu as cpu
 from stdlib_ops import matmul_simt as simt
 from taskdsl.backend.cpu import vectors
-from taskdsl.backend.cuda.nvrtc import combine_sources, compile_cubin
+from taskdsl.backend.cuda.nvrtc import combine_sources
 from taskdsl.ir.types import numpy_dtype
+
+from ..cuda_checks import assert_builds_for_sm80_and_sm90
 
 OPTIMIZED = True   # the unrolled, vectorized micro-kernel this template exists for, not td.fast_compile
 DIMS = st.sampled_from([1, 2, 5, 16, 17, 31, 48, 49, 65, 97, 130])
@@ -290,8 +292,8 @@ def test_packed_b_is_prefetched_inside_its_panels(m, n, k, seed):
 
 
 def test_every_point_compiles_with_nvrtc():
-    """The kernels are ordinary DSL kernels: every point builds for sm_80 and sm_90 (one program per arch). The
-    packed-B, A-transposed and A-copying variants change only the operands' addressing: eight points of each."""
+    """The kernels are ordinary DSL kernels: every point builds for sm_80 and sm_90 (`assert_builds_for_sm80_and_sm90`).
+    The packed-B, A-transposed and A-copying variants change only the operands' addressing: eight points of each."""
     a = np.zeros((1, 64, 64), np.float32)
     index = np.zeros((1, 2), np.int32)
     points = cpu.space().points()
@@ -301,9 +303,7 @@ def test_every_point_compiles_with_nvrtc():
     kernels += [(cpu.tile_matmul_kernel(p, td.f32, td.f32, True, True), cpu.pack_b(p, a)) for p in points[:8]]
     kernels += [(cpu.tile_matmul_kernel(p, td.f32, td.f32, True, True, True), cpu.pack_b(p, a)) for p in points[:8]]
     unit = combine_sources([k.source(a, b, a, index, 1, target="cuda") for k, b in kernels])
-    for arch in ("sm_80", "sm_90"):
-        cubin = compile_cubin(unit, arch, "tile_space", fast=True)
-        assert all(k.name.encode() in cubin for k, _ in kernels)
+    assert_builds_for_sm80_and_sm90(unit, [k.name for k, _ in kernels], "tile_space")
 
 
 def test_a_large_product_packs_b_once_per_call(monkeypatch):
