@@ -25,6 +25,7 @@ def _typings(monkeypatch) -> list:
 
 
 def test_a_call_is_typed_once_inside_the_block_and_numba_is_restored_after(monkeypatch):
+    monkeypatch.setattr(call_types, "_memo", {})    # without what the process's earlier compiles remembered
     seen = _typings(monkeypatch)
     numbas = functions.BaseFunction.get_call_type
     context = cpu_target.typing_context
