@@ -7,6 +7,7 @@ from .cuda_checks import CudaChecks
 GOOD = 'extern "C" __global__ void __launch_bounds__(32) twin(float* __restrict__ y) {{ y[threadIdx.x] = {value}; }}\n'
 BAD = 'extern "C" __global__ void broken(float* y) { y[0] = undefined_name; }\n'
 BAD_PTX = 'extern "C" __global__ void bad_ptx(float* y) { asm volatile("no.such.instruction;"); }\n'
+FENCE = 'extern "C" __global__ void fence(float* y) { asm volatile("membar.gl;"); y[0] = 1.0f; }\n'
 
 
 def test_kernels_of_one_name_compile_together_and_each_source_once():
@@ -19,11 +20,13 @@ def test_kernels_of_one_name_compile_together_and_each_source_once():
     assert not any(checks.queued.values())
 
 
-def test_a_kernel_that_does_not_compile_fails_naming_its_test():
+@pytest.mark.parametrize("kernel, source, error", [("broken", BAD, "undefined_name"),
+                                                   ("bad_ptx", BAD_PTX, r"ptxas .*'no'")])   # ptxas's refusal
+def test_a_kernel_that_does_not_compile_fails_naming_its_test(kernel, source, error):
     checks = CudaChecks()
     checks.add("tests/x.py::test_good", "twin", GOOD.format(value="1.0f"), fast=True)
-    checks.add("tests/x.py::test_bad", "broken", BAD, fast=True)
-    with pytest.raises(AssertionError, match=r"(?s)tests/x.py::test_bad: broken: .*undefined_name") as info:
+    checks.add("tests/x.py::test_bad", kernel, source, fast=True)
+    with pytest.raises(AssertionError, match=rf"(?s)tests/x.py::test_bad: {kernel}: .*{error}") as info:
         checks.compile_all()
     assert "test_good" not in str(info.value)
 
@@ -55,10 +58,8 @@ def test_only_sources_with_inline_ptx_are_assembled(monkeypatch):
         monkeypatch.setattr(cuda_checks, name, lambda unit, *a, f=compile_to, n=name: built.append((n, unit)) or
                             f(unit, *a))
     checks = CudaChecks()
-    checks.add("tests/x.py::test_good", "twin", GOOD.format(value="1.0f"), fast=True)
-    checks.add("tests/x.py::test_asm", "bad_ptx", BAD_PTX, fast=True)
-    with pytest.raises(AssertionError, match=r"(?s)tests/x.py::test_asm: bad_ptx: .*ptxas .*'no'") as info:
-        checks.compile_all()
-    assert "test_good" not in str(info.value)
-    assert {(name, "bad_ptx" in unit, "twin" in unit) for name, unit in built} == \
+    checks.add("tests/x.py::test_a", "twin", GOOD.format(value="1.0f"), fast=True)
+    checks.add("tests/x.py::test_b", "fence", FENCE, fast=True)
+    checks.compile_all()
+    assert {(name, "fence" in unit, "twin" in unit) for name, unit in built} == \
         {("compile_cubin", True, False), ("compile_ptx", False, True)}
