@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 from numba import njit, types
 from numba.core.errors import TypingError
-from numba.extending import overload
 from numba.core.registry import cpu_target
 from numba.core.types import functions
+from numba.extending import overload
 
 from taskdsl.backend.cpu import call_types
 

@@ -7,8 +7,8 @@ operator again when it lowers it. An unrolled register tile holds thousands of i
 type, the typing context and the argument types: a 6x32 micro-kernel compiles about a fifth faster, a small
 kernel about 8%.
 
-The memo outlives the blocks: the next kernel's `float32 + float32` is typed already. Typing again what an
-earlier kernel had typed took 3.6 of the 5.8 s that tests/schedule/test_rules.py's kernels spent typing calls.
+The memo outlives the blocks: the next kernel's `float32 + float32` is typed already. The kernels of
+tests/schedule/test_rules.py spent 1.8 s typing calls so, against 4.1 s with a memo per compile.
 That is safe because numba's function types are interned by their templates: a template registered later (a
 new `@overload` of a function) makes a new type for the function, a key the memo has not seen. Outside the
 blocks numba's own method runs, unmemoized.
