@@ -126,23 +126,26 @@ def test_topk_past_the_selections_k_along_a_middle_axis():
 
 @pytest.mark.parametrize("rounds", [None, 1])
 def test_the_merge_sorts_selection_and_its_fallback_keep_numpys_order(monkeypatch, rounds):
-    """k above MAX_K: a quickselect (its first pivot sampled in a row this long) moves each row's k first to its
+    """k above MAX_K: a quickselect (its pivots sampled in a row this long) moves each row's k first to its
     front before the merge sort; past SELECT_ROUNDS partitions (cut to 1 here) it gives up and the row is
-    sorted whole. Rows of many ties, NaNs and a sorted
-    one, both orders: numpy's stable order of the row (a NaN above every number, ties by index)."""
+    sorted whole. Rows of many ties, NaNs, a sorted one, and one whose first pivot has a quarter of the row ahead
+    of it (for its 2300 first, the rest is sampled again, from a point past the front): numpy's stable order of the
+    row (a NaN above every number, ties by index), both orders."""
     from stdlib_ops import topk
     if rounds is not None:
         monkeypatch.setattr(topk, "SELECT_ROUNDS", rounds)
     topk.topk_sorted_kernel.cache_clear()
     try:
         rng = np.random.default_rng(5)
-        n = topk.SAMPLE ** 2 + 13         # a long row: its first pivot is sampled
-        x = rng.integers(0, 7, (4, n)).astype(np.float32)
+        n = 2 * topk.SAMPLE ** 2 + 13     # a long row: its pivots are sampled while the rest is this long
+        x = rng.integers(0, 7, (5, n)).astype(np.float32)
         x[1, ::9] = np.nan
         x[2] = np.arange(n)
         x[3] = rng.standard_normal(n)
-        for largest, k in ((True, 700), (False, 129), (True, n)):
-            values, indices = np.empty((4, k, 1), np.float32), np.empty((4, k, 1), np.int64)
+        x[4] = rng.standard_normal(n)       # its sampled elements: a quarter of the row ahead of their median
+        x[4, ::n // topk.SAMPLE] = np.quantile(x[4], np.linspace(0.99, 0.5, topk.SAMPLE + 1))
+        for largest, k in ((True, 700), (False, 129), (True, 2300), (True, n)):
+            values, indices = np.empty((5, k, 1), np.float32), np.empty((5, k, 1), np.int64)
             topk.topk_rows(x[:, :, None], values, indices, largest)
             nan_above = np.where(np.isnan(x), np.inf, x)         # a NaN above every number (first of the largest)
             order = np.argsort(-nan_above if largest else nan_above, axis=1, kind="stable")[:, :k]
