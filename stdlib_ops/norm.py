@@ -5,8 +5,8 @@
     y = layer_norm(x, weight, bias, eps=1e-5)          # over the last weight.ndim axes
 
 Each operator is one `td.op` of reductions (materialized, one kernel each) and an
-injective output definition; softmax / log_softmax over the last axis and layer_norm over the
-last axis with weight and bias use the fused row kernels of `rowwise.py` instead. Inputs are
+injective output definition; softmax / log_softmax, layer_norm and rms_norm over the last axis use
+the fused row kernels of `rowwise.py` instead. Inputs are
 viewed in a canonical form with size-symbol dims ((outer, axis, inner) for softmax, (rows,
 normalized) for the norms, (N, C, spatial) for batch_norm), so an op is built once per dtype /
 variant / eps and reused for any size.
@@ -170,13 +170,14 @@ def _norm_plan(rms: bool, x, weight, bias, eps: float, ndim: int | None) -> Plan
     return Plan(op, (x.reshape(math.prod(x.shape) // d if d else 0, d), *params), reshaper(x.shape))
 
 
-def _rows_affine(x, weight, bias, ndim) -> bool:
-    """Whether a layer norm runs the row kernel: over the last axis of `x`, with a weight and a bias of its length
+def _on_row_kernel(x, weight, bias, ndim) -> bool:
+    """Whether a layer or RMS norm runs the row kernel: over the last axis of `x`, any weight and bias of its length
     and dtype (anything else goes through `_norm_plan`, whose checks name a wrong shape or dtype)."""
-    if weight is None or bias is None or ndim not in (None, 1) or not _on_rows(x, -1):
+    one_axis = ndim is None or (isinstance(ndim, (int, np.integer)) and not isinstance(ndim, bool) and ndim == 1)
+    if not one_axis or not _on_rows(x, -1):     # (the plan names a wrong ndim: True, 1.0)
         return False
-    weight, bias = as_array(weight), as_array(bias)
-    return weight.shape == bias.shape == x.shape[-1:] and weight.dtype == x.dtype == bias.dtype
+    params = [as_array(p) for p in (weight, bias) if p is not None]
+    return all(p.shape == x.shape[-1:] and p.dtype == x.dtype for p in params)
 
 
 def layer_norm(x, weight=None, bias=None, eps: float = 1e-5, ndim: int | None = None):
@@ -186,13 +187,16 @@ def layer_norm(x, weight=None, bias=None, eps: float = 1e-5, ndim: int | None = 
     biased one (divided by the count), as in PyTorch.
     """
     x = as_array(x)
-    if _rows_affine(x, weight, bias, ndim):
-        return layer_norm_rows(x, weight, bias, real(eps, "layer_norm: eps"))   # one fused kernel per row
+    if _on_row_kernel(x, weight, bias, ndim):   # one fused kernel per row
+        return layer_norm_rows(x, weight, bias, real(eps, "layer_norm: eps"))
     return _norm_plan(False, x, weight, bias, eps, ndim).run()
 
 
 def rms_norm(x, weight=None, eps: float = 1e-6, ndim: int | None = None):
     """x / sqrt(mean(x^2) + eps) * weight over the last `ndim` axes (default: weight.ndim, else 1)."""
+    x = as_array(x)
+    if _on_row_kernel(x, weight, None, ndim):
+        return layer_norm_rows(x, weight, None, real(eps, "rms_norm: eps"), rms=True)
     return _norm_plan(True, x, weight, None, eps, ndim).run()
 
 

@@ -23,7 +23,8 @@ import numpy as np
 
 import taskdsl as td
 from taskdsl import bf16, blockIdx, f16, f32, f64, threadIdx
-from taskdsl.runtime.arrays import contiguous, empty_like_operands
+from taskdsl.runtime.arrays import contiguous, empty_like_operands, on_device
+from taskdsl.runtime.device_array import to_device
 
 BLOCK = 256
 CACHED = (1, 2, 4, 8, 16, 32)    # elements per thread a 'block' kernel can keep of its row in registers
@@ -193,19 +194,22 @@ def softmax_kernel(dtype, log: bool, schedule: str, cached: int = 0):
     return softmax
 
 
-def layer_norm_kernel_for(dtype, columns: int, schedule: str | None = None):
-    """The layer norm kernel for rows of `columns` elements of `dtype` on `schedule` (default: the target's)."""
+def layer_norm_kernel_for(dtype, columns: int, schedule: str | None = None, rms: bool = False):
+    """The layer norm (or, `rms`, RMS norm) kernel for rows of `columns` elements of `dtype` on `schedule`
+    (default: the target's)."""
     schedule = schedule or schedule_for_target()
-    return layer_norm_kernel(dtype, schedule, cached_per_thread(columns, schedule))
+    return layer_norm_kernel(dtype, schedule, cached_per_thread(columns, schedule), rms)
 
 
 @functools.cache
-def layer_norm_kernel(dtype, schedule: str, cached: int = 0):
-    """y = (x - mean) / sqrt(var + eps) * w + b over the last axis of an (R, C) array; with `cached` ('block'), rows
-    of up to BLOCK * cached elements, kept in registers."""
+def layer_norm_kernel(dtype, schedule: str, cached: int = 0, rms: bool = False):
+    """y = (x - mean) / sqrt(var + eps) * w + b over the last axis of an (R, C) array; `rms`: y = x / sqrt(mean(x^2)
+    + eps) * w + b (the mean taken as 0: one pass less). With `cached` ('block'), rows of up to BLOCK * cached
+    elements, kept in registers."""
     acc = statistics_dtype(dtype)
+    name = "rms_norm" if rms else "layer_norm"
     if schedule == "block" and cached:
-        @td.kernel(grid=lambda R: R, block=BLOCK, name=f"layer_norm_block_r{cached}")
+        @td.kernel(grid=lambda R: R, block=BLOCK, name=f"{name}_block_r{cached}")
         def layer_norm(X: dtype["R", "C"], W: dtype["C"], B: dtype["C"], Y: dtype["R", "C"], eps: acc):
             partials = td.shared(acc, (8,))
             values = td.registers(acc, (cached,))
@@ -215,7 +219,9 @@ def layer_norm_kernel(dtype, schedule: str, cached: int = 0):
                 j = threadIdx.x + k * BLOCK
                 values[k] = X[row, j] if j < C else 0.0
                 s += values[k]
-            mean = block_reduce(s, "sum", partials) / C
+            mean: acc = 0.0
+            if not rms:
+                mean = block_reduce(s, "sum", partials) / C
             q = 0.0
             for k in td.unroll(cached):        # the variance about the mean, from the registers: no cancellation
                 j = threadIdx.x + k * BLOCK
@@ -229,14 +235,16 @@ def layer_norm_kernel(dtype, schedule: str, cached: int = 0):
         return layer_norm
 
     if schedule == "block":
-        @td.kernel(grid=lambda R: R, block=BLOCK, name="layer_norm_block")
+        @td.kernel(grid=lambda R: R, block=BLOCK, name=f"{name}_block")
         def layer_norm(X: dtype["R", "C"], W: dtype["C"], B: dtype["C"], Y: dtype["R", "C"], eps: acc):
             partials = td.shared(acc, (8,))
             row = blockIdx.x
-            s = 0.0
-            for j in range(threadIdx.x, C, BLOCK):
-                s += X[row, j]
-            mean = block_reduce(s, "sum", partials) / C
+            mean: acc = 0.0
+            if not rms:
+                s = 0.0
+                for j in range(threadIdx.x, C, BLOCK):
+                    s += X[row, j]
+                mean = block_reduce(s, "sum", partials) / C
             q = 0.0
             for j in range(threadIdx.x, C, BLOCK):
                 d = X[row, j] - mean
@@ -246,11 +254,13 @@ def layer_norm_kernel(dtype, schedule: str, cached: int = 0):
                 Y[row, j] = (X[row, j] - mean) * rstd * W[j] + B[j]
         return layer_norm
 
-    @td.kernel(grid=lambda R: R, block=1, name="layer_norm_thread")
+    @td.kernel(grid=lambda R: R, block=1, name=f"{name}_thread")
     def layer_norm(X: dtype["R", "C"], W: dtype["C"], B: dtype["C"], Y: dtype["R", "C"], eps: acc):
         sums = td.registers(f64, (LANES,))
         row = blockIdx.x
-        mean: acc = lane_sum(X, row, C, 0.0, "plain", sums) / C
+        mean: acc = 0.0
+        if not rms:
+            mean = lane_sum(X, row, C, 0.0, "plain", sums) / C
         rstd: acc = td.rsqrt(lane_sum(X, row, C, mean, "square", sums) / C + eps)
         for j in range(C):
             Y[row, j] = (X[row, j] - mean) * rstd * W[j] + B[j]
@@ -277,16 +287,29 @@ def softmax_rows(x: np.ndarray, log: bool = False, schedule: str | None = None) 
     return out.reshape(np.shape(x))
 
 
-def layer_norm_rows(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float = 1e-5,
-                    schedule: str | None = None) -> np.ndarray:
-    """Layer norm of `x` over its last axis, scaled by `weight` and shifted by `bias`."""
+@functools.cache
+def _filled(shape: tuple, dtype: np.dtype, value: int, gpu: bool):
+    """A read-only array of `shape` holding `value` (an absent weight's ones, an absent bias's zeros), on the GPU if
+    `gpu`: made once and kept, so a recorded or captured launch that reads it can be replayed."""
+    host = np.full(shape, value, dtype)
+    host.flags.writeable = False
+    return to_device(host) if gpu else host
+
+
+def layer_norm_rows(x: np.ndarray, weight: np.ndarray | None = None, bias: np.ndarray | None = None,
+                    eps: float = 1e-5, schedule: str | None = None, rms: bool = False) -> np.ndarray:
+    """Layer norm (or, `rms`, RMS norm) of `x` over its last axis, scaled by `weight` and shifted by `bias` (each
+    optional: ones and zeros, which leave every value as it is)."""
     rows = _rows(x)
-    weight, bias = contiguous(weight, rows.dtype), contiguous(bias, rows.dtype)
-    if not weight.shape == bias.shape == rows.shape[1:]:
-        raise ValueError(f"layer_norm: weight and bias must have shape {rows.shape[1:]} (the last axis), "
-                         f"got {weight.shape} and {bias.shape}")
+    columns = rows.shape[1:]
+    gpu = on_device(rows)
+    weight = _filled(columns, rows.dtype, 1, gpu) if weight is None else contiguous(weight, rows.dtype)
+    bias = _filled(columns, rows.dtype, 0, gpu) if bias is None else contiguous(bias, rows.dtype)
+    if not weight.shape == bias.shape == columns:
+        raise ValueError(f"{'rms_norm' if rms else 'layer_norm'}: weight and bias must have shape {columns} (the "
+                         f"last axis), got {weight.shape} and {bias.shape}")
     out = empty_like_operands(rows.shape, rows.dtype, rows)
     if rows.size:
-        kernel = layer_norm_kernel_for(td.ir.types.from_numpy(rows.dtype), rows.shape[1], schedule)
+        kernel = layer_norm_kernel_for(td.ir.types.from_numpy(rows.dtype), rows.shape[1], schedule, rms)
         kernel(rows, weight, bias, out, eps)
     return out.reshape(np.shape(x))

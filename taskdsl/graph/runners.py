@@ -340,12 +340,13 @@ def run_layer_norm(op: LayerNorm, arrays: list) -> tuple:
     if a.get("stats") or not exact:
         return run_definitions(op, arrays)
     weight = arrays[1] if a["has_weight"] else None
-    if a.get("rms"):
-        return _plan(norm.op_for("rms_norm", arrays[0], weight, a["eps"], ndim))
     bias = arrays[-1] if a.get("has_bias") else None
-    if _rows(op, a["axis"]) and weight is not None and bias is not None and params[0].dtype == x.dtype:
-        kernel = rowwise.layer_norm_kernel_for(x.dtype, x.shape[-1])
-        return [rowwise.layer_norm_rows(arrays[0], weight, bias, a["eps"])], [kernel]   # one kernel per row
+    rms = bool(a.get("rms"))
+    if _rows(op, a["axis"]) and all(p.dtype == x.dtype for p in params):     # one kernel per row
+        kernel = rowwise.layer_norm_kernel_for(x.dtype, x.shape[-1], rms=rms)
+        return [rowwise.layer_norm_rows(arrays[0], weight, bias, a["eps"], rms=rms)], [kernel]
+    if rms:
+        return _plan(norm.op_for("rms_norm", arrays[0], weight, a["eps"], ndim))
     return _plan(norm.op_for("layer_norm", arrays[0], weight, bias, a["eps"], ndim))
 
 

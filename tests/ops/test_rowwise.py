@@ -54,15 +54,19 @@ def test_softmax_of_rows_with_minus_infinity_and_nan(schedule, shape, seed, mask
 
 
 @pytest.mark.parametrize("schedule", ["block", "thread"])
-@settings(max_examples=5, deadline=None)
-@given(shape=SHAPES, seed=st.integers(0, 1000))
-def test_layer_norm(schedule, shape, seed):
+@settings(max_examples=6, deadline=None)
+@given(shape=SHAPES, seed=st.integers(0, 1000), rms=st.booleans(), weight=st.booleans(), bias=st.booleans())
+def test_layer_and_rms_norm(schedule, shape, seed, rms, weight, bias):
+    """Layer norm, or RMS norm (no centring), with or without a weight and a bias."""
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal(shape) * 3 + 1).astype(np.float32)
     w, b = rng.standard_normal(shape[-1]).astype(np.float32), rng.standard_normal(shape[-1]).astype(np.float32)
     x64 = x.astype(np.float64)
-    expected = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-5) * w + b
-    np.testing.assert_allclose(layer_norm_rows(x, w, b, schedule=schedule), expected, rtol=1e-4, atol=1e-4)
+    centred = x64 if rms else x64 - x64.mean(-1, keepdims=True)
+    normalized = centred / np.sqrt((centred ** 2).mean(-1, keepdims=True) + 1e-5)
+    expected = normalized * (w if weight else 1) + (b if bias else 0)
+    got = layer_norm_rows(x, w if weight else None, b if bias else None, schedule=schedule, rms=rms)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("schedule", ["block", "thread"])
