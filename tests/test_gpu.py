@@ -186,6 +186,23 @@ def test_numpy_arguments_are_written_in_place():
         add_rows(a, a, a)
 
 
+@td.kernel(block=1)
+def running_sum(x: f32["N"], y: f32["N"]):
+    for i in range(1, N):
+        y[i] = y[i - 1] + x[i - 1]
+
+
+def test_one_numpy_view_passed_twice_is_one_device_array():
+    """Each numpy argument is copied to the GPU, but one view passed for two parameters is copied once: the kernel
+    reads its own writes, as on the cpu (two copies gave 2 for every element past the first)."""
+    for x in (np.ones(6, np.float32), np.ones(12, np.float32)[::2]):
+        running_sum(x, x)
+        np.testing.assert_array_equal(x, 2.0 ** np.arange(6))
+    a = np.ones(7, np.float32)
+    with pytest.raises(ValueError, match="different views of the same memory"):
+        running_sum(a[:6], a[1:])
+
+
 def test_empty_grid_is_a_no_op():
     x = np.zeros((0, 5), np.float32)
     add_rows(x, x, x)

@@ -108,6 +108,21 @@ def test_overlapping_views_of_which_one_is_copied_are_refused():
     np.testing.assert_array_equal(out[:, 0], source[::2] + 1)
 
 
+def test_overlapping_numpy_views_are_refused_on_the_cuda_target(simulated_gpu):
+    """The cuda target copies each numpy argument to the GPU on its own, contiguous or not: different views of one
+    memory, one of them written, are a ValueError there (the cpu runs contiguous ones in place); one view passed
+    for two parameters is one array, as on the cpu."""
+    a = np.zeros((5, 2), np.float32)
+    with pytest.raises(ValueError, match="'out' .written. and 'inp' are different views of the same memory"):
+        first_column_plus_one(a, a[:, 0])
+    x = np.ones(7, np.float32)
+    with pytest.raises(ValueError, match="'y' .written. and 'x' are different views"):
+        running_sum(x[:6], x[1:])
+    running_sum(x[1:], x[1:])
+    np.testing.assert_array_equal(x, [1, *2.0 ** np.arange(6)])
+    assert len(simulated_gpu.launches) == 1
+
+
 @settings(max_examples=8, deadline=None)
 @given(m=st.integers(0, 5), n=st.integers(0, 37))
 def test_empty_and_odd_shapes(m, n):

@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import ir
 from ..backend.cpu import precompile
-from ..backend.cuda.launch import check_launch_dims
+from ..backend.cuda.launch import check_host_arrays_apart, check_launch_dims
 from ..ir import types as T
 from ..errors import DSLError
 from ..frontend.autoreload import follow_autoreload
@@ -468,7 +468,9 @@ class Kernel:
                 remember(self._cuda_bases, base_key, prepared)
         if prepared is not None:
             prepared(binding.values)
-        else:
+        else:       # (numpy arrays among the arguments, each copied to the GPU on its own: none may overlap)
+            check_host_arrays_apart(binding.values, self._written(binding.block), self.name,
+                                    tuple(name for name, _ in self.params))
             self._run_cuda(binding)
 
     def _cuda_launch(self, binding: Binding) -> tuple:

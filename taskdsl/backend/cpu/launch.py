@@ -102,7 +102,7 @@ def runs_apart(src: CpuSource, values: list, written) -> bool:
     return src.flat and contiguous and arrays_apart(values, written_pairs(values, written))
 
 
-def _view(a: np.ndarray) -> tuple:
+def view_key(a: np.ndarray) -> tuple:
     """What makes two arrays one view of memory: data address, shape, strides and dtype."""
     return a.__array_interface__["data"][0], a.shape, a.strides, a.dtype
 
@@ -114,7 +114,7 @@ def check_copies_apart(values: list, written: dict, kernel: str, names) -> None:
     back last)."""
     for w, k in written_pairs(values, written):
         a, b = values[w], values[k]
-        if (a.flags.c_contiguous and b.flags.c_contiguous) or _view(a) == _view(b):     # one view: copied once
+        if (a.flags.c_contiguous and b.flags.c_contiguous) or view_key(a) == view_key(b):     # one view: copied once
             continue
         if np.shares_memory(a, b):
             raise ValueError(f"kernel '{kernel}': arguments '{names[w]}' (written) and '{names[k]}' share memory "
@@ -138,7 +138,7 @@ def call_args(src: CpuSource, values: list, written=None) -> tuple[list, list]:
             if v.flags.c_contiguous:
                 args.append(v.reshape(-1))
                 continue
-            view = _view(v)
+            view = view_key(v)
             if view not in copies:
                 copies[view] = np.ascontiguousarray(v)
                 note_host_work("a non-contiguous operand was copied for a kernel")

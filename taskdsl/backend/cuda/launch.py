@@ -37,6 +37,7 @@ import numpy as np
 
 from ...ir.types import ML_DTYPES_NAMES
 from ...runtime.config import gpu_status
+from ..cpu.launch import view_key, written_pairs
 
 # DLPack device types a kernel can read (CUDA, pinned host, managed).
 DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED = 1, 2, 3, 13
@@ -385,6 +386,7 @@ def launch_cuda(compiled, symbol: str, values: list, grid: tuple, block: tuple, 
     unused = getattr(compiled, "unused_params", ())
     stream = state.stream
     args, keep, copy_back = [], [], []
+    buffers = {}        # a numpy view -> its device buffer: one view passed twice is one array there too
     for index, (value, dtype) in enumerate(zip(values, dtypes)):
         expected = _np_dtype(dtype)
         writable = params[index].writable if params is not None else True
@@ -394,11 +396,14 @@ def launch_cuda(compiled, symbol: str, values: list, grid: tuple, block: tuple, 
         elif isinstance(value, np.ndarray):
             if writable and not value.flags.writeable:
                 raise ValueError(f"{what} is a read-only numpy array, but the kernel writes to it")
-            host = value if value.flags.c_contiguous else np.ascontiguousarray(value)
-            buffer = state.device.allocate(max(host.nbytes, 1), stream=stream)
-            copy_to_device(int(buffer.handle), host, stream)
-            keep.append(buffer)
-            if writable:
+            key = view_key(value)
+            if key not in buffers:
+                host = value if value.flags.c_contiguous else np.ascontiguousarray(value)
+                buffers[key] = host, state.device.allocate(max(host.nbytes, 1), stream=stream)
+                copy_to_device(int(buffers[key][1].handle), host, stream)
+                keep.append(buffers[key][1])
+            host, buffer = buffers[key]
+            if writable and all(b is not buffer for _, _, b in copy_back):
                 copy_back.append((value, host, buffer))
             args.append(int(buffer.handle))
         elif isinstance(value, (np.generic, bool, int, float)):
@@ -416,6 +421,20 @@ def launch_cuda(compiled, symbol: str, values: list, grid: tuple, block: tuple, 
             if host is not value:
                 np.copyto(value, host.reshape(value.shape))
     del keep    # device buffers are freed in stream order, after the kernel has used them
+
+
+def check_host_arrays_apart(values: list, written: dict, kernel: str, names) -> None:
+    """A ValueError where a numpy array the kernel writes and another numpy argument are different views of shared
+    memory (`written`: index -> name; `names`: the parameters'): `launch_cuda` copies each view to the GPU on its
+    own, so the kernel would see two arrays where the caller has one, and one copy coming back would undo the
+    other's writes. One view passed twice is copied once, as one array."""
+    for w, k in written_pairs(values, written):
+        a, b = values[w], values[k]
+        if view_key(a) != view_key(b) and np.shares_memory(a, b):
+            raise ValueError(f"kernel '{kernel}': arguments '{names[w]}' (written) and '{names[k]}' are different "
+                             "views of the same memory; the cuda target copies each numpy array to the GPU on its "
+                             "own, so the kernel would see two arrays where there is one: pass arrays that do not "
+                             "overlap, the same view for both, or td.to_device arrays")
 
 
 _POINTER = "pointer"
