@@ -117,6 +117,29 @@ def test_replay_under_other_build_options(options):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_launches_call_the_launchers_compiled_entry(monkeypatch):
+    """Prepared launches and replays call `parallel.launch` through its compiled entry (`launch.launcher_entry`),
+    not its dispatcher, which types every argument at each call (about a microsecond a launch): with the dispatcher
+    made to fail, a compiled graph runs, records and replays, on writable and read-only inputs alike (the byte
+    views of the latter differ from the recorded ones' types in that flag only)."""
+    from taskdsl.backend.cpu import launch
+    g = chain(7, 8)
+    cg, run = g.compile("cpu"), g.compile("cpu", replay=False)
+    w, b = (next(t.value for t in g.constants if t.ndim == k) for k in (2, 1))
+    cg(rand((7, 8), 0))
+    run(rand((7, 8), 0))
+
+    def dispatcher(*args):
+        raise AssertionError("the launcher's dispatcher was called")
+    monkeypatch.setattr(launch, "launch", dispatcher)
+    for seed in range(4):
+        x = rand((7, 8), seed)
+        x.flags.writeable = seed % 2 == 0
+        for compiled in (cg, run):
+            np.testing.assert_allclose(compiled(x)[0], np.maximum(x @ w + b, 0), rtol=1e-5, atol=1e-5)
+    assert cg.replay.startswith("on (")
+
+
 def test_replay_reads_the_callers_inputs_without_copying_them():
     """A replay binds each input array a kernel reads (whole, or a contiguous slice of it at an offset) in place of
     the recorded buffer, and copies in an input an output shares memory with; results match numpy on every call,

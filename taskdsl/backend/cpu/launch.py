@@ -215,7 +215,8 @@ class PreparedLaunch:
         # the thread count as of the first such call; one for a kernel that `streams` little memory
         serial = streams and sum(v.nbytes for v in values if isinstance(v, np.ndarray)) < SERIAL_BYTES
         self.workers = 1 if serial else _workers(src, self.blocks)
-        self.addresses: dict = {}      # (the arrays' writeable flags, apart) -> the entry's machine code for them
+        # (the arrays' writeable flags, apart) -> (the entry's machine code for them, `launcher_entry` for them)
+        self.compiled: dict = {}
         # arrays by position, and the type of the bit patterns they may travel as (f16; bf16 and the 8-bit floats,
         # bound as uint16 and uint8 bits), or None
         self.arrays = [(i, _BIT_PATTERNS.get(v.dtype)) for i, v in enumerate(values) if isinstance(v, np.ndarray)]
@@ -254,11 +255,13 @@ class PreparedLaunch:
         apart = arrays_apart(values, self.pairs)
         run = apart_twin(self.run) if apart else self.run
         key = (tuple(writeable), apart)
-        address = self.addresses.get(key)
-        if address is None:       # a new combination of read-only arrays: none may be one the kernel writes
+        compiled = self.compiled.get(key)
+        if compiled is None:       # a new combination of read-only arrays: none may be one the kernel writes
             check_writeable(values, self.written, self.kernel)
-            address = self.addresses[key] = _compile(run, self.src, values, self.tail)
-        _run_blocks(run, address, views, self.tail, self.blocks, self.workers)
+            # (a later call's arrays have these types: the launch's dtypes and shapes, this key's flags)
+            compiled = self.compiled[key] = _compile(run, self.src, values, self.tail), launcher_entry(views, self.tail)
+        address, launcher = compiled
+        _run_blocks(run, address, views, self.tail, self.blocks, self.workers, launcher)
 
 
 # A launch of a kernel whose work is its arrays' bytes (a rule-based operator's: `Kernel.streams`) that touches fewer
@@ -283,25 +286,28 @@ def byte_views(src: CpuSource, args: list) -> list:
     return [a.view(np.uint8) if isinstance(a, np.ndarray) else a for a in args]
 
 
-def _run_blocks(run, address: int, args: list, tail: np.ndarray, blocks: int, workers: int) -> None:
-    """`_issue` the launch (`args`: its `byte_views`), and add it to this thread's `recording` if one is on."""
+def _run_blocks(run, address: int, args: list, tail: np.ndarray, blocks: int, workers: int, entry=None) -> None:
+    """`_issue` the launch (`args`: its `byte_views`; `entry`: `launcher_entry`'s for them, or None), and add it to
+    this thread's `recording` if one is on."""
     record = recording_active()
     if record is not None:
-        record.launches.append(RecordedLaunch(run, address, list(args), tail, blocks, workers))
-    _issue(address, args, tail, blocks, workers)
+        record.launches.append(RecordedLaunch(run, address, list(args), tail, blocks, workers, entry))
+    _issue(address, args, tail, blocks, workers, entry)
 
 
-def _issue(address: int, args: list, tail: np.ndarray, blocks: int, workers: int) -> None:
+def _issue(address: int, args: list, tail: np.ndarray, blocks: int, workers: int, entry=None) -> None:
     """Run blocks [0, blocks) of the generated function whose machine code is at `address` (compiled for these
     arguments: `_compile`) on `args` (`byte_views` and scalars) and `tail` (`launch_ints`: sizes and grid), on
     `workers` threads: this one and the pool's helpers (`threads`), which claim chunks of the blocks; where there
-    is no pool (not Linux), this thread and a thread pool's, which take equal shares."""
+    is no pool (not Linux), this thread and a thread pool's, which take equal shares. `entry`: the launcher's
+    entry for these argument types (`launcher_entry`), else its dispatcher types every argument."""
     if workers <= 1:
-        launch(0, address, 0, blocks, 1, *args, tail)
+        _launch(entry, 0, address, 0, blocks, 1, args, tail)
         return
     pool = threads.pool()
     if pool is not None:
-        launch(pool.engage(workers - 1), address, 0, blocks, min(blocks, CHUNKS_PER_WORKER * workers), *args, tail)
+        chunks = min(blocks, CHUNKS_PER_WORKER * workers)
+        _launch(entry, pool.engage(workers - 1), address, 0, blocks, chunks, args, tail)
         return
     # the calling thread runs the first share itself: one thread hand-off fewer per launch
     bounds = [blocks * w // workers for w in range(workers + 1)]
@@ -314,6 +320,21 @@ def _issue(address: int, args: list, tail: np.ndarray, blocks: int, workers: int
             f.exception()
     for f in futures:
         f.result()
+
+
+def _launch(entry, pool: int, address: int, begin: int, end: int, chunks: int, args: list, tail: np.ndarray) -> None:
+    """`parallel.launch` on these arguments: through `entry` where given (its star arguments one tuple)."""
+    if entry is None:
+        launch(pool, address, begin, end, chunks, *args, tail)
+    else:
+        entry(pool, address, begin, end, chunks, (*args, tail))
+
+
+def launcher_entry(args: list, tail: np.ndarray):
+    """`parallel.launch`'s compiled entry for the types of `args` and `tail` (compiled or loaded now if need be):
+    called directly, it skips the dispatcher's typing of every argument, about a microsecond a launch. It checks
+    the arrays' dtypes but not their layout or rank: for calls whose arrays are those types' (a replay's)."""
+    return compiled(launch, launcher_signature((*args, tail))).entry_point
 
 
 # Chunks a parallel launch cuts its blocks into, per thread: a helper that starts late still finds some to claim.
@@ -348,9 +369,12 @@ class RecordedLaunch:
     tail: np.ndarray        # sizes and grid (`launch_ints`)
     blocks: int
     workers: int
+    entry: object = None    # `launcher_entry` of the arguments, at the first call (a replay swaps only their values)
 
     def __call__(self) -> None:
-        _issue(self.address, self.args, self.tail, self.blocks, self.workers)
+        if self.entry is None:
+            self.entry = launcher_entry(self.args, self.tail)
+        _issue(self.address, self.args, self.tail, self.blocks, self.workers, self.entry)
 
 
 @dataclass
