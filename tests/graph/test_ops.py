@@ -580,6 +580,19 @@ def test_transforms():
         assert_close(g, np.ascontiguousarray(w).astype(np.float32))
 
 
+@settings(max_examples=8, deadline=None)
+@given(shape=st.lists(st.sampled_from([1, 1, 2, 3]), min_size=2, max_size=4).map(tuple), data=st.data())
+def test_a_transpose_that_moves_only_axes_of_length_1_is_a_view(shape, data):
+    """Where the axes longer than 1 keep their order, a transpose is a reshape: no Transpose operator, no kernel."""
+    perm = tuple(data.draw(st.permutations(range(len(shape)))))
+    x = tg.input("x", shape)
+    y = ops.transpose(x, perm)
+    longer = [a for a in perm if shape[a] != 1]
+    assert (y.producer is None or y.producer.kind != "transpose") == (longer == sorted(longer))
+    got, = run(lambda t: [ops.transpose(t, perm)], rand(shape, 2))
+    assert_close(got, rand(shape, 2).transpose(perm))
+
+
 def resampled(x, indices, weights, axis):
     """numpy's resample: output slice o is the sum over t of weights[o, t] * x's slice indices[o, t], in f64."""
     taken = np.take(x.astype(np.float64), indices, axis=axis)      # axis replaced by (outputs, taps)

@@ -548,6 +548,10 @@ def transpose(x, perm=None) -> Tensor:
                                                                       for a in perm)
     if perm == tuple(range(x.ndim)):
         return x
+    moved = [a for a in perm if x.shape[a] != 1]
+    if moved == sorted(moved) and all(isinstance(d, int) for d in x.shape):
+        # axes of length 1 alone move: the elements keep their order, a reshape (a view, no kernel)
+        return reshape(x, tuple(x.shape[a] for a in perm))
     return Transpose([x], {"perm": perm}).outputs[0]
 
 
