@@ -459,21 +459,24 @@ def test_linear_errors_name_the_given_shapes():
         ops.linear(x, rand((4, 6), 0), rand((3, 4), 1))
 
 
+def window_taps(size, k, s, pad_begin, pad_end, dilation, ceil_mode) -> list:
+    """Per output position along one axis of `size`, the input positions its window's k taps read (padding's
+    outside [0, size))."""
+    span = size + pad_begin + pad_end - (dilation * (k - 1) + 1)
+    o = -(-span // s) + 1 if ceil_mode else span // s + 1
+    if ceil_mode and (o - 1) * s >= size + pad_begin:
+        o -= 1
+    return [[i * s - pad_begin + t * dilation for t in range(k)] for i in range(o)]
+
+
 def pool_reference(x, mode, k, s, pads, dilation, ceil_mode, include_pad):
     """Pooling by explicit windows over a padded array (pads: (top, left, bottom, right))."""
     n, c, h, w = x.shape
-    out_hw = []
-    for size, kk, pb, pe in ((h, k, pads[0], pads[2]), (w, k, pads[1], pads[3])):
-        span = size + pb + pe - (dilation * (kk - 1) + 1)
-        o = -(-span // s) + 1 if ceil_mode else span // s + 1
-        if ceil_mode and (o - 1) * s >= size + pb:
-            o -= 1
-        out_hw.append(o)
-    out = np.zeros((n, c, *out_hw))
-    for i in range(out_hw[0]):
-        for j in range(out_hw[1]):
-            rows = [i * s - pads[0] + r * dilation for r in range(k)]
-            cols = [j * s - pads[1] + q * dilation for q in range(k)]
+    taps_h, taps_w = (window_taps(size, k, s, pads[a], pads[a + 2], dilation, ceil_mode)
+                      for a, size in enumerate((h, w)))
+    out = np.zeros((n, c, len(taps_h), len(taps_w)))
+    for i, rows in enumerate(taps_h):
+        for j, cols in enumerate(taps_w):
             vals, count = [], 0
             for r in rows:
                 for q in cols:
@@ -527,10 +530,13 @@ def test_pool2d_rows_of_every_chunk_width(mode, width, k, s, pads, dilation, cei
     chunk's, any window, asymmetric pads, dilation and ceil mode, against explicit windows in numpy (the generic
     kernel: one compile; a layer's own, the same code with its window folded, above)."""
     span = dilation * (k - 1) + 1
-    pads = tuple(min(p, span - 1) for p in pads)        # every window holds an input element
+    pads = tuple(min(p, span - 1) for p in pads)
     x = tg.input("x", (1, 2, 5, width))
     if any(n + pads[i] + pads[i + 2] < span for i, n in enumerate((5, width))):
         return                                          # the window does not fit
+    if any(all(not 0 <= t < n for t in taps) for i, n in enumerate((5, width))
+           for taps in window_taps(n, k, s, pads[i], pads[i + 2], dilation, ceil_mode)):
+        return                  # a window of padding alone (its dilated taps step over the input): no defined result
     xa = rand((1, 2, 5, width), seed)
     got, = tg.Graph([x], [ops.pool(x, mode, k, s, pads, dilation, ceil_mode, include_pad)]).compile("cpu")(xa)
     assert_close(got, pool_reference(xa, mode, k, s, pads, dilation, ceil_mode, include_pad).astype(np.float32))
