@@ -1,9 +1,8 @@
 """Converters of the recurrent operators RNN, GRU and LSTM, unrolled over their sequence (shapes are static).
 
 The input's projection for every step is one matmul (X @ W^T over the whole sequence, its (seq batch) rows one
-product); each step then adds the
-previous state's projection (H @ R^T), applies the gates' activations and updates the state, as elementwise
-operators that fusion groups. Projections are gate-major, (gates, batch, hidden): a gate is a leading part of its
+product); each step then adds the previous state's projection (H @ R^T), applies the gates' activations and updates
+the state, as elementwise operators that fusion groups. Projections are gate-major, (gates, batch, hidden): a gate is a leading part of its
 step's projection, one run of memory that the graph reads as a view (a (batch, G hidden) projection's gates are
 strided columns, each copied by a kernel every step).
 
