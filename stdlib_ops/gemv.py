@@ -19,6 +19,10 @@ from taskdsl import blockIdx, f32
 from .elementwise import cached_op
 
 MAX_ROWS = 3        # rows (M) at most of a product computed as a reduction (with packed B: `packed_rows_kernel`)
+# `packed_rows_kernel` launched on fewer bytes (packed B, mostly) runs on one thread: the hand-off to a second costs
+# more than it saves. A chain of 16 products (1, K) @ (K, K), each with its own weights, K = 128 / 192 / 256 (64 / 144
+# / 256 KiB of B), per product: 2.3 / 3.4 / 4.7 us on one thread, 2.6 / 3.8 / 4.4 on two (a GRU's steps, hidden 128)
+ROWS_SERIAL_BYTES = 192 * 1024
 
 
 def applies(m: int, n: int, batched: bool) -> bool:
@@ -112,4 +116,5 @@ def packed_rows_kernel(p, dtype, out_dtype, rows: int) -> td.Kernel:
             for y in range(td.min(BN, N - col0)):
                 C[blockIdx.z, x, col0 + y] = td.cast(sums[x, y], out_dtype)
 
+    rows_matmul.serial_below = ROWS_SERIAL_BYTES
     return rows_matmul

@@ -208,7 +208,9 @@ class Kernel:
         self._cuda_launches: dict = {}   # _binding_key(args) -> PreparedCudaLaunch (device arrays and scalars)
         self._cuda_bases: dict = {}      # as _cuda_launches, scalars by type only (but those grid and block read)
         self._cuda_full_path: dict = {}  # base key (as _cuda_bases) -> True: arguments needing the full path each call
-        self.streams = False    # its work is its arrays' bytes (a rule-based operator's): a small cpu launch is serial
+        # a cpu launch on arrays of fewer bytes than this runs on one thread: its blocks take less than handing them
+        # out (a rule-based operator's kernel, whose work is its arrays' bytes: `launch.SERIAL_BYTES`)
+        self.serial_below = 0
         self.shareable = False  # its constants may become size symbols, one compile serving its other shapes (`share`)
         self.share_checked = False  # whether `runtime.sharing` has looked for kernels it may share code with
         self._fixed_sizes: dict = {}     # size symbols no argument's shape gives: their values (`share`)
@@ -219,9 +221,10 @@ class Kernel:
     @classmethod
     def from_ir(cls, function: ir.Function, grid, streams: bool = False) -> "Kernel":
         """A kernel whose IR was built by a program (a scheduler), not written as Python; `streams`: its work is
-        reading and writing its arrays once (`launch.SERIAL_BYTES`)."""
+        reading and writing its arrays once, and a launch on less than `launch.SERIAL_BYTES` of them is serial."""
+        from ..backend.cpu.launch import SERIAL_BYTES
         kernel = cls(None, grid, function.block, function.name, _ir_params(function), build=lambda block: function)
-        kernel.streams = streams
+        kernel.serial_below = SERIAL_BYTES if streams else 0
         return kernel
 
     def share(self, function: ir.Function, sizes: dict) -> None:
@@ -563,7 +566,7 @@ class Kernel:
             return None
         if len(src.addresses) < len(src.outlined):
             src.addresses = outlined_addresses(src)
-        return PreparedLaunch(run, src, binding.values, sizes, binding.grid, written, self.name, self.streams,
+        return PreparedLaunch(run, src, binding.values, sizes, binding.grid, written, self.name, self.serial_below,
                               tuple(name for name, _ in self.params))
 
     def _written(self, block: tuple) -> dict:

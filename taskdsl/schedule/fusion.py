@@ -85,6 +85,7 @@ def fuse(anchor: Kernel, *args, prologues: dict | None = None, epilogues: dict |
     fused = dataclasses.replace(fn, name=f"{fn.name}_fused", params=all_params, sizes=tuple(sizes.values()),
                                 body=body)
     kernel = Kernel.from_ir(fused, _launch_grid(anchor, binding, [p.name for p in kept if isinstance(p, ir.Var)]))
+    kernel.serial_below = anchor.serial_below
     kernel.shareable = not constants    # its sizes were fixed for fusion's sake, not its speed's: one compile may
     return kernel                       # serve its other shapes (`runtime.sharing`)
 

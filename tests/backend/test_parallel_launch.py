@@ -380,9 +380,9 @@ def test_little_data_of_a_rule_based_kernel_runs_on_one_thread(monkeypatch):
         np.testing.assert_array_equal(stdlib_ops.relu(x), np.maximum(x, 0))
         [kernel] = elementwise._unary_plan("relu", x).op.kernels
         launch = list(kernel._launches.values())[-1]        # this call's (the latest signature)
-        assert kernel.streams and (2 * x.nbytes < SERIAL_BYTES) == (workers == 1)
+        assert kernel.serial_below == SERIAL_BYTES and (2 * x.nbytes < SERIAL_BYTES) == (workers == 1)
         assert launch.blocks > 1 and launch.workers == workers
     x, y = np.arange(64, dtype=np.float32), np.zeros(64, np.float32)
     add_shifted(x, y, 1, 0, 0, 0, 0)        # a DSL kernel of 512 bytes: its 2 blocks on 2 threads
     np.testing.assert_array_equal(y, x)
-    assert not add_shifted.streams and list(add_shifted._launches.values())[-1].workers == 2
+    assert add_shifted.serial_below == 0 and list(add_shifted._launches.values())[-1].workers == 2

@@ -153,3 +153,22 @@ def test_a_classifier_at_batch_one_is_one_fused_rows_kernel():
     got, = cg(data)
     np.testing.assert_allclose(got, np.maximum(data.astype(np.float64) @ w + bias, 0), rtol=1e-4, atol=1e-4)
     assert [k.name for k in cg.kernels] == [f"rows_matmul_1x{cpu.default_point().block[1]}_packed_fused"]
+
+
+@pytest.mark.parametrize("k, n, workers", [(128, 128, 1), (300, 1001, 2)])
+def test_a_fused_rows_kernel_on_little_packed_weight_runs_on_one_thread(k, n, workers, monkeypatch):
+    """Below `gemv.ROWS_SERIAL_BYTES` of arrays (a GRU's recurrent weights, hidden 128: 64 KiB) the fused rows
+    kernel runs on one thread, the hand-off to a second costing more than it saves; a larger weight shares its
+    panels out."""
+    monkeypatch.setenv("TASKDSL_NUM_THREADS", "2")
+    td.set_target("cpu")
+    rng = np.random.default_rng(k)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    x = tg.input("x", (1, k))
+    cg = tg.Graph([x], [tg.ops.tanh(tg.ops.matmul(x, tg.constant(w)))]).compile()
+    data = rng.standard_normal((1, k)).astype(np.float32)
+    np.testing.assert_allclose(cg(data)[0], np.tanh(data.astype(np.float64) @ w), rtol=1e-4, atol=1e-5)
+    kernel, = cg.kernels
+    assert kernel.name.endswith("_packed_fused") and kernel.serial_below == gemv.ROWS_SERIAL_BYTES
+    launch = list(kernel._launches.values())[-1]
+    assert launch.blocks > 1 and launch.workers == workers

@@ -202,7 +202,7 @@ class PreparedLaunch:
     """
 
     def __init__(self, run, src: CpuSource, values: list, sizes: list, grid: tuple, written: dict, kernel: str,
-                 streams: bool = False, names: tuple = ()):
+                 serial_below: int = 0, names: tuple = ()):
         self.run, self.src = run, src
         self.written, self.kernel = written, kernel      # the arrays the kernel stores to (index -> name)
         self.names = names                               # the parameters' names, for messages
@@ -212,8 +212,8 @@ class PreparedLaunch:
         self.sizes, self.grid = list(sizes), grid
         self.tail = launch_ints(src, sizes, grid)
         self.blocks = grid[0] * grid[1] * grid[2]
-        # the thread count as of the first such call; one for a kernel that `streams` little memory
-        serial = streams and sum(v.nbytes for v in values if isinstance(v, np.ndarray)) < SERIAL_BYTES
+        # the thread count as of the first such call; one on fewer bytes than the kernel's `serial_below`
+        serial = sum(v.nbytes for v in values if isinstance(v, np.ndarray)) < serial_below
         self.workers = 1 if serial else _workers(src, self.blocks)
         # (the arrays' writeable flags, apart) -> (the entry's machine code for them, `launcher_entry` for them)
         self.compiled: dict = {}
@@ -264,10 +264,11 @@ class PreparedLaunch:
         _run_blocks(run, address, views, self.tail, self.blocks, self.workers, launcher)
 
 
-# A launch of a kernel whose work is its arrays' bytes (a rule-based operator's: `Kernel.streams`) that touches fewer
-# bytes than this runs on one thread: sharing its blocks costs more than they take. Unloaded, the hand-off to numba's
-# threads is a few microseconds; with the cores busy (a second process, pytest's workers) a thread waits for its
-# turn: a sum of (64, 64) took 35-543 us (median; 8 ms at the 90th percentile) on two threads, 18.6 us on one.
+# A launch of a kernel whose work is its arrays' bytes (a rule-based operator's, whose `Kernel.serial_below` this is)
+# that touches fewer bytes than this runs on one thread: sharing its blocks costs more than they take. Unloaded, the
+# hand-off to numba's threads is a few microseconds; with the cores busy (a second process, pytest's workers) a thread
+# waits for its turn: a sum of (64, 64) took 35-543 us (median; 8 ms at the 90th percentile) on two threads, 18.6 us
+# on one.
 SERIAL_BYTES = 64 * 1024
 
 
