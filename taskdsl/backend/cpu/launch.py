@@ -375,7 +375,10 @@ class RecordedLaunch:
     def __call__(self) -> None:
         if self.entry is None:
             self.entry = launcher_entry(self.args, self.tail)
-        _issue(self.address, self.args, self.tail, self.blocks, self.workers, self.entry)
+        if self.workers <= 1:       # `_issue`'s first case, inline: a replay's launches are mostly small
+            self.entry(0, self.address, 0, self.blocks, 1, (*self.args, self.tail))
+        else:
+            _issue(self.address, self.args, self.tail, self.blocks, self.workers, self.entry)
 
 
 @dataclass
