@@ -21,8 +21,9 @@ from .elementwise import cached_op
 MAX_ROWS = 3        # rows (M) at most of a product computed as a reduction (with packed B: `packed_rows_kernel`)
 # `packed_rows_kernel` launched on fewer bytes (packed B, mostly) runs on one thread: the hand-off to a second costs
 # more than it saves. A chain of 16 products (1, K) @ (K, K), each with its own weights, K = 128 / 192 / 256 (64 / 144
-# / 256 KiB of B), per product: 2.3 / 3.4 / 4.7 us on one thread, 2.6 / 3.8 / 4.4 on two (a GRU's steps, hidden 128)
-ROWS_SERIAL_BYTES = 192 * 1024
+# / 256 KiB of B), per product: 2.3 / 3.4 / 4.7 us on one thread, 2.6 / 3.8 / 4.4 on two; an LSTM of hidden 128 (R:
+# 256 KiB), its steps' small kernels between the products: 0.201-0.205 ms on one, 0.208-0.339 on two (by process)
+ROWS_SERIAL_BYTES = 320 * 1024
 
 
 def applies(m: int, n: int, batched: bool) -> bool:

@@ -157,7 +157,7 @@ def test_a_classifier_at_batch_one_is_one_fused_rows_kernel():
 
 @pytest.mark.parametrize("k, n, workers", [(128, 128, 1), (300, 1001, 2)])
 def test_a_fused_rows_kernel_on_little_packed_weight_runs_on_one_thread(k, n, workers, monkeypatch):
-    """Below `gemv.ROWS_SERIAL_BYTES` of arrays (a GRU's recurrent weights, hidden 128: 64 KiB) the fused rows
+    """Below `gemv.ROWS_SERIAL_BYTES` of arrays (a GRU's recurrent weights, hidden 128: 64 and 128 KiB) the fused rows
     kernel runs on one thread, the hand-off to a second costing more than it saves; a larger weight shares its
     panels out."""
     monkeypatch.setenv("TASKDSL_NUM_THREADS", "2")
