@@ -117,27 +117,38 @@ def test_replay_under_other_build_options(options):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+class _UncallableDispatcher:
+    """A numba dispatcher whose calls fail: its compiles and compiled overloads are the real one's."""
+
+    def __init__(self, dispatcher):
+        self._dispatcher = dispatcher
+
+    def __getattr__(self, name):
+        return getattr(self._dispatcher, name)
+
+    def __call__(self, *args):
+        raise AssertionError("the launcher's dispatcher was called")
+
+
 def test_launches_call_the_launchers_compiled_entry(monkeypatch):
     """Prepared launches and replays call `parallel.launch` through its compiled entry (`launch.launcher_entry`),
-    not its dispatcher, which types every argument at each call (about a microsecond a launch): with the dispatcher
-    made to fail, a compiled graph runs, records and replays, on writable and read-only inputs alike (the byte
-    views of the latter differ from the recorded ones' types in that flag only)."""
+    not its dispatcher, which types every argument at each call (about a microsecond a launch): with the dispatcher's
+    calls made to fail, a compiled graph runs, records and replays, on writable and read-only inputs alike (a
+    replay binds the caller's array, whose byte view differs from the recorded one's type in that flag only)."""
     from taskdsl.backend.cpu import launch
-    g = chain(7, 8)
+    x = tg.input("x", (7, 8))
+    w, b = rand((8, 5), 3), rand((5,), 4)
+    g = tg.Graph([x], [ops.relu(ops.add(ops.matmul(x, tg.constant(w)), tg.constant(b)))], name="bound")
     cg, run = g.compile("cpu"), g.compile("cpu", replay=False)
-    w, b = (next(t.value for t in g.constants if t.ndim == k) for k in (2, 1))
-    cg(rand((7, 8), 0))
-    run(rand((7, 8), 0))
-
-    def dispatcher(*args):
-        raise AssertionError("the launcher's dispatcher was called")
-    monkeypatch.setattr(launch, "launch", dispatcher)
+    for compiled in (cg, run):
+        compiled(rand((7, 8), 0))
+    monkeypatch.setattr(launch, "launch", _UncallableDispatcher(launch.launch))
     for seed in range(4):
-        x = rand((7, 8), seed)
-        x.flags.writeable = seed % 2 == 0
+        xs = rand((7, 8), seed)
+        xs.flags.writeable = seed % 2 == 0
         for compiled in (cg, run):
-            np.testing.assert_allclose(compiled(x)[0], np.maximum(x @ w + b, 0), rtol=1e-5, atol=1e-5)
-    assert cg.replay.startswith("on (")
+            np.testing.assert_allclose(compiled(xs)[0], np.maximum(xs @ w + b, 0), rtol=1e-5, atol=1e-5)
+    assert cg.replay.startswith("on (") and [type(p).__name__ for p in cg._replay._inputs] == ["_Bound"]
 
 
 def test_replay_reads_the_callers_inputs_without_copying_them():
