@@ -131,7 +131,7 @@ class _UncallableDispatcher:
 
 
 def test_launches_call_the_launchers_compiled_entry(monkeypatch):
-    """Prepared launches and replays call `parallel.launch` through its compiled entry (`launch.launcher_entry`),
+    """Prepared launches and replays call `parallel.launch` through its compiled entry (`launch._compile`'s),
     not its dispatcher, which types every argument at each call (about a microsecond a launch): with the dispatcher's
     calls made to fail, a compiled graph runs, records and replays, on writable and read-only inputs alike (a
     replay binds the caller's array, whose byte view differs from the recorded one's type in that flag only)."""

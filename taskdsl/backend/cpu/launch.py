@@ -187,8 +187,8 @@ def launch_cpu(run, src: CpuSource, values: list, sizes: list, grid: tuple, writ
     kernel writes them (`written` positions; None: every writable one)."""
     args, copy_back = call_args(src, values, written)
     blocks, tail = grid[0] * grid[1] * grid[2], launch_ints(src, sizes, grid)
-    address = _compile(run, src, args, tail)
-    _run_blocks(run, address, byte_views(src, args), tail, blocks, _workers(src, blocks))
+    address, entry = _compile(run, src, args, tail)
+    _run_blocks(run, address, byte_views(src, args), tail, blocks, _workers(src, blocks), entry)
     for original, tmp in copy_back:
         np.copyto(original, tmp)
 
@@ -215,8 +215,7 @@ class PreparedLaunch:
         # the thread count as of the first such call; one on fewer bytes than the kernel's `serial_below`
         serial = sum(v.nbytes for v in values if isinstance(v, np.ndarray)) < serial_below
         self.workers = 1 if serial else _workers(src, self.blocks)
-        # (the arrays' writeable flags, apart) -> (the entry's machine code for them, `launcher_entry` for them)
-        self.compiled: dict = {}
+        self.built: dict = {}       # (the arrays' writeable flags, apart) -> `_compile`'s (address, entry) for them
         # arrays by position, and the type of the bit patterns they may travel as (f16; bf16 and the 8-bit floats,
         # bound as uint16 and uint8 bits), or None
         self.arrays = [(i, _BIT_PATTERNS.get(v.dtype)) for i, v in enumerate(values) if isinstance(v, np.ndarray)]
@@ -255,13 +254,13 @@ class PreparedLaunch:
         apart = arrays_apart(values, self.pairs)
         run = apart_twin(self.run) if apart else self.run
         key = (tuple(writeable), apart)
-        compiled = self.compiled.get(key)
-        if compiled is None:       # a new combination of read-only arrays: none may be one the kernel writes
+        built = self.built.get(key)
+        if built is None:       # a new combination of read-only arrays: none may be one the kernel writes
             check_writeable(values, self.written, self.kernel)
             # (a later call's arrays have these types: the launch's dtypes and shapes, this key's flags)
-            compiled = self.compiled[key] = _compile(run, self.src, values, self.tail), launcher_entry(views, self.tail)
-        address, launcher = compiled
-        _run_blocks(run, address, views, self.tail, self.blocks, self.workers, launcher)
+            built = self.built[key] = _compile(run, self.src, values, self.tail)
+        address, entry = built
+        _run_blocks(run, address, views, self.tail, self.blocks, self.workers, entry)
 
 
 # A launch of a kernel whose work is its arrays' bytes (a rule-based operator's, whose `Kernel.serial_below` this is)
@@ -287,8 +286,8 @@ def byte_views(src: CpuSource, args: list) -> list:
     return [a.view(np.uint8) if isinstance(a, np.ndarray) else a for a in args]
 
 
-def _run_blocks(run, address: int, args: list, tail: np.ndarray, blocks: int, workers: int, entry=None) -> None:
-    """`_issue` the launch (`args`: its `byte_views`; `entry`: `launcher_entry`'s for them, or None), and add it to
+def _run_blocks(run, address: int, args: list, tail: np.ndarray, blocks: int, workers: int, entry) -> None:
+    """`_issue` the launch (`args`: its `byte_views`; `entry`: the launcher's for them, `_compile`'s), and add it to
     this thread's `recording` if one is on."""
     record = recording_active()
     if record is not None:
@@ -296,19 +295,18 @@ def _run_blocks(run, address: int, args: list, tail: np.ndarray, blocks: int, wo
     _issue(address, args, tail, blocks, workers, entry)
 
 
-def _issue(address: int, args: list, tail: np.ndarray, blocks: int, workers: int, entry=None) -> None:
+def _issue(address: int, args: list, tail: np.ndarray, blocks: int, workers: int, entry) -> None:
     """Run blocks [0, blocks) of the generated function whose machine code is at `address` (compiled for these
     arguments: `_compile`) on `args` (`byte_views` and scalars) and `tail` (`launch_ints`: sizes and grid), on
     `workers` threads: this one and the pool's helpers (`threads`), which claim chunks of the blocks; where there
-    is no pool (not Linux), this thread and a thread pool's, which take equal shares. `entry`: the launcher's
-    entry for these argument types (`launcher_entry`), else its dispatcher types every argument."""
+    is no pool (not Linux), this thread and a thread pool's, which take equal shares. `entry`: `parallel.launch`'s
+    compiled entry for these argument types (`_compile`), which takes its star arguments as one tuple."""
     if workers <= 1:
-        _launch(entry, 0, address, 0, blocks, 1, args, tail)
+        entry(0, address, 0, blocks, 1, (*args, tail))
         return
     pool = threads.pool()
     if pool is not None:
-        chunks = min(blocks, CHUNKS_PER_WORKER * workers)
-        _launch(entry, pool.engage(workers - 1), address, 0, blocks, chunks, args, tail)
+        entry(pool.engage(workers - 1), address, 0, blocks, min(blocks, CHUNKS_PER_WORKER * workers), (*args, tail))
         return
     # the calling thread runs the first share itself: one thread hand-off fewer per launch
     bounds = [blocks * w // workers for w in range(workers + 1)]
@@ -323,39 +321,27 @@ def _issue(address: int, args: list, tail: np.ndarray, blocks: int, workers: int
         f.result()
 
 
-def _launch(entry, pool: int, address: int, begin: int, end: int, chunks: int, args: list, tail: np.ndarray) -> None:
-    """`parallel.launch` on these arguments: through `entry` where given (its star arguments one tuple)."""
-    if entry is None:
-        launch(pool, address, begin, end, chunks, *args, tail)
-    else:
-        entry(pool, address, begin, end, chunks, (*args, tail))
-
-
-def launcher_entry(args: list, tail: np.ndarray):
-    """`parallel.launch`'s compiled entry for the types of `args` and `tail` (compiled or loaded now if need be):
-    called directly, it skips the dispatcher's typing of every argument, about a microsecond a launch. It checks
-    the arrays' dtypes but not their layout or rank: for calls whose arrays are those types' (a replay's)."""
-    return compiled(launch, launcher_signature((*args, tail))).entry_point
-
-
 # Chunks a parallel launch cuts its blocks into, per thread: a helper that starts late still finds some to claim.
 CHUNKS_PER_WORKER = 16
 
 
-_addresses: dict = {}      # (dispatcher, argument types) -> the address of its machine code for them
+_built: dict = {}      # (dispatcher, argument types) -> `_compile`'s (address, entry) for them
 
 
-def _compile(fn, src: CpuSource, args: list, tail: np.ndarray) -> int:
-    """Compile (or load) the generated function `fn` of `src` for these arguments once, with `compiler_settings`:
-    the address of its machine code (`parallel.entry_address`)."""
+def _compile(fn, src: CpuSource, args: list, tail: np.ndarray) -> tuple:
+    """Compile (or load) the generated function `fn` of `src` for these arguments once, with `compiler_settings`,
+    and `parallel.launch` for their `byte_views` (now, under numba's cache lock, not at the call): (the address of
+    fn's machine code, `parallel.entry_address`; the launcher's compiled entry). Called directly, the entry skips
+    the dispatcher's typing of every argument, about a microsecond a launch; it checks the arrays' dtypes but not
+    their layout or rank, so it serves calls whose arguments have these types (a replay swaps only their values)."""
     types = _entry_types(args, tail)
-    address = _addresses.get((fn, types))
-    if address is None:
+    done = _built.get((fn, types))
+    if done is None:
         with compiler_settings(src.opt_level):
-            address = _addresses[fn, types] = entry_address(fn, types)
-        # now, under numba's cache lock, not at the call
-        compiled(launch, launcher_signature((*byte_views(src, args), tail)))
-    return address
+            address = entry_address(fn, types)
+        entry = compiled(launch, launcher_signature((*byte_views(src, args), tail))).entry_point
+        done = _built[fn, types] = address, entry
+    return done
 
 
 # ---------------------------------------------------------------------------------------- recording
@@ -370,11 +356,9 @@ class RecordedLaunch:
     tail: np.ndarray        # sizes and grid (`launch_ints`)
     blocks: int
     workers: int
-    entry: object = None    # `launcher_entry` of the arguments, at the first call (a replay swaps only their values)
+    entry: object           # the launcher's compiled entry for the arguments' types (`_compile`)
 
     def __call__(self) -> None:
-        if self.entry is None:
-            self.entry = launcher_entry(self.args, self.tail)
         if self.workers <= 1:       # `_issue`'s first case, inline: a replay's launches are mostly small
             self.entry(0, self.address, 0, self.blocks, 1, (*self.args, self.tail))
         else:
