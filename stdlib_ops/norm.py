@@ -170,11 +170,10 @@ def _norm_plan(rms: bool, x, weight, bias, eps: float, ndim: int | None) -> Plan
     return Plan(op, (x.reshape(math.prod(x.shape) // d if d else 0, d), *params), reshaper(x.shape))
 
 
-def _on_row_kernel(x, weight, bias, ndim) -> bool:
-    """Whether a layer or RMS norm runs the row kernel: over the last axis of `x`, any weight and bias of its length
-    and dtype (anything else goes through `_norm_plan`, whose checks name a wrong shape or dtype)."""
-    one_axis = ndim is None or (isinstance(ndim, (int, np.integer)) and not isinstance(ndim, bool) and ndim == 1)
-    if not one_axis or not _on_rows(x, -1):     # (the plan names a wrong ndim: True, 1.0)
+def _on_row_kernel(x, weight, bias, ndim, what: str) -> bool:
+    """Whether `what` (a layer or RMS norm) runs the row kernel: over the last axis of `x`, any weight and bias of
+    its length and dtype (anything else goes through `_norm_plan`, whose checks name a wrong shape or dtype)."""
+    if ndim is not None and int_tuple(ndim, f"{what}: ndim")[0] != 1 or not _on_rows(x, -1):
         return False
     params = [as_array(p) for p in (weight, bias) if p is not None]
     return all(p.shape == x.shape[-1:] and p.dtype == x.dtype for p in params)
@@ -187,7 +186,7 @@ def layer_norm(x, weight=None, bias=None, eps: float = 1e-5, ndim: int | None = 
     biased one (divided by the count), as in PyTorch.
     """
     x = as_array(x)
-    if _on_row_kernel(x, weight, bias, ndim):   # one fused kernel per row
+    if _on_row_kernel(x, weight, bias, ndim, "layer_norm"):     # one fused kernel per row
         return layer_norm_rows(x, weight, bias, real(eps, "layer_norm: eps"))
     return _norm_plan(False, x, weight, bias, eps, ndim).run()
 
@@ -195,7 +194,7 @@ def layer_norm(x, weight=None, bias=None, eps: float = 1e-5, ndim: int | None = 
 def rms_norm(x, weight=None, eps: float = 1e-6, ndim: int | None = None):
     """x / sqrt(mean(x^2) + eps) * weight over the last `ndim` axes (default: weight.ndim, else 1)."""
     x = as_array(x)
-    if _on_row_kernel(x, weight, None, ndim):
+    if _on_row_kernel(x, weight, None, ndim, "rms_norm"):
         return layer_norm_rows(x, weight, None, real(eps, "rms_norm: eps"), rms=True)
     return _norm_plan(True, x, weight, None, eps, ndim).run()
 
