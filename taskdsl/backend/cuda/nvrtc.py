@@ -65,6 +65,12 @@ def _cuda_include_dir() -> str:
     return path
 
 
+def _include_paths(source: str) -> list | None:
+    """NVRTC's include paths for `source`: the CUDA headers' folder where it includes one of them, else none (the
+    headers' lookup fails without the nvidia-cuda-runtime wheel, which f32 kernels do not need)."""
+    return [_cuda_include_dir()] if "#include <cuda_" in source else None
+
+
 _IMPORTING = threading.Lock()
 
 
@@ -83,9 +89,8 @@ def compile_cubin(source: str, arch: str = "sm_90", name: str = "kernel", fast: 
     `#line` directive, with the whole NVRTC log attached.
     """
     Program, ProgramOptions = _program_api()
-    include = [_cuda_include_dir()] if "#include <cuda_" in source else None
     options = ProgramOptions(arch=supported_arch(arch), std="c++17", lineinfo=True, name=f"{name}.cu",
-                             include_path=include, ofast_compile="max" if fast else None)
+                             include_path=_include_paths(source), ofast_compile="max" if fast else None)
     try:
         return bytes(Program(source, code_type="c++", options=options).compile("cubin").code)
     except Exception as exc:  # noqa: BLE001 - cuda.core raises its own NVRTCError type
@@ -105,8 +110,7 @@ def compile_ptx(source: str, arch: str = "sm_90", name: str = "kernel", fast: bo
     from cuda.bindings import nvrtc
     virtual = "compute_" + supported_arch(arch).removeprefix("sm_")
     options = [f"-arch={virtual}", "--std=c++17", "--generate-line-info"] + (["--Ofast-compile=max"] if fast else [])
-    if "#include <cuda_" in source:
-        options.append(f"--include-path={_cuda_include_dir()}")
+    options += [f"--include-path={path}" for path in _include_paths(source) or ()]
     _, program = nvrtc.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], [])
     try:
         status, = nvrtc.nvrtcCompileProgram(program, len(options), [o.encode() for o in options])
@@ -146,8 +150,8 @@ def resource_usage(source: str, arch: str = "sm_90") -> dict:
     import io
 
     Program, ProgramOptions = _program_api()
-    include = [_cuda_include_dir()] if "#include <cuda_" in source else None
-    options = ProgramOptions(arch=supported_arch(arch), std="c++17", include_path=include, ptxas_options=["-v"])
+    options = ProgramOptions(arch=supported_arch(arch), std="c++17", include_path=_include_paths(source),
+                             ptxas_options=["-v"])
     log = io.StringIO()
     Program(source, code_type="c++", options=options).compile("cubin", logs=log)
     reports = {}
