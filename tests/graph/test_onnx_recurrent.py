@@ -110,3 +110,25 @@ def test_recurrent_refusals():
         tg.from_onnx(model(activations=["Tanh", "Tanh"]))
     with pytest.raises(OnnxImportError, match=r"sequence_lens \[4\] must hold 1 lengths between 0 and 3"):
         tg.from_onnx(model(lengths=4))
+
+
+@pytest.mark.parametrize("kind", sorted(GATES))
+@pytest.mark.parametrize("batch", [1, 2])
+def test_input_projection_of_every_step_at_once(kind, batch):
+    """At batch 1 the steps' input projections are one product, (seq, input) @ (input, G hidden), per direction;
+    larger batches project per gate. Both match onnxruntime, W given as a graph input (projected at each call) too."""
+    case = {"kind": kind, "direction": "bidirectional", "seq": 7, "batch": batch, "input": 5, "hidden": 3,
+            "layout": 0, "bias": True, "initial": True, "lengths": False, "seed": 3, "attrs": {}, "peepholes": False}
+    model, feeds = recurrent_model(case, 0)
+    want = run_onnxruntime(model, feeds)
+    w = next(i for i in model.graph.initializer if i.name == "W")
+    model.graph.input.append(helper.make_tensor_value_info("W", w.data_type, list(w.dims)))
+    weights = {"W": np.frombuffer(w.raw_data, np.float32).reshape(w.dims)}
+    del model.graph.initializer[[i.name for i in model.graph.initializer].index("W")]
+    graph = tg.from_onnx(model)
+    products = [op.outputs[0].shape for op in graph.nodes if op.kind == "matmul"]
+    g = GATES[kind] * case["hidden"]
+    assert products.count((7, g)) == (2 if batch == 1 else 0)
+    got = graph.compile()({**feeds, **weights})
+    for a, b in zip(got, want):
+        assert_close(a, b, rtol=1e-4, atol=2e-5)
