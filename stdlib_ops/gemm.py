@@ -128,8 +128,8 @@ SIMT = Template("simt_matmul", simt.space_for, lambda target, itemsize, m, n: si
                 lambda p, dtype, out, vec, *forms: simt.simt_matmul_kernel(p, dtype, out), simt.tile_shape)
 CPU_TILE = Template("tile_matmul", lambda target, itemsize: cpu.space(itemsize),
                     lambda target, itemsize, m, n: cpu.default_point(itemsize, m=m, n=n),
-                    lambda p, dtype, out, vec, packed_b, transposed_a, m, n, b_dtype=None, k=None: _cpu_kernel(
-                        p, dtype, out, packed_b, transposed_a, m, n, b_dtype, k),
+                    lambda p, dtype, out, vec, packed_b, transposed_a, m, n, b_dtype=None, k=None, staged_a=False:
+                    _cpu_kernel(p, dtype, out, packed_b, transposed_a, m, n, b_dtype, k, staged_a),
                     cpu.tile_shape, cpu.pack_b, cpu.packed_b_shape)
 DOT4 = Template("dot4_matmul", lambda target, itemsize: dot4.space(),
                 lambda target, itemsize, m, n: dot4.default_point(m, n),
@@ -145,11 +145,12 @@ TENSOR_CORE = Template("tc_matmul", lambda target, itemsize: tc.space(_block_sha
 
 
 def _cpu_kernel(p, dtype, out, packed_b: bool, transposed_a: bool, m: int | None, n: int | None,
-                b_dtype=None, k: int | None = None) -> td.Kernel:
+                b_dtype=None, k: int | None = None, staged_a: bool = False) -> td.Kernel:
     """The cpu template's kernel: for packed B and at most `gemv.MAX_ROWS` rows of A, one streaming B's panels
-    (`gemv.packed_rows_kernel`); else the register-tile kernel (its block order by `matmul_cpu.rows_first`)."""
+    (`gemv.packed_rows_kernel`, with `staged_a` the one copying A's rows first: `MatmulPlan.stages_a_rows`); else
+    the register-tile kernel (its block order by `matmul_cpu.rows_first`)."""
     if packed_b and not transposed_a and m is not None and 1 <= m <= gemv.MAX_ROWS:
-        return gemv.packed_rows_kernel(p, dtype, out, m)
+        return gemv.packed_rows_kernel(p, dtype, out, m, staged_a)
     return cpu.tile_matmul_kernel(p, dtype, out, packed_b, transposed_a, cpu.copies_a(transposed_a, m, n),
                                   b_dtype=b_dtype, rows_first=cpu.rows_first(p, m, k, n))
 
@@ -262,13 +263,21 @@ class MatmulPlan:
         bm, bn, _ = self.template.tile_shape(self.point)
         return -(-self.n // bn), -(-self.m // bm)
 
+    @property
+    def stages_a_rows(self) -> bool:
+        """Whether its fused kernel for packed B copies A's rows to f32 a k block at a time before the multiply-adds
+        read them, where a prologue is fused into A (`gemv.packed_rows_kernel`: the cpu's, A of at most
+        gemv.MAX_ROWS rows): the prologue is computed there once a block, in a loop that vectorizes."""
+        return self.template is CPU_TILE and not self.small and 1 <= self.m <= gemv.MAX_ROWS and self.dtype.is_float
+
     def kernel(self, out_dtype=None, packed_b: bool = False, transposed_a: bool = False,
-               padded: bool = False, columns_outer: bool = False) -> td.Kernel:
+               padded: bool = False, columns_outer: bool = False, staged_a: bool = False) -> td.Kernel:
         """The template kernel of this plan (output type: the operands', or f32 for split-k partials); with
         `packed_b`, the kernel that takes B as `pack_b` gives it; with `transposed_a`, the one that takes A
         as (batch, K, M) (the cpu template's forms, `matmul_cpu.tile_matmul_kernel`); with `padded`, the one
         for operands copied into rows of a multiple of 8 elements (`pads`); with `columns_outer`, the dot4
-        template's that stores its blocks a column at a time (other templates ignore it)."""
+        template's that stores its blocks a column at a time, and with `staged_a` the cpu's that copies A's rows
+        first (`stages_a_rows`; other templates ignore both)."""
         if (packed_b or transposed_a) and not self.packs_b:
             raise ValueError(f"the {self.template.name} template has no kernel for packed B or transposed A operands")
         out = out_dtype or (td.f32 if self.split > 1 else self.out_dtype)
@@ -279,7 +288,7 @@ class MatmulPlan:
         if columns_outer and self.template is DOT4:
             mixed["columns_outer"] = True
         if self.template is CPU_TILE:
-            mixed["k"] = self.k
+            mixed.update(k=self.k, staged_a=staged_a)
         return self.template.build(self.point, self.dtype, out, vec, packed_b, transposed_a, self.m, self.n, **mixed)
 
     @property
@@ -404,7 +413,8 @@ class MatmulPlan:
         a, b, c, _, _ = self.examples(packed_b)
         split = self.fusion_split
         if split == 1:
-            kernel = self.kernel(self.out_dtype, packed_b=packed_b, columns_outer=columns_outer)
+            kernel = self.kernel(self.out_dtype, packed_b=packed_b, columns_outer=columns_outer,
+                                 staged_a="A" in prologues)
             return td.fuse(kernel, a, b, c, self.batch_index(1), 1, prologues=prologues, epilogues={"C": out}), None
         partials = np.empty(self.partials_shape, np.float32)
         kernel = td.fuse(self.kernel(td.f32, packed_b=packed_b), a, b, partials, self.batch_index(), split,

@@ -53,21 +53,24 @@ def product(a2: np.ndarray, b: np.ndarray, dtype, rows_b: bool = False) -> np.nd
 
 
 @functools.cache
-def packed_rows_kernel(p, dtype, out_dtype, rows: int) -> td.Kernel:
+def packed_rows_kernel(p, dtype, out_dtype, rows: int, staged_a: bool = False) -> td.Kernel:
     """The cpu template's kernel for packed B (`matmul_cpu.pack_b` at point `p`) and A of `rows` rows (at most
     MAX_ROWS; a model's classifier at batch 1): one block per column panel of B, its `rows` x BN sums in registers
     over the whole k range, streaming the panel once, row after row, and stored through the fused epilogue. The
     register-tile kernel computes whole micro-tiles of 6 rows (and two micro-kernel calls for a k block of a
     64-column panel). ResNet-50's classifier, (1, 2048) @ (2048, 1000) with its bias, two threads, both kernels
     built in one process: 0.115 ms there and 0.048 here, warm; in the model's run, its weights coming from DRAM,
-    0.40 and 0.28 ms. Its parameters, the split of k over z-slices and the packed layout are the template's."""
+    0.40 and 0.28 ms. Its parameters, the split of k over z-slices and the packed layout are the template's.
+    With `staged_a` (float A: for a prologue fused into it), A's rows are copied to f32 a k block at a time first
+    (`staged_rows_times_panel`); without a prologue the copy only costs (its buffer's allocation, each launch)."""
     BN, KC = p.block[1], p.bk
     assert 1 <= rows <= MAX_ROWS
     # 8-bit integers: a k block's sums at a time in f32 (exact: `gemm.exact_k`), added up in i32
     integer = not dtype.is_float
     sums_type = td.i32 if integer else f32
 
-    name = f"rows_matmul_{rows}x{BN}_packed"
+    staged_a = staged_a and not integer
+    name = f"rows_matmul_{rows}x{BN}_packed" + ("_staged" if staged_a else "")
 
     def grid(M, N, BZ):
         if M > rows:        # its sums hold `rows` rows: past them, rows of C would be left unwritten
@@ -83,6 +86,16 @@ def packed_rows_kernel(p, dtype, out_dtype, rows: int) -> td.Kernel:
                 a = td.cast(A[za, td.min(x, M - 1), k], f32)
                 for y in td.unroll(BN):
                     c[x, y] += a * B[first + k, y]
+
+    @td.func
+    def staged_rows_times_panel(A, B, c, staging, za, first, k0, k1, M):
+        """`rows_times_panel`, A's rows copied to `staging` (1, rows, KC) in f32 first: a prologue fused into A's
+        loads (a GRU's sigmoid(...) * h) is computed there once a block, in a loop of its own that vectorizes, not
+        once per k step beside the multiply-adds."""
+        for x in td.unroll(rows):
+            for k in range(k1 - k0):
+                staging[0, x, k] = td.cast(A[za, td.min(x, M - 1), k0 + k], f32)
+        rows_times_panel(staging, B, c, 0, first + k0, 0, k1 - k0, rows)
 
     @td.kernel(grid=grid, block=1, name=name)
     def rows_matmul(A: dtype["BA", "M", "K"], B: f32["RB", BN], C: out_dtype["BZ", "M", "N"],
@@ -109,7 +122,12 @@ def packed_rows_kernel(p, dtype, out_dtype, rows: int) -> td.Kernel:
                         sums[x, y] += td.cast(c[x, y], td.i32)
                         c[x, y] = 0.0
         else:
-            rows_times_panel(A, B, c, za, first, k_begin, k_end, M)
+            if staged_a:
+                staging = td.shared(f32, (1, rows, KC))
+                for k0 in range(k_begin, k_end, KC):
+                    staged_rows_times_panel(A, B, c, staging, za, first, k0, td.min(k_end, k0 + KC), M)
+            else:
+                rows_times_panel(A, B, c, za, first, k_begin, k_end, M)
             for x in td.unroll(rows):
                 for y in td.unroll(BN):
                     sums[x, y] = c[x, y]

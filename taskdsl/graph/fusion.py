@@ -139,13 +139,24 @@ def _cheap(op: Operator) -> bool:
                for c in ir.collect(t.body, ir.Call))
 
 
+# A prologue that a kernel computes into its copy of A's rows (`MatmulPlan.stages_a_rows`), once a block, may call
+# any function while it computes at most this many elements in all (its elements times the blocks). A GRU's
+# sigmoid(...) * h, 32 steps: hidden 128 (256 computed) 0.168 -> 0.149-0.158 ms; hidden 256 (1024) no faster, 512
+# (4096) slower: about 1 ns an element against a launch's 1-1.5 us
+STAGED_RECOMPUTES = 512
+
+
 def _worth_recomputing(anchor: Operator, k: int, producer: Operator) -> bool:
-    """Whether operand k's producer may be computed in the anchor's loads: cheap, or loaded once per element (a
-    convolution's: its im2col copy or loads read the input window by window either way)."""
+    """Whether operand k's producer may be computed in the anchor's loads: cheap, loaded once per element (a
+    convolution's: its im2col copy or loads read the input window by window either way), or a small A that the
+    kernel stages (a GRU's sigmoid(...) * h: a launch of its own cost about 1.4 us a step)."""
     if not isinstance(anchor, MatMul) or _cheap(producer):
         return True
     ta, tb = anchor.inputs
-    return gemm.plan(ta.shape, tb.shape, ta.dtype, td.get_target()).operand_reads[k] == 1
+    plan = gemm.plan(ta.shape, tb.shape, ta.dtype, td.get_target())
+    reads = plan.operand_reads[k]
+    staged = k == 0 and tb.is_constant and plan.stages_a_rows
+    return reads == 1 or (staged and reads * ta.size <= STAGED_RECOMPUTES)
 
 
 def _elementwise_like(op: Operator, source) -> bool:

@@ -99,14 +99,16 @@ ROWS_POINTS = [cpu.default_point(unit=vectors.AVX512), cpu.space().point(micro=(
 
 @examples(12)
 @given(rows=st.integers(1, gemv.MAX_ROWS), k=st.sampled_from([0, 1, 5, 17, 131, 300, 1031]), n=SIZES,
-       split=st.sampled_from([1, 1, 3]), point=st.sampled_from(ROWS_POINTS), seed=SEEDS)
-def test_packed_rows_kernel_matches_numpy(rows, k, n, split, point, seed):
+       split=st.sampled_from([1, 1, 3]), point=st.sampled_from(ROWS_POINTS), staged_a=st.booleans(), seed=SEEDS)
+def test_packed_rows_kernel_matches_numpy(rows, k, n, split, point, staged_a, seed):
     """`packed_rows_kernel`: each block one panel of packed B over its z-slice's k range (split-k partials summed,
-    K = 0 and slices past K zeros); every element of C is written."""
+    K = 0 and slices past K zeros); every element of C is written. With `staged_a`, A's rows copied a k block at
+    a time first (K past the k block included)."""
     td.set_target("cpu")
     a, b = rand((rows, k), seed, low=-1, high=1), rand((k, n), seed + 1, low=-1, high=1)
     c = np.full((split, rows, n), np.nan, np.float32)
-    kernel = gemv.packed_rows_kernel(point, td.f32, td.f32, rows)
+    kernel = gemv.packed_rows_kernel(point, td.f32, td.f32, rows, staged_a)
+    assert kernel.name.endswith("_staged") == staged_a
     kernel(a[None], cpu.pack_b(point, b[None]), c, simt.batch_index((), (), (), split), split)
     _close(c.sum(axis=0), _expected(a, b), np.float32, k)
 
@@ -172,3 +174,20 @@ def test_a_fused_rows_kernel_on_little_packed_weight_runs_on_one_thread(k, n, wo
     assert kernel.name.endswith("_packed_fused") and kernel.serial_below == gemv.ROWS_SERIAL_BYTES
     launch = list(kernel._launches.values())[-1]
     assert launch.blocks > 1 and launch.workers == workers
+
+
+@pytest.mark.parametrize("hidden, fused", [(128, True), (256, False)])
+def test_a_transcendental_prologue_joins_a_rows_kernel_that_stages_it(hidden, fused, elementwise_fusion):
+    """A GRU step's sigmoid(x + y) * h, A of its candidate's product at batch 1: computed by the product's rows
+    kernel into its copy of A's rows (`staged_a`) where that is at most `fusion.STAGED_RECOMPUTES` elements over
+    the column blocks (hidden 128: 2 x 128), else by a kernel of its own (hidden 256: 4 x 256). Both match numpy."""
+    td.set_target("cpu")
+    rng = np.random.default_rng(hidden)
+    w = rng.standard_normal((hidden, hidden)).astype(np.float32) / 8
+    x, y, h = (tg.input(name, (1, hidden)) for name in "xyh")
+    a = tg.ops.mul(tg.ops.sigmoid(tg.ops.add(x, y)), h)
+    cg = tg.Graph([x, y, h], [tg.ops.tanh(tg.ops.matmul(a, tg.constant(w)))]).compile()
+    xv, yv, hv = (rng.standard_normal((1, hidden)) for _ in range(3))
+    want = np.tanh((hv / (1 + np.exp(-(xv + yv)))) @ w)
+    np.testing.assert_allclose(cg(*(v.astype(np.float32) for v in (xv, yv, hv)))[0], want, rtol=1e-4, atol=1e-5)
+    assert [k.name.endswith("_staged_fused") for k in cg.kernels] == ([True] if fused else [False, False])
