@@ -181,8 +181,8 @@ def _input_projection(x, w):
     """Every step's input projection, (seq, G, batch, hidden), of x (seq, batch, input) by gate-major W^T (G, input,
     hidden). At batch 1 one product of the steps' rows, (seq, input) @ (input, G hidden), is that layout already: its
     rows share W's panels, where a product per step and gate read them again (an LSTM's 32 steps of 64 inputs,
-    hidden 128: 39 -> 14 us in a replay). Larger batches stay batched by gate: there the one product's (seq, batch, G, hidden)
-    would need a transpose."""
+    hidden 128: 39 -> 14 us in a replay). Larger batches stay batched by gate: there the one product's (seq, batch,
+    G, hidden) would need a transpose."""
     seq, batch, width = x.shape
     gates, _, hidden = w.shape
     if batch != 1:
