@@ -404,17 +404,19 @@ class MatmulPlan:
         measured unsplit."""
         return 1 if self.template is CPU_TILE and self.dtype.is_float else self.split
 
-    def fused(self, prologues: dict, out: td.Tensor, packed_b: bool = False, columns_outer: bool = False) -> tuple:
+    def fused(self, prologues: dict, out: td.Tensor, packed_b: bool = False, columns_outer: bool = False,
+              staged_a: bool = False) -> tuple:
         """(kernel, finish) with `prologues` ({"A" or "B": a compute defining it}) fused into the kernel's loads and
         `out` (a compute over a placeholder "C" of the output): without split-k (`fusion_split`) into its stores,
         and finish is None; with split-k the kernel writes f32 partials instead (its "C") and finish,
         `split_sum_kernel` with `out` fused in, adds them (parameters: P, split, out's other inputs, out).
-        `columns_outer`: `out` lays C's rows together and its columns apart (`kernel`)."""
+        `columns_outer`: `out` lays C's rows together and its columns apart (`kernel`); `staged_a`: the kernel that
+        copies A's rows first, where the cpu's has one (`stages_a_rows`: for a costly prologue of A)."""
         a, b, c, _, _ = self.examples(packed_b)
         split = self.fusion_split
         if split == 1:
             kernel = self.kernel(self.out_dtype, packed_b=packed_b, columns_outer=columns_outer,
-                                 staged_a="A" in prologues)
+                                 staged_a=staged_a)
             return td.fuse(kernel, a, b, c, self.batch_index(1), 1, prologues=prologues, epilogues={"C": out}), None
         partials = np.empty(self.partials_shape, np.float32)
         kernel = td.fuse(self.kernel(td.f32, packed_b=packed_b), a, b, partials, self.batch_index(), split,

@@ -292,8 +292,9 @@ class _Build:
         self.b_panels = None if 1 in self.op.prologues else packed_b(plan, tb, tb.value)
         # with split-k (a GPU with too few output tiles to fill it), the kernel writes partials and `finish`
         # sums them with the epilogue fused in
+        costly_a = 0 in self.op.prologues and not _cheap(self.op.prologues[0])     # (`_worth_recomputing`)
         self.kernel, self.finish = plan.fused(prologues, z, packed_b=self.b_panels is not None,
-                                              columns_outer=self._columns_together(plan.m, plan.n))
+                                              columns_outer=self._columns_together(plan.m, plan.n), staged_a=costly_a)
         self.kernels = [k for k in (self.kernel, self.finish) if k is not None]
         self.batch_index = plan.batch_index(plan.fusion_split)
 

@@ -176,18 +176,22 @@ def test_a_fused_rows_kernel_on_little_packed_weight_runs_on_one_thread(k, n, wo
     assert launch.blocks > 1 and launch.workers == workers
 
 
-@pytest.mark.parametrize("hidden, fused", [(128, True), (256, False)])
-def test_a_transcendental_prologue_joins_a_rows_kernel_that_stages_it(hidden, fused, elementwise_fusion):
+@pytest.mark.parametrize("hidden, costly, product, kernels", [(128, True, "_staged_fused", 1), (256, True, "_fused", 2),
+                                                              (256, False, "_fused", 1)])
+def test_a_transcendental_prologue_joins_a_rows_kernel_that_stages_it(hidden, costly, product, kernels,
+                                                                      elementwise_fusion):
     """A GRU step's sigmoid(x + y) * h, A of its candidate's product at batch 1: computed by the product's rows
     kernel into its copy of A's rows (`staged_a`) where that is at most `fusion.STAGED_RECOMPUTES` elements over
-    the column blocks (hidden 128: 2 x 128), else by a kernel of its own (hidden 256: 4 x 256). Both match numpy."""
+    the column blocks (hidden 128: 2 x 128), else by a kernel of its own (hidden 256: 4 x 256). A cheap prologue,
+    (x + y) * h, joins any rows kernel, unstaged. All match numpy."""
     td.set_target("cpu")
     rng = np.random.default_rng(hidden)
     w = rng.standard_normal((hidden, hidden)).astype(np.float32) / 8
     x, y, h = (tg.input(name, (1, hidden)) for name in "xyh")
-    a = tg.ops.mul(tg.ops.sigmoid(tg.ops.add(x, y)), h)
+    a = tg.ops.mul(tg.ops.sigmoid(tg.ops.add(x, y)) if costly else tg.ops.add(x, y), h)
     cg = tg.Graph([x, y, h], [tg.ops.tanh(tg.ops.matmul(a, tg.constant(w)))]).compile()
     xv, yv, hv = (rng.standard_normal((1, hidden)) for _ in range(3))
-    want = np.tanh((hv / (1 + np.exp(-(xv + yv)))) @ w)
+    want = np.tanh((hv * (1 / (1 + np.exp(-(xv + yv))) if costly else xv + yv)) @ w)
     np.testing.assert_allclose(cg(*(v.astype(np.float32) for v in (xv, yv, hv)))[0], want, rtol=1e-4, atol=1e-5)
-    assert [k.name.endswith("_staged_fused") for k in cg.kernels] == ([True] if fused else [False, False])
+    assert len(cg.kernels) == kernels
+    assert cg.kernels[-1].name == f"rows_matmul_1x{cpu.default_point().block[1]}_packed{product}"
