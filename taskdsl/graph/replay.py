@@ -65,6 +65,10 @@ class RecordedCheck:
     def __call__(self) -> None:
         self.op.check_values(self.args)
 
+    def set_arg(self, index: int, value) -> None:
+        """Check `value` as input `index` from now on (a replay binds a call's arrays so, as `RecordedLaunch.set_arg`)."""
+        self.args[index] = value
+
 
 def record_check(op: Operator, arrays: list) -> None:
     """Add the check of `op`'s input values to this thread's cpu recording, if any and if `op` checks values."""
@@ -108,7 +112,7 @@ def probe_inputs(tensors: list, seed: int = 0) -> list:
 
 @dataclass
 class _Slot:
-    """Where a recorded action reads or writes a graph input's or output's memory: `action.args[index]`, a
+    """Where a recorded action reads or writes a graph input's or output's memory: its argument `index`, a
     contiguous array of this dtype and shape (f16 travels as uint16 bits, a flat launch's as bytes) starting
     `offset` bytes into that memory."""
 
@@ -125,12 +129,12 @@ class _Slot:
     def bind(self, memory: np.ndarray | None) -> None:
         """Point the action at `memory` (None: at nothing, so the action keeps no caller's array alive)."""
         if memory is None:
-            self.action.args[self.index] = None
+            self.action.set_arg(self.index, None)
             return
         flat = memory.reshape(-1).view(np.uint8)
         if self.offset or flat.size != self.nbytes:
             flat = flat[self.offset:self.offset + self.nbytes]
-        self.action.args[self.index] = flat if self.as_bytes else flat.view(self.dtype).reshape(self.shape)
+        self.action.set_arg(self.index, flat if self.as_bytes else flat.view(self.dtype).reshape(self.shape))
 
 
 @dataclass
