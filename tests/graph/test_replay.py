@@ -210,3 +210,39 @@ def test_a_replay_writing_into_its_inputs_is_refused(monkeypatch):
     x = tg.input("x", (4, 4))
     cg = tg.Graph([x], [ops.relu(x)]).compile("cpu")
     assert cg.replay == "off (a replay on probe inputs wrote into them)"
+
+
+def test_a_replay_issues_its_launches_in_one_native_loop(monkeypatch):
+    """Each run of launches between value checks is one `NativeReplay` (`threads.replay`): no launch goes through
+    its launcher's Python entry, the ones a call binds to its arrays are packed again, and a launch shared out to
+    the helper threads runs there too. Calls on other inputs match the operator-by-operator run."""
+    from taskdsl.backend.cpu import launch
+    monkeypatch.setenv("TASKDSL_NUM_THREADS", "2")
+    x, h = tg.input("x", (1, 16)), tg.input("h", (512, 1024))
+    w = tg.constant(rand((16, 16), 3) / 4)
+    state = x
+    for _ in range(6):              # a recurrence's small launches, and one of 2 MiB
+        state = ops.tanh(ops.matmul(state, w))
+    g = tg.Graph([x, h], [state, ops.mul(ops.sigmoid(h), 2.0)], name="recurrent")
+    cg, run = g.compile("cpu"), g.compile("cpu", replay=False)
+    natives = [issue for issue in cg._replay._issues if isinstance(issue, launch.NativeReplay)]
+    assert cg.replay.startswith("on (") and len(natives) == 1 == len(cg._replay._issues)
+    assert max(row.workers for row in natives[0].launches) == 2 and natives[0].rebound
+    monkeypatch.setattr(launch.RecordedLaunch, "__call__", lambda self: pytest.fail("a launch's Python entry ran"))
+    for seed in range(3):
+        feeds = rand((1, 16), seed), rand((512, 1024), seed + 5)
+        got, want = cg(*feeds), run(*feeds)
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_a_native_replay_that_fails_raises(monkeypatch):
+    """A launch the native loop reports failed is issued again through its launcher, whose call raises the kernel's
+    own exception; one that then succeeds is a RuntimeError naming the likely cause."""
+    from taskdsl.backend.cpu import launch
+    x = tg.input("x", (4, 8))
+    cg = tg.Graph([x], [ops.tanh(ops.matmul(x, tg.constant(rand((8, 8), 2))))]).compile("cpu")
+    assert cg.replay.startswith("on (")
+    monkeypatch.setattr(launch.threads, "replay", lambda state, table: 0)
+    with pytest.raises(RuntimeError, match="scratch allocation failed"):
+        cg(rand((4, 8), 1))

@@ -21,7 +21,7 @@ from ...runtime.config import env_count
 from . import call_types, threads
 from .codegen import CpuSource
 from .compile import apart_twin
-from .parallel import compiled, entry_address, launch, launcher_signature
+from .parallel import PACK, PARALLEL_FAILURE, compiled, entry_address, launch, launcher_signature
 from .vectors import widen_slp_vectors
 
 
@@ -361,17 +361,65 @@ class RecordedLaunch:
     def __post_init__(self):
         # the entry's argument tuple, made once: a launch of a replay made it at each call, a fifth of its 0.5 us
         self.call_args = (*self.args, self.tail)
+        self.packed = None      # `pack`'s copy of the arguments, and the share function that runs blocks of it
+        self.share = 0
 
     def set_arg(self, index: int, value) -> None:
         """Issue the launch with `value` as argument `index` from now on (a replay binds a call's arrays so)."""
         self.args[index] = value
         self.call_args = (*self.args, self.tail)
+        self.share = 0          # packed again at its next `pack`
+
+    def pack(self) -> tuple:
+        """(the share function's address, the address of its packed arguments): the launch as `NativeReplay`
+        issues it (packed by the launcher, once, and again after a `set_arg`; the arrays are not referenced by the
+        pack: `args` keeps them)."""
+        if not self.share:
+            if self.packed is None:     # numba's array struct: 5 words and 2 per dim; a scalar a word
+                words = 2 + sum(5 + 2 * a.ndim if isinstance(a, np.ndarray) else 1 for a in self.call_args)
+                self.packed = np.zeros(words, np.int64)
+            self.share = self.entry(0, self.address, self.packed.ctypes.data, self.packed.nbytes, PACK,
+                                    self.call_args)
+            if not self.share:
+                raise RuntimeError(f"the packed arguments of a replayed launch need more than {self.packed.nbytes} "
+                                   "bytes: a bug of taskdsl's cpu launches")
+        return self.share, self.packed.ctypes.data
 
     def __call__(self) -> None:
         if self.workers <= 1:       # `_issue`'s first case, inline: a replay's launches are mostly small
             self.entry(0, self.address, 0, self.blocks, 1, self.call_args)
         else:
             _issue(self.address, self.args, self.tail, self.blocks, self.workers, self.entry)
+
+
+class NativeReplay:
+    """Recorded launches issued again by one native loop (`threads.replay`): a launch costs no Python (0.46 us
+    through its launcher's entry). Where a replay binds a call's arrays, `rebound` lists the launches it binds,
+    packed again before each issue."""
+
+    def __init__(self, launches: list, rebound: set):
+        self.launches = launches
+        self.table = np.zeros((len(launches), 5), np.int64)     # share, pack, blocks, helpers, chunks
+        for row, launch in enumerate(launches):
+            self.table[row, :2] = launch.pack()
+            self.table[row, 2:] = (launch.blocks, launch.workers - 1,
+                                   min(launch.blocks, CHUNKS_PER_WORKER * launch.workers) if launch.workers > 1 else 1)
+        self.rebound = [(row, launch) for row, launch in enumerate(launches) if id(launch) in rebound]
+        self.helpers = max((launch.workers - 1 for launch in launches), default=0)
+
+    @staticmethod
+    def applies(launches: list) -> bool:
+        """Whether `launches` can be issued so: one thread each, or helpers of a pool (Linux)."""
+        return all(launch.workers <= 1 for launch in launches) or threads.pool() is not None
+
+    def __call__(self) -> None:
+        for row, launch in self.rebound:
+            self.table[row, :2] = launch.pack()
+        state = threads.pool().engage(self.helpers) if self.helpers else 0
+        failed = threads.replay(state, self.table)
+        if failed >= 0:             # issued again by its launcher, whose call raises the kernel's own exception
+            self.launches[failed]()
+            raise RuntimeError(PARALLEL_FAILURE)
 
 
 @dataclass

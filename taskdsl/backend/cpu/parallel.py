@@ -103,14 +103,49 @@ def _run_chunks(typingctx, pool, address, args, begin, end, chunks):
     return types.boolean(pool, address, args, begin, end, chunks), codegen
 
 
+@intrinsic
+def _pack(typingctx, destination, room, address, args):
+    """Write {address, args} as a share function unpacks them at `destination` (`room` bytes there): the share
+    function's address, or 0 where they need more room. The arrays go without their meminfos, which the call's
+    unboxing made and its return frees (numba's reference counts skip a null one): their memory must outlive the
+    pack's uses."""
+
+    def codegen(context, builder, signature, values):
+        destination_value, room_value, address_value, arg_tuple = values
+        for k, arg_type in enumerate(args):
+            if isinstance(arg_type, types.Array):
+                array = context.make_array(arg_type)(context, builder, value=builder.extract_value(arg_tuple, k))
+                array.meminfo = cgutils.get_null_value(array.meminfo.type)
+                array.parent = cgutils.get_null_value(array.parent.type)
+                arg_tuple = builder.insert_value(arg_tuple, array._getvalue(), k)
+        pack = cgutils.make_anonymous_struct(builder, [address_value, arg_tuple])
+        i64 = llvm.IntType(64)
+        fits = builder.icmp_signed("<=", i64(context.get_abi_sizeof(pack.type)), room_value)
+        result = cgutils.alloca_once_value(builder, i64(0))
+        with builder.if_then(fits):
+            builder.store(pack, builder.inttoptr(destination_value, pack.type.as_pointer()))
+            builder.store(builder.ptrtoint(_define_share(context, builder.module, args), i64), result)
+        return builder.load(result)
+
+    return types.int64(destination, room, address, args), codegen
+
+
+PACK = -1       # `launch`'s chunks that ask for its arguments packed, not run
+
+
 @njit(nogil=True, cache=True)
 def launch(pool, address, begin, end, chunks, *args):
     """Blocks [begin, end) of the kernel entry at `address` on `args`: on this thread (one chunk), else in `chunks`
-    chunks on this thread and the helper threads of the pool whose state is at `pool` (`threads.Pool`)."""
+    chunks on this thread and the helper threads of the pool whose state is at `pool` (`threads.Pool`); 0.
+    With chunks PACK, run nothing: pack {address, args} at address `begin`, `end` bytes there, and return the
+    share function's address that runs blocks of them (`threads.replay`; 0: more room needed)."""
+    if chunks == PACK:
+        return _pack(begin, end, address, args)
     if chunks <= 1:
         call_entry(address, args, begin, end)
     elif not _run_chunks(pool, address, args, begin, end, chunks):
         raise RuntimeError(PARALLEL_FAILURE)
+    return 0
 
 
 def compiled(dispatcher, signature: tuple):

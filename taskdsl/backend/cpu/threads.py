@@ -177,6 +177,23 @@ def _run_job(state, share, pack, begin, end, chunks) -> bool:
 
 
 @njit(nogil=True, cache=True)
+def replay(state, table) -> int:
+    """Issue the launches of `table` in order, each row (share function, packed arguments, blocks, helpers,
+    chunks) as `parallel.launch` would (one chunk: on this thread; more: with `helpers` of the pool whose state is
+    at `state`): -1, or the row of the first launch that failed (it and the launches after it did not all run)."""
+    for row in range(table.shape[0]):
+        share, pack, blocks, helpers, chunks = table[row, 0], table[row, 1], table[row, 2], table[row, 3], table[row, 4]
+        if chunks <= 1:
+            succeeded = _share_succeeds(share, pack, 0, blocks)
+        else:
+            _store(state, HELPERS, helpers)
+            succeeded = _run_job(state, share, pack, 0, blocks, chunks)
+        if not succeeded:
+            return row
+    return -1
+
+
+@njit(nogil=True, cache=True)
 def _help(state, helper) -> None:
     """Helper number `helper`'s life: wait for a job, claim its chunks, until the pool stops. A helper numbered past
     the pool's `HELPERS` (fewer threads asked for since it started) sits the jobs out."""
