@@ -17,6 +17,8 @@ from taskdsl.backend.cpu.launch import num_threads
 from taskdsl.passes.unroll import MAX_COPIES
 from taskdsl.runtime.config import fast_compile_enabled
 
+from . import gemv
+
 MAX_M = 128         # rows (M) at most of a product this kernel computes
 MAX_N = 64          # columns (N) at most
 LANES = 16          # interleaved sums of a row's dot product, for one column
@@ -150,4 +152,9 @@ def _small_matmul_kernel(dtype, out_dtype, m: int, n: int, b_dtype=None) -> td.K
                 whole_rows(A, B, C, c, fa, fb, sums, z, za, zb, i0, k_begin, k_end)
             if rest:
                 rest_rows(A, B, C, c, fa, fb, sums, z, za, zb, whole, k_begin, k_end)
-    return _batched(dtype, out_dtype, m, n, f"small_matmul_{m}x{n}", product, b_dtype)
+    kernel = _batched(dtype, out_dtype, m, n, f"small_matmul_{m}x{n}", product, b_dtype)
+    # on one thread below `gemv.ROWS_SERIAL_BYTES` per row of A (each of B's elements is used once a row, so that many
+    # multiply-adds as the rows kernel's): an LSTM step's (1, 64) @ (4 gates, 64, 64) took 3.8-4.4 us a launch
+    # shared out, 1.9 on one thread
+    kernel.serial_below = gemv.ROWS_SERIAL_BYTES // m
+    return kernel
