@@ -67,7 +67,7 @@ class RecordedCheck:
         self.op.check_values(self.args)
 
     def set_arg(self, index: int, value) -> None:
-        """Check `value` as input `index` from now on (a replay binds a call's arrays so, as `RecordedLaunch.set_arg`)."""
+        """Check `value` as input `index` from now on (a replay binds a call's arrays so: `RecordedLaunch.set_arg`)."""
         self.args[index] = value
 
 
