@@ -306,7 +306,7 @@ def _issue(address: int, args: list, tail: np.ndarray, blocks: int, workers: int
         return
     pool = threads.pool()
     if pool is not None:
-        entry(pool.engage(workers - 1), address, 0, blocks, min(blocks, CHUNKS_PER_WORKER * workers), (*args, tail))
+        entry(pool.engage(workers - 1), address, 0, blocks, chunk_count(blocks, workers), (*args, tail))
         return
     # the calling thread runs the first share itself: one thread hand-off fewer per launch
     bounds = [blocks * w // workers for w in range(workers + 1)]
@@ -323,6 +323,11 @@ def _issue(address: int, args: list, tail: np.ndarray, blocks: int, workers: int
 
 # Chunks a parallel launch cuts its blocks into, per thread: a helper that starts late still finds some to claim.
 CHUNKS_PER_WORKER = 16
+
+
+def chunk_count(blocks: int, workers: int) -> int:
+    """The chunks a launch of `blocks` blocks on `workers` threads cuts them into (one: this thread runs them)."""
+    return min(blocks, CHUNKS_PER_WORKER * workers) if workers > 1 else 1
 
 
 _built: dict = {}      # (dispatcher, argument types) -> `_compile`'s (address, entry) for them
@@ -402,8 +407,7 @@ class NativeReplay:
         self.table = np.zeros((len(launches), 5), np.int64)     # share, pack, blocks, helpers, chunks
         for row, launch in enumerate(launches):
             self.table[row, :2] = launch.pack()
-            self.table[row, 2:] = (launch.blocks, launch.workers - 1,
-                                   min(launch.blocks, CHUNKS_PER_WORKER * launch.workers) if launch.workers > 1 else 1)
+            self.table[row, 2:] = launch.blocks, launch.workers - 1, chunk_count(launch.blocks, launch.workers)
         self.rebound = [(row, launch) for row, launch in enumerate(launches) if id(launch) in rebound]
         self.helpers = max((launch.workers - 1 for launch in launches), default=0)
 
