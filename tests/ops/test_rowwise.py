@@ -54,6 +54,36 @@ def test_softmax_of_rows_with_minus_infinity_and_nan(schedule, shape, seed, mask
 
 
 @pytest.mark.parametrize("schedule", ["block", "thread"])
+@pytest.mark.parametrize("columns", [7, 16, 37])
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_rows_of_infinities_and_nans_match_numpy(schedule, columns, log):
+    """Rows all -inf, with +inf, with a NaN in the lanes' body or in their tail, with both zeros: the 'thread' row
+    max drops NaNs (`lane_max`), and the NaN still reaches every output through its exp. Rows whose max is in the
+    first lane, a middle one or the tail, 100 above the next: a max missed by any lane overflows an exp."""
+    rng = np.random.default_rng(columns)
+    x = rng.standard_normal((11, columns)).astype(np.float32)
+    j = np.arange(columns, dtype=np.float32)
+    x[8], x[9], x[10] = 100 * j, -100 * j, -100 * np.abs(j - columns // 2)
+    x[0] = -np.inf
+    x[1, 3] = np.inf
+    x[2, [0, 5]] = np.inf
+    x[3, 0] = np.nan
+    x[4, -1] = np.nan
+    x[5, 1], x[5, -2] = np.nan, -np.inf
+    x[6] = 0.0
+    x[6, ::2] = -0.0
+    x[7, 2:] = -np.inf
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if log:     # as x - max - log(sum), not log(softmax): exp(-800) is 0 even in float64
+            x64 = x.astype(np.float64)
+            shifted = x64 - x64.max(axis=-1, keepdims=True)
+            expected = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+        else:
+            expected = _softmax(x)
+    np.testing.assert_allclose(softmax_rows(x, log=log, schedule=schedule), expected, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("schedule", ["block", "thread"])
 @settings(max_examples=6, deadline=None)
 @given(shape=SHAPES, seed=st.integers(0, 1000), rms=st.booleans(), weight=st.booleans(), bias=st.booleans())
 def test_layer_and_rms_norm(schedule, shape, seed, rms, weight, bias):
