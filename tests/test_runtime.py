@@ -27,6 +27,25 @@ def test_unknown_target_rejected():
         td.set_target("tpu")
 
 
+def test_a_target_scope_restores_the_setting_it_found(monkeypatch):
+    """Unset stays unset (TASKDSL_TARGET is read again after it), a set target comes back after an exception, and
+    an unknown name changes nothing."""
+    from taskdsl.runtime import config
+    from taskdsl.runtime.config import target_scope
+    monkeypatch.setitem(config._state, "target", None)
+    with target_scope("cpu"):
+        assert td.get_target() == "cpu"
+    assert config._state["target"] is None
+    monkeypatch.setitem(config._state, "target", "cpu")
+    with pytest.raises(KeyError), target_scope("cpu"):
+        config._state["target"] = "cuda"      # (as a body that set another target would leave it)
+        raise KeyError("inside")
+    assert config._state["target"] == "cpu"
+    with pytest.raises(ValueError, match="cpu, cuda"), target_scope("tpu"):
+        pass
+    assert config._state["target"] == "cpu"
+
+
 def test_target_from_environment():
     code = "import taskdsl as td; print(td.get_target())"
     env = dict(os.environ, TASKDSL_TARGET="cpu")

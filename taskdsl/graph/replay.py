@@ -132,6 +132,9 @@ class _Slot:
         if memory is None:
             self.action.set_arg(self.index, None)
             return
+        if not self.offset and memory.dtype == self.dtype and memory.shape == self.shape:     # the whole array
+            self.action.set_arg(self.index, memory)
+            return
         flat = memory.reshape(-1).view(np.uint8)
         if self.offset or flat.size != self.nbytes:
             flat = flat[self.offset:self.offset + self.nbytes]

@@ -383,12 +383,12 @@ class RecordedLaunch:
             if self.packed is None:     # numba's array struct: 5 words and 2 per dim; a scalar a word
                 words = 2 + sum(5 + 2 * a.ndim if isinstance(a, np.ndarray) else 1 for a in self.call_args)
                 self.packed = np.zeros(words, np.int64)
-            self.share = self.entry(0, self.address, self.packed.ctypes.data, self.packed.nbytes, PACK,
-                                    self.call_args)
+                self.packed_at = self.packed.ctypes.data    # (1 us a read: numpy makes a ctypes object for it)
+            self.share = self.entry(0, self.address, self.packed_at, self.packed.nbytes, PACK, self.call_args)
             if not self.share:
                 raise RuntimeError(f"the packed arguments of a replayed launch need more than {self.packed.nbytes} "
                                    "bytes: a bug of taskdsl's cpu launches")
-        return self.share, self.packed.ctypes.data
+        return self.share, self.packed_at
 
     def __call__(self) -> None:
         if self.workers <= 1:       # `_issue`'s first case, inline: a replay's launches are mostly small
