@@ -91,10 +91,10 @@ def row_extreme(X, row, start, n, first, is_max):
 def lane_max(X, row, n, lanes):
     """The max of X[row, :n] (-inf for n = 0), NaNs dropped, by LANES interleaved lanes of plain compares, combined
     by halves. A softmax needs no NaN from it: a NaN element's exp makes the sum, so every output, NaN. One running
-    IEEE maximum (`row_extreme`, LLVM's `llvm.maximum`, which the cpu vectorizes itself) took 27 us of a softmax of 1536 rows of
-    128 on two threads against 8.6 for 96 rows of 2048: its vector reduction fixes NaNs and zeros' signs at every
-    step of the combine, about 80 cycles a row. These lanes took the softmax from 93 to 77 us there, and rows of 7
-    from 130 to 82."""
+    IEEE maximum (`row_extreme`: LLVM's `llvm.maximum`, which the cpu vectorizes itself) took 27 us of a softmax of
+    1536 rows of 128 on two threads against 8.6 for 96 rows of 2048: its vector reduction fixes NaNs and zeros'
+    signs at every step of the combine, about 80 cycles a row. These lanes took the softmax from 93 to 77 us there,
+    and rows of 7 from 130 to 82."""
     for k in td.unroll(LANES):
         lanes[k] = -math.inf
     body = n - n % LANES
