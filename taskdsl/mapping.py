@@ -100,6 +100,15 @@ class MappingLoop:
     worker: object
 
 
+def _applied_operand(mapping: "TaskMapping", applied, self_first: bool) -> str:
+    """The message for ``mapping * inner(w)`` (or ``outer(w) * mapping``): a call binds tighter than ``*``, so
+    one operand is a mapping already applied to a worker (a MappingLoop in a kernel, a list of tasks outside)."""
+    other = repr(applied.mapping) if isinstance(applied, MappingLoop) else "inner"
+    outer, inner = (repr(mapping), other) if self_first else (other, repr(mapping))
+    return (f"a task mapping composes with a mapping, not with one applied to a worker: a call binds tighter than "
+            f"'*'; compose first, then apply the composition: ({outer} * {inner})(worker)")
+
+
 class TaskMapping:
     """A task mapping; instantiate it directly for a custom ``worker_to_tasks`` function."""
 
@@ -151,9 +160,18 @@ class TaskMapping:
 
     def __mul__(self, other):
         """Compose ``self`` (outer) with ``other`` (inner)."""
+        if isinstance(other, (MappingLoop, list)):
+            raise TypeError(_applied_operand(self, other, self_first=True))
         if not isinstance(other, TaskMapping):
             return NotImplemented
         return ComposedMapping(self, other)
+
+    def __rmul__(self, other):
+        """An applied mapping times this one: the TypeError of `_applied_operand` (a mapping times a mapping is
+        ``__mul__``'s)."""
+        if isinstance(other, (MappingLoop, list)):
+            raise TypeError(_applied_operand(self, other, self_first=False))
+        return NotImplemented
 
     def atoms(self) -> list["TaskMapping"]:
         """The non-composed mappings of this mapping, outermost first."""

@@ -322,6 +322,14 @@ def test_compose_rank_mismatch():
         spatial(2, 3) * repeat(4)
 
 
+def test_composing_with_an_applied_mapping_says_to_compose_first():
+    """`spatial(2) * repeat(3)(0)` applies repeat(3) alone (a call binds tighter than `*`): it multiplied a mapping
+    by a list of tasks, "can't multiply sequence by non-int of type 'SpatialMapping'"."""
+    for product in (lambda: spatial(2) * repeat(3)(0), lambda: repeat(3)(0) * spatial(2)):
+        with pytest.raises(TypeError, match=r"compose first, then apply the composition: \(.* \* .*\)\(worker\)"):
+            product()
+
+
 def test_compose_non_mapping():
     with pytest.raises(TypeError):
         spatial(2) * 3

@@ -124,6 +124,18 @@ def test_a_custom_mapping_a_kernel_uses_is_checked_as_in_python(tasks, message):
         custom(np.zeros(8, np.int32))
 
 
+def test_a_mapping_times_an_applied_one_in_a_kernel_names_the_composition_to_write():
+    """`spatial(4, 4) * repeat(2, 2)(threadIdx.x)` failed with "unsupported operand type(s) for *: 'SpatialMapping'
+    and 'MappingLoop'"; the error now shows the composition applied: `(spatial(4, 4) * repeat(2, 2))(worker)`."""
+    @td.kernel(grid=1, block=16)
+    def applied_first(O: i32[8, 8]):
+        for i, j in spatial(4, 4) * repeat(2, 2)(threadIdx.x):
+            O[i, j] = 1
+    with pytest.raises(td.DSLError, match=r"\(spatial\(4, 4\) \* repeat\(2, 2\)\)\(worker\)") as caught:
+        applied_first(np.zeros((8, 8), np.int32))
+    assert "for i, j in spatial(4, 4) * repeat(2, 2)(threadIdx.x):" in caught.value.loc.source_line()   # the user's line
+
+
 def test_a_one_dimensional_mapping_on_a_constant_worker_binds_ints():
     """`for j in repeat(4)(0)` bound the 1-tuples `(0,)`, ...: 'unsupported operand tuple for +'."""
     @td.kernel(grid=1, block=32)
