@@ -29,6 +29,9 @@ def test_input_errors():
     x, b = rand((3, 4), 1), rand((4,), 2)
     with pytest.raises(TypeError, match=r"takes 2 input arrays \(x, b\), got 1"):
         cg(x)
+    one = tg.input("x", (3, 4))
+    with pytest.raises(TypeError, match=r"takes 1 input array \(x\), got 2"):
+        tg.Graph([one], [ops.relu(one)], name="one")(x, x)
     with pytest.raises(ValueError, match=r"input 'b' must have shape \(4,\), got \(5,\)"):
         cg(x, rand((5,), 1))
     with pytest.raises(TypeError, match=r"dtype float32, got float64; convert it with \.astype\(np\.float32\)"):
