@@ -16,7 +16,6 @@ from stdlib_ops import matmul_cpu as cpu
 from stdlib_ops import matmul_dot4 as dot4
 from stdlib_ops import matmul_simt as simt
 from taskdsl.backend.cpu import vectors
-from taskdsl.backend.cuda.nvrtc import combine_sources
 from taskdsl.ir.types import from_numpy
 
 from ..cuda_checks import assert_builds_for_sm80_and_sm90
@@ -289,5 +288,5 @@ def test_every_point_compiles_with_nvrtc():
         ao, bo = np.zeros((1, 64, 64), a_type), np.zeros((1, 64, 64), b_type)
         kernels += [(dot4.dot4_matmul_kernel(p, td.i32, False, from_numpy(ao.dtype), from_numpy(bo.dtype)), ao, bo)
                     for p in points[:1]]
-    unit = combine_sources([k.source(x, operand, c, index, 1, target="cuda") for k, x, operand in kernels])
-    assert_builds_for_sm80_and_sm90(unit, [k.name for k, _, _ in kernels], "dot4_space")
+    sources = [k.source(x, operand, c, index, 1, target="cuda") for k, x, operand in kernels]
+    assert_builds_for_sm80_and_sm90(sources, [k.name for k, _, _ in kernels], "dot4_space")

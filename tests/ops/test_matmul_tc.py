@@ -76,8 +76,8 @@ def _covering() -> list:
     return pairwise_covering(tc.space().points(), lambda p: (math.prod(p.warp_tiles), p.bk, p.stages))
 
 
-def _program(points: list) -> tuple[str, set]:
-    """(one CUDA program holding the template's kernels at `points` and the default's variants: 1-element loads,
+def _program(points: list) -> tuple[list, set]:
+    """(the CUDA sources of the template's kernels at `points` and of the default's variants: 1-element loads,
     f16 out, bf16 in; the kernel names of `points`)."""
     a = np.zeros((1, 64, 64), np.float16)
     c = np.zeros((1, 64, 64), np.float32)
@@ -92,15 +92,16 @@ def _program(points: list) -> tuple[str, set]:
     for kernel, operand, out, suffix in variants:     # renamed: a variant's name may be a point's
         sources.append(kernel.source(operand, operand, out, index, 1, target="cuda").replace(kernel.name,
                                                                                               kernel.name + suffix))
-    return combine_sources(sources), names
+    return sources, names
 
 
 def test_every_point_compiles_with_nvrtc():
     """Every point and variant builds for sm_80 and sm_90 in fast mode (the check is that they build); the
     optimized build is test_the_space_keeps_its_fragments_in_registers's."""
-    unit, names = _program(tc.space(HOPPER_SMEM).points())
+    sources, names = _program(tc.space(HOPPER_SMEM).points())
+    unit = combine_sources(sources)
     assert "mma.sync.aligned.m16n8k16" in unit and "ldmatrix.sync.aligned.m8n8.x4.trans" in unit and "cp.async" in unit
-    assert_builds_for_sm80_and_sm90(unit, names, "tc_space")
+    assert_builds_for_sm80_and_sm90(sources, names, "tc_space")
 
 
 def test_the_space_keeps_its_fragments_in_registers():
@@ -108,8 +109,8 @@ def test_the_space_keeps_its_fragments_in_registers():
     memory). Checked on points that hold every pair of axis values between them, the largest warp tiles first
     (`pairwise_covering`: 28 of the 151; all of them took 46 s of NVRTC here), and on the default's variants."""
     points = _covering()
-    unit, names = _program(points)
-    report = resource_usage(unit)
+    sources, names = _program(points)
+    report = resource_usage(combine_sources(sources))
     assert names < set(report) and len(report) == len(names) + 3
     # a few points spill a word or two (ptxas's choice under register pressure): stack beyond that is an array
     assert {name: r for name, r in report.items() if r["stack_bytes"] >= r["spill_store_bytes"] + 8} == {}

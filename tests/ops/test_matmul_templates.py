@@ -61,22 +61,22 @@ def test_space_sizes_and_pruning_match_the_docs():
         space.point(warps=(2, 2), repeat=(2, 2), lanes=(4, 8), tile=(8, 8), bk=8, prefetch=True)
 
 
-def _sources(points: list) -> tuple[str, set]:
-    """(one CUDA program holding the template's kernels at `points`, their names)."""
+def _sources(points: list) -> tuple[list, set]:
+    """(the CUDA sources of the template's kernels at `points`, their names)."""
     a = np.zeros((1, 64, 64), np.float32)
     index = np.zeros((1, 2), np.int32)
     kernels = [simt.simt_matmul_kernel(p, td.f32, td.f32) for p in points]
     names = {k.name for k in kernels}
     assert len(names) == len(kernels)
-    return combine_sources([k.source(a, a, a, index, 1, target="cuda") for k in kernels]), names
+    return [k.source(a, a, a, index, 1, target="cuda") for k in kernels], names
 
 
 def test_every_point_compiles_with_nvrtc():
     """Both spaces build for sm_80 and sm_90, in fast mode (the check is that they build); the optimized build is
     test_the_gpu_space_keeps_its_tiles_in_registers's."""
     points = simt.gpu_space().points() + simt.space_for("cpu").points()
-    unit, names = _sources(points)
-    assert_builds_for_sm80_and_sm90(unit, names, "simt_space")
+    sources, names = _sources(points)
+    assert_builds_for_sm80_and_sm90(sources, names, "simt_space")
 
 
 def test_the_gpu_space_keeps_its_tiles_in_registers():
@@ -85,8 +85,8 @@ def test_the_gpu_space_keeps_its_tiles_in_registers():
     that hold every pair of axis values between them, the largest register tiles first (`pairwise_covering`:
     23 of the 172; all of them took 97 s of NVRTC here)."""
     points = pairwise_covering(simt.gpu_space().points(), _register_tile)
-    unit, names = _sources(points)
-    report = resource_usage(unit)
+    sources, names = _sources(points)
+    report = resource_usage(combine_sources(sources))
     assert set(report) == names
     # a few points spill a word or two (ptxas's choice under register pressure): stack beyond that is an array
     assert {name: r for name, r in report.items() if r["stack_bytes"] >= r["spill_store_bytes"] + 8} == {}
