@@ -124,6 +124,31 @@ def test_topk_past_the_selections_k_along_a_middle_axis():
             np.testing.assert_array_equal(g, w)
 
 
+def test_the_scan_of_adjacent_elements_tests_a_chunk_at_once_and_keeps_the_order():
+    """Where a row's elements are adjacent (inner 1), `keeps_best`'s kernel is compiled for it and tests CHUNK
+    elements against the bar at once, one by one only where one enters; along a middle axis, the general kernel.
+    Rows where every element enters (ascending), none past the first k (descending), ties, NaNs and random values:
+    numpy's stable order (a NaN above every number, ties by index), both orders, each kernel."""
+    from stdlib_ops import topk
+    n, k = 5 * topk.CHUNK + 3, 4
+    rng = np.random.default_rng(11)
+    x = np.stack([np.arange(n), -np.arange(n), rng.integers(0, 3, n), rng.standard_normal(n),
+                  rng.standard_normal(n)]).astype(np.float32)
+    x[3, [9, 40, n - 1]] = np.nan
+    x[4, k + topk.CHUNK - 1::topk.CHUNK] += 10   # each chunk's last element (the chunks start at k) enters
+    for largest in (True, False):
+        nan_above = np.where(np.isnan(x), np.inf, x)
+        order = np.argsort(-nan_above if largest else nan_above, axis=1, kind="stable")[:, :k]
+        for inner in (1, 3):
+            rows = np.repeat(x[:, :, None], inner, axis=2)
+            values, indices = np.empty((5, k, inner), np.float32), np.empty((5, k, inner), np.int64)
+            kernel = topk.topk_rows(rows, values, indices, largest)
+            assert kernel.name.endswith("_rows") == (inner == 1)
+            for c in range(inner):
+                np.testing.assert_array_equal(indices[:, :, c], order)
+                np.testing.assert_array_equal(values[:, :, c], np.take_along_axis(x, order, 1))
+
+
 @pytest.mark.parametrize("rounds", [None, 1])
 def test_the_merge_sorts_selection_and_its_fallback_keep_numpys_order(monkeypatch, rounds):
     """k above MAX_K: a quickselect (its pivots sampled in a row this long) moves each row's k first to its
