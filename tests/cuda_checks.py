@@ -95,10 +95,10 @@ def assert_builds_for_sm80_and_sm90(sources: list, names, label: str) -> None:
     would check nothing NVVM did not generate itself: the dot4 space, whose only inline PTX is eight kernels'
     prefetches, took 18.3 s as one cubin, 4.2 s as PTX). The inline PTX is the same text for both archs, and the
     instructions it uses (mma.sync, ldmatrix, cp.async, prefetch) exist on sm_80."""
-    ptx = compile_ptx(combine_sources(sources), "sm_80", label, fast=True)
-    assert [name for name in names if f".entry {name}(" not in ptx] == []
+    ptx80 = compile_ptx(combine_sources(sources), "sm_80", label, fast=True)
+    assert [name for name in names if f".entry {name}(" not in ptx80] == []
     assembled = [source for source in sources if _has_inline_ptx(source)]
     plain = [source for source in sources if not _has_inline_ptx(source)]
     cubin = compile_cubin(combine_sources(assembled), "sm_90", label, fast=True) if assembled else b""
-    ptx = compile_ptx(combine_sources(plain), "sm_90", label, fast=True) if plain else ""
-    assert [name for name in names if name.encode() not in cubin and f".entry {name}(" not in ptx] == []
+    ptx90 = compile_ptx(combine_sources(plain), "sm_90", label, fast=True) if plain else ""
+    assert [name for name in names if name.encode() not in cubin and f".entry {name}(" not in ptx90] == []

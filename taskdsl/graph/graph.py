@@ -204,8 +204,8 @@ def bind_inputs(graph: Graph, args: tuple, named: dict | None = None) -> list:
             raise ValueError(f"graph {graph.name!r} takes inputs {names}; {', '.join(problems)}")
         args = tuple(given[n] for n in names)
     if len(args) != len(graph.inputs):
-        arrays = "input array" if len(names) == 1 else "input arrays"
-        raise TypeError(f"graph {graph.name!r} takes {len(names)} {arrays} ({', '.join(names)}), got {len(args)}")
+        noun = "input array" if len(names) == 1 else "input arrays"
+        raise TypeError(f"graph {graph.name!r} takes {len(names)} {noun} ({', '.join(names)}), got {len(args)}")
     arrays = []
     for t, a in zip(graph.inputs, args):
         if _ready(a, t):
