@@ -4,7 +4,8 @@
     y = transpose(x, (0, 2, 1)); z = concat([a, b], axis=1); p = pad(x, ((0, 0), (1, 2)), value=-1.0)
 
 Each returns a new array computed by a kernel (never a numpy view); on the cpu a transpose that swaps two axes
-(NCHW <-> NHWC, a matrix's) runs `transpose_tiles` instead. Shapes are canonical
+(NCHW <-> NHWC, a matrix's) runs `transpose_tiles` instead, one that interleaves rows (DepthToSpace, a
+ConvTranspose's phases) `interleave`. Shapes are canonical
 and symbolic so an op is built once per structure and reused for every size:
 transpose drops size-1 axes and merges axes that stay neighbours; reshape of a row-major
 array is a flat copy; concat and gather view arrays as (outer, axis, inner); expand merges
@@ -26,7 +27,7 @@ from taskdsl.compute import size_var
 from taskdsl.runtime.arrays import check_indices, on_device
 from taskdsl.runtime.config import get_target
 
-from . import transpose_tiles
+from . import interleave, transpose_tiles
 from .elementwise import (
     Plan,
     broadcast_canon,
@@ -102,29 +103,33 @@ def _transpose_plan(x, axes=None) -> Plan:
     return Plan(op, (x.reshape(canon_shape),), reshaper(tuple(x.shape[a] for a in perm)))
 
 
-def swaps_in_tiles(x, perm: tuple) -> bool:
-    """Whether transposing x by `perm` runs `transpose_tiles` (the cpu, a host array, a canonical transpose that
-    swaps its last two axes, each a tile long or more) instead of the definitions' kernel."""
-    return get_target() == "cpu" and not on_device(x) and transpose_tiles.applies(*transpose_canon(x.shape, perm))
+def transposes_by_kernel(x, perm: tuple) -> bool:
+    """Whether transposing x by `perm` runs a kernel of its own (the cpu, a host array) instead of the definitions':
+    `transpose_tiles` for a canonical swap of the last two axes, `interleave` for rows interleaved."""
+    return _own_kernel(x, perm) is not None
 
 
-def swap_in_tiles(x: np.ndarray, perm: tuple, y: np.ndarray) -> td.Kernel:
-    """Write x transposed by `perm` into y (x's transposed shape) by `transpose_tiles` (where `swaps_in_tiles`);
+def transpose_by_kernel(x: np.ndarray, perm: tuple, y: np.ndarray) -> td.Kernel:
+    """Write x transposed by `perm` into y (x's transposed shape) by its own kernel (where `transposes_by_kernel`);
     returns the kernel launched."""
-    canon_shape, _ = transpose_canon(x.shape, perm)
-    rows, columns = canon_shape[-2:]
-    matrices = canon_shape[0] if len(canon_shape) == 3 else 1
-    return transpose_tiles.swap_last_axes(contiguous(x).reshape(matrices, rows, columns),
-                                          y.reshape(matrices, columns, rows))
+    return _own_kernel(x, perm).transpose(contiguous(x), transpose_canon(x.shape, perm)[0], y)
+
+
+def _own_kernel(x, perm: tuple):
+    """The module (`transpose_tiles`, `interleave`) whose kernel transposes x by `perm`, or None."""
+    if get_target() != "cpu" or on_device(x):
+        return None
+    canon = transpose_canon(x.shape, perm)
+    return next((module for module in (transpose_tiles, interleave) if module.applies(*canon)), None)
 
 
 def transpose(x, axes=None):
     """x with its axes permuted (`axes[j]` is the input axis of output axis j; None reverses them)."""
     x = contiguous(x)
     perm = _permutation(x, axes)
-    if swaps_in_tiles(x, perm):
+    if transposes_by_kernel(x, perm):
         y = np.empty(tuple(x.shape[a] for a in perm), x.dtype)
-        swap_in_tiles(x, perm, y)
+        transpose_by_kernel(x, perm, y)
         return y
     return _transpose_plan(x, perm).run()
 

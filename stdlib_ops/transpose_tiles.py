@@ -1,4 +1,4 @@
-"""The cpu's transposes that swap the last two axes (`swap_last_axes`), in 8 x 8 tiles.
+"""The cpu's transposes that swap the last two axes (`transpose`), in 8 x 8 tiles.
 
 A transpose as an injective definition writes each output row from a column of the input: a strided read per
 element, which LLVM leaves scalar (a (1024, 1024) transpose took 2.3 ms, 3.8x onnxruntime's time; NCHW to NHWC of
@@ -54,9 +54,11 @@ def applies(canon_shape: tuple, canon_perm: tuple) -> bool:
     return (canon_perm in ((1, 0), (0, 2, 1)) and canon_shape[-1] >= TILE and canon_shape[-2] >= TILE)
 
 
-def swap_last_axes(x: np.ndarray, y: np.ndarray) -> td.Kernel:
-    """Write x (B, R, C), a contiguous cpu array, with its last two axes swapped into y (B, C, R); returns the
-    kernel launched."""
+def transpose(x: np.ndarray, canon_shape: tuple, y: np.ndarray) -> td.Kernel:
+    """Write x, a contiguous cpu array whose canonical transpose `applies` (its shape `canon_shape`: (R, C) or
+    (B, R, C)), with those last two axes swapped into y; returns the kernel launched."""
+    rows, columns = canon_shape[-2:]
+    matrices = canon_shape[0] if len(canon_shape) == 3 else 1
     kernel = swap_kernel(tdtype(x.dtype))
-    kernel(x, y)
+    kernel(x.reshape(matrices, rows, columns), y.reshape(matrices, columns, rows))
     return kernel

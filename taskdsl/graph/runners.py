@@ -369,11 +369,12 @@ def run_reshape(op: Reshape, arrays: list) -> tuple:
 
 @runs(Transpose)
 def run_transpose(op: Transpose, arrays: list) -> tuple:
-    """Transpose through stdlib_ops.transform: on the cpu in tiles where it swaps two axes (`swaps_in_tiles`)."""
+    """Transpose through stdlib_ops.transform: on the cpu by a kernel of its own where it swaps two axes or
+    interleaves rows (`transposes_by_kernel`)."""
     x, perm = arrays[0], op.attrs["perm"]
-    if transform.swaps_in_tiles(x, perm):
+    if transform.transposes_by_kernel(x, perm):
         y = empty_like_operands(op.outputs[0].shape, x.dtype, x)
-        return [y], [transform.swap_in_tiles(x, perm, y)]
+        return [y], [transform.transpose_by_kernel(x, perm, y)]
     return _plan(transform.op_for("transpose", x, perm))
 
 

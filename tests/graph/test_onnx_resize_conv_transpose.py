@@ -18,7 +18,7 @@ from onnx import TensorProto, helper
 
 import taskdsl.graph as tg
 from taskdsl.graph import passes
-from taskdsl.graph.fusion import FusedAnchor
+from taskdsl.graph.fusion import INTERLEAVED_APART, FusedAnchor
 from taskdsl.graph.onnx_import import ConstantRequiredError, OnnxImportError, UnsupportedOnnxError
 
 from . import assert_close, make_model, rand, run_onnxruntime
@@ -296,8 +296,8 @@ def test_conv_transpose_errors():
 # ---------------------------------------------------------------- a model, fused
 def test_conv_transpose_relu_resize_model_fuses():
     """ConvTranspose (stride 2, bias) -> Relu -> bilinear Resize compiled with the default passes: the bias and
-    the interleaving of the output phases run in the convolution's kernel (the Relu follows the crop of the pads),
-    and the whole matches onnxruntime."""
+    the interleaving of the output phases run in the convolution's kernel (the Relu follows the crop of the pads;
+    the output is below `fusion.INTERLEAVED_APART`), and the whole matches onnxruntime."""
     inits = {"w": rand((4, 3, 3, 3), 1, low=-1, high=1), "b": rand((3,), 2), "s": np.array([1, 1, 1.5, 0.5],
                                                                                              np.float32)}
     nodes = [n("ConvTranspose", ["x", "w", "b"], ["t"], strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 1]),
@@ -309,3 +309,19 @@ def test_conv_transpose_relu_resize_model_fuses():
     fused = [op for op in compiled.graph.nodes if isinstance(op, FusedAnchor)]
     assert len(fused) == 1 and [m.kind for m in fused[0].epilogue] == ["add", "reshape", "transpose", "reshape"]
     assert_close(compiled(x)[0], run_onnxruntime(model, {"x": x})[0])
+
+
+def test_a_large_conv_transposes_phases_interleave_after_its_kernel_on_the_cpu():
+    """From `fusion.INTERLEAVED_APART` elements the cpu interleaves a ConvTranspose's output phases after the
+    convolution's kernel, by `stdlib_ops.interleave` (an epilogue stores them one by one, each in another row); the
+    bias stays in the epilogue, and the whole matches onnxruntime."""
+    inits = {"w": rand((8, 6, 2, 2), 3, low=-1, high=1), "b": rand((6,), 4)}
+    model = make_model([n("ConvTranspose", ["x", "w", "b"], ["y"], strides=[2, 2])], [("x", [1, 8, 37, 31])],
+                       [("y", [1, 6, 74, 62])], inits)
+    x = rand((1, 8, 37, 31), 5)
+    compiled = tg.from_onnx(model).compile()
+    assert 6 * 74 * 62 >= INTERLEAVED_APART
+    fused = [op for op in compiled.graph.nodes if isinstance(op, FusedAnchor)]
+    assert len(fused) == 1 and [m.kind for m in fused[0].epilogue] == ["add", "reshape"]
+    assert_close(compiled(x)[0], run_onnxruntime(model, {"x": x})[0])
+    assert [k.name for k in compiled.kernels if "interleave" in k.name] == ["interleave_2"]

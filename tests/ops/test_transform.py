@@ -48,7 +48,31 @@ def test_transposes_that_swap_two_axes_run_in_tiles_on_the_cpu(shape, perm):
     assert tiled == (min(canon_shape[-2:]) >= 8 and canon_perm in ((1, 0), (0, 2, 1)))
     for dtype in (np.float32, np.float16, np.int8, np.bool_, np.int64):
         x = (rand(shape, 6) * 10).astype(dtype)
-        assert X.swaps_in_tiles(x, perm) == (tiled and get_target() == "cpu")
+        assert X.transposes_by_kernel(x, perm) == (tiled and get_target() == "cpu")
+        np.testing.assert_array_equal(X.transpose(x, perm), np.transpose(x, perm))
+
+
+# (shape, perm, whether it interleaves): (B, S1, S2, H, W) -> (B, H, S1, W, S2) as a ConvTranspose's phases
+# (`_by_phases`: (N, G, S1, S2, C, Q1, Q2)), DepthToSpace (CRD), with B = 1 dropped, size-1 and merged axes around
+# them; then S2 past MAX_S2 and another permutation, which run the definitions
+INTERLEAVES = [((1, 1, 2, 2, 64, 28, 28), (0, 1, 4, 5, 2, 6, 3), True),
+               ((2, 3, 2, 2, 5, 7), (0, 1, 4, 2, 5, 3), True), ((3, 2, 3, 5, 7), (0, 3, 1, 4, 2), True),
+               ((2, 3, 5, 7), (2, 0, 3, 1), True),
+               ((2, 3, 2, 2, 1, 5, 1, 3), (0, 1, 4, 5, 2, 6, 7, 3), True), ((2, 9, 5, 3), (2, 0, 3, 1), False),
+               ((2, 3, 2, 4, 5), (0, 3, 2, 4, 1), False)]
+
+
+@pytest.mark.parametrize("shape, perm, interleaves", INTERLEAVES)
+def test_transposes_that_interleave_rows_run_their_own_kernel_on_the_cpu(shape, perm, interleaves):
+    """A canonical transpose of (B, S1, S2, H, W) into (B, H, S1, W, S2), S2 at most 8, runs `interleave` on the
+    cpu: a ConvTranspose's phases, DepthToSpace's (CRD), several batches, odd sizes, in every element type; S2 past
+    8, or another permutation, runs the definitions. Against numpy."""
+    from stdlib_ops import interleave
+    from taskdsl.runtime.config import get_target
+    assert interleave.applies(*X.transpose_canon(shape, perm)) == interleaves
+    for dtype in (np.float32, np.float16, np.int8, np.bool_, np.int64):
+        x = (rand(shape, 7) * 10).astype(dtype)
+        assert X.transposes_by_kernel(x, perm) == (interleaves and get_target() == "cpu")
         np.testing.assert_array_equal(X.transpose(x, perm), np.transpose(x, perm))
 
 
