@@ -2,10 +2,11 @@
 
 Each row of y, (b, h, s1), interleaves S2 rows of x, x[b, s1, :, h, :]: its element (w, s2) is x[b, s1, s2, h, w].
 A block writes one row, reading its S2 source rows along w, with the loop over s2 of constant length, which LLVM
-unrolls into one pass over the S2 rows at once. This is DepthToSpace (CRD) and the interleave of a ConvTranspose's
-phases (`graph/onnx_import/resize.py`, `_by_phases`): (1, 2, 2, 1792, 28), a 2x2 ConvTranspose of stride 2 with 64
-channels at 28x28, took 0.245 ms as the definitions' transpose (each output row gathered element by element from
-strided reads) and 0.052 ms here; (1, 2, 2, 3584, 56) 0.889 and 0.077 ms (docs/benchmarks.md, session 114).
+unrolls into one pass over the S2 rows at once. DepthToSpace's transpose is one (in both modes, once its neighbour
+axes merge), and so is the interleave of a ConvTranspose's phases (`graph/onnx_import/resize.py`, `_by_phases`):
+(1, 2, 2, 1792, 28), a 2x2 ConvTranspose of stride 2 with 64 channels at 28x28, took 0.245 ms as the definitions'
+transpose (each output row gathered element by element from strided reads) and 0.052 ms here; (1, 2, 2, 3584, 56)
+0.889 and 0.077 ms (docs/benchmarks.md, session 114).
 """
 # ruff: noqa: F821 - the kernel's body uses its size symbols SB, SS, SH, SW as names
 # No `from __future__ import annotations`: the kernel's annotations use closure dtypes and sizes.
