@@ -20,7 +20,7 @@ from taskdsl import blockIdx
 from .elementwise import tdtype
 
 MAX_S2 = 8      # the longest interleave a kernel unrolls (a kernel per length)
-PERMS = {(0, 3, 1, 4, 2): 5, (2, 0, 3, 1): 4}     # the canonical permutations (B > 1, B = 1) -> their rank
+PERMS = ((0, 3, 1, 4, 2), (2, 0, 3, 1))     # the canonical permutations: B > 1, B = 1
 
 
 @functools.cache
@@ -41,7 +41,7 @@ def interleave_kernel(dtype, s2: int) -> td.Kernel:
 def applies(canon_shape: tuple, canon_perm: tuple) -> bool:
     """Whether a canonical transpose (`stdlib_ops.transform.transpose_canon`) interleaves rows: (B, S1, S2, H, W)
     into (B, H, S1, W, S2), B dropped where it is 1, with S2 at most MAX_S2."""
-    return PERMS.get(canon_perm) == len(canon_shape) and canon_shape[-3] <= MAX_S2
+    return canon_perm in PERMS and canon_shape[-3] <= MAX_S2
 
 
 def transpose(x: np.ndarray, canon_shape: tuple, y: np.ndarray) -> td.Kernel:
