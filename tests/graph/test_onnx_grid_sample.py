@@ -1,8 +1,9 @@
 """ONNX GridSample and AffineGrid against onnxruntime: hypothesis-drawn shapes (size-1 and prime axes), every mode,
 padding mode and align_corners, grids reaching past the borders with exact halves (nearest's ties); against onnx's
 reference implementation where onnxruntime has no kernel (1-D and 3-D cubic sampling, integer inputs); f64 and
-f16; a spatial transformer (AffineGrid into GridSample); refusals. Every kernel the tests launch is also compiled
-for CUDA by NVRTC (tests/conftest.py).
+f16; more points than the cpu kernel's block samples; the operator's definitions on a simulated GPU; a spatial
+transformer (AffineGrid into GridSample); refusals. Every kernel the tests launch is also compiled for CUDA by
+NVRTC (tests/conftest.py).
 
 A grid that is an initializer makes the coordinate arithmetic a constant (folded at compile time): the tests of
 other types and ranks take one, so that only the sampling itself compiles anew."""
@@ -14,6 +15,7 @@ from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
 import taskdsl.graph as tg
+from taskdsl.graph import ops
 from taskdsl.graph.onnx_import import OnnxImportError, UnsupportedOnnxError
 
 from . import assert_close, make_model, run_onnxruntime
@@ -81,11 +83,61 @@ def test_grid_sample_matches_onnxruntime(data, rank, opset, mode, padding, align
     check_onnxruntime(x_shape, grid, opset, seed, mode=mode, padding_mode=padding, align_corners=align_corners)
 
 
-@pytest.mark.parametrize("dtype, mode, padding", [(np.float64, "linear", "reflection"),
-                                                   (np.float16, "cubic", "zeros")])
+@pytest.mark.parametrize("align_corners", [0, 1])
+@pytest.mark.parametrize("mode", MODES[20])
+def test_more_points_than_a_block_samples(mode, align_corners):
+    """143 points per image, past two of the cpu kernel's chunks (stdlib_ops.grid_sample.CHUNK, 64), the last one
+    partial, at every padding mode."""
+    for padding in ("zeros", "border", "reflection"):
+        check_onnxruntime((2, 5, 11, 13), grid_values((2, 13, 11, 2), 1), seed=1, mode=mode, padding_mode=padding,
+                          align_corners=align_corners)
+
+
+@settings(max_examples=8, deadline=None)
+@given(data=st.data(), rank=st.sampled_from([1, 2, 3]), mode=st.sampled_from(["nearest", "linear", "cubic"]),
+       padding=PADDINGS, align_corners=st.booleans(), dtype=st.sampled_from([np.float32, np.float16, np.int8]),
+       seed=st.integers(0, 99))
+def test_the_cpu_kernel_samples_as_the_definitions(data, rank, mode, padding, align_corners, dtype, seed):
+    """ops.grid_sample at pixel coordinates (a NaN among them) by the cpu's kernel (stdlib_ops/grid_sample.py)
+    against the numpy evaluation of the operator's definitions."""
+    if dtype == np.int8:
+        mode = "nearest"
+    x_shape, grid_shape = sample_shapes(data.draw, rank)
+    points = int(np.prod(grid_shape[1:-1])) * data.draw(st.sampled_from([1, 13]), label="repeats")
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(x_shape) * 5).astype(dtype)
+    coordinates = rng.uniform(-3, 10, (x_shape[0], points, rank)).astype(np.float32)
+    coordinates[0, -1, 0] = np.nan
+    inputs = tg.input("x", x.shape, x.dtype), tg.input("coordinates", coordinates.shape)
+    graph = tg.Graph(list(inputs), [ops.grid_sample(*inputs, mode, padding, align_corners)])
+    got = graph.compile()(x, coordinates)[0]
+    assert graph.compile().kernels[-1].name.startswith(mode)
+    assert_close(got, graph.reference(x, coordinates)[0], rtol=1e-6, atol=1e-6)
+
+
+def test_grid_sample_on_a_simulated_gpu(simulated_gpu):
+    """On the cuda target GridSample runs its operator's definitions (graph/ops/sample.py), their CUDA C++ run on the
+    host: the three modes, each with another padding mode."""
+    nodes = [helper.make_node("GridSample", ["x", "grid"], [f"y{k}"], mode=mode, padding_mode=padding,
+                              align_corners=align_corners)
+             for k, (mode, padding, align_corners) in enumerate([("nearest", "zeros", 0), ("linear", "reflection", 1),
+                                                                 ("cubic", "border", 0)])]
+    x = np.random.default_rng(2).standard_normal((2, 3, 5, 7)).astype(np.float32)
+    grid = grid_values((2, 4, 6, 2), 2)
+    model = make_model(nodes, [("x", x.shape), ("grid", grid.shape)], [(f"y{k}", [None] * 4) for k in range(3)],
+                       opset=20)
+    feeds = {"x": x, "grid": grid}
+    compiled = tg.from_onnx(model).compile(target="cuda")
+    assert not any(k.name.startswith(("nearest", "linear", "cubic")) for k in compiled.kernels)    # not the cpu's
+    for got, want in zip(compiled(feeds), run_onnxruntime(model, feeds)):
+        assert_close(np.asarray(got), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype, mode, padding", [(np.float64, "linear", "reflection"), (np.float64, "cubic", "zeros"),
+                                                   (np.float64, "nearest", "border"), (np.float16, "cubic", "zeros")])
 def test_grid_sample_float_types(dtype, mode, padding):
-    """f64 as onnxruntime computes it; f16 (no onnxruntime kernel) computed in f32 and rounded once: onnxruntime's
-    f32 result rounded to f16."""
+    """f64 as onnxruntime computes it (on the cpu by the operator's definitions, where f32 takes a kernel of its
+    own); f16 (no onnxruntime kernel) computed in f32 and rounded once: onnxruntime's f32 result rounded to f16."""
     x_shape, wide = (2, 3, 4, 5), np.float64 if dtype == np.float64 else np.float32
     x, grid = np.random.default_rng(0).standard_normal(x_shape), grid_values((2, 3, 7, 2), 0).astype(dtype)
     model = grid_sample_model(x_shape, grid, dtype, constant_grid=True, mode=mode, padding_mode=padding)

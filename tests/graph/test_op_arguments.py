@@ -69,6 +69,17 @@ def run(build, *arrays):
     (lambda: ops.elementwise("cast", X), TypeError, "cast: to: no type given"),
     (lambda: ops.cast(X, None), TypeError, "no type given"),
     (lambda: tg.input("q", (2,), None), TypeError, "no type given"),
+    # grid_sample
+    (lambda: ops.grid_sample(tg.input("img", (1, 2, 4, 4)), tg.input("c", (1, 5, 3))), ValueError,
+     r"x \(1, 2, 4, 4\) and coordinates \(1, 5, 3\) do not match"),
+    (lambda: ops.grid_sample(tg.input("img", (1, 2, 4, 4)), tg.input("c", (1, 5, 2)), "bilinear"), ValueError,
+     "mode must be one of linear, nearest, cubic and padding one of zeros, border, reflection, got 'bilinear'"),
+    (lambda: ops.grid_sample(tg.input("img", (1, 2, 4, 4), "int32"), tg.input("c", (1, 5, 2))), TypeError,
+     "for mode 'linear', a float x; got f32 and i32"),
+    (lambda: ops.grid_sample(tg.input("img", (1, 2, 0, 4)), tg.input("c", (1, 5, 2))), ValueError,
+     "has an empty spatial axis"),
+    (lambda: ops.grid_sample(tg.input("img", (1, 2, 4)), tg.input("c", (1, 5, 1)), align_corners="yes"), TypeError,
+     "grid_sample: align_corners must be True or False"),
     # an array where the op takes a graph tensor (was an AttributeError from the message itself)
     (lambda: ops.softmax(rand((2, 3))), TypeError, "Softmax: inputs must be graph Tensors"),
     (lambda: ops.sum(rand((2, 3))), TypeError, "Reduce: inputs must be graph Tensors"),

@@ -13,6 +13,7 @@ from .linalg import (Conv, IntegerConv, IntegerMatMul, MatMul, conv, conv2d, int
 from .norm import (LRN, BatchNorm, LayerNorm, Softmax, batch_norm, instance_norm, layer_norm, log_softmax, lrn,
                    rms_norm, softmax)
 from .pool import Pool, avg_pool2d, max_pool2d, max_pool_with_indices, pool
+from .sample import GridSample, grid_sample
 from .reduce import ArgReduce, Reduce, argmax, argmin, global_avg_pool, global_max_pool, max, mean, min, prod, sum
 from .scatter import ScatterElements, ScatterND, TensorScatter, scatter_elements, scatter_nd, tensor_scatter
 from .sort import TopK, topk
@@ -39,4 +40,6 @@ __all__ = [
     "transpose", "concat", "split", "slice", "gather", "expand", "pad", "GatherElements", "Cumulative", "Resample",
     "gather_elements", "cumsum", "cumprod", "resample", "ScatterElements", "ScatterND", "scatter_elements",
     "scatter_nd", "TensorScatter", "tensor_scatter",
+    # sampling at computed positions
+    "GridSample", "grid_sample",
 ]
