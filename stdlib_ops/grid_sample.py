@@ -71,14 +71,19 @@ def sample_kernel(dtype, rank: int, mode: str, padding: str, align_corners: bool
                 inside[a, j, q] = 0 <= first + offset < n
 
     @td.func
-    def tap(index, a: int, t, q):
-        """Corner t's index along axis a (its tap there: digit a of t in base k; 0 on an axis the image lacks)."""
-        return index[a, t // place[a] % k, q] if a < rank else 0
+    def corner_offset(index, t, q, width, height):
+        """Corner t's pixel in the flattened image (its tap along axis a: digit a of t in base k)."""
+        offset = td.cast(index[0, t % k, q], i64)
+        if rank > 1:
+            offset += td.cast(index[1, t // place[1] % k, q], i64) * width
+        if rank > 2:
+            offset += td.cast(index[2, t // place[2] % k, q], i64) * width * height
+        return offset
 
     @td.func
-    def corner(X, n, c, index, inside, t, q):
+    def corner(X, n, c, offsets, inside, t, q):
         """The value at corner t of point q: 0 where zeros padding finds it outside."""
-        value = X[n, c, tap(index, 2, t, q), tap(index, 1, t, q), tap(index, 0, t, q)]
+        value = X[n, c, offsets[t, q]]
         if padding == "zeros":
             return value if inside[t, q] else td.cast(0, dtype)
         return value
@@ -86,7 +91,8 @@ def sample_kernel(dtype, rank: int, mode: str, padding: str, align_corners: bool
     name = f"{mode}_{rank}d_{padding}" + ("_align" if align_corners else "")
 
     @td.kernel(grid=lambda SN, SP: SN * td.cdiv(SP, CHUNK), block=1, name=name)
-    def sample(X: dtype["SN", "SC", "SD", "SH", "SW"], U: f32["SN", "SP", rank], Y: out_dtype["SN", "SC", "SP"]):
+    def sample(X: dtype["SN", "SC", "SX"], U: f32["SN", "SP", rank], Y: out_dtype["SN", "SC", "SP"], width: i64,
+               height: i64, depth: i64):
         chunks = td.cdiv(SP, CHUNK)
         n = blockIdx.x // chunks
         p0 = blockIdx.x % chunks * CHUNK
@@ -94,15 +100,17 @@ def sample_kernel(dtype, rank: int, mode: str, padding: str, align_corners: bool
         index = td.registers(td.i32, (rank, k, CHUNK))
         weights = td.registers(f32, (rank, k, CHUNK))
         inside = td.registers(td.boolean, (rank, k, CHUNK))
+        offsets = td.registers(i64, (corners, CHUNK))
         corner_weights = td.registers(f32, (corners, CHUNK))
         corner_inside = td.registers(td.boolean, (corners, CHUNK))
         for q in range(count):
-            axis_taps(U[n, p0 + q, 0], SW, index, weights, inside, 0, q)
+            axis_taps(U[n, p0 + q, 0], width, index, weights, inside, 0, q)
             if rank > 1:
-                axis_taps(U[n, p0 + q, 1], SH, index, weights, inside, 1, q)
+                axis_taps(U[n, p0 + q, 1], height, index, weights, inside, 1, q)
             if rank > 2:
-                axis_taps(U[n, p0 + q, 2], SD, index, weights, inside, 2, q)
+                axis_taps(U[n, p0 + q, 2], depth, index, weights, inside, 2, q)
             for t in range(corners):
+                offsets[t, q] = corner_offset(index, t, q, width, height)
                 if mode != "nearest":       # the definitions' order: the weights' product from the last axis's
                     w = weights[0, t % k, q]
                     for a in later_axes:
@@ -116,11 +124,11 @@ def sample_kernel(dtype, rank: int, mode: str, padding: str, align_corners: bool
         for c in range(SC):
             for q in range(count):
                 if mode == "nearest":
-                    Y[n, c, p0 + q] = corner(X, n, c, index, corner_inside, 0, q)
+                    Y[n, c, p0 + q] = corner(X, n, c, offsets, corner_inside, 0, q)
                 else:       # summed in the definitions' order
-                    total = corner_weights[0, q] * td.cast(corner(X, n, c, index, corner_inside, 0, q), f32)
+                    total = corner_weights[0, q] * td.cast(corner(X, n, c, offsets, corner_inside, 0, q), f32)
                     for t in range(1, corners):
-                        total += corner_weights[t, q] * td.cast(corner(X, n, c, index, corner_inside, t, q), f32)
+                        total += corner_weights[t, q] * td.cast(corner(X, n, c, offsets, corner_inside, t, q), f32)
                     Y[n, c, p0 + q] = total
 
     return sample
@@ -139,5 +147,6 @@ def sample(x: np.ndarray, coordinates: np.ndarray, y: np.ndarray, mode: str, pad
     where `applies`; returns the kernel launched."""
     rank = x.ndim - 2
     kernel = sample_kernel(tdtype(x.dtype), rank, mode, padding, align_corners and padding == "reflection")
-    kernel(x.reshape(x.shape[:2] + (1,) * (3 - rank) + x.shape[2:]), coordinates, y)
+    depth, height, width = (1,) * (3 - rank) + x.shape[2:]
+    kernel(x.reshape(x.shape[:2] + (-1,)), coordinates, y, width, height, depth)
     return kernel

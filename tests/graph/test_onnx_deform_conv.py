@@ -66,6 +66,18 @@ def test_deform_conv_matches_onnxruntime(data, batch, image, group, offset_group
         assert_close(got, ReferenceEvaluator(model).run(None, feeds)[0], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("image, out_channels", [([6, 5], 4), ([3, 2], 8)])
+def test_both_forms_of_the_product_match_onnxruntime(image, out_channels):
+    """A wide image for its channels (the weights by the samples: deform_conv.WIDE_IMAGE) and a narrow one (the
+    samples transposed by the weights), with two groups, two offset groups, a bias and a mask."""
+    x, w, out, taps = [2, 4] + image, [out_channels, 2, 3, 3], image, 9
+    extras = (("B", [out_channels]), ("mask", [2, 2 * taps] + out))
+    model = deform_conv_model(x, w, out, extras, kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=2, offset_group=2)
+    feeds = {"X": rand(x, 1), "W": rand(w, 2), "offset": rand([2, 4 * taps] + out, 3, low=-2.5, high=2.5),
+             "B": rand([out_channels], 4), "mask": rand([2, 2 * taps] + out, 5)}
+    assert_close(tg.from_onnx(model).compile()(feeds)[0], run_onnxruntime(model, feeds)[0], rtol=1e-4, atol=1e-5)
+
+
 def test_16_bit_deform_conv_is_computed_in_f32():
     """f16 inputs give the f32 result of the same values, rounded once."""
     x, w, out = [1, 2, 5, 4], [3, 2, 2, 2], [4, 3]

@@ -5,8 +5,9 @@ Each output position's tap reads X at its place in the window moved by the posit
 bilinear interpolation with zeros outside (GridSample's, with align_corners: onnx's reference samples so), scaled
 by the mask (an input; ones without it). The samples of every tap at every position are the input's im2col
 (N, C * taps, positions), sampled at once for every offset group by `ops.grid_sample`; the convolution is then a
-batched matmul of them, as (positions, C / group * taps) per batch and group, by the constant weights, plus the
-bias (the weights as the second operand are packed once: 6.9 -> 3.4 ms for 64 channels at 56x56).
+batched matmul per batch and group, plus the bias: of the weights by the samples as they lie where the image is
+wide for its channels (`WIDE_IMAGE`), else of the samples transposed, (positions, C / group * taps), by the weights,
+which as the constant second operand are packed once.
 """
 from __future__ import annotations
 
@@ -20,6 +21,12 @@ from .errors import OnnxImportError
 from .grid_sample import COORDINATE_LIMIT
 from .windows import window
 from .node import Node, converts
+
+# output positions per output channel from which the samples are the product's second operand as they lie, the
+# weights its first, and the output comes out channels first: where the image is wide for its channels, the
+# transpose of the samples cost more than the weights' packing saves (3x3, 64 -> 64 channels at 56x56: 4.2-5.3 ->
+# 3.3-3.7 ms; 512 -> 512 at 7x7: 1.5-1.8 -> 1.8-2.1 ms; docs/benchmarks.md, session 115)
+WIDE_IMAGE = 2
 
 
 def _sample_places(kernel: tuple, out: list, strides: tuple, pads: tuple, dilations: tuple) -> np.ndarray:
@@ -73,12 +80,18 @@ def deform_conv(node: Node) -> list:
     per_group = channels // offset_group     # each offset group's channels take its samples
     columns = ops.concat([ops.slice(samples, [g * per_group, g], [(g + 1) * per_group, g + 1], [1, 2])
                           for g in range(offset_group)], 1) if offset_group > 1 else samples
-    # (positions x C * taps) @ (C * taps x M) per batch and group: the weights are the constant operand
-    columns = ops.reshape(ops.transpose(ops.reshape(columns, (batch, group, channels // group, taps, positions)),
-                                        (0, 1, 4, 2, 3)), (batch, group, positions, channels // group * taps))
-    weights = ops.transpose(ops.reshape(ops.cast(w, wide), (group, oc // group, channels // group * taps)), (0, 2, 1))
-    y = ops.matmul(columns, weights)         # (batch, group, positions, M / group)
-    if bias is not None:
-        y = ops.add(y, ops.reshape(ops.cast(bias, wide), (group, 1, oc // group)))
-    y = ops.reshape(ops.transpose(y, (0, 1, 3, 2)), (batch, oc) + tuple(out))
+    columns = ops.reshape(columns, (batch, group, channels // group * taps, positions))
+    weights = ops.reshape(ops.cast(w, wide), (group, oc // group, channels // group * taps))
+    if positions >= WIDE_IMAGE * (oc // group):
+        # (M x C * taps) @ (C * taps x positions) per batch and group: the samples in their own order
+        y = ops.matmul(weights, columns)
+        if bias is not None:
+            y = ops.add(y, ops.reshape(ops.cast(bias, wide), (group, oc // group, 1)))
+    else:
+        # (positions x C * taps) @ (C * taps x M): the samples transposed, the constant weights packed once
+        y = ops.matmul(ops.transpose(columns, (0, 1, 3, 2)), ops.transpose(weights, (0, 2, 1)))
+        if bias is not None:
+            y = ops.add(y, ops.reshape(ops.cast(bias, wide), (group, 1, oc // group)))
+        y = ops.transpose(y, (0, 1, 3, 2))
+    y = ops.reshape(y, (batch, oc) + tuple(out))
     return [ops.cast(y, x.dtype)]
