@@ -1,14 +1,16 @@
-"""The cpu's sampling of images at computed positions (`applies`): GridSample's and DeformConv's, on 2 spatial axes.
+"""The cpu's sampling of images at computed positions (`applies`): GridSample's and DeformConv's, 1-3 spatial axes.
 
 The graph's GridSample operator is definitions (graph/ops/sample.py): each output element finds its point's corners
 and their weights again, for every channel. Here a block takes a chunk of CHUNK points of one image: it finds their
-taps along each axis (indices made valid by the padding, weights, and for zeros padding which taps are inside) and
-the corners' weights once, in registers, then sweeps the channels, each a loop over the chunk with contiguous
-stores. The corners are weighted and summed in the definitions' order. (1, 16, 64, 64) sampled bilinearly at 64x64
-points took 0.16-0.23 ms by the definitions, 0.3-0.4 ms by the composition of gathers that came before them, and
-about 0.09 ms here, against onnxruntime's 0.14-0.18 (docs/benchmarks.md, session 115).
+taps along each axis (indices made valid by the padding, weights, and for zeros padding which taps are inside), and
+from them each corner's offset in the flattened image, weight and (zeros padding) whether it is inside, once, in
+registers; then it sweeps the channels, each a loop over the chunk with contiguous stores. The corners are weighted
+and summed in the definitions' order. (1, 16, 64, 64) sampled bilinearly at 64x64 points took 0.16-0.23 ms by the
+definitions (a graph of the sampling alone), 0.3-0.4 ms by the composition of gathers that came before them, and
+0.09-0.16 ms here, against onnxruntime's 0.13-0.21; bicubically 2.4 ms by the definitions, 0.29-0.48 here
+(docs/benchmarks.md, session 115).
 """
-# ruff: noqa: F821 - the kernel's body uses its size symbols SN, SC, SH, SW, SP as names
+# ruff: noqa: F821 - the kernel's body uses its size symbols SN, SC, SX, SP as names
 # No `from __future__ import annotations`: the kernel's annotations use closure dtypes.
 import functools
 
@@ -20,15 +22,17 @@ from taskdsl import blockIdx
 from .elementwise import tdtype
 
 CHUNK = 64      # the points a block samples: their taps and weights stay in registers across the channels
-TAPS = {"linear": (0, 1), "nearest": (0,), "cubic": (-1, 0, 1, 2)}     # as graph/ops/sample.py's
-CUBIC_A = -0.75
+# mode -> the offsets of its taps from the base index along an axis (the graph's GridSample operator's too)
+TAPS = {"linear": (0, 1), "nearest": (0,), "cubic": (-1, 0, 1, 2)}
+CUBIC_A = -0.75     # Keys' coefficient, as onnxruntime and PyTorch fix it
 
 
 @functools.cache
 def sample_kernel(dtype, rank: int, mode: str, padding: str, align_corners: bool) -> td.Kernel:
-    """The kernel sampling X (N, C, D, H, W) of `dtype`, an image of `rank` spatial axes (the others of size 1), at
-    f32 pixel coordinates U (N, points, rank), the last axis's first, into Y (N, C, points): of f32, or of `dtype`
-    for mode nearest."""
+    """The kernel sampling X (N, C, pixels) of `dtype`, images of `rank` spatial axes (width, height, depth: the
+    sizes of the last, the one before, and the one before that, 1 where the image lacks it) flattened, at f32 pixel
+    coordinates U (N, points, rank), the last axis's first, into Y (N, C, points): of f32, or of `dtype` for mode
+    nearest."""
     f32, i64 = td.f32, td.i64
     taps = TAPS[mode]
     k = len(taps)

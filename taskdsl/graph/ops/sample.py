@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from stdlib_ops.elementwise import flag
+from stdlib_ops.grid_sample import CUBIC_A, TAPS
 
 from ... import ir
 from ...compute import compute
@@ -11,10 +12,7 @@ from ...ir.expr import math_expr
 from ..operator import Operator, dims
 from ..tensor import Tensor
 
-# mode -> the offsets of its taps from the base index along an axis
-TAPS = {"linear": (0, 1), "nearest": (0,), "cubic": (-1, 0, 1, 2)}
 PADDINGS = ("zeros", "border", "reflection")
-CUBIC_A = -0.75     # Keys' coefficient, as onnxruntime and PyTorch fix it
 
 
 def _tap_weight(t: ir.Expr, offset: ir.Expr, mode: str) -> ir.Expr:

@@ -269,7 +269,7 @@ class Resample(Operator):
     type, weights (outputs, taps) of a float type. Computed in, and given as, the weights' dtype: f32 weights
     resample a 16-bit x with one rounding, at the end.
 
-    Up to UNROLLED_TAPS taps (linear, cubic, a grid sample's corners) are one sum written out, its kernel
+    Up to UNROLLED_TAPS taps (linear, cubic, RoiAlign's corners) are one sum written out, its kernel
     specialized to their number; more (an antialiased shrink, RoiAlign's samples) are a reduction over the taps,
     whose kernel serves any number: 160 taps written out took a kernel about 3 s of numba to compile."""
 
@@ -658,7 +658,7 @@ def axis_view(x, axis: int) -> Tensor:
 
 def resample(x, indices, weights, axis: int) -> Tensor:
     """x resampled along `axis`: output slice o is the sum over t of weights[o, t] * x's slice indices[o, t]
-    (indices and weights: (outputs, taps); linear and cubic resizing, a grid sample's corners), in the weights'
+    (indices and weights: (outputs, taps); linear and cubic resizing, RoiAlign's corners), in the weights'
     dtype."""
     return Resample([x, as_tensor(indices), as_tensor(weights)], {"axis": axis}).outputs[0]
 
