@@ -1,8 +1,9 @@
-"""The cpu's direct ("rows") convolutions: grouped ones with tiny reductions and depthwise ones (`on_rows`).
+"""The cpu's direct ("rows") convolutions: grouped ones and depthwise ones (`on_rows`).
 
 No GEMM: one block per output channel or row accumulates its outputs in registers, tap by tap, and stores
 them once, where a fused epilogue applies. NCHW convolutions run `direct_kernel` row by row, or
-`plane_kernel` over phase planes where the padded input plane fits a local buffer; a plain depthwise NHWC one
+`plane_kernel` over phase planes where the padded input plane fits a local buffer (`grouped_plane_kernel` where
+a group's input planes fit one, several output channels at once); a plain depthwise NHWC one
 runs `depthwise_nhwc_kernel`, built for its geometry, other grouped NHWC ones `direct_nhwc_kernel`.
 `lower_rows` fuses a prologue and an epilogue into them (`DirectRows`); 8-bit integers run on them as f32
 where each output's sum is exact (`rows_sum_exactly`).
@@ -91,6 +92,31 @@ COPY_RUN = mm.cpu.COPY_RUN  # input columns `plane_kernel` copies at once (a sho
 SPAN_ALIGN = 64             # sums `plane_kernel` keeps in registers at once (4 AVX-512 vectors); its span's multiple
 
 
+@td.func
+def copy_phase_planes(X, buf, n, channel, at, hq, wq, height, width, conv_sh, conv_sw, conv_pt, conv_pl, conv_plane):
+    """Channel `channel` of image n, zero-padded and split into its stride_h x stride_w phase planes (`plane_kernel`),
+    into buf[at:at + conv_plane] (zeros past the planes)."""
+    for j in range(conv_plane):
+        buf[at + j] = 0.0
+    for ph in range(conv_sh):
+        for pw in range(conv_sw):
+            base = at + (ph * conv_sw + pw) * hq * wq
+            first = first_inside(pw - conv_pl, conv_sw, wq)      # the columns b whose input column
+            end = end_inside(pw - conv_pl, conv_sw, wq, width, first)   # b*sw + pw - pl is in [0, width)
+            for a in range(hq):
+                h = a * conv_sh + ph - conv_pt
+                if h >= 0 and h < height:
+                    row, src = base + a * wq, pw - conv_pl
+                    if end - first >= COPY_RUN:   # whole chunks (a constant trip count: vectorized), the
+                        for step in range(first, end, COPY_RUN):      # last one overlapping the one before
+                            b = min(step, end - COPY_RUN)
+                            for l in range(COPY_RUN):
+                                buf[row + b + l] = X[n, channel, h, (b + l) * conv_sw + src]
+                    else:
+                        for b in range(first, end):
+                            buf[row + b] = X[n, channel, h, b * conv_sw + src]
+
+
 @functools.lru_cache(maxsize=8)
 def plane_kernel(dtype) -> td.Kernel:
     """`direct_kernel` for an NCHW depthwise convolution whose padded input fits a local buffer (`uses_plane`).
@@ -117,25 +143,7 @@ def plane_kernel(dtype) -> td.Kernel:
         buf = td.registers(td.f32, 2 * PLANE)     # the phase planes, then the sums (one allocation)
         hq = OH + (KH - 1) * conv_dh // conv_sh
         wq = OW + (KW - 1) * conv_dw // conv_sw
-        for j in range(conv_plane):
-            buf[j] = 0.0
-        for ph in range(conv_sh):
-            for pw in range(conv_sw):
-                base = (ph * conv_sw + pw) * hq * wq
-                first = first_inside(pw - conv_pl, conv_sw, wq)      # the columns b whose input column
-                end = end_inside(pw - conv_pl, conv_sw, wq, W, first)   # b*sw + pw - pl is in [0, W)
-                for a in range(hq):
-                    h = a * conv_sh + ph - conv_pt
-                    if h >= 0 and h < H:
-                        row, src = base + a * wq, pw - conv_pl
-                        if end - first >= COPY_RUN:   # whole chunks (a constant trip count: vectorized), the
-                            for step in range(first, end, COPY_RUN):      # last one overlapping the one before
-                                b = min(step, end - COPY_RUN)
-                                for l in range(COPY_RUN):
-                                    buf[row + b + l] = X[n, o // conv_ocg, h, (b + l) * conv_sw + src]
-                        else:
-                            for b in range(first, end):
-                                buf[row + b] = X[n, o // conv_ocg, h, b * conv_sw + src]
+        copy_phase_planes(X, buf, n, o // conv_ocg, 0, hq, wq, H, W, conv_sh, conv_sw, conv_pt, conv_pl, conv_plane)
         acc = td.registers(td.f32, SPAN_ALIGN)
         for j0 in range(0, conv_span, SPAN_ALIGN):      # SPAN_ALIGN sums in registers over all the taps
             for l in range(SPAN_ALIGN):
@@ -178,6 +186,83 @@ def uses_plane(g: ConvGeometry) -> bool:
     into phases cost more than `direct_kernel`'s strided reads: 112x112 -> 56x56 took 319 us, not 211)."""
     limit = PLANE if g.stride == (1, 1) else STRIDED_PLANE
     return g.layout == "NCHW" and g.c == g.groups and _plane_scalars(g)["conv_plane"] <= limit
+
+
+# Grouped NCHW convolutions of several channels a group (`uses_grouped_planes`: ResNeXt's, RegNet's, ShuffleNet's)
+# are tiny GEMMs, one per group (ResNeXt's 3x3 of 8 channels a group: 8 x 72 weights by 72 x 784 columns), whose tiles
+# ran half empty after an explicit im2col: (1, 256, 28, 28) at 32 groups took 1.1 ms, 2.5x onnxruntime's time, and
+# (1, 64, 112, 112) at 16 groups 7.3 ms, 7.1x. `grouped_plane_kernel` copies the phase planes of its group's channels
+# as `plane_kernel` copies one, then sums GROUP_OUTPUTS output channels at once, GROUP_LANES sums each: every vector
+# of inputs loaded feeds that many multiply-adds. Those two took 0.20-0.23 and 0.39 ms so (docs/benchmarks.md,
+# session 115); 64 sums a channel (32 vectors of sums), or 8 channels, took about twice as long.
+GROUP_OUTPUTS = 4       # output channels a block sums at once (four weights, written out)
+GROUP_LANES = 32        # sums of each output channel it keeps in registers: 8 AVX-512 vectors in all
+GROUP_PLANES = 65536    # floats of the phase planes of a group's input channels (256 KiB: in a Zen 4 core's L2)
+GROUP_SPAN = 16384      # sums each output channel keeps: its flat output span (112 x 114 fits)
+
+
+@functools.lru_cache(maxsize=8)
+def grouped_plane_kernel(dtype) -> td.Kernel:
+    """A grouped NCHW convolution whose group's phase planes fit GROUP_PLANES: one block per (group, image), which
+    copies the planes once and sums the group's output channels GROUP_OUTPUTS at a time. The geometry comes as
+    `plane_kernel`'s scalars."""
+    @td.kernel(grid=lambda O, N, conv_ocg: (O // conv_ocg, N), block=1, name=f"conv_grouped_plane_{dtype.name}")
+    def conv_grouped_plane(X: dtype["N", "C", "H", "W"], Wt: dtype["O", "CG", "KH", "KW"],
+                           Y: dtype["N", "O", "OH", "OW"], conv_sh: td.i32, conv_sw: td.i32, conv_pt: td.i32,
+                           conv_pl: td.i32, conv_dh: td.i32, conv_dw: td.i32, conv_ocg: td.i32,
+                           conv_span: td.i32, conv_plane: td.i32, conv_out: td.i32, conv_taps: td.i32):
+        group, n = blockIdx.x, blockIdx.y
+        planes = td.registers(td.f32, GROUP_PLANES)
+        sums = td.registers(td.f32, (GROUP_OUTPUTS, GROUP_SPAN))
+        acc = td.registers(td.f32, (GROUP_OUTPUTS, GROUP_LANES))
+        hq = OH + (KH - 1) * conv_dh // conv_sh
+        wq = OW + (KW - 1) * conv_dw // conv_sw
+        for c in range(CG):
+            copy_phase_planes(X, planes, n, group * CG + c, c * conv_plane, hq, wq, H, W, conv_sh, conv_sw, conv_pt,
+                              conv_pl, conv_plane)
+        for o0 in range(group * conv_ocg, (group + 1) * conv_ocg, GROUP_OUTPUTS):
+            count = min(GROUP_OUTPUTS, (group + 1) * conv_ocg - o0)
+            for j0 in range(0, conv_span, GROUP_LANES):      # GROUP_OUTPUTS x GROUP_LANES sums over all the taps
+                for b in range(GROUP_OUTPUTS):
+                    for l in range(GROUP_LANES):
+                        acc[b, l] = 0.0
+                for c in range(CG):
+                    for t in range(conv_taps):
+                        kh, kw = t // KW, t % KW
+                        rh, rw = kh * conv_dh, kw * conv_dw
+                        shift = c * conv_plane + ((rh % conv_sh) * conv_sw + rw % conv_sw) * hq * wq \
+                            + rh // conv_sh * wq + rw // conv_sw
+                        # the chunk's weights (past the group's last channel, that one's again: its sums are dropped)
+                        w0 = Wt[o0, c, kh, kw]
+                        w1 = Wt[o0 + min(1, count - 1), c, kh, kw]
+                        w2 = Wt[o0 + min(2, count - 1), c, kh, kw]
+                        w3 = Wt[o0 + min(3, count - 1), c, kh, kw]
+                        for l in range(GROUP_LANES):
+                            value = planes[j0 + l + shift]
+                            acc[0, l] += w0 * value
+                            acc[1, l] += w1 * value
+                            acc[2, l] += w2 * value
+                            acc[3, l] += w3 * value
+                for b in range(GROUP_OUTPUTS):
+                    for l in range(GROUP_LANES):
+                        sums[b, j0 + l] = acc[b, l]
+            for b in range(count):
+                for oh in range(OH):        # the sums compacted to the output's layout, in place (forwards)
+                    for ow in range(OW):
+                        sums[b, oh * OW + ow] = sums[b, oh * wq + ow]
+                for j in range(conv_out):   # one flat loop, a fused epilogue's vectorized
+                    Y[n, o0 + b, j // OW, j % OW] = sums[b, j]
+
+    return conv_grouped_plane
+
+
+def uses_grouped_planes(g: ConvGeometry) -> bool:
+    """Whether `grouped_plane_kernel` runs convolution `g`: NCHW, grouped, several input channels a group, whose
+    phase planes fit GROUP_PLANES and flat output span GROUP_SPAN."""
+    if g.layout != "NCHW" or not 1 < g.groups < g.c:
+        return False
+    scalars = _plane_scalars(g)
+    return g.c // g.groups * scalars["conv_plane"] <= GROUP_PLANES and scalars["conv_span"] <= GROUP_SPAN
 
 
 @functools.lru_cache(maxsize=8)
@@ -345,9 +430,9 @@ def on_rows(g: ConvGeometry, target: str) -> bool:
     """Whether `direct_kernel` (NCHW) or `direct_nhwc_kernel` runs the convolution on the cpu: a direct one
     (`uses_direct`), or a depthwise one (one input channel a group) of any window, whose GEMMs would be a
     column or two wide: a 7x7 depthwise layer of 96 channels at 28x28 took 2.4 ms (NCHW) and 6.9 ms (NHWC) on
-    columns, 0.20 and 0.76 ms direct. (GPUs keep the rule-scheduled reduce of `uses_direct`, whose threads
-    share a row's work, and the template for the rest.)"""
-    return target == "cpu" and (uses_direct(g) or g.groups == g.c > 1)
+    columns, 0.20 and 0.76 ms direct; or a grouped one `grouped_plane_kernel` takes. (GPUs keep the
+    rule-scheduled reduce of `uses_direct`, whose threads share a row's work, and the template for the rest.)"""
+    return target == "cpu" and (uses_direct(g) or g.groups == g.c > 1 or uses_grouped_planes(g))
 
 
 def rows_sum_exactly(g: ConvGeometry, target: str, dtype, b_dtype=None) -> bool:
@@ -404,13 +489,15 @@ def lower_rows(g: ConvGeometry, dtype, x: td.Tensor, epilogue) -> DirectRows:
     z = epilogue(y)
     x_name = x.name if x.kind == "placeholder" else None
     nchw = g.layout == "NCHW"
-    plane = uses_plane(g)
+    grouped = uses_grouped_planes(g)
+    plane = grouped or uses_plane(g)
     depthwise = not nchw and g.groups == g.c == g.oc
     if depthwise:
         kernel = depthwise_nhwc_kernel(dtype, whole_window(g), fast_compile_enabled(), g.kw)
         scalars = window_scalars(g)
     else:
-        kernel = plane_kernel(dtype) if plane else direct_kernel(dtype) if nchw else direct_nhwc_kernel(dtype)
+        kernel = (grouped_plane_kernel(dtype) if grouped else plane_kernel(dtype) if plane else direct_kernel(dtype)
+                  if nchw else direct_nhwc_kernel(dtype))
         scalars = _direct_scalars(g)
     # The generic kernels serve every geometry with one compile (under td.fast_compile, as the tests build them),
     # but fusion, and an optimized build, specialize them to the geometry's scalars: with a constant stride, a row's

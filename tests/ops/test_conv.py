@@ -443,11 +443,43 @@ def test_cpu_columns_lowering_matches_reference(n, c, hw, oc, k, stride, pad, di
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+@settings(max_examples=10, deadline=None)
+@given(data=st.data(), batch=st.sampled_from([1, 2]), groups=st.sampled_from([2, 3]),
+       per_group=st.sampled_from([2, 5]), outputs=st.sampled_from([1, 3, 6]), kernel=st.sampled_from([(3, 3), (1, 1),
+       (2, 3)]), stride=st.sampled_from([(1, 1), (2, 1), (2, 2)]), dilation=st.sampled_from([(1, 1), (2, 1)]),
+       activation=st.sampled_from([None, "relu6"]), seed=st.integers(0, 99))
+def test_grouped_plane_convolutions_match_numpy(data, batch, groups, per_group, outputs, kernel, stride, dilation,
+                                                activation, seed):
+    """`grouped_plane_kernel` on drawn geometries: several channels a group, output channels a group not a multiple
+    of its GROUP_OUTPUTS (one, three, six: chunks partial), strides, dilations, asymmetric padding, odd and prime
+    sizes, a bias and an activation fused into its stores; an inf weight, whose products with the padding's zeros
+    are NaN as im2col's are."""
+    h, w = data.draw(st.sampled_from([5, 7, 11]), label="h"), data.draw(st.sampled_from([1, 6, 13]), label="w")
+    padding = tuple(data.draw(st.lists(st.integers(0, 2), min_size=4, max_size=4), label="padding"))
+    assume(all(n + before + after > d * (k - 1) for n, before, after, d, k in
+               zip((h, w), padding[:2], padding[2:], dilation, kernel)))
+    g = geometry((batch, groups * per_group, h, w), (groups * outputs, per_group) + kernel, stride, padding, dilation,
+                 groups)
+    assert conv_direct.uses_grouped_planes(g)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((batch, groups * per_group, h, w)).astype(np.float32)
+    wt = rng.standard_normal((groups * outputs, per_group) + kernel).astype(np.float32)
+    bias = rng.standard_normal(groups * outputs).astype(np.float32)
+    if data.draw(st.booleans(), label="an inf weight"):
+        wt[-1, 0, 0, 0] = np.inf
+    want = reference(x, wt, bias, stride, padding, dilation, groups)
+    want = np.clip(want, 0, 6) if activation else want
+    plan = conv.plan(g, td.f32, "cpu", True, activation)
+    assert plan.kernels[0].name.startswith("conv_grouped_plane_f32")
+    got = ops.conv2d(x, wt, bias, stride, padding, dilation, groups, activation=activation)
+    np.testing.assert_allclose(got, want.astype(np.float32), rtol=1e-4, atol=1e-4)
+
+
 def test_cpu_direct_convolutions_run_rows_with_the_epilogue_in_the_stores():
     """A grouped NCHW conv with a tiny reduction runs `direct_kernel` on the cpu (`plane_kernel` for a
-    depthwise conv whose padded input, or its phases when strided, fits its buffer): one generic kernel, or one
-    kernel with bias and activation fused and the window geometry built in; on GPUs the rule-scheduled reduce
-    stays."""
+    depthwise conv whose padded input, or its phases when strided, fits its buffer; `grouped_plane_kernel` for one
+    of more channels a group whose planes fit its): one generic kernel, or one kernel with bias and activation
+    fused and the window geometry built in; on GPUs the rule-scheduled reduce stays."""
     g = geometry((1, 8, 9, 9), (16, 1, 3, 3), padding=1, groups=8)
     strided = geometry((1, 8, 9, 9), (16, 1, 3, 3), stride=2, padding=1, groups=8)
     for plane in (g, strided):
@@ -456,10 +488,12 @@ def test_cpu_direct_convolutions_run_rows_with_the_epilogue_in_the_stores():
         assert conv.plan(plane, td.f32, "cpu", False, None).kernels == [conv_direct.plane_kernel(td.f32)]
     wide = geometry((1, 8, 130, 130), (8, 1, 3, 3), padding=1, groups=8)  # a padded plane over PLANE
     big = geometry((1, 8, 100, 100), (8, 1, 3, 3), stride=2, padding=1, groups=8)    # phases over PLANE
-    two = geometry((1, 8, 9, 9), (8, 2, 3, 3), padding=1, groups=4)          # two input channels a group
+    two = geometry((1, 8, 130, 130), (8, 2, 3, 3), padding=1, groups=4)  # 2 channels a group, a span past GROUP_SPAN
     for rows in (wide, big, two):
-        assert not conv_direct.uses_plane(rows)
+        assert not conv_direct.uses_plane(rows) and not conv_direct.uses_grouped_planes(rows)
         assert conv.plan(rows, td.f32, "cpu", False, None).kernels == [conv_direct.direct_kernel(td.f32)]
+    two = geometry((1, 8, 9, 9), (8, 2, 3, 3), padding=1, groups=4)          # two input channels a group
+    assert conv.plan(two, td.f32, "cpu", False, None).kernels == [conv_direct.grouped_plane_kernel(td.f32)]
     nhwc = geometry((1, 9, 9, 8), (16, 1, 3, 3), padding=1, groups=8, layout="NHWC")
     assert conv.plan(nhwc, td.f32, "cpu", False, None).kernels == [conv_direct.direct_nhwc_kernel(td.f32)]
     fused = conv.plan(wide, td.f32, "cpu", True, "relu6").lowered

@@ -137,15 +137,19 @@ def test_nhwc_integer_convolutions_are_dot4_gemms_where_the_host_has_them(layout
     """NHWC's GEMMs read the input in place: a pointwise convolution's as A, the others' through an index table
     (`conv._lower_indirect`, batched over the groups); on byte dot products where the host has them (the dot4
     template, its int8 panels, a 64-column block for 33 channels), exact with a bias and relu fused. NCHW's read
-    it transposed, which only the register-tile template does."""
+    it transposed, which only the register-tile template does; a grouped one sums on its groups' phase planes
+    (`conv_direct.grouped_plane_kernel`: 117 terms an output, exact in f32)."""
     c, oc, pad = 39, 33, (kernel - 1) // 2
     g = geometry((2, c, 9, 7) if layout == "NCHW" else (2, 9, 7, c), (oc, c // groups, kernel, kernel),
                  padding=pad, groups=groups, layout=layout)
     low = conv.plan(g, td.u8, "cpu", True, "relu", td.i8).lowered
     on_dot4 = dot4_products and layout == "NHWC"
-    assert (low.matmul.template is gemm.DOT4) == on_dot4 and low.indirect == (layout == "NHWC" and kernel == 3)
-    assert low.kernel.name.startswith("dot4_matmul" if on_dot4 else "tile_matmul")
-    assert not on_dot4 or low.matmul.point.block[1] == (32 if groups > 1 else 64)      # 11 / 33 columns
+    if layout == "NCHW" and groups > 1:
+        assert isinstance(low, conv_direct.DirectRows) and low.kernel.name.startswith("conv_grouped_plane_f32")
+    else:
+        assert (low.matmul.template is gemm.DOT4) == on_dot4 and low.indirect == (layout == "NHWC" and kernel == 3)
+        assert low.kernel.name.startswith("dot4_matmul" if on_dot4 else "tile_matmul")
+        assert not on_dot4 or low.matmul.point.block[1] == (32 if groups > 1 else 64)      # 11 / 33 columns
     rng = np.random.default_rng(8)
     x, w = operand(rng, (2, c, 9, 7), np.uint8), operand(rng, (oc, c // groups, kernel, kernel), np.int8)
     bias = rng.integers(-50000, 50000, oc).astype(np.int32)

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 import stdlib_ops as ops
 import taskdsl as td
-from stdlib_ops import conv
+from stdlib_ops import conv, conv_direct
 from stdlib_ops.conv_geometry import geometry, uses_direct
 
 from ..graph import make_model, run_onnxruntime
@@ -77,14 +77,16 @@ def onnx_conv(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1):
 
 # The geometries the tests share: (x NCHW shape, OIHW weight shape, options), each a different lowering.
 ODD = ((2, 3, 7, 11), (5, 3, 4, 3), dict(stride=(2, 3), padding=(0, 2, 3, 1), dilation=(2, 1)))   # columns GEMM
-GROUPED = ((1, 10, 6, 5), (4, 5, 3, 3), dict(stride=(1, 2), padding=(2, 1), groups=2))   # columns (NHWC: implicit)
-ROWS = ((2, 4, 5, 6), (6, 2, 3, 3), dict(padding=1, groups=2))       # direct rows: two channels a group, K = 18
+# grouped: NCHW the phase planes of a group's channels (`conv_direct.grouped_plane_kernel`), NHWC columns (implicit);
+# rows: two channels a group, K = 18: NCHW the planes too, NHWC direct rows
+GROUPED = ((1, 10, 6, 5), (4, 5, 3, 3), dict(stride=(1, 2), padding=(2, 1), groups=2))
+ROWS = ((2, 4, 5, 6), (6, 2, 3, 3), dict(padding=1, groups=2))
 DEPTHWISE = ((1, 3, 7, 8), (6, 1, 3, 2), dict(stride=(1, 2), padding=(1, 0, 2, 1), dilation=(2, 1), groups=3))
 
 CPU_ROUTES = {   # (the case's input shape, layout) -> the first kernel of its cpu lowering
     (ODD[0], "NCHW"): "im2col_f32", (ODD[0], "NHWC"): "pad_nhwc_f32",
-    (GROUPED[0], "NCHW"): "im2col_f32", (GROUPED[0], "NHWC"): "pad_nhwc_f32",
-    (ROWS[0], "NCHW"): "conv_direct_rows_", (ROWS[0], "NHWC"): "conv_direct_nhwc_",
+    (GROUPED[0], "NCHW"): "conv_grouped_plane_", (GROUPED[0], "NHWC"): "pad_nhwc_f32",
+    (ROWS[0], "NCHW"): "conv_grouped_plane_", (ROWS[0], "NHWC"): "conv_direct_nhwc_",
     (DEPTHWISE[0], "NCHW"): "conv_direct_plane_", (DEPTHWISE[0], "NHWC"): "conv_direct_nhwc_"}
 
 
@@ -422,10 +424,12 @@ GROUPED_ON_COLUMNS = [
 
 
 @pytest.mark.parametrize("case", GROUPED_ON_COLUMNS)
-def test_grouped_convolutions_run_on_columns(case):
-    """NCHW grouped convolutions (not depthwise) take the explicit columns and a GEMM batched over image and
-    group on the cpu (the implicit im2col's divisions per element: 4-10x onnxruntime's time); bias and relu
-    fused into its stores, the output's channels group after group."""
+def test_grouped_convolutions_run_on_columns(case, monkeypatch):
+    """NCHW grouped convolutions (not depthwise) whose group's phase planes do not fit `grouped_plane_kernel`'s
+    buffer (here: none do) take the explicit columns and a GEMM batched over image and group on the cpu (the
+    implicit im2col's divisions per element: 4-10x onnxruntime's time); bias and relu fused into its stores, the
+    output's channels group after group."""
+    monkeypatch.setattr(conv_direct, "GROUP_PLANES", 0)
     n, c, h, w, oc, ks, stride, padding, dilation, groups = case
     rng = np.random.default_rng(oc)
     x = rng.standard_normal((n, c, h, w)).astype(np.float32)
