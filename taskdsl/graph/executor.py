@@ -236,7 +236,10 @@ class CompiledGraph:
         """Why `self._replay` cannot stand in for a run (it is then dropped), or None: `replay.disagreement` on
         probe inputs. It catches host work nobody noted, and on cuda a capture that lost something."""
         try:
-            why = disagreement(self._execute, self._replayed, probe_inputs(self.graph.inputs))
+            try:
+                why = disagreement(self._execute, self._replayed, probe_inputs(self.graph.inputs))
+            except IndexError:      # an index input that may not be negative (RoiAlign's batch indices): at 0
+                why = disagreement(self._execute, self._replayed, probe_inputs(self.graph.inputs, negative=False))
         except Exception as exc:  # noqa: BLE001 - a probe the graph rejects leaves replay off, not the build broken
             why = f"a run on probe inputs failed: {type(exc).__name__}: {exc}"
         if why:

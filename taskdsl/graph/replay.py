@@ -19,7 +19,8 @@ launches are its only writers (else copies the recorded one out), and calls the 
 checks (gather's index range) where the run called them. It is refused, with the reason in
 `CompiledGraph.replay`, when the host computed part of the recorded run (a copy of a non-contiguous
 operand, a zero fill, packing of weights that are not constants: `launch.note_host_work`), when a
-run and two replays on other inputs (`probe_inputs`) disagree in any bit (`disagreement`): the
+run and two replays on other inputs (`probe_inputs`; where the graph rejects the probe's negative integers with
+an IndexError, as RoiAlign's batch indices, its integers at 0) disagree in any bit (`disagreement`): the
 check that catches host work nobody noted, and when those replays change their inputs. The
 executor checks a CUDA graph the same way.
 
@@ -94,9 +95,10 @@ def disagreement(run, replay, probe: list) -> str | None:
     return None
 
 
-def probe_inputs(tensors: list, seed: int = 0) -> list:
+def probe_inputs(tensors: list, seed: int = 0, negative: bool = True) -> list:
     """Inputs unlike the warm-up's zeros, for checking a replay against a run: normal floats, signed integers
-    in {-1, 0} and unsigned in {0, 1} (indices valid for any axis), random booleans."""
+    in {-1, 0} (0 where not `negative`) and unsigned in {0, 1} (indices valid for any axis that takes negative
+    ones), random booleans."""
     rng = np.random.default_rng(seed)
     arrays = []
     for t in tensors:
@@ -104,7 +106,7 @@ def probe_inputs(tensors: list, seed: int = 0) -> list:
         if dtype.kind == "f":
             a = rng.standard_normal(t.shape)
         elif dtype.kind in "iu":
-            a = rng.integers(0, 2, t.shape) * (-1 if dtype.kind == "i" else 1)
+            a = rng.integers(0, 2, t.shape) * (-int(negative) if dtype.kind == "i" else 1)
         else:
             a = rng.random(t.shape) < 0.5
         arrays.append(np.asarray(a, dtype))

@@ -53,6 +53,23 @@ def test_roi_align_matches_onnxruntime(batch, channels, image, regions, bins, ra
     assert_close(got, run_onnxruntime(model, feeds)[0], rtol=1e-5, atol=1e-5)
 
 
+def test_regions_of_a_replayed_graph_match_onnxruntime():
+    """The batch indices may not be negative, so the replay's first probe (signed integers in {-1, 0}) is an
+    IndexError: the second, its integers at 0, turns replay on (it was off, and the graph's call 6x onnxruntime's
+    time); replayed calls on new regions and batch indices still match onnxruntime, and a negative index is still
+    an IndexError."""
+    model = roi_align_model([2, 3, 9, 8], 4, (2, 3), sampling_ratio=2)
+    compiled = tg.from_onnx(model).compile("cpu")
+    assert compiled.replay.startswith("on ("), compiled.replay
+    rng = np.random.default_rng(5)
+    for seed in (1, 2):
+        feeds = {"X": rand([2, 3, 9, 8], seed), "rois": rng.uniform(-2, 10, (4, 4)).astype(np.float32),
+                 "batch_indices": np.array([1, 0, 1, 1], np.int64) if seed == 1 else np.zeros(4, np.int64)}
+        assert_close(compiled(feeds)[0], run_onnxruntime(model, feeds)[0], rtol=1e-5, atol=1e-5)
+    with pytest.raises(IndexError, match="out of range"):
+        compiled(dict(feeds, batch_indices=np.array([0, -1, 0, 0], np.int64)))
+
+
 def test_roi_align_refusals():
     """Adaptive sampling of regions known only at run time, too many samples a bin, and shapes that do not fit,
     are clear errors; a negative batch index is an IndexError at run time."""
