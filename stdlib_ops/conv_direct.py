@@ -194,7 +194,7 @@ def uses_plane(g: ConvGeometry) -> bool:
 # (1, 64, 112, 112) at 16 groups 7.3 ms, 7.1x. `grouped_plane_kernel` copies the phase planes of its group's channels
 # as `plane_kernel` copies one, then sums GROUP_OUTPUTS output channels at once, GROUP_LANES sums each: every vector
 # of inputs loaded feeds that many multiply-adds. Those two took 0.20-0.23 and 0.39 ms so (docs/benchmarks.md,
-# session 115); 64 sums a channel (32 vectors of sums), or 8 channels, took about twice as long.
+# session 115); 64 sums a channel (16 vectors of sums) took 1.6-4x as long, 8 channels of 32 sums 2-10x.
 GROUP_OUTPUTS = 4       # output channels a block sums at once (four weights, written out)
 GROUP_LANES = 32        # sums of each output channel it keeps in registers: 8 AVX-512 vectors in all
 GROUP_PLANES = 65536    # floats of the phase planes of a group's input channels (256 KiB: in a Zen 4 core's L2)
