@@ -117,6 +117,14 @@ def copy_phase_planes(X, buf, n, channel, at, hq, wq, height, width, conv_sh, co
                             buf[row + b] = X[n, channel, h, b * conv_sw + src]
 
 
+@td.func
+def tap_shift(kh, kw, conv_dh, conv_dw, conv_sh, conv_sw, hq, wq):
+    """Where tap (kh, kw) reads the phase planes (`copy_phase_planes`) for the output at flat position 0: its phase
+    plane's start plus its shift within that plane."""
+    rh, rw = kh * conv_dh, kw * conv_dw
+    return ((rh % conv_sh) * conv_sw + rw % conv_sw) * hq * wq + rh // conv_sh * wq + rw // conv_sw
+
+
 @functools.lru_cache(maxsize=8)
 def plane_kernel(dtype) -> td.Kernel:
     """`direct_kernel` for an NCHW depthwise convolution whose padded input fits a local buffer (`uses_plane`).
@@ -151,8 +159,7 @@ def plane_kernel(dtype) -> td.Kernel:
             for t in range(conv_taps):
                 kh, kw = t // KW, t % KW
                 tap = Wt[o, 0, kh, kw]
-                rh, rw = kh * conv_dh, kw * conv_dw
-                shift = ((rh % conv_sh) * conv_sw + rw % conv_sw) * hq * wq + rh // conv_sh * wq + rw // conv_sw
+                shift = tap_shift(kh, kw, conv_dh, conv_dw, conv_sh, conv_sw, hq, wq)
                 for l in range(SPAN_ALIGN):
                     acc[l] += tap * buf[j0 + l + shift]
             for l in range(SPAN_ALIGN):
@@ -229,9 +236,7 @@ def grouped_plane_kernel(dtype) -> td.Kernel:
                 for c in range(CG):
                     for t in range(conv_taps):
                         kh, kw = t // KW, t % KW
-                        rh, rw = kh * conv_dh, kw * conv_dw
-                        shift = c * conv_plane + ((rh % conv_sh) * conv_sw + rw % conv_sw) * hq * wq \
-                            + rh // conv_sh * wq + rw // conv_sw
+                        shift = c * conv_plane + tap_shift(kh, kw, conv_dh, conv_dw, conv_sh, conv_sw, hq, wq)
                         # the chunk's weights (past the group's last channel, that one's again: its sums are dropped)
                         w0 = Wt[o0, c, kh, kw]
                         w1 = Wt[o0 + min(1, count - 1), c, kh, kw]
