@@ -9,7 +9,8 @@ with padding, stride and dilation folded into the index: nothing is materialized
 stores of C by the output layout (NCHW or NHWC), plus any epilogue (bias, batch norm,
 activation) on top. Weights come in PyTorch/ONNX OIHW and are packed once into B.
 On the cpu, convolutions of one group take another route (`on_columns`): explicit im2col
-columns, then a plain GEMM (weights @ columns for NCHW, columns @ weights for NHWC).
+columns, then a plain GEMM (columns^T @ weights for NCHW, columns @ weights for NHWC; a pointwise NCHW one is
+weights @ input, `_lower_weights_first`).
 Grouped convolutions with tiny per-group reductions (depthwise; `uses_direct`) are no GEMM
 (K = 9 per group has nothing to tile): on the cpu they run `conv_direct`'s kernels (outputs
 accumulated in registers, epilogue fused into their stores); elsewhere a `td.reduce`
@@ -156,7 +157,8 @@ def on_columns(g: ConvGeometry, target: str) -> bool:
     NHWC reads its columns (N*OH*OW x K, K = (kh, kw, c)) in place from the input inside its zero border, an
     offset per output pixel plus one per (kh, kw, c) (`_lower_indirect`), and C is the output;
     NCHW has its columns materialized as (K x OH*OW) per image, the template's transposed A, and C (OH*OW x OC) is
-    the output transposed, stored column by column (`columns_output_view`). With more groups, each
+    the output transposed, stored column by column (`columns_output_view`); a pointwise one of one group is
+    weights @ input instead, C the output itself (`_lower_weights_first`). With more groups, each
     image's columns are each group's in turn, so the GEMM is batched over (image, group), each with its
     group's weights (ResNeXt-style convolutions of 72-576 terms a group took the implicit im2col: 4-10x
     onnxruntime's time; NHWC (1, 28, 28, 256) 3x3 at 32 / 4 groups 4.1 / 7.8 ms so, 0.58 / 2.2 ms read in place).
@@ -299,17 +301,20 @@ class Lowered:
     window: bool = False        # the GEMM copies the NCHW input's im2col itself (`window_kernel`)
     finish: td.Kernel | None = None     # with split-k: sums the kernel's partials (`P`) into the epilogue
     indirect: bool = False      # the GEMM reads its im2col in place (`_lower_indirect`): `columns` pads the input
+    weights_first: bool = False     # the weights are A and the input B (`_lower_weights_first`)
 
     @property
     def transposed_a(self) -> bool:
         """Whether the GEMM reads its columns as the template's transposed A (cpu, NCHW: K x OH*OW per image)."""
-        return self.on_columns and self.geometry.layout == "NCHW"
+        return self.on_columns and self.geometry.layout == "NCHW" and not self.weights_first
 
     def weight_operand(self, weight: np.ndarray) -> np.ndarray:
         """The GEMM's B the OIHW weights become (made once for constant weights): (K, OC) in the order of
         `im2col`, as the cpu template's packed panels where the GEMM reads explicit columns: packed from a view
         of the weights (a transposed copy first took 33 ms of a 55 ms call of a 2048 -> 2048 1x1 convolution);
-        for 8-bit operands B's transpose (`pack_weight`)."""
+        for 8-bit operands B's transpose (`pack_weight`); weights first, A: the (OC, C) weights as they are."""
+        if self.weights_first:
+            return weight.reshape(self.matmul.operand_shapes()[0])
         if self.on_columns and self.matmul.packs_b:
             return self.matmul.pack_b(_weight_as_b(self.geometry, weight))
         return pack_weight(self.geometry, weight, self.matmul.k_major_b)
@@ -325,6 +330,7 @@ class Lowered:
         scalars = {} if self.columns is None else _pad_scalars(g) if self.indirect else _columns_scalars(g)
         fixed = dict(batch_index=self.batch_index, split=split, **scalars)
         shape = (input_shape(g) if self.window else (1, math.prod(_padded_shape(g))) if self.indirect
+                 else self.matmul.operand_shapes()[1] if self.weights_first
                  else self.matmul.operand_shapes(self.transposed_a)[0])
         columns_params = [name for name, _ in self.columns.params] if self.columns else []
         columns_dtype = dict(self.columns.params)["cols"].dtype.numpy if self.columns else None
@@ -339,7 +345,9 @@ class Lowered:
         allocated where the operands are."""
         fixed, shape, (columns_shape, columns_dtype), columns_params, names, finish_params = self._call
         args = dict(arrays, B=weight, **fixed)
-        if self.on_columns and self.x_name is not None and self.columns is None:    # the input is A
+        if self.weights_first:
+            args["A"], args["B"] = weight, arrays[self.x_name].reshape(shape)
+        elif self.on_columns and self.x_name is not None and self.columns is None:    # the input is A
             args["A"] = arrays[self.x_name].reshape(shape)
         elif self.on_columns and self.columns is not None:
             cols = args["cols"] = empty_like_operands(columns_shape, columns_dtype, out)
@@ -389,6 +397,8 @@ def lower(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue, b_dtype=N
         nchw = g.layout == "NCHW"
         x_name = x.name if x.kind == "placeholder" else None
         pointwise = _pointwise(g) and x_name is not None and (nchw or groups == 1)    # the input is the columns
+        if pointwise and nchw and groups == 1 and dtype.is_float and b_dtype is None:
+            return _lower_weights_first(g, dtype, target, x_name, epilogue)
         # NHWC reads its input as A in place (pointwise) or through an index table (`_lower_indirect`), which the
         # dot4 template's kernels do too: 8-bit integers on byte dot products (`gemm.template_for`)
         if groups == 1 and not nchw:        # the columns of every image, one matrix
@@ -418,6 +428,20 @@ def lower(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue, b_dtype=N
                               *_columns_scalars(g).values(), prologues={"X": x})
         return Lowered(g, matmul, kernel, columns, x_name, True, matmul.batch_index(1))
     return _lower_gemm(g, dtype, target, x, epilogue, tuned_point(g, dtype, target, b_dtype), b_dtype)
+
+
+def _lower_weights_first(g: ConvGeometry, dtype, target: str, x_name: str, epilogue) -> Lowered:
+    """A pointwise NCHW convolution of one group on the cpu as weights @ input, per image (OC x C) @ (C x OH*OW):
+    C is then the output itself, stored a row at a time, where columns^T @ weights gives it transposed, stored a
+    column at a time from the block's sums (a 16 -> 96 convolution at 112x112: 1.2 -> 0.86 ms; 3 -> 16 at
+    224x224: 0.46 -> 0.22 ms). The input is B, whose panels each block packs (the weights, read in place as A,
+    stay in cache)."""
+    hw = g.oh * g.ow
+    matmul = mm.plan((1, g.oc, g.c), (g.n, g.c, hw), dtype, target, dot4_products=False)
+    c = td.placeholder("C", matmul.out_dtype, matmul.operand_shapes()[2])
+    y = td.compute("Y", g.out_shape, lambda n, o, oh, ow: c[n, o, oh * g.ow + ow])
+    kernel = td.fuse(matmul.kernel(matmul.out_dtype), *matmul.examples(), epilogues={"C": epilogue(y)})
+    return Lowered(g, matmul, kernel, None, x_name, True, matmul.batch_index(1), weights_first=True)
 
 
 def _padded_shape(g: ConvGeometry) -> tuple:

@@ -161,14 +161,15 @@ def _cuda_rows(layers, layout: str, kind: str) -> list:
 
 def _schedule(plan) -> str:
     """The GEMM schedule a conv plan runs: its block tile, k tile and split-k, and whether the GEMM reads the
-    input itself as A, with no im2col (`128x64 bk32 split 2`, `128x64 bk32, input as A`)."""
+    input itself as an operand, with no im2col (`128x64 bk32 split 2`, `128x64 bk32, input as A`; a pointwise NCHW
+    convolution on the cpu: `input as B`)."""
     matmul = getattr(plan.lowered, "matmul", None)
     if matmul is None:
         return "direct"
     bm, bn, _ = matmul.template.tile_shape(matmul.point)
     plain = plan.lowered.on_columns and plan.lowered.columns is None
     return (f"{bm}x{bn} bk{matmul.point.bk}" + (f" split {matmul.split}" if matmul.split > 1 else "")
-            + (", input as A" if plain else ""))
+            + ((", input as B" if plan.lowered.weights_first else ", input as A") if plain else ""))
 
 
 def _tolerance_key(target: str, kind: str) -> str:

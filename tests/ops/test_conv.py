@@ -313,7 +313,7 @@ def test_cpu_columns_kernel_is_numpys_im2col(hw, k, stride, pad, dilation, seed)
 def test_cpu_nchw_convolutions_multiply_explicit_columns_by_the_packed_weights():
     """On the cpu, NCHW: an im2col kernel (generic over geometries, K x OH*OW per image), then columns^T @
     weights (the template's transposed A and packed B) with the epilogue fused, storing C transposed; a 1x1
-    stride-1 convolution reads its input as the columns: one kernel."""
+    stride-1 convolution reads its input as the columns, the B of weights @ input: one kernel."""
     td.set_target("cpu")
     rng = np.random.default_rng(7)
     g = geometry((2, 40, 9, 7), (12, 40, 3, 3), padding=1)
@@ -331,6 +331,32 @@ def test_cpu_nchw_convolutions_multiply_explicit_columns_by_the_packed_weights()
         b = rng.standard_normal(12).astype(np.float32)
         want = np.maximum(reference(x, w, b, (1, 1), (pad,) * 4, (1, 1), 1), 0)
         np.testing.assert_allclose(ops.conv2d(x, w, b, padding=pad, activation="relu"), want, rtol=1e-4, atol=1e-4)
+
+
+@settings(max_examples=8, deadline=None)
+@given(n=st.sampled_from([1, 2, 3]), c=st.sampled_from([1, 3, 16, 37]), oc=st.sampled_from([1, 5, 64, 97]),
+       hw=st.tuples(st.integers(1, 13), st.sampled_from([1, 7, 16, 31])), dtype=st.sampled_from([td.f32, td.f16,
+       td.bf16]), activation=st.sampled_from([None, "relu6"]), seed=st.integers(0, 2**16))
+def test_cpu_pointwise_nchw_convolutions_multiply_the_weights_by_the_input(n, c, oc, hw, dtype, activation, seed):
+    """On the cpu a 1x1 stride-1 NCHW convolution is weights (OC x C) @ input (C x H*W) per image: the weights
+    are A, read as they are and shared by the images, the input B, and C the output itself (no transposed store),
+    the bias and activation fused into its stores; prime and odd sizes, one channel, one pixel, 16-bit floats."""
+    td.set_target("cpu")
+    g = geometry((n, c) + hw, (oc, c, 1, 1))
+    low = conv.plan(g, dtype, "cpu", True, activation).lowered
+    assert low.weights_first and not low.transposed_a and low.kernels == [low.kernel] and "_at" not in low.kernel.name
+    assert low.matmul.operand_shapes() == ((1, oc, c), (n, c, hw[0] * hw[1]), (n, oc, hw[0] * hw[1]))
+    rng = np.random.default_rng(seed)
+    values = ml_dtypes.bfloat16 if dtype == td.bf16 else dtype.numpy
+    x = rng.standard_normal((n, c) + hw).astype(values)
+    w = (rng.standard_normal((oc, c, 1, 1)) / np.sqrt(c)).astype(values)
+    b = rng.standard_normal(oc).astype(values)
+    want = reference(x.astype(np.float32), w.astype(np.float32), b.astype(np.float32), (1, 1), (0,) * 4, (1, 1), 1)
+    want = np.clip(want, 0, 6) if activation else want
+    got = ops.conv2d(x, w, b, activation=activation)
+    assert got.dtype == x.dtype and got.shape == want.shape
+    tolerance = {td.f32: 1e-4, td.f16: 4e-3, td.bf16: 3e-2}[dtype]
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=tolerance, atol=tolerance)
 
 
 def test_cpu_nhwc_convolutions_read_their_im2col_in_place_from_the_padded_input():
