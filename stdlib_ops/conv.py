@@ -397,7 +397,8 @@ def lower(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue, b_dtype=N
         nchw = g.layout == "NCHW"
         x_name = x.name if x.kind == "placeholder" else None
         pointwise = _pointwise(g) and x_name is not None and (nchw or groups == 1)    # the input is the columns
-        if pointwise and nchw and groups == 1 and dtype.is_float and b_dtype is None:
+        if pointwise and nchw and groups == 1 and dtype.is_float and b_dtype is None and \
+                g.oh * g.ow >= WEIGHTS_FIRST_PIXELS:
             return _lower_weights_first(g, dtype, target, x_name, epilogue)
         # NHWC reads its input as A in place (pointwise) or through an index table (`_lower_indirect`), which the
         # dot4 template's kernels do too: 8-bit integers on byte dot products (`gemm.template_for`)
@@ -430,12 +431,19 @@ def lower(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue, b_dtype=N
     return _lower_gemm(g, dtype, target, x, epilogue, tuned_point(g, dtype, target, b_dtype), b_dtype)
 
 
+# output pixels from which a pointwise NCHW convolution is weights @ input (`_lower_weights_first`): with fewer,
+# the images' rows fill the template's blocks poorly and the store of the transposed C is cheap (session 116, 2
+# cores, weights first against columns^T @ weights: 2048 -> 1000 at 1x1 0.38 against 0.10-0.12 ms, 320 ->
+# 1280 at 7x7 0.30-0.53 against 0.22-0.24, 256 -> 1024 at 14x14 0.65 against 0.53-0.54; at 28x28 512 -> 128 0.56
+# against 0.54-1.0; 256 -> 64 at 56x56 0.53-0.60 against 1.04-1.14, 16 -> 96 at 112x112 0.28-0.36 against 0.89-1.02)
+WEIGHTS_FIRST_PIXELS = 1024
+
+
 def _lower_weights_first(g: ConvGeometry, dtype, target: str, x_name: str, epilogue) -> Lowered:
-    """A pointwise NCHW convolution of one group on the cpu as weights @ input, per image (OC x C) @ (C x OH*OW):
-    C is then the output itself, stored a row at a time, where columns^T @ weights gives it transposed, stored a
-    column at a time from the block's sums (a 16 -> 96 convolution at 112x112: 1.2 -> 0.86 ms; 3 -> 16 at
-    224x224: 0.46 -> 0.22 ms). The input is B, whose panels each block packs (the weights, read in place as A,
-    stay in cache)."""
+    """A pointwise NCHW convolution of one group and WEIGHTS_FIRST_PIXELS or more on the cpu as weights @ input,
+    per image (OC x C) @ (C x OH*OW): C is then the output itself, stored a row at a time, where columns^T @ weights
+    gives it transposed, stored a column at a time from the block's sums. The input is B, whose panels each block
+    packs; the weights, read in place as A, stay in cache."""
     hw = g.oh * g.ow
     matmul = mm.plan((1, g.oc, g.c), (g.n, g.c, hw), dtype, target, dot4_products=False)
     c = td.placeholder("C", matmul.out_dtype, matmul.operand_shapes()[2])

@@ -8,7 +8,7 @@ import dataclasses
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings, strategies as st
+from hypothesis import assume, example, given, settings, strategies as st
 
 import taskdsl as td
 import stdlib_ops as ops
@@ -335,17 +335,23 @@ def test_cpu_nchw_convolutions_multiply_explicit_columns_by_the_packed_weights()
 
 @settings(max_examples=8, deadline=None)
 @given(n=st.sampled_from([1, 2, 3]), c=st.sampled_from([1, 3, 16, 37]), oc=st.sampled_from([1, 5, 64, 97]),
-       hw=st.tuples(st.integers(1, 13), st.sampled_from([1, 7, 16, 31])), dtype=st.sampled_from([td.f32, td.f16,
+       hw=st.tuples(st.integers(1, 41), st.sampled_from([1, 7, 31, 64, 97])), dtype=st.sampled_from([td.f32, td.f16,
        td.bf16]), activation=st.sampled_from([None, "relu6"]), seed=st.integers(0, 2**16))
+@example(n=2, c=3, oc=5, hw=(13, 97), dtype=td.f32, activation="relu6", seed=1)      # weights @ input
+@example(n=1, c=37, oc=64, hw=(1, 1), dtype=td.f32, activation=None, seed=2)        # columns^T @ weights
 def test_cpu_pointwise_nchw_convolutions_multiply_the_weights_by_the_input(n, c, oc, hw, dtype, activation, seed):
-    """On the cpu a 1x1 stride-1 NCHW convolution is weights (OC x C) @ input (C x H*W) per image: the weights
-    are A, read as they are and shared by the images, the input B, and C the output itself (no transposed store),
-    the bias and activation fused into its stores; prime and odd sizes, one channel, one pixel, 16-bit floats."""
+    """On the cpu a 1x1 stride-1 NCHW convolution of WEIGHTS_FIRST_PIXELS or more is weights (OC x C) @ input
+    (C x H*W) per image: the weights are A, read as they are and shared by the images, the input B, and C the output
+    itself (no transposed store), the bias and activation fused into its stores; fewer pixels keep columns^T @
+    weights. Prime and odd sizes, one channel, one pixel, 16-bit floats."""
     td.set_target("cpu")
     g = geometry((n, c) + hw, (oc, c, 1, 1))
     low = conv.plan(g, dtype, "cpu", True, activation).lowered
-    assert low.weights_first and not low.transposed_a and low.kernels == [low.kernel] and "_at" not in low.kernel.name
-    assert low.matmul.operand_shapes() == ((1, oc, c), (n, c, hw[0] * hw[1]), (n, oc, hw[0] * hw[1]))
+    pixels = hw[0] * hw[1]
+    assert low.weights_first == (pixels >= conv.WEIGHTS_FIRST_PIXELS) != low.transposed_a
+    assert low.kernels == [low.kernel] and ("_at" in low.kernel.name) == low.transposed_a
+    if low.weights_first:
+        assert low.matmul.operand_shapes() == ((1, oc, c), (n, c, pixels), (n, oc, pixels))
     rng = np.random.default_rng(seed)
     values = ml_dtypes.bfloat16 if dtype == td.bf16 else dtype.numpy
     x = rng.standard_normal((n, c) + hw).astype(values)
