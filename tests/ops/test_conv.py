@@ -365,6 +365,22 @@ def test_cpu_pointwise_nchw_convolutions_multiply_the_weights_by_the_input(n, c,
     np.testing.assert_allclose(got.astype(np.float64), want, rtol=tolerance, atol=tolerance)
 
 
+def test_a_residual_add_fuses_into_the_stores_of_weights_at_input():
+    """A graph's pointwise NCHW convolution (weights @ input) with a residual add of another input and a ReLU: one
+    kernel, its C rows the output's, the add reading the other input at the same elements."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 16, 40, 41)).astype(np.float32)
+    y = rng.standard_normal((2, 24, 40, 41)).astype(np.float32)
+    w, b = rng.standard_normal((24, 16, 1, 1)).astype(np.float32), rng.standard_normal(24).astype(np.float32)
+    tx, ty = tg.input("x", x.shape), tg.input("y", y.shape)
+    out = tg.ops.relu(tg.ops.add(tg.ops.conv2d(tx, tg.constant(w), tg.constant(b)), ty))
+    cg = tg.Graph([tx, ty], [out]).compile("cpu", channels_last=False)
+    (kernel,) = cg.kernels
+    assert kernel.name.startswith("tile_matmul_") and kernel.name.endswith("_fused") and "_at" not in kernel.name
+    want = np.maximum(reference(x, w, b, (1, 1), (0,) * 4, (1, 1), 1) + y, 0)
+    np.testing.assert_allclose(cg(x, y)[0], want, rtol=1e-4, atol=1e-4)
+
+
 def test_cpu_nhwc_convolutions_read_their_im2col_in_place_from_the_padded_input():
     """On the cpu, NHWC of one group: the input copied into its zero border, then the `indirect` GEMM, reading
     element (pixel, (kh, kw, c)) of the im2col at the pixel's offset plus the tap's; C comes out NHWC. Without
