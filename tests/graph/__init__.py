@@ -1,4 +1,6 @@
 """Graph-layer tests: shared helpers to make random inputs, build ONNX models and compare outputs."""
+import functools
+
 import numpy as np
 import onnx
 import pytest
@@ -66,3 +68,15 @@ def run_onnxruntime(model: onnx.ModelProto, feeds: dict) -> list:
         opset = max(o.version for o in model.opset_import)
         pytest.skip(f"onnxruntime {ort.__version__} reads no opset {opset} (the test extra asks for onnxruntime>=1.32)")
     return session.run(None, feeds)
+
+
+@functools.cache
+def onnxruntime_saturates() -> bool:
+    """Whether onnxruntime's 8-bit products sum pairs of products in saturating 16-bit lanes on this host (its u8 x s8
+    kernels on x86 without VNNI: 255 * 127 + 255 * 127 comes out 32767), which makes it no oracle of full-range
+    8-bit products here (numpy's exact product, or onnx's reference implementation, is)."""
+    a, b = np.full((1, 2), 255, np.uint8), np.full((2, 1), 127, np.int8)
+    node = helper.make_node("MatMulInteger", ["a", "b"], ["y"])
+    model = make_model([node], [("a", [1, 2], TensorProto.UINT8)], [("y", [1, 1], TensorProto.INT32)], {"b": b},
+                       opset=13)
+    return int(run_onnxruntime(model, {"a": a})[0][0, 0]) != 2 * 255 * 127
