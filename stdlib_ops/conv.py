@@ -9,8 +9,8 @@ with padding, stride and dilation folded into the index: nothing is materialized
 stores of C by the output layout (NCHW or NHWC), plus any epilogue (bias, batch norm,
 activation) on top. Weights come in PyTorch/ONNX OIHW and are packed once into B.
 On the cpu, convolutions of one group take another route (`on_columns`): explicit im2col
-columns, then a plain GEMM (columns^T @ weights for NCHW, columns @ weights for NHWC; a pointwise NCHW one is
-weights @ input, `_lower_weights_first`).
+columns, then a plain GEMM (columns^T @ weights for NCHW, columns @ weights for NHWC; a pointwise NCHW one, or
+one of 64 to 96 output channels, is weights @ input or its im2col, `_lower_weights_first`).
 Grouped convolutions with tiny per-group reductions (depthwise; `uses_direct`) are no GEMM
 (K = 9 per group has nothing to tile): on the cpu they run `conv_direct`'s kernels (outputs
 accumulated in registers, epilogue fused into their stores); elsewhere a `td.reduce`
@@ -157,8 +157,9 @@ def on_columns(g: ConvGeometry, target: str) -> bool:
     NHWC reads its columns (N*OH*OW x K, K = (kh, kw, c)) in place from the input inside its zero border, an
     offset per output pixel plus one per (kh, kw, c) (`_lower_indirect`), and C is the output;
     NCHW has its columns materialized as (K x OH*OW) per image, the template's transposed A, and C (OH*OW x OC) is
-    the output transposed, stored column by column (`columns_output_view`); a pointwise one of one group is
-    weights @ input instead, C the output itself (`_lower_weights_first`). With more groups, each
+    the output transposed, stored column by column (`columns_output_view`); a pointwise one of one group, or one of
+    WINDOW_B_CHANNELS output channels, is weights @ input (or its im2col, copied by the blocks) instead, C the
+    output itself (`_lower_weights_first`, where `weights_first` says). With more groups, each
     image's columns are each group's in turn, so the GEMM is batched over (image, group), each with its
     group's weights (ResNeXt-style convolutions of 72-576 terms a group took the implicit im2col: 4-10x
     onnxruntime's time; NHWC (1, 28, 28, 256) 3x3 at 32 / 4 groups 4.1 / 7.8 ms so, 0.58 / 2.2 ms read in place).
@@ -298,7 +299,7 @@ class Lowered:
     on_columns: bool            # the GEMM reads explicit columns (cpu; `columns` None: the input itself, as
                                 # on a GPU for a pointwise NHWC convolution)
     batch_index: np.ndarray     # the matmul's (z-slice -> A, B matrix) table, made once (indirect: with its offsets)
-    window: bool = False        # the GEMM copies the NCHW input's im2col itself (`window_kernel`)
+    window: bool = False        # the GEMM copies the NCHW input's im2col itself (`window_kernel`, or `window_b`)
     finish: td.Kernel | None = None     # with split-k: sums the kernel's partials (`P`) into the epilogue
     indirect: bool = False      # the GEMM reads its im2col in place (`_lower_indirect`): `columns` pads the input
     weights_first: bool = False     # the weights are A and the input B (`_lower_weights_first`)
@@ -397,8 +398,7 @@ def lower(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue, b_dtype=N
         nchw = g.layout == "NCHW"
         x_name = x.name if x.kind == "placeholder" else None
         pointwise = _pointwise(g) and x_name is not None and (nchw or groups == 1)    # the input is the columns
-        if pointwise and nchw and groups == 1 and dtype.is_float and b_dtype is None and \
-                g.oh * g.ow >= WEIGHTS_FIRST_PIXELS:
+        if nchw and groups == 1 and x_name is not None and dtype.is_float and b_dtype is None and weights_first(g):
             return _lower_weights_first(g, dtype, target, x_name, epilogue)
         # NHWC reads its input as A in place (pointwise) or through an index table (`_lower_indirect`), which the
         # dot4 template's kernels do too: 8-bit integers on byte dot products (`gemm.template_for`)
@@ -439,17 +439,39 @@ def lower(g: ConvGeometry, dtype, target: str, x: td.Tensor, epilogue, b_dtype=N
 WEIGHTS_FIRST_PIXELS = 1024
 
 
+# output channels for which an NCHW convolution with a window is weights @ input (`weights_first`): one row block of
+# the template (up to 96 rows, `matmul_cpu.fitted`) whose rows share each panel's im2col, filled once. Fewer rows
+# leave the copy less to share, and more make each row block copy it again (session 117, Zen 3, two cores, against
+# columns^T @ weights, three runs each: 3 -> 64 3x3 at 224x224 0.69-0.74x the time, the 7x7 stem 0.77-0.90x, 64 -> 64
+# 3x3 at 56x56 0.87-0.92x, 3 -> 96 11x11 0.84-0.99x; 16 -> 16 at 64x64 1.46x, 32 -> 32 at 147x147 1.2-1.5x,
+# 128 -> 128 at 56x56 1.1-1.3x, 256 -> 256 at 32x32 1.25-1.3x)
+WINDOW_B_CHANNELS = range(64, 97)
+
+
+def weights_first(g: ConvGeometry) -> bool:
+    """Whether NCHW convolution `g` (one group) runs as weights @ input on the cpu (`_lower_weights_first`): with
+    WEIGHTS_FIRST_PIXELS output pixels or more, pointwise, or with a window and WINDOW_B_CHANNELS output channels."""
+    return g.oh * g.ow >= WEIGHTS_FIRST_PIXELS and (_pointwise(g) or g.oc in WINDOW_B_CHANNELS)
+
+
 def _lower_weights_first(g: ConvGeometry, dtype, target: str, x_name: str, epilogue) -> Lowered:
-    """A pointwise NCHW convolution of one group and WEIGHTS_FIRST_PIXELS or more on the cpu as weights @ input,
-    per image (OC x C) @ (C x OH*OW): C is then the output itself, stored a row at a time, where columns^T @ weights
-    gives it transposed, stored a column at a time from the block's sums. The input is B, whose panels each block
-    packs; the weights, read in place as A, stay in cache."""
-    hw = g.oh * g.ow
-    matmul = mm.plan((1, g.oc, g.c), (g.n, g.c, hw), dtype, target, dot4_products=False)
+    """An NCHW convolution of one group on the cpu as weights @ input, per image (OC x C*KH*KW) @ (C*KH*KW x
+    OH*OW): C is then the output itself, stored a row at a time, where columns^T @ weights gives it transposed,
+    stored a column at a time from the block's sums. The input is B: a pointwise convolution's, whose panels each
+    block packs, is its columns; otherwise each block copies its panels' im2col from the input (`window_b`). The
+    weights, read in place as A, stay in cache."""
+    k, hw = g.c * g.kh * g.kw, g.oh * g.ow
+    matmul = mm.plan((1, g.oc, k), (g.n, k, hw), dtype, target, dot4_products=False)
     c = td.placeholder("C", matmul.out_dtype, matmul.operand_shapes()[2])
     y = td.compute("Y", g.out_shape, lambda n, o, oh, ow: c[n, o, oh * g.ow + ow])
-    kernel = td.fuse(matmul.kernel(matmul.out_dtype), *matmul.examples(), epilogues={"C": epilogue(y)})
-    return Lowered(g, matmul, kernel, None, x_name, True, matmul.batch_index(1), weights_first=True)
+    a, b, c_example, batch_index, split = matmul.examples()
+    if _pointwise(g):
+        gemm = matmul.kernel(matmul.out_dtype)
+    else:
+        gemm = mm.cpu.tile_matmul_kernel(matmul.point, dtype, matmul.out_dtype, window_b=_window(g))
+        b = np.empty(input_shape(g), dtype.numpy)
+    kernel = td.fuse(gemm, a, b, c_example, batch_index, split, epilogues={"C": epilogue(y)})
+    return Lowered(g, matmul, kernel, None, x_name, True, batch_index, window=not _pointwise(g), weights_first=True)
 
 
 def _padded_shape(g: ConvGeometry) -> tuple:
@@ -599,8 +621,12 @@ def window_kernel(g: ConvGeometry, matmul, dtype) -> td.Kernel:
     512+ pixels) and output rows are WINDOW_ROW or wider: Inception-V3's 32 -> 32 3x3 layer at 147x147 took
     3.49 ms as im2col and GEMM, 1.95 ms so; ResNet-50's 28x28 3x3 layers (a 48-pixel block is three row
     segments) 1.05-1.11 ms as im2col and GEMM, 1.09-1.19 ms so."""
-    window = mm.cpu.Window(g.kh, g.kw, *g.stride, g.padding[0], g.padding[1], *g.dilation, g.ow)
-    return mm.cpu.tile_matmul_kernel(matmul.point, dtype, matmul.out_dtype, True, True, True, window)
+    return mm.cpu.tile_matmul_kernel(matmul.point, dtype, matmul.out_dtype, True, True, True, _window(g))
+
+
+def _window(g: ConvGeometry):
+    """The window of NCHW convolution `g`, as the cpu template's kernels copy its im2col (`matmul_cpu.Window`)."""
+    return mm.cpu.Window(g.kh, g.kw, *g.stride, g.padding[0], g.padding[1], *g.dilation, g.ow)
 
 
 @functools.lru_cache(maxsize=32)

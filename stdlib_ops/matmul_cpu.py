@@ -242,7 +242,7 @@ class Window:
 @functools.cache
 def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a: bool = False,
                        copy_a: bool = False, window: Window | None = None, indirect: bool = False, b_dtype=None,
-                       rows_first: bool = False):
+                       rows_first: bool = False, window_b: Window | None = None):
     """The cpu matmul kernel for schedule point `p` and element types (one compile serves every shape; B of
     `b_dtype` where it is not A's type: 8-bit integers of two kinds).
 
@@ -257,6 +257,8 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
     element (i, k) of z-slice z's A at A[0, za + rows[i] + taps[k]] for the tables `indirect_index` appends to
     batch_index's first row, where za = batch_index[z, 0] is an offset (an image's, a group's first channel),
     not a matrix index (the kernel's M comes from C, its K from the table's width).
+    With a `window_b` (and neither packed_b nor a `window`), B is an NCHW input and each block's panel of B is its
+    im2col (`window_strip`): a convolution computed as weights @ columns, C the NCHW output itself.
     With `rows_first` (and not copy_a), consecutive blocks are a row block's column panels, not a column panel's row
     blocks (`rows_first`, the function, says when).
     """
@@ -266,6 +268,7 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
     rows_first = rows_first and not copy_a
     window = window if copy_a else None
     indirect = indirect and not transposed_a
+    window_b = None if packed_b or window else window_b
     # A is copied to f32 a k block at a time: for all column panels (copy_a), or, 16-bit, for the block's one
     # (`stages_a`), which converts each element once, vectorized, where the micro-kernel converted it once a
     # micro-tile column, a scalar at a time (BERT's 128 x 3072 @ 3072 x 768 in f16 took 1.8x f32's time)
@@ -276,12 +279,14 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
     sums_type = td.i32 if integer else f32
     name = (f"tile_matmul_{BM}x{BN}x{KC}_m{MR}x{NR}" + ("_packed" if packed_b else "") + ("_at" if transposed_a else "")
             + ("_copied" if copy_a else "") + ("_window" if window else "") + ("_indirect" if indirect else "")
-            + ("_rows" if rows_first else ""))
+            + ("_rows" if rows_first else "") + ("_bwindow" if window_b else ""))
     a_spec = (dtype["BA", "CI", "H", "W"] if window else dtype["BA", "K", "M"] if transposed_a
               else dtype["BA", "XL"] if indirect else dtype["BA", "M", "K"])
     index_spec = td.i32["BZ", "BW"] if indirect else td.i32["BZ", 2]
     fill_strip = window_strip(window, MR) if window else None
-    b_spec = f32["RB", BN] if packed_b else (b_dtype or dtype)["BB", "K", "N"]
+    fill_panel = window_strip(window_b, BN) if window_b else None
+    b_spec = (f32["RB", BN] if packed_b else dtype["BB", "CI", "H", "W"] if window_b
+              else (b_dtype or dtype)["BB", "K", "N"])
 
     @td.func
     def micro_kernel(A, strip, panel, c, fa, fb, za, i0, j, k0, k1, row, M, index, at, ahead, width):
@@ -409,6 +414,9 @@ def tile_matmul_kernel(p, dtype, out_dtype, packed_b: bool = False, transposed_a
                 cols = td.min(BN, N - col0)
                 if packed_b:        # the row of this panel's k block in packed B
                     row = ((zb * td.cdiv(N, BN) + first_panel + pj) * kdim + k0)
+                elif window_b:      # the panel is the im2col of the input's pixels col0.. (zeros past N)
+                    row = 0
+                    fill_panel(B, panel, zb, k0, k1, cols, col0, H, W)
                 else:
                     row = 0
                     for k in range(k1 - k0):         # B's panel, packed: its rows are N apart in B
@@ -446,10 +454,11 @@ def indirect_index(batch_index: np.ndarray, rows: np.ndarray, taps: np.ndarray) 
 
 
 def window_strip(w: Window, MR: int):
-    """A `td.func` filling a block's copy of A (k rows k0..k1, pixels row0..row0+in_m) with the im2col of the
-    NCHW input X (H x W planes) at window `w`: each k row (c, kh, kw) walks the block's pixels output row by
-    output row, the columns whose input pixel is inside found first, so the copy in between has no bounds
-    checks, and zeros the padding and the last micro-tile's rows past the pixels."""
+    """A `td.func` filling a block's copy of A, or its panel of B (`window_b`: then MR is the panel's width), (k rows
+    k0..k1, pixels row0..row0+in_m) with the im2col of the NCHW input X (H x W planes) at window `w`: each k row
+    (c, kh, kw) walks the block's pixels output row by output row, the columns whose input pixel is inside found
+    first, so the copy in between has no bounds checks, and zeros the padding and the last micro-tile's rows past
+    the pixels."""
     @td.func
     def fill(X, strip, z, k0, k1, in_m, row0, H, W):
         for k in range(k1 - k0):

@@ -365,6 +365,40 @@ def test_cpu_pointwise_nchw_convolutions_multiply_the_weights_by_the_input(n, c,
     np.testing.assert_allclose(got.astype(np.float64), want, rtol=tolerance, atol=tolerance)
 
 
+@settings(max_examples=6, deadline=None)
+@given(n=st.sampled_from([1, 2]), c=st.sampled_from([1, 3, 5]), oc=st.sampled_from([63, 64, 96, 97]),
+       size=st.sampled_from([(32, 32), (37, 41), (17, 61), (20, 20)]), kernel=st.sampled_from([(3, 3), (1, 5), (2, 1)]),
+       stride=st.sampled_from([(1, 1), (1, 2)]), padding=st.sampled_from([(0, 0, 0, 0), (1, 2, 2, 0)]),
+       dilation=st.sampled_from([(1, 1), (2, 1)]), dtype=st.sampled_from([td.f32, td.f16]), seed=st.integers(0, 2**16))
+@example(n=2, c=3, oc=64, size=(37, 41), kernel=(3, 3), stride=(1, 1), padding=(1, 1, 1, 1), dilation=(1, 1),
+         dtype=td.f32, seed=1)      # weights @ the input's window
+@example(n=1, c=3, oc=97, size=(37, 41), kernel=(3, 3), stride=(1, 1), padding=(1, 1, 1, 1), dilation=(1, 1),
+         dtype=td.f32, seed=2)      # columns^T @ weights: a second row block would copy the window again
+def test_cpu_nchw_convolutions_of_64_to_96_channels_multiply_the_weights_by_the_inputs_window(
+        n, c, oc, size, kernel, stride, padding, dilation, dtype, seed):
+    """On the cpu an NCHW convolution with a window, WINDOW_B_CHANNELS output channels and WEIGHTS_FIRST_PIXELS
+    output pixels or more is weights (OC x C*KH*KW) @ im2col per image, each block copying its panels of the im2col
+    from the input (`window_b`; zeros in the padding): C is the output itself. Other convolutions keep columns^T @
+    weights. Strides, dilations, uneven padding, odd and prime sizes, f16."""
+    td.set_target("cpu")
+    g = geometry((n, c) + size, (oc, c) + kernel, stride, padding, dilation)
+    low = conv.plan(g, dtype, "cpu", True, "relu").lowered
+    expected = g.oh * g.ow >= conv.WEIGHTS_FIRST_PIXELS and oc in conv.WINDOW_B_CHANNELS
+    assert low.weights_first == expected and ("_bwindow" in low.kernel.name) == expected
+    if expected:
+        assert low.kernels == [low.kernel] and low.matmul.operand_shapes()[0] == (1, oc, c * kernel[0] * kernel[1])
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c) + size).astype(dtype.numpy)
+    w = (rng.standard_normal((oc, c) + kernel) / np.sqrt(c * kernel[0] * kernel[1])).astype(dtype.numpy)
+    b = rng.standard_normal(oc).astype(dtype.numpy)
+    want = np.maximum(reference(x.astype(np.float32), w.astype(np.float32), b.astype(np.float32), stride, padding,
+                                dilation, 1), 0)
+    got = ops.conv2d(x, w, b, stride=stride, padding=padding, dilation=dilation, activation="relu")
+    assert got.dtype == x.dtype and got.shape == want.shape
+    tolerance = 1e-4 if dtype == td.f32 else 4e-3
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=tolerance, atol=tolerance)
+
+
 def test_a_residual_add_fuses_into_the_stores_of_weights_at_input():
     """A graph's pointwise NCHW convolution (weights @ input) with a residual add of another input and a ReLU: one
     kernel, its C rows the output's, the add reading the other input at the same elements."""
