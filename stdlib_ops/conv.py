@@ -442,8 +442,8 @@ WEIGHTS_FIRST_PIXELS = 1024
 # output channels for which an NCHW convolution with a window is weights @ input (`weights_first`): one row block of
 # the template (up to 96 rows, `matmul_cpu.fitted`) whose rows share each panel's im2col, filled once. Fewer rows
 # leave the copy less to share, and more make each row block copy it again (session 117, Zen 3, two cores, against
-# columns^T @ weights, three runs each: 3 -> 64 3x3 at 224x224 0.69-0.74x the time, the 7x7 stem 0.77-0.90x, 64 -> 64
-# 3x3 at 56x56 0.87-0.92x, 3 -> 96 11x11 0.84-0.99x; 16 -> 16 at 64x64 1.46x, 32 -> 32 at 147x147 1.2-1.5x,
+# columns^T @ weights, three runs each: 3 -> 64 3x3 at 224x224 0.69-0.76x the time, the 7x7 stem 0.77-0.90x, 64 -> 64
+# 3x3 at 56x56 0.87-0.92x, 3 -> 96 11x11 0.84-0.99x; 16 -> 16 at 64x64 1.46-1.49x, 32 -> 32 at 147x147 1.2-1.5x,
 # 128 -> 128 at 56x56 1.1-1.3x, 256 -> 256 at 32x32 1.25-1.3x)
 WINDOW_B_CHANNELS = range(64, 97)
 
