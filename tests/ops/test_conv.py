@@ -369,17 +369,20 @@ def test_cpu_pointwise_nchw_convolutions_multiply_the_weights_by_the_input(n, c,
 @given(n=st.sampled_from([1, 2]), c=st.sampled_from([1, 3, 5]), oc=st.sampled_from([63, 64, 96, 97]),
        size=st.sampled_from([(32, 32), (37, 41), (17, 61), (20, 20)]), kernel=st.sampled_from([(3, 3), (1, 5), (2, 1)]),
        stride=st.sampled_from([(1, 1), (1, 2)]), padding=st.sampled_from([(0, 0, 0, 0), (1, 2, 2, 0)]),
-       dilation=st.sampled_from([(1, 1), (2, 1)]), dtype=st.sampled_from([td.f32, td.f16]), seed=st.integers(0, 2**16))
+       dilation=st.sampled_from([(1, 1), (2, 1)]), dtype=st.sampled_from([td.f32, td.f16, td.bf16]),
+       seed=st.integers(0, 2**16))
 @example(n=2, c=3, oc=64, size=(37, 41), kernel=(3, 3), stride=(1, 1), padding=(1, 1, 1, 1), dilation=(1, 1),
          dtype=td.f32, seed=1)      # weights @ the input's window
 @example(n=1, c=3, oc=97, size=(37, 41), kernel=(3, 3), stride=(1, 1), padding=(1, 1, 1, 1), dilation=(1, 1),
          dtype=td.f32, seed=2)      # columns^T @ weights: a second row block would copy the window again
+@example(n=1, c=1, oc=96, size=(32, 32), kernel=(1, 5), stride=(1, 1), padding=(0, 2, 0, 2), dilation=(1, 1),
+         dtype=td.bf16, seed=3)     # bf16 through the window's copy, exactly 1024 pixels
 def test_cpu_nchw_convolutions_of_64_to_96_channels_multiply_the_weights_by_the_inputs_window(
         n, c, oc, size, kernel, stride, padding, dilation, dtype, seed):
     """On the cpu an NCHW convolution with a window, WINDOW_B_CHANNELS output channels and WEIGHTS_FIRST_PIXELS
     output pixels or more is weights (OC x C*KH*KW) @ im2col per image, each block copying its panels of the im2col
     from the input (`window_b`; zeros in the padding): C is the output itself. Other convolutions keep columns^T @
-    weights. Strides, dilations, uneven padding, odd and prime sizes, f16."""
+    weights. Strides, dilations, uneven padding, odd and prime sizes, 16-bit floats."""
     td.set_target("cpu")
     g = geometry((n, c) + size, (oc, c) + kernel, stride, padding, dilation)
     low = conv.plan(g, dtype, "cpu", True, "relu").lowered
@@ -388,14 +391,15 @@ def test_cpu_nchw_convolutions_of_64_to_96_channels_multiply_the_weights_by_the_
     if expected:
         assert low.kernels == [low.kernel] and low.matmul.operand_shapes()[0] == (1, oc, c * kernel[0] * kernel[1])
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal((n, c) + size).astype(dtype.numpy)
-    w = (rng.standard_normal((oc, c) + kernel) / np.sqrt(c * kernel[0] * kernel[1])).astype(dtype.numpy)
-    b = rng.standard_normal(oc).astype(dtype.numpy)
+    values = ml_dtypes.bfloat16 if dtype == td.bf16 else dtype.numpy
+    x = rng.standard_normal((n, c) + size).astype(values)
+    w = (rng.standard_normal((oc, c) + kernel) / np.sqrt(c * kernel[0] * kernel[1])).astype(values)
+    b = rng.standard_normal(oc).astype(values)
     want = np.maximum(reference(x.astype(np.float32), w.astype(np.float32), b.astype(np.float32), stride, padding,
                                 dilation, 1), 0)
     got = ops.conv2d(x, w, b, stride=stride, padding=padding, dilation=dilation, activation="relu")
     assert got.dtype == x.dtype and got.shape == want.shape
-    tolerance = 1e-4 if dtype == td.f32 else 4e-3
+    tolerance = {td.f32: 1e-4, td.f16: 4e-3, td.bf16: 3e-2}[dtype]
     np.testing.assert_allclose(got.astype(np.float64), want, rtol=tolerance, atol=tolerance)
 
 
