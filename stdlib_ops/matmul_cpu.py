@@ -11,8 +11,9 @@ output tile as
 The micro-kernel's step is MR loads of A (broadcast), NR consecutive loads of B and MR * NR
 multiply-adds; unrolled, LLVM's SLP vectorizer turns it into NR / L vector loads and
 MR * NR / L vector FMAs, L floats a vector. The default tile fills about as many registers with
-accumulators as the host has (`taskdsl.backend.cpu.vectors`): 6 x 16 fills 12 of AVX2's 16 ymm
-registers (L = 8), 4 x 64 fills 16 of AVX-512's 32 zmm registers (L = 16): a step's 8 loads feed 16 FMAs,
+accumulators as the host has (`taskdsl.backend.cpu.vectors`): 4 x 16 fills 8 of AVX2's 16 ymm
+registers (L = 8; 6 x 16 left no room for its six broadcasts of A: `SIXTEEN_REGISTERS`), 4 x 64 fills 16 of
+AVX-512's 32 zmm registers (L = 16): a step's 8 loads feed 16 FMAs,
 where 6 x 32's 8 fed 12 (ResNet-50 at batch 8 ran 5-8% faster; 6 x 64's 24 ran no faster than 4 x 64). The
 register tile's loops are `td.unroll` loops, not the compile-time tasks of `repeat(MR, NR)(0)`:
 the cpu target's unroll pass (and the CUDA compiler) unroll them all the same, and under
@@ -70,7 +71,9 @@ def check(p, itemsize: int = 4, unit: vectors.VectorUnit | None = None, k_block_
     if bm % mr or bn % nr:
         return "block tile not a multiple of the micro-tile"
     row = -(-nr // unit.floats)     # vectors in a row of the tile
-    if mr * row + row + 1 > unit.registers:      # accumulators + B's row + A's broadcast
+    # accumulators + B's row + A's broadcasts, all of which LLVM loads ahead of the multiply-adds: AVX2's 6x16
+    # (20 of 16 registers) kept three accumulators on the stack (`SIXTEEN_REGISTERS`)
+    if mr * row + row + mr > unit.registers:
         return f"micro-tile needs more than {unit.registers} vector registers"
     if mr * nr > MAX_COPIES:
         return f"micro-tile above the {MAX_COPIES} multiply-adds the cpu target unrolls"
