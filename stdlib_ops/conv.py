@@ -465,13 +465,14 @@ def _lower_weights_first(g: ConvGeometry, dtype, target: str, x_name: str, epilo
     c = td.placeholder("C", matmul.out_dtype, matmul.operand_shapes()[2])
     y = td.compute("Y", g.out_shape, lambda n, o, oh, ow: c[n, o, oh * g.ow + ow])
     a, b, c_example, batch_index, split = matmul.examples()
-    if _pointwise(g):
-        gemm = matmul.kernel(matmul.out_dtype)
-    else:
+    window = not _pointwise(g)
+    if window:
         gemm = mm.cpu.tile_matmul_kernel(matmul.point, dtype, matmul.out_dtype, window_b=_window(g))
         b = np.empty(input_shape(g), dtype.numpy)
+    else:
+        gemm = matmul.kernel(matmul.out_dtype)
     kernel = td.fuse(gemm, a, b, c_example, batch_index, split, epilogues={"C": epilogue(y)})
-    return Lowered(g, matmul, kernel, None, x_name, True, batch_index, window=not _pointwise(g), weights_first=True)
+    return Lowered(g, matmul, kernel, None, x_name, True, batch_index, window=window, weights_first=True)
 
 
 def _padded_shape(g: ConvGeometry) -> tuple:
