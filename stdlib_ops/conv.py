@@ -313,7 +313,7 @@ class Lowered:
         """The GEMM's B the OIHW weights become (made once for constant weights): (K, OC) in the order of
         `im2col`, as the cpu template's packed panels where the GEMM reads explicit columns: packed from a view
         of the weights (a transposed copy first took 33 ms of a 55 ms call of a 2048 -> 2048 1x1 convolution);
-        for 8-bit operands B's transpose (`pack_weight`); weights first, A: the (OC, C) weights as they are."""
+        for 8-bit operands B's transpose (`pack_weight`); weights first, A: the (OC, C*KH*KW) weights as they are."""
         if self.weights_first:
             return weight.reshape(self.matmul.operand_shapes()[0])
         if self.on_columns and self.matmul.packs_b:

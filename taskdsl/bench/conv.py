@@ -161,8 +161,8 @@ def _cuda_rows(layers, layout: str, kind: str) -> list:
 
 def _schedule(plan) -> str:
     """The GEMM schedule a conv plan runs: its block tile, k tile and split-k, and whether the GEMM reads the
-    input itself as an operand, with no im2col (`128x64 bk32 split 2`, `128x64 bk32, input as A`; a pointwise NCHW
-    convolution on the cpu: `input as B`)."""
+    input itself as an operand, with no im2col (`128x64 bk32 split 2`, `128x64 bk32, input as A`; an NCHW
+    convolution as weights @ input on the cpu: `input as B`)."""
     matmul = getattr(plan.lowered, "matmul", None)
     if matmul is None:
         return "direct"
